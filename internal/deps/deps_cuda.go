@@ -1,0 +1,5 @@
+//go:build cuda
+
+package deps
+
+import _ "gorgonia.org/cu"

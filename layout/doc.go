@@ -1,0 +1,18 @@
+// Package layout owns the byte-level geometry of paged KV storage: the NHD and
+// HND layouts of FlashInfer's paged_kv_t (one 5-D tensor or a K/V pair of 4-D
+// tensors), the MLA ckv/kpe layout (fused or split), element offsets in 64-bit
+// arithmetic, and the scalar dtypes a cache may hold with their exact
+// conversions to and from float32.
+//
+// Everything here is a pure function of its arguments; the package has no
+// state and is safe for concurrent use. It imports only the standard library.
+//
+// # Invariants
+//
+//   - Offsets are element offsets (multiply by [DType.Size] for bytes) and are
+//     computed in int64, so no product of strides can wrap.
+//   - In the single 5-D tensor, K is [:, 0] and V is [:, 1]; V starts
+//     PageSize*NumKVHeads*HeadDim elements after K within each page.
+//
+// See docs/layout.md for worked examples.
+package layout
