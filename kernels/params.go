@@ -126,7 +126,7 @@ type MLADecodeParams struct {
 	KVIndices []int32 // [KVIndptr[B]]
 	KVLen     []int32 // [B] tokens per request
 	NumHeads  int
-	SMScale   float64 // must be finite and non-zero
+	SMScale   float64   // must be finite and non-zero
 	O         Tensor    // output [B, H, head_dim_ckv]
 	LSE       []float32 // output [B*H], or nil
 }
