@@ -1,0 +1,198 @@
+package pagedkv_test
+
+// This test enforces the package layering described in docs/architecture.md,
+// in the manner of Go's own go/build/deps_test.go: the policy is data, and a
+// wrong import fails the build of the test suite, not a code review.
+
+import (
+	"go/build"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+)
+
+const modulePath = "github.com/pagedkv/pagedkv"
+
+// allowedImports lists, for every package of the module, the module packages
+// and third-party modules its non-test files may import directly. The
+// standard library is always allowed. A package missing from this table is an
+// error: new packages must take a place in the layering.
+//
+// DO NOT CHANGE THIS DATA TO FIX BUILDS. Change the import instead, or change
+// the architecture deliberately and update docs/architecture.md with it.
+var allowedImports = map[string][]string{
+	// L0: leaves, standard library only.
+	"ragged":               {},
+	"layout":               {},
+	"internal/invariants":  {},
+	"internal/safetensors": {},
+
+	// L1
+	"allocator":   {"internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
+	"kernels":     {"layout"},
+	"kernels/cpu": {"kernels", "layout"},
+	// The only importer of gorgonia.org/cu, and only under the cuda tag.
+	"kernels/cuda": {"kernels", "layout", "gorgonia.org/cu", "github.com/pkg/errors"},
+	"quant":        {"layout"},
+
+	// L2
+	"pagetable": {"allocator", "ragged", "internal/invariants", "github.com/pkg/errors"},
+	"ppl":       {"quant", "layout", "kernels", "ragged", "github.com/pkg/errors"},
+
+	// L3
+	"append":      {"kernels", "layout", "ragged", "pagetable", "github.com/pkg/errors"},
+	"mla":         {"kernels", "layout", "ragged", "pagetable", "github.com/pkg/errors"},
+	"cascade":     {"kernels", "layout", "ragged", "github.com/pkg/errors"},
+	"prefixcache": {"allocator", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
+
+	// L4: the engine-facing facade.
+	"": {"allocator", "pagetable", "prefixcache", "cascade", "append", "mla", "kernels", "kernels/cpu",
+		"ragged", "layout", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
+
+	// Test support: slow models and conformance suites. internal/reference
+	// shares no code with what it checks; it may use plain data types only.
+	"internal/reference":  {"ragged", "layout", "kernels"},
+	"kernels/kernelstest": {"kernels", "layout", "internal/reference", "github.com/stretchr/testify"},
+	// The CUDA sources compiled for the CPU (cgo); imported by tests and the CLI.
+	"internal/cpuemu": {"kernels", "layout"},
+	"internal/golden": {"internal/safetensors", "kernels", "kernels/cpu", "layout", "ragged", "pagetable",
+		"cascade", "github.com/pkg/errors"},
+
+	// Top: programs and cross-package fuzzers may import anything below them.
+	"cmd/pagedkv": {"*"},
+	"fuzz":        {"*"},
+}
+
+// neverImportedBy are negative rules: no module package may import these
+// (only tests, which this check does not read, and the packages named).
+var onlyImportedBy = map[string][]string{
+	"internal/reference": {"kernels/kernelstest", "fuzz", "cmd/pagedkv"},
+	"fuzz":               {},
+	"":                   {"cmd/pagedkv", "fuzz"},
+	"gorgonia.org/cu":    {"kernels/cuda"},
+}
+
+func TestImportLayering(t *testing.T) {
+	pkgs := modulePackages(t)
+	for rel, imports := range pkgs {
+		allowed, ok := allowedImports[rel]
+		if !ok {
+			t.Errorf("package %q has no entry in allowedImports; give it a place in the layering (docs/architecture.md)", display(rel))
+			continue
+		}
+		for _, imp := range imports {
+			if !isAllowed(imp, allowed) {
+				t.Errorf("package %q imports %q, which the layering does not allow (allowed: %v)", display(rel), imp, allowed)
+			}
+			for guarded, importers := range onlyImportedBy {
+				if matches(imp, guarded) && rel != guarded && !contains(importers, rel) {
+					t.Errorf("package %q imports %q, which only %v may import", display(rel), imp, importers)
+				}
+			}
+		}
+	}
+}
+
+// modulePackages maps each package of the module (path relative to the
+// module root, "" for the root) to its direct non-test imports that are not
+// in the standard library, under the default build and under -tags cuda.
+func modulePackages(t *testing.T) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	contexts := []build.Context{build.Default, build.Default}
+	contexts[1].BuildTags = append(contexts[1].BuildTags, "cuda")
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		name := d.Name()
+		if path != "." && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "docs") {
+			return filepath.SkipDir
+		}
+		rel := filepath.ToSlash(path)
+		if rel == "." {
+			rel = ""
+		}
+		seen := map[string]bool{}
+		found := false
+		for i := range contexts {
+			p, err := contexts[i].ImportDir(path, 0)
+			if err != nil {
+				if _, ok := err.(*build.NoGoError); ok {
+					continue
+				}
+				return err
+			}
+			found = true
+			for _, imp := range p.Imports {
+				if imp == "C" || isStd(imp) {
+					continue
+				}
+				seen[imp] = true
+			}
+		}
+		if found {
+			var imps []string
+			for imp := range seen {
+				imps = append(imps, imp)
+			}
+			sort.Strings(imps)
+			out[rel] = imps
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func isStd(imp string) bool {
+	first, _, _ := strings.Cut(imp, "/")
+	return !strings.Contains(first, ".")
+}
+
+// isAllowed reports whether imp (a full import path) is covered by an entry
+// of allowed: a module-relative package or a third-party module prefix.
+func isAllowed(imp string, allowed []string) bool {
+	for _, a := range allowed {
+		if a == "*" || matches(imp, a) {
+			return true
+		}
+	}
+	return false
+}
+
+// matches reports whether the full import path imp is the package named by
+// rule: a module-relative path ("" for the root) or a third-party module path
+// (which also covers its subpackages).
+func matches(imp, rule string) bool {
+	if strings.Contains(strings.SplitN(rule, "/", 2)[0], ".") {
+		return imp == rule || strings.HasPrefix(imp, rule+"/")
+	}
+	if rule == "" {
+		return imp == modulePath
+	}
+	return imp == modulePath+"/"+rule
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func display(rel string) string {
+	if rel == "" {
+		return modulePath
+	}
+	return rel
+}
