@@ -1,0 +1,376 @@
+package kernels
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// Sentinels for malformed parameters. Every validation error wraps exactly one
+// of them (test with errors.Is) and names the offending value and index.
+var (
+	// ErrInvalidTensor: a tensor whose dtype, shape or byte length is wrong
+	// in itself or for the operation.
+	ErrInvalidTensor = errors.New("kernels: invalid tensor")
+	// ErrInvalidCache: a cache whose geometry is invalid or whose buffers do
+	// not match the geometry.
+	ErrInvalidCache = errors.New("kernels: invalid cache")
+	// ErrInvalidPageTable: a malformed CSR page table (indptr not starting at
+	// 0 or decreasing, last_page_len outside its range, too few indices).
+	ErrInvalidPageTable = errors.New("kernels: invalid page table")
+	// ErrIndexOutOfRange: a batch index, position or page id that points
+	// outside the batch, the request's reserved length or the page pool.
+	ErrIndexOutOfRange = errors.New("kernels: index out of range")
+	// ErrInvalidScale: a scale that is negative, NaN or infinite, or given
+	// where it would be ignored.
+	ErrInvalidScale = errors.New("kernels: invalid scale")
+)
+
+// NewTensor returns a zero-filled tensor of dtype dt and the given shape. It
+// panics on an invalid dtype or a negative dimension (a programming error).
+func NewTensor(dt layout.DType, shape ...int) Tensor {
+	t := Tensor{DType: dt, Shape: append([]int(nil), shape...)}
+	n := t.NumElements()
+	if !dt.Valid() || n < 0 || n > layout.MaxElements {
+		panic(fmt.Sprintf("kernels: NewTensor(%v, %v): invalid dtype or shape", dt, shape))
+	}
+	t.Data = make([]byte, int(n)*dt.Size())
+	return t
+}
+
+// TensorFromF32 returns a tensor of dtype dt and the given shape holding vals
+// converted with [layout.StoreF32] (round to nearest even). It panics when
+// len(vals) is not the shape's element count.
+func TensorFromF32(dt layout.DType, vals []float32, shape ...int) Tensor {
+	t := NewTensor(dt, shape...)
+	if int64(len(vals)) != t.NumElements() {
+		panic(fmt.Sprintf("kernels: TensorFromF32: %d values for shape %v", len(vals), shape))
+	}
+	layout.StoreRowF32(t.Data, dt, vals)
+	return t
+}
+
+// NumElements is the product of the shape (1 for a scalar, -1 when a
+// dimension is negative or the product exceeds layout.MaxElements).
+func (t Tensor) NumElements() int64 {
+	n := int64(1)
+	for _, d := range t.Shape {
+		if d < 0 {
+			return -1
+		}
+		n *= int64(d)
+		if n > layout.MaxElements {
+			return -1
+		}
+	}
+	return n
+}
+
+// F32 returns every element widened to float32 (a new slice; for tests).
+func (t Tensor) F32() []float32 {
+	out := make([]float32, t.NumElements())
+	layout.LoadRowF32(out, t.DType, t.Data)
+	return out
+}
+
+// Validate checks that the dtype is valid, every dimension is >= 0 and
+// len(Data) equals the element count times the dtype size.
+func (t Tensor) Validate() error {
+	if !t.DType.Valid() {
+		return fmt.Errorf("%w: dtype %v", ErrInvalidTensor, t.DType)
+	}
+	n := t.NumElements()
+	if n < 0 {
+		return fmt.Errorf("%w: shape %v", ErrInvalidTensor, t.Shape)
+	}
+	if want := n * int64(t.DType.Size()); int64(len(t.Data)) != want {
+		return fmt.Errorf("%w: %v %v needs %d bytes, has %d", ErrInvalidTensor, t.DType, t.Shape, want, len(t.Data))
+	}
+	return nil
+}
+
+// CheckShape validates t and checks that its shape is exactly want; name
+// (e.g. "append_key") is used in the error.
+func (t Tensor) CheckShape(name string, want ...int) error {
+	if err := t.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if len(t.Shape) != len(want) {
+		return fmt.Errorf("%w: %s has shape %v, want %v", ErrInvalidTensor, name, t.Shape, want)
+	}
+	for i := range want {
+		if t.Shape[i] != want[i] {
+			return fmt.Errorf("%w: %s has shape %v, want %v (dim %d)", ErrInvalidTensor, name, t.Shape, want, i)
+		}
+	}
+	return nil
+}
+
+// byteLen is n elements of dt in bytes, or an error when that is not an int.
+func byteLen(n int64, dt layout.DType) (int, error) {
+	b := n * int64(dt.Size())
+	if b > math.MaxInt {
+		return 0, fmt.Errorf("%w: %d elements of %v do not fit in memory", ErrInvalidCache, n, dt)
+	}
+	return int(b), nil
+}
+
+// NewPagedKVCache allocates a zero-filled paged cache of geometry g in host
+// memory: one 5-D buffer (g.Form == layout.Fused) or a K/V pair (Split).
+func NewPagedKVCache(g layout.Paged) (PagedKVCache, error) {
+	if err := g.Validate(); err != nil {
+		return PagedKVCache{}, fmt.Errorf("%w: %w", ErrInvalidCache, err)
+	}
+	n, err := byteLen(g.TensorElements(), g.DType)
+	if err != nil {
+		return PagedKVCache{}, err
+	}
+	c := PagedKVCache{Geometry: g}
+	if g.Form == layout.Fused {
+		c.Data = make([]byte, n)
+	} else {
+		c.K, c.V = make([]byte, n), make([]byte, n)
+	}
+	return c, nil
+}
+
+// Validate checks the geometry and that the buffers of the geometry's form
+// have exactly its byte length while the other form's buffers are nil.
+func (c *PagedKVCache) Validate() error {
+	g := c.Geometry
+	if err := g.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidCache, err)
+	}
+	n, err := byteLen(g.TensorElements(), g.DType)
+	if err != nil {
+		return err
+	}
+	if g.Form == layout.Fused {
+		switch {
+		case len(c.Data) != n:
+			return fmt.Errorf("%w: fused %v cache %v needs %d bytes in Data, has %d", ErrInvalidCache, g.Layout, g.Shape(), n, len(c.Data))
+		case c.K != nil || c.V != nil:
+			return fmt.Errorf("%w: fused cache has K/V buffers set (use Data)", ErrInvalidCache)
+		}
+		return nil
+	}
+	switch {
+	case len(c.K) != n || len(c.V) != n:
+		return fmt.Errorf("%w: split %v cache %v needs %d bytes in each of K and V, has %d and %d", ErrInvalidCache, g.Layout, g.Shape(), n, len(c.K), len(c.V))
+	case c.Data != nil:
+		return fmt.Errorf("%w: split cache has Data set (use K and V)", ErrInvalidCache)
+	}
+	return nil
+}
+
+// KBuf is the buffer [layout.Paged.KOffset] indexes (Data or K).
+func (c *PagedKVCache) KBuf() []byte {
+	if c.Geometry.Form == layout.Fused {
+		return c.Data
+	}
+	return c.K
+}
+
+// VBuf is the buffer [layout.Paged.VOffset] indexes (Data or V).
+func (c *PagedKVCache) VBuf() []byte {
+	if c.Geometry.Form == layout.Fused {
+		return c.Data
+	}
+	return c.V
+}
+
+// GatherK widens K[page, entry, head, 0:D] into dst[:D]. It panics on an
+// index outside the cache (tests and debugging; no validation).
+func (c *PagedKVCache) GatherK(dst []float32, page, entry, head int) {
+	g := c.Geometry
+	off := g.KOffset(page, entry, head, 0) * int64(g.DType.Size())
+	layout.LoadRowF32(dst[:g.HeadDim], g.DType, c.KBuf()[off:])
+}
+
+// GatherV widens V[page, entry, head, 0:D] into dst[:D], like [PagedKVCache.GatherK].
+func (c *PagedKVCache) GatherV(dst []float32, page, entry, head int) {
+	g := c.Geometry
+	off := g.VOffset(page, entry, head, 0) * int64(g.DType.Size())
+	layout.LoadRowF32(dst[:g.HeadDim], g.DType, c.VBuf()[off:])
+}
+
+// GatherToken widens every head of token t of request b (through table) into
+// k and v, each [H*D] (head-major). It returns an error when b or t is outside
+// the table; it does not validate the rest of the table.
+func (c *PagedKVCache) GatherToken(k, v []float32, table *PageTable, b, t int) error {
+	g := c.Geometry
+	page, entry, err := table.Locate(b, t, g.PageSize)
+	if err != nil {
+		return err
+	}
+	if page < 0 || page >= g.NumPages {
+		return fmt.Errorf("%w: page id %d of request %d >= num_pages %d", ErrIndexOutOfRange, page, b, g.NumPages)
+	}
+	D := g.HeadDim
+	for h := 0; h < g.NumKVHeads; h++ {
+		c.GatherK(k[h*D:(h+1)*D], page, entry, h)
+		c.GatherV(v[h*D:(h+1)*D], page, entry, h)
+	}
+	return nil
+}
+
+// BatchSize is B, len(KVIndptr)-1 (0 for an empty table).
+func (t *PageTable) BatchSize() int { return max(len(t.KVIndptr)-1, 0) }
+
+// SeqLen is FlashInfer's get_length(b): 0 for a request with no pages,
+// otherwise (pages-1)*pageSize + KVLastPageLen[b]. It assumes a valid table.
+func (t *PageTable) SeqLen(b, pageSize int) int {
+	pages := int(t.KVIndptr[b+1]) - int(t.KVIndptr[b])
+	if pages <= 0 {
+		return 0
+	}
+	return (pages-1)*pageSize + int(t.KVLastPageLen[b])
+}
+
+// Locate maps token pos of request b to (physical page id, entry):
+// page = KVIndices[KVIndptr[b] + pos/pageSize], entry = pos % pageSize. It
+// returns ErrIndexOutOfRange when b is not in the batch or pos is not below
+// the request's SeqLen; it does not check the page id against a pool.
+func (t *PageTable) Locate(b, pos, pageSize int) (page, entry int, err error) {
+	if b < 0 || b >= t.BatchSize() || b >= len(t.KVLastPageLen) {
+		return 0, 0, fmt.Errorf("%w: request %d not in a batch of %d", ErrIndexOutOfRange, b, t.BatchSize())
+	}
+	if n := t.SeqLen(b, pageSize); pos < 0 || pos >= n {
+		return 0, 0, fmt.Errorf("%w: position %d of request %d outside seq_len %d", ErrIndexOutOfRange, pos, b, n)
+	}
+	i := int(t.KVIndptr[b]) + pos/pageSize
+	if i >= len(t.KVIndices) {
+		return 0, 0, fmt.Errorf("%w: kv_indices[%d] of request %d beyond %d indices", ErrInvalidPageTable, i, b, len(t.KVIndices))
+	}
+	return int(t.KVIndices[i]), pos % pageSize, nil
+}
+
+// Validate checks that the table is well-formed CSR for a pool of numPages
+// pages of pageSize tokens: len(KVIndptr) == len(KVLastPageLen)+1,
+// KVIndptr[0] == 0, KVIndptr non-decreasing, KVIndptr[B] <= len(KVIndices),
+// every used page id in [0, numPages), and KVLastPageLen[b] in
+// [1, pageSize] for a request with pages and 0 for one without.
+func (t *PageTable) Validate(pageSize, numPages int) error {
+	return validateCSR(t.KVIndptr, t.KVIndices, t.KVLastPageLen, true, pageSize, numPages)
+}
+
+// validateCSR is PageTable.Validate with an optional last_page_len (MLA).
+func validateCSR(indptr, indices, lastPageLen []int32, needLast bool, pageSize, numPages int) error {
+	if len(indptr) == 0 {
+		return fmt.Errorf("%w: kv_indptr is empty (want length batch+1)", ErrInvalidPageTable)
+	}
+	B := len(indptr) - 1
+	if (needLast || lastPageLen != nil) && len(lastPageLen) != B {
+		return fmt.Errorf("%w: kv_last_page_len has length %d, kv_indptr %d (want batch %d and batch+1)", ErrInvalidPageTable, len(lastPageLen), len(indptr), B)
+	}
+	if indptr[0] != 0 {
+		return fmt.Errorf("%w: kv_indptr[0] = %d, want 0", ErrInvalidPageTable, indptr[0])
+	}
+	for b := 0; b < B; b++ {
+		pages := indptr[b+1] - indptr[b]
+		if pages < 0 {
+			return fmt.Errorf("%w: kv_indptr decreases at request %d: %d > %d", ErrInvalidPageTable, b, indptr[b], indptr[b+1])
+		}
+		if lastPageLen == nil {
+			continue
+		}
+		switch l := lastPageLen[b]; {
+		case pages == 0 && l != 0:
+			return fmt.Errorf("%w: request %d has no pages but kv_last_page_len %d (want 0)", ErrInvalidPageTable, b, l)
+		case pages > 0 && (l < 1 || int(l) > pageSize):
+			return fmt.Errorf("%w: kv_last_page_len[%d] = %d outside [1, page_size %d]", ErrInvalidPageTable, b, l, pageSize)
+		}
+	}
+	if int(indptr[B]) > len(indices) {
+		return fmt.Errorf("%w: kv_indptr[%d] = %d but kv_indices has %d entries", ErrInvalidPageTable, B, indptr[B], len(indices))
+	}
+	for i, p := range indices[:indptr[B]] {
+		if p < 0 || int(p) >= numPages {
+			return fmt.Errorf("%w: kv_indices[%d] = %d outside [0, num_pages %d)", ErrIndexOutOfRange, i, p, numPages)
+		}
+	}
+	return nil
+}
+
+// NewMLACache allocates a zero-filled MLA cache of geometry g in host memory:
+// one [pages, N, ckv+kpe] buffer (g.Form == layout.Fused) or a ckv/kpe pair.
+func NewMLACache(g layout.MLA) (MLACache, error) {
+	if err := g.Validate(); err != nil {
+		return MLACache{}, fmt.Errorf("%w: %w", ErrInvalidCache, err)
+	}
+	c := MLACache{Geometry: g}
+	nc, err := byteLen(g.CKVElements(), g.DType)
+	if err != nil {
+		return MLACache{}, err
+	}
+	if g.Form == layout.Fused {
+		c.Data = make([]byte, nc)
+		return c, nil
+	}
+	nk, err := byteLen(g.KPEElements(), g.DType)
+	if err != nil {
+		return MLACache{}, err
+	}
+	c.CKV, c.KPE = make([]byte, nc), make([]byte, nk)
+	return c, nil
+}
+
+// Validate checks the geometry and the buffer lengths of its form.
+func (c *MLACache) Validate() error {
+	g := c.Geometry
+	if err := g.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidCache, err)
+	}
+	nc, err := byteLen(g.CKVElements(), g.DType)
+	if err != nil {
+		return err
+	}
+	nk, err := byteLen(g.KPEElements(), g.DType)
+	if err != nil {
+		return err
+	}
+	if g.Form == layout.Fused {
+		switch {
+		case len(c.Data) != nc:
+			return fmt.Errorf("%w: fused MLA cache [%d, %d, %d] needs %d bytes in Data, has %d", ErrInvalidCache, g.NumPages, g.PageSize, g.HeadDimCKV+g.HeadDimKPE, nc, len(c.Data))
+		case c.CKV != nil || c.KPE != nil:
+			return fmt.Errorf("%w: fused MLA cache has CKV/KPE buffers set (use Data)", ErrInvalidCache)
+		}
+		return nil
+	}
+	switch {
+	case len(c.CKV) != nc || len(c.KPE) != nk:
+		return fmt.Errorf("%w: split MLA cache needs %d and %d bytes in CKV and KPE, has %d and %d", ErrInvalidCache, nc, nk, len(c.CKV), len(c.KPE))
+	case c.Data != nil:
+		return fmt.Errorf("%w: split MLA cache has Data set (use CKV and KPE)", ErrInvalidCache)
+	}
+	return nil
+}
+
+// CKVBuf is the buffer [layout.MLA.CKVOffset] indexes (Data or CKV).
+func (c *MLACache) CKVBuf() []byte {
+	if c.Geometry.Form == layout.Fused {
+		return c.Data
+	}
+	return c.CKV
+}
+
+// KPEBuf is the buffer [layout.MLA.KPEOffset] indexes (Data or KPE).
+func (c *MLACache) KPEBuf() []byte {
+	if c.Geometry.Form == layout.Fused {
+		return c.Data
+	}
+	return c.KPE
+}
+
+// GatherMLA widens ckv[page, entry, :] into ckv[:HeadDimCKV] and
+// kpe[page, entry, :] into kpe[:HeadDimKPE]. It panics on an index outside
+// the cache (tests and debugging; no validation).
+func (c *MLACache) GatherMLA(ckv, kpe []float32, page, entry int) {
+	g := c.Geometry
+	es := int64(g.DType.Size())
+	layout.LoadRowF32(ckv[:g.HeadDimCKV], g.DType, c.CKVBuf()[g.CKVOffset(page, entry, 0)*es:])
+	layout.LoadRowF32(kpe[:g.HeadDimKPE], g.DType, c.KPEBuf()[g.KPEOffset(page, entry, 0)*es:])
+}
