@@ -1,0 +1,9 @@
+//go:build invariants || race
+
+// This file must be kept in sync with disabled.go.
+
+package invariants
+
+// Enabled reports whether invariant checks run after each mutation. It is true
+// in builds with the invariants tag or the race detector.
+const Enabled = true
