@@ -1,0 +1,135 @@
+package cpu
+
+import (
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// appendChunkBytes is the amount of copying (K and V together) one goroutine
+// takes at a time; appends below twice this run on the calling goroutine.
+const appendChunkBytes = 64 << 10
+
+// AppendPagedKVCache is flashinfer.page.append_paged_kv_cache: row i of
+// AppendKey/AppendValue is written to token Positions[i] of request
+// BatchIndices[i]. Equal dtypes copy bytes; f32/f16/bf16 rows into an fp8
+// cache are divided by KScale/VScale in float32 and rounded to nearest even
+// with saturation (layout.F32ToE4M3Sat / F32ToE5M2Sat). Nothing is written
+// unless p validates.
+func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	g := p.Cache.Geometry
+	nnz := len(p.BatchIndices)
+	if nnz == 0 {
+		return nil
+	}
+	srcES := p.AppendKey.DType.Size()
+	rowBytes := 2 * g.NumKVHeads * g.HeadDim * srcES // K and V of one token
+	b.forChunks(nnz, rowBytes, func(lo, hi int) { appendRows(p, lo, hi) })
+	return nil
+}
+
+// forChunks splits rows [0, n) into contiguous chunks of about
+// appendChunkBytes and runs fn on them, in parallel when there is more than
+// one chunk.
+func (b *Backend) forChunks(n, rowBytes int, fn func(lo, hi int)) {
+	per := max(appendChunkBytes/max(rowBytes, 1), 1)
+	chunks := (n + per - 1) / per
+	if chunks <= 2 || b.workers <= 1 {
+		fn(0, n)
+		return
+	}
+	b.parallelFor(chunks, func(c int) { fn(c*per, min((c+1)*per, n)) })
+}
+
+// appendRows writes rows [lo, hi) of a validated append.
+func appendRows(p *kernels.AppendParams, lo, hi int) {
+	g := p.Cache.Geometry
+	t := &p.Table
+	H, D, N := g.NumKVHeads, g.HeadDim, g.PageSize
+	srcDT, dstDT := p.AppendKey.DType, g.DType
+	srcES, dstES := srcDT.Size(), dstDT.Size()
+	kSrc, vSrc := p.AppendKey.Data, p.AppendValue.Data
+	kDst, vDst := p.Cache.KBuf(), p.Cache.VBuf()
+	rowElems := H * D
+	convert := srcDT != dstDT
+	kScale, vScale := kernels.EffectiveScale(p.KScale), kernels.EffectiveScale(p.VScale)
+	strideH := int(g.StrideH()) * dstES
+	for i := lo; i < hi; i++ {
+		req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
+		page := int(t.KVIndices[int(t.KVIndptr[req])+pos/N])
+		entry := pos % N
+		kOff := int(g.KOffset(page, entry, 0, 0)) * dstES
+		vOff := int(g.VOffset(page, entry, 0, 0)) * dstES
+		src := i * rowElems * srcES
+		switch {
+		case !convert && g.Layout == layout.NHD:
+			// All heads of a token are contiguous on both sides.
+			n := rowElems * dstES
+			copy(kDst[kOff:kOff+n], kSrc[src:src+n])
+			copy(vDst[vOff:vOff+n], vSrc[src:src+n])
+		case !convert:
+			n := D * dstES
+			for h := 0; h < H; h++ {
+				s := src + h*n
+				copy(kDst[kOff:kOff+n], kSrc[s:s+n])
+				copy(vDst[vOff:vOff+n], vSrc[s:s+n])
+				kOff += strideH
+				vOff += strideH
+			}
+		default:
+			for h := 0; h < H; h++ {
+				s := src + h*D*srcES
+				convertRow(kDst[kOff:kOff+D*dstES], dstDT, kSrc[s:s+D*srcES], srcDT, kScale)
+				convertRow(vDst[vOff:vOff+D*dstES], dstDT, vSrc[s:s+D*srcES], srcDT, vScale)
+				kOff += strideH
+				vOff += strideH
+			}
+		}
+	}
+}
+
+// convertRow writes src (dtype srcDT) divided by scale into dst (fp8 dstDT),
+// rounding to nearest even and saturating, element by element.
+func convertRow(dst []byte, dstDT layout.DType, src []byte, srcDT layout.DType, scale float32) {
+	sat := layout.F32ToE4M3Sat
+	if dstDT == layout.E5M2 {
+		sat = layout.F32ToE5M2Sat
+	}
+	for j := range dst {
+		dst[j] = sat(layout.LoadF32(srcDT, src, j) / scale)
+	}
+}
+
+// AppendPagedMLAKVCache is flashinfer.page.append_paged_mla_kv_cache: row i
+// of AppendCKV/AppendKPE is copied (bytes; the dtypes equal the cache's) to
+// token Positions[i] of request BatchIndices[i], into the ckv and kpe parts
+// of its slot (fused or split storage). Nothing is written unless p
+// validates.
+func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	g := p.Cache.Geometry
+	nnz := len(p.BatchIndices)
+	if nnz == 0 {
+		return nil
+	}
+	es := g.DType.Size()
+	b.forChunks(nnz, (g.HeadDimCKV+g.HeadDimKPE)*es, func(lo, hi int) {
+		ckvDst, kpeDst := p.Cache.CKVBuf(), p.Cache.KPEBuf()
+		nc, nk := g.HeadDimCKV*es, g.HeadDimKPE*es
+		N := g.PageSize
+		for i := lo; i < hi; i++ {
+			req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
+			page := int(p.KVIndices[int(p.KVIndptr[req])+pos/N])
+			entry := pos % N
+			c := int(g.CKVOffset(page, entry, 0)) * es
+			k := int(g.KPEOffset(page, entry, 0)) * es
+			copy(ckvDst[c:c+nc], p.AppendCKV.Data[i*nc:(i+1)*nc])
+			copy(kpeDst[k:k+nk], p.AppendKPE.Data[i*nk:(i+1)*nk])
+		}
+	})
+	return nil
+}
