@@ -79,6 +79,11 @@ type Table struct {
 	scratchSlots []int32
 	scratchPages []allocator.PageID
 	scratchOld   []allocator.PageID
+
+	// copiedAway counts, during Reserve, the batch members planned to copy
+	// away from each shared page (see Reserve). Touched only when a partial
+	// last page is shared.
+	copiedAway map[allocator.PageID]int32
 }
 
 type noCopy struct{}
@@ -229,6 +234,7 @@ func (t *Table) Reserve(dst []CopyOp, ids []SeqID, ntokens []int32) ([]CopyOp, e
 	}
 	ps := t.pageSize
 	t.epoch++
+	clear(t.copiedAway)
 	slotsIdx := t.scratchSlots[:0]
 	need, total := 0, int64(0)
 	for i, id := range ids {
@@ -255,7 +261,21 @@ func (t *Table) Reserve(dst []CopyOp, ids []SeqID, ntokens []int32) ([]CopyOp, e
 		held := s.len - s.start
 		s.newPages = ceilDiv(held+n, ps) - len(s.pages)
 		// Write into a partial last page only while we are its sole holder.
-		s.cow = n > 0 && held%ps != 0 && t.alloc.RefCount(s.pages[len(s.pages)-1]) > 1
+		// Holders that copy away earlier in this batch no longer count, so of
+		// k batch members sharing a page, k-1 copy and the last one keeps it.
+		s.cow = false
+		if n > 0 && held%ps != 0 {
+			last := s.pages[len(s.pages)-1]
+			if rc := t.alloc.RefCount(last); rc > 1 {
+				if t.copiedAway == nil {
+					t.copiedAway = make(map[allocator.PageID]int32)
+				}
+				if rc-t.copiedAway[last] > 1 {
+					s.cow = true
+					t.copiedAway[last]++
+				}
+			}
+		}
 		need += s.newPages
 		if s.cow {
 			need++
