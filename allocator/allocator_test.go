@@ -313,11 +313,11 @@ func TestRandomAgainstModel(t *testing.T) {
 }
 
 func FuzzAllocatorOps(f *testing.F) {
-	f.Add(uint8(4), []byte{})                                  // empty
-	f.Add(uint8(1), []byte{0, 1, 0, 1, 2, 1, 0, 2, 1, 0})     // one page: alloc, double free
-	f.Add(uint8(8), []byte{0, 8, 0, 9, 1, 3, 1, 1, 1, 2, 3})  // full pool, retains
-	f.Add(uint8(3), []byte{0, 3, 1, 2, 1, 1, 2, 2, 1, 1, 2})  // shared pages released twice
-	f.Add(uint8(16), []byte{0, 200, 2, 3, 7, 7, 7, 0, 5, 1})  // oversized alloc, bad IDs
+	f.Add(uint8(4), []byte{})                                // empty
+	f.Add(uint8(1), []byte{0, 1, 0, 1, 2, 1, 0, 2, 1, 0})    // one page: alloc, double free
+	f.Add(uint8(8), []byte{0, 8, 0, 9, 1, 3, 1, 1, 1, 2, 3}) // full pool, retains
+	f.Add(uint8(3), []byte{0, 3, 1, 2, 1, 1, 2, 2, 1, 1, 2}) // shared pages released twice
+	f.Add(uint8(16), []byte{0, 200, 2, 3, 7, 7, 7, 0, 5, 1}) // oversized alloc, bad IDs
 	f.Fuzz(func(t *testing.T, size uint8, ops []byte) {
 		numPages := int(size)%64 + 1
 		i := 0
