@@ -1,0 +1,191 @@
+package prefixcache
+
+import "fmt"
+
+// CheckInvariants verifies the whole cache in O(cached pages * PageSize)
+// time and returns the first violation found, or nil. Beyond the structure
+// (tree links, child counts, hash chains, LRU lists, counters) it recomputes
+// every page's chained hash and re-reads every reference count, so a caller
+// that forgot a [Cache.Recheck] is caught here.
+func (c *Cache) CheckInvariants() error {
+	var cached, idle, idlePinned, pinned int
+	type sib struct {
+		parent int32
+		key    string
+	}
+	seen := make(map[sib]int32)
+	for i := range c.nodes {
+		p := int32(i)
+		n := &c.nodes[p]
+		if !n.cached() {
+			if n.state != 0 || n.children != 0 || n.pins != 0 {
+				return fmt.Errorf("prefixcache: uncached page %d has state %#x, %d children, %d pins", p, n.state, n.children, n.pins)
+			}
+			continue
+		}
+		cached++
+		if err := c.nodeError(p); err != nil {
+			return err
+		}
+		// Recomputed hash: the chain is what lookups will follow.
+		var ph uint64
+		if n.parent == none {
+			k, ok := c.rootKey[p]
+			if !ok {
+				return fmt.Errorf("prefixcache: depth-0 page %d has no namespace", p)
+			}
+			ph = hashBytes(c.seed, []byte(k))
+		} else {
+			ph = c.nodes[n.parent].hash
+		}
+		if h := c.hash(ph, c.pageTokens(p)); h != n.hash {
+			return fmt.Errorf("prefixcache: page %d stores hash %#x, its parent and tokens give %#x", p, n.hash, h)
+		}
+		// No prefix is cached twice.
+		k := sib{parent: n.parent, key: fmt.Sprint(c.pageTokens(p))}
+		if n.parent == none {
+			k.key += "|" + c.rootKey[p]
+		}
+		if q, dup := seen[k]; dup {
+			return fmt.Errorf("prefixcache: pages %d and %d cache the same prefix (parent %d)", q, p, n.parent)
+		}
+		seen[k] = p
+		// Reachable through its hash chain exactly once.
+		hits := 0
+		for x, ok := c.byHash[n.hash]; ok && x != none; x = c.nodes[x].nextHash {
+			if x == p {
+				hits++
+			}
+			if hits > 1 || !c.nodes[x].cached() || c.nodes[x].hash != n.hash {
+				return fmt.Errorf("prefixcache: hash chain %#x is broken at page %d", n.hash, x)
+			}
+		}
+		if hits != 1 {
+			return fmt.Errorf("prefixcache: page %d is not in its hash chain %#x", p, n.hash)
+		}
+		// The idle bit matches the reference count.
+		rc := c.refs.RefCount(PageID(p))
+		if rc < 1 {
+			return fmt.Errorf("prefixcache: cached page %d has refcount %d (the cache holds one)", p, rc)
+		}
+		if n.idle() != (rc == 1) {
+			return fmt.Errorf("prefixcache: page %d has refcount %d but idle = %v (missed Recheck?)", p, rc, n.idle())
+		}
+		if n.pins > 0 {
+			pinned++
+			if n.parent != none && c.nodes[n.parent].pins < n.pins {
+				return fmt.Errorf("prefixcache: page %d has %d pins, its parent %d only %d", p, n.pins, n.parent, c.nodes[n.parent].pins)
+			}
+		}
+		switch {
+		case n.idle() && n.pins == 0:
+			idle++
+		case n.idle():
+			idlePinned++
+		}
+	}
+	if len(c.byHash) > cached {
+		return fmt.Errorf("prefixcache: %d hash chains for %d cached pages", len(c.byHash), cached)
+	}
+	for h, x := range c.byHash {
+		if x < 0 || !c.nodes[x].cached() || c.nodes[x].hash != h {
+			return fmt.Errorf("prefixcache: hash chain %#x starts at page %d, which does not have that hash", h, x)
+		}
+	}
+	for p := range c.rootKey {
+		if !c.nodes[p].cached() || c.nodes[p].parent != none {
+			return fmt.Errorf("prefixcache: namespace recorded for page %d, which is not a cached depth-0 page", p)
+		}
+	}
+	if cached != c.nCached || idle != c.nIdle || idlePinned != c.nIdlePinned || pinned != c.nPinned {
+		return fmt.Errorf("prefixcache: counted cached %d idle %d idle-pinned %d pinned %d; counters say %d %d %d %d",
+			cached, idle, idlePinned, pinned, c.nCached, c.nIdle, c.nIdlePinned, c.nPinned)
+	}
+	if c.maxPinned > 0 && pinned > c.maxPinned {
+		return fmt.Errorf("prefixcache: %d pages pinned, limit %d", pinned, c.maxPinned)
+	}
+	// LRU lists: well linked, each member listed and of the list's priority.
+	total := 0
+	for prio, l := range c.lists {
+		n, prev := 0, none
+		for x := l.head; x != none; x = c.nodes[x].lruNext {
+			nd := &c.nodes[x]
+			if !nd.listed() || int(nd.prio) != prio || nd.lruPrev != prev {
+				return fmt.Errorf("prefixcache: LRU list %d holds page %d (state %#x, pins %d, priority %d, prev %d want %d)",
+					prio, x, nd.state, nd.pins, nd.prio, nd.lruPrev, prev)
+			}
+			prev = x
+			if n++; n > cached {
+				return fmt.Errorf("prefixcache: LRU list %d has a cycle", prio)
+			}
+		}
+		if prev != l.tail || n != l.n {
+			return fmt.Errorf("prefixcache: LRU list %d has %d pages ending at %d; header says %d ending at %d", prio, n, prev, l.n, l.tail)
+		}
+		total += n
+	}
+	if total != idle {
+		return fmt.Errorf("prefixcache: LRU lists hold %d pages, %d are idle and unpinned", total, idle)
+	}
+	// Pins name live pinned pages.
+	for id, h := range c.pins {
+		x, ok := c.resolve(h)
+		if !ok || x == none || c.nodes[x].pins < 1 {
+			return fmt.Errorf("prefixcache: pin %d names page %d, which is not pinned", id, h.page-1)
+		}
+	}
+	return nil
+}
+
+// nodeError checks the links of cached page p against its parent, siblings
+// and children.
+func (c *Cache) nodeError(p int32) error {
+	n := &c.nodes[p]
+	if n.parent != none && (n.parent < 0 || int(n.parent) >= len(c.nodes) || !c.nodes[n.parent].cached()) {
+		return fmt.Errorf("prefixcache: page %d has parent %d, which is not cached", p, n.parent)
+	}
+	if n.prev != none && c.nodes[n.prev].next != p {
+		return fmt.Errorf("prefixcache: page %d: previous sibling %d does not link back", p, n.prev)
+	}
+	if n.next != none && c.nodes[n.next].prev != p {
+		return fmt.Errorf("prefixcache: page %d: next sibling %d does not link back", p, n.next)
+	}
+	if n.prev == none && n.parent != none && c.nodes[n.parent].child != p {
+		return fmt.Errorf("prefixcache: page %d is a first child but its parent %d starts at %d", p, n.parent, c.nodes[n.parent].child)
+	}
+	k := int32(0)
+	for x := n.child; x != none; x = c.nodes[x].next {
+		if !c.nodes[x].cached() || c.nodes[x].parent != p {
+			return fmt.Errorf("prefixcache: page %d lists child %d whose parent is %d", p, x, c.nodes[x].parent)
+		}
+		if k++; k > n.children {
+			break
+		}
+	}
+	if k != n.children {
+		return fmt.Errorf("prefixcache: page %d counts %d children, its list has %d", p, n.children, k)
+	}
+	if n.idle() && n.pins == 0 {
+		l := &c.lists[n.prio]
+		if (n.lruPrev == none) != (l.head == p) || (n.lruNext == none) != (l.tail == p) {
+			return fmt.Errorf("prefixcache: idle page %d is not linked on LRU list %d", p, n.prio)
+		}
+	} else if n.lruPrev != none || n.lruNext != none {
+		return fmt.Errorf("prefixcache: page %d is linked on an LRU list but idle = %v, pins = %d", p, n.idle(), n.pins)
+	}
+	return nil
+}
+
+// checkNode is the cheap per-mutation check of invariants builds: page p's
+// links and the counters.
+func (c *Cache) checkNode(p int32) {
+	if c.nodes[p].cached() {
+		if err := c.nodeError(p); err != nil {
+			panic(err.Error())
+		}
+	}
+	if c.nIdle < 0 || c.nIdlePinned < 0 || c.nPinned < 0 || c.nIdle+c.nIdlePinned > c.nCached {
+		panic(fmt.Sprintf("prefixcache: broken counters: cached %d idle %d idle-pinned %d pinned %d",
+			c.nCached, c.nIdle, c.nIdlePinned, c.nPinned))
+	}
+}

@@ -1,0 +1,153 @@
+package prefixcache
+
+import (
+	"fmt"
+
+	"github.com/pagedkv/pagedkv/internal/invariants"
+)
+
+// pushLRU appends idle, unpinned page p at the tail (most recent end) of its
+// priority's list.
+func (c *Cache) pushLRU(p int32) {
+	n := &c.nodes[p]
+	l := &c.lists[n.prio]
+	n.lruPrev, n.lruNext = l.tail, none
+	if l.tail != none {
+		c.nodes[l.tail].lruNext = p
+	} else {
+		l.head = p
+	}
+	l.tail = p
+	l.n++
+	c.nIdle++
+}
+
+// unlinkLRU removes page p from its priority's list.
+func (c *Cache) unlinkLRU(p int32) {
+	n := &c.nodes[p]
+	l := &c.lists[n.prio]
+	if n.lruPrev != none {
+		c.nodes[n.lruPrev].lruNext = n.lruNext
+	} else {
+		l.head = n.lruNext
+	}
+	if n.lruNext != none {
+		c.nodes[n.lruNext].lruPrev = n.lruPrev
+	} else {
+		l.tail = n.lruPrev
+	}
+	n.lruPrev, n.lruNext = none, none
+	l.n--
+	c.nIdle--
+}
+
+// victim returns the next page eviction takes: the head (least recently
+// used) of the lowest non-empty priority list, or none.
+func (c *Cache) victim() int32 {
+	for i := range c.lists {
+		if c.lists[i].head != none {
+			return c.lists[i].head
+		}
+	}
+	return none
+}
+
+// Evict removes idle, unpinned pages until at least npages pages have
+// returned to the pool or none is left to evict, and returns how many
+// returned. Victims are taken least recently used first from the lowest
+// priority level up. A victim's subtree (the cached pages that extend it)
+// goes with it, deepest first, so no cached page is ever left behind a
+// missing parent; pages of that subtree still held by requests stay with
+// them and are only dropped from the cache.
+//
+// Cost: O(1) per removed page (a list unlink, a map delete, and one batched
+// release per victim); no scan, no heap.
+func (c *Cache) Evict(npages int) (freed int) {
+	for freed < npages {
+		v := c.victim()
+		if v == none {
+			break
+		}
+		freed += c.evictSubtree(v)
+	}
+	return freed
+}
+
+// evictSubtree removes v and every page under it, children before parents,
+// releases the cache's references in one call, and returns how many pages
+// returned to the pool. Pins cover whole paths, so a subtree under an
+// unpinned v holds no pinned page.
+func (c *Cache) evictSubtree(v int32) int {
+	c.counters.Victims++
+	if c.nodes[v].children > 0 {
+		c.counters.InnerVictims++
+	}
+	rel := c.scratch[:0]
+	// Post-order walk without recursion: descend to a leaf, remove it, resume
+	// at its parent. Each page is entered once going down and once going up.
+	x := v
+	for {
+		for c.nodes[x].child != none {
+			x = c.nodes[x].child
+		}
+		up := c.nodes[x].parent
+		c.remove(x)
+		rel = append(rel, PageID(x))
+		if x == v {
+			break
+		}
+		x = up
+	}
+	c.scratch = rel
+	freed, err := c.refs.Release(rel...)
+	if err != nil {
+		panic(fmt.Sprintf("prefixcache: releasing %d evicted pages: %v", len(rel), err))
+	}
+	c.counters.Evicted += int64(len(rel))
+	c.counters.Freed += int64(freed)
+	return freed
+}
+
+// remove takes leaf x out of the tree, its hash chain and its list; the
+// caller releases the page.
+func (c *Cache) remove(x int32) {
+	n := &c.nodes[x]
+	if invariants.Enabled && (n.children != 0 || n.pins != 0) {
+		panic(fmt.Sprintf("prefixcache: removing page %d with %d children and %d pins", x, n.children, n.pins))
+	}
+	if n.idle() {
+		c.unlinkLRU(x) // pins == 0, so it is listed
+	}
+	// Sibling list and parent.
+	if n.prev != none {
+		c.nodes[n.prev].next = n.next
+	} else if n.parent != none {
+		c.nodes[n.parent].child = n.next
+	}
+	if n.next != none {
+		c.nodes[n.next].prev = n.prev
+	}
+	if n.parent != none {
+		c.nodes[n.parent].children--
+	} else {
+		delete(c.rootKey, x)
+	}
+	// Hash chain (short: equal 64-bit hashes are rare unless a test forces
+	// them).
+	if head := c.byHash[n.hash]; head == x {
+		if n.nextHash == none {
+			delete(c.byHash, n.hash)
+		} else {
+			c.byHash[n.hash] = n.nextHash
+		}
+	} else {
+		y := head
+		for c.nodes[y].nextHash != x {
+			y = c.nodes[y].nextHash
+		}
+		c.nodes[y].nextHash = n.nextHash
+	}
+	*n = node{parent: none, child: none, next: none, prev: none, nextHash: none,
+		lruPrev: none, lruNext: none, gen: n.gen + 1}
+	c.nCached--
+}
