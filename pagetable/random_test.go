@@ -35,7 +35,7 @@ func TestRandomOpsAgainstModel(t *testing.T) {
 }
 
 func FuzzTableOps(f *testing.F) {
-	f.Add(uint8(4), uint8(8), []byte{})                                  // empty
+	f.Add(uint8(4), uint8(8), []byte{})                                   // empty
 	f.Add(uint8(1), uint8(4), []byte{0, 0, 5, 0, 9, 0, 0, 0, 1, 0, 4, 0}) // page size 1
 	f.Add(uint8(4), uint8(2), []byte{0, 0, 9, 0, 9, 0, 9, 0, 9, 0, 9, 0}) // full pool
 	f.Add(uint8(8), uint8(16), []byte{1, 0, 4, 0, 3, 0, 2, 0, 11, 0, 0, 0, 9, 0, 4, 0, 7, 0, 5, 0})
