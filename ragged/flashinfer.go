@@ -95,16 +95,23 @@ type FlashInferParams struct {
 }
 
 // FlashInferParams finds FlashInfer causal/window_left parameters that
-// reproduce the mask exactly, if any exist. It tries the kind's natural
-// choice of causal first (false for [BlockDiagonalMask], true otherwise),
-// then the other; for each, window_left is forced by the first row whose
-// window cuts keys off, and then every row is checked. The search is exact:
-// OK is false only if no causal ∈ {false, true}, window_left >= -1 matches.
-// Cost O(sum q_seqlen).
+// reproduce the mask exactly, if any exist. It first tries the literal
+// translation (causal for the causal kinds, window_left = window_size-1 or
+// -1), which succeeds for every bottom-right kind and for top-left kinds
+// whose blocks have q_seqlen == kv_seqlen. Otherwise it searches: for
+// causal = the kind's own choice, then the other, window_left is forced by
+// the first row whose window cuts keys off (-1 if none does), and every row
+// is checked. The search is exact: OK is false only if no causal ∈
+// {false, true} and window_left >= -1 match. Cost O(sum q_seqlen).
 func (m blockDiagonal) FlashInferParams() FlashInferParams {
 	order := [2]bool{true, false}
 	if !m.causal {
 		order = [2]bool{false, true}
+	}
+	// The parameters an engine would write by hand come first: they are
+	// what the mask means, even where a window cuts nothing.
+	if w := m.window - 1; m.verifyFlashInfer(m.causal, w) == "" {
+		return FlashInferParams{Causal: m.causal, WindowLeft: w, OK: true}
 	}
 	var firstWhy string
 	for k, causal := range order {
@@ -148,8 +155,8 @@ func (m blockDiagonal) matchFlashInfer(causal bool) (windowLeft int, why string)
 	for b := range m.qSeqLen {
 		q, kv := int(m.qSeqLen[b]), int(m.kvSeqLen[b])
 		for i := 0; i < q; i++ {
-			lo, hi := m.rowRange(b, i)
-			if hi == 0 || lo == 0 {
+			lo, _ := m.rowRange(b, i)
+			if lo == 0 {
 				continue
 			}
 			w := i + kv - q - lo
@@ -164,18 +171,27 @@ func (m blockDiagonal) matchFlashInfer(causal bool) (windowLeft int, why string)
 			windowLeft = w
 		}
 	}
+	if why := m.verifyFlashInfer(causal, windowLeft); why != "" {
+		return 0, why
+	}
+	return windowLeft, ""
+}
+
+// verifyFlashInfer returns "" when FlashInfer with (causal, windowLeft)
+// masks exactly like m, and the first differing row otherwise.
+func (m blockDiagonal) verifyFlashInfer(causal bool, windowLeft int) string {
 	for b := range m.qSeqLen {
 		q, kv := int(m.qSeqLen[b]), int(m.kvSeqLen[b])
 		for i := 0; i < q; i++ {
 			lo, hi := m.rowRange(b, i)
 			flo, fhi := flashInferRow(q, kv, i, causal, windowLeft)
 			if lo != flo || hi != fhi {
-				return 0, fmt.Sprintf("block %d (q_seqlen %d, kv_seqlen %d) row %d sees keys %s, FlashInfer with causal=%t, window_left=%d sees %s",
+				return fmt.Sprintf("block %d (q_seqlen %d, kv_seqlen %d) row %d sees keys %s, FlashInfer with causal=%t, window_left=%d sees %s",
 					b, q, kv, i, interval(lo, hi), causal, windowLeft, interval(flo, fhi))
 			}
 		}
 	}
-	return windowLeft, ""
+	return ""
 }
 
 func interval(lo, hi int) string {
@@ -232,4 +248,3 @@ func FlashInferDense(qoLens, kvLens []int32, causal bool, windowLeft int) (Dense
 	}
 	return d, nil
 }
-
