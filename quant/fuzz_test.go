@@ -15,7 +15,7 @@ import (
 // [-qmax, qmax], NaN gives 0, and every element the error bound covers is
 // within scale/2.
 func FuzzQuantizeBound(f *testing.F) {
-	f.Add([]byte{0x00, 0, 0, 0x80, 0x3f, 0, 0, 0, 0xbf})                                    // int8 f16 g1: 1, -0.5
+	f.Add([]byte{0x00, 0, 0, 0x80, 0x3f, 0, 0, 0, 0xbf})                                  // int8 f16 g1: 1, -0.5
 	f.Add([]byte{0x13, 0, 0, 0xc0, 0x7f, 0, 0, 0x80, 0x7f, 0, 0, 0x80, 0xff, 1, 0, 0, 0}) // int4 f32 g8: NaN, +inf, -inf, tiny
 	f.Add([]byte{0x05, 0x6b, 0x80, 0xd4, 0x3e, 0x00, 0x00, 0x7f, 0x4b})                   // int8 f32 g2
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -31,7 +31,7 @@ func FuzzQuantizeBound(f *testing.F) {
 			cfg.Bits = 4
 		}
 		raw := data[1:]
-		n := min(len(raw)/4, 64) // rows longer than a few groups add nothing but minimisation time
+		n := min(len(raw)/4, 64)   // rows longer than a few groups add nothing but minimisation time
 		n -= n % max(cfg.Group, 2) // whole groups, even for int4
 		if n == 0 {
 			return
