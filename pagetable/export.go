@@ -4,7 +4,21 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"unsafe"
+
+	"github.com/pagedkv/pagedkv/allocator"
 )
+
+// pageIDsAsInt32 views page IDs as the int32 array FlashInfer takes, so the
+// export of a page list is one memmove. allocator.PageID is defined as int32,
+// so both types have the same size, alignment and representation; the view
+// is read-only and does not outlive the call that copies it.
+func pageIDsAsInt32(pages []allocator.PageID) []int32 {
+	return unsafe.Slice((*int32)(unsafe.SliceData(pages)), len(pages))
+}
+
+// Fail to compile if PageID ever stops being a 4-byte integer.
+var _ = [1]struct{}{}[unsafe.Sizeof(allocator.PageID(0))-4]
 
 // CSR is a batch's page table in FlashInfer's layout (see the package doc).
 // The kernels see only held pages, so SeqLens[b] == Len-Start of request b.
@@ -61,11 +75,7 @@ func (t *Table) ExportTo(dst *CSR, ids []SeqID) error {
 	indptr[0] = 0
 	for i, si := range slotsIdx {
 		s := &t.slots[si]
-		out := indices[off : off+len(s.pages)]
-		for k, p := range s.pages {
-			out[k] = int32(p)
-		}
-		off += len(s.pages)
+		off += copy(indices[off:], pageIDsAsInt32(s.pages))
 		indptr[i+1] = int32(off)
 		held := s.len - s.start
 		seqLens[i] = int32(held)
