@@ -1,0 +1,66 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cpu"
+)
+
+// backendFactory opens one kernels.Backend. Backends register from init
+// functions like commands do; a backend that needs a build tag registers a
+// factory in both files of its tag pair, the untagged one returning an
+// error that says how to get it.
+type backendFactory struct {
+	summary string
+	open    func() (kernels.Backend, error)
+}
+
+// backends holds every backend the --backend flags accept, by name.
+var backends = map[string]backendFactory{}
+
+func registerBackend(name string, f backendFactory) {
+	if _, dup := backends[name]; dup {
+		panic("pagedkv: backend registered twice: " + name)
+	}
+	backends[name] = f
+}
+
+func init() {
+	registerBackend("cpu", backendFactory{
+		summary: "pure Go (kernels/cpu)",
+		open:    func() (kernels.Backend, error) { return cpu.New(cpu.Config{}), nil },
+	})
+}
+
+// backendNames lists the registered backends, sorted.
+func backendNames() []string {
+	names := make([]string, 0, len(backends))
+	for n := range backends {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// errUnknownBackend is returned by openBackend for a name nobody registered.
+type errUnknownBackend string
+
+func (e errUnknownBackend) Error() string {
+	return fmt.Sprintf("unknown backend %q (have %s)", string(e), strings.Join(backendNames(), ", "))
+}
+
+// openBackend opens the backend called name.
+func openBackend(name string) (kernels.Backend, error) {
+	f, ok := backends[name]
+	if !ok {
+		return nil, errUnknownBackend(name)
+	}
+	b, err := f.open()
+	if err != nil {
+		return nil, fmt.Errorf("backend %s: %w", name, err)
+	}
+	return b, nil
+}
