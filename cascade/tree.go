@@ -1,0 +1,206 @@
+package cascade
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// ErrInvalidTree is wrapped by every [Build] error: a malformed node, a
+// request listed twice or missing, a node reachable twice.
+var ErrInvalidTree = errors.New("cascade: invalid prefix tree")
+
+// Request is a request whose prefix path ends at a node.
+type Request struct {
+	// ID is the caller's index of the request: the IDs of a tree must be
+	// exactly 0..R-1, each once.
+	ID int
+	// QOLen is the number of query rows (tokens) of the request, >= 0.
+	QOLen int
+}
+
+// Node is a run of KV pages shared by every request in its subtree.
+type Node struct {
+	// Pages are the physical page ids of this node's own KV segment, in
+	// token order. Tokens continue from the parent's segment.
+	Pages []int32
+	// LastPageLen is the number of tokens in the last of Pages,
+	// 1..page_size, and 0 when Pages is empty. Only a node at the deepest
+	// level usually has a partial last page: a request's KV as one flat page
+	// list exists only when every node above its last has full pages, but
+	// cascade attention does not need that.
+	LastPageLen int32
+	// Children continue this node's segment, each for its own subtree.
+	Children []*Node
+	// Requests end here: their prefix path is the root ... this node.
+	Requests []Request
+}
+
+// Layout is the output of [Build].
+type Layout struct {
+	// Levels are the per-level arrays, level 0 (the root) first.
+	Levels []Level
+	// RequestOrder lists request IDs in query order: the rows of
+	// RequestOrder[k] are RequestQOIndptr[k]:RequestQOIndptr[k+1].
+	RequestOrder []int
+	// RequestQOIndptr has length len(RequestOrder)+1, starting at 0.
+	RequestQOIndptr []int32
+	// QOLenByID[id] is the query count of request id.
+	QOLenByID []int
+}
+
+// QueryRows returns the row permutation between the caller's order and the
+// cascade's: rows[r] is the row, in ID order (request 0's queries first,
+// then request 1's, ...), whose query the cascade holds in row r. Reorder
+// with qCascade[r] = qCaller[rows[r]] before [Run] and
+// oCaller[rows[r]] = oCascade[r] after.
+func (l *Layout) QueryRows() []int32 {
+	start := make([]int32, len(l.QOLenByID)+1)
+	for id, n := range l.QOLenByID {
+		start[id+1] = start[id] + int32(n)
+	}
+	rows := make([]int32, 0, start[len(l.QOLenByID)])
+	for k, id := range l.RequestOrder {
+		for i := int32(0); i < l.RequestQOIndptr[k+1]-l.RequestQOIndptr[k]; i++ {
+			rows = append(rows, start[id]+i)
+		}
+	}
+	return rows
+}
+
+// placed is a request with its prefix path, in query order.
+type placed struct {
+	req  Request
+	path []*Node // root ... the node the request ends at
+}
+
+// Build derives the per-level arrays of a prefix tree. The number of
+// levels is one more than the depth of the deepest node that has a request
+// at or below it; nodes without requests below them are not attended and
+// do not appear. At level l:
+//
+//   - l below the last: one group per node at depth l (all the requests
+//     below it, its pages), and one empty group (no pages, last_page_len 0)
+//     per request whose path ends above depth l;
+//   - the last level: one group per request, holding the pages of its
+//     path's node at that depth, or none.
+//
+// Queries are ordered depth-first: each child's subtree in order, then the
+// node's own requests in order (so a request that ends at a branch node
+// comes where an empty leaf after its siblings would put it). Every request gets its own last-level group, so the
+// causal mask of the last level is aligned per request.
+func Build(root *Node, pageSize int) (*Layout, error) {
+	if pageSize <= 0 {
+		return nil, fmt.Errorf("%w: page_size %d <= 0", ErrInvalidTree, pageSize)
+	}
+	if root == nil {
+		return nil, fmt.Errorf("%w: nil root", ErrInvalidTree)
+	}
+	var order []placed
+	seen := map[*Node]bool{}
+	var walk func(n *Node, path []*Node) error
+	walk = func(n *Node, path []*Node) error {
+		if n == nil {
+			return fmt.Errorf("%w: nil child at depth %d", ErrInvalidTree, len(path))
+		}
+		if seen[n] {
+			return fmt.Errorf("%w: a node is reachable twice (at depth %d); the prefix structure must be a tree", ErrInvalidTree, len(path))
+		}
+		seen[n] = true
+		if err := checkNode(n, pageSize, len(path)); err != nil {
+			return err
+		}
+		path = append(path[:len(path):len(path)], n)
+		for _, c := range n.Children {
+			if err := walk(c, path); err != nil {
+				return err
+			}
+		}
+		for _, r := range n.Requests {
+			order = append(order, placed{req: r, path: path})
+		}
+		return nil
+	}
+	if err := walk(root, nil); err != nil {
+		return nil, err
+	}
+
+	lay := &Layout{QOLenByID: make([]int, len(order))}
+	idSeen := make([]bool, len(order))
+	depth := 0
+	nnz := int64(0)
+	lay.RequestQOIndptr = make([]int32, 1, len(order)+1)
+	for _, p := range order {
+		id := p.req.ID
+		switch {
+		case id < 0 || id >= len(order):
+			return nil, fmt.Errorf("%w: request id %d outside [0, %d) (ids must be 0..requests-1)", ErrInvalidTree, id, len(order))
+		case idSeen[id]:
+			return nil, fmt.Errorf("%w: request id %d appears twice", ErrInvalidTree, id)
+		case p.req.QOLen < 0:
+			return nil, fmt.Errorf("%w: request %d has qo_len %d < 0", ErrInvalidTree, id, p.req.QOLen)
+		}
+		idSeen[id] = true
+		lay.QOLenByID[id] = p.req.QOLen
+		lay.RequestOrder = append(lay.RequestOrder, id)
+		nnz += int64(p.req.QOLen)
+		if nnz > math.MaxInt32 {
+			return nil, fmt.Errorf("%w: more than 2^31-1 query rows", ErrInvalidTree)
+		}
+		lay.RequestQOIndptr = append(lay.RequestQOIndptr, int32(nnz))
+		depth = max(depth, len(p.path))
+	}
+	if len(order) == 0 {
+		return nil, fmt.Errorf("%w: the tree has no requests", ErrInvalidTree)
+	}
+
+	for l := 0; l < depth; l++ {
+		lv := Level{QOIndptr: []int32{0}, KVIndptr: []int32{0}}
+		last := l == depth-1
+		for k := 0; k < len(order); {
+			p := order[k]
+			var node *Node
+			if l < len(p.path) {
+				node = p.path[l]
+			}
+			// The group: this request, plus (below the last level) the
+			// following requests that share its node at depth l.
+			k1 := k + 1
+			if node != nil && !last {
+				for k1 < len(order) && l < len(order[k1].path) && order[k1].path[l] == node {
+					k1++
+				}
+			}
+			var pages []int32
+			var lastLen int32
+			if node != nil {
+				pages, lastLen = node.Pages, node.LastPageLen
+			}
+			if int64(len(lv.KVIndices))+int64(len(pages)) > math.MaxInt32 {
+				return nil, fmt.Errorf("%w: level %d has more than 2^31-1 pages", ErrInvalidTree, l)
+			}
+			lv.QOIndptr = append(lv.QOIndptr, lay.RequestQOIndptr[k1])
+			lv.KVIndices = append(lv.KVIndices, pages...)
+			lv.KVIndptr = append(lv.KVIndptr, int32(len(lv.KVIndices)))
+			lv.KVLastPageLen = append(lv.KVLastPageLen, lastLen)
+			k = k1
+		}
+		lay.Levels = append(lay.Levels, lv)
+	}
+	return lay, nil
+}
+
+func checkNode(n *Node, pageSize, depth int) error {
+	switch {
+	case len(n.Pages) == 0 && n.LastPageLen != 0:
+		return fmt.Errorf("%w: node at depth %d has no pages but last_page_len %d (want 0)", ErrInvalidTree, depth, n.LastPageLen)
+	case len(n.Pages) > 0 && (n.LastPageLen < 1 || int(n.LastPageLen) > pageSize):
+		return fmt.Errorf("%w: node at depth %d has last_page_len %d outside [1, page_size %d]", ErrInvalidTree, depth, n.LastPageLen, pageSize)
+	}
+	for i, p := range n.Pages {
+		if p < 0 {
+			return fmt.Errorf("%w: node at depth %d has page id %d < 0 at position %d", ErrInvalidTree, depth, p, i)
+		}
+	}
+	return nil
+}
