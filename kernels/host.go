@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/pagedkv/pagedkv/layout"
 )
@@ -97,12 +98,14 @@ func (t Tensor) CheckShape(name string, want ...int) error {
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
+	// The errors format a copy of want so that the variadic slice does not
+	// escape: a successful check does not allocate.
 	if len(t.Shape) != len(want) {
-		return fmt.Errorf("%w: %s has shape %v, want %v", ErrInvalidTensor, name, t.Shape, want)
+		return fmt.Errorf("%w: %s has shape %v, want %v", ErrInvalidTensor, name, t.Shape, slices.Clone(want))
 	}
 	for i := range want {
 		if t.Shape[i] != want[i] {
-			return fmt.Errorf("%w: %s has shape %v, want %v (dim %d)", ErrInvalidTensor, name, t.Shape, want, i)
+			return fmt.Errorf("%w: %s has shape %v, want %v (dim %d)", ErrInvalidTensor, name, t.Shape, slices.Clone(want), i)
 		}
 	}
 	return nil

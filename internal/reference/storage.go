@@ -3,6 +3,7 @@ package reference
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/pagedkv/pagedkv/layout"
 )
@@ -18,13 +19,15 @@ import (
 // shape: sum_k index[k] * prod(shape[k+1:]). It panics when the ranks differ
 // or an index is outside its dimension.
 func FlatIndex(shape, index []int) int64 {
+	// The panics format copies so that shape and index do not escape (the
+	// callers' arrays stay on the stack).
 	if len(shape) != len(index) {
-		panic(fmt.Sprintf("reference: index %v for shape %v", index, shape))
+		panic(fmt.Sprintf("reference: index %v for shape %v", slices.Clone(index), slices.Clone(shape)))
 	}
 	var flat int64
 	for k := range shape {
 		if index[k] < 0 || index[k] >= shape[k] {
-			panic(fmt.Sprintf("reference: index %v outside shape %v (dim %d)", index, shape, k))
+			panic(fmt.Sprintf("reference: index %v outside shape %v (dim %d)", slices.Clone(index), slices.Clone(shape), k))
 		}
 		flat = flat*int64(shape[k]) + int64(index[k])
 	}
@@ -40,24 +43,24 @@ type Slot struct{ KV, Page, Entry, Head, Feat int }
 // [P, H, N, D].
 func (c PagedKV) Locate(s Slot) (buf []byte, elem int64) {
 	P, N, H, D := c.NumPages, c.PageSize, c.NumKVHeads, c.HeadDim
-	var shape, index []int
+	var page, in [3]int // the page's own shape and the index inside it
 	if c.Layout == layout.NHD {
-		shape, index = []int{N, H, D}, []int{s.Entry, s.Head, s.Feat}
+		page, in = [3]int{N, H, D}, [3]int{s.Entry, s.Head, s.Feat}
 	} else {
-		shape, index = []int{H, N, D}, []int{s.Head, s.Entry, s.Feat}
+		page, in = [3]int{H, N, D}, [3]int{s.Head, s.Entry, s.Feat}
 	}
 	if c.Form == layout.Fused {
-		shape = append([]int{P, 2}, shape...)
-		index = append([]int{s.Page, s.KV}, index...)
-		return c.Data, FlatIndex(shape, index)
+		shape := [5]int{P, 2, page[0], page[1], page[2]}
+		index := [5]int{s.Page, s.KV, in[0], in[1], in[2]}
+		return c.Data, FlatIndex(shape[:], index[:])
 	}
-	shape = append([]int{P}, shape...)
-	index = append([]int{s.Page}, index...)
+	shape := [4]int{P, page[0], page[1], page[2]}
+	index := [4]int{s.Page, in[0], in[1], in[2]}
 	buf = c.K
 	if s.KV == 1 {
 		buf = c.V
 	}
-	return buf, FlatIndex(shape, index)
+	return buf, FlatIndex(shape[:], index[:])
 }
 
 // TokenBytes is one token of a request as raw elements of the cache dtype:
@@ -127,11 +130,21 @@ func Append(c PagedKV, in AppendInput) {
 						copy(dst, src[e*int64(ss):(e+1)*int64(ss)])
 						continue
 					}
-					putBits(dst, Encode(c.DType, ScaleDown(Float(in.SrcDType, src, e), scale), true))
+					putBits(dst, Encode(c.DType, ScaleDown(signedFloat(in.SrcDType, src, e), scale), true))
 				}
 			}
 		}
 	}
+}
+
+// signedFloat is Float that keeps the sign bit of a NaN (the fp8 NaN codes
+// keep it: -NaN appends as 0xFF).
+func signedFloat(dt layout.DType, data []byte, e int64) float64 {
+	x := Float(dt, data, e)
+	if math.IsNaN(x) && data[(e+1)*int64(dt.Size())-1]&0x80 != 0 {
+		x = math.Copysign(x, -1)
+	}
+	return x
 }
 
 // ScaleDown is the value an append stores for x under scale s (0 means 1):

@@ -24,23 +24,26 @@ func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
 	if nnz == 0 {
 		return nil
 	}
-	srcES := p.AppendKey.DType.Size()
-	rowBytes := 2 * g.NumKVHeads * g.HeadDim * srcES // K and V of one token
-	b.forChunks(nnz, rowBytes, func(lo, hi int) { appendRows(p, lo, hi) })
+	rowBytes := 2 * g.NumKVHeads * g.HeadDim * p.AppendKey.DType.Size() // K and V of one token
+	per, chunks := b.appendChunks(nnz, rowBytes)
+	if chunks == 1 {
+		appendRows(p, 0, nnz) // no closure: the serial path does not allocate
+		return nil
+	}
+	b.parallelFor(chunks, func(c int) { appendRows(p, c*per, min((c+1)*per, nnz)) })
 	return nil
 }
 
-// forChunks splits rows [0, n) into contiguous chunks of about
-// appendChunkBytes and runs fn on them, in parallel when there is more than
-// one chunk.
-func (b *Backend) forChunks(n, rowBytes int, fn func(lo, hi int)) {
-	per := max(appendChunkBytes/max(rowBytes, 1), 1)
-	chunks := (n + per - 1) / per
+// appendChunks splits n rows of rowBytes into chunks of about
+// appendChunkBytes for parallelFor; it returns one chunk (run inline) for
+// small appends or a single worker.
+func (b *Backend) appendChunks(n, rowBytes int) (per, chunks int) {
+	per = max(appendChunkBytes/max(rowBytes, 1), 1)
+	chunks = (n + per - 1) / per
 	if chunks <= 2 || b.workers <= 1 {
-		fn(0, n)
-		return
+		return n, 1
 	}
-	b.parallelFor(chunks, func(c int) { fn(c*per, min((c+1)*per, n)) })
+	return per, chunks
 }
 
 // appendRows writes rows [lo, hi) of a validated append.
@@ -116,20 +119,29 @@ func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
 	if nnz == 0 {
 		return nil
 	}
-	es := g.DType.Size()
-	b.forChunks(nnz, (g.HeadDimCKV+g.HeadDimKPE)*es, func(lo, hi int) {
-		ckvDst, kpeDst := p.Cache.CKVBuf(), p.Cache.KPEBuf()
-		nc, nk := g.HeadDimCKV*es, g.HeadDimKPE*es
-		N := g.PageSize
-		for i := lo; i < hi; i++ {
-			req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
-			page := int(p.KVIndices[int(p.KVIndptr[req])+pos/N])
-			entry := pos % N
-			c := int(g.CKVOffset(page, entry, 0)) * es
-			k := int(g.KPEOffset(page, entry, 0)) * es
-			copy(ckvDst[c:c+nc], p.AppendCKV.Data[i*nc:(i+1)*nc])
-			copy(kpeDst[k:k+nk], p.AppendKPE.Data[i*nk:(i+1)*nk])
-		}
-	})
+	per, chunks := b.appendChunks(nnz, (g.HeadDimCKV+g.HeadDimKPE)*g.DType.Size())
+	if chunks == 1 {
+		appendMLARows(p, 0, nnz)
+		return nil
+	}
+	b.parallelFor(chunks, func(c int) { appendMLARows(p, c*per, min((c+1)*per, nnz)) })
 	return nil
+}
+
+// appendMLARows copies rows [lo, hi) of a validated MLA append.
+func appendMLARows(p *kernels.MLAAppendParams, lo, hi int) {
+	g := p.Cache.Geometry
+	es := g.DType.Size()
+	ckvDst, kpeDst := p.Cache.CKVBuf(), p.Cache.KPEBuf()
+	nc, nk := g.HeadDimCKV*es, g.HeadDimKPE*es
+	N := g.PageSize
+	for i := lo; i < hi; i++ {
+		req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
+		page := int(p.KVIndices[int(p.KVIndptr[req])+pos/N])
+		entry := pos % N
+		c := int(g.CKVOffset(page, entry, 0)) * es
+		k := int(g.KPEOffset(page, entry, 0)) * es
+		copy(ckvDst[c:c+nc], p.AppendCKV.Data[i*nc:(i+1)*nc])
+		copy(kpeDst[k:k+nk], p.AppendKPE.Data[i*nk:(i+1)*nk])
+	}
 }
