@@ -93,9 +93,23 @@ func packInto(dst, x []byte, order BitOrder) {
 		mul = mulBig
 	}
 	full := len(x) / 8
-	// Fast path: whole groups of 8 inputs, one multiply each.
-	for k := 0; k < full; k++ {
-		dst[k] = pack8(binary.LittleEndian.Uint64(x[8*k:]), mul)
+	// Fast path: 64 inputs into 8 output bytes per iteration, one multiply
+	// per byte; re-slicing lets the compiler drop the bounds checks.
+	in, out := x[:8*full], dst[:full]
+	for len(in) >= 64 && len(out) >= 8 {
+		out[0] = pack8(binary.LittleEndian.Uint64(in[0:8]), mul)
+		out[1] = pack8(binary.LittleEndian.Uint64(in[8:16]), mul)
+		out[2] = pack8(binary.LittleEndian.Uint64(in[16:24]), mul)
+		out[3] = pack8(binary.LittleEndian.Uint64(in[24:32]), mul)
+		out[4] = pack8(binary.LittleEndian.Uint64(in[32:40]), mul)
+		out[5] = pack8(binary.LittleEndian.Uint64(in[40:48]), mul)
+		out[6] = pack8(binary.LittleEndian.Uint64(in[48:56]), mul)
+		out[7] = pack8(binary.LittleEndian.Uint64(in[56:64]), mul)
+		in, out = in[64:], out[8:]
+	}
+	for len(in) >= 8 && len(out) >= 1 {
+		out[0] = pack8(binary.LittleEndian.Uint64(in), mul)
+		in, out = in[8:], out[1:]
 	}
 	// Slow path: the last partial group, bit by bit.
 	if tail := x[8*full:]; len(tail) > 0 {
