@@ -41,6 +41,13 @@
 //     arguments. Errors wrap one of the package's sentinels (errors.Is) and
 //     name the bad value and request.
 //
+// # Ownership
+//
+// Functions never retain or modify their input slices: mask constructors copy
+// q_seqlen/kv_seqlen, and accessors return copies. Results are new slices
+// owned by the caller, except [Slice], which returns a view into data. The
+// ...To forms write only into the dst slices they are given.
+//
 // # Concurrency
 //
 // The package has no shared state. Functions are safe to call from many
