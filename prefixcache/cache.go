@@ -157,10 +157,10 @@ type Cache struct {
 	nodes  []node
 	tokens []int32
 
-	// byHash maps a hash to the first node of its chain (linked by
+	// byHash maps a hash to the first page of its chain (linked by
 	// node.nextHash). rootKey maps a depth-0 page to its namespace's
 	// canonical encoding.
-	byHash  map[uint64]int32
+	byHash  index
 	rootKey map[int32]string
 
 	lists []lru // one per priority
@@ -216,7 +216,7 @@ func New(cfg Config) (*Cache, error) {
 		hashFn:    cfg.Hash,
 		nodes:     make([]node, cfg.NumPages),
 		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
-		byHash:    make(map[uint64]int32),
+		byHash:    newIndex(cfg.NumPages),
 		rootKey:   make(map[int32]string),
 		lists:     make([]lru, np),
 		maxPinned: cfg.MaxPinnedPages,
@@ -262,11 +262,7 @@ func (c *Cache) pageTokens(p int32) []int32 {
 // the parent and every token are compared, so a collision costs a compare,
 // never a wrong page.
 func (c *Cache) find(h uint64, parent int32, key *Key, tokens []int32) int32 {
-	x, ok := c.byHash[h]
-	if !ok {
-		return none
-	}
-	for ; x != none; x = c.nodes[x].nextHash {
+	for x := c.byHash.get(c.nodes, h); x != none; x = c.nodes[x].nextHash {
 		n := &c.nodes[x]
 		if n.hash != h || n.parent != parent || !slices.Equal(c.pageTokens(x), tokens) {
 			continue
@@ -385,10 +381,7 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 		pn.child = p
 		pn.children++
 	}
-	if head, ok := c.byHash[hv]; ok {
-		n.nextHash = head
-	}
-	c.byHash[hv] = p
+	n.nextHash = c.byHash.push(c.nodes, hv, p)
 	c.nCached++
 	c.counters.Published++
 	c.recheck(p)

@@ -52,7 +52,7 @@ func (c *Cache) CheckInvariants() error {
 		seen[k] = p
 		// Reachable through its hash chain exactly once.
 		hits := 0
-		for x, ok := c.byHash[n.hash]; ok && x != none; x = c.nodes[x].nextHash {
+		for x := c.byHash.get(c.nodes, n.hash); x != none; x = c.nodes[x].nextHash {
 			if x == p {
 				hits++
 			}
@@ -84,13 +84,25 @@ func (c *Cache) CheckInvariants() error {
 			idlePinned++
 		}
 	}
-	if len(c.byHash) > cached {
-		return fmt.Errorf("prefixcache: %d hash chains for %d cached pages", len(c.byHash), cached)
-	}
-	for h, x := range c.byHash {
-		if x < 0 || !c.nodes[x].cached() || c.nodes[x].hash != h {
-			return fmt.Errorf("prefixcache: hash chain %#x starts at page %d, which does not have that hash", h, x)
+	chains := 0
+	for i, sl := range c.byHash.slots {
+		if sl.ref == 0 {
+			continue
 		}
+		chains++
+		x := sl.ref - 1
+		if !c.nodes[x].cached() || uint32(c.nodes[x].hash>>32) != sl.tag {
+			return fmt.Errorf("prefixcache: hash slot %d names page %d, which is not cached with that hash", i, x)
+		}
+		// Linear probing: every slot from the hash's home to i is occupied.
+		for j := c.nodes[x].hash & c.byHash.mask; j != uint64(i); j = (j + 1) & c.byHash.mask {
+			if c.byHash.slots[j].ref == 0 {
+				return fmt.Errorf("prefixcache: hash slot %d (page %d) is unreachable: slot %d is empty", i, x, j)
+			}
+		}
+	}
+	if chains != c.byHash.n || chains > cached {
+		return fmt.Errorf("prefixcache: %d hash slots in use, counter says %d, %d cached pages", chains, c.byHash.n, cached)
 	}
 	for p := range c.rootKey {
 		if !c.nodes[p].cached() || c.nodes[p].parent != none {

@@ -132,21 +132,7 @@ func (c *Cache) remove(x int32) {
 	} else {
 		delete(c.rootKey, x)
 	}
-	// Hash chain (short: equal 64-bit hashes are rare unless a test forces
-	// them).
-	if head := c.byHash[n.hash]; head == x {
-		if n.nextHash == none {
-			delete(c.byHash, n.hash)
-		} else {
-			c.byHash[n.hash] = n.nextHash
-		}
-	} else {
-		y := head
-		for c.nodes[y].nextHash != x {
-			y = c.nodes[y].nextHash
-		}
-		c.nodes[y].nextHash = n.nextHash
-	}
+	c.byHash.drop(c.nodes, n.hash, x, n.nextHash)
 	*n = node{parent: none, child: none, next: none, prev: none, nextHash: none,
 		lruPrev: none, lruNext: none, gen: n.gen + 1}
 	c.nCached--

@@ -1,0 +1,588 @@
+package prefixcache
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/allocator"
+)
+
+// This file checks the cache against a slow model under random operation
+// sequences (TestCacheMatchesModel) and under the fuzzer (FuzzCache).
+//
+// The model keeps prefixes as strings in a map, reference counts in another,
+// and finds each eviction victim by scanning every node for the smallest
+// (priority, time it joined its list); it shares no code with the cache but
+// Namespace.encode, whose injectivity has its own test. Both run on the same
+// allocator, so the model learns page IDs from the cache's publishes and the
+// two states are compared as dumps after every operation.
+
+// mnode is one cached prefix in the model.
+type mnode struct {
+	path    string // namespace + every token of the prefix
+	parent  *mnode
+	page    PageID
+	tokens  []int32
+	ns      string
+	prio    int
+	pins    int
+	idle    bool  // as of the last recheck of its page
+	tick    int64 // when it joined its LRU list (valid while idle and unpinned)
+	removed bool
+}
+
+type model struct {
+	ps        int
+	nprio     int
+	maxPinned int
+	nodes     map[string]*mnode
+	byPage    map[PageID]*mnode
+	held      map[PageID]int // references held by requests (not the cache)
+	tick      int64
+	pins      map[PinID]*mnode
+	nextPin   PinID
+	evicted   int64
+}
+
+func newModel(ps, nprio, maxPinned int) *model {
+	return &model{ps: ps, nprio: nprio, maxPinned: maxPinned, nodes: map[string]*mnode{},
+		byPage: map[PageID]*mnode{}, held: map[PageID]int{}, pins: map[PinID]*mnode{}}
+}
+
+func pathOf(parent *mnode, ns string, tokens []int32) string {
+	if parent == nil {
+		return fmt.Sprintf("%q:%v", ns, tokens)
+	}
+	return fmt.Sprintf("%s%v", parent.path, tokens)
+}
+
+func (m *model) match(ns string, tokens []int32, maxPages int) []*mnode {
+	var out []*mnode
+	var parent *mnode
+	for d := 0; d < maxPages && (d+1)*m.ps <= len(tokens); d++ {
+		n := m.nodes[pathOf(parent, ns, tokens[d*m.ps:(d+1)*m.ps])]
+		if n == nil {
+			break
+		}
+		out = append(out, n)
+		parent = n
+	}
+	return out
+}
+
+func (m *model) listed(n *mnode) bool { return n.idle && n.pins == 0 }
+
+func (m *model) recheck(p PageID) {
+	n := m.byPage[p]
+	if n == nil {
+		return
+	}
+	idle := m.held[p] == 0
+	if idle == n.idle {
+		return
+	}
+	n.idle = idle
+	if m.listed(n) {
+		m.tick++
+		n.tick = m.tick
+	}
+}
+
+var errModelStale = errors.New("model: stale")
+
+// publish returns the node now caching the prefix and whether it was added.
+func (m *model) publish(parent *mnode, ns string, page PageID, tokens []int32, prio int) (*mnode, bool, error) {
+	if parent != nil && parent.removed {
+		return nil, false, errModelStale
+	}
+	path := pathOf(parent, ns, tokens)
+	if n := m.nodes[path]; n != nil {
+		return n, false, nil
+	}
+	n := &mnode{path: path, parent: parent, page: page, tokens: slices.Clone(tokens), ns: ns, prio: prio}
+	m.nodes[path] = n
+	m.byPage[page] = n
+	m.recheck(page)
+	return n, true, nil
+}
+
+func (m *model) raise(prio int, pages []PageID) {
+	for _, p := range pages {
+		if n := m.byPage[p]; n != nil && prio > n.prio {
+			n.prio = prio
+			if m.listed(n) {
+				m.tick++
+				n.tick = m.tick
+			}
+		}
+	}
+}
+
+// evict scans for victims; every node below a victim goes with it.
+func (m *model) evict(npages int) (freed int) {
+	for freed < npages {
+		var v *mnode
+		for _, n := range m.nodes {
+			if m.listed(n) && (v == nil || n.prio < v.prio || n.prio == v.prio && n.tick < v.tick) {
+				v = n
+			}
+		}
+		if v == nil {
+			break
+		}
+		for _, n := range m.nodes {
+			for a := n; a != nil; a = a.parent {
+				if a == v {
+					if m.held[n.page] == 0 {
+						freed++
+					}
+					n.removed = true
+					delete(m.nodes, n.path)
+					delete(m.byPage, n.page)
+					m.evicted++
+					break
+				}
+			}
+		}
+	}
+	return freed
+}
+
+func (m *model) pin(ns string, tokens []int32) (PinID, int, error) {
+	path := m.match(ns, tokens, len(tokens)/m.ps)
+	if len(path) == 0 {
+		return 0, 0, ErrNotCached
+	}
+	fresh, pinned := 0, 0
+	for _, n := range path {
+		if n.pins == 0 {
+			fresh++
+		}
+	}
+	for _, n := range m.nodes {
+		if n.pins > 0 {
+			pinned++
+		}
+	}
+	if m.maxPinned > 0 && pinned+fresh > m.maxPinned {
+		return 0, 0, ErrPinLimit
+	}
+	for _, n := range path {
+		n.pins++
+	}
+	m.nextPin++
+	m.pins[m.nextPin] = path[len(path)-1]
+	return m.nextPin, len(path), nil
+}
+
+func (m *model) unpin(id PinID) error {
+	n, ok := m.pins[id]
+	if !ok {
+		return ErrUnknownPin
+	}
+	delete(m.pins, id)
+	for ; n != nil; n = n.parent {
+		n.pins--
+		if m.listed(n) {
+			m.tick++
+			n.tick = m.tick
+		}
+	}
+	return nil
+}
+
+// dump draws the model in the format of Cache.dump.
+func (m *model) dump() string {
+	nodes := make([]*mnode, 0, len(m.nodes))
+	for _, n := range m.nodes {
+		nodes = append(nodes, n)
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].page < nodes[j].page })
+	var b strings.Builder
+	for _, n := range nodes {
+		par := "-"
+		if n.parent != nil {
+			par = fmt.Sprintf("p%d", n.parent.page)
+		}
+		fmt.Fprintf(&b, "p%d <- %s %v prio %d pins %d", n.page, par, n.tokens, n.prio, n.pins)
+		if n.idle {
+			b.WriteString(" idle")
+		}
+		if n.parent == nil {
+			fmt.Fprintf(&b, " ns %q", n.ns)
+		}
+		b.WriteByte('\n')
+	}
+	for prio := range m.nprio {
+		var l []*mnode
+		for _, n := range nodes {
+			if m.listed(n) && n.prio == prio {
+				l = append(l, n)
+			}
+		}
+		if len(l) == 0 {
+			continue
+		}
+		sort.Slice(l, func(i, j int) bool { return l[i].tick < l[j].tick })
+		fmt.Fprintf(&b, "lru[%d]:", prio)
+		for _, n := range l {
+			fmt.Fprintf(&b, " p%d", n.page)
+		}
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// The harness: requests ("holders") that match, publish, release, and
+// slide a window, applied to the cache and the model alike.
+
+const (
+	hPageSize   = 2
+	hNumPages   = 14
+	hPriorities = 3
+	hMaxPinned  = 5
+	hFamilies   = 8
+	hSpaces     = 3
+)
+
+type holder struct {
+	ns     int
+	family int
+	npages int      // pages of tokens so far
+	pages  []PageID // pages still held, in token order (a window may drop the front)
+	chain  Handle   // where the next page is published
+	mchain *mnode   // the model's chain (nil: root)
+	prio   Priority
+}
+
+type harness struct {
+	t       testing.TB
+	alloc   *allocator.Allocator
+	c       *Cache
+	m       *model
+	keys    [hSpaces]Key
+	holders []*holder
+	pins    []PinID
+}
+
+func newHarness(t testing.TB, hash HashFunc) *harness {
+	a, err := allocator.New(allocator.Config{NumPages: hNumPages})
+	require.NoError(t, err)
+	c, err := New(Config{NumPages: hNumPages, PageSize: hPageSize, Refs: a, Seed: 3, Hash: hash,
+		Priorities: hPriorities, MaxPinnedPages: hMaxPinned})
+	require.NoError(t, err)
+	h := &harness{t: t, alloc: a, c: c, m: newModel(hPageSize, hPriorities, hMaxPinned)}
+	for i := range h.keys {
+		h.keys[i] = c.Key(Namespace{Tenant: fmt.Sprint("t", i%2), LoRA: fmt.Sprint("l", i/2)})
+	}
+	return h
+}
+
+// family returns the first npages pages of token family f: all families share
+// page 0, pairs share page 1, and so on, so prefixes overlap at every depth.
+func family(f, npages int) []int32 {
+	out := make([]int32, npages*hPageSize)
+	for d := range npages {
+		g := f >> max(0, 3-d)
+		for t := range hPageSize {
+			out[d*hPageSize+t] = int32(g*100 + d*10 + t)
+		}
+	}
+	return out
+}
+
+func (h *harness) retain(pages []PageID) {
+	require.NoError(h.t, h.alloc.Retain(pages...))
+	for _, p := range pages {
+		h.m.held[p]++
+	}
+	h.c.Recheck(pages...)
+	for _, p := range pages {
+		h.m.recheck(p)
+	}
+}
+
+// release drops pages deepest first.
+func (h *harness) release(pages []PageID) {
+	_, err := h.alloc.Release(pages...)
+	require.NoError(h.t, err)
+	for i := len(pages) - 1; i >= 0; i-- {
+		p := pages[i]
+		if h.m.held[p]--; h.m.held[p] == 0 {
+			delete(h.m.held, p)
+		}
+		h.c.Recheck(p)
+		h.m.recheck(p)
+	}
+}
+
+func (h *harness) evict(n int) {
+	got := h.c.Evict(n)
+	want := h.m.evict(n)
+	require.Equal(h.t, want, got, "Evict(%d) freed", n)
+}
+
+// publish adds pages [from, to) of holder x under its chain; a stale chain
+// stops it (the holder keeps its pages private).
+func (h *harness) publish(x *holder, from int) {
+	tokens := family(x.family, x.npages)
+	key := h.keys[x.ns]
+	for d := from; d < x.npages; d++ {
+		page := x.pages[len(x.pages)-(x.npages-d)]
+		toks := tokens[d*hPageSize : (d+1)*hPageSize]
+		hd, added, err := h.c.Publish(x.chain, key, page, toks, x.prio)
+		mn, madded, merr := h.m.publish(x.mchain, key.id, page, toks, int(x.prio))
+		if merr != nil {
+			require.ErrorIs(h.t, err, ErrStaleHandle, "publish depth %d", d)
+			return
+		}
+		require.NoError(h.t, err, "publish depth %d", d)
+		require.Equal(h.t, madded, added, "publish depth %d added", d)
+		p, _ := hd.Page()
+		require.Equal(h.t, mn.page, p, "publish depth %d: page", d)
+		x.chain, x.mchain = hd, mn
+	}
+}
+
+// insert admits a request of npages pages: with useMatch it first takes the
+// cached prefix, otherwise it computes every page (and publishing finds
+// duplicates).
+func (h *harness) insert(ns, fam, npages int, prio Priority, useMatch bool) {
+	tokens := family(fam, npages)
+	key := h.keys[ns]
+	x := &holder{ns: ns, family: fam, npages: npages, prio: prio}
+	if useMatch {
+		got, last := h.c.Match(nil, key, tokens, npages)
+		want := h.m.match(key.id, tokens, npages)
+		require.Equal(h.t, pagesOf(want), got, "match")
+		h.retain(got)
+		require.NoError(h.t, h.c.Raise(prio, got...))
+		h.m.raise(int(prio), got)
+		x.pages, x.chain = got, last
+		if len(want) > 0 {
+			x.mchain = want[len(want)-1]
+		}
+	}
+	fresh := npages - len(x.pages)
+	if !h.grow(x, fresh) {
+		h.release(x.pages)
+		return
+	}
+	h.publish(x, npages-fresh)
+	h.holders = append(h.holders, x)
+}
+
+// grow appends n fresh pages to x, evicting on demand; false if the pool
+// cannot supply them even then.
+func (h *harness) grow(x *holder, n int) bool {
+	if short := n - h.alloc.NumFree(); short > 0 {
+		h.evict(short)
+	}
+	if h.alloc.NumFree() < n {
+		return false
+	}
+	fresh := make([]PageID, n)
+	require.NoError(h.t, h.alloc.Alloc(fresh))
+	for _, p := range fresh {
+		h.m.held[p]++
+	}
+	x.pages = append(x.pages, fresh...)
+	return true
+}
+
+func pagesOf(ns []*mnode) []PageID {
+	var out []PageID
+	for _, n := range ns {
+		out = append(out, n.page)
+	}
+	return out
+}
+
+// Operations, one per 4-byte command: op, a, b, c.
+const (
+	opInsert = iota
+	opInsertNoMatch
+	opRelease
+	opWindow
+	opEvict
+	opPin
+	opUnpin
+	opRaise
+	opLookup
+	opExtend
+	numOps
+)
+
+func (h *harness) step(op, a, b, c byte) {
+	switch op % numOps {
+	case opInsert, opInsertNoMatch:
+		h.insert(int(a)%hSpaces, int(b)%hFamilies, 1+int(c)%5, Priority(int(c>>4)%hPriorities), op%numOps == opInsert)
+	case opRelease:
+		if len(h.holders) > 0 {
+			i := int(a) % len(h.holders)
+			h.release(h.holders[i].pages)
+			h.holders = slices.Delete(h.holders, i, i+1)
+		}
+	case opWindow:
+		if len(h.holders) > 0 {
+			x := h.holders[int(a)%len(h.holders)]
+			if k := 1 + int(b)%2; len(x.pages) > k {
+				h.release(x.pages[:k])
+				x.pages = slices.Clone(x.pages[k:])
+			}
+		}
+	case opEvict:
+		h.evict(1 + int(a)%4)
+	case opPin:
+		ns, fam, np := int(a)%hSpaces, int(b)%hFamilies, 1+int(c)%5
+		tokens := family(fam, np)
+		id, n, err := h.c.Pin(h.keys[ns], tokens)
+		mid, mn, merr := h.m.pin(h.keys[ns].id, tokens)
+		if merr != nil {
+			require.ErrorIs(h.t, err, merr)
+			return
+		}
+		require.NoError(h.t, err)
+		require.Equal(h.t, [2]int{int(mid), mn}, [2]int{int(id), n}, "pin id, pages")
+		h.pins = append(h.pins, id)
+	case opUnpin:
+		if len(h.pins) > 0 {
+			i := int(a) % len(h.pins)
+			require.NoError(h.t, h.c.Unpin(h.pins[i]))
+			require.NoError(h.t, h.m.unpin(h.pins[i]))
+			require.ErrorIs(h.t, h.c.Unpin(h.pins[i]), ErrUnknownPin)
+			h.pins = slices.Delete(h.pins, i, i+1)
+		}
+	case opRaise:
+		if len(h.holders) > 0 {
+			x := h.holders[int(a)%len(h.holders)]
+			prio := Priority(int(b) % hPriorities)
+			require.NoError(h.t, h.c.Raise(prio, x.pages...))
+			h.m.raise(int(prio), x.pages)
+		}
+	case opLookup:
+		ns, fam, np := int(a)%hSpaces, int(b)%hFamilies, 1+int(c)%5
+		tokens := append(family(fam, np), 7) // a partial page is never matched
+		got, _ := h.c.Match(nil, h.keys[ns], tokens, np+1)
+		require.Equal(h.t, pagesOf(h.m.match(h.keys[ns].id, tokens, np+1)), got, "lookup")
+	case opExtend:
+		if len(h.holders) > 0 {
+			x := h.holders[int(a)%len(h.holders)]
+			n := 1 + int(b)%2
+			if h.grow(x, n) {
+				x.npages += n
+				h.publish(x, x.npages-n)
+			}
+		}
+	}
+}
+
+// verify compares the whole state after a step. Checks call require only on
+// a mismatch (require's bookkeeping would dominate the run otherwise).
+func (h *harness) verify(step int) {
+	if err := h.c.CheckInvariants(); err != nil {
+		require.NoError(h.t, err, "after step %d", step)
+	}
+	if err := h.alloc.CheckInvariants(); err != nil {
+		require.NoError(h.t, err, "after step %d", step)
+	}
+	if want, got := h.m.dump(), h.c.dump(); want != got {
+		require.Equal(h.t, want, got, "after step %d", step)
+	}
+	ev, pinned := h.c.Idle()
+	var mev, mpinned int
+	for _, n := range h.m.nodes {
+		switch {
+		case h.m.listed(n):
+			mev++
+		case n.idle:
+			mpinned++
+		}
+	}
+	if mev != ev || mpinned != pinned {
+		require.Equal(h.t, [2]int{mev, mpinned}, [2]int{ev, pinned}, "Idle() after step %d", step)
+	}
+	// Every page is free, or held by requests and/or the cache: never both
+	// free and referenced.
+	var want, got [hNumPages]int32
+	for p := range PageID(hNumPages) {
+		want[p] = int32(h.m.held[p])
+		if h.m.byPage[p] != nil {
+			want[p]++
+		}
+		got[p] = h.alloc.RefCount(p)
+	}
+	if want != got {
+		require.Equal(h.t, want, got, "reference counts by page after step %d", step)
+	}
+	if h.m.evicted != h.c.Counters().Evicted {
+		require.Equal(h.t, h.m.evicted, h.c.Counters().Evicted, "evicted pages after step %d", step)
+	}
+}
+
+func (h *harness) run(data []byte) {
+	for i := 0; i+4 <= len(data); i += 4 {
+		h.step(data[i], data[i+1], data[i+2], data[i+3])
+		h.verify(i / 4)
+	}
+}
+
+func TestCacheMatchesModel(t *testing.T) {
+	runs, steps := 200, 150
+	if testing.Short() || raceEnabled {
+		runs = 40
+	}
+	hashes := map[string]HashFunc{
+		"default":   nil,
+		"colliding": func(_ uint64, toks []int32) uint64 { return uint64(toks[0] % 2) },
+	}
+	for name, hash := range hashes {
+		t.Run(name, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, uint64(len(name))))
+			for range runs {
+				data := make([]byte, 4*steps)
+				for i := range data {
+					data[i] = byte(rng.Uint32())
+				}
+				newHarness(t, hash).run(data)
+			}
+		})
+	}
+}
+
+// FuzzCache decodes the input into 4-byte commands (op, a, b, c) run on the
+// cache and the model; see harness.step. Trailing bytes are ignored and
+// every op is valid, so the fuzzer is not constrained by the encoding.
+func FuzzCache(f *testing.F) {
+	seed := func(cmds ...[4]byte) []byte {
+		var b []byte
+		for _, c := range cmds {
+			b = append(b, c[:]...)
+		}
+		return b
+	}
+	// Share a prefix, release, evict leaf first.
+	f.Add(seed([4]byte{opInsert, 0, 0, 2}, [4]byte{opInsert, 0, 1, 2}, [4]byte{opRelease, 0, 0, 0}, [4]byte{opEvict, 3, 0, 0}))
+	// Duplicates, then an eviction that cuts the duplicate's chain.
+	f.Add(seed([4]byte{opInsert, 1, 2, 3}, [4]byte{opInsertNoMatch, 1, 2, 3}, [4]byte{opRelease, 0, 0, 0},
+		[4]byte{opEvict, 1, 0, 0}, [4]byte{opExtend, 0, 1, 0}))
+	// Window release under pressure.
+	f.Add(seed([4]byte{opInsert, 0, 5, 4}, [4]byte{opWindow, 0, 1, 0}, [4]byte{opInsert, 2, 6, 4},
+		[4]byte{opInsert, 1, 7, 4}, [4]byte{opExtend, 0, 1, 0}, [4]byte{opEvict, 3, 0, 0}))
+	// Pins and priorities.
+	f.Add(seed([4]byte{opInsert, 0, 3, 0x24}, [4]byte{opPin, 0, 3, 4}, [4]byte{opRelease, 0, 0, 0},
+		[4]byte{opEvict, 3, 0, 0}, [4]byte{opUnpin, 0, 0, 0}, [4]byte{opRaise, 0, 2, 0}, [4]byte{opEvict, 3, 0, 0}))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 4*400 {
+			data = data[:4*400]
+		}
+		newHarness(t, nil).run(data)
+	})
+}
