@@ -39,6 +39,10 @@ type harness struct {
 	app  pagetable.AppendCSR
 	ops  []pagetable.CopyOp
 	nops int
+
+	// seen counts events, so a test can insist the operations it meant to
+	// exercise happened.
+	seen map[string]int
 }
 
 func newHarness(t testing.TB, pageSize, numPages int, next func() byte) *harness {
@@ -51,6 +55,7 @@ func newHarness(t testing.TB, pageSize, numPages int, next func() byte) *harness
 		model:   reference.NewPageTableModel(pageSize, numPages),
 		nextID:  1,
 		toModel: map[allocator.PageID]int32{},
+		seen:    map[string]int{},
 	}
 }
 
@@ -112,6 +117,13 @@ func (h *harness) sameClass(what string, real, model error) {
 	}
 	if !same {
 		h.t.Fatalf("op %d %s: real error %v, model error %v", h.nops, what, real, model)
+	}
+	switch {
+	case real == nil:
+	case errors.Is(real, allocator.ErrOutOfPages):
+		h.seen["out of pages"]++
+	default:
+		h.seen["other error"]++
 	}
 }
 
@@ -192,6 +204,7 @@ func (h *harness) step() {
 		}
 		h.check()
 		got := h.ops[prefix:]
+		h.seen["copy-on-write"] += len(got)
 		require.Len(h.t, got, len(mops), "op %d: copy ops %v, model %v", h.nops, got, mops)
 		for i, o := range got {
 			require.Equal(h.t, mops[i].Entries, o.Entries, "op %d: copy op %d entries", h.nops, i)
@@ -234,6 +247,7 @@ func (h *harness) step() {
 		got, err := h.tab.ReleaseWindow(id, w)
 		want, merr := h.model.ReleaseWindow(uint64(id), w)
 		h.sameClass("release window", err, merr)
+		h.seen["window pages released"] += got
 		require.Equal(h.t, want, got, "op %d: pages released by ReleaseWindow(%d, %d)", h.nops, id, w)
 	case op < 18: // pin a page from outside the table
 		id := h.pickID()

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // TestRandomOpsAgainstModel runs 100k mixed operations (add, add shared,
@@ -29,6 +31,14 @@ func TestRandomOpsAgainstModel(t *testing.T) {
 					_ = h.model.Release(uint64(id))
 					h.dropLive(id)
 				}
+			}
+			t.Logf("events: %v", h.seen)
+			events := []string{"out of pages", "other error", "window pages released"}
+			if c.pageSize > 1 { // page size 1 has no partial pages to copy
+				events = append(events, "copy-on-write")
+			}
+			for _, event := range events {
+				require.Greater(t, h.seen[event], 50, "too few %q events for the test to mean much", event)
 			}
 		})
 	}

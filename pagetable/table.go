@@ -226,8 +226,15 @@ func (t *Table) AddShared(id SeqID, pages []allocator.PageID, ntokens int) error
 // whole batch (copies included; the error then wraps
 // [allocator.ErrOutOfPages]), nothing changes and dst is returned as given.
 //
+// Copy-on-write follows one rule: a page is written only while its reference
+// count is 1. A sequence appending into a partial last page with other
+// holders moves to a fresh page (one CopyOp, in batch order). Holders that
+// copy away earlier in the same batch stop counting, so when every holder of
+// a page appends in one batch, all but the last copy and the last keeps it.
+//
 // The pages named by the returned CopyOps' Src stay held by their other
-// holders; the engine must perform the copies before releasing those.
+// holders; the engine must perform the copies before it writes the new
+// tokens and before it releases any other holder of Src.
 func (t *Table) Reserve(dst []CopyOp, ids []SeqID, ntokens []int32) ([]CopyOp, error) {
 	if len(ids) != len(ntokens) {
 		return dst, fmt.Errorf("%w: reserve: %d sequence IDs but %d token counts", ErrBadArgument, len(ids), len(ntokens))
