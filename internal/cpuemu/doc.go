@@ -1,0 +1,31 @@
+// Package cpuemu runs the CUDA kernels of kernels/cuda on the CPU: cgo
+// compiles the very same .cu files with g++ against the CUDA shim
+// kernels/cuda/cuemu.h (CUDA threads as fibers, barriers and warp shuffles
+// as fiber switches, a deadlock check), and [New] wraps the result in the
+// launcher of kernels/cuda as a [kernels.Backend] named "emu".
+//
+// It exists so that every default `go test` runs the GPU kernels and the host
+// code that launches them (argument packing, grid shapes, split-k plans,
+// shared-memory sizes) without a GPU. Launches fail, instead of misbehaving,
+// where the GPU would refuse them: more than 1024 threads or 48 KiB of
+// dynamic shared memory, an argument count that differs from the entry
+// point's. Speed is secondary: a block's threads take turns on one OS
+// thread.
+//
+// Only tests and the CLI's verify command import it (it needs g++ at build
+// time, which library users should not).
+//
+// # Invariants
+//
+//   - Device memory is C memory (256-byte aligned, filled with 0xFF when
+//     allocated, like fresh device memory); kernels never see Go memory.
+//   - Dynamic shared memory is filled with 0xFF before every block, so a
+//     read of a slot no thread wrote yields NaN, not a stale value.
+//   - A block whose threads cannot all reach the same barrier fails the
+//     launch with an error naming the block; it never hangs.
+//
+// # Concurrency
+//
+// The backend may be called from several goroutines; launches are
+// serialised (one launch uses every worker thread).
+package cpuemu

@@ -1,0 +1,110 @@
+package cpuemu
+
+// #cgo CXXFLAGS: -std=c++20 -O2 -fno-strict-aliasing -Wno-unknown-pragmas -Wall
+// #cgo LDFLAGS: -lstdc++ -lpthread
+// #include <stdlib.h>
+// #include "emu.h"
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
+)
+
+// Config configures the emulated device.
+type Config struct {
+	// NumSMs is the SM count launches are planned for; 0 means 132, an
+	// H100 SXM, so the emulator takes the same grid and split-k decisions.
+	NumSMs int
+	// MaxChunkTokens is passed to the launcher (see cuda.Config): > 0
+	// forces decode split-k with chunks of at most this many keys.
+	MaxChunkTokens int
+}
+
+// New returns the emulator backend (Name "emu").
+func New(cfg Config) kernels.Backend {
+	return cuda.NewWithDriver("emu", NewDriver(cfg.NumSMs), cuda.Config{MaxChunkTokens: cfg.MaxChunkTokens})
+}
+
+// Driver is the emulated device: C memory and kernels compiled for the CPU.
+type Driver struct{ sms int }
+
+// NewDriver returns the emulated device planning for numSMs SMs (0: 132).
+func NewDriver(numSMs int) *Driver {
+	if numSMs <= 0 {
+		numSMs = 132
+	}
+	return &Driver{sms: numSMs}
+}
+
+var _ cuda.Driver = (*Driver)(nil)
+
+// ErrLaunch is wrapped by every launch failure the emulator reports
+// (deadlock, partial-warp collective, __trap, invalid configuration).
+var ErrLaunch = errors.New("cpuemu: launch failed")
+
+// NumSMs returns the planned SM count.
+func (d *Driver) NumSMs() int { return d.sms }
+
+// Alloc returns bytes of C memory, 256-byte aligned, filled with 0xFF.
+func (d *Driver) Alloc(bytes int) (cuda.DevicePtr, error) {
+	if bytes <= 0 {
+		return 0, fmt.Errorf("cpuemu: alloc of %d bytes", bytes)
+	}
+	p := C.cuemu_alloc(C.size_t(bytes))
+	if p == 0 {
+		return 0, fmt.Errorf("cpuemu: out of memory allocating %d bytes", bytes)
+	}
+	return cuda.DevicePtr(p), nil
+}
+
+// Free releases memory from Alloc.
+func (d *Driver) Free(p cuda.DevicePtr) error {
+	C.cuemu_free(C.uint64_t(p))
+	return nil
+}
+
+// HtoD copies src to dst.
+func (d *Driver) HtoD(dst cuda.DevicePtr, src []byte) error {
+	if len(src) > 0 {
+		C.cuemu_htod(C.uint64_t(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)))
+	}
+	return nil
+}
+
+// DtoH copies len(dst) bytes at src to dst.
+func (d *Driver) DtoH(dst []byte, src cuda.DevicePtr) error {
+	if len(dst) > 0 {
+		C.cuemu_dtoh(unsafe.Pointer(&dst[0]), C.uint64_t(src), C.size_t(len(dst)))
+	}
+	return nil
+}
+
+// Launch runs kernel on the CPU and returns when every block has finished.
+func (d *Driver) Launch(kernel string, grid, block cuda.Dim3, sharedBytes int, args []uint64) error {
+	name := C.CString(kernel)
+	defer C.free(unsafe.Pointer(name))
+	var errbuf [512]C.char
+	var argp *C.uint64_t
+	if len(args) > 0 {
+		argp = (*C.uint64_t)(unsafe.Pointer(&args[0]))
+	}
+	rc := C.cuemu_launch(name, C.uint(grid.X), C.uint(grid.Y), C.uint(grid.Z), C.uint(block.X), C.uint(block.Y),
+		C.uint(block.Z), C.size_t(sharedBytes), argp, C.int(len(args)), &errbuf[0], C.size_t(len(errbuf)))
+	if rc != 0 {
+		return fmt.Errorf("%w: %s", ErrLaunch, C.GoString(&errbuf[0]))
+	}
+	return nil
+}
+
+// Arity returns the argument count of the compiled entry point kernel, or
+// -1 when the emulator has no such kernel.
+func Arity(kernel string) int {
+	name := C.CString(kernel)
+	defer C.free(unsafe.Pointer(name))
+	return int(C.cuemu_arity(name))
+}

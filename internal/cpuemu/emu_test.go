@@ -1,0 +1,258 @@
+package cpuemu
+
+import (
+	"encoding/binary"
+	"math"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/internal/golden"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cpu"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
+	"github.com/pagedkv/pagedkv/kernels/kernelstest"
+)
+
+// deviceBuf is a test buffer in emulated device memory.
+type deviceBuf struct {
+	d   *Driver
+	ptr cuda.DevicePtr
+	n   int
+}
+
+func newBuf(t *testing.T, d *Driver, host []byte) deviceBuf {
+	t.Helper()
+	p, err := d.Alloc(len(host))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = d.Free(p) })
+	require.NoError(t, d.HtoD(p, host))
+	return deviceBuf{d, p, len(host)}
+}
+
+func (b deviceBuf) bytes(t *testing.T) []byte {
+	out := make([]byte, b.n)
+	require.NoError(t, b.d.DtoH(out, b.ptr))
+	return out
+}
+
+func f32Bytes(xs []float32) []byte {
+	out := make([]byte, 4*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(x))
+	}
+	return out
+}
+
+func bytesF32(b []byte) []float32 {
+	out := make([]float32, len(b)/4)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return out
+}
+
+func bytesI64(b []byte) []int64 {
+	out := make([]int64, len(b)/8)
+	for i := range out {
+		out[i] = int64(binary.LittleEndian.Uint64(b[8*i:]))
+	}
+	return out
+}
+
+// The warp collectives follow CUDA's definitions, including width < 32
+// segments for down and up shuffles.
+func TestShimWarpCollectives(t *testing.T) {
+	d := NewDriver(0)
+	out := newBuf(t, d, make([]byte, 6*32*8))
+	require.NoError(t, d.Launch("cuemu_test_shuffles", dim(1, 1, 1), dim(32, 1, 1), 0, []uint64{uint64(out.ptr)}))
+	got := bytesI64(out.bytes(t))
+	want := make([]int64, 6*32)
+	var ballot int64
+	for l := 0; l < 32; l += 3 {
+		ballot |= 1 << l
+	}
+	for l := 0; l < 32; l++ {
+		v := func(src int) int64 { return int64(100 + src) }
+		want[l] = v(31 - l)
+		want[32+l] = v(l ^ 5)
+		if l%16+3 < 16 { // down within 16-lane segments
+			want[64+l] = v(l + 3)
+		} else {
+			want[64+l] = v(l)
+		}
+		if l%8 >= 2 { // up within 8-lane segments
+			want[96+l] = v(l - 2)
+		} else {
+			want[96+l] = v(l)
+		}
+		want[128+l] = ballot
+		want[160+l] = 1 + 2
+	}
+	for row, name := range []string{"shfl", "shfl_xor", "shfl_down w16", "shfl_up w8", "ballot", "all+2*any"} {
+		assert.Equal(t, want[32*row:32*row+32], got[32*row:32*row+32], name)
+	}
+}
+
+// Shared memory, static and dynamic, is per block even though blocks run
+// on several workers at once, and barriers order the block's threads.
+func TestShimSharedMemoryAndBarriers(t *testing.T) {
+	d := NewDriver(0)
+	const blocks, n = 64, 96
+	in := make([]float32, blocks*n)
+	for i := range in {
+		in[i] = float32(i % 1000)
+	}
+	src := newBuf(t, d, f32Bytes(in))
+	dst := newBuf(t, d, make([]byte, 4*len(in)))
+	require.NoError(t, d.Launch("cuemu_test_reverse", dim(blocks, 1, 1), dim(n, 1, 1), 4*n,
+		[]uint64{uint64(src.ptr), uint64(dst.ptr), n}))
+	got := bytesF32(dst.bytes(t))
+	for b := 0; b < blocks; b++ {
+		var total float32
+		for i := 0; i < n; i++ {
+			total += in[b*n+i]
+		}
+		for i := 0; i < n; i++ {
+			require.Equal(t, in[b*n+n-1-i]+total, got[b*n+i], "block %d thread %d", b, i)
+		}
+	}
+}
+
+// Without the barrier a thread reads shared memory nobody has written yet:
+// the shim's 0xFF fill makes that a NaN instead of a plausible stale value.
+func TestShimMissingBarrierIsVisible(t *testing.T) {
+	d := NewDriver(0)
+	const n = 64
+	in := make([]float32, n)
+	for i := range in {
+		in[i] = float32(i)
+	}
+	src := newBuf(t, d, f32Bytes(in))
+	dst := newBuf(t, d, make([]byte, 4*n))
+	require.NoError(t, d.Launch("cuemu_test_reverse_unsynced", dim(1, 1, 1), dim(n, 1, 1), 4*n,
+		[]uint64{uint64(src.ptr), uint64(dst.ptr), n}))
+	got := bytesF32(dst.bytes(t))
+	nan := 0
+	for _, x := range got {
+		if x != x {
+			nan++
+		}
+	}
+	assert.Greater(t, nan, n/4, "reads before the writers ran should see the NaN fill: %v", got)
+}
+
+// Misuse fails the launch with a message instead of hanging or running on.
+func TestShimMisuseFailsTheLaunch(t *testing.T) {
+	d := NewDriver(0)
+	out := newBuf(t, d, make([]byte, 64*8))
+	for mode, want := range []string{
+		0: "deadlock in block 0,0,0: 64 live threads, 32 at __syncthreads, 32 at warp barriers",
+		1: "warp collective with mask 0x0000ffff",
+		2: "collective reached by 16 live lanes of 32",
+		3: "__trap() called (block 0,0,0 thread 5,0,0)",
+	} {
+		err := d.Launch("cuemu_test_misuse", dim(1, 1, 1), dim(64, 1, 1), 0, []uint64{uint64(mode), uint64(out.ptr)})
+		require.ErrorIs(t, err, ErrLaunch, "mode %d", mode)
+		assert.Contains(t, err.Error(), want, "mode %d", mode)
+	}
+	// The pool is still usable after failed launches.
+	TestShimWarpCollectives(t)
+}
+
+// Launches a GPU would refuse are refused.
+func TestShimRejectsWhatAGPURejects(t *testing.T) {
+	d := NewDriver(0)
+	out := newBuf(t, d, make([]byte, 8))
+	args := []uint64{uint64(out.ptr)}
+	for _, c := range []struct {
+		grid, block cuda.Dim3
+		smem        int
+		args        []uint64
+		want        string
+	}{
+		{dim(1, 1, 1), dim(1025, 1, 1), 0, args, "invalid launch configuration"},
+		{dim(1, 1, 1), dim(32, 1, 65), 0, args, "invalid launch configuration"},
+		{dim(0, 1, 1), dim(32, 1, 1), 0, args, "invalid launch configuration"},
+		{dim(1, 1, 1), dim(32, 1, 1), 48<<10 + 1, args, "exceeds the 49152-byte default limit"},
+		{dim(1, 1, 1), dim(32, 1, 1), 0, append(args, 0), "takes 1 arguments, got 2"},
+	} {
+		err := d.Launch("cuemu_test_shuffles", c.grid, c.block, c.smem, c.args)
+		require.ErrorIs(t, err, ErrLaunch)
+		assert.Contains(t, err.Error(), c.want)
+	}
+	err := d.Launch("no_such_kernel", dim(1, 1, 1), dim(32, 1, 1), 0, nil)
+	assert.ErrorContains(t, err, "no kernel no_such_kernel")
+}
+
+// Every entry point the launcher knows is compiled into the emulator with
+// the same argument count.
+func TestEveryKernelIsCompiled(t *testing.T) {
+	for name, n := range cuda.KernelArity {
+		assert.Equal(t, n, Arity(name), name)
+	}
+}
+
+func TestAllocIsPoisonedAndAligned(t *testing.T) {
+	d := NewDriver(0)
+	p, err := d.Alloc(100)
+	require.NoError(t, err)
+	defer d.Free(p)
+	assert.Zero(t, uint64(p)%256)
+	got := make([]byte, 100)
+	require.NoError(t, d.DtoH(got, p))
+	assert.Equal(t, strings.Repeat("\xff", 100), string(got))
+	_, err = d.Alloc(0)
+	assert.Error(t, err)
+	var x uint64
+	assert.Equal(t, uintptr(8), unsafe.Sizeof(x))
+}
+
+// The conformance suites of kernels/kernelstest, run on the emulator.
+func TestConformanceAppend(t *testing.T) { kernelstest.TestAppend(t, New(Config{})) }
+
+func TestConformanceMLAAppend(t *testing.T) { kernelstest.TestMLAAppend(t, New(Config{})) }
+
+// The shipped FlashInfer reference cases: append, MLA append and decode run
+// on the emulator; the operations the kernels do not cover fall back to the
+// CPU backend.
+func TestGoldenCases(t *testing.T) {
+	paths, err := golden.Find("../../testdata/golden")
+	require.NoError(t, err)
+	require.NotEmpty(t, paths)
+	r := &golden.Runner{Backend: New(Config{}), Fallback: cpu.New(cpu.Config{})}
+	onEmu := map[string]int{}
+	var failures []string
+	for _, p := range paths {
+		res := r.RunFile(p)
+		if !res.Passed() {
+			failures = append(failures, res.String())
+			failures = append(failures, res.Details()...)
+			continue
+		}
+		if res.Backend == "emu" {
+			onEmu[res.Op]++
+		}
+	}
+	require.Empty(t, failures, "failed cases:\n%s", strings.Join(failures, "\n"))
+	for _, op := range []string{"append_paged_kv_cache", "append_paged_mla_kv_cache", "batch_decode"} {
+		assert.Positive(t, onEmu[op], "no %s case ran on the emulator", op)
+	}
+}
+
+// The emulator validates with the shared validators: a bad page id is
+// rejected before anything runs, with the sentinel of package kernels.
+func TestEmuValidates(t *testing.T) {
+	b := New(Config{})
+	assert.Equal(t, "emu", b.Name())
+	err := b.BatchPrefill(&kernels.PrefillParams{})
+	assert.ErrorIs(t, err, kernels.ErrUnsupported)
+	err = b.BatchDecode(&kernels.DecodeParams{})
+	assert.Error(t, err)
+	assert.NotErrorIs(t, err, kernels.ErrUnsupported)
+}
+
+func dim(x, y, z int) cuda.Dim3 { return cuda.Dim3{X: x, Y: y, Z: z} }

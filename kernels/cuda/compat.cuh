@@ -1,0 +1,216 @@
+// compat.cuh: the one header every kernel includes.
+//
+// With nvcc it pulls in the CUDA headers; with g++ it pulls in the CPU shim
+// (cuemu.h). Everything that differs between the two lives here:
+//
+//   - PKV_DYN_SMEM: dynamic shared memory (an extern __shared__ array on the
+//     GPU, a per-worker buffer in the shim);
+//   - the inline-PTX wrappers (ex2/lg2/rcp approximations and cp.async) with
+//     a plain C++ twin each, the only inline PTX in the project;
+//   - scalar conversions between float and the storage dtypes (f16, bf16,
+//     fp8 e4m3/e5m2), written once for both compilers;
+//   - the dtype codes the Go launcher passes (mirrored in dtype.go; a Go test
+//     checks that the two agree).
+#ifndef PAGEDKV_COMPAT_CUH
+#define PAGEDKV_COMPAT_CUH
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#define PKV_DYN_SMEM(T, name)                                  \
+  extern __shared__ __align__(128) unsigned char name##_raw[]; \
+  T* name = reinterpret_cast<T*>(name##_raw)
+#else
+#include "cuemu.h"
+#define PKV_DYN_SMEM(T, name) T* name = reinterpret_cast<T*>(::cuemu::dyn_smem())
+#endif
+
+namespace pkv {
+
+// Dtype codes passed as int64 kernel arguments (see dtype.go).
+enum Dtype : int64_t {
+  kF32 = 0,
+  kF16 = 1,
+  kBF16 = 2,
+  kE4M3 = 3,
+  kE5M2 = 4,
+};
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---- inline PTX wrappers ------------------------------------------------------
+
+// exp2_approx is 2^x (ex2.approx.ftz: about 2 ulp; exp2(-inf) = 0).
+__device__ __forceinline__ float exp2_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
+
+// log2_approx is log2(x) (lg2.approx.ftz).
+__device__ __forceinline__ float log2_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return log2f(x);
+#endif
+}
+
+// rcp_approx is 1/x (rcp.approx.ftz).
+__device__ __forceinline__ float rcp_approx(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return 1.0f / x;
+#endif
+}
+
+// cp_async_16 copies 16 bytes from global to shared memory asynchronously
+// (sm_80 cp.async.cg; both addresses 16-byte aligned). The copy is complete
+// for the calling thread after cp_async_wait<n> has retired its group, and
+// visible to the block after a __syncthreads that follows.
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
+#else
+  *static_cast<uint4*>(smem_dst) = *static_cast<const uint4*>(gmem_src);
+#endif
+}
+
+// cp_async_commit closes the group of cp.async copies issued so far.
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// cp_async_wait waits until at most n groups of this thread are in flight.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+#endif
+}
+
+// ---- conversions ----------------------------------------------------------------
+
+__device__ __forceinline__ float f16_to_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+__device__ __forceinline__ uint16_t f32_to_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+
+// e5m2 is the top byte of an f16, so widening is exact through f16.
+__device__ __forceinline__ float e5m2_to_f32(uint8_t b) { return f16_to_f32(uint16_t(uint16_t(b) << 8)); }
+
+// e4m3fn: bias 7, no infinity, S.1111.111 is NaN.
+__device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
+  const uint32_t sign = uint32_t(b & 0x80) << 24;
+  const uint32_t exp = (b >> 3) & 0xf;
+  const uint32_t mant = b & 7;
+  if (exp == 0xf && mant == 7) return __uint_as_float(sign | 0x7fc00000u);
+  if (exp != 0) return __uint_as_float(sign | ((exp + 120) << 23) | (mant << 20));
+  const float v = float(mant) * (1.0f / 512.0f);  // subnormal: mant * 2^-9
+  return sign ? -v : v;
+}
+
+// f32_to_e4m3_sat rounds to nearest even and clamps every non-NaN magnitude
+// above 448 (infinities included) to +-448; NaN becomes 0x7F with the sign
+// (CUDA's __nv_cvt_float_to_fp8 with __NV_SATFINITE).
+__device__ __forceinline__ uint8_t f32_to_e4m3_sat(float f) {
+  uint32_t u = __float_as_uint(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7f;
+  if (a >= 0x43e00000u) return sign | 0x7e;  // >= 448
+  if (a >= 0x3c800000u) {                   // >= 2^-6: normal
+    a = a - ((127u - 7u) << 23) + 0x7ffffu + ((a >> 20) & 1u);
+    return sign | uint8_t(a >> 20);
+  }
+  // Subnormal or zero: adding 2^14 (float32 ulp 2^-9) rounds to e4m3's step.
+  const float magic = __uint_as_float(141u << 23);
+  const uint32_t r = __float_as_uint(__fadd_rn(__uint_as_float(a), magic));
+  return sign | uint8_t(r - (141u << 23));
+}
+
+// f32_to_e5m2_sat rounds to nearest even and clamps every non-NaN magnitude
+// above 57344 (infinities included) to +-57344; NaN becomes 0x7F with the sign.
+__device__ __forceinline__ uint8_t f32_to_e5m2_sat(float f) {
+  uint32_t u = __float_as_uint(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80);
+  uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return sign | 0x7f;
+  if (a >= 0x47600000u) return sign | 0x7b;  // >= 57344
+  if (a >= 0x38800000u) {                   // >= 2^-14: normal
+    a = a - ((127u - 15u) << 23) + 0xfffffu + ((a >> 21) & 1u);
+    return sign | uint8_t(a >> 21);
+  }
+  const float magic = __uint_as_float(134u << 23);  // 2^7, float32 ulp 2^-16
+  const uint32_t r = __float_as_uint(__fadd_rn(__uint_as_float(a), magic));
+  return sign | uint8_t(r - (134u << 23));
+}
+
+// load_f32 widens element i of an activation tensor (f32, f16 or bf16).
+__device__ __forceinline__ float load_f32(const void* p, int64_t i, int64_t dtype) {
+  switch (dtype) {
+    case kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+// store_f32 narrows v into element i of an activation tensor (round to
+// nearest even).
+__device__ __forceinline__ void store_f32(void* p, int64_t i, int64_t dtype, float v) {
+  switch (dtype) {
+    case kF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(v);
+      break;
+    case kBF16:
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+      break;
+    default:
+      static_cast<float*>(p)[i] = v;
+  }
+}
+
+// Storage types of a paged cache: the raw element and its widening.
+struct KvF32 {
+  using T = float;
+  __device__ static __forceinline__ float widen(T x) { return x; }
+};
+struct KvF16 {
+  using T = uint16_t;
+  __device__ static __forceinline__ float widen(T x) { return f16_to_f32(x); }
+};
+struct KvBF16 {
+  using T = uint16_t;
+  __device__ static __forceinline__ float widen(T x) { return bf16_to_f32(x); }
+};
+struct KvE4M3 {
+  using T = uint8_t;
+  __device__ static __forceinline__ float widen(T x) { return e4m3_to_f32(x); }
+};
+struct KvE5M2 {
+  using T = uint8_t;
+  __device__ static __forceinline__ float widen(T x) { return e5m2_to_f32(x); }
+};
+
+}  // namespace pkv
+
+#endif  // PAGEDKV_COMPAT_CUH

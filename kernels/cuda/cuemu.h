@@ -1,0 +1,710 @@
+// cuemu.h: a CUDA shim for running the kernels of this directory on the CPU.
+//
+// g++ (C++20) compiles the same .cu files against this header (through
+// compat.cuh) instead of the CUDA headers. What it provides:
+//
+//   - qualifiers (__global__, __device__, __shared__, __restrict__, ...);
+//   - threadIdx/blockIdx/blockDim/gridDim, read from the running fiber;
+//   - every CUDA thread of a block is a fiber with its own stack; the fibers
+//     of one block run round-robin on one worker thread, switching only at
+//     __syncthreads, __syncwarp and warp collectives, so a block's run is
+//     deterministic and a missing barrier shows up as a wrong answer;
+//   - __syncthreads (block barrier) and __syncwarp/__shfl*_sync/__ballot_sync
+//     (warp barriers); threads that have returned leave later barriers;
+//   - a deadlock check: when no fiber of a block can run and no barrier can
+//     release (threads split between different barriers), the launch fails
+//     with a message instead of hanging; so does a warp collective with a
+//     mask other than 0xffffffff or with fewer than 32 live lanes, since
+//     partial-warp collectives are not emulated;
+//   - __shared__ variables (per worker thread, so per block in flight) and
+//     dynamic shared memory (cuemu::dyn_smem, poisoned with 0xFF bytes at
+//     the start of every block so that reads of unwritten shared memory
+//     produce NaNs rather than stale values);
+//   - __half (_Float16), __nv_bfloat16, their conversions, the math
+//     intrinsics the kernels use, and a few atomics;
+//   - CUDA's launch limits (1024 threads, block z <= 64, 48 KiB of dynamic
+//     shared memory), so a launch that a GPU would refuse fails here too.
+//
+// Blocks run in parallel on worker threads (hardware_concurrency, or the
+// CUEMU_WORKERS environment variable). The workers are private std::threads
+// created with every signal blocked: fibers never run on a thread the Go
+// runtime knows, which keeps Go's signal handling and cgo stack checks away
+// from fiber stacks (go test -race is fine). One launch runs at a time.
+//
+// Fiber stacks are CUEMU_STACK_BYTES (64 KiB) above a PROT_NONE guard page,
+// so an overflow is a SIGSEGV, not silent corruption. The stack switch is a
+// small naked x86-64 function; other architectures use ucontext.
+#ifndef PAGEDKV_CUEMU_H
+#define PAGEDKV_CUEMU_H
+
+#if defined(__CUDACC__)
+#error "cuemu.h is the CPU shim; nvcc builds against the CUDA headers (compat.cuh)"
+#endif
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#ifndef CUEMU_STACK_BYTES
+#define CUEMU_STACK_BYTES (64 * 1024)
+#endif
+
+// ---- qualifiers -----------------------------------------------------------
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// CUDA __shared__ variables are implicitly static; one worker runs one block
+// at a time, so per-thread storage is per-block storage.
+#define __shared__ static thread_local
+
+// ---- vector and index types -----------------------------------------------
+
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+struct __align__(16) uint4 {
+  unsigned x, y, z, w;
+};
+struct __align__(8) uint2 {
+  unsigned x, y;
+};
+struct __align__(16) float4 {
+  float x, y, z, w;
+};
+struct __align__(8) float2 {
+  float x, y;
+};
+
+namespace cuemu {
+
+constexpr unsigned kWarpSize = 32;
+constexpr unsigned kMaxThreads = 1024;
+constexpr size_t kMaxDynSmem = 48 * 1024;
+
+enum class Wait : uint8_t { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
+
+struct Fiber {
+  void* sp = nullptr;  // saved stack pointer while switched out
+#if !defined(__x86_64__)
+  ucontext_t uc;
+#endif
+  uint3 tid{};
+  unsigned linear = 0, warp = 0, lane = 0;
+  Wait wait = Wait::kRunnable;
+  unsigned collectives = 0;  // warp collectives done; parity picks the exchange buffer
+};
+
+// Block is the state of the block a worker is running.
+struct Block {
+  uint3 idx{};
+  dim3 dim, grid;
+  unsigned nthreads = 0, nwarps = 0;
+  Fiber* fibers = nullptr;
+  Fiber* cur = nullptr;
+  void* sched_sp = nullptr;
+#if !defined(__x86_64__)
+  ucontext_t sched_uc;
+#endif
+  unsigned char* smem = nullptr;
+  unsigned block_waiting = 0, live = 0;
+  unsigned warp_waiting[kMaxThreads / kWarpSize] = {};
+  unsigned warp_live[kMaxThreads / kWarpSize] = {};
+  uint64_t xchg[2][kMaxThreads] = {};  // warp exchange slots [parity][thread]
+  bool failed = false;
+  std::string err;
+  const std::function<void()>* body = nullptr;
+};
+
+inline thread_local Block* tl_block = nullptr;
+
+// ---- stack switching --------------------------------------------------------
+
+#if defined(__x86_64__)
+// swap_stack saves the callee-saved registers, MXCSR and the x87 control
+// word on the current stack, stores the stack pointer in *save and resumes
+// the context whose stack pointer is next.
+__attribute__((naked, noinline)) static void swap_stack(void** /*save*/, void* /*next*/) {
+  asm volatile(
+      "pushq %rbp\n\t"
+      "pushq %rbx\n\t"
+      "pushq %r12\n\t"
+      "pushq %r13\n\t"
+      "pushq %r14\n\t"
+      "pushq %r15\n\t"
+      "subq $8, %rsp\n\t"
+      "stmxcsr (%rsp)\n\t"
+      "fnstcw 4(%rsp)\n\t"
+      "movq %rsp, (%rdi)\n\t"
+      "movq %rsi, %rsp\n\t"
+      "ldmxcsr (%rsp)\n\t"
+      "fldcw 4(%rsp)\n\t"
+      "addq $8, %rsp\n\t"
+      "popq %r15\n\t"
+      "popq %r14\n\t"
+      "popq %r13\n\t"
+      "popq %r12\n\t"
+      "popq %rbx\n\t"
+      "popq %rbp\n\t"
+      "ret\n\t");
+}
+
+// fiber_start is where a new fiber's first swap_stack returns to: it calls
+// r13(r12) with an aligned stack. The entry never returns.
+__attribute__((naked, noinline)) static void fiber_start() {
+  asm volatile(
+      "movq %r12, %rdi\n\t"
+      "callq *%r13\n\t"
+      "ud2\n\t");
+}
+#endif
+
+inline void fiber_main(void* arg);
+
+#if !defined(__x86_64__)
+inline void fiber_main_uc(unsigned lo, unsigned hi) {
+  fiber_main(reinterpret_cast<void*>((uintptr_t(hi) << 32) | uintptr_t(lo)));
+}
+#endif
+
+// init_fiber prepares f to start in fiber_main on the stack [lo, hi).
+inline void init_fiber(Fiber* f, unsigned char* lo, unsigned char* hi) {
+#if defined(__x86_64__)
+  uintptr_t top = (reinterpret_cast<uintptr_t>(hi) - 64) & ~uintptr_t(15);
+  auto* w = reinterpret_cast<uint64_t*>(top - 64);  // 16-byte aligned
+  uint32_t mxcsr = __builtin_ia32_stmxcsr();
+  uint16_t fcw;
+  asm volatile("fnstcw %0" : "=m"(fcw));
+  w[0] = uint64_t(mxcsr) | (uint64_t(fcw) << 32);
+  w[1] = 0;                                           // r15
+  w[2] = 0;                                           // r14
+  w[3] = reinterpret_cast<uint64_t>(&fiber_main);     // r13: entry
+  w[4] = reinterpret_cast<uint64_t>(f);               // r12: argument
+  w[5] = 0;                                           // rbx
+  w[6] = 0;                                           // rbp
+  w[7] = reinterpret_cast<uint64_t>(&fiber_start);    // return address
+  f->sp = w;
+  (void)lo;
+#else
+  getcontext(&f->uc);
+  f->uc.uc_stack.ss_sp = lo;
+  f->uc.uc_stack.ss_size = size_t(hi - lo);
+  f->uc.uc_link = nullptr;
+  uintptr_t a = reinterpret_cast<uintptr_t>(f);
+  makecontext(&f->uc, reinterpret_cast<void (*)()>(&fiber_main_uc), 2, unsigned(a), unsigned(a >> 32));
+#endif
+}
+
+inline void switch_to_fiber(Block* b, Fiber* f) {
+  b->cur = f;
+  asm volatile("" ::: "memory");
+#if defined(__x86_64__)
+  swap_stack(&b->sched_sp, f->sp);
+#else
+  swapcontext(&b->sched_uc, &f->uc);
+#endif
+  asm volatile("" ::: "memory");
+}
+
+inline void switch_to_scheduler(Block* b, Fiber* f) {
+  asm volatile("" ::: "memory");
+#if defined(__x86_64__)
+  swap_stack(&f->sp, b->sched_sp);
+#else
+  swapcontext(&f->uc, &b->sched_uc);
+#endif
+  asm volatile("" ::: "memory");
+}
+
+// ---- barriers ---------------------------------------------------------------
+
+// fail ends the launch with msg; the calling fiber is never resumed.
+[[noreturn]] inline void fail(const std::string& msg) {
+  Block* b = tl_block;
+  Fiber* f = b->cur;
+  if (!b->failed) {
+    b->failed = true;
+    char where[96];
+    std::snprintf(where, sizeof where, " (block %u,%u,%u thread %u,%u,%u)", b->idx.x, b->idx.y, b->idx.z, f->tid.x,
+                  f->tid.y, f->tid.z);
+    b->err = msg + where;
+  }
+  f->wait = Wait::kDone;
+  switch_to_scheduler(b, f);
+  __builtin_unreachable();
+}
+
+inline void block_barrier() {
+  Block* b = tl_block;
+  Fiber* f = b->cur;
+  f->wait = Wait::kBlockBarrier;
+  b->block_waiting++;
+  switch_to_scheduler(b, f);
+}
+
+inline void warp_barrier(unsigned mask) {
+  Block* b = tl_block;
+  Fiber* f = b->cur;
+  if (mask != 0xffffffffu) {
+    char m[96];
+    std::snprintf(m, sizeof m, "warp collective with mask 0x%08x: only full-warp masks are emulated", mask);
+    fail(m);
+  }
+  f->wait = Wait::kWarpBarrier;
+  b->warp_waiting[f->warp]++;
+  switch_to_scheduler(b, f);
+}
+
+inline void fiber_main(void* arg) {
+  auto* f = static_cast<Fiber*>(arg);
+  Block* b = tl_block;
+  (*b->body)();
+  f->wait = Wait::kDone;
+  switch_to_scheduler(b, f);
+  __builtin_unreachable();
+}
+
+// run_block runs every thread of block b to completion on this worker. It
+// returns false (with b->err set) on a deadlock or a failed fiber.
+inline bool run_block(Block* b) {
+  const unsigned n = b->nthreads;
+  b->live = n;
+  b->block_waiting = 0;
+  for (unsigned w = 0; w < b->nwarps; w++) {
+    b->warp_waiting[w] = 0;
+    b->warp_live[w] = 0;
+  }
+  for (unsigned i = 0; i < n; i++) b->warp_live[i / kWarpSize]++;
+  for (;;) {
+    bool progress = false;
+    for (unsigned i = 0; i < n; i++) {
+      Fiber* f = &b->fibers[i];
+      if (f->wait != Wait::kRunnable) continue;
+      switch_to_fiber(b, f);
+      if (b->failed) return false;
+      progress = true;
+      if (f->wait == Wait::kDone) {
+        b->live--;
+        b->warp_live[f->warp]--;
+      }
+    }
+    if (b->live == 0) return true;
+    bool released = false;
+    for (unsigned w = 0; w < b->nwarps; w++) {
+      if (b->warp_waiting[w] == 0 || b->warp_waiting[w] != b->warp_live[w]) continue;
+      if (b->warp_live[w] != kWarpSize) {
+        char m[128];
+        std::snprintf(m, sizeof m, "warp %u: collective reached by %u live lanes of 32 (partial warps are not emulated)",
+                      w, b->warp_live[w]);
+        b->cur = &b->fibers[w * kWarpSize];
+        b->failed = true;
+        b->err = m;
+        return false;
+      }
+      for (unsigned l = 0; l < kWarpSize; l++) b->fibers[w * kWarpSize + l].wait = Wait::kRunnable;
+      b->warp_waiting[w] = 0;
+      released = true;
+    }
+    if (!released && b->block_waiting == b->live) {
+      for (unsigned i = 0; i < n; i++)
+        if (b->fibers[i].wait == Wait::kBlockBarrier) b->fibers[i].wait = Wait::kRunnable;
+      b->block_waiting = 0;
+      released = true;
+    }
+    if (!released && !progress) {
+      unsigned warp_waiting = 0;
+      for (unsigned w = 0; w < b->nwarps; w++) warp_waiting += b->warp_waiting[w];
+      char m[192];
+      std::snprintf(m, sizeof m,
+                    "deadlock in block %u,%u,%u: %u live threads, %u at __syncthreads, %u at warp barriers "
+                    "(threads wait at different barriers)",
+                    b->idx.x, b->idx.y, b->idx.z, b->live, b->block_waiting, warp_waiting);
+      b->failed = true;
+      b->err = m;
+      return false;
+    }
+  }
+}
+
+// ---- worker pool and launch ---------------------------------------------------
+
+// Stacks is one worker's pool of fiber stacks, grown to the largest block.
+struct Stacks {
+  unsigned char* base = nullptr;
+  size_t count = 0, stride = 0;
+  bool ensure(unsigned n) {
+    if (n <= count) return true;
+    const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t s = (CUEMU_STACK_BYTES + page - 1) / page * page + page;  // + guard page
+    if (base) munmap(base, count * stride);
+    void* p = mmap(nullptr, n * s, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      base = nullptr;
+      count = 0;
+      return false;
+    }
+    base = static_cast<unsigned char*>(p);
+    count = n;
+    stride = s;
+    for (unsigned i = 0; i < n; i++) mprotect(base + i * s, page, PROT_NONE);
+    return true;
+  }
+  unsigned char* lo(unsigned i) const { return base + i * stride + size_t(sysconf(_SC_PAGESIZE)); }
+  unsigned char* hi(unsigned i) const {
+    // Stagger the tops so that hot stack frames do not alias in the L1 cache.
+    return base + (i + 1) * stride - (i % 16) * 256;
+  }
+};
+
+struct LaunchState {
+  dim3 grid, block;
+  size_t smem = 0;
+  const std::function<void()>* body = nullptr;
+  std::atomic<uint64_t> next{0};
+  uint64_t total = 0;
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  std::string err;
+};
+
+class Pool {
+ public:
+  static Pool& get() {
+    static Pool* p = new Pool();  // never destroyed: workers live as long as the process
+    return *p;
+  }
+
+  // run executes one launch; it returns "" on success, else the error.
+  std::string run(LaunchState* L) {
+    std::lock_guard<std::mutex> one(launch_mu_);
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cur_ = L;
+      pending_ = unsigned(workers_.size());
+      epoch_++;
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [&] { return pending_ == 0; });
+    cur_ = nullptr;
+    return L->failed.load() ? L->err : std::string();
+  }
+
+ private:
+  Pool() {
+    unsigned n = std::thread::hardware_concurrency();
+    if (const char* e = std::getenv("CUEMU_WORKERS")) n = unsigned(std::atoi(e));
+    if (n == 0) n = 1;
+    // Workers inherit this mask: every signal blocked, so no signal handler
+    // ever runs on a fiber stack.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (unsigned i = 0; i < n; i++) workers_.emplace_back([this] { loop(); });
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    for (auto& t : workers_) t.detach();
+  }
+
+  void loop() {
+    Stacks stacks;
+    std::vector<Fiber> fibers;
+    std::vector<unsigned char> smem_buf;
+    auto* blk = new Block();  // large (exchange slots): on the heap
+    uint64_t seen = 0;
+    for (;;) {
+      LaunchState* L;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return epoch_ != seen; });
+        seen = epoch_;
+        L = cur_;
+      }
+      work(L, blk, stacks, fibers, smem_buf);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (--pending_ == 0) done_cv_.notify_all();
+      }
+    }
+  }
+
+  static void work(LaunchState* L, Block* blk, Stacks& stacks, std::vector<Fiber>& fibers,
+                   std::vector<unsigned char>& smem_buf) {
+    const unsigned n = L->block.x * L->block.y * L->block.z;
+    if (!stacks.ensure(n)) {
+      record(L, "cannot map fiber stacks");
+      return;
+    }
+    fibers.resize(n);
+    smem_buf.resize(L->smem + 128);
+    unsigned char* smem =
+        reinterpret_cast<unsigned char*>((reinterpret_cast<uintptr_t>(smem_buf.data()) + 127) & ~uintptr_t(127));
+    blk->dim = L->block;
+    blk->grid = L->grid;
+    blk->nthreads = n;
+    blk->nwarps = (n + kWarpSize - 1) / kWarpSize;
+    blk->fibers = fibers.data();
+    blk->smem = smem;
+    blk->body = L->body;
+    tl_block = blk;
+    for (;;) {
+      if (L->failed.load(std::memory_order_relaxed)) break;
+      const uint64_t i = L->next.fetch_add(1);
+      if (i >= L->total) break;
+      blk->idx.x = unsigned(i % L->grid.x);
+      blk->idx.y = unsigned(i / L->grid.x % L->grid.y);
+      blk->idx.z = unsigned(i / (uint64_t(L->grid.x) * L->grid.y));
+      blk->failed = false;
+      blk->err.clear();
+      std::memset(smem, 0xFF, L->smem);
+      for (unsigned t = 0; t < n; t++) {
+        Fiber* f = &fibers[t];
+        f->linear = t;
+        f->tid.x = t % L->block.x;
+        f->tid.y = t / L->block.x % L->block.y;
+        f->tid.z = t / (L->block.x * L->block.y);
+        f->warp = t / kWarpSize;
+        f->lane = t % kWarpSize;
+        f->wait = Wait::kRunnable;
+        f->collectives = 0;
+        init_fiber(f, stacks.lo(t), stacks.hi(t));
+      }
+      if (!run_block(blk)) {
+        record(L, blk->err);
+        break;
+      }
+    }
+    tl_block = nullptr;
+  }
+
+  static void record(LaunchState* L, const std::string& msg) {
+    std::lock_guard<std::mutex> lk(L->err_mu);
+    if (!L->failed.load()) {
+      L->err = msg;
+      L->failed.store(true);
+    }
+  }
+
+  std::mutex launch_mu_, mu_;
+  std::condition_variable cv_, done_cv_;
+  uint64_t epoch_ = 0;
+  unsigned pending_ = 0;
+  LaunchState* cur_ = nullptr;
+  std::vector<std::thread> workers_;
+};
+
+// launch runs body as a kernel over grid x block with smem bytes of dynamic
+// shared memory. It returns "" or the reason the launch failed (invalid
+// configuration, deadlock, failed thread).
+inline std::string launch(dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  char m[160];
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || block.x == 0 || block.y == 0 || block.z == 0 ||
+      threads > kMaxThreads || block.z > 64 || grid.y > 65535 || grid.z > 65535) {
+    std::snprintf(m, sizeof m, "invalid launch configuration: grid (%u,%u,%u) block (%u,%u,%u)", grid.x, grid.y,
+                  grid.z, block.x, block.y, block.z);
+    return m;
+  }
+  if (smem > kMaxDynSmem) {
+    std::snprintf(m, sizeof m, "dynamic shared memory %zu bytes exceeds the %zu-byte default limit", smem,
+                  kMaxDynSmem);
+    return m;
+  }
+  LaunchState L;
+  L.grid = grid;
+  L.block = block;
+  L.smem = smem;
+  L.body = &body;
+  L.total = uint64_t(grid.x) * grid.y * grid.z;
+  return Pool::get().run(&L);
+}
+
+inline unsigned char* dyn_smem() { return tl_block->smem; }
+
+inline unsigned lane_id() { return tl_block->cur->lane; }
+
+// exchange publishes v for the calling lane, waits for the whole warp and
+// returns what lane src published.
+inline uint64_t exchange(unsigned mask, uint64_t v, unsigned src) {
+  Block* b = tl_block;
+  Fiber* f = b->cur;
+  const unsigned p = f->collectives++ & 1;
+  b->xchg[p][f->linear] = v;
+  warp_barrier(mask);
+  return b->xchg[p][f->warp * kWarpSize + src];
+}
+
+// ballot_bits publishes pred and returns every lane's bit.
+inline unsigned ballot_bits(unsigned mask, bool pred) {
+  Block* b = tl_block;
+  Fiber* f = b->cur;
+  const unsigned p = f->collectives++ & 1;
+  b->xchg[p][f->linear] = pred ? 1 : 0;
+  warp_barrier(mask);
+  unsigned bits = 0;
+  for (unsigned l = 0; l < kWarpSize; l++)
+    if (b->xchg[p][f->warp * kWarpSize + l]) bits |= 1u << l;
+  return bits;
+}
+
+template <typename T>
+inline uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8, "warp shuffles of values wider than 8 bytes are not emulated");
+  uint64_t u = 0;
+  std::memcpy(&u, &v, sizeof(T));
+  return u;
+}
+
+template <typename T>
+inline T from_bits(uint64_t u) {
+  T v;
+  std::memcpy(&v, &u, sizeof(T));
+  return v;
+}
+
+}  // namespace cuemu
+
+#define threadIdx (::cuemu::tl_block->cur->tid)
+#define blockIdx (::cuemu::tl_block->idx)
+#define blockDim (::cuemu::tl_block->dim)
+#define gridDim (::cuemu::tl_block->grid)
+#define warpSize 32
+
+// ---- synchronisation and warp collectives -----------------------------------
+
+inline void __syncthreads() { ::cuemu::block_barrier(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::cuemu::warp_barrier(mask); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+[[noreturn]] inline void __trap() { ::cuemu::fail("__trap() called"); }
+
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+  const unsigned lane = ::cuemu::lane_id();
+  const unsigned base = lane & ~unsigned(width - 1);
+  const unsigned src = base + (unsigned(src_lane) & unsigned(width - 1));
+  return ::cuemu::from_bits<T>(::cuemu::exchange(mask, ::cuemu::to_bits(v), src));
+}
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  const unsigned lane = ::cuemu::lane_id();
+  const unsigned base = lane & ~unsigned(width - 1);
+  unsigned src = lane ^ unsigned(lane_mask);
+  if ((src & ~unsigned(width - 1)) > base || src >= 32) src = lane;  // later groups read their own value
+  return ::cuemu::from_bits<T>(::cuemu::exchange(mask, ::cuemu::to_bits(v), src));
+}
+
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const unsigned lane = ::cuemu::lane_id();
+  const unsigned src = (lane & unsigned(width - 1)) + delta >= unsigned(width) ? lane : lane + delta;
+  return ::cuemu::from_bits<T>(::cuemu::exchange(mask, ::cuemu::to_bits(v), src));
+}
+
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+  const unsigned lane = ::cuemu::lane_id();
+  const unsigned src = (lane & unsigned(width - 1)) < delta ? lane : lane - delta;
+  return ::cuemu::from_bits<T>(::cuemu::exchange(mask, ::cuemu::to_bits(v), src));
+}
+
+inline unsigned __ballot_sync(unsigned mask, int pred) { return ::cuemu::ballot_bits(mask, pred != 0); }
+inline int __any_sync(unsigned mask, int pred) { return ::cuemu::ballot_bits(mask, pred != 0) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return ::cuemu::ballot_bits(mask, pred != 0) == 0xffffffffu; }
+
+// ---- atomics (blocks run in parallel on several workers) ---------------------
+
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+  return std::atomic_ref<T>(*p).fetch_add(v);
+}
+inline unsigned atomicCAS(unsigned* p, unsigned cmp, unsigned v) {
+  std::atomic_ref<unsigned>(*p).compare_exchange_strong(cmp, v);
+  return cmp;
+}
+inline int atomicMax(int* p, int v) {
+  std::atomic_ref<int> a(*p);
+  int old = a.load();
+  while (old < v && !a.compare_exchange_weak(old, v)) {
+  }
+  return old;
+}
+
+// ---- math and bit intrinsics --------------------------------------------------
+
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
+inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+inline int __ffs(unsigned x) { return __builtin_ffs(int(x)); }
+// exp2f, log2f, tanhf, fmaxf, fminf: the C library's, from <math.h>.
+
+// ---- half and bfloat16 ----------------------------------------------------------
+
+typedef _Float16 __half;
+typedef __half half;
+
+inline float __half2float(__half h) { return float(h); }
+inline __half __float2half(float f) { return __half(f); }  // round to nearest even
+inline __half __float2half_rn(float f) { return __half(f); }
+inline unsigned short __half_as_ushort(__half h) { return std::bit_cast<unsigned short>(h); }
+inline __half __ushort_as_half(unsigned short u) { return std::bit_cast<__half>(u); }
+inline __half __hadd(__half a, __half b) { return __half(float(a) + float(b)); }
+inline __half __hmul(__half a, __half b) { return __half(float(a) * float(b)); }
+inline __half __hfma(__half a, __half b, __half c) { return __half(std::fma(float(a), float(b), float(c))); }
+
+struct __nv_bfloat16 {
+  unsigned short x;
+};
+typedef __nv_bfloat16 nv_bfloat16;
+
+inline float __bfloat162float(__nv_bfloat16 b) { return std::bit_cast<float>(unsigned(b.x) << 16); }
+// Round to nearest even; NaN becomes 0x7FFF as in cuda_bf16.h.
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  const unsigned u = std::bit_cast<unsigned>(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fff};
+  return {static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return {u}; }
+
+#endif  // PAGEDKV_CUEMU_H

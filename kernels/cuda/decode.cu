@@ -1,0 +1,318 @@
+// decode.cu: batch decode over a paged KV cache (one query token per request),
+// FlashInfer's BatchDecodeWithPagedKVCacheWrapper.run, and the merge of
+// split-k partial states.
+//
+// Thread mapping of batch_decode_paged_<kv>_v<VEC>:
+//   grid  = (work items, num_kv_heads, ceil(group / heads_per_block))
+//   block = (32, heads_per_block, nz)
+// A work item is (request, kv_begin, kv_end): a whole request, or one chunk
+// of a long request when the launcher splits the KV sequence (split-k). The
+// block owns kv head blockIdx.y and the query heads of its GQA group that
+// share it (threadIdx.y picks one), so every K/V byte a block loads from
+// global memory serves all of them. One warp holds one query head vector: lane
+// l owns features [l*VEC, l*VEC+VEC) (VEC = 2, 4, 8 for head_dim 64, 128,
+// 256; other dims take the smallest VEC with 32*VEC >= head_dim and leave
+// the features past head_dim idle), so q·k is VEC multiply-adds per lane and
+// a 5-step xor-shuffle sum.
+//
+// The KV range is walked in tiles of tile_tokens tokens through the page
+// table (kv_indptr/kv_indices/kv_last_page_len). Tiles are double-buffered
+// in shared memory: while the block computes on one stage, cp.async fills
+// the other. Within a tile, warp z (threadIdx.z) takes rows
+// [z*tile/nz, (z+1)*tile/nz) and keeps its own online-softmax state
+// (m, d, o) in the log2 domain; at the end the nz states of a query head are
+// merged through shared memory. Output: o = sum_j p_j v_j / sum_j p_j times
+// v_scale, and the base-2 LSE m + log2(d) (-inf and o = 0 when no key is
+// visible).
+//
+// Logits: s = (q·k) * sm_scale, or cap * tanh(s / cap) with a soft cap; keys
+// before position L-1-window_left are skipped (window_left >= 0), L being the
+// request's length.
+#include "compat.cuh"
+
+namespace pkv {
+
+__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+// copy_rows issues the copies of tokens [t0, min(t0+tile, end)) of kv head h
+// into one stage (K tile, then V tile, each tile rows of pitch bytes). Rows at
+// or past end are left as they are: the compute loop never reads them.
+template <typename T>
+__device__ __forceinline__ void copy_tile(unsigned char* __restrict__ k_stage, unsigned char* __restrict__ v_stage,
+                                          const T* __restrict__ k_data, const T* __restrict__ v_data,
+                                          const int32_t* __restrict__ kv_indices, int64_t first_page, int64_t t0,
+                                          int64_t end, int64_t h, int64_t tile, int64_t pitch, int64_t row_bytes,
+                                          int64_t copy_unit, int64_t page_size, int64_t num_pages,
+                                          int64_t stride_page, int64_t stride_n, int64_t stride_h, int tid,
+                                          int nthreads) {
+  const int64_t units = row_bytes / copy_unit;
+  const int64_t total = tile * units;
+  for (int64_t c = tid; c < total; c += nthreads) {
+    const int64_t r = c / units;
+    const int64_t u = c - r * units;
+    const int64_t t = t0 + r;
+    if (t >= end) continue;
+    // Token t lives in entry t % page_size of page kv_indices[first + t / page_size];
+    // lengths fit in 32 bits (checked by the launcher), so divide in 32 bits.
+    const uint32_t pi = uint32_t(t) / uint32_t(page_size);
+    const int64_t entry = int64_t(uint32_t(t) - pi * uint32_t(page_size));
+    const int64_t page = kv_indices[first_page + pi];
+    if (page < 0 || page >= num_pages) continue;  // never after host validation
+    const int64_t off = (page * stride_page + h * stride_h + entry * stride_n) * int64_t(sizeof(T)) + u * copy_unit;
+    const unsigned char* ks = reinterpret_cast<const unsigned char*>(k_data) + off;
+    const unsigned char* vs = reinterpret_cast<const unsigned char*>(v_data) + off;
+    unsigned char* kd = k_stage + r * pitch + u * copy_unit;
+    unsigned char* vd = v_stage + r * pitch + u * copy_unit;
+    switch (copy_unit) {
+      case 16:
+        cp_async_16(kd, ks);
+        cp_async_16(vd, vs);
+        break;
+      case 8:
+        *reinterpret_cast<uint2*>(kd) = *reinterpret_cast<const uint2*>(ks);
+        *reinterpret_cast<uint2*>(vd) = *reinterpret_cast<const uint2*>(vs);
+        break;
+      case 4:
+        *reinterpret_cast<uint32_t*>(kd) = *reinterpret_cast<const uint32_t*>(ks);
+        *reinterpret_cast<uint32_t*>(vd) = *reinterpret_cast<const uint32_t*>(vs);
+        break;
+      case 2:
+        *reinterpret_cast<uint16_t*>(kd) = *reinterpret_cast<const uint16_t*>(ks);
+        *reinterpret_cast<uint16_t*>(vd) = *reinterpret_cast<const uint16_t*>(vs);
+        break;
+      default:
+        *kd = *ks;
+        *vd = *vs;
+    }
+  }
+  cp_async_commit();
+}
+
+template <typename KV, int VEC>
+__device__ __forceinline__ void decode_body(
+    const void* __restrict__ q, const typename KV::T* __restrict__ k_data, const typename KV::T* __restrict__ v_data,
+    const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,
+    const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ work, void* __restrict__ o,
+    float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,
+    int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,
+    int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, float q_scale, float soft_cap,
+    int64_t window_left, float v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {
+  using T = typename KV::T;
+  const int lane = int(threadIdx.x);
+  const int hpb = int(blockDim.y);
+  const int nz = int(blockDim.z);
+  const int warp = int(threadIdx.z) * hpb + int(threadIdx.y);
+  const int nwarps = hpb * nz;
+  const int tid = warp * 32 + lane;
+  const int64_t item = blockIdx.x;
+  const int64_t h = blockIdx.y;
+  const int64_t group = num_qo_heads / num_kv_heads;
+  const int64_t qh = int64_t(blockIdx.z) * hpb + threadIdx.y;
+  const bool active = qh < group;  // the last block of a group may have idle warps
+  const int64_t hq = h * group + qh;
+  const int64_t D = head_dim;
+  const int64_t f0 = int64_t(lane) * VEC;
+  const bool lane_full = f0 + VEC <= D;  // all VEC features of this lane exist
+
+  const int64_t b = work[3 * item];
+  int64_t begin = work[3 * item + 1];
+  int64_t end = work[3 * item + 2];
+  const int64_t first_page = kv_indptr[b];
+  const int64_t pages = kv_indptr[b + 1] - first_page;
+  const int64_t len = pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];
+  if (end > len) end = len;
+  if (window_left >= 0 && begin < len - 1 - window_left) begin = len - 1 - window_left;
+
+  const int64_t row_bytes = D * int64_t(sizeof(T));
+  const int64_t pitch = (row_bytes + 15) / 16 * 16;
+  const int64_t tile_bytes = tile * pitch;
+  PKV_DYN_SMEM(unsigned char, smem);
+  float* merge_m = reinterpret_cast<float*>(smem + 4 * tile_bytes);
+  float* merge_d = merge_m + nwarps;
+  float* merge_o = merge_d + nwarps;  // [nwarps][D]
+
+  float qv[VEC], ov[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; i++) {
+    qv[i] = active && f0 + i < D ? load_f32(q, (b * num_qo_heads + hq) * D + f0 + i, q_dtype) * q_scale : 0.0f;
+    ov[i] = 0.0f;
+  }
+  float m = neg_inf();  // running max of the log2-domain logits
+  float d = 0.0f;       // running sum of 2^(s - m)
+
+  const int64_t rows = tile / nz;
+  const int64_t r0 = int64_t(threadIdx.z) * rows;
+  const float cap_log2e = soft_cap * kLog2e;
+  int stage = 0;
+  if (begin < end)
+    copy_tile(smem, smem + tile_bytes, k_data, v_data, kv_indices, first_page, begin, end, h, tile, pitch, row_bytes,
+              copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid, 32 * nwarps);
+  for (int64_t t0 = begin; t0 < end; t0 += tile) {
+    if (t0 + tile < end) {
+      unsigned char* next = smem + 2 * (stage ^ 1) * tile_bytes;
+      copy_tile(next, next + tile_bytes, k_data, v_data, kv_indices, first_page, t0 + tile, end, h, tile, pitch,
+                row_bytes, copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid, 32 * nwarps);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // (A) this stage is filled by every thread's copies
+    if (active) {
+      const unsigned char* ks = smem + 2 * stage * tile_bytes;
+      const unsigned char* vs = ks + tile_bytes;
+      for (int64_t r = r0; r < r0 + rows && t0 + r < end; r++) {
+        const T* krow = reinterpret_cast<const T*>(ks + r * pitch) + f0;
+        float s = 0.0f;
+        if (lane_full) {
+#pragma unroll
+          for (int i = 0; i < VEC; i++) s += qv[i] * KV::widen(krow[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < VEC; i++)
+            if (f0 + i < D) s += qv[i] * KV::widen(krow[i]);
+        }
+        s = warp_sum(s);
+        if (soft_cap > 0.0f) s = cap_log2e * tanhf(s / soft_cap);
+        const float m_new = fmaxf(m, s);
+        const float corr = exp2_approx(m - m_new);
+        const float p = exp2_approx(s - m_new);
+        d = d * corr + p;
+        const T* vrow = reinterpret_cast<const T*>(vs + r * pitch) + f0;
+        if (lane_full) {
+#pragma unroll
+          for (int i = 0; i < VEC; i++) ov[i] = ov[i] * corr + p * KV::widen(vrow[i]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < VEC; i++)
+            if (f0 + i < D) ov[i] = ov[i] * corr + p * KV::widen(vrow[i]);
+        }
+        m = m_new;
+      }
+    }
+    __syncthreads();  // (B) every warp is done with this stage before it is refilled
+    stage ^= 1;
+  }
+
+  // Merge the nz states of each query head into warp z == 0.
+  if (nz > 1) {
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < VEC; i++)
+        if (f0 + i < D) merge_o[warp * D + f0 + i] = ov[i];
+      if (lane == 0) {
+        merge_m[warp] = m;
+        merge_d[warp] = d;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.z == 0 && active) {
+      for (int z = 1; z < nz; z++) {
+        const int wz = z * hpb + int(threadIdx.y);
+        const float mz = merge_m[wz];
+        if (mz == neg_inf()) continue;  // that warp saw no key
+        const float m_new = fmaxf(m, mz);
+        const float c_self = exp2_approx(m - m_new);
+        const float c_other = exp2_approx(mz - m_new);
+        d = d * c_self + merge_d[wz] * c_other;
+#pragma unroll
+        for (int i = 0; i < VEC; i++)
+          if (f0 + i < D) ov[i] = ov[i] * c_self + merge_o[wz * D + f0 + i] * c_other;
+        m = m_new;
+      }
+    }
+  }
+
+  if (threadIdx.z != 0 || !active) return;
+  const bool empty = !(d > 0.0f);
+  const float inv_d = empty ? 0.0f : rcp_approx(d);
+  const float out_lse = empty ? neg_inf() : m + log2_approx(d);
+  if (partial) {
+    const int64_t row = item * num_qo_heads + hq;
+#pragma unroll
+    for (int i = 0; i < VEC; i++)
+      if (f0 + i < D) tmp_o[row * D + f0 + i] = ov[i] * inv_d;
+    if (lane == 0) tmp_lse[row] = out_lse;
+  } else {
+    const int64_t row = b * num_qo_heads + hq;
+#pragma unroll
+    for (int i = 0; i < VEC; i++)
+      if (f0 + i < D) store_f32(o, row * D + f0 + i, o_dtype, ov[i] * inv_d * v_scale);
+    if (lse != nullptr && lane == 0) lse[row] = out_lse;
+  }
+}
+
+}  // namespace pkv
+
+// batch_decode_paged_<kv>_v<VEC>. Pointers: q [B, Hq, D] (q_dtype), the K and
+// V views of the cache (element strides stride_page/stride_n/stride_h), the
+// page table, work [items][3] = (request, kv_begin, kv_end), o [B, Hq, D]
+// (o_dtype) and lse [B*Hq] (may be null) when partial == 0, else
+// tmp_o [items, Hq, D] and tmp_lse [items, Hq] (f32) for merge_partial_states.
+// q_scale multiplies q (sm_scale*log2(e), or sm_scale with a soft cap);
+// soft_cap 0 disables the cap; the float scalars are carried in doubles.
+#define PKV_DECODE_ENTRY(NAME, KV, VEC)                                                                              \
+  extern "C" __global__ void __launch_bounds__(256) NAME(                                                            \
+      const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,                \
+      const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                                 \
+      const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ work, void* __restrict__ o,          \
+      float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,         \
+      int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,             \
+      int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, double q_scale, double soft_cap,         \
+      int64_t window_left, double v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {                       \
+    pkv::decode_body<KV, VEC>(q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, work, o, lse, tmp_o,       \
+                              tmp_lse, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, stride_page,      \
+                              stride_n, stride_h, q_dtype, o_dtype, float(q_scale), float(soft_cap), window_left,    \
+                              float(v_scale), tile, copy_unit, partial);                                             \
+  }
+
+#define PKV_DECODE_DTYPE(SUFFIX, KV)                   \
+  PKV_DECODE_ENTRY(batch_decode_paged_##SUFFIX##_v1, KV, 1) \
+  PKV_DECODE_ENTRY(batch_decode_paged_##SUFFIX##_v2, KV, 2) \
+  PKV_DECODE_ENTRY(batch_decode_paged_##SUFFIX##_v4, KV, 4) \
+  PKV_DECODE_ENTRY(batch_decode_paged_##SUFFIX##_v8, KV, 8)
+
+PKV_DECODE_DTYPE(f32, pkv::KvF32)
+PKV_DECODE_DTYPE(f16, pkv::KvF16)
+PKV_DECODE_DTYPE(bf16, pkv::KvBF16)
+PKV_DECODE_DTYPE(e4m3, pkv::KvE4M3)
+PKV_DECODE_DTYPE(e5m2, pkv::KvE5M2)
+
+// merge_partial_states combines the split-k partial states of each (request,
+// query head): rows merge_indptr[b]..merge_indptr[b+1] of tmp_o/tmp_lse,
+// weighted by 2^(lse_r - max), into o [B, Hq, D] (o_dtype, times v_scale) and
+// lse [B*Hq] (may be null). grid = (B, Hq), block = (threads over D).
+extern "C" __global__ void __launch_bounds__(256)
+    merge_partial_states(const float* __restrict__ tmp_o, const float* __restrict__ tmp_lse,
+                         const int32_t* __restrict__ merge_indptr, void* __restrict__ o, float* __restrict__ lse,
+                         int64_t num_qo_heads, int64_t head_dim, int64_t o_dtype, double v_scale) {
+  const int64_t b = blockIdx.x;
+  const int64_t hq = blockIdx.y;
+  const int64_t beg = merge_indptr[b];
+  const int64_t end = merge_indptr[b + 1];
+  float mx = pkv::neg_inf();
+  for (int64_t r = beg; r < end; r++) mx = fmaxf(mx, tmp_lse[r * num_qo_heads + hq]);
+  const int64_t out = b * num_qo_heads + hq;
+  if (mx == pkv::neg_inf()) {
+    for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) pkv::store_f32(o, out * head_dim + f, o_dtype, 0.0f);
+    if (lse != nullptr && threadIdx.x == 0) lse[out] = mx;
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t r = beg; r < end; r++) sum += pkv::exp2_approx(tmp_lse[r * num_qo_heads + hq] - mx);
+  const float scale = float(v_scale) / sum;
+  for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t r = beg; r < end; r++) {
+      const int64_t row = r * num_qo_heads + hq;
+      acc += pkv::exp2_approx(tmp_lse[row] - mx) * tmp_o[row * head_dim + f];
+    }
+    pkv::store_f32(o, out * head_dim + f, o_dtype, acc * scale);
+  }
+  if (lse != nullptr && threadIdx.x == 0) lse[out] = mx + pkv::log2_approx(sum);
+}

@@ -1,0 +1,117 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// DevicePtr is an address in device memory (0 is the null pointer).
+type DevicePtr uint64
+
+// Dim3 is a grid or block shape.
+type Dim3 struct{ X, Y, Z int }
+
+// Driver is the device the launcher runs on: a GPU through gorgonia.org/cu
+// (build tag cuda) or the CPU emulator of internal/cpuemu.
+type Driver interface {
+	// NumSMs is the number of streaming multiprocessors launches are sized
+	// for (grid sizes and the split-k decision depend on it).
+	NumSMs() int
+	// Alloc returns bytes > 0 bytes of device memory, aligned to 256 bytes.
+	Alloc(bytes int) (DevicePtr, error)
+	// Free releases memory returned by Alloc.
+	Free(p DevicePtr) error
+	// HtoD copies src to device memory at dst.
+	HtoD(dst DevicePtr, src []byte) error
+	// DtoH copies len(dst) bytes of device memory at src to dst.
+	DtoH(dst []byte, src DevicePtr) error
+	// Launch runs kernel (an entry point of [KernelArity]) and waits for it
+	// to finish. Each argument is 8 bytes: a DevicePtr, an int64 or the bits
+	// of a float64.
+	Launch(kernel string, grid, block Dim3, sharedBytes int, args []uint64) error
+}
+
+// Kernel dtype codes, passed as int64 arguments; they mirror pkv::Dtype in
+// compat.cuh (a test reads the header and compares).
+const (
+	codeF32  = 0
+	codeF16  = 1
+	codeBF16 = 2
+	codeE4M3 = 3
+	codeE5M2 = 4
+)
+
+// dtypeCode maps a float dtype to its kernel code.
+func dtypeCode(dt layout.DType) (int64, error) {
+	switch dt {
+	case layout.F32:
+		return codeF32, nil
+	case layout.F16:
+		return codeF16, nil
+	case layout.BF16:
+		return codeBF16, nil
+	case layout.E4M3:
+		return codeE4M3, nil
+	case layout.E5M2:
+		return codeE5M2, nil
+	}
+	return 0, fmt.Errorf("cuda: no kernel dtype code for %v", dt)
+}
+
+// Argument counts of the entry points (every argument 8 bytes).
+const (
+	appendArity      = 16
+	appendMLAArity   = 15
+	appendQuantArity = 20
+	decodeArity      = 28
+	mergeArity       = 9
+)
+
+// KernelArity maps every kernel entry point of the embedded PTX to its number
+// of (8-byte) arguments.
+var KernelArity = func() map[string]int {
+	m := map[string]int{
+		"append_paged_kv_cache_quant": appendQuantArity,
+		"merge_partial_states":        mergeArity,
+	}
+	for _, u := range copyUnits {
+		m[fmt.Sprintf("append_paged_kv_cache_u%d", u)] = appendArity
+		m[fmt.Sprintf("append_paged_mla_kv_cache_u%d", u)] = appendMLAArity
+	}
+	for _, kv := range []string{"f32", "f16", "bf16", "e4m3", "e5m2"} {
+		for _, vec := range decodeVecs {
+			m[decodeKernel(kv, vec)] = decodeArity
+		}
+	}
+	return m
+}()
+
+// copyUnits are the copy widths in bytes the append kernels are built for,
+// widest first.
+var copyUnits = [...]int{16, 8, 4, 2, 1}
+
+// decodeVecs are the features per lane the decode kernels are built for:
+// head_dim up to 32*vec.
+var decodeVecs = [...]int{1, 2, 4, 8}
+
+func decodeKernel(kv string, vec int) string {
+	return fmt.Sprintf("batch_decode_paged_%s_v%d", kv, vec)
+}
+
+// copyUnit is the widest copy unit that divides every one of sizes (bytes).
+func copyUnit(sizes ...int64) int {
+	for _, u := range copyUnits {
+		ok := true
+		for _, s := range sizes {
+			if s%int64(u) != 0 {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return u
+		}
+	}
+	return 1
+}
