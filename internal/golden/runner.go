@@ -140,8 +140,10 @@ func (r *Result) Details() []string {
 		line := fmt.Sprintf("  %-4s %s (%s): %d elements, %d failed, max_abs=%.3g max_rel=%.3g", status, o.Name, mode, o.Elements, o.Failed, o.MaxAbs, o.MaxRel)
 		if o.Mismatch != "" {
 			line += ", " + o.Mismatch
-		} else if o.Worst != nil {
+		} else if o.Worst != nil && o.Failed > 0 {
 			line += ", worst at " + o.Describe()
+		} else if o.Worst != nil {
+			line += ", nearest the limit at " + o.Describe()
 		}
 		lines = append(lines, line)
 	}
