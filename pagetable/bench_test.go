@@ -75,6 +75,7 @@ func BenchmarkExport(b *testing.B) {
 		dst := make([]int32, n/4)
 		b.SetBytes(n)
 		b.ReportAllocs()
+		b.ResetTimer()
 		for range b.N {
 			copy(dst, src)
 		}
