@@ -56,7 +56,7 @@ var allowedImports = map[string][]string{
 	"internal/reference":  {"ragged", "layout", "kernels"},
 	"kernels/kernelstest": {"kernels", "layout", "internal/reference", "github.com/stretchr/testify"},
 	// The CUDA sources compiled for the CPU (cgo); imported by tests and the CLI.
-	"internal/cpuemu": {"kernels", "layout"},
+	"internal/cpuemu": {"kernels", "kernels/cuda", "layout"},
 	"internal/golden": {"internal/safetensors", "kernels", "kernels/cpu", "layout", "ragged", "pagetable",
 		"cascade", "github.com/pkg/errors"},
 
