@@ -173,7 +173,7 @@ func TestQuantizeMatchesSlowModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	cfgs := []quant.Config{int8F16, int8F32, int4F16, int4F32,
 		{Bits: 8, Group: 1, ScaleDType: layout.F16}, {Bits: 4, Group: 2, ScaleDType: layout.F32}}
-	const rows = 3000
+	const rows = 1500
 	for _, cfg := range cfgs {
 		n := 4 * cfg.Group
 		if n < 2 {
@@ -230,7 +230,7 @@ func TestErrorBound(t *testing.T) {
 		y := make([]float32, n)
 		codes := make([]byte, cfg.CodeBytes(n))
 		scales := make([]byte, cfg.ScaleBytes(n))
-		for r := 0; r < 20000; r++ {
+		for r := 0; r < 8000; r++ {
 			if r%2 == 0 {
 				randomF16Row(rng, x) // every f16 input satisfies the bound's precondition
 			} else {
