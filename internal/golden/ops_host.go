@@ -85,6 +85,11 @@ func runGetBatchIndicesPositions(x *exec) (map[string]safetensors.Tensor, error)
 	if err != nil {
 		return nil, err
 	}
+	// The outputs are nnz long: check nnz against the expected outputs (whose
+	// size the file bounds) before anything of that size is allocated.
+	if err := x.wantSize("nnz", []int{nnz}, "out.batch_indices", "out.positions"); err != nil {
+		return nil, err
+	}
 	bi, pos, err := pagetable.GetBatchIndicesPositionsTo(nil, nil, appendIndptr, seqLens, nnz)
 	if err != nil {
 		return nil, err
@@ -174,6 +179,10 @@ func runAttentionMask(x *exec) (map[string]safetensors.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
+	rows, cols := m.Shape()
+	if err := x.wantSize("the mask's shape", []int{rows, cols}, "out.allowed"); err != nil {
+		return nil, err
+	}
 	d, err := m.Materialize()
 	if err != nil {
 		return nil, err
@@ -214,7 +223,22 @@ func runSWAMask(x *exec) (map[string]safetensors.Tensor, error) {
 			return nil, err
 		}
 	}
+	if err := x.wantSize("the mask's shape", []int{m.Size(), m.Size()}, "out.allowed"); err != nil {
+		return nil, err
+	}
 	return map[string]safetensors.Tensor{"allowed": denseU8("allowed", m.AsBool())}, nil
+}
+
+// wantSize checks that outputs computed from parameters will have the
+// expected outputs' shape before they are allocated: a hostile case could
+// otherwise ask for gigabytes with a few digits (max_seq = 2000000000).
+func (x *exec) wantSize(what string, shape []int, outputs ...string) error {
+	for _, name := range outputs {
+		if t := x.tensor(name); !equalInts(t.Shape, shape) {
+			return fmt.Errorf("%w: %s is %v but %s has shape %v", ErrBadCase, what, shape, name, t.Shape)
+		}
+	}
+	return nil
 }
 
 // denseU8 is a mask as U8 [rows, cols], 1 = allowed.
