@@ -12,22 +12,30 @@ import (
 // Batch decode and batch prefill over a paged cache.
 //
 // Both run the same loop. Work is split into tasks of (a block of query
-// rows, one kv head); a task takes the Hq/Hkv query heads that share the kv
-// head (the GQA group) for each of its rows, walks the keys of the request
-// page by page, widens each K row and each V row to float32 once, and folds
-// it into every query of the block that may see it with an online softmax
-// ([onlineState]). So a task reads each K/V row of its request once, keeps
-// O(rows*group*head_dim) scratch whatever the sequence length, and computes
-// in float32 from any cache dtype.
+// rows, a block of kv heads); a task takes the Hq/Hkv query heads that share
+// each kv head (the GQA group) for each of its rows, walks the keys of the
+// request page by page and token by token, widens each K row and each V row
+// to float32 once, and folds it into every query of the block that may see
+// it with an online softmax ([onlineState]). So a task reads each K/V row it
+// needs once, keeps O(rows*heads*head_dim) scratch whatever the sequence
+// length, and computes in float32 from any cache dtype. When there are
+// enough requests a task takes all kv heads, so it streams through each
+// page in address order (NHD: a token's heads are contiguous), which the
+// hardware prefetcher likes much better than one 2*head_dim-byte row per
+// page-stride.
 //
 // Every query row sees a contiguous key interval [lo, hi) (bottom-right
 // causal and the left window both cut an interval), so masking is two
 // comparisons per (row, key).
 
-// decodeRowsPerTask and prefillQueriesPerTask size the tasks: decode rows
-// belong to different requests (nothing to share), prefill rows of one
-// request share K/V, so a prefill task takes about 64 (row, head) queries.
+// prefillQueriesPerTask bounds the (row, head) queries of one prefill task:
+// rows of one request share K/V, so a task takes about this many; decode
+// rows belong to different requests, so a decode task has one row.
 const prefillQueriesPerTask = 64
+
+// tasksPerWorker is how many tasks per worker the split into kv-head
+// blocks aims for, so that uneven requests still balance.
+const tasksPerWorker = 4
 
 // attnJob is one validated decode or prefill call in the form the workers use.
 type attnJob struct {
@@ -61,7 +69,8 @@ type attnJob struct {
 	odt layout.DType
 	lse []float32
 
-	rowsPerTask int
+	rowsPerTask    int
+	kvHeadsPerTask int // kv heads per task: a divisor of hkv
 }
 
 func newAttnJob(q kernels.Tensor, cache *kernels.PagedKVCache, table *kernels.PageTable, ap *kernels.AttentionParams, o kernels.Tensor, lse []float32) attnJob {
@@ -102,6 +111,7 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 	}
 	j := newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
 	j.rowsPerTask = 1
+	j.kvHeadsPerTask = b.kvHeadsPerTask(j.nnz, j.hkv)
 	b.runAttention(&j)
 	return nil
 }
@@ -115,16 +125,31 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	j := newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
 	j.qoIndptr = p.QOIndptr
 	j.causal = p.Causal
-	j.rowsPerTask = max(1, prefillQueriesPerTask/j.group)
+	j.kvHeadsPerTask = b.kvHeadsPerTask(j.nnz, j.hkv)
+	j.rowsPerTask = max(1, prefillQueriesPerTask/(j.group*j.kvHeadsPerTask))
 	b.runAttention(&j)
 	return nil
 }
 
+// kvHeadsPerTask picks the largest divisor of hkv that still leaves about
+// tasksPerWorker tasks per worker for rows query rows.
+func (b *Backend) kvHeadsPerTask(rows, hkv int) int {
+	per := hkv
+	for per > 1 && rows*(hkv/per) < tasksPerWorker*b.workers {
+		per--
+		for hkv%per != 0 {
+			per--
+		}
+	}
+	return per
+}
+
 func (b *Backend) runAttention(j *attnJob) {
 	blocks := (j.nnz + j.rowsPerTask - 1) / j.rowsPerTask
-	b.parallelFor(blocks*j.hkv, func(task int) {
+	headBlocks := j.hkv / j.kvHeadsPerTask
+	b.parallelFor(blocks*headBlocks, func(task int) {
 		sc := attnScratchPool.Get().(*attnScratch)
-		j.runTask(sc, task/j.hkv, task%j.hkv)
+		j.runTask(sc, task/headBlocks, (task%headBlocks)*j.kvHeadsPerTask)
 		attnScratchPool.Put(sc)
 	})
 }
@@ -193,9 +218,9 @@ func (j *attnJob) seqLen(b int) int {
 	return (pages-1)*j.pageSize + int(j.kvLastPageLen[b])
 }
 
-// runTask handles rows [block*rowsPerTask, ...) for kv head kvh, one request
-// segment at a time.
-func (j *attnJob) runTask(sc *attnScratch, block, kvh int) {
+// runTask handles rows [block*rowsPerTask, ...) for kv heads
+// [kvh0, kvh0+kvHeadsPerTask), one request segment at a time.
+func (j *attnJob) runTask(sc *attnScratch, block, kvh0 int) {
 	r := block * j.rowsPerTask
 	end := min(r+j.rowsPerTask, j.nnz)
 	b := j.requestOf(r)
@@ -203,20 +228,22 @@ func (j *attnJob) runTask(sc *attnScratch, block, kvh int) {
 		_, qoEnd := j.qoRange(b)
 		segEnd := min(end, qoEnd)
 		if segEnd > r {
-			j.runSegment(sc, b, kvh, r, segEnd)
+			j.runSegment(sc, b, kvh0, r, segEnd)
 			r = segEnd
 		}
 		b++
 	}
 }
 
-// runSegment computes rows [r0, r1) of request b (all query heads of kv
-// head kvh).
-func (j *attnJob) runSegment(sc *attnScratch, b, kvh, r0, r1 int) {
-	D, g := j.headDim, j.group
+// runSegment computes rows [r0, r1) of request b for the query heads of kv
+// heads [kvh0, kvh0+kvHeadsPerTask). Query qi = ri*qh + hh*g + gh is row
+// r0+ri, query head (kvh0+hh)*g + gh, where qh = kvHeadsPerTask*g; the
+// queries of one row are contiguous in sc.q, sc.acc and sc.s.
+func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1 int) {
+	D, g, nkv := j.headDim, j.group, j.kvHeadsPerTask
+	qh := nkv * g
 	rows := r1 - r0
-	nq := rows * g
-	sc.reserve(rows, nq, D)
+	sc.reserve(rows, rows*qh, D)
 	qoStart, qoEnd := j.qoRange(b)
 	qoLen, kvLen := qoEnd-qoStart, j.seqLen(b)
 
@@ -240,16 +267,16 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh, r0, r1 int) {
 		}
 	}
 
-	// Load the queries of the block, pre-scaled.
+	// Load the queries of the block, pre-scaled. Query heads
+	// kvh0*g .. kvh0*g+qh-1 are contiguous in q.
 	qes := j.qdt.Size()
 	for ri := 0; ri < rows; ri++ {
-		for gh := 0; gh < g; gh++ {
-			qi := ri*g + gh
-			off := ((r0+ri)*j.hq + kvh*g + gh) * D
-			qrow := sc.q[qi*D : (qi+1)*D]
-			layout.LoadRowF32(qrow, j.qdt, j.q[off*qes:])
-			scaleInPlace(j.qScale, qrow)
-			clear(sc.acc[qi*D : (qi+1)*D])
+		off := ((r0+ri)*j.hq + kvh0*g) * D
+		qrow := sc.q[ri*qh*D : (ri+1)*qh*D]
+		widenRow(qrow, j.qdt, j.q[off*qes:])
+		scaleInPlace(j.qScale, qrow)
+		clear(sc.acc[ri*qh*D : (ri+1)*qh*D])
+		for qi := ri * qh; qi < (ri+1)*qh; qi++ {
 			sc.st[qi] = onlineState{m: negInf}
 		}
 	}
@@ -261,36 +288,45 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh, r0, r1 int) {
 		page := int64(j.kvIndices[pageBase+t/j.pageSize])
 		entry := t % j.pageSize
 		stop := min(jhi, t-entry+j.pageSize)
-		base := page*j.strideP + int64(kvh)*j.strideH
+		base := page*j.strideP + int64(kvh0)*j.strideH
 		for ; t < stop; t, entry = t+1, entry+1 {
-			off := (base + int64(entry)*j.strideN) * es
-			layout.LoadRowF32(sc.krow, j.cacheDT, j.kbuf[off:])
-			seen := false
-			for ri := 0; ri < rows; ri++ {
-				if t < sc.lo[ri] || t >= sc.hi[ri] {
-					continue
-				}
-				seen = true
-				for gh := 0; gh < g; gh++ {
-					qi := ri*g + gh
-					x := dot(sc.q[qi*D:(qi+1)*D], sc.krow)
-					if j.softCap {
-						x = j.capLog2e * float32(math.Tanh(float64(x*j.invCap)))
-					}
-					sc.s[qi] = x
-				}
+			visible := false
+			for ri := 0; ri < rows && !visible; ri++ {
+				visible = sc.lo[ri] <= t && t < sc.hi[ri]
 			}
-			if !seen {
+			if !visible {
 				continue
 			}
-			layout.LoadRowF32(sc.vrow, j.cacheDT, j.vbuf[off:])
-			for ri := 0; ri < rows; ri++ {
-				if t < sc.lo[ri] || t >= sc.hi[ri] {
-					continue
+			tokOff := base + int64(entry)*j.strideN
+			for hh := 0; hh < nkv; hh++ {
+				widenRow(sc.krow, j.cacheDT, j.kbuf[(tokOff+int64(hh)*j.strideH)*es:])
+				for ri := 0; ri < rows; ri++ {
+					if t < sc.lo[ri] || t >= sc.hi[ri] {
+						continue
+					}
+					q0 := ri*qh + hh*g
+					s := sc.s[q0 : q0+g]
+					dotRows(s, sc.q[q0*D:(q0+g)*D], sc.krow, D)
+					if j.softCap {
+						for i, x := range s {
+							s[i] = j.capLog2e * float32(math.Tanh(float64(x*j.invCap)))
+						}
+					}
 				}
-				for gh := 0; gh < g; gh++ {
-					qi := ri*g + gh
-					sc.st[qi].update(sc.s[qi], sc.vrow, sc.acc[qi*D:(qi+1)*D])
+			}
+			for hh := 0; hh < nkv; hh++ {
+				widenRow(sc.vrow, j.cacheDT, j.vbuf[(tokOff+int64(hh)*j.strideH)*es:])
+				for ri := 0; ri < rows; ri++ {
+					if t < sc.lo[ri] || t >= sc.hi[ri] {
+						continue
+					}
+					q0 := ri*qh + hh*g
+					acc := sc.acc[q0*D : (q0+g)*D]
+					p := sc.s[q0 : q0+g] // logits in, weights out
+					for gh := range p {
+						p[gh] = sc.st[q0+gh].weight(p[gh], acc[gh*D:(gh+1)*D])
+					}
+					axpyRows(p, sc.vrow, acc, D)
 				}
 			}
 		}
@@ -298,9 +334,9 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh, r0, r1 int) {
 
 	oes := j.odt.Size()
 	for ri := 0; ri < rows; ri++ {
-		for gh := 0; gh < g; gh++ {
-			qi := ri*g + gh
-			h := kvh*g + gh
+		for i := 0; i < qh; i++ {
+			qi := ri*qh + i
+			h := kvh0*g + i
 			lse := sc.st[qi].finish(sc.out, sc.acc[qi*D:(qi+1)*D], j.vScale)
 			off := ((r0+ri)*j.hq + h) * D
 			layout.StoreRowF32(j.o[off*oes:], j.odt, sc.out)

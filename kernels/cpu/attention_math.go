@@ -1,8 +1,11 @@
 package cpu
 
 import (
+	"encoding/binary"
 	"math"
 	"sync"
+
+	"github.com/pagedkv/pagedkv/layout"
 )
 
 // Small float32 loops shared by decode, prefill and MLA decode. Go has no
@@ -46,6 +49,106 @@ func axpy(alpha float32, x, y []float32) {
 	}
 }
 
+// dot4 returns the dot products of the four rows q[0:d], q[d:2d], q[2d:3d],
+// q[3d:4d] with k[:d]. Reading k once for four queries is what makes GQA
+// decode cheaper than four separate dots.
+func dot4(q, k []float32, d int) (s0, s1, s2, s3 float32) {
+	k = k[:d]
+	q0, q1, q2, q3 := q[:d:d], q[d:2*d:2*d], q[2*d:3*d:3*d], q[3*d:4*d:4*d]
+	q0, q1, q2, q3 = q0[:len(k)], q1[:len(k)], q2[:len(k)], q3[:len(k)] // lets the compiler drop the bounds checks below
+	for i, kv := range k {
+		s0 += q0[i] * kv
+		s1 += q1[i] * kv
+		s2 += q2[i] * kv
+		s3 += q3[i] * kv
+	}
+	return
+}
+
+// dotRows writes out[j] = q[j*d:(j+1)*d] · k[:d] for j < len(out).
+func dotRows(out, q, k []float32, d int) {
+	j := 0
+	for ; j+4 <= len(out); j += 4 {
+		out[j], out[j+1], out[j+2], out[j+3] = dot4(q[j*d:(j+4)*d], k, d)
+	}
+	for ; j < len(out); j++ {
+		out[j] = dot(q[j*d:(j+1)*d], k[:d])
+	}
+}
+
+// axpy4 does acc[j*d:(j+1)*d] += p[j]*v[:d] for j < 4, reading v once.
+func axpy4(p0, p1, p2, p3 float32, v, acc []float32, d int) {
+	v = v[:d]
+	a0, a1, a2, a3 := acc[:d:d], acc[d:2*d:2*d], acc[2*d:3*d:3*d], acc[3*d:4*d:4*d]
+	a0, a1, a2, a3 = a0[:len(v)], a1[:len(v)], a2[:len(v)], a3[:len(v)] // lets the compiler drop the bounds checks below
+	for i, x := range v {
+		a0[i] += p0 * x
+		a1[i] += p1 * x
+		a2[i] += p2 * x
+		a3[i] += p3 * x
+	}
+}
+
+// axpyRows does acc[j*d:(j+1)*d] += p[j]*v[:d] for j < len(p).
+func axpyRows(p, v, acc []float32, d int) {
+	j := 0
+	for ; j+4 <= len(p); j += 4 {
+		axpy4(p[j], p[j+1], p[j+2], p[j+3], v, acc[j*d:(j+4)*d], d)
+	}
+	for ; j < len(p); j++ {
+		axpy(p[j], v[:d], acc[j*d:(j+1)*d])
+	}
+}
+
+// widenRow converts len(dst) elements of dtype dt at the start of src to
+// float32, exactly (the same values as layout.LoadRowF32). The narrow
+// dtypes are read eight bytes at a time; f16 and fp8 go through layout's
+// lookup tables.
+func widenRow(dst []float32, dt layout.DType, src []byte) {
+	n := len(dst)
+	i := 0
+	switch dt {
+	case layout.F16:
+		src = src[:2*n]
+		for ; i+4 <= n; i += 4 {
+			w := binary.LittleEndian.Uint64(src[2*i:])
+			d := dst[i : i+4 : i+4]
+			d[0] = layout.F16ToF32(uint16(w))
+			d[1] = layout.F16ToF32(uint16(w >> 16))
+			d[2] = layout.F16ToF32(uint16(w >> 32))
+			d[3] = layout.F16ToF32(uint16(w >> 48))
+		}
+	case layout.BF16:
+		src = src[:2*n]
+		for ; i+4 <= n; i += 4 {
+			w := binary.LittleEndian.Uint64(src[2*i:])
+			d := dst[i : i+4 : i+4]
+			d[0] = math.Float32frombits(uint32(w) << 16)
+			d[1] = math.Float32frombits(uint32(w>>16) << 16)
+			d[2] = math.Float32frombits(uint32(w>>32) << 16)
+			d[3] = math.Float32frombits(uint32(w>>48) << 16)
+		}
+	case layout.F32:
+		src = src[:4*n]
+		for ; i < n; i++ {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	case layout.E4M3:
+		src = src[:n]
+		for ; i < n; i++ {
+			dst[i] = layout.E4M3ToF32(src[i])
+		}
+	case layout.E5M2:
+		src = src[:n]
+		for ; i < n; i++ {
+			dst[i] = layout.E5M2ToF32(src[i])
+		}
+	}
+	if i < n {
+		layout.LoadRowF32(dst[i:], dt, src[i*dt.Size():])
+	}
+}
+
 // scaleTo does y[i] = alpha*x[i].
 func scaleTo(y []float32, alpha float32, x []float32) {
 	x = x[:len(y)]
@@ -61,6 +164,27 @@ func scaleInPlace(alpha float32, y []float32) {
 }
 
 func exp2f(x float32) float32 { return float32(math.Exp2(float64(x))) }
+
+// exp2Neg is 2^x for x <= 0 in float32, the only range the online softmax
+// needs (a logit minus the running maximum). It rounds x to n + f with
+// |f| <= 1/2 and evaluates 2^f as the degree-7 Taylor series of e^(f ln 2)
+// (truncation error below 5e-9), then scales by 2^n through the exponent
+// bits; the result is within a few float32 ulps of math.Exp2 (tested).
+// Below 2^-126 it returns the exact math.Exp2 value rounded to float32
+// (subnormal weights are negligible but cheap to get right), 0 below
+// 2^-150, and NaN for NaN.
+func exp2Neg(x float32) float32 {
+	if !(x >= -126) { // also catches NaN and -Inf
+		if x != x {
+			return x
+		}
+		return exp2f(x)
+	}
+	n := int32(x - 0.5) // round half down; x - 0.5 <= -0.5, so truncation is ceil
+	f := (x - float32(n)) * math.Ln2
+	p := 1 + f*(1+f*(1.0/2+f*(1.0/6+f*(1.0/24+f*(1.0/120+f*(1.0/720+f*(1.0/5040)))))))
+	return p * math.Float32frombits(uint32(n+127)<<23)
+}
 func log2f(x float32) float32 { return float32(math.Log2(float64(x))) }
 
 var negInf = float32(math.Inf(-1))
@@ -73,24 +197,32 @@ type onlineState struct {
 	m, l float32
 }
 
-// update folds key logit s2 (base 2) with value row v into the state and acc.
-// acc is rescaled only when the maximum grows, which on typical data happens
-// O(log L) times per row, so the cost per key is one exp2 and one axpy.
-func (st *onlineState) update(s2 float32, v, acc []float32) {
-	var p float32 = 1
-	switch {
-	case s2 > st.m:
+// weight folds key logit s2 (base 2) into the state and returns the key's
+// weight p = 2^(s2 - m) under the new maximum m; the caller adds p*v to
+// acc. acc is rescaled only when the maximum grows, which on typical data
+// happens O(log L) times per row.
+func (st *onlineState) weight(s2 float32, acc []float32) float32 {
+	if s2 == negInf {
+		return 0
+	}
+	if s2 > st.m {
 		if st.m != negInf {
-			r := exp2f(st.m - s2)
+			r := exp2Neg(st.m - s2)
 			st.l *= r
 			scaleInPlace(r, acc)
 		}
 		st.m = s2
-	default:
-		p = exp2f(s2 - st.m)
+		st.l++
+		return 1
 	}
+	p := exp2Neg(s2 - st.m)
 	st.l += p
-	axpy(p, v, acc)
+	return p
+}
+
+// update is weight followed by acc += p*v.
+func (st *onlineState) update(s2 float32, v, acc []float32) {
+	axpy(st.weight(s2, acc), v, acc)
 }
 
 // finish writes o = acc * vScale / l into out and returns the base-2 LSE
