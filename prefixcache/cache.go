@@ -470,6 +470,17 @@ func (c *Cache) Raise(prio Priority, pages ...PageID) error {
 	return nil
 }
 
+// Entry returns the tokens of the page h names (read-only, valid while the
+// page is cached) and the handle of the page before it (a root at depth
+// 0); live is false for a root or a stale handle.
+func (c *Cache) Entry(h Handle) (tokens []int32, parent Handle, live bool) {
+	x, ok := c.resolve(h)
+	if !ok || x == none {
+		return nil, Handle{}, false
+	}
+	return c.pageTokens(x), c.handle(c.nodes[x].parent), true
+}
+
 // Cached reports whether page p is in the cache.
 func (c *Cache) Cached(p PageID) bool {
 	return p >= 0 && int(p) < len(c.nodes) && c.nodes[p].cached()

@@ -1,0 +1,546 @@
+package pagedkv
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/pagetable"
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+// RequestID names a request. The Manager uses it as the request's page-table
+// sequence ID, so one ID names one request (or one branch of a fork) at a
+// time.
+type RequestID uint64
+
+// Types the Manager's API shares with the packages it composes.
+type (
+	// PageID is a physical page: an index into the page dimension of the
+	// engine's K/V tensors (FlashInfer's page_idx).
+	PageID = allocator.PageID
+	// CopyOp is a copy-on-write page copy the engine performs before a step's
+	// appends.
+	CopyOp = pagetable.CopyOp
+	// Namespace separates prefix caches (tenant, LoRA adapter, salt).
+	Namespace = prefixcache.Namespace
+	// Priority orders eviction of cached pages: lower goes first.
+	Priority = prefixcache.Priority
+	// PinID names a pinned prefix.
+	PinID = prefixcache.PinID
+)
+
+// NoToken in Commit's sampled slice means "no token sampled for this
+// request" (a prefill chunk that did not reach the end of the prompt).
+const NoToken int32 = -1
+
+var (
+	// ErrOutOfPages reports a step that needs more pages than are free and
+	// evictable together. Preempt a request and retry. It is
+	// allocator.ErrOutOfPages.
+	ErrOutOfPages = allocator.ErrOutOfPages
+	// ErrUnknownRequest reports a request ID the Manager does not hold.
+	ErrUnknownRequest = errors.New("pagedkv: unknown request")
+	// ErrRequestExists reports adding or forking to an ID already in use.
+	ErrRequestExists = errors.New("pagedkv: request already exists")
+	// ErrPreempted reports an operation that needs a running request (one
+	// with pages) on a preempted one.
+	ErrPreempted = errors.New("pagedkv: request is preempted")
+	// ErrNotPreempted reports Resume of a request that is running.
+	ErrNotPreempted = errors.New("pagedkv: request is not preempted")
+	// ErrStepPending reports a call that would change requests or pages
+	// between Reserve and Commit (or Abort).
+	ErrStepPending = errors.New("pagedkv: a step is reserved and not committed")
+	// ErrNoStep reports Commit or Abort without a reserved step.
+	ErrNoStep = errors.New("pagedkv: no step is reserved")
+	// ErrBadArgument reports a malformed argument; the message names it.
+	ErrBadArgument = errors.New("pagedkv: bad argument")
+	// ErrBadConfig reports an invalid [Config].
+	ErrBadConfig = errors.New("pagedkv: bad config")
+	// ErrNotCached reports pinning a prefix that is not cached.
+	ErrNotCached = prefixcache.ErrNotCached
+	// ErrPinLimit reports a pin past Config.MaxPinnedPages.
+	ErrPinLimit = prefixcache.ErrPinLimit
+	// ErrUnknownPin reports unpinning a pin that does not exist.
+	ErrUnknownPin = prefixcache.ErrUnknownPin
+)
+
+// DefaultCascadeMinSavedPages is the cascade threshold when
+// Config.CascadeMinSavedPages is 0.
+const DefaultCascadeMinSavedPages = 16
+
+// Config describes a Manager.
+type Config struct {
+	// NumPages is the number of pages in the pool (the page dimension of the
+	// engine's K/V tensors), 1..allocator.MaxPages.
+	NumPages int
+	// PageSize is the number of tokens per page.
+	PageSize int
+	// WindowTokens is the sliding-window size W in tokens (Mistral's
+	// sliding_window); 0 means full attention. With W > 0 a request keeps
+	// only the pages that hold any of its last W tokens, and plans carry
+	// WindowLeft = W-1.
+	WindowTokens int
+	// Priorities is the number of eviction priority levels (1..16; 0 means
+	// 4). Request.Priority must be below it.
+	Priorities int
+	// MaxPinnedPages caps the pages pinned at once; 0 means no cap.
+	MaxPinnedPages int
+	// HashSeed seeds the prefix hash; 0 picks a random seed.
+	HashSeed uint64
+	// Hash replaces the prefix hash (tests inject colliding ones); nil means
+	// the seeded default. Hits are verified token by token either way.
+	Hash prefixcache.HashFunc
+	// CascadeMinSavedPages is the cascade planner's threshold: a shared
+	// prefix becomes a cascade level when (requests sharing it - 1) * its
+	// pages >= this many page reads saved per step. 0 means
+	// DefaultCascadeMinSavedPages; negative disables cascade plans.
+	CascadeMinSavedPages int
+}
+
+// Request describes a request to [Manager.Add].
+type Request struct {
+	// Namespace keeps the request's prefix cache apart from other tenants,
+	// adapters or salts.
+	Namespace Namespace
+	// Prompt is the request's input tokens. Add copies it.
+	Prompt []int32
+	// Priority is the eviction priority of the pages the request publishes
+	// or reuses (pages keep the highest priority of any request that used
+	// them while cached).
+	Priority Priority
+	// NoCache keeps the request out of the prefix cache: it neither reuses
+	// nor publishes pages.
+	NoCache bool
+	// CapacityTokens, if larger than the prompt, reserves room for that many
+	// tokens in the request's token list, so decoding does not grow it.
+	CapacityTokens int
+}
+
+// request is the Manager's record of one request.
+type request struct {
+	id      RequestID
+	key     prefixcache.Key
+	prio    Priority
+	noCache bool
+
+	// tokens are all tokens known: the prompt, then every token sampled or
+	// extended. KV exists for tokens [0, computed) (on pages from the page
+	// table's Start, for those not released by the window).
+	tokens   []int32
+	computed int
+	running  bool // false: preempted, no pages
+
+	// chain is the cache position of page cachedPages-1: pages
+	// [0, cachedPages) of the request are in the cache (matched, published,
+	// or found as duplicates), and page cachedPages is published under
+	// chain when it fills. chainCut: eviction removed the chain, so the
+	// request publishes nothing more.
+	chain       prefixcache.Handle
+	cachedPages int
+	chainCut    bool
+
+	// lostTokens is what the last preemption discarded: computed tokens a
+	// Resume must serve from the cache or recompute.
+	lostTokens int
+
+	mark uint64 // Reserve's duplicate check: == Manager.epoch while in the batch
+}
+
+func (r *request) seq() pagetable.SeqID { return pagetable.SeqID(r.id) }
+
+// Manager is the KV-cache manager an engine embeds: it admits requests on
+// cached prefixes, reserves pages for each step and returns the FlashInfer
+// arrays, publishes filled pages to the prefix cache, evicts on demand,
+// releases pages that leave a sliding window, and preempts and resumes.
+//
+// A Manager is not safe for concurrent use: it belongs to the engine's
+// scheduler goroutine. Only [Manager.Stats] may be called from other
+// goroutines at any time. The zero value is not usable; call [New].
+type Manager struct {
+	_        noCopy
+	cfg      Config
+	pageSize int
+	window   int // WindowTokens
+
+	alloc *allocator.Allocator
+	table *pagetable.Table
+	cache *prefixcache.Cache
+
+	reqs       map[RequestID]*request
+	nPreempted int
+
+	// The step in progress (between Reserve and Commit/Abort) and the
+	// buffers every step reuses.
+	pending    bool
+	epoch      uint64
+	batch      []*request
+	seqs       []pagetable.SeqID
+	ntokens    []int32
+	plan       Plan
+	csr        pagetable.CSR
+	appendCSR  pagetable.AppendCSR
+	copiedAway map[PageID]int32 // pagesNeeded's copy-on-write count per shared page
+	scratch    []PageID
+	planner    cascadePlanner
+
+	counters counters
+	stats    statsCell
+}
+
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
+
+// New returns a Manager with an empty pool.
+func New(cfg Config) (*Manager, error) {
+	if cfg.WindowTokens < 0 {
+		return nil, fmt.Errorf("%w: WindowTokens = %d, want >= 0", ErrBadConfig, cfg.WindowTokens)
+	}
+	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	table, err := pagetable.New(pagetable.Config{PageSize: cfg.PageSize, Allocator: alloc})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	cache, err := prefixcache.New(prefixcache.Config{
+		NumPages: cfg.NumPages, PageSize: cfg.PageSize, Refs: alloc, Seed: cfg.HashSeed, Hash: cfg.Hash,
+		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	if cfg.CascadeMinSavedPages == 0 {
+		cfg.CascadeMinSavedPages = DefaultCascadeMinSavedPages
+	}
+	m := &Manager{
+		cfg: cfg, pageSize: cfg.PageSize, window: cfg.WindowTokens,
+		alloc: alloc, table: table, cache: cache,
+		reqs:       make(map[RequestID]*request),
+		copiedAway: make(map[PageID]int32),
+	}
+	m.planner.init(cfg.NumPages)
+	m.publishStats()
+	return m, nil
+}
+
+// PageSize returns the number of tokens per page.
+func (m *Manager) PageSize() int { return m.pageSize }
+
+// NumPages returns the number of pages in the pool.
+func (m *Manager) NumPages() int { return m.alloc.NumPages() }
+
+// lookup returns request id or an error naming it.
+func (m *Manager) lookup(op string, id RequestID) (*request, error) {
+	r, ok := m.reqs[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s request %d", ErrUnknownRequest, op, id)
+	}
+	return r, nil
+}
+
+// ---- Per request ----
+
+// Add admits request id: it matches the prompt's leading full pages against
+// the prefix cache (never the whole prompt: at least one token is left to
+// compute, so the step that computes it yields logits), gives the request
+// the matched pages, and returns how many tokens they hold. Those tokens
+// count as computed; the engine reserves and computes the rest
+// ([Manager.Reserve]).
+func (m *Manager) Add(id RequestID, req Request) (matchedTokens int, err error) {
+	if m.pending {
+		return 0, fmt.Errorf("%w: add request %d", ErrStepPending, id)
+	}
+	if _, ok := m.reqs[id]; ok {
+		return 0, fmt.Errorf("%w: add request %d", ErrRequestExists, id)
+	}
+	if int(req.Priority) >= m.cache.NumPriorities() {
+		return 0, fmt.Errorf("%w: add request %d with priority %d, want 0..%d", ErrBadArgument, id, req.Priority, m.cache.NumPriorities()-1)
+	}
+	for i, t := range req.Prompt {
+		if t < 0 {
+			return 0, fmt.Errorf("%w: add request %d: prompt[%d] = %d is negative", ErrBadArgument, id, i, t)
+		}
+	}
+	r := &request{
+		id: id, prio: req.Priority, noCache: req.NoCache,
+		tokens: append(make([]int32, 0, max(len(req.Prompt), req.CapacityTokens)), req.Prompt...),
+	}
+	if !r.noCache {
+		r.key = m.cache.Key(req.Namespace)
+	}
+	matched := m.admit(r)
+	m.reqs[id] = r
+	m.counters.promptTokens += int64(len(r.tokens))
+	m.counters.promptHitTokens += int64(matched)
+	m.afterChange()
+	return matched, nil
+}
+
+// admit gives r (not in the page table) its cached prefix and returns its
+// length in tokens.
+func (m *Manager) admit(r *request) int {
+	ps := m.pageSize
+	var pages []PageID
+	last := prefixcache.Handle{}
+	if !r.noCache && len(r.tokens) > 1 {
+		pages, last = m.cache.Match(m.scratch[:0], r.key, r.tokens, (len(r.tokens)-1)/ps)
+		m.scratch = pages
+	}
+	if err := m.table.AddShared(r.seq(), pages, len(pages)*ps); err != nil {
+		// The ID is free, the pages are distinct and cached (so allocated).
+		panic(fmt.Sprintf("pagedkv: admitting request %d on %d cached pages: %v", r.id, len(pages), err))
+	}
+	m.cache.Recheck(pages...) // no longer idle
+	if err := m.cache.Raise(r.prio, pages...); err != nil {
+		panic(err) // the priority was checked by Add
+	}
+	r.running = true
+	r.computed = len(pages) * ps
+	r.chain, r.cachedPages, r.chainCut = last, len(pages), false
+	m.releaseWindow(r)
+	return r.computed
+}
+
+// releaseWindow drops r's leading pages that lie entirely before its last
+// WindowTokens computed tokens. They stay cached (and become evictable) if
+// they were published.
+func (m *Manager) releaseWindow(r *request) {
+	if m.window == 0 {
+		return
+	}
+	seq := r.seq()
+	before := m.table.Len(seq) - m.window - m.table.Start(seq)
+	if before < m.pageSize {
+		return
+	}
+	drop := before / m.pageSize
+	dropped := append(m.scratch[:0], m.table.Pages(seq)[:drop]...)
+	m.scratch = dropped
+	n, err := m.table.ReleaseWindow(seq, m.window)
+	if err != nil || n != drop {
+		panic(fmt.Sprintf("pagedkv: window release of request %d: released %d pages, want %d (%v)", r.id, n, drop, err))
+	}
+	m.recheckDeepestFirst(dropped)
+	m.counters.windowReleasedPages += int64(drop)
+}
+
+// recheckDeepestFirst tells the cache that pages, in token order, lost a
+// holder: later pages become evictable before earlier ones.
+func (m *Manager) recheckDeepestFirst(pages []PageID) {
+	for i := len(pages) - 1; i >= 0; i-- {
+		m.cache.Recheck(pages[i])
+	}
+}
+
+// dropPages releases every page of running request r (cached ones stay in
+// the cache).
+func (m *Manager) dropPages(r *request) {
+	held := append(m.scratch[:0], m.table.Pages(r.seq())...)
+	m.scratch = held
+	if err := m.table.Release(r.seq()); err != nil {
+		panic(fmt.Sprintf("pagedkv: releasing request %d: %v", r.id, err))
+	}
+	m.recheckDeepestFirst(held)
+}
+
+// Extend appends known tokens to request id (a new user turn, or tokens
+// sampled outside [Manager.Commit]); the engine computes them in later
+// steps.
+func (m *Manager) Extend(id RequestID, tokens ...int32) error {
+	if m.pending {
+		return fmt.Errorf("%w: extend request %d", ErrStepPending, id)
+	}
+	r, err := m.lookup("extend", id)
+	if err != nil {
+		return err
+	}
+	for i, t := range tokens {
+		if t < 0 {
+			return fmt.Errorf("%w: extend request %d: tokens[%d] = %d is negative", ErrBadArgument, id, i, t)
+		}
+	}
+	r.tokens = append(r.tokens, tokens...)
+	return nil
+}
+
+// Fork adds request child as a copy of running request parent (parallel
+// sampling, beam search): it shares every page of parent, its tokens and its
+// cache chain. The first append into a shared partial page copies it
+// ([Plan.Copies]).
+func (m *Manager) Fork(parent, child RequestID) error {
+	if m.pending {
+		return fmt.Errorf("%w: fork request %d", ErrStepPending, parent)
+	}
+	p, err := m.lookup("fork", parent)
+	if err != nil {
+		return err
+	}
+	if !p.running {
+		return fmt.Errorf("%w: fork request %d", ErrPreempted, parent)
+	}
+	if _, ok := m.reqs[child]; ok {
+		return fmt.Errorf("%w: fork request %d to %d", ErrRequestExists, parent, child)
+	}
+	if err := m.table.Fork(p.seq(), pagetable.SeqID(child)); err != nil {
+		return fmt.Errorf("pagedkv: fork request %d to %d: %w", parent, child, err)
+	}
+	c := *p
+	c.id, c.mark = child, 0
+	c.tokens = append(make([]int32, 0, cap(p.tokens)), p.tokens...)
+	m.reqs[child] = &c
+	m.afterChange()
+	return nil
+}
+
+// Release ends request id and releases its pages; its published pages stay
+// in the prefix cache.
+func (m *Manager) Release(id RequestID) error {
+	if m.pending {
+		return fmt.Errorf("%w: release request %d", ErrStepPending, id)
+	}
+	r, err := m.lookup("release", id)
+	if err != nil {
+		return err
+	}
+	if r.running {
+		m.dropPages(r)
+	} else {
+		m.nPreempted--
+	}
+	delete(m.reqs, id)
+	m.afterChange()
+	return nil
+}
+
+// Preempt releases every page of running request id but keeps the request
+// (its tokens, namespace and priority). Its published pages stay cached, so
+// [Manager.Resume] later reuses whatever eviction has not taken.
+func (m *Manager) Preempt(id RequestID) error {
+	if m.pending {
+		return fmt.Errorf("%w: preempt request %d", ErrStepPending, id)
+	}
+	r, err := m.lookup("preempt", id)
+	if err != nil {
+		return err
+	}
+	if !r.running {
+		return fmt.Errorf("%w: preempt request %d", ErrPreempted, id)
+	}
+	m.dropPages(r)
+	r.running = false
+	r.lostTokens = r.computed
+	r.computed, r.cachedPages, r.chain, r.chainCut = 0, 0, prefixcache.Handle{}, false
+	m.nPreempted++
+	m.counters.preemptions++
+	m.afterChange()
+	return nil
+}
+
+// Resume re-admits preempted request id on whatever of its tokens' prefix
+// is still cached and returns the matched length; the engine recomputes the
+// rest. Stats count the tokens lost to the preemption and how many of them
+// came back from the cache, apart from the admission hit rate.
+func (m *Manager) Resume(id RequestID) (matchedTokens int, err error) {
+	if m.pending {
+		return 0, fmt.Errorf("%w: resume request %d", ErrStepPending, id)
+	}
+	r, err := m.lookup("resume", id)
+	if err != nil {
+		return 0, err
+	}
+	if r.running {
+		return 0, fmt.Errorf("%w: resume request %d", ErrNotPreempted, id)
+	}
+	matched := m.admit(r)
+	m.nPreempted--
+	m.counters.resumedTokens += int64(r.lostTokens)
+	m.counters.resumeHitTokens += int64(min(matched, r.lostTokens))
+	r.lostTokens = 0
+	m.afterChange()
+	return matched, nil
+}
+
+// ---- Operations ----
+
+// Evict evicts idle cached pages (least recently used, lowest priority
+// first) until npages pages are free again or nothing evictable is left,
+// and returns how many pages it freed. Steps evict on demand; this is for
+// engines that keep a reserve.
+func (m *Manager) Evict(npages int) (freed int) {
+	freed = m.cache.Evict(npages)
+	m.afterChange()
+	return freed
+}
+
+// Pin keeps the cached prefix of tokens in ns (every cached full page of
+// it) from eviction until [Manager.Unpin], and returns the pin and the
+// tokens it covers. See [prefixcache.Cache.Pin].
+func (m *Manager) Pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
+	id, n, err := m.cache.Pin(m.cache.Key(ns), tokens)
+	if err != nil {
+		return 0, 0, fmt.Errorf("pagedkv: pin: %w", err)
+	}
+	m.afterChange()
+	return id, n * m.pageSize, nil
+}
+
+// Unpin removes a pin; its pages become evictable when nothing else holds
+// them.
+func (m *Manager) Unpin(id PinID) error {
+	if err := m.cache.Unpin(id); err != nil {
+		return fmt.Errorf("pagedkv: %w", err)
+	}
+	m.afterChange()
+	return nil
+}
+
+// Has reports whether request id exists (running or preempted).
+func (m *Manager) Has(id RequestID) bool { _, ok := m.reqs[id]; return ok }
+
+// Running reports whether request id exists and holds pages.
+func (m *Manager) Running(id RequestID) bool { r, ok := m.reqs[id]; return ok && r.running }
+
+// Tokens returns every token known for request id (nil if unknown). The
+// slice is read-only and valid until the next call that changes the
+// request.
+func (m *Manager) Tokens(id RequestID) []int32 {
+	if r, ok := m.reqs[id]; ok {
+		return r.tokens
+	}
+	return nil
+}
+
+// Computed returns how many of request id's tokens have KV (0 if unknown or
+// preempted). During a step it excludes the tokens reserved by the step.
+func (m *Manager) Computed(id RequestID) int {
+	if r, ok := m.reqs[id]; ok {
+		return r.computed
+	}
+	return 0
+}
+
+// Pages returns the pages request id holds, in token order, and the index
+// of the first token they hold (WindowTokens > 0 releases leading pages).
+// Token t >= start lives in entry (t-start)%PageSize of
+// pages[(t-start)/PageSize]. The slice is read-only and valid until the
+// next call that changes the Manager.
+func (m *Manager) Pages(id RequestID) (pages []PageID, start int) {
+	seq := pagetable.SeqID(id)
+	return m.table.Pages(seq), m.table.Start(seq)
+}
+
+// afterChange republishes Stats and, in invariants builds, checks the cheap
+// counters.
+func (m *Manager) afterChange() {
+	m.publishStats()
+	if invariants.Enabled {
+		if err := m.checkPartition(); err != nil {
+			panic(err.Error())
+		}
+	}
+}

@@ -1,0 +1,131 @@
+package pagedkv
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Audit checks every invariant of the Manager and the packages under it, in
+// time linear in pages and tokens, and returns the first violation found:
+//
+//   - the allocator, page table and prefix cache each pass their own
+//     CheckInvariants (free stack, reference counts, tree, hash chains,
+//     LRU lists, idle bits);
+//   - every page's reference count is exactly the number of requests that
+//     hold it plus one if it is cached, so no page is both free and
+//     referenced, none is leaked, and none is freed twice;
+//   - each running request holds exactly the pages its computed (and, during
+//     a step, reserved) tokens need, preempted requests hold none;
+//   - each request's cache chain, while not cut, names cached pages whose
+//     tokens are the request's own tokens, page by page;
+//   - the page partition of Stats adds up.
+//
+// Tests and fuzzers call it after every operation. It allocates.
+func (m *Manager) Audit() error {
+	if err := m.alloc.CheckInvariants(); err != nil {
+		return err
+	}
+	if err := m.table.CheckInvariants(); err != nil {
+		return err
+	}
+	if err := m.cache.CheckInvariants(); err != nil {
+		return err
+	}
+	if err := m.checkPartition(); err != nil {
+		return err
+	}
+	ps := m.pageSize
+	held := make(map[PageID]int32)
+	reserved := make(map[RequestID]int)
+	if m.pending {
+		for b, r := range m.batch {
+			reserved[r.id] = int(m.ntokens[b])
+		}
+	}
+	ids := make([]RequestID, 0, len(m.reqs))
+	for id := range m.reqs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		r := m.reqs[id]
+		seq := r.seq()
+		if r.id != id {
+			return fmt.Errorf("pagedkv: request %d is filed under %d", r.id, id)
+		}
+		if r.computed < 0 || r.computed > len(r.tokens) {
+			return fmt.Errorf("pagedkv: request %d has %d computed of %d tokens", id, r.computed, len(r.tokens))
+		}
+		if !r.running {
+			if m.table.Has(seq) || r.computed != 0 {
+				return fmt.Errorf("pagedkv: preempted request %d holds pages (%v) or computed tokens (%d)", id, m.table.Has(seq), r.computed)
+			}
+			continue
+		}
+		if !m.table.Has(seq) {
+			return fmt.Errorf("pagedkv: running request %d has no page-table sequence", id)
+		}
+		if n := m.table.Len(seq); n != r.computed+reserved[id] {
+			return fmt.Errorf("pagedkv: request %d has %d tokens on pages, want %d computed + %d reserved", id, n, r.computed, reserved[id])
+		}
+		start := m.table.Start(seq)
+		if m.window == 0 && start != 0 {
+			return fmt.Errorf("pagedkv: request %d starts at token %d without a window", id, start)
+		}
+		if m.window > 0 && !m.pending && r.computed-start >= m.window+ps {
+			return fmt.Errorf("pagedkv: request %d keeps %d tokens from %d, window %d: a whole page should have been released",
+				id, r.computed-start, start, m.window)
+		}
+		for _, p := range m.table.Pages(seq) {
+			held[p]++
+		}
+		if err := m.auditChain(r); err != nil {
+			return err
+		}
+	}
+	for p := range PageID(m.alloc.NumPages()) {
+		want := held[p]
+		if m.cache.Cached(p) {
+			want++
+		}
+		if rc := m.alloc.RefCount(p); rc != want {
+			return fmt.Errorf("pagedkv: page %d has refcount %d, but %d requests hold it and cached = %v",
+				p, rc, held[p], m.cache.Cached(p))
+		}
+	}
+	return nil
+}
+
+// auditChain checks that r's chain names cached pages holding r's tokens.
+func (m *Manager) auditChain(r *request) error {
+	if r.noCache || r.chainCut {
+		return nil
+	}
+	ps := m.pageSize
+	if r.cachedPages > r.computed/ps {
+		return fmt.Errorf("pagedkv: request %d claims %d cached pages with %d computed tokens", r.id, r.cachedPages, r.computed)
+	}
+	d := r.cachedPages - 1
+	h := r.chain
+	for ; d >= 0; d-- {
+		p, ok := h.Page()
+		if !ok {
+			return fmt.Errorf("pagedkv: request %d's chain ends at depth %d, want %d pages", r.id, d+1, r.cachedPages)
+		}
+		tokens, parent, live := m.cache.Entry(h)
+		if !live {
+			// The chain was cut by eviction after the request's last publish;
+			// its next publish will notice.
+			return nil
+		}
+		if !slices.Equal(tokens, r.tokens[d*ps:(d+1)*ps]) {
+			return fmt.Errorf("pagedkv: request %d's cached page %d (depth %d) holds %v, the request has %v",
+				r.id, p, d, tokens, r.tokens[d*ps:(d+1)*ps])
+		}
+		h = parent
+	}
+	if !h.IsRoot() {
+		return fmt.Errorf("pagedkv: request %d's chain is deeper than its %d cached pages", r.id, r.cachedPages)
+	}
+	return nil
+}

@@ -1,0 +1,285 @@
+package pagedkv
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/pagedkv/pagedkv/cascade"
+	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+// Plan is what a step needs to run: the copies to make first, then
+// FlashInfer's arrays for appending the step's tokens and attending over
+// each request's pages. B is the number of requests in the step, nnz the
+// number of tokens appended. Every slice is owned by the Manager and reused:
+// a Plan is valid until the next Reserve.
+type Plan struct {
+	// Requests are the step's requests in batch order (the order given to
+	// Reserve): batch index b is Requests[b].
+	Requests []RequestID
+	// Copies must be performed before any append: copy entries
+	// [0, Entries) of page Src to page Dst, every head, K and V
+	// (copy-on-write of a shared partial page).
+	Copies []CopyOp
+
+	// QOIndptr [B+1] (FlashInfer's qo_indptr and append_indptr): request b
+	// appends and queries rows QOIndptr[b]:QOIndptr[b+1].
+	QOIndptr []int32
+	// BatchIndices [nnz] and Positions [nnz] are append_paged_kv_cache's
+	// arguments: row i goes to token Positions[i] of request
+	// BatchIndices[i], counted from the request's first held page.
+	BatchIndices, Positions []int32
+	// TokenIDs [nnz] are the tokens of the rows; TokenPositions [nnz] their
+	// absolute positions in their requests (for RoPE). TokenPositions[i] ==
+	// Positions[i] unless a sliding window released leading pages.
+	TokenIDs, TokenPositions []int32
+
+	// KVIndptr [B+1], KVPageIndices [KVIndptr[B]], KVLastPageLen [B] and
+	// SeqLens [B] are the paged KV table after the append (see package
+	// pagetable for the empty-request rule).
+	KVIndptr, KVPageIndices, KVLastPageLen, SeqLens []int32
+
+	// WindowLeft is FlashInfer's window_left: WindowTokens-1, or -1 for full
+	// attention. Attention over the kept pages with this window equals
+	// attention over the whole sequence with it.
+	WindowLeft int
+
+	// Cascade, when not nil, is a multi-level cascade layout of the same
+	// attention (full attention only): shared prefixes are read once per
+	// level. Its request IDs are batch indices; use
+	// [cascade.Layout.QueryRows] to order queries. Nil means run flat.
+	Cascade *cascade.Layout
+}
+
+// ---- Per step ----
+
+// Reserve starts a step: for each i it reserves ntokens[i] token slots in
+// request ids[i] for the next ntokens[i] of its known tokens (prompt tokens
+// not yet computed, or the last sampled token), evicting idle cached pages
+// if the pool is short, and returns the step's [Plan]. It is all-or-nothing:
+// on any error (an unknown, preempted or repeated request, a count that is
+// negative or exceeds the request's uncomputed tokens, or fewer free plus
+// evictable pages than the step needs, which wraps [ErrOutOfPages]) nothing
+// changes, the cache included.
+//
+// After the engine has run the step, [Manager.Commit] records it;
+// [Manager.Abort] undoes it.
+func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
+	if m.pending {
+		return nil, fmt.Errorf("%w: reserve", ErrStepPending)
+	}
+	if len(ids) != len(ntokens) {
+		return nil, fmt.Errorf("%w: reserve: %d requests but %d token counts", ErrBadArgument, len(ids), len(ntokens))
+	}
+	m.epoch++
+	batch, seqs := m.batch[:0], m.seqs[:0]
+	for i, id := range ids {
+		r, ok := m.reqs[id]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrUnknownRequest, i, id)
+		case !r.running:
+			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrPreempted, i, id)
+		case r.mark == m.epoch:
+			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d appears twice", ErrBadArgument, i, id)
+		case ntokens[i] < 0 || r.computed+int(ntokens[i]) > len(r.tokens):
+			return nil, fmt.Errorf("%w: reserve: ntokens[%d] = %d, request %d has %d tokens not yet computed",
+				ErrBadArgument, i, ntokens[i], id, len(r.tokens)-r.computed)
+		}
+		r.mark = m.epoch
+		batch = append(batch, r)
+		seqs = append(seqs, r.seq())
+	}
+	m.batch, m.seqs = batch, seqs
+
+	need := m.pagesNeeded(batch, ntokens)
+	free := m.alloc.NumFree()
+	if need > free {
+		evictable, _ := m.cache.Idle()
+		if need > free+evictable {
+			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
+				ErrOutOfPages, len(ids), need, free, evictable)
+		}
+		m.cache.Evict(need - free)
+		free = m.alloc.NumFree()
+	}
+	copies, err := m.table.Reserve(m.plan.Copies[:0], seqs, ntokens)
+	if err != nil {
+		// Validated above and the pages are there: the page table and this
+		// Manager disagree.
+		panic(fmt.Sprintf("pagedkv: reserving %d pages for a validated step: %v", need, err))
+	}
+	if invariants.Enabled {
+		if got := free - m.alloc.NumFree(); got != need {
+			panic(fmt.Sprintf("pagedkv: the step took %d pages, pagesNeeded said %d", got, need))
+		}
+	}
+	m.ntokens = append(m.ntokens[:0], ntokens...)
+	m.fillPlan(copies)
+	m.pending = true
+	m.counters.copiedPages += int64(len(copies))
+	m.afterChange()
+	return &m.plan, nil
+}
+
+// pagesNeeded returns the pages the page table's Reserve will take for the
+// batch: new pages past each request's last one, plus one per copy-on-write.
+// Of k batch members sharing a partial last page, the first k-1 copy (the
+// last writes in place) unless other holders keep it shared.
+func (m *Manager) pagesNeeded(batch []*request, ntokens []int32) int {
+	clear(m.copiedAway)
+	ps, need := m.pageSize, 0
+	for i, r := range batch {
+		n := int(ntokens[i])
+		seq := r.seq()
+		held := m.table.Len(seq) - m.table.Start(seq)
+		pages := m.table.Pages(seq)
+		need += (held+n+ps-1)/ps - len(pages)
+		if n > 0 && held%ps != 0 {
+			last := pages[len(pages)-1]
+			if rc := m.alloc.RefCount(last); rc > 1 && rc-m.copiedAway[last] > 1 {
+				m.copiedAway[last]++
+				need++
+			}
+		}
+	}
+	return need
+}
+
+// fillPlan exports the step's arrays into the reused plan.
+func (m *Manager) fillPlan(copies []CopyOp) {
+	p := &m.plan
+	if err := m.table.ExportTo(&m.csr, m.seqs); err != nil {
+		panic(fmt.Sprintf("pagedkv: exporting the step's page table: %v", err))
+	}
+	if err := m.table.ExportAppendTo(&m.appendCSR, m.seqs, m.ntokens); err != nil {
+		panic(fmt.Sprintf("pagedkv: exporting the step's appends: %v", err))
+	}
+	p.Requests = p.Requests[:0]
+	for _, r := range m.batch {
+		p.Requests = append(p.Requests, r.id)
+	}
+	p.Copies = copies
+	p.QOIndptr, p.BatchIndices, p.Positions = m.appendCSR.AppendIndptr, m.appendCSR.BatchIndices, m.appendCSR.Positions
+	p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.SeqLens = m.csr.KVIndptr, m.csr.KVPageIndices, m.csr.KVLastPageLen, m.csr.SeqLens
+	nnz := len(p.Positions)
+	p.TokenIDs = slices.Grow(p.TokenIDs[:0], nnz)[:nnz]
+	p.TokenPositions = slices.Grow(p.TokenPositions[:0], nnz)[:nnz]
+	for b, r := range m.batch {
+		start := int32(m.table.Start(r.seq()))
+		for i := p.QOIndptr[b]; i < p.QOIndptr[b+1]; i++ {
+			pos := p.Positions[i] + start
+			p.TokenPositions[i] = pos
+			p.TokenIDs[i] = r.tokens[pos]
+		}
+	}
+	p.WindowLeft = -1
+	if m.window > 0 {
+		p.WindowLeft = m.window - 1
+	}
+	p.Cascade = nil
+	if m.window == 0 && m.cfg.CascadeMinSavedPages > 0 {
+		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
+	}
+}
+
+// Commit records that the engine ran the reserved step: the reserved tokens
+// now have KV, pages they filled are published to the prefix cache, pages
+// that left a sliding window are released, and sampled[b] (unless
+// [NoToken]) is appended to request b's tokens. sampled is nil (nothing
+// sampled) or has one entry per request of the step; a token may be
+// sampled only by a request whose step reached the end of its known tokens.
+// On error nothing changes and the step stays pending.
+func (m *Manager) Commit(sampled []int32) error {
+	if !m.pending {
+		return fmt.Errorf("%w: commit", ErrNoStep)
+	}
+	if sampled != nil && len(sampled) != len(m.batch) {
+		return fmt.Errorf("%w: commit: %d sampled tokens for a step of %d requests", ErrBadArgument, len(sampled), len(m.batch))
+	}
+	for b, t := range sampled {
+		r := m.batch[b]
+		switch {
+		case t == NoToken:
+		case t < 0:
+			return fmt.Errorf("%w: commit: sampled[%d] = %d (request %d) is negative", ErrBadArgument, b, t, r.id)
+		case r.computed+int(m.ntokens[b]) != len(r.tokens):
+			return fmt.Errorf("%w: commit: sampled[%d] = %d, but request %d still has %d known tokens to compute",
+				ErrBadArgument, b, t, r.id, len(r.tokens)-r.computed-int(m.ntokens[b]))
+		}
+	}
+	nnz := int64(0)
+	for b, r := range m.batch {
+		r.computed += int(m.ntokens[b])
+		nnz += int64(m.ntokens[b])
+		m.publish(r)
+		if sampled != nil && sampled[b] != NoToken {
+			r.tokens = append(r.tokens, sampled[b])
+		}
+		m.releaseWindow(r)
+	}
+	m.pending = false
+	m.counters.steps++
+	m.counters.computedTokens += nnz
+	m.afterChange()
+	return nil
+}
+
+// publish adds r's newly filled pages to the prefix cache, in order, under
+// its chain. A chain cut by eviction ends publishing for the request.
+func (m *Manager) publish(r *request) {
+	if r.noCache || r.chainCut {
+		return
+	}
+	ps := m.pageSize
+	full := r.computed / ps
+	if r.cachedPages >= full {
+		return
+	}
+	seq := r.seq()
+	first := m.table.Start(seq) / ps
+	pages := m.table.Pages(seq)
+	for d := r.cachedPages; d < full; d++ {
+		if d < first {
+			// Unreachable: pages are published as they fill, before the
+			// window can release them.
+			panic(fmt.Sprintf("pagedkv: request %d publishes page %d, released by the window (first held %d)", r.id, d, first))
+		}
+		h, _, err := m.cache.Publish(r.chain, r.key, pages[d-first], r.tokens[d*ps:(d+1)*ps], r.prio)
+		if errors.Is(err, prefixcache.ErrStaleHandle) {
+			r.chainCut = true
+			m.counters.chainsCut++
+			return
+		}
+		if err != nil {
+			panic(fmt.Sprintf("pagedkv: publishing page %d of request %d: %v", d, r.id, err))
+		}
+		r.chain = h
+		r.cachedPages++
+	}
+}
+
+// Abort undoes the reserved step: every request gets back its length before
+// Reserve and the pages reserved for the step are released. Copy-on-write
+// moves are kept, so the engine must have performed [Plan.Copies] (the first
+// thing a step does); if it may not have, Preempt the step's requests
+// after Abort instead of running them again.
+func (m *Manager) Abort() error {
+	if !m.pending {
+		return fmt.Errorf("%w: abort", ErrNoStep)
+	}
+	for b, r := range m.batch {
+		if err := m.table.Truncate(r.seq(), m.table.Len(r.seq())-int(m.ntokens[b])); err != nil {
+			panic(fmt.Sprintf("pagedkv: aborting the step of request %d: %v", r.id, err))
+		}
+	}
+	m.pending = false
+	m.afterChange()
+	return nil
+}
+
+// Pending reports whether a step is reserved and not yet committed or
+// aborted.
+func (m *Manager) Pending() bool { return m.pending }

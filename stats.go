@@ -1,0 +1,205 @@
+package pagedkv
+
+import (
+	"fmt"
+	"runtime"
+
+	"go.uber.org/atomic"
+)
+
+// Stats is a consistent snapshot of the Manager's occupancy and cumulative
+// counters.
+//
+// The page fields before CachedPages partition the pool:
+//
+//	TotalPages == FreePages + UsedPages + EvictablePages + PinnedIdlePages
+//
+// so a page counts once: in use by a request (cached or not), idle in the
+// cache and evictable, idle but pinned, or free. Evictable pages are
+// capacity: a step that needs them evicts them. (vLLM reports only "usage",
+// so a full cache of idle pages reads as empty, or as full, depending on
+// whom one asks; here both numbers are given.)
+type Stats struct {
+	TotalPages      int // pages in the pool
+	FreePages       int // no holder
+	UsedPages       int // held by at least one request
+	EvictablePages  int // cached, held by the cache alone, not pinned
+	PinnedIdlePages int // cached, pinned, held by no request
+
+	CachedPages int // pages in the prefix cache (some also in UsedPages)
+	PinnedPages int // cached pages under a pin (idle or in use)
+	SharedPages int // pages with two or more holders (requests and the cache)
+
+	Requests          int // running and preempted
+	PreemptedRequests int // requests waiting in Resume, holding no page
+
+	// Token counters. A token counts as a hit only if its KV was served from
+	// the cache instead of computed; recomputation after preemption is
+	// never a hit (vLLM issue #25780) and is counted apart.
+	PromptTokens    int64 // prompt tokens of every Add
+	PromptHitTokens int64 // of those, matched in the cache at Add
+	ComputedTokens  int64 // tokens the engine computed (committed steps), recomputation included
+	ResumedTokens   int64 // computed tokens a preemption discarded, due at Resume
+	ResumeHitTokens int64 // of those, matched in the cache at Resume
+
+	Steps               int64 // committed steps
+	Preemptions         int64
+	CopiedPages         int64 // copy-on-write copies in plans
+	PublishedPages      int64 // pages added to the prefix cache
+	DuplicatePages      int64 // filled pages whose prefix was already cached (kept private)
+	EvictedPages        int64 // pages removed from the cache
+	EvictionFreedPages  int64 // of those, returned to the pool (the rest stayed with requests)
+	InnerVictims        int64 // eviction victims that had children (see prefixcache.Counters)
+	WindowReleasedPages int64 // pages a sliding window released from requests
+	ChainsCut           int64 // requests whose cache chain was evicted (they stop publishing)
+}
+
+// HitRate returns PromptHitTokens / PromptTokens: the share of admitted
+// prompt tokens served from the cache (0 before any prompt).
+func (s Stats) HitRate() float64 {
+	if s.PromptTokens == 0 {
+		return 0
+	}
+	return float64(s.PromptHitTokens) / float64(s.PromptTokens)
+}
+
+// RecomputedTokens returns the tokens recomputed because of preemption:
+// discarded by a preemption and not found in the cache at Resume.
+func (s Stats) RecomputedTokens() int64 { return s.ResumedTokens - s.ResumeHitTokens }
+
+// counters are the Manager's cumulative counts, owned by its goroutine.
+type counters struct {
+	promptTokens, promptHitTokens, computedTokens, resumedTokens, resumeHitTokens int64
+	steps, preemptions, copiedPages, windowReleasedPages, chainsCut               int64
+}
+
+// Stats returns a consistent snapshot. Unlike every other method it is safe
+// to call from any goroutine at any time: the Manager republishes the
+// snapshot after each call that changes it, and readers retry while a
+// republish is in progress (a sequence lock over typed atomics; no lock is
+// taken and nothing is allocated).
+func (m *Manager) Stats() Stats {
+	var v [numStatFields]int64
+	m.stats.load(&v)
+	return statsFromFields(&v)
+}
+
+// Field indexes of the published snapshot.
+const (
+	fTotal = iota
+	fFree
+	fUsed
+	fEvictable
+	fPinnedIdle
+	fCached
+	fPinned
+	fShared
+	fRequests
+	fPreempted
+	fPromptTokens
+	fPromptHit
+	fComputed
+	fResumed
+	fResumeHit
+	fSteps
+	fPreemptions
+	fCopied
+	fPublished
+	fDuplicates
+	fEvicted
+	fEvictionFreed
+	fInnerVictims
+	fWindowReleased
+	fChainsCut
+	numStatFields
+)
+
+// statsCell is a sequence lock: the single writer makes seq odd, stores the
+// fields, and makes it even again; a reader retries until it reads the same
+// even seq before and after the fields.
+type statsCell struct {
+	seq atomic.Uint64
+	v   [numStatFields]atomic.Int64
+}
+
+func (c *statsCell) store(v *[numStatFields]int64) {
+	c.seq.Inc()
+	for i := range v {
+		c.v[i].Store(v[i])
+	}
+	c.seq.Inc()
+}
+
+func (c *statsCell) load(v *[numStatFields]int64) {
+	for {
+		s := c.seq.Load()
+		if s&1 == 0 {
+			for i := range v {
+				v[i] = c.v[i].Load()
+			}
+			if c.seq.Load() == s {
+				return
+			}
+		}
+		runtime.Gosched()
+	}
+}
+
+// snapshot computes the current Stats fields.
+func (m *Manager) snapshot(v *[numStatFields]int64) {
+	a := m.alloc.Stats()
+	evictable, pinnedIdle := m.cache.Idle()
+	cc := m.cache.Counters()
+	c := &m.counters
+	*v = [numStatFields]int64{
+		fTotal: int64(a.Total), fFree: int64(a.Free), fUsed: int64(a.InUse - evictable - pinnedIdle),
+		fEvictable: int64(evictable), fPinnedIdle: int64(pinnedIdle),
+		fCached: int64(m.cache.Len()), fPinned: int64(m.cache.Pinned()), fShared: int64(a.Shared),
+		fRequests: int64(len(m.reqs)), fPreempted: int64(m.nPreempted),
+		fPromptTokens: c.promptTokens, fPromptHit: c.promptHitTokens, fComputed: c.computedTokens,
+		fResumed: c.resumedTokens, fResumeHit: c.resumeHitTokens,
+		fSteps: c.steps, fPreemptions: c.preemptions, fCopied: c.copiedPages,
+		fPublished: cc.Published, fDuplicates: cc.Duplicates,
+		fEvicted: cc.Evicted, fEvictionFreed: cc.Freed, fInnerVictims: cc.InnerVictims,
+		fWindowReleased: c.windowReleasedPages, fChainsCut: c.chainsCut,
+	}
+}
+
+func statsFromFields(v *[numStatFields]int64) Stats {
+	return Stats{
+		TotalPages: int(v[fTotal]), FreePages: int(v[fFree]), UsedPages: int(v[fUsed]),
+		EvictablePages: int(v[fEvictable]), PinnedIdlePages: int(v[fPinnedIdle]),
+		CachedPages: int(v[fCached]), PinnedPages: int(v[fPinned]), SharedPages: int(v[fShared]),
+		Requests: int(v[fRequests]), PreemptedRequests: int(v[fPreempted]),
+		PromptTokens: v[fPromptTokens], PromptHitTokens: v[fPromptHit], ComputedTokens: v[fComputed],
+		ResumedTokens: v[fResumed], ResumeHitTokens: v[fResumeHit],
+		Steps: v[fSteps], Preemptions: v[fPreemptions], CopiedPages: v[fCopied],
+		PublishedPages: v[fPublished], DuplicatePages: v[fDuplicates],
+		EvictedPages: v[fEvicted], EvictionFreedPages: v[fEvictionFreed], InnerVictims: v[fInnerVictims],
+		WindowReleasedPages: v[fWindowReleased], ChainsCut: v[fChainsCut],
+	}
+}
+
+// publishStats stores the current snapshot for Stats.
+func (m *Manager) publishStats() {
+	var v [numStatFields]int64
+	m.snapshot(&v)
+	m.stats.store(&v)
+}
+
+// checkPartition verifies the page partition and the request counts
+// (cheap: counters only).
+func (m *Manager) checkPartition() error {
+	var v [numStatFields]int64
+	m.snapshot(&v)
+	s := statsFromFields(&v)
+	if s.FreePages+s.UsedPages+s.EvictablePages+s.PinnedIdlePages != s.TotalPages || s.UsedPages < 0 {
+		return fmt.Errorf("pagedkv: pages free %d + used %d + evictable %d + pinned idle %d != total %d",
+			s.FreePages, s.UsedPages, s.EvictablePages, s.PinnedIdlePages, s.TotalPages)
+	}
+	running := m.table.NumSeqs()
+	if running+m.nPreempted != len(m.reqs) {
+		return fmt.Errorf("pagedkv: %d requests, %d in the page table, %d preempted", len(m.reqs), running, m.nPreempted)
+	}
+	return nil
+}
