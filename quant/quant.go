@@ -1,6 +1,7 @@
 package quant
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -175,18 +176,25 @@ func (c Config) Dequantize(dst []float32, codes, scales []byte) {
 	n := len(dst)
 	c.check("Dequantize", n, len(codes), len(scales))
 	G := c.Group
-	for g := 0; g < n/G; g++ {
-		s := layout.LoadF32(c.ScaleDType, scales, g)
-		out := dst[g*G : (g+1)*G]
+	f16 := c.ScaleDType == layout.F16
+	for g, e := 0, 0; e < n; g, e = g+1, e+G {
+		var s float32
+		if f16 { // the scale dtype is hoisted out of LoadF32: this is decode's inner loop
+			s = layout.F16ToF32(binary.LittleEndian.Uint16(scales[2*g:]))
+		} else {
+			s = math.Float32frombits(binary.LittleEndian.Uint32(scales[4*g:]))
+		}
+		out := dst[e : e+G]
 		if c.Bits == 8 {
-			in := codes[g*G : (g+1)*G]
-			for i := range out {
-				out[i] = float32(int8(in[i])) * s
+			in := codes[e : e+G]
+			in = in[:len(out)]
+			for i, b := range in {
+				out[i] = float32(int8(b)) * s
 			}
 			continue
 		}
 		for i := range out {
-			out[i] = float32(Nibble(codes, g*G+i)) * s
+			out[i] = float32(Nibble(codes, e+i)) * s
 		}
 	}
 }
