@@ -1,0 +1,238 @@
+package cuda
+
+import (
+	"fmt"
+	"io/fs"
+	"math"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+var entryRE = regexp.MustCompile(`(?s)\.visible \.entry (\w+)\((.*?)\)`)
+
+// ptxEntries parses every PTX module into entry name -> parameter types.
+func ptxEntries(t *testing.T) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for file, ptx := range Modules {
+		require.Contains(t, ptx, ".target sm_80", file)
+		for _, m := range entryRE.FindAllStringSubmatch(ptx, -1) {
+			var types []string
+			for _, p := range strings.Split(m[2], ",") {
+				if f := strings.Fields(p); len(f) >= 2 {
+					types = append(types, f[1])
+				}
+			}
+			out[m[1]] = types
+		}
+	}
+	return out
+}
+
+// The launcher's table and the PTX agree on every entry point and its
+// argument count, and every argument is 8 bytes: gorgonia.org/cu's Launch
+// reads exactly 8 bytes per argument.
+func TestKernelArityMatchesPTX(t *testing.T) {
+	entries := ptxEntries(t)
+	var names []string
+	for name := range entries {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var want []string
+	for name := range KernelArity {
+		want = append(want, name)
+	}
+	sort.Strings(want)
+	require.Equal(t, want, names, "entry points in the PTX vs KernelArity")
+	for _, name := range names {
+		assert.Len(t, entries[name], KernelArity[name], name)
+		for i, typ := range entries[name] {
+			assert.Contains(t, []string{".u64", ".s64", ".f64", ".b64"}, typ, "%s parameter %d", name, i)
+		}
+	}
+}
+
+// The PTX is reproducible: it names no path of the machine that built it.
+func TestPTXIsMachineIndependent(t *testing.T) {
+	for file, ptx := range Modules {
+		for _, bad := range []string{"/work", "/root", "/home", "/tmp", ".file"} {
+			assert.NotContains(t, ptx, bad, file)
+		}
+		assert.NotContains(t, ptx, "cudaMalloc", file) // device code only, no runtime calls
+	}
+}
+
+// The dtype codes of the Go launcher are those of pkv::Dtype in compat.cuh.
+func TestDtypeCodesMatchCompat(t *testing.T) {
+	src, err := fs.ReadFile(Sources, "compat.cuh")
+	require.NoError(t, err)
+	got := map[string]int64{}
+	for _, m := range regexp.MustCompile(`\bk(F32|F16|BF16|E4M3|E5M2) = (\d+)`).FindAllStringSubmatch(string(src), -1) {
+		v, _ := strconv.ParseInt(m[2], 10, 64)
+		got[m[1]] = v
+	}
+	for name, dt := range map[string]layout.DType{"F32": layout.F32, "F16": layout.F16, "BF16": layout.BF16, "E4M3": layout.E4M3, "E5M2": layout.E5M2} {
+		code, err := dtypeCode(dt)
+		require.NoError(t, err)
+		assert.Equal(t, code, got[name], name)
+	}
+	_, err = dtypeCode(layout.I8)
+	assert.Error(t, err)
+}
+
+func TestCopyUnit(t *testing.T) {
+	for _, c := range []struct {
+		sizes []int64
+		want  int
+	}{
+		{[]int64{256}, 16},             // f16 head_dim 128
+		{[]int64{8}, 8},                // f16 head_dim 4
+		{[]int64{12}, 4},               // f32 head_dim 3
+		{[]int64{6}, 2},                // f16 head_dim 3
+		{[]int64{5}, 1},                // fp8 head_dim 5
+		{[]int64{1024, 128, 1024}, 16}, // MLA f16: ckv row, kpe row, fused kpe offset
+		{[]int64{64, 8, 0}, 8},         // 0 divides everything
+	} {
+		assert.Equal(t, c.want, copyUnit(c.sizes...), "%v", c.sizes)
+	}
+}
+
+// Every decode plan fits the device: block size, shared memory and tiling
+// for every cache dtype, every head_dim up to 256 and GQA group sizes.
+func TestPlanDecodeShapeFitsTheDevice(t *testing.T) {
+	for _, dt := range []layout.DType{layout.F32, layout.F16, layout.BF16, layout.E4M3, layout.E5M2} {
+		for D := 1; D <= 256; D++ {
+			for _, group := range []int{1, 2, 3, 4, 5, 7, 8, 9, 16, 33, 64} {
+				g := layout.Paged{DType: dt, HeadDim: D, PageSize: 16, NumKVHeads: 1}
+				p, err := planDecodeShape(g, group)
+				require.NoError(t, err)
+				what := fmt.Sprintf("%v D=%d group=%d", dt, D, group)
+				require.Equal(t, 32*p.vec >= D && (p.vec == 1 || 16*p.vec < D), true, "vec %d for %s", p.vec, what)
+				require.LessOrEqual(t, 32*p.hpb*p.nz, 256, what)
+				require.LessOrEqual(t, p.smem, 48<<10, what)
+				require.GreaterOrEqual(t, p.tile, p.nz, what)
+				require.Zero(t, p.tile%p.nz, what)
+				require.Equal(t, (group+p.hpb-1)/p.hpb, p.gz, what)
+				require.Zero(t, (D*dt.Size())%p.unit, what)
+			}
+		}
+	}
+	_, err := planDecodeShape(layout.Paged{DType: layout.F16, HeadDim: 257}, 1)
+	assert.Error(t, err)
+}
+
+// The tuned shapes of docs/kernels.md.
+func TestPlanDecodeShapeTable(t *testing.T) {
+	for _, c := range []struct {
+		dt                            layout.DType
+		D, group                      int
+		vec, hpb, nz, gz, tile, pitch int
+	}{
+		{layout.F16, 128, 1, 4, 1, 8, 1, 32, 256},
+		{layout.F16, 128, 4, 4, 4, 2, 1, 32, 256},
+		{layout.F16, 128, 8, 4, 8, 1, 1, 32, 256},
+		{layout.BF16, 64, 8, 2, 8, 1, 1, 32, 128},
+		{layout.F16, 256, 2, 8, 2, 4, 1, 16, 512},
+		{layout.F32, 256, 16, 8, 8, 1, 2, 8, 1024},
+		{layout.E4M3, 128, 4, 4, 4, 2, 1, 32, 128},
+	} {
+		p, err := planDecodeShape(layout.Paged{DType: c.dt, HeadDim: c.D}, c.group)
+		require.NoError(t, err)
+		got := [6]int{p.vec, p.hpb, p.nz, p.gz, p.tile, p.pitch}
+		assert.Equal(t, [6]int{c.vec, c.hpb, c.nz, c.gz, c.tile, c.pitch}, got, "%v D=%d group=%d: vec hpb nz gz tile pitch", c.dt, c.D, c.group)
+	}
+}
+
+func TestChooseChunk(t *testing.T) {
+	const sms, tile = 132, 32
+	for _, c := range []struct {
+		name                string
+		visible             []int
+		blocksPerReq, force int
+		want                int
+	}{
+		{"forced, long enough", []int{10, 40}, 8, 16, 16},
+		{"forced, all shorter", []int{10, 16}, 8, 16, 0},
+		{"big batch fills the GPU", make([]int, 64), 8, 0, 0},
+		{"short requests", []int{200, 256}, 1, 0, 0},
+		{"one long request, 8 kv heads", []int{32768}, 8, 0, 1024}, // ceil(32768*8/264) = 993, rounded up to the tile
+		{"one 4k request, 1 head: min chunk", []int{4096}, 1, 0, minChunkTokens},
+		{"just over the minimum: two chunks", []int{300}, 8, 0, minChunkTokens},
+	} {
+		assert.Equal(t, c.want, chooseChunk(c.visible, c.blocksPerReq, sms, c.force, tile), c.name)
+	}
+}
+
+// splitWork, drawn: (request, begin, end) triples and merge_indptr.
+func TestSplitWork(t *testing.T) {
+	work, merge := splitWork([]int{0, 5, 0}, []int{7, 5, 3}, 0)
+	assert.Equal(t, []int32{0, 0, math.MaxInt32, 1, 0, math.MaxInt32, 2, 0, math.MaxInt32}, work)
+	assert.Nil(t, merge)
+
+	work, merge = splitWork([]int{0, 5, 2}, []int{7, 5, 4}, 3)
+	assert.Equal(t, []int32{
+		0, 0, 3,
+		0, 3, 6,
+		0, 6, 7,
+		1, 5, 5, // nothing visible: one empty item, so the merge writes o = 0, lse = -inf
+		2, 2, 4,
+	}, work)
+	assert.Equal(t, []int32{0, 3, 4, 5}, merge)
+}
+
+// FuzzSplitWork checks the indexing invariants of split-k: the items of a
+// request are contiguous, in order, cover exactly its visible keys, are at
+// most chunk long, and merge_indptr indexes them.
+func FuzzSplitWork(f *testing.F) {
+	f.Add([]byte{3, 0, 7, 5, 5, 2, 4}, uint8(3))
+	f.Add([]byte{1, 0, 0}, uint8(1))
+	f.Add([]byte{2, 10, 200, 0, 255}, uint8(17))
+	f.Fuzz(func(t *testing.T, data []byte, chunk8 uint8) {
+		if len(data) == 0 {
+			return
+		}
+		B := int(data[0]) % 8
+		data = data[1:]
+		lo, hi := make([]int, B), make([]int, B)
+		for b := range B {
+			var x, y int
+			if 2*b+1 < len(data) {
+				x, y = int(data[2*b]), int(data[2*b+1])
+			}
+			lo[b], hi[b] = min(x, y), max(x, y)
+		}
+		chunk := int(chunk8)
+		work, merge := splitWork(lo, hi, chunk)
+		require.Zero(t, len(work)%3)
+		if chunk == 0 {
+			require.Len(t, work, 3*B)
+			require.Nil(t, merge)
+			return
+		}
+		require.Len(t, merge, B+1)
+		require.Equal(t, int32(0), merge[0])
+		require.Equal(t, int32(len(work)/3), merge[B])
+		for b := range B {
+			require.Less(t, merge[b], merge[b+1], "request %d has no item", b)
+			next := lo[b]
+			for i := merge[b]; i < merge[b+1]; i++ {
+				r, s, e := work[3*i], int(work[3*i+1]), int(work[3*i+2])
+				require.Equal(t, int32(b), r)
+				require.Equal(t, next, s, "item %d of request %d does not start where the last ended", i, b)
+				require.LessOrEqual(t, e-s, chunk)
+				require.True(t, e > s || lo[b] == hi[b], "empty item in a non-empty request")
+				next = e
+			}
+			require.Equal(t, hi[b], next, "request %d not covered", b)
+		}
+	})
+}
