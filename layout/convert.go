@@ -377,6 +377,26 @@ func StoreRowF32(dst []byte, dt DType, src []float32) {
 	}
 }
 
+// StoreRowF32Sat is [StoreRowF32] with saturating fp8 narrowing: for E4M3
+// and E5M2 it uses [F32ToE4M3Sat] and [F32ToE5M2Sat] (CUDA __NV_SATFINITE);
+// other dtypes store exactly as StoreRowF32 does.
+func StoreRowF32Sat(dst []byte, dt DType, src []float32) {
+	switch dt {
+	case E4M3:
+		dst = dst[:len(src)]
+		for i, v := range src {
+			dst[i] = F32ToE4M3Sat(v)
+		}
+	case E5M2:
+		dst = dst[:len(src)]
+		for i, v := range src {
+			dst[i] = F32ToE5M2Sat(v)
+		}
+	default:
+		StoreRowF32(dst, dt, src)
+	}
+}
+
 func putU16(d []byte, v uint16) { d[0], d[1] = byte(v), byte(v>>8) }
 
 func putU32(d []byte, v uint32) {

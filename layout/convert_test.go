@@ -334,3 +334,27 @@ func BenchmarkStoreRowE4M3(b *testing.B) {
 		layout.StoreRowF32(dst, layout.E4M3, src)
 	}
 }
+
+func TestStoreRowF32Sat(t *testing.T) {
+	src := []float32{0, 1e9, -1e9, float32(math.Inf(1)), float32(math.NaN()), 3.3, -0.001}
+	for _, dt := range []layout.DType{layout.E4M3, layout.E5M2, layout.F16} {
+		got := make([]byte, len(src)*dt.Size())
+		layout.StoreRowF32Sat(got, dt, src)
+		for i, v := range src {
+			var want uint32
+			switch dt {
+			case layout.E4M3:
+				want = uint32(layout.F32ToE4M3Sat(v))
+			case layout.E5M2:
+				want = uint32(layout.F32ToE5M2Sat(v))
+			default:
+				want = uint32(layout.F32ToF16(v)) // no saturating form: as StoreRowF32
+			}
+			have := uint32(got[i*dt.Size()])
+			if dt.Size() == 2 {
+				have |= uint32(got[i*2+1]) << 8
+			}
+			assert.Equal(t, want, have, "%v(%v)", dt, v)
+		}
+	}
+}

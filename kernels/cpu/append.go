@@ -68,10 +68,17 @@ func appendRows(p *kernels.AppendParams, lo, hi int) {
 		src := i * rowElems * srcES
 		switch {
 		case !convert && g.Layout == layout.NHD:
-			// All heads of a token are contiguous on both sides.
-			n := rowElems * dstES
+			// All heads of a token are contiguous on both sides, and so are
+			// the following rows while they are the request's next
+			// positions in the same page (a prefill chunk): copy the run.
+			run := 1
+			for i+run < hi && int(p.BatchIndices[i+run]) == req && int(p.Positions[i+run]) == pos+run && entry+run < N {
+				run++
+			}
+			n := run * rowElems * dstES
 			copy(kDst[kOff:kOff+n], kSrc[src:src+n])
 			copy(vDst[vOff:vOff+n], vSrc[src:src+n])
+			i += run - 1
 		case !convert:
 			n := D * dstES
 			for h := 0; h < H; h++ {
@@ -94,14 +101,19 @@ func appendRows(p *kernels.AppendParams, lo, hi int) {
 }
 
 // convertRow writes src (dtype srcDT) divided by scale into dst (fp8 dstDT),
-// rounding to nearest even and saturating, element by element.
+// rounding to nearest even and saturating. It widens through a stack buffer
+// so that each dtype's row loop is the specialised one in package layout.
 func convertRow(dst []byte, dstDT layout.DType, src []byte, srcDT layout.DType, scale float32) {
-	sat := layout.F32ToE4M3Sat
-	if dstDT == layout.E5M2 {
-		sat = layout.F32ToE5M2Sat
-	}
-	for j := range dst {
-		dst[j] = sat(layout.LoadF32(srcDT, src, j) / scale)
+	var buf [256]float32
+	srcES := srcDT.Size()
+	for len(dst) > 0 {
+		row := buf[:min(len(dst), len(buf))]
+		layout.LoadRowF32(row, srcDT, src)
+		for j := range row {
+			row[j] /= scale
+		}
+		layout.StoreRowF32Sat(dst, dstDT, row)
+		dst, src = dst[len(row):], src[len(row)*srcES:]
 	}
 }
 
