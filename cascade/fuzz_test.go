@@ -90,8 +90,11 @@ func FuzzBuild(f *testing.F) {
 	f.Fuzz(checkBuild)
 }
 
+// checkBuild is FuzzBuild's body. It uses plain comparisons rather than
+// testify in its loops: every require call runs t.Helper, which walks the
+// stack, and that dominated the fuzzer's time.
 func checkBuild(t *testing.T, data []byte) {
-	if len(data) > 3*200 {
+	if len(data) > 1+3*48 { // 48 commands build trees deep and wide enough; longer inputs only slow minimization
 		return
 	}
 	root, pageSize, want, pathOf := decodeTree(data)
@@ -112,48 +115,65 @@ func checkBuild(t *testing.T, data []byte) {
 	}
 	for l, lv := range lay.Levels {
 		groups := len(lv.QOIndptr) - 1
-		require.GreaterOrEqual(t, groups, 1, "level %d", l)
-		require.Len(t, lv.KVIndptr, groups+1, "level %d", l)
-		require.Equal(t, int32(0), lv.QOIndptr[0], "level %d", l)
-		require.Equal(t, nnz, lv.QOIndptr[groups], "level %d covers every row", l)
+		switch {
+		case groups < 1:
+			t.Fatalf("level %d has no groups", l)
+		case len(lv.KVIndptr) != groups+1:
+			t.Fatalf("level %d: kv_indptr has %d entries for %d groups", l, len(lv.KVIndptr), groups)
+		case lv.QOIndptr[0] != 0 || lv.QOIndptr[groups] != nnz:
+			t.Fatalf("level %d: qo_indptr %v does not span [0, %d]", l, lv.QOIndptr, nnz)
+		case len(lv.KVIndices) != int(lv.KVIndptr[groups]):
+			t.Fatalf("level %d: %d kv_indices, kv_indptr ends at %d", l, len(lv.KVIndices), lv.KVIndptr[groups])
+		}
 		for g := 0; g < groups; g++ {
-			require.LessOrEqual(t, lv.QOIndptr[g], lv.QOIndptr[g+1], "level %d qo_indptr", l)
+			if lv.QOIndptr[g] > lv.QOIndptr[g+1] {
+				t.Fatalf("level %d: qo_indptr decreases at group %d: %v", l, g, lv.QOIndptr)
+			}
 		}
 		tab := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
-		require.NoError(t, tab.Validate(pageSize, int(maxPage)+1), "level %d", l)
-		require.Len(t, lv.KVIndices, int(lv.KVIndptr[groups]), "level %d", l)
+		if err := tab.Validate(pageSize, int(maxPage)+1); err != nil {
+			t.Fatalf("level %d: %v", l, err)
+		}
 	}
 	last := lay.Levels[len(lay.Levels)-1]
-	require.Equal(t, lay.RequestQOIndptr, last.QOIndptr, "the last level has one group per request, in request order")
+	if !slices.Equal(lay.RequestQOIndptr, last.QOIndptr) {
+		t.Fatalf("the last level must have one group per request, in request order: qo_indptr %v, requests %v", last.QOIndptr, lay.RequestQOIndptr)
+	}
 
 	for k, id := range lay.RequestOrder {
-		require.Equal(t, int32(lay.QOLenByID[id]), lay.RequestQOIndptr[k+1]-lay.RequestQOIndptr[k])
+		if got := lay.RequestQOIndptr[k+1] - lay.RequestQOIndptr[k]; got != int32(lay.QOLenByID[id]) {
+			t.Fatalf("request %d has %d rows, qo_len %d", id, got, lay.QOLenByID[id])
+		}
 		var got []int32
 		for l, lv := range lay.Levels {
-			g := groupOf(lv, lay.RequestQOIndptr[k], lay.RequestQOIndptr[k+1], l == len(lay.Levels)-1, k)
+			g := groupOf(t, lv, lay.RequestQOIndptr[k], lay.RequestQOIndptr[k+1], l == len(lay.Levels)-1, k)
 			if g < 0 {
 				continue // a request with no rows below the last level: no group to find
 			}
 			got = append(got, lv.KVIndices[lv.KVIndptr[g]:lv.KVIndptr[g+1]]...)
 		}
-		if lay.QOLenByID[id] > 0 || len(lay.Levels) == 1 {
-			require.Equal(t, nonNil(want[id]), nonNil(got), "request %d: pages over all levels", id)
+		if lay.QOLenByID[id] > 0 && !slices.Equal(want[id], got) {
+			t.Fatalf("request %d: pages over all levels %v, want its prefix path's %v", id, got, want[id])
 		}
 		// The last level's group k is the request's own: its node at the
 		// last depth, or nothing when its path is shorter.
 		path := pathOf[id]
-		wantLast, wantLen := []int32{}, int32(0)
+		var wantLast []int32
+		wantLen := int32(0)
 		if len(path) == len(lay.Levels) {
-			wantLast, wantLen = nonNil(path[len(path)-1].Pages), path[len(path)-1].LastPageLen
+			wantLast, wantLen = path[len(path)-1].Pages, path[len(path)-1].LastPageLen
 		}
-		require.Equal(t, wantLast, nonNil(last.KVIndices[last.KVIndptr[k]:last.KVIndptr[k+1]]), "request %d: last-level pages", id)
-		require.Equal(t, wantLen, last.KVLastPageLen[k], "request %d: last-level last_page_len", id)
+		if gotLast := last.KVIndices[last.KVIndptr[k]:last.KVIndptr[k+1]]; !slices.Equal(wantLast, gotLast) || wantLen != last.KVLastPageLen[k] {
+			t.Fatalf("request %d: last level pages %v (last %d), want %v (last %d)", id, gotLast, last.KVLastPageLen[k], wantLast, wantLen)
+		}
 	}
 	rows := lay.QueryRows()
 	require.Len(t, rows, int(nnz))
 	seen := make([]bool, nnz)
 	for _, r := range rows {
-		require.False(t, seen[r], "QueryRows is a permutation")
+		if seen[r] {
+			t.Fatalf("QueryRows is not a permutation: row %d twice", r)
+		}
 		seen[r] = true
 	}
 }
@@ -161,7 +181,7 @@ func checkBuild(t *testing.T, data []byte) {
 // groupOf finds the group of level lv holding rows [s, e) of request k
 // (the k-th group on the last level). It fails when the rows straddle
 // groups, and returns -1 for an empty row range above the last level.
-func groupOf(lv Level, s, e int32, last bool, k int) int {
+func groupOf(t *testing.T, lv Level, s, e int32, last bool, k int) int {
 	if last {
 		return k
 	}
@@ -171,17 +191,11 @@ func groupOf(lv Level, s, e int32, last bool, k int) int {
 	for g := 0; g+1 < len(lv.QOIndptr); g++ {
 		if lv.QOIndptr[g] <= s && s < lv.QOIndptr[g+1] {
 			if e > lv.QOIndptr[g+1] {
-				panic("request rows straddle two groups")
+				t.Fatalf("request rows [%d, %d) straddle groups: qo_indptr %v", s, e, lv.QOIndptr)
 			}
 			return g
 		}
 	}
-	panic("row not in any group")
-}
-
-func nonNil(x []int32) []int32 {
-	if x == nil {
-		return []int32{}
-	}
-	return x
+	t.Fatalf("row %d in no group: qo_indptr %v", s, lv.QOIndptr)
+	return -1
 }
