@@ -32,7 +32,7 @@ func (a *Addressing) BatchSize() int { return max(len(a.KVStarts)-1, 0) }
 func (a *Addressing) KVLen(b int) int64 { return a.KVStarts[b+1] - a.KVStarts[b] }
 
 // Slot is the token slot of position pos of request b (no validation).
-func (g *Geometry) Slot(a *Addressing, b int, pos int64) int64 {
+func (g Geometry) Slot(a *Addressing, b int, pos int64) int64 {
 	if g.Mode == ModeOffset {
 		return a.CacheStarts[b] + pos
 	}
@@ -71,7 +71,7 @@ func pageCount(n int64, size int) int64 {
 // slot a request's keys occupy inside [0, MaxT). In ModePageTable a request
 // may not need more than MaxPages pages. It does not read unused
 // CacheStarts columns and does not reject requests that share slots.
-func (g *Geometry) ValidateAddressing(a *Addressing, B int) error {
+func (g Geometry) ValidateAddressing(a *Addressing, B int) error {
 	if err := validateStarts("kvstarts", a.KVStarts, B); err != nil {
 		return err
 	}

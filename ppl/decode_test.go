@@ -95,10 +95,10 @@ func compareDecode(t *testing.T, backend kernels.Backend, h *harness, rng *rand.
 		O: kernels.NewTensor(layout.F32, B, Hq, D), LSE: make([]float32, B*Hq)}
 	require.NoError(t, ppl.Decode(&h.c, got))
 
-	wo, go_ := want.O.F32(), got.O.F32()
+	wo, gotO := want.O.F32(), got.O.F32()
 	for i := range wo {
-		require.InDelta(t, wo[i], go_[i], decodeAtol+decodeRtol*math.Abs(float64(wo[i])), "o[%d] (request %d head %d)", i, i/(Hq*D), i/D%Hq)
-		maxO = max(maxO, math.Abs(float64(wo[i]-go_[i])))
+		require.InDelta(t, wo[i], gotO[i], decodeAtol+decodeRtol*math.Abs(float64(wo[i])), "o[%d] (request %d head %d)", i, i/(Hq*D), i/D%Hq)
+		maxO = max(maxO, math.Abs(float64(wo[i]-gotO[i])))
 	}
 	for i := range want.LSE {
 		w, gl := float64(want.LSE[i]), float64(got.LSE[i])
