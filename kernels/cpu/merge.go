@@ -29,8 +29,8 @@ func (b *Backend) MergeState(p *kernels.MergeStateParams) error {
 			for hh := 0; hh < h; hh++ {
 				i := r*h + hh
 				sa, sb := p.SA[i], p.SB[i]
-				layout.LoadRowF32(va, p.VA.DType, p.VA.Data[i*d*p.VA.DType.Size():])
-				layout.LoadRowF32(vb, p.VB.DType, p.VB.Data[i*d*p.VB.DType.Size():])
+				widenRow(va, p.VA.DType, p.VA.Data[i*d*p.VA.DType.Size():])
+				widenRow(vb, p.VB.DType, p.VB.Data[i*d*p.VB.DType.Size():])
 				s := mergePair(va, sa, vb, sb)
 				layout.StoreRowF32(p.V.Data[i*d*p.V.DType.Size():], p.V.DType, va)
 				p.S[i] = s
@@ -87,7 +87,7 @@ func (b *Backend) MergeStates(p *kernels.MergeStatesParams) error {
 					if s == negInf {
 						continue
 					}
-					layout.LoadRowF32(v, p.V.DType, p.V.Data[i*d*ves:])
+					widenRow(v, p.V.DType, p.V.Data[i*d*ves:])
 					// A state with LSE s stands for 2^s units of softmax mass
 					// with mean v: exactly a key of logit s and value v.
 					st.update(s, v, acc)

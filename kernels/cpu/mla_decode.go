@@ -20,6 +20,7 @@ type mlaScratch struct {
 	qn, qp, acc []float32 // [heads][dc], [heads][dk], [heads][dc]
 	st          []onlineState
 	ckv, kpe    []float32
+	s, spe      []float32 // [heads] logits: the ckv and kpe parts
 	out         []float32
 }
 
@@ -44,6 +45,7 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 		defer mlaScratchPool.Put(sc)
 		sc.qn, sc.qp, sc.acc = growF(sc.qn, nh*dc), growF(sc.qp, nh*dk), growF(sc.acc, nh*dc)
 		sc.ckv, sc.kpe, sc.out = growF(sc.ckv, dc), growF(sc.kpe, dk), growF(sc.out, dc)
+		sc.s, sc.spe = growF(sc.s, nh), growF(sc.spe, nh)
 		if cap(sc.st) < nh {
 			sc.st = make([]onlineState, nh)
 		}
@@ -51,8 +53,8 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 		for i := 0; i < nh; i++ {
 			row := req*H + h0 + i
 			qn, qp := sc.qn[i*dc:(i+1)*dc], sc.qp[i*dk:(i+1)*dk]
-			layout.LoadRowF32(qn, p.QNope.DType, p.QNope.Data[row*dc*p.QNope.DType.Size():])
-			layout.LoadRowF32(qp, p.QPE.DType, p.QPE.Data[row*dk*p.QPE.DType.Size():])
+			widenRow(qn, p.QNope.DType, p.QNope.Data[row*dc*p.QNope.DType.Size():])
+			widenRow(qp, p.QPE.DType, p.QPE.Data[row*dk*p.QPE.DType.Size():])
 			scaleInPlace(qScale, qn)
 			scaleInPlace(qScale, qp)
 			clear(sc.acc[i*dc : (i+1)*dc])
@@ -60,14 +62,19 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 		}
 		n := int(p.KVLen[req])
 		base := int(p.KVIndptr[req])
+		acc := sc.acc[:nh*dc]
 		for t := 0; t < n; t++ {
 			page, entry := int(p.KVIndices[base+t/g.PageSize]), t%g.PageSize
-			layout.LoadRowF32(sc.ckv, g.DType, ckvBuf[g.CKVOffset(page, entry, 0)*es:])
-			layout.LoadRowF32(sc.kpe, g.DType, kpeBuf[g.KPEOffset(page, entry, 0)*es:])
+			widenRow(sc.ckv, g.DType, ckvBuf[g.CKVOffset(page, entry, 0)*es:])
+			widenRow(sc.kpe, g.DType, kpeBuf[g.KPEOffset(page, entry, 0)*es:])
+			// Every head of the block against this one row: logits, then
+			// weights, then acc += weight*ckv.
+			dotRows(sc.s[:nh], sc.qn, sc.ckv, dc)
+			dotRows(sc.spe[:nh], sc.qp, sc.kpe, dk)
 			for i := 0; i < nh; i++ {
-				s := dot(sc.qn[i*dc:(i+1)*dc], sc.ckv) + dot(sc.qp[i*dk:(i+1)*dk], sc.kpe)
-				st[i].update(s, sc.ckv, sc.acc[i*dc:(i+1)*dc])
+				sc.s[i] = st[i].weight(sc.s[i]+sc.spe[i], acc[i*dc:(i+1)*dc])
 			}
+			axpyRows(sc.s[:nh], sc.ckv, acc, dc)
 		}
 		oes := p.O.DType.Size()
 		for i := 0; i < nh; i++ {
