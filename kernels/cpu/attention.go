@@ -18,11 +18,12 @@ import (
 // to float32 once, and folds it into every query of the block that may see
 // it with an online softmax ([onlineState]). So a task reads each K/V row it
 // needs once, keeps O(rows*heads*head_dim) scratch whatever the sequence
-// length, and computes in float32 from any cache dtype. When there are
-// enough requests a task takes all kv heads, so it streams through each
-// page in address order (NHD: a token's heads are contiguous), which the
-// hardware prefetcher likes much better than one 2*head_dim-byte row per
-// page-stride.
+// length, and computes in float32 from any cache dtype. A decode task,
+// when there are enough requests, takes all kv heads, so it streams through
+// each page in address order (NHD: a token's heads are contiguous), which
+// the hardware prefetcher likes much better than one 2*head_dim-byte row
+// per page-stride. A prefill task takes one kv head and about 64 queries of
+// one request, which share every K/V row it reads.
 //
 // Every query row sees a contiguous key interval [lo, hi) (bottom-right
 // causal and the left window both cut an interval), so masking is two
@@ -125,8 +126,11 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	j := newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
 	j.qoIndptr = p.QOIndptr
 	j.causal = p.Causal
-	j.kvHeadsPerTask = b.kvHeadsPerTask(j.nnz, j.hkv)
-	j.rowsPerTask = max(1, prefillQueriesPerTask/(j.group*j.kvHeadsPerTask))
+	// Prefill rows of one request share each K/V row, so a task takes many
+	// rows of one kv head rather than every kv head of a few rows: the
+	// accumulators of ~64 queries stay in L1/L2.
+	j.kvHeadsPerTask = 1
+	j.rowsPerTask = max(1, prefillQueriesPerTask/j.group)
 	b.runAttention(&j)
 	return nil
 }
