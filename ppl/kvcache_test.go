@@ -54,7 +54,7 @@ func TestKeyValueCacheEveryLayoutAndMode(t *testing.T) {
 func TestKeyValueCacheRandom(t *testing.T) {
 	rng := rand.New(rand.NewPCG(31, 32))
 	dts := []layout.DType{layout.F32, layout.F16, layout.BF16}
-	iters := 400
+	iters := 250
 	if testing.Short() {
 		iters = 100
 	}

@@ -302,7 +302,7 @@ func TestQuantizeIsIdempotent(t *testing.T) {
 		x, y := make([]float32, n), make([]float32, n)
 		c1, c2 := make([]byte, cfg.CodeBytes(n)), make([]byte, cfg.CodeBytes(n))
 		s1, s2 := make([]byte, cfg.ScaleBytes(n)), make([]byte, cfg.ScaleBytes(n))
-		for r := 0; r < 5000; r++ {
+		for r := 0; r < 2500; r++ {
 			randomF16Row(rng, x)
 			cfg.Quantize(c1, s1, x)
 			cfg.Dequantize(y, c1, s1)
