@@ -176,6 +176,7 @@ type Cache struct {
 
 	counters Counters
 	scratch  []PageID
+	one      [1]PageID
 }
 
 type noCopy struct{}
@@ -359,7 +360,8 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 		return Handle{}, false, fmt.Errorf("%w: publish page %d under page %d: it is cached at depth %d",
 			ErrPageCached, page, par, c.depth(p))
 	}
-	if err := c.refs.Retain(page); err != nil {
+	c.one[0] = page // a variadic call through an interface would allocate the slice
+	if err := c.refs.Retain(c.one[:]...); err != nil {
 		return Handle{}, false, fmt.Errorf("prefixcache: publish page %d: %w", page, err)
 	}
 
