@@ -1,0 +1,141 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+)
+
+// Options configure a [Collector].
+type Options struct {
+	// Namespace prefixes every metric name; "" means "pagedkv".
+	Namespace string
+	// ConstLabels are added to every series (e.g. {"pool": "gpu0"} when an
+	// engine runs several Managers).
+	ConstLabels prometheus.Labels
+}
+
+// series is one exported value: a Stats field, with the label value it
+// carries when its metric has a variable label.
+type series struct {
+	labelValue string
+	value      func(*pagedkv.Stats) float64
+}
+
+// metric is one metric family.
+type metric struct {
+	name, help string
+	typ        prometheus.ValueType
+	label      string // variable label name, or "" for a single series
+	series     []series
+	desc       *prometheus.Desc
+}
+
+func one(v func(*pagedkv.Stats) float64) []series { return []series{{value: v}} }
+
+// definitions lists every metric; each Stats field appears exactly once.
+func definitions() []metric {
+	g, c := prometheus.GaugeValue, prometheus.CounterValue
+	return []metric{
+		{name: "pool_pages", help: "Pages in the pool.", typ: g,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.TotalPages) })},
+		{name: "pages", help: "Pages of the pool by state: free, used (held by a request), evictable (idle in the prefix cache), pinned_idle (idle, pinned). The states add up to pool_pages.",
+			typ: g, label: "state", series: []series{
+				{"free", func(s *pagedkv.Stats) float64 { return float64(s.FreePages) }},
+				{"used", func(s *pagedkv.Stats) float64 { return float64(s.UsedPages) }},
+				{"evictable", func(s *pagedkv.Stats) float64 { return float64(s.EvictablePages) }},
+				{"pinned_idle", func(s *pagedkv.Stats) float64 { return float64(s.PinnedIdlePages) }},
+			}},
+		{name: "cached_pages", help: "Pages in the prefix cache (some also used by requests).", typ: g,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.CachedPages) })},
+		{name: "pinned_pages", help: "Cached pages under a pin, idle or in use.", typ: g,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.PinnedPages) })},
+		{name: "shared_pages", help: "Pages with two or more holders (requests and the cache).", typ: g,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.SharedPages) })},
+		{name: "requests", help: "Requests held by the Manager, running and preempted.", typ: g,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Requests) })},
+		{name: "preempted_requests", help: "Preempted requests waiting for Resume, holding no page.", typ: g,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.PreemptedRequests) })},
+
+		{name: "prompt_tokens_total", help: "Prompt tokens of every admitted request.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.PromptTokens) })},
+		{name: "prompt_hit_tokens_total", help: "Prompt tokens served from the prefix cache at admission.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.PromptHitTokens) })},
+		{name: "computed_tokens_total", help: "Tokens whose K/V the engine computed in committed steps, recomputation included.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.ComputedTokens) })},
+		{name: "resumed_tokens_total", help: "Computed tokens discarded by preemptions, due at resume.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.ResumedTokens) })},
+		{name: "resume_hit_tokens_total", help: "Of the resumed tokens, those found in the prefix cache.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.ResumeHitTokens) })},
+		{name: "steps_total", help: "Committed steps.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Steps) })},
+		{name: "preemptions_total", help: "Requests preempted.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Preemptions) })},
+		{name: "copied_pages_total", help: "Copy-on-write page copies planned.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.CopiedPages) })},
+		{name: "published_pages_total", help: "Pages added to the prefix cache.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.PublishedPages) })},
+		{name: "duplicate_pages_total", help: "Filled pages whose prefix was already cached (kept private).", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.DuplicatePages) })},
+		{name: "evicted_pages_total", help: "Pages removed from the prefix cache.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.EvictedPages) })},
+		{name: "eviction_freed_pages_total", help: "Evicted pages returned to the pool.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.EvictionFreedPages) })},
+		{name: "eviction_inner_victims_total", help: "Eviction victims that had cached children.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.InnerVictims) })},
+		{name: "window_released_pages_total", help: "Pages released from requests by the sliding window.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.WindowReleasedPages) })},
+		{name: "chains_cut_total", help: "Requests whose prefix-cache chain was evicted (they stop publishing).", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.ChainsCut) })},
+	}
+}
+
+// Collector is a prometheus.Collector over a Manager's Stats.
+type Collector struct {
+	stats   func() pagedkv.Stats
+	metrics []metric
+}
+
+var _ prometheus.Collector = (*Collector)(nil)
+
+// NewCollector returns a collector that calls stats (usually
+// Manager.Stats, which is safe from any goroutine) once per scrape.
+// Register it with a prometheus.Registerer.
+func NewCollector(stats func() pagedkv.Stats, opts Options) *Collector {
+	ns := opts.Namespace
+	if ns == "" {
+		ns = "pagedkv"
+	}
+	c := &Collector{stats: stats, metrics: definitions()}
+	for i := range c.metrics {
+		m := &c.metrics[i]
+		var labels []string
+		if m.label != "" {
+			labels = []string{m.label}
+		}
+		m.desc = prometheus.NewDesc(prometheus.BuildFQName(ns, "", m.name), m.help, labels, opts.ConstLabels)
+	}
+	return c
+}
+
+// Describe sends the descriptor of every metric.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for i := range c.metrics {
+		ch <- c.metrics[i].desc
+	}
+}
+
+// Collect reads one Stats snapshot and sends every series.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	for i := range c.metrics {
+		m := &c.metrics[i]
+		for _, sr := range m.series {
+			if m.label == "" {
+				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, sr.value(&s))
+			} else {
+				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, sr.value(&s), sr.labelValue)
+			}
+		}
+	}
+}

@@ -1,0 +1,179 @@
+package metrics_test
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/metrics"
+)
+
+// scrape serves c through promhttp and returns the samples of the text
+// exposition ("name{labels} value" lines) in order, comments dropped.
+func scrape(t *testing.T, c prometheus.Collector) []string {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(c))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.HTTPErrorOnError}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	var lines []string
+	sc := bufio.NewScanner(strings.NewReader(string(body)))
+	for sc.Scan() {
+		if l := sc.Text(); l != "" && !strings.HasPrefix(l, "#") {
+			lines = append(lines, l)
+		}
+	}
+	return lines
+}
+
+// numbered returns Stats with field i (in declaration order) set to i+1.
+func numbered() pagedkv.Stats {
+	var s pagedkv.Stats
+	v := reflect.ValueOf(&s).Elem()
+	for i := range v.NumField() {
+		v.Field(i).SetInt(int64(i + 1))
+	}
+	return s
+}
+
+func TestCollectorExposition(t *testing.T) {
+	s := numbered()
+	c := metrics.NewCollector(func() pagedkv.Stats { return s }, metrics.Options{ConstLabels: prometheus.Labels{"pool": "gpu0"}})
+	// Field numbers: TotalPages 1, FreePages 2, UsedPages 3, ... (the
+	// order of pagedkv.Stats), so each line shows which field it reads.
+	want := []string{
+		`pagedkv_cached_pages{pool="gpu0"} 6`,
+		`pagedkv_chains_cut_total{pool="gpu0"} 25`,
+		`pagedkv_computed_tokens_total{pool="gpu0"} 13`,
+		`pagedkv_copied_pages_total{pool="gpu0"} 18`,
+		`pagedkv_duplicate_pages_total{pool="gpu0"} 20`,
+		`pagedkv_evicted_pages_total{pool="gpu0"} 21`,
+		`pagedkv_eviction_freed_pages_total{pool="gpu0"} 22`,
+		`pagedkv_eviction_inner_victims_total{pool="gpu0"} 23`,
+		`pagedkv_pages{pool="gpu0",state="evictable"} 4`,
+		`pagedkv_pages{pool="gpu0",state="free"} 2`,
+		`pagedkv_pages{pool="gpu0",state="pinned_idle"} 5`,
+		`pagedkv_pages{pool="gpu0",state="used"} 3`,
+		`pagedkv_pinned_pages{pool="gpu0"} 7`,
+		`pagedkv_pool_pages{pool="gpu0"} 1`,
+		`pagedkv_preempted_requests{pool="gpu0"} 10`,
+		`pagedkv_preemptions_total{pool="gpu0"} 17`,
+		`pagedkv_prompt_hit_tokens_total{pool="gpu0"} 12`,
+		`pagedkv_prompt_tokens_total{pool="gpu0"} 11`,
+		`pagedkv_published_pages_total{pool="gpu0"} 19`,
+		`pagedkv_requests{pool="gpu0"} 9`,
+		`pagedkv_resume_hit_tokens_total{pool="gpu0"} 15`,
+		`pagedkv_resumed_tokens_total{pool="gpu0"} 14`,
+		`pagedkv_shared_pages{pool="gpu0"} 8`,
+		`pagedkv_steps_total{pool="gpu0"} 16`,
+		`pagedkv_window_released_pages_total{pool="gpu0"} 24`,
+	}
+	assert.Equal(t, want, scrape(t, c))
+}
+
+// TestEveryFieldOnce fails when a Stats field is added without a metric,
+// or two metrics read one field.
+func TestEveryFieldOnce(t *testing.T) {
+	s := numbered()
+	lines := scrape(t, metrics.NewCollector(func() pagedkv.Stats { return s }, metrics.Options{Namespace: "x"}))
+	var got []int
+	for _, l := range lines {
+		require.True(t, strings.HasPrefix(l, "x_"), "namespace option ignored: %s", l)
+		v, err := strconv.Atoi(l[strings.LastIndexByte(l, ' ')+1:])
+		require.NoError(t, err, l)
+		got = append(got, v)
+	}
+	sort.Ints(got)
+	want := make([]int, reflect.TypeFor[pagedkv.Stats]().NumField())
+	for i := range want {
+		want[i] = i + 1
+	}
+	assert.Equal(t, want, got, "each Stats field (numbered 1..N) must be exported exactly once")
+}
+
+// TestScrapeWhileRunning scrapes a live Manager from other goroutines while
+// it runs steps (run with -race), and checks every scrape is one snapshot:
+// the page states add up to the pool.
+func TestScrapeWhileRunning(t *testing.T) {
+	m, err := pagedkv.New(pagedkv.Config{NumPages: 64, PageSize: 4, HashSeed: 1})
+	require.NoError(t, err)
+	c := metrics.NewCollector(m.Stats, metrics.Options{})
+	reg := prometheus.NewRegistry()
+	require.NoError(t, reg.Register(c))
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				mfs, err := reg.Gather()
+				if !assert.NoError(t, err) {
+					return
+				}
+				var pool, sum float64
+				for _, mf := range mfs {
+					switch mf.GetName() {
+					case "pagedkv_pool_pages":
+						pool = mf.GetMetric()[0].GetGauge().GetValue()
+					case "pagedkv_pages":
+						for _, s := range mf.GetMetric() {
+							sum += s.GetGauge().GetValue()
+						}
+					}
+				}
+				if !assert.Equal(t, pool, sum, "page states of one scrape must add up to the pool") {
+					return
+				}
+			}
+		})
+	}
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	for i := range 200 {
+		id := pagedkv.RequestID(i + 1)
+		_, err := m.Add(id, pagedkv.Request{Prompt: prompt})
+		require.NoError(t, err)
+		for m.Computed(id) < len(m.Tokens(id)) {
+			n := int32(len(m.Tokens(id)) - m.Computed(id))
+			_, err := m.Reserve([]pagedkv.RequestID{id}, []int32{n})
+			require.NoError(t, err)
+			require.NoError(t, m.Commit(nil))
+		}
+		require.NoError(t, m.Release(id))
+		prompt = append(prompt[:9], int32(i))
+	}
+	close(stop)
+	wg.Wait()
+
+	lines := scrape(t, c)
+	assert.Contains(t, lines, "pagedkv_steps_total 200")
+	// Prompts: 9 tokens, then 199 of 10.
+	assert.Contains(t, lines, "pagedkv_prompt_tokens_total 1999")
+	// Request 1 published pages [1 2 3 4] [5 6 7 8]; every later prompt
+	// starts with them: 199 * 8 hit tokens, 9 + 199*2 computed.
+	assert.Contains(t, lines, "pagedkv_prompt_hit_tokens_total 1592")
+	assert.Contains(t, lines, "pagedkv_computed_tokens_total 407")
+}

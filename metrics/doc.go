@@ -1,0 +1,36 @@
+// Package metrics exports a pagedkv.Manager's Stats as Prometheus metrics
+// (github.com/prometheus/client_golang): a [Collector] takes one
+// consistent Stats snapshot per scrape and turns every field into a gauge
+// (occupancy) or a counter (cumulative counts).
+//
+// Exported series, with the default namespace "pagedkv":
+//
+//	pagedkv_pool_pages                        gauge    pages in the pool
+//	pagedkv_pages{state="free|used|evictable|pinned_idle"}
+//	                                          gauge    the pool's partition: the four add up to pool_pages
+//	pagedkv_cached_pages, _pinned_pages, _shared_pages
+//	                                          gauge
+//	pagedkv_requests, _preempted_requests     gauge    requests held (running and preempted), preempted ones
+//	pagedkv_prompt_tokens_total, _prompt_hit_tokens_total, _computed_tokens_total,
+//	_resumed_tokens_total, _resume_hit_tokens_total, _steps_total, _preemptions_total,
+//	_copied_pages_total, _published_pages_total, _duplicate_pages_total,
+//	_evicted_pages_total, _eviction_freed_pages_total, _eviction_inner_victims_total,
+//	_window_released_pages_total, _chains_cut_total
+//	                                          counter
+//
+// The prefix-cache hit rate over a window is
+// rate(pagedkv_prompt_hit_tokens_total[5m]) / rate(pagedkv_prompt_tokens_total[5m]).
+//
+// # Invariants
+//
+//   - One scrape reads one snapshot: the page gauges of a scrape always
+//     add up to pagedkv_pool_pages.
+//   - Every field of pagedkv.Stats is exported exactly once (a test
+//     enforces it, so a new field cannot be forgotten).
+//
+// # Concurrency
+//
+// A Collector is safe for concurrent use: Collect may run on any goroutine
+// (an HTTP handler) while the Manager runs on its own, because
+// Manager.Stats is.
+package metrics
