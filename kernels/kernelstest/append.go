@@ -316,7 +316,7 @@ func AppendCases() []AppendCase {
 func TestAppend(t *testing.T, b kernels.Backend) {
 	t.Run("worked", func(t *testing.T) { testAppendWorked(t, b) })
 	t.Run("random", func(t *testing.T) {
-		seeds := 4
+		seeds := 3
 		if testing.Short() {
 			seeds = 1
 		}
