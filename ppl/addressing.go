@@ -72,36 +72,52 @@ func pageCount(n int64, size int) int64 {
 // may not need more than MaxPages pages. It does not read unused
 // CacheStarts columns and does not reject requests that share slots.
 func (g Geometry) ValidateAddressing(a *Addressing, B int) error {
+	maxT := int64(g.MaxTokens)
+	if g.Mode == ModePageTable {
+		return checkPageTable(a, B, g.PageSize, func(b int, j, start, used int64) error {
+			if start < 0 || start > maxT-used {
+				return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d, a page holding %d tokens, leaves [0, MaxT %d)", ErrOutOfRange, b, b, j, start, used, maxT)
+			}
+			return nil
+		})
+	}
 	if err := validateStarts("kvstarts", a.KVStarts, B); err != nil {
 		return err
 	}
-	maxT := int64(g.MaxTokens)
-	if g.Mode == ModeOffset {
-		if len(a.CacheStarts) != B {
-			return fmt.Errorf("%w: cachestarts has length %d, want batch %d (offset mode)", ErrInvalidStarts, len(a.CacheStarts), B)
+	if len(a.CacheStarts) != B {
+		return fmt.Errorf("%w: cachestarts has length %d, want batch %d (offset mode)", ErrInvalidStarts, len(a.CacheStarts), B)
+	}
+	for b := 0; b < B; b++ {
+		start, n := a.CacheStarts[b], a.KVLen(b)
+		if n > 0 && (start < 0 || start > maxT-n) {
+			return fmt.Errorf("%w: request %d: cachestarts[%d] = %d with kv_len %d leaves [0, MaxT %d)", ErrOutOfRange, b, b, start, n, maxT)
 		}
-		for b := 0; b < B; b++ {
-			start, n := a.CacheStarts[b], a.KVLen(b)
-			if n > 0 && (start < 0 || start > maxT-n) {
-				return fmt.Errorf("%w: request %d: cachestarts[%d] = %d with kv_len %d leaves [0, MaxT %d)", ErrOutOfRange, b, b, start, n, maxT)
-			}
-		}
-		return nil
+	}
+	return nil
+}
+
+// checkPageTable checks a as page-table addressing of B requests with pages
+// of pageSize slots (kvstarts well-formed, cachestarts (B, MaxPages), no
+// request needing more than MaxPages pages) and calls page for every page
+// the requests' keys use: column j of request b, its start slot and the
+// number of keys on it. It stops at the first error.
+func checkPageTable(a *Addressing, B, pageSize int, page func(b int, j, start, used int64) error) error {
+	if err := validateStarts("kvstarts", a.KVStarts, B); err != nil {
+		return err
 	}
 	if a.MaxPages < 0 || (B > 0 && a.MaxPages > math.MaxInt/B) || len(a.CacheStarts) != B*a.MaxPages {
 		return fmt.Errorf("%w: cachestarts has length %d, want batch %d x MaxP %d (page-table mode)", ErrInvalidStarts, len(a.CacheStarts), B, a.MaxPages)
 	}
-	N := int64(g.PageSize)
+	N := int64(pageSize)
 	for b := 0; b < B; b++ {
 		n := a.KVLen(b)
-		pages := pageCount(n, g.PageSize)
+		pages := pageCount(n, pageSize)
 		if pages > int64(a.MaxPages) {
 			return fmt.Errorf("%w: request %d: kv_len %d needs %d pages of %d, cachestarts has MaxP %d columns", ErrOutOfRange, b, n, pages, N, a.MaxPages)
 		}
 		for j := int64(0); j < pages; j++ {
-			start, used := a.CacheStarts[int64(b)*int64(a.MaxPages)+j], min(N, n-j*N)
-			if start < 0 || start > maxT-used {
-				return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d, a page holding %d tokens, leaves [0, MaxT %d)", ErrOutOfRange, b, b, j, start, used, maxT)
+			if err := page(b, j, a.CacheStarts[int64(b)*int64(a.MaxPages)+j], min(N, n-j*N)); err != nil {
+				return err
 			}
 		}
 	}
@@ -122,34 +138,24 @@ func CSRFromPageTable(dst *kernels.PageTable, a *Addressing, pageSize int) error
 		return fmt.Errorf("%w: page_size %d < 1", ErrInvalidGeometry, pageSize)
 	}
 	B := a.BatchSize()
-	if err := validateStarts("kvstarts", a.KVStarts, B); err != nil {
-		return err
-	}
-	if a.MaxPages < 0 || (B > 0 && a.MaxPages > math.MaxInt/B) || len(a.CacheStarts) != B*a.MaxPages {
-		return fmt.Errorf("%w: cachestarts has length %d, want batch %d x MaxP %d", ErrInvalidStarts, len(a.CacheStarts), B, a.MaxPages)
-	}
 	N := int64(pageSize)
 	var total int64
-	for b := 0; b < B; b++ {
-		n := a.KVLen(b)
-		pages := pageCount(n, pageSize)
-		if pages > int64(a.MaxPages) {
-			return fmt.Errorf("%w: request %d: kv_len %d needs %d pages of %d, cachestarts has MaxP %d columns", ErrOutOfRange, b, n, pages, N, a.MaxPages)
+	err := checkPageTable(a, B, pageSize, func(b int, j, start, _ int64) error {
+		switch {
+		case start < 0:
+			return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d < 0", ErrOutOfRange, b, b, j, start)
+		case start%N != 0:
+			return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d, page_size %d", ErrUnalignedPage, b, b, j, start, N)
+		case start/N > math.MaxInt32:
+			return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d is page %d, past int32", ErrOutOfRange, b, b, j, start, start/N)
 		}
-		for j := int64(0); j < pages; j++ {
-			start := a.CacheStarts[int64(b)*int64(a.MaxPages)+j]
-			switch {
-			case start < 0:
-				return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d < 0", ErrOutOfRange, b, b, j, start)
-			case start%N != 0:
-				return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d, page_size %d", ErrUnalignedPage, b, b, j, start, N)
-			case start/N > math.MaxInt32:
-				return fmt.Errorf("%w: request %d: cachestarts[%d, %d] = %d is page %d, past int32", ErrOutOfRange, b, b, j, start, start/N)
-			}
+		if total++; total > math.MaxInt32 {
+			return fmt.Errorf("%w: more than 2^31-1 pages in the batch by request %d, past int32 kv_indptr", ErrOutOfRange, b)
 		}
-		if total += pages; total > math.MaxInt32 {
-			return fmt.Errorf("%w: %d pages in the batch by request %d, past int32 kv_indptr", ErrOutOfRange, total, b)
-		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	indptr := append(dst.KVIndptr[:0], 0)
 	indices := dst.KVIndices[:0]
