@@ -256,3 +256,11 @@ func TestEmuValidates(t *testing.T) {
 }
 
 func dim(x, y, z int) cuda.Dim3 { return cuda.Dim3{X: x, Y: y, Z: z} }
+
+func TestConformanceDecode(t *testing.T) { kernelstest.TestDecode(t, New(Config{})) }
+
+// The decode suite again with split-k forced into 7-key chunks, so that the
+// merge kernel sees every configuration of the suite too.
+func TestConformanceDecodeSplitK(t *testing.T) {
+	kernelstest.TestDecode(t, New(Config{MaxChunkTokens: 7}))
+}
