@@ -132,6 +132,14 @@ type request struct {
 	computed int
 	running  bool // false: preempted, no pages
 
+	// start is the page table's Start: the first token still on a page
+	// (> 0 only after window releases), a multiple of the page size.
+	// lastMaybeShared: the last page may be a partial page shared with a
+	// fork, so the next append may copy it. Any append makes the last page
+	// private again (a fresh page, a copy, or the one holder left).
+	start           int
+	lastMaybeShared bool
+
 	// chain is the cache position of page cachedPages-1: pages
 	// [0, cachedPages) of the request are in the cache (matched, published,
 	// or found as duplicates), and page cachedPages is published under
@@ -300,7 +308,7 @@ func (m *Manager) admit(r *request) int {
 		panic(err) // the priority was checked by Add
 	}
 	r.running = true
-	r.computed = len(pages) * ps
+	r.computed, r.start, r.lastMaybeShared = len(pages)*ps, 0, false
 	r.chain, r.cachedPages, r.chainCut = last, len(pages), false
 	m.releaseWindow(r)
 	return r.computed
@@ -314,7 +322,7 @@ func (m *Manager) releaseWindow(r *request) {
 		return
 	}
 	seq := r.seq()
-	before := m.table.Len(seq) - m.window - m.table.Start(seq)
+	before := m.table.Len(seq) - m.window - r.start
 	if before < m.pageSize {
 		return
 	}
@@ -325,6 +333,7 @@ func (m *Manager) releaseWindow(r *request) {
 	if err != nil || n != drop {
 		panic(fmt.Sprintf("pagedkv: window release of request %d: released %d pages, want %d (%v)", r.id, n, drop, err))
 	}
+	r.start += drop * m.pageSize
 	m.recheckDeepestFirst(dropped)
 	m.counters.windowReleasedPages += int64(drop)
 }
@@ -391,6 +400,9 @@ func (m *Manager) Fork(parent, child RequestID) error {
 	}
 	c := *p
 	c.id, c.mark = child, 0
+	if p.computed%m.pageSize != 0 {
+		p.lastMaybeShared, c.lastMaybeShared = true, true
+	}
 	c.tokens = append(make([]int32, 0, cap(p.tokens)), p.tokens...)
 	m.reqs[child] = &c
 	m.afterChange()
@@ -434,7 +446,7 @@ func (m *Manager) Preempt(id RequestID) error {
 	m.dropPages(r)
 	r.running = false
 	r.lostTokens = r.computed
-	r.computed, r.cachedPages, r.chain, r.chainCut = 0, 0, prefixcache.Handle{}, false
+	r.computed, r.start, r.cachedPages, r.chain, r.chainCut = 0, 0, 0, prefixcache.Handle{}, false
 	m.nPreempted++
 	m.counters.preemptions++
 	m.afterChange()

@@ -69,6 +69,9 @@ func (m *Manager) Audit() error {
 			return fmt.Errorf("pagedkv: request %d has %d tokens on pages, want %d computed + %d reserved", id, n, r.computed, reserved[id])
 		}
 		start := m.table.Start(seq)
+		if start != r.start {
+			return fmt.Errorf("pagedkv: request %d starts at token %d, the page table says %d", id, r.start, start)
+		}
 		if m.window == 0 && start != 0 {
 			return fmt.Errorf("pagedkv: request %d starts at token %d without a window", id, start)
 		}

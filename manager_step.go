@@ -117,6 +117,11 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 		}
 	}
 	m.ntokens = append(m.ntokens[:0], ntokens...)
+	for i, r := range batch {
+		if ntokens[i] > 0 {
+			r.lastMaybeShared = false
+		}
+	}
 	m.fillPlan(copies)
 	m.pending = true
 	m.counters.copiedPages += int64(len(copies))
@@ -129,20 +134,29 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 // Of k batch members sharing a partial last page, the first k-1 copy (the
 // last writes in place) unless other holders keep it shared.
 func (m *Manager) pagesNeeded(batch []*request, ntokens []int32) int {
-	clear(m.copiedAway)
 	ps, need := m.pageSize, 0
+	shared := false
 	for i, r := range batch {
 		n := int(ntokens[i])
-		seq := r.seq()
-		held := m.table.Len(seq) - m.table.Start(seq)
-		pages := m.table.Pages(seq)
-		need += (held+n+ps-1)/ps - len(pages)
-		if n > 0 && held%ps != 0 {
-			last := pages[len(pages)-1]
-			if rc := m.alloc.RefCount(last); rc > 1 && rc-m.copiedAway[last] > 1 {
-				m.copiedAway[last]++
-				need++
-			}
+		held := r.computed - r.start // no step is pending
+		need += (held+n+ps-1)/ps - (held+ps-1)/ps
+		shared = shared || n > 0 && r.lastMaybeShared && held%ps != 0
+	}
+	if !shared {
+		return need
+	}
+	// Slow path, after forks: count the copies.
+	clear(m.copiedAway)
+	for i, r := range batch {
+		held := r.computed - r.start
+		if ntokens[i] == 0 || !r.lastMaybeShared || held%ps == 0 {
+			continue
+		}
+		pages := m.table.Pages(r.seq())
+		last := pages[len(pages)-1]
+		if rc := m.alloc.RefCount(last); rc > 1 && rc-m.copiedAway[last] > 1 {
+			m.copiedAway[last]++
+			need++
 		}
 	}
 	return need
@@ -168,7 +182,7 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	p.TokenIDs = slices.Grow(p.TokenIDs[:0], nnz)[:nnz]
 	p.TokenPositions = slices.Grow(p.TokenPositions[:0], nnz)[:nnz]
 	for b, r := range m.batch {
-		start := int32(m.table.Start(r.seq()))
+		start := int32(r.start)
 		for i := p.QOIndptr[b]; i < p.QOIndptr[b+1]; i++ {
 			pos := p.Positions[i] + start
 			p.TokenPositions[i] = pos
@@ -238,9 +252,8 @@ func (m *Manager) publish(r *request) {
 	if r.cachedPages >= full {
 		return
 	}
-	seq := r.seq()
-	first := m.table.Start(seq) / ps
-	pages := m.table.Pages(seq)
+	first := r.start / ps
+	pages := m.table.Pages(r.seq())
 	for d := r.cachedPages; d < full; d++ {
 		if d < first {
 			// Unreachable: pages are published as they fill, before the
