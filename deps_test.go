@@ -61,16 +61,20 @@ var allowedImports = map[string][]string{
 		"cascade", "github.com/pkg/errors"},
 
 	// Top: programs and cross-package fuzzers may import anything below them.
-	"cmd/pagedkv": {"*"},
-	"fuzz":        {"*"},
+	// Prometheus collectors over the Manager's stats.
+	"metrics": {"", "github.com/prometheus/client_golang"},
+	// The serving-workload simulator behind `pagedkv simulate`.
+	"internal/sim": {"*"},
+	"cmd/pagedkv":  {"*"},
+	"fuzz":         {"*"},
 }
 
 // neverImportedBy are negative rules: no module package may import these
 // (only tests, which this check does not read, and the packages named).
 var onlyImportedBy = map[string][]string{
-	"internal/reference": {"kernels/kernelstest", "fuzz", "cmd/pagedkv"},
+	"internal/reference": {"kernels/kernelstest", "fuzz", "cmd/pagedkv", "internal/sim"},
 	"fuzz":               {},
-	"":                   {"cmd/pagedkv", "fuzz"},
+	"":                   {"cmd/pagedkv", "fuzz", "internal/sim", "metrics"},
 	"gorgonia.org/cu":    {"kernels/cuda"},
 }
 
