@@ -377,3 +377,28 @@ func (c *MLACache) GatherMLA(ckv, kpe []float32, page, entry int) {
 	layout.LoadRowF32(ckv[:g.HeadDimCKV], g.DType, c.CKVBuf()[g.CKVOffset(page, entry, 0)*es:])
 	layout.LoadRowF32(kpe[:g.HeadDimKPE], g.DType, c.KPEBuf()[g.KPEOffset(page, entry, 0)*es:])
 }
+
+// GatherMLAToken widens token t of request b (page kvIndices[kvIndptr[b] +
+// t/page_size], entry t % page_size) into ckv and kpe. It returns
+// ErrIndexOutOfRange when b is not in the batch, t is beyond the request's
+// pages, or the page id is outside the pool.
+func (c *MLACache) GatherMLAToken(ckv, kpe []float32, kvIndptr, kvIndices []int32, b, t int) error {
+	g := c.Geometry
+	if b < 0 || b+1 >= len(kvIndptr) {
+		return fmt.Errorf("%w: request %d not in a batch of %d", ErrIndexOutOfRange, b, max(len(kvIndptr)-1, 0))
+	}
+	pages := int(kvIndptr[b+1]) - int(kvIndptr[b])
+	if t < 0 || t >= pages*g.PageSize {
+		return fmt.Errorf("%w: position %d of request %d outside its %d pages of %d", ErrIndexOutOfRange, t, b, pages, g.PageSize)
+	}
+	i := int(kvIndptr[b]) + t/g.PageSize
+	if i < 0 || i >= len(kvIndices) {
+		return fmt.Errorf("%w: kv_indices[%d] of request %d beyond %d indices", ErrInvalidPageTable, i, b, len(kvIndices))
+	}
+	page := int(kvIndices[i])
+	if page < 0 || page >= g.NumPages {
+		return fmt.Errorf("%w: page id %d of request %d >= num_pages %d", ErrIndexOutOfRange, page, b, g.NumPages)
+	}
+	c.GatherMLA(ckv, kpe, page, t%g.PageSize)
+	return nil
+}

@@ -259,3 +259,19 @@ func TestGatherToken(t *testing.T) {
 	}
 	assert.ErrorIs(t, p.Cache.GatherToken(k, v, &p.Table, 1, 4), kernels.ErrIndexOutOfRange)
 }
+
+func TestGatherMLAToken(t *testing.T) {
+	c, err := kernels.NewMLACache(layout.MLA{Form: layout.Fused, DType: layout.F32, NumPages: 3, PageSize: 2, HeadDimCKV: 2, HeadDimKPE: 1})
+	require.NoError(t, err)
+	g := c.Geometry
+	// Token 2 of request 0 (pages [2, 0]) is page 0, entry 0.
+	layout.StoreF32(layout.F32, c.Data, int(g.CKVOffset(0, 0, 1)), 7)
+	layout.StoreF32(layout.F32, c.Data, int(g.KPEOffset(0, 0, 0)), 9)
+	ckv, kpe := make([]float32, 2), make([]float32, 1)
+	require.NoError(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 0}, 0, 2))
+	assert.Equal(t, []float32{0, 7}, ckv)
+	assert.Equal(t, []float32{9}, kpe)
+	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 0}, 0, 4), kernels.ErrIndexOutOfRange)
+	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 0}, 1, 0), kernels.ErrIndexOutOfRange)
+	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 3}, 0, 3), kernels.ErrIndexOutOfRange)
+}
