@@ -62,8 +62,7 @@ func (e *cpuEngine) apply(t testing.TB, p *Plan) {
 	g := e.cache.Geometry
 	for _, c := range p.Copies {
 		for ent := range int(c.Entries) {
-			for kv, off := range []func(page, entry, head, feat int) int64{g.KOffset, g.VOffset} {
-				_ = kv
+			for _, off := range []func(page, entry, head, feat int) int64{g.KOffset, g.VOffset} {
 				src, dst := off(int(c.Src), ent, 0, 0)*4, off(int(c.Dst), ent, 0, 0)*4
 				copy(e.cache.Data[dst:dst+engHeads*engDim*4], e.cache.Data[src:])
 			}
