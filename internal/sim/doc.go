@@ -1,0 +1,42 @@
+// Package sim drives a serving workload through a pagedkv.Manager with real
+// append and attention on a kernels.Backend, and checks the results as it
+// goes. It is the engine behind `pagedkv simulate`.
+//
+// A workload is a list of [Request]s: built in ([Workload]) or read from a
+// JSONL trace ([ParseTrace]). Each step, the scheduler puts every decoding
+// request in the batch, fills the rest of a token budget with prefill
+// chunks, and admits waiting requests (Manager.Add, or Manager.Resume for
+// preempted ones) while the pool has room; when Manager.Reserve reports
+// ErrOutOfPages it preempts the most recently admitted request and retries.
+// The engine then performs the plan's copy-on-write copies in every layer's
+// cache, appends the step's K/V with appendkv, and computes attention with
+// batch decode, batch prefill, or cascade.Run when the plan has cascade
+// levels. Commit records sampled tokens; requests with parallel samples
+// fork after their first token; finished requests are released.
+//
+// K, V and Q come from a [Model]: deterministic functions of the token's
+// context (namespace, all tokens up to it, position), layer and head. So
+// prefix-cache reuse is correct by construction, and the verifier rebuilds
+// any request's dense K/V from its token ids alone.
+//
+// # Invariants
+//
+//   - Every VerifyEvery steps, sampled outputs (request, query row, layer,
+//     head) are compared with float64 attention over the dense K/V
+//     (internal/reference), every K/V row the sampled requests hold in
+//     the paged cache is compared bit for bit with the model, and
+//     Manager.Audit runs. A mismatch ends the run with an error wrapping
+//     [ErrVerify] (or [ErrCheck] for a disagreement about tokens or plan
+//     arrays), naming the step, request, layer, head and position.
+//   - After every step the Manager's computed count and tokens of each
+//     batch request equal the simulator's own record, the plan's token ids
+//     are the simulator's tokens at the plan's positions, and appendkv
+//     derives the plan's batch_indices and positions independently.
+//   - Model values are exact in the cache dtype, so the paged cache holds
+//     exactly what the model produced.
+//
+// # Concurrency
+//
+// A [Sim] belongs to the goroutine that calls Run. Its Manager's Stats may
+// be read from any goroutine (for metrics) while it runs.
+package sim

@@ -1,0 +1,228 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/cascade"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// engine is the simulated model runner: one paged K/V cache per layer and
+// the buffers of a step. For each step it performs the plan's
+// copy-on-write copies, synthesises the step's K/V/Q rows from the model,
+// appends K/V with appendkv and computes attention with the backend
+// (batch decode, batch prefill, or cascade when the plan has levels).
+type engine struct {
+	model   Model
+	backend kernels.Backend
+	caches  []kernels.PagedKVCache // [layer]
+	geom    layout.Paged
+
+	appendPlan appendkv.Plan
+	k, v, q, o kernels.Tensor // [nnz, Hkv|Hq, D]; Data reused across steps
+	qc, oc     kernels.Tensor // cascade row order
+	rows       []float32      // one token's rows, widest of K/V/Q
+	ctx        []uint64       // [nnz] context hash of each row's token
+}
+
+func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, pageSize int) (*engine, error) {
+	g := layout.Paged{Layout: kvLayout, Form: layout.Fused, DType: m.DType, NumPages: numPages,
+		PageSize: pageSize, NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim}
+	e := &engine{model: m, backend: b, geom: g, rows: make([]float32, m.NumQOHeads*m.HeadDim)}
+	for range m.Layers {
+		c, err := kernels.NewPagedKVCache(g)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
+		e.caches = append(e.caches, c)
+	}
+	return e, nil
+}
+
+// CacheBytes is the size of the K/V caches of every layer.
+func (e *engine) CacheBytes() int64 {
+	return int64(len(e.caches)) * e.geom.TensorElements() * int64(e.geom.DType.Size())
+}
+
+// pageBytes is the K and V bytes of one page in one layer.
+func (e *engine) pageBytes() int64 { return 2 * e.geom.PlaneElements() * int64(e.geom.DType.Size()) }
+
+// resize points t at the first n*heads*D elements of its buffer, growing it.
+func resize(t *kernels.Tensor, dt layout.DType, n, heads, d int) {
+	need := n * heads * d * dt.Size()
+	if cap(t.Data) < need {
+		t.Data = make([]byte, need, need+need/2)
+	}
+	t.DType, t.Data = dt, t.Data[:need]
+	t.Shape = append(t.Shape[:0], n, heads, d)
+}
+
+// copyPages performs copy-on-write copies in every layer: entries
+// [0, Entries) of page Src to page Dst, K and V, every head.
+func (e *engine) copyPages(copies []pagedkv.CopyOp) {
+	g := e.geom
+	es := int64(g.DType.Size())
+	rowBytes := int64(g.HeadDim) * es
+	for _, c := range copies {
+		for l := range e.caches {
+			kb, vb := e.caches[l].KBuf(), e.caches[l].VBuf()
+			for h := range g.NumKVHeads {
+				for n := range int(c.Entries) {
+					src, dst := g.KOffset(int(c.Src), n, h, 0)*es, g.KOffset(int(c.Dst), n, h, 0)*es
+					copy(kb[dst:dst+rowBytes], kb[src:src+rowBytes])
+					src, dst = g.VOffset(int(c.Src), n, h, 0)*es, g.VOffset(int(c.Dst), n, h, 0)*es
+					copy(vb[dst:dst+rowBytes], vb[src:src+rowBytes])
+				}
+			}
+		}
+	}
+}
+
+// sample is one output checked against dense attention: query row row of
+// the step (request Requests[batch]), in layer, query head head.
+type sample struct {
+	batch, row, layer, head int
+}
+
+// stepTimes accumulates where a step's time went.
+type stepTimes struct {
+	model, append, attention, verify time.Duration
+}
+
+// run executes plan on the caches. reqs[b] is the simulator's record of
+// Plan.Requests[b]. Samples are verified against the dense model after the
+// layer that computes them.
+func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
+	t0 := time.Now()
+	e.copyPages(plan.Copies)
+	nnz := len(plan.TokenIDs)
+	// The plan's rows must be the simulator's tokens at their positions.
+	e.ctx = slices.Grow(e.ctx[:0], nnz)[:nnz]
+	for i := range nnz {
+		r, pos := reqs[plan.BatchIndices[i]], int(plan.TokenPositions[i])
+		if pos >= len(r.tokens) || r.tokens[pos] != plan.TokenIDs[i] {
+			return fmt.Errorf("%w: plan row %d: request %s has token %d at position %d, the simulator has %v",
+				ErrCheck, i, r.name(), plan.TokenIDs[i], pos, tokenAt(r.tokens, pos))
+		}
+		e.ctx[i] = r.ctx[pos]
+	}
+	// appendkv derives batch_indices/positions from qo_indptr and
+	// seq_lens on its own: they must equal the Manager's.
+	if err := e.appendPlan.Build(plan.QOIndptr, plan.SeqLens); err != nil {
+		return fmt.Errorf("%w: appendkv plan: %w", ErrCheck, err)
+	}
+	if !slices.Equal(e.appendPlan.BatchIndices, plan.BatchIndices) || !slices.Equal(e.appendPlan.Positions, plan.Positions) {
+		return fmt.Errorf("%w: appendkv derives batch_indices %v positions %v from qo_indptr %v seq_lens %v; the plan has %v %v",
+			ErrCheck, e.appendPlan.BatchIndices, e.appendPlan.Positions, plan.QOIndptr, plan.SeqLens, plan.BatchIndices, plan.Positions)
+	}
+	table := kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
+	m := &e.model
+	hq, hkv, d := m.NumQOHeads, m.NumKVHeads, m.HeadDim
+	resize(&e.k, m.DType, nnz, hkv, d)
+	resize(&e.v, m.DType, nnz, hkv, d)
+	resize(&e.q, m.DType, nnz, hq, d)
+	resize(&e.o, m.DType, nnz, hq, d)
+	decode := int(plan.QOIndptr[len(plan.QOIndptr)-1]) == len(plan.Requests)
+	for b := range len(plan.Requests) {
+		decode = decode && plan.QOIndptr[b+1]-plan.QOIndptr[b] == 1
+	}
+	var rows []int32
+	if plan.Cascade != nil {
+		rows = plan.Cascade.QueryRows()
+		resize(&e.qc, m.DType, nnz, hq, d)
+		resize(&e.oc, m.DType, nnz, hq, d)
+		cs.record(plan, e.pageBytes()*int64(m.Layers))
+	}
+	st.append += time.Since(t0)
+
+	kvRowBytes, qRowBytes := hkv*d*m.DType.Size(), hq*d*m.DType.Size()
+	for l := range m.Layers {
+		t := time.Now()
+		for i, c := range e.ctx {
+			m.K(e.rows[:hkv*d], c, l)
+			layout.StoreRowF32(e.k.Data[i*kvRowBytes:], m.DType, e.rows[:hkv*d])
+			m.V(e.rows[:hkv*d], c, l)
+			layout.StoreRowF32(e.v.Data[i*kvRowBytes:], m.DType, e.rows[:hkv*d])
+			m.Q(e.rows[:hq*d], c, l)
+			layout.StoreRowF32(e.q.Data[i*qRowBytes:], m.DType, e.rows[:hq*d])
+		}
+		t1 := time.Now()
+		st.model += t1.Sub(t)
+		if err := e.appendPlan.Run(e.backend, appendkv.Input{AppendKey: e.k, AppendValue: e.v, Cache: &e.caches[l], Table: &table}); err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
+		t2 := time.Now()
+		st.append += t2.Sub(t1)
+		ap := kernels.AttentionParams{NumQOHeads: hq, WindowLeft: plan.WindowLeft}
+		var err error
+		switch {
+		case plan.Cascade != nil:
+			for r, src := range rows {
+				copy(e.qc.Data[r*qRowBytes:(r+1)*qRowBytes], e.q.Data[int(src)*qRowBytes:])
+			}
+			err = cascade.Run(e.backend, &cascade.Params{Levels: plan.Cascade.Levels, Q: e.qc, Cache: e.caches[l],
+				Causal: true, AttentionParams: ap, O: e.oc})
+			for r, dst := range rows {
+				copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
+			}
+		case decode:
+			err = e.backend.BatchDecode(&kernels.DecodeParams{Q: e.q, Cache: e.caches[l], Table: table, AttentionParams: ap, O: e.o})
+		default:
+			err = e.backend.BatchPrefill(&kernels.PrefillParams{Q: e.q, QOIndptr: plan.QOIndptr, Cache: e.caches[l], Table: table,
+				Causal: true, AttentionParams: ap, O: e.o})
+		}
+		if err != nil {
+			return fmt.Errorf("layer %d attention: %w", l, err)
+		}
+		t3 := time.Now()
+		st.attention += t3.Sub(t2)
+		for _, s := range samples {
+			if s.layer != l {
+				continue
+			}
+			if err := v.check(e, plan, reqs, &table, s); err != nil {
+				return err
+			}
+		}
+		st.verify += time.Since(t3)
+	}
+	return nil
+}
+
+func tokenAt(tokens []int32, pos int) any {
+	if pos < len(tokens) {
+		return tokens[pos]
+	}
+	return fmt.Sprintf("only %d tokens", len(tokens))
+}
+
+// cascadeStats counts the steps that ran as cascades and the K/V reads
+// their shared levels saved.
+type cascadeStats struct {
+	steps      int
+	byLevels   map[int]int // levels -> steps
+	savedPages int64       // page reads saved, per layer
+	savedBytes int64       // K/V bytes not read, all layers
+}
+
+// record adds a cascade plan: a flat plan reads every request's pages
+// (KVIndptr[B]); the cascade reads each level's groups' pages once.
+func (c *cascadeStats) record(plan *pagedkv.Plan, bytesPerPageAllLayers int64) {
+	if c.byLevels == nil {
+		c.byLevels = map[int]int{}
+	}
+	flat := int64(plan.KVIndptr[len(plan.KVIndptr)-1])
+	var read int64
+	for _, lv := range plan.Cascade.Levels {
+		read += int64(lv.KVIndptr[len(lv.KVIndptr)-1])
+	}
+	c.steps++
+	c.byLevels[len(plan.Cascade.Levels)]++
+	c.savedPages += flat - read
+	c.savedBytes += (flat - read) * bytesPerPageAllLayers
+}

@@ -1,0 +1,133 @@
+package sim
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// byteReader hands out bytes of fuzz input, zeros once it runs out.
+type byteReader []byte
+
+func (r *byteReader) next() int {
+	if len(*r) == 0 {
+		return 0
+	}
+	b := (*r)[0]
+	*r = (*r)[1:]
+	return int(b)
+}
+
+// decodeRun turns bytes into a tiny model, a Manager configuration and a
+// workload over three shared prefixes in two namespaces. The pool always
+// holds the longest request alone, so the run must finish.
+func decodeRun(data []byte) (Config, []Request) {
+	r := byteReader(data)
+	pageSize := []int{1, 2, 4, 8}[r.next()%4]
+	cfg := Config{
+		Model:                Model{Layers: 1 + r.next()%2, NumQOHeads: 2, NumKVHeads: 1, HeadDim: 8, DType: layout.F32, Seed: uint64(r.next())},
+		KVLayout:             layout.KVLayout(r.next() % 2),
+		PageSize:             pageSize,
+		CascadeMinSavedPages: 1 + r.next()%4,
+		MaxRunning:           1 + r.next()%6,
+		VerifyEvery:          1,
+		VerifySamples:        4,
+		Seed:                 uint64(r.next()),
+	}
+	if r.next()%2 == 1 {
+		cfg.Model.DType = layout.F16
+	}
+	cfg.MaxStepTokens = cfg.MaxRunning + r.next()%48
+	if w := r.next() % 4; w > 0 {
+		cfg.WindowTokens = 4 * w * (1 + r.next()%3)
+	}
+	n := 1 + r.next()%8
+	prefixLen := [3]int{1 + r.next()%24, 1 + r.next()%24, 1 + r.next()%24}
+	longest := 0
+	reqs := make([]Request, n)
+	for i := range reqs {
+		name := fmt.Sprintf("request %d", i)
+		q := Request{Name: name, Arrival: r.next() % 6, Output: 1 + r.next()%10, Samples: 1 + r.next()%3}
+		own := r.next() % 20
+		switch p := r.next() % 4; p {
+		case 3:
+			q.Prompt = PromptTokens("", 0, name, 1+own)
+		default:
+			q.Namespace = []string{"a", "b"}[r.next()%2]
+			q.PrefixID, q.PrefixLen = fmt.Sprintf("p%d", p), prefixLen[p]
+			q.Prompt = PromptTokens(q.PrefixID, q.PrefixLen, name, q.PrefixLen+own)
+		}
+		longest = max(longest, len(q.Prompt)+q.Output)
+		reqs[i] = q
+	}
+	// Room for the longest request (and a step's chunk, with a window)
+	// plus whatever the input adds.
+	cfg.NumPages = (longest+cfg.MaxStepTokens)/pageSize + 2 + r.next()%32
+	return cfg, reqs
+}
+
+// checkRun runs decoded input: it must finish with every check passed.
+func checkRun(t *testing.T, cfg Config, reqs []Request) Summary {
+	s, err := New(cfg, reqs)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	sum, err := s.Run()
+	if err != nil {
+		var b strings.Builder
+		sum.Format(&b, &cfg)
+		t.Fatalf("config %+v\nworkload %+v\n%v\n%s", cfg, reqs, err, b.String())
+	}
+	if sum.Stats.Requests != 0 || sum.Stats.UsedPages != 0 {
+		t.Fatalf("after the run %d requests and %d used pages remain", sum.Stats.Requests, sum.Stats.UsedPages)
+	}
+	return sum
+}
+
+// FuzzSimulate runs tiny simulations built from the input: any disagreement
+// between the Manager's plans, the paged cache and the dense model fails.
+func FuzzSimulate(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{2, 0, 1, 0, 1, 3, 2, 0, 10, 1, 7, 20, 8, 12, 0, 3, 1, 0, 5, 0, 2, 5, 1, 1, 1})
+	f.Add([]byte{1, 1, 9, 1, 2, 5, 0, 30, 3, 2, 5, 16, 16, 16, 0, 9, 2, 3, 1, 1, 0, 9, 2, 3, 1, 1, 0, 9, 2, 3, 1, 1, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, reqs := decodeRun(data)
+		checkRun(t, cfg, reqs)
+	})
+}
+
+// TestRandomRuns is FuzzSimulate's randomized twin for ordinary test runs;
+// it also asserts that the runs as a whole exercised what they should.
+func TestRandomRuns(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	runs := 300
+	if testing.Short() || invariants.Enabled { // -race
+		runs = 60
+	}
+	var preempted, evicted, copied, cascades, windowed, hits int64
+	for range runs {
+		data := make([]byte, 96)
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		cfg, reqs := decodeRun(data)
+		sum := checkRun(t, cfg, reqs)
+		st := sum.Stats
+		preempted += st.Preemptions
+		evicted += st.EvictedPages
+		copied += st.CopiedPages
+		cascades += int64(sum.CascadeSteps())
+		windowed += st.WindowReleasedPages
+		hits += st.PromptHitTokens
+	}
+	for name, n := range map[string]int64{"preemptions": preempted, "evictions": evicted, "copies": copied,
+		"cascade steps": cascades, "window releases": windowed, "prefix hits": hits} {
+		if n == 0 {
+			t.Errorf("%d random runs had no %s", runs, name)
+		}
+	}
+}

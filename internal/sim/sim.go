@@ -1,0 +1,486 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cpu"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// ErrBadConfig is wrapped by invalid [Config] and [WorkloadConfig] errors.
+var ErrBadConfig = errors.New("sim: bad config")
+
+// ErrStuck is returned when the pool cannot hold a request on its own, or
+// the run makes no progress within Config.MaxSteps.
+var ErrStuck = errors.New("sim: cannot make progress")
+
+// Config describes a simulation.
+type Config struct {
+	Model Model
+	// KVLayout is the cache layout (NHD or HND).
+	KVLayout layout.KVLayout
+	// PageSize, NumPages, WindowTokens and CascadeMinSavedPages configure
+	// the Manager (see pagedkv.Config).
+	PageSize, NumPages, WindowTokens, CascadeMinSavedPages int
+	// MaxStepTokens is the step's token budget: decode tokens first, then
+	// prefill chunks (chunked prefill). MaxRunning caps running requests.
+	MaxStepTokens, MaxRunning int
+	// VerifyEvery: every this many steps, VerifySamples outputs
+	// (request, layer, head, query row) and the paged K/V of their
+	// requests are checked against the dense model, and the Manager is
+	// audited. Must be >= 1.
+	VerifyEvery, VerifySamples int
+	// Seed chooses the verified samples.
+	Seed uint64
+	// Backend runs append and attention; nil means kernels/cpu.
+	Backend kernels.Backend
+	// MaxSteps bounds the run (0 means 1,000,000).
+	MaxSteps int
+	// Progress, when not nil, is called after every step.
+	Progress func(Progress)
+}
+
+// DefaultConfig is the configuration `pagedkv simulate` runs: a small
+// model (4 layers, 8 query heads, 2 kv heads, head dim 64, f16, pages of
+// 16 tokens) on a pool of 128 pages, too small for the default workload's
+// peak, so that eviction and preemption happen.
+func DefaultConfig() Config {
+	return Config{
+		Model:         Model{Layers: 4, NumQOHeads: 8, NumKVHeads: 2, HeadDim: 64, DType: layout.F16, Seed: 1},
+		KVLayout:      layout.NHD,
+		PageSize:      16,
+		NumPages:      128,
+		MaxStepTokens: 256,
+		MaxRunning:    32,
+		VerifyEvery:   4,
+		VerifySamples: 8,
+		Seed:          1,
+	}
+}
+
+// Validate checks the configuration (the Manager checks its own part).
+func (c *Config) Validate() error {
+	if err := c.Model.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case c.MaxRunning < 1 || c.MaxStepTokens < c.MaxRunning:
+		return fmt.Errorf("%w: max running %d, step tokens %d: want 1 <= max running <= step tokens", ErrBadConfig, c.MaxRunning, c.MaxStepTokens)
+	case c.VerifyEvery < 1 || c.VerifySamples < 1:
+		return fmt.Errorf("%w: verify every %d steps, %d samples: want >= 1 each", ErrBadConfig, c.VerifyEvery, c.VerifySamples)
+	case c.MaxSteps < 0:
+		return fmt.Errorf("%w: max steps %d < 0", ErrBadConfig, c.MaxSteps)
+	}
+	return nil
+}
+
+// Progress is reported after every step.
+type Progress struct {
+	Step                        int // steps run
+	Finished, Total             int // request branches (forks count)
+	Running, Waiting, Preempted int
+}
+
+// phase is where a request is.
+type phase uint8
+
+const (
+	arriving phase = iota // not yet arrived
+	waiting               // arrived (or preempted), not admitted
+	running
+	finished
+)
+
+// reqState is the simulator's own record of one request branch: its tokens
+// and their context hashes, kept apart from the Manager's so that every
+// step can be checked against it.
+type reqState struct {
+	spec     *Request
+	id       pagedkv.RequestID
+	branch   int // 0 for the request itself, k for its k-th parallel sample
+	ns       string
+	tokens   []int32  // prompt, then sampled tokens
+	ctx      []uint64 // context hash after each token
+	computed int      // tokens with K/V (mirrors Manager.Computed)
+	sampled  int      // output tokens sampled so far
+	phase    phase
+	admitted bool // added to the Manager (a waiting one is preempted)
+	forked   bool
+}
+
+func (r *reqState) name() string {
+	if r.branch == 0 {
+		return r.spec.Name
+	}
+	return fmt.Sprintf("%s sample %d", r.spec.Name, r.branch)
+}
+
+// remaining is the number of known tokens without K/V.
+func (r *reqState) remaining() int { return len(r.tokens) - r.computed }
+
+// Sim is one simulation run: a workload driven through a pagedkv.Manager
+// with real append and attention on a backend. It is not safe for
+// concurrent use, except that Manager().Stats may be read from any
+// goroutine while Run runs.
+type Sim struct {
+	cfg   Config
+	m     *pagedkv.Manager
+	eng   *engine
+	ver   *verifier
+	rng   *rand.Rand
+	specs []Request
+
+	arrivals []*reqState // arriving, in arrival order
+	waiting  []*reqState // FIFO; preempted requests go to the front
+	running  []*reqState // admission order
+	total    int         // branches, forks included
+	done     int
+	nextID   pagedkv.RequestID
+
+	// The step being built.
+	batch   []*reqState
+	ids     []pagedkv.RequestID
+	ntokens []int32
+	sampled []int32
+	samples []sample
+
+	sum Summary
+}
+
+// New prepares a run of workload under cfg.
+func New(cfg Config, workload []Request) (*Sim, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(workload) == 0 {
+		return nil, fmt.Errorf("%w: empty workload", ErrBadConfig)
+	}
+	if cfg.MaxSteps == 0 {
+		cfg.MaxSteps = 1_000_000
+	}
+	m, err := pagedkv.New(pagedkv.Config{NumPages: cfg.NumPages, PageSize: cfg.PageSize,
+		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: cfg.Seed | 1})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	b := cfg.Backend
+	if b == nil {
+		b = cpu.New(cpu.Config{})
+	}
+	eng, err := newEngine(cfg.Model, b, cfg.KVLayout, cfg.NumPages, cfg.PageSize)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sim{cfg: cfg, m: m, eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4ec4)),
+		specs: slices.Clone(workload)}
+	s.ver = newVerifier(&s.eng.model, cfg.WindowTokens)
+	slices.SortStableFunc(s.specs, func(a, b Request) int { return a.Arrival - b.Arrival })
+	for i := range s.specs {
+		q := &s.specs[i]
+		if len(q.Prompt) == 0 || q.Output < 1 || q.Samples < 1 || q.Arrival < 0 {
+			return nil, fmt.Errorf("%w: %s: prompt %d tokens, output %d, samples %d, arrival %d", ErrBadConfig,
+				q.Name, len(q.Prompt), q.Output, q.Samples, q.Arrival)
+		}
+		r := &reqState{spec: q, ns: q.Namespace, tokens: slices.Clone(q.Prompt)}
+		r.ctx = cfg.Model.Contexts(nil, q.Namespace, r.tokens)
+		s.arrivals = append(s.arrivals, r)
+		s.total += q.Samples
+		s.sum.Requests++
+		s.sum.Forks += q.Samples - 1
+		s.sum.PromptTokens += int64(len(q.Prompt))
+		s.sum.OutputTokens += int64(q.Samples * q.Output)
+	}
+	s.sum.Pages = cfg.NumPages
+	s.sum.CacheBytes = eng.CacheBytes()
+	return s, nil
+}
+
+// Manager is the Manager the run drives (for metrics).
+func (s *Sim) Manager() *pagedkv.Manager { return s.m }
+
+// Run runs the workload to the end and returns the summary. It stops at
+// the first failed check (the error wraps [ErrVerify] or [ErrCheck]); the
+// summary then covers the steps run so far and has Err set.
+func (s *Sim) Run() (Summary, error) {
+	start := time.Now()
+	err := s.run()
+	s.sum.Wall = time.Since(start)
+	st := s.m.Stats()
+	s.sum.Stats = st
+	s.sum.Steps = int(st.Steps)
+	s.sum.Verified.Outputs, s.sum.Verified.KVTokens, s.sum.Verified.MaxErr = s.ver.outputs, s.ver.kvTokens, s.ver.maxErr
+	s.sum.Verified.Atol, s.sum.Verified.Rtol = s.ver.atol, s.ver.rtol
+	s.sum.Err = err
+	return s.sum, err
+}
+
+func (s *Sim) run() error {
+	for clock, iter := 0, 0; s.done < s.total; clock, iter = clock+1, iter+1 {
+		if s.sum.Steps >= s.cfg.MaxSteps || iter >= 2*s.cfg.MaxSteps {
+			return fmt.Errorf("%w: %d of %d requests unfinished after %d steps", ErrStuck, s.total-s.done, s.total, s.sum.Steps)
+		}
+		if len(s.running) == 0 && len(s.waiting) == 0 {
+			clock = max(clock, s.arrivals[0].spec.Arrival) // idle until the next arrival
+		}
+		for len(s.arrivals) > 0 && s.arrivals[0].spec.Arrival <= clock {
+			s.arrivals[0].phase = waiting
+			s.waiting = append(s.waiting, s.arrivals[0])
+			s.arrivals = s.arrivals[1:]
+		}
+		if err := s.step(); err != nil {
+			return err
+		}
+		if s.cfg.Progress != nil {
+			s.cfg.Progress(s.progress())
+		}
+	}
+	return nil
+}
+
+func (s *Sim) progress() Progress {
+	p := Progress{Step: s.sum.Steps, Finished: s.done, Total: s.total, Running: len(s.running), Waiting: len(s.waiting)}
+	for _, r := range s.waiting {
+		if r.admitted {
+			p.Preempted++
+		}
+	}
+	return p
+}
+
+// timed runs f and adds its duration to the Manager's share.
+func (s *Sim) timed(f func() error) error {
+	t := time.Now()
+	err := f()
+	s.sum.Time.Manager += time.Since(t)
+	return err
+}
+
+// step schedules, reserves, runs and commits one step.
+func (s *Sim) step() error {
+	t0 := time.Now()
+	if err := s.schedule(); err != nil {
+		return err
+	}
+	var plan *pagedkv.Plan
+	for {
+		if len(s.ids) == 0 {
+			return nil
+		}
+		err := s.timed(func() (err error) { plan, err = s.m.Reserve(s.ids, s.ntokens); return err })
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pagedkv.ErrOutOfPages) {
+			return fmt.Errorf("reserve: %w", err)
+		}
+		if err := s.preemptOne(err); err != nil {
+			return err
+		}
+	}
+	s.sum.Steps++
+	st := s.m.Stats()
+	s.sum.PeakUsedPages = max(s.sum.PeakUsedPages, st.UsedPages)
+
+	s.samples = s.samples[:0]
+	verify := s.sum.Steps%s.cfg.VerifyEvery == 0
+	if verify {
+		s.pickSamples(plan)
+		s.ver.step = s.sum.Steps
+		s.sum.Verified.Checks++
+	}
+	var times stepTimes
+	if err := s.eng.run(plan, s.batch, s.samples, s.ver, &times, &s.sum.cascade); err != nil {
+		return err
+	}
+	s.sum.Time.Model += times.model
+	s.sum.Time.Append += times.append
+	s.sum.Time.Attention += times.attention
+	s.sum.Time.Verify += times.verify
+	if err := s.commit(); err != nil {
+		return err
+	}
+	if verify {
+		t := time.Now()
+		if err := s.m.Audit(); err != nil {
+			return fmt.Errorf("%w: audit after step %d: %w", ErrCheck, s.sum.Steps, err)
+		}
+		s.sum.Time.Verify += time.Since(t)
+	}
+	s.sum.Time.Total += time.Since(t0)
+	return nil
+}
+
+// schedule builds the step: every running request that decodes (one token
+// left), then prefill chunks of running requests in admission order, then
+// waiting requests admitted in order while the budget, MaxRunning and the
+// pool allow.
+func (s *Sim) schedule() error {
+	s.batch, s.ids, s.ntokens = s.batch[:0], s.ids[:0], s.ntokens[:0]
+	budget := s.cfg.MaxStepTokens
+	add := func(r *reqState, n int) {
+		s.batch = append(s.batch, r)
+		s.ids = append(s.ids, r.id)
+		s.ntokens = append(s.ntokens, int32(n))
+		budget -= n
+	}
+	for _, r := range s.running {
+		if r.remaining() == 1 {
+			add(r, 1)
+		}
+	}
+	for _, r := range s.running {
+		if n := r.remaining(); n > 1 && budget > 0 {
+			add(r, min(n, budget))
+		}
+	}
+	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxRunning {
+		r := s.waiting[0]
+		if len(s.running) > 0 && !s.fits(r) {
+			break
+		}
+		s.waiting = s.waiting[1:]
+		var matched int
+		err := s.timed(func() (err error) {
+			if r.admitted {
+				matched, err = s.m.Resume(r.id)
+			} else {
+				s.nextID++
+				r.id = s.nextID
+				matched, err = s.m.Add(r.id, pagedkv.Request{Namespace: pagedkv.Namespace{Tenant: r.ns}, Prompt: r.tokens,
+					CapacityTokens: len(r.tokens) + r.spec.Output})
+			}
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("admit %s: %w", r.name(), err)
+		}
+		if matched < 0 || matched >= len(r.tokens) {
+			return fmt.Errorf("%w: admitting %s (%d tokens) matched %d tokens, want 0..%d", ErrCheck, r.name(), len(r.tokens), matched, len(r.tokens)-1)
+		}
+		r.admitted, r.phase, r.computed = true, running, matched
+		s.running = append(s.running, r)
+		add(r, min(r.remaining(), budget))
+	}
+	return nil
+}
+
+// fits reports whether the pool has room for all of r's known tokens and
+// the next, counting evictable pages and keeping a reserve of 1/32 of the
+// pool for running requests to grow into.
+func (s *Sim) fits(r *reqState) bool {
+	st := s.m.Stats()
+	need := (len(r.tokens)+1+s.cfg.PageSize-1)/s.cfg.PageSize + max(1, s.cfg.NumPages/32)
+	return st.FreePages+st.EvictablePages >= need
+}
+
+// preemptOne preempts the most recently admitted running request (its
+// published pages stay cached) after Reserve failed with reserveErr.
+func (s *Sim) preemptOne(reserveErr error) error {
+	if len(s.running) <= 1 {
+		r := s.batch[0]
+		return fmt.Errorf("%w: %s alone needs more pages than the pool of %d has (%d tokens of %d each): %w",
+			ErrStuck, r.name(), s.cfg.NumPages, len(r.tokens)+r.spec.Output, s.cfg.PageSize, reserveErr)
+	}
+	v := s.running[len(s.running)-1]
+	if err := s.timed(func() error { return s.m.Preempt(v.id) }); err != nil {
+		return fmt.Errorf("preempt %s: %w", v.name(), err)
+	}
+	s.running = s.running[:len(s.running)-1]
+	v.phase, v.computed = waiting, 0
+	s.waiting = slices.Insert(s.waiting, 0, v)
+	if i := slices.Index(s.batch, v); i >= 0 {
+		s.batch = slices.Delete(s.batch, i, i+1)
+		s.ids = slices.Delete(s.ids, i, i+1)
+		s.ntokens = slices.Delete(s.ntokens, i, i+1)
+	}
+	return nil
+}
+
+// pickSamples chooses VerifySamples (request, row, layer, head) outputs of
+// the step at random.
+func (s *Sim) pickSamples(plan *pagedkv.Plan) {
+	m := &s.cfg.Model
+	for range s.cfg.VerifySamples {
+		b := s.rng.IntN(len(plan.Requests))
+		lo, hi := int(plan.QOIndptr[b]), int(plan.QOIndptr[b+1])
+		if hi == lo {
+			continue
+		}
+		s.samples = append(s.samples, sample{batch: b, row: lo + s.rng.IntN(hi-lo),
+			layer: s.rng.IntN(m.Layers), head: s.rng.IntN(m.NumQOHeads)})
+	}
+}
+
+// commit samples a token for every request whose step reached the end of
+// its known tokens, commits, then forks requests that asked for parallel
+// samples and releases the finished ones. It checks the Manager's view of
+// each request against the simulator's.
+func (s *Sim) commit() error {
+	s.sampled = s.sampled[:0]
+	for b, r := range s.batch {
+		tok := pagedkv.NoToken
+		if r.computed+int(s.ntokens[b]) == len(r.tokens) {
+			tok = s.cfg.Model.Sample(r.ctx[len(r.ctx)-1], r.branch)
+		}
+		s.sampled = append(s.sampled, tok)
+	}
+	if err := s.timed(func() error { return s.m.Commit(s.sampled) }); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	for b, r := range s.batch {
+		r.computed += int(s.ntokens[b])
+		if tok := s.sampled[b]; tok != pagedkv.NoToken {
+			r.ctx = append(r.ctx, Next(r.ctx[len(r.ctx)-1], tok, len(r.tokens)))
+			r.tokens = append(r.tokens, tok)
+			r.sampled++
+		}
+		if got, mt := s.m.Computed(r.id), s.m.Tokens(r.id); got != r.computed || !slices.Equal(mt, r.tokens) {
+			return fmt.Errorf("%w: after step %d the Manager has %d computed of %d tokens for %s; the simulator %d of %d (or the tokens differ)",
+				ErrCheck, s.sum.Steps, got, len(mt), r.name(), r.computed, len(r.tokens))
+		}
+	}
+	for _, r := range s.batch {
+		if r.branch == 0 && !r.forked && r.sampled > 0 && r.spec.Samples > 1 {
+			if err := s.fork(r); err != nil {
+				return err
+			}
+		}
+	}
+	// Finished: batch members that sampled their last token, and children
+	// forked this step when one token was all they were to sample.
+	for _, r := range s.running {
+		if r.sampled < r.spec.Output {
+			continue
+		}
+		if err := s.timed(func() error { return s.m.Release(r.id) }); err != nil {
+			return fmt.Errorf("release %s: %w", r.name(), err)
+		}
+		r.phase = finished
+		s.done++
+	}
+	s.running = slices.DeleteFunc(s.running, func(x *reqState) bool { return x.phase == finished })
+	return nil
+}
+
+// fork adds the parallel samples of r, which has just sampled its first
+// token: each shares r's pages (copy-on-write of the partial last page)
+// and samples its own tokens from then on.
+func (s *Sim) fork(r *reqState) error {
+	r.forked = true
+	for k := 1; k < r.spec.Samples; k++ {
+		s.nextID++
+		c := &reqState{spec: r.spec, id: s.nextID, branch: k, ns: r.ns, tokens: slices.Clone(r.tokens), ctx: slices.Clone(r.ctx),
+			computed: r.computed, sampled: r.sampled, phase: running, admitted: true, forked: true}
+		if err := s.timed(func() error { return s.m.Fork(r.id, c.id) }); err != nil {
+			return fmt.Errorf("fork %s: %w", c.name(), err)
+		}
+		s.running = append(s.running, c)
+	}
+	return nil
+}

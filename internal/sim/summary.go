@@ -1,0 +1,131 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+)
+
+// Summary is what a run did and found.
+type Summary struct {
+	Requests     int   // workload requests
+	Forks        int   // parallel samples forked from them
+	PromptTokens int64 // prompt tokens of the workload's requests
+	OutputTokens int64 // tokens the workload asks to generate, every sample included
+
+	Steps         int   // steps run (committed)
+	Pages         int   // pool size
+	CacheBytes    int64 // K/V cache of every layer
+	PeakUsedPages int   // most pages held by requests after a Reserve
+
+	// Stats is the Manager's final snapshot: hit rate, evictions,
+	// preemptions, copies, window releases.
+	Stats pagedkv.Stats
+
+	cascade cascadeStats
+
+	// Time is the wall time of the steps, split by who spent it.
+	Time struct {
+		Manager   time.Duration // Manager calls: Add, Resume, Reserve, Commit, Fork, Preempt, Release
+		Model     time.Duration // synthesising the step's K/V/Q rows (the stand-in for the model)
+		Append    time.Duration // copy-on-write copies, appendkv plan and append kernels
+		Attention time.Duration // decode, prefill and cascade kernels
+		Verify    time.Duration // dense checks and audits
+		Total     time.Duration // everything, the simulator's scheduling included
+	}
+	Wall time.Duration // the whole Run
+
+	Verified struct {
+		Checks     int     // steps checked
+		Outputs    int64   // outputs (query row, head) compared with dense attention
+		KVTokens   int64   // paged K/V rows (token, layer) compared bit for bit
+		MaxErr     float64 // largest |got - want| of an output element
+		Atol, Rtol float64 // the tolerance
+	}
+	Err error // nil when every check passed and the run finished
+}
+
+// CascadeSteps is the number of steps that ran cascade attention.
+func (s *Summary) CascadeSteps() int { return s.cascade.steps }
+
+// CascadeLevels maps a level count to the number of steps that used it.
+func (s *Summary) CascadeLevels() map[int]int { return s.cascade.byLevels }
+
+// CascadeSavedBytes is the K/V bytes cascade levels did not read, compared
+// with reading every request's pages (all layers).
+func (s *Summary) CascadeSavedBytes() int64 { return s.cascade.savedBytes }
+
+// Passed reports whether the run finished and verification passed.
+func (s *Summary) Passed() bool { return s.Err == nil }
+
+// Format writes the summary as aligned lines "name: value".
+func (s *Summary) Format(w io.Writer, cfg *Config) {
+	st := &s.Stats
+	m := &cfg.Model
+	var b strings.Builder
+	line := func(name, format string, args ...any) {
+		fmt.Fprintf(&b, "%-14s %s\n", name+":", fmt.Sprintf(format, args...))
+	}
+	line("requests", "%d (+%d parallel samples), %d prompt tokens, %d output tokens", s.Requests, s.Forks, s.PromptTokens, s.OutputTokens)
+	line("model", "%d layers, Hq %d, Hkv %d, D %d, %v %v; pool %d pages of %d tokens (%s of K/V)",
+		m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, m.DType, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	line("steps", "%d, %d tokens computed (%d recomputed after preemption)", s.Steps, st.ComputedTokens, st.RecomputedTokens())
+	line("pages", "peak %d of %d in use by requests", s.PeakUsedPages, s.Pages)
+	line("prefix hits", "%d of %d prompt tokens (%.1f%%)", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())
+	line("prefix cache", "%d pages published, %d duplicates kept private", st.PublishedPages, st.DuplicatePages)
+	line("evictions", "%d pages evicted (%d returned to the pool)", st.EvictedPages, st.EvictionFreedPages)
+	line("preemptions", "%d; %d computed tokens lost, %d of them found in the cache on resume", st.Preemptions, st.ResumedTokens, st.ResumeHitTokens)
+	line("copy-on-write", "%d pages copied", st.CopiedPages)
+	if cfg.WindowTokens > 0 {
+		line("window", "%d tokens; %d pages released", cfg.WindowTokens, st.WindowReleasedPages)
+	}
+	if s.cascade.steps == 0 {
+		line("cascade", "not used")
+	} else {
+		levels := make([]int, 0, len(s.cascade.byLevels))
+		for l := range s.cascade.byLevels {
+			levels = append(levels, l)
+		}
+		slices.Sort(levels)
+		var parts []string
+		for _, l := range levels {
+			parts = append(parts, fmt.Sprintf("%d levels: %d", l, s.cascade.byLevels[l]))
+		}
+		line("cascade", "%d steps (%s); saved %d page reads per layer, %s of K/V reads",
+			s.cascade.steps, strings.Join(parts, ", "), s.cascade.savedPages, bytesString(s.cascade.savedBytes))
+	}
+	per := func(d time.Duration) string {
+		if s.Steps == 0 {
+			return "-"
+		}
+		return (d / time.Duration(s.Steps)).Round(time.Microsecond / 10).String()
+	}
+	line("time/step", "manager %s, attention %s, append %s, model %s, verification %s, total %s",
+		per(s.Time.Manager), per(s.Time.Attention), per(s.Time.Append), per(s.Time.Model), per(s.Time.Verify), per(s.Time.Total))
+	line("wall time", "%s", s.Wall.Round(time.Millisecond))
+	v := &s.Verified
+	if s.Err != nil {
+		line("verification", "FAILED: %v", s.Err)
+	} else {
+		line("verification", "passed: %d outputs in %d checked steps within %.0e + %.2g*|want| of float64 attention (max |diff| %.2g); %d paged K/V rows bit-exact",
+			v.Outputs, v.Checks, v.Atol, v.Rtol, v.MaxErr, v.KVTokens)
+	}
+	io.WriteString(w, b.String())
+}
+
+// bytesString formats n bytes in KiB, MiB or GiB.
+func bytesString(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}

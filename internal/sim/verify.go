@@ -1,0 +1,146 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/internal/reference"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// ErrVerify is wrapped by the error of a run whose output, or whose paged
+// K/V, differs from the dense model.
+var ErrVerify = errors.New("sim: verification failed")
+
+// ErrCheck is wrapped when the Manager's plan or state disagrees with the
+// simulator's own record of its requests (a token, a count, an array).
+var ErrCheck = errors.New("sim: consistency check failed")
+
+// verifier checks step outputs against the dense model: the K/V of a
+// request rebuilt from its token ids alone (never read from the paged
+// cache), and float64 attention over it (internal/reference).
+type verifier struct {
+	model      *Model
+	window     int     // WindowTokens; 0 means full attention
+	atol, rtol float64 // |got - want| <= atol + rtol*|want|
+
+	step int // the step being checked, for messages
+
+	outputs  int64   // (row, head) outputs compared
+	kvTokens int64   // tokens whose paged K/V (one layer, every head) were compared bit for bit
+	maxErr   float64 // largest |got - want| seen
+
+	ctx                              []uint64
+	q, kRow, vRow, wantK, wantV, got []float32
+	keys, vals                       [][]float64
+	flat                             []float64
+}
+
+func newVerifier(m *Model, window int) *verifier {
+	// Output rounding is one unit roundoff of the output dtype; the
+	// float32 softmax adds far less than atol. A key or value of the wrong
+	// token moves an output by about its weight, 1/seq_len, far more.
+	u := map[layout.DType]float64{layout.F16: 0x1p-11, layout.BF16: 0x1p-8, layout.F32: 0x1p-24}[m.DType]
+	d, hq, hkv := m.HeadDim, m.NumQOHeads, m.NumKVHeads
+	return &verifier{
+		model: m, window: window, atol: 1e-4, rtol: 2 * u,
+		q: make([]float32, hq*d), got: make([]float32, d),
+		kRow: make([]float32, hkv*d), vRow: make([]float32, hkv*d), wantK: make([]float32, hkv*d), wantV: make([]float32, hkv*d),
+	}
+}
+
+// check verifies sample s of the step that e just computed for layer
+// s.layer: first every K/V row the request holds in that layer's cache,
+// bit for bit, then the output of query row s.row, head s.head, against
+// float64 attention over the dense K/V.
+func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table *kernels.PageTable, s sample) error {
+	m := v.model
+	r := reqs[s.batch]
+	d, hkv := m.HeadDim, m.NumKVHeads
+	pos := int(plan.TokenPositions[s.row])
+	start := pos - int(plan.Positions[s.row]) // first token the request's pages hold
+	held := int(plan.SeqLens[s.batch])
+	end := start + held // tokens with K/V after this step's appends
+	if end > len(r.tokens) {
+		return fmt.Errorf("%w: request %s holds %d tokens from %d, but has only %d", ErrCheck, r.name(), held, start, len(r.tokens))
+	}
+	v.ctx = m.Contexts(v.ctx[:0], r.ns, r.tokens[:end])
+
+	// The paged K/V of every held token equals the model's.
+	cache := &e.caches[s.layer]
+	wantK, wantV := v.wantK, v.wantV
+	for t := start; t < end; t++ {
+		if err := cache.GatherToken(v.kRow, v.vRow, table, s.batch, t-start); err != nil {
+			return fmt.Errorf("%w: request %s token %d: %w", ErrCheck, r.name(), t, err)
+		}
+		m.K(wantK, v.ctx[t], s.layer)
+		m.V(wantV, v.ctx[t], s.layer)
+		for i := range wantK {
+			if v.kRow[i] != wantK[i] || v.vRow[i] != wantV[i] {
+				kv, got, want := "K", v.kRow[i], wantK[i]
+				if v.kRow[i] == wantK[i] {
+					kv, got, want = "V", v.vRow[i], wantV[i]
+				}
+				return fmt.Errorf("%w at step %d: request %s, layer %d: paged %s of token %d (position %d, kv head %d, feature %d) is %v, the dense model has %v",
+					ErrVerify, v.step, r.name(), s.layer, kv, r.tokens[t], t, i/d, i%d, got, want)
+			}
+		}
+	}
+	v.kvTokens += int64(end - start)
+
+	// Float64 attention of the query over the dense keys it may see.
+	lo := 0
+	if v.window > 0 {
+		lo = max(0, pos-v.window+1)
+	}
+	n := pos + 1 - lo
+	kvh := s.head / (m.NumQOHeads / hkv)
+	v.flat = growF64(v.flat, 2*n*d)
+	v.keys, v.vals = v.keys[:0], v.vals[:0]
+	for j := lo; j <= pos; j++ {
+		m.K(wantK, v.ctx[j], s.layer)
+		m.V(wantV, v.ctx[j], s.layer)
+		kr, vr := v.flat[2*(j-lo)*d:][:d], v.flat[(2*(j-lo)+1)*d:][:d]
+		for f := range d {
+			kr[f], vr[f] = float64(wantK[kvh*d+f]), float64(wantV[kvh*d+f])
+		}
+		v.keys, v.vals = append(v.keys, kr), append(v.vals, vr)
+	}
+	m.Q(v.q, v.ctx[pos], s.layer)
+	q := make([]float64, d)
+	for f := range d {
+		q[f] = float64(v.q[s.head*d+f])
+	}
+	visible := make([]bool, n)
+	for j := range visible {
+		visible[j] = true
+	}
+	want, _ := reference.Attend(q, v.keys, v.vals, visible, 1/math.Sqrt(float64(d)), 0, d)
+
+	es := m.DType.Size()
+	layout.LoadRowF32(v.got, m.DType, e.o.Data[(s.row*m.NumQOHeads+s.head)*d*es:])
+	worst, at := 0.0, 0
+	for f := range d {
+		diff := math.Abs(float64(v.got[f]) - want[f])
+		if diff > v.atol+v.rtol*math.Abs(want[f]) && diff > worst {
+			worst, at = diff, f
+		}
+		v.maxErr = max(v.maxErr, diff)
+	}
+	if worst > 0 {
+		return fmt.Errorf("%w at step %d: request %s, layer %d, head %d, query at position %d over %d keys: feature %d is %.6g, dense float64 attention gives %.6g (|diff| %.3g > %.3g + %.3g*|want|)",
+			ErrVerify, v.step, r.name(), s.layer, s.head, pos, n, at, v.got[at], want[at], worst, v.atol, v.rtol)
+	}
+	v.outputs++
+	return nil
+}
+
+func growF64(s []float64, n int) []float64 {
+	if cap(s) < n {
+		return make([]float64, n)
+	}
+	return s[:n]
+}
