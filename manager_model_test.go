@@ -408,7 +408,7 @@ func mgrVariants() map[string]mgrHarnessConfig {
 func TestManagerMatchesModel(t *testing.T) {
 	runs, steps := 150, 250
 	if testing.Short() || raceEnabled {
-		runs = 12
+		runs = 20
 	}
 	for name, hc := range mgrVariants() {
 		t.Run(name, func(t *testing.T) {
