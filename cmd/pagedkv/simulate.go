@@ -1,0 +1,234 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pagedkv/pagedkv/internal/sim"
+	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/metrics"
+)
+
+func init() {
+	register(&command{
+		name:    "simulate",
+		summary: "drive a serving workload through the Manager with real append and attention, verifying as it goes",
+		usage:   "pagedkv simulate [--trace FILE] [flags]",
+		run:     runSimulate,
+	})
+}
+
+const simulateHelp = `
+Runs a serving workload through a pagedkv.Manager: requests arrive, are
+admitted on cached prefixes, prefilled in chunks, decoded, preempted when
+the pool runs short, forked for parallel samples, and finished. Every step
+appends K/V and computes attention (decode, prefill or cascade) on the
+backend, and every --verify-every steps sampled outputs and the paged K/V
+behind them are checked against float64 attention over dense K/V rebuilt
+from the token ids. Prints a summary; exits 0 only if every check passed
+(1 on a failed check, 2 on bad flags or a bad trace).
+
+Without --trace it runs the built-in workload (--requests requests behind a
+few shared system prompts, in two namespaces). A trace is JSONL, one
+request per line (docs/simulate.md):
+
+  {"arrival": 0, "prompt_len": 96, "prefix": "sys", "prefix_len": 64, "output": 32}
+  {"arrival": 2, "prompt": [1, 2, 3], "output": 8, "namespace": "tenant-b", "samples": 2}
+
+Flags:
+`
+
+// metricsServed, when not nil, is called with the metrics URL after the run
+// and before the metrics server stops (tests scrape it there).
+var metricsServed func(url string)
+
+func runSimulate(args []string, stdout, stderr io.Writer) int {
+	cfg := sim.DefaultConfig()
+	wl := sim.DefaultWorkloadConfig()
+	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	trace := fs.String("trace", "", "JSONL trace of requests (- for stdin); default: the built-in workload")
+	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
+	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
+	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers")
+	fs.IntVar(&cfg.Model.NumQOHeads, "qo-heads", cfg.Model.NumQOHeads, "query heads (Hq)")
+	fs.IntVar(&cfg.Model.NumKVHeads, "kv-heads", cfg.Model.NumKVHeads, "K/V heads (Hkv)")
+	fs.IntVar(&cfg.Model.HeadDim, "head-dim", cfg.Model.HeadDim, "head dimension (D)")
+	dtype := fs.String("dtype", cfg.Model.DType.String(), "cache, query and output dtype: f16, bf16, f32")
+	kvLayout := fs.String("kv-layout", cfg.KVLayout.String(), "cache layout: NHD or HND")
+	fs.IntVar(&cfg.PageSize, "page-size", cfg.PageSize, "tokens per page")
+	fs.IntVar(&cfg.NumPages, "pages", cfg.NumPages, "pages in the pool")
+	fs.IntVar(&cfg.WindowTokens, "window", 0, "sliding window in tokens (0: full attention)")
+	fs.IntVar(&cfg.CascadeMinSavedPages, "cascade-min-saved", 0, "page reads a cascade level must save per step (0: the Manager's default, <0: never cascade)")
+	fs.IntVar(&cfg.MaxStepTokens, "step-tokens", cfg.MaxStepTokens, "token budget of a step (chunked prefill)")
+	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "most requests running at once")
+	fs.IntVar(&cfg.VerifyEvery, "verify-every", cfg.VerifyEvery, "check outputs, paged K/V and the Manager every N steps")
+	fs.IntVar(&cfg.VerifySamples, "verify-samples", cfg.VerifySamples, "outputs checked per checked step")
+	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the model's K/V/Q and the checked samples")
+	backendName := fs.String("backend", "cpu", "backend: "+strings.Join(backendNames(), ", "))
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics while running (e.g. 127.0.0.1:9090); off by default")
+	quiet := fs.Bool("quiet", false, "no progress output")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: %s\n%s", commands["simulate"].usage, simulateHelp)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "pagedkv simulate: unexpected arguments %q\n", fs.Args())
+		return exitUsage
+	}
+	fail := func(code int, format string, args ...any) int {
+		fmt.Fprintf(stderr, "pagedkv simulate: "+format+"\n", args...)
+		return code
+	}
+	var err error
+	if cfg.Model.DType, err = layout.ParseDType(*dtype); err != nil {
+		return fail(exitUsage, "--dtype: %v", err)
+	}
+	if cfg.KVLayout, err = layout.ParseKVLayout(strings.ToUpper(*kvLayout)); err != nil {
+		return fail(exitUsage, "--kv-layout: %v", err)
+	}
+	if cfg.Backend, err = openBackend(*backendName); err != nil {
+		return fail(usageOr(err, exitFailure), "%v", err)
+	}
+	cfg.Model.Seed = cfg.Seed
+
+	var workload []sim.Request
+	if *trace != "" {
+		workload, err = readTrace(*trace)
+	} else {
+		workload, err = sim.Workload(wl)
+	}
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	var prog *progress
+	if !*quiet {
+		prog = newProgress(stderr)
+		cfg.Progress = prog.update
+	}
+	s, err := sim.New(cfg, workload)
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+
+	if *metricsAddr != "" {
+		url, stop, err := serveMetrics(*metricsAddr, metrics.NewCollector(s.Manager().Stats, metrics.Options{}))
+		if err != nil {
+			return fail(exitFailure, "--metrics-addr: %v", err)
+		}
+		defer stop()
+		fmt.Fprintf(stderr, "simulate: serving metrics at %s\n", url)
+		if metricsServed != nil {
+			defer metricsServed(url) // runs before stop
+		}
+	}
+	sum, err := s.Run()
+	if prog != nil {
+		prog.done() // clear the bar before the summary
+	}
+	sum.Format(stdout, &cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "pagedkv simulate: %v\n", err)
+		return exitFailure
+	}
+	return exitOK
+}
+
+// readTrace parses the trace at path ("-" for stdin).
+func readTrace(path string) ([]sim.Request, error) {
+	if path == "-" {
+		return sim.ParseTrace(os.Stdin)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	reqs, err := sim.ParseTrace(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return reqs, nil
+}
+
+// serveMetrics serves c at http://addr/metrics, bound to exactly addr,
+// and returns the URL (with the port chosen for ":0") and a stop function.
+func serveMetrics(addr string, c prometheus.Collector) (url string, stop func(), err error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(c); err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln) //nolint:errcheck // returns ErrServerClosed on stop
+	return "http://" + ln.Addr().String() + "/metrics", func() { srv.Close() }, nil
+}
+
+// progress renders sim.Progress: a bar redrawn in place on a terminal, a
+// plain line per tenth of the requests otherwise.
+type progress struct {
+	w        io.Writer
+	terminal bool
+	last     time.Time
+	tenth    int // plain mode: tenths of the requests reported so far
+	drawn    bool
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			p.terminal = true
+		}
+	}
+	return p
+}
+
+func (p *progress) update(s sim.Progress) {
+	if p.terminal {
+		if time.Since(p.last) < 100*time.Millisecond && s.Finished < s.Total {
+			return
+		}
+		p.last = time.Now()
+		const width = 30
+		n := width * s.Finished / max(s.Total, 1)
+		fmt.Fprintf(p.w, "\r[%s%s] %d/%d requests, step %d, %d running, %d waiting (%d preempted)\x1b[K",
+			strings.Repeat("#", n), strings.Repeat(".", width-n), s.Finished, s.Total, s.Step, s.Running, s.Waiting, s.Preempted)
+		p.drawn = true
+		return
+	}
+	if t := 10 * s.Finished / max(s.Total, 1); t > p.tenth {
+		p.tenth = t
+		fmt.Fprintf(p.w, "simulate: step %d: %d/%d requests finished, %d running, %d waiting (%d preempted)\n",
+			s.Step, s.Finished, s.Total, s.Running, s.Waiting, s.Preempted)
+	}
+}
+
+// done clears a drawn bar.
+func (p *progress) done() {
+	if p.drawn {
+		fmt.Fprint(p.w, "\r\x1b[K")
+		p.drawn = false
+	}
+}
