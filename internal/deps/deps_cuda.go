@@ -1,5 +1,0 @@
-//go:build cuda
-
-package deps
-
-import _ "gorgonia.org/cu"
