@@ -200,3 +200,23 @@ func display(rel string) string {
 	}
 	return rel
 }
+
+// The checker itself must be able to fail: these imports are wrong by the
+// table above, and each must be caught by the same predicates the test uses.
+func TestImportLayeringRejects(t *testing.T) {
+	for _, c := range []struct{ pkg, imp string }{
+		{"allocator", modulePath + "/pagetable"},        // upward import
+		{"layout", modulePath + "/ragged"},              // leaves stay leaves
+		{"pagetable", "gorgonia.org/cu"},                // CUDA outside kernels/cuda
+		{"cascade", modulePath + "/internal/reference"}, // oracle shares no code
+		{"kernels", modulePath},                         // nothing imports the facade
+		{"prefixcache", "github.com/prometheus/client_golang/prometheus"},
+	} {
+		if isAllowed(c.imp, allowedImports[c.pkg]) {
+			t.Errorf("%s importing %s should be rejected", c.pkg, c.imp)
+		}
+	}
+	if !isAllowed("gorgonia.org/cu", allowedImports["kernels/cuda"]) {
+		t.Error("kernels/cuda must be allowed to import gorgonia.org/cu")
+	}
+}
