@@ -35,6 +35,15 @@ func NewWithDriver(name string, drv Driver, cfg Config) *Backend {
 	return &Backend{name: name, drv: drv, cfg: cfg}
 }
 
+// Close releases the device (the CUDA context of [New]); the backend must
+// not be used afterwards. It is a no-op for drivers without a Close method.
+func (b *Backend) Close() error {
+	if c, ok := b.drv.(interface{ Close() error }); ok {
+		return c.Close()
+	}
+	return nil
+}
+
 // Name returns the name given to the backend ("cuda" for [New]).
 func (b *Backend) Name() string { return b.name }
 

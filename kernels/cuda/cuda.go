@@ -46,12 +46,16 @@ type gpu struct {
 	calls chan func()
 	sms   int
 	name  string
+	ctx   cu.CUContext
 	fns   map[string]cu.Function
 }
 
 func (g *gpu) serve(ordinal int, started chan<- error) {
 	runtime.LockOSThread()
 	err := g.init(ordinal)
+	if err != nil && g.ctx != (cu.CUContext{}) {
+		_ = g.ctx.Destroy() // a module failed to load: release what init made
+	}
 	started <- err
 	if err != nil {
 		return
@@ -72,7 +76,7 @@ func (g *gpu) init(ordinal int) error {
 	if g.sms, err = dev.Attribute(cu.MultiprocessorCount); err != nil {
 		return fmt.Errorf("cuda: cuDeviceGetAttribute(MULTIPROCESSOR_COUNT): %w", err)
 	}
-	if _, err := dev.MakeContext(cu.SchedAuto); err != nil {
+	if g.ctx, err = dev.MakeContext(cu.SchedAuto); err != nil {
 		return fmt.Errorf("cuda: cuCtxCreate on %s: %w", g.name, err)
 	}
 	g.fns = map[string]cu.Function{}
@@ -98,6 +102,14 @@ func (g *gpu) init(ordinal int) error {
 		}
 	}
 	return nil
+}
+
+// Close destroys the context (and with it every module and allocation) and
+// ends the context's goroutine.
+func (g *gpu) Close() error {
+	err := g.do(func() error { return g.ctx.Destroy() })
+	close(g.calls)
+	return errors.Wrap(err, "cuda: cuCtxDestroy")
 }
 
 // do runs f on the context's thread and returns its error.
