@@ -194,48 +194,38 @@ func equalInts(a, b []int) bool {
 	return true
 }
 
+// dtypePairs pairs each file dtype with the project's; layoutDType and
+// fileDType both read it, so the two directions cannot drift apart.
+var dtypePairs = []struct {
+	file    safetensors.DType
+	project layout.DType
+}{
+	{safetensors.F32, layout.F32},
+	{safetensors.F16, layout.F16},
+	{safetensors.BF16, layout.BF16},
+	{safetensors.I32, layout.I32},
+	{safetensors.U8, layout.U8},
+	{safetensors.I8, layout.I8},
+	{safetensors.F8E4M3, layout.E4M3},
+	{safetensors.F8E5M2, layout.E5M2},
+}
+
 // layoutDType maps a file dtype to the project's.
 func layoutDType(d safetensors.DType) (layout.DType, bool) {
-	switch d {
-	case safetensors.F32:
-		return layout.F32, true
-	case safetensors.F16:
-		return layout.F16, true
-	case safetensors.BF16:
-		return layout.BF16, true
-	case safetensors.I32:
-		return layout.I32, true
-	case safetensors.U8:
-		return layout.U8, true
-	case safetensors.I8:
-		return layout.I8, true
-	case safetensors.F8E4M3:
-		return layout.E4M3, true
-	case safetensors.F8E5M2:
-		return layout.E5M2, true
+	for _, p := range dtypePairs {
+		if p.file == d {
+			return p.project, true
+		}
 	}
 	return layout.InvalidDType, false
 }
 
 // fileDType maps a project dtype back to the file's.
 func fileDType(d layout.DType) safetensors.DType {
-	switch d {
-	case layout.F32:
-		return safetensors.F32
-	case layout.F16:
-		return safetensors.F16
-	case layout.BF16:
-		return safetensors.BF16
-	case layout.I32:
-		return safetensors.I32
-	case layout.U8:
-		return safetensors.U8
-	case layout.I8:
-		return safetensors.I8
-	case layout.E4M3:
-		return safetensors.F8E4M3
-	case layout.E5M2:
-		return safetensors.F8E5M2
+	for _, p := range dtypePairs {
+		if p.project == d {
+			return p.file
+		}
 	}
 	return safetensors.InvalidDType
 }

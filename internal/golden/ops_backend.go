@@ -94,6 +94,38 @@ func (x *exec) pagedCache(name string) (kernels.PagedKVCache, error) {
 	return kernels.PagedKVCache{Geometry: g, Data: append([]byte(nil), t.Data...)}, nil
 }
 
+// mlaCache copies in.ckv_cache [pages, page_size, head_dim_ckv] and
+// in.kpe_cache [pages, page_size, head_dim_kpe] into a split MLA host cache,
+// checking that the two agree in dtype, page count and page size.
+func (x *exec) mlaCache() (kernels.MLACache, error) {
+	ckv, kpe := x.tensor("in.ckv_cache"), x.tensor("in.kpe_cache")
+	dt, ok := layoutDType(ckv.DType)
+	switch {
+	case !ok || !dt.IsFloat() || len(ckv.Shape) != 3:
+		return kernels.MLACache{}, badTensor(ckv, "want a 3-D floating-point cache [pages, page_size, head_dim_ckv]")
+	case kpe.DType != ckv.DType || len(kpe.Shape) != 3 || kpe.Shape[0] != ckv.Shape[0] || kpe.Shape[1] != ckv.Shape[1]:
+		return kernels.MLACache{}, badTensor(kpe, "want %v [%d, %d, head_dim_kpe] like %s", ckv.DType, ckv.Shape[0], ckv.Shape[1], ckv.Name)
+	}
+	return kernels.MLACache{
+		Geometry: layout.MLA{Form: layout.Split, DType: dt, NumPages: ckv.Shape[0], PageSize: ckv.Shape[1], HeadDimCKV: ckv.Shape[2], HeadDimKPE: kpe.Shape[2]},
+		CKV:      append([]byte(nil), ckv.Data...),
+		KPE:      append([]byte(nil), kpe.Data...),
+	}, nil
+}
+
+// appendTargets reads where an append writes: batch_indices and positions
+// (one entry per appended token) and the page table they address.
+func (x *exec) appendTargets() (batchIndices, positions []int32, table kernels.PageTable, err error) {
+	if batchIndices, err = x.indices("in.batch_indices"); err != nil {
+		return
+	}
+	if positions, err = x.indices("in.positions"); err != nil {
+		return
+	}
+	table, err = x.pageTable("")
+	return
+}
+
 // pageTable reads kv_indptr, kv_indices, kv_last_page_len (with an optional
 // per-level suffix such as ".1").
 func (x *exec) pageTable(suffix string) (kernels.PageTable, error) {
@@ -121,13 +153,7 @@ func runAppend(x *exec) (map[string]safetensors.Tensor, error) {
 	if p.AppendValue, err = x.host("in.append_value", 3); err != nil {
 		return nil, err
 	}
-	if p.BatchIndices, err = x.indices("in.batch_indices"); err != nil {
-		return nil, err
-	}
-	if p.Positions, err = x.indices("in.positions"); err != nil {
-		return nil, err
-	}
-	if p.Table, err = x.pageTable(""); err != nil {
+	if p.BatchIndices, p.Positions, p.Table, err = x.appendTargets(); err != nil {
 		return nil, err
 	}
 	if err := x.b.AppendPagedKVCache(&p); err != nil {
@@ -140,14 +166,11 @@ func runAppend(x *exec) (map[string]safetensors.Tensor, error) {
 }
 
 func runMLAAppend(x *exec) (map[string]safetensors.Tensor, error) {
-	ckv, kpe := x.tensor("in.ckv_cache"), x.tensor("in.kpe_cache")
-	dt, ok := layoutDType(ckv.DType)
-	switch {
-	case !ok || !dt.IsFloat() || len(ckv.Shape) != 3:
-		return nil, badTensor(ckv, "want a 3-D floating-point cache [pages, page_size, head_dim_ckv]")
-	case kpe.DType != ckv.DType || len(kpe.Shape) != 3 || kpe.Shape[0] != ckv.Shape[0] || kpe.Shape[1] != ckv.Shape[1]:
-		return nil, badTensor(kpe, "want %v [%d, %d, head_dim_kpe] like %s", ckv.DType, ckv.Shape[0], ckv.Shape[1], ckv.Name)
+	cache, err := x.mlaCache()
+	if err != nil {
+		return nil, err
 	}
+	ckv, kpe := x.tensor("in.ckv_cache"), x.tensor("in.kpe_cache")
 	pageSize, err := x.p.intReq("page_size")
 	if err != nil {
 		return nil, err
@@ -155,32 +178,18 @@ func runMLAAppend(x *exec) (map[string]safetensors.Tensor, error) {
 	if err := x.wantDim("page_size", pageSize, ckv, 1); err != nil {
 		return nil, err
 	}
-	p := kernels.MLAAppendParams{Cache: kernels.MLACache{
-		Geometry: layout.MLA{Form: layout.Split, DType: dt, NumPages: ckv.Shape[0], PageSize: pageSize, HeadDimCKV: ckv.Shape[2], HeadDimKPE: kpe.Shape[2]},
-		CKV:      append([]byte(nil), ckv.Data...),
-		KPE:      append([]byte(nil), kpe.Data...),
-	}}
+	p := kernels.MLAAppendParams{Cache: cache}
 	if p.AppendCKV, err = x.host("in.append_ckv", 2); err != nil {
 		return nil, err
 	}
 	if p.AppendKPE, err = x.host("in.append_kpe", 2); err != nil {
 		return nil, err
 	}
-	if p.BatchIndices, err = x.indices("in.batch_indices"); err != nil {
+	var table kernels.PageTable
+	if p.BatchIndices, p.Positions, table, err = x.appendTargets(); err != nil {
 		return nil, err
 	}
-	if p.Positions, err = x.indices("in.positions"); err != nil {
-		return nil, err
-	}
-	if p.KVIndptr, err = x.indices("in.kv_indptr"); err != nil {
-		return nil, err
-	}
-	if p.KVIndices, err = x.indices("in.kv_indices"); err != nil {
-		return nil, err
-	}
-	if p.KVLastPageLen, err = x.indices("in.kv_last_page_len"); err != nil {
-		return nil, err
-	}
+	p.KVIndptr, p.KVIndices, p.KVLastPageLen = table.KVIndptr, table.KVIndices, table.KVLastPageLen
 	if err := x.b.AppendPagedMLAKVCache(&p); err != nil {
 		return nil, err
 	}
@@ -344,14 +353,11 @@ func runMLADecode(x *exec) (map[string]safetensors.Tensor, error) {
 	if err != nil {
 		return nil, err
 	}
-	ckv, kpe := x.tensor("in.ckv_cache"), x.tensor("in.kpe_cache")
-	dt, ok := layoutDType(ckv.DType)
-	switch {
-	case !ok || !dt.IsFloat() || len(ckv.Shape) != 3:
-		return nil, badTensor(ckv, "want a 3-D floating-point cache [pages, page_size, head_dim_ckv]")
-	case kpe.DType != ckv.DType || len(kpe.Shape) != 3 || kpe.Shape[0] != ckv.Shape[0] || kpe.Shape[1] != ckv.Shape[1]:
-		return nil, badTensor(kpe, "want %v [%d, %d, head_dim_kpe] like %s", ckv.DType, ckv.Shape[0], ckv.Shape[1], ckv.Name)
+	cache, err := x.mlaCache()
+	if err != nil {
+		return nil, err
 	}
+	ckv, kpe := x.tensor("in.ckv_cache"), x.tensor("in.kpe_cache")
 	for _, c := range []struct {
 		param  string
 		t      safetensors.Tensor
@@ -385,11 +391,7 @@ func runMLADecode(x *exec) (map[string]safetensors.Tensor, error) {
 	}
 	p := kernels.MLADecodeParams{
 		QNope: qNope, QPE: qPE,
-		Cache: kernels.MLACache{
-			Geometry: layout.MLA{Form: layout.Split, DType: dt, NumPages: ckv.Shape[0], PageSize: ckv.Shape[1], HeadDimCKV: ckv.Shape[2], HeadDimKPE: kpe.Shape[2]},
-			CKV:      append([]byte(nil), ckv.Data...),
-			KPE:      append([]byte(nil), kpe.Data...),
-		},
+		Cache:    cache,
 		NumHeads: qNope.Shape[1],
 		SMScale:  smScale,
 	}
