@@ -135,30 +135,17 @@ func checkLSEValues(op, name string, s []float32, heads int) error {
 // It does not check that O overlaps neither Q nor the cache; it must not.
 func (p *DecodeParams) Validate() error {
 	const op = "decode"
-	if err := p.Cache.Validate(); err != nil {
-		return fmt.Errorf("%s: paged_kv_cache: %w", op, err)
-	}
-	g := p.Cache.Geometry
-	B, hq, d, err := checkRank3(op, "q", &p.Q)
+	B, hq, d, err := validatePagedQ(op, &p.Q, &p.Cache, &p.AttentionParams)
 	if err != nil {
-		return err
-	}
-	if d != g.HeadDim {
-		return fmt.Errorf("%s: %w: q has head_dim %d but the cache has head_dim %d", op, ErrInvalidTensor, d, g.HeadDim)
-	}
-	if err := p.AttentionParams.validate(op, hq, g.NumKVHeads, d); err != nil {
 		return err
 	}
 	if len(p.Table.KVIndptr) != B+1 {
 		return fmt.Errorf("%s: %w: kv_indptr has length %d but q has %d rows (want batch+1 = %d)", op, ErrInvalidPageTable, len(p.Table.KVIndptr), B, B+1)
 	}
-	if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
-	if err := checkOut(op, "o", &p.O, B, hq, d); err != nil {
-		return err
-	}
-	return checkLSE(op, "lse", p.LSE, B*hq, true)
+	return validateAttentionOut(op, &p.O, p.LSE, B, hq, d)
 }
 
 // Validate checks every input of batch prefill before anything is written:
@@ -172,30 +159,48 @@ func (p *DecodeParams) Validate() error {
 // batch kernels.
 func (p *PrefillParams) Validate() error {
 	const op = "prefill"
-	if err := p.Cache.Validate(); err != nil {
-		return fmt.Errorf("%s: paged_kv_cache: %w", op, err)
-	}
-	g := p.Cache.Geometry
-	nnz, hq, d, err := checkRank3(op, "q", &p.Q)
+	nnz, hq, d, err := validatePagedQ(op, &p.Q, &p.Cache, &p.AttentionParams)
 	if err != nil {
 		return err
 	}
-	if d != g.HeadDim {
-		return fmt.Errorf("%s: %w: q has head_dim %d but the cache has head_dim %d", op, ErrInvalidTensor, d, g.HeadDim)
-	}
-	if err := p.AttentionParams.validate(op, hq, g.NumKVHeads, d); err != nil {
-		return err
-	}
-	if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if err := validateQOIndptr(op, p.QOIndptr, len(p.Table.KVIndptr)-1, nnz); err != nil {
 		return err
 	}
-	if err := checkOut(op, "o", &p.O, nnz, hq, d); err != nil {
+	return validateAttentionOut(op, &p.O, p.LSE, nnz, hq, d)
+}
+
+// validatePagedQ checks, in this order, what decode and prefill share before
+// their page tables: the cache, q [rows, Hq, D] of an activation dtype with
+// the cache's head_dim, and the scalar attention parameters against Hq and
+// the cache's num_kv_heads. It returns q's dimensions.
+func validatePagedQ(op string, q *Tensor, cache *PagedKVCache, a *AttentionParams) (rows, hq, d int, err error) {
+	if err := cache.Validate(); err != nil {
+		return 0, 0, 0, fmt.Errorf("%s: paged_kv_cache: %w", op, err)
+	}
+	g := cache.Geometry
+	rows, hq, d, err = checkRank3(op, "q", q)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if d != g.HeadDim {
+		return 0, 0, 0, fmt.Errorf("%s: %w: q has head_dim %d but the cache has head_dim %d", op, ErrInvalidTensor, d, g.HeadDim)
+	}
+	if err := a.validate(op, hq, g.NumKVHeads, d); err != nil {
+		return 0, 0, 0, err
+	}
+	return rows, hq, d, nil
+}
+
+// validateAttentionOut checks an attention's outputs: o [rows, heads, d] of
+// an activation dtype and lse nil or rows*heads values.
+func validateAttentionOut(op string, o *Tensor, lse []float32, rows, heads, d int) error {
+	if err := checkOut(op, "o", o, rows, heads, d); err != nil {
 		return err
 	}
-	return checkLSE(op, "lse", p.LSE, nnz*hq, true)
+	return checkLSE(op, "lse", lse, rows*heads, true)
 }
 
 // validateQOIndptr checks qo_indptr against the batch size of the page table
@@ -269,10 +274,7 @@ func (p *MLADecodeParams) Validate() error {
 			return fmt.Errorf("%s: %w: kv_len[%d] = %d does not fit in its %d pages of %d tokens", op, ErrInvalidPageTable, b, n, pages, g.PageSize)
 		}
 	}
-	if err := checkOut(op, "o", &p.O, B, h, dc); err != nil {
-		return err
-	}
-	return checkLSE(op, "lse", p.LSE, B*h, true)
+	return validateAttentionOut(op, &p.O, p.LSE, B, h, dc)
 }
 
 // Validate checks merge_state's inputs before anything is written: VA, VB
