@@ -335,14 +335,26 @@ func (m *ManagerModel) Add(id uint64, ns string, prompt []int32, prio int, noCac
 	return matched, nil
 }
 
+// existing returns request id for an operation on a request that must
+// exist. It makes the checks every such operation makes first, in this
+// order: no step pending (ErrMgrStepPending), then the request known
+// (ErrMgrUnknownRequest).
+func (m *ManagerModel) existing(id uint64) (*MgrRequestModel, error) {
+	r := m.reqs[id]
+	switch {
+	case m.pending:
+		return nil, ErrMgrStepPending
+	case r == nil:
+		return nil, ErrMgrUnknownRequest
+	}
+	return r, nil
+}
+
 // Extend appends known tokens.
 func (m *ManagerModel) Extend(id uint64, tokens []int32) error {
-	if m.pending {
-		return ErrMgrStepPending
-	}
-	r := m.reqs[id]
-	if r == nil {
-		return ErrMgrUnknownRequest
+	r, err := m.existing(id)
+	if err != nil {
+		return err
 	}
 	if err := validTokens(tokens); err != nil {
 		return err
@@ -353,12 +365,11 @@ func (m *ManagerModel) Extend(id uint64, tokens []int32) error {
 
 // Fork copies a running request, sharing its pages.
 func (m *ManagerModel) Fork(parent, child uint64) error {
-	p := m.reqs[parent]
+	p, err := m.existing(parent)
+	if err != nil {
+		return err
+	}
 	switch {
-	case m.pending:
-		return ErrMgrStepPending
-	case p == nil:
-		return ErrMgrUnknownRequest
 	case !p.Running:
 		return ErrMgrPreempted
 	case m.reqs[child] != nil:
@@ -376,12 +387,9 @@ func (m *ManagerModel) Fork(parent, child uint64) error {
 
 // Release ends a request.
 func (m *ManagerModel) Release(id uint64) error {
-	r := m.reqs[id]
-	switch {
-	case m.pending:
-		return ErrMgrStepPending
-	case r == nil:
-		return ErrMgrUnknownRequest
+	r, err := m.existing(id)
+	if err != nil {
+		return err
 	}
 	if r.Running {
 		m.dropPages(r)
@@ -392,13 +400,11 @@ func (m *ManagerModel) Release(id uint64) error {
 
 // Preempt drops a running request's pages and keeps the request.
 func (m *ManagerModel) Preempt(id uint64) error {
-	r := m.reqs[id]
-	switch {
-	case m.pending:
-		return ErrMgrStepPending
-	case r == nil:
-		return ErrMgrUnknownRequest
-	case !r.Running:
+	r, err := m.existing(id)
+	if err != nil {
+		return err
+	}
+	if !r.Running {
 		return ErrMgrPreempted
 	}
 	m.dropPages(r)
@@ -412,13 +418,11 @@ func (m *ManagerModel) Preempt(id uint64) error {
 
 // Resume re-admits a preempted request.
 func (m *ManagerModel) Resume(id uint64) (int, error) {
-	r := m.reqs[id]
-	switch {
-	case m.pending:
-		return 0, ErrMgrStepPending
-	case r == nil:
-		return 0, ErrMgrUnknownRequest
-	case r.Running:
+	r, err := m.existing(id)
+	if err != nil {
+		return 0, err
+	}
+	if r.Running {
 		return 0, ErrMgrNotPreempted
 	}
 	matched := m.admit(r)
