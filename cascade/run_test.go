@@ -219,8 +219,8 @@ func TestCascadeEqualsFlat(t *testing.T) {
 			}
 			qRef := reference.Rows3(reference.Floats(p.Q.DType, p.Q.Data), nnz, hq, g.HeadDim)
 			wo, wl := reference.Cascade(qRef, refLevels, refCache, reference.Logits{WindowLeft: -1, Causal: causal, SoftCap: ap.LogitsSoftCap})
-			requireClose(t, what+" o vs model", p.O.F32(), flat3(wo), 1e-4, 1e-4, hq, g.HeadDim)
-			requireClose(t, what+" lse vs model", p.LSE, flat2(wl), 1e-4, 1e-4, hq, 1)
+			requireClose(t, what+" o vs model", p.O.F32(), reference.Flat3(wo), 1e-4, 1e-4, hq, g.HeadDim)
+			requireClose(t, what+" lse vs model", p.LSE, reference.Flat2(wl), 1e-4, 1e-4, hq, 1)
 			if !flat {
 				continue
 			}
@@ -249,24 +249,6 @@ func randFloats(rng *rand.Rand, n int) []float32 {
 	out := make([]float32, n)
 	for i := range out {
 		out[i] = float32(2*rng.Float64() - 1)
-	}
-	return out
-}
-
-func flat3(x [][][]float64) []float64 {
-	var out []float64
-	for _, a := range x {
-		for _, b := range a {
-			out = append(out, b...)
-		}
-	}
-	return out
-}
-
-func flat2(x [][]float64) []float64 {
-	var out []float64
-	for _, a := range x {
-		out = append(out, a...)
 	}
 	return out
 }

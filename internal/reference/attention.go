@@ -104,6 +104,27 @@ func Rows3(flat []float64, a, b, c int) [][][]float64 {
 	return out
 }
 
+// Flat3 flattens [a][b][c] into one [a*b*c] slice, row-major: the inverse
+// of [Rows3].
+func Flat3(x [][][]float64) []float64 {
+	var out []float64
+	for _, a := range x {
+		for _, b := range a {
+			out = append(out, b...)
+		}
+	}
+	return out
+}
+
+// Flat2 flattens [a][b] into one [a*b] slice, row-major.
+func Flat2(x [][]float64) []float64 {
+	var out []float64
+	for _, a := range x {
+		out = append(out, a...)
+	}
+	return out
+}
+
 // PagedKV is a paged GQA/MHA cache in the reference's own terms. Fused means
 // one [pages, 2, ...] tensor in Data (K = [:,0], V = [:,1]); otherwise K and
 // V are separate [pages, ...] buffers. Within a page, NHD stores
@@ -263,21 +284,52 @@ func Attend(q []float64, keys, values [][]float64, visible []bool, scale, softCa
 	return o, (m + math.Log(sum)) / math.Ln2
 }
 
-// BatchPrefill is batch prefill over a paged cache: q is [nnz_qo][Hq][D];
-// request b's queries are rows qoIndptr[b]:qoIndptr[b+1], the last qo_len
-// tokens of its kv_len keys. Query head h reads kv head h/(Hq/H). It returns
-// o [nnz_qo][Hq][D] and lse [nnz_qo][Hq] (base 2).
-func BatchPrefill(q [][][]float64, qoIndptr []int32, c PagedKV, kvIndptr, kvIndices, kvLastPageLen []int32, lg Logits) (o [][][]float64, lse [][]float64) {
+// headAttention is what every query row of a paged GQA attention shares:
+// hq query heads, query head h reading kv head h/group, q·k scaled by scale
+// (SMScale, or 1/sqrt(head_dim) when 0, times KScale, or 1 when 0), and the
+// soft cap and VScale of lg.
+type headAttention struct {
+	hq, group, headDim int
+	scale              float64
+	lg                 Logits
+}
+
+// newHeadAttention reads hq from q [rows][Hq][D] (0 when q has no rows).
+func newHeadAttention(q [][][]float64, c PagedKV, lg Logits) headAttention {
 	hq := 0
 	if len(q) > 0 {
 		hq = len(q[0])
 	}
-	group := hq / c.NumKVHeads
 	scale := lg.SMScale
 	if scale == 0 {
 		scale = 1 / math.Sqrt(float64(c.HeadDim))
 	}
 	scale *= orOne(lg.KScale)
+	return headAttention{hq: hq, group: hq / c.NumKVHeads, headDim: c.HeadDim, scale: scale, lg: lg}
+}
+
+// row attends one query row qRow [Hq][D] over keys k and values v
+// ([token][kv head][feat]) where visible[j] lets it see key j, and returns
+// o [Hq][D] (multiplied by VScale) and lse [Hq] (base 2, without VScale).
+func (a headAttention) row(qRow [][]float64, k, v [][][]float64, visible []bool) (o [][]float64, lse []float64) {
+	o = make([][]float64, a.hq)
+	lse = make([]float64, a.hq)
+	for h := 0; h < a.hq; h++ {
+		kh, vh := headRows(k, h/a.group), headRows(v, h/a.group)
+		o[h], lse[h] = Attend(qRow[h], kh, vh, visible, a.scale, a.lg.SoftCap, a.headDim)
+		for d := range o[h] {
+			o[h][d] *= orOne(a.lg.VScale)
+		}
+	}
+	return o, lse
+}
+
+// BatchPrefill is batch prefill over a paged cache: q is [nnz_qo][Hq][D];
+// request b's queries are rows qoIndptr[b]:qoIndptr[b+1], the last qo_len
+// tokens of its kv_len keys. Query head h reads kv head h/(Hq/H). It returns
+// o [nnz_qo][Hq][D] and lse [nnz_qo][Hq] (base 2).
+func BatchPrefill(q [][][]float64, qoIndptr []int32, c PagedKV, kvIndptr, kvIndices, kvLastPageLen []int32, lg Logits) (o [][][]float64, lse [][]float64) {
+	heads := newHeadAttention(q, c, lg)
 	o = make([][][]float64, len(q))
 	lse = make([][]float64, len(q))
 	for b := 0; b+1 < len(qoIndptr); b++ {
@@ -285,19 +337,11 @@ func BatchPrefill(q [][][]float64, qoIndptr []int32, c PagedKV, kvIndptr, kvIndi
 		qoLen, kvLen := int(qoIndptr[b+1]-qoIndptr[b]), len(k)
 		for i := 0; i < qoLen; i++ {
 			r := int(qoIndptr[b]) + i
-			o[r] = make([][]float64, hq)
-			lse[r] = make([]float64, hq)
 			visible := make([]bool, kvLen)
 			for j := range visible {
 				visible[j] = Visible(i, j, qoLen, kvLen, lg.Causal, lg.WindowLeft)
 			}
-			for h := 0; h < hq; h++ {
-				kh, vh := headRows(k, h/group), headRows(v, h/group)
-				o[r][h], lse[r][h] = Attend(q[r][h], kh, vh, visible, scale, lg.SoftCap, c.HeadDim)
-				for d := range o[r][h] {
-					o[r][h][d] *= orOne(lg.VScale)
-				}
-			}
+			o[r], lse[r] = heads.row(q[r], k, v, visible)
 		}
 	}
 	return o, lse
@@ -431,16 +475,7 @@ type CascadeLevel struct {
 // (FlashInfer would apply it per level). It returns o [nnz][Hq][D] and
 // lse [nnz][Hq].
 func Cascade(q [][][]float64, levels []CascadeLevel, c PagedKV, lg Logits) (o [][][]float64, lse [][]float64) {
-	hq := 0
-	if len(q) > 0 {
-		hq = len(q[0])
-	}
-	group := hq / c.NumKVHeads
-	scale := lg.SMScale
-	if scale == 0 {
-		scale = 1 / math.Sqrt(float64(c.HeadDim))
-	}
-	scale *= orOne(lg.KScale)
+	heads := newHeadAttention(q, c, lg)
 	o = make([][][]float64, len(q))
 	lse = make([][]float64, len(q))
 	for r := range q {
@@ -458,14 +493,7 @@ func Cascade(q [][][]float64, levels []CascadeLevel, c PagedKV, lg Logits) (o []
 			}
 			k, v = append(k, gk...), append(v, gv...)
 		}
-		o[r] = make([][]float64, hq)
-		lse[r] = make([]float64, hq)
-		for h := 0; h < hq; h++ {
-			o[r][h], lse[r][h] = Attend(q[r][h], headRows(k, h/group), headRows(v, h/group), visible, scale, lg.SoftCap, c.HeadDim)
-			for d := range o[r][h] {
-				o[r][h][d] *= orOne(lg.VScale)
-			}
-		}
+		o[r], lse[r] = heads.row(q[r], k, v, visible)
 	}
 	return o, lse
 }

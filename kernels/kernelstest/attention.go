@@ -106,24 +106,6 @@ func rowHead(heads int) func(int) string {
 	return func(i int) string { return fmt.Sprintf("row %d head %d", i/heads, i%heads) }
 }
 
-func flat3(x [][][]float64) []float64 {
-	var out []float64
-	for _, a := range x {
-		for _, b := range a {
-			out = append(out, b...)
-		}
-	}
-	return out
-}
-
-func flat2(x [][]float64) []float64 {
-	var out []float64
-	for _, a := range x {
-		out = append(out, a...)
-	}
-	return out
-}
-
 func f32s(xs []float64) []float32 {
 	out := make([]float32, len(xs))
 	for i, x := range xs {
@@ -155,32 +137,19 @@ type cacheCase struct {
 // head, feat) gives each stored value (before encoding into g.DType); every
 // other slot holds NaN. spare extra pages are added.
 func pagedFromTokens(rng *rand.Rand, g layout.Paged, lens []int, spare int, value func(b, t, kv, h, d int) float64) *cacheCase {
-	B := len(lens)
-	indptr := make([]int32, B+1)
-	last := make([]int32, B)
+	indptr, indices, numPages := scatterPages(rng, lens, g.PageSize, spare)
+	last := make([]int32, len(lens))
 	for b, n := range lens {
-		np := (n + g.PageSize - 1) / g.PageSize
-		indptr[b+1] = indptr[b] + int32(np)
 		if n > 0 {
 			last[b] = int32((n-1)%g.PageSize + 1)
 		}
 	}
-	g.NumPages = int(indptr[B]) + spare
-	perm := rng.Perm(g.NumPages)
-	indices := make([]int32, indptr[B])
-	for i := range indices {
-		indices[i] = int32(perm[i])
-	}
+	g.NumPages = numPages
 	cache, err := kernels.NewPagedKVCache(g)
 	if err != nil {
 		panic(err)
 	}
-	nan := float32(math.NaN())
-	for _, buf := range [][]byte{cache.Data, cache.K, cache.V} {
-		for i := 0; i < len(buf)/g.DType.Size(); i++ {
-			layout.StoreF32(g.DType, buf, i, nan)
-		}
-	}
+	fillNaN(g.DType, cache.Data, cache.K, cache.V)
 	for b, n := range lens {
 		for t := 0; t < n; t++ {
 			page, entry := int(indices[int(indptr[b])+t/g.PageSize]), t%g.PageSize
@@ -198,6 +167,35 @@ func pagedFromTokens(rng *rand.Rand, g layout.Paged, lens []int, spare int, valu
 		lens:  lens,
 		ref: reference.PagedKV{Layout: g.Layout, Form: g.Form, DType: g.DType, NumPages: g.NumPages, PageSize: g.PageSize,
 			NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: cache.Data, K: cache.K, V: cache.V},
+	}
+}
+
+// scatterPages gives request b ceil(lens[b]/pageSize) pages, drawn without
+// repeats from a random permutation of numPages = (pages needed) + spare
+// page ids, and returns the CSR table of them.
+func scatterPages(rng *rand.Rand, lens []int, pageSize, spare int) (indptr, indices []int32, numPages int) {
+	B := len(lens)
+	indptr = make([]int32, B+1)
+	for b, n := range lens {
+		indptr[b+1] = indptr[b] + int32((n+pageSize-1)/pageSize)
+	}
+	numPages = int(indptr[B]) + spare
+	perm := rng.Perm(numPages)
+	indices = make([]int32, indptr[B])
+	for i := range indices {
+		indices[i] = int32(perm[i])
+	}
+	return indptr, indices, numPages
+}
+
+// fillNaN stores NaN in every element of bufs (of dtype dt), so that a
+// slot no token was written to poisons any result that reads it.
+func fillNaN(dt layout.DType, bufs ...[]byte) {
+	nan := float32(math.NaN())
+	for _, buf := range bufs {
+		for i := 0; i < len(buf)/dt.Size(); i++ {
+			layout.StoreF32(dt, buf, i, nan)
+		}
 	}
 }
 
@@ -336,9 +334,18 @@ func runDecodeCase(t *testing.T, b kernels.Backend, rng *rand.Rand, a *attnConfi
 	}
 	q := reference.Rows3(reference.Floats(p.Q.DType, p.Q.Data), B, a.hq, D)
 	wo, wl := reference.BatchDecode(q, a.c.ref, a.c.table.KVIndptr, a.c.table.KVIndices, a.c.table.KVLastPageLen, refLogits(a.ap, false))
-	closeTo(t, name+" o "+a.String(), p.O.F32(), flat3(wo), outTol(a.odt), rowHeadFeat(a.hq, D))
+	a.closeToModel(t, name+" "+a.String(), p.O, p.LSE, wo, wl)
+}
+
+// closeToModel compares an attention's output o and, when the config asks
+// for it, its lse with the reference model's wo [rows][Hq][D] and
+// wl [rows][Hq].
+func (a *attnConfig) closeToModel(t *testing.T, what string, o kernels.Tensor, lse []float32, wo [][][]float64, wl [][]float64) {
+	t.Helper()
+	D := a.c.cache.Geometry.HeadDim
+	closeTo(t, what+" o", o.F32(), reference.Flat3(wo), outTol(a.odt), rowHeadFeat(a.hq, D))
 	if a.withLSE {
-		closeTo(t, name+" lse "+a.String(), p.LSE, flat2(wl), lseTol, rowHead(a.hq))
+		closeTo(t, what+" lse", lse, reference.Flat2(wl), lseTol, rowHead(a.hq))
 	}
 }
 
@@ -604,10 +611,7 @@ func runPrefillCase(t *testing.T, b kernels.Backend, rng *rand.Rand, a *attnConf
 	}
 	q := reference.Rows3(reference.Floats(p.Q.DType, p.Q.Data), nnz, a.hq, D)
 	wo, wl := reference.BatchPrefill(q, qo, a.c.ref, a.c.table.KVIndptr, a.c.table.KVIndices, a.c.table.KVLastPageLen, refLogits(a.ap, causal))
-	closeTo(t, what+" o", p.O.F32(), flat3(wo), outTol(a.odt), rowHeadFeat(a.hq, D))
-	if a.withLSE {
-		closeTo(t, what+" lse", p.LSE, flat2(wl), lseTol, rowHead(a.hq))
-	}
+	a.closeToModel(t, what, p.O, p.LSE, wo, wl)
 }
 
 func testPrefillWorked(t *testing.T, b kernels.Backend) {
@@ -715,29 +719,17 @@ type mlaCase struct {
 // value(b, t, part, d) gives ckv (part 0) and kpe (part 1) values. Unused
 // slots hold NaN.
 func mlaFromTokens(rng *rand.Rand, g layout.MLA, lens []int, spare int, value func(b, t, part, d int) float64) *mlaCase {
-	B := len(lens)
-	indptr := make([]int32, B+1)
-	kvLen := make([]int32, B)
+	indptr, indices, numPages := scatterPages(rng, lens, g.PageSize, spare)
+	kvLen := make([]int32, len(lens))
 	for b, n := range lens {
-		indptr[b+1] = indptr[b] + int32((n+g.PageSize-1)/g.PageSize)
 		kvLen[b] = int32(n)
 	}
-	g.NumPages = int(indptr[B]) + spare
-	perm := rng.Perm(g.NumPages)
-	indices := make([]int32, indptr[B])
-	for i := range indices {
-		indices[i] = int32(perm[i])
-	}
+	g.NumPages = numPages
 	cache, err := kernels.NewMLACache(g)
 	if err != nil {
 		panic(err)
 	}
-	nan := float32(math.NaN())
-	for _, buf := range [][]byte{cache.Data, cache.CKV, cache.KPE} {
-		for i := 0; i < len(buf)/g.DType.Size(); i++ {
-			layout.StoreF32(g.DType, buf, i, nan)
-		}
-	}
+	fillNaN(g.DType, cache.Data, cache.CKV, cache.KPE)
 	for b, n := range lens {
 		for t := 0; t < n; t++ {
 			page, entry := int(indices[int(indptr[b])+t/g.PageSize]), t%g.PageSize
@@ -781,8 +773,8 @@ func runMLACase(t *testing.T, b kernels.Backend, rng *rand.Rand, name string) {
 	qn := reference.Rows3(reference.Floats(qdt, p.QNope.Data), B, H, g.HeadDimCKV)
 	qp := reference.Rows3(reference.Floats(qdt, p.QPE.Data), B, H, g.HeadDimKPE)
 	wo, wl := reference.MLADecode(qn, qp, c.ref, c.kvIndptr, c.kvIndices, c.kvLen, p.SMScale)
-	closeTo(t, what+" o", p.O.F32(), flat3(wo), outTol(odt), rowHeadFeat(H, g.HeadDimCKV))
-	closeTo(t, what+" lse", p.LSE, flat2(wl), lseTol, rowHead(H))
+	closeTo(t, what+" o", p.O.F32(), reference.Flat3(wo), outTol(odt), rowHeadFeat(H, g.HeadDimCKV))
+	closeTo(t, what+" lse", p.LSE, reference.Flat2(wl), lseTol, rowHead(H))
 }
 
 func testMLAWorked(t *testing.T, b kernels.Backend) {
