@@ -102,11 +102,11 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		if s.Steps == 0 {
 			return "-"
 		}
-		return (d / time.Duration(s.Steps)).Round(time.Microsecond / 10).String()
+		return roundDuration(d / time.Duration(s.Steps)).String()
 	}
 	line("time/step", "manager %s, attention %s, append %s, model %s, verification %s, total %s",
 		per(s.Time.Manager), per(s.Time.Attention), per(s.Time.Append), per(s.Time.Model), per(s.Time.Verify), per(s.Time.Total))
-	line("wall time", "%s", s.Wall.Round(time.Millisecond))
+	line("wall time", "%s", roundDuration(s.Wall))
 	v := &s.Verified
 	if s.Err != nil {
 		line("verification", "FAILED: %v", s.Err)
@@ -115,6 +115,17 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 			v.Outputs, v.Checks, v.Atol, v.Rtol, v.MaxErr, v.KVTokens)
 	}
 	io.WriteString(w, b.String())
+}
+
+// roundDuration keeps about four significant digits.
+func roundDuration(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(10 * time.Microsecond)
+	}
+	return d.Round(100 * time.Nanosecond)
 }
 
 // bytesString formats n bytes in KiB, MiB or GiB.
