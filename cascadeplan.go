@@ -1,6 +1,7 @@
 package pagedkv
 
 import (
+	"math"
 	"slices"
 
 	"github.com/pagedkv/pagedkv/cascade"
@@ -28,29 +29,53 @@ import (
 // Only pages holding no query token of the step can be shared levels (the
 // shared levels are not causal); copy-on-write already makes every page a
 // step writes private.
+//
+// Every buffer, the tree's nodes and the returned layout included, is kept
+// from step to step, so once the planner has seen a batch of a given shape
+// it plans it again without allocating. The layout is therefore valid only
+// until the next plan (the next Reserve).
 type cascadePlanner struct {
 	// mark[p] == epoch when page p was seen as some request's first page in
 	// the current plan: the allocation-free test for "nothing is shared".
 	mark  []uint64
 	epoch uint64
+
+	// The current plan's inputs.
+	p        *Plan
+	ps       int32
+	minSaved int
+
+	order   []int           // batch indices, sorted by page list
+	lcp     []int           // lcp[k]: pages order[k-1] and order[k] may share and do
+	covered []bool          // by position in order: the request has its leaf
+	leaves  []planLeaf      // in the order they were made
+	nodes   []*cascade.Node // the node pool; nodes[:used] are this plan's
+	used    int
+	kept    int // shared segments that became nodes
+
+	builder cascade.Builder
+	layout  cascade.Layout
+}
+
+// planLeaf is a request's own node (its remaining pages) with the node it
+// hangs from and that node's depth below the root.
+type planLeaf struct {
+	parent *cascade.Node
+	depth  int
+	node   *cascade.Node
 }
 
 func (c *cascadePlanner) init(numPages int) { c.mark = make([]uint64, numPages) }
 
-// sharedRun is a run order[lo:hi] of requests (in sorted order) that share
-// their first end pages; their common segment below the parent run starts at
-// begin.
-type sharedRun struct {
-	lo, hi     int
-	begin, end int // pages [begin, end)
-	children   []*sharedRun
+// plan returns the cascade layout of m's current plan, or nil for flat. The
+// layout is the planner's own and is overwritten by the next plan.
+func (c *cascadePlanner) plan(m *Manager, minSaved int) *cascade.Layout {
+	return c.planFor(&m.plan, m.pageSize, minSaved)
 }
 
-// plan returns the cascade layout of m's current plan, or nil for flat.
-// The fast path (no request shares its first page with another) allocates
-// nothing.
-func (c *cascadePlanner) plan(m *Manager, minSaved int) *cascade.Layout {
-	p := &m.plan
+// planFor is plan over the flat arrays of p (Requests, QOIndptr, KVIndptr,
+// KVPageIndices, KVLastPageLen, SeqLens), with page ids < len(c.mark).
+func (c *cascadePlanner) planFor(p *Plan, pageSize, minSaved int) *cascade.Layout {
 	nb := len(p.Requests)
 	if nb < 2 {
 		return nil
@@ -71,107 +96,49 @@ func (c *cascadePlanner) plan(m *Manager, minSaved int) *cascade.Layout {
 		return nil
 	}
 
-	// Slow path: some prefix is shared. The pages of request b and how many
-	// of them may be shared (those before its first query token).
-	ps := int32(m.pageSize)
-	pages := func(b int) []int32 { return p.KVPageIndices[p.KVIndptr[b]:p.KVIndptr[b+1]] }
-	shareable := func(b int) int {
-		qo := p.QOIndptr[b+1] - p.QOIndptr[b]
-		return int((p.SeqLens[b] - qo) / ps)
+	// Slow path: some prefix is shared.
+	c.p, c.ps, c.minSaved = p, int32(pageSize), minSaved
+	c.order = c.order[:0]
+	for b := range nb {
+		c.order = append(c.order, b)
 	}
-	order := make([]int, nb)
-	for b := range order {
-		order[b] = b
-	}
-	slices.SortStableFunc(order, func(x, y int) int { return slices.Compare(pages(x), pages(y)) })
-	// lcp[k] = pages order[k-1] and order[k] share, within what both may share.
-	lcp := make([]int, nb)
+	slices.SortStableFunc(c.order, func(x, y int) int { return slices.Compare(c.pages(x), c.pages(y)) })
+	c.lcp = append(c.lcp[:0], 0)
 	for k := 1; k < nb; k++ {
-		a, b := pages(order[k-1]), pages(order[k])
-		n := min(shareable(order[k-1]), shareable(order[k]))
+		a, b := c.pages(c.order[k-1]), c.pages(c.order[k])
+		n := min(c.shareable(c.order[k-1]), c.shareable(c.order[k]))
 		i := 0
 		for i < n && a[i] == b[i] {
 			i++
 		}
-		lcp[k] = i
-	}
-	var runs func(lo, hi, depth int) []*sharedRun
-	runs = func(lo, hi, depth int) []*sharedRun {
-		var out []*sharedRun
-		for k := lo; k < hi; {
-			j, end := k+1, int(^uint(0)>>1)
-			for j < hi && lcp[j] > depth {
-				end = min(end, lcp[j])
-				j++
-			}
-			if j-k >= 2 {
-				r := &sharedRun{lo: k, hi: j, begin: depth, end: end}
-				r.children = runs(k, j, end)
-				out = append(out, r)
-			}
-			k = j
-		}
-		return out
+		c.lcp = append(c.lcp, i)
 	}
 
-	// Emit kept runs as cascade nodes; collect each request's leaf (its
-	// remaining pages) with the node it hangs from and its depth.
-	type leaf struct {
-		parent *cascade.Node
-		depth  int
-		node   *cascade.Node
-	}
-	leaves := make([]leaf, 0, nb)
-	covered := make([]bool, nb) // by position in order
-	kept := 0
-	addLeaf := func(k int, parent *cascade.Node, depth, from int) {
-		b := order[k]
-		n := &cascade.Node{Requests: []cascade.Request{{ID: b, QOLen: int(p.QOIndptr[b+1] - p.QOIndptr[b])}}}
-		if pg := pages(b); from < len(pg) {
-			n.Pages, n.LastPageLen = pg[from:], p.KVLastPageLen[b]
-		}
-		leaves = append(leaves, leaf{parent: parent, depth: depth, node: n})
-		covered[k] = true
-	}
-	var emit func(r *sharedRun, parent *cascade.Node, depth, segStart int)
-	emit = func(r *sharedRun, parent *cascade.Node, depth, segStart int) {
-		if g := r.hi - r.lo; (g-1)*(r.end-segStart) >= minSaved {
-			n := &cascade.Node{Pages: pages(order[r.lo])[segStart:r.end], LastPageLen: ps}
-			parent.Children = append(parent.Children, n)
-			parent, depth, segStart = n, depth+1, r.end
-			kept++
-		}
-		for _, ch := range r.children {
-			emit(ch, parent, depth, segStart)
-		}
-		for k := r.lo; k < r.hi; k++ {
-			if !covered[k] {
-				addLeaf(k, parent, depth, segStart)
-			}
-		}
-	}
-	root := &cascade.Node{}
-	for _, r := range runs(0, nb, 0) {
-		emit(r, root, 0, 0)
-	}
-	if kept == 0 {
+	// Emit kept runs as cascade nodes; collect each request's leaf.
+	c.covered = append(c.covered[:0], make([]bool, nb)...)
+	c.leaves = c.leaves[:0]
+	c.used, c.kept = 0, 0
+	root := c.node()
+	c.emitRuns(0, nb, 0, root, 0, 0)
+	if c.kept == 0 {
+		c.release()
 		return nil
 	}
 	for k := range nb {
-		if !covered[k] {
-			addLeaf(k, root, 0, 0)
+		if !c.covered[k] {
+			c.addLeaf(k, root, 0, 0)
 		}
 	}
 	// Every request's own pages must be on the last level (the only causal
 	// one), so pad shallower leaves with empty nodes (groups without pages).
 	deepest := 0
-	for _, l := range leaves {
+	for _, l := range c.leaves {
 		deepest = max(deepest, l.depth)
 	}
-	for _, l := range leaves {
+	for _, l := range c.leaves {
 		at := l.parent
 		for range deepest - l.depth {
-			e := &cascade.Node{}
+			e := c.node()
 			at.Children = append(at.Children, e)
 			at = e
 		}
@@ -181,9 +148,90 @@ func (c *cascadePlanner) plan(m *Manager, minSaved int) *cascade.Layout {
 	if len(root.Children) == 1 && len(root.Requests) == 0 {
 		root = root.Children[0]
 	}
-	lay, err := cascade.Build(root, m.pageSize)
-	if err != nil {
+	if err := c.builder.BuildTo(&c.layout, root, pageSize); err != nil {
 		panic("pagedkv: cascade plan: " + err.Error())
 	}
-	return lay
+	c.release()
+	return &c.layout
+}
+
+// pages are request b's pages.
+func (c *cascadePlanner) pages(b int) []int32 {
+	return c.p.KVPageIndices[c.p.KVIndptr[b]:c.p.KVIndptr[b+1]]
+}
+
+// shareable is how many of request b's pages may be shared: those before
+// its first query token.
+func (c *cascadePlanner) shareable(b int) int {
+	qo := c.p.QOIndptr[b+1] - c.p.QOIndptr[b]
+	return int((c.p.SeqLens[b] - qo) / c.ps)
+}
+
+// emitRuns emits every run of two or more requests in order[lo:hi] that
+// share more than depth pages (adjacent lcp > depth) under parent, which is
+// at the given depth below the root and whose segment ends at page
+// segStart.
+func (c *cascadePlanner) emitRuns(lo, hi, depth int, parent *cascade.Node, nodeDepth, segStart int) {
+	for k := lo; k < hi; {
+		j, end := k+1, math.MaxInt
+		for j < hi && c.lcp[j] > depth {
+			end = min(end, c.lcp[j])
+			j++
+		}
+		if j-k >= 2 {
+			c.emitRun(k, j, end, parent, nodeDepth, segStart)
+		}
+		k = j
+	}
+}
+
+// emitRun emits the run order[lo:hi], which shares its first end pages: a
+// node for pages [segStart, end) if the saving pays, then its sub-runs,
+// then a leaf for each of its requests no sub-run covered.
+func (c *cascadePlanner) emitRun(lo, hi, end int, parent *cascade.Node, nodeDepth, segStart int) {
+	if g := hi - lo; (g-1)*(end-segStart) >= c.minSaved {
+		n := c.node()
+		n.Pages, n.LastPageLen = c.pages(c.order[lo])[segStart:end], c.ps
+		parent.Children = append(parent.Children, n)
+		parent, nodeDepth, segStart = n, nodeDepth+1, end
+		c.kept++
+	}
+	c.emitRuns(lo, hi, end, parent, nodeDepth, segStart)
+	for k := lo; k < hi; k++ {
+		if !c.covered[k] {
+			c.addLeaf(k, parent, nodeDepth, segStart)
+		}
+	}
+}
+
+// addLeaf makes the leaf of request order[k]: its pages from page from on.
+func (c *cascadePlanner) addLeaf(k int, parent *cascade.Node, depth, from int) {
+	b := c.order[k]
+	n := c.node()
+	n.Requests = append(n.Requests, cascade.Request{ID: b, QOLen: int(c.p.QOIndptr[b+1] - c.p.QOIndptr[b])})
+	if pg := c.pages(b); from < len(pg) {
+		n.Pages, n.LastPageLen = pg[from:], c.p.KVLastPageLen[b]
+	}
+	c.leaves = append(c.leaves, planLeaf{parent: parent, depth: depth, node: n})
+	c.covered[k] = true
+}
+
+// node returns an empty node from the pool.
+func (c *cascadePlanner) node() *cascade.Node {
+	if c.used == len(c.nodes) {
+		c.nodes = append(c.nodes, &cascade.Node{})
+	}
+	n := c.nodes[c.used]
+	c.used++
+	n.Pages, n.LastPageLen, n.Children, n.Requests = nil, 0, n.Children[:0], n.Requests[:0]
+	return n
+}
+
+// release drops the references the scratch holds into the plan.
+func (c *cascadePlanner) release() {
+	c.p = nil
+	for _, n := range c.nodes[:c.used] {
+		n.Pages = nil
+	}
+	clear(c.leaves)
 }

@@ -50,6 +50,9 @@ type Plan struct {
 	// attention (full attention only): shared prefixes are read once per
 	// level. Its request IDs are batch indices; use
 	// [cascade.Layout.QueryRows] to order queries. Nil means run flat.
+	// Like every slice of the Plan, the layout is the Manager's and is
+	// reused: it is valid until the next Reserve, which overwrites it in
+	// place; copy its slices to keep it longer.
 	Cascade *cascade.Layout
 }
 
