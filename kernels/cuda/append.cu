@@ -67,18 +67,20 @@ __device__ __forceinline__ void append_rows(const unsigned char* __restrict__ ap
                                             int64_t row_bytes, int64_t page_size, int64_t num_pages,
                                             int64_t stride_page, int64_t stride_n, int64_t stride_h) {
   using T = typename CopyUnit<U>::T;
-  const int64_t units = row_bytes / U;
-  const int64_t per_token = num_heads * units;
+  // Per-token index math in 32 bits (the launcher checks that a token's
+  // copy units fit): 64-bit division costs dozens of instructions on a GPU.
+  const uint32_t units = uint32_t(row_bytes / U);
+  const uint32_t per_token = uint32_t(num_heads) * units;
   for (int64_t i = blockIdx.x; i < nnz; i += gridDim.x) {
     int64_t page, entry;
     if (!slot(kv_indptr, kv_indices, batch_indices, positions, i, page_size, num_pages, &page, &entry)) continue;
     const int64_t dst_token = page * stride_page + entry * stride_n;
     const int64_t src_token = i * num_heads * row_bytes;
-    for (int64_t c = threadIdx.x; c < per_token; c += blockDim.x) {
-      const int64_t h = c / units;
-      const int64_t u = c - h * units;
-      const int64_t dst = dst_token + h * stride_h + u * U;
-      const int64_t src = src_token + h * row_bytes + u * U;
+    for (uint32_t c = threadIdx.x; c < per_token; c += blockDim.x) {
+      const uint32_t h = c / units;
+      const uint32_t u = c - h * units;
+      const int64_t dst = dst_token + int64_t(h) * stride_h + int64_t(u) * U;
+      const int64_t src = src_token + int64_t(h) * row_bytes + int64_t(u) * U;
       *reinterpret_cast<T*>(k_data + dst) = *reinterpret_cast<const T*>(append_key + src);
       *reinterpret_cast<T*>(v_data + dst) = *reinterpret_cast<const T*>(append_value + src);
     }
@@ -97,16 +99,16 @@ __device__ __forceinline__ void append_mla_rows(const unsigned char* __restrict_
                                                 int64_t ckv_row_bytes, int64_t kpe_row_bytes, int64_t page_size,
                                                 int64_t num_pages, int64_t ckv_stride_n, int64_t kpe_stride_n) {
   using T = typename CopyUnit<U>::T;
-  const int64_t ckv_units = ckv_row_bytes / U;
-  const int64_t units = ckv_units + kpe_row_bytes / U;
+  const uint32_t ckv_units = uint32_t(ckv_row_bytes / U);
+  const uint32_t units = ckv_units + uint32_t(kpe_row_bytes / U);
   for (int64_t i = blockIdx.x; i < nnz; i += gridDim.x) {
     int64_t page, entry;
     if (!slot(kv_indptr, kv_indices, batch_indices, positions, i, page_size, num_pages, &page, &entry)) continue;
     const int64_t row = page * page_size + entry;
-    for (int64_t c = threadIdx.x; c < units; c += blockDim.x) {
+    for (uint32_t c = threadIdx.x; c < units; c += blockDim.x) {
       if (c < ckv_units) {
-        *reinterpret_cast<T*>(ckv_data + row * ckv_stride_n + c * U) =
-            *reinterpret_cast<const T*>(append_ckv + i * ckv_row_bytes + c * U);
+        *reinterpret_cast<T*>(ckv_data + row * ckv_stride_n + int64_t(c) * U) =
+            *reinterpret_cast<const T*>(append_ckv + i * ckv_row_bytes + int64_t(c) * U);
       } else {
         const int64_t u = c - ckv_units;
         *reinterpret_cast<T*>(kpe_data + row * kpe_stride_n + u * U) =
@@ -125,14 +127,14 @@ __device__ __forceinline__ void append_quant_rows(
     uint8_t* __restrict__ v_data, const int32_t* __restrict__ kv_indices, const int32_t* __restrict__ kv_indptr,
     int64_t nnz, int64_t num_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,
     int64_t stride_n, int64_t stride_h, int64_t src_dtype, int64_t dst_dtype, float k_scale, float v_scale) {
-  const int64_t per_token = num_heads * head_dim;
+  const uint32_t per_token = uint32_t(num_heads * head_dim);
   for (int64_t i = blockIdx.x; i < nnz; i += gridDim.x) {
     int64_t page, entry;
     if (!slot(kv_indptr, kv_indices, batch_indices, positions, i, page_size, num_pages, &page, &entry)) continue;
     const int64_t dst_token = page * stride_page + entry * stride_n;
-    for (int64_t c = threadIdx.x; c < per_token; c += blockDim.x) {
-      const int64_t h = c / head_dim;
-      const int64_t d = c - h * head_dim;
+    for (uint32_t c = threadIdx.x; c < per_token; c += blockDim.x) {
+      const int64_t h = c / uint32_t(head_dim);
+      const int64_t d = c - uint32_t(h) * uint32_t(head_dim);
       const int64_t dst = dst_token + h * stride_h + d;
       const float k = load_f32(append_key, i * per_token + c, src_dtype) / k_scale;
       const float v = load_f32(append_value, i * per_token + c, src_dtype) / v_scale;

@@ -178,6 +178,9 @@ func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
 	}
 	g := p.Cache.Geometry
 	es := int64(g.DType.Size())
+	if tok := int64(g.NumKVHeads) * int64(g.HeadDim) * es; tok > math.MaxInt32 {
+		return fmt.Errorf("%s: append: %d bytes per token exceed the kernels' 32-bit token indexing: %w", b.name, tok, kernels.ErrUnsupported)
+	}
 	a := &arena{drv: b.drv}
 	defer a.free()
 	key := a.buf(len(p.AppendKey.Data), p.AppendKey.Data)
@@ -256,6 +259,9 @@ func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
 	}
 	g := p.Cache.Geometry
 	es := int64(g.DType.Size())
+	if tok := int64(g.HeadDimCKV+g.HeadDimKPE) * es; tok > math.MaxInt32 {
+		return fmt.Errorf("%s: mla append: %d bytes per token exceed the kernels' 32-bit token indexing: %w", b.name, tok, kernels.ErrUnsupported)
+	}
 	a := &arena{drv: b.drv}
 	defer a.free()
 	ckv := a.buf(len(p.AppendCKV.Data), p.AppendCKV.Data)

@@ -40,7 +40,7 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-// copy_rows issues the copies of tokens [t0, min(t0+tile, end)) of kv head h
+// copy_tile issues the copies of tokens [t0, min(t0+tile, end)) of kv head h
 // into one stage (K tile, then V tile, each tile rows of pitch bytes). Rows at
 // or past end are left as they are: the compute loop never reads them.
 template <typename T>
@@ -51,11 +51,13 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ k_stage, u
                                           int64_t copy_unit, int64_t page_size, int64_t num_pages,
                                           int64_t stride_page, int64_t stride_n, int64_t stride_h, int tid,
                                           int nthreads) {
-  const int64_t units = row_bytes / copy_unit;
-  const int64_t total = tile * units;
-  for (int64_t c = tid; c < total; c += nthreads) {
+  // Index math in 32 bits (a tile has at most 32 rows of at most 1 KiB):
+  // 64-bit division costs dozens of instructions on a GPU.
+  const uint32_t units = uint32_t(row_bytes / copy_unit);
+  const uint32_t total = uint32_t(tile) * units;
+  for (uint32_t c = tid; c < total; c += uint32_t(nthreads)) {
     const int64_t r = c / units;
-    const int64_t u = c - r * units;
+    const int64_t u = c - uint32_t(r) * units;
     const int64_t t = t0 + r;
     if (t >= end) continue;
     // Token t lives in entry t % page_size of page kv_indices[first + t / page_size];
