@@ -20,7 +20,7 @@
 // in shared memory: while the block computes on one stage, cp.async fills
 // the other. Within a tile, warp z (threadIdx.z) takes rows
 // [z*tile/nz, (z+1)*tile/nz) and keeps its own online-softmax state
-// (m, d, o) in the log2 domain; at the end the nz states of a query head are
+// (m, d, o) in the log2 domain, scoring kRows keys at a time; at the end the nz states of a query head are
 // merged through shared memory. Output: o = sum_j p_j v_j / sum_j p_j times
 // v_scale, and the base-2 LSE m + log2(d) (-inf and o = 0 when no key is
 // visible).
@@ -34,11 +34,8 @@ namespace pkv {
 
 __device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
-  return x;
-}
+// kRows is how many keys a warp scores at once.
+constexpr int kRows = 4;
 
 // copy_tile issues the copies of tokens [t0, min(t0+tile, end)) of kv head h
 // into one stage (K tile, then V tile, each tile rows of pitch bytes). Rows at
@@ -168,31 +165,45 @@ __device__ __forceinline__ void decode_body(
     if (active) {
       const unsigned char* ks = smem + 2 * stage * tile_bytes;
       const unsigned char* vs = ks + tile_bytes;
-      for (int64_t r = r0; r < r0 + rows && t0 + r < end; r++) {
-        const T* krow = reinterpret_cast<const T*>(ks + r * pitch) + f0;
-        float s = 0.0f;
-        if (lane_full) {
+      const int64_t r_end = r0 + rows < end - t0 ? r0 + rows : end - t0;  // warp-uniform
+      // kRows keys at a time: their dot products and shuffle sums are
+      // independent, so the shuffle latency overlaps instead of adding up.
+      for (int64_t r = r0; r < r_end; r += kRows) {
+        float s[kRows];
 #pragma unroll
-          for (int i = 0; i < VEC; i++) s += qv[i] * KV::widen(krow[i]);
-        } else {
+        for (int j = 0; j < kRows; j++) {
+          s[j] = 0.0f;
+          if (r + j >= r_end) continue;
+          const T* krow = reinterpret_cast<const T*>(ks + (r + j) * pitch) + f0;
 #pragma unroll
           for (int i = 0; i < VEC; i++)
-            if (f0 + i < D) s += qv[i] * KV::widen(krow[i]);
+            if (lane_full || f0 + i < D) s[j] += qv[i] * KV::widen(krow[i]);
         }
-        s = warp_sum(s);
-        if (soft_cap > 0.0f) s = cap_log2e * tanhf(s / soft_cap);
-        const float m_new = fmaxf(m, s);
-        const float corr = exp2_approx(m - m_new);
-        const float p = exp2_approx(s - m_new);
-        d = d * corr + p;
-        const T* vrow = reinterpret_cast<const T*>(vs + r * pitch) + f0;
-        if (lane_full) {
 #pragma unroll
-          for (int i = 0; i < VEC; i++) ov[i] = ov[i] * corr + p * KV::widen(vrow[i]);
-        } else {
+        for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+          for (int j = 0; j < kRows; j++) s[j] += __shfl_xor_sync(0xffffffffu, s[j], off);
+        }
+        float m_new = m;
+#pragma unroll
+        for (int j = 0; j < kRows; j++) {
+          if (r + j >= r_end) continue;
+          if (soft_cap > 0.0f) s[j] = cap_log2e * tanhf(s[j] / soft_cap);
+          m_new = fmaxf(m_new, s[j]);
+        }
+        const float corr = exp2_approx(m - m_new);
+        d *= corr;
+#pragma unroll
+        for (int i = 0; i < VEC; i++) ov[i] *= corr;
+#pragma unroll
+        for (int j = 0; j < kRows; j++) {
+          if (r + j >= r_end) continue;
+          const float p = exp2_approx(s[j] - m_new);
+          d += p;
+          const T* vrow = reinterpret_cast<const T*>(vs + (r + j) * pitch) + f0;
 #pragma unroll
           for (int i = 0; i < VEC; i++)
-            if (f0 + i < D) ov[i] = ov[i] * corr + p * KV::widen(vrow[i]);
+            if (lane_full || f0 + i < D) ov[i] += p * KV::widen(vrow[i]);
         }
         m = m_new;
       }
