@@ -58,37 +58,20 @@ func appendRows(p *kernels.AppendParams, lo, hi int) {
 	rowElems := H * D
 	convert := srcDT != dstDT
 	kScale, vScale := kernels.EffectiveScale(p.KScale), kernels.EffectiveScale(p.VScale)
+	// Byte strides of the cache (layout.Paged's KOffset/VOffset, hoisted).
 	strideH := int(g.StrideH()) * dstES
+	strideN := int(g.StrideN()) * dstES
+	stridePage := int(g.StridePage()) * dstES
+	vPlane := int(g.VOffset(0, 0, 0, 0)) * dstES // V's offset from K: the K plane (Fused) or 0 (Split)
+	srcRow := rowElems * srcES
 	for i := lo; i < hi; i++ {
 		req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
 		page := int(t.KVIndices[int(t.KVIndptr[req])+pos/N])
 		entry := pos % N
-		kOff := int(g.KOffset(page, entry, 0, 0)) * dstES
-		vOff := int(g.VOffset(page, entry, 0, 0)) * dstES
-		src := i * rowElems * srcES
-		switch {
-		case !convert && g.Layout == layout.NHD:
-			// All heads of a token are contiguous on both sides, and so are
-			// the following rows while they are the request's next
-			// positions in the same page (a prefill chunk): copy the run.
-			run := 1
-			for i+run < hi && int(p.BatchIndices[i+run]) == req && int(p.Positions[i+run]) == pos+run && entry+run < N {
-				run++
-			}
-			n := run * rowElems * dstES
-			copy(kDst[kOff:kOff+n], kSrc[src:src+n])
-			copy(vDst[vOff:vOff+n], vSrc[src:src+n])
-			i += run - 1
-		case !convert:
-			n := D * dstES
-			for h := 0; h < H; h++ {
-				s := src + h*n
-				copy(kDst[kOff:kOff+n], kSrc[s:s+n])
-				copy(vDst[vOff:vOff+n], vSrc[s:s+n])
-				kOff += strideH
-				vOff += strideH
-			}
-		default:
+		kOff := page*stridePage + entry*strideN
+		vOff := kOff + vPlane
+		src := i * srcRow
+		if convert {
 			for h := 0; h < H; h++ {
 				s := src + h*D*srcES
 				convertRow(kDst[kOff:kOff+D*dstES], dstDT, kSrc[s:s+D*srcES], srcDT, kScale)
@@ -96,6 +79,41 @@ func appendRows(p *kernels.AppendParams, lo, hi int) {
 				kOff += strideH
 				vOff += strideH
 			}
+			continue
+		}
+		// The following rows that are the request's next positions in the
+		// same page (a prefill chunk) go to the following entries.
+		run := 1
+		for i+run < hi && int(p.BatchIndices[i+run]) == req && int(p.Positions[i+run]) == pos+run && entry+run < N {
+			run++
+		}
+		i += run - 1
+		if g.Layout == layout.NHD {
+			// All heads of a token are contiguous on both sides, and so are
+			// the run's tokens: one copy each for K and V.
+			n := run * srcRow
+			copy(kDst[kOff:kOff+n], kSrc[src:src+n])
+			copy(vDst[vOff:vOff+n], vSrc[src:src+n])
+			continue
+		}
+		// HND: each row is H copies of D elements at the page's head
+		// stride. K's rows first, then V's: fewer streams of scattered
+		// writes at a time than interleaving K and V head by head.
+		copyRowsHND(kDst[kOff:], kSrc[src:], H, run, D*dstES, strideH, srcRow)
+		copyRowsHND(vDst[vOff:], vSrc[src:], H, run, D*dstES, strideH, srcRow)
+	}
+}
+
+// copyRowsHND copies run rows of H heads of headBytes each from src (row r,
+// head h at r*srcRow+h*headBytes) to dst (head h, row r at
+// h*strideH+r*headBytes), row by row so that src is read in order.
+func copyRowsHND(dst, src []byte, H, run, headBytes, strideH, srcRow int) {
+	for r := 0; r < run; r++ {
+		d, s := r*headBytes, r*srcRow
+		for h := 0; h < H; h++ {
+			copy(dst[d:d+headBytes], src[s:s+headBytes])
+			d += strideH
+			s += headBytes
 		}
 	}
 }
