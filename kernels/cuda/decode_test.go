@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -165,6 +166,13 @@ func checkDecode(t *testing.T, b kernels.Backend, c decodeCase, seed uint64) {
 	t.Helper()
 	f := newDecodeFixture(t, rand.New(rand.NewPCG(seed, 77)), c)
 	require.NoError(t, b.BatchDecode(&f.p), "%s on %s", c, b.Name())
+	compareDecode(t, b, c, seed, f)
+}
+
+// compareDecode compares the outputs of f, which b has run, with the
+// reference.
+func compareDecode(t *testing.T, b kernels.Backend, c decodeCase, seed uint64, f decodeFixture) {
+	t.Helper()
 	B, Hq, D := len(c.Lens), c.KVHeads*c.Group, c.HeadDim
 	q := reference.Rows3(reference.Floats(c.Q, f.p.Q.Data), B, Hq, D)
 	wantO, wantLSE := reference.BatchDecode(q, f.ref, f.p.Table.KVIndptr, f.p.Table.KVIndices, f.p.Table.KVLastPageLen,
@@ -379,5 +387,32 @@ func TestUnsupported(t *testing.T) {
 		assert.ErrorIs(t, b.MLADecode(&kernels.MLADecodeParams{}), kernels.ErrUnsupported)
 		assert.ErrorIs(t, b.MergeState(&kernels.MergeStateParams{}), kernels.ErrUnsupported)
 		assert.ErrorIs(t, b.MergeStates(&kernels.MergeStatesParams{}), kernels.ErrUnsupported)
+	}
+}
+
+// A backend may be called from several goroutines at once (the emulator
+// serialises launches; the GPU driver serialises on its context's thread).
+func TestConcurrentCalls(t *testing.T) {
+	for _, b := range testBackends(t) {
+		c := decodeCase{Layout: layout.NHD, Form: layout.Split, KV: layout.F16, Q: layout.F32, O: layout.F32,
+			HeadDim: 64, KVHeads: 2, Group: 2, PageSize: 8, Lens: []int{40, 17}, WindowLeft: -1}
+		fixtures := make([]decodeFixture, 8)
+		errs := make([]error, len(fixtures))
+		for i := range fixtures {
+			fixtures[i] = newDecodeFixture(t, rand.New(rand.NewPCG(uint64(i), 77)), c)
+		}
+		var wg sync.WaitGroup
+		for i := range fixtures {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = b.BatchDecode(&fixtures[i].p)
+			}()
+		}
+		wg.Wait()
+		for i := range fixtures {
+			require.NoError(t, errs[i])
+			compareDecode(t, b, c, uint64(i), fixtures[i])
+		}
 	}
 }

@@ -99,3 +99,9 @@ func TestGPUGoldenCases(t *testing.T) {
 		assert.Positive(t, onGPU[op], "no %s case ran on the GPU", op)
 	}
 }
+
+func TestGPUBadOrdinal(t *testing.T) {
+	gpuBackend(t)
+	_, err := cuda.New(cuda.Config{Device: 1 << 20})
+	require.ErrorIs(t, err, kernels.ErrNoDevice)
+}
