@@ -1,21 +1,8 @@
-//go:build !cuda
+//go:build !cuda && cgo
 
 package cuda_test
 
-import (
-	"testing"
-
-	"github.com/stretchr/testify/require"
-
-	"github.com/pagedkv/pagedkv/kernels"
-	"github.com/pagedkv/pagedkv/kernels/cuda"
-)
+import "testing"
 
 // gpuBackends is empty without -tags cuda.
 func gpuBackends(*testing.T) []backend { return nil }
-
-func TestNewWithoutCUDATag(t *testing.T) {
-	b, err := cuda.New(cuda.Config{})
-	require.ErrorIs(t, err, kernels.ErrNoDevice)
-	require.Nil(t, b)
-}
