@@ -11,7 +11,7 @@ import (
 
 // Batch decode and batch prefill over a paged cache.
 //
-// Both run the same loop. Work is split into tasks of (a block of query
+// Both run the same task split. Work is split into tasks of (a block of query
 // rows, a block of kv heads); a task takes the Hq/Hkv query heads that share
 // each kv head (the GQA group) for each of its rows, walks the keys of the
 // request page by page and token by token, widens each K row and each V row
@@ -24,6 +24,12 @@ import (
 // the hardware prefetcher likes much better than one 2*head_dim-byte row
 // per page-stride. A prefill task takes one kv head and about 64 queries of
 // one request, which share every K/V row it reads.
+//
+// A task with a single query row (every decode task) works a page of keys
+// at a time instead: it widens the page's K and V rows of its kv heads in
+// address order, computes the block's logits, folds them into the online
+// softmax with one maximum update per block, and accumulates four keys per
+// pass over each accumulator row (runRowByPage).
 //
 // Every query row sees a contiguous key interval [lo, hi) (bottom-right
 // causal and the left window both cut an interval), so masking is two
@@ -169,6 +175,10 @@ type attnScratch struct {
 	vrow   []float32
 	out    []float32
 	s      []float32 // [queries] logits of the current key; NaN-free
+
+	// One-row segments (decode) work a page of keys at a time.
+	kblk, vblk []float32 // [page_size*kv heads][head_dim] widened K and V rows
+	sblk       []float32 // [group][page_size] logits, then weights
 }
 
 var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
@@ -285,6 +295,94 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1 int) {
 		}
 	}
 
+	if rows == 1 {
+		j.runRowByPage(sc, b, kvh0, jlo, jhi)
+	} else {
+		j.runRowsByKey(sc, b, kvh0, rows, jlo, jhi)
+	}
+
+	oes := j.odt.Size()
+	for ri := 0; ri < rows; ri++ {
+		for i := 0; i < qh; i++ {
+			qi := ri*qh + i
+			h := kvh0*g + i
+			lse := sc.st[qi].finish(sc.out, sc.acc[qi*D:(qi+1)*D], j.vScale)
+			off := ((r0+ri)*j.hq + h) * D
+			layout.StoreRowF32(j.o[off*oes:], j.odt, sc.out)
+			if j.lse != nil {
+				j.lse[(r0+ri)*j.hq+h] = lse
+			}
+		}
+	}
+}
+
+// runRowByPage folds keys [jlo, jhi) of request b into the one row's
+// queries of kv heads [kvh0, kvh0+kvHeadsPerTask), a page (block of keys)
+// at a time: for each kv head, widen the block's K rows, compute the
+// group's logits two keys by four queries at a time, fold them into the
+// online softmax with one maximum update per block, widen the V rows and
+// accumulate four keys per pass over acc.
+func (j *attnJob) runRowByPage(sc *attnScratch, b, kvh0, jlo, jhi int) {
+	D, g, nkv, N := j.headDim, j.group, j.kvHeadsPerTask, j.pageSize
+	sc.kblk = growF(sc.kblk, N*nkv*D)
+	sc.vblk = growF(sc.vblk, N*nkv*D)
+	sc.sblk = growF(sc.sblk, g*N)
+	pageBase := int(j.kvIndptr[b])
+	for t := jlo; t < jhi; {
+		page := int64(j.kvIndices[pageBase+t/N])
+		entry := t % N
+		T := min(jhi, t-entry+N) - t
+		off := page*j.strideP + int64(kvh0)*j.strideH + int64(entry)*j.strideN
+		// Widen the block in address order; row (t, hh) lands at
+		// t*ts + hh*hs of kblk/vblk.
+		ts, hs := j.widenBlock(sc.kblk, j.kbuf, off, T)
+		j.widenBlock(sc.vblk, j.vbuf, off, T)
+		sblk := sc.sblk[:g*T]
+		for hh := 0; hh < nkv; hh++ {
+			q0 := hh * g
+			logitsBlock(sblk, sc.q[q0*D:(q0+g)*D], sc.kblk[hh*hs:], ts, g, T, D)
+			if j.softCap {
+				for i, x := range sblk {
+					sblk[i] = j.capLog2e * float32(math.Tanh(float64(x*j.invCap)))
+				}
+			}
+			for gh := 0; gh < g; gh++ {
+				acc := sc.acc[(q0+gh)*D : (q0+gh+1)*D]
+				p := sblk[gh*T : (gh+1)*T]
+				sc.st[q0+gh].weightBlock(p, acc)
+				axpyBlock(acc, p, sc.vblk[hh*hs:], ts, D)
+			}
+		}
+		t += T
+	}
+}
+
+// widenBlock widens the rows of T consecutive entries and the task's kv
+// heads, starting at element offset off of buf, into dst in address order,
+// and returns the strides (in elements) of dst between entries and between
+// heads.
+func (j *attnJob) widenBlock(dst []float32, buf []byte, off int64, T int) (ts, hs int) {
+	D, nkv := j.headDim, j.kvHeadsPerTask
+	es := int64(j.cacheDT.Size())
+	if j.strideH == int64(D) { // NHD: an entry's heads are contiguous
+		for t := 0; t < T; t++ {
+			widenRow(dst[t*nkv*D:(t+1)*nkv*D], j.cacheDT, buf[(off+int64(t)*j.strideN)*es:])
+		}
+		return nkv * D, D
+	}
+	// HND: a head's entries are contiguous.
+	for hh := 0; hh < nkv; hh++ {
+		widenRow(dst[hh*T*D:(hh+1)*T*D], j.cacheDT, buf[(off+int64(hh)*j.strideH)*es:])
+	}
+	return D, T * D
+}
+
+// runRowsByKey folds keys [jlo, jhi) of request b into the queries of rows
+// rows (each with its own visible interval sc.lo/sc.hi) of kv heads
+// [kvh0, kvh0+kvHeadsPerTask), key by key.
+func (j *attnJob) runRowsByKey(sc *attnScratch, b, kvh0, rows, jlo, jhi int) {
+	D, g, nkv := j.headDim, j.group, j.kvHeadsPerTask
+	qh := nkv * g
 	es := int64(j.cacheDT.Size())
 	pageBase := int(j.kvIndptr[b])
 	for t := jlo; t < jhi; {
@@ -332,20 +430,6 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1 int) {
 					}
 					axpyRows(p, sc.vrow, acc, D)
 				}
-			}
-		}
-	}
-
-	oes := j.odt.Size()
-	for ri := 0; ri < rows; ri++ {
-		for i := 0; i < qh; i++ {
-			qi := ri*qh + i
-			h := kvh0*g + i
-			lse := sc.st[qi].finish(sc.out, sc.acc[qi*D:(qi+1)*D], j.vScale)
-			off := ((r0+ri)*j.hq + h) * D
-			layout.StoreRowF32(j.o[off*oes:], j.odt, sc.out)
-			if j.lse != nil {
-				j.lse[(r0+ri)*j.hq+h] = lse
 			}
 		}
 	}

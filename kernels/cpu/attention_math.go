@@ -253,3 +253,76 @@ func getFloats(n int) *[]float32 {
 }
 
 func putFloats(p *[]float32) { floatPool.Put(p) }
+
+// weightBlock folds a block of key logits s (base 2) into the state, as
+// weight does key by key but with one maximum update for the block, and
+// overwrites s with the keys' weights 2^(s - m) under the new maximum m;
+// the caller adds sum_t s[t]*v_t to acc.
+func (st *onlineState) weightBlock(s []float32, acc []float32) {
+	mb := st.m
+	for _, x := range s {
+		if x > mb {
+			mb = x
+		}
+	}
+	if mb > st.m {
+		if st.m != negInf {
+			r := exp2Neg(st.m - mb)
+			st.l *= r
+			scaleInPlace(r, acc)
+		}
+		st.m = mb
+	}
+	if st.m == negInf { // every logit is -inf (or NaN with nothing seen yet)
+		for t, x := range s {
+			if x == negInf {
+				s[t] = 0
+			} else {
+				s[t] = x - x // NaN stays NaN
+			}
+		}
+		return
+	}
+	l := st.l
+	for t, x := range s {
+		p := exp2Neg(x - st.m)
+		s[t] = p
+		l += p
+	}
+	st.l = l
+}
+
+// logitsBlock writes s[j*T+t] = q[j*d:(j+1)*d] · k[t*ts:t*ts+d] for the
+// g query rows of q and T key rows of k at stride ts.
+func logitsBlock(s, q, k []float32, ts, g, T, d int) {
+	j := 0
+	for ; j+4 <= g; j += 4 {
+		qj := q[j*d : (j+4)*d]
+		for t := 0; t < T; t++ {
+			s[j*T+t], s[(j+1)*T+t], s[(j+2)*T+t], s[(j+3)*T+t] = dot4(qj, k[t*ts:t*ts+d], d)
+		}
+	}
+	for ; j < g; j++ {
+		for t := 0; t < T; t++ {
+			s[j*T+t] = dot(q[j*d:(j+1)*d], k[t*ts:t*ts+d])
+		}
+	}
+}
+
+// axpyBlock does acc[:d] += sum_t p[t]*v[t*ts:t*ts+d], four keys at a
+// time, so acc is loaded and stored once per four keys.
+func axpyBlock(acc, p, v []float32, ts, d int) {
+	acc = acc[:d]
+	t := 0
+	for ; t+4 <= len(p); t += 4 {
+		p0, p1, p2, p3 := p[t], p[t+1], p[t+2], p[t+3]
+		v0, v1, v2, v3 := v[t*ts:t*ts+d], v[(t+1)*ts:(t+1)*ts+d], v[(t+2)*ts:(t+2)*ts+d], v[(t+3)*ts:(t+3)*ts+d]
+		v0, v1, v2, v3 = v0[:len(acc)], v1[:len(acc)], v2[:len(acc)], v3[:len(acc)]
+		for i := range acc {
+			acc[i] += (p0*v0[i] + p1*v1[i]) + (p2*v2[i] + p3*v3[i])
+		}
+	}
+	for ; t < len(p); t++ {
+		axpy(p[t], v[t*ts:t*ts+d], acc)
+	}
+}
