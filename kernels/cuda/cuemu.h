@@ -33,7 +33,8 @@
 //
 // Fiber stacks are CUEMU_STACK_BYTES (64 KiB) above a PROT_NONE guard page,
 // so an overflow is a SIGSEGV, not silent corruption. The stack switch is a
-// small naked x86-64 function; other architectures use ucontext.
+// small naked x86-64 function; other architectures (or -DCUEMU_UCONTEXT)
+// use ucontext, about ten times slower.
 #ifndef PAGEDKV_CUEMU_H
 #define PAGEDKV_CUEMU_H
 
@@ -60,7 +61,9 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
-#if !defined(__x86_64__)
+#if defined(__x86_64__) && !defined(CUEMU_UCONTEXT)
+#define CUEMU_ASM_SWITCH 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -113,7 +116,7 @@ enum class Wait : uint8_t { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
 
 struct Fiber {
   void* sp = nullptr;  // saved stack pointer while switched out
-#if !defined(__x86_64__)
+#if !defined(CUEMU_ASM_SWITCH)
   ucontext_t uc;
 #endif
   uint3 tid{};
@@ -130,7 +133,7 @@ struct Block {
   Fiber* fibers = nullptr;
   Fiber* cur = nullptr;
   void* sched_sp = nullptr;
-#if !defined(__x86_64__)
+#if !defined(CUEMU_ASM_SWITCH)
   ucontext_t sched_uc;
 #endif
   unsigned char* smem = nullptr;
@@ -147,7 +150,7 @@ inline thread_local Block* tl_block = nullptr;
 
 // ---- stack switching --------------------------------------------------------
 
-#if defined(__x86_64__)
+#if defined(CUEMU_ASM_SWITCH)
 // swap_stack saves the callee-saved registers, MXCSR and the x87 control
 // word on the current stack, stores the stack pointer in *save and resumes
 // the context whose stack pointer is next.
@@ -188,7 +191,7 @@ __attribute__((naked, noinline)) static void fiber_start() {
 
 inline void fiber_main(void* arg);
 
-#if !defined(__x86_64__)
+#if !defined(CUEMU_ASM_SWITCH)
 inline void fiber_main_uc(unsigned lo, unsigned hi) {
   fiber_main(reinterpret_cast<void*>((uintptr_t(hi) << 32) | uintptr_t(lo)));
 }
@@ -196,7 +199,7 @@ inline void fiber_main_uc(unsigned lo, unsigned hi) {
 
 // init_fiber prepares f to start in fiber_main on the stack [lo, hi).
 inline void init_fiber(Fiber* f, unsigned char* lo, unsigned char* hi) {
-#if defined(__x86_64__)
+#if defined(CUEMU_ASM_SWITCH)
   uintptr_t top = (reinterpret_cast<uintptr_t>(hi) - 64) & ~uintptr_t(15);
   auto* w = reinterpret_cast<uint64_t*>(top - 64);  // 16-byte aligned
   uint32_t mxcsr = __builtin_ia32_stmxcsr();
@@ -225,7 +228,7 @@ inline void init_fiber(Fiber* f, unsigned char* lo, unsigned char* hi) {
 inline void switch_to_fiber(Block* b, Fiber* f) {
   b->cur = f;
   asm volatile("" ::: "memory");
-#if defined(__x86_64__)
+#if defined(CUEMU_ASM_SWITCH)
   swap_stack(&b->sched_sp, f->sp);
 #else
   swapcontext(&b->sched_uc, &f->uc);
@@ -235,7 +238,7 @@ inline void switch_to_fiber(Block* b, Fiber* f) {
 
 inline void switch_to_scheduler(Block* b, Fiber* f) {
   asm volatile("" ::: "memory");
-#if defined(__x86_64__)
+#if defined(CUEMU_ASM_SWITCH)
   swap_stack(&f->sp, b->sched_sp);
 #else
   swapcontext(&f->uc, &b->sched_uc);

@@ -182,7 +182,8 @@ __device__ __forceinline__ void decode_body(
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
 #pragma unroll
-          for (int j = 0; j < kRows; j++) s[j] += __shfl_xor_sync(0xffffffffu, s[j], off);
+          for (int j = 0; j < kRows; j++)
+            if (r + j < r_end) s[j] += __shfl_xor_sync(0xffffffffu, s[j], off);  // warp-uniform test
         }
         float m_new = m;
 #pragma unroll
