@@ -257,8 +257,8 @@ func TestRefusedCallsChangeNothing(t *testing.T) {
 // server has warmed up (requests have come and gone, so every buffer and
 // every page-table slot has grown to the working set), Reserve + Commit of
 // a decode step allocate nothing, with and without a sliding window, and
-// with cascade planning off for a shared system prompt (the cascade builder
-// allocates the layout it returns).
+// with cascade planning off for a shared system prompt (steps that emit a
+// cascade layout are pinned by TestCascadeStepIsAllocationFreeInSteadyState).
 func TestStepIsAllocationFreeInSteadyState(t *testing.T) {
 	for _, cfg := range []Config{
 		{NumPages: 4096, PageSize: 16, HashSeed: 1},
