@@ -28,6 +28,8 @@ type engine struct {
 	qc, oc     kernels.Tensor // cascade row order
 	rows       []float32      // one token's rows, widest of K/V/Q
 	ctx        []uint64       // [nnz] context hash of each row's token
+
+	skipCopies bool // tests: leave out copy-on-write, which verification must notice
 }
 
 func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, pageSize int) (*engine, error) {
@@ -44,8 +46,8 @@ func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, p
 	return e, nil
 }
 
-// CacheBytes is the size of the K/V caches of every layer.
-func (e *engine) CacheBytes() int64 {
+// cacheBytes is the size of the K/V caches of every layer.
+func (e *engine) cacheBytes() int64 {
 	return int64(len(e.caches)) * e.geom.TensorElements() * int64(e.geom.DType.Size())
 }
 
@@ -99,7 +101,9 @@ type stepTimes struct {
 // layer that computes them.
 func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
 	t0 := time.Now()
-	e.copyPages(plan.Copies)
+	if !e.skipCopies {
+		e.copyPages(plan.Copies)
+	}
 	nnz := len(plan.TokenIDs)
 	// The plan's rows must be the simulator's tokens at their positions.
 	e.ctx = slices.Grow(e.ctx[:0], nnz)[:nnz]

@@ -197,7 +197,7 @@ func New(cfg Config, workload []Request) (*Sim, error) {
 		s.sum.OutputTokens += int64(q.Samples * q.Output)
 	}
 	s.sum.Pages = cfg.NumPages
-	s.sum.CacheBytes = eng.CacheBytes()
+	s.sum.CacheBytes = eng.cacheBytes()
 	return s, nil
 }
 

@@ -231,6 +231,31 @@ func TestVerificationCatches(t *testing.T) {
 	}
 }
 
+// TestVerificationCatchesMissingCopy: forked branches that append into
+// their shared partial page without the plan's copy-on-write copy read a
+// stale page.
+func TestVerificationCatchesMissingCopy(t *testing.T) {
+	cfg := smallConfig()
+	cfg.VerifyEvery, cfg.VerifySamples = 1, 32
+	prompt := PromptTokens("", 0, "fork", 20) // page 1 holds 4 tokens
+	reqs := []Request{
+		{Name: "filler", Prompt: PromptTokens("", 0, "filler", 64), Output: 2, Samples: 1}, // leaves stale K/V in the pool
+		{Name: "forked", Arrival: 2, Prompt: prompt, Output: 6, Samples: 3},
+	}
+	s, err := New(cfg, reqs)
+	require.NoError(t, err)
+	s.eng.skipCopies = true
+	sum, err := s.Run()
+	require.ErrorIs(t, err, ErrVerify)
+	assert.Contains(t, err.Error(), "request forked")
+	assert.Positive(t, sum.Stats.CopiedPages)
+
+	s, err = New(cfg, reqs) // with the copies it verifies
+	require.NoError(t, err)
+	_, err = s.Run()
+	require.NoError(t, err)
+}
+
 func TestStuck(t *testing.T) {
 	cfg := smallConfig()
 	cfg.NumPages = 8 // 128 tokens
