@@ -59,9 +59,6 @@ func (s *Summary) CascadeLevels() map[int]int { return s.cascade.byLevels }
 // with reading every request's pages (all layers).
 func (s *Summary) CascadeSavedBytes() int64 { return s.cascade.savedBytes }
 
-// Passed reports whether the run finished and verification passed.
-func (s *Summary) Passed() bool { return s.Err == nil }
-
 // Format writes the summary as aligned lines "name: value".
 func (s *Summary) Format(w io.Writer, cfg *Config) {
 	st := &s.Stats
