@@ -102,15 +102,35 @@ func F32ToF16(f float32) uint16 {
 	case abs >= 0x477ff000: // >= 65520 = 65504 + half an ulp, tie goes to the even inf
 		return sign | 0x7c00
 	case abs >= 0x38800000: // >= 2^-14: normal result
-		odd := (abs >> 13) & 1
-		abs = abs - (127-15)<<23 + 0xfff + odd
-		return sign | uint16(abs>>13)
+		return sign | uint16(roundNormal(abs, 23-10, 127-15))
 	}
 	// Subnormal or zero: adding 0.5 puts the value's 2^-24 units in the low
 	// mantissa bits of a float32 and the FPU rounds to nearest even.
-	const half = 0x3f000000
-	r := math.Float32bits(math.Float32frombits(abs) + math.Float32frombits(half))
-	return sign | uint16(r-half)
+	return sign | uint16(roundSubnormal(abs, 0x3f000000))
+}
+
+// The float narrowings share two rounding steps on a float32 magnitude abs
+// (sign bit clear); each returns the narrow code without its sign, and the
+// caller has already handled NaN, overflow and which of the two applies.
+
+// roundNormal rounds abs, which is normal in the narrow format, by dropping
+// its low dropped mantissa bits, ties to even, and rebases the exponent from
+// float32's bias 127 to the narrow format's (127 - rebias). Adding half an
+// ulp less one, plus the kept mantissa's lowest bit, rounds a tie up exactly
+// when that bit is odd; a mantissa that rounds up carries into the exponent,
+// as IEEE rounding does.
+func roundNormal(abs uint32, dropped uint, rebias uint32) uint32 {
+	odd := (abs >> dropped) & 1
+	halfUlpLessOne := uint32(1)<<(dropped-1) - 1
+	return (abs - rebias<<23 + halfUlpLessOne + odd) >> dropped
+}
+
+// roundSubnormal rounds abs, which is below the narrow format's smallest
+// normal, to a multiple of the format's subnormal step: magic is the bits
+// of a power of two whose float32 ulp is that step, so the float32 addition
+// rounds to nearest even and the sum's mantissa is the narrow code.
+func roundSubnormal(abs, magic uint32) uint32 {
+	return math.Float32bits(math.Float32frombits(abs)+math.Float32frombits(magic)) - magic
 }
 
 // BF16ToF32 widens a bfloat16 value (exact: the top half of a float32).
@@ -143,14 +163,10 @@ func F32ToE4M3(f float32) uint8 {
 	case abs >= 0x43f00000: // >= 480 (the first value past the NaN code), inf, NaN
 		return sign | 0x7f
 	case abs >= 0x3c800000: // >= 2^-6: normal result (may round up to 0x7F = NaN)
-		odd := (abs >> 20) & 1
-		abs = abs - (127-7)<<23 + 0x7ffff + odd
-		return sign | uint8(abs>>20)
+		return sign | uint8(roundNormal(abs, 23-3, 127-7))
 	}
 	// Subnormal or zero: add 2^14, whose float32 ulp is 2^-9, e4m3's subnormal step.
-	const magic = 141 << 23
-	r := math.Float32bits(math.Float32frombits(abs) + math.Float32frombits(magic))
-	return sign | uint8(r-magic)
+	return sign | uint8(roundSubnormal(abs, 141<<23))
 }
 
 // F32ToE4M3Sat is CUDA's __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3):
@@ -182,14 +198,10 @@ func F32ToE5M2(f float32) uint8 {
 	case abs >= 0x47700000: // >= 61440 = 57344 + half an ulp, tie goes to the even inf
 		return sign | 0x7c
 	case abs >= 0x38800000: // >= 2^-14: normal result
-		odd := (abs >> 21) & 1
-		abs = abs - (127-15)<<23 + 0xfffff + odd
-		return sign | uint8(abs>>21)
+		return sign | uint8(roundNormal(abs, 23-2, 127-15))
 	}
 	// Subnormal or zero: add 2^7, whose float32 ulp is 2^-16, e5m2's subnormal step.
-	const magic = 134 << 23
-	r := math.Float32bits(math.Float32frombits(abs) + math.Float32frombits(magic))
-	return sign | uint8(r-magic)
+	return sign | uint8(roundSubnormal(abs, 134<<23))
 }
 
 // F32ToE5M2Sat is CUDA's __nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E5M2):

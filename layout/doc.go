@@ -1,11 +1,14 @@
 // Package layout owns the byte-level geometry of paged KV storage: the NHD and
 // HND layouts of FlashInfer's paged_kv_t (one 5-D tensor or a K/V pair of 4-D
 // tensors), the MLA ckv/kpe layout (fused or split), element offsets in 64-bit
-// arithmetic, and the scalar dtypes a cache may hold with their exact
-// conversions to and from float32.
+// arithmetic, and the scalar dtypes a cache may hold with their conversions
+// to float32 (exact) and from float32 (round to nearest even, with PyTorch's
+// overflow and NaN rules, or CUDA's saturating ones for the *Sat fp8
+// encoders).
 //
-// Everything here is a pure function of its arguments; the package has no
-// state and is safe for concurrent use. It imports only the standard library.
+// Everything here is a pure function of its arguments; the package's only
+// state is decode tables filled at init and read-only after, so it is safe
+// for concurrent use. It imports only the standard library.
 //
 // # Invariants
 //
