@@ -8,12 +8,17 @@ import (
 // (256 pages each, 65536 in all).
 const benchSeqs, benchTokens, benchPageSize = 256, 4096, 16
 
-// benchmarkSteps runs a decode step per iteration and rewinds the batch
-// every rewindEvery steps (outside the timer), so sequences stay near 4k.
+// benchRewindEvery is how many steps a benchmark batch takes before
+// timeSteps rewinds it to benchTokens tokens per sequence; its pool holds
+// pages for twice that many.
+const benchRewindEvery = 1024
+
+// newBenchBatch builds the benchmark batch and runs benchRewindEvery steps
+// once, so that its buffers and page lists have grown to their full size
+// before any timing starts.
 func newBenchBatch(b *testing.B) *decodeBatch {
-	const rewindEvery = 1024
-	d := newDecodeBatch(b, benchSeqs, benchTokens, benchPageSize, benchSeqs*(benchTokens+2*rewindEvery)/benchPageSize+benchSeqs)
-	for range rewindEvery { // grow buffers and page lists
+	d := newDecodeBatch(b, benchSeqs, benchTokens, benchPageSize, benchSeqs*(benchTokens+2*benchRewindEvery)/benchPageSize+benchSeqs)
+	for range benchRewindEvery { // grow buffers and page lists
 		if err := d.step(); err != nil {
 			b.Fatal(err)
 		}
@@ -35,17 +40,24 @@ func exportBytes(d *decodeBatch) int64 {
 // cost (goal < 1000).
 func BenchmarkDecodeStep(b *testing.B) {
 	d := newBenchBatch(b)
+	timeSteps(b, d, d.step)
+}
+
+// timeSteps times step b.N times on d, rewinding d (off the clock) every
+// benchRewindEvery iterations so sequences stay near benchTokens, and
+// reports allocations and ns/request.
+func timeSteps(b *testing.B, d *decodeBatch, step func() error) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
-		if i%1024 == 1023 {
+		if i%benchRewindEvery == benchRewindEvery-1 {
 			b.StopTimer()
 			if err := d.rewind(); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()
 		}
-		if err := d.step(); err != nil {
+		if err := step(); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -85,20 +97,9 @@ func BenchmarkExport(b *testing.B) {
 // BenchmarkReserve is the Reserve part of a decode step alone.
 func BenchmarkReserve(b *testing.B) {
 	d := newBenchBatch(b)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := range b.N {
-		if i%1024 == 1023 {
-			b.StopTimer()
-			if err := d.rewind(); err != nil {
-				b.Fatal(err)
-			}
-			b.StartTimer()
-		}
+	timeSteps(b, d, func() error {
 		var err error
-		if d.ops, err = d.tab.Reserve(d.ops[:0], d.ids, d.ones); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchSeqs), "ns/request")
+		d.ops, err = d.tab.Reserve(d.ops[:0], d.ids, d.ones)
+		return err
+	})
 }
