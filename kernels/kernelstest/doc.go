@@ -1,8 +1,12 @@
 // Package kernelstest is the conformance suite every [kernels.Backend] runs:
-// exported functions such as TestAppend(t, b) and TestMLAAppend(t, b) that a
-// backend's own tests call with an instance of the backend. The suites build
-// random batches and caches, run the backend, and compare the result with the
-// slow models of internal/reference, which share no code with the backends.
+// exported functions TestAppend, TestMLAAppend, TestDecode, TestPrefill,
+// TestMLADecode, TestMergeState and TestMergeStates, each taking (t, b), that
+// a backend's own tests call with an instance of the backend. The suites run
+// FlashInfer's worked examples, build random batches and caches, run the
+// backend, and compare the result with the slow models of
+// internal/reference, which share no code with the backends. The append
+// fixtures (NewAppendFixture, CheckAppend, CacheDiff and their MLA twins)
+// are exported for fuzzers and benchmarks too.
 //
 // A backend may decline a combination (dtype, head_dim, ...) by returning an
 // error that wraps [kernels.ErrUnsupported]; the suites then log the skipped
@@ -11,9 +15,17 @@
 //
 // # Invariants
 //
-//   - Every check compares with the reference model, never with the backend
-//     under test, and failures describe the first differing elements by
-//     (K/V, page, entry, head, feature), not as "mismatch".
+//   - Every random case is compared with the reference model, never with
+//     the backend under test; only the property tests (a window equals
+//     truncating the cache, a huge soft cap equals none) compare the backend
+//     with itself on inputs whose results must agree.
+//   - Failures describe the first differing elements, not "mismatch": caches
+//     by (K/V, page, entry, head, feature), attention outputs by (row, head,
+//     feature).
+//   - In the attention suites, cache slots that hold no token of the batch
+//     are NaN, so a read past a request's length fails loudly.
+//   - Invalid parameters must fail with the documented sentinel and leave
+//     every output byte unchanged.
 //   - Random inputs come from seeded generators, so a failure reproduces.
 //
 // # Concurrency
