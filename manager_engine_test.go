@@ -276,7 +276,11 @@ func TestCascadePlanThreeLevels(t *testing.T) {
 	require.NotNil(t, p.Cascade)
 	checkCascadeCoversPlan(t, p, ps)
 	lay := p.Cascade
-	require.Len(t, lay.Levels, 4, "an empty root level (two top-level groups), system prompt, branches, own pages")
+	// The root above the shared system prompt and request 5's unrelated
+	// prompt holds no page, so it is no level: system prompt (and request
+	// 5's empty group), branches, own pages.
+	require.Len(t, lay.Levels, 3, "system prompt, branches, own pages")
+	require.Equal(t, []int32{0, 4, 4}, lay.Levels[0].KVIndptr, "level 0: the 4 system-prompt pages, then request 5's empty group")
 	e.apply(t, p)
 	requireClose(t, e.prefill(t, p), e.cascade(t, p), 1e-5, "cascade vs flat")
 	require.NoError(t, m.Commit(nil))

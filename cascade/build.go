@@ -17,6 +17,7 @@ type Builder struct {
 	paths  []*Node   // order[k]'s path is paths[pathAt[k]:pathAt[k+1]]
 	pathAt []int
 	idSeen []bool
+	levels []int // the tree depths that become levels, in order
 }
 
 // BuildTo is [Build] writing into dst: on success dst holds exactly the
@@ -77,6 +78,11 @@ func (b *Builder) BuildTo(dst *Layout, root *Node, pageSize int) error {
 	if nr == 0 {
 		return b.fail(fmt.Errorf("%w: the tree has no requests", ErrInvalidTree))
 	}
+	// A tree level whose groups hold no pages at all (the root of unrelated
+	// prefixes, say) adds nothing but a launch and a merge of identity
+	// states, so it is dropped; the last level is always kept, as it is the
+	// only causal one.
+	b.levels = b.levels[:0]
 	for l := range depth {
 		pages := int64(0)
 		for k := 0; k < nr; {
@@ -89,6 +95,9 @@ func (b *Builder) BuildTo(dst *Layout, root *Node, pageSize int) error {
 			}
 			k = k1
 		}
+		if pages > 0 || l == depth-1 {
+			b.levels = append(b.levels, l)
+		}
 	}
 
 	// Write dst.
@@ -100,9 +109,9 @@ func (b *Builder) BuildTo(dst *Layout, root *Node, pageSize int) error {
 		dst.RequestOrder = append(dst.RequestOrder, r.ID)
 		dst.RequestQOIndptr = append(dst.RequestQOIndptr, dst.RequestQOIndptr[len(dst.RequestQOIndptr)-1]+int32(r.QOLen))
 	}
-	dst.Levels = resize(dst.Levels, depth)
-	for l := range depth {
-		lv := &dst.Levels[l]
+	dst.Levels = resize(dst.Levels, len(b.levels))
+	for i, l := range b.levels {
+		lv := &dst.Levels[i]
 		lv.QOIndptr = append(lv.QOIndptr[:0], 0)
 		lv.KVIndptr = append(lv.KVIndptr[:0], 0)
 		lv.KVIndices = lv.KVIndices[:0]

@@ -17,7 +17,10 @@
 //
 // [Build] makes the levels from a tree of [Node]s: each node is a run of
 // pages shared by every request below it, the root is level 0, and a
-// node's depth is its level. The queries are ordered by a depth-first walk
+// node's depth is its level, except that a depth whose groups hold no pages
+// at all (for example an empty root above unrelated prefixes) is dropped
+// unless it is the last level: it would cost a launch and a merge for
+// nothing. The queries are ordered by a depth-first walk
 // (each child's subtree in order, then the node's own requests), so every
 // group is a contiguous run of rows; [Layout.QueryRows] maps the cascade's
 // rows back to the caller's request order. docs/attention.md walks through

@@ -185,7 +185,11 @@ func Build(root *Node, pageSize int) (*Layout, error) {
 			lv.KVLastPageLen = append(lv.KVLastPageLen, lastLen)
 			k = k1
 		}
-		lay.Levels = append(lay.Levels, lv)
+		// A level without any page is only a launch and a merge of identity
+		// states; drop it unless it is the last (the causal one).
+		if len(lv.KVIndices) > 0 || last {
+			lay.Levels = append(lay.Levels, lv)
+		}
 	}
 	return lay, nil
 }
