@@ -74,10 +74,11 @@ type placed struct {
 	path []*Node // root ... the node the request ends at
 }
 
-// Build derives the per-level arrays of a prefix tree. The number of
-// levels is one more than the depth of the deepest node that has a request
-// at or below it; nodes without requests below them are not attended and
-// do not appear. At level l:
+// Build derives the per-level arrays of a prefix tree. Each depth of the
+// tree, down to the deepest node that has a request at or below it, is a
+// level, except a depth (other than the deepest) whose groups hold no page
+// at all, which is dropped; nodes without requests below them are not
+// attended and do not appear. At the level of depth l:
 //
 //   - l below the last: one group per node at depth l (all the requests
 //     below it, its pages), and one empty group (no pages, last_page_len 0)
