@@ -2,7 +2,6 @@ package fuzz
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -178,8 +177,8 @@ func (h *appendHarness) fatalf(format string, args ...any) {
 	h.t.Fatalf("%s\n%s", fmt.Sprintf(format, args...), h.where())
 }
 
-// errorClasses pairs the real packages' sentinels with the model's.
-var errorClasses = []struct{ real, model error }{
+// tableErrors pairs the page table's and allocator's sentinels with the model's.
+var tableErrors = []errorPair{
 	{allocator.ErrOutOfPages, reference.ErrModelOutOfPages},
 	{allocator.ErrBadPage, reference.ErrModelBadPage},
 	{pagetable.ErrUnknownSeq, reference.ErrModelUnknownSeq},
@@ -191,21 +190,7 @@ var errorClasses = []struct{ real, model error }{
 // class, and reports whether the operation succeeded.
 func (h *appendHarness) sameClass(what string, real, model error) bool {
 	h.t.Helper()
-	same := (real == nil) == (model == nil)
-	for _, c := range errorClasses {
-		same = same && errors.Is(real, c.real) == errors.Is(model, c.model)
-	}
-	if !same {
-		h.fatalf("%s: real error %v, model error %v", what, real, model)
-	}
-	switch {
-	case real == nil:
-	case errors.Is(real, allocator.ErrOutOfPages):
-		h.seen["out of pages"]++
-	default:
-		h.seen["other error"]++
-	}
-	return real == nil
+	return matchErrors(h.fatalf, h.seen, tableErrors, allocator.ErrOutOfPages, what, real, model)
 }
 
 // pick returns the live sequence a selects, or an unknown ID for a == 255

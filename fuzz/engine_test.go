@@ -2,7 +2,6 @@ package fuzz
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -192,38 +191,26 @@ func (h *engineHarness) fatalf(format string, args ...any) {
 		h.g, h.window, h.step, engineOps.Format(h.prog))
 }
 
+// managerErrors pairs the Manager's sentinels with the model's.
+var managerErrors = []errorPair{
+	{pagedkv.ErrOutOfPages, reference.ErrMgrOutOfPages},
+	{pagedkv.ErrUnknownRequest, reference.ErrMgrUnknownRequest},
+	{pagedkv.ErrRequestExists, reference.ErrMgrRequestExists},
+	{pagedkv.ErrPreempted, reference.ErrMgrPreempted},
+	{pagedkv.ErrNotPreempted, reference.ErrMgrNotPreempted},
+	{pagedkv.ErrStepPending, reference.ErrMgrStepPending},
+	{pagedkv.ErrNoStep, reference.ErrMgrNoStep},
+	{pagedkv.ErrBadArgument, reference.ErrMgrBadArgument},
+	{pagedkv.ErrNotCached, reference.ErrMgrNotCached},
+	{pagedkv.ErrPinLimit, reference.ErrMgrPinLimit},
+	{pagedkv.ErrUnknownPin, reference.ErrMgrUnknownPin},
+}
+
 // sameClass fails unless the real and model errors are both nil or of the
 // same class, and reports whether the call succeeded.
 func (h *engineHarness) sameClass(what string, err, merr error) bool {
 	h.t.Helper()
-	classes := []struct{ real, model error }{
-		{pagedkv.ErrOutOfPages, reference.ErrMgrOutOfPages},
-		{pagedkv.ErrUnknownRequest, reference.ErrMgrUnknownRequest},
-		{pagedkv.ErrRequestExists, reference.ErrMgrRequestExists},
-		{pagedkv.ErrPreempted, reference.ErrMgrPreempted},
-		{pagedkv.ErrNotPreempted, reference.ErrMgrNotPreempted},
-		{pagedkv.ErrStepPending, reference.ErrMgrStepPending},
-		{pagedkv.ErrNoStep, reference.ErrMgrNoStep},
-		{pagedkv.ErrBadArgument, reference.ErrMgrBadArgument},
-		{pagedkv.ErrNotCached, reference.ErrMgrNotCached},
-		{pagedkv.ErrPinLimit, reference.ErrMgrPinLimit},
-		{pagedkv.ErrUnknownPin, reference.ErrMgrUnknownPin},
-	}
-	same := (err == nil) == (merr == nil)
-	for _, c := range classes {
-		same = same && errors.Is(err, c.real) == errors.Is(merr, c.model)
-	}
-	if !same {
-		h.fatalf("%s: real error %v, model error %v", what, err, merr)
-	}
-	switch {
-	case err == nil:
-	case errors.Is(err, pagedkv.ErrOutOfPages):
-		h.seen["out of pages"]++
-	default:
-		h.seen["other error"]++
-	}
-	return err == nil
+	return matchErrors(h.fatalf, h.seen, managerErrors, pagedkv.ErrOutOfPages, what, err, merr)
 }
 
 // pick returns the live request a selects, or an unknown ID.
