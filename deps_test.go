@@ -76,6 +76,9 @@ var onlyImportedBy = map[string][]string{
 	"fuzz":               {},
 	"":                   {"cmd/pagedkv", "fuzz", "internal/sim", "metrics"},
 	"gorgonia.org/cu":    {"kernels/cuda"},
+	// Metrics are exported by the metrics package and the CLI, never from
+	// the library's core.
+	"github.com/prometheus/client_golang": {"metrics", "cmd/pagedkv"},
 }
 
 func TestImportLayering(t *testing.T) {
