@@ -55,23 +55,11 @@ type benchPair struct {
 }
 
 func runBench(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("bench", benchHelp, stderr)
 	benchtime := fs.Duration("benchtime", 500*time.Millisecond, "target run time of each benchmark")
 	short := fs.Bool("short", false, "small sizes and 10ms per benchmark (for tests; the numbers are rough)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: %s\n%s", commands["bench"].usage, benchHelp)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "pagedkv bench: unexpected arguments %q\n", fs.Args())
-		return exitUsage
+	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
+		return code
 	}
 	if *benchtime <= 0 {
 		fmt.Fprintf(stderr, "pagedkv bench: --benchtime %v, want > 0\n", *benchtime)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -55,8 +53,7 @@ var metricsServed func(url string)
 func runSimulate(args []string, stdout, stderr io.Writer) int {
 	cfg := sim.DefaultConfig()
 	wl := sim.DefaultWorkloadConfig()
-	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("simulate", simulateHelp, stderr)
 	trace := fs.String("trace", "", "JSONL trace of requests (- for stdin); default: the built-in workload")
 	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
 	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
@@ -78,19 +75,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	backendName := fs.String("backend", "cpu", "backend: "+strings.Join(backendNames(), ", "))
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics while running (e.g. 127.0.0.1:9090); off by default")
 	quiet := fs.Bool("quiet", false, "no progress output")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: %s\n%s", commands["simulate"].usage, simulateHelp)
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return exitOK
-		}
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "pagedkv simulate: unexpected arguments %q\n", fs.Args())
-		return exitUsage
+	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
+		return code
 	}
 	fail := func(code int, format string, args ...any) int {
 		fmt.Fprintf(stderr, "pagedkv simulate: "+format+"\n", args...)

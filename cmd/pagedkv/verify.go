@@ -34,15 +34,10 @@ Flags (they may come before or after the paths):
 `
 
 func runVerify(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("verify", verifyHelp, stderr)
 	backendName := fs.String("backend", "cpu", "backend to verify: "+strings.Join(backendNames(), ", "))
 	fallbackName := fs.String("fallback", "", "backend that reruns cases the --backend does not support (e.g. cpu)")
 	verbose := fs.Bool("v", false, "also print one line per output of each case")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: %s\n%s", commands["verify"].usage, verifyHelp)
-		fs.PrintDefaults()
-	}
 	paths, err := parseInterspersed(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
