@@ -234,3 +234,13 @@ func fileDType(d layout.DType) safetensors.DType {
 func outTensor(name string, t kernels.Tensor) safetensors.Tensor {
 	return safetensors.Tensor{Name: name, DType: fileDType(t.DType), Shape: t.Shape, Data: t.Data}
 }
+
+// stateOutputs are the outputs of an op that returns an attention state:
+// the values v [rows, heads, dim] under vName and their base-2 LSE
+// [rows, heads] under sName.
+func stateOutputs(vName string, v kernels.Tensor, sName string, s []float32) map[string]safetensors.Tensor {
+	return map[string]safetensors.Tensor{
+		vName: outTensor(vName, v),
+		sName: safetensors.F32Tensor(sName, v.Shape[:2], s),
+	}
+}

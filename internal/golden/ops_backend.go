@@ -261,10 +261,7 @@ func runDecode(x *exec) (map[string]safetensors.Tensor, error) {
 	if err := x.b.BatchDecode(&p); err != nil {
 		return nil, err
 	}
-	return map[string]safetensors.Tensor{
-		"o":   outTensor("o", p.O),
-		"lse": safetensors.F32Tensor("lse", []int{b, hq}, p.LSE),
-	}, nil
+	return stateOutputs("o", p.O, "lse", p.LSE), nil
 }
 
 func runPrefill(x *exec) (map[string]safetensors.Tensor, error) {
@@ -290,10 +287,7 @@ func runPrefill(x *exec) (map[string]safetensors.Tensor, error) {
 	if err := x.b.BatchPrefill(&p); err != nil {
 		return nil, err
 	}
-	return map[string]safetensors.Tensor{
-		"o":   outTensor("o", p.O),
-		"lse": safetensors.F32Tensor("lse", []int{n, hq}, p.LSE),
-	}, nil
+	return stateOutputs("o", p.O, "lse", p.LSE), nil
 }
 
 func runMergeState(x *exec) (map[string]safetensors.Tensor, error) {
@@ -318,10 +312,7 @@ func runMergeState(x *exec) (map[string]safetensors.Tensor, error) {
 	if err := x.b.MergeState(&p); err != nil {
 		return nil, err
 	}
-	return map[string]safetensors.Tensor{
-		"v": outTensor("v", p.V),
-		"s": safetensors.F32Tensor("s", []int{n, h}, p.S),
-	}, nil
+	return stateOutputs("v", p.V, "s", p.S), nil
 }
 
 func runMergeStates(x *exec) (map[string]safetensors.Tensor, error) {
@@ -338,10 +329,7 @@ func runMergeStates(x *exec) (map[string]safetensors.Tensor, error) {
 	if err := x.b.MergeStates(&p); err != nil {
 		return nil, err
 	}
-	return map[string]safetensors.Tensor{
-		"v": outTensor("v", p.OutV),
-		"s": safetensors.F32Tensor("s", []int{n, h}, p.OutS),
-	}, nil
+	return stateOutputs("v", p.OutV, "s", p.OutS), nil
 }
 
 func runMLADecode(x *exec) (map[string]safetensors.Tensor, error) {
@@ -410,8 +398,5 @@ func runMLADecode(x *exec) (map[string]safetensors.Tensor, error) {
 	if err := x.b.MLADecode(&p); err != nil {
 		return nil, err
 	}
-	return map[string]safetensors.Tensor{
-		"o":   outTensor("o", p.O),
-		"lse": safetensors.F32Tensor("lse", []int{b, h}, p.LSE),
-	}, nil
+	return stateOutputs("o", p.O, "lse", p.LSE), nil
 }
