@@ -364,6 +364,13 @@ func TestRunValidates(t *testing.T) {
 		"page id beyond the cache": {func(p *Params) { p.Levels[2].KVIndices = []int32{10, 11, 12, 13, 14, 16} }, kernels.ErrIndexOutOfRange},
 		"level batch mismatch":     {func(p *Params) { p.Levels[1].KVIndptr = []int32{0, 2, 4} }, kernels.ErrInvalidPageTable},
 		"heads":                    {func(p *Params) { p.NumQOHeads = 3 }, kernels.ErrInvalidAttention},
+		// The audit's wrapping kv_indptr (MaxInt32 - (-5) is positive in
+		// int32): it panicked inside the shared validation.
+		"wrapping kv_indptr": {func(p *Params) {
+			ptr := append([]int32(nil), p.Levels[1].KVIndptr...)
+			ptr[1], ptr[2] = math.MaxInt32, -5
+			p.Levels[1].KVIndptr = ptr
+		}, kernels.ErrInvalidPageTable},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

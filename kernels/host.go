@@ -225,11 +225,11 @@ func (t *PageTable) BatchSize() int { return max(len(t.KVIndptr)-1, 0) }
 // SeqLen is FlashInfer's get_length(b): 0 for a request with no pages,
 // otherwise (pages-1)*pageSize + KVLastPageLen[b]. It assumes a valid table.
 func (t *PageTable) SeqLen(b, pageSize int) int {
-	pages := int(t.KVIndptr[b+1]) - int(t.KVIndptr[b])
+	pages := int64(t.KVIndptr[b+1]) - int64(t.KVIndptr[b])
 	if pages <= 0 {
 		return 0
 	}
-	return (pages-1)*pageSize + int(t.KVLastPageLen[b])
+	return int(pagesTokens(pages-1, pageSize) + int64(t.KVLastPageLen[b]))
 }
 
 // Locate maps token pos of request b to (physical page id, entry):
@@ -244,7 +244,7 @@ func (t *PageTable) Locate(b, pos, pageSize int) (page, entry int, err error) {
 		return 0, 0, fmt.Errorf("%w: position %d of request %d outside seq_len %d", ErrIndexOutOfRange, pos, b, n)
 	}
 	i := int(t.KVIndptr[b]) + pos/pageSize
-	if i >= len(t.KVIndices) {
+	if i < 0 || i >= len(t.KVIndices) {
 		return 0, 0, fmt.Errorf("%w: kv_indices[%d] of request %d beyond %d indices", ErrInvalidPageTable, i, b, len(t.KVIndices))
 	}
 	return int(t.KVIndices[i]), pos % pageSize, nil
@@ -253,16 +253,40 @@ func (t *PageTable) Locate(b, pos, pageSize int) (page, entry int, err error) {
 // Validate checks that the table is well-formed CSR for a pool of numPages
 // pages of pageSize tokens: len(KVIndptr) == len(KVLastPageLen)+1,
 // KVIndptr[0] == 0, KVIndptr non-decreasing, KVIndptr[B] <= len(KVIndices),
-// every used page id in [0, numPages), and KVLastPageLen[b] in
-// [1, pageSize] for a request with pages and 0 for one without.
+// every used page id in [0, numPages), KVLastPageLen[b] in [1, pageSize]
+// for a request with pages and 0 for one without, and every seq_len at most
+// [MaxSeqLen] (FlashInfer's int32 lengths and positions).
+//
+// Every comparison is made on the int32 values themselves or in int64, so
+// no hostile value (MinInt32, MaxInt32, a decreasing or wrapping indptr) can
+// wrap into an accepted table: a table that passes names only pages and
+// tokens that exist.
 func (t *PageTable) Validate(pageSize, numPages int) error {
 	return validateCSR(t.KVIndptr, t.KVIndices, t.KVLastPageLen, true, pageSize, numPages)
 }
 
+// MaxSeqLen is the longest request a kernel takes, in tokens: FlashInfer
+// keeps lengths and positions in int32.
+const MaxSeqLen = math.MaxInt32
+
+// pagesTokens is pages*pageSize in int64, saturated at MaxSeqLen+1 so that
+// it cannot overflow for any pages <= MaxInt32 and pageSize > 0.
+func pagesTokens(pages int64, pageSize int) int64 {
+	if pages > MaxSeqLen/int64(pageSize) {
+		return MaxSeqLen + 1
+	}
+	return pages * int64(pageSize)
+}
+
 // validateCSR is PageTable.Validate with an optional last_page_len (MLA).
+// It is the one check every backend op, cascade level and MLA call runs on
+// an index array before a kernel reads it.
 func validateCSR(indptr, indices, lastPageLen []int32, needLast bool, pageSize, numPages int) error {
 	if len(indptr) == 0 {
 		return fmt.Errorf("%w: kv_indptr is empty (want length batch+1)", ErrInvalidPageTable)
+	}
+	if pageSize <= 0 {
+		return fmt.Errorf("%w: page_size = %d, want > 0", ErrInvalidPageTable, pageSize)
 	}
 	B := len(indptr) - 1
 	if (needLast || lastPageLen != nil) && len(lastPageLen) != B {
@@ -272,25 +296,29 @@ func validateCSR(indptr, indices, lastPageLen []int32, needLast bool, pageSize, 
 		return fmt.Errorf("%w: kv_indptr[0] = %d, want 0", ErrInvalidPageTable, indptr[0])
 	}
 	for b := 0; b < B; b++ {
-		pages := indptr[b+1] - indptr[b]
-		if pages < 0 {
-			return fmt.Errorf("%w: kv_indptr decreases at request %d: %d > %d", ErrInvalidPageTable, b, indptr[b], indptr[b+1])
+		// Compare, never subtract in int32: MaxInt32 - (-5) wraps positive.
+		if indptr[b+1] < indptr[b] {
+			return fmt.Errorf("%w: kv_indptr decreases at request %d: %d > %d (kv_indptr[%d] > kv_indptr[%d])", ErrInvalidPageTable, b, indptr[b], indptr[b+1], b, b+1)
 		}
+		pages := int64(indptr[b+1]) - int64(indptr[b])
 		if lastPageLen == nil {
 			continue
 		}
 		switch l := lastPageLen[b]; {
 		case pages == 0 && l != 0:
 			return fmt.Errorf("%w: request %d has no pages but kv_last_page_len %d (want 0)", ErrInvalidPageTable, b, l)
-		case pages > 0 && (l < 1 || int(l) > pageSize):
+		case pages > 0 && (l < 1 || int64(l) > int64(pageSize)):
 			return fmt.Errorf("%w: kv_last_page_len[%d] = %d outside [1, page_size %d]", ErrInvalidPageTable, b, l, pageSize)
+		case pages > 0 && pagesTokens(pages-1, pageSize)+int64(l) > MaxSeqLen:
+			return fmt.Errorf("%w: request %d: seq_len of %d pages of %d tokens (last %d) exceeds %d", ErrInvalidPageTable, b, pages, pageSize, l, int64(MaxSeqLen))
 		}
 	}
-	if int(indptr[B]) > len(indices) {
+	// indptr[0] == 0 and no decrease: every indptr value is in [0, indptr[B]].
+	if int64(indptr[B]) > int64(len(indices)) {
 		return fmt.Errorf("%w: kv_indptr[%d] = %d but kv_indices has %d entries", ErrInvalidPageTable, B, indptr[B], len(indices))
 	}
 	for i, p := range indices[:indptr[B]] {
-		if p < 0 || int(p) >= numPages {
+		if p < 0 || int64(p) >= int64(numPages) {
 			return fmt.Errorf("%w: kv_indices[%d] = %d outside [0, num_pages %d)", ErrIndexOutOfRange, i, p, numPages)
 		}
 	}

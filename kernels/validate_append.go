@@ -87,18 +87,18 @@ func (p *AppendParams) Validate() error {
 // and a position below that request's length (its capacity in pages*pageSize
 // when capacityOnly, i.e. when kv_last_page_len is absent).
 func validateRows(t *PageTable, batchIndices, positions []int32, pageSize int, capacityOnly bool) error {
-	B := t.BatchSize()
+	B := int64(t.BatchSize())
 	for i, b := range batchIndices {
-		if b < 0 || int(b) >= B {
+		if b < 0 || int64(b) >= B {
 			return fmt.Errorf("append: %w: batch_indices[%d] = %d outside [0, batch %d)", ErrIndexOutOfRange, i, b, B)
 		}
-		var n int
+		var n int64
 		if capacityOnly {
-			n = int(t.KVIndptr[b+1]-t.KVIndptr[b]) * pageSize
+			n = pagesTokens(int64(t.KVIndptr[b+1])-int64(t.KVIndptr[b]), pageSize)
 		} else {
-			n = t.SeqLen(int(b), pageSize)
+			n = int64(t.SeqLen(int(b), pageSize))
 		}
-		if pos := positions[i]; pos < 0 || int(pos) >= n {
+		if pos := positions[i]; pos < 0 || int64(pos) >= n {
 			what := "seq_len"
 			if capacityOnly {
 				what = "reserved pages*page_size"

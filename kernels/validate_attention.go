@@ -269,8 +269,8 @@ func (p *MLADecodeParams) Validate() error {
 		return fmt.Errorf("%s: %w: kv_len has %d values, want batch %d", op, ErrInvalidPageTable, len(p.KVLen), B)
 	}
 	for b, n := range p.KVLen {
-		pages := int64(p.KVIndptr[b+1] - p.KVIndptr[b])
-		if n < 0 || (int64(n)+int64(g.PageSize)-1)/int64(g.PageSize) > pages {
+		pages := int64(p.KVIndptr[b+1]) - int64(p.KVIndptr[b])
+		if n < 0 || int64(n) > pagesTokens(pages, g.PageSize) {
 			return fmt.Errorf("%s: %w: kv_len[%d] = %d does not fit in its %d pages of %d tokens", op, ErrInvalidPageTable, b, n, pages, g.PageSize)
 		}
 	}

@@ -166,10 +166,33 @@ func (p Paged) Validate() error {
 	case p.HeadDim <= 0:
 		return fmt.Errorf("layout: head_dim %d <= 0", p.HeadDim)
 	}
-	if pe := int64(p.PageSize) * int64(p.NumKVHeads) * int64(p.HeadDim); pe > MaxElements/2 || int64(p.NumPages)*2*pe > MaxElements {
-		return fmt.Errorf("layout: cache of %d pages x 2 x %d elements exceeds %d elements", p.NumPages, pe, int64(MaxElements))
+	// Each product is checked before it is formed: page_size 1<<62 times
+	// 4 would wrap int64 to 0 and pass a plain "> MaxElements" test.
+	pe, ok := productWithin(MaxElements/2, p.PageSize, p.NumKVHeads, p.HeadDim)
+	if !ok {
+		return fmt.Errorf("layout: page of page_size %d x num_kv_heads %d x head_dim %d elements exceeds %d elements", p.PageSize, p.NumKVHeads, p.HeadDim, int64(MaxElements/2))
+	}
+	if _, ok := productWithin(MaxElements, p.NumPages, 2, int(pe)); !ok {
+		return fmt.Errorf("layout: cache of num_pages %d x 2 x %d elements exceeds %d elements", p.NumPages, pe, int64(MaxElements))
 	}
 	return nil
+}
+
+// productWithin returns the product of the non-negative factors and whether
+// it is at most limit, checking before each multiplication so that no
+// intermediate product can overflow int64.
+func productWithin(limit int64, factors ...int) (int64, bool) {
+	n := int64(1)
+	for _, f := range factors {
+		if f < 0 {
+			return 0, false
+		}
+		if f != 0 && n > limit/int64(f) {
+			return 0, false
+		}
+		n *= int64(f)
+	}
+	return n, n <= limit
 }
 
 // PlaneElements is the number of elements of K (or V) in one page: N*H*D.
@@ -271,8 +294,11 @@ func (m MLA) Validate() error {
 	case m.HeadDimCKV <= 0 || m.HeadDimKPE <= 0:
 		return fmt.Errorf("layout: MLA head dims ckv=%d kpe=%d must be > 0", m.HeadDimCKV, m.HeadDimKPE)
 	}
-	if int64(m.NumPages)*int64(m.PageSize)*int64(m.HeadDimCKV+m.HeadDimKPE) > MaxElements {
-		return fmt.Errorf("layout: MLA cache of %d pages exceeds %d elements", m.NumPages, int64(MaxElements))
+	if m.HeadDimCKV > MaxElements || m.HeadDimKPE > MaxElements {
+		return fmt.Errorf("layout: MLA head dims ckv=%d kpe=%d exceed %d elements", m.HeadDimCKV, m.HeadDimKPE, int64(MaxElements))
+	}
+	if _, ok := productWithin(MaxElements, m.NumPages, m.PageSize, m.HeadDimCKV+m.HeadDimKPE); !ok {
+		return fmt.Errorf("layout: MLA cache of num_pages %d x page_size %d x (ckv %d + kpe %d) elements exceeds %d elements", m.NumPages, m.PageSize, m.HeadDimCKV, m.HeadDimKPE, int64(MaxElements))
 	}
 	return nil
 }

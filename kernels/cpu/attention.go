@@ -94,8 +94,10 @@ func newAttnJob(q kernels.Tensor, cache *kernels.PagedKVCache, table *kernels.Pa
 	es := int64(g.DType.Size())
 	j.kbuf = cache.KBuf()
 	j.vbuf = cache.VBuf()
-	if g.Form == layout.Fused {
-		j.vbuf = j.vbuf[g.PlaneElements()*es:] // V = [:, 1] starts one plane after K
+	if g.Form == layout.Fused && g.NumPages > 0 {
+		// V = [:, 1] starts one plane after K. A pool of 0 pages has no
+		// plane (and a valid table names no page of it).
+		j.vbuf = j.vbuf[g.PlaneElements()*es:]
 	}
 	scale := ap.EffectiveSMScale(g.HeadDim)
 	if ap.LogitsSoftCap > 0 {

@@ -1,12 +1,15 @@
 // Package kernelstest is the conformance suite every [kernels.Backend] runs:
 // exported functions TestAppend, TestMLAAppend, TestDecode, TestPrefill,
-// TestMLADecode, TestMergeState and TestMergeStates, each taking (t, b), that
+// TestMLADecode, TestMergeState, TestMergeStates and TestHostileIndices, each
+// taking (t, b), that
 // a backend's own tests call with an instance of the backend. The suites run
 // FlashInfer's worked examples, build random batches and caches, run the
 // backend, and compare the result with the slow models of
 // internal/reference, which share no code with the backends. The append
 // fixtures (NewAppendFixture, CheckAppend, CacheDiff and their MLA twins)
-// are exported for fuzzers and benchmarks too.
+// are exported for fuzzers and benchmarks too, as is CheckRawIndices, the
+// canary check every backend's raw-array fuzz target runs (DecodeRaw turns
+// fuzz bytes into arrays of any length holding any int32).
 //
 // A backend may decline a combination (dtype, head_dim, ...) by returning an
 // error that wraps [kernels.ErrUnsupported]; the suites then log the skipped
