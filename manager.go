@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/invariants"
@@ -70,6 +71,11 @@ var (
 // Config.CascadeMinSavedPages is 0.
 const DefaultCascadeMinSavedPages = 16
 
+// MaxRequestTokens is the most tokens a request may have (its prompt, its
+// CapacityTokens, and its length as it grows): FlashInfer's seq_len and
+// positions are int32.
+const MaxRequestTokens = math.MaxInt32
+
 // Config describes a Manager.
 type Config struct {
 	// NumPages is the number of pages in the pool (the page dimension of the
@@ -114,7 +120,10 @@ type Request struct {
 	// nor publishes pages.
 	NoCache bool
 	// CapacityTokens, if larger than the prompt, reserves room for that many
-	// tokens in the request's token list, so decoding does not grow it.
+	// tokens in the request's token list, so decoding does not grow it. It
+	// must be in [0, MaxRequestTokens]. It is a hint: Add reserves at most
+	// the prompt plus the pool's capacity in tokens, so a huge value costs
+	// no more memory than the pool could ever fill.
 	CapacityTokens int
 }
 
@@ -204,8 +213,8 @@ func (*noCopy) Unlock() {}
 
 // New returns a Manager with an empty pool.
 func New(cfg Config) (*Manager, error) {
-	if cfg.WindowTokens < 0 {
-		return nil, fmt.Errorf("%w: WindowTokens = %d, want >= 0", ErrBadConfig, cfg.WindowTokens)
+	if cfg.WindowTokens < 0 || cfg.WindowTokens > MaxRequestTokens {
+		return nil, fmt.Errorf("%w: WindowTokens = %d, want 0..%d (window_left is int32)", ErrBadConfig, cfg.WindowTokens, MaxRequestTokens)
 	}
 	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
 	if err != nil {
@@ -269,14 +278,23 @@ func (m *Manager) Add(id RequestID, req Request) (matchedTokens int, err error) 
 	if int(req.Priority) >= m.cache.NumPriorities() {
 		return 0, fmt.Errorf("%w: add request %d with priority %d, want 0..%d", ErrBadArgument, id, req.Priority, m.cache.NumPriorities()-1)
 	}
+	if len(req.Prompt) > MaxRequestTokens {
+		return 0, fmt.Errorf("%w: add request %d: prompt of %d tokens, want at most %d", ErrBadArgument, id, len(req.Prompt), MaxRequestTokens)
+	}
+	if req.CapacityTokens < 0 || req.CapacityTokens > MaxRequestTokens {
+		return 0, fmt.Errorf("%w: add request %d: CapacityTokens = %d, want 0..%d", ErrBadArgument, id, req.CapacityTokens, MaxRequestTokens)
+	}
 	for i, t := range req.Prompt {
 		if t < 0 {
 			return 0, fmt.Errorf("%w: add request %d: prompt[%d] = %d is negative", ErrBadArgument, id, i, t)
 		}
 	}
+	// CapacityTokens is a hint: never reserve more than the pool could hold
+	// beyond the prompt.
+	capacity := max(len(req.Prompt), min(req.CapacityTokens, len(req.Prompt)+m.alloc.NumPages()*m.pageSize))
 	r := &request{
 		id: id, prio: req.Priority, noCache: req.NoCache,
-		tokens: append(make([]int32, 0, max(len(req.Prompt), req.CapacityTokens)), req.Prompt...),
+		tokens: append(make([]int32, 0, capacity), req.Prompt...),
 	}
 	if !r.noCache {
 		r.key = m.cache.Key(req.Namespace)
@@ -480,11 +498,14 @@ func (m *Manager) Resume(id RequestID) (matchedTokens int, err error) {
 // ---- Operations ----
 
 // Evict evicts idle cached pages (least recently used, lowest priority
-// first) until npages pages are free again or nothing evictable is left,
-// and returns how many pages it freed. Steps evict on demand; this is for
-// engines that keep a reserve.
+// first) until at least npages pages of the pool are free or nothing
+// evictable is left, and returns how many pages it freed: 0 when npages
+// pages are already free. Steps evict on demand; this is for engines that
+// keep a reserve of free pages.
 func (m *Manager) Evict(npages int) (freed int) {
-	freed = m.cache.Evict(npages)
+	if need := npages - m.alloc.NumFree(); need > 0 {
+		freed = m.cache.Evict(need)
+	}
 	m.afterChange()
 	return freed
 }

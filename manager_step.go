@@ -78,6 +78,7 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 	}
 	m.epoch++
 	batch, seqs := m.batch[:0], m.seqs[:0]
+	var slots int64 // token slots of the batch's pages after the step
 	for i, id := range ids {
 		r, ok := m.reqs[id]
 		switch {
@@ -90,12 +91,23 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 		case ntokens[i] < 0 || r.computed+int(ntokens[i]) > len(r.tokens):
 			return nil, fmt.Errorf("%w: reserve: ntokens[%d] = %d, request %d has %d tokens not yet computed",
 				ErrBadArgument, i, ntokens[i], id, len(r.tokens)-r.computed)
+		case int64(r.computed)+int64(ntokens[i]) > MaxRequestTokens:
+			return nil, fmt.Errorf("%w: reserve: ntokens[%d] = %d takes request %d past %d tokens",
+				ErrBadArgument, i, ntokens[i], id, MaxRequestTokens)
 		}
+		held := int64(r.computed-r.start) + int64(ntokens[i])
+		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
 		r.mark = m.epoch
 		batch = append(batch, r)
 		seqs = append(seqs, r.seq())
 	}
 	m.batch, m.seqs = batch, seqs
+	if slots >= maxBatchTokenSlots {
+		// Shared pages count once per request (FlashInfer indexes each
+		// request's pages separately), so forks can exceed the pool.
+		return nil, fmt.Errorf("%w: reserve: the step's %d requests would hold %d token slots (pages*page_size), want < %d (FlashInfer's 32-bit token offsets); split the batch",
+			ErrBadArgument, len(ids), slots, int64(maxBatchTokenSlots))
+	}
 
 	need := m.pagesNeeded(batch, ntokens)
 	free := m.alloc.NumFree()
@@ -131,6 +143,10 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 	m.afterChange()
 	return &m.plan, nil
 }
+
+// maxBatchTokenSlots bounds kv_indptr[B]*page_size of an exported step, the
+// rule pagetable.ValidateCSR enforces.
+const maxBatchTokenSlots = 1 << 32
 
 // pagesNeeded returns the pages the page table's Reserve will take for the
 // batch: new pages past each request's last one, plus one per copy-on-write.

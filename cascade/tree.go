@@ -3,7 +3,6 @@ package cascade
 import (
 	"errors"
 	"fmt"
-	"math"
 )
 
 // ErrInvalidTree is wrapped by every [Build] error: a malformed node, a
@@ -68,12 +67,6 @@ func (l *Layout) QueryRows() []int32 {
 	return rows
 }
 
-// placed is a request with its prefix path, in query order.
-type placed struct {
-	req  Request
-	path []*Node // root ... the node the request ends at
-}
-
 // Build derives the per-level arrays of a prefix tree. Each depth of the
 // tree, down to the deepest node that has a request at or below it, is a
 // level, except a depth (other than the deepest) whose groups hold no page
@@ -90,107 +83,15 @@ type placed struct {
 // node's own requests in order (so a request that ends at a branch node
 // comes where an empty leaf after its siblings would put it). Every request gets its own last-level group, so the
 // causal mask of the last level is aligned per request.
+//
+// Build keeps one path stack while it walks the tree, so its memory is
+// linear in the tree's depth and size plus the layout it returns (it is
+// [Builder.BuildTo] into a fresh Layout).
 func Build(root *Node, pageSize int) (*Layout, error) {
-	if pageSize <= 0 {
-		return nil, fmt.Errorf("%w: page_size %d <= 0", ErrInvalidTree, pageSize)
-	}
-	if root == nil {
-		return nil, fmt.Errorf("%w: nil root", ErrInvalidTree)
-	}
-	var order []placed
-	seen := map[*Node]bool{}
-	var walk func(n *Node, path []*Node) error
-	walk = func(n *Node, path []*Node) error {
-		if n == nil {
-			return fmt.Errorf("%w: nil child at depth %d", ErrInvalidTree, len(path))
-		}
-		if seen[n] {
-			return fmt.Errorf("%w: a node is reachable twice (at depth %d); the prefix structure must be a tree", ErrInvalidTree, len(path))
-		}
-		seen[n] = true
-		if err := checkNode(n, pageSize, len(path)); err != nil {
-			return err
-		}
-		path = append(path[:len(path):len(path)], n)
-		for _, c := range n.Children {
-			if err := walk(c, path); err != nil {
-				return err
-			}
-		}
-		for _, r := range n.Requests {
-			order = append(order, placed{req: r, path: path})
-		}
-		return nil
-	}
-	if err := walk(root, nil); err != nil {
+	var b Builder
+	lay := &Layout{}
+	if err := b.BuildTo(lay, root, pageSize); err != nil {
 		return nil, err
-	}
-
-	lay := &Layout{QOLenByID: make([]int, len(order))}
-	idSeen := make([]bool, len(order))
-	depth := 0
-	nnz := int64(0)
-	lay.RequestQOIndptr = make([]int32, 1, len(order)+1)
-	for _, p := range order {
-		id := p.req.ID
-		switch {
-		case id < 0 || id >= len(order):
-			return nil, fmt.Errorf("%w: request id %d outside [0, %d) (ids must be 0..requests-1)", ErrInvalidTree, id, len(order))
-		case idSeen[id]:
-			return nil, fmt.Errorf("%w: request id %d appears twice", ErrInvalidTree, id)
-		case p.req.QOLen < 0:
-			return nil, fmt.Errorf("%w: request %d has qo_len %d < 0", ErrInvalidTree, id, p.req.QOLen)
-		}
-		idSeen[id] = true
-		lay.QOLenByID[id] = p.req.QOLen
-		lay.RequestOrder = append(lay.RequestOrder, id)
-		nnz += int64(p.req.QOLen)
-		if nnz > math.MaxInt32 {
-			return nil, fmt.Errorf("%w: more than 2^31-1 query rows", ErrInvalidTree)
-		}
-		lay.RequestQOIndptr = append(lay.RequestQOIndptr, int32(nnz))
-		depth = max(depth, len(p.path))
-	}
-	if len(order) == 0 {
-		return nil, fmt.Errorf("%w: the tree has no requests", ErrInvalidTree)
-	}
-
-	for l := 0; l < depth; l++ {
-		lv := Level{QOIndptr: []int32{0}, KVIndptr: []int32{0}}
-		last := l == depth-1
-		for k := 0; k < len(order); {
-			p := order[k]
-			var node *Node
-			if l < len(p.path) {
-				node = p.path[l]
-			}
-			// The group: this request, plus (below the last level) the
-			// following requests that share its node at depth l.
-			k1 := k + 1
-			if node != nil && !last {
-				for k1 < len(order) && l < len(order[k1].path) && order[k1].path[l] == node {
-					k1++
-				}
-			}
-			var pages []int32
-			var lastLen int32
-			if node != nil {
-				pages, lastLen = node.Pages, node.LastPageLen
-			}
-			if int64(len(lv.KVIndices))+int64(len(pages)) > math.MaxInt32 {
-				return nil, fmt.Errorf("%w: level %d has more than 2^31-1 pages", ErrInvalidTree, l)
-			}
-			lv.QOIndptr = append(lv.QOIndptr, lay.RequestQOIndptr[k1])
-			lv.KVIndices = append(lv.KVIndices, pages...)
-			lv.KVIndptr = append(lv.KVIndptr, int32(len(lv.KVIndices)))
-			lv.KVLastPageLen = append(lv.KVLastPageLen, lastLen)
-			k = k1
-		}
-		// A level without any page is only a launch and a merge of identity
-		// states; drop it unless it is the last (the causal one).
-		if len(lv.KVIndices) > 0 || last {
-			lay.Levels = append(lay.Levels, lv)
-		}
 	}
 	return lay, nil
 }

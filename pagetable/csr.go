@@ -53,6 +53,10 @@ func validateLastPageLens(kvIndptr, kvLastPageLen []int32, pageSize int) error {
 	return nil
 }
 
+// maxTokenSlots bounds kv_indptr[B]*page_size: FlashInfer's kernels compute
+// token offsets in 32-bit unsigned arithmetic.
+const maxTokenSlots = 1 << 32
+
 // ValidateCSR checks a paged KV page table from outside against every rule
 // FlashInfer's kernels assume but do not check: kv_indptr has length B+1,
 // starts at 0 and never decreases; len(kv_page_indices) == kv_indptr[B];
@@ -69,7 +73,7 @@ func ValidateCSR(kvIndptr, kvPageIndices, kvLastPageLen []int32, pageSize, numPa
 	if int(kvIndptr[b]) != len(kvPageIndices) {
 		return fmt.Errorf("%w: kv_indptr[%d] = %d but kv_page_indices has length %d", ErrBadCSR, b, kvIndptr[b], len(kvPageIndices))
 	}
-	if n := int64(kvIndptr[b]) * int64(pageSize); n >= 1<<32 {
+	if n := int64(kvIndptr[b]) * int64(pageSize); n >= maxTokenSlots {
 		return fmt.Errorf("%w: kv_indptr[%d]*page_size = %d*%d = %d, want < 2^32 (32-bit token offsets)",
 			ErrBadCSR, b, kvIndptr[b], pageSize, n)
 	}

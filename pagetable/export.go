@@ -46,8 +46,10 @@ type AppendCSR struct {
 // ExportTo writes the page table of the sequences ids, in that order, into
 // dst, reusing the capacity of dst's slices (each is reset to [:0] and
 // grown only if too small). An ID may appear more than once. If an ID is
-// unknown or the batch holds more than MaxInt32 pages, ExportTo returns an
-// error and leaves dst untouched.
+// unknown, or the batch's pages times the page size reach 2^32 (FlashInfer's
+// 32-bit token offsets, the bound [ValidateCSR] checks, so ExportTo never
+// emits a table ValidateCSR rejects), ExportTo returns an error and leaves
+// dst untouched.
 func (t *Table) ExportTo(dst *CSR, ids []SeqID) error {
 	slotsIdx := t.scratchSlots[:0]
 	var npages int64
@@ -61,8 +63,9 @@ func (t *Table) ExportTo(dst *CSR, ids []SeqID) error {
 		npages += int64(len(t.slots[si].pages))
 	}
 	t.scratchSlots = slotsIdx
-	if npages > math.MaxInt32 {
-		return fmt.Errorf("%w: export: %d sequences hold %d pages, more than int32 indexes", ErrBadArgument, len(ids), npages)
+	if npages > math.MaxInt32 || npages*int64(t.pageSize) >= maxTokenSlots {
+		return fmt.Errorf("%w: export: %d sequences hold %d pages of %d tokens = %d token slots, want < 2^32 (32-bit token offsets)",
+			ErrBadArgument, len(ids), npages, t.pageSize, npages*int64(t.pageSize))
 	}
 
 	b := len(ids)

@@ -155,7 +155,15 @@ func (t *Table) lookup(id SeqID) *seq {
 }
 
 // ceilDiv returns ceil(a/b) for a >= 0, b > 0.
-func ceilDiv(a, b int) int { return (a + b - 1) / b }
+// ceilDiv is ceil(a/b) for a >= 0, b > 0, without the overflow of
+// (a+b-1)/b near MaxInt.
+func ceilDiv(a, b int) int {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return q
+}
 
 // newSlot makes a live, empty sequence id and returns its slot. It may move
 // t.slots, so callers must not hold *seq pointers across it.
@@ -193,9 +201,12 @@ func (t *Table) AddShared(id SeqID, pages []allocator.PageID, ntokens int) error
 		return fmt.Errorf("%w: add sequence %d", ErrSeqExists, id)
 	}
 	np := len(pages)
-	if ntokens < 0 || ntokens > math.MaxInt32 || ceilDiv(ntokens, t.pageSize) != np {
+	if ntokens < 0 || ntokens > math.MaxInt32 {
+		return fmt.Errorf("%w: add sequence %d with ntokens = %d, want 0..%d (int32 seq_len)", ErrBadArgument, id, ntokens, math.MaxInt32)
+	}
+	if ceilDiv(ntokens, t.pageSize) != np {
 		return fmt.Errorf("%w: add sequence %d with %d tokens on %d pages of %d tokens (want %d pages)",
-			ErrBadArgument, id, ntokens, np, t.pageSize, ceilDiv(max(ntokens, 0), t.pageSize))
+			ErrBadArgument, id, ntokens, np, t.pageSize, ceilDiv(ntokens, t.pageSize))
 	}
 	// A page listed twice would hold two different token ranges.
 	sorted := append(t.scratchPages[:0], pages...)

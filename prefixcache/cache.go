@@ -149,7 +149,9 @@ type Cache struct {
 	pageSize int
 	refs     Refs
 	seed     uint64
-	hashFn   HashFunc // nil means hashTokens with seed
+	// defaultKey is Key(Namespace{}); the zero Key stands for it.
+	defaultKey Key
+	hashFn     HashFunc // nil means hashTokens with seed
 
 	// nodes[p] is page p's node; tokens[p*pageSize:(p+1)*pageSize] are the
 	// tokens of page p while it is cached (what every hit is verified
@@ -229,7 +231,19 @@ func New(cfg Config) (*Cache, error) {
 	for i := range c.lists {
 		c.lists[i] = lru{head: none, tail: none}
 	}
+	c.defaultKey = c.Key(Namespace{})
 	return c, nil
+}
+
+// keyOf maps the zero Key to the default namespace's, so that a Key{} the
+// caller never prepared finds and publishes exactly what
+// Key(Namespace{}) does. No prepared Key has an empty id: the encoding of
+// every namespace, the zero one included, carries its field tags.
+func (c *Cache) keyOf(k Key) Key {
+	if k.id == "" {
+		return c.defaultKey
+	}
+	return k
 }
 
 // PageSize returns the number of tokens per page.
@@ -308,6 +322,7 @@ func (c *Cache) handle(p int32) Handle {
 // compare per matched page, plus one for the first miss.
 func (c *Cache) Match(dst []PageID, key Key, tokens []int32, maxPages int) ([]PageID, Handle) {
 	np := min(max(maxPages, 0), len(tokens)/c.pageSize)
+	key = c.keyOf(key)
 	h, parent := key.hash, none
 	for i := range np {
 		page := tokens[i*c.pageSize : (i+1)*c.pageSize]
@@ -346,6 +361,7 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	case int(prio) >= len(c.lists):
 		return Handle{}, false, fmt.Errorf("%w: publish page %d with priority %d, want 0..%d", ErrBadArgument, page, prio, len(c.lists)-1)
 	}
+	key = c.keyOf(key)
 	ph := key.hash
 	if par != none {
 		ph = c.nodes[par].hash

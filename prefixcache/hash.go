@@ -79,8 +79,8 @@ type Namespace struct {
 // Key is a [Namespace] prepared for lookups: its canonical encoding, which
 // the cache compares byte for byte, and the seed of the hash chain of every
 // prefix in it. Make one with [Cache.Key] and reuse it for the request.
-// The zero Key is the default namespace of a cache with a zero Seed only; use
-// [Cache.Key].
+// The zero Key means the default namespace: every Cache method treats it as
+// Key(Namespace{}).
 type Key struct {
 	id   string // canonical encoding; compared exactly on root-level pages
 	hash uint64 // h_{-1}: the seed of every chain in this namespace

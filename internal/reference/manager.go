@@ -432,8 +432,14 @@ func (m *ManagerModel) Resume(id uint64) (int, error) {
 	return matched, nil
 }
 
-// Evict frees up to npages idle cached pages.
-func (m *ManagerModel) Evict(npages int) int { return m.evict(npages) }
+// Evict frees idle cached pages until npages pages are free (or none is
+// left to evict) and returns how many it freed.
+func (m *ManagerModel) Evict(npages int) int {
+	if need := npages - m.numFree(); need > 0 {
+		return m.evict(need)
+	}
+	return 0
+}
 
 // Pin pins the cached prefix of tokens and returns the pin and the tokens
 // it covers.
