@@ -139,21 +139,30 @@ func (a *Allocator) Retain(pages ...PageID) error {
 // changes nothing and returns an error wrapping [ErrBadPage] naming it.
 func (a *Allocator) Release(pages ...PageID) (freed int, err error) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
+	// One pass that checks and applies, undone on the first bad page: pages
+	// are almost always good, so this beats a separate checking pass.
+	refs := a.refs
 	for i, p := range pages {
-		if err := a.checkAllocatedLocked("release", i, p); err != nil {
+		if uint(p) >= uint(len(refs)) || refs[p] <= 0 {
+			err = a.checkAllocatedLocked("release", i, p)
 			a.undoReleaseLocked(pages[:i])
+			a.mu.Unlock()
 			return 0, err
 		}
-		a.decLocked(p)
-		if a.refs[p] == 0 {
+		r := refs[p] - 1
+		refs[p] = r
+		switch r {
+		case 0:
 			a.free = append(a.free, p) // within capacity: never allocates
 			freed++
+		case 1:
+			a.shared--
 		}
 	}
 	if invariants.Enabled {
 		a.checkTouchedLocked(pages)
 	}
+	a.mu.Unlock()
 	return freed, nil
 }
 
@@ -170,13 +179,6 @@ func (a *Allocator) undoReleaseLocked(done []PageID) {
 			a.shared++
 		}
 	}
-}
-
-func (a *Allocator) decLocked(p PageID) {
-	if a.refs[p] == 2 {
-		a.shared--
-	}
-	a.refs[p]--
 }
 
 // checkAllocatedLocked reports whether p (argument i of op) is in the pool and
