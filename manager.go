@@ -202,6 +202,11 @@ type Manager struct {
 	scratch    []PageID
 	planner    cascadePlanner
 
+	// spare holds released requests for Add to reuse (with their token
+	// buffers), so that admitting requests as others finish allocates
+	// nothing once the engine has reached its working set.
+	spare []*request
+
 	counters counters
 	stats    statsCell
 }
@@ -292,19 +297,45 @@ func (m *Manager) Add(id RequestID, req Request) (matchedTokens int, err error) 
 	// CapacityTokens is a hint: never reserve more than the pool could hold
 	// beyond the prompt.
 	capacity := max(len(req.Prompt), min(req.CapacityTokens, len(req.Prompt)+m.alloc.NumPages()*m.pageSize))
-	r := &request{
-		id: id, prio: req.Priority, noCache: req.NoCache,
-		tokens: append(make([]int32, 0, capacity), req.Prompt...),
-	}
+	r := m.newRequest(capacity)
+	r.id, r.prio, r.noCache = id, req.Priority, req.NoCache
+	r.tokens = append(r.tokens, req.Prompt...)
 	if !r.noCache {
 		r.key = m.cache.Key(req.Namespace)
 	}
 	matched := m.admit(r)
+	// Size the page list for the tokens the engine said to expect, so
+	// Reserve never grows it by append in a decode step.
+	growTo := capacity
+	if m.window > 0 {
+		growTo = min(growTo, r.start+m.window+2*m.pageSize)
+	}
+	if err := m.table.Grow(r.seq(), growTo); err != nil {
+		panic(fmt.Sprintf("pagedkv: sizing the page list of request %d: %v", id, err))
+	}
 	m.reqs[id] = r
 	m.counters.promptTokens += int64(len(r.tokens))
 	m.counters.promptHitTokens += int64(matched)
 	m.afterChange()
 	return matched, nil
+}
+
+// newRequest returns a zero request whose tokens buffer (empty) has room
+// for capTokens tokens, reusing a released one when there is one.
+func (m *Manager) newRequest(capTokens int) *request {
+	n := len(m.spare)
+	if n == 0 {
+		return &request{tokens: make([]int32, 0, capTokens)}
+	}
+	r := m.spare[n-1]
+	m.spare[n-1] = nil
+	m.spare = m.spare[:n-1]
+	tokens := r.tokens[:0]
+	if cap(tokens) < capTokens {
+		tokens = make([]int32, 0, capTokens)
+	}
+	*r = request{tokens: tokens}
+	return r
 }
 
 // admit gives r (not in the page table) its cached prefix and returns its
@@ -443,6 +474,10 @@ func (m *Manager) Release(id RequestID) error {
 		m.nPreempted--
 	}
 	delete(m.reqs, id)
+	// Nothing refers to a released request (a step's batch is gone once
+	// the step is no longer pending), so Add may reuse it. The spare list
+	// is bounded by the most requests ever held at once.
+	m.spare = append(m.spare, r)
 	m.afterChange()
 	return nil
 }

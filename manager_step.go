@@ -271,6 +271,13 @@ func (m *Manager) publish(r *request) {
 	if r.cachedPages >= full {
 		return
 	}
+	// A chain cut by eviction is the expected case under memory pressure:
+	// see it here rather than through Publish's formatted error.
+	if _, _, live := m.cache.Entry(r.chain); !live && !r.chain.IsRoot() {
+		r.chainCut = true
+		m.counters.chainsCut++
+		return
+	}
 	first := r.start / ps
 	pages := m.table.Pages(r.seq())
 	for d := r.cachedPages; d < full; d++ {

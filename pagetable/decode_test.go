@@ -89,3 +89,26 @@ func TestDecodeStepDoesNotAllocate(t *testing.T) {
 	require.Len(t, d.csr.KVPageIndices, nseqs*((ntokens+steps+1+pageSize-1)/pageSize))
 	require.NoError(t, d.tab.CheckInvariants())
 }
+
+// TestGrowPresizesThePageList: after Grow, reserving up to the grown length
+// allocates nothing; Grow changes no page or length and rejects bad input.
+func TestGrowPresizesThePageList(t *testing.T) {
+	a, err := allocator.New(allocator.Config{NumPages: 64})
+	require.NoError(t, err)
+	tab, err := pagetable.New(pagetable.Config{PageSize: 16, Allocator: a})
+	require.NoError(t, err)
+	require.NoError(t, tab.Add(1))
+	require.NoError(t, tab.Grow(1, 16*40))
+	require.Zero(t, tab.Len(1))
+	require.Empty(t, tab.Pages(1))
+	ids, ones := []pagetable.SeqID{1}, []int32{16}
+	require.Zero(t, testing.AllocsPerRun(39, func() {
+		if _, err := tab.Reserve(nil, ids, ones); err != nil {
+			t.Fatal(err)
+		}
+	}))
+	require.Equal(t, 16*40, tab.Len(1))
+	require.ErrorIs(t, tab.Grow(2, 1), pagetable.ErrUnknownSeq)
+	require.ErrorIs(t, tab.Grow(1, -1), pagetable.ErrBadArgument)
+	require.NoError(t, tab.CheckInvariants())
+}

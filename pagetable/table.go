@@ -341,6 +341,26 @@ func (t *Table) Reserve(dst []CopyOp, ids []SeqID, ntokens []int32) ([]CopyOp, e
 	return dst, nil
 }
 
+// Grow makes room in sequence id's page list for pages up to token ntokens
+// (counted like Len), so that [Table.Reserve] appends to it without
+// allocating while the sequence stays within that length. It changes no
+// page and no length; an unknown sequence is an error wrapping
+// [ErrUnknownSeq], a negative or past-int32 count one wrapping
+// [ErrBadArgument].
+func (t *Table) Grow(id SeqID, ntokens int) error {
+	s := t.lookup(id)
+	if s == nil {
+		return fmt.Errorf("%w: grow %d", ErrUnknownSeq, id)
+	}
+	if ntokens < 0 || ntokens > math.MaxInt32 {
+		return fmt.Errorf("%w: grow sequence %d to %d tokens, want 0..%d", ErrBadArgument, id, ntokens, math.MaxInt32)
+	}
+	if need := ceilDiv(max(ntokens-s.start, 0), t.pageSize); need > len(s.pages) {
+		s.pages = slices.Grow(s.pages, need-len(s.pages))
+	}
+	return nil
+}
+
 // Fork adds sequence child as a copy of parent that shares every page of it
 // (each page gains a holder). The first append into a shared partial last
 // page, by either side, moves it to a fresh page (see [Table.Reserve]).

@@ -1,6 +1,7 @@
 package prefixcache
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -219,6 +220,23 @@ func TestNamespaceEncodingIsInjective(t *testing.T) {
 		require.False(t, dup, "%+v and %+v encode to %q", prev, ns, e)
 		seen[e] = ns
 	}
+}
+
+// TestKeyIsMemoized: Key returns the same key for equal namespaces, from
+// the memo without allocating once seen, and keeps returning correct keys
+// after the memo fills and starts over.
+func TestKeyIsMemoized(t *testing.T) {
+	f := newFixture(t, 4, nil)
+	ns := Namespace{Tenant: "t", LoRA: "l", Salt: "s"}
+	want := Key{id: ns.encode(), hash: hashBytes(f.c.seed, []byte(ns.encode()))}
+	require.Equal(t, want, f.c.Key(ns))
+	require.Zero(t, testing.AllocsPerRun(20, func() { f.c.Key(ns) }))
+	for i := range maxMemoKeys + 5 {
+		other := Namespace{Tenant: fmt.Sprint(i)}
+		require.Equal(t, other.encode(), f.c.Key(other).id)
+		require.LessOrEqual(t, len(f.c.keys), maxMemoKeys)
+	}
+	require.Equal(t, want, f.c.Key(ns))
 }
 
 func TestPinKeepsAPrefixAndPrioritiesOrderEviction(t *testing.T) {

@@ -95,7 +95,7 @@ func (c *Cache) CheckInvariants() error {
 			return fmt.Errorf("prefixcache: hash slot %d names page %d, which is not cached with that hash", i, x)
 		}
 		// Linear probing: every slot from the hash's home to i is occupied.
-		for j := c.nodes[x].hash & c.byHash.mask; j != uint64(i); j = (j + 1) & c.byHash.mask {
+		for j := c.byHash.home(c.nodes[x].hash); j != uint64(i); j = (j + 1) & c.byHash.mask {
 			if c.byHash.slots[j].ref == 0 {
 				return fmt.Errorf("prefixcache: hash slot %d (page %d) is unreachable: slot %d is empty", i, x, j)
 			}
