@@ -98,6 +98,11 @@ type Config struct {
 	// Hash replaces the prefix hash (tests inject colliding ones); nil means
 	// the seeded default. Hits are verified token by token either way.
 	Hash prefixcache.HashFunc
+	// CacheEvents, when not nil, is told of every page the prefix cache
+	// stores or removes, on the Manager's goroutine, as it happens (package
+	// events turns these into vLLM-format KV events). See
+	// [prefixcache.Sink].
+	CacheEvents prefixcache.Sink
 	// CascadeMinSavedPages is the cascade planner's threshold: a shared
 	// prefix becomes a cascade level when (requests sharing it - 1) * its
 	// pages >= this many page reads saved per step. 0 means
@@ -231,7 +236,7 @@ func New(cfg Config) (*Manager, error) {
 	}
 	cache, err := prefixcache.New(prefixcache.Config{
 		NumPages: cfg.NumPages, PageSize: cfg.PageSize, Refs: alloc, Seed: cfg.HashSeed, Hash: cfg.Hash,
-		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages,
+		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages, Sink: cfg.CacheEvents,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -252,6 +257,15 @@ func New(cfg Config) (*Manager, error) {
 
 // PageSize returns the number of tokens per page.
 func (m *Manager) PageSize() int { return m.pageSize }
+
+// HashSeed returns the seed of the prefix hash chain (the one picked when
+// Config.HashSeed was 0). A router given it and the page size computes the
+// chain hashes of KV events with [prefixcache.NewHasher].
+func (m *Manager) HashSeed() uint64 { return m.cache.Seed() }
+
+// CachedHashes appends the chain hash of every page in the prefix cache to
+// dst and returns it: the page set KV events describe.
+func (m *Manager) CachedHashes(dst []uint64) []uint64 { return m.cache.AppendHashes(dst) }
 
 // NumPages returns the number of pages in the pool.
 func (m *Manager) NumPages() int { return m.alloc.NumPages() }

@@ -81,6 +81,9 @@ type Config struct {
 	Priorities int
 	// MaxPinnedPages caps the pages pinned at once; 0 means no cap.
 	MaxPinnedPages int
+	// Sink, when not nil, is told of every page stored and removed (KV
+	// events). See [Sink].
+	Sink Sink
 }
 
 // Handle names a position in the prefix tree: a namespace root (the zero
@@ -156,6 +159,7 @@ type Cache struct {
 	// defaultKey is Key(Namespace{}); the zero Key stands for it.
 	defaultKey Key
 	hashFn     HashFunc // nil means hashTokens with seed
+	sink       Sink     // nil: nobody observes changes
 
 	// nodes[p] is page p's node; tokens[p*pageSize:(p+1)*pageSize] are the
 	// tokens of page p while it is cached (what every hit is verified
@@ -222,6 +226,7 @@ func New(cfg Config) (*Cache, error) {
 		refs:      cfg.Refs,
 		seed:      seed,
 		hashFn:    cfg.Hash,
+		sink:      cfg.Sink,
 		nodes:     make([]node, cfg.NumPages),
 		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
 		byHash:    newIndex(cfg.NumPages),
@@ -424,6 +429,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	c.recheck(p)
 	if invariants.Enabled {
 		c.checkNode(p)
+	}
+	if c.sink != nil {
+		c.sink.PageStored(page, hv, PageID(par), ph, key, tokens)
 	}
 	return c.handle(p), true, nil
 }

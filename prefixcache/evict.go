@@ -133,6 +133,9 @@ func (c *Cache) remove(x int32) {
 		delete(c.rootKey, x)
 	}
 	c.byHash.drop(c.nodes, n.hash, x, n.nextHash)
+	if c.sink != nil {
+		c.sink.PageRemoved(PageID(x), n.hash)
+	}
 	*n = node{parent: none, child: none, next: none, prev: none, nextHash: none,
 		lruPrev: none, lruNext: none, gen: n.gen + 1}
 	c.nCached--
