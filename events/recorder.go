@@ -1,0 +1,361 @@
+package events
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+// Media of vLLM's "medium" field.
+const (
+	MediumGPU = "GPU"
+	MediumCPU = "CPU"
+)
+
+// ErrBadConfig reports an invalid [RecorderConfig] or [PublisherConfig].
+var ErrBadConfig = errors.New("events: bad config")
+
+// RecorderConfig describes the cache a [Recorder] observes and the fields
+// every event it makes carries.
+type RecorderConfig struct {
+	// NumPages and PageSize are the Manager's (the mirror keeps one entry
+	// and PageSize tokens per page).
+	NumPages, PageSize int
+	// Medium is vLLM's "medium" field: where the pages live. "" means
+	// [MediumGPU].
+	Medium string
+	// Group, when not nil, is sent as "group_idx" (the KV-cache group of
+	// hybrid models); nil leaves the field out, which vLLM's decoder reads
+	// as None.
+	Group *int
+	// SpecKind and SlidingWindow, when set, are sent as
+	// "kv_cache_spec_kind" (e.g. "full_attention", "sliding_window") and
+	// "kv_cache_spec_sliding_window" on BlockStored events.
+	SpecKind      string
+	SlidingWindow int
+	// Clock returns the batch timestamp in seconds since the Unix epoch
+	// (vLLM's "ts"); nil means the wall clock.
+	Clock func() float64
+}
+
+// Kind is an event's type, vLLM's tag.
+type Kind uint8
+
+const (
+	Stored  Kind = iota // BlockStored
+	Removed             // BlockRemoved
+	Cleared             // AllBlocksCleared
+)
+
+func (k Kind) String() string {
+	switch k {
+	case Stored:
+		return "BlockStored"
+	case Removed:
+		return "BlockRemoved"
+	case Cleared:
+		return "AllBlocksCleared"
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// event is one event of a batch; its hashes and tokens are ranges of the
+// batch's flat arrays, so a batch reuses three slices and nothing else.
+type event struct {
+	kind      Kind
+	h0, h1    int32 // hashes[h0:h1]
+	t0, t1    int32 // tokens[t0:t1] (Stored)
+	parent    uint64
+	hasParent bool
+	lora      string // "" is None
+}
+
+// Batch is one step's events (vLLM's KVEventBatch). Batches are recycled
+// through a [Queue]; a consumer must not keep one after [Queue.Done].
+type Batch struct {
+	TS     float64 // seconds since the Unix epoch
+	events []event
+	hashes []uint64
+	tokens []int32
+	meta   *meta
+}
+
+// meta is what every event of a recorder carries.
+type meta struct {
+	medium        string
+	group         int
+	hasGroup      bool
+	specKind      string
+	slidingWindow int
+	pageSize      int
+}
+
+// Len returns the number of events.
+func (b *Batch) Len() int { return len(b.events) }
+
+func (b *Batch) reset() {
+	b.events, b.hashes, b.tokens = b.events[:0], b.hashes[:0], b.tokens[:0]
+}
+
+// Pages returns the number of pages the batch's events name (stored and
+// removed).
+func (b *Batch) Pages() int { return len(b.hashes) }
+
+func (b *Batch) stored(hash, parent uint64, hasParent bool, lora string, tokens []int32) {
+	if n := len(b.events); n > 0 {
+		e := &b.events[n-1]
+		// Extend the last event when this page continues its chain, as
+		// vLLM puts a request's new full blocks in one BlockStored.
+		if e.kind == Stored && hasParent && e.lora == lora && b.hashes[e.h1-1] == parent {
+			b.hashes = append(b.hashes, hash)
+			b.tokens = append(b.tokens, tokens...)
+			e.h1, e.t1 = int32(len(b.hashes)), int32(len(b.tokens))
+			return
+		}
+	}
+	h0, t0 := int32(len(b.hashes)), int32(len(b.tokens))
+	b.hashes = append(b.hashes, hash)
+	b.tokens = append(b.tokens, tokens...)
+	b.events = append(b.events, event{kind: Stored, h0: h0, h1: h0 + 1, t0: t0, t1: int32(len(b.tokens)),
+		parent: parent, hasParent: hasParent, lora: lora})
+}
+
+func (b *Batch) removed(hash uint64) {
+	if n := len(b.events); n > 0 && b.events[n-1].kind == Removed {
+		b.hashes = append(b.hashes, hash)
+		b.events[n-1].h1++
+		return
+	}
+	h0 := int32(len(b.hashes))
+	b.hashes = append(b.hashes, hash)
+	b.events = append(b.events, event{kind: Removed, h0: h0, h1: h0 + 1})
+}
+
+func (b *Batch) cleared() { b.events = append(b.events, event{kind: Cleared}) }
+
+// RecorderStats are a Recorder's cumulative counts.
+type RecorderStats struct {
+	Batches       int64 // batches handed to the queue
+	Events        int64 // events in them
+	Pages         int64 // pages named by them (stored + removed)
+	DroppedSteps  int64 // flushes whose batch the full queue refused
+	DroppedEvents int64 // events in those batches
+	Resyncs       int64 // AllBlocksCleared + snapshot batches sent after drops
+}
+
+// Recorder is a Manager's [prefixcache.Sink]: it collects the step's cache
+// changes as events and keeps a mirror of the cached pages. It belongs to
+// the Manager's goroutine.
+type Recorder struct {
+	meta  meta
+	clock func() float64
+	q     *Queue
+	cur   *Batch
+
+	// The mirror, indexed by page: what resynchronisation re-sends.
+	live       []bool
+	hash       []uint64
+	parentHash []uint64
+	parent     []int32
+	depth      []int32
+	lora       []string
+	tokens     []int32
+	order      []int32 // scratch of the snapshot
+
+	resync bool // a batch was dropped: the next one starts over
+	stats  RecorderStats
+}
+
+var _ prefixcache.Sink = (*Recorder)(nil)
+
+// NewRecorder returns a Recorder that flushes into q.
+func NewRecorder(cfg RecorderConfig, q *Queue) (*Recorder, error) {
+	switch {
+	case cfg.NumPages < 1 || cfg.PageSize < 1:
+		return nil, fmt.Errorf("%w: recorder for %d pages of %d tokens", ErrBadConfig, cfg.NumPages, cfg.PageSize)
+	case int64(cfg.NumPages)*int64(cfg.PageSize) > 1<<32:
+		return nil, fmt.Errorf("%w: recorder for %d pages of %d tokens: over 2^32 tokens", ErrBadConfig, cfg.NumPages, cfg.PageSize)
+	case q == nil:
+		return nil, fmt.Errorf("%w: recorder without a queue", ErrBadConfig)
+	case cfg.SlidingWindow < 0:
+		return nil, fmt.Errorf("%w: sliding window %d < 0", ErrBadConfig, cfg.SlidingWindow)
+	}
+	if cfg.Medium == "" {
+		cfg.Medium = MediumGPU
+	}
+	r := &Recorder{
+		meta: meta{medium: cfg.Medium, specKind: cfg.SpecKind, slidingWindow: cfg.SlidingWindow, pageSize: cfg.PageSize},
+		q:    q, clock: cfg.Clock,
+		live: make([]bool, cfg.NumPages), hash: make([]uint64, cfg.NumPages), parentHash: make([]uint64, cfg.NumPages),
+		parent: make([]int32, cfg.NumPages), depth: make([]int32, cfg.NumPages), lora: make([]string, cfg.NumPages),
+		tokens: make([]int32, cfg.NumPages*cfg.PageSize),
+	}
+	if cfg.Group != nil {
+		r.meta.group, r.meta.hasGroup = *cfg.Group, true
+	}
+	if r.clock == nil {
+		r.clock = wallClock
+	}
+	r.cur = q.take(&r.meta)
+	return r, nil
+}
+
+func wallClock() float64 { return float64(time.Now().UnixNano()) / 1e9 }
+
+// PageStored implements [prefixcache.Sink].
+func (r *Recorder) PageStored(page prefixcache.PageID, hash uint64, parent prefixcache.PageID, parentHash uint64, key prefixcache.Key, tokens []int32) {
+	p := int(page)
+	if p < 0 || p >= len(r.live) || len(tokens) != r.meta.pageSize {
+		panic(fmt.Sprintf("events: page %d stored with %d tokens; the recorder has %d pages of %d tokens",
+			page, len(tokens), len(r.live), r.meta.pageSize))
+	}
+	r.live[p], r.hash[p], r.parent[p] = true, hash, int32(parent)
+	if parent < 0 {
+		r.lora[p], r.depth[p], r.parentHash[p] = key.Namespace().LoRA, 0, 0
+	} else {
+		r.lora[p], r.depth[p], r.parentHash[p] = r.lora[parent], r.depth[parent]+1, parentHash
+	}
+	copy(r.tokens[p*r.meta.pageSize:], tokens)
+	if !r.resync {
+		r.cur.stored(hash, parentHash, parent >= 0, r.lora[p], tokens)
+	}
+}
+
+// PageRemoved implements [prefixcache.Sink].
+func (r *Recorder) PageRemoved(page prefixcache.PageID, hash uint64) {
+	p := int(page)
+	if p < 0 || p >= len(r.live) || !r.live[p] {
+		panic(fmt.Sprintf("events: page %d removed but not recorded as stored", page))
+	}
+	r.live[p] = false
+	r.lora[p] = ""
+	if !r.resync {
+		r.cur.removed(hash)
+	}
+}
+
+// Flush ends the step: it hands the step's events (if any) to the queue
+// and reports whether the queue took them. It never blocks: with the
+// queue full the batch is dropped and counted, and the next Flush that
+// fits sends AllBlocksCleared and a snapshot of the cached pages instead.
+func (r *Recorder) Flush() bool {
+	if r.resync {
+		r.cur.reset()
+		r.cur.cleared()
+		r.snapshot()
+	}
+	if len(r.cur.events) == 0 {
+		return true
+	}
+	r.cur.TS = r.clock()
+	n := len(r.cur.events)
+	if !r.q.offer(r.cur) {
+		r.stats.DroppedSteps++
+		r.stats.DroppedEvents += int64(n)
+		r.resync = true
+		r.cur.reset()
+		return false
+	}
+	if r.resync {
+		r.stats.Resyncs++
+		r.resync = false
+	}
+	r.stats.Batches++
+	r.stats.Events += int64(n)
+	r.stats.Pages += int64(len(r.cur.hashes))
+	r.cur = r.q.take(&r.meta)
+	return true
+}
+
+// snapshot appends a BlockStored for every mirrored page, parents first.
+func (r *Recorder) snapshot() {
+	order := r.order[:0]
+	for p, live := range r.live {
+		if live {
+			order = append(order, int32(p))
+		}
+	}
+	slices.SortFunc(order, func(a, b int32) int { return cmp.Or(cmp.Compare(r.depth[a], r.depth[b]), cmp.Compare(a, b)) })
+	r.order = order
+	ps := r.meta.pageSize
+	for _, p := range order {
+		r.cur.stored(r.hash[p], r.parentHash[p], r.parent[p] >= 0, r.lora[p], r.tokens[int(p)*ps:(int(p)+1)*ps])
+	}
+}
+
+// Stats returns the cumulative counts.
+func (r *Recorder) Stats() RecorderStats { return r.stats }
+
+// Queue is the bounded hand-off between a [Recorder] and its consumer (a
+// [Publisher], or a test). It holds up to its capacity of full batches and
+// recycles them, so that a steady stream allocates nothing.
+type Queue struct {
+	full chan *Batch
+	free chan *Batch
+}
+
+// NewQueue returns a queue of capacity batches (>= 1).
+func NewQueue(capacity int) (*Queue, error) {
+	if capacity < 1 {
+		return nil, fmt.Errorf("%w: queue capacity %d, want >= 1", ErrBadConfig, capacity)
+	}
+	// The recorder's current batch and the one the consumer is working on
+	// are outside the full channel, so capacity+2 batches always suffice.
+	return &Queue{full: make(chan *Batch, capacity), free: make(chan *Batch, capacity+2)}, nil
+}
+
+func (q *Queue) offer(b *Batch) bool {
+	select {
+	case q.full <- b:
+		return true
+	default:
+		return false
+	}
+}
+
+func (q *Queue) take(m *meta) *Batch {
+	select {
+	case b := <-q.free:
+		b.reset()
+		b.meta = m
+		return b
+	default:
+		return &Batch{meta: m}
+	}
+}
+
+// Next returns the next batch, blocking until one is queued; ok is false
+// once the queue is closed and empty. Return it with [Queue.Done].
+func (q *Queue) Next() (b *Batch, ok bool) {
+	b, ok = <-q.full
+	return b, ok
+}
+
+// Chan is the channel Next reads, for a select.
+func (q *Queue) Chan() <-chan *Batch { return q.full }
+
+// TryNext returns a queued batch without blocking, or nil.
+func (q *Queue) TryNext() *Batch {
+	select {
+	case b := <-q.full:
+		return b
+	default:
+		return nil
+	}
+}
+
+// Done recycles a batch returned by Next.
+func (q *Queue) Done(b *Batch) {
+	select {
+	case q.free <- b:
+	default:
+	}
+}
+
+// Close ends the stream: Next drains what is queued, then reports !ok.
+// The recorder must not flush after Close.
+func (q *Queue) Close() { close(q.full) }
