@@ -47,6 +47,13 @@ var allowedImports = map[string][]string{
 	"cascade":     {"kernels", "layout", "ragged", "github.com/pkg/errors"},
 	"prefixcache": {"allocator", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
 
+	// L4: KV-cache events. events encodes and publishes (the Manager's
+	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
+	// hash chain with the Manager (prefixcache) but no code with events:
+	// its decoder is its own.
+	"events":  {"prefixcache", "github.com/vmihailenco/msgpack/v5", "github.com/go-zeromq/zmq4"},
+	"kvindex": {"prefixcache", "github.com/vmihailenco/msgpack/v5", "github.com/go-zeromq/zmq4"},
+
 	// L4: the engine-facing facade.
 	"": {"allocator", "pagetable", "prefixcache", "cascade", "append", "mla", "kernels", "kernels/cpu",
 		"ragged", "layout", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
@@ -55,6 +62,9 @@ var allowedImports = map[string][]string{
 	// shares no code with what it checks; it may use plain data types only.
 	"internal/reference":  {"ragged", "layout", "kernels"},
 	"kernels/kernelstest": {"kernels", "layout", "internal/reference", "github.com/stretchr/testify"},
+	// A strict decoder of vLLM's KV-event format written from vLLM's
+	// definitions alone, for tests: it shares no code with events or kvindex.
+	"internal/vllmwire": {"github.com/vmihailenco/msgpack/v5"},
 	// The CUDA sources compiled for the CPU (cgo); imported by tests and the CLI.
 	"internal/cpuemu": {"kernels", "kernels/cuda", "layout"},
 	"internal/golden": {"internal/safetensors", "kernels", "kernels/cpu", "layout", "ragged", "pagetable",
@@ -79,6 +89,11 @@ var onlyImportedBy = map[string][]string{
 	// Metrics are exported by the metrics package and the CLI, never from
 	// the library's core.
 	"github.com/prometheus/client_golang": {"metrics", "cmd/pagedkv"},
+	// Only tests import the independent decoder.
+	"internal/vllmwire": {},
+	// The wire libraries stay in the event packages.
+	"github.com/go-zeromq/zmq4":         {"events", "kvindex"},
+	"github.com/vmihailenco/msgpack/v5": {"events", "kvindex", "internal/vllmwire"},
 }
 
 func TestImportLayering(t *testing.T) {
@@ -214,6 +229,8 @@ func TestImportLayeringRejects(t *testing.T) {
 		{"cascade", modulePath + "/internal/reference"}, // oracle shares no code
 		{"kernels", modulePath},                         // nothing imports the facade
 		{"prefixcache", "github.com/prometheus/client_golang/prometheus"},
+		{"kvindex", modulePath + "/events"},          // the router's decoder is its own
+		{"prefixcache", "github.com/go-zeromq/zmq4"}, // no sockets under the Manager
 	} {
 		if isAllowed(c.imp, allowedImports[c.pkg]) {
 			t.Errorf("%s importing %s should be rejected", c.pkg, c.imp)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -97,8 +96,6 @@ type Publisher struct {
 	head  int // index of the oldest entry
 	n     int
 	stats PublisherStats
-
-	batches atomic.Int64
 }
 
 type entry struct {
@@ -234,7 +231,7 @@ func (p *Publisher) Stats() PublisherStats {
 // is Stats().LastSeq.
 func (p *Publisher) WaitSent(timeout time.Duration) bool {
 	deadline := time.Now().Add(timeout)
-	for len(p.q.full) > 0 || p.batches.Load() != p.sentCount() {
+	for p.q.offered.Load() != p.sentCount() {
 		if time.Now().After(deadline) {
 			return false
 		}
@@ -259,7 +256,6 @@ func (p *Publisher) run() {
 				close(p.done)
 				return
 			}
-			p.batches.Add(1)
 			payload := enc.AppendBatch(nil, b, p.cfg.DataParallelRank)
 			nev, npages := b.Len(), b.Pages()
 			p.q.Done(b)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/pagedkv/pagedkv/prefixcache"
@@ -294,8 +295,9 @@ func (r *Recorder) Stats() RecorderStats { return r.stats }
 // [Publisher], or a test). It holds up to its capacity of full batches and
 // recycles them, so that a steady stream allocates nothing.
 type Queue struct {
-	full chan *Batch
-	free chan *Batch
+	full    chan *Batch
+	free    chan *Batch
+	offered atomic.Int64 // batches accepted by offer
 }
 
 // NewQueue returns a queue of capacity batches (>= 1).
@@ -311,6 +313,7 @@ func NewQueue(capacity int) (*Queue, error) {
 func (q *Queue) offer(b *Batch) bool {
 	select {
 	case q.full <- b:
+		q.offered.Add(1)
 		return true
 	default:
 		return false

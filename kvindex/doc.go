@@ -1,0 +1,30 @@
+// Package kvindex is the router's side of KV-cache events: a [Subscriber]
+// follows the vLLM-format event streams of any number of engine replicas
+// (pagedkv's package events, or vLLM itself), and an [Index] maps prefix
+// hash chains to the replicas that cache them. Given a request's tokens and
+// namespace, [Index.Match] answers, per replica, how many leading tokens
+// are cached: it computes the same hash chain the Managers publish
+// (prefixcache.Hasher, so the router needs the Managers' page size and
+// HashSeed, not the engine) and walks it while the replica holds each
+// block.
+//
+// The decoder is this package's own ([DecodeBatch]): it shares no code with
+// the encoder in package events. It reads vLLM's current map-form events
+// and the earlier array form, skips fields it does not know, and checks
+// every declared length against the bytes left.
+//
+// # Delivery
+//
+// Batches of a source are applied in sequence order. A gap (sequence >
+// last+1) is repaired from the publisher's replay socket before the newer
+// batch is applied; [SubscriberConfig.JoinReplay] makes a late joiner
+// replay from 0. A gap the replay cannot fill clears that replica's blocks
+// (the index only ever under-reports what a replica caches), counted in
+// [SourceStats].Unrepaired. AllBlocksCleared empties a replica, and the
+// publisher's resynchronisation that follows refills it.
+//
+// # Concurrency
+//
+// An Index is safe for concurrent use. A Subscriber runs one goroutine per
+// source (plus socket readers); its methods are safe for concurrent use.
+package kvindex
