@@ -43,6 +43,19 @@ request per line (docs/simulate.md):
   {"arrival": 0, "prompt_len": 96, "prefix": "sys", "prefix_len": 64, "output": 32}
   {"arrival": 2, "prompt": [1, 2, 3], "output": 8, "namespace": "tenant-b", "samples": 2}
 
+KV events (docs/events.md): --kv-events ADDR publishes every change of the
+prefix cache in vLLM's KV-event format on a ZeroMQ PUB socket at ADDR (e.g.
+tcp://127.0.0.1:5557): after every step one message of three frames, the
+topic (--kv-events-topic, default "kv-events"), the sequence number (0, 1,
+2, ...) as 8 bytes big-endian, and the msgpack payload of a KVEventBatch:
+the array [ts float64, events, data_parallel_rank 0], each event a map
+tagged "type": BlockStored {block_hashes, parent_block_hash, token_ids,
+block_size, lora_id, medium "GPU", lora_name}, BlockRemoved {block_hashes,
+medium} or AllBlocksCleared. Block hashes are the Manager's 64-bit prefix
+chain hashes (seeded with --seed|1). The run waits up to --kv-events-wait
+for a subscriber first and serves replays (--kv-events-replay ADDR, vLLM's
+ROUTER protocol) for --kv-events-linger after it.
+
 Flags:
 `
 
@@ -75,6 +88,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	backendName := fs.String("backend", "cpu", "backend: "+strings.Join(backendNames(), ", "))
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics while running (e.g. 127.0.0.1:9090); off by default")
 	quiet := fs.Bool("quiet", false, "no progress output")
+	kv := kvEventFlags(fs)
 	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
 		return code
 	}
@@ -107,6 +121,17 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	if !*quiet {
 		prog = newProgress(stderr)
 		cfg.Progress = prog.update
+	}
+	if *kv.addr != "" {
+		pub, rec, err := kv.open(&cfg, stderr)
+		if err != nil {
+			return fail(exitFailure, "%v", err)
+		}
+		cfg.Events = rec
+		defer func() {
+			pub.Close() // sends what is queued, serves replays for --kv-events-linger
+			kv.report(stdout, pub, rec)
+		}()
 	}
 	s, err := sim.New(cfg, workload)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/layout"
@@ -44,6 +45,10 @@ type Config struct {
 	MaxSteps int
 	// Progress, when not nil, is called after every step.
 	Progress func(Progress)
+	// Events, when not nil, records the Manager's prefix-cache changes
+	// (pagedkv.Config.CacheEvents) and is flushed after every step: one
+	// KV-event batch per step.
+	Events *events.Recorder
 }
 
 // DefaultConfig is the configuration `pagedkv simulate` runs: a small
@@ -164,8 +169,12 @@ func New(cfg Config, workload []Request) (*Sim, error) {
 	if cfg.MaxSteps == 0 {
 		cfg.MaxSteps = 1_000_000
 	}
-	m, err := pagedkv.New(pagedkv.Config{NumPages: cfg.NumPages, PageSize: cfg.PageSize,
-		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: cfg.Seed | 1})
+	mcfg := pagedkv.Config{NumPages: cfg.NumPages, PageSize: cfg.PageSize,
+		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: HashSeed(&cfg)}
+	if cfg.Events != nil {
+		mcfg.CacheEvents = cfg.Events
+	}
+	m, err := pagedkv.New(mcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
@@ -201,6 +210,10 @@ func New(cfg Config, workload []Request) (*Sim, error) {
 	return s, nil
 }
 
+// HashSeed is the prefix-hash seed a run of cfg gives its Managers: what a
+// router computing their hash chains needs (with the page size).
+func HashSeed(cfg *Config) uint64 { return cfg.Seed | 1 }
+
 // Manager is the Manager the run drives (for metrics).
 func (s *Sim) Manager() *pagedkv.Manager { return s.m }
 
@@ -235,6 +248,9 @@ func (s *Sim) run() error {
 		}
 		if err := s.step(); err != nil {
 			return err
+		}
+		if s.cfg.Events != nil {
+			s.cfg.Events.Flush()
 		}
 		if s.cfg.Progress != nil {
 			s.cfg.Progress(s.progress())

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/pagedkv/pagedkv/internal/vllmwire"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestSimulateKVEvents: a subscriber that decodes with internal/vllmwire
+// (written from vLLM's definitions; no code shared with the publisher)
+// receives and decodes every event of a simulate run: contiguous sequence
+// numbers from 0 up to what the run reports, a consistent page set, and
+// the replay socket returns the run's batches byte for byte.
+func TestSimulateKVEvents(t *testing.T) {
+	t.Parallel()
+	addr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	replayAddr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	type result struct {
+		out, errOut string
+		code        int
+	}
+	done := make(chan result, 1)
+	go func() {
+		var out, errOut strings.Builder
+		args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "3s",
+			"--requests", "24", "--quiet"}, smallModel...)
+		code := runSimulate(args, &out, &errOut)
+		done <- result{out.String(), errOut.String(), code}
+	}()
+
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithDialerMaxRetries(250))
+	defer sub.Close()
+	if err := sub.Dial(addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu   sync.Mutex
+		msgs []vllmwire.Message
+	)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			msg, err := vllmwire.ParseMessage(m.Frames)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			msgs = append(msgs, msg)
+			mu.Unlock()
+		}
+	}()
+
+	// The run ends with --kv-events-linger of replay service: once the
+	// stream is quiet, replay from sequence 5 as vLLM's example subscriber
+	// does (a REQ-style envelope, here on a DEALER with an identity).
+	count := func() int { mu.Lock(); defer mu.Unlock(); return len(msgs) }
+	for last, since := -1, time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		if n := count(); n != last {
+			last, since = n, time.Now()
+		} else if n > 0 && time.Since(since) > 700*time.Millisecond {
+			break
+		}
+		if time.Since(since) > 2*time.Minute {
+			t.Fatal("no KV events")
+		}
+	}
+	dealer := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("kvevents-test")))
+	defer dealer.Close()
+	if err := dealer.Dial(replayAddr); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.SendMulti(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 5))); err != nil {
+		t.Fatal(err)
+	}
+	var replayed [][]byte
+	for {
+		m, err := dealer.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Frames) != 4 || len(m.Frames[0]) != 0 {
+			t.Fatalf("replay reply of %d frames", len(m.Frames))
+		}
+		if seq := int64(binary.BigEndian.Uint64(m.Frames[2])); seq == -1 {
+			if len(m.Frames[1]) != 0 || len(m.Frames[3]) != 0 {
+				t.Fatal("end marker with a topic or payload")
+			}
+			break
+		}
+		replayed = append(replayed, m.Frames[1:]...)
+	}
+
+	var res result
+	select {
+	case res = <-done:
+	case <-time.After(5 * time.Minute):
+		t.Fatal("simulate did not finish")
+	}
+	line := regexp.MustCompile(`(?m)^kv events:\s+(\d+) batches \(seq 0\.\.(-?\d+)\), (\d+) events, (\d+) pages`).FindStringSubmatch(res.out)
+	if line == nil {
+		t.Fatalf("no kv events line in\n%s", res.out)
+	}
+	batches, _ := strconv.Atoi(line[1])
+	nevents, _ := strconv.Atoi(line[3])
+	if batches < 10 {
+		t.Fatalf("only %d batches published", batches)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(msgs) != batches {
+		t.Fatalf("received %d messages, the run published %d", len(msgs), batches)
+	}
+	set := vllmwire.Set{}
+	decoded, stored := 0, 0
+	for i, m := range msgs {
+		if m.Seq != int64(i) || m.Topic != "kv-events" {
+			t.Fatalf("message %d: seq %d topic %q", i, m.Seq, m.Topic)
+		}
+		b, err := vllmwire.Decode(m.Payload)
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+		if b.DPRank == nil || *b.DPRank != 0 || b.TS < 1e9 {
+			t.Fatalf("message %d: ts %v rank %v", i, b.TS, b.DPRank)
+		}
+		for _, e := range b.Events {
+			if e.Type == "BlockStored" {
+				stored++
+				if e.BlockSize != 16 || e.Medium == nil || *e.Medium != "GPU" {
+					t.Fatalf("message %d: %+v", i, e)
+				}
+			}
+		}
+		decoded += len(b.Events)
+		if err := set.Apply(b); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	if decoded != nevents || stored == 0 {
+		t.Fatalf("decoded %d events (%d stored), the run published %d", decoded, stored, nevents)
+	}
+
+	if len(replayed) != 3*(batches-5) {
+		t.Fatalf("replay from 5 returned %d frames, want 3 for each of %d batches", len(replayed), batches-5)
+	}
+	for i := 0; i < len(replayed); i += 3 {
+		msg, err := vllmwire.ParseMessage(replayed[i : i+3])
+		want := int64(5 + i/3)
+		if err != nil || msg.Seq != want || msg.Topic != "kv-events" || string(msg.Payload) != string(msgs[want].Payload) {
+			t.Fatalf("replayed %d (%v), want %d with the published payload", msg.Seq, err, want)
+		}
+	}
+}
