@@ -46,7 +46,7 @@ func TestSimulateKVEvents(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var out, errOut strings.Builder
-		args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "3s",
+		args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "6s",
 			"--requests", "24", "--quiet"}, smallModel...)
 		code := runSimulate(args, &out, &errOut)
 		done <- result{out.String(), errOut.String(), code}
@@ -88,7 +88,7 @@ func TestSimulateKVEvents(t *testing.T) {
 	for last, since := -1, time.Now(); ; time.Sleep(50 * time.Millisecond) {
 		if n := count(); n != last {
 			last, since = n, time.Now()
-		} else if n > 0 && time.Since(since) > 700*time.Millisecond {
+		} else if n > 0 && time.Since(since) > 2500*time.Millisecond {
 			break
 		}
 		if time.Since(since) > 2*time.Minute {
@@ -103,6 +103,7 @@ func TestSimulateKVEvents(t *testing.T) {
 	if err := dealer.SendMulti(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 5))); err != nil {
 		t.Fatal(err)
 	}
+	atReplay := count()
 	var replayed [][]byte
 	for {
 		m, err := dealer.Recv()
@@ -171,8 +172,10 @@ func TestSimulateKVEvents(t *testing.T) {
 		t.Fatalf("decoded %d events (%d stored), the run published %d", decoded, stored, nevents)
 	}
 
-	if len(replayed) != 3*(batches-5) {
-		t.Fatalf("replay from 5 returned %d frames, want 3 for each of %d batches", len(replayed), batches-5)
+	// The replay holds every batch published when it was asked (a slow
+	// step may have made the stream look quiet before the run ended).
+	if len(replayed)%3 != 0 || len(replayed)/3 < atReplay-5 || len(replayed)/3 > batches-5 {
+		t.Fatalf("replay from 5 returned %d frames; %d batches had arrived, %d were published", len(replayed), atReplay, batches)
 	}
 	for i := 0; i < len(replayed); i += 3 {
 		msg, err := vllmwire.ParseMessage(replayed[i : i+3])
