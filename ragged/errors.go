@@ -55,4 +55,8 @@ var (
 	// ErrUnknownMaskKind: a MaskConfig.Kind that is not one of the MaskKind
 	// constants.
 	ErrUnknownMaskKind = errors.New("ragged: unknown mask kind")
+
+	// ErrNotPaged: a page-table conversion asked of a mask that is not one
+	// of the paged kinds.
+	ErrNotPaged = errors.New("ragged: mask is not paged")
 )

@@ -1,18 +1,25 @@
 package ragged
 
-import "fmt"
+import (
+	"fmt"
+	"math"
+)
 
 // FlashInferMask is an xFormers mask restated in FlashInfer's 2-D ragged
 // layout, ready for BatchPrefillWith{Ragged,Paged}KVCacheWrapper.plan with
 // packed_custom_mask. Request b is block b, with qo_len = q_seqlen[b] and
-// kv_len = kv_seqlen[b]; padding columns of the padded-keys mask are not
-// keys in FlashInfer's view and do not appear.
+// kv_len = kv_seqlen[b]; padding columns of the padded-keys masks and the
+// gaps of the gappy ones are not keys in FlashInfer's view and do not
+// appear (the caller passes block b's keys contiguously). For the paged
+// gappy kinds kv_len is kv_seqstarts[b] + kv_seqlen[b], the keys from the
+// start of the request's first page, and the first kv_seqstarts[b] are
+// masked ([PagedKV] gives the matching page table).
 //
 // With a custom mask FlashInfer ignores causal but still applies
 // window_left, so pass window_left = -1 alongside it.
 type FlashInferMask struct {
 	QOIndptr []int32 // [B+1] qo_indptr, prefix sums of q_seqlen
-	KVIndptr []int32 // [B+1] kv_indptr of the ragged-KV wrapper, prefix sums of kv_seqlen
+	KVIndptr []int32 // [B+1] kv_indptr of the ragged-KV wrapper, prefix sums of kv_len
 	// MaskIndptr [B+1] counts bits: request b's mask is bits
 	// [MaskIndptr[b], MaskIndptr[b+1]) of the unpacked, flattened mask, and
 	// MaskIndptr[b+1]-MaskIndptr[b] = q_seqlen[b]*kv_seqlen[b].
@@ -32,13 +39,17 @@ type FlashInferMask struct {
 func (m blockDiagonal) ToFlashInfer() (FlashInferMask, error) {
 	var out FlashInferMask
 	var err error
+	kvLens := make([]int32, len(m.kvSeqLen))
+	for b := range kvLens {
+		kvLens[b] = int32(m.flashKV(b))
+	}
 	if out.QOIndptr, err = IndptrFromLengths(m.qSeqLen); err != nil {
 		return FlashInferMask{}, err
 	}
-	if out.KVIndptr, err = IndptrFromLengths(m.kvSeqLen); err != nil {
+	if out.KVIndptr, err = IndptrFromLengths(kvLens); err != nil {
 		return FlashInferMask{}, err
 	}
-	if out.MaskIndptr, err = MaskIndptrFromLens(m.qSeqLen, m.kvSeqLen); err != nil {
+	if out.MaskIndptr, err = MaskIndptrFromLens(m.qSeqLen, kvLens); err != nil {
 		return FlashInferMask{}, err
 	}
 	out.PackedMaskIndptr = make([]int32, len(out.MaskIndptr))
@@ -46,13 +57,32 @@ func (m blockDiagonal) ToFlashInfer() (FlashInferMask, error) {
 	out.PackedCustomMask = make([]byte, out.PackedMaskIndptr[len(out.PackedMaskIndptr)-1])
 	for b := range m.qSeqLen {
 		req := out.PackedCustomMask[out.PackedMaskIndptr[b]:out.PackedMaskIndptr[b+1]]
-		kv := int(m.kvSeqLen[b])
+		kv := int(kvLens[b])
 		for i := 0; i < int(m.qSeqLen[b]); i++ {
-			lo, hi := m.rowRange(b, i)
+			lo, hi := m.flashRange(b, i)
 			setBitsLittle(req, i*kv+lo, i*kv+hi)
 		}
 	}
 	return out, nil
+}
+
+// flashKV is request b's kv_len in FlashInfer's view: the block's keys,
+// plus, for the paged gappy kinds, the kv_seqstarts[b] keys before them on
+// its first pages (FlashInfer's pages always start at logical key 0).
+func (m blockDiagonal) flashKV(b int) int {
+	if m.kvOffset != nil {
+		return int(m.kvOffset[b]) + int(m.kvSeqLen[b])
+	}
+	return int(m.kvSeqLen[b])
+}
+
+// flashRange is rowRange in FlashInfer's key numbering (see flashKV).
+func (m blockDiagonal) flashRange(b, i int) (lo, hi int) {
+	lo, hi = m.rowRange(b, i)
+	if m.kvOffset != nil && lo < hi {
+		lo, hi = lo+int(m.kvOffset[b]), hi+int(m.kvOffset[b])
+	}
+	return lo, hi
 }
 
 // setBitsLittle sets bits [from, to) of buf, little bit order.
@@ -104,14 +134,23 @@ type FlashInferParams struct {
 // is checked. The search is exact: OK is false only if no causal ∈
 // {false, true} and window_left >= -1 match. Cost O(sum q_seqlen).
 func (m blockDiagonal) FlashInferParams() FlashInferParams {
-	order := [2]bool{true, false}
-	if !m.causal {
-		order = [2]bool{false, true}
-	}
 	// The parameters an engine would write by hand come first: they are
 	// what the mask means, even where a window cuts nothing.
-	if w := m.window - 1; m.verifyFlashInfer(m.causal, w) == "" {
-		return FlashInferParams{Causal: m.causal, WindowLeft: w, OK: true}
+	causal, w := true, -1
+	switch m.info.rule {
+	case ruleFull:
+		causal = false
+	case ruleLocalTopLeft, ruleLocalBottomRight:
+		w = max(-1, m.window-1)
+	case ruleTwoSided:
+		causal, w = m.wr == 0, max(-1, m.wl)
+	}
+	if w > math.MaxInt32 {
+		w = -1 // a clamped unbounded window: it cuts nothing
+	}
+	order := [2]bool{causal, !causal}
+	if m.verifyFlashInfer(causal, w) == "" {
+		return FlashInferParams{Causal: causal, WindowLeft: w, OK: true}
 	}
 	var firstWhy string
 	for k, causal := range order {
@@ -153,9 +192,9 @@ func (m blockDiagonal) matchFlashInfer(causal bool) (windowLeft int, why string)
 	// bound leaves non-empty, since lo = p - w <= p).
 	windowLeft = -1
 	for b := range m.qSeqLen {
-		q, kv := int(m.qSeqLen[b]), int(m.kvSeqLen[b])
+		q, kv := int(m.qSeqLen[b]), m.flashKV(b)
 		for i := 0; i < q; i++ {
-			lo, _ := m.rowRange(b, i)
+			lo, _ := m.flashRange(b, i)
 			if lo == 0 {
 				continue
 			}
@@ -181,9 +220,9 @@ func (m blockDiagonal) matchFlashInfer(causal bool) (windowLeft int, why string)
 // masks exactly like m, and the first differing row otherwise.
 func (m blockDiagonal) verifyFlashInfer(causal bool, windowLeft int) string {
 	for b := range m.qSeqLen {
-		q, kv := int(m.qSeqLen[b]), int(m.kvSeqLen[b])
+		q, kv := int(m.qSeqLen[b]), m.flashKV(b)
 		for i := 0; i < q; i++ {
-			lo, hi := m.rowRange(b, i)
+			lo, hi := m.flashRange(b, i)
 			flo, fhi := flashInferRow(q, kv, i, causal, windowLeft)
 			if lo != flo || hi != fhi {
 				return fmt.Sprintf("block %d (q_seqlen %d, kv_seqlen %d) row %d sees keys %s, FlashInfer with causal=%t, window_left=%d sees %s",
@@ -203,8 +242,8 @@ func interval(lo, hi int) string {
 
 // reason adds the structural cause for the kinds that can fail.
 func (m blockDiagonal) reason() string {
-	switch m.kind {
-	case KindBlockDiagonalCausal, KindBlockDiagonalCausalLocal:
+	switch m.info.rule {
+	case ruleCausalTopLeft, ruleLocalTopLeft:
 		return "; this mask's causal diagonal starts at each block's top-left corner, FlashInfer's ends at the bottom-right corner, and the two agree only in blocks with q_seqlen == kv_seqlen (or an empty block)"
 	}
 	return ""

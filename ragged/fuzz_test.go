@@ -225,6 +225,8 @@ func FuzzXFormersMask(f *testing.F) {
 			wantErr = ErrInvalidWindow
 		case padded && pad < 1:
 			wantErr = ErrNegativeLength
+		case padded && batch == 0:
+			wantErr = ErrLengthMismatch // xFormers takes max(kv_seqlen)
 		}
 		for b := 0; b < batch && wantErr == nil; b++ {
 			q, kv := int(cfg.QSeqLen[b]), int(cfg.KVSeqLen[b])

@@ -222,14 +222,3 @@ func checkIndptrRoundTrips(t testing.TB, indptr []int32, width, extraPad int) {
 	}
 }
 
-func equalInt32(a, b []int32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}

@@ -234,7 +234,9 @@ func TestXFormersErrors(t *testing.T) {
 			ErrNoVisibleKey, "block 1 has kv_seqlen 2 < q_seqlen 3"},
 		"local window before the first key": {MaskConfig{Kind: KindBlockDiagonalCausalLocal, QSeqLen: []int32{5}, KVSeqLen: []int32{2}, WindowSize: 3},
 			ErrNoVisibleKey, "q_seqlen 5 >= kv_seqlen 2 + window_size 3"},
-		"unknown kind": {MaskConfig{Kind: "lower_triangular"}, ErrUnknownMaskKind, `"lower_triangular"`},
+		"unknown kind": {MaskConfig{Kind: "lower_triangular_with_tensor_bias"}, ErrUnknownMaskKind, `"lower_triangular_with_tensor_bias"`},
+		"padded keys, empty batch": {MaskConfig{Kind: KindBlockDiagonalCausalWithOffsetPaddedKeys, KVPadding: 3},
+			ErrLengthMismatch, "needs at least one block"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -343,6 +345,9 @@ var allKinds = []MaskKind{
 func randomMaskConfig(r *rand.Rand) MaskConfig {
 	kind := allKinds[r.IntN(len(allKinds))]
 	batch := r.IntN(5)
+	if kind == KindBlockDiagonalCausalWithOffsetPaddedKeys {
+		batch = 1 + r.IntN(4) // xFormers takes max(kv_seqlen)
+	}
 	cfg := MaskConfig{Kind: kind, QSeqLen: make([]int32, batch), KVSeqLen: make([]int32, batch)}
 	switch kind {
 	case KindBlockDiagonalCausalLocal, KindBlockDiagonalCausalLocalFromBottomRight:
