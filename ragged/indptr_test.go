@@ -221,4 +221,3 @@ func checkIndptrRoundTrips(t testing.TB, indptr []int32, width, extraPad int) {
 		}
 	}
 }
-
