@@ -3,6 +3,8 @@ package ragged
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -490,4 +492,58 @@ func TestKindsTable(t *testing.T) {
 	}
 	assert.Contains(t, fmt.Sprint(names), "BlockDiagonalLocalAttentionFromBottomRightGappyKeysMask")
 	assert.True(t, errors.Is(fmt.Errorf("x: %w", ErrNotPaged), ErrNotPaged))
+}
+
+// The FlashInfer column of docs/masks.md's class table, checked on random
+// configurations: where the table promises causal/window_left, that is what
+// FlashInferParams returns (and checkFamilyAgainstModels has shown it
+// exact); where it says "custom mask needed", FlashInferParams finds nothing
+// in general.
+func TestFlashInferColumnOfTheClassTable(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(22, 2))
+	for iter := 0; iter < 3000; iter++ {
+		kind := newKinds[iter%len(newKinds)]
+		cfg := randomFamilyConfig(r, kind)
+		m, err := NewAttentionMask(cfg)
+		require.NoError(t, err)
+		p := m.FlashInferParams()
+		want := func(causal bool, w int) {
+			t.Helper()
+			if !p.OK || p.Causal != causal || p.WindowLeft != w {
+				t.Fatalf("%s: FlashInferParams %+v, the table says causal=%t window_left=%d", m, p, causal, w)
+			}
+		}
+		zeroStarts := !slices.ContainsFunc(cfg.KVSeqStarts, func(s int32) bool { return s != 0 })
+		qMax := slices.Max(cfg.QSeqLen)
+		switch kind {
+		case KindBlockDiagonalPaddedKeys, KindPagedBlockDiagonalPaddedKeys, KindBlockDiagonalGappyKeys:
+			want(false, -1)
+		case KindPagedBlockDiagonalGappyKeys:
+			if zeroStarts {
+				want(false, -1)
+			}
+		case KindPagedBlockDiagonalCausalWithOffsetGappyKeys:
+			if zeroStarts {
+				want(true, -1)
+			}
+		case KindPagedBlockDiagonalCausalWithOffsetPaddedKeys, KindBlockDiagonalCausalWithOffsetGappyKeys, KindLowerTriangularFromBottomRight:
+			want(true, -1)
+		case KindBlockDiagonalCausalLocalPaddedKeys, KindPagedBlockDiagonalCausalLocalPaddedKeys, KindLowerTriangularFromBottomRightLocal:
+			if cfg.WindowSize >= 1 {
+				want(true, cfg.WindowSize-1)
+			}
+		case KindBlockDiagonalLocalPaddedKeys, KindLocalAttentionFromBottomRight:
+			switch {
+			case cfg.WindowRight == 0:
+				want(true, cfg.WindowLeft)
+			case int32(cfg.WindowRight) >= qMax-1:
+				want(false, cfg.WindowLeft)
+			}
+		case KindLowerTriangular:
+			if cfg.QSeqLen[0] == cfg.KVSeqLen[0] {
+				want(true, -1)
+			}
+		}
+	}
 }

@@ -1,0 +1,113 @@
+package pagetable_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/pagetable"
+	"github.com/pagedkv/pagedkv/ragged"
+)
+
+// A Mistral-style rolling cache over pages: window W = 4096, pages of 16
+// tokens, three sequences decoding one token per step. After each step
+// ReleaseWindow(W) gives back the pages wholly before the window, and the
+// decode mask is xFormers' PagedBlockDiagonalCausalLocalPaddedKeysMask over
+// ExportBlockTables: each query must see exactly the last min(Len, W) tokens
+// of its sequence, at the physical slots the table holds them in, FlashInfer
+// must express it as causal with window_left = W-1, and the mask's CSR page
+// table must be the table's own export.
+func TestXFormersRollingCacheDecodeWindow4096(t *testing.T) {
+	const (
+		window   = 4096
+		pageSize = 16
+	)
+	a, err := allocator.New(allocator.Config{NumPages: 1024})
+	require.NoError(t, err)
+	tab, err := pagetable.New(pagetable.Config{PageSize: pageSize, Allocator: a})
+	require.NoError(t, err)
+	ids := []pagetable.SeqID{7, 8, 9}
+	prompts := []int32{4990, 100, 4100}
+	for _, id := range ids {
+		require.NoError(t, tab.Add(id))
+	}
+	_, err = tab.Reserve(nil, ids, prompts)
+	require.NoError(t, err)
+
+	for step := 0; step < 20; step++ {
+		_, err = tab.Reserve(nil, ids, []int32{1, 1, 1})
+		require.NoError(t, err)
+		for _, id := range ids {
+			_, err = tab.ReleaseWindow(id, window)
+			require.NoError(t, err)
+		}
+		bt, kvLen, err := tab.ExportBlockTables(ids, 0, 0)
+		require.NoError(t, err)
+		m, err := ragged.PagedBlockDiagonalCausalLocalPaddedKeysMaskFromSeqlensLocal([]int32{1, 1, 1}, kvLen, bt, pageSize, window)
+		require.NoError(t, err)
+		assert.Equal(t, ragged.FlashInferParams{Causal: true, WindowLeft: window - 1, OK: true}, m.FlashInferParams())
+
+		_, cols := m.Shape()
+		for b, id := range ids {
+			length, start, pages := tab.Len(id), tab.Start(id), tab.Pages(id)
+			want := make([]bool, cols)
+			for pos := max(0, length-window); pos < length; pos++ {
+				held := pos - start
+				require.GreaterOrEqual(t, held, 0, "token %d of sequence %d was released but is in the window", pos, id)
+				want[int(pages[held/pageSize])*pageSize+held%pageSize] = true
+			}
+			for c := 0; c < cols; c++ {
+				if m.At(b, c) != want[c] {
+					t.Fatalf("step %d, sequence %d (Len %d, Start %d): physical slot %d: mask %t, want %t",
+						step, id, length, start, c, m.At(b, c), want[c])
+				}
+			}
+		}
+
+		var csr pagetable.CSR
+		require.NoError(t, tab.ExportTo(&csr, ids))
+		pkv, err := m.PagedKV()
+		require.NoError(t, err)
+		assert.Equal(t, csr.KVIndptr, pkv.KVIndptr)
+		assert.Equal(t, csr.KVPageIndices, pkv.KVIndices)
+		assert.Equal(t, csr.KVLastPageLen, pkv.KVLastPageLen)
+		assert.Equal(t, csr.SeqLens, kvLen)
+		back, lens, err := ragged.BlockTablesFromPagedKV(pkv.KVIndptr, pkv.KVIndices, pkv.KVLastPageLen, pageSize, bt.Cols, 0)
+		require.NoError(t, err)
+		assert.Equal(t, bt, back)
+		assert.Equal(t, kvLen, lens)
+	}
+	// The long sequences hold about W tokens, not their whole history.
+	assert.LessOrEqual(t, tab.Len(7)-tab.Start(7), window+pageSize)
+	assert.Equal(t, 120, tab.Len(8)-tab.Start(8), "the short sequence keeps everything")
+}
+
+func TestExportBlockTablesErrors(t *testing.T) {
+	a, err := allocator.New(allocator.Config{NumPages: 8})
+	require.NoError(t, err)
+	tab, err := pagetable.New(pagetable.Config{PageSize: 4, Allocator: a})
+	require.NoError(t, err)
+	require.NoError(t, tab.Add(1))
+	require.NoError(t, tab.Add(2))
+	_, err = tab.Reserve(nil, []pagetable.SeqID{1, 2}, []int32{9, 0})
+	require.NoError(t, err)
+
+	bt, kvLen, err := tab.ExportBlockTables([]pagetable.SeqID{2, 1}, 4, 7)
+	require.NoError(t, err)
+	p := tab.Pages(1)
+	assert.Equal(t, ragged.BlockTables{Rows: 2, Cols: 4, Data: []int32{7, 7, 7, 7, int32(p[0]), int32(p[1]), int32(p[2]), 7}}, bt)
+	assert.Equal(t, []int32{0, 9}, kvLen)
+
+	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1, 3}, 0, 0)
+	assert.ErrorIs(t, err, pagetable.ErrUnknownSeq)
+	assert.ErrorContains(t, err, "ids[1] = 3")
+	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1}, 2, 0)
+	assert.ErrorIs(t, err, pagetable.ErrBadArgument)
+	assert.ErrorContains(t, err, "cols = 2, but a sequence holds 3 pages")
+	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1}, 0, 8)
+	assert.ErrorContains(t, err, "pad page 8, want 0..7")
+	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1}, -1, 0)
+	assert.ErrorContains(t, err, "cols = -1")
+}
