@@ -25,7 +25,7 @@ import (
 // which also round-trips PagedKV).
 func FuzzPagedXFormersMask(f *testing.F) {
 	f.Add([]byte{1, 2, 2, 0, 2, 0, 0, 1, 3, 0, 2, 4, 0, 2, 0, 1, 3}) // the worked causal example
-	f.Add([]byte{2, 16, 1, 0, 3, 0, 8, 1, 40, 0, 5, 0, 7})          // sliding window
+	f.Add([]byte{2, 16, 1, 0, 3, 0, 8, 1, 40, 0, 5, 0, 7})           // sliding window
 	f.Add([]byte{3, 2, 2, 0, 2, 0, 0, 1, 2, 1, 1, 2, 1, 3, 1, 0, 2}) // paged gappy
 	f.Add([]byte{0, 2, 2, 1, 2, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1, 2, 3}) // a row too many
 	f.Add([]byte{0, 2, 1, 0, 2, 1, 0, 1, 9, 0, 0, 1})                // padding shorter than the sequence, data too long
@@ -126,7 +126,9 @@ func (b brokenRule) String() string { return fmt.Sprintf("%v(%s)", b.sentinel, b
 // ours) independently of the implementation.
 func pagedRulesBroken(cfg MaskConfig, rows, cols, n int) []brokenRule {
 	var out []brokenRule
-	add := func(s error, format string, args ...any) { out = append(out, brokenRule{s, fmt.Sprintf(format, args...)}) }
+	add := func(s error, format string, args ...any) {
+		out = append(out, brokenRule{s, fmt.Sprintf(format, args...)})
+	}
 	batch := len(cfg.QSeqLen)
 	ps := cfg.PageSize
 	if batch == 0 {
