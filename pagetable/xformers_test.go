@@ -20,6 +20,7 @@ import (
 // must express it as causal with window_left = W-1, and the mask's CSR page
 // table must be the table's own export.
 func TestXFormersRollingCacheDecodeWindow4096(t *testing.T) {
+	t.Parallel()
 	const (
 		window   = 4096
 		pageSize = 16
@@ -49,7 +50,9 @@ func TestXFormersRollingCacheDecodeWindow4096(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, ragged.FlashInferParams{Causal: true, WindowLeft: window - 1, OK: true}, m.FlashInferParams())
 
-		_, cols := m.Shape()
+		d, err := m.Materialize()
+		require.NoError(t, err)
+		cols := d.Cols
 		for b, id := range ids {
 			length, start, pages := tab.Len(id), tab.Start(id), tab.Pages(id)
 			want := make([]bool, cols)
@@ -59,10 +62,15 @@ func TestXFormersRollingCacheDecodeWindow4096(t *testing.T) {
 				want[int(pages[held/pageSize])*pageSize+held%pageSize] = true
 			}
 			for c := 0; c < cols; c++ {
-				if m.At(b, c) != want[c] {
+				if d.At(b, c) != want[c] {
 					t.Fatalf("step %d, sequence %d (Len %d, Start %d): physical slot %d: mask %t, want %t",
-						step, id, length, start, c, m.At(b, c), want[c])
+						step, id, length, start, c, d.At(b, c), want[c])
 				}
+			}
+			// At reads the same cells without materialising (spot checks:
+			// each At scans the row's pages).
+			for c := step; c < cols; c += 97 {
+				require.Equal(t, want[c], m.At(b, c), "At(%d, %d)", b, c)
 			}
 		}
 
