@@ -1,0 +1,458 @@
+package main
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#define PAGEDKV_NO_PROTOTYPES
+#include "pagedkv.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/pagedkv/pagedkv"
+)
+
+// ---- Create and destroy ----
+
+//export pagedkv_create
+func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager) (code C.int32_t) {
+	defer recoverTo(&code)
+	switch {
+	case cfg == nil || out == nil:
+		return badArg("create: cfg = %p, out = %p; both are required", cfg, out)
+	case size != C.sizeof_pagedkv_config:
+		return badArg("create: cfg_size = %d, want sizeof(pagedkv_config) = %d", uint64(size), C.sizeof_pagedkv_config)
+	}
+	m, err := pagedkv.New(pagedkv.Config{
+		NumPages:             int(cfg.num_pages),
+		PageSize:             int(cfg.page_size),
+		WindowTokens:         int(cfg.window_tokens),
+		Priorities:           int(cfg.priorities),
+		MaxPinnedPages:       int(cfg.max_pinned_pages),
+		HashSeed:             uint64(cfg.hash_seed),
+		CascadeMinSavedPages: int(cfg.cascade_min_saved_pages),
+	})
+	if err != nil {
+		return failErr(err)
+	}
+	registry.Lock()
+	registry.next++
+	id := registry.next
+	registry.handles[id] = &handle{m: m}
+	registry.Unlock()
+	*out = C.pagedkv_manager(id)
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_destroy
+func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
+	defer recoverTo(&code)
+	h := lookup(id)
+	if h == nil {
+		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: destroy: no manager with handle %d", uint64(id)))
+	}
+	if !h.busy.CompareAndSwap(false, true) {
+		return fail(C.PAGEDKV_ERR_BUSY, fmt.Sprintf("pagedkv: destroy: manager %d is in use by another thread", uint64(id)))
+	}
+	registry.Lock()
+	delete(registry.handles, uint64(id))
+	registry.Unlock()
+	h.pinner.Unpin()
+	h.pinned = h.pinned[:0]
+	C.free(unsafe.Pointer(h.levels))
+	h.levels, h.levelsCap = nil, 0
+	// busy stays set: a thread that looked the handle up before the delete
+	// gets PAGEDKV_ERR_BUSY, never a destroyed Manager.
+	return C.PAGEDKV_OK
+}
+
+// ---- Per request ----
+
+//export pagedkv_add
+func pagedkv_add(id C.pagedkv_manager, rid C.uint64_t, req *C.pagedkv_request, matched *C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "add")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if req == nil {
+		return badArg("add request %d: req is NULL", uint64(rid))
+	}
+	ns, code, ok := namespace("add", &req.ns)
+	if !ok {
+		return code
+	}
+	if code, ok := checkArray("add", "prompt", unsafe.Pointer(req.prompt), req.prompt_len); !ok {
+		return code
+	}
+	switch {
+	case req.priority < 0 || req.priority > 255:
+		return badArg("add request %d: priority = %d, want 0..255 (and below the configured priorities)", uint64(rid), int32(req.priority))
+	case req.capacity_tokens < 0 || req.capacity_tokens >= maxLen:
+		return badArg("add request %d: capacity_tokens = %d, want 0..%d", uint64(rid), int64(req.capacity_tokens), maxLen-1)
+	}
+	n, err := h.m.Add(pagedkv.RequestID(rid), pagedkv.Request{
+		Namespace:      ns,
+		Prompt:         int32s(req.prompt, req.prompt_len),
+		Priority:       pagedkv.Priority(req.priority),
+		NoCache:        req.no_cache != 0,
+		CapacityTokens: int(req.capacity_tokens),
+	})
+	if err != nil {
+		return failErr(err)
+	}
+	if matched != nil {
+		*matched = C.int64_t(n)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_extend
+func pagedkv_extend(id C.pagedkv_manager, rid C.uint64_t, tokens *C.int32_t, n C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "extend")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if code, ok := checkArray("extend", "tokens", unsafe.Pointer(tokens), n); !ok {
+		return code
+	}
+	if err := h.m.Extend(pagedkv.RequestID(rid), int32s(tokens, n)...); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_fork
+func pagedkv_fork(id C.pagedkv_manager, parent, child C.uint64_t) (code C.int32_t) {
+	h, code := enter(id, "fork")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if err := h.m.Fork(pagedkv.RequestID(parent), pagedkv.RequestID(child)); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_preempt
+func pagedkv_preempt(id C.pagedkv_manager, rid C.uint64_t) (code C.int32_t) {
+	h, code := enter(id, "preempt")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if err := h.m.Preempt(pagedkv.RequestID(rid)); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_resume
+func pagedkv_resume(id C.pagedkv_manager, rid C.uint64_t, matched *C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "resume")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	n, err := h.m.Resume(pagedkv.RequestID(rid))
+	if err != nil {
+		return failErr(err)
+	}
+	if matched != nil {
+		*matched = C.int64_t(n)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_release
+func pagedkv_release(id C.pagedkv_manager, rid C.uint64_t) (code C.int32_t) {
+	h, code := enter(id, "release")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if err := h.m.Release(pagedkv.RequestID(rid)); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+// ---- Per step ----
+
+//export pagedkv_reserve
+func pagedkv_reserve(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t, out *C.pagedkv_plan) (code C.int32_t) {
+	h, code := enter(id, "reserve")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if code, ok := checkArray("reserve", "ids", unsafe.Pointer(ids), n); !ok {
+		return code
+	}
+	if code, ok := checkArray("reserve", "ntokens", unsafe.Pointer(ntokens), n); !ok {
+		return code
+	}
+	if out == nil {
+		return badArg("reserve: out is NULL")
+	}
+	var rids []pagedkv.RequestID
+	if n > 0 {
+		rids = unsafe.Slice((*pagedkv.RequestID)(unsafe.Pointer(ids)), int(n))
+	}
+	plan, err := h.m.Reserve(rids, int32s(ntokens, n))
+	if err != nil {
+		return failErr(err)
+	}
+	h.export(out, plan)
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_commit
+func pagedkv_commit(id C.pagedkv_manager, sampled *C.int32_t, n C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "commit")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if sampled == nil {
+		if n != 0 {
+			return badArg("commit: sampled is NULL with n_sampled = %d (NULL means nothing sampled; pass 0)", int64(n))
+		}
+		if err := h.m.Commit(nil); err != nil {
+			return failErr(err)
+		}
+		return C.PAGEDKV_OK
+	}
+	if code, ok := checkArray("commit", "sampled", unsafe.Pointer(sampled), n); !ok {
+		return code
+	}
+	s := int32s(sampled, n)
+	if s == nil {
+		s = []int32{} // not nil: an empty sampled list is checked against the batch
+	}
+	if err := h.m.Commit(s); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_abort
+func pagedkv_abort(id C.pagedkv_manager) (code C.int32_t) {
+	h, code := enter(id, "abort")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if err := h.m.Abort(); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+// ---- Operations ----
+
+//export pagedkv_get_stats
+func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t) (code C.int32_t) {
+	defer recoverTo(&code)
+	h := lookup(id)
+	if h == nil {
+		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: stats: no manager with handle %d", uint64(id)))
+	}
+	if out == nil {
+		return badArg("stats: out is NULL")
+	}
+	s := h.m.Stats() // lock-free: any thread, even while the owner is in a call
+	v := [...]int64{
+		int64(s.TotalPages), int64(s.FreePages), int64(s.UsedPages), int64(s.EvictablePages), int64(s.PinnedIdlePages),
+		int64(s.CachedPages), int64(s.PinnedPages), int64(s.SharedPages),
+		int64(s.Requests), int64(s.PreemptedRequests),
+		s.PromptTokens, s.PromptHitTokens, s.ComputedTokens, s.ResumedTokens, s.ResumeHitTokens,
+		s.Steps, s.Preemptions, s.CopiedPages, s.PublishedPages, s.DuplicatePages,
+		s.EvictedPages, s.EvictionFreedPages, s.InnerVictims, s.WindowReleasedPages, s.ChainsCut,
+	}
+	if unsafe.Sizeof(v) != C.sizeof_pagedkv_stats {
+		panic("cabi: pagedkv_stats and Stats have different field counts")
+	}
+	// An older caller's smaller struct gets the fields it knows; a newer
+	// caller's larger one gets zeros past ours.
+	n := min(uintptr(size), unsafe.Sizeof(v))
+	C.memset(unsafe.Pointer(out), 0, size)
+	C.memcpy(unsafe.Pointer(out), unsafe.Pointer(&v[0]), C.size_t(n))
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_audit
+func pagedkv_audit(id C.pagedkv_manager) (code C.int32_t) {
+	h, code := enter(id, "audit")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if err := h.m.Audit(); err != nil {
+		return fail(C.PAGEDKV_ERR_AUDIT, "pagedkv: audit: "+err.Error())
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_evict
+func pagedkv_evict(id C.pagedkv_manager, npages C.int64_t, freed *C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "evict")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if npages < 0 || npages >= maxLen {
+		return badArg("evict: npages = %d, want 0..%d", int64(npages), maxLen-1)
+	}
+	n := h.m.Evict(int(npages))
+	if freed != nil {
+		*freed = C.int64_t(n)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_pin
+func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_t, n C.int64_t, pin *C.uint64_t, pinned *C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "pin")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	gns, code, ok := namespace("pin", ns)
+	if !ok {
+		return code
+	}
+	if code, ok := checkArray("pin", "tokens", unsafe.Pointer(tokens), n); !ok {
+		return code
+	}
+	if pin == nil {
+		return badArg("pin: pin is NULL (the pin's id is needed to unpin it)")
+	}
+	p, nt, err := h.m.Pin(gns, int32s(tokens, n))
+	if err != nil {
+		return failErr(err)
+	}
+	*pin = C.uint64_t(p)
+	if pinned != nil {
+		*pinned = C.int64_t(nt)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_unpin
+func pagedkv_unpin(id C.pagedkv_manager, pin C.uint64_t) (code C.int32_t) {
+	h, code := enter(id, "unpin")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if err := h.m.Unpin(pagedkv.PinID(pin)); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+// ---- Inspection ----
+
+//export pagedkv_get_request_state
+func pagedkv_get_request_state(id C.pagedkv_manager, rid C.uint64_t, out *C.pagedkv_request_state) (code C.int32_t) {
+	h, code := enter(id, "request_state")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if out == nil {
+		return badArg("request_state: out is NULL")
+	}
+	r := pagedkv.RequestID(rid)
+	if !h.m.Has(r) {
+		return failErr(fmt.Errorf("%w: request_state of request %d", pagedkv.ErrUnknownRequest, uint64(rid)))
+	}
+	*out = C.pagedkv_request_state{computed: C.int64_t(h.m.Computed(r)), num_tokens: C.int64_t(len(h.m.Tokens(r)))}
+	if h.m.Running(r) {
+		pages, start := h.m.Pages(r)
+		out.running, out.start, out.num_pages = 1, C.int64_t(start), C.int64_t(len(pages))
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_request_tokens
+func pagedkv_request_tokens(id C.pagedkv_manager, rid C.uint64_t, dst *C.int32_t, capacity C.int64_t, n *C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "request_tokens")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	r := pagedkv.RequestID(rid)
+	if !h.m.Has(r) {
+		return failErr(fmt.Errorf("%w: request_tokens of request %d", pagedkv.ErrUnknownRequest, uint64(rid)))
+	}
+	return copyOut("request_tokens", h.m.Tokens(r), dst, capacity, n)
+}
+
+//export pagedkv_request_pages
+func pagedkv_request_pages(id C.pagedkv_manager, rid C.uint64_t, dst *C.int32_t, capacity C.int64_t, n *C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "request_pages")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	r := pagedkv.RequestID(rid)
+	if !h.m.Has(r) {
+		return failErr(fmt.Errorf("%w: request_pages of request %d", pagedkv.ErrUnknownRequest, uint64(rid)))
+	}
+	var pages []int32
+	if h.m.Running(r) {
+		p, _ := h.m.Pages(r)
+		pages = unsafe.Slice((*int32)(unsafe.SliceData(p)), len(p))
+	}
+	return copyOut("request_pages", pages, dst, capacity, n)
+}
+
+func copyOut(op string, src []int32, dst *C.int32_t, capacity C.int64_t, n *C.int64_t) C.int32_t {
+	if code, ok := checkArray(op, "dst", unsafe.Pointer(dst), capacity); !ok {
+		return code
+	}
+	if n == nil {
+		return badArg("%s: n is NULL", op)
+	}
+	copy(int32s(dst, capacity), src)
+	*n = C.int64_t(len(src))
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_pending
+func pagedkv_pending(id C.pagedkv_manager, pending *C.int32_t) (code C.int32_t) {
+	h, code := enter(id, "pending")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if pending == nil {
+		return badArg("pending: pending is NULL")
+	}
+	*pending = 0
+	if h.m.Pending() {
+		*pending = 1
+	}
+	return C.PAGEDKV_OK
+}
+
+// pagedkv_debug_panic panics inside a call on handle id, so that bindings
+// can test that no panic crosses the boundary and that the handle is then
+// poisoned. It is not in pagedkv.h: tests declare it themselves.
+//
+//export pagedkv_debug_panic
+func pagedkv_debug_panic(id C.pagedkv_manager) (code C.int32_t) {
+	h, code := enter(id, "debug_panic")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	panic("pagedkv_debug_panic was called")
+}

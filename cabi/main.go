@@ -1,0 +1,232 @@
+// Command cabi is pagedkv's C ABI: built with -buildmode=c-shared (or
+// c-archive) it is libpagedkv, the Manager for engines written in C, C++,
+// Rust or Python (python/pagedkv binds it with ctypes). pagedkv.h is the
+// stable header; docs/c-abi.md is the contract.
+//
+// Ownership. A manager is a handle: a number in a registry, never a Go
+// pointer, so C holds nothing the Go garbage collector tracks. The handle
+// owns the Manager, a runtime.Pinner, and a C array of cascade level
+// descriptors. The arrays of a plan are the Manager's own reused buffers
+// (Go memory, zero copy); before a plan is handed out, the handle pins every
+// buffer the plan points into, so cgo's rules allow C to keep the pointers
+// and the collector neither frees nor moves them. Pins change only when a
+// successful Reserve hands out a buffer that is not pinned yet (a buffer
+// grew), at which point the previous step's buffers are unpinned: that is
+// why a plan's arrays are valid until the next successful reserve, and no
+// longer. Nothing the caller passes in is kept after a call returns: the
+// Manager copies what it keeps (prompts, tokens, namespaces).
+//
+// Errors. Every export returns a code (one per Go sentinel error, see
+// codeOf) and writes the error's text into the calling thread's buffer
+// (errbuf.c: exported Go functions run on the calling C thread). Every
+// export recovers panics: a recovered panic is returned as
+// PAGEDKV_ERR_INTERNAL and poisons the handle, because the Manager may have
+// been left half-changed. Argument checks that C needs and Go does not
+// (NULL pointers, negative lengths, values that do not fit Go's types) come
+// first, so a failed call changes nothing, as in Go.
+//
+// Concurrency. As in Go, a Manager belongs to one thread at a time: each
+// handle has a busy flag, and a call that finds it set returns
+// PAGEDKV_ERR_BUSY instead of racing. pagedkv_get_stats reads the Manager's
+// lock-free snapshot and may run on any thread at any time. The registry
+// is guarded by a read-write mutex.
+package main
+
+/*
+#cgo CFLAGS: -O2 -Wall
+#include <stdlib.h>
+#define PAGEDKV_NO_PROTOTYPES
+#include "pagedkv.h"
+void pagedkv_set_error(const char *msg, size_t n);
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/pagedkv/pagedkv"
+)
+
+func main() {}
+
+// maxLen bounds every length passed in: far above any real batch or
+// prompt, far below what would overflow a Go slice of C memory.
+const maxLen = 1 << 31
+
+// handle is one manager and what the C ABI keeps for it.
+type handle struct {
+	busy     atomic.Bool
+	m        *pagedkv.Manager
+	poisoned bool
+
+	// pinner pins the buffers in pinned (their first elements): exactly
+	// the buffers the last successful Reserve handed out. cur is scratch.
+	pinner      runtime.Pinner
+	pinned, cur []unsafe.Pointer
+
+	// levels is a C array of levelsCap descriptors for cascade plans.
+	levels    *C.pagedkv_level
+	levelsCap int
+	// rows is the cascade's query-row permutation, computed per plan.
+	rows []int32
+}
+
+var registry struct {
+	sync.RWMutex
+	next    uint64
+	handles map[uint64]*handle
+}
+
+func lookup(id C.pagedkv_manager) *handle {
+	registry.RLock()
+	h := registry.handles[uint64(id)]
+	registry.RUnlock()
+	return h
+}
+
+// enter takes handle id for one call, or returns the code and message of
+// why it cannot.
+func enter(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
+	h := lookup(id)
+	if h == nil {
+		return nil, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: no manager with handle %d", op, uint64(id)))
+	}
+	if !h.busy.CompareAndSwap(false, true) {
+		return nil, fail(C.PAGEDKV_ERR_BUSY, fmt.Sprintf("pagedkv: %s: manager %d is in use by another thread", op, uint64(id)))
+	}
+	if h.poisoned {
+		h.busy.Store(false)
+		return nil, fail(C.PAGEDKV_ERR_INTERNAL, fmt.Sprintf("pagedkv: %s: manager %d was poisoned by an earlier internal error; destroy it", op, uint64(id)))
+	}
+	return h, C.PAGEDKV_OK
+}
+
+// exit ends a call that entered h: it turns a panic into
+// PAGEDKV_ERR_INTERNAL (and poisons h) and releases the busy flag. It must
+// be deferred directly so that recover works.
+func (h *handle) exit(code *C.int32_t) {
+	if r := recover(); r != nil {
+		h.poisoned = true
+		*code = fail(C.PAGEDKV_ERR_INTERNAL, fmt.Sprintf("pagedkv: internal error (the manager is poisoned; destroy it): %v", r))
+	}
+	h.busy.Store(false)
+}
+
+// recoverTo turns a panic outside any handle into PAGEDKV_ERR_INTERNAL.
+func recoverTo(code *C.int32_t) {
+	if r := recover(); r != nil {
+		*code = fail(C.PAGEDKV_ERR_INTERNAL, fmt.Sprintf("pagedkv: internal error: %v", r))
+	}
+}
+
+// fail records msg as the calling thread's last error and returns code.
+func fail(code C.int32_t, msg string) C.int32_t {
+	if len(msg) == 0 {
+		C.pagedkv_set_error(nil, 0)
+	} else {
+		C.pagedkv_set_error((*C.char)(unsafe.Pointer(unsafe.StringData(msg))), C.size_t(len(msg)))
+	}
+	return code
+}
+
+// codes maps each sentinel error of package pagedkv to its C code. The
+// first match wins.
+var codes = [...]struct {
+	err  error
+	code C.int32_t
+}{
+	{pagedkv.ErrBadConfig, C.PAGEDKV_ERR_BAD_CONFIG},
+	{pagedkv.ErrOutOfPages, C.PAGEDKV_ERR_OUT_OF_PAGES},
+	{pagedkv.ErrUnknownRequest, C.PAGEDKV_ERR_UNKNOWN_REQUEST},
+	{pagedkv.ErrRequestExists, C.PAGEDKV_ERR_REQUEST_EXISTS},
+	{pagedkv.ErrPreempted, C.PAGEDKV_ERR_PREEMPTED},
+	{pagedkv.ErrNotPreempted, C.PAGEDKV_ERR_NOT_PREEMPTED},
+	{pagedkv.ErrStepPending, C.PAGEDKV_ERR_STEP_PENDING},
+	{pagedkv.ErrNoStep, C.PAGEDKV_ERR_NO_STEP},
+	{pagedkv.ErrBadArgument, C.PAGEDKV_ERR_BAD_ARGUMENT},
+	{pagedkv.ErrNotCached, C.PAGEDKV_ERR_NOT_CACHED},
+	{pagedkv.ErrPinLimit, C.PAGEDKV_ERR_PIN_LIMIT},
+	{pagedkv.ErrUnknownPin, C.PAGEDKV_ERR_UNKNOWN_PIN},
+}
+
+// failErr records err and returns its code; an error of no known class is
+// PAGEDKV_ERR_INTERNAL (a bug, but the Manager changed nothing, so the
+// handle is not poisoned).
+func failErr(err error) C.int32_t {
+	for _, c := range codes {
+		if errors.Is(err, c.err) {
+			return fail(c.code, err.Error())
+		}
+	}
+	return fail(C.PAGEDKV_ERR_INTERNAL, "pagedkv: unclassified error: "+err.Error())
+}
+
+func badArg(format string, args ...any) C.int32_t {
+	return fail(C.PAGEDKV_ERR_BAD_ARGUMENT, fmt.Sprintf("pagedkv: bad argument: "+format, args...))
+}
+
+// checkArray validates a C array argument: n in [0, maxLen), and p not
+// NULL when n > 0.
+func checkArray(op, name string, p unsafe.Pointer, n C.int64_t) (C.int32_t, bool) {
+	switch {
+	case n < 0 || n >= maxLen:
+		return badArg("%s: %s length %d, want 0..%d", op, name, int64(n), maxLen-1), false
+	case p == nil && n > 0:
+		return badArg("%s: %s is NULL with length %d", op, name, int64(n)), false
+	}
+	return C.PAGEDKV_OK, true
+}
+
+// int32s views C memory as a Go slice for the duration of a call.
+func int32s(p *C.int32_t, n C.int64_t) []int32 {
+	if n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*int32)(unsafe.Pointer(p)), int(n))
+}
+
+func goBytes(op, name string, p *C.char, n C.int64_t) (string, C.int32_t, bool) {
+	if code, ok := checkArray(op, name, unsafe.Pointer(p), n); !ok {
+		return "", code, false
+	}
+	if n == 0 {
+		return "", C.PAGEDKV_OK, true
+	}
+	return C.GoStringN(p, C.int(n)), C.PAGEDKV_OK, true
+}
+
+func namespace(op string, ns *C.pagedkv_namespace) (pagedkv.Namespace, C.int32_t, bool) {
+	var out pagedkv.Namespace
+	if ns == nil {
+		return out, C.PAGEDKV_OK, true
+	}
+	var code C.int32_t
+	var ok bool
+	if out.Tenant, code, ok = goBytes(op, "ns.tenant", ns.tenant, ns.tenant_len); !ok {
+		return out, code, false
+	}
+	if out.LoRA, code, ok = goBytes(op, "ns.lora", ns.lora, ns.lora_len); !ok {
+		return out, code, false
+	}
+	if out.Salt, code, ok = goBytes(op, "ns.salt", ns.salt, ns.salt_len); !ok {
+		return out, code, false
+	}
+	return out, C.PAGEDKV_OK, true
+}
+
+// The C structs must match Go's layout where the ABI shares memory.
+func init() {
+	var c pagedkv.CopyOp
+	if unsafe.Sizeof(c) != 12 || unsafe.Offsetof(c.Dst) != 4 || unsafe.Offsetof(c.Entries) != 8 {
+		panic("cabi: pagedkv.CopyOp no longer matches pagedkv_copy")
+	}
+	if unsafe.Sizeof(pagedkv.RequestID(0)) != 8 || unsafe.Sizeof(pagedkv.PageID(0)) != 4 {
+		panic("cabi: RequestID or PageID changed size")
+	}
+	registry.handles = make(map[uint64]*handle)
+}

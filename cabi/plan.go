@@ -1,0 +1,95 @@
+package main
+
+/*
+#include <stdlib.h>
+#define PAGEDKV_NO_PROTOTYPES
+#include "pagedkv.h"
+*/
+import "C"
+
+import (
+	"slices"
+	"unsafe"
+
+	"github.com/pagedkv/pagedkv"
+)
+
+// export fills out with plan's arrays (zero copy) after pinning every
+// buffer they point into. It allocates only when a buffer or the level
+// array grows.
+func (h *handle) export(out *C.pagedkv_plan, p *pagedkv.Plan) {
+	h.cur = h.cur[:0]
+	copies := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(p.Copies))), 3*cap(p.Copies))[:3*len(p.Copies)]
+	out.batch_size = C.int64_t(len(p.QOIndptr) - 1)
+	out.nnz = C.int64_t(len(p.Positions))
+	out.window_left = C.int64_t(p.WindowLeft)
+	h.array(&out.copies, copies)
+	h.array(&out.qo_indptr, p.QOIndptr)
+	h.array(&out.batch_indices, p.BatchIndices)
+	h.array(&out.positions, p.Positions)
+	h.array(&out.token_ids, p.TokenIDs)
+	h.array(&out.token_positions, p.TokenPositions)
+	h.array(&out.kv_indptr, p.KVIndptr)
+	h.array(&out.kv_page_indices, p.KVPageIndices)
+	h.array(&out.kv_last_page_len, p.KVLastPageLen)
+	h.array(&out.seq_lens, p.SeqLens)
+
+	out.num_levels, out.levels = 0, nil
+	out.query_rows = C.pagedkv_array{}
+	if l := p.Cascade; l != nil {
+		h.queryRows(l.RequestOrder, l.RequestQOIndptr, p.QOIndptr)
+		h.array(&out.query_rows, h.rows)
+		if len(l.Levels) > h.levelsCap {
+			nl := (*C.pagedkv_level)(C.realloc(unsafe.Pointer(h.levels), C.size_t(len(l.Levels))*C.sizeof_pagedkv_level))
+			if nl == nil {
+				panic("cabi: out of C memory for cascade levels")
+			}
+			h.levels, h.levelsCap = nl, len(l.Levels)
+		}
+		levels := unsafe.Slice(h.levels, h.levelsCap)
+		for i, lv := range l.Levels {
+			h.array(&levels[i].qo_indptr, lv.QOIndptr)
+			h.array(&levels[i].kv_indptr, lv.KVIndptr)
+			h.array(&levels[i].kv_indices, lv.KVIndices)
+			h.array(&levels[i].kv_last_page_len, lv.KVLastPageLen)
+		}
+		out.num_levels, out.levels = C.int64_t(len(l.Levels)), h.levels
+	}
+	h.pin()
+}
+
+// array describes s in dst and notes its buffer for pinning.
+func (h *handle) array(dst *C.pagedkv_array, s []int32) {
+	var data unsafe.Pointer
+	if cap(s) > 0 {
+		data = unsafe.Pointer(unsafe.SliceData(s))
+		h.cur = append(h.cur, data)
+	}
+	*dst = C.pagedkv_array{data: (*C.int32_t)(data), len: C.int64_t(len(s)), cap: C.int64_t(cap(s))}
+}
+
+// pin makes the pinned set the buffers of the current plan. In steady
+// state the Manager reuses its buffers and this compares a few pointers.
+func (h *handle) pin() {
+	if slices.Equal(h.cur, h.pinned) {
+		return
+	}
+	h.pinner.Unpin()
+	for _, p := range h.cur {
+		h.pinner.Pin(p)
+	}
+	h.pinned, h.cur = h.cur, h.pinned
+}
+
+// queryRows computes the cascade's row permutation into h.rows: cascade
+// row r holds the query of plan row h.rows[r]. Cascade request IDs are
+// batch indices, so request b's plan rows start at qoIndptr[b].
+func (h *handle) queryRows(order []int, reqIndptr, qoIndptr []int32) {
+	h.rows = h.rows[:0]
+	for k, b := range order {
+		start := qoIndptr[b]
+		for i := range reqIndptr[k+1] - reqIndptr[k] {
+			h.rows = append(h.rows, start+i)
+		}
+	}
+}

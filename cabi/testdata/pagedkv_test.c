@@ -1,0 +1,414 @@
+// pagedkv_test.c - the C ABI test: the Go Example's scenario through
+// pagedkv.h, then a bad-input sweep in which every failed call must return
+// the expected code, name the bad value in pagedkv_last_error(), and
+// change nothing (stats, every request's state, tokens and pages, the
+// pending flag, and the last plan's arrays are compared before and after).
+//
+// Built and run by scripts/cabi.sh (and by the Go test in cabi/), once
+// against libpagedkv.so and once against libpagedkv.a:
+//   gcc -std=c11 -Wall -Werror -I cabi cabi/testdata/pagedkv_test.c -L DIR -lpagedkv
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pagedkv.h"
+
+// Not in pagedkv.h: a test hook that panics inside Go.
+int32_t pagedkv_debug_panic(pagedkv_manager m);
+
+static int failures;
+
+#define CHECK(cond, ...)                                              \
+	do {                                                          \
+		if (!(cond)) {                                        \
+			fprintf(stderr, "%s:%d: FAIL: ", __FILE__, __LINE__); \
+			fprintf(stderr, __VA_ARGS__);                 \
+			fprintf(stderr, "\n");                        \
+			failures++;                                   \
+		}                                                     \
+	} while (0)
+
+#define OK(call)                                                                          \
+	do {                                                                              \
+		int32_t rc_ = (call);                                                     \
+		if (rc_ != PAGEDKV_OK) {                                                  \
+			fprintf(stderr, "%s:%d: %s = %d: %s\n", __FILE__, __LINE__, #call, rc_, \
+			        pagedkv_last_error());                                    \
+			exit(1);                                                          \
+		}                                                                         \
+	} while (0)
+
+static void print_array(char *buf, size_t n, const char *name, pagedkv_array a) {
+	size_t len = strlen(buf);
+	len += snprintf(buf + len, n - len, "%s [", name);
+	for (int64_t i = 0; i < a.len; i++) {
+		len += snprintf(buf + len, n - len, i ? " %d" : "%d", a.data[i]);
+	}
+	snprintf(buf + len, n - len, "]");
+}
+
+// ---- State snapshots ----
+
+enum { MAX_IDS = 8, MAX_VALS = 256 };
+static const uint64_t known_ids[MAX_IDS] = {1, 2, 3, 4, 5, 6, 7, 8};
+
+typedef struct {
+	pagedkv_stats stats;
+	int32_t pending;
+	int32_t exists[MAX_IDS];
+	pagedkv_request_state state[MAX_IDS];
+	int64_t ntok[MAX_IDS], npages[MAX_IDS];
+	int32_t tokens[MAX_IDS][MAX_VALS], pages[MAX_IDS][MAX_VALS];
+	int64_t plan_len;
+	int32_t plan_values[4 * MAX_VALS];
+} snapshot;
+
+static pagedkv_plan last_plan;
+static int have_plan;
+
+static int64_t flatten_plan(int32_t *dst) {
+	if (!have_plan) {
+		return 0;
+	}
+	const pagedkv_array *arrays[] = {&last_plan.copies, &last_plan.qo_indptr, &last_plan.batch_indices,
+	                                 &last_plan.positions, &last_plan.token_ids, &last_plan.token_positions,
+	                                 &last_plan.kv_indptr, &last_plan.kv_page_indices,
+	                                 &last_plan.kv_last_page_len, &last_plan.seq_lens};
+	int64_t n = 0;
+	for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
+		for (int64_t j = 0; j < arrays[i]->len && n < 4 * MAX_VALS; j++) {
+			dst[n++] = arrays[i]->data[j];
+		}
+	}
+	return n;
+}
+
+static void take(pagedkv_manager m, snapshot *s) {
+	memset(s, 0, sizeof *s);
+	OK(pagedkv_get_stats(m, &s->stats, sizeof s->stats));
+	OK(pagedkv_pending(m, &s->pending));
+	for (int i = 0; i < MAX_IDS; i++) {
+		int32_t rc = pagedkv_get_request_state(m, known_ids[i], &s->state[i]);
+		if (rc == PAGEDKV_ERR_UNKNOWN_REQUEST) {
+			continue;
+		}
+		OK(rc);
+		s->exists[i] = 1;
+		OK(pagedkv_request_tokens(m, known_ids[i], s->tokens[i], MAX_VALS, &s->ntok[i]));
+		OK(pagedkv_request_pages(m, known_ids[i], s->pages[i], MAX_VALS, &s->npages[i]));
+	}
+	s->plan_len = flatten_plan(s->plan_values);
+}
+
+// expect_fail runs a call that must fail with code want, with a message
+// containing needle, and leave the manager as it was.
+#define EXPECT_FAIL(m, want, needle, call)                                                           \
+	do {                                                                                         \
+		snapshot before_, after_;                                                            \
+		take((m), &before_);                                                                 \
+		int32_t rc_ = (call);                                                                \
+		const char *msg_ = pagedkv_last_error();                                             \
+		CHECK(rc_ == (want), "%s = %d, want %d (%s)", #call, rc_, (want), msg_);            \
+		CHECK(strstr(msg_, (needle)) != NULL, "%s: message %s does not name %s", #call, msg_, \
+		      (needle));                                                                     \
+		take((m), &after_);                                                                  \
+		CHECK(memcmp(&before_, &after_, sizeof before_) == 0, "%s changed the manager", #call); \
+		checked++;                                                                           \
+	} while (0)
+
+static int checked;
+
+static pagedkv_manager create(int64_t pages, int64_t page_size, int64_t max_pinned) {
+	pagedkv_config cfg = {0};
+	cfg.num_pages = pages;
+	cfg.page_size = page_size;
+	cfg.hash_seed = 1;
+	cfg.max_pinned_pages = max_pinned;
+	pagedkv_manager m = 0;
+	OK(pagedkv_create(&cfg, sizeof cfg, &m));
+	CHECK(m != 0, "create returned handle 0");
+	return m;
+}
+
+// ---- The Go Example, through C ----
+
+static void example(void) {
+	char out[1024] = "";
+	pagedkv_manager m = create(64, 16, 0);
+	int32_t prompt[40];
+	for (int i = 0; i < 40; i++) {
+		prompt[i] = 100 + i;
+	}
+	pagedkv_request req = {0};
+	req.prompt = prompt;
+	req.prompt_len = 40;
+
+	OK(pagedkv_add(m, 1, &req, NULL));
+	uint64_t ids1[] = {1};
+	int32_t nt1[] = {40};
+	pagedkv_plan plan;
+	OK(pagedkv_reserve(m, ids1, nt1, 1, &plan));
+	print_array(out, sizeof out, "kv_indptr", plan.kv_indptr);
+	strcat(out, " ");
+	print_array(out, sizeof out, "kv_last_page_len", plan.kv_last_page_len);
+	strcat(out, "\n");
+	int32_t s1[] = {7};
+	OK(pagedkv_commit(m, s1, 1));
+
+	int64_t matched = -1;
+	OK(pagedkv_add(m, 2, &req, &matched));
+	snprintf(out + strlen(out), sizeof out - strlen(out), "request 2 matched %lld tokens\n", (long long)matched);
+
+	uint64_t ids2[] = {1, 2};
+	int32_t nt2[] = {1, (int32_t)(40 - matched)};
+	OK(pagedkv_reserve(m, ids2, nt2, 2, &plan));
+	print_array(out, sizeof out, "qo_indptr", plan.qo_indptr);
+	strcat(out, " ");
+	print_array(out, sizeof out, "seq_lens", plan.seq_lens);
+	strcat(out, "\n");
+	int32_t s2[] = {8, 9};
+	OK(pagedkv_commit(m, s2, 2));
+	OK(pagedkv_audit(m));
+
+	const char *want =
+	    "kv_indptr [0 3] kv_last_page_len [8]\n"
+	    "request 2 matched 32 tokens\n"
+	    "qo_indptr [0 1 9] seq_lens [41 40]\n";
+	CHECK(strcmp(out, want) == 0, "example printed\n%s\nwant\n%s", out, want);
+	fputs(out, stdout);
+
+	pagedkv_stats st;
+	OK(pagedkv_get_stats(m, &st, sizeof st));
+	CHECK(st.requests == 2 && st.steps == 2 && st.prompt_hit_tokens == 32,
+	      "stats: requests %lld steps %lld hits %lld", (long long)st.requests, (long long)st.steps,
+	      (long long)st.prompt_hit_tokens);
+	CHECK(st.total_pages == st.free_pages + st.used_pages + st.evictable_pages + st.pinned_idle_pages,
+	      "stats do not partition the pool");
+	OK(pagedkv_destroy(m));
+}
+
+// ---- Bad input ----
+
+static void bad_config(void) {
+	struct {
+		pagedkv_config cfg;
+		const char *needle;
+	} cases[] = {
+	    {{.num_pages = 0, .page_size = 16}, "0"},
+	    {{.num_pages = -5, .page_size = 16}, "-5"},
+	    {{.num_pages = 64, .page_size = 0}, "0"},
+	    {{.num_pages = 64, .page_size = -16}, "-16"},
+	    {{.num_pages = 64, .page_size = 16, .window_tokens = -3}, "-3"},
+	    {{.num_pages = 64, .page_size = 16, .priorities = 99}, "99"},
+	    {{.num_pages = 64, .page_size = 16, .priorities = -1}, "-1"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		pagedkv_manager m = 12345;
+		int32_t rc = pagedkv_create(&cases[i].cfg, sizeof cases[i].cfg, &m);
+		CHECK(rc == PAGEDKV_ERR_BAD_CONFIG, "config case %zu: rc %d (%s)", i, rc, pagedkv_last_error());
+		CHECK(strstr(pagedkv_last_error(), cases[i].needle) != NULL, "config case %zu: %s does not name %s", i,
+		      pagedkv_last_error(), cases[i].needle);
+		CHECK(m == 12345, "a failed create wrote the handle");
+		checked++;
+	}
+	pagedkv_config cfg = {.num_pages = 8, .page_size = 4};
+	pagedkv_manager m = 0;
+	CHECK(pagedkv_create(&cfg, sizeof cfg - 8, &m) == PAGEDKV_ERR_BAD_ARGUMENT && m == 0, "short cfg_size");
+	CHECK(pagedkv_create(NULL, sizeof cfg, &m) == PAGEDKV_ERR_BAD_ARGUMENT, "NULL cfg");
+	CHECK(pagedkv_create(&cfg, sizeof cfg, NULL) == PAGEDKV_ERR_BAD_ARGUMENT, "NULL out");
+	checked += 3;
+}
+
+static void sweep(void) {
+	// A small pool: 8 pages of 4 tokens, at most 2 pinned.
+	pagedkv_manager m = create(8, 4, 2);
+	int32_t prompt[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+	pagedkv_request req = {0};
+	req.prompt = prompt;
+	req.prompt_len = 10;
+	OK(pagedkv_add(m, 1, &req, NULL));
+	uint64_t ids[] = {1};
+	int32_t nt[] = {10};
+	OK(pagedkv_reserve(m, ids, nt, 1, &last_plan));
+	have_plan = 1;
+	int32_t seven = 7;
+	OK(pagedkv_commit(m, &seven, 1));
+	OK(pagedkv_add(m, 2, &req, NULL));
+	OK(pagedkv_fork(m, 1, 3));
+	OK(pagedkv_add(m, 4, &req, NULL));
+	OK(pagedkv_preempt(m, 4));
+
+	int64_t matched = 0;
+	int32_t neg[] = {5, -9};
+	int32_t tok[] = {1, 2, 3};
+	pagedkv_plan plan;
+
+	// Handles.
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_HANDLE, "0", pagedkv_add(0, 9, &req, NULL));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_HANDLE, "987654", pagedkv_audit(987654));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_HANDLE, "987654", pagedkv_destroy(987654));
+	pagedkv_stats st;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_HANDLE, "987654", pagedkv_get_stats(987654, &st, sizeof st));
+
+	// Per request.
+	EXPECT_FAIL(m, PAGEDKV_ERR_REQUEST_EXISTS, "1", pagedkv_add(m, 1, &req, &matched));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "NULL", pagedkv_add(m, 9, NULL, &matched));
+	pagedkv_request bad = req;
+	bad.prompt = NULL;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "prompt is NULL with length 10", pagedkv_add(m, 9, &bad, &matched));
+	bad = req;
+	bad.prompt_len = -1;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "-1", pagedkv_add(m, 9, &bad, &matched));
+	bad = req;
+	bad.prompt = neg;
+	bad.prompt_len = 2;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "prompt[1] = -9", pagedkv_add(m, 9, &bad, &matched));
+	bad = req;
+	bad.priority = 4;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "priority 4", pagedkv_add(m, 9, &bad, &matched));
+	bad.priority = 256;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "256", pagedkv_add(m, 9, &bad, &matched));
+	bad.priority = -1;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "-1", pagedkv_add(m, 9, &bad, &matched));
+	bad = req;
+	bad.capacity_tokens = -2;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "-2", pagedkv_add(m, 9, &bad, &matched));
+	bad = req;
+	bad.ns.tenant = NULL;
+	bad.ns.tenant_len = 3;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ns.tenant", pagedkv_add(m, 9, &bad, &matched));
+	bad = req;
+	bad.ns.salt = "x";
+	bad.ns.salt_len = -1;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ns.salt", pagedkv_add(m, 9, &bad, &matched));
+
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "9", pagedkv_extend(m, 9, tok, 3));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "tokens[1] = -9", pagedkv_extend(m, 1, neg, 2));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "NULL", pagedkv_extend(m, 1, NULL, 2));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "-4", pagedkv_extend(m, 1, tok, -4));
+
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "9", pagedkv_fork(m, 9, 10));
+	EXPECT_FAIL(m, PAGEDKV_ERR_REQUEST_EXISTS, "2", pagedkv_fork(m, 1, 2));
+	EXPECT_FAIL(m, PAGEDKV_ERR_PREEMPTED, "4", pagedkv_fork(m, 4, 10));
+
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "9", pagedkv_preempt(m, 9));
+	EXPECT_FAIL(m, PAGEDKV_ERR_PREEMPTED, "4", pagedkv_preempt(m, 4));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "9", pagedkv_resume(m, 9, &matched));
+	EXPECT_FAIL(m, PAGEDKV_ERR_NOT_PREEMPTED, "1", pagedkv_resume(m, 1, &matched));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "9", pagedkv_release(m, 9));
+
+	// Per step.
+	EXPECT_FAIL(m, PAGEDKV_ERR_NO_STEP, "commit", pagedkv_commit(m, NULL, 0));
+	EXPECT_FAIL(m, PAGEDKV_ERR_NO_STEP, "abort", pagedkv_abort(m));
+	uint64_t two[] = {2, 2};
+	int32_t ones[] = {1, 1};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "appears twice", pagedkv_reserve(m, two, ones, 2, &plan));
+	uint64_t unknown[] = {2, 9};
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "ids[1] = 9", pagedkv_reserve(m, unknown, ones, 2, &plan));
+	uint64_t pre[] = {4};
+	EXPECT_FAIL(m, PAGEDKV_ERR_PREEMPTED, "ids[0] = 4", pagedkv_reserve(m, pre, ones, 1, &plan));
+	int32_t toomany[] = {11};
+	uint64_t one1[] = {2};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ntokens[0] = 11", pagedkv_reserve(m, one1, toomany, 1, &plan));
+	int32_t negn[] = {-1};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ntokens[0] = -1", pagedkv_reserve(m, one1, negn, 1, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ids is NULL", pagedkv_reserve(m, NULL, ones, 1, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ntokens is NULL", pagedkv_reserve(m, one1, NULL, 1, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "-1", pagedkv_reserve(m, one1, ones, -1, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_reserve(m, one1, ones, 1, NULL));
+	// Request 2 needs 2 more pages (8 tokens after its 8 cached), request
+	// 3 one copy-on-write page: more than the 8-page pool has left.
+	OK(pagedkv_extend(m, 3, tok, 3));
+	uint64_t big[] = {2, 3};
+	int32_t bign[] = {2, 4};
+	{
+		int32_t fill[40];
+		for (int i = 0; i < 40; i++) {
+			fill[i] = 500 + i;
+		}
+		OK(pagedkv_extend(m, 2, fill, 40));
+	}
+	int32_t huge[] = {42, 4};
+	EXPECT_FAIL(m, PAGEDKV_ERR_OUT_OF_PAGES, "needs", pagedkv_reserve(m, big, huge, 2, &plan));
+
+	OK(pagedkv_reserve(m, big, bign, 2, &last_plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "reserve", pagedkv_reserve(m, big, bign, 2, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "add", pagedkv_add(m, 9, &req, &matched));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "extend", pagedkv_extend(m, 1, tok, 1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "fork", pagedkv_fork(m, 1, 9));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "preempt", pagedkv_preempt(m, 1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "resume", pagedkv_resume(m, 4, &matched));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "release", pagedkv_release(m, 1));
+	int32_t s3[] = {1, 2, 3};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "3 sampled tokens", pagedkv_commit(m, s3, 3));
+	int32_t sneg[] = {-5, -1};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "sampled[0] = -5", pagedkv_commit(m, sneg, 2));
+	int32_t searly[] = {77, -1};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "sampled[0] = 77", pagedkv_commit(m, searly, 2));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "NULL", pagedkv_commit(m, NULL, 2));
+	OK(pagedkv_abort(m));
+	OK(pagedkv_reserve(m, big, bign, 2, &last_plan));
+	int32_t sok[] = {-1, 11};
+	OK(pagedkv_commit(m, sok, 2));
+	OK(pagedkv_audit(m));
+
+	// Operations.
+	uint64_t pin = 0;
+	int64_t pinned = 0;
+	int32_t other[] = {50, 51, 52, 53, 54};
+	EXPECT_FAIL(m, PAGEDKV_ERR_NOT_CACHED, "not cached", pagedkv_pin(m, NULL, other, 5, &pin, &pinned));
+	pagedkv_namespace ns = {.tenant = "t", .tenant_len = 1};
+	EXPECT_FAIL(m, PAGEDKV_ERR_NOT_CACHED, "not cached", pagedkv_pin(m, &ns, prompt, 8, &pin, &pinned));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "pin is NULL", pagedkv_pin(m, NULL, prompt, 8, NULL, &pinned));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "tokens is NULL", pagedkv_pin(m, NULL, NULL, 8, &pin, &pinned));
+	// The shared prompt's 2 cached pages fit the limit; request 3's third
+	// page (published by its last commit) does not.
+	OK(pagedkv_pin(m, NULL, prompt, 8, &pin, &pinned));
+	CHECK(pinned == 8, "pinned %lld tokens, want 8", (long long)pinned);
+	int32_t longer[16];
+	OK(pagedkv_request_tokens(m, 3, longer, 16, &matched));
+	EXPECT_FAIL(m, PAGEDKV_ERR_PIN_LIMIT, "limit 2", pagedkv_pin(m, NULL, longer, 12, &pin, &pinned));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_PIN, "pin", pagedkv_unpin(m, pin + 100));
+	OK(pagedkv_unpin(m, pin));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_PIN, "pin", pagedkv_unpin(m, pin));
+	int64_t freed = 0;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "npages = -1", pagedkv_evict(m, -1, &freed));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_get_stats(m, NULL, sizeof st));
+	pagedkv_request_state rs;
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "9", pagedkv_get_request_state(m, 9, &rs));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "dst is NULL", pagedkv_request_tokens(m, 1, NULL, 4, &matched));
+
+	// A smaller (older) stats struct gets the leading fields.
+	int64_t first2[2] = {-1, -1};
+	OK(pagedkv_get_stats(m, (pagedkv_stats *)(void *)first2, sizeof first2));
+	CHECK(first2[0] == 8, "total_pages through a 2-field struct = %lld", (long long)first2[0]);
+
+	// A Go panic comes back as PAGEDKV_ERR_INTERNAL and poisons the handle;
+	// stats and destroy still work.
+	CHECK(pagedkv_debug_panic(m) == PAGEDKV_ERR_INTERNAL, "debug_panic: %s", pagedkv_last_error());
+	CHECK(strstr(pagedkv_last_error(), "pagedkv_debug_panic was called") != NULL, "panic message: %s",
+	      pagedkv_last_error());
+	CHECK(pagedkv_audit(m) == PAGEDKV_ERR_INTERNAL, "a poisoned handle answered audit");
+	CHECK(strstr(pagedkv_last_error(), "poisoned") != NULL, "poisoned message: %s", pagedkv_last_error());
+	OK(pagedkv_get_stats(m, &st, sizeof st));
+	OK(pagedkv_destroy(m));
+	CHECK(pagedkv_audit(m) == PAGEDKV_ERR_BAD_HANDLE, "a destroyed handle answered audit");
+	CHECK(pagedkv_destroy(m) == PAGEDKV_ERR_BAD_HANDLE, "destroyed twice");
+	checked += 5;
+}
+
+int main(void) {
+	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
+	      PAGEDKV_ABI_VERSION);
+	CHECK(strcmp(pagedkv_last_error(), "") == 0, "fresh thread has an error message");
+	example();
+	bad_config();
+	sweep();
+	if (failures) {
+		fprintf(stderr, "pagedkv_test: %d failures\n", failures);
+		return 1;
+	}
+	printf("pagedkv_test: ok (%d failing calls checked)\n", checked);
+	return 0;
+}
