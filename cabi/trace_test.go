@@ -1,0 +1,354 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pagedkv/pagedkv"
+)
+
+// The Go reference semantics the Python binding is checked against: a
+// seeded random engine loop (adds from prompt families that share
+// prefixes, chunked prefill and decode steps, forks, preemptions under
+// memory pressure, resumes, releases, aborted steps, evictions, pins, and
+// calls that must fail) runs on pagedkv.Manager directly, and every
+// operation and its result (error class, matched tokens, the plan's arrays
+// and cascade levels, Stats) is written to testdata/trace.json.
+// python/tests/test_trace.py replays the operations through libpagedkv and
+// must see exactly the same results. TestTrace fails when the committed file
+// is stale; `go test ./cabi -run TestTrace -update` rewrites it.
+
+var update = flag.Bool("update", false, "rewrite testdata/trace.json")
+
+type traceFile struct {
+	Traces []trace `json:"traces"`
+}
+
+type trace struct {
+	Name   string           `json:"name"`
+	Config map[string]int64 `json:"config"` // pagedkv.Config with pagedkv_config's field names
+	Ops    []traceOp        `json:"ops"`
+}
+
+type traceOp struct {
+	Op       string               `json:"op"`
+	ID       uint64               `json:"id,omitempty"`
+	Child    uint64               `json:"child,omitempty"`
+	Tokens   []int32              `json:"tokens,omitempty"`
+	Tenant   string               `json:"tenant,omitempty"`
+	Priority int                  `json:"priority,omitempty"`
+	IDs      []uint64             `json:"ids,omitempty"`
+	NTokens  []int32              `json:"ntokens,omitempty"`
+	Sampled  []int32              `json:"sampled,omitempty"`
+	N        int                  `json:"n,omitempty"`
+	Want     traceResult          `json:"want"`
+	Plan     map[string][]int32   `json:"plan,omitempty"`
+	Cascade  []map[string][]int32 `json:"cascade,omitempty"`
+}
+
+type traceResult struct {
+	Err   string  `json:"err,omitempty"`
+	Value int64   `json:"value,omitempty"`
+	Stats []int64 `json:"stats"` // pagedkv_stats field order
+}
+
+// errName is the Python exception class of a Go error.
+func errName(err error) string {
+	if err == nil {
+		return ""
+	}
+	names := []struct {
+		err  error
+		name string
+	}{
+		{pagedkv.ErrOutOfPages, "OutOfPages"}, {pagedkv.ErrUnknownRequest, "UnknownRequest"},
+		{pagedkv.ErrRequestExists, "RequestExists"}, {pagedkv.ErrPreempted, "Preempted"},
+		{pagedkv.ErrNotPreempted, "NotPreempted"}, {pagedkv.ErrStepPending, "StepPending"},
+		{pagedkv.ErrNoStep, "NoStep"}, {pagedkv.ErrBadArgument, "BadArgument"},
+		{pagedkv.ErrNotCached, "NotCached"}, {pagedkv.ErrPinLimit, "PinLimit"}, {pagedkv.ErrUnknownPin, "UnknownPin"},
+	}
+	for _, n := range names {
+		if errors.Is(err, n.err) {
+			return n.name
+		}
+	}
+	return "Unclassified: " + err.Error()
+}
+
+// statsList is s in pagedkv_stats' field order.
+func statsList(s pagedkv.Stats) []int64 {
+	return []int64{
+		int64(s.TotalPages), int64(s.FreePages), int64(s.UsedPages), int64(s.EvictablePages), int64(s.PinnedIdlePages),
+		int64(s.CachedPages), int64(s.PinnedPages), int64(s.SharedPages),
+		int64(s.Requests), int64(s.PreemptedRequests),
+		s.PromptTokens, s.PromptHitTokens, s.ComputedTokens, s.ResumedTokens, s.ResumeHitTokens,
+		s.Steps, s.Preemptions, s.CopiedPages, s.PublishedPages, s.DuplicatePages,
+		s.EvictedPages, s.EvictionFreedPages, s.InnerVictims, s.WindowReleasedPages, s.ChainsCut,
+	}
+}
+
+// family returns n tokens of prompt family f: all families share 8 tokens,
+// pairs of families 16, and each family has its own tail.
+func family(f, n int) []int32 {
+	out := make([]int32, n)
+	for i := range out {
+		switch {
+		case i < 8:
+			out[i] = int32(10 + i)
+		case i < 16:
+			out[i] = int32(100 + 10*(f/2) + i)
+		default:
+			out[i] = int32(1000 + 100*f + i)
+		}
+	}
+	return out
+}
+
+type traceGen struct {
+	t    testing.TB
+	m    *pagedkv.Manager
+	rng  *rand.Rand
+	ops  []traceOp
+	next uint64
+	pins []uint64
+}
+
+// record runs op's effect (already done by the caller) into the trace.
+func (g *traceGen) record(op traceOp, value int64, err error) {
+	op.Want = traceResult{Err: errName(err), Value: value, Stats: statsList(g.m.Stats())}
+	if strings.HasPrefix(op.Want.Err, "Unclassified") {
+		g.t.Fatalf("op %s: %v", op.Op, err)
+	}
+	if err := g.m.Audit(); err != nil {
+		g.t.Fatalf("after %s: %v", op.Op, err)
+	}
+	g.ops = append(g.ops, op)
+}
+
+func (g *traceGen) ids(running bool) []uint64 {
+	var out []uint64
+	for id := uint64(1); id <= g.next; id++ {
+		if g.m.Has(pagedkv.RequestID(id)) && g.m.Running(pagedkv.RequestID(id)) == running {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func (g *traceGen) pick(ids []uint64) uint64 {
+	if len(ids) == 0 {
+		return g.next + 1000 // unknown
+	}
+	return ids[g.rng.IntN(len(ids))]
+}
+
+func (g *traceGen) step() {
+	var ids []uint64
+	var nt []int32
+	for _, id := range g.ids(true) {
+		r := pagedkv.RequestID(id)
+		left := len(g.m.Tokens(r)) - g.m.Computed(r)
+		if left == 0 || g.rng.IntN(5) == 0 {
+			continue
+		}
+		n := min(left, 1+g.rng.IntN(12))
+		ids, nt = append(ids, id), append(nt, int32(n))
+	}
+	if g.rng.IntN(20) == 0 && len(ids) > 0 { // a bad step: too many tokens
+		nt[0] += 50
+	}
+	op := traceOp{Op: "reserve", IDs: ids, NTokens: nt}
+	rids := make([]pagedkv.RequestID, len(ids))
+	for i, id := range ids {
+		rids[i] = pagedkv.RequestID(id)
+	}
+	plan, err := g.m.Reserve(rids, nt)
+	if err == nil {
+		op.Plan = map[string][]int32{
+			"qo_indptr": plan.QOIndptr, "batch_indices": plan.BatchIndices, "positions": plan.Positions,
+			"token_ids": plan.TokenIDs, "token_positions": plan.TokenPositions, "kv_indptr": plan.KVIndptr,
+			"kv_page_indices": plan.KVPageIndices, "kv_last_page_len": plan.KVLastPageLen, "seq_lens": plan.SeqLens,
+			"window_left": {int32(plan.WindowLeft)},
+		}
+		for _, c := range plan.Copies {
+			op.Plan["copies"] = append(op.Plan["copies"], int32(c.Src), int32(c.Dst), c.Entries)
+		}
+		for k, v := range op.Plan {
+			op.Plan[k] = slices.Clone(v)
+		}
+		if l := plan.Cascade; l != nil {
+			op.Plan["query_rows"] = l.QueryRows()
+			for _, lv := range l.Levels {
+				op.Cascade = append(op.Cascade, map[string][]int32{
+					"qo_indptr": slices.Clone(lv.QOIndptr), "kv_indptr": slices.Clone(lv.KVIndptr),
+					"kv_indices": slices.Clone(lv.KVIndices), "kv_last_page_len": slices.Clone(lv.KVLastPageLen),
+				})
+			}
+		}
+	}
+	g.record(op, 0, err)
+	if errors.Is(err, pagedkv.ErrOutOfPages) {
+		id := g.pick(g.ids(true))
+		err := g.m.Preempt(pagedkv.RequestID(id))
+		g.record(traceOp{Op: "preempt", ID: id}, 0, err)
+		return
+	}
+	if err != nil {
+		return
+	}
+	if g.rng.IntN(10) == 0 {
+		g.record(traceOp{Op: "abort"}, 0, g.m.Abort())
+		return
+	}
+	if g.rng.IntN(15) == 0 { // a bad commit: a token for a request still prefilling, or the wrong count
+		bad := make([]int32, len(ids)+1)
+		g.record(traceOp{Op: "commit", Sampled: bad}, 0, g.m.Commit(bad))
+	}
+	sampled := make([]int32, len(ids))
+	for b, id := range ids {
+		r := pagedkv.RequestID(id)
+		sampled[b] = pagedkv.NoToken
+		if g.m.Computed(r)+int(nt[b]) == len(g.m.Tokens(r)) {
+			sampled[b] = int32(g.rng.IntN(50))
+		}
+	}
+	g.record(traceOp{Op: "commit", Sampled: sampled}, 0, g.m.Commit(sampled))
+}
+
+func (g *traceGen) run(nops int) {
+	for len(g.ops) < nops {
+		switch k := g.rng.IntN(100); {
+		case k < 15:
+			g.next++
+			f := g.rng.IntN(6)
+			op := traceOp{Op: "add", ID: g.next, Tokens: family(f, 4+g.rng.IntN(30)), Priority: g.rng.IntN(2)}
+			if g.rng.IntN(8) == 0 {
+				op.Tenant = "t"
+			}
+			n, err := g.m.Add(pagedkv.RequestID(op.ID), pagedkv.Request{
+				Namespace: pagedkv.Namespace{Tenant: op.Tenant}, Prompt: op.Tokens, Priority: pagedkv.Priority(op.Priority)})
+			g.record(op, int64(n), err)
+		case k < 60:
+			g.step()
+		case k < 66:
+			op := traceOp{Op: "fork", ID: g.pick(g.ids(true))}
+			g.next++
+			op.Child = g.next
+			g.record(op, 0, g.m.Fork(pagedkv.RequestID(op.ID), pagedkv.RequestID(op.Child)))
+		case k < 72:
+			op := traceOp{Op: "release", ID: g.pick(append(g.ids(true), g.ids(false)...))}
+			g.record(op, 0, g.m.Release(pagedkv.RequestID(op.ID)))
+		case k < 77:
+			op := traceOp{Op: "preempt", ID: g.pick(g.ids(true))}
+			g.record(op, 0, g.m.Preempt(pagedkv.RequestID(op.ID)))
+		case k < 84:
+			op := traceOp{Op: "resume", ID: g.pick(g.ids(false))}
+			n, err := g.m.Resume(pagedkv.RequestID(op.ID))
+			g.record(op, int64(n), err)
+		case k < 88:
+			op := traceOp{Op: "extend", ID: g.pick(g.ids(true)), Tokens: []int32{int32(g.rng.IntN(50)), 3}}
+			g.record(op, 0, g.m.Extend(pagedkv.RequestID(op.ID), op.Tokens...))
+		case k < 91:
+			op := traceOp{Op: "evict", N: g.rng.IntN(4)}
+			g.record(op, int64(g.m.Evict(op.N)), nil)
+		case k < 95:
+			op := traceOp{Op: "pin", Tokens: family(g.rng.IntN(6), 8+g.rng.IntN(12))}
+			pin, n, err := g.m.Pin(pagedkv.Namespace{}, op.Tokens)
+			if err == nil {
+				g.pins = append(g.pins, uint64(pin))
+			}
+			g.record(op, int64(n), err)
+		case k < 98:
+			op := traceOp{Op: "unpin", ID: 999}
+			if len(g.pins) > 0 && g.rng.IntN(4) > 0 {
+				i := g.rng.IntN(len(g.pins))
+				op.ID = g.pins[i]
+				g.pins = slices.Delete(g.pins, i, i+1)
+			}
+			g.record(op, 0, g.m.Unpin(pagedkv.PinID(op.ID)))
+		default: // a call that must fail
+			g.next++
+			op := traceOp{Op: "add", ID: g.next, Tokens: []int32{1, -2}}
+			_, err := g.m.Add(pagedkv.RequestID(op.ID), pagedkv.Request{Prompt: op.Tokens})
+			g.record(op, 0, err)
+		}
+	}
+}
+
+func makeTraces(t testing.TB) traceFile {
+	configs := []struct {
+		name string
+		cfg  pagedkv.Config
+	}{
+		{"full attention, cascade plans", pagedkv.Config{NumPages: 64, PageSize: 4, HashSeed: 3, MaxPinnedPages: 6, CascadeMinSavedPages: 2}},
+		{"sliding window", pagedkv.Config{NumPages: 48, PageSize: 4, HashSeed: 5, WindowTokens: 10, Priorities: 2}},
+	}
+	var f traceFile
+	for i, c := range configs {
+		m, err := pagedkv.New(c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &traceGen{t: t, m: m, rng: rand.New(rand.NewPCG(uint64(i), 19))}
+		g.run(300)
+		f.Traces = append(f.Traces, trace{Name: c.name, Ops: g.ops, Config: map[string]int64{
+			"num_pages": int64(c.cfg.NumPages), "page_size": int64(c.cfg.PageSize), "window_tokens": int64(c.cfg.WindowTokens),
+			"priorities": int64(c.cfg.Priorities), "max_pinned_pages": int64(c.cfg.MaxPinnedPages),
+			"hash_seed": int64(c.cfg.HashSeed), "cascade_min_saved_pages": int64(c.cfg.CascadeMinSavedPages),
+		}})
+	}
+	return f
+}
+
+func TestTrace(t *testing.T) {
+	f := makeTraces(t)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	if err := enc.Encode(f); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join("testdata", "trace.json")
+	if *update {
+		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./cabi -run TestTrace -update)", err)
+	}
+	if !bytes.Equal(old, buf.Bytes()) {
+		t.Fatalf("%s is stale: the Manager's behaviour changed; check the change and run go test ./cabi -run TestTrace -update", path)
+	}
+	// The trace must exercise what it claims to.
+	seen := map[string]int{}
+	for _, tr := range f.Traces {
+		for _, op := range tr.Ops {
+			seen[op.Op]++
+			if op.Want.Err != "" {
+				seen["error "+op.Want.Err]++
+			}
+			if op.Cascade != nil {
+				seen["cascade"]++
+			}
+			if len(op.Plan["copies"]) > 0 {
+				seen["copies"]++
+			}
+		}
+	}
+	for _, k := range []string{"add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
+		"evict", "pin", "unpin", "cascade", "copies", "error OutOfPages", "error BadArgument", "error UnknownRequest"} {
+		if seen[k] == 0 {
+			t.Errorf("the trace has no %q: %v", k, seen)
+		}
+	}
+	t.Logf("trace coverage: %v", seen)
+}

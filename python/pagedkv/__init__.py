@@ -1,0 +1,497 @@
+"""pagedkv from Python: the KV-cache Manager over libpagedkv's C ABI.
+
+    import numpy as np, pagedkv
+
+    m = pagedkv.Manager(num_pages=64, page_size=16, hash_seed=1)
+    m.add(1, prompt)                       # -> tokens served from the prefix cache
+    plan = m.reserve([1], [40])            # all-or-nothing; OutOfPages -> preempt, retry
+    plan.kv_indptr, plan.kv_page_indices   # numpy int32 views of the Manager's buffers
+    m.commit([7])
+
+Arrays. Every array of a Plan is a numpy int32 view (no copy) of a buffer
+the Manager owns. It stays valid and unchanged until the next successful
+reserve() or close() of the same Manager; failed calls and every other call
+leave it alone. After that the memory may hold the next step's values or be
+freed: take plan.copy() (or np.array(a)) to keep arrays longer. The views are
+writable so that torch.from_numpy accepts them without a warning; the
+Manager never reads them back, but writing them is pointless.
+
+Errors. Every failure raises a subclass of PagedKVError named after the Go
+sentinel error (OutOfPages, UnknownRequest, ...) whose message names the bad
+value; a call that raised changed nothing.
+
+Threads. A Manager belongs to one thread at a time (a concurrent call raises
+Busy); stats() may be called from any thread at any time. ctypes releases
+the GIL during calls.
+
+pagedkv.flashinfer turns a Plan into the keyword arguments of FlashInfer's
+wrappers' plan() calls and of append_paged_kv_cache.
+"""
+
+import ctypes
+import threading
+
+import numpy as np
+
+from . import _ffi
+
+__all__ = [
+    "Manager", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
+    "PagedKVError", "OutOfPages", "UnknownRequest", "RequestExists", "Preempted", "NotPreempted",
+    "StepPending", "NoStep", "BadArgument", "BadConfig", "NotCached", "PinLimit", "UnknownPin",
+    "BadHandle", "Busy", "AuditError", "InternalError",
+]
+
+NO_TOKEN = -1  # in commit(sampled): no token sampled for this request
+
+
+# ---- Errors ----
+
+
+class PagedKVError(Exception):
+    """A failed pagedkv call; code is the C error code."""
+
+    code = None
+
+
+class OutOfPages(PagedKVError):
+    """The step needs more pages than are free and evictable: preempt and retry."""
+    code = 1
+
+
+class UnknownRequest(PagedKVError, KeyError):
+    code = 2
+
+    def __str__(self):  # KeyError would quote the message
+        return Exception.__str__(self)
+
+
+class RequestExists(PagedKVError):
+    code = 3
+
+
+class Preempted(PagedKVError):
+    code = 4
+
+
+class NotPreempted(PagedKVError):
+    code = 5
+
+
+class StepPending(PagedKVError):
+    code = 6
+
+
+class NoStep(PagedKVError):
+    code = 7
+
+
+class BadArgument(PagedKVError, ValueError):
+    code = 8
+
+
+class BadConfig(PagedKVError, ValueError):
+    code = 9
+
+
+class NotCached(PagedKVError):
+    code = 10
+
+
+class PinLimit(PagedKVError):
+    code = 11
+
+
+class UnknownPin(PagedKVError, KeyError):
+    code = 12
+
+    def __str__(self):
+        return Exception.__str__(self)
+
+
+class BadHandle(PagedKVError):
+    """The Manager was closed (or the handle never existed)."""
+    code = 13
+
+
+class Busy(PagedKVError):
+    """Another thread is inside a call on the same Manager."""
+    code = 14
+
+
+class AuditError(PagedKVError):
+    """audit() found a broken invariant (a bug in pagedkv)."""
+    code = 15
+
+
+class InternalError(PagedKVError):
+    """A recovered Go panic (a bug); the Manager is poisoned: close it."""
+    code = 16
+
+
+_ERRORS = {cls.code: cls for cls in (
+    OutOfPages, UnknownRequest, RequestExists, Preempted, NotPreempted, StepPending, NoStep,
+    BadArgument, BadConfig, NotCached, PinLimit, UnknownPin, BadHandle, Busy, AuditError, InternalError,
+)}
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _load():
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            _lib = _ffi.load()
+    return _lib
+
+
+def _raise(lib, rc):
+    msg = lib.pagedkv_last_error().decode("utf-8", "replace")
+    raise _ERRORS.get(rc, PagedKVError)(msg)
+
+
+# ---- Values ----
+
+
+class Stats:
+    """A consistent snapshot of the Manager (Go: pagedkv.Stats)."""
+
+    __slots__ = _ffi.STATS_FIELDS
+
+    def __init__(self, raw):
+        for name in _ffi.STATS_FIELDS:
+            setattr(self, name, getattr(raw, name))
+
+    @property
+    def hit_rate(self):
+        return self.prompt_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def recomputed_tokens(self):
+        return self.resumed_tokens - self.resume_hit_tokens
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in _ffi.STATS_FIELDS}
+
+    def __eq__(self, other):
+        return isinstance(other, Stats) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        return "Stats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
+
+
+class RequestState:
+    """One request's state: running (holds pages) or preempted."""
+
+    __slots__ = ("running", "computed", "num_tokens", "start", "num_pages")
+
+    def __init__(self, raw):
+        self.running = bool(raw.running)
+        self.computed, self.num_tokens = raw.computed, raw.num_tokens
+        self.start, self.num_pages = raw.start, raw.num_pages
+
+    def _key(self):
+        return (self.running, self.computed, self.num_tokens, self.start, self.num_pages)
+
+    def __eq__(self, other):
+        return isinstance(other, RequestState) and self._key() == other._key()
+
+    def __repr__(self):
+        return "RequestState(running=%s, computed=%d, num_tokens=%d, start=%d, num_pages=%d)" % self._key()
+
+
+class Level:
+    """One cascade level: FlashInfer's MultiLevelCascadeAttentionWrapper
+    plan() takes one of each per level."""
+
+    __slots__ = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")
+
+    def __init__(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+        self.qo_indptr, self.kv_indptr = qo_indptr, kv_indptr
+        self.kv_indices, self.kv_last_page_len = kv_indices, kv_last_page_len
+
+
+class Plan:
+    """A step's plan (Go: pagedkv.Plan). Arrays are int32 numpy views into
+    the Manager's buffers, valid until the next successful reserve() or
+    close(); see the module doc.
+
+    copies [n, 3]: (src, dst, entries) page copies to do before appending.
+    qo_indptr [B+1], batch_indices [nnz], positions [nnz]: the append.
+    token_ids [nnz], token_positions [nnz]: the rows' tokens and absolute
+    positions (RoPE). kv_indptr [B+1], kv_page_indices [kv_indptr[-1]],
+    kv_last_page_len [B], seq_lens [B]: the paged table after the append.
+    window_left: FlashInfer's window_left. cascade: None (run flat) or a
+    list of Level, most shared first, with query_rows [nnz]: cascade row r
+    holds plan row query_rows[r].
+    """
+
+    __slots__ = ("request_ids", "batch_size", "nnz", "window_left", "copies", "qo_indptr", "batch_indices",
+                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices",
+                 "kv_last_page_len", "seq_lens", "cascade", "query_rows", "_manager", "_generation")
+
+    @property
+    def valid(self):
+        """Whether the arrays still hold this step (no later reserve, not closed)."""
+        m = self._manager
+        return m._handle != 0 and m._generation == self._generation
+
+    def copy(self):
+        """A Plan whose arrays are owned copies, valid forever."""
+        if not self.valid:
+            raise BadArgument("pagedkv: copy of a plan whose arrays a later reserve or close invalidated")
+        p = Plan.__new__(Plan)
+        for name in Plan.__slots__:
+            v = getattr(self, name)
+            if isinstance(v, np.ndarray):
+                v = v.copy()
+            elif name == "cascade" and v is not None:
+                v = [Level(*(a.copy() for a in (lv.qo_indptr, lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len)))
+                     for lv in v]
+            setattr(p, name, v)
+        return p
+
+
+_EMPTY = np.zeros(0, dtype=np.int32)
+_EMPTY.flags.writeable = False
+
+
+def _addr(a):
+    return a.__array_interface__["data"][0]
+
+
+class Manager:
+    """The pagedkv KV-cache manager (Go: pagedkv.Manager) over libpagedkv.
+
+    Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
+    window_tokens, priorities, max_pinned_pages, hash_seed,
+    cascade_min_saved_pages (0 means the Go default wherever Go has one).
+    """
+
+    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
+                 hash_seed=0, cascade_min_saved_pages=0):
+        lib = _load()
+        cfg = _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
+                          cascade_min_saved_pages)
+        h = ctypes.c_uint64(0)
+        rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
+        if rc:
+            _raise(lib, rc)
+        self._lib = lib
+        self._handle = h.value
+        self.num_pages, self.page_size = num_pages, page_size
+        self._generation = 0
+        self._plan_words = np.zeros(_ffi.PLAN_WORDS, dtype=np.int64)
+        self._plan_addr = _addr(self._plan_words)
+        self._views = [None] * len(_ffi.PLAN_ARRAYS)  # per array: (data, cap, base view)
+        self._i64 = ctypes.c_int64(0)
+        self._state = _ffi.RequestState()
+
+    # -- lifetime --
+
+    def close(self):
+        """Destroy the Manager; every Plan's arrays become invalid."""
+        if self._handle:
+            rc = self._lib.pagedkv_destroy(self._handle)
+            if rc:
+                _raise(self._lib, rc)
+            self._handle = 0
+            self._views = [None] * len(_ffi.PLAN_ARRAYS)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            if self._handle:
+                self._lib.pagedkv_destroy(self._handle)
+        except Exception:
+            pass
+
+    def _check(self, rc):
+        if rc:
+            _raise(self._lib, rc)
+
+    # -- per request --
+
+    def add(self, request_id, prompt, *, tenant="", lora="", salt="", priority=0, no_cache=False,
+            capacity_tokens=0):
+        """Admit a request; returns how many prompt tokens the prefix cache served."""
+        p = np.ascontiguousarray(prompt, dtype=np.int32)
+        req = _ffi.Request()
+        _fill_ns(req.ns, tenant, lora, salt)
+        req.prompt, req.prompt_len = _addr(p) if p.size else None, p.size
+        req.priority, req.no_cache, req.capacity_tokens = priority, 1 if no_cache else 0, capacity_tokens
+        self._check(self._lib.pagedkv_add(self._handle, request_id, ctypes.byref(req), ctypes.byref(self._i64)))
+        return self._i64.value
+
+    def extend(self, request_id, tokens):
+        t = np.ascontiguousarray(tokens, dtype=np.int32)
+        self._check(self._lib.pagedkv_extend(self._handle, request_id, _addr(t) if t.size else None, t.size))
+
+    def fork(self, parent, child):
+        self._check(self._lib.pagedkv_fork(self._handle, parent, child))
+
+    def preempt(self, request_id):
+        self._check(self._lib.pagedkv_preempt(self._handle, request_id))
+
+    def resume(self, request_id):
+        self._check(self._lib.pagedkv_resume(self._handle, request_id, ctypes.byref(self._i64)))
+        return self._i64.value
+
+    def release(self, request_id):
+        self._check(self._lib.pagedkv_release(self._handle, request_id))
+
+    # -- per step --
+
+    def reserve(self, request_ids, ntokens):
+        """Start a step: reserve ntokens[i] tokens of request_ids[i]; returns the Plan.
+
+        request_ids (uint64) and ntokens (int32) may be numpy arrays of those
+        dtypes (used without conversion) or sequences of ints.
+        """
+        ids = request_ids if _is_c(request_ids, np.uint64) else np.ascontiguousarray(request_ids, dtype=np.uint64)
+        nt = ntokens if _is_c(ntokens, np.int32) else np.ascontiguousarray(ntokens, dtype=np.int32)
+        if ids.ndim != 1 or nt.ndim != 1:
+            raise BadArgument("pagedkv: reserve: request_ids and ntokens must be 1-D, got shapes %s and %s"
+                              % (ids.shape, nt.shape))
+        if ids.size != nt.size:
+            raise BadArgument("pagedkv: bad argument: reserve: %d requests but %d token counts" % (ids.size, nt.size))
+        rc = self._lib.pagedkv_reserve(self._handle, _addr(ids) if ids.size else None,
+                                       _addr(nt) if nt.size else None, ids.size, self._plan_addr)
+        if rc:
+            _raise(self._lib, rc)
+        self._generation += 1
+        return self._make_plan(ids)
+
+    def _make_plan(self, ids):
+        w = self._plan_words.tolist()
+        p = Plan.__new__(Plan)
+        p._manager, p._generation = self, self._generation
+        p.request_ids = ids.copy()
+        p.batch_size, p.nnz, p.window_left = w[0], w[1], w[2]
+        views = self._views
+        arrays = []
+        k = 3
+        for i in range(len(_ffi.PLAN_ARRAYS)):
+            data, n, cap = w[k], w[k + 1], w[k + 2]
+            k += 3
+            if cap == 0:
+                arrays.append(_EMPTY)
+                continue
+            v = views[i]
+            if v is None or v[0] != data or v[1] != cap:
+                base = np.frombuffer((ctypes.c_int32 * cap).from_address(data), dtype=np.int32)
+                v = views[i] = (data, cap, base)
+            arrays.append(v[2][:n])
+        (copies, p.qo_indptr, p.batch_indices, p.positions, p.token_ids, p.token_positions, p.kv_indptr,
+         p.kv_page_indices, p.kv_last_page_len, p.seq_lens, query_rows) = arrays
+        p.copies = copies.reshape(-1, 3)
+        num_levels = w[k]
+        if num_levels == 0:
+            p.cascade, p.query_rows = None, None
+        else:
+            p.query_rows = query_rows
+            levels = ctypes.cast(w[k + 1], ctypes.POINTER(_ffi.Level))
+            p.cascade = [Level(*(_view(getattr(levels[i], f)) for f in Level.__slots__)) for i in range(num_levels)]
+        return p
+
+    def commit(self, sampled=None):
+        """Record the reserved step; sampled[b] (or NO_TOKEN) per request, or None."""
+        if sampled is None:
+            self._check(self._lib.pagedkv_commit(self._handle, None, 0))
+            return
+        s = sampled if _is_c(sampled, np.int32) else np.ascontiguousarray(sampled, dtype=np.int32)
+        # A non-NULL pointer even for an empty list: it is checked against the batch.
+        ptr = _addr(s) if s.size else ctypes.addressof(self._i64)
+        self._check(self._lib.pagedkv_commit(self._handle, ptr, s.size))
+
+    def abort(self):
+        self._check(self._lib.pagedkv_abort(self._handle))
+
+    @property
+    def pending(self):
+        v = ctypes.c_int32(0)
+        self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
+        return bool(v.value)
+
+    # -- operations --
+
+    def stats(self):
+        """A consistent Stats snapshot; safe from any thread at any time."""
+        raw = _ffi.Stats()
+        self._check(self._lib.pagedkv_get_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
+        return Stats(raw)
+
+    def audit(self):
+        """Check every invariant; raises AuditError naming the first violation."""
+        self._check(self._lib.pagedkv_audit(self._handle))
+
+    def evict(self, npages):
+        freed = ctypes.c_int64(0)
+        self._check(self._lib.pagedkv_evict(self._handle, npages, ctypes.byref(freed)))
+        return freed.value
+
+    def pin(self, tokens, *, tenant="", lora="", salt=""):
+        """Pin the cached prefix of tokens; returns (pin_id, pinned_tokens)."""
+        t = np.ascontiguousarray(tokens, dtype=np.int32)
+        ns = _ffi.Namespace()
+        _fill_ns(ns, tenant, lora, salt)
+        pin, n = ctypes.c_uint64(0), ctypes.c_int64(0)
+        self._check(self._lib.pagedkv_pin(self._handle, ctypes.byref(ns), _addr(t) if t.size else None, t.size,
+                                          ctypes.byref(pin), ctypes.byref(n)))
+        return pin.value, n.value
+
+    def unpin(self, pin_id):
+        self._check(self._lib.pagedkv_unpin(self._handle, pin_id))
+
+    # -- inspection (copies) --
+
+    def request_state(self, request_id):
+        self._check(self._lib.pagedkv_get_request_state(self._handle, request_id, ctypes.byref(self._state)))
+        return RequestState(self._state)
+
+    def has(self, request_id):
+        try:
+            self.request_state(request_id)
+        except UnknownRequest:
+            return False
+        return True
+
+    def tokens(self, request_id):
+        """Every known token of the request (a copy)."""
+        return self._copy_out(self._lib.pagedkv_request_tokens, request_id)
+
+    def pages(self, request_id):
+        """The pages the request holds, in token order (a copy; empty if preempted)."""
+        return self._copy_out(self._lib.pagedkv_request_pages, request_id)
+
+    def _copy_out(self, fn, request_id):
+        n = ctypes.c_int64(0)
+        self._check(fn(self._handle, request_id, None, 0, ctypes.byref(n)))
+        out = np.empty(n.value, dtype=np.int32)
+        if n.value:
+            self._check(fn(self._handle, request_id, _addr(out), n.value, ctypes.byref(n)))
+        return out[: n.value]
+
+
+def _is_c(a, dtype):
+    return type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous
+
+
+def _view(arr):
+    if arr.cap == 0:
+        return _EMPTY
+    base = np.frombuffer((ctypes.c_int32 * arr.cap).from_address(arr.data), dtype=np.int32)
+    return base[: arr.len]
+
+
+def _fill_ns(ns, tenant, lora, salt):
+    for name, value in (("tenant", tenant), ("lora", lora), ("salt", salt)):
+        b = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        setattr(ns, name, b)
+        setattr(ns, name + "_len", len(b))

@@ -1,0 +1,172 @@
+"""ctypes declarations of pagedkv.h (cabi/pagedkv.h is the source of truth).
+
+Loading order of the shared library: $PAGEDKV_LIB, then libpagedkv.so next
+to this package, then build/cabi/libpagedkv.so of the source tree this
+package sits in (where scripts/cabi.sh puts it).
+"""
+
+import ctypes
+import os
+
+ABI_VERSION = 1
+
+c_int32_p = ctypes.POINTER(ctypes.c_int32)
+
+
+class Config(ctypes.Structure):
+    _fields_ = [
+        ("num_pages", ctypes.c_int64),
+        ("page_size", ctypes.c_int64),
+        ("window_tokens", ctypes.c_int64),
+        ("priorities", ctypes.c_int64),
+        ("max_pinned_pages", ctypes.c_int64),
+        ("hash_seed", ctypes.c_uint64),
+        ("cascade_min_saved_pages", ctypes.c_int64),
+    ]
+
+
+class Namespace(ctypes.Structure):
+    _fields_ = [
+        ("tenant", ctypes.c_char_p),
+        ("tenant_len", ctypes.c_int64),
+        ("lora", ctypes.c_char_p),
+        ("lora_len", ctypes.c_int64),
+        ("salt", ctypes.c_char_p),
+        ("salt_len", ctypes.c_int64),
+    ]
+
+
+class Request(ctypes.Structure):
+    _fields_ = [
+        ("ns", Namespace),
+        ("prompt", ctypes.c_void_p),
+        ("prompt_len", ctypes.c_int64),
+        ("priority", ctypes.c_int32),
+        ("no_cache", ctypes.c_int32),
+        ("capacity_tokens", ctypes.c_int64),
+    ]
+
+
+class Array(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_int64), ("cap", ctypes.c_int64)]
+
+
+class Level(ctypes.Structure):
+    _fields_ = [
+        ("qo_indptr", Array),
+        ("kv_indptr", Array),
+        ("kv_indices", Array),
+        ("kv_last_page_len", Array),
+    ]
+
+
+# pagedkv_plan as 64-bit words: the binding reads it with one numpy tolist().
+PLAN_SCALARS = ("batch_size", "nnz", "window_left")
+PLAN_ARRAYS = (
+    "copies",
+    "qo_indptr",
+    "batch_indices",
+    "positions",
+    "token_ids",
+    "token_positions",
+    "kv_indptr",
+    "kv_page_indices",
+    "kv_last_page_len",
+    "seq_lens",
+    "query_rows",
+)
+PLAN_WORDS = len(PLAN_SCALARS) + 3 * len(PLAN_ARRAYS) + 2  # + num_levels, levels
+
+
+class Plan(ctypes.Structure):
+    _fields_ = (
+        [(name, ctypes.c_int64) for name in PLAN_SCALARS]
+        + [(name, Array) for name in PLAN_ARRAYS]
+        + [("num_levels", ctypes.c_int64), ("levels", ctypes.POINTER(Level))]
+    )
+
+
+STATS_FIELDS = (
+    "total_pages", "free_pages", "used_pages", "evictable_pages", "pinned_idle_pages",
+    "cached_pages", "pinned_pages", "shared_pages",
+    "requests", "preempted_requests",
+    "prompt_tokens", "prompt_hit_tokens", "computed_tokens", "resumed_tokens", "resume_hit_tokens",
+    "steps", "preemptions", "copied_pages", "published_pages", "duplicate_pages",
+    "evicted_pages", "eviction_freed_pages", "inner_victims", "window_released_pages", "chains_cut",
+)
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in STATS_FIELDS]
+
+
+class RequestState(ctypes.Structure):
+    _fields_ = [
+        ("running", ctypes.c_int64),
+        ("computed", ctypes.c_int64),
+        ("num_tokens", ctypes.c_int64),
+        ("start", ctypes.c_int64),
+        ("num_pages", ctypes.c_int64),
+    ]
+
+
+def _candidates():
+    env = os.environ.get("PAGEDKV_LIB")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [
+        os.path.join(here, "libpagedkv.so"),
+        os.path.join(here, "..", "..", "build", "cabi", "libpagedkv.so"),
+    ]
+
+
+def load():
+    tried = []
+    for path in _candidates():
+        if os.path.exists(path):
+            return _declare(ctypes.CDLL(os.path.abspath(path)))
+        tried.append(path)
+    raise OSError(
+        "pagedkv: libpagedkv.so not found (tried %s); build it with scripts/cabi.sh "
+        "or set PAGEDKV_LIB" % ", ".join(tried)
+    )
+
+
+def _declare(lib):
+    i32, i64, u64, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p
+    sz = ctypes.c_size_t
+    sigs = {
+        "pagedkv_abi_version": (i32, []),
+        "pagedkv_last_error": (ctypes.c_char_p, []),
+        "pagedkv_create": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(u64)]),
+        "pagedkv_destroy": (i32, [u64]),
+        "pagedkv_add": (i32, [u64, u64, ctypes.POINTER(Request), ctypes.POINTER(i64)]),
+        "pagedkv_extend": (i32, [u64, u64, vp, i64]),
+        "pagedkv_fork": (i32, [u64, u64, u64]),
+        "pagedkv_preempt": (i32, [u64, u64]),
+        "pagedkv_resume": (i32, [u64, u64, ctypes.POINTER(i64)]),
+        "pagedkv_release": (i32, [u64, u64]),
+        "pagedkv_reserve": (i32, [u64, vp, vp, i64, vp]),
+        "pagedkv_commit": (i32, [u64, vp, i64]),
+        "pagedkv_abort": (i32, [u64]),
+        "pagedkv_get_stats": (i32, [u64, ctypes.POINTER(Stats), sz]),
+        "pagedkv_audit": (i32, [u64]),
+        "pagedkv_evict": (i32, [u64, i64, ctypes.POINTER(i64)]),
+        "pagedkv_pin": (i32, [u64, ctypes.POINTER(Namespace), vp, i64, ctypes.POINTER(u64), ctypes.POINTER(i64)]),
+        "pagedkv_unpin": (i32, [u64, u64]),
+        "pagedkv_get_request_state": (i32, [u64, u64, ctypes.POINTER(RequestState)]),
+        "pagedkv_request_tokens": (i32, [u64, u64, vp, i64, ctypes.POINTER(i64)]),
+        "pagedkv_request_pages": (i32, [u64, u64, vp, i64, ctypes.POINTER(i64)]),
+        "pagedkv_pending": (i32, [u64, ctypes.POINTER(i32)]),
+        "pagedkv_debug_panic": (i32, [u64]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    if ctypes.sizeof(ctypes.c_void_p) != 8 or ctypes.sizeof(Plan) != 8 * PLAN_WORDS:
+        raise OSError("pagedkv: the Python binding needs 64-bit pointers")
+    got = lib.pagedkv_abi_version()
+    if got != ABI_VERSION:
+        raise OSError("pagedkv: libpagedkv has ABI version %d, this package needs %d" % (got, ABI_VERSION))
+    return lib

@@ -1,0 +1,49 @@
+"""Shared helpers of the pagedkv Python tests.
+
+The tests use the library the package finds ($PAGEDKV_LIB, or
+build/cabi/libpagedkv.so after scripts/cabi.sh).
+"""
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+import pytest  # noqa: E402
+
+import pagedkv  # noqa: E402
+
+
+def snapshot(m, ids, plan=None):
+    """Everything observable about m (and plan's arrays): equal snapshots
+    before and after a failed call mean it changed nothing."""
+    reqs = {}
+    for rid in ids:
+        try:
+            st = m.request_state(rid)
+        except pagedkv.UnknownRequest:
+            continue
+        reqs[rid] = (st._key(), m.tokens(rid).tolist(), m.pages(rid).tolist())
+    s = dict(stats=m.stats().as_dict(), pending=m.pending, requests=reqs)
+    if plan is not None:
+        s["plan"] = plan_values(plan)
+    return s
+
+
+def plan_values(plan):
+    out = {name: getattr(plan, name).tolist() for name in (
+        "copies", "qo_indptr", "batch_indices", "positions", "token_ids", "token_positions", "kv_indptr",
+        "kv_page_indices", "kv_last_page_len", "seq_lens")}
+    out["window_left"] = plan.window_left
+    if plan.cascade is not None:
+        out["query_rows"] = plan.query_rows.tolist()
+        out["cascade"] = [{f: getattr(lv, f).tolist() for f in pagedkv.Level.__slots__} for lv in plan.cascade]
+    return out
+
+
+@pytest.fixture
+def root():
+    return ROOT
