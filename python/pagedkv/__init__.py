@@ -254,7 +254,6 @@ class Plan:
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
-_EMPTY.flags.writeable = False
 
 
 def _addr(a):
@@ -272,8 +271,12 @@ class Manager:
     def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
                  hash_seed=0, cascade_min_saved_pages=0):
         lib = _load()
-        cfg = _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-                          cascade_min_saved_pages)
+        vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
+                    max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages)
+        for name, v in vals.items():
+            _scalar(v, _I64, "Manager", name)
+        cfg = _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
+                          _scalar(hash_seed, _U64, "Manager", "hash_seed"), cascade_min_saved_pages)
         h = ctypes.c_uint64(0)
         rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
         if rc:
@@ -321,30 +324,36 @@ class Manager:
     def add(self, request_id, prompt, *, tenant="", lora="", salt="", priority=0, no_cache=False,
             capacity_tokens=0):
         """Admit a request; returns how many prompt tokens the prefix cache served."""
-        p = np.ascontiguousarray(prompt, dtype=np.int32)
+        request_id = _scalar(request_id, _U64, "add", "request_id")
+        p = _ints(prompt, np.int32, _I32, "add", "prompt")
         req = _ffi.Request()
         _fill_ns(req.ns, tenant, lora, salt)
         req.prompt, req.prompt_len = _addr(p) if p.size else None, p.size
-        req.priority, req.no_cache, req.capacity_tokens = priority, 1 if no_cache else 0, capacity_tokens
+        req.priority = _scalar(priority, _I32, "add", "priority")
+        req.no_cache = 1 if no_cache else 0
+        req.capacity_tokens = _scalar(capacity_tokens, _I64, "add", "capacity_tokens")
         self._check(self._lib.pagedkv_add(self._handle, request_id, ctypes.byref(req), ctypes.byref(self._i64)))
         return self._i64.value
 
     def extend(self, request_id, tokens):
-        t = np.ascontiguousarray(tokens, dtype=np.int32)
+        request_id = _scalar(request_id, _U64, "extend", "request_id")
+        t = _ints(tokens, np.int32, _I32, "extend", "tokens")
         self._check(self._lib.pagedkv_extend(self._handle, request_id, _addr(t) if t.size else None, t.size))
 
     def fork(self, parent, child):
-        self._check(self._lib.pagedkv_fork(self._handle, parent, child))
+        self._check(self._lib.pagedkv_fork(self._handle, _scalar(parent, _U64, "fork", "parent"),
+                                           _scalar(child, _U64, "fork", "child")))
 
     def preempt(self, request_id):
-        self._check(self._lib.pagedkv_preempt(self._handle, request_id))
+        self._check(self._lib.pagedkv_preempt(self._handle, _scalar(request_id, _U64, "preempt", "request_id")))
 
     def resume(self, request_id):
+        request_id = _scalar(request_id, _U64, "resume", "request_id")
         self._check(self._lib.pagedkv_resume(self._handle, request_id, ctypes.byref(self._i64)))
         return self._i64.value
 
     def release(self, request_id):
-        self._check(self._lib.pagedkv_release(self._handle, request_id))
+        self._check(self._lib.pagedkv_release(self._handle, _scalar(request_id, _U64, "release", "request_id")))
 
     # -- per step --
 
@@ -354,11 +363,8 @@ class Manager:
         request_ids (uint64) and ntokens (int32) may be numpy arrays of those
         dtypes (used without conversion) or sequences of ints.
         """
-        ids = request_ids if _is_c(request_ids, np.uint64) else np.ascontiguousarray(request_ids, dtype=np.uint64)
-        nt = ntokens if _is_c(ntokens, np.int32) else np.ascontiguousarray(ntokens, dtype=np.int32)
-        if ids.ndim != 1 or nt.ndim != 1:
-            raise BadArgument("pagedkv: reserve: request_ids and ntokens must be 1-D, got shapes %s and %s"
-                              % (ids.shape, nt.shape))
+        ids = _ints(request_ids, np.uint64, _U64, "reserve", "request_ids")
+        nt = _ints(ntokens, np.int32, _I32, "reserve", "ntokens")
         if ids.size != nt.size:
             raise BadArgument("pagedkv: bad argument: reserve: %d requests but %d token counts" % (ids.size, nt.size))
         rc = self._lib.pagedkv_reserve(self._handle, _addr(ids) if ids.size else None,
@@ -405,7 +411,7 @@ class Manager:
         if sampled is None:
             self._check(self._lib.pagedkv_commit(self._handle, None, 0))
             return
-        s = sampled if _is_c(sampled, np.int32) else np.ascontiguousarray(sampled, dtype=np.int32)
+        s = _ints(sampled, np.int32, _I32, "commit", "sampled")
         # A non-NULL pointer even for an empty list: it is checked against the batch.
         ptr = _addr(s) if s.size else ctypes.addressof(self._i64)
         self._check(self._lib.pagedkv_commit(self._handle, ptr, s.size))
@@ -433,12 +439,13 @@ class Manager:
 
     def evict(self, npages):
         freed = ctypes.c_int64(0)
+        npages = _scalar(npages, _I64, "evict", "npages")
         self._check(self._lib.pagedkv_evict(self._handle, npages, ctypes.byref(freed)))
         return freed.value
 
     def pin(self, tokens, *, tenant="", lora="", salt=""):
         """Pin the cached prefix of tokens; returns (pin_id, pinned_tokens)."""
-        t = np.ascontiguousarray(tokens, dtype=np.int32)
+        t = _ints(tokens, np.int32, _I32, "pin", "tokens")
         ns = _ffi.Namespace()
         _fill_ns(ns, tenant, lora, salt)
         pin, n = ctypes.c_uint64(0), ctypes.c_int64(0)
@@ -447,11 +454,12 @@ class Manager:
         return pin.value, n.value
 
     def unpin(self, pin_id):
-        self._check(self._lib.pagedkv_unpin(self._handle, pin_id))
+        self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
 
     # -- inspection (copies) --
 
     def request_state(self, request_id):
+        request_id = _scalar(request_id, _U64, "request_state", "request_id")
         self._check(self._lib.pagedkv_get_request_state(self._handle, request_id, ctypes.byref(self._state)))
         return RequestState(self._state)
 
@@ -472,11 +480,51 @@ class Manager:
 
     def _copy_out(self, fn, request_id):
         n = ctypes.c_int64(0)
+        request_id = _scalar(request_id, _U64, "tokens/pages", "request_id")
         self._check(fn(self._handle, request_id, None, 0, ctypes.byref(n)))
         out = np.empty(n.value, dtype=np.int32)
         if n.value:
             self._check(fn(self._handle, request_id, _addr(out), n.value, ctypes.byref(n)))
         return out[: n.value]
+
+
+_I32 = (-(1 << 31), (1 << 31) - 1)
+_U64 = (0, (1 << 64) - 1)
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _ints(x, dtype, bounds, op, name):
+    """x as a C-contiguous 1-D array of dtype, or BadArgument naming the bad
+    value (numpy would wrap out-of-range values silently)."""
+    if _is_c(x, dtype) and x.ndim == 1:
+        return x
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise BadArgument("pagedkv: bad argument: %s: %s must be 1-D, got shape %s" % (op, name, a.shape))
+    if a.size == 0:
+        return np.zeros(0, dtype=dtype)
+    if a.dtype.kind not in "iu":
+        if a.dtype == object and all(isinstance(v, int) for v in a.tolist()):
+            vals = a.tolist()
+            lo, hi = min(vals), max(vals)
+        else:
+            raise BadArgument("pagedkv: bad argument: %s: %s must hold integers, got dtype %s" % (op, name, a.dtype))
+    else:
+        lo, hi = int(a.min()), int(a.max())
+    for v in (lo, hi):
+        if not bounds[0] <= v <= bounds[1]:
+            i = a.tolist().index(v)
+            raise BadArgument("pagedkv: bad argument: %s: %s[%d] = %d does not fit %s"
+                              % (op, name, i, v, np.dtype(dtype).name))
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _scalar(x, bounds, op, name):
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise BadArgument("pagedkv: bad argument: %s: %s = %r is not an integer" % (op, name, x))
+    if not bounds[0] <= int(x) <= bounds[1]:
+        raise BadArgument("pagedkv: bad argument: %s: %s = %d is out of range" % (op, name, x))
+    return int(x)
 
 
 def _is_c(a, dtype):
