@@ -79,6 +79,8 @@ var allowedImports = map[string][]string{
 	"fuzz":         {"*"},
 	// The Go half of tools/xformers_crosscheck.py (run by hand).
 	"tools/xformerscheck": {"ragged"},
+	// The C ABI (package main, built as libpagedkv): the Manager only.
+	"cabi": {""},
 }
 
 // neverImportedBy are negative rules: no module package may import these
@@ -86,7 +88,7 @@ var allowedImports = map[string][]string{
 var onlyImportedBy = map[string][]string{
 	"internal/reference": {"kernels/kernelstest", "fuzz", "cmd/pagedkv", "internal/sim"},
 	"fuzz":               {},
-	"":                   {"cmd/pagedkv", "fuzz", "internal/sim", "metrics"},
+	"":                   {"cmd/pagedkv", "fuzz", "internal/sim", "metrics", "cabi"},
 	"gorgonia.org/cu":    {"kernels/cuda"},
 	// Metrics are exported by the metrics package and the CLI, never from
 	// the library's core.
