@@ -156,6 +156,6 @@ def test_random_loop_fake_kv(seed, window):
     for _ in range(300):
         h.op()
     s = h.m.stats()
-    assert s.steps > 50 and s.prompt_hit_tokens > 0 and s.preemptions > 0, s
+    assert s.steps > 30 and s.prompt_hit_tokens > 0 and s.preemptions > 0, s
     assert h.failed_calls > 30
     h.m.close()
