@@ -199,7 +199,10 @@ type Manager struct {
 	epoch      uint64
 	batch      []*request
 	seqs       []pagetable.SeqID
-	ntokens    []int32
+	ntokens    []int32 // per batch member: tokens reserved, drafts included
+	drafts     []int32 // per batch member: draft tokens reserved (the last drafts[b] of ntokens[b])
+	spec       bool    // some member has drafts
+	lastPages  []lastPage
 	plan       Plan
 	csr        pagetable.CSR
 	appendCSR  pagetable.AppendCSR

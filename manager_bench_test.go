@@ -204,3 +204,105 @@ func (n *naiveManager) step(ids []RequestID) (kvIndptr, kvIndices, lastPageLen, 
 	}
 	return
 }
+
+// specBench is a batch of requests decoding with k drafts per step; each
+// step accepts (b+step)%(k+1) drafts of request b and samples a bonus
+// token, so rollback runs every step. Requests that reach maxLen are
+// replaced on a cached prompt.
+type specBench struct {
+	m        *Manager
+	ids      []RequestID
+	nt       []int32
+	drafts   [][]int32
+	accepted []int32
+	sampled  []int32
+	next     RequestID
+	step     int
+}
+
+func newSpecBench(tb testing.TB, nreq, k int) *specBench {
+	const ps, promptLen, maxLen = 16, 64, 1024
+	s := &specBench{m: mustNew(tb, Config{NumPages: nreq*(maxLen+ps)/ps + 64, PageSize: ps, HashSeed: 1}),
+		ids: make([]RequestID, nreq), nt: make([]int32, nreq), drafts: make([][]int32, nreq),
+		accepted: make([]int32, nreq), sampled: make([]int32, nreq)}
+	for i := range s.ids {
+		s.admit(tb, i)
+		s.drafts[i] = make([]int32, k)
+	}
+	return s
+}
+
+func (s *specBench) admit(tb testing.TB, i int) {
+	const promptLen, maxLen = 64, 1024
+	s.ids[i] = s.next
+	s.next++
+	if _, err := s.m.Add(s.ids[i], Request{Prompt: seqTokens(i*7919, promptLen), CapacityTokens: maxLen + 64}); err != nil {
+		tb.Fatal(err)
+	}
+	if c := s.m.Computed(s.ids[i]); c < promptLen {
+		if _, err := s.m.Reserve(s.ids[i:i+1], []int32{int32(promptLen - c)}); err != nil {
+			tb.Fatal(err)
+		}
+		if err := s.m.Commit(nil); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := s.m.Extend(s.ids[i], 1); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// run does one speculative step (k == 0: a plain Reserve/Commit).
+func (s *specBench) run(tb testing.TB) {
+	const maxLen = 1024
+	s.step++
+	for i, id := range s.ids {
+		if len(s.m.Tokens(id)) >= maxLen {
+			if err := s.m.Release(id); err != nil {
+				tb.Fatal(err)
+			}
+			s.admit(tb, i)
+			id = s.ids[i]
+		}
+		s.nt[i] = int32(len(s.m.Tokens(id)) - s.m.Computed(id))
+		for j := range s.drafts[i] {
+			s.drafts[i][j] = int32(i + j + s.step)
+		}
+		s.accepted[i] = int32((i + s.step) % (len(s.drafts[i]) + 1))
+		s.sampled[i] = int32(i)
+	}
+	if len(s.drafts[0]) == 0 {
+		if _, err := s.m.Reserve(s.ids, s.nt); err != nil {
+			tb.Fatal(err)
+		}
+		if err := s.m.Commit(s.sampled); err != nil {
+			tb.Fatal(err)
+		}
+		return
+	}
+	if _, err := s.m.ReserveSpec(s.ids, s.nt, s.drafts); err != nil {
+		tb.Fatal(err)
+	}
+	if err := s.m.CommitSpec(s.accepted, s.sampled); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// BenchmarkSpecStep measures a speculative step with k = 4 drafts per
+// request (ReserveSpec of 5 rows, CommitSpec with rollback of the rejected
+// ones), per request, beside a plain decode step (k = 0, one row) in the
+// same run: the difference is the cost of the drafts' rows and rollback.
+func BenchmarkSpecStep(b *testing.B) {
+	const nreq = 256
+	for _, k := range []int{0, 4} {
+		b.Run(fmt.Sprintf("k=%d/requests=%d", k, nreq), func(b *testing.B) {
+			s := newSpecBench(b, nreq, k)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				s.run(b)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(nreq), "ns/request")
+		})
+	}
+}

@@ -40,6 +40,7 @@ type mgrHarness struct {
 	ps     int
 	kv     []uint64 // [page*ps + entry]
 	spaces []Namespace
+	spec   bool
 	ids    []RequestID // live requests, in creation order
 	nextID RequestID
 	pins   [][2]uint64 // real PinID, model pin
@@ -48,6 +49,9 @@ type mgrHarness struct {
 type mgrHarnessConfig struct {
 	window int
 	hash   func(uint64, []int32) uint64
+	// spec turns some steps into speculative steps (ReserveSpec/CommitSpec
+	// with random drafts and accept counts) and some extends into Truncate.
+	spec bool
 }
 
 const (
@@ -66,6 +70,7 @@ func newMgrHarness(t testing.TB, hc mgrHarnessConfig) *mgrHarness {
 		ref: reference.NewManagerModel(reference.ManagerModelConfig{NumPages: mhNumPages, PageSize: mhPageSize,
 			WindowTokens: hc.window, Priorities: mhPrios, MaxPinnedPages: mhMaxPinned}),
 		spaces: []Namespace{{}, {Tenant: "a"}, {Tenant: "a", LoRA: "x"}},
+		spec:   hc.spec,
 	}
 }
 
@@ -171,6 +176,10 @@ func (h *mgrHarness) step(op, a, b, c, d byte) {
 		require.Equal(h.t, want, got, "add %d: matched tokens", id)
 		h.ids = append(h.ids, id)
 	case mopStep:
+		if h.spec && c%2 == 1 {
+			h.runSpecStep(a, b, c, d)
+			break
+		}
 		h.runStep(a, b, c, d)
 	case mopFork:
 		if p, ok := h.pick(a, running); ok {
@@ -221,6 +230,10 @@ func (h *mgrHarness) step(op, a, b, c, d byte) {
 			h.pins = slices.Delete(h.pins, i, i+1)
 		}
 	case mopExtend:
+		if h.spec && b%3 == 0 {
+			h.truncate(a, c)
+			break
+		}
 		if id, ok := h.pick(a, func(RequestID) bool { return true }); ok {
 			more := promptOf(int(b)%8, 2+int(c)%5)
 			h.same("extend", h.m.Extend(id, more...), h.ref.Extend(uint64(id), more))
@@ -350,6 +363,7 @@ func (h *mgrHarness) verify(step int) {
 		Steps: s.Steps, Preemptions: s.Preemptions, CopiedPages: s.CopiedPages, PublishedPages: s.PublishedPages,
 		DuplicatePages: s.DuplicatePages, EvictedPages: s.EvictedPages, EvictionFreedPages: s.EvictionFreedPages,
 		InnerVictims: s.InnerVictims, WindowReleasedPages: s.WindowReleasedPages, ChainsCut: s.ChainsCut,
+		DraftTokens: s.DraftTokens, AcceptedDraftTokens: s.AcceptedDraftTokens,
 	}
 	if got != ms {
 		require.Equal(h.t, ms, got, "stats after step %d", step)
@@ -402,6 +416,8 @@ func mgrVariants() map[string]mgrHarnessConfig {
 		"window-6":            {window: 6},
 		"full-colliding-hash": {hash: func(_ uint64, t []int32) uint64 { return uint64(t[0] % 3) }},
 		"window-9-colliding":  {window: 9, hash: func(uint64, []int32) uint64 { return 1 }},
+		"full-spec":           {spec: true},
+		"window-7-spec":       {window: 7, spec: true},
 	}
 }
 
@@ -430,6 +446,8 @@ func TestManagerMatchesModel(t *testing.T) {
 				stats.WindowReleasedPages += s.WindowReleasedPages
 				stats.ChainsCut += s.ChainsCut
 				stats.InnerVictims += s.InnerVictims
+				stats.DraftTokens += s.DraftTokens
+				stats.AcceptedDraftTokens += s.AcceptedDraftTokens
 			}
 			// The workload must exercise what it claims to.
 			require.Positive(t, stats.Steps)
@@ -439,6 +457,10 @@ func TestManagerMatchesModel(t *testing.T) {
 			require.Positive(t, stats.CopiedPages, "no copy-on-write")
 			if hc.window > 0 {
 				require.Positive(t, stats.WindowReleasedPages, "no window release")
+			}
+			if hc.spec {
+				require.Positive(t, stats.AcceptedDraftTokens, "no accepted draft")
+				require.Less(t, stats.AcceptedDraftTokens, stats.DraftTokens, "no rejected draft")
 			}
 			t.Logf("%d runs: %d steps, %d preemptions, %d hit tokens, %d evicted, %d copies, %d window-released, %d chains cut, %d inner victims",
 				runs, stats.Steps, stats.Preemptions, stats.PromptHitTokens, stats.EvictedPages, stats.CopiedPages,
@@ -477,7 +499,8 @@ func FuzzManager(f *testing.F) {
 	f.Add(cmds(1, [5]byte{mopAdd, 0, 3, 19, 2}, [5]byte{mopStep, 1, 0, 6, 0}, [5]byte{mopStep, 1, 0, 6, 0},
 		[5]byte{mopStep, 1, 0, 6, 0}, [5]byte{mopStep, 1, 0, 6, 0}, [5]byte{mopPin, 0, 3, 19, 0},
 		[5]byte{mopRelease, 0, 0, 0, 0}, [5]byte{mopEvict, 3, 0, 0, 0}, [5]byte{mopUnpin, 0, 0, 0, 0}))
-	variants := []mgrHarnessConfig{{}, {window: 6}, {hash: func(uint64, []int32) uint64 { return 1 }}}
+	variants := []mgrHarnessConfig{{}, {window: 6}, {hash: func(uint64, []int32) uint64 { return 1 }},
+		{spec: true}, {window: 7, spec: true}}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) == 0 {
 			return

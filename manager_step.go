@@ -31,6 +31,9 @@ type Plan struct {
 	// arguments: row i goes to token Positions[i] of request
 	// BatchIndices[i], counted from the request's first held page.
 	BatchIndices, Positions []int32
+	// Drafts [B] is how many of request b's rows are draft tokens (the last
+	// Drafts[b] of them; see [Manager.ReserveSpec]); all zero for Reserve.
+	Drafts []int32
 	// TokenIDs [nnz] are the tokens of the rows; TokenPositions [nnz] their
 	// absolute positions in their requests (for RoPE). TokenPositions[i] ==
 	// Positions[i] unless a sliding window released leading pages.
@@ -70,15 +73,25 @@ type Plan struct {
 // After the engine has run the step, [Manager.Commit] records it;
 // [Manager.Abort] undoes it.
 func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
+	return m.reserve(ids, ntokens, nil)
+}
+
+// reserve is Reserve and [Manager.ReserveSpec]: drafts is nil or has one
+// (possibly empty) list of draft tokens per request.
+func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Plan, error) {
 	if m.pending {
 		return nil, fmt.Errorf("%w: reserve", ErrStepPending)
 	}
 	if len(ids) != len(ntokens) {
 		return nil, fmt.Errorf("%w: reserve: %d requests but %d token counts", ErrBadArgument, len(ids), len(ntokens))
 	}
+	if drafts != nil && len(drafts) != len(ids) {
+		return nil, fmt.Errorf("%w: reserve: %d requests but %d draft lists", ErrBadArgument, len(ids), len(drafts))
+	}
 	m.epoch++
 	batch, seqs := m.batch[:0], m.seqs[:0]
 	var slots int64 // token slots of the batch's pages after the step
+	counts, ndrafts := m.ntokens[:0], m.drafts[:0]
 	for i, id := range ids {
 		r, ok := m.reqs[id]
 		switch {
@@ -95,13 +108,33 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 			return nil, fmt.Errorf("%w: reserve: ntokens[%d] = %d takes request %d past %d tokens",
 				ErrBadArgument, i, ntokens[i], id, MaxRequestTokens)
 		}
-		held := int64(r.computed-r.start) + int64(ntokens[i])
+		d := 0
+		if drafts != nil {
+			d = len(drafts[i])
+		}
+		if d > 0 {
+			if r.computed+int(ntokens[i]) != len(r.tokens) {
+				return nil, fmt.Errorf("%w: reserve: drafts[%d] has %d tokens, but request %d still has %d known tokens after this step's %d",
+					ErrBadArgument, i, d, id, len(r.tokens)-r.computed-int(ntokens[i]), ntokens[i])
+			}
+			if d > maxDrafts || int64(r.computed)+int64(ntokens[i])+int64(d) > MaxRequestTokens {
+				return nil, fmt.Errorf("%w: reserve: drafts[%d] has %d tokens, want at most %d (and at most %d tokens in the request)", ErrBadArgument, i, d, maxDrafts, MaxRequestTokens)
+			}
+			for k, t := range drafts[i] {
+				if t < 0 {
+					return nil, fmt.Errorf("%w: reserve: drafts[%d][%d] = %d is negative", ErrBadArgument, i, k, t)
+				}
+			}
+		}
+		held := int64(r.computed-r.start) + int64(ntokens[i]) + int64(d)
 		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
 		r.mark = m.epoch
 		batch = append(batch, r)
 		seqs = append(seqs, r.seq())
+		counts = append(counts, ntokens[i]+int32(d))
+		ndrafts = append(ndrafts, int32(d))
 	}
-	m.batch, m.seqs = batch, seqs
+	m.batch, m.seqs, m.ntokens, m.drafts = batch, seqs, counts, ndrafts
 	if slots >= maxBatchTokenSlots {
 		// Shared pages count once per request (FlashInfer indexes each
 		// request's pages separately), so forks can exceed the pool.
@@ -109,7 +142,7 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 			ErrBadArgument, len(ids), slots, int64(maxBatchTokenSlots))
 	}
 
-	need := m.pagesNeeded(batch, ntokens)
+	need := m.pagesNeeded(batch, counts)
 	free := m.alloc.NumFree()
 	if need > free {
 		evictable, _ := m.cache.Idle()
@@ -119,8 +152,23 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 		}
 		m.cache.Evict(need - free)
 		free = m.alloc.NumFree()
+		// Eviction may have taken a cached partial last page (one a request
+		// truncated into) from the cache, so it needs no copy any more.
+		need = m.pagesNeeded(batch, counts)
 	}
-	copies, err := m.table.Reserve(m.plan.Copies[:0], seqs, ntokens)
+	// Nothing below fails. Drafts join the tokens for the step; Commit keeps
+	// the accepted ones.
+	m.spec = false
+	for i, r := range batch {
+		if ndrafts[i] > 0 {
+			m.spec = true
+			r.tokens = append(r.tokens, drafts[i]...)
+		}
+	}
+	if m.spec {
+		m.noteLastPages()
+	}
+	copies, err := m.table.Reserve(m.plan.Copies[:0], seqs, counts)
 	if err != nil {
 		// Validated above and the pages are there: the page table and this
 		// Manager disagree.
@@ -131,11 +179,15 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 			panic(fmt.Sprintf("pagedkv: the step took %d pages, pagesNeeded said %d", got, need))
 		}
 	}
-	m.ntokens = append(m.ntokens[:0], ntokens...)
 	for i, r := range batch {
-		if ntokens[i] > 0 {
+		if counts[i] > 0 {
 			r.lastMaybeShared = false
 		}
+	}
+	for _, c := range copies {
+		// A cached page a request truncated into and copied away from may
+		// be idle now.
+		m.cache.Recheck(c.Src)
 	}
 	m.fillPlan(copies)
 	m.pending = true
@@ -195,6 +247,7 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 		p.Requests = append(p.Requests, r.id)
 	}
 	p.Copies = copies
+	p.Drafts = m.drafts
 	p.QOIndptr, p.BatchIndices, p.Positions = m.appendCSR.AppendIndptr, m.appendCSR.BatchIndices, m.appendCSR.Positions
 	p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.SeqLens = m.csr.KVIndptr, m.csr.KVPageIndices, m.csr.KVLastPageLen, m.csr.SeqLens
 	nnz := len(p.Positions)
@@ -226,6 +279,15 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 // sampled only by a request whose step reached the end of its known tokens.
 // On error nothing changes and the step stays pending.
 func (m *Manager) Commit(sampled []int32) error {
+	if m.pending && m.spec {
+		return fmt.Errorf("%w: commit: the step has draft tokens; commit it with CommitSpec", ErrBadArgument)
+	}
+	return m.commit(nil, sampled)
+}
+
+// commit is Commit and [Manager.CommitSpec]; accepted is nil for a step
+// without drafts.
+func (m *Manager) commit(accepted, sampled []int32) error {
 	if !m.pending {
 		return fmt.Errorf("%w: commit", ErrNoStep)
 	}
@@ -243,6 +305,9 @@ func (m *Manager) Commit(sampled []int32) error {
 				ErrBadArgument, b, t, r.id, len(r.tokens)-r.computed-int(m.ntokens[b]))
 		}
 	}
+	if accepted != nil {
+		m.rollbackDrafts(accepted)
+	}
 	nnz := int64(0)
 	for b, r := range m.batch {
 		r.computed += int(m.ntokens[b])
@@ -253,7 +318,7 @@ func (m *Manager) Commit(sampled []int32) error {
 		}
 		m.releaseWindow(r)
 	}
-	m.pending = false
+	m.pending, m.spec = false, false
 	m.counters.steps++
 	m.counters.computedTokens += nnz
 	m.afterChange()
@@ -301,7 +366,8 @@ func (m *Manager) publish(r *request) {
 }
 
 // Abort undoes the reserved step: every request gets back its length before
-// Reserve and the pages reserved for the step are released. Copy-on-write
+// Reserve (and loses its draft tokens) and the pages reserved for the step
+// are released. Copy-on-write
 // moves are kept, so the engine must have performed [Plan.Copies] (the first
 // thing a step does); if it may not have, Preempt the step's requests
 // after Abort instead of running them again.
@@ -313,8 +379,9 @@ func (m *Manager) Abort() error {
 		if err := m.table.Truncate(r.seq(), m.table.Len(r.seq())-int(m.ntokens[b])); err != nil {
 			panic(fmt.Sprintf("pagedkv: aborting the step of request %d: %v", r.id, err))
 		}
+		r.tokens = r.tokens[:len(r.tokens)-int(m.drafts[b])]
 	}
-	m.pending = false
+	m.pending, m.spec = false, false
 	m.afterChange()
 	return nil
 }

@@ -52,6 +52,11 @@ type Stats struct {
 	InnerVictims        int64 // eviction victims that had children (see prefixcache.Counters)
 	WindowReleasedPages int64 // pages a sliding window released from requests
 	ChainsCut           int64 // requests whose cache chain was evicted (they stop publishing)
+
+	// Speculative decoding (CommitSpec). Rejected drafts are not in
+	// ComputedTokens; accepted ones are.
+	DraftTokens         int64 // draft tokens committed steps verified
+	AcceptedDraftTokens int64 // of those, accepted
 }
 
 // HitRate returns PromptHitTokens / PromptTokens: the share of admitted
@@ -71,6 +76,7 @@ func (s Stats) RecomputedTokens() int64 { return s.ResumedTokens - s.ResumeHitTo
 type counters struct {
 	promptTokens, promptHitTokens, computedTokens, resumedTokens, resumeHitTokens int64
 	steps, preemptions, copiedPages, windowReleasedPages, chainsCut               int64
+	draftTokens, acceptedDraftTokens                                              int64
 }
 
 // Stats returns a consistent snapshot. Unlike every other method it is safe
@@ -111,6 +117,8 @@ const (
 	fInnerVictims
 	fWindowReleased
 	fChainsCut
+	fDrafts
+	fAcceptedDrafts
 	numStatFields
 )
 
@@ -162,6 +170,7 @@ func (m *Manager) snapshot(v *[numStatFields]int64) {
 		fPublished: cc.Published, fDuplicates: cc.Duplicates,
 		fEvicted: cc.Evicted, fEvictionFreed: cc.Freed, fInnerVictims: cc.InnerVictims,
 		fWindowReleased: c.windowReleasedPages, fChainsCut: c.chainsCut,
+		fDrafts: c.draftTokens, fAcceptedDrafts: c.acceptedDraftTokens,
 	}
 }
 
@@ -177,6 +186,7 @@ func statsFromFields(v *[numStatFields]int64) Stats {
 		PublishedPages: v[fPublished], DuplicatePages: v[fDuplicates],
 		EvictedPages: v[fEvicted], EvictionFreedPages: v[fEvictionFreed], InnerVictims: v[fInnerVictims],
 		WindowReleasedPages: v[fWindowReleased], ChainsCut: v[fChainsCut],
+		DraftTokens: v[fDrafts], AcceptedDraftTokens: v[fAcceptedDrafts],
 	}
 }
 

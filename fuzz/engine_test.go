@@ -34,7 +34,12 @@ import (
 //	evict    a: pages wanted 1..8
 //	pin      a%3: prompt family, a>>2%2: namespace, b: length
 //	unpin    a: pin (255: unknown)
-var engineOps = OpSet{"add", "step", "abort", "fork", "extend", "release", "preempt", "resume", "evict", "pin", "unpin"}
+//	spec     as step, but each request whose chunk reaches the end of its
+//	         known tokens adds 0..3 drafts (ReserveSpec); a random prefix
+//	         of them is accepted (CommitSpec), c&0x40: abort instead
+//	truncate a: request, b: tokens cut 0..2*pageSize (past 0: must fail)
+var engineOps = OpSet{"add", "step", "abort", "fork", "extend", "release", "preempt", "resume", "evict", "pin", "unpin",
+	"spec", "truncate"}
 
 // engineGeom is the header of a FuzzEngine input.
 type engineGeom struct {
@@ -94,6 +99,10 @@ func FuzzEngine(f *testing.F) {
 		// Fork of a partial page, both branches in one step (copy-on-write),
 		// an aborted step, cascade plans on a colliding hash.
 		{engineGeom{0x4c, 3, 20, 1}, ops.Prog("add", 0, 9, 0, "step", 0, 9, 0, "step", 0, 1, 0, "fork", 0, 0, 0, "fork", 0, 0, 0, "step", 0, 1, 2, "abort", 1, 1, 1, "step", 0, 1, 2)},
+		// Speculative steps after a fork (both branches share a partial
+		// page), a truncation into a cached page, an aborted speculative step.
+		{engineGeom{0x00, 3, 20, 1}, ops.Prog("add", 0, 9, 0, "step", 0, 9, 0, "fork", 0, 0, 0, "spec", 0, 1, 1, "spec", 0, 1, 1,
+			"truncate", 0, 5, 0, "spec", 0, 3, 0x41, "spec", 0, 3, 0, "truncate", 1, 1, 0, "spec", 0, 0, 1)},
 		// Two namespaces on one prompt never share pages; NoCache requests.
 		{engineGeom{0x10, 2, 20, 0}, ops.Prog("add", 0, 8, 0, "step", 0, 8, 0, "add", 4, 8, 0, "step", 1, 8, 0, "add", 0, 8, 0x80, "step", 2, 8, 0, "add", 4, 8, 0, "step", 3, 8, 0)},
 	} {
@@ -249,6 +258,14 @@ func (h *engineHarness) run(c Cmd) {
 		}
 	case "step", "abort":
 		h.runStep(c, &r, engineOps[c.Op] == "abort")
+	case "spec":
+		h.runSpecStep(c, &r)
+	case "truncate":
+		id := h.pick(c.A)
+		n := len(h.m.Tokens(id)) - int(c.B)%(2*ps+1)
+		if h.sameClass(fmt.Sprintf("truncate %d to %d", id, n), h.m.Truncate(id, n), h.ref.Truncate(uint64(id), n)) {
+			h.seen["truncate"]++
+		}
 	case "fork":
 		parent, child := h.pick(c.A), h.nextID
 		if c.B%4 == 3 && len(h.ids) > 0 {
@@ -381,6 +398,75 @@ func (h *engineHarness) runStep(c Cmd, r *chooser, abort bool) {
 		h.fatalf("commit of a reserved step failed")
 	}
 	h.seen["step"]++
+}
+
+// runSpecStep is runStep for a speculative step: requests whose chunk
+// reaches the end of their known tokens get 0..3 drafts, the engine
+// appends every row (drafts too), and CommitSpec keeps a random prefix of
+// each request's drafts. The model's CommitSpec is the plain step of the
+// accepted tokens, and verify reads every kept token's K/V back.
+func (h *engineHarness) runSpecStep(c Cmd, r *chooser) {
+	ps := h.g.PageSize
+	n := 1 + int(c.C)%4
+	ids := make([]pagedkv.RequestID, 0, n)
+	counts := make([]int32, 0, n)
+	var drafts [][]int32
+	for i := range n {
+		id := h.pick(c.A + uint8(i))
+		if slices.Contains(ids, id) && r.intn(8) != 0 {
+			continue
+		}
+		k := int(c.B) % (2*ps + 1)
+		var d []int32
+		if h.m.Running(id) {
+			left := len(h.m.Tokens(id)) - h.m.Computed(id)
+			k = min(k, left)
+			if k == left {
+				for range r.intn(4) {
+					d = append(d, int32(r.intn(3)))
+				}
+			}
+		}
+		ids, counts, drafts = append(ids, id), append(counts, int32(k)), append(drafts, d)
+	}
+	mids := make([]uint64, len(ids))
+	for i, id := range ids {
+		mids[i] = uint64(id)
+	}
+	plan, err := h.m.ReserveSpec(ids, counts, drafts)
+	mcopies, merr := h.ref.ReserveSpec(mids, counts, drafts)
+	if !h.sameClass(fmt.Sprintf("reserve spec %v %v %v", ids, counts, drafts), err, merr) {
+		return
+	}
+	if len(plan.Copies) != mcopies {
+		h.fatalf("reserve spec %v %v %v: %d copies, model %d", ids, counts, drafts, len(plan.Copies), mcopies)
+	}
+	for _, op := range plan.Copies {
+		h.copyEntries(op)
+	}
+	h.checkPlan(plan)
+	h.appendRows(plan)
+	if c.C&0x40 != 0 {
+		if !h.sameClass("abort", h.m.Abort(), h.ref.Abort()) {
+			h.fatalf("abort of a reserved speculative step failed")
+		}
+		return
+	}
+	accepted, sampled := make([]int32, len(ids)), make([]int32, len(ids))
+	for b, id := range ids {
+		accepted[b] = int32(r.intn(len(drafts[b]) + 1))
+		sampled[b] = pagedkv.NoToken
+		if h.m.Computed(id)+int(counts[b])+len(drafts[b]) == len(h.m.Tokens(id)) {
+			sampled[b] = int32(r.intn(3))
+		}
+		if accepted[b] < int32(len(drafts[b])) {
+			h.seen["draft rejected"]++
+		}
+	}
+	if !h.sameClass("commit spec", h.m.CommitSpec(accepted, sampled), h.ref.CommitSpec(accepted, sampled)) {
+		h.fatalf("commit of a reserved speculative step failed")
+	}
+	h.seen["spec step"]++
 }
 
 // checkPlan checks a step's arrays against the Manager's state, the

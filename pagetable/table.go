@@ -406,6 +406,38 @@ func (t *Table) Truncate(id SeqID, ntokens int) error {
 	return nil
 }
 
+// ReplaceLast makes page the last page of sequence id in place of the one
+// it holds, and returns the page it replaced. page gains a holder and the
+// old page loses one (returning to the pool if that was its last). It
+// undoes a copy-on-write whose copy held nothing worth keeping (the
+// Manager's rollback of rejected draft tokens): the caller guarantees that
+// page holds the sequence's entries of its last page. The sequence must
+// hold at least one page, page must be allocated and not already held by
+// the sequence; otherwise nothing changes.
+func (t *Table) ReplaceLast(id SeqID, page allocator.PageID) (old allocator.PageID, err error) {
+	s := t.lookup(id)
+	if s == nil {
+		return 0, fmt.Errorf("%w: replace last page of %d", ErrUnknownSeq, id)
+	}
+	n := len(s.pages)
+	if n == 0 {
+		return 0, fmt.Errorf("%w: replace last page of sequence %d, which holds no page", ErrBadArgument, id)
+	}
+	if slices.Contains(s.pages, page) {
+		return 0, fmt.Errorf("%w: replace last page of sequence %d with page %d, which it holds", ErrBadArgument, id, page)
+	}
+	if err := t.alloc.Retain(page); err != nil {
+		return 0, fmt.Errorf("pagetable: replace last page of sequence %d: %w", id, err)
+	}
+	old = s.pages[n-1]
+	s.pages[n-1] = page
+	t.release([]allocator.PageID{old})
+	if invariants.Enabled {
+		t.checkSeq(s)
+	}
+	return old, nil
+}
+
 // Release removes sequence id and releases its pages; pages left with no
 // holder return to the pool.
 func (t *Table) Release(id SeqID) error {

@@ -77,6 +77,7 @@ type ManagerModelStats struct {
 	Steps, Preemptions, CopiedPages, PublishedPages, DuplicatePages     int64
 	EvictedPages, EvictionFreedPages, InnerVictims, WindowReleasedPages int64
 	ChainsCut                                                           int64
+	DraftTokens, AcceptedDraftTokens                                    int64
 }
 
 // ManagerModel is the slow twin of pagedkv.Manager.
@@ -92,7 +93,9 @@ type ManagerModel struct {
 
 	pending    bool
 	stepIDs    []uint64
-	stepTokens []int32
+	stepTokens []int32   // tokens reserved, drafts included
+	stepDrafts [][]int32 // the step's drafts per member
+	snapshot   *mgrSnapshot
 
 	st ManagerModelStats // counters only; occupancy is computed in Stats
 }
@@ -491,10 +494,16 @@ func (m *ManagerModel) Unpin(id uint64) error {
 
 // Reserve reserves a step and returns the number of copy-on-write copies.
 func (m *ManagerModel) Reserve(ids []uint64, ntokens []int32) (copies int, err error) {
+	return m.ReserveSpec(ids, ntokens, nil)
+}
+
+// ReserveSpec reserves a speculative step: ntokens[i] known tokens, then
+// the draft tokens drafts[i], of request ids[i].
+func (m *ManagerModel) ReserveSpec(ids []uint64, ntokens []int32, drafts [][]int32) (copies int, err error) {
 	if m.pending {
 		return 0, ErrMgrStepPending
 	}
-	if len(ids) != len(ntokens) {
+	if len(ids) != len(ntokens) || drafts != nil && len(drafts) != len(ids) {
 		return 0, ErrMgrBadArgument
 	}
 	seen := map[uint64]bool{}
@@ -510,15 +519,48 @@ func (m *ManagerModel) Reserve(ids []uint64, ntokens []int32) (copies int, err e
 		case ntokens[i] < 0 || r.Computed+int(ntokens[i]) > len(r.Tokens):
 			return 0, ErrMgrBadArgument
 		}
+		if drafts != nil && len(drafts[i]) > 0 {
+			if r.Computed+int(ntokens[i]) != len(r.Tokens) || len(drafts[i]) > 1<<12 {
+				return 0, ErrMgrBadArgument
+			}
+			if err := validTokens(drafts[i]); err != nil {
+				return 0, err
+			}
+		}
 		seen[id] = true
 	}
+	counts := slices.Clone(ntokens)
+	m.stepDrafts = make([][]int32, len(ids))
+	for i := range ids {
+		if drafts != nil {
+			counts[i] += int32(len(drafts[i]))
+			m.stepDrafts[i] = slices.Clone(drafts[i])
+		}
+	}
+	need, cow := m.stepNeed(ids, counts)
+	if need > m.numFree() {
+		if need > m.numFree()+m.evictable() {
+			return 0, ErrMgrOutOfPages
+		}
+		m.evict(need - m.numFree())
+		need, cow = m.stepNeed(ids, counts) // an evicted partial page needs no copy
+	}
+	m.snapshot = m.save(ids)
+	for i, id := range ids {
+		r := m.reqs[id]
+		r.Tokens = append(r.Tokens, m.stepDrafts[i]...)
+	}
+	return m.reserve(ids, counts, cow), nil
+}
+
+// stepNeed returns the pages a step takes and which members copy.
+func (m *ManagerModel) stepNeed(ids []uint64, ntokens []int32) (need int, cow []bool) {
 	// Which requests copy their shared partial last page: with the counts
 	// before the step, of k members sharing one, the first k-1 copy unless
 	// holders outside the step keep it shared anyway.
 	ps := m.cfg.PageSize
-	cow := make([]bool, len(ids))
+	cow = make([]bool, len(ids))
 	copiedAway := map[int32]int{}
-	need := 0
 	for i, id := range ids {
 		r := m.reqs[id]
 		n := int(ntokens[i])
@@ -533,12 +575,12 @@ func (m *ManagerModel) Reserve(ids []uint64, ntokens []int32) (copies int, err e
 			}
 		}
 	}
-	if need > m.numFree() {
-		if need > m.numFree()+m.evictable() {
-			return 0, ErrMgrOutOfPages
-		}
-		m.evict(need - m.numFree())
-	}
+	return need, cow
+}
+
+// reserve applies a step that has its pages.
+func (m *ManagerModel) reserve(ids []uint64, ntokens []int32, cow []bool) (copies int) {
+	ps := m.cfg.PageSize
 	for i, id := range ids {
 		r := m.reqs[id]
 		n := int(ntokens[i])
@@ -546,6 +588,7 @@ func (m *ManagerModel) Reserve(ids []uint64, ntokens []int32) (copies int, err e
 			old := r.Pages[len(r.Pages)-1]
 			r.Pages[len(r.Pages)-1] = m.allocPage()
 			m.unref(old)
+			m.recheck(old)
 			copies++
 		}
 		for (r.Length-r.Start+n+ps-1)/ps > len(r.Pages) {
@@ -556,13 +599,18 @@ func (m *ManagerModel) Reserve(ids []uint64, ntokens []int32) (copies int, err e
 	m.pending = true
 	m.stepIDs, m.stepTokens = slices.Clone(ids), slices.Clone(ntokens)
 	m.st.CopiedPages += int64(copies)
-	return copies, nil
+	return copies
 }
 
 // Commit records the reserved step.
 func (m *ManagerModel) Commit(sampled []int32) error {
 	if !m.pending {
 		return ErrMgrNoStep
+	}
+	for _, d := range m.stepDrafts {
+		if len(d) > 0 {
+			return ErrMgrBadArgument
+		}
 	}
 	if sampled != nil && len(sampled) != len(m.stepIDs) {
 		return ErrMgrBadArgument
@@ -632,6 +680,7 @@ func (m *ManagerModel) Abort() error {
 			m.unref(p)
 		}
 		r.Pages = slices.Clone(r.Pages[:keep])
+		r.Tokens = r.Tokens[:len(r.Tokens)-len(m.stepDrafts[b])]
 	}
 	m.pending = false
 	return nil
