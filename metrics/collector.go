@@ -87,6 +87,10 @@ func definitions() []metric {
 			series: one(func(s *pagedkv.Stats) float64 { return float64(s.WindowReleasedPages) })},
 		{name: "chains_cut_total", help: "Requests whose prefix-cache chain was evicted (they stop publishing).", typ: c,
 			series: one(func(s *pagedkv.Stats) float64 { return float64(s.ChainsCut) })},
+		{name: "draft_tokens_total", help: "Speculative draft tokens verified by committed steps.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.DraftTokens) })},
+		{name: "accepted_draft_tokens_total", help: "Speculative draft tokens accepted.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.AcceptedDraftTokens) })},
 	}
 }
 

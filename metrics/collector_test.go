@@ -61,10 +61,12 @@ func TestCollectorExposition(t *testing.T) {
 	// Field numbers: TotalPages 1, FreePages 2, UsedPages 3, ... (the
 	// order of pagedkv.Stats), so each line shows which field it reads.
 	want := []string{
+		`pagedkv_accepted_draft_tokens_total{pool="gpu0"} 27`,
 		`pagedkv_cached_pages{pool="gpu0"} 6`,
 		`pagedkv_chains_cut_total{pool="gpu0"} 25`,
 		`pagedkv_computed_tokens_total{pool="gpu0"} 13`,
 		`pagedkv_copied_pages_total{pool="gpu0"} 18`,
+		`pagedkv_draft_tokens_total{pool="gpu0"} 26`,
 		`pagedkv_duplicate_pages_total{pool="gpu0"} 20`,
 		`pagedkv_evicted_pages_total{pool="gpu0"} 21`,
 		`pagedkv_eviction_freed_pages_total{pool="gpu0"} 22`,

@@ -15,11 +15,14 @@
 //	_resumed_tokens_total, _resume_hit_tokens_total, _steps_total, _preemptions_total,
 //	_copied_pages_total, _published_pages_total, _duplicate_pages_total,
 //	_evicted_pages_total, _eviction_freed_pages_total, _eviction_inner_victims_total,
-//	_window_released_pages_total, _chains_cut_total
+//	_window_released_pages_total, _chains_cut_total, _draft_tokens_total,
+//	_accepted_draft_tokens_total
 //	                                          counter
 //
 // The prefix-cache hit rate over a window is
-// rate(pagedkv_prompt_hit_tokens_total[5m]) / rate(pagedkv_prompt_tokens_total[5m]).
+// rate(pagedkv_prompt_hit_tokens_total[5m]) / rate(pagedkv_prompt_tokens_total[5m]),
+// and the speculative acceptance rate
+// rate(pagedkv_accepted_draft_tokens_total[5m]) / rate(pagedkv_draft_tokens_total[5m]).
 //
 // # Invariants
 //
