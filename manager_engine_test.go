@@ -142,8 +142,9 @@ func requireClose(t testing.TB, want, got []float32, tol float64, msg string) {
 	t.Helper()
 	require.Len(t, got, len(want), msg)
 	for i := range want {
-		if math.Abs(float64(want[i]-got[i])) > tol {
-			require.InDeltaSlice(t, want, got, tol, "%s: first difference at %d", msg, i)
+		// !(d <= tol), not d > tol: a NaN or infinite value must fail.
+		if d := math.Abs(float64(want[i]) - float64(got[i])); !(d <= tol) {
+			t.Fatalf("%s: element %d is %v, want %v within %g (first of the differences)", msg, i, got[i], want[i], tol)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package pagedkv
 
 import (
 	"math"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -53,4 +54,34 @@ func TestEvictStopsWhenEnoughAreFree(t *testing.T) {
 	require.Equal(t, 3, m.Evict(100), "everything evictable")
 	require.Equal(t, 32, m.Stats().FreePages)
 	require.NoError(t, m.Audit())
+}
+
+// recordTB records a Fatalf instead of failing the test.
+type recordTB struct {
+	testing.TB
+	failed bool
+}
+
+func (r *recordTB) Helper() {}
+func (r *recordTB) Fatalf(string, ...any) {
+	r.failed = true
+	runtime.Goexit()
+}
+
+// requireClose, the engine tests' comparison, must fail on NaN and ±Inf
+// where a finite value is expected (math.Abs(NaN) > tol is false).
+func TestRequireCloseFailsOnNonFinite(t *testing.T) {
+	for _, bad := range []float32{float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 1} {
+		rec := &recordTB{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			requireClose(rec, []float32{0.5, 0.25}, []float32{0.5, bad}, 1e-3, "probe")
+		}()
+		<-done
+		require.True(t, rec.failed, "requireClose accepted %v for 0.25", bad)
+	}
+	rec := &recordTB{TB: t}
+	requireClose(rec, []float32{0.5}, []float32{0.5004}, 1e-3, "probe")
+	require.False(t, rec.failed)
 }

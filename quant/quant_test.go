@@ -284,7 +284,7 @@ func checkBound(t *testing.T, cfg quant.Config, x, y []float32, codes, scales []
 			} else if c := float64(cfg.CodeAt(codes, i)); got != c*s {
 				t.Errorf("%+v: dequantised %g is not code*scale %g exactly", cfg, got, c*s)
 			}
-			if err := math.Abs(v - got); err > s/2+slack {
+			if err := math.Abs(v - got); !(err <= s/2+slack) { // NaN fails too
 				t.Errorf("%+v x[%d]=%g (group amax %g): |x - x'| = %g > scale/2 = %g", cfg, i, v, amax, err, s/2)
 			}
 			checked++

@@ -12,6 +12,7 @@ import (
 
 func init() {
 	registerBackend("cuda", backendFactory{
+		stub:    true,
 		summary: "the CUDA kernels on a GPU (needs a build with -tags cuda)",
 		open: func() (kernels.Backend, error) {
 			return nil, fmt.Errorf("this pagedkv was built without -tags cuda (go build -tags cuda ./cmd/pagedkv on a machine with the CUDA driver): %w", kernels.ErrNoDevice)

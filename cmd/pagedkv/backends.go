@@ -16,6 +16,10 @@ import (
 type backendFactory struct {
 	summary string
 	open    func() (kernels.Backend, error)
+	// stub marks the untagged twin of a backend this binary was built
+	// without: --backend NAME explains how to get it, but `version` does
+	// not list it as one this binary can run.
+	stub bool
 }
 
 // backends holds every backend the --backend flags accept, by name.
@@ -42,6 +46,18 @@ func backendNames() []string {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	return names
+}
+
+// builtBackendNames lists the backends compiled into this binary (no stubs),
+// sorted: the ones it can run, given the device a backend needs.
+func builtBackendNames() []string {
+	var names []string
+	for _, n := range backendNames() {
+		if !backends[n].stub {
+			names = append(names, n)
+		}
+	}
 	return names
 }
 

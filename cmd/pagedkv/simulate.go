@@ -68,6 +68,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	wl := sim.DefaultWorkloadConfig()
 	fs := newFlagSet("simulate", simulateHelp, stderr)
 	trace := fs.String("trace", "", "JSONL trace of requests (- for stdin); default: the built-in workload")
+	lim := sim.DefaultTraceLimits()
+	fs.IntVar(&lim.MaxRequests, "trace-max-requests", lim.MaxRequests, "most requests a trace may hold")
+	fs.Int64Var(&lim.MaxTokens, "trace-max-tokens", lim.MaxTokens, "most tokens a trace may hold (every prompt plus samples*output)")
 	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
 	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
 	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers")
@@ -110,7 +113,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 
 	var workload []sim.Request
 	if *trace != "" {
-		workload, err = readTrace(*trace)
+		workload, err = readTrace(*trace, lim)
 	} else {
 		workload, err = sim.Workload(wl)
 	}
@@ -161,17 +164,17 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// readTrace parses the trace at path ("-" for stdin).
-func readTrace(path string) ([]sim.Request, error) {
+// readTrace parses the trace at path ("-" for stdin) within lim.
+func readTrace(path string, lim sim.TraceLimits) ([]sim.Request, error) {
 	if path == "-" {
-		return sim.ParseTrace(os.Stdin)
+		return sim.ParseTraceLimits(os.Stdin, lim)
 	}
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	reqs, err := sim.ParseTrace(f)
+	reqs, err := sim.ParseTraceLimits(f, lim)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

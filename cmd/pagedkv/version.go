@@ -35,7 +35,8 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 }
 
 // versionString formats "pagedkv VERSION [REVISION[-dirty]] GOVERSION OS/ARCH
-// backends: ...". readBuildInfo is debug.ReadBuildInfo (a parameter so tests
+// backends: ...", listing only the backends built into this binary (not
+// cuda without -tags cuda, not emu without cgo). readBuildInfo is debug.ReadBuildInfo (a parameter so tests
 // can supply build info).
 func versionString(readBuildInfo func() (*debug.BuildInfo, bool)) string {
 	v, rev, dirty := version, "", false
@@ -65,5 +66,5 @@ func versionString(readBuildInfo func() (*debug.BuildInfo, bool)) string {
 		}
 		s += " " + rev
 	}
-	return fmt.Sprintf("%s %s %s/%s backends: %v", s, runtime.Version(), runtime.GOOS, runtime.GOARCH, backendNames())
+	return fmt.Sprintf("%s %s %s/%s backends: %v", s, runtime.Version(), runtime.GOOS, runtime.GOARCH, builtBackendNames())
 }

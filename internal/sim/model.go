@@ -31,17 +31,28 @@ type Model struct {
 // Vocab is the size of the simulated vocabulary: tokens are 0..Vocab-1.
 const Vocab = 32000
 
-// Validate checks the geometry and the dtype.
+// Bounds of a simulated model: far above any real one, low enough that a
+// mistyped flag fails fast instead of exhausting memory.
+const (
+	MaxLayers  = 1024
+	MaxHeads   = 1024 // query heads (and so kv heads)
+	MaxHeadDim = 1024
+)
+
+// Validate checks the geometry (each dimension within its Max bound) and
+// the dtype.
 func (m *Model) Validate() error {
 	switch {
-	case m.Layers < 1:
-		return fmt.Errorf("%w: layers = %d, want >= 1", ErrBadConfig, m.Layers)
-	case m.NumKVHeads < 1:
-		return fmt.Errorf("%w: kv heads = %d, want >= 1", ErrBadConfig, m.NumKVHeads)
+	case m.Layers < 1 || m.Layers > MaxLayers:
+		return fmt.Errorf("%w: layers = %d, want 1..%d", ErrBadConfig, m.Layers, MaxLayers)
+	case m.NumKVHeads < 1 || m.NumKVHeads > MaxHeads:
+		return fmt.Errorf("%w: kv heads = %d, want 1..%d", ErrBadConfig, m.NumKVHeads, MaxHeads)
+	case m.NumQOHeads > MaxHeads:
+		return fmt.Errorf("%w: qo heads = %d, want at most %d", ErrBadConfig, m.NumQOHeads, MaxHeads)
 	case m.NumQOHeads < m.NumKVHeads || m.NumQOHeads%m.NumKVHeads != 0:
 		return fmt.Errorf("%w: qo heads = %d, want a positive multiple of kv heads %d", ErrBadConfig, m.NumQOHeads, m.NumKVHeads)
-	case m.HeadDim < 4 || m.HeadDim%4 != 0:
-		return fmt.Errorf("%w: head dim = %d, want a positive multiple of 4", ErrBadConfig, m.HeadDim)
+	case m.HeadDim < 4 || m.HeadDim%4 != 0 || m.HeadDim > MaxHeadDim:
+		return fmt.Errorf("%w: head dim = %d, want a multiple of 4 in 4..%d", ErrBadConfig, m.HeadDim, MaxHeadDim)
 	}
 	if gridBits(m.DType) == 0 {
 		return fmt.Errorf("%w: dtype %v, want f16, bf16 or f32", ErrBadConfig, m.DType)

@@ -69,10 +69,26 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate checks the configuration (the Manager checks its own part).
+// MaxCacheBytes bounds the K/V caches of every layer together: a
+// configuration past it (a mistyped --pages or --head-dim) fails fast with
+// ErrBadConfig instead of running out of memory.
+const MaxCacheBytes = 8 << 30
+
+// Validate checks the configuration (the Manager checks its own part) and
+// that the caches fit MaxCacheBytes.
 func (c *Config) Validate() error {
 	if err := c.Model.Validate(); err != nil {
 		return err
+	}
+	// In float64: the factors are bounded but their product may not fit
+	// int64; the comparison only needs to be right near the bound.
+	if c.PageSize > 0 && c.NumPages > 0 {
+		bytes := float64(c.Model.Layers) * float64(c.NumPages) * 2 * float64(c.PageSize) *
+			float64(c.Model.NumKVHeads) * float64(c.Model.HeadDim) * float64(c.Model.DType.Size())
+		if bytes > MaxCacheBytes {
+			return fmt.Errorf("%w: %d layers x %d pages x 2 x %d tokens x %d kv heads x head dim %d x %d bytes = %.4g bytes of K/V cache, more than the simulator's %d",
+				ErrBadConfig, c.Model.Layers, c.NumPages, c.PageSize, c.Model.NumKVHeads, c.Model.HeadDim, c.Model.DType.Size(), bytes, int64(MaxCacheBytes))
+		}
 	}
 	switch {
 	case c.MaxRunning < 1 || c.MaxStepTokens < c.MaxRunning:

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -162,6 +163,24 @@ type faultyBackend struct {
 	corruptAppend bool // flip a value of every append's first row in the cache
 	ignoreWindow  bool // attend every key, whatever window_left says
 	nonCausal     bool // prefill without the causal mask
+	nanOutputs    bool // every attention output (and merged state) NaN
+}
+
+// nanFill overwrites every element of t with NaN.
+func nanFill(t kernels.Tensor) {
+	vals := make([]float32, t.NumElements())
+	for i := range vals {
+		vals[i] = float32(math.NaN())
+	}
+	layout.StoreRowF32(t.Data, t.DType, vals)
+}
+
+func (f *faultyBackend) MergeState(p *kernels.MergeStateParams) error {
+	if err := f.Backend.MergeState(p); err != nil || !f.nanOutputs {
+		return err
+	}
+	nanFill(p.V)
+	return nil
 }
 
 func (f *faultyBackend) AppendPagedKVCache(p *kernels.AppendParams) error {
@@ -186,7 +205,11 @@ func (f *faultyBackend) BatchPrefill(p *kernels.PrefillParams) error {
 	if f.nonCausal {
 		q.Causal = false
 	}
-	return f.Backend.BatchPrefill(&q)
+	if err := f.Backend.BatchPrefill(&q); err != nil || !f.nanOutputs {
+		return err
+	}
+	nanFill(q.O)
+	return nil
 }
 
 func (f *faultyBackend) BatchDecode(p *kernels.DecodeParams) error {
@@ -194,7 +217,11 @@ func (f *faultyBackend) BatchDecode(p *kernels.DecodeParams) error {
 	if f.ignoreWindow {
 		q.WindowLeft = -1
 	}
-	return f.Backend.BatchDecode(&q)
+	if err := f.Backend.BatchDecode(&q); err != nil || !f.nanOutputs {
+		return err
+	}
+	nanFill(q.O)
+	return nil
 }
 
 // TestVerificationCatches: each deliberate backend bug ends the run with
@@ -209,6 +236,9 @@ func TestVerificationCatches(t *testing.T) {
 		{"corrupted K", faultyBackend{corruptAppend: true}, 0, "paged K of token"},
 		{"window ignored", faultyBackend{ignoreWindow: true}, 32, "dense float64 attention gives"},
 		{"prefill not causal", faultyBackend{nonCausal: true}, 0, "dense float64 attention gives"},
+		// NaN compares false with everything: a check written diff > tol
+		// passed it (the audit saw 388 NaN outputs "verified").
+		{"NaN outputs", faultyBackend{nanOutputs: true}, 0, "is NaN, dense float64 attention gives"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := smallConfig()

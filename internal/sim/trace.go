@@ -21,6 +21,28 @@ const (
 	MaxSamples      = 64
 )
 
+// TraceLimits bound a whole trace (or workload), so that a small file
+// cannot ask for the machine: 2000 lines of the largest request would
+// otherwise hold gigabytes of prompt tokens before the run starts.
+type TraceLimits struct {
+	// MaxRequests bounds the requests (lines), before forks.
+	MaxRequests int
+	// MaxTokens bounds the tokens of all requests together: every prompt
+	// plus samples*output of every request.
+	MaxTokens int64
+}
+
+// DefaultTraceLimits are the bounds ParseTrace applies: 100,000 requests
+// and 2^24 (16.8M) tokens, a few seconds to minutes of simulation and at
+// most 64 MiB of prompt tokens. `pagedkv simulate --trace-max-requests /
+// --trace-max-tokens` raises them.
+func DefaultTraceLimits() TraceLimits {
+	return TraceLimits{MaxRequests: 100_000, MaxTokens: 1 << 24}
+}
+
+// maxLineBytes bounds one trace line.
+const maxLineBytes = 16 << 20
+
 // Request is one request of a workload.
 type Request struct {
 	// Name identifies the request in messages: "line N" for a trace line,
@@ -70,14 +92,28 @@ type traceLine struct {
 //	output      tokens to generate (1..MaxOutputTokens), required
 //	samples     parallel samples (1..MaxSamples, default 1)
 //
-// Unknown fields, malformed JSON, trailing data and out-of-range values
-// are errors wrapping [ErrBadTrace] that name the line. Requests are
-// returned in arrival order (stable: lines with equal arrivals keep their
-// order).
+// Unknown fields, duplicate fields, malformed JSON, trailing data, a line
+// longer than 16 MiB and out-of-range values are errors wrapping
+// [ErrBadTrace] that name the line (counted from 1, blank lines included);
+// so is a trace past [DefaultTraceLimits] (see [ParseTraceLimits]).
+// Requests are returned in arrival order (stable: lines with equal arrivals
+// keep their order).
 func ParseTrace(r io.Reader) ([]Request, error) {
+	return ParseTraceLimits(r, DefaultTraceLimits())
+}
+
+// ParseTraceLimits is [ParseTrace] with the whole-trace bounds lim. The
+// tokens of a line are counted before its prompt is built, so a trace past
+// the bound fails at the first line that crosses it, having held at most
+// the bound's tokens.
+func ParseTraceLimits(r io.Reader, lim TraceLimits) ([]Request, error) {
+	if lim.MaxRequests < 1 || lim.MaxTokens < 1 {
+		return nil, fmt.Errorf("%w: trace limits %d requests, %d tokens: want >= 1 each", ErrBadTrace, lim.MaxRequests, lim.MaxTokens)
+	}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
 	var reqs []Request
+	var tokens int64
 	line := 0
 	for sc.Scan() {
 		line++
@@ -85,14 +121,21 @@ func ParseTrace(r io.Reader) ([]Request, error) {
 		if len(text) == 0 {
 			continue
 		}
-		req, err := parseLine(text, line)
+		if len(reqs) == lim.MaxRequests {
+			return nil, fmt.Errorf("%w: line %d: more than %d requests (raise the limit with --trace-max-requests)", ErrBadTrace, line, lim.MaxRequests)
+		}
+		req, err := parseLine(text, line, lim.MaxTokens-tokens)
 		if err != nil {
 			return nil, fmt.Errorf("%w: line %d: %w", ErrBadTrace, line, err)
 		}
+		tokens += requestTokens(&req)
 		reqs = append(reqs, req)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: after line %d: %w", ErrBadTrace, line, err)
+		if errors.Is(err, bufio.ErrTooLong) {
+			return nil, fmt.Errorf("%w: line %d: longer than %d bytes", ErrBadTrace, line+1, maxLineBytes)
+		}
+		return nil, fmt.Errorf("%w: line %d: %w", ErrBadTrace, line+1, err)
 	}
 	if len(reqs) == 0 {
 		return nil, fmt.Errorf("%w: no requests", ErrBadTrace)
@@ -101,7 +144,16 @@ func ParseTrace(r io.Reader) ([]Request, error) {
 	return reqs, nil
 }
 
-func parseLine(text []byte, line int) (Request, error) {
+// requestTokens is what a request counts against TraceLimits.MaxTokens.
+func requestTokens(q *Request) int64 {
+	return int64(len(q.Prompt)) + int64(q.Samples)*int64(q.Output)
+}
+
+// parseLine parses one line; budget is the tokens the trace may still take.
+func parseLine(text []byte, line int, budget int64) (Request, error) {
+	if err := checkDuplicateKeys(text); err != nil {
+		return Request{}, err
+	}
 	var tl traceLine
 	dec := json.NewDecoder(bytes.NewReader(text))
 	dec.DisallowUnknownFields()
@@ -144,6 +196,9 @@ func parseLine(text []byte, line int) (Request, error) {
 			}
 		}
 		req.Prompt = tl.Prompt
+		if t := requestTokens(&req); t > budget {
+			return req, overBudget(t, budget)
+		}
 		return req, nil
 	case tl.PromptLen == nil:
 		return req, errors.New("prompt or prompt_len is missing")
@@ -151,6 +206,9 @@ func parseLine(text []byte, line int) (Request, error) {
 		return req, fmt.Errorf("prompt_len = %d, want 1..%d", *tl.PromptLen, MaxPromptTokens)
 	case (tl.Prefix == nil) != (tl.PrefixLen == nil):
 		return req, errors.New("prefix and prefix_len go together")
+	}
+	if t := int64(*tl.PromptLen) + int64(req.Samples)*int64(req.Output); t > budget {
+		return req, overBudget(t, budget)
 	}
 	n := *tl.PromptLen
 	if tl.Prefix != nil {
@@ -161,6 +219,48 @@ func parseLine(text []byte, line int) (Request, error) {
 	}
 	req.Prompt = PromptTokens(req.PrefixID, req.PrefixLen, fmt.Sprintf("trace line %d", line), n)
 	return req, nil
+}
+
+func overBudget(t, budget int64) error {
+	return fmt.Errorf("the request's %d tokens (prompt + samples*output) take the trace past its token limit (%d tokens left; raise it with --trace-max-tokens)", t, budget)
+}
+
+// checkDuplicateKeys rejects a JSON object that names a field twice
+// (encoding/json would silently keep the last value). Only the top level
+// matters: every field of a trace line is a scalar or an array of ints.
+func checkDuplicateKeys(text []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(text))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil // not an object: the full decode reports it
+	}
+	var seen [8]string
+	n := 0
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil
+		}
+		key, ok := t.(string)
+		if !ok {
+			return nil
+		}
+		for _, k := range seen[:n] {
+			if k == key {
+				return fmt.Errorf("field %q appears twice", key)
+			}
+		}
+		if n == len(seen) {
+			// traceLine has 8 fields: a 9th is unknown or repeated.
+			return fmt.Errorf("more than %d fields (field %q)", len(seen), key)
+		}
+		seen[n] = key
+		n++
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return nil
+		}
+	}
+	return nil
 }
 
 // PromptTokens returns a prompt of n tokens: the first prefixLen are the

@@ -122,15 +122,27 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 
 	es := m.DType.Size()
 	layout.LoadRowF32(v.got, m.DType, e.o.Data[(s.row*m.NumQOHeads+s.head)*d*es:])
-	worst, at := 0.0, 0
+	worst, at := 0.0, -1
 	for f := range d {
 		diff := math.Abs(float64(v.got[f]) - want[f])
-		if diff > v.atol+v.rtol*math.Abs(want[f]) && diff > worst {
-			worst, at = diff, f
+		// Written so that NaN fails: diff > tol is false for a NaN diff,
+		// !(diff <= tol) is true. A NaN or infinite output, or a
+		// non-finite expected value, is ranked worst.
+		if !(diff <= v.atol+v.rtol*math.Abs(want[f])) {
+			rank := diff
+			if math.IsNaN(rank) {
+				rank = math.Inf(1)
+			}
+			if at < 0 || rank > worst {
+				worst, at = rank, f
+			}
+		}
+		if math.IsNaN(diff) {
+			diff = math.Inf(1)
 		}
 		v.maxErr = max(v.maxErr, diff)
 	}
-	if worst > 0 {
+	if at >= 0 {
 		return fmt.Errorf("%w at step %d: request %s, layer %d, head %d, query at position %d over %d keys: feature %d is %.6g, dense float64 attention gives %.6g (|diff| %.3g > %.3g + %.3g*|want|)",
 			ErrVerify, v.step, r.name(), s.layer, s.head, pos, n, at, v.got[at], want[at], worst, v.atol, v.rtol)
 	}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/internal/golden"
+	"github.com/pagedkv/pagedkv/internal/safetensors"
+)
+
+// hostileWords are the index values a hostile case file plants: the audit's
+// wrapping kv_indptr (MaxInt32 then -5), the int32 extremes, a negative.
+var hostileWords = [][]int32{{math.MaxInt32, -5}, {math.MinInt32}, {math.MaxInt32}, {-1}, {-5, 10}}
+
+// hostileMeta are metadata values planted in every key of a case.
+var hostileMeta = []string{"-1", "0", "2147483647", "9223372036854775807", "1e308", "NaN", "x"}
+
+// writeHostileCases writes, for every valid case in src, variants with
+// hostile words in each int32 tensor (at index 1 onwards, so kv_indptr
+// keeps its leading 0 and wraps) and hostile values in each metadata key.
+func writeHostileCases(t *testing.T, src, dst string) int {
+	t.Helper()
+	files, err := golden.Find(src)
+	require.NoError(t, err)
+	n := 0
+	write := func(name string, meta map[string]string, ts []safetensors.Tensor) {
+		if err := safetensors.WriteFile(filepath.Join(dst, fmt.Sprintf("%s_%03d.safetensors", name, n)), meta, ts); err == nil {
+			n++
+		}
+	}
+	for _, f := range files {
+		buf, err := os.ReadFile(f)
+		require.NoError(t, err)
+		c, err := golden.Parse(f, buf)
+		require.NoError(t, err)
+		base := strings.TrimSuffix(filepath.Base(f), ".safetensors")
+		for i, tn := range c.Tensors() {
+			if tn.DType != safetensors.I32 || len(tn.Data) < 8 {
+				continue
+			}
+			for _, words := range hostileWords {
+				ts := slices.Clone(c.Tensors())
+				data := slices.Clone(tn.Data)
+				for k, w := range words {
+					if at := 4 * (1 + k); at+4 <= len(data) {
+						binary.LittleEndian.PutUint32(data[at:], uint32(w))
+					}
+				}
+				ts[i].Data = data
+				write(base+"_"+strings.ReplaceAll(tn.Name, ".", "_"), c.Meta, ts)
+			}
+		}
+		for key := range c.Meta {
+			if key == "format" || key == "op" || key == "case" {
+				continue
+			}
+			for _, v := range hostileMeta {
+				meta := map[string]string{}
+				for k, x := range c.Meta {
+					meta[k] = x
+				}
+				meta[key] = v
+				write(base+"_meta_"+key, meta, c.Tensors())
+			}
+		}
+	}
+	return n
+}
+
+// Malformed case files (crafted index arrays, out-of-range metadata) make
+// verify exit 1 with one line per case naming what is wrong: never a
+// panic report, never a goroutine dump (the CPU backend runs with every
+// core's worker, where a panic would end the process).
+func TestVerifyHostileCases(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	writeNewCases(t, src, 1)
+	n := writeHostileCases(t, src, dst)
+	require.Greater(t, n, 100)
+	backends := []string{"cpu"}
+	if !backends2stub("emu") {
+		backends = append(backends, "emu")
+	}
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			args := []string{"verify", "--backend", b, dst}
+			if b == "emu" {
+				args = []string{"verify", "--backend", b, "--fallback", "cpu", dst}
+			}
+			code, out, errOut := runCLI(args...)
+			if testing.Verbose() {
+				t.Log(out)
+			}
+			require.Equal(t, exitFailure, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+			ls := lines(out)
+			require.Len(t, ls, n+1, "one line per case and a summary")
+			for _, l := range ls[:n] {
+				require.NotContains(t, l, "panic", "a malformed case must be rejected, not crash the op")
+				require.NotContains(t, l, "goroutine")
+			}
+			require.NotContains(t, errOut, "panic")
+			require.Contains(t, out, "2147483647", "the error lines name the bad values")
+		})
+	}
+}
+
+func backends2stub(name string) bool { return backends[name].stub }
+
+// Bad flags and traces fail fast with exit 2 and one line naming the value,
+// before anything large is allocated (the audit's --head-dim 1000000000
+// died with "fatal error: runtime: out of memory").
+func TestSimulateBadInputFailsFast(t *testing.T) {
+	dir := t.TempDir()
+	big := filepath.Join(dir, "big.jsonl")
+	var b strings.Builder
+	for range 2000 {
+		b.WriteString(`{"output":65536,"prompt_len":65536,"samples":64}` + "\n")
+	}
+	require.NoError(t, os.WriteFile(big, []byte(b.String()), 0o644))
+	dup := filepath.Join(dir, "dup.jsonl")
+	require.NoError(t, os.WriteFile(dup, []byte("\n{\"output\":4,\"prompt_len\":8}\n{\"output\":4,\"prompt_len\":8,\"output\":5}\n"), 0o644))
+	long := filepath.Join(dir, "long.jsonl")
+	require.NoError(t, os.WriteFile(long, []byte(`{"output":4,"prompt":[`+strings.Repeat("1,", 9<<20)+"1]}\n"), 0o644))
+	many := filepath.Join(dir, "many.jsonl")
+	require.NoError(t, os.WriteFile(many, []byte(strings.Repeat(`{"output":1,"prompt_len":1}`+"\n", 11)), 0o644))
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--head-dim", "1000000000"}, "head dim = 1000000000, want a multiple of 4 in 4..1024"},
+		{[]string{"--layers", "1000000"}, "layers = 1000000, want 1..1024"},
+		{[]string{"--qo-heads", "4096", "--kv-heads", "2048"}, "kv heads = 2048, want 1..1024"},
+		{[]string{"--pages", "16000000"}, "more than the simulator's 8589934592"},
+		{[]string{"--requests", "1000000000"}, "workload requests = 1000000000, want 1..100000"},
+		{[]string{"--page-size", "-3"}, "PageSize"},
+		{[]string{"--trace", big}, "line 4: the request's 4259840 tokens"},
+		{[]string{"--trace", dup}, `line 3: field "output" appears twice`},
+		{[]string{"--trace", long}, "line 1: longer than 16777216 bytes"},
+		{[]string{"--trace", many, "--trace-max-requests", "10"}, "line 11: more than 10 requests"},
+		{[]string{"--trace", many, "--trace-max-tokens", "0"}, "trace limits 100000 requests, 0 tokens"},
+	} {
+		code, out, errOut := runCLI(append([]string{"simulate", "--quiet"}, tc.args...)...)
+		require.Equal(t, exitUsage, code, "%v: stdout %s stderr %s", tc.args, out, errOut)
+		require.Len(t, lines(errOut), 1, "%v: one line: %s", tc.args, errOut)
+		require.Contains(t, errOut, tc.want, "%v", tc.args)
+	}
+}
+
+// version lists only the backends this binary can run: not cuda in a build
+// without -tags cuda, not emu without cgo.
+func TestVersionListsOnlyBuiltBackends(t *testing.T) {
+	code, out, _ := runCLI("version")
+	require.Equal(t, exitOK, code)
+	for name, f := range backends {
+		if f.stub {
+			require.NotContains(t, out, name, "the stub backend %s is listed", name)
+		} else {
+			require.Contains(t, out, name)
+		}
+	}
+}
