@@ -9,11 +9,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/internal/golden"
 	"github.com/pagedkv/pagedkv/internal/safetensors"
+	"github.com/pagedkv/pagedkv/internal/sim"
 )
 
 // hostileWords are the index values a hostile case file plants: the audit's
@@ -166,4 +168,20 @@ func TestVersionListsOnlyBuiltBackends(t *testing.T) {
 			require.Contains(t, out, name)
 		}
 	}
+}
+
+// On a terminal the bar is the progressbar library's: a count, a
+// percentage and elapsed:remaining time; done erases it.
+func TestProgressBarOnTerminal(t *testing.T) {
+	var buf strings.Builder
+	p := &progress{w: &buf, term: true}
+	p.update(sim.Progress{Step: 3, Finished: 3, Total: 10, Running: 2, Waiting: 1})
+	time.Sleep(150 * time.Millisecond) // past the redraw throttle
+	p.update(sim.Progress{Step: 9, Finished: 10, Total: 10})
+	p.done()
+	out := buf.String()
+	require.Contains(t, out, "(3/10)")
+	require.Contains(t, out, "step 3, 2 running, 1 waiting (0 preempted)")
+	require.Regexp(t, `\[\d+s:\d+s\]`, out, "elapsed and ETA")
+	require.True(t, strings.HasSuffix(out, "\r"), "the bar is erased at the end: %q", out[max(0, len(out)-40):])
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
 
 	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/layout"
@@ -199,37 +201,51 @@ func serveMetrics(addr string, c prometheus.Collector) (url string, stop func(),
 	return "http://" + ln.Addr().String() + "/metrics", func() { srv.Close() }, nil
 }
 
-// progress renders sim.Progress: a bar redrawn in place on a terminal, a
-// plain line per tenth of the requests otherwise.
+// progress renders sim.Progress: on a terminal, a bar drawn by
+// github.com/schollz/progressbar (it fits the terminal's width, throttles
+// redraws and shows an ETA); otherwise, where \r redraws would litter a log,
+// a plain line per tenth of the requests.
 type progress struct {
-	w        io.Writer
-	terminal bool
-	last     time.Time
-	tenth    int // plain mode: tenths of the requests reported so far
-	drawn    bool
+	w     io.Writer
+	bar   *progressbar.ProgressBar // terminal only; made at the first update
+	term  bool
+	tenth int // plain mode: tenths of the requests reported so far
 }
 
 func newProgress(w io.Writer) *progress {
 	p := &progress{w: w}
 	if f, ok := w.(*os.File); ok {
 		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
-			p.terminal = true
+			p.term = true
 		}
 	}
 	return p
 }
 
 func (p *progress) update(s sim.Progress) {
-	if p.terminal {
-		if time.Since(p.last) < 100*time.Millisecond && s.Finished < s.Total {
-			return
+	if p.term {
+		if p.bar == nil {
+			// The full terminal width, unless the terminal does not say
+			// (some ptys report 0 columns): then a 30-column bar.
+			width := progressbar.OptionSetWidth(30)
+			if f, ok := p.w.(*os.File); ok {
+				if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols >= 60 {
+					width = progressbar.OptionFullWidth()
+				}
+			}
+			p.bar = progressbar.NewOptions(max(s.Total, 1),
+				progressbar.OptionSetWriter(p.w),
+				width,
+				progressbar.OptionShowCount(),
+				progressbar.OptionSetItsString("requests"),
+				progressbar.OptionSetPredictTime(true),
+				progressbar.OptionSetElapsedTime(true),
+				progressbar.OptionThrottle(100*time.Millisecond),
+				progressbar.OptionClearOnFinish(),
+			)
 		}
-		p.last = time.Now()
-		const width = 30
-		n := width * s.Finished / max(s.Total, 1)
-		fmt.Fprintf(p.w, "\r[%s%s] %d/%d requests, step %d, %d running, %d waiting (%d preempted)\x1b[K",
-			strings.Repeat("#", n), strings.Repeat(".", width-n), s.Finished, s.Total, s.Step, s.Running, s.Waiting, s.Preempted)
-		p.drawn = true
+		p.bar.Describe(fmt.Sprintf("step %d, %d running, %d waiting (%d preempted)", s.Step, s.Running, s.Waiting, s.Preempted))
+		_ = p.bar.Set(s.Finished) // a failed write to the terminal is not the run's failure
 		return
 	}
 	if t := 10 * s.Finished / max(s.Total, 1); t > p.tenth {
@@ -239,10 +255,11 @@ func (p *progress) update(s sim.Progress) {
 	}
 }
 
-// done clears a drawn bar.
+// done clears a drawn bar, finished or not, before the summary.
 func (p *progress) done() {
-	if p.drawn {
-		fmt.Fprint(p.w, "\r\x1b[K")
-		p.drawn = false
+	if p.bar != nil {
+		_ = p.bar.Clear()
+		_ = p.bar.Exit()
+		p.bar = nil
 	}
 }
