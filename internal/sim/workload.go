@@ -55,8 +55,8 @@ func (w *WorkloadConfig) Validate() error {
 	switch {
 	case w.Requests < 1 || w.Requests > DefaultTraceLimits().MaxRequests:
 		return fmt.Errorf("%w: workload requests = %d, want 1..%d", ErrBadConfig, w.Requests, DefaultTraceLimits().MaxRequests)
-	case w.Prefixes < 1 || w.Prefixes > w.Requests:
-		return fmt.Errorf("%w: workload prefixes = %d, want 1..requests %d", ErrBadConfig, w.Prefixes, w.Requests)
+	case w.Prefixes < 1 || w.Prefixes > DefaultTraceLimits().MaxRequests:
+		return fmt.Errorf("%w: workload prefixes = %d, want 1..%d", ErrBadConfig, w.Prefixes, DefaultTraceLimits().MaxRequests)
 	case !(w.ArrivalsPerStep > 0):
 		return fmt.Errorf("%w: workload arrivals per step = %v, want > 0", ErrBadConfig, w.ArrivalsPerStep)
 	case w.NoPrefixPercent < 0 || w.NoPrefixPercent > 100 || w.ForkPercent < 0 || w.ForkPercent > 100:
