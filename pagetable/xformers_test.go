@@ -44,8 +44,9 @@ func TestXFormersRollingCacheDecodeWindow4096(t *testing.T) {
 			_, err = tab.ReleaseWindow(id, window)
 			require.NoError(t, err)
 		}
-		bt, kvLen, err := tab.ExportBlockTables(ids, 0, 0)
-		require.NoError(t, err)
+		var exp pagetable.BlockTables
+		require.NoError(t, tab.ExportBlockTablesTo(&exp, ids, 0, 0))
+		bt, kvLen := exp.Tables, exp.KVSeqLen
 		m, err := ragged.PagedBlockDiagonalCausalLocalPaddedKeysMaskFromSeqlensLocal([]int32{1, 1, 1}, kvLen, bt, pageSize, window)
 		require.NoError(t, err)
 		assert.Equal(t, ragged.FlashInferParams{Causal: true, WindowLeft: window - 1, OK: true}, m.FlashInferParams())
@@ -102,20 +103,54 @@ func TestExportBlockTablesErrors(t *testing.T) {
 	_, err = tab.Reserve(nil, []pagetable.SeqID{1, 2}, []int32{9, 0})
 	require.NoError(t, err)
 
-	bt, kvLen, err := tab.ExportBlockTables([]pagetable.SeqID{2, 1}, 4, 7)
-	require.NoError(t, err)
+	var exp pagetable.BlockTables
+	require.NoError(t, tab.ExportBlockTablesTo(&exp, []pagetable.SeqID{2, 1}, 4, 7))
 	p := tab.Pages(1)
-	assert.Equal(t, ragged.BlockTables{Rows: 2, Cols: 4, Data: []int32{7, 7, 7, 7, int32(p[0]), int32(p[1]), int32(p[2]), 7}}, bt)
-	assert.Equal(t, []int32{0, 9}, kvLen)
+	want := pagetable.BlockTables{
+		Tables:   ragged.BlockTables{Rows: 2, Cols: 4, Data: []int32{7, 7, 7, 7, int32(p[0]), int32(p[1]), int32(p[2]), 7}},
+		KVSeqLen: []int32{0, 9},
+	}
+	assert.Equal(t, want, exp)
 
-	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1, 3}, 0, 0)
-	assert.ErrorIs(t, err, pagetable.ErrUnknownSeq)
-	assert.ErrorContains(t, err, "ids[1] = 3")
-	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1}, 2, 0)
-	assert.ErrorIs(t, err, pagetable.ErrBadArgument)
-	assert.ErrorContains(t, err, "cols = 2, but a sequence holds 3 pages")
-	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1}, 0, 8)
-	assert.ErrorContains(t, err, "pad page 8, want 0..7")
-	_, _, err = tab.ExportBlockTables([]pagetable.SeqID{1}, -1, 0)
-	assert.ErrorContains(t, err, "cols = -1")
+	// A failed export leaves dst as it was.
+	for _, tc := range []struct {
+		ids       []pagetable.SeqID
+		cols      int
+		pad       allocator.PageID
+		sentinel  error
+		wantInMsg string
+	}{
+		{[]pagetable.SeqID{1, 3}, 0, 0, pagetable.ErrUnknownSeq, "ids[1] = 3"},
+		{[]pagetable.SeqID{1}, 2, 0, pagetable.ErrBadArgument, "cols = 2, but a sequence holds 3 pages"},
+		{[]pagetable.SeqID{1}, 0, 8, pagetable.ErrBadArgument, "pad page 8, want 0..7"},
+		{[]pagetable.SeqID{1}, 0, -1, pagetable.ErrBadArgument, "pad page -1"},
+		{[]pagetable.SeqID{1}, -1, 0, pagetable.ErrBadArgument, "cols = -1"},
+	} {
+		err := tab.ExportBlockTablesTo(&exp, tc.ids, tc.cols, tc.pad)
+		require.ErrorIs(t, err, tc.sentinel)
+		assert.ErrorContains(t, err, tc.wantInMsg)
+		assert.Equal(t, want, exp)
+	}
+}
+
+// A decode loop that exports the block tables every step allocates nothing
+// once dst has grown.
+func TestExportBlockTablesToDoesNotAllocate(t *testing.T) {
+	a, err := allocator.New(allocator.Config{NumPages: 64})
+	require.NoError(t, err)
+	tab, err := pagetable.New(pagetable.Config{PageSize: 4, Allocator: a})
+	require.NoError(t, err)
+	ids := []pagetable.SeqID{1, 2, 3}
+	for _, id := range ids {
+		require.NoError(t, tab.Add(id))
+	}
+	_, err = tab.Reserve(nil, ids, []int32{9, 1, 30})
+	require.NoError(t, err)
+	var dst pagetable.BlockTables
+	require.NoError(t, tab.ExportBlockTablesTo(&dst, ids, 10, 0))
+	require.Zero(t, testing.AllocsPerRun(50, func() {
+		if err := tab.ExportBlockTablesTo(&dst, ids, 10, 0); err != nil {
+			t.Fatal(err)
+		}
+	}))
 }

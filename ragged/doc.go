@@ -2,7 +2,7 @@
 // indptr arrays (validation, lengths, prefix sums, slicing, CSR⇄COO, padded
 // ⇄ ragged copies), the 2-D ragged mask layout with its bit packing
 // (packbits / segment_packbits, mask_indptr, the kernel's bit lookup), the
-// xFormers block-diagonal mask family that Mistral's rolling cache uses, and
+// xFormers attention-bias family that Mistral's rolling cache uses, and
 // the Ascend sliding-window masks. It imports only the standard library.
 //
 // # Ragged tensors
@@ -19,14 +19,27 @@
 // row-major, concatenates the requests ([MaskIndptr] gives the bit offsets),
 // and packs each request separately with little bit order, starting at a
 // byte boundary ([SegmentPackBits], [PackCustomMask]); the kernel reads bit
-// qo*kv_len+kv of the request ([MaskBit]). The xFormers masks
-// ([BlockDiagonalCausalMask] and relatives, built by xFormers-named
-// constructors or by [NewAttentionMask]) materialise to a dense
-// block-diagonal [Dense] matrix, convert to that packed layout, and say
-// whether FlashInfer's causal + window_left can express them
-// ([FlashInferParams]). [SWAMask] and [CompressedSWAMask] are the Ascend
-// masks. docs/masks.md has the three vocabularies side by side with worked
-// examples drawn as grids.
+// qo*kv_len+kv of the request ([MaskBit]). [SWAMask] and
+// [CompressedSWAMask] are the Ascend masks. docs/masks.md has the three
+// vocabularies side by side with worked examples drawn as grids.
+//
+// # xFormers' attention biases
+//
+// Every mask class of xFormers' attn_bias.py (maintained now in MSLK's
+// mslk/attention/fmha/attn_bias.py) has a Go type of the same name and a
+// [MaskKind]: the block-diagonal family, padded keys, paged keys over
+// [BlockTables] (xFormers' padded block_tables), gappy keys, and the
+// single-sequence masks bound to a shape ([SingleSequenceMask]). They are
+// built by the xFormers-named constructors and methods (from_seqlens,
+// make_causal, make_local_attention, make_paged, ...) or by
+// [NewAttentionMask], with xFormers' preconditions; they materialise to the
+// [Dense] matrix xFormers' materialize gives, convert to FlashInfer's packed
+// layout ([FlashInferMask]), say whether FlashInfer's causal + window_left
+// can express them ([FlashInferParams]), and, when paged, give FlashInfer's
+// CSR page table ([PagedKV]; back with [MaskFromPagedKV] and
+// [BlockTablesFromPagedKV]). [FromTensorList] and [Split] are xFormers'
+// from_tensor_list and split. tools/xformers_crosscheck.py compares all of
+// them with xFormers itself.
 //
 // # Invariants
 //

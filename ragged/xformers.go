@@ -629,9 +629,6 @@ func (m blockDiagonal) typed() AttentionMask {
 	}
 }
 
-// build is newBlockDiagonal for constructors whose caller knows the kind.
-func build(cfg MaskConfig) (blockDiagonal, error) { return newBlockDiagonal(cfg) }
-
 // BlockDiagonalMask is xFormers' BlockDiagonalMask: a batch of requests
 // packed without padding, where block b's q_seqlen[b] queries attend all
 // kv_seqlen[b] keys of block b and nothing else. The zero value is an empty
@@ -641,7 +638,7 @@ type BlockDiagonalMask struct{ blockDiagonal }
 // BlockDiagonalMaskFromSeqlens is BlockDiagonalMask.from_seqlens(q_seqlen,
 // kv_seqlen); both have one entry per request, >= 0.
 func BlockDiagonalMaskFromSeqlens(qSeqLen, kvSeqLen []int32) (BlockDiagonalMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonal, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonal, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen})
 	return BlockDiagonalMask{m}, err
 }
 
@@ -691,7 +688,7 @@ func (m blockDiagonal) derive(kind MaskKind) blockDiagonal {
 // and keeps m's batch sizes (xFormers passes _batch_sizes along).
 func (m blockDiagonal) rederive(cfg MaskConfig) (blockDiagonal, error) {
 	cfg.QSeqLen, cfg.KVSeqLen = m.qSeqLen, m.kvSeqLen
-	d, err := build(cfg)
+	d, err := newBlockDiagonal(cfg)
 	if err != nil {
 		return blockDiagonal{}, err
 	}
@@ -708,7 +705,7 @@ type BlockDiagonalCausalMask struct{ blockDiagonal }
 
 // BlockDiagonalCausalMaskFromSeqlens is BlockDiagonalCausalMask.from_seqlens.
 func BlockDiagonalCausalMaskFromSeqlens(qSeqLen, kvSeqLen []int32) (BlockDiagonalCausalMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalCausal, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalCausal, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen})
 	return BlockDiagonalCausalMask{m}, err
 }
 
@@ -759,6 +756,6 @@ type BlockDiagonalCausalWithOffsetPaddedKeysMask struct{ blockDiagonal }
 // ([ErrOutOfRange] names the block that does not fit), and the batch must not
 // be empty (xFormers takes max(kv_seqlen)).
 func BlockDiagonalCausalWithOffsetPaddedKeysMaskFromSeqlens(qSeqLen []int32, kvPadding int, kvSeqLen []int32) (BlockDiagonalCausalWithOffsetPaddedKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalCausalWithOffsetPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalCausalWithOffsetPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding})
 	return BlockDiagonalCausalWithOffsetPaddedKeysMask{m}, err
 }

@@ -157,16 +157,14 @@ func familyFlashBlocks(cfg MaskConfig) (blocks [][][]bool, kvLens []int32) {
 func randomFamilyConfig(r *rand.Rand, kind MaskKind) MaskConfig {
 	batch := 1 + r.IntN(4)
 	cfg := MaskConfig{Kind: kind}
-	single := false
 	switch kind {
 	case KindLowerTriangular, KindLowerTriangularFromBottomRight, KindLowerTriangularFromBottomRightLocal, KindLocalAttentionFromBottomRight:
-		batch, single = 1, true
+		batch = 1
 	}
 	cfg.QSeqLen, cfg.KVSeqLen = make([]int32, batch), make([]int32, batch)
 	for b := range cfg.QSeqLen {
 		cfg.QSeqLen[b] = int32(r.IntN(6))
 	}
-	_ = single
 	switch kind {
 	case KindLowerTriangularFromBottomRightLocal:
 		cfg.WindowSize = 1 + r.IntN(6)
@@ -358,6 +356,33 @@ func checkPagedKV(t testing.TB, m AttentionMask, cfg MaskConfig, kvLens []int32)
 		if !equalInt32(back.Row(b)[:pages], bt.Row(b)[:pages]) {
 			t.Fatalf("%s: row %d came back as %v, want %v", m, b, back.Row(b), bt.Row(b))
 		}
+	}
+
+	// And back to a mask: the same page table, and the same mask once the
+	// padding entries are the pad used.
+	const pad = 0
+	back2, err := MaskFromPagedKV(cfg.Kind, pkv, m.(interface{ KVSeqStarts() []int32 }).KVSeqStarts(), cfg.WindowSize, bt.Cols, pad)
+	if err != nil {
+		t.Fatalf("%s: MaskFromPagedKV: %v", m, err)
+	}
+	if pkv2, err := back2.(interface{ PagedKV() (PagedKV, error) }).PagedKV(); err != nil || fmt.Sprint(pkv2) != fmt.Sprint(pkv) {
+		t.Fatalf("%s: PagedKV of MaskFromPagedKV = %+v, %v; want %+v", m, pkv2, err, pkv)
+	}
+	padded := cfg
+	padded.BlockTables = bt.Clone()
+	for b, n := range kvLens {
+		for l := (int(n) + ps - 1) / ps; l < bt.Cols; l++ {
+			padded.BlockTables.Data[b*bt.Cols+l] = pad
+		}
+	}
+	mp, err := NewAttentionMask(padded)
+	if err != nil {
+		t.Fatalf("%+v: %v", padded, err)
+	}
+	dp, _ := mp.Materialize()
+	db, _ := back2.Materialize()
+	if mp.String() != back2.String() || Diff(dp, db) != "" {
+		t.Fatalf("MaskFromPagedKV(PagedKV(%s)) = %s, want %s:\n%s", m, back2, mp, Diff(dp, db))
 	}
 
 	// The kernel's view, drawn on the physical columns.

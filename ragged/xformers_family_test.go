@@ -428,6 +428,30 @@ func TestPagedKVRoundTrip(t *testing.T) {
 
 	_, err = BlockDiagonalMask{}.PagedKV()
 	assert.ErrorIs(t, err, ErrNotPaged)
+
+	// And back to the mask.
+	back, err := MaskFromPagedKV(KindPagedBlockDiagonalCausalWithOffsetPaddedKeys, pkv, nil, 0, 3, 8)
+	require.NoError(t, err)
+	assert.Equal(t, m.String(), back.String())
+	assert.Equal(t, tables, back.(PagedBlockDiagonalCausalWithOffsetPaddedKeysMask).BlockTables())
+	// Request 0's first key is not its own: a paged gappy mask.
+	gappy, err := MaskFromPagedKV(KindPagedBlockDiagonalGappyKeys, pkv, []int32{1, 0, 0}, 0, 0, 8)
+	require.NoError(t, err)
+	assert.Equal(t, []int32{4, 0, 4}, gappy.KVSeqLen())
+	gpkv, err := gappy.(PagedBlockDiagonalGappyKeysMask).PagedKV()
+	require.NoError(t, err)
+	assert.Equal(t, pkv, gpkv)
+	_, err = MaskFromPagedKV(KindBlockDiagonalPaddedKeys, pkv, nil, 0, 0, 0)
+	assert.ErrorIs(t, err, ErrNotPaged)
+	_, err = MaskFromPagedKV(KindPagedBlockDiagonalGappyKeys, pkv, []int32{6, 0, 0}, 0, 0, 0)
+	assert.ErrorIs(t, err, ErrOutOfRange)
+	assert.ErrorContains(t, err, "request 0 has kv_seqstarts 6, want 0..5")
+	_, err = MaskFromPagedKV(KindPagedBlockDiagonalPaddedKeys, pkv, []int32{0, 0, 0}, 0, 0, 0)
+	assert.ErrorIs(t, err, ErrLengthMismatch)
+	bad := pkv
+	bad.QOIndptr = []int32{0, 1}
+	_, err = MaskFromPagedKV(KindPagedBlockDiagonalPaddedKeys, bad, nil, 0, 0, 0)
+	assert.ErrorContains(t, err, "qo_indptr has 1 requests, kv_indptr 3")
 }
 
 func TestFromTensorListAndSplit(t *testing.T) {

@@ -15,7 +15,7 @@ type BlockDiagonalPaddedKeysMask struct{ blockDiagonal }
 // BlockDiagonalPaddedKeysMask.from_seqlens(q_seqlen, kv_padding, kv_seqlen):
 // kv_padding >= 1 and >= every kv_seqlen, and a non-empty batch.
 func BlockDiagonalPaddedKeysMaskFromSeqlens(qSeqLen []int32, kvPadding int, kvSeqLen []int32) (BlockDiagonalPaddedKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding})
 	return BlockDiagonalPaddedKeysMask{m}, err
 }
 
@@ -24,7 +24,7 @@ func BlockDiagonalPaddedKeysMaskFromSeqlens(qSeqLen []int32, kvPadding int, kvSe
 // i+s+window_right. Both windows must be >= 0 ([ErrInvalidWindow]; xFormers
 // checks it when it materialises the mask).
 func (m BlockDiagonalPaddedKeysMask) MakeLocalAttention(windowLeft, windowRight int) (BlockDiagonalLocalAttentionPaddedKeysMask, error) {
-	d, err := build(MaskConfig{Kind: KindBlockDiagonalLocalPaddedKeys, QSeqLen: m.qSeqLen, KVSeqLen: m.kvSeqLen, KVPadding: m.kvPadding,
+	d, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalLocalPaddedKeys, QSeqLen: m.qSeqLen, KVSeqLen: m.kvSeqLen, KVPadding: m.kvPadding,
 		WindowLeft: windowLeft, WindowRight: windowRight})
 	return BlockDiagonalLocalAttentionPaddedKeysMask{d}, err
 }
@@ -47,7 +47,7 @@ type BlockDiagonalLocalAttentionPaddedKeysMask struct{ blockDiagonal }
 // from_seqlens_local(q_seqlen, kv_padding, kv_seqlen, window_left,
 // window_right).
 func BlockDiagonalLocalAttentionPaddedKeysMaskFromSeqlensLocal(qSeqLen []int32, kvPadding int, kvSeqLen []int32, windowLeft, windowRight int) (BlockDiagonalLocalAttentionPaddedKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalLocalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding,
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalLocalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding,
 		WindowLeft: windowLeft, WindowRight: windowRight})
 	return BlockDiagonalLocalAttentionPaddedKeysMask{m}, err
 }
@@ -64,7 +64,7 @@ type BlockDiagonalCausalLocalAttentionPaddedKeysMask struct{ blockDiagonal }
 // from_seqlens_local(q_seqlen, kv_padding, kv_seqlen, window_size). Like
 // xFormers it does not check window_size: w <= 0 masks every key.
 func BlockDiagonalCausalLocalAttentionPaddedKeysMaskFromSeqlensLocal(qSeqLen []int32, kvPadding int, kvSeqLen []int32, windowSize int) (BlockDiagonalCausalLocalAttentionPaddedKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalCausalLocalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding,
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalCausalLocalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVPadding: kvPadding,
 		WindowSize: windowSize})
 	return BlockDiagonalCausalLocalAttentionPaddedKeysMask{m}, err
 }
@@ -83,7 +83,7 @@ type BlockDiagonalGappyKeysMask struct{ blockDiagonal }
 // (beyond xFormers, whose slicing would cut such a block silently) every
 // block must lie inside [0, kv_seqstarts[B]).
 func BlockDiagonalGappyKeysMaskFromSeqlens(qSeqLen, kvSeqStarts, kvSeqLen []int32) (BlockDiagonalGappyKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts})
 	return BlockDiagonalGappyKeysMask{m}, err
 }
 
@@ -96,7 +96,7 @@ type BlockDiagonalCausalWithOffsetGappyKeysMask struct{ blockDiagonal }
 // from_seqlens(q_seqlen, kv_seqstarts, kv_seqlen) (inherited from
 // BlockDiagonalGappyKeysMask, same checks).
 func BlockDiagonalCausalWithOffsetGappyKeysMaskFromSeqlens(qSeqLen, kvSeqStarts, kvSeqLen []int32) (BlockDiagonalCausalWithOffsetGappyKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalCausalWithOffsetGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalCausalWithOffsetGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts})
 	return BlockDiagonalCausalWithOffsetGappyKeysMask{m}, err
 }
 
@@ -111,7 +111,7 @@ type BlockDiagonalLocalAttentionFromBottomRightGappyKeysMask struct{ blockDiagon
 // is its from_seqlens_local_gappy(q_seqlen, kv_seqstarts, kv_seqlen,
 // window_left, window_right).
 func BlockDiagonalLocalAttentionFromBottomRightGappyKeysMaskFromSeqlensLocalGappy(qSeqLen, kvSeqStarts, kvSeqLen []int32, windowLeft, windowRight int) (BlockDiagonalLocalAttentionFromBottomRightGappyKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindBlockDiagonalLocalFromBottomRightGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts,
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonalLocalFromBottomRightGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts,
 		WindowLeft: windowLeft, WindowRight: windowRight})
 	return BlockDiagonalLocalAttentionFromBottomRightGappyKeysMask{m}, err
 }
@@ -128,7 +128,7 @@ func single(kind MaskKind, qLen, kvLen, w, wl, wr int) (SingleSequenceMask, erro
 	if qLen > 1<<31-1 || kvLen > 1<<31-1 || qLen < -1<<31 || kvLen < -1<<31 {
 		return SingleSequenceMask{}, errTooLargeShape(kind, qLen, kvLen)
 	}
-	m, err := build(MaskConfig{Kind: kind, QSeqLen: []int32{int32(qLen)}, KVSeqLen: []int32{int32(kvLen)},
+	m, err := newBlockDiagonal(MaskConfig{Kind: kind, QSeqLen: []int32{int32(qLen)}, KVSeqLen: []int32{int32(kvLen)},
 		WindowSize: w, WindowLeft: wl, WindowRight: wr})
 	return SingleSequenceMask{m}, err
 }

@@ -299,7 +299,7 @@ type PagedBlockDiagonalPaddedKeysMask struct{ blockDiagonal }
 // PagedBlockDiagonalPaddedKeysMask.from_seqlens(q_seqlen, kv_seqlen,
 // block_tables, page_size).
 func PagedBlockDiagonalPaddedKeysMaskFromSeqlens(qSeqLen, kvSeqLen []int32, blockTables BlockTables, pageSize int) (PagedBlockDiagonalPaddedKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindPagedBlockDiagonalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, BlockTables: blockTables, PageSize: pageSize})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindPagedBlockDiagonalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, BlockTables: blockTables, PageSize: pageSize})
 	return PagedBlockDiagonalPaddedKeysMask{m}, err
 }
 
@@ -312,7 +312,7 @@ type PagedBlockDiagonalCausalWithOffsetPaddedKeysMask struct{ blockDiagonal }
 // PagedBlockDiagonalCausalWithOffsetPaddedKeysMaskFromSeqlens is its
 // from_seqlens(q_seqlen, kv_seqlen, block_tables, page_size).
 func PagedBlockDiagonalCausalWithOffsetPaddedKeysMaskFromSeqlens(qSeqLen, kvSeqLen []int32, blockTables BlockTables, pageSize int) (PagedBlockDiagonalCausalWithOffsetPaddedKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindPagedBlockDiagonalCausalWithOffsetPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, BlockTables: blockTables, PageSize: pageSize})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindPagedBlockDiagonalCausalWithOffsetPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, BlockTables: blockTables, PageSize: pageSize})
 	return PagedBlockDiagonalCausalWithOffsetPaddedKeysMask{m}, err
 }
 
@@ -327,7 +327,7 @@ type PagedBlockDiagonalCausalLocalPaddedKeysMask struct{ blockDiagonal }
 // window_size). Like xFormers it accepts any window_size (w <= 0 masks every
 // key).
 func PagedBlockDiagonalCausalLocalPaddedKeysMaskFromSeqlensLocal(qSeqLen, kvSeqLen []int32, blockTables BlockTables, pageSize, windowSize int) (PagedBlockDiagonalCausalLocalPaddedKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindPagedBlockDiagonalCausalLocalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen,
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindPagedBlockDiagonalCausalLocalPaddedKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen,
 		BlockTables: blockTables, PageSize: pageSize, WindowSize: windowSize})
 	return PagedBlockDiagonalCausalLocalPaddedKeysMask{m}, err
 }
@@ -347,7 +347,7 @@ type PagedBlockDiagonalGappyKeysMask struct{ blockDiagonal }
 // helper that wants B+1), so xFormers users build this mask with
 // [BlockDiagonalGappyKeysMask.MakePaged]; both give the same mask here.
 func PagedBlockDiagonalGappyKeysMaskFromSeqlens(qSeqLen, kvSeqStarts, kvSeqLen []int32, blockTables BlockTables, pageSize int) (PagedBlockDiagonalGappyKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindPagedBlockDiagonalGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts,
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindPagedBlockDiagonalGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts,
 		BlockTables: blockTables, PageSize: pageSize})
 	return PagedBlockDiagonalGappyKeysMask{m}, err
 }
@@ -360,7 +360,7 @@ type PagedBlockDiagonalCausalWithOffsetGappyKeysMask struct{ blockDiagonal }
 // PagedBlockDiagonalCausalWithOffsetGappyKeysMaskFromSeqlens: see
 // [PagedBlockDiagonalGappyKeysMaskFromSeqlens].
 func PagedBlockDiagonalCausalWithOffsetGappyKeysMaskFromSeqlens(qSeqLen, kvSeqStarts, kvSeqLen []int32, blockTables BlockTables, pageSize int) (PagedBlockDiagonalCausalWithOffsetGappyKeysMask, error) {
-	m, err := build(MaskConfig{Kind: KindPagedBlockDiagonalCausalWithOffsetGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts,
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindPagedBlockDiagonalCausalWithOffsetGappyKeys, QSeqLen: qSeqLen, KVSeqLen: kvSeqLen, KVSeqStarts: kvSeqStarts,
 		BlockTables: blockTables, PageSize: pageSize})
 	return PagedBlockDiagonalCausalWithOffsetGappyKeysMask{m}, err
 }
@@ -381,7 +381,7 @@ func (m blockDiagonal) makePaged(blockTables BlockTables, pageSize int, pagedKin
 	if kinds[pagedKind].window == windowAny {
 		cfg.WindowSize = m.windowArg
 	}
-	d, err := build(cfg)
+	d, err := newBlockDiagonal(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -445,7 +445,7 @@ func (m blockDiagonal) makePagedGappy(blockTables BlockTables, pageSize, notiona
 		}
 		starts[b] = int32(s)
 	}
-	d, err := build(MaskConfig{Kind: pagedKind, QSeqLen: m.qSeqLen, KVSeqLen: m.kvSeqLen, KVSeqStarts: starts,
+	d, err := newBlockDiagonal(MaskConfig{Kind: pagedKind, QSeqLen: m.qSeqLen, KVSeqLen: m.kvSeqLen, KVSeqStarts: starts,
 		BlockTables: blockTables, PageSize: pageSize})
 	if err != nil {
 		return nil, err
@@ -474,4 +474,54 @@ func (m BlockDiagonalCausalWithOffsetGappyKeysMask) MakePaged(blockTables BlockT
 // window is not carried over).
 func (m BlockDiagonalLocalAttentionFromBottomRightGappyKeysMask) MakePaged(blockTables BlockTables, pageSize, notionalPadding int, pagedType MaskKind) (AttentionMask, error) {
 	return m.makePagedGappy(blockTables, pageSize, notionalPadding, pagedType)
+}
+
+// MaskFromPagedKV is the way back from [PagedKV]: the paged mask of kind
+// over FlashInfer's page table p. q_seqlen comes from p.QOIndptr,
+// block_tables from p's pages (cols columns, 0 = the most pages of any
+// request, at least 1; the rest pad, see [BlockTablesFromPagedKV]), and each
+// request's kv_len from its pages and kv_last_page_len. For the paged gappy
+// kinds kvSeqStarts[b] is the number of keys at the front of request b's
+// pages that are not its keys (kv_seqlen = kv_len - start; FlashInfer's
+// page table cannot say); it must be nil for the other kinds. windowSize
+// is window_size for [KindPagedBlockDiagonalCausalLocalPaddedKeys] and 0
+// otherwise. For a paged mask m,
+//
+//	MaskFromPagedKV(m.Kind(), m.PagedKV(), m.KVSeqStarts(), m.WindowSize(), m.BlockTables().Cols, pad)
+//
+// has the same PagedKV, and is m itself when m's padding entries are pad.
+func MaskFromPagedKV(kind MaskKind, p PagedKV, kvSeqStarts []int32, windowSize, cols int, pad int32) (AttentionMask, error) {
+	info, ok := kinds[kind]
+	if !ok || (info.layout != layoutPaged && info.layout != layoutPagedGappy) {
+		return nil, fmt.Errorf("%w: %q is not a paged kind", ErrNotPaged, kind)
+	}
+	if err := checkIndptr("qo_indptr", p.QOIndptr); err != nil {
+		return nil, err
+	}
+	tables, kvLen, err := BlockTablesFromPagedKV(p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.PageSize, cols, pad)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.QOIndptr)-1 != len(kvLen) {
+		return nil, fmt.Errorf("%w: qo_indptr has %d requests, kv_indptr %d", ErrLengthMismatch, len(p.QOIndptr)-1, len(kvLen))
+	}
+	qSeqLen := make([]int32, len(kvLen))
+	for b := range qSeqLen {
+		qSeqLen[b] = p.QOIndptr[b+1] - p.QOIndptr[b]
+	}
+	if info.layout == layoutPagedGappy {
+		if len(kvSeqStarts) != len(kvLen) {
+			return nil, fmt.Errorf("%w: %s needs one kv_seqstarts offset per request (%d), got %d", ErrLengthMismatch, kind, len(kvLen), len(kvSeqStarts))
+		}
+		for b, s := range kvSeqStarts {
+			if s < 0 || s > kvLen[b] {
+				return nil, fmt.Errorf("%w: request %d has kv_seqstarts %d, want 0..%d (its kv_len)", ErrOutOfRange, b, s, kvLen[b])
+			}
+			kvLen[b] -= s
+		}
+	} else if kvSeqStarts != nil {
+		return nil, fmt.Errorf("%w: %s takes no kv_seqstarts, got %v", ErrLengthMismatch, kind, kvSeqStarts)
+	}
+	return NewAttentionMask(MaskConfig{Kind: kind, QSeqLen: qSeqLen, KVSeqLen: kvLen, KVSeqStarts: kvSeqStarts,
+		BlockTables: tables, PageSize: p.PageSize, WindowSize: windowSize})
 }

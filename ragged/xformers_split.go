@@ -69,7 +69,7 @@ func FromTensorList[T any](tensors []Tensor[T]) (BlockDiagonalMask, Tensor[T], e
 		}
 		total += x.Shape[0] * x.Shape[1]
 	}
-	m, err := build(MaskConfig{Kind: KindBlockDiagonal, QSeqLen: seqLens, KVSeqLen: seqLens})
+	m, err := newBlockDiagonal(MaskConfig{Kind: KindBlockDiagonal, QSeqLen: seqLens, KVSeqLen: seqLens})
 	if err != nil {
 		return BlockDiagonalMask{}, Tensor[T]{}, err
 	}

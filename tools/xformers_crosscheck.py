@@ -14,7 +14,10 @@ its commit ca6d2aa0, works too). The file is loaded on its own: torch is the
 only dependency, and the two names a Debian torch may lack (torch.mtia,
 torch._dynamo) are stubbed.
 
-For every class of docs/masks.md the tool draws --count random configurations
+With --configs FILE it compares the configurations of FILE (JSON lines in
+the format tools/xformerscheck reads; --write-configs writes the random ones
+in that format) instead. For every class of docs/masks.md the tool draws
+--count random configurations
 (mostly valid, some deliberately not: negative lengths, windows below 1,
 block tables of the wrong shape, out-of-range page ids, padding shorter than a
 sequence, ...), builds each with xFormers along one of its construction paths
@@ -384,6 +387,9 @@ def main():
     ap.add_argument("--count", type=int, default=400, help="random configurations per class")
     ap.add_argument("--go-bin", help="a built tools/xformerscheck (default: go run ./tools/xformerscheck)")
     ap.add_argument("--kinds", help="comma-separated subset of classes")
+    ap.add_argument("--configs", help="compare the configurations of this file (JSON lines, the format of "
+                    "tools/xformerscheck, e.g. held-back ones; --write-configs makes such a file) instead of random ones")
+    ap.add_argument("--write-configs", help="write the configurations compared to this file (JSON lines)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
 
@@ -391,12 +397,26 @@ def main():
     kinds = args.kinds.split(",") if args.kinds else KINDS
     r = random.Random(args.seed)
     configs = []
-    for kind in kinds:
-        for _ in range(args.count):
-            c = gen(kind, r)
-            c["id"] = len(configs)
-            c["_class"] = kind
-            configs.append(c)
+    if args.configs:
+        with open(args.configs) as f:
+            for line in f:
+                if line.strip():
+                    c = json.loads(line)
+                    c["id"] = len(configs)
+                    c["_class"] = c.get("paged_kind") or c.get("kind") or c.get("op")
+                    configs.append(c)
+        kinds = list(dict.fromkeys(c["_class"] for c in configs))
+    else:
+        for kind in kinds:
+            for _ in range(args.count):
+                c = gen(kind, r)
+                c["id"] = len(configs)
+                c["_class"] = kind
+                configs.append(c)
+    if args.write_configs:
+        with open(args.write_configs, "w") as f:
+            for c in configs:
+                f.write(json.dumps({k: v for k, v in c.items() if not k.startswith("_") and k != "id"}) + "\n")
 
     go_in = "\n".join(json.dumps({k: v for k, v in c.items() if not k.startswith("_")}) for c in configs) + "\n"
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
