@@ -1,0 +1,467 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pagedkv/pagedkv"
+)
+
+// codeFor is the C code of a Go error (0 for nil), by the same table the
+// library uses.
+func codeFor(err error) int32 {
+	if err == nil {
+		return codeOK
+	}
+	for _, c := range codes {
+		if errors.Is(err, c.err) {
+			return int32(c.code)
+		}
+	}
+	return codeInternal
+}
+
+// goPlanArrays is a Go plan in the shape abiPlan reads back.
+func goPlanArrays(p *pagedkv.Plan) abiPlan {
+	nz := func(s []int32) []int32 {
+		if len(s) == 0 {
+			return nil
+		}
+		return slices.Clone(s)
+	}
+	out := abiPlan{BatchSize: int64(len(p.QOIndptr) - 1), NNZ: int64(len(p.Positions)), WindowLeft: int64(p.WindowLeft)}
+	var copies []int32
+	for _, c := range p.Copies {
+		copies = append(copies, int32(c.Src), int32(c.Dst), c.Entries)
+	}
+	out.Arrays = map[string][]int32{
+		"copies": copies, "qo_indptr": nz(p.QOIndptr), "batch_indices": nz(p.BatchIndices), "positions": nz(p.Positions),
+		"token_ids": nz(p.TokenIDs), "token_positions": nz(p.TokenPositions), "kv_indptr": nz(p.KVIndptr),
+		"kv_page_indices": nz(p.KVPageIndices), "kv_last_page_len": nz(p.KVLastPageLen), "seq_lens": nz(p.SeqLens),
+		"query_rows": nil,
+	}
+	if l := p.Cascade; l != nil {
+		out.Arrays["query_rows"] = nz(l.QueryRows())
+		for _, lv := range l.Levels {
+			out.Levels = append(out.Levels, map[string][]int32{
+				"qo_indptr": nz(lv.QOIndptr), "kv_indptr": nz(lv.KVIndptr), "kv_indices": nz(lv.KVIndices),
+				"kv_last_page_len": nz(lv.KVLastPageLen),
+			})
+		}
+	}
+	return out
+}
+
+func samePlan(a, b abiPlan) error {
+	if a.BatchSize != b.BatchSize || a.NNZ != b.NNZ || a.WindowLeft != b.WindowLeft {
+		return fmt.Errorf("batch %d/%d nnz %d/%d window_left %d/%d", a.BatchSize, b.BatchSize, a.NNZ, b.NNZ, a.WindowLeft, b.WindowLeft)
+	}
+	for k, v := range a.Arrays {
+		if !slices.Equal(v, b.Arrays[k]) {
+			return fmt.Errorf("%s: %v, want %v", k, v, b.Arrays[k])
+		}
+	}
+	if len(a.Levels) != len(b.Levels) {
+		return fmt.Errorf("%d cascade levels, want %d", len(a.Levels), len(b.Levels))
+	}
+	for i := range a.Levels {
+		for k, v := range a.Levels[i] {
+			if !slices.Equal(v, b.Levels[i][k]) {
+				return fmt.Errorf("level %d %s: %v, want %v", i, k, v, b.Levels[i][k])
+			}
+		}
+	}
+	return nil
+}
+
+// abiPair is the library, called as C calls it, next to a Manager called
+// directly: the reference for every result.
+type abiPair struct {
+	t    testing.TB
+	h    uint64
+	ref  *pagedkv.Manager
+	plan abiPlanC // the caller's plan struct
+	last *abiPlan // the last successful plan, read right after its reserve
+}
+
+func newABIPair(t testing.TB, cfg abiConfig) *abiPair {
+	h, code := goCreate(cfg)
+	ref, err := pagedkv.New(pagedkv.Config{NumPages: int(cfg.NumPages), PageSize: int(cfg.PageSize),
+		WindowTokens: int(cfg.WindowTokens), Priorities: int(cfg.Priorities), MaxPinnedPages: int(cfg.MaxPinnedPages),
+		HashSeed: cfg.HashSeed, CascadeMinSavedPages: int(cfg.CascadeMinSavedPages)})
+	if code != codeFor(err) {
+		t.Fatalf("create %+v: code %d, Go %v", cfg, code, err)
+	}
+	if err != nil {
+		return nil
+	}
+	t.Cleanup(func() {
+		if c := goDestroy(h); c != codeOK {
+			t.Errorf("destroy: %d", c)
+		}
+	})
+	return &abiPair{t: t, h: h, ref: ref}
+}
+
+// check compares the results of one operation and the state after it.
+func (p *abiPair) check(op string, code int32, err error) {
+	p.t.Helper()
+	if want := codeFor(err); code != want {
+		p.t.Fatalf("%s: code %d, Go says %d (%v)", op, code, want, err)
+	}
+	p.checkState(op)
+}
+
+func (p *abiPair) checkState(op string) {
+	p.t.Helper()
+	got, code := goStats(p.h)
+	if code != codeOK || !slices.Equal(got, statsList(p.ref.Stats())) {
+		p.t.Fatalf("after %s: stats %v (code %d), Go %v", op, got, code, statsList(p.ref.Stats()))
+	}
+	if code := goAudit(p.h); code != codeOK {
+		p.t.Fatalf("after %s: audit failed with code %d", op, code)
+	}
+	if p.last != nil { // valid until the next successful reserve
+		if err := samePlan(p.plan.read(), *p.last); err != nil {
+			p.t.Fatalf("after %s: the last plan's arrays changed: %v", op, err)
+		}
+	}
+}
+
+// bad checks a call that the C layer must refuse before the Manager sees it.
+func (p *abiPair) bad(op string, code int32) {
+	p.t.Helper()
+	if code != codeBadArgument {
+		p.t.Fatalf("%s: code %d, want PAGEDKV_ERR_BAD_ARGUMENT", op, code)
+	}
+	p.checkState(op)
+}
+
+// FuzzABI decodes raw bytes into a sequence of C ABI calls, with the
+// pointer and length mistakes a C caller can make (NULL with a length,
+// negative and huge lengths, priorities and counts out of range), and runs
+// them on the library and, where the C layer lets them through, on a Go
+// Manager called directly. Every code must be what the Go error maps to,
+// the stats equal, audit pass, and the last plan's arrays stay as they
+// were until the next successful reserve.
+func FuzzABI(f *testing.F) {
+	f.Add([]byte{3, 2, 0, 0, 5, 1, 2, 3, 4, 5, 6, 1, 2, 0, 7, 0, 0, 1, 8, 6, 1, 6, 2, 0, 0})
+	f.Add([]byte("\x08\x03\x01\x00\x10abcdefghijklmnop\x06\x02\x00\x02\x03\x07\x00\x02\x00\x10\x08\x06\x03\x02\x00\x01"))
+	f.Add([]byte{0, 0, 0, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 6, 1, 0, 12, 7, 0, 1, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 2, 0, 1, 6, 2, 0, 1, 0, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		next := func() int {
+			if len(data) == 0 {
+				return 0
+			}
+			b := int(data[0])
+			data = data[1:]
+			return b
+		}
+		cfg := abiConfig{NumPages: int64(8 + next()%32), PageSize: int64(1 + next()%6), Priorities: 3, MaxPinnedPages: 4,
+			HashSeed: 7, CascadeMinSavedPages: 1}
+		if w := next() % 4; w > 0 {
+			cfg.WindowTokens = int64(2 * w)
+		}
+		p := newABIPair(t, cfg)
+		// lenMode picks a length mistake: 0 none, 1 NULL with a length, 2
+		// negative, 3 too large for any buffer.
+		length := func(n int) (int64, bool, bool) {
+			switch next() % 16 {
+			case 1:
+				return int64(n + 1), true, false
+			case 2:
+				return -1 - int64(next()), false, false
+			case 3:
+				return maxLen + int64(next()), false, false
+			}
+			return int64(n), false, true
+		}
+		tokens := func() []int32 {
+			n := next() % 12
+			out := make([]int32, n)
+			for i := range out {
+				out[i] = int32(next()%8) - int32(next()/250) // mostly small, sometimes negative
+			}
+			return out
+		}
+		id := func() uint64 { return uint64(1 + next()%6) }
+		for ops := 0; len(data) > 0 && ops < 64; ops++ {
+			switch op := next() % 13; op {
+			case 0:
+				rid, prompt := id(), tokens()
+				n, isNil, ok := length(len(prompt))
+				prio := int32(next()%5) - 1
+				if next()%9 == 0 {
+					prio = 300
+				}
+				req := abiRequest{Prompt: prompt, PromptLen: n, Priority: prio}
+				if isNil {
+					req.Prompt = nil
+				}
+				if next()%7 == 0 {
+					req.Tenant = "t"
+				}
+				matched, code := goAdd(p.h, rid, req)
+				if !ok || prio < 0 || prio > 255 {
+					p.bad("add", code)
+					continue
+				}
+				m, err := p.ref.Add(pagedkv.RequestID(rid), pagedkv.Request{Namespace: pagedkv.Namespace{Tenant: req.Tenant},
+					Prompt: prompt, Priority: pagedkv.Priority(prio)})
+				if err == nil && int64(m) != matched {
+					t.Fatalf("add %d: matched %d, Go %d", rid, matched, m)
+				}
+				p.check("add", code, err)
+			case 1:
+				rid, toks := id(), tokens()
+				n, isNil, ok := length(len(toks))
+				arg := toks
+				if isNil {
+					arg = nil
+				}
+				code := goExtend(p.h, rid, arg, n)
+				if !ok {
+					p.bad("extend", code)
+					continue
+				}
+				p.check("extend", code, p.ref.Extend(pagedkv.RequestID(rid), toks...))
+			case 2:
+				a, b := id(), id()
+				p.check("fork", goFork(p.h, a, b), p.ref.Fork(pagedkv.RequestID(a), pagedkv.RequestID(b)))
+			case 3:
+				rid := id()
+				p.check("preempt", goPreempt(p.h, rid), p.ref.Preempt(pagedkv.RequestID(rid)))
+			case 4:
+				rid := id()
+				matched, code := goResume(p.h, rid)
+				m, err := p.ref.Resume(pagedkv.RequestID(rid))
+				if err == nil && int64(m) != matched {
+					t.Fatalf("resume %d: matched %d, Go %d", rid, matched, m)
+				}
+				p.check("resume", code, err)
+			case 5:
+				rid := id()
+				p.check("release", goRelease(p.h, rid), p.ref.Release(pagedkv.RequestID(rid)))
+			case 6, 7:
+				nb := next() % 5
+				ids := make([]uint64, nb)
+				rids := make([]pagedkv.RequestID, nb)
+				nt := make([]int32, nb)
+				for i := range ids {
+					ids[i] = id()
+					rids[i] = pagedkv.RequestID(ids[i])
+					nt[i] = int32(next()%8) - int32(next()/250)
+				}
+				n, isNil, ok := length(nb)
+				argIDs := ids
+				if isNil {
+					argIDs = nil
+				}
+				code := goReserve(p.h, argIDs, nt, n, &p.plan)
+				if !ok {
+					p.bad("reserve", code)
+					continue
+				}
+				plan, err := p.ref.Reserve(rids, nt)
+				if err == nil {
+					want := goPlanArrays(plan)
+					if e := samePlan(p.plan.read(), want); e != nil && code == codeOK {
+						t.Fatalf("reserve %v %v: %v", ids, nt, e)
+					}
+					p.last = &want
+				}
+				p.check("reserve", code, err)
+			case 8:
+				nb := next() % 6
+				sampled := make([]int32, nb)
+				for i := range sampled {
+					sampled[i] = int32(next()%6) - 1
+				}
+				n, isNil, ok := length(nb)
+				arg := sampled
+				if isNil {
+					arg = nil
+				}
+				code := goCommit(p.h, arg, n)
+				if !ok {
+					p.bad("commit", code)
+					continue
+				}
+				p.check("commit", code, p.ref.Commit(sampled))
+			case 9:
+				p.check("abort", goAbort(p.h), p.ref.Abort())
+			case 10:
+				n := int64(next()%4) - int64(next()/250)
+				freed, code := goEvict(p.h, n)
+				if n < 0 {
+					p.bad("evict", code)
+					continue
+				}
+				if f := p.ref.Evict(int(n)); int64(f) != freed {
+					t.Fatalf("evict %d: freed %d, Go %d", n, freed, f)
+				}
+				p.check("evict", code, nil)
+			case 11:
+				toks := tokens()
+				pin, pinned, code := goPin(p.h, toks, int64(len(toks)))
+				rpin, rn, err := p.ref.Pin(pagedkv.Namespace{}, toks)
+				if err == nil && (uint64(rpin) != pin || int64(rn) != pinned) {
+					t.Fatalf("pin: %d %d, Go %d %d", pin, pinned, rpin, rn)
+				}
+				p.check("pin", code, err)
+			case 12:
+				pin := uint64(next() % 4)
+				if next()%2 == 0 {
+					// A handle that is not this one.
+					if code := goAudit(p.h + 1 + uint64(next())); code != codeBadHandle {
+						t.Fatalf("audit of a bad handle: code %d", code)
+					}
+					continue
+				}
+				p.check("unpin", goUnpin(p.h, pin), p.ref.Unpin(pagedkv.PinID(pin)))
+			}
+		}
+	})
+}
+
+// TestABIMessages checks that failures name the bad value through the
+// calling thread's buffer.
+func TestABIMessages(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	p := newABIPair(t, abiConfig{NumPages: 8, PageSize: 4, HashSeed: 1})
+	for _, c := range []struct {
+		call func() int32
+		want string
+	}{
+		{func() int32 { return goExtend(p.h, 42, []int32{1}, 1) }, "extend request 42"},
+		{func() int32 { return goExtend(p.h, 1, nil, 3) }, "tokens is NULL with length 3"},
+		{func() int32 { return goCommit(p.h, nil, 0) }, "no step is reserved"},
+		{func() int32 { return goReserve(p.h, []uint64{1}, []int32{1}, -7, nil) }, "ids length -7"},
+		{func() int32 { return goAudit(p.h + 99) }, fmt.Sprintf("no manager with handle %d", p.h+99)},
+	} {
+		code := c.call()
+		if msg := goLastError(); code == codeOK || !strings.Contains(msg, c.want) {
+			t.Errorf("code %d, message %q, want it to contain %q", code, msg, c.want)
+		}
+	}
+}
+
+// decodeABI makes a Manager behind the ABI with n requests of 64 prompt
+// tokens each, prefilled.
+func decodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int32, plan *abiPlanC) {
+	h, code := goCreate(abiConfig{NumPages: int64(n * 200), PageSize: 16, HashSeed: 1})
+	if code != codeOK {
+		t.Fatal(code)
+	}
+	ids, ones, sampled = make([]uint64, n), make([]int32, n), make([]int32, n)
+	nt := make([]int32, n)
+	prompt := make([]int32, 64)
+	for i := range ids {
+		ids[i], ones[i], sampled[i], nt[i] = uint64(i+1), 1, 7, 64
+		for j := range prompt {
+			prompt[j] = int32(64*i + j)
+		}
+		if _, code := goAdd(h, ids[i], abiRequest{Prompt: prompt, PromptLen: 64, CapacityTokens: 4096}); code != codeOK {
+			t.Fatal(code)
+		}
+	}
+	plan = new(abiPlanC)
+	if goReserve(h, ids, nt, int64(n), plan) != codeOK || goCommit(h, sampled, int64(n)) != codeOK {
+		t.Fatal("prefill failed")
+	}
+	return h, ids, ones, sampled, plan
+}
+
+// TestABIStepIsAllocationFree pins the C layer's per-step cost: a decode
+// step through pagedkv_reserve and pagedkv_commit allocates nothing (the
+// handle's pins and buffers are reused).
+func TestABIStepIsAllocationFree(t *testing.T) {
+	h, ids, ones, sampled, plan := decodeABI(t, 64)
+	defer goDestroy(h)
+	step := func() {
+		if goReserve(h, ids, ones, int64(len(ids)), plan) != codeOK || goCommit(h, sampled, int64(len(ids))) != codeOK {
+			t.Fatal("step failed")
+		}
+	}
+	for range 50 {
+		step()
+	}
+	if a := testing.AllocsPerRun(100, step); a != 0 {
+		t.Fatalf("a decode step through the C ABI allocates %.1f times", a)
+	}
+}
+
+// BenchmarkABIDecodeStep measures the C layer's own cost (handle lookup,
+// busy flag, recover, plan export and pins) on top of the Manager's step:
+// "go" calls the Manager directly, "abi" the exported functions (from Go,
+// so without the cgo transition itself; python/bench_step.py measures that
+// too). Every 2000 steps the requests are made again (off the clock), so
+// the pool never runs out.
+func BenchmarkABIDecodeStep(b *testing.B) {
+	const n, fresh = 256, 2000
+	b.Run("go", func(b *testing.B) {
+		var m *pagedkv.Manager
+		ids := make([]pagedkv.RequestID, n)
+		nt, ones, sampled := make([]int32, n), make([]int32, n), make([]int32, n)
+		setup := func() {
+			var err error
+			if m, err = pagedkv.New(pagedkv.Config{NumPages: n * 200, PageSize: 16, HashSeed: 1}); err != nil {
+				b.Fatal(err)
+			}
+			prompt := make([]int32, 64)
+			for i := range ids {
+				ids[i], nt[i], ones[i], sampled[i] = pagedkv.RequestID(i+1), 64, 1, 7
+				for j := range prompt {
+					prompt[j] = int32(64*i + j)
+				}
+				if _, err := m.Add(ids[i], pagedkv.Request{Prompt: prompt, CapacityTokens: 4096}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := m.Reserve(ids, nt); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Commit(sampled); err != nil {
+				b.Fatal(err)
+			}
+		}
+		setup()
+		b.ReportAllocs()
+		steps := 0
+		for b.Loop() {
+			if steps++; steps%fresh == 0 {
+				b.StopTimer()
+				setup()
+				b.StartTimer()
+			}
+			if _, err := m.Reserve(ids, ones); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Commit(sampled); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("abi", func(b *testing.B) {
+		h, ids, ones, sampled, plan := decodeABI(b, n)
+		b.ReportAllocs()
+		steps := 0
+		for b.Loop() {
+			if steps++; steps%fresh == 0 {
+				b.StopTimer()
+				goDestroy(h)
+				h, ids, ones, sampled, plan = decodeABI(b, n)
+				b.StartTimer()
+			}
+			if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+				b.Fatal("step failed")
+			}
+		}
+		goDestroy(h)
+	})
+}

@@ -1,0 +1,213 @@
+package main
+
+/*
+#define PAGEDKV_NO_PROTOTYPES
+#include "pagedkv.h"
+const char *pagedkv_last_error(void);
+*/
+import "C"
+
+import (
+	"unsafe"
+)
+
+// This file calls the exported functions from Go exactly as C would (same
+// arguments, same memory rules), for the Go tests, benchmarks and the fuzz
+// target: test files cannot use cgo's C types. Nothing here is reachable
+// from C. A slice argument is passed as a pointer to its first element (nil
+// for a nil slice) with the length given separately, so tests can pass
+// lengths that do not match, as a buggy caller would; a length must never
+// exceed the slice's, or the library would read past it, as it would in C.
+
+func ptr32(s []int32) *C.int32_t {
+	if s == nil {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s)))
+}
+
+// abiConfig is pagedkv_config.
+type abiConfig struct {
+	NumPages, PageSize, WindowTokens, Priorities, MaxPinnedPages int64
+	HashSeed                                                     uint64
+	CascadeMinSavedPages                                         int64
+}
+
+func goCreate(cfg abiConfig) (uint64, int32) {
+	c := C.pagedkv_config{
+		num_pages: C.int64_t(cfg.NumPages), page_size: C.int64_t(cfg.PageSize), window_tokens: C.int64_t(cfg.WindowTokens),
+		priorities: C.int64_t(cfg.Priorities), max_pinned_pages: C.int64_t(cfg.MaxPinnedPages),
+		hash_seed: C.uint64_t(cfg.HashSeed), cascade_min_saved_pages: C.int64_t(cfg.CascadeMinSavedPages),
+	}
+	var h C.pagedkv_manager
+	code := pagedkv_create(&c, C.sizeof_pagedkv_config, &h)
+	return uint64(h), int32(code)
+}
+
+func goDestroy(h uint64) int32 { return int32(pagedkv_destroy(C.pagedkv_manager(h))) }
+
+// abiRequest is pagedkv_request; a nil Prompt with PromptLen > 0 is a NULL
+// pointer with a length.
+type abiRequest struct {
+	Tenant            string
+	Prompt            []int32
+	PromptLen         int64
+	Priority          int32
+	NoCache           bool
+	CapacityTokens    int64
+	TenantLenOverride int64 // if nonzero, the tenant length passed (with the tenant's pointer, or NULL when Tenant is "")
+}
+
+func goAdd(h, id uint64, r abiRequest) (int64, int32) {
+	var req C.pagedkv_request
+	if r.Tenant != "" {
+		req.ns.tenant = (*C.char)(unsafe.Pointer(unsafe.StringData(r.Tenant)))
+	}
+	req.ns.tenant_len = C.int64_t(len(r.Tenant))
+	if r.TenantLenOverride != 0 {
+		req.ns.tenant_len = C.int64_t(r.TenantLenOverride)
+	}
+	req.prompt, req.prompt_len = ptr32(r.Prompt), C.int64_t(r.PromptLen)
+	req.priority, req.capacity_tokens = C.int32_t(r.Priority), C.int64_t(r.CapacityTokens)
+	if r.NoCache {
+		req.no_cache = 1
+	}
+	var matched C.int64_t
+	code := pagedkv_add(C.pagedkv_manager(h), C.uint64_t(id), &req, &matched)
+	return int64(matched), int32(code)
+}
+
+func goExtend(h, id uint64, tokens []int32, n int64) int32 {
+	return int32(pagedkv_extend(C.pagedkv_manager(h), C.uint64_t(id), ptr32(tokens), C.int64_t(n)))
+}
+
+func goFork(h, parent, child uint64) int32 {
+	return int32(pagedkv_fork(C.pagedkv_manager(h), C.uint64_t(parent), C.uint64_t(child)))
+}
+
+func goPreempt(h, id uint64) int32 {
+	return int32(pagedkv_preempt(C.pagedkv_manager(h), C.uint64_t(id)))
+}
+
+func goResume(h, id uint64) (int64, int32) {
+	var matched C.int64_t
+	code := pagedkv_resume(C.pagedkv_manager(h), C.uint64_t(id), &matched)
+	return int64(matched), int32(code)
+}
+
+func goRelease(h, id uint64) int32 {
+	return int32(pagedkv_release(C.pagedkv_manager(h), C.uint64_t(id)))
+}
+
+// abiPlan is a pagedkv_plan read back: every array copied out.
+type abiPlan struct {
+	BatchSize, NNZ, WindowLeft int64
+	Arrays                     map[string][]int32
+	Levels                     []map[string][]int32
+}
+
+func readArray(a C.pagedkv_array) []int32 {
+	if a.len == 0 {
+		return nil
+	}
+	return append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(a.data)), int(a.len))...)
+}
+
+func (p *abiPlan) read(c *C.pagedkv_plan) {
+	p.BatchSize, p.NNZ, p.WindowLeft = int64(c.batch_size), int64(c.nnz), int64(c.window_left)
+	p.Arrays = map[string][]int32{
+		"copies": readArray(c.copies), "qo_indptr": readArray(c.qo_indptr), "batch_indices": readArray(c.batch_indices),
+		"positions": readArray(c.positions), "token_ids": readArray(c.token_ids), "token_positions": readArray(c.token_positions),
+		"kv_indptr": readArray(c.kv_indptr), "kv_page_indices": readArray(c.kv_page_indices),
+		"kv_last_page_len": readArray(c.kv_last_page_len), "seq_lens": readArray(c.seq_lens), "query_rows": readArray(c.query_rows),
+	}
+	p.Levels = nil
+	if c.num_levels > 0 {
+		for _, lv := range unsafe.Slice(c.levels, int(c.num_levels)) {
+			p.Levels = append(p.Levels, map[string][]int32{
+				"qo_indptr": readArray(lv.qo_indptr), "kv_indptr": readArray(lv.kv_indptr),
+				"kv_indices": readArray(lv.kv_indices), "kv_last_page_len": readArray(lv.kv_last_page_len),
+			})
+		}
+	}
+}
+
+// goReserve reserves; out receives the plan struct (nil passes NULL).
+func goReserve(h uint64, ids []uint64, nt []int32, n int64, out *abiPlanC) int32 {
+	var pi *C.uint64_t
+	if ids != nil {
+		pi = (*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(ids)))
+	}
+	var po *C.pagedkv_plan
+	if out != nil {
+		po = &out.c
+	}
+	return int32(pagedkv_reserve(C.pagedkv_manager(h), pi, ptr32(nt), C.int64_t(n), po))
+}
+
+// abiPlanC holds a pagedkv_plan as C would (in caller memory).
+type abiPlanC struct{ c C.pagedkv_plan }
+
+func (p *abiPlanC) read() abiPlan {
+	var out abiPlan
+	out.read(&p.c)
+	return out
+}
+
+func goCommit(h uint64, sampled []int32, n int64) int32 {
+	return int32(pagedkv_commit(C.pagedkv_manager(h), ptr32(sampled), C.int64_t(n)))
+}
+
+func goAbort(h uint64) int32 { return int32(pagedkv_abort(C.pagedkv_manager(h))) }
+
+func goAudit(h uint64) int32 { return int32(pagedkv_audit(C.pagedkv_manager(h))) }
+
+func goEvict(h uint64, n int64) (int64, int32) {
+	var freed C.int64_t
+	code := pagedkv_evict(C.pagedkv_manager(h), C.int64_t(n), &freed)
+	return int64(freed), int32(code)
+}
+
+func goPin(h uint64, tokens []int32, n int64) (uint64, int64, int32) {
+	var pin C.uint64_t
+	var pinned C.int64_t
+	code := pagedkv_pin(C.pagedkv_manager(h), nil, ptr32(tokens), C.int64_t(n), &pin, &pinned)
+	return uint64(pin), int64(pinned), int32(code)
+}
+
+func goUnpin(h, pin uint64) int32 { return int32(pagedkv_unpin(C.pagedkv_manager(h), C.uint64_t(pin))) }
+
+// goStats returns the stats as int64 fields in pagedkv_stats order.
+func goStats(h uint64) ([]int64, int32) {
+	var s C.pagedkv_stats
+	code := pagedkv_get_stats(C.pagedkv_manager(h), &s, C.sizeof_pagedkv_stats)
+	n := int(C.sizeof_pagedkv_stats / 8)
+	return append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(&s)), n)...), int32(code)
+}
+
+// goRequestState returns running, computed, num_tokens, start, num_pages.
+func goRequestState(h, id uint64) ([5]int64, int32) {
+	var s C.pagedkv_request_state
+	code := pagedkv_get_request_state(C.pagedkv_manager(h), C.uint64_t(id), &s)
+	return [5]int64{int64(s.running), int64(s.computed), int64(s.num_tokens), int64(s.start), int64(s.num_pages)}, int32(code)
+}
+
+func goRequestTokens(h, id uint64, dst []int32) (int64, int32) {
+	var n C.int64_t
+	code := pagedkv_request_tokens(C.pagedkv_manager(h), C.uint64_t(id), ptr32(dst), C.int64_t(len(dst)), &n)
+	return int64(n), int32(code)
+}
+
+// goLastError is the calling thread's last message: lock the goroutine to
+// its thread (runtime.LockOSThread) around the failing call and this.
+func goLastError() string { return C.GoString(C.pagedkv_last_error()) }
+
+// Error codes for the tests.
+const (
+	codeOK             = C.PAGEDKV_OK
+	codeOutOfPages     = C.PAGEDKV_ERR_OUT_OF_PAGES
+	codeUnknownRequest = C.PAGEDKV_ERR_UNKNOWN_REQUEST
+	codeBadArgument    = C.PAGEDKV_ERR_BAD_ARGUMENT
+	codeBadHandle      = C.PAGEDKV_ERR_BAD_HANDLE
+	codeInternal       = C.PAGEDKV_ERR_INTERNAL
+)
