@@ -12,7 +12,9 @@ Arrays. Every array of a Plan is a numpy int32 view (no copy) of a buffer
 the Manager owns. It stays valid and unchanged until the next successful
 reserve() or close() of the same Manager; failed calls and every other call
 leave it alone. After that the memory may hold the next step's values or be
-freed: take plan.copy() (or np.array(a)) to keep arrays longer. The views are
+freed: take plan.copy() (or np.array(a)) to keep arrays longer. A view
+keeps its Manager alive, so garbage collection never destroys a Manager
+whose arrays are in use (close() does, explicitly). The views are
 writable so that torch.from_numpy accepts them without a warning; the
 Manager never reads them back, but writing them is pointless.
 
@@ -391,8 +393,7 @@ class Manager:
                 continue
             v = views[i]
             if v is None or v[0] != data or v[1] != cap:
-                base = np.frombuffer((ctypes.c_int32 * cap).from_address(data), dtype=np.int32)
-                v = views[i] = (data, cap, base)
+                v = views[i] = (data, cap, self._base(data, cap))
             arrays.append(v[2][:n])
         (copies, p.qo_indptr, p.batch_indices, p.positions, p.token_ids, p.token_positions, p.kv_indptr,
          p.kv_page_indices, p.kv_last_page_len, p.seq_lens, query_rows) = arrays
@@ -403,8 +404,22 @@ class Manager:
         else:
             p.query_rows = query_rows
             levels = ctypes.cast(w[k + 1], ctypes.POINTER(_ffi.Level))
-            p.cascade = [Level(*(_view(getattr(levels[i], f)) for f in Level.__slots__)) for i in range(num_levels)]
+            p.cascade = [Level(*(self._view(getattr(levels[i], f)) for f in Level.__slots__))
+                         for i in range(num_levels)]
         return p
+
+    def _base(self, data, cap):
+        """A numpy view of [data, data+cap) that keeps this Manager alive, so
+        that garbage collection never destroys a Manager whose arrays are
+        still referenced (close() still ends them, as documented)."""
+        buf = (ctypes.c_int32 * cap).from_address(data)
+        buf._owner = self
+        return np.frombuffer(buf, dtype=np.int32)
+
+    def _view(self, arr):
+        if arr.cap == 0:
+            return _EMPTY
+        return self._base(arr.data, arr.cap)[: arr.len]
 
     def commit(self, sampled=None):
         """Record the reserved step; sampled[b] (or NO_TOKEN) per request, or None."""
@@ -529,13 +544,6 @@ def _scalar(x, bounds, op, name):
 
 def _is_c(a, dtype):
     return type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous
-
-
-def _view(arr):
-    if arr.cap == 0:
-        return _EMPTY
-    base = np.frombuffer((ctypes.c_int32 * arr.cap).from_address(arr.data), dtype=np.int32)
-    return base[: arr.len]
 
 
 def _fill_ns(ns, tenant, lora, salt):

@@ -123,3 +123,17 @@ def test_cascade_levels_and_query_rows():
     assert flat.cascade is None and flat.query_rows is None
     m.abort()
     m.close()
+
+
+def test_a_view_keeps_its_manager_alive():
+    m = decoding_manager()
+    plan = m.reserve([1, 2], [1, 1])
+    kv = plan.kv_page_indices
+    want = kv.tolist()
+    handle = m._handle
+    del m, plan
+    gc.collect()
+    # The Manager was not destroyed behind the view's back: its handle
+    # still answers, and the view still holds the step.
+    assert pagedkv._lib.pagedkv_audit(handle) == 0
+    assert kv.tolist() == want
