@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 
 	"github.com/pagedkv/pagedkv/layout"
 )
@@ -98,17 +97,7 @@ func (t Tensor) CheckShape(name string, want ...int) error {
 	if err := t.Validate(); err != nil {
 		return fmt.Errorf("%s: %w", name, err)
 	}
-	// The errors format a copy of want so that the variadic slice does not
-	// escape: a successful check does not allocate.
-	if len(t.Shape) != len(want) {
-		return fmt.Errorf("%w: %s has shape %v, want %v", ErrInvalidTensor, name, t.Shape, slices.Clone(want))
-	}
-	for i := range want {
-		if t.Shape[i] != want[i] {
-			return fmt.Errorf("%w: %s has shape %v, want %v (dim %d)", ErrInvalidTensor, name, t.Shape, slices.Clone(want), i)
-		}
-	}
-	return nil
+	return CheckDims(name, t.Shape, want...)
 }
 
 // byteLen is n elements of dt in bytes, or an error when that is not an int.

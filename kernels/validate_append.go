@@ -57,28 +57,8 @@ func (p *AppendParams) Validate() error {
 	if err := p.AppendValue.CheckShape("append_value", nnz, g.NumKVHeads, g.HeadDim); err != nil {
 		return fmt.Errorf("append: %w (nnz = len(batch_indices), num_kv_heads, head_dim)", err)
 	}
-	kd, vd := p.AppendKey.DType, p.AppendValue.DType
-	if kd != vd {
-		return fmt.Errorf("append: %w: append_key is %v but append_value is %v", ErrInvalidTensor, kd, vd)
-	}
-	converts := AppendConverts(kd, g.DType)
-	if kd != g.DType && !converts {
-		return fmt.Errorf("append: %w: append rows of %v into a %v cache (want %v, or f32/f16/bf16 into an fp8 cache)", ErrInvalidTensor, kd, g.DType, g.DType)
-	}
-	for _, s := range [...]struct {
-		name string
-		v    float64
-	}{{"k_scale", p.KScale}, {"v_scale", p.VScale}} {
-		switch {
-		case math.IsNaN(s.v) || math.IsInf(s.v, 0) || s.v < 0:
-			return fmt.Errorf("append: %w: %s = %v (want finite, >= 0; 0 means 1)", ErrInvalidScale, s.name, s.v)
-		case !converts && s.v != 0 && s.v != 1:
-			return fmt.Errorf("append: %w: %s = %v but %v rows are copied into the %v cache unscaled (want 0 or 1)", ErrInvalidScale, s.name, s.v, kd, g.DType)
-		case converts && float32(s.v) == 0 && s.v != 0:
-			return fmt.Errorf("append: %w: %s = %v is 0 in float32", ErrInvalidScale, s.name, s.v)
-		case converts && math.IsInf(float64(float32(s.v)), 0):
-			return fmt.Errorf("append: %w: %s = %v overflows float32", ErrInvalidScale, s.name, s.v)
-		}
+	if err := ValidateAppendDTypes(p.AppendKey.DType, p.AppendValue.DType, g.DType, p.KScale, p.VScale); err != nil {
+		return err
 	}
 	return validateRows(&p.Table, p.BatchIndices, p.Positions, g.PageSize, false)
 }
@@ -141,6 +121,36 @@ func (p *MLAAppendParams) Validate() error {
 	t := PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVIndices, KVLastPageLen: p.KVLastPageLen}
 	if err := validateRows(&t, p.BatchIndices, p.Positions, g.PageSize, p.KVLastPageLen == nil); err != nil {
 		return fmt.Errorf("mla %w", err)
+	}
+	return nil
+}
+
+// ValidateAppendDTypes checks the dtypes of an append's rows against the
+// cache's and the scales, as [AppendParams.Validate] does: one row dtype,
+// equal to the cache's or (converting) f32/f16/bf16 into fp8; KScale and
+// VScale finite and >= 0, and 0 or 1 unless converting.
+func ValidateAppendDTypes(kd, vd, cache layout.DType, kScale, vScale float64) error {
+	if kd != vd {
+		return fmt.Errorf("append: %w: append_key is %v but append_value is %v", ErrInvalidTensor, kd, vd)
+	}
+	converts := AppendConverts(kd, cache)
+	if kd != cache && !converts {
+		return fmt.Errorf("append: %w: append rows of %v into a %v cache (want %v, or f32/f16/bf16 into an fp8 cache)", ErrInvalidTensor, kd, cache, cache)
+	}
+	for _, s := range [...]struct {
+		name string
+		v    float64
+	}{{"k_scale", kScale}, {"v_scale", vScale}} {
+		switch {
+		case math.IsNaN(s.v) || math.IsInf(s.v, 0) || s.v < 0:
+			return fmt.Errorf("append: %w: %s = %v (want finite, >= 0; 0 means 1)", ErrInvalidScale, s.name, s.v)
+		case !converts && s.v != 0 && s.v != 1:
+			return fmt.Errorf("append: %w: %s = %v but %v rows are copied into the %v cache unscaled (want 0 or 1)", ErrInvalidScale, s.name, s.v, kd, cache)
+		case converts && float32(s.v) == 0 && s.v != 0:
+			return fmt.Errorf("append: %w: %s = %v is 0 in float32", ErrInvalidScale, s.name, s.v)
+		case converts && math.IsInf(float64(float32(s.v)), 0):
+			return fmt.Errorf("append: %w: %s = %v overflows float32", ErrInvalidScale, s.name, s.v)
+		}
 	}
 	return nil
 }

@@ -108,7 +108,7 @@ PROFILE
 
 # The kernels and the exact nvcc command line. Changing either changes the
 # PTX; CI regenerates and diffs it (scripts/ci-cuda.sh).
-kernels=(append decode)
+kernels=(append decode states)
 nvcc_flags=(-ptx -arch=sm_80 -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
 
 gen_ptx() {

@@ -3,6 +3,7 @@
 // emu.go calls. One translation unit: g++ time is the cost of this package.
 #include "../../kernels/cuda/append.cu"
 #include "../../kernels/cuda/decode.cu"
+#include "../../kernels/cuda/states.cu"
 #include "selftest.inc"
 
 #include <cstdlib>
@@ -50,6 +51,10 @@ Entry entry(const char* name, void (*k)(A...)) {
   PKV_ENTRY(batch_decode_paged_##sfx##_v1), PKV_ENTRY(batch_decode_paged_##sfx##_v2),                        \
       PKV_ENTRY(batch_decode_paged_##sfx##_v4), PKV_ENTRY(batch_decode_paged_##sfx##_v8)
 
+#define PKV_MLA_ENTRIES(sfx)                                                                       \
+  PKV_ENTRY(mla_decode_##sfx##_c1), PKV_ENTRY(mla_decode_##sfx##_c2), PKV_ENTRY(mla_decode_##sfx##_c4), \
+      PKV_ENTRY(mla_decode_##sfx##_c8), PKV_ENTRY(mla_decode_##sfx##_c16)
+
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
       PKV_ENTRY(append_paged_kv_cache_u16),
@@ -69,6 +74,13 @@ const std::vector<Entry>& entries() {
       PKV_DECODE_ENTRIES(e4m3),
       PKV_DECODE_ENTRIES(e5m2),
       PKV_ENTRY(merge_partial_states),
+      PKV_ENTRY(merge_state),
+      PKV_ENTRY(merge_states),
+      PKV_MLA_ENTRIES(f32),
+      PKV_MLA_ENTRIES(f16),
+      PKV_MLA_ENTRIES(bf16),
+      PKV_MLA_ENTRIES(e4m3),
+      PKV_MLA_ENTRIES(e5m2),
       PKV_ENTRY(cuemu_test_shuffles),
       PKV_ENTRY(cuemu_test_reverse),
       PKV_ENTRY(cuemu_test_reverse_unsynced),
@@ -123,4 +135,8 @@ extern "C" void cuemu_htod(uint64_t dst, const void* src, size_t n) {
 
 extern "C" void cuemu_dtoh(void* dst, uint64_t src, size_t n) {
   std::memcpy(dst, reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), n);
+}
+
+extern "C" void cuemu_memset(uint64_t dst, int value, size_t n) {
+  std::memset(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), value, n);
 }

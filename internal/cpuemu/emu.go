@@ -25,8 +25,13 @@ type Config struct {
 	MaxChunkTokens int
 }
 
-// New returns the emulator backend (Name "emu").
-func New(cfg Config) kernels.Backend {
+// New returns the emulator backend (Name "emu") as a kernels.Backend.
+func New(cfg Config) kernels.Backend { return NewDevice(cfg) }
+
+// NewDevice returns the emulator backend with its device-resident API
+// (caches, tensors and steps in emulated device memory, which is C memory
+// of this process).
+func NewDevice(cfg Config) *cuda.Backend {
 	return cuda.NewWithDriver("emu", NewDriver(cfg.NumSMs), cuda.Config{MaxChunkTokens: cfg.MaxChunkTokens})
 }
 
@@ -75,6 +80,33 @@ func (d *Driver) HtoD(dst cuda.DevicePtr, src []byte) error {
 	}
 	return nil
 }
+
+// HtoDAsync copies src to dst (the emulator runs every operation when it
+// is queued).
+func (d *Driver) HtoDAsync(dst cuda.DevicePtr, src []byte) error { return d.HtoD(dst, src) }
+
+// Memset sets bytes bytes at dst to value.
+func (d *Driver) Memset(dst cuda.DevicePtr, value byte, bytes int) error {
+	if bytes > 0 {
+		C.cuemu_memset(C.uint64_t(dst), C.int(value), C.size_t(bytes))
+	}
+	return nil
+}
+
+// HostAlloc returns Go memory: every host page is as good as pinned here.
+func (d *Driver) HostAlloc(bytes int) ([]byte, error) {
+	if bytes < 0 {
+		return nil, fmt.Errorf("cpuemu: host alloc of %d bytes", bytes)
+	}
+	return make([]byte, bytes), nil
+}
+
+// HostFree releases memory from HostAlloc (the garbage collector does).
+func (d *Driver) HostFree([]byte) error { return nil }
+
+// Synchronize returns at once: launches and copies finish before they
+// return.
+func (d *Driver) Synchronize() error { return nil }
 
 // DtoH copies len(dst) bytes at src to dst.
 func (d *Driver) DtoH(dst []byte, src cuda.DevicePtr) error {

@@ -225,11 +225,16 @@ func TestConformanceMLAAppend(t *testing.T) { kernelstest.TestMLAAppend(t, New(C
 func TestEmuValidates(t *testing.T) {
 	b := New(Config{})
 	assert.Equal(t, "emu", b.Name())
-	err := b.BatchPrefill(&kernels.PrefillParams{})
-	assert.ErrorIs(t, err, kernels.ErrUnsupported)
-	err = b.BatchDecode(&kernels.DecodeParams{})
-	assert.Error(t, err)
-	assert.NotErrorIs(t, err, kernels.ErrUnsupported)
+	for name, err := range map[string]error{
+		"prefill":      b.BatchPrefill(&kernels.PrefillParams{}),
+		"decode":       b.BatchDecode(&kernels.DecodeParams{}),
+		"mla decode":   b.MLADecode(&kernels.MLADecodeParams{}),
+		"merge_state":  b.MergeState(&kernels.MergeStateParams{}),
+		"merge_states": b.MergeStates(&kernels.MergeStatesParams{}),
+	} {
+		assert.Error(t, err, name)
+		assert.NotErrorIs(t, err, kernels.ErrUnsupported, name)
+	}
 }
 
 func dim(x, y, z int) cuda.Dim3 { return cuda.Dim3{X: x, Y: y, Z: z} }
@@ -241,3 +246,17 @@ func TestConformanceDecode(t *testing.T) { kernelstest.TestDecode(t, New(Config{
 func TestConformanceDecodeSplitK(t *testing.T) {
 	kernelstest.TestDecode(t, New(Config{MaxChunkTokens: 7}))
 }
+
+// Prefill runs the decode kernel with one work item per query row; the
+// suite runs with the launcher's plan and with split-k forced.
+func TestConformancePrefill(t *testing.T) { kernelstest.TestPrefill(t, New(Config{})) }
+
+func TestConformancePrefillSplitK(t *testing.T) {
+	kernelstest.TestPrefill(t, New(Config{MaxChunkTokens: 5}))
+}
+
+func TestConformanceMLADecode(t *testing.T) { kernelstest.TestMLADecode(t, New(Config{})) }
+
+func TestConformanceMergeState(t *testing.T) { kernelstest.TestMergeState(t, New(Config{})) }
+
+func TestConformanceMergeStates(t *testing.T) { kernelstest.TestMergeStates(t, New(Config{})) }

@@ -5,8 +5,13 @@
 // Thread mapping of batch_decode_paged_<kv>_v<VEC>:
 //   grid  = (work items, num_kv_heads, ceil(group / heads_per_block))
 //   block = (32, heads_per_block, nz)
-// A work item is (request, kv_begin, kv_end): a whole request, or one chunk
-// of a long request when the launcher splits the KV sequence (split-k). The
+// A work item is (q_row, request, kv_begin, kv_end): query row q_row of q
+// attends keys [kv_begin, kv_end) of its request (clipped to the request's
+// length), a whole request's visible range or one chunk of it when the
+// launcher splits the KV sequence (split-k). The launcher computes the range
+// on the host, so the same kernel serves decode (q_row = request, the keys
+// inside the window) and prefill (one item per query row, the range cut by
+// the bottom-right causal mask and the window). The
 // block owns kv head blockIdx.y and the query heads of its GQA group that
 // share it (threadIdx.y picks one), so every K/V byte a block loads from
 // global memory serves all of them. One warp holds one query head vector: lane
@@ -25,9 +30,7 @@
 // v_scale, and the base-2 LSE m + log2(d) (-inf and o = 0 when no key is
 // visible).
 //
-// Logits: s = (q·k) * sm_scale, or cap * tanh(s / cap) with a soft cap; keys
-// before position L-1-window_left are skipped (window_left >= 0), L being the
-// request's length.
+// Logits: s = (q·k) * sm_scale, or cap * tanh(s / cap) with a soft cap.
 #include "compat.cuh"
 
 namespace pkv {
@@ -101,7 +104,7 @@ __device__ __forceinline__ void decode_body(
     float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,
     int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,
     int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, float q_scale, float soft_cap,
-    int64_t window_left, float v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {
+    float v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {
   using T = typename KV::T;
   const int lane = int(threadIdx.x);
   const int hpb = int(blockDim.y);
@@ -119,14 +122,15 @@ __device__ __forceinline__ void decode_body(
   const int64_t f0 = int64_t(lane) * VEC;
   const bool lane_full = f0 + VEC <= D;  // all VEC features of this lane exist
 
-  const int64_t b = work[3 * item];
-  int64_t begin = work[3 * item + 1];
-  int64_t end = work[3 * item + 2];
+  const int64_t qrow = work[4 * item];
+  const int64_t b = work[4 * item + 1];
+  int64_t begin = work[4 * item + 2];
+  int64_t end = work[4 * item + 3];
   const int64_t first_page = kv_indptr[b];
   const int64_t pages = kv_indptr[b + 1] - first_page;
   const int64_t len = pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];
-  if (end > len) end = len;
-  if (window_left >= 0 && begin < len - 1 - window_left) begin = len - 1 - window_left;
+  if (end > len) end = len;  // never after host planning; keeps reads inside the request
+  if (begin < 0) begin = 0;
 
   const int64_t row_bytes = D * int64_t(sizeof(T));
   const int64_t pitch = (row_bytes + 15) / 16 * 16;
@@ -139,7 +143,7 @@ __device__ __forceinline__ void decode_body(
   float qv[VEC], ov[VEC];
 #pragma unroll
   for (int i = 0; i < VEC; i++) {
-    qv[i] = active && f0 + i < D ? load_f32(q, (b * num_qo_heads + hq) * D + f0 + i, q_dtype) * q_scale : 0.0f;
+    qv[i] = active && f0 + i < D ? load_f32(q, (qrow * num_qo_heads + hq) * D + f0 + i, q_dtype) * q_scale : 0.0f;
     ov[i] = 0.0f;
   }
   float m = neg_inf();  // running max of the log2-domain logits
@@ -253,7 +257,7 @@ __device__ __forceinline__ void decode_body(
       if (f0 + i < D) tmp_o[row * D + f0 + i] = ov[i] * inv_d;
     if (lane == 0) tmp_lse[row] = out_lse;
   } else {
-    const int64_t row = b * num_qo_heads + hq;
+    const int64_t row = qrow * num_qo_heads + hq;
 #pragma unroll
     for (int i = 0; i < VEC; i++)
       if (f0 + i < D) store_f32(o, row * D + f0 + i, o_dtype, ov[i] * inv_d * v_scale);
@@ -263,10 +267,11 @@ __device__ __forceinline__ void decode_body(
 
 }  // namespace pkv
 
-// batch_decode_paged_<kv>_v<VEC>. Pointers: q [B, Hq, D] (q_dtype), the K and
-// V views of the cache (element strides stride_page/stride_n/stride_h), the
-// page table, work [items][3] = (request, kv_begin, kv_end), o [B, Hq, D]
-// (o_dtype) and lse [B*Hq] (may be null) when partial == 0, else
+// batch_decode_paged_<kv>_v<VEC>. Pointers: q [rows, Hq, D] (q_dtype), the K
+// and V views of the cache (element strides stride_page/stride_n/stride_h),
+// the page table, work [items][4] = (q_row, request, kv_begin, kv_end),
+// o [rows, Hq, D] (o_dtype) and lse [rows*Hq] (may be null) when
+// partial == 0, else
 // tmp_o [items, Hq, D] and tmp_lse [items, Hq] (f32) for merge_partial_states.
 // q_scale multiplies q (sm_scale*log2(e), or sm_scale with a soft cap);
 // soft_cap 0 disables the cap; the float scalars are carried in doubles.
@@ -278,10 +283,10 @@ __device__ __forceinline__ void decode_body(
       float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,         \
       int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,             \
       int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, double q_scale, double soft_cap,         \
-      int64_t window_left, double v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {                       \
+      double v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {                                            \
     pkv::decode_body<KV, VEC>(q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, work, o, lse, tmp_o,       \
                               tmp_lse, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, stride_page,      \
-                              stride_n, stride_h, q_dtype, o_dtype, float(q_scale), float(soft_cap), window_left,    \
+                              stride_n, stride_h, q_dtype, o_dtype, float(q_scale), float(soft_cap),                 \
                               float(v_scale), tile, copy_unit, partial);                                             \
   }
 
@@ -297,10 +302,11 @@ PKV_DECODE_DTYPE(bf16, pkv::KvBF16)
 PKV_DECODE_DTYPE(e4m3, pkv::KvE4M3)
 PKV_DECODE_DTYPE(e5m2, pkv::KvE5M2)
 
-// merge_partial_states combines the split-k partial states of each (request,
-// query head): rows merge_indptr[b]..merge_indptr[b+1] of tmp_o/tmp_lse,
-// weighted by 2^(lse_r - max), into o [B, Hq, D] (o_dtype, times v_scale) and
-// lse [B*Hq] (may be null). grid = (B, Hq), block = (threads over D).
+// merge_partial_states combines the split-k partial states of each (query
+// row, query head): rows merge_indptr[b]..merge_indptr[b+1] of tmp_o/tmp_lse,
+// weighted by 2^(lse_r - max), into o [rows, Hq, D] (o_dtype, times v_scale)
+// and lse [rows*Hq] (may be null). grid = (rows, Hq), block = (threads over
+// D).
 extern "C" __global__ void __launch_bounds__(256)
     merge_partial_states(const float* __restrict__ tmp_o, const float* __restrict__ tmp_lse,
                          const int32_t* __restrict__ merge_indptr, void* __restrict__ o, float* __restrict__ lse,

@@ -378,17 +378,24 @@ func TestDecodeInvalidWritesNothing(t *testing.T) {
 	}
 }
 
-// What the kernels do not cover is declined with kernels.ErrUnsupported.
+// What the kernels do not cover (head_dim above 256, MLA head_dim_ckv above
+// 512) is declined with kernels.ErrUnsupported.
 func TestUnsupported(t *testing.T) {
 	for _, b := range testBackends(t) {
 		c := decodeCase{Layout: layout.NHD, Form: layout.Fused, KV: layout.F16, Q: layout.F16, O: layout.F16,
 			HeadDim: 264, KVHeads: 1, Group: 1, PageSize: 4, Lens: []int{3}, WindowLeft: -1}
 		f := newDecodeFixture(t, rand.New(rand.NewPCG(5, 5)), c)
 		assert.ErrorIs(t, b.BatchDecode(&f.p), kernels.ErrUnsupported, "head_dim 264")
-		assert.ErrorIs(t, b.BatchPrefill(&kernels.PrefillParams{}), kernels.ErrUnsupported)
-		assert.ErrorIs(t, b.MLADecode(&kernels.MLADecodeParams{}), kernels.ErrUnsupported)
-		assert.ErrorIs(t, b.MergeState(&kernels.MergeStateParams{}), kernels.ErrUnsupported)
-		assert.ErrorIs(t, b.MergeStates(&kernels.MergeStatesParams{}), kernels.ErrUnsupported)
+		f.p.O = kernels.NewTensor(layout.F16, 1, 1, 264)
+		assert.ErrorIs(t, b.BatchPrefill(&kernels.PrefillParams{Q: f.p.Q, QOIndptr: []int32{0, 1}, Cache: f.p.Cache,
+			Table: f.p.Table, AttentionParams: f.p.AttentionParams, O: f.p.O}), kernels.ErrUnsupported, "prefill head_dim 264")
+		g := layout.MLA{Form: layout.Split, DType: layout.F16, NumPages: 1, PageSize: 4, HeadDimCKV: 520, HeadDimKPE: 8}
+		cache, err := kernels.NewMLACache(g)
+		require.NoError(t, err)
+		assert.ErrorIs(t, b.MLADecode(&kernels.MLADecodeParams{QNope: kernels.NewTensor(layout.F16, 1, 1, 520),
+			QPE: kernels.NewTensor(layout.F16, 1, 1, 8), Cache: cache, KVIndptr: []int32{0, 1}, KVIndices: []int32{0},
+			KVLen: []int32{3}, NumHeads: 1, SMScale: 0.1, O: kernels.NewTensor(layout.F16, 1, 1, 520)}),
+			kernels.ErrUnsupported, "MLA head_dim_ckv 520")
 	}
 }
 

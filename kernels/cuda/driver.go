@@ -22,14 +22,29 @@ type Driver interface {
 	Alloc(bytes int) (DevicePtr, error)
 	// Free releases memory returned by Alloc.
 	Free(p DevicePtr) error
-	// HtoD copies src to device memory at dst.
+	// HtoD copies src to device memory at dst, after the work queued
+	// before it.
 	HtoD(dst DevicePtr, src []byte) error
-	// DtoH copies len(dst) bytes of device memory at src to dst.
+	// HtoDAsync queues a copy of src (memory from HostAlloc, which must not
+	// change until the copy is done: until the next Synchronize, DtoH or
+	// HtoDAsync into the same buffer) to dst behind the queued work.
+	HtoDAsync(dst DevicePtr, src []byte) error
+	// DtoH copies len(dst) bytes of device memory at src to dst once the
+	// work queued before it has finished, and reports a failure of that
+	// work.
 	DtoH(dst []byte, src DevicePtr) error
-	// Launch runs kernel (an entry point of [KernelArity]) and waits for it
-	// to finish. Each argument is 8 bytes: a DevicePtr, an int64 or the bits
-	// of a float64.
+	// Memset queues setting bytes bytes at dst to value.
+	Memset(dst DevicePtr, value byte, bytes int) error
+	// HostAlloc returns bytes of pinned (page-locked) host memory, the
+	// staging buffer of asynchronous copies; HostFree releases it.
+	HostAlloc(bytes int) ([]byte, error)
+	HostFree(p []byte) error
+	// Launch queues kernel (an entry point of [KernelArity]). Each argument
+	// is 8 bytes: a DevicePtr, an int64 or the bits of a float64. A failure
+	// of the kernel itself may be reported by a later Synchronize or DtoH.
 	Launch(kernel string, grid, block Dim3, sharedBytes int, args []uint64) error
+	// Synchronize waits for all queued work and reports its failures.
+	Synchronize() error
 }
 
 // Kernel dtype codes, passed as int64 arguments; they mirror pkv::Dtype in
@@ -64,8 +79,11 @@ const (
 	appendArity      = 16
 	appendMLAArity   = 15
 	appendQuantArity = 20
-	decodeArity      = 28
+	decodeArity      = 27
 	mergeArity       = 9
+	mergeStateArity  = 11
+	mergeStatesArity = 10
+	mlaDecodeArity   = 20
 )
 
 // KernelArity maps every kernel entry point of the embedded PTX to its number
@@ -74,6 +92,13 @@ var KernelArity = func() map[string]int {
 	m := map[string]int{
 		"append_paged_kv_cache_quant": appendQuantArity,
 		"merge_partial_states":        mergeArity,
+		"merge_state":                 mergeStateArity,
+		"merge_states":                mergeStatesArity,
+	}
+	for _, names := range mlaKernels {
+		for _, n := range names {
+			m[n] = mlaDecodeArity
+		}
 	}
 	for _, u := range copyUnits {
 		m[fmt.Sprintf("append_paged_kv_cache_u%d", u)] = appendArity

@@ -3,7 +3,6 @@ package cuda
 import (
 	"fmt"
 	"io/fs"
-	"math"
 	"regexp"
 	"sort"
 	"strconv"
@@ -172,25 +171,26 @@ func TestChooseChunk(t *testing.T) {
 	}
 }
 
-// splitWork, drawn: (request, begin, end) triples and merge_indptr.
+// splitWork, drawn: (q_row, request, begin, end) items and merge_indptr.
 func TestSplitWork(t *testing.T) {
-	work, merge := splitWork([]int{0, 5, 0}, []int{7, 5, 3}, 0)
-	assert.Equal(t, []int32{0, 0, math.MaxInt32, 1, 0, math.MaxInt32, 2, 0, math.MaxInt32}, work)
+	req := []int32{0, 1, 1}
+	work, merge := splitWork(nil, nil, []int{0, 5, 0}, []int{7, 5, 3}, req, 0)
+	assert.Equal(t, []int32{0, 0, 0, 7, 1, 1, 5, 5, 2, 1, 0, 3}, work)
 	assert.Nil(t, merge)
 
-	work, merge = splitWork([]int{0, 5, 2}, []int{7, 5, 4}, 3)
+	work, merge = splitWork(work, nil, []int{0, 5, 2}, []int{7, 5, 4}, req, 3)
 	assert.Equal(t, []int32{
-		0, 0, 3,
-		0, 3, 6,
-		0, 6, 7,
-		1, 5, 5, // nothing visible: one empty item, so the merge writes o = 0, lse = -inf
-		2, 2, 4,
+		0, 0, 0, 3,
+		0, 0, 3, 6,
+		0, 0, 6, 7,
+		1, 1, 5, 5, // nothing visible: one empty item, so the merge writes o = 0, lse = -inf
+		2, 1, 2, 4,
 	}, work)
 	assert.Equal(t, []int32{0, 3, 4, 5}, merge)
 }
 
 // FuzzSplitWork checks the indexing invariants of split-k: the items of a
-// request are contiguous, in order, cover exactly its visible keys, are at
+// row are contiguous, in order, cover exactly its visible keys, are at
 // most chunk long, and merge_indptr indexes them.
 func FuzzSplitWork(f *testing.F) {
 	f.Add([]byte{3, 0, 7, 5, 5, 2, 4}, uint8(3))
@@ -202,37 +202,38 @@ func FuzzSplitWork(f *testing.F) {
 		}
 		B := int(data[0]) % 8
 		data = data[1:]
-		lo, hi := make([]int, B), make([]int, B)
+		lo, hi, req := make([]int, B), make([]int, B), make([]int32, B)
 		for b := range B {
 			var x, y int
 			if 2*b+1 < len(data) {
 				x, y = int(data[2*b]), int(data[2*b+1])
 			}
-			lo[b], hi[b] = min(x, y), max(x, y)
+			lo[b], hi[b], req[b] = min(x, y), max(x, y), int32(x%3)
 		}
 		chunk := int(chunk8)
-		work, merge := splitWork(lo, hi, chunk)
-		require.Zero(t, len(work)%3)
+		work, merge := splitWork(nil, nil, lo, hi, req, chunk)
+		require.Zero(t, len(work)%4)
 		if chunk == 0 {
-			require.Len(t, work, 3*B)
+			require.Len(t, work, 4*B)
 			require.Nil(t, merge)
 			return
 		}
 		require.Len(t, merge, B+1)
 		require.Equal(t, int32(0), merge[0])
-		require.Equal(t, int32(len(work)/3), merge[B])
+		require.Equal(t, int32(len(work)/4), merge[B])
 		for b := range B {
-			require.Less(t, merge[b], merge[b+1], "request %d has no item", b)
+			require.Less(t, merge[b], merge[b+1], "row %d has no item", b)
 			next := lo[b]
 			for i := merge[b]; i < merge[b+1]; i++ {
-				r, s, e := work[3*i], int(work[3*i+1]), int(work[3*i+2])
+				r, q, s, e := work[4*i], work[4*i+1], int(work[4*i+2]), int(work[4*i+3])
 				require.Equal(t, int32(b), r)
-				require.Equal(t, next, s, "item %d of request %d does not start where the last ended", i, b)
+				require.Equal(t, req[b], q)
+				require.Equal(t, next, s, "item %d of row %d does not start where the last ended", i, b)
 				require.LessOrEqual(t, e-s, chunk)
-				require.True(t, e > s || lo[b] == hi[b], "empty item in a non-empty request")
+				require.True(t, e > s || lo[b] == hi[b], "empty item in a non-empty row")
 				next = e
 			}
-			require.Equal(t, hi[b], next, "request %d not covered", b)
+			require.Equal(t, hi[b], next, "row %d not covered", b)
 		}
 	})
 }

@@ -11,6 +11,7 @@ import "embed"
 var Modules = map[string]string{
 	"append.ptx": appendPTX,
 	"decode.ptx": decodePTX,
+	"states.ptx": statesPTX,
 }
 
 //go:embed append.ptx
@@ -18,6 +19,9 @@ var appendPTX string
 
 //go:embed decode.ptx
 var decodePTX string
+
+//go:embed states.ptx
+var statesPTX string
 
 // Sources holds the .cu and .cuh files the PTX is made from. internal/cpuemu
 // compiles the same files with g++; embedding them here also makes any

@@ -1,0 +1,329 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// DeviceTensor is a dense, row-major tensor in device memory: Ptr holds
+// product(Shape) * DType.Size() bytes. Whoever allocated Ptr owns it (an
+// engine may pass its own allocations; [Backend.AllocTensor] makes one).
+type DeviceTensor struct {
+	DType layout.DType
+	Shape []int
+	Ptr   DevicePtr
+}
+
+// Bytes is the tensor's size in bytes (-1 for an invalid dtype or shape).
+func (t DeviceTensor) Bytes() int64 {
+	ht := kernels.Tensor{DType: t.DType, Shape: t.Shape}
+	n := ht.NumElements()
+	if n < 0 || !t.DType.Valid() {
+		return -1
+	}
+	return n * int64(t.DType.Size())
+}
+
+// check validates t as a tensor of shape want (kernels.CheckDims, the
+// shape check of the host validator) at a non-null address.
+func (t DeviceTensor) check(name string, want ...int) error {
+	if !t.DType.Valid() {
+		return fmt.Errorf("%s: %w: dtype %v", name, kernels.ErrInvalidTensor, t.DType)
+	}
+	if err := kernels.CheckDims(name, t.Shape, want...); err != nil {
+		return err
+	}
+	if t.Ptr == 0 && t.Bytes() > 0 {
+		return fmt.Errorf("%w: %s is a null device pointer", kernels.ErrInvalidTensor, name)
+	}
+	return nil
+}
+
+// checkActivation is check plus the activation dtypes (f32, f16, bf16).
+func (t DeviceTensor) checkActivation(op, name string, want ...int) error {
+	if err := t.check(name, want...); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if t.DType != layout.F32 && t.DType != layout.F16 && t.DType != layout.BF16 {
+		return fmt.Errorf("%s: %w: %s is %v, want f32, f16 or bf16", op, kernels.ErrInvalidTensor, name, t.DType)
+	}
+	return nil
+}
+
+// checkLSE validates an optional float32 LSE output of n values (Ptr 0:
+// none).
+func checkLSE(op, name string, t DeviceTensor, n int) error {
+	if t.Ptr == 0 {
+		return nil
+	}
+	if t.DType != layout.F32 {
+		return fmt.Errorf("%s: %w: %s is %v, want f32", op, kernels.ErrInvalidTensor, name, t.DType)
+	}
+	if err := kernels.CheckDims(name, t.Shape, n); err != nil {
+		return fmt.Errorf("%s: %w (rows*heads)", op, err)
+	}
+	return nil
+}
+
+// AllocTensor allocates a device tensor of dtype dt and the given shape
+// (contents undefined). Free it with [Backend.FreeTensor].
+func (b *Backend) AllocTensor(dt layout.DType, shape ...int) (DeviceTensor, error) {
+	t := DeviceTensor{DType: dt, Shape: append([]int(nil), shape...)}
+	n := t.Bytes()
+	if n < 0 || n > math.MaxInt {
+		return DeviceTensor{}, fmt.Errorf("%s: %w: %v %v", b.name, kernels.ErrInvalidTensor, dt, shape)
+	}
+	p, err := b.drv.Alloc(max(int(n), 1))
+	if err != nil {
+		return DeviceTensor{}, fmt.Errorf("%s: allocating %v %v: %w", b.name, dt, shape, err)
+	}
+	t.Ptr = p
+	return t, nil
+}
+
+// FreeTensor releases a tensor from [Backend.AllocTensor].
+func (b *Backend) FreeTensor(t DeviceTensor) error {
+	if t.Ptr == 0 {
+		return nil
+	}
+	return b.drv.Free(t.Ptr)
+}
+
+// Upload copies the host tensor src into dst (same dtype and shape): an
+// explicit host-to-device copy, for tests and `simulate`.
+func (b *Backend) Upload(dst DeviceTensor, src kernels.Tensor) error {
+	if err := src.Validate(); err != nil {
+		return fmt.Errorf("%s: upload: %w", b.name, err)
+	}
+	if err := dst.check("dst", src.Shape...); err != nil || dst.DType != src.DType {
+		return fmt.Errorf("%s: upload of %v %v into %v %v: %w", b.name, src.DType, src.Shape, dst.DType, dst.Shape, kernels.ErrInvalidTensor)
+	}
+	return b.drv.HtoD(dst.Ptr, src.Data)
+}
+
+// Download copies the device tensor src into dst (same dtype and shape): an
+// explicit device-to-host copy, which waits for the work queued before it.
+func (b *Backend) Download(dst kernels.Tensor, src DeviceTensor) error {
+	if err := dst.Validate(); err != nil {
+		return fmt.Errorf("%s: download: %w", b.name, err)
+	}
+	if err := src.check("src", dst.Shape...); err != nil || dst.DType != src.DType {
+		return fmt.Errorf("%s: download of %v %v into %v %v: %w", b.name, src.DType, src.Shape, dst.DType, dst.Shape, kernels.ErrInvalidTensor)
+	}
+	return b.drv.DtoH(dst.Data, src.Ptr)
+}
+
+// UploadF32 and DownloadF32 copy float32 values (an LSE) to and from a
+// device tensor of len(v) f32 elements.
+func (b *Backend) UploadF32(dst DeviceTensor, v []float32) error {
+	return b.Upload(dst, kernels.Tensor{DType: layout.F32, Shape: dst.Shape, Data: f32Bytes(v)})
+}
+
+// DownloadF32 copies a device f32 tensor into v (len(v) elements).
+func (b *Backend) DownloadF32(v []float32, src DeviceTensor) error {
+	return b.Download(kernels.Tensor{DType: layout.F32, Shape: src.Shape, Data: f32Bytes(v)}, src)
+}
+
+// Synchronize waits for every operation queued on the device.
+func (b *Backend) Synchronize() error { return b.drv.Synchronize() }
+
+// DeviceKVCache is a paged KV cache in device memory, FlashInfer's
+// paged_kv_cache: one 5-D allocation (Geometry.Form == layout.Fused, V is
+// the second plane of it) or a K/V pair (layout.Split). It is allocated
+// once by [Backend.NewKVCache] and never leaves the device except through
+// [Backend.DownloadKVCache].
+type DeviceKVCache struct {
+	Geometry layout.Paged
+	K, V     DevicePtr // the K and V views the layout's offsets index
+	allocs   []DevicePtr
+	bytes    int64 // per view (K or V) for Split, the whole tensor for Fused
+}
+
+// planeBytes is the byte size of one of the layout's tensors (the fused
+// 5-D tensor or one of K, V).
+func planeBytes(g layout.Paged) (int64, error) {
+	if err := g.Validate(); err != nil {
+		return 0, fmt.Errorf("%w: %w", kernels.ErrInvalidCache, err)
+	}
+	n := g.TensorElements()
+	if n < 0 || n > math.MaxInt/int64(g.DType.Size()) {
+		return 0, fmt.Errorf("%w: %v cache of %d elements does not fit in memory", kernels.ErrInvalidCache, g.DType, n)
+	}
+	return n * int64(g.DType.Size()), nil
+}
+
+// NewKVCache allocates a zero-filled paged cache of geometry g in device
+// memory. Release it with [DeviceKVCache.Free].
+func (b *Backend) NewKVCache(g layout.Paged) (*DeviceKVCache, error) {
+	n, err := planeBytes(g)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", b.name, err)
+	}
+	c := &DeviceKVCache{Geometry: g, bytes: n}
+	count := 2
+	if g.Form == layout.Fused {
+		count = 1
+	}
+	for range count {
+		p, err := b.drv.Alloc(int(max(n, 1)))
+		if err != nil {
+			c.free(b.drv)
+			return nil, fmt.Errorf("%s: allocating a %d-byte cache: %w", b.name, n, err)
+		}
+		c.allocs = append(c.allocs, p)
+		if err := b.drv.Memset(p, 0, int(n)); err != nil {
+			c.free(b.drv)
+			return nil, fmt.Errorf("%s: clearing the cache: %w", b.name, err)
+		}
+	}
+	c.K = c.allocs[0]
+	if g.Form == layout.Fused {
+		c.V = c.K + DevicePtr(g.PlaneElements()*int64(g.DType.Size()))
+	} else {
+		c.V = c.allocs[1]
+	}
+	return c, nil
+}
+
+func (c *DeviceKVCache) free(drv Driver) {
+	for _, p := range c.allocs {
+		_ = drv.Free(p)
+	}
+	c.allocs, c.K, c.V = nil, 0, 0
+}
+
+// Free releases the cache's device memory (b must be the backend that made
+// it).
+func (c *DeviceKVCache) Free(b *Backend) { c.free(b.drv) }
+
+// CacheBytes is the cache's size in device memory.
+func (c *DeviceKVCache) CacheBytes() int64 { return c.bytes * int64(len(c.allocs)) }
+
+// UploadKVCache copies a whole host cache into the device cache (same
+// geometry): for tests and for loading a saved cache.
+func (b *Backend) UploadKVCache(dst *DeviceKVCache, src *kernels.PagedKVCache) error {
+	if err := src.Validate(); err != nil {
+		return fmt.Errorf("%s: upload cache: %w", b.name, err)
+	}
+	if src.Geometry != dst.Geometry || len(dst.allocs) == 0 {
+		return fmt.Errorf("%s: %w: upload of a %+v cache into a %+v device cache", b.name, kernels.ErrInvalidCache, src.Geometry, dst.Geometry)
+	}
+	if dst.Geometry.Form == layout.Fused {
+		return b.drv.HtoD(dst.K, src.Data)
+	}
+	if err := b.drv.HtoD(dst.K, src.K); err != nil {
+		return err
+	}
+	return b.drv.HtoD(dst.V, src.V)
+}
+
+// DownloadKVCache copies the device cache into a host cache of the same
+// geometry (for inspection and tests).
+func (b *Backend) DownloadKVCache(dst *kernels.PagedKVCache, src *DeviceKVCache) error {
+	if err := dst.Validate(); err != nil {
+		return fmt.Errorf("%s: download cache: %w", b.name, err)
+	}
+	if dst.Geometry != src.Geometry || len(src.allocs) == 0 {
+		return fmt.Errorf("%s: %w: download of a %+v device cache into a %+v cache", b.name, kernels.ErrInvalidCache, src.Geometry, dst.Geometry)
+	}
+	if src.Geometry.Form == layout.Fused {
+		return b.drv.DtoH(dst.Data, src.K)
+	}
+	if err := b.drv.DtoH(dst.K, src.K); err != nil {
+		return err
+	}
+	return b.drv.DtoH(dst.V, src.V)
+}
+
+// DeviceMLACache is an MLA paged cache in device memory: ckv [pages, N,
+// head_dim_ckv] and kpe [pages, N, head_dim_kpe], fused into one
+// [pages, N, ckv+kpe] allocation (layout.Fused; KPE points head_dim_ckv
+// elements into it) or two (layout.Split).
+type DeviceMLACache struct {
+	Geometry layout.MLA
+	CKV, KPE DevicePtr
+	allocs   []DevicePtr
+	sizes    []int64
+}
+
+// NewMLACache allocates a zero-filled MLA cache of geometry g in device
+// memory. Release it with [DeviceMLACache.Free].
+func (b *Backend) NewMLACache(g layout.MLA) (*DeviceMLACache, error) {
+	if err := g.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w: %w", b.name, kernels.ErrInvalidCache, err)
+	}
+	es := int64(g.DType.Size())
+	nc, nk := g.CKVElements(), g.KPEElements()
+	if nc < 0 || nk < 0 || nc > math.MaxInt/es || nk > math.MaxInt/es {
+		return nil, fmt.Errorf("%s: %w: MLA cache does not fit in memory", b.name, kernels.ErrInvalidCache)
+	}
+	c := &DeviceMLACache{Geometry: g}
+	sizes := []int64{nc * es, nk * es}
+	if g.Form == layout.Fused {
+		sizes = sizes[:1]
+	}
+	for _, n := range sizes {
+		p, err := b.drv.Alloc(int(max(n, 1)))
+		if err != nil {
+			c.Free(b)
+			return nil, fmt.Errorf("%s: allocating a %d-byte MLA cache: %w", b.name, n, err)
+		}
+		c.allocs, c.sizes = append(c.allocs, p), append(c.sizes, n)
+		if err := b.drv.Memset(p, 0, int(n)); err != nil {
+			c.Free(b)
+			return nil, fmt.Errorf("%s: clearing the MLA cache: %w", b.name, err)
+		}
+	}
+	c.CKV = c.allocs[0]
+	if g.Form == layout.Fused {
+		c.KPE = c.CKV + DevicePtr(g.KPEOffset(0, 0, 0)*es)
+	} else {
+		c.KPE = c.allocs[1]
+	}
+	return c, nil
+}
+
+// Free releases the cache's device memory.
+func (c *DeviceMLACache) Free(b *Backend) {
+	for _, p := range c.allocs {
+		_ = b.drv.Free(p)
+	}
+	c.allocs, c.sizes, c.CKV, c.KPE = nil, nil, 0, 0
+}
+
+// UploadMLACache copies a whole host MLA cache into the device cache.
+func (b *Backend) UploadMLACache(dst *DeviceMLACache, src *kernels.MLACache) error {
+	if err := src.Validate(); err != nil {
+		return fmt.Errorf("%s: upload MLA cache: %w", b.name, err)
+	}
+	if src.Geometry != dst.Geometry || len(dst.allocs) == 0 {
+		return fmt.Errorf("%s: %w: upload of a %+v MLA cache into a %+v device cache", b.name, kernels.ErrInvalidCache, src.Geometry, dst.Geometry)
+	}
+	if dst.Geometry.Form == layout.Fused {
+		return b.drv.HtoD(dst.allocs[0], src.Data)
+	}
+	if err := b.drv.HtoD(dst.allocs[0], src.CKV); err != nil {
+		return err
+	}
+	return b.drv.HtoD(dst.allocs[1], src.KPE)
+}
+
+// DownloadMLACache copies the device MLA cache into a host cache.
+func (b *Backend) DownloadMLACache(dst *kernels.MLACache, src *DeviceMLACache) error {
+	if err := dst.Validate(); err != nil {
+		return fmt.Errorf("%s: download MLA cache: %w", b.name, err)
+	}
+	if dst.Geometry != src.Geometry || len(src.allocs) == 0 {
+		return fmt.Errorf("%s: %w: download of a %+v device MLA cache into a %+v cache", b.name, kernels.ErrInvalidCache, src.Geometry, dst.Geometry)
+	}
+	if src.Geometry.Form == layout.Fused {
+		return b.drv.DtoH(dst.Data, src.allocs[0])
+	}
+	if err := b.drv.DtoH(dst.CKV, src.allocs[0]); err != nil {
+		return err
+	}
+	return b.drv.DtoH(dst.KPE, src.allocs[1])
+}

@@ -1,0 +1,463 @@
+package cuda
+
+import (
+	"fmt"
+
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// The kernels.Backend methods: host memory in, host memory out. Each call
+// validates its parameters with their shared Validate method, then runs the
+// device-resident path of device.go and step.go on temporary device
+// objects: upload the cache and the tensors, plan a step, launch, download
+// the outputs. So every conformance test of the host API exercises the same
+// plan, upload and launch code an engine's device-resident steps run; only
+// the uploads and downloads around it are extra (and make the host API the
+// wrong thing to time: it moves the whole cache twice per call).
+
+// hostCall collects the temporary device objects of one host-API call.
+type hostCall struct {
+	b       *Backend
+	tensors []DeviceTensor
+	caches  []*DeviceKVCache
+	mla     []*DeviceMLACache
+	steps   []*Step
+	err     error
+}
+
+func (h *hostCall) free() {
+	for _, t := range h.tensors {
+		_ = h.b.FreeTensor(t)
+	}
+	for _, c := range h.caches {
+		c.Free(h.b)
+	}
+	for _, c := range h.mla {
+		c.Free(h.b)
+	}
+	for _, s := range h.steps {
+		s.Free()
+	}
+}
+
+// tensor allocates a device copy of t (uploaded unless upload is false).
+func (h *hostCall) tensor(t kernels.Tensor, upload bool) DeviceTensor {
+	if h.err != nil {
+		return DeviceTensor{}
+	}
+	d, err := h.b.AllocTensor(t.DType, t.Shape...)
+	if err != nil {
+		h.err = err
+		return DeviceTensor{}
+	}
+	h.tensors = append(h.tensors, d)
+	if upload {
+		h.err = h.b.Upload(d, t)
+	}
+	return d
+}
+
+// lse allocates a device f32 [n] buffer for an optional LSE (none when
+// want is false), uploading vals when given.
+func (h *hostCall) lse(n int, want bool, vals []float32) DeviceTensor {
+	if !want {
+		return DeviceTensor{DType: layout.F32, Shape: []int{n}}
+	}
+	d := h.tensor(kernels.Tensor{DType: layout.F32, Shape: []int{n}}, false)
+	if h.err == nil && vals != nil {
+		h.err = h.b.UploadF32(d, vals)
+	}
+	return d
+}
+
+func (h *hostCall) cache(c *kernels.PagedKVCache) *DeviceKVCache {
+	if h.err != nil {
+		return nil
+	}
+	d, err := h.b.NewKVCache(c.Geometry)
+	if err != nil {
+		h.err = err
+		return nil
+	}
+	h.caches = append(h.caches, d)
+	h.err = h.b.UploadKVCache(d, c)
+	return d
+}
+
+func (h *hostCall) step(lim StepLimits) *Step {
+	if h.err != nil {
+		return nil
+	}
+	s, err := h.b.NewStep(lim)
+	if err != nil {
+		h.err = err
+		return nil
+	}
+	h.steps = append(h.steps, s)
+	return s
+}
+
+// download copies a device tensor into host memory.
+func (h *hostCall) download(dst kernels.Tensor, src DeviceTensor) {
+	if h.err == nil {
+		h.err = h.b.Download(dst, src)
+	}
+}
+
+func (h *hostCall) downloadF32(dst []float32, src DeviceTensor) {
+	if h.err == nil && dst != nil {
+		h.err = h.b.DownloadF32(dst, src)
+	}
+}
+
+// workItems is a work-item capacity that holds every split-k plan of rows
+// query rows over at most keys keys each.
+func (b *Backend) workItems(rows, keys int) int {
+	chunk := minChunkTokens
+	if b.cfg.MaxChunkTokens > 0 {
+		chunk = b.cfg.MaxChunkTokens
+	}
+	return rows + rows*((keys+chunk-1)/chunk) + 2*max(b.drv.NumSMs(), 1)
+}
+
+func usedPages(t *kernels.PageTable) int { return int(t.KVIndptr[t.BatchSize()]) }
+
+// AppendPagedKVCache is flashinfer.page.append_paged_kv_cache on host
+// memory (see the file comment): the rows of append_key/append_value are
+// copied (or, into an fp8 cache, converted) into the K and V slots that
+// batch_indices/positions name through the page table.
+func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	nnz := len(p.BatchIndices)
+	if nnz == 0 {
+		return nil
+	}
+	h := &hostCall{b: b}
+	defer h.free()
+	cache := h.cache(&p.Cache)
+	key, val := h.tensor(p.AppendKey, true), h.tensor(p.AppendValue, true)
+	s := h.step(StepLimits{MaxBatch: p.Table.BatchSize(), MaxPages: usedPages(&p.Table), MaxRows: nnz})
+	if h.err != nil {
+		return h.err
+	}
+	if err := s.Plan(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, BatchIndices: p.BatchIndices, Positions: p.Positions}); err != nil {
+		return err
+	}
+	if err := s.Append(cache, key, val, p.KScale, p.VScale); err != nil {
+		return err
+	}
+	return b.DownloadKVCache(&p.Cache, cache)
+}
+
+// BatchDecode is BatchDecodeWithPagedKVCacheWrapper.run on host memory:
+// one query per request, o = softmax(s) v with s = (q·k)*sm_scale
+// (soft-capped, windowed) and the base-2 LSE. Long requests may be split
+// into chunks (split-k) and merged on the device; see
+// [Config.MaxChunkTokens].
+func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	B, Hq, D := p.Q.Shape[0], p.Q.Shape[1], p.Q.Shape[2]
+	if B == 0 {
+		return nil
+	}
+	maxLen := 0
+	for r := range B {
+		maxLen = max(maxLen, p.Table.SeqLen(r, p.Cache.Geometry.PageSize))
+	}
+	return b.hostAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: Decode, Rows: B,
+		AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE, StepLimits{
+		MaxBatch: B, MaxPages: usedPages(&p.Table), MaxRows: B, MaxQOHeads: Hq, MaxHeadDim: D,
+		MaxWorkItems: b.workItems(B, maxLen)})
+}
+
+// BatchPrefill is BatchPrefillWithPagedKVCacheWrapper.run on host memory:
+// ragged queries, bottom-right causal when Causal, left window when
+// WindowLeft >= 0. The decode kernel runs one work item per query row (see
+// docs/kernels.md: a CUDA-core kernel, not FlashInfer's tensor-core
+// prefill).
+func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	rows, Hq, D := p.Q.Shape[0], p.Q.Shape[1], p.Q.Shape[2]
+	if rows == 0 {
+		return nil
+	}
+	B := p.Table.BatchSize()
+	maxLen := 0
+	for r := range B {
+		maxLen = max(maxLen, p.Table.SeqLen(r, p.Cache.Geometry.PageSize))
+	}
+	return b.hostAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: Prefill, Rows: rows,
+		QOIndptr: p.QOIndptr, Causal: p.Causal, AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE, StepLimits{
+		MaxBatch: B, MaxPages: usedPages(&p.Table), MaxRows: rows, MaxQOHeads: Hq, MaxHeadDim: D,
+		MaxWorkItems: b.workItems(rows, maxLen)})
+}
+
+// CascadeLevels runs multi-level cascade attention on host memory through
+// one device step (the levels' prefills and their merges on the device):
+// cascade.Run's semantics, for tests and benchmarks of the device path.
+func (b *Backend) CascadeLevels(levels []Level, q kernels.Tensor, cache *kernels.PagedKVCache, causal bool,
+	ap kernels.AttentionParams, o kernels.Tensor, lse []float32) error {
+	rows, Hq, D := 0, 0, 0
+	if len(q.Shape) == 3 {
+		rows, Hq, D = q.Shape[0], q.Shape[1], q.Shape[2]
+	}
+	lim := StepLimits{MaxRows: rows, MaxLevels: max(len(levels), 1), MaxQOHeads: Hq, MaxHeadDim: D}
+	maxLen := 0
+	for _, lv := range levels {
+		t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+		if len(lv.KVIndptr) > 0 {
+			lim.MaxBatch = max(lim.MaxBatch, len(lv.KVIndptr)-1)
+			if int(lv.KVIndptr[len(lv.KVIndptr)-1]) <= len(lv.KVIndices) && lv.KVIndptr[len(lv.KVIndptr)-1] >= 0 {
+				lim.MaxPages = max(lim.MaxPages, int(lv.KVIndptr[len(lv.KVIndptr)-1]))
+			}
+			if t.Validate(cache.Geometry.PageSize, cache.Geometry.NumPages) == nil {
+				for r := range t.BatchSize() {
+					maxLen = max(maxLen, t.SeqLen(r, cache.Geometry.PageSize))
+				}
+			}
+		}
+	}
+	lim.MaxWorkItems = b.workItems(rows, maxLen)
+	return b.hostAttention(&StepPlan{Geometry: cache.Geometry, Attention: Cascade, Rows: rows, Levels: levels,
+		Causal: causal, AttentionParams: ap, Table: kernels.PageTable{KVIndptr: []int32{0}}}, cache, q, o, lse, lim)
+}
+
+// hostAttention validates the plan first (so that a bad index array fails
+// before anything is allocated or copied), then uploads, runs and
+// downloads.
+func (b *Backend) hostAttention(p *StepPlan, cache *kernels.PagedKVCache, q, o kernels.Tensor, lse []float32, lim StepLimits) error {
+	h := &hostCall{b: b}
+	defer h.free()
+	s := h.step(lim)
+	if h.err != nil {
+		return h.err
+	}
+	if err := s.Plan(p); err != nil {
+		return err
+	}
+	dc := h.cache(cache)
+	dq := h.tensor(q, true)
+	do := h.tensor(o, false)
+	dl := h.lse(len(lse), lse != nil, nil)
+	if h.err != nil {
+		return h.err
+	}
+	if err := s.Attention(dc, dq, do, dl); err != nil {
+		return err
+	}
+	h.download(o, do)
+	h.downloadF32(lse, dl)
+	return h.err
+}
+
+// AppendPagedMLAKVCache is flashinfer.page.append_paged_mla_kv_cache on host
+// memory: rows of append_ckv and append_kpe are copied into ckv[page, entry]
+// and kpe[page, entry] (split caches or one fused [pages, N, ckv+kpe]
+// tensor).
+func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	nnz := len(p.BatchIndices)
+	if nnz == 0 {
+		return nil
+	}
+	h := &hostCall{b: b}
+	defer h.free()
+	B := len(p.KVIndptr) - 1
+	s := h.step(StepLimits{MaxBatch: B, MaxPages: int(p.KVIndptr[B]), MaxRows: nnz})
+	dc := h.mlaCache(&p.Cache)
+	ckv, kpe := h.tensor(p.AppendCKV, true), h.tensor(p.AppendKPE, true)
+	if h.err != nil {
+		return h.err
+	}
+	if err := s.PlanMLA(&MLAStepPlan{Geometry: p.Cache.Geometry, KVIndptr: p.KVIndptr, KVIndices: p.KVIndices,
+		KVLastPageLen: p.KVLastPageLen, BatchIndices: p.BatchIndices, Positions: p.Positions}); err != nil {
+		return err
+	}
+	if err := s.MLAAppend(dc, ckv, kpe); err != nil {
+		return err
+	}
+	return b.DownloadMLACache(&p.Cache, dc)
+}
+
+func (h *hostCall) mlaCache(c *kernels.MLACache) *DeviceMLACache {
+	if h.err != nil {
+		return nil
+	}
+	d, err := h.b.NewMLACache(c.Geometry)
+	if err != nil {
+		h.err = err
+		return nil
+	}
+	h.mla = append(h.mla, d)
+	h.err = h.b.UploadMLACache(d, c)
+	return d
+}
+
+// MLADecode is BatchMLAPagedAttentionWrapper.run for decode on host memory:
+// s = (q_nope·ckv + q_pe·kpe)*sm_scale, o = softmax(s)·ckv.
+func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	B, H := p.QNope.Shape[0], p.QNope.Shape[1]
+	if B == 0 {
+		return nil
+	}
+	h := &hostCall{b: b}
+	defer h.free()
+	s := h.step(StepLimits{MaxBatch: B, MaxPages: int(p.KVIndptr[B]), MaxRows: B})
+	if h.err != nil {
+		return h.err
+	}
+	if err := s.PlanMLA(&MLAStepPlan{Geometry: p.Cache.Geometry, KVIndptr: p.KVIndptr, KVIndices: p.KVIndices,
+		Decode: true, KVLen: p.KVLen, NumHeads: p.NumHeads, SMScale: p.SMScale}); err != nil {
+		return err
+	}
+	dc := h.mlaCache(&p.Cache)
+	qn, qp := h.tensor(p.QNope, true), h.tensor(p.QPE, true)
+	do := h.tensor(p.O, false)
+	dl := h.lse(B*H, p.LSE != nil, nil)
+	if h.err != nil {
+		return h.err
+	}
+	if err := s.MLADecode(dc, qn, qp, do, dl); err != nil {
+		return err
+	}
+	h.download(p.O, do)
+	h.downloadF32(p.LSE, dl)
+	return h.err
+}
+
+// MergeState is flashinfer.merge_state on host memory (V may alias VA or
+// VB and S may alias SA or SB).
+func (b *Backend) MergeState(p *kernels.MergeStateParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	n, H := p.VA.Shape[0], p.VA.Shape[1]
+	if n*H == 0 {
+		return nil
+	}
+	h := &hostCall{b: b}
+	defer h.free()
+	va, vb := h.tensor(p.VA, true), h.tensor(p.VB, true)
+	sa, sb := h.lse(n*H, true, p.SA), h.lse(n*H, true, p.SB)
+	v := h.tensor(p.V, false)
+	s := h.lse(n*H, true, nil)
+	if h.err != nil {
+		return h.err
+	}
+	if err := b.DeviceMergeState(va, sa, vb, sb, v, s); err != nil {
+		return err
+	}
+	h.download(p.V, v)
+	h.downloadF32(p.S, s)
+	return h.err
+}
+
+// MergeStates is flashinfer.merge_states on host memory.
+func (b *Backend) MergeStates(p *kernels.MergeStatesParams) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	n, ns, H := p.V.Shape[0], p.V.Shape[1], p.V.Shape[2]
+	if n*H == 0 {
+		return nil
+	}
+	h := &hostCall{b: b}
+	defer h.free()
+	v := h.tensor(p.V, true)
+	s := h.lse(n*ns*H, true, p.S)
+	ov := h.tensor(p.OutV, false)
+	os := h.lse(n*H, true, nil)
+	if h.err != nil {
+		return h.err
+	}
+	if err := b.DeviceMergeStates(v, s, ov, os); err != nil {
+		return err
+	}
+	h.download(p.OutV, ov)
+	h.downloadF32(p.OutS, os)
+	return h.err
+}
+
+// DeviceMergeState is merge_state on device tensors: va, vb, v [n, H, D]
+// (f32/f16/bf16), sa, sb, s f32 [n*H]. v may be va or vb and s may be sa or
+// sb. The LSE values live on the device, so unlike
+// [kernels.MergeStateParams.Validate] they are not checked for NaN or +Inf:
+// such a state poisons its row.
+func (b *Backend) DeviceMergeState(va, sa, vb, sb, v, s DeviceTensor) error {
+	const op = "merge_state"
+	if len(va.Shape) != 3 {
+		return fmt.Errorf("%s: %w: v_a has shape %v, want 3 dimensions", op, kernels.ErrInvalidTensor, va.Shape)
+	}
+	n, H, D := va.Shape[0], va.Shape[1], va.Shape[2]
+	for _, c := range []struct {
+		name string
+		t    DeviceTensor
+	}{{"v_a", va}, {"v_b", vb}, {"v", v}} {
+		if err := c.t.checkActivation(op, c.name, n, H, D); err != nil {
+			return err
+		}
+	}
+	for _, c := range []struct {
+		name string
+		t    DeviceTensor
+	}{{"s_a", sa}, {"s_b", sb}, {"s", s}} {
+		if c.t.Ptr == 0 && n*H > 0 {
+			return fmt.Errorf("%s: %w: %s is a null device pointer", op, kernels.ErrInvalidTensor, c.name)
+		}
+		if err := checkLSE(op, c.name, c.t, n*H); err != nil {
+			return err
+		}
+	}
+	var args []uint64
+	return b.mergeState(uint64(va.Ptr), uint64(sa.Ptr), va.DType, uint64(vb.Ptr), uint64(sb.Ptr), vb.DType,
+		uint64(v.Ptr), uint64(s.Ptr), v.DType, int64(n)*int64(H), int64(D), &args)
+}
+
+// DeviceMergeStates is merge_states on device tensors: v [n, S, H, D], s f32
+// [n*S*H] in; outV [n, H, D], outS f32 [n*H] out (not overlapping the
+// inputs). As for [Backend.DeviceMergeState], LSE values are not checked.
+func (b *Backend) DeviceMergeStates(v, s, outV, outS DeviceTensor) error {
+	const op = "merge_states"
+	if len(v.Shape) != 4 {
+		return fmt.Errorf("%s: %w: v has shape %v, want [n, num_states, heads, head_dim]", op, kernels.ErrInvalidTensor, v.Shape)
+	}
+	n, ns, H, D := v.Shape[0], v.Shape[1], v.Shape[2], v.Shape[3]
+	if err := v.checkActivation(op, "v", n, ns, H, D); err != nil {
+		return err
+	}
+	if err := outV.checkActivation(op, "v_merged", n, H, D); err != nil {
+		return err
+	}
+	for _, c := range []struct {
+		name string
+		t    DeviceTensor
+		n    int
+	}{{"s", s, n * ns * H}, {"s_merged", outS, n * H}} {
+		if c.t.Ptr == 0 && c.n > 0 {
+			return fmt.Errorf("%s: %w: %s is a null device pointer", op, kernels.ErrInvalidTensor, c.name)
+		}
+		if err := checkLSE(op, c.name, c.t, c.n); err != nil {
+			return err
+		}
+	}
+	if n*H == 0 {
+		return nil
+	}
+	vc, _ := dtypeCode(v.DType)
+	oc, _ := dtypeCode(outV.DType)
+	args := []uint64{uint64(v.Ptr), uint64(s.Ptr), uint64(outV.Ptr), uint64(outS.Ptr), uint64(n), uint64(ns), uint64(H),
+		uint64(D), uint64(vc), uint64(oc)}
+	return b.launch("merge_states", Dim3{b.gridFor(n * H), 1, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, args)
+}

@@ -1,0 +1,696 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// ErrStepLimit is wrapped when a step's arrays exceed the [StepLimits] its
+// [Step] was sized for.
+var ErrStepLimit = errors.New("cuda: step exceeds its limits")
+
+// ErrNotPlanned is wrapped when a step runs an operation its last plan did
+// not prepare (or with a cache of another geometry).
+var ErrNotPlanned = errors.New("cuda: operation not planned for this step")
+
+// AttentionKind selects the attention a [StepPlan] prepares.
+type AttentionKind int
+
+const (
+	// NoAttention: the step only appends.
+	NoAttention AttentionKind = iota
+	// Decode is batch decode: one query row per request.
+	Decode
+	// Prefill is batch prefill with ragged queries (QOIndptr).
+	Prefill
+	// Cascade is multi-level cascade attention (Levels), merged on the
+	// device with merge_state.
+	Cascade
+)
+
+// Level is one level of a cascade step, with the arrays of cascade.Level.
+type Level struct {
+	QOIndptr, KVIndptr, KVIndices, KVLastPageLen []int32
+}
+
+// StepLimits size a [Step]'s device buffers once; every plan must fit.
+type StepLimits struct {
+	MaxBatch     int // requests (or groups of a cascade level)
+	MaxPages     int // kv_indices entries of one level
+	MaxRows      int // query rows (nnz_qo) and appended rows (nnz)
+	MaxLevels    int // cascade levels (0 means 1)
+	MaxQOHeads   int // num_qo_heads
+	MaxHeadDim   int // head_dim
+	MaxWorkItems int // split-k work items per level (0: 2*MaxRows + 2*SMs)
+}
+
+// StepPlan is one step's index arrays and the scalars that shape its
+// launches (FlashInfer's plan): the rows to append, if any, and one
+// attention over the same cache geometry.
+type StepPlan struct {
+	Geometry layout.Paged
+	// Table is the step's page table, after the append: the append's and,
+	// for Decode and Prefill, the attention's.
+	Table kernels.PageTable
+	// BatchIndices and Positions name the appended rows (nil: no append).
+	BatchIndices, Positions []int32
+
+	Attention AttentionKind
+	Rows      int     // query rows: B for Decode, nnz_qo for Prefill and Cascade
+	QOIndptr  []int32 // Prefill: [B+1]
+	Levels    []Level // Cascade, level 0 (most shared) first
+	Causal    bool    // Prefill; Cascade: last level only
+	kernels.AttentionParams
+}
+
+// levelPlan is one attention launch (a decode, a prefill or one cascade
+// level) as planned: offsets of its arrays in the index buffer.
+type levelPlan struct {
+	indptr, indices, last, work, merge int // byte offsets (merge: -1 without split-k)
+	items                              int
+}
+
+// appendPlan holds the byte offsets of an append's arrays in the index
+// buffer (-1: absent).
+type appendPlan struct{ indptr, indices, bi, pos int }
+
+// Step owns the fixed device buffers a step's index arrays are uploaded to
+// (sized once by [StepLimits]), their pinned host staging, and scratch for
+// split-k partial states and cascade accumulators. [Step.Plan] validates a
+// step's arrays on the host with the shared validator, packs them into the
+// staging buffer and uploads them with one asynchronous copy; [Step.Append]
+// and [Step.Attention] then launch on the device with no host traffic. The
+// addresses of the buffers never change, and a plan places every array at an
+// offset that depends only on the step's sizes, so two steps of the same
+// shape launch identical kernel arguments (what a CUDA graph replay needs;
+// see docs/kernels.md).
+//
+// A Step is not safe for concurrent use; use one per stream.
+type Step struct {
+	b        *Backend
+	lim      StepLimits
+	staging  []byte
+	idx      DevicePtr
+	scratch  DevicePtr
+	scratchN int
+
+	// the current plan
+	planned   bool
+	g         layout.Paged
+	kind      AttentionKind
+	rows      int
+	hq        int
+	ap        kernels.AttentionParams
+	shape     decodePlan
+	nnz       int
+	app       appendPlan
+	mla       mlaPlan
+	levels    []levelPlan
+	uploaded  int
+	cursor    int
+	lo, hi    []int
+	visible   []int
+	work, mrg []int32
+	req       []int32
+	args      []uint64
+}
+
+// NewStep allocates a step's device buffers and pinned staging.
+func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
+	if lim.MaxLevels == 0 {
+		lim.MaxLevels = 1
+	}
+	if lim.MaxWorkItems == 0 {
+		lim.MaxWorkItems = 2*lim.MaxRows + 2*max(b.drv.NumSMs(), 1)
+	}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{{"max_batch", lim.MaxBatch}, {"max_pages", lim.MaxPages}, {"max_rows", lim.MaxRows}, {"max_levels", lim.MaxLevels},
+		{"max_qo_heads", lim.MaxQOHeads}, {"max_head_dim", lim.MaxHeadDim}, {"max_work_items", lim.MaxWorkItems}} {
+		if v.n < 0 || v.n > math.MaxInt32 {
+			return nil, fmt.Errorf("%s: step limits: %s = %d outside [0, 2^31)", b.name, v.name, v.n)
+		}
+	}
+	idxInts := int64(lim.MaxLevels)*(3*int64(lim.MaxBatch)+2+int64(lim.MaxPages)+4*int64(lim.MaxWorkItems)+int64(lim.MaxRows)+1) +
+		// the append's own table (a cascade's levels are not the per-request table) and rows
+		3*int64(lim.MaxBatch) + 2 + int64(lim.MaxPages) + 2*int64(lim.MaxRows)
+	hd := int64(lim.MaxHeadDim) + 1
+	scratch := int64(lim.MaxWorkItems) * int64(lim.MaxQOHeads) * hd * 4
+	if lim.MaxLevels > 1 {
+		scratch += 2 * int64(lim.MaxRows) * int64(lim.MaxQOHeads) * hd * 4
+	}
+	if idxInts*4 > math.MaxInt32 || scratch > math.MaxInt/2 {
+		return nil, fmt.Errorf("%s: step limits %+v need %d index bytes and %d scratch bytes: %w", b.name, lim, idxInts*4, scratch, ErrStepLimit)
+	}
+	s := &Step{b: b, lim: lim, scratchN: int(scratch)}
+	var err error
+	if s.staging, err = b.drv.HostAlloc(int(idxInts*4) + 16); err != nil {
+		return nil, fmt.Errorf("%s: pinned staging: %w", b.name, err)
+	}
+	if s.idx, err = b.drv.Alloc(len(s.staging)); err != nil {
+		s.Free()
+		return nil, fmt.Errorf("%s: step index buffer: %w", b.name, err)
+	}
+	if s.scratch, err = b.drv.Alloc(max(int(scratch), 256)); err != nil {
+		s.Free()
+		return nil, fmt.Errorf("%s: step scratch: %w", b.name, err)
+	}
+	s.levels = make([]levelPlan, 0, lim.MaxLevels)
+	s.args = make([]uint64, 0, 32)
+	return s, nil
+}
+
+// Free releases the step's buffers.
+func (s *Step) Free() {
+	if s.idx != 0 {
+		_ = s.b.drv.Free(s.idx)
+	}
+	if s.scratch != 0 {
+		_ = s.b.drv.Free(s.scratch)
+	}
+	if s.staging != nil {
+		_ = s.b.drv.HostFree(s.staging)
+	}
+	s.idx, s.scratch, s.staging, s.planned = 0, 0, nil, false
+}
+
+// Limits returns the limits the step was sized for (defaults filled in).
+func (s *Step) Limits() StepLimits { return s.lim }
+
+// UploadedBytes is the size of the last plan's one host-to-device copy.
+func (s *Step) UploadedBytes() int { return s.uploaded }
+
+// pack appends an int32 array to the staging buffer and returns its byte
+// offset in the index buffer.
+func (s *Step) pack(a []int32) int {
+	off := s.cursor
+	copy(s.staging[off:], i32Bytes(a))
+	s.cursor += 4 * len(a)
+	return off
+}
+
+func (s *Step) limit(what string, n, max int) error {
+	if n > max {
+		return fmt.Errorf("%s: step: %s = %d exceeds the step's limit %d: %w", s.b.name, what, n, max, ErrStepLimit)
+	}
+	return nil
+}
+
+// validate runs the shared host validator over every array of p, in the
+// order the host backends' Validate methods check them, then the limits.
+func (s *Step) validate(p *StepPlan) error {
+	g := p.Geometry
+	if _, err := planeBytes(g); err != nil {
+		return fmt.Errorf("%s: step: %w", s.b.name, err)
+	}
+	if p.BatchIndices != nil || p.Positions != nil {
+		if err := kernels.ValidateAppendTable(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+			return err
+		}
+		if err := kernels.ValidateAppendRows(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+			return err
+		}
+	}
+	switch p.Attention {
+	case NoAttention:
+		if p.BatchIndices == nil {
+			if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+				return fmt.Errorf("step: %w", err)
+			}
+		}
+	case Decode:
+		if err := kernels.ValidateAttentionScalars("decode", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
+			return err
+		}
+		if err := kernels.ValidateDecodeTable(g, p.Rows, &p.Table); err != nil {
+			return err
+		}
+	case Prefill:
+		if err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
+			return err
+		}
+		if err := kernels.ValidatePrefillTable(g, p.Rows, p.QOIndptr, &p.Table); err != nil {
+			return err
+		}
+	case Cascade:
+		if len(p.Levels) == 0 {
+			return fmt.Errorf("cascade: %w: no levels", kernels.ErrInvalidAttention)
+		}
+		if p.WindowLeft != -1 {
+			return fmt.Errorf("cascade: %w: window_left = %d; cascade attention takes no window (want -1)", kernels.ErrInvalidAttention, p.WindowLeft)
+		}
+		for l, lv := range p.Levels {
+			err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim)
+			if err == nil {
+				t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+				err = kernels.ValidatePrefillTable(g, p.Rows, lv.QOIndptr, &t)
+			}
+			if err != nil {
+				return fmt.Errorf("cascade level %d of %d: %w", l, len(p.Levels), err)
+			}
+		}
+	default:
+		return fmt.Errorf("%s: step: %w: attention kind %d", s.b.name, kernels.ErrInvalidAttention, p.Attention)
+	}
+	if p.Rows < 0 {
+		return fmt.Errorf("%s: step: %w: rows = %d", s.b.name, kernels.ErrInvalidAttention, p.Rows)
+	}
+
+	// Limits, after validation: a malformed array gets the validator's error.
+	lim := s.lim
+	if err := s.limit("batch", p.Table.BatchSize(), lim.MaxBatch); err != nil {
+		return err
+	}
+	if err := s.limit("pages", int(p.Table.KVIndptr[p.Table.BatchSize()]), lim.MaxPages); err != nil {
+		return err
+	}
+	if err := s.limit("appended rows", len(p.BatchIndices), lim.MaxRows); err != nil {
+		return err
+	}
+	if p.Attention == NoAttention {
+		return nil
+	}
+	if err := s.limit("query rows", p.Rows, lim.MaxRows); err != nil {
+		return err
+	}
+	if err := s.limit("num_qo_heads", p.NumQOHeads, lim.MaxQOHeads); err != nil {
+		return err
+	}
+	if err := s.limit("head_dim", g.HeadDim, lim.MaxHeadDim); err != nil {
+		return err
+	}
+	if p.Attention == Cascade {
+		if err := s.limit("levels", len(p.Levels), lim.MaxLevels); err != nil {
+			return err
+		}
+		for _, lv := range p.Levels {
+			B := len(lv.KVIndptr) - 1
+			if err := s.limit("batch", B, lim.MaxBatch); err != nil {
+				return err
+			}
+			if err := s.limit("pages", int(lv.KVIndptr[B]), lim.MaxPages); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Plan validates p on the host (nothing reaches the device when it
+// fails), plans the launches (split-k chunks, causal and window ranges per
+// query row), packs every index array into the pinned staging buffer and
+// uploads it with one asynchronous copy into the step's index buffer. On an
+// error the step has no plan.
+func (s *Step) Plan(p *StepPlan) error {
+	s.planned = false
+	if err := s.validate(p); err != nil {
+		return err
+	}
+	g := p.Geometry
+	s.g, s.kind, s.rows, s.hq, s.ap = g, p.Attention, p.Rows, p.NumQOHeads, p.AttentionParams
+	s.mla.on = false
+	s.nnz = len(p.BatchIndices)
+	s.levels = s.levels[:0]
+	s.cursor = 0
+	if p.Attention != NoAttention {
+		shape, err := planDecodeShape(g, p.NumQOHeads/g.NumKVHeads)
+		if err != nil {
+			return fmt.Errorf("%s: %w", s.b.name, err)
+		}
+		s.shape = shape
+	}
+	// B-sized arrays first, kv_indices last: every offset but the page
+	// arrays' depends on the batch and row counts only.
+	switch p.Attention {
+	case Decode, Prefill:
+		if err := s.planLevel(&p.Table, p.QOIndptr, p.Causal, p.Attention == Decode); err != nil {
+			return err
+		}
+	case Cascade:
+		for l, lv := range p.Levels {
+			t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+			if err := s.planLevel(&t, lv.QOIndptr, p.Causal && l == len(p.Levels)-1, false); err != nil {
+				return err
+			}
+		}
+	}
+	s.app = appendPlan{indptr: -1, indices: -1, bi: -1, pos: -1}
+	if s.nnz > 0 {
+		if p.Attention == Decode || p.Attention == Prefill {
+			s.app.indptr, s.app.indices = s.levels[0].indptr, s.levels[0].indices
+		} else {
+			s.app.indptr = s.pack(p.Table.KVIndptr)
+		}
+		s.app.bi = s.pack(p.BatchIndices)
+		s.app.pos = s.pack(p.Positions)
+	}
+	// page arrays
+	for i := range s.levels {
+		lv := &s.levels[i]
+		var ind []int32
+		if p.Attention == Cascade {
+			ind = p.Levels[i].KVIndices
+			ind = ind[:p.Levels[i].KVIndptr[len(p.Levels[i].KVIndptr)-1]]
+		} else {
+			ind = p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]]
+		}
+		lv.indices = s.pack(ind)
+	}
+	if s.nnz > 0 && s.app.indices < 0 {
+		s.app.indices = s.pack(p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]])
+	}
+	if s.cursor > len(s.staging) {
+		return fmt.Errorf("%s: step: %d index bytes exceed the staging buffer of %d: %w", s.b.name, s.cursor, len(s.staging), ErrStepLimit)
+	}
+	if s.cursor > 0 {
+		if err := s.b.drv.HtoDAsync(s.idx, s.staging[:s.cursor]); err != nil {
+			return fmt.Errorf("%s: step upload: %w", s.b.name, err)
+		}
+	}
+	s.uploaded = s.cursor
+	s.planned = true
+	return nil
+}
+
+// planLevel packs one attention launch's B-sized arrays and work items:
+// for decode one item per request over the keys in its window; otherwise
+// one item per query row over the keys its causal mask and window leave,
+// cut into split-k chunks when the launcher decides to (see chooseChunk).
+func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode bool) error {
+	g := s.g
+	B := t.BatchSize()
+	rows := s.rows
+	s.lo, s.hi, s.visible = resizeInts(s.lo, rows), resizeInts(s.hi, rows), resizeInts(s.visible, rows)
+	if cap(s.req) < rows {
+		s.req = make([]int32, rows)
+	}
+	s.req = s.req[:rows]
+	win := s.ap.WindowLeft
+	if decode {
+		for r := range B {
+			n := t.SeqLen(r, g.PageSize)
+			if n > math.MaxInt32 {
+				return fmt.Errorf("%s: decode: request %d has %d keys, more than the kernels' 2^31-1: %w", s.b.name, r, n, kernels.ErrUnsupported)
+			}
+			s.hi[r] = n
+			s.lo[r] = 0
+			s.req[r] = int32(r)
+			if win >= 0 {
+				s.lo[r] = max(0, n-1-win)
+			}
+		}
+	} else {
+		for b := range B {
+			n := t.SeqLen(b, g.PageSize)
+			if n > math.MaxInt32 {
+				return fmt.Errorf("%s: prefill: request %d has %d keys, more than the kernels' 2^31-1: %w", s.b.name, b, n, kernels.ErrUnsupported)
+			}
+			q0, q1 := int(qoIndptr[b]), int(qoIndptr[b+1])
+			for r := q0; r < q1; r++ {
+				pos := r - q0 + n - (q1 - q0) // absolute position, bottom-right aligned
+				lo, hi := 0, n
+				if causal {
+					hi = min(hi, pos+1)
+				}
+				if win >= 0 {
+					lo = max(lo, pos-win)
+				}
+				hi = max(hi, lo)
+				s.lo[r], s.hi[r], s.req[r] = lo, hi, int32(b)
+			}
+		}
+	}
+	for r := range rows {
+		s.visible[r] = s.hi[r] - s.lo[r]
+	}
+	bpr := g.NumKVHeads * s.shape.gz
+	chunk := chooseChunk(s.visible, bpr, s.b.drv.NumSMs(), s.b.cfg.MaxChunkTokens, s.shape.tile)
+	capItems := s.lim.MaxWorkItems
+	if chunk > 0 {
+		total := 0
+		for _, v := range s.visible {
+			total += v
+		}
+		if rows+(total+chunk-1)/chunk > capItems {
+			if capItems <= rows {
+				chunk = 0
+			} else {
+				chunk = (total + capItems - rows - 1) / (capItems - rows)
+				chunk = (chunk + s.shape.tile - 1) / s.shape.tile * s.shape.tile
+			}
+		}
+	}
+	var mrg []int32
+	s.work, mrg = splitWork(s.work, s.mrg, s.lo, s.hi, s.req, chunk)
+	if mrg != nil {
+		s.mrg = mrg
+	}
+	if err := s.limit("work items", len(s.work)/4, capItems); err != nil {
+		return err
+	}
+	lp := levelPlan{merge: -1}
+	lp.indptr = s.pack(t.KVIndptr)
+	lp.last = s.pack(t.KVLastPageLen)
+	lp.work = s.pack(s.work)
+	lp.items = len(s.work) / 4
+	if mrg != nil {
+		lp.merge = s.pack(mrg)
+	}
+	s.levels = append(s.levels, lp)
+	return nil
+}
+
+func resizeInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+// splitWork makes the work items (q_row, request, begin, end) of rows
+// r = 0..len(lo)-1 of request req[r], reusing work and mrg: one item per
+// row over [lo[r], hi[r]), or with chunk > 0 each row's range cut into
+// chunks of at most chunk keys (one empty item for a row that sees none)
+// and the CSR of each row's items (merge_indptr; nil without chunks).
+func splitWork(work, mrg []int32, lo, hi []int, req []int32, chunk int) ([]int32, []int32) {
+	work = work[:0]
+	if chunk == 0 {
+		for r := range lo {
+			work = append(work, int32(r), req[r], int32(lo[r]), int32(hi[r]))
+		}
+		return work, nil
+	}
+	mrg = append(mrg[:0], 0)
+	for r := range lo {
+		n := 0
+		for st := lo[r]; st < hi[r] || n == 0; st += chunk {
+			e := min(st+chunk, hi[r])
+			work = append(work, int32(r), req[r], int32(st), int32(e))
+			n++
+		}
+		mrg = append(mrg, mrg[len(mrg)-1]+int32(n))
+	}
+	return work, mrg
+}
+
+func (s *Step) at(off int) uint64 {
+	if off < 0 {
+		return 0
+	}
+	return uint64(s.idx) + uint64(off)
+}
+
+// checkCache checks that the plan covers cache.
+func (s *Step) checkCache(op string, g layout.Paged, ok bool) error {
+	if !s.planned {
+		return fmt.Errorf("%s: %s: %w (call Plan first)", s.b.name, op, ErrNotPlanned)
+	}
+	if !ok {
+		return fmt.Errorf("%s: %s: %w: the device cache is not allocated", s.b.name, op, kernels.ErrInvalidCache)
+	}
+	if g != s.g {
+		return fmt.Errorf("%s: %s: %w: cache %+v, plan %+v", s.b.name, op, ErrNotPlanned, g, s.g)
+	}
+	return nil
+}
+
+// Append is append_paged_kv_cache for the planned rows: key and value rows
+// [nnz, H, D] (device tensors) are written into cache (converted into an
+// fp8 cache with kScale/vScale, as [kernels.AppendParams] describes). It
+// launches one kernel and moves no host memory.
+func (s *Step) Append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vScale float64) error {
+	const op = "append"
+	if err := s.checkCache(op, cache.Geometry, len(cache.allocs) > 0); err != nil {
+		return err
+	}
+	if s.nnz == 0 {
+		if key.Bytes() != 0 || value.Bytes() != 0 {
+			return fmt.Errorf("%s: %s: %w: the plan appends no rows", s.b.name, op, ErrNotPlanned)
+		}
+		return nil
+	}
+	g := s.g
+	if err := key.check("append_key", s.nnz, g.NumKVHeads, g.HeadDim); err != nil {
+		return fmt.Errorf("%s: %w (nnz = len(batch_indices), num_kv_heads, head_dim)", op, err)
+	}
+	if err := value.check("append_value", s.nnz, g.NumKVHeads, g.HeadDim); err != nil {
+		return fmt.Errorf("%s: %w (nnz = len(batch_indices), num_kv_heads, head_dim)", op, err)
+	}
+	if err := kernels.ValidateAppendDTypes(key.DType, value.DType, g.DType, kScale, vScale); err != nil {
+		return err
+	}
+	es := int64(g.DType.Size())
+	if tok := int64(g.NumKVHeads) * int64(g.HeadDim) * es; tok > math.MaxInt32 {
+		return fmt.Errorf("%s: append: %d bytes per token exceed the kernels' 32-bit token indexing: %w", s.b.name, tok, kernels.ErrUnsupported)
+	}
+	a := append(s.args[:0],
+		uint64(key.Ptr), uint64(value.Ptr), s.at(s.app.bi), s.at(s.app.pos),
+		uint64(cache.K), uint64(cache.V), s.at(s.app.indices), s.at(s.app.indptr),
+		uint64(s.nnz), uint64(g.NumKVHeads))
+	if kernels.AppendConverts(key.DType, g.DType) {
+		src, _ := dtypeCode(key.DType)
+		dst, _ := dtypeCode(g.DType)
+		a = append(a, uint64(g.HeadDim), uint64(g.PageSize), uint64(g.NumPages),
+			uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()), uint64(src), uint64(dst),
+			f64Arg(float64(kernels.EffectiveScale(kScale))), f64Arg(float64(kernels.EffectiveScale(vScale))))
+		s.args = a
+		return s.b.launch("append_paged_kv_cache_quant", Dim3{s.b.gridFor(s.nnz), 1, 1},
+			Dim3{threadsFor(int64(g.NumKVHeads) * int64(g.HeadDim)), 1, 1}, 0, a)
+	}
+	rowBytes := int64(g.HeadDim) * es
+	u := copyUnit(rowBytes)
+	a = append(a, uint64(rowBytes), uint64(g.PageSize), uint64(g.NumPages),
+		uint64(g.StridePage()*es), uint64(g.StrideN()*es), uint64(g.StrideH()*es))
+	s.args = a
+	return s.b.launch(appendKernels[u], Dim3{s.b.gridFor(s.nnz), 1, 1},
+		Dim3{threadsFor(int64(g.NumKVHeads) * rowBytes / int64(u)), 1, 1}, 0, a)
+}
+
+// appendKernels names the byte-copy append entry point of each copy unit.
+var appendKernels = map[int]string{16: "append_paged_kv_cache_u16", 8: "append_paged_kv_cache_u8",
+	4: "append_paged_kv_cache_u4", 2: "append_paged_kv_cache_u2", 1: "append_paged_kv_cache_u1"}
+
+// Attention runs the planned attention over cache: q [rows, Hq, D] in,
+// o [rows, Hq, D] and (when lse.Ptr != 0) lse [rows*Hq] (f32, base 2) out,
+// all device tensors. A cascade runs each level into float32 accumulators
+// in the step's scratch and merges them with merge_state on the device; the
+// last merge writes o and lse. No host memory is read or written.
+func (s *Step) Attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
+	op := "decode"
+	if s.kind != Decode {
+		op = "prefill"
+	}
+	if err := s.checkCache(op, cache.Geometry, len(cache.allocs) > 0); err != nil {
+		return err
+	}
+	if s.kind == NoAttention {
+		return fmt.Errorf("%s: attention: %w: the plan has no attention", s.b.name, ErrNotPlanned)
+	}
+	g := s.g
+	if err := q.checkActivation(op, "q", s.rows, s.hq, g.HeadDim); err != nil {
+		return err
+	}
+	if err := o.checkActivation(op, "o", s.rows, s.hq, g.HeadDim); err != nil {
+		return err
+	}
+	if err := checkLSE(op, "lse", lse, s.rows*s.hq); err != nil {
+		return err
+	}
+	if s.rows == 0 {
+		return nil
+	}
+	if s.kind != Cascade {
+		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), s.ap.EffectiveVScale())
+	}
+	// Cascade: the last level into acc, every other level into tmp, each
+	// merged into acc; the last merge writes o and lse.
+	n := int64(s.rows) * int64(s.hq)
+	D := int64(g.HeadDim)
+	base := uint64(s.scratch) + uint64(int64(s.lim.MaxWorkItems)*int64(s.lim.MaxQOHeads)*(int64(s.lim.MaxHeadDim)+1)*4)
+	acc, tmp := base, base+uint64(n*D*4)
+	accLSE, tmpLSE := tmp+uint64(n*D*4), tmp+uint64(n*D*4)+uint64(n*4)
+	L := len(s.levels)
+	if L == 1 {
+		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), s.ap.EffectiveVScale())
+	}
+	if err := s.runLevel(cache, &s.levels[L-1], q, acc, layout.F32, accLSE, s.ap.EffectiveVScale()); err != nil {
+		return err
+	}
+	for l := 0; l < L-1; l++ {
+		if err := s.runLevel(cache, &s.levels[l], q, tmp, layout.F32, tmpLSE, s.ap.EffectiveVScale()); err != nil {
+			return err
+		}
+		outV, outS, outDT := acc, accLSE, layout.F32
+		if l == L-2 {
+			outV, outDT = uint64(o.Ptr), o.DType
+			if lse.Ptr != 0 {
+				outS = uint64(lse.Ptr)
+			}
+		}
+		if err := s.b.mergeState(acc, accLSE, layout.F32, tmp, tmpLSE, layout.F32, outV, outS, outDT, n, D, &s.args); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runLevel launches the decode kernel over one planned level (and the
+// split-k merge when the level is split) writing o (dtype oDT) and lse.
+func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse uint64, vScale float64) error {
+	g := s.g
+	D := g.HeadDim
+	qCode, _ := dtypeCode(q.DType)
+	oCode, _ := dtypeCode(oDT)
+	scale := s.ap.EffectiveSMScale(D)
+	qScale := scale * math.Log2E
+	if s.ap.LogitsSoftCap > 0 {
+		qScale = scale // the cap is applied before the change of base
+	}
+	partial := lv.merge >= 0
+	var tmpO, tmpLSE uint64
+	if partial {
+		tmpO = uint64(s.scratch)
+		tmpLSE = tmpO + uint64(lv.items*s.hq*D*4)
+	}
+	var flag uint64
+	if partial {
+		flag = 1
+	}
+	a := append(s.args[:0],
+		uint64(q.Ptr), uint64(cache.K), uint64(cache.V),
+		s.at(lv.indptr), s.at(lv.indices), s.at(lv.last), s.at(lv.work),
+		o, lse, tmpO, tmpLSE,
+		uint64(s.hq), uint64(g.NumKVHeads), uint64(D), uint64(g.PageSize), uint64(g.NumPages),
+		uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()),
+		uint64(qCode), uint64(oCode), f64Arg(qScale), f64Arg(s.ap.LogitsSoftCap),
+		f64Arg(vScale), uint64(s.shape.tile), uint64(s.shape.unit), flag)
+	s.args = a
+	sh := s.shape
+	if err := s.b.launch(sh.kernel, Dim3{lv.items, g.NumKVHeads, sh.gz}, Dim3{32, sh.hpb, sh.nz}, sh.smem, a); err != nil {
+		return err
+	}
+	if !partial {
+		return nil
+	}
+	m := append(s.args[:0], tmpO, tmpLSE, s.at(lv.merge), o, lse, uint64(s.hq), uint64(D), uint64(oCode), f64Arg(vScale))
+	s.args = m
+	return s.b.launch("merge_partial_states", Dim3{s.rows, s.hq, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, m)
+}
+
+// mergeState launches merge_state over n (row, head) states of d features.
+func (b *Backend) mergeState(va, sa uint64, vaDT layout.DType, vb, sb uint64, vbDT layout.DType, v, s uint64, vDT layout.DType, n, d int64, args *[]uint64) error {
+	if n == 0 {
+		return nil
+	}
+	ca, _ := dtypeCode(vaDT)
+	cb, _ := dtypeCode(vbDT)
+	cv, _ := dtypeCode(vDT)
+	a := append((*args)[:0], va, sa, vb, sb, v, s, uint64(n), uint64(d), uint64(ca), uint64(cb), uint64(cv))
+	*args = a
+	return b.launch("merge_state", Dim3{b.gridFor(int(n)), 1, 1}, Dim3{threadsFor(d), 1, 1}, 0, a)
+}
