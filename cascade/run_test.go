@@ -186,8 +186,16 @@ func permuteRows(t kernels.Tensor, rows []int32) kernels.Tensor {
 // pages are partial.
 func TestCascadeEqualsFlat(t *testing.T) {
 	b := cpu.New(cpu.Config{Workers: 2})
+	checkCascadeEqualsFlat(t, 30, b, func(p *Params) error { return Run(b, p) })
+}
+
+// checkCascadeEqualsFlat runs cases random cascades per level count (2, 3,
+// 4) through run and compares them with the float64 model and with flat
+// batch prefill on flat.
+func checkCascadeEqualsFlat(t *testing.T, cases int, flatBackend kernels.Backend, run func(p *Params) error) {
+	b := flatBackend
 	for levels := 2; levels <= 4; levels++ {
-		for i := 0; i < 30; i++ {
+		for i := 0; i < cases; i++ {
 			rng := rand.New(rand.NewPCG(uint64(levels), uint64(i)))
 			causal := rng.IntN(2) == 0
 			flat := i%3 != 2
@@ -210,7 +218,7 @@ func TestCascadeEqualsFlat(t *testing.T) {
 			ap := kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1, LogitsSoftCap: []float64{0, 0, 20}[rng.IntN(3)]}
 			p := &Params{Levels: lay.Levels, Q: permuteRows(qCaller, rows), Cache: cache, Causal: causal, AttentionParams: ap,
 				O: kernels.NewTensor(layout.F32, nnz, hq, g.HeadDim), LSE: make([]float32, nnz*hq)}
-			require.NoError(t, Run(b, p))
+			require.NoError(t, run(p))
 			what := fmt.Sprintf("levels=%d case %d causal=%v flat=%v %v/%v/%v N=%d H=%d Hq=%d D=%d", levels, i, causal, flat, g.Layout, g.Form, g.DType, g.PageSize, g.NumKVHeads, hq, g.HeadDim)
 
 			// The float64 model of cascade attention, on the cascade's rows.

@@ -44,13 +44,10 @@ func (p *AppendParams) Validate() error {
 		return fmt.Errorf("append: paged_kv_cache: %w", err)
 	}
 	g := p.Cache.Geometry
-	if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
-		return fmt.Errorf("append: %w", err)
+	if err := ValidateAppendTable(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+		return err
 	}
 	nnz := len(p.BatchIndices)
-	if len(p.Positions) != nnz {
-		return fmt.Errorf("append: %w: batch_indices has %d entries, positions %d", ErrInvalidTensor, nnz, len(p.Positions))
-	}
 	if err := p.AppendKey.CheckShape("append_key", nnz, g.NumKVHeads, g.HeadDim); err != nil {
 		return fmt.Errorf("append: %w (nnz = len(batch_indices), num_kv_heads, head_dim)", err)
 	}
@@ -60,7 +57,7 @@ func (p *AppendParams) Validate() error {
 	if err := ValidateAppendDTypes(p.AppendKey.DType, p.AppendValue.DType, g.DType, p.KScale, p.VScale); err != nil {
 		return err
 	}
-	return validateRows(&p.Table, p.BatchIndices, p.Positions, g.PageSize, false)
+	return ValidateAppendRows(g, &p.Table, p.BatchIndices, p.Positions)
 }
 
 // validateRows checks that row i of an append targets a request of the batch
@@ -102,13 +99,10 @@ func (p *MLAAppendParams) Validate() error {
 		return fmt.Errorf("mla append: cache: %w", err)
 	}
 	g := p.Cache.Geometry
-	if err := validateCSR(p.KVIndptr, p.KVIndices, p.KVLastPageLen, false, g.PageSize, g.NumPages); err != nil {
-		return fmt.Errorf("mla append: %w", err)
+	if err := ValidateMLAAppendTable(g, p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
+		return err
 	}
 	nnz := len(p.BatchIndices)
-	if len(p.Positions) != nnz {
-		return fmt.Errorf("mla append: %w: batch_indices has %d entries, positions %d", ErrInvalidTensor, nnz, len(p.Positions))
-	}
 	if err := p.AppendCKV.CheckShape("append_ckv", nnz, g.HeadDimCKV); err != nil {
 		return fmt.Errorf("mla append: %w (nnz = len(batch_indices), head_dim_ckv)", err)
 	}
@@ -118,11 +112,7 @@ func (p *MLAAppendParams) Validate() error {
 	if p.AppendCKV.DType != g.DType || p.AppendKPE.DType != g.DType {
 		return fmt.Errorf("mla append: %w: append_ckv %v and append_kpe %v into a %v cache (want equal dtypes)", ErrInvalidTensor, p.AppendCKV.DType, p.AppendKPE.DType, g.DType)
 	}
-	t := PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVIndices, KVLastPageLen: p.KVLastPageLen}
-	if err := validateRows(&t, p.BatchIndices, p.Positions, g.PageSize, p.KVLastPageLen == nil); err != nil {
-		return fmt.Errorf("mla %w", err)
-	}
-	return nil
+	return ValidateMLAAppendRows(g, p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.BatchIndices, p.Positions)
 }
 
 // ValidateAppendDTypes checks the dtypes of an append's rows against the

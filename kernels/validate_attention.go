@@ -139,11 +139,8 @@ func (p *DecodeParams) Validate() error {
 	if err != nil {
 		return err
 	}
-	if len(p.Table.KVIndptr) != B+1 {
-		return fmt.Errorf("%s: %w: kv_indptr has length %d but q has %d rows (want batch+1 = %d)", op, ErrInvalidPageTable, len(p.Table.KVIndptr), B, B+1)
-	}
-	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
+	if err := ValidateDecodeTable(p.Cache.Geometry, B, &p.Table); err != nil {
+		return err
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, B, hq, d)
 }
@@ -163,10 +160,7 @@ func (p *PrefillParams) Validate() error {
 	if err != nil {
 		return err
 	}
-	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	if err := validateQOIndptr(op, p.QOIndptr, len(p.Table.KVIndptr)-1, nnz); err != nil {
+	if err := ValidatePrefillTable(p.Cache.Geometry, nnz, p.QOIndptr, &p.Table); err != nil {
 		return err
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, nnz, hq, d)
@@ -254,25 +248,12 @@ func (p *MLADecodeParams) Validate() error {
 		return fmt.Errorf("%s: %w: q head dims (ckv %d, kpe %d) differ from the cache's (%d, %d)", op, ErrInvalidTensor, dc, dk, g.HeadDimCKV, g.HeadDimKPE)
 	case p.NumHeads != h:
 		return fmt.Errorf("%s: %w: num_heads = %d but q_nope has %d heads", op, ErrInvalidAttention, p.NumHeads, h)
-	case h <= 0:
-		return fmt.Errorf("%s: %w: num_heads = %d, want > 0", op, ErrInvalidAttention, h)
-	case badFloat(p.SMScale) || p.SMScale <= 0 || float32(p.SMScale) == 0 || badFloat(float64(float32(p.SMScale))):
-		return fmt.Errorf("%s: %w: sm_scale = %v, want a finite float32 > 0 (MLA has no default)", op, ErrInvalidScale, p.SMScale)
 	}
-	if len(p.KVIndptr) != B+1 {
-		return fmt.Errorf("%s: %w: kv_indptr has length %d but q has %d rows (want batch+1 = %d)", op, ErrInvalidPageTable, len(p.KVIndptr), B, B+1)
+	if err := ValidateMLADecodeScalars(h, p.SMScale); err != nil {
+		return err
 	}
-	if err := validateCSR(p.KVIndptr, p.KVIndices, nil, false, g.PageSize, g.NumPages); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	if len(p.KVLen) != B {
-		return fmt.Errorf("%s: %w: kv_len has %d values, want batch %d", op, ErrInvalidPageTable, len(p.KVLen), B)
-	}
-	for b, n := range p.KVLen {
-		pages := int64(p.KVIndptr[b+1]) - int64(p.KVIndptr[b])
-		if n < 0 || int64(n) > pagesTokens(pages, g.PageSize) {
-			return fmt.Errorf("%s: %w: kv_len[%d] = %d does not fit in its %d pages of %d tokens", op, ErrInvalidPageTable, b, n, pages, g.PageSize)
-		}
+	if err := ValidateMLADecodeTable(g, B, p.KVIndptr, p.KVIndices, p.KVLen); err != nil {
+		return err
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, B, h, dc)
 }

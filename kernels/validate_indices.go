@@ -8,11 +8,10 @@ import (
 )
 
 // The functions of this file are the index-array and scalar halves of the
-// Validate methods, for backends whose tensors are not host slices (the
-// device-resident API of kernels/cuda keeps q, o and the cache in device
-// memory and checks their shapes itself). Each one runs the same checks, in
-// the same order and with the same errors, as the Validate method it names
-// does once that method's tensors have passed, so an index array one
+// Validate methods, which call them, for backends whose tensors are not host
+// slices (the device-resident API of kernels/cuda keeps q, o and the cache
+// in device memory and checks their shapes itself). A Validate method runs
+// its tensor checks and these in a fixed order, so an index array one
 // backend rejects is rejected by every backend with the same error.
 
 // ValidateAttentionScalars checks the scalar attention parameters as
@@ -105,7 +104,7 @@ func ValidateMLADecodeTable(g layout.MLA, batch int, kvIndptr, kvIndices, kvLen 
 	}
 	for b, n := range kvLen {
 		pages := int64(kvIndptr[b+1]) - int64(kvIndptr[b])
-		if n < 0 || (int64(n)+int64(g.PageSize)-1)/int64(g.PageSize) > pages {
+		if n < 0 || int64(n) > pagesTokens(pages, g.PageSize) {
 			return fmt.Errorf("%s: %w: kv_len[%d] = %d does not fit in its %d pages of %d tokens", op, ErrInvalidPageTable, b, n, pages, g.PageSize)
 		}
 	}

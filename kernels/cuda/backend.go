@@ -3,6 +3,7 @@ package cuda
 import (
 	"fmt"
 	"math"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv/kernels"
@@ -25,6 +26,10 @@ type Backend struct {
 	name string
 	drv  Driver
 	cfg  Config
+	// waits counts the calls that waited for all queued device work
+	// (Synchronize, downloads): a Step whose last upload is older than the
+	// last wait may reuse its staging buffer without waiting again.
+	waits atomic.Uint64
 }
 
 var _ kernels.Backend = (*Backend)(nil)
@@ -88,4 +93,3 @@ func threadsFor(units int64) int {
 	t := (units + 31) / 32 * 32
 	return int(min(max(t, 32), 256))
 }
-

@@ -4,11 +4,11 @@ import "sync"
 
 // Traffic counts what crossed the host/device boundary through a Driver.
 type Traffic struct {
-	HtoDBytes, DtoHBytes int64 // bytes copied host to device and back
-	HtoDCopies, DtoHCopies int // copies (HtoD and HtoDAsync count together)
-	Launches               int // kernel launches
-	Allocs, Frees          int // device allocations and releases
-	Syncs                  int // Synchronize calls
+	HtoDBytes, DtoHBytes   int64 // bytes copied host to device and back
+	HtoDCopies, DtoHCopies int   // copies (HtoD and HtoDAsync count together)
+	Launches               int   // kernel launches
+	Allocs, Frees          int   // device allocations and releases
+	Syncs                  int   // Synchronize calls
 }
 
 // Sub is t - u, the traffic between two snapshots.

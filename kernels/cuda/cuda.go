@@ -158,8 +158,9 @@ func (g *gpu) DtoH(dst []byte, src DevicePtr) error {
 }
 
 // Launch passes args as gorgonia's Launch wants them: one pointer per
-// argument, each read as 8 bytes; then it synchronises so that a fault in the
-// kernel is reported by this call.
+// argument, each read as 8 bytes. It queues the kernel on the context's
+// default (legacy) stream and returns; a fault in the kernel is reported by
+// the next Synchronize or DtoH (cuMemcpyDtoH waits for the stream).
 func (g *gpu) Launch(kernel string, grid, block Dim3, sharedBytes int, args []uint64) error {
 	fn, ok := g.fns[kernel]
 	if !ok {
@@ -173,9 +174,59 @@ func (g *gpu) Launch(kernel string, grid, block Dim3, sharedBytes int, args []ui
 		if err := fn.Launch(grid.X, grid.Y, grid.Z, block.X, block.Y, block.Z, sharedBytes, cu.Stream{}, params); err != nil {
 			return fmt.Errorf("cuLaunchKernel: %w", err)
 		}
-		if err := cu.Synchronize(); err != nil {
-			return fmt.Errorf("cuCtxSynchronize: %w", err)
-		}
 		return nil
 	})
+}
+
+// Synchronize waits for the context's work (cuCtxSynchronize).
+func (g *gpu) Synchronize() error {
+	return errors.Wrap(g.do(cu.Synchronize), "cuda: cuCtxSynchronize")
+}
+
+// HtoDAsync queues a copy from pinned memory on the default stream
+// (cuMemcpyHtoDAsync): it returns before the copy is done, so src must not
+// change until the work queued after it has run.
+func (g *gpu) HtoDAsync(dst DevicePtr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	err := g.do(func() error {
+		return cu.MemcpyHtoDAsync(cu.DevicePtr(dst), unsafe.Pointer(&src[0]), int64(len(src)), cu.Stream{})
+	})
+	return errors.Wrapf(err, "cuda: cuMemcpyHtoDAsync(%d bytes)", len(src))
+}
+
+// Memset queues cuMemsetD8.
+func (g *gpu) Memset(dst DevicePtr, value byte, bytes int) error {
+	if bytes == 0 {
+		return nil
+	}
+	return errors.Wrap(g.do(func() error { return cu.MemsetD8(cu.DevicePtr(dst), value, int64(bytes)) }), "cuda: cuMemsetD8")
+}
+
+// HostAlloc returns page-locked host memory (cuMemAllocHost), which the
+// DMA engines read directly, so an asynchronous copy from it overlaps with
+// the host.
+func (g *gpu) HostAlloc(bytes int) ([]byte, error) {
+	if bytes <= 0 {
+		return nil, nil
+	}
+	var p unsafe.Pointer
+	err := g.do(func() error {
+		var err error
+		p, err = memAllocHost(bytes)
+		return err
+	})
+	if err != nil {
+		return nil, errors.Wrapf(err, "cuda: cuMemAllocHost(%d)", bytes)
+	}
+	return unsafe.Slice((*byte)(p), bytes), nil
+}
+
+// HostFree releases memory from HostAlloc (cuMemFreeHost).
+func (g *gpu) HostFree(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return errors.Wrap(g.do(func() error { return cu.MemFreeHost(unsafe.Pointer(&b[0])) }), "cuda: cuMemFreeHost")
 }

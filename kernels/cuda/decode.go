@@ -103,4 +103,3 @@ func chooseChunk(visible []int, blocksPerRequest, numSMs, maxChunk, tile int) in
 	}
 	return chunk
 }
-

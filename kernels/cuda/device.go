@@ -113,6 +113,7 @@ func (b *Backend) Download(dst kernels.Tensor, src DeviceTensor) error {
 	if err := src.check("src", dst.Shape...); err != nil || dst.DType != src.DType {
 		return fmt.Errorf("%s: download of %v %v into %v %v: %w", b.name, src.DType, src.Shape, dst.DType, dst.Shape, kernels.ErrInvalidTensor)
 	}
+	defer b.waits.Add(1)
 	return b.drv.DtoH(dst.Data, src.Ptr)
 }
 
@@ -128,7 +129,10 @@ func (b *Backend) DownloadF32(v []float32, src DeviceTensor) error {
 }
 
 // Synchronize waits for every operation queued on the device.
-func (b *Backend) Synchronize() error { return b.drv.Synchronize() }
+func (b *Backend) Synchronize() error {
+	defer b.waits.Add(1)
+	return b.drv.Synchronize()
+}
 
 // DeviceKVCache is a paged KV cache in device memory, FlashInfer's
 // paged_kv_cache: one 5-D allocation (Geometry.Form == layout.Fused, V is
@@ -223,6 +227,7 @@ func (b *Backend) UploadKVCache(dst *DeviceKVCache, src *kernels.PagedKVCache) e
 // DownloadKVCache copies the device cache into a host cache of the same
 // geometry (for inspection and tests).
 func (b *Backend) DownloadKVCache(dst *kernels.PagedKVCache, src *DeviceKVCache) error {
+	defer b.waits.Add(1)
 	if err := dst.Validate(); err != nil {
 		return fmt.Errorf("%s: download cache: %w", b.name, err)
 	}
@@ -313,6 +318,7 @@ func (b *Backend) UploadMLACache(dst *DeviceMLACache, src *kernels.MLACache) err
 
 // DownloadMLACache copies the device MLA cache into a host cache.
 func (b *Backend) DownloadMLACache(dst *kernels.MLACache, src *DeviceMLACache) error {
+	defer b.waits.Add(1)
 	if err := dst.Validate(); err != nil {
 		return fmt.Errorf("%s: download MLA cache: %w", b.name, err)
 	}

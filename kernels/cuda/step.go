@@ -111,6 +111,8 @@ type Step struct {
 	mla       mlaPlan
 	levels    []levelPlan
 	uploaded  int
+	inflight  bool   // the last upload may still be reading the staging buffer
+	uploadAt  uint64 // b.waits when it was queued
 	cursor    int
 	lo, hi    []int
 	visible   []int
@@ -184,6 +186,35 @@ func (s *Step) Limits() StepLimits { return s.lim }
 
 // UploadedBytes is the size of the last plan's one host-to-device copy.
 func (s *Step) UploadedBytes() int { return s.uploaded }
+
+// reuseStaging waits for the device when the last plan's asynchronous copy
+// may still be reading the staging buffer (no Synchronize or download since
+// it was queued); an engine that downloads its logits every step never
+// waits here.
+func (s *Step) reuseStaging() error {
+	if s.inflight && s.b.waits.Load() == s.uploadAt {
+		if err := s.b.Synchronize(); err != nil {
+			return fmt.Errorf("%s: step: waiting for the previous step: %w", s.b.name, err)
+		}
+	}
+	s.inflight = false
+	return nil
+}
+
+// upload queues the one copy of the packed staging prefix.
+func (s *Step) upload() error {
+	if s.cursor > len(s.staging) {
+		return fmt.Errorf("%s: step: %d index bytes exceed the staging buffer of %d: %w", s.b.name, s.cursor, len(s.staging), ErrStepLimit)
+	}
+	if s.cursor > 0 {
+		if err := s.b.drv.HtoDAsync(s.idx, s.staging[:s.cursor]); err != nil {
+			return fmt.Errorf("%s: step upload: %w", s.b.name, err)
+		}
+		s.inflight, s.uploadAt = true, s.b.waits.Load()
+	}
+	s.uploaded = s.cursor
+	return nil
+}
 
 // pack appends an int32 array to the staging buffer and returns its byte
 // offset in the index buffer.
@@ -263,11 +294,13 @@ func (s *Step) validate(p *StepPlan) error {
 
 	// Limits, after validation: a malformed array gets the validator's error.
 	lim := s.lim
-	if err := s.limit("batch", p.Table.BatchSize(), lim.MaxBatch); err != nil {
-		return err
-	}
-	if err := s.limit("pages", int(p.Table.KVIndptr[p.Table.BatchSize()]), lim.MaxPages); err != nil {
-		return err
+	if len(p.Table.KVIndptr) > 0 { // validated above unless a cascade without append leaves it empty
+		if err := s.limit("batch", p.Table.BatchSize(), lim.MaxBatch); err != nil {
+			return err
+		}
+		if err := s.limit("pages", int(p.Table.KVIndptr[p.Table.BatchSize()]), lim.MaxPages); err != nil {
+			return err
+		}
 	}
 	if err := s.limit("appended rows", len(p.BatchIndices), lim.MaxRows); err != nil {
 		return err
@@ -309,6 +342,9 @@ func (s *Step) validate(p *StepPlan) error {
 func (s *Step) Plan(p *StepPlan) error {
 	s.planned = false
 	if err := s.validate(p); err != nil {
+		return err
+	}
+	if err := s.reuseStaging(); err != nil {
 		return err
 	}
 	g := p.Geometry
@@ -364,15 +400,9 @@ func (s *Step) Plan(p *StepPlan) error {
 	if s.nnz > 0 && s.app.indices < 0 {
 		s.app.indices = s.pack(p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]])
 	}
-	if s.cursor > len(s.staging) {
-		return fmt.Errorf("%s: step: %d index bytes exceed the staging buffer of %d: %w", s.b.name, s.cursor, len(s.staging), ErrStepLimit)
+	if err := s.upload(); err != nil {
+		return err
 	}
-	if s.cursor > 0 {
-		if err := s.b.drv.HtoDAsync(s.idx, s.staging[:s.cursor]); err != nil {
-			return fmt.Errorf("%s: step upload: %w", s.b.name, err)
-		}
-	}
-	s.uploaded = s.cursor
 	s.planned = true
 	return nil
 }

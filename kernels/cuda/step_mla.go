@@ -65,7 +65,8 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 			return err
 		}
 	}
-	B := len(p.KVIndptr) - 1
+	// The batch is kv_indptr's (q is checked against it at launch).
+	B := max(len(p.KVIndptr)-1, 0)
 	if p.Decode {
 		if err := kernels.ValidateMLADecodeScalars(p.NumHeads, p.SMScale); err != nil {
 			return err
@@ -95,6 +96,9 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 			return err
 		}
 	}
+	if err := s.reuseStaging(); err != nil {
+		return err
+	}
 	s.cursor = 0
 	m := mlaPlan{on: true, g: g, batch: B, heads: p.NumHeads, decode: p.Decode, scale: p.SMScale,
 		kvLen: -1, bi: -1, po: -1}
@@ -108,12 +112,9 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		m.po = s.pack(p.Positions)
 	}
 	m.indices = s.pack(p.KVIndices[:p.KVIndptr[B]])
-	if s.cursor > 0 {
-		if err := s.b.drv.HtoDAsync(s.idx, s.staging[:s.cursor]); err != nil {
-			return fmt.Errorf("%s: step upload: %w", s.b.name, err)
-		}
+	if err := s.upload(); err != nil {
+		return err
 	}
-	s.uploaded = s.cursor
 	s.mla = m
 	s.kind = NoAttention
 	s.planned = true
