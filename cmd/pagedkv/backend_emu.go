@@ -11,7 +11,7 @@ import (
 
 func init() {
 	registerBackend("emu", backendFactory{
-		summary: "the CUDA kernels compiled for the CPU (internal/cpuemu); append, MLA append and decode",
+		summary: "the CUDA kernels compiled for the CPU (internal/cpuemu), device-resident path; every op",
 		open:    func() (kernels.Backend, error) { return cpuemu.New(cpuemu.Config{}), nil },
 	})
 }
