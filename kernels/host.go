@@ -121,9 +121,9 @@ func NewPagedKVCache(g layout.Paged) (PagedKVCache, error) {
 	}
 	c := PagedKVCache{Geometry: g}
 	if g.Form == layout.Fused {
-		c.Data = make([]byte, n)
+		c.Data = newHostBytes(n)
 	} else {
-		c.K, c.V = make([]byte, n), make([]byte, n)
+		c.K, c.V = newHostBytes(n), newHostBytes(n)
 	}
 	return c, nil
 }

@@ -106,8 +106,15 @@ func appendRows(p *kernels.AppendParams, lo, hi int) {
 
 // copyRowsHND copies run rows of H heads of headBytes each from src (row r,
 // head h at r*srcRow+h*headBytes) to dst (head h, row r at
-// h*strideH+r*headBytes), row by row so that src is read in order.
+// h*strideH+r*headBytes), row by row so that src is read in order (measured
+// faster than head by head). With one head a run is contiguous on both
+// sides and moves in one copy.
 func copyRowsHND(dst, src []byte, H, run, headBytes, strideH, srcRow int) {
+	if srcRow == headBytes { // H == 1
+		n := run * headBytes
+		copy(dst[:n], src[:n])
+		return
+	}
 	for r := 0; r < run; r++ {
 		d, s := r*headBytes, r*srcRow
 		for h := 0; h < H; h++ {
