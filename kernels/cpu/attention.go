@@ -297,7 +297,9 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1 int) {
 		}
 	}
 
-	if rows == 1 {
+	if rows == 1 && j.fusedNarrow() {
+		j.runRowByPageNarrow(sc, b, kvh0, jlo, jhi)
+	} else if rows == 1 {
 		j.runRowByPage(sc, b, kvh0, jlo, jhi)
 	} else {
 		j.runRowsByKey(sc, b, kvh0, rows, jlo, jhi)
