@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -58,4 +59,33 @@ func (kv kvFlags) report(w io.Writer, pub *events.Publisher, rec *events.Recorde
 	ps, rs := pub.Stats(), rec.Stats()
 	fmt.Fprintf(w, "%-14s %d batches (seq 0..%d), %d events, %d pages, %d bytes; %d steps dropped (%d events), %d resyncs; %d replays served\n",
 		"kv events:", ps.Batches, ps.LastSeq, ps.Events, ps.Pages, ps.Bytes, rs.DroppedSteps, rs.DroppedEvents, rs.Resyncs, ps.Replays)
+}
+
+// runFleet runs the workload over fc.Replicas replicas with prefix-aware
+// routing, then with round robin, and prints the comparison.
+func runFleet(cfg sim.Config, workload []sim.Request, fc sim.FleetConfig, stdout, stderr io.Writer, quiet bool) int {
+	if fc.Replicas < 1 || fc.Replicas > 64 {
+		fmt.Fprintf(stderr, "pagedkv simulate: --replicas %d: want 1..64\n", fc.Replicas)
+		return exitUsage
+	}
+	cfg.Progress = nil
+	var runs []*sim.FleetSummary
+	code := exitOK
+	for _, p := range []sim.Policy{sim.PrefixAware, sim.RoundRobin} {
+		fc.Policy = p
+		if !quiet {
+			fmt.Fprintf(stderr, "simulate: %d replicas, %v routing...\n", fc.Replicas, p)
+		}
+		f, err := sim.RunFleet(cfg, workload, fc)
+		if err != nil {
+			fmt.Fprintf(stderr, "pagedkv simulate: %v routing: %v\n", p, err)
+			if errors.Is(err, sim.ErrBadConfig) {
+				return exitUsage
+			}
+			code = exitFailure
+		}
+		runs = append(runs, &f)
+	}
+	sim.FormatFleet(stdout, &cfg, fc, runs...)
+	return code
 }

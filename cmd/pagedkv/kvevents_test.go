@@ -185,3 +185,36 @@ func TestSimulateKVEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestSimulateReplicas: with --replicas 4 on the default workload,
+// prefix-aware routing over the replicas' KV events hits the prefix cache
+// more than round robin, and every replica still verifies attention.
+func TestSimulateReplicas(t *testing.T) {
+	t.Parallel()
+	var out, errOut strings.Builder
+	code := runSimulate(append([]string{"--replicas", "4", "--quiet"}, smallModel...), &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+	m := regexp.MustCompile(`(?m)^prefix hits:\s+prefix-aware (\d+) of (\d+) prompt tokens \([\d.]+%\); round-robin (\d+) of (\d+) prompt`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no prefix hits line in\n%s", out.String())
+	}
+	pa, _ := strconv.Atoi(m[1])
+	rr, _ := strconv.Atoi(m[3])
+	if m[2] != m[4] || pa <= rr {
+		t.Fatalf("prefix-aware hit %s of %s tokens, round robin %s of %s: want more\n%s", m[1], m[2], m[3], m[4], out.String())
+	}
+	if !regexp.MustCompile(`(?m)^verification:\s+passed on every replica`).MatchString(out.String()) {
+		t.Fatalf("verification did not pass:\n%s", out.String())
+	}
+	t.Logf("prefix-aware %d, round robin %d of %s prompt tokens hit", pa, rr, m[2])
+
+	// Flags that only make sense for one replica are refused.
+	for _, bad := range [][]string{{"--replicas", "2", "--kv-events", "tcp://127.0.0.1:1"}, {"--replicas", "0"}, {"--replicas", "65"}} {
+		var o, e strings.Builder
+		if code := runSimulate(append(bad, "--quiet"), &o, &e); code != exitUsage || !strings.Contains(e.String(), "--replicas") {
+			t.Errorf("%v: exit %d, stderr %q", bad, code, e.String())
+		}
+	}
+}

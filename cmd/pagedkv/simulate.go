@@ -94,6 +94,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics while running (e.g. 127.0.0.1:9090); off by default")
 	quiet := fs.Bool("quiet", false, "no progress output")
 	kv := kvEventFlags(fs)
+	replicas := fs.Int("replicas", 1, "run R replicas behind a prefix-aware router fed only by their KV events over loopback ZeroMQ, and compare with round robin on the same workload (docs/events.md)")
+	slack := fs.Int("route-slack", sim.DefaultLoadSlack, "with --replicas: a replica is a routing candidate while its load (requests running or waiting) is at most the least load plus this (<0: no cap)")
 	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
 		return code
 	}
@@ -126,6 +128,15 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	if !*quiet {
 		prog = newProgress(stderr)
 		cfg.Progress = prog.update
+	}
+	if *replicas != 1 {
+		if *kv.addr != "" {
+			return fail(exitUsage, "--kv-events publishes a single-replica run; drop it or --replicas %d", *replicas)
+		}
+		if *metricsAddr != "" {
+			return fail(exitUsage, "--metrics-addr serves a single-replica run; drop it or --replicas %d", *replicas)
+		}
+		return runFleet(cfg, workload, sim.FleetConfig{Replicas: *replicas, LoadSlack: *slack}, stdout, stderr, *quiet)
 	}
 	if *kv.addr != "" {
 		pub, rec, err := kv.open(&cfg, stderr)

@@ -182,6 +182,28 @@ func New(cfg Config, workload []Request) (*Sim, error) {
 	if len(workload) == 0 {
 		return nil, fmt.Errorf("%w: empty workload", ErrBadConfig)
 	}
+	s, err := newSim(cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.specs = slices.Clone(workload)
+	slices.SortStableFunc(s.specs, func(a, b Request) int { return a.Arrival - b.Arrival })
+	for i := range s.specs {
+		r, err := s.track(&s.specs[i])
+		if err != nil {
+			return nil, err
+		}
+		s.arrivals = append(s.arrivals, r)
+	}
+	return s, nil
+}
+
+// newSim prepares a run with no requests yet (the fleet hands them over as
+// its router decides).
+func newSim(cfg Config) (*Sim, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.MaxSteps == 0 {
 		cfg.MaxSteps = 1_000_000
 	}
@@ -202,28 +224,28 @@ func New(cfg Config, workload []Request) (*Sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Sim{cfg: cfg, m: m, eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4ec4)),
-		specs: slices.Clone(workload)}
+	s := &Sim{cfg: cfg, m: m, eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4ec4))}
 	s.ver = newVerifier(&s.eng.model, cfg.WindowTokens)
-	slices.SortStableFunc(s.specs, func(a, b Request) int { return a.Arrival - b.Arrival })
-	for i := range s.specs {
-		q := &s.specs[i]
-		if len(q.Prompt) == 0 || q.Output < 1 || q.Samples < 1 || q.Arrival < 0 {
-			return nil, fmt.Errorf("%w: %s: prompt %d tokens, output %d, samples %d, arrival %d", ErrBadConfig,
-				q.Name, len(q.Prompt), q.Output, q.Samples, q.Arrival)
-		}
-		r := &reqState{spec: q, ns: q.Namespace, tokens: slices.Clone(q.Prompt)}
-		r.ctx = cfg.Model.Contexts(nil, q.Namespace, r.tokens)
-		s.arrivals = append(s.arrivals, r)
-		s.total += q.Samples
-		s.sum.Requests++
-		s.sum.Forks += q.Samples - 1
-		s.sum.PromptTokens += int64(len(q.Prompt))
-		s.sum.OutputTokens += int64(q.Samples * q.Output)
-	}
 	s.sum.Pages = cfg.NumPages
 	s.sum.CacheBytes = eng.cacheBytes()
 	return s, nil
+}
+
+// track validates request q (which must outlive the run) and counts it in
+// the run's totals; it returns its record, not yet arrived.
+func (s *Sim) track(q *Request) (*reqState, error) {
+	if len(q.Prompt) == 0 || q.Output < 1 || q.Samples < 1 || q.Arrival < 0 {
+		return nil, fmt.Errorf("%w: %s: prompt %d tokens, output %d, samples %d, arrival %d", ErrBadConfig,
+			q.Name, len(q.Prompt), q.Output, q.Samples, q.Arrival)
+	}
+	r := &reqState{spec: q, ns: q.Namespace, tokens: slices.Clone(q.Prompt)}
+	r.ctx = s.cfg.Model.Contexts(nil, q.Namespace, r.tokens)
+	s.total += q.Samples
+	s.sum.Requests++
+	s.sum.Forks += q.Samples - 1
+	s.sum.PromptTokens += int64(len(q.Prompt))
+	s.sum.OutputTokens += int64(q.Samples * q.Output)
+	return r, nil
 }
 
 // HashSeed is the prefix-hash seed a run of cfg gives its Managers: what a
@@ -239,7 +261,12 @@ func (s *Sim) Manager() *pagedkv.Manager { return s.m }
 func (s *Sim) Run() (Summary, error) {
 	start := time.Now()
 	err := s.run()
-	s.sum.Wall = time.Since(start)
+	return s.finish(time.Since(start), err)
+}
+
+// finish completes the summary of a run that took wall and ended with err.
+func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
+	s.sum.Wall = wall
 	st := s.m.Stats()
 	s.sum.Stats = st
 	s.sum.Steps = int(st.Steps)

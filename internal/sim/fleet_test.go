@@ -1,0 +1,57 @@
+package sim
+
+import (
+	"errors"
+	"testing"
+)
+
+// fakeReplicas returns replicas whose loads are the given numbers of
+// waiting requests.
+func fakeReplicas(loads ...int) []*replicaRun {
+	var out []*replicaRun
+	for _, l := range loads {
+		s := &Sim{}
+		for range l {
+			s.waiting = append(s.waiting, &reqState{})
+		}
+		out = append(out, &replicaRun{s: s})
+	}
+	return out
+}
+
+// TestRoutePolicy pins the documented policy: the longest cached prefix
+// among replicas within the load slack, ties to the less loaded, then the
+// lower number.
+func TestRoutePolicy(t *testing.T) {
+	for _, c := range []struct {
+		matched, loads []int
+		slack, want    int
+	}{
+		{[]int{0, 32, 16}, []int{0, 0, 0}, 4, 1},   // longest prefix
+		{[]int{16, 16, 16}, []int{3, 1, 2}, 4, 1},  // tie: least loaded
+		{[]int{16, 16, 0}, []int{2, 2, 0}, 4, 0},   // tie on both: lower number
+		{[]int{0, 64, 0}, []int{0, 5, 1}, 4, 0},    // replica 1 over the cap; 0 and 2 tie, 0 is less loaded
+		{[]int{0, 64, 32}, []int{0, 5, 4}, 4, 2},   // the best within the cap
+		{[]int{0, 64, 32}, []int{0, 50, 4}, -1, 1}, // no cap
+		{[]int{0, 64, 32}, []int{0, 1, 0}, 0, 2},   // slack 0: only the least loaded
+	} {
+		if got := route(c.matched, fakeReplicas(c.loads...), c.slack); got != c.want {
+			t.Errorf("matched %v loads %v slack %d: routed to %d, want %d", c.matched, c.loads, c.slack, got, c.want)
+		}
+	}
+}
+
+func TestRunFleetBadConfig(t *testing.T) {
+	wl, err := Workload(DefaultWorkloadConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fc := range []FleetConfig{{Replicas: 0}, {Replicas: 65}, {Replicas: 2, Policy: 7}} {
+		if _, err := RunFleet(DefaultConfig(), wl, fc); !errors.Is(err, ErrBadConfig) {
+			t.Errorf("%+v: err = %v, want ErrBadConfig", fc, err)
+		}
+	}
+	if _, err := RunFleet(DefaultConfig(), nil, FleetConfig{Replicas: 2}); !errors.Is(err, ErrBadConfig) {
+		t.Errorf("empty workload: err = %v", err)
+	}
+}
