@@ -86,7 +86,6 @@ type Publisher struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	reqs   chan [][]byte
 	done   chan struct{}
 	wg     sync.WaitGroup
 	close  sync.Once
@@ -128,7 +127,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Publisher{cfg: cfg, q: q, topic: []byte(cfg.Topic), ctx: ctx, cancel: cancel,
-		reqs: make(chan [][]byte, 16), done: make(chan struct{}), ring: make([]entry, cfg.BufferSteps)}
+		done: make(chan struct{}), ring: make([]entry, cfg.BufferSteps)}
 	p.stats.LastSeq = -1
 	p.pub = zmq4.NewPub(ctx)
 	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
@@ -141,7 +140,9 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	if cfg.ReplayEndpoint != "" {
-		p.replay = zmq4.NewRouter(ctx)
+		// A bounded send: a replay client that stops reading loses its
+		// replies instead of holding the replay goroutine.
+		p.replay = zmq4.NewRouter(ctx, zmq4.WithTimeout(5*time.Second))
 		if p.replayEP, err = open(p.replay, cfg.ReplayEndpoint, Bind); err != nil {
 			p.replay.Close()
 			p.pub.Close()
@@ -242,53 +243,38 @@ func (p *Publisher) WaitSent(timeout time.Duration) bool {
 
 func (p *Publisher) sentCount() int64 { return p.Stats().Batches }
 
-// run is the publishing goroutine: it sends queued batches in order and
-// serves replay requests between them.
+// run is the publishing goroutine: it sends queued batches in order.
 func (p *Publisher) run() {
 	defer p.wg.Done()
 	enc := NewEncoder()
 	var seq uint64
-	for {
-		select {
-		case b, ok := <-p.q.full:
-			if !ok {
-				p.linger()
-				close(p.done)
-				return
-			}
-			payload := enc.AppendBatch(nil, b, p.cfg.DataParallelRank)
-			nev, npages := b.Len(), b.Pages()
-			p.q.Done(b)
-			err := p.pub.SendMulti(zmq4.NewMsgFrom(p.topic, seqFrame(seq), payload))
-			p.mu.Lock()
-			if err != nil {
-				p.stats.SendErrors++
-			}
-			p.push(seq, payload)
-			p.stats.Batches++
-			p.stats.Events += int64(nev)
-			p.stats.Pages += int64(npages)
-			p.stats.Bytes += int64(len(payload))
-			p.stats.LastSeq = int64(seq)
-			p.mu.Unlock()
-			seq++
-		case req := <-p.reqs:
-			p.serveReplay(req)
+	for b := range p.q.full {
+		payload := enc.AppendBatch(nil, b, p.cfg.DataParallelRank)
+		nev, npages := b.Len(), b.Pages()
+		p.q.Done(b)
+		err := p.pub.SendMulti(zmq4.NewMsgFrom(p.topic, seqFrame(seq), payload))
+		p.mu.Lock()
+		if err != nil {
+			p.stats.SendErrors++
 		}
+		p.push(seq, payload)
+		p.stats.Batches++
+		p.stats.Events += int64(nev)
+		p.stats.Pages += int64(npages)
+		p.stats.Bytes += int64(len(payload))
+		p.stats.LastSeq = int64(seq)
+		p.mu.Unlock()
+		seq++
 	}
+	p.linger()
+	close(p.done)
 }
 
-// linger serves replays for cfg.Linger after the last batch.
+// linger keeps the sockets open for cfg.Linger after the last batch: the
+// PUB socket flushes and replays are still served.
 func (p *Publisher) linger() {
-	t := time.NewTimer(p.cfg.Linger)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-			return
-		case req := <-p.reqs:
-			p.serveReplay(req)
-		}
+	if p.cfg.Linger > 0 {
+		time.Sleep(p.cfg.Linger)
 	}
 }
 
@@ -306,7 +292,9 @@ func (p *Publisher) push(seq uint64, payload []byte) {
 	p.n++
 }
 
-// readReplays forwards requests from the ROUTER socket to run.
+// readReplays serves requests from the ROUTER socket, on its own
+// goroutine: a slow replay client holds up its replies, never the PUB
+// stream.
 func (p *Publisher) readReplays() {
 	defer p.wg.Done()
 	for {
@@ -314,11 +302,7 @@ func (p *Publisher) readReplays() {
 		if err != nil {
 			return // closed
 		}
-		select {
-		case p.reqs <- msg.Frames:
-		case <-p.ctx.Done():
-			return
-		}
+		p.serveReplay(msg.Frames)
 	}
 }
 

@@ -26,7 +26,7 @@ type SubscriberConfig struct {
 	// Topic is the subscription (a prefix of the publishers' topic; ""
 	// takes everything).
 	Topic string
-	// ReplayTimeout bounds one replay (0: 2s).
+	// ReplayTimeout bounds the wait for each reply of a replay (0: 2s).
 	ReplayTimeout time.Duration
 	// JoinReplay makes a subscriber that joins a running stream (its first
 	// message has a sequence > 0) replay from sequence 0, so that it
@@ -249,6 +249,7 @@ func (so *source) replay(from uint64) {
 		so.fail(fmt.Errorf("replay request from %d: %w", from, err))
 		return
 	}
+	// The timeout is per reply: a long replay that keeps coming is fine.
 	timer := time.NewTimer(so.s.cfg.ReplayTimeout)
 	defer timer.Stop()
 	for {
@@ -256,9 +257,10 @@ func (so *source) replay(from uint64) {
 		case <-so.s.ctx.Done():
 			return
 		case <-timer.C:
-			so.fail(fmt.Errorf("replay from %d: no end marker within %v", from, so.s.cfg.ReplayTimeout))
+			so.fail(fmt.Errorf("replay from %d: nothing for %v before the end marker", from, so.s.cfg.ReplayTimeout))
 			return
 		case frames := <-so.replies:
+			timer.Reset(so.s.cfg.ReplayTimeout)
 			seq, payload, err := parseReply(frames)
 			if err != nil {
 				so.fail(err)
@@ -311,9 +313,9 @@ func (s *Subscriber) WaitApplied(i int, seq int64, timeout time.Duration) bool {
 		if now.After(deadline) {
 			return false
 		}
-		if cur != lastSeen {
-			lastSeen, since = cur, now
-		} else if now.Sub(since) > 20*time.Millisecond {
+		if cur != lastSeen || len(so.msgs) > 0 {
+			lastSeen, since = cur, now // still working through what arrived
+		} else if now.Sub(since) > 50*time.Millisecond {
 			select {
 			case so.catchup <- struct{}{}:
 			default:

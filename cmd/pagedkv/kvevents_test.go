@@ -14,8 +14,19 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/internal/vllmwire"
 )
+
+// raceArgs shrink a run under -race (invariant checks on every Manager
+// call make steps about twenty times slower): a one-layer model checked
+// every 8 steps. Plain `go test` runs the full sizes.
+func raceArgs(requests int) []string {
+	if !invariants.Enabled {
+		return smallModel
+	}
+	return []string{"--requests", strconv.Itoa(requests), "--layers", "1", "--qo-heads", "2", "--kv-heads", "1", "--head-dim", "8", "--verify-every", "8"}
+}
 
 func freePort(t *testing.T) int {
 	t.Helper()
@@ -47,7 +58,7 @@ func TestSimulateKVEvents(t *testing.T) {
 	go func() {
 		var out, errOut strings.Builder
 		args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "6s",
-			"--requests", "24", "--quiet"}, smallModel...)
+			"--requests", "24", "--quiet"}, raceArgs(16)...)
 		code := runSimulate(args, &out, &errOut)
 		done <- result{out.String(), errOut.String(), code}
 	}()
@@ -188,11 +199,13 @@ func TestSimulateKVEvents(t *testing.T) {
 
 // TestSimulateReplicas: with --replicas 4 on the default workload,
 // prefix-aware routing over the replicas' KV events hits the prefix cache
-// more than round robin, and every replica still verifies attention.
+// more than round robin, and every replica still verifies attention. Under
+// -race the workload is cut to its first 32 requests (the default run takes
+// minutes there); plain `go test` runs all of it.
 func TestSimulateReplicas(t *testing.T) {
 	t.Parallel()
 	var out, errOut strings.Builder
-	code := runSimulate(append([]string{"--replicas", "4", "--quiet"}, smallModel...), &out, &errOut)
+	code := runSimulate(append([]string{"--replicas", "4", "--quiet"}, raceArgs(32)...), &out, &errOut)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errOut.String())
 	}

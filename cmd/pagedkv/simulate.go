@@ -58,6 +58,13 @@ chain hashes (seeded with --seed|1). The run waits up to --kv-events-wait
 for a subscriber first and serves replays (--kv-events-replay ADDR, vLLM's
 ROUTER protocol) for --kv-events-linger after it.
 
+--replicas R runs R replicas (each its own Manager and verified attention)
+connected to a router only by their KV events over loopback ZeroMQ; each
+arriving request goes to the replica with the longest cached prefix among
+those with load (running + waiting) <= least load + --route-slack, ties to
+the less loaded, then the lower number. The same workload then runs with
+round robin, and the summary compares prefix hits and recomputed tokens.
+
 Flags:
 `
 
