@@ -6,6 +6,7 @@
 package cpu
 
 import (
+	"fmt"
 	"runtime"
 	"sync"
 )
@@ -36,6 +37,12 @@ func (b *Backend) Name() string { return "cpu" }
 
 // parallelFor runs fn(i) for i in [0, n) on up to b.workers goroutines,
 // handing out indices in order. It runs inline when n or the worker count is 1.
+//
+// Every op validates its parameters before it gets here, so fn cannot fail
+// on caller input. Should a bug panic in a worker anyway, the panic is
+// caught there, the other workers stop taking tasks, and it is raised again
+// on the caller's goroutine once all have returned: a caller's recover sees
+// it, and no worker goroutine can take the process down.
 func (b *Backend) parallelFor(n int, fn func(i int)) {
 	w := b.workers
 	if w > n {
@@ -49,11 +56,22 @@ func (b *Backend) parallelFor(n int, fn func(i int)) {
 	}
 	var next sync.Mutex
 	i := 0
+	var failure any
 	var wg sync.WaitGroup
 	wg.Add(w)
 	for g := 0; g < w; g++ {
 		go func() {
 			defer wg.Done()
+			defer func() {
+				if p := recover(); p != nil {
+					next.Lock()
+					if failure == nil {
+						failure = p
+					}
+					i = n // no more tasks for anyone
+					next.Unlock()
+				}
+			}()
 			for {
 				next.Lock()
 				j := i
@@ -67,4 +85,7 @@ func (b *Backend) parallelFor(n int, fn func(i int)) {
 		}()
 	}
 	wg.Wait()
+	if failure != nil {
+		panic(fmt.Sprintf("kernels/cpu: a worker panicked: %v", failure))
+	}
 }

@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/pagedkv/pagedkv/kernels/kernelstest"
@@ -38,4 +39,23 @@ func FuzzCPURawIndices(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// A panic in a worker (a bug: validation leaves callers nothing to panic
+// on) reaches the caller's goroutine, where recover sees it, instead of
+// ending the process from a goroutine nobody can recover.
+func TestWorkerPanicReachesTheCaller(t *testing.T) {
+	b := New(Config{Workers: 4})
+	var got any
+	func() {
+		defer func() { got = recover() }()
+		b.parallelFor(64, func(i int) {
+			if i == 37 {
+				panic("task 37")
+			}
+		})
+	}()
+	if s, _ := got.(string); !strings.Contains(s, "task 37") {
+		t.Fatalf("recovered %v, want the worker's panic", got)
+	}
 }
