@@ -434,6 +434,10 @@ func (m *Manager) Extend(id RequestID, tokens ...int32) error {
 	if err != nil {
 		return err
 	}
+	if int64(len(r.tokens))+int64(len(tokens)) > MaxRequestTokens {
+		return fmt.Errorf("%w: extend request %d by %d tokens: it would hold %d, want at most %d",
+			ErrBadArgument, id, len(tokens), int64(len(r.tokens))+int64(len(tokens)), MaxRequestTokens)
+	}
 	for i, t := range tokens {
 		if t < 0 {
 			return fmt.Errorf("%w: extend request %d: tokens[%d] = %d is negative", ErrBadArgument, id, i, t)
