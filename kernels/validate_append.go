@@ -69,11 +69,14 @@ func validateRows(t *PageTable, batchIndices, positions []int32, pageSize int, c
 		if b < 0 || int64(b) >= B {
 			return fmt.Errorf("append: %w: batch_indices[%d] = %d outside [0, batch %d)", ErrIndexOutOfRange, i, b, B)
 		}
+		pages := int64(t.KVIndptr[b+1]) - int64(t.KVIndptr[b])
 		var n int64
-		if capacityOnly {
-			n = pagesTokens(int64(t.KVIndptr[b+1])-int64(t.KVIndptr[b]), pageSize)
-		} else {
-			n = int64(t.SeqLen(int(b), pageSize))
+		switch {
+		case capacityOnly:
+			n = pagesTokens(pages, pageSize)
+		case pages > 0:
+			// validateCSR passed: pages >= 0 and this is at most MaxSeqLen.
+			n = (pages-1)*int64(pageSize) + int64(t.KVLastPageLen[b])
 		}
 		if pos := positions[i]; pos < 0 || int64(pos) >= n {
 			what := "seq_len"
