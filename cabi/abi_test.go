@@ -190,7 +190,7 @@ func FuzzABI(f *testing.F) {
 		}
 		id := func() uint64 { return uint64(1 + next()%6) }
 		for ops := 0; len(data) > 0 && ops < 64; ops++ {
-			switch op := next() % 13; op {
+			switch op := next() % 14; op {
 			case 0:
 				rid, prompt := id(), tokens()
 				n, isNil, ok := length(len(prompt))
@@ -261,12 +261,58 @@ func FuzzABI(f *testing.F) {
 				if isNil {
 					argIDs = nil
 				}
-				code := goReserve(p.h, argIDs, nt, n, &p.plan)
-				if !ok {
-					p.bad("reserve", code)
-					continue
+				spec := next()%3 == 0
+				var code int32
+				var drafts [][]int32
+				if spec {
+					// Drafts as C passes them: draft_indptr and one flat array,
+					// sometimes with a broken indptr.
+					indptr, flat := []int32{0}, []int32{}
+					for range nb {
+						d := tokens()
+						d = d[:min(len(d), next()%3)]
+						drafts = append(drafts, d)
+						flat = append(flat, d...)
+						indptr = append(indptr, int32(len(flat)))
+					}
+					broken := next()%8 == 0
+					if broken {
+						// Never past the end of flat: the library would read
+						// beyond the caller's buffer, as it would in C.
+						i, d := next()%len(indptr), int32(next()%3)-1
+						if i < len(indptr)-1 || d < 0 {
+							indptr[i] += d
+						}
+					}
+					code = goReserveSpec(p.h, argIDs, nt, n, indptr, flat, &p.plan)
+					okIndptr := indptr[0] == 0
+					for i := 1; i < len(indptr); i++ {
+						okIndptr = okIndptr && indptr[i] >= indptr[i-1] && indptr[i] <= int32(len(flat))
+					}
+					if !ok || !okIndptr {
+						p.bad("reserve_spec", code)
+						continue
+					}
+					if broken {
+						// A still-valid indptr regroups the flat drafts.
+						for i := range drafts {
+							drafts[i] = flat[indptr[i]:indptr[i+1]]
+						}
+					}
+				} else {
+					code = goReserve(p.h, argIDs, nt, n, &p.plan)
+					if !ok {
+						p.bad("reserve", code)
+						continue
+					}
 				}
-				plan, err := p.ref.Reserve(rids, nt)
+				var plan *pagedkv.Plan
+				var err error
+				if spec {
+					plan, err = p.ref.ReserveSpec(rids, nt, drafts)
+				} else {
+					plan, err = p.ref.Reserve(rids, nt)
+				}
 				if err == nil {
 					want := goPlanArrays(plan)
 					if e := samePlan(p.plan.read(), want); e != nil && code == codeOK {
@@ -285,6 +331,23 @@ func FuzzABI(f *testing.F) {
 				arg := sampled
 				if isNil {
 					arg = nil
+				}
+				if next()%3 == 0 {
+					accepted := make([]int32, next()%6)
+					for i := range accepted {
+						accepted[i] = int32(next()%4) - int32(next()/250)
+					}
+					code := goCommitSpec(p.h, accepted, int64(len(accepted)), arg, n)
+					if !ok {
+						p.bad("commit_spec", code)
+						continue
+					}
+					var s []int32
+					if arg != nil {
+						s = sampled
+					}
+					p.check("commit_spec", code, p.ref.CommitSpec(accepted, s))
+					continue
 				}
 				code := goCommit(p.h, arg, n)
 				if !ok {
@@ -313,6 +376,14 @@ func FuzzABI(f *testing.F) {
 					t.Fatalf("pin: %d %d, Go %d %d", pin, pinned, rpin, rn)
 				}
 				p.check("pin", code, err)
+			case 13:
+				rid, n := id(), int64(next()%12)-int64(next()/250)
+				code := goTruncate(p.h, rid, n)
+				if n < 0 {
+					p.bad("truncate", code)
+					continue
+				}
+				p.check("truncate", code, p.ref.Truncate(pagedkv.RequestID(rid), int(n)))
 			case 12:
 				pin := uint64(next() % 4)
 				if next()%2 == 0 {

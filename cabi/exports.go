@@ -191,24 +191,124 @@ func pagedkv_reserve(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int32_t, 
 		return code
 	}
 	defer h.exit(&code)
-	if code, ok := checkArray("reserve", "ids", unsafe.Pointer(ids), n); !ok {
+	rids, nt, code, ok := reserveArgs("reserve", ids, ntokens, n, out)
+	if !ok {
 		return code
 	}
-	if code, ok := checkArray("reserve", "ntokens", unsafe.Pointer(ntokens), n); !ok {
-		return code
+	plan, err := h.m.Reserve(rids, nt)
+	if err != nil {
+		return failErr(err)
+	}
+	h.export(out, plan)
+	return C.PAGEDKV_OK
+}
+
+// reserveArgs checks and views reserve's common arguments.
+func reserveArgs(op string, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t, out *C.pagedkv_plan) ([]pagedkv.RequestID, []int32, C.int32_t, bool) {
+	if code, ok := checkArray(op, "ids", unsafe.Pointer(ids), n); !ok {
+		return nil, nil, code, false
+	}
+	if code, ok := checkArray(op, "ntokens", unsafe.Pointer(ntokens), n); !ok {
+		return nil, nil, code, false
 	}
 	if out == nil {
-		return badArg("reserve: out is NULL")
+		return nil, nil, badArg("%s: out is NULL", op), false
 	}
 	var rids []pagedkv.RequestID
 	if n > 0 {
 		rids = unsafe.Slice((*pagedkv.RequestID)(unsafe.Pointer(ids)), int(n))
 	}
-	plan, err := h.m.Reserve(rids, int32s(ntokens, n))
+	return rids, int32s(ntokens, n), C.PAGEDKV_OK, true
+}
+
+//export pagedkv_reserve_spec
+func pagedkv_reserve_spec(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t,
+	draftIndptr *C.int32_t, drafts *C.int32_t, out *C.pagedkv_plan) (code C.int32_t) {
+	h, code := enter(id, "reserve_spec")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	rids, nt, code, ok := reserveArgs("reserve_spec", ids, ntokens, n, out)
+	if !ok {
+		return code
+	}
+	var lists [][]int32
+	if draftIndptr != nil {
+		ip := int32s(draftIndptr, n+1)
+		if ip[0] != 0 {
+			return badArg("reserve_spec: draft_indptr[0] = %d, want 0", ip[0])
+		}
+		for i := 1; i < len(ip); i++ {
+			if ip[i] < ip[i-1] {
+				return badArg("reserve_spec: draft_indptr[%d] = %d < draft_indptr[%d] = %d", i, ip[i], i-1, ip[i-1])
+			}
+		}
+		total := C.int64_t(ip[n])
+		if code, ok := checkArray("reserve_spec", "drafts", unsafe.Pointer(drafts), total); !ok {
+			return code
+		}
+		flat := int32s(drafts, total)
+		h.draftLists = h.draftLists[:0]
+		for i := range int(n) {
+			h.draftLists = append(h.draftLists, flat[ip[i]:ip[i+1]:ip[i+1]])
+		}
+		lists = h.draftLists
+		// The Manager copies the drafts; drop the views of C memory.
+		defer clear(h.draftLists)
+	} else if drafts != nil {
+		return badArg("reserve_spec: drafts without draft_indptr")
+	}
+	plan, err := h.m.ReserveSpec(rids, nt, lists)
 	if err != nil {
 		return failErr(err)
 	}
 	h.export(out, plan)
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_commit_spec
+func pagedkv_commit_spec(id C.pagedkv_manager, accepted *C.int32_t, nAccepted C.int64_t, sampled *C.int32_t, nSampled C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "commit_spec")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if code, ok := checkArray("commit_spec", "accepted", unsafe.Pointer(accepted), nAccepted); !ok {
+		return code
+	}
+	if code, ok := checkArray("commit_spec", "sampled", unsafe.Pointer(sampled), nSampled); !ok {
+		return code
+	}
+	acc := int32s(accepted, nAccepted)
+	if acc == nil {
+		acc = []int32{}
+	}
+	var s []int32
+	if sampled != nil {
+		if s = int32s(sampled, nSampled); s == nil {
+			s = []int32{}
+		}
+	}
+	if err := h.m.CommitSpec(acc, s); err != nil {
+		return failErr(err)
+	}
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_truncate
+func pagedkv_truncate(id C.pagedkv_manager, rid C.uint64_t, n C.int64_t) (code C.int32_t) {
+	h, code := enter(id, "truncate")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if n < 0 || n >= maxLen {
+		return badArg("truncate request %d to %d tokens, want 0..%d", uint64(rid), int64(n), maxLen-1)
+	}
+	if err := h.m.Truncate(pagedkv.RequestID(rid), int(n)); err != nil {
+		return failErr(err)
+	}
 	return C.PAGEDKV_OK
 }
 
@@ -274,6 +374,7 @@ func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t
 		s.PromptTokens, s.PromptHitTokens, s.ComputedTokens, s.ResumedTokens, s.ResumeHitTokens,
 		s.Steps, s.Preemptions, s.CopiedPages, s.PublishedPages, s.DuplicatePages,
 		s.EvictedPages, s.EvictionFreedPages, s.InnerVictims, s.WindowReleasedPages, s.ChainsCut,
+		s.DraftTokens, s.AcceptedDraftTokens,
 	}
 	if unsafe.Sizeof(v) != C.sizeof_pagedkv_stats {
 		panic("cabi: pagedkv_stats and Stats have different field counts")

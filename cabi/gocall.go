@@ -211,3 +211,24 @@ const (
 	codeBadHandle      = C.PAGEDKV_ERR_BAD_HANDLE
 	codeInternal       = C.PAGEDKV_ERR_INTERNAL
 )
+
+// goReserveSpec is pagedkv_reserve_spec; indptr nil passes NULL.
+func goReserveSpec(h uint64, ids []uint64, nt []int32, n int64, indptr, drafts []int32, out *abiPlanC) int32 {
+	var pi *C.uint64_t
+	if ids != nil {
+		pi = (*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(ids)))
+	}
+	var po *C.pagedkv_plan
+	if out != nil {
+		po = &out.c
+	}
+	return int32(pagedkv_reserve_spec(C.pagedkv_manager(h), pi, ptr32(nt), C.int64_t(n), ptr32(indptr), ptr32(drafts), po))
+}
+
+func goCommitSpec(h uint64, accepted []int32, na int64, sampled []int32, ns int64) int32 {
+	return int32(pagedkv_commit_spec(C.pagedkv_manager(h), ptr32(accepted), C.int64_t(na), ptr32(sampled), C.int64_t(ns)))
+}
+
+func goTruncate(h, id uint64, n int64) int32 {
+	return int32(pagedkv_truncate(C.pagedkv_manager(h), C.uint64_t(id), C.int64_t(n)))
+}

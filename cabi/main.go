@@ -74,6 +74,9 @@ type handle struct {
 	levelsCap int
 	// rows is the cascade's query-row permutation, computed per plan.
 	rows []int32
+	// draftLists is reserve_spec's scratch: views of the caller's drafts
+	// during the call, cleared after it.
+	draftLists [][]int32
 }
 
 var registry struct {

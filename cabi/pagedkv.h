@@ -36,7 +36,7 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of this header. */
-#define PAGEDKV_ABI_VERSION 1
+#define PAGEDKV_ABI_VERSION 2
 
 typedef uint64_t pagedkv_manager;
 
@@ -140,6 +140,7 @@ typedef struct {
 	pagedkv_array query_rows;       /* [nnz] when num_levels > 0: cascade row r holds plan row query_rows[r] */
 	int64_t num_levels;             /* 0: run flat; else a cascade of num_levels levels */
 	const pagedkv_level *levels;    /* [num_levels], level 0 (most shared) first */
+	pagedkv_array drafts;           /* [B] draft rows of request b (its last rows); all 0 unless reserve_spec */
 } pagedkv_plan;
 
 /* Stats (Go: pagedkv.Stats), every field int64, in this order. New fields
@@ -151,6 +152,7 @@ typedef struct {
 	int64_t prompt_tokens, prompt_hit_tokens, computed_tokens, resumed_tokens, resume_hit_tokens;
 	int64_t steps, preemptions, copied_pages, published_pages, duplicate_pages;
 	int64_t evicted_pages, eviction_freed_pages, inner_victims, window_released_pages, chains_cut;
+	int64_t draft_tokens, accepted_draft_tokens; /* speculative steps (ABI 2) */
 } pagedkv_stats;
 
 /* One request's state (Go: Has, Running, Computed, Tokens, Pages). */
@@ -187,6 +189,19 @@ int32_t pagedkv_release(pagedkv_manager m, uint64_t id);
 int32_t pagedkv_reserve(pagedkv_manager m, const uint64_t *ids, const int32_t *ntokens, int64_t n, pagedkv_plan *out);
 int32_t pagedkv_commit(pagedkv_manager m, const int32_t *sampled, int64_t n_sampled);
 int32_t pagedkv_abort(pagedkv_manager m);
+
+/* Speculative decoding (Go: ReserveSpec, CommitSpec). Request ids[i]'s draft
+ * tokens are drafts[draft_indptr[i] .. draft_indptr[i+1]); draft_indptr
+ * [n+1] starts at 0 and never decreases (NULL: no drafts at all). A step
+ * reserved with drafts is committed with pagedkv_commit_spec: accepted [n]
+ * is how many of each request's drafts were accepted (NULL with n_accepted
+ * 0 only for a batch of 0 requests), sampled as in pagedkv_commit. */
+int32_t pagedkv_reserve_spec(pagedkv_manager m, const uint64_t *ids, const int32_t *ntokens, int64_t n,
+                             const int32_t *draft_indptr, const int32_t *drafts, pagedkv_plan *out);
+int32_t pagedkv_commit_spec(pagedkv_manager m, const int32_t *accepted, int64_t n_accepted,
+                            const int32_t *sampled, int64_t n_sampled);
+/* Cut request id's tokens to its first n (Go: Truncate). */
+int32_t pagedkv_truncate(pagedkv_manager m, uint64_t id, int64_t n);
 
 /* Operations. get_stats may be called from any thread. */
 int32_t pagedkv_get_stats(pagedkv_manager m, pagedkv_stats *out, size_t out_size);

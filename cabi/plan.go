@@ -33,6 +33,7 @@ func (h *handle) export(out *C.pagedkv_plan, p *pagedkv.Plan) {
 	h.array(&out.kv_page_indices, p.KVPageIndices)
 	h.array(&out.kv_last_page_len, p.KVLastPageLen)
 	h.array(&out.seq_lens, p.SeqLens)
+	h.array(&out.drafts, p.Drafts)
 
 	out.num_levels, out.levels = 0, nil
 	out.query_rows = C.pagedkv_array{}

@@ -48,6 +48,8 @@ type traceOp struct {
 	IDs      []uint64             `json:"ids,omitempty"`
 	NTokens  []int32              `json:"ntokens,omitempty"`
 	Sampled  []int32              `json:"sampled,omitempty"`
+	Drafts   [][]int32            `json:"drafts,omitempty"`
+	Accepted []int32              `json:"accepted,omitempty"`
 	N        int                  `json:"n,omitempty"`
 	Want     traceResult          `json:"want"`
 	Plan     map[string][]int32   `json:"plan,omitempty"`
@@ -92,6 +94,7 @@ func statsList(s pagedkv.Stats) []int64 {
 		s.PromptTokens, s.PromptHitTokens, s.ComputedTokens, s.ResumedTokens, s.ResumeHitTokens,
 		s.Steps, s.Preemptions, s.CopiedPages, s.PublishedPages, s.DuplicatePages,
 		s.EvictedPages, s.EvictionFreedPages, s.InnerVictims, s.WindowReleasedPages, s.ChainsCut,
+		s.DraftTokens, s.AcceptedDraftTokens,
 	}
 }
 
@@ -170,10 +173,27 @@ func (g *traceGen) step() {
 	for i, id := range ids {
 		rids[i] = pagedkv.RequestID(id)
 	}
-	plan, err := g.m.Reserve(rids, nt)
+	spec := g.rng.IntN(4) == 0
+	var plan *pagedkv.Plan
+	var err error
+	if spec {
+		// Drafts for the requests whose step reaches their last known token.
+		op.Op, op.Drafts = "reserve_spec", make([][]int32, len(ids))
+		for i, id := range ids {
+			r := pagedkv.RequestID(id)
+			if g.m.Computed(r)+int(nt[i]) == len(g.m.Tokens(r)) {
+				for range g.rng.IntN(4) {
+					op.Drafts[i] = append(op.Drafts[i], int32(g.rng.IntN(50)))
+				}
+			}
+		}
+		plan, err = g.m.ReserveSpec(rids, nt, op.Drafts)
+	} else {
+		plan, err = g.m.Reserve(rids, nt)
+	}
 	if err == nil {
 		op.Plan = map[string][]int32{
-			"qo_indptr": plan.QOIndptr, "batch_indices": plan.BatchIndices, "positions": plan.Positions,
+			"drafts": plan.Drafts, "qo_indptr": plan.QOIndptr, "batch_indices": plan.BatchIndices, "positions": plan.Positions,
 			"token_ids": plan.TokenIDs, "token_positions": plan.TokenPositions, "kv_indptr": plan.KVIndptr,
 			"kv_page_indices": plan.KVPageIndices, "kv_last_page_len": plan.KVLastPageLen, "seq_lens": plan.SeqLens,
 			"window_left": {int32(plan.WindowLeft)},
@@ -216,11 +236,28 @@ func (g *traceGen) step() {
 	for b, id := range ids {
 		r := pagedkv.RequestID(id)
 		sampled[b] = pagedkv.NoToken
-		if g.m.Computed(r)+int(nt[b]) == len(g.m.Tokens(r)) {
+		// During a speculative step Tokens ends with the drafts.
+		if g.m.Computed(r)+int(nt[b])+len(dr(op.Drafts, b)) == len(g.m.Tokens(r)) {
 			sampled[b] = int32(g.rng.IntN(50))
 		}
 	}
+	if spec {
+		accepted := make([]int32, len(ids))
+		for b := range accepted {
+			accepted[b] = int32(g.rng.IntN(len(dr(op.Drafts, b)) + 1))
+		}
+		g.record(traceOp{Op: "commit_spec", Accepted: accepted, Sampled: sampled}, 0, g.m.CommitSpec(accepted, sampled))
+		return
+	}
 	g.record(traceOp{Op: "commit", Sampled: sampled}, 0, g.m.Commit(sampled))
+}
+
+// dr is drafts[b], or nil.
+func dr(drafts [][]int32, b int) []int32 {
+	if drafts == nil {
+		return nil
+	}
+	return drafts[b]
 }
 
 func (g *traceGen) run(nops int) {
@@ -256,6 +293,10 @@ func (g *traceGen) run(nops int) {
 		case k < 88:
 			op := traceOp{Op: "extend", ID: g.pick(g.ids(true)), Tokens: []int32{int32(g.rng.IntN(50)), 3}}
 			g.record(op, 0, g.m.Extend(pagedkv.RequestID(op.ID), op.Tokens...))
+		case k < 89:
+			op := traceOp{Op: "truncate", ID: g.pick(append(g.ids(true), g.ids(false)...))}
+			op.N = max(0, len(g.m.Tokens(pagedkv.RequestID(op.ID)))-g.rng.IntN(6))
+			g.record(op, 0, g.m.Truncate(pagedkv.RequestID(op.ID), op.N))
 		case k < 91:
 			op := traceOp{Op: "evict", N: g.rng.IntN(4)}
 			g.record(op, int64(g.m.Evict(op.N)), nil)
@@ -345,7 +386,8 @@ func TestTrace(t *testing.T) {
 		}
 	}
 	for _, k := range []string{"add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
-		"evict", "pin", "unpin", "cascade", "copies", "error OutOfPages", "error BadArgument", "error UnknownRequest"} {
+		"evict", "pin", "unpin", "cascade", "copies", "error OutOfPages", "error BadArgument", "error UnknownRequest",
+		"reserve_spec", "commit_spec", "truncate"} {
 		if seen[k] == 0 {
 			t.Errorf("the trace has no %q: %v", k, seen)
 		}

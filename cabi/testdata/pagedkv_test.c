@@ -353,6 +353,57 @@ static void sweep(void) {
 	OK(pagedkv_commit(m, sok, 2));
 	OK(pagedkv_audit(m));
 
+	// Speculative decoding: request 1 decodes its last token and 3 drafts.
+	uint64_t spec_ids[] = {1};
+	int32_t spec_nt[] = {1};
+	int32_t draft_indptr[] = {0, 3};
+	int32_t drafts[] = {5, 6, 7};
+	int32_t bad_indptr0[] = {1, 3};
+	int32_t bad_indptr1[] = {0, -1};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "draft_indptr[0] = 1",
+	            pagedkv_reserve_spec(m, spec_ids, spec_nt, 1, bad_indptr0, drafts, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "draft_indptr[1] = -1",
+	            pagedkv_reserve_spec(m, spec_ids, spec_nt, 1, bad_indptr1, drafts, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "drafts is NULL with length 3",
+	            pagedkv_reserve_spec(m, spec_ids, spec_nt, 1, draft_indptr, NULL, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "drafts without draft_indptr",
+	            pagedkv_reserve_spec(m, spec_ids, spec_nt, 1, NULL, drafts, &plan));
+	int32_t neg_draft[] = {5, -6, 7};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "drafts[0][1] = -6",
+	            pagedkv_reserve_spec(m, spec_ids, spec_nt, 1, draft_indptr, neg_draft, &plan));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "truncate request 9", pagedkv_truncate(m, 9, 1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "-1", pagedkv_truncate(m, 1, -1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "to 99 tokens", pagedkv_truncate(m, 1, 99));
+	OK(pagedkv_reserve_spec(m, spec_ids, spec_nt, 1, draft_indptr, drafts, &last_plan));
+	CHECK(last_plan.nnz == 4 && last_plan.drafts.len == 1 && last_plan.drafts.data[0] == 3,
+	      "spec plan: nnz %lld, drafts[0] %d", (long long)last_plan.nnz, last_plan.drafts.data[0]);
+	CHECK(last_plan.token_ids.data[1] == 5 && last_plan.token_ids.data[3] == 7, "spec plan token_ids");
+	int32_t one_sampled[] = {9};
+	int32_t acc_bad[] = {4};
+	int32_t acc_ok[] = {1};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "CommitSpec", pagedkv_commit(m, one_sampled, 1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "accepted[0] = 4", pagedkv_commit_spec(m, acc_bad, 1, one_sampled, 1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "0 accepted counts", pagedkv_commit_spec(m, NULL, 0, one_sampled, 1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_STEP_PENDING, "truncate", pagedkv_truncate(m, 1, 1));
+	OK(pagedkv_commit_spec(m, acc_ok, 1, one_sampled, 1));
+	OK(pagedkv_audit(m));
+	{
+		pagedkv_request_state st1;
+		int32_t toks[32];
+		int64_t nt1 = 0;
+		OK(pagedkv_get_request_state(m, 1, &st1));
+		OK(pagedkv_request_tokens(m, 1, toks, 32, &nt1));
+		CHECK(st1.computed == 12 && nt1 == 13 && toks[11] == 5 && toks[12] == 9,
+		      "after the spec step: computed %lld, %lld tokens, last %d %d", (long long)st1.computed,
+		      (long long)nt1, toks[11], toks[12]);
+		pagedkv_stats sst;
+		OK(pagedkv_get_stats(m, &sst, sizeof sst));
+		CHECK(sst.draft_tokens == 3 && sst.accepted_draft_tokens == 1, "draft stats %lld %lld",
+		      (long long)sst.draft_tokens, (long long)sst.accepted_draft_tokens);
+	}
+	OK(pagedkv_truncate(m, 1, 12));
+	OK(pagedkv_audit(m));
+
 	// Operations.
 	uint64_t pin = 0;
 	int64_t pinned = 0;

@@ -7,6 +7,8 @@
     plan = m.reserve([1], [40])            # all-or-nothing; OutOfPages -> preempt, retry
     plan.kv_indptr, plan.kv_page_indices   # numpy int32 views of the Manager's buffers
     m.commit([7])
+    plan = m.reserve_spec([1], [1], [[5, 6]])  # speculative: 2 draft tokens
+    m.commit_spec([1], [9])                # 1 accepted, then the bonus token
 
 Arrays. Every array of a Plan is a numpy int32 view (no copy) of a buffer
 the Manager owns. It stays valid and unchanged until the next successful
@@ -226,10 +228,11 @@ class Plan:
     kv_last_page_len [B], seq_lens [B]: the paged table after the append.
     window_left: FlashInfer's window_left. cascade: None (run flat) or a
     list of Level, most shared first, with query_rows [nnz]: cascade row r
-    holds plan row query_rows[r].
+    holds plan row query_rows[r]. drafts [B]: how many of request b's rows
+    (its last ones) are draft tokens (reserve_spec; zeros otherwise).
     """
 
-    __slots__ = ("request_ids", "batch_size", "nnz", "window_left", "copies", "qo_indptr", "batch_indices",
+    __slots__ = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
                  "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices",
                  "kv_last_page_len", "seq_lens", "cascade", "query_rows", "_manager", "_generation")
 
@@ -289,7 +292,7 @@ class Manager:
         self._generation = 0
         self._plan_words = np.zeros(_ffi.PLAN_WORDS, dtype=np.int64)
         self._plan_addr = _addr(self._plan_words)
-        self._views = [None] * len(_ffi.PLAN_ARRAYS)  # per array: (data, cap, base view)
+        self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)  # per array (drafts last): (data, cap, base view)
         self._i64 = ctypes.c_int64(0)
         self._state = _ffi.RequestState()
 
@@ -302,7 +305,7 @@ class Manager:
             if rc:
                 _raise(self._lib, rc)
             self._handle = 0
-            self._views = [None] * len(_ffi.PLAN_ARRAYS)
+            self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)
 
     def __enter__(self):
         return self
@@ -384,10 +387,10 @@ class Manager:
         p.batch_size, p.nnz, p.window_left = w[0], w[1], w[2]
         views = self._views
         arrays = []
-        k = 3
-        for i in range(len(_ffi.PLAN_ARRAYS)):
+        n_arrays = len(_ffi.PLAN_ARRAYS)
+        for i in range(n_arrays + 1):
+            k = 3 + 3 * i if i < n_arrays else 3 + 3 * n_arrays + 2  # drafts come after num_levels, levels
             data, n, cap = w[k], w[k + 1], w[k + 2]
-            k += 3
             if cap == 0:
                 arrays.append(_EMPTY)
                 continue
@@ -396,8 +399,9 @@ class Manager:
                 v = views[i] = (data, cap, self._base(data, cap))
             arrays.append(v[2][:n])
         (copies, p.qo_indptr, p.batch_indices, p.positions, p.token_ids, p.token_positions, p.kv_indptr,
-         p.kv_page_indices, p.kv_last_page_len, p.seq_lens, query_rows) = arrays
+         p.kv_page_indices, p.kv_last_page_len, p.seq_lens, query_rows, p.drafts) = arrays
         p.copies = copies.reshape(-1, 3)
+        k = 3 + 3 * n_arrays
         num_levels = w[k]
         if num_levels == 0:
             p.cascade, p.query_rows = None, None
@@ -420,6 +424,54 @@ class Manager:
         if arr.cap == 0:
             return _EMPTY
         return self._base(arr.data, arr.cap)[: arr.len]
+
+    def reserve_spec(self, request_ids, ntokens, drafts):
+        """A speculative step (Go: ReserveSpec): request_ids[i] computes its
+        next ntokens[i] known tokens, then the draft tokens drafts[i] (a
+        sequence, possibly empty; drafts may be None for none at all). Commit
+        it with commit_spec."""
+        ids = _ints(request_ids, np.uint64, _U64, "reserve_spec", "request_ids")
+        nt = _ints(ntokens, np.int32, _I32, "reserve_spec", "ntokens")
+        if ids.size != nt.size:
+            raise BadArgument("pagedkv: bad argument: reserve_spec: %d requests but %d token counts"
+                              % (ids.size, nt.size))
+        indptr = flat = None
+        if drafts is not None:
+            if len(drafts) != ids.size:
+                raise BadArgument("pagedkv: bad argument: reserve_spec: %d requests but %d draft lists"
+                                  % (ids.size, len(drafts)))
+            lists = [_ints(d, np.int32, _I32, "reserve_spec", "drafts[%d]" % i) for i, d in enumerate(drafts)]
+            indptr = np.zeros(ids.size + 1, dtype=np.int64)
+            np.cumsum([len(d) for d in lists], out=indptr[1:])
+            if indptr[-1] > _I32[1]:
+                raise BadArgument("pagedkv: bad argument: reserve_spec: %d draft tokens in all" % indptr[-1])
+            indptr = indptr.astype(np.int32)
+            flat = np.concatenate(lists) if indptr[-1] else np.zeros(1, dtype=np.int32)
+        rc = self._lib.pagedkv_reserve_spec(self._handle, _addr(ids) if ids.size else None,
+                                            _addr(nt) if nt.size else None, ids.size,
+                                            None if indptr is None else _addr(indptr),
+                                            None if flat is None else _addr(flat), self._plan_addr)
+        if rc:
+            _raise(self._lib, rc)
+        self._generation += 1
+        return self._make_plan(ids)
+
+    def commit_spec(self, accepted, sampled=None):
+        """Record a speculative step (Go: CommitSpec): accepted[b] drafts of
+        request b were accepted; sampled as for commit()."""
+        a = _ints(accepted, np.int32, _I32, "commit_spec", "accepted")
+        ap = _addr(a) if a.size else ctypes.addressof(self._i64)
+        if sampled is None:
+            self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, None, 0))
+            return
+        s = _ints(sampled, np.int32, _I32, "commit_spec", "sampled")
+        sp = _addr(s) if s.size else ctypes.addressof(self._i64)
+        self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, sp, s.size))
+
+    def truncate(self, request_id, n):
+        """Cut the request's tokens to its first n (Go: Truncate)."""
+        self._check(self._lib.pagedkv_truncate(self._handle, _scalar(request_id, _U64, "truncate", "request_id"),
+                                               _scalar(n, _I64, "truncate", "n")))
 
     def commit(self, sampled=None):
         """Record the reserved step; sampled[b] (or NO_TOKEN) per request, or None."""

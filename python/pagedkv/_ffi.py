@@ -8,7 +8,7 @@ package sits in (where scripts/cabi.sh puts it).
 import ctypes
 import os
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
 
@@ -75,14 +75,14 @@ PLAN_ARRAYS = (
     "seq_lens",
     "query_rows",
 )
-PLAN_WORDS = len(PLAN_SCALARS) + 3 * len(PLAN_ARRAYS) + 2  # + num_levels, levels
+PLAN_WORDS = len(PLAN_SCALARS) + 3 * len(PLAN_ARRAYS) + 2 + 3  # + num_levels, levels, drafts
 
 
 class Plan(ctypes.Structure):
     _fields_ = (
         [(name, ctypes.c_int64) for name in PLAN_SCALARS]
         + [(name, Array) for name in PLAN_ARRAYS]
-        + [("num_levels", ctypes.c_int64), ("levels", ctypes.POINTER(Level))]
+        + [("num_levels", ctypes.c_int64), ("levels", ctypes.POINTER(Level)), ("drafts", Array)]
     )
 
 
@@ -93,6 +93,7 @@ STATS_FIELDS = (
     "prompt_tokens", "prompt_hit_tokens", "computed_tokens", "resumed_tokens", "resume_hit_tokens",
     "steps", "preemptions", "copied_pages", "published_pages", "duplicate_pages",
     "evicted_pages", "eviction_freed_pages", "inner_victims", "window_released_pages", "chains_cut",
+    "draft_tokens", "accepted_draft_tokens",
 )
 
 
@@ -149,6 +150,9 @@ def _declare(lib):
         "pagedkv_release": (i32, [u64, u64]),
         "pagedkv_reserve": (i32, [u64, vp, vp, i64, vp]),
         "pagedkv_commit": (i32, [u64, vp, i64]),
+        "pagedkv_reserve_spec": (i32, [u64, vp, vp, i64, vp, vp, vp]),
+        "pagedkv_commit_spec": (i32, [u64, vp, i64, vp, i64]),
+        "pagedkv_truncate": (i32, [u64, u64, i64]),
         "pagedkv_abort": (i32, [u64]),
         "pagedkv_get_stats": (i32, [u64, ctypes.POINTER(Stats), sz]),
         "pagedkv_audit": (i32, [u64]),

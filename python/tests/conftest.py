@@ -35,7 +35,7 @@ def snapshot(m, ids, plan=None):
 
 def plan_values(plan):
     out = {name: getattr(plan, name).tolist() for name in (
-        "copies", "qo_indptr", "batch_indices", "positions", "token_ids", "token_positions", "kv_indptr",
+        "copies", "drafts", "qo_indptr", "batch_indices", "positions", "token_ids", "token_positions", "kv_indptr",
         "kv_page_indices", "kv_last_page_len", "seq_lens")}
     out["window_left"] = plan.window_left
     if plan.cascade is not None:

@@ -246,6 +246,31 @@ def test_no_pointer_is_kept_after_a_call():
 
 
 def test_c_struct_sizes_match_the_header():
-    assert ctypes.sizeof(pagedkv._ffi.Plan) == 8 * pagedkv._ffi.PLAN_WORDS == 8 * (3 + 33 + 2)
-    assert ctypes.sizeof(pagedkv._ffi.Stats) == 8 * 25
+    assert ctypes.sizeof(pagedkv._ffi.Plan) == 8 * pagedkv._ffi.PLAN_WORDS == 8 * (3 + 33 + 2 + 3)
+    assert ctypes.sizeof(pagedkv._ffi.Stats) == 8 * 27
     assert ctypes.sizeof(pagedkv._ffi.Request) == 48 + 8 + 8 + 4 + 4 + 8
+
+
+def test_speculative_step_and_its_errors(world):
+    m, prompt, plan = world
+    expect(m, plan, pagedkv.BadArgument, "drafts[0][1] = -6", m.reserve_spec, [1], [1], [[5, -6]])
+    expect(m, plan, pagedkv.BadArgument, "2 draft lists", m.reserve_spec, [1], [1], [[5], [6]])
+    expect(m, plan, pagedkv.BadArgument, "still has", m.reserve_spec, [2], [1], [[5]])
+    expect(m, plan, pagedkv.UnknownRequest, "request 9", m.truncate, 9, 1)
+    expect(m, plan, pagedkv.BadArgument, "to -1 tokens", m.truncate, 1, -1)
+    expect(m, plan, pagedkv.BadArgument, "to 99 tokens", m.truncate, 1, 99)
+    p = m.reserve_spec([1], [1], [[5, 6, 7]])
+    assert p.drafts.tolist() == [3] and p.nnz == 4 and p.token_ids.tolist()[1:] == [5, 6, 7]
+    assert m.tokens(1).tolist()[-3:] == [5, 6, 7]  # during the step, tokens end with the drafts
+    expect(m, p, pagedkv.BadArgument, "CommitSpec", m.commit, [9])
+    expect(m, p, pagedkv.BadArgument, "accepted[0] = 4", m.commit_spec, [4], [9])
+    expect(m, p, pagedkv.BadArgument, "0 accepted counts", m.commit_spec, [], [9])
+    expect(m, p, pagedkv.StepPending, "truncate", m.truncate, 1, 1)
+    m.commit_spec([1], [9])
+    st = m.request_state(1)
+    assert (st.computed, st.num_tokens) == (12, 13) and m.tokens(1).tolist()[-2:] == [5, 9]
+    s = m.stats()
+    assert (s.draft_tokens, s.accepted_draft_tokens) == (3, 1)
+    m.truncate(1, 12)
+    assert m.request_state(1).num_tokens == 12
+    m.audit()

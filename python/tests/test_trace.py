@@ -21,7 +21,7 @@ from conftest import ROOT, plan_values
 with open(os.path.join(ROOT, "cabi", "testdata", "trace.json")) as f:
     TRACES = json.load(f)["traces"]
 
-PLAN_KEYS = ("copies", "qo_indptr", "batch_indices", "positions", "token_ids", "token_positions", "kv_indptr",
+PLAN_KEYS = ("copies", "drafts", "qo_indptr", "batch_indices", "positions", "token_ids", "token_positions", "kv_indptr",
              "kv_page_indices", "kv_last_page_len", "seq_lens")
 
 
@@ -33,6 +33,15 @@ def run_op(m, op, pins):
         return m.reserve(op.get("ids", []), op.get("ntokens", []))
     if kind == "commit":
         return m.commit(op.get("sampled", []))
+    if kind == "reserve_spec":
+        drafts = op.get("drafts")
+        n = len(op.get("ids", []))
+        return m.reserve_spec(op.get("ids", []), op.get("ntokens", []),
+                              None if drafts is None else [d or [] for d in drafts] if drafts else [[]] * n)
+    if kind == "commit_spec":
+        return m.commit_spec(op.get("accepted", []), op.get("sampled", []))
+    if kind == "truncate":
+        return m.truncate(op["id"], op.get("n", 0))
     if kind == "abort":
         return m.abort()
     if kind == "fork":
@@ -73,7 +82,7 @@ def test_replay_matches_go(trace):
         assert got_stats == want["stats"], where
         if op["op"] in ("add", "resume", "evict", "pin") and not err:
             assert result == want.get("value", 0), where
-        if op["op"] == "reserve" and not err:
+        if op["op"] in ("reserve", "reserve_spec") and not err:
             got = plan_values(result)
             for k in PLAN_KEYS:
                 flat = got[k] if k != "copies" else [x for row in got[k] for x in row]
@@ -92,7 +101,7 @@ def test_trace_covers_the_engine_loop():
     ops = [op for t in TRACES for op in t["ops"]]
     kinds = {op["op"] for op in ops}
     assert kinds >= {"add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
-                     "evict", "pin", "unpin"}
+                     "evict", "pin", "unpin", "reserve_spec", "commit_spec", "truncate"}
     assert any("cascade" in op for op in ops)
     assert any(op.get("plan", {}).get("copies") for op in ops)
     assert any(op["want"].get("err") == "OutOfPages" for op in ops)
