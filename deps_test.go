@@ -36,6 +36,9 @@ var allowedImports = map[string][]string{
 	// The only importer of gorgonia.org/cu, and only under the cuda tag.
 	"kernels/cuda": {"kernels", "layout", "gorgonia.org/cu", "github.com/pkg/errors"},
 	"quant":        {"layout"},
+	// What the tiers below the device pool share: page identity, format,
+	// the remote-store interface.
+	"tier": {"layout"},
 
 	// L2
 	"pagetable": {"allocator", "ragged", "internal/invariants", "github.com/pkg/errors"},
@@ -46,6 +49,9 @@ var allowedImports = map[string][]string{
 	"mla":         {"kernels", "layout", "ragged", "pagetable", "github.com/pkg/errors"},
 	"cascade":     {"kernels", "layout", "ragged", "github.com/pkg/errors"},
 	"prefixcache": {"allocator", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
+	"tier/host":   {"tier", "internal/invariants"},
+	// The only importer of the Redis client.
+	"tier/redis": {"tier", "layout", "github.com/redis/go-redis/v9"},
 
 	// L4: KV-cache events. events encodes and publishes (the Manager's
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
@@ -56,7 +62,7 @@ var allowedImports = map[string][]string{
 
 	// L4: the engine-facing facade.
 	"": {"allocator", "pagetable", "prefixcache", "cascade", "append", "mla", "kernels", "kernels/cpu",
-		"ragged", "layout", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
+		"ragged", "layout", "internal/invariants", "tier", "tier/host", "go.uber.org/atomic", "github.com/pkg/errors"},
 
 	// Test support: slow models and conformance suites. internal/reference
 	// shares no code with what it checks; it may use plain data types only.
@@ -67,6 +73,8 @@ var allowedImports = map[string][]string{
 	"internal/vllmwire": {"github.com/vmihailenco/msgpack/v5"},
 	// The CUDA sources compiled for the CPU (cgo); imported by tests and the CLI.
 	"internal/cpuemu": {"kernels", "kernels/cuda", "layout"},
+	// Starts a real redis-server for tests (standard library only).
+	"internal/redistest": {},
 	"internal/golden": {"internal/safetensors", "kernels", "kernels/cpu", "layout", "ragged", "pagetable",
 		"cascade", "github.com/pkg/errors"},
 
@@ -98,6 +106,9 @@ var onlyImportedBy = map[string][]string{
 	// The wire libraries stay in the event packages.
 	"github.com/go-zeromq/zmq4":         {"events", "kvindex"},
 	"github.com/vmihailenco/msgpack/v5": {"events", "kvindex", "internal/vllmwire"},
+	// The Manager knows only tier.RemoteStore; the Redis client stays in
+	// tier/redis.
+	"github.com/redis/go-redis/v9": {"tier/redis"},
 }
 
 func TestImportLayering(t *testing.T) {
@@ -238,6 +249,8 @@ func TestImportLayeringRejects(t *testing.T) {
 		{"prefixcache", "github.com/prometheus/client_golang/prometheus"},
 		{"kvindex", modulePath + "/events"},          // the router's decoder is its own
 		{"prefixcache", "github.com/go-zeromq/zmq4"}, // no sockets under the Manager
+		{"", "github.com/redis/go-redis/v9"},         // the facade knows tier.RemoteStore only
+		{"tier", modulePath + "/tier/host"},          // the interface stays below its implementations
 	} {
 		if isAllowed(c.imp, allowedImports[c.pkg]) {
 			t.Errorf("%s importing %s should be rejected", c.pkg, c.imp)

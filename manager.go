@@ -9,6 +9,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/pagetable"
 	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // RequestID names a request. The Manager uses it as the request's page-table
@@ -108,6 +109,9 @@ type Config struct {
 	// pages >= this many page reads saved per step. 0 means
 	// DefaultCascadeMinSavedPages; negative disables cascade plans.
 	CascadeMinSavedPages int
+	// Tiers configures the host tier and the remote store below the device
+	// pool (docs/tiers.md); the zero value has none.
+	Tiers TierConfig
 }
 
 // Request describes a request to [Manager.Add].
@@ -168,6 +172,14 @@ type request struct {
 	lostTokens int
 
 	mark uint64 // Reserve's duplicate check: == Manager.epoch while in the batch
+
+	// Tiers: troot is the namespace's tier digest, tchain the digest of
+	// pages [0, cachedPages) and tfirst that of page 0; gen counts
+	// admissions, and loading is the number of this admission's onload
+	// copies still in flight (the request may not step while it is > 0).
+	troot, tchain, tfirst tier.Digest
+	gen                   uint32
+	loading               int
 }
 
 func (r *request) seq() pagetable.SeqID { return pagetable.SeqID(r.id) }
@@ -189,6 +201,7 @@ type Manager struct {
 	alloc *allocator.Allocator
 	table *pagetable.Table
 	cache *prefixcache.Cache
+	tiers *tiers // nil without tiers
 
 	reqs       map[RequestID]*request
 	nPreempted int
@@ -237,8 +250,17 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	tiers, err := newTiers(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	m := &Manager{tiers: tiers}
+	var refs prefixcache.Refs = alloc
+	if tiers != nil {
+		refs = cacheRefs{m}
+	}
 	cache, err := prefixcache.New(prefixcache.Config{
-		NumPages: cfg.NumPages, PageSize: cfg.PageSize, Refs: alloc, Seed: cfg.HashSeed, Hash: cfg.Hash,
+		NumPages: cfg.NumPages, PageSize: cfg.PageSize, Refs: refs, Seed: cfg.HashSeed, Hash: cfg.Hash,
 		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages, Sink: cfg.CacheEvents,
 	})
 	if err != nil {
@@ -247,9 +269,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.CascadeMinSavedPages == 0 {
 		cfg.CascadeMinSavedPages = DefaultCascadeMinSavedPages
 	}
-	m := &Manager{
+	*m = Manager{
 		cfg: cfg, pageSize: cfg.PageSize, window: cfg.WindowTokens,
-		alloc: alloc, table: table, cache: cache,
+		alloc: alloc, table: table, cache: cache, tiers: tiers,
 		reqs:       make(map[RequestID]*request),
 		copiedAway: make(map[PageID]int32),
 	}
@@ -319,6 +341,9 @@ func (m *Manager) Add(id RequestID, req Request) (matchedTokens int, err error) 
 	r.tokens = append(r.tokens, req.Prompt...)
 	if !r.noCache {
 		r.key = m.cache.Key(req.Namespace)
+		if m.tiers != nil {
+			r.troot = tier.NamespaceRoot(req.Namespace.Tenant, req.Namespace.LoRA, req.Namespace.Salt)
+		}
 	}
 	matched := m.admit(r)
 	// Size the page list for the tokens the engine said to expect, so
@@ -365,6 +390,16 @@ func (m *Manager) admit(r *request) int {
 		pages, last = m.cache.Match(m.scratch[:0], r.key, r.tokens, (len(r.tokens)-1)/ps)
 		m.scratch = pages
 	}
+	r.gen++
+	r.loading = 0
+	cached := len(pages)
+	if m.tiers != nil && !r.noCache {
+		m.tierChainStart(r, pages)
+		if len(r.tokens) > 1 {
+			pages, _ = m.tierExtend(r, pages) // onload copies into fresh pages
+			m.scratch = pages
+		}
+	}
 	if err := m.table.AddShared(r.seq(), pages, len(pages)*ps); err != nil {
 		// The ID is free, the pages are distinct and cached (so allocated).
 		panic(fmt.Sprintf("pagedkv: admitting request %d on %d cached pages: %v", r.id, len(pages), err))
@@ -375,7 +410,7 @@ func (m *Manager) admit(r *request) int {
 	}
 	r.running = true
 	r.computed, r.start, r.lastMaybeShared = len(pages)*ps, 0, false
-	r.chain, r.cachedPages, r.chainCut = last, len(pages), false
+	r.chain, r.cachedPages, r.chainCut = last, cached, false
 	m.releaseWindow(r)
 	return r.computed
 }
@@ -417,6 +452,7 @@ func (m *Manager) recheckDeepestFirst(pages []PageID) {
 func (m *Manager) dropPages(r *request) {
 	held := append(m.scratch[:0], m.table.Pages(r.seq())...)
 	m.scratch = held
+	r.loading = 0 // copies in flight keep their own references
 	if err := m.table.Release(r.seq()); err != nil {
 		panic(fmt.Sprintf("pagedkv: releasing request %d: %v", r.id, err))
 	}
@@ -461,6 +497,9 @@ func (m *Manager) Fork(parent, child RequestID) error {
 	}
 	if !p.running {
 		return fmt.Errorf("%w: fork request %d", ErrPreempted, parent)
+	}
+	if p.loading > 0 {
+		return fmt.Errorf("%w: fork request %d: %d onload copies in flight", ErrLoading, parent, p.loading)
 	}
 	if _, ok := m.reqs[child]; ok {
 		return fmt.Errorf("%w: fork request %d to %d", ErrRequestExists, parent, child)
@@ -557,9 +596,16 @@ func (m *Manager) Resume(id RequestID) (matchedTokens int, err error) {
 // first) until at least npages pages of the pool are free or nothing
 // evictable is left, and returns how many pages it freed: 0 when npages
 // pages are already free. Steps evict on demand; this is for engines that
-// keep a reserve of free pages.
+// keep a reserve of free pages. With a host tier, victims the host tier
+// takes are offloaded instead of dropped: they count as freed, and as free
+// towards npages, but return to the pool when their offload completes
+// ([Manager.TierCopies]).
 func (m *Manager) Evict(npages int) (freed int) {
-	if need := npages - m.alloc.NumFree(); need > 0 {
+	if m.tiers != nil {
+		if need := npages - m.alloc.NumFree() - m.tiers.evicting; need > 0 {
+			freed = m.evictOffload(need)
+		}
+	} else if need := npages - m.alloc.NumFree(); need > 0 {
 		freed = m.cache.Evict(need)
 	}
 	m.afterChange()

@@ -18,7 +18,12 @@ import (
 //     a step, reserved) tokens need, preempted requests hold none;
 //   - each request's cache chain, while not cut, names cached pages whose
 //     tokens are the request's own tokens, page by page;
-//   - the page partition of Stats adds up.
+//   - the page partition of Stats adds up;
+//   - with tiers: the host pool passes its CheckInvariants, every tier copy
+//     in flight holds one reference on its device page and matches its
+//     host page's state (an offload writes it, an onload reads it), each
+//     request's loading count equals its onloads in flight, and a device
+//     page has a tier identity iff it is cached.
 //
 // Tests and fuzzers call it after every operation. It allocates.
 func (m *Manager) Audit() error {
@@ -86,13 +91,16 @@ func (m *Manager) Audit() error {
 			return err
 		}
 	}
+	if err := m.auditTiers(held); err != nil {
+		return err
+	}
 	for p := range PageID(m.alloc.NumPages()) {
 		want := held[p]
 		if m.cache.Cached(p) {
 			want++
 		}
 		if rc := m.alloc.RefCount(p); rc != want {
-			return fmt.Errorf("pagedkv: page %d has refcount %d, but %d requests hold it and cached = %v",
+			return fmt.Errorf("pagedkv: page %d has refcount %d, but %d requests and tier copies hold it and cached = %v",
 				p, rc, held[p], m.cache.Cached(p))
 		}
 	}

@@ -99,6 +99,8 @@ func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*
 			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrUnknownRequest, i, id)
 		case !r.running:
 			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrPreempted, i, id)
+		case r.loading > 0:
+			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d has %d onload copies in flight", ErrLoading, i, id, r.loading)
 		case r.mark == m.epoch:
 			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d appears twice", ErrBadArgument, i, id)
 		case ntokens[i] < 0 || r.computed+int(ntokens[i]) > len(r.tokens):
@@ -321,6 +323,7 @@ func (m *Manager) commit(accepted, sampled []int32) error {
 	m.pending, m.spec = false, false
 	m.counters.steps++
 	m.counters.computedTokens += nnz
+	m.evictAhead()
 	m.afterChange()
 	return nil
 }
@@ -351,7 +354,7 @@ func (m *Manager) publish(r *request) {
 			// window can release them.
 			panic(fmt.Sprintf("pagedkv: request %d publishes page %d, released by the window (first held %d)", r.id, d, first))
 		}
-		h, _, err := m.cache.Publish(r.chain, r.key, pages[d-first], r.tokens[d*ps:(d+1)*ps], r.prio)
+		h, added, err := m.cache.Publish(r.chain, r.key, pages[d-first], r.tokens[d*ps:(d+1)*ps], r.prio)
 		if errors.Is(err, prefixcache.ErrStaleHandle) {
 			r.chainCut = true
 			m.counters.chainsCut++
@@ -359,6 +362,9 @@ func (m *Manager) publish(r *request) {
 		}
 		if err != nil {
 			panic(fmt.Sprintf("pagedkv: publishing page %d of request %d: %v", d, r.id, err))
+		}
+		if m.tiers != nil {
+			m.tierPublished(r, pages[d-first], r.tokens[d*ps:(d+1)*ps], added)
 		}
 		r.chain = h
 		r.cachedPages++

@@ -57,6 +57,10 @@ type Stats struct {
 	// ComputedTokens; accepted ones are.
 	DraftTokens         int64 // draft tokens committed steps verified
 	AcceptedDraftTokens int64 // of those, accepted
+	// Tiers are the host tier's and the remote store's figures (zero
+	// without tiers). Pages held only by tier copies in flight count as
+	// UsedPages.
+	Tiers TierStats
 }
 
 // HitRate returns PromptHitTokens / PromptTokens: the share of admitted
@@ -87,7 +91,11 @@ type counters struct {
 func (m *Manager) Stats() Stats {
 	var v [numStatFields]int64
 	m.stats.load(&v)
-	return statsFromFields(&v)
+	s := statsFromFields(&v)
+	if m.tiers != nil && m.tiers.remote != nil {
+		s.Tiers.Remote = m.tiers.remote.Stats()
+	}
+	return s
 }
 
 // Field indexes of the published snapshot.
@@ -119,6 +127,19 @@ const (
 	fChainsCut
 	fDrafts
 	fAcceptedDrafts
+	fHostPages
+	fHostUsed
+	fInFlight
+	fHostHitTokens
+	fRemoteHitTokens
+	fOffloaded
+	fOnloaded
+	fBytesToHost
+	fBytesToDevice
+	fDropped
+	fHostFull
+	fRemoteFetched
+	fRemoteStored
 	numStatFields
 )
 
@@ -172,6 +193,14 @@ func (m *Manager) snapshot(v *[numStatFields]int64) {
 		fWindowReleased: c.windowReleasedPages, fChainsCut: c.chainsCut,
 		fDrafts: c.draftTokens, fAcceptedDrafts: c.acceptedDraftTokens,
 	}
+	if t := m.tiers; t != nil {
+		free, _, _, _ := t.host.Usage()
+		tc := &t.c
+		v[fHostPages], v[fHostUsed], v[fInFlight] = int64(tc.HostPages), int64(tc.HostPages-free), int64(t.nLive)
+		v[fHostHitTokens], v[fRemoteHitTokens] = tc.HostHitTokens, tc.RemoteHitTokens
+		v[fOffloaded], v[fOnloaded], v[fBytesToHost], v[fBytesToDevice] = tc.OffloadedPages, tc.OnloadedPages, tc.BytesToHost, tc.BytesToDevice
+		v[fDropped], v[fHostFull], v[fRemoteFetched], v[fRemoteStored] = tc.DroppedPages, tc.HostFull, tc.RemoteFetched, tc.RemoteStored
+	}
 }
 
 func statsFromFields(v *[numStatFields]int64) Stats {
@@ -187,6 +216,12 @@ func statsFromFields(v *[numStatFields]int64) Stats {
 		EvictedPages: v[fEvicted], EvictionFreedPages: v[fEvictionFreed], InnerVictims: v[fInnerVictims],
 		WindowReleasedPages: v[fWindowReleased], ChainsCut: v[fChainsCut],
 		DraftTokens: v[fDrafts], AcceptedDraftTokens: v[fAcceptedDrafts],
+		Tiers: TierStats{
+			HostPages: int(v[fHostPages]), HostUsedPages: int(v[fHostUsed]), InFlight: int(v[fInFlight]),
+			HostHitTokens: v[fHostHitTokens], RemoteHitTokens: v[fRemoteHitTokens],
+			OffloadedPages: v[fOffloaded], OnloadedPages: v[fOnloaded], BytesToHost: v[fBytesToHost], BytesToDevice: v[fBytesToDevice],
+			DroppedPages: v[fDropped], HostFull: v[fHostFull], RemoteFetched: v[fRemoteFetched], RemoteStored: v[fRemoteStored],
+		},
 	}
 }
 

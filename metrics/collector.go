@@ -91,6 +91,56 @@ func definitions() []metric {
 			series: one(func(s *pagedkv.Stats) float64 { return float64(s.DraftTokens) })},
 		{name: "accepted_draft_tokens_total", help: "Speculative draft tokens accepted.", typ: c,
 			series: one(func(s *pagedkv.Stats) float64 { return float64(s.AcceptedDraftTokens) })},
+
+		// The tiers below the device pool (docs/tiers.md).
+		{name: "host_pages", help: "Pages of the host tier by state: total, used (being written or holding a page).",
+			typ: g, label: "state", series: []series{
+				{"total", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.HostPages) }},
+				{"used", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.HostUsedPages) }},
+			}},
+		{name: "tier_copies_in_flight", help: "Tier copies (offloads and onloads) planned and not yet completed by the engine.", typ: g,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Tiers.InFlight) })},
+		{name: "tier_hit_tokens_total", help: "Prompt tokens served from a tier below the device pool, by tier.",
+			typ: c, label: "tier", series: []series{
+				{"host", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.HostHitTokens) }},
+				{"remote", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.RemoteHitTokens) }},
+			}},
+		{name: "tier_copied_pages_total", help: "Tier copies completed, by direction.",
+			typ: c, label: "direction", series: []series{
+				{"device_to_host", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.OffloadedPages) }},
+				{"host_to_device", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.OnloadedPages) }},
+			}},
+		{name: "tier_bytes_total", help: "Page bytes moved between tiers, by direction.",
+			typ: c, label: "direction", series: []series{
+				{"device_to_host", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.BytesToHost) }},
+				{"host_to_device", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.BytesToDevice) }},
+				{"remote_to_host", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.BytesIn) }},
+				{"host_to_remote", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.BytesOut) }},
+			}},
+		{name: "tier_dropped_pages_total", help: "Cached pages evicted from the device with no copy in a lower tier.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Tiers.DroppedPages) })},
+		{name: "tier_host_full_total", help: "Offloads not planned because no host page was free or reclaimable.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Tiers.HostFull) })},
+		{name: "tier_remote_fetched_pages_total", help: "Pages the Manager fetched from the remote store into host pages.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Tiers.RemoteFetched) })},
+		{name: "tier_remote_queued_pages_total", help: "Pages the Manager handed to the remote store's write queue.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Tiers.RemoteStored) })},
+		{name: "remote_lookups_total", help: "Batched lookups sent to the remote store.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Lookups) })},
+		{name: "remote_pages_total", help: "Remote store page outcomes: requested, hit (served), miss, rejected (corrupt, truncated, stale or foreign values), stored, dropped (write queue full).",
+			typ: c, label: "outcome", series: []series{
+				{"requested", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Requested) }},
+				{"hit", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Hits) }},
+				{"miss", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Misses) }},
+				{"rejected", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Rejected) }},
+				{"stored", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Stored) }},
+				{"dropped", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Dropped) }},
+			}},
+		{name: "remote_errors_total", help: "Failed remote lookups and writes, by kind: all errors, and of those the lookups cut by the deadline.",
+			typ: c, label: "kind", series: []series{
+				{"error", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Errors) }},
+				{"timeout", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Timeouts) }},
+			}},
 	}
 }
 

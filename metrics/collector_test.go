@@ -45,18 +45,29 @@ func scrape(t *testing.T, c prometheus.Collector) []string {
 	return lines
 }
 
-// numbered returns Stats with field i (in declaration order) set to i+1.
-func numbered() pagedkv.Stats {
+// numbered returns Stats with its i-th number field (in declaration order,
+// nested structs such as Stats.Tiers walked in place) set to i+1, and the
+// count of number fields.
+func numbered() (pagedkv.Stats, int) {
 	var s pagedkv.Stats
-	v := reflect.ValueOf(&s).Elem()
-	for i := range v.NumField() {
-		v.Field(i).SetInt(int64(i + 1))
+	n := 0
+	var walk func(v reflect.Value)
+	walk = func(v reflect.Value) {
+		for i := range v.NumField() {
+			if f := v.Field(i); f.Kind() == reflect.Struct {
+				walk(f)
+			} else {
+				n++
+				f.SetInt(int64(n))
+			}
+		}
 	}
-	return s
+	walk(reflect.ValueOf(&s).Elem())
+	return s, n
 }
 
 func TestCollectorExposition(t *testing.T) {
-	s := numbered()
+	s, _ := numbered()
 	c := metrics.NewCollector(func() pagedkv.Stats { return s }, metrics.Options{ConstLabels: prometheus.Labels{"pool": "gpu0"}})
 	// Field numbers: TotalPages 1, FreePages 2, UsedPages 3, ... (the
 	// order of pagedkv.Stats), so each line shows which field it reads.
@@ -71,6 +82,8 @@ func TestCollectorExposition(t *testing.T) {
 		`pagedkv_evicted_pages_total{pool="gpu0"} 21`,
 		`pagedkv_eviction_freed_pages_total{pool="gpu0"} 22`,
 		`pagedkv_eviction_inner_victims_total{pool="gpu0"} 23`,
+		`pagedkv_host_pages{pool="gpu0",state="total"} 26`,
+		`pagedkv_host_pages{pool="gpu0",state="used"} 27`,
 		`pagedkv_pages{pool="gpu0",state="evictable"} 4`,
 		`pagedkv_pages{pool="gpu0",state="free"} 2`,
 		`pagedkv_pages{pool="gpu0",state="pinned_idle"} 5`,
@@ -82,11 +95,33 @@ func TestCollectorExposition(t *testing.T) {
 		`pagedkv_prompt_hit_tokens_total{pool="gpu0"} 12`,
 		`pagedkv_prompt_tokens_total{pool="gpu0"} 11`,
 		`pagedkv_published_pages_total{pool="gpu0"} 19`,
+		`pagedkv_remote_errors_total{kind="error",pool="gpu0"} 44`,
+		`pagedkv_remote_errors_total{kind="timeout",pool="gpu0"} 45`,
+		`pagedkv_remote_lookups_total{pool="gpu0"} 39`,
+		`pagedkv_remote_pages_total{outcome="dropped",pool="gpu0"} 47`,
+		`pagedkv_remote_pages_total{outcome="hit",pool="gpu0"} 41`,
+		`pagedkv_remote_pages_total{outcome="miss",pool="gpu0"} 42`,
+		`pagedkv_remote_pages_total{outcome="rejected",pool="gpu0"} 43`,
+		`pagedkv_remote_pages_total{outcome="requested",pool="gpu0"} 40`,
+		`pagedkv_remote_pages_total{outcome="stored",pool="gpu0"} 46`,
 		`pagedkv_requests{pool="gpu0"} 9`,
 		`pagedkv_resume_hit_tokens_total{pool="gpu0"} 15`,
 		`pagedkv_resumed_tokens_total{pool="gpu0"} 14`,
 		`pagedkv_shared_pages{pool="gpu0"} 8`,
 		`pagedkv_steps_total{pool="gpu0"} 16`,
+		`pagedkv_tier_bytes_total{direction="device_to_host",pool="gpu0"} 33`,
+		`pagedkv_tier_bytes_total{direction="host_to_device",pool="gpu0"} 34`,
+		`pagedkv_tier_bytes_total{direction="host_to_remote",pool="gpu0"} 49`,
+		`pagedkv_tier_bytes_total{direction="remote_to_host",pool="gpu0"} 48`,
+		`pagedkv_tier_copied_pages_total{direction="device_to_host",pool="gpu0"} 31`,
+		`pagedkv_tier_copied_pages_total{direction="host_to_device",pool="gpu0"} 32`,
+		`pagedkv_tier_copies_in_flight{pool="gpu0"} 28`,
+		`pagedkv_tier_dropped_pages_total{pool="gpu0"} 35`,
+		`pagedkv_tier_hit_tokens_total{pool="gpu0",tier="host"} 29`,
+		`pagedkv_tier_hit_tokens_total{pool="gpu0",tier="remote"} 30`,
+		`pagedkv_tier_host_full_total{pool="gpu0"} 36`,
+		`pagedkv_tier_remote_fetched_pages_total{pool="gpu0"} 37`,
+		`pagedkv_tier_remote_queued_pages_total{pool="gpu0"} 38`,
 		`pagedkv_window_released_pages_total{pool="gpu0"} 24`,
 	}
 	assert.Equal(t, want, scrape(t, c))
@@ -95,7 +130,7 @@ func TestCollectorExposition(t *testing.T) {
 // TestEveryFieldOnce fails when a Stats field is added without a metric,
 // or two metrics read one field.
 func TestEveryFieldOnce(t *testing.T) {
-	s := numbered()
+	s, n := numbered()
 	lines := scrape(t, metrics.NewCollector(func() pagedkv.Stats { return s }, metrics.Options{Namespace: "x"}))
 	var got []int
 	for _, l := range lines {
@@ -105,7 +140,7 @@ func TestEveryFieldOnce(t *testing.T) {
 		got = append(got, v)
 	}
 	sort.Ints(got)
-	want := make([]int, reflect.TypeFor[pagedkv.Stats]().NumField())
+	want := make([]int, n)
 	for i := range want {
 		want[i] = i + 1
 	}

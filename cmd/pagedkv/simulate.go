@@ -97,6 +97,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.VerifyEvery, "verify-every", cfg.VerifyEvery, "check outputs, paged K/V and the Manager every N steps")
 	fs.IntVar(&cfg.VerifySamples, "verify-samples", cfg.VerifySamples, "outputs checked per checked step")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the model's K/V/Q and the checked samples")
+	fs.IntVar(&cfg.HostPages, "host-pages", 0, "pages of the host tier below the pool: evicted prefix pages are offloaded there and served back (0: none)")
+	redisAddr := fs.String("redis", "", "share prefix pages through the Redis server at ADDR (host:port; needs --host-pages; starts nothing)")
+	redisDeadline := fs.Duration("redis-deadline", 0, "deadline of a Redis lookup (0: the Manager's default)")
 	backendName := fs.String("backend", "cpu", "backend: "+strings.Join(backendNames(), ", "))
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics while running (e.g. 127.0.0.1:9090); off by default")
 	quiet := fs.Bool("quiet", false, "no progress output")
@@ -121,6 +124,24 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return fail(usageOr(err, exitFailure), "%v", err)
 	}
 	cfg.Model.Seed = cfg.Seed
+	if cfg.HostPages < 0 {
+		return fail(exitUsage, "--host-pages: %d is negative", cfg.HostPages)
+	}
+	if *redisDeadline < 0 {
+		return fail(exitUsage, "--redis-deadline: %v is negative", *redisDeadline)
+	}
+	cfg.RemoteDeadline = *redisDeadline
+	if *redisAddr != "" {
+		if cfg.HostPages == 0 {
+			return fail(exitUsage, "--redis needs --host-pages (fetched pages land in host pages)")
+		}
+		store, err := openRedis(*redisAddr, &cfg)
+		if err != nil {
+			return fail(exitUsage, "--redis: %v", err)
+		}
+		defer store.Close()
+		cfg.Remote = store
+	}
 
 	var workload []sim.Request
 	if *trace != "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // ErrBadConfig is wrapped by invalid [Config] and [WorkloadConfig] errors.
@@ -43,6 +44,16 @@ type Config struct {
 	Backend kernels.Backend
 	// MaxSteps bounds the run (0 means 1,000,000).
 	MaxSteps int
+	// HostPages is the size of the host tier below the pool (0: none).
+	// Evicted prefix pages are offloaded to it and prefix hits on it are
+	// onloaded; the engine runs the tier copies on the CPU at the start of
+	// the step after the one that planned them (asynchronous by a step).
+	HostPages int
+	// Remote is a remote store shared with other Managers (needs
+	// HostPages); nil means none.
+	Remote tier.RemoteStore
+	// RemoteDeadline bounds each remote lookup (0: the Manager's default).
+	RemoteDeadline time.Duration
 	// Progress, when not nil, is called after every step.
 	Progress func(Progress)
 	// Events, when not nil, records the Manager's prefix-cache changes
@@ -97,6 +108,10 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: verify every %d steps, %d samples: want >= 1 each", ErrBadConfig, c.VerifyEvery, c.VerifySamples)
 	case c.MaxSteps < 0:
 		return fmt.Errorf("%w: max steps %d < 0", ErrBadConfig, c.MaxSteps)
+	case c.HostPages < 0:
+		return fmt.Errorf("%w: host pages %d < 0", ErrBadConfig, c.HostPages)
+	case c.Remote != nil && c.HostPages == 0:
+		return fmt.Errorf("%w: a remote store needs host pages (fetched pages land there)", ErrBadConfig)
 	}
 	return nil
 }
@@ -170,6 +185,8 @@ type Sim struct {
 	ntokens []int32
 	sampled []int32
 	samples []sample
+	copies  []pagedkv.TierCopy
+	copyIDs []uint64
 
 	sum Summary
 }
@@ -211,6 +228,10 @@ func newSim(cfg Config) (*Sim, error) {
 		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: HashSeed(&cfg)}
 	if cfg.Events != nil {
 		mcfg.CacheEvents = cfg.Events
+	}
+	if cfg.HostPages > 0 {
+		mcfg.Tiers = pagedkv.TierConfig{HostPages: cfg.HostPages, Remote: cfg.Remote, RemoteDeadline: cfg.RemoteDeadline,
+			Format: tierFormat(&cfg), OffloadFreePages: max(1, cfg.NumPages/16)}
 	}
 	m, err := pagedkv.New(mcfg)
 	if err != nil {
@@ -277,6 +298,7 @@ func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 }
 
 func (s *Sim) run() error {
+	defer s.tierCopies() //nolint:errcheck // the run's error comes first; copies left are completed for the final stats
 	for clock, iter := 0, 0; s.done < s.total; clock, iter = clock+1, iter+1 {
 		if s.sum.Steps >= s.cfg.MaxSteps || iter >= 2*s.cfg.MaxSteps {
 			return fmt.Errorf("%w: %d of %d requests unfinished after %d steps", ErrStuck, s.total-s.done, s.total, s.sum.Steps)
@@ -320,9 +342,13 @@ func (s *Sim) timed(f func() error) error {
 	return err
 }
 
-// step schedules, reserves, runs and commits one step.
+// step completes the tier copies planned before it, then schedules,
+// reserves, runs and commits one step.
 func (s *Sim) step() error {
 	t0 := time.Now()
+	if err := s.tierCopies(); err != nil {
+		return err
+	}
 	if err := s.schedule(); err != nil {
 		return err
 	}
@@ -389,12 +415,12 @@ func (s *Sim) schedule() error {
 		budget -= n
 	}
 	for _, r := range s.running {
-		if r.remaining() == 1 {
+		if r.remaining() == 1 && !s.m.Loading(r.id) {
 			add(r, 1)
 		}
 	}
 	for _, r := range s.running {
-		if n := r.remaining(); n > 1 && budget > 0 {
+		if n := r.remaining(); n > 1 && budget > 0 && !s.m.Loading(r.id) {
 			add(r, min(n, budget))
 		}
 	}
@@ -424,7 +450,9 @@ func (s *Sim) schedule() error {
 		}
 		r.admitted, r.phase, r.computed = true, running, matched
 		s.running = append(s.running, r)
-		add(r, min(r.remaining(), budget))
+		if !s.m.Loading(r.id) { // else it steps once its onloads complete
+			add(r, min(r.remaining(), budget))
+		}
 	}
 	return nil
 }

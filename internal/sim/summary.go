@@ -30,12 +30,13 @@ type Summary struct {
 
 	// Time is the wall time of the steps, split by who spent it.
 	Time struct {
-		Manager   time.Duration // Manager calls: Add, Resume, Reserve, Commit, Fork, Preempt, Release
-		Model     time.Duration // synthesising the step's K/V/Q rows (the stand-in for the model)
-		Append    time.Duration // copy-on-write copies, appendkv plan and append kernels
-		Attention time.Duration // decode, prefill and cascade kernels
-		Verify    time.Duration // dense checks and audits
-		Total     time.Duration // everything, the simulator's scheduling included
+		Manager    time.Duration // Manager calls: Add, Resume, Reserve, Commit, Fork, Preempt, Release
+		Model      time.Duration // synthesising the step's K/V/Q rows (the stand-in for the model)
+		Append     time.Duration // copy-on-write copies, appendkv plan and append kernels
+		Attention  time.Duration // decode, prefill and cascade kernels
+		Verify     time.Duration // dense checks and audits
+		TierCopies time.Duration // host tier copies (offloads and onloads), every layer
+		Total      time.Duration // everything, the simulator's scheduling included
 	}
 	Wall time.Duration // the whole Run
 
@@ -77,6 +78,17 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	line("evictions", "%d pages evicted (%d returned to the pool)", st.EvictedPages, st.EvictionFreedPages)
 	line("preemptions", "%d; %d computed tokens lost, %d of them found in the cache on resume", st.Preemptions, st.ResumedTokens, st.ResumeHitTokens)
 	line("copy-on-write", "%d pages copied", st.CopiedPages)
+	if t := &st.Tiers; t.HostPages > 0 {
+		line("host tier", "%d pages (%s); %d prompt tokens served from host; offloaded %d pages (%s device->host), onloaded %d (%s host->device); %d evicted pages dropped, %d offloads skipped (host full)",
+			t.HostPages, bytesString(int64(t.HostPages)*int64(tierFormat(cfg).PageBytes())), t.HostHitTokens,
+			t.OffloadedPages, bytesString(t.BytesToHost), t.OnloadedPages, bytesString(t.BytesToDevice), t.DroppedPages, t.HostFull)
+	}
+	if cfg.Remote != nil {
+		r := &st.Tiers.Remote
+		line("remote tier", "%d prompt tokens served from the store (%d pages fetched of %d asked in %d lookups); %d pages stored, %d dropped; %s remote->host, %s host->remote; errors %d (%d timeouts), %d values rejected",
+			st.Tiers.RemoteHitTokens, st.Tiers.RemoteFetched, r.Requested, r.Lookups, r.Stored, r.Dropped,
+			bytesString(r.BytesIn), bytesString(r.BytesOut), r.Errors, r.Timeouts, r.Rejected)
+	}
 	if cfg.WindowTokens > 0 {
 		line("window", "%d tokens; %d pages released", cfg.WindowTokens, st.WindowReleasedPages)
 	}
@@ -101,8 +113,12 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		}
 		return roundDuration(d / time.Duration(s.Steps)).String()
 	}
-	line("time/step", "manager %s, attention %s, append %s, model %s, verification %s, total %s",
-		per(s.Time.Manager), per(s.Time.Attention), per(s.Time.Append), per(s.Time.Model), per(s.Time.Verify), per(s.Time.Total))
+	copies := ""
+	if cfg.HostPages > 0 {
+		copies = ", tier copies " + per(s.Time.TierCopies)
+	}
+	line("time/step", "manager %s, attention %s, append %s, model %s, verification %s%s, total %s",
+		per(s.Time.Manager), per(s.Time.Attention), per(s.Time.Append), per(s.Time.Model), per(s.Time.Verify), copies, per(s.Time.Total))
 	line("wall time", "%s", roundDuration(s.Wall))
 	v := &s.Verified
 	if s.Err != nil {

@@ -1,0 +1,651 @@
+package pagedkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pagedkv/pagedkv/tier"
+	"github.com/pagedkv/pagedkv/tier/host"
+)
+
+// The tiers below the device pool (docs/tiers.md). Everything the Manager
+// does for them goes through this file: planning offload and onload copies,
+// tracking them until the engine completes them, and the remote lookups.
+
+// HostPageID is a page of the host tier.
+type HostPageID = tier.HostPageID
+
+// DefaultRemoteDeadline bounds a remote lookup when
+// TierConfig.RemoteDeadline is 0.
+const DefaultRemoteDeadline = 20 * time.Millisecond
+
+// ErrLoading reports a step, fork or copy completion that needs a request
+// whose onload copies (host to device) are still in flight: complete them
+// first ([Manager.CompleteTierCopies]).
+var ErrLoading = errors.New("pagedkv: request is loading pages from a lower tier")
+
+// TierConfig configures the tiers below the device pool. The zero value
+// has none.
+type TierConfig struct {
+	// HostPages is the number of host (CPU) pages; 0 means no host tier.
+	HostPages int
+	// Format is the byte format of a page off the device. When set
+	// (Layers > 0) the host tier owns HostPages*Format.PageBytes() bytes
+	// ([Manager.HostPage]); a remote store needs it. The zero value keeps
+	// the host tier as bookkeeping only: the engine holds the host pages'
+	// bytes itself, indexed by HostPageID.
+	Format tier.PageFormat
+	// HostMemory, if not nil, is the host pages' memory (pinned memory the
+	// engine allocated): HostPages*Format.PageBytes() bytes.
+	HostMemory []byte
+	// Remote is a store shared with other Managers; nil means none. It
+	// needs HostPages > 0 and Format: fetched pages land in host pages and
+	// are onloaded from there, and published pages are written through the
+	// host tier to the store.
+	Remote tier.RemoteStore
+	// RemoteDeadline bounds each remote lookup (0: DefaultRemoteDeadline).
+	// Past it the Manager serves what it has and counts the failure.
+	RemoteDeadline time.Duration
+	// OffloadFreePages makes Commit evict ahead of need, offloading the
+	// victims to the host tier, until at least this many device pages are
+	// free or on their way to free (offloads in flight). On-demand eviction
+	// in Reserve frees pages for the step at once, so it cannot wait for an
+	// offload and drops pages no host page backs; evicting ahead keeps that
+	// rare. 0 disables it.
+	OffloadFreePages int
+	// WriteThrough offloads every page when it is published, so device
+	// eviction never loses it (while the host tier keeps it). Implied by
+	// Remote, which receives every published page this way.
+	WriteThrough bool
+}
+
+// TierCopy is a page copy between the device pool and the host tier that
+// the engine runs asynchronously (e.g. on a side stream) and then reports
+// with [Manager.CompleteTierCopies]: every layer's K and V of device page
+// Device to host page Host (Dir == tier.ToHost, offload) or back
+// (tier.ToDevice, onload), in the byte format of TierConfig.Format. Until
+// completion the Manager neither reuses the source nor hands the
+// destination to attention.
+type TierCopy struct {
+	ID     uint64
+	Dir    tier.Direction
+	Device PageID
+	Host   HostPageID
+}
+
+// TierStats are the tiers' counters in [Stats].
+type TierStats struct {
+	HostPages     int // pages in the host tier (0: none)
+	HostUsedPages int // host pages being written or holding a page
+	InFlight      int // tier copies planned and not completed
+
+	HostHitTokens   int64 // prompt tokens served from host pages (Add and Resume)
+	RemoteHitTokens int64 // prompt tokens served from the remote store
+	OffloadedPages  int64 // device-to-host copies completed
+	OnloadedPages   int64 // host-to-device copies completed
+	BytesToHost     int64 // bytes of completed offloads (0 without a Format)
+	BytesToDevice   int64 // bytes of completed onloads
+	DroppedPages    int64 // cached pages evicted with no copy below them
+	HostFull        int64 // offloads not planned: no host page free or reclaimable
+	RemoteFetched   int64 // pages fetched from the remote store into host pages
+	RemoteStored    int64 // pages handed to the remote store's write queue
+
+	// Remote is the remote store's own counters (errors, timeouts,
+	// rejected values, bytes per direction).
+	Remote tier.RemoteStats
+}
+
+// pageMeta is the tier identity of a cached device page.
+type pageMeta struct {
+	digest, parent, first tier.Digest
+	valid                 bool // the page is cached and published with tiers on
+}
+
+// tierCopy is one copy's record; the copy holds one allocator reference on
+// its device page until completion.
+type tierCopy struct {
+	gen     uint32 // slot generation: the high half of the copy ID
+	live    bool
+	issued  bool // handed to the engine by TierCopies
+	mark    uint64
+	dir     tier.Direction
+	dev     PageID
+	host    HostPageID
+	req     *request // onload: the request it loads into, at admission reqGen
+	reqGen  uint32
+	bytes   int64
+	evicted bool // an offload of an evicted page: it frees on completion
+}
+
+// tiers is the Manager's state for the tiers below the device.
+type tiers struct {
+	host         *host.Pool
+	remote       tier.RemoteStore
+	deadline     time.Duration
+	pageBytes    int64
+	offloadFree  int
+	writeThrough bool
+
+	meta      []pageMeta    // [device page]
+	tokens    []int32       // [device page * PageSize]: tokens of cached pages
+	hostFirst []tier.Digest // [host page]: the chain's first page digest (RemotePage.Chain)
+
+	copies  []tierCopy
+	freeSl  []uint32 // free copy slots
+	planned []uint32 // slots planned and not yet issued
+	nLive   int
+	epoch   uint64
+
+	// Eviction mode, set around cache.Evict: offload victims (else drop)
+	// and count offloaded pages as freed (they free on completion).
+	offloading bool
+	evicting   int // offloaded pages in flight that will free on completion
+
+	rel     []PageID
+	hits    []HostPageID
+	digests []tier.Digest
+	claims  []HostPageID
+	fetch   []tier.RemotePage
+	dev     []PageID
+	buf     []byte
+	one     [1]PageID
+
+	c TierStats
+}
+
+// cacheRefs is the prefix cache's view of the allocator: with tiers, the
+// references the cache drops on eviction go through it, so an evicted page
+// the host tier takes is handed to an offload copy instead of freed.
+type cacheRefs struct{ m *Manager }
+
+func (c cacheRefs) Retain(pages ...PageID) error { return c.m.alloc.Retain(pages...) }
+func (c cacheRefs) RefCount(p PageID) int32      { return c.m.alloc.RefCount(p) }
+func (c cacheRefs) Release(pages ...PageID) (int, error) {
+	t := c.m.tiers
+	rel := t.rel[:0]
+	offloaded := 0
+	for _, p := range pages {
+		md := &t.meta[p]
+		valid := md.valid
+		md.valid = false // p leaves the cache
+		if !valid || c.m.alloc.RefCount(p) != 1 {
+			rel = append(rel, p) // a request keeps it, or it was never published with tiers
+			continue
+		}
+		if t.host.Has(md.digest) {
+			rel = append(rel, p) // backed below: dropping loses nothing
+			continue
+		}
+		if t.offloading {
+			h, err := t.host.Claim(md.digest, md.parent, t.pageTokens(p))
+			if err == nil {
+				t.hostFirst[h] = md.first
+				// The cache's reference becomes the copy's.
+				t.plan(tier.ToHost, p, h, nil, 0, true)
+				offloaded++
+				t.evicting++
+				continue
+			}
+			t.c.HostFull++
+		}
+		t.c.DroppedPages++
+		rel = append(rel, p)
+	}
+	t.rel = rel
+	freed, err := c.m.alloc.Release(rel...)
+	if err == nil && t.offloading {
+		freed += offloaded
+	}
+	return freed, err
+}
+
+// newTiers validates cfg and builds the tiers (nil when none).
+func newTiers(cfg *Config) (*tiers, error) {
+	tc := &cfg.Tiers
+	if tc.HostPages == 0 {
+		if tc.Remote != nil || tc.OffloadFreePages != 0 || tc.WriteThrough || tc.HostMemory != nil || tc.Format.Layers != 0 {
+			return nil, fmt.Errorf("%w: Tiers.HostPages = 0, but a remote store, offloading or a page format is set (the tiers stage through host pages)", ErrBadConfig)
+		}
+		return nil, nil
+	}
+	if tc.HostPages < 0 {
+		return nil, fmt.Errorf("%w: Tiers.HostPages = %d, want >= 0", ErrBadConfig, tc.HostPages)
+	}
+	pageBytes := 0
+	if tc.Format.Layers != 0 {
+		if err := tc.Format.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: Tiers.Format: %w", ErrBadConfig, err)
+		}
+		if tc.Format.PageSize != cfg.PageSize {
+			return nil, fmt.Errorf("%w: Tiers.Format.PageSize = %d, the pool's PageSize is %d", ErrBadConfig, tc.Format.PageSize, cfg.PageSize)
+		}
+		pageBytes = tc.Format.PageBytes()
+	}
+	switch {
+	case tc.Remote != nil && pageBytes == 0:
+		return nil, fmt.Errorf("%w: Tiers.Remote needs Tiers.Format (fetched pages land in host pages)", ErrBadConfig)
+	case tc.HostMemory != nil && pageBytes == 0:
+		return nil, fmt.Errorf("%w: Tiers.HostMemory needs Tiers.Format", ErrBadConfig)
+	case tc.RemoteDeadline < 0:
+		return nil, fmt.Errorf("%w: Tiers.RemoteDeadline = %v, want >= 0", ErrBadConfig, tc.RemoteDeadline)
+	case tc.OffloadFreePages < 0 || tc.OffloadFreePages > cfg.NumPages:
+		return nil, fmt.Errorf("%w: Tiers.OffloadFreePages = %d, want 0..NumPages (%d)", ErrBadConfig, tc.OffloadFreePages, cfg.NumPages)
+	}
+	hp, err := host.New(host.Config{NumPages: tc.HostPages, PageSize: cfg.PageSize, PageBytes: pageBytes, Memory: tc.HostMemory})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	t := &tiers{
+		host: hp, remote: tc.Remote, deadline: tc.RemoteDeadline, pageBytes: int64(pageBytes),
+		offloadFree: tc.OffloadFreePages, writeThrough: tc.WriteThrough || tc.Remote != nil,
+		meta:      make([]pageMeta, cfg.NumPages),
+		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
+		hostFirst: make([]tier.Digest, tc.HostPages),
+	}
+	if t.deadline == 0 {
+		t.deadline = DefaultRemoteDeadline
+	}
+	t.c.HostPages = tc.HostPages
+	return t, nil
+}
+
+func (t *tiers) pageTokens(p PageID) []int32 {
+	ps := len(t.tokens) / len(t.meta)
+	return t.tokens[int(p)*ps : (int(p)+1)*ps]
+}
+
+// plan records a copy in a free slot; the caller has arranged its device
+// reference (the copy owns one).
+func (t *tiers) plan(dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint32, evicted bool) {
+	var s uint32
+	if n := len(t.freeSl); n > 0 {
+		s = t.freeSl[n-1]
+		t.freeSl = t.freeSl[:n-1]
+	} else {
+		s = uint32(len(t.copies))
+		t.copies = append(t.copies, tierCopy{})
+	}
+	c := &t.copies[s]
+	*c = tierCopy{gen: c.gen + 1, live: true, dir: dir, dev: dev, host: h, req: r, reqGen: reqGen, bytes: t.pageBytes, evicted: evicted}
+	t.planned = append(t.planned, s)
+	t.nLive++
+}
+
+func (t *tiers) id(s uint32) uint64 { return uint64(t.copies[s].gen)<<32 | uint64(s) }
+
+// HostPage returns the bytes of host page h (nil without a host tier or a
+// Format). The engine reads and writes them for tier copies.
+func (m *Manager) HostPage(h HostPageID) []byte {
+	if m.tiers == nil || h < 0 || int(h) >= m.tiers.host.NumPages() {
+		return nil
+	}
+	return m.tiers.host.Page(h)
+}
+
+// TierCopies appends to dst the tier copies planned since the last call
+// (by Add, Resume, Commit, Evict and Reserve) and returns it. The engine
+// runs them, in any order and asynchronously, and reports each with
+// [Manager.CompleteTierCopies]. It allocates nothing once dst has room.
+func (m *Manager) TierCopies(dst []TierCopy) []TierCopy {
+	t := m.tiers
+	if t == nil {
+		return dst
+	}
+	for _, s := range t.planned {
+		c := &t.copies[s]
+		c.issued = true
+		dst = append(dst, TierCopy{ID: t.id(s), Dir: c.dir, Device: c.dev, Host: c.host})
+	}
+	t.planned = t.planned[:0]
+	return dst
+}
+
+// TierCopiesInFlight returns the number of tier copies planned and not yet
+// completed.
+func (m *Manager) TierCopiesInFlight() int {
+	if m.tiers == nil {
+		return 0
+	}
+	return m.tiers.nLive
+}
+
+// CompleteTierCopies records that the engine finished the copies ids (from
+// [Manager.TierCopies]). An offload's host page becomes servable (and is
+// written to the remote store), its device page is released (returning to
+// the pool if it was evicted); an onload's device page may be attended,
+// and once a request's onloads are all done its pages join the prefix
+// cache. It may be called during a step. On an unknown, repeated or
+// not-yet-issued ID nothing changes and the error names it.
+func (m *Manager) CompleteTierCopies(ids ...uint64) error {
+	t := m.tiers
+	if t == nil {
+		if len(ids) > 0 {
+			return fmt.Errorf("%w: complete tier copy %d: the Manager has no tiers", ErrBadArgument, ids[0])
+		}
+		return nil
+	}
+	t.epoch++
+	for i, id := range ids {
+		s := uint32(id)
+		if uint64(s) >= uint64(len(t.copies)) || uint32(id>>32) != t.copies[s].gen || !t.copies[s].live || !t.copies[s].issued {
+			return fmt.Errorf("%w: complete tier copies: ids[%d] = %d is not a copy in flight", ErrBadArgument, i, id)
+		}
+		if t.copies[s].mark == t.epoch {
+			return fmt.Errorf("%w: complete tier copies: ids[%d] = %d appears twice", ErrBadArgument, i, id)
+		}
+		t.copies[s].mark = t.epoch
+	}
+	for _, id := range ids {
+		m.completeCopy(uint32(id))
+	}
+	m.afterChange()
+	return nil
+}
+
+func (m *Manager) completeCopy(s uint32) {
+	t := m.tiers
+	c := &t.copies[s]
+	switch c.dir {
+	case tier.ToHost:
+		if err := t.host.Written(c.host); err != nil {
+			panic(fmt.Sprintf("pagedkv: completing the offload of page %d to host page %d: %v", c.dev, c.host, err))
+		}
+		t.c.OffloadedPages++
+		t.c.BytesToHost += c.bytes
+		if t.remote != nil {
+			d, parent, _, _, _ := t.host.Entry(c.host)
+			p := tier.RemotePage{Digest: d, Parent: parent, Chain: t.hostFirst[c.host], Tokens: t.host.Tokens(c.host), Data: t.host.Page(c.host)}
+			if t.remote.Store(&p) {
+				t.c.RemoteStored++
+			}
+		}
+	case tier.ToDevice:
+		if err := t.host.Release(c.host); err != nil {
+			panic(fmt.Sprintf("pagedkv: completing the onload of host page %d to page %d: %v", c.host, c.dev, err))
+		}
+		t.c.OnloadedPages++
+		t.c.BytesToDevice += c.bytes
+	}
+	t.one[0] = c.dev
+	freed, err := m.alloc.Release(t.one[:]...)
+	if err != nil {
+		panic(fmt.Sprintf("pagedkv: releasing page %d after its tier copy: %v", c.dev, err))
+	}
+	if freed == 0 {
+		m.cache.Recheck(c.dev)
+	}
+	if c.evicted {
+		t.evicting--
+	}
+	if r := c.req; r != nil && m.reqs[r.id] == r && r.gen == c.reqGen && r.running {
+		r.loading--
+		if r.loading == 0 && !m.pending {
+			m.publish(r)
+		}
+	}
+	*c = tierCopy{gen: c.gen}
+	t.freeSl = append(t.freeSl, s)
+	t.nLive--
+}
+
+// extend continues r's device match of pages (whose chain ends at r.tchain)
+// with pages from the host tier and then the remote store, onto fresh
+// device pages with onload copies, as far as free device pages allow. It
+// returns pages extended and how many were appended.
+func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
+	t, ps := m.tiers, m.pageSize
+	k := len(pages)
+	maxPages := (len(r.tokens) - 1) / ps
+	if k >= maxPages {
+		return pages, 0
+	}
+	// Onloads may take free pages and idle cached ones (evicted on demand,
+	// least recently used first), never the pages just matched: hold them.
+	if k > 0 {
+		if err := m.alloc.Retain(pages...); err != nil {
+			panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", k, err))
+		}
+		m.cache.Recheck(pages...)
+		defer func() {
+			// AddShared takes the request's own reference next.
+			if _, err := m.alloc.Release(pages[:k]...); err != nil {
+				panic(fmt.Sprintf("pagedkv: releasing %d matched pages: %v", k, err))
+			}
+		}()
+	}
+	free := m.alloc.NumFree()
+	evictable, _ := m.cache.Idle()
+	want := min(maxPages-k, free+evictable)
+	if want <= 0 {
+		return pages, 0
+	}
+	// Host hits.
+	t.hits, t.digests = t.hits[:0], t.digests[:0]
+	d, first := r.tchain, r.tfirst
+	j := k
+	for ; j < k+want; j++ {
+		tok := r.tokens[j*ps : (j+1)*ps]
+		nd := tier.Next(t.buf[:0], d, tok)
+		if j == 0 {
+			first = nd
+		}
+		h, ok := t.host.Lookup(nd, d, tok)
+		if !ok {
+			break
+		}
+		// A reader now, so the claims below cannot reclaim it.
+		if err := t.host.Acquire(h); err != nil {
+			panic(fmt.Sprintf("pagedkv: acquiring host page %d for an onload: %v", h, err))
+		}
+		t.hits = append(t.hits, h)
+		d = nd
+	}
+	hostHits := len(t.hits)
+	// Remote: claim host pages for the rest, fetch into them in one batch.
+	if t.remote != nil && j < k+want {
+		t.claims, t.fetch = t.claims[:0], t.fetch[:0]
+		for ; j < k+want; j++ {
+			tok := r.tokens[j*ps : (j+1)*ps]
+			nd := tier.Next(t.buf[:0], d, tok)
+			if j == 0 {
+				first = nd
+			}
+			h, err := t.host.Claim(nd, d, tok)
+			if err != nil {
+				break // present (an offload in flight) or no room
+			}
+			t.hostFirst[h] = first
+			t.claims = append(t.claims, h)
+			t.fetch = append(t.fetch, tier.RemotePage{Digest: nd, Parent: d, Chain: first, Tokens: t.host.Tokens(h), Data: t.host.Page(h)})
+			d = nd
+		}
+		if len(t.claims) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), t.deadline)
+			got := t.remote.Fetch(ctx, t.fetch)
+			cancel()
+			got = max(0, min(got, len(t.claims)))
+			for i, h := range t.claims {
+				var err error
+				if i < got {
+					if err = t.host.Written(h); err == nil {
+						err = t.host.Acquire(h)
+					}
+					t.hits = append(t.hits, h)
+				} else {
+					err = t.host.Abandon(h)
+				}
+				if err != nil {
+					panic(fmt.Sprintf("pagedkv: host page %d after a remote fetch: %v", h, err))
+				}
+			}
+			t.c.RemoteFetched += int64(got)
+			clear(t.fetch) // drop references to host memory
+		}
+	}
+	n := len(t.hits)
+	if n > free {
+		m.cache.Evict(n - free) // drops what no host page backs, like a step
+		n = min(n, m.alloc.NumFree())
+		hostHits = min(hostHits, n)
+		for _, h := range t.hits[n:] {
+			if err := t.host.Release(h); err != nil {
+				panic(fmt.Sprintf("pagedkv: releasing unused host page %d: %v", h, err))
+			}
+		}
+		t.hits = t.hits[:n]
+	}
+	if n == 0 {
+		return pages, 0
+	}
+	t.dev = append(t.dev[:0], make([]PageID, n)...)[:n]
+	if err := m.alloc.Alloc(t.dev); err != nil {
+		panic(fmt.Sprintf("pagedkv: allocating %d onload pages with %d free: %v", n, m.alloc.NumFree(), err))
+	}
+	for i, h := range t.hits {
+		// The host page's reader and Alloc's reference are the copy's;
+		// AddShared adds the request's.
+		t.plan(tier.ToDevice, t.dev[i], h, r, r.gen, false)
+	}
+	r.loading = n
+	t.c.HostHitTokens += int64(hostHits * ps)
+	t.c.RemoteHitTokens += int64((n - hostHits) * ps)
+	return append(pages, t.dev...), n
+}
+
+// tierPublished records the tier identity of r's page d, just published on
+// page (added: a new cache entry; else a duplicate of a cached one), and
+// writes it through to the host tier when configured.
+func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added bool) {
+	t := m.tiers
+	nd := tier.Next(t.buf[:0], r.tchain, tokens)
+	if r.tchain == r.troot { // depth 0
+		r.tfirst = nd
+	}
+	if added {
+		t.meta[page] = pageMeta{digest: nd, parent: r.tchain, first: r.tfirst, valid: true}
+		copy(t.pageTokens(page), tokens)
+		if t.writeThrough && !t.host.Has(nd) {
+			if h, err := t.host.Claim(nd, r.tchain, tokens); err == nil {
+				t.hostFirst[h] = r.tfirst
+				t.one[0] = page
+				if err := m.alloc.Retain(t.one[:]...); err != nil {
+					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))
+				}
+				t.plan(tier.ToHost, page, h, nil, 0, false)
+				m.cache.Recheck(page)
+			} else {
+				t.c.HostFull++
+			}
+		}
+	}
+	r.tchain = nd
+}
+
+// tierChainStart sets r.tchain to the digest after its device-matched
+// pages.
+func (m *Manager) tierChainStart(r *request, pages []PageID) {
+	if len(pages) == 0 {
+		r.tchain, r.tfirst = r.troot, tier.Digest{}
+		return
+	}
+	md := &m.tiers.meta[pages[len(pages)-1]]
+	if !md.valid {
+		panic(fmt.Sprintf("pagedkv: matched page %d has no tier identity", pages[len(pages)-1]))
+	}
+	r.tchain, r.tfirst = md.digest, md.first
+}
+
+// evictOffload evicts n pages' worth of victims with offload, counting
+// pages that go to the host as freed (they free on completion).
+func (m *Manager) evictOffload(n int) int {
+	t := m.tiers
+	t.offloading = true
+	freed := m.cache.Evict(n)
+	t.offloading = false
+	return freed
+}
+
+// evictAhead keeps OffloadFreePages pages free or on their way to free.
+func (m *Manager) evictAhead() {
+	t := m.tiers
+	if t == nil || t.offloadFree == 0 {
+		return
+	}
+	if short := t.offloadFree - m.alloc.NumFree() - t.evicting; short > 0 {
+		m.evictOffload(short)
+	}
+}
+
+// auditTiers checks the tiers against the Manager: host pool invariants,
+// copies against host states and device references, request loading
+// counts, and tier identities of cached pages. held gains each copy's
+// device reference.
+func (m *Manager) auditTiers(held map[PageID]int32) error {
+	t := m.tiers
+	if t == nil {
+		return nil
+	}
+	if err := t.host.CheckInvariants(); err != nil {
+		return err
+	}
+	readers := map[HostPageID]int{}
+	writers := map[HostPageID]int{}
+	loading := map[*request]int{}
+	live, evicting := 0, 0
+	for s := range t.copies {
+		c := &t.copies[s]
+		if !c.live {
+			continue
+		}
+		live++
+		held[c.dev]++
+		if c.dir == tier.ToDevice {
+			readers[c.host]++
+			if r := c.req; r != nil && m.reqs[r.id] == r && r.gen == c.reqGen && r.running {
+				loading[r]++
+			}
+		} else {
+			writers[c.host]++
+			if c.evicted {
+				evicting++
+			}
+		}
+	}
+	if live != t.nLive {
+		return fmt.Errorf("pagedkv: %d tier copies live, the counter says %d", live, t.nLive)
+	}
+	if len(t.planned) > live {
+		return fmt.Errorf("pagedkv: %d tier copies planned, %d live", len(t.planned), live)
+	}
+	if evicting != t.evicting {
+		return fmt.Errorf("pagedkv: %d evicted pages wait for offloads, the counter says %d", evicting, t.evicting)
+	}
+	for h := range HostPageID(t.host.NumPages()) {
+		_, _, ready, nr, ok := t.host.Entry(h)
+		switch {
+		case !ok && (readers[h] > 0 || writers[h] > 0):
+			return fmt.Errorf("pagedkv: free host page %d has %d onloads and %d offloads in flight", h, readers[h], writers[h])
+		case ok && ready && (nr != readers[h] || writers[h] != 0):
+			return fmt.Errorf("pagedkv: ready host page %d has %d readers, %d onloads and %d offloads in flight", h, nr, readers[h], writers[h])
+		case ok && !ready && writers[h] != 1:
+			return fmt.Errorf("pagedkv: writing host page %d has %d offloads in flight, want 1", h, writers[h])
+		}
+	}
+	for _, r := range m.reqs {
+		if r.loading != loading[r] {
+			return fmt.Errorf("pagedkv: request %d waits for %d onloads, %d are in flight", r.id, r.loading, loading[r])
+		}
+	}
+	for p := range PageID(m.alloc.NumPages()) {
+		if t.meta[p].valid != m.cache.Cached(p) {
+			return fmt.Errorf("pagedkv: page %d: cached %v but tier identity valid %v", p, m.cache.Cached(p), t.meta[p].valid)
+		}
+	}
+	return nil
+}
+
+// Loading reports whether request id waits for onload copies: it may not
+// take part in a step (or fork) until they are complete.
+func (m *Manager) Loading(id RequestID) bool { r, ok := m.reqs[id]; return ok && r.loading > 0 }

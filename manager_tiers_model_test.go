@@ -1,0 +1,148 @@
+package pagedkv
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/tier"
+)
+
+// tierModelConfig is one randomized run with tiers.
+type tierModelConfig struct {
+	seed         uint64
+	ops          int
+	numPages     int
+	hostPages    int
+	ahead        int
+	writeThrough bool
+	remote       tier.RemoteStore
+	spaces       []Namespace
+	deadline     time.Duration
+	// hook, if set, runs before each operation (to kill a server, say).
+	hook func(op int)
+}
+
+// runTierModel drives a random workload through a Manager with tiers and,
+// after every operation, runs Audit and checks the fake K/V of every page
+// any request may attend (so every page served from the host tier or the
+// remote store is checked against the values computed for its tokens);
+// copies complete in random order at random times, as late as possible.
+// It ends by draining: no page, host page or copy may be left behind.
+func runTierModel(t *testing.T, c tierModelConfig) *Manager {
+	rng := rand.New(rand.NewPCG(c.seed, 77))
+	tc := TierConfig{HostPages: c.hostPages, Format: tierFormat(4), OffloadFreePages: c.ahead,
+		WriteThrough: c.writeThrough, Remote: c.remote, RemoteDeadline: c.deadline}
+	m, err := New(Config{NumPages: c.numPages, PageSize: 4, HashSeed: c.seed | 1, Tiers: tc})
+	require.NoError(t, err)
+	e := newTierEngine(t, m)
+	spaces := c.spaces
+	if spaces == nil {
+		spaces = []Namespace{{}, {Tenant: "b"}}
+	}
+	var next RequestID = 1
+	pick := func(want func(RequestID) bool) (RequestID, bool) {
+		var ids []RequestID
+		for id := range e.ns {
+			if m.Has(id) && want(id) {
+				ids = append(ids, id)
+			}
+		}
+		if len(ids) == 0 {
+			return 0, false
+		}
+		slices.Sort(ids)
+		return ids[rng.IntN(len(ids))], true
+	}
+	runnable := func(id RequestID) bool { return m.Running(id) && !m.Loading(id) }
+	for op := range c.ops {
+		if c.hook != nil {
+			c.hook(op)
+		}
+		var what string
+		switch k := rng.IntN(20); {
+		case k < 3:
+			what = "add"
+			ns := spaces[rng.IntN(len(spaces))]
+			_, err := e.add(next, Request{Namespace: ns, Prompt: promptOf(rng.IntN(8), 1+rng.IntN(24))})
+			require.NoError(t, err)
+			next++
+		case k < 10:
+			what = "step"
+			var ids []RequestID
+			var nt []int32
+			for id := range e.ns {
+				if runnable(id) && rng.IntN(3) > 0 {
+					left := len(m.Tokens(id)) - m.Computed(id)
+					ids = append(ids, id)
+					nt = append(nt, int32(rng.IntN(min(left, 8)+1)))
+				}
+			}
+			err := e.step(ids, nt, func(id RequestID) int32 { return int32(rng.IntN(50)) })
+			if errors.Is(err, ErrOutOfPages) {
+				if id, ok := pick(m.Running); ok {
+					require.NoError(t, m.Preempt(id))
+				}
+			} else {
+				require.NoError(t, err)
+			}
+		case k < 12:
+			what = "release"
+			if id, ok := pick(func(RequestID) bool { return true }); ok {
+				require.NoError(t, m.Release(id))
+				delete(e.ns, id)
+			}
+		case k < 13:
+			what = "preempt"
+			if id, ok := pick(m.Running); ok {
+				require.NoError(t, m.Preempt(id))
+			}
+		case k < 14:
+			what = "resume"
+			if id, ok := pick(func(id RequestID) bool { return !m.Running(id) }); ok {
+				_, err := m.Resume(id)
+				require.NoError(t, err)
+			}
+		case k < 15:
+			what = "evict"
+			m.Evict(1 + rng.IntN(4))
+		case k < 16:
+			what = "extend"
+			if id, ok := pick(func(RequestID) bool { return true }); ok {
+				require.NoError(t, m.Extend(id, promptOf(rng.IntN(8), 1+rng.IntN(5))...))
+			}
+		case k < 17:
+			what = "fork"
+			if id, ok := pick(runnable); ok {
+				require.NoError(t, m.Fork(id, next))
+				e.ns[next] = e.ns[id]
+				next++
+			}
+		default:
+			what = "complete"
+			e.complete(func(int) bool { return rng.IntN(2) == 0 })
+		}
+		if err := m.Audit(); err != nil {
+			t.Fatalf("op %d (%s): %v\n%s", op, what, err, describeTiers(m))
+		}
+		e.check(what)
+	}
+	e.drain()
+	return m
+}
+
+func TestTiersMatchModel(t *testing.T) {
+	t.Parallel()
+	var hostHits int64
+	for seed := range uint64(12) {
+		m := runTierModel(t, tierModelConfig{seed: seed, ops: 1500, numPages: 12 + int(seed%3)*4, hostPages: 6 + int(seed%4)*4,
+			ahead: int(seed % 3), writeThrough: seed%2 == 1})
+		st := m.Stats()
+		hostHits += st.Tiers.HostHitTokens
+	}
+	require.Positive(t, hostHits, "the workload never hit the host tier")
+}

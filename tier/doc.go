@@ -1,0 +1,28 @@
+// Package tier names what the storage tiers below the device page pool share:
+// where a page lives ([Medium]), which way a copy goes ([Direction]), the
+// identity of a cached page that outlives its device page ([Digest], a
+// SHA-256 chain over the namespace and the prefix's tokens), the byte format
+// of a page off the device ([PageFormat]), and the interface of a remote
+// store ([RemoteStore]).
+//
+// # Page identity
+//
+// On the device a cached page is known by its page ID and its parent page
+// (package prefixcache). Below the device there is no parent page, so a page
+// is named by the digest of everything before and in it:
+//
+//	d_{-1} = SHA-256("pagedkv/tier/ns/v1" || canonical namespace encoding)
+//	d_i    = SHA-256("pagedkv/tier/page/v1" || d_{i-1} || tokens of page i, little-endian int32)
+//
+// The digest does not depend on a seed, a process or a page ID, so two
+// Managers (two replicas) name the same prefix the same way. A tier serves a
+// page for digest d_i only if the stored entry also names d_{i-1} as its
+// parent and holds exactly the page's tokens; the requester computed both
+// from its own tokens, so serving another prefix's K/V would take a SHA-256
+// collision.
+//
+// # Concurrency
+//
+// The functions and types here are values; [RemoteStore] implementations state
+// their own rules (the Redis store is safe for concurrent use).
+package tier

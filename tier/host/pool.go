@@ -1,0 +1,421 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/tier"
+)
+
+// PageID is a host page.
+type PageID = tier.HostPageID
+
+var (
+	// ErrBadConfig reports an invalid [Config].
+	ErrBadConfig = errors.New("host: bad config")
+	// ErrBadPage reports a page outside the pool or in the wrong state for
+	// the call.
+	ErrBadPage = errors.New("host: bad page")
+	// ErrPresent reports claiming a page for a digest the pool already
+	// holds (writing or ready).
+	ErrPresent = errors.New("host: page already present")
+	// ErrFull reports a claim when no page is free or reclaimable.
+	ErrFull = errors.New("host: no free or reclaimable page")
+)
+
+// Config describes a Pool.
+type Config struct {
+	// NumPages is the number of host pages, >= 1.
+	NumPages int
+	// PageSize is the number of tokens per page, >= 1.
+	PageSize int
+	// PageBytes is the size of a page's bytes (tier.PageFormat.PageBytes);
+	// 0 keeps bookkeeping only (no memory).
+	PageBytes int
+	// Memory, if not nil, holds the pages' bytes (NumPages*PageBytes of
+	// them, e.g. pinned memory the engine allocated); nil with PageBytes > 0
+	// allocates it.
+	Memory []byte
+}
+
+const none int32 = -1
+
+// Page states.
+const (
+	stFree uint8 = iota
+	stWriting
+	stReady
+)
+
+type entry struct {
+	digest, parent tier.Digest
+	state          uint8
+	readers        int32
+	prev, next     int32 // LRU links, or none
+}
+
+// Counters are the pool's cumulative event counts.
+type Counters struct {
+	Claimed   int64 // pages claimed for an offload
+	Written   int64 // offloads completed (pages made ready)
+	Abandoned int64 // claims given back unwritten
+	Reclaimed int64 // ready pages reclaimed (LRU) to make room
+	Hits      int64 // lookups served
+}
+
+// Pool is the host tier's page pool. It is not safe for concurrent use; the
+// zero value is not usable (call [New]).
+type Pool struct {
+	pageSize  int
+	pageBytes int
+	mem       []byte
+
+	ents   []entry
+	tokens []int32 // [NumPages*PageSize]: tokens of writing and ready pages
+	free   []int32 // stack
+	index  map[tier.Digest]int32
+
+	head, tail int32 // LRU: least recently used at head
+	nLRU       int
+	nWriting   int
+	nReady     int
+	nReaders   int64 // sum of readers
+
+	counters Counters
+}
+
+// New returns a pool with every page free.
+func New(cfg Config) (*Pool, error) {
+	switch {
+	case cfg.NumPages < 1 || cfg.NumPages > 1<<30:
+		return nil, fmt.Errorf("%w: NumPages = %d, want 1..2^30", ErrBadConfig, cfg.NumPages)
+	case cfg.PageSize < 1:
+		return nil, fmt.Errorf("%w: PageSize = %d, want >= 1", ErrBadConfig, cfg.PageSize)
+	case cfg.PageBytes < 0 || cfg.PageBytes > tier.MaxPageBytes:
+		return nil, fmt.Errorf("%w: PageBytes = %d, want 0..%d", ErrBadConfig, cfg.PageBytes, tier.MaxPageBytes)
+	case int64(cfg.NumPages)*int64(cfg.PageSize) > 1<<32:
+		return nil, fmt.Errorf("%w: NumPages*PageSize = %d*%d tokens, want <= 2^32", ErrBadConfig, cfg.NumPages, cfg.PageSize)
+	case cfg.Memory != nil && int64(len(cfg.Memory)) != int64(cfg.NumPages)*int64(cfg.PageBytes):
+		return nil, fmt.Errorf("%w: Memory has %d bytes, want NumPages*PageBytes = %d*%d", ErrBadConfig, len(cfg.Memory), cfg.NumPages, cfg.PageBytes)
+	}
+	p := &Pool{
+		pageSize: cfg.PageSize, pageBytes: cfg.PageBytes, mem: cfg.Memory,
+		ents:   make([]entry, cfg.NumPages),
+		tokens: make([]int32, cfg.NumPages*cfg.PageSize),
+		free:   make([]int32, cfg.NumPages),
+		index:  make(map[tier.Digest]int32, cfg.NumPages),
+		head:   none, tail: none,
+	}
+	if p.mem == nil && cfg.PageBytes > 0 {
+		p.mem = make([]byte, cfg.NumPages*cfg.PageBytes)
+	}
+	for i := range p.ents {
+		p.ents[i] = entry{prev: none, next: none}
+		p.free[i] = int32(cfg.NumPages - 1 - i) // page 0 on top
+	}
+	return p, nil
+}
+
+// NumPages is the size of the pool.
+func (p *Pool) NumPages() int { return len(p.ents) }
+
+// PageSize is the number of tokens per page.
+func (p *Pool) PageSize() int { return p.pageSize }
+
+// PageBytes is the size of a page's bytes (0: bookkeeping only).
+func (p *Pool) PageBytes() int { return p.pageBytes }
+
+// Page returns the bytes of page h (nil without memory). The engine writes
+// them for an offload and reads them for an onload.
+func (p *Pool) Page(h PageID) []byte {
+	if p.mem == nil {
+		return nil
+	}
+	off := int(h) * p.pageBytes
+	return p.mem[off : off+p.pageBytes : off+p.pageBytes]
+}
+
+// Tokens returns the tokens recorded for writing or ready page h (read-only).
+func (p *Pool) Tokens(h PageID) []int32 {
+	off := int(h) * p.pageSize
+	return p.tokens[off : off+p.pageSize : off+p.pageSize]
+}
+
+// Entry returns what page h records: its digest, its parent's digest,
+// whether it is ready (servable) and how many readers it has. ok is false
+// for a free page or one outside the pool.
+func (p *Pool) Entry(h PageID) (digest, parent tier.Digest, ready bool, readers int, ok bool) {
+	if h < 0 || int(h) >= len(p.ents) || p.ents[h].state == stFree {
+		return tier.Digest{}, tier.Digest{}, false, 0, false
+	}
+	e := &p.ents[h]
+	return e.digest, e.parent, e.state == stReady, int(e.readers), true
+}
+
+// Has reports whether the pool holds digest d (writing or ready).
+func (p *Pool) Has(d tier.Digest) bool { _, ok := p.index[d]; return ok }
+
+// Usage returns the pages by state: free, writing, ready (with or without
+// readers), and of the ready ones those reclaimable (no readers).
+func (p *Pool) Usage() (free, writing, ready, reclaimable int) {
+	return len(p.free), p.nWriting, p.nReady, p.nLRU
+}
+
+// Counters returns the cumulative event counts.
+func (p *Pool) Counters() Counters { return p.counters }
+
+// Claim takes a page for an offload of the page named digest (child of
+// parent, holding tokens): a free page, or else the least recently used
+// ready page without readers, which is reclaimed. The page is writing until
+// [Pool.Written] or [Pool.Abandon]. It fails, changing nothing, with
+// [ErrPresent] if d is already held, [ErrFull] if no page can be taken, and
+// [ErrBadPage] for tokens of the wrong length.
+func (p *Pool) Claim(d, parent tier.Digest, tokens []int32) (PageID, error) {
+	if len(tokens) != p.pageSize {
+		return 0, fmt.Errorf("%w: claim with %d tokens, want %d", ErrBadPage, len(tokens), p.pageSize)
+	}
+	if h, ok := p.index[d]; ok {
+		return 0, fmt.Errorf("%w: digest %s is on host page %d", ErrPresent, d.String()[:16], h)
+	}
+	var h int32
+	switch {
+	case len(p.free) > 0:
+		h = p.free[len(p.free)-1]
+		p.free = p.free[:len(p.free)-1]
+	case p.head != none:
+		h = p.head
+		p.unlink(h)
+		delete(p.index, p.ents[h].digest)
+		p.nReady--
+		p.counters.Reclaimed++
+	default:
+		return 0, fmt.Errorf("%w: %d pages: %d writing, %d ready with readers", ErrFull, len(p.ents), p.nWriting, p.nReady)
+	}
+	e := &p.ents[h]
+	*e = entry{digest: d, parent: parent, state: stWriting, prev: none, next: none}
+	copy(p.Tokens(PageID(h)), tokens)
+	p.index[d] = h
+	p.nWriting++
+	p.counters.Claimed++
+	p.check(h)
+	return PageID(h), nil
+}
+
+// Written records that the engine finished writing page h: it becomes ready
+// (servable) and the most recently used.
+func (p *Pool) Written(h PageID) error {
+	if err := p.want("written", h, stWriting); err != nil {
+		return err
+	}
+	e := &p.ents[h]
+	e.state = stReady
+	p.nWriting--
+	p.nReady++
+	p.push(int32(h))
+	p.counters.Written++
+	p.check(int32(h))
+	return nil
+}
+
+// Abandon gives back writing page h unwritten (a failed fetch, a cancelled
+// offload): it becomes free and its digest is forgotten.
+func (p *Pool) Abandon(h PageID) error {
+	if err := p.want("abandon", h, stWriting); err != nil {
+		return err
+	}
+	delete(p.index, p.ents[h].digest)
+	p.ents[h] = entry{prev: none, next: none}
+	p.nWriting--
+	p.free = append(p.free, int32(h))
+	p.counters.Abandoned++
+	p.check(int32(h))
+	return nil
+}
+
+// Lookup returns the ready page that holds digest d, child of parent, with
+// exactly tokens; ok is false otherwise (absent, still writing, or a
+// different parent or tokens: never served). It changes nothing but the
+// hit counter.
+func (p *Pool) Lookup(d, parent tier.Digest, tokens []int32) (h PageID, ok bool) {
+	x, ok := p.index[d]
+	if !ok {
+		return 0, false
+	}
+	e := &p.ents[x]
+	if e.state != stReady || e.parent != parent || !slices.Equal(p.Tokens(PageID(x)), tokens) {
+		return 0, false
+	}
+	p.counters.Hits++
+	return PageID(x), true
+}
+
+// Acquire adds a reader to ready page h (an onload copy in flight): it is
+// not reclaimed until every reader has called [Pool.Release].
+func (p *Pool) Acquire(h PageID) error {
+	if err := p.want("acquire", h, stReady); err != nil {
+		return err
+	}
+	e := &p.ents[h]
+	if e.readers == 0 {
+		p.unlink(int32(h))
+	}
+	e.readers++
+	p.nReaders++
+	p.check(int32(h))
+	return nil
+}
+
+// Release removes a reader from page h; with none left it becomes the most
+// recently used reclaimable page.
+func (p *Pool) Release(h PageID) error {
+	if err := p.want("release", h, stReady); err != nil {
+		return err
+	}
+	e := &p.ents[h]
+	if e.readers == 0 {
+		return fmt.Errorf("%w: release host page %d without readers", ErrBadPage, h)
+	}
+	e.readers--
+	p.nReaders--
+	if e.readers == 0 {
+		p.push(int32(h))
+	}
+	p.check(int32(h))
+	return nil
+}
+
+func (p *Pool) want(op string, h PageID, st uint8) error {
+	if h < 0 || int(h) >= len(p.ents) {
+		return fmt.Errorf("%w: %s host page %d outside the pool [0, %d)", ErrBadPage, op, h, len(p.ents))
+	}
+	if got := p.ents[h].state; got != st {
+		return fmt.Errorf("%w: %s host page %d, which is %s (want %s)", ErrBadPage, op, h, stateName(got), stateName(st))
+	}
+	return nil
+}
+
+func stateName(st uint8) string {
+	switch st {
+	case stFree:
+		return "free"
+	case stWriting:
+		return "writing"
+	}
+	return "ready"
+}
+
+func (p *Pool) push(h int32) {
+	e := &p.ents[h]
+	e.prev, e.next = p.tail, none
+	if p.tail != none {
+		p.ents[p.tail].next = h
+	} else {
+		p.head = h
+	}
+	p.tail = h
+	p.nLRU++
+}
+
+func (p *Pool) unlink(h int32) {
+	e := &p.ents[h]
+	if e.prev != none {
+		p.ents[e.prev].next = e.next
+	} else {
+		p.head = e.next
+	}
+	if e.next != none {
+		p.ents[e.next].prev = e.prev
+	} else {
+		p.tail = e.prev
+	}
+	e.prev, e.next = none, none
+	p.nLRU--
+}
+
+// check verifies page h in invariants builds.
+func (p *Pool) check(h int32) {
+	if !invariants.Enabled {
+		return
+	}
+	if err := p.checkEntry(h); err != nil {
+		panic(err.Error())
+	}
+}
+
+func (p *Pool) checkEntry(h int32) error {
+	e := &p.ents[h]
+	x, indexed := p.index[e.digest]
+	switch e.state {
+	case stFree:
+		if e.readers != 0 || e.prev != none || e.next != none || (indexed && x == h) {
+			return fmt.Errorf("host: free page %d has readers %d, LRU links or an index entry", h, e.readers)
+		}
+	case stWriting:
+		if !indexed || x != h || e.readers != 0 || e.prev != none || e.next != none {
+			return fmt.Errorf("host: writing page %d: indexed %v (as %d), readers %d, LRU links %d/%d", h, indexed, x, e.readers, e.prev, e.next)
+		}
+	case stReady:
+		if !indexed || x != h || e.readers < 0 {
+			return fmt.Errorf("host: ready page %d: indexed %v (as %d), readers %d", h, indexed, x, e.readers)
+		}
+	default:
+		return fmt.Errorf("host: page %d in state %d", h, e.state)
+	}
+	return nil
+}
+
+// CheckInvariants checks every invariant of the package doc and returns the
+// first violation.
+func (p *Pool) CheckInvariants() error {
+	onFree := make([]bool, len(p.ents))
+	for _, h := range p.free {
+		if h < 0 || int(h) >= len(p.ents) || onFree[h] || p.ents[h].state != stFree {
+			return fmt.Errorf("host: free stack entry %d is out of range, repeated or not free", h)
+		}
+		onFree[h] = true
+	}
+	onLRU := make([]bool, len(p.ents))
+	n := 0
+	for h, prev := p.head, none; h != none; prev, h = h, p.ents[h].next {
+		if h < 0 || int(h) >= len(p.ents) || onLRU[h] || p.ents[h].prev != prev {
+			return fmt.Errorf("host: LRU list broken at page %d", h)
+		}
+		onLRU[h] = true
+		n++
+	}
+	if n != p.nLRU {
+		return fmt.Errorf("host: LRU list has %d pages, counter says %d", n, p.nLRU)
+	}
+	var writing, ready int
+	var readers int64
+	for h := range p.ents {
+		e := &p.ents[h]
+		if err := p.checkEntry(int32(h)); err != nil {
+			return err
+		}
+		switch e.state {
+		case stFree:
+			if !onFree[h] {
+				return fmt.Errorf("host: free page %d is not on the free stack", h)
+			}
+		case stWriting:
+			writing++
+		case stReady:
+			ready++
+			readers += int64(e.readers)
+			if onLRU[h] != (e.readers == 0) {
+				return fmt.Errorf("host: ready page %d with %d readers: on the LRU list = %v", h, e.readers, onLRU[h])
+			}
+		}
+	}
+	if writing != p.nWriting || ready != p.nReady || readers != p.nReaders || len(p.index) != writing+ready {
+		return fmt.Errorf("host: counted %d writing, %d ready, %d readers, %d indexed; counters say %d, %d, %d",
+			writing, ready, readers, len(p.index), p.nWriting, p.nReady, p.nReaders)
+	}
+	return nil
+}
+
+// InUse returns the pages that are not free.
+func (p *Pool) InUse() int { return len(p.ents) - len(p.free) }

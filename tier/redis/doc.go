@@ -1,0 +1,49 @@
+// Package redis is the remote tier on Redis: a [tier.RemoteStore] that
+// shares prefix pages between Managers (replicas) through one Redis server
+// or cluster, with the client github.com/redis/go-redis/v9 (this package is
+// its only importer).
+//
+// # Keys
+//
+//	pkv:{TAG}:NAMESPACE:FORMAT:GROUP:DIGEST
+//
+// NAMESPACE is [Config.Namespace] (the deployment: model and revision),
+// FORMAT the page format (layout, dtype, page size, heads, head dim,
+// layers), GROUP the layer group ([Config.Group]), DIGEST the page's chain
+// digest in hex (package tier). TAG is Redis Cluster's hash tag: the page's
+// own digest by default (pages spread over every shard), or the digest of
+// the first page of its prefix with [Config.TagByChain], so that one
+// request's chain lives on one shard and a cluster can serve its lookup in
+// one round trip.
+//
+// # Values
+//
+// A value is the page's bytes with everything needed to prove them the
+// right ones: magic and version, the format, the namespace and group, the
+// page's digest and its parent's, its tokens, the bytes, and a CRC-64 over
+// all of it ([Encode], [Decode]). Every fetched value is decoded strictly
+// (exact lengths, no trailing bytes, checksum) and then compared with what
+// the Manager asked for: namespace, group and format (a foreign value),
+// digest, parent and tokens (a stale value or a key collision). Anything
+// that does not match is counted as rejected and never served; the Manager
+// recomputes the page.
+//
+// # Writes, lookups and failures
+//
+// [Store.Store] encodes the page into one of [Config.QueueLen] buffers and
+// queues it for a background writer that sends batches as pipelined SETs
+// (write-behind); when every buffer is in use it drops the page and counts
+// it. Memory limits and expiry are left to Redis (maxmemory with
+// allkeys-lru; [Config.Expiry] optionally sets a TTL).
+//
+// [Store.Fetch] sends one pipeline of GETs for a prefix's pages and
+// returns the leading pages found and verified. It honours the caller's
+// deadline (the client runs with context timeouts enabled and without
+// retries): on a timeout, a refused connection or a protocol error it
+// returns what it has verified so far (nothing, for a pipeline that did
+// not answer) and counts the failure. It never blocks past the deadline.
+//
+// # Concurrency
+//
+// A Store is safe for concurrent use; its counters are atomics.
+package redis
