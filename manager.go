@@ -174,11 +174,12 @@ type request struct {
 	mark uint64 // Reserve's duplicate check: == Manager.epoch while in the batch
 
 	// Tiers: troot is the namespace's tier digest, tchain the digest of
-	// pages [0, cachedPages) and tfirst that of page 0; gen counts
-	// admissions, and loading is the number of this admission's onload
-	// copies still in flight (the request may not step while it is > 0).
+	// pages [0, cachedPages) and tfirst that of page 0; gen names the
+	// admission (unique in the Manager: request records are reused), and
+	// loading is the number of its onload copies still in flight (the
+	// request may not step while it is > 0).
 	troot, tchain, tfirst tier.Digest
-	gen                   uint32
+	gen                   uint64
 	loading               int
 }
 
@@ -198,10 +199,11 @@ type Manager struct {
 	pageSize int
 	window   int // WindowTokens
 
-	alloc *allocator.Allocator
-	table *pagetable.Table
-	cache *prefixcache.Cache
-	tiers *tiers // nil without tiers
+	alloc      *allocator.Allocator
+	table      *pagetable.Table
+	cache      *prefixcache.Cache
+	tiers      *tiers // nil without tiers
+	admissions uint64 // admit calls: request.gen
 
 	reqs       map[RequestID]*request
 	nPreempted int
@@ -390,8 +392,8 @@ func (m *Manager) admit(r *request) int {
 		pages, last = m.cache.Match(m.scratch[:0], r.key, r.tokens, (len(r.tokens)-1)/ps)
 		m.scratch = pages
 	}
-	r.gen++
-	r.loading = 0
+	m.admissions++
+	r.gen, r.loading = m.admissions, 0
 	cached := len(pages)
 	if m.tiers != nil && !r.noCache {
 		m.tierChainStart(r, pages)

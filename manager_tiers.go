@@ -114,7 +114,7 @@ type tierCopy struct {
 	dev     PageID
 	host    HostPageID
 	req     *request // onload: the request it loads into, at admission reqGen
-	reqGen  uint32
+	reqGen  uint64
 	bytes   int64
 	evicted bool // an offload of an evicted page: it frees on completion
 }
@@ -258,7 +258,7 @@ func (t *tiers) pageTokens(p PageID) []int32 {
 
 // plan records a copy in a free slot; the caller has arranged its device
 // reference (the copy owns one).
-func (t *tiers) plan(dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint32, evicted bool) {
+func (t *tiers) plan(dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
 	var s uint32
 	if n := len(t.freeSl); n > 0 {
 		s = t.freeSl[n-1]
