@@ -215,6 +215,9 @@ func (m *Manager) Truncate(id RequestID, n int) error {
 	if n < 0 || n > len(r.tokens) {
 		return fmt.Errorf("%w: truncate request %d to %d tokens, want 0..%d", ErrBadArgument, id, n, len(r.tokens))
 	}
+	if r.loading > 0 {
+		return fmt.Errorf("%w: truncate request %d: %d onload copies in flight", ErrLoading, id, r.loading)
+	}
 	if r.running && n < r.computed {
 		if n < r.start {
 			return fmt.Errorf("%w: truncate request %d to %d tokens: tokens before %d left its sliding window",
@@ -242,6 +245,9 @@ func (m *Manager) Truncate(id RequestID, n int) error {
 			}
 			r.chain = parent
 			r.cachedPages--
+		}
+		if m.tiers != nil && !r.noCache && !r.chainCut {
+			m.tierChainAt(r)
 		}
 	}
 	if !r.running {

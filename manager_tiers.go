@@ -557,6 +557,21 @@ func (m *Manager) tierChainStart(r *request, pages []PageID) {
 	r.tchain, r.tfirst = md.digest, md.first
 }
 
+// tierChainAt resets r.tchain to the digest of r's chain (pages
+// [0, cachedPages)) after the chain moved back (Truncate).
+func (m *Manager) tierChainAt(r *request) {
+	p, ok := r.chain.Page()
+	if !ok {
+		r.tchain, r.tfirst = r.troot, tier.Digest{}
+		return
+	}
+	if _, _, live := m.cache.Entry(r.chain); !live {
+		return // evicted: the next publish cuts the chain
+	}
+	md := &m.tiers.meta[p]
+	r.tchain, r.tfirst = md.digest, md.first
+}
+
 // evictOffload evicts n pages' worth of victims with offload, counting
 // pages that go to the host as freed (they free on completion).
 func (m *Manager) evictOffload(n int) int {
@@ -636,6 +651,19 @@ func (m *Manager) auditTiers(held map[PageID]int32) error {
 	for _, r := range m.reqs {
 		if r.loading != loading[r] {
 			return fmt.Errorf("pagedkv: request %d waits for %d onloads, %d are in flight", r.id, r.loading, loading[r])
+		}
+		if !r.running || r.noCache || r.chainCut {
+			continue
+		}
+		want := r.troot
+		if p, ok := r.chain.Page(); ok {
+			if _, _, live := m.cache.Entry(r.chain); !live {
+				continue
+			}
+			want = t.meta[p].digest
+		}
+		if r.tchain != want {
+			return fmt.Errorf("pagedkv: request %d's tier chain digest %s is not its cache chain's %s", r.id, r.tchain.String()[:16], want.String()[:16])
 		}
 	}
 	for p := range PageID(m.alloc.NumPages()) {

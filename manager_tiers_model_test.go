@@ -115,6 +115,12 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 			if id, ok := pick(func(RequestID) bool { return true }); ok {
 				require.NoError(t, m.Extend(id, promptOf(rng.IntN(8), 1+rng.IntN(5))...))
 			}
+		case k == 17 && rng.IntN(2) == 0:
+			what = "truncate"
+			if id, ok := pick(func(id RequestID) bool { return !m.Loading(id) }); ok {
+				toks := m.Tokens(id)
+				require.NoError(t, m.Truncate(id, rng.IntN(len(toks)+1)))
+			}
 		case k < 17:
 			what = "fork"
 			if id, ok := pick(runnable); ok {
