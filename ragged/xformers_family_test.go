@@ -496,6 +496,10 @@ func TestFromTensorListAndSplit(t *testing.T) {
 	assert.ErrorContains(t, err, "trailing dimensions differ")
 	_, _, err = FromTensorList([]Tensor[int]{{Shape: []int{1, 2}, Data: []int{0}}})
 	assert.ErrorIs(t, err, ErrLengthMismatch)
+	_, _, err = FromTensorList[int](nil)
+	assert.ErrorContains(t, err, "at least one tensor")
+	_, _, err = FromTensorList([]Tensor[int]{{Shape: []int{1, 2, 0}, Data: []int{}}})
+	assert.ErrorContains(t, err, "tokens of 0 elements")
 	// A part of batch size 0 cannot be reshaped (torch cannot infer -1).
 	z, zc, err := FromTensorList([]Tensor[int]{{Shape: []int{0, 2, 1}, Data: []int{}}, b})
 	require.NoError(t, err)

@@ -43,16 +43,27 @@ func (x Tensor[T]) rowWidth(name string) (int, error) {
 // shape [B_i, M_i, ...] contributes B_i blocks of M_i tokens; the mask is
 // BlockDiagonalMask.from_seqlens of those lengths (queries = keys), it
 // remembers the batch sizes B_i for [Split], and the tensors are
-// concatenated along the sequence as [1, sum B_i*M_i, ...]. All tensors must
-// have the same trailing dimensions.
+// concatenated along the sequence as [1, sum B_i*M_i, ...]. Like xFormers
+// (torch.cat, reshape) it needs at least one tensor, the same trailing
+// dimensions in all, and tokens of at least one element.
 func FromTensorList[T any](tensors []Tensor[T]) (BlockDiagonalMask, Tensor[T], error) {
+	if len(tensors) == 0 {
+		// torch.cat refuses an empty list.
+		return BlockDiagonalMask{}, Tensor[T]{}, fmt.Errorf("%w: from_tensor_list needs at least one tensor", ErrLengthMismatch)
+	}
 	var seqLens []int32
 	batchSizes := make([]int, len(tensors))
 	var tail []int
 	total := 0
 	for i, x := range tensors {
-		if _, err := x.rowWidth(fmt.Sprintf("tensors[%d]", i)); err != nil {
+		w, err := x.rowWidth(fmt.Sprintf("tensors[%d]", i))
+		if err != nil {
 			return BlockDiagonalMask{}, Tensor[T]{}, err
+		}
+		if w == 0 {
+			// torch's reshape([1, -1, ...]) cannot infer -1 next to a 0.
+			return BlockDiagonalMask{}, Tensor[T]{}, fmt.Errorf("%w: tensors[%d] has shape %v: tokens of 0 elements, the sequence length cannot be inferred",
+				ErrLengthMismatch, i, x.Shape)
 		}
 		if i == 0 {
 			tail = x.Shape[2:]

@@ -187,10 +187,14 @@ def gen(kind, r):
             c["window_left"], c["window_right"] = r.randint(-1, 5), r.randint(-1, 5)
         return c
     if kind == "tensor_list":
-        n = r.randint(1, 3)
-        width = r.randint(1, 3)
+        n = r.randint(1, 3) if r.random() > 0.03 else 0
+        width = r.randint(1, 3) if r.random() > 0.05 else 0
         c = {"op": "tensor_list", "shapes": [[r.randint(0, 3) if r.random() < 0.1 else r.randint(1, 3),
                                             r.randint(0, 4), width] for _ in range(n)]}
+        if c["shapes"] and r.random() < 0.05:
+            c["shapes"][-1] = c["shapes"][-1][:2] + [width + 1]  # trailing dimensions differ
+        if c["shapes"] and r.random() < 0.05:
+            c["shapes"] = [s[:2] for s in c["shapes"]]  # [B, M] tensors
         return c
     raise KeyError(kind)
 
