@@ -94,8 +94,20 @@ def rand_block_tables(r, b, cols, n_pages):
     return bt
 
 
+HUGE = 10 ** 12
+
+
 def gen(kind, r):
-    """One configuration dict for kind (the JSON the Go program reads)."""
+    """One configuration dict for kind (the JSON the Go program reads), with
+    a window now and then far beyond any key (or far below)."""
+    c = gen1(kind, r)
+    for k in ("window_size", "window_left", "window_right"):
+        if k in c and "local" in c.get("kind", "") and r.random() < 0.03:
+            c[k] = r.choice([HUGE, -HUGE])
+    return c
+
+
+def gen1(kind, r):
     b = r.randint(1, 4) if r.random() > 0.03 else 0
     c = {"kind": kind, "op": "mask"}
     if kind in ("block_diagonal", "block_diagonal_causal", "block_diagonal_causal_from_bottomright",
@@ -132,8 +144,12 @@ def gen(kind, r):
                        "paged_block_diagonal_causal_with_offset_padded_keys": r.choice(["block_diagonal_padded_keys",
                                                                                         "block_diagonal_causal_with_offset_padded_keys"]),
                        "paged_block_diagonal_causal_local_padded_keys": "block_diagonal_causal_local_padded_keys"}[kind]
+            if r.random() < 0.05:  # a paged_type whose constructor does not fit
+                unpaged = r.choice(["block_diagonal_padded_keys", "block_diagonal_causal_with_offset_padded_keys",
+                                    "block_diagonal_causal_local_padded_keys"])
             c = {"op": "make_paged", "kind": unpaged, "q_seqlen": c["q_seqlen"], "kv_seqlen": c["kv_seqlen"],
-                 "kv_padding": max([1] + [k for k in c["kv_seqlen"]]), "window_size": c.get("window_size", 0),
+                 "kv_padding": max([1] + [k for k in c["kv_seqlen"]]),
+                 "window_size": c.get("window_size", 1) if "local" in unpaged else 0,
                  "paged_kind": kind, "paged_block_tables": c["block_tables"], "paged_page_size": c["page_size"]}
         return c
     if kind in ("block_diagonal_gappy_keys", "block_diagonal_causal_with_offset_gappy_keys",
