@@ -140,3 +140,7 @@ extern "C" void cuemu_dtoh(void* dst, uint64_t src, size_t n) {
 extern "C" void cuemu_memset(uint64_t dst, int value, size_t n) {
   std::memset(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), value, n);
 }
+
+extern "C" void cuemu_dtod(uint64_t dst, uint64_t src, size_t n) {
+  std::memmove(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), n);
+}

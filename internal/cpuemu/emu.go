@@ -85,6 +85,14 @@ func (d *Driver) HtoD(dst cuda.DevicePtr, src []byte) error {
 // is queued).
 func (d *Driver) HtoDAsync(dst cuda.DevicePtr, src []byte) error { return d.HtoD(dst, src) }
 
+// DtoD copies bytes bytes from src to dst (memmove: they may overlap).
+func (d *Driver) DtoD(dst, src cuda.DevicePtr, bytes int) error {
+	if bytes > 0 {
+		C.cuemu_dtod(C.uint64_t(dst), C.uint64_t(src), C.size_t(bytes))
+	}
+	return nil
+}
+
 // Memset sets bytes bytes at dst to value.
 func (d *Driver) Memset(dst cuda.DevicePtr, value byte, bytes int) error {
 	if bytes > 0 {

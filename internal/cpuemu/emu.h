@@ -17,6 +17,7 @@ void cuemu_free(uint64_t p);
 void cuemu_htod(uint64_t dst, const void* src, size_t n);
 void cuemu_dtoh(void* dst, uint64_t src, size_t n);
 void cuemu_memset(uint64_t dst, int value, size_t n);
+void cuemu_dtod(uint64_t dst, uint64_t src, size_t n);
 #ifdef __cplusplus
 }
 #endif

@@ -9,6 +9,7 @@ import (
 	appendkv "github.com/pagedkv/pagedkv/append"
 	"github.com/pagedkv/pagedkv/cascade"
 	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -30,6 +31,9 @@ type engine struct {
 	ctx        []uint64       // [nnz] context hash of each row's token
 
 	skipCopies bool // tests: leave out copy-on-write, which verification must notice
+
+	dev    *deviceEngine // the device-resident path, for a *cuda.Backend
+	levels []cuda.Level
 }
 
 func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, pageSize int) (*engine, error) {
@@ -42,6 +46,13 @@ func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, p
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
 		e.caches = append(e.caches, c)
+	}
+	if db, ok := b.(*cuda.Backend); ok {
+		d, err := newDeviceEngine(db, g, m.Layers, m)
+		if err != nil {
+			return nil, err
+		}
+		e.dev = d
 	}
 	return e, nil
 }
@@ -102,7 +113,15 @@ type stepTimes struct {
 func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
 	t0 := time.Now()
 	if !e.skipCopies {
-		e.copyPages(plan.Copies)
+		if e.dev != nil {
+			before := e.dev.b.Traffic()
+			if err := e.dev.copyPages(plan.Copies); err != nil {
+				return err
+			}
+			e.dev.traffic.Copies += e.dev.b.Traffic().Sub(before).DtoDBytes
+		} else {
+			e.copyPages(plan.Copies)
+		}
 	}
 	nnz := len(plan.TokenIDs)
 	// The plan's rows must be the simulator's tokens at their positions.
@@ -142,6 +161,11 @@ func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *
 		resize(&e.oc, m.DType, nnz, hq, d)
 		cs.record(plan, e.pageBytes()*int64(m.Layers))
 	}
+	if e.dev != nil {
+		if err := e.planDevice(plan, table, decode); err != nil {
+			return err
+		}
+	}
 	st.append += time.Since(t0)
 
 	kvRowBytes, qRowBytes := hkv*d*m.DType.Size(), hq*d*m.DType.Size()
@@ -157,6 +181,26 @@ func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *
 		}
 		t1 := time.Now()
 		st.model += t1.Sub(t)
+		if e.dev != nil {
+			if err := e.layerDevice(l, rows, qRowBytes); err != nil {
+				return fmt.Errorf("layer %d: %w", l, err)
+			}
+			t3 := time.Now()
+			st.attention += t3.Sub(t1)
+			for _, s := range samples {
+				if s.layer != l {
+					continue
+				}
+				if err := e.dev.mirror(&e.caches[l], l, &table, s.batch); err != nil {
+					return err
+				}
+				if err := v.check(e, plan, reqs, &table, s); err != nil {
+					return err
+				}
+			}
+			st.verify += time.Since(t3)
+			continue
+		}
 		if err := e.appendPlan.Run(e.backend, appendkv.Input{AppendKey: e.k, AppendValue: e.v, Cache: &e.caches[l], Table: &table}); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
@@ -229,4 +273,82 @@ func (c *cascadeStats) record(plan *pagedkv.Plan, bytesPerPageAllLayers int64) {
 	c.byLevels[len(plan.Cascade.Levels)]++
 	c.savedPages += flat - read
 	c.savedBytes += (flat - read) * bytesPerPageAllLayers
+}
+
+// planDevice plans the step on the device: one upload of its index arrays
+// (the append's rows and the attention's table, or the cascade's levels).
+func (e *engine) planDevice(plan *pagedkv.Plan, table kernels.PageTable, decode bool) error {
+	m := &e.model
+	nnz := len(plan.TokenIDs)
+	if err := e.dev.tensors(m, nnz); err != nil {
+		return err
+	}
+	p := &cuda.StepPlan{Geometry: e.geom, Table: table, BatchIndices: plan.BatchIndices, Positions: plan.Positions,
+		Rows: nnz, QOIndptr: plan.QOIndptr, Causal: true,
+		AttentionParams: kernels.AttentionParams{NumQOHeads: m.NumQOHeads, WindowLeft: plan.WindowLeft}}
+	switch {
+	case plan.Cascade != nil:
+		p.Attention = cuda.Cascade
+		e.levels = e.levels[:0]
+		for _, lv := range plan.Cascade.Levels {
+			e.levels = append(e.levels, cuda.Level{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen})
+		}
+		p.Levels = e.levels
+	case decode:
+		p.Attention = cuda.Decode
+	default:
+		p.Attention = cuda.Prefill
+	}
+	before := e.dev.b.Traffic()
+	if err := e.dev.plan(p); err != nil {
+		return fmt.Errorf("device step plan: %w", err)
+	}
+	e.dev.traffic.Index += e.dev.b.Traffic().Sub(before).HostBytes()
+	return nil
+}
+
+// layerDevice runs one layer of the planned step on the device: upload the
+// layer's K/V/Q rows (q in cascade row order for a cascade), append,
+// attention, download o. Anything else crossing the boundary is counted as
+// cache traffic.
+func (e *engine) layerDevice(l int, rows []int32, qRowBytes int) error {
+	d := e.dev
+	nnz := e.q.Shape[0]
+	k, v, q, o := rowsView(d.k, nnz), rowsView(d.v, nnz), rowsView(d.q, nnz), rowsView(d.o, nnz)
+	t0 := d.b.Traffic()
+	qHost, oHost := e.q, e.o
+	if rows != nil {
+		for r, src := range rows {
+			copy(e.qc.Data[r*qRowBytes:(r+1)*qRowBytes], e.q.Data[int(src)*qRowBytes:])
+		}
+		qHost, oHost = e.qc, e.oc
+	}
+	for _, c := range []struct {
+		dst cuda.DeviceTensor
+		src kernels.Tensor
+	}{{k, e.k}, {v, e.v}, {q, qHost}} {
+		if err := d.b.Upload(c.dst, c.src); err != nil {
+			return err
+		}
+	}
+	t1 := d.b.Traffic()
+	if err := d.step.Append(d.caches[l], k, v, 0, 0); err != nil {
+		return err
+	}
+	if err := d.step.Attention(d.caches[l], q, o, cuda.DeviceTensor{}); err != nil {
+		return err
+	}
+	t2 := d.b.Traffic()
+	if err := d.b.Download(oHost, o); err != nil {
+		return err
+	}
+	t3 := d.b.Traffic()
+	if rows != nil {
+		for r, dst := range rows {
+			copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
+		}
+	}
+	d.traffic.Activations += t1.Sub(t0).HostBytes() + t3.Sub(t2).HostBytes()
+	d.traffic.Cache += t2.Sub(t1).HostBytes()
+	return nil
 }

@@ -294,6 +294,12 @@ func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 	s.sum.Verified.Outputs, s.sum.Verified.KVTokens, s.sum.Verified.MaxErr = s.ver.outputs, s.ver.kvTokens, s.ver.maxErr
 	s.sum.Verified.Atol, s.sum.Verified.Rtol = s.ver.atol, s.ver.rtol
 	s.sum.Err = err
+	if d := s.eng.dev; d != nil {
+		t := d.traffic
+		s.sum.Device = &t
+		d.free() // the device caches live as long as the run
+		s.eng.dev = nil
+	}
 	return s.sum, err
 }
 

@@ -48,6 +48,10 @@ type Summary struct {
 		Atol, Rtol float64 // the tolerance
 	}
 	Err error // nil when every check passed and the run finished
+
+	// Device is the host/device traffic of a run on a device backend
+	// (emu, cuda), whose caches stay in device memory; nil otherwise.
+	Device *DeviceTraffic
 }
 
 // CascadeSteps is the number of steps that ran cascade attention.
@@ -119,6 +123,12 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	}
 	line("time/step", "manager %s, attention %s, append %s, model %s, verification %s%s, total %s",
 		per(s.Time.Manager), per(s.Time.Attention), per(s.Time.Append), per(s.Time.Model), per(s.Time.Verify), copies, per(s.Time.Total))
+	if d := s.Device; d != nil && s.Steps > 0 {
+		n := int64(s.Steps)
+		line("device bytes", "%s per step: index arrays %s, activations %s (k/v/q up, o down, %d layers), cache %s; verification read %s of pages, copy-on-write copied %s on the device",
+			bytesString((d.Index+d.Activations+d.Cache)/n), bytesString(d.Index/n), bytesString(d.Activations/n), m.Layers,
+			bytesString(d.Cache/n), bytesString(d.Verify), bytesString(d.Copies))
+	}
 	line("wall time", "%s", roundDuration(s.Wall))
 	v := &s.Verified
 	if s.Err != nil {

@@ -25,6 +25,7 @@ type Config struct {
 type Backend struct {
 	name string
 	drv  Driver
+	cnt  *CountingDriver // drv itself
 	cfg  Config
 	// waits counts the calls that waited for all queued device work
 	// (Synchronize, downloads): a Step whose last upload is older than the
@@ -34,15 +35,24 @@ type Backend struct {
 
 var _ kernels.Backend = (*Backend)(nil)
 
-// NewWithDriver returns a backend called name that launches on drv.
+// NewWithDriver returns a backend called name that launches on drv. The
+// backend counts what crosses drv ([Backend.Traffic]); a drv that is a
+// *CountingDriver already is used as it is.
 func NewWithDriver(name string, drv Driver, cfg Config) *Backend {
-	return &Backend{name: name, drv: drv, cfg: cfg}
+	cd, ok := drv.(*CountingDriver)
+	if !ok {
+		cd = &CountingDriver{Driver: drv}
+	}
+	return &Backend{name: name, drv: cd, cnt: cd, cfg: cfg}
 }
+
+// Traffic returns what has crossed the host/device boundary so far.
+func (b *Backend) Traffic() Traffic { return b.cnt.Traffic() }
 
 // Close releases the device (the CUDA context of [New]); the backend must
 // not be used afterwards. It is a no-op for drivers without a Close method.
 func (b *Backend) Close() error {
-	if c, ok := b.drv.(interface{ Close() error }); ok {
+	if c, ok := b.cnt.Driver.(interface{ Close() error }); ok {
 		return c.Close()
 	}
 	return nil

@@ -9,6 +9,7 @@ type Traffic struct {
 	Launches               int   // kernel launches
 	Allocs, Frees          int   // device allocations and releases
 	Syncs                  int   // Synchronize calls
+	DtoDBytes              int64 // bytes copied within device memory (no host traffic)
 }
 
 // Sub is t - u, the traffic between two snapshots.
@@ -16,7 +17,7 @@ func (t Traffic) Sub(u Traffic) Traffic {
 	return Traffic{
 		HtoDBytes: t.HtoDBytes - u.HtoDBytes, DtoHBytes: t.DtoHBytes - u.DtoHBytes,
 		HtoDCopies: t.HtoDCopies - u.HtoDCopies, DtoHCopies: t.DtoHCopies - u.DtoHCopies,
-		Launches: t.Launches - u.Launches, Allocs: t.Allocs - u.Allocs, Frees: t.Frees - u.Frees,
+		Launches: t.Launches - u.Launches, DtoDBytes: t.DtoDBytes - u.DtoDBytes, Allocs: t.Allocs - u.Allocs, Frees: t.Frees - u.Frees,
 		Syncs: t.Syncs - u.Syncs,
 	}
 }
@@ -89,6 +90,11 @@ func (c *CountingDriver) DtoH(dst []byte, src DevicePtr) error {
 	return c.Driver.DtoH(dst, src)
 }
 
+func (c *CountingDriver) DtoD(dst, src DevicePtr, bytes int) error {
+	c.add(func(t *Traffic) { t.DtoDBytes += int64(bytes) })
+	return c.Driver.DtoD(dst, src, bytes)
+}
+
 func (c *CountingDriver) Synchronize() error {
 	c.add(func(t *Traffic) { t.Syncs++ })
 	return c.Driver.Synchronize()
@@ -103,3 +109,6 @@ func (c *CountingDriver) Launch(kernel string, grid, block Dim3, sharedBytes int
 	c.mu.Unlock()
 	return c.Driver.Launch(kernel, grid, block, sharedBytes, args)
 }
+
+// HostBytes is the traffic across the host/device boundary in bytes.
+func (t Traffic) HostBytes() int64 { return t.HtoDBytes + t.DtoHBytes }

@@ -196,6 +196,14 @@ func (g *gpu) HtoDAsync(dst DevicePtr, src []byte) error {
 	return errors.Wrapf(err, "cuda: cuMemcpyHtoDAsync(%d bytes)", len(src))
 }
 
+// DtoD copies within device memory (cuMemcpyDtoD).
+func (g *gpu) DtoD(dst, src DevicePtr, bytes int) error {
+	if bytes == 0 {
+		return nil
+	}
+	return errors.Wrap(g.do(func() error { return cu.MemcpyDtoD(cu.DevicePtr(dst), cu.DevicePtr(src), int64(bytes)) }), "cuda: cuMemcpyDtoD")
+}
+
 // Memset queues cuMemsetD8.
 func (g *gpu) Memset(dst DevicePtr, value byte, bytes int) error {
 	if bytes == 0 {

@@ -333,3 +333,65 @@ func (b *Backend) DownloadMLACache(dst *kernels.MLACache, src *DeviceMLACache) e
 	}
 	return b.drv.DtoH(dst.KPE, src.allocs[1])
 }
+
+// CopyPage copies entries [0, entries) of page src to page dst in every kv
+// head, K and V, within device memory (a copy-on-write copy). It moves no
+// host memory.
+func (b *Backend) CopyPage(c *DeviceKVCache, src, dst, entries int) error {
+	g := c.Geometry
+	if len(c.allocs) == 0 || src < 0 || dst < 0 || src >= g.NumPages || dst >= g.NumPages || entries < 0 || entries > g.PageSize {
+		return fmt.Errorf("%s: copy of %d entries of page %d to page %d in a pool of %d pages of %d: %w",
+			b.name, entries, src, dst, g.NumPages, g.PageSize, kernels.ErrIndexOutOfRange)
+	}
+	if entries == 0 || src == dst {
+		return nil
+	}
+	es := int64(g.DType.Size())
+	runs, run := g.NumKVHeads, int64(entries)*int64(g.HeadDim)*es // HND: one run per head
+	if g.Layout == layout.NHD {
+		runs, run = 1, int64(entries)*int64(g.NumKVHeads)*int64(g.HeadDim)*es
+	}
+	for _, base := range []DevicePtr{c.K, c.V} {
+		for h := range runs {
+			so, do := g.KOffset(src, 0, h, 0)*es, g.KOffset(dst, 0, h, 0)*es
+			if err := b.drv.DtoD(base+DevicePtr(do), base+DevicePtr(so), int(run)); err != nil {
+				return fmt.Errorf("%s: copy page %d to %d: %w", b.name, src, dst, err)
+			}
+		}
+	}
+	return nil
+}
+
+// DownloadPages copies the listed pages (K and V, every head) of the
+// device cache into the same pages of a host cache of the same geometry:
+// a partial mirror for inspection and verification.
+func (b *Backend) DownloadPages(dst *kernels.PagedKVCache, src *DeviceKVCache, pages []int32) error {
+	g := src.Geometry
+	if dst.Geometry != g || len(src.allocs) == 0 {
+		return fmt.Errorf("%s: %w: download of pages of a %+v device cache into a %+v cache", b.name, kernels.ErrInvalidCache, g, dst.Geometry)
+	}
+	if err := dst.Validate(); err != nil {
+		return fmt.Errorf("%s: download pages: %w", b.name, err)
+	}
+	defer b.waits.Add(1)
+	es := g.StridePage() * int64(g.DType.Size())
+	for _, p := range pages {
+		if p < 0 || int(p) >= g.NumPages {
+			return fmt.Errorf("%s: download of page %d of %d: %w", b.name, p, g.NumPages, kernels.ErrIndexOutOfRange)
+		}
+		off := int64(p) * es
+		if g.Form == layout.Fused {
+			if err := b.drv.DtoH(dst.Data[off:off+es], src.K+DevicePtr(off)); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := b.drv.DtoH(dst.K[off:off+es], src.K+DevicePtr(off)); err != nil {
+			return err
+		}
+		if err := b.drv.DtoH(dst.V[off:off+es], src.V+DevicePtr(off)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -33,6 +33,8 @@ type Driver interface {
 	// work queued before it has finished, and reports a failure of that
 	// work.
 	DtoH(dst []byte, src DevicePtr) error
+	// DtoD queues a copy of bytes bytes of device memory from src to dst.
+	DtoD(dst, src DevicePtr, bytes int) error
 	// Memset queues setting bytes bytes at dst to value.
 	Memset(dst DevicePtr, value byte, bytes int) error
 	// HostAlloc returns bytes of pinned (page-locked) host memory, the

@@ -376,9 +376,13 @@ func (s *Step) Plan(p *StepPlan) error {
 		}
 	}
 	s.app = appendPlan{indptr: -1, indices: -1, bi: -1, pos: -1}
+	// Decode and prefill append through the attention's own table (shared
+	// = same arrays, uploaded once); a cascade's levels are not the
+	// per-request table, so an append packs its own.
+	shared := p.Attention == Decode || p.Attention == Prefill
 	if s.nnz > 0 {
-		if p.Attention == Decode || p.Attention == Prefill {
-			s.app.indptr, s.app.indices = s.levels[0].indptr, s.levels[0].indices
+		if shared {
+			s.app.indptr = s.levels[0].indptr
 		} else {
 			s.app.indptr = s.pack(p.Table.KVIndptr)
 		}
@@ -397,8 +401,12 @@ func (s *Step) Plan(p *StepPlan) error {
 		}
 		lv.indices = s.pack(ind)
 	}
-	if s.nnz > 0 && s.app.indices < 0 {
-		s.app.indices = s.pack(p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]])
+	if s.nnz > 0 {
+		if shared {
+			s.app.indices = s.levels[0].indices
+		} else {
+			s.app.indices = s.pack(p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]])
+		}
 	}
 	if err := s.upload(); err != nil {
 		return err

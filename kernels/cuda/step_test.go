@@ -117,12 +117,20 @@ func TestStepDecodeTraffic(t *testing.T) {
 		for r := range B {
 			bi, pos = e.grow(r, 20+7*r, bi, pos)
 		}
+		// mirror is the cache as the CPU backend's appends of the same
+		// rows leave it.
+		mirror, err := kernels.NewPagedKVCache(g)
+		require.NoError(t, err)
+		c := cpu.New(cpu.Config{})
 		appendRows := func(bi, pos []int32) {
 			tab := e.table()
 			k, err := b.AllocTensor(g.DType, len(bi), g.NumKVHeads, g.HeadDim)
 			require.NoError(t, err)
 			defer func() { require.NoError(t, b.FreeTensor(k)) }()
-			require.NoError(t, b.Upload(k, e.randTensor(len(bi), g.NumKVHeads, g.HeadDim)))
+			hk := e.randTensor(len(bi), g.NumKVHeads, g.HeadDim)
+			require.NoError(t, c.AppendPagedKVCache(&kernels.AppendParams{AppendKey: hk, AppendValue: hk, BatchIndices: bi,
+				Positions: pos, Cache: mirror, Table: tab}))
+			require.NoError(t, b.Upload(k, hk))
 			require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: tab, BatchIndices: bi, Positions: pos}))
 			require.NoError(t, e.step.Append(e.cache, k, k, 0, 0))
 		}
@@ -149,7 +157,8 @@ func TestStepDecodeTraffic(t *testing.T) {
 			pages := int(tab.KVIndptr[B])
 
 			t0 := cd.Traffic()
-			require.NoError(t, b.Upload(kv, e.randTensor(B, g.NumKVHeads, g.HeadDim)))
+			hkv := e.randTensor(B, g.NumKVHeads, g.HeadDim)
+			require.NoError(t, b.Upload(kv, hkv))
 			require.NoError(t, b.Upload(q, e.randTensor(B, hq, g.HeadDim)))
 			t1 := cd.Traffic()
 			require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: tab, BatchIndices: bi, Positions: pos,
@@ -160,6 +169,8 @@ func TestStepDecodeTraffic(t *testing.T) {
 			t3 := cd.Traffic()
 			require.NoError(t, b.Download(hostO, o))
 			t4 := cd.Traffic()
+			require.NoError(t, c.AppendPagedKVCache(&kernels.AppendParams{AppendKey: hkv, AppendValue: hkv, BatchIndices: bi,
+				Positions: pos, Cache: mirror, Table: tab}))
 
 			// The plan: one copy of kv_indptr, kv_last_page_len, the work
 			// items (4 int32 per request, no split-k at this size),
@@ -187,10 +198,11 @@ func TestStepDecodeTraffic(t *testing.T) {
 		host, err := kernels.NewPagedKVCache(g)
 		require.NoError(t, err)
 		require.NoError(t, b.DownloadKVCache(&host, e.cache))
+		require.Equal(t, mirror.Data, host.Data, "the device cache after the steps' appends differs from the CPU's")
 		qHost := kernels.NewTensor(g.DType, B, hq, g.HeadDim)
 		require.NoError(t, b.Download(qHost, q))
 		want := kernels.NewTensor(layout.F32, B, hq, g.HeadDim)
-		require.NoError(t, cpu.New(cpu.Config{}).BatchDecode(&kernels.DecodeParams{Q: qHost, Cache: host, Table: e.table(),
+		require.NoError(t, c.BatchDecode(&kernels.DecodeParams{Q: qHost, Cache: host, Table: e.table(),
 			AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}, O: want}))
 		assert.InDeltaSlice(t, want.F32(), hostO.F32(), 2e-3)
 	}
