@@ -42,6 +42,8 @@ type DeviceTraffic struct {
 	Cache int64
 	// Verify is the pages verification downloaded (not part of a step).
 	Verify int64
+	// Tier is the pages offloaded to and onloaded from the host tier.
+	Tier int64
 	// Copies is the copy-on-write bytes copied within the device.
 	Copies int64
 }
@@ -143,5 +145,13 @@ func (d *deviceEngine) mirror(dst *kernels.PagedKVCache, l int, t *kernels.PageT
 	before := d.b.Traffic()
 	err := d.b.DownloadPages(dst, d.caches[l], t.KVIndices[t.KVIndptr[b]:t.KVIndptr[b+1]])
 	d.traffic.Verify += d.b.Traffic().Sub(before).HostBytes()
+	return err
+}
+
+// tierTransfer runs one page transfer of a tier copy and counts its bytes.
+func (d *deviceEngine) tierTransfer(f func() error) error {
+	before := d.b.Traffic()
+	err := f()
+	d.traffic.Tier += d.b.Traffic().Sub(before).HostBytes()
 	return err
 }

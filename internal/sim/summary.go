@@ -125,9 +125,9 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		per(s.Time.Manager), per(s.Time.Attention), per(s.Time.Append), per(s.Time.Model), per(s.Time.Verify), copies, per(s.Time.Total))
 	if d := s.Device; d != nil && s.Steps > 0 {
 		n := int64(s.Steps)
-		line("device bytes", "%s per step: index arrays %s, activations %s (k/v/q up, o down, %d layers), cache %s; verification read %s of pages, copy-on-write copied %s on the device",
+		line("device bytes", "%s per step: index arrays %s, activations %s (k/v/q up, o down, %d layers), cache %s; verification read %s of pages, host tier moved %s, copy-on-write copied %s on the device",
 			bytesString((d.Index+d.Activations+d.Cache)/n), bytesString(d.Index/n), bytesString(d.Activations/n), m.Layers,
-			bytesString(d.Cache/n), bytesString(d.Verify), bytesString(d.Copies))
+			bytesString(d.Cache/n), bytesString(d.Verify), bytesString(d.Tier), bytesString(d.Copies))
 	}
 	line("wall time", "%s", roundDuration(s.Wall))
 	v := &s.Verified

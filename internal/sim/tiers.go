@@ -33,10 +33,22 @@ func (s *Sim) tierCopies() error {
 		for l := range s.eng.caches {
 			off := f.LayerOffset(l)
 			var err error
+			// On a device backend the page crosses the host/device
+			// boundary through the engine's host mirror of the layer.
+			dev := s.eng.dev
+			page := []int32{int32(c.Device)}
 			if c.Dir == tier.ToHost {
-				err = cpu.CopyPageToHost(hp[off:off+2*plane], &s.eng.caches[l], int(c.Device))
+				if dev != nil {
+					err = dev.tierTransfer(func() error { return dev.b.DownloadPages(&s.eng.caches[l], dev.caches[l], page) })
+				}
+				if err == nil {
+					err = cpu.CopyPageToHost(hp[off:off+2*plane], &s.eng.caches[l], int(c.Device))
+				}
 			} else {
 				err = cpu.CopyPageFromHost(&s.eng.caches[l], int(c.Device), hp[off:off+2*plane])
+				if err == nil && dev != nil {
+					err = dev.tierTransfer(func() error { return dev.b.UploadPages(dev.caches[l], &s.eng.caches[l], page) })
+				}
 			}
 			if err != nil {
 				return fmt.Errorf("tier copy %d (%v, page %d, host page %d), layer %d: %w", c.ID, c.Dir, c.Device, c.Host, l, err)

@@ -362,6 +362,39 @@ func (b *Backend) CopyPage(c *DeviceKVCache, src, dst, entries int) error {
 	return nil
 }
 
+// UploadPages copies the listed pages (K and V, every head) of a host
+// cache of the same geometry into the device cache: an onload from a host
+// tier.
+func (b *Backend) UploadPages(dst *DeviceKVCache, src *kernels.PagedKVCache, pages []int32) error {
+	g := dst.Geometry
+	if src.Geometry != g || len(dst.allocs) == 0 {
+		return fmt.Errorf("%s: %w: upload of pages of a %+v cache into a %+v device cache", b.name, kernels.ErrInvalidCache, src.Geometry, g)
+	}
+	if err := src.Validate(); err != nil {
+		return fmt.Errorf("%s: upload pages: %w", b.name, err)
+	}
+	es := g.StridePage() * int64(g.DType.Size())
+	for _, p := range pages {
+		if p < 0 || int(p) >= g.NumPages {
+			return fmt.Errorf("%s: upload of page %d of %d: %w", b.name, p, g.NumPages, kernels.ErrIndexOutOfRange)
+		}
+		off := int64(p) * es
+		if g.Form == layout.Fused {
+			if err := b.drv.HtoD(dst.K+DevicePtr(off), src.Data[off:off+es]); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := b.drv.HtoD(dst.K+DevicePtr(off), src.K[off:off+es]); err != nil {
+			return err
+		}
+		if err := b.drv.HtoD(dst.V+DevicePtr(off), src.V[off:off+es]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // DownloadPages copies the listed pages (K and V, every head) of the
 // device cache into the same pages of a host cache of the same geometry:
 // a partial mirror for inspection and verification.
