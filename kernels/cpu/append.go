@@ -30,7 +30,10 @@ func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
 		appendRows(p, 0, nnz) // no closure: the serial path does not allocate
 		return nil
 	}
-	b.parallelFor(chunks, func(c int) { appendRows(p, c*per, min((c+1)*per, nnz)) })
+	c := b.pool.get()
+	c.kind, c.app, c.per, c.nnz = callAppend, p, per, nnz
+	b.pool.run(c, chunks)
+	b.pool.put(c)
 	return nil
 }
 

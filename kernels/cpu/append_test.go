@@ -44,6 +44,19 @@ func TestAppendParallelChunks(t *testing.T) {
 	kernelstest.CheckMLAAppend(t, b, kernelstest.MLACase{Form: layout.Split, DType: layout.F32, PageSize: 16, DCKV: 512, DKPE: 64, MaxBatch: 8}, 5)
 }
 
+// The parallel path (several workers, an append of many 64 KiB chunks)
+// allocates nothing either: calls and helpers are reused.
+func TestParallelAppendDoesNotAllocate(t *testing.T) {
+	p := benchAppend(layout.HND, 256, 1)
+	for _, workers := range []int{2, 3} {
+		b := cpu.New(cpu.Config{Workers: workers})
+		for range 10 {
+			require.NoError(t, b.AppendPagedKVCache(&p))
+		}
+		require.Zero(t, testing.AllocsPerRun(20, func() { require.NoError(t, b.AppendPagedKVCache(&p)) }), "workers=%d", workers)
+	}
+}
+
 // The serial path (one worker or a small append) does not allocate.
 func TestAppendDoesNotAllocate(t *testing.T) {
 	b := cpu.New(cpu.Config{Workers: 1})

@@ -3,7 +3,6 @@ package cpu
 import (
 	"math"
 	"sort"
-	"sync"
 
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
@@ -78,6 +77,13 @@ type attnJob struct {
 
 	rowsPerTask    int
 	kvHeadsPerTask int // kv heads per task: a divisor of hkv
+	headBlocks     int // hkv / kvHeadsPerTask
+
+	// Decode split by page ranges (splits > 1): partial holds, for row r,
+	// split s and query head h, at ((r*splits+s)*hq+h)*(head_dim+2), the
+	// split's acc, then m and l.
+	splits  int
+	partial []float32
 }
 
 func newAttnJob(q kernels.Tensor, cache *kernels.PagedKVCache, table *kernels.PageTable, ap *kernels.AttentionParams, o kernels.Tensor, lse []float32) attnJob {
@@ -118,10 +124,25 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	j := newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
+	c := b.pool.get()
+	c.kind = callAttn
+	c.attn = newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
+	j := &c.attn
 	j.rowsPerTask = 1
-	j.kvHeadsPerTask = b.kvHeadsPerTask(j.nnz, j.hkv)
-	b.runAttention(&j)
+	if j.splits = b.decodeSplits(j); j.splits > 1 {
+		j.kvHeadsPerTask, j.headBlocks = j.hkv, 1
+		n := j.nnz * j.splits * j.hq * (j.headDim + 2)
+		c.partial = growF(c.partial, n)
+		j.partial = c.partial
+		b.pool.run(c, j.nnz*j.splits)
+		sc := &c.scratch[0]
+		sc.out = growF(sc.out, j.headDim)
+		j.mergeSplits(sc.out)
+	} else {
+		j.kvHeadsPerTask = b.kvHeadsPerTask(j.nnz, j.hkv)
+		b.runAttention(c)
+	}
+	b.pool.put(c)
 	return nil
 }
 
@@ -131,7 +152,10 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	j := newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
+	c := b.pool.get()
+	c.kind = callAttn
+	c.attn = newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
+	j := &c.attn
 	j.qoIndptr = p.QOIndptr
 	j.causal = p.Causal
 	// Prefill rows of one request share each K/V row, so a task takes many
@@ -139,7 +163,8 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	// accumulators of ~64 queries stay in L1/L2.
 	j.kvHeadsPerTask = 1
 	j.rowsPerTask = max(1, prefillQueriesPerTask/j.group)
-	b.runAttention(&j)
+	b.runAttention(c)
+	b.pool.put(c)
 	return nil
 }
 
@@ -147,6 +172,9 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 // tasksPerWorker tasks per worker for rows query rows.
 func (b *Backend) kvHeadsPerTask(rows, hkv int) int {
 	per := hkv
+	if b.workers <= 1 {
+		return per // nothing to balance: read each page whole
+	}
 	for per > 1 && rows*(hkv/per) < tasksPerWorker*b.workers {
 		per--
 		for hkv%per != 0 {
@@ -156,18 +184,111 @@ func (b *Backend) kvHeadsPerTask(rows, hkv int) int {
 	return per
 }
 
-func (b *Backend) runAttention(j *attnJob) {
+// runAttention runs the tasks of c.attn: blocks of query rows times
+// blocks of kv heads.
+func (b *Backend) runAttention(c *call) {
+	j := &c.attn
+	j.headBlocks = j.hkv / j.kvHeadsPerTask
 	blocks := (j.nnz + j.rowsPerTask - 1) / j.rowsPerTask
-	headBlocks := j.hkv / j.kvHeadsPerTask
-	b.parallelFor(blocks*headBlocks, func(task int) {
-		sc := attnScratchPool.Get().(*attnScratch)
-		j.runTask(sc, task/headBlocks, (task%headBlocks)*j.kvHeadsPerTask)
-		attnScratchPool.Put(sc)
-	})
+	b.pool.run(c, blocks*j.headBlocks)
 }
 
-// attnScratch is one worker's scratch for one task; tasks borrow it from
-// attnScratchPool, so steady-state calls allocate none.
+// task runs task i of the job with scratch sc.
+func (j *attnJob) task(sc *attnScratch, i int) {
+	if j.splits > 1 {
+		b := i / j.splits
+		j.runSegment(sc, b, 0, b, b+1, i%j.splits)
+		return
+	}
+	j.runTask(sc, i/j.headBlocks, (i%j.headBlocks)*j.kvHeadsPerTask)
+}
+
+// Long sequences: a decode of few requests is split by page ranges, each
+// task taking every kv head of one request over its part of the pages
+// (reading pages whole, in address order) and leaving a partial state
+// (acc, m, l) per query head; mergeSplits combines them as merge_states
+// does. Splitting by kv heads instead would read each page in slices.
+
+// minSplitPages is the fewest pages a split takes: below it the merge and
+// the per-task set-up cost more than a second worker saves.
+const minSplitPages = 16
+
+// decodeSplits returns how many page ranges each request of a decode on
+// the given workers is split into (1: none).
+func (b *Backend) decodeSplits(j *attnJob) int {
+	if b.workers <= 1 || j.nnz == 0 || j.nnz >= tasksPerWorker*b.workers {
+		return 1
+	}
+	// Twice the usual tasks per worker: splits of long sequences are big,
+	// so the last one to finish decides the balance.
+	want := 2 * tasksPerWorker * b.workers
+	maxPages := 0
+	for r := 0; r < j.nnz; r++ {
+		maxPages = max(maxPages, int(j.kvIndptr[r+1]-j.kvIndptr[r]))
+	}
+	return max(1, min((want+j.nnz-1)/j.nnz, maxPages/minSplitPages))
+}
+
+// splitRange returns part split of the key interval [jlo, jhi), cut at
+// page boundaries into j.splits nearly equal page ranges (possibly empty).
+func (j *attnJob) splitRange(jlo, jhi, split int) (lo, hi int) {
+	if jlo >= jhi {
+		return jlo, jlo
+	}
+	N := j.pageSize
+	p0, p1 := jlo/N, (jhi+N-1)/N
+	per := (p1 - p0 + j.splits - 1) / j.splits
+	lo = max(jlo, (p0+split*per)*N)
+	hi = min(jhi, (p0+(split+1)*per)*N)
+	if hi < lo {
+		hi = lo
+	}
+	return lo, hi
+}
+
+// mergeSplits writes each decode row's output and LSE from its splits'
+// partial states: with M the largest m, L = sum_s l_s 2^(m_s-M) and
+// o = vScale * sum_s acc_s 2^(m_s-M) / L, LSE = M + log2 L.
+func (j *attnJob) mergeSplits(out []float32) {
+	D, S := j.headDim, j.splits
+	oes := j.odt.Size()
+	for r := 0; r < j.nnz; r++ {
+		for h := 0; h < j.hq; h++ {
+			m := negInf
+			for s := 0; s < S; s++ {
+				m = max(m, j.partial[((r*S+s)*j.hq+h)*(D+2)+D])
+			}
+			clear(out)
+			l := float32(0)
+			if m != negInf {
+				for s := 0; s < S; s++ {
+					ps := j.partial[((r*S+s)*j.hq+h)*(D+2):][:D+2]
+					if ps[D] == negInf {
+						continue
+					}
+					w := exp2Neg(ps[D] - m)
+					l += w * ps[D+1]
+					axpy(w, ps[:D], out)
+				}
+			}
+			lse := negInf
+			if m != negInf && l != 0 {
+				scaleInPlace(j.vScale/l, out)
+				lse = m + log2f(l)
+			} else {
+				clear(out)
+			}
+			off := (r*j.hq + h) * D
+			layout.StoreRowF32(j.o[off*oes:], j.odt, out)
+			if j.lse != nil {
+				j.lse[r*j.hq+h] = lse
+			}
+		}
+	}
+}
+
+// attnScratch is one worker's scratch for one task; each call keeps one
+// per worker, so steady-state calls allocate none.
 type attnScratch struct {
 	q      []float32 // [queries][head_dim], pre-scaled
 	acc    []float32 // [queries][head_dim]
@@ -182,8 +303,6 @@ type attnScratch struct {
 	kblk, vblk []float32 // [page_size*kv heads][head_dim] widened K and V rows
 	sblk       []float32 // [group][page_size] logits, then weights
 }
-
-var attnScratchPool = sync.Pool{New: func() any { return new(attnScratch) }}
 
 func growF(s []float32, n int) []float32 {
 	if cap(s) < n {
@@ -244,7 +363,7 @@ func (j *attnJob) runTask(sc *attnScratch, block, kvh0 int) {
 		_, qoEnd := j.qoRange(b)
 		segEnd := min(end, qoEnd)
 		if segEnd > r {
-			j.runSegment(sc, b, kvh0, r, segEnd)
+			j.runSegment(sc, b, kvh0, r, segEnd, -1)
 			r = segEnd
 		}
 		b++
@@ -255,7 +374,7 @@ func (j *attnJob) runTask(sc *attnScratch, block, kvh0 int) {
 // heads [kvh0, kvh0+kvHeadsPerTask). Query qi = ri*qh + hh*g + gh is row
 // r0+ri, query head (kvh0+hh)*g + gh, where qh = kvHeadsPerTask*g; the
 // queries of one row are contiguous in sc.q, sc.acc and sc.s.
-func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1 int) {
+func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1, split int) {
 	D, g, nkv := j.headDim, j.group, j.kvHeadsPerTask
 	qh := nkv * g
 	rows := r1 - r0
@@ -282,6 +401,9 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1 int) {
 			jlo, jhi = min(jlo, lo), max(jhi, hi)
 		}
 	}
+	if split >= 0 {
+		jlo, jhi = j.splitRange(jlo, jhi, split)
+	}
 
 	// Load the queries of the block, pre-scaled. Query heads
 	// kvh0*g .. kvh0*g+qh-1 are contiguous in q.
@@ -305,6 +427,15 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1 int) {
 		j.runRowsByKey(sc, b, kvh0, rows, jlo, jhi)
 	}
 
+	if split >= 0 { // a partial state, merged by mergeSplits
+		for i := 0; i < qh; i++ {
+			h := kvh0*g + i
+			ps := j.partial[((r0*j.splits+split)*j.hq+h)*(D+2):][:D+2]
+			copy(ps, sc.acc[i*D:(i+1)*D])
+			ps[D], ps[D+1] = sc.st[i].m, sc.st[i].l
+		}
+		return
+	}
 	oes := j.odt.Size()
 	for ri := 0; ri < rows; ri++ {
 		for i := 0; i < qh; i++ {
