@@ -264,17 +264,31 @@ func TestStepIsAllocationFreeInSteadyState(t *testing.T) {
 		{NumPages: 4096, PageSize: 16, HashSeed: 1},
 		{NumPages: 4096, PageSize: 16, HashSeed: 1, WindowTokens: 64},
 		{NumPages: 4096, PageSize: 16, HashSeed: 1, CascadeMinSavedPages: -1},
+		// Tiers: every filled page is written through to a host tier too
+		// small to keep them all (claims reclaim), and the copies complete
+		// each step.
+		{NumPages: 4096, PageSize: 16, HashSeed: 1, Tiers: TierConfig{HostPages: 256, WriteThrough: true}},
 	} {
 		m := mustNew(t, cfg)
 		const nreq = 32
 		ids := make([]RequestID, nreq)
 		ones := make([]int32, nreq)
 		sampled := make([]int32, nreq)
+		var copies []TierCopy
+		var copyIDs []uint64
 		decode := func() {
 			if _, err := m.Reserve(ids, ones); err != nil {
 				panic(err)
 			}
 			if err := m.Commit(sampled); err != nil {
+				panic(err)
+			}
+			copies = m.TierCopies(copies[:0])
+			copyIDs = copyIDs[:0]
+			for _, c := range copies {
+				copyIDs = append(copyIDs, c.ID)
+			}
+			if err := m.CompleteTierCopies(copyIDs...); err != nil {
 				panic(err)
 			}
 		}

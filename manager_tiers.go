@@ -243,6 +243,8 @@ func newTiers(cfg *Config) (*tiers, error) {
 		meta:      make([]pageMeta, cfg.NumPages),
 		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
 		hostFirst: make([]tier.Digest, tc.HostPages),
+		// tier.Next's scratch: digests cost no allocation.
+		buf: make([]byte, 0, 64+32+4*cfg.PageSize),
 	}
 	if t.deadline == 0 {
 		t.deadline = DefaultRemoteDeadline
