@@ -50,3 +50,42 @@ func TestTierCopyRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTierCopy: one layer's page (16 tokens, 8 K/V heads, head dim
+// 128, f16: 64 KiB of K and V) to host and back, against memmove of the
+// same bytes (the physical limit of a CPU copy).
+func BenchmarkTierCopy(b *testing.B) {
+	for _, kl := range []layout.KVLayout{layout.NHD, layout.HND} {
+		g := layout.Paged{Layout: kl, Form: layout.Fused, DType: layout.F16, NumPages: 64, PageSize: 16, NumKVHeads: 8, HeadDim: 128}
+		c, err := kernels.NewPagedKVCache(g)
+		require.NoError(b, err)
+		host := make([]byte, 2*g.PlaneElements()*2)
+		b.Run("to-host/"+kl.String(), func(b *testing.B) {
+			b.SetBytes(int64(len(host)))
+			b.ReportAllocs()
+			for i := range b.N {
+				if err := CopyPageToHost(host, &c, i%64); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("from-host/"+kl.String(), func(b *testing.B) {
+			b.SetBytes(int64(len(host)))
+			b.ReportAllocs()
+			for i := range b.N {
+				if err := CopyPageFromHost(&c, i%64, host); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	src := make([]byte, 64*2*16*8*128*2)
+	dst := make([]byte, 2*16*8*128*2)
+	b.Run("memmove", func(b *testing.B) {
+		b.SetBytes(int64(len(dst)))
+		for i := range b.N {
+			off := (i % 64) * len(dst)
+			copy(dst, src[off:off+len(dst)])
+		}
+	})
+}

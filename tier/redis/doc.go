@@ -20,7 +20,7 @@
 //
 // A value is the page's bytes with everything needed to prove them the
 // right ones: magic and version, the format, the namespace and group, the
-// page's digest and its parent's, its tokens, the bytes, and a CRC-64 over
+// page's digest and its parent's, its tokens, the bytes, and a CRC-32C over
 // all of it ([Encode], [Decode]). Every fetched value is decoded strictly
 // (exact lengths, no trailing bytes, checksum) and then compared with what
 // the Manager asked for: namespace, group and format (a foreign value),
