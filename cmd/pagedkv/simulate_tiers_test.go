@@ -1,0 +1,63 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/internal/redistest"
+)
+
+func TestSimulateHostTier(t *testing.T) {
+	code, out, errOut := runCLI(append([]string{"simulate", "--requests", "16", "--pages", "24", "--host-pages", "48", "--quiet"}, smallModel...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Regexp(t, `^48 pages \(.*\); \d+ prompt tokens served from host; offloaded [1-9]\d* pages \(.* device->host\), onloaded \d+ \(.* host->device\); \d+ evicted pages dropped, \d+ offloads skipped \(host full\)$`,
+		summaryField(t, out, "host tier"))
+	assert.Regexp(t, `, tier copies \S+, total \S+$`, summaryField(t, out, "time/step"))
+	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+	assert.NotContains(t, out, "remote tier:")
+}
+
+// Two runs against one real server (which the test starts: simulate starts
+// nothing): the second is served from Redis.
+func TestSimulateRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	args := append([]string{"simulate", "--requests", "12", "--pages", "32", "--host-pages", "32", "--redis", srv.Addr(),
+		"--redis-deadline", "5s", "--quiet"}, smallModel...)
+	var remote []string
+	for range 2 {
+		code, out, errOut := runCLI(args...)
+		require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+		remote = append(remote, summaryField(t, out, "remote tier"))
+		assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+	}
+	// The first run may be served pages it stored itself (evicted, then
+	// reclaimed from its host tier); the second starts with all of them.
+	assert.Regexp(t, `; [1-9]\d* pages stored`, remote[0])
+	assert.Regexp(t, `^[1-9]\d* prompt tokens served from the store .* errors 0 \(0 timeouts\), 0 values rejected$`, remote[1])
+	served := func(s string) int {
+		n, err := strconv.Atoi(s[:strings.IndexByte(s, ' ')])
+		require.NoError(t, err)
+		return n
+	}
+	assert.Greater(t, served(remote[1]), served(remote[0]))
+}
+
+func TestSimulateTierFlagsRejected(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		msg  string
+	}{
+		{[]string{"--redis", "127.0.0.1:1"}, "--redis needs --host-pages"},
+		{[]string{"--host-pages", "-1"}, "--host-pages: -1 is negative"},
+		{[]string{"--host-pages", "8", "--redis", "no-port"}, `--redis: address "no-port"`},
+		{[]string{"--host-pages", "8", "--redis-deadline", "-1s"}, "--redis-deadline: -1s is negative"},
+	} {
+		code, _, errOut := runCLI(append([]string{"simulate", "--quiet"}, c.args...)...)
+		assert.Equal(t, exitUsage, code, strings.Join(c.args, " "))
+		assert.Contains(t, errOut, c.msg)
+	}
+}
