@@ -82,7 +82,7 @@ func freePort() (int, error) {
 
 func (s *Server) start() error {
 	args := append([]string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--protected-mode", "no", "--enable-debug-command", "local", "--loglevel", "warning"}, s.args...)
+		"--protected-mode", "no", "--loglevel", "warning"}, s.args...)
 	s.cmd = exec.Command(s.bin, args...)
 	s.cmd.Dir = s.t.TempDir()
 	if err := s.cmd.Start(); err != nil {
