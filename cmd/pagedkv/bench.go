@@ -54,6 +54,10 @@ type benchPair struct {
 	versus benchFunc
 }
 
+// maxBenchtime bounds --benchtime: 12 benchmarks of a minute each is
+// already a long run; a typo such as 1000h fails fast instead.
+const maxBenchtime = time.Minute
+
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet("bench", benchHelp, stderr)
 	benchtime := fs.Duration("benchtime", 500*time.Millisecond, "target run time of each benchmark")
@@ -61,8 +65,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
 		return code
 	}
-	if *benchtime <= 0 {
-		fmt.Fprintf(stderr, "pagedkv bench: --benchtime %v, want > 0\n", *benchtime)
+	if *benchtime <= 0 || *benchtime > maxBenchtime {
+		fmt.Fprintf(stderr, "pagedkv bench: --benchtime %v, want > 0 and at most %v\n", *benchtime, maxBenchtime)
 		return exitUsage
 	}
 	d := *benchtime

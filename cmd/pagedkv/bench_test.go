@@ -54,7 +54,7 @@ func TestBenchFailure(t *testing.T) {
 }
 
 func TestBenchBadFlags(t *testing.T) {
-	for _, args := range [][]string{{"--benchtime", "0s"}, {"--benchtime", "x"}, {"extra"}} {
+	for _, args := range [][]string{{"--benchtime", "0s"}, {"--benchtime", "1000h"}, {"--benchtime", "x"}, {"extra"}} {
 		code, out, _ := runCLI(append([]string{"bench"}, args...)...)
 		assert.Equal(t, exitUsage, code, "%v", args)
 		assert.Empty(t, out)

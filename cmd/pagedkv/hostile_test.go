@@ -143,6 +143,7 @@ func TestSimulateBadInputFailsFast(t *testing.T) {
 		{[]string{"--pages", "16000000"}, "more than the simulator's 8589934592"},
 		{[]string{"--requests", "1000000000"}, "workload requests = 1000000000, want 1..100000"},
 		{[]string{"--page-size", "-3"}, "PageSize"},
+		{[]string{"--verify-samples", "1000000000"}, "1000000000 samples: want >= 1 each, at most 4096 samples"},
 		{[]string{"--trace", big}, "line 4: the request's 4259840 tokens"},
 		{[]string{"--trace", dup}, `line 3: field "output" appears twice`},
 		{[]string{"--trace", long}, "line 1: longer than 16777216 bytes"},

@@ -85,6 +85,10 @@ func DefaultConfig() Config {
 // ErrBadConfig instead of running out of memory.
 const MaxCacheBytes = 8 << 30
 
+// maxVerifySamples bounds VerifySamples: each sample rebuilds its request's
+// dense K/V, so a mistyped count would stall every checked step.
+const maxVerifySamples = 1 << 12
+
 // Validate checks the configuration (the Manager checks its own part) and
 // that the caches fit MaxCacheBytes.
 func (c *Config) Validate() error {
@@ -104,8 +108,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.MaxRunning < 1 || c.MaxStepTokens < c.MaxRunning:
 		return fmt.Errorf("%w: max running %d, step tokens %d: want 1 <= max running <= step tokens", ErrBadConfig, c.MaxRunning, c.MaxStepTokens)
-	case c.VerifyEvery < 1 || c.VerifySamples < 1:
-		return fmt.Errorf("%w: verify every %d steps, %d samples: want >= 1 each", ErrBadConfig, c.VerifyEvery, c.VerifySamples)
+	case c.VerifyEvery < 1 || c.VerifySamples < 1 || c.VerifySamples > maxVerifySamples:
+		return fmt.Errorf("%w: verify every %d steps, %d samples: want >= 1 each, at most %d samples", ErrBadConfig, c.VerifyEvery, c.VerifySamples, maxVerifySamples)
 	case c.MaxSteps < 0:
 		return fmt.Errorf("%w: max steps %d < 0", ErrBadConfig, c.MaxSteps)
 	case c.HostPages < 0:
