@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -230,4 +234,66 @@ func TestSimulateReplicas(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q", bad, code, e.String())
 		}
 	}
+}
+
+// TestSimulateKVEventsPython: a subscriber on libzmq (pyzmq) and Python's
+// msgpack, written from vLLM's definitions (tools/kvevents_subscriber.py),
+// receives and checks every event of a simulate run and replays it. It
+// needs Debian's python3-zmq and python3-msgpack (.ci/run installs them);
+// without them it is skipped, except under CI=true, where it fails.
+func TestSimulateKVEventsPython(t *testing.T) {
+	t.Parallel()
+	const python = "/usr/bin/python3"
+	if err := exec.Command(python, "-c", "import zmq, msgpack").Run(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s cannot import zmq and msgpack (apt-get install python3-zmq python3-msgpack): %v", python, err)
+		}
+		t.Skipf("%s cannot import zmq and msgpack (apt-get install python3-zmq python3-msgpack): %v", python, err)
+	}
+	addr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	replayAddr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	// The run lingers 8s after its last step: the script calls the stream
+	// done after 3s of quiet and then replays.
+	cmd := exec.Command(python, "../../tools/kvevents_subscriber.py", addr, replayAddr, "kv-events", "3")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "READY" {
+		t.Fatalf("the subscriber did not start: %q %s", lines.Text(), stderr.String())
+	}
+	var out, errOut strings.Builder
+	args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "8s",
+		"--requests", "24", "--quiet"}, raceArgs(16)...)
+	if code := runSimulate(args, &out, &errOut); code != 0 {
+		t.Fatalf("simulate exited %d\n%s\n%s", code, out.String(), errOut.String())
+	}
+	if !lines.Scan() {
+		t.Fatalf("no result from the subscriber: %s", stderr.String())
+	}
+	var got struct{ Messages, Events, Stored, Removed, Cleared, Replayed, Blocks int }
+	if err := json.Unmarshal([]byte(lines.Text()), &got); err != nil {
+		t.Fatalf("%v: %q", err, lines.Text())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the subscriber failed: %v\n%s", err, stderr.String())
+	}
+	m := regexp.MustCompile(`(?m)^kv events:\s+(\d+) batches \(seq 0\.\.\d+\), (\d+) events, (\d+) pages`).FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no kv events line in\n%s", out.String())
+	}
+	batches, _ := strconv.Atoi(m[1])
+	nevents, _ := strconv.Atoi(m[2])
+	pages, _ := strconv.Atoi(m[3])
+	if got.Messages != batches || got.Events != nevents || got.Stored+got.Removed != pages || got.Replayed != batches-1 || got.Stored == 0 {
+		t.Fatalf("the Python subscriber saw %+v; the run published %d batches, %d events, %d pages", got, batches, nevents, pages)
+	}
+	t.Logf("libzmq subscriber: %+v", got)
 }
