@@ -150,7 +150,9 @@ type RecorderStats struct {
 
 // Recorder is a Manager's [prefixcache.Sink]: it collects the step's cache
 // changes as events and keeps a mirror of the cached pages. It belongs to
-// the Manager's goroutine.
+// the Manager's goroutine. Its NumPages and PageSize must be the
+// Manager's: an event for a page outside them, or removing a page it never
+// saw stored, panics (a Recorder wired to the wrong Manager).
 type Recorder struct {
 	meta  meta
 	clock func() float64
