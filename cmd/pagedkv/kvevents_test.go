@@ -32,6 +32,48 @@ func raceArgs(requests int) []string {
 	return []string{"--requests", strconv.Itoa(requests), "--layers", "1", "--qo-heads", "2", "--kv-heads", "1", "--head-dim", "8", "--verify-every", "8"}
 }
 
+// syncBuffer is a strings.Builder safe to read while a run writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startSimulate runs simulate with args on its own goroutine and returns
+// once its PUB socket is bound (it then waits for a subscriber): dialing a
+// port nobody listens on yet can connect the socket to itself (TCP
+// simultaneous open on an ephemeral port).
+func startSimulate(t *testing.T, args []string) (done <-chan int, out, errOut *syncBuffer) {
+	t.Helper()
+	out, errOut = &syncBuffer{}, &syncBuffer{}
+	ch := make(chan int, 1)
+	go func() { ch <- runSimulate(args, out, errOut) }()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !strings.Contains(errOut.String(), "publishing KV events on") {
+		select {
+		case code := <-ch:
+			t.Fatalf("simulate exited %d before publishing\n%s\n%s", code, out.String(), errOut.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("simulate did not start publishing")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return ch, out, errOut
+}
+
 func freePort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -54,18 +96,9 @@ func TestSimulateKVEvents(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	type result struct {
-		out, errOut string
-		code        int
-	}
-	done := make(chan result, 1)
-	go func() {
-		var out, errOut strings.Builder
-		args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "6s",
-			"--requests", "24", "--quiet"}, raceArgs(16)...)
-		code := runSimulate(args, &out, &errOut)
-		done <- result{out.String(), errOut.String(), code}
-	}()
+	args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "6s",
+		"--kv-events-wait", "1m", "--requests", "24", "--quiet"}, raceArgs(16)...)
+	done, simOut, simErr := startSimulate(t, args)
 
 	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithDialerMaxRetries(250))
 	defer sub.Close()
@@ -137,12 +170,15 @@ func TestSimulateKVEvents(t *testing.T) {
 		replayed = append(replayed, m.Frames[1:]...)
 	}
 
-	var res result
 	select {
-	case res = <-done:
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("simulate exited %d\n%s\n%s", code, simOut.String(), simErr.String())
+		}
 	case <-time.After(5 * time.Minute):
 		t.Fatal("simulate did not finish")
 	}
+	res := struct{ out string }{simOut.String()}
 	line := regexp.MustCompile(`(?m)^kv events:\s+(\d+) batches \(seq 0\.\.(-?\d+)\), (\d+) events, (\d+) pages`).FindStringSubmatch(res.out)
 	if line == nil {
 		t.Fatalf("no kv events line in\n%s", res.out)
@@ -261,6 +297,9 @@ func TestSimulateKVEventsPython(t *testing.T) {
 	}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "8s",
+		"--kv-events-wait", "1m", "--requests", "24", "--quiet"}, raceArgs(16)...)
+	done, out, errOut := startSimulate(t, args)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -269,10 +308,7 @@ func TestSimulateKVEventsPython(t *testing.T) {
 	if !lines.Scan() || lines.Text() != "READY" {
 		t.Fatalf("the subscriber did not start: %q %s", lines.Text(), stderr.String())
 	}
-	var out, errOut strings.Builder
-	args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "8s",
-		"--requests", "24", "--quiet"}, raceArgs(16)...)
-	if code := runSimulate(args, &out, &errOut); code != 0 {
+	if code := <-done; code != 0 {
 		t.Fatalf("simulate exited %d\n%s\n%s", code, out.String(), errOut.String())
 	}
 	if !lines.Scan() {
