@@ -1,0 +1,75 @@
+package vllmwire
+
+import (
+	"encoding/binary"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func payload(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func stored(extra map[string]any) map[string]any {
+	m := map[string]any{"type": "BlockStored", "block_hashes": []uint64{1 << 63, 5}, "parent_block_hash": nil,
+		"token_ids": []int{1, 2, 3, 4}, "block_size": 2, "lora_id": nil, "medium": "GPU", "lora_name": nil}
+	for k, v := range extra {
+		if v == "DELETE" {
+			delete(m, k)
+			continue
+		}
+		m[k] = v
+	}
+	return m
+}
+
+// The oracle must accept vLLM's format and refuse what vLLM's decoder
+// would refuse (or what vLLM never sends), or it could not catch an
+// encoder bug.
+func TestDecodeAcceptsAndRefuses(t *testing.T) {
+	good := payload(t, []any{1.5, []any{stored(nil), map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{5}, "medium": "GPU"},
+		map[string]any{"type": "AllBlocksCleared"}}, 0})
+	b, err := Decode(good)
+	if err != nil || len(b.Events) != 3 || b.Events[0].BlockHashes[0] != 1<<63 || *b.DPRank != 0 {
+		t.Fatalf("%+v, %v", b, err)
+	}
+	s := Set{}
+	if err := s.Apply(b); err != nil || len(s) != 0 {
+		t.Fatalf("apply: %v, %d left", err, len(s))
+	}
+	for name, bad := range map[string]any{
+		"batch as a map":         map[string]any{"ts": 1.0, "events": []any{}},
+		"integer ts":             []any{1, []any{}, 0},
+		"array-form event":       []any{1.0, []any{[]any{"BlockStored", []uint64{1}, nil, []int{1, 2}, 2, nil, "GPU"}}, 0},
+		"missing lora_name":      []any{1.0, []any{stored(map[string]any{"lora_name": "DELETE"})}, 0},
+		"unknown field":          []any{1.0, []any{stored(map[string]any{"extra": 1})}, 0},
+		"tokens != blocks*size":  []any{1.0, []any{stored(map[string]any{"token_ids": []int{1, 2, 3}})}, 0},
+		"unknown tag":            []any{1.0, []any{map[string]any{"type": "BlockMoved"}}, 0},
+		"removed without medium": []any{1.0, []any{map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{1}}}, 0},
+	} {
+		if _, err := Decode(payload(t, bad)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := ParseMessage([][]byte{[]byte("t"), {1, 2}, good}); err == nil {
+		t.Error("a 2-byte sequence frame was accepted")
+	}
+	if m, err := ParseMessage([][]byte{[]byte("t"), binary.BigEndian.AppendUint64(nil, 9), good}); err != nil || m.Seq != 9 {
+		t.Errorf("%+v %v", m, err)
+	}
+	// A stream that removes what it never stored is inconsistent.
+	orphan := payload(t, []any{1.0, []any{map[string]any{"type": "BlockRemoved", "block_hashes": []uint64{7}, "medium": "GPU"}}, 0})
+	ob, err := Decode(orphan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (Set{}).Apply(ob); err == nil {
+		t.Error("removing an unknown block was accepted")
+	}
+}
