@@ -52,6 +52,9 @@ var allowedImports = map[string][]string{
 	"tier/host":   {"tier", "internal/invariants"},
 	// The only importer of the Redis client.
 	"tier/redis": {"tier", "layout", "github.com/redis/go-redis/v9"},
+	// The rules of one attention group of a hybrid model (what to keep,
+	// window_left, chunk segments, the hit rule): pure functions.
+	"layergroup": {},
 
 	// L4: KV-cache events. events encodes and publishes (the Manager's
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
@@ -61,7 +64,7 @@ var allowedImports = map[string][]string{
 	"kvindex": {"prefixcache", "github.com/vmihailenco/msgpack/v5", "github.com/go-zeromq/zmq4"},
 
 	// L4: the engine-facing facade.
-	"": {"allocator", "pagetable", "prefixcache", "cascade", "append", "mla", "kernels", "kernels/cpu",
+	"": {"allocator", "pagetable", "prefixcache", "layergroup", "cascade", "append", "mla", "kernels", "kernels/cpu",
 		"ragged", "layout", "internal/invariants", "tier", "tier/host", "go.uber.org/atomic", "github.com/pkg/errors"},
 
 	// Test support: slow models and conformance suites. internal/reference

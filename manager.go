@@ -7,6 +7,7 @@ import (
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/pagetable"
 	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
@@ -197,7 +198,15 @@ type Manager struct {
 	_        noCopy
 	cfg      Config
 	pageSize int
-	window   int // WindowTokens
+	window   int             // WindowTokens
+	group    layergroup.Spec // the attention whose pages this Manager keeps
+
+	// Set when the Manager is one group of a HybridManager: the pool is
+	// shared (Audit leaves the pool-wide count to the HybridManager), and
+	// admission matches at most matchLimit pages (-1: no limit), the prefix
+	// every group can serve.
+	sharedPool bool
+	matchLimit int
 
 	alloc      *allocator.Allocator
 	table      *pagetable.Table
@@ -244,9 +253,23 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.WindowTokens < 0 || cfg.WindowTokens > MaxRequestTokens {
 		return nil, fmt.Errorf("%w: WindowTokens = %d, want 0..%d (window_left is int32)", ErrBadConfig, cfg.WindowTokens, MaxRequestTokens)
 	}
-	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	group := layergroup.Spec{Kind: layergroup.Full, NumLayers: 1}
+	if cfg.WindowTokens > 0 {
+		group = layergroup.Spec{Kind: layergroup.Sliding, WindowTokens: cfg.WindowTokens, NumLayers: 1}
+	}
+	return newManager(cfg, nil, group)
+}
+
+// newManager returns a Manager keeping the pages of group, on pool alloc
+// (nil: a pool of its own).
+func newManager(cfg Config, alloc *allocator.Allocator, group layergroup.Spec) (*Manager, error) {
+	shared := alloc != nil
+	if !shared {
+		var err error
+		alloc, err = allocator.New(allocator.Config{NumPages: cfg.NumPages})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
 	}
 	table, err := pagetable.New(pagetable.Config{PageSize: cfg.PageSize, Allocator: alloc})
 	if err != nil {
@@ -272,7 +295,8 @@ func New(cfg Config) (*Manager, error) {
 		cfg.CascadeMinSavedPages = DefaultCascadeMinSavedPages
 	}
 	*m = Manager{
-		cfg: cfg, pageSize: cfg.PageSize, window: cfg.WindowTokens,
+		cfg: cfg, pageSize: cfg.PageSize, window: group.WindowTokens, group: group,
+		sharedPool: shared, matchLimit: -1,
 		alloc: alloc, table: table, cache: cache, tiers: tiers,
 		reqs:       make(map[RequestID]*request),
 		copiedAway: make(map[PageID]int32),
@@ -351,8 +375,8 @@ func (m *Manager) Add(id RequestID, req Request) (matchedTokens int, err error) 
 	// Size the page list for the tokens the engine said to expect, so
 	// Reserve never grows it by append in a decode step.
 	growTo := capacity
-	if m.window > 0 {
-		growTo = min(growTo, r.start+m.window+2*m.pageSize)
+	if k := m.group.KeepTokens(capacity); k >= 0 {
+		growTo = min(growTo, r.start+max(m.window, m.group.ChunkTokens)+2*m.pageSize)
 	}
 	if err := m.table.Grow(r.seq(), growTo); err != nil {
 		panic(fmt.Sprintf("pagedkv: sizing the page list of request %d: %v", id, err))
@@ -389,7 +413,11 @@ func (m *Manager) admit(r *request) int {
 	var pages []PageID
 	last := prefixcache.Handle{}
 	if !r.noCache && len(r.tokens) > 1 {
-		pages, last = m.cache.Match(m.scratch[:0], r.key, r.tokens, (len(r.tokens)-1)/ps)
+		limit := (len(r.tokens) - 1) / ps
+		if m.matchLimit >= 0 {
+			limit = min(limit, m.matchLimit)
+		}
+		pages, last = m.cache.Match(m.scratch[:0], r.key, r.tokens, limit)
 		m.scratch = pages
 	}
 	m.admissions++
@@ -417,24 +445,27 @@ func (m *Manager) admit(r *request) int {
 	return r.computed
 }
 
-// releaseWindow drops r's leading pages that lie entirely before its last
-// WindowTokens computed tokens. They stay cached (and become evictable) if
-// they were published.
+// releaseWindow drops r's leading pages that its group's attention no
+// longer reads: those entirely before its last WindowTokens computed tokens
+// (sliding), or before its current chunk (chunked). They stay cached (and
+// become evictable) if they were published.
 func (m *Manager) releaseWindow(r *request) {
-	if m.window == 0 {
+	seq := r.seq()
+	n := m.table.Len(seq)
+	keep := m.group.KeepTokens(n)
+	if keep < 0 {
 		return
 	}
-	seq := r.seq()
-	before := m.table.Len(seq) - m.window - r.start
+	before := n - keep - r.start
 	if before < m.pageSize {
 		return
 	}
 	drop := before / m.pageSize
 	dropped := append(m.scratch[:0], m.table.Pages(seq)[:drop]...)
 	m.scratch = dropped
-	n, err := m.table.ReleaseWindow(seq, m.window)
-	if err != nil || n != drop {
-		panic(fmt.Sprintf("pagedkv: window release of request %d: released %d pages, want %d (%v)", r.id, n, drop, err))
+	released, err := m.table.ReleaseWindow(seq, keep)
+	if err != nil || released != drop {
+		panic(fmt.Sprintf("pagedkv: window release of request %d: released %d pages, want %d (%v)", r.id, released, drop, err))
 	}
 	r.start += drop * m.pageSize
 	m.recheckDeepestFirst(dropped)

@@ -77,12 +77,16 @@ func (m *Manager) Audit() error {
 		if start != r.start {
 			return fmt.Errorf("pagedkv: request %d starts at token %d, the page table says %d", id, r.start, start)
 		}
-		if m.window == 0 && start != 0 {
+		if m.group.KeepTokens(r.computed) < 0 && start != 0 {
 			return fmt.Errorf("pagedkv: request %d starts at token %d without a window", id, start)
 		}
-		if m.window > 0 && !m.pending && r.computed-start >= m.window+ps {
-			return fmt.Errorf("pagedkv: request %d keeps %d tokens from %d, window %d: a whole page should have been released",
-				id, r.computed-start, start, m.window)
+		if from := m.group.KeepFrom(r.computed, ps); !m.pending && start < from {
+			return fmt.Errorf("pagedkv: request %d keeps tokens from %d after %d computed, %v group: pages before %d should have been released",
+				id, start, r.computed, m.group.Kind, from)
+		}
+		if from := m.group.KeepFrom(r.computed, ps); start > from {
+			return fmt.Errorf("pagedkv: request %d keeps tokens from %d after %d computed, but its next query reads from %d",
+				id, start, r.computed, from)
 		}
 		for _, p := range m.table.Pages(seq) {
 			held[p]++
@@ -93,6 +97,9 @@ func (m *Manager) Audit() error {
 	}
 	if err := m.auditTiers(held); err != nil {
 		return err
+	}
+	if m.sharedPool {
+		return nil // the HybridManager counts every group's holders
 	}
 	for p := range PageID(m.alloc.NumPages()) {
 		want := held[p]

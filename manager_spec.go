@@ -219,9 +219,9 @@ func (m *Manager) Truncate(id RequestID, n int) error {
 		return fmt.Errorf("%w: truncate request %d: %d onload copies in flight", ErrLoading, id, r.loading)
 	}
 	if r.running && n < r.computed {
-		if n < r.start {
-			return fmt.Errorf("%w: truncate request %d to %d tokens: tokens before %d left its sliding window",
-				ErrBadArgument, id, n, r.start)
+		if from := m.group.KeepFrom(n, m.pageSize); from < r.start {
+			return fmt.Errorf("%w: truncate request %d to %d tokens: its next query would read from token %d, but tokens before %d left its %v window",
+				ErrBadArgument, id, n, from, r.start, m.group.Kind)
 		}
 		seq, ps := r.seq(), m.pageSize
 		keep := (n - r.start + ps - 1) / ps

@@ -144,7 +144,9 @@ func TestScenarioTruncate(t *testing.T) {
 	require.NoError(t, err)
 	step(t, w, []RequestID{1}, []int32{12}, nil)
 	require.ErrorIs(t, w.Truncate(1, 3), ErrBadArgument, "tokens 0..7 left the window")
-	require.NoError(t, w.Truncate(1, 9))
+	// A query at 11 would read 8..11 and also needs token 7, released.
+	require.ErrorIs(t, w.Truncate(1, 11), ErrBadArgument)
+	require.NoError(t, w.Truncate(1, 12))
 	require.NoError(t, w.Audit())
 }
 

@@ -101,10 +101,16 @@ func (m *ManagerModel) Truncate(id uint64, n int) error {
 		return ErrMgrBadArgument
 	}
 	if r.Running && n < r.Computed {
-		if n < r.Start {
+		ps := m.cfg.PageSize
+		// The next query, at position n, reads keys from n-W+1 on; the
+		// pages the window released before Start cannot serve it.
+		keepFrom := 0
+		if w := m.cfg.WindowTokens; w > 0 && n-w > 0 {
+			keepFrom = (n - w) / ps * ps
+		}
+		if keepFrom < r.Start {
 			return ErrMgrBadArgument
 		}
-		ps := m.cfg.PageSize
 		keep := (n - r.Start + ps - 1) / ps
 		dropped := slices.Clone(r.Pages[keep:])
 		r.Pages = slices.Clone(r.Pages[:keep])
