@@ -231,6 +231,7 @@ type Manager struct {
 	csr        pagetable.CSR
 	appendCSR  pagetable.AppendCSR
 	copiedAway map[PageID]int32 // pagesNeeded's copy-on-write count per shared page
+	attn       chunkedAttn      // a chunked group's attention arrays
 	scratch    []PageID
 	planner    cascadePlanner
 
@@ -241,6 +242,12 @@ type Manager struct {
 
 	counters counters
 	stats    statsCell
+}
+
+// chunkedAttn holds the buffers of a chunked group's Plan.Attn arrays.
+type chunkedAttn struct {
+	qo, kvp, kvi, last, reqs []int32
+	segs                     []layergroup.Segment
 }
 
 type noCopy struct{}

@@ -205,24 +205,11 @@ func (m *Manager) undoCopies(accepted []int32, p PageID) {
 // ([Manager.Pages]); Preempt and Resume to recompute further back. A
 // preempted request just loses its tokens past n.
 func (m *Manager) Truncate(id RequestID, n int) error {
-	if m.pending {
-		return fmt.Errorf("%w: truncate request %d", ErrStepPending, id)
-	}
-	r, err := m.lookup("truncate", id)
+	r, err := m.checkTruncate(id, n)
 	if err != nil {
 		return err
 	}
-	if n < 0 || n > len(r.tokens) {
-		return fmt.Errorf("%w: truncate request %d to %d tokens, want 0..%d", ErrBadArgument, id, n, len(r.tokens))
-	}
-	if r.loading > 0 {
-		return fmt.Errorf("%w: truncate request %d: %d onload copies in flight", ErrLoading, id, r.loading)
-	}
 	if r.running && n < r.computed {
-		if from := m.group.KeepFrom(n, m.pageSize); from < r.start {
-			return fmt.Errorf("%w: truncate request %d to %d tokens: its next query would read from token %d, but tokens before %d left its %v window",
-				ErrBadArgument, id, n, from, r.start, m.group.Kind)
-		}
 		seq, ps := r.seq(), m.pageSize
 		keep := (n - r.start + ps - 1) / ps
 		dropped := append(m.scratch[:0], m.table.Pages(seq)[keep:]...)
@@ -256,4 +243,28 @@ func (m *Manager) Truncate(id RequestID, n int) error {
 	r.tokens = r.tokens[:n]
 	m.afterChange()
 	return nil
+}
+
+// checkTruncate validates Truncate(id, n) without changing anything.
+func (m *Manager) checkTruncate(id RequestID, n int) (*request, error) {
+	if m.pending {
+		return nil, fmt.Errorf("%w: truncate request %d", ErrStepPending, id)
+	}
+	r, err := m.lookup("truncate", id)
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 || n > len(r.tokens) {
+		return nil, fmt.Errorf("%w: truncate request %d to %d tokens, want 0..%d", ErrBadArgument, id, n, len(r.tokens))
+	}
+	if r.loading > 0 {
+		return nil, fmt.Errorf("%w: truncate request %d: %d onload copies in flight", ErrLoading, id, r.loading)
+	}
+	if r.running && n < r.computed {
+		if from := m.group.KeepFrom(n, m.pageSize); from < r.start {
+			return nil, fmt.Errorf("%w: truncate request %d to %d tokens: its next query would read from token %d, but tokens before %d left its %v window",
+				ErrBadArgument, id, n, from, r.start, m.group.Kind)
+		}
+	}
+	return r, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pagedkv/pagedkv/cascade"
 	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
@@ -49,6 +50,16 @@ type Plan struct {
 	// attention over the whole sequence with it.
 	WindowLeft int
 
+	// Chunked local attention (a chunked group of a [HybridManager]) reads
+	// only the current chunk, and a step's rows may span chunks, so its
+	// attention is not the append table: FlashInfer's batch prefill runs on
+	// these arrays instead, one attention entry per run of a request's rows
+	// inside one chunk (AttnRequests[i] is its batch index), over the pages
+	// from that chunk's start to its last row. Rows keep the append order,
+	// so AttnQOIndptr splits QOIndptr. Causal, WindowLeft -1. Nil for every
+	// other group, whose attention uses QOIndptr and the KV arrays above.
+	AttnQOIndptr, AttnKVIndptr, AttnKVPageIndices, AttnKVLastPageLen, AttnRequests []int32
+
 	// Cascade, when not nil, is a multi-level cascade layout of the same
 	// attention (full attention only): shared prefixes are read once per
 	// level. Its request IDs are batch indices; use
@@ -79,14 +90,33 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 // reserve is Reserve and [Manager.ReserveSpec]: drafts is nil or has one
 // (possibly empty) list of draft tokens per request.
 func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Plan, error) {
+	need, err := m.prepare(ids, ntokens, drafts)
+	if err != nil {
+		return nil, err
+	}
+	free := m.alloc.NumFree()
+	if need > free {
+		evictable, _ := m.cache.Idle()
+		if need > free+evictable {
+			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
+				ErrOutOfPages, len(ids), need, free, evictable)
+		}
+		m.cache.Evict(need - free)
+	}
+	return m.apply(drafts), nil
+}
+
+// prepare validates a step and returns the pages it needs, changing
+// nothing but the step's scratch (batch, counts).
+func (m *Manager) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (need int, err error) {
 	if m.pending {
-		return nil, fmt.Errorf("%w: reserve", ErrStepPending)
+		return 0, fmt.Errorf("%w: reserve", ErrStepPending)
 	}
 	if len(ids) != len(ntokens) {
-		return nil, fmt.Errorf("%w: reserve: %d requests but %d token counts", ErrBadArgument, len(ids), len(ntokens))
+		return 0, fmt.Errorf("%w: reserve: %d requests but %d token counts", ErrBadArgument, len(ids), len(ntokens))
 	}
 	if drafts != nil && len(drafts) != len(ids) {
-		return nil, fmt.Errorf("%w: reserve: %d requests but %d draft lists", ErrBadArgument, len(ids), len(drafts))
+		return 0, fmt.Errorf("%w: reserve: %d requests but %d draft lists", ErrBadArgument, len(ids), len(drafts))
 	}
 	m.epoch++
 	batch, seqs := m.batch[:0], m.seqs[:0]
@@ -96,18 +126,18 @@ func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*
 		r, ok := m.reqs[id]
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrUnknownRequest, i, id)
+			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrUnknownRequest, i, id)
 		case !r.running:
-			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrPreempted, i, id)
+			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d", ErrPreempted, i, id)
 		case r.loading > 0:
-			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d has %d onload copies in flight", ErrLoading, i, id, r.loading)
+			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d has %d onload copies in flight", ErrLoading, i, id, r.loading)
 		case r.mark == m.epoch:
-			return nil, fmt.Errorf("%w: reserve: ids[%d] = %d appears twice", ErrBadArgument, i, id)
+			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d appears twice", ErrBadArgument, i, id)
 		case ntokens[i] < 0 || r.computed+int(ntokens[i]) > len(r.tokens):
-			return nil, fmt.Errorf("%w: reserve: ntokens[%d] = %d, request %d has %d tokens not yet computed",
+			return 0, fmt.Errorf("%w: reserve: ntokens[%d] = %d, request %d has %d tokens not yet computed",
 				ErrBadArgument, i, ntokens[i], id, len(r.tokens)-r.computed)
 		case int64(r.computed)+int64(ntokens[i]) > MaxRequestTokens:
-			return nil, fmt.Errorf("%w: reserve: ntokens[%d] = %d takes request %d past %d tokens",
+			return 0, fmt.Errorf("%w: reserve: ntokens[%d] = %d takes request %d past %d tokens",
 				ErrBadArgument, i, ntokens[i], id, MaxRequestTokens)
 		}
 		d := 0
@@ -116,15 +146,15 @@ func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*
 		}
 		if d > 0 {
 			if r.computed+int(ntokens[i]) != len(r.tokens) {
-				return nil, fmt.Errorf("%w: reserve: drafts[%d] has %d tokens, but request %d still has %d known tokens after this step's %d",
+				return 0, fmt.Errorf("%w: reserve: drafts[%d] has %d tokens, but request %d still has %d known tokens after this step's %d",
 					ErrBadArgument, i, d, id, len(r.tokens)-r.computed-int(ntokens[i]), ntokens[i])
 			}
 			if d > maxDrafts || int64(r.computed)+int64(ntokens[i])+int64(d) > MaxRequestTokens {
-				return nil, fmt.Errorf("%w: reserve: drafts[%d] has %d tokens, want at most %d (and at most %d tokens in the request)", ErrBadArgument, i, d, maxDrafts, MaxRequestTokens)
+				return 0, fmt.Errorf("%w: reserve: drafts[%d] has %d tokens, want at most %d (and at most %d tokens in the request)", ErrBadArgument, i, d, maxDrafts, MaxRequestTokens)
 			}
 			for k, t := range drafts[i] {
 				if t < 0 {
-					return nil, fmt.Errorf("%w: reserve: drafts[%d][%d] = %d is negative", ErrBadArgument, i, k, t)
+					return 0, fmt.Errorf("%w: reserve: drafts[%d][%d] = %d is negative", ErrBadArgument, i, k, t)
 				}
 			}
 		}
@@ -140,24 +170,21 @@ func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*
 	if slots >= maxBatchTokenSlots {
 		// Shared pages count once per request (FlashInfer indexes each
 		// request's pages separately), so forks can exceed the pool.
-		return nil, fmt.Errorf("%w: reserve: the step's %d requests would hold %d token slots (pages*page_size), want < %d (FlashInfer's 32-bit token offsets); split the batch",
+		return 0, fmt.Errorf("%w: reserve: the step's %d requests would hold %d token slots (pages*page_size), want < %d (FlashInfer's 32-bit token offsets); split the batch",
 			ErrBadArgument, len(ids), slots, int64(maxBatchTokenSlots))
 	}
 
+	return m.pagesNeeded(batch, counts), nil
+}
+
+// apply reserves the prepared step, whose pages are free.
+func (m *Manager) apply(drafts [][]int32) *Plan {
+	batch, seqs, counts, ndrafts := m.batch, m.seqs, m.ntokens, m.drafts
+	// Eviction may have taken a cached partial last page (one a request
+	// truncated into) from the cache, so it needs no copy any more: count
+	// again.
 	need := m.pagesNeeded(batch, counts)
 	free := m.alloc.NumFree()
-	if need > free {
-		evictable, _ := m.cache.Idle()
-		if need > free+evictable {
-			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
-				ErrOutOfPages, len(ids), need, free, evictable)
-		}
-		m.cache.Evict(need - free)
-		free = m.alloc.NumFree()
-		// Eviction may have taken a cached partial last page (one a request
-		// truncated into) from the cache, so it needs no copy any more.
-		need = m.pagesNeeded(batch, counts)
-	}
 	// Nothing below fails. Drafts join the tokens for the step; Commit keeps
 	// the accepted ones.
 	m.spec = false
@@ -195,7 +222,7 @@ func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*
 	m.pending = true
 	m.counters.copiedPages += int64(len(copies))
 	m.afterChange()
-	return &m.plan, nil
+	return &m.plan
 }
 
 // maxBatchTokenSlots bounds kv_indptr[B]*page_size of an exported step, the
@@ -267,8 +294,12 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	if m.window > 0 {
 		p.WindowLeft = m.window - 1
 	}
+	p.AttnQOIndptr, p.AttnKVIndptr, p.AttnKVPageIndices, p.AttnKVLastPageLen, p.AttnRequests = nil, nil, nil, nil, nil
+	if m.group.Kind == layergroup.Chunked {
+		m.fillChunkedAttention()
+	}
 	p.Cascade = nil
-	if m.window == 0 && m.cfg.CascadeMinSavedPages > 0 {
+	if m.group.KeepTokens(0) < 0 && m.cfg.CascadeMinSavedPages > 0 {
 		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
 	}
 }
@@ -395,3 +426,28 @@ func (m *Manager) Abort() error {
 // Pending reports whether a step is reserved and not yet committed or
 // aborted.
 func (m *Manager) Pending() bool { return m.pending }
+
+// fillChunkedAttention fills the plan's Attn arrays of a chunked group:
+// each request's rows split at chunk boundaries (layergroup.Spec.Segments),
+// each segment over the pages from its chunk's start (page-aligned) to its
+// last row.
+func (m *Manager) fillChunkedAttention() {
+	p, ps := &m.plan, m.pageSize
+	qo, kvp, kvi, last, reqs := m.attn.qo[:0], m.attn.kvp[:0], m.attn.kvi[:0], m.attn.last[:0], m.attn.reqs[:0]
+	qo, kvp = append(qo, 0), append(kvp, 0)
+	for b, r := range m.batch {
+		rows := int(p.QOIndptr[b+1] - p.QOIndptr[b])
+		pages := p.KVPageIndices[p.KVIndptr[b]:p.KVIndptr[b+1]]
+		m.attn.segs = m.group.Segments(m.attn.segs[:0], r.computed, rows, r.start)
+		for _, sg := range m.attn.segs {
+			first, end := (sg.KeyFrom-r.start)/ps, (sg.KeyTo-r.start+ps-1)/ps
+			kvi = append(kvi, pages[first:end]...)
+			kvp = append(kvp, int32(len(kvi)))
+			last = append(last, int32(sg.KeyTo-r.start-(end-1)*ps))
+			qo = append(qo, qo[len(qo)-1]+int32(sg.Rows))
+			reqs = append(reqs, int32(b))
+		}
+	}
+	m.attn.qo, m.attn.kvp, m.attn.kvi, m.attn.last, m.attn.reqs = qo, kvp, kvi, last, reqs
+	p.AttnQOIndptr, p.AttnKVIndptr, p.AttnKVPageIndices, p.AttnKVLastPageLen, p.AttnRequests = qo, kvp, kvi, last, reqs
+}

@@ -1,6 +1,9 @@
 package prefixcache
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+)
 
 // CheckInvariants verifies the whole cache in O(cached pages * PageSize)
 // time and returns the first violation found, or nil. Beyond the structure
@@ -42,7 +45,7 @@ func (c *Cache) CheckInvariants() error {
 			return fmt.Errorf("prefixcache: page %d stores hash %#x, its parent and tokens give %#x", p, n.hash, h)
 		}
 		// No prefix is cached twice.
-		k := sib{parent: n.parent, key: fmt.Sprint(c.pageTokens(p))}
+		k := sib{parent: n.parent, key: tokensKey(c.pageTokens(p))}
 		if n.parent == none {
 			k.key += "|" + c.rootKey[p]
 		}
@@ -200,4 +203,14 @@ func (c *Cache) checkNode(p int32) {
 		panic(fmt.Sprintf("prefixcache: broken counters: cached %d idle %d idle-pinned %d pinned %d",
 			c.nCached, c.nIdle, c.nIdlePinned, c.nPinned))
 	}
+}
+
+// tokensKey is a page's tokens as a map key (4 bytes each; Sprint was most
+// of the cost of a check run after every operation of a test).
+func tokensKey(tokens []int32) string {
+	b := make([]byte, 0, 4*len(tokens))
+	for _, t := range tokens {
+		b = binary.LittleEndian.AppendUint32(b, uint32(t))
+	}
+	return string(b)
 }

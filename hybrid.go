@@ -1,0 +1,453 @@
+package pagedkv
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/layergroup"
+)
+
+// Hybrid attention models: several KV-cache groups on one page pool.
+//
+// A HybridManager holds one Manager per layer group (package layergroup:
+// full, sliding window W, chunked local attention C, MLA). The group
+// Managers share one allocator, so a page ID is one slot of one pool, held
+// by one group at a time, and every group has its own page table and its
+// own prefix cache (cached pages are keyed per group). Requests exist in
+// every group with the same tokens; each group keeps only the pages its
+// attention still reads (layergroup.Spec.KeepFrom) and releases the rest at
+// commit.
+//
+// The HybridManager owns what spans groups: admission on the prefix every
+// group can serve, all-or-nothing steps (one page budget for every group's
+// pages, eviction across the groups' caches), and the pool-wide Audit. A
+// single-group model keeps using Manager, whose API and numbers are
+// unchanged.
+
+// LayerGroup describes one KV-cache group of a hybrid model; see package
+// layergroup for the page-size and bytes rule (equal layer counts).
+type LayerGroup = layergroup.Spec
+
+// The attention kinds of a LayerGroup.
+const (
+	FullAttention    = layergroup.Full
+	SlidingAttention = layergroup.Sliding
+	ChunkedAttention = layergroup.Chunked
+	MLAAttention     = layergroup.MLA
+)
+
+// HybridConfig describes a HybridManager: the pool and cache settings of
+// Config (WindowTokens must be 0: windows are per group) and the groups.
+type HybridConfig struct {
+	Config
+	Groups []LayerGroup
+}
+
+// HybridPlan is a hybrid step's plan: the copies to make first (page IDs
+// are pool-wide; a copy copies the page in every layer's tensor) and one
+// Plan per group with that group's FlashInfer arrays (its page table, its
+// positions relative to the group's first held page, its window_left, and
+// for a chunked group the Attn arrays). Every group's plan lists the same
+// requests, rows and tokens. Valid until the next Reserve.
+type HybridPlan struct {
+	Requests []RequestID
+	Copies   []CopyOp
+	Groups   []*Plan
+}
+
+// GroupStats are one group's numbers in HybridStats.
+type GroupStats struct {
+	Kind           layergroup.Kind
+	CachedPages    int   // pages in the group's prefix cache
+	EvictablePages int   // of those, idle and evictable
+	ServableTokens int64 // prompt tokens the group's cache alone could have served at Add and Resume
+	PublishedPages int64
+	EvictedPages   int64
+	CopiedPages    int64
+	// WindowReleasedPages are pages the group released because its
+	// attention no longer reads them (left the window, or a finished chunk).
+	WindowReleasedPages int64
+}
+
+// HybridStats is the pool's partition (over every group), the request and
+// token counters (equal in every group: PromptHitTokens counts the prefix
+// every group could serve) and each group's numbers.
+type HybridStats struct {
+	Stats
+	Groups []GroupStats
+}
+
+// HybridManager is the KV-cache manager of a hybrid attention model. Like
+// Manager it belongs to the engine's scheduler goroutine; Stats may be
+// called from any goroutine (each group's numbers are a consistent
+// snapshot; the pool totals may straddle one operation).
+type HybridManager struct {
+	_      noCopy
+	alloc  *allocator.Allocator
+	groups []*Manager
+	specs  []layergroup.Spec
+
+	servableTokens []int64 // per group: GroupStats.ServableTokens
+	plan           HybridPlan
+}
+
+// NewHybrid returns a HybridManager with an empty pool.
+func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
+	if cfg.WindowTokens != 0 {
+		return nil, fmt.Errorf("%w: WindowTokens = %d in a hybrid config; give sliding groups their WindowTokens", ErrBadConfig, cfg.WindowTokens)
+	}
+	if err := layergroup.ValidateGroups(cfg.Groups, cfg.PageSize); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	h := &HybridManager{alloc: alloc, specs: append([]layergroup.Spec(nil), cfg.Groups...),
+		servableTokens: make([]int64, len(cfg.Groups)), plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
+	for _, g := range cfg.Groups {
+		m, err := newManager(cfg.Config, alloc, g)
+		if err != nil {
+			return nil, err
+		}
+		h.groups = append(h.groups, m)
+	}
+	return h, nil
+}
+
+// NumGroups returns the number of layer groups.
+func (h *HybridManager) NumGroups() int { return len(h.groups) }
+
+// Group returns group g's spec.
+func (h *HybridManager) Group(g int) LayerGroup { return h.specs[g] }
+
+// PageSize returns the number of tokens per page.
+func (h *HybridManager) PageSize() int { return h.groups[0].pageSize }
+
+// ---- Per request ----
+
+// Add admits request id in every group on the longest cached prefix every
+// group can serve (full and MLA groups: every page of it; sliding and
+// chunked groups: the pages their next query reads, which their caches hold
+// only with every page before them), and returns its length. See
+// [Manager.Add].
+func (h *HybridManager) Add(id RequestID, req Request) (matchedTokens int, err error) {
+	g0 := h.groups[0]
+	if g0.pending {
+		return 0, fmt.Errorf("%w: add request %d", ErrStepPending, id)
+	}
+	if _, ok := g0.reqs[id]; ok {
+		return 0, fmt.Errorf("%w: add request %d", ErrRequestExists, id)
+	}
+	limit := -1
+	if !req.NoCache && len(req.Prompt) > 1 && int(req.Priority) < g0.cache.NumPriorities() && len(req.Prompt) <= MaxRequestTokens {
+		limit = h.servable(req.Namespace, req.Prompt)
+	}
+	for g, m := range h.groups {
+		m.matchLimit = limit
+		n, err := m.Add(id, req)
+		m.matchLimit = -1
+		if err != nil {
+			if g > 0 {
+				panic(fmt.Sprintf("pagedkv: group %d refused request %d that group 0 took: %v", g, id, err))
+			}
+			return 0, err
+		}
+		matchedTokens = n
+	}
+	return matchedTokens, nil
+}
+
+// servable returns the pages of tokens every group's cache can serve, at
+// most (len(tokens)-1)/PageSize, and counts what each could alone.
+func (h *HybridManager) servable(ns Namespace, tokens []int32) int {
+	limit := (len(tokens) - 1) / h.PageSize()
+	for g, m := range h.groups {
+		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, (len(tokens)-1)/h.PageSize())
+		m.scratch = pages
+		h.servableTokens[g] += int64(len(pages) * h.PageSize())
+		limit = min(limit, len(pages))
+	}
+	return limit
+}
+
+// Extend appends known tokens to request id in every group.
+func (h *HybridManager) Extend(id RequestID, tokens ...int32) error {
+	return h.each(func(m *Manager) error { return m.Extend(id, tokens...) })
+}
+
+// Fork forks request parent to child in every group.
+func (h *HybridManager) Fork(parent, child RequestID) error {
+	return h.each(func(m *Manager) error { return m.Fork(parent, child) })
+}
+
+// Release ends request id in every group.
+func (h *HybridManager) Release(id RequestID) error {
+	return h.each(func(m *Manager) error { return m.Release(id) })
+}
+
+// Preempt drops request id's pages in every group.
+func (h *HybridManager) Preempt(id RequestID) error {
+	return h.each(func(m *Manager) error { return m.Preempt(id) })
+}
+
+// Resume re-admits preempted request id on the prefix every group can
+// serve, and returns its length.
+func (h *HybridManager) Resume(id RequestID) (matchedTokens int, err error) {
+	g0 := h.groups[0]
+	r, ok := g0.reqs[id]
+	limit := -1
+	if ok && !r.running && !g0.pending && !r.noCache && len(r.tokens) > 1 {
+		limit = h.servableKey(r)
+	}
+	for g, m := range h.groups {
+		m.matchLimit = limit
+		n, err := m.Resume(id)
+		m.matchLimit = -1
+		if err != nil {
+			if g > 0 {
+				panic(fmt.Sprintf("pagedkv: group %d refused to resume request %d: %v", g, id, err))
+			}
+			return 0, err
+		}
+		matchedTokens = n
+	}
+	return matchedTokens, nil
+}
+
+func (h *HybridManager) servableKey(r *request) int {
+	limit := (len(r.tokens) - 1) / h.PageSize()
+	for g, m := range h.groups {
+		mr := m.reqs[r.id]
+		pages, _ := m.cache.Match(m.scratch[:0], mr.key, mr.tokens, (len(mr.tokens)-1)/h.PageSize())
+		m.scratch = pages
+		h.servableTokens[g] += int64(len(pages) * h.PageSize())
+		limit = min(limit, len(pages))
+	}
+	return limit
+}
+
+// Truncate cuts request id to its first n tokens in every group; it fails,
+// changing nothing, if any group cannot (a window group whose next query
+// would need released keys).
+func (h *HybridManager) Truncate(id RequestID, n int) error {
+	for _, m := range h.groups {
+		if _, err := m.checkTruncate(id, n); err != nil {
+			return err
+		}
+	}
+	return h.each(func(m *Manager) error { return m.Truncate(id, n) })
+}
+
+// each runs op on every group; only group 0 may fail (every group holds the
+// same requests in the same states, so they validate alike).
+func (h *HybridManager) each(op func(m *Manager) error) error {
+	for g, m := range h.groups {
+		if err := op(m); err != nil {
+			if g > 0 {
+				panic(fmt.Sprintf("pagedkv: group %d failed where group 0 succeeded: %v", g, err))
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// ---- Per step ----
+
+// Reserve reserves a step in every group (see [Manager.Reserve]): one page
+// budget covers every group's new pages and copies, evicting idle cached
+// pages of any group if the pool is short. All-or-nothing.
+func (h *HybridManager) Reserve(ids []RequestID, ntokens []int32) (*HybridPlan, error) {
+	return h.ReserveSpec(ids, ntokens, nil)
+}
+
+// ReserveSpec is [Manager.ReserveSpec] in every group.
+func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
+	need := 0
+	for _, m := range h.groups {
+		n, err := m.prepare(ids, ntokens, drafts)
+		if err != nil {
+			return nil, err
+		}
+		need += n
+	}
+	if free := h.alloc.NumFree(); need > free {
+		evictable := 0
+		for _, m := range h.groups {
+			e, _ := m.cache.Idle()
+			evictable += e
+		}
+		if need > free+evictable {
+			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
+				ErrOutOfPages, len(ids), need, len(h.groups), free, evictable)
+		}
+		h.evictUntil(need)
+	}
+	p := &h.plan
+	p.Copies = p.Copies[:0]
+	for g, m := range h.groups {
+		p.Groups[g] = m.apply(drafts)
+		p.Copies = append(p.Copies, p.Groups[g].Copies...)
+	}
+	p.Requests = p.Groups[0].Requests
+	return p, nil
+}
+
+// evictUntil evicts idle cached pages, from the group with the most of
+// them first, until free pages are free or nothing is evictable.
+func (h *HybridManager) evictUntil(free int) int {
+	freed := 0
+	for h.alloc.NumFree() < free {
+		best, most := -1, 0
+		for g, m := range h.groups {
+			if e, _ := m.cache.Idle(); e > most {
+				best, most = g, e
+			}
+		}
+		if best < 0 {
+			break
+		}
+		freed += h.groups[best].cache.Evict(1)
+	}
+	for _, m := range h.groups {
+		m.afterChange()
+	}
+	return freed
+}
+
+// Commit commits the step in every group (see [Manager.Commit]).
+func (h *HybridManager) Commit(sampled []int32) error {
+	return h.each(func(m *Manager) error { return m.Commit(sampled) })
+}
+
+// CommitSpec commits a speculative step in every group (see
+// [Manager.CommitSpec]).
+func (h *HybridManager) CommitSpec(accepted, sampled []int32) error {
+	return h.each(func(m *Manager) error { return m.CommitSpec(accepted, sampled) })
+}
+
+// Abort undoes the reserved step in every group.
+func (h *HybridManager) Abort() error { return h.each(func(m *Manager) error { return m.Abort() }) }
+
+// ---- Operations ----
+
+// Evict evicts idle cached pages of any group until npages pages are free
+// or nothing is evictable, and returns how many it freed.
+func (h *HybridManager) Evict(npages int) int { return h.evictUntil(npages) }
+
+// Tokens, Computed, Running and Has are as for [Manager] (every group holds
+// the same tokens).
+func (h *HybridManager) Tokens(id RequestID) []int32 { return h.groups[0].Tokens(id) }
+
+// Computed returns how many of request id's tokens have KV.
+func (h *HybridManager) Computed(id RequestID) int { return h.groups[0].Computed(id) }
+
+// Running reports whether request id exists and holds pages.
+func (h *HybridManager) Running(id RequestID) bool { return h.groups[0].Running(id) }
+
+// Has reports whether request id exists.
+func (h *HybridManager) Has(id RequestID) bool { return h.groups[0].Has(id) }
+
+// Pages returns the pages request id holds in group g and the first token
+// they hold (see [Manager.Pages]).
+func (h *HybridManager) Pages(g int, id RequestID) (pages []PageID, start int) {
+	return h.groups[g].Pages(id)
+}
+
+// Stats returns the pool partition, the request and token counters and
+// each group's numbers.
+func (h *HybridManager) Stats() HybridStats {
+	var s HybridStats
+	s.Groups = make([]GroupStats, len(h.groups))
+	a := h.alloc.Stats()
+	for g, m := range h.groups {
+		gs := m.Stats()
+		if g == 0 {
+			s.Stats = gs // requests and token counters: equal in every group
+		}
+		s.Groups[g] = GroupStats{Kind: h.specs[g].Kind, CachedPages: gs.CachedPages, EvictablePages: gs.EvictablePages,
+			ServableTokens: h.servableTokens[g], PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
+			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages}
+	}
+	s.TotalPages, s.FreePages = a.Total, a.Free
+	s.EvictablePages, s.PinnedIdlePages, s.CachedPages, s.PinnedPages = 0, 0, 0, 0
+	s.CopiedPages, s.PublishedPages, s.DuplicatePages, s.EvictedPages, s.EvictionFreedPages = 0, 0, 0, 0, 0
+	s.InnerVictims, s.WindowReleasedPages, s.ChainsCut = 0, 0, 0
+	for _, m := range h.groups {
+		gs := m.Stats()
+		s.EvictablePages += gs.EvictablePages
+		s.PinnedIdlePages += gs.PinnedIdlePages
+		s.CachedPages += gs.CachedPages
+		s.PinnedPages += gs.PinnedPages
+		s.CopiedPages += gs.CopiedPages
+		s.PublishedPages += gs.PublishedPages
+		s.DuplicatePages += gs.DuplicatePages
+		s.EvictedPages += gs.EvictedPages
+		s.EvictionFreedPages += gs.EvictionFreedPages
+		s.InnerVictims += gs.InnerVictims
+		s.WindowReleasedPages += gs.WindowReleasedPages
+		s.ChainsCut += gs.ChainsCut
+	}
+	s.SharedPages = a.Shared
+	s.UsedPages = a.InUse - s.EvictablePages - s.PinnedIdlePages
+	return s
+}
+
+// errPool is the class of the pool-wide Audit's findings.
+var errPool = errors.New("pagedkv: hybrid pool")
+
+// Audit checks every group (see [Manager.Audit]), that every group holds
+// the same requests with the same tokens and computed counts, that no page
+// is held by two groups, and that every page's reference count is exactly
+// its holders in every group's requests plus one per cache holding it.
+func (h *HybridManager) Audit() error {
+	for g, m := range h.groups {
+		if err := m.Audit(); err != nil {
+			return fmt.Errorf("group %d (%v): %w", g, h.specs[g].Kind, err)
+		}
+	}
+	g0 := h.groups[0]
+	held := make(map[PageID]int32)
+	owner := make(map[PageID]int)
+	own := func(p PageID, g int) error {
+		if o, ok := owner[p]; ok && o != g {
+			return fmt.Errorf("%w: page %d is held by groups %d and %d", errPool, p, o, g)
+		}
+		owner[p] = g
+		held[p]++
+		return nil
+	}
+	for g, m := range h.groups {
+		if len(m.reqs) != len(g0.reqs) {
+			return fmt.Errorf("%w: group %d has %d requests, group 0 %d", errPool, g, len(m.reqs), len(g0.reqs))
+		}
+		for id, r := range m.reqs {
+			r0 := g0.reqs[id]
+			if r0 == nil || r0.computed != r.computed || r0.running != r.running || len(r0.tokens) != len(r.tokens) {
+				return fmt.Errorf("%w: request %d differs between groups 0 and %d", errPool, id, g)
+			}
+			if r.running {
+				for _, p := range m.table.Pages(r.seq()) {
+					if err := own(p, g); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for p := range PageID(h.alloc.NumPages()) {
+			if m.cache.Cached(p) {
+				if err := own(p, g); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for p := range PageID(h.alloc.NumPages()) {
+		if rc := h.alloc.RefCount(p); rc != held[p] {
+			return fmt.Errorf("%w: page %d has refcount %d, but its group's requests and cache hold it %d times", errPool, p, rc, held[p])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,615 @@
+package pagedkv
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layergroup"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// Hybrid models at test scale (page size 4): the shapes of the real ones,
+// windows and chunks shrunk so that short requests cross them.
+func hybridConfigs() map[string][]LayerGroup {
+	sl := func(w int) LayerGroup { return LayerGroup{Kind: SlidingAttention, WindowTokens: w, NumLayers: 1} }
+	full := LayerGroup{Kind: FullAttention, NumLayers: 1}
+	chunk := LayerGroup{Kind: ChunkedAttention, ChunkTokens: 8, NumLayers: 1}
+	return map[string][]LayerGroup{
+		// gpt-oss: sliding (128 tokens) and full layers alternate: two
+		// groups of equal layer counts.
+		"gpt-oss-like": {sl(6), full},
+		// Gemma 3: five local layers (1024) per global one: five sliding
+		// groups and one full group of equal layer counts.
+		"gemma-3-like": {sl(9), sl(9), sl(9), sl(9), sl(9), full},
+		// Llama 4: chunked local attention (8192) on three of four layers.
+		"llama-4-like": {chunk, chunk, chunk, full},
+		// DeepSeek: MLA on every layer.
+		"mla": {{Kind: MLAAttention, NumLayers: 1}},
+	}
+}
+
+// TestScenarioHybridHitRule draws the hit rule on gpt-oss-like groups
+// (sliding window 6, full; pages of 4): a 13-token prompt is computed and
+// cached in both groups; a second request on the same prompt hits 12
+// tokens. Evicting the sliding group's cached pages (the full group's stay)
+// shrinks the hit to what both groups can serve: nothing.
+func TestScenarioHybridHitRule(t *testing.T) {
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 32, PageSize: 4, HashSeed: 1},
+		Groups: []LayerGroup{{Kind: SlidingAttention, WindowTokens: 6, NumLayers: 2}, {Kind: FullAttention, NumLayers: 2}}})
+	require.NoError(t, err)
+	prompt := seqTokens(10, 13)
+	_, err = h.Add(1, Request{Prompt: prompt})
+	require.NoError(t, err)
+	p, err := h.Reserve([]RequestID{1}, []int32{13})
+	require.NoError(t, err)
+	require.Len(t, p.Groups, 2)
+	require.Equal(t, 5, p.Groups[0].WindowLeft)
+	require.Equal(t, -1, p.Groups[1].WindowLeft)
+	require.NoError(t, h.Commit([]int32{7}))
+	require.NoError(t, h.Audit())
+	// The sliding group keeps the pages holding the last 6 tokens (7..12:
+	// pages 1..3), the full group every page.
+	pages, start := h.Pages(0, 1)
+	require.Equal(t, 4, start)
+	require.Len(t, pages, 3)
+	pages, start = h.Pages(1, 1)
+	require.Equal(t, 0, start)
+	require.Len(t, pages, 4)
+
+	matched, err := h.Add(2, Request{Prompt: prompt})
+	require.NoError(t, err)
+	require.Equal(t, 12, matched, "both groups cached pages 0..2")
+	pages, start = h.Pages(0, 2)
+	require.Equal(t, 4, start, "the sliding group takes only the pages its next query reads")
+	require.Len(t, pages, 2)
+	require.NoError(t, h.Release(2))
+	require.NoError(t, h.Release(1))
+
+	// Evict the sliding group's idle pages on purpose; the full group's
+	// stay cached.
+	h.groups[0].cache.Evict(h.alloc.NumPages())
+	h.groups[0].afterChange()
+	require.NoError(t, h.Audit())
+	s := h.Stats()
+	require.Zero(t, s.Groups[0].CachedPages)
+	require.Equal(t, 3, s.Groups[1].CachedPages)
+	matched, err = h.Add(3, Request{Prompt: prompt})
+	require.NoError(t, err)
+	require.Zero(t, matched, "the full group alone could serve 12 tokens; the sliding group nothing")
+	require.NoError(t, h.Audit())
+}
+
+// TestHybridEvictionShrinksHit evicts a sliding group's pages on purpose,
+// one at a time, on every hybrid config with a sliding group, and checks
+// after each eviction that a new request's hit is exactly the shortest
+// prefix every group still serves (measured page by page), never longer.
+func TestHybridEvictionShrinksHit(t *testing.T) {
+	for name, groups := range hybridConfigs() {
+		t.Run(name, func(t *testing.T) {
+			h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 200, PageSize: 4, HashSeed: 1}, Groups: groups})
+			require.NoError(t, err)
+			prompt := seqTokens(3, 41)
+			_, err = h.Add(1, Request{Prompt: prompt})
+			require.NoError(t, err)
+			_, err = h.Reserve([]RequestID{1}, []int32{41})
+			require.NoError(t, err)
+			require.NoError(t, h.Commit(nil))
+			require.NoError(t, h.Release(1))
+			id := RequestID(2)
+			for g := range groups {
+				for {
+					serve := 40 / 4
+					for _, m := range h.groups {
+						pages, _ := m.cache.Match(nil, m.cache.Key(Namespace{}), prompt, 40/4)
+						serve = min(serve, len(pages))
+					}
+					matched, err := h.Add(id, Request{Prompt: prompt})
+					require.NoError(t, err)
+					require.Equal(t, serve*4, matched, "group %d evicting", g)
+					require.NoError(t, h.Audit())
+					require.NoError(t, h.Release(id))
+					id++
+					if h.groups[g].cache.Evict(1) == 0 {
+						break
+					}
+				}
+			}
+			matched, err := h.Add(id, Request{Prompt: prompt})
+			require.NoError(t, err)
+			require.Zero(t, matched)
+		})
+	}
+}
+
+// TestHybridMatchesRules runs random engine workloads (adds over shared
+// prompts, chunked prefill, decode, speculative steps with random accept
+// counts, forks, truncation, preemption, resume, eviction, aborted steps)
+// on the four hybrid configs, >= 100k operations each, and after every
+// operation checks Audit (every group's invariants, the start of each
+// group's pages equal to its KeepFrom rule, no page in two groups, exact
+// reference counts over the pool) and a fake K/V store: the engine writes
+// f(token, position, group) for every appended row of every group, and
+// every running request's pages must read f back for every token its group
+// must still read. Adds and resumes must hit exactly the prefix every
+// group's cache serves, and chunked groups' attention entries must cover
+// exactly each row's visible keys.
+func TestHybridMatchesRules(t *testing.T) {
+	t.Parallel()
+	// 100k operations per config; under -race (CI) a quarter, to keep the
+	// suite's time on 2 cores (the plain go test run does the full count).
+	runs, ops := 100, 1000
+	if raceEnabled {
+		runs = 25
+	}
+	if testing.Short() {
+		runs = 10
+	}
+	for name, groups := range hybridConfigs() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var s HybridStats
+			var total int
+			for run := range runs {
+				hh := newHybridHarness(t, groups, uint64(run))
+				for op := range ops {
+					hh.op()
+					hh.check(op)
+					total++
+				}
+				st := hh.h.Stats()
+				s.Steps += st.Steps
+				s.PromptHitTokens += st.PromptHitTokens
+				s.EvictedPages += st.EvictedPages
+				s.WindowReleasedPages += st.WindowReleasedPages
+				s.CopiedPages += st.CopiedPages
+				s.AcceptedDraftTokens += st.AcceptedDraftTokens
+				s.Preemptions += st.Preemptions
+			}
+			if !raceEnabled && !testing.Short() {
+				require.GreaterOrEqual(t, total, 100_000)
+			}
+			require.Positive(t, s.PromptHitTokens)
+			require.Positive(t, s.EvictedPages)
+			require.Positive(t, s.CopiedPages)
+			require.Positive(t, s.AcceptedDraftTokens)
+			require.Positive(t, s.Preemptions)
+			if len(groups) > 1 {
+				require.Positive(t, s.WindowReleasedPages)
+			}
+			t.Logf("%d ops: %d steps, %d hit tokens, %d evicted, %d window/chunk released, %d copies, %d accepted drafts, %d preemptions",
+				total, s.Steps, s.PromptHitTokens, s.EvictedPages, s.WindowReleasedPages, s.CopiedPages, s.AcceptedDraftTokens, s.Preemptions)
+		})
+	}
+}
+
+const hhPages, hhPageSize = 48, 4
+
+type hybridHarness struct {
+	t    testing.TB
+	rng  *rand.Rand
+	h    *HybridManager
+	kv   []uint64
+	ids  []RequestID
+	next RequestID
+}
+
+func newHybridHarness(t testing.TB, groups []LayerGroup, seed uint64) *hybridHarness {
+	return newHybridHarnessSrc(t, groups, rand.NewPCG(seed, 99))
+}
+
+func newHybridHarnessSrc(t testing.TB, groups []LayerGroup, src rand.Source) *hybridHarness {
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: hhPages, PageSize: hhPageSize, HashSeed: 5}, Groups: groups})
+	require.NoError(t, err)
+	return &hybridHarness{t: t, rng: rand.New(src), h: h, kv: make([]uint64, hhPages*hhPageSize)}
+}
+
+// byteSource feeds a harness's choices from fuzz input, 8 bytes a draw;
+// once the input runs out (the operation in progress finishes, then the
+// run ends) it mixes a counter, never a constant that rand's rejection
+// sampling could loop on.
+type byteSource struct {
+	data []byte
+	n    uint64
+}
+
+func (s *byteSource) Uint64() uint64 {
+	s.n++
+	v := s.n * 0x9e3779b97f4a7c15
+	for i := range 8 {
+		if len(s.data) > 0 {
+			v ^= uint64(s.data[0]) << (8 * i)
+			s.data = s.data[1:]
+		}
+	}
+	return v
+}
+
+// FuzzHybrid drives a HybridManager with choices read from the input: the
+// first byte picks the config (gpt-oss-like, Gemma-3-like, Llama-4-like,
+// MLA), then each operation (add, fork, release, preempt, resume, evict,
+// truncate, extend, plain and speculative steps, aborts) draws its
+// arguments from the bytes, with TestHybridMatchesRules' checks after
+// each: Audit, the hit rule, every group's KeepFrom start, chunked
+// attention entries and the fake K/V of every group.
+func FuzzHybrid(f *testing.F) {
+	names := []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "mla"}
+	for i := range names {
+		seed := make([]byte, 1+8*64)
+		for j := range seed {
+			seed[j] = byte(j*37 + i*11)
+		}
+		seed[0] = byte(i)
+		f.Add(seed)
+	}
+	configs := hybridConfigs()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		data = data[:min(len(data), 1+8*1024)]
+		src := &byteSource{data: data[1:]}
+		hh := newHybridHarnessSrc(t, configs[names[int(data[0])%len(names)]], src)
+		for op := 0; len(src.data) > 0; op++ {
+			hh.op()
+			hh.check(op)
+		}
+	})
+}
+
+func groupKV(tok int32, pos, g int) uint64 { return fakeKV(tok, pos) ^ uint64(g+1)<<56 }
+
+func (hh *hybridHarness) pick(running bool) (RequestID, bool) {
+	var c []RequestID
+	for _, id := range hh.ids {
+		if !running || hh.h.Running(id) {
+			c = append(c, id)
+		}
+	}
+	if len(c) == 0 {
+		return 0, false
+	}
+	return c[hh.rng.IntN(len(c))], true
+}
+
+// expectHit computes, before an Add or Resume, the prefix every group
+// serves, page by page.
+func (hh *hybridHarness) expectHit(ns Namespace, tokens []int32) int {
+	if len(tokens) < 2 {
+		return 0
+	}
+	serve := (len(tokens) - 1) / hhPageSize
+	for _, m := range hh.h.groups {
+		pages, _ := m.cache.Match(nil, m.cache.Key(ns), tokens, serve)
+		serve = min(serve, len(pages))
+	}
+	return serve * hhPageSize
+}
+
+func (hh *hybridHarness) op() {
+	r, h, t := hh.rng, hh.h, hh.t
+	switch k := r.IntN(24); {
+	case k < 4:
+		id := hh.next
+		hh.next++
+		prompt := promptOf(r.IntN(6), 1+r.IntN(22))
+		want := hh.expectHit(Namespace{}, prompt)
+		got, err := h.Add(id, Request{Prompt: prompt})
+		require.NoError(t, err)
+		require.Equal(t, want, got, "add %d: hit", id)
+		hh.ids = append(hh.ids, id)
+	case k < 5:
+		if p, ok := hh.pick(true); ok {
+			id := hh.next
+			hh.next++
+			require.NoError(t, h.Fork(p, id))
+			hh.ids = append(hh.ids, id)
+		}
+	case k < 7:
+		if id, ok := hh.pick(false); ok {
+			require.NoError(t, h.Release(id))
+			hh.ids = slices.DeleteFunc(hh.ids, func(x RequestID) bool { return x == id })
+		}
+	case k < 8:
+		if id, ok := hh.pick(true); ok {
+			require.NoError(t, h.Preempt(id))
+		}
+	case k < 9:
+		if id, ok := hh.pick(false); ok && !h.Running(id) {
+			want := hh.expectHit(Namespace{}, h.Tokens(id))
+			got, err := h.Resume(id)
+			require.NoError(t, err)
+			require.Equal(t, want, got, "resume %d: hit", id)
+		}
+	case k < 10:
+		h.Evict(1 + r.IntN(hhPages/2))
+	case k < 11:
+		if id, ok := hh.pick(false); ok {
+			n := max(0, len(h.Tokens(id))-r.IntN(10))
+			err := h.Truncate(id, n)
+			if err != nil {
+				require.ErrorIs(t, err, ErrBadArgument)
+			}
+		}
+	case k < 12:
+		if id, ok := hh.pick(false); ok {
+			require.NoError(t, h.Extend(id, promptOf(r.IntN(6), 1+r.IntN(4))...))
+		}
+	default:
+		hh.step()
+	}
+}
+
+func (hh *hybridHarness) step() {
+	r, h, t := hh.rng, hh.h, hh.t
+	var ids []RequestID
+	var nt []int32
+	var drafts [][]int32
+	spec := r.IntN(3) == 0
+	for _, id := range hh.ids {
+		if !h.Running(id) || r.IntN(2) == 0 || len(ids) == 4 {
+			continue
+		}
+		left := len(h.Tokens(id)) - h.Computed(id)
+		n := min(left, 1+r.IntN(9))
+		var d []int32
+		if spec && n == left {
+			for range r.IntN(4) {
+				d = append(d, int32(r.IntN(90)))
+			}
+		}
+		if n+len(d) == 0 {
+			continue
+		}
+		ids, nt, drafts = append(ids, id), append(nt, int32(n)), append(drafts, d)
+	}
+	if len(ids) == 0 {
+		return
+	}
+	before := h.Stats()
+	p, err := h.ReserveSpec(ids, nt, drafts)
+	if err != nil {
+		require.ErrorIs(t, err, ErrOutOfPages)
+		require.Equal(t, before, h.Stats(), "a failed Reserve changed the Manager")
+		require.NoError(t, h.Preempt(ids[r.IntN(len(ids))]))
+		return
+	}
+	hh.engine(p)
+	require.NoError(t, h.Audit(), "during the step")
+	if r.IntN(10) == 0 {
+		require.NoError(t, h.Abort())
+		return
+	}
+	accepted, sampled := make([]int32, len(ids)), make([]int32, len(ids))
+	for b, id := range ids {
+		accepted[b] = int32(r.IntN(len(drafts[b]) + 1))
+		sampled[b] = NoToken
+		if h.Computed(id)+int(nt[b])+len(drafts[b]) == len(h.Tokens(id)) {
+			sampled[b] = int32(r.IntN(90))
+		}
+	}
+	require.NoError(t, h.CommitSpec(accepted, sampled))
+}
+
+// engine performs the copies, writes every group's rows and checks each
+// group's plan against its pages (and a chunked group's attention entries
+// against the dense visibility rule).
+func (hh *hybridHarness) engine(p *HybridPlan) {
+	t, ps := hh.t, hhPageSize
+	for _, c := range p.Copies {
+		copy(hh.kv[int(c.Dst)*ps:int(c.Dst)*ps+int(c.Entries)], hh.kv[int(c.Src)*ps:])
+	}
+	for g, gp := range p.Groups {
+		require.Equal(t, p.Requests, gp.Requests)
+		for i := range gp.Positions {
+			b, pos := gp.BatchIndices[i], gp.Positions[i]
+			page := gp.KVPageIndices[gp.KVIndptr[b]+pos/int32(ps)]
+			hh.kv[int(page)*ps+int(pos)%ps] = groupKV(gp.TokenIDs[i], int(gp.TokenPositions[i]), g)
+		}
+		spec := hh.h.specs[g]
+		if spec.Kind != layergroup.Chunked {
+			require.Nil(t, gp.AttnQOIndptr)
+			continue
+		}
+		require.Equal(t, gp.QOIndptr[len(gp.QOIndptr)-1], gp.AttnQOIndptr[len(gp.AttnQOIndptr)-1])
+		for e := range gp.AttnRequests {
+			b := gp.AttnRequests[e]
+			pages := gp.KVPageIndices[gp.KVIndptr[b]:gp.KVIndptr[b+1]]
+			seg := gp.AttnKVPageIndices[gp.AttnKVIndptr[e]:gp.AttnKVIndptr[e+1]]
+			first := slices.Index(pages, seg[0])
+			require.GreaterOrEqual(t, first, 0)
+			require.Equal(t, pages[first:first+len(seg)], seg)
+			_, start := hh.h.Pages(g, p.Requests[b])
+			keyFrom := start + first*ps
+			kvLen := (len(seg)-1)*ps + int(gp.AttnKVLastPageLen[e])
+			rows := int(gp.AttnQOIndptr[e+1] - gp.AttnQOIndptr[e])
+			for j := range rows {
+				row := int(gp.AttnQOIndptr[e]) + j
+				require.Equal(t, b, gp.BatchIndices[row])
+				q := int(gp.TokenPositions[row])
+				require.Equal(t, keyFrom+kvLen-rows+j, q, "causal alignment of row %d", row)
+				for k := max(0, q-3*spec.ChunkTokens); k <= q; k++ {
+					if spec.Visible(q, k) != (k >= keyFrom) {
+						require.Failf(t, "chunk keys", "row at %d: key %d visible %v, entry keys from %d", q, k, spec.Visible(q, k), keyFrom)
+					}
+				}
+			}
+		}
+	}
+}
+
+func (hh *hybridHarness) check(op int) {
+	t, h, ps := hh.t, hh.h, hhPageSize
+	if err := h.Audit(); err != nil {
+		require.NoError(t, err, "audit after op %d", op)
+	}
+	for _, id := range hh.ids {
+		if !h.Running(id) {
+			continue
+		}
+		tokens, n := h.Tokens(id), h.Computed(id)
+		for g, spec := range h.specs {
+			pages, start := h.Pages(g, id)
+			if start != spec.KeepFrom(n, ps) {
+				require.Failf(t, "start", "op %d: request %d group %d starts at %d, want %d", op, id, g, start, spec.KeepFrom(n, ps))
+			}
+			for tk := start; tk < n; tk++ {
+				got := hh.kv[int(pages[(tk-start)/ps])*ps+(tk-start)%ps]
+				if want := groupKV(tokens[tk], tk, g); got != want {
+					require.Failf(t, "wrong K/V", "op %d: request %d group %d token %d reads %#x, want %#x", op, id, g, tk, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestHybridDecodeEqualsDense runs each hybrid config's groups through real
+// attention on the CPU backend: one paged cache serves every group (a page
+// belongs to one group at a time), prefill in chunks that cross window and
+// chunk boundaries, then decode and speculative steps; every step's rows,
+// attended over each group's pages with its window_left (or a chunked
+// group's Attn entries), must equal dense float64 attention over the whole
+// sequence under that group's visibility rule.
+func TestHybridDecodeEqualsDense(t *testing.T) {
+	for name, groups := range hybridConfigs() {
+		t.Run(name, func(t *testing.T) {
+			const ps = 4
+			h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 256, PageSize: ps, HashSeed: 1}, Groups: groups})
+			require.NoError(t, err)
+			e := newCPUEngine(t, 256, ps)
+			prompt := seqTokens(40, 23)
+			_, err = h.Add(1, Request{Prompt: prompt})
+			require.NoError(t, err)
+			_, err = h.Add(2, Request{Prompt: seqTokens(70, 9)})
+			require.NoError(t, err)
+			for step := 0; step < 30; step++ {
+				var ids []RequestID
+				var nt []int32
+				var drafts [][]int32
+				for _, id := range []RequestID{1, 2} {
+					left := len(h.Tokens(id)) - h.Computed(id)
+					n := min(left, 5)
+					var d []int32
+					if n == left && step%3 == 0 {
+						d = []int32{int32(step), int32(step + 1), int32(step + 2)}
+					}
+					if n+len(d) > 0 {
+						ids, nt, drafts = append(ids, id), append(nt, int32(n)), append(drafts, d)
+					}
+				}
+				p, err := h.ReserveSpec(ids, nt, drafts)
+				require.NoError(t, err)
+				// Copies first (pool-wide), then every group's appends.
+				e.copyPages(p.Copies)
+				for _, gp := range p.Groups {
+					gpNoCopies := *gp
+					gpNoCopies.Copies = nil
+					e.apply(t, &gpNoCopies)
+				}
+				for g, gp := range p.Groups {
+					got := e.groupAttention(t, gp, h.specs[g])
+					want := denseGroupAttention(gp, h.specs[g], func(id RequestID) []int32 { return h.Tokens(id) })
+					requireClose(t, want, got, 1e-5, fmt.Sprintf("%s group %d (%v) step %d", name, g, h.specs[g].Kind, step))
+				}
+				accepted, sampled := make([]int32, len(ids)), make([]int32, len(ids))
+				for b, id := range ids {
+					accepted[b] = int32(min(len(drafts[b]), step%2))
+					sampled[b] = NoToken
+					if h.Computed(id)+int(nt[b])+len(drafts[b]) == len(h.Tokens(id)) {
+						sampled[b] = int32(300 + step)
+					}
+				}
+				require.NoError(t, h.CommitSpec(accepted, sampled))
+				require.NoError(t, h.Audit())
+			}
+			require.Positive(t, h.Stats().Steps)
+		})
+	}
+}
+
+// groupAttention is causal attention of every row of a group's plan over
+// its pages on the CPU backend: batch prefill with the group's
+// window_left, on a chunked group's Attn entries when it has them.
+func (e *cpuEngine) groupAttention(t testing.TB, p *Plan, spec LayerGroup) []float32 {
+	nnz := len(p.Positions)
+	q := make([]float32, 0, nnz*engHeads*engDim)
+	for r := range nnz {
+		q = append(q, queryOf(r)...)
+	}
+	qo, table := p.QOIndptr, kernels.PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
+	if p.AttnQOIndptr != nil {
+		qo, table = p.AttnQOIndptr, kernels.PageTable{KVIndptr: p.AttnKVIndptr, KVIndices: p.AttnKVPageIndices, KVLastPageLen: p.AttnKVLastPageLen}
+	}
+	o := kernels.NewTensor(layout.F32, nnz, engHeads, engDim)
+	require.NoError(t, e.be.BatchPrefill(&kernels.PrefillParams{
+		Q: kernels.TensorFromF32(layout.F32, q, nnz, engHeads, engDim), QOIndptr: qo, Cache: e.cache,
+		Table: table, Causal: true, O: o,
+		AttentionParams: kernels.AttentionParams{NumQOHeads: engHeads, WindowLeft: p.WindowLeft},
+	}))
+	require.Equal(t, spec.WindowLeft(), p.WindowLeft)
+	return o.F32()
+}
+
+// denseGroupAttention is float64 attention of every row of the plan over
+// the request's whole token sequence, keys chosen by the group's
+// visibility rule, K/V recomputed from (token, position).
+func denseGroupAttention(p *Plan, spec LayerGroup, tokensOf func(RequestID) []int32) []float32 {
+	out := make([]float32, 0, len(p.Positions)*engHeads*engDim)
+	scale := 1 / math.Sqrt(engDim)
+	for r := range p.Positions {
+		tokens := tokensOf(p.Requests[p.BatchIndices[r]])
+		qpos := int(p.TokenPositions[r])
+		qv := queryOf(r)
+		for hd := range engHeads {
+			var logits []float64
+			var vals [][]float32
+			for k := 0; k <= qpos; k++ {
+				if !spec.Visible(qpos, k) {
+					continue
+				}
+				kv := kvOf(0, tokens[k], int32(k), hd)
+				s := 0.0
+				for d := range engDim {
+					s += float64(qv[hd*engDim+d]) * float64(kv[d])
+				}
+				logits = append(logits, s*scale)
+				vals = append(vals, kvOf(1, tokens[k], int32(k), hd))
+			}
+			mx := math.Inf(-1)
+			for _, l := range logits {
+				mx = max(mx, l)
+			}
+			sum := 0.0
+			acc := make([]float64, engDim)
+			for i, l := range logits {
+				w := math.Exp(l - mx)
+				sum += w
+				for d := range engDim {
+					acc[d] += w * float64(vals[i][d])
+				}
+			}
+			for d := range engDim {
+				out = append(out, float32(acc[d]/sum))
+			}
+		}
+	}
+	return out
+}
+
+// copyPages performs copy-on-write copies on the engine's cache.
+func (e *cpuEngine) copyPages(copies []CopyOp) {
+	g := e.cache.Geometry
+	for _, c := range copies {
+		for ent := range int(c.Entries) {
+			for _, off := range []func(page, entry, head, feat int) int64{g.KOffset, g.VOffset} {
+				src, dst := off(int(c.Src), ent, 0, 0)*4, off(int(c.Dst), ent, 0, 0)*4
+				copy(e.cache.Data[dst:dst+engHeads*engDim*4], e.cache.Data[src:])
+			}
+		}
+	}
+}
