@@ -457,12 +457,12 @@ func (m *Manager) admit(r *request) int {
 // (sliding), or before its current chunk (chunked). They stay cached (and
 // become evictable) if they were published.
 func (m *Manager) releaseWindow(r *request) {
+	if m.group.KeepTokens(0) < 0 {
+		return // full attention keeps every page
+	}
 	seq := r.seq()
 	n := m.table.Len(seq)
 	keep := m.group.KeepTokens(n)
-	if keep < 0 {
-		return
-	}
 	before := n - keep - r.start
 	if before < m.pageSize {
 		return

@@ -306,3 +306,70 @@ func BenchmarkSpecStep(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHybridDecodeStep measures a decode step's Manager overhead per
+// request for a hybrid model of two groups (gpt-oss-like: sliding window
+// 128 and full) beside one group (full) on the same workload in the same
+// run, both through HybridManager, and the plain Manager; the goal is two
+// groups <= 2x one group.
+func BenchmarkHybridDecodeStep(b *testing.B) {
+	const ps, promptLen, maxLen, nreq = 16, 64, 1024, 256
+	full := LayerGroup{Kind: FullAttention, NumLayers: 1}
+	sliding := LayerGroup{Kind: SlidingAttention, WindowTokens: 128, NumLayers: 1}
+	for _, c := range []struct {
+		name   string
+		groups []LayerGroup
+	}{{"groups=1", []LayerGroup{full}}, {"groups=2", []LayerGroup{sliding, full}}} {
+		b.Run(c.name, func(b *testing.B) {
+			h, err := NewHybrid(HybridConfig{Config: Config{NumPages: len(c.groups)*nreq*(maxLen+ps)/ps + 64, PageSize: ps, HashSeed: 1},
+				Groups: c.groups})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids, nt, sampled := make([]RequestID, nreq), make([]int32, nreq), make([]int32, nreq)
+			next := RequestID(0)
+			admit := func(i int) {
+				ids[i] = next
+				next++
+				if _, err := h.Add(ids[i], Request{Prompt: seqTokens(i*7919, promptLen), CapacityTokens: maxLen + 1}); err != nil {
+					b.Fatal(err)
+				}
+				if c := h.Computed(ids[i]); c < promptLen {
+					if _, err := h.Reserve(ids[i:i+1], []int32{int32(promptLen - c)}); err != nil {
+						b.Fatal(err)
+					}
+					if err := h.Commit(nil); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if err := h.Extend(ids[i], 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i := range ids {
+				admit(i)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				for i, id := range ids {
+					if len(h.Tokens(id)) >= maxLen {
+						if err := h.Release(id); err != nil {
+							b.Fatal(err)
+						}
+						admit(i)
+					}
+					nt[i] = int32(len(h.Tokens(ids[i])) - h.Computed(ids[i]))
+					sampled[i] = int32(i)
+				}
+				if _, err := h.Reserve(ids, nt); err != nil {
+					b.Fatal(err)
+				}
+				if err := h.Commit(sampled); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(nreq), "ns/request")
+		})
+	}
+}
