@@ -141,11 +141,11 @@ func TestHybridEvictionShrinksHit(t *testing.T) {
 // exactly each row's visible keys.
 func TestHybridMatchesRules(t *testing.T) {
 	t.Parallel()
-	// 100k operations per config; under -race (CI) a quarter, to keep the
+	// 100k operations per config; under -race (CI) a tenth, to keep the
 	// suite's time on 2 cores (the plain go test run does the full count).
 	runs, ops := 100, 1000
 	if raceEnabled {
-		runs = 25
+		runs = 10
 	}
 	if testing.Short() {
 		runs = 10
