@@ -172,6 +172,7 @@ func setBenchtime(d time.Duration) (restore func(), err error) {
 type benchSizes struct {
 	allocPool, allocBatch    int
 	decodeReqs, decodePrompt int // Manager decode step
+	decodeReqsLarge          int // a second Manager row, the 4096 requests
 	exportSeqs, exportTokens int
 	appendRows               int
 	attnReqs, attnTokens     int // CPU decode
@@ -179,8 +180,8 @@ type benchSizes struct {
 }
 
 var (
-	fullSizes  = benchSizes{1 << 16, 16, 256, 512, 256, 4096, 256, 8, 1024, 8192}
-	shortSizes = benchSizes{1 << 10, 16, 16, 64, 16, 256, 16, 2, 64, 256}
+	fullSizes  = benchSizes{1 << 16, 16, 256, 512, 4096, 256, 4096, 256, 8, 1024, 8192}
+	shortSizes = benchSizes{1 << 10, 16, 16, 64, 64, 16, 256, 16, 2, 64, 256}
 )
 
 // The attention geometry of the kernel benchmarks: a Llama-like layer.
@@ -190,7 +191,7 @@ const (
 
 func benchPairs(sz benchSizes) []benchPair {
 	kvRow := int64(2 * benchHkv * benchD * layout.F16.Size()) // K+V of one token
-	return []benchPair{
+	pairs := []benchPair{
 		{
 			name: fmt.Sprintf("alloc+free, batch %d", sz.allocBatch), unit: "page", perOp: float64(sz.allocBatch),
 			baseline: "naive allocator: mutex, map of refcounts, free slice",
@@ -198,17 +199,29 @@ func benchPairs(sz benchSizes) []benchPair {
 			versus:   func(b *testing.B) error { return benchAlloc(b, sz, true) },
 		},
 		{
-			name: fmt.Sprintf("decode step, Manager, %d requests", sz.decodeReqs), unit: "request", perOp: float64(sz.decodeReqs),
+			name: "alloc+free, 1 page, owner-local Cache", unit: "page", perOp: 1,
+			baseline: "naive allocator, one page",
+			ours:     func(b *testing.B) error { return benchAllocCache(b, sz) },
+			versus:   func(b *testing.B) error { one := sz; one.allocBatch = 1; return benchAlloc(b, one, true) },
+		},
+	}
+	for _, n := range []int{sz.decodeReqs, sz.decodeReqsLarge} {
+		msz := sz
+		msz.decodeReqs = n
+		pairs = append(pairs, benchPair{
+			name: fmt.Sprintf("decode step, Manager, %d requests", n), unit: "request", perOp: float64(n),
 			baseline: "memmove of the step's plan arrays",
-			ours:     func(b *testing.B) error { return benchManagerDecode(b, sz) },
+			ours:     func(b *testing.B) error { return benchManagerDecode(b, msz) },
 			versus: func(b *testing.B) error {
-				n, err := managerPlanBytes(sz)
+				n, err := managerPlanBytes(msz)
 				if err != nil {
 					return err
 				}
 				return benchMemmove(b, n)
 			},
-		},
+		})
+	}
+	return append(pairs, []benchPair{
 		{
 			name: fmt.Sprintf("CSR export, %d x %d tokens", sz.exportSeqs, sz.exportTokens), bytes: true, perOp: float64(exportBytes(sz)),
 			baseline: "memmove of the same bytes",
@@ -216,17 +229,30 @@ func benchPairs(sz benchSizes) []benchPair {
 			versus:   func(b *testing.B) error { return benchMemmove(b, exportBytes(sz)) },
 		},
 		{
-			name: fmt.Sprintf("append, cpu, %d rows f16", sz.appendRows), bytes: true, perOp: float64(int64(sz.appendRows) * kvRow),
+			name: fmt.Sprintf("append, cpu, %d rows f16 NHD", sz.appendRows), bytes: true, perOp: float64(int64(sz.appendRows) * kvRow),
 			baseline: "memmove of the same bytes",
-			ours:     func(b *testing.B) error { return benchAppend(b, sz) },
+			ours:     func(b *testing.B) error { return benchAppend(b, sz, layout.NHD) },
 			versus:   func(b *testing.B) error { return benchMemmove(b, int64(sz.appendRows)*kvRow) },
 		},
 		{
-			name: fmt.Sprintf("decode, cpu, %d x %d tokens f16", sz.attnReqs, sz.attnTokens), bytes: true,
+			name: fmt.Sprintf("append, cpu, %d rows f16 HND", sz.appendRows), bytes: true, perOp: float64(int64(sz.appendRows) * kvRow),
+			baseline: "memmove of the same bytes",
+			ours:     func(b *testing.B) error { return benchAppend(b, sz, layout.HND) },
+			versus:   func(b *testing.B) error { return benchMemmove(b, int64(sz.appendRows)*kvRow) },
+		},
+		{
+			name: fmt.Sprintf("decode, cpu, 1 worker, %d x %d tokens f16", sz.attnReqs, sz.attnTokens), bytes: true,
 			perOp:    float64(int64(sz.attnReqs*sz.attnTokens) * kvRow),
 			baseline: "memmove of the K/V read",
-			ours:     func(b *testing.B) error { return benchDecode(b, sz) },
+			ours:     func(b *testing.B) error { return benchDecode(b, sz, 1) },
 			versus:   func(b *testing.B) error { return benchMemmove(b, int64(sz.attnReqs*sz.attnTokens)*kvRow) },
+		},
+		{
+			name: fmt.Sprintf("decode, cpu, 2 workers, %d x %d tokens f16", sz.attnReqs, sz.attnTokens), bytes: true,
+			perOp:    float64(int64(sz.attnReqs*sz.attnTokens) * kvRow),
+			baseline: "the same decode on 1 worker (wall time: needs 2 idle cores)",
+			ours:     func(b *testing.B) error { return benchDecode(b, sz, 2) },
+			versus:   func(b *testing.B) error { return benchDecode(b, sz, 1) },
 		},
 		{
 			name: fmt.Sprintf("prefix lookup, %d tokens", sz.lookupTokens), unit: "token", perOp: float64(sz.lookupTokens),
@@ -234,7 +260,7 @@ func benchPairs(sz benchSizes) []benchPair {
 			ours:     func(b *testing.B) error { return benchLookup(b, sz, false) },
 			versus:   func(b *testing.B) error { return benchLookup(b, sz, true) },
 		},
-	}
+	}...)
 }
 
 // benchMemmove copies n bytes per iteration: the physical limit of
@@ -316,6 +342,31 @@ func benchAlloc(b *testing.B, sz benchSizes, naive bool) error {
 			return err
 		}
 		if _, err := a.Release(dst...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchAllocCache allocates and frees one page per iteration through an
+// owner-local allocator.Cache, from a pool half in use.
+func benchAllocCache(b *testing.B, sz benchSizes) error {
+	a, err := allocator.New(allocator.Config{NumPages: sz.allocPool})
+	if err != nil {
+		return err
+	}
+	if err := a.Alloc(make([]allocator.PageID, sz.allocPool/2)); err != nil {
+		return err
+	}
+	c := a.NewCache()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		p, err := c.Alloc()
+		if err != nil {
+			return err
+		}
+		if _, err := c.Release(p); err != nil {
 			return err
 		}
 	}
@@ -464,10 +515,10 @@ func benchExport(b *testing.B, sz benchSizes) error {
 
 // benchAppend appends one decode row to each of appendRows requests (one
 // page each, the row at entry 15) per iteration, with appendkv on the CPU
-// backend.
-func benchAppend(b *testing.B, sz benchSizes) error {
+// backend on one worker, into a cache of layout l.
+func benchAppend(b *testing.B, sz benchSizes, l layout.KVLayout) error {
 	n := sz.appendRows
-	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: n, PageSize: benchPageSize,
+	g := layout.Paged{Layout: l, Form: layout.Fused, DType: layout.F16, NumPages: n, PageSize: benchPageSize,
 		NumKVHeads: benchHkv, HeadDim: benchD}
 	cache, err := kernels.NewPagedKVCache(g)
 	if err != nil {
@@ -483,7 +534,7 @@ func benchAppend(b *testing.B, sz benchSizes) error {
 		return err
 	}
 	k, v := kernels.NewTensor(layout.F16, n, benchHkv, benchD), kernels.NewTensor(layout.F16, n, benchHkv, benchD)
-	backend := cpu.New(cpu.Config{})
+	backend := cpu.New(cpu.Config{Workers: 1})
 	in := appendkv.Input{AppendKey: k, AppendValue: v, Cache: &cache, Table: &table}
 	b.SetBytes(int64(len(k.Data) + len(v.Data)))
 	b.ReportAllocs()
@@ -497,8 +548,8 @@ func benchAppend(b *testing.B, sz benchSizes) error {
 }
 
 // benchDecode is one CPU batch decode of attnReqs requests of attnTokens
-// tokens per iteration.
-func benchDecode(b *testing.B, sz benchSizes) error {
+// tokens per iteration, on the given number of workers.
+func benchDecode(b *testing.B, sz benchSizes, workers int) error {
 	B, L := sz.attnReqs, sz.attnTokens
 	pagesPer := (L + benchPageSize - 1) / benchPageSize
 	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: B * pagesPer, PageSize: benchPageSize,
@@ -523,7 +574,7 @@ func benchDecode(b *testing.B, sz benchSizes) error {
 	q := kernels.NewTensor(layout.F16, B, benchHq, benchD)
 	p := &kernels.DecodeParams{Q: q, Cache: cache, Table: kernels.PageTable{KVIndptr: indptr, KVIndices: indices, KVLastPageLen: last},
 		AttentionParams: kernels.AttentionParams{NumQOHeads: benchHq, WindowLeft: -1}, O: kernels.NewTensor(layout.F16, B, benchHq, benchD)}
-	backend := cpu.New(cpu.Config{})
+	backend := cpu.New(cpu.Config{Workers: workers})
 	b.SetBytes(int64(B*L) * int64(2*benchHkv*benchD*layout.F16.Size()))
 	b.ReportAllocs()
 	b.ResetTimer()

@@ -27,10 +27,14 @@ func TestBenchShort(t *testing.T) {
 	assert.Contains(t, ls[len(ls)-1], "ratio = our time / the baseline's time")
 	assert.Equal(t, []string{
 		"alloc+free, batch 16",
+		"alloc+free, 1 page, owner-local Cache",
 		"decode step, Manager, 16 requests",
+		"decode step, Manager, 64 requests",
 		"CSR export, 16 x 256 tokens",
-		"append, cpu, 16 rows f16",
-		"decode, cpu, 2 x 64 tokens f16",
+		"append, cpu, 16 rows f16 NHD",
+		"append, cpu, 16 rows f16 HND",
+		"decode, cpu, 1 worker, 2 x 64 tokens f16",
+		"decode, cpu, 2 workers, 2 x 64 tokens f16",
 		"prefix lookup, 256 tokens",
 	}, names)
 }
