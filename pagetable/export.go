@@ -51,10 +51,10 @@ type AppendCSR struct {
 // emits a table ValidateCSR rejects), ExportTo returns an error and leaves
 // dst untouched.
 func (t *Table) ExportTo(dst *CSR, ids []SeqID) error {
-	slotsIdx := t.scratchSlots[:0]
+	hints, slotsIdx := t.scratchSlots, t.scratchSlots[:0]
 	var npages int64
 	for i, id := range ids {
-		si, ok := t.index[id]
+		si, ok := t.slotOf(id, hints, i)
 		if !ok {
 			t.scratchSlots = slotsIdx
 			return fmt.Errorf("%w: export: ids[%d] = %d", ErrUnknownSeq, i, id)
@@ -102,10 +102,10 @@ func (t *Table) ExportAppendTo(dst *AppendCSR, ids []SeqID, appendLens []int32) 
 	if len(ids) != len(appendLens) {
 		return fmt.Errorf("%w: export append: %d sequence IDs but %d append lengths", ErrBadArgument, len(ids), len(appendLens))
 	}
-	slotsIdx := t.scratchSlots[:0]
+	hints, slotsIdx := t.scratchSlots, t.scratchSlots[:0]
 	var nnz int64
 	for i, id := range ids {
-		si, ok := t.index[id]
+		si, ok := t.slotOf(id, hints, i)
 		if !ok {
 			t.scratchSlots = slotsIdx
 			return fmt.Errorf("%w: export append: ids[%d] = %d", ErrUnknownSeq, i, id)
