@@ -23,6 +23,7 @@ type tierModelConfig struct {
 	remote       tier.RemoteStore
 	spaces       []Namespace
 	deadline     time.Duration
+	src          rand.Source // the operations' randomness; nil: PCG(seed)
 	// hook, if set, runs before each operation (to kill a server, say).
 	hook func(op int)
 }
@@ -34,7 +35,11 @@ type tierModelConfig struct {
 // copies complete in random order at random times, as late as possible.
 // It ends by draining: no page, host page or copy may be left behind.
 func runTierModel(t *testing.T, c tierModelConfig) *Manager {
-	rng := rand.New(rand.NewPCG(c.seed, 77))
+	src := c.src
+	if src == nil {
+		src = rand.NewPCG(c.seed, 77)
+	}
+	rng := rand.New(src)
 	tc := TierConfig{HostPages: c.hostPages, Format: tierFormat(4), OffloadFreePages: c.ahead,
 		WriteThrough: c.writeThrough, Remote: c.remote, RemoteDeadline: c.deadline}
 	m, err := New(Config{NumPages: c.numPages, PageSize: 4, HashSeed: c.seed | 1, Tiers: tc})
@@ -128,6 +133,16 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 				e.ns[next] = e.ns[id]
 				next++
 			}
+		case k == 18 && rng.IntN(2) == 0:
+			// The engine's IDs are an input: arbitrary ones must be
+			// refused without a change.
+			what = "complete bad ids"
+			ids := []uint64{rng.Uint64(), rng.Uint64() & 0xffff_ffff}
+			before := m.Stats()
+			if err := m.CompleteTierCopies(ids...); err == nil {
+				t.Fatalf("completing copies %v that were never issued succeeded", ids)
+			}
+			require.Equal(t, before, m.Stats())
 		default:
 			what = "complete"
 			e.complete(func(int) bool { return rng.IntN(2) == 0 })
@@ -151,4 +166,23 @@ func TestTiersMatchModel(t *testing.T) {
 		hostHits += st.Tiers.HostHitTokens
 	}
 	require.Positive(t, hostHits, "the workload never hit the host tier")
+}
+
+// FuzzTiers drives the randomized tier workload from raw bytes: the first
+// byte picks the pool sizes, evict-ahead and write-through, the rest are
+// the operations' random draws (which ops, which requests, which copies
+// complete, arbitrary copy IDs), read by hybrid_test.go's byteSource. Audit and the fake-K/V check run after
+// every operation; the run must drain without a leak in any tier.
+func FuzzTiers(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+	f.Add(make([]byte, 64))
+	f.Add([]byte("\x07 tiers: add, step, evict, complete, onload, release"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) == 0 || len(data) > 4096 {
+			return
+		}
+		h := data[0]
+		runTierModel(t, tierModelConfig{ops: len(data) / 4, numPages: 8 + int(h%4)*4, hostPages: 4 + int(h>>2%4)*4,
+			ahead: int(h >> 4 % 3), writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}})
+	})
 }
