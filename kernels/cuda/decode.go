@@ -49,6 +49,19 @@ var kvSuffix = map[layout.DType]string{
 	layout.F32: "f32", layout.F16: "f16", layout.BF16: "bf16", layout.E4M3: "e4m3", layout.E5M2: "e5m2",
 }
 
+// decodeKernels names the decode entry point of each cache dtype and
+// features per lane (built once: planning a step allocates nothing).
+var decodeKernels = func() map[layout.DType]map[int]string {
+	m := map[layout.DType]map[int]string{}
+	for dt, sfx := range kvSuffix {
+		m[dt] = map[int]string{}
+		for _, vec := range decodeVecs {
+			m[dt][vec] = decodeKernel(sfx, vec)
+		}
+	}
+	return m
+}()
+
 // planDecodeShape picks the kernel, block shape and tiling for a cache
 // geometry and GQA group size.
 func planDecodeShape(g layout.Paged, group int) (decodePlan, error) {
@@ -58,7 +71,7 @@ func planDecodeShape(g layout.Paged, group int) (decodePlan, error) {
 	}
 	var p decodePlan
 	p.vec = vec
-	p.kernel = decodeKernel(kvSuffix[g.DType], vec)
+	p.kernel = decodeKernels[g.DType][vec]
 	p.hpb = min(group, decodeMaxWarps)
 	p.nz = 1
 	for p.nz*2*p.hpb <= decodeMaxWarps {

@@ -105,3 +105,14 @@ func TestGPUBadOrdinal(t *testing.T) {
 	_, err := cuda.New(cuda.Config{Device: 1 << 20})
 	require.ErrorIs(t, err, kernels.ErrNoDevice)
 }
+
+// gpuDevice is the device backend for benchmarks, or nil without a device.
+func gpuDevice(tb testing.TB) *cuda.Backend {
+	gpuOnce.Do(initGPU)
+	if errors.Is(gpuErr, kernels.ErrNoDevice) {
+		tb.Logf("no CUDA device: %v", gpuErr)
+		return nil
+	}
+	require.NoError(tb, gpuErr)
+	return gpu
+}

@@ -422,3 +422,66 @@ func compareWithCPU(t testing.TB, b *cuda.Backend, cd *cuda.CountingDriver, s *c
 	}
 	return rejected
 }
+
+// nopDriver is a device that runs nothing: it isolates the launcher's host
+// code (planning, packing, argument lists) for allocation counts.
+type nopDriver struct{ next cuda.DevicePtr }
+
+func (d *nopDriver) NumSMs() int { return 132 }
+func (d *nopDriver) Alloc(n int) (cuda.DevicePtr, error) {
+	d.next += cuda.DevicePtr((n + 511) &^ 255)
+	return d.next, nil
+}
+func (d *nopDriver) Free(cuda.DevicePtr) error                                { return nil }
+func (d *nopDriver) HtoD(cuda.DevicePtr, []byte) error                        { return nil }
+func (d *nopDriver) HtoDAsync(cuda.DevicePtr, []byte) error                   { return nil }
+func (d *nopDriver) DtoH([]byte, cuda.DevicePtr) error                        { return nil }
+func (d *nopDriver) DtoD(_, _ cuda.DevicePtr, _ int) error                    { return nil }
+func (d *nopDriver) Memset(cuda.DevicePtr, byte, int) error                   { return nil }
+func (d *nopDriver) HostAlloc(n int) ([]byte, error)                          { return make([]byte, n), nil }
+func (d *nopDriver) HostFree([]byte) error                                    { return nil }
+func (d *nopDriver) Synchronize() error                                       { return nil }
+func (d *nopDriver) Launch(string, cuda.Dim3, cuda.Dim3, int, []uint64) error { return nil }
+
+// TestStepAllocationFree pins the per-step hot path: once a Step has seen a
+// step of a given shape, planning (validation, work items, packing, the
+// upload), the append and the attention of a decode, prefill or cascade
+// step of that shape allocate nothing.
+func TestStepAllocationFree(t *testing.T) {
+	b := cuda.NewWithDriver("nop", &nopDriver{}, cuda.Config{})
+	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: 64, PageSize: 16, NumKVHeads: 2, HeadDim: 128}
+	cache, err := b.NewKVCache(g)
+	require.NoError(t, err)
+	s, err := b.NewStep(cuda.StepLimits{MaxBatch: 8, MaxPages: 64, MaxRows: 64, MaxLevels: 2, MaxQOHeads: 8, MaxHeadDim: 128})
+	require.NoError(t, err)
+	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
+	bi, pos := []int32{0, 1, 2}, []int32{38, 31, 48}
+	ap := kernels.AttentionParams{NumQOHeads: 8, WindowLeft: -1}
+	dec := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: cuda.Decode, Rows: 3, AttentionParams: ap}
+	pre := &cuda.StepPlan{Geometry: g, Table: table, Attention: cuda.Prefill, Rows: 6, QOIndptr: []int32{0, 1, 3, 6}, Causal: true, AttentionParams: ap}
+	cas := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: cuda.Cascade, Rows: 3, Causal: true,
+		AttentionParams: ap, Levels: []cuda.Level{
+			{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVIndices: []int32{10, 11}, KVLastPageLen: []int32{16}},
+			{QOIndptr: []int32{0, 1, 2, 3}, KVIndptr: table.KVIndptr, KVIndices: table.KVIndices, KVLastPageLen: table.KVLastPageLen}}}
+	t3 := func(rows, heads int) cuda.DeviceTensor {
+		x, err := b.AllocTensor(g.DType, rows, heads, 128)
+		require.NoError(t, err)
+		return x
+	}
+	kv := t3(3, 2)
+	for _, c := range []struct {
+		name string
+		p    *cuda.StepPlan
+	}{{"decode", dec}, {"prefill", pre}, {"cascade", cas}} {
+		q, o := t3(c.p.Rows, 8), t3(c.p.Rows, 8)
+		run := func() {
+			require.NoError(t, s.Plan(c.p))
+			if c.p.BatchIndices != nil {
+				require.NoError(t, s.Append(cache, kv, kv, 0, 0))
+			}
+			require.NoError(t, s.Attention(cache, q, o, cuda.DeviceTensor{}))
+		}
+		run()
+		assert.Zero(t, testing.AllocsPerRun(20, run), c.name)
+	}
+}
