@@ -12,7 +12,11 @@
 //
 // Every backend validates its parameters with the Validate methods of this
 // package before it touches memory, so a failed call writes nothing and a bad
-// index can never turn into an out-of-bounds write.
+// index can never turn into an out-of-bounds write. The index halves of
+// those methods (ValidateDecodeTable, ValidateAppendRows and their kin,
+// which the methods call) serve backends whose tensors live in device
+// memory: kernels/cuda's device-resident steps check their index arrays
+// with them before uploading, with the same errors.
 //
 // # Conventions
 //

@@ -2,7 +2,11 @@
 // compiles the very same .cu files with g++ against the CUDA shim
 // kernels/cuda/cuemu.h (CUDA threads as fibers, barriers and warp shuffles
 // as fiber switches, a deadlock check), and [New] wraps the result in the
-// launcher of kernels/cuda as a [kernels.Backend] named "emu".
+// launcher of kernels/cuda as a [kernels.Backend] named "emu"; [NewDevice]
+// returns the same backend with its device-resident API (caches, tensors
+// and steps in emulated device memory, which is C memory of this process),
+// so conformance suites, reference cases and `pagedkv simulate --backend
+// emu` run the device-resident path an engine would run on a GPU.
 //
 // It exists so that every default `go test` runs the GPU kernels and the host
 // code that launches them (argument packing, grid shapes, split-k plans,

@@ -16,7 +16,9 @@ type Config struct {
 	// MaxChunkTokens, when > 0, caps the keys one decode block walks: a
 	// request with more visible keys is split into chunks of at most this
 	// many (split-k) whose partial states are merged by a second kernel.
-	// 0 lets the launcher decide from the SM count and the batch shape.
+	// 0 lets the launcher decide from the SM count and the batch shape; < 0
+	// never splits, so that the launch grid of a step depends on its batch
+	// size only (what a CUDA graph captured per batch size needs).
 	MaxChunkTokens int
 }
 

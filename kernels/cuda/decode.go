@@ -99,6 +99,9 @@ func chooseChunk(visible []int, blocksPerRequest, numSMs, maxChunk, tile int) in
 		longest = max(longest, v)
 		total += v
 	}
+	if maxChunk < 0 {
+		return 0 // never split: a plan whose launch shape depends on the batch only
+	}
 	if maxChunk > 0 {
 		if longest > maxChunk {
 			return maxChunk

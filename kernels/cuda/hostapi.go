@@ -115,6 +115,9 @@ func (h *hostCall) downloadF32(dst []float32, src DeviceTensor) {
 // query rows over at most keys keys each.
 func (b *Backend) workItems(rows, keys int) int {
 	chunk := minChunkTokens
+	if b.cfg.MaxChunkTokens < 0 {
+		return rows
+	}
 	if b.cfg.MaxChunkTokens > 0 {
 		chunk = b.cfg.MaxChunkTokens
 	}

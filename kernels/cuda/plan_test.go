@@ -166,6 +166,7 @@ func TestChooseChunk(t *testing.T) {
 		{"one long request, 8 kv heads", []int{32768}, 8, 0, 1024}, // ceil(32768*8/264) = 993, rounded up to the tile
 		{"one 4k request, 1 head: min chunk", []int{4096}, 1, 0, minChunkTokens},
 		{"just over the minimum: two chunks", []int{300}, 8, 0, minChunkTokens},
+		{"never split (graph capture)", []int{32768}, 8, -1, 0},
 	} {
 		assert.Equal(t, c.want, chooseChunk(c.visible, c.blocksPerReq, sms, c.force, tile), c.name)
 	}
