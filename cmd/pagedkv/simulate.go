@@ -58,6 +58,15 @@ chain hashes (seeded with --seed|1). The run waits up to --kv-events-wait
 for a subscriber first and serves replays (--kv-events-replay ADDR, vLLM's
 ROUTER protocol) for --kv-events-linger after it.
 
+--spec-tokens K turns on speculative decoding: every decoding request
+proposes K draft tokens per step (a deterministic draft model that agrees
+with the target three times in four), the step computes K/V and attention
+for its last token and the drafts (prefill rows), the longest prefix of
+drafts equal to what the target samples is accepted, and one more token is
+sampled after it (Manager.ReserveSpec / CommitSpec). The tokens generated
+are the same as without drafts; draft rows are verified like any other, and
+rejected drafts' K/V is rolled back before the next step.
+
 --replicas R runs R replicas (each its own Manager and verified attention)
 connected to a router only by their KV events over loopback ZeroMQ; each
 arriving request goes to the replica with the longest cached prefix among
@@ -94,6 +103,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.CascadeMinSavedPages, "cascade-min-saved", 0, "page reads a cascade level must save per step (0: the Manager's default, <0: never cascade)")
 	fs.IntVar(&cfg.MaxStepTokens, "step-tokens", cfg.MaxStepTokens, "token budget of a step (chunked prefill)")
 	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "most requests running at once")
+	fs.IntVar(&cfg.SpecTokens, "spec-tokens", 0, fmt.Sprintf("draft tokens each decoding request proposes per step, 0..%d (0: no speculative decoding)", sim.MaxSpecTokens))
 	fs.IntVar(&cfg.VerifyEvery, "verify-every", cfg.VerifyEvery, "check outputs, paged K/V and the Manager every N steps")
 	fs.IntVar(&cfg.VerifySamples, "verify-samples", cfg.VerifySamples, "outputs checked per checked step")
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the model's K/V/Q and the checked samples")
@@ -124,6 +134,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return fail(usageOr(err, exitFailure), "%v", err)
 	}
 	cfg.Model.Seed = cfg.Seed
+	if cfg.SpecTokens < 0 || cfg.SpecTokens > sim.MaxSpecTokens {
+		return fail(exitUsage, "--spec-tokens: %d is out of range 0..%d", cfg.SpecTokens, sim.MaxSpecTokens)
+	}
 	if cfg.HostPages < 0 {
 		return fail(exitUsage, "--host-pages: %d is negative", cfg.HostPages)
 	}

@@ -168,6 +168,22 @@ func (m *Model) Sample(ctx uint64, branch int) int32 {
 	return int32(mix(ctx^m.Seed^uint64(branch+1)*golden) % Vocab)
 }
 
+// draftSalt separates the draft model's hash from Sample's.
+const draftSalt = 0xd4af7d4af7d4af7
+
+// Draft is the draft model's proposal after the token with context hash
+// ctx: Sample's token three times in four (decided by a hash of ctx, so a
+// run is deterministic), else a different token. A speculative step
+// accepts the longest prefix of drafts equal to what Sample gives, so the
+// accepted tokens are exactly the ones a run without drafts samples.
+func (m *Model) Draft(ctx uint64, branch int) int32 {
+	t := m.Sample(ctx, branch)
+	if mix(ctx^m.Seed^draftSalt)%4 == 0 {
+		t = (t + 1) % Vocab
+	}
+	return t
+}
+
 // KVBytesPerToken is the K and V bytes one token occupies in one layer.
 func (m *Model) KVBytesPerToken() int64 {
 	return 2 * int64(m.NumKVHeads) * int64(m.HeadDim) * int64(m.DType.Size())

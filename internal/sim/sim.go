@@ -56,6 +56,11 @@ type Config struct {
 	RemoteDeadline time.Duration
 	// Progress, when not nil, is called after every step.
 	Progress func(Progress)
+	// SpecTokens is the draft tokens each decoding request proposes per
+	// step (speculative decoding; 0: off, at most MaxSpecTokens). Drafts
+	// come from Model.Draft; the longest prefix equal to Model.Sample's
+	// tokens is accepted, then one token is sampled after it.
+	SpecTokens int
 	// Events, when not nil, records the Manager's prefix-cache changes
 	// (pagedkv.Config.CacheEvents) and is flushed after every step: one
 	// KV-event batch per step.
@@ -85,6 +90,9 @@ func DefaultConfig() Config {
 // ErrBadConfig instead of running out of memory.
 const MaxCacheBytes = 8 << 30
 
+// MaxSpecTokens bounds Config.SpecTokens.
+const MaxSpecTokens = 16
+
 // maxVerifySamples bounds VerifySamples: each sample rebuilds its request's
 // dense K/V, so a mistyped count would stall every checked step.
 const maxVerifySamples = 1 << 12
@@ -110,6 +118,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max running %d, step tokens %d: want 1 <= max running <= step tokens", ErrBadConfig, c.MaxRunning, c.MaxStepTokens)
 	case c.VerifyEvery < 1 || c.VerifySamples < 1 || c.VerifySamples > maxVerifySamples:
 		return fmt.Errorf("%w: verify every %d steps, %d samples: want >= 1 each, at most %d samples", ErrBadConfig, c.VerifyEvery, c.VerifySamples, maxVerifySamples)
+	case c.SpecTokens < 0 || c.SpecTokens > MaxSpecTokens:
+		return fmt.Errorf("%w: spec tokens %d: want 0..%d", ErrBadConfig, c.SpecTokens, MaxSpecTokens)
 	case c.MaxSteps < 0:
 		return fmt.Errorf("%w: max steps %d < 0", ErrBadConfig, c.MaxSteps)
 	case c.HostPages < 0:
@@ -152,6 +162,11 @@ type reqState struct {
 	phase    phase
 	admitted bool // added to the Manager (a waiting one is preempted)
 	forked   bool
+
+	// The drafts of the step being built and the context hash after each
+	// (buffers reused across steps).
+	draft    []int32
+	draftCtx []uint64
 }
 
 func (r *reqState) name() string {
@@ -181,12 +196,15 @@ type Sim struct {
 	running  []*reqState // admission order
 	total    int         // branches, forks included
 	done     int
+	finished []*reqState // in finishing order
 	nextID   pagedkv.RequestID
 
 	// The step being built.
 	batch   []*reqState
 	ids     []pagedkv.RequestID
 	ntokens []int32
+	drafts  [][]int32 // [batch] the step's drafts (nil: none); SpecTokens > 0 only
+	accept  []int32   // [batch] drafts accepted at commit
 	sampled []int32
 	samples []sample
 	copies  []pagedkv.TierCopy
@@ -297,6 +315,7 @@ func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 	s.sum.Steps = int(st.Steps)
 	s.sum.Verified.Outputs, s.sum.Verified.KVTokens, s.sum.Verified.MaxErr = s.ver.outputs, s.ver.kvTokens, s.ver.maxErr
 	s.sum.Verified.Atol, s.sum.Verified.Rtol = s.ver.atol, s.ver.rtol
+	s.sum.Verified.DraftOutputs = s.ver.drafts
 	s.sum.Err = err
 	if d := s.eng.dev; d != nil {
 		t := d.traffic
@@ -367,7 +386,14 @@ func (s *Sim) step() error {
 		if len(s.ids) == 0 {
 			return nil
 		}
-		err := s.timed(func() (err error) { plan, err = s.m.Reserve(s.ids, s.ntokens); return err })
+		err := s.timed(func() (err error) {
+			if s.cfg.SpecTokens > 0 {
+				plan, err = s.m.ReserveSpec(s.ids, s.ntokens, s.drafts)
+			} else {
+				plan, err = s.m.Reserve(s.ids, s.ntokens)
+			}
+			return err
+		})
 		if err == nil {
 			break
 		}
@@ -376,6 +402,14 @@ func (s *Sim) step() error {
 		}
 		if err := s.preemptOne(err); err != nil {
 			return err
+		}
+	}
+	// The Manager's tokens now end with the drafts: so do the simulator's
+	// until the commit keeps the accepted ones.
+	for b, d := range s.drafts {
+		if r := s.batch[b]; len(d) > 0 {
+			r.tokens = append(r.tokens, d...)
+			r.ctx = append(r.ctx, r.draftCtx...)
 		}
 	}
 	s.sum.Steps++
@@ -416,17 +450,27 @@ func (s *Sim) step() error {
 // waiting requests admitted in order while the budget, MaxRunning and the
 // pool allow.
 func (s *Sim) schedule() error {
-	s.batch, s.ids, s.ntokens = s.batch[:0], s.ids[:0], s.ntokens[:0]
+	s.batch, s.ids, s.ntokens, s.drafts = s.batch[:0], s.ids[:0], s.ntokens[:0], s.drafts[:0]
 	budget := s.cfg.MaxStepTokens
 	add := func(r *reqState, n int) {
 		s.batch = append(s.batch, r)
 		s.ids = append(s.ids, r.id)
 		s.ntokens = append(s.ntokens, int32(n))
+		s.drafts = append(s.drafts, nil)
 		budget -= n
 	}
 	for _, r := range s.running {
 		if r.remaining() == 1 && !s.m.Loading(r.id) {
 			add(r, 1)
+		}
+	}
+	// Drafts come out of the budget before prefill chunks, never past the
+	// request's output (the accepted drafts and the bonus token are
+	// output tokens).
+	for b, r := range s.batch {
+		if n := min(s.cfg.SpecTokens, r.spec.Output-r.sampled-1, budget); n > 0 {
+			s.drafts[b] = s.propose(r, n)
+			budget -= n
 		}
 	}
 	for _, r := range s.running {
@@ -495,8 +539,23 @@ func (s *Sim) preemptOne(reserveErr error) error {
 		s.batch = slices.Delete(s.batch, i, i+1)
 		s.ids = slices.Delete(s.ids, i, i+1)
 		s.ntokens = slices.Delete(s.ntokens, i, i+1)
+		s.drafts = slices.Delete(s.drafts, i, i+1)
 	}
 	return nil
+}
+
+// propose fills r's draft buffers with n drafts after its known tokens,
+// each from Model.Draft at the context of the drafts before it.
+func (s *Sim) propose(r *reqState, n int) []int32 {
+	m := &s.cfg.Model
+	r.draft, r.draftCtx = r.draft[:0], r.draftCtx[:0]
+	c := r.ctx[len(r.ctx)-1]
+	for i := range n {
+		t := m.Draft(c, r.branch)
+		c = Next(c, t, len(r.tokens)+i)
+		r.draft, r.draftCtx = append(r.draft, t), append(r.draftCtx, c)
+	}
+	return r.draft
 }
 
 // pickSamples chooses VerifySamples (request, row, layer, head) outputs of
@@ -519,19 +578,38 @@ func (s *Sim) pickSamples(plan *pagedkv.Plan) {
 // samples and releases the finished ones. It checks the Manager's view of
 // each request against the simulator's.
 func (s *Sim) commit() error {
-	s.sampled = s.sampled[:0]
+	s.sampled, s.accept = s.sampled[:0], s.accept[:0]
 	for b, r := range s.batch {
+		// Accept the longest prefix of drafts that Sample agrees with, and
+		// cut the rest from the simulator's tokens (the Manager cuts its
+		// own at CommitSpec).
+		var acc int
+		if d := s.drafts[b]; len(d) > 0 {
+			base := len(r.tokens) - len(d)
+			for acc < len(d) && d[acc] == s.cfg.Model.Sample(r.ctx[base+acc-1], r.branch) {
+				acc++
+			}
+			r.tokens, r.ctx = r.tokens[:base+acc], r.ctx[:base+acc]
+			r.sampled += acc
+		}
+		s.accept = append(s.accept, int32(acc))
 		tok := pagedkv.NoToken
-		if r.computed+int(s.ntokens[b]) == len(r.tokens) {
+		if r.computed+int(s.ntokens[b])+acc == len(r.tokens) {
 			tok = s.cfg.Model.Sample(r.ctx[len(r.ctx)-1], r.branch)
 		}
 		s.sampled = append(s.sampled, tok)
 	}
-	if err := s.timed(func() error { return s.m.Commit(s.sampled) }); err != nil {
+	err := s.timed(func() error {
+		if s.cfg.SpecTokens > 0 {
+			return s.m.CommitSpec(s.accept, s.sampled)
+		}
+		return s.m.Commit(s.sampled)
+	})
+	if err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	for b, r := range s.batch {
-		r.computed += int(s.ntokens[b])
+		r.computed += int(s.ntokens[b]) + int(s.accept[b])
 		if tok := s.sampled[b]; tok != pagedkv.NoToken {
 			r.ctx = append(r.ctx, Next(r.ctx[len(r.ctx)-1], tok, len(r.tokens)))
 			r.tokens = append(r.tokens, tok)
@@ -560,6 +638,7 @@ func (s *Sim) commit() error {
 		}
 		r.phase = finished
 		s.done++
+		s.finished = append(s.finished, r)
 	}
 	s.running = slices.DeleteFunc(s.running, func(x *reqState) bool { return x.phase == finished })
 	return nil

@@ -41,11 +41,12 @@ type Summary struct {
 	Wall time.Duration // the whole Run
 
 	Verified struct {
-		Checks     int     // steps checked
-		Outputs    int64   // outputs (query row, head) compared with dense attention
-		KVTokens   int64   // paged K/V rows (token, layer) compared bit for bit
-		MaxErr     float64 // largest |got - want| of an output element
-		Atol, Rtol float64 // the tolerance
+		Checks       int     // steps checked
+		Outputs      int64   // outputs (query row, head) compared with dense attention
+		DraftOutputs int64   // of Outputs, those of draft rows
+		KVTokens     int64   // paged K/V rows (token, layer) compared bit for bit
+		MaxErr       float64 // largest |got - want| of an output element
+		Atol, Rtol   float64 // the tolerance
 	}
 	Err error // nil when every check passed and the run finished
 
@@ -93,6 +94,13 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 			st.Tiers.RemoteHitTokens, st.Tiers.RemoteFetched, r.Requested, r.Lookups, r.Stored, r.Dropped,
 			bytesString(r.BytesIn), bytesString(r.BytesOut), r.Errors, r.Timeouts, r.Rejected)
 	}
+	if cfg.SpecTokens > 0 {
+		pct := 0.0
+		if st.DraftTokens > 0 {
+			pct = 100 * float64(st.AcceptedDraftTokens) / float64(st.DraftTokens)
+		}
+		line("speculative", "k=%d, %d drafts proposed, %d accepted (%.1f%%)", cfg.SpecTokens, st.DraftTokens, st.AcceptedDraftTokens, pct)
+	}
 	if cfg.WindowTokens > 0 {
 		line("window", "%d tokens; %d pages released", cfg.WindowTokens, st.WindowReleasedPages)
 	}
@@ -134,8 +142,12 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	if s.Err != nil {
 		line("verification", "FAILED: %v", s.Err)
 	} else {
-		line("verification", "passed: %d outputs in %d checked steps within %.0e + %.2g*|want| of float64 attention (max |diff| %.2g); %d paged K/V rows bit-exact",
-			v.Outputs, v.Checks, v.Atol, v.Rtol, v.MaxErr, v.KVTokens)
+		drafts := ""
+		if cfg.SpecTokens > 0 {
+			drafts = fmt.Sprintf(" (%d of draft rows)", v.DraftOutputs)
+		}
+		line("verification", "passed: %d outputs%s in %d checked steps within %.0e + %.2g*|want| of float64 attention (max |diff| %.2g); %d paged K/V rows bit-exact",
+			v.Outputs, drafts, v.Checks, v.Atol, v.Rtol, v.MaxErr, v.KVTokens)
 	}
 	io.WriteString(w, b.String())
 }

@@ -32,6 +32,7 @@ type verifier struct {
 	outputs  int64   // (row, head) outputs compared
 	kvTokens int64   // tokens whose paged K/V (one layer, every head) were compared bit for bit
 	maxErr   float64 // largest |got - want| seen
+	drafts   int64   // of outputs, those of draft rows (speculative steps)
 
 	ctx                              []uint64
 	q, kRow, vRow, wantK, wantV, got []float32
@@ -147,6 +148,9 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 			ErrVerify, v.step, r.name(), s.layer, s.head, pos, n, at, v.got[at], want[at], worst, v.atol, v.rtol)
 	}
 	v.outputs++
+	if s.row >= int(plan.QOIndptr[s.batch+1]-plan.Drafts[s.batch]) {
+		v.drafts++
+	}
 	return nil
 }
 
