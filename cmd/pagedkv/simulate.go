@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -67,6 +68,20 @@ sampled after it (Manager.ReserveSpec / CommitSpec). The tokens generated
 are the same as without drafts; draft rows are verified like any other, and
 rejected drafts' K/V is rolled back before the next step.
 
+--model NAME picks the model's attention (docs/simulate.md): dense (the
+default: every layer full attention, or --window W) or a hybrid model whose
+layers form groups with their own attention on one page pool, driven by a
+pagedkv.HybridManager: gpt-oss-like (sliding window 128 and full attention,
+alternating), gemma-3-like (five sliding-window-64 layers to one full),
+llama-4-like (chunked attention of 128 tokens on three layers of four, full
+on the fourth). Windows and chunks are scaled to the simulator's sequences
+(docs/simulate.md says how). Every group's outputs are checked against
+float64 attention over the whole sequence under that group's window or
+chunk, and the summary reports each group's pages, prefix-cache numbers and
+verified outputs. Hybrid models run on host backends, with --spec-tokens,
+preemption and eviction, but not with --window, --host-pages, --redis,
+--kv-events or --replicas.
+
 --replicas R runs R replicas (each its own Manager and verified attention)
 connected to a router only by their KV events over loopback ZeroMQ; each
 arriving request goes to the replica with the longest cached prefix among
@@ -91,7 +106,8 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&lim.MaxTokens, "trace-max-tokens", lim.MaxTokens, "most tokens a trace may hold (every prompt plus samples*output)")
 	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
 	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
-	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers")
+	model := fs.String("model", "dense", "model: "+strings.Join(sim.ModelNames(), ", ")+" (hybrid attention presets, docs/simulate.md)")
+	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers (default: the --model preset's, 4 or one pattern of 6 for gemma-3-like)")
 	fs.IntVar(&cfg.Model.NumQOHeads, "qo-heads", cfg.Model.NumQOHeads, "query heads (Hq)")
 	fs.IntVar(&cfg.Model.NumKVHeads, "kv-heads", cfg.Model.NumKVHeads, "K/V heads (Hkv)")
 	fs.IntVar(&cfg.Model.HeadDim, "head-dim", cfg.Model.HeadDim, "head dimension (D)")
@@ -134,6 +150,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return fail(usageOr(err, exitFailure), "%v", err)
 	}
 	cfg.Model.Seed = cfg.Seed
+	if code, ok := hybridFlags(fs, &cfg, *model, *redisAddr, *kv.addr, *replicas, fail); !ok {
+		return code
+	}
 	if cfg.SpecTokens < 0 || cfg.SpecTokens > sim.MaxSpecTokens {
 		return fail(exitUsage, "--spec-tokens: %d is out of range 0..%d", cfg.SpecTokens, sim.MaxSpecTokens)
 	}
@@ -196,7 +215,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	}
 
 	if *metricsAddr != "" {
-		url, stop, err := serveMetrics(*metricsAddr, metrics.NewCollector(s.Manager().Stats, metrics.Options{}))
+		url, stop, err := serveMetrics(*metricsAddr, metrics.NewCollector(s.Stats, metrics.Options{}))
 		if err != nil {
 			return fail(exitFailure, "--metrics-addr: %v", err)
 		}
@@ -216,6 +235,45 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+// hybridFlags applies --model to cfg: the preset's layer count unless
+// --layers was given, and its layer groups; a hybrid model refuses the
+// flags of features the simulator does not combine with layer groups.
+func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr, kvAddr string, replicas int,
+	fail func(int, string, ...any) int) (int, bool) {
+	preset, err := sim.Preset(model)
+	if err != nil {
+		return fail(exitUsage, "--model: %v", err), false
+	}
+	layersSet := false
+	fs.Visit(func(f *flag.Flag) { layersSet = layersSet || f.Name == "layers" })
+	if !layersSet {
+		cfg.Model.Layers = preset.Layers
+	}
+	if cfg.Groups, err = preset.Groups(cfg.Model.Layers); err != nil {
+		return fail(exitUsage, "--layers: %v", err), false
+	}
+	if cfg.Groups == nil {
+		return 0, true
+	}
+	for _, c := range []struct {
+		set  bool
+		flag string
+		why  string
+	}{
+		{cfg.WindowTokens != 0, "--window", "its windows are its groups' (docs/simulate.md)"},
+		{cfg.HostPages != 0, "--host-pages", "the HybridManager has no host or remote tiers"},
+		{redisAddr != "", "--redis", "the HybridManager has no host or remote tiers"},
+		{kvAddr != "", "--kv-events", "the simulator publishes the events of a dense model's Manager only"},
+		{replicas != 1, "--replicas", "replicas are routed by KV events, published for a dense model only"},
+		{sim.DeviceBackend(cfg.Backend), "--backend " + cfg.Backend.Name(), "the device-resident path runs dense models; hybrid models run on host backends (cpu)"},
+	} {
+		if c.set {
+			return fail(exitUsage, "%s is not supported with --model %s: %s", c.flag, model, c.why), false
+		}
+	}
+	return 0, true
 }
 
 // readTrace parses the trace at path ("-" for stdin) within lim.

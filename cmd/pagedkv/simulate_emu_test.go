@@ -31,3 +31,11 @@ func TestSimulateOnEmuDeviceResident(t *testing.T) {
 		summaryField(t, outs["emu"], "device bytes"))
 	assert.NotContains(t, outs["cpu"], "device bytes:")
 }
+
+// TestSimulateModelDeviceBackend: hybrid models run on host backends; the
+// device-resident one is a flag error.
+func TestSimulateModelDeviceBackend(t *testing.T) {
+	code, _, errOut := runCLI("simulate", "--quiet", "--model", "gpt-oss-like", "--backend", "emu")
+	assert.Equal(t, exitUsage, code, errOut)
+	assert.Contains(t, errOut, "--backend emu is not supported with --model gpt-oss-like")
+}

@@ -21,8 +21,10 @@ import (
 type engine struct {
 	model   Model
 	backend kernels.Backend
-	caches  []kernels.PagedKVCache // [layer]
-	geom    layout.Paged
+	// caches [layer of a group]: model layer l of group g (l % G == g, G
+	// groups) lives in caches[l/G]; a dense model is one group.
+	caches []kernels.PagedKVCache
+	geom   layout.Paged
 
 	appendPlan appendkv.Plan
 	k, v, q, o kernels.Tensor // [nnz, Hkv|Hq, D]; Data reused across steps
@@ -31,16 +33,22 @@ type engine struct {
 	ctx        []uint64       // [nnz] context hash of each row's token
 
 	skipCopies bool // tests: leave out copy-on-write, which verification must notice
+	// tests: attend with window_left -1 over the append table, ignoring the
+	// groups' windows and a chunked group's Attn arrays (a runner that
+	// drops the per-group attention), which verification must notice.
+	ignoreWindows bool
 
 	dev    *deviceEngine // the device-resident path, for a *cuda.Backend
 	levels []cuda.Level
 }
 
-func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, pageSize int) (*engine, error) {
+// newEngine makes the engine of model m in ngroups layer groups (1 for a
+// dense model; m.Layers is a multiple of it).
+func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, pageSize, ngroups int) (*engine, error) {
 	g := layout.Paged{Layout: kvLayout, Form: layout.Fused, DType: m.DType, NumPages: numPages,
 		PageSize: pageSize, NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim}
 	e := &engine{model: m, backend: b, geom: g, rows: make([]float32, m.NumQOHeads*m.HeadDim)}
-	for range m.Layers {
+	for range m.Layers / ngroups {
 		c, err := kernels.NewPagedKVCache(g)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -57,7 +65,9 @@ func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, p
 	return e, nil
 }
 
-// cacheBytes is the size of the K/V caches of every layer.
+// cacheBytes is the size of the K/V caches of every cache tensor (every
+// layer of a dense model; one group's layers of a hybrid one, whose groups
+// share the tensors page by page).
 func (e *engine) cacheBytes() int64 {
 	return int64(len(e.caches)) * e.geom.TensorElements() * int64(e.geom.DType.Size())
 }
@@ -97,9 +107,10 @@ func (e *engine) copyPages(copies []pagedkv.CopyOp) {
 }
 
 // sample is one output checked against dense attention: query row row of
-// the step (request Requests[batch]), in layer, query head head.
+// group group's plan (request Requests[batch]), in model layer layer (one
+// of the group's), query head head.
 type sample struct {
-	batch, row, layer, head int
+	group, batch, row, layer, head int
 }
 
 // stepTimes accumulates where a step's time went.
@@ -112,17 +123,51 @@ type stepTimes struct {
 // layer that computes them.
 func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
 	t0 := time.Now()
-	if !e.skipCopies {
-		if e.dev != nil {
-			before := e.dev.b.Traffic()
-			if err := e.dev.copyPages(plan.Copies); err != nil {
-				return err
-			}
-			e.dev.traffic.Copies += e.dev.b.Traffic().Sub(before).DtoDBytes
-		} else {
-			e.copyPages(plan.Copies)
+	if err := e.copies(plan.Copies); err != nil {
+		return err
+	}
+	st.append += time.Since(t0)
+	return e.runGroup(0, plan, reqs, samples, v, st, cs)
+}
+
+// runHybrid executes a hybrid plan: the pool-wide copies, then each
+// group's plan over the group's layers.
+func (e *engine) runHybrid(hp *pagedkv.HybridPlan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
+	t0 := time.Now()
+	if err := e.copies(hp.Copies); err != nil {
+		return err
+	}
+	st.append += time.Since(t0)
+	for g, plan := range hp.Groups {
+		if err := e.runGroup(g, plan, reqs, samples, v, st, cs); err != nil {
+			return fmt.Errorf("group %d (%s): %w", g, groupString(v.specs[g]), err)
 		}
 	}
+	return nil
+}
+
+// copies performs a step's copy-on-write copies in every cache tensor, on
+// the device for the device path.
+func (e *engine) copies(copies []pagedkv.CopyOp) error {
+	switch {
+	case e.skipCopies:
+	case e.dev != nil:
+		before := e.dev.b.Traffic()
+		if err := e.dev.copyPages(copies); err != nil {
+			return err
+		}
+		e.dev.traffic.Copies += e.dev.b.Traffic().Sub(before).DtoDBytes
+	default:
+		e.copyPages(copies)
+	}
+	return nil
+}
+
+// runGroup executes group g's plan (the copies done) over the group's
+// layers; reqs[b] is the simulator's record of Plan.Requests[b]. Samples
+// of the group are verified after the layer that computes them.
+func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
+	t0 := time.Now()
 	nnz := len(plan.TokenIDs)
 	// The plan's rows must be the simulator's tokens at their positions.
 	e.ctx = slices.Grow(e.ctx[:0], nnz)[:nnz]
@@ -159,7 +204,7 @@ func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *
 		rows = plan.Cascade.QueryRows()
 		resize(&e.qc, m.DType, nnz, hq, d)
 		resize(&e.oc, m.DType, nnz, hq, d)
-		cs.record(plan, e.pageBytes()*int64(m.Layers))
+		cs.record(plan, e.pageBytes()*int64(len(e.caches)))
 	}
 	if e.dev != nil {
 		if err := e.planDevice(plan, table, decode); err != nil {
@@ -169,7 +214,9 @@ func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *
 	st.append += time.Since(t0)
 
 	kvRowBytes, qRowBytes := hkv*d*m.DType.Size(), hq*d*m.DType.Size()
-	for l := range m.Layers {
+	groups := m.Layers / len(e.caches)
+	for j := range e.caches {
+		l := j*groups + g // the model layer
 		t := time.Now()
 		for i, c := range e.ctx {
 			m.K(e.rows[:hkv*d], c, l)
@@ -191,7 +238,7 @@ func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *
 				if s.layer != l {
 					continue
 				}
-				if err := e.dev.mirror(&e.caches[l], l, &table, s.batch); err != nil {
+				if err := e.dev.mirror(&e.caches[j], j, &table, s.batch); err != nil {
 					return err
 				}
 				if err := v.check(e, plan, reqs, &table, s); err != nil {
@@ -201,27 +248,38 @@ func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *
 			st.verify += time.Since(t3)
 			continue
 		}
-		if err := e.appendPlan.Run(e.backend, appendkv.Input{AppendKey: e.k, AppendValue: e.v, Cache: &e.caches[l], Table: &table}); err != nil {
+		if err := e.appendPlan.Run(e.backend, appendkv.Input{AppendKey: e.k, AppendValue: e.v, Cache: &e.caches[j], Table: &table}); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
 		t2 := time.Now()
 		st.append += t2.Sub(t1)
 		ap := kernels.AttentionParams{NumQOHeads: hq, WindowLeft: plan.WindowLeft}
+		chunked := plan.AttnQOIndptr != nil
+		if e.ignoreWindows {
+			ap.WindowLeft, chunked = -1, false
+		}
+		cache := e.caches[j]
 		var err error
 		switch {
 		case plan.Cascade != nil:
 			for r, src := range rows {
 				copy(e.qc.Data[r*qRowBytes:(r+1)*qRowBytes], e.q.Data[int(src)*qRowBytes:])
 			}
-			err = cascade.Run(e.backend, &cascade.Params{Levels: plan.Cascade.Levels, Q: e.qc, Cache: e.caches[l],
+			err = cascade.Run(e.backend, &cascade.Params{Levels: plan.Cascade.Levels, Q: e.qc, Cache: cache,
 				Causal: true, AttentionParams: ap, O: e.oc})
 			for r, dst := range rows {
 				copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
 			}
+		case chunked:
+			// A chunked group: one causal prefill entry per run of a
+			// request's rows within one chunk, over that chunk's pages.
+			err = e.backend.BatchPrefill(&kernels.PrefillParams{Q: e.q, QOIndptr: plan.AttnQOIndptr, Cache: cache,
+				Table:  kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen},
+				Causal: true, AttentionParams: ap, O: e.o})
 		case decode:
-			err = e.backend.BatchDecode(&kernels.DecodeParams{Q: e.q, Cache: e.caches[l], Table: table, AttentionParams: ap, O: e.o})
+			err = e.backend.BatchDecode(&kernels.DecodeParams{Q: e.q, Cache: cache, Table: table, AttentionParams: ap, O: e.o})
 		default:
-			err = e.backend.BatchPrefill(&kernels.PrefillParams{Q: e.q, QOIndptr: plan.QOIndptr, Cache: e.caches[l], Table: table,
+			err = e.backend.BatchPrefill(&kernels.PrefillParams{Q: e.q, QOIndptr: plan.QOIndptr, Cache: cache, Table: table,
 				Causal: true, AttentionParams: ap, O: e.o})
 		}
 		if err != nil {
@@ -230,7 +288,7 @@ func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *
 		t3 := time.Now()
 		st.attention += t3.Sub(t2)
 		for _, s := range samples {
-			if s.layer != l {
+			if s.group != g || s.layer != l {
 				continue
 			}
 			if err := v.check(e, plan, reqs, &table, s); err != nil {

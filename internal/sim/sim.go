@@ -61,6 +61,12 @@ type Config struct {
 	// come from Model.Draft; the longest prefix equal to Model.Sample's
 	// tokens is accepted, then one token is sampled after it.
 	SpecTokens int
+	// Groups, when not nil, makes the model hybrid: its layer groups (see
+	// [ModelPreset.Groups]), driven by a pagedkv.HybridManager, each group
+	// verified under its own attention. Model.Layers must be their layers
+	// together; WindowTokens, tiers and Events must be off, and Backend a
+	// host backend.
+	Groups []pagedkv.LayerGroup
 	// Events, when not nil, records the Manager's prefix-cache changes
 	// (pagedkv.Config.CacheEvents) and is flushed after every step: one
 	// KV-event batch per step.
@@ -127,7 +133,7 @@ func (c *Config) Validate() error {
 	case c.Remote != nil && c.HostPages == 0:
 		return fmt.Errorf("%w: a remote store needs host pages (fetched pages land there)", ErrBadConfig)
 	}
-	return nil
+	return c.validateGroups()
 }
 
 // Progress is reported after every step.
@@ -185,7 +191,10 @@ func (r *reqState) remaining() int { return len(r.tokens) - r.computed }
 // goroutine while Run runs.
 type Sim struct {
 	cfg   Config
-	m     *pagedkv.Manager
+	m     *pagedkv.Manager       // nil for a hybrid model
+	h     *pagedkv.HybridManager // nil unless Config.Groups
+	mgr   manager                // m or h
+	mark  []bool                 // [NumPages] scratch of groupPages
 	eng   *engine
 	ver   *verifier
 	rng   *rand.Rand
@@ -211,6 +220,19 @@ type Sim struct {
 	copyIDs []uint64
 
 	sum Summary
+}
+
+// manager is what the simulator calls on a Manager and a HybridManager
+// alike; steps (Reserve, Commit) and Stats differ and are called on m or h.
+type manager interface {
+	Add(pagedkv.RequestID, pagedkv.Request) (int, error)
+	Resume(pagedkv.RequestID) (int, error)
+	Preempt(pagedkv.RequestID) error
+	Release(pagedkv.RequestID) error
+	Fork(parent, child pagedkv.RequestID) error
+	Computed(pagedkv.RequestID) int
+	Tokens(pagedkv.RequestID) []int32
+	Audit() error
 }
 
 // New prepares a run of workload under cfg.
@@ -255,20 +277,39 @@ func newSim(cfg Config) (*Sim, error) {
 		mcfg.Tiers = pagedkv.TierConfig{HostPages: cfg.HostPages, Remote: cfg.Remote, RemoteDeadline: cfg.RemoteDeadline,
 			Format: tierFormat(&cfg), OffloadFreePages: max(1, cfg.NumPages/16)}
 	}
-	m, err := pagedkv.New(mcfg)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	s := &Sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4ec4))}
+	specs := []pagedkv.LayerGroup{{Kind: pagedkv.FullAttention, NumLayers: cfg.Model.Layers}}
+	if cfg.WindowTokens > 0 {
+		specs[0] = pagedkv.LayerGroup{Kind: pagedkv.SlidingAttention, WindowTokens: cfg.WindowTokens, NumLayers: cfg.Model.Layers}
+	}
+	if cfg.Groups != nil {
+		h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: mcfg, Groups: cfg.Groups})
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
+		s.h, s.mgr, specs = h, h, slices.Clone(cfg.Groups)
+		s.mark = make([]bool, cfg.NumPages)
+		s.sum.Groups = make([]GroupSummary, len(specs))
+		for g := range specs {
+			s.sum.Groups[g].Spec = specs[g]
+		}
+	} else {
+		m, err := pagedkv.New(mcfg)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
+		s.m, s.mgr = m, m
 	}
 	b := cfg.Backend
 	if b == nil {
 		b = cpu.New(cpu.Config{})
 	}
-	eng, err := newEngine(cfg.Model, b, cfg.KVLayout, cfg.NumPages, cfg.PageSize)
+	eng, err := newEngine(cfg.Model, b, cfg.KVLayout, cfg.NumPages, cfg.PageSize, len(specs))
 	if err != nil {
 		return nil, err
 	}
-	s := &Sim{cfg: cfg, m: m, eng: eng, rng: rand.New(rand.NewPCG(cfg.Seed, 0xc4ec4))}
-	s.ver = newVerifier(&s.eng.model, cfg.WindowTokens)
+	s.eng = eng
+	s.ver = newVerifier(&s.eng.model, specs)
 	s.sum.Pages = cfg.NumPages
 	s.sum.CacheBytes = eng.cacheBytes()
 	return s, nil
@@ -295,8 +336,22 @@ func (s *Sim) track(q *Request) (*reqState, error) {
 // router computing their hash chains needs (with the page size).
 func HashSeed(cfg *Config) uint64 { return cfg.Seed | 1 }
 
-// Manager is the Manager the run drives (for metrics).
+// Manager is the Manager the run drives (for metrics); nil for a hybrid
+// model (see Stats).
 func (s *Sim) Manager() *pagedkv.Manager { return s.m }
+
+// Stats is the Manager's Stats, or the HybridManager's pool-wide part of
+// its Stats: like them, safe to call from any goroutine while Run runs.
+func (s *Sim) Stats() pagedkv.Stats {
+	if s.h != nil {
+		return s.h.Stats().Stats
+	}
+	return s.m.Stats()
+}
+
+// loading reports whether request id waits for tier onloads (never for a
+// hybrid model, which has no tiers).
+func (s *Sim) loading(id pagedkv.RequestID) bool { return s.m != nil && s.m.Loading(id) }
 
 // Run runs the workload to the end and returns the summary. It stops at
 // the first failed check (the error wraps [ErrVerify] or [ErrCheck]); the
@@ -310,7 +365,14 @@ func (s *Sim) Run() (Summary, error) {
 // finish completes the summary of a run that took wall and ended with err.
 func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 	s.sum.Wall = wall
-	st := s.m.Stats()
+	st := s.Stats()
+	if s.h != nil {
+		hs := s.h.Stats()
+		for g := range s.sum.Groups {
+			s.sum.Groups[g].Stats = hs.Groups[g]
+			s.sum.Groups[g].Outputs = s.ver.groupOutputs[g]
+		}
+	}
 	s.sum.Stats = st
 	s.sum.Steps = int(st.Steps)
 	s.sum.Verified.Outputs, s.sum.Verified.KVTokens, s.sum.Verified.MaxErr = s.ver.outputs, s.ver.kvTokens, s.ver.maxErr
@@ -382,14 +444,20 @@ func (s *Sim) step() error {
 		return err
 	}
 	var plan *pagedkv.Plan
+	var hplan *pagedkv.HybridPlan
 	for {
 		if len(s.ids) == 0 {
 			return nil
 		}
 		err := s.timed(func() (err error) {
-			if s.cfg.SpecTokens > 0 {
+			switch {
+			case s.h != nil && s.cfg.SpecTokens > 0:
+				hplan, err = s.h.ReserveSpec(s.ids, s.ntokens, s.drafts)
+			case s.h != nil:
+				hplan, err = s.h.Reserve(s.ids, s.ntokens)
+			case s.cfg.SpecTokens > 0:
 				plan, err = s.m.ReserveSpec(s.ids, s.ntokens, s.drafts)
-			} else {
+			default:
 				plan, err = s.m.Reserve(s.ids, s.ntokens)
 			}
 			return err
@@ -413,18 +481,35 @@ func (s *Sim) step() error {
 		}
 	}
 	s.sum.Steps++
-	st := s.m.Stats()
+	st := s.Stats()
 	s.sum.PeakUsedPages = max(s.sum.PeakUsedPages, st.UsedPages)
+	if s.h != nil {
+		if err := s.groupPages(st.UsedPages); err != nil {
+			return err
+		}
+	}
 
 	s.samples = s.samples[:0]
 	verify := s.sum.Steps%s.cfg.VerifyEvery == 0
 	if verify {
-		s.pickSamples(plan)
+		if s.h != nil {
+			for g := range hplan.Groups {
+				s.pickSamples(g, hplan.Groups[g])
+			}
+		} else {
+			s.pickSamples(0, plan)
+		}
 		s.ver.step = s.sum.Steps
 		s.sum.Verified.Checks++
 	}
 	var times stepTimes
-	if err := s.eng.run(plan, s.batch, s.samples, s.ver, &times, &s.sum.cascade); err != nil {
+	var err error
+	if s.h != nil {
+		err = s.eng.runHybrid(hplan, s.batch, s.samples, s.ver, &times, &s.sum.cascade)
+	} else {
+		err = s.eng.run(plan, s.batch, s.samples, s.ver, &times, &s.sum.cascade)
+	}
+	if err != nil {
 		return err
 	}
 	s.sum.Time.Model += times.model
@@ -436,7 +521,7 @@ func (s *Sim) step() error {
 	}
 	if verify {
 		t := time.Now()
-		if err := s.m.Audit(); err != nil {
+		if err := s.mgr.Audit(); err != nil {
 			return fmt.Errorf("%w: audit after step %d: %w", ErrCheck, s.sum.Steps, err)
 		}
 		s.sum.Time.Verify += time.Since(t)
@@ -460,7 +545,7 @@ func (s *Sim) schedule() error {
 		budget -= n
 	}
 	for _, r := range s.running {
-		if r.remaining() == 1 && !s.m.Loading(r.id) {
+		if r.remaining() == 1 && !s.loading(r.id) {
 			add(r, 1)
 		}
 	}
@@ -474,7 +559,7 @@ func (s *Sim) schedule() error {
 		}
 	}
 	for _, r := range s.running {
-		if n := r.remaining(); n > 1 && budget > 0 && !s.m.Loading(r.id) {
+		if n := r.remaining(); n > 1 && budget > 0 && !s.loading(r.id) {
 			add(r, min(n, budget))
 		}
 	}
@@ -487,11 +572,11 @@ func (s *Sim) schedule() error {
 		var matched int
 		err := s.timed(func() (err error) {
 			if r.admitted {
-				matched, err = s.m.Resume(r.id)
+				matched, err = s.mgr.Resume(r.id)
 			} else {
 				s.nextID++
 				r.id = s.nextID
-				matched, err = s.m.Add(r.id, pagedkv.Request{Namespace: pagedkv.Namespace{Tenant: r.ns}, Prompt: r.tokens,
+				matched, err = s.mgr.Add(r.id, pagedkv.Request{Namespace: pagedkv.Namespace{Tenant: r.ns}, Prompt: r.tokens,
 					CapacityTokens: len(r.tokens) + r.spec.Output})
 			}
 			return err
@@ -504,7 +589,7 @@ func (s *Sim) schedule() error {
 		}
 		r.admitted, r.phase, r.computed = true, running, matched
 		s.running = append(s.running, r)
-		if !s.m.Loading(r.id) { // else it steps once its onloads complete
+		if !s.loading(r.id) { // else it steps once its onloads complete
 			add(r, min(r.remaining(), budget))
 		}
 	}
@@ -515,7 +600,7 @@ func (s *Sim) schedule() error {
 // the next, counting evictable pages and keeping a reserve of 1/32 of the
 // pool for running requests to grow into.
 func (s *Sim) fits(r *reqState) bool {
-	st := s.m.Stats()
+	st := s.Stats()
 	need := (len(r.tokens)+1+s.cfg.PageSize-1)/s.cfg.PageSize + max(1, s.cfg.NumPages/32)
 	return st.FreePages+st.EvictablePages >= need
 }
@@ -529,7 +614,7 @@ func (s *Sim) preemptOne(reserveErr error) error {
 			ErrStuck, r.name(), s.cfg.NumPages, len(r.tokens)+r.spec.Output, s.cfg.PageSize, reserveErr)
 	}
 	v := s.running[len(s.running)-1]
-	if err := s.timed(func() error { return s.m.Preempt(v.id) }); err != nil {
+	if err := s.timed(func() error { return s.mgr.Preempt(v.id) }); err != nil {
 		return fmt.Errorf("preempt %s: %w", v.name(), err)
 	}
 	s.running = s.running[:len(s.running)-1]
@@ -559,17 +644,20 @@ func (s *Sim) propose(r *reqState, n int) []int32 {
 }
 
 // pickSamples chooses VerifySamples (request, row, layer, head) outputs of
-// the step at random.
-func (s *Sim) pickSamples(plan *pagedkv.Plan) {
+// group g's plan at random, among the group's layers (model layers g,
+// g+G, g+2G, ... for G groups; every layer for a dense model).
+func (s *Sim) pickSamples(g int, plan *pagedkv.Plan) {
 	m := &s.cfg.Model
+	ng := len(s.eng.caches) // layers per group
+	G := m.Layers / ng
 	for range s.cfg.VerifySamples {
 		b := s.rng.IntN(len(plan.Requests))
 		lo, hi := int(plan.QOIndptr[b]), int(plan.QOIndptr[b+1])
 		if hi == lo {
 			continue
 		}
-		s.samples = append(s.samples, sample{batch: b, row: lo + s.rng.IntN(hi-lo),
-			layer: s.rng.IntN(m.Layers), head: s.rng.IntN(m.NumQOHeads)})
+		s.samples = append(s.samples, sample{group: g, batch: b, row: lo + s.rng.IntN(hi-lo),
+			layer: s.rng.IntN(ng)*G + g, head: s.rng.IntN(m.NumQOHeads)})
 	}
 }
 
@@ -600,7 +688,12 @@ func (s *Sim) commit() error {
 		s.sampled = append(s.sampled, tok)
 	}
 	err := s.timed(func() error {
-		if s.cfg.SpecTokens > 0 {
+		switch {
+		case s.h != nil && s.cfg.SpecTokens > 0:
+			return s.h.CommitSpec(s.accept, s.sampled)
+		case s.h != nil:
+			return s.h.Commit(s.sampled)
+		case s.cfg.SpecTokens > 0:
 			return s.m.CommitSpec(s.accept, s.sampled)
 		}
 		return s.m.Commit(s.sampled)
@@ -615,7 +708,7 @@ func (s *Sim) commit() error {
 			r.tokens = append(r.tokens, tok)
 			r.sampled++
 		}
-		if got, mt := s.m.Computed(r.id), s.m.Tokens(r.id); got != r.computed || !slices.Equal(mt, r.tokens) {
+		if got, mt := s.mgr.Computed(r.id), s.mgr.Tokens(r.id); got != r.computed || !slices.Equal(mt, r.tokens) {
 			return fmt.Errorf("%w: after step %d the Manager has %d computed of %d tokens for %s; the simulator %d of %d (or the tokens differ)",
 				ErrCheck, s.sum.Steps, got, len(mt), r.name(), r.computed, len(r.tokens))
 		}
@@ -633,7 +726,7 @@ func (s *Sim) commit() error {
 		if r.sampled < r.spec.Output {
 			continue
 		}
-		if err := s.timed(func() error { return s.m.Release(r.id) }); err != nil {
+		if err := s.timed(func() error { return s.mgr.Release(r.id) }); err != nil {
 			return fmt.Errorf("release %s: %w", r.name(), err)
 		}
 		r.phase = finished
@@ -653,7 +746,7 @@ func (s *Sim) fork(r *reqState) error {
 		s.nextID++
 		c := &reqState{spec: r.spec, id: s.nextID, branch: k, ns: r.ns, tokens: slices.Clone(r.tokens), ctx: slices.Clone(r.ctx),
 			computed: r.computed, sampled: r.sampled, phase: running, admitted: true, forked: true}
-		if err := s.timed(func() error { return s.m.Fork(r.id, c.id) }); err != nil {
+		if err := s.timed(func() error { return s.mgr.Fork(r.id, c.id) }); err != nil {
 			return fmt.Errorf("fork %s: %w", c.name(), err)
 		}
 		s.running = append(s.running, c)

@@ -50,9 +50,37 @@ type Summary struct {
 	}
 	Err error // nil when every check passed and the run finished
 
+	// Groups are a hybrid model's layer groups, in Config.Groups order; nil
+	// for a dense model.
+	Groups []GroupSummary
+
 	// Device is the host/device traffic of a run on a device backend
 	// (emu, cuda), whose caches stay in device memory; nil otherwise.
 	Device *DeviceTraffic
+}
+
+// GroupSummary is one layer group's part of a hybrid run.
+type GroupSummary struct {
+	Spec pagedkv.LayerGroup
+	// PeakPages is the most distinct pages the group's requests held after
+	// a Reserve; MeanPages the mean over steps.
+	PeakPages int
+	pageSteps int64
+	// Stats are the group's final numbers: cached pages, prefix tokens its
+	// cache alone could serve (ServableTokens), evictions, window releases.
+	Stats pagedkv.GroupStats
+	// Outputs are the outputs of the group's layers compared with dense
+	// attention under the group's window or chunk.
+	Outputs int64
+}
+
+// MeanPages is the mean over a run's steps of the pages the group's
+// requests held after a Reserve.
+func (g *GroupSummary) MeanPages(steps int) float64 {
+	if steps == 0 {
+		return 0
+	}
+	return float64(g.pageSteps) / float64(steps)
 }
 
 // CascadeSteps is the number of steps that ran cascade attention.
@@ -76,9 +104,31 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	line("requests", "%d (+%d parallel samples), %d prompt tokens, %d output tokens", s.Requests, s.Forks, s.PromptTokens, s.OutputTokens)
 	line("model", "%d layers, Hq %d, Hkv %d, D %d, %v %v; pool %d pages of %d tokens (%s of K/V)",
 		m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, m.DType, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	if len(s.Groups) > 0 {
+		kinds := make([]string, len(s.Groups))
+		for g := range s.Groups {
+			kinds[g] = groupString(s.Groups[g].Spec)
+		}
+		line("layer groups", "%d of %d layers each, layer l in group l %% %d: %s", len(s.Groups), s.Groups[0].Spec.NumLayers,
+			len(s.Groups), strings.Join(kinds, ", "))
+	}
 	line("steps", "%d, %d tokens computed (%d recomputed after preemption)", s.Steps, st.ComputedTokens, st.RecomputedTokens())
 	line("pages", "peak %d of %d in use by requests", s.PeakUsedPages, s.Pages)
-	line("prefix hits", "%d of %d prompt tokens (%.1f%%)", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())
+	if len(s.Groups) > 0 {
+		line("prefix hits", "%d of %d prompt tokens (%.1f%%): the prefix every group could serve", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())
+	} else {
+		line("prefix hits", "%d of %d prompt tokens (%.1f%%)", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())
+	}
+	for g := range s.Groups {
+		gs := &s.Groups[g]
+		released := ""
+		if gs.Spec.Kind == pagedkv.SlidingAttention || gs.Spec.Kind == pagedkv.ChunkedAttention {
+			released = fmt.Sprintf(", %d released (out of the window or chunk)", gs.Stats.WindowReleasedPages)
+		}
+		line(fmt.Sprintf("group %d", g), "%s: pages held by requests peak %d, mean %.1f; %d cached at the end, %d published, %d evicted%s; %d tokens its cache alone could serve at admissions; %d outputs verified",
+			groupString(gs.Spec), gs.PeakPages, gs.MeanPages(s.Steps), gs.Stats.CachedPages, gs.Stats.PublishedPages, gs.Stats.EvictedPages,
+			released, gs.Stats.ServableTokens, gs.Outputs)
+	}
 	line("prefix cache", "%d pages published, %d duplicates kept private", st.PublishedPages, st.DuplicatePages)
 	line("evictions", "%d pages evicted (%d returned to the pool)", st.EvictedPages, st.EvictionFreedPages)
 	line("preemptions", "%d; %d computed tokens lost, %d of them found in the cache on resume", st.Preemptions, st.ResumedTokens, st.ResumeHitTokens)
@@ -116,8 +166,12 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		for _, l := range levels {
 			parts = append(parts, fmt.Sprintf("%d levels: %d", l, s.cascade.byLevels[l]))
 		}
-		line("cascade", "%d steps (%s); saved %d page reads per layer, %s of K/V reads",
-			s.cascade.steps, strings.Join(parts, ", "), s.cascade.savedPages, bytesString(s.cascade.savedBytes))
+		steps := "steps"
+		if len(s.Groups) > 0 {
+			steps = "group plans"
+		}
+		line("cascade", "%d %s (%s); saved %d page reads per layer, %s of K/V reads",
+			s.cascade.steps, steps, strings.Join(parts, ", "), s.cascade.savedPages, bytesString(s.cascade.savedBytes))
 	}
 	per := func(d time.Duration) string {
 		if s.Steps == 0 {

@@ -20,6 +20,9 @@ func tierFormat(cfg *Config) tier.PageFormat {
 // (offloads of evicted or published pages, onloads of prefix hits) on the
 // CPU, every layer, and reports them complete.
 func (s *Sim) tierCopies() error {
+	if s.m == nil { // a hybrid model: no tiers
+		return nil
+	}
 	s.copies = s.m.TierCopies(s.copies[:0])
 	if len(s.copies) == 0 {
 		return nil

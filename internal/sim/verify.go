@@ -23,8 +23,11 @@ var ErrCheck = errors.New("sim: consistency check failed")
 // request rebuilt from its token ids alone (never read from the paged
 // cache), and float64 attention over it (internal/reference).
 type verifier struct {
-	model      *Model
-	window     int     // WindowTokens; 0 means full attention
+	model *Model
+	// specs [group]: each group's attention, which decides the dense keys
+	// a query sees (one group for a dense model: full, or sliding
+	// WindowTokens).
+	specs      []pagedkv.LayerGroup
 	atol, rtol float64 // |got - want| <= atol + rtol*|want|
 
 	step int // the step being checked, for messages
@@ -34,29 +37,47 @@ type verifier struct {
 	maxErr   float64 // largest |got - want| seen
 	drafts   int64   // of outputs, those of draft rows (speculative steps)
 
+	groupOutputs []int64 // [group] outputs compared
+
 	ctx                              []uint64
 	q, kRow, vRow, wantK, wantV, got []float32
 	keys, vals                       [][]float64
 	flat                             []float64
 }
 
-func newVerifier(m *Model, window int) *verifier {
+func newVerifier(m *Model, specs []pagedkv.LayerGroup) *verifier {
 	// Output rounding is one unit roundoff of the output dtype; the
 	// float32 softmax adds far less than atol. A key or value of the wrong
 	// token moves an output by about its weight, 1/seq_len, far more.
 	u := map[layout.DType]float64{layout.F16: 0x1p-11, layout.BF16: 0x1p-8, layout.F32: 0x1p-24}[m.DType]
 	d, hq, hkv := m.HeadDim, m.NumQOHeads, m.NumKVHeads
 	return &verifier{
-		model: m, window: window, atol: 1e-4, rtol: 2 * u,
+		model: m, specs: specs, groupOutputs: make([]int64, len(specs)), atol: 1e-4, rtol: 2 * u,
 		q: make([]float32, hq*d), got: make([]float32, d),
 		kRow: make([]float32, hkv*d), vRow: make([]float32, hkv*d), wantK: make([]float32, hkv*d), wantV: make([]float32, hkv*d),
 	}
 }
 
+// firstKey is the first key position a query at pos sees under spec's
+// attention, written from the attention's definition (not from package
+// layergroup, whose rules the Manager follows): sliding W reads the last W
+// positions, chunked C the positions of pos's chunk so far, full and MLA
+// every position.
+func firstKey(spec pagedkv.LayerGroup, pos int) int {
+	switch spec.Kind {
+	case pagedkv.SlidingAttention:
+		return max(0, pos-spec.WindowTokens+1)
+	case pagedkv.ChunkedAttention:
+		return pos - pos%spec.ChunkTokens
+	}
+	return 0
+}
+
 // check verifies sample s of the step that e just computed for layer
-// s.layer: first every K/V row the request holds in that layer's cache,
-// bit for bit, then the output of query row s.row, head s.head, against
-// float64 attention over the dense K/V.
+// s.layer of group s.group (plan is the group's): first every K/V row the
+// request holds in that layer's cache, bit for bit, then the output of
+// query row s.row, head s.head, against float64 attention over the dense
+// K/V of the whole sequence, keys chosen by the group's attention.
 func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table *kernels.PageTable, s sample) error {
 	m := v.model
 	r := reqs[s.batch]
@@ -71,7 +92,7 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 	v.ctx = m.Contexts(v.ctx[:0], r.ns, r.tokens[:end])
 
 	// The paged K/V of every held token equals the model's.
-	cache := &e.caches[s.layer]
+	cache := &e.caches[s.layer/len(v.specs)]
 	wantK, wantV := v.wantK, v.wantV
 	for t := start; t < end; t++ {
 		if err := cache.GatherToken(v.kRow, v.vRow, table, s.batch, t-start); err != nil {
@@ -85,18 +106,15 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 				if v.kRow[i] == wantK[i] {
 					kv, got, want = "V", v.vRow[i], wantV[i]
 				}
-				return fmt.Errorf("%w at step %d: request %s, layer %d: paged %s of token %d (position %d, kv head %d, feature %d) is %v, the dense model has %v",
-					ErrVerify, v.step, r.name(), s.layer, kv, r.tokens[t], t, i/d, i%d, got, want)
+				return fmt.Errorf("%w at step %d: request %s, layer %d%s: paged %s of token %d (position %d, kv head %d, feature %d) is %v, the dense model has %v",
+					ErrVerify, v.step, r.name(), s.layer, v.groupTag(s.group), kv, r.tokens[t], t, i/d, i%d, got, want)
 			}
 		}
 	}
 	v.kvTokens += int64(end - start)
 
 	// Float64 attention of the query over the dense keys it may see.
-	lo := 0
-	if v.window > 0 {
-		lo = max(0, pos-v.window+1)
-	}
+	lo := firstKey(v.specs[s.group], pos)
 	n := pos + 1 - lo
 	kvh := s.head / (m.NumQOHeads / hkv)
 	v.flat = growF64(v.flat, 2*n*d)
@@ -144,10 +162,11 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 		v.maxErr = max(v.maxErr, diff)
 	}
 	if at >= 0 {
-		return fmt.Errorf("%w at step %d: request %s, layer %d, head %d, query at position %d over %d keys: feature %d is %.6g, dense float64 attention gives %.6g (|diff| %.3g > %.3g + %.3g*|want|)",
-			ErrVerify, v.step, r.name(), s.layer, s.head, pos, n, at, v.got[at], want[at], worst, v.atol, v.rtol)
+		return fmt.Errorf("%w at step %d: request %s, layer %d%s, head %d, query at position %d over %d keys: feature %d is %.6g, dense float64 attention gives %.6g (|diff| %.3g > %.3g + %.3g*|want|)",
+			ErrVerify, v.step, r.name(), s.layer, v.groupTag(s.group), s.head, pos, n, at, v.got[at], want[at], worst, v.atol, v.rtol)
 	}
 	v.outputs++
+	v.groupOutputs[s.group]++
 	if s.row >= int(plan.QOIndptr[s.batch+1]-plan.Drafts[s.batch]) {
 		v.drafts++
 	}
@@ -159,4 +178,13 @@ func growF64(s []float64, n int) []float64 {
 		return make([]float64, n)
 	}
 	return s[:n]
+}
+
+// groupTag names group g's attention in messages of a hybrid model (" (sliding
+// 128)"); empty for a dense model.
+func (v *verifier) groupTag(g int) string {
+	if len(v.specs) < 2 {
+		return ""
+	}
+	return " (" + groupString(v.specs[g]) + ")"
 }

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// smallHybrid is smallModel without --layers: each preset brings its own
+// layer count.
+var smallHybrid = []string{"--qo-heads", "4", "--kv-heads", "2", "--head-dim", "16", "--quiet", "--verify-every", "2", "--verify-samples", "2"}
+
+// TestSimulateModel runs --model gpt-oss-like with drafts on a small pool:
+// the run verifies every group, and the summary has the groups line, a
+// line per group (the sliding group holding fewer pages at peak than the
+// full one, releasing pages, both verified) and the acceptance line.
+func TestSimulateModel(t *testing.T) {
+	args := append([]string{"simulate", "--model", "gpt-oss-like", "--requests", "8", "--pages", "64", "--spec-tokens", "3"}, smallHybrid...)
+	code, out, errOut := runCLI(args...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Equal(t, "2 of 2 layers each, layer l in group l % 2: sliding 128, full", summaryField(t, out, "layer groups"))
+	assert.Regexp(t, `^4 layers, `, summaryField(t, out, "model"))
+	assert.Regexp(t, `^\d+ of \d+ prompt tokens \(\d+\.\d%\): the prefix every group could serve$`, summaryField(t, out, "prefix hits"))
+	group := regexp.MustCompile(`^(sliding 128|full): pages held by requests peak (\d+), mean \d+\.\d; \d+ cached at the end, \d+ published, \d+ evicted(, (\d+) released \(out of the window or chunk\))?; \d+ tokens its cache alone could serve at admissions; (\d+) outputs verified$`)
+	var peak [2]int
+	for g, kind := range []string{"sliding 128", "full"} {
+		m := group.FindStringSubmatch(summaryField(t, out, "group "+strconv.Itoa(g)))
+		require.NotNil(t, m, out)
+		assert.Equal(t, kind, m[1])
+		peak[g], _ = strconv.Atoi(m[2])
+		verified, _ := strconv.Atoi(m[5])
+		assert.Positive(t, verified, "group %d", g)
+		if g == 0 {
+			released, _ := strconv.Atoi(m[4])
+			assert.Positive(t, released)
+		} else {
+			assert.Empty(t, m[3], "a full group releases nothing")
+		}
+	}
+	assert.Less(t, peak[0], peak[1], "the sliding group holds fewer pages")
+	assert.Regexp(t, `^k=3, \d+ drafts proposed, [1-9]\d* accepted`, summaryField(t, out, "speculative"))
+	assert.Regexp(t, `^passed: \d+ outputs \([1-9]\d* of draft rows\)`, summaryField(t, out, "verification"))
+
+	// --layers overrides the preset's count, in multiples of its pattern.
+	code, out, errOut = runCLI(append([]string{"simulate", "--model", "gemma-3-like", "--layers", "12", "--requests", "3"}, smallHybrid...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Equal(t, "6 of 2 layers each, layer l in group l % 6: sliding 64, sliding 64, sliding 64, sliding 64, sliding 64, full",
+		summaryField(t, out, "layer groups"))
+
+	// --model dense is the default: no group lines.
+	code, out, errOut = runCLI(append([]string{"simulate", "--model", "dense", "--requests", "3"}, smallHybrid...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.NotRegexp(t, `(?m)^(layer groups|group 0):`, out)
+}
+
+// TestSimulateModelBad: an unknown model, a layer count off the pattern,
+// and the features not combined with a hybrid model are flag errors naming
+// the flag and the value.
+func TestSimulateModelBad(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--model", "nope"}, []string{`--model`, `"nope"`, "dense, gpt-oss-like, gemma-3-like, llama-4-like"}},
+		{[]string{"--model", "mla"}, []string{`"mla"`, "not simulated", "MLADecode"}},
+		{[]string{"--model", "gemma-3-like", "--layers", "4"}, []string{"--layers", "layers = 4", "multiple of 6"}},
+		{[]string{"--model", "gpt-oss-like", "--window", "32"}, []string{"--window", "gpt-oss-like"}},
+		{[]string{"--model", "llama-4-like", "--host-pages", "8"}, []string{"--host-pages", "llama-4-like"}},
+		{[]string{"--model", "llama-4-like", "--redis", "127.0.0.1:1"}, []string{"--redis", "llama-4-like"}},
+		{[]string{"--model", "gpt-oss-like", "--kv-events", "tcp://127.0.0.1:1"}, []string{"--kv-events", "gpt-oss-like"}},
+		{[]string{"--model", "gpt-oss-like", "--replicas", "2"}, []string{"--replicas", "gpt-oss-like"}},
+		{[]string{"--model", "llama-4-like", "--page-size", "48"}, []string{"ChunkTokens = 128", "page size 48"}},
+	} {
+		code, _, errOut := runCLI(append([]string{"simulate", "--quiet"}, c.args...)...)
+		assert.Equal(t, exitUsage, code, "%v: %s", c.args, errOut)
+		for _, w := range c.want {
+			assert.Contains(t, errOut, w, c.args)
+		}
+	}
+}

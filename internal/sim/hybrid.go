@@ -1,0 +1,188 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
+)
+
+// Hybrid attention models: Config.Groups describes the model's layer
+// groups and the run drives a pagedkv.HybridManager (one page pool, a page
+// table and prefix cache per group) instead of a Manager.
+//
+// Layer l of the model belongs to group l % G as that group's layer l / G
+// (G = len(Groups)): the presets' patterns repeat every G layers. Group g's
+// layer j keeps its K/V in the engine's cache tensor j, as the root
+// package's page-bytes rule has it (a page belongs to one group at a time,
+// so the groups never share an entry), and its attention runs over its own
+// plan: its page table, its window_left, and a chunked group's Attn arrays.
+
+// ModelPreset is a model shape `pagedkv simulate --model` runs.
+type ModelPreset struct {
+	Name string
+	// Pattern is the groups of one repetition of the layer pattern, layer
+	// count unset (each group gets Model.Layers/len(Pattern) layers). Nil
+	// for the dense model: one Manager, full attention or --window.
+	Pattern []pagedkv.LayerGroup
+	// Layers is the preset's layer count when --layers is not given: the
+	// default model's 4 layers, or one pattern when that is longer.
+	Layers int
+	// Doc says what the preset is, and how it is scaled from the model it
+	// is named after.
+	Doc string
+}
+
+// ErrUnknownModel is wrapped by Preset's error for a name it does not know,
+// ErrNotSimulated for a model the simulator knows but cannot run.
+var (
+	ErrUnknownModel = errors.New("sim: unknown model")
+	ErrNotSimulated = errors.New("sim: model not simulated")
+)
+
+var presets = []ModelPreset{
+	{Name: "dense", Layers: 4,
+		Doc: "every layer full attention (or --window W): one Manager; the default"},
+	{Name: "gpt-oss-like", Layers: 4,
+		Pattern: []pagedkv.LayerGroup{{Kind: pagedkv.SlidingAttention, WindowTokens: 128}, {Kind: pagedkv.FullAttention}},
+		Doc:     "gpt-oss: layers alternate sliding window 128 (even layers) and full attention (odd layers); 2 groups, window at its real size"},
+	{Name: "gemma-3-like", Layers: 6,
+		Pattern: []pagedkv.LayerGroup{
+			{Kind: pagedkv.SlidingAttention, WindowTokens: 64}, {Kind: pagedkv.SlidingAttention, WindowTokens: 64},
+			{Kind: pagedkv.SlidingAttention, WindowTokens: 64}, {Kind: pagedkv.SlidingAttention, WindowTokens: 64},
+			{Kind: pagedkv.SlidingAttention, WindowTokens: 64}, {Kind: pagedkv.FullAttention}},
+		Doc: "Gemma 3: five sliding-window layers to one full layer (layers 6i..6i+4 sliding, 6i+5 full); 6 groups of equal layer count; window 64 = Gemma 3's 1024 scaled by 1/16 so the simulator's sequences (up to ~250 tokens by default) outgrow it"},
+	{Name: "llama-4-like", Layers: 4,
+		Pattern: []pagedkv.LayerGroup{
+			{Kind: pagedkv.ChunkedAttention, ChunkTokens: 128}, {Kind: pagedkv.ChunkedAttention, ChunkTokens: 128},
+			{Kind: pagedkv.ChunkedAttention, ChunkTokens: 128}, {Kind: pagedkv.FullAttention}},
+		Doc: "Llama 4: chunked local attention on three of four layers (layers 4i..4i+2), full attention on the fourth; 4 groups; chunk 128 = Llama 4's 8192 scaled by 1/64 so sequences cross chunk boundaries (a multiple of the page size for pages of up to 128 tokens)"},
+}
+
+// notSimulated are model names the simulator knows but cannot run, with why.
+var notSimulated = map[string]string{
+	"mla": "the simulator's model and backends compute GQA attention over K/V pages; MLA (ckv/kpe storage, absorbed queries) has only a decode kernel here (kernels.Backend.MLADecode), while the simulator prefills in chunks and verifies multi-row draft steps (see docs/simulate.md)",
+}
+
+// ModelNames lists the presets Preset accepts.
+func ModelNames() []string {
+	names := make([]string, len(presets))
+	for i, p := range presets {
+		names[i] = p.Name
+	}
+	return names
+}
+
+// Preset returns the preset named name, or an error wrapping
+// ErrUnknownModel that names it and lists the valid names.
+func Preset(name string) (ModelPreset, error) {
+	for _, p := range presets {
+		if p.Name == name {
+			return p, nil
+		}
+	}
+	valid := strings.Join(ModelNames(), ", ")
+	if why, ok := notSimulated[name]; ok {
+		return ModelPreset{}, fmt.Errorf("%w: %q: %s; valid models: %s", ErrNotSimulated, name, why, valid)
+	}
+	return ModelPreset{}, fmt.Errorf("%w: %q; valid models: %s", ErrUnknownModel, name, valid)
+}
+
+// Groups returns the layer groups of a model of the preset with layers
+// layers (nil for the dense model), or an error if layers is not a
+// positive multiple of the pattern's length.
+func (p ModelPreset) Groups(layers int) ([]pagedkv.LayerGroup, error) {
+	if p.Pattern == nil {
+		return nil, nil
+	}
+	n := len(p.Pattern)
+	if layers < n || layers%n != 0 {
+		return nil, fmt.Errorf("%w: model %s has a pattern of %d layer groups; layers = %d, want a positive multiple of %d",
+			ErrBadConfig, p.Name, n, layers, n)
+	}
+	groups := make([]pagedkv.LayerGroup, n)
+	for g, s := range p.Pattern {
+		s.NumLayers = layers / n
+		groups[g] = s
+	}
+	return groups, nil
+}
+
+// groupString describes a group: "sliding 128", "chunked 8192", "full".
+func groupString(s pagedkv.LayerGroup) string {
+	switch s.Kind {
+	case pagedkv.SlidingAttention:
+		return fmt.Sprintf("sliding %d", s.WindowTokens)
+	case pagedkv.ChunkedAttention:
+		return fmt.Sprintf("chunked %d", s.ChunkTokens)
+	}
+	return s.Kind.String()
+}
+
+// validateGroups checks what the simulator needs of Config.Groups beyond
+// what NewHybrid checks, and the features it does not combine with groups.
+func (c *Config) validateGroups() error {
+	if c.Groups == nil {
+		return nil
+	}
+	layers := 0
+	for _, g := range c.Groups {
+		layers += g.NumLayers
+	}
+	switch {
+	case len(c.Groups) == 0:
+		return fmt.Errorf("%w: no layer groups", ErrBadConfig)
+	case layers != c.Model.Layers:
+		return fmt.Errorf("%w: the layer groups have %d layers, the model %d", ErrBadConfig, layers, c.Model.Layers)
+	case c.WindowTokens != 0:
+		return fmt.Errorf("%w: window %d with layer groups: a hybrid model's windows are its groups'", ErrBadConfig, c.WindowTokens)
+	case c.HostPages != 0 || c.Remote != nil:
+		return fmt.Errorf("%w: host/remote tiers with layer groups: the HybridManager has no tiers", ErrBadConfig)
+	case c.Events != nil:
+		return fmt.Errorf("%w: KV events with layer groups: the simulator publishes a single Manager's events", ErrBadConfig)
+	}
+	if DeviceBackend(c.Backend) {
+		return fmt.Errorf("%w: backend %s with layer groups: the simulator runs hybrid models on host backends only", ErrBadConfig, c.Backend.Name())
+	}
+	return nil
+}
+
+// groupPages counts the distinct pages the running requests hold in each
+// group after a Reserve, keeps each group's peak and sum, and checks that
+// they add up to the pool's pages in use by requests (a page belongs to
+// one group at a time).
+func (s *Sim) groupPages(used int) error {
+	total := 0
+	for g := range s.h.NumGroups() {
+		clear(s.mark)
+		n := 0
+		for _, r := range s.running {
+			pages, _ := s.h.Pages(g, r.id)
+			for _, p := range pages {
+				if !s.mark[p] {
+					s.mark[p] = true
+					n++
+				}
+			}
+		}
+		gs := &s.sum.Groups[g]
+		gs.PeakPages = max(gs.PeakPages, n)
+		gs.pageSteps += int64(n)
+		total += n
+	}
+	if total != used {
+		return fmt.Errorf("%w: after step %d's Reserve the running requests hold %d pages over the groups, the pool says %d in use",
+			ErrCheck, s.sum.Steps, total, used)
+	}
+	return nil
+}
+
+// DeviceBackend reports whether b keeps the caches in device memory (the
+// engine's device-resident path, which runs dense models only).
+func DeviceBackend(b kernels.Backend) bool {
+	_, ok := b.(*cuda.Backend)
+	return ok
+}

@@ -1,0 +1,156 @@
+package sim
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/events"
+)
+
+// hybridConfig is smallConfig with preset name's groups, two samples per
+// group verified every step.
+func hybridConfig(t *testing.T, name string) Config {
+	t.Helper()
+	p, err := Preset(name)
+	require.NoError(t, err)
+	cfg := smallConfig()
+	cfg.Model.Layers = p.Layers
+	cfg.Groups, err = p.Groups(p.Layers)
+	require.NoError(t, err)
+	cfg.VerifyEvery, cfg.VerifySamples = 1, 2
+	return cfg
+}
+
+// TestHybridPresets runs each hybrid preset with drafts on a pool small
+// enough for eviction and preemption: every group's outputs are verified
+// against dense attention under its own window or chunk, and the
+// per-group numbers agree with each other and with the pool's (the sum of
+// the groups' held pages equals the pool's pages in use is checked by the
+// run itself, every step).
+func TestHybridPresets(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := hybridConfig(t, name)
+			cfg.SpecTokens = 3
+			cfg.NumPages, cfg.VerifyEvery = 64, 2
+			sum := run(t, cfg, smallWorkload(t, 8))
+			st := sum.Stats
+			require.Len(t, sum.Groups, len(cfg.Groups))
+			assert.Positive(t, st.Preemptions, "the small pool preempts")
+			assert.Positive(t, st.EvictedPages, "the small pool evicts")
+			assert.Positive(t, st.AcceptedDraftTokens)
+			assert.Less(t, st.AcceptedDraftTokens, st.DraftTokens)
+			assert.Positive(t, sum.Verified.DraftOutputs)
+			hits := st.PromptHitTokens + st.ResumeHitTokens
+			assert.Positive(t, hits)
+			full := sum.Groups[len(sum.Groups)-1]
+			require.Equal(t, pagedkv.FullAttention, full.Spec.Kind)
+			assert.Zero(t, full.Stats.WindowReleasedPages)
+			var outputs int64
+			for g, gs := range sum.Groups {
+				assert.Equal(t, cfg.Groups[g], gs.Spec)
+				assert.Positive(t, gs.Outputs, "group %d verified", g)
+				outputs += gs.Outputs
+				// The hit every group could serve is never longer than
+				// what one group's cache could.
+				assert.GreaterOrEqual(t, gs.Stats.ServableTokens, hits, "group %d", g)
+				assert.LessOrEqual(t, gs.PeakPages, sum.PeakUsedPages)
+				if gs.Spec.Kind != pagedkv.FullAttention {
+					assert.Positive(t, gs.Stats.WindowReleasedPages, "group %d releases", g)
+					assert.Less(t, gs.PeakPages, full.PeakPages, "group %d holds fewer pages than the full group", g)
+					assert.Less(t, gs.MeanPages(sum.Steps), full.MeanPages(sum.Steps), "group %d", g)
+				}
+			}
+			assert.Equal(t, sum.Verified.Outputs, outputs)
+
+			var b strings.Builder
+			sum.Format(&b, &cfg)
+			out := b.String()
+			assert.Contains(t, out, "layer groups:")
+			assert.Contains(t, out, "group 0:")
+			assert.Contains(t, out, "speculative:")
+			assert.Contains(t, out, "verification:  passed")
+		})
+	}
+}
+
+// TestHybridVerificationFails proves the per-group check can fail: an
+// engine that attends every group with window_left -1 over its append
+// table (dropping the sliding group's window and the chunked group's
+// per-chunk entries) is caught by the dense comparison of that group, on
+// a run that passes without the fault.
+func TestHybridVerificationFails(t *testing.T) {
+	t.Parallel()
+	for name, tag := range map[string]string{"gpt-oss-like": "(sliding 128)", "llama-4-like": "(chunked 128)"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := hybridConfig(t, name)
+			cfg.NumPages, cfg.VerifySamples = 256, 8
+			// Prompts of 100-270 tokens: prefill rows past the first
+			// chunk's end, which must not see the first chunk.
+			w := DefaultWorkloadConfig()
+			w.Requests, w.SuffixTokens, w.OutputTokens = 3, [2]int{36, 160}, [2]int{4, 8}
+			reqs, err := Workload(w)
+			require.NoError(t, err)
+			run(t, cfg, reqs) // passes as it is
+			s, err := New(cfg, reqs)
+			require.NoError(t, err)
+			s.eng.ignoreWindows = true
+			sum, err := s.Run()
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrVerify), "%v", err)
+			assert.Contains(t, err.Error(), tag)
+			assert.Equal(t, err, sum.Err)
+			t.Log(err)
+		})
+	}
+}
+
+func TestPresets(t *testing.T) {
+	for _, name := range ModelNames() {
+		p, err := Preset(name)
+		require.NoError(t, err)
+		groups, err := p.Groups(p.Layers)
+		require.NoError(t, err)
+		if name == "dense" {
+			assert.Nil(t, groups)
+			continue
+		}
+		_, err = pagedkv.NewHybrid(pagedkv.HybridConfig{Config: pagedkv.Config{NumPages: 16, PageSize: DefaultConfig().PageSize}, Groups: groups})
+		require.NoError(t, err, name)
+		_, err = p.Groups(p.Layers + 1)
+		assert.ErrorIs(t, err, ErrBadConfig)
+	}
+	_, err := Preset("nope")
+	require.ErrorIs(t, err, ErrUnknownModel)
+	for _, name := range ModelNames() {
+		assert.Contains(t, err.Error(), name)
+	}
+	_, err = Preset("mla")
+	require.ErrorIs(t, err, ErrNotSimulated)
+	assert.Contains(t, err.Error(), "MLA")
+}
+
+// TestHybridConfigBad: the features the simulator does not combine with
+// layer groups are config errors naming them.
+func TestHybridConfigBad(t *testing.T) {
+	for want, edit := range map[string]func(*Config){
+		"window":      func(c *Config) { c.WindowTokens = 32 },
+		"tiers":       func(c *Config) { c.HostPages = 8 },
+		"KV events":   func(c *Config) { c.Events = &events.Recorder{} },
+		"groups have": func(c *Config) { c.Model.Layers = 8 },
+	} {
+		cfg := hybridConfig(t, "gpt-oss-like")
+		edit(&cfg)
+		_, err := New(cfg, smallWorkload(t, 2))
+		require.ErrorIs(t, err, ErrBadConfig, want)
+		assert.Contains(t, err.Error(), want)
+	}
+}
