@@ -19,6 +19,14 @@
 // prefix-cache reuse is correct by construction, and the verifier rebuilds
 // any request's dense K/V from its token ids alone.
 //
+// With Config.Groups (a hybrid model, [Preset]) the run drives a
+// pagedkv.HybridManager instead: one page pool, and per layer group its own
+// page table, prefix cache and plan. The engine performs the step's
+// pool-wide copies once, then appends and attends each group's layers over
+// that group's plan (its window_left, and a chunked group's Attn arrays),
+// and every checked step verifies samples of every group against dense
+// attention under that group's window or chunk.
+//
 // [RunFleet] runs a workload over several replicas, each a Sim with its own
 // Manager, backend and verification, connected to a router only by their
 // KV events (package events over loopback ZeroMQ, package kvindex in the
@@ -40,6 +48,9 @@
 //     batch request equal the simulator's own record, the plan's token ids
 //     are the simulator's tokens at the plan's positions, and appendkv
 //     derives the plan's batch_indices and positions independently.
+//   - For a hybrid model, after every Reserve the distinct pages the running
+//     requests hold in each group add up to the pool's pages in use by
+//     requests (a page belongs to one group at a time).
 //   - Model values are exact in the cache dtype, so the paged cache holds
 //     exactly what the model produced.
 //
