@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/layout"
 )
@@ -126,6 +127,82 @@ func TestRandomRuns(t *testing.T) {
 	}
 	for name, n := range map[string]int64{"preemptions": preempted, "evictions": evicted, "copies": copied,
 		"cascade steps": cascades, "window releases": windowed, "prefix hits": hits} {
+		if n == 0 {
+			t.Errorf("%d random runs had no %s", runs, name)
+		}
+	}
+}
+
+// decodeHybridRun is decodeRun's model, Manager settings and workload on a
+// hybrid model whose groups come from the leading bytes: 2 to 4 groups, each
+// full, sliding (window 1-24) or chunked (1-4 pages), the model's layers in
+// each, and 0-3 draft tokens per decode step. The pool holds the longest
+// request alone in every group.
+func decodeHybridRun(data []byte) (Config, []Request) {
+	r := byteReader(data)
+	kinds := make([][2]int, 2+r.next()%3)
+	for g := range kinds {
+		kinds[g] = [2]int{r.next() % 3, r.next()}
+	}
+	spec := r.next() % 4
+	cfg, reqs := decodeRun(r)
+	for _, k := range kinds {
+		s := pagedkv.LayerGroup{Kind: pagedkv.FullAttention, NumLayers: cfg.Model.Layers}
+		switch k[0] {
+		case 1:
+			s.Kind, s.WindowTokens = pagedkv.SlidingAttention, 1+k[1]%24
+		case 2:
+			s.Kind, s.ChunkTokens = pagedkv.ChunkedAttention, cfg.PageSize*(1+k[1]%4)
+		}
+		cfg.Groups = append(cfg.Groups, s)
+	}
+	cfg.Model.Layers *= len(kinds)
+	cfg.WindowTokens, cfg.SpecTokens = 0, spec
+	cfg.NumPages *= len(kinds)
+	return cfg, reqs
+}
+
+// FuzzSimulateHybrid runs tiny hybrid simulations built from the input:
+// any disagreement between a group's plan, its pages and dense attention
+// under its window or chunk fails, as does a page count that does not add
+// up over the groups.
+func FuzzSimulateHybrid(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{0, 1, 5, 2, 1, 3, 2, 0, 1, 0, 1, 3, 2, 0, 10, 1, 7, 20, 8, 12, 0, 3, 1, 0, 5, 0, 2, 5, 1, 1, 1})
+	f.Add([]byte{2, 2, 0, 1, 3, 0, 0, 2, 3, 1, 1, 9, 1, 2, 5, 0, 30, 3, 2, 5, 16, 16, 16, 0, 9, 2, 3, 1, 1, 0, 9, 2, 3, 1, 1, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, reqs := decodeHybridRun(data)
+		checkRun(t, cfg, reqs)
+	})
+}
+
+// TestRandomHybridRuns is FuzzSimulateHybrid's randomized twin: every run
+// verifies, and the runs as a whole release pages out of windows and
+// chunks, evict, preempt, hit the cache and accept drafts.
+func TestRandomHybridRuns(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(16, 17))
+	runs := 60
+	if testing.Short() || invariants.Enabled { // -race
+		runs = 12
+	}
+	var preempted, evicted, released, hits, accepted int64
+	for range runs {
+		data := make([]byte, 128)
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		cfg, reqs := decodeHybridRun(data)
+		sum := checkRun(t, cfg, reqs)
+		st := sum.Stats
+		preempted += st.Preemptions
+		evicted += st.EvictedPages
+		released += st.WindowReleasedPages
+		hits += st.PromptHitTokens
+		accepted += st.AcceptedDraftTokens
+	}
+	for name, n := range map[string]int64{"preemptions": preempted, "evictions": evicted, "window or chunk releases": released,
+		"prefix hits": hits, "accepted drafts": accepted} {
 		if n == 0 {
 			t.Errorf("%d random runs had no %s", runs, name)
 		}
