@@ -184,7 +184,7 @@ func TestRandomHybridRuns(t *testing.T) {
 	rng := rand.New(rand.NewPCG(16, 17))
 	runs := 60
 	if testing.Short() || invariants.Enabled { // -race
-		runs = 12
+		runs = 40
 	}
 	var preempted, evicted, released, hits, accepted int64
 	for range runs {
