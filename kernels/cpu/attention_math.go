@@ -52,7 +52,7 @@ func axpy(alpha float32, x, y []float32) {
 // dot4 returns the dot products of the four rows q[0:d], q[d:2d], q[2d:3d],
 // q[3d:4d] with k[:d]. Reading k once for four queries is what makes GQA
 // decode cheaper than four separate dots. With AVX2+FMA the first d&^7
-// elements go through dot4AVX (eight lanes, fused multiply-adds: the sums
+// elements go through dot4Vec (eight lanes, fused multiply-adds: the sums
 // differ from dot4Go's in the last bits).
 func dot4(q, k []float32, d int) (s0, s1, s2, s3 float32) {
 	if !hasSIMD || d < 8 {
@@ -61,7 +61,7 @@ func dot4(q, k []float32, d int) (s0, s1, s2, s3 float32) {
 	k = k[:d]
 	q = q[:4*d]
 	n := d &^ 7
-	s0, s1, s2, s3 = dot4AVX(&q[0], d, &k[0], n)
+	s0, s1, s2, s3 = dot4Vec(&q[0], d, &k[0], n)
 	for i := n; i < d; i++ {
 		kv := k[i]
 		s0 += q[i] * kv
@@ -72,7 +72,7 @@ func dot4(q, k []float32, d int) (s0, s1, s2, s3 float32) {
 	return
 }
 
-// dot4Go is dot4 in pure Go: the fallback, and the model dot4AVX is tested
+// dot4Go is dot4 in pure Go: the fallback, and the model dot4Vec is tested
 // against.
 func dot4Go(q, k []float32, d int) (s0, s1, s2, s3 float32) {
 	k = k[:d]
@@ -125,8 +125,8 @@ func axpyRows(p, v, acc []float32, d int) {
 // widenRow converts len(dst) elements of dtype dt at the start of src to
 // float32, exactly (the same values as layout.LoadRowF32, except that the
 // F16C path returns a signalling f16 NaN quieted). With F16C/AVX2
-// f16 and bf16 rows go eight elements per instruction (widenF16AVX,
-// widenBF16AVX); otherwise the narrow dtypes are read eight bytes at a
+// f16 and bf16 rows go eight elements per instruction (widenF16Vec,
+// widenBF16Vec); otherwise the narrow dtypes are read eight bytes at a
 // time, f16 and fp8 through layout's lookup tables.
 func widenRow(dst []float32, dt layout.DType, src []byte) {
 	n := len(dst)
@@ -134,9 +134,9 @@ func widenRow(dst []float32, dt layout.DType, src []byte) {
 		src = src[:2*n]
 		n8 := n &^ 7
 		if dt == layout.F16 {
-			widenF16AVX(&dst[0], &src[0], n8)
+			widenF16Vec(&dst[0], &src[0], n8)
 		} else {
-			widenBF16AVX(&dst[0], &src[0], n8)
+			widenBF16Vec(&dst[0], &src[0], n8)
 		}
 		widenRowGo(dst[n8:], dt, src[2*n8:])
 		return
@@ -353,7 +353,7 @@ func logitsBlock(s, q, k []float32, ts, g, T, d int) {
 
 // axpyBlock does acc[:d] += sum_t p[t]*v[t*ts:t*ts+d], four keys at a
 // time, so acc is loaded and stored once per four keys. With AVX2+FMA the
-// first d&^7 elements of each four-key pass go through axpy4AVX.
+// first d&^7 elements of each four-key pass go through axpy4Vec.
 func axpyBlock(acc, p, v []float32, ts, d int) {
 	if !hasSIMD || d < 8 {
 		axpyBlockGo(acc, p, v, ts, d)
@@ -365,7 +365,7 @@ func axpyBlock(acc, p, v []float32, ts, d int) {
 	for ; t+4 <= len(p); t += 4 {
 		pp := (*[4]float32)(p[t : t+4])
 		v0, v3 := v[t*ts:t*ts+d], v[(t+3)*ts:(t+3)*ts+d] // bounds for all four rows
-		axpy4AVX(&acc[0], &v0[0], ts, pp, n)
+		axpy4Vec(&acc[0], &v0[0], ts, pp, n)
 		if n < d {
 			v1, v2 := v[(t+1)*ts:(t+1)*ts+d], v[(t+2)*ts:(t+2)*ts+d]
 			for i := n; i < d; i++ {
@@ -379,7 +379,7 @@ func axpyBlock(acc, p, v []float32, ts, d int) {
 }
 
 // axpyBlockGo is axpyBlock in pure Go: the fallback, and the model
-// axpy4AVX is tested against.
+// axpy4Vec is tested against.
 func axpyBlockGo(acc, p, v []float32, ts, d int) {
 	acc = acc[:d]
 	t := 0

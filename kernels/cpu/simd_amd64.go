@@ -7,32 +7,51 @@ package cpu
 // hasF16C reports whether the CPU has the F16C (VCVTPH2PS) instructions.
 func hasF16C() bool
 
-// widenF16AVX converts n f16 values (n a multiple of 8) at src to float32 at dst.
-func widenF16AVX(dst *float32, src *byte, n int)
+// widenF16Vec converts n f16 values (n a multiple of 8) at src to float32 at dst.
+//
+//go:noescape
+func widenF16Vec(dst *float32, src *byte, n int)
 
-// widenBF16AVX converts n bf16 values (n a multiple of 8) at src to float32 at dst.
-func widenBF16AVX(dst *float32, src *byte, n int)
+// widenBF16Vec converts n bf16 values (n a multiple of 8) at src to float32 at dst.
+//
+//go:noescape
+func widenBF16Vec(dst *float32, src *byte, n int)
 
-// dot4AVX returns q[j*d:j*d+n] . k[:n] for j < 4 (n a multiple of 8).
-func dot4AVX(q *float32, d int, k *float32, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
+// dot4Vec returns q[j*d:j*d+n] . k[:n] for j < 4 (n a multiple of 8).
+//
+//go:noescape
+func dot4Vec(q *float32, d int, k *float32, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
 
-// axpy4AVX does acc[i] += p[0]*v[i] + p[1]*v[ts+i] + p[2]*v[2*ts+i] + p[3]*v[3*ts+i] for i < n (n a multiple of 8).
-func axpy4AVX(acc *float32, v *float32, ts int, p *[4]float32, n int)
+// axpy4Vec does acc[i] += p[0]*v[i] + p[1]*v[ts+i] + p[2]*v[2*ts+i] + p[3]*v[3*ts+i] for i < n (n a multiple of 8).
+//
+//go:noescape
+func axpy4Vec(acc *float32, v *float32, ts int, p *[4]float32, n int)
 
-// dot4F16AVX returns q[j*d:j*d+n] . k[:n] for j < 4, k holding n f16 values (n a multiple of 8).
-func dot4F16AVX(q *float32, d int, k *byte, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
+// logits4F16Vec writes, for h < heads, t < T and j < 4, s[h*ss+t*4+j] = q[h*qs+j*d:][:d] . k[h*hs+t*ks:],
+// the key rows holding d f16 values (d a multiple of 8; ss, qs in elements, hs, ks in bytes).
+//
+//go:noescape
+func logits4F16Vec(s *float32, ss int, q *float32, qs int, d int, k *byte, ks int, hs int, T int, heads int)
 
-// axpy4F16AVX does acc[i] += sum_j p[j]*v[j*ts+i] over j < 4 for i < n, v holding f16 values (n a multiple of 8).
-func axpy4F16AVX(acc *float32, v *byte, ts int, p *[4]float32, n int)
+// attnV4F16Vec does, for h < heads, j < 4 and i < d, acc[h*as+j*d+i] += sum_t p[h*ss+t*4+j]*v[h*hs+t*vs:][i] over t < T,
+// the V rows holding d f16 values (d a multiple of 8; as, ss in elements, hs, vs in bytes).
+//
+//go:noescape
+func attnV4F16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)
 
-// axpy1F16AVX does acc[i] += p*v[i] for i < n, v holding f16 values (n a multiple of 8).
-func axpy1F16AVX(acc *float32, v *byte, p float32, n int)
+// logits4BF16Vec writes, for h < heads, t < T and j < 4, s[h*ss+t*4+j] = q[h*qs+j*d:][:d] . k[h*hs+t*ks:],
+// the key rows holding d bf16 values (d a multiple of 8; ss, qs in elements, hs, ks in bytes).
+//
+//go:noescape
+func logits4BF16Vec(s *float32, ss int, q *float32, qs int, d int, k *byte, ks int, hs int, T int, heads int)
 
-// dot4BF16AVX returns q[j*d:j*d+n] . k[:n] for j < 4, k holding n bf16 values (n a multiple of 8).
-func dot4BF16AVX(q *float32, d int, k *byte, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
+// attnV4BF16Vec does, for h < heads, j < 4 and i < d, acc[h*as+j*d+i] += sum_t p[h*ss+t*4+j]*v[h*hs+t*vs:][i] over t < T,
+// the V rows holding d bf16 values (d a multiple of 8; as, ss in elements, hs, vs in bytes).
+//
+//go:noescape
+func attnV4BF16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)
 
-// axpy4BF16AVX does acc[i] += sum_j p[j]*v[j*ts+i] over j < 4 for i < n, v holding bf16 values (n a multiple of 8).
-func axpy4BF16AVX(acc *float32, v *byte, ts int, p *[4]float32, n int)
-
-// axpy1BF16AVX does acc[i] += p*v[i] for i < n, v holding bf16 values (n a multiple of 8).
-func axpy1BF16AVX(acc *float32, v *byte, p float32, n int)
+// expBlock4Vec does s[i] = 2^(s[i]-m[i%4]) and l[i%4] += s[i] for i < n (n a multiple of 4, s[i] <= m[i%4] or NaN).
+//
+//go:noescape
+func expBlock4Vec(s *float32, n int, m *[4]float32, l *[4]float32)

@@ -15,9 +15,9 @@ TEXT ·hasF16C(SB), NOSPLIT, $0-1
 	MOVB CL, ret+0(FP)
 	RET
 
-// func widenF16AVX(dst *float32, src *byte, n int)
+// func widenF16Vec(dst *float32, src *byte, n int)
 // Requires: AVX, F16C
-TEXT ·widenF16AVX(SB), NOSPLIT, $0-24
+TEXT ·widenF16Vec(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), AX
 	MOVQ src+8(FP), CX
 	MOVQ n+16(FP), DX
@@ -52,9 +52,9 @@ f16_done:
 	VZEROUPPER
 	RET
 
-// func widenBF16AVX(dst *float32, src *byte, n int)
+// func widenBF16Vec(dst *float32, src *byte, n int)
 // Requires: AVX, AVX2
-TEXT ·widenBF16AVX(SB), NOSPLIT, $0-24
+TEXT ·widenBF16Vec(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), AX
 	MOVQ src+8(FP), CX
 	MOVQ n+16(FP), DX
@@ -94,9 +94,9 @@ bf16_done:
 	VZEROUPPER
 	RET
 
-// func dot4AVX(q *float32, d int, k *float32, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
+// func dot4Vec(q *float32, d int, k *float32, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
 // Requires: AVX, FMA3, SSE
-TEXT ·dot4AVX(SB), NOSPLIT, $0-48
+TEXT ·dot4Vec(SB), NOSPLIT, $0-48
 	MOVQ   q+0(FP), AX
 	MOVQ   d+8(FP), CX
 	MOVQ   k+16(FP), DX
@@ -180,9 +180,9 @@ dot4_sum:
 	VZEROUPPER
 	RET
 
-// func axpy4AVX(acc *float32, v *float32, ts int, p *[4]float32, n int)
+// func axpy4Vec(acc *float32, v *float32, ts int, p *[4]float32, n int)
 // Requires: AVX, FMA3
-TEXT ·axpy4AVX(SB), NOSPLIT, $0-40
+TEXT ·axpy4Vec(SB), NOSPLIT, $0-40
 	MOVQ         acc+0(FP), AX
 	MOVQ         v+8(FP), CX
 	MOVQ         ts+16(FP), DX
@@ -234,17 +234,26 @@ axpy4_done:
 	VZEROUPPER
 	RET
 
-// func dot4F16AVX(q *float32, d int, k *byte, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
-// Requires: AVX, F16C, FMA3, SSE
-TEXT ·dot4F16AVX(SB), NOSPLIT, $0-48
-	MOVQ   q+0(FP), AX
-	MOVQ   d+8(FP), CX
-	MOVQ   k+16(FP), DX
-	MOVQ   n+24(FP), BX
-	SHLQ   $0x02, CX
-	LEAQ   (AX)(CX*1), SI
-	LEAQ   (SI)(CX*1), DI
-	LEAQ   (DI)(CX*1), CX
+// func logits4F16Vec(s *float32, ss int, q *float32, qs int, d int, k *byte, ks int, hs int, T int, heads int)
+// Requires: AVX, F16C, FMA3
+TEXT ·logits4F16Vec(SB), NOSPLIT, $0-80
+	MOVQ s+0(FP), AX
+	MOVQ d+32(FP), CX
+	SHLQ $0x02, CX
+	LEAQ (CX)(CX*2), DX
+	MOVQ k+40(FP), BX
+	MOVQ ks+48(FP), SI
+	MOVQ T+64(FP), DI
+
+logits4f16vec_pair:
+	CMPQ DI, $0x02
+	JL   logits4f16vec_one
+	MOVQ q+16(FP), R8
+	MOVQ BX, R9
+	MOVQ AX, R10
+	MOVQ heads+72(FP), R11
+
+logits4f16vec_two_head:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -253,174 +262,244 @@ TEXT ·dot4F16AVX(SB), NOSPLIT, $0-48
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
+	MOVQ   CX, R12
 
-dot4f16avx_by16:
-	CMPQ        BX, $0x10
-	JL          dot4f16avx_by8
-	VCVTPH2PS   (DX), Y8
-	VCVTPH2PS   16(DX), Y9
-	VFMADD231PS (AX), Y8, Y0
-	VFMADD231PS 32(AX), Y9, Y1
-	VFMADD231PS (SI), Y8, Y2
-	VFMADD231PS 32(SI), Y9, Y3
-	VFMADD231PS (DI), Y8, Y4
-	VFMADD231PS 32(DI), Y9, Y5
-	VFMADD231PS (CX), Y8, Y6
-	VFMADD231PS 32(CX), Y9, Y7
-	ADDQ        $0x20, DX
-	ADDQ        $0x40, AX
-	ADDQ        $0x40, SI
-	ADDQ        $0x40, DI
-	ADDQ        $0x40, CX
-	SUBQ        $0x10, BX
-	JMP         dot4f16avx_by16
-
-dot4f16avx_by8:
-	CMPQ        BX, $0x08
-	JL          dot4f16avx_sum
-	VCVTPH2PS   (DX), Y8
-	VFMADD231PS (AX), Y8, Y0
-	VFMADD231PS (SI), Y8, Y2
-	VFMADD231PS (DI), Y8, Y4
-	VFMADD231PS (CX), Y8, Y6
-
-dot4f16avx_sum:
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X8
-	VADDPS       X8, X0, X0
-	VMOVHLPS     X0, X0, X8
-	VADDPS       X8, X0, X0
-	VMOVSHDUP    X0, X8
-	VADDSS       X8, X0, X0
-	MOVSS        X0, s0+32(FP)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X8
-	VADDPS       X8, X2, X2
-	VMOVHLPS     X2, X2, X8
-	VADDPS       X8, X2, X2
-	VMOVSHDUP    X2, X8
-	VADDSS       X8, X2, X2
-	MOVSS        X2, s1+36(FP)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X8
-	VADDPS       X8, X4, X4
-	VMOVHLPS     X4, X4, X8
-	VADDPS       X8, X4, X4
-	VMOVSHDUP    X4, X8
-	VADDSS       X8, X4, X4
-	MOVSS        X4, s2+40(FP)
-	VADDPS       Y7, Y6, Y6
-	VEXTRACTF128 $0x01, Y6, X8
-	VADDPS       X8, X6, X6
-	VMOVHLPS     X6, X6, X8
-	VADDPS       X8, X6, X6
-	VMOVSHDUP    X6, X8
-	VADDSS       X8, X6, X6
-	MOVSS        X6, s3+44(FP)
-	VZEROUPPER
-	RET
-
-// func axpy4F16AVX(acc *float32, v *byte, ts int, p *[4]float32, n int)
-// Requires: AVX, F16C, FMA3
-TEXT ·axpy4F16AVX(SB), NOSPLIT, $0-40
-	MOVQ         acc+0(FP), AX
-	MOVQ         v+8(FP), CX
-	MOVQ         ts+16(FP), DX
-	MOVQ         p+24(FP), BX
-	MOVQ         n+32(FP), SI
-	SHLQ         $0x01, DX
-	LEAQ         (CX)(DX*1), DI
-	LEAQ         (DI)(DX*1), R8
-	LEAQ         (R8)(DX*1), DX
-	VBROADCASTSS (BX), Y0
-	VBROADCASTSS 4(BX), Y1
-	VBROADCASTSS 8(BX), Y2
-	VBROADCASTSS 12(BX), Y3
-
-axpy4f16avx_by16:
-	CMPQ        SI, $0x10
-	JL          axpy4f16avx_by8
-	VMOVUPS     (AX), Y4
-	VMOVUPS     32(AX), Y5
-	VCVTPH2PS   (CX), Y6
-	VCVTPH2PS   16(CX), Y7
-	VFMADD231PS Y6, Y0, Y4
-	VFMADD231PS Y7, Y0, Y5
-	VCVTPH2PS   (DI), Y6
-	VCVTPH2PS   16(DI), Y7
-	VFMADD231PS Y6, Y1, Y4
-	VFMADD231PS Y7, Y1, Y5
-	VCVTPH2PS   (R8), Y6
-	VCVTPH2PS   16(R8), Y7
-	VFMADD231PS Y6, Y2, Y4
-	VFMADD231PS Y7, Y2, Y5
-	VCVTPH2PS   (DX), Y6
-	VCVTPH2PS   16(DX), Y7
-	VFMADD231PS Y6, Y3, Y4
-	VFMADD231PS Y7, Y3, Y5
-	VMOVUPS     Y4, (AX)
-	VMOVUPS     Y5, 32(AX)
-	ADDQ        $0x40, AX
-	ADDQ        $0x20, CX
-	ADDQ        $0x20, DI
+logits4f16vec_two_dot:
+	VCVTPH2PS   (R9), Y8
+	VCVTPH2PS   (R9)(SI*1), Y9
+	VMOVUPS     (R8), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y1
+	VMOVUPS     (R8)(CX*1), Y10
+	VFMADD231PS Y10, Y8, Y2
+	VFMADD231PS Y10, Y9, Y3
+	VMOVUPS     (R8)(CX*2), Y10
+	VFMADD231PS Y10, Y8, Y4
+	VFMADD231PS Y10, Y9, Y5
+	VMOVUPS     (R8)(DX*1), Y10
+	VFMADD231PS Y10, Y8, Y6
+	VFMADD231PS Y10, Y9, Y7
 	ADDQ        $0x20, R8
-	ADDQ        $0x20, DX
-	SUBQ        $0x10, SI
-	JMP         axpy4f16avx_by16
-
-axpy4f16avx_by8:
-	CMPQ        SI, $0x08
-	JL          axpy4f16avx_done
-	VMOVUPS     (AX), Y4
-	VCVTPH2PS   (CX), Y6
-	VFMADD231PS Y6, Y0, Y4
-	VCVTPH2PS   (DI), Y6
-	VFMADD231PS Y6, Y1, Y4
-	VCVTPH2PS   (R8), Y6
-	VFMADD231PS Y6, Y2, Y4
-	VCVTPH2PS   (DX), Y6
-	VFMADD231PS Y6, Y3, Y4
-	VMOVUPS     Y4, (AX)
-
-axpy4f16avx_done:
-	VZEROUPPER
-	RET
-
-// func axpy1F16AVX(acc *float32, v *byte, p float32, n int)
-// Requires: AVX, F16C, FMA3
-TEXT ·axpy1F16AVX(SB), NOSPLIT, $0-32
-	MOVQ         acc+0(FP), AX
-	MOVQ         v+8(FP), CX
-	MOVQ         n+24(FP), DX
-	VBROADCASTSS p+16(FP), Y0
-
-axpy1f16avx_by8:
-	CMPQ        DX, $0x08
-	JL          axpy1f16avx_done
-	VMOVUPS     (AX), Y1
-	VCVTPH2PS   (CX), Y2
-	VFMADD231PS Y2, Y0, Y1
-	VMOVUPS     Y1, (AX)
+	ADDQ        $0x10, R9
+	SUBQ        $0x20, R12
+	JNZ         logits4f16vec_two_dot
+	VHADDPS     Y2, Y0, Y0
+	VHADDPS     Y6, Y4, Y4
+	VHADDPS     Y4, Y0, Y0
+	VHADDPS     Y3, Y1, Y1
+	VHADDPS     Y7, Y5, Y5
+	VHADDPS     Y5, Y1, Y1
+	VPERM2F128  $0x20, Y1, Y0, Y8
+	VPERM2F128  $0x31, Y1, Y0, Y9
+	VADDPS      Y9, Y8, Y8
+	VMOVUPS     Y8, (R10)
+	MOVQ        qs+24(FP), R12
+	SHLQ        $0x02, R12
+	SUBQ        CX, R12
+	ADDQ        R12, R8
+	SHRQ        $0x01, CX
+	SUBQ        CX, R9
+	SHLQ        $0x01, CX
+	ADDQ        hs+56(FP), R9
+	MOVQ        ss+8(FP), R12
+	SHLQ        $0x02, R12
+	ADDQ        R12, R10
+	DECQ        R11
+	JNZ         logits4f16vec_two_head
 	ADDQ        $0x20, AX
-	ADDQ        $0x10, CX
-	SUBQ        $0x08, DX
-	JMP         axpy1f16avx_by8
+	LEAQ        (BX)(SI*2), BX
+	SUBQ        $0x02, DI
+	JMP         logits4f16vec_pair
 
-axpy1f16avx_done:
+logits4f16vec_one:
+	CMPQ DI, $0x01
+	JL   logits4f16vec_done
+	MOVQ q+16(FP), SI
+	MOVQ AX, AX
+	MOVQ heads+72(FP), DI
+
+logits4f16vec_last_head:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	MOVQ   CX, R8
+
+logits4f16vec_last_dot:
+	VCVTPH2PS    (BX), Y8
+	VFMADD231PS  (SI), Y8, Y0
+	VFMADD231PS  (SI)(CX*1), Y8, Y2
+	VFMADD231PS  (SI)(CX*2), Y8, Y4
+	VFMADD231PS  (SI)(DX*1), Y8, Y6
+	ADDQ         $0x20, SI
+	ADDQ         $0x10, BX
+	SUBQ         $0x20, R8
+	JNZ          logits4f16vec_last_dot
+	VHADDPS      Y2, Y0, Y0
+	VHADDPS      Y6, Y4, Y4
+	VHADDPS      Y4, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X9
+	VADDPS       X9, X0, X0
+	VMOVUPS      X0, (AX)
+	MOVQ         qs+24(FP), R8
+	SHLQ         $0x02, R8
+	SUBQ         CX, R8
+	ADDQ         R8, SI
+	SHRQ         $0x01, CX
+	SUBQ         CX, BX
+	SHLQ         $0x01, CX
+	ADDQ         hs+56(FP), BX
+	MOVQ         ss+8(FP), R8
+	SHLQ         $0x02, R8
+	ADDQ         R8, AX
+	DECQ         DI
+	JNZ          logits4f16vec_last_head
+
+logits4f16vec_done:
 	VZEROUPPER
 	RET
 
-// func dot4BF16AVX(q *float32, d int, k *byte, n int) (s0 float32, s1 float32, s2 float32, s3 float32)
-// Requires: AVX, AVX2, FMA3, SSE
-TEXT ·dot4BF16AVX(SB), NOSPLIT, $0-48
-	MOVQ   q+0(FP), AX
-	MOVQ   d+8(FP), CX
-	MOVQ   k+16(FP), DX
-	MOVQ   n+24(FP), BX
-	SHLQ   $0x02, CX
-	LEAQ   (AX)(CX*1), SI
-	LEAQ   (SI)(CX*1), DI
-	LEAQ   (DI)(CX*1), CX
+// func attnV4F16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)
+// Requires: AVX, F16C, FMA3
+TEXT ·attnV4F16Vec(SB), NOSPLIT, $0-80
+	MOVQ d+16(FP), AX
+	SHLQ $0x02, AX
+	LEAQ (AX)(AX*2), CX
+	MOVQ v+24(FP), DX
+	MOVQ vs+32(FP), BX
+	MOVQ p+48(FP), SI
+	MOVQ T+64(FP), DI
+
+attnv4f16vec_pair:
+	CMPQ DI, $0x02
+	JL   attnv4f16vec_one
+	MOVQ acc+0(FP), R8
+	MOVQ DX, R9
+	MOVQ SI, R10
+	MOVQ heads+72(FP), R11
+
+attnv4f16vec_two_head:
+	VBROADCASTSS (R10), Y0
+	VBROADCASTSS 4(R10), Y1
+	VBROADCASTSS 8(R10), Y2
+	VBROADCASTSS 12(R10), Y3
+	VBROADCASTSS 16(R10), Y4
+	VBROADCASTSS 20(R10), Y5
+	VBROADCASTSS 24(R10), Y6
+	VBROADCASTSS 28(R10), Y7
+	MOVQ         AX, R12
+
+attnv4f16vec_two_axpy:
+	VCVTPH2PS   (R9), Y8
+	VCVTPH2PS   (R9)(BX*1), Y9
+	VMOVUPS     (R8), Y10
+	VFMADD231PS Y8, Y0, Y10
+	VFMADD231PS Y9, Y4, Y10
+	VMOVUPS     Y10, (R8)
+	VMOVUPS     (R8)(AX*1), Y10
+	VFMADD231PS Y8, Y1, Y10
+	VFMADD231PS Y9, Y5, Y10
+	VMOVUPS     Y10, (R8)(AX*1)
+	VMOVUPS     (R8)(AX*2), Y10
+	VFMADD231PS Y8, Y2, Y10
+	VFMADD231PS Y9, Y6, Y10
+	VMOVUPS     Y10, (R8)(AX*2)
+	VMOVUPS     (R8)(CX*1), Y10
+	VFMADD231PS Y8, Y3, Y10
+	VFMADD231PS Y9, Y7, Y10
+	VMOVUPS     Y10, (R8)(CX*1)
+	ADDQ        $0x20, R8
+	ADDQ        $0x10, R9
+	SUBQ        $0x20, R12
+	JNZ         attnv4f16vec_two_axpy
+	SUBQ        AX, R8
+	MOVQ        as+8(FP), R12
+	SHLQ        $0x02, R12
+	ADDQ        R12, R8
+	SHRQ        $0x01, AX
+	SUBQ        AX, R9
+	SHLQ        $0x01, AX
+	ADDQ        hs+40(FP), R9
+	MOVQ        ss+56(FP), R12
+	SHLQ        $0x02, R12
+	ADDQ        R12, R10
+	DECQ        R11
+	JNZ         attnv4f16vec_two_head
+	ADDQ        $0x20, SI
+	LEAQ        (DX)(BX*2), DX
+	SUBQ        $0x02, DI
+	JMP         attnv4f16vec_pair
+
+attnv4f16vec_one:
+	CMPQ DI, $0x01
+	JL   attnv4f16vec_done
+	MOVQ acc+0(FP), BX
+	MOVQ SI, SI
+	MOVQ heads+72(FP), DI
+
+attnv4f16vec_last_head:
+	VBROADCASTSS (SI), Y0
+	VBROADCASTSS 4(SI), Y1
+	VBROADCASTSS 8(SI), Y2
+	VBROADCASTSS 12(SI), Y3
+	MOVQ         AX, R8
+
+attnv4f16vec_last_axpy:
+	VCVTPH2PS   (DX), Y8
+	VMOVUPS     (BX), Y10
+	VFMADD231PS Y8, Y0, Y10
+	VMOVUPS     Y10, (BX)
+	VMOVUPS     (BX)(AX*1), Y10
+	VFMADD231PS Y8, Y1, Y10
+	VMOVUPS     Y10, (BX)(AX*1)
+	VMOVUPS     (BX)(AX*2), Y10
+	VFMADD231PS Y8, Y2, Y10
+	VMOVUPS     Y10, (BX)(AX*2)
+	VMOVUPS     (BX)(CX*1), Y10
+	VFMADD231PS Y8, Y3, Y10
+	VMOVUPS     Y10, (BX)(CX*1)
+	ADDQ        $0x20, BX
+	ADDQ        $0x10, DX
+	SUBQ        $0x20, R8
+	JNZ         attnv4f16vec_last_axpy
+	SUBQ        AX, BX
+	MOVQ        as+8(FP), R8
+	SHLQ        $0x02, R8
+	ADDQ        R8, BX
+	SHRQ        $0x01, AX
+	SUBQ        AX, DX
+	SHLQ        $0x01, AX
+	ADDQ        hs+40(FP), DX
+	MOVQ        ss+56(FP), R8
+	SHLQ        $0x02, R8
+	ADDQ        R8, SI
+	DECQ        DI
+	JNZ         attnv4f16vec_last_head
+
+attnv4f16vec_done:
+	VZEROUPPER
+	RET
+
+// func logits4BF16Vec(s *float32, ss int, q *float32, qs int, d int, k *byte, ks int, hs int, T int, heads int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·logits4BF16Vec(SB), NOSPLIT, $0-80
+	MOVQ s+0(FP), AX
+	MOVQ d+32(FP), CX
+	SHLQ $0x02, CX
+	LEAQ (CX)(CX*2), DX
+	MOVQ k+40(FP), BX
+	MOVQ ks+48(FP), SI
+	MOVQ T+64(FP), DI
+
+logits4bf16vec_pair:
+	CMPQ DI, $0x02
+	JL   logits4bf16vec_one
+	MOVQ q+16(FP), R8
+	MOVQ BX, R9
+	MOVQ AX, R10
+	MOVQ heads+72(FP), R11
+
+logits4bf16vec_two_head:
 	VXORPS Y0, Y0, Y0
 	VXORPS Y1, Y1, Y1
 	VXORPS Y2, Y2, Y2
@@ -429,175 +508,333 @@ TEXT ·dot4BF16AVX(SB), NOSPLIT, $0-48
 	VXORPS Y5, Y5, Y5
 	VXORPS Y6, Y6, Y6
 	VXORPS Y7, Y7, Y7
+	MOVQ   CX, R12
 
-dot4bf16avx_by16:
-	CMPQ        BX, $0x10
-	JL          dot4bf16avx_by8
-	VPMOVZXWD   (DX), Y8
+logits4bf16vec_two_dot:
+	VPMOVZXWD   (R9), Y8
 	VPSLLD      $0x10, Y8, Y8
-	VPMOVZXWD   16(DX), Y9
+	VPMOVZXWD   (R9)(SI*1), Y9
 	VPSLLD      $0x10, Y9, Y9
-	VFMADD231PS (AX), Y8, Y0
-	VFMADD231PS 32(AX), Y9, Y1
-	VFMADD231PS (SI), Y8, Y2
-	VFMADD231PS 32(SI), Y9, Y3
-	VFMADD231PS (DI), Y8, Y4
-	VFMADD231PS 32(DI), Y9, Y5
-	VFMADD231PS (CX), Y8, Y6
-	VFMADD231PS 32(CX), Y9, Y7
-	ADDQ        $0x20, DX
-	ADDQ        $0x40, AX
-	ADDQ        $0x40, SI
-	ADDQ        $0x40, DI
-	ADDQ        $0x40, CX
-	SUBQ        $0x10, BX
-	JMP         dot4bf16avx_by16
+	VMOVUPS     (R8), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y1
+	VMOVUPS     (R8)(CX*1), Y10
+	VFMADD231PS Y10, Y8, Y2
+	VFMADD231PS Y10, Y9, Y3
+	VMOVUPS     (R8)(CX*2), Y10
+	VFMADD231PS Y10, Y8, Y4
+	VFMADD231PS Y10, Y9, Y5
+	VMOVUPS     (R8)(DX*1), Y10
+	VFMADD231PS Y10, Y8, Y6
+	VFMADD231PS Y10, Y9, Y7
+	ADDQ        $0x20, R8
+	ADDQ        $0x10, R9
+	SUBQ        $0x20, R12
+	JNZ         logits4bf16vec_two_dot
+	VHADDPS     Y2, Y0, Y0
+	VHADDPS     Y6, Y4, Y4
+	VHADDPS     Y4, Y0, Y0
+	VHADDPS     Y3, Y1, Y1
+	VHADDPS     Y7, Y5, Y5
+	VHADDPS     Y5, Y1, Y1
+	VPERM2F128  $0x20, Y1, Y0, Y8
+	VPERM2F128  $0x31, Y1, Y0, Y9
+	VADDPS      Y9, Y8, Y8
+	VMOVUPS     Y8, (R10)
+	MOVQ        qs+24(FP), R12
+	SHLQ        $0x02, R12
+	SUBQ        CX, R12
+	ADDQ        R12, R8
+	SHRQ        $0x01, CX
+	SUBQ        CX, R9
+	SHLQ        $0x01, CX
+	ADDQ        hs+56(FP), R9
+	MOVQ        ss+8(FP), R12
+	SHLQ        $0x02, R12
+	ADDQ        R12, R10
+	DECQ        R11
+	JNZ         logits4bf16vec_two_head
+	ADDQ        $0x20, AX
+	LEAQ        (BX)(SI*2), BX
+	SUBQ        $0x02, DI
+	JMP         logits4bf16vec_pair
 
-dot4bf16avx_by8:
-	CMPQ        BX, $0x08
-	JL          dot4bf16avx_sum
+logits4bf16vec_one:
+	CMPQ DI, $0x01
+	JL   logits4bf16vec_done
+	MOVQ q+16(FP), SI
+	MOVQ AX, AX
+	MOVQ heads+72(FP), DI
+
+logits4bf16vec_last_head:
+	VXORPS Y0, Y0, Y0
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	MOVQ   CX, R8
+
+logits4bf16vec_last_dot:
+	VPMOVZXWD    (BX), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VFMADD231PS  (SI), Y8, Y0
+	VFMADD231PS  (SI)(CX*1), Y8, Y2
+	VFMADD231PS  (SI)(CX*2), Y8, Y4
+	VFMADD231PS  (SI)(DX*1), Y8, Y6
+	ADDQ         $0x20, SI
+	ADDQ         $0x10, BX
+	SUBQ         $0x20, R8
+	JNZ          logits4bf16vec_last_dot
+	VHADDPS      Y2, Y0, Y0
+	VHADDPS      Y6, Y4, Y4
+	VHADDPS      Y4, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X9
+	VADDPS       X9, X0, X0
+	VMOVUPS      X0, (AX)
+	MOVQ         qs+24(FP), R8
+	SHLQ         $0x02, R8
+	SUBQ         CX, R8
+	ADDQ         R8, SI
+	SHRQ         $0x01, CX
+	SUBQ         CX, BX
+	SHLQ         $0x01, CX
+	ADDQ         hs+56(FP), BX
+	MOVQ         ss+8(FP), R8
+	SHLQ         $0x02, R8
+	ADDQ         R8, AX
+	DECQ         DI
+	JNZ          logits4bf16vec_last_head
+
+logits4bf16vec_done:
+	VZEROUPPER
+	RET
+
+// func attnV4BF16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)
+// Requires: AVX, AVX2, FMA3
+TEXT ·attnV4BF16Vec(SB), NOSPLIT, $0-80
+	MOVQ d+16(FP), AX
+	SHLQ $0x02, AX
+	LEAQ (AX)(AX*2), CX
+	MOVQ v+24(FP), DX
+	MOVQ vs+32(FP), BX
+	MOVQ p+48(FP), SI
+	MOVQ T+64(FP), DI
+
+attnv4bf16vec_pair:
+	CMPQ DI, $0x02
+	JL   attnv4bf16vec_one
+	MOVQ acc+0(FP), R8
+	MOVQ DX, R9
+	MOVQ SI, R10
+	MOVQ heads+72(FP), R11
+
+attnv4bf16vec_two_head:
+	VBROADCASTSS (R10), Y0
+	VBROADCASTSS 4(R10), Y1
+	VBROADCASTSS 8(R10), Y2
+	VBROADCASTSS 12(R10), Y3
+	VBROADCASTSS 16(R10), Y4
+	VBROADCASTSS 20(R10), Y5
+	VBROADCASTSS 24(R10), Y6
+	VBROADCASTSS 28(R10), Y7
+	MOVQ         AX, R12
+
+attnv4bf16vec_two_axpy:
+	VPMOVZXWD   (R9), Y8
+	VPSLLD      $0x10, Y8, Y8
+	VPMOVZXWD   (R9)(BX*1), Y9
+	VPSLLD      $0x10, Y9, Y9
+	VMOVUPS     (R8), Y10
+	VFMADD231PS Y8, Y0, Y10
+	VFMADD231PS Y9, Y4, Y10
+	VMOVUPS     Y10, (R8)
+	VMOVUPS     (R8)(AX*1), Y10
+	VFMADD231PS Y8, Y1, Y10
+	VFMADD231PS Y9, Y5, Y10
+	VMOVUPS     Y10, (R8)(AX*1)
+	VMOVUPS     (R8)(AX*2), Y10
+	VFMADD231PS Y8, Y2, Y10
+	VFMADD231PS Y9, Y6, Y10
+	VMOVUPS     Y10, (R8)(AX*2)
+	VMOVUPS     (R8)(CX*1), Y10
+	VFMADD231PS Y8, Y3, Y10
+	VFMADD231PS Y9, Y7, Y10
+	VMOVUPS     Y10, (R8)(CX*1)
+	ADDQ        $0x20, R8
+	ADDQ        $0x10, R9
+	SUBQ        $0x20, R12
+	JNZ         attnv4bf16vec_two_axpy
+	SUBQ        AX, R8
+	MOVQ        as+8(FP), R12
+	SHLQ        $0x02, R12
+	ADDQ        R12, R8
+	SHRQ        $0x01, AX
+	SUBQ        AX, R9
+	SHLQ        $0x01, AX
+	ADDQ        hs+40(FP), R9
+	MOVQ        ss+56(FP), R12
+	SHLQ        $0x02, R12
+	ADDQ        R12, R10
+	DECQ        R11
+	JNZ         attnv4bf16vec_two_head
+	ADDQ        $0x20, SI
+	LEAQ        (DX)(BX*2), DX
+	SUBQ        $0x02, DI
+	JMP         attnv4bf16vec_pair
+
+attnv4bf16vec_one:
+	CMPQ DI, $0x01
+	JL   attnv4bf16vec_done
+	MOVQ acc+0(FP), BX
+	MOVQ SI, SI
+	MOVQ heads+72(FP), DI
+
+attnv4bf16vec_last_head:
+	VBROADCASTSS (SI), Y0
+	VBROADCASTSS 4(SI), Y1
+	VBROADCASTSS 8(SI), Y2
+	VBROADCASTSS 12(SI), Y3
+	MOVQ         AX, R8
+
+attnv4bf16vec_last_axpy:
 	VPMOVZXWD   (DX), Y8
 	VPSLLD      $0x10, Y8, Y8
-	VFMADD231PS (AX), Y8, Y0
-	VFMADD231PS (SI), Y8, Y2
-	VFMADD231PS (DI), Y8, Y4
-	VFMADD231PS (CX), Y8, Y6
+	VMOVUPS     (BX), Y10
+	VFMADD231PS Y8, Y0, Y10
+	VMOVUPS     Y10, (BX)
+	VMOVUPS     (BX)(AX*1), Y10
+	VFMADD231PS Y8, Y1, Y10
+	VMOVUPS     Y10, (BX)(AX*1)
+	VMOVUPS     (BX)(AX*2), Y10
+	VFMADD231PS Y8, Y2, Y10
+	VMOVUPS     Y10, (BX)(AX*2)
+	VMOVUPS     (BX)(CX*1), Y10
+	VFMADD231PS Y8, Y3, Y10
+	VMOVUPS     Y10, (BX)(CX*1)
+	ADDQ        $0x20, BX
+	ADDQ        $0x10, DX
+	SUBQ        $0x20, R8
+	JNZ         attnv4bf16vec_last_axpy
+	SUBQ        AX, BX
+	MOVQ        as+8(FP), R8
+	SHLQ        $0x02, R8
+	ADDQ        R8, BX
+	SHRQ        $0x01, AX
+	SUBQ        AX, DX
+	SHLQ        $0x01, AX
+	ADDQ        hs+40(FP), DX
+	MOVQ        ss+56(FP), R8
+	SHLQ        $0x02, R8
+	ADDQ        R8, SI
+	DECQ        DI
+	JNZ         attnv4bf16vec_last_head
 
-dot4bf16avx_sum:
-	VADDPS       Y1, Y0, Y0
-	VEXTRACTF128 $0x01, Y0, X8
-	VADDPS       X8, X0, X0
-	VMOVHLPS     X0, X0, X8
-	VADDPS       X8, X0, X0
-	VMOVSHDUP    X0, X8
-	VADDSS       X8, X0, X0
-	MOVSS        X0, s0+32(FP)
-	VADDPS       Y3, Y2, Y2
-	VEXTRACTF128 $0x01, Y2, X8
-	VADDPS       X8, X2, X2
-	VMOVHLPS     X2, X2, X8
-	VADDPS       X8, X2, X2
-	VMOVSHDUP    X2, X8
-	VADDSS       X8, X2, X2
-	MOVSS        X2, s1+36(FP)
-	VADDPS       Y5, Y4, Y4
-	VEXTRACTF128 $0x01, Y4, X8
-	VADDPS       X8, X4, X4
-	VMOVHLPS     X4, X4, X8
-	VADDPS       X8, X4, X4
-	VMOVSHDUP    X4, X8
-	VADDSS       X8, X4, X4
-	MOVSS        X4, s2+40(FP)
-	VADDPS       Y7, Y6, Y6
-	VEXTRACTF128 $0x01, Y6, X8
-	VADDPS       X8, X6, X6
-	VMOVHLPS     X6, X6, X8
-	VADDPS       X8, X6, X6
-	VMOVSHDUP    X6, X8
-	VADDSS       X8, X6, X6
-	MOVSS        X6, s3+44(FP)
+attnv4bf16vec_done:
 	VZEROUPPER
 	RET
 
-// func axpy4BF16AVX(acc *float32, v *byte, ts int, p *[4]float32, n int)
+// func expBlock4Vec(s *float32, n int, m *[4]float32, l *[4]float32)
 // Requires: AVX, AVX2, FMA3
-TEXT ·axpy4BF16AVX(SB), NOSPLIT, $0-40
-	MOVQ         acc+0(FP), AX
-	MOVQ         v+8(FP), CX
-	MOVQ         ts+16(FP), DX
-	MOVQ         p+24(FP), BX
-	MOVQ         n+32(FP), SI
-	SHLQ         $0x01, DX
-	LEAQ         (CX)(DX*1), DI
-	LEAQ         (DI)(DX*1), R8
-	LEAQ         (R8)(DX*1), DX
-	VBROADCASTSS (BX), Y0
-	VBROADCASTSS 4(BX), Y1
-	VBROADCASTSS 8(BX), Y2
-	VBROADCASTSS 12(BX), Y3
+TEXT ·expBlock4Vec(SB), NOSPLIT, $0-32
+	MOVQ           s+0(FP), AX
+	MOVQ           n+8(FP), CX
+	MOVQ           m+16(FP), DX
+	MOVQ           l+24(FP), BX
+	VBROADCASTSS   exp2c0<>+0(SB), Y0
+	VBROADCASTSS   exp2c1<>+0(SB), Y1
+	VBROADCASTSS   exp2c2<>+0(SB), Y2
+	VBROADCASTSS   exp2c3<>+0(SB), Y3
+	VBROADCASTSS   exp2c4<>+0(SB), Y4
+	VBROADCASTSS   exp2c5<>+0(SB), Y5
+	VBROADCASTSS   exp2c6<>+0(SB), Y6
+	VBROADCASTSS   exp2c7<>+0(SB), Y7
+	VBROADCASTSS   exp2lo<>+0(SB), Y8
+	VPBROADCASTD   exp2bias<>+0(SB), Y9
+	VBROADCASTF128 (DX), Y10
+	VXORPS         Y11, Y11, Y11
 
-axpy4bf16avx_by16:
-	CMPQ        SI, $0x10
-	JL          axpy4bf16avx_by8
-	VMOVUPS     (AX), Y4
-	VMOVUPS     32(AX), Y5
-	VPMOVZXWD   (CX), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VPMOVZXWD   16(CX), Y7
-	VPSLLD      $0x10, Y7, Y7
-	VFMADD231PS Y6, Y0, Y4
-	VFMADD231PS Y7, Y0, Y5
-	VPMOVZXWD   (DI), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VPMOVZXWD   16(DI), Y7
-	VPSLLD      $0x10, Y7, Y7
-	VFMADD231PS Y6, Y1, Y4
-	VFMADD231PS Y7, Y1, Y5
-	VPMOVZXWD   (R8), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VPMOVZXWD   16(R8), Y7
-	VPSLLD      $0x10, Y7, Y7
-	VFMADD231PS Y6, Y2, Y4
-	VFMADD231PS Y7, Y2, Y5
-	VPMOVZXWD   (DX), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VPMOVZXWD   16(DX), Y7
-	VPSLLD      $0x10, Y7, Y7
-	VFMADD231PS Y6, Y3, Y4
-	VFMADD231PS Y7, Y3, Y5
-	VMOVUPS     Y4, (AX)
-	VMOVUPS     Y5, 32(AX)
-	ADDQ        $0x40, AX
-	ADDQ        $0x20, CX
-	ADDQ        $0x20, DI
-	ADDQ        $0x20, R8
-	ADDQ        $0x20, DX
-	SUBQ        $0x10, SI
-	JMP         axpy4bf16avx_by16
-
-axpy4bf16avx_by8:
-	CMPQ        SI, $0x08
-	JL          axpy4bf16avx_done
-	VMOVUPS     (AX), Y4
-	VPMOVZXWD   (CX), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VFMADD231PS Y6, Y0, Y4
-	VPMOVZXWD   (DI), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VFMADD231PS Y6, Y1, Y4
-	VPMOVZXWD   (R8), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VFMADD231PS Y6, Y2, Y4
-	VPMOVZXWD   (DX), Y6
-	VPSLLD      $0x10, Y6, Y6
-	VFMADD231PS Y6, Y3, Y4
-	VMOVUPS     Y4, (AX)
-
-axpy4bf16avx_done:
-	VZEROUPPER
-	RET
-
-// func axpy1BF16AVX(acc *float32, v *byte, p float32, n int)
-// Requires: AVX, AVX2, FMA3
-TEXT ·axpy1BF16AVX(SB), NOSPLIT, $0-32
-	MOVQ         acc+0(FP), AX
-	MOVQ         v+8(FP), CX
-	MOVQ         n+24(FP), DX
-	VBROADCASTSS p+16(FP), Y0
-
-axpy1bf16avx_by8:
-	CMPQ        DX, $0x08
-	JL          axpy1bf16avx_done
-	VMOVUPS     (AX), Y1
-	VPMOVZXWD   (CX), Y2
-	VPSLLD      $0x10, Y2, Y2
-	VFMADD231PS Y2, Y0, Y1
-	VMOVUPS     Y1, (AX)
+exp4_by8:
+	CMPQ        CX, $0x08
+	JL          exp4_by4
+	VMOVUPS     (AX), Y12
+	VSUBPS      Y10, Y12, Y12
+	VMAXPS      Y12, Y8, Y12
+	VROUNDPS    $0x00, Y12, Y13
+	VSUBPS      Y13, Y12, Y12
+	VMOVAPS     Y7, Y14
+	VFMADD213PS Y6, Y12, Y14
+	VFMADD213PS Y5, Y12, Y14
+	VFMADD213PS Y4, Y12, Y14
+	VFMADD213PS Y3, Y12, Y14
+	VFMADD213PS Y2, Y12, Y14
+	VFMADD213PS Y1, Y12, Y14
+	VFMADD213PS Y0, Y12, Y14
+	VCVTPS2DQ   Y13, Y13
+	VPADDD      Y9, Y13, Y13
+	VPSLLD      $0x17, Y13, Y13
+	VMULPS      Y13, Y14, Y14
+	VADDPS      Y14, Y11, Y11
+	VMOVUPS     Y14, (AX)
 	ADDQ        $0x20, AX
-	ADDQ        $0x10, CX
-	SUBQ        $0x08, DX
-	JMP         axpy1bf16avx_by8
+	SUBQ        $0x08, CX
+	JMP         exp4_by8
 
-axpy1bf16avx_done:
+exp4_by4:
+	VEXTRACTF128 $0x01, Y11, X12
+	VADDPS       X12, X11, X11
+	CMPQ         CX, $0x04
+	JL           exp4_done
+	VMOVUPS      (AX), X12
+	VSUBPS       X10, X12, X12
+	VMAXPS       X12, X8, X12
+	VROUNDPS     $0x00, X12, X13
+	VSUBPS       X13, X12, X12
+	VMOVAPS      X7, X14
+	VFMADD213PS  X6, X12, X14
+	VFMADD213PS  X5, X12, X14
+	VFMADD213PS  X4, X12, X14
+	VFMADD213PS  X3, X12, X14
+	VFMADD213PS  X2, X12, X14
+	VFMADD213PS  X1, X12, X14
+	VFMADD213PS  X0, X12, X14
+	VCVTPS2DQ    X13, X13
+	VPADDD       X9, X13, X13
+	VPSLLD       $0x17, X13, X13
+	VMULPS       X13, X14, X14
+	VADDPS       X14, X11, X11
+	VMOVUPS      X14, (AX)
+
+exp4_done:
+	VADDPS  (BX), X11, X11
+	VMOVUPS X11, (BX)
 	VZEROUPPER
 	RET
+
+DATA exp2c0<>+0(SB)/4, $(1.0)
+GLOBL exp2c0<>(SB), RODATA|NOPTR, $4
+
+DATA exp2c1<>+0(SB)/4, $(0.6931472)
+GLOBL exp2c1<>(SB), RODATA|NOPTR, $4
+
+DATA exp2c2<>+0(SB)/4, $(0.2402265)
+GLOBL exp2c2<>(SB), RODATA|NOPTR, $4
+
+DATA exp2c3<>+0(SB)/4, $(0.05550411)
+GLOBL exp2c3<>(SB), RODATA|NOPTR, $4
+
+DATA exp2c4<>+0(SB)/4, $(0.009618129)
+GLOBL exp2c4<>(SB), RODATA|NOPTR, $4
+
+DATA exp2c5<>+0(SB)/4, $(0.0013333558)
+GLOBL exp2c5<>(SB), RODATA|NOPTR, $4
+
+DATA exp2c6<>+0(SB)/4, $(0.0001540353)
+GLOBL exp2c6<>(SB), RODATA|NOPTR, $4
+
+DATA exp2c7<>+0(SB)/4, $(0.000015252734)
+GLOBL exp2c7<>(SB), RODATA|NOPTR, $4
+
+DATA exp2lo<>+0(SB)/4, $(-127.0)
+GLOBL exp2lo<>(SB), RODATA|NOPTR, $4
+
+DATA exp2bias<>+0(SB)/4, $0x0000007f
+GLOBL exp2bias<>(SB), RODATA|NOPTR, $4

@@ -27,10 +27,10 @@ func main() {
 	genDot4()
 	genAxpy4()
 	for _, dt := range []string{"F16", "BF16"} {
-		genDot4Narrow(dt)
-		genAxpy4Narrow(dt)
-		genAxpy1Narrow(dt)
+		genLogits4(dt)
+		genAttnV4(dt)
 	}
+	genExpBlock4()
 
 	Generate()
 }
@@ -51,8 +51,9 @@ func genHasF16C() {
 
 // genWidenF16: dst[i] = float32(src[i]) for n f16 values, 32 per pass.
 func genWidenF16() {
-	TEXT("widenF16AVX", NOSPLIT, "func(dst *float32, src *byte, n int)")
-	Doc("widenF16AVX converts n f16 values (n a multiple of 8) at src to float32 at dst.")
+	TEXT("widenF16Vec", NOSPLIT, "func(dst *float32, src *byte, n int)")
+	Pragma("noescape")
+	Doc("widenF16Vec converts n f16 values (n a multiple of 8) at src to float32 at dst.")
 	dst := Load(Param("dst"), GP64())
 	src := Load(Param("src"), GP64())
 	n := Load(Param("n"), GP64())
@@ -90,8 +91,9 @@ func genWidenF16() {
 // genWidenBF16: a bf16 is the high half of a float32, so widening is a
 // zero-extension and a 16-bit shift.
 func genWidenBF16() {
-	TEXT("widenBF16AVX", NOSPLIT, "func(dst *float32, src *byte, n int)")
-	Doc("widenBF16AVX converts n bf16 values (n a multiple of 8) at src to float32 at dst.")
+	TEXT("widenBF16Vec", NOSPLIT, "func(dst *float32, src *byte, n int)")
+	Pragma("noescape")
+	Doc("widenBF16Vec converts n bf16 values (n a multiple of 8) at src to float32 at dst.")
 	dst := Load(Param("dst"), GP64())
 	src := Load(Param("src"), GP64())
 	n := Load(Param("n"), GP64())
@@ -145,8 +147,9 @@ func hsum(y, tmp reg.VecVirtual) {
 // genDot4: the logits of four query rows (d elements apart) against one key
 // row. Two accumulators per row keep eight FMA chains in flight.
 func genDot4() {
-	TEXT("dot4AVX", NOSPLIT, "func(q *float32, d int, k *float32, n int) (s0, s1, s2, s3 float32)")
-	Doc("dot4AVX returns q[j*d:j*d+n] . k[:n] for j < 4 (n a multiple of 8).")
+	TEXT("dot4Vec", NOSPLIT, "func(q *float32, d int, k *float32, n int) (s0, s1, s2, s3 float32)")
+	Pragma("noescape")
+	Doc("dot4Vec returns q[j*d:j*d+n] . k[:n] for j < 4 (n a multiple of 8).")
 	q0 := Load(Param("q"), GP64())
 	d := Load(Param("d"), GP64())
 	k := Load(Param("k"), GP64())
@@ -203,8 +206,9 @@ func genDot4() {
 // genAxpy4: one accumulator row gains four keys' weighted V rows (ts
 // elements apart); acc is loaded and stored once per four keys.
 func genAxpy4() {
-	TEXT("axpy4AVX", NOSPLIT, "func(acc *float32, v *float32, ts int, p *[4]float32, n int)")
-	Doc("axpy4AVX does acc[i] += p[0]*v[i] + p[1]*v[ts+i] + p[2]*v[2*ts+i] + p[3]*v[3*ts+i] for i < n (n a multiple of 8).")
+	TEXT("axpy4Vec", NOSPLIT, "func(acc *float32, v *float32, ts int, p *[4]float32, n int)")
+	Pragma("noescape")
+	Doc("axpy4Vec does acc[i] += p[0]*v[i] + p[1]*v[ts+i] + p[2]*v[2*ts+i] + p[3]*v[3*ts+i] for i < n (n a multiple of 8).")
 	a := Load(Param("acc"), GP64())
 	v0 := Load(Param("v"), GP64())
 	ts := Load(Param("ts"), GP64())
@@ -265,154 +269,344 @@ func load8(dt string, m Mem, y reg.VecVirtual) {
 	VPSLLD(U8(16), y, y)
 }
 
-// genDot4Narrow is dot4 reading the key row straight from the cache in its
-// 16-bit dtype, widened in registers: no float32 copy of K is written.
-func genDot4Narrow(dt string) {
-	name := "dot4" + dt + "AVX"
-	TEXT(name, NOSPLIT, "func(q *float32, d int, k *byte, n int) (s0, s1, s2, s3 float32)")
-	Doc(name + " returns q[j*d:j*d+n] . k[:n] for j < 4, k holding n " + strings.ToLower(dt) + " values (n a multiple of 8).")
-	q0 := Load(Param("q"), GP64())
-	d := Load(Param("d"), GP64())
-	k := Load(Param("k"), GP64())
-	n := Load(Param("n"), GP64())
-	SHLQ(U8(2), d)
-	q1, q2, q3 := GP64(), GP64(), GP64()
-	LEAQ(Mem{Base: q0, Index: d, Scale: 1}, q1)
-	LEAQ(Mem{Base: q1, Index: d, Scale: 1}, q2)
-	LEAQ(Mem{Base: q2, Index: d, Scale: 1}, q3)
-	qs := []reg.Register{q0, q1, q2, q3}
-	var acc [4][2]reg.VecVirtual
-	for j := range acc {
-		for h := range acc[j] {
-			acc[j][h] = YMM()
-			VXORPS(acc[j][h], acc[j][h], acc[j][h])
-		}
+// reduce4 sums the eight lanes of each of a[0..3] and returns an XMM
+// register holding the four sums in order: two rounds of horizontal adds
+// leave, in each 128-bit half, one partial sum per row, and the halves are
+// added.
+func reduce4(a [4]reg.VecVirtual) reg.VecVirtual {
+	VHADDPS(a[1], a[0], a[0])
+	VHADDPS(a[3], a[2], a[2])
+	VHADDPS(a[2], a[0], a[0])
+	return a[0]
+}
+
+// paramAddr is the frame address of argument name, for arguments read
+// from memory where they are used rather than held in a register.
+func paramAddr(name string) Mem {
+	b, err := Param(name).Resolve()
+	if err != nil {
+		panic(err)
 	}
-	k0, k1 := YMM(), YMM()
+	return b.Addr
+}
+
+// genLogits4 computes the logits of four query rows per head against T
+// key rows read straight from the cache in a 16-bit dtype (widened in
+// registers: no float32 copy of K is written). Keys go two at a time, so
+// each query vector loaded serves two keys, and for each pair every head
+// in turn: with NHD pages (a token's heads contiguous) that reads the page
+// in address order, which the hardware prefetcher follows. Logits are
+// stored key-major per head, s[t*4+j] for query j of key t, so a pair's
+// eight logits leave in one store.
+func genLogits4(dt string) {
+	name := "logits4" + dt + "Vec"
+	TEXT(name, NOSPLIT, "func(s *float32, ss int, q *float32, qs int, d int, k *byte, ks int, hs int, T int, heads int)")
+	Pragma("noescape")
+	Doc(name+" writes, for h < heads, t < T and j < 4, s[h*ss+t*4+j] = q[h*qs+j*d:][:d] . k[h*hs+t*ks:],",
+		"the key rows holding d "+strings.ToLower(dt)+" values (d a multiple of 8; ss, qs in elements, hs, ks in bytes).")
+	st := Load(Param("s"), GP64())
+	d4 := Load(Param("d"), GP64())
+	SHLQ(U8(2), d4) // bytes between query rows
+	d12 := GP64()
+	LEAQ(Mem{Base: d4, Index: d4, Scale: 2}, d12)
+	kt := Load(Param("k"), GP64())
+	ks := Load(Param("ks"), GP64())
+	tn := Load(Param("T"), GP64())
+	var a, b [4]reg.VecVirtual
+	for j := range a {
+		a[j], b[j] = YMM(), YMM()
+	}
+	x0, x1, y := YMM(), YMM(), YMM()
 	l := strings.ToLower(name)
 
-	Label(l + "_by16")
-	CMPQ(n, U8(16))
-	JL(LabelRef(l + "_by8"))
-	load8(dt, Mem{Base: k}, k0)
-	load8(dt, Mem{Base: k, Disp: 16}, k1)
-	for j, q := range qs {
-		VFMADD231PS(Mem{Base: q}, k0, acc[j][0])
-		VFMADD231PS(Mem{Base: q, Disp: 32}, k1, acc[j][1])
+	// qrow is query row j's vector at the current position qp.
+	qrow := func(qp reg.Register, j int) Mem {
+		switch j {
+		case 0:
+			return Mem{Base: qp}
+		case 1:
+			return Mem{Base: qp, Index: d4, Scale: 1}
+		case 2:
+			return Mem{Base: qp, Index: d4, Scale: 2}
+		}
+		return Mem{Base: qp, Index: d12, Scale: 1}
 	}
-	ADDQ(U8(32), k)
-	for _, q := range qs {
-		ADDQ(U8(64), q)
+	// keys is the pair loop (two == true) or the last odd key: for each
+	// head, a dot-product loop over d, then the sums stored at sp.
+	keys := func(two bool, lk string) {
+		qp := Load(Param("q"), GP64())
+		kh := GP64()
+		MOVQ(kt, kh)
+		sp := GP64()
+		MOVQ(st, sp)
+		hc := Load(Param("heads"), GP64())
+		n := GP64()
+		Label(lk + "_head")
+		for j := range a {
+			VXORPS(a[j], a[j], a[j])
+			if two {
+				VXORPS(b[j], b[j], b[j])
+			}
+		}
+		MOVQ(d4, n)
+		Label(lk + "_dot")
+		load8(dt, Mem{Base: kh}, x0)
+		if two {
+			load8(dt, Mem{Base: kh, Index: ks, Scale: 1}, x1)
+		}
+		for j := range a {
+			if two {
+				VMOVUPS(qrow(qp, j), y)
+				VFMADD231PS(y, x0, a[j])
+				VFMADD231PS(y, x1, b[j])
+			} else {
+				VFMADD231PS(qrow(qp, j), x0, a[j])
+			}
+		}
+		ADDQ(U8(32), qp)
+		ADDQ(U8(16), kh)
+		SUBQ(U8(32), n)
+		JNZ(LabelRef(lk + "_dot"))
+		ra := reduce4(a)
+		if two {
+			// ra = [key t, low half | key t, high half], rb likewise.
+			rb := reduce4(b)
+			VPERM2F128(U8(0x20), rb, ra, x0) // [ra.lo, rb.lo]
+			VPERM2F128(U8(0x31), rb, ra, x1) // [ra.hi, rb.hi]
+			VADDPS(x1, x0, x0)
+			VMOVUPS(x0, Mem{Base: sp})
+		} else {
+			VEXTRACTF128(U8(1), ra, x1.AsX())
+			VADDPS(x1.AsX(), ra.AsX(), ra.AsX())
+			VMOVUPS(ra.AsX(), Mem{Base: sp})
+		}
+		// Next head: qp has moved one row (d4) and kh half a row (2d).
+		t := GP64()
+		MOVQ(paramAddr("qs"), t)
+		SHLQ(U8(2), t)
+		SUBQ(d4, t)
+		ADDQ(t, qp)
+		SHRQ(U8(1), d4)
+		SUBQ(d4, kh)
+		SHLQ(U8(1), d4)
+		ADDQ(paramAddr("hs"), kh)
+		MOVQ(paramAddr("ss"), t)
+		SHLQ(U8(2), t)
+		ADDQ(t, sp)
+		DECQ(hc)
+		JNZ(LabelRef(lk + "_head"))
 	}
-	SUBQ(U8(16), n)
-	JMP(LabelRef(l + "_by16"))
 
-	Label(l + "_by8")
-	CMPQ(n, U8(8))
-	JL(LabelRef(l + "_sum"))
-	load8(dt, Mem{Base: k}, k0)
-	for j, q := range qs {
-		VFMADD231PS(Mem{Base: q}, k0, acc[j][0])
-	}
+	Label(l + "_pair")
+	CMPQ(tn, U8(2))
+	JL(LabelRef(l + "_one"))
+	keys(true, l+"_two")
+	ADDQ(U8(32), st)
+	LEAQ(Mem{Base: kt, Index: ks, Scale: 2}, kt)
+	SUBQ(U8(2), tn)
+	JMP(LabelRef(l + "_pair"))
 
-	Label(l + "_sum")
-	for j := range acc {
-		VADDPS(acc[j][1], acc[j][0], acc[j][0])
-		hsum(acc[j][0], k0)
-		Store(acc[j][0].AsX(), ReturnIndex(j))
-	}
+	Label(l + "_one")
+	CMPQ(tn, U8(1))
+	JL(LabelRef(l + "_done"))
+	keys(false, l+"_last")
+
+	Label(l + "_done")
 	VZEROUPPER()
 	RET()
 }
 
-// genAxpy4Narrow is axpy4 reading four V rows (ts elements apart) straight
-// from the cache in its 16-bit dtype.
-func genAxpy4Narrow(dt string) {
-	name := "axpy4" + dt + "AVX"
-	TEXT(name, NOSPLIT, "func(acc *float32, v *byte, ts int, p *[4]float32, n int)")
-	Doc(name + " does acc[i] += sum_j p[j]*v[j*ts+i] over j < 4 for i < n, v holding " + strings.ToLower(dt) + " values (n a multiple of 8).")
-	a := Load(Param("acc"), GP64())
-	v0 := Load(Param("v"), GP64())
-	ts := Load(Param("ts"), GP64())
-	p := Load(Param("p"), GP64())
-	n := Load(Param("n"), GP64())
-	SHLQ(U8(1), ts)
-	v1, v2, v3 := GP64(), GP64(), GP64()
-	LEAQ(Mem{Base: v0, Index: ts, Scale: 1}, v1)
-	LEAQ(Mem{Base: v1, Index: ts, Scale: 1}, v2)
-	LEAQ(Mem{Base: v2, Index: ts, Scale: 1}, v3)
-	vs := []reg.Register{v0, v1, v2, v3}
-	var w [4]reg.VecVirtual
+// genAttnV4 adds T keys' weighted V rows (read straight from the cache in
+// a 16-bit dtype) into four accumulator rows per head. Like genLogits4 it
+// goes two keys at a time and every head for each pair (address order for
+// NHD pages); each V vector is widened once for the four queries of its
+// head, and each accumulator vector is loaded and stored once per pair.
+func genAttnV4(dt string) {
+	name := "attnV4" + dt + "Vec"
+	TEXT(name, NOSPLIT, "func(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)")
+	Pragma("noescape")
+	Doc(name+" does, for h < heads, j < 4 and i < d, acc[h*as+j*d+i] += sum_t p[h*ss+t*4+j]*v[h*hs+t*vs:][i] over t < T,",
+		"the V rows holding d "+strings.ToLower(dt)+" values (d a multiple of 8; as, ss in elements, hs, vs in bytes).")
+	d4 := Load(Param("d"), GP64())
+	SHLQ(U8(2), d4)
+	d12 := GP64()
+	LEAQ(Mem{Base: d4, Index: d4, Scale: 2}, d12)
+	vt := Load(Param("v"), GP64())
+	vs := Load(Param("vs"), GP64())
+	pt := Load(Param("p"), GP64())
+	tn := Load(Param("T"), GP64())
+	var w [8]reg.VecVirtual
 	for j := range w {
 		w[j] = YMM()
-		VBROADCASTSS(Mem{Base: p, Disp: 4 * j}, w[j])
 	}
-	x0, x1 := YMM(), YMM()
-	t0, t1 := YMM(), YMM()
+	x0, x1, y := YMM(), YMM(), YMM()
 	l := strings.ToLower(name)
 
-	Label(l + "_by16")
-	CMPQ(n, U8(16))
-	JL(LabelRef(l + "_by8"))
-	VMOVUPS(Mem{Base: a}, x0)
-	VMOVUPS(Mem{Base: a, Disp: 32}, x1)
-	for j, v := range vs {
-		load8(dt, Mem{Base: v}, t0)
-		load8(dt, Mem{Base: v, Disp: 16}, t1)
-		VFMADD231PS(t0, w[j], x0)
-		VFMADD231PS(t1, w[j], x1)
+	arow := func(ap reg.Register, j int) Mem {
+		switch j {
+		case 0:
+			return Mem{Base: ap}
+		case 1:
+			return Mem{Base: ap, Index: d4, Scale: 1}
+		case 2:
+			return Mem{Base: ap, Index: d4, Scale: 2}
+		}
+		return Mem{Base: ap, Index: d12, Scale: 1}
 	}
-	VMOVUPS(x0, Mem{Base: a})
-	VMOVUPS(x1, Mem{Base: a, Disp: 32})
-	ADDQ(U8(64), a)
-	for _, v := range vs {
-		ADDQ(U8(32), v)
+	keys := func(two bool, lk string) {
+		ap := Load(Param("acc"), GP64())
+		vh := GP64()
+		MOVQ(vt, vh)
+		pp := GP64()
+		MOVQ(pt, pp)
+		hc := Load(Param("heads"), GP64())
+		n := GP64()
+		nw := 4
+		if two {
+			nw = 8
+		}
+		Label(lk + "_head")
+		for j := 0; j < nw; j++ {
+			VBROADCASTSS(Mem{Base: pp, Disp: 4 * j}, w[j])
+		}
+		MOVQ(d4, n)
+		Label(lk + "_axpy")
+		load8(dt, Mem{Base: vh}, x0)
+		if two {
+			load8(dt, Mem{Base: vh, Index: vs, Scale: 1}, x1)
+		}
+		for j := 0; j < 4; j++ {
+			VMOVUPS(arow(ap, j), y)
+			VFMADD231PS(x0, w[j], y)
+			if two {
+				VFMADD231PS(x1, w[4+j], y)
+			}
+			VMOVUPS(y, arow(ap, j))
+		}
+		ADDQ(U8(32), ap)
+		ADDQ(U8(16), vh)
+		SUBQ(U8(32), n)
+		JNZ(LabelRef(lk + "_axpy"))
+		// Next head: ap has moved one row (d4), vh half a row (2d).
+		t := GP64()
+		SUBQ(d4, ap)
+		MOVQ(paramAddr("as"), t)
+		SHLQ(U8(2), t)
+		ADDQ(t, ap)
+		SHRQ(U8(1), d4)
+		SUBQ(d4, vh)
+		SHLQ(U8(1), d4)
+		ADDQ(paramAddr("hs"), vh)
+		MOVQ(paramAddr("ss"), t)
+		SHLQ(U8(2), t)
+		ADDQ(t, pp)
+		DECQ(hc)
+		JNZ(LabelRef(lk + "_head"))
 	}
-	SUBQ(U8(16), n)
-	JMP(LabelRef(l + "_by16"))
 
-	Label(l + "_by8")
-	CMPQ(n, U8(8))
+	Label(l + "_pair")
+	CMPQ(tn, U8(2))
+	JL(LabelRef(l + "_one"))
+	keys(true, l+"_two")
+	ADDQ(U8(32), pt)
+	LEAQ(Mem{Base: vt, Index: vs, Scale: 2}, vt)
+	SUBQ(U8(2), tn)
+	JMP(LabelRef(l + "_pair"))
+
+	Label(l + "_one")
+	CMPQ(tn, U8(1))
 	JL(LabelRef(l + "_done"))
-	VMOVUPS(Mem{Base: a}, x0)
-	for j, v := range vs {
-		load8(dt, Mem{Base: v}, t0)
-		VFMADD231PS(t0, w[j], x0)
-	}
-	VMOVUPS(x0, Mem{Base: a})
+	keys(false, l+"_last")
 
 	Label(l + "_done")
 	VZEROUPPER()
 	RET()
 }
 
-// genAxpy1Narrow is one V row's update, for the keys of a page past the
-// last multiple of four.
-func genAxpy1Narrow(dt string) {
-	name := "axpy1" + dt + "AVX"
-	TEXT(name, NOSPLIT, "func(acc *float32, v *byte, p float32, n int)")
-	Doc(name + " does acc[i] += p*v[i] for i < n, v holding " + strings.ToLower(dt) + " values (n a multiple of 8).")
-	a := Load(Param("acc"), GP64())
-	v := Load(Param("v"), GP64())
+// genExpBlock4 turns a block of logits s (key-major, four queries per key)
+// into weights 2^(s - m) with m the four queries' running maxima, and adds
+// each query's weights to l. 2^y for y <= 0 is 2^n * 2^f with n = round(y)
+// and |f| <= 1/2: 2^f is the degree-7 Taylor series of e^(f ln 2) (as in
+// the Go model, exp2Neg), 2^n is built in the exponent bits. y is clamped
+// at -127 first, where 2^n's bits are 0, so -inf gives 0; the clamp keeps
+// a NaN (VMAXPS returns its second source operand on NaN).
+func genExpBlock4() {
+	TEXT("expBlock4Vec", NOSPLIT, "func(s *float32, n int, m *[4]float32, l *[4]float32)")
+	Pragma("noescape")
+	Doc("expBlock4Vec does s[i] = 2^(s[i]-m[i%4]) and l[i%4] += s[i] for i < n (n a multiple of 4, s[i] <= m[i%4] or NaN).")
+	s := Load(Param("s"), GP64())
 	n := Load(Param("n"), GP64())
-	w := YMM()
-	VBROADCASTSS(NewParamAddr("p", 16), w)
-	x, t := YMM(), YMM()
-	l := strings.ToLower(name)
+	m := Load(Param("m"), GP64())
+	lp := Load(Param("l"), GP64())
+	ln2 := 0.6931471805599453
+	coef := []float32{1}
+	c := 1.0
+	for k := 1; k <= 7; k++ {
+		c *= ln2 / float64(k)
+		coef = append(coef, float32(c))
+	}
+	cm := make([]reg.VecVirtual, len(coef))
+	for k := range coef {
+		cm[k] = YMM()
+		VBROADCASTSS(ConstData("exp2c"+string(rune('0'+k)), F32(coef[k])), cm[k])
+	}
+	lo, bias := YMM(), YMM()
+	VBROADCASTSS(ConstData("exp2lo", F32(-127)), lo)
+	VPBROADCASTD(ConstData("exp2bias", U32(127)), bias)
+	mm, sum := YMM(), YMM()
+	VBROADCASTF128(Mem{Base: m}, mm)
+	VXORPS(sum, sum, sum)
+	y, f, pz, e := YMM(), YMM(), YMM(), YMM()
 
-	Label(l + "_by8")
+	body := func(wide bool) {
+		sz := func(r reg.VecVirtual) reg.Register {
+			if wide {
+				return r
+			}
+			return r.AsX()
+		}
+		if wide {
+			VMOVUPS(Mem{Base: s}, y)
+		} else {
+			VMOVUPS(Mem{Base: s}, y.AsX())
+		}
+		VSUBPS(sz(mm), sz(y), sz(y))
+		VMAXPS(sz(y), sz(lo), sz(y))
+		VROUNDPS(U8(0), sz(y), sz(e)) // n, nearest
+		VSUBPS(sz(e), sz(y), sz(f))   // f in [-1/2, 1/2]
+		VMOVAPS(sz(cm[7]), sz(pz))
+		for k := 6; k >= 0; k-- {
+			VFMADD213PS(sz(cm[k]), sz(f), sz(pz)) // pz = pz*f + c_k
+		}
+		VCVTPS2DQ(sz(e), sz(e))
+		VPADDD(sz(bias), sz(e), sz(e))
+		VPSLLD(U8(23), sz(e), sz(e))
+		VMULPS(sz(e), sz(pz), sz(pz))
+		VADDPS(sz(pz), sz(sum), sz(sum))
+		if wide {
+			VMOVUPS(pz, Mem{Base: s})
+		} else {
+			VMOVUPS(pz.AsX(), Mem{Base: s})
+		}
+	}
+	Label("exp4_by8")
 	CMPQ(n, U8(8))
-	JL(LabelRef(l + "_done"))
-	VMOVUPS(Mem{Base: a}, x)
-	load8(dt, Mem{Base: v}, t)
-	VFMADD231PS(t, w, x)
-	VMOVUPS(x, Mem{Base: a})
-	ADDQ(U8(32), a)
-	ADDQ(U8(16), v)
+	JL(LabelRef("exp4_by4"))
+	body(true)
+	ADDQ(U8(32), s)
 	SUBQ(U8(8), n)
-	JMP(LabelRef(l + "_by8"))
-
-	Label(l + "_done")
+	JMP(LabelRef("exp4_by8"))
+	Label("exp4_by4")
+	// Fold the sums' halves before the 128-bit tail: a VEX.128 instruction
+	// clears the upper half of its destination.
+	VEXTRACTF128(U8(1), sum, y.AsX())
+	VADDPS(y.AsX(), sum.AsX(), sum.AsX())
+	CMPQ(n, U8(4))
+	JL(LabelRef("exp4_done"))
+	body(false)
+	Label("exp4_done")
+	VADDPS(Mem{Base: lp}, sum.AsX(), sum.AsX())
+	VMOVUPS(sum.AsX(), Mem{Base: lp})
 	VZEROUPPER()
 	RET()
 }
