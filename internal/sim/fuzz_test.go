@@ -178,7 +178,8 @@ func FuzzSimulateHybrid(f *testing.F) {
 
 // TestRandomHybridRuns is FuzzSimulateHybrid's randomized twin: every run
 // verifies, and the runs as a whole release pages out of windows and
-// chunks, evict, preempt, hit the cache and accept drafts.
+// chunks, evict, preempt, hit the cache, accept drafts, copy forks'
+// partial pages and run the full groups' cascades.
 func TestRandomHybridRuns(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(16, 17))
@@ -186,7 +187,7 @@ func TestRandomHybridRuns(t *testing.T) {
 	if testing.Short() || invariants.Enabled { // -race
 		runs = 40
 	}
-	var preempted, evicted, released, hits, accepted int64
+	var preempted, evicted, released, hits, accepted, copied, cascades int64
 	for range runs {
 		data := make([]byte, 128)
 		for i := range data {
@@ -200,9 +201,11 @@ func TestRandomHybridRuns(t *testing.T) {
 		released += st.WindowReleasedPages
 		hits += st.PromptHitTokens
 		accepted += st.AcceptedDraftTokens
+		copied += st.CopiedPages
+		cascades += int64(sum.CascadeSteps())
 	}
 	for name, n := range map[string]int64{"preemptions": preempted, "evictions": evicted, "window or chunk releases": released,
-		"prefix hits": hits, "accepted drafts": accepted} {
+		"prefix hits": hits, "accepted drafts": accepted, "copies": copied, "cascade plans": cascades} {
 		if n == 0 {
 			t.Errorf("%d random runs had no %s", runs, name)
 		}
