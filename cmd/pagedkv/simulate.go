@@ -107,7 +107,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
 	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
 	model := fs.String("model", "dense", "model: "+strings.Join(sim.ModelNames(), ", ")+" (hybrid attention presets, docs/simulate.md)")
-	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers (default: the --model preset's, 4 or one pattern of 6 for gemma-3-like)")
+	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers; when not given, the --model preset's: 6 (one pattern) for gemma-3-like, else")
 	fs.IntVar(&cfg.Model.NumQOHeads, "qo-heads", cfg.Model.NumQOHeads, "query heads (Hq)")
 	fs.IntVar(&cfg.Model.NumKVHeads, "kv-heads", cfg.Model.NumKVHeads, "K/V heads (Hkv)")
 	fs.IntVar(&cfg.Model.HeadDim, "head-dim", cfg.Model.HeadDim, "head dimension (D)")

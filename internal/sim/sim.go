@@ -112,11 +112,17 @@ func (c *Config) Validate() error {
 	// In float64: the factors are bounded but their product may not fit
 	// int64; the comparison only needs to be right near the bound.
 	if c.PageSize > 0 && c.NumPages > 0 {
-		bytes := float64(c.Model.Layers) * float64(c.NumPages) * 2 * float64(c.PageSize) *
+		// One cache tensor per layer, or per layer of a group for a hybrid
+		// model (its groups share the tensors page by page).
+		tensors := c.Model.Layers
+		if len(c.Groups) > 0 {
+			tensors = max(1, tensors/len(c.Groups))
+		}
+		bytes := float64(tensors) * float64(c.NumPages) * 2 * float64(c.PageSize) *
 			float64(c.Model.NumKVHeads) * float64(c.Model.HeadDim) * float64(c.Model.DType.Size())
 		if bytes > MaxCacheBytes {
 			return fmt.Errorf("%w: %d layers x %d pages x 2 x %d tokens x %d kv heads x head dim %d x %d bytes = %.4g bytes of K/V cache, more than the simulator's %d",
-				ErrBadConfig, c.Model.Layers, c.NumPages, c.PageSize, c.Model.NumKVHeads, c.Model.HeadDim, c.Model.DType.Size(), bytes, int64(MaxCacheBytes))
+				ErrBadConfig, tensors, c.NumPages, c.PageSize, c.Model.NumKVHeads, c.Model.HeadDim, c.Model.DType.Size(), bytes, int64(MaxCacheBytes))
 		}
 	}
 	switch {
