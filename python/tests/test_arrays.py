@@ -137,3 +137,51 @@ def test_a_view_keeps_its_manager_alive():
     # still answers, and the view still holds the step.
     assert pagedkv._lib.pagedkv_audit(handle) == 0
     assert kv.tolist() == want
+
+
+def test_cascade_arrays_survive_out_of_pages_and_the_other_calls():
+    """A cascade plan's arrays (levels and query_rows included) stay
+    unchanged through the calls test_arrays_survive_every_call_but_reserve
+    does not make: abort, truncate, unpin, a speculative step's failures,
+    and failed reserves that get as far as allocating (OutOfPages)."""
+    m = pagedkv.Manager(40, 4, hash_seed=1)
+    shared = list(range(100, 132))
+    m.add(1, shared + [1])
+    m.reserve([1], [33])
+    m.commit(None)
+    for i in range(2, 6):
+        assert m.add(i, shared + [i] * 5) == 32
+    plan = m.reserve([2, 3, 4, 5], [5, 5, 5, 5])
+    assert plan.cascade is not None
+    want = plan_values(plan)
+    views = [plan.query_rows] + [getattr(lv, f) for lv in plan.cascade for f in pagedkv.Level.__slots__]
+    want_views = [v.tolist() for v in views]
+
+    def same():
+        assert plan.valid
+        assert plan_values(plan) == want
+        assert [v.tolist() for v in views] == want_views
+
+    m.abort()
+    same()
+    pin, _ = m.pin(shared)
+    same()
+    m.unpin(pin)
+    same()
+    m.extend(1, [7, 8, 9])
+    m.truncate(1, 34)
+    same()
+    m.add(6, list(range(500, 700)))  # 50 pages: more than the pool
+    for fn, args, exc in [(m.reserve, ([2, 3, 4, 5, 6], [5, 5, 5, 5, 200]), pagedkv.OutOfPages),
+                          (m.reserve_spec, ([6], [200], [[1, 2]]), pagedkv.OutOfPages),
+                          (m.reserve_spec, ([2], [5], [[-1]]), pagedkv.BadArgument),
+                          (m.commit_spec, ([0], [1]), pagedkv.NoStep),
+                          (m.abort, (), pagedkv.NoStep),
+                          (m.truncate, (2, 99), pagedkv.BadArgument)]:
+        with pytest.raises(exc):
+            fn(*args)
+        same()
+    nxt = m.reserve([2, 3, 4, 5], [5, 5, 5, 5])
+    assert not plan.valid and nxt.valid and nxt.cascade is not None
+    m.abort()
+    m.close()
