@@ -84,7 +84,8 @@ type AttentionParams struct {
 	// absolute position p; -1 disables the window.
 	WindowLeft int
 	// LogitsSoftCap > 0 replaces each scaled logit s by cap*tanh(s/cap); 0
-	// disables it.
+	// disables it. A cap whose cap*log2(e) or 1/cap is not a finite float32
+	// (about 2.9e-39 .. 2.4e38) is refused.
 	LogitsSoftCap float64
 	// KScale and VScale dequantise an fp8 cache as FlashInfer does: KScale is
 	// folded into the softmax scale, VScale multiplies the output. 0 means 1.

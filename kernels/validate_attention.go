@@ -45,6 +45,14 @@ func isActivationDType(dt layout.DType) bool {
 
 func badFloat(x float64) bool { return math.IsNaN(x) || math.IsInf(x, 0) }
 
+// The soft caps whose cap*log2(e) and 1/cap are finite non-zero float32s.
+const (
+	minSoftCap = 1 / math.MaxFloat32
+	maxSoftCap = math.MaxFloat32 / math.Log2E
+)
+
+func softCapFitsF32(c float64) bool { return c >= minSoftCap && c <= maxSoftCap }
+
 // validate checks the scalar attention parameters against head_dim and the
 // cache's kv head count. op prefixes errors ("decode", "prefill").
 func (a *AttentionParams) validate(op string, qHeads, numKVHeads, headDim int) error {
@@ -59,6 +67,11 @@ func (a *AttentionParams) validate(op string, qHeads, numKVHeads, headDim int) e
 		return fmt.Errorf("%s: %w: window_left = %d, want -1 (no window) or >= 0", op, ErrInvalidAttention, a.WindowLeft)
 	case badFloat(a.LogitsSoftCap) || a.LogitsSoftCap < 0:
 		return fmt.Errorf("%s: %w: logits_soft_cap = %v, want finite and >= 0 (0 disables it)", op, ErrInvalidAttention, a.LogitsSoftCap)
+	case a.LogitsSoftCap > 0 && !softCapFitsF32(a.LogitsSoftCap):
+		// The kernels compute cap*log2(e) and 1/cap in float32: a cap
+		// outside that range turns every logit into NaN or -inf.
+		return fmt.Errorf("%s: %w: logits_soft_cap = %v, want 0 or in [%g, %g] (the kernels compute cap*log2(e) and 1/cap in float32)",
+			op, ErrInvalidAttention, a.LogitsSoftCap, minSoftCap, maxSoftCap)
 	}
 	for _, s := range [...]struct {
 		name string
@@ -129,7 +142,7 @@ func checkLSEValues(op, name string, s []float32, heads int) error {
 //     (see [PageTable.Validate]), every page id below num_pages;
 //   - SMScale, KScale, VScale finite and >= 0 (0 means the default), and
 //     their product a finite non-zero float32; WindowLeft >= -1;
-//     LogitsSoftCap finite and >= 0;
+//     LogitsSoftCap 0 or within the float32 range the kernels compute in;
 //   - o: [B, Hq, D], f32/f16/bf16; LSE nil or B*Hq values.
 //
 // It does not check that O overlaps neither Q nor the cache; it must not.

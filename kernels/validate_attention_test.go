@@ -44,6 +44,10 @@ func TestDecodeParamsValidate(t *testing.T) {
 		"v_scale -1":             {func(p *DecodeParams) { p.VScale = -1 }, ErrInvalidScale, []string{"v_scale = -1"}},
 		"window -2":              {func(p *DecodeParams) { p.WindowLeft = -2 }, ErrInvalidAttention, []string{"window_left = -2"}},
 		"soft cap -1":            {func(p *DecodeParams) { p.LogitsSoftCap = -1 }, ErrInvalidAttention, []string{"logits_soft_cap = -1"}},
+		// 1e308 is a finite float64 but +Inf in the kernels' float32:
+		// every logit became NaN and lse -inf (a crafted case file).
+		"soft cap past f32":  {func(p *DecodeParams) { p.LogitsSoftCap = 1e308 }, ErrInvalidAttention, []string{"logits_soft_cap = 1e+308"}},
+		"soft cap below f32": {func(p *DecodeParams) { p.LogitsSoftCap = 1e-300 }, ErrInvalidAttention, []string{"logits_soft_cap = 1e-300"}},
 		"indptr vs q": {func(p *DecodeParams) {
 			p.Q, p.O, p.LSE = NewTensor(layout.F16, 3, 4, 4), NewTensor(layout.F16, 3, 4, 4), nil
 		}, ErrInvalidPageTable, []string{"length 3", "3 rows"}},
