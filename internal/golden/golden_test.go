@@ -221,6 +221,13 @@ func TestInvalidCasesFailWithAReason(t *testing.T) {
 		"bad causal":        {caseBytes(t, map[string]string{"op": "get_seq_lens", "page_size": "16"}), "needs tensor"},
 		"too many levels": {caseBytes(t, map[string]string{"op": "cascade_attention", "num_levels": "1000"}),
 			`parameter num_levels = "1000": want 1..64`},
+		"plain swa mask": {caseBytes(t, map[string]string{"op": "swa_mask", "max_seq": "2", "window_size": "2", "compressed": "0", "head_dim": "64"}, safetensors.U8Tensor("out.allowed", []int{2, 2}, []uint8{1, 0, 1, 1})), "PASS x"},
+		// head_dim only matters to the compressed mask, but garbage in it
+		// passed before.
+		"swa head_dim not a number": {caseBytes(t, map[string]string{"op": "swa_mask", "max_seq": "2", "window_size": "2", "compressed": "0", "head_dim": "NaN"}, safetensors.U8Tensor("out.allowed", []int{2, 2}, []uint8{1, 0, 1, 1})),
+			`parameter head_dim = "NaN": want a decimal int32`},
+		"swa head_dim negative": {caseBytes(t, map[string]string{"op": "swa_mask", "max_seq": "2", "window_size": "2", "compressed": "0", "head_dim": "-1"}, safetensors.U8Tensor("out.allowed", []int{2, 2}, []uint8{1, 0, 1, 1})),
+			`parameter head_dim = "-1": want > 0`},
 	}
 	r := &Runner{Backend: cpu.New(cpu.Config{})}
 	for name, tc := range tests {

@@ -215,6 +215,13 @@ func runSWAMask(x *exec) (map[string]safetensors.Tensor, error) {
 			return nil, x.p.bad("max_seq", x.p.meta["max_seq"], fmt.Sprintf("the compressed mask is always %d", m.Size()))
 		}
 	} else {
+		// head_dim only picks the compressed mask's block, but a value
+		// that is not a head dimension is still a malformed case.
+		if headDim, err := x.p.intOr("head_dim", 1); err != nil {
+			return nil, err
+		} else if headDim <= 0 {
+			return nil, x.p.bad("head_dim", x.p.meta["head_dim"], "want > 0")
+		}
 		maxSeq, err := x.p.intReq("max_seq")
 		if err != nil {
 			return nil, err
