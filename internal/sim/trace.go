@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 )
 
 // ErrBadTrace is wrapped by every trace parsing error; the message names
@@ -225,6 +226,9 @@ func overBudget(t, budget int64) error {
 	return fmt.Errorf("the request's %d tokens (prompt + samples*output) take the trace past its token limit (%d tokens left; raise it with --trace-max-tokens)", t, budget)
 }
 
+// traceFields are traceLine's JSON names.
+var traceFields = [...]string{"arrival", "namespace", "prompt", "prompt_len", "prefix", "prefix_len", "output", "samples"}
+
 // checkDuplicateKeys rejects a JSON object that names a field twice
 // (encoding/json would silently keep the last value). Only the top level
 // matters: every field of a trace line is a scalar or an array of ints.
@@ -243,6 +247,13 @@ func checkDuplicateKeys(text []byte) error {
 		key, ok := t.(string)
 		if !ok {
 			return nil
+		}
+		// encoding/json matches names case-insensitively: "Output" would
+		// silently set (or overwrite) output.
+		for _, f := range traceFields {
+			if key != f && strings.EqualFold(key, f) {
+				return fmt.Errorf("field %q: want %q (field names are case-sensitive)", key, f)
+			}
 		}
 		for _, k := range seen[:n] {
 			if k == key {

@@ -53,6 +53,10 @@ func TestParseTraceErrors(t *testing.T) {
 		{"malformed JSON", `{"prompt_len": 4, "output": 1`, "line 2: unexpected EOF"},
 		{"not an object", `[1, 2]`, "line 2: json: cannot unmarshal array"},
 		{"unknown field", `{"prompt_len": 4, "output": 1, "promt": [1]}`, `line 2: json: unknown field "promt"`},
+		{"duplicate field", `{"prompt_len": 4, "output": 1, "output": 2}`, `line 2: field "output" appears twice`},
+		// encoding/json matched "Output" to output and kept the last value.
+		{"field in another case", `{"prompt_len": 4, "output": 1, "Output": 5}`, `line 2: field "Output": want "output"`},
+		{"only field in another case", `{"PROMPT_LEN": 4, "output": 1}`, `line 2: field "PROMPT_LEN": want "prompt_len"`},
 		{"trailing data", `{"prompt_len": 4, "output": 1} {}`, "line 2: trailing data"},
 		{"wrong type", `{"prompt_len": "4", "output": 1}`, "line 2: json: cannot unmarshal string"},
 		{"negative prompt_len", `{"prompt_len": -4, "output": 1}`, "line 2: prompt_len = -4, want 1..65536"},
