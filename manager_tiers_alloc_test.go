@@ -1,0 +1,120 @@
+package pagedkv
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tierChurn is churn (manager_alloc_test.go) with a write-through host tier
+// and evict-ahead: every published page is offloaded, and finished
+// requests are replaced by new ones on one of two prompts per slot in turn
+// (the other one's pages were released a lifetime ago: served from the
+// device cache or, once evicted, from host pages through onloads). The
+// engine completes every planned copy before and after each step.
+type tierChurn struct {
+	m                 *Manager
+	ids               []RequestID
+	nt, sampled       []int32
+	prompts           [][]int32
+	next              RequestID
+	copies            []TierCopy
+	done              []uint64
+	promptLen, maxLen int
+}
+
+func newTierChurn(t testing.TB, nreq, promptLen, maxLen int) *tierChurn {
+	const ps = 16
+	numPages := nreq*maxLen/ps + 64
+	c := &tierChurn{
+		ids: make([]RequestID, nreq), nt: make([]int32, nreq), sampled: make([]int32, nreq),
+		prompts: make([][]int32, 2*nreq), promptLen: promptLen, maxLen: maxLen,
+	}
+	var err error
+	c.m, err = New(Config{NumPages: numPages, PageSize: ps, HashSeed: 1,
+		Tiers: TierConfig{HostPages: numPages, WriteThrough: true, OffloadFreePages: numPages / 8}})
+	require.NoError(t, err)
+	for i := range c.prompts {
+		c.prompts[i] = seqTokens(i*7919, promptLen)
+	}
+	for i := range nreq {
+		c.admit(t, i)
+	}
+	c.completeCopies(t)
+	return c
+}
+
+func (c *tierChurn) admit(t testing.TB, i int) {
+	c.ids[i] = c.next
+	c.next++
+	p := c.prompts[i+len(c.ids)*int(c.next%2)]
+	if _, err := c.m.Add(c.ids[i], Request{Prompt: p, CapacityTokens: c.maxLen + 1}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// completeCopies runs the engine's side: take the planned copies and
+// report them all done.
+func (c *tierChurn) completeCopies(t testing.TB) {
+	c.copies = c.m.TierCopies(c.copies[:0])
+	c.done = c.done[:0]
+	for _, cp := range c.copies {
+		c.done = append(c.done, cp.ID)
+	}
+	if err := c.m.CompleteTierCopies(c.done...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (c *tierChurn) step(t testing.TB) {
+	m := c.m
+	for i, id := range c.ids {
+		if len(m.Tokens(id)) >= c.maxLen-i%32 {
+			if err := m.Release(id); err != nil {
+				t.Fatal(err)
+			}
+			c.admit(t, i)
+		}
+	}
+	c.completeCopies(t) // onloads of the admitted requests
+	for i, id := range c.ids {
+		c.nt[i] = int32(len(m.Tokens(id)) - m.Computed(id))
+		c.sampled[i] = int32(id) % 32000
+	}
+	if _, err := m.Reserve(c.ids, c.nt); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Commit(c.sampled); err != nil {
+		t.Fatal(err)
+	}
+	c.completeCopies(t) // write-through and evict-ahead offloads
+}
+
+// TestTierStepAllocatesNothing pins the hot path with a host tier: after
+// a warm-up, a step with releases, admissions (device and host hits),
+// publishing with write-through offloads, evict-ahead offloads and the
+// engine's copy completions allocates nothing.
+func TestTierStepAllocatesNothing(t *testing.T) {
+	promptLen, maxLen, runs := 40, 104, 40
+	if raceEnabled { // invariant checks after every call: keep it short
+		promptLen, maxLen, runs = 24, 64, 8
+	}
+	for _, nreq := range []int{64, 256} {
+		t.Run(fmt.Sprint(nreq, "requests"), func(t *testing.T) {
+			c := newTierChurn(t, nreq, promptLen, maxLen)
+			for range 3 * maxLen {
+				c.step(t)
+			}
+			before := c.m.Stats().Tiers
+			allocs := testing.AllocsPerRun(runs, func() { c.step(t) })
+			require.Zero(t, allocs, "allocations per step")
+			st := c.m.Stats()
+			require.Greater(t, st.Tiers.OffloadedPages, before.OffloadedPages, "the steps measured offload: %+v", st.Tiers)
+			require.Greater(t, st.Tiers.OnloadedPages, before.OnloadedPages, "the steps measured onload: %+v", st.Tiers)
+			require.NoError(t, c.m.Audit())
+			t.Logf("%d steps measured: %d pages offloaded, %d onloaded", runs+1,
+				st.Tiers.OffloadedPages-before.OffloadedPages, st.Tiers.OnloadedPages-before.OnloadedPages)
+		})
+	}
+}
