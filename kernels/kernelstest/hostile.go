@@ -252,7 +252,7 @@ func rawAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	wk, wv := make([]bool, n), make([]bool, n)
 	es := int64(pg.DType.Size())
 	for i, bi := range ix.BatchIndices {
-		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVIndices, bi, ix.Positions[i], g.PageSize, g.NumPages)
+		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVIndices, ix.KVLastPageLen, bi, ix.Positions[i], g.PageSize, g.NumPages)
 		if !ok {
 			return fmt.Errorf("append accepted row %d (batch %d, position %d) that names no slot of the pool", i, bi, ix.Positions[i])
 		}
@@ -274,14 +274,26 @@ func rawAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 }
 
 // rawSlot is the (page, entry) row i of an append names, computed in int64
-// from the raw arrays, and whether it lies in the table and the pool.
-func rawSlot(indptr, indices []int32, b, pos int32, pageSize, numPages int) (page, entry int, ok bool) {
+// from the raw arrays, and whether it lies in the table and the pool and
+// below the request's seq_len ((pages-1)*page_size + last_page_len; with
+// last nil, as MLA append allows, every page counts as full).
+func rawSlot(indptr, indices, last []int32, b, pos int32, pageSize, numPages int) (page, entry int, ok bool) {
 	if b < 0 || int64(b)+1 >= int64(len(indptr)) || pos < 0 {
 		return 0, 0, false
 	}
 	lo, hi := int64(indptr[b]), int64(indptr[b+1])
 	i := lo + int64(pos)/int64(pageSize)
 	if lo < 0 || i >= hi || i >= int64(len(indices)) {
+		return 0, 0, false
+	}
+	seqLen := (hi - lo) * int64(pageSize)
+	if last != nil {
+		if int64(b) >= int64(len(last)) {
+			return 0, 0, false
+		}
+		seqLen = (hi-lo-1)*int64(pageSize) + int64(last[b])
+	}
+	if int64(pos) >= seqLen {
 		return 0, 0, false
 	}
 	pid := int64(indices[i])
@@ -428,7 +440,7 @@ func rawMLAAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	es := int64(mg.DType.Size())
 	wc, wk := make([]bool, len(mc.ckv.all)-2*guard), make([]bool, len(mc.kpe.all)-2*guard)
 	for i, bi := range ix.BatchIndices {
-		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVIndices, bi, ix.Positions[i], g.PageSize, g.NumPages)
+		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVIndices, last, bi, ix.Positions[i], g.PageSize, g.NumPages)
 		if !ok {
 			return fmt.Errorf("mla append accepted row %d (batch %d, position %d) that names no slot of the pool", i, bi, ix.Positions[i])
 		}
