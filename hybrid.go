@@ -100,6 +100,18 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	if err := layergroup.ValidateGroups(cfg.Groups, cfg.PageSize); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	// Every group is a Manager built from cfg.Config: tiers would give each
+	// group its own host pool (over the same HostMemory, under the same
+	// remote keys) with copies no HybridManager method hands out or
+	// completes, and one CacheEvents sink would get every group's pages with
+	// no group to tell them apart. Neither is supported yet.
+	if t := &cfg.Tiers; t.HostPages != 0 || t.Remote != nil || t.HostMemory != nil || t.Format.Layers != 0 ||
+		t.OffloadFreePages != 0 || t.WriteThrough || t.RemoteDeadline != 0 {
+		return nil, fmt.Errorf("%w: Tiers.HostPages = %d (or another Tiers field) in a hybrid config: a HybridManager has no tiers; use Manager", ErrBadConfig, t.HostPages)
+	}
+	if cfg.CacheEvents != nil {
+		return nil, fmt.Errorf("%w: CacheEvents = %T in a hybrid config: a HybridManager publishes no KV events; use Manager", ErrBadConfig, cfg.CacheEvents)
+	}
 	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
