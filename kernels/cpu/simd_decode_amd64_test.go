@@ -80,12 +80,13 @@ func TestFusedDecodeMatchesPureGo(t *testing.T) {
 		o1, l1 := run(true)
 		o0, l0 := run(false)
 		for j := range o0 {
-			if math.Abs(float64(o1[j]-o0[j])) > 1e-4*(1+math.Abs(float64(o0[j]))) {
+			// !(d <= tol), not d > tol: a NaN on either side must fail.
+			if !(math.Abs(float64(o1[j]-o0[j])) <= 1e-4*(1+math.Abs(float64(o0[j])))) {
 				t.Fatalf("%s: O[%d] = %v with the assembly, %v without", name, j, o1[j], o0[j])
 			}
 		}
 		for j := range l0 {
-			if l0[j] != l1[j] && math.Abs(float64(l1[j]-l0[j])) > 1e-4*(1+math.Abs(float64(l0[j]))) {
+			if l0[j] != l1[j] && !(math.Abs(float64(l1[j]-l0[j])) <= 1e-4*(1+math.Abs(float64(l0[j])))) {
 				t.Fatalf("%s: LSE[%d] = %v with the assembly, %v without", name, j, l1[j], l0[j])
 			}
 		}

@@ -35,12 +35,13 @@ func TestSplitDecodeMatchesOneWorker(t *testing.T) {
 		o1, l1 := run(1)
 		o4, l4 := run(4)
 		for i := range o1 {
-			if math.Abs(float64(o4[i]-o1[i])) > 1e-5*(1+math.Abs(float64(o1[i]))) {
+			// !(d <= tol), not d > tol: a NaN on either side must fail.
+			if !(math.Abs(float64(o4[i]-o1[i])) <= 1e-5*(1+math.Abs(float64(o1[i])))) {
 				t.Fatalf("window %d: O[%d] = %v split, %v on one worker", window, i, o4[i], o1[i])
 			}
 		}
 		for i := range l1 {
-			if math.Abs(float64(l4[i]-l1[i])) > 1e-5*(1+math.Abs(float64(l1[i]))) {
+			if l4[i] != l1[i] && !(math.Abs(float64(l4[i]-l1[i])) <= 1e-5*(1+math.Abs(float64(l1[i])))) { // -inf == -inf
 				t.Fatalf("window %d: LSE[%d] = %v split, %v on one worker", window, i, l4[i], l1[i])
 			}
 		}
