@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/internal/vllmwire"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -26,6 +28,11 @@ type tierModelConfig struct {
 	src          rand.Source // the operations' randomness; nil: PCG(seed)
 	// hook, if set, runs before each operation (to kill a server, say).
 	hook func(op int)
+	// events attaches a KV-event Recorder: after every operation its batch
+	// is encoded in vLLM's format, decoded with internal/vllmwire and
+	// applied to a set that must equal the Manager's cached hashes (offloads,
+	// onloads and evictions through the tiers included).
+	events bool
 }
 
 // runTierModel drives a random workload through a Manager with tiers and,
@@ -42,9 +49,53 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 	rng := rand.New(src)
 	tc := TierConfig{HostPages: c.hostPages, Format: tierFormat(4), OffloadFreePages: c.ahead,
 		WriteThrough: c.writeThrough, Remote: c.remote, RemoteDeadline: c.deadline}
-	m, err := New(Config{NumPages: c.numPages, PageSize: 4, HashSeed: c.seed | 1, Tiers: tc})
+	cfg := Config{NumPages: c.numPages, PageSize: 4, HashSeed: c.seed | 1, Tiers: tc}
+	var (
+		rec    *events.Recorder
+		queue  *events.Queue
+		enc    *events.Encoder
+		evSet  vllmwire.Set
+		nStore int
+	)
+	if c.events {
+		var err error
+		queue, err = events.NewQueue(4)
+		require.NoError(t, err)
+		rec, err = events.NewRecorder(events.RecorderConfig{NumPages: c.numPages, PageSize: 4}, queue)
+		require.NoError(t, err)
+		cfg.CacheEvents, enc, evSet = rec, events.NewEncoder(), vllmwire.Set{}
+	}
+	m, err := New(cfg)
 	require.NoError(t, err)
 	e := newTierEngine(t, m)
+	checkEvents := func(op int, what string) {
+		if rec == nil {
+			return
+		}
+		require.True(t, rec.Flush(), "op %d (%s): the event queue is full", op, what)
+		for b := queue.TryNext(); b != nil; b = queue.TryNext() {
+			dec, err := vllmwire.Decode(enc.AppendBatch(nil, b, 0))
+			queue.Done(b)
+			require.NoError(t, err, "op %d (%s)", op, what)
+			for _, ev := range dec.Events {
+				if ev.Type == "BlockStored" {
+					nStore += len(ev.BlockHashes)
+				}
+			}
+			if err := evSet.Apply(dec); err != nil {
+				t.Fatalf("op %d (%s): %v", op, what, err)
+			}
+		}
+		cached := m.CachedHashes(nil)
+		if len(cached) != len(evSet) {
+			t.Fatalf("op %d (%s): events say %d pages cached, the Manager caches %d", op, what, len(evSet), len(cached))
+		}
+		for _, h := range cached {
+			if _, ok := evSet[h]; !ok {
+				t.Fatalf("op %d (%s): cached page %#x was never announced", op, what, h)
+			}
+		}
+	}
 	spaces := c.spaces
 	if spaces == nil {
 		spaces = []Namespace{{}, {Tenant: "b"}}
@@ -151,8 +202,13 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 			t.Fatalf("op %d (%s): %v\n%s", op, what, err, describeTiers(m))
 		}
 		e.check(what)
+		checkEvents(op, what)
 	}
 	e.drain()
+	checkEvents(c.ops, "drain")
+	if rec != nil {
+		require.Positive(t, nStore, "no BlockStored event")
+	}
 	return m
 }
 
@@ -161,7 +217,7 @@ func TestTiersMatchModel(t *testing.T) {
 	var hostHits int64
 	for seed := range uint64(12) {
 		m := runTierModel(t, tierModelConfig{seed: seed, ops: 1500, numPages: 12 + int(seed%3)*4, hostPages: 6 + int(seed%4)*4,
-			ahead: int(seed % 3), writeThrough: seed%2 == 1})
+			ahead: int(seed % 3), writeThrough: seed%2 == 1, events: seed%3 == 0})
 		st := m.Stats()
 		hostHits += st.Tiers.HostHitTokens
 	}
