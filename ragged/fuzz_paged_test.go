@@ -27,7 +27,7 @@ func FuzzPagedXFormersMask(f *testing.F) {
 	f.Add([]byte{1, 2, 2, 0, 2, 0, 0, 1, 3, 0, 2, 4, 0, 2, 0, 1, 3}) // the worked causal example
 	f.Add([]byte{2, 16, 1, 0, 3, 0, 8, 1, 40, 0, 5, 0, 7})           // sliding window
 	f.Add([]byte{3, 2, 2, 0, 2, 0, 0, 1, 2, 1, 1, 2, 1, 3, 1, 0, 2}) // paged gappy
-	f.Add([]byte{0, 2, 2, 1, 2, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1, 2, 3}) // a row too many
+	f.Add([]byte{0, 2, 2, 1, 2, 0, 0, 1, 1, 0, 1, 1, 0, 0, 1, 2, 3}) // a row too many (ignored, as in xFormers)
 	f.Add([]byte{0, 2, 1, 0, 2, 1, 0, 1, 9, 0, 0, 1})                // padding shorter than the sequence, data too long
 	f.Add([]byte{1, 2, 1, 0, 1, 0, 0, 1, 1, 0, 0x80})                // a far page id
 	f.Add([]byte{4, 2, 1, 0, 2, 0, 0, 0xff, 1, 0, 0, 1})             // a negative q_seqlen
@@ -148,7 +148,7 @@ func pagedRulesBroken(cfg MaskConfig, rows, cols, n int) []brokenRule {
 	if rows*cols != n {
 		add(ErrLengthMismatch, "its %d entries", n)
 	}
-	if rows != batch {
+	if rows < batch {
 		add(ErrLengthMismatch, "has %d rows", rows)
 	}
 	if cols < 1 {

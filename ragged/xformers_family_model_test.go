@@ -369,7 +369,8 @@ func checkPagedKV(t testing.TB, m AttentionMask, cfg MaskConfig, kvLens []int32)
 		t.Fatalf("%s: PagedKV of MaskFromPagedKV = %+v, %v; want %+v", m, pkv2, err, pkv)
 	}
 	padded := cfg
-	padded.BlockTables = bt.Clone()
+	// The CSR arrays hold one row per sequence: rows past the batch are gone.
+	padded.BlockTables = BlockTables{Rows: len(kvLens), Cols: bt.Cols, Data: append([]int32(nil), bt.Data[:len(kvLens)*bt.Cols]...)}
 	for b, n := range kvLens {
 		for l := (int(n) + ps - 1) / ps; l < bt.Cols; l++ {
 			padded.BlockTables.Data[b*bt.Cols+l] = pad

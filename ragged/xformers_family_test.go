@@ -91,6 +91,15 @@ func TestXFormersFamilyPictures(t *testing.T) {
 				x . | . . | . . | . .`,
 			wantParams: FlashInferParams{Causal: false, WindowLeft: -1, OK: true},
 		},
+		// A table with a row more than the batch (allocated for more
+		// sequences): xFormers ignores the row, but its page 4 widens the
+		// dense form to pages 0..4.
+		"PagedBlockDiagonalPaddedKeysMask.from_seqlens([1], [3], [[1,2],[4,0]], 2)": {
+			cfg: MaskConfig{Kind: KindPagedBlockDiagonalPaddedKeys, QSeqLen: []int32{1}, KVSeqLen: []int32{3},
+				BlockTables: bt(2, []int32{1, 2}, []int32{4, 0}), PageSize: 2},
+			want:       `. . | x x | x . | . . | . .`,
+			wantParams: FlashInferParams{Causal: false, WindowLeft: -1, OK: true},
+		},
 		// xFormers' materialize copies every logical page, masked ones too:
 		// the padding entry 0 repaints page 0, the sequence's only used
 		// page, so the dense form shows nothing (PagedKV still gives the
@@ -349,8 +358,8 @@ func TestXFormersFamilyErrors(t *testing.T) {
 			ErrOutOfRange, "kv_seqstarts[0] = -1"},
 		"paged, page_size 0": {MaskConfig{Kind: KindPagedBlockDiagonalPaddedKeys, QSeqLen: []int32{1, 1}, KVSeqLen: []int32{1, 1}, BlockTables: good},
 			ErrNegativeLength, "page_size = 0"},
-		"paged, rows != batch": {MaskConfig{Kind: KindPagedBlockDiagonalPaddedKeys, QSeqLen: []int32{1}, KVSeqLen: []int32{1}, BlockTables: good, PageSize: 2},
-			ErrLengthMismatch, "block_tables has 2 rows, want one per sequence (1)"},
+		"paged, fewer rows than sequences": {MaskConfig{Kind: KindPagedBlockDiagonalPaddedKeys, QSeqLen: []int32{1, 1, 1}, KVSeqLen: []int32{1, 1, 1}, BlockTables: good, PageSize: 2},
+			ErrLengthMismatch, "block_tables has 2 rows, want at least one per sequence (3)"},
 		"paged, shape does not hold the data": {MaskConfig{Kind: KindPagedBlockDiagonalPaddedKeys, QSeqLen: []int32{1}, KVSeqLen: []int32{1},
 			BlockTables: BlockTables{Rows: 1, Cols: 3, Data: []int32{0, 1}}, PageSize: 2},
 			ErrLengthMismatch, "block_tables shape 1×3 does not hold its 2 entries"},

@@ -10,7 +10,10 @@ import (
 // (b, l) is the page holding sequence b's logical keys [l*page_size,
 // (l+1)*page_size). Entries past a sequence's last used page are padding:
 // kernels never read them, but xFormers' materialize does paint them (see
-// [PagedBlockDiagonalPaddedKeysMask]).
+// [PagedBlockDiagonalPaddedKeysMask]). As in xFormers, Rows may exceed the
+// batch (a table allocated for more sequences than the step holds): rows
+// past the batch are ignored, except that their page IDs, like every
+// entry's, widen the dense form to (max(block_tables)+1)*page_size columns.
 type BlockTables struct {
 	Rows, Cols int
 	Data       []int32 // [Rows*Cols]
@@ -40,8 +43,10 @@ func (t BlockTables) check(batch, pageSize int) (maxID int, err error) {
 	if n, ok := mulFits(t.Rows, t.Cols, 1); !ok || n != len(t.Data) {
 		return 0, fmt.Errorf("%w: block_tables shape %d×%d does not hold its %d entries", ErrLengthMismatch, t.Rows, t.Cols, len(t.Data))
 	}
-	if t.Rows != batch {
-		return 0, fmt.Errorf("%w: block_tables has %d rows, want one per sequence (%d)", ErrLengthMismatch, t.Rows, batch)
+	if t.Rows < batch {
+		// xFormers indexes block_tables[b] for every sequence b (an
+		// IndexError past the last row) and ignores the rows past the batch.
+		return 0, fmt.Errorf("%w: block_tables has %d rows, want at least one per sequence (%d)", ErrLengthMismatch, t.Rows, batch)
 	}
 	if t.Cols < 1 {
 		// xFormers: the row length block_tables.shape[1]*page_size is the
@@ -200,7 +205,8 @@ func (m blockDiagonal) PagedKV() (PagedKV, error) {
 
 // ToPagedKV converts block_tables and per-sequence key counts (kvLen[b]
 // keys from logical position 0) to FlashInfer's kv_indptr, kv_indices and
-// kv_last_page_len. kvLen[b] must be in 0..Cols*pageSize.
+// kv_last_page_len. kvLen[b] must be in 0..Cols*pageSize; rows past
+// len(kvLen) are ignored.
 func (t BlockTables) ToPagedKV(kvLen []int32, pageSize int) (kvIndptr, kvIndices, kvLastPageLen []int32, err error) {
 	if _, err := t.check(len(kvLen), pageSize); err != nil {
 		return nil, nil, nil, err

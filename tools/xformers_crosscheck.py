@@ -31,8 +31,8 @@ same with ragged through the Go program tools/xformerscheck (one `go run`, or
     must reject too;
   - ragged rejects what xFormers accepts: allowed only for the documented
     cases where xFormers' Python slicing would silently produce a mask that is
-    not one (negative lengths, gappy keys outside the key axis, block tables
-    with more rows than sequences, a paged gappy block past its row of pages);
+    not one (negative lengths, negative page ids, gappy keys outside the key
+    axis, a paged gappy block past its row of pages);
     each is counted under its reason. Any other is a failure.
 
 It prints per class: configurations, agreed masks, agreed rejections,
@@ -381,8 +381,6 @@ def stricter_reason(c):
         if any(s < 0 or s + k > starts[-1] for s, k in zip(starts, kv)):
             return "gappy keys outside the key axis"
     bt = c.get("paged_block_tables") or c.get("block_tables")
-    if bt is not None and len(bt) > len(q):
-        return "block tables with more rows than sequences"
     if bt and any(x < 0 for row in bt for x in row):
         return "negative page id"
     ps = c.get("paged_page_size") or c.get("page_size")
