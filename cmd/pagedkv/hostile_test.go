@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -185,4 +186,91 @@ func TestProgressBarOnTerminal(t *testing.T) {
 	require.Contains(t, out, "step 3, 2 running, 1 waiting (0 preempted)")
 	require.Regexp(t, `\[\d+s:\d+s\]`, out, "elapsed and ETA")
 	require.True(t, strings.HasSuffix(out, "\r"), "the bar is erased at the end: %q", out[max(0, len(out)-40):])
+}
+
+// Every op of the shipped cases (prefill, MLA decode and append, cascade
+// included, which the generated cases above lack) with an int32 extreme
+// planted in each index array at its first, second and last element, or
+// the array replaced by a wrapping indptr: every case must fail with one
+// line and no panic, on every backend. (A hand sweep of 3,671 such files,
+// plus dtype, shape, truncation and header mutations, found one that
+// passed: logits_soft_cap = 1e308, now refused by the kernels.)
+func TestVerifyHostileShippedCases(t *testing.T) {
+	src, err := filepath.Glob(filepath.Join(shippedDir, "*_0_00.safetensors"))
+	require.NoError(t, err)
+	seeds, err := filepath.Glob(filepath.Join(shippedDir, "seed_*.safetensors"))
+	require.NoError(t, err)
+	src = append(src, seeds...)
+	require.Greater(t, len(src), 12)
+	dst := t.TempDir()
+	n := 0
+	write := func(name string, c *golden.Case, ts []safetensors.Tensor) {
+		require.NoError(t, safetensors.WriteFile(filepath.Join(dst, fmt.Sprintf("%s_%04d.safetensors", name, n)), c.Meta, ts))
+		n++
+	}
+	words := []int32{math.MaxInt32, math.MinInt32, -1}
+	wraps := [][]int32{{0, math.MaxInt32, -5}, {0, math.MaxInt32, -5, 10}}
+	for _, f := range src {
+		buf, err := os.ReadFile(f)
+		require.NoError(t, err)
+		c, err := golden.Parse(f, buf)
+		require.NoError(t, err)
+		base := strings.TrimSuffix(filepath.Base(f), ".safetensors")
+		for i, tn := range c.Tensors() {
+			if tn.DType != safetensors.I32 || !strings.HasPrefix(tn.Name, "in.") || len(tn.Data) == 0 {
+				continue
+			}
+			name := base + "_" + strings.ReplaceAll(tn.Name, ".", "_")
+			count := len(tn.Data) / 4
+			for _, at := range slices.Compact([]int{0, min(1, count-1), count - 1}) {
+				for _, w := range words {
+					ts := slices.Clone(c.Tensors())
+					ts[i].Data = slices.Clone(tn.Data)
+					binary.LittleEndian.PutUint32(ts[i].Data[4*at:], uint32(w))
+					write(name, c, ts)
+				}
+			}
+			for _, wrap := range wraps {
+				ts := slices.Clone(c.Tensors())
+				ts[i] = safetensors.I32Tensor(tn.Name, []int{len(wrap)}, wrap)
+				write(name+"_wrap", c, ts)
+			}
+		}
+		// A soft cap that is finite in float64 but not in the kernels'
+		// float32 made every output NaN; it must be refused by name.
+		if _, ok := c.Meta["logits_soft_cap"]; ok {
+			meta := maps.Clone(c.Meta)
+			meta["logits_soft_cap"] = "1e308"
+			require.NoError(t, safetensors.WriteFile(filepath.Join(dst, fmt.Sprintf("%s_softcap_%04d.safetensors", base, n)), meta, c.Tensors()))
+			n++
+		}
+	}
+	t.Logf("%d hostile cases", n)
+	require.Greater(t, n, 300)
+	backends := []string{"cpu"}
+	if !backends2stub("emu") {
+		backends = append(backends, "emu")
+	}
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) {
+			args := []string{"verify", "--backend", b, dst}
+			if b != "cpu" {
+				args = []string{"verify", "--backend", b, "--fallback", "cpu", dst}
+			}
+			code, out, errOut := runCLI(args...)
+			require.Equal(t, exitFailure, code, "stderr:\n%s", errOut)
+			require.Empty(t, errOut)
+			ls := lines(out)
+			require.Len(t, ls, n+1, "one line per case and a summary")
+			for _, l := range ls[:n] {
+				require.True(t, strings.HasPrefix(l, "FAIL "), "a hostile case passed: %s", l)
+				if strings.Contains(l, "_softcap_") {
+					require.Contains(t, l, "logits_soft_cap = 1e+308")
+				}
+				require.NotContains(t, l, "panic")
+				require.NotContains(t, l, "goroutine")
+			}
+			require.Equal(t, fmt.Sprintf("verify: 0 passed, %d failed", n), ls[n])
+		})
+	}
 }
