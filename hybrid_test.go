@@ -209,10 +209,12 @@ func newHybridHarnessSrc(t testing.TB, groups []LayerGroup, src rand.Source) *hy
 	return &hybridHarness{t: t, rng: rand.New(src), h: h, kv: make([]uint64, hhPages*hhPageSize)}
 }
 
-// byteSource feeds a harness's choices from fuzz input, 8 bytes a draw;
-// once the input runs out (the operation in progress finishes, then the
-// run ends) it mixes a counter, never a constant that rand's rejection
-// sampling could loop on.
+// byteSource feeds a harness's choices from fuzz input, one byte a draw:
+// the byte is the draw's top 8 bits, so rand's IntN(n) (the high word of
+// the draw times n) picks about byte*n/256 and a mutated byte changes one
+// choice. The low bits mix a counter, so rand's rejection sampling cannot
+// loop. Once the input runs out (the operation in progress finishes, then
+// the run ends) draws are the mixed counter alone.
 type byteSource struct {
 	data []byte
 	n    uint64
@@ -221,13 +223,13 @@ type byteSource struct {
 func (s *byteSource) Uint64() uint64 {
 	s.n++
 	v := s.n * 0x9e3779b97f4a7c15
-	for i := range 8 {
-		if len(s.data) > 0 {
-			v ^= uint64(s.data[0]) << (8 * i)
-			s.data = s.data[1:]
-		}
+	v ^= v >> 29
+	if len(s.data) == 0 {
+		return v
 	}
-	return v
+	b := s.data[0]
+	s.data = s.data[1:]
+	return uint64(b)<<56 | v>>8
 }
 
 // FuzzHybrid drives a HybridManager with choices read from the input: the
@@ -240,7 +242,7 @@ func (s *byteSource) Uint64() uint64 {
 func FuzzHybrid(f *testing.F) {
 	names := []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "mla"}
 	for i := range names {
-		seed := make([]byte, 1+8*64)
+		seed := make([]byte, 1+256)
 		for j := range seed {
 			seed[j] = byte(j*37 + i*11)
 		}
@@ -252,7 +254,7 @@ func FuzzHybrid(f *testing.F) {
 		if len(data) < 2 {
 			return
 		}
-		data = data[:min(len(data), 1+8*1024)]
+		data = data[:min(len(data), 1+512)]
 		src := &byteSource{data: data[1:]}
 		hh := newHybridHarnessSrc(t, configs[names[int(data[0])%len(names)]], src)
 		for op := 0; len(src.data) > 0; op++ {
