@@ -188,6 +188,14 @@ func Kinds() []MaskKind {
 // "" for an unknown kind.
 func (k MaskKind) XFormersClass() string { return kinds[k].class }
 
+// WindowArgs says which window arguments xFormers' class for k takes:
+// window_size (the causal local kinds) or the pair window_left/window_right
+// (the two-sided kinds). NewAttentionMask rejects the others when nonzero.
+func (k MaskKind) WindowArgs() (size, leftRight bool) {
+	w := kinds[k].window
+	return w == windowPositive || w == windowAny, w == windowTwoSidedPos || w == windowTwoSidedAny
+}
+
 // windowClamp bounds windows that xFormers takes as unbounded Python ints:
 // any |w| beyond it reaches past every key of an int32-indexed block, so
 // clamping changes no cell and keeps i+s±w from overflowing.

@@ -89,10 +89,23 @@ func blockTables(rows [][]int32) ragged.BlockTables {
 	return t
 }
 
+// maskConfig drops the window arguments kind does not take, as the Python
+// half does: it passes window_size or window_left/window_right only to the
+// xFormers constructors that have them, so a configuration may carry any
+// value there for the other classes.
 func (c config) maskConfig() ragged.MaskConfig {
+	kind := ragged.MaskKind(c.Kind)
+	w, wl, wr := c.WindowSize, c.WindowLeft, c.WindowRight
+	size, leftRight := kind.WindowArgs()
+	if !size {
+		w = 0
+	}
+	if !leftRight {
+		wl, wr = 0, 0
+	}
 	return ragged.MaskConfig{
-		Kind: ragged.MaskKind(c.Kind), QSeqLen: c.QSeqLen, KVSeqLen: c.KVSeqLen,
-		WindowSize: c.WindowSize, WindowLeft: c.WindowLeft, WindowRight: c.WindowRight,
+		Kind: kind, QSeqLen: c.QSeqLen, KVSeqLen: c.KVSeqLen,
+		WindowSize: w, WindowLeft: wl, WindowRight: wr,
 		KVPadding: c.KVPadding, KVSeqStarts: c.KVSeqStarts,
 		BlockTables: blockTables(c.BlockTables), PageSize: c.PageSize,
 	}

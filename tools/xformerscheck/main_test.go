@@ -54,3 +54,40 @@ func TestRunProtocol(t *testing.T) {
 		t.Error("an unknown op was accepted")
 	}
 }
+
+// The Python half hands window arguments only to the xFormers constructors
+// that take them, so a class without a window ignores whatever the
+// configuration holds there; one with a window still checks it.
+func TestWindowArgumentsOnlyWhereTheClassTakesThem(t *testing.T) {
+	in := strings.Join([]string{
+		`{"id":1,"kind":"block_diagonal_causal","q_seqlen":[2],"kv_seqlen":[2]}`,
+		`{"id":2,"kind":"block_diagonal_causal","q_seqlen":[2],"kv_seqlen":[2],"window_size":5,"window_left":-3,"window_right":7}`,
+		`{"id":3,"kind":"block_diagonal_causal_local","q_seqlen":[2],"kv_seqlen":[2],"window_size":0}`,
+		`{"id":4,"kind":"block_diagonal_causal_local","q_seqlen":[3],"kv_seqlen":[3],"window_size":1,"window_left":4}`,
+		``,
+	}, "\n")
+	var out bytes.Buffer
+	if err := run(strings.NewReader(in), &out); err != nil {
+		t.Fatal(err)
+	}
+	var got []result
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r result
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d results, want 4", len(got))
+	}
+	if a, b := got[0], got[1]; !a.OK || !b.OK || a.Rows != b.Rows || a.Cols != b.Cols || a.Mask != b.Mask || a.Mask != "1011" {
+		t.Errorf("window arguments of a windowless class changed the mask: %+v vs %+v", got[1], got[0])
+	}
+	if r := got[2]; r.OK || !strings.Contains(r.Error, "window_size >= 1, got 0") {
+		t.Errorf("a local class took window_size 0: %+v", r)
+	}
+	if r := got[3]; !r.OK || r.Mask != "100010001" {
+		t.Errorf("local window 1 with a stray window_left: %+v", r)
+	}
+}
