@@ -195,6 +195,7 @@ func TestCascadeEqualsFlat(t *testing.T) {
 func checkCascadeEqualsFlat(t *testing.T, cases int, flatBackend kernels.Backend, run func(p *Params) error) {
 	b := flatBackend
 	for levels := 2; levels <= 4; levels++ {
+		reached := 0 // cases whose layout kept every one of the levels
 		for i := 0; i < cases; i++ {
 			rng := rand.New(rand.NewPCG(uint64(levels), uint64(i)))
 			causal := rng.IntN(2) == 0
@@ -211,6 +212,9 @@ func checkCascadeEqualsFlat(t *testing.T, cases int, flatBackend kernels.Backend
 			// Depths without any page are dropped (see Build).
 			require.NotEmpty(t, lay.Levels)
 			require.LessOrEqual(t, len(lay.Levels), levels)
+			if len(lay.Levels) == levels {
+				reached++
+			}
 			hq := g.NumKVHeads * []int{1, 2, 4}[rng.IntN(3)]
 			nnz := int(lay.RequestQOIndptr[len(lay.RequestOrder)])
 			qCaller := kernels.TensorFromF32(layout.F16, randFloats(rng, nnz*hq*g.HeadDim), nnz, hq, g.HeadDim)
@@ -252,6 +256,9 @@ func checkCascadeEqualsFlat(t *testing.T, cases int, flatBackend kernels.Backend
 			}
 			requireClose(t, what+" lse vs flat", p.LSE, flatLSE, 1e-4, 1e-4, hq, 1)
 		}
+		// Build drops depths without pages: make sure the level count
+		// under test was really run, not only shallower cascades.
+		require.Positive(t, reached, "no case of %d levels kept all %d levels", levels, levels)
 	}
 }
 
