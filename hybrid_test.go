@@ -85,6 +85,117 @@ func TestScenarioHybridHitRule(t *testing.T) {
 	require.NoError(t, h.Audit())
 }
 
+// TestScenarioHybridPlans draws docs/manager.md's worked example of layer
+// groups: gpt-oss-like groups (sliding window 6, full; pages of 4) on one
+// pool of 32 pages. A 13-token prompt takes pages 0..3 in the sliding group
+// and 4..7 in the full group; at commit the sliding group releases page 0
+// (the next query, at 13, reads 8..13), which stays cached; after the next
+// decode step it releases page 1 too.
+func TestScenarioHybridPlans(t *testing.T) {
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 32, PageSize: 4, HashSeed: 1},
+		Groups: []LayerGroup{{Kind: SlidingAttention, WindowTokens: 6, NumLayers: 2}, {Kind: FullAttention, NumLayers: 2}}})
+	require.NoError(t, err)
+	_, err = h.Add(1, Request{Prompt: seqTokens(10, 13)})
+	require.NoError(t, err)
+	p, err := h.Reserve([]RequestID{1}, []int32{13})
+	require.NoError(t, err)
+	sl, full := p.Groups[0], p.Groups[1]
+	require.Equal(t, []int32{0, 4}, sl.KVIndptr)
+	require.Equal(t, []int32{0, 1, 2, 3}, sl.KVPageIndices)
+	require.Equal(t, []int32{1}, sl.KVLastPageLen)
+	require.Equal(t, 5, sl.WindowLeft)
+	require.Equal(t, []int32{0, 4}, full.KVIndptr)
+	require.Equal(t, []int32{4, 5, 6, 7}, full.KVPageIndices)
+	require.Equal(t, []int32{1}, full.KVLastPageLen)
+	require.Equal(t, -1, full.WindowLeft)
+	require.NoError(t, h.Commit([]int32{7}))
+	pages, start := h.Pages(0, 1)
+	require.Equal(t, []PageID{1, 2, 3}, pages)
+	require.Equal(t, 4, start)
+	pages, start = h.Pages(1, 1)
+	require.Equal(t, []PageID{4, 5, 6, 7}, pages)
+	require.Equal(t, 0, start)
+	s := h.Stats()
+	require.Equal(t, 24, s.FreePages, "page 0 left the sliding group's table but stays cached")
+	require.Equal(t, 3, s.Groups[0].CachedPages)
+	require.Equal(t, int64(1), s.Groups[0].WindowReleasedPages)
+
+	p, err = h.Reserve([]RequestID{1}, []int32{1})
+	require.NoError(t, err)
+	sl, full = p.Groups[0], p.Groups[1]
+	require.Equal(t, []int32{1, 2, 3}, sl.KVPageIndices)
+	require.Equal(t, []int32{2}, sl.KVLastPageLen)
+	require.Equal(t, []int32{9}, sl.Positions, "positions count from the group's first held token")
+	require.Equal(t, []int32{13}, sl.TokenPositions)
+	require.Equal(t, []int32{4, 5, 6, 7}, full.KVPageIndices)
+	require.Equal(t, []int32{13}, full.Positions)
+	require.NoError(t, h.Commit([]int32{8}))
+	pages, start = h.Pages(0, 1)
+	require.Equal(t, []PageID{2, 3}, pages)
+	require.Equal(t, 8, start)
+	require.Equal(t, int64(2), h.Stats().Groups[0].WindowReleasedPages)
+	require.NoError(t, h.Audit())
+}
+
+// TestScenarioHybridCascade draws docs/manager.md's worked example of
+// cascade with windows: four requests hit a cached 32-token prefix on
+// gpt-oss-like groups (sliding window 6, full; pages of 4) and prefill 5
+// tokens each. The full group's plan has two cascade levels (the 8 shared
+// pages once, then each request's 2 own pages); the sliding group holds
+// only pages 6 and 7 of the prefix (tokens 24..31) and its plan is flat,
+// because every row's window (row at 32: keys 27..32; row at 36: 31..36)
+// excludes some token of each shared page.
+func TestScenarioHybridCascade(t *testing.T) {
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 128, PageSize: 4, HashSeed: 1},
+		Groups: []LayerGroup{{Kind: SlidingAttention, WindowTokens: 6, NumLayers: 2}, {Kind: FullAttention, NumLayers: 2}}})
+	require.NoError(t, err)
+	sys := seqTokens(100, 32)
+	_, err = h.Add(1, Request{Prompt: append(slices.Clone(sys), 1)})
+	require.NoError(t, err)
+	_, err = h.Reserve([]RequestID{1}, []int32{33})
+	require.NoError(t, err)
+	require.NoError(t, h.Commit(nil))
+	ids := []RequestID{2, 3, 4, 5}
+	for i, id := range ids {
+		n, err := h.Add(id, Request{Prompt: append(slices.Clone(sys), seqTokens(1000*(i+1), 5)...)})
+		require.NoError(t, err)
+		require.Equal(t, 32, n)
+	}
+	p, err := h.Reserve(ids, []int32{5, 5, 5, 5})
+	require.NoError(t, err)
+	sl, full := p.Groups[0], p.Groups[1]
+	require.Nil(t, sl.Cascade)
+	require.Equal(t, 5, sl.WindowLeft)
+	require.Equal(t, []int32{0, 4, 8, 12, 16}, sl.KVIndptr)
+	require.Equal(t, []int32{6, 7, 18, 19, 6, 7, 20, 21, 6, 7, 22, 23, 6, 7, 24, 25}, sl.KVPageIndices)
+	require.Equal(t, []int32{1, 1, 1, 1}, sl.KVLastPageLen)
+	require.NotNil(t, full.Cascade)
+	require.Equal(t, -1, full.WindowLeft)
+	lv := full.Cascade.Levels
+	require.Len(t, lv, 2)
+	require.Equal(t, []int32{0, 20}, lv[0].QOIndptr)
+	require.Equal(t, []int32{0, 8}, lv[0].KVIndptr)
+	require.Equal(t, []int32{9, 10, 11, 12, 13, 14, 15, 16}, lv[0].KVIndices)
+	require.Equal(t, []int32{4}, lv[0].KVLastPageLen)
+	require.Equal(t, []int32{0, 5, 10, 15, 20}, lv[1].QOIndptr)
+	require.Equal(t, []int32{0, 2, 4, 6, 8}, lv[1].KVIndptr)
+	require.Equal(t, []int32{26, 27, 28, 29, 30, 31, 32, 33}, lv[1].KVIndices)
+	require.Equal(t, []int32{1, 1, 1, 1}, lv[1].KVLastPageLen)
+	// No shared page of the sliding group is visible to every row.
+	spec := h.Group(0)
+	for _, first := range []int{24, 28} {
+		all := true
+		for q := 32; q <= 36; q++ {
+			for k := first; k < first+4; k++ {
+				all = all && spec.Visible(q, k)
+			}
+		}
+		require.False(t, all, "page of tokens %d..%d", first, first+3)
+	}
+	require.NoError(t, h.Commit(nil))
+	require.NoError(t, h.Audit())
+}
+
 // TestHybridEvictionShrinksHit evicts a sliding group's pages on purpose,
 // one at a time, on every hybrid config with a sliding group, and checks
 // after each eviction that a new request's hit is exactly the shortest
