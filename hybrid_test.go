@@ -213,16 +213,24 @@ func TestHybridEvictionShrinksHit(t *testing.T) {
 			require.NoError(t, h.Commit(nil))
 			require.NoError(t, h.Release(1))
 			id := RequestID(2)
+			last, shorter := 40, false
 			for g := range groups {
 				for {
 					serve := 40 / 4
+					most := 0
 					for _, m := range h.groups {
 						pages, _ := m.cache.Match(nil, m.cache.Key(Namespace{}), prompt, 40/4)
 						serve = min(serve, len(pages))
+						most = max(most, len(pages))
 					}
 					matched, err := h.Add(id, Request{Prompt: prompt})
 					require.NoError(t, err)
 					require.Equal(t, serve*4, matched, "group %d evicting", g)
+					require.LessOrEqual(t, matched, last, "an eviction lengthened the hit")
+					// The hit is shorter than what some group alone serves:
+					// the group being evicted limits it.
+					shorter = shorter || matched < most*4
+					last = matched
 					require.NoError(t, h.Audit())
 					require.NoError(t, h.Release(id))
 					id++
@@ -234,6 +242,9 @@ func TestHybridEvictionShrinksHit(t *testing.T) {
 			matched, err := h.Add(id, Request{Prompt: prompt})
 			require.NoError(t, err)
 			require.Zero(t, matched)
+			if len(groups) > 1 {
+				require.True(t, shorter, "no eviction left one group serving more than the hit")
+			}
 		})
 	}
 }
