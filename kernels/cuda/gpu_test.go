@@ -18,7 +18,6 @@ import (
 
 	"github.com/pagedkv/pagedkv/internal/golden"
 	"github.com/pagedkv/pagedkv/kernels"
-	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/kernels/kernelstest"
 )
@@ -74,13 +73,29 @@ func TestGPUConformanceDecodeSplitK(t *testing.T) {
 	kernelstest.TestDecode(t, gpuSplit)
 }
 
-// The shipped FlashInfer reference cases on the device; operations the
-// kernels do not cover fall back to the CPU backend.
+func TestGPUConformancePrefill(t *testing.T) { kernelstest.TestPrefill(t, gpuBackend(t)) }
+
+func TestGPUConformancePrefillSplitK(t *testing.T) {
+	gpuBackend(t)
+	kernelstest.TestPrefill(t, gpuSplit)
+}
+
+func TestGPUConformanceMLADecode(t *testing.T) { kernelstest.TestMLADecode(t, gpuBackend(t)) }
+
+func TestGPUConformanceMergeState(t *testing.T) { kernelstest.TestMergeState(t, gpuBackend(t)) }
+
+func TestGPUConformanceMergeStates(t *testing.T) { kernelstest.TestMergeStates(t, gpuBackend(t)) }
+
+func TestGPUHostileIndices(t *testing.T) { kernelstest.TestHostileIndices(t, gpuBackend(t)) }
+
+// The shipped FlashInfer reference cases on the device, with no fallback:
+// every backend operation of every case must run on the GPU (as on the
+// emulator, internal/golden's TestShippedCasesOnEmu).
 func TestGPUGoldenCases(t *testing.T) {
 	b := gpuBackend(t)
 	paths, err := golden.Find("../../testdata/golden")
 	require.NoError(t, err)
-	r := &golden.Runner{Backend: b, Fallback: cpu.New(cpu.Config{})}
+	r := &golden.Runner{Backend: b}
 	onGPU := map[string]int{}
 	var failures []string
 	for _, p := range paths {
@@ -90,12 +105,14 @@ func TestGPUGoldenCases(t *testing.T) {
 			failures = append(failures, res.Details()...)
 			continue
 		}
-		if res.Backend == "cuda" {
+		if res.Backend != "" {
+			assert.Equal(t, "cuda", res.Backend, res.Name)
 			onGPU[res.Op]++
 		}
 	}
 	require.Empty(t, failures, "failed cases:\n%s", strings.Join(failures, "\n"))
-	for _, op := range []string{"append_paged_kv_cache", "append_paged_mla_kv_cache", "batch_decode"} {
+	for _, op := range []string{"append_paged_kv_cache", "append_paged_mla_kv_cache", "batch_decode", "batch_prefill_paged",
+		"mla_decode", "merge_state", "merge_states", "cascade_attention"} {
 		assert.Positive(t, onGPU[op], "no %s case ran on the GPU", op)
 	}
 }

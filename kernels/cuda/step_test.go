@@ -24,6 +24,17 @@ func countingEmu(cfg cpuemu.Config) (*cuda.Backend, *cuda.CountingDriver) {
 	return cuda.NewWithDriver("emu", cd, cuda.Config{MaxChunkTokens: cfg.MaxChunkTokens}), cd
 }
 
+// trafficBackends are the device backends the traffic tests count on: a
+// fresh emulator (newEmu, called per use) and, under -tags cuda with a
+// device, the GPU (whose Backend counts its Driver too).
+func trafficBackends(t *testing.T) []func() *cuda.Backend {
+	bs := []func() *cuda.Backend{func() *cuda.Backend { b, _ := countingEmu(cpuemu.Config{}); return b }}
+	if g := gpuDevice(t); g != nil {
+		bs = append(bs, func() *cuda.Backend { return g })
+	}
+	return bs
+}
+
 // engine is a minimal serving loop on the device-resident API: one cache
 // allocated once, requests that grow by one token per decode step, pages
 // taken from a free list.
@@ -102,117 +113,129 @@ func (e *engine) randTensor(shape ...int) kernels.Tensor {
 // traffic. The cache never crosses, and the traffic is the same for a pool
 // 16 times larger.
 func TestStepDecodeTraffic(t *testing.T) {
-	for _, pool := range []int{64, 1024} {
-		g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: pool, PageSize: 16, NumKVHeads: 2, HeadDim: 64}
-		const B, hq = 6, 4
-		b, cd := countingEmu(cpuemu.Config{})
-		before := cd.Traffic()
-		e := newEngine(t, b, g, hq, B, 1)
-		setup := cd.Traffic().Sub(before)
-		assert.Zero(t, setup.HtoDBytes, "allocating the cache and the step uploads nothing")
-		e.lens, e.pages = make([]int, B), make([][]int32, B)
-
-		// Prefill-sized append of each prompt, then decode steps.
-		var bi, pos []int32
-		for r := range B {
-			bi, pos = e.grow(r, 20+7*r, bi, pos)
+	for _, newBackend := range trafficBackends(t) {
+		for _, pool := range []int{64, 1024} {
+			stepDecodeTraffic(t, newBackend(), pool)
 		}
-		// mirror is the cache as the CPU backend's appends of the same
-		// rows leave it.
-		mirror, err := kernels.NewPagedKVCache(g)
-		require.NoError(t, err)
-		c := cpu.New(cpu.Config{})
-		appendRows := func(bi, pos []int32) {
-			tab := e.table()
-			k, err := b.AllocTensor(g.DType, len(bi), g.NumKVHeads, g.HeadDim)
-			require.NoError(t, err)
-			defer func() { require.NoError(t, b.FreeTensor(k)) }()
-			hk := e.randTensor(len(bi), g.NumKVHeads, g.HeadDim)
-			require.NoError(t, c.AppendPagedKVCache(&kernels.AppendParams{AppendKey: hk, AppendValue: hk, BatchIndices: bi,
-				Positions: pos, Cache: mirror, Table: tab}))
-			require.NoError(t, b.Upload(k, hk))
-			require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: tab, BatchIndices: bi, Positions: pos}))
-			require.NoError(t, e.step.Append(e.cache, k, k, 0, 0))
-		}
-		appendRows(bi, pos)
-
-		q, err := b.AllocTensor(g.DType, B, hq, g.HeadDim)
-		require.NoError(t, err)
-		o, err := b.AllocTensor(layout.F32, B, hq, g.HeadDim)
-		require.NoError(t, err)
-		kv, err := b.AllocTensor(g.DType, B, g.NumKVHeads, g.HeadDim)
-		require.NoError(t, err)
-		defer func() {
-			for _, x := range []cuda.DeviceTensor{q, o, kv} {
-				require.NoError(t, b.FreeTensor(x))
-			}
-		}()
-		hostO := kernels.NewTensor(layout.F32, B, hq, g.HeadDim)
-		for step := 0; step < 3; step++ {
-			bi, pos = bi[:0], pos[:0]
-			for r := range B {
-				bi, pos = e.grow(r, 1, bi, pos)
-			}
-			tab := e.table()
-			pages := int(tab.KVIndptr[B])
-
-			t0 := cd.Traffic()
-			hkv := e.randTensor(B, g.NumKVHeads, g.HeadDim)
-			require.NoError(t, b.Upload(kv, hkv))
-			require.NoError(t, b.Upload(q, e.randTensor(B, hq, g.HeadDim)))
-			t1 := cd.Traffic()
-			require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: tab, BatchIndices: bi, Positions: pos,
-				Attention: cuda.Decode, Rows: B, AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}}))
-			t2 := cd.Traffic()
-			require.NoError(t, e.step.Append(e.cache, kv, kv, 0, 0))
-			require.NoError(t, e.step.Attention(e.cache, q, o, cuda.DeviceTensor{}))
-			t3 := cd.Traffic()
-			require.NoError(t, b.Download(hostO, o))
-			t4 := cd.Traffic()
-			require.NoError(t, c.AppendPagedKVCache(&kernels.AppendParams{AppendKey: hkv, AppendValue: hkv, BatchIndices: bi,
-				Positions: pos, Cache: mirror, Table: tab}))
-
-			// The plan: one copy of kv_indptr, kv_last_page_len, the work
-			// items (4 int32 per request, no split-k at this size),
-			// batch_indices, positions and kv_indices.
-			plan := t2.Sub(t1)
-			wantIndex := 4 * ((B + 1) + B + 4*B + 2*B + pages)
-			assert.Equal(t, 1, plan.HtoDCopies, "one asynchronous copy per step")
-			assert.Equal(t, int64(wantIndex), plan.HtoDBytes, "index bytes of a step of %d requests over %d pages", B, pages)
-			assert.Equal(t, wantIndex, e.step.UploadedBytes())
-			assert.Zero(t, plan.Launches+plan.Allocs+plan.DtoHCopies)
-			// Append and attention: launches only.
-			run := t3.Sub(t2)
-			assert.Equal(t, cuda.Traffic{Launches: 2}, run, "append + decode launch with no host traffic")
-			// The whole step: new K/V rows, q, index arrays, o.
-			kvBytes := int64(B * g.NumKVHeads * g.HeadDim * 2)
-			qBytes := int64(B * hq * g.HeadDim * 2)
-			oBytes := int64(B * hq * g.HeadDim * 4)
-			all := t4.Sub(t0)
-			assert.Equal(t, kvBytes+qBytes+int64(wantIndex), all.HtoDBytes, "step %d", step)
-			assert.Equal(t, oBytes, all.DtoHBytes)
-			assert.Less(t, all.HtoDBytes+all.DtoHBytes, e.cache.CacheBytes()/4, "a step moves far less than the cache")
-		}
-
-		// The result equals the CPU backend on a downloaded copy of the cache.
-		host, err := kernels.NewPagedKVCache(g)
-		require.NoError(t, err)
-		require.NoError(t, b.DownloadKVCache(&host, e.cache))
-		require.Equal(t, mirror.Data, host.Data, "the device cache after the steps' appends differs from the CPU's")
-		qHost := kernels.NewTensor(g.DType, B, hq, g.HeadDim)
-		require.NoError(t, b.Download(qHost, q))
-		want := kernels.NewTensor(layout.F32, B, hq, g.HeadDim)
-		require.NoError(t, c.BatchDecode(&kernels.DecodeParams{Q: qHost, Cache: host, Table: e.table(),
-			AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}, O: want}))
-		assert.InDeltaSlice(t, want.F32(), hostO.F32(), 2e-3)
 	}
+}
+
+func stepDecodeTraffic(t *testing.T, b *cuda.Backend, pool int) {
+	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: pool, PageSize: 16, NumKVHeads: 2, HeadDim: 64}
+	const B, hq = 6, 4
+	cd := b // counts its Driver
+	before := cd.Traffic()
+	e := newEngine(t, b, g, hq, B, 1)
+	setup := cd.Traffic().Sub(before)
+	assert.Zero(t, setup.HtoDBytes, "allocating the cache and the step uploads nothing")
+	e.lens, e.pages = make([]int, B), make([][]int32, B)
+
+	// Prefill-sized append of each prompt, then decode steps.
+	var bi, pos []int32
+	for r := range B {
+		bi, pos = e.grow(r, 20+7*r, bi, pos)
+	}
+	// mirror is the cache as the CPU backend's appends of the same
+	// rows leave it.
+	mirror, err := kernels.NewPagedKVCache(g)
+	require.NoError(t, err)
+	c := cpu.New(cpu.Config{})
+	appendRows := func(bi, pos []int32) {
+		tab := e.table()
+		k, err := b.AllocTensor(g.DType, len(bi), g.NumKVHeads, g.HeadDim)
+		require.NoError(t, err)
+		defer func() { require.NoError(t, b.FreeTensor(k)) }()
+		hk := e.randTensor(len(bi), g.NumKVHeads, g.HeadDim)
+		require.NoError(t, c.AppendPagedKVCache(&kernels.AppendParams{AppendKey: hk, AppendValue: hk, BatchIndices: bi,
+			Positions: pos, Cache: mirror, Table: tab}))
+		require.NoError(t, b.Upload(k, hk))
+		require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: tab, BatchIndices: bi, Positions: pos}))
+		require.NoError(t, e.step.Append(e.cache, k, k, 0, 0))
+	}
+	appendRows(bi, pos)
+
+	q, err := b.AllocTensor(g.DType, B, hq, g.HeadDim)
+	require.NoError(t, err)
+	o, err := b.AllocTensor(layout.F32, B, hq, g.HeadDim)
+	require.NoError(t, err)
+	kv, err := b.AllocTensor(g.DType, B, g.NumKVHeads, g.HeadDim)
+	require.NoError(t, err)
+	defer func() {
+		for _, x := range []cuda.DeviceTensor{q, o, kv} {
+			require.NoError(t, b.FreeTensor(x))
+		}
+	}()
+	hostO := kernels.NewTensor(layout.F32, B, hq, g.HeadDim)
+	for step := 0; step < 3; step++ {
+		bi, pos = bi[:0], pos[:0]
+		for r := range B {
+			bi, pos = e.grow(r, 1, bi, pos)
+		}
+		tab := e.table()
+		pages := int(tab.KVIndptr[B])
+
+		t0 := cd.Traffic()
+		hkv := e.randTensor(B, g.NumKVHeads, g.HeadDim)
+		require.NoError(t, b.Upload(kv, hkv))
+		require.NoError(t, b.Upload(q, e.randTensor(B, hq, g.HeadDim)))
+		t1 := cd.Traffic()
+		require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: tab, BatchIndices: bi, Positions: pos,
+			Attention: cuda.Decode, Rows: B, AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}}))
+		t2 := cd.Traffic()
+		require.NoError(t, e.step.Append(e.cache, kv, kv, 0, 0))
+		require.NoError(t, e.step.Attention(e.cache, q, o, cuda.DeviceTensor{}))
+		t3 := cd.Traffic()
+		require.NoError(t, b.Download(hostO, o))
+		t4 := cd.Traffic()
+		require.NoError(t, c.AppendPagedKVCache(&kernels.AppendParams{AppendKey: hkv, AppendValue: hkv, BatchIndices: bi,
+			Positions: pos, Cache: mirror, Table: tab}))
+
+		// The plan: one copy of kv_indptr, kv_last_page_len, the work
+		// items (4 int32 per request, no split-k at this size),
+		// batch_indices, positions and kv_indices.
+		plan := t2.Sub(t1)
+		wantIndex := 4 * ((B + 1) + B + 4*B + 2*B + pages)
+		assert.Equal(t, 1, plan.HtoDCopies, "one asynchronous copy per step")
+		assert.Equal(t, int64(wantIndex), plan.HtoDBytes, "index bytes of a step of %d requests over %d pages", B, pages)
+		assert.Equal(t, wantIndex, e.step.UploadedBytes())
+		assert.Zero(t, plan.Launches+plan.Allocs+plan.DtoHCopies)
+		// Append and attention: launches only.
+		run := t3.Sub(t2)
+		assert.Equal(t, cuda.Traffic{Launches: 2}, run, "append + decode launch with no host traffic")
+		// The whole step: new K/V rows, q, index arrays, o.
+		kvBytes := int64(B * g.NumKVHeads * g.HeadDim * 2)
+		qBytes := int64(B * hq * g.HeadDim * 2)
+		oBytes := int64(B * hq * g.HeadDim * 4)
+		all := t4.Sub(t0)
+		assert.Equal(t, kvBytes+qBytes+int64(wantIndex), all.HtoDBytes, "step %d", step)
+		assert.Equal(t, oBytes, all.DtoHBytes)
+		assert.Less(t, all.HtoDBytes+all.DtoHBytes, e.cache.CacheBytes()/4, "a step moves far less than the cache")
+	}
+
+	// The result equals the CPU backend on a downloaded copy of the cache.
+	host, err := kernels.NewPagedKVCache(g)
+	require.NoError(t, err)
+	require.NoError(t, b.DownloadKVCache(&host, e.cache))
+	require.Equal(t, mirror.Data, host.Data, "the device cache after the steps' appends differs from the CPU's")
+	qHost := kernels.NewTensor(g.DType, B, hq, g.HeadDim)
+	require.NoError(t, b.Download(qHost, q))
+	want := kernels.NewTensor(layout.F32, B, hq, g.HeadDim)
+	require.NoError(t, c.BatchDecode(&kernels.DecodeParams{Q: qHost, Cache: host, Table: e.table(),
+		AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}, O: want}))
+	assert.InDeltaSlice(t, want.F32(), hostO.F32(), 2e-3)
 }
 
 // TestStepAppendTraffic: an append step moves the new K/V rows (uploaded
 // by the caller) and its index arrays, nothing else.
 func TestStepAppendTraffic(t *testing.T) {
+	for _, newBackend := range trafficBackends(t) {
+		stepAppendTraffic(t, newBackend())
+	}
+}
+
+func stepAppendTraffic(t *testing.T, b *cuda.Backend) {
 	g := layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.BF16, NumPages: 256, PageSize: 8, NumKVHeads: 4, HeadDim: 128}
-	b, cd := countingEmu(cpuemu.Config{})
+	cd := b // counts its Driver
 	e := newEngine(t, b, g, 4, 8, 2)
 	e.lens, e.pages = make([]int, 8), make([][]int32, 8)
 	var bi, pos []int32
