@@ -2,7 +2,9 @@ package golden
 
 import (
 	"encoding/binary"
+	"maps"
 	"math"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -221,7 +223,10 @@ func TestInvalidCasesFailWithAReason(t *testing.T) {
 		"bad causal":        {caseBytes(t, map[string]string{"op": "get_seq_lens", "page_size": "16"}), "needs tensor"},
 		"too many levels": {caseBytes(t, map[string]string{"op": "cascade_attention", "num_levels": "1000"}),
 			`parameter num_levels = "1000": want 1..64`},
-		"plain swa mask": {caseBytes(t, map[string]string{"op": "swa_mask", "max_seq": "2", "window_size": "2", "compressed": "0", "head_dim": "64"}, safetensors.U8Tensor("out.allowed", []int{2, 2}, []uint8{1, 0, 1, 1})), "PASS x"},
+		// The kernels read sm_scale 0 as 1/sqrt(head_dim); FlashInfer would
+		// use 0. A case saying "0" passed against default-scale outputs.
+		"explicit sm_scale 0": {decodeCaseWith(t, "sm_scale", "0"), `parameter sm_scale = "0": want > 0`},
+		"plain swa mask":      {caseBytes(t, map[string]string{"op": "swa_mask", "max_seq": "2", "window_size": "2", "compressed": "0", "head_dim": "64"}, safetensors.U8Tensor("out.allowed", []int{2, 2}, []uint8{1, 0, 1, 1})), "PASS x"},
 		// head_dim only matters to the compressed mask, but garbage in it
 		// passed before.
 		"swa head_dim not a number": {caseBytes(t, map[string]string{"op": "swa_mask", "max_seq": "2", "window_size": "2", "compressed": "0", "head_dim": "NaN"}, safetensors.U8Tensor("out.allowed", []int{2, 2}, []uint8{1, 0, 1, 1})),
@@ -364,4 +369,20 @@ func TestRunFileReportsUnreadableFiles(t *testing.T) {
 	assert.False(t, res.Passed())
 	assert.Equal(t, "gone", res.Name)
 	assert.Contains(t, res.String(), "FAIL gone: open ")
+}
+
+// decodeCaseWith is the first shipped batch_decode case with one parameter
+// replaced.
+func decodeCaseWith(t *testing.T, key, value string) []byte {
+	t.Helper()
+	f := filepath.Join(shippedDir, "batch_decode_0_00.safetensors")
+	buf, err := os.ReadFile(f)
+	require.NoError(t, err)
+	c, err := Parse(f, buf)
+	require.NoError(t, err)
+	meta := maps.Clone(c.Meta)
+	meta[key] = value
+	out, err := safetensors.Encode(meta, c.Tensors())
+	require.NoError(t, err)
+	return out
 }

@@ -236,7 +236,13 @@ func (x *exec) attention() (q kernels.Tensor, cache kernels.PagedKVCache, a kern
 		return
 	}
 	a.NumQOHeads = hq
-	if a.SMScale, err = x.p.floatOr("sm_scale", 0); err != nil { // 0: 1/sqrt(head_dim)
+	if a.SMScale, err = x.p.floatOr("sm_scale", 0); err != nil { // absent: 1/sqrt(head_dim)
+		return
+	}
+	if _, ok := x.p.meta["sm_scale"]; ok && a.SMScale == 0 {
+		// The kernels read 0 as the default; FlashInfer would scale every
+		// logit by 0. A case meaning the default omits the key.
+		err = x.p.bad("sm_scale", x.p.meta["sm_scale"], "want > 0 (omit it for 1/sqrt(head_dim))")
 		return
 	}
 	if a.WindowLeft, err = x.p.intOr("window_left", -1); err != nil {
