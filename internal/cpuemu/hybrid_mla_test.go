@@ -1,0 +1,155 @@
+//go:build cgo
+
+package cpuemu
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cpu"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// TestHybridMLAGroupDecode runs the MLA config's group (DeepSeek: MLA on
+// every layer) through the MLA kernels: a HybridManager's plans append
+// ckv/kpe rows with append_paged_mla_kv_cache (prefill in chunks of 5),
+// and every decode step runs MLA decode over the group's pages on the CPU
+// backend and on the CUDA kernel compiled for the CPU; each must equal
+// dense float64 MLA attention over the request's whole sequence
+// (logits q_nope.ckv + q_pe.kpe, output the weighted ckv).
+func TestHybridMLAGroupDecode(t *testing.T) {
+	const ps, heads, dc, dk, npages = 4, 4, 32, 16, 64
+	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: pagedkv.Config{NumPages: npages, PageSize: ps, HashSeed: 1},
+		Groups: []pagedkv.LayerGroup{{Kind: pagedkv.MLAAttention, NumLayers: 1}}})
+	require.NoError(t, err)
+	cache, err := kernels.NewMLACache(layout.MLA{Form: layout.Fused, DType: layout.F32, NumPages: npages, PageSize: ps,
+		HeadDimCKV: dc, HeadDimKPE: dk})
+	require.NoError(t, err)
+	ckv := func(tok, pos int32, d int) float32 {
+		return float32(math.Sin(float64(int(tok)*31+int(pos)*7+d*11) * 0.37))
+	}
+	kpe := func(tok, pos int32, d int) float32 {
+		return float32(math.Cos(float64(int(tok)*17+int(pos)*5+d*13) * 0.29))
+	}
+	goBE, emu := cpu.New(cpu.Config{Workers: 1}), New(Config{NumSMs: 4})
+	ids := []pagedkv.RequestID{1, 2}
+	for i, id := range ids {
+		_, err := h.Add(id, pagedkv.Request{Prompt: seq(40+30*i, 13+4*i)})
+		require.NoError(t, err)
+	}
+	const scale = 0.15
+	decodes := 0
+	for step := range 30 {
+		nt := make([]int32, len(ids))
+		decode := true
+		for b, id := range ids {
+			nt[b] = int32(min(len(h.Tokens(id))-h.Computed(id), 5))
+			decode = decode && nt[b] == 1
+		}
+		p, err := h.Reserve(ids, nt)
+		require.NoError(t, err)
+		require.Empty(t, p.Copies)
+		gp := p.Groups[0]
+		require.Equal(t, -1, gp.WindowLeft)
+		nnz := len(gp.Positions)
+		ac, ak := make([]float32, 0, nnz*dc), make([]float32, 0, nnz*dk)
+		for r := range nnz {
+			for d := range dc {
+				ac = append(ac, ckv(gp.TokenIDs[r], gp.TokenPositions[r], d))
+			}
+			for d := range dk {
+				ak = append(ak, kpe(gp.TokenIDs[r], gp.TokenPositions[r], d))
+			}
+		}
+		require.NoError(t, goBE.AppendPagedMLAKVCache(&kernels.MLAAppendParams{
+			AppendCKV: kernels.TensorFromF32(layout.F32, ac, nnz, dc), AppendKPE: kernels.TensorFromF32(layout.F32, ak, nnz, dk),
+			BatchIndices: gp.BatchIndices, Positions: gp.Positions, Cache: cache,
+			KVIndptr: gp.KVIndptr, KVIndices: gp.KVPageIndices, KVLastPageLen: gp.KVLastPageLen}))
+		if decode {
+			decodes++
+			B := len(ids)
+			qn, qp := make([]float32, B*heads*dc), make([]float32, B*heads*dk)
+			for i := range qn {
+				qn[i] = float32(math.Cos(float64(i*13+step) * 0.71))
+			}
+			for i := range qp {
+				qp[i] = float32(math.Sin(float64(i*7+step) * 0.53))
+			}
+			kvLen := make([]int32, B)
+			for b := range B {
+				kvLen[b] = (gp.KVIndptr[b+1]-gp.KVIndptr[b]-1)*ps + gp.KVLastPageLen[b]
+			}
+			for _, be := range []struct {
+				name string
+				b    kernels.Backend
+			}{{"cpu", goBE}, {"emu", emu}} {
+				dp := kernels.MLADecodeParams{QNope: kernels.TensorFromF32(layout.F32, qn, B, heads, dc),
+					QPE: kernels.TensorFromF32(layout.F32, qp, B, heads, dk), Cache: cache,
+					KVIndptr: gp.KVIndptr, KVIndices: gp.KVPageIndices, KVLen: kvLen, NumHeads: heads, SMScale: scale,
+					O: kernels.NewTensor(layout.F32, B, heads, dc)}
+				require.NoError(t, be.b.MLADecode(&dp))
+				got := dp.O.F32()
+				for b, id := range ids {
+					tokens := h.Tokens(id)
+					qpos := int(gp.TokenPositions[b])
+					require.Equal(t, qpos+1, int(kvLen[b]))
+					for hd := range heads {
+						row := b*heads + hd
+						want := denseMLA(tokens, qpos, qn[row*dc:(row+1)*dc], qp[row*dk:(row+1)*dk], scale, ckv, kpe)
+						for d := range dc {
+							require.InDelta(t, want[d], got[row*dc+d], 1e-5,
+								fmt.Sprintf("%s step %d request %d head %d feat %d", be.name, step, id, hd, d))
+						}
+					}
+				}
+			}
+		}
+		sampled := make([]int32, len(ids))
+		for b, id := range ids {
+			sampled[b] = pagedkv.NoToken
+			if h.Computed(id)+int(nt[b]) == len(h.Tokens(id)) {
+				sampled[b] = int32(200 + step)
+			}
+		}
+		require.NoError(t, h.Commit(sampled))
+		require.NoError(t, h.Audit())
+	}
+	require.Greater(t, decodes, 20)
+}
+
+// denseMLA is float64 MLA attention of one head's query at qpos over every
+// token of the sequence up to it.
+func denseMLA(tokens []int32, qpos int, qn, qp []float32, scale float64,
+	ckv, kpe func(tok, pos int32, d int) float32) []float64 {
+	logits := make([]float64, qpos+1)
+	mx := math.Inf(-1)
+	for k := range logits {
+		s := 0.0
+		for d := range qn {
+			s += float64(qn[d]) * float64(ckv(tokens[k], int32(k), d))
+		}
+		for d := range qp {
+			s += float64(qp[d]) * float64(kpe(tokens[k], int32(k), d))
+		}
+		logits[k] = s * scale
+		mx = max(mx, logits[k])
+	}
+	out := make([]float64, len(qn))
+	sum := 0.0
+	for k, l := range logits {
+		w := math.Exp(l - mx)
+		sum += w
+		for d := range out {
+			out[d] += w * float64(ckv(tokens[k], int32(k), d))
+		}
+	}
+	for d := range out {
+		out[d] /= sum
+	}
+	return out
+}
