@@ -251,3 +251,29 @@ func (tw *hybridTwins) check(op int) {
 func equalHybridStats(a, b HybridStats) bool {
 	return a.Stats == b.Stats && slices.Equal(a.Groups, b.Groups)
 }
+
+// TestNewHybridBad: every bad hybrid config is refused with ErrBadConfig
+// and a message naming the bad value.
+func TestNewHybridBad(t *testing.T) {
+	full := LayerGroup{Kind: FullAttention, NumLayers: 2}
+	base := Config{NumPages: 16, PageSize: 4}
+	for _, c := range []struct {
+		cfg  HybridConfig
+		want string
+	}{
+		{HybridConfig{Config: Config{NumPages: 16, PageSize: 4, WindowTokens: 64}, Groups: []LayerGroup{full}}, "WindowTokens = 64"},
+		{HybridConfig{Config: base}, "no groups"},
+		{HybridConfig{Config: base, Groups: []LayerGroup{full, {Kind: SlidingAttention, WindowTokens: 8, NumLayers: 1}}}, "groups[1] has 1 layers"},
+		{HybridConfig{Config: base, Groups: []LayerGroup{full, {Kind: ChunkedAttention, ChunkTokens: 6, NumLayers: 2}}}, "ChunkTokens = 6"},
+		{HybridConfig{Config: base, Groups: []LayerGroup{{Kind: SlidingAttention, NumLayers: 2}}}, "WindowTokens = 0"},
+		{HybridConfig{Config: base, Groups: []LayerGroup{{Kind: 7, NumLayers: 2}}}, "Kind = 7"},
+		{HybridConfig{Config: base, Groups: []LayerGroup{{Kind: FullAttention, WindowTokens: 5, NumLayers: 2}}}, "WindowTokens = 5"},
+		{HybridConfig{Config: Config{NumPages: 0, PageSize: 4}, Groups: []LayerGroup{full}}, "NumPages = 0"},
+		{HybridConfig{Config: Config{NumPages: 16}, Groups: []LayerGroup{{Kind: ChunkedAttention, ChunkTokens: 8, NumLayers: 2}}}, "page size 0"},
+	} {
+		h, err := NewHybrid(c.cfg)
+		require.Nil(t, h)
+		require.ErrorIs(t, err, ErrBadConfig, "%+v", c.cfg)
+		require.Contains(t, err.Error(), c.want)
+	}
+}
