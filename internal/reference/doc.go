@@ -6,6 +6,11 @@
 //   - manager.go: the root package's Manager together with the prefix cache
 //     it drives ([ManagerModel]): admission and prefix matching, steps with
 //     copy-on-write, preemption, pins, eviction and the Stats counters;
+//   - manager_spec.go: speculative steps (CommitSpec defined as the plain
+//     step of the accepted tokens) and Truncate;
+//   - hybrid.go: a hybrid model's layer groups ([HybridModel]): one
+//     ManagerModel per group with the group's rule (full, sliding window,
+//     chunked, MLA) and admission on the prefix every group serves;
 //   - storage.go: where an element of a paged cache lives, what an append
 //     writes (GQA and MLA) and how a float rounds into a narrow dtype;
 //   - attention.go: a float64 model of FlashInfer's attention over a paged

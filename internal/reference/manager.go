@@ -34,6 +34,10 @@ var (
 // ManagerModelConfig mirrors the Manager's Config.
 type ManagerModelConfig struct {
 	NumPages, PageSize, WindowTokens, Priorities, MaxPinnedPages int
+	// ChunkTokens > 0 models a chunked-attention layer group (a multiple
+	// of PageSize): a query reads only the keys of its own chunk, so the
+	// pages of finished chunks are released (see HybridModel).
+	ChunkTokens int
 }
 
 // mgrEntry is one cached page: the prefix of Depth+1 pages ending in it.
@@ -90,6 +94,11 @@ type ManagerModel struct {
 	tick    int64
 	pins    map[uint64]*mgrEntry // pin -> deepest pinned entry
 	nextPin uint64
+
+	// limited caps the prefix admit matches at limit pages (a HybridModel
+	// admits on the prefix every group serves).
+	limited bool
+	limit   int
 
 	pending    bool
 	stepIDs    []uint64
@@ -252,7 +261,11 @@ func (m *ManagerModel) admit(r *MgrRequestModel) int {
 	ps := m.cfg.PageSize
 	var matched []*mgrEntry
 	if !r.NoCache && len(r.Tokens) > 1 {
-		matched = m.match(r.NS, r.Tokens, (len(r.Tokens)-1)/ps)
+		maxPages := (len(r.Tokens) - 1) / ps
+		if m.limited {
+			maxPages = min(maxPages, m.limit)
+		}
+		matched = m.match(r.NS, r.Tokens, maxPages)
 	}
 	r.Pages = nil
 	for _, e := range matched {
@@ -279,19 +292,29 @@ func (m *ManagerModel) admit(r *MgrRequestModel) int {
 	return r.Computed
 }
 
+// keepFrom returns the first token a request with n tokens on pages must
+// still hold: its next query, at n, reads keys from n-W+1 under a window
+// of W (the page holding n-W on), and from its chunk's start n/C*C under
+// chunked attention of C; everything otherwise.
+func (m *ManagerModel) keepFrom(n int) int {
+	ps := m.cfg.PageSize
+	if w := m.cfg.WindowTokens; w > 0 && n-w > 0 {
+		return (n - w) / ps * ps
+	}
+	if c := m.cfg.ChunkTokens; c > 0 {
+		return n / c * c
+	}
+	return 0
+}
+
 func (m *ManagerModel) releaseWindow(r *MgrRequestModel) {
-	w, ps := m.cfg.WindowTokens, m.cfg.PageSize
-	if w == 0 {
+	drop := (m.keepFrom(r.Length) - r.Start) / m.cfg.PageSize
+	if drop <= 0 {
 		return
 	}
-	before := r.Length - w - r.Start
-	if before < ps {
-		return
-	}
-	drop := before / ps
 	dropped := slices.Clone(r.Pages[:drop])
 	r.Pages = slices.Clone(r.Pages[drop:])
-	r.Start += drop * ps
+	r.Start += drop * m.cfg.PageSize
 	for _, p := range dropped {
 		m.unref(p)
 	}

@@ -102,13 +102,10 @@ func (m *ManagerModel) Truncate(id uint64, n int) error {
 	}
 	if r.Running && n < r.Computed {
 		ps := m.cfg.PageSize
-		// The next query, at position n, reads keys from n-W+1 on; the
-		// pages the window released before Start cannot serve it.
-		keepFrom := 0
-		if w := m.cfg.WindowTokens; w > 0 && n-w > 0 {
-			keepFrom = (n - w) / ps * ps
-		}
-		if keepFrom < r.Start {
+		// The next query, at position n, reads keys from keepFrom(n) on;
+		// the pages the window (or chunk) released before Start cannot
+		// serve it.
+		if m.keepFrom(n) < r.Start {
 			return ErrMgrBadArgument
 		}
 		keep := (n - r.Start + ps - 1) / ps
