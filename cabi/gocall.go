@@ -26,6 +26,13 @@ func ptr32(s []int32) *C.int32_t {
 	return (*C.int32_t)(unsafe.Pointer(unsafe.SliceData(s)))
 }
 
+func ptrU64(s []uint64) *C.uint64_t {
+	if s == nil {
+		return nil
+	}
+	return (*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(s)))
+}
+
 // abiConfig is pagedkv_config.
 type abiConfig struct {
 	NumPages, PageSize, WindowTokens, Priorities, MaxPinnedPages int64
@@ -134,19 +141,19 @@ func (p *abiPlan) read(c *C.pagedkv_plan) {
 
 // goReserve reserves; out receives the plan struct (nil passes NULL).
 func goReserve(h uint64, ids []uint64, nt []int32, n int64, out *abiPlanC) int32 {
-	var pi *C.uint64_t
-	if ids != nil {
-		pi = (*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(ids)))
-	}
-	var po *C.pagedkv_plan
-	if out != nil {
-		po = &out.c
-	}
-	return int32(pagedkv_reserve(C.pagedkv_manager(h), pi, ptr32(nt), C.int64_t(n), po))
+	return int32(pagedkv_reserve(C.pagedkv_manager(h), ptrU64(ids), ptr32(nt), C.int64_t(n), out.ptr()))
 }
 
 // abiPlanC holds a pagedkv_plan as C would (in caller memory).
 type abiPlanC struct{ c C.pagedkv_plan }
+
+// ptr is the plan argument of a call: NULL for a nil *abiPlanC.
+func (p *abiPlanC) ptr() *C.pagedkv_plan {
+	if p == nil {
+		return nil
+	}
+	return &p.c
+}
 
 func (p *abiPlanC) read() abiPlan {
 	var out abiPlan
@@ -214,15 +221,7 @@ const (
 
 // goReserveSpec is pagedkv_reserve_spec; indptr nil passes NULL.
 func goReserveSpec(h uint64, ids []uint64, nt []int32, n int64, indptr, drafts []int32, out *abiPlanC) int32 {
-	var pi *C.uint64_t
-	if ids != nil {
-		pi = (*C.uint64_t)(unsafe.Pointer(unsafe.SliceData(ids)))
-	}
-	var po *C.pagedkv_plan
-	if out != nil {
-		po = &out.c
-	}
-	return int32(pagedkv_reserve_spec(C.pagedkv_manager(h), pi, ptr32(nt), C.int64_t(n), ptr32(indptr), ptr32(drafts), po))
+	return int32(pagedkv_reserve_spec(C.pagedkv_manager(h), ptrU64(ids), ptr32(nt), C.int64_t(n), ptr32(indptr), ptr32(drafts), out.ptr()))
 }
 
 func goCommitSpec(h uint64, accepted []int32, na int64, sampled []int32, ns int64) int32 {
