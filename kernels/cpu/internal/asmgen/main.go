@@ -397,12 +397,21 @@ func genLogits4(dt string) {
 		JNZ(LabelRef(lk + "_head"))
 	}
 
+	keysTwoThenOne(l, tn, keys, func() {
+		ADDQ(U8(32), st)
+		LEAQ(Mem{Base: kt, Index: ks, Scale: 2}, kt)
+	})
+}
+
+// keysTwoThenOne ends genLogits4 and genAttnV4: keys(true, ...) on pairs of
+// keys while tn >= 2 (advance moves the pointers past a pair), then
+// keys(false, ...) on a last odd key, then return.
+func keysTwoThenOne(l string, tn reg.Register, keys func(two bool, lk string), advance func()) {
 	Label(l + "_pair")
 	CMPQ(tn, U8(2))
 	JL(LabelRef(l + "_one"))
 	keys(true, l+"_two")
-	ADDQ(U8(32), st)
-	LEAQ(Mem{Base: kt, Index: ks, Scale: 2}, kt)
+	advance()
 	SUBQ(U8(2), tn)
 	JMP(LabelRef(l + "_pair"))
 
@@ -504,23 +513,10 @@ func genAttnV4(dt string) {
 		JNZ(LabelRef(lk + "_head"))
 	}
 
-	Label(l + "_pair")
-	CMPQ(tn, U8(2))
-	JL(LabelRef(l + "_one"))
-	keys(true, l+"_two")
-	ADDQ(U8(32), pt)
-	LEAQ(Mem{Base: vt, Index: vs, Scale: 2}, vt)
-	SUBQ(U8(2), tn)
-	JMP(LabelRef(l + "_pair"))
-
-	Label(l + "_one")
-	CMPQ(tn, U8(1))
-	JL(LabelRef(l + "_done"))
-	keys(false, l+"_last")
-
-	Label(l + "_done")
-	VZEROUPPER()
-	RET()
+	keysTwoThenOne(l, tn, keys, func() {
+		ADDQ(U8(32), pt)
+		LEAQ(Mem{Base: vt, Index: vs, Scale: 2}, vt)
+	})
 }
 
 // genExpBlock4 turns a block of logits s (key-major, four queries per key)
