@@ -298,6 +298,9 @@ func newManager(cfg Config, alloc *allocator.Allocator, group layergroup.Spec) (
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	if tiers != nil {
+		tiers.hasher = prefixcache.NewHasher(cache.Seed(), cfg.Hash)
+	}
 	if cfg.CascadeMinSavedPages == 0 {
 		cfg.CascadeMinSavedPages = DefaultCascadeMinSavedPages
 	}

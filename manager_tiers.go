@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
 	"github.com/pagedkv/pagedkv/tier/host"
 )
@@ -61,6 +62,25 @@ type TierConfig struct {
 	WriteThrough bool
 }
 
+// HostEventSink is implemented by a [Config.CacheEvents] sink that also
+// announces the host tier's pages (events.Recorder does): a host page is
+// stored when it becomes servable (the engine completed its offload, or a
+// remote fetch landed in it) and removed when the host tier reclaims it.
+// Its HostPages must equal TierConfig.HostPages. A CacheEvents sink
+// without these methods hears of device pages only.
+type HostEventSink interface {
+	// HostPages is the number of host pages the sink tracks.
+	HostPages() int
+	// HostPageStored: host page page now holds tokens at chain hash hash
+	// (the device cache's 64-bit chain); parentHash is the chain hash of
+	// the page before it (hasParent is false at depth 0) and lora the
+	// namespace's LoRA adapter.
+	HostPageStored(page int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32)
+	// HostPageRemoved: host page page, which had chain hash hash, was
+	// reclaimed.
+	HostPageRemoved(page int, hash uint64)
+}
+
 // TierCopy is a page copy between the device pool and the host tier that
 // the engine runs asynchronously (e.g. on a side stream) and then reports
 // with [Manager.CompleteTierCopies]: every layer's K and V of device page
@@ -101,6 +121,18 @@ type TierStats struct {
 type pageMeta struct {
 	digest, parent, first tier.Digest
 	valid                 bool // the page is cached and published with tiers on
+	// The cache's 64-bit chain hashes (KV events name host pages by them);
+	// at depth 0 parentHash is the namespace's seed h_{-1}.
+	hash, parentHash uint64
+	root             bool   // depth 0: no parent
+	lora             string // the namespace's LoRA adapter
+}
+
+// hostName is what KV events call a host page: its device chain hash.
+type hostName struct {
+	hash, parentHash uint64
+	root             bool
+	lora             string
 }
 
 // tierCopy is one copy's record; the copy holds one allocator reference on
@@ -131,6 +163,14 @@ type tiers struct {
 	meta      []pageMeta    // [device page]
 	tokens    []int32       // [device page * PageSize]: tokens of cached pages
 	hostFirst []tier.Digest // [host page]: the chain's first page digest (RemotePage.Chain)
+
+	// KV events of the host tier (medium "CPU"): ev is CacheEvents when it
+	// implements HostEventSink; hostName names each claimed host page and
+	// hostLive marks those announced as stored (exactly the ready pages).
+	ev       HostEventSink
+	hasher   prefixcache.Hasher
+	hostName []hostName
+	hostLive []bool
 
 	copies  []tierCopy
 	freeSl  []uint32 // free copy slots
@@ -182,6 +222,7 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 			h, err := t.host.Claim(md.digest, md.parent, t.pageTokens(p))
 			if err == nil {
 				t.hostFirst[h] = md.first
+				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora})
 				// The cache's reference becomes the copy's.
 				t.plan(tier.ToHost, p, h, nil, 0, true)
 				offloaded++
@@ -204,6 +245,10 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 // newTiers validates cfg and builds the tiers (nil when none).
 func newTiers(cfg *Config) (*tiers, error) {
 	tc := &cfg.Tiers
+	ev, _ := cfg.CacheEvents.(HostEventSink)
+	if ev != nil && ev.HostPages() != tc.HostPages {
+		return nil, fmt.Errorf("%w: CacheEvents announces %d host pages, Tiers.HostPages = %d", ErrBadConfig, ev.HostPages(), tc.HostPages)
+	}
 	if tc.HostPages == 0 {
 		if tc.Remote != nil || tc.OffloadFreePages != 0 || tc.WriteThrough || tc.HostMemory != nil || tc.Format.Layers != 0 {
 			return nil, fmt.Errorf("%w: Tiers.HostPages = 0, but a remote store, offloading or a page format is set (the tiers stage through host pages)", ErrBadConfig)
@@ -243,6 +288,9 @@ func newTiers(cfg *Config) (*tiers, error) {
 		meta:      make([]pageMeta, cfg.NumPages),
 		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
 		hostFirst: make([]tier.Digest, tc.HostPages),
+		ev:        ev,
+		hostName:  make([]hostName, tc.HostPages),
+		hostLive:  make([]bool, tc.HostPages),
 		// tier.Next's scratch: digests cost no allocation.
 		buf: make([]byte, 0, 64+32+4*cfg.PageSize),
 	}
@@ -256,6 +304,27 @@ func newTiers(cfg *Config) (*tiers, error) {
 func (t *tiers) pageTokens(p PageID) []int32 {
 	ps := len(t.tokens) / len(t.meta)
 	return t.tokens[int(p)*ps : (int(p)+1)*ps]
+}
+
+// hostClaimed names host page h, just claimed. A claim may reclaim a ready
+// page: its removal is announced first.
+func (t *tiers) hostClaimed(h HostPageID, n hostName) {
+	if t.hostLive[h] {
+		t.hostLive[h] = false
+		if t.ev != nil {
+			t.ev.HostPageRemoved(int(h), t.hostName[h].hash)
+		}
+	}
+	t.hostName[h] = n
+}
+
+// hostWritten announces host page h, just made ready.
+func (t *tiers) hostWritten(h HostPageID) {
+	t.hostLive[h] = true
+	if t.ev != nil {
+		n := &t.hostName[h]
+		t.ev.HostPageStored(int(h), n.hash, n.parentHash, !n.root, n.lora, t.host.Tokens(h))
+	}
 }
 
 // plan records a copy in a free slot; the caller has arranged its device
@@ -354,6 +423,7 @@ func (m *Manager) completeCopy(s uint32) {
 		if err := t.host.Written(c.host); err != nil {
 			panic(fmt.Sprintf("pagedkv: completing the offload of page %d to host page %d: %v", c.dev, c.host, err))
 		}
+		t.hostWritten(c.host)
 		t.c.OffloadedPages++
 		t.c.BytesToHost += c.bytes
 		if t.remote != nil {
@@ -426,6 +496,12 @@ func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
 	// Host hits.
 	t.hits, t.digests = t.hits[:0], t.digests[:0]
 	d, first := r.tchain, r.tfirst
+	// hv: the 64-bit chain hash after the pages so far (KV events name
+	// fetched host pages by it).
+	hv := r.key.Hash()
+	if k > 0 {
+		hv = t.meta[pages[k-1]].hash
+	}
 	j := k
 	for ; j < k+want; j++ {
 		tok := r.tokens[j*ps : (j+1)*ps]
@@ -442,7 +518,7 @@ func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
 			panic(fmt.Sprintf("pagedkv: acquiring host page %d for an onload: %v", h, err))
 		}
 		t.hits = append(t.hits, h)
-		d = nd
+		d, hv = nd, t.hostName[h].hash
 	}
 	hostHits := len(t.hits)
 	// Remote: claim host pages for the rest, fetch into them in one batch.
@@ -459,6 +535,9 @@ func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
 				break // present (an offload in flight) or no room
 			}
 			t.hostFirst[h] = first
+			nh := t.hasher.Page(hv, tok)
+			t.hostClaimed(h, hostName{hash: nh, parentHash: hv, root: j == 0, lora: r.key.Namespace().LoRA})
+			hv = nh
 			t.claims = append(t.claims, h)
 			t.fetch = append(t.fetch, tier.RemotePage{Digest: nd, Parent: d, Chain: first, Tokens: t.host.Tokens(h), Data: t.host.Page(h)})
 			d = nd
@@ -472,6 +551,7 @@ func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
 				var err error
 				if i < got {
 					if err = t.host.Written(h); err == nil {
+						t.hostWritten(h)
 						err = t.host.Acquire(h)
 					}
 					t.hits = append(t.hits, h)
@@ -526,11 +606,20 @@ func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added b
 		r.tfirst = nd
 	}
 	if added {
-		t.meta[page] = pageMeta{digest: nd, parent: r.tchain, first: r.tfirst, valid: true}
+		hash, parentHash, root, ok := m.cache.PageHash(page)
+		if !ok {
+			panic(fmt.Sprintf("pagedkv: page %d, just published, is not cached", page))
+		}
+		if root {
+			parentHash = r.key.Hash() // h_{-1}: what Audit rehashes from
+		}
+		t.meta[page] = pageMeta{digest: nd, parent: r.tchain, first: r.tfirst, valid: true,
+			hash: hash, parentHash: parentHash, root: root, lora: r.key.Namespace().LoRA}
 		copy(t.pageTokens(page), tokens)
 		if t.writeThrough && !t.host.Has(nd) {
 			if h, err := t.host.Claim(nd, r.tchain, tokens); err == nil {
 				t.hostFirst[h] = r.tfirst
+				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora})
 				t.one[0] = page
 				if err := m.alloc.Retain(t.one[:]...); err != nil {
 					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))
@@ -648,6 +737,11 @@ func (m *Manager) auditTiers(held map[PageID]int32) error {
 			return fmt.Errorf("pagedkv: ready host page %d has %d readers, %d onloads and %d offloads in flight", h, nr, readers[h], writers[h])
 		case ok && !ready && writers[h] != 1:
 			return fmt.Errorf("pagedkv: writing host page %d has %d offloads in flight, want 1", h, writers[h])
+		case t.hostLive[h] != (ok && ready):
+			return fmt.Errorf("pagedkv: host page %d: ready %v but announced to KV events %v", h, ok && ready, t.hostLive[h])
+		}
+		if n := &t.hostName[h]; ok && t.hasher.Page(n.parentHash, t.host.Tokens(h)) != n.hash {
+			return fmt.Errorf("pagedkv: host page %d: chain hash %#x is not that of its tokens under parent %#x", h, n.hash, n.parentHash)
 		}
 	}
 	for _, r := range m.reqs {
@@ -668,12 +762,49 @@ func (m *Manager) auditTiers(held map[PageID]int32) error {
 			return fmt.Errorf("pagedkv: request %d's tier chain digest %s is not its cache chain's %s", r.id, r.tchain.String()[:16], want.String()[:16])
 		}
 	}
+	onHost := map[tier.Digest]HostPageID{}
+	for h := range HostPageID(t.host.NumPages()) {
+		if d, _, _, _, ok := t.host.Entry(h); ok {
+			onHost[d] = h
+		}
+	}
 	for p := range PageID(m.alloc.NumPages()) {
-		if t.meta[p].valid != m.cache.Cached(p) {
-			return fmt.Errorf("pagedkv: page %d: cached %v but tier identity valid %v", p, m.cache.Cached(p), t.meta[p].valid)
+		md := &t.meta[p]
+		if md.valid != m.cache.Cached(p) {
+			return fmt.Errorf("pagedkv: page %d: cached %v but tier identity valid %v", p, m.cache.Cached(p), md.valid)
+		}
+		if !md.valid {
+			continue
+		}
+		// The cache's hashes, and the host tier's names for the same
+		// digest (a fetched page's were chained by tierExtend).
+		hash, parentHash, root, _ := m.cache.PageHash(p)
+		if hash != md.hash || root != md.root || (!root && parentHash != md.parentHash) {
+			return fmt.Errorf("pagedkv: page %d: chain hash %#x (parent %#x, root %v), its tier identity says %#x (%#x, %v)",
+				p, hash, parentHash, root, md.hash, md.parentHash, md.root)
+		}
+		if h, ok := onHost[md.digest]; ok {
+			if n := &t.hostName[h]; n.hash != md.hash || n.root != md.root || n.parentHash != md.parentHash || n.lora != md.lora {
+				return fmt.Errorf("pagedkv: host page %d holds page %d's digest under chain hash %#x, the cache's is %#x", h, p, n.hash, md.hash)
+			}
 		}
 	}
 	return nil
+}
+
+// HostCachedHashes appends the chain hash of every servable host page to
+// dst and returns it: the page set KV events with medium "CPU" describe.
+func (m *Manager) HostCachedHashes(dst []uint64) []uint64 {
+	t := m.tiers
+	if t == nil {
+		return dst
+	}
+	for h, live := range t.hostLive {
+		if live {
+			dst = append(dst, t.hostName[h].hash)
+		}
+	}
+	return dst
 }
 
 // Loading reports whether request id waits for onload copies: it may not

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/events"
 )
 
 // tierChurn is churn (manager_alloc_test.go) with a write-through host tier
@@ -22,9 +24,13 @@ type tierChurn struct {
 	copies            []TierCopy
 	done              []uint64
 	promptLen, maxLen int
+	// rec, when set, records KV events (device and host pages); every
+	// step flushes it and drains its queue.
+	rec *events.Recorder
+	q   *events.Queue
 }
 
-func newTierChurn(t testing.TB, nreq, promptLen, maxLen int) *tierChurn {
+func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool) *tierChurn {
 	const ps = 16
 	numPages := nreq*maxLen/ps + 64
 	c := &tierChurn{
@@ -32,8 +38,20 @@ func newTierChurn(t testing.TB, nreq, promptLen, maxLen int) *tierChurn {
 		prompts: make([][]int32, 2*nreq), promptLen: promptLen, maxLen: maxLen,
 	}
 	var err error
-	c.m, err = New(Config{NumPages: numPages, PageSize: ps, HashSeed: 1,
-		Tiers: TierConfig{HostPages: numPages, WriteThrough: true, OffloadFreePages: numPages / 8}})
+	hostPages := numPages
+	if withEvents {
+		hostPages = numPages / 2 // host pages are reclaimed too
+	}
+	cfg := Config{NumPages: numPages, PageSize: ps, HashSeed: 1,
+		Tiers: TierConfig{HostPages: hostPages, WriteThrough: true, OffloadFreePages: numPages / 8}}
+	if withEvents {
+		c.q, err = events.NewQueue(4)
+		require.NoError(t, err)
+		c.rec, err = events.NewRecorder(events.RecorderConfig{NumPages: numPages, HostPages: hostPages, PageSize: ps}, c.q)
+		require.NoError(t, err)
+		cfg.CacheEvents = c.rec
+	}
+	c.m, err = New(cfg)
 	require.NoError(t, err)
 	for i := range c.prompts {
 		c.prompts[i] = seqTokens(i*7919, promptLen)
@@ -89,6 +107,14 @@ func (c *tierChurn) step(t testing.TB) {
 		t.Fatal(err)
 	}
 	c.completeCopies(t) // write-through and evict-ahead offloads
+	if c.rec != nil {
+		if !c.rec.Flush() {
+			t.Fatal("the event queue is full")
+		}
+		for b := c.q.TryNext(); b != nil; b = c.q.TryNext() {
+			c.q.Done(b)
+		}
+	}
 }
 
 // TestTierStepAllocatesNothing pins the hot path with a host tier: after
@@ -100,19 +126,39 @@ func TestTierStepAllocatesNothing(t *testing.T) {
 	if raceEnabled { // invariant checks after every call: keep it short
 		promptLen, maxLen, runs = 24, 64, 8
 	}
-	for _, nreq := range []int{64, 256} {
-		t.Run(fmt.Sprint(nreq, "requests"), func(t *testing.T) {
-			c := newTierChurn(t, nreq, promptLen, maxLen)
+	for _, tc := range []struct {
+		nreq   int
+		events bool
+	}{{64, false}, {256, false}, {64, true}} {
+		nreq := tc.nreq
+		name := fmt.Sprint(nreq, "requests")
+		if tc.events {
+			name += "/events"
+		}
+		t.Run(name, func(t *testing.T) {
+			c := newTierChurn(t, nreq, promptLen, maxLen, tc.events)
 			for range 3 * maxLen {
 				c.step(t)
 			}
 			before := c.m.Stats().Tiers
+			var evBefore events.RecorderStats
+			if c.rec != nil {
+				evBefore = c.rec.Stats()
+			}
+			hostBefore := c.m.tiers.host.Counters()
 			allocs := testing.AllocsPerRun(runs, func() { c.step(t) })
 			require.Zero(t, allocs, "allocations per step")
 			st := c.m.Stats()
 			require.Greater(t, st.Tiers.OffloadedPages, before.OffloadedPages, "the steps measured offload: %+v", st.Tiers)
 			require.Greater(t, st.Tiers.OnloadedPages, before.OnloadedPages, "the steps measured onload: %+v", st.Tiers)
 			require.NoError(t, c.m.Audit())
+			if c.rec != nil {
+				// The measured steps announced host pages stored and
+				// reclaimed (medium CPU) besides the device's.
+				ev, host := c.rec.Stats(), c.m.tiers.host.Counters()
+				require.Greater(t, host.Reclaimed, hostBefore.Reclaimed, "no host page was reclaimed in the measured steps")
+				require.Greater(t, ev.Pages, evBefore.Pages, "no event in the measured steps")
+			}
 			t.Logf("%d steps measured: %d pages offloaded, %d onloaded", runs+1,
 				st.Tiers.OffloadedPages-before.OffloadedPages, st.Tiers.OnloadedPages-before.OnloadedPages)
 		})

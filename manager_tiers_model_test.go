@@ -2,6 +2,8 @@ package pagedkv
 
 import (
 	"errors"
+	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -54,16 +56,16 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 		rec    *events.Recorder
 		queue  *events.Queue
 		enc    *events.Encoder
-		evSet  vllmwire.Set
-		nStore int
+		evSet  vllmwire.Media
+		nStore = map[string]int{}
 	)
 	if c.events {
 		var err error
 		queue, err = events.NewQueue(4)
 		require.NoError(t, err)
-		rec, err = events.NewRecorder(events.RecorderConfig{NumPages: c.numPages, PageSize: 4}, queue)
+		rec, err = events.NewRecorder(events.RecorderConfig{NumPages: c.numPages, HostPages: c.hostPages, PageSize: 4}, queue)
 		require.NoError(t, err)
-		cfg.CacheEvents, enc, evSet = rec, events.NewEncoder(), vllmwire.Set{}
+		cfg.CacheEvents, enc, evSet = rec, events.NewEncoder(), vllmwire.Media{}
 	}
 	m, err := New(cfg)
 	require.NoError(t, err)
@@ -79,21 +81,31 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 			require.NoError(t, err, "op %d (%s)", op, what)
 			for _, ev := range dec.Events {
 				if ev.Type == "BlockStored" {
-					nStore += len(ev.BlockHashes)
+					nStore[*ev.Medium] += len(ev.BlockHashes)
 				}
 			}
 			if err := evSet.Apply(dec); err != nil {
 				t.Fatalf("op %d (%s): %v", op, what, err)
 			}
 		}
-		cached := m.CachedHashes(nil)
-		if len(cached) != len(evSet) {
-			t.Fatalf("op %d (%s): events say %d pages cached, the Manager caches %d", op, what, len(evSet), len(cached))
-		}
-		for _, h := range cached {
-			if _, ok := evSet[h]; !ok {
-				t.Fatalf("op %d (%s): cached page %#x was never announced", op, what, h)
+		// The set per medium equals the Manager's per tier: the device
+		// cache (GPU) and the servable host pages (CPU).
+		for _, tc := range []struct {
+			medium string
+			cached []uint64
+		}{{"GPU", m.CachedHashes(nil)}, {"CPU", m.HostCachedHashes(nil)}} {
+			got := evSet[tc.medium]
+			if len(tc.cached) != len(got) {
+				t.Fatalf("op %d (%s): %s events say %d pages cached, the Manager holds %d", op, what, tc.medium, len(got), len(tc.cached))
 			}
+			for _, h := range tc.cached {
+				if _, ok := got[h]; !ok {
+					t.Fatalf("op %d (%s): %s page %#x was never announced", op, what, tc.medium, h)
+				}
+			}
+		}
+		if len(evSet) > 2 {
+			t.Fatalf("op %d (%s): events of media %v", op, what, slices.Collect(maps.Keys(evSet)))
 		}
 	}
 	spaces := c.spaces
@@ -207,7 +219,8 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 	e.drain()
 	checkEvents(c.ops, "drain")
 	if rec != nil {
-		require.Positive(t, nStore, "no BlockStored event")
+		require.Positive(t, nStore["GPU"], "no BlockStored event on the GPU")
+		require.Positive(t, nStore["CPU"], "no BlockStored event on the CPU")
 	}
 	return m
 }
@@ -241,4 +254,19 @@ func FuzzTiers(f *testing.F) {
 		runTierModel(t, tierModelConfig{ops: len(data) / 4, numPages: 8 + int(h%4)*4, hostPages: 4 + int(h>>2%4)*4,
 			ahead: int(h >> 4 % 3), writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}})
 	})
+}
+
+// A CacheEvents Recorder must mirror the host tier it is told about: one
+// sized for another number of host pages is refused, naming both.
+func TestTierEventsHostPagesMismatch(t *testing.T) {
+	q, err := events.NewQueue(1)
+	require.NoError(t, err)
+	for _, c := range []struct{ rec, host int }{{0, 8}, {4, 8}, {8, 0}} {
+		rec, err := events.NewRecorder(events.RecorderConfig{NumPages: 16, HostPages: c.rec, PageSize: 4}, q)
+		require.NoError(t, err)
+		tc := TierConfig{HostPages: c.host}
+		_, err = New(Config{NumPages: 16, PageSize: 4, Tiers: tc, CacheEvents: rec})
+		require.ErrorIs(t, err, ErrBadConfig)
+		require.ErrorContains(t, err, fmt.Sprintf("CacheEvents announces %d host pages, Tiers.HostPages = %d", c.rec, c.host))
+	}
 }

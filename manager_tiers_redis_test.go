@@ -178,7 +178,7 @@ func TestTiersMatchModelWithRedis(t *testing.T) {
 	for seed := range uint64(4) {
 		s := newRedisStore(t, srv)
 		m := runTierModel(t, tierModelConfig{seed: seed, ops: 800, numPages: 16, hostPages: 8 + int(seed)*4,
-			ahead: int(seed % 3), remote: s, deadline: 5 * time.Second})
+			ahead: int(seed % 3), remote: s, deadline: 5 * time.Second, events: seed%2 == 1})
 		remoteHits += m.Stats().Tiers.RemoteHitTokens
 		flushStore(t, s)
 		rs := s.Stats()

@@ -26,9 +26,15 @@ type RecorderConfig struct {
 	// NumPages and PageSize are the Manager's (the mirror keeps one entry
 	// and PageSize tokens per page).
 	NumPages, PageSize int
-	// Medium is vLLM's "medium" field: where the pages live. "" means
-	// [MediumGPU].
+	// Medium is vLLM's "medium" field of the device pages' events. ""
+	// means [MediumGPU].
 	Medium string
+	// HostPages is the number of pages of the Manager's host tier
+	// (pagedkv.TierConfig.HostPages); 0 means none. With a host tier the
+	// Recorder also announces the host pages, with medium [MediumCPU]
+	// (HostPageStored, HostPageRemoved), and must have the Manager's
+	// number of host pages.
+	HostPages int
 	// Group, when not nil, is sent as "group_idx" (the KV-cache group of
 	// hybrid models); nil leaves the field out, which vLLM's decoder reads
 	// as None.
@@ -72,6 +78,7 @@ type event struct {
 	t0, t1    int32 // tokens[t0:t1] (Stored)
 	parent    uint64
 	hasParent bool
+	host      bool   // medium MediumCPU (a host-tier page), else the recorder's
 	lora      string // "" is None
 }
 
@@ -106,12 +113,13 @@ func (b *Batch) reset() {
 // removed).
 func (b *Batch) Pages() int { return len(b.hashes) }
 
-func (b *Batch) stored(hash, parent uint64, hasParent bool, lora string, tokens []int32) {
+func (b *Batch) stored(hash, parent uint64, hasParent bool, lora string, tokens []int32, host bool) {
 	if n := len(b.events); n > 0 {
 		e := &b.events[n-1]
-		// Extend the last event when this page continues its chain, as
-		// vLLM puts a request's new full blocks in one BlockStored.
-		if e.kind == Stored && hasParent && e.lora == lora && b.hashes[e.h1-1] == parent {
+		// Extend the last event when this page continues its chain in the
+		// same medium, as vLLM puts a request's new full blocks in one
+		// BlockStored.
+		if e.kind == Stored && e.host == host && hasParent && e.lora == lora && b.hashes[e.h1-1] == parent {
 			b.hashes = append(b.hashes, hash)
 			b.tokens = append(b.tokens, tokens...)
 			e.h1, e.t1 = int32(len(b.hashes)), int32(len(b.tokens))
@@ -122,18 +130,18 @@ func (b *Batch) stored(hash, parent uint64, hasParent bool, lora string, tokens 
 	b.hashes = append(b.hashes, hash)
 	b.tokens = append(b.tokens, tokens...)
 	b.events = append(b.events, event{kind: Stored, h0: h0, h1: h0 + 1, t0: t0, t1: int32(len(b.tokens)),
-		parent: parent, hasParent: hasParent, lora: lora})
+		parent: parent, hasParent: hasParent, host: host, lora: lora})
 }
 
-func (b *Batch) removed(hash uint64) {
-	if n := len(b.events); n > 0 && b.events[n-1].kind == Removed {
+func (b *Batch) removed(hash uint64, host bool) {
+	if n := len(b.events); n > 0 && b.events[n-1].kind == Removed && b.events[n-1].host == host {
 		b.hashes = append(b.hashes, hash)
 		b.events[n-1].h1++
 		return
 	}
 	h0 := int32(len(b.hashes))
 	b.hashes = append(b.hashes, hash)
-	b.events = append(b.events, event{kind: Removed, h0: h0, h1: h0 + 1})
+	b.events = append(b.events, event{kind: Removed, h0: h0, h1: h0 + 1, host: host})
 }
 
 func (b *Batch) cleared() { b.events = append(b.events, event{kind: Cleared}) }
@@ -169,6 +177,14 @@ type Recorder struct {
 	tokens     []int32
 	order      []int32 // scratch of the snapshot
 
+	// The host tier's mirror, indexed by host page (medium MediumCPU).
+	hostLive       []bool
+	hostHash       []uint64
+	hostParentHash []uint64
+	hostHasParent  []bool
+	hostLora       []string
+	hostTokens     []int32
+
 	resync bool // a batch was dropped: the next one starts over
 	stats  RecorderStats
 }
@@ -184,6 +200,10 @@ func NewRecorder(cfg RecorderConfig, q *Queue) (*Recorder, error) {
 		return nil, fmt.Errorf("%w: recorder for %d pages of %d tokens: over 2^32 tokens", ErrBadConfig, cfg.NumPages, cfg.PageSize)
 	case q == nil:
 		return nil, fmt.Errorf("%w: recorder without a queue", ErrBadConfig)
+	case cfg.HostPages < 0:
+		return nil, fmt.Errorf("%w: recorder for %d host pages, want >= 0", ErrBadConfig, cfg.HostPages)
+	case int64(cfg.HostPages)*int64(cfg.PageSize) > 1<<32:
+		return nil, fmt.Errorf("%w: recorder for %d host pages of %d tokens: over 2^32 tokens", ErrBadConfig, cfg.HostPages, cfg.PageSize)
 	case cfg.SlidingWindow < 0:
 		return nil, fmt.Errorf("%w: sliding window %d < 0", ErrBadConfig, cfg.SlidingWindow)
 	}
@@ -195,7 +215,10 @@ func NewRecorder(cfg RecorderConfig, q *Queue) (*Recorder, error) {
 		q:    q, clock: cfg.Clock,
 		live: make([]bool, cfg.NumPages), hash: make([]uint64, cfg.NumPages), parentHash: make([]uint64, cfg.NumPages),
 		parent: make([]int32, cfg.NumPages), depth: make([]int32, cfg.NumPages), lora: make([]string, cfg.NumPages),
-		tokens: make([]int32, cfg.NumPages*cfg.PageSize),
+		tokens:   make([]int32, cfg.NumPages*cfg.PageSize),
+		hostLive: make([]bool, cfg.HostPages), hostHash: make([]uint64, cfg.HostPages),
+		hostParentHash: make([]uint64, cfg.HostPages), hostHasParent: make([]bool, cfg.HostPages),
+		hostLora: make([]string, cfg.HostPages), hostTokens: make([]int32, cfg.HostPages*cfg.PageSize),
 	}
 	if cfg.Group != nil {
 		r.meta.group, r.meta.hasGroup = *cfg.Group, true
@@ -224,7 +247,7 @@ func (r *Recorder) PageStored(page prefixcache.PageID, hash uint64, parent prefi
 	}
 	copy(r.tokens[p*r.meta.pageSize:], tokens)
 	if !r.resync {
-		r.cur.stored(hash, parentHash, parent >= 0, r.lora[p], tokens)
+		r.cur.stored(hash, parentHash, parent >= 0, r.lora[p], tokens, false)
 	}
 }
 
@@ -237,7 +260,46 @@ func (r *Recorder) PageRemoved(page prefixcache.PageID, hash uint64) {
 	r.live[p] = false
 	r.lora[p] = ""
 	if !r.resync {
-		r.cur.removed(hash)
+		r.cur.removed(hash, false)
+	}
+}
+
+// HostPages returns the number of host pages the Recorder mirrors
+// (RecorderConfig.HostPages). The Manager checks it against its host tier.
+func (r *Recorder) HostPages() int { return len(r.hostLive) }
+
+// HostPageStored reports that host page page became servable (an offload
+// the engine completed, or a remote fetch that landed in it), holding
+// tokens at chain hash hash; parentHash is the chain hash of the page
+// before it (hasParent false at depth 0) and lora the namespace's LoRA
+// adapter. It becomes a BlockStored with medium "CPU". The parent need not
+// be in the host tier: host pages are kept and reclaimed one by one.
+func (r *Recorder) HostPageStored(page int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32) {
+	if page < 0 || page >= len(r.hostLive) || len(tokens) != r.meta.pageSize || r.hostLive[page] {
+		panic(fmt.Sprintf("events: host page %d stored with %d tokens; the recorder has %d host pages of %d tokens (live %v)",
+			page, len(tokens), len(r.hostLive), r.meta.pageSize, page >= 0 && page < len(r.hostLive) && r.hostLive[page]))
+	}
+	r.hostLive[page], r.hostHash[page] = true, hash
+	r.hostParentHash[page], r.hostHasParent[page], r.hostLora[page] = parentHash, hasParent, lora
+	if !hasParent {
+		r.hostParentHash[page] = 0
+	}
+	copy(r.hostTokens[page*r.meta.pageSize:], tokens)
+	if !r.resync {
+		r.cur.stored(hash, r.hostParentHash[page], hasParent, lora, tokens, true)
+	}
+}
+
+// HostPageRemoved reports that host page page, which had chain hash hash,
+// was reclaimed: a BlockRemoved with medium "CPU".
+func (r *Recorder) HostPageRemoved(page int, hash uint64) {
+	if page < 0 || page >= len(r.hostLive) || !r.hostLive[page] || r.hostHash[page] != hash {
+		panic(fmt.Sprintf("events: host page %d (hash %#x) removed but not recorded as stored", page, hash))
+	}
+	r.hostLive[page] = false
+	r.hostLora[page] = ""
+	if !r.resync {
+		r.cur.removed(hash, true)
 	}
 }
 
@@ -274,7 +336,8 @@ func (r *Recorder) Flush() bool {
 	return true
 }
 
-// snapshot appends a BlockStored for every mirrored page, parents first.
+// snapshot appends a BlockStored for every mirrored page: the device's
+// parents first, then the host tier's in page order.
 func (r *Recorder) snapshot() {
 	order := r.order[:0]
 	for p, live := range r.live {
@@ -286,7 +349,12 @@ func (r *Recorder) snapshot() {
 	r.order = order
 	ps := r.meta.pageSize
 	for _, p := range order {
-		r.cur.stored(r.hash[p], r.parentHash[p], r.parent[p] >= 0, r.lora[p], r.tokens[int(p)*ps:(int(p)+1)*ps])
+		r.cur.stored(r.hash[p], r.parentHash[p], r.parent[p] >= 0, r.lora[p], r.tokens[int(p)*ps:(int(p)+1)*ps], false)
+	}
+	for h, live := range r.hostLive {
+		if live {
+			r.cur.stored(r.hostHash[h], r.hostParentHash[h], r.hostHasParent[h], r.hostLora[h], r.hostTokens[h*ps:(h+1)*ps], true)
+		}
 	}
 }
 

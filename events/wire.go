@@ -58,7 +58,7 @@ func (e *Encoder) event(b *Batch, ev *event) {
 		_ = w.EncodeMapLen(n)
 		e.str("type", "BlockRemoved")
 		e.hashes("block_hashes", b.hashes[ev.h0:ev.h1])
-		e.str("medium", m.medium)
+		e.str("medium", ev.medium(m))
 		if m.hasGroup {
 			e.int("group_idx", int64(m.group))
 		}
@@ -91,7 +91,7 @@ func (e *Encoder) event(b *Batch, ev *event) {
 		e.int("block_size", int64(m.pageSize))
 		_ = w.EncodeString("lora_id")
 		_ = w.EncodeNil()
-		e.str("medium", m.medium)
+		e.str("medium", ev.medium(m))
 		_ = w.EncodeString("lora_name")
 		if ev.lora != "" {
 			_ = w.EncodeString(ev.lora)
@@ -109,6 +109,15 @@ func (e *Encoder) event(b *Batch, ev *event) {
 			e.int("kv_cache_spec_sliding_window", int64(m.slidingWindow))
 		}
 	}
+}
+
+// medium is the event's vLLM medium: "CPU" for the host tier's pages, the
+// recorder's (default "GPU") for the device's.
+func (ev *event) medium(m *meta) string {
+	if ev.host {
+		return MediumCPU
+	}
+	return m.medium
 }
 
 func (e *Encoder) str(k, v string) {

@@ -101,3 +101,18 @@ func (c *Cache) AppendHashes(dst []uint64) []uint64 {
 	}
 	return dst
 }
+
+// PageHash returns cached page p's chain hash and its parent's; at depth 0
+// root is true and parentHash is 0 (the namespace's seed is
+// [Key.Hash]). ok is false when p is not in the cache. The Manager's tiers use it to name the pages they
+// copy below the device in KV events.
+func (c *Cache) PageHash(p PageID) (hash, parentHash uint64, root, ok bool) {
+	if !c.Cached(p) {
+		return 0, 0, false, false
+	}
+	n := &c.nodes[p]
+	if n.parent == none {
+		return n.hash, 0, true, true
+	}
+	return n.hash, c.nodes[n.parent].hash, false, true
+}

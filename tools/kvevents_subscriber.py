@@ -2,8 +2,10 @@
 """A KV-event subscriber on libzmq (pyzmq) and msgpack, written from vLLM's
 definitions (vllm/distributed/kv_events.py), that checks a publisher's
 stream: framing, the KVEventBatch array, the tagged event maps with their
-required fields, contiguous sequence numbers, a consistent page set, and
-that the replay socket returns the same payloads.
+required fields, contiguous sequence numbers, a consistent page set per medium ("GPU",
+whose stored blocks' parents must be cached on the GPU; "CPU" and others,
+whose blocks are kept one by one, so a parent may be absent), and that the
+replay socket returns the same payloads.
 
   kvevents_subscriber.py PUB_ENDPOINT REPLAY_ENDPOINT [TOPIC] [IDLE_SECONDS]
 
@@ -90,8 +92,8 @@ def main():
     sub.setsockopt_string(zmq.SUBSCRIBE, topic)
     print("READY", flush=True)
 
-    payloads, cached = [], set()
-    counts = {"messages": 0, "events": 0, "stored": 0, "removed": 0, "cleared": 0}
+    payloads, media = [], {}
+    counts = {"messages": 0, "events": 0, "stored": 0, "removed": 0, "cleared": 0, "stored_cpu": 0}
     while sub.poll(idle_ms if payloads else 120_000):
         frames = sub.recv_multipart()
         if len(frames) != 3 or len(frames[1]) != 8:
@@ -108,17 +110,27 @@ def main():
             counts["events"] += 1
             if ev["type"] == "AllBlocksCleared":
                 counts["cleared"] += 1
-                cached.clear()
-            elif ev["type"] == "BlockStored":
+                for s in media.values():
+                    s.clear()
+                continue
+            medium = ev["medium"] or "GPU"  # vLLM's None is the GPU pool
+            cached = media.setdefault(medium, set())
+            if ev["type"] == "BlockStored":
                 counts["stored"] += len(ev["block_hashes"])
-                if ev["parent_block_hash"] is not None and ev["parent_block_hash"] not in cached:
-                    fail(f"message {seq}: parent {ev['parent_block_hash']:#x} not cached")
-                cached.update(ev["block_hashes"])
+                if medium == "CPU":
+                    counts["stored_cpu"] += len(ev["block_hashes"])
+                p = ev["parent_block_hash"]
+                if medium == "GPU" and p is not None and p not in cached:
+                    fail(f"message {seq}: parent {p:#x} not cached")
+                for h in ev["block_hashes"]:
+                    if h in cached:
+                        fail(f"message {seq}: stores {h:#x} twice in {medium}")
+                    cached.add(h)
             else:
                 counts["removed"] += len(ev["block_hashes"])
                 for h in ev["block_hashes"]:
                     if h not in cached:
-                        fail(f"message {seq}: removes {h:#x}, not cached")
+                        fail(f"message {seq}: removes {h:#x}, not cached in {medium}")
                     cached.discard(h)
     if not payloads:
         fail("no messages")
@@ -144,7 +156,8 @@ def main():
             fail(f"replay: sequence {seq} (#{replayed}) differs from the live stream")
         replayed += 1
     counts["replayed"] = replayed
-    counts["blocks"] = len(cached)
+    counts["blocks"] = len(media.get("GPU", ()))
+    counts["blocks_by_medium"] = {m: len(s) for m, s in sorted(media.items())}
     print(json.dumps(counts), flush=True)
 
 

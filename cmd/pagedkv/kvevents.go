@@ -38,7 +38,7 @@ func (kv kvFlags) open(cfg *sim.Config, stderr io.Writer) (*events.Publisher, *e
 	if err != nil {
 		return nil, nil, fmt.Errorf("--kv-events: %w", err)
 	}
-	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: cfg.NumPages, PageSize: cfg.PageSize, SlidingWindow: cfg.WindowTokens})
+	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: cfg.NumPages, HostPages: cfg.HostPages, PageSize: cfg.PageSize, SlidingWindow: cfg.WindowTokens})
 	if err != nil {
 		pub.Close()
 		return nil, nil, fmt.Errorf("--kv-events: %w", err)

@@ -298,7 +298,7 @@ func TestSimulateKVEventsPython(t *testing.T) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "8s",
-		"--kv-events-wait", "1m", "--requests", "24", "--quiet"}, raceArgs(16)...)
+		"--kv-events-wait", "1m", "--requests", "24", "--pages", "48", "--host-pages", "24", "--quiet"}, raceArgs(16)...)
 	done, out, errOut := startSimulate(t, args)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -314,7 +314,10 @@ func TestSimulateKVEventsPython(t *testing.T) {
 	if !lines.Scan() {
 		t.Fatalf("no result from the subscriber: %s", stderr.String())
 	}
-	var got struct{ Messages, Events, Stored, Removed, Cleared, Replayed, Blocks int }
+	var got struct {
+		Messages, Events, Stored, Removed, Cleared, Replayed, Blocks int
+		StoredCPU                                                    int `json:"stored_cpu"` // host-tier pages (--host-pages)
+	}
 	if err := json.Unmarshal([]byte(lines.Text()), &got); err != nil {
 		t.Fatalf("%v: %q", err, lines.Text())
 	}
@@ -328,7 +331,7 @@ func TestSimulateKVEventsPython(t *testing.T) {
 	batches, _ := strconv.Atoi(m[1])
 	nevents, _ := strconv.Atoi(m[2])
 	pages, _ := strconv.Atoi(m[3])
-	if got.Messages != batches || got.Events != nevents || got.Stored+got.Removed != pages || got.Replayed != batches-1 || got.Stored == 0 {
+	if got.Messages != batches || got.Events != nevents || got.Stored+got.Removed != pages || got.Replayed != batches-1 || got.Stored == 0 || got.StoredCPU == 0 {
 		t.Fatalf("the Python subscriber saw %+v; the run published %d batches, %d events, %d pages", got, batches, nevents, pages)
 	}
 	t.Logf("libzmq subscriber: %+v", got)

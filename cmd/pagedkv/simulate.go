@@ -53,8 +53,9 @@ topic (--kv-events-topic, default "kv-events"), the sequence number (0, 1,
 2, ...) as 8 bytes big-endian, and the msgpack payload of a KVEventBatch:
 the array [ts float64, events, data_parallel_rank 0], each event a map
 tagged "type": BlockStored {block_hashes, parent_block_hash, token_ids,
-block_size, lora_id, medium "GPU", lora_name}, BlockRemoved {block_hashes,
-medium} or AllBlocksCleared. Block hashes are the Manager's 64-bit prefix
+block_size, lora_id, medium, lora_name}, BlockRemoved {block_hashes,
+medium} or AllBlocksCleared; medium is "GPU" for the device prefix cache and
+"CPU" for pages of the host tier (--host-pages). Block hashes are the Manager's 64-bit prefix
 chain hashes (seeded with --seed|1). The run waits up to --kv-events-wait
 for a subscriber first and serves replays (--kv-events-replay ADDR, vLLM's
 ROUTER protocol) for --kv-events-linger after it.

@@ -144,7 +144,7 @@ func RunFleet(cfg Config, workload []Request, fc FleetConfig) (FleetSummary, err
 		if err != nil {
 			return f, err
 		}
-		rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: cfg.NumPages, PageSize: cfg.PageSize, SlidingWindow: cfg.WindowTokens})
+		rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: cfg.NumPages, HostPages: cfg.HostPages, PageSize: cfg.PageSize, SlidingWindow: cfg.WindowTokens})
 		if err != nil {
 			pub.Close()
 			return f, err

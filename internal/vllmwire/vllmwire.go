@@ -251,37 +251,88 @@ func asUint(v any) (uint64, bool) {
 	return uint64(i), ok // vLLM's int hashes may be negative in older versions: the bits are the hash
 }
 
-// Set is the page set a subscriber reconstructs: chain hashes of cached
-// blocks.
+// Set is the page set of one medium that a subscriber reconstructs: chain
+// hashes of cached blocks.
 type Set map[uint64]struct{}
 
-// Apply applies a batch's events in order. It reports a BlockStored whose
-// parent is not in the set, a hash stored twice, and a removal of a hash
-// not in the set: a consistent stream has none.
+// mediumOf is an event's medium; vLLM's None is the GPU pool.
+func mediumOf(e *Event) string {
+	if e.Medium == nil {
+		return "GPU"
+	}
+	return *e.Medium
+}
+
+// Apply applies a batch's events in order to a stream of device ("GPU")
+// pages. It reports a BlockStored whose parent is not in the set, a hash
+// stored twice, a removal of a hash not in the set, and an event of another
+// medium (use [Media]): a consistent stream has none.
 func (s Set) Apply(b Batch) error {
-	for i, e := range b.Events {
-		switch e.Type {
-		case "AllBlocksCleared":
-			clear(s)
-		case "BlockStored":
-			if e.ParentBlockHash != nil {
-				if _, ok := s[*e.ParentBlockHash]; !ok {
-					return fmt.Errorf("vllmwire: event %d stores under parent %#x, which is not cached", i, *e.ParentBlockHash)
-				}
+	for i := range b.Events {
+		e := &b.Events[i]
+		if e.Type != "AllBlocksCleared" && mediumOf(e) != "GPU" {
+			return fmt.Errorf("vllmwire: event %d has medium %q; Set holds GPU pages only", i, mediumOf(e))
+		}
+		if err := s.apply(i, e, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s Set) apply(i int, e *Event, parents bool) error {
+	switch e.Type {
+	case "AllBlocksCleared":
+		clear(s)
+	case "BlockStored":
+		if parents && e.ParentBlockHash != nil {
+			if _, ok := s[*e.ParentBlockHash]; !ok {
+				return fmt.Errorf("vllmwire: event %d stores under parent %#x, which is not cached", i, *e.ParentBlockHash)
 			}
-			for _, h := range e.BlockHashes {
-				if _, ok := s[h]; ok {
-					return fmt.Errorf("vllmwire: event %d stores %#x twice", i, h)
-				}
-				s[h] = struct{}{}
+		}
+		for _, h := range e.BlockHashes {
+			if _, ok := s[h]; ok {
+				return fmt.Errorf("vllmwire: event %d stores %#x twice in %s", i, h, mediumOf(e))
 			}
-		case "BlockRemoved":
-			for _, h := range e.BlockHashes {
-				if _, ok := s[h]; !ok {
-					return fmt.Errorf("vllmwire: event %d removes %#x, which is not cached", i, h)
-				}
-				delete(s, h)
+			s[h] = struct{}{}
+		}
+	case "BlockRemoved":
+		for _, h := range e.BlockHashes {
+			if _, ok := s[h]; !ok {
+				return fmt.Errorf("vllmwire: event %d removes %#x, which is not cached in %s", i, h, mediumOf(e))
 			}
+			delete(s, h)
+		}
+	}
+	return nil
+}
+
+// Media is the page set per medium ("GPU", "CPU", ...) a subscriber
+// reconstructs from a stream of several media.
+type Media map[string]Set
+
+// Apply applies a batch's events in order: BlockStored and BlockRemoved to
+// their medium's set, AllBlocksCleared to every medium. It reports what
+// [Set.Apply] does, per medium; a stored block's parent must be cached
+// only on the GPU (vLLM's offloading connector keeps blocks below the GPU
+// one by one, so a CPU block's parent may be absent).
+func (m Media) Apply(b Batch) error {
+	for i := range b.Events {
+		e := &b.Events[i]
+		if e.Type == "AllBlocksCleared" {
+			for _, s := range m {
+				clear(s)
+			}
+			continue
+		}
+		med := mediumOf(e)
+		s := m[med]
+		if s == nil {
+			s = Set{}
+			m[med] = s
+		}
+		if err := s.apply(i, e, med == "GPU"); err != nil {
+			return err
 		}
 	}
 	return nil

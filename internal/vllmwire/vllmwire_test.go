@@ -73,3 +73,36 @@ func TestDecodeAcceptsAndRefuses(t *testing.T) {
 		t.Error("removing an unknown block was accepted")
 	}
 }
+
+// Media keeps one set per medium: the GPU's chains must be closed under
+// parents, the CPU's need not be; Set refuses other media.
+func TestMediaApply(t *testing.T) {
+	gpu, cpu := "GPU", "CPU"
+	p := uint64(1)
+	stored := func(m *string, parent *uint64, hs ...uint64) Event {
+		return Event{Type: "BlockStored", Medium: m, ParentBlockHash: parent, BlockHashes: hs}
+	}
+	removed := func(m *string, hs ...uint64) Event { return Event{Type: "BlockRemoved", Medium: m, BlockHashes: hs} }
+	ms := Media{}
+	if err := ms.Apply(Batch{Events: []Event{stored(&cpu, &p, 2, 3), stored(nil, nil, 1), stored(&gpu, &p, 2)}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(ms["CPU"]) != 2 || len(ms["GPU"]) != 2 {
+		t.Fatalf("sets %v", ms)
+	}
+	if err := ms.Apply(Batch{Events: []Event{stored(&gpu, &[]uint64{9}[0], 4)}}); err == nil {
+		t.Fatal("a GPU block under an uncached parent was accepted")
+	}
+	if err := ms.Apply(Batch{Events: []Event{removed(&cpu, 1)}}); err == nil {
+		t.Fatal("removing a CPU block only the GPU holds was accepted")
+	}
+	if err := ms.Apply(Batch{Events: []Event{removed(&cpu, 2), {Type: "AllBlocksCleared"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if len(ms["CPU"]) != 0 || len(ms["GPU"]) != 0 {
+		t.Fatalf("AllBlocksCleared left %v", ms)
+	}
+	if err := (Set{}).Apply(Batch{Events: []Event{stored(&cpu, nil, 5)}}); err == nil {
+		t.Fatal("Set took a CPU event")
+	}
+}

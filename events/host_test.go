@@ -1,0 +1,178 @@
+package events_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/internal/vllmwire"
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+// drain decodes every queued batch with the independent decoder.
+func drain(t *testing.T, q *events.Queue, enc *events.Encoder) []vllmwire.Batch {
+	t.Helper()
+	var out []vllmwire.Batch
+	for b := q.TryNext(); b != nil; b = q.TryNext() {
+		dec, err := vllmwire.Decode(enc.AppendBatch(nil, b, 0))
+		q.Done(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, dec)
+	}
+	return out
+}
+
+func medium(e vllmwire.Event) string {
+	if e.Medium == nil {
+		return "<nil>"
+	}
+	return *e.Medium
+}
+
+// Host pages are announced with medium "CPU", in events of their own (a
+// chain is not merged across media), and a resync after a dropped batch
+// re-announces both media.
+func TestRecorderHostPages(t *testing.T) {
+	q, err := events.NewQueue(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := events.NewRecorder(events.RecorderConfig{NumPages: 4, HostPages: 3, PageSize: 2}, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.HostPages() != 3 {
+		t.Fatalf("HostPages() = %d, want 3", rec.HostPages())
+	}
+	enc := events.NewEncoder()
+	key := prefixcache.Key{}
+	a, b := []int32{1, 2}, []int32{3, 4}
+	const h0, h1, seed = 0x1111, 0x2222, 0x99
+	rec.PageStored(0, h0, -1, seed, key, a)
+	rec.HostPageStored(2, h0, 0, false, "", a)
+	rec.HostPageStored(0, h1, h0, true, "", b) // continues the host chain: one event
+	rec.PageStored(1, h1, 0, h0, key, b)       // continues the device chain, but the last event is the host's
+	if !rec.Flush() {
+		t.Fatal("flush refused")
+	}
+	bs := drain(t, q, enc)
+	if len(bs) != 1 || len(bs[0].Events) != 3 {
+		t.Fatalf("want one batch of 3 events, got %+v", bs)
+	}
+	want := []struct {
+		medium string
+		hashes []uint64
+		parent bool
+	}{{"GPU", []uint64{h0}, false}, {"CPU", []uint64{h0, h1}, false}, {"GPU", []uint64{h1}, true}}
+	for i, w := range want {
+		e := bs[0].Events[i]
+		if e.Type != "BlockStored" || medium(e) != w.medium || !slicesEqual(e.BlockHashes, w.hashes) || (e.ParentBlockHash != nil) != w.parent {
+			t.Fatalf("event %d = %s %s %x parent %v, want BlockStored %s %x parent %v", i, e.Type, medium(e), e.BlockHashes, e.ParentBlockHash, w.medium, w.hashes, w.parent)
+		}
+	}
+	set := vllmwire.Media{}
+	if err := set.Apply(bs[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	// Removals of both media in one step: one event per medium.
+	rec.HostPageRemoved(2, h0)
+	rec.PageRemoved(1, h1)
+	if !rec.Flush() {
+		t.Fatal("flush refused")
+	}
+	bs = drain(t, q, enc)
+	if len(bs) != 1 || len(bs[0].Events) != 2 || medium(bs[0].Events[0]) != "CPU" || medium(bs[0].Events[1]) != "GPU" ||
+		bs[0].Events[0].Type != "BlockRemoved" || bs[0].Events[1].Type != "BlockRemoved" {
+		t.Fatalf("removals: %+v", bs)
+	}
+	if err := set.Apply(bs[0]); err != nil {
+		t.Fatal(err)
+	}
+
+	// Fill the queue, then drop a step that stores a host page: the next
+	// flush clears and re-announces both media from the mirror.
+	rec.HostPageStored(1, 0x3333, h1, true, "lora-x", []int32{5, 6})
+	if !rec.Flush() {
+		t.Fatal("flush refused")
+	}
+	rec.HostPageStored(2, 0x4444, 0, false, "", []int32{7, 8})
+	if rec.Flush() {
+		t.Fatal("a full queue took the batch")
+	}
+	bs = drain(t, q, enc)
+	if err := set.Apply(bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if !rec.Flush() {
+		t.Fatal("resync refused")
+	}
+	bs = drain(t, q, enc)
+	if len(bs) != 1 || bs[0].Events[0].Type != "AllBlocksCleared" {
+		t.Fatalf("resync: %+v", bs)
+	}
+	if err := set.Apply(bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	wantSets := map[string][]uint64{"GPU": {h0}, "CPU": {h1, 0x3333, 0x4444}}
+	for m, hs := range wantSets {
+		if len(set[m]) != len(hs) {
+			t.Fatalf("%s: reconstructed %v, want %x", m, set[m], hs)
+		}
+		for _, h := range hs {
+			if _, ok := set[m][h]; !ok {
+				t.Fatalf("%s: %#x missing after resync: %v", m, h, set[m])
+			}
+		}
+	}
+	for _, e := range bs[0].Events[1:] {
+		if medium(e) == "CPU" && slicesEqual(e.BlockHashes, []uint64{0x3333}) && (e.LoRAName == nil || *e.LoRAName != "lora-x") {
+			t.Fatalf("resync lost host page 1's LoRA: %+v", e)
+		}
+	}
+}
+
+func slicesEqual(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestRecorderHostPagesBad(t *testing.T) {
+	q, _ := events.NewQueue(1)
+	_, err := events.NewRecorder(events.RecorderConfig{NumPages: 4, HostPages: -2, PageSize: 2}, q)
+	if !errors.Is(err, events.ErrBadConfig) || !strings.Contains(err.Error(), "-2") {
+		t.Fatalf("HostPages -2: %v", err)
+	}
+	rec, err := events.NewRecorder(events.RecorderConfig{NumPages: 4, HostPages: 2, PageSize: 2}, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, f := range map[string]func(){
+		"stored outside":  func() { rec.HostPageStored(2, 1, 0, false, "", []int32{1, 2}) },
+		"stored short":    func() { rec.HostPageStored(0, 1, 0, false, "", []int32{1}) },
+		"removed unknown": func() { rec.HostPageRemoved(1, 5) },
+		"stored twice": func() {
+			rec.HostPageStored(0, 1, 0, false, "", []int32{1, 2})
+			rec.HostPageStored(0, 1, 0, false, "", []int32{1, 2})
+		},
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", name)
+				}
+			}()
+			f()
+		}()
+	}
+}
