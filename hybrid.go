@@ -6,6 +6,7 @@ import (
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/layergroup"
+	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
 // Hybrid attention models: several KV-cache groups on one page pool.
@@ -103,14 +104,30 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	// Every group is a Manager built from cfg.Config: tiers would give each
 	// group its own host pool (over the same HostMemory, under the same
 	// remote keys) with copies no HybridManager method hands out or
-	// completes, and one CacheEvents sink would get every group's pages with
-	// no group to tell them apart. Neither is supported yet.
+	// completes. That is not supported yet.
 	if t := &cfg.Tiers; t.HostPages != 0 || t.Remote != nil || t.HostMemory != nil || t.Format.Layers != 0 ||
 		t.OffloadFreePages != 0 || t.WriteThrough || t.RemoteDeadline != 0 {
 		return nil, fmt.Errorf("%w: Tiers.HostPages = %d (or another Tiers field) in a hybrid config: a HybridManager has no tiers; use Manager", ErrBadConfig, t.HostPages)
 	}
+	var sinks GroupEventSink
 	if cfg.CacheEvents != nil {
-		return nil, fmt.Errorf("%w: CacheEvents = %T in a hybrid config: a HybridManager publishes no KV events; use Manager", ErrBadConfig, cfg.CacheEvents)
+		gs, ok := cfg.CacheEvents.(GroupEventSink)
+		if !ok || gs.NumGroups() != len(cfg.Groups) {
+			n := 0
+			if ok {
+				n = gs.NumGroups()
+			}
+			return nil, fmt.Errorf("%w: CacheEvents = %T with %d groups in a hybrid config of %d groups: it needs a GroupEventSink with one sink per group (events.RecorderConfig.Groups)",
+				ErrBadConfig, cfg.CacheEvents, n, len(cfg.Groups))
+		}
+		for g, spec := range cfg.Groups {
+			wk, ww := KVEventSpec(spec)
+			if k, w := gs.GroupSpec(g); k != wk || w != ww {
+				return nil, fmt.Errorf("%w: CacheEvents group %d has kv_cache_spec_kind %q, sliding window %d; the %v group's are %q, %d",
+					ErrBadConfig, g, k, w, spec.Kind, wk, ww)
+			}
+		}
+		sinks = gs
 	}
 	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
 	if err != nil {
@@ -118,14 +135,53 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	}
 	h := &HybridManager{alloc: alloc, specs: append([]layergroup.Spec(nil), cfg.Groups...),
 		servableTokens: make([]int64, len(cfg.Groups)), plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
-	for _, g := range cfg.Groups {
-		m, err := newManager(cfg.Config, alloc, g)
+	for i, g := range cfg.Groups {
+		gcfg := cfg.Config
+		if sinks != nil {
+			gcfg.CacheEvents = sinks.GroupSink(i)
+		}
+		m, err := newManager(gcfg, alloc, g)
 		if err != nil {
 			return nil, err
 		}
 		h.groups = append(h.groups, m)
+		// One hash chain for every group (KV events name a prefix's pages
+		// by the same hashes in each group, as vLLM does), even when
+		// HashSeed was 0 and group 0 picked one.
+		cfg.HashSeed = m.cache.Seed()
 	}
 	return h, nil
+}
+
+// GroupEventSink is a [Config.CacheEvents] sink for a HybridManager: one
+// [prefixcache.Sink] per layer group, whose KV events carry the group's
+// index as vLLM's "group_idx" and the group's spec ([KVEventSpec]).
+// events.Recorder implements it when built with RecorderConfig.Groups.
+type GroupEventSink interface {
+	prefixcache.Sink
+	// NumGroups is the number of groups; it must equal HybridConfig.Groups'.
+	NumGroups() int
+	// GroupSink is group g's sink.
+	GroupSink(g int) prefixcache.Sink
+	// GroupSpec is group g's kv_cache_spec_kind and sliding window; they
+	// must be KVEventSpec(HybridConfig.Groups[g]).
+	GroupSpec(g int) (kind string, slidingWindow int)
+}
+
+// KVEventSpec returns the "kv_cache_spec_kind" and
+// "kv_cache_spec_sliding_window" vLLM sends for a group of this kind
+// (vLLM's KVCacheSpecKind values): "full_attention", "sliding_window" with
+// its WindowTokens, "chunked_local_attention" and "mla_attention".
+func KVEventSpec(g LayerGroup) (kind string, slidingWindow int) {
+	switch g.Kind {
+	case SlidingAttention:
+		return "sliding_window", g.WindowTokens
+	case ChunkedAttention:
+		return "chunked_local_attention", 0
+	case MLAAttention:
+		return "mla_attention", 0
+	}
+	return "full_attention", 0
 }
 
 // NumGroups returns the number of layer groups.

@@ -39,11 +39,16 @@ func TestHybridMatchesModel(t *testing.T) {
 			var hits, released, accepted, copies, evicted int64
 			differ := false
 			for run := range runs {
-				x := newHybridModelHarness(t, groups, uint64(run))
+				// A third of the runs publish KV events: after every
+				// operation each group's reconstructed set must equal the
+				// group's cache.
+				x := newHybridModelHarness(t, groups, uint64(run), run%3 == 0)
 				for op := range ops {
 					x.op()
 					x.compare(op)
+					x.checkEvents(op)
 				}
+				x.checkEventsSeen()
 				s := x.hh.h.Stats()
 				hits, released, accepted, copies = hits+s.PromptHitTokens, released+s.WindowReleasedPages,
 					accepted+s.AcceptedDraftTokens, copies+s.CopiedPages
@@ -76,16 +81,23 @@ type hybridModelHarness struct {
 	hh    *hybridHarness
 	model *reference.HybridModel
 	next  RequestID
+	ev    *hybridEvents // nil: no KV events
 }
 
-func newHybridModelHarness(t *testing.T, groups []LayerGroup, seed uint64) *hybridModelHarness {
-	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: hmPages, PageSize: hhPageSize, HashSeed: 5}, Groups: groups})
+func newHybridModelHarness(t *testing.T, groups []LayerGroup, seed uint64, withEvents bool) *hybridModelHarness {
+	cfg := HybridConfig{Config: Config{NumPages: hmPages, PageSize: hhPageSize, HashSeed: 5}, Groups: groups}
+	var ev *hybridEvents
+	if withEvents {
+		ev = newHybridEvents(t, groups, hmPages, hhPageSize)
+		cfg.CacheEvents = ev.rec
+	}
+	h, err := NewHybrid(cfg)
 	require.NoError(t, err)
 	var specs []reference.GroupModelSpec
 	for _, g := range groups {
 		specs = append(specs, reference.GroupModelSpec{Kind: reference.GroupModelKind(g.Kind), Window: g.WindowTokens, Chunk: g.ChunkTokens})
 	}
-	return &hybridModelHarness{t: t, rng: rand.New(rand.NewPCG(seed, 31)),
+	return &hybridModelHarness{t: t, rng: rand.New(rand.NewPCG(seed, 31)), ev: ev,
 		hh:    &hybridHarness{t: t, h: h, kv: make([]uint64, hmPages*hhPageSize)},
 		model: reference.NewHybridModel(hmPages, hhPageSize, specs)}
 }

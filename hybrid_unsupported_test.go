@@ -15,9 +15,11 @@ func (nopSink) PageStored(prefixcache.PageID, uint64, prefixcache.PageID, uint64
 }
 func (nopSink) PageRemoved(prefixcache.PageID, uint64) {}
 
-// A HybridManager has neither tiers nor KV events: a config asking for
-// them is refused, naming the field, instead of building groups whose tier
-// copies nobody can complete or whose events share one sink.
+// A HybridManager has no tiers, and publishes KV events only through a
+// GroupEventSink (hybrid_events_test.go): a config asking for tiers, or
+// giving a plain sink, is refused, naming the field, instead of building
+// groups whose tier copies nobody can complete or whose events share one
+// sink with nothing to tell the groups apart.
 func TestNewHybridRefusesTiersAndEvents(t *testing.T) {
 	groups := []LayerGroup{{Kind: FullAttention, NumLayers: 2}, {Kind: SlidingAttention, WindowTokens: 8, NumLayers: 2}}
 	for name, c := range map[string]struct {

@@ -176,3 +176,98 @@ func TestRecorderHostPagesBad(t *testing.T) {
 		}()
 	}
 }
+
+// A Recorder of several groups tags each group's events with its
+// group_idx and spec, never merges events across groups, and a resync
+// re-announces every group's pages under its own group.
+func TestRecorderGroups(t *testing.T) {
+	q, err := events.NewQueue(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := events.NewRecorder(events.RecorderConfig{NumPages: 4, PageSize: 2,
+		Groups: []events.GroupConfig{{SpecKind: "full_attention"}, {SpecKind: "sliding_window", SlidingWindow: 6}}}, q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.NumGroups() != 2 {
+		t.Fatalf("NumGroups() = %d", rec.NumGroups())
+	}
+	if k, w := rec.GroupSpec(1); k != "sliding_window" || w != 6 {
+		t.Fatalf("GroupSpec(1) = %q, %d", k, w)
+	}
+	enc := events.NewEncoder()
+	key := prefixcache.Key{}
+	a, b := []int32{1, 2}, []int32{3, 4}
+	g0, g1 := rec.GroupSink(0), rec.GroupSink(1)
+	g0.PageStored(0, 0x10, -1, 7, key, a)
+	g1.PageStored(1, 0x10, -1, 7, key, a) // the same prefix in group 1: same hash
+	g0.PageStored(2, 0x20, 0, 0x10, key, b)
+	g1.PageStored(3, 0x20, 1, 0x10, key, b)
+	if !rec.Flush() {
+		t.Fatal("flush refused")
+	}
+	bs := drain(t, q, enc)
+	if len(bs) != 1 || len(bs[0].Events) != 4 {
+		t.Fatalf("want 4 events (groups alternate), got %+v", bs)
+	}
+	for i, e := range bs[0].Events {
+		g := int64(i % 2)
+		if e.GroupIdx == nil || *e.GroupIdx != g || e.SpecKind == nil {
+			t.Fatalf("event %d: group %v spec %v, want group %d", i, e.GroupIdx, e.SpecKind, g)
+		}
+		if (g == 1) != (e.SlidingWindow != nil && *e.SlidingWindow == 6) {
+			t.Fatalf("event %d: sliding window %v", i, e.SlidingWindow)
+		}
+	}
+	sets := vllmwire.Groups{}
+	if err := sets.Apply(bs[0]); err != nil {
+		t.Fatal(err)
+	}
+	// Fill the queue, drop a step, resync.
+	g1.PageRemoved(3, 0x20)
+	if !rec.Flush() {
+		t.Fatal("flush refused")
+	}
+	g0.PageRemoved(2, 0x20)
+	if rec.Flush() {
+		t.Fatal("a full queue took the batch")
+	}
+	for _, b := range drain(t, q, enc) {
+		if err := sets.Apply(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !rec.Flush() {
+		t.Fatal("resync refused")
+	}
+	for _, b := range drain(t, q, enc) {
+		if err := sets.Apply(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(sets[0]) != 1 || len(sets[1]) != 1 {
+		t.Fatalf("after resync: %v", sets)
+	}
+	if _, ok := sets[0][0x10]; !ok {
+		t.Fatalf("group 0 lost 0x10: %v", sets)
+	}
+	// A group's sink refuses another group's page.
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("group 1 removed group 0's page")
+			}
+		}()
+		g1.PageRemoved(0, 0x10)
+	}()
+	_, err = events.NewRecorder(events.RecorderConfig{NumPages: 4, PageSize: 2, SpecKind: "full_attention",
+		Groups: []events.GroupConfig{{SpecKind: "full_attention"}}}, q)
+	if !errors.Is(err, events.ErrBadConfig) {
+		t.Fatalf("Groups with SpecKind: %v", err)
+	}
+	_, err = events.NewRecorder(events.RecorderConfig{NumPages: 4, PageSize: 2, Groups: []events.GroupConfig{{}, {SlidingWindow: -3}}}, q)
+	if !errors.Is(err, events.ErrBadConfig) || !strings.Contains(err.Error(), "group 1: sliding window -3") {
+		t.Fatalf("negative window: %v", err)
+	}
+}

@@ -44,9 +44,24 @@ type RecorderConfig struct {
 	// "kv_cache_spec_sliding_window" on BlockStored events.
 	SpecKind      string
 	SlidingWindow int
+	// Groups, when not empty, makes a Recorder of several KV-cache groups
+	// (a pagedkv.HybridManager's, which share one page pool): group g's
+	// pages are reported through [Recorder.GroupSink](g) and their events
+	// carry "group_idx" g and Groups[g]'s spec fields. Group, SpecKind and
+	// SlidingWindow must then be unset.
+	Groups []GroupConfig
 	// Clock returns the batch timestamp in seconds since the Unix epoch
 	// (vLLM's "ts"); nil means the wall clock.
 	Clock func() float64
+}
+
+// GroupConfig is one KV-cache group of a [RecorderConfig]: its vLLM
+// "kv_cache_spec_kind" ("full_attention", "sliding_window",
+// "chunked_local_attention", "mla_attention"; "" leaves it out) and, for a
+// sliding window, "kv_cache_spec_sliding_window" (0 leaves it out).
+type GroupConfig struct {
+	SpecKind      string
+	SlidingWindow int
 }
 
 // Kind is an event's type, vLLM's tag.
@@ -79,6 +94,7 @@ type event struct {
 	parent    uint64
 	hasParent bool
 	host      bool   // medium MediumCPU (a host-tier page), else the recorder's
+	g         uint16 // index of the recorder's groups (meta.groups)
 	lora      string // "" is None
 }
 
@@ -94,12 +110,17 @@ type Batch struct {
 
 // meta is what every event of a recorder carries.
 type meta struct {
-	medium        string
+	medium   string
+	pageSize int
+	groups   []groupMeta // [event.g]; one entry without RecorderConfig.Groups
+}
+
+// groupMeta is what the events of one KV-cache group carry.
+type groupMeta struct {
 	group         int
 	hasGroup      bool
 	specKind      string
 	slidingWindow int
-	pageSize      int
 }
 
 // Len returns the number of events.
@@ -113,13 +134,13 @@ func (b *Batch) reset() {
 // removed).
 func (b *Batch) Pages() int { return len(b.hashes) }
 
-func (b *Batch) stored(hash, parent uint64, hasParent bool, lora string, tokens []int32, host bool) {
+func (b *Batch) stored(hash, parent uint64, hasParent bool, lora string, tokens []int32, host bool, g uint16) {
 	if n := len(b.events); n > 0 {
 		e := &b.events[n-1]
 		// Extend the last event when this page continues its chain in the
-		// same medium, as vLLM puts a request's new full blocks in one
-		// BlockStored.
-		if e.kind == Stored && e.host == host && hasParent && e.lora == lora && b.hashes[e.h1-1] == parent {
+		// same medium and group, as vLLM puts a request's new full blocks
+		// in one BlockStored.
+		if e.kind == Stored && e.host == host && e.g == g && hasParent && e.lora == lora && b.hashes[e.h1-1] == parent {
 			b.hashes = append(b.hashes, hash)
 			b.tokens = append(b.tokens, tokens...)
 			e.h1, e.t1 = int32(len(b.hashes)), int32(len(b.tokens))
@@ -130,18 +151,18 @@ func (b *Batch) stored(hash, parent uint64, hasParent bool, lora string, tokens 
 	b.hashes = append(b.hashes, hash)
 	b.tokens = append(b.tokens, tokens...)
 	b.events = append(b.events, event{kind: Stored, h0: h0, h1: h0 + 1, t0: t0, t1: int32(len(b.tokens)),
-		parent: parent, hasParent: hasParent, host: host, lora: lora})
+		parent: parent, hasParent: hasParent, host: host, g: g, lora: lora})
 }
 
-func (b *Batch) removed(hash uint64, host bool) {
-	if n := len(b.events); n > 0 && b.events[n-1].kind == Removed && b.events[n-1].host == host {
+func (b *Batch) removed(hash uint64, host bool, g uint16) {
+	if n := len(b.events); n > 0 && b.events[n-1].kind == Removed && b.events[n-1].host == host && b.events[n-1].g == g {
 		b.hashes = append(b.hashes, hash)
 		b.events[n-1].h1++
 		return
 	}
 	h0 := int32(len(b.hashes))
 	b.hashes = append(b.hashes, hash)
-	b.events = append(b.events, event{kind: Removed, h0: h0, h1: h0 + 1, host: host})
+	b.events = append(b.events, event{kind: Removed, h0: h0, h1: h0 + 1, host: host, g: g})
 }
 
 func (b *Batch) cleared() { b.events = append(b.events, event{kind: Cleared}) }
@@ -174,8 +195,10 @@ type Recorder struct {
 	parent     []int32
 	depth      []int32
 	lora       []string
+	group      []uint16 // the group whose cache holds the page
 	tokens     []int32
 	order      []int32 // scratch of the snapshot
+	sinks      []groupSink
 
 	// The host tier's mirror, indexed by host page (medium MediumCPU).
 	hostLive       []bool
@@ -206,22 +229,40 @@ func NewRecorder(cfg RecorderConfig, q *Queue) (*Recorder, error) {
 		return nil, fmt.Errorf("%w: recorder for %d host pages of %d tokens: over 2^32 tokens", ErrBadConfig, cfg.HostPages, cfg.PageSize)
 	case cfg.SlidingWindow < 0:
 		return nil, fmt.Errorf("%w: sliding window %d < 0", ErrBadConfig, cfg.SlidingWindow)
+	case len(cfg.Groups) > 0 && (cfg.Group != nil || cfg.SpecKind != "" || cfg.SlidingWindow != 0):
+		return nil, fmt.Errorf("%w: %d groups and Group/SpecKind %q/SlidingWindow %d: set the spec per group", ErrBadConfig, len(cfg.Groups), cfg.SpecKind, cfg.SlidingWindow)
+	case len(cfg.Groups) > 1<<16:
+		return nil, fmt.Errorf("%w: %d groups, want at most 65536", ErrBadConfig, len(cfg.Groups))
+	}
+	for g, gc := range cfg.Groups {
+		if gc.SlidingWindow < 0 {
+			return nil, fmt.Errorf("%w: group %d: sliding window %d < 0", ErrBadConfig, g, gc.SlidingWindow)
+		}
 	}
 	if cfg.Medium == "" {
 		cfg.Medium = MediumGPU
 	}
 	r := &Recorder{
-		meta: meta{medium: cfg.Medium, specKind: cfg.SpecKind, slidingWindow: cfg.SlidingWindow, pageSize: cfg.PageSize},
+		meta: meta{medium: cfg.Medium, pageSize: cfg.PageSize},
 		q:    q, clock: cfg.Clock,
 		live: make([]bool, cfg.NumPages), hash: make([]uint64, cfg.NumPages), parentHash: make([]uint64, cfg.NumPages),
 		parent: make([]int32, cfg.NumPages), depth: make([]int32, cfg.NumPages), lora: make([]string, cfg.NumPages),
+		group:    make([]uint16, cfg.NumPages),
 		tokens:   make([]int32, cfg.NumPages*cfg.PageSize),
 		hostLive: make([]bool, cfg.HostPages), hostHash: make([]uint64, cfg.HostPages),
 		hostParentHash: make([]uint64, cfg.HostPages), hostHasParent: make([]bool, cfg.HostPages),
 		hostLora: make([]string, cfg.HostPages), hostTokens: make([]int32, cfg.HostPages*cfg.PageSize),
 	}
-	if cfg.Group != nil {
-		r.meta.group, r.meta.hasGroup = *cfg.Group, true
+	if len(cfg.Groups) == 0 {
+		gm := groupMeta{specKind: cfg.SpecKind, slidingWindow: cfg.SlidingWindow}
+		if cfg.Group != nil {
+			gm.group, gm.hasGroup = *cfg.Group, true
+		}
+		r.meta.groups = []groupMeta{gm}
+	}
+	for g, gc := range cfg.Groups {
+		r.meta.groups = append(r.meta.groups, groupMeta{group: g, hasGroup: true, specKind: gc.SpecKind, slidingWindow: gc.SlidingWindow})
+		r.sinks = append(r.sinks, groupSink{r, uint16(g)})
 	}
 	if r.clock == nil {
 		r.clock = wallClock
@@ -232,14 +273,53 @@ func NewRecorder(cfg RecorderConfig, q *Queue) (*Recorder, error) {
 
 func wallClock() float64 { return float64(time.Now().UnixNano()) / 1e9 }
 
-// PageStored implements [prefixcache.Sink].
+// PageStored implements [prefixcache.Sink] (group 0's, with
+// RecorderConfig.Groups).
 func (r *Recorder) PageStored(page prefixcache.PageID, hash uint64, parent prefixcache.PageID, parentHash uint64, key prefixcache.Key, tokens []int32) {
+	r.pageStored(0, page, hash, parent, parentHash, key, tokens)
+}
+
+// PageRemoved implements [prefixcache.Sink] (group 0's, with
+// RecorderConfig.Groups).
+func (r *Recorder) PageRemoved(page prefixcache.PageID, hash uint64) { r.pageRemoved(0, page, hash) }
+
+// NumGroups returns the number of RecorderConfig.Groups (0 without).
+func (r *Recorder) NumGroups() int { return len(r.sinks) }
+
+// GroupSink returns the [prefixcache.Sink] of group g's prefix cache: its
+// events carry group_idx g and the group's spec fields. Page IDs are the
+// pool's, shared by the groups; a page is in one group's cache at a time.
+// It panics for g outside RecorderConfig.Groups.
+func (r *Recorder) GroupSink(g int) prefixcache.Sink { return &r.sinks[g] }
+
+// GroupSpec returns group g's "kv_cache_spec_kind" and
+// "kv_cache_spec_sliding_window" (RecorderConfig.Groups[g]).
+func (r *Recorder) GroupSpec(g int) (kind string, slidingWindow int) {
+	gm := &r.meta.groups[r.sinks[g].g]
+	return gm.specKind, gm.slidingWindow
+}
+
+// groupSink is one group's view of a Recorder.
+type groupSink struct {
+	r *Recorder
+	g uint16
+}
+
+func (s *groupSink) PageStored(page prefixcache.PageID, hash uint64, parent prefixcache.PageID, parentHash uint64, key prefixcache.Key, tokens []int32) {
+	s.r.pageStored(s.g, page, hash, parent, parentHash, key, tokens)
+}
+
+func (s *groupSink) PageRemoved(page prefixcache.PageID, hash uint64) {
+	s.r.pageRemoved(s.g, page, hash)
+}
+
+func (r *Recorder) pageStored(g uint16, page prefixcache.PageID, hash uint64, parent prefixcache.PageID, parentHash uint64, key prefixcache.Key, tokens []int32) {
 	p := int(page)
-	if p < 0 || p >= len(r.live) || len(tokens) != r.meta.pageSize {
-		panic(fmt.Sprintf("events: page %d stored with %d tokens; the recorder has %d pages of %d tokens",
-			page, len(tokens), len(r.live), r.meta.pageSize))
+	if p < 0 || p >= len(r.live) || len(tokens) != r.meta.pageSize || r.live[p] || (parent >= 0 && (!r.live[parent] || r.group[parent] != g)) {
+		panic(fmt.Sprintf("events: page %d stored (group %d, parent %d) with %d tokens; the recorder has %d pages of %d tokens, the page or its parent is in the wrong state",
+			page, g, parent, len(tokens), len(r.live), r.meta.pageSize))
 	}
-	r.live[p], r.hash[p], r.parent[p] = true, hash, int32(parent)
+	r.live[p], r.hash[p], r.parent[p], r.group[p] = true, hash, int32(parent), g
 	if parent < 0 {
 		r.lora[p], r.depth[p], r.parentHash[p] = key.Namespace().LoRA, 0, 0
 	} else {
@@ -247,20 +327,19 @@ func (r *Recorder) PageStored(page prefixcache.PageID, hash uint64, parent prefi
 	}
 	copy(r.tokens[p*r.meta.pageSize:], tokens)
 	if !r.resync {
-		r.cur.stored(hash, parentHash, parent >= 0, r.lora[p], tokens, false)
+		r.cur.stored(hash, parentHash, parent >= 0, r.lora[p], tokens, false, g)
 	}
 }
 
-// PageRemoved implements [prefixcache.Sink].
-func (r *Recorder) PageRemoved(page prefixcache.PageID, hash uint64) {
+func (r *Recorder) pageRemoved(g uint16, page prefixcache.PageID, hash uint64) {
 	p := int(page)
-	if p < 0 || p >= len(r.live) || !r.live[p] {
-		panic(fmt.Sprintf("events: page %d removed but not recorded as stored", page))
+	if p < 0 || p >= len(r.live) || !r.live[p] || r.group[p] != g {
+		panic(fmt.Sprintf("events: page %d removed from group %d but not recorded as stored there", page, g))
 	}
 	r.live[p] = false
 	r.lora[p] = ""
 	if !r.resync {
-		r.cur.removed(hash, false)
+		r.cur.removed(hash, false, g)
 	}
 }
 
@@ -286,7 +365,7 @@ func (r *Recorder) HostPageStored(page int, hash, parentHash uint64, hasParent b
 	}
 	copy(r.hostTokens[page*r.meta.pageSize:], tokens)
 	if !r.resync {
-		r.cur.stored(hash, r.hostParentHash[page], hasParent, lora, tokens, true)
+		r.cur.stored(hash, r.hostParentHash[page], hasParent, lora, tokens, true, 0)
 	}
 }
 
@@ -299,7 +378,7 @@ func (r *Recorder) HostPageRemoved(page int, hash uint64) {
 	r.hostLive[page] = false
 	r.hostLora[page] = ""
 	if !r.resync {
-		r.cur.removed(hash, true)
+		r.cur.removed(hash, true, 0)
 	}
 }
 
@@ -349,11 +428,11 @@ func (r *Recorder) snapshot() {
 	r.order = order
 	ps := r.meta.pageSize
 	for _, p := range order {
-		r.cur.stored(r.hash[p], r.parentHash[p], r.parent[p] >= 0, r.lora[p], r.tokens[int(p)*ps:(int(p)+1)*ps], false)
+		r.cur.stored(r.hash[p], r.parentHash[p], r.parent[p] >= 0, r.lora[p], r.tokens[int(p)*ps:(int(p)+1)*ps], false, r.group[p])
 	}
 	for h, live := range r.hostLive {
 		if live {
-			r.cur.stored(r.hostHash[h], r.hostParentHash[h], r.hostHasParent[h], r.hostLora[h], r.hostTokens[h*ps:(h+1)*ps], true)
+			r.cur.stored(r.hostHash[h], r.hostParentHash[h], r.hostHasParent[h], r.hostLora[h], r.hostTokens[h*ps:(h+1)*ps], true, 0)
 		}
 	}
 }

@@ -46,31 +46,34 @@ func (e *Encoder) AppendBatch(dst []byte, b *Batch, dpRank int) []byte {
 
 func (e *Encoder) event(b *Batch, ev *event) {
 	w, m := e.enc, b.meta
-	switch ev.kind {
-	case Cleared:
+	if ev.kind == Cleared {
 		_ = w.EncodeMapLen(1)
 		e.str("type", "AllBlocksCleared")
+		return
+	}
+	gm := &m.groups[ev.g]
+	switch ev.kind {
 	case Removed:
 		n := 3
-		if m.hasGroup {
+		if gm.hasGroup {
 			n++
 		}
 		_ = w.EncodeMapLen(n)
 		e.str("type", "BlockRemoved")
 		e.hashes("block_hashes", b.hashes[ev.h0:ev.h1])
 		e.str("medium", ev.medium(m))
-		if m.hasGroup {
-			e.int("group_idx", int64(m.group))
+		if gm.hasGroup {
+			e.int("group_idx", int64(gm.group))
 		}
 	case Stored:
 		n := 8
-		if m.hasGroup {
+		if gm.hasGroup {
 			n++
 		}
-		if m.specKind != "" {
+		if gm.specKind != "" {
 			n++
 		}
-		if m.slidingWindow > 0 {
+		if gm.slidingWindow > 0 {
 			n++
 		}
 		_ = w.EncodeMapLen(n)
@@ -99,14 +102,14 @@ func (e *Encoder) event(b *Batch, ev *event) {
 			_ = w.EncodeNil()
 		}
 		// event_version (1) and extra_keys (None) hold their defaults.
-		if m.hasGroup {
-			e.int("group_idx", int64(m.group))
+		if gm.hasGroup {
+			e.int("group_idx", int64(gm.group))
 		}
-		if m.specKind != "" {
-			e.str("kv_cache_spec_kind", m.specKind)
+		if gm.specKind != "" {
+			e.str("kv_cache_spec_kind", gm.specKind)
 		}
-		if m.slidingWindow > 0 {
-			e.int("kv_cache_spec_sliding_window", int64(m.slidingWindow))
+		if gm.slidingWindow > 0 {
+			e.int("kv_cache_spec_sliding_window", int64(gm.slidingWindow))
 		}
 	}
 }

@@ -29,6 +29,8 @@ type Event struct {
 	LoRAName        *string
 	Medium          *string
 	GroupIdx        *int64
+	SpecKind        *string  // kv_cache_spec_kind (BlockStored)
+	SlidingWindow   *int64   // kv_cache_spec_sliding_window (BlockStored)
 	Keys            []string // the map's keys in wire order
 }
 
@@ -179,6 +181,20 @@ func decodeEvent(e any) (Event, error) {
 	}
 	if tag == "BlockRemoved" {
 		return ev, nil
+	}
+	if k, present := m["kv_cache_spec_kind"]; present && k != nil {
+		s, ok := k.(string)
+		if !ok {
+			return Event{}, fmt.Errorf("kv_cache_spec_kind is %T", k)
+		}
+		ev.SpecKind = &s
+	}
+	if w, present := m["kv_cache_spec_sliding_window"]; present && w != nil {
+		v, ok := asInt(w)
+		if !ok {
+			return Event{}, fmt.Errorf("kv_cache_spec_sliding_window is %T", w)
+		}
+		ev.SlidingWindow = &v
 	}
 	if p := m["parent_block_hash"]; p != nil {
 		u, ok := asUint(p)
@@ -333,6 +349,38 @@ func (m Media) Apply(b Batch) error {
 		}
 		if err := s.apply(i, e, med == "GPU"); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// Groups is the GPU page set per KV-cache group ("group_idx") that a
+// subscriber of a hybrid model's stream reconstructs.
+type Groups map[int64]Set
+
+// Apply applies a batch's events in order: BlockStored and BlockRemoved to
+// their group's set (each must carry group_idx and medium GPU),
+// AllBlocksCleared to every group. It reports what [Set.Apply] does, per
+// group: a stored block's parent must be cached in the same group.
+func (gs Groups) Apply(b Batch) error {
+	for i := range b.Events {
+		e := &b.Events[i]
+		if e.Type == "AllBlocksCleared" {
+			for _, s := range gs {
+				clear(s)
+			}
+			continue
+		}
+		if e.GroupIdx == nil || mediumOf(e) != "GPU" {
+			return fmt.Errorf("vllmwire: event %d (%s, medium %q) has no group_idx or is not on the GPU", i, e.Type, mediumOf(e))
+		}
+		s := gs[*e.GroupIdx]
+		if s == nil {
+			s = Set{}
+			gs[*e.GroupIdx] = s
+		}
+		if err := s.apply(i, e, true); err != nil {
+			return fmt.Errorf("group %d: %w", *e.GroupIdx, err)
 		}
 	}
 	return nil

@@ -1,0 +1,138 @@
+package pagedkv
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/internal/vllmwire"
+)
+
+// hybridEvents is a HybridManager's KV-event Recorder (one group per layer
+// group) and what a subscriber reconstructs from its stream, decoded by
+// internal/vllmwire: one GPU page set per group_idx.
+type hybridEvents struct {
+	t      *testing.T
+	groups []LayerGroup
+	rec    *events.Recorder
+	q      *events.Queue
+	enc    *events.Encoder
+	sets   vllmwire.Groups
+	stored []int // BlockStored pages per group
+}
+
+func hybridRecorderConfig(groups []LayerGroup, numPages, pageSize int) events.RecorderConfig {
+	cfg := events.RecorderConfig{NumPages: numPages, PageSize: pageSize}
+	for _, g := range groups {
+		k, w := KVEventSpec(g)
+		cfg.Groups = append(cfg.Groups, events.GroupConfig{SpecKind: k, SlidingWindow: w})
+	}
+	return cfg
+}
+
+func newHybridEvents(t *testing.T, groups []LayerGroup, numPages, pageSize int) *hybridEvents {
+	q, err := events.NewQueue(4)
+	require.NoError(t, err)
+	rec, err := events.NewRecorder(hybridRecorderConfig(groups, numPages, pageSize), q)
+	require.NoError(t, err)
+	return &hybridEvents{t: t, groups: groups, rec: rec, q: q, enc: events.NewEncoder(), sets: vllmwire.Groups{}, stored: make([]int, len(groups))}
+}
+
+// check flushes the step's events, applies them, and compares every
+// group's reconstructed set with the group's prefix cache.
+func (e *hybridEvents) check(h *HybridManager, what string) {
+	t := e.t
+	t.Helper()
+	require.True(t, e.rec.Flush(), "%s: the event queue is full", what)
+	for b := e.q.TryNext(); b != nil; b = e.q.TryNext() {
+		dec, err := vllmwire.Decode(e.enc.AppendBatch(nil, b, 0))
+		e.q.Done(b)
+		require.NoError(t, err, what)
+		for _, ev := range dec.Events {
+			if ev.Type != "BlockStored" {
+				continue
+			}
+			g := int(*ev.GroupIdx)
+			require.Less(t, g, len(e.groups), "%s: group_idx %d", what, g)
+			wk, ww := KVEventSpec(e.groups[g])
+			require.NotNil(t, ev.SpecKind, "%s: group %d stored without kv_cache_spec_kind", what, g)
+			require.Equal(t, wk, *ev.SpecKind, "%s: group %d's kv_cache_spec_kind", what, g)
+			if ww > 0 {
+				require.NotNil(t, ev.SlidingWindow, "%s: sliding group %d without its window", what, g)
+				require.Equal(t, int64(ww), *ev.SlidingWindow, what)
+			} else {
+				require.Nil(t, ev.SlidingWindow, "%s: group %d (%s) sent a sliding window", what, g, wk)
+			}
+			e.stored[g] += len(ev.BlockHashes)
+		}
+		if err := e.sets.Apply(dec); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	for g, m := range h.groups {
+		cached := m.CachedHashes(nil)
+		got := e.sets[int64(g)]
+		if len(cached) != len(got) {
+			t.Fatalf("%s: group %d: events say %d pages cached, the group caches %d", what, g, len(got), len(cached))
+		}
+		for _, hv := range cached {
+			if _, ok := got[hv]; !ok {
+				t.Fatalf("%s: group %d's cached page %#x was never announced", what, g, hv)
+			}
+		}
+	}
+}
+
+func (x *hybridModelHarness) checkEvents(op int) {
+	if x.ev != nil {
+		x.ev.check(x.hh.h, fmt.Sprint("op ", op))
+	}
+}
+
+// checkEventsSeen: every group published pages, so the per-group check
+// compared non-empty streams.
+func (x *hybridModelHarness) checkEventsSeen() {
+	if x.ev == nil {
+		return
+	}
+	for g, n := range x.ev.stored {
+		require.Positive(x.t, n, "group %d published no page", g)
+	}
+}
+
+// NewHybrid takes a CacheEvents sink only with one sink per group whose
+// specs are the groups' (vLLM's kv_cache_spec_kind and sliding window), and
+// names what is wrong otherwise.
+func TestNewHybridEventsConfig(t *testing.T) {
+	groups := []LayerGroup{{Kind: FullAttention, NumLayers: 2}, {Kind: SlidingAttention, WindowTokens: 8, NumLayers: 2}}
+	q, err := events.NewQueue(1)
+	require.NoError(t, err)
+	mk := func(cfg events.RecorderConfig) *events.Recorder {
+		r, err := events.NewRecorder(cfg, q)
+		require.NoError(t, err)
+		return r
+	}
+	good := hybridRecorderConfig(groups, 16, 4)
+	swapped := hybridRecorderConfig([]LayerGroup{groups[1], groups[0]}, 16, 4)
+	window := hybridRecorderConfig(groups, 16, 4)
+	window.Groups[1].SlidingWindow = 9
+	for name, c := range map[string]struct {
+		rec  *events.Recorder
+		want string
+	}{
+		"no groups":  {mk(events.RecorderConfig{NumPages: 16, PageSize: 4}), "*events.Recorder with 0 groups in a hybrid config of 2 groups"},
+		"one group":  {mk(hybridRecorderConfig(groups[:1], 16, 4)), "with 1 groups in a hybrid config of 2 groups"},
+		"swapped":    {mk(swapped), `CacheEvents group 0 has kv_cache_spec_kind "sliding_window", sliding window 8; the full group's are "full_attention", 0`},
+		"bad window": {mk(window), `CacheEvents group 1 has kv_cache_spec_kind "sliding_window", sliding window 9; the sliding group's are "sliding_window", 8`},
+	} {
+		_, err := NewHybrid(HybridConfig{Config: Config{NumPages: 16, PageSize: 4, CacheEvents: c.rec}, Groups: groups})
+		require.ErrorIs(t, err, ErrBadConfig, name)
+		require.ErrorContains(t, err, c.want, name)
+	}
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 16, PageSize: 4, CacheEvents: mk(good)}, Groups: groups})
+	require.NoError(t, err)
+	// HashSeed 0: the groups share the seed group 0 picked.
+	require.Equal(t, h.groups[0].HashSeed(), h.groups[1].HashSeed())
+}
