@@ -14,7 +14,9 @@
 //	s32   = float32(amax) / float32(qmax)        IEEE float32 division, RNE
 //	s     = max(round(s32), MinScale)            round: RNE to Config.ScaleDType;
 //	                                             a result past the dtype's largest
-//	                                             finite value saturates to it
+//	                                             finite value saturates to it (for
+//	                                             f32: the largest s with
+//	                                             float32(qmax*s) finite)
 //	code  = clamp(RNE(x / s), -qmax, qmax)       x/s the exact real quotient; NaN -> 0
 //	x'    = float32(code) * float32(s)           the dequantised value
 //

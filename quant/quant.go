@@ -26,11 +26,24 @@ type Config struct {
 	ScaleDType layout.DType
 }
 
-// Largest finite scales; a scale that would round past them saturates.
-const (
-	maxScaleF16 = 65504
-	maxScaleF32 = math.MaxFloat32
+// Largest scales; a scale that would round past them saturates. An f16
+// scale is at most 65504 (qmax*65504 is far from float32's limit); an f32
+// scale is at most the largest s with float32(qmax*s) finite, so that no
+// code dequantises to ±Inf.
+const maxScaleF16 = 65504
+
+var (
+	maxScaleF32Int8 = maxFiniteScaleF32(127)
+	maxScaleF32Int4 = maxFiniteScaleF32(7)
 )
+
+func maxFiniteScaleF32(qmax float32) float32 {
+	s := float32(math.MaxFloat32 / float64(qmax))
+	for math.IsInf(float64(qmax*s), 0) {
+		s = math.Nextafter32(s, 0)
+	}
+	return s
+}
 
 // minScaleF16 and minScaleF32 are PPL's eps, 1e-5, rounded to the scale
 // dtype: the smallest scale a group stores (an all-zero group stores it).
@@ -93,7 +106,8 @@ func (c Config) ScaleBytes(n int) int { return n / c.Group * c.ScaleDType.Size()
 
 // ScaleFor returns the scale a group with largest magnitude amax stores (see
 // the package doc): float32(amax)/qmax rounded to ScaleDType, saturated at the
-// dtype's largest finite value and raised to [Config.MinScale]. A NaN amax
+// dtype's largest finite value (for f32, the largest with qmax*s finite) and
+// raised to [Config.MinScale]. A NaN amax
 // gives MinScale.
 func (c Config) ScaleFor(amax float32) float32 {
 	s := amax / float32(c.QMax())
@@ -102,8 +116,14 @@ func (c Config) ScaleFor(amax float32) float32 {
 		if s > maxScaleF16 {
 			s = maxScaleF16
 		}
-	} else if s > maxScaleF32 {
-		s = maxScaleF32
+	} else {
+		maxS := maxScaleF32Int8
+		if c.Bits == 4 {
+			maxS = maxScaleF32Int4
+		}
+		if s > maxS {
+			s = maxS
+		}
 	}
 	if min := c.MinScale(); !(s >= min) {
 		s = min

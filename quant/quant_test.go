@@ -318,7 +318,13 @@ func TestScaleForEdges(t *testing.T) {
 	assert.Equal(t, int8F16.MinScale(), int8F16.ScaleFor(0), "zero amax")
 	assert.Equal(t, float32(1e-5), int8F32.ScaleFor(0), "f32 eps")
 	assert.Equal(t, float32(65504), int4F16.ScaleFor(float32(math.Inf(1))), "inf saturates f16")
-	assert.Equal(t, float32(math.MaxFloat32), int4F32.ScaleFor(float32(math.Inf(1))), "inf saturates f32")
+	// f32 saturates at the largest scale whose qmax multiple is finite.
+	for _, cfg := range []quant.Config{int4F32, int8F32} {
+		s, qmax := cfg.ScaleFor(float32(math.Inf(1))), float32(cfg.QMax())
+		assert.False(t, math.IsInf(float64(qmax*s), 0), "%+v: qmax*s of the saturated scale %g overflows", cfg, s)
+		assert.True(t, math.IsInf(float64(qmax*math.Nextafter32(s, float32(math.Inf(1)))), 0), "%+v: %g is not the largest such scale", cfg, s)
+		assert.Equal(t, s, cfg.ScaleFor(math.MaxFloat32), "%+v: MaxFloat32 amax", cfg)
+	}
 	assert.Equal(t, float32(0.5), int4F16.ScaleFor(3.5), "3.5/7")
 	// 1/127 is not an f16 value: f32(1/127) = 0.007874016 rounds to f16 0.007873535.
 	assert.Equal(t, layout.F16ToF32(0x2008), int8F16.ScaleFor(1))
@@ -357,6 +363,16 @@ func slowScale(cfg quant.Config, grp []float32) float32 {
 		maxS, minS = 65504, slowRoundF16(1e-5)
 	}
 	s = math.Min(s, maxS)
+	// The largest code times an f32 scale must not round to +Inf in float32
+	// (qmax*s is exact in float64): where it would, the scale is the largest
+	// float32 at or below MaxFloat32/qmax for which it does not.
+	qmax := float64(cfg.QMax())
+	overflows := func(s float64) bool { return math.IsInf(float64(float32(qmax*s)), 1) }
+	if cfg.ScaleDType == layout.F32 && overflows(s) {
+		for s = float64(float32(math.MaxFloat32 / qmax)); overflows(s); {
+			s = float64(math.Nextafter32(float32(s), 0))
+		}
+	}
 	s = math.Max(s, minS)
 	return float32(s)
 }
