@@ -39,23 +39,41 @@ type Params struct {
 	// would apply a window to each level's own positions, which is not a
 	// window over the request.
 	kernels.AttentionParams
-	O   kernels.Tensor // output [nnz_qo, Hq, D], f32/f16/bf16
-	LSE []float32      // output [nnz_qo*Hq] base-2 LSE over all levels, or nil
+	// LevelWindowLeft, when not nil, is each level's window_left (one per
+	// level, each >= -1; AttentionParams.WindowLeft must then be -1): level
+	// l runs as a batch prefill with window_left LevelWindowLeft[l], masking
+	// relative to that level's own keys (row i of a group with qo_len rows
+	// and kv_len keys sees keys j >= i + kv_len - qo_len - window_left). A
+	// window on the last level is a window over each request when its own
+	// pages are a contiguous run of its keys (FlashInfer's mask is
+	// shift-invariant); see docs/manager.md "Cascade with windows" for when a
+	// shared level may take -1. FlashInfer's MultiLevelCascadeAttentionWrapper
+	// takes one window_left for every level, so an engine runs levels with
+	// different windows as one BatchPrefillWithPagedKVCacheWrapper per level
+	// and merge_state_in_place, which is what Run does.
+	LevelWindowLeft []int
+	O               kernels.Tensor // output [nnz_qo, Hq, D], f32/f16/bf16
+	LSE             []float32      // output [nnz_qo*Hq] base-2 LSE over all levels, or nil
 }
 
 // level returns the prefill parameters of level l writing into o and lse.
 func (p *Params) level(l int, o kernels.Tensor, lse []float32) *kernels.PrefillParams {
 	lv := p.Levels[l]
+	ap := p.AttentionParams
+	if p.LevelWindowLeft != nil {
+		ap.WindowLeft = p.LevelWindowLeft[l]
+	}
 	return &kernels.PrefillParams{
 		Q: p.Q, QOIndptr: lv.QOIndptr, Cache: p.Cache,
 		Table:  kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen},
-		Causal: p.Causal && l == len(p.Levels)-1, AttentionParams: p.AttentionParams,
+		Causal: p.Causal && l == len(p.Levels)-1, AttentionParams: ap,
 		O: o, LSE: lse,
 	}
 }
 
 // Validate checks everything [Run] needs before it computes anything: at
-// least one level, WindowLeft == -1, and each level as a batch prefill of q
+// least one level, WindowLeft == -1, LevelWindowLeft nil or one window_left
+// >= -1 per level, and each level as a batch prefill of q
 // into O (see [kernels.PrefillParams.Validate]: its QOIndptr must end at
 // the rows of q, its page table must be well-formed for the cache, ...).
 func (p *Params) Validate() error {
@@ -63,7 +81,18 @@ func (p *Params) Validate() error {
 		return fmt.Errorf("%w: no levels", ErrInvalidLevels)
 	}
 	if p.WindowLeft != -1 {
-		return fmt.Errorf("%w: window_left = %d; cascade attention takes no window (want -1)", ErrInvalidLevels, p.WindowLeft)
+		if p.LevelWindowLeft != nil {
+			return fmt.Errorf("%w: window_left = %d with level_window_left %v; give the windows per level only (want window_left -1)", ErrInvalidLevels, p.WindowLeft, p.LevelWindowLeft)
+		}
+		return fmt.Errorf("%w: window_left = %d; cascade attention takes no window (want -1, or level_window_left)", ErrInvalidLevels, p.WindowLeft)
+	}
+	if p.LevelWindowLeft != nil && len(p.LevelWindowLeft) != len(p.Levels) {
+		return fmt.Errorf("%w: level_window_left has %d entries for %d levels", ErrInvalidLevels, len(p.LevelWindowLeft), len(p.Levels))
+	}
+	for l, w := range p.LevelWindowLeft {
+		if w < -1 {
+			return fmt.Errorf("%w: level_window_left[%d] = %d < -1", ErrInvalidLevels, l, w)
+		}
 	}
 	for l := range p.Levels {
 		if err := p.level(l, p.O, p.LSE).Validate(); err != nil {

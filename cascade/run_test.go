@@ -375,6 +375,9 @@ func TestRunValidates(t *testing.T) {
 	}{
 		"no levels":                {func(p *Params) { p.Levels = nil }, ErrInvalidLevels},
 		"window":                   {func(p *Params) { p.WindowLeft = 3 }, ErrInvalidLevels},
+		"window and level windows": {func(p *Params) { p.WindowLeft, p.LevelWindowLeft = 3, []int{-1, -1, 3} }, ErrInvalidLevels},
+		"level windows short":      {func(p *Params) { p.LevelWindowLeft = []int{-1, 3} }, ErrInvalidLevels},
+		"level window below -1":    {func(p *Params) { p.LevelWindowLeft = []int{-1, -2, 3} }, ErrInvalidLevels},
 		"qo_indptr short of q":     {func(p *Params) { p.Levels[1].QOIndptr = []int32{0, 4, 6, 8} }, kernels.ErrInvalidAttention},
 		"page id beyond the cache": {func(p *Params) { p.Levels[2].KVIndices = []int32{10, 11, 12, 13, 14, 16} }, kernels.ErrIndexOutOfRange},
 		"level batch mismatch":     {func(p *Params) { p.Levels[1].KVIndptr = []int32{0, 2, 4} }, kernels.ErrInvalidPageTable},
