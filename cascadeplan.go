@@ -5,14 +5,16 @@ import (
 	"slices"
 
 	"github.com/pagedkv/pagedkv/cascade"
+	"github.com/pagedkv/pagedkv/layergroup"
 )
 
 // cascadePlanner turns a step's page lists into a multi-level cascade
 // layout when requests share enough prefix pages to be worth it.
 //
 // Requests share a page when they hold the same physical page (a prefix
-// reused from the cache, or a fork), and because every request's pages
-// start at its token 0 (cascade plans are for full attention only), two
+// reused from the cache, or a fork), and because every sharing request's
+// pages start at the same token (token 0, or for a chunked group the start
+// of the chunk both are in), two
 // requests' common pages form a common prefix of their page lists. Sorting
 // the lists makes every group of requests with a common prefix contiguous,
 // and the common prefix of a contiguous run is the minimum of the adjacent
@@ -44,6 +46,7 @@ type cascadePlanner struct {
 	p        *Plan
 	ps       int32
 	minSaved int
+	maxSeq   int32 // a request holding more keys (SeqLens) shares nothing
 
 	order   []int           // batch indices, sorted by page list
 	lcp     []int           // lcp[k]: pages order[k-1] and order[k] may share and do
@@ -55,6 +58,7 @@ type cascadePlanner struct {
 
 	builder cascade.Builder
 	layout  cascade.Layout
+	windows []int // the layout's per-level window_left (Plan.CascadeWindowLeft)
 }
 
 // planLeaf is a request's own node (its remaining pages) with the node it
@@ -69,21 +73,50 @@ func (c *cascadePlanner) init(numPages int) { c.mark = make([]uint64, numPages) 
 
 // plan returns the cascade layout of m's current plan, or nil for flat. The
 // layout is the planner's own and is overwritten by the next plan.
+//
+// A full or MLA group shares any common prefix. A windowed group shares
+// only what every row of every sharing request sees in full (see
+// docs/manager.md, "Cascade with windows"):
+//
+//   - sliding window W: a request takes part in sharing only while it holds
+//     at most W keys after the step's append (SeqLens <= W). Its pages then
+//     start at token 0 and its last row, at seq_len-1, reads from
+//     seq_len-W <= 0, so every row sees every held key; a request holding more
+//     has a first held page with a key some row must not see, which no
+//     level's window_left can mask per row, and keeps all its pages on the
+//     last level, where window_left W-1 is exact;
+//   - chunked attention of C tokens: the plan is a cascade only if every
+//     request holds at most C keys (all its rows in the chunk its pages
+//     start at, so its attention is causal over its held pages, window -1);
+//     a request whose rows cross a chunk needs two attention ranges, which
+//     one leaf cannot express, so then the whole plan stays flat.
 func (c *cascadePlanner) plan(m *Manager, minSaved int) *cascade.Layout {
-	return c.planFor(&m.plan, m.pageSize, minSaved)
+	switch m.group.Kind {
+	case layergroup.Sliding:
+		return c.planFor(&m.plan, m.pageSize, minSaved, m.group.WindowTokens)
+	case layergroup.Chunked:
+		for _, n := range m.plan.SeqLens {
+			if int(n) > m.group.ChunkTokens {
+				return nil
+			}
+		}
+	}
+	return c.planFor(&m.plan, m.pageSize, minSaved, math.MaxInt32)
 }
 
 // planFor is plan over the flat arrays of p (Requests, QOIndptr, KVIndptr,
-// KVPageIndices, KVLastPageLen, SeqLens), with page ids < len(c.mark).
-func (c *cascadePlanner) planFor(p *Plan, pageSize, minSaved int) *cascade.Layout {
+// KVPageIndices, KVLastPageLen, SeqLens), with page ids < len(c.mark): a
+// request with SeqLens > maxSeq shares no page.
+func (c *cascadePlanner) planFor(p *Plan, pageSize, minSaved, maxSeq int) *cascade.Layout {
 	nb := len(p.Requests)
 	if nb < 2 {
 		return nil
 	}
+	c.maxSeq = int32(min(maxSeq, math.MaxInt32))
 	c.epoch++
 	shared := false
 	for b := range nb {
-		if lo, hi := p.KVIndptr[b], p.KVIndptr[b+1]; hi > lo {
+		if lo, hi := p.KVIndptr[b], p.KVIndptr[b+1]; hi > lo && p.SeqLens[b] <= c.maxSeq {
 			pg := p.KVPageIndices[lo]
 			if c.mark[pg] == c.epoch {
 				shared = true
@@ -161,8 +194,11 @@ func (c *cascadePlanner) pages(b int) []int32 {
 }
 
 // shareable is how many of request b's pages may be shared: those before
-// its first query token.
+// its first query token, none when it holds more than maxSeq keys.
 func (c *cascadePlanner) shareable(b int) int {
+	if c.p.SeqLens[b] > c.maxSeq {
+		return 0
+	}
 	qo := c.p.QOIndptr[b+1] - c.p.QOIndptr[b]
 	return int((c.p.SeqLens[b] - qo) / c.ps)
 }

@@ -1,6 +1,7 @@
 package pagedkv
 
 import (
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -195,7 +196,7 @@ func TestCascadePlannerEqualsReference(t *testing.T) {
 			c.mark = append(c.mark, make([]uint64, numPages-len(c.mark))...)
 		}
 		want := referenceCascadePlan(p, pageSize, minSaved)
-		got := c.planFor(p, pageSize, minSaved)
+		got := c.planFor(p, pageSize, minSaved, math.MaxInt32)
 		if want == nil {
 			require.Nil(t, got, "batch %d: %+v", i, p)
 			continue

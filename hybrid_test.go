@@ -144,7 +144,11 @@ func TestScenarioHybridPlans(t *testing.T) {
 // pages once, then each request's 2 own pages); the sliding group holds
 // only pages 6 and 7 of the prefix (tokens 24..31) and its plan is flat,
 // because every row's window (row at 32: keys 27..32; row at 36: 31..36)
-// excludes some token of each shared page.
+// excludes some token of each shared page. With W = 48 the same batch
+// holds 37 keys per request, all visible to every row, and the sliding
+// group's plan is the same two-level cascade with CascadeWindowLeft
+// [-1 47]; decoding on, it stays a cascade up to 48 keys per request and
+// turns flat at 49 (the full group's stays a cascade).
 func TestScenarioHybridCascade(t *testing.T) {
 	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 128, PageSize: 4, HashSeed: 1},
 		Groups: []LayerGroup{{Kind: SlidingAttention, WindowTokens: 6, NumLayers: 2}, {Kind: FullAttention, NumLayers: 2}}})
@@ -165,6 +169,7 @@ func TestScenarioHybridCascade(t *testing.T) {
 	require.NoError(t, err)
 	sl, full := p.Groups[0], p.Groups[1]
 	require.Nil(t, sl.Cascade)
+	require.Nil(t, sl.CascadeWindowLeft)
 	require.Equal(t, 5, sl.WindowLeft)
 	require.Equal(t, []int32{0, 4, 8, 12, 16}, sl.KVIndptr)
 	require.Equal(t, []int32{6, 7, 18, 19, 6, 7, 20, 21, 6, 7, 22, 23, 6, 7, 24, 25}, sl.KVPageIndices)
@@ -192,6 +197,59 @@ func TestScenarioHybridCascade(t *testing.T) {
 		}
 		require.False(t, all, "page of tokens %d..%d", first, first+3)
 	}
+	require.NoError(t, h.Commit(nil))
+	require.NoError(t, h.Audit())
+
+	// The same batch with W = 48: every request holds 37 <= 48 keys, so
+	// every row sees the whole prefix and the sliding group cascades like
+	// the full group, window_left -1 on the shared level and 47 on each
+	// request's own pages. Decoding on, a request past 48 keys shares
+	// nothing (its first page holds a key outside the window) and the plan
+	// turns flat.
+	h, err = NewHybrid(HybridConfig{Config: Config{NumPages: 128, PageSize: 4, HashSeed: 1},
+		Groups: []LayerGroup{{Kind: SlidingAttention, WindowTokens: 48, NumLayers: 2}, {Kind: FullAttention, NumLayers: 2}}})
+	require.NoError(t, err)
+	_, err = h.Add(1, Request{Prompt: append(slices.Clone(sys), 1)})
+	require.NoError(t, err)
+	_, err = h.Reserve([]RequestID{1}, []int32{33})
+	require.NoError(t, err)
+	require.NoError(t, h.Commit(nil))
+	for i, id := range ids {
+		n, err := h.Add(id, Request{Prompt: append(slices.Clone(sys), seqTokens(1000*(i+1), 5)...)})
+		require.NoError(t, err)
+		require.Equal(t, 32, n)
+	}
+	p, err = h.Reserve(ids, []int32{5, 5, 5, 5})
+	require.NoError(t, err)
+	sl = p.Groups[0]
+	require.NotNil(t, sl.Cascade)
+	require.Equal(t, []int{-1, 47}, sl.CascadeWindowLeft)
+	require.Equal(t, []int{-1, -1}, p.Groups[1].CascadeWindowLeft)
+	lv = sl.Cascade.Levels
+	require.Len(t, lv, 2)
+	require.Equal(t, []int32{0, 20}, lv[0].QOIndptr)
+	require.Equal(t, []int32{0, 8}, lv[0].KVIndptr)
+	require.Equal(t, []int32{0, 1, 2, 3, 4, 5, 6, 7}, lv[0].KVIndices)
+	require.Equal(t, []int32{4}, lv[0].KVLastPageLen)
+	require.Equal(t, []int32{0, 5, 10, 15, 20}, lv[1].QOIndptr)
+	require.Equal(t, []int32{0, 2, 4, 6, 8}, lv[1].KVIndptr)
+	require.Equal(t, []int32{18, 19, 20, 21, 22, 23, 24, 25}, lv[1].KVIndices)
+	require.Equal(t, []int32{1, 1, 1, 1}, lv[1].KVLastPageLen)
+	require.NoError(t, h.Commit([]int32{7, 7, 7, 7}))
+	decode := []int32{1, 1, 1, 1}
+	for n := 38; n <= 48; n++ { // the step's SeqLens
+		p, err = h.Reserve(ids, decode)
+		require.NoError(t, err)
+		require.Equal(t, int32(n), p.Groups[0].SeqLens[0])
+		require.NotNil(t, p.Groups[0].Cascade, "%d keys", n)
+		require.NoError(t, h.Commit([]int32{7, 7, 7, 7}))
+	}
+	p, err = h.Reserve(ids, decode)
+	require.NoError(t, err)
+	require.Equal(t, int32(49), p.Groups[0].SeqLens[0])
+	require.Nil(t, p.Groups[0].Cascade)
+	require.Nil(t, p.Groups[0].CascadeWindowLeft)
+	require.NotNil(t, p.Groups[1].Cascade)
 	require.NoError(t, h.Commit(nil))
 	require.NoError(t, h.Audit())
 }

@@ -61,13 +61,26 @@ type Plan struct {
 	AttnQOIndptr, AttnKVIndptr, AttnKVPageIndices, AttnKVLastPageLen, AttnRequests []int32
 
 	// Cascade, when not nil, is a multi-level cascade layout of the same
-	// attention (full attention only): shared prefixes are read once per
-	// level. Its request IDs are batch indices; use
+	// attention: shared prefixes are read once per level. Full and MLA
+	// groups share any common prefix; a sliding or chunked group of a
+	// [HybridManager] only pages every sharing row sees in full (see
+	// docs/manager.md, "Cascade with windows"), with CascadeWindowLeft
+	// per level. Its request IDs are batch indices; use
 	// [cascade.Layout.QueryRows] to order queries. Nil means run flat.
 	// Like every slice of the Plan, the layout is the Manager's and is
 	// reused: it is valid until the next Reserve, which overwrites it in
 	// place; copy its slices to keep it longer.
 	Cascade *cascade.Layout
+	// CascadeWindowLeft [len(Cascade.Levels)] is each level's window_left
+	// (nil when Cascade is nil): -1 on every shared level, WindowLeft on the
+	// last (each request's own pages, the only causal level). Pass it as
+	// [cascade.Params.LevelWindowLeft]. FlashInfer's
+	// MultiLevelCascadeAttentionWrapper.plan takes one window_left for all
+	// levels; W-1 on every level is exact as well here (every shared level
+	// of a sliding group holds fewer than W keys, so the window masks
+	// nothing on it), or run one BatchPrefillWithPagedKVCacheWrapper per
+	// level with its window_left and merge_state_in_place.
+	CascadeWindowLeft []int
 }
 
 // ---- Per step ----
@@ -298,9 +311,23 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	if m.group.Kind == layergroup.Chunked {
 		m.fillChunkedAttention()
 	}
-	p.Cascade = nil
-	if m.group.KeepTokens(0) < 0 && m.cfg.CascadeMinSavedPages > 0 {
+	p.Cascade, p.CascadeWindowLeft = nil, nil
+	// A plain Manager with a window keeps flat plans (its engines run the
+	// CUDA step's cascade, which takes no window); a HybridManager's
+	// windowed groups cascade what every sharing row sees in full.
+	if (m.group.KeepTokens(0) < 0 || m.sharedPool) && m.cfg.CascadeMinSavedPages > 0 {
 		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
+	}
+	if p.Cascade != nil {
+		w := m.planner.windows[:0]
+		for l := range p.Cascade.Levels {
+			wl := -1
+			if l == len(p.Cascade.Levels)-1 {
+				wl = p.WindowLeft
+			}
+			w = append(w, wl)
+		}
+		m.planner.windows, p.CascadeWindowLeft = w, w
 	}
 }
 

@@ -265,8 +265,14 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 			for r, src := range rows {
 				copy(e.qc.Data[r*qRowBytes:(r+1)*qRowBytes], e.q.Data[int(src)*qRowBytes:])
 			}
-			err = cascade.Run(e.backend, &cascade.Params{Levels: plan.Cascade.Levels, Q: e.qc, Cache: cache,
-				Causal: true, AttentionParams: ap, O: e.oc})
+			// A windowed group's cascade has a window_left per level.
+			cp := &cascade.Params{Levels: plan.Cascade.Levels, Q: e.qc, Cache: cache,
+				Causal: true, AttentionParams: ap, LevelWindowLeft: plan.CascadeWindowLeft, O: e.oc}
+			cp.WindowLeft = -1
+			if e.ignoreWindows {
+				cp.LevelWindowLeft = nil
+			}
+			err = cascade.Run(e.backend, cp)
 			for r, dst := range rows {
 				copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
 			}
