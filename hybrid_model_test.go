@@ -196,27 +196,7 @@ func (x *hybridModelHarness) op() {
 
 func (x *hybridModelHarness) step() {
 	r, h, m, t := x.rng, x.hh.h, x.model, x.t
-	var ids []RequestID
-	var nt []int32
-	var drafts [][]int32
-	spec := r.IntN(2) == 0
-	for _, id := range x.hh.ids {
-		if !h.Running(id) || r.IntN(2) == 0 || len(ids) == 4 {
-			continue
-		}
-		left := len(h.Tokens(id)) - h.Computed(id)
-		n := min(left, 1+r.IntN(9))
-		var d []int32
-		if spec && n == left {
-			for range r.IntN(5) {
-				d = append(d, int32(r.IntN(90)))
-			}
-		}
-		if n+len(d) == 0 {
-			continue
-		}
-		ids, nt, drafts = append(ids, id), append(nt, int32(n)), append(drafts, d)
-	}
+	ids, nt, drafts := stepDraw{minNew: 1, newSpan: 9, draftSpan: 5, spec: r.IntN(2) == 0}.draw(r, h, x.hh.ids)
 	if len(ids) == 0 {
 		return
 	}

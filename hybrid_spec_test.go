@@ -143,26 +143,7 @@ func (tw *hybridTwins) op() {
 // step runs a speculative step on spec and its accepted-only twin.
 func (tw *hybridTwins) step() {
 	r, t, spec, twin := tw.rng, tw.t, tw.spec.h, tw.twin.h
-	var ids []RequestID
-	var nt []int32
-	var drafts [][]int32
-	for _, id := range tw.ids {
-		if !spec.Running(id) || r.IntN(2) == 0 || len(ids) == 4 {
-			continue
-		}
-		left := len(spec.Tokens(id)) - spec.Computed(id)
-		n := min(left, r.IntN(6))
-		var d []int32
-		if n == left {
-			for range r.IntN(5) {
-				d = append(d, int32(r.IntN(90)))
-			}
-		}
-		if n+len(d) == 0 {
-			continue
-		}
-		ids, nt, drafts = append(ids, id), append(nt, int32(n)), append(drafts, d)
-	}
+	ids, nt, drafts := stepDraw{minNew: 0, newSpan: 6, draftSpan: 5, spec: true}.draw(r, spec, tw.ids)
 	if len(ids) == 0 {
 		return
 	}

@@ -530,29 +530,40 @@ func (hh *hybridHarness) op() {
 	}
 }
 
-func (hh *hybridHarness) step() {
-	r, h, t := hh.rng, hh.h, hh.t
-	var ids []RequestID
-	var nt []int32
-	var drafts [][]int32
-	spec := r.IntN(3) == 0
-	for _, id := range hh.ids {
+// stepDraw says how the randomized hybrid tests draw a step: each running
+// candidate joins with probability 1/2 (at most 4 join) and computes
+// min(left, minNew+IntN(newSpan)) of its uncomputed tokens; one that computes
+// all of them takes IntN(draftSpan) drafts when spec is set.
+type stepDraw struct {
+	minNew, newSpan, draftSpan int
+	spec                       bool
+}
+
+// draw picks a step's requests, token counts and drafts from candidates.
+func (d stepDraw) draw(r *rand.Rand, h *HybridManager, candidates []RequestID) (ids []RequestID, nt []int32, drafts [][]int32) {
+	for _, id := range candidates {
 		if !h.Running(id) || r.IntN(2) == 0 || len(ids) == 4 {
 			continue
 		}
 		left := len(h.Tokens(id)) - h.Computed(id)
-		n := min(left, 1+r.IntN(9))
-		var d []int32
-		if spec && n == left {
-			for range r.IntN(4) {
-				d = append(d, int32(r.IntN(90)))
+		n := min(left, d.minNew+r.IntN(d.newSpan))
+		var dr []int32
+		if d.spec && n == left {
+			for range r.IntN(d.draftSpan) {
+				dr = append(dr, int32(r.IntN(90)))
 			}
 		}
-		if n+len(d) == 0 {
+		if n+len(dr) == 0 {
 			continue
 		}
-		ids, nt, drafts = append(ids, id), append(nt, int32(n)), append(drafts, d)
+		ids, nt, drafts = append(ids, id), append(nt, int32(n)), append(drafts, dr)
 	}
+	return ids, nt, drafts
+}
+
+func (hh *hybridHarness) step() {
+	r, h, t := hh.rng, hh.h, hh.t
+	ids, nt, drafts := stepDraw{minNew: 1, newSpan: 9, draftSpan: 4, spec: r.IntN(3) == 0}.draw(r, h, hh.ids)
 	if len(ids) == 0 {
 		return
 	}

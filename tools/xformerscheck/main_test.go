@@ -18,18 +18,7 @@ func TestRunProtocol(t *testing.T) {
 		`{"id":4,"op":"tensor_list","shapes":[[2,1,1],[1,2,1]]}`,
 		``,
 	}, "\n")
-	var out bytes.Buffer
-	if err := run(strings.NewReader(in), &out); err != nil {
-		t.Fatal(err)
-	}
-	var got []result
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		var r result
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, r)
-	}
+	got := runLines(t, in)
 	if len(got) != 4 {
 		t.Fatalf("%d results, want 4", len(got))
 	}
@@ -47,6 +36,7 @@ func TestRunProtocol(t *testing.T) {
 		t.Errorf("tensor list: %+v", r)
 	}
 
+	var out bytes.Buffer
 	if err := run(strings.NewReader(`{"id":1,"kindd":"x"}`), &out); err == nil {
 		t.Error("an unknown field was accepted")
 	}
@@ -66,18 +56,7 @@ func TestWindowArgumentsOnlyWhereTheClassTakesThem(t *testing.T) {
 		`{"id":4,"kind":"block_diagonal_causal_local","q_seqlen":[3],"kv_seqlen":[3],"window_size":1,"window_left":4}`,
 		``,
 	}, "\n")
-	var out bytes.Buffer
-	if err := run(strings.NewReader(in), &out); err != nil {
-		t.Fatal(err)
-	}
-	var got []result
-	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
-		var r result
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, r)
-	}
+	got := runLines(t, in)
 	if len(got) != 4 {
 		t.Fatalf("%d results, want 4", len(got))
 	}
@@ -90,4 +69,22 @@ func TestWindowArgumentsOnlyWhereTheClassTakesThem(t *testing.T) {
 	if r := got[3]; !r.OK || r.Mask != "100010001" {
 		t.Errorf("local window 1 with a stray window_left: %+v", r)
 	}
+}
+
+// runLines runs the tool on in and decodes its output lines.
+func runLines(t *testing.T, in string) []result {
+	t.Helper()
+	var out bytes.Buffer
+	if err := run(strings.NewReader(in), &out); err != nil {
+		t.Fatal(err)
+	}
+	var got []result
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var r result
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	return got
 }
