@@ -109,15 +109,7 @@ func TestHybridMLAGroupDecode(t *testing.T) {
 				}
 			}
 		}
-		sampled := make([]int32, len(ids))
-		for b, id := range ids {
-			sampled[b] = pagedkv.NoToken
-			if h.Computed(id)+int(nt[b]) == len(h.Tokens(id)) {
-				sampled[b] = int32(200 + step)
-			}
-		}
-		require.NoError(t, h.Commit(sampled))
-		require.NoError(t, h.Audit())
+		commitStep(t, h, ids, nt, step)
 	}
 	require.Greater(t, decodes, 20)
 }

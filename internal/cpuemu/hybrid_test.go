@@ -97,20 +97,27 @@ func TestHybridGroupsDecodeOnEmu(t *testing.T) {
 						}
 					}
 				}
-				sampled := make([]int32, len(ids))
-				for b, id := range ids {
-					sampled[b] = pagedkv.NoToken
-					if h.Computed(id)+int(nt[b]) == len(h.Tokens(id)) {
-						sampled[b] = int32(200 + step)
-					}
-				}
-				require.NoError(t, h.Commit(sampled))
-				require.NoError(t, h.Audit())
+				commitStep(t, h, ids, nt, step)
 			}
 			require.Greater(t, decodes, 30)
 			require.Positive(t, h.Stats().WindowReleasedPages+int64(btoi(len(groups) == 1)))
 		})
 	}
+}
+
+// commitStep commits a hybrid step in which every request that reaches the
+// end of its tokens samples token 200+step, and audits the manager.
+func commitStep(t *testing.T, h *pagedkv.HybridManager, ids []pagedkv.RequestID, nt []int32, step int) {
+	t.Helper()
+	sampled := make([]int32, len(ids))
+	for b, id := range ids {
+		sampled[b] = pagedkv.NoToken
+		if h.Computed(id)+int(nt[b]) == len(h.Tokens(id)) {
+			sampled[b] = int32(200 + step)
+		}
+	}
+	require.NoError(t, h.Commit(sampled))
+	require.NoError(t, h.Audit())
 }
 
 func seq(from, n int) []int32 {
