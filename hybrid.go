@@ -224,7 +224,24 @@ func (h *HybridManager) Add(id RequestID, req Request) (matchedTokens int, err e
 		}
 		matchedTokens = n
 	}
+	h.link(id)
 	return matchedTokens, nil
+}
+
+// link points request id's record in each group at its record in the next
+// group (request.sibling), after the groups made the records.
+func (h *HybridManager) link(id RequestID) {
+	for g, m := range h.groups {
+		m.reqs[id].sibling = h.sibling(g, id)
+	}
+}
+
+// sibling is request id's record in group g+1, nil after the last group.
+func (h *HybridManager) sibling(g int, id RequestID) *request {
+	if g+1 == len(h.groups) {
+		return nil
+	}
+	return h.groups[g+1].reqs[id]
 }
 
 // servable returns the pages of tokens every group's cache can serve, at
@@ -247,7 +264,11 @@ func (h *HybridManager) Extend(id RequestID, tokens ...int32) error {
 
 // Fork forks request parent to child in every group.
 func (h *HybridManager) Fork(parent, child RequestID) error {
-	return h.each(func(m *Manager) error { return m.Fork(parent, child) })
+	if err := h.each(func(m *Manager) error { return m.Fork(parent, child) }); err != nil {
+		return err
+	}
+	h.link(child)
+	return nil
 }
 
 // Release ends request id in every group.
@@ -333,9 +354,14 @@ func (h *HybridManager) Reserve(ids []RequestID, ntokens []int32) (*HybridPlan, 
 
 // ReserveSpec is [Manager.ReserveSpec] in every group.
 func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
-	need := 0
-	for _, m := range h.groups {
-		n, err := m.prepare(ids, ntokens, drafts)
+	// Group 0 validates the step and resolves its requests; the other
+	// groups follow its records' siblings.
+	need, err := h.groups[0].prepare(ids, ntokens, drafts)
+	if err != nil {
+		return nil, err
+	}
+	for g := 1; g < len(h.groups); g++ {
+		n, err := h.groups[g].prepareSiblings(h.groups[g-1])
 		if err != nil {
 			return nil, err
 		}
@@ -495,6 +521,9 @@ func (h *HybridManager) Audit() error {
 			r0 := g0.reqs[id]
 			if r0 == nil || r0.computed != r.computed || r0.running != r.running || len(r0.tokens) != len(r.tokens) {
 				return fmt.Errorf("%w: request %d differs between groups 0 and %d", errPool, id, g)
+			}
+			if want := h.sibling(g, id); r.sibling != want {
+				return fmt.Errorf("%w: request %d of group %d is not linked to its record in group %d", errPool, id, g, g+1)
 			}
 			if r.running {
 				for _, p := range m.table.Pages(r.seq()) {

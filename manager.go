@@ -174,6 +174,11 @@ type request struct {
 
 	mark uint64 // Reserve's duplicate check: == Manager.epoch while in the batch
 
+	// sibling is the same request in the next layer group of a
+	// HybridManager (nil in the last group and in a plain Manager): a
+	// step's batch is resolved once, in group 0, and followed from there.
+	sibling *request
+
 	// Tiers: troot is the namespace's tier digest, tchain the digest of
 	// pages [0, cachedPages) and tfirst that of page 0; gen names the
 	// admission (unique in the Manager: request records are reused), and
@@ -551,7 +556,7 @@ func (m *Manager) Fork(parent, child RequestID) error {
 		return fmt.Errorf("pagedkv: fork request %d to %d: %w", parent, child, err)
 	}
 	c := *p
-	c.id, c.mark = child, 0
+	c.id, c.mark, c.sibling = child, 0, nil
 	if p.computed%m.pageSize != 0 {
 		p.lastMaybeShared, c.lastMaybeShared = true, true
 	}

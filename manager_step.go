@@ -180,14 +180,45 @@ func (m *Manager) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (n
 		ndrafts = append(ndrafts, int32(d))
 	}
 	m.batch, m.seqs, m.ntokens, m.drafts = batch, seqs, counts, ndrafts
+	return m.checkSlots(slots)
+}
+
+// prepareSiblings is prepare for a HybridManager's group after group 0:
+// the step's requests are lead's siblings (see request.sibling), and lead's
+// group validated the step, which holds in every group because every group
+// holds the same requests in the same states. Only the token-slot bound
+// depends on the group (its held pages).
+func (m *Manager) prepareSiblings(lead *Manager) (need int, err error) {
+	m.epoch++
+	batch, seqs := m.batch[:0], m.seqs[:0]
+	var slots int64
+	for i, l := range lead.batch {
+		r := l.sibling
+		if r == nil || r.id != l.id {
+			panic(fmt.Sprintf("pagedkv: request %d of the step has no sibling in the next group", l.id))
+		}
+		held := int64(r.computed-r.start) + int64(lead.ntokens[i])
+		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
+		r.mark = m.epoch
+		batch = append(batch, r)
+		seqs = append(seqs, r.seq())
+	}
+	m.batch, m.seqs = batch, seqs
+	m.ntokens = append(m.ntokens[:0], lead.ntokens...)
+	m.drafts = append(m.drafts[:0], lead.drafts...)
+	return m.checkSlots(slots)
+}
+
+// checkSlots bounds the prepared step's token slots and returns the pages
+// it needs.
+func (m *Manager) checkSlots(slots int64) (need int, err error) {
 	if slots >= maxBatchTokenSlots {
 		// Shared pages count once per request (FlashInfer indexes each
 		// request's pages separately), so forks can exceed the pool.
 		return 0, fmt.Errorf("%w: reserve: the step's %d requests would hold %d token slots (pages*page_size), want < %d (FlashInfer's 32-bit token offsets); split the batch",
-			ErrBadArgument, len(ids), slots, int64(maxBatchTokenSlots))
+			ErrBadArgument, len(m.batch), slots, int64(maxBatchTokenSlots))
 	}
-
-	return m.pagesNeeded(batch, counts), nil
+	return m.pagesNeeded(m.batch, m.ntokens), nil
 }
 
 // apply reserves the prepared step, whose pages are free.
