@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/pagedkv/pagedkv"
 )
@@ -420,6 +421,83 @@ func TestABIMessages(t *testing.T) {
 			t.Errorf("code %d, message %q, want it to contain %q", code, msg, c.want)
 		}
 	}
+}
+
+// TestStaleCallerMemoryIsNeverShaded: the plan struct a caller passes to
+// pagedkv_reserve holds the previous plan's pointers (or garbage), and the
+// library must overwrite them without reading them. A pointer-typed store
+// into it would run Go's write barrier, which during a collection shades
+// the slot's old value; a stale pointer to a freed Go object then kills the
+// process ("found pointer to free object", seen in the Python tests under
+// load). Here every word of a C-memory plan holds the address of a freed
+// Go object before each reserve, while collections run back to back.
+func TestStaleCallerMemoryIsNeverShaded(t *testing.T) {
+	h, ids, ones, sampled, _ := decodeABI(t, 16)
+	defer goDestroy(h)
+	p := newCPlan()
+	defer p.free()
+	// A heap of many small objects keeps each collection's mark phase,
+	// when the write barrier is on, long beside a reserve.
+	ballast := make([]*[2]*int, 1<<18)
+	for i := range ballast {
+		ballast[i] = new([2]*int)
+	}
+	defer runtime.KeepAlive(ballast)
+	freed, kept := freedObjects(4096)
+	defer runtime.KeepAlive(kept)
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := range 20000 {
+		p.fillWords(freed[i%len(freed)])
+		if code := goReserveC(h, ids, ones, int64(len(ids)), p); code != codeOK {
+			t.Fatalf("step %d: reserve: code %d", i, code)
+		}
+		if i%1000 == 0 {
+			if got := p.read(); got.BatchSize != int64(len(ids)) || len(got.Arrays["kv_indptr"]) != len(ids)+1 || got.Levels != nil {
+				t.Fatalf("step %d: the plan read back is wrong: batch %d, kv_indptr %v, %d levels", i, got.BatchSize, got.Arrays["kv_indptr"], len(got.Levels))
+			}
+		}
+		if code := goAbort(h); code != codeOK {
+			t.Fatalf("step %d: abort: code %d", i, code)
+		}
+	}
+	_ = sampled
+}
+
+// freedObjects returns the addresses of n pointer-holding Go objects that
+// were allocated, dropped and swept: free slots of spans that stay in use,
+// since the object allocated after each freed one is kept.
+func freedObjects(n int) (freed []uintptr, kept []*[4]*int) {
+	freed = make([]uintptr, n)
+	for i := range freed {
+		freed[i] = newObjectAddr()
+		kept = append(kept, new([4]*int))
+	}
+	runtime.GC()
+	runtime.GC()
+	return freed, kept
+}
+
+// escape makes newObjectAddr's object a heap object (a pointer turned into
+// an integer does not escape, so it would live on the stack).
+var escape *[4]*int
+
+func newObjectAddr() uintptr {
+	escape = new([4]*int)
+	addr := uintptr(unsafe.Pointer(escape))
+	escape = nil
+	return addr
 }
 
 // decodeABI makes a Manager behind the ABI with n requests of 64 prompt

@@ -1,6 +1,7 @@
 package main
 
 /*
+#include <stdlib.h>
 #define PAGEDKV_NO_PROTOTYPES
 #include "pagedkv.h"
 const char *pagedkv_last_error(void);
@@ -159,6 +160,36 @@ func (p *abiPlanC) read() abiPlan {
 	var out abiPlan
 	out.read(&p.c)
 	return out
+}
+
+// cPlan is a pagedkv_plan in C memory, where a C or Python caller keeps it
+// (an abiPlanC lives in the Go heap, whose pointer slots the collector
+// scans, so it cannot show what the runtime does with C memory).
+type cPlan struct{ c *C.pagedkv_plan }
+
+func newCPlan() cPlan {
+	return cPlan{(*C.pagedkv_plan)(C.calloc(1, C.sizeof_pagedkv_plan))}
+}
+
+func (p cPlan) free() { C.free(unsafe.Pointer(p.c)) }
+
+// fillWords sets every 8-byte word of the struct to w, with integer stores:
+// what stale caller memory may hold.
+func (p cPlan) fillWords(w uintptr) {
+	words := unsafe.Slice((*uintptr)(unsafe.Pointer(p.c)), C.sizeof_pagedkv_plan/8)
+	for i := range words {
+		words[i] = w
+	}
+}
+
+func (p cPlan) read() abiPlan {
+	var out abiPlan
+	out.read(p.c)
+	return out
+}
+
+func goReserveC(h uint64, ids []uint64, nt []int32, n int64, p cPlan) int32 {
+	return int32(pagedkv_reserve(C.pagedkv_manager(h), ptrU64(ids), ptr32(nt), C.int64_t(n), p.c))
 }
 
 func goCommit(h uint64, sampled []int32, n int64) int32 {

@@ -68,6 +68,8 @@ type handle struct {
 	// the buffers the last successful Reserve handed out. cur is scratch.
 	pinner      runtime.Pinner
 	pinned, cur []unsafe.Pointer
+	// outs is export's scratch: the descriptors it writes after pinning.
+	outs []arrayOut
 
 	// levels is a C array of levelsCap descriptors for cascade plans.
 	levels    *C.pagedkv_level

@@ -15,14 +15,17 @@ import (
 )
 
 // export fills out with plan's arrays (zero copy) after pinning every
-// buffer they point into. It allocates only when a buffer or the level
-// array grows.
+// buffer they point into. The descriptors are gathered first, the buffers
+// pinned, and only then written into C memory (out and the level array),
+// with plain integer stores: a pointer-typed store would run Go's write
+// barrier on C memory, and during a collection the barrier shades the
+// slot's old value — the previous plan's buffer, which may have been freed
+// since — and the runtime dies on "found pointer to free object" (seen in
+// the Python tests under load). It allocates only when a buffer or the
+// level array grows.
 func (h *handle) export(out *C.pagedkv_plan, p *pagedkv.Plan) {
-	h.cur = h.cur[:0]
+	h.cur, h.outs = h.cur[:0], h.outs[:0]
 	copies := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(p.Copies))), 3*cap(p.Copies))[:3*len(p.Copies)]
-	out.batch_size = C.int64_t(len(p.QOIndptr) - 1)
-	out.nnz = C.int64_t(len(p.Positions))
-	out.window_left = C.int64_t(p.WindowLeft)
 	h.array(&out.copies, copies)
 	h.array(&out.qo_indptr, p.QOIndptr)
 	h.array(&out.batch_indices, p.BatchIndices)
@@ -35,8 +38,7 @@ func (h *handle) export(out *C.pagedkv_plan, p *pagedkv.Plan) {
 	h.array(&out.seq_lens, p.SeqLens)
 	h.array(&out.drafts, p.Drafts)
 
-	out.num_levels, out.levels = 0, nil
-	out.query_rows = C.pagedkv_array{}
+	var levels []C.pagedkv_level
 	if l := p.Cascade; l != nil {
 		h.queryRows(l.RequestOrder, l.RequestQOIndptr, p.QOIndptr)
 		h.array(&out.query_rows, h.rows)
@@ -47,26 +49,57 @@ func (h *handle) export(out *C.pagedkv_plan, p *pagedkv.Plan) {
 			}
 			h.levels, h.levelsCap = nl, len(l.Levels)
 		}
-		levels := unsafe.Slice(h.levels, h.levelsCap)
+		levels = unsafe.Slice(h.levels, h.levelsCap)[:len(l.Levels)]
 		for i, lv := range l.Levels {
 			h.array(&levels[i].qo_indptr, lv.QOIndptr)
 			h.array(&levels[i].kv_indptr, lv.KVIndptr)
 			h.array(&levels[i].kv_indices, lv.KVIndices)
 			h.array(&levels[i].kv_last_page_len, lv.KVLastPageLen)
 		}
-		out.num_levels, out.levels = C.int64_t(len(l.Levels)), h.levels
 	}
 	h.pin()
+
+	// Every buffer is pinned: write the descriptors.
+	for i := range h.outs {
+		o := &h.outs[i]
+		storeArray(o.dst, o.data, o.len, o.cap)
+		o.data = nil
+	}
+	out.batch_size = C.int64_t(len(p.QOIndptr) - 1)
+	out.nnz = C.int64_t(len(p.Positions))
+	out.window_left = C.int64_t(p.WindowLeft)
+	out.num_levels = C.int64_t(len(levels))
+	var lp unsafe.Pointer
+	if p.Cascade == nil {
+		storeArray(&out.query_rows, nil, 0, 0)
+	} else {
+		lp = unsafe.Pointer(h.levels)
+	}
+	*(*uintptr)(unsafe.Pointer(&out.levels)) = uintptr(lp)
 }
 
-// array describes s in dst and notes its buffer for pinning.
+// storeArray writes a descriptor into C memory without a write barrier
+// (see export): data is pinned Go memory or nil.
+func storeArray(dst *C.pagedkv_array, data unsafe.Pointer, n, capacity int) {
+	*(*uintptr)(unsafe.Pointer(&dst.data)) = uintptr(data)
+	dst.len, dst.cap = C.int64_t(n), C.int64_t(capacity)
+}
+
+// arrayOut is one array descriptor export writes once its buffer is pinned.
+type arrayOut struct {
+	dst      *C.pagedkv_array // in C memory
+	data     unsafe.Pointer   // the buffer's first element; nil if it has none
+	len, cap int
+}
+
+// array notes that dst will describe s, and s's buffer for pinning.
 func (h *handle) array(dst *C.pagedkv_array, s []int32) {
 	var data unsafe.Pointer
 	if cap(s) > 0 {
 		data = unsafe.Pointer(unsafe.SliceData(s))
 		h.cur = append(h.cur, data)
 	}
-	*dst = C.pagedkv_array{data: (*C.int32_t)(data), len: C.int64_t(len(s)), cap: C.int64_t(cap(s))}
+	h.outs = append(h.outs, arrayOut{dst: dst, data: data, len: len(s), cap: cap(s)})
 }
 
 // pin makes the pinned set the buffers of the current plan. In steady
