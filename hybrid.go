@@ -50,7 +50,8 @@ type HybridConfig struct {
 // Plan per group with that group's FlashInfer arrays (its page table, its
 // positions relative to the group's first held page, its window_left, and
 // for a chunked group the Attn arrays). Every group's plan lists the same
-// requests, rows and tokens. Valid until the next Reserve.
+// requests, rows and tokens (Requests, TokenIDs and TokenPositions are the
+// same slices in every group). Valid until the next Reserve.
 type HybridPlan struct {
 	Requests []RequestID
 	Copies   []CopyOp
@@ -143,6 +144,9 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		m, err := newManager(gcfg, alloc, g)
 		if err != nil {
 			return nil, err
+		}
+		if i > 0 {
+			m.lead = h.groups[0]
 		}
 		h.groups = append(h.groups, m)
 		// One hash chain for every group (KV events name a prefix's pages

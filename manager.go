@@ -212,6 +212,11 @@ type Manager struct {
 	// every group can serve.
 	sharedPool bool
 	matchLimit int
+	// lead is group 0 when this Manager is a later group of a
+	// HybridManager. Group 0 validates each step and commit, and a step's
+	// Requests, TokenIDs and TokenPositions are the same in every group, so
+	// this group's plan shares group 0's.
+	lead *Manager
 
 	alloc      *allocator.Allocator
 	table      *pagetable.Table

@@ -315,24 +315,15 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	if err := m.table.ExportAppendTo(&m.appendCSR, m.seqs, m.ntokens); err != nil {
 		panic(fmt.Sprintf("pagedkv: exporting the step's appends: %v", err))
 	}
-	p.Requests = p.Requests[:0]
-	for _, r := range m.batch {
-		p.Requests = append(p.Requests, r.id)
-	}
 	p.Copies = copies
 	p.Drafts = m.drafts
 	p.QOIndptr, p.BatchIndices, p.Positions = m.appendCSR.AppendIndptr, m.appendCSR.BatchIndices, m.appendCSR.Positions
 	p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.SeqLens = m.csr.KVIndptr, m.csr.KVPageIndices, m.csr.KVLastPageLen, m.csr.SeqLens
-	nnz := len(p.Positions)
-	p.TokenIDs = slices.Grow(p.TokenIDs[:0], nnz)[:nnz]
-	p.TokenPositions = slices.Grow(p.TokenPositions[:0], nnz)[:nnz]
-	for b, r := range m.batch {
-		start := int32(r.start)
-		for i := p.QOIndptr[b]; i < p.QOIndptr[b+1]; i++ {
-			pos := p.Positions[i] + start
-			p.TokenPositions[i] = pos
-			p.TokenIDs[i] = r.tokens[pos]
-		}
+	if m.lead != nil {
+		lp := &m.lead.plan
+		p.Requests, p.TokenIDs, p.TokenPositions = lp.Requests, lp.TokenIDs, lp.TokenPositions
+	} else {
+		m.fillTokens()
 	}
 	p.WindowLeft = -1
 	if m.window > 0 {
@@ -362,6 +353,26 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	}
 }
 
+// fillTokens fills the plan's Requests, TokenIDs and TokenPositions.
+func (m *Manager) fillTokens() {
+	p := &m.plan
+	p.Requests = p.Requests[:0]
+	for _, r := range m.batch {
+		p.Requests = append(p.Requests, r.id)
+	}
+	nnz := len(p.Positions)
+	p.TokenIDs = slices.Grow(p.TokenIDs[:0], nnz)[:nnz]
+	p.TokenPositions = slices.Grow(p.TokenPositions[:0], nnz)[:nnz]
+	for b, r := range m.batch {
+		start := int32(r.start)
+		for i := p.QOIndptr[b]; i < p.QOIndptr[b+1]; i++ {
+			pos := p.Positions[i] + start
+			p.TokenPositions[i] = pos
+			p.TokenIDs[i] = r.tokens[pos]
+		}
+	}
+}
+
 // Commit records that the engine ran the reserved step: the reserved tokens
 // now have KV, pages they filled are published to the prefix cache, pages
 // that left a sliding window are released, and sampled[b] (unless
@@ -385,15 +396,9 @@ func (m *Manager) commit(accepted, sampled []int32) error {
 	if sampled != nil && len(sampled) != len(m.batch) {
 		return fmt.Errorf("%w: commit: %d sampled tokens for a step of %d requests", ErrBadArgument, len(sampled), len(m.batch))
 	}
-	for b, t := range sampled {
-		r := m.batch[b]
-		switch {
-		case t == NoToken:
-		case t < 0:
-			return fmt.Errorf("%w: commit: sampled[%d] = %d (request %d) is negative", ErrBadArgument, b, t, r.id)
-		case r.computed+int(m.ntokens[b]) != len(r.tokens):
-			return fmt.Errorf("%w: commit: sampled[%d] = %d, but request %d still has %d known tokens to compute",
-				ErrBadArgument, b, t, r.id, len(r.tokens)-r.computed-int(m.ntokens[b]))
+	if m.lead == nil { // a later group: group 0 checked the same tokens against the same requests
+		if err := m.checkSampled(sampled); err != nil {
+			return err
 		}
 	}
 	if accepted != nil {
@@ -414,6 +419,22 @@ func (m *Manager) commit(accepted, sampled []int32) error {
 	m.counters.computedTokens += nnz
 	m.evictAhead()
 	m.afterChange()
+	return nil
+}
+
+// checkSampled checks a commit's sampled tokens against the step.
+func (m *Manager) checkSampled(sampled []int32) error {
+	for b, t := range sampled {
+		r := m.batch[b]
+		switch {
+		case t == NoToken:
+		case t < 0:
+			return fmt.Errorf("%w: commit: sampled[%d] = %d (request %d) is negative", ErrBadArgument, b, t, r.id)
+		case r.computed+int(m.ntokens[b]) != len(r.tokens):
+			return fmt.Errorf("%w: commit: sampled[%d] = %d, but request %d still has %d known tokens to compute",
+				ErrBadArgument, b, t, r.id, len(r.tokens)-r.computed-int(m.ntokens[b]))
+		}
+	}
 	return nil
 }
 
