@@ -218,6 +218,12 @@ type Manager struct {
 	// this group's plan shares group 0's.
 	lead *Manager
 
+	// prepared is the pages the prepared step needs, counted when the
+	// cache had evicted preparedEvictions pages (apply counts again only
+	// if it evicted since).
+	prepared          int
+	preparedEvictions int64
+
 	alloc      *allocator.Allocator
 	table      *pagetable.Table
 	cache      *prefixcache.Cache

@@ -218,7 +218,9 @@ func (m *Manager) checkSlots(slots int64) (need int, err error) {
 		return 0, fmt.Errorf("%w: reserve: the step's %d requests would hold %d token slots (pages*page_size), want < %d (FlashInfer's 32-bit token offsets); split the batch",
 			ErrBadArgument, len(m.batch), slots, int64(maxBatchTokenSlots))
 	}
-	return m.pagesNeeded(m.batch, m.ntokens), nil
+	m.prepared = m.pagesNeeded(m.batch, m.ntokens)
+	m.preparedEvictions = m.cache.Counters().Evicted
+	return m.prepared, nil
 }
 
 // apply reserves the prepared step, whose pages are free.
@@ -226,8 +228,11 @@ func (m *Manager) apply(drafts [][]int32) *Plan {
 	batch, seqs, counts, ndrafts := m.batch, m.seqs, m.ntokens, m.drafts
 	// Eviction may have taken a cached partial last page (one a request
 	// truncated into) from the cache, so it needs no copy any more: count
-	// again.
-	need := m.pagesNeeded(batch, counts)
+	// again if the cache evicted since prepare.
+	need := m.prepared
+	if m.cache.Counters().Evicted != m.preparedEvictions {
+		need = m.pagesNeeded(batch, counts)
+	}
 	free := m.alloc.NumFree()
 	// Nothing below fails. Drafts join the tokens for the step; Commit keeps
 	// the accepted ones.
