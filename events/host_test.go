@@ -224,6 +224,17 @@ func TestRecorderGroups(t *testing.T) {
 	if err := sets.Apply(bs[0]); err != nil {
 		t.Fatal(err)
 	}
+	// GroupStats counts each group's events and pages in the batches the
+	// queue took (not a dropped one's; a resync's snapshot).
+	groupStats := func(when string, want ...events.GroupStats) {
+		t.Helper()
+		for g, w := range want {
+			if got := rec.GroupStats(g); got != w {
+				t.Fatalf("%s: GroupStats(%d) = %+v, want %+v", when, g, got, w)
+			}
+		}
+	}
+	groupStats("first batch", events.GroupStats{Stored: 2, StoredPages: 2}, events.GroupStats{Stored: 2, StoredPages: 2})
 	// Fill the queue, drop a step, resync.
 	g1.PageRemoved(3, 0x20)
 	if !rec.Flush() {
@@ -233,6 +244,7 @@ func TestRecorderGroups(t *testing.T) {
 	if rec.Flush() {
 		t.Fatal("a full queue took the batch")
 	}
+	groupStats("dropped batch", events.GroupStats{Stored: 2, StoredPages: 2}, events.GroupStats{Stored: 2, StoredPages: 2, Removed: 1, RemovedPages: 1})
 	for _, b := range drain(t, q, enc) {
 		if err := sets.Apply(b); err != nil {
 			t.Fatal(err)
@@ -249,6 +261,7 @@ func TestRecorderGroups(t *testing.T) {
 	if len(sets[0]) != 1 || len(sets[1]) != 1 {
 		t.Fatalf("after resync: %v", sets)
 	}
+	groupStats("resync", events.GroupStats{Stored: 3, StoredPages: 3}, events.GroupStats{Stored: 3, StoredPages: 3, Removed: 1, RemovedPages: 1})
 	if _, ok := sets[0][0x10]; !ok {
 		t.Fatalf("group 0 lost 0x10: %v", sets)
 	}

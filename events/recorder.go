@@ -177,6 +177,14 @@ type RecorderStats struct {
 	Resyncs       int64 // AllBlocksCleared + snapshot batches sent after drops
 }
 
+// GroupStats are the cumulative counts of one KV-cache group's events in
+// the batches a Recorder of several groups (RecorderConfig.Groups) handed
+// to the queue; events of dropped batches are not counted.
+type GroupStats struct {
+	Stored, Removed           int64 // BlockStored and BlockRemoved events
+	StoredPages, RemovedPages int64 // pages they name
+}
+
 // Recorder is a Manager's [prefixcache.Sink]: it collects the step's cache
 // changes as events and keeps a mirror of the cached pages. It belongs to
 // the Manager's goroutine. Its NumPages and PageSize must be the
@@ -210,6 +218,8 @@ type Recorder struct {
 
 	resync bool // a batch was dropped: the next one starts over
 	stats  RecorderStats
+	gstats []GroupStats // [g] with RecorderConfig.Groups
+	gstep  []GroupStats // the batch being offered's counts, [g]
 }
 
 var _ prefixcache.Sink = (*Recorder)(nil)
@@ -263,6 +273,9 @@ func NewRecorder(cfg RecorderConfig, q *Queue) (*Recorder, error) {
 	for g, gc := range cfg.Groups {
 		r.meta.groups = append(r.meta.groups, groupMeta{group: g, hasGroup: true, specKind: gc.SpecKind, slidingWindow: gc.SlidingWindow})
 		r.sinks = append(r.sinks, groupSink{r, uint16(g)})
+	}
+	if len(cfg.Groups) > 0 {
+		r.gstats, r.gstep = make([]GroupStats, len(cfg.Groups)), make([]GroupStats, len(cfg.Groups))
 	}
 	if r.clock == nil {
 		r.clock = wallClock
@@ -397,6 +410,7 @@ func (r *Recorder) Flush() bool {
 	}
 	r.cur.TS = r.clock()
 	n := len(r.cur.events)
+	r.countGroups() // before the offer: the consumer owns the batch after it
 	if !r.q.offer(r.cur) {
 		r.stats.DroppedSteps++
 		r.stats.DroppedEvents += int64(n)
@@ -411,8 +425,37 @@ func (r *Recorder) Flush() bool {
 	r.stats.Batches++
 	r.stats.Events += int64(n)
 	r.stats.Pages += int64(len(r.cur.hashes))
+	for g := range r.gstep {
+		gs, d := &r.gstats[g], &r.gstep[g]
+		gs.Stored, gs.Removed = gs.Stored+d.Stored, gs.Removed+d.Removed
+		gs.StoredPages, gs.RemovedPages = gs.StoredPages+d.StoredPages, gs.RemovedPages+d.RemovedPages
+	}
 	r.cur = r.q.take(&r.meta)
 	return true
+}
+
+// countGroups counts the current batch's device events per group into
+// r.gstep (nothing without RecorderConfig.Groups).
+func (r *Recorder) countGroups() {
+	if len(r.gstep) == 0 {
+		return
+	}
+	clear(r.gstep)
+	for i := range r.cur.events {
+		e := &r.cur.events[i]
+		if e.host {
+			continue
+		}
+		d := &r.gstep[e.g]
+		switch e.kind {
+		case Stored:
+			d.Stored++
+			d.StoredPages += int64(e.h1 - e.h0)
+		case Removed:
+			d.Removed++
+			d.RemovedPages += int64(e.h1 - e.h0)
+		}
+	}
 }
 
 // snapshot appends a BlockStored for every mirrored page: the device's
@@ -439,6 +482,10 @@ func (r *Recorder) snapshot() {
 
 // Stats returns the cumulative counts.
 func (r *Recorder) Stats() RecorderStats { return r.stats }
+
+// GroupStats returns group g's cumulative counts (RecorderConfig.Groups).
+// It panics for g outside RecorderConfig.Groups.
+func (r *Recorder) GroupStats(g int) GroupStats { return r.gstats[g] }
 
 // Queue is the bounded hand-off between a [Recorder] and its consumer (a
 // [Publisher], or a test). It holds up to its capacity of full batches and

@@ -38,7 +38,7 @@ func (kv kvFlags) open(cfg *sim.Config, stderr io.Writer) (*events.Publisher, *e
 	if err != nil {
 		return nil, nil, fmt.Errorf("--kv-events: %w", err)
 	}
-	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: cfg.NumPages, HostPages: cfg.HostPages, PageSize: cfg.PageSize, SlidingWindow: cfg.WindowTokens})
+	rec, err := pub.NewRecorder(sim.RecorderConfig(cfg)) // a hybrid model's: one group per layer group
 	if err != nil {
 		pub.Close()
 		return nil, nil, fmt.Errorf("--kv-events: %w", err)
@@ -59,6 +59,15 @@ func (kv kvFlags) report(w io.Writer, pub *events.Publisher, rec *events.Recorde
 	ps, rs := pub.Stats(), rec.Stats()
 	fmt.Fprintf(w, "%-14s %d batches (seq 0..%d), %d events, %d pages, %d bytes; %d steps dropped (%d events), %d resyncs; %d replays served\n",
 		"kv events:", ps.Batches, ps.LastSeq, ps.Events, ps.Pages, ps.Bytes, rs.DroppedSteps, rs.DroppedEvents, rs.Resyncs, ps.Replays)
+	for g := range rec.NumGroups() {
+		kind, window := rec.GroupSpec(g)
+		if window != 0 {
+			kind = fmt.Sprintf("%s %d", kind, window)
+		}
+		gs := rec.GroupStats(g)
+		fmt.Fprintf(w, "%-14s group_idx %d, %s: %d BlockStored (%d pages), %d BlockRemoved (%d pages)\n",
+			fmt.Sprintf("kv group %d:", g), g, kind, gs.Stored, gs.StoredPages, gs.Removed, gs.RemovedPages)
+	}
 }
 
 // runFleet runs the workload over fc.Replicas replicas with prefix-aware

@@ -80,8 +80,9 @@ on the fourth). Windows and chunks are scaled to the simulator's sequences
 float64 attention over the whole sequence under that group's window or
 chunk, and the summary reports each group's pages, prefix-cache numbers and
 verified outputs. Hybrid models run on host backends, with --spec-tokens,
-preemption and eviction, but not with --window, --host-pages, --redis,
---kv-events or --replicas.
+preemption, eviction and --kv-events (every event carries its group's
+group_idx, BlockStored its kv_cache_spec_kind), but not with --window,
+--host-pages, --redis or --replicas.
 
 --replicas R runs R replicas (each its own Manager and verified attention)
 connected to a router only by their KV events over loopback ZeroMQ; each
@@ -151,7 +152,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return fail(usageOr(err, exitFailure), "%v", err)
 	}
 	cfg.Model.Seed = cfg.Seed
-	if code, ok := hybridFlags(fs, &cfg, *model, *redisAddr, *kv.addr, *replicas, fail); !ok {
+	if code, ok := hybridFlags(fs, &cfg, *model, *redisAddr, *replicas, fail); !ok {
 		return code
 	}
 	if cfg.SpecTokens < 0 || cfg.SpecTokens > sim.MaxSpecTokens {
@@ -241,7 +242,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 // hybridFlags applies --model to cfg: the preset's layer count unless
 // --layers was given, and its layer groups; a hybrid model refuses the
 // flags of features the simulator does not combine with layer groups.
-func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr, kvAddr string, replicas int,
+func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr string, replicas int,
 	fail func(int, string, ...any) int) (int, bool) {
 	preset, err := sim.Preset(model)
 	if err != nil {
@@ -266,8 +267,7 @@ func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr, kvAddr str
 		{cfg.WindowTokens != 0, "--window", "its windows are its groups' (docs/simulate.md)"},
 		{cfg.HostPages != 0, "--host-pages", "the HybridManager has no host or remote tiers"},
 		{redisAddr != "", "--redis", "the HybridManager has no host or remote tiers"},
-		{kvAddr != "", "--kv-events", "the simulator publishes the events of a dense model's Manager only"},
-		{replicas != 1, "--replicas", "replicas are routed by KV events, published for a dense model only"},
+		{replicas != 1, "--replicas", "the router indexes a dense model's KV events only (one cache group)"},
 		{sim.DeviceBackend(cfg.Backend), "--backend " + cfg.Backend.Name(), "the device-resident path runs dense models; hybrid models run on host backends (cpu)"},
 	} {
 		if c.set {

@@ -1,15 +1,24 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/internal/sim"
+	"github.com/pagedkv/pagedkv/internal/vllmwire"
 )
 
 // smallHybrid is smallModel without --layers: each preset brings its own
@@ -73,8 +82,7 @@ func TestSimulateModelBad(t *testing.T) {
 		{[]string{"--model", "gpt-oss-like", "--window", "32"}, []string{"--window", "gpt-oss-like"}},
 		{[]string{"--model", "llama-4-like", "--host-pages", "8"}, []string{"--host-pages", "llama-4-like"}},
 		{[]string{"--model", "llama-4-like", "--redis", "127.0.0.1:1"}, []string{"--redis", "llama-4-like"}},
-		{[]string{"--model", "gpt-oss-like", "--kv-events", "tcp://127.0.0.1:1"}, []string{"--kv-events", "gpt-oss-like"}},
-		{[]string{"--model", "gpt-oss-like", "--replicas", "2"}, []string{"--replicas", "gpt-oss-like"}},
+		{[]string{"--model", "gpt-oss-like", "--replicas", "2"}, []string{"--replicas", "gpt-oss-like", "dense model's KV events only"}},
 		{[]string{"--model", "llama-4-like", "--page-size", "48"}, []string{"ChunkTokens = 128", "page size 48"}},
 	} {
 		code, _, errOut := runCLI(append([]string{"simulate", "--quiet"}, c.args...)...)
@@ -82,6 +90,133 @@ func TestSimulateModelBad(t *testing.T) {
 		for _, w := range c.want {
 			assert.Contains(t, errOut, w, c.args)
 		}
+	}
+}
+
+// TestSimulateModelKVEvents runs hybrid presets with --kv-events on a
+// loopback port; a subscriber decoding with internal/vllmwire receives
+// every batch in sequence, every event decodes, every BlockStored and
+// BlockRemoved carries a group_idx of the model (BlockStored with its
+// group's kv_cache_spec_kind and sliding window), every group has stored
+// blocks, each group's reconstructed set is consistent and as large as the
+// summary's "cached at the end" for that group, and the summary's per-group
+// counts are what was received.
+func TestSimulateModelKVEvents(t *testing.T) {
+	t.Parallel()
+	for _, model := range []string{"gpt-oss-like", "llama-4-like"} {
+		t.Run(model, func(t *testing.T) {
+			t.Parallel()
+			preset, err := sim.Preset(model)
+			require.NoError(t, err)
+			groups, err := preset.Groups(preset.Layers)
+			require.NoError(t, err)
+			addr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			args := append([]string{"--model", model, "--requests", "8", "--pages", "64", "--kv-events", addr,
+				"--kv-events-wait", "1m", "--kv-events-linger", "1s"}, smallHybrid...)
+			done, simOut, simErr := startSimulate(t, args)
+
+			sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithDialerMaxRetries(250))
+			defer sub.Close()
+			require.NoError(t, sub.Dial(addr))
+			require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
+			var (
+				mu   sync.Mutex
+				msgs []vllmwire.Message
+			)
+			go func() {
+				for {
+					m, err := sub.Recv()
+					if err != nil {
+						return
+					}
+					msg, err := vllmwire.ParseMessage(m.Frames)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					mu.Lock()
+					msgs = append(msgs, msg)
+					mu.Unlock()
+				}
+			}()
+			select {
+			case code := <-done:
+				require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", simOut.String(), simErr.String())
+			case <-time.After(5 * time.Minute):
+				t.Fatal("simulate did not finish")
+			}
+			out := simOut.String()
+			line := regexp.MustCompile(`^(\d+) batches \(seq 0\.\.\d+\), (\d+) events, (\d+) pages`).FindStringSubmatch(summaryField(t, out, "kv events"))
+			require.NotNil(t, line, out)
+			batches, _ := strconv.Atoi(line[1])
+			// Every batch was sent before the run returned (its linger
+			// drains the queue); wait for the last to arrive.
+			count := func() int { mu.Lock(); defer mu.Unlock(); return len(msgs) }
+			for deadline := time.Now().Add(time.Minute); count() < batches && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, msgs, batches, "messages received, batches published")
+			require.Greater(t, batches, 5)
+
+			sets := vllmwire.Groups{}
+			type counts struct{ stored, storedPages, removed, removedPages int }
+			seen := make([]counts, len(groups))
+			decoded := 0
+			for i, m := range msgs {
+				require.Equal(t, int64(i), m.Seq)
+				b, err := vllmwire.Decode(m.Payload)
+				require.NoError(t, err, "message %d", i)
+				require.NoError(t, sets.Apply(b), "message %d", i) // every event has a group_idx, medium GPU
+				decoded += len(b.Events)
+				for _, e := range b.Events {
+					if e.Type == "AllBlocksCleared" {
+						continue
+					}
+					g := int(*e.GroupIdx)
+					require.True(t, g >= 0 && g < len(groups), "message %d: group_idx %d of %d groups", i, g, len(groups))
+					c := &seen[g]
+					if e.Type == "BlockRemoved" {
+						c.removed++
+						c.removedPages += len(e.BlockHashes)
+						continue
+					}
+					c.stored++
+					c.storedPages += len(e.BlockHashes)
+					kind, window := pagedkv.KVEventSpec(groups[g])
+					require.NotNil(t, e.SpecKind, "message %d: BlockStored of group %d without kv_cache_spec_kind", i, g)
+					require.Equal(t, kind, *e.SpecKind, "message %d, group %d", i, g)
+					if window == 0 {
+						require.Nil(t, e.SlidingWindow, "message %d, group %d", i, g)
+					} else {
+						require.NotNil(t, e.SlidingWindow, "message %d, group %d", i, g)
+						require.Equal(t, int64(window), *e.SlidingWindow, "message %d, group %d", i, g)
+					}
+					require.EqualValues(t, 16, e.BlockSize)
+				}
+			}
+			nevents, _ := strconv.Atoi(line[2])
+			require.Equal(t, nevents, decoded, "events decoded, events published")
+
+			cachedAtEnd := regexp.MustCompile(`; (\d+) cached at the end,`)
+			for g, spec := range groups {
+				assert.Positive(t, seen[g].stored, "group %d stored blocks", g)
+				m := cachedAtEnd.FindStringSubmatch(summaryField(t, out, "group "+strconv.Itoa(g)))
+				require.NotNil(t, m, out)
+				cached, _ := strconv.Atoi(m[1])
+				assert.Len(t, sets[int64(g)], cached, "group %d: reconstructed set, cached pages at the end", g)
+				kind, window := pagedkv.KVEventSpec(spec)
+				if window != 0 {
+					kind += " " + strconv.Itoa(window)
+				}
+				c := seen[g]
+				assert.Equal(t, fmt.Sprintf("group_idx %d, %s: %d BlockStored (%d pages), %d BlockRemoved (%d pages)",
+					g, kind, c.stored, c.storedPages, c.removed, c.removedPages), summaryField(t, out, "kv group "+strconv.Itoa(g)))
+			}
+		})
 	}
 }
 

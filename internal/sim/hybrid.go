@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
 )
@@ -141,13 +142,29 @@ func (c *Config) validateGroups() error {
 		return fmt.Errorf("%w: window %d with layer groups: a hybrid model's windows are its groups'", ErrBadConfig, c.WindowTokens)
 	case c.HostPages != 0 || c.Remote != nil:
 		return fmt.Errorf("%w: host/remote tiers with layer groups: the HybridManager has no tiers", ErrBadConfig)
-	case c.Events != nil:
-		return fmt.Errorf("%w: KV events with layer groups: the simulator publishes a single Manager's events", ErrBadConfig)
 	}
 	if DeviceBackend(c.Backend) {
 		return fmt.Errorf("%w: backend %s with layer groups: the simulator runs hybrid models on host backends only", ErrBadConfig, c.Backend.Name())
 	}
 	return nil
+}
+
+// RecorderConfig returns the events.RecorderConfig of a run of cfg's KV
+// events (Config.Events): the pool's pages and tiers, and for a hybrid
+// model one group per layer group, with the group's kv_cache_spec_kind and
+// sliding window (pagedkv.KVEventSpec), so that every event carries its
+// group_idx; a dense model's window is its sliding window.
+func RecorderConfig(cfg *Config) events.RecorderConfig {
+	rc := events.RecorderConfig{NumPages: cfg.NumPages, HostPages: cfg.HostPages, PageSize: cfg.PageSize}
+	if cfg.Groups == nil {
+		rc.SlidingWindow = cfg.WindowTokens
+		return rc
+	}
+	rc.Groups = make([]events.GroupConfig, len(cfg.Groups))
+	for g, spec := range cfg.Groups {
+		rc.Groups[g].SpecKind, rc.Groups[g].SlidingWindow = pagedkv.KVEventSpec(spec)
+	}
+	return rc
 }
 
 // groupPages counts the distinct pages the running requests hold in each

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -10,6 +11,7 @@ import (
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/internal/vllmwire"
 )
 
 // hybridConfig is smallConfig with preset name's groups, two samples per
@@ -138,14 +140,85 @@ func TestPresets(t *testing.T) {
 	assert.Contains(t, err.Error(), "MLA")
 }
 
+// TestHybridEvents runs each hybrid preset with KV events (a Recorder of
+// RecorderConfig, drained after every step as vLLM's strict decoder reads
+// it): every event decodes, every BlockStored and BlockRemoved carries its
+// group's group_idx and BlockStored its group's spec, each group's
+// reconstructed set is a consistent stream whose size is the group's
+// cached pages at the end, and the Recorder's per-group counts are the
+// events and pages seen.
+func TestHybridEvents(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := hybridConfig(t, name)
+			cfg.NumPages, cfg.VerifyEvery = 64, 4
+			q, err := events.NewQueue(4)
+			require.NoError(t, err)
+			rec, err := events.NewRecorder(RecorderConfig(&cfg), q)
+			require.NoError(t, err)
+			cfg.Events = rec
+			enc := events.NewEncoder()
+			sets := vllmwire.Groups{}
+			seen := make([]events.GroupStats, len(cfg.Groups))
+			var decodeErr error
+			cfg.Progress = func(Progress) {
+				for b := q.TryNext(); b != nil && decodeErr == nil; b = q.TryNext() {
+					dec, err := vllmwire.Decode(enc.AppendBatch(nil, b, 0))
+					q.Done(b)
+					if err == nil {
+						err = sets.Apply(dec)
+					}
+					for i := range dec.Events {
+						e := &dec.Events[i]
+						if err != nil || e.Type == "AllBlocksCleared" {
+							continue
+						}
+						g := int(*e.GroupIdx) // Apply checked it is there
+						if g < 0 || g >= len(cfg.Groups) {
+							err = fmt.Errorf("event %d: group_idx %d of %d groups", i, g, len(cfg.Groups))
+							break
+						}
+						kind, window := pagedkv.KVEventSpec(cfg.Groups[g])
+						switch e.Type {
+						case "BlockStored":
+							seen[g].Stored++
+							seen[g].StoredPages += int64(len(e.BlockHashes))
+							if e.SpecKind == nil || *e.SpecKind != kind || (window == 0) != (e.SlidingWindow == nil) ||
+								(window != 0 && *e.SlidingWindow != int64(window)) {
+								err = fmt.Errorf("event %d of group %d: spec %v window %v, want %q %d", i, g, e.SpecKind, e.SlidingWindow, kind, window)
+							}
+						case "BlockRemoved":
+							seen[g].Removed++
+							seen[g].RemovedPages += int64(len(e.BlockHashes))
+						}
+					}
+					decodeErr = err
+				}
+			}
+			sum := run(t, cfg, smallWorkload(t, 8))
+			require.NoError(t, decodeErr)
+			assert.Zero(t, rec.Stats().DroppedSteps)
+			for g, gs := range sum.Groups {
+				assert.Len(t, sets[int64(g)], gs.Stats.CachedPages, "group %d: reconstructed set and cached pages", g)
+				assert.Equal(t, gs.Stats.PublishedPages, seen[g].StoredPages, "group %d", g)
+				assert.Positive(t, seen[g].Stored, "group %d", g)
+				assert.Equal(t, seen[g], rec.GroupStats(g), "group %d", g)
+			}
+		})
+	}
+}
+
 // TestHybridConfigBad: the features the simulator does not combine with
 // layer groups are config errors naming them.
 func TestHybridConfigBad(t *testing.T) {
 	for want, edit := range map[string]func(*Config){
-		"window":      func(c *Config) { c.WindowTokens = 32 },
-		"tiers":       func(c *Config) { c.HostPages = 8 },
-		"KV events":   func(c *Config) { c.Events = &events.Recorder{} },
-		"groups have": func(c *Config) { c.Model.Layers = 8 },
+		"window": func(c *Config) { c.WindowTokens = 32 },
+		"tiers":  func(c *Config) { c.HostPages = 8 },
+		// A Recorder without one group per layer group.
+		"GroupEventSink": func(c *Config) { c.Events = &events.Recorder{} },
+		"groups have":    func(c *Config) { c.Model.Layers = 8 },
 	} {
 		cfg := hybridConfig(t, "gpt-oss-like")
 		edit(&cfg)

@@ -64,12 +64,14 @@ type Config struct {
 	// Groups, when not nil, makes the model hybrid: its layer groups (see
 	// [ModelPreset.Groups]), driven by a pagedkv.HybridManager, each group
 	// verified under its own attention. Model.Layers must be their layers
-	// together; WindowTokens, tiers and Events must be off, and Backend a
-	// host backend.
+	// together; WindowTokens and tiers must be off, Backend a host
+	// backend, and Events, if set, a Recorder of one group per layer group.
 	Groups []pagedkv.LayerGroup
 	// Events, when not nil, records the Manager's prefix-cache changes
 	// (pagedkv.Config.CacheEvents) and is flushed after every step: one
-	// KV-event batch per step.
+	// KV-event batch per step. Build it with [RecorderConfig]: with Groups,
+	// it needs one group per layer group (group g's events carry group_idx
+	// g); the HybridManager refuses another.
 	Events *events.Recorder
 }
 
