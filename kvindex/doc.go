@@ -8,6 +8,19 @@
 // HashSeed, not the engine) and walks it while the replica holds each
 // block.
 //
+// # Groups
+//
+// Blocks are indexed per KV-cache group (vLLM's group_idx; an event
+// without one, from a single-group engine, is group 0): a hybrid model
+// (pagedkv's HybridManager, or vLLM with sliding-window and full-attention
+// layers) announces the same block hash under several groups, and one
+// group's BlockRemoved leaves the others' copies. A replica's match is the
+// minimum, over every group its events have named, of the group's
+// contiguous match from block 0: HybridManager's admission rule. For vLLM's
+// sliding-window groups that is conservative (it never over-reports; vLLM
+// could serve some prefixes whose early blocks that group has dropped).
+// [Index.Blocks] is the union of the groups, [Index.GroupBlocks] one group.
+//
 // The decoder is this package's own ([DecodeBatch]): it shares no code with
 // the encoder in package events. It reads vLLM's current map-form events
 // and the earlier array form, skips fields it does not know, and checks
@@ -20,8 +33,9 @@
 // batch is applied; [SubscriberConfig.JoinReplay] makes a late joiner
 // replay from 0. A gap the replay cannot fill clears that replica's blocks
 // (the index only ever under-reports what a replica caches), counted in
-// [SourceStats].Unrepaired. AllBlocksCleared empties a replica, and the
-// publisher's resynchronisation that follows refills it.
+// [SourceStats].Unrepaired. AllBlocksCleared empties every group of a
+// replica (the groups stay known), and the publisher's resynchronisation
+// that follows refills them.
 //
 // # Concurrency
 //

@@ -18,11 +18,19 @@ func seedPayloads(t testing.TB) [][]byte {
 	removed := map[string]any{"type": "BlockRemoved", "block_hashes": []any{[]byte("0123456789"), uint64(7)}, "medium": "CPU"}
 	cleared := map[string]any{"type": "AllBlocksCleared"}
 	legacy := []any{"BlockStored", []uint64{9}, uint64(7), []int{1, 2, 3, 4}, 4, nil, "GPU"}
+	// A hybrid stream: the same blocks under two groups, one group's
+	// removal (map and array form, the array's group_idx positional).
+	stored1 := map[string]any{"type": "BlockStored", "block_hashes": []uint64{1 << 63, 7}, "parent_block_hash": nil,
+		"token_ids": []int{1, 2, 3, 4, 5, 6, 7, 8}, "block_size": 4, "medium": "GPU", "group_idx": 1,
+		"kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 128}
+	removed1 := []any{"BlockRemoved", []uint64{7}, "GPU", 1}
+	storedArr := []any{"BlockStored", []uint64{9}, nil, []int{1, 2, 3, 4}, 4, nil, "GPU", nil, nil, 2}
 	var out [][]byte
 	for _, b := range []any{
 		[]any{1.5, []any{stored, removed, cleared}, 0},
 		[]any{2.0, []any{legacy, []any{"BlockRemoved", []uint64{9}}, []any{"AllBlocksCleared"}}},
 		[]any{3.0, []any{}, nil},
+		[]any{4.0, []any{stored, stored1, removed1, storedArr}, 0},
 	} {
 		p, err := msgpack.Marshal(b)
 		if err != nil {
@@ -101,14 +109,70 @@ func FuzzDecode(f *testing.F) {
 		if err := ix.Apply(r, &Batch{Events: []Event{{Kind: BlockStored, Hashes: []uint64{1}, BlockSize: 4, Tokens: make([]int32, 4)}}}); err != nil {
 			t.Fatal(err)
 		}
-		before := ix.Blocks(r)
+		before, groupsBefore, stBefore := ix.Blocks(r), ix.Groups(r), ix.Stats(r)
 		if err := ix.Apply(r, &b); err != nil {
 			if !errors.Is(err, ErrBadEvent) {
 				t.Fatalf("apply: %v", err)
 			}
-			if after := ix.Blocks(r); !slices.Equal(before, after) {
-				t.Fatalf("a refused batch changed the index: %v -> %v", before, after)
+			if after := ix.Blocks(r); !slices.Equal(before, after) || !slices.Equal(groupsBefore, ix.Groups(r)) || ix.Stats(r) != stBefore {
+				t.Fatalf("a refused batch changed the index: %v -> %v, groups %v -> %v", before, after, groupsBefore, ix.Groups(r))
 			}
+			return
 		}
+		checkGroups(t, ix, r, b)
 	})
+}
+
+// checkGroups checks an index's per-group invariants after it applied b:
+// every group_idx of b is known, Blocks is the union of the groups'
+// blocks, and a chain's match is at most every group's contiguous match
+// and equal to the least of them.
+func checkGroups(t *testing.T, ix *Index, r int, b Batch) {
+	groups := ix.Groups(r)
+	for i, e := range b.Events {
+		if e.Kind != AllBlocksCleared && !slices.Contains(groups, e.Group) {
+			t.Fatalf("event %d's group %d is not among the replica's groups %v", i, e.Group, groups)
+		}
+	}
+	var union []uint64
+	entries := 0
+	for _, g := range groups {
+		gb := ix.GroupBlocks(r, g)
+		union = append(union, gb...)
+		entries += len(gb)
+	}
+	slices.Sort(union)
+	union = slices.Compact(union)
+	if got := ix.Blocks(r); !slices.Equal(got, union) {
+		t.Fatalf("Blocks %v, the union of the groups %v", got, union)
+	}
+	if st := ix.Stats(r); st.Blocks != len(union) || st.GroupBlocks != entries || st.Groups != len(groups) {
+		t.Fatalf("stats %+v: %d distinct blocks, %d entries, %d groups", st, len(union), entries, len(groups))
+	}
+	// A chain of the event's hashes in order, then of every indexed hash.
+	for _, chain := range [][]uint64{eventChain(b), union} {
+		want := len(chain)
+		for _, g := range groups {
+			held := ix.GroupBlocks(r, g)
+			d := 0
+			for d < len(chain) && slices.Contains(held, chain[d]) {
+				d++
+			}
+			want = min(want, d)
+		}
+		if len(groups) == 0 {
+			want = 0
+		}
+		if got := ix.MatchHashes(nil, chain)[0]; got != want*ix.pageSize {
+			t.Fatalf("chain %v matched %d tokens; the least group match is %d pages", chain, got, want)
+		}
+	}
+}
+
+func eventChain(b Batch) []uint64 {
+	var chain []uint64
+	for _, e := range b.Events {
+		chain = append(chain, e.Hashes...)
+	}
+	return chain
 }

@@ -13,8 +13,14 @@ import (
 var ErrBadConfig = errors.New("kvindex: bad config")
 
 // ErrBadEvent reports an event the index cannot apply (a block size other
-// than the index's); the index is left as it was.
+// than the index's, or a group_idx beyond MaxGroups); the index is left as
+// it was.
 var ErrBadEvent = errors.New("kvindex: event does not fit the index")
+
+// MaxGroups bounds the KV-cache groups (distinct group_idx values) an
+// index keeps per replica; a batch that would name more is refused whole
+// (ErrBadEvent). Hybrid models have a handful.
+const MaxGroups = 1024
 
 // Media, as bits of an indexed block: a block counts as cached while any
 // medium holds it.
@@ -56,16 +62,79 @@ type Index struct {
 	replicas []*replica
 }
 
+// replica is one replica's indexed blocks, per KV-cache group.
 type replica struct {
-	name   string
-	blocks map[uint64]uint8 // chain hash -> media holding it
+	name string
+	// groups are every group_idx the replica's events have named (an event
+	// without one is group 0), sorted by index. AllBlocksCleared and an
+	// unrepaired gap empty them but keep them: a prefix hit needs every
+	// group, and forgetting a group would let a later partial refill
+	// over-report.
+	groups []*group
 	stats  ReplicaStats
 }
 
-// ReplicaStats are an index's cumulative counts for one replica.
+// group is one KV-cache group's blocks on a replica.
+type group struct {
+	idx    int
+	blocks map[uint64]uint8 // chain hash -> media holding it
+}
+
+// group returns replica group g, adding it if add is true (nil if it is
+// not there and add is false).
+func (rep *replica) group(g int, add bool) *group {
+	i, ok := slices.BinarySearchFunc(rep.groups, g, func(x *group, g int) int { return x.idx - g })
+	if ok {
+		return rep.groups[i]
+	}
+	if !add {
+		return nil
+	}
+	x := &group{idx: g, blocks: map[uint64]uint8{}}
+	rep.groups = slices.Insert(rep.groups, i, x)
+	return x
+}
+
+// clear empties every group's blocks; the groups stay known.
+func (rep *replica) clear() {
+	for _, x := range rep.groups {
+		clear(x.blocks)
+	}
+}
+
+// match is how many leading blocks of chain every group holds (by any
+// medium): the minimum over the groups of each group's contiguous match
+// from block 0. A replica with no known group holds nothing.
+func (rep *replica) match(chain []uint64) int {
+	if len(rep.groups) == 0 {
+		return 0
+	}
+	d := len(chain)
+	for _, x := range rep.groups {
+		k := 0
+		for k < d && x.blocks[chain[k]] != 0 {
+			k++
+		}
+		d = k
+	}
+	return d
+}
+
+// ReplicaStats are an index's cumulative counts for one replica and the
+// size of its index now.
 type ReplicaStats struct {
 	Batches, Stored, Removed, Cleared int64
-	Blocks                            int // blocks indexed now
+	// Blocks is the number of distinct block hashes indexed now in any
+	// group (len of [Index.Blocks]); a hash held by several groups counts
+	// once.
+	Blocks int
+	// GroupBlocks is the number of (group, hash) entries indexed now: the
+	// sum over groups of len([Index.GroupBlocks]). It equals Blocks for a
+	// single-group replica.
+	GroupBlocks int
+	// Groups is the number of KV-cache groups the replica's events have
+	// named (group_idx values, None counting as 0), cleared or not.
+	Groups int
 }
 
 // New returns an empty index.
@@ -81,7 +150,7 @@ func New(cfg Config) (*Index, error) {
 func (ix *Index) AddReplica(name string) int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	ix.replicas = append(ix.replicas, &replica{name: name, blocks: map[uint64]uint8{}})
+	ix.replicas = append(ix.replicas, &replica{name: name})
 	return len(ix.replicas) - 1
 }
 
@@ -99,8 +168,9 @@ func (ix *Index) replica(r int) (*replica, error) {
 	return ix.replicas[r], nil
 }
 
-// Apply applies a batch of replica r's events in order. A batch with a
-// BlockStored of another block size is refused whole (ErrBadEvent).
+// Apply applies a batch of replica r's events in order, each to its
+// group (Event.Group; group 0 without one). A batch with a BlockStored of
+// another block size is refused whole (ErrBadEvent).
 func (ix *Index) Apply(r int, b *Batch) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -108,9 +178,17 @@ func (ix *Index) Apply(r int, b *Batch) error {
 	if err != nil {
 		return err
 	}
+	var added []int // groups the batch would add
 	for i := range b.Events {
-		if e := &b.Events[i]; e.Kind == BlockStored && e.BlockSize != ix.pageSize {
+		e := &b.Events[i]
+		if e.Kind == BlockStored && e.BlockSize != ix.pageSize {
 			return fmt.Errorf("%w: replica %d event %d stores blocks of %d tokens; the index uses %d", ErrBadEvent, r, i, e.BlockSize, ix.pageSize)
+		}
+		if (e.Kind == BlockStored || e.Kind == BlockRemoved) && rep.group(e.Group, false) == nil && !slices.Contains(added, e.Group) {
+			if len(rep.groups)+len(added) == MaxGroups {
+				return fmt.Errorf("%w: replica %d event %d names group_idx %d, beyond the %d groups the index keeps per replica", ErrBadEvent, r, i, e.Group, MaxGroups)
+			}
+			added = append(added, e.Group)
 		}
 	}
 	rep.stats.Batches++
@@ -118,21 +196,25 @@ func (ix *Index) Apply(r int, b *Batch) error {
 		e := &b.Events[i]
 		switch e.Kind {
 		case AllBlocksCleared:
-			clear(rep.blocks)
+			rep.clear()
 			rep.stats.Cleared++
 		case BlockStored:
+			x := rep.group(e.Group, true)
 			bit := mediumBit(e.Medium)
 			for _, h := range e.Hashes {
-				rep.blocks[h] |= bit
+				x.blocks[h] |= bit
 			}
 			rep.stats.Stored += int64(len(e.Hashes))
 		case BlockRemoved:
+			// A removal names its group: the group is known from now on,
+			// even if it held none of the blocks.
+			x := rep.group(e.Group, true)
 			bit := mediumBit(e.Medium)
 			for _, h := range e.Hashes {
-				if m := rep.blocks[h] &^ bit; m != 0 {
-					rep.blocks[h] = m
+				if m := x.blocks[h] &^ bit; m != 0 {
+					x.blocks[h] = m
 				} else {
-					delete(rep.blocks, h)
+					delete(x.blocks, h)
 				}
 			}
 			rep.stats.Removed += int64(len(e.Hashes))
@@ -141,12 +223,12 @@ func (ix *Index) Apply(r int, b *Batch) error {
 	return nil
 }
 
-// clearReplica forgets everything about replica r (its stream could not be
-// repaired).
+// clearReplica forgets replica r's blocks (its stream could not be
+// repaired); its groups stay known.
 func (ix *Index) clearReplica(r int) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	clear(ix.replicas[r].blocks)
+	ix.replicas[r].clear()
 }
 
 // Hashes appends the chain hashes of the full pages of tokens in namespace
@@ -156,26 +238,30 @@ func (ix *Index) Hashes(dst []uint64, ns prefixcache.Namespace, tokens []int32) 
 }
 
 // Match appends to dst, for every replica, how many leading tokens of
-// tokens (in namespace ns) it has cached, and returns it.
+// tokens (in namespace ns) it has cached, and returns it. A replica with
+// several KV-cache groups has cached a prefix only when every group holds
+// all of its blocks: see [Index.MatchHashes].
 func (ix *Index) Match(dst []int, ns prefixcache.Namespace, tokens []int32) []int {
 	return ix.MatchHashes(dst, ix.Hashes(nil, ns, tokens))
 }
 
-// MatchHashes is Match for a chain computed with [Index.Hashes].
+// MatchHashes is Match for a chain computed with [Index.Hashes]. A
+// replica's match is PageSize times the minimum, over the group_idx values
+// its events have named, of the number of leading blocks of chain the
+// group holds (by any medium), counted from block 0 up to the first the
+// group lacks: pagedkv's HybridManager admission rule. For a single-group
+// replica it is the number of leading blocks the replica holds.
 func (ix *Index) MatchHashes(dst []int, chain []uint64) []int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	for _, rep := range ix.replicas {
-		d := 0
-		for d < len(chain) && rep.blocks[chain[d]] != 0 {
-			d++
-		}
-		dst = append(dst, d*ix.pageSize)
+		dst = append(dst, rep.match(chain)*ix.pageSize)
 	}
 	return dst
 }
 
-// Blocks returns replica r's indexed chain hashes, sorted.
+// Blocks returns the chain hashes replica r holds in any group, sorted and
+// without repeats.
 func (ix *Index) Blocks(r int) []uint64 {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
@@ -183,11 +269,60 @@ func (ix *Index) Blocks(r int) []uint64 {
 	if err != nil {
 		return nil
 	}
-	out := make([]uint64, 0, len(rep.blocks))
-	for h := range rep.blocks {
+	return rep.union()
+}
+
+// union returns the sorted distinct hashes of every group.
+func (rep *replica) union() []uint64 {
+	n := 0
+	for _, x := range rep.groups {
+		n += len(x.blocks)
+	}
+	out := make([]uint64, 0, n)
+	for _, x := range rep.groups {
+		for h := range x.blocks {
+			out = append(out, h)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// GroupBlocks returns the chain hashes replica r holds in group g
+// (group_idx; 0 for events without one), sorted; nil for a group the
+// replica's events never named.
+func (ix *Index) GroupBlocks(r, g int) []uint64 {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	rep, err := ix.replica(r)
+	if err != nil {
+		return nil
+	}
+	x := rep.group(g, false)
+	if x == nil {
+		return nil
+	}
+	out := make([]uint64, 0, len(x.blocks))
+	for h := range x.blocks {
 		out = append(out, h)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// Groups returns the group_idx values replica r's events have named
+// (events without one count as 0), sorted.
+func (ix *Index) Groups(r int) []int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	rep, err := ix.replica(r)
+	if err != nil {
+		return nil
+	}
+	out := make([]int, len(rep.groups))
+	for i, x := range rep.groups {
+		out[i] = x.idx
+	}
 	return out
 }
 
@@ -200,6 +335,16 @@ func (ix *Index) Stats(r int) ReplicaStats {
 		return ReplicaStats{}
 	}
 	st := rep.stats
-	st.Blocks = len(rep.blocks)
+	st.Groups = len(rep.groups)
+	for _, x := range rep.groups {
+		st.GroupBlocks += len(x.blocks)
+	}
+	switch len(rep.groups) {
+	case 0:
+	case 1:
+		st.Blocks = st.GroupBlocks
+	default:
+		st.Blocks = len(rep.union())
+	}
 	return st
 }

@@ -1,0 +1,190 @@
+package pagedkv
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/kvindex"
+)
+
+// TestHybridKVIndexMatchesAdmission: a HybridManager on a gpt-oss-like
+// config (a sliding window group and a full group, shrunk to page size 4
+// and a 12-token window) publishes its KV events through an
+// events.Recorder; the encoded batches are decoded and applied to a
+// kvindex.Index after every operation. Then, for random prompts, the
+// index's Match equals the HybridManager's admission rule (the minimum over
+// the groups of each group cache's contiguous match), each group's indexed
+// set equals the group's cache, and every Add and Resume hits exactly what
+// the index predicted (capped, as admission is, to leave a token to
+// compute). The pool is small, so steps evict (the sliding group's pages
+// that left the window go first) and some operations evict from one group
+// alone: the groups come to hold different prefixes of one hash chain.
+func TestHybridKVIndexMatchesAdmission(t *testing.T) {
+	t.Parallel()
+	const numPages, ps, runs, ops = 48, 4, 6, 400
+	groups := []LayerGroup{{Kind: SlidingAttention, WindowTokens: 12, NumLayers: 1}, {Kind: FullAttention, NumLayers: 1}}
+	nss := []Namespace{{}, {Tenant: "b"}}
+	var checks, hits, diverged, predicted int
+	for run := range runs {
+		rng := rand.New(rand.NewPCG(uint64(run), 77))
+		q, err := events.NewQueue(4)
+		require.NoError(t, err)
+		rec, err := events.NewRecorder(hybridRecorderConfig(groups, numPages, ps), q)
+		require.NoError(t, err)
+		h, err := NewHybrid(HybridConfig{Config: Config{NumPages: numPages, PageSize: ps, HashSeed: 13, CacheEvents: rec}, Groups: groups})
+		require.NoError(t, err)
+		ix, err := kvindex.New(kvindex.Config{PageSize: ps, Seed: h.groups[0].HashSeed()})
+		require.NoError(t, err)
+		rep := ix.AddReplica("hybrid")
+		enc := events.NewEncoder()
+		var ids []RequestID
+		nsOf := map[RequestID]Namespace{}
+		next := RequestID(1)
+
+		// index applies the operation's events to the index.
+		index := func(op int) {
+			require.True(t, rec.Flush(), "op %d: the event queue is full", op)
+			for b := q.TryNext(); b != nil; b = q.TryNext() {
+				dec, err := kvindex.DecodeBatch(enc.AppendBatch(nil, b, 0))
+				q.Done(b)
+				require.NoError(t, err, "op %d", op)
+				require.NoError(t, ix.Apply(rep, &dec), "op %d", op)
+			}
+		}
+		// admitted is what the HybridManager would admit of tokens in ns:
+		// every group's contiguous cached match, their minimum.
+		admitted := func(ns Namespace, tokens []int32) (least int, differ bool) {
+			least = -1
+			for _, m := range h.groups {
+				pages, _ := m.cache.Match(nil, m.cache.Key(ns), tokens, len(tokens)/ps)
+				if least >= 0 && len(pages) != least {
+					differ = true
+				}
+				if least < 0 || len(pages) < least {
+					least = len(pages)
+				}
+			}
+			return least * ps, differ
+		}
+		// expect is the hit Add or Resume must return for tokens, from the
+		// index: its match, leaving at least one token to compute.
+		expect := func(ns Namespace, tokens []int32) int {
+			if len(tokens) <= 1 {
+				return 0
+			}
+			return min(ix.Match(nil, ns, tokens)[0], (len(tokens)-1)/ps*ps)
+		}
+		check := func(op int) {
+			for g, m := range h.groups {
+				want := m.CachedHashes(nil)
+				slices.Sort(want)
+				got := ix.GroupBlocks(rep, g)
+				if len(want) > 0 || len(got) > 0 {
+					require.Equal(t, want, got, "op %d: group %d's indexed blocks", op, g)
+				}
+			}
+			for range 6 {
+				ns := nss[rng.IntN(len(nss))]
+				var tokens []int32
+				if len(ids) > 0 && rng.IntN(2) == 0 {
+					id := ids[rng.IntN(len(ids))]
+					ns, tokens = nsOf[id], h.Tokens(id)
+				} else {
+					tokens = promptOf(rng.IntN(8), rng.IntN(60))
+				}
+				want, differ := admitted(ns, tokens)
+				got := ix.Match(nil, ns, tokens)[0]
+				require.Equal(t, want, got, "op %d: %d tokens in %v: the index matched %d, the groups admit %d", op, len(tokens), ns, got, want)
+				checks++
+				if got > 0 {
+					hits++
+				}
+				if differ {
+					diverged++
+				}
+			}
+		}
+
+		for op := range ops {
+			for _, id := range slices.Clone(ids) {
+				if len(h.Tokens(id)) > 60 || len(ids) > 6 && rng.IntN(3) == 0 {
+					require.NoError(t, h.Release(id))
+					ids = slices.DeleteFunc(ids, func(x RequestID) bool { return x == id })
+				}
+			}
+			switch k := rng.IntN(20); {
+			case k < 5:
+				id := next
+				next++
+				ns := nss[rng.IntN(len(nss))]
+				prompt := promptOf(rng.IntN(8), 1+rng.IntN(40))
+				want := expect(ns, prompt)
+				got, err := h.Add(id, Request{Namespace: ns, Prompt: prompt})
+				require.NoError(t, err)
+				require.Equal(t, want, got, "op %d: add %d tokens: the index predicted a hit of %d", op, len(prompt), want)
+				predicted++
+				ids = append(ids, id)
+				nsOf[id] = ns
+			case k < 6:
+				if len(ids) > 0 {
+					id := ids[rng.IntN(len(ids))]
+					require.NoError(t, h.Release(id))
+					ids = slices.DeleteFunc(ids, func(x RequestID) bool { return x == id })
+				}
+			case k < 7:
+				if len(ids) > 0 {
+					if id := ids[rng.IntN(len(ids))]; h.Running(id) {
+						require.NoError(t, h.Preempt(id))
+					}
+				}
+			case k < 8:
+				if len(ids) > 0 {
+					if id := ids[rng.IntN(len(ids))]; !h.Running(id) {
+						want := expect(nsOf[id], h.Tokens(id))
+						got, err := h.Resume(id)
+						require.NoError(t, err)
+						require.Equal(t, want, got, "op %d: resume %d: the index predicted a hit of %d", op, id, want)
+						predicted++
+					}
+				}
+			case k < 9:
+				// Evict idle cached pages of one group only.
+				g := rng.IntN(len(h.groups))
+				h.groups[g].cache.Evict(1 + rng.IntN(8))
+				h.groups[g].afterChange()
+			default:
+				ids2, nt, drafts := stepDraw{minNew: 1, newSpan: 9, draftSpan: 4, spec: rng.IntN(3) == 0}.draw(rng, h, ids)
+				if len(ids2) == 0 {
+					break
+				}
+				if _, err := h.ReserveSpec(ids2, nt, drafts); err != nil {
+					require.True(t, errors.Is(err, ErrOutOfPages), "op %d: %v", op, err)
+					require.NoError(t, h.Preempt(ids2[rng.IntN(len(ids2))]))
+					break
+				}
+				accepted, sampled := make([]int32, len(ids2)), make([]int32, len(ids2))
+				for b, id := range ids2 {
+					accepted[b] = int32(rng.IntN(len(drafts[b]) + 1))
+					sampled[b] = NoToken
+					if h.Computed(id)+int(nt[b])+len(drafts[b]) == len(h.Tokens(id)) {
+						sampled[b] = int32(rng.IntN(90))
+					}
+				}
+				require.NoError(t, h.CommitSpec(accepted, sampled))
+			}
+			index(op)
+			check(op)
+		}
+		require.NoError(t, h.Audit())
+		st := ix.Stats(rep)
+		require.Equal(t, 2, st.Groups, "the index knows both groups")
+	}
+	t.Logf("%d checks: %d hits, %d with the groups' matches differing; %d admissions predicted", checks, hits, diverged, predicted)
+	require.Positive(t, hits)
+	require.Positive(t, diverged, "the groups never held different prefixes")
+}
