@@ -267,7 +267,7 @@ func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr string, rep
 		{cfg.WindowTokens != 0, "--window", "its windows are its groups' (docs/simulate.md)"},
 		{cfg.HostPages != 0, "--host-pages", "the HybridManager has no host or remote tiers"},
 		{redisAddr != "", "--redis", "the HybridManager has no host or remote tiers"},
-		{replicas != 1, "--replicas", "the router indexes a dense model's KV events only (one cache group)"},
+		{replicas != 1, "--replicas", "the multi-replica simulation builds dense Managers only (its router's index reads grouped events: docs/events.md)"},
 		{sim.DeviceBackend(cfg.Backend), "--backend " + cfg.Backend.Name(), "the device-resident path runs dense models; hybrid models run on host backends (cpu)"},
 	} {
 		if c.set {

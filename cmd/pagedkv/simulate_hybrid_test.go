@@ -82,7 +82,7 @@ func TestSimulateModelBad(t *testing.T) {
 		{[]string{"--model", "gpt-oss-like", "--window", "32"}, []string{"--window", "gpt-oss-like"}},
 		{[]string{"--model", "llama-4-like", "--host-pages", "8"}, []string{"--host-pages", "llama-4-like"}},
 		{[]string{"--model", "llama-4-like", "--redis", "127.0.0.1:1"}, []string{"--redis", "llama-4-like"}},
-		{[]string{"--model", "gpt-oss-like", "--replicas", "2"}, []string{"--replicas", "gpt-oss-like", "dense model's KV events only"}},
+		{[]string{"--model", "gpt-oss-like", "--replicas", "2"}, []string{"--replicas", "gpt-oss-like", "builds dense Managers only"}},
 		{[]string{"--model", "llama-4-like", "--page-size", "48"}, []string{"ChunkTokens = 128", "page size 48"}},
 	} {
 		code, _, errOut := runCLI(append([]string{"simulate", "--quiet"}, c.args...)...)
