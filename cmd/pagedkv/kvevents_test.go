@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +49,57 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// kvSubscriber collects every message published on a KV-event socket.
+type kvSubscriber struct {
+	mu   sync.Mutex
+	msgs []vllmwire.Message
+}
+
+// subscribeKV dials addr with a SUB socket (closed when the test ends) and
+// collects every message it receives on a goroutine of its own.
+func subscribeKV(t *testing.T, ctx context.Context, addr string) *kvSubscriber {
+	t.Helper()
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithDialerMaxRetries(250))
+	t.Cleanup(func() { sub.Close() })
+	if err := sub.Dial(addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	s := &kvSubscriber{}
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			msg, err := vllmwire.ParseMessage(m.Frames)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			s.mu.Lock()
+			s.msgs = append(s.msgs, msg)
+			s.mu.Unlock()
+		}
+	}()
+	return s
+}
+
+func (s *kvSubscriber) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.msgs)
+}
+
+// messages returns the messages received so far.
+func (s *kvSubscriber) messages() []vllmwire.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.msgs)
 }
 
 // startSimulate runs simulate with args on its own goroutine and returns
@@ -100,39 +152,12 @@ func TestSimulateKVEvents(t *testing.T) {
 		"--kv-events-wait", "1m", "--requests", "24", "--quiet"}, raceArgs(16)...)
 	done, simOut, simErr := startSimulate(t, args)
 
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithDialerMaxRetries(250))
-	defer sub.Close()
-	if err := sub.Dial(addr); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu   sync.Mutex
-		msgs []vllmwire.Message
-	)
-	go func() {
-		for {
-			m, err := sub.Recv()
-			if err != nil {
-				return
-			}
-			msg, err := vllmwire.ParseMessage(m.Frames)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			msgs = append(msgs, msg)
-			mu.Unlock()
-		}
-	}()
+	sub := subscribeKV(t, ctx, addr)
 
 	// The run ends with --kv-events-linger of replay service: once the
 	// stream is quiet, replay from sequence 5 as vLLM's example subscriber
 	// does (a REQ-style envelope, here on a DEALER with an identity).
-	count := func() int { mu.Lock(); defer mu.Unlock(); return len(msgs) }
+	count := sub.count
 	for last, since := -1, time.Now(); ; time.Sleep(50 * time.Millisecond) {
 		if n := count(); n != last {
 			last, since = n, time.Now()
@@ -188,8 +213,7 @@ func TestSimulateKVEvents(t *testing.T) {
 	if batches < 10 {
 		t.Fatalf("only %d batches published", batches)
 	}
-	mu.Lock()
-	defer mu.Unlock()
+	msgs := sub.messages()
 	if len(msgs) != batches {
 		t.Fatalf("received %d messages, the run published %d", len(msgs), batches)
 	}

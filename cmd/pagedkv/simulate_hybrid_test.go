@@ -8,11 +8,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -117,30 +115,7 @@ func TestSimulateModelKVEvents(t *testing.T) {
 				"--kv-events-wait", "1m", "--kv-events-linger", "1s"}, smallHybrid...)
 			done, simOut, simErr := startSimulate(t, args)
 
-			sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithDialerMaxRetries(250))
-			defer sub.Close()
-			require.NoError(t, sub.Dial(addr))
-			require.NoError(t, sub.SetOption(zmq4.OptionSubscribe, ""))
-			var (
-				mu   sync.Mutex
-				msgs []vllmwire.Message
-			)
-			go func() {
-				for {
-					m, err := sub.Recv()
-					if err != nil {
-						return
-					}
-					msg, err := vllmwire.ParseMessage(m.Frames)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					mu.Lock()
-					msgs = append(msgs, msg)
-					mu.Unlock()
-				}
-			}()
+			sub := subscribeKV(t, ctx, addr)
 			select {
 			case code := <-done:
 				require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", simOut.String(), simErr.String())
@@ -153,12 +128,10 @@ func TestSimulateModelKVEvents(t *testing.T) {
 			batches, _ := strconv.Atoi(line[1])
 			// Every batch was sent before the run returned (its linger
 			// drains the queue); wait for the last to arrive.
-			count := func() int { mu.Lock(); defer mu.Unlock(); return len(msgs) }
-			for deadline := time.Now().Add(time.Minute); count() < batches && time.Now().Before(deadline); {
+			for deadline := time.Now().Add(time.Minute); sub.count() < batches && time.Now().Before(deadline); {
 				time.Sleep(10 * time.Millisecond)
 			}
-			mu.Lock()
-			defer mu.Unlock()
+			msgs := sub.messages()
 			require.Len(t, msgs, batches, "messages received, batches published")
 			require.Greater(t, batches, 5)
 
