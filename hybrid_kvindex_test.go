@@ -167,14 +167,7 @@ func TestHybridKVIndexMatchesAdmission(t *testing.T) {
 					require.NoError(t, h.Preempt(ids2[rng.IntN(len(ids2))]))
 					break
 				}
-				accepted, sampled := make([]int32, len(ids2)), make([]int32, len(ids2))
-				for b, id := range ids2 {
-					accepted[b] = int32(rng.IntN(len(drafts[b]) + 1))
-					sampled[b] = NoToken
-					if h.Computed(id)+int(nt[b])+len(drafts[b]) == len(h.Tokens(id)) {
-						sampled[b] = int32(rng.IntN(90))
-					}
-				}
+				accepted, sampled := drawCommit(rng, h, ids2, nt, drafts)
 				require.NoError(t, h.CommitSpec(accepted, sampled))
 			}
 			index(op)

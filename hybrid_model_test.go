@@ -214,14 +214,7 @@ func (x *hybridModelHarness) step() {
 		x.same("abort", h.Abort(), m.Abort())
 		return
 	}
-	accepted, sampled := make([]int32, len(ids)), make([]int32, len(ids))
-	for b, id := range ids {
-		accepted[b] = int32(r.IntN(len(drafts[b]) + 1))
-		sampled[b] = NoToken
-		if h.Computed(id)+int(nt[b])+len(drafts[b]) == len(h.Tokens(id)) {
-			sampled[b] = int32(r.IntN(90))
-		}
-	}
+	accepted, sampled := drawCommit(r, h, ids, nt, drafts)
 	x.same("commit", h.CommitSpec(accepted, sampled), m.CommitSpec(accepted, sampled))
 }
 

@@ -561,6 +561,21 @@ func (d stepDraw) draw(r *rand.Rand, h *HybridManager, candidates []RequestID) (
 	return ids, nt, drafts
 }
 
+// drawCommit draws the commit of a reserved speculative step: request b
+// keeps IntN(len(drafts[b])+1) of its drafts and samples IntN(90), or
+// NoToken unless the step reaches the end of its known tokens.
+func drawCommit(r *rand.Rand, h *HybridManager, ids []RequestID, nt []int32, drafts [][]int32) (accepted, sampled []int32) {
+	accepted, sampled = make([]int32, len(ids)), make([]int32, len(ids))
+	for b, id := range ids {
+		accepted[b] = int32(r.IntN(len(drafts[b]) + 1))
+		sampled[b] = NoToken
+		if h.Computed(id)+int(nt[b])+len(drafts[b]) == len(h.Tokens(id)) {
+			sampled[b] = int32(r.IntN(90))
+		}
+	}
+	return accepted, sampled
+}
+
 func (hh *hybridHarness) step() {
 	r, h, t := hh.rng, hh.h, hh.t
 	ids, nt, drafts := stepDraw{minNew: 1, newSpan: 9, draftSpan: 4, spec: r.IntN(3) == 0}.draw(r, h, hh.ids)
@@ -581,14 +596,7 @@ func (hh *hybridHarness) step() {
 		require.NoError(t, h.Abort())
 		return
 	}
-	accepted, sampled := make([]int32, len(ids)), make([]int32, len(ids))
-	for b, id := range ids {
-		accepted[b] = int32(r.IntN(len(drafts[b]) + 1))
-		sampled[b] = NoToken
-		if h.Computed(id)+int(nt[b])+len(drafts[b]) == len(h.Tokens(id)) {
-			sampled[b] = int32(r.IntN(90))
-		}
-	}
+	accepted, sampled := drawCommit(r, h, ids, nt, drafts)
 	require.NoError(t, h.CommitSpec(accepted, sampled))
 }
 
