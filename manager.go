@@ -479,10 +479,17 @@ func (m *Manager) releaseWindow(r *request) {
 	if m.group.KeepTokens(0) < 0 {
 		return // full attention keeps every page
 	}
-	seq := r.seq()
-	n := m.table.Len(seq)
+	// r's pages hold exactly its computed tokens here (after a commit or
+	// an admission), so the page table need not be asked.
+	n := r.computed
 	keep := m.group.KeepTokens(n)
 	before := n - keep - r.start
+	seq := r.seq()
+	if invariants.Enabled {
+		if got := m.table.Len(seq); got != n {
+			panic(fmt.Sprintf("pagedkv: window release of request %d: the page table holds %d tokens, computed %d", r.id, got, n))
+		}
+	}
 	if before < m.pageSize {
 		return
 	}
