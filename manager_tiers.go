@@ -451,15 +451,19 @@ func (m *Manager) completeCopy(s uint32) {
 	if c.evicted {
 		t.evicting--
 	}
-	if r := c.req; r != nil && m.reqs[r.id] == r && r.gen == c.reqGen && r.running {
+	r, reqGen := c.req, c.reqGen
+	// Free the slot before publishing: publishing may plan write-through
+	// copies, and a plan may grow t.copies, which would leave c pointing
+	// into the old array (the slot would stay live in the new one).
+	*c = tierCopy{gen: c.gen}
+	t.freeSl = append(t.freeSl, s)
+	t.nLive--
+	if r != nil && m.reqs[r.id] == r && r.gen == reqGen && r.running {
 		r.loading--
 		if r.loading == 0 && !m.pending {
 			m.publish(r)
 		}
 	}
-	*c = tierCopy{gen: c.gen}
-	t.freeSl = append(t.freeSl, s)
-	t.nLive--
 }
 
 // extend continues r's device match of pages (whose chain ends at r.tchain)
