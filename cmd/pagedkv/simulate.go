@@ -80,16 +80,19 @@ on the fourth). Windows and chunks are scaled to the simulator's sequences
 float64 attention over the whole sequence under that group's window or
 chunk, and the summary reports each group's pages, prefix-cache numbers and
 verified outputs. Hybrid models run on host backends, with --spec-tokens,
-preemption, eviction and --kv-events (every event carries its group's
-group_idx, BlockStored its kv_cache_spec_kind), but not with --window,
---host-pages, --redis or --replicas.
+preemption, eviction, --kv-events (every event carries its group's
+group_idx, BlockStored its kv_cache_spec_kind) and --replicas, but not with
+--window, --host-pages or --redis.
 
---replicas R runs R replicas (each its own Manager and verified attention)
-connected to a router only by their KV events over loopback ZeroMQ; each
-arriving request goes to the replica with the longest cached prefix among
-those with load (running + waiting) <= least load + --route-slack, ties to
-the less loaded, then the lower number. The same workload then runs with
-round robin, and the summary compares prefix hits and recomputed tokens.
+--replicas R runs R replicas (each its own Manager, or HybridManager with a
+hybrid --model, and verified attention) connected to a router only by their
+KV events over loopback ZeroMQ; each arriving request goes to the replica
+with the longest cached prefix among those with load (running + waiting) <=
+least load + --route-slack, ties to the less loaded, then the lower number.
+With a hybrid model the events carry their group_idx and a replica's cached
+prefix is the one every layer group holds (the HybridManager's admission
+rule). The same workload then runs with round robin, and the summary
+compares prefix hits and recomputed tokens.
 
 Flags:
 `
@@ -152,7 +155,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		return fail(usageOr(err, exitFailure), "%v", err)
 	}
 	cfg.Model.Seed = cfg.Seed
-	if code, ok := hybridFlags(fs, &cfg, *model, *redisAddr, *replicas, fail); !ok {
+	if code, ok := hybridFlags(fs, &cfg, *model, *redisAddr, fail); !ok {
 		return code
 	}
 	if cfg.SpecTokens < 0 || cfg.SpecTokens > sim.MaxSpecTokens {
@@ -242,7 +245,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 // hybridFlags applies --model to cfg: the preset's layer count unless
 // --layers was given, and its layer groups; a hybrid model refuses the
 // flags of features the simulator does not combine with layer groups.
-func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr string, replicas int,
+func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr string,
 	fail func(int, string, ...any) int) (int, bool) {
 	preset, err := sim.Preset(model)
 	if err != nil {
@@ -267,7 +270,6 @@ func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr string, rep
 		{cfg.WindowTokens != 0, "--window", "its windows are its groups' (docs/simulate.md)"},
 		{cfg.HostPages != 0, "--host-pages", "the HybridManager has no host or remote tiers"},
 		{redisAddr != "", "--redis", "the HybridManager has no host or remote tiers"},
-		{replicas != 1, "--replicas", "the multi-replica simulation builds dense Managers only (its router's index reads grouped events: docs/events.md)"},
 		{sim.DeviceBackend(cfg.Backend), "--backend " + cfg.Backend.Name(), "the device-resident path runs dense models; hybrid models run on host backends (cpu)"},
 	} {
 		if c.set {

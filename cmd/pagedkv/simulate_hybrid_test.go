@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/internal/vllmwire"
 )
@@ -80,7 +81,6 @@ func TestSimulateModelBad(t *testing.T) {
 		{[]string{"--model", "gpt-oss-like", "--window", "32"}, []string{"--window", "gpt-oss-like"}},
 		{[]string{"--model", "llama-4-like", "--host-pages", "8"}, []string{"--host-pages", "llama-4-like"}},
 		{[]string{"--model", "llama-4-like", "--redis", "127.0.0.1:1"}, []string{"--redis", "llama-4-like"}},
-		{[]string{"--model", "gpt-oss-like", "--replicas", "2"}, []string{"--replicas", "gpt-oss-like", "builds dense Managers only"}},
 		{[]string{"--model", "llama-4-like", "--page-size", "48"}, []string{"ChunkTokens = 128", "page size 48"}},
 	} {
 		code, _, errOut := runCLI(append([]string{"simulate", "--quiet"}, c.args...)...)
@@ -89,6 +89,51 @@ func TestSimulateModelBad(t *testing.T) {
 			assert.Contains(t, errOut, w, c.args)
 		}
 	}
+}
+
+// TestSimulateModelReplicas runs --model gpt-oss-like --replicas 2 on a
+// small pool (evictions and preemptions): each replica is a HybridManager
+// verified per group, its grouped events reach the router's index (both
+// groups indexed, every batch, no gaps), the prefix-aware run routes
+// requests to cached prefixes and hits the cache, and both runs verify.
+// Under -race the run is cut to 12 requests checked every 8 steps.
+func TestSimulateModelReplicas(t *testing.T) {
+	t.Parallel()
+	requests, size := 24, []string{}
+	if invariants.Enabled {
+		requests, size = 12, []string{"--verify-every", "8"} // after smallHybrid's, so it wins
+	}
+	args := append([]string{"simulate", "--model", "gpt-oss-like", "--replicas", "2", "--requests", strconv.Itoa(requests), "--pages", "64"}, smallHybrid...)
+	code, out, errOut := runCLI(append(args, size...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+
+	assert.Regexp(t, `^2 replicas, each 4 layers, `, summaryField(t, out, "fleet"))
+	assert.Equal(t, "2 of 2 layers each, layer l in group l % 2: sliding 128, full; a replica's match is the prefix every group holds",
+		summaryField(t, out, "layer groups"))
+	hits := regexp.MustCompile(`^prefix-aware (\d+) of (\d+) prompt tokens \([\d.]+%\); round-robin (\d+) of (\d+) prompt tokens \([\d.]+%\)$`).
+		FindStringSubmatch(summaryField(t, out, "prefix hits"))
+	require.NotNil(t, hits, out)
+	assert.Equal(t, hits[2], hits[4], "both policies ran the same prompts")
+	pa, _ := strconv.Atoi(hits[1])
+	assert.Positive(t, pa, "prefix-aware hits")
+
+	routed := regexp.MustCompile(`^prefix-aware \[(\d+) (\d+)\] \((\d+) requests to a cached prefix; the index promised (\d+) tokens\); round-robin \[(\d+) (\d+)\]$`).
+		FindStringSubmatch(summaryField(t, out, "routed"))
+	require.NotNil(t, routed, out)
+	n := func(i int) int { v, _ := strconv.Atoi(routed[i]); return v }
+	assert.Equal(t, requests, n(1)+n(2), "prefix-aware routed every request")
+	assert.Equal(t, []int{requests / 2, requests / 2}, []int{n(5), n(6)}, "round robin")
+	assert.Positive(t, n(3), "requests routed to a cached prefix")
+	assert.Positive(t, n(4), "tokens the index promised")
+
+	ev := regexp.MustCompile(`(prefix-aware|round-robin) (\d+) batches, \d+ events, \d+ pages, \d+ bytes published \(0 steps dropped\); (\d+) batches indexed, 0 gaps, 0 replays, 2 groups indexed per replica`).
+		FindAllStringSubmatch(summaryField(t, out, "kv events"), -1)
+	require.Len(t, ev, 2, out)
+	for _, m := range ev {
+		assert.Equal(t, m[2], m[3], "%s: every batch published was indexed", m[1])
+	}
+	assert.Regexp(t, `^passed on every replica: prefix-aware [1-9]\d* outputs in [1-9]\d* checked steps .*; round-robin [1-9]\d* outputs`,
+		summaryField(t, out, "verification"))
 }
 
 // TestSimulateModelKVEvents runs hybrid presets with --kv-events on a

@@ -28,9 +28,10 @@
 // attention under that group's window or chunk.
 //
 // [RunFleet] runs a workload over several replicas, each a Sim with its own
-// Manager, backend and verification, connected to a router only by their
-// KV events (package events over loopback ZeroMQ, package kvindex in the
-// router). The replicas step in lockstep, and before routing the next
+// Manager (a HybridManager with Config.Groups, its events grouped by
+// [RecorderConfig]), backend and verification, connected to a router only
+// by their KV events (package events over loopback ZeroMQ, package kvindex
+// in the router). The replicas step in lockstep, and before routing the next
 // arrivals the router waits until it has indexed every replica's events
 // of the step, so routing is deterministic; the policies are documented on
 // [Policy] and in docs/events.md.

@@ -79,6 +79,10 @@ type FleetEvents struct {
 	Dropped                       int64 // steps the publishers' queues dropped
 	Indexed                       int64 // batches the router's index applied
 	Gaps, Replays                 int64
+	// Groups is the most KV-cache groups (group_idx values) the index saw
+	// in one replica's events: 1 for a dense model, a hybrid model's
+	// layer groups once each group has stored a block.
+	Groups int
 }
 
 // HitRate is the fleet's prefix hit rate over prompt tokens.
@@ -102,10 +106,12 @@ func (r *replicaRun) busy() bool {
 }
 
 // RunFleet runs workload over fc.Replicas replicas, each a Sim (own
-// Manager, backend and verification) publishing its KV events over
-// loopback ZeroMQ. A router subscribed to all of them keeps a kvindex.Index
-// and routes each arriving request by fc.Policy; the replicas share nothing
-// else. The replicas step in lockstep: each global step, arrivals are
+// Manager, or HybridManager with Config.Groups, backend and verification)
+// publishing its KV events over loopback ZeroMQ (a hybrid model's grouped,
+// as [RecorderConfig] builds them). A router subscribed to all of them keeps a kvindex.Index
+// and routes each arriving request by fc.Policy (for a hybrid model the
+// index's match is the prefix every group holds, the HybridManager's
+// admission rule); the replicas share nothing else. The replicas step in lockstep: each global step, arrivals are
 // routed, every replica with work runs one step and flushes its events, and
 // the router waits until it has indexed every replica's events before the
 // next step, so routing is deterministic.
@@ -144,7 +150,7 @@ func RunFleet(cfg Config, workload []Request, fc FleetConfig) (FleetSummary, err
 		if err != nil {
 			return f, err
 		}
-		rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: cfg.NumPages, HostPages: cfg.HostPages, PageSize: cfg.PageSize, SlidingWindow: cfg.WindowTokens})
+		rec, err := pub.NewRecorder(RecorderConfig(&cfg)) // a hybrid model's events carry their group_idx
 		if err != nil {
 			pub.Close()
 			return f, err
@@ -159,7 +165,7 @@ func RunFleet(cfg Config, workload []Request, fc FleetConfig) (FleetSummary, err
 		reps[i] = &replicaRun{s: s, pub: pub, rec: rec}
 		srcs = append(srcs, kvindex.Source{Name: fmt.Sprintf("replica-%d", i), Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint()})
 	}
-	ix, err := kvindex.New(kvindex.Config{PageSize: cfg.PageSize, Seed: reps[0].s.m.HashSeed()})
+	ix, err := kvindex.New(kvindex.Config{PageSize: cfg.PageSize, Seed: HashSeed(&cfg)})
 	if err != nil {
 		return f, err
 	}
@@ -201,7 +207,9 @@ func RunFleet(cfg Config, workload []Request, fc FleetConfig) (FleetSummary, err
 		ss := sub.Stats(i)
 		f.Events.Gaps += ss.Gaps
 		f.Events.Replays += ss.Replays
-		f.Events.Indexed += ix.Stats(sub.Replica(i)).Batches
+		is := ix.Stats(sub.Replica(i))
+		f.Events.Indexed += is.Batches
+		f.Events.Groups = max(f.Events.Groups, is.Groups)
 	}
 	f.Err = err
 	return f, err
@@ -324,6 +332,14 @@ func FormatFleet(w io.Writer, cfg *Config, fc FleetConfig, runs ...*FleetSummary
 	m := &cfg.Model
 	line("fleet", "%d replicas, each %d layers, Hq %d, Hkv %d, D %d, %v, pool %d pages of %d tokens; connected only by KV events over loopback ZeroMQ",
 		fc.Replicas, m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, m.DType, cfg.NumPages, cfg.PageSize)
+	if len(cfg.Groups) > 0 {
+		kinds := make([]string, len(cfg.Groups))
+		for g, spec := range cfg.Groups {
+			kinds[g] = groupString(spec)
+		}
+		line("layer groups", "%d of %d layers each, layer l in group l %% %d: %s; a replica's match is the prefix every group holds",
+			len(cfg.Groups), cfg.Groups[0].NumLayers, len(cfg.Groups), strings.Join(kinds, ", "))
+	}
 	line("routing", "prefix-aware: the longest cached prefix (from the index) %s, ties to the less loaded, then the lower number; round-robin: request n to replica n mod %d",
 		cap, fc.Replicas)
 	line("prefix hits", "%s", each(func(r *FleetSummary) string {
@@ -345,8 +361,12 @@ func FormatFleet(w io.Writer, cfg *Config, fc FleetConfig, runs ...*FleetSummary
 	}))
 	line("kv events", "%s", each(func(r *FleetSummary) string {
 		e := &r.Events
-		return fmt.Sprintf("%d batches, %d events, %d pages, %d bytes published (%d steps dropped); %d batches indexed, %d gaps, %d replays",
+		s := fmt.Sprintf("%d batches, %d events, %d pages, %d bytes published (%d steps dropped); %d batches indexed, %d gaps, %d replays",
 			e.Batches, e.Events, e.Pages, e.Bytes, e.Dropped, e.Indexed, e.Gaps, e.Replays)
+		if len(cfg.Groups) > 0 {
+			s += fmt.Sprintf(", %d groups indexed per replica", e.Groups)
+		}
+		return s
 	}))
 	line("wall time", "%s", each(func(r *FleetSummary) string { return roundDuration(r.Wall).String() }))
 	failed := false

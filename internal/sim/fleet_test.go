@@ -3,6 +3,11 @@ package sim
 import (
 	"errors"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/internal/invariants"
 )
 
 // fakeReplicas returns replicas whose loads are the given numbers of
@@ -53,5 +58,51 @@ func TestRunFleetBadConfig(t *testing.T) {
 	}
 	if _, err := RunFleet(DefaultConfig(), nil, FleetConfig{Replicas: 2}); !errors.Is(err, ErrBadConfig) {
 		t.Errorf("empty workload: err = %v", err)
+	}
+}
+
+// TestRunFleetHybrid runs each hybrid preset over two replicas under both
+// policies on a pool small enough for eviction: every replica runs the
+// HybridManager and verifies every group's outputs, the router's index
+// applies every published batch without a gap and sees each replica's
+// events in all of the model's groups, and prefix-aware routing sends
+// requests to prefixes the index holds in every group.
+func TestRunFleetHybrid(t *testing.T) {
+	t.Parallel()
+	n := 16
+	if invariants.Enabled {
+		n = 8
+	}
+	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := hybridConfig(t, name)
+			cfg.NumPages, cfg.VerifyEvery = 64, 4
+			wl := smallWorkload(t, n)
+			for _, p := range []Policy{PrefixAware, RoundRobin} {
+				f, err := RunFleet(cfg, wl, FleetConfig{Replicas: 2, Policy: p, LoadSlack: DefaultLoadSlack})
+				require.NoError(t, err, p)
+				require.Len(t, f.Replicas, 2)
+				assert.Equal(t, n, f.Routed[0]+f.Routed[1], p)
+				for i, sum := range f.Replicas {
+					require.Len(t, sum.Groups, len(cfg.Groups), "%v replica %d", p, i)
+					for g, gs := range sum.Groups {
+						assert.Equal(t, cfg.Groups[g], gs.Spec)
+						if sum.Requests > 0 {
+							assert.Positive(t, gs.Outputs, "%v replica %d group %d outputs verified", p, i, g)
+						}
+					}
+				}
+				assert.Positive(t, f.Verified.Checks, p)
+				assert.Positive(t, f.Events.Batches, p)
+				assert.Equal(t, f.Events.Batches, f.Events.Indexed, "%v: batches published, indexed", p)
+				assert.Zero(t, f.Events.Gaps+f.Events.Dropped, p)
+				assert.Equal(t, len(cfg.Groups), f.Events.Groups, "%v: groups the index saw per replica", p)
+				if p == PrefixAware {
+					assert.Positive(t, f.RoutedHits, "requests routed to a cached prefix")
+					assert.Positive(t, f.PromptHitTokens)
+				}
+			}
+		})
 	}
 }
