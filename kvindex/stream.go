@@ -2,6 +2,7 @@ package kvindex
 
 import (
 	"fmt"
+	"math"
 	"sync/atomic"
 )
 
@@ -11,6 +12,13 @@ import (
 // source feeds it the messages its sockets receive; tests feed it a model
 // publisher's. Its methods run on the source's goroutine (last is also read
 // by others).
+//
+// Whatever arrives, the index never reports a block the replica does not
+// hold: a batch that is not applied in full (undecodable, refused by
+// Apply, or numbered beyond 2^63-1), a gap no replay fills, and a
+// publisher restart each clear the replica's blocks, and the index then
+// under-reports until the replica stores its blocks again. An empty set is
+// below any truth, and batches applied in order from there keep it below.
 type stream struct {
 	ix         *Index
 	rep        int
@@ -23,12 +31,18 @@ type stream struct {
 	note   func(func(*SourceStats))
 	failed func(error)
 
-	last atomic.Int64 // last sequence applied, -1 before any
+	last atomic.Int64 // last sequence taken (applied or cleared for), -1 before any
+	// liveLast is the highest sequence received live (not replayed) from
+	// the publisher's current run, -1 before any. A publisher sends its
+	// run's sequences in increasing order, so a live sequence at or below
+	// it is a new run.
+	liveLast int64
 }
 
 func (st *stream) init(ix *Index, rep int, joinReplay bool) {
 	st.ix, st.rep, st.joinReplay = ix, rep, joinReplay
 	st.last.Store(-1)
+	st.liveLast = -1
 }
 
 func (st *stream) replay(from uint64) {
@@ -39,9 +53,26 @@ func (st *stream) replay(from uint64) {
 
 // live takes one message as it arrived on the PUB socket.
 func (st *stream) live(seq uint64, payload []byte) {
+	if seq > math.MaxInt64 {
+		st.ix.clearReplica(st.rep, causeUnapplied)
+		st.failed(fmt.Errorf("%w: sequence %d is beyond 2^63-1; the replica's blocks are cleared", ErrDecode, seq))
+		return
+	}
+	// fromStart: the stream must begin at sequence 0 (a late joiner that
+	// replays, or a publisher's new run), so anything else is a gap.
+	fromStart := st.joinReplay && st.last.Load() < 0
+	if st.liveLast >= 0 && int64(seq) <= st.liveLast {
+		// The live stream went back: the publisher restarted, and its
+		// engine's cache is not what the old run built. Forget it and
+		// take the new run from its start.
+		st.ix.clearReplica(st.rep, causeRestart)
+		st.last.Store(-1)
+		fromStart = true
+	}
+	st.liveLast = int64(seq)
 	last := st.last.Load()
 	switch {
-	case last < 0 && seq > 0 && st.joinReplay:
+	case last < 0 && seq > 0 && fromStart:
 		st.replay(0)
 	case last >= 0 && int64(seq) <= last:
 		return // already applied (from a replay)
@@ -53,13 +84,13 @@ func (st *stream) live(seq uint64, payload []byte) {
 	if last >= 0 && int64(seq) <= last {
 		return
 	}
-	if (last >= 0 || st.joinReplay) && int64(seq) != last+1 {
+	if (last >= 0 || fromStart) && int64(seq) != last+1 {
 		// The replay could not fill the gap (no replay socket, or the
 		// buffer moved on): what the index holds for this replica is no
 		// longer known to be true. Start over from here; the router
 		// underestimates this replica until its pages are stored again.
 		st.note(func(s *SourceStats) { s.Unrepaired++ })
-		st.ix.clearReplica(st.rep)
+		st.ix.clearReplica(st.rep, causeGap)
 	}
 	st.apply(seq, payload)
 }
@@ -68,7 +99,7 @@ func (st *stream) live(seq uint64, payload []byte) {
 // reports whether it continued the stream and was applied.
 func (st *stream) replayed(from, seq uint64, payload []byte) bool {
 	last := st.last.Load()
-	if int64(seq) <= last {
+	if seq > math.MaxInt64 || int64(seq) <= last {
 		return false
 	}
 	if int64(seq) != last+1 && !(last < 0 && seq == from) {
@@ -78,14 +109,19 @@ func (st *stream) replayed(from, seq uint64, payload []byte) bool {
 	return true
 }
 
-// apply decodes and indexes one batch and records its sequence.
+// apply decodes and indexes one batch and records its sequence. A batch
+// that is not applied in full clears the replica's blocks: its removals
+// are lost, so the index can no longer know which blocks the replica
+// holds.
 func (st *stream) apply(seq uint64, payload []byte) {
 	b, err := DecodeBatch(payload)
 	if err == nil {
-		err = st.ix.Apply(st.rep, &b)
+		err = st.ix.applyOrClear(st.rep, &b)
+	} else {
+		st.ix.clearReplica(st.rep, causeUnapplied)
 	}
 	if err != nil {
-		st.failed(fmt.Errorf("sequence %d: %w", seq, err))
+		st.failed(fmt.Errorf("sequence %d: %w; the replica's blocks are cleared", seq, err))
 	}
 	st.last.Store(int64(seq))
 }
