@@ -138,10 +138,9 @@ func TestStreamNeverOverReports(t *testing.T) {
 	for sub := 0; counts.messages < total; sub++ {
 		ts := newTestStream(t, sub%3 == 1)
 		if sub%5 == 4 {
-			ts.requestReplay = nil // no replay socket
+			ts.serve = nil // no replay socket
 		} else {
-			ts.requestReplay = func(from uint64) {
-				ts.stats.Replays++
+			ts.serve = func(from uint64) {
 				end := ts.model.seq
 				if rng.IntN(8) == 0 && end > from {
 					end = from + uint64(rng.IntN(int(end-from))) // the replay times out partway
@@ -151,9 +150,9 @@ func TestStreamNeverOverReports(t *testing.T) {
 					if !ok {
 						continue // the buffer moved on
 					}
-					ts.replayed(from, seq, p)
+					ts.replayed(ts, from, seq, p)
 					if rng.IntN(10) == 0 { // a duplicate reply
-						ts.replayed(from, seq, p)
+						ts.replayed(ts, from, seq, p)
 					}
 				}
 			}
@@ -173,13 +172,13 @@ func TestStreamNeverOverReports(t *testing.T) {
 				break
 			}
 			counts.messages++
-			if restartSeen && ts.liveLast >= 0 && rng.IntN(200) == 0 {
+			if restartSeen && ts.liveSeen && rng.IntN(200) == 0 {
 				counts.restarts++
 				pub.seq = 0
 				clear(pub.buf)
 				clear(pub.truth) // the engine restarted with an empty cache
 				pub.after = map[uint64]map[modelKey]uint8{}
-				restartSeen, restartBelow = false, ts.liveLast
+				restartSeen, restartBelow = false, int64(ts.liveLast)
 			}
 			refused := rng.IntN(25) == 0
 			payload := pub.batch(t, refused)
@@ -212,12 +211,12 @@ func TestStreamNeverOverReports(t *testing.T) {
 				counts.lost++
 				burst = max(burst-1, 0)
 			} else {
-				ts.live(seq, delivered)
+				ts.live(ts, seq, delivered)
 				if !restartSeen && int64(seq) <= restartBelow {
 					restartSeen, taken = true, pub.after
 				}
 			}
-			if restartSeen && ts.liveLast >= 0 && rng.IntN(30) == 0 {
+			if restartSeen && ts.liveSeen && rng.IntN(30) == 0 {
 				counts.catchups++
 				ts.replay(uint64(ts.last.Load() + 1)) // WaitApplied's catch-up
 			}

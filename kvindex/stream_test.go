@@ -36,14 +36,18 @@ func encodeBatch(t testing.TB, evs ...map[string]any) []byte {
 }
 
 // testStream is a stream on a fresh one-replica index whose replays are
-// served from replies (what the publisher's buffer holds: seq -> payload).
+// served from replies (what the publisher's buffer holds: seq -> payload)
+// by serve (nil: no replay socket). It is the stream's streamSource.
 type testStream struct {
 	stream
-	t       testing.TB
-	replies map[uint64][]byte
-	stats   SourceStats
-	errs    []error
-	model   *modelPublisher // TestStreamNeverOverReports' publisher
+	ix         *Index
+	rep        int
+	joinReplay bool
+	serve      func(from uint64)
+	replies    map[uint64][]byte
+	stats      SourceStats
+	errs       []error
+	model      *modelPublisher // TestStreamNeverOverReports' publisher
 }
 
 func newTestStream(t testing.TB, joinReplay bool) *testStream {
@@ -51,18 +55,15 @@ func newTestStream(t testing.TB, joinReplay bool) *testStream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := &testStream{t: t, replies: map[uint64][]byte{}}
-	ts.init(ix, ix.AddReplica("r"), joinReplay)
-	ts.note = func(f func(*SourceStats)) { f(&ts.stats) }
-	ts.failed = func(err error) { ts.errs = append(ts.errs, err) }
-	ts.requestReplay = func(from uint64) {
-		ts.stats.Replays++
+	ts := &testStream{ix: ix, rep: ix.AddReplica("r"), joinReplay: joinReplay, replies: map[uint64][]byte{}}
+	ts.last.Store(-1)
+	ts.serve = func(from uint64) {
 		for seq := from; ; seq++ {
 			p, ok := ts.replies[seq]
 			if !ok {
 				return
 			}
-			if ts.replayed(from, seq, p) {
+			if ts.replayed(ts, from, seq, p) {
 				ts.stats.Replayed++
 			}
 		}
@@ -70,10 +71,21 @@ func newTestStream(t testing.TB, joinReplay bool) *testStream {
 	return ts
 }
 
+func (ts *testStream) indexed() (*Index, int)     { return ts.ix, ts.rep }
+func (ts *testStream) replaysFromStart() bool     { return ts.joinReplay }
+func (ts *testStream) count(f func(*SourceStats)) { f(&ts.stats) }
+func (ts *testStream) fail(err error)             { ts.errs = append(ts.errs, err) }
+func (ts *testStream) replay(from uint64) {
+	if ts.serve != nil {
+		ts.stats.Replays++
+		ts.serve(from)
+	}
+}
+
 // publish hands the stream a live message and keeps it for replays.
 func (ts *testStream) publish(seq uint64, payload []byte) {
 	ts.replies[seq] = payload
-	ts.live(seq, payload)
+	ts.live(ts, seq, payload)
 }
 
 // matched is how many tokens of chain the index matches.

@@ -123,8 +123,6 @@ func (s *Subscriber) add(i int, src Source) error {
 		}
 	}
 	so.rep = s.ix.AddReplica(src.Name)
-	so.stream.init(s.ix, so.rep, s.cfg.JoinReplay)
-	so.requestReplay, so.note, so.failed = so.replay, so.count, so.fail
 	s.srcs = append(s.srcs, so)
 	s.wg.Add(2)
 	go so.read(so.sub, so.msgs)
@@ -197,7 +195,7 @@ func (so *source) onMessage(frames [][]byte) {
 	if !strings.HasPrefix(msg.Topic, so.s.cfg.Topic) {
 		return
 	}
-	so.live(msg.Seq, msg.Payload)
+	so.live(so, msg.Seq, msg.Payload)
 }
 
 // replay asks the publisher for every batch from seq on and applies those
@@ -236,7 +234,7 @@ func (so *source) replay(from uint64) {
 			if seq == replyEnd {
 				return
 			}
-			if so.replayed(from, seq, payload) {
+			if so.replayed(so, from, seq, payload) {
 				so.count(func(st *SourceStats) { st.Replayed++ })
 			}
 		}
