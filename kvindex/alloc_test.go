@@ -36,19 +36,30 @@ func checkDecodeAllocs(t testing.TB, payload []byte) error {
 	return err
 }
 
+// hugeFieldCodes are the msgpack codes of hugeUnknownField: str32, bin32,
+// ext32.
+var hugeFieldCodes = []byte{0xdb, 0xc6, 0xc9}
+
+// hugeUnknownField is a 41-byte (42 with ext32's type byte) payload whose
+// one event has an unknown field declared as a 1 MiB value of the given
+// code and no body: [1.0, [{"type": "AllBlocksCleared", "x": <code> 2^20}]].
+func hugeUnknownField(code byte) []byte {
+	p := []byte{0x92, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xb0}
+	p = append(p, "AllBlocksCleared"...)
+	p = append(p, 0xa1, 'x', code)
+	p = binary.BigEndian.AppendUint32(p, 1<<20)
+	if code == 0xc9 {
+		p = append(p, 1) // the extension type
+	}
+	return p
+}
+
 // An unknown field declared as a 1 MiB str32 (or ext32, or bin32) in a
 // 41-byte message: the library's Skip allocated the declared length
 // before finding the input short.
 func TestUnknownHugeFieldAllocatesNothing(t *testing.T) {
-	for _, code := range []byte{0xdb, 0xc6, 0xc9} { // str32, bin32, ext32
-		// [1.0, [{"type": "AllBlocksCleared", "x": <code> 2^20 ...}]]
-		p := []byte{0x92, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 0x91, 0x82, 0xa4, 't', 'y', 'p', 'e', 0xb0}
-		p = append(p, "AllBlocksCleared"...)
-		p = append(p, 0xa1, 'x', code)
-		p = binary.BigEndian.AppendUint32(p, 1<<20)
-		if code == 0xc9 {
-			p = append(p, 1) // the extension type
-		}
+	for _, code := range hugeFieldCodes {
+		p := hugeUnknownField(code)
 		if err := checkDecodeAllocs(t, p); err == nil {
 			t.Fatalf("code %#x: a %d-byte payload declaring 1 MiB decoded", code, len(p))
 		}
