@@ -8,15 +8,25 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// bytesAllocatedBy returns the heap bytes f allocates (the whole process's
-// count, so tests that use it run alone).
+// bytesAllocatedBy returns the heap bytes f allocates: the whole process's
+// count, taken with GOMAXPROCS 1 (as testing.AllocsPerRun does) so that
+// other goroutines rarely run meanwhile; tests that use it run alone.
 func bytesAllocatedBy(f func()) uint64 {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	f()
 	runtime.ReadMemStats(&after)
 	return after.TotalAlloc - before.TotalAlloc
 }
+
+// decodeMeasurements is how many times checkDecodeAllocs decodes a payload
+// over the bound before it fails: the least count is DecodeBatch's own.
+// Under -fuzz the worker's goroutine that talks to the coordinator may
+// allocate during a measurement (6,568 bytes were seen once for a 66-byte
+// payload that costs 992-1,256); the decoder allocates the same on every
+// run (a sync.Pool refilled after a GC adds a few hundred bytes).
+const decodeMeasurements = 3
 
 // decodeAllocBound is what DecodeBatch may allocate for a payload of n bytes.
 func decodeAllocBound(n int) uint64 {
@@ -28,8 +38,15 @@ func decodeAllocBound(n int) uint64 {
 func checkDecodeAllocs(t testing.TB, payload []byte) error {
 	t.Helper()
 	var err error
+	bound := decodeAllocBound(len(payload))
 	got := bytesAllocatedBy(func() { _, err = DecodeBatch(payload) })
-	if bound := decodeAllocBound(len(payload)); got > bound {
+	for range decodeMeasurements - 1 {
+		if got <= bound {
+			break
+		}
+		got = min(got, bytesAllocatedBy(func() { _, err = DecodeBatch(payload) }))
+	}
+	if got > bound {
 		t.Fatalf("decoding %d bytes allocated %d bytes, over the bound %d (%d per byte + %d): err %v",
 			len(payload), got, bound, DecodeAllocPerByte, DecodeAllocOverhead, err)
 	}
