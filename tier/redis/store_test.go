@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -260,8 +261,16 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"braces":       {Addr: "x:1", Namespace: "a{b}", Format: f},
 		"bad format":   {Addr: "x:1", Namespace: "a"},
 		"negative":     {Addr: "x:1", Namespace: "a", Format: f, QueueLen: -1},
+		// Issue 28: geometry whose byte count wraps int64: 0 bytes with 16
+		// layers was accepted; -2^63 with 3 panicked in makeslice.
+		"format wraps to 0":    {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 1, NumKVHeads: 1 << 30, HeadDim: 1 << 30, Layers: 16}},
+		"format wraps below 0": {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 2, NumKVHeads: 1 << 29, HeadDim: 1 << 30, Layers: 3}},
 	} {
-		_, err := New(c)
+		var err error
+		require.NotPanics(t, func() { _, err = New(c) }, name)
 		require.True(t, errors.Is(err, ErrBadConfig), "%s: %v", name, err)
+		if c.Format.HeadDim == 1<<30 {
+			require.ErrorContains(t, err, fmt.Sprintf("layers %d", c.Format.Layers), name)
+		}
 	}
 }
