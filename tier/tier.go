@@ -211,4 +211,10 @@ type RemoteStats struct {
 	Dropped   int64 // pages not written: queue full or store closed
 	BytesIn   int64 // value bytes read
 	BytesOut  int64 // value bytes written
+
+	// RejectedBy splits Rejected by reason (index: a RejectReason).
+	RejectedBy [NumRejectReasons]int64
+	// Recent are the latest rejections, most recent first, one entry per
+	// key and reason, at most RecentRejections (unused entries: Count 0).
+	Recent [RecentRejections]RemoteRejection
 }
