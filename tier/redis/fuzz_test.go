@@ -70,15 +70,23 @@ func FuzzDecodeValue(f *testing.F) {
 // namespace "ns", group "all") would, and checks the allocation bound,
 // the encoding's uniqueness and that only good verifies.
 func checkDecode(t *testing.T, b []byte, fm tier.PageFormat, want *tier.RemotePage, good []byte) {
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	v, decodeErr := Decode(b, nil)
-	verifyErr := decodeErr
-	if decodeErr == nil {
-		verifyErr = v.Verify(fm, "ns", "all", want)
+	var v Value
+	var decodeErr, verifyErr error
+	decode := func() {
+		v, decodeErr = Decode(b, nil)
+		verifyErr = decodeErr
+		if decodeErr == nil {
+			verifyErr = v.Verify(fm, "ns", "all", want)
+		}
 	}
-	runtime.ReadMemStats(&m1)
-	if alloc := m1.TotalAlloc - m0.TotalAlloc; alloc > decodeAllocBound(len(b)) {
+	// The process's allocation counter also sees the fuzzing engine's
+	// goroutines: a count over the bound is taken again, and only one
+	// that stays over it three times (decoding is deterministic) fails.
+	alloc := allocated(decode)
+	for try := 1; try < 3 && alloc > decodeAllocBound(len(b)); try++ {
+		alloc = min(alloc, allocated(decode))
+	}
+	if alloc > decodeAllocBound(len(b)) {
 		t.Fatalf("decoding and verifying %d bytes allocated %d bytes, over the bound of %d", len(b), alloc, decodeAllocBound(len(b)))
 	}
 	if decodeErr != nil {
@@ -95,4 +103,13 @@ func checkDecode(t *testing.T, b []byte, fm tier.PageFormat, want *tier.RemotePa
 	if verifyErr == nil && !bytes.Equal(b, good) {
 		t.Fatalf("a value other than the page's encoding verified: %x", b)
 	}
+}
+
+// allocated returns the heap bytes the process allocated while f ran.
+func allocated(f func()) uint64 {
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	f()
+	runtime.ReadMemStats(&m1)
+	return m1.TotalAlloc - m0.TotalAlloc
 }

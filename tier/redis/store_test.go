@@ -191,20 +191,26 @@ func TestBadValuesAreRejected(t *testing.T) {
 	require.Equal(t, 1, fetch(s, asked(pages[:1])))
 }
 
+// storedChain starts a server and a store of format f, and stores n
+// pages of a random chain (seeded by seed) in it.
+func storedChain(t *testing.T, seed uint64, f tier.PageFormat, n int) (*Store, []tier.RemotePage) {
+	t.Helper()
+	s := newStore(t, redistest.Start(t), Config{Format: f})
+	pages := chain(rand.New(rand.NewPCG(28, seed)), f, "", n)
+	for i := range pages {
+		require.True(t, s.Store(&pages[i]))
+	}
+	flush(t, s)
+	return s, pages
+}
+
 // A value of any length costs at most the page's value length to look up
 // (issue 28: four 48 MiB values, made with SETRANGE, cost 192 MiB in one
 // lookup): it is refused from its length, before its bytes are read.
 // Not parallel: it measures the process's allocations.
 func TestHugeValuesCostNothing(t *testing.T) {
-	srv := redistest.Start(t)
-	rng := rand.New(rand.NewPCG(28, 4))
 	f := format(layout.F16, layout.NHD)
-	s := newStore(t, srv, Config{Format: f})
-	pages := chain(rng, f, "", 4)
-	for i := range pages {
-		require.True(t, s.Store(&pages[i]))
-	}
-	flush(t, s)
+	s, pages := storedChain(t, 4, f, 4)
 	require.Equal(t, 4, fetch(s, asked(pages)), "warm")
 	const huge = 48 << 20
 	for i := range pages {
@@ -231,15 +237,8 @@ func TestHugeValuesCostNothing(t *testing.T) {
 // reply failed the whole pipeline, dropping them, and counted an error).
 func TestWrongTypeRejectsOnlyThatPage(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	rng := rand.New(rand.NewPCG(28, 5))
 	f := format(layout.F32, layout.HND)
-	s := newStore(t, srv, Config{Format: f})
-	pages := chain(rng, f, "", 4)
-	for i := range pages {
-		require.True(t, s.Store(&pages[i]))
-	}
-	flush(t, s)
+	s, pages := storedChain(t, 5, f, 4)
 	ctx := context.Background()
 	key := s.Key(&pages[2])
 	for kind, write := range map[string]func() error{
