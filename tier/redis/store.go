@@ -26,6 +26,14 @@ const (
 	defaultDialTimout = 2 * time.Second
 )
 
+// Bounds of a Config: the write queue's buffers (QueueLen values) are
+// allocated by New, so they are bounded before anything is allocated.
+const (
+	MaxQueueLen   = 1 << 20
+	MaxBatch      = 1 << 16
+	MaxQueueBytes = 64 << 30
+)
+
 // Config describes a Store.
 type Config struct {
 	// Addr is the server's host:port.
@@ -42,9 +50,12 @@ type Config struct {
 	// by their own digest.
 	TagByChain bool
 	// QueueLen bounds the pages queued or being written (0:
-	// DefaultQueueLen); past it Store drops pages.
+	// DefaultQueueLen; at most MaxQueueLen, and QueueLen values at most
+	// MaxQueueBytes, since New allocates a buffer for each); past it
+	// Store drops pages.
 	QueueLen int
-	// Batch is the most SETs in one pipeline (0: DefaultBatch).
+	// Batch is the most SETs in one pipeline (0: DefaultBatch; at most
+	// MaxBatch).
 	Batch int
 	// Expiry sets a TTL on written pages (0: none; leave it to maxmemory).
 	Expiry time.Duration
@@ -109,6 +120,15 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Batch == 0 {
 		cfg.Batch = DefaultBatch
 	}
+	// The queue's buffers are allocated here, one value each.
+	valueLen := EncodedLen(cfg.Format, cfg.Namespace, cfg.Group)
+	switch {
+	case cfg.QueueLen > MaxQueueLen || cfg.Batch > MaxBatch:
+		return nil, fmt.Errorf("%w: QueueLen %d, Batch %d: want at most %d and %d", ErrBadConfig, cfg.QueueLen, cfg.Batch, MaxQueueLen, MaxBatch)
+	case int64(cfg.QueueLen)*int64(valueLen) > MaxQueueBytes:
+		return nil, fmt.Errorf("%w: QueueLen %d x %d-byte values = %d bytes of write buffers exceeds %d: lower QueueLen",
+			ErrBadConfig, cfg.QueueLen, valueLen, int64(cfg.QueueLen)*int64(valueLen), MaxQueueBytes)
+	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = time.Second
 	}
@@ -126,7 +146,7 @@ func New(cfg Config) (*Store, error) {
 			DialerRetries: 1, DialerRetryTimeout: time.Millisecond,
 		}),
 		prefix:    fmt.Sprintf("%s:%s.%s.p%d.h%d.d%d.l%d:%s:", cfg.Namespace, f.Layout, f.DType, f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers, cfg.Group),
-		valueLen:  EncodedLen(f, cfg.Namespace, cfg.Group),
+		valueLen:  valueLen,
 		pageBytes: f.PageBytes(),
 		queue:     make(chan *job, cfg.QueueLen),
 		free:      make(chan *job, cfg.QueueLen),

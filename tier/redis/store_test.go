@@ -360,8 +360,11 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"negative":     {Addr: "x:1", Namespace: "a", Format: f, QueueLen: -1},
 		// Issue 28: geometry whose byte count wraps int64: 0 bytes with 16
 		// layers was accepted; -2^63 with 3 panicked in makeslice.
-		"format wraps to 0":    {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 1, NumKVHeads: 1 << 30, HeadDim: 1 << 30, Layers: 16}},
-		"format wraps below 0": {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 2, NumKVHeads: 1 << 29, HeadDim: 1 << 30, Layers: 3}},
+		"queue past its bound":  {Addr: "x:1", Namespace: "a", Format: f, QueueLen: 1 << 62},
+		"batch past its bound":  {Addr: "x:1", Namespace: "a", Format: f, Batch: 1 << 62},
+		"queue buffers too big": {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F32, PageSize: 16, NumKVHeads: 64, HeadDim: 256, Layers: 160}}, // 320 MiB pages x 256
+		"format wraps to 0":     {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 1, NumKVHeads: 1 << 30, HeadDim: 1 << 30, Layers: 16}},
+		"format wraps below 0":  {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 2, NumKVHeads: 1 << 29, HeadDim: 1 << 30, Layers: 3}},
 	} {
 		var err error
 		require.NotPanics(t, func() { _, err = New(c) }, name)
