@@ -267,6 +267,9 @@ func TestVerifyRefusesFilesItCannotBound(t *testing.T) {
 	}
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "refusals read nothing")
 
+	require.EqualValues(t, 1<<30, safetensors.MaxFileBytes, "the help states the limit as 1 GiB")
+	require.Contains(t, verifyHelp, "larger than 1 GiB")
+
 	code, out, _ = runCLI("verify", "/dev/zero")
 	assert.Equal(t, exitFailure, code)
 	assert.Contains(t, out, "FAIL zero: /dev/zero: not a regular file")
