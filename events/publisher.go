@@ -96,9 +96,9 @@ type Publisher struct {
 	replayEP string
 	topic    []byte
 
-	done   chan struct{}
-	wg     sync.WaitGroup
-	close  sync.Once
+	done  chan struct{}
+	wg    sync.WaitGroup
+	close sync.Once
 
 	mu    sync.Mutex // guards ring and stats
 	ring  []entry
