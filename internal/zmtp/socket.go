@@ -170,6 +170,9 @@ type PeerError struct {
 }
 
 func (e *PeerError) Error() string {
+	if e.Remote == e.Endpoint { // a connection we made
+		return fmt.Sprintf("zmtp: peer %s: %v", e.Remote, e.Err)
+	}
 	return fmt.Sprintf("zmtp: peer %s on %s: %v", e.Remote, e.Endpoint, e.Err)
 }
 
