@@ -435,7 +435,7 @@ func (s *Socket) handshake(conn net.Conn, fr *frameReader) (metadata, error) {
 			id = []byte{}
 		}
 	}
-	out := append(greeting(), readyCommand(s.cfg.Type.String(), id)...)
+	out := Handshake(s.cfg.Type, id)
 	if _, err := conn.Write(out); err != nil {
 		return metadata{}, fmt.Errorf("%w: handshake: %v", ErrProtocol, err)
 	}

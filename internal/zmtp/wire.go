@@ -284,3 +284,9 @@ func readBody(r io.Reader, n int) ([]byte, error) {
 	}
 	return b, nil
 }
+
+// Handshake returns what a socket of type t with the given identity sends
+// first: the greeting and READY. For tests and tools that speak raw ZMTP.
+func Handshake(t Type, identity []byte) []byte {
+	return append(greeting(), readyCommand(t.String(), identity)...)
+}
