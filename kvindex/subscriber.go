@@ -119,9 +119,9 @@ func NewSubscriber(ix *Index, cfg SubscriberConfig, sources ...Source) (*Subscri
 }
 
 func (s *Subscriber) add(i int, src Source) error {
-	// Small channels: the sockets' own queues hold what is in flight
+	// One-slot channels: the sockets' own queues hold what is in flight
 	// (bounded in bytes), these only hand it to the source's goroutine.
-	so := &source{s: s, i: i, msgs: make(chan [][]byte, 4), replies: make(chan [][]byte, 4), catchup: make(chan struct{}, 1)}
+	so := &source{s: s, i: i, msgs: make(chan [][]byte, 1), replies: make(chan [][]byte, 1), catchup: make(chan struct{}, 1)}
 	so.last.Store(-1)
 	var err error
 	if so.sub, err = so.socket(zmtp.SUB, nil); err == nil {
