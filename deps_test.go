@@ -79,6 +79,8 @@ var allowedImports = map[string][]string{
 	// ZeroMQ's wire protocol (ZMTP 3.0) with bounded reads, for the event
 	// packages (standard library only).
 	"internal/zmtp": {},
+	// Runs Debian's python3 as a test peer (standard library only).
+	"internal/pythontest": {},
 	// Starts a real redis-server for tests (standard library only).
 	"internal/redistest": {},
 	"internal/golden": {"internal/safetensors", "kernels", "kernels/cpu", "layout", "ragged", "pagetable",
@@ -110,7 +112,7 @@ var onlyImportedBy = map[string][]string{
 	// Only tests import the independent decoder.
 	"internal/vllmwire": {},
 	// The wire libraries stay in the event packages.
-	"internal/zmtp":                     {"events", "kvindex", "cmd/pagedkv"},
+	"internal/zmtp":                     {"events", "kvindex"},
 	"github.com/vmihailenco/msgpack/v5": {"events", "kvindex", "internal/vllmwire"},
 	// The Manager knows only tier.RemoteStore; the Redis client stays in
 	// tier/redis.

@@ -1,15 +1,13 @@
 package kvindex_test
 
 import (
-	"bufio"
-	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pagedkv/pagedkv/internal/pythontest"
 	"github.com/pagedkv/pagedkv/kvindex"
 )
 
@@ -21,38 +19,18 @@ import (
 // python3-msgpack (.ci/run installs them); without them it is skipped,
 // except under CI=true.
 func TestLibzmqPublisherJoinReplay(t *testing.T) {
-	const python = "/usr/bin/python3"
-	if err := exec.Command(python, "-c", "import zmq, msgpack").Run(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s cannot import zmq and msgpack (apt-get install python3-zmq python3-msgpack), and CI=true: %v", python, err)
-		}
-		t.Skipf("%s cannot import zmq and msgpack (apt-get install python3-zmq python3-msgpack): %v", python, err)
-	}
+	pythontest.Require(t, "zmq", "msgpack")
 	const batches = 60
-	cmd := exec.Command(python, "testdata/vllm_publisher.py", strconv.Itoa(batches))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	pub := pythontest.Start(t, "testdata/vllm_publisher.py", strconv.Itoa(batches))
+	defer pub.Stdin.Close()
+	var line string
+	select {
+	case line = <-pub.Lines:
+	case <-time.After(time.Minute):
 	}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		stdin.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("the publisher: %v\n%s", err, stderr.String())
-		}
-	}()
-	line, err := bufio.NewReader(out).ReadString('\n')
 	fields := strings.Fields(line)
-	if err != nil || len(fields) != 3 || fields[0] != "READY" {
-		t.Fatalf("the publisher did not start: %q %v\n%s", line, err, stderr.String())
+	if len(fields) != 3 || fields[0] != "READY" {
+		t.Fatalf("the publisher did not start: %q", line)
 	}
 	time.Sleep(200 * time.Millisecond) // join a running stream
 

@@ -1,65 +1,21 @@
 package zmtp
 
 import (
-	"bufio"
 	"encoding/hex"
 	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pagedkv/pagedkv/internal/pythontest"
 )
 
-const python = "/usr/bin/python3"
-
-// requirePyzmq skips without Debian's python3-zmq, and fails instead under
-// CI=true (.ci/run installs it).
-func requirePyzmq(t *testing.T) {
+// libzmqPeer starts testdata/libzmq_peer.py in mode on ep (Debian's
+// python3-zmq) and returns its output lines.
+func libzmqPeer(t *testing.T, mode, ep string) <-chan string {
 	t.Helper()
-	if err := exec.Command(python, "-c", "import zmq").Run(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s cannot import zmq (apt-get install python3-zmq), and CI=true: %v", python, err)
-		}
-		t.Skipf("%s cannot import zmq (apt-get install python3-zmq): %v", python, err)
-	}
-}
-
-// libzmqPeer starts testdata/libzmq_peer.py in mode on ep and returns its
-// output lines; the process is killed when the test ends.
-func libzmqPeer(t *testing.T, mode, ep string) (lines <-chan string, stdin func()) {
-	t.Helper()
-	cmd := exec.Command(python, "testdata/libzmq_peer.py", mode, ep)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() && stderr.Len() > 0 {
-			t.Logf("libzmq_peer.py %s stderr:\n%s", mode, stderr.String())
-		}
-	})
-	ch := make(chan string, 16)
-	go func() {
-		sc := bufio.NewScanner(out)
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			ch <- sc.Text()
-		}
-		close(ch)
-	}()
-	return ch, func() { in.Close() }
+	pythontest.Require(t, "zmq")
+	return pythontest.Start(t, "testdata/libzmq_peer.py", mode, ep).Lines
 }
 
 func nextLine(t *testing.T, lines <-chan string) string {
@@ -97,8 +53,7 @@ func newSocket(t *testing.T, cfg Config) *Socket {
 // TestLibzmqPublisher: our SUB receives a libzmq PUB's stream (as from
 // vLLM's ZmqEventPublisher), with the subscription libzmq expects.
 func TestLibzmqPublisher(t *testing.T) {
-	requirePyzmq(t)
-	lines, _ := libzmqPeer(t, "pub", "")
+	lines := libzmqPeer(t, "pub", "")
 	ep, _ := strings.CutPrefix(nextLine(t, lines), "READY ")
 	sub := newSocket(t, Config{Type: SUB})
 	if err := sub.Subscribe("kv"); err != nil {
@@ -125,8 +80,7 @@ func TestLibzmqPublisher(t *testing.T) {
 // TestLibzmqRouter: our DEALER asks a libzmq ROUTER (vLLM's replay socket)
 // and gets the reply routed back by its identity.
 func TestLibzmqRouter(t *testing.T) {
-	requirePyzmq(t)
-	lines, _ := libzmqPeer(t, "router", "")
+	lines := libzmqPeer(t, "router", "")
 	ep, _ := strings.CutPrefix(nextLine(t, lines), "READY ")
 	d := newSocket(t, Config{Type: DEALER, Identity: []byte("go-dealer")})
 	if err := d.Connect(ep); err != nil {
@@ -150,13 +104,12 @@ func TestLibzmqRouter(t *testing.T) {
 // TestLibzmqSubscriber: a libzmq SUB receives our PUB's messages for its
 // topic only.
 func TestLibzmqSubscriber(t *testing.T) {
-	requirePyzmq(t)
 	pub := newSocket(t, Config{Type: PUB})
 	ep, err := pub.Bind("tcp://127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines, _ := libzmqPeer(t, "sub", ep)
+	lines := libzmqPeer(t, "sub", ep)
 	nextLine(t, lines)
 	deadline := time.Now().Add(20 * time.Second)
 	for pub.Subscriptions() == 0 {
@@ -183,14 +136,13 @@ func TestLibzmqSubscriber(t *testing.T) {
 // TestLibzmqClients: libzmq DEALER and REQ clients get our ROUTER's
 // replies, routed by identity (DEALER) and by a generated one (REQ).
 func TestLibzmqClients(t *testing.T) {
-	requirePyzmq(t)
 	r := newSocket(t, Config{Type: ROUTER})
 	ep, err := r.Bind("tcp://127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mode := range []string{"dealer", "req"} {
-		lines, _ := libzmqPeer(t, mode, ep)
+		lines := libzmqPeer(t, mode, ep)
 		nextLine(t, lines)
 		m, err := r.Recv()
 		if err != nil {
