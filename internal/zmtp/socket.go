@@ -370,8 +370,13 @@ type peer struct {
 // serve runs one connection: handshake, then reads until it ends.
 func (s *Socket) serve(conn net.Conn, ep string) {
 	remote := conn.RemoteAddr().String()
-	if conn.RemoteAddr().Network() == "tcp" {
+	switch {
+	case conn.RemoteAddr().Network() == "tcp":
 		remote = "tcp://" + remote
+	case remote == "" || remote == "@": // the client end of a Unix socket has no name
+		remote = "an unnamed ipc client"
+	default:
+		remote = "ipc://" + remote
 	}
 	s.mu.Lock()
 	if s.closed || len(s.conns) >= s.cfg.MaxPeers {

@@ -424,3 +424,27 @@ func TestBadConfig(t *testing.T) {
 		t.Errorf("Recv after Close: %v", err)
 	}
 }
+
+// TestIPC: ipc:// endpoints are Unix sockets.
+func TestIPC(t *testing.T) {
+	ep := "ipc://" + t.TempDir() + "/kv.sock"
+	pub := newSocket(t, Config{Type: PUB})
+	if bound, err := pub.Bind(ep); err != nil || bound != ep {
+		t.Fatalf("Bind(%q) = %q, %v", ep, bound, err)
+	}
+	sub := newSocket(t, Config{Type: SUB})
+	if err := sub.Subscribe(""); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Connect(ep); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
+	if err := pub.Send([][]byte{[]byte("t"), []byte("over a unix socket")}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := sub.Recv()
+	if err != nil || len(m.Frames) != 2 || string(m.Frames[1]) != "over a unix socket" {
+		t.Fatalf("%q %v", m.Frames, err)
+	}
+}
