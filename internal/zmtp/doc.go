@@ -39,8 +39,10 @@
 // incompatible socket types are refused. A ROUTER routes by the peer's
 // Identity, or by a generated one (a zero byte and a 32-bit counter, as
 // libzmq's) when it has none; a new connection with an identity already in
-// use takes it over. PING/PONG heartbeats are not sent (ZMTP 3.0 has none)
-// and received ones are ignored. No inproc transport, no CURVE or PLAIN.
+// use takes it over. A PING is answered with a PONG (libzmq sends
+// heartbeats to 3.0 peers too when ZMQ_HEARTBEAT_IVL is set, and drops a
+// peer that does not answer); none is sent. No inproc transport, no CURVE
+// or PLAIN.
 //
 // # Concurrency
 //

@@ -51,9 +51,17 @@ func newSocket(t *testing.T, cfg Config) *Socket {
 }
 
 // TestLibzmqPublisher: our SUB receives a libzmq PUB's stream (as from
-// vLLM's ZmqEventPublisher), with the subscription libzmq expects.
+// vLLM's ZmqEventPublisher), with the subscription libzmq expects; with
+// heartbeats on, it answers libzmq's PINGs and keeps its one connection
+// through the second's stream.
 func TestLibzmqPublisher(t *testing.T) {
-	lines := libzmqPeer(t, "pub", "")
+	for _, mode := range []string{"pub", "pub-heartbeat"} {
+		t.Run(mode, func(t *testing.T) { testLibzmqPublisher(t, mode) })
+	}
+}
+
+func testLibzmqPublisher(t *testing.T, mode string) {
+	lines := libzmqPeer(t, mode, "")
 	ep, _ := strings.CutPrefix(nextLine(t, lines), "READY ")
 	sub := newSocket(t, Config{Type: SUB})
 	if err := sub.Subscribe("kv"); err != nil {
@@ -74,6 +82,9 @@ func TestLibzmqPublisher(t *testing.T) {
 		if got := hexFrames(m.Frames); got != want {
 			t.Fatalf("message %d: %s, want %s", seq, got, want)
 		}
+	}
+	if st := sub.Stats(); st.Connections != 1 {
+		t.Fatalf("%d connections, want 1: libzmq dropped the first (%+v)", st.Connections, st)
 	}
 }
 

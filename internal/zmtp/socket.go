@@ -362,6 +362,7 @@ type peer struct {
 	remote   string
 	id       []byte        // ROUTER: the identity replies are routed by
 	out      chan [][]byte // messages to send, at most HWM
+	pong     chan []byte   // a PONG command to send (one pending at most)
 	gone     chan struct{} // closed when the connection ends
 	subs     map[string]int
 	nsubs    int
@@ -404,7 +405,7 @@ func (s *Socket) serve(conn net.Conn, ep string) {
 		return
 	}
 	p := &peer{s: s, conn: conn, endpoint: ep, remote: remote, out: make(chan [][]byte, s.cfg.HWM),
-		gone: make(chan struct{})}
+		pong: make(chan []byte, 1), gone: make(chan struct{})}
 	if s.cfg.Type == ROUTER {
 		p.id = md.identity
 	}
@@ -544,12 +545,13 @@ func (p *peer) write() {
 		select {
 		case <-p.gone:
 			return
-		case frames := <-p.out:
-			if writeMessage(w, frames) != nil {
+		case pong := <-p.pong:
+			if _, err := w.Write(pong); err != nil || len(p.out) == 0 && w.Flush() != nil {
 				p.conn.Close()
 				return
 			}
-			if len(p.out) == 0 && w.Flush() != nil {
+		case frames := <-p.out:
+			if writeMessage(w, frames) != nil || len(p.out) == 0 && w.Flush() != nil {
 				p.conn.Close()
 				return
 			}
@@ -581,8 +583,15 @@ func (p *peer) read(fr *frameReader) error {
 						return err
 					}
 				}
+			case "PING":
+				// libzmq sends heartbeats (ZMQ_HEARTBEAT_IVL) to 3.0 peers
+				// too and drops those that do not answer.
+				select {
+				case p.pong <- pongCommand(cmd.data):
+				default: // one is pending already
+				}
 			}
-			// Other commands (PING, PONG: we announce 3.0, so none is due) are ignored.
+			// Other commands (PONG: we send no PING) are ignored.
 			continue
 		}
 		switch s.cfg.Type {

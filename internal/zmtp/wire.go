@@ -127,6 +127,16 @@ func appendProperty(dst []byte, name string, value []byte) []byte {
 	return append(dst, value...)
 }
 
+// pongCommand answers a PING's data (a 2-byte TTL, then up to 16 bytes of
+// context) with a PONG carrying the context.
+func pongCommand(ping []byte) []byte {
+	var context []byte
+	if len(ping) > 2 {
+		context = ping[2:min(len(ping), 2+16)]
+	}
+	return appendFrame(nil, flagCommand, append(append([]byte{4}, "PONG"...), context...))
+}
+
 // command is a parsed command frame.
 type command struct {
 	name string

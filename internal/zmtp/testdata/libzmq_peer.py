@@ -6,6 +6,9 @@
 Modes (each prints READY once its socket is set up, then a line per check):
   pub     binds PUB, waits for a subscriber, sends [b"kv", seq, payload] for
           seq 0..99 every few milliseconds until stdin closes
+  pub-heartbeat
+          the same, 2 ms apart, with heartbeats every 20 ms that drop a
+          peer silent for 100 ms (ZMQ_HEARTBEAT_IVL, _TIMEOUT)
   router  binds ROUTER, answers each [id, "", x] with [id, "", b"re:" + x]
           until stdin closes
   sub     connects SUB (topic b"kv"), prints each message's frames as hex
@@ -27,15 +30,18 @@ def line(frames):
 def main():
     mode, ep = sys.argv[1], sys.argv[2]
     ctx = zmq.Context()
-    if mode == "pub":
+    if mode in ("pub", "pub-heartbeat"):
         s = ctx.socket(zmq.XPUB)
+        if mode == "pub-heartbeat":
+            s.setsockopt(zmq.HEARTBEAT_IVL, 20)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 100)
         port = s.bind_to_random_port("tcp://127.0.0.1")
         print(f"READY tcp://127.0.0.1:{port}", flush=True)
         sub = s.recv()  # the subscription, b"\x01kv"
         print("SUBSCRIBED " + sub.hex(), flush=True)
         for seq in range(100):
             s.send_multipart([b"kv", seq.to_bytes(8, "big"), bytes([seq]) * (seq * 7)])
-            time.sleep(0.002)
+            time.sleep(0.002 if mode == "pub" else 0.01)
         sys.stdin.read()
     elif mode == "router":
         s = ctx.socket(zmq.ROUTER)
