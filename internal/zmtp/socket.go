@@ -404,6 +404,7 @@ func (s *Socket) serve(conn net.Conn, ep string) {
 		s.peerFailed(ep, remote, err)
 		return
 	}
+	// Past the handshake, a peer that hangs up is no error.
 	p := &peer{s: s, conn: conn, endpoint: ep, remote: remote, out: make(chan [][]byte, s.cfg.HWM),
 		pong: make(chan []byte, 1), gone: make(chan struct{})}
 	if s.cfg.Type == ROUTER {
@@ -426,9 +427,7 @@ func (s *Socket) serve(conn net.Conn, ep string) {
 	close(p.gone)
 	conn.Close()
 	<-writerDone
-	if err != nil && !errors.Is(err, io.EOF) && !s.isClosed() && (errors.Is(err, ErrProtocol) || errors.Is(err, ErrTooLarge) || errors.Is(err, io.ErrUnexpectedEOF)) {
-		s.peerFailed(ep, remote, err)
-	}
+	s.peerFailed(ep, remote, err)
 }
 
 // handshake exchanges greetings and READY commands.
@@ -443,11 +442,14 @@ func (s *Socket) handshake(conn net.Conn, fr *frameReader) (metadata, error) {
 	}
 	out := Handshake(s.cfg.Type, id)
 	if _, err := conn.Write(out); err != nil {
-		return metadata{}, fmt.Errorf("%w: handshake: %v", ErrProtocol, err)
+		return metadata{}, err // gone before it heard us: no protocol was broken
 	}
 	g := make([]byte, greetingLen)
-	if _, err := io.ReadFull(fr.r, g); err != nil {
-		return metadata{}, fmt.Errorf("%w: greeting: %v", ErrProtocol, err)
+	if n, err := io.ReadFull(fr.r, g); err != nil {
+		if n == 0 && errors.Is(err, io.EOF) {
+			return metadata{}, err // hung up without a word (a peer refusing us, or going away)
+		}
+		return metadata{}, fmt.Errorf("%w: greeting: %d of %d bytes: %v", ErrProtocol, n, greetingLen, err)
 	}
 	if err := checkGreeting(g); err != nil {
 		return metadata{}, err
@@ -477,8 +479,12 @@ func (s *Socket) handshake(conn net.Conn, fr *frameReader) (metadata, error) {
 	return md, nil
 }
 
+// peerFailed reports why a connection ended when the peer is to blame:
+// it broke the protocol or a limit, or hung up in the middle of a frame.
+// Clean hang-ups, network errors and our own Close are not reported.
 func (s *Socket) peerFailed(ep, remote string, err error) {
-	if s.isClosed() {
+	blame := errors.Is(err, ErrProtocol) || errors.Is(err, ErrTooLarge) || errors.Is(err, io.ErrUnexpectedEOF)
+	if !blame || s.isClosed() {
 		return
 	}
 	pe := &PeerError{Endpoint: ep, Remote: remote, Err: err}
