@@ -7,8 +7,8 @@ Modes (each prints READY once its socket is set up, then a line per check):
   pub     binds PUB, waits for a subscriber, sends [b"kv", seq, payload] for
           seq 0..99 every few milliseconds until stdin closes
   pub-heartbeat
-          the same, 2 ms apart, with heartbeats every 20 ms that drop a
-          peer silent for 100 ms (ZMQ_HEARTBEAT_IVL, _TIMEOUT)
+          the same, 10 ms apart, with heartbeats every 20 ms that drop a
+          peer that has not answered for 300 ms (ZMQ_HEARTBEAT_IVL, _TIMEOUT)
   router  binds ROUTER, answers each [id, "", x] with [id, "", b"re:" + x]
           until stdin closes
   sub     connects SUB (topic b"kv"), prints each message's frames as hex
@@ -34,7 +34,7 @@ def main():
         s = ctx.socket(zmq.XPUB)
         if mode == "pub-heartbeat":
             s.setsockopt(zmq.HEARTBEAT_IVL, 20)
-            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 100)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 300)
         port = s.bind_to_random_port("tcp://127.0.0.1")
         print(f"READY tcp://127.0.0.1:{port}", flush=True)
         sub = s.recv()  # the subscription, b"\x01kv"
