@@ -143,11 +143,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	p.stats.LastSeq = -1
 	sockCfg := zmtp.Config{Type: zmtp.PUB, HWM: cfg.HWM, MaxMessageBytes: cfg.MaxRequestBytes}
 	if p.pub, err = zmtp.New(sockCfg); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadConfig, err)
+		return nil, zmtp.TagBadConfig(err, ErrBadConfig)
 	}
 	if p.endpoint, err = open(p.pub, cfg.Endpoint, cfg.Mode); err != nil {
 		p.pub.Close()
-		return nil, err
+		return nil, zmtp.TagBadConfig(err, ErrBadConfig)
 	}
 	if cfg.ReplayEndpoint != "" {
 		// A bounded send (SendTimeout): a replay client that stops reading
@@ -161,7 +161,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 				p.replay.Close()
 			}
 			p.pub.Close()
-			return nil, fmt.Errorf("events: replay endpoint: %w", err)
+			return nil, fmt.Errorf("events: replay endpoint: %w", zmtp.TagBadConfig(err, ErrBadConfig))
 		}
 		p.wg.Add(1)
 		go p.readReplays()

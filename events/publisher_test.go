@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"strings"
@@ -89,6 +90,29 @@ func TestPublisherRefusesHugeRequests(t *testing.T) {
 		}
 		if len(m.Frames) != 4 || int64(binary.BigEndian.Uint64(m.Frames[2])) != wantSeq {
 			t.Fatalf("replay reply %q, want sequence %d", m.Frames, wantSeq)
+		}
+	}
+}
+
+// TestPublisherBadConfig: limits and endpoints the transport cannot use
+// are refused with ErrBadConfig naming the value.
+func TestPublisherBadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  events.PublisherConfig
+		want string
+	}{
+		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", MaxRequestBytes: -1}, "max request bytes -1"},
+		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", MaxRequestBytes: 10}, "max message bytes 10 (want >= 24)"},
+		{events.PublisherConfig{Endpoint: "garbage", Mode: events.Bind}, `endpoint "garbage" is not transport://address`},
+		{events.PublisherConfig{Endpoint: "inproc://kv"}, `transport "inproc"`},
+		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind, ReplayEndpoint: "udp://127.0.0.1:0"}, `transport "udp"`},
+	} {
+		pub, err := events.NewPublisher(tc.cfg)
+		if !errors.Is(err, events.ErrBadConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want ErrBadConfig with %q", tc.cfg, err, tc.want)
+		}
+		if pub != nil {
+			pub.Close()
 		}
 	}
 }

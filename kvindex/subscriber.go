@@ -18,6 +18,9 @@ type Source struct {
 	Name string
 	// Endpoint is the publisher's PUB address; ReplayEndpoint its ROUTER
 	// address ("" when it serves no replays: gaps then cannot be repaired).
+	// Both are tcp://host:port or ipc://path, connected in the background
+	// and reconnected every 100ms while nobody listens there, as ZeroMQ
+	// does; a malformed one is refused by NewSubscriber (ErrBadConfig).
 	Endpoint, ReplayEndpoint string
 }
 
@@ -47,8 +50,8 @@ type SubscriberConfig struct {
 }
 
 // DefaultMaxMessageBytes is SubscriberConfig.MaxMessageBytes' default:
-// room for a batch of about a million blocks of 16 tokens (a resync of a
-// large cache), far above a step's batch.
+// room for a batch of about 390,000 BlockStored blocks of 16 tokens (a
+// resync of a large cache; docs/events.md), far above a step's batch.
 const DefaultMaxMessageBytes = 64 << 20
 
 // SourceStats are a Subscriber's counts for one source.
@@ -96,7 +99,8 @@ type source struct {
 }
 
 // NewSubscriber adds a replica to ix for every source (in order) and starts
-// following their streams.
+// following their streams. When it fails (a bad config, a malformed
+// endpoint) it adds no replica and leaves nothing running.
 func NewSubscriber(ix *Index, cfg SubscriberConfig, sources ...Source) (*Subscriber, error) {
 	if cfg.ReplayTimeout == 0 {
 		cfg.ReplayTimeout = 2 * time.Second
@@ -110,15 +114,32 @@ func NewSubscriber(ix *Index, cfg SubscriberConfig, sources ...Source) (*Subscri
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{ix: ix, cfg: cfg, ctx: ctx, cancel: cancel}
 	for i, src := range sources {
-		if err := s.add(i, src); err != nil {
-			s.Close()
+		so, err := s.open(i, src)
+		if err != nil {
+			for _, o := range s.srcs {
+				o.close()
+			}
+			cancel()
 			return nil, err
 		}
+		s.srcs = append(s.srcs, so)
+	}
+	// Every socket is open: only now touch the index.
+	for i, so := range s.srcs {
+		so.rep = ix.AddReplica(sources[i].Name)
+		s.wg.Add(2)
+		go so.read(so.sub, so.msgs)
+		if so.dealer != nil {
+			s.wg.Add(1)
+			go so.read(so.dealer, so.replies)
+		}
+		go so.run()
 	}
 	return s, nil
 }
 
-func (s *Subscriber) add(i int, src Source) error {
+// open makes and connects source i's sockets.
+func (s *Subscriber) open(i int, src Source) (*source, error) {
 	// One-slot channels: the sockets' own queues hold what is in flight
 	// (bounded in bytes), these only hand it to the source's goroutine.
 	so := &source{s: s, i: i, msgs: make(chan [][]byte, 1), replies: make(chan [][]byte, 1), catchup: make(chan struct{}, 1)}
@@ -132,7 +153,7 @@ func (s *Subscriber) add(i int, src Source) error {
 	}
 	if err != nil {
 		so.close()
-		return fmt.Errorf("kvindex: source %d (%s): subscribe to %q, topic %q: %w", i, src.Name, src.Endpoint, s.cfg.Topic, err)
+		return nil, fmt.Errorf("kvindex: source %d (%s): subscribe to %q, topic %q: %w", i, src.Name, src.Endpoint, s.cfg.Topic, zmtp.TagBadConfig(err, ErrBadConfig))
 	}
 	if src.ReplayEndpoint != "" {
 		var id [12]byte
@@ -144,19 +165,10 @@ func (s *Subscriber) add(i int, src Source) error {
 		}
 		if err != nil {
 			so.close()
-			return fmt.Errorf("kvindex: source %d (%s): replay socket %q: %w", i, src.Name, src.ReplayEndpoint, err)
+			return nil, fmt.Errorf("kvindex: source %d (%s): replay socket %q: %w", i, src.Name, src.ReplayEndpoint, zmtp.TagBadConfig(err, ErrBadConfig))
 		}
 	}
-	so.rep = s.ix.AddReplica(src.Name)
-	s.srcs = append(s.srcs, so)
-	s.wg.Add(2)
-	go so.read(so.sub, so.msgs)
-	if so.dealer != nil {
-		s.wg.Add(1)
-		go so.read(so.dealer, so.replies)
-	}
-	go so.run()
-	return nil
+	return so, nil
 }
 
 // socket makes one of the source's sockets, bounded by MaxMessageBytes,

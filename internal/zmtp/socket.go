@@ -161,6 +161,16 @@ func (c *Config) fill() error {
 	return nil
 }
 
+// TagBadConfig returns err, made to match tag too under errors.Is when it
+// is an ErrBadConfig: callers tag this package's configuration errors (a
+// malformed endpoint, a limit it cannot use) with their own sentinel.
+func TagBadConfig(err, tag error) error {
+	if errors.Is(err, ErrBadConfig) && !errors.Is(err, tag) {
+		return fmt.Errorf("%w: %w", tag, err)
+	}
+	return err
+}
+
 // PeerError is a peer disconnected for breaking the protocol or the
 // limits. It names the socket's endpoint and the peer's address.
 type PeerError struct {
