@@ -24,11 +24,12 @@
 //     (RecvQueue) and bytes (RecvQueueBytes); when it is full the readers
 //     stop reading and TCP pushes back on the peers. So one socket holds at
 //     most RecvQueueBytes + MaxMessageBytes per connection of received data.
-//   - Sending: each peer has a queue of at most HWM messages. PUB drops
-//     what does not fit (counted in Stats.Dropped), as ZeroMQ's PUB does;
-//     ROUTER and DEALER wait up to SendTimeout for room. A PUB peer may hold
-//     at most MaxSubscriptions subscriptions; a bound socket at most
-//     MaxPeers connections.
+//   - Sending: each peer has a queue of at most HWM messages, holding
+//     memory only for what is queued. PUB drops what does not fit (counted
+//     in Stats.Dropped), as ZeroMQ's PUB does; ROUTER and DEALER wait up to
+//     SendTimeout for room. A PUB peer may hold at most MaxSubscriptions
+//     subscriptions of 64 KiB of topics together; a bound socket at most
+//     MaxPeers connections, each with 64 KiB of read and write buffers.
 //
 // # Protocol subset
 //

@@ -73,6 +73,9 @@ const (
 	DefaultHandshakeTimeout  = 5 * time.Second
 	DefaultMaxPeers          = 1024
 	DefaultMaxSubscriptions  = 1024
+	// maxSubscriptionBytes bounds the topics one PUB peer subscribes to,
+	// together (a router subscribes to one short topic).
+	maxSubscriptionBytes = 64 << 10
 )
 
 var (
@@ -370,12 +373,13 @@ type peer struct {
 	conn     net.Conn
 	endpoint string
 	remote   string
-	id       []byte        // ROUTER: the identity replies are routed by
-	out      chan [][]byte // messages to send, at most HWM
-	pong     chan []byte   // a PONG command to send (one pending at most)
-	gone     chan struct{} // closed when the connection ends
-	subs     map[string]int
-	nsubs    int
+	id       []byte         // ROUTER: the identity replies are routed by
+	out      *sendQueue     // messages to send, at most HWM
+	pong     chan []byte    // a PONG command to send (one pending at most)
+	gone     chan struct{}  // closed when the connection ends
+	subs     map[string]int // PUB: the peer's subscriptions, with counts
+	nsubs    int            // their total count
+	subBytes int            // and bytes
 }
 
 // serve runs one connection: handshake, then reads until it ends.
@@ -415,7 +419,7 @@ func (s *Socket) serve(conn net.Conn, ep string) {
 		return
 	}
 	// Past the handshake, a peer that hangs up is no error.
-	p := &peer{s: s, conn: conn, endpoint: ep, remote: remote, out: make(chan [][]byte, s.cfg.HWM),
+	p := &peer{s: s, conn: conn, endpoint: ep, remote: remote, out: newSendQueue(s.cfg.HWM),
 		pong: make(chan []byte, 1), gone: make(chan struct{})}
 	if s.cfg.Type == ROUTER {
 		p.id = md.identity
@@ -527,7 +531,7 @@ func (s *Socket) join(p *peer) bool {
 	}
 	if s.cfg.Type == SUB {
 		for _, t := range s.subs {
-			p.out <- subscription(1, t) // room: Subscribe keeps len(subs) < HWM
+			p.out.push(subscription(1, t)) // room: Subscribe keeps len(subs) < HWM
 		}
 	}
 	s.peers = append(s.peers, p)
@@ -562,14 +566,20 @@ func (p *peer) write() {
 		case <-p.gone:
 			return
 		case pong := <-p.pong:
-			if _, err := w.Write(pong); err != nil || len(p.out) == 0 && w.Flush() != nil {
+			if _, err := w.Write(pong); err != nil || w.Flush() != nil {
 				p.conn.Close()
 				return
 			}
-		case frames := <-p.out:
-			if writeMessage(w, frames) != nil || len(p.out) == 0 && w.Flush() != nil {
-				p.conn.Close()
-				return
+		case <-p.out.ready:
+			for {
+				frames, more, ok := p.out.pop()
+				if !ok {
+					break
+				}
+				if writeMessage(w, frames) != nil || !more && w.Flush() != nil {
+					p.conn.Close()
+					return
+				}
 			}
 		}
 	}
@@ -641,6 +651,7 @@ func (p *peer) subscribe(add bool, topic []byte) error {
 		if p.subs[t] > 0 {
 			p.subs[t]--
 			p.nsubs--
+			p.subBytes -= len(t)
 			if p.subs[t] == 0 {
 				delete(p.subs, t)
 			}
@@ -650,8 +661,12 @@ func (p *peer) subscribe(add bool, topic []byte) error {
 	if p.nsubs >= s.cfg.MaxSubscriptions {
 		return fmt.Errorf("%w: more than %d subscriptions", ErrTooLarge, s.cfg.MaxSubscriptions)
 	}
+	if p.subBytes+len(t) > maxSubscriptionBytes {
+		return fmt.Errorf("%w: subscriptions of more than %d bytes in all", ErrTooLarge, maxSubscriptionBytes)
+	}
 	p.subs[t]++
 	p.nsubs++
+	p.subBytes += len(t)
 	return nil
 }
 
@@ -669,10 +684,7 @@ func (s *Socket) Subscribe(topic string) error {
 	t := []byte(topic)
 	s.subs = append(s.subs, t)
 	for _, p := range s.peers {
-		select {
-		case p.out <- subscription(1, t):
-		default: // cannot happen: a SUB peer's queue only ever holds subscriptions
-		}
+		p.out.push(subscription(1, t)) // room: a SUB peer's queue holds only subscriptions
 	}
 	return nil
 }
@@ -720,9 +732,7 @@ func (s *Socket) Send(frames [][]byte) error {
 			if !p.matches(frames[0]) {
 				continue
 			}
-			select {
-			case p.out <- frames:
-			default:
+			if !p.out.push(frames) {
 				s.dropped.Add(1)
 			}
 		}
@@ -771,18 +781,21 @@ func (s *Socket) Send(frames [][]byte) error {
 	return fmt.Errorf("%w: Send on a %s socket", ErrBadConfig, s.cfg.Type)
 }
 
+// enqueue queues frames for p, waiting for room until the timer fires.
 func (s *Socket) enqueue(p *peer, frames [][]byte, timer *time.Timer) error {
 	defer timer.Stop()
-	select {
-	case p.out <- frames:
-		return nil
-	case <-p.gone:
-		return fmt.Errorf("zmtp: peer %s disconnected", p.remote)
-	case <-s.done:
-		return ErrClosed
-	case <-timer.C:
-		return fmt.Errorf("zmtp: peer %s: send queue full for %v", p.remote, s.cfg.SendTimeout)
+	for !p.out.push(frames) {
+		select {
+		case <-p.out.room:
+		case <-p.gone:
+			return fmt.Errorf("zmtp: peer %s disconnected", p.remote)
+		case <-s.done:
+			return ErrClosed
+		case <-timer.C:
+			return fmt.Errorf("zmtp: peer %s: send queue full for %v", p.remote, s.cfg.SendTimeout)
+		}
 	}
+	return nil
 }
 
 func (p *peer) matches(topic []byte) bool {
@@ -834,76 +847,4 @@ func (s *Socket) Close() error {
 	s.inbox.close()
 	s.wg.Wait()
 	return nil
-}
-
-// messageBytes is what a message counts against the limits.
-func messageBytes(frames [][]byte) int64 {
-	n := int64(len(frames)) * frameOverhead
-	for _, f := range frames {
-		n += int64(len(f))
-	}
-	return n
-}
-
-// inbox is the bounded queue between the peers' readers and Recv.
-type inbox struct {
-	mu       sync.Mutex
-	cond     sync.Cond
-	ring     []Message
-	sizes    []int64
-	head     int
-	n        int
-	bytes    int64
-	maxBytes int64
-	closed   bool
-}
-
-func newInbox(capacity int, maxBytes int64) *inbox {
-	q := &inbox{ring: make([]Message, capacity), sizes: make([]int64, capacity), maxBytes: maxBytes}
-	q.cond.L = &q.mu
-	return q
-}
-
-// put waits for room and appends m of the given size; false once closed.
-func (q *inbox) put(m Message, size int64) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for (q.n == len(q.ring) || q.n > 0 && q.bytes+size > q.maxBytes) && !q.closed {
-		q.cond.Wait()
-	}
-	if q.closed {
-		return false
-	}
-	i := (q.head + q.n) % len(q.ring)
-	q.ring[i], q.sizes[i] = m, size
-	q.n++
-	q.bytes += size
-	q.cond.Broadcast()
-	return true
-}
-
-// get waits for a message; false once closed.
-func (q *inbox) get() (Message, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for q.n == 0 && !q.closed {
-		q.cond.Wait()
-	}
-	if q.closed {
-		return Message{}, false
-	}
-	m := q.ring[q.head]
-	q.ring[q.head] = Message{}
-	q.bytes -= q.sizes[q.head]
-	q.head = (q.head + 1) % len(q.ring)
-	q.n--
-	q.cond.Broadcast()
-	return m, true
-}
-
-func (q *inbox) close() {
-	q.mu.Lock()
-	q.closed = true
-	q.cond.Broadcast()
-	q.mu.Unlock()
 }

@@ -337,6 +337,16 @@ func TestSubscriptionLimit(t *testing.T) {
 	if !p.closedByPeer() {
 		t.Fatal("the PUB kept a peer over its subscription limit")
 	}
+	// Few subscriptions, but long ones: bounded in bytes too.
+	p = dialRaw(t, ep, "SUB")
+	out = appendFrame(nil, 0, append([]byte{1}, make([]byte, 40<<10)...))
+	out = appendFrame(out, 0, append([]byte{1}, make([]byte, 30<<10)...))
+	if _, err := p.conn.Write(out); err != nil {
+		t.Fatal(err)
+	}
+	if e := pe.wait(t, 2); !errors.Is(e, ErrTooLarge) || !strings.Contains(e.Error(), "subscriptions of more than 65536 bytes") {
+		t.Fatalf("%v", e)
+	}
 }
 
 // TestPubDropsOverHWM: a subscriber that never reads costs its PUB at most
