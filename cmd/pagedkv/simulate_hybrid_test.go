@@ -125,11 +125,18 @@ func TestSimulateModelReplicas(t *testing.T) {
 	assert.Positive(t, n(3), "requests routed to a cached prefix")
 	assert.Positive(t, n(4), "tokens the index promised")
 
-	ev := regexp.MustCompile(`(prefix-aware|round-robin) (\d+) batches, \d+ events, \d+ pages, \d+ bytes published \(0 steps dropped\); (\d+) batches indexed, 0 gaps, 0 replays, 2 groups indexed per replica`).
+	ev := regexp.MustCompile(`(prefix-aware|round-robin) (\d+) batches, \d+ events, \d+ pages, \d+ bytes published \(0 steps dropped\); (\d+) batches indexed, 0 gaps, (\d+) replays, 2 groups indexed per replica`).
 		FindAllStringSubmatch(summaryField(t, out, "kv events"), -1)
 	require.Len(t, ev, 2, out)
 	for _, m := range ev {
 		assert.Equal(t, m[2], m[3], "%s: every batch published was indexed", m[1])
+		// A replay with no gap is the router's catch-up after 50ms without
+		// news (kvindex.Subscriber.WaitApplied): nothing is lost on
+		// loopback, but under the race detector on a loaded machine a
+		// message can take that long (seen at 82375d1 too, 1 run in 4).
+		if !invariants.Enabled {
+			assert.Equal(t, "0", m[4], "%s: replays on loopback", m[1])
+		}
 	}
 	assert.Regexp(t, `^passed on every replica: prefix-aware [1-9]\d* outputs in [1-9]\d* checked steps .*; round-robin [1-9]\d* outputs`,
 		summaryField(t, out, "verification"))
