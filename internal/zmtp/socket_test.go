@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -456,5 +457,54 @@ func TestIPC(t *testing.T) {
 	m, err := sub.Recv()
 	if err != nil || len(m.Frames) != 2 || string(m.Frames[1]) != "over a unix socket" {
 		t.Fatalf("%q %v", m.Frames, err)
+	}
+}
+
+// TestSlowReaderBackpressure: a publisher floods 1 MiB messages at a SUB
+// whose reader never calls Recv; the socket holds at most its receive
+// queue's bytes plus the message being read (TCP pushes back on the rest),
+// so the heap stays bounded however much is sent.
+func TestSlowReaderBackpressure(t *testing.T) {
+	const msgBytes, queueBytes = 1 << 20, 4 << 20
+	ln, ep := listen(t)
+	sub := newSocket(t, Config{Type: SUB, MaxMessageBytes: 2 * msgBytes, RecvQueueBytes: queueBytes})
+	if err := sub.Subscribe(""); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Connect(ep); err != nil {
+		t.Fatal(err)
+	}
+	p := acceptRaw(t, ln, "PUB")
+	msg := appendFrame(nil, 0, make([]byte, msgBytes))
+	sent := make(chan int, 1)
+	go func() {
+		n := 0
+		for ; n < 200; n++ { // 200 MiB offered
+			_ = p.conn.SetWriteDeadline(time.Now().Add(2 * time.Second))
+			if _, err := p.conn.Write(msg); err != nil {
+				break // pushed back: the socket stopped reading
+			}
+		}
+		sent <- n
+	}()
+	n := <-sent
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	// The queue, the message being read, and the read buffer, with room
+	// for the test's own 1 MiB message and the runtime's slack.
+	const bound = queueBytes + 2*msgBytes + 4<<20
+	t.Logf("the peer wrote %d MiB before TCP pushed back; heap in use %.1f MiB (bound %d MiB)", n, float64(ms.HeapAlloc)/(1<<20), bound>>20)
+	if n >= 200 {
+		t.Fatal("all 200 MiB went through: nothing pushed back")
+	}
+	if ms.HeapAlloc > bound {
+		t.Fatalf("heap in use %d bytes, over %d", ms.HeapAlloc, bound)
+	}
+	for range 4 { // what is queued is intact
+		m, err := sub.Recv()
+		if err != nil || len(m.Frames) != 1 || len(m.Frames[0]) != msgBytes {
+			t.Fatalf("%d frames, %v", len(m.Frames), err)
+		}
 	}
 }
