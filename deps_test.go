@@ -60,8 +60,8 @@ var allowedImports = map[string][]string{
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
 	// hash chain with the Manager (prefixcache) but no code with events:
 	// its decoder is its own.
-	"events":  {"prefixcache", "github.com/vmihailenco/msgpack/v5", "github.com/go-zeromq/zmq4"},
-	"kvindex": {"prefixcache", "github.com/vmihailenco/msgpack/v5", "github.com/go-zeromq/zmq4"},
+	"events":  {"prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"},
+	"kvindex": {"prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"},
 
 	// L4: the engine-facing facade.
 	"": {"allocator", "pagetable", "prefixcache", "layergroup", "cascade", "append", "mla", "kernels", "kernels/cpu",
@@ -76,6 +76,11 @@ var allowedImports = map[string][]string{
 	"internal/vllmwire": {"github.com/vmihailenco/msgpack/v5"},
 	// The CUDA sources compiled for the CPU (cgo); imported by tests and the CLI.
 	"internal/cpuemu": {"kernels", "kernels/cuda", "layout"},
+	// ZeroMQ's wire protocol (ZMTP 3.0) with bounded reads, for the event
+	// packages (standard library only).
+	"internal/zmtp": {},
+	// Runs Debian's python3 as a test peer (standard library only).
+	"internal/pythontest": {},
 	// Starts a real redis-server for tests (standard library only).
 	"internal/redistest": {},
 	"internal/golden": {"internal/safetensors", "kernels", "kernels/cpu", "layout", "ragged", "pagetable",
@@ -107,7 +112,7 @@ var onlyImportedBy = map[string][]string{
 	// Only tests import the independent decoder.
 	"internal/vllmwire": {},
 	// The wire libraries stay in the event packages.
-	"github.com/go-zeromq/zmq4":         {"events", "kvindex"},
+	"internal/zmtp":                     {"events", "kvindex"},
 	"github.com/vmihailenco/msgpack/v5": {"events", "kvindex", "internal/vllmwire"},
 	// The Manager knows only tier.RemoteStore; the Redis client stays in
 	// tier/redis.
