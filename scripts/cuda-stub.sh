@@ -25,7 +25,7 @@ src=kernels/cuda/testdata/cudastub/cudastub.c
 gcc -c -fPIC -O2 -Wall -Werror -o "$work/cudastub.o" "$src"
 nm --defined-only -g "$work/cudastub.o" | awk '{print $3}' | sort -u > "$work/defined"
 { grep -ohE '\bC\.cu[A-Za-z0-9_]+' "$cu"/*.go kernels/cuda/*.go | sed 's/^C\.//'
-  grep -ohE '\bcu[A-Z][A-Za-z0-9_]+\(' "$cu"/*.c "$cu"/*.h kernels/cuda/*.h 2>/dev/null | tr -d '('; } | sort -u > "$work/names"
+  grep -ohE '\bcu[A-Z][A-Za-z0-9_]+\(' "$cu"/*.c "$cu"/*.h kernels/cuda/*.go | tr -d '('; } | sort -u > "$work/names"
 (echo '#include <cuda.h>'; sed 's/.*/SYM: &/' "$work/names") | gcc -E -I"$tree/include" - |
 	awk '/^SYM:/ {print $2}' | sort -u | comm -23 - "$work/defined" |
 	sed 's/.*/int &(void) { return 0; }/' > "$work/rest.c"
