@@ -27,6 +27,30 @@ func (t DeviceTensor) Bytes() int64 {
 	return n * int64(t.DType.Size())
 }
 
+// WrapDeviceTensor wraps device memory an engine owns (a PyTorch or CuPy
+// tensor's data_ptr(), of the device's primary context) as a DeviceTensor
+// of dtype dt and the given dense row-major shape, with no copy: bytes is
+// the size of the memory at ptr, which must hold the shape. It refuses a
+// null or misaligned pointer (16 bytes: the kernels copy rows in 16-byte
+// units), an invalid dtype or shape and a buffer too small for the shape;
+// each operation then checks the shape against its geometry before it
+// launches.
+func WrapDeviceTensor(ptr uintptr, bytes int64, dt layout.DType, shape ...int) (DeviceTensor, error) {
+	t := DeviceTensor{DType: dt, Shape: append([]int(nil), shape...), Ptr: DevicePtr(ptr)}
+	need := t.Bytes()
+	switch {
+	case need < 0:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: dtype %v shape %v", kernels.ErrInvalidTensor, dt, shape)
+	case ptr == 0:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: null device pointer", kernels.ErrInvalidTensor)
+	case ptr%16 != 0:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: device pointer %#x is not 16-byte aligned", kernels.ErrInvalidTensor, ptr)
+	case bytes < need:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: %d bytes at %#x, a %v %v tensor needs %d", kernels.ErrInvalidTensor, bytes, ptr, dt, shape, need)
+	}
+	return t, nil
+}
+
 // check validates t as a tensor of shape want (kernels.CheckDims, the
 // shape check of the host validator) at a non-null address.
 func (t DeviceTensor) check(name string, want ...int) error {

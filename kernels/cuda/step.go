@@ -741,13 +741,17 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	if s.lim.Fixed {
 		rows = s.lim.MaxRows
 	}
-	if err := q.checkActivation(op, "q", rows, s.hq, g.HeadDim); err != nil {
-		return err
+	err := q.checkActivation(op, "q", rows, s.hq, g.HeadDim)
+	if err == nil {
+		err = o.checkActivation(op, "o", rows, s.hq, g.HeadDim)
 	}
-	if err := o.checkActivation(op, "o", rows, s.hq, g.HeadDim); err != nil {
-		return err
+	if err == nil {
+		err = checkLSE(op, "lse", lse, rows*s.hq)
 	}
-	if err := checkLSE(op, "lse", lse, rows*s.hq); err != nil {
+	if err != nil && s.lim.Fixed {
+		return fmt.Errorf("%w (a fixed step's tensors have max_rows = %d rows)", err, rows)
+	}
+	if err != nil {
 		return err
 	}
 	if rows == 0 {

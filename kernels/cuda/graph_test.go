@@ -1,0 +1,360 @@
+//go:build cgo
+
+package cuda_test
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/internal/cpuemu"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// graphRig runs the same random steps two ways on one device: eagerly on a
+// plain Step (exact shapes, no padding) and through a CUDA graph captured
+// once on a fixed Step, each side with its own caches and buffers of equal
+// contents.
+type graphRig struct {
+	t      *testing.T
+	b      *cuda.Backend
+	cd     *cuda.CountingDriver
+	rng    *rand.Rand
+	g      layout.Paged
+	lim    cuda.StepLimits
+	hq     int
+	kind   cuda.AttentionKind
+	eager  *cuda.Step
+	fixed  *cuda.Step
+	graph  *cuda.Graph
+	layers int
+	// per side (0 eager, 1 graph): caches per layer and the step's buffers
+	// with MaxRows rows (the eager side launches on prefix views of them)
+	caches [2][]*cuda.DeviceKVCache
+	q, o   [2]cuda.DeviceTensor
+	lse    [2]cuda.DeviceTensor
+	k, v   [2]cuda.DeviceTensor
+}
+
+const graphPrefixPages = 3 // the shared prefix of a cascade step
+
+func newGraphRig(t *testing.T, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+	b, cd := countingEmu(cpuemu.Config{MaxChunkTokens: -1})
+	r := &graphRig{t: t, b: b, cd: cd, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4,
+		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: 64, PageSize: 4, NumKVHeads: 2, HeadDim: 32}}
+	r.lim = cuda.StepLimits{MaxBatch: 6, MaxPages: 40, MaxRows: 12, MaxLevels: 2, MaxQOHeads: r.hq, MaxHeadDim: 32, Fixed: true}
+	host, err := kernels.NewPagedKVCache(r.g)
+	require.NoError(t, err)
+	r.fixed, err = b.NewStep(r.lim)
+	require.NoError(t, err)
+	t.Cleanup(r.fixed.Free)
+	plain := r.lim
+	plain.Fixed = false
+	r.eager, err = b.NewStep(plain)
+	require.NoError(t, err)
+	t.Cleanup(r.eager.Free)
+	fillRandom(r.rng, host.K)
+	fillRandom(r.rng, host.V)
+	for side := range 2 {
+		for range layers {
+			c, err := b.NewKVCache(r.g)
+			require.NoError(t, err)
+			t.Cleanup(func() { c.Free(b) })
+			require.NoError(t, b.UploadKVCache(c, &host))
+			r.caches[side] = append(r.caches[side], c)
+		}
+		r.q[side] = r.alloc(layout.F16, r.lim.MaxRows, r.hq, 32)
+		r.o[side] = r.alloc(layout.F16, r.lim.MaxRows, r.hq, 32)
+		r.lse[side] = r.alloc(layout.F32, r.lim.MaxRows*r.hq)
+		r.k[side] = r.alloc(layout.F16, r.lim.MaxRows, 2, 32)
+		r.v[side] = r.alloc(layout.F16, r.lim.MaxRows, 2, 32)
+	}
+	return r
+}
+
+func fillRandom(rng *rand.Rand, b []byte) {
+	for i := 0; i+1 < len(b); i += 2 { // f16 in [-2, 2): no NaN or Inf
+		b[i], b[i+1] = byte(rng.Uint32()), byte(rng.IntN(0x40))|byte(rng.IntN(2))<<7
+	}
+}
+
+// alloc is device memory the test allocates outside the backend's tensor
+// API (an engine's own buffer) wrapped without a copy.
+func (r *graphRig) alloc(dt layout.DType, shape ...int) cuda.DeviceTensor {
+	n := int64(dt.Size())
+	for _, d := range shape {
+		n *= int64(d)
+	}
+	p, err := r.cd.Driver.Alloc(int(n))
+	require.NoError(r.t, err)
+	r.t.Cleanup(func() { _ = r.cd.Driver.Free(p) })
+	x, err := cuda.WrapDeviceTensor(uintptr(p), n, dt, shape...)
+	require.NoError(r.t, err)
+	return x
+}
+
+// randomPlan draws a step: 1..MaxBatch requests (decode: one query row
+// each; cascade: 1..2 rows each, over a shared prefix level and a
+// per-request causal level), each appending its query rows at the end of
+// its pages.
+func (r *graphRig) randomPlan() *cuda.StepPlan {
+	B := 1 + r.rng.IntN(r.lim.MaxBatch)
+	pool := r.rng.Perm(r.g.NumPages)
+	prefix := pool[:graphPrefixPages]
+	pool = pool[graphPrefixPages:]
+	t := kernels.PageTable{KVIndptr: []int32{0}}
+	qo := []int32{0}
+	var bi, pos []int32
+	for req := range B {
+		ql := 1
+		if r.kind != cuda.Decode {
+			ql += r.rng.IntN(2)
+		}
+		kl := ql + r.rng.IntN(12)
+		np := (kl + r.g.PageSize - 1) / r.g.PageSize
+		for range np {
+			t.KVIndices = append(t.KVIndices, int32(pool[0]))
+			pool = pool[1:]
+		}
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVLastPageLen = append(t.KVLastPageLen, int32((kl-1)%r.g.PageSize+1))
+		qo = append(qo, qo[len(qo)-1]+int32(ql))
+		for i := kl - ql; i < kl; i++ {
+			bi, pos = append(bi, int32(req)), append(pos, int32(i))
+		}
+	}
+	rows := int(qo[B])
+	p := &cuda.StepPlan{Geometry: r.g, Table: t, BatchIndices: bi, Positions: pos, Attention: r.kind, Rows: rows,
+		AttentionParams: kernels.AttentionParams{NumQOHeads: r.hq, WindowLeft: -1}}
+	if r.kind == cuda.Prefill {
+		p.QOIndptr, p.Causal = qo, true
+	}
+	if r.kind == cuda.Cascade {
+		shared := make([]int32, len(prefix))
+		for i, pg := range prefix {
+			shared[i] = int32(pg)
+		}
+		p.Causal = true
+		p.Levels = []cuda.Level{
+			{QOIndptr: []int32{0, int32(rows)}, KVIndptr: []int32{0, int32(len(shared))}, KVIndices: shared, KVLastPageLen: []int32{int32(r.g.PageSize)}},
+			{QOIndptr: qo, KVIndptr: t.KVIndptr, KVIndices: t.KVIndices, KVLastPageLen: t.KVLastPageLen},
+		}
+	}
+	return p
+}
+
+// inputs uploads the same random q and new K/V rows to both sides.
+func (r *graphRig) inputs() {
+	for _, x := range []struct {
+		dt    layout.DType
+		shape []int
+		dst   [2]cuda.DeviceTensor
+	}{{layout.F16, r.q[0].Shape, r.q}, {layout.F16, r.k[0].Shape, r.k}, {layout.F16, r.v[0].Shape, r.v}} {
+		h := kernels.NewTensor(x.dt, x.shape...)
+		fillRandom(r.rng, h.Data)
+		for side := range 2 {
+			require.NoError(r.t, r.b.Upload(x.dst[side], h))
+		}
+	}
+}
+
+// prefix views the first rows rows of x (no copy).
+func prefix(x cuda.DeviceTensor, rows int) cuda.DeviceTensor {
+	return cuda.DeviceTensor{DType: x.DType, Shape: append([]int{rows}, x.Shape[1:]...), Ptr: x.Ptr}
+}
+
+// layers queues every layer's append and attention of the current plan on
+// side's step.
+func (r *graphRig) layersOn(side int, s *cuda.Step, rows, nnz int) error {
+	q, o, lse, k, v := r.q[side], r.o[side], r.lse[side], r.k[side], r.v[side]
+	if side == 0 {
+		q, o, lse, k, v = prefix(q, rows), prefix(o, rows), prefix(lse, rows*r.hq), prefix(k, nnz), prefix(v, nnz)
+	}
+	for _, c := range r.caches[side] {
+		if err := s.Append(c, k, v, 0, 0); err != nil {
+			return err
+		}
+		if err := s.Attention(c, q, o, lse); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *graphRig) capture(p *cuda.StepPlan) {
+	require.NoError(r.t, r.fixed.BeginCapture(p))
+	require.NoError(r.t, r.layersOn(1, r.fixed, p.Rows, len(p.BatchIndices)))
+	g, err := r.fixed.EndCapture()
+	require.NoError(r.t, err)
+	r.t.Cleanup(func() { require.NoError(r.t, g.Destroy()) })
+	r.graph = g
+}
+
+// step runs p eagerly and by replay and compares o, lse and every cache.
+func (r *graphRig) step(i int, p *cuda.StepPlan) {
+	r.inputs()
+	require.NoError(r.t, r.eager.Plan(p))
+	require.NoError(r.t, r.layersOn(0, r.eager, p.Rows, len(p.BatchIndices)))
+	before := r.cd.Traffic()
+	require.NoError(r.t, r.graph.Replay(p))
+	moved := r.cd.Traffic().Sub(before)
+	require.Equal(r.t, cuda.Traffic{GraphLaunches: 1}, moved, "step %d: a replay is one graph launch", i)
+	what := fmt.Sprintf("step %d (batch %d, rows %d)", i, p.Table.BatchSize(), p.Rows)
+	oBytes := p.Rows * r.hq * 32 * 2
+	var out [2][]byte
+	var lse [2][]float32
+	for side := range 2 {
+		h := kernels.NewTensor(layout.F16, r.lim.MaxRows, r.hq, 32)
+		require.NoError(r.t, r.b.Download(h, r.o[side]))
+		out[side] = h.Data[:oBytes]
+		lse[side] = make([]float32, r.lim.MaxRows*r.hq)
+		require.NoError(r.t, r.b.DownloadF32(lse[side], r.lse[side]))
+		lse[side] = lse[side][:p.Rows*r.hq]
+	}
+	require.True(r.t, bytes.Equal(out[0], out[1]), "%s: o differs between eager and replay", what)
+	require.Equal(r.t, lse[0], lse[1], "%s: lse", what)
+	for l := range r.layers {
+		var c [2]*kernels.PagedKVCache
+		for side := range 2 {
+			h, err := kernels.NewPagedKVCache(r.g)
+			require.NoError(r.t, err)
+			c[side] = &h
+			require.NoError(r.t, r.b.DownloadKVCache(c[side], r.caches[side][l]))
+		}
+		require.True(r.t, bytes.Equal(c[0].K, c[1].K) && bytes.Equal(c[0].V, c[1].V), "%s: layer %d cache differs", what, l)
+	}
+}
+
+// TestGraphReplayEqualsEager captures one step (plan upload, then append
+// and attention for 2 layers) on the emulator and replays it for 100
+// random steps whose batch, rows, pages and lengths change within the
+// captured limits: o, lse and the caches equal the eager run's exactly.
+func TestGraphReplayEqualsEager(t *testing.T) {
+	for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
+		t.Run(map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
+			r := newGraphRig(t, kind, 2, uint64(kind))
+			p := r.randomPlan()
+			r.capture(p)
+			r.step(0, p)
+			batches := map[int]bool{}
+			for i := 1; i < 100; i++ {
+				p := r.randomPlan()
+				batches[p.Table.BatchSize()] = true
+				r.step(i, p)
+			}
+			require.Greater(t, len(batches), 3, "the batch size must change")
+		})
+	}
+}
+
+// TestGraphRefusesBeyondCapture: a replay beyond the captured limits or
+// shape is refused before anything is launched, and the graph still
+// replays correctly afterwards.
+func TestGraphRefusesBeyondCapture(t *testing.T) {
+	r := newGraphRig(t, cuda.Decode, 1, 7)
+	p := r.randomPlan()
+	r.capture(p)
+	big := r.randomPlan()
+	for len(big.Table.KVIndptr)-1 < r.lim.MaxBatch {
+		big = r.randomPlan()
+	}
+	// one request more than MaxBatch
+	big.Table.KVIndptr = append(big.Table.KVIndptr, big.Table.KVIndptr[len(big.Table.KVIndptr)-1])
+	big.Table.KVLastPageLen = append(big.Table.KVLastPageLen, 0)
+	big.Rows++
+	heads := *p
+	heads.NumQOHeads = 2
+	window := *p
+	window.WindowLeft = 3
+	noAppend := *p
+	noAppend.BatchIndices, noAppend.Positions = nil, nil
+	for _, c := range []struct {
+		name string
+		p    *cuda.StepPlan
+		err  error
+		msg  string
+	}{
+		{"batch", big, cuda.ErrStepLimit, "batch = 7 exceeds the step's limit 6"},
+		{"heads", &heads, cuda.ErrGraphShape, "num_qo_heads is 2, the graph was captured with 4"},
+		{"window", &window, cuda.ErrGraphShape, "the attention parameters"},
+		{"no append", &noAppend, cuda.ErrGraphShape, "appending rows is false"},
+	} {
+		before := r.cd.Traffic()
+		err := r.graph.Replay(c.p)
+		require.ErrorIs(t, err, c.err, c.name)
+		require.ErrorContains(t, err, c.msg, c.name)
+		require.Equal(t, cuda.Traffic{}, r.cd.Traffic().Sub(before), "%s: a refused replay moved or launched something", c.name)
+	}
+	r.step(1, r.randomPlan())
+}
+
+// TestCaptureRules: capture needs a fixed step; while a step captures, the
+// backend's other steps and its stream-waiting calls are refused; a failed
+// operation while capturing fails EndCapture; a call on a Step while
+// another runs is refused.
+func TestCaptureRules(t *testing.T) {
+	r := newGraphRig(t, cuda.Decode, 1, 9)
+	p := r.randomPlan()
+	err := r.eager.BeginCapture(p)
+	require.ErrorIs(t, err, cuda.ErrStepLimit)
+	require.ErrorContains(t, err, "not Fixed")
+
+	require.NoError(t, r.fixed.BeginCapture(p))
+	err = r.eager.Plan(p)
+	require.ErrorIs(t, err, cuda.ErrConcurrentUse)
+	require.ErrorContains(t, err, "another step's graph")
+	err = r.b.Synchronize()
+	require.ErrorIs(t, err, cuda.ErrConcurrentUse)
+	require.ErrorContains(t, err, "Synchronize")
+	// tensors of the plan's rows, not the fixed step's MaxRows: refused,
+	// and EndCapture reports it
+	err = r.fixed.Attention(r.caches[1][0], prefix(r.q[1], p.Rows), r.o[1], r.lse[1])
+	require.ErrorContains(t, err, "max_rows") // decode rows <= 6 < MaxRows
+	_, err = r.fixed.EndCapture()
+	require.ErrorContains(t, err, "an operation failed while capturing")
+	require.NoError(t, r.b.Synchronize(), "the capture is over")
+	require.NoError(t, r.eager.Plan(p))
+
+	// Concurrent calls on one Step: the second is refused while the first
+	// is inside the driver.
+	gate := &gatedDriver{Driver: cpuemu.NewDriver(0), entered: make(chan struct{}), release: make(chan struct{})}
+	b := cuda.NewWithDriver("emu", gate, cuda.Config{})
+	s, err := b.NewStep(cuda.StepLimits{MaxBatch: 6, MaxPages: 40, MaxRows: 12})
+	require.NoError(t, err)
+	defer s.Free()
+	noAttn := &cuda.StepPlan{Geometry: r.g, Table: p.Table, BatchIndices: p.BatchIndices, Positions: p.Positions}
+	gate.armed.Store(true)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	var first error
+	go func() { defer wg.Done(); first = s.Plan(noAttn) }()
+	<-gate.entered
+	err = s.Plan(noAttn)
+	close(gate.release)
+	wg.Wait()
+	require.NoError(t, first)
+	require.ErrorIs(t, err, cuda.ErrConcurrentUse)
+	require.ErrorContains(t, err, "step plan")
+}
+
+// gatedDriver holds its first asynchronous copy until released.
+type gatedDriver struct {
+	cuda.Driver
+	armed            atomic.Bool
+	entered, release chan struct{}
+}
+
+func (d *gatedDriver) HtoDAsync(dst cuda.DevicePtr, src []byte) error {
+	if d.armed.CompareAndSwap(true, false) {
+		close(d.entered)
+		<-d.release
+	}
+	return d.Driver.HtoDAsync(dst, src)
+}
