@@ -358,3 +358,48 @@ func (d *gatedDriver) HtoDAsync(dst cuda.DevicePtr, src []byte) error {
 	}
 	return d.Driver.HtoDAsync(dst, src)
 }
+
+// TestExternalBufferRefusals: engine memory of the wrong size, alignment or
+// dtype is refused when wrapped or before any launch.
+func TestExternalBufferRefusals(t *testing.T) {
+	r := newGraphRig(t, cuda.Decode, 1, 11)
+	q := r.q[0] // [12, 4, 32] f16, 3072 bytes
+	for _, c := range []struct {
+		name  string
+		ptr   uintptr
+		bytes int64
+		dt    layout.DType
+		shape []int
+		msg   string
+	}{
+		{"too small", uintptr(q.Ptr), 3071, layout.F16, q.Shape, "3071 bytes at"},
+		{"null", 0, 3072, layout.F16, q.Shape, "null device pointer"},
+		{"misaligned", uintptr(q.Ptr) + 2, 3070, layout.F16, []int{1}, "not 16-byte aligned"},
+		{"bad dtype", uintptr(q.Ptr), 3072, layout.DType(99), q.Shape, "dtype"},
+		{"negative dim", uintptr(q.Ptr), 3072, layout.F16, []int{-1, 4}, "shape"},
+	} {
+		_, err := cuda.WrapDeviceTensor(c.ptr, c.bytes, c.dt, c.shape...)
+		require.ErrorIs(t, err, kernels.ErrInvalidTensor, c.name)
+		require.ErrorContains(t, err, c.msg, c.name)
+	}
+	p := r.randomPlan()
+	require.NoError(t, r.eager.Plan(p))
+	rows, nnz := p.Rows, len(p.BatchIndices)
+	asDType := func(x cuda.DeviceTensor, dt layout.DType) cuda.DeviceTensor {
+		x.DType = dt
+		return x
+	}
+	before := r.cd.Traffic()
+	c := r.caches[0][0]
+	err := r.eager.Attention(c, asDType(prefix(q, rows), layout.E4M3), prefix(r.o[0], rows), prefix(r.lse[0], rows*r.hq))
+	require.ErrorContains(t, err, "q is e4m3, want f32, f16 or bf16")
+	err = r.eager.Attention(c, prefix(q, rows+1), prefix(r.o[0], rows), prefix(r.lse[0], rows*r.hq))
+	require.ErrorContains(t, err, "q has shape")
+	err = r.eager.Attention(c, prefix(q, rows), prefix(r.o[0], rows), asDType(prefix(r.lse[0], rows*r.hq), layout.F16))
+	require.ErrorContains(t, err, "lse is f16, want f32")
+	err = r.eager.Append(c, asDType(prefix(r.k[0], nnz), layout.BF16), prefix(r.v[0], nnz), 0, 0)
+	require.ErrorIs(t, err, kernels.ErrInvalidTensor)
+	err = r.eager.Append(c, prefix(r.k[0], nnz+1), prefix(r.v[0], nnz+1), 0, 0)
+	require.ErrorContains(t, err, "append_key has shape")
+	require.Equal(t, cuda.Traffic{}, r.cd.Traffic().Sub(before), "a refused operation launched or copied")
+}
