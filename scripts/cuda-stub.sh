@@ -34,4 +34,4 @@ ln -s libcuda.so.1 "$work/libcuda.so"
 
 export CGO_CFLAGS="-I$tree/include" CGO_LDFLAGS="-L$work" LD_LIBRARY_PATH="$work${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 go test -tags cuda -c -o "$work/cuda.test" ./kernels/cuda
-"$work/cuda.test" -test.run '^$' -test.bench '^BenchmarkStepHost$' -test.benchtime "$benchtime" -test.benchmem
+"$work/cuda.test" -test.run '^TestStepHostAllocatesNothing$' -test.v -test.bench '^BenchmarkStepHost$' -test.benchtime "$benchtime" -test.benchmem

@@ -15,6 +15,27 @@ import (
 	"github.com/pagedkv/pagedkv/layout"
 )
 
+// TestStepHostAllocatesNothing pins the GPU Driver's share of the hot path:
+// a whole decode step (plan, append and attention for 4 layers,
+// synchronize) through the -tags cuda Driver allocates nothing. It runs
+// against the stand-in driver in CI (scripts/cuda-stub.sh) and on a GPU.
+func TestStepHostAllocatesNothing(t *testing.T) {
+	d := gpuDevice(t)
+	if d == nil {
+		t.Skip("no CUDA device")
+	}
+	step := hostStep(t, d, 64, 512, 4)
+	require.NoError(t, step())
+	var err error
+	allocs := testing.AllocsPerRun(50, func() {
+		if e := step(); e != nil {
+			err = e
+		}
+	})
+	require.NoError(t, err)
+	require.Zero(t, allocs, "allocations per decode step")
+}
+
 // BenchmarkStepHost times the host side of one decode step as an engine
 // runs it: one Plan (validate and upload the index arrays), then for each
 // layer an Append of the step's new tokens and a decode Attention, then one
@@ -33,7 +54,10 @@ func BenchmarkStepHost(b *testing.B) {
 	}
 }
 
-func benchStepHost(b *testing.B, d *cuda.Backend, B, L, layers int) {
+// hostStep sets up a decode step of B requests of L tokens over the given
+// number of layers on d and returns it as a function (one Plan, per layer
+// an Append and an Attention, one Synchronize).
+func hostStep(b testing.TB, d *cuda.Backend, B, L, layers int) func() error {
 	const ps, H, Hq, D = 16, 8, 32, 128
 	pagesPer := (L + ps - 1) / ps
 	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: B * pagesPer, PageSize: ps, NumKVHeads: H, HeadDim: D}
@@ -41,7 +65,7 @@ func benchStepHost(b *testing.B, d *cuda.Backend, B, L, layers int) {
 	for l := range caches {
 		c, err := d.NewKVCache(g)
 		require.NoError(b, err)
-		defer c.Free(d)
+		b.Cleanup(func() { c.Free(d) })
 		caches[l] = c
 	}
 	perm := rand.New(rand.NewPCG(1, 2)).Perm(g.NumPages)
@@ -57,7 +81,7 @@ func benchStepHost(b *testing.B, d *cuda.Backend, B, L, layers int) {
 	}
 	s, err := d.NewStep(cuda.StepLimits{MaxBatch: B, MaxPages: len(t.KVIndices), MaxRows: B, MaxQOHeads: Hq, MaxHeadDim: D})
 	require.NoError(b, err)
-	defer s.Free()
+	b.Cleanup(s.Free)
 	tensor := func(shape ...int) cuda.DeviceTensor {
 		x, err := d.AllocTensor(layout.F16, shape...)
 		require.NoError(b, err)
@@ -67,7 +91,7 @@ func benchStepHost(b *testing.B, d *cuda.Backend, B, L, layers int) {
 	q, o, kv := tensor(B, Hq, D), tensor(B, Hq, D), tensor(B, H, D)
 	p := &cuda.StepPlan{Geometry: g, Table: t, BatchIndices: bi, Positions: pos, Attention: cuda.Decode, Rows: B,
 		AttentionParams: kernels.AttentionParams{NumQOHeads: Hq, WindowLeft: -1}}
-	step := func() error {
+	return func() error {
 		if err := s.Plan(p); err != nil {
 			return err
 		}
@@ -81,6 +105,10 @@ func benchStepHost(b *testing.B, d *cuda.Backend, B, L, layers int) {
 		}
 		return d.Synchronize()
 	}
+}
+
+func benchStepHost(b *testing.B, d *cuda.Backend, B, L, layers int) {
+	step := hostStep(b, d, B, L, layers)
 	require.NoError(b, step())
 	b.ReportAllocs()
 	b.ResetTimer()
