@@ -200,22 +200,22 @@ func (g *Graph) Destroy() error {
 // shapeDiff names the first thing in which got differs from the captured
 // shape want.
 func shapeDiff(want, got stepShape) string {
-	diff := func(what string, g, w any) string {
-		return fmt.Sprintf("%s is %+v, the graph was captured with %+v", what, g, w)
+	for _, f := range []struct {
+		what   string
+		g, w   any
+		differ bool
+	}{
+		{"the geometry", got.g, want.g, got.g != want.g},
+		{"the attention kind", got.kind, want.kind, got.kind != want.kind},
+		{"num_qo_heads", got.hq, want.hq, got.hq != want.hq},
+		{"the number of cascade levels", got.levels, want.levels, got.levels != want.levels},
+		{"appending rows", got.appends, want.appends, got.appends != want.appends},
+		{"causal", got.causal, want.causal, got.causal != want.causal},
+		{"the attention parameters", got.ap, want.ap, got.ap != want.ap},
+	} {
+		if f.differ {
+			return fmt.Sprintf("%s is %+v, the graph was captured with %+v", f.what, f.g, f.w)
+		}
 	}
-	switch {
-	case got.g != want.g:
-		return diff("the geometry", got.g, want.g)
-	case got.kind != want.kind:
-		return diff("the attention kind", got.kind, want.kind)
-	case got.hq != want.hq:
-		return diff("num_qo_heads", got.hq, want.hq)
-	case got.levels != want.levels:
-		return diff("the number of cascade levels", got.levels, want.levels)
-	case got.appends != want.appends:
-		return diff("appending rows", got.appends, want.appends)
-	case got.causal != want.causal:
-		return diff("causal", got.causal, want.causal)
-	}
-	return diff("the attention parameters", got.ap, want.ap)
+	return "no difference"
 }
