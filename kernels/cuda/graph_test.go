@@ -4,7 +4,9 @@ package cuda_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/cpuemu"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
+	"github.com/pagedkv/pagedkv/kernels/kernelstest"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -23,7 +26,7 @@ import (
 // once on a fixed Step, each side with its own caches and buffers of equal
 // contents.
 type graphRig struct {
-	t      *testing.T
+	t      testing.TB
 	b      *cuda.Backend
 	cd     *cuda.CountingDriver
 	rng    *rand.Rand
@@ -45,7 +48,7 @@ type graphRig struct {
 
 const graphPrefixPages = 3 // the shared prefix of a cascade step
 
-func newGraphRig(t *testing.T, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+func newGraphRig(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
 	b, cd := countingEmu(cpuemu.Config{MaxChunkTokens: -1})
 	r := &graphRig{t: t, b: b, cd: cd, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4,
 		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: 64, PageSize: 4, NumKVHeads: 2, HeadDim: 32}}
@@ -402,4 +405,77 @@ func TestExternalBufferRefusals(t *testing.T) {
 	err = r.eager.Append(c, prefix(r.k[0], nnz+1), prefix(r.v[0], nnz+1), 0, 0)
 	require.ErrorContains(t, err, "append_key has shape")
 	require.Equal(t, cuda.Traffic{}, r.cd.Traffic().Sub(before), "a refused operation launched or copied")
+}
+
+// FuzzGraphReplay feeds raw index arrays (any lengths, any int32) as a
+// decode step to a captured graph: a replay is refused exactly as the plain
+// step's Plan refuses the same arrays (or for its shape) and then copies
+// and launches nothing; an accepted replay equals the eager run.
+func FuzzGraphReplay(f *testing.F) {
+	for _, s := range kernelstest.RawSeeds() {
+		f.Add(s)
+	}
+	r := newGraphRig(f, cuda.Decode, 1, 13)
+	r.capture(r.randomPlan())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, ix := kernelstest.DecodeRaw(data)
+		r.t = t
+		p := &cuda.StepPlan{Geometry: r.g, BatchIndices: ix.BatchIndices, Positions: ix.Positions, Attention: cuda.Decode,
+			Rows: max(len(ix.KVIndptr)-1, 0), AttentionParams: kernels.AttentionParams{NumQOHeads: r.hq, WindowLeft: -1},
+			Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen}}
+		planErr := r.eager.Plan(p)
+		before := r.cd.Traffic()
+		err := r.graph.Replay(p)
+		if err != nil {
+			require.Equal(t, cuda.Traffic{}, r.cd.Traffic().Sub(before), "a refused replay copied or launched: %v", err)
+			if !errors.Is(err, cuda.ErrGraphShape) {
+				require.Error(t, planErr, "replay refuses (%v), Plan accepts", err)
+				require.Equal(t, planErr.Error(), err.Error())
+			}
+			return
+		}
+		require.NoError(t, planErr, "replay accepts, Plan refuses")
+		r.step(0, p)
+	})
+}
+
+// FuzzWrapDeviceTensor: WrapDeviceTensor accepts exactly the pointers,
+// sizes, dtypes and shapes a big-integer reference accepts (non-null,
+// 16-byte aligned, valid dtype, dims >= 0, at most layout.MaxElements
+// elements after every dimension, bytes enough), and an accepted tensor
+// has the shape asked for and needs at most bytes.
+func FuzzWrapDeviceTensor(f *testing.F) {
+	f.Add(uint64(1<<20), int64(4096), uint8(layout.F16), []byte{0, 0, 0, 8, 0, 0, 0, 4, 0, 0, 0, 64})
+	f.Add(uint64(1<<20), int64(0), uint8(layout.F32), []byte{0, 0, 0, 4, 0x40, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, ptr uint64, size int64, dt uint8, raw []byte) {
+		var shape []int
+		for i := 0; i+4 <= len(raw) && len(shape) < 6; i += 4 {
+			shape = append(shape, int(int32(uint32(raw[i])<<24|uint32(raw[i+1])<<16|uint32(raw[i+2])<<8|uint32(raw[i+3])))*(1+int(raw[i]>>7)*(1<<30)))
+		}
+		x, err := cuda.WrapDeviceTensor(uintptr(ptr), size, layout.DType(dt), shape...)
+		want := ptr != 0 && ptr%16 == 0 && layout.DType(dt).Valid()
+		n := big.NewInt(1)
+		for _, d := range shape {
+			if d < 0 {
+				want = false
+				break
+			}
+			n.Mul(n, big.NewInt(int64(d)))
+			if n.Cmp(big.NewInt(layout.MaxElements)) > 0 {
+				want = false
+				break
+			}
+		}
+		if want {
+			n.Mul(n, big.NewInt(int64(layout.DType(dt).Size())))
+			want = n.Cmp(big.NewInt(size)) <= 0
+		}
+		if !want {
+			require.ErrorIs(t, err, kernels.ErrInvalidTensor, "ptr %#x bytes %d dtype %d shape %v", ptr, size, dt, shape)
+			return
+		}
+		require.NoError(t, err, "ptr %#x bytes %d dtype %d shape %v", ptr, size, dt, shape)
+		require.Equal(t, shape, x.Shape)
+		require.Equal(t, n.Int64(), x.Bytes())
+	})
 }
