@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/internal/cpuemu"
@@ -478,4 +479,33 @@ func FuzzWrapDeviceTensor(f *testing.F) {
 		require.Equal(t, shape, x.Shape)
 		require.Equal(t, n.Int64(), x.Bytes())
 	})
+}
+
+// TestReplayAllocationFree: planning a fixed step and replaying its graph
+// allocate nothing once the step has seen a plan of that shape.
+func TestReplayAllocationFree(t *testing.T) {
+	b := cuda.NewWithDriver("nop", &nopDriver{}, cuda.Config{})
+	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: 64, PageSize: 16, NumKVHeads: 2, HeadDim: 128}
+	cache, err := b.NewKVCache(g)
+	require.NoError(t, err)
+	const maxRows = 8
+	s, err := b.NewStep(cuda.StepLimits{MaxBatch: 8, MaxPages: 64, MaxRows: maxRows, MaxLevels: 2, MaxQOHeads: 8, MaxHeadDim: 128, Fixed: true})
+	require.NoError(t, err)
+	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
+	p := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: []int32{0, 1, 2}, Positions: []int32{38, 31, 48}, Attention: cuda.Decode,
+		Rows: 3, AttentionParams: kernels.AttentionParams{NumQOHeads: 8, WindowLeft: -1}}
+	t3 := func(heads int) cuda.DeviceTensor {
+		x, err := b.AllocTensor(g.DType, maxRows, heads, 128)
+		require.NoError(t, err)
+		return x
+	}
+	kv, q, o := t3(2), t3(8), t3(8)
+	require.NoError(t, s.BeginCapture(p))
+	require.NoError(t, s.Append(cache, kv, kv, 0, 0))
+	require.NoError(t, s.Attention(cache, q, o, cuda.DeviceTensor{}))
+	graph, err := s.EndCapture()
+	require.NoError(t, err)
+	require.NoError(t, graph.Replay(p))
+	assert.Zero(t, testing.AllocsPerRun(20, func() { require.NoError(t, graph.Replay(p)) }), "replay")
+	assert.Zero(t, testing.AllocsPerRun(20, func() { require.NoError(t, s.Plan(p)) }), "fixed plan")
 }
