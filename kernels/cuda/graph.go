@@ -114,10 +114,10 @@ func (s *Step) BeginCapture(p *StepPlan) error {
 		if err = s.upload(); err == nil {
 			return nil
 		}
+		// abandon the capture: end it and drop what it recorded
 		s.capturing = false
-		if _, e := s.b.drv.EndCapture(); e == nil {
-			// the graph, if any, is lost with the failed capture
-			err = fmt.Errorf("%w (capture abandoned)", err)
+		if exec, e := s.b.drv.EndCapture(); e == nil {
+			_ = s.b.drv.DestroyGraph(exec)
 		}
 	}
 	s.planned = false
