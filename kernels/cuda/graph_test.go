@@ -29,7 +29,7 @@ import (
 type graphRig struct {
 	t      testing.TB
 	b      *cuda.Backend
-	cd     *cuda.CountingDriver
+	mem    engineMemory
 	rng    *rand.Rand
 	g      layout.Paged
 	lim    cuda.StepLimits
@@ -49,9 +49,44 @@ type graphRig struct {
 
 const graphPrefixPages = 3 // the shared prefix of a cascade step
 
+// engineMemory allocates device memory the way an engine would, outside
+// the backend's tensor API, and frees it.
+type engineMemory struct {
+	alloc func(bytes int) (cuda.DevicePtr, error)
+	free  func(cuda.DevicePtr) error
+}
+
+// newGraphRig is the rig on the emulator: its engine memory is the
+// emulator driver's own allocations, made beside the backend.
 func newGraphRig(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
 	b, cd := countingEmu(cpuemu.Config{MaxChunkTokens: -1})
-	r := &graphRig{t: t, b: b, cd: cd, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4,
+	return newGraphRigOn(t, b, engineMemory{cd.Driver.Alloc, cd.Driver.Free}, kind, layers, seed)
+}
+
+// graphDevices are the rigs the graph tests run on: the emulator, and the
+// GPU under -tags cuda when one is present (engine memory from
+// AllocTensor there, wrapped again from its raw pointer).
+func graphDevices(t *testing.T) map[string]func(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+	devs := map[string]func(testing.TB, cuda.AttentionKind, int, uint64) *graphRig{"emu": newGraphRig}
+	if g := gpuDevice(t); g != nil {
+		mem := engineMemory{
+			alloc: func(n int) (cuda.DevicePtr, error) {
+				x, err := g.AllocTensor(layout.I8, n)
+				return x.Ptr, err
+			},
+			free: func(p cuda.DevicePtr) error {
+				return g.FreeTensor(cuda.DeviceTensor{DType: layout.I8, Shape: []int{1}, Ptr: p})
+			},
+		}
+		devs["cuda"] = func(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+			return newGraphRigOn(t, g, mem, kind, layers, seed)
+		}
+	}
+	return devs
+}
+
+func newGraphRigOn(t testing.TB, b *cuda.Backend, mem engineMemory, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+	r := &graphRig{t: t, b: b, mem: mem, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4,
 		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: 64, PageSize: 4, NumKVHeads: 2, HeadDim: 32}}
 	r.lim = cuda.StepLimits{MaxBatch: 6, MaxPages: 40, MaxRows: 12, MaxLevels: 2, MaxQOHeads: r.hq, MaxHeadDim: 32, Fixed: true}
 	host, err := kernels.NewPagedKVCache(r.g)
@@ -96,9 +131,9 @@ func (r *graphRig) alloc(dt layout.DType, shape ...int) cuda.DeviceTensor {
 	for _, d := range shape {
 		n *= int64(d)
 	}
-	p, err := r.cd.Driver.Alloc(int(n))
+	p, err := r.mem.alloc(int(n))
 	require.NoError(r.t, err)
-	r.t.Cleanup(func() { _ = r.cd.Driver.Free(p) })
+	r.t.Cleanup(func() { _ = r.mem.free(p) })
 	x, err := cuda.WrapDeviceTensor(uintptr(p), n, dt, shape...)
 	require.NoError(r.t, err)
 	return x
@@ -206,9 +241,9 @@ func (r *graphRig) step(i int, p *cuda.StepPlan) {
 	r.inputs()
 	require.NoError(r.t, r.eager.Plan(p))
 	require.NoError(r.t, r.layersOn(0, r.eager, p.Rows, len(p.BatchIndices)))
-	before := r.cd.Traffic()
+	before := r.b.Traffic()
 	require.NoError(r.t, r.graph.Replay(p))
-	moved := r.cd.Traffic().Sub(before)
+	moved := r.b.Traffic().Sub(before)
 	require.Equal(r.t, cuda.Traffic{GraphLaunches: 1}, moved, "step %d: a replay is one graph launch", i)
 	what := fmt.Sprintf("step %d (batch %d, rows %d)", i, p.Table.BatchSize(), p.Rows)
 	oBytes := p.Rows * r.hq * 32 * 2
@@ -241,20 +276,22 @@ func (r *graphRig) step(i int, p *cuda.StepPlan) {
 // random steps whose batch, rows, pages and lengths change within the
 // captured limits: o, lse and the caches equal the eager run's exactly.
 func TestGraphReplayEqualsEager(t *testing.T) {
-	for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
-		t.Run(map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
-			r := newGraphRig(t, kind, 2, uint64(kind))
-			p := r.randomPlan()
-			r.capture(p)
-			r.step(0, p)
-			batches := map[int]bool{}
-			for i := 1; i < 100; i++ {
+	for name, rig := range graphDevices(t) {
+		for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
+			t.Run(name+"/"+map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
+				r := rig(t, kind, 2, uint64(kind))
 				p := r.randomPlan()
-				batches[p.Table.BatchSize()] = true
-				r.step(i, p)
-			}
-			require.Greater(t, len(batches), 3, "the batch size must change")
-		})
+				r.capture(p)
+				r.step(0, p)
+				batches := map[int]bool{}
+				for i := 1; i < 100; i++ {
+					p := r.randomPlan()
+					batches[p.Table.BatchSize()] = true
+					r.step(i, p)
+				}
+				require.Greater(t, len(batches), 3, "the batch size must change")
+			})
+		}
 	}
 }
 
@@ -290,11 +327,11 @@ func TestGraphRefusesBeyondCapture(t *testing.T) {
 		{"window", &window, cuda.ErrGraphShape, "the attention parameters"},
 		{"no append", &noAppend, cuda.ErrGraphShape, "appending rows is false"},
 	} {
-		before := r.cd.Traffic()
+		before := r.b.Traffic()
 		err := r.graph.Replay(c.p)
 		require.ErrorIs(t, err, c.err, c.name)
 		require.ErrorContains(t, err, c.msg, c.name)
-		require.Equal(t, cuda.Traffic{}, r.cd.Traffic().Sub(before), "%s: a refused replay moved or launched something", c.name)
+		require.Equal(t, cuda.Traffic{}, r.b.Traffic().Sub(before), "%s: a refused replay moved or launched something", c.name)
 	}
 	r.step(1, r.randomPlan())
 }
@@ -393,7 +430,7 @@ func TestExternalBufferRefusals(t *testing.T) {
 		x.DType = dt
 		return x
 	}
-	before := r.cd.Traffic()
+	before := r.b.Traffic()
 	c := r.caches[0][0]
 	err := r.eager.Attention(c, asDType(prefix(q, rows), layout.E4M3), prefix(r.o[0], rows), prefix(r.lse[0], rows*r.hq))
 	require.ErrorContains(t, err, "q is e4m3, want f32, f16 or bf16")
@@ -405,7 +442,7 @@ func TestExternalBufferRefusals(t *testing.T) {
 	require.ErrorIs(t, err, kernels.ErrInvalidTensor)
 	err = r.eager.Append(c, prefix(r.k[0], nnz+1), prefix(r.v[0], nnz+1), 0, 0)
 	require.ErrorContains(t, err, "append_key has shape")
-	require.Equal(t, cuda.Traffic{}, r.cd.Traffic().Sub(before), "a refused operation launched or copied")
+	require.Equal(t, cuda.Traffic{}, r.b.Traffic().Sub(before), "a refused operation launched or copied")
 }
 
 // FuzzGraphReplay feeds raw index arrays (any lengths, any int32) as a
@@ -425,10 +462,10 @@ func FuzzGraphReplay(f *testing.F) {
 			Rows: max(len(ix.KVIndptr)-1, 0), AttentionParams: kernels.AttentionParams{NumQOHeads: r.hq, WindowLeft: -1},
 			Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen}}
 		planErr := r.eager.Plan(p)
-		before := r.cd.Traffic()
+		before := r.b.Traffic()
 		err := r.graph.Replay(p)
 		if err != nil {
-			require.Equal(t, cuda.Traffic{}, r.cd.Traffic().Sub(before), "a refused replay copied or launched: %v", err)
+			require.Equal(t, cuda.Traffic{}, r.b.Traffic().Sub(before), "a refused replay copied or launched: %v", err)
 			if !errors.Is(err, cuda.ErrGraphShape) {
 				require.Error(t, planErr, "replay refuses (%v), Plan accepts", err)
 				require.Equal(t, planErr.Error(), err.Error())
