@@ -146,15 +146,15 @@ _ERRORS = {cls.code: cls for cls in (
     BadArgument, BadConfig, NotCached, PinLimit, UnknownPin, BadHandle, Busy, AuditError, InternalError,
 )}
 
-_lib = None
-_lib_lock = threading.Lock()
+# The library loads at import: a missing or incompatible libpagedkv fails
+# here, with the paths tried, not at the first Manager().
+try:
+    _lib = _ffi.load()
+except OSError as e:
+    raise ImportError(str(e)) from e
 
 
 def _load():
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            _lib = _ffi.load()
     return _lib
 
 
