@@ -196,3 +196,61 @@ def test_a_plan_raises_once_its_step_has_passed():
         nxt.seq_lens
     # An owned copy is current forever.
     assert kept.valid and kept.kv_indptr.tolist() == [0, 3] and kept.copy().request_ids.tolist() == [1]
+
+
+def test_plan_currency_matches_a_model():
+    """Random steps, failed calls among them, against the obvious model: a
+    plan is current exactly until the next successful reserve or
+    reserve_spec, or close(). A current plan reads the values it was
+    reserved with; every other raises StalePlan on every property."""
+    import random
+
+    for seed in range(20):
+        rng = random.Random(seed)
+        m = pagedkv.Manager(64, 4, hash_seed=1)
+        ids = [1, 2, 3]
+        for rid in ids:
+            m.add(rid, [rng.randrange(100) for _ in range(rng.randrange(1, 12))])
+        held = []  # (plan, its step in the model, its values when reserved)
+        spec = None  # the batch of a pending speculative step
+        step = 0  # the model's current step: plans of other steps are stale
+        for _ in range(60):
+            op = rng.choice(["reserve", "reserve_spec", "bad_reserve", "commit", "abort", "other"])
+            try:
+                plan = None
+                if op == "reserve":
+                    batch = rng.sample(ids, rng.randrange(1, 4))
+                    plan, spec = m.reserve(batch, [1] * len(batch)), None
+                elif op == "reserve_spec":
+                    batch = rng.sample(ids, rng.randrange(1, 4))
+                    plan, spec = m.reserve_spec(batch, [1] * len(batch), [[5] * rng.randrange(3) for _ in batch]), batch
+                elif op == "bad_reserve":
+                    m.reserve([99], [1])  # UnknownRequest (or StepPending): fails, changes nothing
+                elif op == "commit" and spec:
+                    m.commit_spec([0] * len(spec))
+                elif op == "commit":
+                    m.commit(None)
+                elif op == "abort":
+                    m.abort()
+                else:
+                    m.stats(), m.audit(), m.request_state(ids[0])
+            except (pagedkv.StepPending, pagedkv.NoStep, pagedkv.UnknownRequest, pagedkv.BadArgument,
+                    pagedkv.OutOfPages):
+                plan = None
+            if plan is not None:
+                step += 1
+                held.append((plan, step, plan_values(plan)))
+            for p, s, values in held:
+                assert p.valid == (s == step), (seed, op, s, step)
+                if s == step:
+                    assert plan_values(p) == values, (seed, op)
+                else:
+                    with pytest.raises(pagedkv.StalePlan):
+                        p.kv_indptr
+                    with pytest.raises(pagedkv.StalePlan):
+                        p.copy()
+        m.close()
+        for p, _, _ in held:
+            assert not p.valid
+            with pytest.raises(pagedkv.StalePlan, match="close"):
+                p.seq_lens
