@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,6 +92,44 @@ func TestLibraryHasSONAME(t *testing.T) {
 		if !strings.Contains(out, "Library soname: [libpagedkv.so]") {
 			t.Fatalf("readelf -d %s shows no SONAME libpagedkv.so:\n%s", lib, out)
 		}
+	}
+}
+
+// TestInstalledLibraryBuildsWithPkgConfig installs the C library under a
+// fresh prefix (scripts/install-libpagedkv.sh), builds the C test program
+// with nothing but `pkg-config --cflags --libs pagedkv`, runs it, and
+// checks that the program records libpagedkv.so as NEEDED, the name the
+// dynamic loader looks for (the SONAME; TestLibraryHasSONAME checks that).
+func TestInstalledLibraryBuildsWithPkgConfig(t *testing.T) {
+	requireTools(t, []string{"bash", "gcc", "pkg-config"}, "")
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := t.TempDir()
+	run(t, root, nil, "bash", filepath.Join(root, "scripts", "install-libpagedkv.sh"), prefix)
+	pc := []string{"PKG_CONFIG_PATH=" + filepath.Join(prefix, "lib", "pkgconfig")}
+	if got := strings.TrimSpace(run(t, root, pc, "pkg-config", "--modversion", "pagedkv")); got != "2" {
+		t.Errorf("pkg-config --modversion pagedkv = %q, want the ABI version 2", got)
+	}
+	flags := strings.Fields(run(t, root, pc, "pkg-config", "--cflags", "--libs", "pagedkv"))
+	prog := filepath.Join(t.TempDir(), "pagedkv_test")
+	args := append([]string{"-std=c11", "-Wall", "-Werror", filepath.Join(root, "cabi", "testdata", "pagedkv_test.c"), "-o", prog}, flags...)
+	run(t, root, nil, "gcc", args...)
+	if out := run(t, root, nil, prog); !strings.Contains(out, "pagedkv_test: ok") {
+		t.Errorf("%s printed no \"pagedkv_test: ok\":\n%s", prog, out)
+	}
+	f, err := elf.Open(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	needed, err := f.ImportedLibraries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(needed, "libpagedkv.so") {
+		t.Errorf("%s needs %q, not libpagedkv.so", prog, needed)
 	}
 }
 
