@@ -2,12 +2,14 @@
 results that belong to it or raises (Busy, StepPending, NoStep, StalePlan),
 never another call's results (docs/c-abi.md, "Threads").
 
-Two threads share one Manager. Each owns its own requests, never commits,
-and loops: abort (whoever's step is pending), reserve its own requests,
-copy the plan, inspect one of its requests. The Manager's state is the
+Two threads share one Manager. Each owns its own requests, never commits
+them, and loops: abort (whoever's step is pending), reserve its own
+requests, copy the plan, inspect one of its requests, add and release a
+probe request whose prefix the cache holds. The Manager's state is the
 same before every successful reserve, so each thread's plan is known in
-advance (its page numbers aside); the checker compares every plan and
-every request state a thread receives with that thread's expectation.
+advance (its page numbers aside); the checker compares every plan,
+request state and add() result a thread receives with that thread's
+expectation.
 
 The checker caught the wrapper of 82375d1, which read the shared plan
 buffer after the C call returned, so another thread's reserve could fill
@@ -38,9 +40,13 @@ REFUSED = (pagedkv.Busy, pagedkv.StepPending, pagedkv.NoStep, STALE)
 class Owner:
     """One thread's requests and what every call on them must return."""
 
-    def __init__(self, name, prompts):
+    def __init__(self, name, prompts, probe_id, cached):
         self.name = name
         self.prompts = prompts  # request id -> prompt
+        # A request added and released again and again: add() must return
+        # how much of it the cache holds, this thread's own number.
+        self.probe_id, self.cached, self.probe = probe_id, cached, cached + [1]
+        self.want_matched = None
         self.ids = sorted(prompts)
         self.ntokens = [len(prompts[i]) for i in self.ids]
         self.want_plan = None
@@ -54,6 +60,31 @@ class Owner:
         self.want_plan = plan_facts(plan.copy())
         m.abort()
         self.want_states = {rid: state_facts(m.request_state(rid)) for rid in self.ids}
+        m.add(self.probe_id, self.cached)  # computed and released: its full pages stay cached
+        m.reserve([self.probe_id], [len(self.cached)])
+        m.commit(None)
+        m.release(self.probe_id)
+        self.want_matched = m.add(self.probe_id, self.probe)
+        m.release(self.probe_id)
+
+    def check_matched(self, matched):
+        if matched != self.want_matched:
+            self.mismatches.append("%s got add() = %d for its probe, want %d" % (self.name, matched, self.want_matched))
+
+    def release_probe(self, m):
+        """Releases the probe, aborting the other thread's step if need be."""
+        for _ in range(100000):
+            try:
+                m.release(self.probe_id)
+                return
+            except pagedkv.Busy:
+                time.sleep(0)
+            except pagedkv.StepPending:
+                try:
+                    m.abort()
+                except REFUSED:
+                    pass
+        raise AssertionError("%s could not release its probe request %d" % (self.name, self.probe_id))
 
     def check_plan(self, plan):
         got = plan_facts(plan)
@@ -82,6 +113,17 @@ class Owner:
                 self.checked += 1
             except REFUSED:
                 self.refused += 1
+            try:
+                m.abort()  # the step just reserved, or the other thread's: add() needs none pending
+            except REFUSED:
+                pass
+            try:
+                matched = m.add(self.probe_id, self.probe)
+            except REFUSED:
+                self.refused += 1
+            else:
+                self.check_matched(matched)
+                self.release_probe(m)
             # Between its calls an engine thread does other work; here it
             # only lets the other thread run, or it would rarely find the
             # Manager free (a call that finds it in use raises Busy).
@@ -104,8 +146,9 @@ def state_facts(state):
 def owners():
     # Different batch sizes and lengths, distinct tokens: no plan of one
     # owner can pass for the other's.
-    a = Owner("thread A", {1: list(range(1000, 1010)), 2: list(range(2000, 2007))})
-    b = Owner("thread B", {11: list(range(5000, 5005)), 12: list(range(6000, 6009)), 13: list(range(7000, 7003))})
+    a = Owner("thread A", {1: list(range(1000, 1010)), 2: list(range(2000, 2007))}, 100, list(range(3000, 3008)))
+    b = Owner("thread B", {11: list(range(5000, 5005)), 12: list(range(6000, 6009)), 13: list(range(7000, 7003))},
+              200, list(range(8000, 8004)))
     return a, b
 
 
@@ -162,10 +205,12 @@ def test_the_checker_sees_another_threads_plan():
     plan = m.reserve(a.ids, a.ntokens)
     a.check_plan(plan)
     assert a.mismatches == []
+    assert (a.want_matched, b.want_matched) == (8, 4)
     a.want_plan, a.want_states[1] = mixed, b.want_states[12]
     a.check_plan(plan)
     a.check_state(1, m.request_state(1))
-    assert len(a.mismatches) == 2
+    a.check_matched(b.want_matched)
+    assert len(a.mismatches) == 3
     m.abort()
     m.close()
 
