@@ -17,9 +17,9 @@ calls and every other call (commit included) leave it alone. After that
 every property of the Plan and plan.copy() raise StalePlan. A view taken
 earlier (a = plan.kv_indptr) is not checked again: its memory may hold the
 next step's values or be freed, so take plan.copy() (or np.array(a)) to keep
-arrays longer. A view
-keeps its Manager alive, so garbage collection never destroys a Manager
-whose arrays are in use (close() does, explicitly). The views are
+arrays longer. A view keeps its Manager alive, so garbage collection never
+destroys a Manager whose arrays are in use (close() does, explicitly),
+and close() raises Busy while another thread's call is in flight. The views are
 writable so that torch.from_numpy accepts them without a warning; the
 Manager never reads them back, but writing them is pointless.
 
