@@ -37,7 +37,7 @@ type trace struct {
 	Config map[string]int64 `json:"config"` // pagedkv.Config with pagedkv_config's field names
 	// Groups are a hybrid trace's layer groups, pagedkv_layer_group's fields.
 	Groups []map[string]int64 `json:"groups,omitempty"`
-	Ops    []traceOp        `json:"ops"`
+	Ops    []traceOp          `json:"ops"`
 }
 
 type traceOp struct {
