@@ -1,7 +1,6 @@
 package main
 
 import (
-	"runtime"
 	"testing"
 )
 
@@ -17,18 +16,7 @@ func hybridDecodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled
 	if code != codeOK {
 		t.Fatalf("hybrid_create: code %d: %s", code, goLastError())
 	}
-	nt := make([]int32, n)
-	for i := range n {
-		prompt := make([]int32, 64)
-		for j := range prompt {
-			prompt[j] = int32(64*i + j)
-		}
-		ids, ones, sampled = append(ids, uint64(i+1)), append(ones, 1), append(sampled, 7)
-		nt[i] = 64
-		if _, code := goAdd(h, uint64(i+1), abiRequest{Prompt: prompt, PromptLen: 64, CapacityTokens: 4096}); code != codeOK {
-			t.Fatalf("add: code %d", code)
-		}
-	}
+	ids, ones, sampled, nt := addDecodeRequests(t, h, n)
 	plan = newCHybridPlan(len(hybridGroups))
 	if goHybridReserveC(h, ids, nt, int64(n), plan) != codeOK || goCommit(h, sampled, int64(n)) != codeOK {
 		t.Fatal("prefill failed")
@@ -43,17 +31,11 @@ func TestABIHybridStepIsAllocationFree(t *testing.T) {
 	h, ids, ones, sampled, plan := hybridDecodeABI(t, 32)
 	defer goDestroy(h)
 	defer plan.free()
-	step := func() {
+	checkStepAllocs(t, "a hybrid decode step through the C ABI", func() {
 		if goHybridReserveC(h, ids, ones, int64(len(ids)), plan) != codeOK || goCommit(h, sampled, int64(len(ids))) != codeOK {
 			t.Fatalf("step failed: %s", goLastError())
 		}
-	}
-	for range 50 {
-		step()
-	}
-	if a := testing.AllocsPerRun(100, step); a != 0 {
-		t.Fatalf("a hybrid decode step through the C ABI allocates %.1f times", a)
-	}
+	})
 	copies, groups := plan.read()
 	if len(copies) != 0 || len(groups) != 3 || groups[0].WindowLeft != 31 || groups[1].WindowLeft != -1 ||
 		len(groups[1].Hybrid["attn_requests"]) != len(ids) || groups[0].Hybrid["attn_requests"] != nil {
@@ -69,41 +51,12 @@ func TestHybridStaleCallerMemoryIsNeverShaded(t *testing.T) {
 	h, ids, ones, _, plan := hybridDecodeABI(t, 8)
 	defer goDestroy(h)
 	defer plan.free()
-	ballast := make([]*[2]*int, 1<<18)
-	for i := range ballast {
-		ballast[i] = new([2]*int)
-	}
-	defer runtime.KeepAlive(ballast)
-	freed, kept := freedObjects(4096)
-	defer runtime.KeepAlive(kept)
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				runtime.GC()
+	reserveOverStaleWords(t, h, 5000, plan.fillWords, func() int32 { return goHybridReserveC(h, ids, ones, int64(len(ids)), plan) }, func(i int) {
+		_, groups := plan.read()
+		for g, gp := range groups {
+			if gp.BatchSize != int64(len(ids)) || len(gp.Arrays["kv_indptr"]) != len(ids)+1 {
+				t.Fatalf("step %d group %d: the plan read back is wrong: batch %d, kv_indptr %v", i, g, gp.BatchSize, gp.Arrays["kv_indptr"])
 			}
 		}
-	}()
-	defer func() { close(stop); <-done }()
-	for i := range 5000 {
-		plan.fillWords(freed[i%len(freed)])
-		if code := goHybridReserveC(h, ids, ones, int64(len(ids)), plan); code != codeOK {
-			t.Fatalf("step %d: hybrid_reserve: code %d", i, code)
-		}
-		if i%500 == 0 {
-			_, groups := plan.read()
-			for g, gp := range groups {
-				if gp.BatchSize != int64(len(ids)) || len(gp.Arrays["kv_indptr"]) != len(ids)+1 {
-					t.Fatalf("step %d group %d: the plan read back is wrong: batch %d, kv_indptr %v", i, g, gp.BatchSize, gp.Arrays["kv_indptr"])
-				}
-			}
-		}
-		if code := goAbort(h); code != codeOK {
-			t.Fatalf("step %d: abort: code %d", i, code)
-		}
-	}
+	})
 }

@@ -36,8 +36,16 @@ call's. plan.copy() waits for a call in flight instead of raising, so it
 copies one step whole. stats() may be called from any thread at any time.
 ctypes releases the GIL during calls.
 
+Hybrid models. HybridManager(num_pages, page_size, groups) is Go's
+HybridManager: layer groups (LayerGroup("full"), LayerGroup("sliding",
+window_tokens=W), LayerGroup("chunked", chunk_tokens=C), LayerGroup("mla"))
+on one page pool. Its reserve() returns a HybridPlan: the pool-wide copies
+and one Plan per group (with cascade_window_left and, for a chunked group,
+the attn_* arrays), current and thread-safe exactly like a Manager's Plan.
+
 pagedkv.flashinfer turns a Plan into the keyword arguments of FlashInfer's
-wrappers' plan() calls and of append_paged_kv_cache.
+wrappers' plan() calls and of append_paged_kv_cache (hybrid_plan_kwargs:
+every group of a HybridPlan).
 """
 
 import ctypes

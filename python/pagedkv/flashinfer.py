@@ -80,17 +80,23 @@ def prefill_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, *
                         **extra):
     """BatchPrefillWithPagedKVCacheWrapper.plan() (causal: bottom-right
     aligned, as a chunked prefill needs)."""
+    return _prefill(plan.qo_indptr, plan.kv_indptr, plan.kv_page_indices, plan.kv_last_page_len, num_qo_heads,
+                    num_kv_heads, head_dim, page_size, causal, plan.window_left, to, extra)
+
+
+def _prefill(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             causal, window_left, to, extra):
     kw = dict(
-        qo_indptr=to(plan.qo_indptr),
-        paged_kv_indptr=to(plan.kv_indptr),
-        paged_kv_indices=to(plan.kv_page_indices),
-        paged_kv_last_page_len=to(plan.kv_last_page_len),
+        qo_indptr=to(qo_indptr),
+        paged_kv_indptr=to(kv_indptr),
+        paged_kv_indices=to(kv_indices),
+        paged_kv_last_page_len=to(kv_last_page_len),
         num_qo_heads=num_qo_heads,
         num_kv_heads=num_kv_heads,
         head_dim_qk=head_dim,
         page_size=page_size,
         causal=causal,
-        window_left=plan.window_left,
+        window_left=window_left,
     )
     kw.update(extra)
     return kw
@@ -143,20 +149,9 @@ def group_attention_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size
         extra.setdefault("window_left", plan.window_left)
         return kind, cascade_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **extra)
     if plan.attn_qo_indptr is not None:
-        kw = dict(
-            qo_indptr=to(plan.attn_qo_indptr),
-            paged_kv_indptr=to(plan.attn_kv_indptr),
-            paged_kv_indices=to(plan.attn_kv_page_indices),
-            paged_kv_last_page_len=to(plan.attn_kv_last_page_len),
-            num_qo_heads=num_qo_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim_qk=head_dim,
-            page_size=page_size,
-            causal=True,
-            window_left=-1,
-        )
-        kw.update(extra)
-        return "prefill", kw
+        return "prefill", _prefill(plan.attn_qo_indptr, plan.attn_kv_indptr, plan.attn_kv_page_indices,
+                                   plan.attn_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, True,
+                                   -1, to, extra)
     if kind == "decode":
         return kind, decode_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **extra)
     return kind, prefill_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **extra)
