@@ -20,7 +20,8 @@
  *    from any thread at any time. Different handles are independent.
  *  - The arrays of a pagedkv_plan point into buffers the manager owns
  *    (zero copy). They stay valid and unchanged until the next successful
- *    pagedkv_reserve or pagedkv_destroy of the handle; every other call,
+ *    reserve (pagedkv_reserve, _reserve_spec, or their pagedkv_hybrid_
+ *    forms) or pagedkv_destroy of the handle; every other call,
  *    failed reserves included, leaves them alone. Never free or write them.
  *  - The library keeps no pointer the caller passes in after the call
  *    returns (inputs are copied where they are kept).

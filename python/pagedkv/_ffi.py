@@ -167,7 +167,7 @@ def load():
         try:
             return _declare(lib)
         except AttributeError as e:  # a missing symbol: another library, or an old one
-            raise OSError("pagedkv: %s is not libpagedkv: %s" % (path, e)) from e
+            raise OSError("pagedkv: %s is not libpagedkv, or one older than this package: %s" % (path, e)) from e
     raise OSError(
         "pagedkv: libpagedkv.so not found (tried %s); pip install ./python bundles it, scripts/libpagedkv.sh "
         "builds it into build/cabi/, or set PAGEDKV_LIB to its path" % ", ".join(tried)
