@@ -401,12 +401,17 @@ func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t
 	if unsafe.Sizeof(v) != C.sizeof_pagedkv_stats {
 		panic("cabi: pagedkv_stats and Stats have different field counts")
 	}
-	// An older caller's smaller struct gets the fields it knows; a newer
-	// caller's larger one gets zeros past ours.
-	n := min(uintptr(size), unsafe.Sizeof(v))
-	C.memset(unsafe.Pointer(out), 0, size)
-	C.memcpy(unsafe.Pointer(out), unsafe.Pointer(&v[0]), C.size_t(n))
+	writeInt64s(unsafe.Pointer(out), size, v[:])
 	return C.PAGEDKV_OK
+}
+
+// writeInt64s writes v into a caller's struct of size bytes: an older
+// caller's smaller struct gets the fields it knows; a newer caller's larger
+// one gets zeros past ours.
+func writeInt64s(out unsafe.Pointer, size C.size_t, v []int64) {
+	n := min(uintptr(size), uintptr(len(v))*8)
+	C.memset(out, 0, size)
+	C.memcpy(out, unsafe.Pointer(&v[0]), C.size_t(n))
 }
 
 //export pagedkv_audit

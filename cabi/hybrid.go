@@ -7,6 +7,7 @@ package main
 import "C"
 
 import (
+	"fmt"
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv"
@@ -142,6 +143,33 @@ func (h *handle) exportHybrid(copies *C.pagedkv_array, groups []C.pagedkv_group_
 	}
 	h.pin()
 	h.store()
+}
+
+//export pagedkv_hybrid_get_group_stats
+func pagedkv_hybrid_get_group_stats(id C.pagedkv_manager, group C.int64_t, out *C.pagedkv_group_stats, size C.size_t) (code C.int32_t) {
+	defer recoverTo(&code)
+	h := lookup(id)
+	switch {
+	case h == nil:
+		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: hybrid_group_stats: no manager with handle %d", uint64(id)))
+	case h.hybrid == nil:
+		return wrongKind(id, "hybrid_group_stats", true)
+	case out == nil:
+		return badArg("hybrid_group_stats: out is NULL")
+	}
+	if code, ok := h.checkGroup("hybrid_group_stats", group); !ok {
+		return code
+	}
+	// Lock-free like pagedkv_get_stats: each group's numbers are a
+	// consistent snapshot.
+	g := h.hybrid.Stats().Groups[group]
+	v := [...]int64{int64(g.Kind), int64(g.CachedPages), int64(g.EvictablePages), g.ServableTokens,
+		g.PublishedPages, g.EvictedPages, g.CopiedPages, g.WindowReleasedPages}
+	if unsafe.Sizeof(v) != C.sizeof_pagedkv_group_stats {
+		panic("cabi: pagedkv_group_stats and GroupStats have different field counts")
+	}
+	writeInt64s(unsafe.Pointer(out), size, v[:])
+	return C.PAGEDKV_OK
 }
 
 //export pagedkv_hybrid_request_state

@@ -171,11 +171,17 @@ func enterKind(id C.pagedkv_manager, op string, hybrid bool) (*handle, C.int32_t
 		return h, code
 	}
 	h.busy.Store(false)
+	return nil, wrongKind(id, op, hybrid)
+}
+
+// wrongKind fails a call that needs a hybrid (or a dense) manager on a
+// handle of the other kind.
+func wrongKind(id C.pagedkv_manager, op string, needHybrid bool) C.int32_t {
 	kind, want := "dense", "pagedkv_hybrid_create"
-	if !hybrid {
+	if !needHybrid {
 		kind, want = "hybrid", "pagedkv_create"
 	}
-	return nil, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: manager %d is a %s manager; this call needs one made by %s",
+	return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: manager %d is a %s manager; this call needs one made by %s",
 		op, uint64(id), kind, want))
 }
 

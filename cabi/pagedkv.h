@@ -193,6 +193,18 @@ typedef struct {
 	int64_t draft_tokens, accepted_draft_tokens; /* speculative steps (ABI 2) */
 } pagedkv_stats;
 
+/* One group's numbers of a hybrid manager (Go: pagedkv.GroupStats), every
+ * field int64, in this order. New fields are only ever appended; pass
+ * sizeof(pagedkv_group_stats). */
+typedef struct {
+	int64_t kind;                  /* PAGEDKV_GROUP_* */
+	int64_t cached_pages;          /* pages in the group's prefix cache */
+	int64_t evictable_pages;       /* of those, idle and evictable */
+	int64_t servable_tokens;       /* prompt tokens the group's cache alone could have served */
+	int64_t published_pages, evicted_pages, copied_pages;
+	int64_t window_released_pages; /* released: out of the window, or a finished chunk */
+} pagedkv_group_stats;
+
 /* One request's state (Go: Has, Running, Computed, Tokens, Pages). */
 typedef struct {
 	int64_t running;     /* 1 running (holds pages), 0 preempted */
@@ -277,6 +289,9 @@ int32_t pagedkv_hybrid_reserve(pagedkv_manager m, const uint64_t *ids, const int
 int32_t pagedkv_hybrid_reserve_spec(pagedkv_manager m, const uint64_t *ids, const int32_t *ntokens, int64_t n,
                                     const int32_t *draft_indptr, const int32_t *drafts,
                                     pagedkv_array *copies, pagedkv_group_plan *groups, int64_t num_groups);
+/* Group g's numbers; any thread, any time, like pagedkv_get_stats (whose
+ * pool-wide numbers a hybrid handle also gives). */
+int32_t pagedkv_hybrid_get_group_stats(pagedkv_manager m, int64_t group, pagedkv_group_stats *out, size_t out_size);
 /* As get_request_state and request_pages, with the pages of group g. */
 int32_t pagedkv_hybrid_request_state(pagedkv_manager m, int64_t group, uint64_t id, pagedkv_request_state *out);
 int32_t pagedkv_hybrid_request_pages(pagedkv_manager m, int64_t group, uint64_t id, int32_t *dst, int64_t cap,

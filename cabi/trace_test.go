@@ -72,6 +72,8 @@ type traceResult struct {
 	Err   string  `json:"err,omitempty"`
 	Value int64   `json:"value,omitempty"`
 	Stats []int64 `json:"stats"` // pagedkv_stats field order
+	// GroupStats are a hybrid manager's per-group numbers, pagedkv_group_stats order.
+	GroupStats [][]int64 `json:"group_stats,omitempty"`
 }
 
 // errName is the Python exception class of a Go error.
@@ -153,6 +155,12 @@ func (g *traceGen) stats() pagedkv.Stats {
 // record runs op's effect (already done by the caller) into the trace.
 func (g *traceGen) record(op traceOp, value int64, err error) {
 	op.Want = traceResult{Err: errName(err), Value: value, Stats: statsList(g.stats())}
+	if g.hybrid != nil {
+		for _, gs := range g.hybrid.Stats().Groups {
+			op.Want.GroupStats = append(op.Want.GroupStats, []int64{int64(gs.Kind), int64(gs.CachedPages), int64(gs.EvictablePages),
+				gs.ServableTokens, gs.PublishedPages, gs.EvictedPages, gs.CopiedPages, gs.WindowReleasedPages})
+		}
+	}
 	if strings.HasPrefix(op.Want.Err, "Unclassified") {
 		g.t.Fatalf("op %s: %v", op.Op, err)
 	}

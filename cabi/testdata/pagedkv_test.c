@@ -502,6 +502,14 @@ static void hybrid(void) {
 	OK(pagedkv_get_stats(m, &st, sizeof st));
 	snprintf(out + strlen(out), sizeof out - strlen(out), "free pages %lld\n", (long long)st.free_pages);
 	OK(pagedkv_audit(m));
+	pagedkv_group_stats gs[2];
+	OK(pagedkv_hybrid_get_group_stats(m, 0, &gs[0], sizeof gs[0]));
+	OK(pagedkv_hybrid_get_group_stats(m, 1, &gs[1], sizeof gs[1]));
+	CHECK(gs[0].kind == PAGEDKV_GROUP_SLIDING && gs[0].window_released_pages == 4 && gs[1].kind == PAGEDKV_GROUP_FULL &&
+	          gs[1].window_released_pages == 0 && gs[0].cached_pages + gs[1].cached_pages == st.cached_pages,
+	      "group stats: kinds %lld %lld, released %lld %lld, cached %lld + %lld of %lld", (long long)gs[0].kind,
+	      (long long)gs[1].kind, (long long)gs[0].window_released_pages, (long long)gs[1].window_released_pages,
+	      (long long)gs[0].cached_pages, (long long)gs[1].cached_pages, (long long)st.cached_pages);
 	const char *want =
 	    "group 0 window_left 127 pages 13\n"
 	    "group 1 window_left -1 pages 13\n"

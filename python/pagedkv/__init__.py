@@ -56,7 +56,7 @@ import numpy as np
 from . import _ffi
 
 __all__ = [
-    "Manager", "HybridManager", "LayerGroup", "HybridPlan", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
+    "Manager", "HybridManager", "LayerGroup", "HybridPlan", "GroupStats", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
     "PagedKVError", "OutOfPages", "UnknownRequest", "RequestExists", "Preempted", "NotPreempted",
     "StepPending", "NoStep", "BadArgument", "BadConfig", "NotCached", "PinLimit", "UnknownPin",
     "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan",
@@ -199,6 +199,30 @@ class Stats:
 
     def __repr__(self):
         return "Stats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
+
+
+class GroupStats:
+    """One layer group's numbers of a HybridManager (Go: pagedkv.GroupStats):
+    kind ("full", "sliding", "chunked" or "mla"), cached_pages,
+    evictable_pages, servable_tokens (prompt tokens the group's cache alone
+    could have served), published_pages, evicted_pages, copied_pages,
+    window_released_pages."""
+
+    __slots__ = _ffi.GROUP_STATS_FIELDS
+
+    def __init__(self, raw):
+        for name in _ffi.GROUP_STATS_FIELDS:
+            setattr(self, name, getattr(raw, name))
+        self.kind = _ffi.GROUP_KINDS[raw.kind]
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in _ffi.GROUP_STATS_FIELDS}
+
+    def __eq__(self, other):
+        return isinstance(other, GroupStats) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        return "GroupStats(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
 
 
 class RequestState:
@@ -805,6 +829,16 @@ class HybridManager(_Core):
         hp._manager, hp._generation = self, self._generation
         hp._values = (ids, self._array(w, 0, self._views[0], 0).reshape(-1, 3), groups)
         return hp
+
+    def group_stats(self):
+        """Every group's GroupStats, in group order; safe from any thread at
+        any time, like stats() (whose pool-wide numbers cover every group)."""
+        out = []
+        for g in range(len(self.kinds)):
+            raw = _ffi.GroupStats()
+            self._check(self._lib.pagedkv_hybrid_get_group_stats(self._handle, g, ctypes.byref(raw), ctypes.sizeof(raw)))
+            out.append(GroupStats(raw))
+        return out
 
     @_exclusive
     def request_state(self, request_id, group=0):

@@ -130,6 +130,14 @@ class Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in STATS_FIELDS]
 
 
+GROUP_STATS_FIELDS = ("kind", "cached_pages", "evictable_pages", "servable_tokens", "published_pages",
+                      "evicted_pages", "copied_pages", "window_released_pages")
+
+
+class GroupStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in GROUP_STATS_FIELDS]
+
+
 class RequestState(ctypes.Structure):
     _fields_ = [
         ("running", ctypes.c_int64),
@@ -209,6 +217,7 @@ def _declare(lib):
         "pagedkv_hybrid_num_groups": (i32, [u64, ctypes.POINTER(i64)]),
         "pagedkv_hybrid_reserve": (i32, [u64, vp, vp, i64, vp, vp, i64]),
         "pagedkv_hybrid_reserve_spec": (i32, [u64, vp, vp, i64, vp, vp, vp, vp, i64]),
+        "pagedkv_hybrid_get_group_stats": (i32, [u64, i64, ctypes.POINTER(GroupStats), sz]),
         "pagedkv_hybrid_request_state": (i32, [u64, i64, u64, ctypes.POINTER(RequestState)]),
         "pagedkv_hybrid_request_pages": (i32, [u64, i64, u64, vp, i64, ctypes.POINTER(i64)]),
     }

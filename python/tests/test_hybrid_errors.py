@@ -23,7 +23,7 @@ def snapshot(m, plan):
         if m.has(rid):
             reqs[rid] = (m.tokens(rid).tolist(),
                          [(m.request_state(rid, g)._key(), m.pages(rid, g).tolist()) for g in range(m.num_groups)])
-    s = dict(stats=m.stats().as_dict(), requests=reqs)
+    s = dict(stats=m.stats().as_dict(), groups=[g.as_dict() for g in m.group_stats()], requests=reqs)
     if plan is not None:
         s["copies"] = plan.copies.tolist()
         s["groups"] = [(plan_values(p), [None if getattr(p, k) is None else getattr(p, k).tolist()
@@ -72,6 +72,10 @@ def test_world_is_hybrid(world):
     assert m.request_state(1, 2).start == 0
     assert plan.groups[1].attn_qo_indptr is not None and plan.groups[0].attn_qo_indptr is None
     assert [p.window_left for p in plan.groups] == [7, -1, -1]
+    gs = m.group_stats()
+    assert [g.kind for g in gs] == ["sliding", "chunked", "full"]
+    assert gs[0].window_released_pages > 0 and gs[1].window_released_pages > 0 and gs[2].window_released_pages == 0
+    assert sum(g.cached_pages for g in gs) == m.stats().cached_pages
 
 
 def test_request_errors(world):
@@ -163,6 +167,15 @@ def test_kind_of_handle_is_checked():
         assert h.stats().steps == 0 and not h.request_state(1).computed
         n = ctypes.c_int64(0)
         assert lib.pagedkv_hybrid_num_groups(h._handle, ctypes.byref(n)) == 0 and n.value == 3
+        gs = pagedkv._ffi.GroupStats()
+        assert lib.pagedkv_hybrid_get_group_stats(d._handle, 0, ctypes.byref(gs), ctypes.sizeof(gs)) == pagedkv.BadHandle.code
+        assert "is a dense manager" in lib.pagedkv_last_error().decode()
+        assert lib.pagedkv_hybrid_get_group_stats(h._handle, 3, ctypes.byref(gs), ctypes.sizeof(gs)) == pagedkv.BadArgument.code
+        assert "group = 3, want 0..2" in lib.pagedkv_last_error().decode()
+        # An older caller's smaller struct gets the leading fields only.
+        small = (ctypes.c_int64 * 3)(-1, -1, -1)
+        assert lib.pagedkv_hybrid_get_group_stats(h._handle, 0, ctypes.cast(small, ctypes.POINTER(pagedkv._ffi.GroupStats)), 16) == 0
+        assert small[0] == 1 and small[2] == -1  # kind sliding; the third word untouched
         # A wrong struct size is named.
         cfg = pagedkv._ffi.Config(16, 4, 0, 0, 0, 1, 0)
         g = (pagedkv._ffi.LayerGroup * 1)(pagedkv._ffi.LayerGroup(0, 0, 0, 1))

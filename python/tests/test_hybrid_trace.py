@@ -6,7 +6,8 @@ run on pagedkv.HybridManager in Go, for a gpt-oss-like model (sliding
 window 128 and full attention) and a Llama-4-like one (chunked local
 attention and full attention). Replaying every operation through
 libpagedkv must give exactly the Go results: the error class, matched
-tokens, Stats after every operation, and for every step the pool-wide
+tokens, Stats and every group's GroupStats after every operation, and
+for every step the pool-wide
 copies and each group's plan arrays (cascade levels, cascade_window_left
 and the chunked attn_* arrays included).
 """
@@ -58,6 +59,8 @@ def test_hybrid_replay_matches_go(trace):
             err = type(e).__name__
         assert err == want.get("err", ""), where
         assert list(m.stats().as_dict().values()) == want["stats"], where
+        got_groups = [[KINDS.index(g.kind)] + list(g.as_dict().values())[1:] for g in m.group_stats()]
+        assert got_groups == want["group_stats"], where
         if op["op"] in ("add", "resume", "evict") and not err:
             assert result == want.get("value", 0), where
         if op["op"] in ("reserve", "reserve_spec") and not err:
