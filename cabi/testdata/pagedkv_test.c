@@ -133,16 +133,23 @@ static pagedkv_manager create(int64_t pages, int64_t page_size, int64_t max_pinn
 
 // ---- The Go Example, through C ----
 
-static void example(void) {
-	char out[1024] = "";
-	pagedkv_manager m = create(64, 16, 0);
-	int32_t prompt[40];
-	for (int i = 0; i < 40; i++) {
+// prompt_request fills prompt [n] with tokens 100, 101, ... and returns a
+// request for it.
+static pagedkv_request prompt_request(int32_t *prompt, int n) {
+	for (int i = 0; i < n; i++) {
 		prompt[i] = 100 + i;
 	}
 	pagedkv_request req = {0};
 	req.prompt = prompt;
-	req.prompt_len = 40;
+	req.prompt_len = n;
+	return req;
+}
+
+static void example(void) {
+	char out[1024] = "";
+	pagedkv_manager m = create(64, 16, 0);
+	int32_t prompt[40];
+	pagedkv_request req = prompt_request(prompt, 40);
 
 	OK(pagedkv_add(m, 1, &req, NULL));
 	uint64_t ids1[] = {1};
@@ -468,12 +475,7 @@ static void hybrid(void) {
 	CHECK(ng == 2, "num_groups %lld", (long long)ng);
 
 	int32_t prompt[200];
-	for (int i = 0; i < 200; i++) {
-		prompt[i] = 100 + i;
-	}
-	pagedkv_request req = {0};
-	req.prompt = prompt;
-	req.prompt_len = 200;
+	pagedkv_request req = prompt_request(prompt, 200);
 	OK(pagedkv_add(m, 1, &req, NULL));
 	uint64_t ids[] = {1};
 	int32_t nt[] = {200};
