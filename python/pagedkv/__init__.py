@@ -36,8 +36,16 @@ call's. plan.copy() waits for a call in flight instead of raising, so it
 copies one step whole. stats() may be called from any thread at any time.
 ctypes releases the GIL during calls.
 
+Hybrid models. HybridManager(num_pages, page_size, groups) is Go's
+HybridManager: layer groups (LayerGroup("full"), LayerGroup("sliding",
+window_tokens=W), LayerGroup("chunked", chunk_tokens=C), LayerGroup("mla"))
+on one page pool. Its reserve() returns a HybridPlan: the pool-wide copies
+and one Plan per group (with cascade_window_left and, for a chunked group,
+the attn_* arrays), current and thread-safe exactly like a Manager's Plan.
+
 pagedkv.flashinfer turns a Plan into the keyword arguments of FlashInfer's
-wrappers' plan() calls and of append_paged_kv_cache.
+wrappers' plan() calls and of append_paged_kv_cache (hybrid_plan_kwargs:
+every group of a HybridPlan).
 """
 
 import ctypes
@@ -48,7 +56,7 @@ import numpy as np
 from . import _ffi
 
 __all__ = [
-    "Manager", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
+    "Manager", "HybridManager", "LayerGroup", "HybridPlan", "GroupStats", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
     "PagedKVError", "OutOfPages", "UnknownRequest", "RequestExists", "Preempted", "NotPreempted",
     "StepPending", "NoStep", "BadArgument", "BadConfig", "NotCached", "PinLimit", "UnknownPin",
     "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan",
@@ -193,6 +201,30 @@ class Stats:
         return "Stats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
+class GroupStats:
+    """One layer group's numbers of a HybridManager (Go: pagedkv.GroupStats):
+    kind ("full", "sliding", "chunked" or "mla"), cached_pages,
+    evictable_pages, servable_tokens (prompt tokens the group's cache alone
+    could have served), published_pages, evicted_pages, copied_pages,
+    window_released_pages."""
+
+    __slots__ = _ffi.GROUP_STATS_FIELDS
+
+    def __init__(self, raw):
+        for name in _ffi.GROUP_STATS_FIELDS:
+            setattr(self, name, getattr(raw, name))
+        self.kind = _ffi.GROUP_KINDS[raw.kind]
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in _ffi.GROUP_STATS_FIELDS}
+
+    def __eq__(self, other):
+        return isinstance(other, GroupStats) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        return "GroupStats(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
+
+
 class RequestState:
     """One request's state: running (holds pages) or preempted."""
 
@@ -233,7 +265,7 @@ class StalePlan(PagedKVError):
 # The fields of a Plan, in the order _make_plan stores them.
 _PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices", "kv_last_page_len",
-                "seq_lens", "cascade", "query_rows")
+                "seq_lens", "cascade", "query_rows") + _ffi.GROUP_PLAN_ARRAYS
 
 
 def _plan_field(index, name):
@@ -246,7 +278,43 @@ def _plan_field(index, name):
     return property(get, doc="The step's %s; raises StalePlan once the step has passed." % name)
 
 
-class Plan:
+class _Stepped:
+    """What Plan and HybridPlan share: the values of one step of one
+    Manager, current until its next successful reserve() or close()."""
+
+    # _manager is None for an owned copy (current forever); _generation is
+    # the Manager's step generation the plan belongs to.
+    __slots__ = ("_values", "_manager", "_generation")
+
+    @property
+    def valid(self):
+        """Whether the plan is current: no later successful reserve(), not closed."""
+        return self._manager is None or self._manager._generation == self._generation
+
+    def copy(self):
+        """A plan whose arrays are owned copies, current forever. Raises
+        StalePlan if the plan is not current. Safe against a reserve() on
+        another thread: the copy is taken while no call runs on the Manager."""
+        m = self._manager
+        if m is None:
+            return self._copy_values()
+        with m._lock:  # waits for a call in flight; a reserve cannot start while we copy
+            if m._generation != self._generation:
+                raise StalePlan("pagedkv: copy of the plan of step %d after %s"
+                                % (self._generation, m._passed()))
+            return self._copy_values()
+
+    def _owned(self, values):
+        p = type(self).__new__(type(self))
+        p._values, p._manager, p._generation = tuple(values), None, 0
+        return p
+
+
+def _copy_array(v):
+    return v.copy() if isinstance(v, np.ndarray) else v
+
+
+class Plan(_Stepped):
     """A step's plan (Go: pagedkv.Plan). Arrays are int32 numpy views into
     the Manager's buffers. The plan is current from the successful reserve()
     that returned it until the next successful reserve() or close() of its
@@ -264,46 +332,45 @@ class Plan:
     holds plan row query_rows[r]. drafts [B]: how many of request b's rows
     (its last ones) are draft tokens (reserve_spec; zeros otherwise).
     request_ids: the ids the step was reserved for (an owned copy).
+
+    A group's plan of a HybridManager also has cascade_window_left
+    [len(cascade)] (each level's window_left; None when flat) and, for a
+    chunked group only, the attention arrays attn_qo_indptr [A+1],
+    attn_kv_indptr [A+1], attn_kv_page_indices, attn_kv_last_page_len [A]
+    and attn_requests [A] (one entry per run of a request's rows inside one
+    chunk: run batch prefill on these; the append uses the plan's own).
+    They are None in a dense plan and the attn arrays in other groups.
     """
 
-    # _manager is None for an owned copy (current forever); _generation is
-    # the Manager's step generation the plan belongs to.
-    __slots__ = ("_values", "_manager", "_generation")
-
-    @property
-    def valid(self):
-        """Whether the plan is current: no later successful reserve(), not closed."""
-        return self._manager is None or self._manager._generation == self._generation
-
-    def copy(self):
-        """A Plan whose arrays are owned copies, current forever. Raises
-        StalePlan if the plan is not current. Safe against a reserve() on
-        another thread: the copy is taken while no call runs on the Manager."""
-        m = self._manager
-        if m is None:
-            return self._copy_values()
-        with m._lock:  # waits for a call in flight; a reserve cannot start while we copy
-            if m._generation != self._generation:
-                raise StalePlan("pagedkv: copy of the plan of step %d after %s"
-                                % (self._generation, m._passed()))
-            return self._copy_values()
+    __slots__ = ()
 
     def _copy_values(self):
-        values = list(self._values)
-        for i, v in enumerate(values):
-            if isinstance(v, np.ndarray):
-                values[i] = v.copy()
+        values = [_copy_array(v) for v in self._values]
         cascade = _PLAN_FIELDS.index("cascade")
         if values[cascade] is not None:
             values[cascade] = [Level(*(a.copy() for a in (lv.qo_indptr, lv.kv_indptr, lv.kv_indices,
                                                          lv.kv_last_page_len))) for lv in values[cascade]]
-        p = Plan.__new__(Plan)
-        p._values, p._manager, p._generation = tuple(values), None, 0
-        return p
+        return self._owned(values)
+
+
+class HybridPlan(_Stepped):
+    """A HybridManager step's plan (Go: pagedkv.HybridPlan), current like a
+    Plan. copies [n, 3]: the pool-wide page copies (every group's), to do
+    first in every layer's tensor. groups: one Plan per layer group, in the
+    order of the Manager's groups, each with that group's FlashInfer arrays
+    (see Plan). request_ids: the step's ids (an owned copy)."""
+
+    __slots__ = ()
+
+    def _copy_values(self):
+        ids, copies, groups = self._values
+        return self._owned((ids, copies.copy(), [g._copy_values() for g in groups]))
 
 
 for _i, _name in enumerate(_PLAN_FIELDS):
     setattr(Plan, _name, _plan_field(_i, _name))
+for _i, _name in enumerate(("request_ids", "copies", "groups")):
+    setattr(HybridPlan, _name, _plan_field(_i, _name))
 del _i, _name
 
 
@@ -312,6 +379,11 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 
 def _addr(a):
     return a.__array_interface__["data"][0]
+
+
+def _ptr(a):
+    """a's address for a C call; None (NULL) for None or an empty array."""
+    return None if a is None or not a.size else _addr(a)
 
 
 def _exclusive(method):
@@ -332,35 +404,20 @@ def _exclusive(method):
     return call
 
 
-class Manager:
-    """The pagedkv KV-cache manager (Go: pagedkv.Manager) over libpagedkv.
+class _Core:
+    """What Manager and HybridManager share: the handle, its call lock, the
+    step generation, and the calls both kinds of handle take."""
 
-    Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
-    window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages (0 means the Go default wherever Go has one).
-    """
-
-    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
-                 hash_seed=0, cascade_min_saved_pages=0):
-        lib = _load()
-        vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
-                    max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages)
-        for name, v in vals.items():
-            _scalar(v, _I64, "Manager", name)
-        cfg = _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
-                          _scalar(hash_seed, _U64, "Manager", "hash_seed"), cascade_min_saved_pages)
-        h = ctypes.c_uint64(0)
-        rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
-        if rc:
-            _raise(lib, rc)
+    def _init(self, lib, handle, num_pages, page_size, plan_words, views):
         self._lib = lib
-        self._handle = h.value
+        self._handle = handle
         self.num_pages, self.page_size = num_pages, page_size
         self._lock = threading.Lock()  # held by the call in flight (see _exclusive)
         self._generation = 0  # step generation: +1 on every successful reserve and on close
-        self._plan_words = np.zeros(_ffi.PLAN_WORDS, dtype=np.int64)
+        self._plan_words = np.zeros(plan_words, dtype=np.int64)
         self._plan_addr = _addr(self._plan_words)
-        self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)  # per array (drafts last): (data, cap, base view)
+        # Per plan (one, or one per group), per array: (data, cap, base view).
+        self._views = [[None] * n for n in views]
         self._i64 = ctypes.c_int64(0)
         self._state = _ffi.RequestState()
 
@@ -375,7 +432,7 @@ class Manager:
                 _raise(self._lib, rc)
             self._handle = 0
             self._generation += 1
-            self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)
+            self._views = [[None] * len(v) for v in self._views]
 
     def _passed(self):
         """Why a plan of an earlier step generation is no longer current."""
@@ -442,104 +499,8 @@ class Manager:
     def release(self, request_id):
         self._check(self._lib.pagedkv_release(self._handle, _scalar(request_id, _U64, "release", "request_id")))
 
+
     # -- per step --
-
-    @_exclusive
-    def reserve(self, request_ids, ntokens):
-        """Start a step: reserve ntokens[i] tokens of request_ids[i]; returns the Plan.
-
-        request_ids (uint64) and ntokens (int32) may be numpy arrays of those
-        dtypes (used without conversion) or sequences of ints.
-        """
-        ids = _ints(request_ids, np.uint64, _U64, "reserve", "request_ids")
-        nt = _ints(ntokens, np.int32, _I32, "reserve", "ntokens")
-        if ids.size != nt.size:
-            raise BadArgument("pagedkv: bad argument: reserve: %d requests but %d token counts" % (ids.size, nt.size))
-        rc = self._lib.pagedkv_reserve(self._handle, _addr(ids) if ids.size else None,
-                                       _addr(nt) if nt.size else None, ids.size, self._plan_addr)
-        if rc:
-            _raise(self._lib, rc)
-        self._generation += 1
-        return self._make_plan(ids)
-
-    def _make_plan(self, ids):
-        """The Plan of the reserve that just succeeded; the caller holds the lock."""
-        w = self._plan_words.tolist()
-        views = self._views
-        arrays = []
-        n_arrays = len(_ffi.PLAN_ARRAYS)
-        for i in range(n_arrays + 1):
-            k = 3 + 3 * i if i < n_arrays else 3 + 3 * n_arrays + 2  # drafts come after num_levels, levels
-            data, n, cap = w[k], w[k + 1], w[k + 2]
-            if cap == 0:
-                arrays.append(_EMPTY)
-                continue
-            v = views[i]
-            if v is None or v[0] != data or v[1] != cap:
-                v = views[i] = (data, cap, self._base(data, cap))
-            arrays.append(v[2][:n])
-        (copies, qo_indptr, batch_indices, positions, token_ids, token_positions, kv_indptr,
-         kv_page_indices, kv_last_page_len, seq_lens, query_rows, drafts) = arrays
-        k = 3 + 3 * n_arrays
-        num_levels = w[k]
-        if num_levels == 0:
-            cascade = query_rows = None
-        else:
-            levels = ctypes.cast(w[k + 1], ctypes.POINTER(_ffi.Level))
-            cascade = [Level(*(self._view(getattr(levels[i], f)) for f in Level.__slots__))
-                       for i in range(num_levels)]
-        p = Plan.__new__(Plan)
-        p._manager, p._generation = self, self._generation
-        # In _PLAN_FIELDS order.
-        p._values = (ids.copy(), w[0], w[1], w[2], copies.reshape(-1, 3), drafts, qo_indptr, batch_indices,
-                     positions, token_ids, token_positions, kv_indptr, kv_page_indices, kv_last_page_len,
-                     seq_lens, cascade, query_rows)
-        return p
-
-    def _base(self, data, cap):
-        """A numpy view of [data, data+cap) that keeps this Manager alive, so
-        that garbage collection never destroys a Manager whose arrays are
-        still referenced (close() still ends them, as documented)."""
-        buf = (ctypes.c_int32 * cap).from_address(data)
-        buf._owner = self
-        return np.frombuffer(buf, dtype=np.int32)
-
-    def _view(self, arr):
-        if arr.cap == 0:
-            return _EMPTY
-        return self._base(arr.data, arr.cap)[: arr.len]
-
-    @_exclusive
-    def reserve_spec(self, request_ids, ntokens, drafts):
-        """A speculative step (Go: ReserveSpec): request_ids[i] computes its
-        next ntokens[i] known tokens, then the draft tokens drafts[i] (a
-        sequence, possibly empty; drafts may be None for none at all). Commit
-        it with commit_spec."""
-        ids = _ints(request_ids, np.uint64, _U64, "reserve_spec", "request_ids")
-        nt = _ints(ntokens, np.int32, _I32, "reserve_spec", "ntokens")
-        if ids.size != nt.size:
-            raise BadArgument("pagedkv: bad argument: reserve_spec: %d requests but %d token counts"
-                              % (ids.size, nt.size))
-        indptr = flat = None
-        if drafts is not None:
-            if len(drafts) != ids.size:
-                raise BadArgument("pagedkv: bad argument: reserve_spec: %d requests but %d draft lists"
-                                  % (ids.size, len(drafts)))
-            lists = [_ints(d, np.int32, _I32, "reserve_spec", "drafts[%d]" % i) for i, d in enumerate(drafts)]
-            indptr = np.zeros(ids.size + 1, dtype=np.int64)
-            np.cumsum([len(d) for d in lists], out=indptr[1:])
-            if indptr[-1] > _I32[1]:
-                raise BadArgument("pagedkv: bad argument: reserve_spec: %d draft tokens in all" % indptr[-1])
-            indptr = indptr.astype(np.int32)
-            flat = np.concatenate(lists) if indptr[-1] else np.zeros(1, dtype=np.int32)
-        rc = self._lib.pagedkv_reserve_spec(self._handle, _addr(ids) if ids.size else None,
-                                            _addr(nt) if nt.size else None, ids.size,
-                                            None if indptr is None else _addr(indptr),
-                                            None if flat is None else _addr(flat), self._plan_addr)
-        if rc:
-            _raise(self._lib, rc)
-        self._generation += 1
-        return self._make_plan(ids)
 
     @_exclusive
     def commit_spec(self, accepted, sampled=None):
@@ -575,12 +536,63 @@ class Manager:
     def abort(self):
         self._check(self._lib.pagedkv_abort(self._handle))
 
-    @property
-    @_exclusive
-    def pending(self):
-        v = ctypes.c_int32(0)
-        self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
-        return bool(v.value)
+
+    def _stepped(self, rc):
+        """After a reserve's C call: raise its error, or start a step."""
+        if rc:
+            _raise(self._lib, rc)
+        self._generation += 1
+
+    def _array(self, w, k, views, i):
+        """The array whose descriptor is at word k of w, through the view
+        cache views[i]."""
+        data, n, cap = w[k], w[k + 1], w[k + 2]
+        if cap == 0:
+            return _EMPTY
+        v = views[i]
+        if v is None or v[0] != data or v[1] != cap:
+            v = views[i] = (data, cap, self._base(data, cap))
+        return v[2][:n]
+
+    def _read_plan(self, w, base, views, ids, extra):
+        """The Plan whose pagedkv_plan starts at word base of w (the words
+        of the reserve that just succeeded; the caller holds the lock);
+        extra are the values of the hybrid fields."""
+        n_arrays = len(_ffi.PLAN_ARRAYS)
+        k = base + 3 + 3 * n_arrays  # num_levels, levels, then drafts
+        (copies, qo_indptr, batch_indices, positions, token_ids, token_positions, kv_indptr,
+         kv_page_indices, kv_last_page_len, seq_lens, query_rows) = [
+            self._array(w, base + 3 + 3 * i, views, i) for i in range(n_arrays)]
+        drafts = self._array(w, k + 2, views, n_arrays)
+        num_levels = w[k]
+        if num_levels == 0:
+            cascade = query_rows = None
+        else:
+            levels = ctypes.cast(w[k + 1], ctypes.POINTER(_ffi.Level))
+            cascade = [Level(*(self._view(getattr(levels[i], f)) for f in Level.__slots__))
+                       for i in range(num_levels)]
+        p = Plan.__new__(Plan)
+        p._manager, p._generation = self, self._generation
+        # In _PLAN_FIELDS order.
+        p._values = (ids, w[base], w[base + 1], w[base + 2], copies.reshape(-1, 3), drafts, qo_indptr,
+                     batch_indices, positions, token_ids, token_positions, kv_indptr, kv_page_indices,
+                     kv_last_page_len, seq_lens, cascade, query_rows) + extra
+
+        return p
+
+    def _base(self, data, cap):
+        """A numpy view of [data, data+cap) that keeps this Manager alive, so
+        that garbage collection never destroys a Manager whose arrays are
+        still referenced (close() still ends them, as documented)."""
+        buf = (ctypes.c_int32 * cap).from_address(data)
+        buf._owner = self
+        return np.frombuffer(buf, dtype=np.int32)
+
+    def _view(self, arr):
+        if arr.cap == 0:
+            return _EMPTY
+        return self._base(arr.data, arr.cap)[: arr.len]
+
 
     # -- operations --
 
@@ -602,6 +614,85 @@ class Manager:
         self._check(self._lib.pagedkv_evict(self._handle, npages, ctypes.byref(freed)))
         return freed.value
 
+
+    # -- inspection (copies) --
+
+    def has(self, request_id):
+        try:
+            self.request_state(request_id)
+        except UnknownRequest:
+            return False
+        return True
+
+    @_exclusive
+    def tokens(self, request_id):
+        """Every known token of the request (a copy)."""
+        return self._copy_out(self._lib.pagedkv_request_tokens, request_id, "tokens")
+
+
+    def _copy_out(self, fn, request_id, op, *group):
+        n = ctypes.c_int64(0)
+        request_id = _scalar(request_id, _U64, op, "request_id")
+        self._check(fn(self._handle, *group, request_id, None, 0, ctypes.byref(n)))
+        out = np.empty(n.value, dtype=np.int32)
+        if n.value:
+            self._check(fn(self._handle, *group, request_id, _addr(out), n.value, ctypes.byref(n)))
+        return out[: n.value]
+
+
+_NO_HYBRID = (None,) * len(_ffi.GROUP_PLAN_ARRAYS)
+
+
+class Manager(_Core):
+    """The pagedkv KV-cache manager (Go: pagedkv.Manager) over libpagedkv.
+
+    Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
+    window_tokens, priorities, max_pinned_pages, hash_seed,
+    cascade_min_saved_pages (0 means the Go default wherever Go has one).
+    """
+
+    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
+                 hash_seed=0, cascade_min_saved_pages=0):
+        lib = _load()
+        cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
+                      cascade_min_saved_pages)
+        h = ctypes.c_uint64(0)
+        rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
+        if rc:
+            _raise(lib, rc)
+        self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1])
+
+    @_exclusive
+    def reserve(self, request_ids, ntokens):
+        """Start a step: reserve ntokens[i] tokens of request_ids[i]; returns the Plan.
+
+        request_ids (uint64) and ntokens (int32) may be numpy arrays of those
+        dtypes (used without conversion) or sequences of ints.
+        """
+        ids, nt = _reserve_args("reserve", request_ids, ntokens)
+        self._stepped(self._lib.pagedkv_reserve(self._handle, _ptr(ids), _ptr(nt), ids.size, self._plan_addr))
+        return self._read_plan(self._plan_words.tolist(), 0, self._views[0], ids.copy(), _NO_HYBRID)
+
+    @_exclusive
+    def reserve_spec(self, request_ids, ntokens, drafts):
+        """A speculative step (Go: ReserveSpec): request_ids[i] computes its
+        next ntokens[i] known tokens, then the draft tokens drafts[i] (a
+        sequence, possibly empty; drafts may be None for none at all). Commit
+        it with commit_spec."""
+        ids, nt = _reserve_args("reserve_spec", request_ids, ntokens)
+        indptr, flat = _draft_args("reserve_spec", ids.size, drafts)
+        self._stepped(self._lib.pagedkv_reserve_spec(self._handle, _ptr(ids), _ptr(nt), ids.size, _ptr(indptr),
+                                                     _ptr(flat), self._plan_addr))
+        return self._read_plan(self._plan_words.tolist(), 0, self._views[0], ids.copy(), _NO_HYBRID)
+
+    @property
+    @_exclusive
+    def pending(self):
+        v = ctypes.c_int32(0)
+        self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
+        return bool(v.value)
+
+
     @_exclusive
     def pin(self, tokens, *, tenant="", lora="", salt=""):
         """Pin the cached prefix of tokens; returns (pin_id, pinned_tokens)."""
@@ -617,7 +708,6 @@ class Manager:
     def unpin(self, pin_id):
         self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
 
-    # -- inspection (copies) --
 
     @_exclusive
     def request_state(self, request_id):
@@ -625,32 +715,181 @@ class Manager:
         self._check(self._lib.pagedkv_get_request_state(self._handle, request_id, ctypes.byref(self._state)))
         return RequestState(self._state)
 
-    def has(self, request_id):
-        try:
-            self.request_state(request_id)
-        except UnknownRequest:
-            return False
-        return True
-
-    @_exclusive
-    def tokens(self, request_id):
-        """Every known token of the request (a copy)."""
-        return self._copy_out(self._lib.pagedkv_request_tokens, request_id)
-
     @_exclusive
     def pages(self, request_id):
         """The pages the request holds, in token order (a copy; empty if preempted)."""
-        return self._copy_out(self._lib.pagedkv_request_pages, request_id)
+        return self._copy_out(self._lib.pagedkv_request_pages, request_id, "pages")
 
-    def _copy_out(self, fn, request_id):
-        n = ctypes.c_int64(0)
-        request_id = _scalar(request_id, _U64, "tokens/pages", "request_id")
-        self._check(fn(self._handle, request_id, None, 0, ctypes.byref(n)))
-        out = np.empty(n.value, dtype=np.int32)
-        if n.value:
-            self._check(fn(self._handle, request_id, _addr(out), n.value, ctypes.byref(n)))
-        return out[: n.value]
 
+class LayerGroup:
+    """One layer group of a hybrid model (Go: pagedkv.LayerGroup): kind is
+    "full", "sliding" (with window_tokens W), "chunked" (with chunk_tokens
+    C, a multiple of the page size) or "mla"; every group has the same
+    num_layers (see Go's package layergroup)."""
+
+    __slots__ = ("kind", "window_tokens", "chunk_tokens", "num_layers")
+
+    def __init__(self, kind, *, window_tokens=0, chunk_tokens=0, num_layers=1):
+        self.kind, self.window_tokens, self.chunk_tokens, self.num_layers = kind, window_tokens, chunk_tokens, num_layers
+
+    def __repr__(self):
+        return "LayerGroup(%r, window_tokens=%d, chunk_tokens=%d, num_layers=%d)" % (
+            self.kind, self.window_tokens, self.chunk_tokens, self.num_layers)
+
+
+class HybridManager(_Core):
+    """The KV-cache manager of a hybrid attention model (Go:
+    pagedkv.HybridManager): one page pool, one page table and prefix cache
+    per layer group. groups is a list of LayerGroup (or dicts of its
+    fields); the other keyword arguments are Manager's (no window_tokens:
+    windows are per group; no max_pinned_pages: a HybridManager has no
+    pins). Every Manager call with the same name does the same in every
+    group; reserve() returns a HybridPlan with one Plan per group, and
+    request_state() and pages() take the group. Threads and plan lifetime
+    are as for Manager.
+    """
+
+    def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0):
+        lib = _load()
+        cfg = _config("HybridManager", num_pages, page_size, 0, priorities, 0, hash_seed, cascade_min_saved_pages)
+        if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
+            raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
+        specs = (_ffi.LayerGroup * max(len(groups), 1))()
+        kinds = []
+        for i, g in enumerate(groups):
+            if isinstance(g, dict):
+                try:
+                    g = LayerGroup(**g)
+                except TypeError as e:
+                    raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d] = %r: %s" % (i, g, e)) from None
+            if not isinstance(g, LayerGroup):
+                raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d] = %r, want a LayerGroup" % (i, g))
+            if g.kind not in _ffi.GROUP_KINDS:
+                raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d].kind = %r, want one of %s"
+                                  % (i, g.kind, ", ".join(_ffi.GROUP_KINDS)))
+            where = "groups[%d]" % i
+            specs[i] = _ffi.LayerGroup(_ffi.GROUP_KINDS.index(g.kind),
+                                       _scalar(g.window_tokens, _I64, "HybridManager", where + ".window_tokens"),
+                                       _scalar(g.chunk_tokens, _I64, "HybridManager", where + ".chunk_tokens"),
+                                       _scalar(g.num_layers, _I64, "HybridManager", where + ".num_layers"))
+            kinds.append(g.kind)
+        h = ctypes.c_uint64(0)
+        rc = lib.pagedkv_hybrid_create(ctypes.byref(cfg), ctypes.sizeof(cfg), specs, len(groups),
+                                       ctypes.sizeof(_ffi.LayerGroup), ctypes.byref(h))
+        if rc:
+            _raise(lib, rc)
+        n = len(kinds)
+        # The words: the copies descriptor, then n pagedkv_group_plan.
+        self._init(lib, h.value, num_pages, page_size, 3 + n * _ffi.GROUP_PLAN_WORDS,
+                   [1] + [len(_ffi.PLAN_ARRAYS) + 1 + len(_ffi.GROUP_PLAN_ARRAYS)] * n)
+        self.kinds = tuple(kinds)
+        self._groups_addr = self._plan_addr + 8 * 3
+
+    @property
+    def num_groups(self):
+        return len(self.kinds)
+
+    @_exclusive
+    def reserve(self, request_ids, ntokens):
+        """Start a step in every group (all-or-nothing, one page budget);
+        returns the HybridPlan."""
+        ids, nt = _reserve_args("reserve", request_ids, ntokens)
+        self._stepped(self._lib.pagedkv_hybrid_reserve(self._handle, _ptr(ids), _ptr(nt), ids.size, self._plan_addr,
+                                                       self._groups_addr, len(self.kinds)))
+        return self._hybrid_plan(ids)
+
+    @_exclusive
+    def reserve_spec(self, request_ids, ntokens, drafts):
+        """A speculative step in every group (see Manager.reserve_spec)."""
+        ids, nt = _reserve_args("reserve_spec", request_ids, ntokens)
+        indptr, flat = _draft_args("reserve_spec", ids.size, drafts)
+        self._stepped(self._lib.pagedkv_hybrid_reserve_spec(self._handle, _ptr(ids), _ptr(nt), ids.size, _ptr(indptr),
+                                                            _ptr(flat), self._plan_addr, self._groups_addr,
+                                                            len(self.kinds)))
+        return self._hybrid_plan(ids)
+
+    def _hybrid_plan(self, ids):
+        w = self._plan_words.tolist()
+        ids = ids.copy()
+        groups = []
+        n_plan = len(_ffi.PLAN_ARRAYS) + 1
+        for g, kind in enumerate(self.kinds):
+            base = 3 + g * _ffi.GROUP_PLAN_WORDS
+            views = self._views[1 + g]
+            extra = [self._array(w, base + _ffi.PLAN_WORDS + 3 * j, views, n_plan + j)
+                     for j in range(len(_ffi.GROUP_PLAN_ARRAYS))]
+            p = self._read_plan(w, base, views, ids, ())
+            if p._values[_PLAN_FIELDS.index("cascade")] is None:
+                extra[0] = None
+            if kind != "chunked":
+                extra[1:] = [None] * (len(extra) - 1)
+            p._values += tuple(extra)
+            groups.append(p)
+        hp = HybridPlan.__new__(HybridPlan)
+        hp._manager, hp._generation = self, self._generation
+        hp._values = (ids, self._array(w, 0, self._views[0], 0).reshape(-1, 3), groups)
+        return hp
+
+    def group_stats(self):
+        """Every group's GroupStats, in group order; safe from any thread at
+        any time, like stats() (whose pool-wide numbers cover every group)."""
+        out = []
+        for g in range(len(self.kinds)):
+            raw = _ffi.GroupStats()
+            self._check(self._lib.pagedkv_hybrid_get_group_stats(self._handle, g, ctypes.byref(raw), ctypes.sizeof(raw)))
+            out.append(GroupStats(raw))
+        return out
+
+    @_exclusive
+    def request_state(self, request_id, group=0):
+        """The request's state; start and num_pages are those of group."""
+        request_id = _scalar(request_id, _U64, "request_state", "request_id")
+        group = _scalar(group, _I64, "request_state", "group")
+        self._check(self._lib.pagedkv_hybrid_request_state(self._handle, group, request_id,
+                                                           ctypes.byref(self._state)))
+        return RequestState(self._state)
+
+    @_exclusive
+    def pages(self, request_id, group):
+        """The pages the request holds in group, in token order (a copy)."""
+        group = _scalar(group, _I64, "pages", "group")
+        return self._copy_out(self._lib.pagedkv_hybrid_request_pages, request_id, "pages", group)
+
+
+def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
+            cascade_min_saved_pages):
+    """A checked pagedkv_config."""
+    vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
+                max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages)
+    for name, v in vals.items():
+        _scalar(v, _I64, op, name)
+    return _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
+                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages)
+
+
+def _reserve_args(op, request_ids, ntokens):
+    ids = _ints(request_ids, np.uint64, _U64, op, "request_ids")
+    nt = _ints(ntokens, np.int32, _I32, op, "ntokens")
+    if ids.size != nt.size:
+        raise BadArgument("pagedkv: bad argument: %s: %d requests but %d token counts" % (op, ids.size, nt.size))
+    return ids, nt
+
+
+def _draft_args(op, n, drafts):
+    """reserve_spec's draft_indptr and drafts as arrays the caller keeps
+    alive during the C call (the library copies them), or None, None."""
+    if drafts is None:
+        return None, None
+    if len(drafts) != n:
+        raise BadArgument("pagedkv: bad argument: %s: %d requests but %d draft lists" % (op, n, len(drafts)))
+    lists = [_ints(d, np.int32, _I32, op, "drafts[%d]" % i) for i, d in enumerate(drafts)]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(d) for d in lists], out=indptr[1:])
+    if indptr[-1] > _I32[1]:
+        raise BadArgument("pagedkv: bad argument: %s: %d draft tokens in all" % (op, indptr[-1]))
+    indptr = indptr.astype(np.int32)
+    flat = np.concatenate(lists) if indptr[-1] else np.zeros(1, dtype=np.int32)
+    return indptr, flat
 
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _U64 = (0, (1 << 64) - 1)

@@ -131,6 +131,8 @@ class Owner:
 
 
 def plan_facts(plan):
+    if hasattr(plan, "groups"):  # a HybridPlan: each group's facts
+        return dict(request_ids=plan.request_ids.tolist(), groups=[plan_facts(g) for g in plan.groups])
     values = plan_values(plan)
     facts = {name: values[name] for name in PAGE_FREE_FIELDS}
     facts.update(request_ids=plan.request_ids.tolist(), batch_size=plan.batch_size, nnz=plan.nnz)
@@ -152,8 +154,14 @@ def owners():
     return a, b
 
 
-def new_manager(a, b):
-    m = pagedkv.Manager(256, 4, hash_seed=1)
+def new_manager(a, b, kind="dense"):
+    if kind == "dense":
+        m = pagedkv.Manager(256, 4, hash_seed=1)
+    else:
+        if not hasattr(pagedkv, "HybridManager"):
+            pytest.skip("this wrapper (PAGEDKV_PYTHON_DIR) has no HybridManager")
+        m = pagedkv.HybridManager(256, 4, [pagedkv.LayerGroup("sliding", window_tokens=6), pagedkv.LayerGroup("full")],
+                                  hash_seed=1)
     for owner in (a, b):
         for rid in owner.ids:
             m.add(rid, owner.prompts[rid])
@@ -162,9 +170,10 @@ def new_manager(a, b):
     return m
 
 
-def test_two_threads_get_only_their_own_results():
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_two_threads_get_only_their_own_results(kind):
     a, b = owners()
-    m = new_manager(a, b)
+    m = new_manager(a, b, kind)
     seconds = float(os.environ.get("PAGEDKV_STRESS_SECONDS", "3"))
     stop = time.monotonic() + seconds
     errors = []
@@ -195,11 +204,12 @@ def test_two_threads_get_only_their_own_results():
     m.close()
 
 
-def test_the_checker_sees_another_threads_plan():
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_the_checker_sees_another_threads_plan(kind):
     """The checker is not blind: a plan with A's request ids and B's arrays
     (what the old wrapper returned) is a mismatch, and so is B's state."""
     a, b = owners()
-    m = new_manager(a, b)
+    m = new_manager(a, b, kind)
     mixed = dict(b.want_plan, request_ids=a.want_plan["request_ids"])
     assert mixed != a.want_plan
     plan = m.reserve(a.ids, a.ntokens)
