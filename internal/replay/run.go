@@ -1,0 +1,229 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+// Service is the service model: an engine that runs steps back to back,
+// each step computing up to StepTokens tokens of at most MaxBatch running
+// requests (decode tokens first, then prefill chunks in admission order),
+// and taking prefill tokens / PrefillTokensPerSec + decode tokens /
+// DecodeTokensPerSec seconds. Requests wait in arrival order; a step that
+// finds no pages preempts the most recently admitted running request
+// (vLLM's rule) and retries; preempted requests resume first.
+type Service struct {
+	PrefillTokensPerSec float64
+	DecodeTokensPerSec  float64
+	MaxBatch            int
+	StepTokens          int
+}
+
+// DefaultService is a model of one inference node for the Mooncake trace:
+// 64k prefill tokens/s, 4k decode tokens/s over the batch, 64 running
+// requests, 16k tokens per step. The trace needs about 40k prompt tokens/s
+// before hits, so the node keeps up only by its prefix cache.
+func DefaultService() Service {
+	return Service{PrefillTokensPerSec: 64_000, DecodeTokensPerSec: 4_000, MaxBatch: 64, StepTokens: 16_384}
+}
+
+func (s *Service) validate() error {
+	switch {
+	case !(s.PrefillTokensPerSec > 0) || !(s.DecodeTokensPerSec > 0):
+		return fmt.Errorf("%w: service rates %g prefill and %g decode tokens/s, want > 0", ErrBadConfig, s.PrefillTokensPerSec, s.DecodeTokensPerSec)
+	case s.MaxBatch < 1:
+		return fmt.Errorf("%w: service MaxBatch %d, want >= 1", ErrBadConfig, s.MaxBatch)
+	case s.StepTokens < 1:
+		return fmt.Errorf("%w: service StepTokens %d, want >= 1", ErrBadConfig, s.StepTokens)
+	}
+	return nil
+}
+
+// ErrBadConfig reports an invalid [Config]; the message names the value.
+var ErrBadConfig = errors.New("replay: bad config")
+
+// Config describes one replay.
+type Config struct {
+	// CapacityPages is the prefix cache's room in pages (one page per
+	// block). Sequentially the pool has one more page (the prompt's query
+	// token), so the cache holds CapacityPages blocks beside nothing else;
+	// with a service model the pool is CapacityPages pages, running
+	// requests included.
+	CapacityPages int
+	// Eviction names the prefix cache's eviction policy ("" is LRU).
+	Eviction string
+	// Service, when not nil, runs the service model; nil replays one
+	// request at a time without outputs.
+	Service *Service
+	// Progress, when not nil, is called as requests finish, with the
+	// number finished.
+	Progress func(finished int)
+}
+
+// Result is what one replay measured.
+type Result struct {
+	Eviction      string
+	CapacityPages int
+	Requests      int
+	// Blocks are the prompt blocks of every admission (Add), HitBlocks
+	// those the prefix cache served.
+	Blocks, HitBlocks int64
+	// PrefillTokens are prompt tokens computed (not served by the cache);
+	// RecomputedTokens are computed tokens preemption discarded and the
+	// cache could not serve back at Resume.
+	PrefillTokens, RecomputedTokens int64
+	DecodeTokens                    int64
+	EvictedPages                    int64
+	Preemptions                     int64
+	PeakPages                       int
+	// SimulatedMs is the simulated time the trace took (the last
+	// request's finish; sequential replays count the trace's span).
+	SimulatedMs float64
+	Wall        time.Duration
+	// Stream is the block reference stream: the prompt blocks of every
+	// admission and resumption, in order (the input of the limits).
+	Stream Stream
+}
+
+// HitRatio is HitBlocks / Blocks.
+func (r *Result) HitRatio() float64 { return ratio(r.HitBlocks, r.Blocks) }
+
+func ratio(a, b int64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+// Stream is a block reference stream: Admissions[i] lists the blocks of
+// the i-th admission (shared with the trace).
+type Stream struct {
+	Admissions [][]int32
+}
+
+// Run replays trace under cfg on a fresh Manager.
+func Run(t *Trace, cfg Config) (*Result, error) {
+	if cfg.CapacityPages < 1 {
+		return nil, fmt.Errorf("%w: CapacityPages %d, want >= 1", ErrBadConfig, cfg.CapacityPages)
+	}
+	if cfg.Service != nil {
+		if err := cfg.Service.validate(); err != nil {
+			return nil, err
+		}
+	}
+	numPages := cfg.CapacityPages
+	if cfg.Service == nil {
+		numPages++ // the query token's page
+	}
+	m, err := pagedkv.New(pagedkv.Config{NumPages: numPages, PageSize: t.BlockTokens, HashSeed: 1,
+		Eviction: cfg.Eviction, CascadeMinSavedPages: -1})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	policy := cfg.Eviction
+	if policy == "" {
+		policy = prefixcache.PolicyLRU
+	}
+	r := &runner{t: t, cfg: cfg, m: m, res: &Result{Eviction: policy, CapacityPages: cfg.CapacityPages}}
+	start := time.Now()
+	if cfg.Service == nil {
+		err = r.sequential()
+	} else {
+		err = r.serve()
+	}
+	if err != nil {
+		return nil, err
+	}
+	s := m.Stats()
+	res := r.res
+	res.Requests = len(t.Requests)
+	res.PrefillTokens = s.PromptTokens - s.PromptHitTokens
+	res.RecomputedTokens = s.ResumedTokens - s.ResumeHitTokens
+	res.EvictedPages = s.EvictedPages
+	res.Preemptions = s.Preemptions
+	res.Wall = time.Since(start)
+	return res, nil
+}
+
+// runner is one replay's state.
+type runner struct {
+	t      *Trace
+	cfg    Config
+	m      *pagedkv.Manager
+	res    *Result
+	prompt []int32
+	ids    []pagedkv.RequestID
+	counts []int32
+	slot   []int // the service model's batch entry -> index in running
+}
+
+// promptOf fills r.prompt with request q's synthesized prompt: one full
+// page per block, then the query token.
+func (r *runner) promptOf(q *Request) []int32 {
+	ps := r.t.BlockTokens
+	n := len(q.Blocks)*ps + 1
+	if cap(r.prompt) < n {
+		r.prompt = make([]int32, n)
+	}
+	p := r.prompt[:n]
+	for i, id := range q.Blocks {
+		BlockTokens(p[i*ps:(i+1)*ps], id)
+	}
+	p[n-1] = queryToken
+	return p
+}
+
+// admit adds request i and counts its hit blocks.
+func (r *runner) admit(i int) error {
+	q := &r.t.Requests[i]
+	matched, err := r.m.Add(pagedkv.RequestID(i), pagedkv.Request{Prompt: r.promptOf(q),
+		CapacityTokens: len(q.Blocks)*r.t.BlockTokens + 1 + q.OutputTokens})
+	if err != nil {
+		return fmt.Errorf("replay: admitting request %d: %w", i, err)
+	}
+	r.res.Blocks += int64(len(q.Blocks))
+	r.res.HitBlocks += int64(matched / r.t.BlockTokens)
+	r.res.Stream.Admissions = append(r.res.Stream.Admissions, q.Blocks)
+	return nil
+}
+
+func (r *runner) notePeak() {
+	if u := r.m.Stats().UsedPages; u > r.res.PeakPages {
+		r.res.PeakPages = u
+	}
+}
+
+// sequential admits, prefills and releases one request at a time.
+func (r *runner) sequential() error {
+	for i := range r.t.Requests {
+		if err := r.admit(i); err != nil {
+			return err
+		}
+		id := pagedkv.RequestID(i)
+		todo := len(r.m.Tokens(id)) - r.m.Computed(id)
+		r.ids = append(r.ids[:0], id)
+		r.counts = append(r.counts[:0], int32(todo))
+		if _, err := r.m.Reserve(r.ids, r.counts); err != nil {
+			return fmt.Errorf("replay: request %d of %d blocks does not fit a pool of %d pages: %w",
+				i, len(r.t.Requests[i].Blocks), r.cfg.CapacityPages+1, err)
+		}
+		r.notePeak()
+		if err := r.m.Commit(nil); err != nil {
+			return fmt.Errorf("replay: request %d: %w", i, err)
+		}
+		if err := r.m.Release(id); err != nil {
+			return fmt.Errorf("replay: request %d: %w", i, err)
+		}
+		if r.cfg.Progress != nil {
+			r.cfg.Progress(i + 1)
+		}
+	}
+	if n := len(r.t.Requests); n > 0 {
+		r.res.SimulatedMs = float64(r.t.Requests[n-1].ArrivalMs - r.t.Requests[0].ArrivalMs)
+	}
+	return nil
+}
