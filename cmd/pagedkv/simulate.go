@@ -325,6 +325,9 @@ type progress struct {
 	bar   *progressbar.ProgressBar // terminal only; made at the first update
 	term  bool
 	tenth int // plain mode: tenths of the requests reported so far
+	// label, when set, replaces the step description (commands without
+	// steps, such as replay, report requests only).
+	label string
 }
 
 func newProgress(w io.Writer) *progress {
@@ -359,12 +362,20 @@ func (p *progress) update(s sim.Progress) {
 				progressbar.OptionClearOnFinish(),
 			)
 		}
-		p.bar.Describe(fmt.Sprintf("step %d, %d running, %d waiting (%d preempted)", s.Step, s.Running, s.Waiting, s.Preempted))
+		if p.label != "" {
+			p.bar.Describe(p.label)
+		} else {
+			p.bar.Describe(fmt.Sprintf("step %d, %d running, %d waiting (%d preempted)", s.Step, s.Running, s.Waiting, s.Preempted))
+		}
 		_ = p.bar.Set(s.Finished) // a failed write to the terminal is not the run's failure
 		return
 	}
 	if t := 10 * s.Finished / max(s.Total, 1); t > p.tenth {
 		p.tenth = t
+		if p.label != "" {
+			fmt.Fprintf(p.w, "%s: %d/%d requests\n", p.label, s.Finished, s.Total)
+			return
+		}
 		fmt.Fprintf(p.w, "simulate: step %d: %d/%d requests finished, %d running, %d waiting (%d preempted)\n",
 			s.Step, s.Finished, s.Total, s.Running, s.Waiting, s.Preempted)
 	}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/pagedkv/pagedkv/internal/replay"
+	"github.com/pagedkv/pagedkv/internal/sim"
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+func init() {
+	register(&command{
+		name:    "replay",
+		summary: "replay a production trace through the Manager (metadata only): hit ratio per eviction policy and capacity against Belady",
+		usage:   "pagedkv replay --trace FILE [--format mooncake|sim] [flags]",
+		run:     runReplay,
+	})
+}
+
+const replayHelp = `
+Replays a request trace through pagedkv.Manager with no K/V storage (the
+Manager only keeps its books) at several pool capacities under several
+eviction policies, and prints per capacity and policy the prefix hit ratio,
+its share of Belady's offline optimum over the same block reference
+stream, prefill and recomputed tokens, evictions, preemptions, peak pages
+and wall time per simulated hour; then the unlimited-capacity ratio
+(docs/replay.md).
+
+--format mooncake (the default) reads Mooncake's JSON lines (timestamp ms,
+input_length, output_length, hash_ids of 512-token blocks; .gz is read
+transparently), e.g. testdata/traces/mooncake_conversation_trace.jsonl.gz.
+--format sim reads the project's own trace format (docs/simulate.md), cut
+into blocks of --block-tokens tokens.
+
+Without --service, requests are replayed one at a time with no outputs (the
+setting of the trace's published figures); capacities are the prefix
+cache's room. With --service, requests arrive at their times and run
+through the service model (--prefill-rate, --decode-rate, --max-batch,
+--step-tokens); capacities are the whole pool, running requests included.
+
+--plot FILE writes hit ratio against capacity per policy, with Belady and
+the unlimited line (.png or .svg).
+
+Flags:
+`
+
+func runReplay(args []string, stdout, stderr io.Writer) int {
+	fs := newFlagSet("replay", replayHelp, stderr)
+	tracePath := fs.String("trace", "", "trace file (required)")
+	format := fs.String("format", "mooncake", "trace format: mooncake or sim")
+	blockTokens := fs.Int("block-tokens", 16, "--format sim: tokens per block (page)")
+	policies := fs.String("policies", strings.Join(prefixcache.PolicyNames(), ","), "comma-separated eviction policies: "+strings.Join(prefixcache.PolicyNames(), ", "))
+	capacities := fs.String("capacities", "2,5,10,25,50", "comma-separated capacities in percent of the trace's distinct blocks")
+	service := fs.Bool("service", false, "run the service model instead of one request at a time")
+	svc := replay.DefaultService()
+	fs.Float64Var(&svc.PrefillTokensPerSec, "prefill-rate", svc.PrefillTokensPerSec, "--service: prefill tokens per second")
+	fs.Float64Var(&svc.DecodeTokensPerSec, "decode-rate", svc.DecodeTokensPerSec, "--service: decode tokens per second (whole batch)")
+	fs.IntVar(&svc.MaxBatch, "max-batch", svc.MaxBatch, "--service: most running requests")
+	fs.IntVar(&svc.StepTokens, "step-tokens", svc.StepTokens, "--service: token budget per step")
+	plotPath := fs.String("plot", "", "write the hit-ratio plot to this .png or .svg file")
+	lim := replay.DefaultLimits()
+	fs.IntVar(&lim.MaxRequests, "max-requests", lim.MaxRequests, "most requests a trace may hold")
+	fs.IntVar(&lim.MaxBlocks, "max-blocks", lim.MaxBlocks, "most block references a trace may hold")
+	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
+		return code
+	}
+	usageErr := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "pagedkv replay: "+format+"\n", a...)
+		return exitUsage
+	}
+	if *tracePath == "" {
+		return usageErr("--trace is required")
+	}
+	fractions, err := parsePercents(*capacities)
+	if err != nil {
+		return usageErr("--capacities: %v", err)
+	}
+	names := strings.Split(*policies, ",")
+	for _, n := range names {
+		if _, err := prefixcache.NewPolicy(n); err != nil {
+			return usageErr("--policies: %v", err)
+		}
+	}
+	if *plotPath != "" && !strings.HasSuffix(*plotPath, ".png") && !strings.HasSuffix(*plotPath, ".svg") {
+		return usageErr("--plot %q: want a .png or .svg file", *plotPath)
+	}
+	var t *replay.Trace
+	switch *format {
+	case "mooncake":
+		t, err = replay.OpenMooncake(*tracePath, lim)
+	case "sim":
+		t, err = readSimTrace(*tracePath, *blockTokens, lim)
+	default:
+		return usageErr("--format %q: want mooncake or sim", *format)
+	}
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	var svcp *replay.Service
+	if *service {
+		svcp = &svc
+	}
+	p := newProgress(stderr)
+	p.label = "replay"
+	total := len(t.Requests) * len(fractions) * len(names)
+	sw, err := replay.RunSweep(t, fractions, names, svcp, func(n int) { p.update(sim.Progress{Finished: n, Total: total}) })
+	p.done()
+	if err != nil {
+		fmt.Fprintf(stderr, "pagedkv replay: %v\n", err)
+		return exitFailure
+	}
+	sw.Format(stdout, t)
+	if *plotPath != "" {
+		title := "prefix hit ratio by capacity, sequential"
+		if svcp != nil {
+			title = "prefix hit ratio by capacity, service model"
+		}
+		if err := sw.WritePlot(*plotPath, title); err != nil {
+			fmt.Fprintf(stderr, "pagedkv replay: plot: %v\n", err)
+			return exitFailure
+		}
+		fmt.Fprintf(stdout, "plot: %s\n", *plotPath)
+	}
+	return exitOK
+}
+
+// parsePercents parses "2,5,10" into fractions, each in (0, 100].
+func parsePercents(s string) ([]float64, error) {
+	var out []float64
+	for _, f := range strings.Split(s, ",") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+		if err != nil || !(v > 0 && v <= 100) {
+			return nil, fmt.Errorf("capacity %q, want a percentage in (0, 100]", f)
+		}
+		out = append(out, v/100)
+	}
+	return out, nil
+}
+
+// readSimTrace reads the project's own trace format as blocks.
+func readSimTrace(path string, blockTokens int, lim replay.Limits) (*replay.Trace, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	reqs, err := sim.ParseTraceLimits(f, sim.TraceLimits{MaxRequests: lim.MaxRequests, MaxTokens: int64(lim.MaxBlocks) * int64(max(blockTokens, 1))})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return replay.FromSim(reqs, blockTokens)
+}

@@ -1,0 +1,146 @@
+package replay
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// DefaultFractions are the capacities docs/replay.md reports, as fractions
+// of the trace's distinct blocks.
+var DefaultFractions = []float64{0.02, 0.05, 0.10, 0.25, 0.50}
+
+// Point is one capacity of a sweep: every policy's replay and the limits
+// over the block reference stream of the first policy's replay.
+type Point struct {
+	Fraction      float64
+	CapacityPages int
+	Results       []*Result // in the order of the sweep's policies
+	// BeladyHits is Belady's optimum over Results[0].Stream at this
+	// capacity; BeladyOwn[i] over Results[i].Stream (equal to BeladyHits
+	// in sequential replays, where every stream is the trace's).
+	BeladyHits int64
+	BeladyOwn  []int64
+}
+
+// Sweep is a replay of one trace at several capacities under several
+// policies.
+type Sweep struct {
+	Policies []string
+	Service  *Service
+	Points   []Point
+	// UnlimitedHits / Blocks is the unlimited-capacity ratio over the
+	// trace's own reference stream (one admission per request, in order).
+	UnlimitedHits, Blocks int64
+	Wall                  time.Duration
+}
+
+// RunSweep replays t at each fraction of its distinct blocks (at least one
+// page more than its largest request) under each policy.
+func RunSweep(t *Trace, fractions []float64, policies []string, svc *Service, progress func(finished int)) (*Sweep, error) {
+	start := time.Now()
+	sw := &Sweep{Policies: policies, Service: svc}
+	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
+	largest := 0
+	for i := range t.Requests {
+		largest = max(largest, len(t.Requests[i].Blocks))
+	}
+	done := 0
+	for _, f := range fractions {
+		if !(f > 0) {
+			return nil, fmt.Errorf("%w: capacity fraction %g, want > 0", ErrBadConfig, f)
+		}
+		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), largest+1)}
+		for _, p := range policies {
+			cfg := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc}
+			if progress != nil {
+				base := done
+				cfg.Progress = func(n int) { progress(base + n) }
+			}
+			res, err := Run(t, cfg)
+			if err != nil {
+				return nil, fmt.Errorf("capacity %.0f%% (%d pages), policy %s: %w", 100*f, pt.CapacityPages, p, err)
+			}
+			done += len(t.Requests)
+			pt.Results = append(pt.Results, res)
+			pt.BeladyOwn = append(pt.BeladyOwn, Belady(&res.Stream, pt.CapacityPages))
+		}
+		if len(pt.Results) > 0 {
+			pt.BeladyHits = pt.BeladyOwn[0]
+		}
+		sw.Points = append(sw.Points, pt)
+	}
+	sw.Wall = time.Since(start)
+	return sw, nil
+}
+
+// TraceStream is t's own reference stream: each request's blocks once, in
+// arrival order.
+func TraceStream(t *Trace) *Stream {
+	s := &Stream{Admissions: make([][]int32, len(t.Requests))}
+	for i := range t.Requests {
+		s.Admissions[i] = t.Requests[i].Blocks
+	}
+	return s
+}
+
+// Format writes the sweep as a table: per capacity and policy the hit
+// ratio, its share of Belady's hits on the same stream, recomputed and
+// prefill tokens, evictions, preemptions, peak pages and wall time per
+// simulated hour; then the limits.
+func (sw *Sweep) Format(w io.Writer, t *Trace) {
+	mode := "sequential (one request at a time, no outputs)"
+	if s := sw.Service; s != nil {
+		mode = fmt.Sprintf("service model (prefill %.0f tok/s, decode %.0f tok/s, batch %d, %d tokens/step)",
+			s.PrefillTokensPerSec, s.DecodeTokensPerSec, s.MaxBatch, s.StepTokens)
+	}
+	fmt.Fprintf(w, "trace: %d requests, %d block references, %d distinct blocks of %d tokens\n",
+		len(t.Requests), t.References, t.DistinctBlocks, t.BlockTokens)
+	fmt.Fprintf(w, "mode: %s\n\n", mode)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "capacity\tpages\tpolicy\thit\tof belady\tprefill tokens\trecomputed\tevicted\tpreempted\tpeak pages\twall/sim hour\t")
+	for _, pt := range sw.Points {
+		for i, r := range pt.Results {
+			bel := pt.BeladyOwn[i]
+			perHour := "-"
+			if r.SimulatedMs > 0 {
+				perHour = (time.Duration(float64(r.Wall) * 3.6e6 / r.SimulatedMs)).Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(tw, "%.0f%%\t%d\t%s\t%.1f%%\t%.1f%%\t%d\t%d\t%d\t%d\t%d\t%s\t\n",
+				100*pt.Fraction, pt.CapacityPages, r.Eviction, 100*r.HitRatio(), 100*ratio(r.HitBlocks, bel),
+				r.PrefillTokens, r.RecomputedTokens, r.EvictedPages, r.Preemptions, r.PeakPages, perHour)
+		}
+		if len(pt.Results) > 0 {
+			fmt.Fprintf(tw, "%.0f%%\t%d\t%s\t%.1f%%\t\t\t\t\t\t\t\t\n", 100*pt.Fraction, pt.CapacityPages, "belady",
+				100*ratio(pt.BeladyHits, pt.Results[0].Blocks))
+		}
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nunlimited capacity: %.2f%% (%d of %d blocks; no concurrency)\n",
+		100*ratio(sw.UnlimitedHits, sw.Blocks), sw.UnlimitedHits, sw.Blocks)
+	best := sw.bestOnline()
+	if len(best) > 0 {
+		fmt.Fprintf(w, "best online policy per capacity (share of Belady's hits): %s\n", strings.Join(best, ", "))
+	}
+	fmt.Fprintf(w, "wall time: %s\n", sw.Wall.Round(time.Millisecond))
+}
+
+// bestOnline names the best policy at each capacity.
+func (sw *Sweep) bestOnline() []string {
+	var out []string
+	for _, pt := range sw.Points {
+		bi := -1
+		for i, r := range pt.Results {
+			if bi < 0 || r.HitBlocks > pt.Results[bi].HitBlocks {
+				bi = i
+			}
+		}
+		if bi >= 0 {
+			r := pt.Results[bi]
+			out = append(out, fmt.Sprintf("%.0f%% %s %.1f%%", 100*pt.Fraction, r.Eviction, 100*ratio(r.HitBlocks, pt.BeladyOwn[bi])))
+		}
+	}
+	return out
+}
