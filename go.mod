@@ -13,6 +13,7 @@ require (
 	go.uber.org/atomic v1.12.0
 	golang.org/x/sys v0.48.0
 	golang.org/x/term v0.44.0
+	gonum.org/v1/plot v0.17.0
 	gorgonia.org/cu v0.9.6
 )
 
@@ -38,6 +39,5 @@ require (
 	golang.org/x/image v0.30.0 // indirect
 	golang.org/x/sync v0.23.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
-	gonum.org/v1/plot v0.17.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
