@@ -144,3 +144,6 @@ func (sw *Sweep) bestOnline() []string {
 	}
 	return out
 }
+
+// formatPct writes a ratio as a percentage with one decimal.
+func formatPct(r float64) string { return fmt.Sprintf("%.1f%%", 100*r) }
