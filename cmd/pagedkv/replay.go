@@ -56,6 +56,16 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	policies := fs.String("policies", strings.Join(prefixcache.PolicyNames(), ","), "comma-separated eviction policies: "+strings.Join(prefixcache.PolicyNames(), ", "))
 	capacities := fs.String("capacities", "2,5,10,25,50", "comma-separated capacities in percent of the trace's distinct blocks")
 	service := fs.Bool("service", false, "run the service model instead of one request at a time")
+	pageTokens := 0
+	fs.Func("page-tokens", "tokens synthesized per block page, 1..the trace's block; default 16 in sequential replays (the same hits at a fraction of the token work; docs/replay.md), the whole block with --service", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return fmt.Errorf("want a positive integer, got %q", v)
+		}
+		pageTokens = n
+		return nil
+	})
+	first := fs.Int("first", 0, "replay only the trace's first N requests (0: all)")
 	svc := replay.DefaultService()
 	fs.Float64Var(&svc.PrefillTokensPerSec, "prefill-rate", svc.PrefillTokensPerSec, "--service: prefill tokens per second")
 	fs.Float64Var(&svc.DecodeTokensPerSec, "decode-rate", svc.DecodeTokensPerSec, "--service: decode tokens per second (whole batch)")
@@ -100,14 +110,23 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	if *first < 0 {
+		return usageErr("--first %d, want >= 0", *first)
+	}
+	if *first > 0 {
+		t = t.Prefix(*first)
+	}
 	var svcp *replay.Service
 	if *service {
 		svcp = &svc
+	} else if pageTokens == 0 {
+		pageTokens = min(16, t.BlockTokens)
 	}
 	p := newProgress(stderr)
 	p.label = "replay"
 	total := len(t.Requests) * len(fractions) * len(names)
-	sw, err := replay.RunSweep(t, fractions, names, svcp, func(n int) { p.update(sim.Progress{Finished: n, Total: total}) })
+	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
+		Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
 	if err != nil {
 		fmt.Fprintf(stderr, "pagedkv replay: %v\n", err)

@@ -27,18 +27,7 @@ func conversation(t testing.TB) *Trace {
 }
 
 // prefix returns the first n requests of t as a trace of its own.
-func prefix(t *Trace, n int) *Trace {
-	p := &Trace{BlockTokens: t.BlockTokens, Requests: t.Requests[:min(n, len(t.Requests))]}
-	seen := map[int32]struct{}{}
-	for _, q := range p.Requests {
-		p.References += len(q.Blocks)
-		for _, id := range q.Blocks {
-			seen[id] = struct{}{}
-		}
-	}
-	p.DistinctBlocks = len(seen)
-	return p
-}
+func prefix(t *Trace, n int) *Trace { return t.Prefix(n) }
 
 // testTrace is the whole trace, or under -race its first 1500 requests.
 func testTrace(t testing.TB) *Trace {
@@ -234,4 +223,28 @@ func TestBeladyMatchesSlowReference(t *testing.T) {
 		require.LessOrEqual(t, got, unl)
 		require.Equal(t, unl, Belady(s, 1<<20))
 	}
+}
+
+// Smaller synthesized pages change the token work, not the replay: the same
+// hits, evictions and streams as full 512-token pages.
+func TestPageTokensKeepTheReplay(t *testing.T) {
+	tr := prefix(conversation(t), 3000)
+	if raceEnabled {
+		tr = prefix(tr, 300)
+	}
+	for _, policy := range prefixcache.PolicyNames() {
+		capacity := tr.DistinctBlocks / 20
+		full, err := Run(tr, Config{CapacityPages: capacity, Eviction: policy})
+		require.NoError(t, err)
+		small, err := Run(tr, Config{CapacityPages: capacity, Eviction: policy, PageTokens: 4})
+		require.NoError(t, err)
+		require.Equal(t, [3]int64{full.HitBlocks, full.EvictedPages, full.PrefillTokens},
+			[3]int64{small.HitBlocks, small.EvictedPages, small.PrefillTokens}, policy)
+		require.Positive(t, full.EvictedPages, policy)
+	}
+	_, err := Run(tr, Config{CapacityPages: 1000, PageTokens: 513})
+	require.ErrorContains(t, err, "PageTokens 513, want 1..512")
+	svc := DefaultService()
+	_, err = Run(tr, Config{CapacityPages: 1000, PageTokens: 16, Service: &svc})
+	require.ErrorContains(t, err, "PageTokens 16 with the service model")
 }

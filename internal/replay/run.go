@@ -59,6 +59,13 @@ type Config struct {
 	// Service, when not nil, runs the service model; nil replays one
 	// request at a time without outputs.
 	Service *Service
+	// PageTokens is the number of tokens synthesized per block page: 0
+	// means the trace's BlockTokens (every token of the real prompt). A
+	// smaller page (sequential replays only) gives the Manager the same
+	// blocks, ids and hit decisions with less token work per block: the
+	// measured figures are the same (a test checks it), and token counts
+	// are still reported in the trace's tokens.
+	PageTokens int
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.
 	Progress func(finished int)
@@ -115,11 +122,20 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 			return nil, err
 		}
 	}
+	switch {
+	case cfg.PageTokens == 0:
+		cfg.PageTokens = t.BlockTokens
+	case cfg.PageTokens < 0 || cfg.PageTokens > t.BlockTokens:
+		return nil, fmt.Errorf("%w: PageTokens %d, want 1..%d (the trace's block)", ErrBadConfig, cfg.PageTokens, t.BlockTokens)
+	case cfg.Service != nil && cfg.PageTokens != t.BlockTokens:
+		return nil, fmt.Errorf("%w: PageTokens %d with the service model, want the trace's block of %d tokens (outputs fill pages token by token)",
+			ErrBadConfig, cfg.PageTokens, t.BlockTokens)
+	}
 	numPages := cfg.CapacityPages
 	if cfg.Service == nil {
 		numPages++ // the query token's page
 	}
-	m, err := pagedkv.New(pagedkv.Config{NumPages: numPages, PageSize: t.BlockTokens, HashSeed: 1,
+	m, err := pagedkv.New(pagedkv.Config{NumPages: numPages, PageSize: cfg.PageTokens, HashSeed: 1,
 		Eviction: cfg.Eviction, CascadeMinSavedPages: -1})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -141,7 +157,12 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	s := m.Stats()
 	res := r.res
 	res.Requests = len(t.Requests)
-	res.PrefillTokens = s.PromptTokens - s.PromptHitTokens
+	// Prompt tokens computed, in the trace's tokens: the missed blocks and
+	// each request's query token (with full pages, the Manager's count).
+	res.PrefillTokens = (res.Blocks-res.HitBlocks)*int64(t.BlockTokens) + int64(len(t.Requests))
+	if cfg.PageTokens == t.BlockTokens && res.PrefillTokens != s.PromptTokens-s.PromptHitTokens {
+		return nil, fmt.Errorf("replay: %d prompt tokens computed by block count, %d by the Manager", res.PrefillTokens, s.PromptTokens-s.PromptHitTokens)
+	}
 	res.RecomputedTokens = s.ResumedTokens - s.ResumeHitTokens
 	res.EvictedPages = s.EvictedPages
 	res.Preemptions = s.Preemptions
@@ -164,7 +185,7 @@ type runner struct {
 // promptOf fills r.prompt with request q's synthesized prompt: one full
 // page per block, then the query token.
 func (r *runner) promptOf(q *Request) []int32 {
-	ps := r.t.BlockTokens
+	ps := r.cfg.PageTokens
 	n := len(q.Blocks)*ps + 1
 	if cap(r.prompt) < n {
 		r.prompt = make([]int32, n)
@@ -181,12 +202,12 @@ func (r *runner) promptOf(q *Request) []int32 {
 func (r *runner) admit(i int) error {
 	q := &r.t.Requests[i]
 	matched, err := r.m.Add(pagedkv.RequestID(i), pagedkv.Request{Prompt: r.promptOf(q),
-		CapacityTokens: len(q.Blocks)*r.t.BlockTokens + 1 + q.OutputTokens})
+		CapacityTokens: len(q.Blocks)*r.cfg.PageTokens + 1 + q.OutputTokens})
 	if err != nil {
 		return fmt.Errorf("replay: admitting request %d: %w", i, err)
 	}
 	r.res.Blocks += int64(len(q.Blocks))
-	r.res.HitBlocks += int64(matched / r.t.BlockTokens)
+	r.res.HitBlocks += int64(matched / r.cfg.PageTokens)
 	r.res.Stream.Admissions = append(r.res.Stream.Admissions, q.Blocks)
 	return nil
 }

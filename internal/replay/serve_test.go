@@ -63,7 +63,7 @@ func TestBadConfigIsRefusedByName(t *testing.T) {
 	require.ErrorContains(t, err, "MaxBatch 0")
 	_, err = Run(tr, Config{CapacityPages: 10})
 	require.ErrorContains(t, err, "does not fit a pool of 11 pages")
-	_, err = RunSweep(tr, []float64{0}, []string{"lru"}, nil, nil)
+	_, err = RunSweep(tr, SweepConfig{Fractions: []float64{0}, Policies: []string{"lru"}})
 	require.ErrorContains(t, err, "capacity fraction 0")
 }
 
@@ -76,7 +76,7 @@ func TestSweepTableAndPlot(t *testing.T) {
 		tr = prefix(tr, 150)
 	}
 	policies := prefixcache.PolicyNames()
-	sw, err := RunSweep(tr, []float64{0.05, 0.25}, policies, nil, nil)
+	sw, err := RunSweep(tr, SweepConfig{Fractions: []float64{0.05, 0.25}, Policies: policies, PageTokens: 16})
 	require.NoError(t, err)
 	var out bytes.Buffer
 	sw.Format(&out, tr)

@@ -37,10 +37,25 @@ type Sweep struct {
 	Wall                  time.Duration
 }
 
-// RunSweep replays t at each fraction of its distinct blocks (at least one
-// page more than its largest request) under each policy.
-func RunSweep(t *Trace, fractions []float64, policies []string, svc *Service, progress func(finished int)) (*Sweep, error) {
+// SweepConfig describes a sweep.
+type SweepConfig struct {
+	// Fractions are the capacities, as fractions of the trace's distinct
+	// blocks (each at least one page more than the largest request).
+	Fractions []float64
+	// Policies are the eviction policies, each replayed at each capacity.
+	Policies []string
+	// Service and PageTokens are as in [Config].
+	Service    *Service
+	PageTokens int
+	// Progress, when not nil, is called as requests finish, with the
+	// number finished over the whole sweep.
+	Progress func(finished int)
+}
+
+// RunSweep replays t at each capacity under each policy of cfg.
+func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	start := time.Now()
+	fractions, policies, svc, progress := cfg.Fractions, cfg.Policies, cfg.Service, cfg.Progress
 	sw := &Sweep{Policies: policies, Service: svc}
 	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
 	largest := 0
@@ -54,12 +69,12 @@ func RunSweep(t *Trace, fractions []float64, policies []string, svc *Service, pr
 		}
 		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), largest+1)}
 		for _, p := range policies {
-			cfg := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc}
+			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens}
 			if progress != nil {
 				base := done
-				cfg.Progress = func(n int) { progress(base + n) }
+				rc.Progress = func(n int) { progress(base + n) }
 			}
-			res, err := Run(t, cfg)
+			res, err := Run(t, rc)
 			if err != nil {
 				return nil, fmt.Errorf("capacity %.0f%% (%d pages), policy %s: %w", 100*f, pt.CapacityPages, p, err)
 			}

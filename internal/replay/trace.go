@@ -232,3 +232,17 @@ func FromSim(reqs []sim.Request, blockTokens int) (*Trace, error) {
 	t.DistinctBlocks = len(ids)
 	return t, nil
 }
+
+// Prefix returns the trace of t's first n requests (sharing t's blocks).
+func (t *Trace) Prefix(n int) *Trace {
+	p := &Trace{BlockTokens: t.BlockTokens, Requests: t.Requests[:min(max(n, 0), len(t.Requests))]}
+	seen := map[int32]struct{}{}
+	for _, q := range p.Requests {
+		p.References += len(q.Blocks)
+		for _, id := range q.Blocks {
+			seen[id] = struct{}{}
+		}
+	}
+	p.DistinctBlocks = len(seen)
+	return p
+}
