@@ -1,0 +1,61 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+const conversationTrace = "../../testdata/traces/mooncake_conversation_trace.jsonl.gz"
+
+// The CLI prints every policy and Belady at every capacity, the unlimited
+// line, and writes the plot.
+func TestReplayCommand(t *testing.T) {
+	plot := filepath.Join(t.TempDir(), "hits.svg")
+	var out, errb bytes.Buffer
+	code := run([]string{"replay", "--trace", conversationTrace, "--first", "800", "--capacities", "5,25", "--plot", plot}, &out, &errb)
+	require.Equal(t, exitOK, code, errb.String())
+	for _, c := range []string{"5%", "25%"} {
+		for _, p := range []string{"lru", "slru", "srrip", "belady"} {
+			require.Regexp(t, `(?m)^\s+`+c+`\s+\d+\s+`+p+`\s+\d+\.\d%`, out.String())
+		}
+	}
+	require.Contains(t, out.String(), "unlimited capacity: ")
+	require.Contains(t, out.String(), "trace: 800 requests")
+	fi, err := os.Stat(plot)
+	require.NoError(t, err)
+	require.Greater(t, fi.Size(), int64(5000))
+
+	out.Reset()
+	code = run([]string{"replay", "--trace", conversationTrace, "--first", "60", "--capacities", "10", "--service", "--policies", "lru"}, &out, &errb)
+	require.Equal(t, exitOK, code, errb.String())
+	require.Contains(t, out.String(), "mode: service model")
+}
+
+func TestReplayRefusesBadFlagsByName(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{}, "--trace is required"},
+		{[]string{"--trace", conversationTrace, "--capacities", "0"}, `capacity "0"`},
+		{[]string{"--trace", conversationTrace, "--capacities", "5,x"}, `capacity "x"`},
+		{[]string{"--trace", conversationTrace, "--policies", "lru,mru"}, `"mru"`},
+		{[]string{"--trace", conversationTrace, "--format", "csv"}, `--format "csv"`},
+		{[]string{"--trace", conversationTrace, "--plot", "a.jpg"}, `--plot "a.jpg"`},
+		{[]string{"--trace", conversationTrace, "--first", "-1"}, "--first -1"},
+		{[]string{"--trace", conversationTrace, "--page-tokens", "0"}, `"0"`},
+		{[]string{"--trace", "no/such/file"}, "no/such/file"},
+		{[]string{"--trace", sharedPrefixTrace}, "line 1"}, // a sim trace read as Mooncake
+	} {
+		var out, errb bytes.Buffer
+		require.Equal(t, exitUsage, run(append([]string{"replay"}, c.args...), &out, &errb), "%v", c.args)
+		require.Contains(t, errb.String(), c.want, "%v", c.args)
+	}
+	var out, errb bytes.Buffer
+	require.Equal(t, exitOK, run([]string{"replay", "--trace", sharedPrefixTrace, "--format", "sim", "--capacities", "50,100"}, &out, &errb), errb.String())
+	require.Contains(t, out.String(), "trace: 8 requests")
+}
