@@ -67,3 +67,35 @@ func TestPoliciesOrderVictims(t *testing.T) {
 		})
 	}
 }
+
+// Publishing, hits, release and eviction allocate nothing under any policy
+// (the per-step hot path).
+func TestPoliciesDoNotAllocate(t *testing.T) {
+	for _, policy := range PolicyNames() {
+		a, err := allocator.New(allocator.Config{NumPages: 8})
+		require.NoError(t, err)
+		c, err := New(Config{NumPages: 8, PageSize: 1, Refs: a, Seed: 1, Eviction: policy})
+		require.NoError(t, err)
+		pages := make([]PageID, 4)
+		tok := []int32{0}
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := a.Alloc(pages); err != nil {
+				t.Fatal(err)
+			}
+			h := Handle{}
+			for i, p := range pages {
+				tok[0] = int32(i)
+				h, _, _ = c.Publish(h, Key{}, p, tok, 0)
+			}
+			c.Hit(pages[:2]...)
+			for i := len(pages) - 1; i >= 0; i-- {
+				if _, err := a.Release(pages[i]); err != nil {
+					t.Fatal(err)
+				}
+				c.Recheck(pages[i])
+			}
+			c.Evict(len(pages))
+		})
+		require.Zero(t, allocs, policy)
+	}
+}

@@ -128,7 +128,7 @@ func TestSequentialFiguresOfTheTrace(t *testing.T) {
 	}
 	tr := conversation(t)
 	for f, want := range map[float64][2]float64{0.05: {0.195, 0.196}, 0.10: {0.278, 0.279}, 0.25: {0.353, 0.354}} {
-		res, err := Run(tr, Config{CapacityPages: int(f * float64(tr.DistinctBlocks))})
+		res, err := Run(tr, Config{CapacityPages: int(f * float64(tr.DistinctBlocks)), PageTokens: 16})
 		require.NoError(t, err)
 		require.GreaterOrEqual(t, res.HitRatio(), want[0], "LRU at %.0f%%", 100*f)
 		require.Less(t, res.HitRatio(), want[1], "LRU at %.0f%%", 100*f)

@@ -19,9 +19,9 @@ import (
 // outputs, preemption happens and is resumed, the stream holds every
 // admission and resumption, and no hit exceeds Belady on that stream.
 func TestServiceModelUnderPressure(t *testing.T) {
-	tr := prefix(conversation(t), 400)
+	tr := prefix(conversation(t), 250)
 	if raceEnabled {
-		tr = prefix(tr, 120)
+		tr = prefix(tr, 80)
 	}
 	var outputs int64
 	for _, q := range tr.Requests {
