@@ -15,92 +15,124 @@ type served struct {
 	resumed bool // preempted: resume instead of add
 }
 
-// serve runs the service model (see [Service]).
-func (r *runner) serve() error {
-	svc := r.cfg.Service
-	reqs := r.t.Requests
-	var waiting, running []*served
-	next, finished := 0, 0
-	now := 0.0 // ms
-	if len(reqs) > 0 {
-		now = float64(reqs[0].ArrivalMs)
-	}
-	sampled := make([]int32, 0, svc.MaxBatch)
-	for finished < len(reqs) {
-		for next < len(reqs) && float64(reqs[next].ArrivalMs) <= now {
-			waiting = append(waiting, &served{idx: next})
-			next++
-		}
-		if len(running) == 0 && len(waiting) == 0 {
-			now = float64(reqs[next].ArrivalMs)
-			continue
-		}
-		for len(running) < svc.MaxBatch && len(waiting) > 0 {
-			s := waiting[0]
-			waiting = waiting[1:]
-			if err := r.start(s); err != nil {
-				return err
-			}
-			running = append(running, s)
-		}
-		// Schedule: decodes first, then prefill chunks, within the budget.
-		var prefill, decode int
-		for {
-			prefill, decode = r.schedule(running, svc.StepTokens)
-			_, err := r.m.Reserve(r.ids, r.counts)
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, pagedkv.ErrOutOfPages) || len(running) == 1 {
-				return fmt.Errorf("replay: a step of %d requests at %.0f ms (pool %d pages): %w", len(r.ids), now, r.cfg.CapacityPages, err)
-			}
-			last := running[len(running)-1]
-			if err := r.m.Preempt(pagedkv.RequestID(last.idx)); err != nil {
-				return fmt.Errorf("replay: preempting request %d: %w", last.idx, err)
-			}
-			last.resumed = true
-			running = running[:len(running)-1]
-			waiting = slices.Insert(waiting, 0, last)
-		}
-		r.notePeak()
-		now += 1000 * (float64(prefill)/svc.PrefillTokensPerSec + float64(decode)/svc.DecodeTokensPerSec)
-		r.res.DecodeTokens += int64(decode)
-		// Commit: a request whose step reached the end of its tokens
-		// samples one; a request with all its outputs is released.
-		sampled = sampled[:0]
-		var done []int
-		for b, id := range r.ids {
-			s := running[r.slot[b]]
-			t := pagedkv.NoToken
-			if r.m.Computed(id)+int(r.counts[b]) == len(r.m.Tokens(id)) {
-				q := &reqs[s.idx]
-				if s.sampled < q.OutputTokens {
-					t = outputToken(s.idx, s.sampled)
-				}
-				s.sampled++
-				if s.sampled >= q.OutputTokens {
-					done = append(done, r.slot[b])
-				}
-			}
-			sampled = append(sampled, t)
-		}
-		if err := r.m.Commit(sampled); err != nil {
-			return fmt.Errorf("replay: commit at %.0f ms: %w", now, err)
-		}
-		for i := len(done) - 1; i >= 0; i-- { // slots ascend: remove from the back
-			s := running[done[i]]
-			if err := r.m.Release(pagedkv.RequestID(s.idx)); err != nil {
-				return fmt.Errorf("replay: releasing request %d: %w", s.idx, err)
-			}
-			running = slices.Delete(running, done[i], done[i]+1)
-			finished++
-			if r.cfg.Progress != nil {
-				r.cfg.Progress(finished)
-			}
+// engine is one replica under the service model (see [Service]): its
+// queue, its running batch and its clock.
+type engine struct {
+	r                *runner
+	svc              *Service
+	waiting, running []*served
+	now              float64 // ms
+	sampled          []int32
+	done             []int
+	// finished is called as each request finishes.
+	finished func()
+}
+
+func newEngine(r *runner, svc *Service, finished func()) *engine {
+	return &engine{r: r, svc: svc, sampled: make([]int32, 0, svc.MaxBatch), finished: finished}
+}
+
+// load is the router's measure: requests running or waiting.
+func (e *engine) load() int    { return len(e.running) + len(e.waiting) }
+func (e *engine) arrive(i int) { e.waiting = append(e.waiting, &served{idx: i}) }
+
+// advance runs steps until the clock reaches at or nothing is left to run;
+// an idle engine's clock jumps to at.
+func (e *engine) advance(at float64) error {
+	for e.load() > 0 && e.now < at {
+		if err := e.step(); err != nil {
+			return err
 		}
 	}
-	r.res.SimulatedMs = now
+	e.now = max(e.now, at)
 	return nil
+}
+
+// step runs one step: admissions, the schedule (preempting the newest
+// running request while the pool is short), the clock, the commit and the
+// releases.
+func (e *engine) step() error {
+	r, svc, reqs := e.r, e.svc, e.r.t.Requests
+	for len(e.running) < svc.MaxBatch && len(e.waiting) > 0 {
+		s := e.waiting[0]
+		e.waiting = e.waiting[1:]
+		if err := r.start(s); err != nil {
+			return err
+		}
+		e.running = append(e.running, s)
+	}
+	var prefill, decode int
+	for {
+		prefill, decode = r.schedule(e.running, svc.StepTokens)
+		_, err := r.m.Reserve(r.ids, r.counts)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, pagedkv.ErrOutOfPages) || len(e.running) == 1 {
+			return fmt.Errorf("replay: a step of %d requests at %.0f ms (pool %d pages): %w", len(r.ids), e.now, r.cfg.CapacityPages, err)
+		}
+		last := e.running[len(e.running)-1]
+		if err := r.m.Preempt(pagedkv.RequestID(last.idx)); err != nil {
+			return fmt.Errorf("replay: preempting request %d: %w", last.idx, err)
+		}
+		last.resumed = true
+		e.running = e.running[:len(e.running)-1]
+		e.waiting = slices.Insert(e.waiting, 0, last)
+	}
+	r.notePeak()
+	e.now += 1000 * (float64(prefill)/svc.PrefillTokensPerSec + float64(decode)/svc.DecodeTokensPerSec)
+	r.res.DecodeTokens += int64(decode)
+	// A request whose step reached the end of its tokens samples one; a
+	// request with all its outputs is released.
+	e.sampled, e.done = e.sampled[:0], e.done[:0]
+	for b, id := range r.ids {
+		s := e.running[r.slot[b]]
+		t := pagedkv.NoToken
+		if r.m.Computed(id)+int(r.counts[b]) == len(r.m.Tokens(id)) {
+			q := &reqs[s.idx]
+			if s.sampled < q.OutputTokens {
+				t = outputToken(s.idx, s.sampled)
+			}
+			s.sampled++
+			if s.sampled >= q.OutputTokens {
+				e.done = append(e.done, r.slot[b])
+			}
+		}
+		e.sampled = append(e.sampled, t)
+	}
+	if err := r.m.Commit(e.sampled); err != nil {
+		return fmt.Errorf("replay: commit at %.0f ms: %w", e.now, err)
+	}
+	slices.Sort(e.done)
+	for i := len(e.done) - 1; i >= 0; i-- { // from the back: earlier slots stay valid
+		s := e.running[e.done[i]]
+		if err := r.m.Release(pagedkv.RequestID(s.idx)); err != nil {
+			return fmt.Errorf("replay: releasing request %d: %w", s.idx, err)
+		}
+		e.running = slices.Delete(e.running, e.done[i], e.done[i]+1)
+		r.res.SimulatedMs = e.now
+		e.finished()
+	}
+	return nil
+}
+
+// serve runs the whole trace through one engine.
+func (r *runner) serve() error {
+	reqs := r.t.Requests
+	finished := 0
+	e := newEngine(r, r.cfg.Service, func() {
+		finished++
+		if r.cfg.Progress != nil {
+			r.cfg.Progress(finished)
+		}
+	})
+	for i := range reqs {
+		if err := e.advance(float64(reqs[i].ArrivalMs)); err != nil {
+			return err
+		}
+		e.arrive(i)
+	}
+	return e.advance(inf)
 }
 
 // start admits or resumes s.

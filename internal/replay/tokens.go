@@ -1,5 +1,7 @@
 package replay
 
+import "math"
+
 // mix is a fixed 64-bit finalizer (splitmix64's): the synthesized tokens
 // need only be a deterministic function of their inputs.
 func mix(x uint64) uint64 {
@@ -37,3 +39,6 @@ func outputToken(q, pos int) int32 {
 // queryToken ends every prompt: the token after the last block, whose
 // logits the first step yields (the Manager never matches a whole prompt).
 const queryToken int32 = 0
+
+// inf is a time after every arrival.
+var inf = math.Inf(1)
