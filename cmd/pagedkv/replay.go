@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -72,6 +73,8 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&svc.MaxBatch, "max-batch", svc.MaxBatch, "--service: most running requests")
 	fs.IntVar(&svc.StepTokens, "step-tokens", svc.StepTokens, "--service: token budget per step")
 	plotPath := fs.String("plot", "", "write the hit-ratio plot to this .png or .svg file")
+	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value and the first --policies policy")
+	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
 	lim := replay.DefaultLimits()
 	fs.IntVar(&lim.MaxRequests, "max-requests", lim.MaxRequests, "most requests a trace may hold")
 	fs.IntVar(&lim.MaxBlocks, "max-blocks", lim.MaxBlocks, "most block references a trace may hold")
@@ -124,6 +127,10 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	p := newProgress(stderr)
 	p.label = "replay"
+	if *replicas != 0 {
+		return runReplayFleet(t, replay.FleetConfig{Replicas: *replicas, LoadSlack: *slack, Eviction: names[0], Service: svc,
+			CapacityPages: max(int(fractions[0]*float64(t.DistinctBlocks)), 1)}, p, stdout, stderr)
+	}
 	total := len(t.Requests) * len(fractions) * len(names)
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
 		Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
@@ -172,4 +179,31 @@ func readSimTrace(path string, blockTokens int, lim replay.Limits) (*replay.Trac
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return replay.FromSim(reqs, blockTokens)
+}
+
+// runReplayFleet runs the replicas under every router and prints the
+// comparison.
+func runReplayFleet(t *replay.Trace, cfg replay.FleetConfig, p *progress, stdout, stderr io.Writer) int {
+	var runs []*replay.FleetResult
+	for k, router := range replay.Routers {
+		cfg.Router = router
+		cfg.Progress = func(n int) {
+			p.update(sim.Progress{Finished: k*len(t.Requests) + n, Total: len(replay.Routers) * len(t.Requests)})
+		}
+		f, err := replay.RunFleet(t, cfg)
+		if err != nil {
+			p.done()
+			fmt.Fprintf(stderr, "pagedkv replay: %s router: %v\n", router, err)
+			if errors.Is(err, replay.ErrBadConfig) {
+				return exitUsage
+			}
+			return exitFailure
+		}
+		runs = append(runs, f)
+	}
+	p.done()
+	fmt.Fprintf(stdout, "trace: %d requests, %d block references, %d distinct blocks of %d tokens\n",
+		len(t.Requests), t.References, t.DistinctBlocks, t.BlockTokens)
+	replay.FormatFleet(stdout, cfg, runs)
+	return exitOK
 }

@@ -33,6 +33,13 @@ func TestReplayCommand(t *testing.T) {
 	code = run([]string{"replay", "--trace", conversationTrace, "--first", "60", "--capacities", "10", "--service", "--policies", "lru"}, &out, &errb)
 	require.Equal(t, exitOK, code, errb.String())
 	require.Contains(t, out.String(), "mode: service model")
+
+	out.Reset()
+	code = run([]string{"replay", "--trace", conversationTrace, "--first", "300", "--capacities", "1", "--replicas", "3"}, &out, &errb)
+	require.Equal(t, exitOK, code, errb.String())
+	for _, r := range []string{"prefix", "round-robin", "least-loaded"} {
+		require.Regexp(t, `(?m)^\s*`+r+`\s+\d+\.\d%\s+\d+/\d+/\d+`, out.String())
+	}
 }
 
 func TestReplayRefusesBadFlagsByName(t *testing.T) {
@@ -48,6 +55,7 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 		{[]string{"--trace", conversationTrace, "--plot", "a.jpg"}, `--plot "a.jpg"`},
 		{[]string{"--trace", conversationTrace, "--first", "-1"}, "--first -1"},
 		{[]string{"--trace", conversationTrace, "--page-tokens", "0"}, `"0"`},
+		{[]string{"--trace", conversationTrace, "--first", "10", "--replicas", "-3"}, "-3 replicas"},
 		{[]string{"--trace", "no/such/file"}, "no/such/file"},
 		{[]string{"--trace", sharedPrefixTrace}, "line 1"}, // a sim trace read as Mooncake
 	} {
