@@ -73,7 +73,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&svc.MaxBatch, "max-batch", svc.MaxBatch, "--service: most running requests")
 	fs.IntVar(&svc.StepTokens, "step-tokens", svc.StepTokens, "--service: token budget per step")
 	plotPath := fs.String("plot", "", "write the hit-ratio plot to this .png or .svg file")
-	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value and the first --policies policy")
+	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
 	lim := replay.DefaultLimits()
 	fs.IntVar(&lim.MaxRequests, "max-requests", lim.MaxRequests, "most requests a trace may hold")
@@ -129,7 +129,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	p.label = "replay"
 	if *replicas != 0 {
 		return runReplayFleet(t, replay.FleetConfig{Replicas: *replicas, LoadSlack: *slack, Eviction: names[0], Service: svc,
-			CapacityPages: max(int(fractions[0]*float64(t.DistinctBlocks)), 1)}, p, stdout, stderr)
+			CapacityPages: max(int(fractions[0]*float64(t.DistinctBlocks)), t.MinPoolPages())}, p, stdout, stderr)
 	}
 	total := len(t.Requests) * len(fractions) * len(names)
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,

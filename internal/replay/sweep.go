@@ -40,7 +40,7 @@ type Sweep struct {
 // SweepConfig describes a sweep.
 type SweepConfig struct {
 	// Fractions are the capacities, as fractions of the trace's distinct
-	// blocks (each at least one page more than the largest request).
+	// blocks (each at least the trace's MinPoolPages).
 	Fractions []float64
 	// Policies are the eviction policies, each replayed at each capacity.
 	Policies []string
@@ -58,16 +58,13 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	fractions, policies, svc, progress := cfg.Fractions, cfg.Policies, cfg.Service, cfg.Progress
 	sw := &Sweep{Policies: policies, Service: svc}
 	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
-	largest := 0
-	for i := range t.Requests {
-		largest = max(largest, len(t.Requests[i].Blocks))
-	}
+	least := t.MinPoolPages()
 	done := 0
 	for _, f := range fractions {
 		if !(f > 0) {
 			return nil, fmt.Errorf("%w: capacity fraction %g, want > 0", ErrBadConfig, f)
 		}
-		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), largest+1)}
+		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), least)}
 		for _, p := range policies {
 			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens}
 			if progress != nil {

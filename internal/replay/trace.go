@@ -246,3 +246,14 @@ func (t *Trace) Prefix(n int) *Trace {
 	p.DistinctBlocks = len(seen)
 	return p
 }
+
+// MinPoolPages is the smallest pool that runs every request of t alone:
+// its blocks, its outputs and its query token, one page per block.
+func (t *Trace) MinPoolPages() int {
+	least := 1
+	for i := range t.Requests {
+		q := &t.Requests[i]
+		least = max(least, len(q.Blocks)+(q.OutputTokens+t.BlockTokens-1)/t.BlockTokens+1)
+	}
+	return least
+}
