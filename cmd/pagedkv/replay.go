@@ -73,6 +73,8 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&svc.MaxBatch, "max-batch", svc.MaxBatch, "--service: most running requests")
 	fs.IntVar(&svc.StepTokens, "step-tokens", svc.StepTokens, "--service: token budget per step")
 	plotPath := fs.String("plot", "", "write the hit-ratio plot to this .png or .svg file")
+	hostPct := fs.Float64("host-capacity", 0, "a host tier below every pool, in percent of the trace's distinct blocks (0: none)")
+	bytesPerToken := fs.Int64("bytes-per-token", 327_680, "the stated model's K/V bytes per token for the tiers' bytes moved (default: 80 layers x 8 K/V heads x 128 dims x K and V x bf16, a Llama-3-70B-like model)")
 	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
 	lim := replay.DefaultLimits()
@@ -113,6 +115,9 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	if *hostPct < 0 || *hostPct > 100 || *bytesPerToken < 1 {
+		return usageErr("--host-capacity %g, --bytes-per-token %d: want a percentage in [0, 100] and >= 1 byte", *hostPct, *bytesPerToken)
+	}
 	if *first < 0 {
 		return usageErr("--first %d, want >= 0", *first)
 	}
@@ -133,6 +138,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	total := len(t.Requests) * len(fractions) * len(names)
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
+		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken,
 		Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
 	if err != nil {

@@ -102,7 +102,9 @@ func (s *indexSink) apply(kind kvindex.Kind, hash uint64) {
 func (s *indexSink) PageStored(_ prefixcache.PageID, hash uint64, _ prefixcache.PageID, _ uint64, _ prefixcache.Key, _ []int32) {
 	s.apply(kvindex.BlockStored, hash)
 }
-func (s *indexSink) PageRemoved(_ prefixcache.PageID, hash uint64) { s.apply(kvindex.BlockRemoved, hash) }
+func (s *indexSink) PageRemoved(_ prefixcache.PageID, hash uint64) {
+	s.apply(kvindex.BlockRemoved, hash)
+}
 
 // RunFleet replays t over cfg.Replicas replicas: each request is routed at
 // its arrival time, after every replica has run up to that time.

@@ -66,6 +66,11 @@ type Config struct {
 	// measured figures are the same (a test checks it), and token counts
 	// are still reported in the trace's tokens.
 	PageTokens int
+	// HostPages, when > 0, puts a host tier of that many pages below the
+	// pool (write-through: every published page is copied down, and a
+	// prefix hit on the host tier is copied back up). Copies complete at
+	// once: the replay moves no bytes, it counts pages.
+	HostPages int
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.
 	Progress func(finished int)
@@ -91,6 +96,9 @@ type Result struct {
 	// request's finish; sequential replays count the trace's span).
 	SimulatedMs float64
 	Wall        time.Duration
+	// HostHitBlocks are the hit blocks the host tier served (copied up);
+	// Offloaded and Onloaded count the pages copied down and up.
+	HostHitBlocks, Offloaded, Onloaded int64
 	// Stream is the block reference stream: the prompt blocks of every
 	// admission and resumption, in order (the input of the limits).
 	Stream Stream
@@ -135,8 +143,15 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	if cfg.Service == nil {
 		numPages++ // the query token's page
 	}
-	m, err := pagedkv.New(pagedkv.Config{NumPages: numPages, PageSize: cfg.PageTokens, HashSeed: 1,
-		Eviction: cfg.Eviction, CascadeMinSavedPages: -1})
+	if cfg.HostPages < 0 {
+		return nil, fmt.Errorf("%w: HostPages %d, want >= 0", ErrBadConfig, cfg.HostPages)
+	}
+	mcfg := pagedkv.Config{NumPages: numPages, PageSize: cfg.PageTokens, HashSeed: 1,
+		Eviction: cfg.Eviction, CascadeMinSavedPages: -1}
+	if cfg.HostPages > 0 {
+		mcfg.Tiers = pagedkv.TierConfig{HostPages: cfg.HostPages, WriteThrough: true}
+	}
+	m, err := pagedkv.New(mcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
@@ -166,6 +181,8 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	res.RecomputedTokens = s.ResumedTokens - s.ResumeHitTokens
 	res.EvictedPages = s.EvictedPages
 	res.Preemptions = s.Preemptions
+	res.HostHitBlocks = s.Tiers.HostHitTokens / int64(cfg.PageTokens)
+	res.Offloaded, res.Onloaded = s.Tiers.OffloadedPages, s.Tiers.OnloadedPages
 	res.Wall = time.Since(start)
 	return res, nil
 }
@@ -180,6 +197,25 @@ type runner struct {
 	ids    []pagedkv.RequestID
 	counts []int32
 	slot   []int // the service model's batch entry -> index in running
+	copies []pagedkv.TierCopy
+	copyID []uint64
+}
+
+// completeCopies completes every tier copy the Manager planned: the replay
+// has no bytes to move, so a copy is done as soon as it is planned.
+func (r *runner) completeCopies() error {
+	r.copies = r.m.TierCopies(r.copies[:0])
+	if len(r.copies) == 0 {
+		return nil
+	}
+	r.copyID = r.copyID[:0]
+	for _, c := range r.copies {
+		r.copyID = append(r.copyID, c.ID)
+	}
+	if err := r.m.CompleteTierCopies(r.copyID...); err != nil {
+		return fmt.Errorf("replay: completing %d tier copies: %w", len(r.copyID), err)
+	}
+	return nil
 }
 
 // promptOf fills r.prompt with request q's synthesized prompt: one full
@@ -209,7 +245,7 @@ func (r *runner) admit(i int) error {
 	r.res.Blocks += int64(len(q.Blocks))
 	r.res.HitBlocks += int64(matched / r.cfg.PageTokens)
 	r.res.Stream.Admissions = append(r.res.Stream.Admissions, q.Blocks)
-	return nil
+	return r.completeCopies()
 }
 
 func (r *runner) notePeak() {
@@ -235,6 +271,9 @@ func (r *runner) sequential() error {
 		r.notePeak()
 		if err := r.m.Commit(nil); err != nil {
 			return fmt.Errorf("replay: request %d: %w", i, err)
+		}
+		if err := r.completeCopies(); err != nil {
+			return err
 		}
 		if err := r.m.Release(id); err != nil {
 			return fmt.Errorf("replay: request %d: %w", i, err)

@@ -103,6 +103,9 @@ func (e *engine) step() error {
 	if err := r.m.Commit(e.sampled); err != nil {
 		return fmt.Errorf("replay: commit at %.0f ms: %w", e.now, err)
 	}
+	if err := r.completeCopies(); err != nil {
+		return err
+	}
 	slices.Sort(e.done)
 	for i := len(e.done) - 1; i >= 0; i-- { // from the back: earlier slots stay valid
 		s := e.running[e.done[i]]
@@ -144,7 +147,7 @@ func (r *runner) start(s *served) error {
 		return fmt.Errorf("replay: resuming request %d: %w", s.idx, err)
 	}
 	r.res.Stream.Admissions = append(r.res.Stream.Admissions, r.t.Requests[s.idx].Blocks)
-	return nil
+	return r.completeCopies()
 }
 
 // schedule fills r.ids, r.counts and r.slot (each batch entry's index in

@@ -19,7 +19,7 @@ type Point struct {
 	CapacityPages int
 	Results       []*Result // in the order of the sweep's policies
 	// BeladyHits is Belady's optimum over Results[0].Stream at this
-	// capacity; BeladyOwn[i] over Results[i].Stream (equal to BeladyHits
+	// capacity (plus the host tier's, if any); BeladyOwn[i] over Results[i].Stream (equal to BeladyHits
 	// in sequential replays, where every stream is the trace's).
 	BeladyHits int64
 	BeladyOwn  []int64
@@ -28,9 +28,11 @@ type Point struct {
 // Sweep is a replay of one trace at several capacities under several
 // policies.
 type Sweep struct {
-	Policies []string
-	Service  *Service
-	Points   []Point
+	Policies      []string
+	Service       *Service
+	HostPages     int
+	BytesPerToken int64
+	Points        []Point
 	// UnlimitedHits / Blocks is the unlimited-capacity ratio over the
 	// trace's own reference stream (one admission per request, in order).
 	UnlimitedHits, Blocks int64
@@ -47,6 +49,11 @@ type SweepConfig struct {
 	// Service and PageTokens are as in [Config].
 	Service    *Service
 	PageTokens int
+	// HostPages is the host tier below every pool (0: none), and
+	// BytesPerToken the stated model's K/V bytes per token, which turns
+	// the pages the tiers moved into bytes.
+	HostPages     int
+	BytesPerToken int64
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished over the whole sweep.
 	Progress func(finished int)
@@ -56,7 +63,7 @@ type SweepConfig struct {
 func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	start := time.Now()
 	fractions, policies, svc, progress := cfg.Fractions, cfg.Policies, cfg.Service, cfg.Progress
-	sw := &Sweep{Policies: policies, Service: svc}
+	sw := &Sweep{Policies: policies, Service: svc, HostPages: cfg.HostPages, BytesPerToken: cfg.BytesPerToken}
 	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
 	least := t.MinPoolPages()
 	done := 0
@@ -66,7 +73,7 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 		}
 		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), least)}
 		for _, p := range policies {
-			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens}
+			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages}
 			if progress != nil {
 				base := done
 				rc.Progress = func(n int) { progress(base + n) }
@@ -77,7 +84,8 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 			}
 			done += len(t.Requests)
 			pt.Results = append(pt.Results, res)
-			pt.BeladyOwn = append(pt.BeladyOwn, Belady(&res.Stream, pt.CapacityPages))
+			// With a host tier the bound is Belady over both tiers' room.
+			pt.BeladyOwn = append(pt.BeladyOwn, Belady(&res.Stream, pt.CapacityPages+cfg.HostPages))
 		}
 		if len(pt.Results) > 0 {
 			pt.BeladyHits = pt.BeladyOwn[0]
@@ -130,6 +138,9 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 		}
 	}
 	tw.Flush()
+	if sw.HostPages > 0 {
+		sw.formatTiers(w, t)
+	}
 	fmt.Fprintf(w, "\nunlimited capacity: %.2f%% (%d of %d blocks; no concurrency)\n",
 		100*ratio(sw.UnlimitedHits, sw.Blocks), sw.UnlimitedHits, sw.Blocks)
 	best := sw.bestOnline()
@@ -159,3 +170,22 @@ func (sw *Sweep) bestOnline() []string {
 
 // formatPct writes a ratio as a percentage with one decimal.
 func formatPct(r float64) string { return fmt.Sprintf("%.1f%%", 100*r) }
+
+// formatTiers writes the per-tier figures: hit ratio served by the device
+// pool and by the host tier, and the bytes each direction would move at
+// the stated model size.
+func (sw *Sweep) formatTiers(w io.Writer, t *Trace) {
+	pageBytes := sw.BytesPerToken * int64(t.BlockTokens)
+	fmt.Fprintf(w, "\ntiers: host tier of %d pages (write-through) below each pool; bytes at %d bytes/token (%.1f MiB per %d-token page)\n",
+		sw.HostPages, sw.BytesPerToken, float64(pageBytes)/(1<<20), t.BlockTokens)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "capacity\tpolicy\tdevice hit\thost hit\ttotal hit\tto host\tto device\t")
+	for _, pt := range sw.Points {
+		for _, r := range pt.Results {
+			fmt.Fprintf(tw, "%.0f%%\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f TiB\t%.1f TiB\t\n", 100*pt.Fraction, r.Eviction,
+				100*ratio(r.HitBlocks-r.HostHitBlocks, r.Blocks), 100*ratio(r.HostHitBlocks, r.Blocks), 100*r.HitRatio(),
+				float64(r.Offloaded*pageBytes)/(1<<40), float64(r.Onloaded*pageBytes)/(1<<40))
+		}
+	}
+	tw.Flush()
+}
