@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
@@ -13,9 +14,13 @@ import (
 // and preemption happen) with verified attention and audits; a bad name is
 // refused with the name in the message.
 func TestSimulateEvictionPolicies(t *testing.T) {
+	requests := "30"
+	if invariants.Enabled {
+		requests = "22"
+	}
 	for _, policy := range prefixcache.PolicyNames() {
 		var out, errb bytes.Buffer
-		args := append([]string{"--eviction", policy, "--requests", "30"}, smallModel...)
+		args := append([]string{"--eviction", policy, "--requests", requests}, smallModel...)
 		require.Equal(t, exitOK, run(append([]string{"simulate"}, args...), &out, &errb), "%s: %s", policy, errb.String())
 		require.Contains(t, summaryField(t, out.String(), "verification"), "passed", policy)
 		require.NotRegexp(t, `^0 pages evicted`, summaryField(t, out.String(), "evictions"), policy)

@@ -33,7 +33,7 @@ func prefix(t *Trace, n int) *Trace { return t.Prefix(n) }
 func testTrace(t testing.TB) *Trace {
 	tr := conversation(t)
 	if raceEnabled {
-		return prefix(tr, 1500)
+		return prefix(tr, 500)
 	}
 	return tr
 }
@@ -109,10 +109,11 @@ func blockLRU(tr *Trace, capacity int) (hits, evicted int64) {
 
 func TestSequentialLRUMatchesBlockReference(t *testing.T) {
 	tr := prefix(conversation(t), 800)
+	capacities := []int{300, 1000, 3000}
 	if raceEnabled {
-		tr = prefix(tr, 300)
+		tr, capacities = prefix(tr, 150), capacities[:2]
 	}
-	for _, capacity := range []int{300, 1000, 3000} {
+	for _, capacity := range capacities {
 		res, err := Run(tr, Config{CapacityPages: capacity, Eviction: prefixcache.PolicyLRU})
 		require.NoError(t, err)
 		hits, evicted := blockLRU(tr, capacity)
@@ -230,10 +231,10 @@ func TestBeladyMatchesSlowReference(t *testing.T) {
 func TestPageTokensKeepTheReplay(t *testing.T) {
 	tr := prefix(conversation(t), 3000)
 	if raceEnabled {
-		tr = prefix(tr, 300)
+		tr = prefix(tr, 120)
 	}
 	for _, policy := range prefixcache.PolicyNames() {
-		capacity := tr.DistinctBlocks / 20
+		capacity := max(tr.DistinctBlocks/20, tr.MinPoolPages())
 		full, err := Run(tr, Config{CapacityPages: capacity, Eviction: policy})
 		require.NoError(t, err)
 		small, err := Run(tr, Config{CapacityPages: capacity, Eviction: policy, PageTokens: 4})

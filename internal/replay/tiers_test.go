@@ -12,11 +12,11 @@ import (
 // tier's hits are pages copied up.
 func TestHostTier(t *testing.T) {
 	tr := prefix(conversation(t), 2000)
-	if raceEnabled {
-		tr = prefix(tr, 300)
-	}
-	pool := tr.DistinctBlocks / 50
+	pool := max(tr.DistinctBlocks/50, tr.MinPoolPages())
 	host := tr.DistinctBlocks / 10
+	if raceEnabled {
+		tr = prefix(tr, 500)
+	}
 	alone, err := Run(tr, Config{CapacityPages: pool, PageTokens: 16})
 	require.NoError(t, err)
 	tiered, err := Run(tr, Config{CapacityPages: pool, HostPages: host, PageTokens: 16})
@@ -27,7 +27,7 @@ func TestHostTier(t *testing.T) {
 	require.Positive(t, tiered.Offloaded)
 	require.LessOrEqual(t, tiered.HitBlocks, Belady(&tiered.Stream, pool+host))
 	svc := DefaultService()
-	res, err := Run(prefix(tr, 200), Config{CapacityPages: pool, HostPages: host, Service: &svc})
+	res, err := Run(prefix(tr, 150), Config{CapacityPages: pool / 2, HostPages: host, Service: &svc})
 	require.NoError(t, err)
 	require.Positive(t, res.HostHitBlocks)
 	_, err = Run(tr, Config{CapacityPages: pool, HostPages: -1})
