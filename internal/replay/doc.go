@@ -33,6 +33,9 @@
 // it and releases it: no concurrency and no outputs, the setting of the
 // trace's published figures. The service model ([Service]) runs requests
 // at their arrival times through a simple engine loop (docs/replay.md).
+// [Config.HostPages] adds a write-through host tier below the pool;
+// [RunFleet] runs several replicas behind a router (prefix-aware over a
+// kvindex.Index fed with their KV events, round robin, least loaded).
 //
 // # Concurrency
 //
