@@ -88,7 +88,7 @@ var allowedImports = map[string][]string{
 	"internal/sim": {"*"},
 	// Production-trace replay behind `pagedkv replay`: the Manager in
 	// metadata-only mode, the limits, the plot.
-	"internal/replay": {"", "prefixcache", "kvindex", "internal/sim", "gonum.org/v1/plot"},
+	"internal/replay": {"", "prefixcache", "kvindex", "tier", "layout", "internal/sim", "gonum.org/v1/plot"},
 	"cmd/pagedkv":     {"*"},
 	"fuzz":            {"*"},
 	// The Go half of tools/xformers_crosscheck.py (run by hand).

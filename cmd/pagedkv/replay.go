@@ -1,16 +1,21 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pagedkv/pagedkv/internal/replay"
 	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/tier"
+	"github.com/pagedkv/pagedkv/tier/redis"
 )
 
 func init() {
@@ -74,6 +79,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&svc.StepTokens, "step-tokens", svc.StepTokens, "--service: token budget per step")
 	plotPath := fs.String("plot", "", "write the hit-ratio plot to this .png or .svg file")
 	hostPct := fs.Float64("host-capacity", 0, "a host tier below every pool, in percent of the trace's distinct blocks (0: none)")
+	redisAddr := fs.String("redis", "", "with --host-capacity: a Redis server (host:port, which you run, e.g. with --maxmemory and --maxmemory-policy allkeys-lru for its capacity) as the remote tier below the host tier; each run writes under its own namespace")
 	bytesPerToken := fs.Int64("bytes-per-token", 327_680, "the stated model's K/V bytes per token for the tiers' bytes moved (default: 80 layers x 8 K/V heads x 128 dims x K and V x bf16, a Llama-3-70B-like model)")
 	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
@@ -118,6 +124,9 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if *hostPct < 0 || *hostPct > 100 || *bytesPerToken < 1 {
 		return usageErr("--host-capacity %g, --bytes-per-token %d: want a percentage in [0, 100] and >= 1 byte", *hostPct, *bytesPerToken)
 	}
+	if *redisAddr != "" && *hostPct == 0 {
+		return usageErr("--redis needs --host-capacity (the remote tier sits below the host tier)")
+	}
 	if *first < 0 {
 		return usageErr("--first %d, want >= 0", *first)
 	}
@@ -138,7 +147,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	total := len(t.Requests) * len(fractions) * len(names)
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
-		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken,
+		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr),
 		Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
 	if err != nil {
@@ -212,4 +221,28 @@ func runReplayFleet(t *replay.Trace, cfg replay.FleetConfig, p *progress, stdout
 		len(t.Requests), t.References, t.DistinctBlocks, t.BlockTokens)
 	replay.FormatFleet(stdout, cfg, runs)
 	return exitOK
+}
+
+// redisOpener opens a store on the Redis server at addr per run, under a
+// namespace of its own (nil without an address).
+func redisOpener(addr string) func(string, tier.PageFormat) (tier.RemoteStore, func() error, func() error, error) {
+	if addr == "" {
+		return nil
+	}
+	session := time.Now().UnixNano()
+	return func(run string, f tier.PageFormat) (tier.RemoteStore, func() error, func() error, error) {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, nil, nil, fmt.Errorf("--redis %q: %w", addr, err)
+		}
+		store, err := redis.New(redis.Config{Addr: addr, Namespace: fmt.Sprintf("pagedkv-replay-%d-%s", session, run), Format: f})
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		flush := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return store.Flush(ctx)
+		}
+		return store, flush, store.Close, nil
+	}
 }

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/internal/redistest"
 )
 
 const conversationTrace = "../../testdata/traces/mooncake_conversation_trace.jsonl.gz"
@@ -64,6 +66,7 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 		{[]string{"--trace", conversationTrace, "--first", "-1"}, "--first -1"},
 		{[]string{"--trace", conversationTrace, "--page-tokens", "0"}, `"0"`},
 		{[]string{"--trace", conversationTrace, "--first", "10", "--replicas", "-3"}, "-3 replicas"},
+		{[]string{"--trace", conversationTrace, "--redis", "127.0.0.1:1"}, "--redis needs --host-capacity"},
 		{[]string{"--trace", "no/such/file"}, "no/such/file"},
 		{[]string{"--trace", sharedPrefixTrace}, "line 1"}, // a sim trace read as Mooncake
 	} {
@@ -74,4 +77,17 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 	var out, errb bytes.Buffer
 	require.Equal(t, exitOK, run([]string{"replay", "--trace", sharedPrefixTrace, "--format", "sim", "--capacities", "50,100"}, &out, &errb), errb.String())
 	require.Contains(t, out.String(), "trace: 8 requests")
+}
+
+// --redis puts a real redis-server below the host tier: the tier table
+// reports remote hits.
+func TestReplayRedisTier(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory", "16mb", "--maxmemory-policy", "allkeys-lru")
+	var out, errb bytes.Buffer
+	code := run([]string{"replay", "--trace", conversationTrace, "--first", "600", "--capacities", "2", "--policies", "lru",
+		"--host-capacity", "2", "--redis", srv.Addr()}, &out, &errb)
+	require.Equal(t, exitOK, code, errb.String())
+	m := regexp.MustCompile(`(?m)^\s+2%\s+lru\s+\d+\.\d%\s+\d+\.\d%\s+(\d+\.\d)%`).FindStringSubmatch(out.String())
+	require.NotNil(t, m, "no tier line in\n%s", out.String())
+	require.NotEqual(t, "0.0", m[1], "no remote hit")
 }

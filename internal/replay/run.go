@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // Service is the service model: an engine that runs steps back to back,
@@ -71,9 +73,27 @@ type Config struct {
 	// prefix hit on the host tier is copied back up). Copies complete at
 	// once: the replay moves no bytes, it counts pages.
 	HostPages int
+	// Remote, when not nil, is a shared store below the host tier (it
+	// needs HostPages, and its page format must be RemoteFormat(PageTokens)):
+	// every published page is written to it through the host tier, and a
+	// prefix the pool and the host tier lack is looked up in it. Flush,
+	// when not nil, waits for the store's queued writes; the replay calls
+	// it after every request (sequential) or step (service model), so every
+	// write lands before the next admission.
+	Remote tier.RemoteStore
+	Flush  func() error
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.
 	Progress func(finished int)
+}
+
+// RemoteFormat is the page format the replay gives a remote store: the
+// smallest page (one layer, one K/V head of one f16 element per token) of
+// pageTokens tokens. The replay moves no K/V; a remote store still carries
+// real values of this size, and bytes at a model's size are computed from
+// the pages moved.
+func RemoteFormat(pageTokens int) tier.PageFormat {
+	return tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: pageTokens, NumKVHeads: 1, HeadDim: 1, Layers: 1}
 }
 
 // Result is what one replay measured.
@@ -99,6 +119,10 @@ type Result struct {
 	// HostHitBlocks are the hit blocks the host tier served (copied up);
 	// Offloaded and Onloaded count the pages copied down and up.
 	HostHitBlocks, Offloaded, Onloaded int64
+	// RemoteHitBlocks are the hit blocks the remote store served;
+	// RemoteStored and RemoteFetched count the pages written to it and
+	// read from it.
+	RemoteHitBlocks, RemoteStored, RemoteFetched int64
 	// Stream is the block reference stream: the prompt blocks of every
 	// admission and resumption, in order (the input of the limits).
 	Stream Stream
@@ -151,6 +175,12 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	if cfg.HostPages > 0 {
 		mcfg.Tiers = pagedkv.TierConfig{HostPages: cfg.HostPages, WriteThrough: true}
 	}
+	if cfg.Remote != nil {
+		if cfg.HostPages == 0 {
+			return nil, fmt.Errorf("%w: a remote store needs a host tier (HostPages 0)", ErrBadConfig)
+		}
+		mcfg.Tiers.Remote, mcfg.Tiers.Format = cfg.Remote, RemoteFormat(cfg.PageTokens)
+	}
 	m, err := pagedkv.New(mcfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -183,6 +213,8 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	res.Preemptions = s.Preemptions
 	res.HostHitBlocks = s.Tiers.HostHitTokens / int64(cfg.PageTokens)
 	res.Offloaded, res.Onloaded = s.Tiers.OffloadedPages, s.Tiers.OnloadedPages
+	res.RemoteHitBlocks = s.Tiers.RemoteHitTokens / int64(cfg.PageTokens)
+	res.RemoteStored, res.RemoteFetched = s.Tiers.RemoteStored, s.Tiers.RemoteFetched
 	res.Wall = time.Since(start)
 	return res, nil
 }
@@ -214,6 +246,17 @@ func (r *runner) completeCopies() error {
 	}
 	if err := r.m.CompleteTierCopies(r.copyID...); err != nil {
 		return fmt.Errorf("replay: completing %d tier copies: %w", len(r.copyID), err)
+	}
+	return nil
+}
+
+// flush waits for the remote store's writes.
+func (r *runner) flush() error {
+	if r.cfg.Flush == nil {
+		return nil
+	}
+	if err := r.cfg.Flush(); err != nil {
+		return fmt.Errorf("replay: flushing the remote store: %w", err)
 	}
 	return nil
 }
@@ -277,6 +320,9 @@ func (r *runner) sequential() error {
 		}
 		if err := r.m.Release(id); err != nil {
 			return fmt.Errorf("replay: request %d: %w", i, err)
+		}
+		if err := r.flush(); err != nil {
+			return err
 		}
 		if r.cfg.Progress != nil {
 			r.cfg.Progress(i + 1)

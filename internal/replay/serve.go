@@ -106,6 +106,9 @@ func (e *engine) step() error {
 	if err := r.completeCopies(); err != nil {
 		return err
 	}
+	if err := r.flush(); err != nil {
+		return err
+	}
 	slices.Sort(e.done)
 	for i := len(e.done) - 1; i >= 0; i-- { // from the back: earlier slots stay valid
 		s := e.running[e.done[i]]

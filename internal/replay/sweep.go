@@ -6,6 +6,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // DefaultFractions are the capacities docs/replay.md reports, as fractions
@@ -32,6 +34,7 @@ type Sweep struct {
 	Service       *Service
 	HostPages     int
 	BytesPerToken int64
+	Remote        bool
 	Points        []Point
 	// UnlimitedHits / Blocks is the unlimited-capacity ratio over the
 	// trace's own reference stream (one admission per request, in order).
@@ -54,6 +57,10 @@ type SweepConfig struct {
 	// the pages the tiers moved into bytes.
 	HostPages     int
 	BytesPerToken int64
+	// OpenRemote, when not nil, opens a fresh remote store below the host
+	// tier for each run (run names it uniquely within the sweep, so no run
+	// sees another's pages), with the store's flush and close.
+	OpenRemote func(run string, f tier.PageFormat) (store tier.RemoteStore, flush, close func() error, err error)
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished over the whole sweep.
 	Progress func(finished int)
@@ -63,7 +70,7 @@ type SweepConfig struct {
 func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	start := time.Now()
 	fractions, policies, svc, progress := cfg.Fractions, cfg.Policies, cfg.Service, cfg.Progress
-	sw := &Sweep{Policies: policies, Service: svc, HostPages: cfg.HostPages, BytesPerToken: cfg.BytesPerToken}
+	sw := &Sweep{Policies: policies, Service: svc, HostPages: cfg.HostPages, BytesPerToken: cfg.BytesPerToken, Remote: cfg.OpenRemote != nil}
 	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
 	least := t.MinPoolPages()
 	done := 0
@@ -78,7 +85,7 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 				base := done
 				rc.Progress = func(n int) { progress(base + n) }
 			}
-			res, err := Run(t, rc)
+			res, err := runWithRemote(t, rc, cfg.OpenRemote, fmt.Sprintf("%s-%g", p, f))
 			if err != nil {
 				return nil, fmt.Errorf("capacity %.0f%% (%d pages), policy %s: %w", 100*f, pt.CapacityPages, p, err)
 			}
@@ -179,13 +186,37 @@ func (sw *Sweep) formatTiers(w io.Writer, t *Trace) {
 	fmt.Fprintf(w, "\ntiers: host tier of %d pages (write-through) below each pool; bytes at %d bytes/token (%.1f MiB per %d-token page)\n",
 		sw.HostPages, sw.BytesPerToken, float64(pageBytes)/(1<<20), t.BlockTokens)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "capacity\tpolicy\tdevice hit\thost hit\ttotal hit\tto host\tto device\t")
+	fmt.Fprintln(tw, "capacity\tpolicy\tdevice hit\thost hit\tremote hit\ttotal hit\tto host\tto device\tto remote\tfrom remote\t")
+	tib := func(pages int64) string { return fmt.Sprintf("%.1f TiB", float64(pages*pageBytes)/(1<<40)) }
 	for _, pt := range sw.Points {
 		for _, r := range pt.Results {
-			fmt.Fprintf(tw, "%.0f%%\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f TiB\t%.1f TiB\t\n", 100*pt.Fraction, r.Eviction,
-				100*ratio(r.HitBlocks-r.HostHitBlocks, r.Blocks), 100*ratio(r.HostHitBlocks, r.Blocks), 100*r.HitRatio(),
-				float64(r.Offloaded*pageBytes)/(1<<40), float64(r.Onloaded*pageBytes)/(1<<40))
+			fmt.Fprintf(tw, "%.0f%%\t%s\t%.1f%%\t%.1f%%\t%.1f%%\t%.1f%%\t%s\t%s\t%s\t%s\t\n", 100*pt.Fraction, r.Eviction,
+				100*ratio(r.HitBlocks-r.HostHitBlocks-r.RemoteHitBlocks, r.Blocks), 100*ratio(r.HostHitBlocks, r.Blocks),
+				100*ratio(r.RemoteHitBlocks, r.Blocks), 100*r.HitRatio(),
+				tib(r.Offloaded), tib(r.Onloaded), tib(r.RemoteStored), tib(r.RemoteFetched))
 		}
 	}
 	tw.Flush()
+}
+
+// runWithRemote is Run with a fresh remote store from open (if not nil),
+// closed after the run.
+func runWithRemote(t *Trace, cfg Config, open func(string, tier.PageFormat) (tier.RemoteStore, func() error, func() error, error), run string) (*Result, error) {
+	if open == nil {
+		return Run(t, cfg)
+	}
+	pt := cfg.PageTokens
+	if pt == 0 {
+		pt = t.BlockTokens
+	}
+	store, flush, closeStore, err := open(run, RemoteFormat(pt))
+	if err != nil {
+		return nil, fmt.Errorf("opening the remote store: %w", err)
+	}
+	cfg.Remote, cfg.Flush = store, flush
+	res, err := Run(t, cfg)
+	if cerr := closeStore(); err == nil && cerr != nil {
+		err = fmt.Errorf("closing the remote store: %w", cerr)
+	}
+	return res, err
 }
