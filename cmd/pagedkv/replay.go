@@ -80,6 +80,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	plotPath := fs.String("plot", "", "write the hit-ratio plot to this .png or .svg file")
 	hostPct := fs.Float64("host-capacity", 0, "a host tier below every pool, in percent of the trace's distinct blocks (0: none)")
 	redisAddr := fs.String("redis", "", "with --host-capacity: a Redis server (host:port, which you run, e.g. with --maxmemory and --maxmemory-policy allkeys-lru for its capacity) as the remote tier below the host tier; each run writes under its own namespace")
+	model := fs.String("model", "", "a `simulate --model` preset to replay through a HybridManager ("+strings.Join(sim.ModelNames(), ", ")+"); the pool is shared by its layer groups")
 	bytesPerToken := fs.Int64("bytes-per-token", 327_680, "the stated model's K/V bytes per token for the tiers' bytes moved (default: 80 layers x 8 K/V heads x 128 dims x K and V x bf16, a Llama-3-70B-like model)")
 	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
@@ -147,11 +148,14 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	total := len(t.Requests) * len(fractions) * len(names)
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
-		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr),
+		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr), Model: *model,
 		Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
 	if err != nil {
 		fmt.Fprintf(stderr, "pagedkv replay: %v\n", err)
+		if errors.Is(err, replay.ErrBadConfig) {
+			return exitUsage
+		}
 		return exitFailure
 	}
 	sw.Format(stdout, t)

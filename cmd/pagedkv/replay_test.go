@@ -45,6 +45,11 @@ func TestReplayCommand(t *testing.T) {
 	require.Contains(t, out.String(), "mode: service model")
 
 	out.Reset()
+	code = run([]string{"replay", "--trace", conversationTrace, "--first", "100", "--capacities", "10", "--model", "gpt-oss-like", "--policies", "lru"}, &out, &errb)
+	require.Equal(t, exitOK, code, errb.String())
+	require.Regexp(t, `(?m)^\s+10%\s+\d+\s+lru\s+\d+\.\d%`, out.String())
+
+	out.Reset()
 	code = run([]string{"replay", "--trace", conversationTrace, "--first", "60", "--capacities", "1", "--replicas", "3"}, &out, &errb)
 	require.Equal(t, exitOK, code, errb.String())
 	for _, r := range []string{"prefix", "round-robin", "least-loaded"} {
@@ -67,6 +72,7 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 		{[]string{"--trace", conversationTrace, "--page-tokens", "0"}, `"0"`},
 		{[]string{"--trace", conversationTrace, "--first", "10", "--replicas", "-3"}, "-3 replicas"},
 		{[]string{"--trace", conversationTrace, "--redis", "127.0.0.1:1"}, "--redis needs --host-capacity"},
+		{[]string{"--trace", conversationTrace, "--first", "5", "--model", "gpt-5"}, `unknown model: "gpt-5"`},
 		{[]string{"--trace", "no/such/file"}, "no/such/file"},
 		{[]string{"--trace", sharedPrefixTrace}, "line 1"}, // a sim trace read as Mooncake
 	} {

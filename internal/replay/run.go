@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
@@ -82,9 +83,56 @@ type Config struct {
 	// write lands before the next admission.
 	Remote tier.RemoteStore
 	Flush  func() error
+	// Model names a `simulate --model` preset (internal/sim): "" or
+	// "dense" is one Manager; a hybrid preset runs a HybridManager, its
+	// layer groups on one pool (CapacityPages pages for all groups, so a
+	// block takes a page per group that keeps it), a hit only where every
+	// group serves the prefix. The presets' windows and chunks are in
+	// tokens of the synthesized pages. No tiers with a hybrid model.
+	Model string
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.
 	Progress func(finished int)
+}
+
+// newBookkeeper makes the Manager, or the HybridManager a hybrid preset
+// asks for.
+func newBookkeeper(mcfg pagedkv.Config, model string) (bookkeeper, error) {
+	groups, err := modelGroups(model)
+	if err != nil {
+		return nil, err
+	}
+	if groups == nil {
+		m, err := pagedkv.New(mcfg)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
+		return plainManager{m}, nil
+	}
+	if mcfg.Tiers.HostPages > 0 {
+		return nil, fmt.Errorf("%w: model %q with a host or remote tier: the replay runs tiers with one Manager only", ErrBadConfig, model)
+	}
+	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: mcfg, Groups: groups})
+	if err != nil {
+		return nil, fmt.Errorf("%w: model %q: %w", ErrBadConfig, model, err)
+	}
+	return hybridManager{h}, nil
+}
+
+// modelGroups returns the layer groups of a preset (nil for a dense one).
+func modelGroups(model string) ([]pagedkv.LayerGroup, error) {
+	if model == "" {
+		return nil, nil
+	}
+	p, err := sim.Preset(model)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	groups, err := p.Groups(p.Layers)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	return groups, nil
 }
 
 // RemoteFormat is the page format the replay gives a remote store: the
@@ -181,9 +229,9 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 		}
 		mcfg.Tiers.Remote, mcfg.Tiers.Format = cfg.Remote, RemoteFormat(cfg.PageTokens)
 	}
-	m, err := pagedkv.New(mcfg)
+	m, err := newBookkeeper(mcfg, cfg.Model)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		return nil, err
 	}
 	policy := cfg.Eviction
 	if policy == "" {
@@ -199,7 +247,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := m.Stats()
+	s := r.m.stats()
 	res := r.res
 	res.Requests = len(t.Requests)
 	// Prompt tokens computed, in the trace's tokens: the missed blocks and
@@ -223,7 +271,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 type runner struct {
 	t      *Trace
 	cfg    Config
-	m      *pagedkv.Manager
+	m      bookkeeper
 	res    *Result
 	prompt []int32
 	ids    []pagedkv.RequestID
@@ -236,7 +284,7 @@ type runner struct {
 // completeCopies completes every tier copy the Manager planned: the replay
 // has no bytes to move, so a copy is done as soon as it is planned.
 func (r *runner) completeCopies() error {
-	r.copies = r.m.TierCopies(r.copies[:0])
+	r.copies = r.m.tierCopies(r.copies[:0])
 	if len(r.copies) == 0 {
 		return nil
 	}
@@ -244,7 +292,7 @@ func (r *runner) completeCopies() error {
 	for _, c := range r.copies {
 		r.copyID = append(r.copyID, c.ID)
 	}
-	if err := r.m.CompleteTierCopies(r.copyID...); err != nil {
+	if err := r.m.completeTierCopies(r.copyID...); err != nil {
 		return fmt.Errorf("replay: completing %d tier copies: %w", len(r.copyID), err)
 	}
 	return nil
@@ -292,7 +340,7 @@ func (r *runner) admit(i int) error {
 }
 
 func (r *runner) notePeak() {
-	if u := r.m.Stats().UsedPages; u > r.res.PeakPages {
+	if u := r.m.stats().UsedPages; u > r.res.PeakPages {
 		r.res.PeakPages = u
 	}
 }
@@ -307,7 +355,7 @@ func (r *runner) sequential() error {
 		todo := len(r.m.Tokens(id)) - r.m.Computed(id)
 		r.ids = append(r.ids[:0], id)
 		r.counts = append(r.counts[:0], int32(todo))
-		if _, err := r.m.Reserve(r.ids, r.counts); err != nil {
+		if err := r.m.reserve(r.ids, r.counts); err != nil {
 			return fmt.Errorf("replay: request %d of %d blocks does not fit a pool of %d pages: %w",
 				i, len(r.t.Requests[i].Blocks), r.cfg.CapacityPages+1, err)
 		}

@@ -64,7 +64,7 @@ func (e *engine) step() error {
 	var prefill, decode int
 	for {
 		prefill, decode = r.schedule(e.running, svc.StepTokens)
-		_, err := r.m.Reserve(r.ids, r.counts)
+		err := r.m.reserve(r.ids, r.counts)
 		if err == nil {
 			break
 		}

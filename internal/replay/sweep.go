@@ -49,9 +49,10 @@ type SweepConfig struct {
 	Fractions []float64
 	// Policies are the eviction policies, each replayed at each capacity.
 	Policies []string
-	// Service and PageTokens are as in [Config].
+	// Service, PageTokens and Model are as in [Config].
 	Service    *Service
 	PageTokens int
+	Model      string
 	// HostPages is the host tier below every pool (0: none), and
 	// BytesPerToken the stated model's K/V bytes per token, which turns
 	// the pages the tiers moved into bytes.
@@ -72,7 +73,11 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	fractions, policies, svc, progress := cfg.Fractions, cfg.Policies, cfg.Service, cfg.Progress
 	sw := &Sweep{Policies: policies, Service: svc, HostPages: cfg.HostPages, BytesPerToken: cfg.BytesPerToken, Remote: cfg.OpenRemote != nil}
 	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
-	least := t.MinPoolPages()
+	groups, err := modelGroups(cfg.Model)
+	if err != nil {
+		return nil, err
+	}
+	least := t.MinPoolPages() * max(len(groups), 1) // a page per group
 	done := 0
 	for _, f := range fractions {
 		if !(f > 0) {
@@ -80,7 +85,7 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 		}
 		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), least)}
 		for _, p := range policies {
-			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages}
+			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model}
 			if progress != nil {
 				base := done
 				rc.Progress = func(n int) { progress(base + n) }
