@@ -664,8 +664,8 @@ func (m *Manager) Resume(id RequestID) (matchedTokens int, err error) {
 
 // ---- Operations ----
 
-// Evict evicts idle cached pages (least recently used, lowest priority
-// first) until at least npages pages of the pool are free or nothing
+// Evict evicts idle cached pages (lowest priority first, in the order of
+// Config.Eviction's policy: least recently used by default) until at least npages pages of the pool are free or nothing
 // evictable is left, and returns how many pages it freed: 0 when npages
 // pages are already free. Steps evict on demand; this is for engines that
 // keep a reserve of free pages. With a host tier, victims the host tier

@@ -39,9 +39,6 @@ func TestHostTier(t *testing.T) {
 // what a hit needs), and a tier or an unknown preset is refused by name.
 func TestHybridModel(t *testing.T) {
 	tr := prefix(conversation(t), 400)
-	if raceEnabled {
-		tr = prefix(tr, 100)
-	}
 	unl, blocks := Unlimited(TraceStream(tr))
 	for model, groups := range map[string]int{"gpt-oss-like": 2, "gemma-3-like": 6} {
 		res, err := Run(tr, Config{CapacityPages: 6*tr.DistinctBlocks + 8, PageTokens: 16, Model: model})
