@@ -91,8 +91,11 @@ var allowedImports = map[string][]string{
 	"metrics": {"", "tier", "github.com/prometheus/client_golang"},
 	// The serving-workload simulator behind `pagedkv simulate`.
 	"internal/sim": {"*"},
-	"cmd/pagedkv":  {"*"},
-	"fuzz":         {"*"},
+	// Production-trace replay behind `pagedkv replay`: the Manager in
+	// metadata-only mode, the limits, the plot.
+	"internal/replay": {"", "prefixcache", "kvindex", "tier", "layout", "internal/sim", "gonum.org/v1/plot"},
+	"cmd/pagedkv":     {"*"},
+	"fuzz":            {"*"},
 	// The Go half of tools/xformers_crosscheck.py (run by hand).
 	"tools/xformerscheck": {"ragged"},
 	// The C ABI (package main, built as libpagedkv): the Manager only.
@@ -104,8 +107,10 @@ var allowedImports = map[string][]string{
 var onlyImportedBy = map[string][]string{
 	"internal/reference": {"kernels/kernelstest", "fuzz", "cmd/pagedkv", "internal/sim"},
 	"fuzz":               {},
-	"":                   {"cmd/pagedkv", "fuzz", "internal/sim", "metrics", "cabi"},
+	"":                   {"cmd/pagedkv", "fuzz", "internal/sim", "internal/replay", "metrics", "cabi"},
 	"gorgonia.org/cu":    {"kernels/cuda"},
+	// Plots are drawn by the replay tool only.
+	"gonum.org/v1/plot": {"internal/replay"},
 	// Metrics are exported by the metrics package and the CLI, never from
 	// the library's core.
 	"github.com/prometheus/client_golang": {"metrics", "cmd/pagedkv"},

@@ -67,6 +67,9 @@ type Config struct {
 	// together; WindowTokens and tiers must be off, Backend a host
 	// backend, and Events, if set, a Recorder of one group per layer group.
 	Groups []pagedkv.LayerGroup
+	// Eviction names the prefix cache's eviction policy
+	// (pagedkv.Config.Eviction; "" is LRU).
+	Eviction string
 	// Events, when not nil, records the Manager's prefix-cache changes
 	// (pagedkv.Config.CacheEvents) and is flushed after every step: one
 	// KV-event batch per step. Build it with [RecorderConfig]: with Groups,
@@ -277,7 +280,8 @@ func newSim(cfg Config) (*Sim, error) {
 		cfg.MaxSteps = 1_000_000
 	}
 	mcfg := pagedkv.Config{NumPages: cfg.NumPages, PageSize: cfg.PageSize,
-		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: HashSeed(&cfg)}
+		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: HashSeed(&cfg),
+		Eviction: cfg.Eviction}
 	if cfg.Events != nil {
 		mcfg.CacheEvents = cfg.Events
 	}
