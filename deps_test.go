@@ -68,7 +68,7 @@ var layering = map[string]pkgRule{
 	"layergroup": at(L0),
 
 	"allocator": at(L1, "internal/invariants"),
-	"kernels":   at(L1, "layout"),
+	"kernels":   at(L1, "layout", "ragged"),
 	"quant":     at(L1, "layout"),
 	// What the tiers below the device pool share: page identity, format,
 	// the remote-store interface.
