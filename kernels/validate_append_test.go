@@ -285,3 +285,14 @@ func TestGatherMLAToken(t *testing.T) {
 	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 0}, 1, 0), kernels.ErrIndexOutOfRange)
 	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 3}, 0, 3), kernels.ErrIndexOutOfRange)
 }
+
+// A cascade level's page table is its groups as the batch, over the level's
+// own arrays (no copy).
+func TestCascadeLevelTable(t *testing.T) {
+	lv := kernels.CascadeLevel{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}
+	tbl := lv.Table()
+	assert.Equal(t, kernels.PageTable{KVIndptr: []int32{0, 2}, KVIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}, tbl)
+	tbl.KVIndices[0] = 7
+	assert.Equal(t, int32(7), lv.KVIndices[0], "Table shares the level's arrays")
+	assert.NoError(t, tbl.Validate(4, 8))
+}
