@@ -241,12 +241,13 @@ func ruleAllows(rule pkgRule, imp string, rules map[string]pkgRule) bool {
 
 // modulePackages maps each package of the module (path relative to the
 // module root, "" for the root) to its direct non-test imports that are not
-// in the standard library, under the default build and under -tags cuda.
+// in the standard library: the union over buildContexts, so that the
+// check, and its unused-entry rule above all, reads the same on every
+// machine.
 func modulePackages(t *testing.T) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
-	contexts := []build.Context{build.Default, build.Default}
-	contexts[1].BuildTags = append(contexts[1].BuildTags, "cuda")
+	contexts := buildContexts()
 	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -295,6 +296,21 @@ func modulePackages(t *testing.T) map[string][]string {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	return out
+}
+
+// buildContexts are the builds the module is made for: linux and darwin on
+// amd64 and arm64, with cgo, each without tags, under -tags cuda and under
+// -tags purego (which drops the assembly of kernels/cpu).
+func buildContexts() []build.Context {
+	var out []build.Context
+	for _, platform := range []struct{ goos, goarch string }{{"linux", "amd64"}, {"linux", "arm64"}, {"darwin", "amd64"}, {"darwin", "arm64"}} {
+		for _, tags := range [][]string{nil, {"cuda"}, {"purego"}} {
+			ctx := build.Default
+			ctx.GOOS, ctx.GOARCH, ctx.CgoEnabled, ctx.BuildTags = platform.goos, platform.goarch, true, tags
+			out = append(out, ctx)
+		}
 	}
 	return out
 }
