@@ -66,6 +66,9 @@ var layering = map[string]pkgRule{
 	"internal/safetensors": at(L0),
 	// The rules of one attention group of a hybrid model: pure functions.
 	"layergroup": at(L0),
+	// ZeroMQ's wire protocol (ZMTP 3.0) with bounded reads, for the event
+	// packages.
+	"internal/zmtp": at(L0),
 
 	"allocator": at(L1, "internal/invariants"),
 	"kernels":   at(L1, "layout", "ragged"),
@@ -76,7 +79,7 @@ var layering = map[string]pkgRule{
 
 	"kernels/cpu": at(L2, "kernels", "layout", "golang.org/x/sys/cpu"), // x/sys/cpu: CPU features for the assembly
 	// The only importer of gorgonia.org/cu, and only under the cuda tag.
-	"kernels/cuda": at(L2, "kernels", "layout", "gorgonia.org/cu", "github.com/pkg/errors"),
+	"kernels/cuda": at(L2, "kernels", "layout", "gorgonia.org/cu"),
 	"pagetable":    at(L2, "allocator", "ragged", "internal/invariants"),
 	"ppl":          at(L2, "quant", "layout", "kernels"),
 	"tier/host":    at(L2, "tier", "internal/invariants"),
@@ -94,11 +97,11 @@ var layering = map[string]pkgRule{
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
 	// hash chain with the Manager (prefixcache) but no code with events: its
 	// decoder is its own.
-	"events":  at(L4, "prefixcache", "github.com/vmihailenco/msgpack/v5", "github.com/go-zeromq/zmq4"),
-	"kvindex": at(L4, "prefixcache", "github.com/vmihailenco/msgpack/v5", "github.com/go-zeromq/zmq4"),
+	"events":  at(L4, "prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"),
+	"kvindex": at(L4, "prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"),
 
 	// Prometheus collectors over the Manager's stats.
-	"metrics": at(L5, "", "github.com/prometheus/client_golang"),
+	"metrics": at(L5, "", "tier", "github.com/prometheus/client_golang"),
 
 	// internal/reference shares no code with what it checks; it may use
 	// plain data types only.
@@ -108,6 +111,8 @@ var layering = map[string]pkgRule{
 	"internal/vllmwire": at(T1, "github.com/vmihailenco/msgpack/v5"),
 	// The CUDA sources compiled for the CPU (cgo); imported by tests and the CLI.
 	"internal/cpuemu": at(T1, "kernels", "kernels/cuda"),
+	// Runs Debian's python3 as a test peer (standard library only).
+	"internal/pythontest": at(T1),
 	// Starts a real redis-server for tests (standard library only).
 	"internal/redistest": at(T1),
 	"internal/golden":    at(T1, "internal/safetensors", "kernels", "layout", "ragged", "pagetable", "cascade"),
@@ -139,7 +144,7 @@ var onlyImportedBy = map[string][]string{
 	// Only tests import the independent decoder.
 	"internal/vllmwire": {},
 	// The wire libraries stay in the event packages.
-	"github.com/go-zeromq/zmq4":         {"events", "kvindex"},
+	"internal/zmtp":                     {"events", "kvindex"},
 	"github.com/vmihailenco/msgpack/v5": {"events", "kvindex", "internal/vllmwire"},
 	// The Manager knows only tier.RemoteStore; the Redis client stays in
 	// tier/redis.
@@ -387,8 +392,8 @@ func TestImportLayeringRejects(t *testing.T) {
 			`package "cascade" imports "github.com/pagedkv/pagedkv/internal/reference", which only [kernels/kernelstest internal/sim] may import`}},
 		{"CUDA outside kernels/cuda", "pagetable", "gorgonia.org/cu", true,
 			[]string{`package "pagetable" imports "gorgonia.org/cu", which only [kernels/cuda] may import`}},
-		{"no sockets under the Manager", "prefixcache", "github.com/go-zeromq/zmq4", true,
-			[]string{`package "prefixcache" imports "github.com/go-zeromq/zmq4", which only [events kvindex] may import`}},
+		{"no sockets under the Manager", "prefixcache", "internal/zmtp", true,
+			[]string{`package "prefixcache" imports "github.com/pagedkv/pagedkv/internal/zmtp", which only [events kvindex] may import`}},
 		{"the router's decoder is its own", "kvindex", "events", true,
 			[]string{`package "kvindex" (L4) may import "events" (L4): imports must go to a strictly lower layer`}},
 		{"the facade knows tier.RemoteStore only", "", "github.com/redis/go-redis/v9", true,

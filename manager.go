@@ -241,6 +241,7 @@ type Manager struct {
 	seqs       []pagetable.SeqID
 	ntokens    []int32 // per batch member: tokens reserved, drafts included
 	drafts     []int32 // per batch member: draft tokens reserved (the last drafts[b] of ntokens[b])
+	planDrafts []int32 // the plan's Drafts: drafts as of the last successful reserve (prepare refills drafts, and may then fail)
 	spec       bool    // some member has drafts
 	lastPages  []lastPage
 	plan       Plan

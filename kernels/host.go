@@ -60,13 +60,11 @@ func TensorFromF32(dt layout.DType, vals []float32, shape ...int) Tensor {
 func (t Tensor) NumElements() int64 {
 	n := int64(1)
 	for _, d := range t.Shape {
-		if d < 0 {
+		// checked before multiplying: n*d must not wrap around int64
+		if d < 0 || d > 0 && n > layout.MaxElements/int64(d) {
 			return -1
 		}
 		n *= int64(d)
-		if n > layout.MaxElements {
-			return -1
-		}
 	}
 	return n
 }

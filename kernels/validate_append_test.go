@@ -200,6 +200,10 @@ func TestHostTensors(t *testing.T) {
 	assert.Panics(t, func() { kernels.NewTensor(layout.F16, 2, -1) })
 	assert.Panics(t, func() { kernels.NewTensor(layout.InvalidDType, 2) })
 	assert.Equal(t, int64(-1), kernels.Tensor{Shape: []int{4, -2}}.NumElements())
+	// a product that wraps int64 (to 0 here) is too large, not empty
+	assert.Equal(t, int64(-1), kernels.Tensor{Shape: []int{1 << 20, 1 << 20, 1 << 24}}.NumElements())
+	assert.Equal(t, int64(layout.MaxElements), kernels.Tensor{Shape: []int{1 << 20, 1 << 20}}.NumElements())
+	assert.Equal(t, int64(0), kernels.Tensor{Shape: []int{0, 1 << 62}}.NumElements())
 
 	y := kernels.TensorFromF32(layout.F16, []float32{1, -2.5, 65504, 1e-8}, 4)
 	assert.Equal(t, []float32{1, -2.5, 65504, 0}, y.F32())

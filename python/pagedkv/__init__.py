@@ -11,12 +11,15 @@
     m.commit_spec([1], [9])                # 1 accepted, then the bonus token
 
 Arrays. Every array of a Plan is a numpy int32 view (no copy) of a buffer
-the Manager owns. It stays valid and unchanged until the next successful
-reserve() or close() of the same Manager; failed calls and every other call
-leave it alone. After that the memory may hold the next step's values or be
-freed: take plan.copy() (or np.array(a)) to keep arrays longer. A view
-keeps its Manager alive, so garbage collection never destroys a Manager
-whose arrays are in use (close() does, explicitly). The views are
+the Manager owns. The plan is current, and its arrays valid and unchanged,
+until the next successful reserve() or close() of the same Manager; failed
+calls and every other call (commit included) leave it alone. After that
+every property of the Plan and plan.copy() raise StalePlan. A view taken
+earlier (a = plan.kv_indptr) is not checked again: its memory may hold the
+next step's values or be freed, so take plan.copy() (or np.array(a)) to keep
+arrays longer. A view keeps its Manager alive, so garbage collection never
+destroys a Manager whose arrays are in use (close() does, explicitly),
+and close() raises Busy while another thread's call is in flight. The views are
 writable so that torch.from_numpy accepts them without a warning; the
 Manager never reads them back, but writing them is pointless.
 
@@ -24,9 +27,14 @@ Errors. Every failure raises a subclass of PagedKVError named after the Go
 sentinel error (OutOfPages, UnknownRequest, ...) whose message names the bad
 value; a call that raised changed nothing.
 
-Threads. A Manager belongs to one thread at a time (a concurrent call raises
-Busy); stats() may be called from any thread at any time. ctypes releases
-the GIL during calls.
+Threads. Any thread may call a Manager, one call at a time: a call that
+finds another thread's call in flight raises Busy at once and changes
+nothing. Each call holds the Manager's lock from its checks to the return
+of its results (the C call and the reads of the Manager's shared out
+buffers), so a call returns its own results or raises, never another
+call's. plan.copy() waits for a call in flight instead of raising, so it
+copies one step whole. stats() may be called from any thread at any time.
+ctypes releases the GIL during calls.
 
 pagedkv.flashinfer turns a Plan into the keyword arguments of FlashInfer's
 wrappers' plan() calls and of append_paged_kv_cache.
@@ -43,7 +51,7 @@ __all__ = [
     "Manager", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
     "PagedKVError", "OutOfPages", "UnknownRequest", "RequestExists", "Preempted", "NotPreempted",
     "StepPending", "NoStep", "BadArgument", "BadConfig", "NotCached", "PinLimit", "UnknownPin",
-    "BadHandle", "Busy", "AuditError", "InternalError",
+    "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan",
 ]
 
 NO_TOKEN = -1  # in commit(sampled): no token sampled for this request
@@ -138,15 +146,15 @@ _ERRORS = {cls.code: cls for cls in (
     BadArgument, BadConfig, NotCached, PinLimit, UnknownPin, BadHandle, Busy, AuditError, InternalError,
 )}
 
-_lib = None
-_lib_lock = threading.Lock()
+# The library loads at import: a missing or incompatible libpagedkv fails
+# here, with the paths tried, not at the first Manager().
+try:
+    _lib = _ffi.load()
+except OSError as e:
+    raise ImportError(str(e)) from e
 
 
 def _load():
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            _lib = _ffi.load()
     return _lib
 
 
@@ -216,10 +224,35 @@ class Level:
         self.kv_indices, self.kv_last_page_len = kv_indices, kv_last_page_len
 
 
+class StalePlan(PagedKVError):
+    """A Plan was used after its step passed: a later successful reserve()
+    or close() of its Manager reused or freed the buffers its arrays view.
+    Python-only (no C code): the C ABI cannot tell a stale pointer."""
+
+
+# The fields of a Plan, in the order _make_plan stores them.
+_PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
+                "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices", "kv_last_page_len",
+                "seq_lens", "cascade", "query_rows")
+
+
+def _plan_field(index, name):
+    def get(self):
+        if self._manager is not None and self._manager._generation != self._generation:
+            raise StalePlan("pagedkv: plan.%s: the plan of step %d was read after %s"
+                            % (name, self._generation, self._manager._passed()))
+        return self._values[index]
+    get.__name__ = name
+    return property(get, doc="The step's %s; raises StalePlan once the step has passed." % name)
+
+
 class Plan:
     """A step's plan (Go: pagedkv.Plan). Arrays are int32 numpy views into
-    the Manager's buffers, valid until the next successful reserve() or
-    close(); see the module doc.
+    the Manager's buffers. The plan is current from the successful reserve()
+    that returned it until the next successful reserve() or close() of its
+    Manager; after that every property and copy() raise StalePlan (valid
+    says which). A view taken while the plan was current is not checked
+    again: see the module doc.
 
     copies [n, 3]: (src, dst, entries) page copies to do before appending.
     qo_indptr [B+1], batch_indices [nnz], positions [nnz]: the append.
@@ -230,32 +263,48 @@ class Plan:
     list of Level, most shared first, with query_rows [nnz]: cascade row r
     holds plan row query_rows[r]. drafts [B]: how many of request b's rows
     (its last ones) are draft tokens (reserve_spec; zeros otherwise).
+    request_ids: the ids the step was reserved for (an owned copy).
     """
 
-    __slots__ = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
-                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices",
-                 "kv_last_page_len", "seq_lens", "cascade", "query_rows", "_manager", "_generation")
+    # _manager is None for an owned copy (current forever); _generation is
+    # the Manager's step generation the plan belongs to.
+    __slots__ = ("_values", "_manager", "_generation")
 
     @property
     def valid(self):
-        """Whether the arrays still hold this step (no later reserve, not closed)."""
-        m = self._manager
-        return m._handle != 0 and m._generation == self._generation
+        """Whether the plan is current: no later successful reserve(), not closed."""
+        return self._manager is None or self._manager._generation == self._generation
 
     def copy(self):
-        """A Plan whose arrays are owned copies, valid forever."""
-        if not self.valid:
-            raise BadArgument("pagedkv: copy of a plan whose arrays a later reserve or close invalidated")
-        p = Plan.__new__(Plan)
-        for name in Plan.__slots__:
-            v = getattr(self, name)
+        """A Plan whose arrays are owned copies, current forever. Raises
+        StalePlan if the plan is not current. Safe against a reserve() on
+        another thread: the copy is taken while no call runs on the Manager."""
+        m = self._manager
+        if m is None:
+            return self._copy_values()
+        with m._lock:  # waits for a call in flight; a reserve cannot start while we copy
+            if m._generation != self._generation:
+                raise StalePlan("pagedkv: copy of the plan of step %d after %s"
+                                % (self._generation, m._passed()))
+            return self._copy_values()
+
+    def _copy_values(self):
+        values = list(self._values)
+        for i, v in enumerate(values):
             if isinstance(v, np.ndarray):
-                v = v.copy()
-            elif name == "cascade" and v is not None:
-                v = [Level(*(a.copy() for a in (lv.qo_indptr, lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len)))
-                     for lv in v]
-            setattr(p, name, v)
+                values[i] = v.copy()
+        cascade = _PLAN_FIELDS.index("cascade")
+        if values[cascade] is not None:
+            values[cascade] = [Level(*(a.copy() for a in (lv.qo_indptr, lv.kv_indptr, lv.kv_indices,
+                                                         lv.kv_last_page_len))) for lv in values[cascade]]
+        p = Plan.__new__(Plan)
+        p._values, p._manager, p._generation = tuple(values), None, 0
         return p
+
+
+for _i, _name in enumerate(_PLAN_FIELDS):
+    setattr(Plan, _name, _plan_field(_i, _name))
+del _i, _name
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -263,6 +312,24 @@ _EMPTY = np.zeros(0, dtype=np.int32)
 
 def _addr(a):
     return a.__array_interface__["data"][0]
+
+
+def _exclusive(method):
+    """Runs method holding its Manager's call lock, or raises Busy at once
+    when another thread holds it (as the C ABI does). The lock covers the C
+    call and every read of the Manager's shared out-buffers afterwards, so
+    a call's results cannot mix with another thread's call."""
+    op = method.__name__
+
+    def call(self, *args, **kwargs):
+        if not self._lock.acquire(False):
+            raise Busy("pagedkv: %s: manager %d is in use by another thread" % (op, self._handle))
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._lock.release()
+    call.__name__, call.__qualname__, call.__doc__ = op, method.__qualname__, method.__doc__
+    return call
 
 
 class Manager:
@@ -289,7 +356,8 @@ class Manager:
         self._lib = lib
         self._handle = h.value
         self.num_pages, self.page_size = num_pages, page_size
-        self._generation = 0
+        self._lock = threading.Lock()  # held by the call in flight (see _exclusive)
+        self._generation = 0  # step generation: +1 on every successful reserve and on close
         self._plan_words = np.zeros(_ffi.PLAN_WORDS, dtype=np.int64)
         self._plan_addr = _addr(self._plan_words)
         self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)  # per array (drafts last): (data, cap, base view)
@@ -298,6 +366,7 @@ class Manager:
 
     # -- lifetime --
 
+    @_exclusive
     def close(self):
         """Destroy the Manager; every Plan's arrays become invalid."""
         if self._handle:
@@ -305,7 +374,14 @@ class Manager:
             if rc:
                 _raise(self._lib, rc)
             self._handle = 0
+            self._generation += 1
             self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)
+
+    def _passed(self):
+        """Why a plan of an earlier step generation is no longer current."""
+        if not self._handle:
+            return "close() of its Manager"
+        return "the successful reserve of step %d (a plan is current until the next one)" % self._generation
 
     def __enter__(self):
         return self
@@ -326,6 +402,7 @@ class Manager:
 
     # -- per request --
 
+    @_exclusive
     def add(self, request_id, prompt, *, tenant="", lora="", salt="", priority=0, no_cache=False,
             capacity_tokens=0):
         """Admit a request; returns how many prompt tokens the prefix cache served."""
@@ -340,28 +417,34 @@ class Manager:
         self._check(self._lib.pagedkv_add(self._handle, request_id, ctypes.byref(req), ctypes.byref(self._i64)))
         return self._i64.value
 
+    @_exclusive
     def extend(self, request_id, tokens):
         request_id = _scalar(request_id, _U64, "extend", "request_id")
         t = _ints(tokens, np.int32, _I32, "extend", "tokens")
         self._check(self._lib.pagedkv_extend(self._handle, request_id, _addr(t) if t.size else None, t.size))
 
+    @_exclusive
     def fork(self, parent, child):
         self._check(self._lib.pagedkv_fork(self._handle, _scalar(parent, _U64, "fork", "parent"),
                                            _scalar(child, _U64, "fork", "child")))
 
+    @_exclusive
     def preempt(self, request_id):
         self._check(self._lib.pagedkv_preempt(self._handle, _scalar(request_id, _U64, "preempt", "request_id")))
 
+    @_exclusive
     def resume(self, request_id):
         request_id = _scalar(request_id, _U64, "resume", "request_id")
         self._check(self._lib.pagedkv_resume(self._handle, request_id, ctypes.byref(self._i64)))
         return self._i64.value
 
+    @_exclusive
     def release(self, request_id):
         self._check(self._lib.pagedkv_release(self._handle, _scalar(request_id, _U64, "release", "request_id")))
 
     # -- per step --
 
+    @_exclusive
     def reserve(self, request_ids, ntokens):
         """Start a step: reserve ntokens[i] tokens of request_ids[i]; returns the Plan.
 
@@ -380,11 +463,8 @@ class Manager:
         return self._make_plan(ids)
 
     def _make_plan(self, ids):
+        """The Plan of the reserve that just succeeded; the caller holds the lock."""
         w = self._plan_words.tolist()
-        p = Plan.__new__(Plan)
-        p._manager, p._generation = self, self._generation
-        p.request_ids = ids.copy()
-        p.batch_size, p.nnz, p.window_left = w[0], w[1], w[2]
         views = self._views
         arrays = []
         n_arrays = len(_ffi.PLAN_ARRAYS)
@@ -398,18 +478,22 @@ class Manager:
             if v is None or v[0] != data or v[1] != cap:
                 v = views[i] = (data, cap, self._base(data, cap))
             arrays.append(v[2][:n])
-        (copies, p.qo_indptr, p.batch_indices, p.positions, p.token_ids, p.token_positions, p.kv_indptr,
-         p.kv_page_indices, p.kv_last_page_len, p.seq_lens, query_rows, p.drafts) = arrays
-        p.copies = copies.reshape(-1, 3)
+        (copies, qo_indptr, batch_indices, positions, token_ids, token_positions, kv_indptr,
+         kv_page_indices, kv_last_page_len, seq_lens, query_rows, drafts) = arrays
         k = 3 + 3 * n_arrays
         num_levels = w[k]
         if num_levels == 0:
-            p.cascade, p.query_rows = None, None
+            cascade = query_rows = None
         else:
-            p.query_rows = query_rows
             levels = ctypes.cast(w[k + 1], ctypes.POINTER(_ffi.Level))
-            p.cascade = [Level(*(self._view(getattr(levels[i], f)) for f in Level.__slots__))
-                         for i in range(num_levels)]
+            cascade = [Level(*(self._view(getattr(levels[i], f)) for f in Level.__slots__))
+                       for i in range(num_levels)]
+        p = Plan.__new__(Plan)
+        p._manager, p._generation = self, self._generation
+        # In _PLAN_FIELDS order.
+        p._values = (ids.copy(), w[0], w[1], w[2], copies.reshape(-1, 3), drafts, qo_indptr, batch_indices,
+                     positions, token_ids, token_positions, kv_indptr, kv_page_indices, kv_last_page_len,
+                     seq_lens, cascade, query_rows)
         return p
 
     def _base(self, data, cap):
@@ -425,6 +509,7 @@ class Manager:
             return _EMPTY
         return self._base(arr.data, arr.cap)[: arr.len]
 
+    @_exclusive
     def reserve_spec(self, request_ids, ntokens, drafts):
         """A speculative step (Go: ReserveSpec): request_ids[i] computes its
         next ntokens[i] known tokens, then the draft tokens drafts[i] (a
@@ -456,6 +541,7 @@ class Manager:
         self._generation += 1
         return self._make_plan(ids)
 
+    @_exclusive
     def commit_spec(self, accepted, sampled=None):
         """Record a speculative step (Go: CommitSpec): accepted[b] drafts of
         request b were accepted; sampled as for commit()."""
@@ -468,11 +554,13 @@ class Manager:
         sp = _addr(s) if s.size else ctypes.addressof(self._i64)
         self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, sp, s.size))
 
+    @_exclusive
     def truncate(self, request_id, n):
         """Cut the request's tokens to its first n (Go: Truncate)."""
         self._check(self._lib.pagedkv_truncate(self._handle, _scalar(request_id, _U64, "truncate", "request_id"),
                                                _scalar(n, _I64, "truncate", "n")))
 
+    @_exclusive
     def commit(self, sampled=None):
         """Record the reserved step; sampled[b] (or NO_TOKEN) per request, or None."""
         if sampled is None:
@@ -483,10 +571,12 @@ class Manager:
         ptr = _addr(s) if s.size else ctypes.addressof(self._i64)
         self._check(self._lib.pagedkv_commit(self._handle, ptr, s.size))
 
+    @_exclusive
     def abort(self):
         self._check(self._lib.pagedkv_abort(self._handle))
 
     @property
+    @_exclusive
     def pending(self):
         v = ctypes.c_int32(0)
         self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
@@ -500,16 +590,19 @@ class Manager:
         self._check(self._lib.pagedkv_get_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
         return Stats(raw)
 
+    @_exclusive
     def audit(self):
         """Check every invariant; raises AuditError naming the first violation."""
         self._check(self._lib.pagedkv_audit(self._handle))
 
+    @_exclusive
     def evict(self, npages):
         freed = ctypes.c_int64(0)
         npages = _scalar(npages, _I64, "evict", "npages")
         self._check(self._lib.pagedkv_evict(self._handle, npages, ctypes.byref(freed)))
         return freed.value
 
+    @_exclusive
     def pin(self, tokens, *, tenant="", lora="", salt=""):
         """Pin the cached prefix of tokens; returns (pin_id, pinned_tokens)."""
         t = _ints(tokens, np.int32, _I32, "pin", "tokens")
@@ -520,11 +613,13 @@ class Manager:
                                           ctypes.byref(pin), ctypes.byref(n)))
         return pin.value, n.value
 
+    @_exclusive
     def unpin(self, pin_id):
         self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
 
     # -- inspection (copies) --
 
+    @_exclusive
     def request_state(self, request_id):
         request_id = _scalar(request_id, _U64, "request_state", "request_id")
         self._check(self._lib.pagedkv_get_request_state(self._handle, request_id, ctypes.byref(self._state)))
@@ -537,10 +632,12 @@ class Manager:
             return False
         return True
 
+    @_exclusive
     def tokens(self, request_id):
         """Every known token of the request (a copy)."""
         return self._copy_out(self._lib.pagedkv_request_tokens, request_id)
 
+    @_exclusive
     def pages(self, request_id):
         """The pages the request holds, in token order (a copy; empty if preempted)."""
         return self._copy_out(self._lib.pagedkv_request_pages, request_id)

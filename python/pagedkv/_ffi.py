@@ -1,8 +1,9 @@
 """ctypes declarations of pagedkv.h (cabi/pagedkv.h is the source of truth).
 
 Loading order of the shared library: $PAGEDKV_LIB, then libpagedkv.so next
-to this package, then build/cabi/libpagedkv.so of the source tree this
-package sits in (where scripts/cabi.sh puts it).
+to this package (where pip install ./python bundles it), then
+build/cabi/libpagedkv.so of the source tree this package sits in (where
+scripts/cabi.sh puts it). The package loads it at import.
 """
 
 import ctypes
@@ -117,20 +118,31 @@ def _candidates():
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
     return [
-        os.path.join(here, "libpagedkv.so"),
-        os.path.join(here, "..", "..", "build", "cabi", "libpagedkv.so"),
+        os.path.join(here, "libpagedkv.so"),  # bundled by pip install ./python
+        os.path.normpath(os.path.join(here, "..", "..", "build", "cabi", "libpagedkv.so")),  # a source tree
     ]
 
 
 def load():
+    """The library, declared; OSError naming every path tried, or the file
+    that is not a usable libpagedkv."""
     tried = []
     for path in _candidates():
-        if os.path.exists(path):
-            return _declare(ctypes.CDLL(os.path.abspath(path)))
-        tried.append(path)
+        if not os.path.exists(path):
+            tried.append(path)
+            continue
+        path = os.path.abspath(path)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise OSError("pagedkv: %s is not a loadable libpagedkv: %s" % (path, e)) from e
+        try:
+            return _declare(lib)
+        except AttributeError as e:  # a missing symbol: another library, or an old one
+            raise OSError("pagedkv: %s is not libpagedkv: %s" % (path, e)) from e
     raise OSError(
-        "pagedkv: libpagedkv.so not found (tried %s); build it with scripts/cabi.sh "
-        "or set PAGEDKV_LIB" % ", ".join(tried)
+        "pagedkv: libpagedkv.so not found (tried %s); pip install ./python bundles it, scripts/libpagedkv.sh "
+        "builds it into build/cabi/, or set PAGEDKV_LIB to its path" % ", ".join(tried)
     )
 
 

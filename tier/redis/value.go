@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"slices"
+	"strconv"
 
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/tier"
@@ -178,9 +179,9 @@ func Decode(b []byte, tokens []int32) (Value, error) {
 func (v *Value) Verify(f tier.PageFormat, namespace, group string, p *tier.RemotePage) error {
 	switch {
 	case v.Namespace != namespace:
-		return fmt.Errorf("%w: namespace %q, want %q", ErrForeign, v.Namespace, namespace)
+		return fmt.Errorf("%w: namespace %s, want %q", ErrForeign, quoteCut(v.Namespace), namespace)
 	case v.Group != group:
-		return fmt.Errorf("%w: group %q, want %q", ErrForeign, v.Group, group)
+		return fmt.Errorf("%w: group %s, want %q", ErrForeign, quoteCut(v.Group), group)
 	case v.Format != f:
 		return fmt.Errorf("%w: format %+v, want %+v", ErrForeign, v.Format, f)
 	case v.Digest != p.Digest:
@@ -188,7 +189,24 @@ func (v *Value) Verify(f tier.PageFormat, namespace, group string, p *tier.Remot
 	case v.Parent != p.Parent:
 		return fmt.Errorf("%w: parent %s, want %s", ErrStale, v.Parent.String()[:16], p.Parent.String()[:16])
 	case !slices.Equal(v.Tokens, p.Tokens):
-		return fmt.Errorf("%w: tokens %v, want %v", ErrStale, v.Tokens, p.Tokens)
+		i := 0
+		for i < len(v.Tokens) && i < len(p.Tokens) && v.Tokens[i] == p.Tokens[i] {
+			i++
+		}
+		return fmt.Errorf("%w: %d tokens, want %d; the first difference at token %d", ErrStale, len(v.Tokens), len(p.Tokens), i)
 	}
 	return nil
+}
+
+// maxQuoted bounds the bytes of a value's string an error quotes: the
+// writer chose them, and %q of 64 KiB of escapes once cost 27 bytes of
+// allocation per byte of the value.
+const maxQuoted = 64
+
+// quoteCut quotes s, cut to maxQuoted bytes (marked with its length).
+func quoteCut(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:maxQuoted], len(s))
 }
