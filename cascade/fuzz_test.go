@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
 )
 
 // decodeTree turns fuzz bytes into a prefix tree. Byte 0 picks page_size
