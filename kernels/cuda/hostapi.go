@@ -214,7 +214,7 @@ func (b *Backend) CascadeLevels(levels []Level, q kernels.Tensor, cache *kernels
 	lim := StepLimits{MaxRows: rows, MaxLevels: max(len(levels), 1), MaxQOHeads: Hq, MaxHeadDim: D}
 	maxLen := 0
 	for _, lv := range levels {
-		t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+		t := lv.Table()
 		if len(lv.KVIndptr) > 0 {
 			lim.MaxBatch = max(lim.MaxBatch, len(lv.KVIndptr)-1)
 			if int(lv.KVIndptr[len(lv.KVIndptr)-1]) <= len(lv.KVIndices) && lv.KVIndptr[len(lv.KVIndptr)-1] >= 0 {

@@ -34,10 +34,9 @@ const (
 	Cascade
 )
 
-// Level is one level of a cascade step, with the arrays of cascade.Level.
-type Level struct {
-	QOIndptr, KVIndptr, KVIndices, KVLastPageLen []int32
-}
+// Level is one level of a cascade step: cascade.Level, the one
+// cascade-level type.
+type Level = kernels.CascadeLevel
 
 // StepLimits size a [Step]'s device buffers once; every plan must fit.
 type StepLimits struct {
@@ -335,7 +334,7 @@ func (s *Step) validate(p *StepPlan) error {
 		for l, lv := range p.Levels {
 			err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim)
 			if err == nil {
-				t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+				t := lv.Table()
 				err = kernels.ValidatePrefillTable(g, p.Rows, lv.QOIndptr, &t)
 			}
 			if err != nil {
@@ -443,7 +442,7 @@ func (s *Step) prepare(p *StepPlan) error {
 		}
 	case Cascade:
 		for l, lv := range p.Levels {
-			t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+			t := lv.Table()
 			if err := s.planLevel(&t, lv.QOIndptr, p.Causal && l == len(p.Levels)-1, false); err != nil {
 				return err
 			}
