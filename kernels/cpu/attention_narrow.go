@@ -17,7 +17,8 @@ import (
 // page's keys: logits4 (two keys per pass, so each query vector loaded
 // serves two keys), expBlock4 (the online-softmax weights, eight at a
 // time), and attnV4 (each V vector widened once for the four queries,
-// rather than once per query). The logits and weights of a group are
+// rather than once per query, into a column chunk of the four
+// accumulator rows held in registers over every key of the page). The logits and weights of a group are
 // stored key-major, s[t*4+j], which is how the kernels produce and
 // consume them.
 
@@ -32,6 +33,9 @@ func (j *attnJob) fusedNarrow() bool {
 // page in address order: with NHD (a token's heads contiguous) one call
 // takes every kv head of the task, two keys at a time and every head for
 // each pair; with HND one call takes one head's contiguous rows.
+// Before a page is computed the next one's K and V are prefetched: the
+// pages of a request are scattered, and a jump to an unrelated address is
+// what the hardware prefetcher does not follow.
 func (j *attnJob) runRowByPageNarrow(sc *attnScratch, b, kvh0, jlo, jhi int) {
 	D, g, nkv, N := j.headDim, j.group, j.kvHeadsPerTask, j.pageSize
 	nq := nkv * g
