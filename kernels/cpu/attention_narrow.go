@@ -18,9 +18,9 @@ import (
 // serves two keys), expBlock4 (the online-softmax weights, eight at a
 // time), and attnV4 (each V vector widened once for the four queries,
 // rather than once per query, into a column chunk of the four
-// accumulator rows held in registers over every key of the page). The logits and weights of a group are
-// stored key-major, s[t*4+j], which is how the kernels produce and
-// consume them.
+// accumulator rows held in registers over every key of the page). The
+// logits and weights of a group are stored key-major, s[t*4+j], which is
+// how the kernels produce and consume them.
 
 // fusedNarrow reports whether j's decode tasks take the fused path.
 func (j *attnJob) fusedNarrow() bool {
