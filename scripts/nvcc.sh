@@ -133,18 +133,25 @@ PROFILE
 }
 
 # The kernels and the exact nvcc command line. Changing either changes the
-# PTX; CI regenerates and diffs it (scripts/ci-cuda.sh).
+# PTX; CI regenerates and diffs it (scripts/ci-cuda.sh). Each kernel is
+# built twice: <k>.ptx for sm_80 (any GPU from Ampere on) and <k>_sm90.ptx
+# for sm_90 (Hopper: hardware fp8 pair converts, PTX ISA 7.8);
+# kernels/cuda/ptx.go picks one by the device's compute capability.
 kernels=(append decode states)
-nvcc_flags=(-ptx -arch=sm_80 -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
+nvcc_flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
+archs=(sm_80: sm_90:_sm90) # arch:suffix of the output file
 
 gen_ptx() {
 	local t
 	t=$(install_tree)
 	local dir="$repo/kernels/cuda"
 	for k in "${kernels[@]}"; do
-		"$t/bin/nvcc" "${nvcc_flags[@]}" -o "$dir/$k.ptx.tmp" "$dir/$k.cu"
-		mv "$dir/$k.ptx.tmp" "$dir/$k.ptx"
-		log "wrote kernels/cuda/$k.ptx ($(wc -c <"$dir/$k.ptx") bytes)"
+		for a in "${archs[@]}"; do
+			local out="$dir/$k${a#*:}.ptx"
+			"$t/bin/nvcc" "${nvcc_flags[@]}" -arch="${a%%:*}" -o "$out.tmp" "$dir/$k.cu"
+			mv "$out.tmp" "$out"
+			log "wrote kernels/cuda/$(basename "$out") ($(wc -c <"$out") bytes)"
+		done
 	done
 }
 

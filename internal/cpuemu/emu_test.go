@@ -15,6 +15,7 @@ import (
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/kernels/kernelstest"
+	"github.com/pagedkv/pagedkv/layout"
 )
 
 // deviceBuf is a test buffer in emulated device memory.
@@ -260,3 +261,37 @@ func TestConformanceMLADecode(t *testing.T) { kernelstest.TestMLADecode(t, New(C
 func TestConformanceMergeState(t *testing.T) { kernelstest.TestMergeState(t, New(Config{})) }
 
 func TestConformanceMergeStates(t *testing.T) { kernelstest.TestMergeStates(t, New(Config{})) }
+
+// The packed fp8 converts (cvt.rn.f16x2.e4m3x2 and .e5m2x2, sm_89) widen
+// the low byte into the low f16 half and the high byte into the high half,
+// exactly: every one of the 65536 pairs of each format gives, in each
+// half, the f16 encoding of layout's scalar conversion of its byte (any
+// NaN for a NaN code, with the code's sign).
+func TestShimFP8PairConverts(t *testing.T) {
+	d := NewDriver(0)
+	out := newBuf(t, d, make([]byte, 2*65536*4))
+	require.NoError(t, d.Launch("cuemu_test_fp8_pairs", dim(256, 1, 1), dim(256, 1, 1), 0, []uint64{uint64(out.ptr)}))
+	got := out.bytes(t)
+	for fi, f := range []struct {
+		name   string
+		scalar func(uint8) float32
+	}{{"e4m3", layout.E4M3ToF32}, {"e5m2", layout.E5M2ToF32}} {
+		bad := 0
+		for c := range 65536 {
+			h2 := binary.LittleEndian.Uint32(got[4*(fi*65536+c):])
+			for half, code := range [2]uint8{uint8(c), uint8(c >> 8)} {
+				h := uint16(h2 >> (16 * half))
+				gotV, want := layout.F16ToF32(h), f.scalar(code)
+				same := math.Float32bits(gotV) == math.Float32bits(want) ||
+					(gotV != gotV && want != want && h>>15 == uint16(code>>7))
+				if !same && bad < 5 {
+					t.Errorf("%s pair %#04x half %d (code %#02x): f16 %#04x = %v, scalar %v", f.name, c, half, code, h, gotV, want)
+				}
+				if !same {
+					bad++
+				}
+			}
+		}
+		assert.Zero(t, bad, "%s: wrong halves", f.name)
+	}
+}
