@@ -189,6 +189,58 @@ __device__ __forceinline__ void store_f32(void* p, int64_t i, int64_t dtype, flo
   }
 }
 
+// ---- tensor cores ---------------------------------------------------------------
+
+// mma_m16n8k16_f32_f16 is one warp's mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
+// (sm_80): D = A*B + C with A 16x16 f16 (row-major), B 16x8 f16
+// (column-major), C and D 16x8 f32. Every lane of the warp calls it with
+// its fragments; with g = lane/4 and t = lane%4 (PTX ISA, "Matrix
+// fragments for mma.m16n8k16 with floating point type"):
+//   a[0] = A[g][2t..2t+1]    a[1] = A[g+8][2t..2t+1]
+//   a[2] = A[g][2t+8..2t+9]  a[3] = A[g+8][2t+8..2t+9]   (low half: lower column)
+//   b[0] = B[2t..2t+1][g]    b[1] = B[2t+8..2t+9][g]     (low half: lower row)
+//   c[0], c[1] = C[g][2t], C[g][2t+1]   c[2], c[3] = C[g+8][2t], C[g+8][2t+1]
+// and d like c. The C twin gathers the row and column it needs with warp
+// shuffles and sums the 16 products in order in f32 (the tensor core's
+// summation order and rounding are not specified; exact for small
+// integers, which is what the layout test uses).
+__device__ __forceinline__ void mma_m16n8k16_f32_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                     const float (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+#else
+  const unsigned lane = ::cuemu::lane_id();
+  const unsigned g = lane / 4, t = lane % 4;
+  // arow[h][k]: row g + 8h of A; bcol[j][k]: column 2t + j of B.
+  float arow[2][16], bcol[2][16];
+  for (unsigned src = 0; src < 4; src++) {
+    for (int r = 0; r < 4; r++) {
+      const uint32_t v = __shfl_sync(0xffffffffu, a[r], int(4 * g + src));
+      const int h = r & 1, k = int(2 * src) + 8 * (r >> 1);
+      arow[h][k] = f16_to_f32(uint16_t(v));
+      arow[h][k + 1] = f16_to_f32(uint16_t(v >> 16));
+    }
+    for (int j = 0; j < 2; j++) {
+      for (int r = 0; r < 2; r++) {
+        const uint32_t v = __shfl_sync(0xffffffffu, b[r], int(4 * (2 * t + j) + src));
+        const int k = int(2 * src) + 8 * r;
+        bcol[j][k] = f16_to_f32(uint16_t(v));
+        bcol[j][k + 1] = f16_to_f32(uint16_t(v >> 16));
+      }
+    }
+  }
+  for (int i = 0; i < 4; i++) {
+    float sum = c[i];
+    for (int k = 0; k < 16; k++) sum += arow[i >> 1][k] * bcol[i & 1][k];
+    d[i] = sum;
+  }
+#endif
+}
+
 // ---- fp8 pairs ------------------------------------------------------------------
 //
 // sm_89 and later widen two fp8 values at once: cvt.rn.f16x2.e4m3x2 and
