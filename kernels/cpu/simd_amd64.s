@@ -297,9 +297,9 @@ logits4f16vec_two_dot:
 	SHLQ        $0x02, R12
 	SUBQ        CX, R12
 	ADDQ        R12, R8
-	SHRQ        $0x01, CX
-	SUBQ        CX, R9
-	SHLQ        $0x01, CX
+	MOVQ        CX, R12
+	SHRQ        $0x01, R12
+	SUBQ        R12, R9
 	ADDQ        hs+56(FP), R9
 	MOVQ        ss+8(FP), R12
 	SHLQ        $0x02, R12
@@ -345,9 +345,9 @@ logits4f16vec_last_dot:
 	SHLQ         $0x02, R8
 	SUBQ         CX, R8
 	ADDQ         R8, SI
-	SHRQ         $0x01, CX
-	SUBQ         CX, BX
-	SHLQ         $0x01, CX
+	MOVQ         CX, R8
+	SHRQ         $0x01, R8
+	SUBQ         R8, BX
 	ADDQ         hs+56(FP), BX
 	MOVQ         ss+8(FP), R8
 	SHLQ         $0x02, R8
@@ -462,9 +462,9 @@ attnv4f16vec_w1_key:
 	JMP          attnv4f16vec_w1
 
 attnv4f16vec_w1_end:
-	SUBQ AX, BX
 	MOVQ as+8(FP), R9
 	SHLQ $0x02, R9
+	SUBQ AX, R9
 	ADDQ R9, BX
 	MOVQ AX, R9
 	SHRQ $0x01, R9
@@ -545,9 +545,9 @@ logits4bf16vec_two_dot:
 	SHLQ        $0x02, R12
 	SUBQ        CX, R12
 	ADDQ        R12, R8
-	SHRQ        $0x01, CX
-	SUBQ        CX, R9
-	SHLQ        $0x01, CX
+	MOVQ        CX, R12
+	SHRQ        $0x01, R12
+	SUBQ        R12, R9
 	ADDQ        hs+56(FP), R9
 	MOVQ        ss+8(FP), R12
 	SHLQ        $0x02, R12
@@ -594,9 +594,9 @@ logits4bf16vec_last_dot:
 	SHLQ         $0x02, R8
 	SUBQ         CX, R8
 	ADDQ         R8, SI
-	SHRQ         $0x01, CX
-	SUBQ         CX, BX
-	SHLQ         $0x01, CX
+	MOVQ         CX, R8
+	SHRQ         $0x01, R8
+	SUBQ         R8, BX
 	ADDQ         hs+56(FP), BX
 	MOVQ         ss+8(FP), R8
 	SHLQ         $0x02, R8
@@ -714,9 +714,9 @@ attnv4bf16vec_w1_key:
 	JMP          attnv4bf16vec_w1
 
 attnv4bf16vec_w1_end:
-	SUBQ AX, BX
 	MOVQ as+8(FP), R9
 	SHLQ $0x02, R9
+	SUBQ AX, R9
 	ADDQ R9, BX
 	MOVQ AX, R9
 	SHRQ $0x01, R9

@@ -274,29 +274,32 @@ __device__ __forceinline__ uint16_t e4m3_to_f16_bits(uint8_t b) {
   return sign | uint16_t((uint32_t(e) << 10) | ((mant & 7) << 7));
 }
 
-// cvt_f16x2_e4m3x2 is cvt.rn.f16x2.e4m3x2: the e4m3 codes in the low and
-// high byte of pair become the f16 values in the low and high half.
-__device__ __forceinline__ uint32_t cvt_f16x2_e4m3x2(uint16_t pair) {
+// PKV_CVT_F16X2_FP8 defines cvt_f16x2_<FMT>x2, which is
+// cvt.rn.f16x2.<FMT>x2: the fp8 codes in the low and high byte of pair
+// become the f16 values in the low and high half; TWIN(pair) is the C twin.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t d;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(pair));
-  return d;
+#define PKV_CVT_F16X2_FP8(FMT, TWIN)                                           \
+  __device__ __forceinline__ uint32_t cvt_f16x2_##FMT##x2(uint16_t pair) {     \
+    uint32_t d;                                                                \
+    asm("cvt.rn.f16x2." #FMT "x2 %0, %1;" : "=r"(d) : "h"(pair));              \
+    return d;                                                                  \
+  }
 #else
-  return uint32_t(e4m3_to_f16_bits(uint8_t(pair))) | (uint32_t(e4m3_to_f16_bits(uint8_t(pair >> 8))) << 16);
+#define PKV_CVT_F16X2_FP8(FMT, TWIN) \
+  __device__ __forceinline__ uint32_t cvt_f16x2_##FMT##x2(uint16_t pair) { return TWIN(pair); }
 #endif
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_bits(uint16_t pair) {
+  return uint32_t(e4m3_to_f16_bits(uint8_t(pair))) | (uint32_t(e4m3_to_f16_bits(uint8_t(pair >> 8))) << 16);
 }
 
-// cvt_f16x2_e5m2x2 is cvt.rn.f16x2.e5m2x2: an e5m2 code is the upper byte
-// of its f16 encoding.
-__device__ __forceinline__ uint32_t cvt_f16x2_e5m2x2(uint16_t pair) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t d;
-  asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(d) : "h"(pair));
-  return d;
-#else
+// An e5m2 code is the upper byte of its f16 encoding.
+__device__ __forceinline__ uint32_t e5m2x2_to_f16x2_bits(uint16_t pair) {
   return (uint32_t(pair & 0xff) << 8) | (uint32_t(pair >> 8) << 24);
-#endif
 }
+
+PKV_CVT_F16X2_FP8(e4m3, e4m3x2_to_f16x2_bits)
+PKV_CVT_F16X2_FP8(e5m2, e5m2x2_to_f16x2_bits)
 
 // f16x2_to_f32 widens both halves of an f16 pair.
 __device__ __forceinline__ void f16x2_to_f32(uint32_t h2, float& lo, float& hi) {

@@ -381,19 +381,7 @@ func genLogits4(dt string) {
 			VADDPS(x1.AsX(), ra.AsX(), ra.AsX())
 			VMOVUPS(ra.AsX(), Mem{Base: sp})
 		}
-		// Next head: qp has moved one row (d4) and kh half a row (2d).
-		t := GP64()
-		MOVQ(paramAddr("qs"), t)
-		SHLQ(U8(2), t)
-		SUBQ(d4, t)
-		ADDQ(t, qp)
-		SHRQ(U8(1), d4)
-		SUBQ(d4, kh)
-		SHLQ(U8(1), d4)
-		ADDQ(paramAddr("hs"), kh)
-		MOVQ(paramAddr("ss"), t)
-		SHLQ(U8(2), t)
-		ADDQ(t, sp)
+		nextHead(qp, "qs", kh, sp, d4)
 		DECQ(hc)
 		JNZ(LabelRef(lk + "_head"))
 	}
@@ -402,6 +390,26 @@ func genLogits4(dt string) {
 		ADDQ(U8(32), st)
 		LEAQ(Mem{Base: kt, Index: ks, Scale: 2}, kt)
 	})
+}
+
+// nextHead moves the pointers of a per-head loop from one head to the
+// next, after a loop over d that advanced rowPtr one float32 row (d4
+// bytes) and cachePtr half as far (d 16-bit values): rowPtr to the next
+// row of rowParam elements, cachePtr to the next head hs bytes on, and
+// sPtr ss float32s on.
+func nextHead(rowPtr reg.Register, rowParam string, cachePtr, sPtr, d4 reg.Register) {
+	t := GP64()
+	MOVQ(paramAddr(rowParam), t)
+	SHLQ(U8(2), t)
+	SUBQ(d4, t)
+	ADDQ(t, rowPtr)
+	MOVQ(d4, t)
+	SHRQ(U8(1), t)
+	SUBQ(t, cachePtr)
+	ADDQ(paramAddr("hs"), cachePtr)
+	MOVQ(paramAddr("ss"), t)
+	SHLQ(U8(2), t)
+	ADDQ(t, sPtr)
 }
 
 // keysTwoThenOne ends genLogits4: keys(true, ...) on pairs of
@@ -537,19 +545,7 @@ func genAttnV4(dt string) {
 		JMP(LabelRef(lw))
 		Label(lw + "_end")
 	}
-	// Next head: ap has moved one row (d4) and vh half a row (2d).
-	t := GP64()
-	SUBQ(d4, ap)
-	MOVQ(paramAddr("as"), t)
-	SHLQ(U8(2), t)
-	ADDQ(t, ap)
-	MOVQ(d4, t)
-	SHRQ(U8(1), t)
-	SUBQ(t, vh)
-	ADDQ(paramAddr("hs"), vh)
-	MOVQ(paramAddr("ss"), t)
-	SHLQ(U8(2), t)
-	ADDQ(t, pp)
+	nextHead(ap, "as", vh, pp, d4)
 	DECQ(hc)
 	JNZ(LabelRef(l + "_head"))
 
