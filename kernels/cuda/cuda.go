@@ -189,6 +189,14 @@ func (g *gpu) init(ordinal int, stream uintptr) (err error) {
 	if g.sms, err = g.dev.Attribute(cu.MultiprocessorCount); err != nil {
 		return fmt.Errorf("cuda: cuDeviceGetAttribute(MULTIPROCESSOR_COUNT): %w", err)
 	}
+	ccMajor, err := g.dev.Attribute(cu.ComputeCapabilityMajor)
+	if err != nil {
+		return fmt.Errorf("cuda: cuDeviceGetAttribute(COMPUTE_CAPABILITY_MAJOR): %w", err)
+	}
+	ccMinor, err := g.dev.Attribute(cu.ComputeCapabilityMinor)
+	if err != nil {
+		return fmt.Errorf("cuda: cuDeviceGetAttribute(COMPUTE_CAPABILITY_MINOR): %w", err)
+	}
 	ctx, err := g.dev.RetainPrimaryCtx()
 	if err != nil {
 		return fmt.Errorf("cuda: cuDevicePrimaryCtxRetain on %s: %w", g.name, err)
@@ -208,7 +216,9 @@ func (g *gpu) init(ordinal int, stream uintptr) (err error) {
 		return fmt.Errorf("cuda: cuCtxSetCurrent on %s: %w", g.name, err)
 	}
 	g.fns = map[string]C.CUfunction{}
-	for file, ptx := range Modules {
+	// The sm_90 build (hardware fp8 pair conversions) from compute
+	// capability 9.0 on, the sm_80 build below it.
+	for file, ptx := range ModulesFor(ccMajor, ccMinor) {
 		mod, err := cu.LoadData(ptx)
 		if err != nil {
 			return fmt.Errorf("cuda: cuModuleLoadData(%s) on %s: %w", file, g.name, err)
