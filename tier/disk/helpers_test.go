@@ -96,7 +96,7 @@ func flush(t testing.TB, s *Store) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	require.NoError(t, s.Flush(ctx))
+	require.NoError(t, s.Flush(ctx, false))
 }
 
 func openStore(t testing.TB, cfg Config) *Store {

@@ -3,6 +3,7 @@ package disk
 import (
 	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -638,7 +639,7 @@ func (s *Store) write(j *job) {
 	f, off := s.slotAt(slot)
 	err := s.writeValue(f, j.val, off+slotHeaderBytes)
 	if err == nil {
-		slotHeader{Seq: seq, ValueLen: uint32(len(j.val)), ValueCRC: leUint32(j.val[len(j.val)-tier.ValueCRCBytes:])}.encode(s.hdr[:])
+		slotHeader{Seq: seq, ValueLen: uint32(len(j.val)), ValueCRC: binary.LittleEndian.Uint32(j.val[len(j.val)-tier.ValueCRCBytes:])}.encode(s.hdr[:])
 		_, err = f.WriteAt(s.hdr[:], off)
 	}
 	s.mu.Lock()
@@ -676,8 +677,6 @@ func (s *Store) writeValue(f *os.File, val []byte, off int64) error {
 	}
 	return nil
 }
-
-func leUint32(b []byte) uint32 { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24 }
 
 // takeSlot returns a free slot or the policy's victim, taken out of the
 // index and the policy; s.mu is held.
@@ -718,8 +717,9 @@ func (s *Store) sync() {
 }
 
 // Flush waits until every queued page has been written (or has failed),
-// then fsyncs, or returns ctx's error.
-func (s *Store) Flush(ctx context.Context) error {
+// or returns ctx's error. With sync it then fsyncs what was written since
+// the last sync, so the pages survive a power loss too.
+func (s *Store) Flush(ctx context.Context, sync bool) error {
 	s.mu.Lock()
 	closed := s.closed
 	s.mu.Unlock()
@@ -742,7 +742,9 @@ func (s *Store) Flush(ctx context.Context) error {
 	}
 	// The writer is idle and qmu keeps it so: nothing is queued, and a new
 	// page cannot be taken before queued is raised under qmu.
-	s.sync()
+	if sync {
+		s.sync()
+	}
 	return nil
 }
 
