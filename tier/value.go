@@ -88,9 +88,21 @@ func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePag
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(t))
 	}
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p.Data)))
-	dst = append(dst, p.Data...)
-	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], CRCTable)), nil
+	crc := crc32.Checksum(dst[start:], CRCTable)
+	// The page bytes are checksummed as they are copied, a cache-sized
+	// piece at a time: one pass over them instead of two.
+	for data := p.Data; len(data) > 0; {
+		n := min(len(data), crcChunk)
+		dst = append(dst, data[:n]...)
+		crc = crc32.Update(crc, CRCTable, dst[len(dst)-n:])
+		data = data[n:]
+	}
+	return binary.LittleEndian.AppendUint32(dst, crc), nil
 }
+
+// crcChunk is the piece of page bytes copied and then checksummed while it
+// is still in the L1/L2 cache.
+const crcChunk = 16 << 10
 
 // valueReader takes fields off a value, failing once it runs out.
 type valueReader struct {
@@ -134,6 +146,44 @@ func DecodeValue(b []byte, tokens []int32) (Value, error) {
 	if got, want := binary.LittleEndian.Uint32(b[len(body):]), crc32.Checksum(body, CRCTable); got != want {
 		return v, fmt.Errorf("%w: checksum %#x, computed %#x", ErrCorruptValue, got, want)
 	}
+	return parseValueBody(body, tokens)
+}
+
+// DecodeValueInto is [DecodeValue] that also copies the page bytes into
+// dst (len(dst) must be the format's PageBytes), checksumming them as they
+// are copied: one pass over the bytes instead of a check and then a copy.
+// The structure is parsed before the checksum is known, so on an error dst
+// may hold some of b's bytes: use dst only when it returns nil. The
+// returned Value's Data aliases b.
+func DecodeValueInto(dst []byte, b []byte, tokens []int32) (Value, error) {
+	if len(b) < valueHeaderBytes+valueCRCBytes {
+		return Value{}, fmt.Errorf("%w: %d bytes, shorter than a header", ErrCorruptValue, len(b))
+	}
+	body := b[:len(b)-valueCRCBytes]
+	v, err := parseValueBody(body, tokens)
+	if err != nil {
+		return Value{}, err
+	}
+	if len(dst) != len(v.Data) {
+		return Value{}, fmt.Errorf("tier: decode value into %d bytes, the page has %d", len(dst), len(v.Data))
+	}
+	crc := crc32.Checksum(body[:len(body)-len(v.Data)], CRCTable)
+	for data, out := v.Data, dst; len(data) > 0; {
+		n := min(len(data), crcChunk)
+		copy(out, data[:n])
+		crc = crc32.Update(crc, CRCTable, out[:n])
+		data, out = data[n:], out[n:]
+	}
+	if got := binary.LittleEndian.Uint32(b[len(body):]); got != crc {
+		return Value{}, fmt.Errorf("%w: checksum %#x, computed %#x", ErrCorruptValue, got, crc)
+	}
+	return v, nil
+}
+
+// parseValueBody parses a value without its checksum: every length must
+// fit exactly and nothing may follow the page bytes.
+func parseValueBody(body []byte, tokens []int32) (Value, error) {
+	var v Value
 	r := valueReader{b: body}
 	if string(r.take(4)) != valueMagic {
 		return v, fmt.Errorf("%w: bad magic", ErrCorruptValue)
@@ -162,7 +212,7 @@ func DecodeValue(b []byte, tokens []int32) (Value, error) {
 	v.Data = r.take(n)
 	switch {
 	case r.bad:
-		return Value{}, fmt.Errorf("%w: truncated (%d bytes)", ErrCorruptValue, len(b))
+		return Value{}, fmt.Errorf("%w: truncated (%d bytes)", ErrCorruptValue, len(body)+valueCRCBytes)
 	case len(r.b) != 0:
 		return Value{}, fmt.Errorf("%w: %d bytes after the page", ErrCorruptValue, len(r.b))
 	case n != v.Format.PageBytes():

@@ -173,8 +173,10 @@ func (r DropReason) String() string {
 
 // checkSlot verifies one slot's bytes (header, then value) against the
 // store's namespace, group and format: the verified value (its tokens in
-// tokens when large enough), or why the slot is dropped.
-func (s *Store) checkSlot(b []byte, tokens []int32) (slotHeader, tier.Value, DropReason, error) {
+// tokens when large enough), or why the slot is dropped. With dst it also
+// copies the page bytes there as it checksums them (dst is then valid only
+// without an error).
+func (s *Store) checkSlot(b []byte, tokens []int32, dst []byte) (slotHeader, tier.Value, DropReason, error) {
 	h, err := decodeSlotHeader(b)
 	if err != nil {
 		return h, tier.Value{}, DropTorn, err
@@ -186,7 +188,12 @@ func (s *Store) checkSlot(b []byte, tokens []int32) (slotHeader, tier.Value, Dro
 	if got := binary.LittleEndian.Uint32(raw[len(raw)-tier.ValueCRCBytes:]); got != h.ValueCRC {
 		return h, tier.Value{}, DropTorn, fmt.Errorf("value checksum %#x, the slot header says %#x (header and value of different writes)", got, h.ValueCRC)
 	}
-	v, err := tier.DecodeValue(raw, tokens)
+	var v tier.Value
+	if dst != nil {
+		v, err = tier.DecodeValueInto(dst, raw, tokens)
+	} else {
+		v, err = tier.DecodeValue(raw, tokens)
+	}
 	if err != nil {
 		return h, v, DropTorn, err
 	}

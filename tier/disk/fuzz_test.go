@@ -57,7 +57,7 @@ func FuzzSlot(f *testing.F) {
 		}
 		slot := make([]byte, s.slotBytes)
 		copy(slot, b)
-		h, v, _, err := s.checkSlot(slot, nil)
+		h, v, _, err := s.checkSlot(slot, nil, nil)
 		if err != nil {
 			return
 		}
@@ -117,7 +117,7 @@ func FuzzSegmentFile(f *testing.F) {
 			if _, err := f.ReadAt(raw, off); err != nil {
 				t.Fatal(err)
 			}
-			_, v, _, err := s.checkSlot(raw, nil)
+			_, v, _, err := s.checkSlot(raw, nil, nil)
 			if err != nil || v.Digest != d {
 				t.Fatalf("indexed slot %d does not verify: %v", slot, err)
 			}

@@ -371,7 +371,7 @@ func (s *Store) scan() error {
 		}
 		for k := range n {
 			slot := first + k
-			h, v, why, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], tokens)
+			h, v, why, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], tokens, nil)
 			if err == nil {
 				tokens = v.Tokens
 				if err = v.CheckDigest(scratch); err != nil {
@@ -452,7 +452,9 @@ func (s *Store) Config() Config { return s.cfg }
 // Fetch implements [tier.RemoteStore]: the leading pages found and
 // verified (slot header, checksum, namespace, group, format, digest, parent
 // and tokens), read with one pread per run of pages in consecutive slots,
-// checking ctx between reads.
+// checking ctx between reads. The page bytes are checksummed as they are
+// copied into Data, so the Data of the page that failed (the first one not
+// served) may have been written: only the served pages' Data is defined.
 func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	if len(pages) == 0 {
 		return 0
@@ -487,18 +489,21 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 		s.bytesIn.Add(int64(n * s.valueLen))
 		for k := range n {
 			p := &pages[done+k]
-			h, v, _, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], s.tokens)
+			if len(p.Data) != s.cfg.Format.PageBytes() {
+				s.rejected.Add(1)
+				return done + k
+			}
+			h, v, _, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], s.tokens, p.Data)
 			if err == nil {
 				s.tokens = v.Tokens
 				err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
 			}
 			// The slot must still hold the write the index named: a slot
 			// overwritten since the lookup is refused, not served.
-			if err != nil || h.Seq != s.runSeqs[k] || len(p.Data) != len(v.Data) {
+			if err != nil || h.Seq != s.runSeqs[k] {
 				s.rejected.Add(1)
 				return done + k
 			}
-			copy(p.Data, v.Data)
 			s.touch(first+k, h.Seq)
 			s.hits.Add(1)
 		}
