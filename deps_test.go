@@ -50,6 +50,8 @@ var allowedImports = map[string][]string{
 	"cascade":     {"kernels", "layout", "ragged", "github.com/pkg/errors"},
 	"prefixcache": {"allocator", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
 	"tier/host":   {"tier", "internal/invariants"},
+	// The disk tier: segment files, standard library only.
+	"tier/disk": {"tier"},
 	// The only importer of the Redis client.
 	"tier/redis": {"tier", "layout", "github.com/redis/go-redis/v9"},
 	// The rules of one attention group of a hybrid model (what to keep,

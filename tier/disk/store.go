@@ -133,6 +133,10 @@ type Store struct {
 	policy   Policy
 	nextSeq  uint64
 	recovery Recovery
+	// [readLo, readHi) are the slots Fetch is reading: the writer does not
+	// overwrite them until readDone is signalled.
+	readLo, readHi int
+	readDone       sync.Cond
 
 	queue  chan *job
 	jobs   chan *job // free job buffers
@@ -246,6 +250,7 @@ func Open(cfg Config) (*Store, error) {
 		s.jobs <- &job{val: make([]byte, 0, s.valueLen)}
 	}
 	s.idle.L = &s.qmu
+	s.readDone.L = &s.mu
 	s.wg.Add(1)
 	go s.writer()
 	return s, nil
@@ -480,34 +485,46 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 		if !ok {
 			return done
 		}
-		f, off := s.slotAt(first)
-		b := s.rbuf[:n*s.slotBytes]
-		if _, err := f.ReadAt(b, off); err != nil {
-			s.errs.Add(1)
+		served := s.readRun(pages[done:done+n], first)
+		done += served
+		if served < n {
 			return done
 		}
-		s.bytesIn.Add(int64(n * s.valueLen))
-		for k := range n {
-			p := &pages[done+k]
-			if len(p.Data) != s.cfg.Format.PageBytes() {
-				s.rejected.Add(1)
-				return done + k
-			}
-			h, v, _, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], s.tokens, p.Data)
-			if err == nil {
-				s.tokens = v.Tokens
-				err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
-			}
-			// The slot must still hold the write the index named: a slot
-			// overwritten since the lookup is refused, not served.
-			if err != nil || h.Seq != s.runSeqs[k] {
-				s.rejected.Add(1)
-				return done + k
-			}
-			s.touch(first+k, h.Seq)
-			s.hits.Add(1)
+	}
+	return len(pages)
+}
+
+// readRun reads pages from the n slots from first on with one pread and
+// serves the leading ones that verify; the slots are pinned (lookupRun)
+// until it returns.
+func (s *Store) readRun(pages []tier.RemotePage, first int) int {
+	defer s.endRead()
+	f, off := s.slotAt(first)
+	b := s.rbuf[:len(pages)*s.slotBytes]
+	if _, err := f.ReadAt(b, off); err != nil {
+		s.errs.Add(1)
+		return 0
+	}
+	s.bytesIn.Add(int64(len(pages) * s.valueLen))
+	for k := range pages {
+		p := &pages[k]
+		if len(p.Data) != s.cfg.Format.PageBytes() {
+			s.rejected.Add(1)
+			return k
 		}
-		done += n
+		h, v, _, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], s.tokens, p.Data)
+		if err == nil {
+			s.tokens = v.Tokens
+			err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
+		}
+		// The slot must still hold the write the index named: a slot
+		// overwritten since the lookup is refused, not served.
+		if err != nil || h.Seq != s.runSeqs[k] {
+			s.rejected.Add(1)
+			return k
+		}
+		s.touch(first+k, h.Seq)
+		s.hits.Add(1)
 	}
 	return len(pages)
 }
@@ -538,7 +555,16 @@ func (s *Store) lookupRun(pages []tier.RemotePage, maxRun int) (first, n int, ok
 		s.runSeqs[n] = s.slots[next].seq
 		n++
 	}
+	s.readLo, s.readHi = first, first+n
 	return first, n, true
+}
+
+// endRead lets the writer overwrite the slots the last run read.
+func (s *Store) endRead() {
+	s.mu.Lock()
+	s.readLo, s.readHi = 0, 0
+	s.readDone.Broadcast()
+	s.mu.Unlock()
 }
 
 // touch tells the policy slot was served, if it still holds write seq.
@@ -692,6 +718,12 @@ func (s *Store) takeSlot() (int, bool) {
 		return int(slot), true
 	}
 	slot, ok := s.policy.Victim()
+	for ok && slot >= s.readLo && slot < s.readHi {
+		// Fetch is reading the victim: wait for it (one pread), then ask
+		// again (the read made it recently used).
+		s.readDone.Wait()
+		slot, ok = s.policy.Victim()
+	}
 	if !ok {
 		return 0, false
 	}

@@ -1,11 +1,14 @@
 package disk
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -189,9 +192,10 @@ func TestDamagedAndForeignSlotsDropped(t *testing.T) {
 	require.NoError(t, s2.Close())
 }
 
-// TestOverwrittenSlotIsNotServed: a lookup that found a page whose slot is
-// rewritten before the read refuses what it reads.
-func TestOverwrittenSlotIsNotServed(t *testing.T) {
+// TestReadPinsSlots: the writer does not overwrite a slot Fetch is
+// reading (a lookup found it, the pread has not finished); it waits, then
+// overwrites, and the old page is gone.
+func TestReadPinsSlots(t *testing.T) {
 	s := openStore(t, testConfig(t.TempDir(), 1))
 	defer s.Close()
 	u := newUniverse(testFormat, 1, 2)
@@ -202,15 +206,22 @@ func TestOverwrittenSlotIsNotServed(t *testing.T) {
 	s.runSeqs = make([]uint64, 1)
 	s.rbuf = make([]byte, s.slotBytes)
 	first, n, ok := s.lookupRun(req, 1)
-	s.readMu.Unlock()
 	require.True(t, ok)
 	require.Equal(t, 0, first)
 	require.Equal(t, 1, n)
-	// Overwrite: same slot, a new page and sequence.
+	// The only slot is pinned: the next page waits for it.
 	require.True(t, s.Store(&u.chains[0][1]))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	require.ErrorIs(t, s.Flush(ctx, false), context.DeadlineExceeded)
+	cancel()
+	require.Equal(t, 1, s.readRun(req, first), "the pinned slot still holds the page")
+	require.Equal(t, contentOf(testFormat, req[0].Digest), req[0].Data)
+	s.readMu.Unlock()
 	flush(t, s)
-	require.Equal(t, 0, fetchChecked(t, s, req), "the old page is gone")
+	require.NoError(t, s.CheckInvariants())
+	require.Equal(t, 0, fetchChecked(t, s, request(u.chains[0][:1])), "the old page is gone")
 	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[0][1:])))
+	require.Zero(t, s.Stats().Rejected)
 }
 
 func TestEveryFormatRoundTrips(t *testing.T) {
@@ -266,4 +277,44 @@ func flip(t *testing.T, dir string, slot, off int) {
 	b := readSlot(t, dir, slot)
 	b[off] ^= 0xff
 	writeSlot(t, dir, slot, b)
+}
+
+// TestConcurrentStoreAndFetch: writers and readers on one small store (the
+// writer evicting what readers look up): every served page holds its
+// K/V, nothing is rejected or lost to an error, and the store audits
+// clean.
+func TestConcurrentStoreAndFetch(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 6))
+	defer s.Close()
+	u := newUniverse(testFormat, 6, 5)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				ch := u.chains[(g+i)%len(u.chains)]
+				if g%2 == 0 {
+					for k := range ch {
+						s.Store(&ch[k])
+					}
+					continue
+				}
+				req := request(ch)
+				n := s.Fetch(context.Background(), req)
+				for k := range n {
+					if !bytes.Equal(contentOf(testFormat, req[k].Digest), req[k].Data) {
+						t.Errorf("page %d of chain %d served with the wrong K/V", k, (g+i)%len(u.chains))
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	st := s.Stats()
+	require.Zero(t, st.Rejected+st.Errors, "%+v", st)
+	require.Positive(t, st.Hits)
 }
