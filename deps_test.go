@@ -52,6 +52,9 @@ var allowedImports = map[string][]string{
 	"tier/host":   {"tier", "internal/invariants"},
 	// The disk tier: segment files, standard library only.
 	"tier/disk": {"tier"},
+	// A request's KV from one Manager to another: plan, stream, receiving
+	// store, loopback TCP. It knows pages and tiers, not the Manager.
+	"handoff": {"tier"},
 	// The only importer of the Redis client.
 	"tier/redis": {"tier", "layout", "github.com/redis/go-redis/v9"},
 	// The rules of one attention group of a hybrid model (what to keep,
