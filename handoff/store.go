@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/tier"
 )
@@ -23,8 +22,7 @@ type Store struct {
 	nextID  uint64
 	holding int
 
-	lookups, requested, hits, misses, declined atomic.Int64
-	bytesIn                                    atomic.Int64
+	c tier.RemoteCounters // declined writes count as Dropped
 }
 
 type held struct {
@@ -110,20 +108,20 @@ func (s *Store) Fetch(_ context.Context, pages []tier.RemotePage) int {
 	if len(pages) == 0 {
 		return 0
 	}
-	s.lookups.Add(1)
-	s.requested.Add(int64(len(pages)))
+	s.c.Lookups.Add(1)
+	s.c.Requested.Add(int64(len(pages)))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range pages {
 		p := &pages[i]
 		h, ok := s.pages[p.Digest]
 		if !ok || h.page.Parent != p.Parent || !slices.Equal(h.page.Tokens, p.Tokens) || len(p.Data) != len(h.page.Data) {
-			s.misses.Add(1)
+			s.c.Misses.Add(1)
 			return i
 		}
 		copy(p.Data, h.page.Data)
-		s.hits.Add(1)
-		s.bytesIn.Add(int64(len(p.Data)))
+		s.c.Hits.Add(1)
+		s.c.BytesIn.Add(int64(len(p.Data)))
 	}
 	return len(pages)
 }
@@ -131,15 +129,12 @@ func (s *Store) Fetch(_ context.Context, pages []tier.RemotePage) int {
 // Store implements [tier.RemoteStore]: the store holds only admitted
 // requests, so it declines.
 func (s *Store) Store(*tier.RemotePage) bool {
-	s.declined.Add(1)
+	s.c.Dropped.Add(1)
 	return false
 }
 
 // Stats implements [tier.RemoteStore] (declined writes count as Dropped).
-func (s *Store) Stats() tier.RemoteStats {
-	return tier.RemoteStats{Lookups: s.lookups.Load(), Requested: s.requested.Load(), Hits: s.hits.Load(),
-		Misses: s.misses.Load(), Dropped: s.declined.Load(), BytesIn: s.bytesIn.Load()}
-}
+func (s *Store) Stats() tier.RemoteStats { return s.c.Snapshot() }
 
 // CheckInvariants checks the reference counts against the admissions.
 func (s *Store) CheckInvariants() error {

@@ -48,18 +48,7 @@ func (c chain) Store(p *RemotePage) bool {
 func (c chain) Stats() RemoteStats {
 	var sum RemoteStats
 	for _, s := range c {
-		st := s.Stats()
-		sum.Lookups += st.Lookups
-		sum.Requested += st.Requested
-		sum.Hits += st.Hits
-		sum.Misses += st.Misses
-		sum.Rejected += st.Rejected
-		sum.Errors += st.Errors
-		sum.Timeouts += st.Timeouts
-		sum.Stored += st.Stored
-		sum.Dropped += st.Dropped
-		sum.BytesIn += st.BytesIn
-		sum.BytesOut += st.BytesOut
+		sum = sum.Plus(s.Stats())
 	}
 	return sum
 }

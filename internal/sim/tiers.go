@@ -54,40 +54,38 @@ func (s *Sim) tierCopies() error {
 // (tierFormat's bytes). On a device backend the page crosses the
 // host/device boundary through the engine's host mirror of the layer.
 func (s *Sim) readPage(dst []byte, p pagedkv.PageID) error {
-	f := tierFormat(&s.cfg)
-	plane := f.PlaneBytes()
-	dev := s.eng.dev
-	page := []int32{int32(p)}
-	for l := range s.eng.caches {
-		off := f.LayerOffset(l)
-		var err error
-		if dev != nil {
-			err = dev.tierTransfer(func() error { return dev.b.DownloadPages(&s.eng.caches[l], dev.caches[l], page) })
+	return s.eachLayer(dst, p, func(l int, planes []byte, page []int32) error {
+		if dev := s.eng.dev; dev != nil {
+			if err := dev.tierTransfer(func() error { return dev.b.DownloadPages(&s.eng.caches[l], dev.caches[l], page) }); err != nil {
+				return err
+			}
 		}
-		if err == nil {
-			err = cpu.CopyPageToHost(dst[off:off+2*plane], &s.eng.caches[l], int(p))
-		}
-		if err != nil {
-			return fmt.Errorf("layer %d: %w", l, err)
-		}
-	}
-	return nil
+		return cpu.CopyPageToHost(planes, &s.eng.caches[l], int(p))
+	})
 }
 
 // writePage copies src (tierFormat's bytes) into every layer's K and V
 // planes of device page p.
 func (s *Sim) writePage(p pagedkv.PageID, src []byte) error {
+	return s.eachLayer(src, p, func(l int, planes []byte, page []int32) error {
+		if err := cpu.CopyPageFromHost(&s.eng.caches[l], int(p), planes); err != nil {
+			return err
+		}
+		if dev := s.eng.dev; dev != nil {
+			return dev.tierTransfer(func() error { return dev.b.UploadPages(dev.caches[l], &s.eng.caches[l], page) })
+		}
+		return nil
+	})
+}
+
+// eachLayer calls copyLayer with each layer's K and V planes in buf (a
+// page in tierFormat) and page p as a one-page list.
+func (s *Sim) eachLayer(buf []byte, p pagedkv.PageID, copyLayer func(l int, planes []byte, page []int32) error) error {
 	f := tierFormat(&s.cfg)
-	plane := f.PlaneBytes()
-	dev := s.eng.dev
 	page := []int32{int32(p)}
 	for l := range s.eng.caches {
 		off := f.LayerOffset(l)
-		err := cpu.CopyPageFromHost(&s.eng.caches[l], int(p), src[off:off+2*plane])
-		if err == nil && dev != nil {
-			err = dev.tierTransfer(func() error { return dev.b.UploadPages(dev.caches[l], &s.eng.caches[l], page) })
-		}
-		if err != nil {
+		if err := copyLayer(l, buf[off:off+2*f.PlaneBytes()], page); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
 	}

@@ -138,12 +138,10 @@ type Store struct {
 	readLo, readHi int
 	readDone       sync.Cond
 
-	queue  chan *job
-	jobs   chan *job // free job buffers
-	wg     sync.WaitGroup
-	qmu    sync.Mutex
-	idle   sync.Cond // signalled when queued reaches 0
-	queued int
+	queue   chan *job
+	jobs    chan *job // free job buffers
+	wg      sync.WaitGroup
+	backlog tier.Backlog
 
 	ioMu sync.RWMutex // Fetch's reads (read lock) against Close
 	// Fetch's state: one lookup at a time.
@@ -163,9 +161,8 @@ type Store struct {
 	// hold the writer).
 	beforeWrite func()
 
-	lookups, requested, hits, misses, rejected, errs, timeouts atomic.Int64
-	stored, dropped, bytesIn, bytesOut                         atomic.Int64
-	evicted, skipped, syncs                                    atomic.Int64
+	c                       tier.RemoteCounters
+	evicted, skipped, syncs atomic.Int64
 }
 
 var _ tier.RemoteStore = (*Store)(nil)
@@ -249,7 +246,6 @@ func Open(cfg Config) (*Store, error) {
 	for range cfg.QueueLen {
 		s.jobs <- &job{val: make([]byte, 0, s.valueLen)}
 	}
-	s.idle.L = &s.qmu
 	s.readDone.L = &s.mu
 	s.wg.Add(1)
 	go s.writer()
@@ -464,8 +460,8 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	if len(pages) == 0 {
 		return 0
 	}
-	s.lookups.Add(1)
-	s.requested.Add(int64(len(pages)))
+	s.c.Lookups.Add(1)
+	s.c.Requested.Add(int64(len(pages)))
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
 	s.ioMu.RLock()
@@ -477,8 +473,8 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	}
 	for done := 0; done < len(pages); {
 		if ctx.Err() != nil {
-			s.errs.Add(1)
-			s.timeouts.Add(1)
+			s.c.Errors.Add(1)
+			s.c.Timeouts.Add(1)
 			return done
 		}
 		first, n, ok := s.lookupRun(pages[done:], min(maxRun, len(s.runSeqs)))
@@ -502,14 +498,14 @@ func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 	f, off := s.slotAt(first)
 	b := s.rbuf[:len(pages)*s.slotBytes]
 	if _, err := f.ReadAt(b, off); err != nil {
-		s.errs.Add(1)
+		s.c.Errors.Add(1)
 		return 0
 	}
-	s.bytesIn.Add(int64(len(pages) * s.valueLen))
+	s.c.BytesIn.Add(int64(len(pages) * s.valueLen))
 	for k := range pages {
 		p := &pages[k]
 		if len(p.Data) != s.cfg.Format.PageBytes() {
-			s.rejected.Add(1)
+			s.c.Rejected.Add(1)
 			return k
 		}
 		h, v, _, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], s.tokens, p.Data)
@@ -520,11 +516,11 @@ func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 		// The slot must still hold the write the index named: a slot
 		// overwritten since the lookup is refused, not served.
 		if err != nil || h.Seq != s.runSeqs[k] {
-			s.rejected.Add(1)
+			s.c.Rejected.Add(1)
 			return k
 		}
 		s.touch(first+k, h.Seq)
-		s.hits.Add(1)
+		s.c.Hits.Add(1)
 	}
 	return len(pages)
 }
@@ -536,12 +532,12 @@ func (s *Store) lookupRun(pages []tier.RemotePage, maxRun int) (first, n int, ok
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		s.errs.Add(1)
+		s.c.Errors.Add(1)
 		return 0, 0, false
 	}
 	slot, hit := s.index[pages[0].Digest]
 	if !hit || s.slots[slot].state != slotReady {
-		s.misses.Add(1)
+		s.c.Misses.Add(1)
 		return 0, 0, false
 	}
 	first = int(slot)
@@ -588,7 +584,7 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 	s.mu.Unlock()
 	switch {
 	case closed:
-		s.dropped.Add(1)
+		s.c.Dropped.Add(1)
 		return false
 	case have || queued:
 		return true
@@ -597,13 +593,13 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 	select {
 	case j = <-s.jobs:
 	default:
-		s.dropped.Add(1)
+		s.c.Dropped.Add(1)
 		return false
 	}
 	val, err := tier.EncodeValue(j.val[:0], s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
 	if err != nil {
 		s.jobs <- j
-		s.dropped.Add(1)
+		s.c.Dropped.Add(1)
 		return false
 	}
 	j.val, j.digest = val, p.Digest
@@ -611,13 +607,11 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 	if s.closed {
 		s.mu.Unlock()
 		s.jobs <- j
-		s.dropped.Add(1)
+		s.c.Dropped.Add(1)
 		return false
 	}
 	s.pending[p.Digest] = struct{}{}
-	s.qmu.Lock()
-	s.queued++
-	s.qmu.Unlock()
+	s.backlog.Add(1)
 	s.queue <- j // never blocks: at most QueueLen jobs exist
 	s.mu.Unlock()
 	return true
@@ -630,12 +624,7 @@ func (s *Store) writer() {
 		s.write(j)
 		j.val = j.val[:0]
 		s.jobs <- j
-		s.qmu.Lock()
-		s.queued--
-		if s.queued == 0 {
-			s.idle.Broadcast()
-		}
-		s.qmu.Unlock()
+		s.backlog.Done(1)
 	}
 	s.sync()
 }
@@ -659,7 +648,7 @@ func (s *Store) write(j *job) {
 	if !ok { // unreachable with one writer: every slot is free or ready
 		delete(s.pending, j.digest)
 		s.mu.Unlock()
-		s.dropped.Add(1)
+		s.c.Dropped.Add(1)
 		return
 	}
 	seq := s.nextSeq
@@ -679,15 +668,15 @@ func (s *Store) write(j *job) {
 		s.slots[slot] = slotEntry{}
 		s.free = append(s.free, int32(slot))
 		s.mu.Unlock()
-		s.errs.Add(1)
+		s.c.Errors.Add(1)
 		return
 	}
 	s.slots[slot].state = slotReady
 	s.index[j.digest] = int32(slot)
 	s.policy.Added(slot)
 	s.mu.Unlock()
-	s.stored.Add(1)
-	s.bytesOut.Add(int64(len(j.val)))
+	s.c.Stored.Add(1)
+	s.c.BytesOut.Add(int64(len(j.val)))
 	s.dirty[slot/s.segSlots] = true
 	if s.sinceSync++; s.cfg.SyncEvery > 0 && s.sinceSync >= s.cfg.SyncEvery {
 		s.sync()
@@ -743,7 +732,7 @@ func (s *Store) sync() {
 			continue
 		}
 		if err := s.segs[i].Sync(); err != nil {
-			s.errs.Add(1)
+			s.c.Errors.Add(1)
 		}
 		s.dirty[i], synced = false, true
 	}
@@ -763,26 +752,13 @@ func (s *Store) Flush(ctx context.Context, sync bool) error {
 	if closed {
 		return ErrClosed
 	}
-	stop := context.AfterFunc(ctx, func() {
-		s.qmu.Lock()
-		s.idle.Broadcast()
-		s.qmu.Unlock()
-	})
-	defer stop()
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
-	for s.queued > 0 {
-		if err := ctx.Err(); err != nil {
-			return err
+	// The writer is idle while the backlog stays empty: it takes a page
+	// only after Store counted it, which waits for Wait to return.
+	return s.backlog.Wait(ctx, func() {
+		if sync {
+			s.sync()
 		}
-		s.idle.Wait()
-	}
-	// The writer is idle and qmu keeps it so: nothing is queued, and a new
-	// page cannot be taken before queued is raised under qmu.
-	if sync {
-		s.sync()
-	}
-	return nil
+	})
 }
 
 // Close stops accepting pages, writes what is queued, syncs and closes the
@@ -815,13 +791,7 @@ func (s *Store) closeFiles() error {
 }
 
 // Stats implements [tier.RemoteStore].
-func (s *Store) Stats() tier.RemoteStats {
-	return tier.RemoteStats{
-		Lookups: s.lookups.Load(), Requested: s.requested.Load(), Hits: s.hits.Load(), Misses: s.misses.Load(),
-		Rejected: s.rejected.Load(), Errors: s.errs.Load(), Timeouts: s.timeouts.Load(),
-		Stored: s.stored.Load(), Dropped: s.dropped.Load(), BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
-	}
-}
+func (s *Store) Stats() tier.RemoteStats { return s.c.Snapshot() }
 
 // DiskStats returns the store's counters and occupancy.
 func (s *Store) DiskStats() Stats {
