@@ -51,8 +51,9 @@ func killChild(dir string) int {
 		fmt.Fprintln(os.Stderr, "child: open:", err)
 		return 2
 	}
-	// Values are written in 48-byte pieces: a kill lands mid-slot often.
-	s.writeChunk = 48
+	// Values are written in 8-byte pieces (about 50 writes a slot): a kill
+	// lands in the middle of a slot most of the time the writer is busy.
+	s.writeChunk = 8
 	fmt.Println("ready")
 	u := killUniverse()
 	rng := rand.New(rand.NewPCG(seed, 7))
@@ -105,6 +106,9 @@ func TestKillNine(t *testing.T) {
 
 		s := openStore(t, killConfig(dir))
 		rec := s.Recovery()
+		if os.Getenv("KILLDEBUG") != "" {
+			t.Logf("kill %d: %+v stats %+v", k, rec, s.DiskStats())
+		}
 		survived += rec.Recovered
 		maxSurvived = max(maxSurvived, rec.Recovered)
 		torn += rec.Torn
