@@ -50,8 +50,9 @@ var allowedImports = map[string][]string{
 	"cascade":     {"kernels", "layout", "ragged", "github.com/pkg/errors"},
 	"prefixcache": {"allocator", "internal/invariants", "go.uber.org/atomic", "github.com/pkg/errors"},
 	"tier/host":   {"tier", "internal/invariants"},
-	// The disk tier: segment files, standard library only.
-	"tier/disk": {"tier"},
+	// The disk tier: segment files (x/sys/unix: preadv into the pages'
+	// own buffers).
+	"tier/disk": {"tier", "golang.org/x/sys/unix"},
 	// A request's KV from one Manager to another: plan, stream, receiving
 	// store, loopback TCP. It knows pages and tiers, not the Manager.
 	"handoff": {"tier"},

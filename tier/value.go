@@ -146,7 +146,7 @@ func DecodeValue(b []byte, tokens []int32) (Value, error) {
 	if got, want := binary.LittleEndian.Uint32(b[len(body):]), crc32.Checksum(body, CRCTable); got != want {
 		return v, fmt.Errorf("%w: checksum %#x, computed %#x", ErrCorruptValue, got, want)
 	}
-	return parseValueBody(body, tokens)
+	return parseValueBody(body, nil, tokens)
 }
 
 // DecodeValueInto is [DecodeValue] that also copies the page bytes into
@@ -160,7 +160,7 @@ func DecodeValueInto(dst []byte, b []byte, tokens []int32) (Value, error) {
 		return Value{}, fmt.Errorf("%w: %d bytes, shorter than a header", ErrCorruptValue, len(b))
 	}
 	body := b[:len(b)-valueCRCBytes]
-	v, err := parseValueBody(body, tokens)
+	v, err := parseValueBody(body, nil, tokens)
 	if err != nil {
 		return Value{}, err
 	}
@@ -180,9 +180,36 @@ func DecodeValueInto(dst []byte, b []byte, tokens []int32) (Value, error) {
 	return v, nil
 }
 
+// ValueDataOffset is the offset of the page bytes in a value of format f,
+// namespace and group: a reader can place them apart from the rest
+// ([DecodeValueParts]).
+func ValueDataOffset(f PageFormat, namespace, group string) int {
+	return EncodedValueLen(f, namespace, group) - f.PageBytes() - valueCRCBytes
+}
+
+// DecodeValueParts is [DecodeValue] of a value read in three parts: head
+// (the bytes before the page bytes, [ValueDataOffset] of them), data (the
+// page bytes, read straight into their destination) and tail (the 4-byte
+// checksum). It checks exactly what DecodeValue checks; Value.Data is
+// data.
+func DecodeValueParts(head, data, tail []byte, tokens []int32) (Value, error) {
+	if len(tail) != valueCRCBytes {
+		return Value{}, fmt.Errorf("%w: a checksum of %d bytes", ErrCorruptValue, len(tail))
+	}
+	v, err := parseValueBody(head, data, tokens)
+	if err != nil {
+		return Value{}, err
+	}
+	if got, want := binary.LittleEndian.Uint32(tail), crc32.Update(crc32.Checksum(head, CRCTable), CRCTable, data); got != want {
+		return Value{}, fmt.Errorf("%w: checksum %#x, computed %#x", ErrCorruptValue, got, want)
+	}
+	return v, nil
+}
+
 // parseValueBody parses a value without its checksum: every length must
-// fit exactly and nothing may follow the page bytes.
-func parseValueBody(body []byte, tokens []int32) (Value, error) {
+// fit exactly and nothing may follow the page bytes. With data, body ends
+// where the page bytes begin and data holds them.
+func parseValueBody(body, data []byte, tokens []int32) (Value, error) {
 	var v Value
 	r := valueReader{b: body}
 	if string(r.take(4)) != valueMagic {
@@ -209,7 +236,14 @@ func parseValueBody(body []byte, tokens []int32) (Value, error) {
 	copy(v.Parent[:], r.take(32))
 	raw := r.take(4 * v.Format.PageSize)
 	n := int(r.u32())
-	v.Data = r.take(n)
+	if data != nil {
+		v.Data = data
+		if n != len(data) {
+			r.bad = true
+		}
+	} else {
+		v.Data = r.take(n)
+	}
 	switch {
 	case r.bad:
 		return Value{}, fmt.Errorf("%w: truncated (%d bytes)", ErrCorruptValue, len(body)+valueCRCBytes)

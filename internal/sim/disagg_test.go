@@ -6,19 +6,25 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
 // The default workload, disaggregated: every request's full prompt pages
 // go over loopback to the decode side, which is served them as prefix hits
 // and verifies its attention outputs; its tokens equal a single-process
-// run's.
+// run's. Under -race (invariants on) one layout and 6 requests: three
+// simulations run per layout.
 func TestDisaggregated(t *testing.T) {
-	for _, kl := range []layout.KVLayout{layout.NHD, layout.HND} {
+	layouts, requests := []layout.KVLayout{layout.NHD, layout.HND}, 24
+	if testing.Short() || invariants.Enabled {
+		layouts, requests = layouts[1:], 6
+	}
+	for _, kl := range layouts {
 		cfg := DefaultConfig()
 		cfg.KVLayout = kl
 		wcfg := DefaultWorkloadConfig()
-		wcfg.Requests = 24
+		wcfg.Requests = requests
 		wl, err := Workload(wcfg)
 		require.NoError(t, err)
 		d, err := RunDisaggregated(cfg, wl)

@@ -173,27 +173,28 @@ func (r DropReason) String() string {
 
 // checkSlot verifies one slot's bytes (header, then value) against the
 // store's namespace, group and format: the verified value (its tokens in
-// tokens when large enough), or why the slot is dropped. With dst it also
-// copies the page bytes there as it checksums them (dst is then valid only
-// without an error).
-func (s *Store) checkSlot(b []byte, tokens []int32, dst []byte) (slotHeader, tier.Value, DropReason, error) {
-	h, err := decodeSlotHeader(b)
+// tokens when large enough), or why the slot is dropped.
+func (s *Store) checkSlot(b []byte, tokens []int32) (slotHeader, tier.Value, DropReason, error) {
+	head := slotHeaderBytes + s.dataOff
+	end := slotHeaderBytes + s.valueLen
+	return s.checkSlotParts(b[:head], b[head:end-tier.ValueCRCBytes], b[end-tier.ValueCRCBytes:end], tokens)
+}
+
+// checkSlotParts is checkSlot of a slot read in parts: meta (the slot
+// header and the value up to its page bytes), data (the page bytes) and
+// tail (the value's checksum).
+func (s *Store) checkSlotParts(meta, data, tail []byte, tokens []int32) (slotHeader, tier.Value, DropReason, error) {
+	h, err := decodeSlotHeader(meta)
 	if err != nil {
 		return h, tier.Value{}, DropTorn, err
 	}
 	if int(h.ValueLen) != s.valueLen {
 		return h, tier.Value{}, DropForeign, fmt.Errorf("value length %d, this store writes %d", h.ValueLen, s.valueLen)
 	}
-	raw := b[slotHeaderBytes : slotHeaderBytes+s.valueLen]
-	if got := binary.LittleEndian.Uint32(raw[len(raw)-tier.ValueCRCBytes:]); got != h.ValueCRC {
+	if got := binary.LittleEndian.Uint32(tail); got != h.ValueCRC {
 		return h, tier.Value{}, DropTorn, fmt.Errorf("value checksum %#x, the slot header says %#x (header and value of different writes)", got, h.ValueCRC)
 	}
-	var v tier.Value
-	if dst != nil {
-		v, err = tier.DecodeValueInto(dst, raw, tokens)
-	} else {
-		v, err = tier.DecodeValue(raw, tokens)
-	}
+	v, err := tier.DecodeValueParts(meta[slotHeaderBytes:], data, tail, tokens)
 	if err != nil {
 		return h, v, DropTorn, err
 	}

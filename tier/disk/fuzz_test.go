@@ -44,11 +44,16 @@ func fuzzSeedSegment(f *testing.F) []byte {
 // and value the writer would produce for the decoded page.
 func FuzzSlot(f *testing.F) {
 	seg := fuzzSeedSegment(f)
-	s := &Store{cfg: fuzzConfig("x"), valueLen: tier.EncodedValueLen(testFormat, testNamespace, DefaultGroup)}
+	s := &Store{cfg: fuzzConfig("x"), valueLen: tier.EncodedValueLen(testFormat, testNamespace, DefaultGroup),
+		dataOff: tier.ValueDataOffset(testFormat, testNamespace, DefaultGroup)}
 	s.cfg.Group = DefaultGroup
 	s.slotBytes = slotBytesFor(s.valueLen)
 	for i := range 4 {
-		f.Add(seg[segmentHeaderBytes+i*s.slotBytes : segmentHeaderBytes+(i+1)*s.slotBytes])
+		slot := seg[segmentHeaderBytes+i*s.slotBytes : segmentHeaderBytes+(i+1)*s.slotBytes]
+		if _, _, _, err := s.checkSlot(slot, nil); (err == nil) != (i < 3) {
+			f.Fatalf("seed slot %d (a page written: %v) checks: %v", i, i < 3, err)
+		}
+		f.Add(slot)
 	}
 	f.Add([]byte("PKVS"))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -57,7 +62,7 @@ func FuzzSlot(f *testing.F) {
 		}
 		slot := make([]byte, s.slotBytes)
 		copy(slot, b)
-		h, v, _, err := s.checkSlot(slot, nil, nil)
+		h, v, _, err := s.checkSlot(slot, nil)
 		if err != nil {
 			return
 		}
@@ -117,7 +122,7 @@ func FuzzSegmentFile(f *testing.F) {
 			if _, err := f.ReadAt(raw, off); err != nil {
 				t.Fatal(err)
 			}
-			_, v, _, err := s.checkSlot(raw, nil, nil)
+			_, v, _, err := s.checkSlot(raw, nil)
 			if err != nil || v.Digest != d {
 				t.Fatalf("indexed slot %d does not verify: %v", slot, err)
 			}

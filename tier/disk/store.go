@@ -119,6 +119,7 @@ type job struct {
 type Store struct {
 	cfg       Config
 	valueLen  int
+	dataOff   int // the page bytes' offset in a value
 	slotBytes int
 	segSlots  int // slots per segment file
 	segs      []*os.File
@@ -144,9 +145,15 @@ type Store struct {
 	backlog tier.Backlog
 
 	ioMu sync.RWMutex // Fetch's reads (read lock) against Close
-	// Fetch's state: one lookup at a time.
+	// Fetch's state: one lookup at a time. A run of slots is read with
+	// one preadv: each slot's header and value head into meta, its page
+	// bytes straight into the caller's Data, its checksum into tails and
+	// the slot's unused end into pad.
 	readMu  sync.Mutex
-	rbuf    []byte
+	meta    []byte
+	tails   []byte
+	pad     []byte
+	iovs    [][]byte
 	tokens  []int32
 	runSeqs []uint64
 
@@ -218,7 +225,8 @@ func Open(cfg Config) (*Store, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, valueLen: tier.EncodedValueLen(cfg.Format, cfg.Namespace, cfg.Group)}
+	s := &Store{cfg: cfg, valueLen: tier.EncodedValueLen(cfg.Format, cfg.Namespace, cfg.Group),
+		dataOff: tier.ValueDataOffset(cfg.Format, cfg.Namespace, cfg.Group)}
 	s.slotBytes = slotBytesFor(s.valueLen)
 	s.segSlots = cfg.SegmentPages
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
@@ -372,7 +380,7 @@ func (s *Store) scan() error {
 		}
 		for k := range n {
 			slot := first + k
-			h, v, why, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], tokens, nil)
+			h, v, why, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], tokens)
 			if err == nil {
 				tokens = v.Tokens
 				if err = v.CheckDigest(scratch); err != nil {
@@ -453,9 +461,10 @@ func (s *Store) Config() Config { return s.cfg }
 // Fetch implements [tier.RemoteStore]: the leading pages found and
 // verified (slot header, checksum, namespace, group, format, digest, parent
 // and tokens), read with one pread per run of pages in consecutive slots,
-// checking ctx between reads. The page bytes are checksummed as they are
-// copied into Data, so the Data of the page that failed (the first one not
-// served) may have been written: only the served pages' Data is defined.
+// checking ctx between reads. The page bytes are read straight into Data
+// and checked there, so the Data of the page that failed (the first one
+// not served) and of the pages after it in its run may have been written:
+// only the served pages' Data is defined.
 func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	if len(pages) == 0 {
 		return 0
@@ -467,9 +476,8 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	s.ioMu.RLock()
 	defer s.ioMu.RUnlock()
 	maxRun := max(1, maxReadBytes/s.slotBytes)
-	if s.rbuf == nil {
-		s.rbuf = make([]byte, min(maxRun, s.cfg.Pages)*s.slotBytes)
-		s.runSeqs = make([]uint64, min(maxRun, s.cfg.Pages))
+	if s.runSeqs == nil {
+		s.allocReads(min(maxRun, s.cfg.Pages))
 	}
 	for done := 0; done < len(pages); {
 		if ctx.Err() != nil {
@@ -490,25 +498,45 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	return len(pages)
 }
 
-// readRun reads pages from the n slots from first on with one pread and
-// serves the leading ones that verify; the slots are pinned (lookupRun)
-// until it returns.
+// allocReads sizes Fetch's buffers for runs of n slots.
+func (s *Store) allocReads(n int) {
+	s.meta = make([]byte, n*(slotHeaderBytes+s.dataOff))
+	s.tails = make([]byte, n*tier.ValueCRCBytes)
+	s.pad = make([]byte, s.slotBytes-slotHeaderBytes-s.valueLen)
+	s.iovs = make([][]byte, 0, 4*n)
+	s.runSeqs = make([]uint64, n)
+}
+
+// readRun reads pages from the slots from first on with one preadv, the
+// page bytes straight into their Data, and serves the leading ones that
+// verify; the slots are pinned (lookupRun) until it returns.
 func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 	defer s.endRead()
+	metaLen := slotHeaderBytes + s.dataOff
+	s.iovs = s.iovs[:0]
+	for k := range pages {
+		if len(pages[k].Data) != s.cfg.Format.PageBytes() {
+			s.c.Rejected.Add(1)
+			pages = pages[:k] // read and serve those before it
+			break
+		}
+		s.iovs = append(s.iovs, s.meta[k*metaLen:(k+1)*metaLen], pages[k].Data, s.tails[4*k:4*k+4])
+		if len(s.pad) > 0 {
+			s.iovs = append(s.iovs, s.pad)
+		}
+	}
+	if len(pages) == 0 {
+		return 0
+	}
 	f, off := s.slotAt(first)
-	b := s.rbuf[:len(pages)*s.slotBytes]
-	if _, err := f.ReadAt(b, off); err != nil {
+	if err := preadv(f, s.iovs, off); err != nil {
 		s.c.Errors.Add(1)
 		return 0
 	}
 	s.c.BytesIn.Add(int64(len(pages) * s.valueLen))
 	for k := range pages {
 		p := &pages[k]
-		if len(p.Data) != s.cfg.Format.PageBytes() {
-			s.c.Rejected.Add(1)
-			return k
-		}
-		h, v, _, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], s.tokens, p.Data)
+		h, v, _, err := s.checkSlotParts(s.meta[k*metaLen:(k+1)*metaLen], p.Data, s.tails[4*k:4*k+4], s.tokens)
 		if err == nil {
 			s.tokens = v.Tokens
 			err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
