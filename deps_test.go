@@ -89,7 +89,7 @@ var allowedImports = map[string][]string{
 
 	// Top: programs and cross-package fuzzers may import anything below them.
 	// Prometheus collectors over the Manager's stats.
-	"metrics": {"", "github.com/prometheus/client_golang"},
+	"metrics": {"", "tier", "github.com/prometheus/client_golang"},
 	// The serving-workload simulator behind `pagedkv simulate`.
 	"internal/sim": {"*"},
 	"cmd/pagedkv":  {"*"},

@@ -2,11 +2,13 @@ package pagedkv
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -251,10 +253,24 @@ func TestTierConfigRejected(t *testing.T) {
 		"memory size":           {HostPages: 4, Format: tierFormat(4), HostMemory: make([]byte, 3)},
 		"ahead above the pool":  {HostPages: 4, OffloadFreePages: 9},
 		"negative deadline":     {HostPages: 4, RemoteDeadline: -1},
+		// Issue 28: the geometry's product wrapped int64 (0 bytes with 16
+		// layers, -2^63 with 3) and the format was accepted.
+		"format wraps to 0":    {HostPages: 4, Format: wrappingFormat(1<<30, 16)},
+		"format wraps below 0": {HostPages: 4, Format: wrappingFormat(1<<29, 3)},
 	} {
 		_, err := New(Config{NumPages: 8, PageSize: 4, Tiers: tc})
 		require.ErrorIs(t, err, ErrBadConfig, name)
+		if tc.Format.HeadDim == 1<<30 {
+			require.ErrorContains(t, err, fmt.Sprintf("layers %d", tc.Format.Layers), name)
+		}
 	}
+}
+
+// wrappingFormat is a page format of the pool's page size whose byte
+// count wraps int64 when multiplied without checks (issue 28): 4 tokens x
+// 2^29 heads x 2^30 dims x 2 bytes x 2 planes x 3 layers is -2^63 wrapped.
+func wrappingFormat(heads, layers int) tier.PageFormat {
+	return tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 4, NumKVHeads: heads, HeadDim: 1 << 30, Layers: layers}
 }
 
 type nopRemote struct{}

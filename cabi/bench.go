@@ -12,6 +12,12 @@ import (
 	"github.com/pagedkv/pagedkv"
 )
 
+// Bounds of pagedkv_bench_decode_steps.
+const (
+	maxBenchRequests = 1 << 16
+	maxBenchTokens   = 1 << 20 // prompt + warm + steps
+)
+
 // pagedkv_bench_decode_steps is the Go side of python/bench_step.py: it
 // runs the decode workload that script runs through the binding, on a
 // Manager of its own, directly in Go, and stores the nanoseconds the
@@ -24,13 +30,18 @@ import (
 //export pagedkv_bench_decode_steps
 func pagedkv_bench_decode_steps(requests, prompt, warm, steps, pageSize C.int64_t, ns *C.int64_t) (code C.int32_t) {
 	defer recoverTo(&code)
+	// Each bound is checked alone before any sum, so no value wraps past
+	// them (INT64_MAX warm and steps once summed to a small number).
 	if requests < 1 || prompt < 1 || warm < 0 || steps < 1 || pageSize < 1 || ns == nil ||
-		requests > 1<<16 || prompt+warm+steps > 1<<20 {
-		return badArg("bench_decode_steps: requests %d, prompt %d, warm %d, steps %d, page_size %d, ns %p",
-			int64(requests), int64(prompt), int64(warm), int64(steps), int64(pageSize), ns)
+		requests > maxBenchRequests || prompt > maxBenchTokens || warm > maxBenchTokens || steps > maxBenchTokens ||
+		prompt+warm+steps > maxBenchTokens {
+		return badArg("bench_decode_steps: requests %d, prompt %d, warm %d, steps %d, page_size %d, ns %p: want requests 1..%d, prompt+warm+steps <= %d",
+			int64(requests), int64(prompt), int64(warm), int64(steps), int64(pageSize), ns, maxBenchRequests, maxBenchTokens)
 	}
 	r, ps, total := int(requests), int(pageSize), int(prompt+warm+steps)+1
-	m, err := pagedkv.New(pagedkv.Config{NumPages: r * ((total+ps-1)/ps + 1), PageSize: ps, HashSeed: 1})
+	// ceil(total/ps)+1 pages per request, written so that a huge page
+	// size cannot overflow.
+	m, err := pagedkv.New(pagedkv.Config{NumPages: r * ((total-1)/ps + 2), PageSize: ps, HashSeed: 1})
 	if err != nil {
 		return failErr(err)
 	}
@@ -71,4 +82,12 @@ func pagedkv_bench_decode_steps(requests, prompt, warm, steps, pageSize C.int64_
 	}
 	*ns = C.int64_t(time.Since(start).Nanoseconds())
 	return C.PAGEDKV_OK
+}
+
+// goBenchDecodeSteps calls pagedkv_bench_decode_steps as C would (for the
+// Go tests: test files cannot use cgo's C types).
+func goBenchDecodeSteps(requests, prompt, warm, steps, pageSize int64) (ns int64, code int32) {
+	var out C.int64_t
+	code = int32(pagedkv_bench_decode_steps(C.int64_t(requests), C.int64_t(prompt), C.int64_t(warm), C.int64_t(steps), C.int64_t(pageSize), &out))
+	return int64(out), code
 }

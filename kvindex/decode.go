@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"slices"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -108,15 +110,31 @@ func parseReply(frames [][]byte) (seq uint64, payload []byte, err error) {
 // decoder reads one payload with bounds checked against the bytes left, so
 // that no declared length makes it allocate more than the input.
 type decoder struct {
-	r *bytes.Reader
-	d *msgpack.Decoder
+	in []byte
+	r  *bytes.Reader
+	d  *msgpack.Decoder
 }
+
+// Decoding costs O(input): DecodeBatch allocates at most
+// DecodeAllocPerByte bytes for each byte of payload, plus
+// DecodeAllocOverhead, whatever the payload declares. The bound is met by
+// construction: every declared length is checked against the bytes left
+// before anything is made; the events array is sized by the shortest
+// possible event (sizeof(Event) = 128 bytes per minEventBytes = 16 bytes
+// of input, plus the one-hash array inside it); a hash costs 8 bytes per
+// input byte at worst, a token 4, a string its own length (rounded to the
+// allocator's size class), and unknown fields nothing. FuzzDecode and
+// TestDecodeAllocatesWithinItsBound measure it.
+const (
+	DecodeAllocPerByte  = 10
+	DecodeAllocOverhead = 4 << 10
+)
 
 // DecodeBatch decodes a payload. It accepts events in vLLM's current map
 // form and in the earlier array form (array_like=True), and ignores fields
 // it does not know, so newer vLLM versions stay readable.
 func DecodeBatch(payload []byte) (Batch, error) {
-	dec := decoder{r: bytes.NewReader(payload)}
+	dec := decoder{in: payload, r: bytes.NewReader(payload)}
 	dec.d = msgpack.NewDecoder(dec.r)
 	b, err := dec.batch()
 	if err != nil {
@@ -144,6 +162,10 @@ func (dec *decoder) batch() (Batch, error) {
 	if err != nil {
 		return Batch{}, err
 	}
+	// No event is shorter than minEventBytes, so this is the most a batch
+	// of the bytes left can hold: the events cost at most
+	// sizeof(Event)/minEventBytes bytes a byte of input, with no regrowth.
+	b.Events = make([]Event, 0, min(ne, dec.r.Len()/minEventBytes))
 	for i := range ne {
 		ev, err := dec.event()
 		if err != nil {
@@ -164,6 +186,10 @@ func (dec *decoder) batch() (Batch, error) {
 	}
 	return b, nil
 }
+
+// minEventBytes is the shortest event's encoding: ["BlockRemoved", [h]]
+// in the array form (1 + 13 + 2 bytes).
+const minEventBytes = 16
 
 // arrayLen reads an array header (nil is an error).
 func (dec *decoder) arrayLen(what string) (int, error) {
@@ -208,65 +234,91 @@ func (dec *decoder) str(what string) (string, error) {
 	if !msgpcode.IsString(c) {
 		return "", fmt.Errorf("%s: msgpack code %#x, want a string", what, c)
 	}
-	b, err := dec.raw(what)
-	return string(b), err
+	body, err := dec.body()
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
+	}
+	return string(body), nil
 }
 
-// raw reads a str or bin body, bounded by the input.
-func (dec *decoder) raw(what string) ([]byte, error) {
+// body reads a str or bin header and returns its body as a view of the
+// input (no copy), bounded by the bytes left.
+func (dec *decoder) body() ([]byte, error) {
 	n, err := dec.d.DecodeBytesLen()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
+		return nil, err
 	}
-	if n < 0 || n > dec.r.Len() {
-		return nil, fmt.Errorf("%s: %d bytes declared, %d left", what, n, dec.r.Len())
+	off := len(dec.in) - dec.r.Len()
+	if err := dec.discard(n); err != nil {
+		return nil, err
 	}
-	b := make([]byte, n)
-	_, err = dec.r.Read(b)
-	if n == 0 {
-		err = nil
-	}
-	return b, err
+	return dec.in[off : off+n : off+n], nil
 }
 
-// hash reads an ExternalBlockHash: an integer, or bytes (last 8, big-endian).
-func (dec *decoder) hash(what string) (uint64, error) {
+// fieldName reads a map key and returns the known field it names, as
+// that field's constant string (no allocation), or "" for a field this
+// decoder does not read.
+func (dec *decoder) fieldName() (string, error) {
 	c, err := dec.d.PeekCode()
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
+		return "", fmt.Errorf("field name: %w", err)
+	}
+	if !msgpcode.IsString(c) {
+		return "", fmt.Errorf("field name: msgpack code %#x, want a string", c)
+	}
+	body, err := dec.body()
+	if err != nil {
+		return "", fmt.Errorf("field name: %w", err)
+	}
+	for _, f := range knownFields {
+		if string(body) == f {
+			return f, nil
+		}
+	}
+	return "", nil
+}
+
+// knownFields are the map-form fields the decoder reads; a field's bit in
+// mapEvent's seen mask is its index here.
+var knownFields = [...]string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium", "lora_name", "group_idx"}
+
+// hash reads an ExternalBlockHash: an integer, or bytes (last 8, big-endian).
+// A byte hash is read in place, without a copy.
+func (dec *decoder) hash() (uint64, error) {
+	c, err := dec.d.PeekCode()
+	if err != nil {
+		return 0, err
 	}
 	if msgpcode.IsBin(c) || msgpcode.IsString(c) {
-		b, err := dec.raw(what)
+		b, err := dec.body()
 		if err != nil {
 			return 0, err
 		}
 		if len(b) == 0 {
-			return 0, fmt.Errorf("%s: empty byte hash", what)
+			return 0, fmt.Errorf("empty byte hash")
 		}
 		var v [8]byte
 		copy(v[8-min(8, len(b)):], b[max(0, len(b)-8):])
 		return binary.BigEndian.Uint64(v[:]), nil
 	}
 	if c == msgpcode.Nil {
-		return 0, fmt.Errorf("%s: nil hash", what)
+		return 0, fmt.Errorf("nil hash")
 	}
-	h, err := dec.d.DecodeUint64() // negative integers keep their bits
-	if err != nil {
-		return 0, fmt.Errorf("%s: %w", what, err)
-	}
-	return h, nil
+	return dec.d.DecodeUint64() // negative integers keep their bits
 }
 
+// hashes reads an array of hashes. Its context (the field and the index)
+// is formatted only for an error, so a long array costs 8 bytes a hash.
 func (dec *decoder) hashes(what string) ([]uint64, error) {
 	n, err := dec.arrayLen(what)
 	if err != nil {
 		return nil, err
 	}
-	var hs []uint64
+	hs := make([]uint64, 0, n) // n <= the bytes left: every hash takes one
 	for i := range n {
-		h, err := dec.hash(fmt.Sprintf("%s[%d]", what, i))
+		h, err := dec.hash()
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s[%d]: %w", what, i, err)
 		}
 		hs = append(hs, h)
 	}
@@ -333,7 +385,7 @@ func (dec *decoder) field(ev *Event, name string) error {
 	case "parent_block_hash":
 		var isNil bool
 		if isNil, err = dec.nilNext(); err == nil && !isNil {
-			ev.Parent, err = dec.hash("parent_block_hash")
+			ev.Parent, err = dec.hash()
 			ev.HasParent = err == nil
 		}
 	case "token_ids":
@@ -385,7 +437,7 @@ func (dec *decoder) skip(depth int) error {
 		}
 		n *= 2
 	default:
-		return dec.d.Skip()
+		return dec.skipScalar(c)
 	}
 	for range n {
 		if err := dec.skip(depth + 1); err != nil {
@@ -393,6 +445,75 @@ func (dec *decoder) skip(depth int) error {
 		}
 	}
 	return nil
+}
+
+// skipScalar skips a value that is not an array or a map, reading its
+// length header itself and checking the declared body against the bytes
+// left before moving past it: nothing is allocated, whatever it declares.
+// (msgpack.Decoder.Skip allocates a str32, bin32 or ext32 body's declared
+// length before it finds the input short: 1 MiB for a 41-byte message.)
+func (dec *decoder) skipScalar(c byte) error {
+	if _, err := dec.r.ReadByte(); err != nil {
+		return err
+	}
+	var body int // bytes after the code and the length header
+	switch {
+	case c <= msgpcode.PosFixedNumHigh, c >= msgpcode.NegFixedNumLow, c == msgpcode.Nil, c == msgpcode.False, c == msgpcode.True:
+	case msgpcode.IsFixedString(c):
+		body = int(c & msgpcode.FixedStrMask)
+	case c == msgpcode.Uint8, c == msgpcode.Int8:
+		body = 1
+	case c == msgpcode.Uint16, c == msgpcode.Int16:
+		body = 2
+	case c == msgpcode.Uint32, c == msgpcode.Int32, c == msgpcode.Float:
+		body = 4
+	case c == msgpcode.Uint64, c == msgpcode.Int64, c == msgpcode.Double:
+		body = 8
+	case c == msgpcode.FixExt1, c == msgpcode.FixExt2, c == msgpcode.FixExt4, c == msgpcode.FixExt8, c == msgpcode.FixExt16:
+		body = 1 + 1<<(c-msgpcode.FixExt1) // the type byte, then 1..16 bytes
+	case c == msgpcode.Str8, c == msgpcode.Bin8, c == msgpcode.Ext8:
+		n, err := dec.uintN(1)
+		if err != nil {
+			return err
+		}
+		body = n
+	case c == msgpcode.Str16, c == msgpcode.Bin16, c == msgpcode.Ext16:
+		n, err := dec.uintN(2)
+		if err != nil {
+			return err
+		}
+		body = n
+	case c == msgpcode.Str32, c == msgpcode.Bin32, c == msgpcode.Ext32:
+		n, err := dec.uintN(4)
+		if err != nil {
+			return err
+		}
+		body = n
+	default:
+		return fmt.Errorf("msgpack code %#x is not a value", c)
+	}
+	if c == msgpcode.Ext8 || c == msgpcode.Ext16 || c == msgpcode.Ext32 {
+		body++ // the extension's type byte
+	}
+	return dec.discard(body)
+}
+
+// uintN reads an n-byte big-endian length.
+func (dec *decoder) uintN(n int) (int, error) {
+	var b [4]byte
+	if _, err := io.ReadFull(dec.r, b[4-n:]); err != nil {
+		return 0, fmt.Errorf("%d-byte length: %w", n, err)
+	}
+	return int(binary.BigEndian.Uint32(b[:])), nil
+}
+
+// discard moves past n bytes of the input, which must hold them.
+func (dec *decoder) discard(n int) error {
+	if n < 0 || n > dec.r.Len() {
+		return fmt.Errorf("%d bytes declared, %d left", n, dec.r.Len())
+	}
+	_, err := dec.r.Seek(int64(n), io.SeekCurrent)
+	return err
 }
 
 // check validates a decoded event's shape.
@@ -420,16 +541,23 @@ func (dec *decoder) mapEvent() (Event, error) {
 		return Event{}, fmt.Errorf("event map of %d entries in %d bytes", n, dec.r.Len())
 	}
 	var ev Event
-	seen := map[string]bool{}
+	var seen uint // bit i: knownFields[i] was read
 	for range n {
-		k, err := dec.str("field name")
+		k, err := dec.fieldName()
 		if err != nil {
 			return Event{}, err
 		}
-		if seen[k] {
+		if k == "" { // a field this decoder does not read
+			if err := dec.skip(0); err != nil {
+				return Event{}, fmt.Errorf("unknown field: %w", err)
+			}
+			continue
+		}
+		bit := uint(1) << slices.Index(knownFields[:], k)
+		if seen&bit != 0 {
 			return Event{}, fmt.Errorf("field %q twice", k)
 		}
-		seen[k] = true
+		seen |= bit
 		if k == "type" {
 			tag, err := dec.str("type")
 			if err != nil {

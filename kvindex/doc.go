@@ -31,11 +31,18 @@
 // Batches of a source are applied in sequence order. A gap (sequence >
 // last+1) is repaired from the publisher's replay socket before the newer
 // batch is applied; [SubscriberConfig.JoinReplay] makes a late joiner
-// replay from 0. A gap the replay cannot fill clears that replica's blocks
-// (the index only ever under-reports what a replica caches), counted in
-// [SourceStats].Unrepaired. AllBlocksCleared empties every group of a
-// replica (the groups stay known), and the publisher's resynchronisation
-// that follows refills them.
+// replay from 0. AllBlocksCleared empties every group of a replica (the
+// groups stay known), and the publisher's resynchronisation that follows
+// refills them.
+//
+// The index never over-reports what a replica caches: whenever the
+// subscriber cannot know which blocks a replica holds, it clears them and
+// under-reports until the replica stores them again. That is a gap the
+// replay cannot fill ([SourceStats].Unrepaired), a batch not applied in
+// full (undecodable, or refused by [Index.Apply]: [ReplicaStats].Unapplied),
+// and a publisher restart, seen as a live sequence number at or below the
+// last one received live ([ReplicaStats].Restarts): the new run is then
+// taken from its start. See docs/events.md, "Never over-reporting".
 //
 // # Concurrency
 //

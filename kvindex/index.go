@@ -124,6 +124,12 @@ func (rep *replica) match(chain []uint64) int {
 // size of its index now.
 type ReplicaStats struct {
 	Batches, Stored, Removed, Cleared int64
+	// Unapplied counts the batches of the replica's stream that were not
+	// applied in full (undecodable, or refused by Apply) and Restarts the
+	// publisher restarts its stream showed (sequence numbers going back):
+	// each cleared the replica's blocks, as the index could no longer know
+	// which it holds.
+	Unapplied, Restarts int64
 	// Blocks is the number of distinct block hashes indexed now in any
 	// group (len of [Index.Blocks]); a hash held by several groups counts
 	// once.
@@ -170,10 +176,17 @@ func (ix *Index) replica(r int) (*replica, error) {
 
 // Apply applies a batch of replica r's events in order, each to its
 // group (Event.Group; group 0 without one). A batch with a BlockStored of
-// another block size is refused whole (ErrBadEvent).
+// another block size is refused whole (ErrBadEvent) and leaves the index as
+// it was; a caller that follows a replica's stream must then treat the
+// replica's blocks as unknown, as the batch's removals are lost (a
+// Subscriber clears them).
 func (ix *Index) Apply(r int, b *Batch) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	return ix.applyLocked(r, b)
+}
+
+func (ix *Index) applyLocked(r int, b *Batch) error {
 	rep, err := ix.replica(r)
 	if err != nil {
 		return err
@@ -223,12 +236,46 @@ func (ix *Index) Apply(r int, b *Batch) error {
 	return nil
 }
 
-// clearReplica forgets replica r's blocks (its stream could not be
-// repaired); its groups stay known.
-func (ix *Index) clearReplica(r int) {
+// Why a stream cleared its replica's blocks.
+type clearCause uint8
+
+const (
+	causeGap       clearCause = iota // a gap a replay could not fill
+	causeUnapplied                   // a batch not applied in full
+	causeRestart                     // the publisher restarted
+)
+
+// clearReplica forgets replica r's blocks, as its stream cannot tell
+// which it holds; its groups stay known.
+func (ix *Index) clearReplica(r int, cause clearCause) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	ix.replicas[r].clear()
+	ix.clearLocked(r, cause)
+}
+
+func (ix *Index) clearLocked(r int, cause clearCause) {
+	rep := ix.replicas[r]
+	rep.clear()
+	switch cause {
+	case causeUnapplied:
+		rep.stats.Unapplied++
+	case causeRestart:
+		rep.stats.Restarts++
+	}
+}
+
+// applyOrClear applies a batch of replica r's stream, or, if Apply refuses
+// it, clears the replica's blocks under the same lock: a query sees the
+// replica before the batch or cleared, never what the batch would have
+// left out.
+func (ix *Index) applyOrClear(r int, b *Batch) error {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	err := ix.applyLocked(r, b)
+	if err != nil {
+		ix.clearLocked(r, causeUnapplied)
+	}
+	return err
 }
 
 // Hashes appends the chain hashes of the full pages of tokens in namespace

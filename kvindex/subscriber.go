@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -72,7 +71,7 @@ type source struct {
 	msgs    chan [][]byte
 	replies chan [][]byte
 	catchup chan struct{}
-	last    atomic.Int64 // last applied sequence, -1 before any
+	stream  // the sequencing of the replica's batches (stream.go)
 
 	mu    sync.Mutex
 	stats SourceStats
@@ -196,41 +195,7 @@ func (so *source) onMessage(frames [][]byte) {
 	if !strings.HasPrefix(msg.Topic, so.s.cfg.Topic) {
 		return
 	}
-	last := so.last.Load()
-	switch {
-	case last < 0 && msg.Seq > 0 && so.s.cfg.JoinReplay:
-		so.replay(0)
-	case last >= 0 && int64(msg.Seq) <= last:
-		return // already applied (from a replay)
-	case last >= 0 && int64(msg.Seq) > last+1:
-		so.count(func(st *SourceStats) { st.Gaps++ })
-		so.replay(uint64(last + 1))
-	}
-	last = so.last.Load()
-	if last >= 0 && int64(msg.Seq) <= last {
-		return
-	}
-	if (last >= 0 || so.s.cfg.JoinReplay) && int64(msg.Seq) != last+1 {
-		// The replay could not fill the gap (no replay socket, or the
-		// buffer moved on): what the index holds for this replica is no
-		// longer known to be true. Start over from here; the router
-		// underestimates this replica until its pages are stored again.
-		so.count(func(st *SourceStats) { st.Unrepaired++ })
-		so.s.ix.clearReplica(so.rep)
-	}
-	so.apply(msg.Seq, msg.Payload)
-}
-
-// apply decodes and indexes one batch and records its sequence.
-func (so *source) apply(seq uint64, payload []byte) {
-	b, err := DecodeBatch(payload)
-	if err == nil {
-		err = so.s.ix.Apply(so.rep, &b)
-	}
-	if err != nil {
-		so.fail(fmt.Errorf("sequence %d: %w", seq, err))
-	}
-	so.last.Store(int64(seq))
+	so.live(so, msg.Seq, msg.Payload)
 }
 
 // replay asks the publisher for every batch from seq on and applies those
@@ -269,15 +234,9 @@ func (so *source) replay(from uint64) {
 			if seq == replyEnd {
 				return
 			}
-			last := so.last.Load()
-			if int64(seq) <= last {
-				continue
+			if so.replayed(so, from, seq, payload) {
+				so.count(func(st *SourceStats) { st.Replayed++ })
 			}
-			if int64(seq) != last+1 && !(last < 0 && seq == from) {
-				continue // not contiguous: the caller sees the gap remain
-			}
-			so.apply(seq, payload)
-			so.count(func(st *SourceStats) { st.Replayed++ })
 		}
 	}
 }

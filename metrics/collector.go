@@ -1,9 +1,13 @@
 package metrics
 
 import (
+	"slices"
+	"strings"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // Options configure a [Collector].
@@ -13,6 +17,14 @@ type Options struct {
 	// ConstLabels are added to every series (e.g. {"pool": "gpu0"} when an
 	// engine runs several Managers).
 	ConstLabels prometheus.Labels
+	// RecentRejections also exports the remote store's recent-rejections
+	// log (Stats.Tiers.Remote.Recent) as the gauge
+	// remote_recent_rejections{key, reason}: the count of each logged
+	// key. Off by default: keys are label values chosen by whoever writes
+	// bad values, so while it is bounded per scrape (tier.RecentRejections
+	// series), a stream of bad keys churns series in the time-series
+	// database.
+	RecentRejections bool
 }
 
 // series is one exported value: a Stats field, with the label value it
@@ -136,6 +148,8 @@ func definitions() []metric {
 				{"stored", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Stored) }},
 				{"dropped", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Dropped) }},
 			}},
+		{name: "remote_rejected_pages_total", help: "Remote values found and refused, by reason: corrupt (damaged), size (another length, refused before reading), wrong_type (not a string key), foreign (another namespace, group or format), stale (another page).",
+			typ: c, label: "reason", series: rejectedSeries()},
 		{name: "remote_errors_total", help: "Failed remote lookups and writes, by kind: all errors, and of those the lookups cut by the deadline.",
 			typ: c, label: "kind", series: []series{
 				{"error", func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.Errors) }},
@@ -144,10 +158,21 @@ func definitions() []metric {
 	}
 }
 
+// rejectedSeries reads Stats.Tiers.Remote.RejectedBy, one series per
+// reason.
+func rejectedSeries() []series {
+	out := make([]series, tier.NumRejectReasons)
+	for r := range tier.NumRejectReasons {
+		out[r] = series{r.String(), func(s *pagedkv.Stats) float64 { return float64(s.Tiers.Remote.RejectedBy[r]) }}
+	}
+	return out
+}
+
 // Collector is a prometheus.Collector over a Manager's Stats.
 type Collector struct {
 	stats   func() pagedkv.Stats
 	metrics []metric
+	recent  *prometheus.Desc // nil unless Options.RecentRejections
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
@@ -169,6 +194,11 @@ func NewCollector(stats func() pagedkv.Stats, opts Options) *Collector {
 		}
 		m.desc = prometheus.NewDesc(prometheus.BuildFQName(ns, "", m.name), m.help, labels, opts.ConstLabels)
 	}
+	if opts.RecentRejections {
+		c.recent = prometheus.NewDesc(prometheus.BuildFQName(ns, "", "remote_recent_rejections"),
+			"The remote store's recent rejections: for each logged key and reason, the values refused since the entry entered the bounded log.",
+			[]string{"key", "reason"}, opts.ConstLabels)
+	}
 	return c
 }
 
@@ -176,6 +206,9 @@ func NewCollector(stats func() pagedkv.Stats, opts Options) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for i := range c.metrics {
 		ch <- c.metrics[i].desc
+	}
+	if c.recent != nil {
+		ch <- c.recent
 	}
 }
 
@@ -191,5 +224,23 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, sr.value(&s), sr.labelValue)
 			}
 		}
+	}
+	if c.recent != nil {
+		c.collectRecent(ch, &s.Tiers.Remote)
+	}
+}
+
+// collectRecent sends one series per logged (key, reason). Label values
+// must be valid UTF-8 and unique per scrape, whatever store filled the
+// log.
+func (c *Collector) collectRecent(ch chan<- prometheus.Metric, r *tier.RemoteStats) {
+	for i, e := range r.Recent {
+		if e.Count <= 0 || slices.ContainsFunc(r.Recent[:i], func(o tier.RemoteRejection) bool {
+			return o.Key == e.Key && o.Reason == e.Reason && o.Count > 0
+		}) {
+			continue
+		}
+		ch <- prometheus.MustNewConstMetric(c.recent, prometheus.GaugeValue, float64(e.Count),
+			strings.ToValidUTF8(e.Key, "\uFFFD"), e.Reason.String())
 	}
 }

@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,7 +20,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/internal/redistest"
+	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/metrics"
+	"github.com/pagedkv/pagedkv/tier"
+	"github.com/pagedkv/pagedkv/tier/redis"
 )
 
 // scrape serves c through promhttp and returns the samples of the text
@@ -45,21 +51,30 @@ func scrape(t *testing.T, c prometheus.Collector) []string {
 	return lines
 }
 
-// numbered returns Stats with its i-th number field (in declaration order,
-// nested structs such as Stats.Tiers walked in place) set to i+1, and the
-// count of number fields.
+// numbered returns Stats with its i-th number (in declaration order,
+// nested structs such as Stats.Tiers walked in place, arrays of numbers
+// such as RemoteStats.RejectedBy element by element) set to i+1, and the
+// count of numbers. Arrays of records (RemoteStats.Recent, a log) are not
+// numbers and stay zero.
 func numbered() (pagedkv.Stats, int) {
 	var s pagedkv.Stats
 	n := 0
 	var walk func(v reflect.Value)
 	walk = func(v reflect.Value) {
-		for i := range v.NumField() {
-			if f := v.Field(i); f.Kind() == reflect.Struct {
-				walk(f)
-			} else {
-				n++
-				f.SetInt(int64(n))
+		switch v.Kind() {
+		case reflect.Struct:
+			for i := range v.NumField() {
+				walk(v.Field(i))
 			}
+		case reflect.Array:
+			if v.Type().Elem().Kind() != reflect.Struct {
+				for i := range v.Len() {
+					walk(v.Index(i))
+				}
+			}
+		default:
+			n++
+			v.SetInt(int64(n))
 		}
 	}
 	walk(reflect.ValueOf(&s).Elem())
@@ -104,6 +119,11 @@ func TestCollectorExposition(t *testing.T) {
 		`pagedkv_remote_pages_total{outcome="rejected",pool="gpu0"} 45`,
 		`pagedkv_remote_pages_total{outcome="requested",pool="gpu0"} 42`,
 		`pagedkv_remote_pages_total{outcome="stored",pool="gpu0"} 48`,
+		`pagedkv_remote_rejected_pages_total{pool="gpu0",reason="corrupt"} 52`,
+		`pagedkv_remote_rejected_pages_total{pool="gpu0",reason="foreign"} 55`,
+		`pagedkv_remote_rejected_pages_total{pool="gpu0",reason="size"} 53`,
+		`pagedkv_remote_rejected_pages_total{pool="gpu0",reason="stale"} 56`,
+		`pagedkv_remote_rejected_pages_total{pool="gpu0",reason="wrong_type"} 54`,
 		`pagedkv_requests{pool="gpu0"} 9`,
 		`pagedkv_resume_hit_tokens_total{pool="gpu0"} 15`,
 		`pagedkv_resumed_tokens_total{pool="gpu0"} 14`,
@@ -213,4 +233,60 @@ func TestScrapeWhileRunning(t *testing.T) {
 	// starts with them: 199 * 8 hit tokens, 9 + 199*2 computed.
 	assert.Contains(t, lines, "pagedkv_prompt_hit_tokens_total 1592")
 	assert.Contains(t, lines, "pagedkv_computed_tokens_total 407")
+}
+
+// With Options.RecentRejections the recent-rejections log is exported,
+// one series per logged key and reason (empty entries skipped, duplicates
+// from a careless store dropped, keys made valid UTF-8); without it, not.
+func TestRecentRejectionsExposition(t *testing.T) {
+	var s pagedkv.Stats
+	s.Tiers.Remote.Recent[0] = tier.RemoteRejection{Key: "pkv:{ab}:m:k1", Reason: tier.RejectWrongType, Count: 3, Detail: "the key holds a list"}
+	s.Tiers.Remote.Recent[1] = tier.RemoteRejection{Key: "pkv:{cd}:m:k2", Reason: tier.RejectSize, Count: 1}
+	s.Tiers.Remote.Recent[2] = tier.RemoteRejection{Key: "pkv:{ab}:m:k1", Reason: tier.RejectWrongType, Count: 9}
+	s.Tiers.Remote.Recent[3] = tier.RemoteRejection{Key: "pkv:\xff", Reason: tier.RejectStale, Count: 2}
+	stats := func() pagedkv.Stats { return s }
+	recent := func(lines []string) []string {
+		var out []string
+		for _, l := range lines {
+			if strings.HasPrefix(l, "pagedkv_remote_recent_rejections") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	assert.Equal(t, []string{
+		`pagedkv_remote_recent_rejections{key="pkv:{ab}:m:k1",reason="wrong_type"} 3`,
+		`pagedkv_remote_recent_rejections{key="pkv:{cd}:m:k2",reason="size"} 1`,
+		`pagedkv_remote_recent_rejections{key="pkv:` + "\uFFFD" + `",reason="stale"} 2`,
+	}, recent(scrape(t, metrics.NewCollector(stats, metrics.Options{RecentRejections: true}))))
+	assert.Empty(t, recent(scrape(t, metrics.NewCollector(stats, metrics.Options{}))), "off by default")
+}
+
+// A Manager over a real Redis: a key of the wrong type under a prompt's
+// first page is a rejection recorded with its key and reason, in Stats
+// and in the scrape.
+func TestRemoteRejectionsScraped(t *testing.T) {
+	srv := redistest.Start(t)
+	f := tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 4, NumKVHeads: 1, HeadDim: 8, Layers: 2}
+	store, err := redis.New(redis.Config{Addr: srv.Addr(), Namespace: "model", Format: f, DialTimeout: time.Second})
+	require.NoError(t, err)
+	defer store.Close()
+	m, err := pagedkv.New(pagedkv.Config{NumPages: 16, PageSize: 4, HashSeed: 1,
+		Tiers: pagedkv.TierConfig{HostPages: 4, Format: f, Remote: store, RemoteDeadline: 5 * time.Second}})
+	require.NoError(t, err)
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	first := tier.Next(nil, tier.NamespaceRoot("", "", ""), prompt[:4])
+	key := store.Key(&tier.RemotePage{Digest: first, Chain: first})
+	require.NoError(t, store.Client().RPush(context.Background(), key, "not a page").Err())
+
+	n, err := m.Add(1, pagedkv.Request{Prompt: prompt})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	r := m.Stats().Tiers.Remote
+	require.EqualValues(t, 1, r.RejectedBy[tier.RejectWrongType])
+	require.Equal(t, tier.RemoteRejection{Key: key, Reason: tier.RejectWrongType, Count: 1, Detail: "the key holds a list, not a string"}, r.Recent[0])
+	lines := scrape(t, metrics.NewCollector(m.Stats, metrics.Options{RecentRejections: true}))
+	assert.Contains(t, lines, `pagedkv_remote_rejected_pages_total{reason="wrong_type"} 1`)
+	assert.Contains(t, lines, `pagedkv_remote_recent_rejections{key="`+key+`",reason="wrong_type"} 1`)
+	assert.Zero(t, r.Errors)
 }

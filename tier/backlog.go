@@ -77,11 +77,23 @@ func (c *RemoteCounters) Snapshot() RemoteStats {
 	}
 }
 
-// Plus returns s and o added field by field.
+// Plus returns s and o added field by field; Recent keeps s's entries,
+// then o's, as many as fit.
 func (s RemoteStats) Plus(o RemoteStats) RemoteStats {
-	return RemoteStats{
+	sum := RemoteStats{
 		Lookups: s.Lookups + o.Lookups, Requested: s.Requested + o.Requested, Hits: s.Hits + o.Hits, Misses: s.Misses + o.Misses,
 		Rejected: s.Rejected + o.Rejected, Errors: s.Errors + o.Errors, Timeouts: s.Timeouts + o.Timeouts,
 		Stored: s.Stored + o.Stored, Dropped: s.Dropped + o.Dropped, BytesIn: s.BytesIn + o.BytesIn, BytesOut: s.BytesOut + o.BytesOut,
 	}
+	for r := range sum.RejectedBy {
+		sum.RejectedBy[r] = s.RejectedBy[r] + o.RejectedBy[r]
+	}
+	n := 0
+	for _, e := range append(s.Recent[:], o.Recent[:]...) {
+		if e.Count != 0 && n < len(sum.Recent) {
+			sum.Recent[n] = e
+			n++
+		}
+	}
+	return sum
 }

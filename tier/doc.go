@@ -2,8 +2,10 @@
 // where a page lives ([Medium]), which way a copy goes ([Direction]), the
 // identity of a cached page that outlives its device page ([Digest], a
 // SHA-256 chain over the namespace and the prefix's tokens), the byte format
-// of a page off the device ([PageFormat]), and the interface of a remote
-// store ([RemoteStore]).
+// of a page off the device ([PageFormat]), the interface of a remote
+// store ([RemoteStore]), and the record of the values a store refused
+// ([RejectionLog]: counts per [RejectReason] and a bounded log of recent
+// keys).
 //
 // # Page identity
 //
@@ -23,6 +25,8 @@
 //
 // # Concurrency
 //
-// The functions and types here are values; [RemoteStore] implementations state
-// their own rules (the Redis store is safe for concurrent use).
+// The functions and types here are values, except [RejectionLog], which is
+// safe for concurrent use (a mutex, taken only on a rejection and in
+// Stats); [RemoteStore] implementations state their own rules (the Redis
+// store is safe for concurrent use).
 package tier

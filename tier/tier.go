@@ -122,7 +122,8 @@ var ErrBadFormat = errors.New("tier: bad page format")
 // MaxPageBytes bounds one page off the device (1 GiB).
 const MaxPageBytes = 1 << 30
 
-// Validate checks every field.
+// Validate checks every field, and that a page's bytes (the product of
+// the geometry) are at most MaxPageBytes, computed without overflow.
 func (f PageFormat) Validate() error {
 	switch {
 	case f.Layout != layout.NHD && f.Layout != layout.HND:
@@ -133,10 +134,25 @@ func (f PageFormat) Validate() error {
 		return fmt.Errorf("%w: page size %d, kv heads %d, head dim %d, layers %d: want >= 1 each",
 			ErrBadFormat, f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers)
 	}
-	if b := int64(f.PageSize) * int64(f.NumKVHeads) * int64(f.HeadDim) * int64(f.DType.Size()) * 2 * int64(f.Layers); b > MaxPageBytes {
-		return fmt.Errorf("%w: a page of %d bytes exceeds %d", ErrBadFormat, b, MaxPageBytes)
+	if _, ok := f.checkedPageBytes(); !ok {
+		return fmt.Errorf("%w: page size %d x kv heads %d x head dim %d x %d-byte %v x 2 planes x layers %d exceeds %d bytes",
+			ErrBadFormat, f.PageSize, f.NumKVHeads, f.HeadDim, f.DType.Size(), f.DType, f.Layers, MaxPageBytes)
 	}
 	return nil
+}
+
+// checkedPageBytes multiplies the geometry factor by factor, stopping
+// before any product passes MaxPageBytes, so no int64 product wraps (a
+// wrapped one once passed as 0 or negative bytes). The factors are >= 1.
+func (f PageFormat) checkedPageBytes() (int64, bool) {
+	b := int64(1)
+	for _, factor := range [...]int{f.PageSize, f.NumKVHeads, f.HeadDim, f.DType.Size(), 2, f.Layers} {
+		if factor < 1 || int64(factor) > MaxPageBytes/b {
+			return 0, false
+		}
+		b *= int64(factor)
+	}
+	return b, true
 }
 
 // PlaneBytes is the size of one layer's K (or V) plane of a page.
@@ -195,4 +211,10 @@ type RemoteStats struct {
 	Dropped   int64 // pages not written: queue full or store closed
 	BytesIn   int64 // value bytes read
 	BytesOut  int64 // value bytes written
+
+	// RejectedBy splits Rejected by reason (index: a RejectReason).
+	RejectedBy [NumRejectReasons]int64
+	// Recent are the latest rejections, most recent first, one entry per
+	// key and reason, at most RecentRejections (unused entries: Count 0).
+	Recent [RecentRejections]RemoteRejection
 }

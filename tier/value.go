@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"slices"
+	"strconv"
 
 	"github.com/pagedkv/pagedkv/layout"
 )
@@ -265,21 +266,49 @@ func parseValueBody(body, data []byte, tokens []int32) (Value, error) {
 // Verify reports whether v is exactly page p of format f in namespace and
 // group; the error wraps [ErrForeignValue] or [ErrStaleValue] and names the field.
 func (v *Value) Verify(f PageFormat, namespace, group string, p *RemotePage) error {
+	if err := v.VerifyDeployment(f, namespace, group); err != nil {
+		return err
+	}
 	switch {
-	case v.Namespace != namespace:
-		return fmt.Errorf("%w: namespace %q, want %q", ErrForeignValue, v.Namespace, namespace)
-	case v.Group != group:
-		return fmt.Errorf("%w: group %q, want %q", ErrForeignValue, v.Group, group)
-	case v.Format != f:
-		return fmt.Errorf("%w: format %+v, want %+v", ErrForeignValue, v.Format, f)
 	case v.Digest != p.Digest:
 		return fmt.Errorf("%w: digest %s, want %s", ErrStaleValue, v.Digest.String()[:16], p.Digest.String()[:16])
 	case v.Parent != p.Parent:
 		return fmt.Errorf("%w: parent %s, want %s", ErrStaleValue, v.Parent.String()[:16], p.Parent.String()[:16])
 	case !slices.Equal(v.Tokens, p.Tokens):
-		return fmt.Errorf("%w: tokens %v, want %v", ErrStaleValue, v.Tokens, p.Tokens)
+		i := 0
+		for i < len(v.Tokens) && i < len(p.Tokens) && v.Tokens[i] == p.Tokens[i] {
+			i++
+		}
+		return fmt.Errorf("%w: %d tokens, want %d; the first difference at token %d", ErrStaleValue, len(v.Tokens), len(p.Tokens), i)
 	}
 	return nil
+}
+
+// VerifyDeployment reports whether v is a value of format f in namespace
+// and group; the error wraps [ErrForeignValue] and names the field.
+func (v *Value) VerifyDeployment(f PageFormat, namespace, group string) error {
+	switch {
+	case v.Namespace != namespace:
+		return fmt.Errorf("%w: namespace %s, want %q", ErrForeignValue, quoteCut(v.Namespace), namespace)
+	case v.Group != group:
+		return fmt.Errorf("%w: group %s, want %q", ErrForeignValue, quoteCut(v.Group), group)
+	case v.Format != f:
+		return fmt.Errorf("%w: format %+v, want %+v", ErrForeignValue, v.Format, f)
+	}
+	return nil
+}
+
+// maxQuoted bounds the bytes of a value's string an error quotes: the
+// writer chose them, and %q of 64 KiB of escapes once cost 27 bytes of
+// allocation per byte of the value.
+const maxQuoted = 64
+
+// quoteCut quotes s, cut to maxQuoted bytes (marked with its length).
+func quoteCut(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%q... (%d bytes)", s[:maxQuoted], len(s))
 }
 
 // CheckDigest reports whether v's digest is the chain digest of its parent

@@ -25,6 +25,10 @@ docs/golden.md) found under the given directories, prints one line per case
 and a last line "verify: N passed, M failed". The exit code is 1 when a case
 fails or a file cannot be read, 2 on bad usage.
 
+A path that is not a regular file once symlinks are followed (a device
+such as /dev/zero, a FIFO) or is larger than 1 GiB fails as such, before
+anything is read; a file that is not safetensors is named so.
+
 An operation the backend does not implement fails as "unsupported on NAME"
 unless --fallback names a backend to rerun it on; the line then says
 "(NAME fallback)". Host-side operations (get_seq_lens, packbits, masks, ...)

@@ -6,9 +6,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -231,4 +233,49 @@ func TestFlashInferReferenceTool(t *testing.T) {
 	require.Error(t, err)
 	assert.Contains(t, string(out), "bad.safetensors")
 	assert.Contains(t, string(out), "check: 0 ok, 1 bad")
+}
+
+// verify refuses, before reading a byte, what is not a regular file (a
+// device, a FIFO, a symlink to one) and files over the size limit, naming
+// the file and the limit; a text file is named as not a safetensors file
+// (issue 28 finding 5, issue 29). /dev/zero once grew the process to 10 GB.
+func TestVerifyRefusesFilesItCannotBound(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Symlink("/dev/zero", filepath.Join(dir, "zero.safetensors")))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(dir, "fifo.safetensors"), 0o600))
+	huge := filepath.Join(dir, "huge.safetensors")
+	require.NoError(t, os.WriteFile(huge, nil, 0o644))
+	require.NoError(t, os.Truncate(huge, safetensors.MaxFileBytes+1)) // sparse: costs no disk
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "readme.safetensors"), readme, 0o644))
+
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	code, out, _ := runCLI("verify", dir)
+	runtime.ReadMemStats(&after)
+	assert.Equal(t, exitFailure, code)
+	limit := strconv.Itoa(safetensors.MaxFileBytes)
+	for _, want := range []string{
+		"FAIL fifo: " + filepath.Join(dir, "fifo.safetensors") + ": not a regular file",
+		"FAIL huge: " + huge + ": file too large: " + strconv.Itoa(safetensors.MaxFileBytes+1) + " bytes exceeds the limit of " + limit + " bytes",
+		"FAIL readme: " + filepath.Join(dir, "readme.safetensors") + ": safetensors: not a safetensors file: byte 8 is ",
+		"FAIL zero: " + filepath.Join(dir, "zero.safetensors") + ": not a regular file",
+		"verify: 0 passed, 4 failed",
+	} {
+		assert.Contains(t, out, want)
+	}
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(64<<20), "refusals read nothing")
+
+	require.EqualValues(t, 1<<30, safetensors.MaxFileBytes, "the help states the limit as 1 GiB")
+	require.Contains(t, verifyHelp, "larger than 1 GiB")
+
+	code, out, _ = runCLI("verify", "/dev/zero")
+	assert.Equal(t, exitFailure, code)
+	assert.Contains(t, out, "FAIL zero: /dev/zero: not a regular file")
+
+	code, out, _ = runCLI("verify", "../../README.md")
+	assert.Equal(t, exitFailure, code)
+	assert.Contains(t, out, "FAIL README.md: ../../README.md: safetensors: not a safetensors file")
+	assert.NotContains(t, out, "header length")
 }

@@ -40,9 +40,11 @@ type Case struct {
 	file *safetensors.File
 }
 
-// Load reads and parses the case at path.
+// Load reads and parses the case at path. It refuses, before reading, a
+// path that is not a regular file (a device, a FIFO, a symlink to one) or
+// is larger than safetensors.MaxFileBytes, naming the path and the limit.
 func Load(path string) (*Case, error) {
-	buf, err := os.ReadFile(path)
+	buf, err := safetensors.ReadBounded(path, safetensors.MaxFileBytes)
 	if err != nil {
 		return nil, err
 	}

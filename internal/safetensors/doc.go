@@ -10,7 +10,9 @@
 // [ErrHeaderTooLarge]) that names the offending tensor and value, never a
 // panic. Parsing allocates only for the header's own contents (bounded by
 // [MaxHeaderBytes] and by the file's size); tensor data is never copied or
-// sized from a declared shape.
+// sized from a declared shape. [ReadFile] and [ReadBounded] refuse, before
+// reading, anything but a regular file and files over a stated limit
+// ([MaxFileBytes] for ReadFile), so a path such as /dev/zero costs nothing.
 //
 // # Invariants
 //

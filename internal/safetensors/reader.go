@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"slices"
@@ -20,6 +21,9 @@ const (
 	// MaxHeaderBytes bounds the JSON header (the Rust implementation uses the
 	// same 100 MB bound).
 	MaxHeaderBytes = 100 << 20
+	// MaxFileBytes bounds a file [ReadFile] reads (1 GiB: the largest
+	// shipped case is under 2 MiB).
+	MaxFileBytes = 1 << 30
 	// MaxRank bounds the number of dimensions of a tensor.
 	MaxRank = 16
 	// MetadataKey is the reserved header entry holding the string metadata.
@@ -36,6 +40,12 @@ var (
 	ErrUnknownDType = errors.New("unknown dtype")
 	// ErrHeaderTooLarge: the header is longer than MaxHeaderBytes.
 	ErrHeaderTooLarge = errors.New("header too large")
+	// ErrNotRegular: [ReadBounded] was given a device, FIFO, socket or
+	// directory (after symlinks), which it refuses to read.
+	ErrNotRegular = errors.New("not a regular file")
+	// ErrFileTooLarge: the file is larger than the limit [ReadBounded]
+	// was given.
+	ErrFileTooLarge = errors.New("file too large")
 )
 
 // Error is the error type of this package. Tensor is the tensor it concerns
@@ -95,10 +105,11 @@ func (f *File) Tensor(name string) (Tensor, bool) {
 	return Tensor{}, false
 }
 
-// ReadFile reads and parses the file at path. The whole file is read into
-// memory once; the tensors alias that buffer.
+// ReadFile reads and parses the file at path (see [ReadBounded] for the
+// files it refuses). The whole file is read into memory once; the tensors
+// alias that buffer.
 func ReadFile(path string) (*File, error) {
-	buf, err := os.ReadFile(path)
+	buf, err := ReadBounded(path, MaxFileBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -109,6 +120,71 @@ func ReadFile(path string) (*File, error) {
 	return f, nil
 }
 
+// ReadBounded returns the bytes of the file at path, refusing, before it
+// reads a byte, anything but a regular file (after symlinks: a device such
+// as /dev/zero, a FIFO, a directory) and a file of more than maxBytes. A
+// file that grows past its stated size while being read is refused too,
+// so no more than maxBytes+1 bytes are ever held. Errors name the path
+// and wrap [ErrNotRegular] or [ErrFileTooLarge].
+func ReadBounded(path string, maxBytes int64) ([]byte, error) {
+	// Stat before Open: opening a FIFO blocks until a writer comes.
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkRegular(path, st, maxBytes); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	// The file may have been replaced between Stat and Open.
+	if st, err = f.Stat(); err != nil {
+		return nil, err
+	}
+	if err := checkRegular(path, st, maxBytes); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, st.Size()+1) // the extra byte shows a file that grew
+	n, err := io.ReadFull(f, buf)
+	switch {
+	case err == nil:
+		return nil, fmt.Errorf("%s: %w: it grew past its size of %d bytes while being read", path, ErrFileTooLarge, st.Size())
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return buf[:n], nil
+	}
+	return nil, fmt.Errorf("%s: %w", path, err)
+}
+
+func checkRegular(path string, st os.FileInfo, maxBytes int64) error {
+	switch {
+	case !st.Mode().IsRegular():
+		return fmt.Errorf("%s: %w (%s): refusing to read it", path, ErrNotRegular, fileKind(st.Mode()))
+	case st.Size() > maxBytes:
+		return fmt.Errorf("%s: %w: %d bytes exceeds the limit of %d bytes", path, ErrFileTooLarge, st.Size(), maxBytes)
+	}
+	return nil
+}
+
+// fileKind names the kind of a file that is not regular.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeCharDevice != 0:
+		return "a character device"
+	case m&os.ModeDevice != 0:
+		return "a block device"
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	}
+	return "mode " + m.Type().String()
+}
+
 // Parse parses a whole safetensors file held in buf. The returned tensors
 // alias buf. See the package doc for what is checked.
 func Parse(buf []byte) (*File, error) {
@@ -116,6 +192,12 @@ func Parse(buf []byte) (*File, error) {
 		return nil, malformed("", "file is %d bytes, shorter than the 8-byte header length", len(buf))
 	}
 	n := binary.LittleEndian.Uint64(buf[:8])
+	if n > MaxHeaderBytes && len(buf) > 8 && buf[8] != '{' {
+		// A header is a JSON object, so byte 8 is '{' (the Rust
+		// implementation requires it too): a text file is named as what
+		// it is, not as the huge header length its first 8 bytes read as.
+		return nil, malformed("", "not a safetensors file: byte 8 is %q, where a header begins with '{' after the 8-byte length prefix", buf[8])
+	}
 	if n > MaxHeaderBytes {
 		return nil, &Error{Err: ErrHeaderTooLarge, Msg: fmt.Sprintf("header length %d exceeds the limit of %d bytes", n, MaxHeaderBytes)}
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"unsafe"
 
@@ -377,4 +378,41 @@ func TestParseHostileInputsAllocateLittle(t *testing.T) {
 			assert.LessOrEqual(t, allocated, limit, "Parse of a %d-byte input allocated %d bytes: %v", len(b), allocated, err)
 		})
 	}
+}
+
+// ReadBounded reads a regular file up to the limit and refuses, before
+// opening it, devices, FIFOs, directories and symlinks to them, and files
+// over the limit, naming the path and the limit.
+func TestReadBounded(t *testing.T) {
+	dir := t.TempDir()
+	small := filepath.Join(dir, "small")
+	require.NoError(t, os.WriteFile(small, []byte("0123456789"), 0o644))
+	b, err := ReadBounded(small, 10)
+	require.NoError(t, err)
+	require.Equal(t, "0123456789", string(b))
+	_, err = ReadBounded(small, 9)
+	require.ErrorIs(t, err, ErrFileTooLarge)
+	require.EqualError(t, err, small+": file too large: 10 bytes exceeds the limit of 9 bytes")
+
+	link := filepath.Join(dir, "zero.safetensors")
+	require.NoError(t, os.Symlink("/dev/zero", link))
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600)) // opening it would block
+	for path, kind := range map[string]string{"/dev/zero": "a character device", link: "a character device", fifo: "a FIFO", dir: "a directory"} {
+		_, err := ReadBounded(path, 1<<20)
+		require.ErrorIs(t, err, ErrNotRegular, path)
+		require.EqualError(t, err, path+": not a regular file ("+kind+"): refusing to read it")
+	}
+	_, err = ReadFile(link)
+	require.ErrorIs(t, err, ErrNotRegular, "ReadFile bounds its reads too")
+	_, err = ReadBounded(filepath.Join(dir, "missing"), 1)
+	require.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// A text file is named as not a safetensors file, not by the header
+// length its first 8 bytes spell (issue 29).
+func TestParseNamesTextFiles(t *testing.T) {
+	_, err := Parse([]byte("# pagedkv\n\nA Go library"))
+	require.ErrorIs(t, err, ErrMalformed)
+	require.EqualError(t, err, `safetensors: not a safetensors file: byte 8 is 'v', where a header begins with '{' after the 8-byte length prefix`)
 }

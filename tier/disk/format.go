@@ -198,13 +198,10 @@ func (s *Store) checkSlotParts(meta, data, tail []byte, tokens []int32) (slotHea
 	if err != nil {
 		return h, v, DropTorn, err
 	}
-	switch {
-	case v.Namespace != s.cfg.Namespace:
-		return h, v, DropForeign, fmt.Errorf("%w: namespace %q, want %q", tier.ErrForeignValue, v.Namespace, s.cfg.Namespace)
-	case v.Group != s.cfg.Group:
-		return h, v, DropForeign, fmt.Errorf("%w: group %q, want %q", tier.ErrForeignValue, v.Group, s.cfg.Group)
-	case v.Format != s.cfg.Format:
-		return h, v, DropForeign, fmt.Errorf("%w: format %+v, want %+v", tier.ErrForeignValue, v.Format, s.cfg.Format)
+	// The value's own identity: only its deployment is checked here (the
+	// page is checked against the request by the caller).
+	if err := v.VerifyDeployment(s.cfg.Format, s.cfg.Namespace, s.cfg.Group); err != nil {
+		return h, v, DropForeign, err
 	}
 	return h, v, 0, nil
 }

@@ -168,7 +168,8 @@ type Store struct {
 	// hold the writer).
 	beforeWrite func()
 
-	c                       tier.RemoteCounters
+	c                       tier.RemoteCounters // Rejected unused: rejections
+	rejections              tier.RejectionLog
 	evicted, skipped, syncs atomic.Int64
 }
 
@@ -516,7 +517,7 @@ func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 	s.iovs = s.iovs[:0]
 	for k := range pages {
 		if len(pages[k].Data) != s.cfg.Format.PageBytes() {
-			s.c.Rejected.Add(1)
+			s.reject(&pages[k], tier.RejectSize, fmt.Errorf("a buffer of %d bytes for a page of %d", len(pages[k].Data), s.cfg.Format.PageBytes()))
 			pages = pages[:k] // read and serve those before it
 			break
 		}
@@ -536,15 +537,18 @@ func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 	s.c.BytesIn.Add(int64(len(pages) * s.valueLen))
 	for k := range pages {
 		p := &pages[k]
-		h, v, _, err := s.checkSlotParts(s.meta[k*metaLen:(k+1)*metaLen], p.Data, s.tails[4*k:4*k+4], s.tokens)
+		h, v, why, err := s.checkSlotParts(s.meta[k*metaLen:(k+1)*metaLen], p.Data, s.tails[4*k:4*k+4], s.tokens)
 		if err == nil {
 			s.tokens = v.Tokens
 			err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
 		}
 		// The slot must still hold the write the index named: a slot
 		// overwritten since the lookup is refused, not served.
-		if err != nil || h.Seq != s.runSeqs[k] {
-			s.c.Rejected.Add(1)
+		if err == nil && h.Seq != s.runSeqs[k] {
+			err = fmt.Errorf("%w: slot sequence %d, the index says %d", tier.ErrStaleValue, h.Seq, s.runSeqs[k])
+		}
+		if err != nil {
+			s.reject(p, rejectReason(why, err), err)
 			return k
 		}
 		s.touch(first+k, h.Seq)
@@ -819,7 +823,27 @@ func (s *Store) closeFiles() error {
 }
 
 // Stats implements [tier.RemoteStore].
-func (s *Store) Stats() tier.RemoteStats { return s.c.Snapshot() }
+func (s *Store) Stats() tier.RemoteStats {
+	st := s.c.Snapshot()
+	s.rejections.Fill(&st)
+	return st
+}
+
+// reject records that page p's slot was found and refused.
+func (s *Store) reject(p *tier.RemotePage, reason tier.RejectReason, err error) {
+	s.rejections.Record(p.Digest.String(), reason, err.Error())
+}
+
+// rejectReason classifies why a slot was refused in a lookup.
+func rejectReason(why DropReason, err error) tier.RejectReason {
+	switch {
+	case errors.Is(err, tier.ErrStaleValue):
+		return tier.RejectStale
+	case why == DropForeign || errors.Is(err, tier.ErrForeignValue):
+		return tier.RejectForeign
+	}
+	return tier.RejectCorrupt
+}
 
 // DiskStats returns the store's counters and occupancy.
 func (s *Store) DiskStats() Stats {

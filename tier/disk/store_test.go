@@ -45,7 +45,11 @@ func TestStoreFetchReopen(t *testing.T) {
 	req := request(u.chains[0][:1])
 	req[0].Tokens = []int32{9, 9, 9, 9}
 	require.Equal(t, 0, s.Fetch(context.Background(), req))
-	require.EqualValues(t, 1, s.Stats().Rejected)
+	rs := s.Stats()
+	require.EqualValues(t, 1, rs.Rejected)
+	require.EqualValues(t, 1, rs.RejectedBy[tier.RejectStale])
+	require.Equal(t, req[0].Digest.String(), rs.Recent[0].Key)
+	require.Contains(t, rs.Recent[0].Detail, "first difference at token 0")
 }
 
 func TestConfigErrors(t *testing.T) {

@@ -25,8 +25,8 @@
 // (exact lengths, no trailing bytes, checksum) and then compared with what
 // the Manager asked for: namespace, group and format (a foreign value),
 // digest, parent and tokens (a stale value or a key collision). Anything
-// that does not match is counted as rejected and never served; the Manager
-// recomputes the page.
+// that does not match is rejected (counted by reason, its key logged) and
+// never served; the Manager recomputes the page.
 //
 // # Writes, lookups and failures
 //
@@ -36,8 +36,13 @@
 // it. Memory limits and expiry are left to Redis (maxmemory with
 // allkeys-lru; [Config.Expiry] optionally sets a TTL).
 //
-// [Store.Fetch] sends one pipeline of GETs for a prefix's pages and
-// returns the leading pages found and verified. It honours the caller's
+// [Store.Fetch] sends one pipeline for a prefix's pages, TYPE and
+// GETRANGE (at most one byte past a page's encoded length) per page, and
+// returns the leading pages found and verified: a value of another
+// length or a key of another type is refused before its bytes are read,
+// and ends the served prefix at its page. Rejections are counted by
+// reason and the latest keep their key ([tier.RejectionLog], in
+// [Store.Stats]). It honours the caller's
 // deadline (the client runs with context timeouts enabled and without
 // retries): on a timeout, a refused connection or a protocol error it
 // returns what it has verified so far (nothing, for a pipeline that did

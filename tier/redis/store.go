@@ -26,6 +26,14 @@ const (
 	defaultDialTimout = 2 * time.Second
 )
 
+// Bounds of a Config: the write queue's buffers (QueueLen values) are
+// allocated by New, so they are bounded before anything is allocated.
+const (
+	MaxQueueLen   = 1 << 20
+	MaxBatch      = 1 << 16
+	MaxQueueBytes = 64 << 30
+)
+
 // Config describes a Store.
 type Config struct {
 	// Addr is the server's host:port.
@@ -42,9 +50,12 @@ type Config struct {
 	// by their own digest.
 	TagByChain bool
 	// QueueLen bounds the pages queued or being written (0:
-	// DefaultQueueLen); past it Store drops pages.
+	// DefaultQueueLen; at most MaxQueueLen, and QueueLen values at most
+	// MaxQueueBytes, since New allocates a buffer for each); past it
+	// Store drops pages.
 	QueueLen int
-	// Batch is the most SETs in one pipeline (0: DefaultBatch).
+	// Batch is the most SETs in one pipeline (0: DefaultBatch; at most
+	// MaxBatch).
 	Batch int
 	// Expiry sets a TTL on written pages (0: none; leave it to maxmemory).
 	Expiry time.Duration
@@ -56,10 +67,11 @@ type Config struct {
 
 // Store is a [tier.RemoteStore] on a Redis server. Close it when done.
 type Store struct {
-	cfg      Config
-	client   *goredis.Client
-	prefix   string // "NAMESPACE:FORMAT:GROUP:"
-	valueLen int
+	cfg       Config
+	client    *goredis.Client
+	prefix    string // "NAMESPACE:FORMAT:GROUP:"
+	valueLen  int
+	pageBytes int
 
 	queue   chan *job
 	free    chan *job
@@ -68,8 +80,9 @@ type Store struct {
 	done    bool
 	backlog tier.Backlog
 
-	lookups, requested, hits, misses, rejected, errs, timeouts atomic.Int64
-	stored, dropped, bytesIn, bytesOut                         atomic.Int64
+	lookups, requested, hits, misses, errs, timeouts atomic.Int64
+	stored, dropped, bytesIn, bytesOut               atomic.Int64
+	rejections                                       tier.RejectionLog
 }
 
 type job struct {
@@ -105,6 +118,15 @@ func New(cfg Config) (*Store, error) {
 	if cfg.Batch == 0 {
 		cfg.Batch = DefaultBatch
 	}
+	// The queue's buffers are allocated here, one value each.
+	valueLen := EncodedLen(cfg.Format, cfg.Namespace, cfg.Group)
+	switch {
+	case cfg.QueueLen > MaxQueueLen || cfg.Batch > MaxBatch:
+		return nil, fmt.Errorf("%w: QueueLen %d, Batch %d: want at most %d and %d", ErrBadConfig, cfg.QueueLen, cfg.Batch, MaxQueueLen, MaxBatch)
+	case int64(cfg.QueueLen)*int64(valueLen) > MaxQueueBytes:
+		return nil, fmt.Errorf("%w: QueueLen %d x %d-byte values = %d bytes of write buffers exceeds %d: lower QueueLen",
+			ErrBadConfig, cfg.QueueLen, valueLen, int64(cfg.QueueLen)*int64(valueLen), MaxQueueBytes)
+	}
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = time.Second
 	}
@@ -121,10 +143,11 @@ func New(cfg Config) (*Store, error) {
 			// with backoff inside a lookup's deadline.
 			DialerRetries: 1, DialerRetryTimeout: time.Millisecond,
 		}),
-		prefix:   fmt.Sprintf("%s:%s.%s.p%d.h%d.d%d.l%d:%s:", cfg.Namespace, f.Layout, f.DType, f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers, cfg.Group),
-		valueLen: EncodedLen(f, cfg.Namespace, cfg.Group),
-		queue:    make(chan *job, cfg.QueueLen),
-		free:     make(chan *job, cfg.QueueLen),
+		prefix:    fmt.Sprintf("%s:%s.%s.p%d.h%d.d%d.l%d:%s:", cfg.Namespace, f.Layout, f.DType, f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers, cfg.Group),
+		valueLen:  valueLen,
+		pageBytes: f.PageBytes(),
+		queue:     make(chan *job, cfg.QueueLen),
+		free:      make(chan *job, cfg.QueueLen),
 	}
 	for range cfg.QueueLen {
 		s.free <- &job{val: make([]byte, 0, s.valueLen)}
@@ -154,49 +177,115 @@ func (s *Store) Key(p *tier.RemotePage) string {
 	return b.String()
 }
 
-// Fetch implements [tier.RemoteStore]: one pipeline of GETs, then the
-// leading pages verified, by ctx's deadline.
+// Fetch implements [tier.RemoteStore]: one pipeline, two commands per
+// page, then the leading pages verified, by ctx's deadline.
+//
+// A value's type and length are known before its bytes are: TYPE tells a
+// missing key from an empty value and a wrong-type key from a string, and
+// GETRANGE reads at most one byte past the page's encoded length, so a
+// value of any other length is refused without being read (four 48 MiB
+// values made with SETRANGE once cost 192 MiB in one lookup). A rejected
+// value, of whatever kind, ends the served prefix at that page only.
 func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
+	pages = pages[:s.sizedBuffers(pages)]
 	if len(pages) == 0 {
 		return 0
 	}
 	s.lookups.Add(1)
 	s.requested.Add(int64(len(pages)))
 	pipe := s.client.Pipeline()
-	cmds := make([]*goredis.StringCmd, len(pages))
+	keys := make([]string, len(pages))
+	types := make([]*goredis.StatusCmd, len(pages))
+	values := make([]*goredis.StringCmd, len(pages))
 	for i := range pages {
-		cmds[i] = pipe.Get(ctx, s.Key(&pages[i]))
+		keys[i] = s.Key(&pages[i])
+		types[i] = pipe.Type(ctx, keys[i])
+		// Bytes 0..valueLen inclusive: one past a page's value shows a
+		// longer one.
+		values[i] = pipe.GetRange(ctx, keys[i], 0, int64(s.valueLen))
 	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && !errors.Is(err, goredis.Nil) {
-		s.fail(ctx, err)
-		return 0
-	}
+	// Exec's error is the first command's; each command's own error is
+	// read below, so a reply error (WRONGTYPE) stays with its page.
+	pipe.Exec(ctx) //nolint:errcheck // per-command errors below
 	var tokens []int32
-	for i, c := range cmds {
-		b, err := c.Bytes()
-		switch {
-		case errors.Is(err, goredis.Nil):
+	for i := range pages {
+		typ, err := types[i].Result()
+		if err != nil {
+			s.fail(ctx, err)
+			return i
+		}
+		switch typ {
+		case "none":
 			s.misses.Add(1)
+			return i
+		case "string":
+		default:
+			s.rejections.Record(keys[i], tier.RejectWrongType, fmt.Sprintf("the key holds a %s, not a string", typ))
+			return i
+		}
+		b, err := values[i].Bytes()
+		switch {
+		case isWrongType(err): // replaced between the two commands
+			s.rejections.Record(keys[i], tier.RejectWrongType, err.Error())
 			return i
 		case err != nil:
 			s.fail(ctx, err)
 			return i
 		}
 		s.bytesIn.Add(int64(len(b)))
+		if len(b) != s.valueLen {
+			s.rejections.Record(keys[i], tier.RejectSize, sizeDetail(len(b), s.valueLen))
+			return i
+		}
 		v, err := Decode(b, tokens)
 		if err == nil {
 			tokens = v.Tokens
 			err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, &pages[i])
 		}
-		if err != nil || len(pages[i].Data) != len(v.Data) {
-			s.rejected.Add(1)
+		if err != nil {
+			s.rejections.Record(keys[i], rejectReason(err), err.Error())
 			return i
 		}
 		copy(pages[i].Data, v.Data)
 		s.hits.Add(1)
 	}
 	return len(pages)
+}
+
+// sizedBuffers returns how many leading pages have a Data buffer of the
+// format's page size; Fetch looks up only those (a caller's bug is not a
+// value's fault, so it is not counted as a rejection).
+func (s *Store) sizedBuffers(pages []tier.RemotePage) int {
+	for i := range pages {
+		if len(pages[i].Data) != s.pageBytes {
+			return i
+		}
+	}
+	return len(pages)
+}
+
+func sizeDetail(got, want int) string {
+	if got > want {
+		return fmt.Sprintf("value of more than %d bytes, want %d", want, want)
+	}
+	return fmt.Sprintf("value of %d bytes, want %d", got, want)
+}
+
+// rejectReason classifies a Decode or Verify error.
+func rejectReason(err error) tier.RejectReason {
+	switch {
+	case errors.Is(err, ErrForeign):
+		return tier.RejectForeign
+	case errors.Is(err, ErrStale):
+		return tier.RejectStale
+	}
+	return tier.RejectCorrupt
+}
+
+// isWrongType reports a Redis WRONGTYPE reply.
+func isWrongType(err error) bool {
+	var reply goredis.Error
+	return errors.As(err, &reply) && strings.HasPrefix(reply.Error(), "WRONGTYPE")
 }
 
 func (s *Store) fail(ctx context.Context, err error) {
@@ -308,9 +397,11 @@ func (s *Store) Close() error {
 
 // Stats implements [tier.RemoteStore].
 func (s *Store) Stats() tier.RemoteStats {
-	return tier.RemoteStats{
+	st := tier.RemoteStats{
 		Lookups: s.lookups.Load(), Requested: s.requested.Load(), Hits: s.hits.Load(), Misses: s.misses.Load(),
-		Rejected: s.rejected.Load(), Errors: s.errs.Load(), Timeouts: s.timeouts.Load(),
+		Errors: s.errs.Load(), Timeouts: s.timeouts.Load(),
 		Stored: s.stored.Load(), Dropped: s.dropped.Load(), BytesIn: s.bytesIn.Load(), BytesOut: s.bytesOut.Load(),
 	}
+	s.rejections.Fill(&st)
+	return st
 }

@@ -3,9 +3,13 @@ package redis
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/stretchr/testify/require"
 
@@ -120,7 +124,8 @@ func TestRoundTripEveryFormat(t *testing.T) {
 }
 
 // Values that are damaged, cut short, of another deployment or of another
-// page are rejected, counted, and never copied into the caller's buffer.
+// page are rejected, counted by reason, logged with their key, and never
+// copied into the caller's buffer.
 func TestBadValuesAreRejected(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -128,40 +133,133 @@ func TestBadValuesAreRejected(t *testing.T) {
 	f := format(layout.BF16, layout.HND)
 	s := newStore(t, srv, Config{Format: f})
 	pages := chain(rng, f, "", 2)
+	key := s.Key(&pages[0])
 	good, err := Encode(nil, f, "model-a", DefaultGroup, &pages[0])
 	require.NoError(t, err)
-	set := func(key string, val []byte) {
+	set := func(val []byte) {
 		require.NoError(t, s.Client().Set(context.Background(), key, val, 0).Err())
 	}
 	foreign, _ := Encode(nil, f, "model-b", DefaultGroup, &pages[0])
 	otherGroup, _ := Encode(nil, f, "model-a", "layers-0-15", &pages[0])
+	sameLenGroup, _ := Encode(nil, f, "model-a", "one", &pages[0])
 	otherFormat := f
 	otherFormat.DType = layout.F16
 	wrongFormat, _ := Encode(nil, otherFormat, "model-a", DefaultGroup, &pages[0])
 	stale, _ := Encode(nil, f, "model-a", DefaultGroup, &pages[1]) // another page's value under this key
 	flipped := append([]byte(nil), good...)
 	flipped[len(flipped)/2] ^= 0x10
-	for name, val := range map[string][]byte{
-		"truncated":     good[:len(good)-9],
-		"empty":         {},
-		"bit flip":      flipped,
-		"trailing":      append(append([]byte(nil), good...), 0),
-		"foreign":       foreign,
-		"other group":   otherGroup,
-		"other format":  wrongFormat,
-		"stale":         stale,
-		"not a value":   []byte("hello"),
-		"cut in header": good[:10],
+	for name, tc := range map[string]struct {
+		val    []byte
+		reason tier.RejectReason
+		detail string
+	}{
+		"truncated":         {good[:len(good)-9], tier.RejectSize, fmt.Sprintf("value of %d bytes, want %d", len(good)-9, len(good))},
+		"empty":             {[]byte{}, tier.RejectSize, fmt.Sprintf("value of 0 bytes, want %d", len(good))},
+		"bit flip":          {flipped, tier.RejectCorrupt, "checksum"},
+		"trailing":          {append(append([]byte(nil), good...), 0), tier.RejectSize, fmt.Sprintf("value of more than %d bytes", len(good))},
+		"foreign":           {foreign, tier.RejectForeign, `namespace "model-b"`},
+		"other group":       {otherGroup, tier.RejectSize, fmt.Sprintf("value of more than %d bytes", len(good))}, // a group name of another length
+		"same-length group": {sameLenGroup, tier.RejectForeign, `group "one"`},
+		"other format":      {wrongFormat, tier.RejectForeign, "format"},
+		"stale":             {stale, tier.RejectStale, "digest"},
+		"not a value":       {[]byte("hello"), tier.RejectSize, "value of 5 bytes"},
+		"cut in header":     {good[:10], tier.RejectSize, "value of 10 bytes"},
 	} {
-		set(s.Key(&pages[0]), val)
+		set(tc.val)
 		got := asked(pages[:1])
-		before := s.Stats().Rejected
+		before := s.Stats()
 		require.Zero(t, fetch(s, got), name)
-		require.Equal(t, before+1, s.Stats().Rejected, name)
+		st := s.Stats()
+		require.Equal(t, before.Rejected+1, st.Rejected, name)
+		require.Equal(t, before.RejectedBy[tc.reason]+1, st.RejectedBy[tc.reason], name)
+		require.Zero(t, st.Errors+st.Misses, name)
+		require.Equal(t, key, st.Recent[0].Key, name)
+		require.Equal(t, tc.reason, st.Recent[0].Reason, name)
+		require.Contains(t, st.Recent[0].Detail, tc.detail, name)
 		require.Equal(t, make([]byte, f.PageBytes()), got[0].Data, "%s: bytes copied from a rejected value", name)
 	}
-	set(s.Key(&pages[0]), good)
+	// One key, five reasons: five entries; repeats bump their counts.
+	st := s.Stats()
+	require.EqualValues(t, 11, st.Rejected)
+	require.Equal(t, [tier.NumRejectReasons]int64{tier.RejectCorrupt: 1, tier.RejectSize: 6, tier.RejectForeign: 3, tier.RejectStale: 1}, st.RejectedBy)
+	entries := int64(0)
+	for _, e := range st.Recent {
+		entries += e.Count
+	}
+	require.EqualValues(t, 11, entries, "every rejection of the one key is in the log: %+v", st.Recent)
+	set(good)
 	require.Equal(t, 1, fetch(s, asked(pages[:1])))
+}
+
+// storedChain starts a server and a store of format f, and stores n
+// pages of a random chain (seeded by seed) in it.
+func storedChain(t *testing.T, seed uint64, f tier.PageFormat, n int) (*Store, []tier.RemotePage) {
+	t.Helper()
+	s := newStore(t, redistest.Start(t), Config{Format: f})
+	pages := chain(rand.New(rand.NewPCG(28, seed)), f, "", n)
+	for i := range pages {
+		require.True(t, s.Store(&pages[i]))
+	}
+	flush(t, s)
+	return s, pages
+}
+
+// A value of any length costs at most the page's value length to look up
+// (issue 28: four 48 MiB values, made with SETRANGE, cost 192 MiB in one
+// lookup): it is refused from its length, before its bytes are read.
+// Not parallel: it measures the process's allocations.
+func TestHugeValuesCostNothing(t *testing.T) {
+	f := format(layout.F16, layout.NHD)
+	s, pages := storedChain(t, 4, f, 4)
+	require.Equal(t, 4, fetch(s, asked(pages)), "warm")
+	const huge = 48 << 20
+	for i := range pages {
+		// The page's good value, followed by 48 MiB of zeros.
+		require.NoError(t, s.Client().SetRange(context.Background(), s.Key(&pages[i]), huge-1, "\x00").Err())
+	}
+	before := s.Stats()
+	var m0, m1 runtime.MemStats
+	runtime.ReadMemStats(&m0)
+	n := fetch(s, asked(pages))
+	runtime.ReadMemStats(&m1)
+	require.Zero(t, n)
+	t.Logf("a lookup of four %d-byte values allocated %d bytes", huge, m1.TotalAlloc-m0.TotalAlloc)
+	require.Less(t, m1.TotalAlloc-m0.TotalAlloc, uint64(1<<20), "a lookup of four %d-byte values allocated %d bytes", huge, m1.TotalAlloc-m0.TotalAlloc)
+	st := s.Stats()
+	valueLen := EncodedLen(f, "model-a", DefaultGroup)
+	require.LessOrEqual(t, st.BytesIn-before.BytesIn, int64(valueLen+1), "read at most one byte past a page's value")
+	require.Equal(t, before.RejectedBy[tier.RejectSize]+1, st.RejectedBy[tier.RejectSize], "the first page ends the lookup")
+	require.Contains(t, st.Recent[0].Detail, fmt.Sprintf("value of more than %d bytes", valueLen))
+}
+
+// A key of another Redis type (a list, a hash, a set) is a rejection of
+// that page only: the leading pages are served (issue 28: the WRONGTYPE
+// reply failed the whole pipeline, dropping them, and counted an error).
+func TestWrongTypeRejectsOnlyThatPage(t *testing.T) {
+	t.Parallel()
+	f := format(layout.F32, layout.HND)
+	s, pages := storedChain(t, 5, f, 4)
+	ctx := context.Background()
+	key := s.Key(&pages[2])
+	for kind, write := range map[string]func() error{
+		"list": func() error { return s.Client().RPush(ctx, key, "x").Err() },
+		"hash": func() error { return s.Client().HSet(ctx, key, "f", "v").Err() },
+		"set":  func() error { return s.Client().SAdd(ctx, key, "m").Err() },
+		"zset": func() error { return s.Client().ZAdd(ctx, key, goredis.Z{Score: 1, Member: "m"}).Err() },
+	} {
+		require.NoError(t, s.Client().Del(ctx, key).Err())
+		require.NoError(t, write(), kind)
+		before := s.Stats()
+		got := asked(pages)
+		require.Equal(t, 2, fetch(s, got), kind)
+		require.Equal(t, pages[1].Data, got[1].Data, kind)
+		st := s.Stats()
+		require.Equal(t, before.Errors, st.Errors, "%s: not an error", kind)
+		require.Equal(t, before.RejectedBy[tier.RejectWrongType]+1, st.RejectedBy[tier.RejectWrongType], kind)
+		require.Equal(t, tier.RemoteRejection{Key: key, Reason: tier.RejectWrongType, Count: st.Recent[0].Count,
+			Detail: "the key holds a " + kind + ", not a string"}, st.Recent[0], kind)
+	}
+	require.EqualValues(t, 4, s.Stats().Recent[0].Count, "one key, one reason: one entry, counted")
 }
 
 // A killed server costs errors, not waits or wrong pages; a restarted one
@@ -260,8 +358,19 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		"braces":       {Addr: "x:1", Namespace: "a{b}", Format: f},
 		"bad format":   {Addr: "x:1", Namespace: "a"},
 		"negative":     {Addr: "x:1", Namespace: "a", Format: f, QueueLen: -1},
+		// Issue 28: geometry whose byte count wraps int64: 0 bytes with 16
+		// layers was accepted; -2^63 with 3 panicked in makeslice.
+		"queue past its bound":  {Addr: "x:1", Namespace: "a", Format: f, QueueLen: 1 << 62},
+		"batch past its bound":  {Addr: "x:1", Namespace: "a", Format: f, Batch: 1 << 62},
+		"queue buffers too big": {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F32, PageSize: 16, NumKVHeads: 64, HeadDim: 256, Layers: 160}}, // 320 MiB pages x 256
+		"format wraps to 0":     {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 1, NumKVHeads: 1 << 30, HeadDim: 1 << 30, Layers: 16}},
+		"format wraps below 0":  {Addr: "x:1", Namespace: "a", Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16, PageSize: 2, NumKVHeads: 1 << 29, HeadDim: 1 << 30, Layers: 3}},
 	} {
-		_, err := New(c)
+		var err error
+		require.NotPanics(t, func() { _, err = New(c) }, name)
 		require.True(t, errors.Is(err, ErrBadConfig), "%s: %v", name, err)
+		if c.Format.HeadDim == 1<<30 {
+			require.ErrorContains(t, err, fmt.Sprintf("layers %d", c.Format.Layers), name)
+		}
 	}
 }
