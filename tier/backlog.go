@@ -61,6 +61,20 @@ func (b *Backlog) Wait(ctx context.Context, idle func()) error {
 	return nil
 }
 
+// CloseQueue marks a write-behind store closed (closed, guarded by mu,
+// which its Store holds while queueing) and closes its queue, once: it
+// reports whether this call did, so that a second Close does nothing.
+func CloseQueue[J any](mu *sync.Mutex, closed *bool, queue chan J) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	if *closed {
+		return false
+	}
+	*closed = true
+	close(queue)
+	return true
+}
+
 // RemoteCounters are a store's [RemoteStats] as atomics; safe for
 // concurrent use.
 type RemoteCounters struct {

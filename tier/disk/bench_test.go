@@ -65,12 +65,7 @@ func BenchmarkThroughput(b *testing.B) {
 			defer s.Close()
 			f := benchFile(b, benchPages*pageBytes)
 			defer f.Close()
-			var tierTime, fileTime time.Duration
-			b.SetBytes(int64(2 * batch * pageBytes))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for i := range b.N {
-				t0 := time.Now()
+			alternate(b, int64(batch*pageBytes), func(i int) {
 				for k := range batch {
 					// Twice the capacity, written in turn: each page has been
 					// evicted before its next turn, so it is written, not skipped.
@@ -79,7 +74,7 @@ func BenchmarkThroughput(b *testing.B) {
 					}
 				}
 				flush(b, s)
-				t1 := time.Now()
+			}, func(i int) {
 				for k := range batch {
 					n := i*batch + k
 					// The same source bytes the disk tier is handed.
@@ -92,11 +87,7 @@ func BenchmarkThroughput(b *testing.B) {
 						}
 					}
 				}
-				t2 := time.Now()
-				tierTime += t1.Sub(t0)
-				fileTime += t2.Sub(t1)
-			}
-			reportShare(b, int64(b.N*batch*pageBytes), tierTime, fileTime)
+			})
 			if st := s.Stats(); st.Errors+st.Dropped != 0 {
 				b.Fatalf("%d write errors, %d dropped", st.Errors, st.Dropped)
 			}
@@ -123,35 +114,40 @@ func BenchmarkThroughput(b *testing.B) {
 				reqs[c][k].Data = dsts[k].Data
 			}
 		}
-		var tierTime, fileTime time.Duration
-		b.SetBytes(int64(2 * benchChain * pageBytes))
-		b.ReportAllocs()
-		b.ResetTimer()
-		for i := range b.N {
-			t0 := time.Now()
+		alternate(b, int64(benchChain*pageBytes), func(i int) {
 			if n := s.Fetch(context.Background(), reqs[i%len(reqs)]); n != benchChain {
 				b.Fatalf("served %d pages of %d", n, benchChain)
 			}
-			t1 := time.Now()
+		}, func(i int) {
 			for k := range benchChain {
 				off := int64((i*benchChain+k)%benchPages) * int64(pageBytes)
 				if _, err := f.ReadAt(dsts[k].Data, off); err != nil {
 					b.Fatal(err)
 				}
 			}
-			t2 := time.Now()
-			tierTime += t1.Sub(t0)
-			fileTime += t2.Sub(t1)
-		}
-		reportShare(b, int64(b.N*benchChain*pageBytes), tierTime, fileTime)
+		})
 	})
 }
 
-// reportShare reports each side's MB/s and the disk tier's share of the
-// sequential file's.
-func reportShare(b *testing.B, bytes int64, tierTime, fileTime time.Duration) {
-	tierMBs := float64(bytes) / 1e6 / tierTime.Seconds()
-	fileMBs := float64(bytes) / 1e6 / fileTime.Seconds()
+// alternate runs b.N iterations of tierBatch then fileBatch, each moving
+// bytes bytes, and reports each side's MB/s and the disk tier's share of
+// the sequential file's.
+func alternate(b *testing.B, bytes int64, tierBatch, fileBatch func(i int)) {
+	var tierTime, fileTime time.Duration
+	b.SetBytes(2 * bytes)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		t0 := time.Now()
+		tierBatch(i)
+		t1 := time.Now()
+		fileBatch(i)
+		tierTime += t1.Sub(t0)
+		fileTime += time.Since(t1)
+	}
+	b.StopTimer()
+	total := float64(bytes) * float64(b.N) / 1e6
+	tierMBs, fileMBs := total/tierTime.Seconds(), total/fileTime.Seconds()
 	b.ReportMetric(tierMBs, "tier-MB/s")
 	b.ReportMetric(fileMBs, "file-MB/s")
 	b.ReportMetric(tierMBs/fileMBs, "tier/file")

@@ -796,14 +796,9 @@ func (s *Store) Flush(ctx context.Context, sync bool) error {
 // Close stops accepting pages, writes what is queued, syncs and closes the
 // files. The directory's lock is released.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !tier.CloseQueue(&s.mu, &s.closed, s.queue) {
 		return nil
 	}
-	s.closed = true
-	close(s.queue)
-	s.mu.Unlock()
 	s.wg.Wait()
 	s.ioMu.Lock()
 	defer s.ioMu.Unlock()

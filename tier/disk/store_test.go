@@ -200,11 +200,7 @@ func TestDamagedAndForeignSlotsDropped(t *testing.T) {
 // reading (a lookup found it, the pread has not finished); it waits, then
 // overwrites, and the old page is gone.
 func TestReadPinsSlots(t *testing.T) {
-	s := openStore(t, testConfig(t.TempDir(), 1))
-	defer s.Close()
-	u := newUniverse(testFormat, 1, 2)
-	require.True(t, s.Store(&u.chains[0][0]))
-	flush(t, s)
+	s, u := storeFirstPage(t, 1)
 	req := request(u.chains[0][:1])
 	s.readMu.Lock()
 	s.allocReads(1)
@@ -246,11 +242,7 @@ func TestEveryFormatRoundTrips(t *testing.T) {
 }
 
 func TestFetchDeadline(t *testing.T) {
-	s := openStore(t, testConfig(t.TempDir(), 8))
-	defer s.Close()
-	u := newUniverse(testFormat, 1, 2)
-	require.True(t, s.Store(&u.chains[0][0]))
-	flush(t, s)
+	s, u := storeFirstPage(t, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	require.Equal(t, 0, s.Fetch(ctx, request(u.chains[0])))
@@ -320,4 +312,15 @@ func TestConcurrentStoreAndFetch(t *testing.T) {
 	st := s.Stats()
 	require.Zero(t, st.Rejected+st.Errors, "%+v", st)
 	t.Logf("%d pages served of %d asked, %d written, %d evicted", st.Hits, st.Requested, st.Stored, s.DiskStats().Evicted)
+}
+
+// storeFirstPage opens a store of pages slots and writes the first page of
+// a two-page chain into it.
+func storeFirstPage(t *testing.T, pages int) (*Store, *pageUniverse) {
+	s := openStore(t, testConfig(t.TempDir(), pages))
+	t.Cleanup(func() { s.Close() })
+	u := newUniverse(testFormat, 1, 2)
+	require.True(t, s.Store(&u.chains[0][0]))
+	flush(t, s)
+	return s, u
 }

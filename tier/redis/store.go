@@ -383,14 +383,9 @@ func (s *Store) Flush(ctx context.Context) error { return s.backlog.Wait(ctx, ni
 // Close stops accepting pages, writes what is queued (each batch bounded by
 // WriteTimeout) and closes the client.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.done {
-		s.mu.Unlock()
+	if !tier.CloseQueue(&s.mu, &s.done, s.queue) {
 		return nil
 	}
-	s.done = true
-	close(s.queue)
-	s.mu.Unlock()
 	s.wg.Wait()
 	return s.client.Close()
 }
