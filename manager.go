@@ -113,6 +113,10 @@ type Config struct {
 	// Tiers configures the host tier and the remote store below the device
 	// pool (docs/tiers.md); the zero value has none.
 	Tiers TierConfig
+	// Eviction names the prefix cache's eviction policy inside each
+	// priority level: "lru" (the default, also for ""), "slru" or "srrip"
+	// (prefixcache.PolicyNames; docs/replay.md compares them).
+	Eviction string
 }
 
 // Request describes a request to [Manager.Add].
@@ -241,6 +245,7 @@ type Manager struct {
 	seqs       []pagetable.SeqID
 	ntokens    []int32 // per batch member: tokens reserved, drafts included
 	drafts     []int32 // per batch member: draft tokens reserved (the last drafts[b] of ntokens[b])
+	planDrafts []int32 // the plan's Drafts: drafts as of the last successful reserve (prepare refills drafts, and may then fail)
 	spec       bool    // some member has drafts
 	lastPages  []lastPage
 	plan       Plan
@@ -310,6 +315,7 @@ func newManager(cfg Config, alloc *allocator.Allocator, group layergroup.Spec) (
 	cache, err := prefixcache.New(prefixcache.Config{
 		NumPages: cfg.NumPages, PageSize: cfg.PageSize, Refs: refs, Seed: cfg.HashSeed, Hash: cfg.Hash,
 		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages, Sink: cfg.CacheEvents,
+		Eviction: cfg.Eviction,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -461,6 +467,7 @@ func (m *Manager) admit(r *request) int {
 		panic(fmt.Sprintf("pagedkv: admitting request %d on %d cached pages: %v", r.id, len(pages), err))
 	}
 	m.cache.Recheck(pages...) // no longer idle
+	m.cache.Hit(pages[:cached]...)
 	if err := m.cache.Raise(r.prio, pages...); err != nil {
 		panic(err) // the priority was checked by Add
 	}
@@ -658,8 +665,8 @@ func (m *Manager) Resume(id RequestID) (matchedTokens int, err error) {
 
 // ---- Operations ----
 
-// Evict evicts idle cached pages (least recently used, lowest priority
-// first) until at least npages pages of the pool are free or nothing
+// Evict evicts idle cached pages (lowest priority first, in the order of
+// Config.Eviction's policy: least recently used by default) until at least npages pages of the pool are free or nothing
 // evictable is left, and returns how many pages it freed: 0 when npages
 // pages are already free. Steps evict on demand; this is for engines that
 // keep a reserve of free pages. With a host tier, victims the host tier

@@ -394,3 +394,35 @@ func TestSpecStepDoesNotAllocate(t *testing.T) {
 	require.Zero(t, testing.AllocsPerRun(40, func() { s.run(t) }))
 	require.NoError(t, s.m.Audit())
 }
+
+// A plan stays unchanged until the next successful reserve, and a failed
+// reserve after its commit must not write into it: Drafts once shared the
+// step's scratch counts, which prepare refills before it can fail, so a
+// refused ReserveSpec rewrote the last plan's Drafts (found by the Python
+// package's test_plan_currency_matches_a_model).
+func TestFailedReserveLeavesTheLastPlansDrafts(t *testing.T) {
+	m, err := New(Config{NumPages: 8, PageSize: 4})
+	require.NoError(t, err)
+	for id, prompt := range map[RequestID][]int32{1: {1, 2, 3}, 2: {4, 5, 6}} {
+		_, err := m.Add(id, Request{Prompt: prompt})
+		require.NoError(t, err)
+	}
+	plan, err := m.ReserveSpec([]RequestID{1, 2}, []int32{3, 3}, nil)
+	require.NoError(t, err)
+	require.NoError(t, m.Commit([]int32{7, 8}))
+	want := slices.Clone(plan.Drafts)
+	require.Equal(t, []int32{0, 0}, want)
+	for _, tc := range []struct {
+		name   string
+		ids    []RequestID
+		drafts [][]int32
+	}{
+		{"unknown second id", []RequestID{1, 9}, [][]int32{{5, 5}, nil}},
+		{"bad second drafts", []RequestID{1, 2}, [][]int32{{5}, {-1}}},
+		{"out of pages", []RequestID{1, 2}, [][]int32{make([]int32, 20), make([]int32, 20)}},
+	} {
+		_, err := m.ReserveSpec(tc.ids, []int32{1, 1}, tc.drafts)
+		require.Error(t, err, tc.name)
+		require.Equal(t, want, plan.Drafts, "%s (%v) rewrote the last plan's Drafts", tc.name, err)
+	}
+}

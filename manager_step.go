@@ -321,7 +321,8 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 		panic(fmt.Sprintf("pagedkv: exporting the step's appends: %v", err))
 	}
 	p.Copies = copies
-	p.Drafts = m.drafts
+	m.planDrafts = append(m.planDrafts[:0], m.drafts...)
+	p.Drafts = m.planDrafts
 	p.QOIndptr, p.BatchIndices, p.Positions = m.appendCSR.AppendIndptr, m.appendCSR.BatchIndices, m.appendCSR.Positions
 	p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.SeqLens = m.csr.KVIndptr, m.csr.KVPageIndices, m.csr.KVLastPageLen, m.csr.SeqLens
 	if m.lead != nil {

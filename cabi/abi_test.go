@@ -436,15 +436,53 @@ func TestStaleCallerMemoryIsNeverShaded(t *testing.T) {
 	defer goDestroy(h)
 	p := newCPlan()
 	defer p.free()
-	// A heap of many small objects keeps each collection's mark phase,
-	// when the write barrier is on, long beside a reserve.
+	reserveOverStaleWords(t, h, 20000, p.fillWords, func() int32 { return goReserveC(h, ids, ones, int64(len(ids)), p) }, func(i int) {
+		if got := p.read(); got.BatchSize != int64(len(ids)) || len(got.Arrays["kv_indptr"]) != len(ids)+1 || got.Levels != nil {
+			t.Fatalf("step %d: the plan read back is wrong: batch %d, kv_indptr %v, %d levels", i, got.BatchSize, got.Arrays["kv_indptr"], len(got.Levels))
+		}
+	})
+	_ = sampled
+}
+
+// reserveOverStaleWords runs steps reserves (each aborted) on handle h
+// under back-to-back collections; before each, fill sets every word of the
+// caller's out memory to a freed Go object's address, and check reads the
+// plan back every steps/20 reserves.
+func reserveOverStaleWords(t *testing.T, h uint64, steps int, fill func(uintptr), reserve func() int32, check func(step int)) {
+	freed := underGCPressure(t)
+	for i := range steps {
+		fill(freed[i%len(freed)])
+		if code := reserve(); code != codeOK {
+			t.Fatalf("step %d: reserve: code %d: %s", i, code, goLastError())
+		}
+		if i%(steps/20) == 0 {
+			check(i)
+		}
+		if code := goAbort(h); code != codeOK {
+			t.Fatalf("step %d: abort: code %d", i, code)
+		}
+	}
+}
+
+// checkStepAllocs fails if step allocates after 50 warm-up runs.
+func checkStepAllocs(t *testing.T, what string, step func()) {
+	for range 50 {
+		step()
+	}
+	if a := testing.AllocsPerRun(100, step); a != 0 {
+		t.Fatalf("%s allocates %.1f times", what, a)
+	}
+}
+
+// underGCPressure runs collections back to back until the test ends, on
+// a heap of many small objects (which keeps each mark phase, when the write
+// barrier is on, long), and returns addresses of freed Go objects.
+func underGCPressure(t *testing.T) []uintptr {
 	ballast := make([]*[2]*int, 1<<18)
 	for i := range ballast {
 		ballast[i] = new([2]*int)
 	}
-	defer runtime.KeepAlive(ballast)
 	freed, kept := freedObjects(4096)
-	defer runtime.KeepAlive(kept)
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
@@ -457,22 +495,13 @@ func TestStaleCallerMemoryIsNeverShaded(t *testing.T) {
 			}
 		}
 	}()
-	defer func() { close(stop); <-done }()
-	for i := range 20000 {
-		p.fillWords(freed[i%len(freed)])
-		if code := goReserveC(h, ids, ones, int64(len(ids)), p); code != codeOK {
-			t.Fatalf("step %d: reserve: code %d", i, code)
-		}
-		if i%1000 == 0 {
-			if got := p.read(); got.BatchSize != int64(len(ids)) || len(got.Arrays["kv_indptr"]) != len(ids)+1 || got.Levels != nil {
-				t.Fatalf("step %d: the plan read back is wrong: batch %d, kv_indptr %v, %d levels", i, got.BatchSize, got.Arrays["kv_indptr"], len(got.Levels))
-			}
-		}
-		if code := goAbort(h); code != codeOK {
-			t.Fatalf("step %d: abort: code %d", i, code)
-		}
-	}
-	_ = sampled
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		runtime.KeepAlive(ballast)
+		runtime.KeepAlive(kept)
+	})
+	return freed
 }
 
 // freedObjects returns the addresses of n pointer-holding Go objects that
@@ -507,8 +536,19 @@ func decodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int
 	if code != codeOK {
 		t.Fatal(code)
 	}
-	ids, ones, sampled = make([]uint64, n), make([]int32, n), make([]int32, n)
-	nt := make([]int32, n)
+	ids, ones, sampled, nt := addDecodeRequests(t, h, n)
+	plan = new(abiPlanC)
+	if goReserve(h, ids, nt, int64(n), plan) != codeOK || goCommit(h, sampled, int64(n)) != codeOK {
+		t.Fatal("prefill failed")
+	}
+	return h, ids, ones, sampled, plan
+}
+
+// addDecodeRequests adds n requests of 64 prompt tokens to handle h and
+// returns their ids, ntokens for a decode step (ones), a sampled token
+// each, and ntokens for their prefill.
+func addDecodeRequests(t testing.TB, h uint64, n int) (ids []uint64, ones, sampled, nt []int32) {
+	ids, ones, sampled, nt = make([]uint64, n), make([]int32, n), make([]int32, n), make([]int32, n)
 	prompt := make([]int32, 64)
 	for i := range ids {
 		ids[i], ones[i], sampled[i], nt[i] = uint64(i+1), 1, 7, 64
@@ -519,11 +559,7 @@ func decodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int
 			t.Fatal(code)
 		}
 	}
-	plan = new(abiPlanC)
-	if goReserve(h, ids, nt, int64(n), plan) != codeOK || goCommit(h, sampled, int64(n)) != codeOK {
-		t.Fatal("prefill failed")
-	}
-	return h, ids, ones, sampled, plan
+	return ids, ones, sampled, nt
 }
 
 // TestABIStepIsAllocationFree pins the C layer's per-step cost: a decode
@@ -532,17 +568,11 @@ func decodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int
 func TestABIStepIsAllocationFree(t *testing.T) {
 	h, ids, ones, sampled, plan := decodeABI(t, 64)
 	defer goDestroy(h)
-	step := func() {
+	checkStepAllocs(t, "a decode step through the C ABI", func() {
 		if goReserve(h, ids, ones, int64(len(ids)), plan) != codeOK || goCommit(h, sampled, int64(len(ids))) != codeOK {
 			t.Fatal("step failed")
 		}
-	}
-	for range 50 {
-		step()
-	}
-	if a := testing.AllocsPerRun(100, step); a != 0 {
-		t.Fatalf("a decode step through the C ABI allocates %.1f times", a)
-	}
+	})
 }
 
 // BenchmarkABIDecodeStep measures the C layer's own cost (handle lookup,

@@ -20,13 +20,27 @@ import (
 //export pagedkv_create
 func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager) (code C.int32_t) {
 	defer recoverTo(&code)
+	gcfg, code, ok := goConfig("create", cfg, size, out)
+	if !ok {
+		return code
+	}
+	m, err := pagedkv.New(gcfg)
+	if err != nil {
+		return failErr(err)
+	}
+	*out = register(&handle{m: m, dense: m, plans: make([]planExport, 1)})
+	return C.PAGEDKV_OK
+}
+
+// goConfig checks create's common arguments and converts cfg.
+func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager) (pagedkv.Config, C.int32_t, bool) {
 	switch {
 	case cfg == nil || out == nil:
-		return badArg("create: cfg = %p, out = %p; both are required", cfg, out)
+		return pagedkv.Config{}, badArg("%s: cfg = %p, out = %p; both are required", op, cfg, out), false
 	case size != C.sizeof_pagedkv_config:
-		return badArg("create: cfg_size = %d, want sizeof(pagedkv_config) = %d", uint64(size), C.sizeof_pagedkv_config)
+		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d", op, uint64(size), C.sizeof_pagedkv_config), false
 	}
-	m, err := pagedkv.New(pagedkv.Config{
+	return pagedkv.Config{
 		NumPages:             int(cfg.num_pages),
 		PageSize:             int(cfg.page_size),
 		WindowTokens:         int(cfg.window_tokens),
@@ -34,17 +48,7 @@ func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager
 		MaxPinnedPages:       int(cfg.max_pinned_pages),
 		HashSeed:             uint64(cfg.hash_seed),
 		CascadeMinSavedPages: int(cfg.cascade_min_saved_pages),
-	})
-	if err != nil {
-		return failErr(err)
-	}
-	registry.Lock()
-	registry.next++
-	id := registry.next
-	registry.handles[id] = &handle{m: m}
-	registry.Unlock()
-	*out = C.pagedkv_manager(id)
-	return C.PAGEDKV_OK
+	}, C.PAGEDKV_OK, true
 }
 
 //export pagedkv_destroy
@@ -62,8 +66,10 @@ func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
 	registry.Unlock()
 	h.pinner.Unpin()
 	h.pinned = h.pinned[:0]
-	C.free(unsafe.Pointer(h.levels))
-	h.levels, h.levelsCap = nil, 0
+	for i := range h.plans {
+		C.free(unsafe.Pointer(h.plans[i].levels))
+		h.plans[i].levels, h.plans[i].levelsCap = nil, 0
+	}
 	// busy stays set: a thread that looked the handle up before the delete
 	// gets PAGEDKV_ERR_BUSY, never a destroyed Manager.
 	return C.PAGEDKV_OK
@@ -186,16 +192,16 @@ func pagedkv_release(id C.pagedkv_manager, rid C.uint64_t) (code C.int32_t) {
 
 //export pagedkv_reserve
 func pagedkv_reserve(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t, out *C.pagedkv_plan) (code C.int32_t) {
-	h, code := enter(id, "reserve")
+	h, code := enterDense(id, "reserve")
 	if h == nil {
 		return code
 	}
 	defer h.exit(&code)
-	rids, nt, code, ok := reserveArgs("reserve", ids, ntokens, n, out)
+	rids, nt, code, ok := reserveArgs("reserve", ids, ntokens, n, unsafe.Pointer(out), "out")
 	if !ok {
 		return code
 	}
-	plan, err := h.m.Reserve(rids, nt)
+	plan, err := h.dense.Reserve(rids, nt)
 	if err != nil {
 		return failErr(err)
 	}
@@ -204,7 +210,7 @@ func pagedkv_reserve(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int32_t, 
 }
 
 // reserveArgs checks and views reserve's common arguments.
-func reserveArgs(op string, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t, out *C.pagedkv_plan) ([]pagedkv.RequestID, []int32, C.int32_t, bool) {
+func reserveArgs(op string, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t, out unsafe.Pointer, outName string) ([]pagedkv.RequestID, []int32, C.int32_t, bool) {
 	if code, ok := checkArray(op, "ids", unsafe.Pointer(ids), n); !ok {
 		return nil, nil, code, false
 	}
@@ -212,7 +218,7 @@ func reserveArgs(op string, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t, ou
 		return nil, nil, code, false
 	}
 	if out == nil {
-		return nil, nil, badArg("%s: out is NULL", op), false
+		return nil, nil, badArg("%s: %s is NULL", op, outName), false
 	}
 	var rids []pagedkv.RequestID
 	if n > 0 {
@@ -224,47 +230,58 @@ func reserveArgs(op string, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t, ou
 //export pagedkv_reserve_spec
 func pagedkv_reserve_spec(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int32_t, n C.int64_t,
 	draftIndptr *C.int32_t, drafts *C.int32_t, out *C.pagedkv_plan) (code C.int32_t) {
-	h, code := enter(id, "reserve_spec")
+	h, code := enterDense(id, "reserve_spec")
 	if h == nil {
 		return code
 	}
 	defer h.exit(&code)
-	rids, nt, code, ok := reserveArgs("reserve_spec", ids, ntokens, n, out)
+	rids, nt, code, ok := reserveArgs("reserve_spec", ids, ntokens, n, unsafe.Pointer(out), "out")
 	if !ok {
 		return code
 	}
-	var lists [][]int32
-	if draftIndptr != nil {
-		ip := int32s(draftIndptr, n+1)
-		if ip[0] != 0 {
-			return badArg("reserve_spec: draft_indptr[0] = %d, want 0", ip[0])
-		}
-		for i := 1; i < len(ip); i++ {
-			if ip[i] < ip[i-1] {
-				return badArg("reserve_spec: draft_indptr[%d] = %d < draft_indptr[%d] = %d", i, ip[i], i-1, ip[i-1])
-			}
-		}
-		total := C.int64_t(ip[n])
-		if code, ok := checkArray("reserve_spec", "drafts", unsafe.Pointer(drafts), total); !ok {
-			return code
-		}
-		flat := int32s(drafts, total)
-		h.draftLists = h.draftLists[:0]
-		for i := range int(n) {
-			h.draftLists = append(h.draftLists, flat[ip[i]:ip[i+1]:ip[i+1]])
-		}
-		lists = h.draftLists
-		// The Manager copies the drafts; drop the views of C memory.
-		defer clear(h.draftLists)
-	} else if drafts != nil {
-		return badArg("reserve_spec: drafts without draft_indptr")
+	lists, code, ok := h.draftArgs("reserve_spec", n, draftIndptr, drafts)
+	if !ok {
+		return code
 	}
-	plan, err := h.m.ReserveSpec(rids, nt, lists)
+	// The Manager copies the drafts; drop the views of C memory.
+	defer clear(h.draftLists)
+	plan, err := h.dense.ReserveSpec(rids, nt, lists)
 	if err != nil {
 		return failErr(err)
 	}
 	h.export(out, plan)
 	return C.PAGEDKV_OK
+}
+
+// draftArgs checks reserve_spec's drafts and views them as one list per
+// request (nil: no drafts) in h.draftLists, which the caller clears after
+// the call.
+func (h *handle) draftArgs(op string, n C.int64_t, draftIndptr, drafts *C.int32_t) ([][]int32, C.int32_t, bool) {
+	if draftIndptr == nil {
+		if drafts != nil {
+			return nil, badArg("%s: drafts without draft_indptr", op), false
+		}
+		return nil, C.PAGEDKV_OK, true
+	}
+	ip := int32s(draftIndptr, n+1)
+	if ip[0] != 0 {
+		return nil, badArg("%s: draft_indptr[0] = %d, want 0", op, ip[0]), false
+	}
+	for i := 1; i < len(ip); i++ {
+		if ip[i] < ip[i-1] {
+			return nil, badArg("%s: draft_indptr[%d] = %d < draft_indptr[%d] = %d", op, i, ip[i], i-1, ip[i-1]), false
+		}
+	}
+	total := C.int64_t(ip[n])
+	if code, ok := checkArray(op, "drafts", unsafe.Pointer(drafts), total); !ok {
+		return nil, code, false
+	}
+	flat := int32s(drafts, total)
+	h.draftLists = h.draftLists[:0]
+	for i := range int(n) {
+		h.draftLists = append(h.draftLists, flat[ip[i]:ip[i+1]:ip[i+1]])
+	}
+	return h.draftLists, C.PAGEDKV_OK, true
 }
 
 //export pagedkv_commit_spec
@@ -366,7 +383,12 @@ func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t
 	if out == nil {
 		return badArg("stats: out is NULL")
 	}
-	s := h.m.Stats() // lock-free: any thread, even while the owner is in a call
+	var s pagedkv.Stats // lock-free: any thread, even while the owner is in a call
+	if h.hybrid != nil {
+		s = h.hybrid.Stats().Stats
+	} else {
+		s = h.dense.Stats()
+	}
 	v := [...]int64{
 		int64(s.TotalPages), int64(s.FreePages), int64(s.UsedPages), int64(s.EvictablePages), int64(s.PinnedIdlePages),
 		int64(s.CachedPages), int64(s.PinnedPages), int64(s.SharedPages),
@@ -379,12 +401,17 @@ func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t
 	if unsafe.Sizeof(v) != C.sizeof_pagedkv_stats {
 		panic("cabi: pagedkv_stats and Stats have different field counts")
 	}
-	// An older caller's smaller struct gets the fields it knows; a newer
-	// caller's larger one gets zeros past ours.
-	n := min(uintptr(size), unsafe.Sizeof(v))
-	C.memset(unsafe.Pointer(out), 0, size)
-	C.memcpy(unsafe.Pointer(out), unsafe.Pointer(&v[0]), C.size_t(n))
+	writeInt64s(unsafe.Pointer(out), size, v[:])
 	return C.PAGEDKV_OK
+}
+
+// writeInt64s writes v into a caller's struct of size bytes: an older
+// caller's smaller struct gets the fields it knows; a newer caller's larger
+// one gets zeros past ours.
+func writeInt64s(out unsafe.Pointer, size C.size_t, v []int64) {
+	n := min(uintptr(size), uintptr(len(v))*8)
+	C.memset(out, 0, size)
+	C.memcpy(out, unsafe.Pointer(&v[0]), C.size_t(n))
 }
 
 //export pagedkv_audit
@@ -419,7 +446,7 @@ func pagedkv_evict(id C.pagedkv_manager, npages C.int64_t, freed *C.int64_t) (co
 
 //export pagedkv_pin
 func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_t, n C.int64_t, pin *C.uint64_t, pinned *C.int64_t) (code C.int32_t) {
-	h, code := enter(id, "pin")
+	h, code := enterDense(id, "pin")
 	if h == nil {
 		return code
 	}
@@ -434,7 +461,7 @@ func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_
 	if pin == nil {
 		return badArg("pin: pin is NULL (the pin's id is needed to unpin it)")
 	}
-	p, nt, err := h.m.Pin(gns, int32s(tokens, n))
+	p, nt, err := h.dense.Pin(gns, int32s(tokens, n))
 	if err != nil {
 		return failErr(err)
 	}
@@ -447,12 +474,12 @@ func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_
 
 //export pagedkv_unpin
 func pagedkv_unpin(id C.pagedkv_manager, pin C.uint64_t) (code C.int32_t) {
-	h, code := enter(id, "unpin")
+	h, code := enterDense(id, "unpin")
 	if h == nil {
 		return code
 	}
 	defer h.exit(&code)
-	if err := h.m.Unpin(pagedkv.PinID(pin)); err != nil {
+	if err := h.dense.Unpin(pagedkv.PinID(pin)); err != nil {
 		return failErr(err)
 	}
 	return C.PAGEDKV_OK
@@ -462,24 +489,39 @@ func pagedkv_unpin(id C.pagedkv_manager, pin C.uint64_t) (code C.int32_t) {
 
 //export pagedkv_get_request_state
 func pagedkv_get_request_state(id C.pagedkv_manager, rid C.uint64_t, out *C.pagedkv_request_state) (code C.int32_t) {
-	h, code := enter(id, "request_state")
+	h, code := enterDense(id, "request_state")
 	if h == nil {
 		return code
 	}
 	defer h.exit(&code)
+	return h.requestState("request_state", 0, rid, out)
+}
+
+// requestState fills out with request rid's state, its pages those of
+// group g (0 for a dense handle).
+func (h *handle) requestState(op string, g int, rid C.uint64_t, out *C.pagedkv_request_state) C.int32_t {
 	if out == nil {
-		return badArg("request_state: out is NULL")
+		return badArg("%s: out is NULL", op)
 	}
 	r := pagedkv.RequestID(rid)
 	if !h.m.Has(r) {
-		return failErr(fmt.Errorf("%w: request_state of request %d", pagedkv.ErrUnknownRequest, uint64(rid)))
+		return failErr(fmt.Errorf("%w: %s of request %d", pagedkv.ErrUnknownRequest, op, uint64(rid)))
 	}
 	*out = C.pagedkv_request_state{computed: C.int64_t(h.m.Computed(r)), num_tokens: C.int64_t(len(h.m.Tokens(r)))}
 	if h.m.Running(r) {
-		pages, start := h.m.Pages(r)
+		pages, start := h.pagesOf(g, r)
 		out.running, out.start, out.num_pages = 1, C.int64_t(start), C.int64_t(len(pages))
 	}
 	return C.PAGEDKV_OK
+}
+
+// pagesOf is request r's pages in group g (0 for a dense handle) and the
+// first token they hold.
+func (h *handle) pagesOf(g int, r pagedkv.RequestID) ([]pagedkv.PageID, int) {
+	if h.hybrid != nil {
+		return h.hybrid.Pages(g, r)
+	}
+	return h.dense.Pages(r)
 }
 
 //export pagedkv_request_tokens
@@ -498,21 +540,26 @@ func pagedkv_request_tokens(id C.pagedkv_manager, rid C.uint64_t, dst *C.int32_t
 
 //export pagedkv_request_pages
 func pagedkv_request_pages(id C.pagedkv_manager, rid C.uint64_t, dst *C.int32_t, capacity C.int64_t, n *C.int64_t) (code C.int32_t) {
-	h, code := enter(id, "request_pages")
+	h, code := enterDense(id, "request_pages")
 	if h == nil {
 		return code
 	}
 	defer h.exit(&code)
+	return h.requestPages("request_pages", 0, rid, dst, capacity, n)
+}
+
+// requestPages copies request rid's pages in group g into dst.
+func (h *handle) requestPages(op string, g int, rid C.uint64_t, dst *C.int32_t, capacity C.int64_t, n *C.int64_t) C.int32_t {
 	r := pagedkv.RequestID(rid)
 	if !h.m.Has(r) {
-		return failErr(fmt.Errorf("%w: request_pages of request %d", pagedkv.ErrUnknownRequest, uint64(rid)))
+		return failErr(fmt.Errorf("%w: %s of request %d", pagedkv.ErrUnknownRequest, op, uint64(rid)))
 	}
 	var pages []int32
 	if h.m.Running(r) {
-		p, _ := h.m.Pages(r)
+		p, _ := h.pagesOf(g, r)
 		pages = unsafe.Slice((*int32)(unsafe.SliceData(p)), len(p))
 	}
-	return copyOut("request_pages", pages, dst, capacity, n)
+	return copyOut(op, pages, dst, capacity, n)
 }
 
 func copyOut(op string, src []int32, dst *C.int32_t, capacity C.int64_t, n *C.int64_t) C.int32_t {
@@ -529,7 +576,7 @@ func copyOut(op string, src []int32, dst *C.int32_t, capacity C.int64_t, n *C.in
 
 //export pagedkv_pending
 func pagedkv_pending(id C.pagedkv_manager, pending *C.int32_t) (code C.int32_t) {
-	h, code := enter(id, "pending")
+	h, code := enterDense(id, "pending")
 	if h == nil {
 		return code
 	}
@@ -538,7 +585,7 @@ func pagedkv_pending(id C.pagedkv_manager, pending *C.int32_t) (code C.int32_t) 
 		return badArg("pending: pending is NULL")
 	}
 	*pending = 0
-	if h.m.Pending() {
+	if h.dense.Pending() {
 		*pending = 1
 	}
 	return C.PAGEDKV_OK

@@ -41,12 +41,16 @@ type abiConfig struct {
 	CascadeMinSavedPages                                         int64
 }
 
-func goCreate(cfg abiConfig) (uint64, int32) {
-	c := C.pagedkv_config{
+func (cfg abiConfig) c() C.pagedkv_config {
+	return C.pagedkv_config{
 		num_pages: C.int64_t(cfg.NumPages), page_size: C.int64_t(cfg.PageSize), window_tokens: C.int64_t(cfg.WindowTokens),
 		priorities: C.int64_t(cfg.Priorities), max_pinned_pages: C.int64_t(cfg.MaxPinnedPages),
 		hash_seed: C.uint64_t(cfg.HashSeed), cascade_min_saved_pages: C.int64_t(cfg.CascadeMinSavedPages),
 	}
+}
+
+func goCreate(cfg abiConfig) (uint64, int32) {
+	c := cfg.c()
 	var h C.pagedkv_manager
 	code := pagedkv_create(&c, C.sizeof_pagedkv_config, &h)
 	return uint64(h), int32(code)
@@ -175,8 +179,11 @@ func (p cPlan) free() { C.free(unsafe.Pointer(p.c)) }
 
 // fillWords sets every 8-byte word of the struct to w, with integer stores:
 // what stale caller memory may hold.
-func (p cPlan) fillWords(w uintptr) {
-	words := unsafe.Slice((*uintptr)(unsafe.Pointer(p.c)), C.sizeof_pagedkv_plan/8)
+func (p cPlan) fillWords(w uintptr) { fillWords(unsafe.Pointer(p.c), C.sizeof_pagedkv_plan, w) }
+
+// fillWords sets the size/8 words at ptr (C memory) to w.
+func fillWords(ptr unsafe.Pointer, size int, w uintptr) {
+	words := unsafe.Slice((*uintptr)(ptr), size/8)
 	for i := range words {
 		words[i] = w
 	}
@@ -261,4 +268,68 @@ func goCommitSpec(h uint64, accepted []int32, na int64, sampled []int32, ns int6
 
 func goTruncate(h, id uint64, n int64) int32 {
 	return int32(pagedkv_truncate(C.pagedkv_manager(h), C.uint64_t(id), C.int64_t(n)))
+}
+
+// abiGroup is pagedkv_layer_group.
+type abiGroup struct{ Kind, WindowTokens, ChunkTokens, NumLayers int64 }
+
+func goHybridCreate(cfg abiConfig, groups []abiGroup) (uint64, int32) {
+	c := cfg.c()
+	gs := (*C.pagedkv_layer_group)(C.calloc(C.size_t(max(len(groups), 1)), C.sizeof_pagedkv_layer_group))
+	defer C.free(unsafe.Pointer(gs))
+	for i, g := range groups {
+		unsafe.Slice(gs, len(groups))[i] = C.pagedkv_layer_group{kind: C.int64_t(g.Kind), window_tokens: C.int64_t(g.WindowTokens),
+			chunk_tokens: C.int64_t(g.ChunkTokens), num_layers: C.int64_t(g.NumLayers)}
+	}
+	var h C.pagedkv_manager
+	code := pagedkv_hybrid_create(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(groups)), C.sizeof_pagedkv_layer_group, &h)
+	return uint64(h), int32(code)
+}
+
+// cHybridPlan is hybrid reserve's out arguments in C memory: the copies
+// descriptor and n group plans.
+type cHybridPlan struct {
+	copies *C.pagedkv_array
+	groups *C.pagedkv_group_plan
+	n      int
+}
+
+func newCHybridPlan(n int) cHybridPlan {
+	return cHybridPlan{(*C.pagedkv_array)(C.calloc(1, C.sizeof_pagedkv_array)),
+		(*C.pagedkv_group_plan)(C.calloc(C.size_t(n), C.sizeof_pagedkv_group_plan)), n}
+}
+
+func (p cHybridPlan) free() {
+	C.free(unsafe.Pointer(p.copies))
+	C.free(unsafe.Pointer(p.groups))
+}
+
+// fillWords sets every word of the out arguments to w (see cPlan).
+func (p cHybridPlan) fillWords(w uintptr) {
+	fillWords(unsafe.Pointer(p.copies), C.sizeof_pagedkv_array, w)
+	fillWords(unsafe.Pointer(p.groups), p.n*C.sizeof_pagedkv_group_plan, w)
+}
+
+// abiGroupPlan is a pagedkv_group_plan read back.
+type abiGroupPlan struct {
+	abiPlan
+	Hybrid map[string][]int32 // cascade_window_left and the attn_* arrays
+}
+
+func (p cHybridPlan) read() (copies []int32, groups []abiGroupPlan) {
+	for _, g := range unsafe.Slice(p.groups, p.n) {
+		var out abiGroupPlan
+		out.abiPlan.read(&g.plan)
+		out.Hybrid = map[string][]int32{
+			"cascade_window_left": readArray(g.cascade_window_left), "attn_qo_indptr": readArray(g.attn_qo_indptr),
+			"attn_kv_indptr": readArray(g.attn_kv_indptr), "attn_kv_page_indices": readArray(g.attn_kv_page_indices),
+			"attn_kv_last_page_len": readArray(g.attn_kv_last_page_len), "attn_requests": readArray(g.attn_requests),
+		}
+		groups = append(groups, out)
+	}
+	return readArray(*p.copies), groups
+}
+
+func goHybridReserveC(h uint64, ids []uint64, nt []int32, n int64, p cHybridPlan) int32 {
+	return int32(pagedkv_hybrid_reserve(C.pagedkv_manager(h), ptrU64(ids), ptr32(nt), C.int64_t(n), p.copies, p.groups, C.int64_t(p.n)))
 }

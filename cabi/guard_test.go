@@ -19,7 +19,8 @@ import (
 //	if h == nil { return code }
 //	defer h.exit(&code)
 //
-// (enter only looks the handle up; nothing before the defer can panic).
+// (enter only looks the handle up; nothing before the defer can panic;
+// enterDense and enterHybrid are enter with a check of the handle's kind).
 // It also checks that pagedkv.h declares exactly the exported functions,
 // less the two test hooks, plus the two written in C (errbuf.c).
 func TestEveryExportIsGuarded(t *testing.T) {
@@ -97,8 +98,8 @@ func guardProblem(fn *ast.FuncDecl) string {
 		return ""
 	}
 	as, ok := body[0].(*ast.AssignStmt)
-	if !ok || len(as.Rhs) != 1 || !isCall(as.Rhs[0], "enter") {
-		return "first statement is neither `defer recoverTo(&code)` nor `h, code := enter(...)`"
+	if !ok || len(as.Rhs) != 1 || !(isCall(as.Rhs[0], "enter") || isCall(as.Rhs[0], "enterDense") || isCall(as.Rhs[0], "enterHybrid")) {
+		return "first statement is neither `defer recoverTo(&code)` nor `h, code := enter(...)` (or enterDense, enterHybrid)"
 	}
 	if len(body) < 3 {
 		return "enter is not followed by `if h == nil { return code }` and `defer h.exit(&code)`"

@@ -60,8 +60,12 @@ const maxLen = 1 << 31
 
 // handle is one manager and what the C ABI keeps for it.
 type handle struct {
-	busy     atomic.Bool
-	m        *pagedkv.Manager
+	busy atomic.Bool
+	// m is the manager, dense or hybrid: the calls both kinds share go
+	// through it. Exactly one of dense and hybrid is set.
+	m        manager
+	dense    *pagedkv.Manager
+	hybrid   *pagedkv.HybridManager
 	poisoned bool
 
 	// pinner pins the buffers in pinned (their first elements): exactly
@@ -71,14 +75,54 @@ type handle struct {
 	// outs is export's scratch: the descriptors it writes after pinning.
 	outs []arrayOut
 
+	// plans holds what each exported plan needs beyond the Manager's own
+	// buffers: one for a dense handle, one per group for a hybrid one.
+	plans []planExport
+	// draftLists is reserve_spec's scratch: views of the caller's drafts
+	// during the call, cleared after it.
+	draftLists [][]int32
+}
+
+// planExport is the C ABI's own memory behind one exported plan.
+type planExport struct {
 	// levels is a C array of levelsCap descriptors for cascade plans.
 	levels    *C.pagedkv_level
 	levelsCap int
 	// rows is the cascade's query-row permutation, computed per plan.
 	rows []int32
-	// draftLists is reserve_spec's scratch: views of the caller's drafts
-	// during the call, cleared after it.
-	draftLists [][]int32
+	// windowLeft is the plan's CascadeWindowLeft as int32 (hybrid groups).
+	windowLeft []int32
+}
+
+// manager is what pagedkv.Manager and pagedkv.HybridManager both do, with
+// the same signatures: the exports shared by both kinds of handle call it.
+type manager interface {
+	Add(id pagedkv.RequestID, req pagedkv.Request) (int, error)
+	Extend(id pagedkv.RequestID, tokens ...int32) error
+	Fork(parent, child pagedkv.RequestID) error
+	Release(id pagedkv.RequestID) error
+	Preempt(id pagedkv.RequestID) error
+	Resume(id pagedkv.RequestID) (int, error)
+	Truncate(id pagedkv.RequestID, n int) error
+	Commit(sampled []int32) error
+	CommitSpec(accepted, sampled []int32) error
+	Abort() error
+	Evict(npages int) int
+	Audit() error
+	Has(id pagedkv.RequestID) bool
+	Running(id pagedkv.RequestID) bool
+	Computed(id pagedkv.RequestID) int
+	Tokens(id pagedkv.RequestID) []int32
+}
+
+// register adds h to the registry and returns its id.
+func register(h *handle) C.pagedkv_manager {
+	registry.Lock()
+	registry.next++
+	id := registry.next
+	registry.handles[id] = h
+	registry.Unlock()
+	return C.pagedkv_manager(id)
 }
 
 var registry struct {
@@ -94,8 +138,8 @@ func lookup(id C.pagedkv_manager) *handle {
 	return h
 }
 
-// enter takes handle id for one call, or returns the code and message of
-// why it cannot.
+// enter takes handle id (of either kind) for one call, or returns the
+// code and message of why it cannot.
 func enter(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
 	h := lookup(id)
 	if h == nil {
@@ -109,6 +153,36 @@ func enter(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
 		return nil, fail(C.PAGEDKV_ERR_INTERNAL, fmt.Sprintf("pagedkv: %s: manager %d was poisoned by an earlier internal error; destroy it", op, uint64(id)))
 	}
 	return h, C.PAGEDKV_OK
+}
+
+// enterDense is enter for a call only a dense manager has.
+func enterDense(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
+	return enterKind(id, op, false)
+}
+
+// enterHybrid is enter for a call only a hybrid manager has.
+func enterHybrid(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
+	return enterKind(id, op, true)
+}
+
+func enterKind(id C.pagedkv_manager, op string, hybrid bool) (*handle, C.int32_t) {
+	h, code := enter(id, op)
+	if h == nil || (h.hybrid != nil) == hybrid {
+		return h, code
+	}
+	h.busy.Store(false)
+	return nil, wrongKind(id, op, hybrid)
+}
+
+// wrongKind fails a call that needs a hybrid (or a dense) manager on a
+// handle of the other kind.
+func wrongKind(id C.pagedkv_manager, op string, needHybrid bool) C.int32_t {
+	kind, want := "dense", "pagedkv_hybrid_create"
+	if !needHybrid {
+		kind, want = "hybrid", "pagedkv_create"
+	}
+	return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: manager %d is a %s manager; this call needs one made by %s",
+		op, uint64(id), kind, want))
 }
 
 // exit ends a call that entered h: it turns a panic into

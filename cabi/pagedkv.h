@@ -20,7 +20,8 @@
  *    from any thread at any time. Different handles are independent.
  *  - The arrays of a pagedkv_plan point into buffers the manager owns
  *    (zero copy). They stay valid and unchanged until the next successful
- *    pagedkv_reserve or pagedkv_destroy of the handle; every other call,
+ *    reserve (pagedkv_reserve, _reserve_spec, or their pagedkv_hybrid_
+ *    forms) or pagedkv_destroy of the handle; every other call,
  *    failed reserves included, leaves them alone. Never free or write them.
  *  - The library keeps no pointer the caller passes in after the call
  *    returns (inputs are copied where they are kept).
@@ -143,6 +144,43 @@ typedef struct {
 	pagedkv_array drafts;           /* [B] draft rows of request b (its last rows); all 0 unless reserve_spec */
 } pagedkv_plan;
 
+/* Hybrid attention models (Go: pagedkv.HybridManager): several layer
+ * groups on one page pool. A group's kind: */
+enum {
+	PAGEDKV_GROUP_FULL = 0,    /* full attention */
+	PAGEDKV_GROUP_SLIDING = 1, /* sliding window of window_tokens */
+	PAGEDKV_GROUP_CHUNKED = 2, /* chunked local attention, chunks of chunk_tokens */
+	PAGEDKV_GROUP_MLA = 3      /* full attention on MLA storage */
+};
+
+/* One layer group (Go: pagedkv.LayerGroup). Every group has the same
+ * num_layers (see package layergroup). */
+typedef struct {
+	int64_t kind;          /* PAGEDKV_GROUP_* */
+	int64_t window_tokens; /* sliding: W >= 1; else 0 */
+	int64_t chunk_tokens;  /* chunked: a positive multiple of page_size; else 0 */
+	int64_t num_layers;    /* >= 1 */
+} pagedkv_layer_group;
+
+/* One group's plan of a hybrid step (Go: the group's pagedkv.Plan). plan is
+ * the group's dense plan: its page table, positions relative to the group's
+ * first held page, window_left and cascade levels; plan.copies are this
+ * group's copies (all of them are also in the pool-wide list). Every group
+ * lists the same requests, rows and tokens. */
+typedef struct {
+	pagedkv_plan plan;
+	pagedkv_array cascade_window_left;   /* [plan.num_levels] each level's window_left; len 0 when flat */
+	/* A chunked group's attention (len 0 for every other kind): A entries,
+	 * each a run of one request's rows inside one chunk, over that chunk's
+	 * pages; run batch prefill on these (causal, window_left -1) instead of
+	 * the plan's qo_indptr and kv arrays. The append still uses the plan's. */
+	pagedkv_array attn_qo_indptr;        /* [A+1] splits qo_indptr */
+	pagedkv_array attn_kv_indptr;        /* [A+1] */
+	pagedkv_array attn_kv_page_indices;  /* [attn_kv_indptr[A]] */
+	pagedkv_array attn_kv_last_page_len; /* [A] */
+	pagedkv_array attn_requests;         /* [A] batch index of each entry */
+} pagedkv_group_plan;
+
 /* Stats (Go: pagedkv.Stats), every field int64, in this order. New fields
  * are only ever appended; pass sizeof(pagedkv_stats). */
 typedef struct {
@@ -154,6 +192,18 @@ typedef struct {
 	int64_t evicted_pages, eviction_freed_pages, inner_victims, window_released_pages, chains_cut;
 	int64_t draft_tokens, accepted_draft_tokens; /* speculative steps (ABI 2) */
 } pagedkv_stats;
+
+/* One group's numbers of a hybrid manager (Go: pagedkv.GroupStats), every
+ * field int64, in this order. New fields are only ever appended; pass
+ * sizeof(pagedkv_group_stats). */
+typedef struct {
+	int64_t kind;                  /* PAGEDKV_GROUP_* */
+	int64_t cached_pages;          /* pages in the group's prefix cache */
+	int64_t evictable_pages;       /* of those, idle and evictable */
+	int64_t servable_tokens;       /* prompt tokens the group's cache alone could have served */
+	int64_t published_pages, evicted_pages, copied_pages;
+	int64_t window_released_pages; /* released: out of the window, or a finished chunk */
+} pagedkv_group_stats;
 
 /* One request's state (Go: Has, Running, Computed, Tokens, Pages). */
 typedef struct {
@@ -218,6 +268,34 @@ int32_t pagedkv_get_request_state(pagedkv_manager m, uint64_t id, pagedkv_reques
 int32_t pagedkv_request_tokens(pagedkv_manager m, uint64_t id, int32_t *dst, int64_t cap, int64_t *n);
 int32_t pagedkv_request_pages(pagedkv_manager m, uint64_t id, int32_t *dst, int64_t cap, int64_t *n);
 int32_t pagedkv_pending(pagedkv_manager m, int32_t *pending);
+
+/* Hybrid managers. A hybrid handle takes every call above that has no
+ * dense-only meaning (add, extend, fork, preempt, resume, release, commit,
+ * commit_spec, abort, truncate, get_stats, audit, evict, request_tokens,
+ * destroy); reserve, reserve_spec, pin, unpin, pending, get_request_state
+ * and request_pages on a hybrid handle (and the pagedkv_hybrid_ calls on a
+ * dense one) fail with PAGEDKV_ERR_BAD_HANDLE. A HybridManager has no pins.
+ * cfg.window_tokens must be 0 (windows are per group). group_size must be
+ * sizeof(pagedkv_layer_group). */
+int32_t pagedkv_hybrid_create(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_layer_group *groups,
+                              int64_t num_groups, size_t group_size, pagedkv_manager *out);
+int32_t pagedkv_hybrid_num_groups(pagedkv_manager m, int64_t *num_groups);
+/* A hybrid step: copies receives the pool-wide copies ([3*num copies]
+ * int32 pagedkv_copy triples, do first: a copy copies the page in every
+ * layer's tensor), groups [num_groups] (num_groups must be the manager's)
+ * each group's plan. Arrays stay valid as for pagedkv_reserve. */
+int32_t pagedkv_hybrid_reserve(pagedkv_manager m, const uint64_t *ids, const int32_t *ntokens, int64_t n,
+                               pagedkv_array *copies, pagedkv_group_plan *groups, int64_t num_groups);
+int32_t pagedkv_hybrid_reserve_spec(pagedkv_manager m, const uint64_t *ids, const int32_t *ntokens, int64_t n,
+                                    const int32_t *draft_indptr, const int32_t *drafts,
+                                    pagedkv_array *copies, pagedkv_group_plan *groups, int64_t num_groups);
+/* Group g's numbers; any thread, any time, like pagedkv_get_stats (whose
+ * pool-wide numbers a hybrid handle also gives). */
+int32_t pagedkv_hybrid_get_group_stats(pagedkv_manager m, int64_t group, pagedkv_group_stats *out, size_t out_size);
+/* As get_request_state and request_pages, with the pages of group g. */
+int32_t pagedkv_hybrid_request_state(pagedkv_manager m, int64_t group, uint64_t id, pagedkv_request_state *out);
+int32_t pagedkv_hybrid_request_pages(pagedkv_manager m, int64_t group, uint64_t id, int32_t *dst, int64_t cap,
+                                     int64_t *n);
 
 #endif /* PAGEDKV_NO_PROTOTYPES */
 

@@ -25,8 +25,15 @@ import (
 // level array grows.
 func (h *handle) export(out *C.pagedkv_plan, p *pagedkv.Plan) {
 	h.cur, h.outs = h.cur[:0], h.outs[:0]
-	copies := unsafe.Slice((*int32)(unsafe.Pointer(unsafe.SliceData(p.Copies))), 3*cap(p.Copies))[:3*len(p.Copies)]
-	h.array(&out.copies, copies)
+	h.gather(&h.plans[0], out, p)
+	h.pin()
+	h.store()
+}
+
+// gather notes the descriptors of plan p for out (see export) and writes
+// its integers; e is the plan's own C ABI memory.
+func (h *handle) gather(e *planExport, out *C.pagedkv_plan, p *pagedkv.Plan) {
+	h.array(&out.copies, copyWords(p.Copies))
 	h.array(&out.qo_indptr, p.QOIndptr)
 	h.array(&out.batch_indices, p.BatchIndices)
 	h.array(&out.positions, p.Positions)
@@ -38,44 +45,43 @@ func (h *handle) export(out *C.pagedkv_plan, p *pagedkv.Plan) {
 	h.array(&out.seq_lens, p.SeqLens)
 	h.array(&out.drafts, p.Drafts)
 
-	var levels []C.pagedkv_level
+	nlevels := 0
+	var lp unsafe.Pointer
 	if l := p.Cascade; l != nil {
-		h.queryRows(l.RequestOrder, l.RequestQOIndptr, p.QOIndptr)
-		h.array(&out.query_rows, h.rows)
-		if len(l.Levels) > h.levelsCap {
-			nl := (*C.pagedkv_level)(C.realloc(unsafe.Pointer(h.levels), C.size_t(len(l.Levels))*C.sizeof_pagedkv_level))
+		h.queryRows(e, l.RequestOrder, l.RequestQOIndptr, p.QOIndptr)
+		h.array(&out.query_rows, e.rows)
+		if len(l.Levels) > e.levelsCap {
+			nl := (*C.pagedkv_level)(C.realloc(unsafe.Pointer(e.levels), C.size_t(len(l.Levels))*C.sizeof_pagedkv_level))
 			if nl == nil {
 				panic("cabi: out of C memory for cascade levels")
 			}
-			h.levels, h.levelsCap = nl, len(l.Levels)
+			e.levels, e.levelsCap = nl, len(l.Levels)
 		}
-		levels = unsafe.Slice(h.levels, h.levelsCap)[:len(l.Levels)]
+		levels := unsafe.Slice(e.levels, e.levelsCap)[:len(l.Levels)]
 		for i, lv := range l.Levels {
 			h.array(&levels[i].qo_indptr, lv.QOIndptr)
 			h.array(&levels[i].kv_indptr, lv.KVIndptr)
 			h.array(&levels[i].kv_indices, lv.KVIndices)
 			h.array(&levels[i].kv_last_page_len, lv.KVLastPageLen)
 		}
+		nlevels, lp = len(levels), unsafe.Pointer(e.levels)
+	} else {
+		h.array(&out.query_rows, nil)
 	}
-	h.pin()
+	out.batch_size = C.int64_t(len(p.QOIndptr) - 1)
+	out.nnz = C.int64_t(len(p.Positions))
+	out.window_left = C.int64_t(p.WindowLeft)
+	out.num_levels = C.int64_t(nlevels)
+	*(*uintptr)(unsafe.Pointer(&out.levels)) = uintptr(lp) // C memory or nil
+}
 
-	// Every buffer is pinned: write the descriptors.
+// store writes the gathered descriptors; every buffer is pinned.
+func (h *handle) store() {
 	for i := range h.outs {
 		o := &h.outs[i]
 		storeArray(o.dst, o.data, o.len, o.cap)
 		o.data = nil
 	}
-	out.batch_size = C.int64_t(len(p.QOIndptr) - 1)
-	out.nnz = C.int64_t(len(p.Positions))
-	out.window_left = C.int64_t(p.WindowLeft)
-	out.num_levels = C.int64_t(len(levels))
-	var lp unsafe.Pointer
-	if p.Cascade == nil {
-		storeArray(&out.query_rows, nil, 0, 0)
-	} else {
-		lp = unsafe.Pointer(h.levels)
-	}
-	*(*uintptr)(unsafe.Pointer(&out.levels)) = uintptr(lp)
 }
 
 // storeArray writes a descriptor into C memory without a write barrier
@@ -115,15 +121,15 @@ func (h *handle) pin() {
 	h.pinned, h.cur = h.cur, h.pinned
 }
 
-// queryRows computes the cascade's row permutation into h.rows: cascade
+// queryRows computes the cascade's row permutation into e.rows: cascade
 // row r holds the query of plan row h.rows[r]. Cascade request IDs are
 // batch indices, so request b's plan rows start at qoIndptr[b].
-func (h *handle) queryRows(order []int, reqIndptr, qoIndptr []int32) {
-	h.rows = h.rows[:0]
+func (h *handle) queryRows(e *planExport, order []int, reqIndptr, qoIndptr []int32) {
+	e.rows = e.rows[:0]
 	for k, b := range order {
 		start := qoIndptr[b]
 		for i := range reqIndptr[k+1] - reqIndptr[k] {
-			h.rows = append(h.rows, start+i)
+			e.rows = append(e.rows, start+i)
 		}
 	}
 }

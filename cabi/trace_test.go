@@ -35,7 +35,9 @@ type traceFile struct {
 type trace struct {
 	Name   string           `json:"name"`
 	Config map[string]int64 `json:"config"` // pagedkv.Config with pagedkv_config's field names
-	Ops    []traceOp        `json:"ops"`
+	// Groups are a hybrid trace's layer groups, pagedkv_layer_group's fields.
+	Groups []map[string]int64 `json:"groups,omitempty"`
+	Ops    []traceOp          `json:"ops"`
 }
 
 type traceOp struct {
@@ -54,12 +56,24 @@ type traceOp struct {
 	Want     traceResult          `json:"want"`
 	Plan     map[string][]int32   `json:"plan,omitempty"`
 	Cascade  []map[string][]int32 `json:"cascade,omitempty"`
+	// Groups are a hybrid step's group plans (Plan then holds only the
+	// pool-wide copies).
+	Groups []traceGroup `json:"groups,omitempty"`
+}
+
+// traceGroup is one group's plan of a hybrid step: the dense plan's arrays
+// plus cascade_window_left and the chunked attention's attn_* arrays.
+type traceGroup struct {
+	Plan    map[string][]int32   `json:"plan"`
+	Cascade []map[string][]int32 `json:"cascade,omitempty"`
 }
 
 type traceResult struct {
 	Err   string  `json:"err,omitempty"`
 	Value int64   `json:"value,omitempty"`
 	Stats []int64 `json:"stats"` // pagedkv_stats field order
+	// GroupStats are a hybrid manager's per-group numbers, pagedkv_group_stats order.
+	GroupStats [][]int64 `json:"group_stats,omitempty"`
 }
 
 // errName is the Python exception class of a Go error.
@@ -116,17 +130,37 @@ func family(f, n int) []int32 {
 }
 
 type traceGen struct {
-	t    testing.TB
-	m    *pagedkv.Manager
-	rng  *rand.Rand
-	ops  []traceOp
-	next uint64
-	pins []uint64
+	t testing.TB
+	// m is the manager under test; dense is it as a Manager (nil for a
+	// hybrid one, which gets no pins), hybrid as a HybridManager.
+	m      manager
+	dense  *pagedkv.Manager
+	hybrid *pagedkv.HybridManager
+	rng    *rand.Rand
+	ops    []traceOp
+	next   uint64
+	pins   []uint64
+	// promptScale multiplies prompt lengths and maxChunk bounds a step's
+	// tokens per request: hybrid traces need requests past their windows.
+	promptScale, maxChunk int
+}
+
+func (g *traceGen) stats() pagedkv.Stats {
+	if g.hybrid != nil {
+		return g.hybrid.Stats().Stats
+	}
+	return g.dense.Stats()
 }
 
 // record runs op's effect (already done by the caller) into the trace.
 func (g *traceGen) record(op traceOp, value int64, err error) {
-	op.Want = traceResult{Err: errName(err), Value: value, Stats: statsList(g.m.Stats())}
+	op.Want = traceResult{Err: errName(err), Value: value, Stats: statsList(g.stats())}
+	if g.hybrid != nil {
+		for _, gs := range g.hybrid.Stats().Groups {
+			op.Want.GroupStats = append(op.Want.GroupStats, []int64{int64(gs.Kind), int64(gs.CachedPages), int64(gs.EvictablePages),
+				gs.ServableTokens, gs.PublishedPages, gs.EvictedPages, gs.CopiedPages, gs.WindowReleasedPages})
+		}
+	}
 	if strings.HasPrefix(op.Want.Err, "Unclassified") {
 		g.t.Fatalf("op %s: %v", op.Op, err)
 	}
@@ -162,7 +196,7 @@ func (g *traceGen) step() {
 		if left == 0 || g.rng.IntN(5) == 0 {
 			continue
 		}
-		n := min(left, 1+g.rng.IntN(12))
+		n := min(left, 1+g.rng.IntN(g.maxChunk))
 		ids, nt = append(ids, id), append(nt, int32(n))
 	}
 	if g.rng.IntN(20) == 0 && len(ids) > 0 { // a bad step: too many tokens
@@ -174,8 +208,6 @@ func (g *traceGen) step() {
 		rids[i] = pagedkv.RequestID(id)
 	}
 	spec := g.rng.IntN(4) == 0
-	var plan *pagedkv.Plan
-	var err error
 	if spec {
 		// Drafts for the requests whose step reaches their last known token.
 		op.Op, op.Drafts = "reserve_spec", make([][]int32, len(ids))
@@ -187,33 +219,8 @@ func (g *traceGen) step() {
 				}
 			}
 		}
-		plan, err = g.m.ReserveSpec(rids, nt, op.Drafts)
-	} else {
-		plan, err = g.m.Reserve(rids, nt)
 	}
-	if err == nil {
-		op.Plan = map[string][]int32{
-			"drafts": plan.Drafts, "qo_indptr": plan.QOIndptr, "batch_indices": plan.BatchIndices, "positions": plan.Positions,
-			"token_ids": plan.TokenIDs, "token_positions": plan.TokenPositions, "kv_indptr": plan.KVIndptr,
-			"kv_page_indices": plan.KVPageIndices, "kv_last_page_len": plan.KVLastPageLen, "seq_lens": plan.SeqLens,
-			"window_left": {int32(plan.WindowLeft)},
-		}
-		for _, c := range plan.Copies {
-			op.Plan["copies"] = append(op.Plan["copies"], int32(c.Src), int32(c.Dst), c.Entries)
-		}
-		for k, v := range op.Plan {
-			op.Plan[k] = slices.Clone(v)
-		}
-		if l := plan.Cascade; l != nil {
-			op.Plan["query_rows"] = l.QueryRows()
-			for _, lv := range l.Levels {
-				op.Cascade = append(op.Cascade, map[string][]int32{
-					"qo_indptr": slices.Clone(lv.QOIndptr), "kv_indptr": slices.Clone(lv.KVIndptr),
-					"kv_indices": slices.Clone(lv.KVIndices), "kv_last_page_len": slices.Clone(lv.KVLastPageLen),
-				})
-			}
-		}
-	}
+	err := g.reserve(&op, rids, nt)
 	g.record(op, 0, err)
 	if errors.Is(err, pagedkv.ErrOutOfPages) {
 		id := g.pick(g.ids(true))
@@ -252,6 +259,81 @@ func (g *traceGen) step() {
 	g.record(traceOp{Op: "commit", Sampled: sampled}, 0, g.m.Commit(sampled))
 }
 
+// reserve reserves op's step (with op.Drafts when it is a reserve_spec)
+// and records its plan in op.
+func (g *traceGen) reserve(op *traceOp, rids []pagedkv.RequestID, nt []int32) error {
+	var drafts [][]int32
+	if op.Op == "reserve_spec" {
+		drafts = op.Drafts
+	}
+	if g.hybrid != nil {
+		plan, err := g.hybrid.ReserveSpec(rids, nt, drafts)
+		if err != nil {
+			return err
+		}
+		op.Plan = map[string][]int32{"copies": copyList(plan.Copies)} // pool-wide
+		for _, gp := range plan.Groups {
+			tg := traceGroup{}
+			tg.Plan, tg.Cascade = planRecord(gp)
+			tg.Plan["attn_qo_indptr"], tg.Plan["attn_kv_indptr"] = slices.Clone(gp.AttnQOIndptr), slices.Clone(gp.AttnKVIndptr)
+			tg.Plan["attn_kv_page_indices"], tg.Plan["attn_kv_last_page_len"] = slices.Clone(gp.AttnKVPageIndices), slices.Clone(gp.AttnKVLastPageLen)
+			tg.Plan["attn_requests"] = slices.Clone(gp.AttnRequests)
+			for _, w := range gp.CascadeWindowLeft {
+				tg.Plan["cascade_window_left"] = append(tg.Plan["cascade_window_left"], int32(w))
+			}
+			op.Groups = append(op.Groups, tg)
+		}
+		return nil
+	}
+	var plan *pagedkv.Plan
+	var err error
+	if drafts != nil {
+		plan, err = g.dense.ReserveSpec(rids, nt, drafts)
+	} else {
+		plan, err = g.dense.Reserve(rids, nt)
+	}
+	if err == nil {
+		op.Plan, op.Cascade = planRecord(plan)
+	}
+	return err
+}
+
+// copyList is copies as int32 triples (nil when empty).
+func copyList(copies []pagedkv.CopyOp) []int32 {
+	var out []int32
+	for _, c := range copies {
+		out = append(out, int32(c.Src), int32(c.Dst), c.Entries)
+	}
+	return out
+}
+
+// planRecord copies plan's arrays and cascade levels for the trace.
+func planRecord(plan *pagedkv.Plan) (map[string][]int32, []map[string][]int32) {
+	rec := map[string][]int32{
+		"drafts": plan.Drafts, "qo_indptr": plan.QOIndptr, "batch_indices": plan.BatchIndices, "positions": plan.Positions,
+		"token_ids": plan.TokenIDs, "token_positions": plan.TokenPositions, "kv_indptr": plan.KVIndptr,
+		"kv_page_indices": plan.KVPageIndices, "kv_last_page_len": plan.KVLastPageLen, "seq_lens": plan.SeqLens,
+		"window_left": {int32(plan.WindowLeft)},
+	}
+	for k, v := range rec {
+		rec[k] = slices.Clone(v)
+	}
+	if len(plan.Copies) > 0 {
+		rec["copies"] = copyList(plan.Copies)
+	}
+	var levels []map[string][]int32
+	if l := plan.Cascade; l != nil {
+		rec["query_rows"] = l.QueryRows()
+		for _, lv := range l.Levels {
+			levels = append(levels, map[string][]int32{
+				"qo_indptr": slices.Clone(lv.QOIndptr), "kv_indptr": slices.Clone(lv.KVIndptr),
+				"kv_indices": slices.Clone(lv.KVIndices), "kv_last_page_len": slices.Clone(lv.KVLastPageLen),
+			})
+		}
+	}
+	return rec, levels
+}
+
 // dr is drafts[b], or nil.
 func dr(drafts [][]int32, b int) []int32 {
 	if drafts == nil {
@@ -266,7 +348,7 @@ func (g *traceGen) run(nops int) {
 		case k < 15:
 			g.next++
 			f := g.rng.IntN(6)
-			op := traceOp{Op: "add", ID: g.next, Tokens: family(f, 4+g.rng.IntN(30)), Priority: g.rng.IntN(2)}
+			op := traceOp{Op: "add", ID: g.next, Tokens: family(f, (4+g.rng.IntN(30))*g.promptScale), Priority: g.rng.IntN(2)}
 			if g.rng.IntN(8) == 0 {
 				op.Tenant = "t"
 			}
@@ -300,9 +382,12 @@ func (g *traceGen) run(nops int) {
 		case k < 91:
 			op := traceOp{Op: "evict", N: g.rng.IntN(4)}
 			g.record(op, int64(g.m.Evict(op.N)), nil)
+		case k < 98 && g.dense == nil: // no pins: evict instead
+			op := traceOp{Op: "evict", N: g.rng.IntN(4)}
+			g.record(op, int64(g.m.Evict(op.N)), nil)
 		case k < 95:
 			op := traceOp{Op: "pin", Tokens: family(g.rng.IntN(6), 8+g.rng.IntN(12))}
-			pin, n, err := g.m.Pin(pagedkv.Namespace{}, op.Tokens)
+			pin, n, err := g.dense.Pin(pagedkv.Namespace{}, op.Tokens)
 			if err == nil {
 				g.pins = append(g.pins, uint64(pin))
 			}
@@ -314,7 +399,7 @@ func (g *traceGen) run(nops int) {
 				op.ID = g.pins[i]
 				g.pins = slices.Delete(g.pins, i, i+1)
 			}
-			g.record(op, 0, g.m.Unpin(pagedkv.PinID(op.ID)))
+			g.record(op, 0, g.dense.Unpin(pagedkv.PinID(op.ID)))
 		default: // a call that must fail
 			g.next++
 			op := traceOp{Op: "add", ID: g.next, Tokens: []int32{1, -2}}
@@ -338,7 +423,7 @@ func makeTraces(t testing.TB) traceFile {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := &traceGen{t: t, m: m, rng: rand.New(rand.NewPCG(uint64(i), 19))}
+		g := &traceGen{t: t, m: m, dense: m, rng: rand.New(rand.NewPCG(uint64(i), 19)), promptScale: 1, maxChunk: 12}
 		g.run(300)
 		f.Traces = append(f.Traces, trace{Name: c.name, Ops: g.ops, Config: map[string]int64{
 			"num_pages": int64(c.cfg.NumPages), "page_size": int64(c.cfg.PageSize), "window_tokens": int64(c.cfg.WindowTokens),
@@ -351,12 +436,21 @@ func makeTraces(t testing.TB) traceFile {
 
 func TestTrace(t *testing.T) {
 	f := makeTraces(t)
+	checkGolden(t, "trace.json", f)
+	// The trace must exercise what it claims to.
+	checkCoverage(t, f, "add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
+		"evict", "pin", "unpin", "cascade", "copies", "error OutOfPages", "error BadArgument", "error UnknownRequest",
+		"reserve_spec", "commit_spec", "truncate")
+}
+
+// checkGolden fails when testdata/name is not f (with -update, rewrites it).
+func checkGolden(t *testing.T, name string, f traceFile) {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	if err := enc.Encode(f); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join("testdata", "trace.json")
+	path := filepath.Join("testdata", name)
 	if *update {
 		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
 			t.Fatal(err)
@@ -364,12 +458,15 @@ func TestTrace(t *testing.T) {
 	}
 	old, err := os.ReadFile(path)
 	if err != nil {
-		t.Fatalf("%v (run go test ./cabi -run TestTrace -update)", err)
+		t.Fatalf("%v (run go test ./cabi -run Trace -update)", err)
 	}
 	if !bytes.Equal(old, buf.Bytes()) {
-		t.Fatalf("%s is stale: the Manager's behaviour changed; check the change and run go test ./cabi -run TestTrace -update", path)
+		t.Fatalf("%s is stale: the Manager's behaviour changed; check the change and run go test ./cabi -run Trace -update", path)
 	}
-	// The trace must exercise what it claims to.
+}
+
+// checkCoverage fails unless every trace kind in want occurs in f.
+func checkCoverage(t *testing.T, f traceFile, want ...string) {
 	seen := map[string]int{}
 	for _, tr := range f.Traces {
 		for _, op := range tr.Ops {
@@ -383,14 +480,73 @@ func TestTrace(t *testing.T) {
 			if len(op.Plan["copies"]) > 0 {
 				seen["copies"]++
 			}
+			for _, g := range op.Groups {
+				if g.Cascade != nil {
+					seen["group cascade"]++
+				}
+				if len(g.Plan["attn_qo_indptr"]) > 0 {
+					seen["attn"]++
+				}
+				if len(g.Plan["positions"]) > 0 && !slices.Equal(g.Plan["positions"], g.Plan["token_positions"]) {
+					seen["released pages"]++
+				}
+			}
 		}
 	}
-	for _, k := range []string{"add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
-		"evict", "pin", "unpin", "cascade", "copies", "error OutOfPages", "error BadArgument", "error UnknownRequest",
-		"reserve_spec", "commit_spec", "truncate"} {
+	for _, k := range want {
 		if seen[k] == 0 {
 			t.Errorf("the trace has no %q: %v", k, seen)
 		}
 	}
 	t.Logf("trace coverage: %v", seen)
+}
+
+// hybridTraceConfigs are the hybrid models the Python binding replays: a
+// gpt-oss-like model (sliding window 128 and full attention) and a
+// Llama-4-like one (chunked local attention and full attention).
+var hybridTraceConfigs = []struct {
+	name                  string
+	cfg                   pagedkv.HybridConfig
+	promptScale, maxChunk int
+}{
+	{"gpt-oss-like: sliding 128 + full", pagedkv.HybridConfig{
+		Config: pagedkv.Config{NumPages: 160, PageSize: 16, HashSeed: 7, Priorities: 2, CascadeMinSavedPages: 2},
+		Groups: []pagedkv.LayerGroup{{Kind: pagedkv.SlidingAttention, WindowTokens: 128, NumLayers: 1}, {Kind: pagedkv.FullAttention, NumLayers: 1}},
+	}, 8, 48},
+	{"llama-4-like: chunked 16 + full", pagedkv.HybridConfig{
+		Config: pagedkv.Config{NumPages: 64, PageSize: 4, HashSeed: 11, CascadeMinSavedPages: 2},
+		Groups: []pagedkv.LayerGroup{{Kind: pagedkv.ChunkedAttention, ChunkTokens: 16, NumLayers: 1}, {Kind: pagedkv.FullAttention, NumLayers: 1}},
+	}, 2, 12},
+}
+
+func makeHybridTraces(t testing.TB) traceFile {
+	var f traceFile
+	for i, c := range hybridTraceConfigs {
+		m, err := pagedkv.NewHybrid(c.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &traceGen{t: t, m: m, hybrid: m, rng: rand.New(rand.NewPCG(uint64(i), 23)), promptScale: c.promptScale, maxChunk: c.maxChunk}
+		g.run(300)
+		tr := trace{Name: c.name, Ops: g.ops, Config: map[string]int64{
+			"num_pages": int64(c.cfg.NumPages), "page_size": int64(c.cfg.PageSize), "priorities": int64(c.cfg.Priorities),
+			"hash_seed": int64(c.cfg.HashSeed), "cascade_min_saved_pages": int64(c.cfg.CascadeMinSavedPages),
+		}}
+		for _, gr := range c.cfg.Groups {
+			tr.Groups = append(tr.Groups, map[string]int64{"kind": int64(gr.Kind), "window_tokens": int64(gr.WindowTokens),
+				"chunk_tokens": int64(gr.ChunkTokens), "num_layers": int64(gr.NumLayers)})
+		}
+		f.Traces = append(f.Traces, tr)
+	}
+	return f
+}
+
+// TestHybridTrace is TestTrace for HybridManager: testdata/hybrid_trace.json,
+// which python/tests/test_hybrid_trace.py replays.
+func TestHybridTrace(t *testing.T) {
+	f := makeHybridTraces(t)
+	checkGolden(t, "hybrid_trace.json", f)
+	checkCoverage(t, f, "add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
+		"evict", "group cascade", "copies", "attn", "released pages", "error OutOfPages", "error BadArgument",
+		"error UnknownRequest", "reserve_spec", "commit_spec", "truncate")
 }

@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/pagedkv/pagedkv/kernels"
 )
 
 // decodeTree turns fuzz bytes into a prefix tree. Byte 0 picks page_size
@@ -130,7 +128,7 @@ func checkBuild(t *testing.T, data []byte) {
 				t.Fatalf("level %d: qo_indptr decreases at group %d: %v", l, g, lv.QOIndptr)
 			}
 		}
-		tab := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+		tab := lv.Table()
 		if err := tab.Validate(pageSize, int(maxPage)+1); err != nil {
 			t.Fatalf("level %d: %v", l, err)
 		}

@@ -15,13 +15,9 @@ var ErrInvalidLevels = errors.New("cascade: invalid levels")
 
 // Level is one level of the cascade, with FlashInfer's per-level arrays
 // (the golden cases' qo_indptr.l, kv_indptr.l, kv_indices.l,
-// kv_last_page_len.l).
-type Level struct {
-	QOIndptr      []int32 // [groups+1]: group g's query rows are QOIndptr[g]:QOIndptr[g+1]
-	KVIndptr      []int32 // [groups+1]: group g's pages are KVIndices[KVIndptr[g]:KVIndptr[g+1]]
-	KVIndices     []int32 // [KVIndptr[groups]] physical page ids
-	KVLastPageLen []int32 // [groups]: 0 for a group without pages, else 1..page_size
-}
+// kv_last_page_len.l): the one cascade-level type, which kernels/cuda's
+// device steps take too.
+type Level = kernels.CascadeLevel
 
 // Params are the arguments of [Run]: FlashInfer's
 // MultiLevelCascadeAttentionWrapper plan + run, with every level in one
@@ -58,14 +54,14 @@ type Params struct {
 
 // level returns the prefill parameters of level l writing into o and lse.
 func (p *Params) level(l int, o kernels.Tensor, lse []float32) *kernels.PrefillParams {
-	lv := p.Levels[l]
+	lv := &p.Levels[l]
 	ap := p.AttentionParams
 	if p.LevelWindowLeft != nil {
 		ap.WindowLeft = p.LevelWindowLeft[l]
 	}
 	return &kernels.PrefillParams{
 		Q: p.Q, QOIndptr: lv.QOIndptr, Cache: p.Cache,
-		Table:  kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen},
+		Table:  lv.Table(),
 		Causal: p.Causal && l == len(p.Levels)-1, AttentionParams: ap,
 		O: o, LSE: lse,
 	}

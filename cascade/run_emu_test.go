@@ -34,11 +34,7 @@ func TestCascadeEqualsFlatOnDevice(t *testing.T) {
 				if err := p.Validate(); err != nil {
 					return err
 				}
-				levels := make([]cuda.Level, len(p.Levels))
-				for i, lv := range p.Levels {
-					levels[i] = cuda.Level{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
-				}
-				return dev.CascadeLevels(levels, p.Q, &p.Cache, p.Causal, p.AttentionParams, p.O, p.LSE)
+				return dev.CascadeLevels(p.Levels, p.Q, &p.Cache, p.Causal, p.AttentionParams, p.O, p.LSE)
 			})
 		})
 	}
@@ -92,12 +88,8 @@ func TestCascadeStepRejectsLikeCPU(t *testing.T) {
 				AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1},
 				O:               kernels.NewTensor(g.DType, nnz, hq, g.HeadDim), LSE: make([]float32, nnz*hq)}
 			cpuErr := Run(c, p)
-			dl := make([]cuda.Level, len(levels))
-			for l, lv := range levels {
-				dl[l] = cuda.Level{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
-			}
 			t0 := dev.Traffic()
-			devErr := s.Plan(&cuda.StepPlan{Geometry: g, Attention: cuda.Cascade, Rows: nnz, Levels: dl, Causal: true,
+			devErr := s.Plan(&cuda.StepPlan{Geometry: g, Attention: cuda.Cascade, Rows: nnz, Levels: levels, Causal: true,
 				AttentionParams: p.AttentionParams, Table: kernels.PageTable{KVIndptr: []int32{0}}})
 			moved := dev.Traffic().Sub(t0)
 			if cpuErr == nil {
@@ -109,7 +101,7 @@ func TestCascadeStepRejectsLikeCPU(t *testing.T) {
 			require.Equal(t, cpuErr.Error(), devErr.Error(), what)
 			require.Equal(t, cuda.Traffic{}, moved, "%s: a rejected plan copied or launched", what)
 			t1 := dev.Traffic()
-			hostErr := dev.CascadeLevels(dl, p.Q, &p.Cache, p.Causal, p.AttentionParams, p.O, p.LSE)
+			hostErr := dev.CascadeLevels(levels, p.Q, &p.Cache, p.Causal, p.AttentionParams, p.O, p.LSE)
 			require.Equal(t, cpuErr.Error(), hostErr.Error(), what+" (host API)")
 			host := dev.Traffic().Sub(t1)
 			require.Zero(t, host.Launches+host.HtoDCopies+host.DtoHCopies, "%s: host API moved or launched: %+v", what, host)

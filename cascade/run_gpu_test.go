@@ -35,11 +35,7 @@ func TestCascadeEqualsFlatOnGPU(t *testing.T) {
 				if err := p.Validate(); err != nil {
 					return err
 				}
-				levels := make([]cuda.Level, len(p.Levels))
-				for i, lv := range p.Levels {
-					levels[i] = cuda.Level{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
-				}
-				return dev.CascadeLevels(levels, p.Q, &p.Cache, p.Causal, p.AttentionParams, p.O, p.LSE)
+				return dev.CascadeLevels(p.Levels, p.Q, &p.Cache, p.Causal, p.AttentionParams, p.O, p.LSE)
 			})
 		})
 	}

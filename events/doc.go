@@ -16,7 +16,11 @@
 // numbers the batches, encodes them with msgpack, sends them on a ZeroMQ
 // PUB socket as [topic, 8-byte big-endian sequence, payload], keeps the
 // last BufferSteps payloads, and answers replay requests on a ROUTER
-// socket exactly as vLLM's ZmqEventPublisher does.
+// socket exactly as vLLM's ZmqEventPublisher does. What the sockets read
+// from peers (subscriptions, replay requests) is bounded by
+// [PublisherConfig.MaxRequestBytes] before anything is allocated
+// (internal/zmtp); offending peers are disconnected and counted in
+// [PublisherStats].PeerErrors.
 //
 // # Invariants
 //

@@ -1,7 +1,6 @@
 package events
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -10,7 +9,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"github.com/pagedkv/pagedkv/internal/zmtp"
 )
 
 // Bind modes of a [PublisherConfig] endpoint.
@@ -36,6 +35,10 @@ const (
 	DefaultBufferSteps = 10_000
 	DefaultHWM         = 100_000
 	DefaultMaxQueue    = 1024
+	// DefaultMaxRequestBytes bounds what the publisher reads from a peer
+	// in one message: a subscription on the PUB socket, a request on the
+	// replay socket (8 bytes in vLLM's protocol).
+	DefaultMaxRequestBytes = 4096
 )
 
 // PublisherConfig describes a [Publisher].
@@ -61,6 +64,11 @@ type PublisherConfig struct {
 	// Linger is how long Close keeps serving replays and flushing the PUB
 	// socket after the last batch is sent.
 	Linger time.Duration
+	// MaxRequestBytes bounds every message the publisher reads (0:
+	// DefaultMaxRequestBytes), checked from the frame headers before
+	// anything is allocated: a peer that declares more is disconnected and
+	// counted in PublisherStats.PeerErrors.
+	MaxRequestBytes int64
 }
 
 // PublisherStats are a Publisher's cumulative counts.
@@ -70,6 +78,10 @@ type PublisherStats struct {
 	Replays                       int64 // replay requests served
 	Replayed                      int64 // batches re-sent by them
 	SendErrors                    int64
+	// PeerErrors counts peers of either socket disconnected for breaking
+	// ZMTP or MaxRequestBytes; LastPeerErr names the last one's address.
+	PeerErrors  int64
+	LastPeerErr string
 }
 
 // Publisher sends batches from its [Queue] in vLLM's wire format over
@@ -78,17 +90,15 @@ type PublisherStats struct {
 type Publisher struct {
 	cfg      PublisherConfig
 	q        *Queue
-	pub      zmq4.Socket
-	replay   zmq4.Socket
+	pub      *zmtp.Socket
+	replay   *zmtp.Socket // nil without a replay endpoint
 	endpoint string
 	replayEP string
 	topic    []byte
 
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
-	wg     sync.WaitGroup
-	close  sync.Once
+	done  chan struct{}
+	wg    sync.WaitGroup
+	close sync.Once
 
 	mu    sync.Mutex // guards ring and stats
 	ring  []entry
@@ -113,11 +123,15 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.MaxQueue == 0 {
 		cfg.MaxQueue = DefaultMaxQueue
 	}
+	if cfg.MaxRequestBytes == 0 {
+		cfg.MaxRequestBytes = DefaultMaxRequestBytes
+	}
 	switch {
 	case cfg.Endpoint == "":
 		return nil, fmt.Errorf("%w: no endpoint", ErrBadConfig)
-	case cfg.BufferSteps < 0 || cfg.HWM < 0 || cfg.MaxQueue < 0:
-		return nil, fmt.Errorf("%w: buffer steps %d, hwm %d, max queue %d: want >= 0", ErrBadConfig, cfg.BufferSteps, cfg.HWM, cfg.MaxQueue)
+	case cfg.BufferSteps < 0 || cfg.HWM < 0 || cfg.MaxQueue < 0 || cfg.MaxRequestBytes < 0:
+		return nil, fmt.Errorf("%w: buffer steps %d, hwm %d, max queue %d, max request bytes %d: want >= 0",
+			ErrBadConfig, cfg.BufferSteps, cfg.HWM, cfg.MaxQueue, cfg.MaxRequestBytes)
 	case cfg.Mode > Connect:
 		return nil, fmt.Errorf("%w: bind mode %d", ErrBadConfig, cfg.Mode)
 	}
@@ -125,29 +139,29 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &Publisher{cfg: cfg, q: q, topic: []byte(cfg.Topic), ctx: ctx, cancel: cancel,
-		done: make(chan struct{}), ring: make([]entry, cfg.BufferSteps)}
+	p := &Publisher{cfg: cfg, q: q, topic: []byte(cfg.Topic), done: make(chan struct{}), ring: make([]entry, cfg.BufferSteps)}
 	p.stats.LastSeq = -1
-	p.pub = zmq4.NewPub(ctx)
-	if err := p.pub.SetOption(zmq4.OptionHWM, cfg.HWM); err != nil {
-		cancel()
-		return nil, fmt.Errorf("events: PUB high-water mark %d: %w", cfg.HWM, err)
+	sockCfg := zmtp.Config{Type: zmtp.PUB, HWM: cfg.HWM, MaxMessageBytes: cfg.MaxRequestBytes}
+	if p.pub, err = zmtp.New(sockCfg); err != nil {
+		return nil, zmtp.TagBadConfig(err, ErrBadConfig)
 	}
 	if p.endpoint, err = open(p.pub, cfg.Endpoint, cfg.Mode); err != nil {
 		p.pub.Close()
-		cancel()
-		return nil, err
+		return nil, zmtp.TagBadConfig(err, ErrBadConfig)
 	}
 	if cfg.ReplayEndpoint != "" {
-		// A bounded send: a replay client that stops reading loses its
-		// replies instead of holding the replay goroutine.
-		p.replay = zmq4.NewRouter(ctx, zmq4.WithTimeout(5*time.Second))
-		if p.replayEP, err = open(p.replay, cfg.ReplayEndpoint, Bind); err != nil {
-			p.replay.Close()
+		// A bounded send (SendTimeout): a replay client that stops reading
+		// loses its replies instead of holding the replay goroutine.
+		sockCfg.Type = zmtp.ROUTER
+		if p.replay, err = zmtp.New(sockCfg); err == nil {
+			p.replayEP, err = open(p.replay, cfg.ReplayEndpoint, Bind)
+		}
+		if err != nil {
+			if p.replay != nil {
+				p.replay.Close()
+			}
 			p.pub.Close()
-			cancel()
-			return nil, fmt.Errorf("events: replay endpoint: %w", err)
+			return nil, fmt.Errorf("events: replay endpoint: %w", zmtp.TagBadConfig(err, ErrBadConfig))
 		}
 		p.wg.Add(1)
 		go p.readReplays()
@@ -159,7 +173,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 
 // open binds or connects s to ep and returns the endpoint actually bound
 // (the port chosen for ":0") or connected.
-func open(s zmq4.Socket, ep string, mode BindMode) (string, error) {
+func open(s *zmtp.Socket, ep string, mode BindMode) (string, error) {
 	if mode == BindAuto {
 		mode = Connect
 		if strings.Contains(ep, "*") || strings.Contains(ep, "::") || strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://") {
@@ -167,14 +181,14 @@ func open(s zmq4.Socket, ep string, mode BindMode) (string, error) {
 		}
 	}
 	if mode == Connect {
-		if err := s.Dial(ep); err != nil {
+		if err := s.Connect(ep); err != nil {
 			return "", fmt.Errorf("events: connect to %q: %w", ep, err)
 		}
 		return ep, nil
 	}
-	err := s.Listen(ep)
+	bound, err := s.Bind(ep)
 	if err != nil && mode == BindOrConnect && errors.Is(err, syscall.EADDRINUSE) {
-		if derr := s.Dial(ep); derr != nil {
+		if derr := s.Connect(ep); derr != nil {
 			return "", fmt.Errorf("events: %q is in use and connecting to it failed: %w", ep, derr)
 		}
 		return ep, nil
@@ -182,10 +196,7 @@ func open(s zmq4.Socket, ep string, mode BindMode) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("events: bind %q: %w", ep, err)
 	}
-	if a := s.Addr(); a != nil && strings.HasPrefix(ep, "tcp://") {
-		return "tcp://" + a.String(), nil
-	}
-	return ep, nil
+	return bound, nil
 }
 
 // Queue is the queue a Recorder for this publisher flushes into.
@@ -202,10 +213,7 @@ func (p *Publisher) Endpoint() string { return p.endpoint }
 func (p *Publisher) ReplayEndpoint() string { return p.replayEP }
 
 // Subscribed reports whether at least one subscriber has subscribed.
-func (p *Publisher) Subscribed() bool {
-	t, ok := p.pub.(zmq4.Topics)
-	return ok && len(t.Topics()) > 0
-}
+func (p *Publisher) Subscribed() bool { return p.pub.Subscriptions() > 0 }
 
 // WaitSubscribed waits up to timeout for a first subscriber and reports
 // whether one came. PUB drops what it sends before anyone subscribes.
@@ -223,8 +231,19 @@ func (p *Publisher) WaitSubscribed(timeout time.Duration) bool {
 // Stats returns the cumulative counts.
 func (p *Publisher) Stats() PublisherStats {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stats
+	st := p.stats
+	p.mu.Unlock()
+	for _, s := range []*zmtp.Socket{p.pub, p.replay} {
+		if s == nil {
+			continue
+		}
+		ss := s.Stats()
+		st.PeerErrors += ss.PeerErrors
+		if ss.LastPeerErr != "" {
+			st.LastPeerErr = ss.LastPeerErr
+		}
+	}
+	return st
 }
 
 // WaitSent blocks until every batch flushed so far has been sent (or
@@ -252,7 +271,7 @@ func (p *Publisher) run() {
 		payload := enc.AppendBatch(nil, b, p.cfg.DataParallelRank)
 		nev, npages := b.Len(), b.Pages()
 		p.q.Done(b)
-		err := p.pub.SendMulti(zmq4.NewMsgFrom(p.topic, seqFrame(seq), payload))
+		err := p.pub.Send([][]byte{p.topic, seqFrame(seq), payload})
 		p.mu.Lock()
 		if err != nil {
 			p.stats.SendErrors++
@@ -328,11 +347,11 @@ func (p *Publisher) serveReplay(frames [][]byte) {
 	p.stats.Replayed += int64(len(out))
 	p.mu.Unlock()
 	for _, e := range out {
-		if p.replay.SendMulti(zmq4.NewMsgFrom(id, nil, p.topic, seqFrame(e.seq), e.payload)) != nil {
+		if p.replay.Send([][]byte{id, nil, p.topic, seqFrame(e.seq), e.payload}) != nil {
 			return
 		}
 	}
-	_ = p.replay.SendMulti(zmq4.NewMsgFrom(id, nil, nil, EndOfReplay, nil))
+	_ = p.replay.Send([][]byte{id, nil, nil, EndOfReplay, nil})
 }
 
 // Close sends what is queued, keeps serving replays for Linger, and closes
@@ -342,7 +361,6 @@ func (p *Publisher) Close() error {
 	p.close.Do(func() {
 		p.q.Close()
 		<-p.done
-		p.cancel()
 		err = p.pub.Close()
 		if p.replay != nil {
 			if e := p.replay.Close(); err == nil {

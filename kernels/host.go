@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/ragged"
 )
 
 // Sentinels for malformed parameters. Every validation error wraps exactly one
@@ -18,8 +19,10 @@ var (
 	// not match the geometry.
 	ErrInvalidCache = errors.New("kernels: invalid cache")
 	// ErrInvalidPageTable: a malformed CSR page table (indptr not starting at
-	// 0 or decreasing, last_page_len outside its range, too few indices).
-	ErrInvalidPageTable = errors.New("kernels: invalid page table")
+	// 0 or decreasing, last_page_len outside its range, too few indices). It
+	// is [ragged.ErrBadPageTable], the one page-table sentinel, which
+	// pagetable.ErrBadCSR is too.
+	ErrInvalidPageTable = ragged.ErrBadPageTable
 	// ErrIndexOutOfRange: a batch index, position or page id that points
 	// outside the batch, the request's reserved length or the page pool.
 	ErrIndexOutOfRange = errors.New("kernels: index out of range")
@@ -57,13 +60,11 @@ func TensorFromF32(dt layout.DType, vals []float32, shape ...int) Tensor {
 func (t Tensor) NumElements() int64 {
 	n := int64(1)
 	for _, d := range t.Shape {
-		if d < 0 {
+		// checked before multiplying: n*d must not wrap around int64
+		if d < 0 || d > 0 && n > layout.MaxElements/int64(d) {
 			return -1
 		}
 		n *= int64(d)
-		if n > layout.MaxElements {
-			return -1
-		}
 	}
 	return n
 }
@@ -269,49 +270,19 @@ func pagesTokens(pages int64, pageSize int) int64 {
 
 // validateCSR is PageTable.Validate with an optional last_page_len (MLA).
 // It is the one check every backend op, cascade level and MLA call runs on
-// an index array before a kernel reads it.
+// an index array before a kernel reads it: [ragged.ValidatePageTable], with
+// kv_indices allowed to be longer than kv_indptr[B], and a page id outside
+// the pool reported as ErrIndexOutOfRange like every other index.
 func validateCSR(indptr, indices, lastPageLen []int32, needLast bool, pageSize, numPages int) error {
-	if len(indptr) == 0 {
-		return fmt.Errorf("%w: kv_indptr is empty (want length batch+1)", ErrInvalidPageTable)
+	err := ragged.ValidatePageTable(indptr, indices, lastPageLen, ragged.PageTableCheck{
+		PageSize: pageSize, NumPages: numPages, IndicesMayBeLonger: true, LastPageLenOptional: !needLast})
+	if err == nil {
+		return nil
 	}
-	if pageSize <= 0 {
-		return fmt.Errorf("%w: page_size = %d, want > 0", ErrInvalidPageTable, pageSize)
+	if pe := (*ragged.PageTableError)(nil); errors.As(err, &pe) && pe.Kind == ragged.ErrOutOfRange {
+		return fmt.Errorf("%w: %s", ErrIndexOutOfRange, pe.Detail)
 	}
-	B := len(indptr) - 1
-	if (needLast || lastPageLen != nil) && len(lastPageLen) != B {
-		return fmt.Errorf("%w: kv_last_page_len has length %d, kv_indptr %d (want batch %d and batch+1)", ErrInvalidPageTable, len(lastPageLen), len(indptr), B)
-	}
-	if indptr[0] != 0 {
-		return fmt.Errorf("%w: kv_indptr[0] = %d, want 0", ErrInvalidPageTable, indptr[0])
-	}
-	for b := 0; b < B; b++ {
-		// Compare, never subtract in int32: MaxInt32 - (-5) wraps positive.
-		if indptr[b+1] < indptr[b] {
-			return fmt.Errorf("%w: kv_indptr decreases at request %d: %d > %d (kv_indptr[%d] > kv_indptr[%d])", ErrInvalidPageTable, b, indptr[b], indptr[b+1], b, b+1)
-		}
-		pages := int64(indptr[b+1]) - int64(indptr[b])
-		if lastPageLen == nil {
-			continue
-		}
-		switch l := lastPageLen[b]; {
-		case pages == 0 && l != 0:
-			return fmt.Errorf("%w: request %d has no pages but kv_last_page_len %d (want 0)", ErrInvalidPageTable, b, l)
-		case pages > 0 && (l < 1 || int64(l) > int64(pageSize)):
-			return fmt.Errorf("%w: kv_last_page_len[%d] = %d outside [1, page_size %d]", ErrInvalidPageTable, b, l, pageSize)
-		case pages > 0 && pagesTokens(pages-1, pageSize)+int64(l) > MaxSeqLen:
-			return fmt.Errorf("%w: request %d: seq_len of %d pages of %d tokens (last %d) exceeds %d", ErrInvalidPageTable, b, pages, pageSize, l, int64(MaxSeqLen))
-		}
-	}
-	// indptr[0] == 0 and no decrease: every indptr value is in [0, indptr[B]].
-	if int64(indptr[B]) > int64(len(indices)) {
-		return fmt.Errorf("%w: kv_indptr[%d] = %d but kv_indices has %d entries", ErrInvalidPageTable, B, indptr[B], len(indices))
-	}
-	for i, p := range indices[:indptr[B]] {
-		if p < 0 || int64(p) >= int64(numPages) {
-			return fmt.Errorf("%w: kv_indices[%d] = %d outside [0, num_pages %d)", ErrIndexOutOfRange, i, p, numPages)
-		}
-	}
-	return nil
+	return err
 }
 
 // NewMLACache allocates a zero-filled MLA cache of geometry g in host memory:

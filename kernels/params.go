@@ -31,6 +31,25 @@ type PageTable struct {
 	KVLastPageLen []int32 // [B]
 }
 
+// CascadeLevel is one level of multi-level cascade attention, with
+// FlashInfer's per-level arrays (MultiLevelCascadeAttentionWrapper's
+// qo_indptr_arr[l], paged_kv_indptr_arr[l], paged_kv_indices_arr[l],
+// paged_kv_last_page_len_arr[l]): the level's groups are a batch prefill
+// whose query rows are QOIndptr and whose page table is [CascadeLevel.Table].
+// cascade.Level and kernels/cuda's Level are this type.
+type CascadeLevel struct {
+	QOIndptr      []int32 // [groups+1]: group g's query rows are QOIndptr[g]:QOIndptr[g+1]
+	KVIndptr      []int32 // [groups+1]: group g's pages are KVIndices[KVIndptr[g]:KVIndptr[g+1]]
+	KVIndices     []int32 // [KVIndptr[groups]] physical page ids
+	KVLastPageLen []int32 // [groups]: 0 for a group without pages, else 1..page_size
+}
+
+// Table is the level's page table, its groups as the batch; it shares the
+// level's arrays.
+func (l *CascadeLevel) Table() PageTable {
+	return PageTable{KVIndptr: l.KVIndptr, KVIndices: l.KVIndices, KVLastPageLen: l.KVLastPageLen}
+}
+
 // AppendParams are the arguments of append_paged_kv_cache.
 //
 // The page table describes the cache after the append (pages for the new

@@ -9,6 +9,8 @@ import (
 
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/pagetable"
+	"github.com/pagedkv/pagedkv/ragged"
 )
 
 // validAppend is the worked append of flashinfer-semantics §2.3 (page_size 2,
@@ -45,21 +47,21 @@ func TestAppendValidateNamesTheBadValue(t *testing.T) {
 		{"batch index past B", func(p *kernels.AppendParams) { p.BatchIndices[1] = 2 }, kernels.ErrIndexOutOfRange,
 			[]string{"batch_indices[1] = 2", "batch 2"}},
 		{"page id past the pool", func(p *kernels.AppendParams) { p.Table.KVIndices[3] = 4 }, kernels.ErrIndexOutOfRange,
-			[]string{"kv_indices[3] = 4", "num_pages 4"}},
+			[]string{"kv_indices[3] = 4", "outside the pool [0, 4)"}},
 		{"negative page id", func(p *kernels.AppendParams) { p.Table.KVIndices[0] = -2 }, kernels.ErrIndexOutOfRange, []string{"kv_indices[0] = -2"}},
 		{"last_page_len above page_size", func(p *kernels.AppendParams) { p.Table.KVLastPageLen[1] = 3 }, kernels.ErrInvalidPageTable,
-			[]string{"kv_last_page_len[1] = 3", "page_size 2"}},
+			[]string{"kv_last_page_len[1] = 3", "want 1..2 (page_size)"}},
 		{"last_page_len 0 with pages", func(p *kernels.AppendParams) { p.Table.KVLastPageLen[0] = 0 }, kernels.ErrInvalidPageTable,
 			[]string{"kv_last_page_len[0] = 0"}},
 		{"no pages but last_page_len", func(p *kernels.AppendParams) {
 			p.Table.KVIndptr = []int32{0, 2, 2, 4}
 			p.Table.KVLastPageLen = []int32{2, 1, 2}
-		}, kernels.ErrInvalidPageTable, []string{"request 1 has no pages but kv_last_page_len 1"}},
+		}, kernels.ErrInvalidPageTable, []string{"request 1 has 0 pages but kv_last_page_len[1] = 1, want 0"}},
 		{"kv_indptr decreasing", func(p *kernels.AppendParams) { p.Table.KVIndptr[1] = 5 }, kernels.ErrInvalidPageTable,
-			[]string{"decreases at request 1", "5 > 4"}},
+			[]string{"decreases at request 1", "kv_indptr[1] = 5 > kv_indptr[2] = 4"}},
 		{"kv_indptr[0] != 0", func(p *kernels.AppendParams) { p.Table.KVIndptr[0] = 1 }, kernels.ErrInvalidPageTable, []string{"kv_indptr[0] = 1"}},
 		{"kv_indices too short", func(p *kernels.AppendParams) { p.Table.KVIndices = p.Table.KVIndices[:3] }, kernels.ErrInvalidPageTable,
-			[]string{"kv_indptr[2] = 4", "3 entries"}},
+			[]string{"kv_indptr[2] = 4", "kv_indices has length 3"}},
 		{"kv_last_page_len length", func(p *kernels.AppendParams) { p.Table.KVLastPageLen = []int32{2} }, kernels.ErrInvalidPageTable,
 			[]string{"kv_last_page_len has length 1"}},
 		{"empty kv_indptr", func(p *kernels.AppendParams) { p.Table = kernels.PageTable{} }, kernels.ErrInvalidPageTable, []string{"kv_indptr is empty"}},
@@ -198,6 +200,10 @@ func TestHostTensors(t *testing.T) {
 	assert.Panics(t, func() { kernels.NewTensor(layout.F16, 2, -1) })
 	assert.Panics(t, func() { kernels.NewTensor(layout.InvalidDType, 2) })
 	assert.Equal(t, int64(-1), kernels.Tensor{Shape: []int{4, -2}}.NumElements())
+	// a product that wraps int64 (to 0 here) is too large, not empty
+	assert.Equal(t, int64(-1), kernels.Tensor{Shape: []int{1 << 20, 1 << 20, 1 << 24}}.NumElements())
+	assert.Equal(t, int64(layout.MaxElements), kernels.Tensor{Shape: []int{1 << 20, 1 << 20}}.NumElements())
+	assert.Equal(t, int64(0), kernels.Tensor{Shape: []int{0, 1 << 62}}.NumElements())
 
 	y := kernels.TensorFromF32(layout.F16, []float32{1, -2.5, 65504, 1e-8}, 4)
 	assert.Equal(t, []float32{1, -2.5, 65504, 0}, y.F32())
@@ -233,7 +239,15 @@ func TestPageTableLocate(t *testing.T) {
 	assert.ErrorIs(t, err, kernels.ErrIndexOutOfRange)
 	_, _, err = tbl.Locate(3, 0, 8)
 	assert.ErrorIs(t, err, kernels.ErrIndexOutOfRange)
-	assert.ErrorIs(t, tbl.Validate(8, 8), kernels.ErrIndexOutOfRange, "page 8 is outside a pool of 8")
+	err = tbl.Validate(8, 8)
+	assert.ErrorIs(t, err, kernels.ErrIndexOutOfRange, "page 8 is outside a pool of 8")
+	assert.NotErrorIs(t, err, kernels.ErrInvalidPageTable, "a validation error wraps exactly one kernels sentinel")
+	// The shared validator's sentinel is kernels', pagetable's and ragged's.
+	err = tbl.Validate(4, 9)
+	assert.ErrorIs(t, err, kernels.ErrInvalidPageTable)
+	assert.ErrorIs(t, err, ragged.ErrBadPageTable)
+	assert.ErrorIs(t, err, pagetable.ErrBadCSR)
+	assert.ErrorContains(t, err, "kv_last_page_len[0] = 6, want 1..4 (page_size)")
 }
 
 func TestGatherToken(t *testing.T) {
@@ -274,4 +288,15 @@ func TestGatherMLAToken(t *testing.T) {
 	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 0}, 0, 4), kernels.ErrIndexOutOfRange)
 	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 0}, 1, 0), kernels.ErrIndexOutOfRange)
 	assert.ErrorIs(t, c.GatherMLAToken(ckv, kpe, []int32{0, 2}, []int32{2, 3}, 0, 3), kernels.ErrIndexOutOfRange)
+}
+
+// A cascade level's page table is its groups as the batch, over the level's
+// own arrays (no copy).
+func TestCascadeLevelTable(t *testing.T) {
+	lv := kernels.CascadeLevel{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}
+	tbl := lv.Table()
+	assert.Equal(t, kernels.PageTable{KVIndptr: []int32{0, 2}, KVIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}, tbl)
+	tbl.KVIndices[0] = 7
+	assert.Equal(t, int32(7), lv.KVIndices[0], "Table shares the level's arrays")
+	assert.NoError(t, tbl.Validate(4, 8))
 }

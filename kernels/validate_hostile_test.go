@@ -20,10 +20,10 @@ func TestPageTableValidateRejectsWrappingIndptr(t *testing.T) {
 		indptr, lpl []int32
 		msg         string
 	}{
-		{"wrap to negative end", []int32{0, math.MaxInt32, -5}, []int32{1, 1}, "decreases at request 1: 2147483647 > -5"},
+		{"wrap to negative end", []int32{0, math.MaxInt32, -5}, []int32{1, 1}, "decreases at request 1: kv_indptr[1] = 2147483647 > kv_indptr[2] = -5"},
 		{"wrap and recover", []int32{0, math.MaxInt32, -5, 10}, []int32{1, 1, 1}, "decreases at request 1"},
 		{"MinInt32", []int32{0, math.MinInt32, 2}, []int32{1, 1}, "decreases at request 0"},
-		{"MaxInt32 end", []int32{0, math.MaxInt32}, []int32{1}, "kv_indptr[1] = 2147483647 but kv_indices has 10 entries"},
+		{"MaxInt32 end", []int32{0, math.MaxInt32}, []int32{1}, "kv_indptr[1] = 2147483647 but kv_indices has length 10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			table := kernels.PageTable{KVIndptr: tc.indptr, KVIndices: ten, KVLastPageLen: tc.lpl}

@@ -44,6 +44,16 @@
 // last one received live ([ReplicaStats].Restarts): the new run is then
 // taken from its start. See docs/events.md, "Never over-reporting".
 //
+// # Hostile publishers
+//
+// The sockets are internal/zmtp's: every message is read under
+// [SubscriberConfig.MaxMessageBytes] and 16 frames, checked from the frame
+// headers before anything is allocated. A publisher (or replay endpoint)
+// that declares more or breaks ZMTP is disconnected, reconnected after
+// 100ms, and counted in [SourceStats].PeerErrors with LastPeerErr naming
+// it; the other sources are not affected (docs/events.md, "Bounded
+// reads").
+//
 // # Concurrency
 //
 // An Index is safe for concurrent use. A Subscriber runs one goroutine per

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
+	"github.com/pagedkv/pagedkv/internal/zmtp"
 )
 
 // Source is one replica's event stream.
@@ -17,6 +17,9 @@ type Source struct {
 	Name string
 	// Endpoint is the publisher's PUB address; ReplayEndpoint its ROUTER
 	// address ("" when it serves no replays: gaps then cannot be repaired).
+	// Both are tcp://host:port or ipc://path, connected in the background
+	// and reconnected every 100ms while nobody listens there, as ZeroMQ
+	// does; a malformed one is refused by NewSubscriber (ErrBadConfig).
 	Endpoint, ReplayEndpoint string
 }
 
@@ -36,7 +39,19 @@ type SubscriberConfig struct {
 	// discards those it returns true for, as if the network had lost them
 	// (fault injection for tests and drills).
 	Lose func(source int, seq uint64) bool
+	// MaxMessageBytes bounds one message from a publisher (its frames'
+	// bytes plus 24 per frame; 0: DefaultMaxMessageBytes), checked from
+	// the frame headers before anything is allocated. A publisher that
+	// declares more, or more than 16 frames, or breaks ZMTP, is
+	// disconnected (and reconnected after 100ms) and counted in
+	// SourceStats.PeerErrors, naming its endpoint.
+	MaxMessageBytes int64
 }
+
+// DefaultMaxMessageBytes is SubscriberConfig.MaxMessageBytes' default:
+// room for a batch of about 390,000 BlockStored blocks of 16 tokens (a
+// resync of a large cache; docs/events.md), far above a step's batch.
+const DefaultMaxMessageBytes = 64 << 20
 
 // SourceStats are a Subscriber's counts for one source.
 type SourceStats struct {
@@ -48,6 +63,11 @@ type SourceStats struct {
 	Unrepaired int64 // gaps a replay could not fill: the replica's index was cleared
 	Errors     int64 // undecodable messages or batches the index refused
 	LastErr    string
+	// PeerErrors counts disconnections of this source's publisher (either
+	// socket) for breaking ZMTP or MaxMessageBytes; LastPeerErr is the
+	// last, naming the endpoint and the peer's address.
+	PeerErrors  int64
+	LastPeerErr string
 }
 
 // Subscriber subscribes to any number of publishers and keeps an Index up
@@ -66,8 +86,8 @@ type source struct {
 	s       *Subscriber
 	i       int // source number
 	rep     int // replica number in the index
-	sub     zmq4.Socket
-	dealer  zmq4.Socket // nil without a replay endpoint
+	sub     *zmtp.Socket
+	dealer  *zmtp.Socket // nil without a replay endpoint
 	msgs    chan [][]byte
 	replies chan [][]byte
 	catchup chan struct{}
@@ -78,73 +98,107 @@ type source struct {
 }
 
 // NewSubscriber adds a replica to ix for every source (in order) and starts
-// following their streams.
+// following their streams. When it fails (a bad config, a malformed
+// endpoint) it adds no replica and leaves nothing running.
 func NewSubscriber(ix *Index, cfg SubscriberConfig, sources ...Source) (*Subscriber, error) {
 	if cfg.ReplayTimeout == 0 {
 		cfg.ReplayTimeout = 2 * time.Second
 	}
-	if cfg.ReplayTimeout < 0 {
-		return nil, fmt.Errorf("%w: replay timeout %v", ErrBadConfig, cfg.ReplayTimeout)
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.ReplayTimeout < 0 || cfg.MaxMessageBytes < 0 {
+		return nil, fmt.Errorf("%w: replay timeout %v, max message bytes %d: want >= 0", ErrBadConfig, cfg.ReplayTimeout, cfg.MaxMessageBytes)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{ix: ix, cfg: cfg, ctx: ctx, cancel: cancel}
 	for i, src := range sources {
-		if err := s.add(i, src); err != nil {
-			s.Close()
+		so, err := s.open(i, src)
+		if err != nil {
+			for _, o := range s.srcs {
+				o.close()
+			}
+			cancel()
 			return nil, err
 		}
+		s.srcs = append(s.srcs, so)
+	}
+	// Every socket is open: only now touch the index.
+	for i, so := range s.srcs {
+		so.rep = ix.AddReplica(sources[i].Name)
+		s.wg.Add(2)
+		go so.read(so.sub, so.msgs)
+		if so.dealer != nil {
+			s.wg.Add(1)
+			go so.read(so.dealer, so.replies)
+		}
+		go so.run()
 	}
 	return s, nil
 }
 
-func (s *Subscriber) add(i int, src Source) error {
-	so := &source{s: s, i: i, msgs: make(chan [][]byte, 256), replies: make(chan [][]byte, 256), catchup: make(chan struct{}, 1)}
+// open makes and connects source i's sockets.
+func (s *Subscriber) open(i int, src Source) (*source, error) {
+	// One-slot channels: the sockets' own queues hold what is in flight
+	// (bounded in bytes), these only hand it to the source's goroutine.
+	so := &source{s: s, i: i, msgs: make(chan [][]byte, 1), replies: make(chan [][]byte, 1), catchup: make(chan struct{}, 1)}
 	so.last.Store(-1)
-	so.sub = zmq4.NewSub(s.ctx)
-	if err := so.sub.Dial(src.Endpoint); err != nil {
-		so.sub.Close()
-		return fmt.Errorf("kvindex: source %d (%s): subscribe to %q: %w", i, src.Name, src.Endpoint, err)
+	var err error
+	if so.sub, err = so.socket(zmtp.SUB, nil); err == nil {
+		err = so.sub.Subscribe(s.cfg.Topic)
 	}
-	// After Dial: go-zeromq sends a subscription only to connected peers.
-	if err := so.sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
-		so.sub.Close()
-		return fmt.Errorf("kvindex: source %d (%s): subscribe to topic %q: %w", i, src.Name, s.cfg.Topic, err)
+	if err == nil {
+		err = so.sub.Connect(src.Endpoint)
+	}
+	if err != nil {
+		so.close()
+		return nil, fmt.Errorf("kvindex: source %d (%s): subscribe to %q, topic %q: %w", i, src.Name, src.Endpoint, s.cfg.Topic, zmtp.TagBadConfig(err, ErrBadConfig))
 	}
 	if src.ReplayEndpoint != "" {
 		var id [12]byte
 		_, _ = rand.Read(id[:])
 		// A unique identity, so that the publisher's ROUTER routes the
 		// replies to this socket alone.
-		so.dealer = zmq4.NewDealer(s.ctx, zmq4.WithID(zmq4.SocketIdentity(fmt.Sprintf("kvindex-%x", id))))
-		if err := so.dealer.Dial(src.ReplayEndpoint); err != nil {
-			so.sub.Close()
-			so.dealer.Close()
-			return fmt.Errorf("kvindex: source %d (%s): replay socket %q: %w", i, src.Name, src.ReplayEndpoint, err)
+		if so.dealer, err = so.socket(zmtp.DEALER, fmt.Appendf(nil, "kvindex-%x", id)); err == nil {
+			err = so.dealer.Connect(src.ReplayEndpoint)
+		}
+		if err != nil {
+			so.close()
+			return nil, fmt.Errorf("kvindex: source %d (%s): replay socket %q: %w", i, src.Name, src.ReplayEndpoint, zmtp.TagBadConfig(err, ErrBadConfig))
 		}
 	}
-	so.rep = s.ix.AddReplica(src.Name)
-	s.srcs = append(s.srcs, so)
-	s.wg.Add(2)
-	go so.read(so.sub, so.msgs)
-	if so.dealer != nil {
-		s.wg.Add(1)
-		go so.read(so.dealer, so.replies)
+	return so, nil
+}
+
+// socket makes one of the source's sockets, bounded by MaxMessageBytes,
+// reporting the publisher's protocol and limit violations in its stats.
+func (so *source) socket(t zmtp.Type, identity []byte) (*zmtp.Socket, error) {
+	return zmtp.New(zmtp.Config{Type: t, Identity: identity, MaxMessageBytes: so.s.cfg.MaxMessageBytes,
+		SendTimeout: so.s.cfg.ReplayTimeout,
+		OnPeerError: func(e *zmtp.PeerError) {
+			so.count(func(st *SourceStats) {
+				st.PeerErrors++
+				st.LastPeerErr = e.Error()
+			})
+		}})
+}
+
+// close closes the source's sockets.
+func (so *source) close() {
+	for _, sk := range []*zmtp.Socket{so.sub, so.dealer} {
+		if sk != nil {
+			sk.Close()
+		}
 	}
-	go so.run()
-	return nil
 }
 
 // read forwards a socket's messages until the subscriber closes.
-func (so *source) read(sk zmq4.Socket, out chan<- [][]byte) {
+func (so *source) read(sk *zmtp.Socket, out chan<- [][]byte) {
 	defer so.s.wg.Done()
 	for {
 		msg, err := sk.Recv()
 		if err != nil {
-			if so.s.ctx.Err() != nil {
-				return
-			}
-			time.Sleep(10 * time.Millisecond) // a dropped connection: zmq4 reconnects or Close ends us
-			continue
+			return // closed
 		}
 		select {
 		case out <- msg.Frames:
@@ -210,7 +264,7 @@ func (so *source) replay(from uint64) {
 	so.count(func(st *SourceStats) { st.Replays++ })
 	req := binary.BigEndian.AppendUint64(nil, from)
 	// REQ's envelope: an empty delimiter, then the request.
-	if err := so.dealer.SendMulti(zmq4.NewMsgFrom([]byte{}, req)); err != nil {
+	if err := so.dealer.Send([][]byte{{}, req}); err != nil {
 		so.fail(fmt.Errorf("replay request from %d: %w", from, err))
 		return
 	}
@@ -289,10 +343,7 @@ func (s *Subscriber) WaitApplied(i int, seq int64, timeout time.Duration) bool {
 func (s *Subscriber) Close() {
 	s.cancel()
 	for _, so := range s.srcs {
-		so.sub.Close()
-		if so.dealer != nil {
-			so.dealer.Close()
-		}
+		so.close()
 	}
 	s.wg.Wait()
 }

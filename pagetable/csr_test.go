@@ -27,20 +27,20 @@ func TestValidateCSR(t *testing.T) {
 		"LastPageFull":         {i32{0, 1}, i32{0}, i32{8}, 8, 1, ""},
 		"PageSize1":            {i32{0, 2, 3}, i32{1, 0, 2}, i32{1, 1}, 1, 3, ""},
 		"SharedPageTwice":      {i32{0, 1, 2}, i32{4, 4}, i32{3, 3}, 8, 9, ""},
-		"NoIndptr":             {i32{}, i32{}, i32{}, 8, 9, "pagetable: bad CSR: kv_indptr is empty, want length batch+1 >= 1"},
-		"IndptrStartsAt1":      {i32{1, 3}, i32{0, 1}, i32{2}, 8, 9, "pagetable: bad CSR: kv_indptr[0] = 1, want 0"},
-		"IndptrDecreases":      {i32{0, 3, 2}, i32{0, 1, 2}, i32{1, 1}, 8, 9, "pagetable: bad CSR: request 1: kv_indptr[2] = 2 < kv_indptr[1] = 3 (decreasing)"},
-		"TooFewIndices":        {i32{0, 3}, i32{0, 1}, i32{1}, 8, 9, "pagetable: bad CSR: kv_indptr[1] = 3 but kv_page_indices has length 2"},
-		"LastPageLenMissing":   {i32{0, 1, 2}, i32{0, 1}, i32{1}, 8, 9, "pagetable: bad CSR: kv_last_page_len has length 1, want 2 (len(kv_indptr)-1)"},
-		"LastPageLenZero":      {i32{0, 1, 2}, i32{0, 1}, i32{1, 0}, 8, 9, "pagetable: bad CSR: request 1: kv_last_page_len[1] = 0, want 1..8 (page_size)"},
-		"LastPageLenPastPage":  {i32{0, 1, 2}, i32{0, 1}, i32{9, 1}, 8, 9, "pagetable: bad CSR: request 0: kv_last_page_len[0] = 9, want 1..8 (page_size)"},
-		"EmptyButLastPageLen":  {i32{0, 0, 1}, i32{0}, i32{3, 1}, 8, 9, "pagetable: bad CSR: request 0 has 0 pages but kv_last_page_len[0] = 3, want 0"},
-		"PageOutsideThePool":   {i32{0, 1, 3}, i32{0, 2, 9}, i32{1, 1}, 8, 9, "pagetable: bad CSR: request 1: kv_page_indices[2] = 9 outside the pool [0, 9)"},
-		"NegativePage":         {i32{0, 0, 2}, i32{1, -1}, i32{0, 1}, 8, 9, "pagetable: bad CSR: request 1: kv_page_indices[1] = -1 outside the pool [0, 9)"},
-		"BadPageSize":          {i32{0}, i32{}, i32{}, 0, 9, "pagetable: bad CSR: page_size = 0, want 1..65536"},
-		"SeqLenOverflowsInt32": {i32{0, 1 << 16}, make(i32, 1<<16), i32{1 << 15}, 1 << 15, 1, "pagetable: bad CSR: request 0: seq_len = 2147483648 overflows int32 (65536 pages of 32768)"},
+		"NoIndptr":             {i32{}, i32{}, i32{}, 8, 9, "pagetable: invalid page table: kv_indptr is empty, want length batch_size+1 >= 1"},
+		"IndptrStartsAt1":      {i32{1, 3}, i32{0, 1}, i32{2}, 8, 9, "pagetable: invalid page table: kv_indptr[0] = 1, want 0"},
+		"IndptrDecreases":      {i32{0, 3, 2}, i32{0, 1, 2}, i32{1, 1}, 8, 9, "pagetable: invalid page table: kv_indptr decreases at request 1: kv_indptr[1] = 3 > kv_indptr[2] = 2"},
+		"TooFewIndices":        {i32{0, 3}, i32{0, 1}, i32{1}, 8, 9, "pagetable: invalid page table: kv_indptr[1] = 3 but kv_indices has length 2"},
+		"LastPageLenMissing":   {i32{0, 1, 2}, i32{0, 1}, i32{1}, 8, 9, "pagetable: invalid page table: kv_last_page_len has length 1, want 2 (len(kv_indptr)-1)"},
+		"LastPageLenZero":      {i32{0, 1, 2}, i32{0, 1}, i32{1, 0}, 8, 9, "pagetable: invalid page table: request 1: kv_last_page_len[1] = 0, want 1..8 (page_size)"},
+		"LastPageLenPastPage":  {i32{0, 1, 2}, i32{0, 1}, i32{9, 1}, 8, 9, "pagetable: invalid page table: request 0: kv_last_page_len[0] = 9, want 1..8 (page_size)"},
+		"EmptyButLastPageLen":  {i32{0, 0, 1}, i32{0}, i32{3, 1}, 8, 9, "pagetable: invalid page table: request 0 has 0 pages but kv_last_page_len[0] = 3, want 0"},
+		"PageOutsideThePool":   {i32{0, 1, 3}, i32{0, 2, 9}, i32{1, 1}, 8, 9, "pagetable: invalid page table: request 1: kv_indices[2] = 9 outside the pool [0, 9)"},
+		"NegativePage":         {i32{0, 0, 2}, i32{1, -1}, i32{0, 1}, 8, 9, "pagetable: invalid page table: request 1: kv_indices[1] = -1 outside the pool [0, 9)"},
+		"BadPageSize":          {i32{0}, i32{}, i32{}, 0, 9, "pagetable: invalid page table: page_size = 0, want 1..65536"},
+		"SeqLenOverflowsInt32": {i32{0, 1 << 16}, make(i32, 1<<16), i32{1 << 15}, 1 << 15, 1, "pagetable: invalid page table: request 0: seq_len of 65536 pages of 32768 tokens (the last 32768) exceeds 2147483647 (int32)"},
 		"TokenOffsetsOverflow32Bit": {i32{0, 1 << 15, 1 << 16, 1 << 16 * 3 / 2, 1 << 17}, make(i32, 1<<17), i32{1, 1, 1, 1}, 1 << 15, 1,
-			"pagetable: bad CSR: kv_indptr[4]*page_size = 131072*32768 = 4294967296, want < 2^32 (32-bit token offsets)"},
+			"pagetable: invalid page table: kv_indptr[4]*page_size = 131072*32768 = 4294967296, want < 2^32 (32-bit token offsets)"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -120,12 +120,12 @@ func TestGetBatchIndicesPositions(t *testing.T) {
 		nnz                   int
 		err                   string
 	}{
-		"NnzPastIndptr":    {i32{0, 2}, i32{3}, 3, "pagetable: bad CSR: nnz = 3, want append_indptr[1] = 2"},
-		"IndptrDecreases":  {i32{0, 2, 1}, i32{3, 3}, 1, "pagetable: bad CSR: request 1: append_indptr[2] = 1 < append_indptr[1] = 2 (decreasing)"},
-		"IndptrStartsAt2":  {i32{2, 3}, i32{3}, 3, "pagetable: bad CSR: append_indptr[0] = 2, want 0"},
-		"SeqLensMissing":   {i32{0, 1, 2}, i32{3}, 2, "pagetable: bad CSR: seq_lens has length 1, want 2 (len(append_indptr)-1)"},
-		"SeqShorterThanIt": {i32{0, 1, 4}, i32{3, 2}, 4, "pagetable: bad CSR: request 1 appends 3 rows but seq_lens[1] = 2 (positions would be negative)"},
-		"NoIndptr":         {i32{}, i32{}, 0, "pagetable: bad CSR: append_indptr is empty, want length batch+1 >= 1"},
+		"NnzPastIndptr":    {i32{0, 2}, i32{3}, 3, "pagetable: invalid page table: nnz = 3, want append_indptr[1] = 2"},
+		"IndptrDecreases":  {i32{0, 2, 1}, i32{3, 3}, 1, "pagetable: invalid page table: request 1: append_indptr[2] = 1 < append_indptr[1] = 2 (decreasing)"},
+		"IndptrStartsAt2":  {i32{2, 3}, i32{3}, 3, "pagetable: invalid page table: append_indptr[0] = 2, want 0"},
+		"SeqLensMissing":   {i32{0, 1, 2}, i32{3}, 2, "pagetable: invalid page table: seq_lens has length 1, want 2 (len(append_indptr)-1)"},
+		"SeqShorterThanIt": {i32{0, 1, 4}, i32{3, 2}, 4, "pagetable: invalid page table: request 1 appends 3 rows but seq_lens[1] = 2 (positions would be negative)"},
+		"NoIndptr":         {i32{}, i32{}, 0, "pagetable: invalid page table: append_indptr is empty, want length batch+1 >= 1"},
 	}
 	for name, tc := range bad {
 		t.Run(name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/ragged"
 )
 
 // SeqID names a sequence (a request, or a branch of one after a fork).
@@ -22,8 +23,10 @@ var (
 	// ErrSeqExists reports adding a sequence ID the table already holds.
 	ErrSeqExists = errors.New("pagetable: sequence already exists")
 	// ErrBadCSR reports a malformed CSR page table or append indptr from
-	// outside; the wrapping error names the request index and the value.
-	ErrBadCSR = errors.New("pagetable: bad CSR")
+	// outside; the wrapping error names the request index and the value. It
+	// is [ragged.ErrBadPageTable], the one page-table sentinel, which
+	// kernels.ErrInvalidPageTable is too.
+	ErrBadCSR = ragged.ErrBadPageTable
 	// ErrBadArgument reports other malformed arguments: length mismatches,
 	// negative counts, duplicate IDs in a batch, truncation outside
 	// [Start, Len], and lengths that overflow int32.

@@ -84,6 +84,10 @@ type Config struct {
 	// Sink, when not nil, is told of every page stored and removed (KV
 	// events). See [Sink].
 	Sink Sink
+	// Eviction names the eviction policy inside each priority level
+	// ([PolicyNames]: "lru", "slru", "srrip"); "" means "lru". See
+	// [Policy] and docs/replay.md for how they compare.
+	Eviction string
 }
 
 // Handle names a position in the prefix tree: a namespace root (the zero
@@ -121,17 +125,19 @@ type node struct {
 	next     int32  // next sibling, or none
 	prev     int32  // previous sibling, or none
 	nextHash int32  // next node in the same byHash chain, or none
-	lruPrev  int32  // neighbours on the LRU list, or none
+	lruPrev  int32  // neighbours on its eviction queue, or none
 	lruNext  int32
 	children int32  // number of children
 	pins     int32  // pins through this page (a pin covers a whole path)
 	gen      uint32 // incremented when the node is removed
 	prio     Priority
 	state    uint8
+	queue    uint8  // the eviction queue of its level it is on (while listed)
+	hits     uint32 // admissions it served since it was published (Cache.Hit)
 
 	// Pads the node to one 64-byte cache line (nodes is page-aligned), so
 	// each node an eviction or a match touches costs one miss, not two.
-	_ [8]byte
+	_ [4]byte
 }
 
 func (n *node) cached() bool { return n.state&stCached != 0 }
@@ -140,8 +146,8 @@ func (n *node) idle() bool   { return n.state&stIdle != 0 }
 // listed reports whether n is on an LRU list: idle and not pinned.
 func (n *node) listed() bool { return n.state&(stCached|stIdle) == stCached|stIdle && n.pins == 0 }
 
-// lru is one priority level's list of idle, unpinned pages, least recently
-// used at head.
+// lru is one eviction queue of a priority level: idle, unpinned pages in
+// the order they joined it, oldest at head.
 type lru struct {
 	head, tail int32
 	n          int
@@ -174,7 +180,14 @@ type Cache struct {
 	rootKey map[int32]string
 	keys    map[Namespace]Key // Key's memo, at most maxMemoKeys entries
 
-	lists []lru // one per priority
+	// lists[prio*nq+q] is queue q of level prio; qlen mirrors their
+	// lengths (Policy.Dequeue reads a level's slice of it); levelN[prio] is
+	// the level's total.
+	policies []Policy // one per priority
+	nq       int      // queues per level
+	lists    []lru
+	qlen     []int
+	levelN   []int
 
 	nCached     int // nodes with stCached
 	nIdle       int // idle and unpinned: sum of lists[].n
@@ -215,6 +228,18 @@ func New(cfg Config) (*Cache, error) {
 	if np == 0 {
 		np = DefaultPriorities
 	}
+	policies := make([]Policy, np)
+	for i := range policies {
+		p, err := NewPolicy(cfg.Eviction)
+		if err != nil {
+			return nil, fmt.Errorf("Config.Eviction: %w", err)
+		}
+		policies[i] = p
+	}
+	nq := policies[0].Queues()
+	if nq < 1 || nq > MaxQueues {
+		return nil, fmt.Errorf("%w: policy %q has %d queues, want 1..%d", ErrBadConfig, policies[0].Name(), nq, MaxQueues)
+	}
 	seed := cfg.Seed
 	if seed == 0 {
 		var b [8]byte
@@ -232,7 +257,11 @@ func New(cfg Config) (*Cache, error) {
 		byHash:    newIndex(cfg.NumPages),
 		rootKey:   make(map[int32]string),
 		keys:      make(map[Namespace]Key),
-		lists:     make([]lru, np),
+		policies:  policies,
+		nq:        nq,
+		lists:     make([]lru, np*nq),
+		qlen:      make([]int, np*nq),
+		levelN:    make([]int, np),
 		maxPinned: cfg.MaxPinnedPages,
 		pins:      make(map[PinID]Handle),
 	}
@@ -261,7 +290,10 @@ func (c *Cache) keyOf(k Key) Key {
 func (c *Cache) PageSize() int { return c.pageSize }
 
 // NumPriorities returns the number of priority levels.
-func (c *Cache) NumPriorities() int { return len(c.lists) }
+func (c *Cache) NumPriorities() int { return len(c.policies) }
+
+// Eviction returns the name of the eviction policy.
+func (c *Cache) Eviction() string { return c.policies[0].Name() }
 
 // maxMemoKeys bounds Cache.keys; past it the memo starts over.
 const maxMemoKeys = 1024
@@ -382,8 +414,8 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 		return Handle{}, false, fmt.Errorf("%w: publish page %d outside the pool [0, %d)", ErrBadArgument, page, len(c.nodes))
 	case len(tokens) != c.pageSize:
 		return Handle{}, false, fmt.Errorf("%w: publish page %d with %d tokens, want a full page of %d", ErrBadArgument, page, len(tokens), c.pageSize)
-	case int(prio) >= len(c.lists):
-		return Handle{}, false, fmt.Errorf("%w: publish page %d with priority %d, want 0..%d", ErrBadArgument, page, prio, len(c.lists)-1)
+	case int(prio) >= len(c.policies):
+		return Handle{}, false, fmt.Errorf("%w: publish page %d with priority %d, want 0..%d", ErrBadArgument, page, prio, len(c.policies)-1)
 	}
 	key = c.keyOf(key)
 	ph := key.hash
@@ -493,8 +525,8 @@ func (c *Cache) recheck(p int32) {
 // Raise lifts the priority of the cached pages among pages to at least prio;
 // an idle page that changes level moves to the tail of its new list.
 func (c *Cache) Raise(prio Priority, pages ...PageID) error {
-	if int(prio) >= len(c.lists) {
-		return fmt.Errorf("%w: raise to priority %d, want 0..%d", ErrBadArgument, prio, len(c.lists)-1)
+	if int(prio) >= len(c.policies) {
+		return fmt.Errorf("%w: raise to priority %d, want 0..%d", ErrBadArgument, prio, len(c.policies)-1)
 	}
 	for _, p := range pages {
 		if p < 0 || int(p) >= len(c.nodes) {
@@ -513,6 +545,19 @@ func (c *Cache) Raise(prio Priority, pages ...PageID) error {
 		}
 	}
 	return nil
+}
+
+// Hit records that the cached pages among pages served a hit (a request
+// was admitted on them): eviction policies other than LRU keep pages that
+// served hits longer. Call it with the whole matched prefix, so a page's
+// hits are never fewer than its descendants'. Pages that are not cached are
+// ignored; the count saturates.
+func (c *Cache) Hit(pages ...PageID) {
+	for _, p := range pages {
+		if p >= 0 && int(p) < len(c.nodes) && c.nodes[p].cached() && c.nodes[p].hits < ^uint32(0) {
+			c.nodes[p].hits++
+		}
+	}
 }
 
 // Entry returns the tokens of the page h names (read-only, valid while the

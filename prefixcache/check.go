@@ -119,28 +119,39 @@ func (c *Cache) CheckInvariants() error {
 	if c.maxPinned > 0 && pinned > c.maxPinned {
 		return fmt.Errorf("prefixcache: %d pages pinned, limit %d", pinned, c.maxPinned)
 	}
-	// LRU lists: well linked, each member listed and of the list's priority.
+	// Eviction queues: well linked, each member listed, of the queue's
+	// level and marked with the queue.
 	total := 0
-	for prio, l := range c.lists {
+	for i, l := range c.lists {
+		prio, q := i/c.nq, i%c.nq
 		n, prev := 0, none
 		for x := l.head; x != none; x = c.nodes[x].lruNext {
 			nd := &c.nodes[x]
-			if !nd.listed() || int(nd.prio) != prio || nd.lruPrev != prev {
-				return fmt.Errorf("prefixcache: LRU list %d holds page %d (state %#x, pins %d, priority %d, prev %d want %d)",
-					prio, x, nd.state, nd.pins, nd.prio, nd.lruPrev, prev)
+			if !nd.listed() || int(nd.prio) != prio || int(nd.queue) != q || nd.lruPrev != prev {
+				return fmt.Errorf("prefixcache: queue %d of level %d holds page %d (state %#x, pins %d, priority %d, queue %d, prev %d want %d)",
+					q, prio, x, nd.state, nd.pins, nd.prio, nd.queue, nd.lruPrev, prev)
 			}
 			prev = x
 			if n++; n > cached {
-				return fmt.Errorf("prefixcache: LRU list %d has a cycle", prio)
+				return fmt.Errorf("prefixcache: queue %d of level %d has a cycle", q, prio)
 			}
 		}
-		if prev != l.tail || n != l.n {
-			return fmt.Errorf("prefixcache: LRU list %d has %d pages ending at %d; header says %d ending at %d", prio, n, prev, l.n, l.tail)
+		if prev != l.tail || n != l.n || n != c.qlen[i] {
+			return fmt.Errorf("prefixcache: queue %d of level %d has %d pages ending at %d; header says %d (length %d) ending at %d", q, prio, n, prev, l.n, c.qlen[i], l.tail)
 		}
 		total += n
 	}
+	for prio, n := range c.levelN {
+		sum := 0
+		for _, k := range c.qlen[prio*c.nq : (prio+1)*c.nq] {
+			sum += k
+		}
+		if sum != n {
+			return fmt.Errorf("prefixcache: level %d counts %d evictable pages, its queues hold %d", prio, n, sum)
+		}
+	}
 	if total != idle {
-		return fmt.Errorf("prefixcache: LRU lists hold %d pages, %d are idle and unpinned", total, idle)
+		return fmt.Errorf("prefixcache: eviction queues hold %d pages, %d are idle and unpinned", total, idle)
 	}
 	// Pins name live pinned pages.
 	for id, h := range c.pins {
@@ -181,12 +192,12 @@ func (c *Cache) nodeError(p int32) error {
 		return fmt.Errorf("prefixcache: page %d counts %d children, its list has %d", p, n.children, k)
 	}
 	if n.idle() && n.pins == 0 {
-		l := &c.lists[n.prio]
+		l := &c.lists[int(n.prio)*c.nq+int(n.queue)]
 		if (n.lruPrev == none) != (l.head == p) || (n.lruNext == none) != (l.tail == p) {
-			return fmt.Errorf("prefixcache: idle page %d is not linked on LRU list %d", p, n.prio)
+			return fmt.Errorf("prefixcache: idle page %d is not linked on queue %d of level %d", p, n.queue, n.prio)
 		}
 	} else if n.lruPrev != none || n.lruNext != none {
-		return fmt.Errorf("prefixcache: page %d is linked on an LRU list but idle = %v, pins = %d", p, n.idle(), n.pins)
+		return fmt.Errorf("prefixcache: page %d is linked on an eviction queue but idle = %v, pins = %d", p, n.idle(), n.pins)
 	}
 	return nil
 }

@@ -41,9 +41,12 @@
 //
 // # Eviction
 //
-// Idle pages without pins sit on one intrusive doubly linked LRU list per
-// priority level, in the order they became idle (Recheck order). Eviction
-// takes the head of the lowest non-empty level: O(1), no scan, no heap. A
+// Idle pages without pins sit on intrusive doubly linked queues, a few per
+// priority level, in the order they became idle (Recheck order); the
+// level's [Policy] ([Config.Eviction]: LRU, one queue, by default) says
+// which queue a page joins and which queue gives up the next victim, and
+// eviction takes that queue's head in the lowest non-empty level: O(1), no
+// scan, no heap. A
 // victim goes with its whole subtree, deepest first, so no cached page is
 // ever left behind a missing parent. Releasing a request's pages deepest
 // first makes every prefix's later pages idle before its earlier ones, so
@@ -63,7 +66,8 @@
 //     pages have the same parent, tokens and (at depth 0) namespace.
 //   - Each cached page's stored hash equals Hash(parent's hash, its tokens).
 //   - A cached page is idle iff its reference count is 1, and is on exactly
-//     one LRU list (its priority's) iff it is idle and unpinned.
+//     one eviction queue (of its priority's level) iff it is idle and
+//     unpinned.
 //   - pins(parent) >= pins(child): a pin covers a path from the root.
 //   - Counters (cached, idle, idle-pinned, pinned) equal what they count.
 //

@@ -6,9 +6,11 @@ import (
 )
 
 // dump draws the cache as text, one cached page per line in page order, then
-// one LRU list per priority (least recently used first):
+// under LRU each level's list (least recently used first), under other
+// policies each level's evictable pages in page order (the policy's order
+// shows in which pages eviction takes); "hits" appear once a page served one:
 //
-//	p3 <- p1 [5 6 7 8] prio 0 pins 0 idle
+//	p3 <- p1 [5 6 7 8] prio 0 pins 0 hits 1 idle
 //	lru[0]: p3 p1
 //
 // "<- -" marks a depth-0 page, followed by its namespace. Tests compare dumps
@@ -25,6 +27,9 @@ func (c *Cache) dump() string {
 			par = fmt.Sprintf("p%d", n.parent)
 		}
 		fmt.Fprintf(&b, "p%d <- %s %v prio %d pins %d", i, par, c.pageTokens(int32(i)), n.prio, n.pins)
+		if n.hits > 0 {
+			fmt.Fprintf(&b, " hits %d", n.hits)
+		}
 		if n.idle() {
 			b.WriteString(" idle")
 		}
@@ -33,12 +38,22 @@ func (c *Cache) dump() string {
 		}
 		b.WriteByte('\n')
 	}
-	for prio, l := range c.lists {
-		if l.n == 0 {
+	for prio, n := range c.levelN {
+		if n == 0 {
+			continue
+		}
+		if c.nq != 1 {
+			fmt.Fprintf(&b, "evictable[%d]:", prio)
+			for i := range c.nodes {
+				if nd := &c.nodes[i]; nd.listed() && int(nd.prio) == prio {
+					fmt.Fprintf(&b, " p%d", i)
+				}
+			}
+			b.WriteByte('\n')
 			continue
 		}
 		fmt.Fprintf(&b, "lru[%d]:", prio)
-		for x := l.head; x != none; x = c.nodes[x].lruNext {
+		for x := c.lists[prio].head; x != none; x = c.nodes[x].lruNext {
 			fmt.Fprintf(&b, " p%d", x)
 		}
 		b.WriteByte('\n')

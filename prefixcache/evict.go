@@ -6,11 +6,17 @@ import (
 	"github.com/pagedkv/pagedkv/internal/invariants"
 )
 
-// pushLRU appends idle, unpinned page p at the tail (most recent end) of its
-// priority's list.
+// pushLRU appends idle, unpinned page p at the tail of the eviction queue
+// its level's policy picks for it.
 func (c *Cache) pushLRU(p int32) {
 	n := &c.nodes[p]
-	l := &c.lists[n.prio]
+	q := c.policies[n.prio].Enqueue(n.hits)
+	if q < 0 || q >= c.nq {
+		panic(fmt.Sprintf("prefixcache: policy %q put page %d on queue %d of %d", c.policies[n.prio].Name(), p, q, c.nq))
+	}
+	n.queue = uint8(q)
+	i := int(n.prio)*c.nq + q
+	l := &c.lists[i]
 	n.lruPrev, n.lruNext = l.tail, none
 	if l.tail != none {
 		c.nodes[l.tail].lruNext = p
@@ -19,13 +25,16 @@ func (c *Cache) pushLRU(p int32) {
 	}
 	l.tail = p
 	l.n++
+	c.qlen[i]++
+	c.levelN[n.prio]++
 	c.nIdle++
 }
 
-// unlinkLRU removes page p from its priority's list.
+// unlinkLRU removes page p from its eviction queue.
 func (c *Cache) unlinkLRU(p int32) {
 	n := &c.nodes[p]
-	l := &c.lists[n.prio]
+	i := int(n.prio)*c.nq + int(n.queue)
+	l := &c.lists[i]
 	if n.lruPrev != none {
 		c.nodes[n.lruPrev].lruNext = n.lruNext
 	} else {
@@ -38,30 +47,39 @@ func (c *Cache) unlinkLRU(p int32) {
 	}
 	n.lruPrev, n.lruNext = none, none
 	l.n--
+	c.qlen[i]--
+	c.levelN[n.prio]--
 	c.nIdle--
 }
 
-// victim returns the next page eviction takes: the head (least recently
-// used) of the lowest non-empty priority list, or none.
+// victim returns the next page eviction takes: the head of the queue the
+// policy of the lowest non-empty priority level picks, or none.
 func (c *Cache) victim() int32 {
-	for i := range c.lists {
-		if c.lists[i].head != none {
-			return c.lists[i].head
+	for prio, n := range c.levelN {
+		if n == 0 {
+			continue
 		}
+		lens := c.qlen[prio*c.nq : (prio+1)*c.nq]
+		q := c.policies[prio].Dequeue(lens)
+		if q < 0 || q >= c.nq || lens[q] == 0 {
+			panic(fmt.Sprintf("prefixcache: policy %q picked queue %d of lengths %v", c.policies[prio].Name(), q, lens))
+		}
+		return c.lists[prio*c.nq+q].head
 	}
 	return none
 }
 
 // Evict removes idle, unpinned pages until at least npages pages have
 // returned to the pool or none is left to evict, and returns how many
-// returned. Victims are taken least recently used first from the lowest
-// priority level up. A victim's subtree (the cached pages that extend it)
+// returned. Victims are taken from the lowest priority level up, in the
+// order the level's [Policy] gives (least recently idle first for LRU). A victim's subtree (the cached pages that extend it)
 // goes with it, deepest first, so no cached page is ever left behind a
 // missing parent; pages of that subtree still held by requests stay with
 // them and are only dropped from the cache.
 //
 // Cost: O(1) per removed page (a list unlink, a map delete, and one batched
-// release per victim); no scan, no heap.
+// release per victim) plus O(priorities + queues) per victim; no scan, no
+// heap.
 func (c *Cache) Evict(npages int) (freed int) {
 	for freed < npages {
 		v := c.victim()

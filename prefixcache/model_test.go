@@ -18,9 +18,12 @@ import (
 // sequences (TestCacheMatchesModel) and under the fuzzer (FuzzCache).
 //
 // The model keeps prefixes as strings in a map, reference counts in another,
-// and finds each eviction victim by scanning every node for the smallest
-// (priority, time it joined its list); it shares no code with the cache but
-// Namespace.encode, whose injectivity has its own test. Both run on the same
+// and finds each eviction victim by scanning every node: under LRU for the
+// smallest (priority, time it joined its list); under SLRU and SRRIP by the
+// policies' textbook rules (victim), with SRRIP's aging done literally, one
+// increment of every evictable page's prediction at a time. It shares no
+// code with the cache but Namespace.encode, whose injectivity has its own
+// test. Both run on the same
 // allocator, so the model learns page IDs from the cache's publishes and the
 // two states are compared as dumps after every operation.
 
@@ -35,6 +38,8 @@ type mnode struct {
 	pins    int
 	idle    bool  // as of the last recheck of its page
 	tick    int64 // when it joined its LRU list (valid while idle and unpinned)
+	hits    int   // admissions it served (Cache.Hit)
+	rrpv    int   // SRRIP's re-reference prediction, set when it became evictable
 	removed bool
 }
 
@@ -49,11 +54,72 @@ type model struct {
 	pins      map[PinID]*mnode
 	nextPin   PinID
 	evicted   int64
+	policy    string
 }
 
-func newModel(ps, nprio, maxPinned int) *model {
+func newModel(ps, nprio, maxPinned int, policy string) *model {
 	return &model{ps: ps, nprio: nprio, maxPinned: maxPinned, nodes: map[string]*mnode{},
-		byPage: map[PageID]*mnode{}, held: map[PageID]int{}, pins: map[PinID]*mnode{}}
+		byPage: map[PageID]*mnode{}, held: map[PageID]int{}, pins: map[PinID]*mnode{}, policy: policy}
+}
+
+// list records that n became evictable now.
+func (m *model) list(n *mnode) {
+	m.tick++
+	n.tick = m.tick
+	n.rrpv = 2 // SRRIP: "long" for a page that never served a hit
+	if n.hits > 0 {
+		n.rrpv = 0 // "near-immediate"
+	}
+}
+
+// victim returns the page the policy evicts next, or nil.
+func (m *model) victim() *mnode {
+	for prio := range m.nprio {
+		var level []*mnode
+		for _, n := range m.nodes {
+			if m.listed(n) && n.prio == prio {
+				level = append(level, n)
+			}
+		}
+		if len(level) == 0 {
+			continue
+		}
+		oldest := func(keep func(*mnode) bool) *mnode {
+			var v *mnode
+			for _, n := range level {
+				if keep(n) && (v == nil || n.tick < v.tick) {
+					v = n
+				}
+			}
+			return v
+		}
+		switch m.policy {
+		case PolicySLRU:
+			probation := 0
+			for _, n := range level {
+				if n.hits == 0 {
+					probation++
+				}
+			}
+			protected := len(level) - probation
+			if probation == 0 || float64(protected) > SLRUProtectedShare*float64(len(level)) {
+				return oldest(func(n *mnode) bool { return n.hits > 0 })
+			}
+			return oldest(func(n *mnode) bool { return n.hits == 0 })
+		case PolicySRRIP:
+			for {
+				if v := oldest(func(n *mnode) bool { return n.rrpv == 3 }); v != nil {
+					return v
+				}
+				for _, n := range level {
+					n.rrpv++
+				}
+			}
+		default:
+			return oldest(func(*mnode) bool { return true })
+		}
+	}
+	return nil
 }
 
 func pathOf(parent *mnode, ns string, tokens []int32) string {
@@ -90,8 +156,16 @@ func (m *model) recheck(p PageID) {
 	}
 	n.idle = idle
 	if m.listed(n) {
-		m.tick++
-		n.tick = m.tick
+		m.list(n)
+	}
+}
+
+// hit counts an admission on pages.
+func (m *model) hit(pages []PageID) {
+	for _, p := range pages {
+		if n := m.byPage[p]; n != nil {
+			n.hits++
+		}
 	}
 }
 
@@ -118,8 +192,7 @@ func (m *model) raise(prio int, pages []PageID) {
 		if n := m.byPage[p]; n != nil && prio > n.prio {
 			n.prio = prio
 			if m.listed(n) {
-				m.tick++
-				n.tick = m.tick
+				m.list(n)
 			}
 		}
 	}
@@ -128,12 +201,7 @@ func (m *model) raise(prio int, pages []PageID) {
 // evict scans for victims; every node below a victim goes with it.
 func (m *model) evict(npages int) (freed int) {
 	for freed < npages {
-		var v *mnode
-		for _, n := range m.nodes {
-			if m.listed(n) && (v == nil || n.prio < v.prio || n.prio == v.prio && n.tick < v.tick) {
-				v = n
-			}
-		}
+		v := m.victim()
 		if v == nil {
 			break
 		}
@@ -191,8 +259,7 @@ func (m *model) unpin(id PinID) error {
 	for ; n != nil; n = n.parent {
 		n.pins--
 		if m.listed(n) {
-			m.tick++
-			n.tick = m.tick
+			m.list(n)
 		}
 	}
 	return nil
@@ -212,6 +279,9 @@ func (m *model) dump() string {
 			par = fmt.Sprintf("p%d", n.parent.page)
 		}
 		fmt.Fprintf(&b, "p%d <- %s %v prio %d pins %d", n.page, par, n.tokens, n.prio, n.pins)
+		if n.hits > 0 {
+			fmt.Fprintf(&b, " hits %d", n.hits)
+		}
 		if n.idle {
 			b.WriteString(" idle")
 		}
@@ -228,6 +298,14 @@ func (m *model) dump() string {
 			}
 		}
 		if len(l) == 0 {
+			continue
+		}
+		if m.policy != PolicyLRU {
+			fmt.Fprintf(&b, "evictable[%d]:", prio)
+			for _, n := range l {
+				fmt.Fprintf(&b, " p%d", n.page)
+			}
+			b.WriteByte('\n')
 			continue
 		}
 		sort.Slice(l, func(i, j int) bool { return l[i].tick < l[j].tick })
@@ -272,13 +350,14 @@ type harness struct {
 	pins    []PinID
 }
 
-func newHarness(t testing.TB, hash HashFunc) *harness {
+func newHarness(t testing.TB, hash HashFunc, policy string) *harness {
 	a, err := allocator.New(allocator.Config{NumPages: hNumPages})
 	require.NoError(t, err)
 	c, err := New(Config{NumPages: hNumPages, PageSize: hPageSize, Refs: a, Seed: 3, Hash: hash,
-		Priorities: hPriorities, MaxPinnedPages: hMaxPinned})
+		Priorities: hPriorities, MaxPinnedPages: hMaxPinned, Eviction: policy})
 	require.NoError(t, err)
-	h := &harness{t: t, alloc: a, c: c, m: newModel(hPageSize, hPriorities, hMaxPinned)}
+	require.Equal(t, policy, c.Eviction())
+	h := &harness{t: t, alloc: a, c: c, m: newModel(hPageSize, hPriorities, hMaxPinned, policy)}
 	for i := range h.keys {
 		h.keys[i] = c.Key(Namespace{Tenant: fmt.Sprint("t", i%2), LoRA: fmt.Sprint("l", i/2)})
 	}
@@ -363,6 +442,8 @@ func (h *harness) insert(ns, fam, npages int, prio Priority, useMatch bool) {
 		want := h.m.match(key.id, tokens, npages)
 		require.Equal(h.t, pagesOf(want), got, "match")
 		h.retain(got)
+		h.c.Hit(got...)
+		h.m.hit(got)
 		require.NoError(h.t, h.c.Raise(prio, got...))
 		h.m.raise(int(prio), got)
 		x.pages, x.chain = got, last
@@ -543,17 +624,19 @@ func TestCacheMatchesModel(t *testing.T) {
 		"default":   nil,
 		"colliding": func(_ uint64, toks []int32) uint64 { return uint64(toks[0] % 2) },
 	}
-	for name, hash := range hashes {
-		t.Run(name, func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(1, uint64(len(name))))
-			for range runs {
-				data := make([]byte, 4*steps)
-				for i := range data {
-					data[i] = byte(rng.Uint32())
+	for _, policy := range PolicyNames() {
+		for name, hash := range hashes {
+			t.Run(policy+"/"+name, func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(1, uint64(len(name)+len(policy))))
+				for range runs {
+					data := make([]byte, 4*steps)
+					for i := range data {
+						data[i] = byte(rng.Uint32())
+					}
+					newHarness(t, hash, policy).run(data)
 				}
-				newHarness(t, hash).run(data)
-			}
-		})
+			})
+		}
 	}
 }
 
@@ -583,6 +666,25 @@ func FuzzCache(f *testing.F) {
 		if len(data) > 4*400 {
 			data = data[:4*400]
 		}
-		newHarness(t, nil).run(data)
+		newHarness(t, nil, PolicyLRU).run(data)
+	})
+}
+
+// FuzzCachePolicies is FuzzCache under every eviction policy: the first
+// byte picks the policy, the rest are FuzzCache's commands.
+func FuzzCachePolicies(f *testing.F) {
+	names := PolicyNames()
+	for i := range names {
+		f.Add([]byte{byte(i), opInsert, 0, 0, 3, opInsert, 0, 1, 3, opInsert, 1, 0, 2, opRelease, 0, 0, 0,
+			opInsert, 0, 0, 4, opRelease, 1, 0, 0, opRelease, 0, 0, 0, opInsert, 2, 5, 4, opEvict, 3, 0, 0})
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) == 0 {
+			return
+		}
+		if len(data) > 1+4*400 {
+			data = data[:1+4*400]
+		}
+		newHarness(t, nil, names[int(data[0])%len(names)]).run(data[1:])
 	})
 }

@@ -3,7 +3,9 @@
 // ⇄ ragged copies), the 2-D ragged mask layout with its bit packing
 // (packbits / segment_packbits, mask_indptr, the kernel's bit lookup), the
 // xFormers attention-bias family that Mistral's rolling cache uses, and
-// the Ascend sliding-window masks. It imports only the standard library.
+// the Ascend sliding-window masks; and the one validator of FlashInfer's CSR
+// page tables ([ValidatePageTable]) that pagetable and kernels call. It
+// imports only the standard library.
 //
 // # Ragged tensors
 //

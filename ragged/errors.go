@@ -4,7 +4,8 @@ import "errors"
 
 // Sentinel errors. Every error this package returns wraps exactly one of them
 // (test with errors.Is) and names the offending value and, where there is
-// one, the request index.
+// one, the request index. A page table's error ([PageTableError]) wraps
+// [ErrBadPageTable] as well.
 var (
 	// ErrBadIndptr: an indptr array is empty, does not start at 0, decreases,
 	// or does not end at the length of the data it indexes.

@@ -9,19 +9,28 @@ import (
 // the data it indexes: at least one element, indptr[0] == 0, non-decreasing.
 // name is the FlashInfer argument name used in the error message.
 func checkIndptr(name string, indptr []int32) error {
+	if fault := indptrFault(name, indptr); fault != "" {
+		return fmt.Errorf("%w: %s", ErrBadIndptr, fault)
+	}
+	return nil
+}
+
+// indptrFault says what breaks checkIndptr's rules, naming the index and
+// the value, or is "" for a well-formed indptr (without allocating).
+func indptrFault(name string, indptr []int32) string {
 	if len(indptr) == 0 {
-		return fmt.Errorf("%w: %s is empty, want length batch_size+1 >= 1", ErrBadIndptr, name)
+		return fmt.Sprintf("%s is empty, want length batch_size+1 >= 1", name)
 	}
 	if indptr[0] != 0 {
-		return fmt.Errorf("%w: %s[0] = %d, want 0", ErrBadIndptr, name, indptr[0])
+		return fmt.Sprintf("%s[0] = %d, want 0", name, indptr[0])
 	}
 	for i := 1; i < len(indptr); i++ {
 		if indptr[i] < indptr[i-1] {
-			return fmt.Errorf("%w: %s decreases at request %d: %s[%d] = %d > %s[%d] = %d",
-				ErrBadIndptr, name, i-1, name, i-1, indptr[i-1], name, i, indptr[i])
+			return fmt.Sprintf("%s decreases at request %d: %s[%d] = %d > %s[%d] = %d",
+				name, i-1, name, i-1, indptr[i-1], name, i, indptr[i])
 		}
 	}
-	return nil
+	return ""
 }
 
 // ValidateIndptr reports whether indptr is a valid ragged-tensor row pointer

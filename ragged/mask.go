@@ -68,27 +68,12 @@ func PagedMaskIndptr(qoIndptr, kvIndptr, kvLastPageLen []int32, pageSize int) ([
 
 // pagedKVLens returns each request's KV length from a CSR page table.
 func pagedKVLens(kvIndptr, kvLastPageLen []int32, pageSize int) ([]int64, error) {
-	if err := checkIndptr("kv_indptr", kvIndptr); err != nil {
+	if err := ValidatePagedKVLens(kvIndptr, kvLastPageLen, pageSize); err != nil {
 		return nil, err
 	}
-	if pageSize < 1 {
-		return nil, fmt.Errorf("%w: page_size = %d", ErrNegativeLength, pageSize)
-	}
-	if len(kvLastPageLen) != len(kvIndptr)-1 {
-		return nil, fmt.Errorf("%w: kv_last_page_len has length %d, want len(kv_indptr)-1 = %d",
-			ErrLengthMismatch, len(kvLastPageLen), len(kvIndptr)-1)
-	}
 	lens := make([]int64, len(kvLastPageLen))
-	for i, last := range kvLastPageLen {
-		pages := int64(kvIndptr[i+1] - kvIndptr[i])
-		switch {
-		case pages == 0 && last != 0:
-			return nil, fmt.Errorf("%w: request %d has no pages but kv_last_page_len %d, want 0", ErrBadLastPageLen, i, last)
-		case pages > 0 && (last < 1 || int(last) > pageSize):
-			return nil, fmt.Errorf("%w: request %d has kv_last_page_len %d, want 1..%d", ErrBadLastPageLen, i, last, pageSize)
-		case pages > 0:
-			lens[i] = (pages-1)*int64(pageSize) + int64(last)
-		}
+	for i := range lens {
+		lens[i] = int64(PagedKVLen(kvIndptr, kvLastPageLen, pageSize, i))
 	}
 	return lens, nil
 }

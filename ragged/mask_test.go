@@ -50,13 +50,13 @@ func TestMaskIndptrErrors(t *testing.T) {
 			wantErr: ErrTooLarge, msg: "2500000000 bits at request 0"},
 		"last page too long": {
 			err:     func() error { _, err := PagedMaskIndptr([]int32{0, 1}, []int32{0, 1}, []int32{5}, 4); return err }(),
-			wantErr: ErrBadLastPageLen, msg: "request 0 has kv_last_page_len 5, want 1..4"},
+			wantErr: ErrBadLastPageLen, msg: "request 0: kv_last_page_len[0] = 5, want 1..4"},
 		"last page zero with pages": {
 			err:     func() error { _, err := PagedMaskIndptr([]int32{0, 1}, []int32{0, 1}, []int32{0}, 4); return err }(),
 			wantErr: ErrBadLastPageLen, msg: "want 1..4"},
 		"empty request with last page": {
 			err:     func() error { _, err := PagedMaskIndptr([]int32{0, 1}, []int32{0, 0}, []int32{2}, 4); return err }(),
-			wantErr: ErrBadLastPageLen, msg: "no pages but kv_last_page_len 2"},
+			wantErr: ErrBadLastPageLen, msg: "request 0 has 0 pages but kv_last_page_len[0] = 2, want 0"},
 		"last_page_len length": {
 			err:     func() error { _, err := PagedMaskIndptr([]int32{0, 1}, []int32{0, 1}, []int32{1, 1}, 4); return err }(),
 			wantErr: ErrLengthMismatch, msg: "kv_last_page_len has length 2"},

@@ -235,18 +235,13 @@ func (t BlockTables) ToPagedKV(kvLen []int32, pageSize int) (kvIndptr, kvIndices
 // FlashInfer's page table out as block_tables with cols columns (0 = the
 // most pages any request holds, at least 1), filling the entries past each
 // request's pages with pad, and returns the per-request key counts
-// (kv_seqlen). Validation is FlashInfer's (kv_indptr from 0, non-decreasing,
-// ending at len(kv_indices); kv_last_page_len in 1..page_size, 0 for a
-// request without pages) plus block_tables' (ids and pad >= 0).
+// (kv_seqlen). Validation is [ValidatePageTable]'s (page ids >= 0, no pool)
+// plus block_tables' (pad >= 0, cols).
 func BlockTablesFromPagedKV(kvIndptr, kvIndices, kvLastPageLen []int32, pageSize, cols int, pad int32) (BlockTables, []int32, error) {
-	lens, err := pagedKVLens(kvIndptr, kvLastPageLen, pageSize)
-	if err != nil {
+	if err := ValidatePageTable(kvIndptr, kvIndices, kvLastPageLen, PageTableCheck{PageSize: pageSize, NumPages: AnyPageID}); err != nil {
 		return BlockTables{}, nil, err
 	}
-	batch := len(lens)
-	if int(kvIndptr[batch]) != len(kvIndices) {
-		return BlockTables{}, nil, fmt.Errorf("%w: kv_indptr ends at %d, kv_indices has %d entries", ErrBadIndptr, kvIndptr[batch], len(kvIndices))
-	}
+	batch := len(kvIndptr) - 1
 	if pad < 0 {
 		return BlockTables{}, nil, fmt.Errorf("%w: pad page id %d is negative", ErrOutOfRange, pad)
 	}
@@ -263,11 +258,6 @@ func BlockTablesFromPagedKV(kvIndptr, kvIndices, kvLastPageLen []int32, pageSize
 	if n, ok := mulFits(batch, cols, 1); !ok || n > math.MaxInt32 {
 		return BlockTables{}, nil, fmt.Errorf("%w: block_tables %d×%d", ErrTooLarge, batch, cols)
 	}
-	for k, id := range kvIndices {
-		if id < 0 {
-			return BlockTables{}, nil, fmt.Errorf("%w: kv_indices[%d] = %d is a negative page id", ErrOutOfRange, k, id)
-		}
-	}
 	t := BlockTables{Rows: batch, Cols: cols, Data: make([]int32, batch*cols)}
 	kvLen := make([]int32, batch)
 	for b := 0; b < batch; b++ {
@@ -276,10 +266,7 @@ func BlockTablesFromPagedKV(kvIndptr, kvIndices, kvLastPageLen []int32, pageSize
 		for l := n; l < cols; l++ {
 			row[l] = pad
 		}
-		if lens[b] > math.MaxInt32 {
-			return BlockTables{}, nil, fmt.Errorf("%w: request %d has %d keys", ErrTooLarge, b, lens[b])
-		}
-		kvLen[b] = int32(lens[b])
+		kvLen[b] = PagedKVLen(kvIndptr, kvLastPageLen, pageSize, b)
 	}
 	if _, err := t.check(batch, pageSize); err != nil {
 		return BlockTables{}, nil, err

@@ -15,7 +15,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
 echo "== go build -buildmode=c-shared and c-archive -> $out =="
-go build -buildmode=c-shared -o "$out/libpagedkv.so" ./cabi
+bash scripts/libpagedkv.sh "$out/libpagedkv.so"
 go build -buildmode=c-archive -o "$out/libpagedkv.a" ./cabi
 
 echo "== C test (gcc against cabi/pagedkv.h), shared and static =="

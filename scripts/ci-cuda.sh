@@ -7,8 +7,11 @@
 #   2. go vet -tags cuda ./... with cgo pointed at the private CUDA headers
 #      (gorgonia.org/cu includes cuda.h). Tests with -tags cuda are never run
 #      here: without a GPU gorgonia.org/cu exits the process at init.
+#   3. The -tags cuda host path against the stand-in driver library
+#      (scripts/cuda-stub.sh): TestStepHostAllocatesNothing and a few
+#      iterations of BenchmarkStepHost, so that neither can rot.
 #
-# Usage: scripts/ci-cuda.sh [ptx|vet|all]   (default all)
+# Usage: scripts/ci-cuda.sh [ptx|vet|stub|all]   (default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,4 +33,9 @@ if [ "$what" = vet ] || [ "$what" = all ]; then
 	echo "== go vet -tags cuda ./... =="
 	CGO_CFLAGS="-I$tree/include" go vet -tags cuda ./...
 	echo "ok"
+fi
+
+if [ "$what" = stub ] || [ "$what" = all ]; then
+	echo "== the -tags cuda host path on the stand-in libcuda (scripts/cuda-stub.sh 20x) =="
+	bash scripts/cuda-stub.sh 20x
 fi

@@ -7,7 +7,7 @@
 #   scripts/nvcc.sh ptx       install if needed, then regenerate kernels/cuda/*.ptx
 #
 # The tree comes from Debian's non-free packages nvidia-cuda-toolkit (nvcc,
-# cicc, ptxas, libdevice) and nvidia-cuda-dev (only /usr/include, which is the
+# cicc, ptxas, libdevice; cuobjdump and nvdisasm for scripts/ptx-report.sh) and nvidia-cuda-dev (only /usr/include, which is the
 # first member of that 774 MB package's data archive, so `head -c` cuts the
 # decompression short). apt runs with private lists, cache and source list
 # (the mirror is the one this machine's apt sources already name); the
@@ -47,18 +47,12 @@ mirror() {
 	return 1
 }
 
-install_tree() {
-	if [ -x "$tree/bin/nvcc" ] && [ -f "$tree/.complete" ]; then
-		echo "$tree"
-		return
-	fi
+# fetch_debs downloads the given packages (name=version) into $work/debs
+# with apt-get on private lists, cache and source list; $work must exist.
+fetch_debs() {
 	command -v apt-get >/dev/null || die "apt-get not found: this script needs a Debian-based machine"
-	local uri t0
+	local uri
 	uri=$(mirror) || die "no Debian mirror found in /etc/apt/sources.list*"
-	t0=$(date +%s)
-	mkdir -p "$root"
-	work=$(mktemp -d "$root/.work.XXXXXX")
-	trap 'rm -rf "${work:-}"' EXIT
 	mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/parts" "$work/debs" "$work/x"
 	local keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 	echo "deb [signed-by=$keyring] $uri $suite non-free" >"$work/sources.list"
@@ -71,16 +65,48 @@ install_tree() {
 		-o "APT::Sandbox::User=root")
 	log "apt-get update (private lists, $suite non-free)"
 	"${apt[@]}" update >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; die "apt-get update failed"; }
-	log "apt-get download nvidia-cuda-toolkit=$version nvidia-cuda-dev=$version"
-	(cd "$work/debs" && "${apt[@]}" download "nvidia-cuda-toolkit=$version" "nvidia-cuda-dev=$version") >"$work/download.log" 2>&1 ||
+	log "apt-get download $*"
+	(cd "$work/debs" && "${apt[@]}" download "$@") >"$work/download.log" 2>&1 ||
 		{ cat "$work/download.log" >&2; die "apt-get download failed (is version $version still on the mirror? set PAGEDKV_NVCC_VERSION)"; }
+}
+
+# add_nvdisasm puts nvdisasm (which cuobjdump -sass runs, for
+# scripts/ptx-report.sh) into a tree installed before the tree had it,
+# without touching the rest of the tree.
+add_nvdisasm() {
+	[ -x "$tree/bin/nvdisasm" ] && return
+	mkdir -p "$root"
+	work=$(mktemp -d "$root/.work.XXXXXX")
+	trap 'rm -rf "${work:-}"' EXIT
+	fetch_debs "nvidia-cuda-toolkit=$version"
+	dpkg-deb -x "$work"/debs/nvidia-cuda-toolkit_*.deb "$work/x"
+	[ -x "$work/x/usr/bin/nvdisasm" ] || die "nvidia-cuda-toolkit=$version has no /usr/bin/nvdisasm"
+	cp "$work/x/usr/bin/nvdisasm" "$tree/bin/nvdisasm.tmp"
+	mv "$tree/bin/nvdisasm.tmp" "$tree/bin/nvdisasm"
+	log "added nvdisasm to $tree"
+	rm -rf "$work"
+	trap - EXIT
+}
+
+install_tree() {
+	if [ -x "$tree/bin/nvcc" ] && [ -f "$tree/.complete" ]; then
+		add_nvdisasm
+		echo "$tree"
+		return
+	fi
+	local t0
+	t0=$(date +%s)
+	mkdir -p "$root"
+	work=$(mktemp -d "$root/.work.XXXXXX")
+	trap 'rm -rf "${work:-}"' EXIT
+	fetch_debs "nvidia-cuda-toolkit=$version" "nvidia-cuda-dev=$version"
 
 	local new="$work/tree"
 	mkdir -p "$new/bin" "$new/nvvm/libdevice" "$new/include"
 	dpkg-deb -x "$work"/debs/nvidia-cuda-toolkit_*.deb "$work/x"
 	local tk="$work/x/usr/lib/nvidia-cuda-toolkit"
 	cp "$tk/bin/nvcc" "$tk/bin/cicc" "$new/bin/"
-	cp "$work/x/usr/bin/ptxas" "$work/x/usr/bin/fatbinary" "$work/x/usr/bin/cuobjdump" "$new/bin/"
+	cp "$work/x/usr/bin/ptxas" "$work/x/usr/bin/fatbinary" "$work/x/usr/bin/cuobjdump" "$work/x/usr/bin/nvdisasm" "$new/bin/"
 	cp "$(find "$work/x" -name libdevice.10.bc | head -n 1)" "$new/nvvm/libdevice/"
 	# /usr/include is the first member of nvidia-cuda-dev's data archive: stop
 	# decompressing after it. tar exits non-zero on the cut stream; the
@@ -107,18 +133,25 @@ PROFILE
 }
 
 # The kernels and the exact nvcc command line. Changing either changes the
-# PTX; CI regenerates and diffs it (scripts/ci-cuda.sh).
+# PTX; CI regenerates and diffs it (scripts/ci-cuda.sh). Each kernel is
+# built twice: <k>.ptx for sm_80 (any GPU from Ampere on) and <k>_sm90.ptx
+# for sm_90 (Hopper: hardware fp8 pair converts, PTX ISA 7.8);
+# kernels/cuda/ptx.go picks one by the device's compute capability.
 kernels=(append decode states)
-nvcc_flags=(-ptx -arch=sm_80 -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
+nvcc_flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
+archs=(sm_80: sm_90:_sm90) # arch:suffix of the output file
 
 gen_ptx() {
 	local t
 	t=$(install_tree)
 	local dir="$repo/kernels/cuda"
 	for k in "${kernels[@]}"; do
-		"$t/bin/nvcc" "${nvcc_flags[@]}" -o "$dir/$k.ptx.tmp" "$dir/$k.cu"
-		mv "$dir/$k.ptx.tmp" "$dir/$k.ptx"
-		log "wrote kernels/cuda/$k.ptx ($(wc -c <"$dir/$k.ptx") bytes)"
+		for a in "${archs[@]}"; do
+			local out="$dir/$k${a#*:}.ptx"
+			"$t/bin/nvcc" "${nvcc_flags[@]}" -arch="${a%%:*}" -o "$out.tmp" "$dir/$k.cu"
+			mv "$out.tmp" "$out"
+			log "wrote kernels/cuda/$(basename "$out") ($(wc -c <"$out") bytes)"
+		done
 	done
 }
 

@@ -18,8 +18,9 @@ Backends:
                         cache. NOT TESTED: written against FlashInfer's
                         documented signatures, never run on a GPU here.
 
-The library is found as the package finds it ($PAGEDKV_LIB, or
-build/cabi/libpagedkv.so after scripts/cabi.sh).
+The library is found as the package finds it ($PAGEDKV_LIB, the library
+bundled by pip install ./python, or build/cabi/libpagedkv.so after
+scripts/cabi.sh).
 
     python3 tools/engine_loop.py --steps 60
     python3 tools/engine_loop.py --window 12

@@ -133,16 +133,23 @@ static pagedkv_manager create(int64_t pages, int64_t page_size, int64_t max_pinn
 
 // ---- The Go Example, through C ----
 
-static void example(void) {
-	char out[1024] = "";
-	pagedkv_manager m = create(64, 16, 0);
-	int32_t prompt[40];
-	for (int i = 0; i < 40; i++) {
+// prompt_request fills prompt [n] with tokens 100, 101, ... and returns a
+// request for it.
+static pagedkv_request prompt_request(int32_t *prompt, int n) {
+	for (int i = 0; i < n; i++) {
 		prompt[i] = 100 + i;
 	}
 	pagedkv_request req = {0};
 	req.prompt = prompt;
-	req.prompt_len = 40;
+	req.prompt_len = n;
+	return req;
+}
+
+static void example(void) {
+	char out[1024] = "";
+	pagedkv_manager m = create(64, 16, 0);
+	int32_t prompt[40];
+	pagedkv_request req = prompt_request(prompt, 40);
 
 	OK(pagedkv_add(m, 1, &req, NULL));
 	uint64_t ids1[] = {1};
@@ -449,12 +456,114 @@ static void sweep(void) {
 	checked += 5;
 }
 
+// ---- Hybrid models ----
+
+// hybrid runs ExampleHybridManager (example_hybrid_test.go): a gpt-oss-like
+// model, sliding window 128 and full attention on one pool, and checks the
+// C-only mistakes of the hybrid calls.
+static void hybrid(void) {
+	char out[1024] = "";
+	pagedkv_config cfg = {.num_pages = 64, .page_size = 16, .hash_seed = 1};
+	pagedkv_layer_group groups[] = {
+	    {.kind = PAGEDKV_GROUP_SLIDING, .window_tokens = 128, .num_layers = 1},
+	    {.kind = PAGEDKV_GROUP_FULL, .num_layers = 1},
+	};
+	pagedkv_manager m = 0;
+	OK(pagedkv_hybrid_create(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &m));
+	int64_t ng = 0;
+	OK(pagedkv_hybrid_num_groups(m, &ng));
+	CHECK(ng == 2, "num_groups %lld", (long long)ng);
+
+	int32_t prompt[200];
+	pagedkv_request req = prompt_request(prompt, 200);
+	OK(pagedkv_add(m, 1, &req, NULL));
+	uint64_t ids[] = {1};
+	int32_t nt[] = {200};
+	pagedkv_array copies;
+	pagedkv_group_plan gp[2];
+	OK(pagedkv_hybrid_reserve(m, ids, nt, 1, &copies, gp, 2));
+	for (int g = 0; g < 2; g++) {
+		snprintf(out + strlen(out), sizeof out - strlen(out), "group %d window_left %lld pages %d\n", g,
+		         (long long)gp[g].plan.window_left, gp[g].plan.kv_indptr.data[1]);
+	}
+	int32_t s1[] = {7};
+	OK(pagedkv_commit(m, s1, 1));
+	nt[0] = 1;
+	OK(pagedkv_hybrid_reserve(m, ids, nt, 1, &copies, gp, 2));
+	for (int g = 0; g < 2; g++) {
+		snprintf(out + strlen(out), sizeof out - strlen(out), "group %d pages %d ", g, gp[g].plan.kv_indptr.data[1]);
+		print_array(out, sizeof out, "positions", gp[g].plan.positions);
+		strcat(out, " ");
+		print_array(out, sizeof out, "token_positions", gp[g].plan.token_positions);
+		strcat(out, "\n");
+		CHECK(gp[g].attn_qo_indptr.len == 0, "group %d has attn arrays", g);
+	}
+	int32_t s2[] = {8};
+	OK(pagedkv_commit(m, s2, 1));
+	pagedkv_stats st;
+	OK(pagedkv_get_stats(m, &st, sizeof st));
+	snprintf(out + strlen(out), sizeof out - strlen(out), "free pages %lld\n", (long long)st.free_pages);
+	OK(pagedkv_audit(m));
+	pagedkv_group_stats gs[2];
+	OK(pagedkv_hybrid_get_group_stats(m, 0, &gs[0], sizeof gs[0]));
+	OK(pagedkv_hybrid_get_group_stats(m, 1, &gs[1], sizeof gs[1]));
+	CHECK(gs[0].kind == PAGEDKV_GROUP_SLIDING && gs[0].window_released_pages == 4 && gs[1].kind == PAGEDKV_GROUP_FULL &&
+	          gs[1].window_released_pages == 0 && gs[0].cached_pages + gs[1].cached_pages == st.cached_pages,
+	      "group stats: kinds %lld %lld, released %lld %lld, cached %lld + %lld of %lld", (long long)gs[0].kind,
+	      (long long)gs[1].kind, (long long)gs[0].window_released_pages, (long long)gs[1].window_released_pages,
+	      (long long)gs[0].cached_pages, (long long)gs[1].cached_pages, (long long)st.cached_pages);
+	const char *want =
+	    "group 0 window_left 127 pages 13\n"
+	    "group 1 window_left -1 pages 13\n"
+	    "group 0 pages 9 positions [136] token_positions [200]\n"
+	    "group 1 pages 13 positions [200] token_positions [200]\n"
+	    "free pages 38\n";
+	CHECK(strcmp(out, want) == 0, "hybrid example printed\n%s\nwant\n%s", out, want);
+	fputs(out, stdout);
+
+	// Each kind of handle refuses the other kind's calls, naming it.
+	pagedkv_plan plan;
+	CHECK(pagedkv_reserve(m, ids, nt, 1, &plan) == PAGEDKV_ERR_BAD_HANDLE &&
+	          strstr(pagedkv_last_error(), "is a hybrid manager") != NULL,
+	      "reserve on a hybrid handle: %s", pagedkv_last_error());
+	pagedkv_manager d = create(16, 4, 0);
+	CHECK(pagedkv_hybrid_reserve(d, ids, nt, 1, &copies, gp, 2) == PAGEDKV_ERR_BAD_HANDLE &&
+	          strstr(pagedkv_last_error(), "is a dense manager") != NULL,
+	      "hybrid_reserve on a dense handle: %s", pagedkv_last_error());
+	OK(pagedkv_destroy(d));
+	CHECK(pagedkv_hybrid_reserve(m, ids, nt, 1, &copies, gp, 3) == PAGEDKV_ERR_BAD_ARGUMENT &&
+	          strstr(pagedkv_last_error(), "num_groups = 3") != NULL,
+	      "num_groups 3: %s", pagedkv_last_error());
+	CHECK(pagedkv_hybrid_request_pages(m, 2, 1, NULL, 0, &ng) == PAGEDKV_ERR_BAD_ARGUMENT &&
+	          strstr(pagedkv_last_error(), "group = 2") != NULL,
+	      "group 2: %s", pagedkv_last_error());
+	OK(pagedkv_destroy(m));
+
+	// Bad groups: a failed create writes no handle.
+	pagedkv_manager h = 12345;
+	groups[0].kind = 9;
+	CHECK(pagedkv_hybrid_create(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &h) == PAGEDKV_ERR_BAD_ARGUMENT &&
+	          strstr(pagedkv_last_error(), "groups[0].kind = 9") != NULL && h == 12345,
+	      "kind 9: %s", pagedkv_last_error());
+	groups[0].kind = PAGEDKV_GROUP_CHUNKED;
+	groups[0].window_tokens = 0;
+	groups[0].chunk_tokens = 20;
+	CHECK(pagedkv_hybrid_create(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &h) == PAGEDKV_ERR_BAD_CONFIG &&
+	          strstr(pagedkv_last_error(), "ChunkTokens = 20") != NULL && h == 12345,
+	      "chunk 20: %s", pagedkv_last_error());
+	CHECK(pagedkv_hybrid_create(&cfg, sizeof cfg, NULL, 2, sizeof groups[0], &h) == PAGEDKV_ERR_BAD_ARGUMENT &&
+	          h == 12345,
+	      "NULL groups: %s", pagedkv_last_error());
+	checked += 7;
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
 	CHECK(strcmp(pagedkv_last_error(), "") == 0, "fresh thread has an error message");
 	example();
 	bad_config();
+	hybrid();
 	sweep();
 	if (failures) {
 		fprintf(stderr, "pagedkv_test: %d failures\n", failures);

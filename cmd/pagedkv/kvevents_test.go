@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -17,10 +16,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
 	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/internal/vllmwire"
+	"github.com/pagedkv/pagedkv/internal/zmtp"
 )
 
 // raceArgs shrink a run under -race (invariant checks on every Manager
@@ -59,14 +57,17 @@ type kvSubscriber struct {
 
 // subscribeKV dials addr with a SUB socket (closed when the test ends) and
 // collects every message it receives on a goroutine of its own.
-func subscribeKV(t *testing.T, ctx context.Context, addr string) *kvSubscriber {
+func subscribeKV(t *testing.T, addr string) *kvSubscriber {
 	t.Helper()
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithDialerMaxRetries(250))
-	t.Cleanup(func() { sub.Close() })
-	if err := sub.Dial(addr); err != nil {
+	sub, err := zmtp.New(zmtp.Config{Type: zmtp.SUB, ReconnectInterval: 20 * time.Millisecond})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+	t.Cleanup(func() { sub.Close() })
+	if err := sub.Subscribe(""); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Connect(addr); err != nil {
 		t.Fatal(err)
 	}
 	s := &kvSubscriber{}
@@ -145,14 +146,11 @@ func TestSimulateKVEvents(t *testing.T) {
 	t.Parallel()
 	addr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 	replayAddr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
 	args := append([]string{"--kv-events", addr, "--kv-events-replay", replayAddr, "--kv-events-linger", "6s",
 		"--kv-events-wait", "1m", "--requests", "24", "--quiet"}, raceArgs(16)...)
 	done, simOut, simErr := startSimulate(t, args)
 
-	sub := subscribeKV(t, ctx, addr)
+	sub := subscribeKV(t, addr)
 
 	// The run ends with --kv-events-linger of replay service: once the
 	// stream is quiet, replay from sequence 5 as vLLM's example subscriber
@@ -168,12 +166,15 @@ func TestSimulateKVEvents(t *testing.T) {
 			t.Fatal("no KV events")
 		}
 	}
-	dealer := zmq4.NewDealer(ctx, zmq4.WithID(zmq4.SocketIdentity("kvevents-test")))
-	defer dealer.Close()
-	if err := dealer.Dial(replayAddr); err != nil {
+	dealer, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("kvevents-test")})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dealer.SendMulti(zmq4.NewMsgFrom([]byte{}, binary.BigEndian.AppendUint64(nil, 5))); err != nil {
+	defer dealer.Close()
+	if err := dealer.Connect(replayAddr); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.Send([][]byte{{}, binary.BigEndian.AppendUint64(nil, 5)}); err != nil {
 		t.Fatal(err)
 	}
 	atReplay := count()

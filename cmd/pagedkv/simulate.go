@@ -18,6 +18,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/metrics"
+	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
 func init() {
@@ -118,6 +119,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&lim.MaxRequests, "trace-max-requests", lim.MaxRequests, "most requests a trace may hold")
 	fs.Int64Var(&lim.MaxTokens, "trace-max-tokens", lim.MaxTokens, "most tokens a trace may hold (every prompt plus samples*output)")
 	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
+	fs.StringVar(&cfg.Eviction, "eviction", prefixcache.PolicyLRU, "prefix-cache eviction policy: "+strings.Join(prefixcache.PolicyNames(), ", ")+" (docs/replay.md)")
 	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
 	model := fs.String("model", "dense", "model: "+strings.Join(sim.ModelNames(), ", ")+" (hybrid attention presets, docs/simulate.md)")
 	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers; when not given, the --model preset's: 6 (one pattern) for gemma-3-like, else")
@@ -335,6 +337,9 @@ type progress struct {
 	bar   *progressbar.ProgressBar // terminal only; made at the first update
 	term  bool
 	tenth int // plain mode: tenths of the requests reported so far
+	// label, when set, replaces the step description (commands without
+	// steps, such as replay, report requests only).
+	label string
 }
 
 func newProgress(w io.Writer) *progress {
@@ -369,12 +374,20 @@ func (p *progress) update(s sim.Progress) {
 				progressbar.OptionClearOnFinish(),
 			)
 		}
-		p.bar.Describe(fmt.Sprintf("step %d, %d running, %d waiting (%d preempted)", s.Step, s.Running, s.Waiting, s.Preempted))
+		if p.label != "" {
+			p.bar.Describe(p.label)
+		} else {
+			p.bar.Describe(fmt.Sprintf("step %d, %d running, %d waiting (%d preempted)", s.Step, s.Running, s.Waiting, s.Preempted))
+		}
 		_ = p.bar.Set(s.Finished) // a failed write to the terminal is not the run's failure
 		return
 	}
 	if t := 10 * s.Finished / max(s.Total, 1); t > p.tenth {
 		p.tenth = t
+		if p.label != "" {
+			fmt.Fprintf(p.w, "%s: %d/%d requests\n", p.label, s.Finished, s.Total)
+			return
+		}
 		fmt.Fprintf(p.w, "simulate: step %d: %d/%d requests finished, %d running, %d waiting (%d preempted)\n",
 			s.Step, s.Finished, s.Total, s.Running, s.Waiting, s.Preempted)
 	}

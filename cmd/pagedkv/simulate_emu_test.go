@@ -14,7 +14,7 @@ import (
 // CUDA backend, whose caches stay in device memory for the whole run: it
 // verifies exactly as the CPU run does (same steps, cascades, checked
 // outputs and paged K/V rows) and reports the bytes each step moved, none
-// of them cache bytes.
+// of them cache bytes, and the host time of its plans and launches.
 func TestSimulateOnEmuDeviceResident(t *testing.T) {
 	args := append([]string{"simulate", "--trace", sharedPrefixTrace, "--cascade-min-saved", "1", "--verify-every", "1", "--quiet"}, smallModel...)
 	outs := map[string]string{}
@@ -30,6 +30,8 @@ func TestSimulateOnEmuDeviceResident(t *testing.T) {
 	assert.Regexp(t, `^\S+ \S+ per step: index arrays \S+ \S+, activations \S+ \S+ \(k/v/q up, o down, 2 layers\), cache 0 B; `,
 		summaryField(t, outs["emu"], "device bytes"))
 	assert.NotContains(t, outs["cpu"], "device bytes:")
+	assert.Regexp(t, `^\S+ per step: plan \S+, append and attention calls \S+ \(2 layers; `, summaryField(t, outs["emu"], "device host"))
+	assert.NotContains(t, outs["cpu"], "device host:")
 }
 
 // TestSimulateModelDeviceBackend: hybrid models run on host backends; the

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -157,13 +156,11 @@ func TestSimulateModelKVEvents(t *testing.T) {
 			groups, err := preset.Groups(preset.Layers)
 			require.NoError(t, err)
 			addr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
 			args := append([]string{"--model", model, "--requests", "8", "--pages", "64", "--kv-events", addr,
 				"--kv-events-wait", "1m", "--kv-events-linger", "1s"}, smallHybrid...)
 			done, simOut, simErr := startSimulate(t, args)
 
-			sub := subscribeKV(t, ctx, addr)
+			sub := subscribeKV(t, addr)
 			select {
 			case code := <-done:
 				require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", simOut.String(), simErr.String())

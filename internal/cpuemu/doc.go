@@ -27,6 +27,12 @@
 //     read of a slot no thread wrote yields NaN, not a stale value.
 //   - A block whose threads cannot all reach the same barrier fails the
 //     launch with an error naming the block; it never hangs.
+//   - Stream capture (the Driver's BeginCapture .. EndCapture) records the
+//     asynchronous copies, device copies, memsets and launches instead of
+//     running them, and LaunchGraph runs the recording in order; a recorded
+//     host-to-device copy reads its host slice when replayed, as a CUDA
+//     graph's copy node reads pinned memory. Calls that wait for the stream
+//     (HtoD, DtoH, Synchronize) fail during a capture, as on CUDA.
 //
 // # Concurrency
 //

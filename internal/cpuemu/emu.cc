@@ -85,6 +85,8 @@ const std::vector<Entry>& entries() {
       PKV_ENTRY(cuemu_test_reverse),
       PKV_ENTRY(cuemu_test_reverse_unsynced),
       PKV_ENTRY(cuemu_test_misuse),
+      PKV_ENTRY(cuemu_test_fp8_pairs),
+      PKV_ENTRY(cuemu_test_mma),
   };
   return e;
 }

@@ -36,7 +36,10 @@ func NewDevice(cfg Config) *cuda.Backend {
 }
 
 // Driver is the emulated device: C memory and kernels compiled for the CPU.
-type Driver struct{ sms int }
+type Driver struct {
+	sms int
+	g   graphs
+}
 
 // NewDriver returns the emulated device planning for numSMs SMs (0: 132).
 func NewDriver(numSMs int) *Driver {
@@ -75,30 +78,54 @@ func (d *Driver) Free(p cuda.DevicePtr) error {
 
 // HtoD copies src to dst.
 func (d *Driver) HtoD(dst cuda.DevicePtr, src []byte) error {
+	if err := d.g.refuseWhileCapturing("HtoD"); err != nil {
+		return err
+	}
+	d.htod(dst, src)
+	return nil
+}
+
+func (d *Driver) htod(dst cuda.DevicePtr, src []byte) {
 	if len(src) > 0 {
 		C.cuemu_htod(C.uint64_t(dst), unsafe.Pointer(&src[0]), C.size_t(len(src)))
+	}
+}
+
+// HtoDAsync copies src to dst (the emulator runs every operation when it
+// is queued), or records the copy during a capture.
+func (d *Driver) HtoDAsync(dst cuda.DevicePtr, src []byte) error {
+	if !d.g.record(op{kind: opHtoD, dst: dst, host: src}) {
+		d.htod(dst, src)
 	}
 	return nil
 }
 
-// HtoDAsync copies src to dst (the emulator runs every operation when it
-// is queued).
-func (d *Driver) HtoDAsync(dst cuda.DevicePtr, src []byte) error { return d.HtoD(dst, src) }
-
 // DtoD copies bytes bytes from src to dst (memmove: they may overlap).
 func (d *Driver) DtoD(dst, src cuda.DevicePtr, bytes int) error {
+	if !d.g.record(op{kind: opDtoD, dst: dst, src: src, bytes: bytes}) {
+		d.dtod(dst, src, bytes)
+	}
+	return nil
+}
+
+func (d *Driver) dtod(dst, src cuda.DevicePtr, bytes int) {
 	if bytes > 0 {
 		C.cuemu_dtod(C.uint64_t(dst), C.uint64_t(src), C.size_t(bytes))
 	}
-	return nil
 }
 
 // Memset sets bytes bytes at dst to value.
 func (d *Driver) Memset(dst cuda.DevicePtr, value byte, bytes int) error {
+	if !d.g.record(op{kind: opMemset, dst: dst, value: value, bytes: bytes}) {
+		d.memset(dst, value, bytes)
+	}
+	return nil
+}
+
+func (d *Driver) memset(dst cuda.DevicePtr, value byte, bytes int) {
 	if bytes > 0 {
 		C.cuemu_memset(C.uint64_t(dst), C.int(value), C.size_t(bytes))
 	}
-	return nil
 }
 
 // HostAlloc returns Go memory: every host page is as good as pinned here.
@@ -112,20 +139,31 @@ func (d *Driver) HostAlloc(bytes int) ([]byte, error) {
 // HostFree releases memory from HostAlloc (the garbage collector does).
 func (d *Driver) HostFree([]byte) error { return nil }
 
-// Synchronize returns at once: launches and copies finish before they
-// return.
-func (d *Driver) Synchronize() error { return nil }
+// Synchronize returns at once (launches and copies finish before they
+// return), or fails during a capture.
+func (d *Driver) Synchronize() error { return d.g.refuseWhileCapturing("Synchronize") }
 
 // DtoH copies len(dst) bytes at src to dst.
 func (d *Driver) DtoH(dst []byte, src cuda.DevicePtr) error {
+	if err := d.g.refuseWhileCapturing("DtoH"); err != nil {
+		return err
+	}
 	if len(dst) > 0 {
 		C.cuemu_dtoh(unsafe.Pointer(&dst[0]), C.uint64_t(src), C.size_t(len(dst)))
 	}
 	return nil
 }
 
-// Launch runs kernel on the CPU and returns when every block has finished.
+// Launch runs kernel on the CPU and returns when every block has finished,
+// or records the launch (with a copy of args) during a capture.
 func (d *Driver) Launch(kernel string, grid, block cuda.Dim3, sharedBytes int, args []uint64) error {
+	if d.g.active() && d.g.record(op{kind: opLaunch, kernel: kernel, grid: grid, block: block, shared: sharedBytes, args: append([]uint64(nil), args...)}) {
+		return nil
+	}
+	return d.launch(kernel, grid, block, sharedBytes, args)
+}
+
+func (d *Driver) launch(kernel string, grid, block cuda.Dim3, sharedBytes int, args []uint64) error {
 	name := C.CString(kernel)
 	defer C.free(unsafe.Pointer(name))
 	var errbuf [512]C.char

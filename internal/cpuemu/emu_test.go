@@ -5,6 +5,7 @@ package cpuemu
 import (
 	"encoding/binary"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"unsafe"
@@ -15,6 +16,7 @@ import (
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/kernels/kernelstest"
+	"github.com/pagedkv/pagedkv/layout"
 )
 
 // deviceBuf is a test buffer in emulated device memory.
@@ -260,3 +262,145 @@ func TestConformanceMLADecode(t *testing.T) { kernelstest.TestMLADecode(t, New(C
 func TestConformanceMergeState(t *testing.T) { kernelstest.TestMergeState(t, New(Config{})) }
 
 func TestConformanceMergeStates(t *testing.T) { kernelstest.TestMergeStates(t, New(Config{})) }
+
+// The packed fp8 converts (cvt.rn.f16x2.e4m3x2 and .e5m2x2, sm_89) widen
+// the low byte into the low f16 half and the high byte into the high half,
+// exactly: every one of the 65536 pairs of each format gives, in each
+// half, the f16 encoding of layout's scalar conversion of its byte (any
+// NaN for a NaN code, with the code's sign).
+func TestShimFP8PairConverts(t *testing.T) {
+	d := NewDriver(0)
+	out := newBuf(t, d, make([]byte, 2*65536*4))
+	require.NoError(t, d.Launch("cuemu_test_fp8_pairs", dim(256, 1, 1), dim(256, 1, 1), 0, []uint64{uint64(out.ptr)}))
+	got := out.bytes(t)
+	for fi, f := range []struct {
+		name   string
+		scalar func(uint8) float32
+	}{{"e4m3", layout.E4M3ToF32}, {"e5m2", layout.E5M2ToF32}} {
+		bad := 0
+		for c := range 65536 {
+			h2 := binary.LittleEndian.Uint32(got[4*(fi*65536+c):])
+			for half, code := range [2]uint8{uint8(c), uint8(c >> 8)} {
+				h := uint16(h2 >> (16 * half))
+				gotV, want := layout.F16ToF32(h), f.scalar(code)
+				same := math.Float32bits(gotV) == math.Float32bits(want) ||
+					(gotV != gotV && want != want && h>>15 == uint16(code>>7))
+				if !same && bad < 5 {
+					t.Errorf("%s pair %#04x half %d (code %#02x): f16 %#04x = %v, scalar %v", f.name, c, half, code, h, gotV, want)
+				}
+				if !same {
+					bad++
+				}
+			}
+		}
+		assert.Zero(t, bad, "%s: wrong halves", f.name)
+	}
+}
+
+// mmaFragments lays out A (16x16, a[row][k]), B (16x8, b[k][col]) and C
+// (16x8) as the per-lane registers of mma.m16n8k16 (.row.col, f16 inputs,
+// f32 accumulators), written out from the PTX ISA's fragment figures: with
+// g = lane/4 and t = lane%4, register r of A holds row g+8*(r%2), columns
+// 2t+8*(r/2) (low half) and the next one; register r of B holds rows
+// 2t+8r (low half) and 2t+8r+1 of column g; C element i is row g+8*(i/2),
+// column 2t+i%2.
+func mmaFragments(a [16][16]float32, b [16][8]float32, c [16][8]float32) (af []byte, bf []byte, cf []byte) {
+	af, bf, cf = make([]byte, 32*4*4), make([]byte, 32*2*4), make([]byte, 32*4*4)
+	pair := func(lo, hi float32) uint32 {
+		return uint32(layout.F32ToF16(lo)) | uint32(layout.F32ToF16(hi))<<16
+	}
+	for lane := range 32 {
+		g, t := lane/4, lane%4
+		for r := range 4 {
+			row, col := g+8*(r%2), 2*t+8*(r/2)
+			binary.LittleEndian.PutUint32(af[4*(4*lane+r):], pair(a[row][col], a[row][col+1]))
+			binary.LittleEndian.PutUint32(cf[4*(4*lane+r):], math.Float32bits(c[g+8*(r/2)][2*t+r%2]))
+		}
+		for r := range 2 {
+			k := 2*t + 8*r
+			binary.LittleEndian.PutUint32(bf[4*(2*lane+r):], pair(b[k][g], b[k+1][g]))
+		}
+	}
+	return af, bf, cf
+}
+
+// runMMA runs the shim's mma.m16n8k16 on one warp and returns each lane's
+// four d registers.
+func runMMA(t *testing.T, a [16][16]float32, b [16][8]float32, c [16][8]float32) [32][4]float32 {
+	d := NewDriver(0)
+	af, bf, cf := mmaFragments(a, b, c)
+	ab, bb, cb := newBuf(t, d, af), newBuf(t, d, bf), newBuf(t, d, cf)
+	out := newBuf(t, d, make([]byte, 32*4*4))
+	require.NoError(t, d.Launch("cuemu_test_mma", dim(1, 1, 1), dim(32, 1, 1), 0,
+		[]uint64{uint64(ab.ptr), uint64(bb.ptr), uint64(cb.ptr), uint64(out.ptr)}))
+	raw := out.bytes(t)
+	var got [32][4]float32
+	for lane := range 32 {
+		for i := range 4 {
+			got[lane][i] = math.Float32frombits(binary.LittleEndian.Uint32(raw[4*(4*lane+i):]))
+		}
+	}
+	return got
+}
+
+// The mma.m16n8k16 twin, on a hand-computed example: A is the identity,
+// B[k][n] = 8k + n and C is 0.5 everywhere, so D[r][n] = 8r + n + 0.5, and
+// lane l's d registers are D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]
+// (g = l/4, t = l%4). The lanes below are worked out by hand from the
+// PTX ISA's figure for the accumulator fragment.
+func TestShimMMAFragmentLayout(t *testing.T) {
+	var a [16][16]float32
+	var b, c [16][8]float32
+	for i := range 16 {
+		a[i][i] = 1
+		for n := range 8 {
+			b[i][n] = float32(8*i + n)
+			c[i][n] = 0.5
+		}
+	}
+	got := runMMA(t, a, b, c)
+	for _, want := range []struct {
+		lane int
+		d    [4]float32
+	}{
+		{0, [4]float32{0.5, 1.5, 64.5, 65.5}},      // g=0 t=0: D[0][0], D[0][1], D[8][0], D[8][1]
+		{1, [4]float32{2.5, 3.5, 66.5, 67.5}},      // g=0 t=1: D[0][2..3], D[8][2..3]
+		{5, [4]float32{10.5, 11.5, 74.5, 75.5}},    // g=1 t=1: D[1][2..3], D[9][2..3]
+		{14, [4]float32{28.5, 29.5, 92.5, 93.5}},   // g=3 t=2: D[3][4..5], D[11][4..5]
+		{31, [4]float32{62.5, 63.5, 126.5, 127.5}}, // g=7 t=3: D[7][6..7], D[15][6..7]
+	} {
+		assert.Equal(t, want.d, got[want.lane], "lane %d", want.lane)
+	}
+}
+
+// The twin computes D = A*B + C for any inputs (small integers, so the f32
+// sums are exact whatever the order), checked at every lane's fragment
+// positions against a plain matrix product.
+func TestShimMMAMatchesMatrixProduct(t *testing.T) {
+	rng := rand.New(rand.NewPCG(27, 1))
+	for range 4 {
+		var a [16][16]float32
+		var b, c [16][8]float32
+		for i := range 16 {
+			for k := range 16 {
+				a[i][k] = float32(rng.IntN(17) - 8)
+			}
+			for n := range 8 {
+				b[i][n] = float32(rng.IntN(17) - 8)
+				c[i][n] = float32(rng.IntN(201) - 100)
+			}
+		}
+		got := runMMA(t, a, b, c)
+		for lane := range 32 {
+			g, tt := lane/4, lane%4
+			for i := range 4 {
+				row, col := g+8*(i/2), 2*tt+i%2
+				want := c[row][col]
+				for k := range 16 {
+					want += a[row][k] * b[k][col]
+				}
+				require.Equal(t, want, got[lane][i], "lane %d d[%d] = D[%d][%d]", lane, i, row, col)
+			}
+		}
+	}
+}

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/kernels"
@@ -46,6 +47,14 @@ type DeviceTraffic struct {
 	Tier int64
 	// Copies is the copy-on-write bytes copied within the device.
 	Copies int64
+	// PlanTime is the host time of the steps' plans (validation, packing
+	// and the one upload of each step's index arrays).
+	PlanTime time.Duration
+	// LaunchTime is the host time of every layer's Append and Attention
+	// calls. A GPU returns from them once the kernels are queued; the
+	// emulator runs the kernels inside them, so there it includes the
+	// kernels.
+	LaunchTime time.Duration
 }
 
 func newDeviceEngine(b *cuda.Backend, g layout.Paged, layers int, m Model) (*deviceEngine, error) {

@@ -363,10 +363,11 @@ func (e *engine) planDevice(plan *pagedkv.Plan, table kernels.PageTable, decode 
 	default:
 		p.Attention = cuda.Prefill
 	}
-	before := e.dev.b.Traffic()
+	before, start := e.dev.b.Traffic(), time.Now()
 	if err := e.dev.plan(p); err != nil {
 		return fmt.Errorf("device step plan: %w", err)
 	}
+	e.dev.traffic.PlanTime += time.Since(start)
 	e.dev.traffic.Index += e.dev.b.Traffic().Sub(before).HostBytes()
 	return nil
 }
@@ -395,13 +396,14 @@ func (e *engine) layerDevice(l int, rows []int32, qRowBytes int) error {
 			return err
 		}
 	}
-	t1 := d.b.Traffic()
+	t1, start := d.b.Traffic(), time.Now()
 	if err := d.step.Append(d.caches[l], k, v, 0, 0); err != nil {
 		return err
 	}
 	if err := d.step.Attention(d.caches[l], q, o, cuda.DeviceTensor{}); err != nil {
 		return err
 	}
+	d.traffic.LaunchTime += time.Since(start)
 	t2 := d.b.Traffic()
 	if err := d.b.Download(oHost, o); err != nil {
 		return err

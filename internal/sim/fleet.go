@@ -290,21 +290,27 @@ func runFleet(f *FleetSummary, cfg Config, fc FleetConfig, specs []Request, reps
 	return nil
 }
 
-// route picks the replica for a prefix-aware request: among replicas whose
-// load is at most the minimum plus slack, the longest cached prefix, then
-// the lower load, then the lower number.
+// route picks the replica for a prefix-aware request (see RouteByPrefix).
 func route(matched []int, reps []*replicaRun, slack int) int {
-	minLoad := reps[0].load()
-	for _, r := range reps {
-		minLoad = min(minLoad, r.load())
-	}
-	best := -1
+	loads := make([]int, len(reps))
 	for i, r := range reps {
-		l := r.load()
+		loads[i] = r.load()
+	}
+	return RouteByPrefix(matched, loads, slack)
+}
+
+// RouteByPrefix is the prefix-aware router's rule: among replicas whose
+// load is at most the minimum plus slack (every replica if slack < 0), the
+// longest cached prefix matched[i], then the lower load, then the lower
+// number. matched and loads have one entry per replica, at least one.
+func RouteByPrefix(matched, loads []int, slack int) int {
+	minLoad := slices.Min(loads)
+	best := -1
+	for i, l := range loads {
 		if slack >= 0 && l > minLoad+slack {
 			continue
 		}
-		if best < 0 || matched[i] > matched[best] || matched[i] == matched[best] && l < reps[best].load() {
+		if best < 0 || matched[i] > matched[best] || matched[i] == matched[best] && l < loads[best] {
 			best = i
 		}
 	}

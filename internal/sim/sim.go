@@ -67,6 +67,9 @@ type Config struct {
 	// together; WindowTokens and tiers must be off, Backend a host
 	// backend, and Events, if set, a Recorder of one group per layer group.
 	Groups []pagedkv.LayerGroup
+	// Eviction names the prefix cache's eviction policy
+	// (pagedkv.Config.Eviction; "" is LRU).
+	Eviction string
 	// Events, when not nil, records the Manager's prefix-cache changes
 	// (pagedkv.Config.CacheEvents) and is flushed after every step: one
 	// KV-event batch per step. Build it with [RecorderConfig]: with Groups,
@@ -282,7 +285,8 @@ func newSim(cfg Config) (*Sim, error) {
 		cfg.MaxSteps = 1_000_000
 	}
 	mcfg := pagedkv.Config{NumPages: cfg.NumPages, PageSize: cfg.PageSize,
-		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: HashSeed(&cfg)}
+		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: HashSeed(&cfg),
+		Eviction: cfg.Eviction}
 	if cfg.Events != nil {
 		mcfg.CacheEvents = cfg.Events
 	}
@@ -335,6 +339,10 @@ func (s *Sim) track(q *Request) (*reqState, error) {
 		return nil, fmt.Errorf("%w: %s: prompt %d tokens, output %d, samples %d, arrival %d", ErrBadConfig,
 			q.Name, len(q.Prompt), q.Output, q.Samples, q.Arrival)
 	}
+	if need := s.cfg.minPages(q); need > s.cfg.NumPages {
+		return nil, fmt.Errorf("%w: %s can never run: its %d tokens (prompt %d + output %d - 1) need at least %d pages of %d tokens, and the pool has %d",
+			ErrBadConfig, q.Name, len(q.Prompt)+q.Output-1, len(q.Prompt), q.Output, need, s.cfg.PageSize, s.cfg.NumPages)
+	}
 	r := &reqState{spec: q, ns: q.Namespace, tokens: slices.Clone(q.Prompt)}
 	r.ctx = s.cfg.Model.Contexts(nil, q.Namespace, r.tokens)
 	s.total += q.Samples
@@ -343,6 +351,23 @@ func (s *Sim) track(q *Request) (*reqState, error) {
 	s.sum.PromptTokens += int64(len(q.Prompt))
 	s.sum.OutputTokens += int64(q.Samples * q.Output)
 	return r, nil
+}
+
+// minPages is a lower bound on the pages request q must hold at once, so
+// that a pool smaller than it is a configuration that can never run (a
+// bad config, not a failed run). With full attention in some layer group,
+// the last step holds every token but the last one sampled (prompt +
+// output - 1) in one sequence; windowed and chunked groups hold less, so
+// a run of those alone gets no bound (0) rather than a wrong one.
+func (c *Config) minPages(q *Request) int {
+	full := c.Groups == nil && c.WindowTokens == 0
+	for _, g := range c.Groups {
+		full = full || g.Kind == pagedkv.FullAttention
+	}
+	if !full {
+		return 0
+	}
+	return (len(q.Prompt) + q.Output - 1 + c.PageSize - 1) / c.PageSize
 }
 
 // HashSeed is the prefix-hash seed a run of cfg gives its Managers: what a

@@ -286,9 +286,29 @@ func TestVerificationCatchesMissingCopy(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// A request that alone needs more pages than the pool holds, with full
+// attention, is a configuration that can never run: New refuses it with
+// the numbers, before any step (pagedkv simulate exits 2).
+func TestRequestLargerThanThePoolIsABadConfig(t *testing.T) {
+	cfg := smallConfig()
+	cfg.NumPages = 8 // 128 tokens
+	reqs := []Request{{Name: "long", Prompt: PromptTokens("", 0, "long", 200), Output: 1, Samples: 1}}
+	_, err := New(cfg, reqs)
+	require.ErrorIs(t, err, ErrBadConfig)
+	assert.EqualError(t, err, "sim: bad config: long can never run: its 200 tokens (prompt 200 + output 1 - 1) need at least 13 pages of 16 tokens, and the pool has 8")
+	// One token less than the pool: accepted (the bound is a lower bound,
+	// never a refusal of a run that fits).
+	reqs[0].Prompt = PromptTokens("", 0, "long", 128)
+	_, err = New(cfg, reqs)
+	require.NoError(t, err)
+}
+
+// A run that has no static bound (a sliding window) and still cannot hold
+// a request stops with ErrStuck.
 func TestStuck(t *testing.T) {
 	cfg := smallConfig()
 	cfg.NumPages = 8 // 128 tokens
+	cfg.WindowTokens = 1000
 	reqs := []Request{{Name: "long", Prompt: PromptTokens("", 0, "long", 200), Output: 1, Samples: 1}}
 	s, err := New(cfg, reqs)
 	require.NoError(t, err)

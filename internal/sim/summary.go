@@ -190,6 +190,8 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		line("device bytes", "%s per step: index arrays %s, activations %s (k/v/q up, o down, %d layers), cache %s; verification read %s of pages, host tier moved %s, copy-on-write copied %s on the device",
 			bytesString((d.Index+d.Activations+d.Cache)/n), bytesString(d.Index/n), bytesString(d.Activations/n), m.Layers,
 			bytesString(d.Cache/n), bytesString(d.Verify), bytesString(d.Tier), bytesString(d.Copies))
+		line("device host", "%s per step: plan %s, append and attention calls %s (%d layers; an emulator runs the kernels inside its calls, a GPU only queues them)",
+			per(d.PlanTime+d.LaunchTime), per(d.PlanTime), per(d.LaunchTime), m.Layers)
 	}
 	line("wall time", "%s", roundDuration(s.Wall))
 	v := &s.Verified

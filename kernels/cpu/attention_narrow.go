@@ -17,9 +17,10 @@ import (
 // page's keys: logits4 (two keys per pass, so each query vector loaded
 // serves two keys), expBlock4 (the online-softmax weights, eight at a
 // time), and attnV4 (each V vector widened once for the four queries,
-// rather than once per query). The logits and weights of a group are
-// stored key-major, s[t*4+j], which is how the kernels produce and
-// consume them.
+// rather than once per query, into a column chunk of the four
+// accumulator rows held in registers over every key of the page). The
+// logits and weights of a group are stored key-major, s[t*4+j], which is
+// how the kernels produce and consume them.
 
 // fusedNarrow reports whether j's decode tasks take the fused path.
 func (j *attnJob) fusedNarrow() bool {
@@ -32,6 +33,9 @@ func (j *attnJob) fusedNarrow() bool {
 // page in address order: with NHD (a token's heads contiguous) one call
 // takes every kv head of the task, two keys at a time and every head for
 // each pair; with HND one call takes one head's contiguous rows.
+// Before a page is computed the next one's K and V are prefetched: the
+// pages of a request are scattered, and a jump to an unrelated address is
+// what the hardware prefetcher does not follow.
 func (j *attnJob) runRowByPageNarrow(sc *attnScratch, b, kvh0, jlo, jhi int) {
 	D, g, nkv, N := j.headDim, j.group, j.kvHeadsPerTask, j.pageSize
 	nq := nkv * g
@@ -42,14 +46,22 @@ func (j *attnJob) runRowByPageNarrow(sc *attnScratch, b, kvh0, jlo, jhi int) {
 	if hs > ks {
 		heads = 1
 	}
-	pageBase := int(j.kvIndptr[b])
+	if jlo >= jhi {
+		return
+	}
+	base, span, T := j.narrowBlock(b, kvh0, jlo, jhi)
 	for t := jlo; t < jhi; {
-		page := int64(j.kvIndices[pageBase+t/N])
-		entry := t % N
-		T := min(jhi, t-entry+N) - t
-		base := (page*j.strideP + int64(kvh0)*j.strideH + int64(entry)*j.strideN) * 2
-		span := int64((T-1)*ks + (nkv-1)*hs + 2*D) // bytes from the first row read to the end of the last
 		kb, vb := j.kbuf[base:base+span], j.vbuf[base:base+span]
+		// Pages are scattered, so the hardware prefetcher cannot follow
+		// from one to the next: ask for the next block's K and V now, to
+		// arrive while this one is computed.
+		var nextBase, nextSpan int64
+		nextT := 0
+		if t+T < jhi {
+			nextBase, nextSpan, nextT = j.narrowBlock(b, kvh0, t+T, jhi)
+			prefetchSpan(&j.kbuf[nextBase : nextBase+nextSpan][0], int(nextSpan))
+			prefetchSpan(&j.vbuf[nextBase : nextBase+nextSpan][0], int(nextSpan))
+		}
 		// Queries jq..jq+3 (jq%4 == 0; jq = hh*g + 4*gi) have their
 		// logits, then weights, at jq*T, key-major.
 		sblk := sc.sblk[:nq*T]
@@ -73,7 +85,22 @@ func (j *attnJob) runRowByPageNarrow(sc *attnScratch, b, kvh0, jlo, jhi int) {
 			}
 		}
 		t += T
+		base, span, T = nextBase, nextSpan, nextT
 	}
+}
+
+// narrowBlock returns the block of keys of request b that starts at key t
+// (before jhi), up to the end of its page, for kv heads kvh0.. of a task
+// on the fused path: its offset in bytes into kbuf and vbuf, the bytes
+// from its first row read to the end of its last, and its key count.
+func (j *attnJob) narrowBlock(b, kvh0, t, jhi int) (base, span int64, T int) {
+	N := j.pageSize
+	page := int64(j.kvIndices[int(j.kvIndptr[b])+t/N])
+	entry := t % N
+	T = min(jhi, t-entry+N) - t
+	base = (page*j.strideP + int64(kvh0)*j.strideH + int64(entry)*j.strideN) * 2
+	span = (int64(T-1)*j.strideN + int64(j.kvHeadsPerTask-1)*j.strideH + int64(j.headDim)) * 2
+	return base, span, T
 }
 
 // logits4Narrow writes s[h*ss+t*4+j] = q[h*qs+j*d:][:d] . k_{h,t} for

@@ -55,3 +55,8 @@ func attnV4BF16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *floa
 //
 //go:noescape
 func expBlock4Vec(s *float32, n int, m *[4]float32, l *[4]float32)
+
+// prefetchSpan asks for the cache lines of p[:n] (n > 0) to be brought into the caches; it reads nothing.
+//
+//go:noescape
+func prefetchSpan(p *byte, n int)

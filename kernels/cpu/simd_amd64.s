@@ -297,9 +297,9 @@ logits4f16vec_two_dot:
 	SHLQ        $0x02, R12
 	SUBQ        CX, R12
 	ADDQ        R12, R8
-	SHRQ        $0x01, CX
-	SUBQ        CX, R9
-	SHLQ        $0x01, CX
+	MOVQ        CX, R12
+	SHRQ        $0x01, R12
+	SUBQ        R12, R9
 	ADDQ        hs+56(FP), R9
 	MOVQ        ss+8(FP), R12
 	SHLQ        $0x02, R12
@@ -345,9 +345,9 @@ logits4f16vec_last_dot:
 	SHLQ         $0x02, R8
 	SUBQ         CX, R8
 	ADDQ         R8, SI
-	SHRQ         $0x01, CX
-	SUBQ         CX, BX
-	SHLQ         $0x01, CX
+	MOVQ         CX, R8
+	SHRQ         $0x01, R8
+	SUBQ         R8, BX
 	ADDQ         hs+56(FP), BX
 	MOVQ         ss+8(FP), R8
 	SHLQ         $0x02, R8
@@ -362,119 +362,119 @@ logits4f16vec_done:
 // func attnV4F16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)
 // Requires: AVX, F16C, FMA3
 TEXT ·attnV4F16Vec(SB), NOSPLIT, $0-80
-	MOVQ d+16(FP), AX
-	SHLQ $0x02, AX
-	LEAQ (AX)(AX*2), CX
-	MOVQ v+24(FP), DX
-	MOVQ vs+32(FP), BX
-	MOVQ p+48(FP), SI
-	MOVQ T+64(FP), DI
+	MOVQ  d+16(FP), AX
+	SHLQ  $0x02, AX
+	LEAQ  (AX)(AX*2), CX
+	MOVQ  vs+32(FP), DX
+	MOVQ  acc+0(FP), BX
+	MOVQ  v+24(FP), SI
+	MOVQ  p+48(FP), DI
+	MOVQ  heads+72(FP), R8
+	MOVQ  T+64(FP), R9
+	TESTQ R9, R9
+	JZ    attnv4f16vec_done
+	TESTQ R8, R8
+	JZ    attnv4f16vec_done
 
-attnv4f16vec_pair:
-	CMPQ DI, $0x02
-	JL   attnv4f16vec_one
-	MOVQ acc+0(FP), R8
-	MOVQ DX, R9
-	MOVQ SI, R10
-	MOVQ heads+72(FP), R11
+attnv4f16vec_head:
+	MOVQ AX, R9
 
-attnv4f16vec_two_head:
-	VBROADCASTSS (R10), Y0
-	VBROADCASTSS 4(R10), Y1
-	VBROADCASTSS 8(R10), Y2
-	VBROADCASTSS 12(R10), Y3
-	VBROADCASTSS 16(R10), Y4
-	VBROADCASTSS 20(R10), Y5
-	VBROADCASTSS 24(R10), Y6
-	VBROADCASTSS 28(R10), Y7
-	MOVQ         AX, R12
+attnv4f16vec_w2:
+	CMPQ    R9, $0x00000040
+	JL      attnv4f16vec_w2_end
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS (BX)(AX*1), Y2
+	VMOVUPS 32(BX)(AX*1), Y3
+	VMOVUPS (BX)(AX*2), Y4
+	VMOVUPS 32(BX)(AX*2), Y5
+	VMOVUPS (BX)(CX*1), Y6
+	VMOVUPS 32(BX)(CX*1), Y7
+	MOVQ    SI, R10
+	MOVQ    DI, R11
+	MOVQ    T+64(FP), R12
 
-attnv4f16vec_two_axpy:
-	VCVTPH2PS   (R9), Y8
-	VCVTPH2PS   (R9)(BX*1), Y9
-	VMOVUPS     (R8), Y10
-	VFMADD231PS Y8, Y0, Y10
-	VFMADD231PS Y9, Y4, Y10
-	VMOVUPS     Y10, (R8)
-	VMOVUPS     (R8)(AX*1), Y10
-	VFMADD231PS Y8, Y1, Y10
-	VFMADD231PS Y9, Y5, Y10
-	VMOVUPS     Y10, (R8)(AX*1)
-	VMOVUPS     (R8)(AX*2), Y10
-	VFMADD231PS Y8, Y2, Y10
-	VFMADD231PS Y9, Y6, Y10
-	VMOVUPS     Y10, (R8)(AX*2)
-	VMOVUPS     (R8)(CX*1), Y10
-	VFMADD231PS Y8, Y3, Y10
-	VFMADD231PS Y9, Y7, Y10
-	VMOVUPS     Y10, (R8)(CX*1)
-	ADDQ        $0x20, R8
-	ADDQ        $0x10, R9
-	SUBQ        $0x20, R12
-	JNZ         attnv4f16vec_two_axpy
-	SUBQ        AX, R8
-	MOVQ        as+8(FP), R12
-	SHLQ        $0x02, R12
-	ADDQ        R12, R8
-	SHRQ        $0x01, AX
-	SUBQ        AX, R9
-	SHLQ        $0x01, AX
-	ADDQ        hs+40(FP), R9
-	MOVQ        ss+56(FP), R12
-	SHLQ        $0x02, R12
-	ADDQ        R12, R10
-	DECQ        R11
-	JNZ         attnv4f16vec_two_head
-	ADDQ        $0x20, SI
-	LEAQ        (DX)(BX*2), DX
-	SUBQ        $0x02, DI
-	JMP         attnv4f16vec_pair
+attnv4f16vec_w2_key:
+	VCVTPH2PS    (R10), Y8
+	VCVTPH2PS    16(R10), Y9
+	VBROADCASTSS (R11), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VBROADCASTSS 4(R11), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VFMADD231PS  Y9, Y10, Y3
+	VBROADCASTSS 8(R11), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y5
+	VBROADCASTSS 12(R11), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	VFMADD231PS  Y9, Y10, Y7
+	ADDQ         DX, R10
+	ADDQ         $0x10, R11
+	DECQ         R12
+	JNZ          attnv4f16vec_w2_key
+	VMOVUPS      Y0, (BX)
+	VMOVUPS      Y1, 32(BX)
+	VMOVUPS      Y2, (BX)(AX*1)
+	VMOVUPS      Y3, 32(BX)(AX*1)
+	VMOVUPS      Y4, (BX)(AX*2)
+	VMOVUPS      Y5, 32(BX)(AX*2)
+	VMOVUPS      Y6, (BX)(CX*1)
+	VMOVUPS      Y7, 32(BX)(CX*1)
+	ADDQ         $0x00000040, BX
+	ADDQ         $0x00000020, SI
+	SUBQ         $0x00000040, R9
+	JMP          attnv4f16vec_w2
 
-attnv4f16vec_one:
-	CMPQ DI, $0x01
-	JL   attnv4f16vec_done
-	MOVQ acc+0(FP), BX
-	MOVQ SI, SI
-	MOVQ heads+72(FP), DI
+attnv4f16vec_w2_end:
+attnv4f16vec_w1:
+	CMPQ    R9, $0x00000020
+	JL      attnv4f16vec_w1_end
+	VMOVUPS (BX), Y0
+	VMOVUPS (BX)(AX*1), Y2
+	VMOVUPS (BX)(AX*2), Y4
+	VMOVUPS (BX)(CX*1), Y6
+	MOVQ    SI, R10
+	MOVQ    DI, R11
+	MOVQ    T+64(FP), R12
 
-attnv4f16vec_last_head:
-	VBROADCASTSS (SI), Y0
-	VBROADCASTSS 4(SI), Y1
-	VBROADCASTSS 8(SI), Y2
-	VBROADCASTSS 12(SI), Y3
-	MOVQ         AX, R8
+attnv4f16vec_w1_key:
+	VCVTPH2PS    (R10), Y8
+	VBROADCASTSS (R11), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VBROADCASTSS 4(R11), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VBROADCASTSS 8(R11), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VBROADCASTSS 12(R11), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	ADDQ         DX, R10
+	ADDQ         $0x10, R11
+	DECQ         R12
+	JNZ          attnv4f16vec_w1_key
+	VMOVUPS      Y0, (BX)
+	VMOVUPS      Y2, (BX)(AX*1)
+	VMOVUPS      Y4, (BX)(AX*2)
+	VMOVUPS      Y6, (BX)(CX*1)
+	ADDQ         $0x00000020, BX
+	ADDQ         $0x00000010, SI
+	SUBQ         $0x00000020, R9
+	JMP          attnv4f16vec_w1
 
-attnv4f16vec_last_axpy:
-	VCVTPH2PS   (DX), Y8
-	VMOVUPS     (BX), Y10
-	VFMADD231PS Y8, Y0, Y10
-	VMOVUPS     Y10, (BX)
-	VMOVUPS     (BX)(AX*1), Y10
-	VFMADD231PS Y8, Y1, Y10
-	VMOVUPS     Y10, (BX)(AX*1)
-	VMOVUPS     (BX)(AX*2), Y10
-	VFMADD231PS Y8, Y2, Y10
-	VMOVUPS     Y10, (BX)(AX*2)
-	VMOVUPS     (BX)(CX*1), Y10
-	VFMADD231PS Y8, Y3, Y10
-	VMOVUPS     Y10, (BX)(CX*1)
-	ADDQ        $0x20, BX
-	ADDQ        $0x10, DX
-	SUBQ        $0x20, R8
-	JNZ         attnv4f16vec_last_axpy
-	SUBQ        AX, BX
-	MOVQ        as+8(FP), R8
-	SHLQ        $0x02, R8
-	ADDQ        R8, BX
-	SHRQ        $0x01, AX
-	SUBQ        AX, DX
-	SHLQ        $0x01, AX
-	ADDQ        hs+40(FP), DX
-	MOVQ        ss+56(FP), R8
-	SHLQ        $0x02, R8
-	ADDQ        R8, SI
-	DECQ        DI
-	JNZ         attnv4f16vec_last_head
+attnv4f16vec_w1_end:
+	MOVQ as+8(FP), R9
+	SHLQ $0x02, R9
+	SUBQ AX, R9
+	ADDQ R9, BX
+	MOVQ AX, R9
+	SHRQ $0x01, R9
+	SUBQ R9, SI
+	ADDQ hs+40(FP), SI
+	MOVQ ss+56(FP), R9
+	SHLQ $0x02, R9
+	ADDQ R9, DI
+	DECQ R8
+	JNZ  attnv4f16vec_head
 
 attnv4f16vec_done:
 	VZEROUPPER
@@ -545,9 +545,9 @@ logits4bf16vec_two_dot:
 	SHLQ        $0x02, R12
 	SUBQ        CX, R12
 	ADDQ        R12, R8
-	SHRQ        $0x01, CX
-	SUBQ        CX, R9
-	SHLQ        $0x01, CX
+	MOVQ        CX, R12
+	SHRQ        $0x01, R12
+	SUBQ        R12, R9
 	ADDQ        hs+56(FP), R9
 	MOVQ        ss+8(FP), R12
 	SHLQ        $0x02, R12
@@ -594,9 +594,9 @@ logits4bf16vec_last_dot:
 	SHLQ         $0x02, R8
 	SUBQ         CX, R8
 	ADDQ         R8, SI
-	SHRQ         $0x01, CX
-	SUBQ         CX, BX
-	SHLQ         $0x01, CX
+	MOVQ         CX, R8
+	SHRQ         $0x01, R8
+	SUBQ         R8, BX
 	ADDQ         hs+56(FP), BX
 	MOVQ         ss+8(FP), R8
 	SHLQ         $0x02, R8
@@ -611,122 +611,122 @@ logits4bf16vec_done:
 // func attnV4BF16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)
 // Requires: AVX, AVX2, FMA3
 TEXT ·attnV4BF16Vec(SB), NOSPLIT, $0-80
-	MOVQ d+16(FP), AX
-	SHLQ $0x02, AX
-	LEAQ (AX)(AX*2), CX
-	MOVQ v+24(FP), DX
-	MOVQ vs+32(FP), BX
-	MOVQ p+48(FP), SI
-	MOVQ T+64(FP), DI
+	MOVQ  d+16(FP), AX
+	SHLQ  $0x02, AX
+	LEAQ  (AX)(AX*2), CX
+	MOVQ  vs+32(FP), DX
+	MOVQ  acc+0(FP), BX
+	MOVQ  v+24(FP), SI
+	MOVQ  p+48(FP), DI
+	MOVQ  heads+72(FP), R8
+	MOVQ  T+64(FP), R9
+	TESTQ R9, R9
+	JZ    attnv4bf16vec_done
+	TESTQ R8, R8
+	JZ    attnv4bf16vec_done
 
-attnv4bf16vec_pair:
-	CMPQ DI, $0x02
-	JL   attnv4bf16vec_one
-	MOVQ acc+0(FP), R8
-	MOVQ DX, R9
-	MOVQ SI, R10
-	MOVQ heads+72(FP), R11
+attnv4bf16vec_head:
+	MOVQ AX, R9
 
-attnv4bf16vec_two_head:
-	VBROADCASTSS (R10), Y0
-	VBROADCASTSS 4(R10), Y1
-	VBROADCASTSS 8(R10), Y2
-	VBROADCASTSS 12(R10), Y3
-	VBROADCASTSS 16(R10), Y4
-	VBROADCASTSS 20(R10), Y5
-	VBROADCASTSS 24(R10), Y6
-	VBROADCASTSS 28(R10), Y7
-	MOVQ         AX, R12
+attnv4bf16vec_w2:
+	CMPQ    R9, $0x00000040
+	JL      attnv4bf16vec_w2_end
+	VMOVUPS (BX), Y0
+	VMOVUPS 32(BX), Y1
+	VMOVUPS (BX)(AX*1), Y2
+	VMOVUPS 32(BX)(AX*1), Y3
+	VMOVUPS (BX)(AX*2), Y4
+	VMOVUPS 32(BX)(AX*2), Y5
+	VMOVUPS (BX)(CX*1), Y6
+	VMOVUPS 32(BX)(CX*1), Y7
+	MOVQ    SI, R10
+	MOVQ    DI, R11
+	MOVQ    T+64(FP), R12
 
-attnv4bf16vec_two_axpy:
-	VPMOVZXWD   (R9), Y8
-	VPSLLD      $0x10, Y8, Y8
-	VPMOVZXWD   (R9)(BX*1), Y9
-	VPSLLD      $0x10, Y9, Y9
-	VMOVUPS     (R8), Y10
-	VFMADD231PS Y8, Y0, Y10
-	VFMADD231PS Y9, Y4, Y10
-	VMOVUPS     Y10, (R8)
-	VMOVUPS     (R8)(AX*1), Y10
-	VFMADD231PS Y8, Y1, Y10
-	VFMADD231PS Y9, Y5, Y10
-	VMOVUPS     Y10, (R8)(AX*1)
-	VMOVUPS     (R8)(AX*2), Y10
-	VFMADD231PS Y8, Y2, Y10
-	VFMADD231PS Y9, Y6, Y10
-	VMOVUPS     Y10, (R8)(AX*2)
-	VMOVUPS     (R8)(CX*1), Y10
-	VFMADD231PS Y8, Y3, Y10
-	VFMADD231PS Y9, Y7, Y10
-	VMOVUPS     Y10, (R8)(CX*1)
-	ADDQ        $0x20, R8
-	ADDQ        $0x10, R9
-	SUBQ        $0x20, R12
-	JNZ         attnv4bf16vec_two_axpy
-	SUBQ        AX, R8
-	MOVQ        as+8(FP), R12
-	SHLQ        $0x02, R12
-	ADDQ        R12, R8
-	SHRQ        $0x01, AX
-	SUBQ        AX, R9
-	SHLQ        $0x01, AX
-	ADDQ        hs+40(FP), R9
-	MOVQ        ss+56(FP), R12
-	SHLQ        $0x02, R12
-	ADDQ        R12, R10
-	DECQ        R11
-	JNZ         attnv4bf16vec_two_head
-	ADDQ        $0x20, SI
-	LEAQ        (DX)(BX*2), DX
-	SUBQ        $0x02, DI
-	JMP         attnv4bf16vec_pair
+attnv4bf16vec_w2_key:
+	VPMOVZXWD    (R10), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VPMOVZXWD    16(R10), Y9
+	VPSLLD       $0x10, Y9, Y9
+	VBROADCASTSS (R11), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VFMADD231PS  Y9, Y10, Y1
+	VBROADCASTSS 4(R11), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VFMADD231PS  Y9, Y10, Y3
+	VBROADCASTSS 8(R11), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VFMADD231PS  Y9, Y10, Y5
+	VBROADCASTSS 12(R11), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	VFMADD231PS  Y9, Y10, Y7
+	ADDQ         DX, R10
+	ADDQ         $0x10, R11
+	DECQ         R12
+	JNZ          attnv4bf16vec_w2_key
+	VMOVUPS      Y0, (BX)
+	VMOVUPS      Y1, 32(BX)
+	VMOVUPS      Y2, (BX)(AX*1)
+	VMOVUPS      Y3, 32(BX)(AX*1)
+	VMOVUPS      Y4, (BX)(AX*2)
+	VMOVUPS      Y5, 32(BX)(AX*2)
+	VMOVUPS      Y6, (BX)(CX*1)
+	VMOVUPS      Y7, 32(BX)(CX*1)
+	ADDQ         $0x00000040, BX
+	ADDQ         $0x00000020, SI
+	SUBQ         $0x00000040, R9
+	JMP          attnv4bf16vec_w2
 
-attnv4bf16vec_one:
-	CMPQ DI, $0x01
-	JL   attnv4bf16vec_done
-	MOVQ acc+0(FP), BX
-	MOVQ SI, SI
-	MOVQ heads+72(FP), DI
+attnv4bf16vec_w2_end:
+attnv4bf16vec_w1:
+	CMPQ    R9, $0x00000020
+	JL      attnv4bf16vec_w1_end
+	VMOVUPS (BX), Y0
+	VMOVUPS (BX)(AX*1), Y2
+	VMOVUPS (BX)(AX*2), Y4
+	VMOVUPS (BX)(CX*1), Y6
+	MOVQ    SI, R10
+	MOVQ    DI, R11
+	MOVQ    T+64(FP), R12
 
-attnv4bf16vec_last_head:
-	VBROADCASTSS (SI), Y0
-	VBROADCASTSS 4(SI), Y1
-	VBROADCASTSS 8(SI), Y2
-	VBROADCASTSS 12(SI), Y3
-	MOVQ         AX, R8
+attnv4bf16vec_w1_key:
+	VPMOVZXWD    (R10), Y8
+	VPSLLD       $0x10, Y8, Y8
+	VBROADCASTSS (R11), Y10
+	VFMADD231PS  Y8, Y10, Y0
+	VBROADCASTSS 4(R11), Y10
+	VFMADD231PS  Y8, Y10, Y2
+	VBROADCASTSS 8(R11), Y10
+	VFMADD231PS  Y8, Y10, Y4
+	VBROADCASTSS 12(R11), Y10
+	VFMADD231PS  Y8, Y10, Y6
+	ADDQ         DX, R10
+	ADDQ         $0x10, R11
+	DECQ         R12
+	JNZ          attnv4bf16vec_w1_key
+	VMOVUPS      Y0, (BX)
+	VMOVUPS      Y2, (BX)(AX*1)
+	VMOVUPS      Y4, (BX)(AX*2)
+	VMOVUPS      Y6, (BX)(CX*1)
+	ADDQ         $0x00000020, BX
+	ADDQ         $0x00000010, SI
+	SUBQ         $0x00000020, R9
+	JMP          attnv4bf16vec_w1
 
-attnv4bf16vec_last_axpy:
-	VPMOVZXWD   (DX), Y8
-	VPSLLD      $0x10, Y8, Y8
-	VMOVUPS     (BX), Y10
-	VFMADD231PS Y8, Y0, Y10
-	VMOVUPS     Y10, (BX)
-	VMOVUPS     (BX)(AX*1), Y10
-	VFMADD231PS Y8, Y1, Y10
-	VMOVUPS     Y10, (BX)(AX*1)
-	VMOVUPS     (BX)(AX*2), Y10
-	VFMADD231PS Y8, Y2, Y10
-	VMOVUPS     Y10, (BX)(AX*2)
-	VMOVUPS     (BX)(CX*1), Y10
-	VFMADD231PS Y8, Y3, Y10
-	VMOVUPS     Y10, (BX)(CX*1)
-	ADDQ        $0x20, BX
-	ADDQ        $0x10, DX
-	SUBQ        $0x20, R8
-	JNZ         attnv4bf16vec_last_axpy
-	SUBQ        AX, BX
-	MOVQ        as+8(FP), R8
-	SHLQ        $0x02, R8
-	ADDQ        R8, BX
-	SHRQ        $0x01, AX
-	SUBQ        AX, DX
-	SHLQ        $0x01, AX
-	ADDQ        hs+40(FP), DX
-	MOVQ        ss+56(FP), R8
-	SHLQ        $0x02, R8
-	ADDQ        R8, SI
-	DECQ        DI
-	JNZ         attnv4bf16vec_last_head
+attnv4bf16vec_w1_end:
+	MOVQ as+8(FP), R9
+	SHLQ $0x02, R9
+	SUBQ AX, R9
+	ADDQ R9, BX
+	MOVQ AX, R9
+	SHRQ $0x01, R9
+	SUBQ R9, SI
+	ADDQ hs+40(FP), SI
+	MOVQ ss+56(FP), R9
+	SHLQ $0x02, R9
+	ADDQ R9, DI
+	DECQ R8
+	JNZ  attnv4bf16vec_head
 
 attnv4bf16vec_done:
 	VZEROUPPER
@@ -838,3 +838,17 @@ GLOBL exp2lo<>(SB), RODATA|NOPTR, $4
 
 DATA exp2bias<>+0(SB)/4, $0x0000007f
 GLOBL exp2bias<>(SB), RODATA|NOPTR, $4
+
+// func prefetchSpan(p *byte, n int)
+// Requires: MMX+
+TEXT ·prefetchSpan(SB), NOSPLIT, $0-16
+	MOVQ p+0(FP), AX
+	MOVQ n+8(FP), CX
+	ADDQ AX, CX
+
+prefetch_line:
+	PREFETCHT0 (AX)
+	ADDQ       $0x40, AX
+	CMPQ       AX, CX
+	JB         prefetch_line
+	RET

@@ -28,3 +28,4 @@ func attnV4BF16Vec(acc *float32, as int, d int, v *byte, vs int, hs int, p *floa
 	panic(noAsm)
 }
 func expBlock4Vec(s *float32, n int, m *[4]float32, l *[4]float32) { panic(noAsm) }
+func prefetchSpan(p *byte, n int)                                  { panic(noAsm) }

@@ -20,6 +20,12 @@ type Config struct {
 	// never splits, so that the launch grid of a step depends on its batch
 	// size only (what a CUDA graph captured per batch size needs).
 	MaxChunkTokens int
+	// Stream, when not 0, is the CUstream every operation of the backend
+	// is queued on ([New] only): an engine's own stream, such as
+	// torch.cuda.current_stream().cuda_stream, of the device's primary
+	// context. The backend never destroys it. 0: a non-blocking stream the
+	// backend creates (and destroys in Close).
+	Stream uintptr
 }
 
 // Backend is a [kernels.Backend] that runs the CUDA kernels of this package
@@ -33,6 +39,9 @@ type Backend struct {
 	// (Synchronize, downloads): a Step whose last upload is older than the
 	// last wait may reuse its staging buffer without waiting again.
 	waits atomic.Uint64
+	// capturing is the step whose graph the stream is being captured
+	// into (nil: none).
+	capturing atomic.Pointer[Step]
 }
 
 var _ kernels.Backend = (*Backend)(nil)

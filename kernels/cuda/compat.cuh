@@ -189,27 +189,173 @@ __device__ __forceinline__ void store_f32(void* p, int64_t i, int64_t dtype, flo
   }
 }
 
+// ---- tensor cores ---------------------------------------------------------------
+
+// mma_m16n8k16_f32_f16 is one warp's mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32
+// (sm_80): D = A*B + C with A 16x16 f16 (row-major), B 16x8 f16
+// (column-major), C and D 16x8 f32. Every lane of the warp calls it with
+// its fragments; with g = lane/4 and t = lane%4 (PTX ISA, "Matrix
+// fragments for mma.m16n8k16 with floating point type"):
+//   a[0] = A[g][2t..2t+1]    a[1] = A[g+8][2t..2t+1]
+//   a[2] = A[g][2t+8..2t+9]  a[3] = A[g+8][2t+8..2t+9]   (low half: lower column)
+//   b[0] = B[2t..2t+1][g]    b[1] = B[2t+8..2t+9][g]     (low half: lower row)
+//   c[0], c[1] = C[g][2t], C[g][2t+1]   c[2], c[3] = C[g+8][2t], C[g+8][2t+1]
+// and d like c. The C twin gathers the row and column it needs with warp
+// shuffles and sums the 16 products in order in f32 (the tensor core's
+// summation order and rounding are not specified; exact for small
+// integers, which is what the layout test uses).
+__device__ __forceinline__ void mma_m16n8k16_f32_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                     const float (&c)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+#else
+  const unsigned lane = ::cuemu::lane_id();
+  const unsigned g = lane / 4, t = lane % 4;
+  // arow[h][k]: row g + 8h of A; bcol[j][k]: column 2t + j of B.
+  float arow[2][16], bcol[2][16];
+  for (unsigned src = 0; src < 4; src++) {
+    for (int r = 0; r < 4; r++) {
+      const uint32_t v = __shfl_sync(0xffffffffu, a[r], int(4 * g + src));
+      const int h = r & 1, k = int(2 * src) + 8 * (r >> 1);
+      arow[h][k] = f16_to_f32(uint16_t(v));
+      arow[h][k + 1] = f16_to_f32(uint16_t(v >> 16));
+    }
+    for (int j = 0; j < 2; j++) {
+      for (int r = 0; r < 2; r++) {
+        const uint32_t v = __shfl_sync(0xffffffffu, b[r], int(4 * (2 * t + j) + src));
+        const int k = int(2 * src) + 8 * r;
+        bcol[j][k] = f16_to_f32(uint16_t(v));
+        bcol[j][k + 1] = f16_to_f32(uint16_t(v >> 16));
+      }
+    }
+  }
+  for (int i = 0; i < 4; i++) {
+    float sum = c[i];
+    for (int k = 0; k < 16; k++) sum += arow[i >> 1][k] * bcol[i & 1][k];
+    d[i] = sum;
+  }
+#endif
+}
+
+// ---- fp8 pairs ------------------------------------------------------------------
+//
+// sm_89 and later widen two fp8 values at once: cvt.rn.f16x2.e4m3x2 and
+// cvt.rn.f16x2.e5m2x2 take a .b16 holding two fp8 codes and give a .b32
+// holding two f16, the upper byte's value in the upper half (PTX ISA 7.8).
+// Every e4m3 and e5m2 value is an f16 value, so the conversion is exact.
+// The C twins below have the same semantics; they run in the emulator
+// (which takes the pair path, so that the conformance suites exercise it)
+// and, on a GPU, only where PKV_FP8_PAIRS is off.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
+#define PKV_FP8_PAIRS 1
+#else
+#define PKV_FP8_PAIRS 0
+#endif
+
+// e4m3_to_f16_bits is the f16 encoding of e4m3 code b; a NaN code gives
+// the f16 NaN 0x7fff with b's sign.
+__device__ __forceinline__ uint16_t e4m3_to_f16_bits(uint8_t b) {
+  const uint16_t sign = uint16_t(uint16_t(b & 0x80) << 8);
+  const uint32_t exp = (b >> 3) & 0xf;
+  uint32_t mant = b & 7;
+  if (exp == 0xf && mant == 7) return sign | 0x7fff;
+  if (exp != 0) return sign | uint16_t(((exp + 8) << 10) | (mant << 7));  // bias 7 -> 15
+  if (mant == 0) return sign;
+  // Subnormal, mant * 2^-9: an f16 normal. Shift the leading 1 to bit 3.
+  int e = 15 - 9 + 3;  // f16 biased exponent of 2^-6 (the value with mant = 8)
+  while (mant < 8) {
+    mant <<= 1;
+    e--;
+  }
+  return sign | uint16_t((uint32_t(e) << 10) | ((mant & 7) << 7));
+}
+
+// PKV_CVT_F16X2_FP8 defines cvt_f16x2_<FMT>x2, which is
+// cvt.rn.f16x2.<FMT>x2: the fp8 codes in the low and high byte of pair
+// become the f16 values in the low and high half; TWIN(pair) is the C twin.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define PKV_CVT_F16X2_FP8(FMT, TWIN)                                           \
+  __device__ __forceinline__ uint32_t cvt_f16x2_##FMT##x2(uint16_t pair) {     \
+    uint32_t d;                                                                \
+    asm("cvt.rn.f16x2." #FMT "x2 %0, %1;" : "=r"(d) : "h"(pair));              \
+    return d;                                                                  \
+  }
+#else
+#define PKV_CVT_F16X2_FP8(FMT, TWIN) \
+  __device__ __forceinline__ uint32_t cvt_f16x2_##FMT##x2(uint16_t pair) { return TWIN(pair); }
+#endif
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2_bits(uint16_t pair) {
+  return uint32_t(e4m3_to_f16_bits(uint8_t(pair))) | (uint32_t(e4m3_to_f16_bits(uint8_t(pair >> 8))) << 16);
+}
+
+// An e5m2 code is the upper byte of its f16 encoding.
+__device__ __forceinline__ uint32_t e5m2x2_to_f16x2_bits(uint16_t pair) {
+  return (uint32_t(pair & 0xff) << 8) | (uint32_t(pair >> 8) << 24);
+}
+
+PKV_CVT_F16X2_FP8(e4m3, e4m3x2_to_f16x2_bits)
+PKV_CVT_F16X2_FP8(e5m2, e5m2x2_to_f16x2_bits)
+
+// f16x2_to_f32 widens both halves of an f16 pair.
+__device__ __forceinline__ void f16x2_to_f32(uint32_t h2, float& lo, float& hi) {
+  lo = f16_to_f32(uint16_t(h2));
+  hi = f16_to_f32(uint16_t(h2 >> 16));
+}
+
 // Storage types of a paged cache: the raw element and its widening.
+// kPairs: widen_pair widens two adjacent elements with one packed convert.
 struct KvF32 {
   using T = float;
+  static constexpr bool kPairs = false;
   __device__ static __forceinline__ float widen(T x) { return x; }
 };
 struct KvF16 {
   using T = uint16_t;
+  static constexpr bool kPairs = false;
   __device__ static __forceinline__ float widen(T x) { return f16_to_f32(x); }
 };
 struct KvBF16 {
   using T = uint16_t;
+  static constexpr bool kPairs = false;
   __device__ static __forceinline__ float widen(T x) { return bf16_to_f32(x); }
 };
 struct KvE4M3 {
   using T = uint8_t;
+  static constexpr bool kPairs = PKV_FP8_PAIRS;
   __device__ static __forceinline__ float widen(T x) { return e4m3_to_f32(x); }
+  __device__ static __forceinline__ void widen_pair(const T* p, float& lo, float& hi) {
+    f16x2_to_f32(cvt_f16x2_e4m3x2(uint16_t(p[0] | (p[1] << 8))), lo, hi);
+  }
 };
 struct KvE5M2 {
   using T = uint8_t;
+  // No packed path: an e5m2 code is its f16's upper byte, so the scalar
+  // widening is already one shift and one convert per element, and the
+  // packed convert's register pressure made the sm_90 decode (v2) spill.
+  static constexpr bool kPairs = false;
   __device__ static __forceinline__ float widen(T x) { return e5m2_to_f32(x); }
 };
+
+// widen_vec widens the first `valid` of VEC elements of row into w (all
+// of them when full), in pairs where the storage type has a packed
+// convert; elements past `valid` are not read and their w is 0.
+template <typename KV, int VEC>
+__device__ __forceinline__ void widen_vec(const typename KV::T* row, bool full, int64_t valid, float (&w)[VEC]) {
+  if constexpr (KV::kPairs && VEC % 2 == 0) {
+    if (full) {
+#pragma unroll
+      for (int i = 0; i < VEC; i += 2) KV::widen_pair(row + i, w[i], w[i + 1]);
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < VEC; i++) w[i] = (full || i < valid) ? KV::widen(row[i]) : 0.0f;
+}
 
 }  // namespace pkv
 

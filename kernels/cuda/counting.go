@@ -10,6 +10,7 @@ type Traffic struct {
 	Allocs, Frees          int   // device allocations and releases
 	Syncs                  int   // Synchronize calls
 	DtoDBytes              int64 // bytes copied within device memory (no host traffic)
+	GraphLaunches          int   // graph replays (their copies and launches were counted when captured)
 }
 
 // Sub is t - u, the traffic between two snapshots.
@@ -18,7 +19,7 @@ func (t Traffic) Sub(u Traffic) Traffic {
 		HtoDBytes: t.HtoDBytes - u.HtoDBytes, DtoHBytes: t.DtoHBytes - u.DtoHBytes,
 		HtoDCopies: t.HtoDCopies - u.HtoDCopies, DtoHCopies: t.DtoHCopies - u.DtoHCopies,
 		Launches: t.Launches - u.Launches, DtoDBytes: t.DtoDBytes - u.DtoDBytes, Allocs: t.Allocs - u.Allocs, Frees: t.Frees - u.Frees,
-		Syncs: t.Syncs - u.Syncs,
+		Syncs: t.Syncs - u.Syncs, GraphLaunches: t.GraphLaunches - u.GraphLaunches,
 	}
 }
 
@@ -108,6 +109,11 @@ func (c *CountingDriver) Launch(kernel string, grid, block Dim3, sharedBytes int
 	}
 	c.mu.Unlock()
 	return c.Driver.Launch(kernel, grid, block, sharedBytes, args)
+}
+
+func (c *CountingDriver) LaunchGraph(g GraphExec) error {
+	c.add(func(t *Traffic) { t.GraphLaunches++ })
+	return c.Driver.LaunchGraph(g)
 }
 
 // HostBytes is the traffic across the host/device boundary in bytes.

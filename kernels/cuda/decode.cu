@@ -179,9 +179,17 @@ __device__ __forceinline__ void decode_body(
           s[j] = 0.0f;
           if (r + j >= r_end) continue;
           const T* krow = reinterpret_cast<const T*>(ks + (r + j) * pitch) + f0;
+          if constexpr (KV::kPairs) {  // fp8 on sm_89+ and in the emulator: packed converts
+            float kw[VEC];
+            widen_vec<KV, VEC>(krow, lane_full, D - f0, kw);
 #pragma unroll
-          for (int i = 0; i < VEC; i++)
-            if (lane_full || f0 + i < D) s[j] += qv[i] * KV::widen(krow[i]);
+            for (int i = 0; i < VEC; i++)
+              if (lane_full || f0 + i < D) s[j] += qv[i] * kw[i];
+          } else {
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+              if (lane_full || f0 + i < D) s[j] += qv[i] * KV::widen(krow[i]);
+          }
         }
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) {
@@ -206,9 +214,17 @@ __device__ __forceinline__ void decode_body(
           const float p = exp2_approx(s[j] - m_new);
           d += p;
           const T* vrow = reinterpret_cast<const T*>(vs + (r + j) * pitch) + f0;
+          if constexpr (KV::kPairs) {
+            float vw[VEC];
+            widen_vec<KV, VEC>(vrow, lane_full, D - f0, vw);
 #pragma unroll
-          for (int i = 0; i < VEC; i++)
-            if (lane_full || f0 + i < D) ov[i] += p * KV::widen(vrow[i]);
+            for (int i = 0; i < VEC; i++)
+              if (lane_full || f0 + i < D) ov[i] += p * vw[i];
+          } else {
+#pragma unroll
+            for (int i = 0; i < VEC; i++)
+              if (lane_full || f0 + i < D) ov[i] += p * KV::widen(vrow[i]);
+          }
         }
         m = m_new;
       }

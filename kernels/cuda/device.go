@@ -27,6 +27,30 @@ func (t DeviceTensor) Bytes() int64 {
 	return n * int64(t.DType.Size())
 }
 
+// WrapDeviceTensor wraps device memory an engine owns (a PyTorch or CuPy
+// tensor's data_ptr(), of the device's primary context) as a DeviceTensor
+// of dtype dt and the given dense row-major shape, with no copy: bytes is
+// the size of the memory at ptr, which must hold the shape. It refuses a
+// null or misaligned pointer (16 bytes: the kernels copy rows in 16-byte
+// units), an invalid dtype or shape and a buffer too small for the shape;
+// each operation then checks the shape against its geometry before it
+// launches.
+func WrapDeviceTensor(ptr uintptr, bytes int64, dt layout.DType, shape ...int) (DeviceTensor, error) {
+	t := DeviceTensor{DType: dt, Shape: append([]int(nil), shape...), Ptr: DevicePtr(ptr)}
+	need := t.Bytes()
+	switch {
+	case need < 0:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: dtype %v shape %v", kernels.ErrInvalidTensor, dt, shape)
+	case ptr == 0:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: null device pointer", kernels.ErrInvalidTensor)
+	case ptr%16 != 0:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: device pointer %#x is not 16-byte aligned", kernels.ErrInvalidTensor, ptr)
+	case bytes < need:
+		return DeviceTensor{}, fmt.Errorf("wrap device tensor: %w: %d bytes at %#x, a %v %v tensor needs %d", kernels.ErrInvalidTensor, bytes, ptr, dt, shape, need)
+	}
+	return t, nil
+}
+
 // check validates t as a tensor of shape want (kernels.CheckDims, the
 // shape check of the host validator) at a non-null address.
 func (t DeviceTensor) check(name string, want ...int) error {
@@ -95,6 +119,9 @@ func (b *Backend) FreeTensor(t DeviceTensor) error {
 // Upload copies the host tensor src into dst (same dtype and shape): an
 // explicit host-to-device copy, for tests and `simulate`.
 func (b *Backend) Upload(dst DeviceTensor, src kernels.Tensor) error {
+	if err := b.idle("Upload"); err != nil {
+		return err
+	}
 	if err := src.Validate(); err != nil {
 		return fmt.Errorf("%s: upload: %w", b.name, err)
 	}
@@ -107,6 +134,9 @@ func (b *Backend) Upload(dst DeviceTensor, src kernels.Tensor) error {
 // Download copies the device tensor src into dst (same dtype and shape): an
 // explicit device-to-host copy, which waits for the work queued before it.
 func (b *Backend) Download(dst kernels.Tensor, src DeviceTensor) error {
+	if err := b.idle("Download"); err != nil {
+		return err
+	}
 	if err := dst.Validate(); err != nil {
 		return fmt.Errorf("%s: download: %w", b.name, err)
 	}
@@ -130,6 +160,9 @@ func (b *Backend) DownloadF32(v []float32, src DeviceTensor) error {
 
 // Synchronize waits for every operation queued on the device.
 func (b *Backend) Synchronize() error {
+	if err := b.idle("Synchronize"); err != nil {
+		return err
+	}
 	defer b.waits.Add(1)
 	return b.drv.Synchronize()
 }
@@ -162,6 +195,9 @@ func planeBytes(g layout.Paged) (int64, error) {
 // NewKVCache allocates a zero-filled paged cache of geometry g in device
 // memory. Release it with [DeviceKVCache.Free].
 func (b *Backend) NewKVCache(g layout.Paged) (*DeviceKVCache, error) {
+	if err := b.idle("NewKVCache"); err != nil {
+		return nil, err
+	}
 	n, err := planeBytes(g)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", b.name, err)
@@ -209,6 +245,9 @@ func (c *DeviceKVCache) CacheBytes() int64 { return c.bytes * int64(len(c.allocs
 // UploadKVCache copies a whole host cache into the device cache (same
 // geometry): for tests and for loading a saved cache.
 func (b *Backend) UploadKVCache(dst *DeviceKVCache, src *kernels.PagedKVCache) error {
+	if err := b.idle("UploadKVCache"); err != nil {
+		return err
+	}
 	if err := src.Validate(); err != nil {
 		return fmt.Errorf("%s: upload cache: %w", b.name, err)
 	}
@@ -227,6 +266,9 @@ func (b *Backend) UploadKVCache(dst *DeviceKVCache, src *kernels.PagedKVCache) e
 // DownloadKVCache copies the device cache into a host cache of the same
 // geometry (for inspection and tests).
 func (b *Backend) DownloadKVCache(dst *kernels.PagedKVCache, src *DeviceKVCache) error {
+	if err := b.idle("DownloadKVCache"); err != nil {
+		return err
+	}
 	defer b.waits.Add(1)
 	if err := dst.Validate(); err != nil {
 		return fmt.Errorf("%s: download cache: %w", b.name, err)
@@ -257,6 +299,9 @@ type DeviceMLACache struct {
 // NewMLACache allocates a zero-filled MLA cache of geometry g in device
 // memory. Release it with [DeviceMLACache.Free].
 func (b *Backend) NewMLACache(g layout.MLA) (*DeviceMLACache, error) {
+	if err := b.idle("NewMLACache"); err != nil {
+		return nil, err
+	}
 	if err := g.Validate(); err != nil {
 		return nil, fmt.Errorf("%s: %w: %w", b.name, kernels.ErrInvalidCache, err)
 	}
@@ -301,6 +346,9 @@ func (c *DeviceMLACache) Free(b *Backend) {
 
 // UploadMLACache copies a whole host MLA cache into the device cache.
 func (b *Backend) UploadMLACache(dst *DeviceMLACache, src *kernels.MLACache) error {
+	if err := b.idle("UploadMLACache"); err != nil {
+		return err
+	}
 	if err := src.Validate(); err != nil {
 		return fmt.Errorf("%s: upload MLA cache: %w", b.name, err)
 	}
@@ -318,6 +366,9 @@ func (b *Backend) UploadMLACache(dst *DeviceMLACache, src *kernels.MLACache) err
 
 // DownloadMLACache copies the device MLA cache into a host cache.
 func (b *Backend) DownloadMLACache(dst *kernels.MLACache, src *DeviceMLACache) error {
+	if err := b.idle("DownloadMLACache"); err != nil {
+		return err
+	}
 	defer b.waits.Add(1)
 	if err := dst.Validate(); err != nil {
 		return fmt.Errorf("%s: download MLA cache: %w", b.name, err)
@@ -338,6 +389,9 @@ func (b *Backend) DownloadMLACache(dst *kernels.MLACache, src *DeviceMLACache) e
 // head, K and V, within device memory (a copy-on-write copy). It moves no
 // host memory.
 func (b *Backend) CopyPage(c *DeviceKVCache, src, dst, entries int) error {
+	if err := b.idle("CopyPage"); err != nil {
+		return err
+	}
 	g := c.Geometry
 	if len(c.allocs) == 0 || src < 0 || dst < 0 || src >= g.NumPages || dst >= g.NumPages || entries < 0 || entries > g.PageSize {
 		return fmt.Errorf("%s: copy of %d entries of page %d to page %d in a pool of %d pages of %d: %w",
@@ -366,6 +420,9 @@ func (b *Backend) CopyPage(c *DeviceKVCache, src, dst, entries int) error {
 // cache of the same geometry into the device cache: an onload from a host
 // tier.
 func (b *Backend) UploadPages(dst *DeviceKVCache, src *kernels.PagedKVCache, pages []int32) error {
+	if err := b.idle("UploadPages"); err != nil {
+		return err
+	}
 	g := dst.Geometry
 	if src.Geometry != g || len(dst.allocs) == 0 {
 		return fmt.Errorf("%s: %w: upload of pages of a %+v cache into a %+v device cache", b.name, kernels.ErrInvalidCache, src.Geometry, g)
@@ -399,6 +456,9 @@ func (b *Backend) UploadPages(dst *DeviceKVCache, src *kernels.PagedKVCache, pag
 // device cache into the same pages of a host cache of the same geometry:
 // a partial mirror for inspection and verification.
 func (b *Backend) DownloadPages(dst *kernels.PagedKVCache, src *DeviceKVCache, pages []int32) error {
+	if err := b.idle("DownloadPages"); err != nil {
+		return err
+	}
 	g := src.Geometry
 	if dst.Geometry != g || len(src.allocs) == 0 {
 		return fmt.Errorf("%s: %w: download of pages of a %+v device cache into a %+v cache", b.name, kernels.ErrInvalidCache, g, dst.Geometry)

@@ -65,9 +65,15 @@
 //
 // # Concurrency
 //
-// A *Backend may be used by several goroutines at once when its Driver may
-// (both drivers here serialise device work internally); host-API calls do
-// not retain their arguments. A Step is not safe for concurrent use, and
-// device objects must not be used by two steps' launches that overlap
-// unless their writes are disjoint.
+// A *Backend may be used by several goroutines at once; host-API calls do
+// not retain their arguments. The GPU Driver makes its calls on the calling
+// goroutine's thread, each making the primary context current first (no
+// thread handoff), and queues everything on one stream (Config.Stream or
+// its own non-blocking stream). A Step serves one goroutine at a time: a
+// call while another call on it runs fails with [ErrConcurrentUse]. While
+// a Step captures a CUDA graph ([Step.BeginCapture]) the backend's other
+// steps and its stream-waiting calls fail with ErrConcurrentUse. Device
+// objects must not be used by two steps' launches that overlap unless
+// their writes are disjoint. See docs/kernels.md, "Threads, context and
+// stream".
 package cuda

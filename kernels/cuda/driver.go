@@ -47,7 +47,27 @@ type Driver interface {
 	Launch(kernel string, grid, block Dim3, sharedBytes int, args []uint64) error
 	// Synchronize waits for all queued work and reports its failures.
 	Synchronize() error
+
+	// BeginCapture starts capturing the work queued on the driver's stream
+	// into a graph (cuStreamBeginCapture): until EndCapture, HtoDAsync,
+	// DtoD, Memset and Launch are recorded, not run, and every call that
+	// waits for the stream (HtoD, DtoH, Synchronize) fails. The capture is
+	// relaxed (CU_STREAM_CAPTURE_MODE_RELAXED): work queued from any thread
+	// is captured.
+	BeginCapture() error
+	// EndCapture ends the capture and returns the instantiated graph
+	// (cuStreamEndCapture, cuGraphInstantiate).
+	EndCapture() (GraphExec, error)
+	// LaunchGraph queues one replay of g behind the queued work
+	// (cuGraphLaunch): its copies read the host memory they were captured
+	// with as it is when the copy runs.
+	LaunchGraph(g GraphExec) error
+	// DestroyGraph releases g (cuGraphExecDestroy).
+	DestroyGraph(g GraphExec) error
 }
+
+// GraphExec is an instantiated CUDA graph (a CUgraphExec) of a Driver.
+type GraphExec uint64
 
 // Kernel dtype codes, passed as int64 arguments; they mirror pkv::Dtype in
 // compat.cuh (a test reads the header and compares).

@@ -214,7 +214,7 @@ func (b *Backend) CascadeLevels(levels []Level, q kernels.Tensor, cache *kernels
 	lim := StepLimits{MaxRows: rows, MaxLevels: max(len(levels), 1), MaxQOHeads: Hq, MaxHeadDim: D}
 	maxLen := 0
 	for _, lv := range levels {
-		t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+		t := lv.Table()
 		if len(lv.KVIndptr) > 0 {
 			lim.MaxBatch = max(lim.MaxBatch, len(lv.KVIndptr)-1)
 			if int(lv.KVIndptr[len(lv.KVIndptr)-1]) <= len(lv.KVIndices) && lv.KVIndptr[len(lv.KVIndptr)-1] >= 0 {
@@ -399,6 +399,9 @@ func (b *Backend) MergeStates(p *kernels.MergeStatesParams) error {
 // [kernels.MergeStateParams.Validate] they are not checked for NaN or +Inf:
 // such a state poisons its row.
 func (b *Backend) DeviceMergeState(va, sa, vb, sb, v, s DeviceTensor) error {
+	if err := b.idle("DeviceMergeState"); err != nil {
+		return err
+	}
 	const op = "merge_state"
 	if len(va.Shape) != 3 {
 		return fmt.Errorf("%s: %w: v_a has shape %v, want 3 dimensions", op, kernels.ErrInvalidTensor, va.Shape)
@@ -432,6 +435,9 @@ func (b *Backend) DeviceMergeState(va, sa, vb, sb, v, s DeviceTensor) error {
 // [n*S*H] in; outV [n, H, D], outS f32 [n*H] out (not overlapping the
 // inputs). As for [Backend.DeviceMergeState], LSE values are not checked.
 func (b *Backend) DeviceMergeStates(v, s, outV, outS DeviceTensor) error {
+	if err := b.idle("DeviceMergeStates"); err != nil {
+		return err
+	}
 	const op = "merge_states"
 	if len(v.Shape) != 4 {
 		return fmt.Errorf("%s: %w: v has shape %v, want [n, num_states, heads, head_dim]", op, kernels.ErrInvalidTensor, v.Shape)

@@ -14,6 +14,25 @@ var Modules = map[string]string{
 	"states.ptx": statesPTX,
 }
 
+// modulesSM90 are the same modules built for sm_90, where fp8 K/V widen
+// with the packed hardware converts (cvt.rn.f16x2.e4m3x2); same file names
+// as Modules.
+var modulesSM90 = map[string]string{
+	"append.ptx": appendSM90PTX,
+	"decode.ptx": decodeSM90PTX,
+	"states.ptx": statesSM90PTX,
+}
+
+// ModulesFor returns the PTX modules to load on a device of compute
+// capability major.minor: the sm_90 build from 9.0 on, else the sm_80
+// build (Modules). The maps are shared: do not modify them.
+func ModulesFor(major, minor int) map[string]string {
+	if major >= 9 {
+		return modulesSM90
+	}
+	return Modules
+}
+
 //go:embed append.ptx
 var appendPTX string
 
@@ -22,6 +41,15 @@ var decodePTX string
 
 //go:embed states.ptx
 var statesPTX string
+
+//go:embed append_sm90.ptx
+var appendSM90PTX string
+
+//go:embed decode_sm90.ptx
+var decodeSM90PTX string
+
+//go:embed states_sm90.ptx
+var statesSM90PTX string
 
 // Sources holds the .cu and .cuh files the PTX is made from. internal/cpuemu
 // compiles the same files with g++; embedding them here also makes any

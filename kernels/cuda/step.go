@@ -1,9 +1,11 @@
 package cuda
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
@@ -32,10 +34,9 @@ const (
 	Cascade
 )
 
-// Level is one level of a cascade step, with the arrays of cascade.Level.
-type Level struct {
-	QOIndptr, KVIndptr, KVIndices, KVLastPageLen []int32
-}
+// Level is one level of a cascade step: cascade.Level, the one
+// cascade-level type.
+type Level = kernels.CascadeLevel
 
 // StepLimits size a [Step]'s device buffers once; every plan must fit.
 type StepLimits struct {
@@ -46,6 +47,14 @@ type StepLimits struct {
 	MaxQOHeads   int // num_qo_heads
 	MaxHeadDim   int // head_dim
 	MaxWorkItems int // split-k work items per level (0: 2*MaxRows + 2*SMs)
+	// Fixed pads every plan to the limits, which a CUDA graph of the step
+	// needs ([Step.BeginCapture]): each array at an offset set by the
+	// limits, one upload of a fixed size, launches sized for MaxRows rows
+	// (no split-k), and the rows beyond a plan's own padding that reads
+	// and writes nothing of the cache. The tensors of a fixed step's
+	// Append and Attention have MaxRows rows; the rows past the plan's
+	// hold unspecified values in o and lse.
+	Fixed bool
 }
 
 // StepPlan is one step's index arrays and the scalars that shape its
@@ -119,6 +128,11 @@ type Step struct {
 	work, mrg []int32
 	req       []int32
 	args      []uint64
+
+	busy       atomic.Bool // a method is running (enter/leave)
+	capturing  bool        // between BeginCapture and EndCapture
+	captureErr error       // the first failure while capturing
+	graphShape stepShape   // the plan captured
 }
 
 // NewStep allocates a step's device buffers and pinned staging.
@@ -128,6 +142,10 @@ func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
 	}
 	if lim.MaxWorkItems == 0 {
 		lim.MaxWorkItems = 2*lim.MaxRows + 2*max(b.drv.NumSMs(), 1)
+	}
+	if lim.Fixed && lim.MaxWorkItems < lim.MaxRows {
+		return nil, fmt.Errorf("%s: step limits: max_work_items = %d below max_rows = %d in a fixed step (one work item per row): %w",
+			b.name, lim.MaxWorkItems, lim.MaxRows, ErrStepLimit)
 	}
 	for _, v := range []struct {
 		name string
@@ -140,7 +158,9 @@ func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
 	}
 	idxInts := int64(lim.MaxLevels)*(3*int64(lim.MaxBatch)+2+int64(lim.MaxPages)+4*int64(lim.MaxWorkItems)+int64(lim.MaxRows)+1) +
 		// the append's own table (a cascade's levels are not the per-request table) and rows
-		3*int64(lim.MaxBatch) + 2 + int64(lim.MaxPages) + 2*int64(lim.MaxRows)
+		3*int64(lim.MaxBatch) + 2 + int64(lim.MaxPages) + 2*int64(lim.MaxRows) +
+		// a fixed layout's padding: one request and one page per table
+		int64(lim.MaxLevels+1)*3
 	hd := int64(lim.MaxHeadDim) + 1
 	scratch := int64(lim.MaxWorkItems) * int64(lim.MaxQOHeads) * hd * 4
 	if lim.MaxLevels > 1 {
@@ -203,9 +223,6 @@ func (s *Step) reuseStaging() error {
 
 // upload queues the one copy of the packed staging prefix.
 func (s *Step) upload() error {
-	if s.cursor > len(s.staging) {
-		return fmt.Errorf("%s: step: %d index bytes exceed the staging buffer of %d: %w", s.b.name, s.cursor, len(s.staging), ErrStepLimit)
-	}
 	if s.cursor > 0 {
 		if err := s.b.drv.HtoDAsync(s.idx, s.staging[:s.cursor]); err != nil {
 			return fmt.Errorf("%s: step upload: %w", s.b.name, err)
@@ -220,8 +237,47 @@ func (s *Step) upload() error {
 // offset in the index buffer.
 func (s *Step) pack(a []int32) int {
 	off := s.cursor
-	copy(s.staging[off:], i32Bytes(a))
+	if s.cursor+4*len(a) <= len(s.staging) { // else prepare fails on the cursor
+		copy(s.staging[off:], i32Bytes(a))
+	}
 	s.cursor += 4 * len(a)
+	return off
+}
+
+// put appends one int32 to the staging buffer.
+func (s *Step) put(v int32) {
+	if s.cursor+4 <= len(s.staging) {
+		binary.LittleEndian.PutUint32(s.staging[s.cursor:], uint32(v))
+	}
+	s.cursor += 4
+}
+
+// packPadded packs a; in a fixed step it fills the array's region up to n
+// entries with fill, so that the next array's offset depends on the limits
+// only.
+func (s *Step) packPadded(a []int32, n int, fill int32) int {
+	off := s.pack(a)
+	if s.lim.Fixed {
+		for range n - len(a) {
+			s.put(fill)
+		}
+	}
+	return off
+}
+
+// packIndptr packs a kv_indptr of B+1 entries; in a fixed step padded to
+// MaxBatch+2: requests B..MaxBatch-1 have no pages and the padding request
+// MaxBatch, which the padding rows and work items name, has one page whose
+// id (-1, from the kv_indices padding) every kernel skips.
+func (s *Step) packIndptr(indptr []int32) int {
+	off := s.pack(indptr)
+	if s.lim.Fixed {
+		end := indptr[len(indptr)-1]
+		for range s.lim.MaxBatch + 1 - len(indptr) {
+			s.put(end)
+		}
+		s.put(end + 1)
+	}
 	return off
 }
 
@@ -278,7 +334,7 @@ func (s *Step) validate(p *StepPlan) error {
 		for l, lv := range p.Levels {
 			err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim)
 			if err == nil {
-				t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+				t := lv.Table()
 				err = kernels.ValidatePrefillTable(g, p.Rows, lv.QOIndptr, &t)
 			}
 			if err != nil {
@@ -340,6 +396,23 @@ func (s *Step) validate(p *StepPlan) error {
 // uploads it with one asynchronous copy into the step's index buffer. On an
 // error the step has no plan.
 func (s *Step) Plan(p *StepPlan) error {
+	if err := s.enter("plan"); err != nil {
+		return err
+	}
+	defer s.leave()
+	if err := s.prepare(p); err != nil {
+		return err
+	}
+	if err := s.upload(); err != nil {
+		s.planned = false
+		return err
+	}
+	return nil
+}
+
+// prepare validates p, plans its launches and packs its arrays into the
+// staging buffer (Plan without the upload).
+func (s *Step) prepare(p *StepPlan) error {
 	s.planned = false
 	if err := s.validate(p); err != nil {
 		return err
@@ -369,7 +442,7 @@ func (s *Step) Plan(p *StepPlan) error {
 		}
 	case Cascade:
 		for l, lv := range p.Levels {
-			t := kernels.PageTable{KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen}
+			t := lv.Table()
 			if err := s.planLevel(&t, lv.QOIndptr, p.Causal && l == len(p.Levels)-1, false); err != nil {
 				return err
 			}
@@ -384,10 +457,10 @@ func (s *Step) Plan(p *StepPlan) error {
 		if shared {
 			s.app.indptr = s.levels[0].indptr
 		} else {
-			s.app.indptr = s.pack(p.Table.KVIndptr)
+			s.app.indptr = s.packIndptr(p.Table.KVIndptr)
 		}
-		s.app.bi = s.pack(p.BatchIndices)
-		s.app.pos = s.pack(p.Positions)
+		s.app.bi = s.packPadded(p.BatchIndices, s.lim.MaxRows, int32(s.lim.MaxBatch))
+		s.app.pos = s.packPadded(p.Positions, s.lim.MaxRows, 0)
 	}
 	// page arrays
 	for i := range s.levels {
@@ -399,17 +472,17 @@ func (s *Step) Plan(p *StepPlan) error {
 		} else {
 			ind = p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]]
 		}
-		lv.indices = s.pack(ind)
+		lv.indices = s.packPadded(ind, s.lim.MaxPages+1, -1)
 	}
 	if s.nnz > 0 {
 		if shared {
 			s.app.indices = s.levels[0].indices
 		} else {
-			s.app.indices = s.pack(p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]])
+			s.app.indices = s.packPadded(p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]], s.lim.MaxPages+1, -1)
 		}
 	}
-	if err := s.upload(); err != nil {
-		return err
+	if s.cursor > len(s.staging) {
+		return fmt.Errorf("%s: step: %d index bytes exceed the staging buffer of %d: %w", s.b.name, s.cursor, len(s.staging), ErrStepLimit)
 	}
 	s.planned = true
 	return nil
@@ -467,7 +540,10 @@ func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode 
 		s.visible[r] = s.hi[r] - s.lo[r]
 	}
 	bpr := g.NumKVHeads * s.shape.gz
-	chunk := chooseChunk(s.visible, bpr, s.b.drv.NumSMs(), s.b.cfg.MaxChunkTokens, s.shape.tile)
+	chunk := 0
+	if !s.lim.Fixed {
+		chunk = chooseChunk(s.visible, bpr, s.b.drv.NumSMs(), s.b.cfg.MaxChunkTokens, s.shape.tile)
+	}
 	capItems := s.lim.MaxWorkItems
 	if chunk > 0 {
 		total := 0
@@ -488,12 +564,17 @@ func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode 
 	if mrg != nil {
 		s.mrg = mrg
 	}
+	if s.lim.Fixed { // padding rows: no keys of the padding request
+		for r := rows; r < s.lim.MaxRows; r++ {
+			s.work = append(s.work, int32(r), int32(s.lim.MaxBatch), 0, 0)
+		}
+	}
 	if err := s.limit("work items", len(s.work)/4, capItems); err != nil {
 		return err
 	}
 	lp := levelPlan{merge: -1}
-	lp.indptr = s.pack(t.KVIndptr)
-	lp.last = s.pack(t.KVLastPageLen)
+	lp.indptr = s.packIndptr(t.KVIndptr)
+	lp.last = s.packPadded(t.KVLastPageLen, s.lim.MaxBatch+1, 1)
 	lp.work = s.pack(s.work)
 	lp.items = len(s.work) / 4
 	if mrg != nil {
@@ -563,6 +644,17 @@ func (s *Step) checkCache(op string, g layout.Paged, ok bool) error {
 // launches one kernel and moves no host memory.
 func (s *Step) Append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vScale float64) error {
 	const op = "append"
+	if err := s.enter(op); err != nil {
+		return err
+	}
+	defer s.leave()
+	err := s.append(cache, key, value, kScale, vScale)
+	s.noteCaptureErr(err)
+	return err
+}
+
+func (s *Step) append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vScale float64) error {
+	const op = "append"
 	if err := s.checkCache(op, cache.Geometry, len(cache.allocs) > 0); err != nil {
 		return err
 	}
@@ -573,11 +665,15 @@ func (s *Step) Append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vSc
 		return nil
 	}
 	g := s.g
-	if err := key.check("append_key", s.nnz, g.NumKVHeads, g.HeadDim); err != nil {
-		return fmt.Errorf("%s: %w (nnz = len(batch_indices), num_kv_heads, head_dim)", op, err)
+	nnz, what := s.nnz, "nnz = len(batch_indices)"
+	if s.lim.Fixed {
+		nnz, what = s.lim.MaxRows, "max_rows of a fixed step"
 	}
-	if err := value.check("append_value", s.nnz, g.NumKVHeads, g.HeadDim); err != nil {
-		return fmt.Errorf("%s: %w (nnz = len(batch_indices), num_kv_heads, head_dim)", op, err)
+	if err := key.check("append_key", nnz, g.NumKVHeads, g.HeadDim); err != nil {
+		return fmt.Errorf("%s: %w (%s, num_kv_heads, head_dim)", op, err, what)
+	}
+	if err := value.check("append_value", nnz, g.NumKVHeads, g.HeadDim); err != nil {
+		return fmt.Errorf("%s: %w (%s, num_kv_heads, head_dim)", op, err, what)
 	}
 	if err := kernels.ValidateAppendDTypes(key.DType, value.DType, g.DType, kScale, vScale); err != nil {
 		return err
@@ -589,7 +685,7 @@ func (s *Step) Append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vSc
 	a := append(s.args[:0],
 		uint64(key.Ptr), uint64(value.Ptr), s.at(s.app.bi), s.at(s.app.pos),
 		uint64(cache.K), uint64(cache.V), s.at(s.app.indices), s.at(s.app.indptr),
-		uint64(s.nnz), uint64(g.NumKVHeads))
+		uint64(nnz), uint64(g.NumKVHeads))
 	if kernels.AppendConverts(key.DType, g.DType) {
 		src, _ := dtypeCode(key.DType)
 		dst, _ := dtypeCode(g.DType)
@@ -597,7 +693,7 @@ func (s *Step) Append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vSc
 			uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()), uint64(src), uint64(dst),
 			f64Arg(float64(kernels.EffectiveScale(kScale))), f64Arg(float64(kernels.EffectiveScale(vScale))))
 		s.args = a
-		return s.b.launch("append_paged_kv_cache_quant", Dim3{s.b.gridFor(s.nnz), 1, 1},
+		return s.b.launch("append_paged_kv_cache_quant", Dim3{s.b.gridFor(nnz), 1, 1},
 			Dim3{threadsFor(int64(g.NumKVHeads) * int64(g.HeadDim)), 1, 1}, 0, a)
 	}
 	rowBytes := int64(g.HeadDim) * es
@@ -605,7 +701,7 @@ func (s *Step) Append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vSc
 	a = append(a, uint64(rowBytes), uint64(g.PageSize), uint64(g.NumPages),
 		uint64(g.StridePage()*es), uint64(g.StrideN()*es), uint64(g.StrideH()*es))
 	s.args = a
-	return s.b.launch(appendKernels[u], Dim3{s.b.gridFor(s.nnz), 1, 1},
+	return s.b.launch(appendKernels[u], Dim3{s.b.gridFor(nnz), 1, 1},
 		Dim3{threadsFor(int64(g.NumKVHeads) * rowBytes / int64(u)), 1, 1}, 0, a)
 }
 
@@ -619,6 +715,16 @@ var appendKernels = map[int]string{16: "append_paged_kv_cache_u16", 8: "append_p
 // in the step's scratch and merges them with merge_state on the device; the
 // last merge writes o and lse. No host memory is read or written.
 func (s *Step) Attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
+	if err := s.enter("attention"); err != nil {
+		return err
+	}
+	defer s.leave()
+	err := s.attention(cache, q, o, lse)
+	s.noteCaptureErr(err)
+	return err
+}
+
+func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	op := "decode"
 	if s.kind != Decode {
 		op = "prefill"
@@ -630,16 +736,24 @@ func (s *Step) Attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 		return fmt.Errorf("%s: attention: %w: the plan has no attention", s.b.name, ErrNotPlanned)
 	}
 	g := s.g
-	if err := q.checkActivation(op, "q", s.rows, s.hq, g.HeadDim); err != nil {
+	rows := s.rows
+	if s.lim.Fixed {
+		rows = s.lim.MaxRows
+	}
+	err := q.checkActivation(op, "q", rows, s.hq, g.HeadDim)
+	if err == nil {
+		err = o.checkActivation(op, "o", rows, s.hq, g.HeadDim)
+	}
+	if err == nil {
+		err = checkLSE(op, "lse", lse, rows*s.hq)
+	}
+	if err != nil && s.lim.Fixed {
+		return fmt.Errorf("%w (a fixed step's tensors have max_rows = %d rows)", err, rows)
+	}
+	if err != nil {
 		return err
 	}
-	if err := o.checkActivation(op, "o", s.rows, s.hq, g.HeadDim); err != nil {
-		return err
-	}
-	if err := checkLSE(op, "lse", lse, s.rows*s.hq); err != nil {
-		return err
-	}
-	if s.rows == 0 {
+	if rows == 0 {
 		return nil
 	}
 	if s.kind != Cascade {
@@ -647,7 +761,7 @@ func (s *Step) Attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	}
 	// Cascade: the last level into acc, every other level into tmp, each
 	// merged into acc; the last merge writes o and lse.
-	n := int64(s.rows) * int64(s.hq)
+	n := int64(rows) * int64(s.hq)
 	D := int64(g.HeadDim)
 	base := uint64(s.scratch) + uint64(int64(s.lim.MaxWorkItems)*int64(s.lim.MaxQOHeads)*(int64(s.lim.MaxHeadDim)+1)*4)
 	acc, tmp := base, base+uint64(n*D*4)

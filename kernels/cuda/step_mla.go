@@ -52,7 +52,14 @@ var mlaKernels = func() map[layout.DType][len(mlaCK)]string {
 // PlanMLA validates p on the host with the shared validator and uploads its
 // arrays with one asynchronous copy, as [Step.Plan] does for a paged cache.
 func (s *Step) PlanMLA(p *MLAStepPlan) error {
+	if err := s.enter("plan MLA"); err != nil {
+		return err
+	}
+	defer s.leave()
 	s.planned, s.mla.on = false, false
+	if s.lim.Fixed {
+		return fmt.Errorf("%s: step: MLA plans in a fixed step (graph capture of MLA steps): %w", s.b.name, kernels.ErrUnsupported)
+	}
 	g := p.Geometry
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("%s: step: %w: %w", s.b.name, kernels.ErrInvalidCache, err)
@@ -138,6 +145,10 @@ func (s *Step) checkMLA(op string, c *DeviceMLACache) error {
 // [nnz, head_dim_ckv] and kpe [nnz, head_dim_kpe] device tensors in the
 // cache's dtype.
 func (s *Step) MLAAppend(cache *DeviceMLACache, ckv, kpe DeviceTensor) error {
+	if err := s.enter("MLAAppend"); err != nil {
+		return err
+	}
+	defer s.leave()
 	const op = "mla append"
 	if err := s.checkMLA(op, cache); err != nil {
 		return err
@@ -183,6 +194,10 @@ var mlaAppendKernels = map[int]string{16: "append_paged_mla_kv_cache_u16", 8: "a
 // q_pe [B, H, kpe] in, o [B, H, ckv] and (when lse.Ptr != 0) lse [B*H] out,
 // all device tensors.
 func (s *Step) MLADecode(cache *DeviceMLACache, qNope, qPE, o, lse DeviceTensor) error {
+	if err := s.enter("MLADecode"); err != nil {
+		return err
+	}
+	defer s.leave()
 	const op = "mla decode"
 	if err := s.checkMLA(op, cache); err != nil {
 		return err

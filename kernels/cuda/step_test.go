@@ -465,6 +465,10 @@ func (d *nopDriver) HostAlloc(n int) ([]byte, error)                          { 
 func (d *nopDriver) HostFree([]byte) error                                    { return nil }
 func (d *nopDriver) Synchronize() error                                       { return nil }
 func (d *nopDriver) Launch(string, cuda.Dim3, cuda.Dim3, int, []uint64) error { return nil }
+func (d *nopDriver) BeginCapture() error                                      { return nil }
+func (d *nopDriver) EndCapture() (cuda.GraphExec, error)                      { return 1, nil }
+func (d *nopDriver) LaunchGraph(cuda.GraphExec) error                         { return nil }
+func (d *nopDriver) DestroyGraph(cuda.GraphExec) error                        { return nil }
 
 // TestStepAllocationFree pins the per-step hot path: once a Step has seen a
 // step of a given shape, planning (validation, work items, packing, the

@@ -11,12 +11,15 @@
     m.commit_spec([1], [9])                # 1 accepted, then the bonus token
 
 Arrays. Every array of a Plan is a numpy int32 view (no copy) of a buffer
-the Manager owns. It stays valid and unchanged until the next successful
-reserve() or close() of the same Manager; failed calls and every other call
-leave it alone. After that the memory may hold the next step's values or be
-freed: take plan.copy() (or np.array(a)) to keep arrays longer. A view
-keeps its Manager alive, so garbage collection never destroys a Manager
-whose arrays are in use (close() does, explicitly). The views are
+the Manager owns. The plan is current, and its arrays valid and unchanged,
+until the next successful reserve() or close() of the same Manager; failed
+calls and every other call (commit included) leave it alone. After that
+every property of the Plan and plan.copy() raise StalePlan. A view taken
+earlier (a = plan.kv_indptr) is not checked again: its memory may hold the
+next step's values or be freed, so take plan.copy() (or np.array(a)) to keep
+arrays longer. A view keeps its Manager alive, so garbage collection never
+destroys a Manager whose arrays are in use (close() does, explicitly),
+and close() raises Busy while another thread's call is in flight. The views are
 writable so that torch.from_numpy accepts them without a warning; the
 Manager never reads them back, but writing them is pointless.
 
@@ -24,12 +27,25 @@ Errors. Every failure raises a subclass of PagedKVError named after the Go
 sentinel error (OutOfPages, UnknownRequest, ...) whose message names the bad
 value; a call that raised changed nothing.
 
-Threads. A Manager belongs to one thread at a time (a concurrent call raises
-Busy); stats() may be called from any thread at any time. ctypes releases
-the GIL during calls.
+Threads. Any thread may call a Manager, one call at a time: a call that
+finds another thread's call in flight raises Busy at once and changes
+nothing. Each call holds the Manager's lock from its checks to the return
+of its results (the C call and the reads of the Manager's shared out
+buffers), so a call returns its own results or raises, never another
+call's. plan.copy() waits for a call in flight instead of raising, so it
+copies one step whole. stats() may be called from any thread at any time.
+ctypes releases the GIL during calls.
+
+Hybrid models. HybridManager(num_pages, page_size, groups) is Go's
+HybridManager: layer groups (LayerGroup("full"), LayerGroup("sliding",
+window_tokens=W), LayerGroup("chunked", chunk_tokens=C), LayerGroup("mla"))
+on one page pool. Its reserve() returns a HybridPlan: the pool-wide copies
+and one Plan per group (with cascade_window_left and, for a chunked group,
+the attn_* arrays), current and thread-safe exactly like a Manager's Plan.
 
 pagedkv.flashinfer turns a Plan into the keyword arguments of FlashInfer's
-wrappers' plan() calls and of append_paged_kv_cache.
+wrappers' plan() calls and of append_paged_kv_cache (hybrid_plan_kwargs:
+every group of a HybridPlan).
 """
 
 import ctypes
@@ -40,10 +56,10 @@ import numpy as np
 from . import _ffi
 
 __all__ = [
-    "Manager", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
+    "Manager", "HybridManager", "LayerGroup", "HybridPlan", "GroupStats", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
     "PagedKVError", "OutOfPages", "UnknownRequest", "RequestExists", "Preempted", "NotPreempted",
     "StepPending", "NoStep", "BadArgument", "BadConfig", "NotCached", "PinLimit", "UnknownPin",
-    "BadHandle", "Busy", "AuditError", "InternalError",
+    "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan",
 ]
 
 NO_TOKEN = -1  # in commit(sampled): no token sampled for this request
@@ -138,15 +154,15 @@ _ERRORS = {cls.code: cls for cls in (
     BadArgument, BadConfig, NotCached, PinLimit, UnknownPin, BadHandle, Busy, AuditError, InternalError,
 )}
 
-_lib = None
-_lib_lock = threading.Lock()
+# The library loads at import: a missing or incompatible libpagedkv fails
+# here, with the paths tried, not at the first Manager().
+try:
+    _lib = _ffi.load()
+except OSError as e:
+    raise ImportError(str(e)) from e
 
 
 def _load():
-    global _lib
-    with _lib_lock:
-        if _lib is None:
-            _lib = _ffi.load()
     return _lib
 
 
@@ -185,6 +201,30 @@ class Stats:
         return "Stats(%s)" % ", ".join("%s=%d" % kv for kv in self.as_dict().items())
 
 
+class GroupStats:
+    """One layer group's numbers of a HybridManager (Go: pagedkv.GroupStats):
+    kind ("full", "sliding", "chunked" or "mla"), cached_pages,
+    evictable_pages, servable_tokens (prompt tokens the group's cache alone
+    could have served), published_pages, evicted_pages, copied_pages,
+    window_released_pages."""
+
+    __slots__ = _ffi.GROUP_STATS_FIELDS
+
+    def __init__(self, raw):
+        for name in _ffi.GROUP_STATS_FIELDS:
+            setattr(self, name, getattr(raw, name))
+        self.kind = _ffi.GROUP_KINDS[raw.kind]
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in _ffi.GROUP_STATS_FIELDS}
+
+    def __eq__(self, other):
+        return isinstance(other, GroupStats) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        return "GroupStats(%s)" % ", ".join("%s=%r" % kv for kv in self.as_dict().items())
+
+
 class RequestState:
     """One request's state: running (holds pages) or preempted."""
 
@@ -216,10 +256,71 @@ class Level:
         self.kv_indices, self.kv_last_page_len = kv_indices, kv_last_page_len
 
 
-class Plan:
+class StalePlan(PagedKVError):
+    """A Plan was used after its step passed: a later successful reserve()
+    or close() of its Manager reused or freed the buffers its arrays view.
+    Python-only (no C code): the C ABI cannot tell a stale pointer."""
+
+
+# The fields of a Plan, in the order _make_plan stores them.
+_PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
+                "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices", "kv_last_page_len",
+                "seq_lens", "cascade", "query_rows") + _ffi.GROUP_PLAN_ARRAYS
+
+
+def _plan_field(index, name):
+    def get(self):
+        if self._manager is not None and self._manager._generation != self._generation:
+            raise StalePlan("pagedkv: plan.%s: the plan of step %d was read after %s"
+                            % (name, self._generation, self._manager._passed()))
+        return self._values[index]
+    get.__name__ = name
+    return property(get, doc="The step's %s; raises StalePlan once the step has passed." % name)
+
+
+class _Stepped:
+    """What Plan and HybridPlan share: the values of one step of one
+    Manager, current until its next successful reserve() or close()."""
+
+    # _manager is None for an owned copy (current forever); _generation is
+    # the Manager's step generation the plan belongs to.
+    __slots__ = ("_values", "_manager", "_generation")
+
+    @property
+    def valid(self):
+        """Whether the plan is current: no later successful reserve(), not closed."""
+        return self._manager is None or self._manager._generation == self._generation
+
+    def copy(self):
+        """A plan whose arrays are owned copies, current forever. Raises
+        StalePlan if the plan is not current. Safe against a reserve() on
+        another thread: the copy is taken while no call runs on the Manager."""
+        m = self._manager
+        if m is None:
+            return self._copy_values()
+        with m._lock:  # waits for a call in flight; a reserve cannot start while we copy
+            if m._generation != self._generation:
+                raise StalePlan("pagedkv: copy of the plan of step %d after %s"
+                                % (self._generation, m._passed()))
+            return self._copy_values()
+
+    def _owned(self, values):
+        p = type(self).__new__(type(self))
+        p._values, p._manager, p._generation = tuple(values), None, 0
+        return p
+
+
+def _copy_array(v):
+    return v.copy() if isinstance(v, np.ndarray) else v
+
+
+class Plan(_Stepped):
     """A step's plan (Go: pagedkv.Plan). Arrays are int32 numpy views into
-    the Manager's buffers, valid until the next successful reserve() or
-    close(); see the module doc.
+    the Manager's buffers. The plan is current from the successful reserve()
+    that returned it until the next successful reserve() or close() of its
+    Manager; after that every property and copy() raise StalePlan (valid
+    says which). A view taken while the plan was current is not checked
+    again: see the module doc.
 
     copies [n, 3]: (src, dst, entries) page copies to do before appending.
     qo_indptr [B+1], batch_indices [nnz], positions [nnz]: the append.
@@ -230,32 +331,47 @@ class Plan:
     list of Level, most shared first, with query_rows [nnz]: cascade row r
     holds plan row query_rows[r]. drafts [B]: how many of request b's rows
     (its last ones) are draft tokens (reserve_spec; zeros otherwise).
+    request_ids: the ids the step was reserved for (an owned copy).
+
+    A group's plan of a HybridManager also has cascade_window_left
+    [len(cascade)] (each level's window_left; None when flat) and, for a
+    chunked group only, the attention arrays attn_qo_indptr [A+1],
+    attn_kv_indptr [A+1], attn_kv_page_indices, attn_kv_last_page_len [A]
+    and attn_requests [A] (one entry per run of a request's rows inside one
+    chunk: run batch prefill on these; the append uses the plan's own).
+    They are None in a dense plan and the attn arrays in other groups.
     """
 
-    __slots__ = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
-                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices",
-                 "kv_last_page_len", "seq_lens", "cascade", "query_rows", "_manager", "_generation")
+    __slots__ = ()
 
-    @property
-    def valid(self):
-        """Whether the arrays still hold this step (no later reserve, not closed)."""
-        m = self._manager
-        return m._handle != 0 and m._generation == self._generation
+    def _copy_values(self):
+        values = [_copy_array(v) for v in self._values]
+        cascade = _PLAN_FIELDS.index("cascade")
+        if values[cascade] is not None:
+            values[cascade] = [Level(*(a.copy() for a in (lv.qo_indptr, lv.kv_indptr, lv.kv_indices,
+                                                         lv.kv_last_page_len))) for lv in values[cascade]]
+        return self._owned(values)
 
-    def copy(self):
-        """A Plan whose arrays are owned copies, valid forever."""
-        if not self.valid:
-            raise BadArgument("pagedkv: copy of a plan whose arrays a later reserve or close invalidated")
-        p = Plan.__new__(Plan)
-        for name in Plan.__slots__:
-            v = getattr(self, name)
-            if isinstance(v, np.ndarray):
-                v = v.copy()
-            elif name == "cascade" and v is not None:
-                v = [Level(*(a.copy() for a in (lv.qo_indptr, lv.kv_indptr, lv.kv_indices, lv.kv_last_page_len)))
-                     for lv in v]
-            setattr(p, name, v)
-        return p
+
+class HybridPlan(_Stepped):
+    """A HybridManager step's plan (Go: pagedkv.HybridPlan), current like a
+    Plan. copies [n, 3]: the pool-wide page copies (every group's), to do
+    first in every layer's tensor. groups: one Plan per layer group, in the
+    order of the Manager's groups, each with that group's FlashInfer arrays
+    (see Plan). request_ids: the step's ids (an owned copy)."""
+
+    __slots__ = ()
+
+    def _copy_values(self):
+        ids, copies, groups = self._values
+        return self._owned((ids, copies.copy(), [g._copy_values() for g in groups]))
+
+
+for _i, _name in enumerate(_PLAN_FIELDS):
+    setattr(Plan, _name, _plan_field(_i, _name))
+for _i, _name in enumerate(("request_ids", "copies", "groups")):
+    setattr(HybridPlan, _name, _plan_field(_i, _name))
+del _i, _name
 
 
 _EMPTY = np.zeros(0, dtype=np.int32)
@@ -265,39 +381,49 @@ def _addr(a):
     return a.__array_interface__["data"][0]
 
 
-class Manager:
-    """The pagedkv KV-cache manager (Go: pagedkv.Manager) over libpagedkv.
+def _ptr(a):
+    """a's address for a C call; None (NULL) for None or an empty array."""
+    return None if a is None or not a.size else _addr(a)
 
-    Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
-    window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages (0 means the Go default wherever Go has one).
-    """
 
-    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
-                 hash_seed=0, cascade_min_saved_pages=0):
-        lib = _load()
-        vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
-                    max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages)
-        for name, v in vals.items():
-            _scalar(v, _I64, "Manager", name)
-        cfg = _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
-                          _scalar(hash_seed, _U64, "Manager", "hash_seed"), cascade_min_saved_pages)
-        h = ctypes.c_uint64(0)
-        rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
-        if rc:
-            _raise(lib, rc)
+def _exclusive(method):
+    """Runs method holding its Manager's call lock, or raises Busy at once
+    when another thread holds it (as the C ABI does). The lock covers the C
+    call and every read of the Manager's shared out-buffers afterwards, so
+    a call's results cannot mix with another thread's call."""
+    op = method.__name__
+
+    def call(self, *args, **kwargs):
+        if not self._lock.acquire(False):
+            raise Busy("pagedkv: %s: manager %d is in use by another thread" % (op, self._handle))
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._lock.release()
+    call.__name__, call.__qualname__, call.__doc__ = op, method.__qualname__, method.__doc__
+    return call
+
+
+class _Core:
+    """What Manager and HybridManager share: the handle, its call lock, the
+    step generation, and the calls both kinds of handle take."""
+
+    def _init(self, lib, handle, num_pages, page_size, plan_words, views):
         self._lib = lib
-        self._handle = h.value
+        self._handle = handle
         self.num_pages, self.page_size = num_pages, page_size
-        self._generation = 0
-        self._plan_words = np.zeros(_ffi.PLAN_WORDS, dtype=np.int64)
+        self._lock = threading.Lock()  # held by the call in flight (see _exclusive)
+        self._generation = 0  # step generation: +1 on every successful reserve and on close
+        self._plan_words = np.zeros(plan_words, dtype=np.int64)
         self._plan_addr = _addr(self._plan_words)
-        self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)  # per array (drafts last): (data, cap, base view)
+        # Per plan (one, or one per group), per array: (data, cap, base view).
+        self._views = [[None] * n for n in views]
         self._i64 = ctypes.c_int64(0)
         self._state = _ffi.RequestState()
 
     # -- lifetime --
 
+    @_exclusive
     def close(self):
         """Destroy the Manager; every Plan's arrays become invalid."""
         if self._handle:
@@ -305,7 +431,14 @@ class Manager:
             if rc:
                 _raise(self._lib, rc)
             self._handle = 0
-            self._views = [None] * (len(_ffi.PLAN_ARRAYS) + 1)
+            self._generation += 1
+            self._views = [[None] * len(v) for v in self._views]
+
+    def _passed(self):
+        """Why a plan of an earlier step generation is no longer current."""
+        if not self._handle:
+            return "close() of its Manager"
+        return "the successful reserve of step %d (a plan is current until the next one)" % self._generation
 
     def __enter__(self):
         return self
@@ -326,6 +459,7 @@ class Manager:
 
     # -- per request --
 
+    @_exclusive
     def add(self, request_id, prompt, *, tenant="", lora="", salt="", priority=0, no_cache=False,
             capacity_tokens=0):
         """Admit a request; returns how many prompt tokens the prefix cache served."""
@@ -340,76 +474,110 @@ class Manager:
         self._check(self._lib.pagedkv_add(self._handle, request_id, ctypes.byref(req), ctypes.byref(self._i64)))
         return self._i64.value
 
+    @_exclusive
     def extend(self, request_id, tokens):
         request_id = _scalar(request_id, _U64, "extend", "request_id")
         t = _ints(tokens, np.int32, _I32, "extend", "tokens")
         self._check(self._lib.pagedkv_extend(self._handle, request_id, _addr(t) if t.size else None, t.size))
 
+    @_exclusive
     def fork(self, parent, child):
         self._check(self._lib.pagedkv_fork(self._handle, _scalar(parent, _U64, "fork", "parent"),
                                            _scalar(child, _U64, "fork", "child")))
 
+    @_exclusive
     def preempt(self, request_id):
         self._check(self._lib.pagedkv_preempt(self._handle, _scalar(request_id, _U64, "preempt", "request_id")))
 
+    @_exclusive
     def resume(self, request_id):
         request_id = _scalar(request_id, _U64, "resume", "request_id")
         self._check(self._lib.pagedkv_resume(self._handle, request_id, ctypes.byref(self._i64)))
         return self._i64.value
 
+    @_exclusive
     def release(self, request_id):
         self._check(self._lib.pagedkv_release(self._handle, _scalar(request_id, _U64, "release", "request_id")))
 
+
     # -- per step --
 
-    def reserve(self, request_ids, ntokens):
-        """Start a step: reserve ntokens[i] tokens of request_ids[i]; returns the Plan.
+    @_exclusive
+    def commit_spec(self, accepted, sampled=None):
+        """Record a speculative step (Go: CommitSpec): accepted[b] drafts of
+        request b were accepted; sampled as for commit()."""
+        a = _ints(accepted, np.int32, _I32, "commit_spec", "accepted")
+        ap = _addr(a) if a.size else ctypes.addressof(self._i64)
+        if sampled is None:
+            self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, None, 0))
+            return
+        s = _ints(sampled, np.int32, _I32, "commit_spec", "sampled")
+        sp = _addr(s) if s.size else ctypes.addressof(self._i64)
+        self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, sp, s.size))
 
-        request_ids (uint64) and ntokens (int32) may be numpy arrays of those
-        dtypes (used without conversion) or sequences of ints.
-        """
-        ids = _ints(request_ids, np.uint64, _U64, "reserve", "request_ids")
-        nt = _ints(ntokens, np.int32, _I32, "reserve", "ntokens")
-        if ids.size != nt.size:
-            raise BadArgument("pagedkv: bad argument: reserve: %d requests but %d token counts" % (ids.size, nt.size))
-        rc = self._lib.pagedkv_reserve(self._handle, _addr(ids) if ids.size else None,
-                                       _addr(nt) if nt.size else None, ids.size, self._plan_addr)
+    @_exclusive
+    def truncate(self, request_id, n):
+        """Cut the request's tokens to its first n (Go: Truncate)."""
+        self._check(self._lib.pagedkv_truncate(self._handle, _scalar(request_id, _U64, "truncate", "request_id"),
+                                               _scalar(n, _I64, "truncate", "n")))
+
+    @_exclusive
+    def commit(self, sampled=None):
+        """Record the reserved step; sampled[b] (or NO_TOKEN) per request, or None."""
+        if sampled is None:
+            self._check(self._lib.pagedkv_commit(self._handle, None, 0))
+            return
+        s = _ints(sampled, np.int32, _I32, "commit", "sampled")
+        # A non-NULL pointer even for an empty list: it is checked against the batch.
+        ptr = _addr(s) if s.size else ctypes.addressof(self._i64)
+        self._check(self._lib.pagedkv_commit(self._handle, ptr, s.size))
+
+    @_exclusive
+    def abort(self):
+        self._check(self._lib.pagedkv_abort(self._handle))
+
+
+    def _stepped(self, rc):
+        """After a reserve's C call: raise its error, or start a step."""
         if rc:
             _raise(self._lib, rc)
         self._generation += 1
-        return self._make_plan(ids)
 
-    def _make_plan(self, ids):
-        w = self._plan_words.tolist()
-        p = Plan.__new__(Plan)
-        p._manager, p._generation = self, self._generation
-        p.request_ids = ids.copy()
-        p.batch_size, p.nnz, p.window_left = w[0], w[1], w[2]
-        views = self._views
-        arrays = []
+    def _array(self, w, k, views, i):
+        """The array whose descriptor is at word k of w, through the view
+        cache views[i]."""
+        data, n, cap = w[k], w[k + 1], w[k + 2]
+        if cap == 0:
+            return _EMPTY
+        v = views[i]
+        if v is None or v[0] != data or v[1] != cap:
+            v = views[i] = (data, cap, self._base(data, cap))
+        return v[2][:n]
+
+    def _read_plan(self, w, base, views, ids, extra):
+        """The Plan whose pagedkv_plan starts at word base of w (the words
+        of the reserve that just succeeded; the caller holds the lock);
+        extra are the values of the hybrid fields."""
         n_arrays = len(_ffi.PLAN_ARRAYS)
-        for i in range(n_arrays + 1):
-            k = 3 + 3 * i if i < n_arrays else 3 + 3 * n_arrays + 2  # drafts come after num_levels, levels
-            data, n, cap = w[k], w[k + 1], w[k + 2]
-            if cap == 0:
-                arrays.append(_EMPTY)
-                continue
-            v = views[i]
-            if v is None or v[0] != data or v[1] != cap:
-                v = views[i] = (data, cap, self._base(data, cap))
-            arrays.append(v[2][:n])
-        (copies, p.qo_indptr, p.batch_indices, p.positions, p.token_ids, p.token_positions, p.kv_indptr,
-         p.kv_page_indices, p.kv_last_page_len, p.seq_lens, query_rows, p.drafts) = arrays
-        p.copies = copies.reshape(-1, 3)
-        k = 3 + 3 * n_arrays
+        k = base + 3 + 3 * n_arrays  # num_levels, levels, then drafts
+        (copies, qo_indptr, batch_indices, positions, token_ids, token_positions, kv_indptr,
+         kv_page_indices, kv_last_page_len, seq_lens, query_rows) = [
+            self._array(w, base + 3 + 3 * i, views, i) for i in range(n_arrays)]
+        drafts = self._array(w, k + 2, views, n_arrays)
         num_levels = w[k]
         if num_levels == 0:
-            p.cascade, p.query_rows = None, None
+            cascade = query_rows = None
         else:
-            p.query_rows = query_rows
             levels = ctypes.cast(w[k + 1], ctypes.POINTER(_ffi.Level))
-            p.cascade = [Level(*(self._view(getattr(levels[i], f)) for f in Level.__slots__))
-                         for i in range(num_levels)]
+            cascade = [Level(*(self._view(getattr(levels[i], f)) for f in Level.__slots__))
+                       for i in range(num_levels)]
+        p = Plan.__new__(Plan)
+        p._manager, p._generation = self, self._generation
+        # In _PLAN_FIELDS order.
+        p._values = (ids, w[base], w[base + 1], w[base + 2], copies.reshape(-1, 3), drafts, qo_indptr,
+                     batch_indices, positions, token_ids, token_positions, kv_indptr, kv_page_indices,
+                     kv_last_page_len, seq_lens, cascade, query_rows) + extra
+
         return p
 
     def _base(self, data, cap):
@@ -425,72 +593,6 @@ class Manager:
             return _EMPTY
         return self._base(arr.data, arr.cap)[: arr.len]
 
-    def reserve_spec(self, request_ids, ntokens, drafts):
-        """A speculative step (Go: ReserveSpec): request_ids[i] computes its
-        next ntokens[i] known tokens, then the draft tokens drafts[i] (a
-        sequence, possibly empty; drafts may be None for none at all). Commit
-        it with commit_spec."""
-        ids = _ints(request_ids, np.uint64, _U64, "reserve_spec", "request_ids")
-        nt = _ints(ntokens, np.int32, _I32, "reserve_spec", "ntokens")
-        if ids.size != nt.size:
-            raise BadArgument("pagedkv: bad argument: reserve_spec: %d requests but %d token counts"
-                              % (ids.size, nt.size))
-        indptr = flat = None
-        if drafts is not None:
-            if len(drafts) != ids.size:
-                raise BadArgument("pagedkv: bad argument: reserve_spec: %d requests but %d draft lists"
-                                  % (ids.size, len(drafts)))
-            lists = [_ints(d, np.int32, _I32, "reserve_spec", "drafts[%d]" % i) for i, d in enumerate(drafts)]
-            indptr = np.zeros(ids.size + 1, dtype=np.int64)
-            np.cumsum([len(d) for d in lists], out=indptr[1:])
-            if indptr[-1] > _I32[1]:
-                raise BadArgument("pagedkv: bad argument: reserve_spec: %d draft tokens in all" % indptr[-1])
-            indptr = indptr.astype(np.int32)
-            flat = np.concatenate(lists) if indptr[-1] else np.zeros(1, dtype=np.int32)
-        rc = self._lib.pagedkv_reserve_spec(self._handle, _addr(ids) if ids.size else None,
-                                            _addr(nt) if nt.size else None, ids.size,
-                                            None if indptr is None else _addr(indptr),
-                                            None if flat is None else _addr(flat), self._plan_addr)
-        if rc:
-            _raise(self._lib, rc)
-        self._generation += 1
-        return self._make_plan(ids)
-
-    def commit_spec(self, accepted, sampled=None):
-        """Record a speculative step (Go: CommitSpec): accepted[b] drafts of
-        request b were accepted; sampled as for commit()."""
-        a = _ints(accepted, np.int32, _I32, "commit_spec", "accepted")
-        ap = _addr(a) if a.size else ctypes.addressof(self._i64)
-        if sampled is None:
-            self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, None, 0))
-            return
-        s = _ints(sampled, np.int32, _I32, "commit_spec", "sampled")
-        sp = _addr(s) if s.size else ctypes.addressof(self._i64)
-        self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, sp, s.size))
-
-    def truncate(self, request_id, n):
-        """Cut the request's tokens to its first n (Go: Truncate)."""
-        self._check(self._lib.pagedkv_truncate(self._handle, _scalar(request_id, _U64, "truncate", "request_id"),
-                                               _scalar(n, _I64, "truncate", "n")))
-
-    def commit(self, sampled=None):
-        """Record the reserved step; sampled[b] (or NO_TOKEN) per request, or None."""
-        if sampled is None:
-            self._check(self._lib.pagedkv_commit(self._handle, None, 0))
-            return
-        s = _ints(sampled, np.int32, _I32, "commit", "sampled")
-        # A non-NULL pointer even for an empty list: it is checked against the batch.
-        ptr = _addr(s) if s.size else ctypes.addressof(self._i64)
-        self._check(self._lib.pagedkv_commit(self._handle, ptr, s.size))
-
-    def abort(self):
-        self._check(self._lib.pagedkv_abort(self._handle))
-
-    @property
-    def pending(self):
-        v = ctypes.c_int32(0)
-        self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
-        return bool(v.value)
 
     # -- operations --
 
@@ -500,16 +602,98 @@ class Manager:
         self._check(self._lib.pagedkv_get_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
         return Stats(raw)
 
+    @_exclusive
     def audit(self):
         """Check every invariant; raises AuditError naming the first violation."""
         self._check(self._lib.pagedkv_audit(self._handle))
 
+    @_exclusive
     def evict(self, npages):
         freed = ctypes.c_int64(0)
         npages = _scalar(npages, _I64, "evict", "npages")
         self._check(self._lib.pagedkv_evict(self._handle, npages, ctypes.byref(freed)))
         return freed.value
 
+
+    # -- inspection (copies) --
+
+    def has(self, request_id):
+        try:
+            self.request_state(request_id)
+        except UnknownRequest:
+            return False
+        return True
+
+    @_exclusive
+    def tokens(self, request_id):
+        """Every known token of the request (a copy)."""
+        return self._copy_out(self._lib.pagedkv_request_tokens, request_id, "tokens")
+
+
+    def _copy_out(self, fn, request_id, op, *group):
+        n = ctypes.c_int64(0)
+        request_id = _scalar(request_id, _U64, op, "request_id")
+        self._check(fn(self._handle, *group, request_id, None, 0, ctypes.byref(n)))
+        out = np.empty(n.value, dtype=np.int32)
+        if n.value:
+            self._check(fn(self._handle, *group, request_id, _addr(out), n.value, ctypes.byref(n)))
+        return out[: n.value]
+
+
+_NO_HYBRID = (None,) * len(_ffi.GROUP_PLAN_ARRAYS)
+
+
+class Manager(_Core):
+    """The pagedkv KV-cache manager (Go: pagedkv.Manager) over libpagedkv.
+
+    Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
+    window_tokens, priorities, max_pinned_pages, hash_seed,
+    cascade_min_saved_pages (0 means the Go default wherever Go has one).
+    """
+
+    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
+                 hash_seed=0, cascade_min_saved_pages=0):
+        lib = _load()
+        cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
+                      cascade_min_saved_pages)
+        h = ctypes.c_uint64(0)
+        rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
+        if rc:
+            _raise(lib, rc)
+        self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1])
+
+    @_exclusive
+    def reserve(self, request_ids, ntokens):
+        """Start a step: reserve ntokens[i] tokens of request_ids[i]; returns the Plan.
+
+        request_ids (uint64) and ntokens (int32) may be numpy arrays of those
+        dtypes (used without conversion) or sequences of ints.
+        """
+        ids, nt = _reserve_args("reserve", request_ids, ntokens)
+        self._stepped(self._lib.pagedkv_reserve(self._handle, _ptr(ids), _ptr(nt), ids.size, self._plan_addr))
+        return self._read_plan(self._plan_words.tolist(), 0, self._views[0], ids.copy(), _NO_HYBRID)
+
+    @_exclusive
+    def reserve_spec(self, request_ids, ntokens, drafts):
+        """A speculative step (Go: ReserveSpec): request_ids[i] computes its
+        next ntokens[i] known tokens, then the draft tokens drafts[i] (a
+        sequence, possibly empty; drafts may be None for none at all). Commit
+        it with commit_spec."""
+        ids, nt = _reserve_args("reserve_spec", request_ids, ntokens)
+        indptr, flat = _draft_args("reserve_spec", ids.size, drafts)
+        self._stepped(self._lib.pagedkv_reserve_spec(self._handle, _ptr(ids), _ptr(nt), ids.size, _ptr(indptr),
+                                                     _ptr(flat), self._plan_addr))
+        return self._read_plan(self._plan_words.tolist(), 0, self._views[0], ids.copy(), _NO_HYBRID)
+
+    @property
+    @_exclusive
+    def pending(self):
+        v = ctypes.c_int32(0)
+        self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
+        return bool(v.value)
+
+
+    @_exclusive
     def pin(self, tokens, *, tenant="", lora="", salt=""):
         """Pin the cached prefix of tokens; returns (pin_id, pinned_tokens)."""
         t = _ints(tokens, np.int32, _I32, "pin", "tokens")
@@ -520,40 +704,192 @@ class Manager:
                                           ctypes.byref(pin), ctypes.byref(n)))
         return pin.value, n.value
 
+    @_exclusive
     def unpin(self, pin_id):
         self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
 
-    # -- inspection (copies) --
 
+    @_exclusive
     def request_state(self, request_id):
         request_id = _scalar(request_id, _U64, "request_state", "request_id")
         self._check(self._lib.pagedkv_get_request_state(self._handle, request_id, ctypes.byref(self._state)))
         return RequestState(self._state)
 
-    def has(self, request_id):
-        try:
-            self.request_state(request_id)
-        except UnknownRequest:
-            return False
-        return True
-
-    def tokens(self, request_id):
-        """Every known token of the request (a copy)."""
-        return self._copy_out(self._lib.pagedkv_request_tokens, request_id)
-
+    @_exclusive
     def pages(self, request_id):
         """The pages the request holds, in token order (a copy; empty if preempted)."""
-        return self._copy_out(self._lib.pagedkv_request_pages, request_id)
+        return self._copy_out(self._lib.pagedkv_request_pages, request_id, "pages")
 
-    def _copy_out(self, fn, request_id):
-        n = ctypes.c_int64(0)
-        request_id = _scalar(request_id, _U64, "tokens/pages", "request_id")
-        self._check(fn(self._handle, request_id, None, 0, ctypes.byref(n)))
-        out = np.empty(n.value, dtype=np.int32)
-        if n.value:
-            self._check(fn(self._handle, request_id, _addr(out), n.value, ctypes.byref(n)))
-        return out[: n.value]
 
+class LayerGroup:
+    """One layer group of a hybrid model (Go: pagedkv.LayerGroup): kind is
+    "full", "sliding" (with window_tokens W), "chunked" (with chunk_tokens
+    C, a multiple of the page size) or "mla"; every group has the same
+    num_layers (see Go's package layergroup)."""
+
+    __slots__ = ("kind", "window_tokens", "chunk_tokens", "num_layers")
+
+    def __init__(self, kind, *, window_tokens=0, chunk_tokens=0, num_layers=1):
+        self.kind, self.window_tokens, self.chunk_tokens, self.num_layers = kind, window_tokens, chunk_tokens, num_layers
+
+    def __repr__(self):
+        return "LayerGroup(%r, window_tokens=%d, chunk_tokens=%d, num_layers=%d)" % (
+            self.kind, self.window_tokens, self.chunk_tokens, self.num_layers)
+
+
+class HybridManager(_Core):
+    """The KV-cache manager of a hybrid attention model (Go:
+    pagedkv.HybridManager): one page pool, one page table and prefix cache
+    per layer group. groups is a list of LayerGroup (or dicts of its
+    fields); the other keyword arguments are Manager's (no window_tokens:
+    windows are per group; no max_pinned_pages: a HybridManager has no
+    pins). Every Manager call with the same name does the same in every
+    group; reserve() returns a HybridPlan with one Plan per group, and
+    request_state() and pages() take the group. Threads and plan lifetime
+    are as for Manager.
+    """
+
+    def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0):
+        lib = _load()
+        cfg = _config("HybridManager", num_pages, page_size, 0, priorities, 0, hash_seed, cascade_min_saved_pages)
+        if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
+            raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
+        specs = (_ffi.LayerGroup * max(len(groups), 1))()
+        kinds = []
+        for i, g in enumerate(groups):
+            if isinstance(g, dict):
+                try:
+                    g = LayerGroup(**g)
+                except TypeError as e:
+                    raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d] = %r: %s" % (i, g, e)) from None
+            if not isinstance(g, LayerGroup):
+                raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d] = %r, want a LayerGroup" % (i, g))
+            if g.kind not in _ffi.GROUP_KINDS:
+                raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d].kind = %r, want one of %s"
+                                  % (i, g.kind, ", ".join(_ffi.GROUP_KINDS)))
+            where = "groups[%d]" % i
+            specs[i] = _ffi.LayerGroup(_ffi.GROUP_KINDS.index(g.kind),
+                                       _scalar(g.window_tokens, _I64, "HybridManager", where + ".window_tokens"),
+                                       _scalar(g.chunk_tokens, _I64, "HybridManager", where + ".chunk_tokens"),
+                                       _scalar(g.num_layers, _I64, "HybridManager", where + ".num_layers"))
+            kinds.append(g.kind)
+        h = ctypes.c_uint64(0)
+        rc = lib.pagedkv_hybrid_create(ctypes.byref(cfg), ctypes.sizeof(cfg), specs, len(groups),
+                                       ctypes.sizeof(_ffi.LayerGroup), ctypes.byref(h))
+        if rc:
+            _raise(lib, rc)
+        n = len(kinds)
+        # The words: the copies descriptor, then n pagedkv_group_plan.
+        self._init(lib, h.value, num_pages, page_size, 3 + n * _ffi.GROUP_PLAN_WORDS,
+                   [1] + [len(_ffi.PLAN_ARRAYS) + 1 + len(_ffi.GROUP_PLAN_ARRAYS)] * n)
+        self.kinds = tuple(kinds)
+        self._groups_addr = self._plan_addr + 8 * 3
+
+    @property
+    def num_groups(self):
+        return len(self.kinds)
+
+    @_exclusive
+    def reserve(self, request_ids, ntokens):
+        """Start a step in every group (all-or-nothing, one page budget);
+        returns the HybridPlan."""
+        ids, nt = _reserve_args("reserve", request_ids, ntokens)
+        self._stepped(self._lib.pagedkv_hybrid_reserve(self._handle, _ptr(ids), _ptr(nt), ids.size, self._plan_addr,
+                                                       self._groups_addr, len(self.kinds)))
+        return self._hybrid_plan(ids)
+
+    @_exclusive
+    def reserve_spec(self, request_ids, ntokens, drafts):
+        """A speculative step in every group (see Manager.reserve_spec)."""
+        ids, nt = _reserve_args("reserve_spec", request_ids, ntokens)
+        indptr, flat = _draft_args("reserve_spec", ids.size, drafts)
+        self._stepped(self._lib.pagedkv_hybrid_reserve_spec(self._handle, _ptr(ids), _ptr(nt), ids.size, _ptr(indptr),
+                                                            _ptr(flat), self._plan_addr, self._groups_addr,
+                                                            len(self.kinds)))
+        return self._hybrid_plan(ids)
+
+    def _hybrid_plan(self, ids):
+        w = self._plan_words.tolist()
+        ids = ids.copy()
+        groups = []
+        n_plan = len(_ffi.PLAN_ARRAYS) + 1
+        for g, kind in enumerate(self.kinds):
+            base = 3 + g * _ffi.GROUP_PLAN_WORDS
+            views = self._views[1 + g]
+            extra = [self._array(w, base + _ffi.PLAN_WORDS + 3 * j, views, n_plan + j)
+                     for j in range(len(_ffi.GROUP_PLAN_ARRAYS))]
+            p = self._read_plan(w, base, views, ids, ())
+            if p._values[_PLAN_FIELDS.index("cascade")] is None:
+                extra[0] = None
+            if kind != "chunked":
+                extra[1:] = [None] * (len(extra) - 1)
+            p._values += tuple(extra)
+            groups.append(p)
+        hp = HybridPlan.__new__(HybridPlan)
+        hp._manager, hp._generation = self, self._generation
+        hp._values = (ids, self._array(w, 0, self._views[0], 0).reshape(-1, 3), groups)
+        return hp
+
+    def group_stats(self):
+        """Every group's GroupStats, in group order; safe from any thread at
+        any time, like stats() (whose pool-wide numbers cover every group)."""
+        out = []
+        for g in range(len(self.kinds)):
+            raw = _ffi.GroupStats()
+            self._check(self._lib.pagedkv_hybrid_get_group_stats(self._handle, g, ctypes.byref(raw), ctypes.sizeof(raw)))
+            out.append(GroupStats(raw))
+        return out
+
+    @_exclusive
+    def request_state(self, request_id, group=0):
+        """The request's state; start and num_pages are those of group."""
+        request_id = _scalar(request_id, _U64, "request_state", "request_id")
+        group = _scalar(group, _I64, "request_state", "group")
+        self._check(self._lib.pagedkv_hybrid_request_state(self._handle, group, request_id,
+                                                           ctypes.byref(self._state)))
+        return RequestState(self._state)
+
+    @_exclusive
+    def pages(self, request_id, group):
+        """The pages the request holds in group, in token order (a copy)."""
+        group = _scalar(group, _I64, "pages", "group")
+        return self._copy_out(self._lib.pagedkv_hybrid_request_pages, request_id, "pages", group)
+
+
+def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
+            cascade_min_saved_pages):
+    """A checked pagedkv_config."""
+    vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
+                max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages)
+    for name, v in vals.items():
+        _scalar(v, _I64, op, name)
+    return _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
+                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages)
+
+
+def _reserve_args(op, request_ids, ntokens):
+    ids = _ints(request_ids, np.uint64, _U64, op, "request_ids")
+    nt = _ints(ntokens, np.int32, _I32, op, "ntokens")
+    if ids.size != nt.size:
+        raise BadArgument("pagedkv: bad argument: %s: %d requests but %d token counts" % (op, ids.size, nt.size))
+    return ids, nt
+
+
+def _draft_args(op, n, drafts):
+    """reserve_spec's draft_indptr and drafts as arrays the caller keeps
+    alive during the C call (the library copies them), or None, None."""
+    if drafts is None:
+        return None, None
+    if len(drafts) != n:
+        raise BadArgument("pagedkv: bad argument: %s: %d requests but %d draft lists" % (op, n, len(drafts)))
+    lists = [_ints(d, np.int32, _I32, op, "drafts[%d]" % i) for i, d in enumerate(drafts)]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum([len(d) for d in lists], out=indptr[1:])
+    if indptr[-1] > _I32[1]:
+        raise BadArgument("pagedkv: bad argument: %s: %d draft tokens in all" % (op, indptr[-1]))
+    indptr = indptr.astype(np.int32)
+    flat = np.concatenate(lists) if indptr[-1] else np.zeros(1, dtype=np.int32)
+    return indptr, flat
 
 _I32 = (-(1 << 31), (1 << 31) - 1)
 _U64 = (0, (1 << 64) - 1)

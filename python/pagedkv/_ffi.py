@@ -1,8 +1,9 @@
 """ctypes declarations of pagedkv.h (cabi/pagedkv.h is the source of truth).
 
 Loading order of the shared library: $PAGEDKV_LIB, then libpagedkv.so next
-to this package, then build/cabi/libpagedkv.so of the source tree this
-package sits in (where scripts/cabi.sh puts it).
+to this package (where pip install ./python bundles it), then
+build/cabi/libpagedkv.so of the source tree this package sits in (where
+scripts/cabi.sh puts it). The package loads it at import.
 """
 
 import ctypes
@@ -86,6 +87,34 @@ class Plan(ctypes.Structure):
     )
 
 
+GROUP_KINDS = ("full", "sliding", "chunked", "mla")  # PAGEDKV_GROUP_* in order
+
+
+class LayerGroup(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("window_tokens", ctypes.c_int64),
+        ("chunk_tokens", ctypes.c_int64),
+        ("num_layers", ctypes.c_int64),
+    ]
+
+
+# pagedkv_group_plan: a pagedkv_plan, then these arrays.
+GROUP_PLAN_ARRAYS = (
+    "cascade_window_left",
+    "attn_qo_indptr",
+    "attn_kv_indptr",
+    "attn_kv_page_indices",
+    "attn_kv_last_page_len",
+    "attn_requests",
+)
+GROUP_PLAN_WORDS = PLAN_WORDS + 3 * len(GROUP_PLAN_ARRAYS)
+
+
+class GroupPlan(ctypes.Structure):
+    _fields_ = [("plan", Plan)] + [(name, Array) for name in GROUP_PLAN_ARRAYS]
+
+
 STATS_FIELDS = (
     "total_pages", "free_pages", "used_pages", "evictable_pages", "pinned_idle_pages",
     "cached_pages", "pinned_pages", "shared_pages",
@@ -99,6 +128,14 @@ STATS_FIELDS = (
 
 class Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in STATS_FIELDS]
+
+
+GROUP_STATS_FIELDS = ("kind", "cached_pages", "evictable_pages", "servable_tokens", "published_pages",
+                      "evicted_pages", "copied_pages", "window_released_pages")
+
+
+class GroupStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in GROUP_STATS_FIELDS]
 
 
 class RequestState(ctypes.Structure):
@@ -117,20 +154,31 @@ def _candidates():
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
     return [
-        os.path.join(here, "libpagedkv.so"),
-        os.path.join(here, "..", "..", "build", "cabi", "libpagedkv.so"),
+        os.path.join(here, "libpagedkv.so"),  # bundled by pip install ./python
+        os.path.normpath(os.path.join(here, "..", "..", "build", "cabi", "libpagedkv.so")),  # a source tree
     ]
 
 
 def load():
+    """The library, declared; OSError naming every path tried, or the file
+    that is not a usable libpagedkv."""
     tried = []
     for path in _candidates():
-        if os.path.exists(path):
-            return _declare(ctypes.CDLL(os.path.abspath(path)))
-        tried.append(path)
+        if not os.path.exists(path):
+            tried.append(path)
+            continue
+        path = os.path.abspath(path)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise OSError("pagedkv: %s is not a loadable libpagedkv: %s" % (path, e)) from e
+        try:
+            return _declare(lib)
+        except AttributeError as e:  # a missing symbol: another library, or an old one
+            raise OSError("pagedkv: %s is not libpagedkv, or one older than this package: %s" % (path, e)) from e
     raise OSError(
-        "pagedkv: libpagedkv.so not found (tried %s); build it with scripts/cabi.sh "
-        "or set PAGEDKV_LIB" % ", ".join(tried)
+        "pagedkv: libpagedkv.so not found (tried %s); pip install ./python bundles it, scripts/libpagedkv.sh "
+        "builds it into build/cabi/, or set PAGEDKV_LIB to its path" % ", ".join(tried)
     )
 
 
@@ -164,11 +212,20 @@ def _declare(lib):
         "pagedkv_request_pages": (i32, [u64, u64, vp, i64, ctypes.POINTER(i64)]),
         "pagedkv_pending": (i32, [u64, ctypes.POINTER(i32)]),
         "pagedkv_debug_panic": (i32, [u64]),
+        "pagedkv_hybrid_create": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(LayerGroup), i64, sz,
+                                        ctypes.POINTER(u64)]),
+        "pagedkv_hybrid_num_groups": (i32, [u64, ctypes.POINTER(i64)]),
+        "pagedkv_hybrid_reserve": (i32, [u64, vp, vp, i64, vp, vp, i64]),
+        "pagedkv_hybrid_reserve_spec": (i32, [u64, vp, vp, i64, vp, vp, vp, vp, i64]),
+        "pagedkv_hybrid_get_group_stats": (i32, [u64, i64, ctypes.POINTER(GroupStats), sz]),
+        "pagedkv_hybrid_request_state": (i32, [u64, i64, u64, ctypes.POINTER(RequestState)]),
+        "pagedkv_hybrid_request_pages": (i32, [u64, i64, u64, vp, i64, ctypes.POINTER(i64)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
-    if ctypes.sizeof(ctypes.c_void_p) != 8 or ctypes.sizeof(Plan) != 8 * PLAN_WORDS:
+    if (ctypes.sizeof(ctypes.c_void_p) != 8 or ctypes.sizeof(Plan) != 8 * PLAN_WORDS
+            or ctypes.sizeof(GroupPlan) != 8 * GROUP_PLAN_WORDS):
         raise OSError("pagedkv: the Python binding needs 64-bit pointers")
     got = lib.pagedkv_abi_version()
     if got != ABI_VERSION:

@@ -17,11 +17,27 @@ append_paged_kv_cache needs them on the device). Extra keyword arguments
 Cascade plans order query rows per level: give the wrapper
 q[plan.query_rows] and scatter its output back with out[plan.query_rows] = o.
 The append always uses the plan's own row order.
+
+A HybridManager step has one Plan per layer group. Each group appends its
+own K and V with append_kwargs(group_plan), after the pool-wide
+plan.copies, and runs its attention with
+
+    for kind, kw in hybrid_plan_kwargs(plan, Hq, Hkv, D, page_size):
+        wrapper[kind].plan(**kw)    # kind: "decode", "prefill" or "cascade"
+
+group_attention_kwargs(group_plan, ...) gives one group's (kind, kwargs):
+a chunked group's flat attention is batch prefill over its attn_* arrays
+(one entry per run of a request's rows inside one chunk), every other
+group's is the dense choice with the group's window_left; a cascade passes
+the group's window_left to every level, which is exact (pagedkv only
+shares keys every row of a level sees in full, see docs/manager.md,
+"Cascade with windows").
 """
 
 from . import BadArgument
 
-__all__ = ["decode_plan_kwargs", "prefill_plan_kwargs", "cascade_plan_kwargs", "append_kwargs", "attention_kind"]
+__all__ = ["decode_plan_kwargs", "prefill_plan_kwargs", "cascade_plan_kwargs", "append_kwargs", "attention_kind",
+           "group_attention_kwargs", "hybrid_plan_kwargs"]
 
 
 def _identity(a):
@@ -64,17 +80,23 @@ def prefill_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, *
                         **extra):
     """BatchPrefillWithPagedKVCacheWrapper.plan() (causal: bottom-right
     aligned, as a chunked prefill needs)."""
+    return _prefill(plan.qo_indptr, plan.kv_indptr, plan.kv_page_indices, plan.kv_last_page_len, num_qo_heads,
+                    num_kv_heads, head_dim, page_size, causal, plan.window_left, to, extra)
+
+
+def _prefill(qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             causal, window_left, to, extra):
     kw = dict(
-        qo_indptr=to(plan.qo_indptr),
-        paged_kv_indptr=to(plan.kv_indptr),
-        paged_kv_indices=to(plan.kv_page_indices),
-        paged_kv_last_page_len=to(plan.kv_last_page_len),
+        qo_indptr=to(qo_indptr),
+        paged_kv_indptr=to(kv_indptr),
+        paged_kv_indices=to(kv_indices),
+        paged_kv_last_page_len=to(kv_last_page_len),
         num_qo_heads=num_qo_heads,
         num_kv_heads=num_kv_heads,
         head_dim_qk=head_dim,
         page_size=page_size,
         causal=causal,
-        window_left=plan.window_left,
+        window_left=window_left,
     )
     kw.update(extra)
     return kw
@@ -113,3 +135,29 @@ def append_kwargs(plan, *, to=_identity):
         kv_indptr=to(plan.kv_indptr),
         kv_last_page_len=to(plan.kv_last_page_len),
     )
+
+
+def group_attention_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, *, to=_identity, **extra):
+    """One layer group's attention of a HybridManager step as (kind, kwargs):
+    kind "cascade" (MultiLevelCascadeAttentionWrapper(len(plan.cascade)),
+    with the group's window_left on every level), "decode" or "prefill"
+    (the dense wrappers with the group's window_left), or, for a chunked
+    group's flat plan, "prefill" over its attn_* arrays (causal,
+    window_left -1): its rows come out in the plan's own order."""
+    kind = attention_kind(plan)
+    if kind == "cascade":
+        extra.setdefault("window_left", plan.window_left)
+        return kind, cascade_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **extra)
+    if plan.attn_qo_indptr is not None:
+        return "prefill", _prefill(plan.attn_qo_indptr, plan.attn_kv_indptr, plan.attn_kv_page_indices,
+                                   plan.attn_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, True,
+                                   -1, to, extra)
+    if kind == "decode":
+        return kind, decode_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **extra)
+    return kind, prefill_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **extra)
+
+
+def hybrid_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, *, to=_identity, **extra):
+    """group_attention_kwargs of every group of a HybridPlan, in group order."""
+    return [group_attention_kwargs(g, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **dict(extra))
+            for g in plan.groups]

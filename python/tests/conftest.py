@@ -1,7 +1,9 @@
 """Shared helpers of the pagedkv Python tests.
 
 The tests use the library the package finds ($PAGEDKV_LIB, or
-build/cabi/libpagedkv.so after scripts/cabi.sh).
+build/cabi/libpagedkv.so after scripts/cabi.sh), and the package in
+python/ unless $PAGEDKV_PYTHON_DIR names another folder holding a pagedkv
+package (an older wrapper, to show a test fails on it).
 """
 
 import os
@@ -9,7 +11,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.environ.get("PAGEDKV_PYTHON_DIR") or os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import pytest  # noqa: E402

@@ -80,7 +80,7 @@ def test_arrays_survive_every_call_but_reserve():
     assert not plan.valid and nxt.valid
     if views[0].__array_interface__["data"][0] == nxt.qo_indptr.__array_interface__["data"][0]:
         assert views[0][:2].tolist() == nxt.qo_indptr.tolist() == [0, 2]
-    with pytest.raises(pagedkv.BadArgument, match="invalidated"):
+    with pytest.raises(pagedkv.StalePlan, match="after the successful reserve of step"):
         plan.copy()
     m.abort()
     m.close()

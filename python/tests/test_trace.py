@@ -25,6 +25,20 @@ PLAN_KEYS = ("copies", "drafts", "qo_indptr", "batch_indices", "positions", "tok
              "kv_page_indices", "kv_last_page_len", "seq_lens")
 
 
+def check_plan(plan, want, where):
+    """plan's arrays, window_left and cascade are want's ("plan", "cascade")."""
+    got = plan_values(plan)
+    for k in PLAN_KEYS:
+        flat = got[k] if k != "copies" else [x for row in got[k] for x in row]
+        assert flat == (want["plan"].get(k) or []), "%s: %s" % (where, k)
+    assert got["window_left"] == want["plan"]["window_left"][0], where
+    if "cascade" in want:
+        assert got.get("cascade") == want["cascade"], where
+        assert got["query_rows"] == want["plan"]["query_rows"], where
+    else:
+        assert plan.cascade is None, where
+
+
 def run_op(m, op, pins):
     kind = op["op"]
     if kind == "add":
@@ -83,16 +97,7 @@ def test_replay_matches_go(trace):
         if op["op"] in ("add", "resume", "evict", "pin") and not err:
             assert result == want.get("value", 0), where
         if op["op"] in ("reserve", "reserve_spec") and not err:
-            got = plan_values(result)
-            for k in PLAN_KEYS:
-                flat = got[k] if k != "copies" else [x for row in got[k] for x in row]
-                assert flat == (op["plan"].get(k) or []), "%s: %s" % (where, k)
-            assert got["window_left"] == op["plan"]["window_left"][0], where
-            if "cascade" in op:
-                assert got.get("cascade") == op["cascade"], where
-                assert got["query_rows"] == op["plan"]["query_rows"], where
-            else:
-                assert result.cascade is None, where
+            check_plan(result, op, where)
         m.audit()
     m.close()
 

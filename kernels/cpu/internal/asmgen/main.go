@@ -31,6 +31,7 @@ func main() {
 		genAttnV4(dt)
 	}
 	genExpBlock4()
+	genPrefetchSpan()
 
 	Generate()
 }
@@ -380,19 +381,7 @@ func genLogits4(dt string) {
 			VADDPS(x1.AsX(), ra.AsX(), ra.AsX())
 			VMOVUPS(ra.AsX(), Mem{Base: sp})
 		}
-		// Next head: qp has moved one row (d4) and kh half a row (2d).
-		t := GP64()
-		MOVQ(paramAddr("qs"), t)
-		SHLQ(U8(2), t)
-		SUBQ(d4, t)
-		ADDQ(t, qp)
-		SHRQ(U8(1), d4)
-		SUBQ(d4, kh)
-		SHLQ(U8(1), d4)
-		ADDQ(paramAddr("hs"), kh)
-		MOVQ(paramAddr("ss"), t)
-		SHLQ(U8(2), t)
-		ADDQ(t, sp)
+		nextHead(qp, "qs", kh, sp, d4)
 		DECQ(hc)
 		JNZ(LabelRef(lk + "_head"))
 	}
@@ -403,7 +392,27 @@ func genLogits4(dt string) {
 	})
 }
 
-// keysTwoThenOne ends genLogits4 and genAttnV4: keys(true, ...) on pairs of
+// nextHead moves the pointers of a per-head loop from one head to the
+// next, after a loop over d that advanced rowPtr one float32 row (d4
+// bytes) and cachePtr half as far (d 16-bit values): rowPtr to the next
+// row of rowParam elements, cachePtr to the next head hs bytes on, and
+// sPtr ss float32s on.
+func nextHead(rowPtr reg.Register, rowParam string, cachePtr, sPtr, d4 reg.Register) {
+	t := GP64()
+	MOVQ(paramAddr(rowParam), t)
+	SHLQ(U8(2), t)
+	SUBQ(d4, t)
+	ADDQ(t, rowPtr)
+	MOVQ(d4, t)
+	SHRQ(U8(1), t)
+	SUBQ(t, cachePtr)
+	ADDQ(paramAddr("hs"), cachePtr)
+	MOVQ(paramAddr("ss"), t)
+	SHLQ(U8(2), t)
+	ADDQ(t, sPtr)
+}
+
+// keysTwoThenOne ends genLogits4: keys(true, ...) on pairs of
 // keys while tn >= 2 (advance moves the pointers past a pair), then
 // keys(false, ...) on a last odd key, then return.
 func keysTwoThenOne(l string, tn reg.Register, keys func(two bool, lk string), advance func()) {
@@ -425,98 +434,124 @@ func keysTwoThenOne(l string, tn reg.Register, keys func(two bool, lk string), a
 	RET()
 }
 
+// attnVChunkVectors are the widths, in 8-float vectors, of the column
+// chunks genAttnV4 works in, widest first: a chunk's accumulators for the
+// four query rows (4*width registers) stay in registers while every key of
+// the call is added to them. The last width must be 1 (d is a multiple of
+// 8).
+var attnVChunkVectors = []int{2, 1}
+
 // genAttnV4 adds T keys' weighted V rows (read straight from the cache in
-// a 16-bit dtype) into four accumulator rows per head. Like genLogits4 it
-// goes two keys at a time and every head for each pair (address order for
-// NHD pages); each V vector is widened once for the four queries of its
-// head, and each accumulator vector is loaded and stored once per pair.
+// a 16-bit dtype) into four accumulator rows per head. It works in column
+// chunks: it loads a chunk of the four accumulator rows into registers,
+// adds every key's V chunk into them (each V vector widened once for the
+// four queries, each weight broadcast once per chunk), and stores the
+// chunk once. So the accumulators cost one load and one store per chunk
+// and call, instead of one per pair of keys; the V rows of the call (a
+// page) stay in L1 between chunks. Keys are added in order with fused
+// multiply-adds, as the pure-Go model adds them (but unfused).
 func genAttnV4(dt string) {
 	name := "attnV4" + dt + "Vec"
 	TEXT(name, NOSPLIT, "func(acc *float32, as int, d int, v *byte, vs int, hs int, p *float32, ss int, T int, heads int)")
 	Pragma("noescape")
 	Doc(name+" does, for h < heads, j < 4 and i < d, acc[h*as+j*d+i] += sum_t p[h*ss+t*4+j]*v[h*hs+t*vs:][i] over t < T,",
 		"the V rows holding d "+strings.ToLower(dt)+" values (d a multiple of 8; as, ss in elements, hs, vs in bytes).")
+	l := strings.ToLower(name)
 	d4 := Load(Param("d"), GP64())
-	SHLQ(U8(2), d4)
+	SHLQ(U8(2), d4) // bytes of an accumulator row
 	d12 := GP64()
 	LEAQ(Mem{Base: d4, Index: d4, Scale: 2}, d12)
-	vt := Load(Param("v"), GP64())
 	vs := Load(Param("vs"), GP64())
-	pt := Load(Param("p"), GP64())
-	tn := Load(Param("T"), GP64())
-	var w [8]reg.VecVirtual
-	for j := range w {
-		w[j] = YMM()
-	}
-	x0, x1, y := YMM(), YMM(), YMM()
-	l := strings.ToLower(name)
+	ap := Load(Param("acc"), GP64())
+	vh := Load(Param("v"), GP64())
+	pp := Load(Param("p"), GP64())
+	hc := Load(Param("heads"), GP64())
+	n := GP64()
+	MOVQ(paramAddr("T"), n)
+	TESTQ(n, n)
+	JZ(LabelRef(l + "_done"))
+	TESTQ(hc, hc)
+	JZ(LabelRef(l + "_done"))
 
-	arow := func(ap reg.Register, j int) Mem {
+	arow := func(j, vec int) Mem {
+		m := Mem{Base: ap, Disp: 32 * vec}
 		switch j {
-		case 0:
-			return Mem{Base: ap}
 		case 1:
-			return Mem{Base: ap, Index: d4, Scale: 1}
+			m.Index, m.Scale = d4, 1
 		case 2:
-			return Mem{Base: ap, Index: d4, Scale: 2}
+			m.Index, m.Scale = d4, 2
+		case 3:
+			m.Index, m.Scale = d12, 1
 		}
-		return Mem{Base: ap, Index: d12, Scale: 1}
+		return m
 	}
-	keys := func(two bool, lk string) {
-		ap := Load(Param("acc"), GP64())
-		vh := GP64()
-		MOVQ(vt, vh)
-		pp := GP64()
-		MOVQ(pt, pp)
-		hc := Load(Param("heads"), GP64())
-		n := GP64()
-		nw := 4
-		if two {
-			nw = 8
+	maxW := attnVChunkVectors[0]
+	a := make([][]reg.VecVirtual, 4)
+	for j := range a {
+		a[j] = make([]reg.VecVirtual, maxW)
+		for w := range a[j] {
+			a[j][w] = YMM()
 		}
-		Label(lk + "_head")
-		for j := 0; j < nw; j++ {
-			VBROADCASTSS(Mem{Base: pp, Disp: 4 * j}, w[j])
-		}
-		MOVQ(d4, n)
-		Label(lk + "_axpy")
-		load8(dt, Mem{Base: vh}, x0)
-		if two {
-			load8(dt, Mem{Base: vh, Index: vs, Scale: 1}, x1)
-		}
-		for j := 0; j < 4; j++ {
-			VMOVUPS(arow(ap, j), y)
-			VFMADD231PS(x0, w[j], y)
-			if two {
-				VFMADD231PS(x1, w[4+j], y)
+	}
+	x := make([]reg.VecVirtual, maxW)
+	for w := range x {
+		x[w] = YMM()
+	}
+	bw := YMM()
+
+	// chunk adds every key into the next width vectors of the four rows.
+	chunk := func(width int, lk string) {
+		for j := range 4 {
+			for w := range width {
+				VMOVUPS(arow(j, w), a[j][w])
 			}
-			VMOVUPS(y, arow(ap, j))
 		}
-		ADDQ(U8(32), ap)
-		ADDQ(U8(16), vh)
-		SUBQ(U8(32), n)
-		JNZ(LabelRef(lk + "_axpy"))
-		// Next head: ap has moved one row (d4), vh half a row (2d).
-		t := GP64()
-		SUBQ(d4, ap)
-		MOVQ(paramAddr("as"), t)
-		SHLQ(U8(2), t)
-		ADDQ(t, ap)
-		SHRQ(U8(1), d4)
-		SUBQ(d4, vh)
-		SHLQ(U8(1), d4)
-		ADDQ(paramAddr("hs"), vh)
-		MOVQ(paramAddr("ss"), t)
-		SHLQ(U8(2), t)
-		ADDQ(t, pp)
-		DECQ(hc)
-		JNZ(LabelRef(lk + "_head"))
+		vk, wp, tc := GP64(), GP64(), GP64()
+		MOVQ(vh, vk)
+		MOVQ(pp, wp)
+		MOVQ(paramAddr("T"), tc)
+		Label(lk + "_key")
+		for w := range width {
+			load8(dt, Mem{Base: vk, Disp: 16 * w}, x[w])
+		}
+		for j := range 4 {
+			VBROADCASTSS(Mem{Base: wp, Disp: 4 * j}, bw)
+			for w := range width {
+				VFMADD231PS(x[w], bw, a[j][w])
+			}
+		}
+		ADDQ(vs, vk)
+		ADDQ(U8(16), wp)
+		DECQ(tc)
+		JNZ(LabelRef(lk + "_key"))
+		for j := range 4 {
+			for w := range width {
+				VMOVUPS(a[j][w], arow(j, w))
+			}
+		}
+		ADDQ(U32(32*width), ap)
+		ADDQ(U32(16*width), vh)
+		SUBQ(U32(32*width), n)
 	}
 
-	keysTwoThenOne(l, tn, keys, func() {
-		ADDQ(U8(32), pt)
-		LEAQ(Mem{Base: vt, Index: vs, Scale: 2}, vt)
-	})
+	Label(l + "_head")
+	MOVQ(d4, n) // bytes of the rows left
+	for _, width := range attnVChunkVectors {
+		lw := l + "_w" + string(rune('0'+width))
+		Label(lw)
+		CMPQ(n, U32(32*width))
+		JL(LabelRef(lw + "_end"))
+		chunk(width, lw)
+		JMP(LabelRef(lw))
+		Label(lw + "_end")
+	}
+	nextHead(ap, "as", vh, pp, d4)
+	DECQ(hc)
+	JNZ(LabelRef(l + "_head"))
+
+	Label(l + "_done")
+	VZEROUPPER()
+	RET()
 }
 
 // genExpBlock4 turns a block of logits s (key-major, four queries per key)
@@ -604,5 +639,24 @@ func genExpBlock4() {
 	VADDPS(Mem{Base: lp}, sum.AsX(), sum.AsX())
 	VMOVUPS(sum.AsX(), Mem{Base: lp})
 	VZEROUPPER()
+	RET()
+}
+
+// genPrefetchSpan asks for every cache line of a span of bytes (PREFETCHT0,
+// one per 64 bytes), so that the decode can have the next page of K and V
+// on its way while it computes on the current one: pages are scattered, and
+// the hardware prefetcher does not follow a jump from one to the next.
+func genPrefetchSpan() {
+	TEXT("prefetchSpan", NOSPLIT, "func(p *byte, n int)")
+	Pragma("noescape")
+	Doc("prefetchSpan asks for the cache lines of p[:n] (n > 0) to be brought into the caches; it reads nothing.")
+	p := Load(Param("p"), GP64())
+	end := Load(Param("n"), GP64())
+	ADDQ(p, end)
+	Label("prefetch_line")
+	PREFETCHT0(Mem{Base: p})
+	ADDQ(U8(64), p)
+	CMPQ(p, end)
+	JB(LabelRef("prefetch_line"))
 	RET()
 }

@@ -1,0 +1,254 @@
+package main
+
+import (
+	"archive/zip"
+	"debug/elf"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// debianPython is the interpreter the Python tests use: Debian's, with its
+// python3-numpy, python3-pytest, python3-setuptools, python3-wheel and
+// python3-venv (the python3 on PATH may be another one, e.g. pyenv's).
+const debianPython = "/usr/bin/python3"
+
+// requireTools skips the test when a tool it needs is missing, and fails
+// it instead under CI=true (.ci/run installs them all).
+func requireTools(t *testing.T, tools []string, pythonModules string) {
+	t.Helper()
+	missing := func(what string) {
+		t.Helper()
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s, and CI=true: the C ABI and Python tests must run in CI", what)
+		}
+		t.Skipf("%s: skipping (.ci/run installs it)", what)
+	}
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing(tool + " not found")
+		}
+	}
+	if pythonModules != "" {
+		if out, err := exec.Command(debianPython, "-c", "import "+pythonModules).CombinedOutput(); err != nil {
+			missing(debianPython + " cannot import " + pythonModules + ": " + string(out))
+		}
+	}
+}
+
+// run runs name in dir and fails the test, with the command's output, if
+// it does not succeed; it returns the output.
+func run(t *testing.T, dir string, env []string, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s %s (%.1f s)", name, strings.Join(args, " "), time.Since(start).Seconds())
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// soname returns the DT_SONAME entries of the shared library at path.
+func soname(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	names, err := f.DynString(elf.DT_SONAME)
+	if err != nil {
+		t.Fatalf("%s: reading DT_SONAME: %v", path, err)
+	}
+	return names
+}
+
+// TestLibraryHasSONAME builds libpagedkv.so the way every build of it does
+// (scripts/libpagedkv.sh) and checks that it records the SONAME
+// libpagedkv.so, read with debug/elf and, where binutils is installed, as
+// readelf -d shows it.
+func TestLibraryHasSONAME(t *testing.T) {
+	requireTools(t, []string{"bash", "gcc"}, "")
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib := filepath.Join(t.TempDir(), "libpagedkv.so")
+	run(t, root, nil, "bash", filepath.Join(root, "scripts", "libpagedkv.sh"), lib)
+	if got := soname(t, lib); len(got) != 1 || got[0] != "libpagedkv.so" {
+		t.Fatalf("%s: SONAME %q, want [libpagedkv.so]", lib, got)
+	}
+	if _, err := exec.LookPath("readelf"); err == nil {
+		out := run(t, root, nil, "readelf", "-d", lib)
+		if !strings.Contains(out, "Library soname: [libpagedkv.so]") {
+			t.Fatalf("readelf -d %s shows no SONAME libpagedkv.so:\n%s", lib, out)
+		}
+	}
+}
+
+// TestInstalledLibraryBuildsWithPkgConfig installs the C library under a
+// fresh prefix (scripts/install-libpagedkv.sh), builds the C test program
+// with nothing but `pkg-config --cflags --libs pagedkv`, runs it, and
+// checks that the program records libpagedkv.so as NEEDED, the name the
+// dynamic loader looks for (the SONAME; TestLibraryHasSONAME checks that).
+func TestInstalledLibraryBuildsWithPkgConfig(t *testing.T) {
+	requireTools(t, []string{"bash", "gcc", "pkg-config"}, "")
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := t.TempDir()
+	run(t, root, nil, "bash", filepath.Join(root, "scripts", "install-libpagedkv.sh"), prefix)
+	pc := []string{"PKG_CONFIG_PATH=" + filepath.Join(prefix, "lib", "pkgconfig")}
+	if got := strings.TrimSpace(run(t, root, pc, "pkg-config", "--modversion", "pagedkv")); got != "2" {
+		t.Errorf("pkg-config --modversion pagedkv = %q, want the ABI version 2", got)
+	}
+	flags := strings.Fields(run(t, root, pc, "pkg-config", "--cflags", "--libs", "pagedkv"))
+	prog := filepath.Join(t.TempDir(), "pagedkv_test")
+	args := append([]string{"-std=c11", "-Wall", "-Werror", filepath.Join(root, "cabi", "testdata", "pagedkv_test.c"), "-o", prog}, flags...)
+	run(t, root, nil, "gcc", args...)
+	if out := run(t, root, nil, prog); !strings.Contains(out, "pagedkv_test: ok") {
+		t.Errorf("%s printed no \"pagedkv_test: ok\":\n%s", prog, out)
+	}
+	f, err := elf.Open(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	needed, err := f.ImportedLibraries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(needed, "libpagedkv.so") {
+		t.Errorf("%s needs %q, not libpagedkv.so", prog, needed)
+	}
+}
+
+// TestPythonPackageInstallsInFreshVenv does what docs/c-abi.md
+// ("Installing") tells a newcomer, offline, in a fresh copy of this source
+// tree (its tracked and untracked files, nothing ignored, so no build
+// output): a venv over Debian's packages, pip install --no-build-isolation
+// ./python (which compiles libpagedkv.so into the package), import pagedkv
+// from outside the tree, and pip wheel. The installed library must be the
+// bundled one, with its SONAME, and the wheel must hold it. About 30 s on
+// a loaded 2-core machine, most of it compiling the library in the copy.
+func TestPythonPackageInstallsInFreshVenv(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: compiles libpagedkv in a fresh tree")
+	}
+	requireTools(t, []string{"bash", "gcc", "git"}, "numpy, setuptools, wheel, venv")
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	tree := filepath.Join(tmp, "pagedkv")
+	copyTree(t, root, tree)
+
+	venv := filepath.Join(tmp, "v")
+	offline := []string{"PIP_NO_INDEX=1", "PIP_FIND_LINKS=", "PAGEDKV_LIB=", "PYTHONDONTWRITEBYTECODE=1"}
+	run(t, tmp, offline, debianPython, "-m", "venv", "--system-site-packages", venv)
+	pip := filepath.Join(venv, "bin", "pip")
+	run(t, tree, offline, pip, "install", "--no-build-isolation", "./python")
+
+	// From outside the tree, with PAGEDKV_LIB unset: only the bundled
+	// library can be found.
+	out := run(t, tmp, offline, filepath.Join(venv, "bin", "python"), "-c", `import os, pagedkv
+m = pagedkv.Manager(num_pages=16, page_size=4)
+m.add(1, [1, 2, 3, 4, 5])
+plan = m.reserve([1], [5])
+print(pagedkv.__file__)
+print(pagedkv._lib._name)
+print(plan.kv_indptr.tolist(), plan.kv_last_page_len.tolist())`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("import pagedkv printed %q, want 3 lines", out)
+	}
+	pkgDir := filepath.Dir(lines[0])
+	if !strings.HasPrefix(pkgDir, venv+string(filepath.Separator)) {
+		t.Errorf("pagedkv imported from %s, not from the venv %s", pkgDir, venv)
+	}
+	if want := filepath.Join(pkgDir, "libpagedkv.so"); lines[1] != want {
+		t.Errorf("pagedkv loaded %s, want the bundled %s", lines[1], want)
+	}
+	if lines[2] != "[0, 2] [1]" {
+		t.Errorf("the installed package's plan: kv_indptr, kv_last_page_len = %s, want [0, 2] [1]", lines[2])
+	}
+	if got := soname(t, lines[1]); len(got) != 1 || got[0] != "libpagedkv.so" {
+		t.Errorf("%s: SONAME %q, want [libpagedkv.so]", lines[1], got)
+	}
+
+	wheels := filepath.Join(tmp, "wheels")
+	run(t, tree, offline, pip, "wheel", "--no-build-isolation", "--no-deps", "-w", wheels, "./python")
+	found, err := filepath.Glob(filepath.Join(wheels, "pagedkv-*-linux_*.whl"))
+	if err != nil || len(found) != 1 {
+		t.Fatalf("pip wheel wrote %v (%v), want one platform wheel pagedkv-*-linux_*.whl", found, err)
+	}
+	zr, err := zip.OpenReader(found[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer zr.Close()
+	var names []string
+	for _, f := range zr.File {
+		names = append(names, f.Name)
+	}
+	if !strings.Contains(strings.Join(names, "\n")+"\n", "pagedkv/libpagedkv.so\n") {
+		t.Errorf("%s holds %q, no pagedkv/libpagedkv.so", found[0], names)
+	}
+}
+
+// copyTree copies the files of root that git tracks or would track (not
+// the ignored ones: no build output) to dst, keeping their modes: a fresh
+// clone of the working tree, uncommitted changes included.
+func copyTree(t *testing.T, root, dst string) {
+	t.Helper()
+	files := strings.Split(strings.TrimRight(run(t, root, nil, "git", "ls-files", "-z", "--cached", "--others",
+		"--exclude-standard"), "\x00"), "\x00")
+	for _, name := range files {
+		src := filepath.Join(root, name)
+		info, err := os.Lstat(src)
+		if os.IsNotExist(err) {
+			continue // deleted in the working tree, not yet in the index
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !info.Mode().IsRegular() {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dst, name)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		copyFile(t, src, filepath.Join(dst, name), info.Mode().Perm())
+	}
+}
+
+func copyFile(t *testing.T, src, dst string, perm os.FileMode) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, perm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,79 @@
+package replay
+
+import (
+	"fmt"
+	"image/color"
+	"strconv"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// WritePlot draws hit ratio against capacity (percent of distinct blocks,
+// log scale) for each policy, Belady's optimum and the unlimited-capacity
+// line, and saves it to path; the extension (.png, .svg, .pdf) picks the
+// format.
+func (sw *Sweep) WritePlot(path, title string) error {
+	if len(sw.Points) == 0 {
+		return fmt.Errorf("%w: nothing to plot", ErrBadConfig)
+	}
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "capacity (% of distinct blocks)"
+	p.Y.Label.Text = "prefix hit ratio (% of prompt blocks)"
+	p.X.Scale = plot.LogScale{}
+	ticks := make([]plot.Tick, len(sw.Points))
+	for i, pt := range sw.Points {
+		ticks[i] = plot.Tick{Value: 100 * pt.Fraction, Label: strconv.FormatFloat(100*pt.Fraction, 'g', 3, 64)}
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	p.Y.Min = 0
+	p.Legend.Top = false
+	p.Legend.Left = false
+	p.Add(plotter.NewGrid())
+
+	line := func(name string, pts plotter.XYs, c color.Color, dashed bool, shape draw.GlyphDrawer) error {
+		l, s, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return err
+		}
+		l.Color, s.Color, s.Shape = c, c, shape
+		l.Width = vg.Points(1.5)
+		if dashed {
+			l.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+		}
+		p.Add(l, s)
+		p.Legend.Add(name, l, s)
+		return nil
+	}
+	palette := []color.Color{
+		color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 255}, color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 255},
+		color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 255}, color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 255},
+		color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 255},
+	}
+	shapes := []draw.GlyphDrawer{draw.CircleGlyph{}, draw.SquareGlyph{}, draw.TriangleGlyph{}, draw.CrossGlyph{}, draw.PlusGlyph{}}
+	for i, name := range sw.Policies {
+		pts := make(plotter.XYs, len(sw.Points))
+		for k, pt := range sw.Points {
+			pts[k] = plotter.XY{X: 100 * pt.Fraction, Y: 100 * pt.Results[i].HitRatio()}
+		}
+		if err := line(name, pts, palette[i%len(palette)], false, shapes[i%len(shapes)]); err != nil {
+			return err
+		}
+	}
+	bel := make(plotter.XYs, len(sw.Points))
+	unl := make(plotter.XYs, len(sw.Points))
+	for k, pt := range sw.Points {
+		bel[k] = plotter.XY{X: 100 * pt.Fraction, Y: 100 * ratio(pt.BeladyHits, pt.Results[0].Blocks)}
+		unl[k] = plotter.XY{X: 100 * pt.Fraction, Y: 100 * ratio(sw.UnlimitedHits, sw.Blocks)}
+	}
+	if err := line("belady", bel, color.Black, true, draw.RingGlyph{}); err != nil {
+		return err
+	}
+	if err := line("unlimited", unl, color.Gray{Y: 0x80}, true, draw.BoxGlyph{}); err != nil {
+		return err
+	}
+	return p.Save(6*vg.Inch, 4*vg.Inch, path)
+}

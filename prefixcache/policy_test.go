@@ -1,0 +1,101 @@
+package prefixcache
+
+import (
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/allocator"
+)
+
+func TestUnknownEvictionPolicyIsRejectedByName(t *testing.T) {
+	a, err := allocator.New(allocator.Config{NumPages: 4})
+	require.NoError(t, err)
+	_, err = New(Config{NumPages: 4, PageSize: 2, Refs: a, Eviction: "lfu-ish"})
+	require.ErrorIs(t, err, ErrBadConfig)
+	require.ErrorIs(t, err, ErrUnknownPolicy)
+	require.ErrorContains(t, err, `"lfu-ish"`)
+	require.ErrorContains(t, err, "lru, slru, srrip")
+	c, err := New(Config{NumPages: 4, PageSize: 2, Refs: a})
+	require.NoError(t, err)
+	require.Equal(t, PolicyLRU, c.Eviction(), "the default")
+}
+
+func TestNodeIsOneCacheLine(t *testing.T) {
+	require.Equal(t, uintptr(64), unsafe.Sizeof(node{}))
+}
+
+// TestPoliciesOrderVictims draws each policy's choice on one picture: a
+// chain a0<-a1 that served a hit and a fresh chain b0<-b1, idle in the
+// order a1 a0 b1 b0.
+func TestPoliciesOrderVictims(t *testing.T) {
+	for policy, want := range map[string][]PageID{
+		PolicyLRU:   {1, 0, 3, 2}, // idle order
+		PolicySLRU:  {3, 2, 1, 0}, // probation (no hits) first
+		PolicySRRIP: {3, 2, 1, 0}, // RRPV 2 before RRPV 0
+	} {
+		t.Run(policy, func(t *testing.T) {
+			a, err := allocator.New(allocator.Config{NumPages: 4})
+			require.NoError(t, err)
+			c, err := New(Config{NumPages: 4, PageSize: 1, Refs: a, Seed: 1, Eviction: policy})
+			require.NoError(t, err)
+			pages := make([]PageID, 4)
+			require.NoError(t, a.Alloc(pages))
+			publish := func(p0, p1 PageID, tok int32) {
+				h, _, err := c.Publish(Handle{}, Key{}, p0, []int32{tok}, 0)
+				require.NoError(t, err)
+				_, _, err = c.Publish(h, Key{}, p1, []int32{tok + 1}, 0)
+				require.NoError(t, err)
+			}
+			publish(0, 1, 10)
+			publish(2, 3, 20)
+			c.Hit(0, 1)
+			for _, p := range []PageID{1, 0, 3, 2} {
+				_, err := a.Release(p)
+				require.NoError(t, err)
+				c.Recheck(p)
+			}
+			var got []PageID
+			for c.Len() > 0 {
+				v := c.victim()
+				got = append(got, PageID(v))
+				require.Equal(t, 1, c.Evict(1))
+			}
+			require.Equal(t, want, got)
+			require.NoError(t, c.CheckInvariants())
+		})
+	}
+}
+
+// Publishing, hits, release and eviction allocate nothing under any policy
+// (the per-step hot path).
+func TestPoliciesDoNotAllocate(t *testing.T) {
+	for _, policy := range PolicyNames() {
+		a, err := allocator.New(allocator.Config{NumPages: 8})
+		require.NoError(t, err)
+		c, err := New(Config{NumPages: 8, PageSize: 1, Refs: a, Seed: 1, Eviction: policy})
+		require.NoError(t, err)
+		pages := make([]PageID, 4)
+		tok := []int32{0}
+		allocs := testing.AllocsPerRun(100, func() {
+			if err := a.Alloc(pages); err != nil {
+				t.Fatal(err)
+			}
+			h := Handle{}
+			for i, p := range pages {
+				tok[0] = int32(i)
+				h, _, _ = c.Publish(h, Key{}, p, tok, 0)
+			}
+			c.Hit(pages[:2]...)
+			for i := len(pages) - 1; i >= 0; i-- {
+				if _, err := a.Release(pages[i]); err != nil {
+					t.Fatal(err)
+				}
+				c.Recheck(pages[i])
+			}
+			c.Evict(len(pages))
+		})
+		require.Zero(t, allocs, policy)
+	}
+}
