@@ -84,8 +84,14 @@ var layering = map[string]pkgRule{
 	"pagetable":    at(L2, "allocator", "ragged", "internal/invariants"),
 	"ppl":          at(L2, "quant", "layout", "kernels"),
 	"tier/host":    at(L2, "tier", "internal/invariants"),
+	// The disk tier: segment files (x/sys/unix: preadv into the pages'
+	// own buffers).
+	"tier/disk": at(L2, "tier", "golang.org/x/sys/unix"),
+	// A request's KV from one Manager to another: plan, stream, receiving
+	// store, loopback TCP. It knows pages and tiers, not the Manager.
+	"handoff": at(L2, "tier"),
 	// The only importer of the Redis client.
-	"tier/redis": at(L2, "tier", "layout", "github.com/redis/go-redis/v9"),
+	"tier/redis": at(L2, "tier", "github.com/redis/go-redis/v9"),
 
 	"append":      at(L3, "kernels", "pagetable", "github.com/pkg/errors"),
 	"mla":         at(L3, "kernels", "layout", "pagetable", "github.com/pkg/errors"),
@@ -120,7 +126,7 @@ var layering = map[string]pkgRule{
 
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
 	// The serving-workload simulator behind `pagedkv simulate`.
-	"internal/sim": at(T2, "", "append", "cascade", "events", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "tier"),
+	"internal/sim": at(T2, "", "append", "cascade", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "tier"),
 
 	// Production-trace replay behind `pagedkv replay`: the Manager in
 	// metadata-only mode, the limits, the plot (the only importer of gonum).

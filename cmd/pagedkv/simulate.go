@@ -95,6 +95,14 @@ prefix is the one every layer group holds (the HybridManager's admission
 rule). The same workload then runs with round robin, and the summary
 compares prefix hits and recomputed tokens.
 
+--disaggregated runs a prefill side and a decode side in one process
+(docs/tiers.md): the prefill side computes each prompt, exports the
+request's full pages (coalesced into runs of consecutive device pages) over
+a loopback TCP stream that the decode side verifies before admitting; the
+decode side is served them as prefix hits, computes the rest and the
+output, and is verified as any run; its tokens must equal a single-process
+run's. The summary reports the pages, descriptors and bytes handed off.
+
 Flags:
 `
 
@@ -138,6 +146,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	quiet := fs.Bool("quiet", false, "no progress output")
 	kv := kvEventFlags(fs)
 	replicas := fs.Int("replicas", 1, "run R replicas behind a prefix-aware router fed only by their KV events over loopback ZeroMQ, and compare with round robin on the same workload (docs/events.md)")
+	disaggregated := fs.Bool("disaggregated", false, "run a prefill process and a decode process in one process, handing each request's KV over loopback TCP, and compare with a single-process run (docs/tiers.md)")
 	slack := fs.Int("route-slack", sim.DefaultLoadSlack, "with --replicas: a replica is a routing candidate while its load (requests running or waiting) is at most the least load plus this (<0: no cap)")
 	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
 		return code
@@ -195,6 +204,9 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	if !*quiet {
 		prog = newProgress(stderr)
 		cfg.Progress = prog.update
+	}
+	if *disaggregated {
+		return runDisaggregated(cfg, workload, *replicas, *kv.addr, *metricsAddr, *redisAddr, prog, stdout, fail)
 	}
 	if *replicas != 1 {
 		if *kv.addr != "" {

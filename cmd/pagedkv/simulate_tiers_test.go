@@ -61,3 +61,19 @@ func TestSimulateTierFlagsRejected(t *testing.T) {
 		assert.Contains(t, errOut, c.msg)
 	}
 }
+
+// --disaggregated: a prefill and a decode side over loopback, compared
+// with a single-process run.
+func TestSimulateDisaggregated(t *testing.T) {
+	code, out, errOut := runCLI(append([]string{"simulate", "--disaggregated", "--requests", "12", "--pages", "48", "--quiet"}, smallModel...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Regexp(t, `^[1-9]\d* requests handed off over loopback TCP, 0 refused; [1-9]\d* pages in [1-9]\d* descriptors`, summaryField(t, out, "handoff"))
+	assert.Regexp(t, `tokens equal to the single-process run$`, summaryField(t, out, "decode side"))
+	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+
+	for _, bad := range [][]string{{"--replicas", "2"}, {"--model", "gemma-3-like"}, {"--window", "32"}} {
+		code, _, errOut = runCLI(append([]string{"simulate", "--disaggregated", "--requests", "4", "--quiet"}, bad...)...)
+		assert.Equal(t, exitUsage, code, "%v: %s", bad, errOut)
+		assert.Contains(t, errOut, "disaggregated", "%v", bad)
+	}
+}

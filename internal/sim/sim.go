@@ -230,6 +230,11 @@ type Sim struct {
 	copies  []pagedkv.TierCopy
 	copyIDs []uint64
 
+	// beforeRelease, when set, sees each finished request while it still
+	// holds its pages (the prefill side of a disaggregated run exports
+	// them).
+	beforeRelease func(r *reqState) error
+
 	sum Summary
 }
 
@@ -758,6 +763,11 @@ func (s *Sim) commit() error {
 	for _, r := range s.running {
 		if r.sampled < r.spec.Output {
 			continue
+		}
+		if s.beforeRelease != nil {
+			if err := s.beforeRelease(r); err != nil {
+				return err
+			}
 		}
 		if err := s.timed(func() error { return s.mgr.Release(r.id) }); err != nil {
 			return fmt.Errorf("release %s: %w", r.name(), err)

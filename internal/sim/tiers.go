@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/tier"
 )
@@ -28,34 +29,16 @@ func (s *Sim) tierCopies() error {
 		return nil
 	}
 	t := time.Now()
-	f := tierFormat(&s.cfg)
-	plane := f.PlaneBytes()
 	s.copyIDs = s.copyIDs[:0]
 	for _, c := range s.copies {
-		hp := s.m.HostPage(c.Host)
-		for l := range s.eng.caches {
-			off := f.LayerOffset(l)
-			var err error
-			// On a device backend the page crosses the host/device
-			// boundary through the engine's host mirror of the layer.
-			dev := s.eng.dev
-			page := []int32{int32(c.Device)}
-			if c.Dir == tier.ToHost {
-				if dev != nil {
-					err = dev.tierTransfer(func() error { return dev.b.DownloadPages(&s.eng.caches[l], dev.caches[l], page) })
-				}
-				if err == nil {
-					err = cpu.CopyPageToHost(hp[off:off+2*plane], &s.eng.caches[l], int(c.Device))
-				}
-			} else {
-				err = cpu.CopyPageFromHost(&s.eng.caches[l], int(c.Device), hp[off:off+2*plane])
-				if err == nil && dev != nil {
-					err = dev.tierTransfer(func() error { return dev.b.UploadPages(dev.caches[l], &s.eng.caches[l], page) })
-				}
-			}
-			if err != nil {
-				return fmt.Errorf("tier copy %d (%v, page %d, host page %d), layer %d: %w", c.ID, c.Dir, c.Device, c.Host, l, err)
-			}
+		var err error
+		if c.Dir == tier.ToHost {
+			err = s.readPage(s.m.HostPage(c.Host), c.Device)
+		} else {
+			err = s.writePage(c.Device, s.m.HostPage(c.Host))
+		}
+		if err != nil {
+			return fmt.Errorf("tier copy %d (%v, page %d, host page %d): %w", c.ID, c.Dir, c.Device, c.Host, err)
 		}
 		s.copyIDs = append(s.copyIDs, c.ID)
 	}
@@ -63,6 +46,48 @@ func (s *Sim) tierCopies() error {
 	err := s.timed(func() error { return s.m.CompleteTierCopies(s.copyIDs...) })
 	if err != nil {
 		return fmt.Errorf("complete tier copies: %w", err)
+	}
+	return nil
+}
+
+// readPage copies every layer's K and V planes of device page p into dst
+// (tierFormat's bytes). On a device backend the page crosses the
+// host/device boundary through the engine's host mirror of the layer.
+func (s *Sim) readPage(dst []byte, p pagedkv.PageID) error {
+	return s.eachLayer(dst, p, func(l int, planes []byte, page []int32) error {
+		if dev := s.eng.dev; dev != nil {
+			if err := dev.tierTransfer(func() error { return dev.b.DownloadPages(&s.eng.caches[l], dev.caches[l], page) }); err != nil {
+				return err
+			}
+		}
+		return cpu.CopyPageToHost(planes, &s.eng.caches[l], int(p))
+	})
+}
+
+// writePage copies src (tierFormat's bytes) into every layer's K and V
+// planes of device page p.
+func (s *Sim) writePage(p pagedkv.PageID, src []byte) error {
+	return s.eachLayer(src, p, func(l int, planes []byte, page []int32) error {
+		if err := cpu.CopyPageFromHost(&s.eng.caches[l], int(p), planes); err != nil {
+			return err
+		}
+		if dev := s.eng.dev; dev != nil {
+			return dev.tierTransfer(func() error { return dev.b.UploadPages(dev.caches[l], &s.eng.caches[l], page) })
+		}
+		return nil
+	})
+}
+
+// eachLayer calls copyLayer with each layer's K and V planes in buf (a
+// page in tierFormat) and page p as a one-page list.
+func (s *Sim) eachLayer(buf []byte, p pagedkv.PageID, copyLayer func(l int, planes []byte, page []int32) error) error {
+	f := tierFormat(&s.cfg)
+	page := []int32{int32(p)}
+	for l := range s.eng.caches {
+		off := f.LayerOffset(l)
+		if err := copyLayer(l, buf[off:off+2*f.PlaneBytes()], page); err != nil {
+			return fmt.Errorf("layer %d: %w", l, err)
+		}
 	}
 	return nil
 }

@@ -73,14 +73,12 @@ type Store struct {
 	valueLen  int
 	pageBytes int
 
-	queue  chan *job
-	free   chan *job
-	wg     sync.WaitGroup
-	mu     sync.Mutex // guards closed against Store racing Close
-	done   bool
-	idle   sync.Cond // signalled when queued reaches 0
-	qmu    sync.Mutex
-	queued int
+	queue   chan *job
+	free    chan *job
+	wg      sync.WaitGroup
+	mu      sync.Mutex // guards closed against Store racing Close
+	done    bool
+	backlog tier.Backlog
 
 	lookups, requested, hits, misses, errs, timeouts atomic.Int64
 	stored, dropped, bytesIn, bytesOut               atomic.Int64
@@ -151,7 +149,6 @@ func New(cfg Config) (*Store, error) {
 		queue:     make(chan *job, cfg.QueueLen),
 		free:      make(chan *job, cfg.QueueLen),
 	}
-	s.idle.L = &s.qmu
 	for range cfg.QueueLen {
 		s.free <- &job{val: make([]byte, 0, s.valueLen)}
 	}
@@ -327,9 +324,7 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 		s.dropped.Add(1)
 		return false
 	}
-	s.qmu.Lock()
-	s.queued++
-	s.qmu.Unlock()
+	s.backlog.Add(1)
 	s.queue <- j // never blocks: at most QueueLen jobs exist
 	s.mu.Unlock()
 	return true
@@ -378,45 +373,19 @@ func (s *Store) write(batch []*job) {
 		j.key, j.val = "", j.val[:0]
 		s.free <- j
 	}
-	s.qmu.Lock()
-	s.queued -= len(batch)
-	if s.queued == 0 {
-		s.idle.Broadcast()
-	}
-	s.qmu.Unlock()
+	s.backlog.Done(len(batch))
 }
 
 // Flush waits until every queued page has been written or has failed, or
 // until ctx is done.
-func (s *Store) Flush(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() {
-		s.qmu.Lock()
-		s.idle.Broadcast()
-		s.qmu.Unlock()
-	})
-	defer stop()
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
-	for s.queued > 0 {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		s.idle.Wait()
-	}
-	return nil
-}
+func (s *Store) Flush(ctx context.Context) error { return s.backlog.Wait(ctx, nil) }
 
 // Close stops accepting pages, writes what is queued (each batch bounded by
 // WriteTimeout) and closes the client.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	if s.done {
-		s.mu.Unlock()
+	if !tier.CloseQueue(&s.mu, &s.done, s.queue) {
 		return nil
 	}
-	s.done = true
-	close(s.queue)
-	s.mu.Unlock()
 	s.wg.Wait()
 	return s.client.Close()
 }

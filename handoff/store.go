@@ -1,0 +1,158 @@
+package handoff
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/pagedkv/pagedkv/tier"
+)
+
+// Store holds admitted requests' pages for the decode Manager: a
+// [tier.RemoteStore] that serves them (read-only: the Manager's write-
+// through Store calls are declined) until they are forgotten.
+type Store struct {
+	cfg      Config
+	maxPages int
+
+	mu      sync.Mutex
+	pages   map[tier.Digest]*held
+	admits  map[uint64][]tier.Digest
+	nextID  uint64
+	holding int
+
+	c tier.RemoteCounters // declined writes count as Dropped
+}
+
+type held struct {
+	page tier.RemotePage
+	refs int // admitted requests holding the page (shared prefixes)
+}
+
+var _ tier.RemoteStore = (*Store)(nil)
+
+// NewStore returns a store holding at most maxPages pages.
+func NewStore(cfg Config, maxPages int) (*Store, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if maxPages < 1 {
+		return nil, fmt.Errorf("%w: maxPages = %d, want >= 1", ErrBadConfig, maxPages)
+	}
+	return &Store{cfg: cfg, maxPages: maxPages, pages: map[tier.Digest]*held{}, admits: map[uint64][]tier.Digest{}}, nil
+}
+
+// Admit adds every page of r (verified by ReadRequest) and returns a
+// handle for Forget; when they do not fit it admits none and returns
+// ErrFull.
+func (s *Store) Admit(r *Received) (uint64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fresh := 0
+	for i := range r.Pages {
+		if _, ok := s.pages[r.Pages[i].Digest]; !ok {
+			fresh++
+		}
+	}
+	if s.holding+fresh > s.maxPages {
+		return 0, fmt.Errorf("%w: %d new pages, %d of %d held", ErrFull, fresh, s.holding, s.maxPages)
+	}
+	s.nextID++
+	ds := make([]tier.Digest, len(r.Pages))
+	for i := range r.Pages {
+		p := r.Pages[i]
+		ds[i] = p.Digest
+		h, ok := s.pages[p.Digest]
+		if !ok {
+			h = &held{page: p}
+			s.pages[p.Digest] = h
+			s.holding++
+		}
+		h.refs++
+	}
+	s.admits[s.nextID] = ds
+	return s.nextID, nil
+}
+
+// Forget drops admission id's hold on its pages (the decode Manager has
+// them now, or will recompute them); it reports whether id was admitted.
+func (s *Store) Forget(id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ds, ok := s.admits[id]
+	if !ok {
+		return false
+	}
+	delete(s.admits, id)
+	for _, d := range ds {
+		h := s.pages[d]
+		if h.refs--; h.refs == 0 {
+			delete(s.pages, d)
+			s.holding--
+		}
+	}
+	return true
+}
+
+// Held is the number of pages held.
+func (s *Store) Held() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.holding
+}
+
+// Fetch implements [tier.RemoteStore]: the leading pages held whose
+// parent and tokens equal the request's.
+func (s *Store) Fetch(_ context.Context, pages []tier.RemotePage) int {
+	if len(pages) == 0 {
+		return 0
+	}
+	s.c.Lookups.Add(1)
+	s.c.Requested.Add(int64(len(pages)))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range pages {
+		p := &pages[i]
+		h, ok := s.pages[p.Digest]
+		if !ok || h.page.Parent != p.Parent || !slices.Equal(h.page.Tokens, p.Tokens) || len(p.Data) != len(h.page.Data) {
+			s.c.Misses.Add(1)
+			return i
+		}
+		copy(p.Data, h.page.Data)
+		s.c.Hits.Add(1)
+		s.c.BytesIn.Add(int64(len(p.Data)))
+	}
+	return len(pages)
+}
+
+// Store implements [tier.RemoteStore]: the store holds only admitted
+// requests, so it declines.
+func (s *Store) Store(*tier.RemotePage) bool {
+	s.c.Dropped.Add(1)
+	return false
+}
+
+// Stats implements [tier.RemoteStore] (declined writes count as Dropped).
+func (s *Store) Stats() tier.RemoteStats { return s.c.Snapshot() }
+
+// CheckInvariants checks the reference counts against the admissions.
+func (s *Store) CheckInvariants() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	refs := map[tier.Digest]int{}
+	for _, ds := range s.admits {
+		for _, d := range ds {
+			refs[d]++
+		}
+	}
+	if len(refs) != len(s.pages) || s.holding != len(s.pages) {
+		return fmt.Errorf("handoff: %d pages held, %d referenced, counter %d", len(s.pages), len(refs), s.holding)
+	}
+	for d, h := range s.pages {
+		if refs[d] != h.refs {
+			return fmt.Errorf("handoff: page %s has %d references, %d admissions hold it", d.String()[:16], h.refs, refs[d])
+		}
+	}
+	return nil
+}

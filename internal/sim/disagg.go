@@ -1,0 +1,189 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"time"
+
+	"github.com/pagedkv/pagedkv/handoff"
+)
+
+// Disaggregated is what a disaggregated run did: a prefill Sim computes
+// each request's prompt (and its first token), exports the request's full
+// pages over a loopback TCP stream (package handoff) and releases it once
+// the decode side acknowledged them; a decode Sim then runs the workload
+// with the received pages as its remote tier, so every prompt's full pages
+// arrive as a prefix hit and only the rest (under one page) and the output
+// are computed there. Both sides are verified as any run; Single is the
+// same workload in one process, whose tokens must equal the decode side's.
+type Disaggregated struct {
+	Prefill, Decode, Single Summary
+	// The handoff: requests sent, run descriptors (consecutive device
+	// pages), pages and their K/V bytes, stream bytes on the wire, and
+	// requests the receiver refused (kept by the prefill side).
+	Requests, Descriptors, Pages int
+	Bytes, StreamBytes           int64
+	Refused                      int
+	// MaxDescriptors is the most descriptors of one request.
+	MaxDescriptors int
+	// SendTime is the wall time of the transfers (encode, loopback,
+	// verify, admit, acknowledge).
+	SendTime time.Duration
+}
+
+// handoffNamespace names the simulated deployment in handoff values (as
+// the CLI's Redis tier does).
+func handoffConfig(cfg *Config) handoff.Config {
+	return handoff.Config{Namespace: fmt.Sprintf("simulate-model-seed%d", cfg.Model.Seed), Format: tierFormat(cfg)}
+}
+
+// RunDisaggregated runs workload as a prefill process and a decode process
+// in one process, handing every request's KV over loopback TCP, and checks
+// the decode side against a single-process run of the same workload.
+func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
+	var d Disaggregated
+	switch {
+	case cfg.Groups != nil:
+		return d, fmt.Errorf("%w: a disaggregated run needs a dense model (the HybridManager has no tiers)", ErrBadConfig)
+	case cfg.WindowTokens > 0:
+		return d, fmt.Errorf("%w: a disaggregated run needs full attention (a window releases leading pages)", ErrBadConfig)
+	case cfg.Remote != nil:
+		return d, fmt.Errorf("%w: a disaggregated run's decode side uses the handoff as its remote tier", ErrBadConfig)
+	}
+	hcfg := handoffConfig(&cfg)
+	fullPages := 0
+	prefillWork := slices.Clone(workload)
+	for i := range prefillWork {
+		fullPages += len(prefillWork[i].Prompt) / cfg.PageSize
+		// The prefill side computes the prompt and samples one token.
+		prefillWork[i].Output, prefillWork[i].Samples = 1, 1
+	}
+	st, err := handoff.NewStore(hcfg, max(1, fullPages))
+	if err != nil {
+		return d, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return d, err
+	}
+	defer ln.Close()
+	go handoff.Serve(ln, st, time.Minute, nil)
+
+	pcfg := cfg
+	pcfg.Progress = nil
+	p, err := New(pcfg, prefillWork)
+	if err != nil {
+		return d, err
+	}
+	p.beforeRelease = func(r *reqState) error { return d.send(p, r, ln.Addr().String(), hcfg) }
+	if d.Prefill, err = p.Run(); err != nil {
+		return d, fmt.Errorf("prefill side: %w", err)
+	}
+
+	dcfg := cfg
+	dcfg.Remote = st
+	if dcfg.HostPages == 0 {
+		dcfg.HostPages = cfg.NumPages // received pages land in host pages, then onload
+	}
+	dcfg.RemoteDeadline = time.Minute // an in-memory store: never the deadline
+	dec, err := New(dcfg, workload)
+	if err != nil {
+		return d, err
+	}
+	d.Decode, err = dec.Run()
+	if err != nil {
+		return d, fmt.Errorf("decode side: %w", err)
+	}
+	scfg := cfg
+	scfg.Progress = nil
+	single, err := New(scfg, workload)
+	if err != nil {
+		return d, err
+	}
+	if d.Single, err = single.Run(); err != nil {
+		return d, fmt.Errorf("single-process run: %w", err)
+	}
+	if err := sameOutputs(dec, single); err != nil {
+		return d, err
+	}
+	return d, nil
+}
+
+// send exports request r of the prefill Sim p (its full pages, read from
+// the engine's caches) and hands it to the decode side at addr.
+func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Config) error {
+	if r.branch != 0 {
+		return nil
+	}
+	pages, start := p.m.Pages(r.id)
+	full := r.computed / p.cfg.PageSize
+	if start != 0 || len(pages) < full {
+		return fmt.Errorf("%w: %s holds %d pages from token %d, %d computed", ErrCheck, r.name(), len(pages), start, r.computed)
+	}
+	if full == 0 {
+		return nil
+	}
+	ids := make([]int32, full)
+	req := &handoff.Request{Tenant: r.ns, Tokens: r.tokens[:full*p.cfg.PageSize], Pages: make([][]byte, full)}
+	for i, pg := range pages[:full] {
+		ids[i] = int32(pg)
+		req.Pages[i] = make([]byte, hcfg.Format.PageBytes())
+		if err := p.readPage(req.Pages[i], pg); err != nil {
+			return fmt.Errorf("export %s, page %d: %w", r.name(), pg, err)
+		}
+	}
+	req.Runs = handoff.Plan(nil, ids)
+	t := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	err := handoff.Send(ctx, addr, hcfg, req)
+	cancel()
+	d.SendTime += time.Since(t)
+	if errors.Is(err, handoff.ErrRefused) {
+		d.Refused++ // the decode side recomputes it
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("hand %s off: %w", r.name(), err)
+	}
+	d.Requests++
+	d.Descriptors += len(req.Runs)
+	d.MaxDescriptors = max(d.MaxDescriptors, len(req.Runs))
+	d.Pages += full
+	d.Bytes += int64(full) * int64(hcfg.Format.PageBytes())
+	d.StreamBytes += hcfg.StreamBytes(req)
+	return nil
+}
+
+// sameOutputs checks that two runs of one workload generated the same
+// tokens for every request and sample.
+func sameOutputs(a, b *Sim) error {
+	key := func(r *reqState) string { return fmt.Sprintf("%s/%d", r.spec.Name, r.branch) }
+	want := map[string][]int32{}
+	for _, r := range b.finished {
+		want[key(r)] = r.tokens
+	}
+	if len(a.finished) != len(b.finished) {
+		return fmt.Errorf("%w: %d requests finished on the decode side, %d in one process", ErrCheck, len(a.finished), len(b.finished))
+	}
+	for _, r := range a.finished {
+		if !slices.Equal(r.tokens, want[key(r)]) {
+			return fmt.Errorf("%w: %s: the decode side's tokens differ from the single-process run's", ErrCheck, r.name())
+		}
+	}
+	return nil
+}
+
+// Format writes the handoff's numbers, then the decode side's summary.
+func (d *Disaggregated) Format(w io.Writer, cfg *Config) {
+	fmt.Fprintf(w, "%-14s %d requests handed off over loopback TCP, %d refused; %d pages in %d descriptors (%.2f per request, at most %d), %s of K/V, %s on the wire, %v sending\n",
+		"handoff:", d.Requests, d.Refused, d.Pages, d.Descriptors, float64(d.Descriptors)/float64(max(1, d.Requests)), d.MaxDescriptors,
+		bytesString(d.Bytes), bytesString(d.StreamBytes), d.SendTime.Round(time.Millisecond))
+	st := d.Decode.Stats.Tiers
+	fmt.Fprintf(w, "%-14s %d prompt tokens received as prefix hits (%d pages onloaded); outputs verified: %d on the prefill side, %d on the decode side, %d in one process; tokens equal to the single-process run\n",
+		"decode side:", st.RemoteHitTokens, st.OnloadedPages, d.Prefill.Verified.Outputs, d.Decode.Verified.Outputs, d.Single.Verified.Outputs)
+	d.Decode.Format(w, cfg)
+}

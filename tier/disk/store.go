@@ -1,0 +1,910 @@
+package disk
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/pagedkv/pagedkv/tier"
+)
+
+// Defaults.
+const (
+	DefaultGroup        = "all"
+	DefaultSegmentPages = 1024
+	DefaultQueueLen     = 64
+	DefaultSyncEvery    = 256
+	// MaxDropReports bounds [Recovery.Drops].
+	MaxDropReports = 64
+	// maxStoreBytes bounds the store (16 TiB): slot offsets stay far from
+	// overflow.
+	maxStoreBytes = 1 << 44
+	// maxReadBytes bounds one coalesced read in Fetch and the restart scan.
+	maxReadBytes = 4 << 20
+)
+
+// Config describes a Store.
+type Config struct {
+	// Dir holds the segment files (created if missing). One Store per
+	// directory at a time: Open locks it.
+	Dir string
+	// Namespace names the deployment (model and revision): only pages
+	// written under it are served. Required.
+	Namespace string
+	// Group names the layer group ("" means DefaultGroup).
+	Group string
+	// Format is the page format.
+	Format tier.PageFormat
+	// Pages is the capacity in pages (slots), >= 1. It and SegmentPages
+	// fix the segment files: reopen a directory with the same values.
+	Pages int
+	// SegmentPages is the number of slots per segment file (0:
+	// DefaultSegmentPages, at most Pages).
+	SegmentPages int
+	// QueueLen bounds the pages queued or being written (0:
+	// DefaultQueueLen); past it Store drops pages.
+	QueueLen int
+	// SyncEvery makes the writer fsync the segment files it wrote after
+	// every SyncEvery pages (0: DefaultSyncEvery); negative: only Flush
+	// and Close sync. A process crash loses nothing written (the kernel
+	// has it); a power loss loses at most the pages written since the
+	// last sync, and the restart scan drops any it finds torn.
+	SyncEvery int
+	// Policy builds the eviction policy for the store's slots (nil:
+	// NewLRU).
+	Policy func(slots int) Policy
+}
+
+// Recovery is what Open found in the segment files.
+type Recovery struct {
+	Slots     int // slots scanned
+	Empty     int // never written, or cleared after an earlier drop
+	Recovered int // pages indexed: header, checksum, digest and namespace verified
+	Torn      int // dropped: a write cut by a crash (or damaged bytes)
+	Foreign   int // dropped: another namespace, group or format
+	Duplicate int // dropped: an older copy of a page recovered from another slot
+	// Drops names the first MaxDropReports dropped slots.
+	Drops []Drop
+}
+
+// Drop is one slot the restart scan dropped (and cleared).
+type Drop struct {
+	File   string
+	Slot   int // in the file
+	Reason DropReason
+	Err    string
+}
+
+// Stats are a Store's counters.
+type Stats struct {
+	// Remote are the counters every tier.RemoteStore reports.
+	Remote tier.RemoteStats
+	// Pages is the number of servable pages; Capacity the slots.
+	Pages, Capacity int
+	Evicted         int64 // pages overwritten to make room
+	Skipped         int64 // queued pages the store already held
+	Syncs           int64 // fsync rounds
+}
+
+type slotState uint8
+
+const (
+	slotFree slotState = iota
+	slotWriting
+	slotReady
+)
+
+type slotEntry struct {
+	digest tier.Digest
+	seq    uint64
+	state  slotState
+}
+
+type job struct {
+	digest tier.Digest
+	val    []byte
+}
+
+// Store is the disk tier: a [tier.RemoteStore] over segment files in a local
+// directory. Close it when done.
+type Store struct {
+	cfg       Config
+	valueLen  int
+	dataOff   int // the page bytes' offset in a value
+	slotBytes int
+	segSlots  int // slots per segment file
+	segs      []*os.File
+	lock      *os.File
+
+	mu       sync.Mutex // guards everything below up to the queue
+	closed   bool
+	index    map[tier.Digest]int32
+	slots    []slotEntry
+	free     []int32 // free slots, the next to use last
+	pending  map[tier.Digest]struct{}
+	policy   Policy
+	nextSeq  uint64
+	recovery Recovery
+	// [readLo, readHi) are the slots Fetch is reading: the writer does not
+	// overwrite them until readDone is signalled.
+	readLo, readHi int
+	readDone       sync.Cond
+
+	queue   chan *job
+	jobs    chan *job // free job buffers
+	wg      sync.WaitGroup
+	backlog tier.Backlog
+
+	ioMu sync.RWMutex // Fetch's reads (read lock) against Close
+	// Fetch's state: one lookup at a time. A run of slots is read with
+	// one preadv: each slot's header and value head into meta, its page
+	// bytes straight into the caller's Data, its checksum into tails and
+	// the slot's unused end into pad.
+	readMu  sync.Mutex
+	meta    []byte
+	tails   []byte
+	pad     []byte
+	iovs    [][]byte
+	tokens  []int32
+	runSeqs []uint64
+
+	// The writer's state.
+	hdr       [slotHeaderBytes]byte
+	sinceSync int
+	dirty     []bool
+	// writeChunk > 0 splits each value write into writes of that many
+	// bytes (tests: more places for a crash to tear a slot).
+	writeChunk int
+	// beforeWrite, when set, runs before each page is written (tests:
+	// hold the writer).
+	beforeWrite func()
+
+	c                       tier.RemoteCounters // Rejected unused: rejections
+	rejections              tier.RejectionLog
+	evicted, skipped, syncs atomic.Int64
+}
+
+var _ tier.RemoteStore = (*Store)(nil)
+
+func (cfg *Config) check() error {
+	if err := cfg.Format.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	switch {
+	case cfg.Dir == "":
+		return fmt.Errorf("%w: Dir is empty", ErrBadConfig)
+	case cfg.Namespace == "" || len(cfg.Namespace) > 1024:
+		return fmt.Errorf("%w: Namespace of %d bytes: want 1..1024", ErrBadConfig, len(cfg.Namespace))
+	case len(cfg.Group) > 1024:
+		return fmt.Errorf("%w: Group of %d bytes: want <= 1024", ErrBadConfig, len(cfg.Group))
+	case cfg.Pages < 1 || cfg.Pages > 1<<31-1:
+		return fmt.Errorf("%w: Pages = %d, want 1..2^31-1", ErrBadConfig, cfg.Pages)
+	case cfg.SegmentPages < 0 || cfg.QueueLen < 0 || cfg.QueueLen > 1<<20:
+		return fmt.Errorf("%w: SegmentPages = %d or QueueLen = %d: want >= 0 (QueueLen <= 2^20)", ErrBadConfig, cfg.SegmentPages, cfg.QueueLen)
+	}
+	if cfg.Group == "" {
+		cfg.Group = DefaultGroup
+	}
+	if cfg.SegmentPages == 0 {
+		cfg.SegmentPages = DefaultSegmentPages
+	}
+	cfg.SegmentPages = min(cfg.SegmentPages, cfg.Pages)
+	if cfg.QueueLen == 0 {
+		cfg.QueueLen = DefaultQueueLen
+	}
+	if cfg.SyncEvery == 0 {
+		cfg.SyncEvery = DefaultSyncEvery
+	}
+	if cfg.Policy == nil {
+		cfg.Policy = NewLRU
+	}
+	slot := slotBytesFor(tier.EncodedValueLen(cfg.Format, cfg.Namespace, cfg.Group))
+	if int64(slot)*int64(cfg.Pages) > maxStoreBytes {
+		return fmt.Errorf("%w: %d pages of %d-byte slots exceed %d bytes", ErrBadConfig, cfg.Pages, slot, int64(maxStoreBytes))
+	}
+	return nil
+}
+
+// slotBytesFor is the slot size for values of valueLen bytes: header and
+// value, rounded up to 4 KiB so that slots start on page boundaries.
+func slotBytesFor(valueLen int) int {
+	return (slotHeaderBytes + valueLen + slotAlign - 1) / slotAlign * slotAlign
+}
+
+// Open opens (or creates) the store in cfg.Dir, rebuilding its index from
+// the segment files: see [Store.Recovery] for what it kept and dropped.
+func Open(cfg Config) (*Store, error) {
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	s := &Store{cfg: cfg, valueLen: tier.EncodedValueLen(cfg.Format, cfg.Namespace, cfg.Group),
+		dataOff: tier.ValueDataOffset(cfg.Format, cfg.Namespace, cfg.Group)}
+	s.slotBytes = slotBytesFor(s.valueLen)
+	s.segSlots = cfg.SegmentPages
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("disk: open %s: %w", cfg.Dir, err)
+	}
+	lock, err := os.OpenFile(filepath.Join(cfg.Dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("disk: open %s: %w", cfg.Dir, err)
+	}
+	if err := lockFile(lock); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("%w: %s: %w", ErrLocked, cfg.Dir, err)
+	}
+	s.lock = lock
+	if err := s.openSegments(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	if err := s.scan(); err != nil {
+		s.closeFiles()
+		return nil, err
+	}
+	s.queue = make(chan *job, cfg.QueueLen)
+	s.jobs = make(chan *job, cfg.QueueLen)
+	for range cfg.QueueLen {
+		s.jobs <- &job{val: make([]byte, 0, s.valueLen)}
+	}
+	s.readDone.L = &s.mu
+	s.wg.Add(1)
+	go s.writer()
+	return s, nil
+}
+
+func (s *Store) segmentPath(i int) string {
+	return filepath.Join(s.cfg.Dir, fmt.Sprintf("seg-%04d.pkvd", i))
+}
+
+// segmentSlots is the number of slots of segment i (the last may be short).
+func (s *Store) segmentSlots(i int) int {
+	return min(s.segSlots, s.cfg.Pages-i*s.segSlots)
+}
+
+// openSegments opens or creates every segment file and checks its header.
+func (s *Store) openSegments() error {
+	n := (s.cfg.Pages + s.segSlots - 1) / s.segSlots
+	if _, err := os.Stat(s.segmentPath(n)); err == nil {
+		return fmt.Errorf("%w: %s exists beyond the %d segments of %d pages in %d-page segments: reopen with the Pages and SegmentPages it was created with",
+			ErrForeignDir, s.segmentPath(n), n, s.cfg.Pages, s.segSlots)
+	}
+	hdr := make([]byte, segmentHeaderBytes)
+	for i := range n {
+		path := s.segmentPath(i)
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("disk: %w", err)
+		}
+		s.segs = append(s.segs, f)
+		want := segmentHeader{SlotBytes: uint32(s.slotBytes), Slots: uint32(s.segmentSlots(i)), Segment: uint32(i), ValueLen: uint32(s.valueLen)}
+		size := int64(segmentHeaderBytes) + int64(want.Slots)*int64(s.slotBytes)
+		st, err := f.Stat()
+		if err != nil {
+			return fmt.Errorf("disk: %w", err)
+		}
+		nread, err := f.ReadAt(hdr, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("disk: read %s: %w", path, err)
+		}
+		if nread < segmentHeaderUsed || isZero(hdr[:nread]) {
+			// New, or created by a process that died before writing the
+			// header: nothing in it was ever indexed.
+			if nread > 0 && st.Size() > int64(segmentHeaderBytes) && !isZero(hdr[:nread]) {
+				return fmt.Errorf("%w: %s: a segment header of %d bytes", ErrForeignDir, path, nread)
+			}
+			if err := s.initSegment(f, want, size); err != nil {
+				return fmt.Errorf("disk: create %s: %w", path, err)
+			}
+			continue
+		}
+		got, err := decodeSegmentHeader(hdr[:nread])
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrForeignDir, path, err)
+		}
+		if got != want {
+			return fmt.Errorf("%w: %s: slot bytes %d, slots %d, segment %d, value length %d; this config needs %d, %d, %d, %d",
+				ErrForeignDir, path, got.SlotBytes, got.Slots, got.Segment, got.ValueLen, want.SlotBytes, want.Slots, want.Segment, want.ValueLen)
+		}
+		if st.Size() < size { // preallocation cut by a crash
+			if err := preallocate(f, size); err != nil {
+				return fmt.Errorf("disk: extend %s to %d bytes: %w", path, size, err)
+			}
+		}
+	}
+	s.dirty = make([]bool, n)
+	return nil
+}
+
+func (s *Store) initSegment(f *os.File, h segmentHeader, size int64) error {
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	if err := preallocate(f, size); err != nil {
+		return err
+	}
+	b := make([]byte, segmentHeaderBytes)
+	h.encode(b)
+	if _, err := f.WriteAt(b, 0); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// slotAt returns the segment file and byte offset of slot i.
+func (s *Store) slotAt(i int) (*os.File, int64) {
+	return s.segs[i/s.segSlots], int64(segmentHeaderBytes) + int64(i%s.segSlots)*int64(s.slotBytes)
+}
+
+// scan rebuilds the index from every slot: verified pages are indexed
+// (the newest copy of each), the rest are counted, reported and cleared.
+func (s *Store) scan() error {
+	s.slots = make([]slotEntry, s.cfg.Pages)
+	s.index = make(map[tier.Digest]int32)
+	s.pending = make(map[tier.Digest]struct{})
+	s.policy = s.cfg.Policy(s.cfg.Pages)
+	rec := &s.recovery
+	rec.Slots = s.cfg.Pages
+	perRead := max(1, maxReadBytes/s.slotBytes)
+	buf := make([]byte, min(perRead, s.segSlots)*s.slotBytes)
+	var tokens []int32
+	scratch := make([]byte, 0, 64+4*s.cfg.Format.PageSize)
+	var drops []int32
+	drop := func(slot int, why DropReason, err error) {
+		switch why {
+		case DropTorn:
+			rec.Torn++
+		case DropForeign:
+			rec.Foreign++
+		case DropDuplicate:
+			rec.Duplicate++
+		}
+		if len(rec.Drops) < MaxDropReports {
+			rec.Drops = append(rec.Drops, Drop{File: filepath.Base(s.segmentPath(slot / s.segSlots)), Slot: slot % s.segSlots, Reason: why, Err: err.Error()})
+		}
+		drops = append(drops, int32(slot))
+	}
+	for first := 0; first < s.cfg.Pages; {
+		n := min(perRead, s.segSlots-first%s.segSlots, s.cfg.Pages-first)
+		f, off := s.slotAt(first)
+		b := buf[:n*s.slotBytes]
+		if _, err := f.ReadAt(b, off); err != nil {
+			return fmt.Errorf("disk: read %s at %d: %w", f.Name(), off, err)
+		}
+		for k := range n {
+			slot := first + k
+			h, v, why, err := s.checkSlot(b[k*s.slotBytes:(k+1)*s.slotBytes], tokens)
+			if err == nil {
+				tokens = v.Tokens
+				if err = v.CheckDigest(scratch); err != nil {
+					why = DropTorn
+				}
+			}
+			switch {
+			case errors.Is(err, errEmptySlot):
+				rec.Empty++
+				continue
+			case err != nil:
+				drop(slot, why, err)
+				continue
+			}
+			if old, ok := s.index[v.Digest]; ok {
+				older, newer := int(old), slot
+				if s.slots[old].seq > h.Seq {
+					older, newer = slot, int(old)
+				}
+				drop(older, DropDuplicate, fmt.Errorf("page %s also in slot %d with a higher sequence", v.Digest.String()[:16], newer))
+				if older == slot {
+					continue
+				}
+				s.slots[old] = slotEntry{}
+				rec.Recovered--
+			}
+			s.slots[slot] = slotEntry{digest: v.Digest, seq: h.Seq, state: slotReady}
+			s.index[v.Digest] = int32(slot)
+			s.nextSeq = max(s.nextSeq, h.Seq)
+			rec.Recovered++
+		}
+		first += n
+	}
+	s.nextSeq++
+	// Clear the dropped slots' headers so the next restart does not
+	// report them again; a crash while clearing only repeats the report.
+	var zero [slotHeaderBytes]byte
+	for _, slot := range drops {
+		f, off := s.slotAt(int(slot))
+		if _, err := f.WriteAt(zero[:], off); err != nil {
+			return fmt.Errorf("disk: clear dropped slot %d of %s: %w", int(slot)%s.segSlots, f.Name(), err)
+		}
+	}
+	if len(drops) > 0 {
+		for _, f := range s.segs {
+			if err := f.Sync(); err != nil {
+				return fmt.Errorf("disk: sync %s: %w", f.Name(), err)
+			}
+		}
+	}
+	// The policy learns the recovered pages oldest first; free slots are
+	// used lowest first (sequential writes into a fresh store).
+	ready := make([]int32, 0, len(s.index))
+	for i := len(s.slots) - 1; i >= 0; i-- {
+		if s.slots[i].state == slotReady {
+			ready = append(ready, int32(i))
+		} else {
+			s.free = append(s.free, int32(i))
+		}
+	}
+	slices.SortFunc(ready, func(a, b int32) int { return cmp.Compare(s.slots[a].seq, s.slots[b].seq) })
+	for _, slot := range ready {
+		s.policy.Added(int(slot))
+	}
+	return nil
+}
+
+// Recovery returns what Open found in the segment files.
+func (s *Store) Recovery() Recovery {
+	r := s.recovery
+	r.Drops = slices.Clone(r.Drops)
+	return r
+}
+
+// Config returns the store's configuration with defaults filled in.
+func (s *Store) Config() Config { return s.cfg }
+
+// Fetch implements [tier.RemoteStore]: the leading pages found and
+// verified (slot header, checksum, namespace, group, format, digest, parent
+// and tokens), read with one pread per run of pages in consecutive slots,
+// checking ctx between reads. The page bytes are read straight into Data
+// and checked there, so the Data of the page that failed (the first one
+// not served) and of the pages after it in its run may have been written:
+// only the served pages' Data is defined.
+func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
+	if len(pages) == 0 {
+		return 0
+	}
+	s.c.Lookups.Add(1)
+	s.c.Requested.Add(int64(len(pages)))
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
+	s.ioMu.RLock()
+	defer s.ioMu.RUnlock()
+	maxRun := max(1, maxReadBytes/s.slotBytes)
+	if s.runSeqs == nil {
+		s.allocReads(min(maxRun, s.cfg.Pages))
+	}
+	for done := 0; done < len(pages); {
+		if ctx.Err() != nil {
+			s.c.Errors.Add(1)
+			s.c.Timeouts.Add(1)
+			return done
+		}
+		first, n, ok := s.lookupRun(pages[done:], min(maxRun, len(s.runSeqs)))
+		if !ok {
+			return done
+		}
+		served := s.readRun(pages[done:done+n], first)
+		done += served
+		if served < n {
+			return done
+		}
+	}
+	return len(pages)
+}
+
+// allocReads sizes Fetch's buffers for runs of n slots.
+func (s *Store) allocReads(n int) {
+	s.meta = make([]byte, n*(slotHeaderBytes+s.dataOff))
+	s.tails = make([]byte, n*tier.ValueCRCBytes)
+	s.pad = make([]byte, s.slotBytes-slotHeaderBytes-s.valueLen)
+	s.iovs = make([][]byte, 0, 4*n)
+	s.runSeqs = make([]uint64, n)
+}
+
+// readRun reads pages from the slots from first on with one preadv, the
+// page bytes straight into their Data, and serves the leading ones that
+// verify; the slots are pinned (lookupRun) until it returns.
+func (s *Store) readRun(pages []tier.RemotePage, first int) int {
+	defer s.endRead()
+	metaLen := slotHeaderBytes + s.dataOff
+	s.iovs = s.iovs[:0]
+	for k := range pages {
+		if len(pages[k].Data) != s.cfg.Format.PageBytes() {
+			s.reject(&pages[k], tier.RejectSize, fmt.Errorf("a buffer of %d bytes for a page of %d", len(pages[k].Data), s.cfg.Format.PageBytes()))
+			pages = pages[:k] // read and serve those before it
+			break
+		}
+		s.iovs = append(s.iovs, s.meta[k*metaLen:(k+1)*metaLen], pages[k].Data, s.tails[4*k:4*k+4])
+		if len(s.pad) > 0 {
+			s.iovs = append(s.iovs, s.pad)
+		}
+	}
+	if len(pages) == 0 {
+		return 0
+	}
+	f, off := s.slotAt(first)
+	if err := preadv(f, s.iovs, off); err != nil {
+		s.c.Errors.Add(1)
+		return 0
+	}
+	s.c.BytesIn.Add(int64(len(pages) * s.valueLen))
+	for k := range pages {
+		p := &pages[k]
+		h, v, why, err := s.checkSlotParts(s.meta[k*metaLen:(k+1)*metaLen], p.Data, s.tails[4*k:4*k+4], s.tokens)
+		if err == nil {
+			s.tokens = v.Tokens
+			err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
+		}
+		// The slot must still hold the write the index named: a slot
+		// overwritten since the lookup is refused, not served.
+		if err == nil && h.Seq != s.runSeqs[k] {
+			err = fmt.Errorf("%w: slot sequence %d, the index says %d", tier.ErrStaleValue, h.Seq, s.runSeqs[k])
+		}
+		if err != nil {
+			s.reject(p, rejectReason(why, err), err)
+			return k
+		}
+		s.touch(first+k, h.Seq)
+		s.c.Hits.Add(1)
+	}
+	return len(pages)
+}
+
+// lookupRun finds pages[0] and the pages after it that sit in the slots
+// after its slot in the same segment (at most maxRun), recording each
+// slot's sequence; ok is false on a miss (or a closed store).
+func (s *Store) lookupRun(pages []tier.RemotePage, maxRun int) (first, n int, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		s.c.Errors.Add(1)
+		return 0, 0, false
+	}
+	slot, hit := s.index[pages[0].Digest]
+	if !hit || s.slots[slot].state != slotReady {
+		s.c.Misses.Add(1)
+		return 0, 0, false
+	}
+	first = int(slot)
+	s.runSeqs[0] = s.slots[slot].seq
+	n = 1
+	for n < len(pages) && n < maxRun && (first+n)%s.segSlots != 0 {
+		next, hit := s.index[pages[n].Digest]
+		if !hit || int(next) != first+n || s.slots[next].state != slotReady {
+			break
+		}
+		s.runSeqs[n] = s.slots[next].seq
+		n++
+	}
+	s.readLo, s.readHi = first, first+n
+	return first, n, true
+}
+
+// endRead lets the writer overwrite the slots the last run read.
+func (s *Store) endRead() {
+	s.mu.Lock()
+	s.readLo, s.readHi = 0, 0
+	s.readDone.Broadcast()
+	s.mu.Unlock()
+}
+
+// touch tells the policy slot was served, if it still holds write seq.
+func (s *Store) touch(slot int, seq uint64) {
+	s.mu.Lock()
+	if e := &s.slots[slot]; e.state == slotReady && e.seq == seq {
+		s.policy.Used(slot)
+	}
+	s.mu.Unlock()
+}
+
+// Store implements [tier.RemoteStore]: it encodes p into a free buffer and
+// queues it for the writer; a page the store holds or has queued is not
+// queued again (true); with every buffer in use, a bad page or a closed
+// store it drops the page (false).
+func (s *Store) Store(p *tier.RemotePage) bool {
+	s.mu.Lock()
+	_, have := s.index[p.Digest]
+	_, queued := s.pending[p.Digest]
+	closed := s.closed
+	s.mu.Unlock()
+	switch {
+	case closed:
+		s.c.Dropped.Add(1)
+		return false
+	case have || queued:
+		return true
+	}
+	var j *job
+	select {
+	case j = <-s.jobs:
+	default:
+		s.c.Dropped.Add(1)
+		return false
+	}
+	val, err := tier.EncodeValue(j.val[:0], s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
+	if err != nil {
+		s.jobs <- j
+		s.c.Dropped.Add(1)
+		return false
+	}
+	j.val, j.digest = val, p.Digest
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.jobs <- j
+		s.c.Dropped.Add(1)
+		return false
+	}
+	s.pending[p.Digest] = struct{}{}
+	s.backlog.Add(1)
+	s.queue <- j // never blocks: at most QueueLen jobs exist
+	s.mu.Unlock()
+	return true
+}
+
+// writer writes queued pages until Close, then syncs.
+func (s *Store) writer() {
+	defer s.wg.Done()
+	for j := range s.queue {
+		s.write(j)
+		j.val = j.val[:0]
+		s.jobs <- j
+		s.backlog.Done(1)
+	}
+	s.sync()
+}
+
+// write puts one page into a free slot, or overwrites the policy's victim:
+// the victim leaves the index before its bytes change, the value is
+// written before the header that names it, and the page joins the index
+// after both.
+func (s *Store) write(j *job) {
+	if s.beforeWrite != nil {
+		s.beforeWrite()
+	}
+	s.mu.Lock()
+	if _, ok := s.index[j.digest]; ok {
+		delete(s.pending, j.digest)
+		s.mu.Unlock()
+		s.skipped.Add(1)
+		return
+	}
+	slot, ok := s.takeSlot()
+	if !ok { // unreachable with one writer: every slot is free or ready
+		delete(s.pending, j.digest)
+		s.mu.Unlock()
+		s.c.Dropped.Add(1)
+		return
+	}
+	seq := s.nextSeq
+	s.nextSeq++
+	s.slots[slot] = slotEntry{digest: j.digest, seq: seq, state: slotWriting}
+	s.mu.Unlock()
+
+	f, off := s.slotAt(slot)
+	err := s.writeValue(f, j.val, off+slotHeaderBytes)
+	if err == nil {
+		slotHeader{Seq: seq, ValueLen: uint32(len(j.val)), ValueCRC: binary.LittleEndian.Uint32(j.val[len(j.val)-tier.ValueCRCBytes:])}.encode(s.hdr[:])
+		_, err = f.WriteAt(s.hdr[:], off)
+	}
+	s.mu.Lock()
+	delete(s.pending, j.digest)
+	if err != nil {
+		s.slots[slot] = slotEntry{}
+		s.free = append(s.free, int32(slot))
+		s.mu.Unlock()
+		s.c.Errors.Add(1)
+		return
+	}
+	s.slots[slot].state = slotReady
+	s.index[j.digest] = int32(slot)
+	s.policy.Added(slot)
+	s.mu.Unlock()
+	s.c.Stored.Add(1)
+	s.c.BytesOut.Add(int64(len(j.val)))
+	s.dirty[slot/s.segSlots] = true
+	if s.sinceSync++; s.cfg.SyncEvery > 0 && s.sinceSync >= s.cfg.SyncEvery {
+		s.sync()
+	}
+}
+
+func (s *Store) writeValue(f *os.File, val []byte, off int64) error {
+	if s.writeChunk <= 0 {
+		_, err := f.WriteAt(val, off)
+		return err
+	}
+	for len(val) > 0 {
+		n := min(len(val), s.writeChunk)
+		if _, err := f.WriteAt(val[:n], off); err != nil {
+			return err
+		}
+		val, off = val[n:], off+int64(n)
+	}
+	return nil
+}
+
+// takeSlot returns a free slot or the policy's victim, taken out of the
+// index and the policy; s.mu is held.
+func (s *Store) takeSlot() (int, bool) {
+	if n := len(s.free); n > 0 {
+		slot := s.free[n-1]
+		s.free = s.free[:n-1]
+		return int(slot), true
+	}
+	slot, ok := s.policy.Victim()
+	for ok && slot >= s.readLo && slot < s.readHi {
+		// Fetch is reading the victim: wait for it (one pread), then ask
+		// again (the read made it recently used).
+		s.readDone.Wait()
+		slot, ok = s.policy.Victim()
+	}
+	if !ok {
+		return 0, false
+	}
+	s.policy.Removed(slot)
+	delete(s.index, s.slots[slot].digest)
+	s.slots[slot] = slotEntry{}
+	s.evicted.Add(1)
+	return slot, true
+}
+
+// sync fsyncs the segment files written since the last sync (the writer's
+// goroutine, or Flush once the writer is idle).
+func (s *Store) sync() {
+	synced := false
+	for i, d := range s.dirty {
+		if !d {
+			continue
+		}
+		if err := s.segs[i].Sync(); err != nil {
+			s.c.Errors.Add(1)
+		}
+		s.dirty[i], synced = false, true
+	}
+	if synced {
+		s.syncs.Add(1)
+	}
+	s.sinceSync = 0
+}
+
+// Flush waits until every queued page has been written (or has failed),
+// or returns ctx's error. With sync it then fsyncs what was written since
+// the last sync, so the pages survive a power loss too.
+func (s *Store) Flush(ctx context.Context, sync bool) error {
+	s.mu.Lock()
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
+		return ErrClosed
+	}
+	// The writer is idle while the backlog stays empty: it takes a page
+	// only after Store counted it, which waits for Wait to return.
+	return s.backlog.Wait(ctx, func() {
+		if sync {
+			s.sync()
+		}
+	})
+}
+
+// Close stops accepting pages, writes what is queued, syncs and closes the
+// files. The directory's lock is released.
+func (s *Store) Close() error {
+	if !tier.CloseQueue(&s.mu, &s.closed, s.queue) {
+		return nil
+	}
+	s.wg.Wait()
+	s.ioMu.Lock()
+	defer s.ioMu.Unlock()
+	return s.closeFiles()
+}
+
+func (s *Store) closeFiles() error {
+	var errs []error
+	for _, f := range s.segs {
+		errs = append(errs, f.Close())
+	}
+	s.segs = nil
+	if s.lock != nil {
+		errs = append(errs, s.lock.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Stats implements [tier.RemoteStore].
+func (s *Store) Stats() tier.RemoteStats {
+	st := s.c.Snapshot()
+	s.rejections.Fill(&st)
+	return st
+}
+
+// reject records that page p's slot was found and refused.
+func (s *Store) reject(p *tier.RemotePage, reason tier.RejectReason, err error) {
+	s.rejections.Record(p.Digest.String(), reason, err.Error())
+}
+
+// rejectReason classifies why a slot was refused in a lookup.
+func rejectReason(why DropReason, err error) tier.RejectReason {
+	switch {
+	case errors.Is(err, tier.ErrStaleValue):
+		return tier.RejectStale
+	case why == DropForeign || errors.Is(err, tier.ErrForeignValue):
+		return tier.RejectForeign
+	}
+	return tier.RejectCorrupt
+}
+
+// DiskStats returns the store's counters and occupancy.
+func (s *Store) DiskStats() Stats {
+	s.mu.Lock()
+	pages := len(s.index)
+	s.mu.Unlock()
+	return Stats{Remote: s.Stats(), Pages: pages, Capacity: s.cfg.Pages,
+		Evicted: s.evicted.Load(), Skipped: s.skipped.Load(), Syncs: s.syncs.Load()}
+}
+
+// CheckInvariants checks the index against the slot table, the free list
+// and the policy: every ready slot is indexed under its digest exactly
+// once and tracked by the policy, every other slot is free (or the one
+// being written), and the free list holds each free slot once.
+func (s *Store) CheckInvariants() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var problems []string
+	onFree := make([]bool, len(s.slots))
+	for _, f := range s.free {
+		if f < 0 || int(f) >= len(s.slots) || onFree[f] || s.slots[f].state != slotFree {
+			problems = append(problems, fmt.Sprintf("free list holds slot %d (repeated, out of range or not free)", f))
+			continue
+		}
+		onFree[f] = true
+	}
+	ready, writing := 0, 0
+	for i, e := range s.slots {
+		switch e.state {
+		case slotReady:
+			ready++
+			if got, ok := s.index[e.digest]; !ok || int(got) != i {
+				problems = append(problems, fmt.Sprintf("ready slot %d (page %s) is not indexed at itself", i, e.digest.String()[:16]))
+			}
+			if e.seq == 0 || e.seq >= s.nextSeq {
+				problems = append(problems, fmt.Sprintf("slot %d sequence %d outside [1, %d)", i, e.seq, s.nextSeq))
+			}
+		case slotWriting:
+			writing++
+		case slotFree:
+			if !onFree[i] {
+				problems = append(problems, fmt.Sprintf("free slot %d is not on the free list", i))
+			}
+		}
+	}
+	if len(s.index) != ready {
+		problems = append(problems, fmt.Sprintf("index holds %d pages, %d slots are ready", len(s.index), ready))
+	}
+	if writing > 1 {
+		problems = append(problems, fmt.Sprintf("%d slots being written, the writer writes one", writing))
+	}
+	if s.policy.Len() != ready {
+		problems = append(problems, fmt.Sprintf("policy tracks %d slots, %d are ready", s.policy.Len(), ready))
+	}
+	if l, ok := s.policy.(*lru); ok {
+		if err := l.checkInvariants(); err != nil {
+			problems = append(problems, err.Error())
+		}
+		for i, e := range s.slots {
+			if l.in[i] != (e.state == slotReady) {
+				problems = append(problems, fmt.Sprintf("slot %d: LRU membership %v, state %d", i, l.in[i], e.state))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("disk: invariants: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}

@@ -1,0 +1,326 @@
+package disk
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/tier"
+)
+
+func TestStoreFetchReopen(t *testing.T) {
+	dir := t.TempDir()
+	u := newUniverse(testFormat, 4, 6)
+	s := openStore(t, testConfig(dir, 32))
+	for _, p := range u.chains[0] {
+		require.True(t, s.Store(&p))
+	}
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	require.Equal(t, 6, fetchChecked(t, s, request(u.chains[0])))
+	// Chain 1 shares page 0 with chain 0 only; its page 1 is missing.
+	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1])))
+	st := s.DiskStats()
+	require.Equal(t, 6, st.Pages)
+	require.EqualValues(t, 7, st.Remote.Hits)
+	require.EqualValues(t, 1, st.Remote.Misses)
+	require.NoError(t, s.Close())
+	require.NoError(t, s.Close(), "Close twice")
+
+	s = openStore(t, testConfig(dir, 32))
+	defer s.Close()
+	rec := s.Recovery()
+	require.Equal(t, Recovery{Slots: 32, Empty: 26, Recovered: 6}, rec)
+	require.Equal(t, 6, fetchChecked(t, s, request(u.chains[0])))
+	// A request whose tokens differ from the stored page's is refused
+	// even under the same digest (a key collision or a lying caller).
+	req := request(u.chains[0][:1])
+	req[0].Tokens = []int32{9, 9, 9, 9}
+	require.Equal(t, 0, s.Fetch(context.Background(), req))
+	rs := s.Stats()
+	require.EqualValues(t, 1, rs.Rejected)
+	require.EqualValues(t, 1, rs.RejectedBy[tier.RejectStale])
+	require.Equal(t, req[0].Digest.String(), rs.Recent[0].Key)
+	require.Contains(t, rs.Recent[0].Detail, "first difference at token 0")
+}
+
+func TestConfigErrors(t *testing.T) {
+	dir := t.TempDir()
+	for name, mutate := range map[string]func(*Config){
+		"no dir":       func(c *Config) { c.Dir = "" },
+		"no namespace": func(c *Config) { c.Namespace = "" },
+		"pages 0":      func(c *Config) { c.Pages = 0 },
+		"neg segment":  func(c *Config) { c.SegmentPages = -1 },
+		"neg queue":    func(c *Config) { c.QueueLen = -2 },
+		"bad format":   func(c *Config) { c.Format.Layers = 0 },
+		"too big":      func(c *Config) { c.Pages = 1<<31 - 1; c.Format.PageSize = 4096 },
+	} {
+		cfg := testConfig(dir, 16)
+		mutate(&cfg)
+		_, err := Open(cfg)
+		require.ErrorIs(t, err, ErrBadConfig, name)
+	}
+}
+
+func TestLockedAndForeignDirectory(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, testConfig(dir, 16))
+	_, err := Open(testConfig(dir, 16))
+	require.ErrorIs(t, err, ErrLocked)
+	require.NoError(t, s.Close())
+
+	// Another geometry: refused by name, the files untouched.
+	other := testConfig(dir, 16)
+	other.Format.HeadDim = 64
+	_, err = Open(other)
+	require.ErrorIs(t, err, ErrForeignDir)
+	require.Contains(t, err.Error(), "seg-0000.pkvd")
+	_, err = Open(testConfig(dir, 8)) // fewer segments: seg-0001 is left over
+	require.ErrorIs(t, err, ErrForeignDir)
+	require.Contains(t, err.Error(), "seg-0001.pkvd")
+
+	// A file that is not a segment.
+	bad := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bad, "seg-0000.pkvd"), []byte("not a segment file, but long enough to have a header"), 0o644))
+	_, err = Open(testConfig(bad, 8))
+	require.ErrorIs(t, err, ErrForeignDir)
+	require.Contains(t, err.Error(), "magic")
+
+	// The directory still opens with its own config.
+	s = openStore(t, testConfig(dir, 16))
+	require.NoError(t, s.Close())
+}
+
+func TestEvictionLRU(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 4))
+	defer s.Close()
+	u := newUniverse(testFormat, 1, 6)
+	pages := u.chains[0]
+	for i := range 4 {
+		require.True(t, s.Store(&pages[i]))
+	}
+	flush(t, s)
+	// Serve page 0: page 1 is now the least recently used.
+	require.Equal(t, 1, fetchChecked(t, s, request(pages[:1])))
+	require.True(t, s.Store(&pages[4]))
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	got := make([]bool, 6)
+	for i := range pages {
+		got[i] = fetchChecked(t, s, request(pages[i:i+1])) == 1
+	}
+	require.Equal(t, []bool{true, false, true, true, true, false}, got)
+	require.EqualValues(t, 1, s.DiskStats().Evicted)
+}
+
+func TestQueueBoundDrops(t *testing.T) {
+	cfg := testConfig(t.TempDir(), 256)
+	cfg.QueueLen = 2
+	s := openStore(t, cfg)
+	defer s.Close()
+	u := newUniverse(testFormat, 1, 8)
+	gate := make(chan struct{})
+	s.beforeWrite = func() { <-gate } // the writer holds the first page: the queue fills
+	stored, dropped := 0, 0
+	for i := range u.chains[0] {
+		if s.Store(&u.chains[0][i]) {
+			stored++
+		} else {
+			dropped++
+		}
+	}
+	close(gate)
+	flush(t, s)
+	require.LessOrEqual(t, stored, 3, "at most QueueLen queued plus the one being written")
+	require.Positive(t, dropped)
+	require.EqualValues(t, dropped, s.Stats().Dropped)
+	require.NoError(t, s.CheckInvariants())
+}
+
+func TestDamagedAndForeignSlotsDropped(t *testing.T) {
+	dir := t.TempDir()
+	u := newUniverse(testFormat, 2, 4)
+	s := openStore(t, testConfig(dir, 16))
+	for _, p := range u.chains[0] {
+		require.True(t, s.Store(&p))
+	}
+	flush(t, s)
+	slots := map[tier.Digest]int{}
+	for d, sl := range s.index {
+		slots[d] = int(sl)
+	}
+	require.NoError(t, s.Close())
+
+	// Another deployment's store in the same geometry writes chain 1
+	// into a copy of the directory; its slots are moved into ours.
+	foreignDir := t.TempDir()
+	fcfg := testConfig(foreignDir, 16)
+	fcfg.Namespace = "model-b" // same length: same slot geometry
+	fs := openStore(t, fcfg)
+	require.True(t, fs.Store(&u.chains[1][1]))
+	flush(t, fs)
+	require.NoError(t, fs.Close())
+	foreignSlot := readSlot(t, foreignDir, 0)
+	writeSlot(t, dir, 6, foreignSlot) // chain 0 fills slots 0-3
+
+	// Page 1: one byte of its K/V flipped. Page 2: its header's sequence
+	// changed (its checksum no longer matches).
+	flip(t, dir, slots[u.chains[0][1].Digest], slotHeaderBytes+200)
+	flip(t, dir, slots[u.chains[0][2].Digest], 9)
+	s = openStore(t, testConfig(dir, 16))
+	defer s.Close()
+	rec := s.Recovery()
+	require.Equal(t, 2, rec.Recovered)
+	require.Equal(t, 2, rec.Torn)
+	require.Equal(t, 1, rec.Foreign)
+	require.Len(t, rec.Drops, 3)
+	for _, d := range rec.Drops {
+		require.Equal(t, "seg-0000.pkvd", d.File)
+		require.NotEmpty(t, d.Err)
+	}
+	require.Contains(t, fmt.Sprint(rec.Drops), "namespace \"model-b\"")
+	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[0])), "page 0 only: page 1 is gone")
+	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[0][3:])))
+	require.NoError(t, s.Close())
+	// Dropped slots were cleared: the next restart reports nothing.
+	s2 := openStore(t, testConfig(dir, 16))
+	require.Equal(t, Recovery{Slots: 16, Empty: 14, Recovered: 2}, s2.Recovery())
+	require.NoError(t, s2.Close())
+}
+
+// TestReadPinsSlots: the writer does not overwrite a slot Fetch is
+// reading (a lookup found it, the pread has not finished); it waits, then
+// overwrites, and the old page is gone.
+func TestReadPinsSlots(t *testing.T) {
+	s, u := storeFirstPage(t, 1)
+	req := request(u.chains[0][:1])
+	s.readMu.Lock()
+	s.allocReads(1)
+	first, n, ok := s.lookupRun(req, 1)
+	require.True(t, ok)
+	require.Equal(t, 0, first)
+	require.Equal(t, 1, n)
+	// The only slot is pinned: the next page waits for it.
+	require.True(t, s.Store(&u.chains[0][1]))
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	require.ErrorIs(t, s.Flush(ctx, false), context.DeadlineExceeded)
+	cancel()
+	require.Equal(t, 1, s.readRun(req, first), "the pinned slot still holds the page")
+	require.Equal(t, contentOf(testFormat, req[0].Digest), req[0].Data)
+	s.readMu.Unlock()
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	require.Equal(t, 0, fetchChecked(t, s, request(u.chains[0][:1])), "the old page is gone")
+	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[0][1:])))
+	require.Zero(t, s.Stats().Rejected)
+}
+
+func TestEveryFormatRoundTrips(t *testing.T) {
+	for _, dt := range []layout.DType{layout.F32, layout.F16, layout.BF16, layout.E4M3} {
+		for _, kl := range []layout.KVLayout{layout.NHD, layout.HND} {
+			f := tier.PageFormat{Layout: kl, DType: dt, PageSize: 16, NumKVHeads: 2, HeadDim: 64, Layers: 3}
+			cfg := testConfig(t.TempDir(), 8)
+			cfg.Format = f
+			s := openStore(t, cfg)
+			u := newUniverse(f, 1, 3)
+			for _, p := range u.chains[0] {
+				require.True(t, s.Store(&p))
+			}
+			flush(t, s)
+			require.Equal(t, 3, fetchChecked(t, s, request(u.chains[0])), "%v %v", dt, kl)
+			require.NoError(t, s.Close())
+		}
+	}
+}
+
+func TestFetchDeadline(t *testing.T) {
+	s, u := storeFirstPage(t, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.Equal(t, 0, s.Fetch(ctx, request(u.chains[0])))
+	require.EqualValues(t, 1, s.Stats().Timeouts)
+}
+
+func readSlot(t *testing.T, dir string, slot int) []byte {
+	f, err := os.Open(filepath.Join(dir, "seg-0000.pkvd"))
+	require.NoError(t, err)
+	defer f.Close()
+	b := make([]byte, slotAlign)
+	_, err = f.ReadAt(b, int64(segmentHeaderBytes+slot*slotAlign))
+	require.NoError(t, err)
+	return b
+}
+
+func writeSlot(t *testing.T, dir string, slot int, b []byte) {
+	f, err := os.OpenFile(filepath.Join(dir, "seg-0000.pkvd"), os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer f.Close()
+	_, err = f.WriteAt(b, int64(segmentHeaderBytes+slot*slotAlign))
+	require.NoError(t, err)
+}
+
+// flip inverts one byte at off in slot (segment 0 of the test geometry).
+func flip(t *testing.T, dir string, slot, off int) {
+	b := readSlot(t, dir, slot)
+	b[off] ^= 0xff
+	writeSlot(t, dir, slot, b)
+}
+
+// TestConcurrentStoreAndFetch: writers and readers on one small store (the
+// writer evicting what readers look up): every served page holds its
+// K/V, nothing is rejected or lost to an error, and the store audits
+// clean.
+func TestConcurrentStoreAndFetch(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 6))
+	defer s.Close()
+	u := newUniverse(testFormat, 6, 5)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 300 {
+				ch := u.chains[(g+i)%len(u.chains)]
+				if g%2 == 0 {
+					for k := range ch {
+						s.Store(&ch[k])
+					}
+					continue
+				}
+				req := request(ch)
+				n := s.Fetch(context.Background(), req)
+				for k := range n {
+					if !bytes.Equal(contentOf(testFormat, req[k].Digest), req[k].Data) {
+						t.Errorf("page %d of chain %d served with the wrong K/V", k, (g+i)%len(u.chains))
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	st := s.Stats()
+	require.Zero(t, st.Rejected+st.Errors, "%+v", st)
+	t.Logf("%d pages served of %d asked, %d written, %d evicted", st.Hits, st.Requested, st.Stored, s.DiskStats().Evicted)
+}
+
+// storeFirstPage opens a store of pages slots and writes the first page of
+// a two-page chain into it.
+func storeFirstPage(t *testing.T, pages int) (*Store, *pageUniverse) {
+	s := openStore(t, testConfig(t.TempDir(), pages))
+	t.Cleanup(func() { s.Close() })
+	u := newUniverse(testFormat, 1, 2)
+	require.True(t, s.Store(&u.chains[0][0]))
+	flush(t, s)
+	return s, u
+}
