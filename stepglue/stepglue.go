@@ -161,6 +161,11 @@ func Check(plan *pagedkv.Plan) error {
 	return nil
 }
 
+// table is plan's page table after the append (its own arrays).
+func table(plan *pagedkv.Plan) kernels.PageTable {
+	return kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
+}
+
 // Device fills dst with plan's device step over caches of geometry geom:
 // the append of the plan's rows at Table, and the attention (Decode,
 // Prefill or Cascade; causal) with ap, whose WindowLeft is replaced by the
@@ -176,7 +181,7 @@ func Device(dst *cuda.StepPlan, plan *pagedkv.Plan, geom layout.Paged, ap kernel
 	k := kindOf(plan)
 	ap.WindowLeft = plan.WindowLeft
 	*dst = cuda.StepPlan{Geometry: geom,
-		Table:        kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen},
+		Table:        table(plan),
 		BatchIndices: plan.BatchIndices, Positions: plan.Positions,
 		Rows: len(plan.TokenIDs), QOIndptr: plan.QOIndptr, Causal: true, AttentionParams: ap}
 	switch k {
@@ -219,8 +224,7 @@ func HostStep(dst *Host, plan *pagedkv.Plan, ap kernels.AttentionParams) error {
 		return err
 	}
 	ap.WindowLeft = plan.WindowLeft
-	*dst = Host{Kind: kindOf(plan),
-		Table: kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}}
+	*dst = Host{Kind: kindOf(plan), Table: table(plan)}
 	dst.Append = kernels.AppendParams{BatchIndices: plan.BatchIndices, Positions: plan.Positions, Table: dst.Table}
 	switch dst.Kind {
 	case Cascade:
