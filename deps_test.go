@@ -109,6 +109,8 @@ var layering = map[string]pkgRule{
 
 	// Prometheus collectors over the Manager's stats.
 	"metrics": at(L5, "", "tier", "github.com/prometheus/client_golang"),
+	// The engine glue: a Plan to the device step and the host kernel calls.
+	"stepglue": at(L5, "", "cascade", "kernels", "kernels/cuda", "layout"),
 
 	// internal/reference shares no code with what it checks; it may use
 	// plain data types only.
@@ -126,7 +128,7 @@ var layering = map[string]pkgRule{
 
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
 	// The serving-workload simulator behind `pagedkv simulate`.
-	"internal/sim": at(T2, "", "append", "cascade", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "tier"),
+	"internal/sim": at(T2, "", "append", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "stepglue", "tier"),
 
 	// Production-trace replay behind `pagedkv replay`: the Manager in
 	// metadata-only mode, the limits, the plot (the only importer of gonum).
@@ -147,7 +149,7 @@ var layering = map[string]pkgRule{
 var onlyImportedBy = map[string][]string{
 	"internal/reference": {"kernels/kernelstest", "internal/sim"},
 	"fuzz":               {},
-	"":                   {"cmd/pagedkv", "internal/sim", "internal/replay", "metrics", "cabi"},
+	"":                   {"cmd/pagedkv", "internal/sim", "internal/replay", "metrics", "stepglue", "cabi"},
 	"gorgonia.org/cu":    {"kernels/cuda"},
 	// Metrics are exported by the metrics package and the CLI, never from
 	// the library's core.
@@ -397,7 +399,7 @@ func TestImportLayeringRejects(t *testing.T) {
 			[]string{`package "allocator" (L1) imports "github.com/pagedkv/pagedkv/pagetable", which its entry in layering does not allow (allowed: [internal/invariants])`}},
 		{"nothing imports the facade from below", "kernels", "", true, []string{
 			`package "kernels" (L1) may import "github.com/pagedkv/pagedkv" (L4): imports must go to a strictly lower layer`,
-			`package "kernels" imports "github.com/pagedkv/pagedkv", which only [cmd/pagedkv internal/sim internal/replay metrics cabi] may import`}},
+			`package "kernels" imports "github.com/pagedkv/pagedkv", which only [cmd/pagedkv internal/sim internal/replay metrics stepglue cabi] may import`}},
 		{"the oracle shares no code", "cascade", "internal/reference", true, []string{
 			`package "cascade" (L3) may import "internal/reference" (T1): imports must go to a strictly lower layer`,
 			`package "cascade" imports "github.com/pagedkv/pagedkv/internal/reference", which only [kernels/kernelstest internal/sim] may import`}},

@@ -7,10 +7,10 @@ import (
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	appendkv "github.com/pagedkv/pagedkv/append"
-	"github.com/pagedkv/pagedkv/cascade"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/stepglue"
 )
 
 // engine is the simulated model runner: one paged K/V cache per layer and
@@ -38,8 +38,9 @@ type engine struct {
 	// drops the per-group attention), which verification must notice.
 	ignoreWindows bool
 
-	dev    *deviceEngine // the device-resident path, for a *cuda.Backend
-	levels []cuda.Level
+	dev     *deviceEngine // the device-resident path, for a *cuda.Backend
+	devPlan cuda.StepPlan // the device step, reused
+	host    stepglue.Host // the host calls, reused
 }
 
 // newEngine makes the engine of model m in ngroups layer groups (1 for a
@@ -188,17 +189,24 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 		return fmt.Errorf("%w: appendkv derives batch_indices %v positions %v from qo_indptr %v seq_lens %v; the plan has %v %v",
 			ErrCheck, e.appendPlan.BatchIndices, e.appendPlan.Positions, plan.QOIndptr, plan.SeqLens, plan.BatchIndices, plan.Positions)
 	}
-	table := kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
 	m := &e.model
 	hq, hkv, d := m.NumQOHeads, m.NumKVHeads, m.HeadDim
+	hostPlan := plan
+	if e.ignoreWindows {
+		// Full attention everywhere: no window, no chunks, no level windows.
+		p := *plan
+		p.WindowLeft, p.CascadeWindowLeft = -1, nil
+		p.AttnQOIndptr, p.AttnKVIndptr, p.AttnKVPageIndices, p.AttnKVLastPageLen, p.AttnRequests = nil, nil, nil, nil, nil
+		hostPlan = &p
+	}
+	if err := stepglue.HostStep(&e.host, hostPlan, kernels.AttentionParams{NumQOHeads: hq}); err != nil {
+		return fmt.Errorf("%w: %w", ErrCheck, err)
+	}
+	table := e.host.Table
 	resize(&e.k, m.DType, nnz, hkv, d)
 	resize(&e.v, m.DType, nnz, hkv, d)
 	resize(&e.q, m.DType, nnz, hq, d)
 	resize(&e.o, m.DType, nnz, hq, d)
-	decode := int(plan.QOIndptr[len(plan.QOIndptr)-1]) == len(plan.Requests)
-	for b := range len(plan.Requests) {
-		decode = decode && plan.QOIndptr[b+1]-plan.QOIndptr[b] == 1
-	}
 	var rows []int32
 	if plan.Cascade != nil {
 		rows = plan.Cascade.QueryRows()
@@ -207,7 +215,7 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 		cs.record(plan, e.pageBytes()*int64(len(e.caches)))
 	}
 	if e.dev != nil {
-		if err := e.planDevice(plan, table, decode); err != nil {
+		if err := e.planDevice(plan); err != nil {
 			return err
 		}
 	}
@@ -253,40 +261,16 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 		}
 		t2 := time.Now()
 		st.append += t2.Sub(t1)
-		ap := kernels.AttentionParams{NumQOHeads: hq, WindowLeft: plan.WindowLeft}
-		chunked := plan.AttnQOIndptr != nil
-		if e.ignoreWindows {
-			ap.WindowLeft, chunked = -1, false
-		}
-		cache := e.caches[j]
-		var err error
-		switch {
-		case plan.Cascade != nil:
+		q, o := e.q, e.o
+		if plan.Cascade != nil {
 			for r, src := range rows {
 				copy(e.qc.Data[r*qRowBytes:(r+1)*qRowBytes], e.q.Data[int(src)*qRowBytes:])
 			}
-			// A windowed group's cascade has a window_left per level.
-			cp := &cascade.Params{Levels: plan.Cascade.Levels, Q: e.qc, Cache: cache,
-				Causal: true, AttentionParams: ap, LevelWindowLeft: plan.CascadeWindowLeft, O: e.oc}
-			cp.WindowLeft = -1
-			if e.ignoreWindows {
-				cp.LevelWindowLeft = nil
-			}
-			err = cascade.Run(e.backend, cp)
-			for r, dst := range rows {
-				copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
-			}
-		case chunked:
-			// A chunked group: one causal prefill entry per run of a
-			// request's rows within one chunk, over that chunk's pages.
-			err = e.backend.BatchPrefill(&kernels.PrefillParams{Q: e.q, QOIndptr: plan.AttnQOIndptr, Cache: cache,
-				Table:  kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen},
-				Causal: true, AttentionParams: ap, O: e.o})
-		case decode:
-			err = e.backend.BatchDecode(&kernels.DecodeParams{Q: e.q, Cache: cache, Table: table, AttentionParams: ap, O: e.o})
-		default:
-			err = e.backend.BatchPrefill(&kernels.PrefillParams{Q: e.q, QOIndptr: plan.QOIndptr, Cache: cache, Table: table,
-				Causal: true, AttentionParams: ap, O: e.o})
+			q, o = e.qc, e.oc
+		}
+		err := e.host.Attention(e.backend, e.caches[j], q, o)
+		for r, dst := range rows {
+			copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
 		}
 		if err != nil {
 			return fmt.Errorf("layer %d attention: %w", l, err)
@@ -341,27 +325,14 @@ func (c *cascadeStats) record(plan *pagedkv.Plan, bytesPerPageAllLayers int64) {
 
 // planDevice plans the step on the device: one upload of its index arrays
 // (the append's rows and the attention's table, or the cascade's levels).
-func (e *engine) planDevice(plan *pagedkv.Plan, table kernels.PageTable, decode bool) error {
+func (e *engine) planDevice(plan *pagedkv.Plan) error {
 	m := &e.model
-	nnz := len(plan.TokenIDs)
-	if err := e.dev.tensors(m, nnz); err != nil {
+	if err := e.dev.tensors(m, len(plan.TokenIDs)); err != nil {
 		return err
 	}
-	p := &cuda.StepPlan{Geometry: e.geom, Table: table, BatchIndices: plan.BatchIndices, Positions: plan.Positions,
-		Rows: nnz, QOIndptr: plan.QOIndptr, Causal: true,
-		AttentionParams: kernels.AttentionParams{NumQOHeads: m.NumQOHeads, WindowLeft: plan.WindowLeft}}
-	switch {
-	case plan.Cascade != nil:
-		p.Attention = cuda.Cascade
-		e.levels = e.levels[:0]
-		for _, lv := range plan.Cascade.Levels {
-			e.levels = append(e.levels, cuda.Level{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen})
-		}
-		p.Levels = e.levels
-	case decode:
-		p.Attention = cuda.Decode
-	default:
-		p.Attention = cuda.Prefill
+	p := &e.devPlan
+	if err := stepglue.Device(p, plan, e.geom, kernels.AttentionParams{NumQOHeads: m.NumQOHeads}); err != nil {
+		return fmt.Errorf("device step plan: %w", err)
 	}
 	before, start := e.dev.b.Traffic(), time.Now()
 	if err := e.dev.plan(p); err != nil {

@@ -1,0 +1,267 @@
+// Package stepglue turns a [pagedkv.Plan] into the kernel calls that run its
+// step: the device step of kernels/cuda ([cuda.StepPlan], one upload of the
+// step's index arrays) and the host calls of a [kernels.Backend] (decode,
+// prefill, chunked prefill or cascade). It is the glue every Go engine would
+// otherwise write again; internal/sim uses it.
+//
+// The destination structs are the caller's scratch: they are overwritten in
+// place, their slices alias the Plan's arrays (valid until the next
+// Reserve, as the Plan is), and nothing is allocated per step. A cascade
+// plan's levels are the Plan's own ([kernels.CascadeLevel] is the one level
+// type), so they are not copied.
+//
+// A [pagedkv.HybridPlan] is one Plan per group: build each group's step
+// from hp.Groups[g] (after the pool-wide copies) and run it over the group's
+// layers.
+//
+// Usage, per step and layer:
+//
+//	var dev cuda.StepPlan // or: var host stepglue.Host, reused every step
+//	plan, err := m.Reserve(ids, ntokens)
+//	...
+//	err = stepglue.Device(&dev, plan, geom, kernels.AttentionParams{NumQOHeads: hq})
+//	err = step.Plan(&dev) // then step.Append and step.Attention per layer
+//
+//	err = stepglue.HostStep(&host, plan, kernels.AttentionParams{NumQOHeads: hq})
+//	// per layer:
+//	err = host.AppendKV(backend, cache, k, v)
+//	err = host.Attention(backend, cache, q, o) // cascade: q, o in Plan.Cascade.QueryRows order
+package stepglue
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/cascade"
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// ErrBadPlan is wrapped when a Plan's arrays disagree with each other.
+var ErrBadPlan = errors.New("stepglue: inconsistent plan")
+
+// ErrUnsupported is wrapped when a Plan needs an attention the target
+// cannot express (a chunked group's attention on a device step).
+var ErrUnsupported = errors.New("stepglue: plan not supported by this target")
+
+// Kind is the attention a step runs.
+type Kind int
+
+const (
+	// Decode: batch decode, one query row per request.
+	Decode Kind = iota + 1
+	// Prefill: batch prefill with ragged queries, causal.
+	Prefill
+	// Chunked: a chunked group's batch prefill over the Plan's Attn arrays.
+	Chunked
+	// Cascade: multi-level cascade attention over Plan.Cascade.
+	Cascade
+)
+
+var kindNames = [...]string{Decode: "decode", Prefill: "prefill", Chunked: "chunked", Cascade: "cascade"}
+
+func (k Kind) String() string {
+	if k > 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// KindOf returns the attention plan runs: Cascade when it has a cascade
+// layout, Chunked when it has Attn arrays, Decode when every request has
+// exactly one row, Prefill otherwise. It checks the plan first.
+func KindOf(plan *pagedkv.Plan) (Kind, error) {
+	if err := Check(plan); err != nil {
+		return 0, err
+	}
+	return kindOf(plan), nil
+}
+
+func kindOf(plan *pagedkv.Plan) Kind {
+	switch {
+	case plan.Cascade != nil:
+		return Cascade
+	case plan.AttnQOIndptr != nil:
+		return Chunked
+	}
+	for b := range plan.Requests {
+		if plan.QOIndptr[b+1]-plan.QOIndptr[b] != 1 {
+			return Prefill
+		}
+	}
+	return Decode
+}
+
+// Check reports, wrapping [ErrBadPlan] and naming the value, the first
+// disagreement among plan's array lengths: the batch B = len(Requests) must
+// match QOIndptr, KVIndptr, KVLastPageLen and SeqLens, the rows
+// QOIndptr[B] must match BatchIndices, Positions and TokenIDs, KVIndptr[B]
+// must fit KVPageIndices, the Attn arrays must agree with each other, and
+// CascadeWindowLeft with the cascade's levels. Index values are checked by
+// the kernels' own validator when the step runs.
+func Check(plan *pagedkv.Plan) error {
+	if plan == nil {
+		return fmt.Errorf("%w: nil plan", ErrBadPlan)
+	}
+	b := len(plan.Requests)
+	switch {
+	case len(plan.QOIndptr) != b+1:
+		return fmt.Errorf("%w: len(QOIndptr) = %d, want len(Requests)+1 = %d", ErrBadPlan, len(plan.QOIndptr), b+1)
+	case len(plan.KVIndptr) != b+1:
+		return fmt.Errorf("%w: len(KVIndptr) = %d, want len(Requests)+1 = %d", ErrBadPlan, len(plan.KVIndptr), b+1)
+	case len(plan.KVLastPageLen) != b:
+		return fmt.Errorf("%w: len(KVLastPageLen) = %d, want len(Requests) = %d", ErrBadPlan, len(plan.KVLastPageLen), b)
+	case len(plan.SeqLens) != b:
+		return fmt.Errorf("%w: len(SeqLens) = %d, want len(Requests) = %d", ErrBadPlan, len(plan.SeqLens), b)
+	}
+	rows := int(plan.QOIndptr[b])
+	switch {
+	case plan.QOIndptr[0] != 0 || rows < 0:
+		return fmt.Errorf("%w: QOIndptr = %v does not run from 0 to a row count", ErrBadPlan, plan.QOIndptr)
+	case len(plan.BatchIndices) != rows:
+		return fmt.Errorf("%w: len(BatchIndices) = %d, want QOIndptr[%d] = %d", ErrBadPlan, len(plan.BatchIndices), b, rows)
+	case len(plan.Positions) != rows:
+		return fmt.Errorf("%w: len(Positions) = %d, want QOIndptr[%d] = %d", ErrBadPlan, len(plan.Positions), b, rows)
+	case len(plan.TokenIDs) != rows:
+		return fmt.Errorf("%w: len(TokenIDs) = %d, want QOIndptr[%d] = %d", ErrBadPlan, len(plan.TokenIDs), b, rows)
+	case int(plan.KVIndptr[b]) > len(plan.KVPageIndices) || plan.KVIndptr[b] < 0:
+		return fmt.Errorf("%w: KVIndptr[%d] = %d, but len(KVPageIndices) = %d", ErrBadPlan, b, plan.KVIndptr[b], len(plan.KVPageIndices))
+	}
+	if plan.AttnQOIndptr != nil {
+		n := len(plan.AttnQOIndptr) - 1
+		switch {
+		case n < 0:
+			return fmt.Errorf("%w: AttnQOIndptr is empty", ErrBadPlan)
+		case len(plan.AttnKVIndptr) != n+1:
+			return fmt.Errorf("%w: len(AttnKVIndptr) = %d, want len(AttnQOIndptr) = %d", ErrBadPlan, len(plan.AttnKVIndptr), n+1)
+		case len(plan.AttnKVLastPageLen) != n:
+			return fmt.Errorf("%w: len(AttnKVLastPageLen) = %d, want len(AttnQOIndptr)-1 = %d", ErrBadPlan, len(plan.AttnKVLastPageLen), n)
+		case int(plan.AttnQOIndptr[n]) != rows:
+			return fmt.Errorf("%w: AttnQOIndptr[%d] = %d, want the plan's rows QOIndptr[%d] = %d", ErrBadPlan, n, plan.AttnQOIndptr[n], b, rows)
+		case int(plan.AttnKVIndptr[n]) > len(plan.AttnKVPageIndices) || plan.AttnKVIndptr[n] < 0:
+			return fmt.Errorf("%w: AttnKVIndptr[%d] = %d, but len(AttnKVPageIndices) = %d", ErrBadPlan, n, plan.AttnKVIndptr[n], len(plan.AttnKVPageIndices))
+		}
+	}
+	if plan.Cascade != nil {
+		nl := len(plan.Cascade.Levels)
+		switch {
+		case nl == 0:
+			return fmt.Errorf("%w: Cascade has no levels", ErrBadPlan)
+		case plan.CascadeWindowLeft != nil && len(plan.CascadeWindowLeft) != nl:
+			return fmt.Errorf("%w: len(CascadeWindowLeft) = %d, want len(Cascade.Levels) = %d", ErrBadPlan, len(plan.CascadeWindowLeft), nl)
+		}
+		for l, lv := range plan.Cascade.Levels {
+			if n := len(lv.QOIndptr); n == 0 || int(lv.QOIndptr[n-1]) != rows {
+				return fmt.Errorf("%w: Cascade.Levels[%d].QOIndptr = %v does not end at the plan's rows QOIndptr[%d] = %d", ErrBadPlan, l, lv.QOIndptr, b, rows)
+			}
+		}
+	}
+	return nil
+}
+
+// table is plan's page table after the append (its own arrays).
+func table(plan *pagedkv.Plan) kernels.PageTable {
+	return kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
+}
+
+// Device fills dst with plan's device step over caches of geometry geom:
+// the append of the plan's rows at Table, and the attention (Decode,
+// Prefill or Cascade; causal) with ap, whose WindowLeft is replaced by the
+// plan's. A windowed cascade runs every level with the plan's WindowLeft,
+// which is exact for the Manager's cascades (see Plan.CascadeWindowLeft).
+// A chunked group's plan wraps [ErrUnsupported]: its attention table is not
+// the append table, which one StepPlan cannot hold; run it with [HostStep].
+// dst's previous contents are overwritten; nothing is allocated.
+func Device(dst *cuda.StepPlan, plan *pagedkv.Plan, geom layout.Paged, ap kernels.AttentionParams) error {
+	if err := Check(plan); err != nil {
+		return err
+	}
+	k := kindOf(plan)
+	ap.WindowLeft = plan.WindowLeft
+	*dst = cuda.StepPlan{Geometry: geom,
+		Table:        table(plan),
+		BatchIndices: plan.BatchIndices, Positions: plan.Positions,
+		Rows: len(plan.TokenIDs), QOIndptr: plan.QOIndptr, Causal: true, AttentionParams: ap}
+	switch k {
+	case Cascade:
+		dst.Attention, dst.Levels = cuda.Cascade, plan.Cascade.Levels
+	case Decode:
+		dst.Attention = cuda.Decode
+	case Prefill:
+		dst.Attention = cuda.Prefill
+	default:
+		return fmt.Errorf("%w: a device step of a %s plan (AttnQOIndptr %v)", ErrUnsupported, k, plan.AttnQOIndptr)
+	}
+	return nil
+}
+
+// Host is one step's host-backend calls: the append table and the
+// parameters of its one attention call. Only the member of Kind is set;
+// [Host.Attention] fills in the tensors per layer and makes the call.
+type Host struct {
+	Kind Kind
+	// Table is the page table after the append, for the append (and for
+	// decode and prefill attention).
+	Table kernels.PageTable
+	// Append is append_paged_kv_cache's parameters (the rows at
+	// BatchIndices/Positions, Table); [Host.AppendKV] makes the call.
+	Append  kernels.AppendParams
+	Decode  kernels.DecodeParams  // Kind Decode
+	Prefill kernels.PrefillParams // Kind Prefill and Chunked (over the Attn arrays)
+	// Cascade is set for Kind Cascade: the Plan's levels with
+	// CascadeWindowLeft per level (WindowLeft -1). Its queries and output
+	// are in cascade row order: reorder with Plan.Cascade.QueryRows.
+	Cascade cascade.Params
+}
+
+// HostStep fills dst with plan's host calls, with ap for the attention
+// (ap.WindowLeft is replaced by the plan's). dst's previous contents are
+// overwritten; nothing is allocated.
+func HostStep(dst *Host, plan *pagedkv.Plan, ap kernels.AttentionParams) error {
+	if err := Check(plan); err != nil {
+		return err
+	}
+	ap.WindowLeft = plan.WindowLeft
+	*dst = Host{Kind: kindOf(plan), Table: table(plan)}
+	dst.Append = kernels.AppendParams{BatchIndices: plan.BatchIndices, Positions: plan.Positions, Table: dst.Table}
+	switch dst.Kind {
+	case Cascade:
+		dst.Cascade = cascade.Params{Levels: plan.Cascade.Levels, Causal: true, AttentionParams: ap, LevelWindowLeft: plan.CascadeWindowLeft}
+		dst.Cascade.WindowLeft = -1
+	case Chunked:
+		dst.Prefill = kernels.PrefillParams{QOIndptr: plan.AttnQOIndptr,
+			Table:  kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen},
+			Causal: true, AttentionParams: ap}
+	case Decode:
+		dst.Decode = kernels.DecodeParams{Table: dst.Table, AttentionParams: ap}
+	default:
+		dst.Prefill = kernels.PrefillParams{QOIndptr: plan.QOIndptr, Table: dst.Table, Causal: true, AttentionParams: ap}
+	}
+	return nil
+}
+
+// AppendKV appends the step's K/V rows k and v ([rows, Hkv, D], in the
+// plan's row order) to one layer's cache on backend b.
+func (h *Host) AppendKV(b kernels.Backend, cache kernels.PagedKVCache, k, v kernels.Tensor) error {
+	h.Append.AppendKey, h.Append.AppendValue, h.Append.Cache = k, v, cache
+	return b.AppendPagedKVCache(&h.Append)
+}
+
+// Attention runs h's attention on backend b over one layer's cache: q and
+// o are [rows, Hq, D], in cascade row order for Kind Cascade.
+func (h *Host) Attention(b kernels.Backend, cache kernels.PagedKVCache, q, o kernels.Tensor) error {
+	switch h.Kind {
+	case Cascade:
+		h.Cascade.Q, h.Cascade.Cache, h.Cascade.O = q, cache, o
+		return cascade.Run(b, &h.Cascade)
+	case Decode:
+		h.Decode.Q, h.Decode.Cache, h.Decode.O = q, cache, o
+		return b.BatchDecode(&h.Decode)
+	case Prefill, Chunked:
+		h.Prefill.Q, h.Prefill.Cache, h.Prefill.O = q, cache, o
+		return b.BatchPrefill(&h.Prefill)
+	}
+	return fmt.Errorf("%w: Host.Kind = %v; build it with HostStep", ErrBadPlan, h.Kind)
+}
