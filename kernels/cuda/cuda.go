@@ -121,6 +121,13 @@ static CUresult pkv_graph_destroy(CUcontext ctx, CUgraphExec g) {
 */
 import "C"
 
+// The helpers above call driver entry points that no Go line names as
+// C.cuX. A link against a stub driver library (../shared/gpu/build.sh
+// collects the names written as C.cuX from this package's Go files;
+// scripts/cuda-stub.sh also reads the helpers) needs them named here:
+// C.cuGraphInstantiateWithFlags C.cuGraphLaunch C.cuMemAllocHost
+// C.cuStreamBeginCapture C.cuStreamEndCapture.
+
 import (
 	"errors"
 	"fmt"
