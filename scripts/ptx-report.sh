@@ -22,8 +22,7 @@
 # instructions and inner loops count once.
 #
 # Usage: scripts/ptx-report.sh [--check] [file.ptx ...]  (default kernels/cuda/*.ptx)
-#   --check  exit 1 when an entry spills more than its allowance in
-#            spillAllowance below (0 for every entry not named there)
+#   --check  exit 1 when any entry spills (CI requires 0 spills)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,15 +47,6 @@ python3 - "$check" "$tmp" "${files[@]}" <<'PY'
 import os, re, sys
 
 check, tmp, files = sys.argv[1] == "1", sys.argv[2], sys.argv[3:]
-
-# Entries that spilled before this report existed (ptxas 11.8, sm_90, at
-# 82375d1): CI allows them no more than these bytes (stores + loads), and
-# every other entry none. The tensor-core rewrite of decode (issue 27) is
-# to bring them to 0 and empty this table.
-spillAllowance = {
-    "batch_decode_paged_e5m2_v2": 20,
-    "batch_decode_paged_e4m3_v4": 56,
-}
 
 def ptxas_info(text):
     """entry -> dict(regs, spill, stack, smem) from ptxas -v output."""
@@ -136,14 +126,14 @@ for f in files:
         else:
             ls = "-"
         rows.append((k, entry, i["regs"], i["spill"], i["stack"], i["smem"], ls))
-        if i["spill"] > spillAllowance.get(entry, 0):
-            bad.append("%s: %d bytes of spills, allowed %d" % (entry, i["spill"], spillAllowance.get(entry, 0)))
+        if i["spill"] > 0:
+            bad.append("%s %s: %d bytes of spills" % (k, entry, i["spill"]))
 
 print("%-8s %-36s %5s %6s %6s %6s  %s" % ("file", "entry (ptxas -arch=sm_90)", "regs", "spill", "stack", "smem", "main loop"))
 for r in rows:
     print("%-8s %-36s %5d %6d %6d %6d  %s" % r)
 if bad:
-    print("\nspills above the allowance:\n  " + "\n  ".join(bad), file=sys.stderr)
+    print("\nspills (CI allows none):\n  " + "\n  ".join(bad), file=sys.stderr)
     if check:
         sys.exit(1)
 PY

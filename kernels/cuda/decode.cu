@@ -291,8 +291,13 @@ __device__ __forceinline__ void decode_body(
 // tmp_o [items, Hq, D] and tmp_lse [items, Hq] (f32) for merge_partial_states.
 // q_scale multiplies q (sm_scale*log2(e), or sm_scale with a soft cap);
 // soft_cap 0 disables the cap; the float scalars are carried in doubles.
+//
+// __launch_bounds__(256, 4): at most 64 registers, four 256-thread blocks per
+// SM. With no minimum ptxas picked 48 registers for some entries and spilled
+// (e4m3_v4 on sm_80: 56 bytes; e5m2_v2: 20 bytes) and 69-79 for the v8
+// entries (three blocks per SM); with it every entry fits 64 without spills.
 #define PKV_DECODE_ENTRY(NAME, KV, VEC)                                                                              \
-  extern "C" __global__ void __launch_bounds__(256) NAME(                                                            \
+  extern "C" __global__ void __launch_bounds__(256, 4) NAME(                                                         \
       const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,                \
       const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                                 \
       const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ work, void* __restrict__ o,          \
