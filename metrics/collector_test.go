@@ -167,23 +167,19 @@ func TestEveryFieldOnce(t *testing.T) {
 	assert.Equal(t, want, got, "each Stats field (numbered 1..N) must be exported exactly once")
 }
 
-// TestScrapeWhileRunning scrapes a live Manager from other goroutines while
-// it runs steps (run with -race), and checks every scrape is one snapshot:
-// the page states add up to the pool.
-func TestScrapeWhileRunning(t *testing.T) {
-	m, err := pagedkv.New(pagedkv.Config{NumPages: 64, PageSize: 4, HashSeed: 1})
-	require.NoError(t, err)
-	c := metrics.NewCollector(m.Stats, metrics.Options{})
+// scrapeUntilStopped registers c and scrapes it from n goroutines until
+// the returned stop is called (it waits for them), checking that every
+// scrape is one snapshot: the page states add up to the pool.
+func scrapeUntilStopped(t *testing.T, c prometheus.Collector, n int) (stop func()) {
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(c))
-
-	stop := make(chan struct{})
+	done := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 2 {
+	for range n {
 		wg.Go(func() {
 			for {
 				select {
-				case <-stop:
+				case <-done:
 					return
 				default:
 				}
@@ -208,6 +204,17 @@ func TestScrapeWhileRunning(t *testing.T) {
 			}
 		})
 	}
+	return func() { close(done); wg.Wait() }
+}
+
+// TestScrapeWhileRunning scrapes a live Manager from other goroutines while
+// it runs steps (run with -race), and checks every scrape is one snapshot:
+// the page states add up to the pool.
+func TestScrapeWhileRunning(t *testing.T) {
+	m, err := pagedkv.New(pagedkv.Config{NumPages: 64, PageSize: 4, HashSeed: 1})
+	require.NoError(t, err)
+	c := metrics.NewCollector(m.Stats, metrics.Options{})
+	stop := scrapeUntilStopped(t, c, 2)
 	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
 	for i := range 200 {
 		id := pagedkv.RequestID(i + 1)
@@ -222,8 +229,7 @@ func TestScrapeWhileRunning(t *testing.T) {
 		require.NoError(t, m.Release(id))
 		prompt = append(prompt[:9], int32(i))
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 
 	lines := scrape(t, c)
 	assert.Contains(t, lines, "pagedkv_steps_total 200")
@@ -356,37 +362,7 @@ func TestHybridScrapeWhileRunning(t *testing.T) {
 		Groups: []pagedkv.LayerGroup{{Kind: pagedkv.SlidingAttention, WindowTokens: 6, NumLayers: 1}, {Kind: pagedkv.FullAttention, NumLayers: 1}}})
 	require.NoError(t, err)
 	c := metrics.NewHybridCollector(h.Stats, metrics.Options{})
-	reg := prometheus.NewRegistry()
-	require.NoError(t, reg.Register(c))
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			mfs, err := reg.Gather()
-			if !assert.NoError(t, err) {
-				return
-			}
-			var pool, sum float64
-			for _, mf := range mfs {
-				switch mf.GetName() {
-				case "pagedkv_pool_pages":
-					pool = mf.GetMetric()[0].GetGauge().GetValue()
-				case "pagedkv_pages":
-					for _, s := range mf.GetMetric() {
-						sum += s.GetGauge().GetValue()
-					}
-				}
-			}
-			if !assert.Equal(t, pool, sum, "page states of one scrape must add up to the pool") {
-				return
-			}
-		}
-	})
+	stop := scrapeUntilStopped(t, c, 1)
 	// Requests 1..50 on one 13-token prompt, each computed and released:
 	// request 1 publishes pages [0..3] [4..7] [8..11] in both groups, every
 	// later one is served 12 tokens. The sliding group keeps the pages of
@@ -405,8 +381,7 @@ func TestHybridScrapeWhileRunning(t *testing.T) {
 	_, pinned, err := h.Pin(pagedkv.Namespace{}, prompt)
 	require.NoError(t, err)
 	require.Equal(t, 12, pinned)
-	close(stop)
-	wg.Wait()
+	stop()
 	require.NoError(t, h.Audit())
 
 	lines := scrape(t, c)
