@@ -23,7 +23,8 @@ import (
 //
 // The HybridManager owns what spans groups: admission on the prefix every
 // group can serve, all-or-nothing steps (one page budget for every group's
-// pages, eviction across the groups' caches), and the pool-wide Audit. A
+// pages, eviction across the groups' caches), pins of that prefix in every
+// group, and the pool-wide Audit. A
 // single-group model keeps using Manager, whose API and numbers are
 // unchanged.
 
