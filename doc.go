@@ -18,7 +18,8 @@
 //     Plan.KVIndptr/KVPageIndices/KVLastPageLen (or Plan.Cascade), then
 //     calls [Manager.Commit] with the sampled tokens, or [Manager.Abort];
 //   - operations: [Manager.Stats], [Manager.Audit], [Manager.Evict],
-//     [Manager.Pin], [Manager.Unpin].
+//     [Manager.Pin], [Manager.Unpin], and with tiers [Manager.TierCopies]
+//     and [Manager.CompleteTierCopies].
 //
 // A step in code:
 //
@@ -26,6 +27,59 @@
 //	engine.Copy(plan.Copies)
 //	engine.Forward(plan)                 // append K/V, attention
 //	err = m.Commit(sampled)
+//
+// # The step protocol
+//
+// A step is Reserve (or ReserveSpec), the engine's work, then exactly one of
+// Commit (CommitSpec) or Abort. Reserve validates the whole batch, counts
+// the pages it needs (new pages and copy-on-write copies), evicts idle
+// cached pages if the pool is short, and only then changes anything, so an
+// ErrOutOfPages leaves the Manager as it was. Between Reserve and its
+// Commit or Abort the step is pending: per-request calls fail with
+// [ErrStepPending], and the Plan's slices stay valid. Commit appends the
+// sampled tokens, publishes the pages the step filled to the prefix cache
+// and releases what a window no longer reads; Abort undoes the reservation.
+// Reserve, Commit and the Plan they build allocate nothing once the
+// Manager's buffers have grown to the batch.
+//
+// # Speculative steps
+//
+// [Manager.ReserveSpec] takes, per request, draft tokens after its known
+// tokens; the plan gives the draft rows like any others (Plan.Drafts says
+// how many). [Manager.CommitSpec] keeps each request's accepted drafts and
+// its sampled token and leaves exactly the state a plain step of the known
+// tokens and the accepted drafts would have (page tables up to page names,
+// the prefix cache, Stats but for the draft counters); only eviction done
+// for the rejected drafts' pages stays. See docs/manager.md.
+//
+// # Hybrid models
+//
+// A model whose layers mix attention kinds (gpt-oss: sliding and full;
+// Gemma 3: five sliding per full; Llama 4: chunked local and full;
+// DeepSeek: MLA) uses a [HybridManager] ([NewHybrid]) instead: one group
+// per kind ([LayerGroup], rules in package layergroup), every group with
+// its own page table and prefix cache on one shared page pool and page
+// size. Every group holds the same requests and tokens; each keeps only the
+// pages its attention still reads. Admission serves the longest prefix
+// every group's cache holds (the minimum over groups); a step is one page
+// budget over every group, all or nothing, and its [HybridPlan] has the
+// pool-wide copies and one [Plan] per group (its page table arrays, its
+// window_left, and for a chunked group the per-chunk Attn arrays).
+// Internally group 0 validates the step and the other groups follow its
+// request records. HybridManager has the per-request, step, speculative,
+// Pin/Unpin, Evict, Stats and Audit calls of Manager; it has no tiers yet
+// (NewHybrid refuses Config.Tiers), and package metrics exports its
+// per-group figures (metrics.HybridCollector).
+//
+// # Tiers
+//
+// With [Config.Tiers] a Manager keeps evicted prefix pages below the
+// device pool: in host memory, and through a tier.RemoteStore on a local
+// disk or a shared Redis. Eviction plans offload copies and a prefix hit on
+// a lower tier plans onload copies; the engine takes them with
+// [Manager.TierCopies], runs them asynchronously and reports them with
+// [Manager.CompleteTierCopies], and a request whose onloads are in flight
+// ([Manager.Loading]) takes no step. See docs/tiers.md.
 //
 // # Composition
 //

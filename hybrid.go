@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/layergroup"
@@ -22,7 +23,8 @@ import (
 //
 // The HybridManager owns what spans groups: admission on the prefix every
 // group can serve, all-or-nothing steps (one page budget for every group's
-// pages, eviction across the groups' caches), and the pool-wide Audit. A
+// pages, eviction across the groups' caches), pins of that prefix in every
+// group, and the pool-wide Audit. A
 // single-group model keeps using Manager, whose API and numbers are
 // unchanged.
 
@@ -63,6 +65,7 @@ type GroupStats struct {
 	Kind           layergroup.Kind
 	CachedPages    int   // pages in the group's prefix cache
 	EvictablePages int   // of those, idle and evictable
+	PinnedPages    int   // of those, under a pin (HybridManager.Pin pins the same prefixes in every group)
 	ServableTokens int64 // prompt tokens the group's cache alone could have served at Add and Resume
 	PublishedPages int64
 	EvictedPages   int64
@@ -90,7 +93,7 @@ type HybridManager struct {
 	groups []*Manager
 	specs  []layergroup.Spec
 
-	servableTokens []int64 // per group: GroupStats.ServableTokens
+	servableTokens []atomic.Int64 // per group: GroupStats.ServableTokens (Stats reads it from any goroutine)
 	plan           HybridPlan
 }
 
@@ -135,7 +138,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	h := &HybridManager{alloc: alloc, specs: append([]layergroup.Spec(nil), cfg.Groups...),
-		servableTokens: make([]int64, len(cfg.Groups)), plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
+		servableTokens: make([]atomic.Int64, len(cfg.Groups)), plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
 	for i, g := range cfg.Groups {
 		gcfg := cfg.Config
 		if sinks != nil {
@@ -255,7 +258,7 @@ func (h *HybridManager) servable(ns Namespace, tokens []int32) int {
 	for g, m := range h.groups {
 		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, (len(tokens)-1)/h.PageSize())
 		m.scratch = pages
-		h.servableTokens[g] += int64(len(pages) * h.PageSize())
+		h.servableTokens[g].Add(int64(len(pages) * h.PageSize()))
 		limit = min(limit, len(pages))
 	}
 	return limit
@@ -315,7 +318,7 @@ func (h *HybridManager) servableKey(r *request) int {
 		mr := m.reqs[r.id]
 		pages, _ := m.cache.Match(m.scratch[:0], mr.key, mr.tokens, (len(mr.tokens)-1)/h.PageSize())
 		m.scratch = pages
-		h.servableTokens[g] += int64(len(pages) * h.PageSize())
+		h.servableTokens[g].Add(int64(len(pages) * h.PageSize()))
 		limit = min(limit, len(pages))
 	}
 	return limit
@@ -435,6 +438,61 @@ func (h *HybridManager) Abort() error { return h.each(func(m *Manager) error { r
 // or nothing is evictable, and returns how many it freed.
 func (h *HybridManager) Evict(npages int) int { return h.evictUntil(npages) }
 
+// Pin keeps the prefix of tokens in ns that every group's cache holds from
+// eviction until [HybridManager.Unpin], and returns the pin and the tokens
+// it covers: pinnedTokens is the longest page-aligned prefix of tokens (at
+// most len(tokens)/PageSize pages) cached in every group, which is the hit
+// rule of [HybridManager.Add]. Each group's cache holds a page only with
+// every page before it, so a sliding or chunked group, whose next query
+// reads only the last pages of the prefix, still needs the whole path for a
+// hit: the pin holds those pinnedTokens/PageSize pages in every group, and
+// no more in any group (pages past the shortest group's prefix could not be
+// served). While the pin lasts, a later Add or Resume whose tokens start
+// with them is served at least min(pinnedTokens, the hit cap of
+// [Manager.Add]: every full page before its last token).
+//
+// It is all or nothing, as [Manager.Pin]: it fails, changing nothing, with
+// [ErrNotCached] naming the first group whose cache lacks the prefix's first
+// page, or with [ErrPinLimit] naming a group whose pins would pass
+// Config.MaxPinnedPages (the cap applies to each group's cache).
+func (h *HybridManager) Pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
+	ps := h.PageSize()
+	n := len(tokens) / ps
+	for g, m := range h.groups {
+		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, n)
+		m.scratch = pages
+		if len(pages) == 0 {
+			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w: pin %d tokens: their first page of %d is not cached",
+				g, h.specs[g].Kind, ErrNotCached, len(tokens), ps)
+		}
+		n = len(pages)
+	}
+	prefix := tokens[:n*ps]
+	for g, m := range h.groups {
+		if _, err := m.cache.CheckPin(m.cache.Key(ns), prefix); err != nil {
+			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, h.specs[g].Kind, err)
+		}
+	}
+	// Every check passed, so no group fails; every pin goes through here,
+	// so the groups' caches number their pins alike.
+	for g, m := range h.groups {
+		gid, k, err := m.cache.Pin(m.cache.Key(ns), prefix)
+		if err != nil || k != n || g > 0 && gid != id {
+			panic(fmt.Sprintf("pagedkv: pin: group %d pinned %d of %d pages as pin %d (group 0: pin %d): %v", g, k, n, gid, id, err))
+		}
+		id = gid
+		m.afterChange()
+	}
+	return id, n * ps, nil
+}
+
+// Unpin removes a pin from every group; its pages become evictable when
+// nothing else holds them. It fails, changing nothing, with [ErrUnknownPin]
+// naming id.
+func (h *HybridManager) Unpin(id PinID) error {
+	return h.each(func(m *Manager) error { return m.Unpin(id) })
+}
+
 // Tokens, Computed, Running and Has are as for [Manager] (every group holds
 // the same tokens).
 func (h *HybridManager) Tokens(id RequestID) []int32 { return h.groups[0].Tokens(id) }
@@ -466,7 +524,7 @@ func (h *HybridManager) Stats() HybridStats {
 			s.Stats = gs // requests and token counters: equal in every group
 		}
 		s.Groups[g] = GroupStats{Kind: h.specs[g].Kind, CachedPages: gs.CachedPages, EvictablePages: gs.EvictablePages,
-			ServableTokens: h.servableTokens[g], PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
+			PinnedPages: gs.PinnedPages, ServableTokens: h.servableTokens[g].Load(), PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
 			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages}
 	}
 	s.TotalPages, s.FreePages = a.Total, a.Free
@@ -518,6 +576,10 @@ func (h *HybridManager) Audit() error {
 		return nil
 	}
 	for g, m := range h.groups {
+		// Pin pins the same token prefixes in every group.
+		if m.cache.Pinned() != g0.cache.Pinned() {
+			return fmt.Errorf("%w: group %d has %d pinned pages, group 0 %d", errPool, g, m.cache.Pinned(), g0.cache.Pinned())
+		}
 		if len(m.reqs) != len(g0.reqs) {
 			return fmt.Errorf("%w: group %d has %d requests, group 0 %d", errPool, g, len(m.reqs), len(g0.reqs))
 		}

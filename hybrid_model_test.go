@@ -37,6 +37,7 @@ func TestHybridMatchesModel(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			var hits, released, accepted, copies, evicted int64
+			var pinned, partial, capped int
 			differ := false
 			for run := range runs {
 				// A third of the runs publish KV events: after every
@@ -49,6 +50,7 @@ func TestHybridMatchesModel(t *testing.T) {
 					x.checkEvents(op)
 				}
 				x.checkEventsSeen()
+				pinned, partial, capped = pinned+x.pinned, partial+x.partial, capped+x.capped
 				s := x.hh.h.Stats()
 				hits, released, accepted, copies = hits+s.PromptHitTokens, released+s.WindowReleasedPages,
 					accepted+s.AcceptedDraftTokens, copies+s.CopiedPages
@@ -63,17 +65,20 @@ func TestHybridMatchesModel(t *testing.T) {
 			require.Positive(t, accepted)
 			require.Positive(t, copies)
 			require.Positive(t, evicted)
+			require.Positive(t, pinned)
+			require.Positive(t, capped, "no pin reached MaxPinnedPages")
 			if len(groups) > 1 {
 				require.Positive(t, released)
+				require.Positive(t, partial, "no pin covered less than group 0 holds")
 				require.True(t, differ, "no group's cache ever served another prefix than group 0's")
 			}
-			t.Logf("%d runs of %d ops: %d hit tokens, %d window/chunk released, %d accepted drafts, %d copies, %d evicted",
-				runs, ops, hits, released, accepted, copies, evicted)
+			t.Logf("%d runs of %d ops: %d hit tokens, %d window/chunk released, %d accepted drafts, %d copies, %d evicted; pins: %d made (%d partial), %d capped",
+				runs, ops, hits, released, accepted, copies, evicted, pinned, partial, capped)
 		})
 	}
 }
 
-const hmPages = 4096
+const hmPages, hmMaxPinned = 4096, 4
 
 type hybridModelHarness struct {
 	t     *testing.T
@@ -82,10 +87,14 @@ type hybridModelHarness struct {
 	model *reference.HybridModel
 	next  RequestID
 	ev    *hybridEvents // nil: no KV events
+	pins  []PinID       // live pins (the model numbers them alike)
+	// outcomes of pins: made, partial (covering less than group 0
+	// alone holds), refused at the cap
+	pinned, partial, capped int
 }
 
 func newHybridModelHarness(t *testing.T, groups []LayerGroup, seed uint64, withEvents bool) *hybridModelHarness {
-	cfg := HybridConfig{Config: Config{NumPages: hmPages, PageSize: hhPageSize, HashSeed: 5}, Groups: groups}
+	cfg := HybridConfig{Config: Config{NumPages: hmPages, PageSize: hhPageSize, HashSeed: 5, MaxPinnedPages: hmMaxPinned}, Groups: groups}
 	var ev *hybridEvents
 	if withEvents {
 		ev = newHybridEvents(t, groups, hmPages, hhPageSize)
@@ -99,7 +108,7 @@ func newHybridModelHarness(t *testing.T, groups []LayerGroup, seed uint64, withE
 	}
 	return &hybridModelHarness{t: t, rng: rand.New(rand.NewPCG(seed, 31)), ev: ev,
 		hh:    &hybridHarness{t: t, h: h, kv: make([]uint64, hmPages*hhPageSize)},
-		model: reference.NewHybridModel(hmPages, hhPageSize, specs)}
+		model: reference.NewHybridModel(hmPages, hhPageSize, hmMaxPinned, specs)}
 }
 
 func (x *hybridModelHarness) same(what string, err, merr error) {
@@ -139,7 +148,7 @@ func (x *hybridModelHarness) op() {
 		id, _ := x.pick(false)
 		x.release(id)
 	}
-	switch k := r.IntN(20); {
+	switch k := r.IntN(22); {
 	case k < 4:
 		id := x.next
 		x.next++
@@ -189,8 +198,48 @@ func (x *hybridModelHarness) op() {
 		got := h.groups[g].cache.Evict(hmPages)
 		h.groups[g].afterChange()
 		require.Equal(t, m.Group(g).Evict(hmPages), got, "evict group %d", g)
+	case k < 12:
+		x.pin()
+	case k < 13:
+		if len(x.pins) > 0 {
+			i := r.IntN(len(x.pins))
+			x.same("unpin", h.Unpin(x.pins[i]), m.Unpin(uint64(x.pins[i])))
+			x.pins = slices.Delete(x.pins, i, i+1)
+		}
 	default:
 		x.step()
+	}
+}
+
+// pin pins a prompt the adds draw (often cached, in some groups only after
+// an eviction op) in both, or unpins a pin already gone: the same errors,
+// the same pin and covered tokens.
+func (x *hybridModelHarness) pin() {
+	r, h, m, t := x.rng, x.hh.h, x.model, x.t
+	if len(x.pins) > 0 && r.IntN(8) == 0 {
+		gone := x.pins[0] + 1000
+		err := h.Unpin(gone)
+		require.ErrorIs(t, err, ErrUnknownPin)
+		x.same("unpin unknown", err, m.Unpin(uint64(gone)))
+		return
+	}
+	tokens := promptOf(r.IntN(6), 1+r.IntN(30))
+	id, n, err := h.Pin(Namespace{}, tokens)
+	mid, mn, merr := m.Pin("", tokens)
+	x.same("pin", err, merr)
+	switch {
+	case errors.Is(merr, reference.ErrMgrNotCached):
+		require.ErrorIs(t, err, ErrNotCached)
+	case errors.Is(merr, reference.ErrMgrPinLimit):
+		require.ErrorIs(t, err, ErrPinLimit)
+		x.capped++
+	case merr == nil:
+		x.pinned++
+		if g0, _ := h.groups[0].cache.Match(nil, h.groups[0].cache.Key(Namespace{}), tokens, len(tokens)/hhPageSize); len(g0)*hhPageSize > n {
+			x.partial++
+		}
+		require.Equal(t, [2]uint64{mid, uint64(mn)}, [2]uint64{uint64(id), uint64(n)}, "pin %v", tokens)
+		x.pins = append(x.pins, id)
 	}
 }
 
@@ -235,10 +284,11 @@ func (x *hybridModelHarness) compare(op int) {
 		mg := m.Group(g)
 		gs, mgs := s.Groups[g], mg.Stats()
 		if int64(gs.CachedPages) != int64(mgs.CachedPages) || gs.PublishedPages != mgs.PublishedPages ||
-			gs.WindowReleasedPages != mgs.WindowReleasedPages || gs.CopiedPages != mgs.CopiedPages || gs.EvictedPages != mgs.EvictedPages {
-			require.Failf(t, "group counters differ", "op %d group %d: cached %d published %d released %d copied %d; model %d %d %d %d (%d pages evicted)",
-				op, g, gs.CachedPages, gs.PublishedPages, gs.WindowReleasedPages, gs.CopiedPages,
-				mgs.CachedPages, mgs.PublishedPages, mgs.WindowReleasedPages, mgs.CopiedPages, s.EvictedPages)
+			gs.WindowReleasedPages != mgs.WindowReleasedPages || gs.CopiedPages != mgs.CopiedPages || gs.EvictedPages != mgs.EvictedPages ||
+			int64(gs.PinnedPages) != int64(mgs.PinnedPages) {
+			require.Failf(t, "group counters differ", "op %d group %d: cached %d published %d released %d copied %d pinned %d; model %d %d %d %d %d (%d pages evicted)",
+				op, g, gs.CachedPages, gs.PublishedPages, gs.WindowReleasedPages, gs.CopiedPages, gs.PinnedPages,
+				mgs.CachedPages, mgs.PublishedPages, mgs.WindowReleasedPages, mgs.CopiedPages, mgs.PinnedPages, s.EvictedPages)
 		}
 		rename, back := map[PageID]int32{}, map[int32]PageID{}
 		for _, id := range x.hh.ids {

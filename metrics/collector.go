@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -181,10 +182,7 @@ var _ prometheus.Collector = (*Collector)(nil)
 // Manager.Stats, which is safe from any goroutine) once per scrape.
 // Register it with a prometheus.Registerer.
 func NewCollector(stats func() pagedkv.Stats, opts Options) *Collector {
-	ns := opts.Namespace
-	if ns == "" {
-		ns = "pagedkv"
-	}
+	ns := namespace(opts)
 	c := &Collector{stats: stats, metrics: definitions()}
 	for i := range c.metrics {
 		m := &c.metrics[i]
@@ -202,6 +200,13 @@ func NewCollector(stats func() pagedkv.Stats, opts Options) *Collector {
 	return c
 }
 
+func namespace(opts Options) string {
+	if opts.Namespace == "" {
+		return "pagedkv"
+	}
+	return opts.Namespace
+}
+
 // Describe sends the descriptor of every metric.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for i := range c.metrics {
@@ -215,13 +220,18 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 // Collect reads one Stats snapshot and sends every series.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.stats()
+	c.collect(ch, &s)
+}
+
+// collect sends every series of s.
+func (c *Collector) collect(ch chan<- prometheus.Metric, s *pagedkv.Stats) {
 	for i := range c.metrics {
 		m := &c.metrics[i]
 		for _, sr := range m.series {
 			if m.label == "" {
-				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, sr.value(&s))
+				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, sr.value(s))
 			} else {
-				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, sr.value(&s), sr.labelValue)
+				ch <- prometheus.MustNewConstMetric(m.desc, m.typ, sr.value(s), sr.labelValue)
 			}
 		}
 	}
@@ -242,5 +252,84 @@ func (c *Collector) collectRecent(ch chan<- prometheus.Metric, r *tier.RemoteSta
 		}
 		ch <- prometheus.MustNewConstMetric(c.recent, prometheus.GaugeValue, float64(e.Count),
 			strings.ToValidUTF8(e.Key, "\uFFFD"), e.Reason.String())
+	}
+}
+
+// groupMetric is one per-group metric family of a [HybridCollector]: a
+// GroupStats field, one series per group.
+type groupMetric struct {
+	name, help string
+	typ        prometheus.ValueType
+	value      func(*pagedkv.GroupStats) float64
+	desc       *prometheus.Desc
+}
+
+// groupDefinitions lists every per-group metric; each GroupStats number
+// appears exactly once (Kind is the "kind" label).
+func groupDefinitions() []groupMetric {
+	g, c := prometheus.GaugeValue, prometheus.CounterValue
+	return []groupMetric{
+		{name: "group_cached_pages", help: "Pages in the group's prefix cache (some also used by requests).", typ: g,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.CachedPages) }},
+		{name: "group_evictable_pages", help: "Of the group's cached pages, those idle and evictable.", typ: g,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.EvictablePages) }},
+		{name: "group_pinned_pages", help: "Of the group's cached pages, those under a pin, idle or in use.", typ: g,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.PinnedPages) }},
+		{name: "group_servable_tokens_total", help: "Prompt tokens the group's cache alone could have served at Add and Resume (the hit is the minimum over groups).", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.ServableTokens) }},
+		{name: "group_published_pages_total", help: "Pages added to the group's prefix cache.", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.PublishedPages) }},
+		{name: "group_evicted_pages_total", help: "Pages removed from the group's prefix cache.", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.EvictedPages) }},
+		{name: "group_copied_pages_total", help: "Copy-on-write page copies planned in the group.", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.CopiedPages) }},
+		{name: "group_window_released_pages_total", help: "Pages the group released because its attention no longer reads them (left the sliding window, or a finished chunk).", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.WindowReleasedPages) }},
+	}
+}
+
+// HybridCollector is a prometheus.Collector over a HybridManager's Stats:
+// the pool-wide figures under the names and labels of a [Collector]
+// (HybridStats.Stats: the pool's partition, and page counters summed over
+// the groups), and each group's figures as group_* series labelled
+// group="0".."G-1" and kind="full|sliding|chunked|mla".
+type HybridCollector struct {
+	stats  func() pagedkv.HybridStats
+	pool   *Collector
+	groups []groupMetric
+}
+
+var _ prometheus.Collector = (*HybridCollector)(nil)
+
+// NewHybridCollector returns a collector that calls stats (usually
+// HybridManager.Stats, which is safe from any goroutine) once per scrape.
+// Options are a Collector's.
+func NewHybridCollector(stats func() pagedkv.HybridStats, opts Options) *HybridCollector {
+	c := &HybridCollector{stats: stats, pool: NewCollector(nil, opts), groups: groupDefinitions()}
+	ns := namespace(opts)
+	for i := range c.groups {
+		m := &c.groups[i]
+		m.desc = prometheus.NewDesc(prometheus.BuildFQName(ns, "", m.name), m.help, []string{"group", "kind"}, opts.ConstLabels)
+	}
+	return c
+}
+
+// Describe sends the descriptor of every metric.
+func (c *HybridCollector) Describe(ch chan<- *prometheus.Desc) {
+	c.pool.Describe(ch)
+	for i := range c.groups {
+		ch <- c.groups[i].desc
+	}
+}
+
+// Collect reads one HybridStats snapshot and sends every series.
+func (c *HybridCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.stats()
+	c.pool.collect(ch, &s.Stats)
+	for i := range c.groups {
+		m := &c.groups[i]
+		for g := range s.Groups {
+			ch <- prometheus.MustNewConstMetric(m.desc, m.typ, m.value(&s.Groups[g]), strconv.Itoa(g), s.Groups[g].Kind.String())
+		}
 	}
 }

@@ -167,23 +167,19 @@ func TestEveryFieldOnce(t *testing.T) {
 	assert.Equal(t, want, got, "each Stats field (numbered 1..N) must be exported exactly once")
 }
 
-// TestScrapeWhileRunning scrapes a live Manager from other goroutines while
-// it runs steps (run with -race), and checks every scrape is one snapshot:
-// the page states add up to the pool.
-func TestScrapeWhileRunning(t *testing.T) {
-	m, err := pagedkv.New(pagedkv.Config{NumPages: 64, PageSize: 4, HashSeed: 1})
-	require.NoError(t, err)
-	c := metrics.NewCollector(m.Stats, metrics.Options{})
+// scrapeUntilStopped registers c and scrapes it from n goroutines until
+// the returned stop is called (it waits for them), checking that every
+// scrape is one snapshot: the page states add up to the pool.
+func scrapeUntilStopped(t *testing.T, c prometheus.Collector, n int) (stop func()) {
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(c))
-
-	stop := make(chan struct{})
+	done := make(chan struct{})
 	var wg sync.WaitGroup
-	for range 2 {
+	for range n {
 		wg.Go(func() {
 			for {
 				select {
-				case <-stop:
+				case <-done:
 					return
 				default:
 				}
@@ -208,6 +204,17 @@ func TestScrapeWhileRunning(t *testing.T) {
 			}
 		})
 	}
+	return func() { close(done); wg.Wait() }
+}
+
+// TestScrapeWhileRunning scrapes a live Manager from other goroutines while
+// it runs steps (run with -race), and checks every scrape is one snapshot:
+// the page states add up to the pool.
+func TestScrapeWhileRunning(t *testing.T) {
+	m, err := pagedkv.New(pagedkv.Config{NumPages: 64, PageSize: 4, HashSeed: 1})
+	require.NoError(t, err)
+	c := metrics.NewCollector(m.Stats, metrics.Options{})
+	stop := scrapeUntilStopped(t, c, 2)
 	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
 	for i := range 200 {
 		id := pagedkv.RequestID(i + 1)
@@ -222,8 +229,7 @@ func TestScrapeWhileRunning(t *testing.T) {
 		require.NoError(t, m.Release(id))
 		prompt = append(prompt[:9], int32(i))
 	}
-	close(stop)
-	wg.Wait()
+	stop()
 
 	lines := scrape(t, c)
 	assert.Contains(t, lines, "pagedkv_steps_total 200")
@@ -289,4 +295,116 @@ func TestRemoteRejectionsScraped(t *testing.T) {
 	assert.Contains(t, lines, `pagedkv_remote_rejected_pages_total{reason="wrong_type"} 1`)
 	assert.Contains(t, lines, `pagedkv_remote_recent_rejections{key="`+key+`",reason="wrong_type"} 1`)
 	assert.Zero(t, r.Errors)
+}
+
+// numberedHybrid returns HybridStats whose pool-wide Stats are numbered()'s
+// and whose groups (sliding, full) have their i-th number set to
+// 1000*(g+1)+i+1, and the count of numbers of one group.
+func numberedHybrid() (pagedkv.HybridStats, int) {
+	s := pagedkv.HybridStats{Groups: []pagedkv.GroupStats{{Kind: pagedkv.SlidingAttention}, {Kind: pagedkv.FullAttention}}}
+	s.Stats, _ = numbered()
+	n := 0
+	for g := range s.Groups {
+		v := reflect.ValueOf(&s.Groups[g]).Elem()
+		n = 0
+		for i := range v.NumField() {
+			if v.Type().Field(i).Name == "Kind" {
+				continue // the kind label
+			}
+			n++
+			v.Field(i).SetInt(int64(1000*(g+1) + n))
+		}
+	}
+	return s, n
+}
+
+// TestHybridCollectorExposition: a HybridCollector exports the pool-wide
+// Stats exactly as a Collector does, and every GroupStats number once per
+// group, labelled with the group and its kind.
+func TestHybridCollectorExposition(t *testing.T) {
+	s, n := numberedHybrid()
+	opts := metrics.Options{Namespace: "x", ConstLabels: prometheus.Labels{"pool": "gpu0"}}
+	lines := scrape(t, metrics.NewHybridCollector(func() pagedkv.HybridStats { return s }, opts))
+	var pool []string
+	got := map[string][]int{}
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "x_group_") {
+			pool = append(pool, l)
+			continue
+		}
+		v, err := strconv.Atoi(l[strings.LastIndexByte(l, ' ')+1:])
+		require.NoError(t, err, l)
+		labels := l[strings.IndexByte(l, '{'):strings.IndexByte(l, '}')]
+		got[labels] = append(got[labels], v)
+	}
+	assert.Equal(t, scrape(t, metrics.NewCollector(func() pagedkv.Stats { return s.Stats }, opts)), pool,
+		"the pool-wide series are a Collector's over HybridStats.Stats")
+	for g, labels := range []string{`{group="0",kind="sliding",pool="gpu0"`, `{group="1",kind="full",pool="gpu0"`} {
+		vs := got[labels]
+		sort.Ints(vs)
+		want := make([]int, n)
+		for i := range want {
+			want[i] = 1000*(g+1) + i + 1
+		}
+		assert.Equal(t, want, vs, "each GroupStats number of group %d (numbered) must be exported exactly once", g)
+	}
+	assert.Len(t, got, 2, "series of other groups: %v", got)
+	assert.Contains(t, lines, `x_group_pinned_pages{group="1",kind="full",pool="gpu0"} 2003`)
+	assert.Contains(t, lines, `x_group_window_released_pages_total{group="0",kind="sliding",pool="gpu0"} 1008`)
+}
+
+// TestHybridScrapeWhileRunning scrapes a live gpt-oss-like HybridManager
+// (sliding window 6, full; pages of 4) from another goroutine while it
+// runs (run with -race: HybridManager.Stats is safe from any goroutine),
+// then checks the final scrape's per-group figures.
+func TestHybridScrapeWhileRunning(t *testing.T) {
+	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: pagedkv.Config{NumPages: 32, PageSize: 4, HashSeed: 1},
+		Groups: []pagedkv.LayerGroup{{Kind: pagedkv.SlidingAttention, WindowTokens: 6, NumLayers: 1}, {Kind: pagedkv.FullAttention, NumLayers: 1}}})
+	require.NoError(t, err)
+	c := metrics.NewHybridCollector(h.Stats, metrics.Options{})
+	stop := scrapeUntilStopped(t, c, 1)
+	// Requests 1..50 on one 13-token prompt, each computed and released:
+	// request 1 publishes pages [0..3] [4..7] [8..11] in both groups, every
+	// later one is served 12 tokens. The sliding group keeps the pages of
+	// the last 6 computed tokens, so each request releases its page 0 (at
+	// 12 computed tokens on admission, or at 13 after its step for request 1).
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}
+	for i := range 50 {
+		id := pagedkv.RequestID(i + 1)
+		_, err := h.Add(id, pagedkv.Request{Prompt: prompt})
+		require.NoError(t, err)
+		_, err = h.Reserve([]pagedkv.RequestID{id}, []int32{int32(len(prompt) - h.Computed(id))})
+		require.NoError(t, err)
+		require.NoError(t, h.Commit([]int32{pagedkv.NoToken}))
+		require.NoError(t, h.Release(id))
+	}
+	_, pinned, err := h.Pin(pagedkv.Namespace{}, prompt)
+	require.NoError(t, err)
+	require.Equal(t, 12, pinned)
+	stop()
+	require.NoError(t, h.Audit())
+
+	lines := scrape(t, c)
+	for _, want := range []string{
+		`pagedkv_pool_pages 32`,
+		`pagedkv_steps_total 50`,
+		`pagedkv_prompt_hit_tokens_total 588`, // 49 * 12
+		`pagedkv_pinned_pages 6`,
+		`pagedkv_cached_pages 6`,
+		`pagedkv_pages{state="pinned_idle"} 6`,
+		`pagedkv_pages{state="free"} 26`,
+		`pagedkv_group_cached_pages{group="0",kind="sliding"} 3`,
+		`pagedkv_group_cached_pages{group="1",kind="full"} 3`,
+		`pagedkv_group_pinned_pages{group="0",kind="sliding"} 3`,
+		`pagedkv_group_pinned_pages{group="1",kind="full"} 3`,
+		`pagedkv_group_evictable_pages{group="0",kind="sliding"} 0`,
+		`pagedkv_group_servable_tokens_total{group="0",kind="sliding"} 588`,
+		`pagedkv_group_servable_tokens_total{group="1",kind="full"} 588`,
+		`pagedkv_group_published_pages_total{group="0",kind="sliding"} 3`,
+		`pagedkv_group_published_pages_total{group="1",kind="full"} 3`,
+		`pagedkv_group_window_released_pages_total{group="0",kind="sliding"} 50`,
+		`pagedkv_group_window_released_pages_total{group="1",kind="full"} 0`,
+	} {
+		assert.Contains(t, lines, want)
+	}
 }

@@ -19,6 +19,22 @@
 //	_accepted_draft_tokens_total
 //	                                          counter
 //
+// A [HybridCollector] exports a pagedkv.HybridManager's HybridStats: the
+// series above over the pool (HybridStats.Stats: the partition of the one
+// pool, page counters summed over the groups, request and token counters
+// counted once), and per layer group, labelled group="0".."G-1" and
+// kind="full|sliding|chunked|mla":
+//
+//	pagedkv_group_cached_pages, _group_evictable_pages, _group_pinned_pages
+//	                                          gauge
+//	pagedkv_group_servable_tokens_total, _group_published_pages_total,
+//	_group_evicted_pages_total, _group_copied_pages_total,
+//	_group_window_released_pages_total
+//	                                          counter
+//
+// A group whose servable tokens lag the others' is the one that limits the
+// hybrid hit (the minimum over groups).
+//
 // The prefix-cache hit rate over a window is
 // rate(pagedkv_prompt_hit_tokens_total[5m]) / rate(pagedkv_prompt_tokens_total[5m]),
 // and the speculative acceptance rate
@@ -28,12 +44,13 @@
 //
 //   - One scrape reads one snapshot: the page gauges of a scrape always
 //     add up to pagedkv_pool_pages.
-//   - Every field of pagedkv.Stats is exported exactly once (a test
-//     enforces it, so a new field cannot be forgotten).
+//   - Every field of pagedkv.Stats is exported exactly once, and every
+//     number of pagedkv.GroupStats once per group (tests enforce both, so
+//     a new field cannot be forgotten).
 //
 // # Concurrency
 //
 // A Collector is safe for concurrent use: Collect may run on any goroutine
 // (an HTTP handler) while the Manager runs on its own, because
-// Manager.Stats is.
+// Manager.Stats is (and HybridManager.Stats).
 package metrics

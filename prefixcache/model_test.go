@@ -524,12 +524,18 @@ func (h *harness) step(op, a, b, c byte) {
 	case opPin:
 		ns, fam, np := int(a)%hSpaces, int(b)%hFamilies, 1+int(c)%5
 		tokens := family(fam, np)
+		// CheckPin first: it predicts Pin and changes nothing (the model
+		// comparison after the operation would see a change).
+		cn, cerr := h.c.CheckPin(h.keys[ns], tokens)
 		id, n, err := h.c.Pin(h.keys[ns], tokens)
 		mid, mn, merr := h.m.pin(h.keys[ns].id, tokens)
 		if merr != nil {
+			require.ErrorIs(h.t, cerr, merr, "check pin")
 			require.ErrorIs(h.t, err, merr)
 			return
 		}
+		require.NoError(h.t, cerr, "check pin")
+		require.Equal(h.t, mn, cn, "check pin: pages")
 		require.NoError(h.t, err)
 		require.Equal(h.t, [2]int{int(mid), mn}, [2]int{int(id), n}, "pin id, pages")
 		h.pins = append(h.pins, id)

@@ -16,20 +16,9 @@ type PinID uint64
 // is cached and with [ErrPinLimit] if the pages it would newly pin take the
 // total past Config.MaxPinnedPages.
 func (c *Cache) Pin(key Key, tokens []int32) (id PinID, npages int, err error) {
-	path, last := c.Match(c.scratch[:0], key, tokens, len(tokens)/c.pageSize)
-	c.scratch = path
-	if len(path) == 0 {
-		return 0, 0, fmt.Errorf("%w: pin %d tokens: the first page is not cached", ErrNotCached, len(tokens))
-	}
-	fresh := 0
-	for _, p := range path {
-		if c.nodes[p].pins == 0 {
-			fresh++
-		}
-	}
-	if c.maxPinned > 0 && c.nPinned+fresh > c.maxPinned {
-		return 0, 0, fmt.Errorf("%w: pinning %d more pages would make %d, limit %d",
-			ErrPinLimit, fresh, c.nPinned+fresh, c.maxPinned)
+	path, last, err := c.pinPath(key, tokens)
+	if err != nil {
+		return 0, 0, err
 	}
 	for _, p := range path {
 		n := &c.nodes[p]
@@ -45,6 +34,35 @@ func (c *Cache) Pin(key Key, tokens []int32) (id PinID, npages int, err error) {
 	c.nextPin++
 	c.pins[c.nextPin] = last
 	return c.nextPin, len(path), nil
+}
+
+// CheckPin reports what [Cache.Pin] of the same arguments would do, the
+// pages it would cover or its error, and changes nothing. A caller pinning
+// in several caches all or nothing checks each first.
+func (c *Cache) CheckPin(key Key, tokens []int32) (npages int, err error) {
+	path, _, err := c.pinPath(key, tokens)
+	return len(path), err
+}
+
+// pinPath returns the cached path Pin of tokens would pin (in c.scratch)
+// and its last page, or Pin's error.
+func (c *Cache) pinPath(key Key, tokens []int32) ([]PageID, Handle, error) {
+	path, last := c.Match(c.scratch[:0], key, tokens, len(tokens)/c.pageSize)
+	c.scratch = path
+	if len(path) == 0 {
+		return nil, Handle{}, fmt.Errorf("%w: pin %d tokens: the first page is not cached", ErrNotCached, len(tokens))
+	}
+	fresh := 0
+	for _, p := range path {
+		if c.nodes[p].pins == 0 {
+			fresh++
+		}
+	}
+	if c.maxPinned > 0 && c.nPinned+fresh > c.maxPinned {
+		return nil, Handle{}, fmt.Errorf("%w: pinning %d more pages would make %d, limit %d",
+			ErrPinLimit, fresh, c.nPinned+fresh, c.maxPinned)
+	}
+	return path, last, nil
 }
 
 // Unpin removes one pin. Pages left with no pin that are idle join the tail

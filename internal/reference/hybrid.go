@@ -42,11 +42,12 @@ type HybridModel struct {
 }
 
 // NewHybridModel returns an empty model of the groups, each with a pool of
-// numPages pages of pageSize tokens.
-func NewHybridModel(numPages, pageSize int, groups []GroupModelSpec) *HybridModel {
+// numPages pages of pageSize tokens and at most maxPinned pinned pages (0:
+// no cap).
+func NewHybridModel(numPages, pageSize, maxPinned int, groups []GroupModelSpec) *HybridModel {
 	h := &HybridModel{pageSize: pageSize}
 	for g, s := range groups {
-		cfg := ManagerModelConfig{NumPages: numPages, PageSize: pageSize}
+		cfg := ManagerModelConfig{NumPages: numPages, PageSize: pageSize, MaxPinnedPages: maxPinned}
 		switch s.Kind {
 		case GroupSliding:
 			cfg.WindowTokens = s.Window
@@ -190,5 +191,36 @@ func (h *HybridModel) CommitSpec(accepted, sampled []int32) error {
 // Abort undoes the reserved step in every group.
 func (h *HybridModel) Abort() error {
 	_, err := h.each(func(m *ManagerModel) (int, error) { return noCount(m.Abort()) })
+	return err
+}
+
+// Pin pins, in every group, the prefix of tokens every group's cache holds
+// (at most len(tokens)/pageSize pages), all or nothing: ErrMgrNotCached if
+// some group lacks the first page, ErrMgrPinLimit if some group's pins
+// would pass its MaxPinnedPages. It returns the pin (the same in every
+// group) and the tokens it covers.
+func (h *HybridModel) Pin(ns string, tokens []int32) (uint64, int, error) {
+	n := len(tokens) / h.pageSize
+	for _, m := range h.groups {
+		n = min(n, len(m.match(ns, tokens, n)))
+	}
+	if n == 0 {
+		return 0, 0, ErrMgrNotCached
+	}
+	for _, m := range h.groups {
+		if _, err := m.pinPath(ns, tokens[:n*h.pageSize]); err != nil {
+			return 0, 0, err
+		}
+	}
+	id, err := h.each(func(m *ManagerModel) (int, error) {
+		id, _, err := m.Pin(ns, tokens[:n*h.pageSize])
+		return int(id), err
+	})
+	return uint64(id), n * h.pageSize, err
+}
+
+// Unpin removes a pin from every group.
+func (h *HybridModel) Unpin(id uint64) error {
+	_, err := h.each(func(m *ManagerModel) (int, error) { return 0, m.Unpin(id) })
 	return err
 }

@@ -470,9 +470,23 @@ func (m *ManagerModel) Evict(npages int) int {
 // Pin pins the cached prefix of tokens and returns the pin and the tokens
 // it covers.
 func (m *ManagerModel) Pin(ns string, tokens []int32) (uint64, int, error) {
+	path, err := m.pinPath(ns, tokens)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, e := range path {
+		e.pins++
+	}
+	m.nextPin++
+	m.pins[m.nextPin] = path[len(path)-1]
+	return m.nextPin, len(path) * m.cfg.PageSize, nil
+}
+
+// pinPath returns the entries Pin would pin, or its error.
+func (m *ManagerModel) pinPath(ns string, tokens []int32) ([]*mgrEntry, error) {
 	path := m.match(ns, tokens, len(tokens)/m.cfg.PageSize)
 	if len(path) == 0 {
-		return 0, 0, ErrMgrNotCached
+		return nil, ErrMgrNotCached
 	}
 	fresh, pinned := 0, 0
 	for _, e := range path {
@@ -486,14 +500,9 @@ func (m *ManagerModel) Pin(ns string, tokens []int32) (uint64, int, error) {
 		}
 	}
 	if m.cfg.MaxPinnedPages > 0 && pinned+fresh > m.cfg.MaxPinnedPages {
-		return 0, 0, ErrMgrPinLimit
+		return nil, ErrMgrPinLimit
 	}
-	for _, e := range path {
-		e.pins++
-	}
-	m.nextPin++
-	m.pins[m.nextPin] = path[len(path)-1]
-	return m.nextPin, len(path) * m.cfg.PageSize, nil
+	return path, nil
 }
 
 // Unpin removes a pin.
