@@ -87,6 +87,7 @@ const std::vector<Entry>& entries() {
       PKV_ENTRY(cuemu_test_misuse),
       PKV_ENTRY(cuemu_test_fp8_pairs),
       PKV_ENTRY(cuemu_test_mma),
+      PKV_ENTRY(cuemu_test_ldmatrix),
   };
   return e;
 }

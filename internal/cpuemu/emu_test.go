@@ -304,10 +304,15 @@ func TestShimFP8PairConverts(t *testing.T) {
 // 2t+8*(r/2) (low half) and the next one; register r of B holds rows
 // 2t+8r (low half) and 2t+8r+1 of column g; C element i is row g+8*(i/2),
 // column 2t+i%2.
-func mmaFragments(a [16][16]float32, b [16][8]float32, c [16][8]float32) (af []byte, bf []byte, cf []byte) {
+// With bf16 the inputs are encoded as bf16 instead of f16.
+func mmaFragments(a [16][16]float32, b [16][8]float32, c [16][8]float32, bf16 bool) (af []byte, bf []byte, cf []byte) {
 	af, bf, cf = make([]byte, 32*4*4), make([]byte, 32*2*4), make([]byte, 32*4*4)
+	narrow := layout.F32ToF16
+	if bf16 {
+		narrow = layout.F32ToBF16
+	}
 	pair := func(lo, hi float32) uint32 {
-		return uint32(layout.F32ToF16(lo)) | uint32(layout.F32ToF16(hi))<<16
+		return uint32(narrow(lo)) | uint32(narrow(hi))<<16
 	}
 	for lane := range 32 {
 		g, t := lane/4, lane%4
@@ -324,15 +329,15 @@ func mmaFragments(a [16][16]float32, b [16][8]float32, c [16][8]float32) (af []b
 	return af, bf, cf
 }
 
-// runMMA runs the shim's mma.m16n8k16 on one warp and returns each lane's
-// four d registers.
-func runMMA(t *testing.T, a [16][16]float32, b [16][8]float32, c [16][8]float32) [32][4]float32 {
+// runMMA runs the shim's mma.m16n8k16 (f16 inputs, or bf16) on one warp
+// and returns each lane's four d registers.
+func runMMA(t *testing.T, a [16][16]float32, b [16][8]float32, c [16][8]float32, bf16 bool) [32][4]float32 {
 	d := NewDriver(0)
-	af, bf, cf := mmaFragments(a, b, c)
+	af, bf, cf := mmaFragments(a, b, c, bf16)
 	ab, bb, cb := newBuf(t, d, af), newBuf(t, d, bf), newBuf(t, d, cf)
 	out := newBuf(t, d, make([]byte, 32*4*4))
 	require.NoError(t, d.Launch("cuemu_test_mma", dim(1, 1, 1), dim(32, 1, 1), 0,
-		[]uint64{uint64(ab.ptr), uint64(bb.ptr), uint64(cb.ptr), uint64(out.ptr)}))
+		[]uint64{uint64(ab.ptr), uint64(bb.ptr), uint64(cb.ptr), uint64(out.ptr), boolArg(bf16)}))
 	raw := out.bytes(t)
 	var got [32][4]float32
 	for lane := range 32 {
@@ -358,18 +363,20 @@ func TestShimMMAFragmentLayout(t *testing.T) {
 			c[i][n] = 0.5
 		}
 	}
-	got := runMMA(t, a, b, c)
-	for _, want := range []struct {
-		lane int
-		d    [4]float32
-	}{
-		{0, [4]float32{0.5, 1.5, 64.5, 65.5}},      // g=0 t=0: D[0][0], D[0][1], D[8][0], D[8][1]
-		{1, [4]float32{2.5, 3.5, 66.5, 67.5}},      // g=0 t=1: D[0][2..3], D[8][2..3]
-		{5, [4]float32{10.5, 11.5, 74.5, 75.5}},    // g=1 t=1: D[1][2..3], D[9][2..3]
-		{14, [4]float32{28.5, 29.5, 92.5, 93.5}},   // g=3 t=2: D[3][4..5], D[11][4..5]
-		{31, [4]float32{62.5, 63.5, 126.5, 127.5}}, // g=7 t=3: D[7][6..7], D[15][6..7]
-	} {
-		assert.Equal(t, want.d, got[want.lane], "lane %d", want.lane)
+	for _, bf16 := range []bool{false, true} {
+		got := runMMA(t, a, b, c, bf16)
+		for _, want := range []struct {
+			lane int
+			d    [4]float32
+		}{
+			{0, [4]float32{0.5, 1.5, 64.5, 65.5}},      // g=0 t=0: D[0][0], D[0][1], D[8][0], D[8][1]
+			{1, [4]float32{2.5, 3.5, 66.5, 67.5}},      // g=0 t=1: D[0][2..3], D[8][2..3]
+			{5, [4]float32{10.5, 11.5, 74.5, 75.5}},    // g=1 t=1: D[1][2..3], D[9][2..3]
+			{14, [4]float32{28.5, 29.5, 92.5, 93.5}},   // g=3 t=2: D[3][4..5], D[11][4..5]
+			{31, [4]float32{62.5, 63.5, 126.5, 127.5}}, // g=7 t=3: D[7][6..7], D[15][6..7]
+		} {
+			assert.Equal(t, want.d, got[want.lane], "bf16=%v lane %d", bf16, want.lane)
+		}
 	}
 }
 
@@ -390,7 +397,8 @@ func TestShimMMAMatchesMatrixProduct(t *testing.T) {
 				c[i][n] = float32(rng.IntN(201) - 100)
 			}
 		}
-		got := runMMA(t, a, b, c)
+		got := runMMA(t, a, b, c, false)
+		gotBF16 := runMMA(t, a, b, c, true)
 		for lane := range 32 {
 			g, tt := lane/4, lane%4
 			for i := range 4 {
@@ -400,7 +408,92 @@ func TestShimMMAMatchesMatrixProduct(t *testing.T) {
 					want += a[row][k] * b[k][col]
 				}
 				require.Equal(t, want, got[lane][i], "lane %d d[%d] = D[%d][%d]", lane, i, row, col)
+				require.Equal(t, want, gotBF16[lane][i], "bf16: lane %d d[%d] = D[%d][%d]", lane, i, row, col)
 			}
+		}
+	}
+}
+
+func boolArg(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// runLdmatrix stages 32 shared rows of 8 16-bit elements, row s holding
+// 8s, 8s+1, ..., 8s+7, lets lane l pass the address of row rows[l] to
+// ldmatrix_x4 (or its .trans form) and returns each lane's four registers.
+func runLdmatrix(t *testing.T, rows [32]int32, trans bool) [32][4]uint32 {
+	d := NewDriver(0)
+	src := make([]byte, 32*8*2)
+	for e := range 32 * 8 {
+		binary.LittleEndian.PutUint16(src[2*e:], uint16(e))
+	}
+	rb := make([]byte, 32*4)
+	for l, r := range rows {
+		binary.LittleEndian.PutUint32(rb[4*l:], uint32(r))
+	}
+	sb, rowb := newBuf(t, d, src), newBuf(t, d, rb)
+	out := newBuf(t, d, make([]byte, 32*4*4))
+	require.NoError(t, d.Launch("cuemu_test_ldmatrix", dim(1, 1, 1), dim(32, 1, 1), 0,
+		[]uint64{uint64(sb.ptr), uint64(rowb.ptr), uint64(out.ptr), boolArg(trans)}))
+	raw := out.bytes(t)
+	var got [32][4]uint32
+	for lane := range 32 {
+		for i := range 4 {
+			got[lane][i] = binary.LittleEndian.Uint32(raw[4*(4*lane+i):])
+		}
+	}
+	return got
+}
+
+// The ldmatrix twins on a hand-computed example: lane l passes row l, so
+// matrix i is rows 8i..8i+7 and element (r, c) of matrix i holds
+// 64i + 8r + c. Without .trans lane l gets row l/4 of each matrix,
+// columns 2(l%4) and 2(l%4)+1; with .trans it gets column l/4, rows
+// 2(l%4) and 2(l%4)+1 (PTX ISA, ldmatrix's fragment figures).
+func TestShimLdmatrixFragmentLayout(t *testing.T) {
+	var identity [32]int32
+	for l := range identity {
+		identity[l] = int32(l)
+	}
+	pair := func(lo, hi uint32) uint32 { return lo | hi<<16 }
+	plain, trans := runLdmatrix(t, identity, false), runLdmatrix(t, identity, true)
+	for _, want := range []struct {
+		lane         int
+		plain, trans [4]uint32
+	}{
+		// lane 0 (g=0, t=0): row 0 cols 0,1 / col 0 rows 0,1 of each matrix.
+		{0, [4]uint32{pair(0, 1), pair(64, 65), pair(128, 129), pair(192, 193)},
+			[4]uint32{pair(0, 8), pair(64, 72), pair(128, 136), pair(192, 200)}},
+		// lane 5 (g=1, t=1): row 1 cols 2,3 / col 1 rows 2,3.
+		{5, [4]uint32{pair(10, 11), pair(74, 75), pair(138, 139), pair(202, 203)},
+			[4]uint32{pair(17, 25), pair(81, 89), pair(145, 153), pair(209, 217)}},
+		// lane 31 (g=7, t=3): row 7 cols 6,7 / col 7 rows 6,7.
+		{31, [4]uint32{pair(62, 63), pair(126, 127), pair(190, 191), pair(254, 255)},
+			[4]uint32{pair(55, 63), pair(119, 127), pair(183, 191), pair(247, 255)}},
+	} {
+		assert.Equal(t, want.plain, plain[want.lane], "lane %d", want.lane)
+		assert.Equal(t, want.trans, trans[want.lane], ".trans lane %d", want.lane)
+	}
+}
+
+// The twins read each row from the address its lane passed, not from a
+// row index: a shuffled assignment of rows to lanes, checked at every
+// lane against the rule.
+func TestShimLdmatrixFollowsAddresses(t *testing.T) {
+	var rows [32]int32
+	for l := range rows {
+		rows[l] = int32((l*13 + 7) % 32)
+	}
+	plain, trans := runLdmatrix(t, rows, false), runLdmatrix(t, rows, true)
+	at := func(row int32, c int) uint32 { return uint32(8*row) + uint32(c) }
+	for lane := range 32 {
+		g, tt := lane/4, lane%4
+		for i := range 4 {
+			require.Equal(t, at(rows[8*i+g], 2*tt)|at(rows[8*i+g], 2*tt+1)<<16, plain[lane][i], "lane %d r[%d]", lane, i)
+			require.Equal(t, at(rows[8*i+2*tt], g)|at(rows[8*i+2*tt+1], g)<<16, trans[lane][i], ".trans lane %d r[%d]", lane, i)
 		}
 	}
 }

@@ -200,19 +200,15 @@ __device__ __forceinline__ void store_f32(void* p, int64_t i, int64_t dtype, flo
 //   a[2] = A[g][2t+8..2t+9]  a[3] = A[g+8][2t+8..2t+9]   (low half: lower column)
 //   b[0] = B[2t..2t+1][g]    b[1] = B[2t+8..2t+9][g]     (low half: lower row)
 //   c[0], c[1] = C[g][2t], C[g][2t+1]   c[2], c[3] = C[g+8][2t], C[g+8][2t+1]
-// and d like c. The C twin gathers the row and column it needs with warp
-// shuffles and sums the 16 products in order in f32 (the tensor core's
-// summation order and rounding are not specified; exact for small
-// integers, which is what the layout test uses).
-__device__ __forceinline__ void mma_m16n8k16_f32_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
-                                                     const float (&c)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-        "f"(c[3]));
-#else
+// and d like c. mma_m16n8k16_f32_bf16 is the same instruction with bf16
+// inputs (.bf16.bf16), same fragments. The C twin gathers the row and
+// column it needs with warp shuffles and sums the 16 products in order in
+// f32 (the tensor core's summation order and rounding are not specified;
+// exact for small integers, which is what the layout tests use).
+#if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
+template <bool kBF16>
+inline void mma_m16n8k16_f32_twin(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
+  const auto widen = [](uint16_t h) { return kBF16 ? bf16_to_f32(h) : f16_to_f32(h); };
   const unsigned lane = ::cuemu::lane_id();
   const unsigned g = lane / 4, t = lane % 4;
   // arow[h][k]: row g + 8h of A; bcol[j][k]: column 2t + j of B.
@@ -221,15 +217,15 @@ __device__ __forceinline__ void mma_m16n8k16_f32_f16(float (&d)[4], const uint32
     for (int r = 0; r < 4; r++) {
       const uint32_t v = __shfl_sync(0xffffffffu, a[r], int(4 * g + src));
       const int h = r & 1, k = int(2 * src) + 8 * (r >> 1);
-      arow[h][k] = f16_to_f32(uint16_t(v));
-      arow[h][k + 1] = f16_to_f32(uint16_t(v >> 16));
+      arow[h][k] = widen(uint16_t(v));
+      arow[h][k + 1] = widen(uint16_t(v >> 16));
     }
     for (int j = 0; j < 2; j++) {
       for (int r = 0; r < 2; r++) {
         const uint32_t v = __shfl_sync(0xffffffffu, b[r], int(4 * (2 * t + j) + src));
         const int k = int(2 * src) + 8 * r;
-        bcol[j][k] = f16_to_f32(uint16_t(v));
-        bcol[j][k + 1] = f16_to_f32(uint16_t(v >> 16));
+        bcol[j][k] = widen(uint16_t(v));
+        bcol[j][k + 1] = widen(uint16_t(v >> 16));
       }
     }
   }
@@ -238,8 +234,77 @@ __device__ __forceinline__ void mma_m16n8k16_f32_f16(float (&d)[4], const uint32
     for (int k = 0; k < 16; k++) sum += arow[i >> 1][k] * bcol[i & 1][k];
     d[i] = sum;
   }
-#endif
 }
+#endif
+
+#define PKV_MMA_M16N8K16(NAME, TYPE, TWIN_BF16)                                                                    \
+  __device__ __forceinline__ void NAME(float(&d)[4], const uint32_t(&a)[4], const uint32_t(&b)[2],                \
+                                       const float(&c)[4]) {                                                      \
+    PKV_MMA_M16N8K16_BODY(TYPE, TWIN_BF16)                                                                         \
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PKV_MMA_M16N8K16_BODY(TYPE, TWIN_BF16)                                                                    \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE                                              \
+               ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"                                  \
+               : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),          \
+                 "f"(c[2]), "f"(c[3]));
+#else
+#define PKV_MMA_M16N8K16_BODY(TYPE, TWIN_BF16) mma_m16n8k16_f32_twin<TWIN_BF16>(d, a, b, c);
+#endif
+PKV_MMA_M16N8K16(mma_m16n8k16_f32_f16, "f16", false)
+PKV_MMA_M16N8K16(mma_m16n8k16_f32_bf16, "bf16", true)
+#undef PKV_MMA_M16N8K16
+#undef PKV_MMA_M16N8K16_BODY
+
+// ldmatrix_x4 is one warp's ldmatrix.sync.aligned.m8n8.x4.shared.b16
+// (sm_75): it loads four 8x8 matrices of 16-bit elements from shared
+// memory. Lanes 8i..8i+7 pass the addresses of rows 0..7 of matrix i (16
+// bytes each, 16-byte aligned); lane l receives in r[i] row l/4 of matrix
+// i, elements 2(l%4) (low half) and 2(l%4)+1 (PTX ISA, "Warp-level matrix
+// load instruction: ldmatrix"), which is exactly an mma.m16n8k16 A
+// fragment when the four matrices are A's quadrants in the order
+// (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, cols 8-15),
+// (rows 8-15, cols 8-15). ldmatrix_x4_trans (.trans) delivers each matrix
+// transposed: r[i] holds element (2(l%4), l/4) of matrix i (low half) and
+// (2(l%4)+1, l/4), i.e. column l/4, rows 2(l%4) and 2(l%4)+1, which is a B
+// fragment of a row-major (k x n) tile. The C twin exchanges the row
+// addresses with warp shuffles and reads the elements.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+#define PKV_LDMATRIX_X4(NAME, TRANS)                                                                              \
+  __device__ __forceinline__ void NAME(uint32_t(&r)[4], const void* row) {                                        \
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));                                   \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4" TRANS ".shared.b16 {%0,%1,%2,%3}, [%4];\n"                      \
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])                                                 \
+                 : "r"(addr));                                                                                    \
+  }
+PKV_LDMATRIX_X4(ldmatrix_x4, "")
+PKV_LDMATRIX_X4(ldmatrix_x4_trans, ".trans")
+#undef PKV_LDMATRIX_X4
+#else
+template <bool kTrans>
+inline void ldmatrix_x4_twin(uint32_t (&r)[4], const void* row) {
+  const unsigned lane = ::cuemu::lane_id();
+  const uint64_t mine = uint64_t(reinterpret_cast<uintptr_t>(row));
+  const auto at = [](uint64_t p, unsigned col) {
+    return uint32_t(reinterpret_cast<const uint16_t*>(uintptr_t(p))[col]);
+  };
+  for (unsigned i = 0; i < 4; i++) {
+    if (!kTrans) {
+      const uint64_t p = __shfl_sync(0xffffffffu, mine, int(8 * i + lane / 4));
+      r[i] = at(p, 2 * (lane % 4)) | at(p, 2 * (lane % 4) + 1) << 16;
+    } else {
+      const uint64_t lo = __shfl_sync(0xffffffffu, mine, int(8 * i + 2 * (lane % 4)));
+      const uint64_t hi = __shfl_sync(0xffffffffu, mine, int(8 * i + 2 * (lane % 4) + 1));
+      r[i] = at(lo, lane / 4) | at(hi, lane / 4) << 16;
+    }
+  }
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) { ldmatrix_x4_twin<false>(r, row); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
+  ldmatrix_x4_twin<true>(r, row);
+}
+#endif
 
 // ---- fp8 pairs ------------------------------------------------------------------
 //
