@@ -64,6 +64,7 @@ var layering = map[string]pkgRule{
 	"ragged":               at(L0),
 	"layout":               at(L0),
 	"internal/invariants":  at(L0),
+	"internal/sysmem":      at(L0),
 	"internal/safetensors": at(L0),
 	// The rules of one attention group of a hybrid model: pure functions.
 	"layergroup": at(L0),
@@ -83,7 +84,7 @@ var layering = map[string]pkgRule{
 	"kernels/cuda": at(L2, "kernels", "layout", "gorgonia.org/cu"),
 	"pagetable":    at(L2, "allocator", "ragged", "internal/invariants"),
 	"ppl":          at(L2, "quant", "layout", "kernels"),
-	"tier/host":    at(L2, "tier", "internal/invariants"),
+	"tier/host":    at(L2, "tier", "internal/invariants", "internal/sysmem"),
 	// The disk tier: segment files (x/sys/unix: preadv into the pages'
 	// own buffers).
 	"tier/disk": at(L2, "tier", "golang.org/x/sys/unix"),

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/pagedkv/pagedkv/internal/invariants"
+	"github.com/pagedkv/pagedkv/internal/sysmem"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -38,6 +40,29 @@ type Config struct {
 	// them, e.g. pinned memory the engine allocated); nil with PageBytes > 0
 	// allocates it.
 	Memory []byte
+	// MemoryLimit bounds the bytes New may allocate: the bookkeeping of
+	// every page, plus the pages' bytes when Memory is nil. 0 means this
+	// machine's physical memory, so that a pool that can never fit is
+	// refused by name (wrapping ErrBadConfig) instead of being killed by
+	// the OOM killer while it initialises; < 0 is invalid.
+	MemoryLimit int64
+}
+
+// bookkeepingPerPage is what New allocates per page besides its bytes: the
+// entry, the free-stack slot and the index entry (a map slot holds a
+// digest, a value and a tophash byte; the map's load factor adds about a
+// quarter). Tokens are counted separately, PageSize of them per page.
+const bookkeepingPerPage = int64(unsafe.Sizeof(entry{})) + 4 + (int64(unsafe.Sizeof(tier.Digest{}))+4+1)*5/4
+
+// AllocBytes is what New allocates for cfg (saturating at the largest
+// int64): what MemoryLimit bounds.
+func AllocBytes(cfg Config) int64 {
+	n := int64(max(cfg.NumPages, 0))
+	need := sysmem.MulAdd(n, bookkeepingPerPage+4*int64(max(cfg.PageSize, 0)), 0)
+	if cfg.Memory == nil {
+		need = sysmem.MulAdd(n, int64(max(cfg.PageBytes, 0)), need)
+	}
+	return need
 }
 
 const none int32 = -1
@@ -99,6 +124,12 @@ func New(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("%w: NumPages*PageSize = %d*%d tokens, want <= 2^32", ErrBadConfig, cfg.NumPages, cfg.PageSize)
 	case cfg.Memory != nil && int64(len(cfg.Memory)) != int64(cfg.NumPages)*int64(cfg.PageBytes):
 		return nil, fmt.Errorf("%w: Memory has %d bytes, want NumPages*PageBytes = %d*%d", ErrBadConfig, len(cfg.Memory), cfg.NumPages, cfg.PageBytes)
+	case cfg.MemoryLimit < 0:
+		return nil, fmt.Errorf("%w: MemoryLimit = %d, want >= 0 (0: physical memory)", ErrBadConfig, cfg.MemoryLimit)
+	}
+	what := fmt.Sprintf("a host pool of NumPages = %d (PageSize = %d, PageBytes = %d)", cfg.NumPages, cfg.PageSize, cfg.PageBytes)
+	if err := sysmem.Check(what, AllocBytes(cfg), cfg.MemoryLimit); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	p := &Pool{
 		pageSize: cfg.PageSize, pageBytes: cfg.PageBytes, mem: cfg.Memory,

@@ -1,11 +1,16 @@
 package host
 
 import (
+	"errors"
+	"fmt"
 	"math/rand/v2"
+	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/internal/sysmem"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -142,5 +147,55 @@ func TestPoolRandomAgainstModel(t *testing.T) {
 			}
 		}
 		require.NoError(t, p.CheckInvariants())
+	}
+}
+
+// A pool that can never fit is refused by name before anything is
+// allocated: its size is compared with MemoryLimit, or with the machine's
+// physical memory when that is 0.
+func TestNewRefusesMoreThanTheMemoryLimit(t *testing.T) {
+	cfg := Config{NumPages: 1 << 20, PageSize: 16, PageBytes: 1 << 20}
+	need := AllocBytes(cfg)
+	if need < int64(cfg.NumPages)*int64(cfg.PageBytes) {
+		t.Fatalf("AllocBytes = %d, less than the pages' bytes", need)
+	}
+	cfg.MemoryLimit = need - 1
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := New(cfg)
+	runtime.ReadMemStats(&after)
+	if !errors.Is(err, ErrBadConfig) || !errors.Is(err, sysmem.ErrTooLarge) ||
+		!strings.Contains(err.Error(), "NumPages = 1048576") || !strings.Contains(err.Error(), fmt.Sprintf("needs %d bytes", need)) {
+		t.Fatalf("New over the limit = %v", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+		t.Fatalf("a refused New allocated %d bytes", grew)
+	}
+	cfg.MemoryLimit = need
+	cfg.NumPages, cfg.PageBytes = 4, 64
+	if _, err := New(cfg); err != nil {
+		t.Fatalf("New within the limit: %v", err)
+	}
+	// The pages' bytes count only when the pool allocates them.
+	mem := make([]byte, 4*64)
+	small := Config{NumPages: 4, PageSize: 16, PageBytes: 64, Memory: mem}
+	small.MemoryLimit = AllocBytes(small)
+	if AllocBytes(small) >= AllocBytes(Config{NumPages: 4, PageSize: 16, PageBytes: 64}) {
+		t.Fatalf("AllocBytes counts caller memory")
+	}
+	if _, err := New(small); err != nil {
+		t.Fatalf("New with caller memory at its limit: %v", err)
+	}
+	if _, err := New(Config{NumPages: 4, PageSize: 16, MemoryLimit: -1}); !errors.Is(err, ErrBadConfig) ||
+		!strings.Contains(err.Error(), "MemoryLimit = -1") {
+		t.Fatalf("New with MemoryLimit -1 = %v", err)
+	}
+	// The default limit is the machine: the largest pool the other checks
+	// allow (2^30 pages of the largest page) is refused on any machine.
+	huge := Config{NumPages: 1 << 30, PageSize: 4, PageBytes: tier.MaxPageBytes}
+	if _, ok := sysmem.Physical(); ok {
+		if _, err := New(huge); !errors.Is(err, sysmem.ErrTooLarge) || !strings.Contains(err.Error(), "physical memory") {
+			t.Fatalf("New of %d bytes on this machine = %v", AllocBytes(huge), err)
+		}
 	}
 }
