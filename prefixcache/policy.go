@@ -82,6 +82,7 @@ var policyMakers = map[string]func() Policy{
 	PolicyLRU:   func() Policy { return lruPolicy{} },
 	PolicySLRU:  func() Policy { return slruPolicy{} },
 	PolicySRRIP: func() Policy { return &srripPolicy{} },
+	PolicyARC:   newARC,
 }
 
 // PolicyNames returns the names NewPolicy knows, sorted.
