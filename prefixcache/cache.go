@@ -85,7 +85,7 @@ type Config struct {
 	// events). See [Sink].
 	Sink Sink
 	// Eviction names the eviction policy inside each priority level
-	// ([PolicyNames]: "lru", "slru", "srrip"); "" means "lru". See
+	// ([PolicyNames]: "arc", "lru", "slru", "srrip"); "" means "lru". See
 	// [Policy] and docs/replay.md for how they compare.
 	Eviction string
 }
