@@ -85,7 +85,7 @@ type Config struct {
 	// events). See [Sink].
 	Sink Sink
 	// Eviction names the eviction policy inside each priority level
-	// ([PolicyNames]: "lru", "slru", "srrip"); "" means "lru". See
+	// ([PolicyNames]: "arc", "lru", "slru", "srrip"); "" means "lru". See
 	// [Policy] and docs/replay.md for how they compare.
 	Eviction string
 }
@@ -115,6 +115,10 @@ const (
 	// holder (reference count 1). An idle node with no pins is on the LRU
 	// list of its priority; that is the only way onto a list.
 	stIdle
+	// stReturned: its level's GhostPolicy remembered the page's hash from
+	// an eviction when it was published; it is enqueued as having served a
+	// hit until it serves one.
+	stReturned
 )
 
 // node is the cache's record of one page; nodes[p] describes page p.
@@ -142,6 +146,15 @@ type node struct {
 
 func (n *node) cached() bool { return n.state&stCached != 0 }
 func (n *node) idle() bool   { return n.state&stIdle != 0 }
+
+// policyHits is the hit count its level's policy sees: a page that
+// returned from a ghost counts as having served one.
+func (n *node) policyHits() uint32 {
+	if n.hits == 0 && n.state&stReturned != 0 {
+		return 1
+	}
+	return n.hits
+}
 
 // listed reports whether n is on an LRU list: idle and not pinned.
 func (n *node) listed() bool { return n.state&(stCached|stIdle) == stCached|stIdle && n.pins == 0 }
@@ -183,8 +196,9 @@ type Cache struct {
 	// lists[prio*nq+q] is queue q of level prio; qlen mirrors their
 	// lengths (Policy.Dequeue reads a level's slice of it); levelN[prio] is
 	// the level's total.
-	policies []Policy // one per priority
-	nq       int      // queues per level
+	policies []Policy      // one per priority
+	ghosts   []GhostPolicy // policies[i] if it is a GhostPolicy, else nil
+	nq       int           // queues per level
 	lists    []lru
 	qlen     []int
 	levelN   []int
@@ -229,12 +243,17 @@ func New(cfg Config) (*Cache, error) {
 		np = DefaultPriorities
 	}
 	policies := make([]Policy, np)
+	ghosts := make([]GhostPolicy, np)
 	for i := range policies {
 		p, err := NewPolicy(cfg.Eviction)
 		if err != nil {
 			return nil, fmt.Errorf("Config.Eviction: %w", err)
 		}
 		policies[i] = p
+		if g, ok := p.(GhostPolicy); ok {
+			g.Size(cfg.NumPages)
+			ghosts[i] = g
+		}
 	}
 	nq := policies[0].Queues()
 	if nq < 1 || nq > MaxQueues {
@@ -258,6 +277,7 @@ func New(cfg Config) (*Cache, error) {
 		rootKey:   make(map[int32]string),
 		keys:      make(map[Namespace]Key),
 		policies:  policies,
+		ghosts:    ghosts,
 		nq:        nq,
 		lists:     make([]lru, np*nq),
 		qlen:      make([]int, np*nq),
@@ -443,6 +463,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	*n = node{
 		hash: hv, parent: par, child: none, next: none, prev: none, nextHash: none,
 		lruPrev: none, lruNext: none, gen: n.gen, prio: prio, state: stCached,
+	}
+	if g := c.ghosts[prio]; g != nil && g.Returned(hv) {
+		n.state |= stReturned
 	}
 	if par == none {
 		c.rootKey[p] = key.id

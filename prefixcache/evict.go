@@ -10,7 +10,7 @@ import (
 // its level's policy picks for it.
 func (c *Cache) pushLRU(p int32) {
 	n := &c.nodes[p]
-	q := c.policies[n.prio].Enqueue(n.hits)
+	q := c.policies[n.prio].Enqueue(n.policyHits())
 	if q < 0 || q >= c.nq {
 		panic(fmt.Sprintf("prefixcache: policy %q put page %d on queue %d of %d", c.policies[n.prio].Name(), p, q, c.nq))
 	}
@@ -109,6 +109,9 @@ func (c *Cache) evictSubtree(v int32) int {
 			x = c.nodes[x].child
 		}
 		up := c.nodes[x].parent
+		if g := c.ghosts[c.nodes[x].prio]; g != nil {
+			g.Evicted(c.nodes[x].hash, c.nodes[x].policyHits())
+		}
 		c.remove(x)
 		rel = append(rel, PageID(x))
 		if x == v {

@@ -21,9 +21,11 @@ import (
 // and finds each eviction victim by scanning every node: under LRU for the
 // smallest (priority, time it joined its list); under SLRU and SRRIP by the
 // policies' textbook rules (victim), with SRRIP's aging done literally, one
-// increment of every evictable page's prediction at a time. It shares no
-// code with the cache but Namespace.encode, whose injectivity has its own
-// test. Both run on the same
+// increment of every evictable page's prediction at a time; under ARC with
+// its ghost history as a plain slice scanned from newest to oldest. It
+// shares no code with the cache but Namespace.encode, whose injectivity
+// has its own test, and the page hash (ARC's ghosts are keyed by it, so the
+// model computes it with the cache's HashFunc). Both run on the same
 // allocator, so the model learns page IDs from the cache's publishes and the
 // two states are compared as dumps after every operation.
 
@@ -41,6 +43,17 @@ type mnode struct {
 	hits    int   // admissions it served (Cache.Hit)
 	rrpv    int   // SRRIP's re-reference prediction, set when it became evictable
 	removed bool
+	hash    uint64 // the cache's chained hash of the page (ARC's ghost key)
+	seq     int64  // publish order (the cache's sibling lists are newest first)
+	back    bool   // ARC: published while a ghost of its hash was remembered
+}
+
+// mghost is one eviction under ARC: a ghost while live (not yet taken by a
+// publish, nor replaced by a later eviction of the same hash).
+type mghost struct {
+	hash uint64
+	main bool
+	live bool
 }
 
 type model struct {
@@ -55,11 +68,83 @@ type model struct {
 	nextPin   PinID
 	evicted   int64
 	policy    string
+	// ARC, per level: the last numPages evictions, oldest first, and the
+	// probation target.
+	hashFn   HashFunc
+	numPages int
+	ghosts   [][]mghost
+	target   []int
+	seq      int64
+	returns  [2]int // ghost hits from probation and from main
 }
 
-func newModel(ps, nprio, maxPinned int, policy string) *model {
-	return &model{ps: ps, nprio: nprio, maxPinned: maxPinned, nodes: map[string]*mnode{},
-		byPage: map[PageID]*mnode{}, held: map[PageID]int{}, pins: map[PinID]*mnode{}, policy: policy}
+func newModel(ps, nprio, maxPinned int, policy string, numPages int, hashFn HashFunc) *model {
+	m := &model{ps: ps, nprio: nprio, maxPinned: maxPinned, nodes: map[string]*mnode{},
+		byPage: map[PageID]*mnode{}, held: map[PageID]int{}, pins: map[PinID]*mnode{}, policy: policy,
+		hashFn: hashFn, numPages: numPages, ghosts: make([][]mghost, nprio), target: make([]int, nprio)}
+	for i := range m.target {
+		m.target[i] = numPages / 2 // ARC starts in the middle
+	}
+	return m
+}
+
+// main reports whether ARC keeps n on its main queue: it served a hit or
+// came back from a ghost.
+func (n *mnode) main() bool { return n.hits > 0 || n.back }
+
+// forget kills the live ghost of hash h at level prio and returns it.
+func (m *model) forget(prio int, h uint64) (mghost, bool) {
+	for i, e := range m.ghosts[prio] {
+		if e.live && e.hash == h {
+			m.ghosts[prio][i].live = false
+			return e, true
+		}
+	}
+	return mghost{}, false
+}
+
+// returned is ARC's adaptation when a page of hash h is published at prio.
+func (m *model) returned(prio int, h uint64) bool {
+	if m.policy != PolicyARC {
+		return false
+	}
+	var nmain, nprob int
+	for _, e := range m.ghosts[prio] {
+		if !e.live {
+			continue
+		}
+		if e.main {
+			nmain++
+		} else {
+			nprob++
+		}
+	}
+	e, ok := m.forget(prio, h)
+	if !ok {
+		return false
+	}
+	if e.main {
+		m.returns[1]++
+		m.target[prio] = max(0, m.target[prio]-max(1, nprob/nmain))
+	} else {
+		m.returns[0]++
+		m.target[prio] = min(m.numPages, m.target[prio]+max(1, nmain/nprob))
+	}
+	return true
+}
+
+// remember records n's eviction at its level as the newest ghost, killing
+// an older ghost of the same hash, and forgets the oldest eviction past
+// numPages.
+func (m *model) remember(n *mnode) {
+	if m.policy != PolicyARC {
+		return
+	}
+	m.forget(n.prio, n.hash)
+	m.ghosts[n.prio] = append(m.ghosts[n.prio], mghost{hash: n.hash, main: n.main(), live: true})
+	if len(m.ghosts[n.prio]) > m.numPages {
+		m.ghosts[n.prio] = m.ghosts[n.prio][1:]
+	}
 }
 
 // list records that n became evictable now.
@@ -106,6 +191,17 @@ func (m *model) victim() *mnode {
 				return oldest(func(n *mnode) bool { return n.hits > 0 })
 			}
 			return oldest(func(n *mnode) bool { return n.hits == 0 })
+		case PolicyARC:
+			probation := 0
+			for _, n := range level {
+				if !n.main() {
+					probation++
+				}
+			}
+			if probation == len(level) || probation > m.target[prio] {
+				return oldest(func(n *mnode) bool { return !n.main() })
+			}
+			return oldest(func(n *mnode) bool { return n.main() })
 		case PolicySRRIP:
 			for {
 				if v := oldest(func(n *mnode) bool { return n.rrpv == 3 }); v != nil {
@@ -172,7 +268,7 @@ func (m *model) hit(pages []PageID) {
 var errModelStale = errors.New("model: stale")
 
 // publish returns the node now caching the prefix and whether it was added.
-func (m *model) publish(parent *mnode, ns string, page PageID, tokens []int32, prio int) (*mnode, bool, error) {
+func (m *model) publish(parent *mnode, ns string, nsHash uint64, page PageID, tokens []int32, prio int) (*mnode, bool, error) {
 	if parent != nil && parent.removed {
 		return nil, false, errModelStale
 	}
@@ -180,7 +276,14 @@ func (m *model) publish(parent *mnode, ns string, page PageID, tokens []int32, p
 	if n := m.nodes[path]; n != nil {
 		return n, false, nil
 	}
-	n := &mnode{path: path, parent: parent, page: page, tokens: slices.Clone(tokens), ns: ns, prio: prio}
+	prev := nsHash
+	if parent != nil {
+		prev = parent.hash
+	}
+	m.seq++
+	n := &mnode{path: path, parent: parent, page: page, tokens: slices.Clone(tokens), ns: ns, prio: prio,
+		hash: m.hashFn(prev, tokens), seq: m.seq}
+	n.back = m.returned(prio, n.hash)
 	m.nodes[path] = n
 	m.byPage[page] = n
 	m.recheck(page)
@@ -198,27 +301,37 @@ func (m *model) raise(prio int, pages []PageID) {
 	}
 }
 
-// evict scans for victims; every node below a victim goes with it.
+// evict scans for victims; every node below a victim goes with it,
+// children first, the most recently published child first (the order in
+// which ARC's ghosts are remembered).
 func (m *model) evict(npages int) (freed int) {
+	var drop func(v *mnode)
+	drop = func(v *mnode) {
+		var kids []*mnode
+		for _, n := range m.nodes {
+			if n.parent == v {
+				kids = append(kids, n)
+			}
+		}
+		sort.Slice(kids, func(i, j int) bool { return kids[i].seq > kids[j].seq })
+		for _, k := range kids {
+			drop(k)
+		}
+		if m.held[v.page] == 0 {
+			freed++
+		}
+		m.remember(v)
+		v.removed = true
+		delete(m.nodes, v.path)
+		delete(m.byPage, v.page)
+		m.evicted++
+	}
 	for freed < npages {
 		v := m.victim()
 		if v == nil {
 			break
 		}
-		for _, n := range m.nodes {
-			for a := n; a != nil; a = a.parent {
-				if a == v {
-					if m.held[n.page] == 0 {
-						freed++
-					}
-					n.removed = true
-					delete(m.nodes, n.path)
-					delete(m.byPage, n.page)
-					m.evicted++
-					break
-				}
-			}
-		}
+		drop(v)
 	}
 	return freed
 }
@@ -357,7 +470,11 @@ func newHarness(t testing.TB, hash HashFunc, policy string) *harness {
 		Priorities: hPriorities, MaxPinnedPages: hMaxPinned, Eviction: policy})
 	require.NoError(t, err)
 	require.Equal(t, policy, c.Eviction())
-	h := &harness{t: t, alloc: a, c: c, m: newModel(hPageSize, hPriorities, hMaxPinned, policy)}
+	hashFn := hash
+	if hashFn == nil {
+		hashFn = func(prev uint64, toks []int32) uint64 { return hashTokens(c.seed, prev, toks) }
+	}
+	h := &harness{t: t, alloc: a, c: c, m: newModel(hPageSize, hPriorities, hMaxPinned, policy, hNumPages, hashFn)}
 	for i := range h.keys {
 		h.keys[i] = c.Key(Namespace{Tenant: fmt.Sprint("t", i%2), LoRA: fmt.Sprint("l", i/2)})
 	}
@@ -417,7 +534,7 @@ func (h *harness) publish(x *holder, from int) {
 		page := x.pages[len(x.pages)-(x.npages-d)]
 		toks := tokens[d*hPageSize : (d+1)*hPageSize]
 		hd, added, err := h.c.Publish(x.chain, key, page, toks, x.prio)
-		mn, madded, merr := h.m.publish(x.mchain, key.id, page, toks, int(x.prio))
+		mn, madded, merr := h.m.publish(x.mchain, key.id, key.hash, page, toks, int(x.prio))
 		if merr != nil {
 			require.ErrorIs(h.t, err, ErrStaleHandle, "publish depth %d", d)
 			return
@@ -634,12 +751,20 @@ func TestCacheMatchesModel(t *testing.T) {
 		for name, hash := range hashes {
 			t.Run(policy+"/"+name, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(1, uint64(len(name)+len(policy))))
+				var returns [2]int
 				for range runs {
 					data := make([]byte, 4*steps)
 					for i := range data {
 						data[i] = byte(rng.Uint32())
 					}
-					newHarness(t, hash, policy).run(data)
+					h := newHarness(t, hash, policy)
+					h.run(data)
+					returns[0] += h.m.returns[0]
+					returns[1] += h.m.returns[1]
+				}
+				if policy == PolicyARC { // the runs reach both of ARC's adaptations
+					require.Positive(t, returns[0], "ghost hits from probation")
+					require.Positive(t, returns[1], "ghost hits from main")
 				}
 			})
 		}

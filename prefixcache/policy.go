@@ -17,8 +17,9 @@ import (
 //
 // The container's contract:
 //   - Enqueue is called when a slot becomes evictable, with the number of
-//     hits the slot's page served since it was stored; the slot joins the
-//     tail of the returned queue. A slot leaves its queue when it is used
+//     hits the slot's page served since it was stored (at least 1 for a
+//     page a [GhostPolicy] reported as returned); the slot joins the tail
+//     of the returned queue. A slot leaves its queue when it is used
 //     again or evicted.
 //   - Dequeue is called with each queue's length (at least one > 0) and
 //     returns a non-empty queue; the victim is that queue's head.
@@ -82,6 +83,7 @@ var policyMakers = map[string]func() Policy{
 	PolicyLRU:   func() Policy { return lruPolicy{} },
 	PolicySLRU:  func() Policy { return slruPolicy{} },
 	PolicySRRIP: func() Policy { return &srripPolicy{} },
+	PolicyARC:   newARC,
 }
 
 // PolicyNames returns the names NewPolicy knows, sorted.
