@@ -66,6 +66,7 @@ func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
 	registry.Unlock()
 	h.pinner.Unpin()
 	h.pinned = h.pinned[:0]
+	h.ext.close()
 	for i := range h.plans {
 		C.free(unsafe.Pointer(h.plans[i].levels))
 		h.plans[i].levels, h.plans[i].levelsCap = nil, 0
@@ -310,6 +311,7 @@ func pagedkv_commit_spec(id C.pagedkv_manager, accepted *C.int32_t, nAccepted C.
 	if err := h.m.CommitSpec(acc, s); err != nil {
 		return failErr(err)
 	}
+	h.flushEvents()
 	return C.PAGEDKV_OK
 }
 
@@ -343,6 +345,7 @@ func pagedkv_commit(id C.pagedkv_manager, sampled *C.int32_t, n C.int64_t) (code
 		if err := h.m.Commit(nil); err != nil {
 			return failErr(err)
 		}
+		h.flushEvents()
 		return C.PAGEDKV_OK
 	}
 	if code, ok := checkArray("commit", "sampled", unsafe.Pointer(sampled), n); !ok {
@@ -355,6 +358,7 @@ func pagedkv_commit(id C.pagedkv_manager, sampled *C.int32_t, n C.int64_t) (code
 	if err := h.m.Commit(s); err != nil {
 		return failErr(err)
 	}
+	h.flushEvents()
 	return C.PAGEDKV_OK
 }
 
@@ -446,7 +450,7 @@ func pagedkv_evict(id C.pagedkv_manager, npages C.int64_t, freed *C.int64_t) (co
 
 //export pagedkv_pin
 func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_t, n C.int64_t, pin *C.uint64_t, pinned *C.int64_t) (code C.int32_t) {
-	h, code := enterDense(id, "pin")
+	h, code := enter(id, "pin")
 	if h == nil {
 		return code
 	}
@@ -461,7 +465,7 @@ func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_
 	if pin == nil {
 		return badArg("pin: pin is NULL (the pin's id is needed to unpin it)")
 	}
-	p, nt, err := h.dense.Pin(gns, int32s(tokens, n))
+	p, nt, err := h.m.Pin(gns, int32s(tokens, n))
 	if err != nil {
 		return failErr(err)
 	}
@@ -474,12 +478,12 @@ func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_
 
 //export pagedkv_unpin
 func pagedkv_unpin(id C.pagedkv_manager, pin C.uint64_t) (code C.int32_t) {
-	h, code := enterDense(id, "unpin")
+	h, code := enter(id, "unpin")
 	if h == nil {
 		return code
 	}
 	defer h.exit(&code)
-	if err := h.dense.Unpin(pagedkv.PinID(pin)); err != nil {
+	if err := h.m.Unpin(pagedkv.PinID(pin)); err != nil {
 		return failErr(err)
 	}
 	return C.PAGEDKV_OK

@@ -81,6 +81,9 @@ type handle struct {
 	// draftLists is reserve_spec's scratch: views of the caller's drafts
 	// during the call, cleared after it.
 	draftLists [][]int32
+	// ext holds the tiers, KV events and their buffers (tiers.go); nil
+	// for a manager made without options.
+	ext *extras
 }
 
 // planExport is the C ABI's own memory behind one exported plan.
@@ -113,6 +116,8 @@ type manager interface {
 	Running(id pagedkv.RequestID) bool
 	Computed(id pagedkv.RequestID) int
 	Tokens(id pagedkv.RequestID) []int32
+	Pin(ns pagedkv.Namespace, tokens []int32) (pagedkv.PinID, int, error)
+	Unpin(id pagedkv.PinID) error
 }
 
 // register adds h to the registry and returns its id.
@@ -231,6 +236,7 @@ var codes = [...]struct {
 	{pagedkv.ErrNotCached, C.PAGEDKV_ERR_NOT_CACHED},
 	{pagedkv.ErrPinLimit, C.PAGEDKV_ERR_PIN_LIMIT},
 	{pagedkv.ErrUnknownPin, C.PAGEDKV_ERR_UNKNOWN_PIN},
+	{pagedkv.ErrLoading, C.PAGEDKV_ERR_LOADING},
 }
 
 // failErr records err and returns its code; an error of no known class is
