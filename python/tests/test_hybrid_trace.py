@@ -6,7 +6,8 @@ run on pagedkv.HybridManager in Go, for a gpt-oss-like model (sliding
 window 128 and full attention) and a Llama-4-like one (chunked local
 attention and full attention). Replaying every operation through
 libpagedkv must give exactly the Go results: the error class, matched
-tokens, Stats and every group's GroupStats after every operation, and
+tokens, Stats and every group's GroupStats (pinned_pages included: the
+trace pins and unpins prefixes in every group) after every operation, and
 for every step the pool-wide
 copies and each group's plan arrays (cascade levels, cascade_window_left
 and the chunked attn_* arrays included).
@@ -61,7 +62,7 @@ def test_hybrid_replay_matches_go(trace):
         assert list(m.stats().as_dict().values()) == want["stats"], where
         got_groups = [[KINDS.index(g.kind)] + list(g.as_dict().values())[1:] for g in m.group_stats()]
         assert got_groups == want["group_stats"], where
-        if op["op"] in ("add", "resume", "evict") and not err:
+        if op["op"] in ("add", "resume", "evict", "pin") and not err:
             assert result == want.get("value", 0), where
         if op["op"] in ("reserve", "reserve_spec") and not err:
             assert result.request_ids.tolist() == op.get("ids", []), where
@@ -77,10 +78,13 @@ def test_hybrid_trace_covers_the_engine_loop():
     for t in TRACES:
         ops = t["ops"]
         assert {op["op"] for op in ops} >= {"add", "reserve", "commit", "abort", "fork", "release", "preempt",
-                                            "resume", "extend", "evict", "reserve_spec", "commit_spec"}, t["name"]
+                                            "resume", "extend", "evict", "reserve_spec", "commit_spec",
+                                            "pin"}, t["name"]
+        assert any(gs[-1] > 0 for op in ops for gs in op["want"]["group_stats"]), "%s: no pinned pages" % t["name"]
         groups = [g for op in ops for g in op.get("groups", [])]
         assert any("cascade" in g for g in groups), t["name"]
         assert any(op["want"].get("err") == "OutOfPages" for op in ops), t["name"]
         # Windows and chunks release pages: positions restart past them.
         assert any(g["plan"].get("positions") != g["plan"].get("token_positions") for g in groups), t["name"]
     assert any(g["plan"].get("attn_qo_indptr") for t in TRACES for op in t["ops"] for g in op.get("groups", []))
+    assert any(op["op"] == "unpin" and not op["want"].get("err") for t in TRACES for op in t["ops"])
