@@ -149,19 +149,24 @@ func (p *abiPair) bad(op string, code int32) {
 // Manager called directly. Every code must be what the Go error maps to,
 // the stats equal, audit pass, and the last plan's arrays stay as they
 // were until the next successful reserve.
+// fuzzReader hands out a fuzz input's bytes one at a time, then zeros.
+type fuzzReader []byte
+
+func (r *fuzzReader) next() int {
+	if len(*r) == 0 {
+		return 0
+	}
+	b := int((*r)[0])
+	*r = (*r)[1:]
+	return b
+}
+
 func FuzzABI(f *testing.F) {
 	f.Add([]byte{3, 2, 0, 0, 5, 1, 2, 3, 4, 5, 6, 1, 2, 0, 7, 0, 0, 1, 8, 6, 1, 6, 2, 0, 0})
 	f.Add([]byte("\x08\x03\x01\x00\x10abcdefghijklmnop\x06\x02\x00\x02\x03\x07\x00\x02\x00\x10\x08\x06\x03\x02\x00\x01"))
 	f.Add([]byte{0, 0, 0, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 6, 1, 0, 12, 7, 0, 1, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 2, 0, 1, 6, 2, 0, 1, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		next := func() int {
-			if len(data) == 0 {
-				return 0
-			}
-			b := int(data[0])
-			data = data[1:]
-			return b
-		}
+		next := (*fuzzReader)(&data).next
 		cfg := abiConfig{NumPages: int64(8 + next()%32), PageSize: int64(1 + next()%6), Priorities: 3, MaxPinnedPages: 4,
 			HashSeed: 7, CascadeMinSavedPages: 1}
 		if w := next() % 4; w > 0 {

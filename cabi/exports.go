@@ -380,18 +380,9 @@ func pagedkv_abort(id C.pagedkv_manager) (code C.int32_t) {
 //export pagedkv_get_stats
 func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t) (code C.int32_t) {
 	defer recoverTo(&code)
-	h := lookup(id)
-	if h == nil {
-		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: stats: no manager with handle %d", uint64(id)))
-	}
-	if out == nil {
-		return badArg("stats: out is NULL")
-	}
-	var s pagedkv.Stats // lock-free: any thread, even while the owner is in a call
-	if h.hybrid != nil {
-		s = h.hybrid.Stats().Stats
-	} else {
-		s = h.dense.Stats()
+	s, code, ok := snapshot(id, "stats", unsafe.Pointer(out))
+	if !ok {
+		return code
 	}
 	v := [...]int64{
 		int64(s.TotalPages), int64(s.FreePages), int64(s.UsedPages), int64(s.EvictablePages), int64(s.PinnedIdlePages),
@@ -407,6 +398,22 @@ func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t
 	}
 	writeInt64s(unsafe.Pointer(out), size, v[:])
 	return C.PAGEDKV_OK
+}
+
+// snapshot is the Stats of handle id (the pool's, for a hybrid manager)
+// for a call that writes them to out: lock-free, so any thread may ask,
+// even while the owner is inside a call.
+func snapshot(id C.pagedkv_manager, op string, out unsafe.Pointer) (pagedkv.Stats, C.int32_t, bool) {
+	h := lookup(id)
+	switch {
+	case h == nil:
+		return pagedkv.Stats{}, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: no manager with handle %d", op, uint64(id))), false
+	case out == nil:
+		return pagedkv.Stats{}, badArg("%s: out is NULL", op), false
+	case h.hybrid != nil:
+		return h.hybrid.Stats().Stats, C.PAGEDKV_OK, true
+	}
+	return h.dense.Stats(), C.PAGEDKV_OK, true
 }
 
 // writeInt64s writes v into a caller's struct of size bytes: an older

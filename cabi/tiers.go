@@ -377,17 +377,26 @@ func (h *handle) flushEvents() {
 	}
 }
 
-// enterTiers is enter for a call that needs tiers.
+// enterTiers is enter for a call that needs tiers (a dense manager).
 func enterTiers(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
 	h, code := enterDense(id, op)
-	if h == nil {
-		return nil, code
+	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.tiers, "tiers (create it with pagedkv_create_ex and opts.tiers)")
+}
+
+// enterEvents is enter for a call that needs KV events (either kind).
+func enterEvents(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
+	h, code := enter(id, op)
+	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.rec != nil, "KV events (create it with opts.events)")
+}
+
+// needs lets a call that entered h go on if has, else fails it with
+// PAGEDKV_ERR_BAD_CONFIG: the manager was made without what.
+func needs(h *handle, code C.int32_t, id C.pagedkv_manager, op string, has bool, what string) (*handle, C.int32_t) {
+	if h == nil || has {
+		return h, code
 	}
-	if h.ext == nil || !h.ext.tiers {
-		h.busy.Store(false)
-		return nil, fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: %s: manager %d has no tiers (create it with pagedkv_create_ex and opts.tiers)", op, uint64(id)))
-	}
-	return h, C.PAGEDKV_OK
+	h.busy.Store(false)
+	return nil, fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: %s: manager %d has no %s", op, uint64(id), what))
 }
 
 //export pagedkv_tier_copies_take
@@ -532,20 +541,11 @@ func pagedkv_tier_flush(id C.pagedkv_manager, timeoutMS C.int64_t) (code C.int32
 //export pagedkv_get_tier_stats
 func pagedkv_get_tier_stats(id C.pagedkv_manager, out *C.pagedkv_tier_stats, size C.size_t) (code C.int32_t) {
 	defer recoverTo(&code)
-	h := lookup(id)
-	if h == nil {
-		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: tier_stats: no manager with handle %d", uint64(id)))
+	s, code, ok := snapshot(id, "tier_stats", unsafe.Pointer(out))
+	if !ok {
+		return code
 	}
-	if out == nil {
-		return badArg("tier_stats: out is NULL")
-	}
-	var s pagedkv.TierStats // lock-free, as pagedkv_get_stats
-	if h.hybrid != nil {
-		s = h.hybrid.Stats().Tiers
-	} else {
-		s = h.dense.Stats().Tiers
-	}
-	v := tierStatsList(s)
+	v := tierStatsList(s.Tiers)
 	if len(v)*8 != C.sizeof_pagedkv_tier_stats {
 		panic("cabi: pagedkv_tier_stats and TierStats have different field counts")
 	}
@@ -561,19 +561,6 @@ func tierStatsList(s pagedkv.TierStats) []int64 {
 		s.BytesToHost, s.BytesToDevice, s.DroppedPages, s.HostFull, s.RemoteFetched, s.RemoteStored,
 		r.Lookups, r.Requested, r.Hits, r.Misses, r.Rejected, r.Errors, r.Timeouts, r.Stored, r.Dropped, r.BytesIn, r.BytesOut}
 	return append(v, r.RejectedBy[:]...)
-}
-
-// enterEvents is enter for a call that needs KV events (either kind).
-func enterEvents(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
-	h, code := enter(id, op)
-	if h == nil {
-		return nil, code
-	}
-	if h.ext == nil || h.ext.rec == nil {
-		h.busy.Store(false)
-		return nil, fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: %s: manager %d has no KV events (create it with opts.events)", op, uint64(id)))
-	}
-	return h, C.PAGEDKV_OK
 }
 
 //export pagedkv_drain_events

@@ -116,14 +116,7 @@ func FuzzTierOptions(f *testing.F) {
 	f.Add([]byte{1, 200, 1, 9, 255, 1, 1, 2, 5, 5, 0, 0, 0, 0, 0, 0})
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, data []byte) {
-		next := func() int {
-			if len(data) == 0 {
-				return 0
-			}
-			b := int(data[0])
-			data = data[1:]
-			return b
-		}
+		next := (*fuzzReader)(&data).next
 		// pick is a small value, or one far out of range.
 		pick := func(small int) int64 {
 			switch v := next(); {

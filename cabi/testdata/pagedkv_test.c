@@ -590,13 +590,13 @@ static void tiers(void) {
 
 	int32_t prompt[12];
 	pagedkv_request req = prompt_request(prompt, 12);
-	OK(pagedkv_add(m, 1, &req, NULL));
 	uint64_t ids[] = {1};
-	int32_t nt[] = {12};
+	int32_t nt[] = {12}, s1[] = {7};
 	pagedkv_plan plan;
-	OK(pagedkv_reserve(m, ids, nt, 1, &plan));
-	int32_t s1[] = {7};
-	OK(pagedkv_commit(m, s1, 1));
+	int32_t rc = pagedkv_add(m, 1, &req, NULL);
+	rc = rc ? rc : pagedkv_reserve(m, ids, nt, 1, &plan);
+	rc = rc ? rc : pagedkv_commit(m, s1, 1);
+	OK(rc);
 	const uint8_t *ev = NULL;
 	int64_t evn = -1;
 	OK(pagedkv_drain_events(m, &ev, &evn));

@@ -26,15 +26,13 @@ class Config(ctypes.Structure):
     ]
 
 
+def _byte_strings(*names):
+    """The fields of byte strings with lengths: name, then name_len."""
+    return [f for n in names for f in ((n, ctypes.c_char_p), (n + "_len", ctypes.c_int64))]
+
+
 class Namespace(ctypes.Structure):
-    _fields_ = [
-        ("tenant", ctypes.c_char_p),
-        ("tenant_len", ctypes.c_int64),
-        ("lora", ctypes.c_char_p),
-        ("lora_len", ctypes.c_int64),
-        ("salt", ctypes.c_char_p),
-        ("salt_len", ctypes.c_int64),
-    ]
+    _fields_ = _byte_strings("tenant", "lora", "salt")
 
 
 class Request(ctypes.Structure):
@@ -149,20 +147,14 @@ class PageFormat(ctypes.Structure):
 
 
 class RedisConfig(ctypes.Structure):
-    _fields_ = [
-        ("addr", ctypes.c_char_p), ("addr_len", ctypes.c_int64),
-        ("ns", ctypes.c_char_p), ("ns_len", ctypes.c_int64),
-        ("group", ctypes.c_char_p), ("group_len", ctypes.c_int64),
-    ] + [(name, ctypes.c_int64) for name in ("tag_by_chain", "queue_len", "batch", "expiry_ms", "write_timeout_ms",
-                                             "dial_timeout_ms")]
+    _fields_ = _byte_strings("addr", "ns", "group") + [
+        (name, ctypes.c_int64) for name in ("tag_by_chain", "queue_len", "batch", "expiry_ms", "write_timeout_ms",
+                                            "dial_timeout_ms")]
 
 
 class DiskConfig(ctypes.Structure):
-    _fields_ = [
-        ("dir", ctypes.c_char_p), ("dir_len", ctypes.c_int64),
-        ("ns", ctypes.c_char_p), ("ns_len", ctypes.c_int64),
-        ("group", ctypes.c_char_p), ("group_len", ctypes.c_int64),
-    ] + [(name, ctypes.c_int64) for name in ("pages", "segment_pages", "queue_len", "sync_every")]
+    _fields_ = _byte_strings("dir", "ns", "group") + [
+        (name, ctypes.c_int64) for name in ("pages", "segment_pages", "queue_len", "sync_every")]
 
 
 class TierConfig(ctypes.Structure):
