@@ -4,12 +4,13 @@ nothing). test_tier_trace.py checks the results against Go."""
 
 import threading
 
-import msgpack
 import numpy as np
 import pytest
 
 import pagedkv
 from conftest import snapshot
+
+msgpack = pytest.importorskip("msgpack", reason="Debian's python3-msgpack decodes the KV event payloads")
 
 FORMAT = pagedkv.PageFormat(dtype="f32", num_kv_heads=1, head_dim=1, num_layers=1)  # 32 bytes a page of 4
 
