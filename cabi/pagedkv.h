@@ -285,13 +285,30 @@ typedef struct {
 } pagedkv_tier_config;
 
 /* KV cache events in vLLM's wire format (Go: events.Recorder): drained
- * with pagedkv_drain_events. */
+ * with pagedkv_drain_events, or, with an endpoint, published by the
+ * library on a ZeroMQ PUB socket exactly as vLLM's ZmqEventPublisher
+ * does (Go: events.Publisher). */
 typedef struct {
-	int64_t queue_batches;       /* batches held until drained; 0 = 64. Past it a step's batch is
-	                                dropped, and the next one that fits starts with AllBlocksCleared
-	                                and every cached page (the stream resynchronises) */
+	int64_t queue_batches;       /* batches held until drained (or sent); 0 = 64. Past it a step's
+	                                batch is dropped, and the next one that fits starts with
+	                                AllBlocksCleared and every cached page (the stream resynchronises) */
 	int64_t data_parallel_rank;  /* the batches' data_parallel_rank */
+	const char *endpoint;        /* empty: drain; else e.g. "tcp://0.0.0.0:5557" */
+	int64_t endpoint_len;
+	int64_t mode;                /* PAGEDKV_EVENTS_* below: bind or connect the PUB socket */
+	const char *replay_endpoint; /* empty: no replay; else the ROUTER socket that serves replays */
+	int64_t replay_endpoint_len;
+	const char *topic;           /* the first frame of every message; empty is vLLM's default */
+	int64_t topic_len;
 } pagedkv_events_config;
+
+/* pagedkv_events_config.mode (Go: events.BindMode). */
+enum {
+	PAGEDKV_EVENTS_AUTO = 0,            /* as vLLM: bind a wildcard, ipc:// or inproc:// endpoint, else connect */
+	PAGEDKV_EVENTS_BIND = 1,            /* bind ("tcp://127.0.0.1:0": a free port, see pagedkv_events_endpoint) */
+	PAGEDKV_EVENTS_BIND_OR_CONNECT = 2, /* bind, or connect when a subscriber bound the address first */
+	PAGEDKV_EVENTS_CONNECT = 3          /* connect to a bound subscriber */
+};
 
 /* Options of pagedkv_create_ex and pagedkv_hybrid_create_ex. */
 typedef struct {
@@ -331,9 +348,11 @@ typedef struct {
 	int64_t remote_rejected_by[5]; /* corrupt, size, wrong_type, foreign, stale */
 } pagedkv_tier_stats;
 
-/* The KV events' counters (Go: events.RecorderStats). */
+/* The KV events' counters (Go: events.RecorderStats, then with an
+ * endpoint events.PublisherStats; 0 without). */
 typedef struct {
 	int64_t batches, events, pages, dropped_steps, dropped_events, resyncs;
+	int64_t sent_batches, sent_bytes, last_seq, replays, replayed, send_errors, peer_errors;
 } pagedkv_events_stats;
 
 /* Which cache pagedkv_cached_hashes lists. */
@@ -458,13 +477,17 @@ int32_t pagedkv_tier_flush(pagedkv_manager m, int64_t timeout_ms);
 int32_t pagedkv_get_tier_stats(pagedkv_manager m, pagedkv_tier_stats *out, size_t out_size);
 
 /* KV events (a manager made with events; else PAGEDKV_ERR_BAD_CONFIG).
- * Each call hands out the next batch as the msgpack payload of vLLM's
+ * Without an endpoint, each call hands out the next batch as the msgpack payload of vLLM's
  * KVEventBatch ([ts, events, data_parallel_rank], exactly what package
  * events publishes: forward it to vLLM's ZMQ publisher unchanged), or
  * *len = 0 when none is left. Commit and commit_spec end a step's batch;
  * a drain that finds no batch ends the current one. *data is the handle's
  * buffer, valid until the next drain or destroy. */
 int32_t pagedkv_drain_events(pagedkv_manager m, const uint8_t **data, int64_t *len);
+/* The endpoint a publishing manager bound or connected (replay 0: the PUB
+ * socket's, e.g. the port chosen for ":0"; 1: the replay socket's), copied
+ * into dst [cap] (not NUL-terminated), *n = its length. */
+int32_t pagedkv_events_endpoint(pagedkv_manager m, int32_t replay, char *dst, int64_t cap, int64_t *n);
 int32_t pagedkv_get_events_stats(pagedkv_manager m, pagedkv_events_stats *out, size_t out_size);
 
 /* The chain hash of every page in the prefix cache (medium

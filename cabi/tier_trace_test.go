@@ -117,7 +117,7 @@ func makeTierTraces(t *testing.T, withRedis bool) traceFile {
 			}
 		}
 	}
-	rec, q, err := newRecorder(cfg, nil, DefaultEventBatches)
+	rec, q, err := newRecorder(recorderConfig(cfg, nil), DefaultEventBatches)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,7 @@ type extras struct {
 	hashes             []uint64
 	rec                *events.Recorder
 	q                  *events.Queue
+	pub                *events.Publisher
 	enc                *events.Encoder
 	rank               int
 	payload            []byte
@@ -243,10 +244,10 @@ func (ext *extras) tierConfig(op string, t *C.pagedkv_tier_config, cfg *pagedkv.
 	return C.PAGEDKV_OK, true
 }
 
-// strings3 reads the three byte strings of a store's config.
-func strings3(op, what string, p [3]*C.char, n [3]C.int64_t) ([3]string, C.int32_t, bool) {
+// strings3 reads the three byte strings of a config.
+func strings3(op, what string, names [3]string, p [3]*C.char, n [3]C.int64_t) ([3]string, C.int32_t, bool) {
 	var out [3]string
-	for i, name := range [3]string{"addr/dir", "ns", "group"} {
+	for i, name := range names {
 		var code C.int32_t
 		var ok bool
 		if out[i], code, ok = goBytes(op, what+"."+name, p[i], n[i]); !ok {
@@ -264,7 +265,7 @@ func millis(op, name string, v C.int64_t) (time.Duration, C.int32_t, bool) {
 }
 
 func redisConfig(op string, r *C.pagedkv_redis_config, f tier.PageFormat) (redis.Config, C.int32_t, bool) {
-	s, code, ok := strings3(op, "tiers.redis", [3]*C.char{r.addr, r.ns, r.group}, [3]C.int64_t{r.addr_len, r.ns_len, r.group_len})
+	s, code, ok := strings3(op, "tiers.redis", [3]string{"addr", "ns", "group"}, [3]*C.char{r.addr, r.ns, r.group}, [3]C.int64_t{r.addr_len, r.ns_len, r.group_len})
 	if !ok {
 		return redis.Config{}, code, false
 	}
@@ -292,7 +293,7 @@ func redisConfig(op string, r *C.pagedkv_redis_config, f tier.PageFormat) (redis
 }
 
 func diskConfig(op string, d *C.pagedkv_disk_config, f tier.PageFormat) (disk.Config, C.int32_t, bool) {
-	s, code, ok := strings3(op, "tiers.disk", [3]*C.char{d.dir, d.ns, d.group}, [3]C.int64_t{d.dir_len, d.ns_len, d.group_len})
+	s, code, ok := strings3(op, "tiers.disk", [3]string{"dir", "ns", "group"}, [3]*C.char{d.dir, d.ns, d.group}, [3]C.int64_t{d.dir_len, d.ns_len, d.group_len})
 	if !ok {
 		return disk.Config{}, code, false
 	}
@@ -320,32 +321,61 @@ func (ext *extras) eventsConfig(op string, e *C.pagedkv_events_config, cfg *page
 		return badArg("%s: events.queue_batches = %d, want 0..%d", op, int64(e.queue_batches), 1<<20), false
 	case e.data_parallel_rank < 0 || e.data_parallel_rank >= maxLen:
 		return badArg("%s: events.data_parallel_rank = %d, want 0..%d", op, int64(e.data_parallel_rank), maxLen-1), false
+	case e.mode < C.PAGEDKV_EVENTS_AUTO || e.mode > C.PAGEDKV_EVENTS_CONNECT:
+		return badArg("%s: events.mode = %d, want PAGEDKV_EVENTS_AUTO (0) .. PAGEDKV_EVENTS_CONNECT (3)", op, int64(e.mode)), false
 	}
 	n := int(e.queue_batches)
 	if n == 0 {
 		n = DefaultEventBatches
 	}
-	rec, q, err := newRecorder(*cfg, groups, n)
+	s, code, ok := strings3(op, "events", [3]string{"endpoint", "replay_endpoint", "topic"},
+		[3]*C.char{e.endpoint, e.replay_endpoint, e.topic}, [3]C.int64_t{e.endpoint_len, e.replay_endpoint_len, e.topic_len})
+	if !ok {
+		return code, false
+	}
+	rc := recorderConfig(*cfg, groups)
+	var err error
+	if s[0] == "" {
+		if s[1] != "" || s[2] != "" {
+			return badArg("%s: events.replay_endpoint %q or topic %q without an endpoint", op, s[1], s[2]), false
+		}
+		ext.rec, ext.q, err = newRecorder(rc, n)
+	} else {
+		ext.pub, err = events.NewPublisher(events.PublisherConfig{Endpoint: s[0], Mode: bindModes[e.mode], ReplayEndpoint: s[1],
+			Topic: s[2], MaxQueue: n, DataParallelRank: int(e.data_parallel_rank)})
+		if err == nil {
+			ext.rec, err = ext.pub.NewRecorder(rc)
+		}
+	}
 	if err != nil {
 		return failErr(fmt.Errorf("%w: %s: events: %w", pagedkv.ErrBadConfig, op, err)), false
 	}
-	ext.rec, ext.q, ext.enc, ext.rank = rec, q, events.NewEncoder(), int(e.data_parallel_rank)
-	cfg.CacheEvents = rec
+	ext.enc, ext.rank = events.NewEncoder(), int(e.data_parallel_rank)
+	cfg.CacheEvents = ext.rec
 	return C.PAGEDKV_OK, true
 }
 
-// newRecorder is the Recorder of a manager made with cfg (groups: a hybrid
-// manager's) over a queue of capacity batches. The trace test builds the
-// Go reference with it too.
-func newRecorder(cfg pagedkv.Config, groups []pagedkv.LayerGroup, capacity int) (*events.Recorder, *events.Queue, error) {
-	q, err := events.NewQueue(capacity)
-	if err != nil {
-		return nil, nil, err
-	}
+// bindModes maps PAGEDKV_EVENTS_* to the publisher's bind modes.
+var bindModes = [...]events.BindMode{C.PAGEDKV_EVENTS_AUTO: events.BindAuto, C.PAGEDKV_EVENTS_BIND: events.Bind,
+	C.PAGEDKV_EVENTS_BIND_OR_CONNECT: events.BindOrConnect, C.PAGEDKV_EVENTS_CONNECT: events.Connect}
+
+// recorderConfig describes a manager made with cfg (groups: a hybrid
+// manager's) to its Recorder.
+func recorderConfig(cfg pagedkv.Config, groups []pagedkv.LayerGroup) events.RecorderConfig {
 	rc := events.RecorderConfig{NumPages: cfg.NumPages, PageSize: cfg.PageSize, HostPages: cfg.Tiers.HostPages}
 	for _, g := range groups {
 		kind, w := pagedkv.KVEventSpec(g)
 		rc.Groups = append(rc.Groups, events.GroupConfig{SpecKind: kind, SlidingWindow: w})
+	}
+	return rc
+}
+
+// newRecorder is a Recorder of rc over a queue of capacity batches, for
+// pagedkv_drain_events. The trace test builds the Go reference with it too.
+func newRecorder(rc events.RecorderConfig, capacity int) (*events.Recorder, *events.Queue, error) {
+	q, err := events.NewQueue(capacity)
+	if err != nil {
+		return nil, nil, err
 	}
 	rec, err := events.NewRecorder(rc, q)
 	if err != nil {
@@ -363,6 +393,10 @@ func (ext *extras) close() {
 		s.Close() //nolint:errcheck // nothing to report it to
 	}
 	ext.stores = nil
+	if ext.pub != nil {
+		ext.pub.Close() //nolint:errcheck // nothing to report it to
+		ext.pub = nil
+	}
 	ext.hostPin.Unpin()
 	for _, p := range [...]unsafe.Pointer{unsafe.Pointer(ext.cIDs), unsafe.Pointer(ext.cDirs), unsafe.Pointer(ext.cDev), unsafe.Pointer(ext.cHost), ext.cPayload} {
 		C.free(p)
@@ -574,6 +608,9 @@ func pagedkv_drain_events(id C.pagedkv_manager, data **C.uint8_t, n *C.int64_t) 
 		return badArg("drain_events: data = %p, len = %p; both are required", data, n)
 	}
 	e := h.ext
+	if e.pub != nil {
+		return fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: drain_events: manager %d publishes its KV events at %s itself (events.endpoint)", uint64(id), e.pub.Endpoint()))
+	}
 	b := nextBatch(e.rec, e.q)
 	if b == nil {
 		*(*uintptr)(unsafe.Pointer(data)) = 0
@@ -617,11 +654,45 @@ func pagedkv_get_events_stats(id C.pagedkv_manager, out *C.pagedkv_events_stats,
 		return badArg("events_stats: out is NULL")
 	}
 	s := h.ext.rec.Stats()
-	v := [...]int64{s.Batches, s.Events, s.Pages, s.DroppedSteps, s.DroppedEvents, s.Resyncs}
+	var p events.PublisherStats
+	if h.ext.pub != nil {
+		p = h.ext.pub.Stats()
+	}
+	v := [...]int64{s.Batches, s.Events, s.Pages, s.DroppedSteps, s.DroppedEvents, s.Resyncs,
+		p.Batches, p.Bytes, p.LastSeq, p.Replays, p.Replayed, p.SendErrors, p.PeerErrors}
 	if unsafe.Sizeof(v) != C.sizeof_pagedkv_events_stats {
 		panic("cabi: pagedkv_events_stats and RecorderStats have different field counts")
 	}
 	writeInt64s(unsafe.Pointer(out), size, v[:])
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_events_endpoint
+func pagedkv_events_endpoint(id C.pagedkv_manager, replay C.int32_t, dst *C.char, capacity C.int64_t, n *C.int64_t) (code C.int32_t) {
+	h, code := enterEvents(id, "events_endpoint")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if code, ok := checkArray("events_endpoint", "dst", unsafe.Pointer(dst), capacity); !ok {
+		return code
+	}
+	switch {
+	case n == nil:
+		return badArg("events_endpoint: n is NULL")
+	case replay != 0 && replay != 1:
+		return badArg("events_endpoint: replay = %d, want 0 (the PUB socket) or 1 (the replay socket)", int32(replay))
+	case h.ext.pub == nil:
+		return fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: events_endpoint: manager %d drains its KV events (no events.endpoint)", uint64(id)))
+	}
+	ep := h.ext.pub.Endpoint()
+	if replay == 1 {
+		ep = h.ext.pub.ReplayEndpoint()
+	}
+	if capacity > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(dst)), int(capacity)), ep)
+	}
+	*n = C.int64_t(len(ep))
 	return C.PAGEDKV_OK
 }
 

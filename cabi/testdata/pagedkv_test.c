@@ -671,6 +671,7 @@ static void tiers(void) {
 	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_tier_copies_take(m, NULL));
 	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "required", pagedkv_drain_events(m, NULL, &evn));
 	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "request 9", pagedkv_loading(m, 9, &loading));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_CONFIG, "drains its KV events", pagedkv_events_endpoint(m, 0, NULL, 0, &nh));
 	OK(pagedkv_tier_flush(m, 1000));
 	OK(pagedkv_audit(m));
 	OK(pagedkv_destroy(m));
@@ -710,6 +711,8 @@ static void tiers(void) {
 	    {"redis size", PAGEDKV_ERR_BAD_ARGUMENT, "redis_size = 1"},
 	    {"events", PAGEDKV_ERR_BAD_ARGUMENT, "events.queue_batches = -1"},
 	    {"host pages", PAGEDKV_ERR_BAD_ARGUMENT, "tiers.host_pages = -3"},
+	    {"events mode", PAGEDKV_ERR_BAD_ARGUMENT, "events.mode = 7"},
+	    {"topic without endpoint", PAGEDKV_ERR_BAD_ARGUMENT, "without an endpoint"},
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		pagedkv_tier_config t = {.host_pages = 8, .format = tc.format};
@@ -728,6 +731,8 @@ static void tiers(void) {
 		case 7: t.redis = &r; t.redis_size = 1; break;
 		case 8: e.queue_batches = -1; o.events = &e; o.events_size = sizeof e; break;
 		case 9: t.host_pages = -3; t.format = (pagedkv_page_format){0}; break;
+		case 10: e.mode = 7; o.events = &e; o.events_size = sizeof e; break;
+		case 11: e.topic = "kv"; e.topic_len = 2; o.events = &e; o.events_size = sizeof e; break;
 		}
 		pagedkv_manager h = 12345;
 		int32_t rc = pagedkv_create_ex(&cfg, sizeof cfg, &o, osize, &h);

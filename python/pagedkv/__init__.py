@@ -680,6 +680,17 @@ class _Core:
             out.append(ctypes.string_at(data.value, n.value))
 
     @_exclusive
+    def events_endpoint(self, replay=False):
+        """The endpoint the KV event publisher bound or connected (replay:
+        its replay socket's); BadConfig for a Manager that drains."""
+        n = ctypes.c_int64(0)
+        fn = self._lib.pagedkv_events_endpoint
+        self._check(fn(self._handle, 1 if replay else 0, None, 0, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(max(n.value, 1))
+        self._check(fn(self._handle, 1 if replay else 0, buf, n.value, ctypes.byref(n)))
+        return buf.raw[: n.value].decode("utf-8", "replace")
+
+    @_exclusive
     def events_stats(self):
         """The KV events' counters (Go: events.RecorderStats)."""
         raw = _ffi.EventsStats()
@@ -1048,14 +1059,22 @@ class Tiers:
 
 class Events:
     """KV cache events in vLLM's format (Go: events.Recorder), drained with
-    drain_events(): queue_batches (0: 64) batches are held until drained
-    (past it the stream drops a step and resynchronises);
+    drain_events(), or, with an endpoint (e.g. "tcp://0.0.0.0:5557"),
+    published by the library on a ZeroMQ PUB socket as vLLM's
+    ZmqEventPublisher does (mode: "auto" as vLLM, bind a wildcard address
+    and connect others; "bind" ("tcp://127.0.0.1:0": a free port, see
+    events_endpoint()), "bind_or_connect", "connect"; replay_endpoint: its
+    replay ROUTER socket; topic: the first frame). queue_batches (0: 64)
+    batches are held until
+    drained or sent (past it the stream drops a step and resynchronises);
     data_parallel_rank is the batches' data_parallel_rank."""
 
-    __slots__ = ("queue_batches", "data_parallel_rank")
+    __slots__ = ("queue_batches", "data_parallel_rank", "endpoint", "mode", "replay_endpoint", "topic")
 
-    def __init__(self, *, queue_batches=0, data_parallel_rank=0):
+    def __init__(self, *, queue_batches=0, data_parallel_rank=0, endpoint="", mode="auto", replay_endpoint="",
+                 topic=""):
         self.queue_batches, self.data_parallel_rank = queue_batches, data_parallel_rank
+        self.endpoint, self.mode, self.replay_endpoint, self.topic = endpoint, mode, replay_endpoint, topic
 
 
 class TierCopies:
@@ -1185,8 +1204,13 @@ def _options(op, tiers, events):
             events = Events()
         if not isinstance(events, Events):
             raise BadArgument("pagedkv: bad argument: %s: events = %r, want a pagedkv.Events or True" % (op, events))
-        e = _ffi.EventsConfig(_scalar(events.queue_batches, _I64, op, "events.queue_batches"),
-                              _scalar(events.data_parallel_rank, _I64, op, "events.data_parallel_rank"))
+        e = _ffi.EventsConfig()
+        _store_fields(e, op, "events", events, (("endpoint", "endpoint"), ("replay_endpoint", "replay_endpoint"),
+                                                ("topic", "topic")), ("queue_batches", "data_parallel_rank"))
+        if events.mode not in _ffi.EVENTS_MODES:
+            raise BadArgument("pagedkv: bad argument: %s: events.mode = %r, want one of %s"
+                              % (op, events.mode, ", ".join(_ffi.EVENTS_MODES)))
+        e.mode = _ffi.EVENTS_MODES.index(events.mode)
         opts.events, opts.events_size = ctypes.pointer(e), ctypes.sizeof(e)
     return ctypes.pointer(opts), keep
 

@@ -173,8 +173,12 @@ class TierConfig(ctypes.Structure):
     ]
 
 
+EVENTS_MODES = ("auto", "bind", "bind_or_connect", "connect")  # PAGEDKV_EVENTS_*
+
+
 class EventsConfig(ctypes.Structure):
-    _fields_ = [("queue_batches", ctypes.c_int64), ("data_parallel_rank", ctypes.c_int64)]
+    _fields_ = [("queue_batches", ctypes.c_int64), ("data_parallel_rank", ctypes.c_int64)] + _byte_strings(
+        "endpoint") + [("mode", ctypes.c_int64)] + _byte_strings("replay_endpoint", "topic")
 
 
 class Options(ctypes.Structure):
@@ -211,7 +215,8 @@ class TierStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in TIER_STATS_FIELDS]
 
 
-EVENTS_STATS_FIELDS = ("batches", "events", "pages", "dropped_steps", "dropped_events", "resyncs")
+EVENTS_STATS_FIELDS = ("batches", "events", "pages", "dropped_steps", "dropped_events", "resyncs",
+                       "sent_batches", "sent_bytes", "last_seq", "replays", "replayed", "send_errors", "peer_errors")
 
 
 class EventsStats(ctypes.Structure):
@@ -311,6 +316,7 @@ def _declare(lib):
         "pagedkv_get_tier_stats": (i32, [u64, ctypes.POINTER(TierStats), sz]),
         "pagedkv_drain_events": (i32, [u64, ctypes.POINTER(vp), ctypes.POINTER(i64)]),
         "pagedkv_get_events_stats": (i32, [u64, ctypes.POINTER(EventsStats), sz]),
+        "pagedkv_events_endpoint": (i32, [u64, i32, ctypes.c_char_p, i64, ctypes.POINTER(i64)]),
         "pagedkv_cached_hashes": (i32, [u64, i32, vp, i64, ctypes.POINTER(i64)]),
     }
     for name, (res, args) in sigs.items():

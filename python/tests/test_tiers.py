@@ -209,3 +209,51 @@ def test_hybrid_events_pins_and_no_tiers():
         h.cached_hashes  # a dense Manager's call
     h.audit()
     h.close()
+
+
+def test_events_published_on_zmq():
+    """With an endpoint the library publishes each committed step's batch
+    as vLLM's ZmqEventPublisher does: [topic, 8-byte big-endian seq,
+    payload] on the PUB socket, and replays from a sequence number on the
+    ROUTER socket, ending with seq -1."""
+    zmq = pytest.importorskip("zmq", reason="Debian's python3-zmq subscribes like vLLM's consumers")
+    import struct
+    import time
+
+    m = pagedkv.Manager(16, 4, hash_seed=1, events=pagedkv.Events(
+        endpoint="tcp://127.0.0.1:0", mode="bind", replay_endpoint="tcp://127.0.0.1:0", topic="kv", data_parallel_rank=2))
+    ep, rep = m.events_endpoint(), m.events_endpoint(replay=True)
+    assert ep.startswith("tcp://127.0.0.1:") and not ep.endswith(":0") and rep != ep
+    with pytest.raises(pagedkv.BadConfig, match="publishes its KV events at " + ep):
+        m.drain_events()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.connect(ep)
+    live, rid, deadline = [], 0, time.monotonic() + 10
+    while not live and time.monotonic() < deadline:  # the subscription takes a moment to reach the publisher
+        rid += 1
+        prefill(m, rid, [100 * rid + j for j in range(8)])
+        if sub.poll(100):
+            live.append(sub.recv_multipart())
+    assert live, "no batch reached the subscriber in 10 s"
+    topic, seq, payload = live[0]
+    ts, events, rank = msgpack.unpackb(payload)
+    assert topic == b"kv" and len(seq) == 8 and rank == 2
+    assert [e["type"] for e in events] == ["BlockStored"] and events[0]["token_ids"] == [100 * rid + j for j in range(8)]
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(rep)
+    dealer.send_multipart([b"", struct.pack(">q", 0)])
+    seqs = []
+    while dealer.poll(5000):
+        _, _, s, _ = dealer.recv_multipart()
+        seqs.append(struct.unpack(">q", s)[0])
+        if seqs[-1] == -1:
+            break
+    assert seqs == list(range(rid)) + [-1]
+    st = m.events_stats()
+    assert st.sent_batches == rid and st.last_seq == rid - 1 and st.replays == 1 and st.replayed == rid
+    m.close()
+    sub.close(0)
+    dealer.close(0)
+    ctx.term()
