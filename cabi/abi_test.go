@@ -552,15 +552,20 @@ func decodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int
 // addDecodeRequests adds n requests of 64 prompt tokens to handle h and
 // returns their ids, ntokens for a decode step (ones), a sampled token
 // each, and ntokens for their prefill.
+// decodePrompt is request i's 64 prompt tokens in the decode benchmarks.
+func decodePrompt(i int) []int32 {
+	prompt := make([]int32, 64)
+	for j := range prompt {
+		prompt[j] = int32(64*i + j)
+	}
+	return prompt
+}
+
 func addDecodeRequests(t testing.TB, h uint64, n int) (ids []uint64, ones, sampled, nt []int32) {
 	ids, ones, sampled, nt = make([]uint64, n), make([]int32, n), make([]int32, n), make([]int32, n)
-	prompt := make([]int32, 64)
 	for i := range ids {
 		ids[i], ones[i], sampled[i], nt[i] = uint64(i+1), 1, 7, 64
-		for j := range prompt {
-			prompt[j] = int32(64*i + j)
-		}
-		if _, code := goAdd(h, ids[i], abiRequest{Prompt: prompt, PromptLen: 64, CapacityTokens: 4096}); code != codeOK {
+		if _, code := goAdd(h, ids[i], abiRequest{Prompt: decodePrompt(i), PromptLen: 64, CapacityTokens: 4096}); code != codeOK {
 			t.Fatal(code)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/internal/vllmwire"
 )
 
@@ -194,6 +196,125 @@ func FuzzTierOptions(f *testing.F) {
 			}
 			if goAudit(h) != codeOK {
 				t.Fatalf("audit: %s", goLastError())
+			}
+		}
+	})
+}
+
+// BenchmarkABITierStep: a decode step of 32 requests with a write-through
+// host tier and KV events (reserve, commit, take and complete the tier
+// copies, drain and encode the event batches): "go" calls the Manager,
+// its Recorder and the encoder directly, "abi" the exported functions (from
+// Go, without the cgo transition). Every 1000 steps the manager is made
+// again, off the clock, so the pool never runs out.
+func BenchmarkABITierStep(b *testing.B) {
+	const n, fresh = 32, 1000
+	cfg := pagedkv.Config{NumPages: n * 80, PageSize: 16, HashSeed: 1,
+		Tiers: pagedkv.TierConfig{HostPages: 64, Format: traceFormat, WriteThrough: true}}
+	cfg.Tiers.Format.PageSize = 16
+	b.Run("go", func(b *testing.B) {
+		var m *pagedkv.Manager
+		var rec *events.Recorder
+		var q *events.Queue
+		enc := events.NewEncoder()
+		ids := make([]pagedkv.RequestID, n)
+		nt, ones, sampled := make([]int32, n), make([]int32, n), make([]int32, n)
+		var copies []pagedkv.TierCopy
+		var done []uint64
+		var payload []byte
+		setup := func() {
+			c := cfg
+			var err error
+			if rec, q, err = newRecorder(recorderConfig(c, nil), DefaultEventBatches); err != nil {
+				b.Fatal(err)
+			}
+			c.CacheEvents = rec
+			if m, err = pagedkv.New(c); err != nil {
+				b.Fatal(err)
+			}
+			for i := range ids {
+				ids[i], nt[i], ones[i], sampled[i] = pagedkv.RequestID(i+1), 64, 1, 7
+				if _, err := m.Add(ids[i], pagedkv.Request{Prompt: decodePrompt(i), CapacityTokens: 4096}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := m.Reserve(ids, nt); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Commit(sampled); err != nil {
+				b.Fatal(err)
+			}
+		}
+		setup()
+		b.ReportAllocs()
+		for i := range b.N {
+			if i%fresh == fresh-1 {
+				b.StopTimer()
+				setup()
+				b.StartTimer()
+			}
+			if _, err := m.Reserve(ids, ones); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Commit(sampled); err != nil {
+				b.Fatal(err)
+			}
+			rec.Flush()
+			copies = m.TierCopies(copies[:0])
+			done = done[:0]
+			for _, c := range copies {
+				done = append(done, c.ID)
+			}
+			if err := m.CompleteTierCopies(done...); err != nil {
+				b.Fatal(err)
+			}
+			for bt := nextBatch(rec, q); bt != nil; bt = nextBatch(rec, q) {
+				payload = enc.AppendBatch(payload[:0], bt, 0)
+				q.Done(bt)
+			}
+		}
+	})
+	b.Run("abi", func(b *testing.B) {
+		var h uint64
+		var ids []uint64
+		var ones, sampled, nt []int32
+		plan := new(abiPlanC)
+		var copies []abiTierCopy
+		var done []uint64
+		setup := func() {
+			if h != 0 {
+				goDestroy(h)
+			}
+			var code int32
+			if h, code = goCreateEx(abiConfig{NumPages: n * 80, PageSize: 16, HashSeed: 1}, tierOptions(64)); code != codeOK {
+				b.Fatal(goLastError())
+			}
+			ids, ones, sampled, nt = addDecodeRequests(b, h, n)
+			if goReserve(h, ids, nt, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+				b.Fatal(goLastError())
+			}
+		}
+		setup()
+		defer func() { goDestroy(h) }()
+		b.ReportAllocs()
+		for i := range b.N {
+			if i%fresh == fresh-1 {
+				b.StopTimer()
+				setup()
+				b.StartTimer()
+			}
+			if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+				b.Fatal(goLastError())
+			}
+			copies, _ = goTierCopies(h, copies)
+			done = done[:0]
+			for _, c := range copies {
+				done = append(done, c.ID)
+			}
+			if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
+				b.Fatal(goLastError())
+			}
+			for p, _ := goDrainEvents(h); p != nil; p, _ = goDrainEvents(h) {
 			}
 		}
 	})
