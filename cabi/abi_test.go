@@ -561,6 +561,22 @@ func decodePrompt(i int) []int32 {
 	return prompt
 }
 
+// prefillGo is addDecodeRequests and the prefill step on a Manager.
+func prefillGo(tb testing.TB, m *pagedkv.Manager, ids []pagedkv.RequestID, nt, ones, sampled []int32) {
+	for i := range ids {
+		ids[i], nt[i], ones[i], sampled[i] = pagedkv.RequestID(i+1), 64, 1, 7
+		if _, err := m.Add(ids[i], pagedkv.Request{Prompt: decodePrompt(i), CapacityTokens: 4096}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if _, err := m.Reserve(ids, nt); err != nil {
+		tb.Fatal(err)
+	}
+	if err := m.Commit(sampled); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 func addDecodeRequests(t testing.TB, h uint64, n int) (ids []uint64, ones, sampled, nt []int32) {
 	ids, ones, sampled, nt = make([]uint64, n), make([]int32, n), make([]int32, n), make([]int32, n)
 	for i := range ids {
@@ -602,22 +618,7 @@ func BenchmarkABIDecodeStep(b *testing.B) {
 			if m, err = pagedkv.New(pagedkv.Config{NumPages: n * 200, PageSize: 16, HashSeed: 1}); err != nil {
 				b.Fatal(err)
 			}
-			prompt := make([]int32, 64)
-			for i := range ids {
-				ids[i], nt[i], ones[i], sampled[i] = pagedkv.RequestID(i+1), 64, 1, 7
-				for j := range prompt {
-					prompt[j] = int32(64*i + j)
-				}
-				if _, err := m.Add(ids[i], pagedkv.Request{Prompt: prompt, CapacityTokens: 4096}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if _, err := m.Reserve(ids, nt); err != nil {
-				b.Fatal(err)
-			}
-			if err := m.Commit(sampled); err != nil {
-				b.Fatal(err)
-			}
+			prefillGo(b, m, ids, nt, ones, sampled)
 		}
 		setup()
 		b.ReportAllocs()

@@ -208,7 +208,7 @@ func FuzzTierOptions(f *testing.F) {
 // Go, without the cgo transition). Every 1000 steps the manager is made
 // again, off the clock, so the pool never runs out.
 func BenchmarkABITierStep(b *testing.B) {
-	const n, fresh = 32, 1000
+	const n = 32
 	cfg := pagedkv.Config{NumPages: n * 80, PageSize: 16, HashSeed: 1,
 		Tiers: pagedkv.TierConfig{HostPages: 64, Format: traceFormat, WriteThrough: true}}
 	cfg.Tiers.Format.PageSize = 16
@@ -222,7 +222,7 @@ func BenchmarkABITierStep(b *testing.B) {
 		var copies []pagedkv.TierCopy
 		var done []uint64
 		var payload []byte
-		setup := func() {
+		benchSteps(b, func() {
 			c := cfg
 			var err error
 			if rec, q, err = newRecorder(recorderConfig(c, nil), DefaultEventBatches); err != nil {
@@ -232,27 +232,8 @@ func BenchmarkABITierStep(b *testing.B) {
 			if m, err = pagedkv.New(c); err != nil {
 				b.Fatal(err)
 			}
-			for i := range ids {
-				ids[i], nt[i], ones[i], sampled[i] = pagedkv.RequestID(i+1), 64, 1, 7
-				if _, err := m.Add(ids[i], pagedkv.Request{Prompt: decodePrompt(i), CapacityTokens: 4096}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if _, err := m.Reserve(ids, nt); err != nil {
-				b.Fatal(err)
-			}
-			if err := m.Commit(sampled); err != nil {
-				b.Fatal(err)
-			}
-		}
-		setup()
-		b.ReportAllocs()
-		for i := range b.N {
-			if i%fresh == fresh-1 {
-				b.StopTimer()
-				setup()
-				b.StartTimer()
-			}
+			prefillGo(b, m, ids, nt, ones, sampled)
+		}, func() {
 			if _, err := m.Reserve(ids, ones); err != nil {
 				b.Fatal(err)
 			}
@@ -272,7 +253,7 @@ func BenchmarkABITierStep(b *testing.B) {
 				payload = enc.AppendBatch(payload[:0], bt, 0)
 				q.Done(bt)
 			}
-		}
+		})
 	})
 	b.Run("abi", func(b *testing.B) {
 		var h uint64
@@ -281,7 +262,8 @@ func BenchmarkABITierStep(b *testing.B) {
 		plan := new(abiPlanC)
 		var copies []abiTierCopy
 		var done []uint64
-		setup := func() {
+		defer func() { goDestroy(h) }()
+		benchSteps(b, func() {
 			if h != 0 {
 				goDestroy(h)
 			}
@@ -293,16 +275,7 @@ func BenchmarkABITierStep(b *testing.B) {
 			if goReserve(h, ids, nt, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 				b.Fatal(goLastError())
 			}
-		}
-		setup()
-		defer func() { goDestroy(h) }()
-		b.ReportAllocs()
-		for i := range b.N {
-			if i%fresh == fresh-1 {
-				b.StopTimer()
-				setup()
-				b.StartTimer()
-			}
+		}, func() {
 			if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 				b.Fatal(goLastError())
 			}
@@ -316,6 +289,22 @@ func BenchmarkABITierStep(b *testing.B) {
 			}
 			for p, _ := goDrainEvents(h); p != nil; p, _ = goDrainEvents(h) {
 			}
-		}
+		})
 	})
+}
+
+// benchSteps runs step b.N times after setup, and setup again (off the
+// clock) every 1000 steps.
+func benchSteps(b *testing.B, setup, step func()) {
+	const fresh = 1000
+	setup()
+	b.ReportAllocs()
+	for i := range b.N {
+		if i%fresh == fresh-1 {
+			b.StopTimer()
+			setup()
+			b.StartTimer()
+		}
+		step()
+	}
 }
