@@ -276,15 +276,21 @@ type abiGroup struct{ Kind, WindowTokens, ChunkTokens, NumLayers int64 }
 
 func goHybridCreate(cfg abiConfig, groups []abiGroup) (uint64, int32) {
 	c := cfg.c()
-	gs := (*C.pagedkv_layer_group)(C.calloc(C.size_t(max(len(groups), 1)), C.sizeof_pagedkv_layer_group))
+	gs := cGroups(groups)
 	defer C.free(unsafe.Pointer(gs))
+	var h C.pagedkv_manager
+	code := pagedkv_hybrid_create(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(groups)), C.sizeof_pagedkv_layer_group, &h)
+	return uint64(h), int32(code)
+}
+
+// cGroups is groups as a C array (C.free it).
+func cGroups(groups []abiGroup) *C.pagedkv_layer_group {
+	gs := (*C.pagedkv_layer_group)(C.calloc(C.size_t(max(len(groups), 1)), C.sizeof_pagedkv_layer_group))
 	for i, g := range groups {
 		unsafe.Slice(gs, len(groups))[i] = C.pagedkv_layer_group{kind: C.int64_t(g.Kind), window_tokens: C.int64_t(g.WindowTokens),
 			chunk_tokens: C.int64_t(g.ChunkTokens), num_layers: C.int64_t(g.NumLayers)}
 	}
-	var h C.pagedkv_manager
-	code := pagedkv_hybrid_create(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(groups)), C.sizeof_pagedkv_layer_group, &h)
-	return uint64(h), int32(code)
+	return gs
 }
 
 // cHybridPlan is hybrid reserve's out arguments in C memory: the copies
@@ -349,8 +355,10 @@ type abiOptions struct {
 	Redis, Disk                           *abiStore
 	Events                                bool
 	QueueBatches, Rank                    int64
-	OptsSize, TiersSize, EventsSize       uint64
-	RedisSize, DiskSize                   uint64
+	OptsSize, TiersSize, EventsSize       uint64 // Groups, when not nil, make it pagedkv_hybrid_create_ex.
+	Groups                                []abiGroup
+
+	RedisSize, DiskSize uint64
 }
 
 // abiStore is pagedkv_redis_config or pagedkv_disk_config: three strings
@@ -408,6 +416,13 @@ func goCreateEx(cfg abiConfig, o *abiOptions) (uint64, int32) {
 		opts.events, opts.events_size = &e, sizeOr(o.EventsSize, C.sizeof_pagedkv_events_config)
 	}
 	var h C.pagedkv_manager
+	if o.Groups != nil {
+		gs := cGroups(o.Groups)
+		defer C.free(unsafe.Pointer(gs))
+		code := pagedkv_hybrid_create_ex(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(o.Groups)), C.sizeof_pagedkv_layer_group,
+			&opts, sizeOr(o.OptsSize, C.sizeof_pagedkv_options), &h)
+		return uint64(h), int32(code)
+	}
 	code := pagedkv_create_ex(&c, C.sizeof_pagedkv_config, &opts, sizeOr(o.OptsSize, C.sizeof_pagedkv_options), &h)
 	return uint64(h), int32(code)
 }

@@ -477,10 +477,11 @@ int32_t pagedkv_tier_flush(pagedkv_manager m, int64_t timeout_ms);
 int32_t pagedkv_get_tier_stats(pagedkv_manager m, pagedkv_tier_stats *out, size_t out_size);
 
 /* KV events (a manager made with events; else PAGEDKV_ERR_BAD_CONFIG).
- * Without an endpoint, each call hands out the next batch as the msgpack payload of vLLM's
- * KVEventBatch ([ts, events, data_parallel_rank], exactly what package
- * events publishes: forward it to vLLM's ZMQ publisher unchanged), or
- * *len = 0 when none is left. Commit and commit_spec end a step's batch;
+ * Without an endpoint, each drain hands out the next batch as the msgpack
+ * payload of vLLM's KVEventBatch ([ts, events, data_parallel_rank],
+ * exactly what package events publishes: forward it to vLLM's ZMQ
+ * publisher unchanged), or *len = 0 when none is left (with an endpoint
+ * the library publishes them itself, and drain fails). Commit and commit_spec end a step's batch;
  * a drain that finds no batch ends the current one. *data is the handle's
  * buffer, valid until the next drain or destroy. */
 int32_t pagedkv_drain_events(pagedkv_manager m, const uint8_t **data, int64_t *len);
@@ -488,6 +489,7 @@ int32_t pagedkv_drain_events(pagedkv_manager m, const uint8_t **data, int64_t *l
  * socket's, e.g. the port chosen for ":0"; 1: the replay socket's), copied
  * into dst [cap] (not NUL-terminated), *n = its length. */
 int32_t pagedkv_events_endpoint(pagedkv_manager m, int32_t replay, char *dst, int64_t cap, int64_t *n);
+/* The owner's thread (like every call but the stats ones above). */
 int32_t pagedkv_get_events_stats(pagedkv_manager m, pagedkv_events_stats *out, size_t out_size);
 
 /* The chain hash of every page in the prefix cache (medium

@@ -161,7 +161,14 @@ func FuzzTierOptions(f *testing.F) {
 		case 5:
 			o.DiskSize = 7
 		}
+		hybrid := next()%4 == 1
+		if hybrid { // a sliding and a full group: tiers are refused, events and pins work
+			o.Groups = []abiGroup{{Kind: 1, WindowTokens: 6, NumLayers: 1}, {Kind: 0, NumLayers: 1}}
+		}
 		h, code := goCreateEx(abiConfig{NumPages: 16, PageSize: 4, HashSeed: 1}, o)
+		if hybrid && o.Tiers && o.HostPages > 0 && code == codeOK {
+			t.Fatalf("a hybrid manager took %d host pages", o.HostPages)
+		}
 		switch code {
 		case codeOK:
 		case codeBadArgument, codeBadConfig:
@@ -175,10 +182,18 @@ func FuzzTierOptions(f *testing.F) {
 		defer goDestroy(h)
 		prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 		plan := new(abiPlanC)
+		hplan := newCHybridPlan(2)
+		defer hplan.free()
 		var copies []abiTierCopy
 		for i := range uint64(4) {
 			goAdd(h, i+1, abiRequest{Prompt: prompt, PromptLen: int64(len(prompt))})
-			if goReserve(h, []uint64{i + 1}, []int32{10}, 1, plan) == codeOK {
+			reserved := int32(codeOK)
+			if hybrid {
+				reserved = goHybridReserveC(h, []uint64{i + 1}, []int32{10}, 1, hplan)
+			} else {
+				reserved = goReserve(h, []uint64{i + 1}, []int32{10}, 1, plan)
+			}
+			if reserved == codeOK {
 				goCommit(h, []int32{3}, 1)
 			}
 			goRelease(h, i+1)
