@@ -100,6 +100,10 @@ def test_caller_host_memory_is_used():
     (dict(tiers=pagedkv.Tiers(0, offload_free_pages=2)), pagedkv.BadConfig, "Tiers.HostPages = 0"),
     (dict(events=pagedkv.Events(queue_batches=-1)), pagedkv.BadArgument, "events.queue_batches = -1"),
     (dict(events="yes"), pagedkv.BadArgument, "events = 'yes'"),
+    (dict(events=pagedkv.Events(endpoint="nonsense")), pagedkv.BadConfig, 'endpoint "nonsense"'),
+    (dict(events=pagedkv.Events(endpoint="tcp://127.0.0.1:0", mode="bindd")), pagedkv.BadArgument,
+     "events.mode = 'bindd'"),
+    (dict(events=pagedkv.Events(topic="kv")), pagedkv.BadArgument, "without an endpoint"),
 ])
 def test_bad_options(kw, exc, needle):
     with pytest.raises(exc) as e:
