@@ -325,7 +325,7 @@ enum { PAGEDKV_TO_HOST = 0, PAGEDKV_TO_DEVICE = 1 };
  * flat arrays of n entries: copy i moves every layer's K and V of device
  * page device_pages[i] to host page host_pages[i] (dir PAGEDKV_TO_HOST,
  * offload) or back (PAGEDKV_TO_DEVICE, onload); report it done with its id.
- * The arrays are the handle's; valid until the next pagedkv_tier_copies or
+ * The arrays are the handle's; valid until the next pagedkv_tier_copies_take or
  * pagedkv_destroy. */
 typedef struct {
 	int64_t n;
