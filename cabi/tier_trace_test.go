@@ -76,14 +76,7 @@ func (g *traceGen) tierOp() {
 		}
 		g.record(op, 0, err)
 	case k < 9:
-		op := traceOp{Op: "drain_events"}
-		for b := nextBatch(g.rec, g.evq); b != nil; b = nextBatch(g.rec, g.evq) {
-			p := g.enc.AppendBatch(nil, b, 0)
-			g.evq.Done(b)
-			clear(p[2:10]) // [0x93, 0xcb, float64 ts, ...]
-			op.Want.Events = append(op.Want.Events, hex.EncodeToString(p))
-		}
-		g.record(op, int64(len(op.Want.Events)), nil)
+		g.drainOp()
 	default:
 		op := traceOp{Op: "cached_hashes", Medium: g.rng.IntN(2)}
 		if op.Medium == 0 {
@@ -93,6 +86,18 @@ func (g *traceGen) tierOp() {
 		}
 		g.record(op, int64(len(op.Want.Hashes)), nil)
 	}
+}
+
+// drainOp drains the KV event batches, as pagedkv_drain_events does.
+func (g *traceGen) drainOp() {
+	op := traceOp{Op: "drain_events"}
+	for b := nextBatch(g.rec, g.evq); b != nil; b = nextBatch(g.rec, g.evq) {
+		p := g.enc.AppendBatch(nil, b, 0)
+		g.evq.Done(b)
+		clear(p[2:10]) // [0x93, 0xcb, float64 ts, ...]
+		op.Want.Events = append(op.Want.Events, hex.EncodeToString(p))
+	}
+	g.record(op, int64(len(op.Want.Events)), nil)
 }
 
 func makeTierTraces(t *testing.T, withRedis bool) traceFile {

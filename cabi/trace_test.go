@@ -398,6 +398,10 @@ func (g *traceGen) run(nops int) {
 			g.tierOp()
 			continue
 		}
+		if !g.tiers && g.rec != nil && g.rng.IntN(10) == 0 {
+			g.drainOp()
+			continue
+		}
 		switch k := g.rng.IntN(100); {
 		case k < 15:
 			g.next++
@@ -593,13 +597,21 @@ var hybridTraceConfigs = []struct {
 func makeHybridTraces(t testing.TB) traceFile {
 	var f traceFile
 	for i, c := range hybridTraceConfigs {
-		m, err := pagedkv.NewHybrid(c.cfg)
+		// With KV events: each group's batches carry its group_idx and spec.
+		rec, q, err := newRecorder(recorderConfig(c.cfg.Config, c.cfg.Groups), DefaultEventBatches)
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := &traceGen{t: t, m: m, hybrid: m, rng: rand.New(rand.NewPCG(uint64(i), 23)), promptScale: c.promptScale, maxChunk: c.maxChunk}
+		cfg := c.cfg
+		cfg.CacheEvents = rec
+		m, err := pagedkv.NewHybrid(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &traceGen{t: t, m: m, hybrid: m, rng: rand.New(rand.NewPCG(uint64(i), 23)), promptScale: c.promptScale, maxChunk: c.maxChunk,
+			rec: rec, evq: q, enc: events.NewEncoder()}
 		g.run(300)
-		tr := trace{Name: c.name, Ops: g.ops, Config: map[string]int64{
+		tr := trace{Name: c.name, Ops: g.ops, Events: true, Config: map[string]int64{
 			"num_pages": int64(c.cfg.NumPages), "page_size": int64(c.cfg.PageSize), "priorities": int64(c.cfg.Priorities),
 			"hash_seed": int64(c.cfg.HashSeed), "cascade_min_saved_pages": int64(c.cfg.CascadeMinSavedPages),
 		}}
@@ -619,5 +631,5 @@ func TestHybridTrace(t *testing.T) {
 	checkGolden(t, "hybrid_trace.json", f)
 	checkCoverage(t, f, "add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
 		"evict", "group cascade", "copies", "attn", "released pages", "error OutOfPages", "error BadArgument",
-		"error UnknownRequest", "reserve_spec", "commit_spec", "truncate", "pin", "unpin", "pinned pages")
+		"error UnknownRequest", "reserve_spec", "commit_spec", "truncate", "pin", "unpin", "pinned pages", "drain_events", "events")
 }

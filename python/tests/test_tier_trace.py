@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import pagedkv
-from conftest import ROOT
+from conftest import ROOT, zero_ts
 from test_trace import check_plan, run_op
 
 TRACES = []
@@ -109,12 +109,6 @@ class Engine:
             pg = pages[t // ps]
             assert np.array_equal(self.dev[pg, t % ps], toks), "%s: request %d's K rows" % (where, rid)
             assert np.array_equal(self.dev[pg, ps + t % ps], ~toks), "%s: request %d's V rows" % (where, rid)
-
-
-def zero_ts(payload):
-    """payload with the batch timestamp (a float64 at offset 2) zeroed."""
-    assert payload[:2] == b"\x93\xcb", payload[:16]
-    return payload[:2] + bytes(8) + payload[10:]
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=[t["name"] for t in TRACES])
