@@ -119,6 +119,20 @@ func newExtras(op string, opts *C.pagedkv_options, size C.size_t, cfg *pagedkv.C
 	if size != C.sizeof_pagedkv_options {
 		return nil, badArg("%s: opts_size = %d, want sizeof(pagedkv_options) = %d", op, uint64(size), C.sizeof_pagedkv_options), false
 	}
+	// Every argument is checked before a store or socket is opened.
+	var ev *eventsArgs
+	if e := opts.events; e != nil {
+		if opts.events_size != C.sizeof_pagedkv_events_config {
+			return nil, badArg("%s: opts.events_size = %d, want sizeof(pagedkv_events_config) = %d", op, uint64(opts.events_size), C.sizeof_pagedkv_events_config), false
+		}
+		a, code, ok := checkEvents(op, e)
+		if !ok {
+			return nil, code, false
+		}
+		ev = &a
+	} else if opts.events_size != 0 {
+		return nil, badArg("%s: opts.events is NULL with events_size = %d", op, uint64(opts.events_size)), false
+	}
 	ext := &extras{}
 	if t := opts.tiers; t != nil {
 		if opts.tiers_size != C.sizeof_pagedkv_tier_config {
@@ -130,18 +144,11 @@ func newExtras(op string, opts *C.pagedkv_options, size C.size_t, cfg *pagedkv.C
 	} else if opts.tiers_size != 0 {
 		return nil, badArg("%s: opts.tiers is NULL with tiers_size = %d", op, uint64(opts.tiers_size)), false
 	}
-	if e := opts.events; e != nil {
-		if opts.events_size != C.sizeof_pagedkv_events_config {
-			ext.close()
-			return nil, badArg("%s: opts.events_size = %d, want sizeof(pagedkv_events_config) = %d", op, uint64(opts.events_size), C.sizeof_pagedkv_events_config), false
-		}
-		if code, ok := ext.eventsConfig(op, e, cfg, groups); !ok {
+	if ev != nil {
+		if code, ok := ext.openEvents(op, ev, cfg, groups); !ok {
 			ext.close()
 			return nil, code, false
 		}
-	} else if opts.events_size != 0 {
-		ext.close()
-		return nil, badArg("%s: opts.events is NULL with events_size = %d", op, uint64(opts.events_size)), false
 	}
 	return ext, C.PAGEDKV_OK, true
 }
@@ -313,36 +320,50 @@ func diskConfig(op string, d *C.pagedkv_disk_config, f tier.PageFormat) (disk.Co
 	return c, C.PAGEDKV_OK, true
 }
 
-// eventsConfig makes the Recorder and its queue, and installs it as cfg's
-// CacheEvents: one sink, or one per group of a hybrid manager.
-func (ext *extras) eventsConfig(op string, e *C.pagedkv_events_config, cfg *pagedkv.Config, groups []pagedkv.LayerGroup) (C.int32_t, bool) {
+// eventsArgs are a checked pagedkv_events_config.
+type eventsArgs struct {
+	batches, rank int
+	mode          events.BindMode
+	endpoint      [3]string // endpoint, replay endpoint, topic
+}
+
+// checkEvents checks e.
+func checkEvents(op string, e *C.pagedkv_events_config) (eventsArgs, C.int32_t, bool) {
 	switch {
 	case e.queue_batches < 0 || e.queue_batches > 1<<20:
-		return badArg("%s: events.queue_batches = %d, want 0..%d", op, int64(e.queue_batches), 1<<20), false
+		return eventsArgs{}, badArg("%s: events.queue_batches = %d, want 0..%d", op, int64(e.queue_batches), 1<<20), false
 	case e.data_parallel_rank < 0 || e.data_parallel_rank >= maxLen:
-		return badArg("%s: events.data_parallel_rank = %d, want 0..%d", op, int64(e.data_parallel_rank), maxLen-1), false
+		return eventsArgs{}, badArg("%s: events.data_parallel_rank = %d, want 0..%d", op, int64(e.data_parallel_rank), maxLen-1), false
 	case e.mode < C.PAGEDKV_EVENTS_AUTO || e.mode > C.PAGEDKV_EVENTS_CONNECT:
-		return badArg("%s: events.mode = %d, want PAGEDKV_EVENTS_AUTO (0) .. PAGEDKV_EVENTS_CONNECT (3)", op, int64(e.mode)), false
+		return eventsArgs{}, badArg("%s: events.mode = %d, want PAGEDKV_EVENTS_AUTO (0) .. PAGEDKV_EVENTS_CONNECT (3)", op, int64(e.mode)), false
 	}
-	n := int(e.queue_batches)
-	if n == 0 {
-		n = DefaultEventBatches
+	a := eventsArgs{batches: int(e.queue_batches), rank: int(e.data_parallel_rank), mode: bindModes[e.mode]}
+	if a.batches == 0 {
+		a.batches = DefaultEventBatches
 	}
-	s, code, ok := strings3(op, "events", [3]string{"endpoint", "replay_endpoint", "topic"},
-		[3]*C.char{e.endpoint, e.replay_endpoint, e.topic}, [3]C.int64_t{e.endpoint_len, e.replay_endpoint_len, e.topic_len})
-	if !ok {
-		return code, false
+	var code C.int32_t
+	var ok bool
+	if a.endpoint, code, ok = strings3(op, "events", [3]string{"endpoint", "replay_endpoint", "topic"},
+		[3]*C.char{e.endpoint, e.replay_endpoint, e.topic}, [3]C.int64_t{e.endpoint_len, e.replay_endpoint_len, e.topic_len}); !ok {
+		return a, code, false
 	}
+	if a.endpoint[0] == "" && (a.endpoint[1] != "" || a.endpoint[2] != "") {
+		return a, badArg("%s: events.replay_endpoint %q or topic %q without an endpoint", op, a.endpoint[1], a.endpoint[2]), false
+	}
+	return a, C.PAGEDKV_OK, true
+}
+
+// openEvents makes the Recorder, over a queue for pagedkv_drain_events or
+// a Publisher with an endpoint, and installs it as cfg's CacheEvents: one
+// sink, or one per group of a hybrid manager.
+func (ext *extras) openEvents(op string, a *eventsArgs, cfg *pagedkv.Config, groups []pagedkv.LayerGroup) (C.int32_t, bool) {
 	rc := recorderConfig(*cfg, groups)
 	var err error
-	if s[0] == "" {
-		if s[1] != "" || s[2] != "" {
-			return badArg("%s: events.replay_endpoint %q or topic %q without an endpoint", op, s[1], s[2]), false
-		}
-		ext.rec, ext.q, err = newRecorder(rc, n)
+	if a.endpoint[0] == "" {
+		ext.rec, ext.q, err = newRecorder(rc, a.batches)
 	} else {
-		ext.pub, err = events.NewPublisher(events.PublisherConfig{Endpoint: s[0], Mode: bindModes[e.mode], ReplayEndpoint: s[1],
-			Topic: s[2], MaxQueue: n, DataParallelRank: int(e.data_parallel_rank)})
+		ext.pub, err = events.NewPublisher(events.PublisherConfig{Endpoint: a.endpoint[0], Mode: a.mode, ReplayEndpoint: a.endpoint[1],
+			Topic: a.endpoint[2], MaxQueue: a.batches, DataParallelRank: a.rank})
 		if err == nil {
 			ext.rec, err = ext.pub.NewRecorder(rc)
 		}
@@ -350,7 +371,7 @@ func (ext *extras) eventsConfig(op string, e *C.pagedkv_events_config, cfg *page
 	if err != nil {
 		return failErr(fmt.Errorf("%w: %s: events: %w", pagedkv.ErrBadConfig, op, err)), false
 	}
-	ext.enc, ext.rank = events.NewEncoder(), int(e.data_parallel_rank)
+	ext.enc, ext.rank = events.NewEncoder(), a.rank
 	cfg.CacheEvents = ext.rec
 	return C.PAGEDKV_OK, true
 }
