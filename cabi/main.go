@@ -16,6 +16,14 @@
 // longer. Nothing the caller passes in is kept after a call returns: the
 // Manager copies what it keeps (prompts, tokens, namespaces).
 //
+// Tiers and KV events (tiers.go). pagedkv_create_ex and
+// pagedkv_hybrid_create_ex take one options struct for both kinds of
+// manager; the handle then owns the stores below the host tier, the KV
+// event Recorder (and its queue, or a Publisher), and C buffers for the
+// tier copy lists and the drained event payloads, all closed or freed by
+// destroy. Host memory the library allocates is pinned for the handle's
+// life.
+//
 // Errors. Every export returns a code (one per Go sentinel error, see
 // codeOf) and writes the error's text into the calling thread's buffer
 // (errbuf.c: exported Go functions run on the calling C thread). Every
