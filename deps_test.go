@@ -139,8 +139,9 @@ var layering = map[string]pkgRule{
 	"fuzz":        at(T4, anyBelow),
 	// The Go half of tools/xformers_crosscheck.py (run by hand).
 	"tools/xformerscheck": at(T4, "ragged"),
-	// The C ABI (package main, built as libpagedkv): the Manager only.
-	"cabi": at(T4, ""),
+	// The C ABI (package main, built as libpagedkv): the Manager, its KV
+	// events, and the tier stores an engine configures through it.
+	"cabi": at(T4, "", "events", "layout", "tier", "tier/disk", "tier/redis"),
 }
 
 // onlyImportedBy are negative rules: no module package may import these

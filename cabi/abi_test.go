@@ -149,19 +149,24 @@ func (p *abiPair) bad(op string, code int32) {
 // Manager called directly. Every code must be what the Go error maps to,
 // the stats equal, audit pass, and the last plan's arrays stay as they
 // were until the next successful reserve.
+// fuzzReader hands out a fuzz input's bytes one at a time, then zeros.
+type fuzzReader []byte
+
+func (r *fuzzReader) next() int {
+	if len(*r) == 0 {
+		return 0
+	}
+	b := int((*r)[0])
+	*r = (*r)[1:]
+	return b
+}
+
 func FuzzABI(f *testing.F) {
 	f.Add([]byte{3, 2, 0, 0, 5, 1, 2, 3, 4, 5, 6, 1, 2, 0, 7, 0, 0, 1, 8, 6, 1, 6, 2, 0, 0})
 	f.Add([]byte("\x08\x03\x01\x00\x10abcdefghijklmnop\x06\x02\x00\x02\x03\x07\x00\x02\x00\x10\x08\x06\x03\x02\x00\x01"))
 	f.Add([]byte{0, 0, 0, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 6, 1, 0, 12, 7, 0, 1, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 2, 0, 1, 6, 2, 0, 1, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		next := func() int {
-			if len(data) == 0 {
-				return 0
-			}
-			b := int(data[0])
-			data = data[1:]
-			return b
-		}
+		next := (*fuzzReader)(&data).next
 		cfg := abiConfig{NumPages: int64(8 + next()%32), PageSize: int64(1 + next()%6), Priorities: 3, MaxPinnedPages: 4,
 			HashSeed: 7, CascadeMinSavedPages: 1}
 		if w := next() % 4; w > 0 {
@@ -547,15 +552,36 @@ func decodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int
 // addDecodeRequests adds n requests of 64 prompt tokens to handle h and
 // returns their ids, ntokens for a decode step (ones), a sampled token
 // each, and ntokens for their prefill.
+// decodePrompt is request i's 64 prompt tokens in the decode benchmarks.
+func decodePrompt(i int) []int32 {
+	prompt := make([]int32, 64)
+	for j := range prompt {
+		prompt[j] = int32(64*i + j)
+	}
+	return prompt
+}
+
+// prefillGo is addDecodeRequests and the prefill step on a Manager.
+func prefillGo(tb testing.TB, m *pagedkv.Manager, ids []pagedkv.RequestID, nt, ones, sampled []int32) {
+	for i := range ids {
+		ids[i], nt[i], ones[i], sampled[i] = pagedkv.RequestID(i+1), 64, 1, 7
+		if _, err := m.Add(ids[i], pagedkv.Request{Prompt: decodePrompt(i), CapacityTokens: 4096}); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if _, err := m.Reserve(ids, nt); err != nil {
+		tb.Fatal(err)
+	}
+	if err := m.Commit(sampled); err != nil {
+		tb.Fatal(err)
+	}
+}
+
 func addDecodeRequests(t testing.TB, h uint64, n int) (ids []uint64, ones, sampled, nt []int32) {
 	ids, ones, sampled, nt = make([]uint64, n), make([]int32, n), make([]int32, n), make([]int32, n)
-	prompt := make([]int32, 64)
 	for i := range ids {
 		ids[i], ones[i], sampled[i], nt[i] = uint64(i+1), 1, 7, 64
-		for j := range prompt {
-			prompt[j] = int32(64*i + j)
-		}
-		if _, code := goAdd(h, ids[i], abiRequest{Prompt: prompt, PromptLen: 64, CapacityTokens: 4096}); code != codeOK {
+		if _, code := goAdd(h, ids[i], abiRequest{Prompt: decodePrompt(i), PromptLen: 64, CapacityTokens: 4096}); code != codeOK {
 			t.Fatal(code)
 		}
 	}
@@ -592,22 +618,7 @@ func BenchmarkABIDecodeStep(b *testing.B) {
 			if m, err = pagedkv.New(pagedkv.Config{NumPages: n * 200, PageSize: 16, HashSeed: 1}); err != nil {
 				b.Fatal(err)
 			}
-			prompt := make([]int32, 64)
-			for i := range ids {
-				ids[i], nt[i], ones[i], sampled[i] = pagedkv.RequestID(i+1), 64, 1, 7
-				for j := range prompt {
-					prompt[j] = int32(64*i + j)
-				}
-				if _, err := m.Add(ids[i], pagedkv.Request{Prompt: prompt, CapacityTokens: 4096}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if _, err := m.Reserve(ids, nt); err != nil {
-				b.Fatal(err)
-			}
-			if err := m.Commit(sampled); err != nil {
-				b.Fatal(err)
-			}
+			prefillGo(b, m, ids, nt, ones, sampled)
 		}
 		setup()
 		b.ReportAllocs()

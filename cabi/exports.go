@@ -66,6 +66,7 @@ func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
 	registry.Unlock()
 	h.pinner.Unpin()
 	h.pinned = h.pinned[:0]
+	h.ext.close()
 	for i := range h.plans {
 		C.free(unsafe.Pointer(h.plans[i].levels))
 		h.plans[i].levels, h.plans[i].levelsCap = nil, 0
@@ -310,6 +311,7 @@ func pagedkv_commit_spec(id C.pagedkv_manager, accepted *C.int32_t, nAccepted C.
 	if err := h.m.CommitSpec(acc, s); err != nil {
 		return failErr(err)
 	}
+	h.flushEvents()
 	return C.PAGEDKV_OK
 }
 
@@ -343,6 +345,7 @@ func pagedkv_commit(id C.pagedkv_manager, sampled *C.int32_t, n C.int64_t) (code
 		if err := h.m.Commit(nil); err != nil {
 			return failErr(err)
 		}
+		h.flushEvents()
 		return C.PAGEDKV_OK
 	}
 	if code, ok := checkArray("commit", "sampled", unsafe.Pointer(sampled), n); !ok {
@@ -355,6 +358,7 @@ func pagedkv_commit(id C.pagedkv_manager, sampled *C.int32_t, n C.int64_t) (code
 	if err := h.m.Commit(s); err != nil {
 		return failErr(err)
 	}
+	h.flushEvents()
 	return C.PAGEDKV_OK
 }
 
@@ -376,18 +380,9 @@ func pagedkv_abort(id C.pagedkv_manager) (code C.int32_t) {
 //export pagedkv_get_stats
 func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t) (code C.int32_t) {
 	defer recoverTo(&code)
-	h := lookup(id)
-	if h == nil {
-		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: stats: no manager with handle %d", uint64(id)))
-	}
-	if out == nil {
-		return badArg("stats: out is NULL")
-	}
-	var s pagedkv.Stats // lock-free: any thread, even while the owner is in a call
-	if h.hybrid != nil {
-		s = h.hybrid.Stats().Stats
-	} else {
-		s = h.dense.Stats()
+	s, code, ok := snapshot(id, "stats", unsafe.Pointer(out))
+	if !ok {
+		return code
 	}
 	v := [...]int64{
 		int64(s.TotalPages), int64(s.FreePages), int64(s.UsedPages), int64(s.EvictablePages), int64(s.PinnedIdlePages),
@@ -403,6 +398,22 @@ func pagedkv_get_stats(id C.pagedkv_manager, out *C.pagedkv_stats, size C.size_t
 	}
 	writeInt64s(unsafe.Pointer(out), size, v[:])
 	return C.PAGEDKV_OK
+}
+
+// snapshot is the Stats of handle id (the pool's, for a hybrid manager)
+// for a call that writes them to out: lock-free, so any thread may ask,
+// even while the owner is inside a call.
+func snapshot(id C.pagedkv_manager, op string, out unsafe.Pointer) (pagedkv.Stats, C.int32_t, bool) {
+	h := lookup(id)
+	switch {
+	case h == nil:
+		return pagedkv.Stats{}, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: no manager with handle %d", op, uint64(id))), false
+	case out == nil:
+		return pagedkv.Stats{}, badArg("%s: out is NULL", op), false
+	case h.hybrid != nil:
+		return h.hybrid.Stats().Stats, C.PAGEDKV_OK, true
+	}
+	return h.dense.Stats(), C.PAGEDKV_OK, true
 }
 
 // writeInt64s writes v into a caller's struct of size bytes: an older
@@ -446,7 +457,7 @@ func pagedkv_evict(id C.pagedkv_manager, npages C.int64_t, freed *C.int64_t) (co
 
 //export pagedkv_pin
 func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_t, n C.int64_t, pin *C.uint64_t, pinned *C.int64_t) (code C.int32_t) {
-	h, code := enterDense(id, "pin")
+	h, code := enter(id, "pin")
 	if h == nil {
 		return code
 	}
@@ -461,7 +472,7 @@ func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_
 	if pin == nil {
 		return badArg("pin: pin is NULL (the pin's id is needed to unpin it)")
 	}
-	p, nt, err := h.dense.Pin(gns, int32s(tokens, n))
+	p, nt, err := h.m.Pin(gns, int32s(tokens, n))
 	if err != nil {
 		return failErr(err)
 	}
@@ -474,12 +485,12 @@ func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_
 
 //export pagedkv_unpin
 func pagedkv_unpin(id C.pagedkv_manager, pin C.uint64_t) (code C.int32_t) {
-	h, code := enterDense(id, "unpin")
+	h, code := enter(id, "unpin")
 	if h == nil {
 		return code
 	}
 	defer h.exit(&code)
-	if err := h.dense.Unpin(pagedkv.PinID(pin)); err != nil {
+	if err := h.m.Unpin(pagedkv.PinID(pin)); err != nil {
 		return failErr(err)
 	}
 	return C.PAGEDKV_OK

@@ -253,6 +253,7 @@ const (
 	codeOutOfPages     = C.PAGEDKV_ERR_OUT_OF_PAGES
 	codeUnknownRequest = C.PAGEDKV_ERR_UNKNOWN_REQUEST
 	codeBadArgument    = C.PAGEDKV_ERR_BAD_ARGUMENT
+	codeBadConfig      = C.PAGEDKV_ERR_BAD_CONFIG
 	codeBadHandle      = C.PAGEDKV_ERR_BAD_HANDLE
 	codeInternal       = C.PAGEDKV_ERR_INTERNAL
 )
@@ -275,15 +276,21 @@ type abiGroup struct{ Kind, WindowTokens, ChunkTokens, NumLayers int64 }
 
 func goHybridCreate(cfg abiConfig, groups []abiGroup) (uint64, int32) {
 	c := cfg.c()
-	gs := (*C.pagedkv_layer_group)(C.calloc(C.size_t(max(len(groups), 1)), C.sizeof_pagedkv_layer_group))
+	gs := cGroups(groups)
 	defer C.free(unsafe.Pointer(gs))
+	var h C.pagedkv_manager
+	code := pagedkv_hybrid_create(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(groups)), C.sizeof_pagedkv_layer_group, &h)
+	return uint64(h), int32(code)
+}
+
+// cGroups is groups as a C array (C.free it).
+func cGroups(groups []abiGroup) *C.pagedkv_layer_group {
+	gs := (*C.pagedkv_layer_group)(C.calloc(C.size_t(max(len(groups), 1)), C.sizeof_pagedkv_layer_group))
 	for i, g := range groups {
 		unsafe.Slice(gs, len(groups))[i] = C.pagedkv_layer_group{kind: C.int64_t(g.Kind), window_tokens: C.int64_t(g.WindowTokens),
 			chunk_tokens: C.int64_t(g.ChunkTokens), num_layers: C.int64_t(g.NumLayers)}
 	}
-	var h C.pagedkv_manager
-	code := pagedkv_hybrid_create(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(groups)), C.sizeof_pagedkv_layer_group, &h)
-	return uint64(h), int32(code)
+	return gs
 }
 
 // cHybridPlan is hybrid reserve's out arguments in C memory: the copies
@@ -332,4 +339,144 @@ func (p cHybridPlan) read() (copies []int32, groups []abiGroupPlan) {
 
 func goHybridReserveC(h uint64, ids []uint64, nt []int32, n int64, p cHybridPlan) int32 {
 	return int32(pagedkv_hybrid_reserve(C.pagedkv_manager(h), ptrU64(ids), ptr32(nt), C.int64_t(n), p.copies, p.groups, C.int64_t(p.n)))
+}
+
+// abiOptions is pagedkv_options with a pagedkv_tier_config (HostPages < 0
+// … or any field) and, when Events, a pagedkv_events_config. The *Size
+// fields, when nonzero, replace the sizes passed (a caller's mistake);
+// a HostMemoryLen with a nil HostMemory is a NULL with a length.
+type abiOptions struct {
+	Tiers                                 bool
+	HostPages                             int64
+	Layout, DType, Heads, Dim, Layers     int64
+	HostMemory                            []byte
+	HostMemoryLen                         int64
+	DeadlineUS, OffloadFree, WriteThrough int64
+	Redis, Disk                           *abiStore
+	Events                                bool
+	QueueBatches, Rank                    int64
+	OptsSize, TiersSize, EventsSize       uint64 // Groups, when not nil, make it pagedkv_hybrid_create_ex.
+	Groups                                []abiGroup
+
+	RedisSize, DiskSize uint64
+}
+
+// abiStore is pagedkv_redis_config or pagedkv_disk_config: three strings
+// (addr or dir, ns, group) and the integer fields in header order.
+type abiStore struct {
+	S    [3]string
+	Ints [6]int64
+}
+
+func cstr(s string) *C.char {
+	if s == "" {
+		return nil
+	}
+	return (*C.char)(unsafe.Pointer(unsafe.StringData(s)))
+}
+
+func sizeOr(v uint64, def C.size_t) C.size_t {
+	if v != 0 {
+		return C.size_t(v)
+	}
+	return def
+}
+
+func goCreateEx(cfg abiConfig, o *abiOptions) (uint64, int32) {
+	c := cfg.c()
+	var opts C.pagedkv_options
+	var t C.pagedkv_tier_config
+	var e C.pagedkv_events_config
+	var r C.pagedkv_redis_config
+	var d C.pagedkv_disk_config
+	if o.Tiers {
+		t = C.pagedkv_tier_config{host_pages: C.int64_t(o.HostPages), remote_deadline_us: C.int64_t(o.DeadlineUS),
+			offload_free_pages: C.int64_t(o.OffloadFree), write_through: C.int64_t(o.WriteThrough), host_memory_len: C.int64_t(o.HostMemoryLen)}
+		t.format = C.pagedkv_page_format{kv_layout: C.int64_t(o.Layout), dtype: C.int64_t(o.DType), num_kv_heads: C.int64_t(o.Heads),
+			head_dim: C.int64_t(o.Dim), num_layers: C.int64_t(o.Layers)}
+		if o.HostMemory != nil {
+			t.host_memory = unsafe.Pointer(unsafe.SliceData(o.HostMemory))
+		}
+		if s := o.Redis; s != nil {
+			r = C.pagedkv_redis_config{addr: cstr(s.S[0]), addr_len: C.int64_t(len(s.S[0])), ns: cstr(s.S[1]), ns_len: C.int64_t(len(s.S[1])),
+				group: cstr(s.S[2]), group_len: C.int64_t(len(s.S[2])), tag_by_chain: C.int64_t(s.Ints[0]), queue_len: C.int64_t(s.Ints[1]),
+				batch: C.int64_t(s.Ints[2]), expiry_ms: C.int64_t(s.Ints[3]), write_timeout_ms: C.int64_t(s.Ints[4]), dial_timeout_ms: C.int64_t(s.Ints[5])}
+			t.redis, t.redis_size = &r, sizeOr(o.RedisSize, C.sizeof_pagedkv_redis_config)
+		}
+		if s := o.Disk; s != nil {
+			d = C.pagedkv_disk_config{dir: cstr(s.S[0]), dir_len: C.int64_t(len(s.S[0])), ns: cstr(s.S[1]), ns_len: C.int64_t(len(s.S[1])),
+				group: cstr(s.S[2]), group_len: C.int64_t(len(s.S[2])), pages: C.int64_t(s.Ints[0]), segment_pages: C.int64_t(s.Ints[1]),
+				queue_len: C.int64_t(s.Ints[2]), sync_every: C.int64_t(s.Ints[3])}
+			t.disk, t.disk_size = &d, sizeOr(o.DiskSize, C.sizeof_pagedkv_disk_config)
+		}
+		opts.tiers, opts.tiers_size = &t, sizeOr(o.TiersSize, C.sizeof_pagedkv_tier_config)
+	}
+	if o.Events {
+		e = C.pagedkv_events_config{queue_batches: C.int64_t(o.QueueBatches), data_parallel_rank: C.int64_t(o.Rank)}
+		opts.events, opts.events_size = &e, sizeOr(o.EventsSize, C.sizeof_pagedkv_events_config)
+	}
+	var h C.pagedkv_manager
+	if o.Groups != nil {
+		gs := cGroups(o.Groups)
+		defer C.free(unsafe.Pointer(gs))
+		code := pagedkv_hybrid_create_ex(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(o.Groups)), C.sizeof_pagedkv_layer_group,
+			&opts, sizeOr(o.OptsSize, C.sizeof_pagedkv_options), &h)
+		return uint64(h), int32(code)
+	}
+	code := pagedkv_create_ex(&c, C.sizeof_pagedkv_config, &opts, sizeOr(o.OptsSize, C.sizeof_pagedkv_options), &h)
+	return uint64(h), int32(code)
+}
+
+// abiTierCopy is one entry of pagedkv_tier_copies.
+type abiTierCopy struct {
+	ID             uint64
+	Dir, Dev, Host int32
+}
+
+// goTierCopies takes the planned tier copies into dst (reused).
+func goTierCopies(h uint64, dst []abiTierCopy) ([]abiTierCopy, int32) {
+	var out C.pagedkv_tier_copies
+	code := int32(pagedkv_tier_copies_take(C.pagedkv_manager(h), &out))
+	dst = dst[:0]
+	if code != 0 {
+		return dst, code
+	}
+	n := int(out.n)
+	if n > 0 {
+		ids := unsafe.Slice((*uint64)(unsafe.Pointer(out.ids)), n)
+		dirs, dev, host := unsafe.Slice((*int32)(unsafe.Pointer(out.dirs)), n), unsafe.Slice((*int32)(unsafe.Pointer(out.device_pages)), n),
+			unsafe.Slice((*int32)(unsafe.Pointer(out.host_pages)), n)
+		for i := range n {
+			dst = append(dst, abiTierCopy{ids[i], dirs[i], dev[i], host[i]})
+		}
+	}
+	return dst, code
+}
+
+func goCompleteTierCopies(h uint64, ids []uint64, n int64) int32 {
+	return int32(pagedkv_complete_tier_copies(C.pagedkv_manager(h), ptrU64(ids), C.int64_t(n)))
+}
+
+// goDrainEvents returns the next batch's payload (a view of the handle's
+// buffer, valid until the next drain), nil when none is left.
+func goDrainEvents(h uint64) ([]byte, int32) {
+	data, n := &drainOut.data, &drainOut.n // not on the heap per call
+	code := int32(pagedkv_drain_events(C.pagedkv_manager(h), data, n))
+	if code != 0 || *n == 0 {
+		return nil, code
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(*data)), int(*n)), code
+}
+
+// drainOut is goDrainEvents' out-parameters (the tests drain from one
+// goroutine at a time).
+var drainOut struct {
+	data *C.uint8_t
+	n    C.int64_t
+}
+
+func goTierStats(h uint64) ([]int64, int32) {
+	var s C.pagedkv_tier_stats
+	code := int32(pagedkv_get_tier_stats(C.pagedkv_manager(h), &s, C.sizeof_pagedkv_tier_stats))
+	return unsafe.Slice((*int64)(unsafe.Pointer(&s)), C.sizeof_pagedkv_tier_stats/8), code
 }

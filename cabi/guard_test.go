@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -20,7 +21,8 @@ import (
 //	defer h.exit(&code)
 //
 // (enter only looks the handle up; nothing before the defer can panic;
-// enterDense and enterHybrid are enter with a check of the handle's kind).
+// enterDense and enterHybrid are enter with a check of the handle's kind,
+// enterTiers and enterEvents with a check of what it was made with).
 // It also checks that pagedkv.h declares exactly the exported functions,
 // less the two test hooks, plus the two written in C (errbuf.c).
 func TestEveryExportIsGuarded(t *testing.T) {
@@ -98,8 +100,9 @@ func guardProblem(fn *ast.FuncDecl) string {
 		return ""
 	}
 	as, ok := body[0].(*ast.AssignStmt)
-	if !ok || len(as.Rhs) != 1 || !(isCall(as.Rhs[0], "enter") || isCall(as.Rhs[0], "enterDense") || isCall(as.Rhs[0], "enterHybrid")) {
-		return "first statement is neither `defer recoverTo(&code)` nor `h, code := enter(...)` (or enterDense, enterHybrid)"
+	if !ok || len(as.Rhs) != 1 || !slices.ContainsFunc([]string{"enter", "enterDense", "enterHybrid", "enterTiers", "enterEvents"},
+		func(name string) bool { return isCall(as.Rhs[0], name) }) {
+		return "first statement is neither `defer recoverTo(&code)` nor `h, code := enter(...)` (or enterDense, enterHybrid, enterTiers, enterEvents)"
 	}
 	if len(body) < 3 {
 		return "enter is not followed by `if h == nil { return code }` and `defer h.exit(&code)`"

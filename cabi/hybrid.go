@@ -29,6 +29,18 @@ var groupKinds = [...]pagedkv.LayerGroup{
 func pagedkv_hybrid_create(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_group, n C.int64_t,
 	groupSize C.size_t, out *C.pagedkv_manager) (code C.int32_t) {
 	defer recoverTo(&code)
+	return hybridCreate(cfg, size, groups, n, groupSize, nil, 0, out)
+}
+
+//export pagedkv_hybrid_create_ex
+func pagedkv_hybrid_create_ex(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_group, n C.int64_t,
+	groupSize C.size_t, opts *C.pagedkv_options, optsSize C.size_t, out *C.pagedkv_manager) (code C.int32_t) {
+	defer recoverTo(&code)
+	return hybridCreate(cfg, size, groups, n, groupSize, opts, optsSize, out)
+}
+
+func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_group, n C.int64_t,
+	groupSize C.size_t, opts *C.pagedkv_options, optsSize C.size_t, out *C.pagedkv_manager) C.int32_t {
 	gcfg, code, ok := goConfig("hybrid_create", cfg, size, out)
 	if !ok {
 		return code
@@ -49,11 +61,18 @@ func pagedkv_hybrid_create(cfg *C.pagedkv_config, size C.size_t, groups *C.paged
 		specs[i] = groupKinds[g.kind]
 		specs[i].WindowTokens, specs[i].ChunkTokens, specs[i].NumLayers = int(g.window_tokens), int(g.chunk_tokens), int(g.num_layers)
 	}
+	ext, code, ok := newExtras("hybrid_create", opts, optsSize, &gcfg, specs)
+	if !ok {
+		return code
+	}
 	m, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: gcfg, Groups: specs})
 	if err != nil {
+		ext.close()
 		return failErr(err)
 	}
-	*out = register(&handle{m: m, hybrid: m, plans: make([]planExport, len(specs))})
+	h := &handle{m: m, hybrid: m, plans: make([]planExport, len(specs))}
+	h.adopt(ext)
+	*out = register(h)
 	return C.PAGEDKV_OK
 }
 
@@ -164,7 +183,7 @@ func pagedkv_hybrid_get_group_stats(id C.pagedkv_manager, group C.int64_t, out *
 	// consistent snapshot.
 	g := h.hybrid.Stats().Groups[group]
 	v := [...]int64{int64(g.Kind), int64(g.CachedPages), int64(g.EvictablePages), g.ServableTokens,
-		g.PublishedPages, g.EvictedPages, g.CopiedPages, g.WindowReleasedPages}
+		g.PublishedPages, g.EvictedPages, g.CopiedPages, g.WindowReleasedPages, int64(g.PinnedPages)}
 	if unsafe.Sizeof(v) != C.sizeof_pagedkv_group_stats {
 		panic("cabi: pagedkv_group_stats and GroupStats have different field counts")
 	}

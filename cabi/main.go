@@ -16,6 +16,14 @@
 // longer. Nothing the caller passes in is kept after a call returns: the
 // Manager copies what it keeps (prompts, tokens, namespaces).
 //
+// Tiers and KV events (tiers.go). pagedkv_create_ex and
+// pagedkv_hybrid_create_ex take one options struct for both kinds of
+// manager; the handle then owns the stores below the host tier, the KV
+// event Recorder (and its queue, or a Publisher), and C buffers for the
+// tier copy lists and the drained event payloads, all closed or freed by
+// destroy. Host memory the library allocates is pinned for the handle's
+// life.
+//
 // Errors. Every export returns a code (one per Go sentinel error, see
 // codeOf) and writes the error's text into the calling thread's buffer
 // (errbuf.c: exported Go functions run on the calling C thread). Every
@@ -81,6 +89,9 @@ type handle struct {
 	// draftLists is reserve_spec's scratch: views of the caller's drafts
 	// during the call, cleared after it.
 	draftLists [][]int32
+	// ext holds the tiers, KV events and their buffers (tiers.go); nil
+	// for a manager made without options.
+	ext *extras
 }
 
 // planExport is the C ABI's own memory behind one exported plan.
@@ -113,6 +124,8 @@ type manager interface {
 	Running(id pagedkv.RequestID) bool
 	Computed(id pagedkv.RequestID) int
 	Tokens(id pagedkv.RequestID) []int32
+	Pin(ns pagedkv.Namespace, tokens []int32) (pagedkv.PinID, int, error)
+	Unpin(id pagedkv.PinID) error
 }
 
 // register adds h to the registry and returns its id.
@@ -231,6 +244,7 @@ var codes = [...]struct {
 	{pagedkv.ErrNotCached, C.PAGEDKV_ERR_NOT_CACHED},
 	{pagedkv.ErrPinLimit, C.PAGEDKV_ERR_PIN_LIMIT},
 	{pagedkv.ErrUnknownPin, C.PAGEDKV_ERR_UNKNOWN_PIN},
+	{pagedkv.ErrLoading, C.PAGEDKV_ERR_LOADING},
 }
 
 // failErr records err and returns its code; an error of no known class is

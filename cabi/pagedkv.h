@@ -59,7 +59,8 @@ enum {
 	PAGEDKV_ERR_BAD_HANDLE = 13,      /* no such manager */
 	PAGEDKV_ERR_BUSY = 14,            /* another thread is inside a call on this handle */
 	PAGEDKV_ERR_AUDIT = 15,           /* pagedkv_audit found a broken invariant */
-	PAGEDKV_ERR_INTERNAL = 16         /* a recovered Go panic (a bug); the handle is poisoned */
+	PAGEDKV_ERR_INTERNAL = 16,        /* a recovered Go panic (a bug); the handle is poisoned */
+	PAGEDKV_ERR_LOADING = 17          /* ErrLoading: the request waits for onload tier copies */
 };
 
 /* Config of pagedkv_create (Go: pagedkv.Config). Zero means the Go default
@@ -203,7 +204,159 @@ typedef struct {
 	int64_t servable_tokens;       /* prompt tokens the group's cache alone could have served */
 	int64_t published_pages, evicted_pages, copied_pages;
 	int64_t window_released_pages; /* released: out of the window, or a finished chunk */
+	int64_t pinned_pages;          /* of cached_pages, under a pin (pagedkv_pin pins every group) */
 } pagedkv_group_stats;
+
+/* ---- Tiers below the device pool and KV cache events (docs/tiers.md,
+ * docs/events.md). Both are options of pagedkv_create_ex and
+ * pagedkv_hybrid_create_ex; every size field must be the sizeof of its
+ * struct. */
+
+/* FlashInfer's kv_layout and the page dtypes of a pagedkv_page_format. */
+enum { PAGEDKV_NHD = 0, PAGEDKV_HND = 1 };
+enum {
+	PAGEDKV_DTYPE_F32 = 1,
+	PAGEDKV_DTYPE_F16 = 2,
+	PAGEDKV_DTYPE_BF16 = 3,
+	PAGEDKV_DTYPE_E4M3 = 4, /* float8_e4m3fn */
+	PAGEDKV_DTYPE_E5M2 = 5  /* float8_e5m2 */
+};
+
+/* The bytes of one page off the device (Go: tier.PageFormat with the
+ * pool's page_size): every layer's K then V plane, each page_size x
+ * num_kv_heads x head_dim (NHD) or num_kv_heads x page_size x head_dim
+ * (HND) elements of dtype. All zero: no format (the host tier is then
+ * bookkeeping only and the engine keeps the host pages' bytes itself). */
+typedef struct {
+	int64_t kv_layout;    /* PAGEDKV_NHD or PAGEDKV_HND */
+	int64_t dtype;        /* PAGEDKV_DTYPE_* */
+	int64_t num_kv_heads;
+	int64_t head_dim;
+	int64_t num_layers;
+} pagedkv_page_format;
+
+/* A Redis server below the host tier (Go: tier/redis.Config). Strings are
+ * byte strings with lengths, not NUL-terminated. */
+typedef struct {
+	const char *addr;          /* host:port, required */
+	int64_t addr_len;
+	const char *ns;            /* the deployment (model and revision), required */
+	int64_t ns_len;
+	const char *group;         /* the layer group; empty = "all" */
+	int64_t group_len;
+	int64_t tag_by_chain;      /* nonzero: a chain's pages on one cluster shard */
+	int64_t queue_len;         /* pages queued for writing; 0 = default */
+	int64_t batch;             /* SETs per pipeline; 0 = default */
+	int64_t expiry_ms;         /* TTL of written pages; 0 = none */
+	int64_t write_timeout_ms;  /* 0 = 1 s */
+	int64_t dial_timeout_ms;   /* 0 = 2 s */
+} pagedkv_redis_config;
+
+/* A local disk tier (Go: tier/disk.Config): segment files in dir. */
+typedef struct {
+	const char *dir;           /* created if missing; one store per dir at a time */
+	int64_t dir_len;
+	const char *ns;            /* the deployment, required */
+	int64_t ns_len;
+	const char *group;         /* empty = "all" */
+	int64_t group_len;
+	int64_t pages;             /* capacity in pages, >= 1 */
+	int64_t segment_pages;     /* pages per segment file; 0 = default */
+	int64_t queue_len;         /* 0 = default */
+	int64_t sync_every;        /* fsync after this many pages; 0 = default, < 0 only at close */
+} pagedkv_disk_config;
+
+/* The tiers (Go: pagedkv.TierConfig). host_pages 0 means none (and then
+ * nothing else may be set). With both disk and redis the order is host ->
+ * disk -> Redis (Go: tier.Chain(disk, redis)). */
+typedef struct {
+	int64_t host_pages;
+	pagedkv_page_format format;  /* required with disk or redis */
+	void *host_memory;           /* the host pages' bytes, host_pages * page bytes (e.g. cudaHostAlloc'ed);
+	                                NULL: the library allocates them (pagedkv_host_memory) */
+	int64_t host_memory_len;
+	int64_t remote_deadline_us;  /* bound of one lookup below the host tier; 0 = 20 ms */
+	int64_t offload_free_pages;  /* evict ahead with offload after each commit; 0 = off */
+	int64_t write_through;       /* nonzero: offload every published page (implied by disk or redis) */
+	const pagedkv_disk_config *disk;   /* NULL: none */
+	size_t disk_size;
+	const pagedkv_redis_config *redis; /* NULL: none */
+	size_t redis_size;
+} pagedkv_tier_config;
+
+/* KV cache events in vLLM's wire format (Go: events.Recorder): drained
+ * with pagedkv_drain_events, or, with an endpoint, published by the
+ * library on a ZeroMQ PUB socket exactly as vLLM's ZmqEventPublisher
+ * does (Go: events.Publisher). */
+typedef struct {
+	int64_t queue_batches;       /* batches held until drained (or sent); 0 = 64. Past it a step's
+	                                batch is dropped, and the next one that fits starts with
+	                                AllBlocksCleared and every cached page (the stream resynchronises) */
+	int64_t data_parallel_rank;  /* the batches' data_parallel_rank */
+	const char *endpoint;        /* empty: drain; else e.g. "tcp://0.0.0.0:5557" */
+	int64_t endpoint_len;
+	int64_t mode;                /* PAGEDKV_EVENTS_* below: bind or connect the PUB socket */
+	const char *replay_endpoint; /* empty: no replay; else the ROUTER socket that serves replays */
+	int64_t replay_endpoint_len;
+	const char *topic;           /* the first frame of every message; empty is vLLM's default */
+	int64_t topic_len;
+} pagedkv_events_config;
+
+/* pagedkv_events_config.mode (Go: events.BindMode). */
+enum {
+	PAGEDKV_EVENTS_AUTO = 0,            /* as vLLM: bind a wildcard, ipc:// or inproc:// endpoint, else connect */
+	PAGEDKV_EVENTS_BIND = 1,            /* bind ("tcp://127.0.0.1:0": a free port, see pagedkv_events_endpoint) */
+	PAGEDKV_EVENTS_BIND_OR_CONNECT = 2, /* bind, or connect when a subscriber bound the address first */
+	PAGEDKV_EVENTS_CONNECT = 3          /* connect to a bound subscriber */
+};
+
+/* Options of pagedkv_create_ex and pagedkv_hybrid_create_ex. */
+typedef struct {
+	const pagedkv_tier_config *tiers;    /* NULL: no tiers */
+	size_t tiers_size;
+	const pagedkv_events_config *events; /* NULL: no KV events */
+	size_t events_size;
+} pagedkv_options;
+
+/* Directions of a tier copy. */
+enum { PAGEDKV_TO_HOST = 0, PAGEDKV_TO_DEVICE = 1 };
+
+/* The tier copies planned since the last call (Go: Manager.TierCopies), as
+ * flat arrays of n entries: copy i moves every layer's K and V of device
+ * page device_pages[i] to host page host_pages[i] (dir PAGEDKV_TO_HOST,
+ * offload) or back (PAGEDKV_TO_DEVICE, onload); report it done with its id.
+ * The arrays are the handle's; valid until the next pagedkv_tier_copies_take or
+ * pagedkv_destroy. */
+typedef struct {
+	int64_t n;
+	const uint64_t *ids;
+	const int32_t *dirs;
+	const int32_t *device_pages;
+	const int32_t *host_pages;
+	int64_t num_offloads;        /* entries with dir PAGEDKV_TO_HOST */
+} pagedkv_tier_copies;
+
+/* The tiers' counters (Go: pagedkv.TierStats, then tier.RemoteStats), every
+ * field int64, in this order. New fields are only ever appended. */
+typedef struct {
+	int64_t host_pages, host_used_pages, in_flight;
+	int64_t host_hit_tokens, remote_hit_tokens, offloaded_pages, onloaded_pages;
+	int64_t bytes_to_host, bytes_to_device, dropped_pages, host_full, remote_fetched, remote_stored;
+	/* the stores below the host tier, summed */
+	int64_t remote_lookups, remote_requested, remote_hits, remote_misses, remote_rejected;
+	int64_t remote_errors, remote_timeouts, remote_stored_pages, remote_dropped, remote_bytes_in, remote_bytes_out;
+	int64_t remote_rejected_by[5]; /* corrupt, size, wrong_type, foreign, stale */
+} pagedkv_tier_stats;
+
+/* The KV events' counters (Go: events.RecorderStats, then with an
+ * endpoint events.PublisherStats; 0 without). */
+typedef struct {
+	int64_t batches, events, pages, dropped_steps, dropped_events, resyncs;
+	int64_t sent_batches, sent_bytes, last_seq, replays, replayed, send_errors, peer_errors;
+} pagedkv_events_stats;
+
+/* Which cache pagedkv_cached_hashes lists. */
+enum { PAGEDKV_MEDIUM_GPU = 0, PAGEDKV_MEDIUM_CPU = 1 };
 
 /* One request's state (Go: Has, Running, Computed, Tokens, Pages). */
 typedef struct {
@@ -271,10 +424,11 @@ int32_t pagedkv_pending(pagedkv_manager m, int32_t *pending);
 
 /* Hybrid managers. A hybrid handle takes every call above that has no
  * dense-only meaning (add, extend, fork, preempt, resume, release, commit,
- * commit_spec, abort, truncate, get_stats, audit, evict, request_tokens,
- * destroy); reserve, reserve_spec, pin, unpin, pending, get_request_state
- * and request_pages on a hybrid handle (and the pagedkv_hybrid_ calls on a
- * dense one) fail with PAGEDKV_ERR_BAD_HANDLE. A HybridManager has no pins.
+ * commit_spec, abort, truncate, get_stats, audit, evict, pin, unpin,
+ * request_tokens, destroy, and the KV event calls); reserve, reserve_spec,
+ * pending, get_request_state, request_pages and cached_hashes on a hybrid
+ * handle (and the pagedkv_hybrid_ calls on a dense one) fail with
+ * PAGEDKV_ERR_BAD_HANDLE. A hybrid pin pins the prefix in every group.
  * cfg.window_tokens must be 0 (windows are per group). group_size must be
  * sizeof(pagedkv_layer_group). */
 int32_t pagedkv_hybrid_create(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_layer_group *groups,
@@ -296,6 +450,53 @@ int32_t pagedkv_hybrid_get_group_stats(pagedkv_manager m, int64_t group, pagedkv
 int32_t pagedkv_hybrid_request_state(pagedkv_manager m, int64_t group, uint64_t id, pagedkv_request_state *out);
 int32_t pagedkv_hybrid_request_pages(pagedkv_manager m, int64_t group, uint64_t id, int32_t *dst, int64_t cap,
                                      int64_t *n);
+
+/* Create with tiers and/or KV events. opts may be NULL (= pagedkv_create);
+ * opts_size must be sizeof(pagedkv_options). A HybridManager refuses tiers
+ * today (PAGEDKV_ERR_BAD_CONFIG naming Tiers.HostPages); its events carry
+ * each group's group_idx and kv_cache_spec_kind. */
+int32_t pagedkv_create_ex(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_options *opts, size_t opts_size,
+                          pagedkv_manager *out);
+int32_t pagedkv_hybrid_create_ex(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_layer_group *groups,
+                                 int64_t num_groups, size_t group_size, const pagedkv_options *opts,
+                                 size_t opts_size, pagedkv_manager *out);
+
+/* Tiers (a manager made with tiers; else PAGEDKV_ERR_BAD_CONFIG). */
+int32_t pagedkv_tier_copies_take(pagedkv_manager m, pagedkv_tier_copies *out);
+/* All-or-nothing: an unknown, repeated or not yet taken id changes nothing. */
+int32_t pagedkv_complete_tier_copies(pagedkv_manager m, const uint64_t *ids, int64_t n);
+/* The host pages' bytes: page h at data + h * page_bytes (NULL and 0 without
+ * a format). The memory lives until pagedkv_destroy. */
+int32_t pagedkv_host_memory(pagedkv_manager m, uint8_t **data, int64_t *page_bytes, int64_t *num_pages);
+/* Whether request id waits for onload copies (it may not be stepped). */
+int32_t pagedkv_loading(pagedkv_manager m, uint64_t id, int32_t *loading);
+/* Wait up to timeout_ms for the stores below the host tier to write what
+ * is queued (a no-op without them). */
+int32_t pagedkv_tier_flush(pagedkv_manager m, int64_t timeout_ms);
+/* Any thread, any time, like pagedkv_get_stats (zeros without tiers). */
+int32_t pagedkv_get_tier_stats(pagedkv_manager m, pagedkv_tier_stats *out, size_t out_size);
+
+/* KV events (a manager made with events; else PAGEDKV_ERR_BAD_CONFIG).
+ * Without an endpoint, each drain hands out the next batch as the msgpack
+ * payload of vLLM's KVEventBatch ([ts, events, data_parallel_rank],
+ * exactly what package events publishes: forward it to vLLM's ZMQ
+ * publisher unchanged), or *len = 0 when none is left (with an endpoint
+ * the library publishes them itself, and drain fails). Commit and commit_spec end a step's batch;
+ * a drain that finds no batch ends the current one. *data is the handle's
+ * buffer, valid until the next drain or destroy. */
+int32_t pagedkv_drain_events(pagedkv_manager m, const uint8_t **data, int64_t *len);
+/* The endpoint a publishing manager bound or connected (replay 0: the PUB
+ * socket's, e.g. the port chosen for ":0"; 1: the replay socket's), copied
+ * into dst [cap] (not NUL-terminated), *n = its length. */
+int32_t pagedkv_events_endpoint(pagedkv_manager m, int32_t replay, char *dst, int64_t cap, int64_t *n);
+/* The owner's thread (like every call but the stats ones above). */
+int32_t pagedkv_get_events_stats(pagedkv_manager m, pagedkv_events_stats *out, size_t out_size);
+
+/* The chain hash of every page in the prefix cache (medium
+ * PAGEDKV_MEDIUM_GPU) or of every servable host page (PAGEDKV_MEDIUM_CPU):
+ * the page sets KV events describe. Copies into dst [cap], *n = count. A
+ * dense manager only. */
+int32_t pagedkv_cached_hashes(pagedkv_manager m, int32_t medium, uint64_t *dst, int64_t cap, int64_t *n);
 
 #endif /* PAGEDKV_NO_PROTOTYPES */
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/events"
 )
 
 // The Go reference semantics the Python binding is checked against: a
@@ -37,7 +38,14 @@ type trace struct {
 	Config map[string]int64 `json:"config"` // pagedkv.Config with pagedkv_config's field names
 	// Groups are a hybrid trace's layer groups, pagedkv_layer_group's fields.
 	Groups []map[string]int64 `json:"groups,omitempty"`
-	Ops    []traceOp          `json:"ops"`
+	// Tiers are a tier trace's pagedkv_tier_config fields (format_*: its
+	// pagedkv_page_format's); Redis says a Redis server is below the host
+	// tier (namespace "trace"; the replay starts its own empty server).
+	Tiers map[string]int64 `json:"tiers,omitempty"`
+	Redis bool             `json:"redis,omitempty"`
+	// Events: the manager has KV events (default queue).
+	Events bool      `json:"events,omitempty"`
+	Ops    []traceOp `json:"ops"`
 }
 
 type traceOp struct {
@@ -59,6 +67,10 @@ type traceOp struct {
 	// Groups are a hybrid step's group plans (Plan then holds only the
 	// pool-wide copies).
 	Groups []traceGroup `json:"groups,omitempty"`
+	// Medium is cached_hashes' PAGEDKV_MEDIUM_*.
+	Medium int `json:"medium,omitempty"`
+	// CompleteIDs are complete_tier_copies' ids.
+	CompleteIDs []uint64 `json:"complete_ids,omitempty"`
 }
 
 // traceGroup is one group's plan of a hybrid step: the dense plan's arrays
@@ -74,6 +86,16 @@ type traceResult struct {
 	Stats []int64 `json:"stats"` // pagedkv_stats field order
 	// GroupStats are a hybrid manager's per-group numbers, pagedkv_group_stats order.
 	GroupStats [][]int64 `json:"group_stats,omitempty"`
+	// TierStats are pagedkv_tier_stats, with tiers.
+	TierStats []int64 `json:"tier_stats,omitempty"`
+	// Copies are tier_copies' results, one [id, dir, device page, host
+	// page] each.
+	Copies [][4]uint64 `json:"copies,omitempty"`
+	// Events are drain_events' payloads in hex, the timestamp's 8 bytes
+	// (offset 2) zeroed.
+	Events []string `json:"events,omitempty"`
+	// Hashes are cached_hashes' result.
+	Hashes []uint64 `json:"hashes,omitempty"`
 }
 
 // errName is the Python exception class of a Go error.
@@ -90,6 +112,7 @@ func errName(err error) string {
 		{pagedkv.ErrNotPreempted, "NotPreempted"}, {pagedkv.ErrStepPending, "StepPending"},
 		{pagedkv.ErrNoStep, "NoStep"}, {pagedkv.ErrBadArgument, "BadArgument"},
 		{pagedkv.ErrNotCached, "NotCached"}, {pagedkv.ErrPinLimit, "PinLimit"}, {pagedkv.ErrUnknownPin, "UnknownPin"},
+		{pagedkv.ErrLoading, "Loading"},
 	}
 	for _, n := range names {
 		if errors.Is(err, n.err) {
@@ -143,6 +166,15 @@ type traceGen struct {
 	// promptScale multiplies prompt lengths and maxChunk bounds a step's
 	// tokens per request: hybrid traces need requests past their windows.
 	promptScale, maxChunk int
+	// A tier trace's: tiers on, copies taken and not completed, the KV
+	// event recorder, and flush, which waits for the remote store's writes
+	// (nil without one) so that every recorded result is deterministic.
+	tiers    bool
+	inflight []uint64
+	rec      *events.Recorder
+	evq      *events.Queue
+	enc      *events.Encoder
+	flush    func()
 }
 
 func (g *traceGen) stats() pagedkv.Stats {
@@ -154,12 +186,18 @@ func (g *traceGen) stats() pagedkv.Stats {
 
 // record runs op's effect (already done by the caller) into the trace.
 func (g *traceGen) record(op traceOp, value int64, err error) {
-	op.Want = traceResult{Err: errName(err), Value: value, Stats: statsList(g.stats())}
+	if g.flush != nil {
+		g.flush()
+	}
+	op.Want.Err, op.Want.Value, op.Want.Stats = errName(err), value, statsList(g.stats())
 	if g.hybrid != nil {
 		for _, gs := range g.hybrid.Stats().Groups {
 			op.Want.GroupStats = append(op.Want.GroupStats, []int64{int64(gs.Kind), int64(gs.CachedPages), int64(gs.EvictablePages),
-				gs.ServableTokens, gs.PublishedPages, gs.EvictedPages, gs.CopiedPages, gs.WindowReleasedPages})
+				gs.ServableTokens, gs.PublishedPages, gs.EvictedPages, gs.CopiedPages, gs.WindowReleasedPages, int64(gs.PinnedPages)})
 		}
+	}
+	if g.tiers {
+		op.Want.TierStats = tierStatsList(g.dense.Stats().Tiers)
 	}
 	if strings.HasPrefix(op.Want.Err, "Unclassified") {
 		g.t.Fatalf("op %s: %v", op.Op, err)
@@ -194,6 +232,9 @@ func (g *traceGen) step() {
 		r := pagedkv.RequestID(id)
 		left := len(g.m.Tokens(r)) - g.m.Computed(r)
 		if left == 0 || g.rng.IntN(5) == 0 {
+			continue
+		}
+		if g.tiers && g.dense.Loading(r) && g.rng.IntN(4) > 0 { // a scheduler waits for its onloads, mostly
 			continue
 		}
 		n := min(left, 1+g.rng.IntN(g.maxChunk))
@@ -253,10 +294,19 @@ func (g *traceGen) step() {
 		for b := range accepted {
 			accepted[b] = int32(g.rng.IntN(len(dr(op.Drafts, b)) + 1))
 		}
-		g.record(traceOp{Op: "commit_spec", Accepted: accepted, Sampled: sampled}, 0, g.m.CommitSpec(accepted, sampled))
+		g.record(traceOp{Op: "commit_spec", Accepted: accepted, Sampled: sampled}, 0, g.committed(g.m.CommitSpec(accepted, sampled)))
 		return
 	}
-	g.record(traceOp{Op: "commit", Sampled: sampled}, 0, g.m.Commit(sampled))
+	g.record(traceOp{Op: "commit", Sampled: sampled}, 0, g.committed(g.m.Commit(sampled)))
+}
+
+// committed ends the step's batch of KV events after a successful commit,
+// as the C ABI does, and returns err.
+func (g *traceGen) committed(err error) error {
+	if err == nil && g.rec != nil {
+		g.rec.Flush()
+	}
+	return err
 }
 
 // reserve reserves op's step (with op.Drafts when it is a reserve_spec)
@@ -344,6 +394,14 @@ func dr(drafts [][]int32, b int) []int32 {
 
 func (g *traceGen) run(nops int) {
 	for len(g.ops) < nops {
+		if g.tiers && g.rng.IntN(4) == 0 {
+			g.tierOp()
+			continue
+		}
+		if !g.tiers && g.rec != nil && g.rng.IntN(10) == 0 {
+			g.drainOp()
+			continue
+		}
 		switch k := g.rng.IntN(100); {
 		case k < 15:
 			g.next++
@@ -382,12 +440,9 @@ func (g *traceGen) run(nops int) {
 		case k < 91:
 			op := traceOp{Op: "evict", N: g.rng.IntN(4)}
 			g.record(op, int64(g.m.Evict(op.N)), nil)
-		case k < 98 && g.dense == nil: // no pins: evict instead
-			op := traceOp{Op: "evict", N: g.rng.IntN(4)}
-			g.record(op, int64(g.m.Evict(op.N)), nil)
 		case k < 95:
-			op := traceOp{Op: "pin", Tokens: family(g.rng.IntN(6), 8+g.rng.IntN(12))}
-			pin, n, err := g.dense.Pin(pagedkv.Namespace{}, op.Tokens)
+			op := traceOp{Op: "pin", Tokens: family(g.rng.IntN(6), (8+g.rng.IntN(12))*g.promptScale)}
+			pin, n, err := g.m.Pin(pagedkv.Namespace{}, op.Tokens)
 			if err == nil {
 				g.pins = append(g.pins, uint64(pin))
 			}
@@ -399,7 +454,7 @@ func (g *traceGen) run(nops int) {
 				op.ID = g.pins[i]
 				g.pins = slices.Delete(g.pins, i, i+1)
 			}
-			g.record(op, 0, g.dense.Unpin(pagedkv.PinID(op.ID)))
+			g.record(op, 0, g.m.Unpin(pagedkv.PinID(op.ID)))
 		default: // a call that must fail
 			g.next++
 			op := traceOp{Op: "add", ID: g.next, Tokens: []int32{1, -2}}
@@ -480,6 +535,26 @@ func checkCoverage(t *testing.T, f traceFile, want ...string) {
 			if len(op.Plan["copies"]) > 0 {
 				seen["copies"]++
 			}
+			for _, gs := range op.Want.GroupStats {
+				if gs[8] > 0 {
+					seen["pinned pages"]++
+				}
+			}
+			if len(op.Want.Copies) > 0 {
+				seen["tier copies"]++
+			}
+			if len(op.Want.Events) > 0 {
+				seen["events"]++
+			}
+			if len(op.Want.Hashes) > 0 {
+				seen["hashes"]++
+			}
+			if op.Want.TierStats != nil && op.Want.TierStats[4] > 0 {
+				seen["remote hits"]++
+			}
+			if op.Want.TierStats != nil && op.Want.TierStats[3] > 0 {
+				seen["host hits"]++
+			}
 			for _, g := range op.Groups {
 				if g.Cascade != nil {
 					seen["group cascade"]++
@@ -522,13 +597,21 @@ var hybridTraceConfigs = []struct {
 func makeHybridTraces(t testing.TB) traceFile {
 	var f traceFile
 	for i, c := range hybridTraceConfigs {
-		m, err := pagedkv.NewHybrid(c.cfg)
+		// With KV events: each group's batches carry its group_idx and spec.
+		rec, q, err := newRecorder(recorderConfig(c.cfg.Config, c.cfg.Groups), DefaultEventBatches)
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := &traceGen{t: t, m: m, hybrid: m, rng: rand.New(rand.NewPCG(uint64(i), 23)), promptScale: c.promptScale, maxChunk: c.maxChunk}
+		cfg := c.cfg
+		cfg.CacheEvents = rec
+		m, err := pagedkv.NewHybrid(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := &traceGen{t: t, m: m, hybrid: m, rng: rand.New(rand.NewPCG(uint64(i), 23)), promptScale: c.promptScale, maxChunk: c.maxChunk,
+			rec: rec, evq: q, enc: events.NewEncoder()}
 		g.run(300)
-		tr := trace{Name: c.name, Ops: g.ops, Config: map[string]int64{
+		tr := trace{Name: c.name, Ops: g.ops, Events: true, Config: map[string]int64{
 			"num_pages": int64(c.cfg.NumPages), "page_size": int64(c.cfg.PageSize), "priorities": int64(c.cfg.Priorities),
 			"hash_seed": int64(c.cfg.HashSeed), "cascade_min_saved_pages": int64(c.cfg.CascadeMinSavedPages),
 		}}
@@ -548,5 +631,5 @@ func TestHybridTrace(t *testing.T) {
 	checkGolden(t, "hybrid_trace.json", f)
 	checkCoverage(t, f, "add", "reserve", "commit", "abort", "fork", "release", "preempt", "resume", "extend",
 		"evict", "group cascade", "copies", "attn", "released pages", "error OutOfPages", "error BadArgument",
-		"error UnknownRequest", "reserve_spec", "commit_spec", "truncate")
+		"error UnknownRequest", "reserve_spec", "commit_spec", "truncate", "pin", "unpin", "pinned pages", "drain_events", "events")
 }

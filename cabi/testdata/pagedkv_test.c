@@ -557,6 +557,229 @@ static void hybrid(void) {
 	checked += 7;
 }
 
+// memmem-free search for a byte string in a payload.
+static int contains(const uint8_t *p, int64_t n, const char *needle) {
+	size_t k = strlen(needle);
+	for (int64_t i = 0; i + (int64_t)k <= n; i++) {
+		if (memcmp(p + i, needle, k) == 0) {
+			return 1;
+		}
+	}
+	return 0;
+}
+
+// tiers runs a Manager with a host tier and KV events through the tier
+// calls: offload on eviction, host memory written by the engine, a host
+// hit onloaded back (the request loads until the copies complete), the
+// event payloads and cached hashes of both media; then the tier calls'
+// bad inputs, and hybrid pins.
+static void tiers(void) {
+	pagedkv_config cfg = {.num_pages = 8, .page_size = 4, .hash_seed = 1};
+	pagedkv_tier_config tc = {.host_pages = 8,
+	                          .format = {.kv_layout = PAGEDKV_NHD, .dtype = PAGEDKV_DTYPE_F32, .num_kv_heads = 1,
+	                                     .head_dim = 1, .num_layers = 1}};
+	pagedkv_events_config ec = {.data_parallel_rank = 3};
+	pagedkv_options opts = {.tiers = &tc, .tiers_size = sizeof tc, .events = &ec, .events_size = sizeof ec};
+	pagedkv_manager m = 0;
+	OK(pagedkv_create_ex(&cfg, sizeof cfg, &opts, sizeof opts, &m));
+	uint8_t *host = NULL;
+	int64_t page_bytes = 0, host_pages = 0;
+	OK(pagedkv_host_memory(m, &host, &page_bytes, &host_pages));
+	CHECK(host != NULL && page_bytes == 32 && host_pages == 8, "host memory %p, %lld bytes a page, %lld pages",
+	      (void *)host, (long long)page_bytes, (long long)host_pages);
+
+	int32_t prompt[12];
+	pagedkv_request req = prompt_request(prompt, 12);
+	uint64_t ids[] = {1};
+	int32_t nt[] = {12}, s1[] = {7};
+	pagedkv_plan plan;
+	int32_t rc = pagedkv_add(m, 1, &req, NULL);
+	rc = rc ? rc : pagedkv_reserve(m, ids, nt, 1, &plan);
+	rc = rc ? rc : pagedkv_commit(m, s1, 1);
+	OK(rc);
+	const uint8_t *ev = NULL;
+	int64_t evn = -1;
+	OK(pagedkv_drain_events(m, &ev, &evn));
+	// [ts, events, 3]: a 3-array, a float64, ..., the rank last.
+	CHECK(evn > 10 && ev[0] == 0x93 && ev[1] == 0xcb && ev[evn - 1] == 3 && contains(ev, evn, "BlockStored") &&
+	          contains(ev, evn, "GPU"),
+	      "first batch: %lld bytes", (long long)evn);
+	OK(pagedkv_drain_events(m, &ev, &evn));
+	CHECK(evn == 0, "a second drain found %lld bytes", (long long)evn);
+	uint64_t hashes[16];
+	int64_t nh = 0;
+	OK(pagedkv_cached_hashes(m, PAGEDKV_MEDIUM_GPU, hashes, 16, &nh));
+	CHECK(nh == 3, "%lld cached pages, want 3", (long long)nh);
+
+	// Evict with offload: three copies down, the engine writes the host pages.
+	OK(pagedkv_release(m, 1));
+	int64_t freed = 0;
+	OK(pagedkv_evict(m, 8, &freed)); // until 8 pages are free (or on their way)
+	pagedkv_tier_copies tcs;
+	OK(pagedkv_tier_copies_take(m, &tcs));
+	CHECK(tcs.n == 3 && tcs.num_offloads == 3, "%lld copies, %lld offloads", (long long)tcs.n,
+	      (long long)tcs.num_offloads);
+	uint64_t done[8];
+	for (int64_t i = 0; i < tcs.n && i < 8; i++) {
+		CHECK(tcs.dirs[i] == PAGEDKV_TO_HOST && tcs.host_pages[i] >= 0 && tcs.host_pages[i] < 8, "copy %lld", (long long)i);
+		memset(host + tcs.host_pages[i] * page_bytes, 0x40 + tcs.device_pages[i], (size_t)page_bytes);
+		done[i] = tcs.ids[i];
+	}
+	OK(pagedkv_complete_tier_copies(m, done, tcs.n));
+	pagedkv_tier_stats ts;
+	OK(pagedkv_get_tier_stats(m, &ts, sizeof ts));
+	CHECK(ts.offloaded_pages == 3 && ts.bytes_to_host == 96 && ts.in_flight == 0, "tier stats: offloaded %lld, %lld bytes",
+	      (long long)ts.offloaded_pages, (long long)ts.bytes_to_host);
+	OK(pagedkv_cached_hashes(m, PAGEDKV_MEDIUM_CPU, hashes, 16, &nh));
+	CHECK(nh == 3, "%lld host pages cached, want 3", (long long)nh);
+	OK(pagedkv_drain_events(m, &ev, &evn));
+	CHECK(evn > 0 && contains(ev, evn, "BlockRemoved") && contains(ev, evn, "CPU"), "eviction batch: %lld bytes",
+	      (long long)evn);
+
+	// The same prompt again: a host hit, onloaded; the request loads until
+	// the copies complete.
+	int64_t matched = 0;
+	OK(pagedkv_add(m, 2, &req, &matched));
+	CHECK(matched == 8, "matched %lld tokens from the host tier, want 8", (long long)matched);
+	int32_t loading = 0;
+	OK(pagedkv_loading(m, 2, &loading));
+	CHECK(loading == 1, "request 2 is not loading");
+	uint64_t ids2[] = {2};
+	int32_t nt2[] = {4};
+	EXPECT_FAIL(m, PAGEDKV_ERR_LOADING, "onload", pagedkv_reserve(m, ids2, nt2, 1, &plan));
+	OK(pagedkv_tier_copies_take(m, &tcs));
+	CHECK(tcs.n == 2 && tcs.num_offloads == 0 && tcs.dirs[0] == PAGEDKV_TO_DEVICE, "%lld onloads", (long long)tcs.n);
+	uint64_t up[2] = {tcs.ids[0], tcs.ids[1]};
+	uint64_t twice[2] = {tcs.ids[0], tcs.ids[0]};
+	uint64_t unknown[1] = {(uint64_t)1 << 40};
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "appears twice", pagedkv_complete_tier_copies(m, twice, 2));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ids[0] = 1099511627776 is not a copy in flight",
+	            pagedkv_complete_tier_copies(m, unknown, 1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ids is NULL with length 2", pagedkv_complete_tier_copies(m, NULL, 2));
+	OK(pagedkv_complete_tier_copies(m, up, 2));
+	OK(pagedkv_loading(m, 2, &loading));
+	CHECK(loading == 0, "request 2 still loading");
+	OK(pagedkv_reserve(m, ids2, nt2, 1, &plan));
+	OK(pagedkv_abort(m));
+	pagedkv_events_stats es;
+	OK(pagedkv_get_events_stats(m, &es, sizeof es));
+	CHECK(es.batches == 2 && es.dropped_steps == 0, "events stats: %lld batches", (long long)es.batches);
+
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "medium = 7", pagedkv_cached_hashes(m, 7, hashes, 16, &nh));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "dst is NULL with length 4", pagedkv_cached_hashes(m, 0, NULL, 4, &nh));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "timeout_ms = -1", pagedkv_tier_flush(m, -1));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_tier_copies_take(m, NULL));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "required", pagedkv_drain_events(m, NULL, &evn));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "request 9", pagedkv_loading(m, 9, &loading));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_CONFIG, "drains its KV events", pagedkv_events_endpoint(m, 0, NULL, 0, &nh));
+	OK(pagedkv_tier_flush(m, 1000));
+	OK(pagedkv_audit(m));
+	OK(pagedkv_destroy(m));
+
+	// A manager without tiers or events refuses their calls.
+	m = create(8, 4, 0);
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_CONFIG, "has no tiers", pagedkv_tier_copies_take(m, &tcs));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_CONFIG, "has no KV events", pagedkv_drain_events(m, &ev, &evn));
+	OK(pagedkv_get_tier_stats(m, &ts, sizeof ts));
+	CHECK(ts.host_pages == 0, "tier stats without tiers");
+	OK(pagedkv_destroy(m));
+
+	// Caller-provided host memory is used as is.
+	static uint8_t mem[8 * 32];
+	tc.host_memory = mem;
+	tc.host_memory_len = sizeof mem;
+	opts.events = NULL;
+	opts.events_size = 0;
+	OK(pagedkv_create_ex(&cfg, sizeof cfg, &opts, sizeof opts, &m));
+	OK(pagedkv_host_memory(m, &host, &page_bytes, &host_pages));
+	CHECK(host == mem, "host memory %p, the caller's is %p", (void *)host, (void *)mem);
+	OK(pagedkv_destroy(m));
+
+	// Bad options: a failed create writes no handle and opens nothing.
+	struct {
+		const char *name;
+		int32_t code;
+		const char *needle;
+	} cases[] = {
+	    {"opts_size", PAGEDKV_ERR_BAD_ARGUMENT, "opts_size = 8"},
+	    {"tiers_size", PAGEDKV_ERR_BAD_ARGUMENT, "opts.tiers_size = 4"},
+	    {"dtype", PAGEDKV_ERR_BAD_ARGUMENT, "tiers.format.dtype = 9"},
+	    {"host_memory", PAGEDKV_ERR_BAD_ARGUMENT, "tiers.host_memory is NULL with host_memory_len = 256"},
+	    {"host_memory_len", PAGEDKV_ERR_BAD_CONFIG, "Memory has 100 bytes"},
+	    {"redis without format", PAGEDKV_ERR_BAD_CONFIG, "needs tiers.format"},
+	    {"redis namespace", PAGEDKV_ERR_BAD_CONFIG, "Namespace = \"\""},
+	    {"redis size", PAGEDKV_ERR_BAD_ARGUMENT, "redis_size = 1"},
+	    {"events", PAGEDKV_ERR_BAD_ARGUMENT, "events.queue_batches = -1"},
+	    {"host pages", PAGEDKV_ERR_BAD_ARGUMENT, "tiers.host_pages = -3"},
+	    {"events mode", PAGEDKV_ERR_BAD_ARGUMENT, "events.mode = 7"},
+	    {"topic without endpoint", PAGEDKV_ERR_BAD_ARGUMENT, "without an endpoint"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		pagedkv_tier_config t = {.host_pages = 8, .format = tc.format};
+		pagedkv_redis_config r = {.addr = "127.0.0.1:1", .addr_len = 11};
+		pagedkv_events_config e = {0};
+		pagedkv_options o = {.tiers = &t, .tiers_size = sizeof t};
+		size_t osize = sizeof o;
+		switch (i) {
+		case 0: osize = 8; break;
+		case 1: o.tiers_size = 4; break;
+		case 2: t.format.dtype = 9; break;
+		case 3: t.host_memory_len = 256; break;
+		case 4: t.host_memory = mem; t.host_memory_len = 100; break;
+		case 5: t.format = (pagedkv_page_format){0}; t.redis = &r; t.redis_size = sizeof r; break;
+		case 6: t.redis = &r; t.redis_size = sizeof r; break;
+		case 7: t.redis = &r; t.redis_size = 1; break;
+		case 8: e.queue_batches = -1; o.events = &e; o.events_size = sizeof e; break;
+		case 9: t.host_pages = -3; t.format = (pagedkv_page_format){0}; break;
+		case 10: e.mode = 7; o.events = &e; o.events_size = sizeof e; break;
+		case 11: e.topic = "kv"; e.topic_len = 2; o.events = &e; o.events_size = sizeof e; break;
+		}
+		pagedkv_manager h = 12345;
+		int32_t rc = pagedkv_create_ex(&cfg, sizeof cfg, &o, osize, &h);
+		CHECK(rc == cases[i].code && strstr(pagedkv_last_error(), cases[i].needle) != NULL && h == 12345,
+		      "options case %s: rc %d (%s)", cases[i].name, rc, pagedkv_last_error());
+		checked++;
+	}
+
+	// A HybridManager refuses tiers (Go does), takes events and pins.
+	pagedkv_layer_group groups[] = {
+	    {.kind = PAGEDKV_GROUP_SLIDING, .window_tokens = 8, .num_layers = 1},
+	    {.kind = PAGEDKV_GROUP_FULL, .num_layers = 1},
+	};
+	pagedkv_config hcfg = {.num_pages = 32, .page_size = 4, .hash_seed = 1};
+	tc.host_memory = NULL;
+	tc.host_memory_len = 0;
+	pagedkv_manager h = 12345;
+	CHECK(pagedkv_hybrid_create_ex(&hcfg, sizeof hcfg, groups, 2, sizeof groups[0], &opts, sizeof opts, &h) ==
+	              PAGEDKV_ERR_BAD_CONFIG &&
+	          strstr(pagedkv_last_error(), "Tiers.HostPages = 8") != NULL && h == 12345,
+	      "hybrid with tiers: %s", pagedkv_last_error());
+	pagedkv_options hopts = {.events = &ec, .events_size = sizeof ec};
+	OK(pagedkv_hybrid_create_ex(&hcfg, sizeof hcfg, groups, 2, sizeof groups[0], &hopts, sizeof hopts, &h));
+	OK(pagedkv_add(h, 1, &req, NULL));
+	pagedkv_array copies;
+	pagedkv_group_plan gp[2];
+	OK(pagedkv_hybrid_reserve(h, ids, nt, 1, &copies, gp, 2));
+	OK(pagedkv_commit(h, s1, 1));
+	OK(pagedkv_drain_events(h, &ev, &evn));
+	CHECK(evn > 0 && contains(ev, evn, "group_idx") && contains(ev, evn, "sliding_window"), "hybrid batch %lld bytes",
+	      (long long)evn);
+	uint64_t pin = 0;
+	int64_t pinned = 0;
+	pagedkv_namespace ns = {0};
+	OK(pagedkv_pin(h, &ns, prompt, 12, &pin, &pinned));
+	pagedkv_group_stats gs;
+	OK(pagedkv_hybrid_get_group_stats(h, 1, &gs, sizeof gs));
+	CHECK(pinned == 12 && gs.pinned_pages == 3, "hybrid pin: %lld tokens, group 1 pins %lld pages", (long long)pinned,
+	      (long long)gs.pinned_pages);
+	OK(pagedkv_unpin(h, pin));
+	CHECK(pagedkv_unpin(h, pin) == PAGEDKV_ERR_UNKNOWN_PIN, "unpin twice: %s", pagedkv_last_error());
+	CHECK(pagedkv_cached_hashes(h, 0, hashes, 16, &nh) == PAGEDKV_ERR_BAD_HANDLE, "cached_hashes on a hybrid handle");
+	OK(pagedkv_audit(h));
+	OK(pagedkv_destroy(h));
+	checked += 4;
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
@@ -564,6 +787,7 @@ int main(void) {
 	example();
 	bad_config();
 	hybrid();
+	tiers();
 	sweep();
 	if (failures) {
 		fprintf(stderr, "pagedkv_test: %d failures\n", failures);

@@ -43,6 +43,17 @@ on one page pool. Its reserve() returns a HybridPlan: the pool-wide copies
 and one Plan per group (with cascade_window_left and, for a chunked group,
 the attn_* arrays), current and thread-safe exactly like a Manager's Plan.
 
+Tiers and KV events. Manager(..., tiers=Tiers(host_pages, format=PageFormat(...),
+redis=RedisTier(addr, namespace), disk=DiskTier(dir, namespace, pages)),
+events=Events()) is a Manager with a host tier (and stores below it) and
+vLLM-format KV cache events. Each step, the engine runs the tier copies
+m.tier_copies() lists (numpy views: device page <-> host page, the host
+pages' bytes in m.host_pages(), a numpy [host_pages, page_bytes] uint8 view),
+reports them with m.complete_tier_copies(ids), and forwards
+m.drain_events() (msgpack payloads of vLLM's KVEventBatch) to its ZMQ
+publisher. m.cached_hashes("GPU"/"CPU") lists the cached pages' hashes.
+HybridManager takes the same options (tiers are refused in Go today).
+
 pagedkv.flashinfer turns a Plan into the keyword arguments of FlashInfer's
 wrappers' plan() calls and of append_paged_kv_cache (hybrid_plan_kwargs:
 every group of a HybridPlan).
@@ -59,7 +70,8 @@ __all__ = [
     "Manager", "HybridManager", "LayerGroup", "HybridPlan", "GroupStats", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
     "PagedKVError", "OutOfPages", "UnknownRequest", "RequestExists", "Preempted", "NotPreempted",
     "StepPending", "NoStep", "BadArgument", "BadConfig", "NotCached", "PinLimit", "UnknownPin",
-    "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan",
+    "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan", "Loading",
+    "Tiers", "PageFormat", "RedisTier", "DiskTier", "Events", "TierCopies", "TierStats", "EventsStats",
 ]
 
 NO_TOKEN = -1  # in commit(sampled): no token sampled for this request
@@ -149,9 +161,14 @@ class InternalError(PagedKVError):
     code = 16
 
 
+class Loading(PagedKVError):
+    """The request waits for onload tier copies: complete them first."""
+    code = 17
+
+
 _ERRORS = {cls.code: cls for cls in (
     OutOfPages, UnknownRequest, RequestExists, Preempted, NotPreempted, StepPending, NoStep,
-    BadArgument, BadConfig, NotCached, PinLimit, UnknownPin, BadHandle, Busy, AuditError, InternalError,
+    BadArgument, BadConfig, NotCached, PinLimit, UnknownPin, BadHandle, Busy, AuditError, InternalError, Loading,
 )}
 
 # The library loads at import: a missing or incompatible libpagedkv fails
@@ -206,7 +223,7 @@ class GroupStats:
     kind ("full", "sliding", "chunked" or "mla"), cached_pages,
     evictable_pages, servable_tokens (prompt tokens the group's cache alone
     could have served), published_pages, evicted_pages, copied_pages,
-    window_released_pages."""
+    window_released_pages, pinned_pages (of cached_pages, under a pin)."""
 
     __slots__ = _ffi.GROUP_STATS_FIELDS
 
@@ -630,6 +647,62 @@ class _Core:
         return self._copy_out(self._lib.pagedkv_request_tokens, request_id, "tokens")
 
 
+    @_exclusive
+    def pin(self, tokens, *, tenant="", lora="", salt=""):
+        """Pin the cached prefix of tokens (in every group of a
+        HybridManager); returns (pin_id, pinned_tokens)."""
+        t = _ints(tokens, np.int32, _I32, "pin", "tokens")
+        ns = _ffi.Namespace()
+        _fill_ns(ns, tenant, lora, salt)
+        pin, n = ctypes.c_uint64(0), ctypes.c_int64(0)
+        self._check(self._lib.pagedkv_pin(self._handle, ctypes.byref(ns), _addr(t) if t.size else None, t.size,
+                                          ctypes.byref(pin), ctypes.byref(n)))
+        return pin.value, n.value
+
+    @_exclusive
+    def unpin(self, pin_id):
+        self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
+
+    # -- KV events --
+
+    @_exclusive
+    def drain_events(self):
+        """Every KV event batch since the last drain, each the msgpack
+        payload (bytes) of one vLLM KVEventBatch, oldest first; forward them
+        to vLLM's ZMQ publisher unchanged. Commit ends a step's batch; the
+        drain ends the current one. Raises BadConfig without events=."""
+        out = []
+        data, n = ctypes.c_void_p(0), ctypes.c_int64(0)
+        while True:
+            self._check(self._lib.pagedkv_drain_events(self._handle, ctypes.byref(data), ctypes.byref(n)))
+            if not n.value:
+                return out
+            out.append(ctypes.string_at(data.value, n.value))
+
+    @_exclusive
+    def events_endpoint(self, replay=False):
+        """The endpoint the KV event publisher bound or connected (replay:
+        its replay socket's); BadConfig for a Manager that drains."""
+        n = ctypes.c_int64(0)
+        fn = self._lib.pagedkv_events_endpoint
+        self._check(fn(self._handle, 1 if replay else 0, None, 0, ctypes.byref(n)))
+        buf = ctypes.create_string_buffer(max(n.value, 1))
+        self._check(fn(self._handle, 1 if replay else 0, buf, n.value, ctypes.byref(n)))
+        return buf.raw[: n.value].decode("utf-8", "replace")
+
+    @_exclusive
+    def events_stats(self):
+        """The KV events' counters (Go: events.RecorderStats)."""
+        raw = _ffi.EventsStats()
+        self._check(self._lib.pagedkv_get_events_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
+        return EventsStats(raw)
+
+    def tier_stats(self):
+        """The tiers' counters (zeros without tiers); any thread, any time."""
+        raw = _ffi.TierStats()
+        self._check(self._lib.pagedkv_get_tier_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
+        return TierStats(raw)
+
     def _copy_out(self, fn, request_id, op, *group):
         n = ctypes.c_int64(0)
         request_id = _scalar(request_id, _U64, op, "request_id")
@@ -648,19 +721,92 @@ class Manager(_Core):
 
     Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
     window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages (0 means the Go default wherever Go has one).
+    cascade_min_saved_pages (0 means the Go default wherever Go has one);
+    tiers (a Tiers: Config.Tiers) and events (an Events, or True: KV cache
+    events drained with drain_events()).
     """
 
     def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
-                 hash_seed=0, cascade_min_saved_pages=0):
+                 hash_seed=0, cascade_min_saved_pages=0, tiers=None, events=None):
         lib = _load()
         cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
                       cascade_min_saved_pages)
+        opts, keep = _options("Manager", tiers, events)
         h = ctypes.c_uint64(0)
-        rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
+        rc = lib.pagedkv_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), opts, ctypes.sizeof(_ffi.Options),
+                                   ctypes.byref(h))
         if rc:
             _raise(lib, rc)
         self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1])
+        self._host_memory = keep  # the caller's host memory lives as long as the Manager
+
+    # -- tiers --
+
+    @_exclusive
+    def tier_copies(self):
+        """The tier copies planned since the last call, as a TierCopies of
+        numpy views (ids uint64, dirs, device_pages, host_pages int32), valid
+        until the next tier_copies() or close(). Run each (every layer's K
+        and V of the device page to the host page, dir TO_HOST, or back) and
+        report it with complete_tier_copies(). Raises BadConfig without tiers."""
+        raw = _ffi.TierCopies()
+        self._check(self._lib.pagedkv_tier_copies_take(self._handle, ctypes.byref(raw)))
+        n = raw.n
+        if not n:
+            return TierCopies(np.zeros(0, np.uint64), _EMPTY, _EMPTY, _EMPTY, 0)
+        return TierCopies(self._c_view(raw.ids, ctypes.c_uint64, n, np.uint64),
+                          *(self._c_view(p, ctypes.c_int32, n, np.int32) for p in (raw.dirs, raw.device_pages,
+                                                                                   raw.host_pages)),
+                          raw.num_offloads)
+
+    def _c_view(self, addr, ctype, n, dtype):
+        buf = (ctype * n).from_address(addr)
+        buf._owner = self
+        return np.frombuffer(buf, dtype=dtype)
+
+    @_exclusive
+    def complete_tier_copies(self, ids):
+        """Report tier copies done (all-or-nothing: an unknown, repeated or
+        not yet listed id raises BadArgument and changes nothing)."""
+        a = _ints(ids, np.uint64, _U64, "complete_tier_copies", "ids")
+        self._check(self._lib.pagedkv_complete_tier_copies(self._handle, _ptr(a), a.size))
+
+    @_exclusive
+    def host_pages(self):
+        """The host pages' bytes as a writable numpy uint8 view [host_pages,
+        page_bytes] (None without a page format); valid until close()."""
+        data, pb, n = ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int64(0)
+        self._check(self._lib.pagedkv_host_memory(self._handle, ctypes.byref(data), ctypes.byref(pb), ctypes.byref(n)))
+        if not data.value or not pb.value:
+            return None
+        return self._c_view(data.value, ctypes.c_uint8, pb.value * n.value, np.uint8).reshape(n.value, pb.value)
+
+    @_exclusive
+    def loading(self, request_id):
+        """Whether the request waits for onload copies (it cannot be stepped)."""
+        v = ctypes.c_int32(0)
+        self._check(self._lib.pagedkv_loading(self._handle, _scalar(request_id, _U64, "loading", "request_id"),
+                                              ctypes.byref(v)))
+        return bool(v.value)
+
+    @_exclusive
+    def tier_flush(self, timeout_ms=10000):
+        """Wait until the stores below the host tier wrote what is queued."""
+        self._check(self._lib.pagedkv_tier_flush(self._handle, _scalar(timeout_ms, _I64, "tier_flush", "timeout_ms")))
+
+    @_exclusive
+    def cached_hashes(self, medium="GPU"):
+        """The chain hashes of the prefix cache's pages ("GPU") or of the
+        servable host pages ("CPU"), as uint64 (a copy)."""
+        if medium not in _MEDIA:
+            raise BadArgument("pagedkv: bad argument: cached_hashes: medium = %r, want \"GPU\" or \"CPU\"" % (medium,))
+        n = ctypes.c_int64(0)
+        fn = self._lib.pagedkv_cached_hashes
+        self._check(fn(self._handle, _MEDIA[medium], None, 0, ctypes.byref(n)))
+        out = np.empty(n.value, dtype=np.uint64)
+        if n.value:
+            self._check(fn(self._handle, _MEDIA[medium], _addr(out), n.value, ctypes.byref(n)))
+        return out[: n.value]
 
     @_exclusive
     def reserve(self, request_ids, ntokens):
@@ -692,21 +838,6 @@ class Manager(_Core):
         self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
         return bool(v.value)
 
-
-    @_exclusive
-    def pin(self, tokens, *, tenant="", lora="", salt=""):
-        """Pin the cached prefix of tokens; returns (pin_id, pinned_tokens)."""
-        t = _ints(tokens, np.int32, _I32, "pin", "tokens")
-        ns = _ffi.Namespace()
-        _fill_ns(ns, tenant, lora, salt)
-        pin, n = ctypes.c_uint64(0), ctypes.c_int64(0)
-        self._check(self._lib.pagedkv_pin(self._handle, ctypes.byref(ns), _addr(t) if t.size else None, t.size,
-                                          ctypes.byref(pin), ctypes.byref(n)))
-        return pin.value, n.value
-
-    @_exclusive
-    def unpin(self, pin_id):
-        self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
 
 
     @_exclusive
@@ -742,16 +873,20 @@ class HybridManager(_Core):
     pagedkv.HybridManager): one page pool, one page table and prefix cache
     per layer group. groups is a list of LayerGroup (or dicts of its
     fields); the other keyword arguments are Manager's (no window_tokens:
-    windows are per group; no max_pinned_pages: a HybridManager has no
-    pins). Every Manager call with the same name does the same in every
-    group; reserve() returns a HybridPlan with one Plan per group, and
-    request_state() and pages() take the group. Threads and plan lifetime
-    are as for Manager.
+    windows are per group; max_pinned_pages caps each group's pins).
+    Every Manager call with the same name does the same in every group
+    (pin() pins the prefix in every group); reserve() returns a HybridPlan
+    with one Plan per group, and request_state() and pages() take the
+    group. events= gives KV events whose batches carry each group's
+    group_idx; tiers= is refused (BadConfig) until Go's HybridManager has
+    tiers. Threads and plan lifetime are as for Manager.
     """
 
-    def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0):
+    def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0,
+                 max_pinned_pages=0, tiers=None, events=None):
         lib = _load()
-        cfg = _config("HybridManager", num_pages, page_size, 0, priorities, 0, hash_seed, cascade_min_saved_pages)
+        cfg = _config("HybridManager", num_pages, page_size, 0, priorities, max_pinned_pages, hash_seed,
+                      cascade_min_saved_pages)
         if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
             raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
         specs = (_ffi.LayerGroup * max(len(groups), 1))()
@@ -773,9 +908,11 @@ class HybridManager(_Core):
                                        _scalar(g.chunk_tokens, _I64, "HybridManager", where + ".chunk_tokens"),
                                        _scalar(g.num_layers, _I64, "HybridManager", where + ".num_layers"))
             kinds.append(g.kind)
+        opts, keep = _options("HybridManager", tiers, events)
         h = ctypes.c_uint64(0)
-        rc = lib.pagedkv_hybrid_create(ctypes.byref(cfg), ctypes.sizeof(cfg), specs, len(groups),
-                                       ctypes.sizeof(_ffi.LayerGroup), ctypes.byref(h))
+        rc = lib.pagedkv_hybrid_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), specs, len(groups),
+                                          ctypes.sizeof(_ffi.LayerGroup), opts, ctypes.sizeof(_ffi.Options),
+                                          ctypes.byref(h))
         if rc:
             _raise(lib, rc)
         n = len(kinds)
@@ -784,6 +921,7 @@ class HybridManager(_Core):
                    [1] + [len(_ffi.PLAN_ARRAYS) + 1 + len(_ffi.GROUP_PLAN_ARRAYS)] * n)
         self.kinds = tuple(kinds)
         self._groups_addr = self._plan_addr + 8 * 3
+        self._host_memory = keep
 
     @property
     def num_groups(self):
@@ -854,6 +992,227 @@ class HybridManager(_Core):
         """The pages the request holds in group, in token order (a copy)."""
         group = _scalar(group, _I64, "pages", "group")
         return self._copy_out(self._lib.pagedkv_hybrid_request_pages, request_id, "pages", group)
+
+
+# ---- Tiers and KV events: options of Manager and HybridManager ----
+
+TO_HOST, TO_DEVICE = 0, 1  # TierCopies.dirs: offload, onload
+_MEDIA = {"GPU": 0, "CPU": 1}
+
+
+class PageFormat:
+    """The bytes of one page off the device (Go: tier.PageFormat, with the
+    Manager's page size): kv_layout "NHD" or "HND", dtype "f32", "f16",
+    "bf16", "e4m3" or "e5m2"; every layer's K then V plane."""
+
+    __slots__ = ("kv_layout", "dtype", "num_kv_heads", "head_dim", "num_layers")
+
+    def __init__(self, *, kv_layout="NHD", dtype="f16", num_kv_heads, head_dim, num_layers):
+        self.kv_layout, self.dtype = kv_layout, dtype
+        self.num_kv_heads, self.head_dim, self.num_layers = num_kv_heads, head_dim, num_layers
+
+
+class RedisTier:
+    """A Redis server below the host tier (Go: tier/redis.Config); times in ms."""
+
+    __slots__ = ("addr", "namespace", "group", "tag_by_chain", "queue_len", "batch", "expiry_ms", "write_timeout_ms",
+                 "dial_timeout_ms")
+
+    def __init__(self, addr, namespace, *, group="", tag_by_chain=False, queue_len=0, batch=0, expiry_ms=0,
+                 write_timeout_ms=0, dial_timeout_ms=0):
+        self.addr, self.namespace, self.group, self.tag_by_chain = addr, namespace, group, tag_by_chain
+        self.queue_len, self.batch, self.expiry_ms = queue_len, batch, expiry_ms
+        self.write_timeout_ms, self.dial_timeout_ms = write_timeout_ms, dial_timeout_ms
+
+
+class DiskTier:
+    """A local disk tier (Go: tier/disk.Config): pages slots in segment files under dir."""
+
+    __slots__ = ("dir", "namespace", "pages", "group", "segment_pages", "queue_len", "sync_every")
+
+    def __init__(self, dir, namespace, pages, *, group="", segment_pages=0, queue_len=0, sync_every=0):
+        self.dir, self.namespace, self.pages, self.group = dir, namespace, pages, group
+        self.segment_pages, self.queue_len, self.sync_every = segment_pages, queue_len, sync_every
+
+
+class Tiers:
+    """The tiers below the device pool (Go: pagedkv.TierConfig; docs/tiers.md).
+
+    host_pages: host (CPU) pages, 0 for none. format: a PageFormat (needed
+    by disk and redis; without it the host tier is bookkeeping only).
+    host_memory: optional writable C-contiguous numpy uint8 array of
+    host_pages * page_bytes (e.g. pinned memory); else the library
+    allocates it (Manager.host_pages()). remote_deadline_ms bounds a lookup
+    below the host tier (0: 20 ms). offload_free_pages, write_through: as
+    in Go. disk, redis: a DiskTier and/or a RedisTier (host -> disk -> Redis).
+    """
+
+    __slots__ = ("host_pages", "format", "host_memory", "remote_deadline_ms", "offload_free_pages", "write_through",
+                 "disk", "redis")
+
+    def __init__(self, host_pages, *, format=None, host_memory=None, remote_deadline_ms=0, offload_free_pages=0,
+                 write_through=False, disk=None, redis=None):
+        self.host_pages, self.format, self.host_memory = host_pages, format, host_memory
+        self.remote_deadline_ms, self.offload_free_pages = remote_deadline_ms, offload_free_pages
+        self.write_through, self.disk, self.redis = write_through, disk, redis
+
+
+class Events:
+    """KV cache events in vLLM's format (Go: events.Recorder), drained with
+    drain_events(), or, with an endpoint (e.g. "tcp://0.0.0.0:5557"),
+    published by the library on a ZeroMQ PUB socket as vLLM's
+    ZmqEventPublisher does (mode: "auto" as vLLM, bind a wildcard address
+    and connect others; "bind" ("tcp://127.0.0.1:0": a free port, see
+    events_endpoint()), "bind_or_connect", "connect"; replay_endpoint: its
+    replay ROUTER socket; topic: the first frame). queue_batches (0: 64)
+    batches are held until
+    drained or sent (past it the stream drops a step and resynchronises);
+    data_parallel_rank is the batches' data_parallel_rank."""
+
+    __slots__ = ("queue_batches", "data_parallel_rank", "endpoint", "mode", "replay_endpoint", "topic")
+
+    def __init__(self, *, queue_batches=0, data_parallel_rank=0, endpoint="", mode="auto", replay_endpoint="",
+                 topic=""):
+        self.queue_batches, self.data_parallel_rank = queue_batches, data_parallel_rank
+        self.endpoint, self.mode, self.replay_endpoint, self.topic = endpoint, mode, replay_endpoint, topic
+
+
+class TierCopies:
+    """A step's tier copies: ids (uint64), dirs (TO_HOST / TO_DEVICE),
+    device_pages, host_pages (int32), num_offloads; numpy views valid until
+    the next tier_copies() or close()."""
+
+    __slots__ = ("ids", "dirs", "device_pages", "host_pages", "num_offloads")
+
+    def __init__(self, ids, dirs, device_pages, host_pages, num_offloads):
+        self.ids, self.dirs, self.device_pages, self.host_pages = ids, dirs, device_pages, host_pages
+        self.num_offloads = num_offloads
+
+    def __len__(self):
+        return len(self.ids)
+
+
+class _Counters:
+    """Named int64 counters read from a ctypes struct."""
+
+    __slots__ = ()
+    _FIELDS = ()
+
+    def __init__(self, raw):
+        for name in self._FIELDS:
+            setattr(self, name, getattr(raw, name))
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self.as_dict() == other.as_dict()
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%d" % kv for kv in self.as_dict().items()))
+
+
+class TierStats(_Counters):
+    """The tiers' counters (Go: pagedkv.TierStats; remote_*: tier.RemoteStats)."""
+    __slots__ = _ffi.TIER_STATS_FIELDS
+    _FIELDS = _ffi.TIER_STATS_FIELDS
+
+
+class EventsStats(_Counters):
+    """The KV events' counters (Go: events.RecorderStats)."""
+    __slots__ = _ffi.EVENTS_STATS_FIELDS
+    _FIELDS = _ffi.EVENTS_STATS_FIELDS
+
+
+def _bytes(value):
+    b = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    return b, len(b)
+
+
+def _store_fields(c, op, what, obj, strings, ints):
+    for cname, attr in strings:
+        v = getattr(obj, attr)
+        if not isinstance(v, (str, bytes)):
+            raise BadArgument("pagedkv: bad argument: %s: %s.%s = %r, want a string" % (op, what, attr, v))
+        b, n = _bytes(v)
+        setattr(c, cname, b)
+        setattr(c, cname + "_len", n)
+    for name in ints:
+        v = getattr(obj, name)
+        setattr(c, name, int(v) if isinstance(v, bool) else _scalar(v, _I64, op, "%s.%s" % (what, name)))
+
+
+def _options(op, tiers, events):
+    """The pagedkv_options of tiers and events (None: NULL), and what must
+    live as long as the Manager (the caller's host memory)."""
+    if tiers is None and events is None:
+        return None, None
+    opts = _ffi.Options()
+    keep = None
+    if tiers is not None:
+        if not isinstance(tiers, Tiers):
+            raise BadArgument("pagedkv: bad argument: %s: tiers = %r, want a pagedkv.Tiers" % (op, tiers))
+        t = _ffi.TierConfig()
+        t.host_pages = _scalar(tiers.host_pages, _I64, op, "tiers.host_pages")
+        ms = _scalar(tiers.remote_deadline_ms, _I64, op, "tiers.remote_deadline_ms")
+        if not 0 <= ms <= 24 * 3600 * 1000:
+            raise BadArgument("pagedkv: bad argument: %s: tiers.remote_deadline_ms = %d, want 0..86400000 (a day)"
+                              % (op, ms))
+        t.remote_deadline_us = ms * 1000
+        t.offload_free_pages = _scalar(tiers.offload_free_pages, _I64, op, "tiers.offload_free_pages")
+        t.write_through = 1 if tiers.write_through else 0
+        f = tiers.format
+        if f is not None:
+            if not isinstance(f, PageFormat):
+                raise BadArgument("pagedkv: bad argument: %s: tiers.format = %r, want a pagedkv.PageFormat" % (op, f))
+            if f.kv_layout not in _ffi.KV_LAYOUTS:
+                raise BadArgument("pagedkv: bad argument: %s: tiers.format.kv_layout = %r, want \"NHD\" or \"HND\""
+                                  % (op, f.kv_layout))
+            if f.dtype not in _ffi.DTYPES:
+                raise BadArgument("pagedkv: bad argument: %s: tiers.format.dtype = %r, want one of %s"
+                                  % (op, f.dtype, ", ".join(_ffi.DTYPES)))
+            t.format = _ffi.PageFormat(_ffi.KV_LAYOUTS.index(f.kv_layout), _ffi.DTYPES[f.dtype],
+                                       *(_scalar(getattr(f, n), _I64, op, "tiers.format." + n)
+                                         for n in ("num_kv_heads", "head_dim", "num_layers")))
+        mem = tiers.host_memory
+        if mem is not None:
+            if not (type(mem) is np.ndarray and mem.dtype == np.uint8 and mem.flags.c_contiguous
+                    and mem.flags.writeable):
+                raise BadArgument("pagedkv: bad argument: %s: tiers.host_memory must be a writable C-contiguous "
+                                  "numpy uint8 array, got %r" % (op, type(mem)))
+            t.host_memory, t.host_memory_len = (_addr(mem) if mem.size else None), mem.size
+            keep = mem
+        if tiers.disk is not None:
+            if not isinstance(tiers.disk, DiskTier):
+                raise BadArgument("pagedkv: bad argument: %s: tiers.disk = %r, want a pagedkv.DiskTier" % (op, tiers.disk))
+            d = _ffi.DiskConfig()
+            _store_fields(d, op, "tiers.disk", tiers.disk, (("dir", "dir"), ("ns", "namespace"), ("group", "group")),
+                          ("pages", "segment_pages", "queue_len", "sync_every"))
+            t.disk, t.disk_size = ctypes.pointer(d), ctypes.sizeof(d)
+        if tiers.redis is not None:
+            if not isinstance(tiers.redis, RedisTier):
+                raise BadArgument("pagedkv: bad argument: %s: tiers.redis = %r, want a pagedkv.RedisTier"
+                                  % (op, tiers.redis))
+            r = _ffi.RedisConfig()
+            _store_fields(r, op, "tiers.redis", tiers.redis,
+                          (("addr", "addr"), ("ns", "namespace"), ("group", "group")),
+                          ("tag_by_chain", "queue_len", "batch", "expiry_ms", "write_timeout_ms", "dial_timeout_ms"))
+            t.redis, t.redis_size = ctypes.pointer(r), ctypes.sizeof(r)
+        opts.tiers, opts.tiers_size = ctypes.pointer(t), ctypes.sizeof(t)
+    if events is not None and events is not False:
+        if events is True:
+            events = Events()
+        if not isinstance(events, Events):
+            raise BadArgument("pagedkv: bad argument: %s: events = %r, want a pagedkv.Events or True" % (op, events))
+        e = _ffi.EventsConfig()
+        _store_fields(e, op, "events", events, (("endpoint", "endpoint"), ("replay_endpoint", "replay_endpoint"),
+                                                ("topic", "topic")), ("queue_batches", "data_parallel_rank"))
+        if events.mode not in _ffi.EVENTS_MODES:
+            raise BadArgument("pagedkv: bad argument: %s: events.mode = %r, want one of %s"
+                              % (op, events.mode, ", ".join(_ffi.EVENTS_MODES)))
+        e.mode = _ffi.EVENTS_MODES.index(events.mode)
+        opts.events, opts.events_size = ctypes.pointer(e), ctypes.sizeof(e)
+    return ctypes.pointer(opts), keep
 
 
 def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,

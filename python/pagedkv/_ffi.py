@@ -26,15 +26,13 @@ class Config(ctypes.Structure):
     ]
 
 
+def _byte_strings(*names):
+    """The fields of byte strings with lengths: name, then name_len."""
+    return [f for n in names for f in ((n, ctypes.c_char_p), (n + "_len", ctypes.c_int64))]
+
+
 class Namespace(ctypes.Structure):
-    _fields_ = [
-        ("tenant", ctypes.c_char_p),
-        ("tenant_len", ctypes.c_int64),
-        ("lora", ctypes.c_char_p),
-        ("lora_len", ctypes.c_int64),
-        ("salt", ctypes.c_char_p),
-        ("salt_len", ctypes.c_int64),
-    ]
+    _fields_ = _byte_strings("tenant", "lora", "salt")
 
 
 class Request(ctypes.Structure):
@@ -131,11 +129,98 @@ class Stats(ctypes.Structure):
 
 
 GROUP_STATS_FIELDS = ("kind", "cached_pages", "evictable_pages", "servable_tokens", "published_pages",
-                      "evicted_pages", "copied_pages", "window_released_pages")
+                      "evicted_pages", "copied_pages", "window_released_pages", "pinned_pages")
 
 
 class GroupStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in GROUP_STATS_FIELDS]
+
+
+# ---- Tiers and KV events ----
+
+KV_LAYOUTS = ("NHD", "HND")  # PAGEDKV_NHD, PAGEDKV_HND
+DTYPES = {"f32": 1, "f16": 2, "bf16": 3, "e4m3": 4, "e5m2": 5}  # PAGEDKV_DTYPE_*
+
+
+class PageFormat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in ("kv_layout", "dtype", "num_kv_heads", "head_dim", "num_layers")]
+
+
+class RedisConfig(ctypes.Structure):
+    _fields_ = _byte_strings("addr", "ns", "group") + [
+        (name, ctypes.c_int64) for name in ("tag_by_chain", "queue_len", "batch", "expiry_ms", "write_timeout_ms",
+                                            "dial_timeout_ms")]
+
+
+class DiskConfig(ctypes.Structure):
+    _fields_ = _byte_strings("dir", "ns", "group") + [
+        (name, ctypes.c_int64) for name in ("pages", "segment_pages", "queue_len", "sync_every")]
+
+
+class TierConfig(ctypes.Structure):
+    _fields_ = [
+        ("host_pages", ctypes.c_int64),
+        ("format", PageFormat),
+        ("host_memory", ctypes.c_void_p),
+        ("host_memory_len", ctypes.c_int64),
+        ("remote_deadline_us", ctypes.c_int64),
+        ("offload_free_pages", ctypes.c_int64),
+        ("write_through", ctypes.c_int64),
+        ("disk", ctypes.POINTER(DiskConfig)),
+        ("disk_size", ctypes.c_size_t),
+        ("redis", ctypes.POINTER(RedisConfig)),
+        ("redis_size", ctypes.c_size_t),
+    ]
+
+
+EVENTS_MODES = ("auto", "bind", "bind_or_connect", "connect")  # PAGEDKV_EVENTS_*
+
+
+class EventsConfig(ctypes.Structure):
+    _fields_ = [("queue_batches", ctypes.c_int64), ("data_parallel_rank", ctypes.c_int64)] + _byte_strings(
+        "endpoint") + [("mode", ctypes.c_int64)] + _byte_strings("replay_endpoint", "topic")
+
+
+class Options(ctypes.Structure):
+    _fields_ = [
+        ("tiers", ctypes.POINTER(TierConfig)),
+        ("tiers_size", ctypes.c_size_t),
+        ("events", ctypes.POINTER(EventsConfig)),
+        ("events_size", ctypes.c_size_t),
+    ]
+
+
+class TierCopies(ctypes.Structure):
+    _fields_ = [
+        ("n", ctypes.c_int64),
+        ("ids", ctypes.c_void_p),
+        ("dirs", ctypes.c_void_p),
+        ("device_pages", ctypes.c_void_p),
+        ("host_pages", ctypes.c_void_p),
+        ("num_offloads", ctypes.c_int64),
+    ]
+
+
+REJECT_REASONS = ("corrupt", "size", "wrong_type", "foreign", "stale")
+TIER_STATS_FIELDS = (
+    "host_pages", "host_used_pages", "in_flight",
+    "host_hit_tokens", "remote_hit_tokens", "offloaded_pages", "onloaded_pages",
+    "bytes_to_host", "bytes_to_device", "dropped_pages", "host_full", "remote_fetched", "remote_stored",
+    "remote_lookups", "remote_requested", "remote_hits", "remote_misses", "remote_rejected",
+    "remote_errors", "remote_timeouts", "remote_stored_pages", "remote_dropped", "remote_bytes_in", "remote_bytes_out",
+) + tuple("remote_rejected_" + r for r in REJECT_REASONS)
+
+
+class TierStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in TIER_STATS_FIELDS]
+
+
+EVENTS_STATS_FIELDS = ("batches", "events", "pages", "dropped_steps", "dropped_events", "resyncs",
+                       "sent_batches", "sent_bytes", "last_seq", "replays", "replayed", "send_errors", "peer_errors")
+
+
+class EventsStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in EVENTS_STATS_FIELDS]
 
 
 class RequestState(ctypes.Structure):
@@ -220,6 +305,19 @@ def _declare(lib):
         "pagedkv_hybrid_get_group_stats": (i32, [u64, i64, ctypes.POINTER(GroupStats), sz]),
         "pagedkv_hybrid_request_state": (i32, [u64, i64, u64, ctypes.POINTER(RequestState)]),
         "pagedkv_hybrid_request_pages": (i32, [u64, i64, u64, vp, i64, ctypes.POINTER(i64)]),
+        "pagedkv_create_ex": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(Options), sz, ctypes.POINTER(u64)]),
+        "pagedkv_hybrid_create_ex": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(LayerGroup), i64, sz,
+                                           ctypes.POINTER(Options), sz, ctypes.POINTER(u64)]),
+        "pagedkv_tier_copies_take": (i32, [u64, ctypes.POINTER(TierCopies)]),
+        "pagedkv_complete_tier_copies": (i32, [u64, vp, i64]),
+        "pagedkv_host_memory": (i32, [u64, ctypes.POINTER(vp), ctypes.POINTER(i64), ctypes.POINTER(i64)]),
+        "pagedkv_loading": (i32, [u64, u64, ctypes.POINTER(i32)]),
+        "pagedkv_tier_flush": (i32, [u64, i64]),
+        "pagedkv_get_tier_stats": (i32, [u64, ctypes.POINTER(TierStats), sz]),
+        "pagedkv_drain_events": (i32, [u64, ctypes.POINTER(vp), ctypes.POINTER(i64)]),
+        "pagedkv_get_events_stats": (i32, [u64, ctypes.POINTER(EventsStats), sz]),
+        "pagedkv_events_endpoint": (i32, [u64, i32, ctypes.c_char_p, i64, ctypes.POINTER(i64)]),
+        "pagedkv_cached_hashes": (i32, [u64, i32, vp, i64, ctypes.POINTER(i64)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

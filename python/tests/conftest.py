@@ -46,6 +46,58 @@ def plan_values(plan):
     return out
 
 
+def zero_ts(payload):
+    """A KV event batch's payload with its timestamp (the float64 at
+    offset 2 of [ts, events, rank]) zeroed, as the Go traces record them."""
+    assert payload[:2] == b"\x93\xcb", payload[:16]
+    return payload[:2] + bytes(8) + payload[10:]
+
+
 @pytest.fixture
 def root():
     return ROOT
+
+
+@pytest.fixture
+def redis_addr(tmp_path):
+    """A real redis-server on a free loopback port, empty, stopped after the
+    test (as internal/redistest does for Go). Skips when redis-server is
+    missing, except under CI=true, where CI must install it."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    binary = shutil.which("redis-server") or next(
+        (p for p in ("/usr/bin/redis-server", "/usr/local/bin/redis-server") if os.path.exists(p)), None)
+    if binary is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server not found: CI must install the Debian package redis-server")
+        pytest.skip("redis-server not found (install the Debian package redis-server)")
+    for _ in range(5):  # the free port may be taken between the probe and the bind
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                 "--protected-mode", "no", "--loglevel", "warning"], cwd=tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
+                    c.sendall(b"PING\r\n")
+                    if c.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                time.sleep(0.01)
+        else:
+            proc.kill()
+            proc.wait()
+            continue
+        try:
+            yield "127.0.0.1:%d" % port
+        finally:
+            proc.kill()
+            proc.wait()
+        return
+    pytest.fail("could not start redis-server")

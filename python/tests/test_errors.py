@@ -21,7 +21,7 @@ def test_every_c_error_code_has_its_exception():
     with open(os.path.join(ROOT, "cabi", "pagedkv.h")) as f:
         header = f.read()
     codes = dict((name, int(v)) for name, v in re.findall(r"PAGEDKV_ERR_(\w+) = (\d+)", header))
-    assert len(codes) == 16
+    assert len(codes) == 17
     names = {
         "OUT_OF_PAGES": pagedkv.OutOfPages, "UNKNOWN_REQUEST": pagedkv.UnknownRequest,
         "REQUEST_EXISTS": pagedkv.RequestExists, "PREEMPTED": pagedkv.Preempted,
@@ -29,6 +29,7 @@ def test_every_c_error_code_has_its_exception():
         "BAD_ARGUMENT": pagedkv.BadArgument, "BAD_CONFIG": pagedkv.BadConfig, "NOT_CACHED": pagedkv.NotCached,
         "PIN_LIMIT": pagedkv.PinLimit, "UNKNOWN_PIN": pagedkv.UnknownPin, "BAD_HANDLE": pagedkv.BadHandle,
         "BUSY": pagedkv.Busy, "AUDIT": pagedkv.AuditError, "INTERNAL": pagedkv.InternalError,
+        "LOADING": pagedkv.Loading,
     }
     assert set(names) == set(codes)
     for name, cls in names.items():

@@ -1,7 +1,8 @@
 """README.md's Python examples run and print exactly what their Go
 examples print: "From Python" what Example (example_test.go) prints,
 "Hybrid models from Python" what ExampleHybridManager
-(example_hybrid_test.go) prints."""
+(example_hybrid_test.go) prints. "Tiers and KV events from Python" runs
+too."""
 
 import contextlib
 import io
@@ -40,3 +41,8 @@ def test_readme_hybrid_example_matches_the_go_example():
     want = go_output("example_hybrid_test.go", "ExampleHybridManager")
     assert run_readme_example("### Hybrid models from Python") == want
     assert len(want) == 5
+
+
+def test_readme_tier_example_runs():
+    assert run_readme_example("### Tiers and KV events from Python") == [
+        "offloaded 3 host hashes 3", "matched 32", "event batches 2"]

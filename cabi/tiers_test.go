@@ -1,0 +1,325 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/internal/vllmwire"
+)
+
+// tierOptions is a host tier of host pages in the tier traces' format,
+// with write-through (every published page is offloaded) and KV events.
+func tierOptions(host int64) *abiOptions {
+	return &abiOptions{Tiers: true, HostPages: host, Layout: 0, DType: 1, Heads: 1, Dim: 1, Layers: 1, WriteThrough: 1, Events: true}
+}
+
+// TestABITierStepIsAllocationFree: a decode step with tiers and KV events
+// through the C ABI (reserve, commit, take the tier copies, complete them,
+// drain the events), in steady state: pages fill and are offloaded
+// (write-through), the host tier reclaims, a batch is encoded every step.
+func TestABITierStepIsAllocationFree(t *testing.T) {
+	const n = 32
+	h, code := goCreateEx(abiConfig{NumPages: n * 200, PageSize: 16, HashSeed: 1}, tierOptions(64))
+	if code != codeOK {
+		t.Fatalf("create_ex: %d %s", code, goLastError())
+	}
+	defer goDestroy(h)
+	ids, ones, sampled, nt := addDecodeRequests(t, h, n)
+	plan := new(abiPlanC)
+	if goReserve(h, ids, nt, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+		t.Fatal("prefill failed")
+	}
+	var copies []abiTierCopy
+	done := make([]uint64, 0, 4*n)
+	batches := 0
+	checkStepAllocs(t, "a decode step with tiers and KV events through the C ABI", func() {
+		if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+			t.Fatalf("step failed: %s", goLastError())
+		}
+		var code int32
+		if copies, code = goTierCopies(h, copies); code != codeOK {
+			t.Fatalf("tier copies: %s", goLastError())
+		}
+		done = done[:0]
+		for _, c := range copies {
+			done = append(done, c.ID)
+		}
+		if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
+			t.Fatalf("complete: %s", goLastError())
+		}
+		for p, code := goDrainEvents(h); p != nil; p, code = goDrainEvents(h) {
+			if code != codeOK {
+				t.Fatalf("drain: %s", goLastError())
+			}
+			batches++
+		}
+	})
+	st, _ := goTierStats(h)
+	if batches < 5 || st[5] < 100 {
+		t.Fatalf("the steps published %d batches and offloaded %d pages", batches, st[5])
+	}
+	t.Logf("%d event batches, %d pages offloaded, %d host pages in use", batches, st[5], st[1])
+}
+
+// TestDrainedEventsDecodeAsVLLM: what pagedkv_drain_events hands out is
+// a KVEventBatch that the independent decoder of vLLM's format reads.
+func TestDrainedEventsDecodeAsVLLM(t *testing.T) {
+	h, code := goCreateEx(abiConfig{NumPages: 16, PageSize: 4, HashSeed: 1}, tierOptions(8))
+	if code != codeOK {
+		t.Fatal(goLastError())
+	}
+	defer goDestroy(h)
+	prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}
+	if _, code := goAdd(h, 1, abiRequest{Prompt: prompt, PromptLen: 9}); code != codeOK {
+		t.Fatal(goLastError())
+	}
+	plan := new(abiPlanC)
+	if goReserve(h, []uint64{1}, []int32{9}, 1, plan) != codeOK || goCommit(h, []int32{3}, 1) != codeOK {
+		t.Fatal(goLastError())
+	}
+	copies, _ := goTierCopies(h, nil)
+	var ids []uint64
+	for _, c := range copies {
+		ids = append(ids, c.ID)
+	}
+	if goCompleteTierCopies(h, ids, int64(len(ids))) != codeOK {
+		t.Fatal(goLastError())
+	}
+	var got []string
+	for p, _ := goDrainEvents(h); p != nil; p, _ = goDrainEvents(h) {
+		b, err := vllmwire.Decode(bytes.Clone(p))
+		if err != nil {
+			t.Fatalf("payload %x: %v", p, err)
+		}
+		for _, e := range b.Events {
+			got = append(got, e.Type+" "+*e.Medium)
+		}
+	}
+	s := strings.Join(got, "\n")
+	if strings.Count(s, "BlockStored") != 2 || !strings.Contains(s, "GPU") || !strings.Contains(s, "CPU") {
+		t.Fatalf("events:\n%s", s)
+	}
+}
+
+// FuzzTierOptions decodes raw bytes into pagedkv_create_ex's options
+// (tiers with their format, host memory, Redis and disk stores, events;
+// wrong sizes, NULLs with lengths, out-of-range values) and checks that
+// the call either makes a manager that then runs a few steps with tier
+// copies and events and passes its audit, or fails with
+// PAGEDKV_ERR_BAD_ARGUMENT or PAGEDKV_ERR_BAD_CONFIG and a message, never
+// a panic. Host pages and geometry are drawn small or far out of range,
+// so memory stays bounded.
+func FuzzTierOptions(f *testing.F) {
+	f.Add([]byte{1, 8, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 0, 0})
+	f.Add([]byte{1, 8, 0, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 3})
+	f.Add([]byte{1, 200, 1, 9, 255, 1, 1, 2, 5, 5, 0, 0, 0, 0, 0, 0})
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		next := (*fuzzReader)(&data).next
+		// pick is a small value, or one far out of range.
+		pick := func(small int) int64 {
+			switch v := next(); {
+			case v == 255:
+				return -1
+			case v == 254:
+				return 1 << 40
+			case v == 253:
+				return maxLen
+			default:
+				return int64(v % small)
+			}
+		}
+		o := &abiOptions{Tiers: next()%4 > 0, HostPages: pick(33), Layout: pick(3), DType: pick(7), Heads: pick(5),
+			Dim: pick(9), Layers: pick(4), DeadlineUS: pick(1000) * 1000, OffloadFree: pick(10), WriteThrough: int64(next() % 2)}
+		if v := next() % 8; v == 1 {
+			o.HostMemoryLen = pick(4096) // NULL with a length
+		} else if v == 2 {
+			o.HostMemory = make([]byte, next()*64)
+			o.HostMemoryLen = int64(len(o.HostMemory))
+		}
+		if next()%4 == 1 {
+			o.Redis = &abiStore{S: [3]string{"127.0.0.1:1", strings.Repeat("n", next()%3), strings.Repeat("{", next()%2)},
+				Ints: [6]int64{int64(next() % 2), pick(8), pick(8), pick(100), pick(100), 1}}
+		}
+		if next()%4 == 1 {
+			o.Disk = &abiStore{S: [3]string{dir + "/" + strings.Repeat("d", 1+next()%2), "ns", ""}, Ints: [6]int64{pick(16), pick(4), pick(8), -1}}
+		}
+		o.Events = next()%2 == 1
+		o.QueueBatches, o.Rank = pick(8), pick(4)
+		switch next() % 16 {
+		case 1:
+			o.OptsSize = 8
+		case 2:
+			o.TiersSize = 1
+		case 3:
+			o.EventsSize = 3
+		case 4:
+			o.RedisSize = 5
+		case 5:
+			o.DiskSize = 7
+		}
+		hybrid := next()%4 == 1
+		if hybrid { // a sliding and a full group: tiers are refused, events and pins work
+			o.Groups = []abiGroup{{Kind: 1, WindowTokens: 6, NumLayers: 1}, {Kind: 0, NumLayers: 1}}
+		}
+		h, code := goCreateEx(abiConfig{NumPages: 16, PageSize: 4, HashSeed: 1}, o)
+		if hybrid && o.Tiers && o.HostPages > 0 && code == codeOK {
+			t.Fatalf("a hybrid manager took %d host pages", o.HostPages)
+		}
+		switch code {
+		case codeOK:
+		case codeBadArgument, codeBadConfig:
+			if h != 0 || goLastError() == "" {
+				t.Fatalf("failed create_ex: handle %d, message %q", h, goLastError())
+			}
+			return
+		default:
+			t.Fatalf("create_ex = %d: %s", code, goLastError())
+		}
+		defer goDestroy(h)
+		prompt := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+		plan := new(abiPlanC)
+		hplan := newCHybridPlan(2)
+		defer hplan.free()
+		var copies []abiTierCopy
+		for i := range uint64(4) {
+			goAdd(h, i+1, abiRequest{Prompt: prompt, PromptLen: int64(len(prompt))})
+			reserved := int32(codeOK)
+			if hybrid {
+				reserved = goHybridReserveC(h, []uint64{i + 1}, []int32{10}, 1, hplan)
+			} else {
+				reserved = goReserve(h, []uint64{i + 1}, []int32{10}, 1, plan)
+			}
+			if reserved == codeOK {
+				goCommit(h, []int32{3}, 1)
+			}
+			goRelease(h, i+1)
+			goEvict(h, 16)
+			copies, _ = goTierCopies(h, copies)
+			for _, c := range copies {
+				if code := goCompleteTierCopies(h, []uint64{c.ID}, 1); code != codeOK {
+					t.Fatalf("complete %d: %s", c.ID, goLastError())
+				}
+			}
+			for p, _ := goDrainEvents(h); p != nil; p, _ = goDrainEvents(h) {
+				if _, err := vllmwire.Decode(bytes.Clone(p)); err != nil {
+					t.Fatalf("payload %x: %v", p, err)
+				}
+			}
+			if goAudit(h) != codeOK {
+				t.Fatalf("audit: %s", goLastError())
+			}
+		}
+	})
+}
+
+// BenchmarkABITierStep: a decode step of 32 requests with a write-through
+// host tier and KV events (reserve, commit, take and complete the tier
+// copies, drain and encode the event batches): "go" calls the Manager,
+// its Recorder and the encoder directly, "abi" the exported functions (from
+// Go, without the cgo transition). Every 1000 steps the manager is made
+// again, off the clock, so the pool never runs out.
+func BenchmarkABITierStep(b *testing.B) {
+	const n = 32
+	cfg := pagedkv.Config{NumPages: n * 80, PageSize: 16, HashSeed: 1,
+		Tiers: pagedkv.TierConfig{HostPages: 64, Format: traceFormat, WriteThrough: true}}
+	cfg.Tiers.Format.PageSize = 16
+	b.Run("go", func(b *testing.B) {
+		var m *pagedkv.Manager
+		var rec *events.Recorder
+		var q *events.Queue
+		enc := events.NewEncoder()
+		ids := make([]pagedkv.RequestID, n)
+		nt, ones, sampled := make([]int32, n), make([]int32, n), make([]int32, n)
+		var copies []pagedkv.TierCopy
+		var done []uint64
+		var payload []byte
+		benchSteps(b, func() {
+			c := cfg
+			var err error
+			if rec, q, err = newRecorder(recorderConfig(c, nil), DefaultEventBatches); err != nil {
+				b.Fatal(err)
+			}
+			c.CacheEvents = rec
+			if m, err = pagedkv.New(c); err != nil {
+				b.Fatal(err)
+			}
+			prefillGo(b, m, ids, nt, ones, sampled)
+		}, func() {
+			if _, err := m.Reserve(ids, ones); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Commit(sampled); err != nil {
+				b.Fatal(err)
+			}
+			rec.Flush()
+			copies = m.TierCopies(copies[:0])
+			done = done[:0]
+			for _, c := range copies {
+				done = append(done, c.ID)
+			}
+			if err := m.CompleteTierCopies(done...); err != nil {
+				b.Fatal(err)
+			}
+			for bt := nextBatch(rec, q); bt != nil; bt = nextBatch(rec, q) {
+				payload = enc.AppendBatch(payload[:0], bt, 0)
+				q.Done(bt)
+			}
+		})
+	})
+	b.Run("abi", func(b *testing.B) {
+		var h uint64
+		var ids []uint64
+		var ones, sampled, nt []int32
+		plan := new(abiPlanC)
+		var copies []abiTierCopy
+		var done []uint64
+		defer func() { goDestroy(h) }()
+		benchSteps(b, func() {
+			if h != 0 {
+				goDestroy(h)
+			}
+			var code int32
+			if h, code = goCreateEx(abiConfig{NumPages: n * 80, PageSize: 16, HashSeed: 1}, tierOptions(64)); code != codeOK {
+				b.Fatal(goLastError())
+			}
+			ids, ones, sampled, nt = addDecodeRequests(b, h, n)
+			if goReserve(h, ids, nt, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+				b.Fatal(goLastError())
+			}
+		}, func() {
+			if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+				b.Fatal(goLastError())
+			}
+			copies, _ = goTierCopies(h, copies)
+			done = done[:0]
+			for _, c := range copies {
+				done = append(done, c.ID)
+			}
+			if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
+				b.Fatal(goLastError())
+			}
+			for p, _ := goDrainEvents(h); p != nil; p, _ = goDrainEvents(h) {
+			}
+		})
+	})
+}
+
+// benchSteps runs step b.N times after setup, and setup again (off the
+// clock) every 1000 steps.
+func benchSteps(b *testing.B, setup, step func()) {
+	const fresh = 1000
+	setup()
+	b.ReportAllocs()
+	for i := range b.N {
+		if i%fresh == fresh-1 {
+			b.StopTimer()
+			setup()
+			b.StartTimer()
+		}
+		step()
+	}
+}
