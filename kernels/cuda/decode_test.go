@@ -16,6 +16,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/cpuemu"
 	"github.com/pagedkv/pagedkv/internal/reference"
 	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -264,6 +265,93 @@ func TestDecodeLongRequestSplitK(t *testing.T) {
 		checkDecode(t, b, c, 1)
 		c.WindowLeft = 700
 		checkDecode(t, b, c, 2)
+	}
+}
+
+// The split-KV scheduler's cases on the emulator planned as an H100 (132
+// SMs; one kv head, one query head, head_dim 64, f16): batch 1 of 32,768
+// keys and mixed lengths 1..32,768 in one batch
+// (with and without a window), split by the scheduler (two launches:
+// decode and merge), never split (MaxChunkTokens -1: one launch) and in
+// forced 19-key chunks; each equals the reference.
+func TestDecodeSplitKVMixedLengths(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		lens   []int
+		window int
+	}{
+		{"B1-L32768", []int{32768}, -1},
+		{"mixed", []int{1, 32768, 7, 5000, 300, 0, 2, 200, 64}, -1},
+		{"mixed-window1000", []int{1, 32768, 7, 5000, 300, 0, 2, 200, 64}, 1000},
+	} {
+		dc := decodeCase{Layout: layout.NHD, Form: layout.Split, KV: layout.F16, Q: layout.F16, O: layout.F32,
+			HeadDim: 64, KVHeads: 1, Group: 1, PageSize: 16, Lens: c.lens, WindowLeft: c.window} // one query head: the emulator's shuffles cost per key and head
+		f := newDecodeFixture(t, rand.New(rand.NewPCG(3, 77)), dc)
+		for _, b := range []struct {
+			label    string
+			cfg      cpuemu.Config
+			launches int
+		}{{"auto", cpuemu.Config{}, 2}, {"off", cpuemu.Config{MaxChunkTokens: -1}, 1}, {"forced19", cpuemu.Config{MaxChunkTokens: 19}, 2}} {
+			t.Run(c.name+"/"+b.label, func(t *testing.T) {
+				be := cpuemu.NewDevice(b.cfg)
+				before := be.Traffic()
+				for i := range f.p.LSE {
+					f.p.LSE[i] = float32(math.NaN())
+				}
+				require.NoError(t, be.BatchDecode(&f.p))
+				assert.Equal(t, b.launches, be.Traffic().Sub(before).Launches, "decode (+ merge) launches")
+				compareDecode(t, be, dc, 3, f)
+			})
+		}
+	}
+}
+
+// Prefill through the split-KV scheduler: causal and windowed rows of
+// mixed lengths (a long request's rows are split, its short ones and the
+// other requests' are not), on the emulator split by the scheduler, never
+// split and in forced chunks, each within float32 rounding of the CPU
+// backend.
+func TestPrefillSplitKVMixedLengths(t *testing.T) {
+	dc := decodeCase{Layout: layout.HND, Form: layout.Fused, KV: layout.F16, Q: layout.F16, O: layout.F32,
+		HeadDim: 64, KVHeads: 1, Group: 2, PageSize: 16, Lens: []int{3000, 40, 1, 700}, WindowLeft: -1}
+	f := newDecodeFixture(t, rand.New(rand.NewPCG(4, 77)), dc)
+	qoLens := []int{5, 3, 1, 4}
+	qo := []int32{0}
+	for _, n := range qoLens {
+		qo = append(qo, qo[len(qo)-1]+int32(n))
+	}
+	rows, Hq := int(qo[len(qo)-1]), dc.KVHeads*dc.Group
+	rng := rand.New(rand.NewPCG(4, 78))
+	qv := make([]float32, rows*Hq*dc.HeadDim)
+	for i := range qv {
+		qv[i] = float32(2*rng.Float64() - 1)
+	}
+	for _, window := range []int{-1, 900} {
+		p := kernels.PrefillParams{Q: kernels.TensorFromF32(dc.Q, qv, rows, Hq, dc.HeadDim), QOIndptr: qo, Cache: f.p.Cache,
+			Table: f.p.Table, Causal: true, AttentionParams: kernels.AttentionParams{NumQOHeads: Hq, WindowLeft: window},
+			O: kernels.NewTensor(dc.O, rows, Hq, dc.HeadDim), LSE: make([]float32, rows*Hq)}
+		require.NoError(t, cpu.New(cpu.Config{Workers: 1}).BatchPrefill(&p))
+		wantO, wantLSE := reference.Floats(dc.O, append([]byte(nil), p.O.Data...)), append([]float32(nil), p.LSE...)
+		for _, b := range []struct {
+			label    string
+			cfg      cpuemu.Config
+			launches int
+		}{{"auto", cpuemu.Config{}, 2}, {"off", cpuemu.Config{MaxChunkTokens: -1}, 1}, {"forced100", cpuemu.Config{MaxChunkTokens: 100}, 2}} {
+			t.Run(fmt.Sprintf("window%d/%s", window, b.label), func(t *testing.T) {
+				be := cpuemu.NewDevice(b.cfg)
+				p.O, p.LSE = kernels.NewTensor(dc.O, rows, Hq, dc.HeadDim), make([]float32, rows*Hq)
+				before := be.Traffic()
+				require.NoError(t, be.BatchPrefill(&p))
+				assert.Equal(t, b.launches, be.Traffic().Sub(before).Launches, "prefill (+ merge) launches")
+				got := reference.Floats(dc.O, p.O.Data)
+				for i := range got {
+					require.InDelta(t, wantO[i], got[i], 1e-4+1e-4*math.Abs(wantO[i]), "o[%d]", i)
+				}
+				for i := range p.LSE {
+					require.InDelta(t, wantLSE[i], p.LSE[i], 1e-3, "lse[%d]", i)
+				}
+			})
+		}
 	}
 }
 
