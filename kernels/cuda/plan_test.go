@@ -122,6 +122,14 @@ func TestPlanDecodeShapeFitsTheDevice(t *testing.T) {
 				require.Zero(t, p.tile%p.nz, what)
 				require.Equal(t, (group+p.hpb-1)/p.hpb, p.gz, what)
 				require.Zero(t, (D*dt.Size())%p.unit, what)
+				// the scheduler's inputs: an occupancy the registers (64 per
+				// thread), threads and shared memory allow, and a least
+				// target of whole tiles
+				require.GreaterOrEqual(t, p.resident, 1, what)
+				require.LessOrEqual(t, p.resident*64*32*p.hpb*p.nz, 65536, what)
+				require.LessOrEqual(t, p.resident*(p.smem+1024), 228<<10, what)
+				require.Zero(t, p.minChunk%p.tile, what)
+				require.GreaterOrEqual(t, p.minChunk, 2*p.tile, what)
 			}
 		}
 	}

@@ -67,6 +67,7 @@ type kvSchedule struct {
 	// that writes its output directly.
 	merge []int32
 	mbuf  []int32 // merge's storage, kept while merge is nil
+	n     []int32 // chunks per row (count), reused by the emitting pass
 	// figures of the last plan
 	num, den uint64 // the per-CTA target E = num/den keys
 	limited  bool   // the capacity raised E or kept the rows whole
@@ -192,13 +193,11 @@ func (s *kvSchedule) plan(lo, hi []int, req []int32, lim schedLimits) error {
 	for r := range rows {
 		s.iters++
 		v := uint64(hi[r] - lo[r])
-		n := uint64(1)
-		if v == 0 {
-			n = 0
-		} else if split {
-			n = s.pieces(v, unit)
+		n := min(v, 1)
+		if split {
+			n = uint64(s.n[r])
 		}
-		t := (v + unit - 1) / unit
+		t := uint64(ceilDiv32(uint32(v), uint32(unit)))
 		base, extra := t/max(n, 1), t%max(n, 1)
 		st := lo[r]
 		for i := range n {
@@ -226,18 +225,29 @@ func (s *kvSchedule) pieces(v, unit uint64) uint64 {
 	if v*s.den <= s.num {
 		return 1
 	}
-	t := (v + unit - 1) / unit
+	t := uint64(ceilDiv32(uint32(v), uint32(unit)))
 	return (t*unit*s.den + s.num - 1) / s.num
 }
 
-// count is the number of items of the split rows.
+// ceilDiv32 is ceil(a/b) for a < 2^31, 0 < b < 2^31 (a 32-bit division:
+// several times cheaper than a 64-bit one on x86-64).
+func ceilDiv32(a, b uint32) uint32 { return (a + b - 1) / b }
+
+// count is the number of items of the split rows; s.n[r] is row r's.
 func (s *kvSchedule) count(lo, hi []int, unit uint64) int {
+	if cap(s.n) < len(lo) {
+		s.n = make([]int32, len(lo))
+	}
+	s.n = s.n[:len(lo)]
 	n := 0
 	for r := range lo {
 		s.iters++
+		k := uint64(0)
 		if hi[r] > lo[r] {
-			n += int(s.pieces(uint64(hi[r]-lo[r]), unit))
+			k = s.pieces(uint64(hi[r]-lo[r]), unit)
 		}
+		s.n[r] = int32(k) // <= t < 2^31
+		n += int(k)
 	}
 	return n
 }

@@ -490,7 +490,9 @@ func fuzzScheduleBody(t *testing.T, data []byte) {
 
 // BenchmarkSchedule times one step's plan on the host: B = 1..512 rows of
 // mixed lengths (1..32768 keys), the issue shapes' kernel (8 CTAs per item,
-// 528 slots, tile 32). Goal: O(rows + items), no allocation.
+// 528 slots, tile 32, least target 320), next to the same rows planned
+// with split-KV off (one item per row, what every plan costs at least) in
+// the same run. Goal: O(rows + items), no allocation.
 func BenchmarkSchedule(b *testing.B) {
 	for _, B := range []int{1, 8, 64, 512} {
 		rng := rand.New(rand.NewPCG(uint64(B), 1))
@@ -498,19 +500,25 @@ func BenchmarkSchedule(b *testing.B) {
 		for r := range B {
 			hi[r], req[r] = 1+rng.IntN(32768), int32(r)
 		}
-		lim := schedLimits{CTAsPerItem: 8, Slots: 528, Tile: 32, MinChunk: 320, Capacity: 2*B + 4*132}
-		b.Run(fmt.Sprintf("B%d", B), func(b *testing.B) {
-			var s kvSchedule
-			require.NoError(b, s.plan(lo, hi, req, lim))
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				if err := s.plan(lo, hi, req, lim); err != nil {
-					b.Fatal(err)
-				}
+		for _, force := range []int{0, -1} {
+			lim := schedLimits{CTAsPerItem: 8, Slots: 528, Tile: 32, MinChunk: 320, Capacity: 2*B + 4*132, Force: force}
+			name := fmt.Sprintf("B%d/split", B)
+			if force < 0 {
+				name = fmt.Sprintf("B%d/nosplit", B)
 			}
-			b.ReportMetric(float64(s.items()), "items")
-			b.ReportMetric(float64(s.ctas(lim))/float64(lim.Slots), "waves")
-		})
+			b.Run(name, func(b *testing.B) {
+				var s kvSchedule
+				require.NoError(b, s.plan(lo, hi, req, lim))
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					if err := s.plan(lo, hi, req, lim); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(s.items()), "items")
+				b.ReportMetric(float64(s.ctas(lim))/float64(lim.Slots), "waves")
+			})
+		}
 	}
 }
