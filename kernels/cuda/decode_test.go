@@ -3,6 +3,8 @@
 package cuda_test
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -17,6 +19,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/reference"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -512,4 +515,64 @@ func TestConcurrentCalls(t *testing.T) {
 			compareDecode(t, b, c, uint64(i), fixtures[i])
 		}
 	}
+}
+
+// The decode kernel, launched by hand on the emulator: in a split launch
+// (partial = 1) an empty work item is padding and writes nothing (its
+// partial-state rows keep their 0x7f fill), while the real item beside it
+// writes its state; in a direct launch (partial = 0) an empty item is a
+// row without keys and writes o = 0, lse = -inf.
+func TestDecodeKernelSkipsEmptySplitItems(t *testing.T) {
+	d := cpuemu.NewDriver(1)
+	g := layout.Paged{Layout: layout.NHD, Form: layout.Split, DType: layout.F16, NumPages: 2, PageSize: 4, NumKVHeads: 1, HeadDim: 32}
+	const D, items = 32, 2
+	alloc := func(b []byte) cuda.DevicePtr {
+		p, err := d.Alloc(max(len(b), 16))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = d.Free(p) })
+		require.NoError(t, d.HtoD(p, b))
+		return p
+	}
+	i32 := func(xs ...int32) []byte {
+		b := make([]byte, 4*len(xs))
+		for i, x := range xs {
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+		}
+		return b
+	}
+	fill := func(n int, v byte) []byte { return bytes.Repeat([]byte{v}, n) }
+	kv := make([]byte, g.TensorElements()*2)
+	for i := 0; i < len(kv); i += 2 {
+		kv[i+1] = 0x3c // f16 1.0
+	}
+	q, k, v := alloc(fill(D*2, 0)), alloc(kv), alloc(kv)
+	indptr, indices, last := alloc(i32(0, 1, 1)), alloc(i32(0)), alloc(i32(3, 1))
+	work := alloc(i32(0, 0, 0, 3 /* request 0, keys 0..2 */, 0, 1, 0, 0 /* empty */))
+	o, lse := alloc(fill(D*4, 0x7f)), alloc(fill(4, 0x7f))
+	tmpO, tmpLSE := alloc(fill(items*D*4, 0x7f)), alloc(fill(items*4, 0x7f))
+	launch := func(partial uint64) {
+		args := []uint64{uint64(q), uint64(k), uint64(v), uint64(indptr), uint64(indices), uint64(last), uint64(work),
+			uint64(o), uint64(lse), uint64(tmpO), uint64(tmpLSE), 1, 1, D, uint64(g.PageSize), uint64(g.NumPages),
+			uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()), 1, 0, math.Float64bits(0.25), 0,
+			math.Float64bits(1), 32, 16, partial}
+		// vec 1 for head_dim 32; block (32 lanes, 1 head, 8 token warps); 4 tiles of 32 rows of 64 bytes + merge area
+		require.NoError(t, d.Launch("batch_decode_paged_f16_v1", cuda.Dim3{X: items, Y: 1, Z: 1}, cuda.Dim3{X: 32, Y: 1, Z: 8},
+			4*32*64+4*8*(D+2), args))
+		require.NoError(t, d.Synchronize())
+	}
+	launch(1)
+	got := make([]byte, items*D*4)
+	require.NoError(t, d.DtoH(got, tmpO))
+	assert.Equal(t, fill(D*4, 0x7f), got[D*4:], "the empty item of a split launch wrote its partial state")
+	assert.Equal(t, float32(1), math.Float32frombits(binary.LittleEndian.Uint32(got)), "the real item's state (V rows of 1.0)")
+	gotLSE := make([]byte, items*4)
+	require.NoError(t, d.DtoH(gotLSE, tmpLSE))
+	assert.Equal(t, fill(4, 0x7f), gotLSE[4:], "the empty item of a split launch wrote its lse")
+
+	work = alloc(i32(0, 1, 0, 0, 0, 1, 0, 0)) // two empty items of row 0
+	launch(0)
+	require.NoError(t, d.DtoH(got[:D*4], o))
+	assert.Equal(t, make([]byte, D*4), got[:D*4], "a direct launch's empty item writes o = 0")
+	require.NoError(t, d.DtoH(gotLSE[:4], lse))
+	assert.True(t, math.IsInf(float64(math.Float32frombits(binary.LittleEndian.Uint32(gotLSE))), -1), "lse = -inf")
 }
