@@ -179,10 +179,22 @@ func checkDecode(t *testing.T, b kernels.Backend, c decodeCase, seed uint64) {
 // reference.
 func compareDecode(t *testing.T, b kernels.Backend, c decodeCase, seed uint64, f decodeFixture) {
 	t.Helper()
-	B, Hq, D := len(c.Lens), c.KVHeads*c.Group, c.HeadDim
-	q := reference.Rows3(reference.Floats(c.Q, f.p.Q.Data), B, Hq, D)
-	wantO, wantLSE := reference.BatchDecode(q, f.ref, f.p.Table.KVIndptr, f.p.Table.KVIndices, f.p.Table.KVLastPageLen,
+	wantO, wantLSE := decodeWant(c, f)
+	compareDecodeWant(t, b, c, seed, f, wantO, wantLSE)
+}
+
+// decodeWant is the reference's output for f.
+func decodeWant(c decodeCase, f decodeFixture) ([][][]float64, [][]float64) {
+	q := reference.Rows3(reference.Floats(c.Q, f.p.Q.Data), len(c.Lens), c.KVHeads*c.Group, c.HeadDim)
+	return reference.BatchDecode(q, f.ref, f.p.Table.KVIndptr, f.p.Table.KVIndices, f.p.Table.KVLastPageLen,
 		reference.Logits{SMScale: c.SMScale, KScale: c.KScale, SoftCap: c.SoftCap, VScale: c.VScale, WindowLeft: c.WindowLeft})
+}
+
+// compareDecodeWant compares the outputs of f, which b has run, with the
+// reference's (decodeWant).
+func compareDecodeWant(t *testing.T, b kernels.Backend, c decodeCase, seed uint64, f decodeFixture, wantO [][][]float64, wantLSE [][]float64) {
+	t.Helper()
+	B, Hq, D := len(c.Lens), c.KVHeads*c.Group, c.HeadDim
 	gotO := reference.Rows3(reference.Floats(c.O, f.p.O.Data), B, Hq, D)
 	atol, rtol := outTol(c.O)
 	var diffs []string
@@ -290,6 +302,7 @@ func TestDecodeSplitKVMixedLengths(t *testing.T) {
 		dc := decodeCase{Layout: layout.NHD, Form: layout.Split, KV: layout.F16, Q: layout.F16, O: layout.F32,
 			HeadDim: 64, KVHeads: 1, Group: 1, PageSize: 16, Lens: c.lens, WindowLeft: c.window} // one query head: the emulator's shuffles cost per key and head
 		f := newDecodeFixture(t, rand.New(rand.NewPCG(3, 77)), dc)
+		wantO, wantLSE := decodeWant(dc, f)
 		for _, b := range []struct {
 			label    string
 			cfg      cpuemu.Config
@@ -303,7 +316,7 @@ func TestDecodeSplitKVMixedLengths(t *testing.T) {
 				}
 				require.NoError(t, be.BatchDecode(&f.p))
 				assert.Equal(t, b.launches, be.Traffic().Sub(before).Launches, "decode (+ merge) launches")
-				compareDecode(t, be, dc, 3, f)
+				compareDecodeWant(t, be, dc, 3, f, wantO, wantLSE)
 			})
 		}
 	}
