@@ -411,6 +411,7 @@ func TestScheduleIssueShapes(t *testing.T) {
 		{name: "B64 L4096", B: 64, L: 4096, H: 8, Hq: 32, D: 128, ctas: 1024, waves: "1.94", maxKeys: 2048, meanKeys: "2048.0", splitRows: true},
 		{name: "B8 L512", B: 8, L: 512, H: 8, Hq: 32, D: 128, ctas: 128, waves: "0.24", maxKeys: 256, meanKeys: "256.0", splitRows: true},
 		{name: "B1 L32768", B: 1, L: 32768, H: 8, Hq: 32, D: 128, ctas: 528, waves: "1.00", maxKeys: 512, meanKeys: "496.5", splitRows: true},
+		{name: "B8 L4096", B: 8, L: 4096, H: 8, Hq: 32, D: 128, ctas: 576, waves: "1.09", maxKeys: 480, meanKeys: "455.1", splitRows: true},
 		{name: "B512 L4096", B: 512, L: 4096, H: 8, Hq: 32, D: 128, ctas: 4096, waves: "7.76", maxKeys: 4096, meanKeys: "4096.0"},
 	} {
 		ctas, waves, maxKeys, mean, merged := scheduleFigures(t, c)
