@@ -126,6 +126,11 @@ __device__ __forceinline__ void decode_body(
   const int64_t b = work[4 * item + 1];
   int64_t begin = work[4 * item + 2];
   int64_t end = work[4 * item + 3];
+  // An empty item of a split-KV launch is padding (a fixed grid's items
+  // past the plan's): the scheduler gives no row an empty chunk, and a row
+  // without keys no item, so the merge reads no state of it. The whole
+  // block sees the same item, so it returns before any barrier.
+  if (partial && end <= begin) return;
   const int64_t first_page = kv_indptr[b];
   const int64_t pages = kv_indptr[b + 1] - first_page;
   const int64_t len = pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];

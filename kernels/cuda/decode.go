@@ -13,26 +13,20 @@ const (
 	decodeMaxWarps   = 8
 	decodeTileBudget = 32 << 10
 	decodeMaxTile    = 32
-	// minChunkTokens keeps split-k chunks long enough that the merge and
-	// the per-block setup stay small next to the streaming.
-	minChunkTokens = 256
 )
 
 // decodePlan is the launch shape of one batch decode.
 type decodePlan struct {
 	kernel      string
-	vec         int     // features per lane
-	hpb, nz, gz int     // block = (32, hpb, nz); grid.z = gz
-	tile        int     // tokens per shared-memory tile
-	pitch       int     // bytes per tile row
-	smem        int     // dynamic shared memory bytes
-	unit        int     // copy unit in bytes (16: cp.async)
-	work        []int32 // [items][3]: request, kv_begin, kv_end
-	mergeIndptr []int32 // [B+1] rows of each request in the partial buffers (split-k only)
+	vec         int // features per lane
+	hpb, nz, gz int // block = (32, hpb, nz); grid.z = gz
+	tile        int // tokens per shared-memory tile
+	pitch       int // bytes per tile row
+	smem        int // dynamic shared memory bytes
+	unit        int // copy unit in bytes (16: cp.async)
+	resident    int // CTAs an SM holds at once (decodeResident)
+	minChunk    int // the split-KV scheduler's least per-CTA target (minChunkKeys)
 }
-
-func (p *decodePlan) items() int    { return len(p.work) / 3 }
-func (p *decodePlan) partial() bool { return p.mergeIndptr != nil }
 
 // decodeVec is the smallest features-per-lane count that covers headDim with
 // one warp.
@@ -85,37 +79,24 @@ func planDecodeShape(g layout.Paged, group int) (decodePlan, error) {
 	p.unit = copyUnit(int64(rowBytes))
 	warps := p.hpb * p.nz
 	p.smem = 4*p.tile*p.pitch + 4*warps*(g.HeadDim+2)
+	p.resident = decodeResident(32*warps, p.smem)
+	// a CTA reads K and V rows of one kv head and, split, writes and
+	// merges the partial states of its hpb query heads
+	p.minChunk = minChunkKeys(2*rowBytes, 2*p.hpb*(g.HeadDim+1)*4, p.tile)
 	return p, nil
 }
 
-// chooseChunk returns the split-k chunk length in tokens, or 0 for no split.
-// visible[b] is the number of keys request b attends; blocksPerRequest is
-// num_kv_heads * grid.z. Without an override it splits only when the batch
-// alone cannot give every SM two blocks, into chunks of at least
-// minChunkTokens keys.
-func chooseChunk(visible []int, blocksPerRequest, numSMs, maxChunk, tile int) int {
-	longest, total := 0, 0
-	for _, v := range visible {
-		longest = max(longest, v)
-		total += v
-	}
-	if maxChunk < 0 {
-		return 0 // never split: a plan whose launch shape depends on the batch only
-	}
-	if maxChunk > 0 {
-		if longest > maxChunk {
-			return maxChunk
-		}
-		return 0
-	}
-	target := 2 * max(numSMs, 1)
-	if len(visible)*blocksPerRequest >= target || longest <= minChunkTokens {
-		return 0
-	}
-	perBlock := (total*blocksPerRequest + target - 1) / target
-	chunk := max(minChunkTokens, (perBlock+tile-1)/tile*tile)
-	if longest <= chunk {
-		return 0
-	}
-	return chunk
+// decodeResident estimates how many decode CTAs of threads threads and smem
+// bytes of shared memory an SM holds at once (FlashInfer asks
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor; the Driver has no such
+// call): __launch_bounds__(256, 4) caps every decode entry at 64 registers
+// per thread (the static report: 58 to 64 in both builds), allotted per warp
+// from an SM's 64K; 228 KiB of shared memory per SM (H100), 1 KiB of it
+// reserved per CTA; at most 2048 threads and 32 CTAs per SM.
+func decodeResident(threads, smem int) int {
+	warps := (threads + 31) / 32
+	byRegs := 65536 / (64 * 32 * warps)
+	bySmem := (228 << 10) / (smem + 1<<10)
+	byThreads := 2048 / (32 * warps)
+	return max(1, min(byRegs, bySmem, byThreads, 32))
 }

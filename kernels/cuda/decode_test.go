@@ -3,6 +3,8 @@
 package cuda_test
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -16,6 +18,8 @@ import (
 	"github.com/pagedkv/pagedkv/internal/cpuemu"
 	"github.com/pagedkv/pagedkv/internal/reference"
 	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/kernels/cpu"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -175,10 +179,22 @@ func checkDecode(t *testing.T, b kernels.Backend, c decodeCase, seed uint64) {
 // reference.
 func compareDecode(t *testing.T, b kernels.Backend, c decodeCase, seed uint64, f decodeFixture) {
 	t.Helper()
-	B, Hq, D := len(c.Lens), c.KVHeads*c.Group, c.HeadDim
-	q := reference.Rows3(reference.Floats(c.Q, f.p.Q.Data), B, Hq, D)
-	wantO, wantLSE := reference.BatchDecode(q, f.ref, f.p.Table.KVIndptr, f.p.Table.KVIndices, f.p.Table.KVLastPageLen,
+	wantO, wantLSE := decodeWant(c, f)
+	compareDecodeWant(t, b, c, seed, f, wantO, wantLSE)
+}
+
+// decodeWant is the reference's output for f.
+func decodeWant(c decodeCase, f decodeFixture) ([][][]float64, [][]float64) {
+	q := reference.Rows3(reference.Floats(c.Q, f.p.Q.Data), len(c.Lens), c.KVHeads*c.Group, c.HeadDim)
+	return reference.BatchDecode(q, f.ref, f.p.Table.KVIndptr, f.p.Table.KVIndices, f.p.Table.KVLastPageLen,
 		reference.Logits{SMScale: c.SMScale, KScale: c.KScale, SoftCap: c.SoftCap, VScale: c.VScale, WindowLeft: c.WindowLeft})
+}
+
+// compareDecodeWant compares the outputs of f, which b has run, with the
+// reference's (decodeWant).
+func compareDecodeWant(t *testing.T, b kernels.Backend, c decodeCase, seed uint64, f decodeFixture, wantO [][][]float64, wantLSE [][]float64) {
+	t.Helper()
+	B, Hq, D := len(c.Lens), c.KVHeads*c.Group, c.HeadDim
 	gotO := reference.Rows3(reference.Floats(c.O, f.p.O.Data), B, Hq, D)
 	atol, rtol := outTol(c.O)
 	var diffs []string
@@ -264,6 +280,94 @@ func TestDecodeLongRequestSplitK(t *testing.T) {
 		checkDecode(t, b, c, 1)
 		c.WindowLeft = 700
 		checkDecode(t, b, c, 2)
+	}
+}
+
+// The split-KV scheduler's cases on the emulator planned as an H100 (132
+// SMs; one kv head, one query head, head_dim 64, f16): batch 1 of 32,768
+// keys and mixed lengths 1..32,768 in one batch
+// (with and without a window), split by the scheduler (two launches:
+// decode and merge), never split (MaxChunkTokens -1: one launch) and in
+// forced 19-key chunks; each equals the reference.
+func TestDecodeSplitKVMixedLengths(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		lens   []int
+		window int
+	}{
+		{"B1-L32768", []int{32768}, -1},
+		{"mixed", []int{1, 32768, 7, 5000, 300, 0, 2, 200, 64}, -1},
+		{"mixed-window1000", []int{1, 32768, 7, 5000, 300, 0, 2, 200, 64}, 1000},
+	} {
+		dc := decodeCase{Layout: layout.NHD, Form: layout.Split, KV: layout.F16, Q: layout.F16, O: layout.F32,
+			HeadDim: 64, KVHeads: 1, Group: 1, PageSize: 16, Lens: c.lens, WindowLeft: c.window} // one query head: the emulator's shuffles cost per key and head
+		f := newDecodeFixture(t, rand.New(rand.NewPCG(3, 77)), dc)
+		wantO, wantLSE := decodeWant(dc, f)
+		for _, b := range []struct {
+			label    string
+			cfg      cpuemu.Config
+			launches int
+		}{{"auto", cpuemu.Config{}, 2}, {"off", cpuemu.Config{MaxChunkTokens: -1}, 1}, {"forced19", cpuemu.Config{MaxChunkTokens: 19}, 2}} {
+			t.Run(c.name+"/"+b.label, func(t *testing.T) {
+				be := cpuemu.NewDevice(b.cfg)
+				before := be.Traffic()
+				for i := range f.p.LSE {
+					f.p.LSE[i] = float32(math.NaN())
+				}
+				require.NoError(t, be.BatchDecode(&f.p))
+				assert.Equal(t, b.launches, be.Traffic().Sub(before).Launches, "decode (+ merge) launches")
+				compareDecodeWant(t, be, dc, 3, f, wantO, wantLSE)
+			})
+		}
+	}
+}
+
+// Prefill through the split-KV scheduler: causal and windowed rows of
+// mixed lengths (a long request's rows are split, its short ones and the
+// other requests' are not), on the emulator split by the scheduler, never
+// split and in forced chunks, each within float32 rounding of the CPU
+// backend.
+func TestPrefillSplitKVMixedLengths(t *testing.T) {
+	dc := decodeCase{Layout: layout.HND, Form: layout.Fused, KV: layout.F16, Q: layout.F16, O: layout.F32,
+		HeadDim: 64, KVHeads: 1, Group: 2, PageSize: 16, Lens: []int{3000, 40, 1, 700}, WindowLeft: -1}
+	f := newDecodeFixture(t, rand.New(rand.NewPCG(4, 77)), dc)
+	qoLens := []int{5, 3, 1, 4}
+	qo := []int32{0}
+	for _, n := range qoLens {
+		qo = append(qo, qo[len(qo)-1]+int32(n))
+	}
+	rows, Hq := int(qo[len(qo)-1]), dc.KVHeads*dc.Group
+	rng := rand.New(rand.NewPCG(4, 78))
+	qv := make([]float32, rows*Hq*dc.HeadDim)
+	for i := range qv {
+		qv[i] = float32(2*rng.Float64() - 1)
+	}
+	for _, window := range []int{-1, 900} {
+		p := kernels.PrefillParams{Q: kernels.TensorFromF32(dc.Q, qv, rows, Hq, dc.HeadDim), QOIndptr: qo, Cache: f.p.Cache,
+			Table: f.p.Table, Causal: true, AttentionParams: kernels.AttentionParams{NumQOHeads: Hq, WindowLeft: window},
+			O: kernels.NewTensor(dc.O, rows, Hq, dc.HeadDim), LSE: make([]float32, rows*Hq)}
+		require.NoError(t, cpu.New(cpu.Config{Workers: 1}).BatchPrefill(&p))
+		wantO, wantLSE := reference.Floats(dc.O, append([]byte(nil), p.O.Data...)), append([]float32(nil), p.LSE...)
+		for _, b := range []struct {
+			label    string
+			cfg      cpuemu.Config
+			launches int
+		}{{"auto", cpuemu.Config{}, 2}, {"off", cpuemu.Config{MaxChunkTokens: -1}, 1}, {"forced100", cpuemu.Config{MaxChunkTokens: 100}, 2}} {
+			t.Run(fmt.Sprintf("window%d/%s", window, b.label), func(t *testing.T) {
+				be := cpuemu.NewDevice(b.cfg)
+				p.O, p.LSE = kernels.NewTensor(dc.O, rows, Hq, dc.HeadDim), make([]float32, rows*Hq)
+				before := be.Traffic()
+				require.NoError(t, be.BatchPrefill(&p))
+				assert.Equal(t, b.launches, be.Traffic().Sub(before).Launches, "prefill (+ merge) launches")
+				got := reference.Floats(dc.O, p.O.Data)
+				for i := range got {
+					require.InDelta(t, wantO[i], got[i], 1e-4+1e-4*math.Abs(wantO[i]), "o[%d]", i)
+				}
+				for i := range p.LSE {
+					require.InDelta(t, wantLSE[i], p.LSE[i], 1e-3, "lse[%d]", i)
+				}
+			})
+		}
 	}
 }
 
@@ -424,4 +528,64 @@ func TestConcurrentCalls(t *testing.T) {
 			compareDecode(t, b, c, uint64(i), fixtures[i])
 		}
 	}
+}
+
+// The decode kernel, launched by hand on the emulator: in a split launch
+// (partial = 1) an empty work item is padding and writes nothing (its
+// partial-state rows keep their 0x7f fill), while the real item beside it
+// writes its state; in a direct launch (partial = 0) an empty item is a
+// row without keys and writes o = 0, lse = -inf.
+func TestDecodeKernelSkipsEmptySplitItems(t *testing.T) {
+	d := cpuemu.NewDriver(1)
+	g := layout.Paged{Layout: layout.NHD, Form: layout.Split, DType: layout.F16, NumPages: 2, PageSize: 4, NumKVHeads: 1, HeadDim: 32}
+	const D, items = 32, 2
+	alloc := func(b []byte) cuda.DevicePtr {
+		p, err := d.Alloc(max(len(b), 16))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = d.Free(p) })
+		require.NoError(t, d.HtoD(p, b))
+		return p
+	}
+	i32 := func(xs ...int32) []byte {
+		b := make([]byte, 4*len(xs))
+		for i, x := range xs {
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+		}
+		return b
+	}
+	fill := func(n int, v byte) []byte { return bytes.Repeat([]byte{v}, n) }
+	kv := make([]byte, g.TensorElements()*2)
+	for i := 0; i < len(kv); i += 2 {
+		kv[i+1] = 0x3c // f16 1.0
+	}
+	q, k, v := alloc(fill(D*2, 0)), alloc(kv), alloc(kv)
+	indptr, indices, last := alloc(i32(0, 1, 1)), alloc(i32(0)), alloc(i32(3, 1))
+	work := alloc(i32(0, 0, 0, 3 /* request 0, keys 0..2 */, 0, 1, 0, 0 /* empty */))
+	o, lse := alloc(fill(D*4, 0x7f)), alloc(fill(4, 0x7f))
+	tmpO, tmpLSE := alloc(fill(items*D*4, 0x7f)), alloc(fill(items*4, 0x7f))
+	launch := func(partial uint64) {
+		args := []uint64{uint64(q), uint64(k), uint64(v), uint64(indptr), uint64(indices), uint64(last), uint64(work),
+			uint64(o), uint64(lse), uint64(tmpO), uint64(tmpLSE), 1, 1, D, uint64(g.PageSize), uint64(g.NumPages),
+			uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()), 1, 0, math.Float64bits(0.25), 0,
+			math.Float64bits(1), 32, 16, partial}
+		// vec 1 for head_dim 32; block (32 lanes, 1 head, 8 token warps); 4 tiles of 32 rows of 64 bytes + merge area
+		require.NoError(t, d.Launch("batch_decode_paged_f16_v1", cuda.Dim3{X: items, Y: 1, Z: 1}, cuda.Dim3{X: 32, Y: 1, Z: 8},
+			4*32*64+4*8*(D+2), args))
+		require.NoError(t, d.Synchronize())
+	}
+	launch(1)
+	got := make([]byte, items*D*4)
+	require.NoError(t, d.DtoH(got, tmpO))
+	assert.Equal(t, fill(D*4, 0x7f), got[D*4:], "the empty item of a split launch wrote its partial state")
+	assert.Equal(t, float32(1), math.Float32frombits(binary.LittleEndian.Uint32(got)), "the real item's state (V rows of 1.0)")
+	gotLSE := make([]byte, items*4)
+	require.NoError(t, d.DtoH(gotLSE, tmpLSE))
+	assert.Equal(t, fill(4, 0x7f), gotLSE[4:], "the empty item of a split launch wrote its lse")
+
+	work = alloc(i32(0, 1, 0, 0, 0, 1, 0, 0)) // two empty items of row 0
+	launch(0)
+	require.NoError(t, d.DtoH(got[:D*4], o))
+	assert.Equal(t, make([]byte, D*4), got[:D*4], "a direct launch's empty item writes o = 0")
+	require.NoError(t, d.DtoH(gotLSE[:4], lse))
+	assert.True(t, math.IsInf(float64(math.Float32frombits(binary.LittleEndian.Uint32(gotLSE))), -1), "lse = -inf")
 }

@@ -45,7 +45,16 @@ type graphRig struct {
 	q, o   [2]cuda.DeviceTensor
 	lse    [2]cuda.DeviceTensor
 	k, v   [2]cuda.DeviceTensor
+	extra  int // a request's keys: its query rows plus 0..extra-1
 }
+
+// rigShape is a rig's cache and key counts.
+type rigShape struct {
+	pageSize, numPages, maxPages, extraKeys int
+}
+
+// smallRig: 64 pages of 4 tokens, requests of at most 14 keys.
+var smallRig = rigShape{pageSize: 4, numPages: 64, maxPages: 40, extraKeys: 12}
 
 const graphPrefixPages = 3 // the shared prefix of a cascade step
 
@@ -59,8 +68,13 @@ type engineMemory struct {
 // newGraphRig is the rig on the emulator: its engine memory is the
 // emulator driver's own allocations, made beside the backend.
 func newGraphRig(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
-	b, cd := countingEmu(cpuemu.Config{MaxChunkTokens: -1})
-	return newGraphRigOn(t, b, engineMemory{cd.Driver.Alloc, cd.Driver.Free}, kind, layers, seed)
+	return newEmuGraphRig(t, cpuemu.Config{MaxChunkTokens: -1}, smallRig, kind, layers, seed)
+}
+
+// newEmuGraphRig is a rig on an emulator of configuration cfg.
+func newEmuGraphRig(t testing.TB, cfg cpuemu.Config, sh rigShape, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+	b, cd := countingEmu(cfg)
+	return newGraphRigOn(t, b, engineMemory{cd.Driver.Alloc, cd.Driver.Free}, sh, kind, layers, seed)
 }
 
 // graphDevices are the rigs the graph tests run on: the emulator, and the
@@ -79,16 +93,16 @@ func graphDevices(t *testing.T) map[string]func(t testing.TB, kind cuda.Attentio
 			},
 		}
 		devs["cuda"] = func(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
-			return newGraphRigOn(t, g, mem, kind, layers, seed)
+			return newGraphRigOn(t, g, mem, smallRig, kind, layers, seed)
 		}
 	}
 	return devs
 }
 
-func newGraphRigOn(t testing.TB, b *cuda.Backend, mem engineMemory, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
-	r := &graphRig{t: t, b: b, mem: mem, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4,
-		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: 64, PageSize: 4, NumKVHeads: 2, HeadDim: 32}}
-	r.lim = cuda.StepLimits{MaxBatch: 6, MaxPages: 40, MaxRows: 12, MaxLevels: 2, MaxQOHeads: r.hq, MaxHeadDim: 32, Fixed: true}
+func newGraphRigOn(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+	r := &graphRig{t: t, b: b, mem: mem, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4, extra: sh.extraKeys,
+		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: sh.numPages, PageSize: sh.pageSize, NumKVHeads: 2, HeadDim: 32}}
+	r.lim = cuda.StepLimits{MaxBatch: 6, MaxPages: sh.maxPages, MaxRows: 12, MaxLevels: 2, MaxQOHeads: r.hq, MaxHeadDim: 32, Fixed: true}
 	host, err := kernels.NewPagedKVCache(r.g)
 	require.NoError(t, err)
 	r.fixed, err = b.NewStep(r.lim)
@@ -156,7 +170,7 @@ func (r *graphRig) randomPlan() *cuda.StepPlan {
 		if r.kind != cuda.Decode {
 			ql += r.rng.IntN(2)
 		}
-		kl := ql + r.rng.IntN(12)
+		kl := ql + r.rng.IntN(r.extra)
 		np := (kl + r.g.PageSize - 1) / r.g.PageSize
 		for range np {
 			t.KVIndices = append(t.KVIndices, int32(pool[0]))
@@ -290,6 +304,47 @@ func TestGraphReplayEqualsEager(t *testing.T) {
 					r.step(i, p)
 				}
 				require.Greater(t, len(batches), 3, "the batch size must change")
+			})
+		}
+	}
+}
+
+// TestGraphReplaySplitKV: a step captured once on a fixed step that runs
+// split-KV (a fixed grid of MaxWorkItems items, padded with empty items,
+// and a merge over MaxRows rows) replays correctly for batches whose split
+// differs from the captured one's and from each other's: chunks forced to
+// 3 keys over short requests, and the scheduler's own split (4 SMs: a
+// fixed grid of 2*12 + 4*4 items) over requests of up to 400 keys. Each replay equals the eager run on a plain
+// step, which schedules the same chunks.
+func TestGraphReplaySplitKV(t *testing.T) {
+	bigRig := rigShape{pageSize: 16, numPages: 256, maxPages: 200, extraKeys: 400}
+	for _, c := range []struct {
+		name string
+		cfg  cpuemu.Config
+		sh   rigShape
+	}{{"forced3", cpuemu.Config{MaxChunkTokens: 3}, smallRig}, {"auto", cpuemu.Config{NumSMs: 4}, bigRig}} {
+		for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
+			t.Run(c.name+"/"+map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
+				r := newEmuGraphRig(t, c.cfg, c.sh, kind, 1, 100+uint64(kind))
+				p := r.randomPlan()
+				r.capture(p)
+				items, merged := r.fixed.ScheduledItems()
+				require.True(t, merged, "a fixed split step always merges")
+				splits := map[int]bool{items: true}
+				split := 0
+				for i := range 20 {
+					p := r.randomPlan()
+					r.step(i, p)
+					n, _ := r.eager.ScheduledItems()
+					m, _ := r.fixed.ScheduledItems()
+					require.Equal(t, n, m, "step %d: the fixed step scheduled other chunks than the plain one", i)
+					splits[n] = true
+					if n > p.Rows {
+						split++
+					}
+				}
+				require.Greater(t, len(splits), 3, "the split must change from step to step")
+				require.Greater(t, split, 5, "many steps must split")
 			})
 		}
 	}

@@ -111,17 +111,18 @@ func (h *hostCall) downloadF32(dst []float32, src DeviceTensor) {
 	}
 }
 
-// workItems is a work-item capacity that holds every split-k plan of rows
-// query rows over at most keys keys each.
+// workItems is a work-item capacity that holds every split-KV plan of rows
+// query rows over at most keys keys each: one item per row without split,
+// ceil(keys/MaxChunkTokens) per row with forced chunks, and otherwise 0,
+// the default of [StepLimits] (the scheduler fits its plan to it).
 func (b *Backend) workItems(rows, keys int) int {
-	chunk := minChunkTokens
 	if b.cfg.MaxChunkTokens < 0 {
 		return rows
 	}
-	if b.cfg.MaxChunkTokens > 0 {
-		chunk = b.cfg.MaxChunkTokens
+	if c := b.cfg.MaxChunkTokens; c > 0 {
+		return rows * max(1, (keys+c-1)/c)
 	}
-	return rows + rows*((keys+chunk-1)/chunk) + 2*max(b.drv.NumSMs(), 1)
+	return 0
 }
 
 func usedPages(t *kernels.PageTable) int { return int(t.KVIndptr[t.BatchSize()]) }

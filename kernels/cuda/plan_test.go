@@ -122,6 +122,14 @@ func TestPlanDecodeShapeFitsTheDevice(t *testing.T) {
 				require.Zero(t, p.tile%p.nz, what)
 				require.Equal(t, (group+p.hpb-1)/p.hpb, p.gz, what)
 				require.Zero(t, (D*dt.Size())%p.unit, what)
+				// the scheduler's inputs: an occupancy the registers (64 per
+				// thread), threads and shared memory allow, and a least
+				// target of whole tiles
+				require.GreaterOrEqual(t, p.resident, 1, what)
+				require.LessOrEqual(t, p.resident*64*32*p.hpb*p.nz, 65536, what)
+				require.LessOrEqual(t, p.resident*(p.smem+1024), 228<<10, what)
+				require.Zero(t, p.minChunk%p.tile, what)
+				require.GreaterOrEqual(t, p.minChunk, 2*p.tile, what)
 			}
 		}
 	}
@@ -149,92 +157,4 @@ func TestPlanDecodeShapeTable(t *testing.T) {
 		got := [6]int{p.vec, p.hpb, p.nz, p.gz, p.tile, p.pitch}
 		assert.Equal(t, [6]int{c.vec, c.hpb, c.nz, c.gz, c.tile, c.pitch}, got, "%v D=%d group=%d: vec hpb nz gz tile pitch", c.dt, c.D, c.group)
 	}
-}
-
-func TestChooseChunk(t *testing.T) {
-	const sms, tile = 132, 32
-	for _, c := range []struct {
-		name                string
-		visible             []int
-		blocksPerReq, force int
-		want                int
-	}{
-		{"forced, long enough", []int{10, 40}, 8, 16, 16},
-		{"forced, all shorter", []int{10, 16}, 8, 16, 0},
-		{"big batch fills the GPU", make([]int, 64), 8, 0, 0},
-		{"short requests", []int{200, 256}, 1, 0, 0},
-		{"one long request, 8 kv heads", []int{32768}, 8, 0, 1024}, // ceil(32768*8/264) = 993, rounded up to the tile
-		{"one 4k request, 1 head: min chunk", []int{4096}, 1, 0, minChunkTokens},
-		{"just over the minimum: two chunks", []int{300}, 8, 0, minChunkTokens},
-		{"never split (graph capture)", []int{32768}, 8, -1, 0},
-	} {
-		assert.Equal(t, c.want, chooseChunk(c.visible, c.blocksPerReq, sms, c.force, tile), c.name)
-	}
-}
-
-// splitWork, drawn: (q_row, request, begin, end) items and merge_indptr.
-func TestSplitWork(t *testing.T) {
-	req := []int32{0, 1, 1}
-	work, merge := splitWork(nil, nil, []int{0, 5, 0}, []int{7, 5, 3}, req, 0)
-	assert.Equal(t, []int32{0, 0, 0, 7, 1, 1, 5, 5, 2, 1, 0, 3}, work)
-	assert.Nil(t, merge)
-
-	work, merge = splitWork(work, nil, []int{0, 5, 2}, []int{7, 5, 4}, req, 3)
-	assert.Equal(t, []int32{
-		0, 0, 0, 3,
-		0, 0, 3, 6,
-		0, 0, 6, 7,
-		1, 1, 5, 5, // nothing visible: one empty item, so the merge writes o = 0, lse = -inf
-		2, 1, 2, 4,
-	}, work)
-	assert.Equal(t, []int32{0, 3, 4, 5}, merge)
-}
-
-// FuzzSplitWork checks the indexing invariants of split-k: the items of a
-// row are contiguous, in order, cover exactly its visible keys, are at
-// most chunk long, and merge_indptr indexes them.
-func FuzzSplitWork(f *testing.F) {
-	f.Add([]byte{3, 0, 7, 5, 5, 2, 4}, uint8(3))
-	f.Add([]byte{1, 0, 0}, uint8(1))
-	f.Add([]byte{2, 10, 200, 0, 255}, uint8(17))
-	f.Fuzz(func(t *testing.T, data []byte, chunk8 uint8) {
-		if len(data) == 0 {
-			return
-		}
-		B := int(data[0]) % 8
-		data = data[1:]
-		lo, hi, req := make([]int, B), make([]int, B), make([]int32, B)
-		for b := range B {
-			var x, y int
-			if 2*b+1 < len(data) {
-				x, y = int(data[2*b]), int(data[2*b+1])
-			}
-			lo[b], hi[b], req[b] = min(x, y), max(x, y), int32(x%3)
-		}
-		chunk := int(chunk8)
-		work, merge := splitWork(nil, nil, lo, hi, req, chunk)
-		require.Zero(t, len(work)%4)
-		if chunk == 0 {
-			require.Len(t, work, 4*B)
-			require.Nil(t, merge)
-			return
-		}
-		require.Len(t, merge, B+1)
-		require.Equal(t, int32(0), merge[0])
-		require.Equal(t, int32(len(work)/4), merge[B])
-		for b := range B {
-			require.Less(t, merge[b], merge[b+1], "row %d has no item", b)
-			next := lo[b]
-			for i := merge[b]; i < merge[b+1]; i++ {
-				r, q, s, e := work[4*i], work[4*i+1], int(work[4*i+2]), int(work[4*i+3])
-				require.Equal(t, int32(b), r)
-				require.Equal(t, req[b], q)
-				require.Equal(t, next, s, "item %d of row %d does not start where the last ended", i, b)
-				require.LessOrEqual(t, e-s, chunk)
-				require.True(t, e > s || lo[b] == hi[b], "empty item in a non-empty row")
-				next = e
-			}
-			require.Equal(t, hi[b], next, "row %d not covered", b)
-		}
-	})
 }

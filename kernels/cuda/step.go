@@ -46,14 +46,19 @@ type StepLimits struct {
 	MaxLevels    int // cascade levels (0 means 1)
 	MaxQOHeads   int // num_qo_heads
 	MaxHeadDim   int // head_dim
-	MaxWorkItems int // split-k work items per level (0: 2*MaxRows + 2*SMs)
+	MaxWorkItems int // split-KV work items per level (0: 2*MaxRows + 4*SMs)
 	// Fixed pads every plan to the limits, which a CUDA graph of the step
 	// needs ([Step.BeginCapture]): each array at an offset set by the
-	// limits, one upload of a fixed size, launches sized for MaxRows rows
-	// (no split-k), and the rows beyond a plan's own padding that reads
-	// and writes nothing of the cache. The tensors of a fixed step's
-	// Append and Attention have MaxRows rows; the rows past the plan's
-	// hold unspecified values in o and lse.
+	// limits, one upload of a fixed size, launches of a fixed grid, and
+	// the rows beyond a plan's own padding that reads and writes nothing
+	// of the cache. With MaxWorkItems > MaxRows (and split-KV not turned
+	// off by Config.MaxChunkTokens < 0) the attention launches
+	// MaxWorkItems work items whatever the batch, the split-KV schedule's
+	// items first and empty items the kernel skips after them, and always
+	// merges (grid MaxRows x num_qo_heads); otherwise one item per row,
+	// no split. The tensors of a fixed step's Append and Attention have
+	// MaxRows rows; the rows past the plan's hold unspecified values in o
+	// and lse.
 	Fixed bool
 }
 
@@ -108,26 +113,28 @@ type Step struct {
 	scratchN int
 
 	// the current plan
-	planned   bool
-	g         layout.Paged
-	kind      AttentionKind
-	rows      int
-	hq        int
-	ap        kernels.AttentionParams
-	shape     decodePlan
-	nnz       int
-	app       appendPlan
-	mla       mlaPlan
-	levels    []levelPlan
-	uploaded  int
-	inflight  bool   // the last upload may still be reading the staging buffer
-	uploadAt  uint64 // b.waits when it was queued
-	cursor    int
-	lo, hi    []int
-	visible   []int
-	work, mrg []int32
-	req       []int32
-	args      []uint64
+	planned  bool
+	g        layout.Paged
+	kind     AttentionKind
+	rows     int
+	hq       int
+	ap       kernels.AttentionParams
+	shape    decodePlan
+	nnz      int
+	app      appendPlan
+	mla      mlaPlan
+	levels   []levelPlan
+	uploaded int
+	inflight bool   // the last upload may still be reading the staging buffer
+	uploadAt uint64 // b.waits when it was queued
+	cursor   int
+	lo, hi   []int
+	req      []int32
+	sched    kvSchedule
+	args     []uint64
+	// fixedSplit: a fixed step whose attention always runs split-KV over
+	// MaxWorkItems items and merges (see StepLimits.Fixed)
+	fixedSplit bool
 
 	busy       atomic.Bool // a method is running (enter/leave)
 	capturing  bool        // between BeginCapture and EndCapture
@@ -141,7 +148,7 @@ func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
 		lim.MaxLevels = 1
 	}
 	if lim.MaxWorkItems == 0 {
-		lim.MaxWorkItems = 2*lim.MaxRows + 2*max(b.drv.NumSMs(), 1)
+		lim.MaxWorkItems = 2*lim.MaxRows + 4*max(b.drv.NumSMs(), 1)
 	}
 	if lim.Fixed && lim.MaxWorkItems < lim.MaxRows {
 		return nil, fmt.Errorf("%s: step limits: max_work_items = %d below max_rows = %d in a fixed step (one work item per row): %w",
@@ -170,6 +177,7 @@ func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
 		return nil, fmt.Errorf("%s: step limits %+v need %d index bytes and %d scratch bytes: %w", b.name, lim, idxInts*4, scratch, ErrStepLimit)
 	}
 	s := &Step{b: b, lim: lim, scratchN: int(scratch)}
+	s.fixedSplit = lim.Fixed && lim.MaxWorkItems > lim.MaxRows && b.cfg.MaxChunkTokens >= 0
 	var err error
 	if s.staging, err = b.drv.HostAlloc(int(idxInts*4) + 16); err != nil {
 		return nil, fmt.Errorf("%s: pinned staging: %w", b.name, err)
@@ -489,14 +497,15 @@ func (s *Step) prepare(p *StepPlan) error {
 }
 
 // planLevel packs one attention launch's B-sized arrays and work items:
-// for decode one item per request over the keys in its window; otherwise
-// one item per query row over the keys its causal mask and window leave,
-// cut into split-k chunks when the launcher decides to (see chooseChunk).
+// for decode one query row per request over the keys in its window;
+// otherwise one query row per query token over the keys its causal mask and
+// window leave; the rows cut into split-KV chunks by the scheduler
+// (schedule.go).
 func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode bool) error {
 	g := s.g
 	B := t.BatchSize()
 	rows := s.rows
-	s.lo, s.hi, s.visible = resizeInts(s.lo, rows), resizeInts(s.hi, rows), resizeInts(s.visible, rows)
+	s.lo, s.hi = resizeInts(s.lo, rows), resizeInts(s.hi, rows)
 	if cap(s.req) < rows {
 		s.req = make([]int32, rows)
 	}
@@ -536,49 +545,36 @@ func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode 
 			}
 		}
 	}
-	for r := range rows {
-		s.visible[r] = s.hi[r] - s.lo[r]
+	lim := schedLimits{CTAsPerItem: g.NumKVHeads * s.shape.gz, Slots: max(s.b.drv.NumSMs(), 1) * s.shape.resident,
+		Tile: s.shape.tile, MinChunk: s.shape.minChunk, Capacity: s.lim.MaxWorkItems, Force: s.b.cfg.MaxChunkTokens,
+		Merge: s.fixedSplit}
+	if s.lim.Fixed && !s.fixedSplit {
+		lim.Force = -1 // one item per row: the grid is MaxRows items
 	}
-	bpr := g.NumKVHeads * s.shape.gz
-	chunk := 0
-	if !s.lim.Fixed {
-		chunk = chooseChunk(s.visible, bpr, s.b.drv.NumSMs(), s.b.cfg.MaxChunkTokens, s.shape.tile)
+	if err := s.sched.plan(s.lo, s.hi, s.req, lim); err != nil {
+		return fmt.Errorf("%s: step: %v: %w", s.b.name, err, ErrStepLimit)
 	}
-	capItems := s.lim.MaxWorkItems
-	if chunk > 0 {
-		total := 0
-		for _, v := range s.visible {
-			total += v
+	sc := &s.sched
+	if s.fixedSplit { // empty items up to the capacity; padding rows merge no item
+		for sc.items() < s.lim.MaxWorkItems {
+			sc.work = append(sc.work, 0, int32(s.lim.MaxBatch), 0, 0)
 		}
-		if rows+(total+chunk-1)/chunk > capItems {
-			if capItems <= rows {
-				chunk = 0
-			} else {
-				chunk = (total + capItems - rows - 1) / (capItems - rows)
-				chunk = (chunk + s.shape.tile - 1) / s.shape.tile * s.shape.tile
-			}
+		for range s.lim.MaxRows - rows {
+			sc.merge = append(sc.merge, sc.merge[len(sc.merge)-1])
 		}
-	}
-	var mrg []int32
-	s.work, mrg = splitWork(s.work, s.mrg, s.lo, s.hi, s.req, chunk)
-	if mrg != nil {
-		s.mrg = mrg
-	}
-	if s.lim.Fixed { // padding rows: no keys of the padding request
+		sc.mbuf = sc.merge
+	} else if s.lim.Fixed { // padding rows: no keys of the padding request
 		for r := rows; r < s.lim.MaxRows; r++ {
-			s.work = append(s.work, int32(r), int32(s.lim.MaxBatch), 0, 0)
+			sc.work = append(sc.work, int32(r), int32(s.lim.MaxBatch), 0, 0)
 		}
-	}
-	if err := s.limit("work items", len(s.work)/4, capItems); err != nil {
-		return err
 	}
 	lp := levelPlan{merge: -1}
 	lp.indptr = s.packIndptr(t.KVIndptr)
 	lp.last = s.packPadded(t.KVLastPageLen, s.lim.MaxBatch+1, 1)
-	lp.work = s.pack(s.work)
-	lp.items = len(s.work) / 4
-	if mrg != nil {
-		lp.merge = s.pack(mrg)
+	lp.work = s.pack(sc.work)
+	lp.items = sc.items()
+	if sc.merge != nil {
+		lp.merge = s.pack(sc.merge)
 	}
 	s.levels = append(s.levels, lp)
 	return nil
@@ -589,32 +585,6 @@ func resizeInts(s []int, n int) []int {
 		return make([]int, n)
 	}
 	return s[:n]
-}
-
-// splitWork makes the work items (q_row, request, begin, end) of rows
-// r = 0..len(lo)-1 of request req[r], reusing work and mrg: one item per
-// row over [lo[r], hi[r]), or with chunk > 0 each row's range cut into
-// chunks of at most chunk keys (one empty item for a row that sees none)
-// and the CSR of each row's items (merge_indptr; nil without chunks).
-func splitWork(work, mrg []int32, lo, hi []int, req []int32, chunk int) ([]int32, []int32) {
-	work = work[:0]
-	if chunk == 0 {
-		for r := range lo {
-			work = append(work, int32(r), req[r], int32(lo[r]), int32(hi[r]))
-		}
-		return work, nil
-	}
-	mrg = append(mrg[:0], 0)
-	for r := range lo {
-		n := 0
-		for st := lo[r]; st < hi[r] || n == 0; st += chunk {
-			e := min(st+chunk, hi[r])
-			work = append(work, int32(r), req[r], int32(st), int32(e))
-			n++
-		}
-		mrg = append(mrg, mrg[len(mrg)-1]+int32(n))
-	}
-	return work, mrg
 }
 
 func (s *Step) at(off int) uint64 {
@@ -829,9 +799,13 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 	if !partial {
 		return nil
 	}
+	mergeRows := s.rows
+	if s.lim.Fixed {
+		mergeRows = s.lim.MaxRows // a fixed grid; the padding rows merge no item
+	}
 	m := append(s.args[:0], tmpO, tmpLSE, s.at(lv.merge), o, lse, uint64(s.hq), uint64(D), uint64(oCode), f64Arg(vScale))
 	s.args = m
-	return s.b.launch("merge_partial_states", Dim3{s.rows, s.hq, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, m)
+	return s.b.launch("merge_partial_states", Dim3{mergeRows, s.hq, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, m)
 }
 
 // mergeState launches merge_state over n (row, head) states of d features.
