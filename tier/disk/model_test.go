@@ -132,7 +132,7 @@ func runModel(t *testing.T, seed uint64, ops int) {
 			require.NoError(t, s.Close())
 			off := rng.IntN(slotHeaderUsed + s.valueLen)
 			if off >= slotHeaderUsed {
-				off += slotHeaderBytes - slotHeaderUsed
+				off += s.valueOff - slotHeaderUsed
 			}
 			flipAt(t, s, slot, off)
 			ref.remove(d)

@@ -133,7 +133,7 @@ type slotEntry struct {
 type job struct {
 	digest tier.Digest
 	buf    []byte // slotBytes
-	val    []byte // buf[slotHeaderBytes:][:valueLen]
+	val    []byte // buf[valueOff:][:valueLen]
 	slot   int32  // the slot it is written to (the writer's)
 	seq    uint64
 }
@@ -144,6 +144,7 @@ type Store struct {
 	cfg       Config
 	valueLen  int
 	dataOff   int // the page bytes' offset in a value
+	valueOff  int // the value's offset in a slot
 	slotBytes int
 	segSlots  int // slots per segment file
 	segs      []*os.File
@@ -238,7 +239,7 @@ func (cfg *Config) check() error {
 	if cfg.Policy == nil {
 		cfg.Policy = NewLRU
 	}
-	slot := slotBytesFor(tier.EncodedValueLen(cfg.Format, cfg.Namespace, cfg.Group))
+	_, _, slot := slotGeometry(*cfg)
 	if int64(slot)*int64(cfg.Pages) > maxStoreBytes {
 		return fmt.Errorf("%w: %d pages of %d-byte slots exceed %d bytes", ErrBadConfig, cfg.Pages, slot, int64(maxStoreBytes))
 	}
@@ -256,11 +257,18 @@ func alignedBytes(n, align int) []byte {
 	return b[skip : skip+n : skip+n]
 }
 
-// slotBytesFor is the slot size for values of valueLen bytes: header and
-// value, rounded up to 4 KiB so that slots start on page boundaries.
-func slotBytesFor(valueLen int) int {
-	return (slotHeaderBytes + valueLen + slotAlign - 1) / slotAlign * slotAlign
+// slotGeometry places a value of cfg's format, namespace and group in a
+// slot: the value's length, its offset in the slot (its page bytes on a
+// 4 KiB boundary) and the slot's length (a multiple of 4 KiB).
+func slotGeometry(cfg Config) (valueLen, valueOff, slotBytes int) {
+	group := cmp.Or(cfg.Group, DefaultGroup)
+	valueLen = tier.EncodedValueLen(cfg.Format, cfg.Namespace, group)
+	dataOff := tier.ValueDataOffset(cfg.Format, cfg.Namespace, group)
+	valueOff = alignUp(slotHeaderBytes+dataOff, slotAlign) - dataOff
+	return valueLen, valueOff, alignUp(valueOff+valueLen, slotAlign)
 }
+
+func alignUp(n, align int) int { return (n + align - 1) / align * align }
 
 // Open opens (or creates) the store in cfg.Dir, rebuilding its index from
 // the segment files: see [Store.Recovery] for what it kept and dropped.
@@ -268,9 +276,8 @@ func Open(cfg Config) (*Store, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, valueLen: tier.EncodedValueLen(cfg.Format, cfg.Namespace, cfg.Group),
-		dataOff: tier.ValueDataOffset(cfg.Format, cfg.Namespace, cfg.Group)}
-	s.slotBytes = slotBytesFor(s.valueLen)
+	s := &Store{cfg: cfg, dataOff: tier.ValueDataOffset(cfg.Format, cfg.Namespace, cfg.Group)}
+	s.valueLen, s.valueOff, s.slotBytes = slotGeometry(cfg)
 	s.segSlots = cfg.SegmentPages
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("disk: open %s: %w", cfg.Dir, err)
@@ -297,7 +304,8 @@ func Open(cfg Config) (*Store, error) {
 	arena := alignedBytes(cfg.QueueLen*s.slotBytes, slotAlign)
 	for i := range cfg.QueueLen {
 		buf := arena[i*s.slotBytes : (i+1)*s.slotBytes : (i+1)*s.slotBytes]
-		s.jobs <- &job{buf: buf, val: buf[slotHeaderBytes : slotHeaderBytes+s.valueLen : slotHeaderBytes+s.valueLen]}
+		end := s.valueOff + s.valueLen
+		s.jobs <- &job{buf: buf, val: buf[s.valueOff:end:end]}
 	}
 	s.maxBatch = max(1, min(cfg.QueueLen, maxWriteBytes/s.slotBytes, maxIovecs))
 	s.lingerBatch = max(1, min(s.maxBatch, cfg.QueueLen/2))
@@ -336,7 +344,7 @@ func (s *Store) openSegments() error {
 			return fmt.Errorf("disk: %w", err)
 		}
 		s.segs = append(s.segs, f)
-		want := segmentHeader{SlotBytes: uint32(s.slotBytes), Slots: uint32(s.segmentSlots(i)), Segment: uint32(i), ValueLen: uint32(s.valueLen)}
+		want := segmentHeader{SlotBytes: uint32(s.slotBytes), Slots: uint32(s.segmentSlots(i)), Segment: uint32(i), ValueLen: uint32(s.valueLen), ValueOff: uint32(s.valueOff)}
 		size := int64(segmentHeaderBytes) + int64(want.Slots)*int64(s.slotBytes)
 		st, err := f.Stat()
 		if err != nil {
@@ -362,8 +370,8 @@ func (s *Store) openSegments() error {
 			return fmt.Errorf("%w: %s: %w", ErrForeignDir, path, err)
 		}
 		if got != want {
-			return fmt.Errorf("%w: %s: slot bytes %d, slots %d, segment %d, value length %d; this config needs %d, %d, %d, %d",
-				ErrForeignDir, path, got.SlotBytes, got.Slots, got.Segment, got.ValueLen, want.SlotBytes, want.Slots, want.Segment, want.ValueLen)
+			return fmt.Errorf("%w: %s: slot bytes %d, slots %d, segment %d, value length %d, value offset %d; this config needs %d, %d, %d, %d, %d",
+				ErrForeignDir, path, got.SlotBytes, got.Slots, got.Segment, got.ValueLen, got.ValueOff, want.SlotBytes, want.Slots, want.Segment, want.ValueLen, want.ValueOff)
 		}
 		if st.Size() < size { // preallocation cut by a crash
 			if err := preallocate(f, size); err != nil {
@@ -552,7 +560,7 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 
 // allocReads sizes Fetch's buffers for runs of n slots.
 func (s *Store) allocReads(n int) {
-	s.meta = make([]byte, n*(slotHeaderBytes+s.dataOff))
+	s.meta = make([]byte, n*(s.valueOff+s.dataOff))
 	s.tails = make([]byte, n*s.tailBytes())
 	s.rio.init(3 * n)
 	s.runSeqs = make([]uint64, n)
@@ -561,7 +569,7 @@ func (s *Store) allocReads(n int) {
 // tailBytes is what follows a slot's page bytes: the value's checksum
 // and the slot's unused end.
 func (s *Store) tailBytes() int {
-	return s.slotBytes - slotHeaderBytes - s.valueLen + tier.ValueCRCBytes
+	return s.slotBytes - s.valueOff - s.valueLen + tier.ValueCRCBytes
 }
 
 // readRun reads pages from the slots from first on with one preadv, the
@@ -569,7 +577,7 @@ func (s *Store) tailBytes() int {
 // verify; the slots are pinned (lookupRun) until it returns.
 func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 	defer s.endRead()
-	metaLen, tailLen := slotHeaderBytes+s.dataOff, s.tailBytes()
+	metaLen, tailLen := s.valueOff+s.dataOff, s.tailBytes()
 	s.rio.reset()
 	for k := range pages {
 		if len(pages[k].Data) != s.cfg.Format.PageBytes() {
@@ -866,7 +874,7 @@ func (s *Store) writeRun(jobs []*job) error {
 func (s *Store) writePieces(f *os.File, jobs []*job) error {
 	for _, j := range jobs {
 		_, off := s.slotAt(int(j.slot))
-		for b := j.buf[:slotHeaderBytes+s.valueLen]; len(b) > 0; {
+		for b := j.buf[:s.valueOff+s.valueLen]; len(b) > 0; {
 			n := min(len(b), s.writeChunk)
 			if _, err := f.WriteAt(b[:n], off); err != nil {
 				return err

@@ -94,6 +94,20 @@ func TestLockedAndForeignDirectory(t *testing.T) {
 	require.ErrorIs(t, err, ErrForeignDir)
 	require.Contains(t, err.Error(), "magic")
 
+	// A directory of format version 1 (its segment magic "PKVDSEG1"):
+	// refused by name, untouched.
+	v1 := t.TempDir()
+	seg := make([]byte, segmentHeaderBytes)
+	segmentHeader{SlotBytes: 4096, Slots: 8}.encode(seg)
+	copy(seg, "PKVDSEG1")
+	require.NoError(t, os.WriteFile(filepath.Join(v1, "seg-0000.pkvd"), seg, 0o644))
+	_, err = Open(testConfig(v1, 8))
+	require.ErrorIs(t, err, ErrForeignDir)
+	require.Contains(t, err.Error(), `magic "PKVDSEG1", want "PKVDSEG2"`)
+	got, err := os.ReadFile(filepath.Join(v1, "seg-0000.pkvd"))
+	require.NoError(t, err)
+	require.Equal(t, seg, got)
+
 	// The directory still opens with its own config.
 	s = openStore(t, testConfig(dir, 16))
 	require.NoError(t, s.Close())
@@ -173,7 +187,8 @@ func TestDamagedAndForeignSlotsDropped(t *testing.T) {
 
 	// Page 1: one byte of its K/V flipped. Page 2: its header's sequence
 	// changed (its checksum no longer matches).
-	flip(t, dir, slots[u.chains[0][1].Digest], slotHeaderBytes+200)
+	_, valueOff, _ := slotGeometry(testConfig(dir, 16))
+	flip(t, dir, slots[u.chains[0][1].Digest], valueOff+200)
 	flip(t, dir, slots[u.chains[0][2].Digest], 9)
 	s = openStore(t, testConfig(dir, 16))
 	defer s.Close()
@@ -249,12 +264,18 @@ func TestFetchDeadline(t *testing.T) {
 	require.EqualValues(t, 1, s.Stats().Timeouts)
 }
 
+// testSlotBytes is the slot length of testConfig's stores.
+func testSlotBytes() int {
+	_, _, n := slotGeometry(testConfig("", 1))
+	return n
+}
+
 func readSlot(t *testing.T, dir string, slot int) []byte {
 	f, err := os.Open(filepath.Join(dir, "seg-0000.pkvd"))
 	require.NoError(t, err)
 	defer f.Close()
-	b := make([]byte, slotAlign)
-	_, err = f.ReadAt(b, int64(segmentHeaderBytes+slot*slotAlign))
+	b := make([]byte, testSlotBytes())
+	_, err = f.ReadAt(b, int64(segmentHeaderBytes+slot*len(b)))
 	require.NoError(t, err)
 	return b
 }
@@ -263,7 +284,7 @@ func writeSlot(t *testing.T, dir string, slot int, b []byte) {
 	f, err := os.OpenFile(filepath.Join(dir, "seg-0000.pkvd"), os.O_RDWR, 0)
 	require.NoError(t, err)
 	defer f.Close()
-	_, err = f.WriteAt(b, int64(segmentHeaderBytes+slot*slotAlign))
+	_, err = f.WriteAt(b, int64(segmentHeaderBytes+slot*testSlotBytes()))
 	require.NoError(t, err)
 }
 
