@@ -30,19 +30,14 @@ func (v *vecIO) add(b []byte) {
 	}
 }
 
-func (v *vecIO) readAt(f *os.File, off int64) error {
-	for _, b := range v.bufs {
-		if _, err := f.ReadAt(b, off); err != nil {
-			return err
-		}
-		off += int64(len(b))
-	}
-	return nil
-}
+func (v *vecIO) readAt(f *os.File, off int64) error { return v.each(f.ReadAt, off) }
 
-func (v *vecIO) writeAt(f *os.File, off int64) error {
+func (v *vecIO) writeAt(f *os.File, off int64) error { return v.each(f.WriteAt, off) }
+
+// each moves the buffers in order from off on, one call each.
+func (v *vecIO) each(move func([]byte, int64) (int, error), off int64) error {
 	for _, b := range v.bufs {
-		if _, err := f.WriteAt(b, off); err != nil {
+		if _, err := move(b, off); err != nil {
 			return err
 		}
 		off += int64(len(b))

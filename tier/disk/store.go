@@ -72,9 +72,11 @@ type Config struct {
 	// has it); a power loss loses at most the pages written since the
 	// last sync, and the restart scan drops any it finds torn.
 	SyncEvery int
-	// Policy builds the eviction policy for the store's slots (nil:
-	// NewLRU).
-	Policy func(slots int) Policy
+	// Eviction names the policy that picks the page to overwrite when
+	// every slot holds one: a prefixcache policy, by the names of
+	// prefixcache.Config.Eviction (prefixcache.PolicyNames: "lru", "slru",
+	// "srrip"); "" means "lru". See policy.go.
+	Eviction string
 }
 
 // Recovery is what Open found in the segment files.
@@ -156,7 +158,7 @@ type Store struct {
 	slots    []slotEntry
 	free     []int32 // free slots, the next to use last
 	pending  map[tier.Digest]struct{}
-	policy   Policy
+	policy   *queues
 	nextSeq  uint64
 	recovery Recovery
 	// [readLo, readHi) are the slots Fetch is reading: the writer does not
@@ -236,9 +238,11 @@ func (cfg *Config) check() error {
 	if cfg.SyncEvery == 0 {
 		cfg.SyncEvery = DefaultSyncEvery
 	}
-	if cfg.Policy == nil {
-		cfg.Policy = NewLRU
+	q, err := newQueues(cfg.Eviction, 0)
+	if err != nil {
+		return fmt.Errorf("%w: Eviction: %w", ErrBadConfig, err)
 	}
+	cfg.Eviction = q.policy.Name()
 	_, _, slot := slotGeometry(*cfg)
 	if int64(slot)*int64(cfg.Pages) > maxStoreBytes {
 		return fmt.Errorf("%w: %d pages of %d-byte slots exceed %d bytes", ErrBadConfig, cfg.Pages, slot, int64(maxStoreBytes))
@@ -409,7 +413,11 @@ func (s *Store) scan() error {
 	s.slots = make([]slotEntry, s.cfg.Pages)
 	s.index = make(map[tier.Digest]int32)
 	s.pending = make(map[tier.Digest]struct{})
-	s.policy = s.cfg.Policy(s.cfg.Pages)
+	policy, err := newQueues(s.cfg.Eviction, s.cfg.Pages)
+	if err != nil { // checked by Open
+		return fmt.Errorf("%w: Eviction: %w", ErrBadConfig, err)
+	}
+	s.policy = policy
 	rec := &s.recovery
 	rec.Slots = s.cfg.Pages
 	perRead := max(1, maxReadBytes/s.slotBytes)
@@ -1053,14 +1061,12 @@ func (s *Store) CheckInvariants() error {
 	if s.policy.Len() != ready {
 		problems = append(problems, fmt.Sprintf("policy tracks %d slots, %d are ready", s.policy.Len(), ready))
 	}
-	if l, ok := s.policy.(*lru); ok {
-		if err := l.checkInvariants(); err != nil {
-			problems = append(problems, err.Error())
-		}
-		for i, e := range s.slots {
-			if l.in[i] != (e.state == slotReady) {
-				problems = append(problems, fmt.Sprintf("slot %d: LRU membership %v, state %d", i, l.in[i], e.state))
-			}
+	if err := s.policy.checkInvariants(); err != nil {
+		problems = append(problems, err.Error())
+	}
+	for i, e := range s.slots {
+		if s.policy.tracked(i) != (e.state == slotReady) {
+			problems = append(problems, fmt.Sprintf("slot %d: on an eviction queue %v, state %d", i, s.policy.tracked(i), e.state))
 		}
 	}
 	if len(problems) > 0 {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -133,6 +134,46 @@ func TestEvictionLRU(t *testing.T) {
 	}
 	require.Equal(t, []bool{true, false, true, true, true, false}, got)
 	require.EqualValues(t, 1, s.DiskStats().Evicted)
+}
+
+// TestEvictionPolicies: Config.Eviction takes prefixcache's policy names
+// (an unknown one is refused by name) and means what it means there. A
+// page served once, then a burst of new pages the size of the store:
+// LRU evicts the served page with the rest; SLRU (on its protected
+// queue) and SRRIP (predicted near re-reference) keep it, evicting the
+// new pages that never served a hit instead.
+func TestEvictionPolicies(t *testing.T) {
+	cfg := testConfig(t.TempDir(), 4)
+	cfg.Eviction = "lfu"
+	_, err := Open(cfg)
+	require.ErrorIs(t, err, ErrBadConfig)
+	require.ErrorIs(t, err, prefixcache.ErrUnknownPolicy)
+	require.Contains(t, err.Error(), `"lfu"`)
+
+	for _, policy := range prefixcache.PolicyNames() {
+		cfg := testConfig(t.TempDir(), 4)
+		cfg.Eviction = policy
+		s := openStore(t, cfg)
+		require.Equal(t, policy, s.Config().Eviction)
+		pages := newUniverse(testFormat, 1, 8).chains[0]
+		for i := range 4 {
+			require.True(t, s.Store(&pages[i]))
+		}
+		flush(t, s)
+		require.Equal(t, 1, fetchChecked(t, s, request(pages[:1])))
+		for i := 4; i < 8; i++ {
+			require.True(t, s.Store(&pages[i]))
+			flush(t, s)
+			require.NoError(t, s.CheckInvariants())
+		}
+		kept := fetchChecked(t, s, request(pages[:1])) == 1
+		require.Equal(t, policy != prefixcache.PolicyLRU, kept, "%s: the page served once is kept", policy)
+		require.EqualValues(t, 4, s.DiskStats().Evicted)
+		require.NoError(t, s.Close())
+	}
+	s := openStore(t, testConfig(t.TempDir(), 4))
+	require.Equal(t, prefixcache.PolicyLRU, s.Config().Eviction, "the default")
+	require.NoError(t, s.Close())
 }
 
 func TestQueueBoundDrops(t *testing.T) {
