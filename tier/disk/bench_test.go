@@ -134,6 +134,16 @@ func BenchmarkThroughput(b *testing.B) {
 		defer f.Close()
 		runFile := benchFile(b, benchPages*pageBytes) // not the bytes f's reads just read
 		defer runFile.Close()
+		// Every side reads clean pages: none is being written back while
+		// the others read.
+		if err := s.Flush(context.Background(), true); err != nil {
+			b.Fatal(err)
+		}
+		for _, f := range []*os.File{f, runFile} {
+			if err := f.Sync(); err != nil {
+				b.Fatal(err)
+			}
+		}
 		// Every lookup fills the same destinations, as the baselines do.
 		dsts := request(pages[:benchChain])
 		reqs := make([][]tier.RemotePage, benchPages/benchChain)
