@@ -63,6 +63,8 @@ func TestConfigErrors(t *testing.T) {
 		"neg queue":    func(c *Config) { c.QueueLen = -2 },
 		"bad format":   func(c *Config) { c.Format.Layers = 0 },
 		"too big":      func(c *Config) { c.Pages = 1<<31 - 1; c.Format.PageSize = 4096 },
+		"queue bytes":  func(c *Config) { c.Format = benchFormat; c.QueueLen = 1 << 20 },
+		"eviction":     func(c *Config) { c.Eviction = "LRU" },
 	} {
 		cfg := testConfig(dir, 16)
 		mutate(&cfg)
