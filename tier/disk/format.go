@@ -203,7 +203,7 @@ func (s *Store) checkSlotParts(meta, data, tail []byte, tokens []int32) (slotHea
 	if got := binary.LittleEndian.Uint32(tail); got != h.ValueCRC {
 		return h, tier.Value{}, DropTorn, fmt.Errorf("value checksum %#x, the slot header says %#x (header and value of different writes)", got, h.ValueCRC)
 	}
-	v, err := tier.DecodeValueParts(meta[s.valueOff:], data, tail, tokens)
+	v, err := tier.DecodeValueParts(meta[s.valueOff:], data, tail, tokens, s.cfg.Namespace, s.cfg.Group)
 	if err != nil {
 		return h, v, DropTorn, err
 	}

@@ -388,3 +388,24 @@ func storeFirstPage(t *testing.T, pages int) (*Store, *pageUniverse) {
 	flush(t, s)
 	return s, u
 }
+
+// TestFetchAllocatesNothing: a lookup that reads and verifies a chain
+// (one preadv per run, the checks, the policy's bookkeeping) allocates
+// nothing once the store's read buffers exist.
+func TestFetchAllocatesNothing(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 16))
+	defer s.Close()
+	chain := newUniverse(testFormat, 1, 6).chains[0]
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	req := request(chain)
+	ctx := context.Background()
+	require.Equal(t, len(chain), fetchChecked(t, s, req))
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		if s.Fetch(ctx, req) != len(chain) {
+			t.Fatal("a page was not served")
+		}
+	}))
+}
