@@ -528,7 +528,7 @@ func (s *Store) Config() Config { return s.cfg }
 
 // Fetch implements [tier.RemoteStore]: the leading pages found and
 // verified (slot header, checksum, namespace, group, format, digest, parent
-// and tokens), read with one pread per run of pages in consecutive slots,
+// and tokens), read with one preadv per run of pages in consecutive slots,
 // checking ctx between reads. The page bytes are read straight into Data
 // and checked there, so the Data of the page that failed (the first one
 // not served) and of the pages after it in its run may have been written:
@@ -903,7 +903,7 @@ func (s *Store) takeSlot() (int, bool) {
 	}
 	slot, ok := s.policy.Victim()
 	for ok && slot >= s.readLo && slot < s.readHi {
-		// Fetch is reading the victim: wait for it (one pread), then ask
+		// Fetch is reading the victim: wait for it (one preadv), then ask
 		// again (the read made it recently used).
 		s.readDone.Wait()
 		slot, ok = s.policy.Victim()
