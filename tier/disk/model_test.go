@@ -26,14 +26,16 @@ type refDisk struct {
 	capacity int
 	name     string
 	policy   prefixcache.Policy
+	ghost    ghostPolicy // policy, if it keeps ghosts
 	queues   [][]tier.Digest
 	seq      map[tier.Digest]uint64
 	hits     map[tier.Digest]uint32
+	returned map[tier.Digest]bool // the ghosts knew it when it was written
 	next     uint64
 }
 
 func newRefDisk(t testing.TB, capacity int, policy string) *refDisk {
-	r := &refDisk{capacity: capacity, name: policy, seq: map[tier.Digest]uint64{}, hits: map[tier.Digest]uint32{}}
+	r := &refDisk{capacity: capacity, name: policy, seq: map[tier.Digest]uint64{}, hits: map[tier.Digest]uint32{}, returned: map[tier.Digest]bool{}}
 	r.reset(t)
 	return r
 }
@@ -43,12 +45,24 @@ func (r *refDisk) reset(t testing.TB) {
 	p, err := prefixcache.NewPolicy(r.name)
 	require.NoError(t, err)
 	r.policy, r.queues = p, make([][]tier.Digest, p.Queues())
+	r.ghost, _ = p.(ghostPolicy)
+	if r.ghost != nil {
+		r.ghost.Size(r.capacity)
+	}
+}
+
+// enqueueHits: a page the ghosts knew counts one hit until it serves one.
+func (r *refDisk) enqueueHits(d tier.Digest) uint32 {
+	if r.hits[d] == 0 && r.returned[d] {
+		return 1
+	}
+	return r.hits[d]
 }
 
 func (r *refDisk) len() int { return len(r.seq) }
 
 func (r *refDisk) enqueue(d tier.Digest) {
-	q := r.policy.Enqueue(r.hits[d])
+	q := r.policy.Enqueue(r.enqueueHits(d))
 	r.queues[q] = append(r.queues[q], d)
 }
 
@@ -67,10 +81,15 @@ func (r *refDisk) store(d tier.Digest) {
 		for q := range r.queues {
 			lens[q] = len(r.queues[q])
 		}
-		r.remove(r.queues[r.policy.Dequeue(lens)][0])
+		v := r.queues[r.policy.Dequeue(lens)][0]
+		if r.ghost != nil {
+			r.ghost.Evicted(ghostHash(v), r.enqueueHits(v))
+		}
+		r.remove(v)
 	}
 	r.next++
 	r.seq[d], r.hits[d] = r.next, 0
+	r.returned[d] = r.ghost != nil && r.ghost.Returned(ghostHash(d))
 	r.enqueue(d)
 }
 
@@ -94,7 +113,7 @@ func (r *refDisk) restart(t testing.TB) {
 	slices.SortFunc(pages, func(a, b tier.Digest) int { return cmp.Compare(r.seq[a], r.seq[b]) })
 	r.reset(t)
 	for _, d := range pages {
-		r.hits[d] = 0
+		r.hits[d], r.returned[d] = 0, false
 		r.enqueue(d)
 	}
 }
@@ -109,6 +128,7 @@ func (r *refDisk) remove(d tier.Digest) {
 	r.unqueue(d)
 	delete(r.seq, d)
 	delete(r.hits, d)
+	delete(r.returned, d)
 }
 
 // envInt reads a count from the environment, or returns def.

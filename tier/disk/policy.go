@@ -1,10 +1,12 @@
 package disk
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 
 	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // Eviction: when no slot is free, the writer overwrites the victim of a
@@ -18,7 +20,25 @@ import (
 // written) when its page is written or found by the restart scan (oldest
 // sequence first, hits 0: a restart forgets hits), and again each time it
 // is served (leaving its queue first, its hits one more); a victim is the
-// head of the queue Dequeue picks.
+// head of the queue Dequeue picks. A policy that also keeps a ghost history
+// of evicted pages (ghostPolicy) is told the store's capacity, each page
+// evicted and each page written.
+
+// ghostPolicy is a policy that learns from the pages its container evicts
+// and writes again: the methods of prefixcache's GhostPolicy (its
+// adaptive replacement policy), named here by their signatures. The store
+// calls Size once with its slot count, Evicted for each page it
+// overwrites (its hash and the hits it would be enqueued with), and
+// Returned for each page it writes; a page Returned reports true for
+// counts as having served a hit until it serves one. A page's hash is
+// the first 8 bytes of its digest, little-endian.
+type ghostPolicy interface {
+	Size(pages int)
+	Evicted(hash uint64, hits uint32)
+	Returned(hash uint64) bool
+}
+
+func ghostHash(d tier.Digest) uint64 { return binary.LittleEndian.Uint64(d[:8]) }
 
 // notQueued marks a slot on no queue.
 const notQueued = math.MaxUint8
@@ -29,9 +49,11 @@ const notQueued = math.MaxUint8
 // the store's lock held.
 type queues struct {
 	policy     prefixcache.Policy
+	ghost      ghostPolicy // policy, if it keeps ghosts; else nil
 	prev, next []int32
 	queue      []uint8  // per slot, its queue or notQueued
 	hits       []uint32 // per slot, the hits its page served since written
+	returned   []bool   // per slot, whether ghost knew its page when written
 	lens       []int    // per queue, its length
 	n          int
 }
@@ -43,12 +65,21 @@ func newQueues(name string, slots int) (*queues, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newQueuesOf(p, slots)
+}
+
+// newQueuesOf returns the queues of policy p (fresh) over slots slots.
+func newQueuesOf(p prefixcache.Policy, slots int) (*queues, error) {
 	nq := p.Queues()
 	if nq < 1 || nq > prefixcache.MaxQueues {
 		return nil, fmt.Errorf("policy %q has %d queues, want 1..%d", p.Name(), nq, prefixcache.MaxQueues)
 	}
 	q := &queues{policy: p, prev: make([]int32, slots+nq), next: make([]int32, slots+nq),
-		queue: make([]uint8, slots), hits: make([]uint32, slots), lens: make([]int, nq)}
+		queue: make([]uint8, slots), hits: make([]uint32, slots), returned: make([]bool, slots), lens: make([]int, nq)}
+	if g, ok := p.(ghostPolicy); ok {
+		g.Size(slots)
+		q.ghost = g
+	}
 	for i := range q.queue {
 		q.queue[i] = notQueued
 	}
@@ -61,15 +92,39 @@ func newQueues(name string, slots int) (*queues, error) {
 
 func (q *queues) sentinel(k int) int32 { return int32(len(q.queue) + k) }
 
-// Added: slot now holds a servable page (just written, or found by the
-// restart scan).
-func (q *queues) Added(slot int) {
+// Added: slot now holds a servable page found by the restart scan.
+func (q *queues) Added(slot int) { q.track(slot, false) }
+
+// Written: slot now holds page d, just written.
+func (q *queues) Written(slot int, d tier.Digest) {
+	q.track(slot, q.ghost != nil && q.ghost.Returned(ghostHash(d)))
+}
+
+func (q *queues) track(slot int, returned bool) {
 	if q.queue[slot] != notQueued {
 		panic(fmt.Sprintf("disk: eviction: slot %d added twice", slot))
 	}
-	q.hits[slot] = 0
+	q.hits[slot], q.returned[slot] = 0, returned
 	q.n++
 	q.enqueue(slot)
+}
+
+// Evict: the page d in slot is overwritten (Removed, and the policy's
+// ghosts told).
+func (q *queues) Evict(slot int, d tier.Digest) {
+	if q.ghost != nil {
+		q.ghost.Evicted(ghostHash(d), q.enqueueHits(slot))
+	}
+	q.Removed(slot)
+}
+
+// enqueueHits is the hits slot joins a queue with: its own, or one for a
+// page its policy remembered when it was written, until it serves one.
+func (q *queues) enqueueHits(slot int) uint32 {
+	if q.hits[slot] == 0 && q.returned[slot] {
+		return 1
+	}
+	return q.hits[slot]
 }
 
 // Used: the page in slot was served.
@@ -111,7 +166,7 @@ func (q *queues) Len() int { return q.n }
 
 // enqueue puts slot at the tail of the queue the policy picks.
 func (q *queues) enqueue(slot int) {
-	k := q.policy.Enqueue(q.hits[slot])
+	k := q.policy.Enqueue(q.enqueueHits(slot))
 	if k < 0 || k >= len(q.lens) {
 		panic(fmt.Sprintf("disk: eviction: policy %q put slot %d on queue %d of %d", q.policy.Name(), slot, k, len(q.lens)))
 	}

@@ -842,7 +842,7 @@ func (s *Store) writeBatch(batch []*job) {
 		}
 		s.slots[slot].state = slotReady
 		s.index[j.digest] = j.slot
-		s.policy.Added(slot)
+		s.policy.Written(slot, j.digest)
 		s.c.Stored.Add(1)
 		s.c.BytesOut.Add(int64(s.valueLen))
 		s.dirty[slot/s.segSlots] = true
@@ -911,7 +911,7 @@ func (s *Store) takeSlot() (int, bool) {
 	if !ok {
 		return 0, false
 	}
-	s.policy.Removed(slot)
+	s.policy.Evict(slot, s.slots[slot].digest)
 	delete(s.index, s.slots[slot].digest)
 	s.slots[slot] = slotEntry{}
 	s.evicted.Add(1)

@@ -409,3 +409,53 @@ func TestFetchAllocatesNothing(t *testing.T) {
 		}
 	}))
 }
+
+// fakeGhost is a policy with a ghost history (prefixcache's GhostPolicy
+// methods) over SLRU, recording what the store's queues tell it.
+type fakeGhost struct {
+	prefixcache.Policy
+	size     int
+	known    map[uint64]bool
+	evicted  []uint64
+	evHits   []uint32
+	enqueued []uint32
+}
+
+func (f *fakeGhost) Size(n int)             { f.size = n }
+func (f *fakeGhost) Returned(h uint64) bool { return f.known[h] }
+func (f *fakeGhost) Evicted(h uint64, hits uint32) {
+	f.evicted, f.evHits = append(f.evicted, h), append(f.evHits, hits)
+}
+func (f *fakeGhost) Enqueue(hits uint32) int {
+	f.enqueued = append(f.enqueued, hits)
+	return f.Policy.Enqueue(hits)
+}
+func (f *fakeGhost) Dequeue(lens []int) int { return f.Policy.Dequeue(lens) }
+
+// TestGhostPolicyWiring: a policy that keeps ghosts of evicted pages is
+// told the capacity, every page evicted (its hash and hits) and every page
+// written; a page it remembers joins its queue as one with a hit until it
+// serves one.
+func TestGhostPolicyWiring(t *testing.T) {
+	slru, err := prefixcache.NewPolicy(prefixcache.PolicySLRU)
+	require.NoError(t, err)
+	u := newUniverse(testFormat, 1, 2).chains[0]
+	d0, d1 := u[0].Digest, u[1].Digest
+	g := &fakeGhost{Policy: slru, known: map[uint64]bool{ghostHash(d0): true}}
+	q, err := newQueuesOf(g, 4)
+	require.NoError(t, err)
+	require.Equal(t, 4, g.size)
+	q.Written(0, d0) // remembered: enqueued with one hit
+	q.Written(1, d1)
+	q.Used(0) // its first hit: still one
+	q.Used(0)
+	q.Used(1)
+	require.Equal(t, []uint32{1, 0, 1, 2, 1}, g.enqueued)
+	require.NoError(t, q.checkInvariants())
+	q.Evict(1, d1)
+	q.Evict(0, d0)
+	require.Equal(t, []uint64{ghostHash(d1), ghostHash(d0)}, g.evicted)
+	require.Equal(t, []uint32{1, 2}, g.evHits)
+	require.Zero(t, q.Len())
+	require.NoError(t, q.checkInvariants())
+}
