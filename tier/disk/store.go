@@ -848,6 +848,9 @@ func (s *Store) writeBatch(batch []*job) {
 		s.dirty[slot/s.segSlots] = true
 		s.sinceSync++
 	}
+	if errs != nil { // the failed slots are used again lowest first
+		slices.SortFunc(s.free, func(a, b int32) int { return cmp.Compare(b, a) })
+	}
 	s.mu.Unlock()
 	if s.cfg.SyncEvery > 0 && s.sinceSync >= s.cfg.SyncEvery {
 		s.sync()

@@ -459,3 +459,39 @@ func TestGhostPolicyWiring(t *testing.T) {
 	require.Zero(t, q.Len())
 	require.NoError(t, q.checkInvariants())
 }
+
+// TestWriteErrorFreesSlots: a batch whose write fails is counted, its pages
+// are not indexed, its slots go back to the free list, and the store
+// writes and serves pages once the file takes writes again.
+func TestWriteErrorFreesSlots(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 8))
+	defer s.Close()
+	chain := newUniverse(testFormat, 1, 4).chains[0]
+	rw := s.segs[0]
+	ro, err := os.Open(rw.Name()) // writes fail: EBADF
+	require.NoError(t, err)
+	s.segs[0] = ro
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	st := s.DiskStats()
+	require.EqualValues(t, len(chain), st.Remote.Errors)
+	require.Zero(t, st.Remote.Stored)
+	require.Zero(t, st.Pages)
+	require.Equal(t, []int32{7, 6, 5, 4, 3, 2, 1, 0}, s.free, "used again lowest first")
+	require.NoError(t, s.CheckInvariants())
+	require.Zero(t, fetchChecked(t, s, request(chain)))
+
+	s.segs[0] = rw
+	require.NoError(t, ro.Close())
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	require.Equal(t, len(chain), fetchChecked(t, s, request(chain)))
+	for i := range chain {
+		require.EqualValues(t, i, s.index[chain[i].Digest], "page %d in slot %d: consecutive slots", i, i)
+	}
+}
