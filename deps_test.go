@@ -87,7 +87,6 @@ var layering = map[string]pkgRule{
 	"tier/host":    at(L2, "tier", "internal/invariants", "internal/sysmem"),
 	// The disk tier: segment files (x/sys/unix: preadv into the pages'
 	// own buffers).
-	"tier/disk": at(L2, "tier", "golang.org/x/sys/unix"),
 	// A request's KV from one Manager to another: plan, stream, receiving
 	// store, loopback TCP. It knows pages and tiers, not the Manager.
 	"handoff": at(L2, "tier"),
@@ -107,6 +106,10 @@ var layering = map[string]pkgRule{
 	// decoder is its own.
 	"events":  at(L4, "prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"),
 	"kvindex": at(L4, "prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"),
+	// tier/disk evicts by prefixcache's policies (one implementation, the
+	// same names): it sits above prefixcache. The Manager sees only
+	// tier.RemoteStore, so the facade need not import it.
+	"tier/disk": at(L4, "tier", "prefixcache", "golang.org/x/sys/unix"),
 
 	// Prometheus collectors over the Manager's stats.
 	"metrics": at(L5, "", "tier", "github.com/prometheus/client_golang"),

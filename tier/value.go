@@ -147,7 +147,7 @@ func DecodeValue(b []byte, tokens []int32) (Value, error) {
 	if got, want := binary.LittleEndian.Uint32(b[len(body):]), crc32.Checksum(body, CRCTable); got != want {
 		return v, fmt.Errorf("%w: checksum %#x, computed %#x", ErrCorruptValue, got, want)
 	}
-	return parseValueBody(body, nil, tokens)
+	return parseValueBody(body, nil, tokens, "", "")
 }
 
 // DecodeValueInto is [DecodeValue] that also copies the page bytes into
@@ -161,7 +161,7 @@ func DecodeValueInto(dst []byte, b []byte, tokens []int32) (Value, error) {
 		return Value{}, fmt.Errorf("%w: %d bytes, shorter than a header", ErrCorruptValue, len(b))
 	}
 	body := b[:len(b)-valueCRCBytes]
-	v, err := parseValueBody(body, nil, tokens)
+	v, err := parseValueBody(body, nil, tokens, "", "")
 	if err != nil {
 		return Value{}, err
 	}
@@ -192,12 +192,14 @@ func ValueDataOffset(f PageFormat, namespace, group string) int {
 // (the bytes before the page bytes, [ValueDataOffset] of them), data (the
 // page bytes, read straight into their destination) and tail (the 4-byte
 // checksum). It checks exactly what DecodeValue checks; Value.Data is
-// data.
-func DecodeValueParts(head, data, tail []byte, tokens []int32) (Value, error) {
+// data. A reader that expects one deployment's values passes its
+// namespace and group: a value naming the same ones gets those strings
+// (nothing allocated), any other its own.
+func DecodeValueParts(head, data, tail []byte, tokens []int32, namespace, group string) (Value, error) {
 	if len(tail) != valueCRCBytes {
 		return Value{}, fmt.Errorf("%w: a checksum of %d bytes", ErrCorruptValue, len(tail))
 	}
-	v, err := parseValueBody(head, data, tokens)
+	v, err := parseValueBody(head, data, tokens, namespace, group)
 	if err != nil {
 		return Value{}, err
 	}
@@ -209,8 +211,9 @@ func DecodeValueParts(head, data, tail []byte, tokens []int32) (Value, error) {
 
 // parseValueBody parses a value without its checksum: every length must
 // fit exactly and nothing may follow the page bytes. With data, body ends
-// where the page bytes begin and data holds them.
-func parseValueBody(body, data []byte, tokens []int32) (Value, error) {
+// where the page bytes begin and data holds them. A namespace or group
+// equal to namespace or group reuses that string.
+func parseValueBody(body, data []byte, tokens []int32, namespace, group string) (Value, error) {
 	var v Value
 	r := valueReader{b: body}
 	if string(r.take(4)) != valueMagic {
@@ -231,8 +234,8 @@ func parseValueBody(body, data []byte, tokens []int32) (Value, error) {
 	if err := v.Format.Validate(); err != nil {
 		return v, fmt.Errorf("%w: %w", ErrCorruptValue, err)
 	}
-	v.Namespace = string(r.take(r.u16()))
-	v.Group = string(r.take(r.u16()))
+	v.Namespace = stringOf(r.take(r.u16()), namespace)
+	v.Group = stringOf(r.take(r.u16()), group)
 	copy(v.Digest[:], r.take(32))
 	copy(v.Parent[:], r.take(32))
 	raw := r.take(4 * v.Format.PageSize)
@@ -261,6 +264,15 @@ func parseValueBody(body, data []byte, tokens []int32) (Value, error) {
 		v.Tokens[i] = int32(binary.LittleEndian.Uint32(raw[4*i:]))
 	}
 	return v, nil
+}
+
+// stringOf returns b as a string: known if they are equal (the comparison
+// allocates nothing), else a copy.
+func stringOf(b []byte, known string) string {
+	if string(b) == known {
+		return known
+	}
+	return string(b)
 }
 
 // Verify reports whether v is exactly page p of format f in namespace and

@@ -32,12 +32,15 @@ func FuzzDecodeValueForms(f *testing.F) {
 			if (err == nil) != (errInto == nil) {
 				t.Fatalf("DecodeValue: %v, DecodeValueInto: %v", err, errInto)
 			}
-			vp, errParts := DecodeValueParts(b[:off], b[off:len(b)-4], b[len(b)-4:], nil)
+			// The parts decoder is given the expected namespace and group
+			// (reused when the value's equal them): it must decode a value
+			// of any other as its own.
+			vp, errParts := DecodeValueParts(b[:off], b[off:len(b)-4], b[len(b)-4:], nil, "ns", "all")
 			if (err == nil) != (errParts == nil) {
 				t.Fatalf("DecodeValue: %v, DecodeValueParts: %v", err, errParts)
 			}
 			if err == nil && (!bytes.Equal(dst, v.Data) || !bytes.Equal(vp.Data, v.Data) || vi.Digest != v.Digest || vp.Digest != v.Digest ||
-				vi.Namespace != v.Namespace || vp.Format != v.Format) {
+				vi.Namespace != v.Namespace || vp.Namespace != v.Namespace || vp.Group != v.Group || vp.Format != v.Format) {
 				t.Fatalf("the decoders disagree on an accepted value")
 			}
 		}

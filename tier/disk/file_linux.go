@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,38 +27,70 @@ func lockFile(f *os.File) error {
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 }
 
-// preadv reads from f at off into bufs in order, with as few preadv calls
-// as it takes (a short read continues where it stopped).
-func preadv(f *os.File, bufs [][]byte, off int64) error {
-	sc, err := f.SyscallConn()
-	if err != nil {
-		return err
+// vecIO is one vectored read or write at a file offset: the buffers in
+// order, kept as the kernel's iovecs so that a call allocates nothing.
+// Each goroutine doing I/O (Fetch, the writer) has its own.
+type vecIO struct {
+	iovs []unix.Iovec
+}
+
+// init makes room for n buffers.
+func (v *vecIO) init(n int) { v.iovs = make([]unix.Iovec, 0, n) }
+
+func (v *vecIO) reset() { v.iovs = v.iovs[:0] }
+
+func (v *vecIO) add(b []byte) {
+	if len(b) == 0 {
+		return
 	}
-	for len(bufs) > 0 {
-		var n int
-		var rerr error
-		if err := sc.Read(func(fd uintptr) bool {
-			n, rerr = unix.Preadv(int(fd), bufs, off)
-			return true
-		}); err != nil {
-			return err
-		}
-		if rerr != nil {
-			return rerr
-		}
-		if n == 0 {
+	iov := unix.Iovec{Base: &b[0]}
+	iov.SetLen(len(b))
+	v.iovs = append(v.iovs, iov)
+}
+
+// longBits splits an offset into the two words preadv and pwritev take.
+const longBits = 32 << (^uintptr(0) >> 63)
+
+// do runs preadv (write false) or pwritev of the vector at off on fd until
+// every byte is moved, continuing after short transfers and EINTR.
+func (v *vecIO) do(fd int, off int64, write bool) error {
+	trap := uintptr(unix.SYS_PREADV)
+	if write {
+		trap = unix.SYS_PWRITEV
+	}
+	iovs := v.iovs
+	for len(iovs) > 0 {
+		n := min(len(iovs), maxIovecs)
+		r, _, errno := unix.Syscall6(trap, uintptr(fd), uintptr(unsafe.Pointer(&iovs[0])), uintptr(n),
+			uintptr(off), uintptr(uint64(off)>>(longBits-1)>>1), 0)
+		switch {
+		case errno == unix.EINTR:
+			continue
+		case errno != 0:
+			return errno
+		case r == 0:
 			return io.ErrUnexpectedEOF
 		}
-		off += int64(n)
-		for n > 0 && len(bufs) > 0 {
-			if n < len(bufs[0]) {
-				bufs[0] = bufs[0][n:]
-				n = 0
+		off += int64(r)
+		for left := uint64(r); left > 0; {
+			if l := iovs[0].Len; left < l {
+				iovs[0].Base = (*byte)(unsafe.Add(unsafe.Pointer(iovs[0].Base), left))
+				iovs[0].Len = l - left
 				break
 			}
-			n -= len(bufs[0])
-			bufs = bufs[1:]
+			left -= iovs[0].Len
+			iovs = iovs[1:]
 		}
 	}
 	return nil
+}
+
+// readAt reads the vector from f at off (preadv).
+func (v *vecIO) readAt(f *os.File, off int64) error {
+	return v.do(int(f.Fd()), off, false)
+}
+
+// writeAt writes the vector to f at off (pwritev).
+func (v *vecIO) writeAt(f *os.File, off int64) error {
+	return v.do(int(f.Fd()), off, true)
 }

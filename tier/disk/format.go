@@ -9,30 +9,38 @@ import (
 	"github.com/pagedkv/pagedkv/tier"
 )
 
-// On-disk format (docs/tiers.md, "The disk tier"):
+// On-disk format, version 2 (docs/tiers.md, "The disk tier"):
 //
 //	segment file seg-NNNN.pkvd:
 //	  [0, 4096)                     segment header
 //	  [4096 + i*slotBytes, ...)     slot i
-//	segment header: "PKVDSEG1", slot bytes, slots, segment number, value
-//	  length (u32 each, little-endian), CRC-32C of the 24 bytes before
-//	slot: [0, 64) slot header, [64, 64+value length) the page value
-//	  (tier.EncodeValue: the Redis tier's format), then unused bytes
-//	slot header: "PKVS", version 1, 3 zero bytes, sequence (u64), value
+//	segment header: "PKVDSEG2", slot bytes, slots, segment number, value
+//	  length, value offset (u32 each, little-endian), CRC-32C of the 28
+//	  bytes before
+//	slot: [0, 64) slot header, [valueOff, valueOff+value length) the page
+//	  value (tier.EncodeValue: the Redis tier's format), the rest unused
+//	  (zero as written). valueOff puts the value's page bytes on a 4 KiB
+//	  boundary of the slot, and so of the file: reads and writes of them
+//	  move whole, aligned file pages.
+//	slot header: "PKVS", version 2, 3 zero bytes, sequence (u64), value
 //	  length (u32), the value's own trailing CRC-32C (u32), CRC-32C of the
 //	  24 bytes before
 //
-// A slot is written value first, header second. The header names the
-// value's checksum, so a header from one write and a value from another
-// (a crash between the two writes, or in the middle of either) never
+// Version 1 (magic "PKVDSEG1", slot version 1) put the value right after
+// the slot header; its directories are refused by name (ErrForeignDir).
+//
+// A slot is written whole, header first, with one write (of a run of
+// slots). The header names the value's checksum, so a header from one
+// write and a value from another (a crash in the middle of the write, or
+// a power loss that kept some of its file pages and not others) never
 // verify together; the sequence number orders two copies of one page.
 
 const (
-	segmentMagic       = "PKVDSEG1"
+	segmentMagic       = "PKVDSEG2"
 	segmentHeaderBytes = 4096
-	segmentHeaderUsed  = 8 + 4*4 + 4
+	segmentHeaderUsed  = 8 + 5*4 + 4
 	slotMagic          = "PKVS"
-	slotVersion        = 1
+	slotVersion        = 2
 	slotHeaderBytes    = 64
 	slotHeaderUsed     = 4 + 4 + 8 + 4 + 4 + 4
 	slotAlign          = 4096
@@ -54,13 +62,13 @@ var (
 
 // segmentHeader is the fixed header of a segment file.
 type segmentHeader struct {
-	SlotBytes, Slots, Segment, ValueLen uint32
+	SlotBytes, Slots, Segment, ValueLen, ValueOff uint32
 }
 
 func (h segmentHeader) encode(dst []byte) {
 	clear(dst[:segmentHeaderBytes])
 	copy(dst, segmentMagic)
-	for i, v := range [...]uint32{h.SlotBytes, h.Slots, h.Segment, h.ValueLen} {
+	for i, v := range [...]uint32{h.SlotBytes, h.Slots, h.Segment, h.ValueLen, h.ValueOff} {
 		binary.LittleEndian.PutUint32(dst[8+4*i:], v)
 	}
 	binary.LittleEndian.PutUint32(dst[segmentHeaderUsed-4:], crc32.Checksum(dst[:segmentHeaderUsed-4], tier.CRCTable))
@@ -82,6 +90,7 @@ func decodeSegmentHeader(b []byte) (segmentHeader, error) {
 	h.Slots = binary.LittleEndian.Uint32(b[12:])
 	h.Segment = binary.LittleEndian.Uint32(b[16:])
 	h.ValueLen = binary.LittleEndian.Uint32(b[20:])
+	h.ValueOff = binary.LittleEndian.Uint32(b[24:])
 	return h, nil
 }
 
@@ -175,14 +184,14 @@ func (r DropReason) String() string {
 // store's namespace, group and format: the verified value (its tokens in
 // tokens when large enough), or why the slot is dropped.
 func (s *Store) checkSlot(b []byte, tokens []int32) (slotHeader, tier.Value, DropReason, error) {
-	head := slotHeaderBytes + s.dataOff
-	end := slotHeaderBytes + s.valueLen
+	head := s.valueOff + s.dataOff
+	end := s.valueOff + s.valueLen
 	return s.checkSlotParts(b[:head], b[head:end-tier.ValueCRCBytes], b[end-tier.ValueCRCBytes:end], tokens)
 }
 
-// checkSlotParts is checkSlot of a slot read in parts: meta (the slot
-// header and the value up to its page bytes), data (the page bytes) and
-// tail (the value's checksum).
+// checkSlotParts is checkSlot of a slot read in parts: meta (the slot up
+// to the value's page bytes: the slot header, unused bytes, the value's
+// head), data (the page bytes) and tail (the value's checksum).
 func (s *Store) checkSlotParts(meta, data, tail []byte, tokens []int32) (slotHeader, tier.Value, DropReason, error) {
 	h, err := decodeSlotHeader(meta)
 	if err != nil {
@@ -194,7 +203,7 @@ func (s *Store) checkSlotParts(meta, data, tail []byte, tokens []int32) (slotHea
 	if got := binary.LittleEndian.Uint32(tail); got != h.ValueCRC {
 		return h, tier.Value{}, DropTorn, fmt.Errorf("value checksum %#x, the slot header says %#x (header and value of different writes)", got, h.ValueCRC)
 	}
-	v, err := tier.DecodeValueParts(meta[slotHeaderBytes:], data, tail, tokens)
+	v, err := tier.DecodeValueParts(meta[s.valueOff:], data, tail, tokens, s.cfg.Namespace, s.cfg.Group)
 	if err != nil {
 		return h, v, DropTorn, err
 	}

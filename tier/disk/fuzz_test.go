@@ -44,10 +44,9 @@ func fuzzSeedSegment(f *testing.F) []byte {
 // and value the writer would produce for the decoded page.
 func FuzzSlot(f *testing.F) {
 	seg := fuzzSeedSegment(f)
-	s := &Store{cfg: fuzzConfig("x"), valueLen: tier.EncodedValueLen(testFormat, testNamespace, DefaultGroup),
-		dataOff: tier.ValueDataOffset(testFormat, testNamespace, DefaultGroup)}
+	s := &Store{cfg: fuzzConfig("x"), dataOff: tier.ValueDataOffset(testFormat, testNamespace, DefaultGroup)}
 	s.cfg.Group = DefaultGroup
-	s.slotBytes = slotBytesFor(s.valueLen)
+	s.valueLen, s.valueOff, s.slotBytes = slotGeometry(s.cfg)
 	for i := range 4 {
 		slot := seg[segmentHeaderBytes+i*s.slotBytes : segmentHeaderBytes+(i+1)*s.slotBytes]
 		if _, _, _, err := s.checkSlot(slot, nil); (err == nil) != (i < 3) {
@@ -71,7 +70,7 @@ func FuzzSlot(f *testing.F) {
 		if err != nil {
 			t.Fatalf("accepted value does not encode: %v", err)
 		}
-		if !bytes.Equal(val, slot[slotHeaderBytes:slotHeaderBytes+s.valueLen]) {
+		if !bytes.Equal(val, slot[s.valueOff:s.valueOff+s.valueLen]) {
 			t.Fatalf("accepted value is not its own encoding")
 		}
 		var hdr [slotHeaderBytes]byte

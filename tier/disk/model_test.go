@@ -1,6 +1,9 @@
 package disk
 
 import (
+	"cmp"
+	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -10,50 +13,122 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
-// refDisk is the slow model of a store: the pages it holds in recency
-// order (least recent first) with the sequence each was written at.
+// refDisk is the slow model of a store: the pages it holds, each with
+// the sequence it was written at and the hits it served since, on the
+// queues of a prefixcache policy (plain slices, least recent first; its
+// own instance of the policy): what any container of the policy must
+// evict, written here without the store's slot lists.
 type refDisk struct {
 	capacity int
-	order    []tier.Digest
+	name     string
+	policy   prefixcache.Policy
+	ghost    ghostPolicy // policy, if it keeps ghosts
+	queues   [][]tier.Digest
 	seq      map[tier.Digest]uint64
+	hits     map[tier.Digest]uint32
+	returned map[tier.Digest]bool // the ghosts knew it when it was written
 	next     uint64
+}
+
+func newRefDisk(t testing.TB, capacity int, policy string) *refDisk {
+	r := &refDisk{capacity: capacity, name: policy, seq: map[tier.Digest]uint64{}, hits: map[tier.Digest]uint32{}, returned: map[tier.Digest]bool{}}
+	r.reset(t)
+	return r
+}
+
+// reset starts the policy and its queues afresh (empty).
+func (r *refDisk) reset(t testing.TB) {
+	p, err := prefixcache.NewPolicy(r.name)
+	require.NoError(t, err)
+	r.policy, r.queues = p, make([][]tier.Digest, p.Queues())
+	r.ghost, _ = p.(ghostPolicy)
+	if r.ghost != nil {
+		r.ghost.Size(r.capacity)
+	}
+}
+
+// enqueueHits: a page the ghosts knew counts one hit until it serves one.
+func (r *refDisk) enqueueHits(d tier.Digest) uint32 {
+	if r.hits[d] == 0 && r.returned[d] {
+		return 1
+	}
+	return r.hits[d]
+}
+
+func (r *refDisk) len() int { return len(r.seq) }
+
+func (r *refDisk) enqueue(d tier.Digest) {
+	q := r.policy.Enqueue(r.enqueueHits(d))
+	r.queues[q] = append(r.queues[q], d)
+}
+
+func (r *refDisk) unqueue(d tier.Digest) {
+	for q := range r.queues {
+		r.queues[q] = slices.DeleteFunc(r.queues[q], func(x tier.Digest) bool { return x == d })
+	}
 }
 
 func (r *refDisk) store(d tier.Digest) {
 	if _, ok := r.seq[d]; ok {
 		return
 	}
-	if len(r.order) == r.capacity {
-		delete(r.seq, r.order[0])
-		r.order = r.order[1:]
+	if r.len() == r.capacity {
+		lens := make([]int, len(r.queues))
+		for q := range r.queues {
+			lens[q] = len(r.queues[q])
+		}
+		v := r.queues[r.policy.Dequeue(lens)][0]
+		if r.ghost != nil {
+			r.ghost.Evicted(ghostHash(v), r.enqueueHits(v))
+		}
+		r.remove(v)
 	}
 	r.next++
-	r.seq[d] = r.next
-	r.order = append(r.order, d)
+	r.seq[d], r.hits[d] = r.next, 0
+	r.returned[d] = r.ghost != nil && r.ghost.Returned(ghostHash(d))
+	r.enqueue(d)
 }
 
-// fetch serves the leading pages it holds, each becoming most recent.
+// fetch serves the leading pages it holds, each counting a hit and
+// joining the queue its hits give.
 func (r *refDisk) fetch(chain []tier.RemotePage) int {
 	for i, p := range chain {
 		if _, ok := r.seq[p.Digest]; !ok {
 			return i
 		}
-		r.order = append(slices.DeleteFunc(r.order, func(d tier.Digest) bool { return d == p.Digest }), p.Digest)
+		r.unqueue(p.Digest)
+		r.hits[p.Digest]++
+		r.enqueue(p.Digest)
 	}
 	return len(chain)
 }
 
-// restart: recency is forgotten, pages are ordered by write sequence.
-func (r *refDisk) restart() {
-	slices.SortFunc(r.order, func(a, b tier.Digest) int { return int(r.seq[a]) - int(r.seq[b]) })
+// restart: a fresh policy learns the pages in write order, hits forgotten.
+func (r *refDisk) restart(t testing.TB) {
+	pages := slices.Collect(maps.Keys(r.seq))
+	slices.SortFunc(pages, func(a, b tier.Digest) int { return cmp.Compare(r.seq[a], r.seq[b]) })
+	r.reset(t)
+	for _, d := range pages {
+		r.hits[d], r.returned[d] = 0, false
+		r.enqueue(d)
+	}
+}
+
+// any returns one of the pages held, in a seeded order.
+func (r *refDisk) any(rng *rand.Rand) tier.Digest {
+	pages := slices.SortedFunc(maps.Keys(r.seq), func(a, b tier.Digest) int { return cmp.Compare(r.seq[a], r.seq[b]) })
+	return pages[rng.IntN(len(pages))]
 }
 
 func (r *refDisk) remove(d tier.Digest) {
+	r.unqueue(d)
 	delete(r.seq, d)
-	r.order = slices.DeleteFunc(r.order, func(x tier.Digest) bool { return x == d })
+	delete(r.hits, d)
+	delete(r.returned, d)
 }
 
 // envInt reads a count from the environment, or returns def.
@@ -68,8 +143,9 @@ func envInt(t testing.TB, name string, def int) int {
 
 // TestStoreMatchesModel drives a store with random stores, lookups,
 // clean restarts and restarts over damaged or duplicated slots, against
-// refDisk, auditing after every operation. PAGEDKV_DISK_MODEL_OPS sets
-// the operation count (default 20000; 3000 under CI=true).
+// refDisk, auditing after every operation, for each eviction policy
+// prefixcache knows (the seeds take them in turn). PAGEDKV_DISK_MODEL_OPS
+// sets the operation count in all (default 20000; 3000 under CI=true).
 func TestStoreMatchesModel(t *testing.T) {
 	ops := 20000
 	if os.Getenv("CI") == "true" {
@@ -79,19 +155,23 @@ func TestStoreMatchesModel(t *testing.T) {
 	if testing.Short() {
 		ops = 1000
 	}
-	for seed := uint64(1); seed <= 2; seed++ {
-		t.Run(strconv.Itoa(int(seed)), func(t *testing.T) { runModel(t, seed, ops/2) })
+	policies := prefixcache.PolicyNames()
+	runs := 2 * len(policies)
+	for seed := uint64(1); seed <= uint64(runs); seed++ {
+		policy := policies[int(seed-1)%len(policies)]
+		t.Run(fmt.Sprintf("%s/%d", policy, seed), func(t *testing.T) { runModel(t, seed, policy, ops/runs) })
 	}
 }
 
-func runModel(t *testing.T, seed uint64, ops int) {
+func runModel(t *testing.T, seed uint64, policy string, ops int) {
 	rng := rand.New(rand.NewPCG(seed, 31))
 	dir := t.TempDir()
 	cfg := testConfig(dir, 12)
 	cfg.SegmentPages = 5 // segments of 5, 5 and 2 slots
 	cfg.SyncEvery = -1
+	cfg.Eviction = policy
 	u := newUniverse(testFormat, 8, 6)
-	ref := &refDisk{capacity: cfg.Pages, seq: map[tier.Digest]uint64{}}
+	ref := newRefDisk(t, cfg.Pages, policy)
 	s := openStore(t, cfg)
 	defer func() { s.Close() }()
 	restarts, damaged, dups := 0, 0, 0
@@ -102,11 +182,11 @@ func runModel(t *testing.T, seed uint64, ops int) {
 		total.Stored, total.Hits, total.Misses = total.Stored+st.Stored, total.Hits+st.Hits, total.Misses+st.Misses
 		s = openStore(t, cfg)
 		rec := s.Recovery()
-		require.Equal(t, len(ref.order), rec.Recovered)
+		require.Equal(t, ref.len(), rec.Recovered)
 		require.Equal(t, wantTorn, rec.Torn)
 		require.Equal(t, wantDup, rec.Duplicate)
 		require.Zero(t, rec.Foreign)
-		ref.restart()
+		ref.restart(t)
 		restarts++
 	}
 	for op := range ops {
@@ -126,20 +206,20 @@ func runModel(t *testing.T, seed uint64, ops int) {
 		case r < 95: // clean restart
 			require.NoError(t, s.Close())
 			reopen(0, 0)
-		case r < 98 && len(ref.order) > 0: // damage one byte of a page, restart
-			d := ref.order[rng.IntN(len(ref.order))]
+		case r < 98 && ref.len() > 0: // damage one byte of a page, restart
+			d := ref.any(rng)
 			slot := int(s.index[d])
 			require.NoError(t, s.Close())
 			off := rng.IntN(slotHeaderUsed + s.valueLen)
 			if off >= slotHeaderUsed {
-				off += slotHeaderBytes - slotHeaderUsed
+				off += s.valueOff - slotHeaderUsed
 			}
 			flipAt(t, s, slot, off)
 			ref.remove(d)
 			reopen(1, 0)
 			damaged++
-		case len(s.free) > 0 && len(ref.order) > 0: // copy a page into a free slot, restart
-			d := ref.order[rng.IntN(len(ref.order))]
+		case len(s.free) > 0 && ref.len() > 0: // copy a page into a free slot, restart
+			d := ref.any(rng)
 			from, to := int(s.index[d]), int(s.free[rng.IntN(len(s.free))])
 			require.NoError(t, s.Close())
 			copySlot(t, s, from, to)
@@ -147,12 +227,16 @@ func runModel(t *testing.T, seed uint64, ops int) {
 			dups++
 		}
 		require.NoError(t, s.CheckInvariants(), "op %d", op)
-		require.Equal(t, len(ref.order), s.DiskStats().Pages, "op %d", op)
+		require.Equal(t, ref.len(), s.DiskStats().Pages, "op %d", op)
+		for d := range ref.seq {
+			_, ok := s.index[d]
+			require.True(t, ok, "op %d: the store evicted page %s, which the model holds", op, d.String()[:16])
+		}
 	}
 	require.NoError(t, s.Close())
 	reopen(0, 0)
-	t.Logf("%d ops: %d restarts (%d over a damaged slot, %d over a duplicated one), %d pages written, %d served, %d misses",
-		ops, restarts, damaged, dups, total.Stored, total.Hits, total.Misses)
+	t.Logf("%s: %d ops: %d restarts (%d over a damaged slot, %d over a duplicated one), %d pages written, %d served, %d misses",
+		policy, ops, restarts, damaged, dups, total.Stored, total.Hits, total.Misses)
 }
 
 func slotFile(t *testing.T, s *Store, slot int) (*os.File, int64) {

@@ -1,105 +1,213 @@
 package disk
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
 
-// Policy chooses which occupied slot to overwrite when the store is full.
-// Slots are integers in [0, slots); the store tells the policy which slots
-// hold a servable page and which page was served, and asks it for a victim.
-// The interface is small on purpose: prefixcache's eviction policies (LRU,
-// and those that follow it) can be adapted to it slot for slot.
+	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/tier"
+)
+
+// Eviction: when no slot is free, the writer overwrites the victim of a
+// prefixcache eviction policy ([Config.Eviction]: the names and the
+// semantics of prefixcache.Config.Eviction, the same implementation).
+// The policy only says which queue a slot joins and which queue gives up
+// the next victim; queues keeps the store's slots on those queues.
 //
-// A Policy is called with the store's lock held; it need not be safe for
-// concurrent use, and it must not allocate per call on the read path (Used).
-type Policy interface {
-	// Added: slot now holds a servable page (just written, or found by
-	// the restart scan, oldest first).
-	Added(slot int)
-	// Used: the page in slot was served.
-	Used(slot int)
-	// Removed: slot no longer holds a servable page.
-	Removed(slot int)
-	// Victim returns the slot to overwrite next, without removing it
-	// (the store calls Removed), or false when no slot is tracked.
-	Victim() (slot int, ok bool)
-	// Len is the number of slots tracked.
-	Len() int
+// The disk tier's contract with the policy, as a prefix cache's: a slot
+// joins a queue (Enqueue, with the hits its page served since it was
+// written) when its page is written or found by the restart scan (oldest
+// sequence first, hits 0: a restart forgets hits), and again each time it
+// is served (leaving its queue first, its hits one more); a victim is the
+// head of the queue Dequeue picks. A policy that also keeps a ghost history
+// of evicted pages (ghostPolicy) is told the store's capacity, each page
+// evicted and each page written.
+
+// ghostPolicy is a policy that learns from the pages its container evicts
+// and writes again: the methods of prefixcache's GhostPolicy (its
+// adaptive replacement policy), named here by their signatures. The store
+// calls Size once with its slot count, Evicted for each page it
+// overwrites (its hash and the hits it would be enqueued with), and
+// Returned for each page it writes; a page Returned reports true for
+// counts as having served a hit until it serves one. A page's hash is
+// the first 8 bytes of its digest, little-endian.
+type ghostPolicy interface {
+	Size(pages int)
+	Evicted(hash uint64, hits uint32)
+	Returned(hash uint64) bool
 }
 
-// NewLRU returns the default policy: least recently written or served
-// first. It allocates its list once (two int32 per slot).
-func NewLRU(slots int) Policy {
-	l := &lru{prev: make([]int32, slots+1), next: make([]int32, slots+1), in: make([]bool, slots)}
-	l.prev[slots], l.next[slots] = int32(slots), int32(slots) // the sentinel
-	return l
-}
+func ghostHash(d tier.Digest) uint64 { return binary.LittleEndian.Uint64(d[:8]) }
 
-// lru is a doubly linked list over slot numbers with a sentinel at index
-// len(in): next of the sentinel is the least recently used slot.
-type lru struct {
+// notQueued marks a slot on no queue.
+const notQueued = math.MaxUint8
+
+// queues are a policy's FIFO queues of the slots holding servable pages:
+// doubly linked lists over slot numbers, with queue q's sentinel at index
+// slots+q. Allocated once (13 bytes a slot); no call allocates. Called with
+// the store's lock held.
+type queues struct {
+	policy     prefixcache.Policy
+	ghost      ghostPolicy // policy, if it keeps ghosts; else nil
 	prev, next []int32
-	in         []bool
+	queue      []uint8  // per slot, its queue or notQueued
+	hits       []uint32 // per slot, the hits its page served since written
+	returned   []bool   // per slot, whether ghost knew its page when written
+	lens       []int    // per queue, its length
 	n          int
 }
 
-func (l *lru) sentinel() int32 { return int32(len(l.in)) }
-
-func (l *lru) Added(slot int) {
-	if l.in[slot] {
-		panic(fmt.Sprintf("disk: LRU: slot %d added twice", slot))
+// newQueues returns the queues of the policy named name ("" is
+// prefixcache.PolicyLRU) over slots slots.
+func newQueues(name string, slots int) (*queues, error) {
+	p, err := prefixcache.NewPolicy(name)
+	if err != nil {
+		return nil, err
 	}
-	l.in[slot] = true
-	l.n++
-	l.pushBack(int32(slot))
+	return newQueuesOf(p, slots)
 }
 
-func (l *lru) pushBack(s int32) {
-	tail := l.prev[l.sentinel()]
-	l.prev[s], l.next[s] = tail, l.sentinel()
-	l.next[tail], l.prev[l.sentinel()] = s, s
-}
-
-func (l *lru) unlink(s int32) {
-	l.next[l.prev[s]], l.prev[l.next[s]] = l.next[s], l.prev[s]
-}
-
-func (l *lru) Used(slot int) {
-	if !l.in[slot] {
-		panic(fmt.Sprintf("disk: LRU: slot %d used but not tracked", slot))
+// newQueuesOf returns the queues of policy p (fresh) over slots slots.
+func newQueuesOf(p prefixcache.Policy, slots int) (*queues, error) {
+	nq := p.Queues()
+	if nq < 1 || nq > prefixcache.MaxQueues {
+		return nil, fmt.Errorf("policy %q has %d queues, want 1..%d", p.Name(), nq, prefixcache.MaxQueues)
 	}
-	l.unlink(int32(slot))
-	l.pushBack(int32(slot))
-}
-
-func (l *lru) Removed(slot int) {
-	if !l.in[slot] {
-		panic(fmt.Sprintf("disk: LRU: slot %d removed but not tracked", slot))
+	q := &queues{policy: p, prev: make([]int32, slots+nq), next: make([]int32, slots+nq),
+		queue: make([]uint8, slots), hits: make([]uint32, slots), returned: make([]bool, slots), lens: make([]int, nq)}
+	if g, ok := p.(ghostPolicy); ok {
+		g.Size(slots)
+		q.ghost = g
 	}
-	l.in[slot] = false
-	l.n--
-	l.unlink(int32(slot))
+	for i := range q.queue {
+		q.queue[i] = notQueued
+	}
+	for k := range nq {
+		s := q.sentinel(k)
+		q.prev[s], q.next[s] = s, s
+	}
+	return q, nil
 }
 
-func (l *lru) Victim() (int, bool) {
-	if l.n == 0 {
+func (q *queues) sentinel(k int) int32 { return int32(len(q.queue) + k) }
+
+// Added: slot now holds a servable page found by the restart scan.
+func (q *queues) Added(slot int) { q.track(slot, false) }
+
+// Written: slot now holds page d, just written.
+func (q *queues) Written(slot int, d tier.Digest) {
+	q.track(slot, q.ghost != nil && q.ghost.Returned(ghostHash(d)))
+}
+
+func (q *queues) track(slot int, returned bool) {
+	if q.queue[slot] != notQueued {
+		panic(fmt.Sprintf("disk: eviction: slot %d added twice", slot))
+	}
+	q.hits[slot], q.returned[slot] = 0, returned
+	q.n++
+	q.enqueue(slot)
+}
+
+// Evict: the page d in slot is overwritten (Removed, and the policy's
+// ghosts told).
+func (q *queues) Evict(slot int, d tier.Digest) {
+	if q.ghost != nil {
+		q.ghost.Evicted(ghostHash(d), q.enqueueHits(slot))
+	}
+	q.Removed(slot)
+}
+
+// enqueueHits is the hits slot joins a queue with: its own, or one for a
+// page its policy remembered when it was written, until it serves one.
+func (q *queues) enqueueHits(slot int) uint32 {
+	if q.hits[slot] == 0 && q.returned[slot] {
+		return 1
+	}
+	return q.hits[slot]
+}
+
+// Used: the page in slot was served.
+func (q *queues) Used(slot int) {
+	if q.queue[slot] == notQueued {
+		panic(fmt.Sprintf("disk: eviction: slot %d used but not tracked", slot))
+	}
+	q.unlink(slot)
+	if q.hits[slot] < math.MaxUint32 {
+		q.hits[slot]++
+	}
+	q.enqueue(slot)
+}
+
+// Removed: slot no longer holds a servable page.
+func (q *queues) Removed(slot int) {
+	if q.queue[slot] == notQueued {
+		panic(fmt.Sprintf("disk: eviction: slot %d removed but not tracked", slot))
+	}
+	q.unlink(slot)
+	q.n--
+}
+
+// Victim returns the slot to overwrite next, without removing it (the
+// store calls Removed), or false when no slot is tracked.
+func (q *queues) Victim() (int, bool) {
+	if q.n == 0 {
 		return 0, false
 	}
-	return int(l.next[l.sentinel()]), true
+	k := q.policy.Dequeue(q.lens)
+	if k < 0 || k >= len(q.lens) || q.lens[k] == 0 {
+		panic(fmt.Sprintf("disk: eviction: policy %q picked queue %d of lengths %v", q.policy.Name(), k, q.lens))
+	}
+	return int(q.next[q.sentinel(k)]), true
 }
 
-func (l *lru) Len() int { return l.n }
+// Len is the number of slots tracked.
+func (q *queues) Len() int { return q.n }
 
-// checkInvariants walks the list: it holds exactly the tracked slots, each
-// once, with consistent links.
-func (l *lru) checkInvariants() error {
-	seen := 0
-	for s, prev := l.next[l.sentinel()], l.sentinel(); s != l.sentinel(); prev, s = s, l.next[s] {
-		if s < 0 || int(s) >= len(l.in) || !l.in[s] || l.prev[s] != prev || seen > l.n {
-			return fmt.Errorf("disk: LRU list broken at slot %d after %d slots", s, seen)
-		}
-		seen++
+// enqueue puts slot at the tail of the queue the policy picks.
+func (q *queues) enqueue(slot int) {
+	k := q.policy.Enqueue(q.enqueueHits(slot))
+	if k < 0 || k >= len(q.lens) {
+		panic(fmt.Sprintf("disk: eviction: policy %q put slot %d on queue %d of %d", q.policy.Name(), slot, k, len(q.lens)))
 	}
-	if seen != l.n {
-		return fmt.Errorf("disk: LRU list holds %d slots, the counter says %d", seen, l.n)
+	s, head := int32(slot), q.sentinel(k)
+	tail := q.prev[head]
+	q.prev[s], q.next[s] = tail, head
+	q.next[tail], q.prev[head] = s, s
+	q.queue[slot] = uint8(k)
+	q.lens[k]++
+}
+
+func (q *queues) unlink(slot int) {
+	s := int32(slot)
+	q.next[q.prev[s]], q.prev[q.next[s]] = q.next[s], q.prev[s]
+	q.lens[q.queue[slot]]--
+	q.queue[slot] = notQueued
+}
+
+// checkInvariants walks every queue: together they hold exactly the
+// tracked slots, each once, on the queue it records, with consistent
+// links and lengths.
+func (q *queues) checkInvariants() error {
+	seen := 0
+	for k := range q.lens {
+		head, n := q.sentinel(k), 0
+		for s, prev := q.next[head], head; s != head; prev, s = s, q.next[s] {
+			if s < 0 || int(s) >= len(q.queue) || int(q.queue[s]) != k || q.prev[s] != prev || n > q.n {
+				return fmt.Errorf("disk: eviction queue %d broken at slot %d after %d slots", k, s, n)
+			}
+			n++
+		}
+		if n != q.lens[k] {
+			return fmt.Errorf("disk: eviction queue %d holds %d slots, its length says %d", k, n, q.lens[k])
+		}
+		seen += n
+	}
+	if seen != q.n {
+		return fmt.Errorf("disk: eviction queues hold %d slots, the counter says %d", seen, q.n)
 	}
 	return nil
 }
+
+// tracked reports whether slot is on a queue.
+func (q *queues) tracked(slot int) bool { return q.queue[slot] != notQueued }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -62,6 +63,8 @@ func TestConfigErrors(t *testing.T) {
 		"neg queue":    func(c *Config) { c.QueueLen = -2 },
 		"bad format":   func(c *Config) { c.Format.Layers = 0 },
 		"too big":      func(c *Config) { c.Pages = 1<<31 - 1; c.Format.PageSize = 4096 },
+		"queue bytes":  func(c *Config) { c.Format = benchFormat; c.QueueLen = 1 << 20 },
+		"eviction":     func(c *Config) { c.Eviction = "LRU" },
 	} {
 		cfg := testConfig(dir, 16)
 		mutate(&cfg)
@@ -94,6 +97,20 @@ func TestLockedAndForeignDirectory(t *testing.T) {
 	require.ErrorIs(t, err, ErrForeignDir)
 	require.Contains(t, err.Error(), "magic")
 
+	// A directory of format version 1 (its segment magic "PKVDSEG1"):
+	// refused by name, untouched.
+	v1 := t.TempDir()
+	seg := make([]byte, segmentHeaderBytes)
+	segmentHeader{SlotBytes: 4096, Slots: 8}.encode(seg)
+	copy(seg, "PKVDSEG1")
+	require.NoError(t, os.WriteFile(filepath.Join(v1, "seg-0000.pkvd"), seg, 0o644))
+	_, err = Open(testConfig(v1, 8))
+	require.ErrorIs(t, err, ErrForeignDir)
+	require.Contains(t, err.Error(), `magic "PKVDSEG1", want "PKVDSEG2"`)
+	got, err := os.ReadFile(filepath.Join(v1, "seg-0000.pkvd"))
+	require.NoError(t, err)
+	require.Equal(t, seg, got)
+
 	// The directory still opens with its own config.
 	s = openStore(t, testConfig(dir, 16))
 	require.NoError(t, s.Close())
@@ -119,6 +136,46 @@ func TestEvictionLRU(t *testing.T) {
 	}
 	require.Equal(t, []bool{true, false, true, true, true, false}, got)
 	require.EqualValues(t, 1, s.DiskStats().Evicted)
+}
+
+// TestEvictionPolicies: Config.Eviction takes prefixcache's policy names
+// (an unknown one is refused by name) and means what it means there. A
+// page served once, then a burst of new pages the size of the store:
+// LRU evicts the served page with the rest; SLRU (on its protected
+// queue) and SRRIP (predicted near re-reference) keep it, evicting the
+// new pages that never served a hit instead.
+func TestEvictionPolicies(t *testing.T) {
+	cfg := testConfig(t.TempDir(), 4)
+	cfg.Eviction = "lfu"
+	_, err := Open(cfg)
+	require.ErrorIs(t, err, ErrBadConfig)
+	require.ErrorIs(t, err, prefixcache.ErrUnknownPolicy)
+	require.Contains(t, err.Error(), `"lfu"`)
+
+	for _, policy := range prefixcache.PolicyNames() {
+		cfg := testConfig(t.TempDir(), 4)
+		cfg.Eviction = policy
+		s := openStore(t, cfg)
+		require.Equal(t, policy, s.Config().Eviction)
+		pages := newUniverse(testFormat, 1, 8).chains[0]
+		for i := range 4 {
+			require.True(t, s.Store(&pages[i]))
+		}
+		flush(t, s)
+		require.Equal(t, 1, fetchChecked(t, s, request(pages[:1])))
+		for i := 4; i < 8; i++ {
+			require.True(t, s.Store(&pages[i]))
+			flush(t, s)
+			require.NoError(t, s.CheckInvariants())
+		}
+		kept := fetchChecked(t, s, request(pages[:1])) == 1
+		require.Equal(t, policy != prefixcache.PolicyLRU, kept, "%s: the page served once is kept", policy)
+		require.EqualValues(t, 4, s.DiskStats().Evicted)
+		require.NoError(t, s.Close())
+	}
+	s := openStore(t, testConfig(t.TempDir(), 4))
+	require.Equal(t, prefixcache.PolicyLRU, s.Config().Eviction, "the default")
+	require.NoError(t, s.Close())
 }
 
 func TestQueueBoundDrops(t *testing.T) {
@@ -173,7 +230,8 @@ func TestDamagedAndForeignSlotsDropped(t *testing.T) {
 
 	// Page 1: one byte of its K/V flipped. Page 2: its header's sequence
 	// changed (its checksum no longer matches).
-	flip(t, dir, slots[u.chains[0][1].Digest], slotHeaderBytes+200)
+	_, valueOff, _ := slotGeometry(testConfig(dir, 16))
+	flip(t, dir, slots[u.chains[0][1].Digest], valueOff+200)
 	flip(t, dir, slots[u.chains[0][2].Digest], 9)
 	s = openStore(t, testConfig(dir, 16))
 	defer s.Close()
@@ -249,12 +307,18 @@ func TestFetchDeadline(t *testing.T) {
 	require.EqualValues(t, 1, s.Stats().Timeouts)
 }
 
+// testSlotBytes is the slot length of testConfig's stores.
+func testSlotBytes() int {
+	_, _, n := slotGeometry(testConfig("", 1))
+	return n
+}
+
 func readSlot(t *testing.T, dir string, slot int) []byte {
 	f, err := os.Open(filepath.Join(dir, "seg-0000.pkvd"))
 	require.NoError(t, err)
 	defer f.Close()
-	b := make([]byte, slotAlign)
-	_, err = f.ReadAt(b, int64(segmentHeaderBytes+slot*slotAlign))
+	b := make([]byte, testSlotBytes())
+	_, err = f.ReadAt(b, int64(segmentHeaderBytes+slot*len(b)))
 	require.NoError(t, err)
 	return b
 }
@@ -263,7 +327,7 @@ func writeSlot(t *testing.T, dir string, slot int, b []byte) {
 	f, err := os.OpenFile(filepath.Join(dir, "seg-0000.pkvd"), os.O_RDWR, 0)
 	require.NoError(t, err)
 	defer f.Close()
-	_, err = f.WriteAt(b, int64(segmentHeaderBytes+slot*slotAlign))
+	_, err = f.WriteAt(b, int64(segmentHeaderBytes+slot*testSlotBytes()))
 	require.NoError(t, err)
 }
 
@@ -323,4 +387,111 @@ func storeFirstPage(t *testing.T, pages int) (*Store, *pageUniverse) {
 	require.True(t, s.Store(&u.chains[0][0]))
 	flush(t, s)
 	return s, u
+}
+
+// TestFetchAllocatesNothing: a lookup that reads and verifies a chain
+// (one preadv per run, the checks, the policy's bookkeeping) allocates
+// nothing once the store's read buffers exist.
+func TestFetchAllocatesNothing(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 16))
+	defer s.Close()
+	chain := newUniverse(testFormat, 1, 6).chains[0]
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	req := request(chain)
+	ctx := context.Background()
+	require.Equal(t, len(chain), fetchChecked(t, s, req))
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		if s.Fetch(ctx, req) != len(chain) {
+			t.Fatal("a page was not served")
+		}
+	}))
+}
+
+// fakeGhost is a policy with a ghost history (prefixcache's GhostPolicy
+// methods) over SLRU, recording what the store's queues tell it.
+type fakeGhost struct {
+	prefixcache.Policy
+	size     int
+	known    map[uint64]bool
+	evicted  []uint64
+	evHits   []uint32
+	enqueued []uint32
+}
+
+func (f *fakeGhost) Size(n int)             { f.size = n }
+func (f *fakeGhost) Returned(h uint64) bool { return f.known[h] }
+func (f *fakeGhost) Evicted(h uint64, hits uint32) {
+	f.evicted, f.evHits = append(f.evicted, h), append(f.evHits, hits)
+}
+func (f *fakeGhost) Enqueue(hits uint32) int {
+	f.enqueued = append(f.enqueued, hits)
+	return f.Policy.Enqueue(hits)
+}
+func (f *fakeGhost) Dequeue(lens []int) int { return f.Policy.Dequeue(lens) }
+
+// TestGhostPolicyWiring: a policy that keeps ghosts of evicted pages is
+// told the capacity, every page evicted (its hash and hits) and every page
+// written; a page it remembers joins its queue as one with a hit until it
+// serves one.
+func TestGhostPolicyWiring(t *testing.T) {
+	slru, err := prefixcache.NewPolicy(prefixcache.PolicySLRU)
+	require.NoError(t, err)
+	u := newUniverse(testFormat, 1, 2).chains[0]
+	d0, d1 := u[0].Digest, u[1].Digest
+	g := &fakeGhost{Policy: slru, known: map[uint64]bool{ghostHash(d0): true}}
+	q, err := newQueuesOf(g, 4)
+	require.NoError(t, err)
+	require.Equal(t, 4, g.size)
+	q.Written(0, d0) // remembered: enqueued with one hit
+	q.Written(1, d1)
+	q.Used(0) // its first hit: still one
+	q.Used(0)
+	q.Used(1)
+	require.Equal(t, []uint32{1, 0, 1, 2, 1}, g.enqueued)
+	require.NoError(t, q.checkInvariants())
+	q.Evict(1, d1)
+	q.Evict(0, d0)
+	require.Equal(t, []uint64{ghostHash(d1), ghostHash(d0)}, g.evicted)
+	require.Equal(t, []uint32{1, 2}, g.evHits)
+	require.Zero(t, q.Len())
+	require.NoError(t, q.checkInvariants())
+}
+
+// TestWriteErrorFreesSlots: a batch whose write fails is counted, its pages
+// are not indexed, its slots go back to the free list, and the store
+// writes and serves pages once the file takes writes again.
+func TestWriteErrorFreesSlots(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 8))
+	defer s.Close()
+	chain := newUniverse(testFormat, 1, 4).chains[0]
+	rw := s.segs[0]
+	ro, err := os.Open(rw.Name()) // writes fail: EBADF
+	require.NoError(t, err)
+	s.segs[0] = ro
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	st := s.DiskStats()
+	require.EqualValues(t, len(chain), st.Remote.Errors)
+	require.Zero(t, st.Remote.Stored)
+	require.Zero(t, st.Pages)
+	require.Equal(t, []int32{7, 6, 5, 4, 3, 2, 1, 0}, s.free, "used again lowest first")
+	require.NoError(t, s.CheckInvariants())
+	require.Zero(t, fetchChecked(t, s, request(chain)))
+
+	s.segs[0] = rw
+	require.NoError(t, ro.Close())
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	require.Equal(t, len(chain), fetchChecked(t, s, request(chain)))
+	for i := range chain {
+		require.EqualValues(t, i, s.index[chain[i].Digest], "page %d in slot %d: consecutive slots", i, i)
+	}
 }
