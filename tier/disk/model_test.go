@@ -26,7 +26,7 @@ type refDisk struct {
 	capacity int
 	name     string
 	policy   prefixcache.Policy
-	ghost    ghostPolicy // policy, if it keeps ghosts
+	ghost    prefixcache.GhostPolicy // policy, if it keeps ghosts
 	queues   [][]tier.Digest
 	seq      map[tier.Digest]uint64
 	hits     map[tier.Digest]uint32
@@ -45,7 +45,7 @@ func (r *refDisk) reset(t testing.TB) {
 	p, err := prefixcache.NewPolicy(r.name)
 	require.NoError(t, err)
 	r.policy, r.queues = p, make([][]tier.Digest, p.Queues())
-	r.ghost, _ = p.(ghostPolicy)
+	r.ghost, _ = p.(prefixcache.GhostPolicy)
 	if r.ghost != nil {
 		r.ghost.Size(r.capacity)
 	}

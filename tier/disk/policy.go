@@ -21,23 +21,15 @@ import (
 // sequence first, hits 0: a restart forgets hits), and again each time it
 // is served (leaving its queue first, its hits one more); a victim is the
 // head of the queue Dequeue picks. A policy that also keeps a ghost history
-// of evicted pages (ghostPolicy) is told the store's capacity, each page
+// of evicted pages (a prefixcache.GhostPolicy) is told the store's capacity, each page
 // evicted and each page written.
 
-// ghostPolicy is a policy that learns from the pages its container evicts
-// and writes again: the methods of prefixcache's GhostPolicy (its
-// adaptive replacement policy), named here by their signatures. The store
-// calls Size once with its slot count, Evicted for each page it
-// overwrites (its hash and the hits it would be enqueued with), and
-// Returned for each page it writes; a page Returned reports true for
-// counts as having served a hit until it serves one. A page's hash is
-// the first 8 bytes of its digest, little-endian.
-type ghostPolicy interface {
-	Size(pages int)
-	Evicted(hash uint64, hits uint32)
-	Returned(hash uint64) bool
-}
-
+// A policy that keeps a ghost history is a prefixcache.GhostPolicy (its
+// adaptive replacement policy). The store calls Size once with its slot
+// count, Evicted for each page it overwrites (its hash and the hits it
+// would be enqueued with), and Returned for each page it writes; a page
+// Returned reports true for counts as having served a hit until it serves
+// one. A page's hash is the first 8 bytes of its digest, little-endian.
 func ghostHash(d tier.Digest) uint64 { return binary.LittleEndian.Uint64(d[:8]) }
 
 // notQueued marks a slot on no queue.
@@ -49,7 +41,7 @@ const notQueued = math.MaxUint8
 // the store's lock held.
 type queues struct {
 	policy     prefixcache.Policy
-	ghost      ghostPolicy // policy, if it keeps ghosts; else nil
+	ghost      prefixcache.GhostPolicy // policy, if it keeps ghosts; else nil
 	prev, next []int32
 	queue      []uint8  // per slot, its queue or notQueued
 	hits       []uint32 // per slot, the hits its page served since written
@@ -76,7 +68,7 @@ func newQueuesOf(p prefixcache.Policy, slots int) (*queues, error) {
 	}
 	q := &queues{policy: p, prev: make([]int32, slots+nq), next: make([]int32, slots+nq),
 		queue: make([]uint8, slots), hits: make([]uint32, slots), returned: make([]bool, slots), lens: make([]int, nq)}
-	if g, ok := p.(ghostPolicy); ok {
+	if g, ok := p.(prefixcache.GhostPolicy); ok {
 		g.Size(slots)
 		q.ghost = g
 	}
