@@ -32,6 +32,70 @@ type mlaPlan struct {
 	decode                         bool
 	scale                          float64
 	indptr, indices, kvLen, bi, po int
+	// tc: decode runs mla_decode_tc_* over the work items at offset work
+	// (items of them; merge >= 0: split-KV, merged by merge_partial_states).
+	tc                 bool
+	work, merge, items int
+}
+
+// The tensor-core MLA decode (mla_tc.cu) is built for FlashInfer's MLA
+// shape: head_dim_ckv 512, head_dim_kpe 64, 16 heads per CTA, key tiles of
+// 16.
+const (
+	mlaTCCKV, mlaTCKPE = 512, 64
+	mlaTCHeads         = 16
+	mlaTCKeys          = 16
+)
+
+// mlaTCKernels are the tensor-core MLA decode entries by cache dtype: [0]
+// rounds q and P once to the mma type, [1] (_hilo) carries them as hi + lo
+// pairs. f32 caches have none (see MLAKernelFor).
+var mlaTCKernels = map[layout.DType][2]string{
+	layout.F16: {"mla_decode_tc_f16", "mla_decode_tc_f16_hilo"}, layout.BF16: {"mla_decode_tc_bf16", "mla_decode_tc_bf16_hilo"},
+	layout.E4M3: {"mla_decode_tc_e4m3", "mla_decode_tc_e4m3_hilo"}, layout.E5M2: {"mla_decode_tc_e5m2", "mla_decode_tc_e5m2_hilo"},
+}
+
+// mlaTC reports whether MLA decode over g runs on the tensor-core kernels:
+// a 16-bit or fp8 cache, head_dim_ckv 512 and head_dim_kpe 64 (every row
+// and the fused kpe offset are then whole 16-byte chunks, which cp.async
+// copies).
+func mlaTC(g layout.MLA) bool {
+	_, ok := mlaTCKernels[g.DType]
+	return ok && g.HeadDimCKV == mlaTCCKV && g.HeadDimKPE == mlaTCKPE
+}
+
+// mlaTCSmem is the dynamic shared memory of an mla_decode_tc CTA for
+// elements of es bytes (mla_tc.cu, Smem::kBytes): two stages of 16 padded
+// rows of 576 elements + 16 bytes, a flag per key and stage, and the S
+// partials of 4 warps x 32 lanes x 8 floats.
+func mlaTCSmem(es int) int {
+	return 2*mlaTCKeys*((mlaTCCKV+mlaTCKPE)*es+16) + 2*mlaTCKeys + 4*32*8*4
+}
+
+// MLAKernelFor names the MLA decode entry point a decode over g with q_nope,
+// q_pe and o of the given dtypes launches: mla_decode_tc_<kv>[_hilo] (tensor
+// cores; _hilo when q_nope, q_pe or o is not of the mma type, which is bf16
+// for a bf16 cache and f16 for f16 and fp8 caches) where mlaTC holds, else
+// the CUDA-core mla_decode_<kv>_c<CK> (f32 caches, other head dims), or ""
+// for head_dim_ckv above 512.
+func MLAKernelFor(g layout.MLA, qNope, qPE, o layout.DType) string {
+	if mlaTC(g) {
+		mt := layout.F16
+		if g.DType == layout.BF16 {
+			mt = layout.BF16
+		}
+		hilo := 0
+		if qNope != mt || qPE != mt || o != mt {
+			hilo = 1
+		}
+		return mlaTCKernels[g.DType][hilo]
+	}
+	for i, ck := range mlaCK {
+		if 32*ck >= g.HeadDimCKV {
+			return mlaKernels[g.DType][i]
+		}
+	}
+	return ""
 }
 
 // mlaCK are the ckv features per lane the MLA decode kernels are built for.
@@ -112,6 +176,11 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 	m.indptr = s.pack(p.KVIndptr)
 	if p.Decode {
 		m.kvLen = s.pack(p.KVLen)
+		if mlaTC(g) {
+			if err := s.planMLAWork(&m, p.KVLen); err != nil {
+				return err
+			}
+		}
 	}
 	s.nnz = len(p.BatchIndices)
 	if s.nnz > 0 {
@@ -125,6 +194,47 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 	s.mla = m
 	s.kind = NoAttention
 	s.planned = true
+	return nil
+}
+
+// planMLAWork packs the work items (request, request, kv_begin, kv_end) of
+// a tensor-core MLA decode: one per request, or with split-KV each
+// request's keys cut into chunks (chooseChunk over ceil(H/16) CTAs per
+// request, tiles of 16 keys) and merged by merge_partial_states. Split-KV
+// needs the step's scratch for the partials (MaxQOHeads >= H, MaxHeadDim
+// >= 512); a step sized without it runs one item per request.
+func (s *Step) planMLAWork(m *mlaPlan, kvLen []int32) error {
+	B := m.batch
+	s.lo, s.hi, s.visible = resizeInts(s.lo, B), resizeInts(s.hi, B), resizeInts(s.visible, B)
+	if cap(s.req) < B {
+		s.req = make([]int32, B)
+	}
+	s.req = s.req[:B]
+	total := 0
+	for b, n := range kvLen {
+		s.lo[b], s.hi[b], s.visible[b], s.req[b] = 0, int(n), int(n), int32(b)
+		total += int(n)
+	}
+	chunk := 0
+	if s.lim.MaxQOHeads >= m.heads && s.lim.MaxHeadDim >= mlaTCCKV {
+		chunk = chooseChunk(s.visible, (m.heads+mlaTCHeads-1)/mlaTCHeads, s.b.drv.NumSMs(), s.b.cfg.MaxChunkTokens, mlaTCKeys)
+	}
+	if spare := s.lim.MaxWorkItems - B; chunk > 0 && B+(total+chunk-1)/chunk > s.lim.MaxWorkItems {
+		chunk = 0 // too many items for the step's buffers: the fewest chunks that fit, or none
+		if spare > 0 {
+			chunk = (total + spare - 1) / spare
+		}
+	}
+	var mrg []int32
+	s.work, mrg = splitWork(s.work, s.mrg, s.lo, s.hi, s.req, chunk)
+	if err := s.limit("work items", len(s.work)/4, s.lim.MaxWorkItems); err != nil {
+		return err
+	}
+	m.work, m.items, m.merge, m.tc = s.pack(s.work), len(s.work)/4, -1, true
+	if mrg != nil {
+		s.mrg = mrg
+		m.merge = s.pack(mrg)
+	}
 	return nil
 }
 
@@ -222,13 +332,13 @@ func (s *Step) MLADecode(cache *DeviceMLACache, qNope, qPE, o, lse DeviceTensor)
 	if B == 0 {
 		return nil
 	}
-	ck := 0
-	for ck < len(mlaCK)-1 && 32*mlaCK[ck] < g.HeadDimCKV {
-		ck++
-	}
 	qCode, _ := dtypeCode(qNope.DType)
 	qpeCode, _ := dtypeCode(qPE.DType)
 	oCode, _ := dtypeCode(o.DType)
+	kernel := MLAKernelFor(g, qNope.DType, qPE.DType, o.DType)
+	if s.mla.tc {
+		return s.mlaDecodeTC(kernel, cache, qNope, qPE, o, lse, qCode, qpeCode, oCode)
+	}
 	a := append(s.args[:0],
 		uint64(qNope.Ptr), uint64(qPE.Ptr), uint64(cache.CKV), uint64(cache.KPE),
 		s.at(s.mla.indptr), s.at(s.mla.indices), s.at(s.mla.kvLen), uint64(o.Ptr), uint64(lse.Ptr),
@@ -236,5 +346,32 @@ func (s *Step) MLADecode(cache *DeviceMLACache, qNope, qPE, o, lse DeviceTensor)
 		uint64(g.RowCKV()), uint64(g.RowKPE()), uint64(qCode), uint64(qpeCode), uint64(oCode), f64Arg(s.mla.scale*math.Log2E))
 	s.args = a
 	hpb := min(H, 8)
-	return s.b.launch(mlaKernels[g.DType][ck], Dim3{B, (H + hpb - 1) / hpb, 1}, Dim3{32, hpb, 1}, 0, a)
+	return s.b.launch(kernel, Dim3{B, (H + hpb - 1) / hpb, 1}, Dim3{32, hpb, 1}, 0, a)
+}
+
+// mlaDecodeTC launches the tensor-core MLA decode over the planned work
+// items (grid (items, ceil(H/16)), 128 threads) and, with split-KV, the
+// merge of the partial states in the step's scratch.
+func (s *Step) mlaDecodeTC(kernel string, cache *DeviceMLACache, qNope, qPE, o, lse DeviceTensor, qCode, qpeCode, oCode int64) error {
+	g, H, m := s.mla.g, s.mla.heads, &s.mla
+	partial := m.merge >= 0
+	var tmpO, tmpLSE, flag uint64
+	if partial {
+		tmpO = uint64(s.scratch)
+		tmpLSE = tmpO + uint64(m.items*H*mlaTCCKV*4)
+		flag = 1
+	}
+	a := append(s.args[:0],
+		uint64(qNope.Ptr), uint64(qPE.Ptr), uint64(cache.CKV), uint64(cache.KPE),
+		s.at(m.indptr), s.at(m.indices), s.at(m.work), uint64(o.Ptr), uint64(lse.Ptr), tmpO, tmpLSE,
+		uint64(H), uint64(g.PageSize), uint64(g.NumPages), uint64(g.RowCKV()), uint64(g.RowKPE()),
+		uint64(qCode), uint64(qpeCode), uint64(oCode), f64Arg(m.scale*math.Log2E), flag)
+	s.args = a
+	grid := Dim3{m.items, (H + mlaTCHeads - 1) / mlaTCHeads, 1}
+	if err := s.b.launch(kernel, grid, Dim3{128, 1, 1}, mlaTCSmem(g.DType.Size()), a); err != nil || !partial {
+		return err
+	}
+	mg := append(s.args[:0], tmpO, tmpLSE, s.at(m.merge), uint64(o.Ptr), uint64(lse.Ptr), uint64(H), uint64(mlaTCCKV), uint64(oCode), f64Arg(1))
+	s.args = mg
+	return s.b.launch("merge_partial_states", Dim3{m.batch, H, 1}, Dim3{threadsFor(mlaTCCKV), 1, 1}, 0, mg)
 }
