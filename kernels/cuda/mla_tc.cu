@@ -124,8 +124,34 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
   }
 }
 
-// k_frags loads the B fragments of K^T for k-step ks of warp w: b[j] for
-// keys 8j..8j+7 of the tile (column-major B = row-major K rows).
+// The fp8 fragments are read as 32-bit words (4 codes each; the shared
+// rows are bytes, which ldmatrix cannot transpose) with the k and n indices
+// of the mma permuted within a tile, which a dot product and a column order
+// allow:
+//   - S: lane (g, t)'s B fragment of k-step ks is K[key g][4t..4t+3] (one
+//     word: its low half is the logical k = 2t, 2t+1, its high half 2t+8,
+//     2t+9), and the Q fragments are loaded with the same permutation;
+//   - O: n-tile n of a 32-column group c holds columns c + 4j + n (j = 0..7,
+//     the mma's n index), so lane g reads one word V[key][c + 4g..+3] per key
+//     row and gets its B values of 4 n-tiles from it (kp_col maps back).
+// Both read 32 distinct banks per warp instruction (row stride 148 words).
+
+// q_col is the dims offset, within a k-step, of element e (0, 1) of Q
+// fragment register r of lane quad t.
+template <typename KV>
+__device__ __forceinline__ int q_col(int t, int r, int e) {
+  return Tc<KV>::kFp8 ? 4 * t + 2 * (r >> 1) + e : 2 * t + 8 * (r >> 1) + e;
+}
+
+// out_col is the column, within the warp's 128, of the mma's column j of
+// n-tile n.
+template <typename KV>
+__device__ __forceinline__ int out_col(int n, int j) {
+  return Tc<KV>::kFp8 ? 32 * (n / 4) + 4 * j + n % 4 : 8 * n + j;
+}
+
+// k_frags loads the B fragments of K^T for k-step ks of warp w: b[2j],
+// b[2j+1] for keys 8j..8j+7 of the tile (column-major B = row-major K rows).
 template <typename KV>
 __device__ __forceinline__ void k_frags(const unsigned char* tile, int ks, int warp, int lane, uint32_t (&b)[4]) {
   const int col = ks < kCols / 16 ? kCols * warp + 16 * ks : kDCKV + kPeCols * warp;  // element column
@@ -134,9 +160,9 @@ __device__ __forceinline__ void k_frags(const unsigned char* tile, int ks, int w
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int j = 0; j < 2; j++) {
-      const unsigned char* row = tile + (8 * j + g) * rb + col + 2 * t;
-      b[2 * j] = Tc<KV>::cvt(*reinterpret_cast<const uint16_t*>(row));
-      b[2 * j + 1] = Tc<KV>::cvt(*reinterpret_cast<const uint16_t*>(row + 8));
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(tile + (8 * j + g) * rb + col + 4 * t);
+      b[2 * j] = Tc<KV>::cvt(uint16_t(w));
+      b[2 * j + 1] = Tc<KV>::cvt(uint16_t(w >> 16));
     }
   } else {
     // matrices: (keys 0-7, cols +0), (keys 0-7, cols +8), (keys 8-15, +0), (keys 8-15, +8)
@@ -146,23 +172,43 @@ __device__ __forceinline__ void k_frags(const unsigned char* tile, int ks, int w
   }
 }
 
-// v_frags loads the B fragments of V for columns [c, c+16) of the tile:
-// b[0], b[1] for columns c..c+7 and b[2], b[3] for c+8..c+15.
+// pair_bytes is the pair (byte n of lo, byte n of hi) as the low and high
+// byte of a 16-bit value: one PRMT (__byte_perm, selector n | (n+4) << 4:
+// byte n of {hi, lo} and byte 4 + n) on the GPU.
+__device__ __forceinline__ uint16_t pair_bytes(uint32_t lo, uint32_t hi, int n) {
+#if defined(__CUDA_ARCH__)
+  return uint16_t(__byte_perm(lo, hi, unsigned(n | (n + 4) << 4)));
+#else
+  return uint16_t((lo >> (8 * n) & 0xff) | (hi >> (8 * n) & 0xff) << 8);
+#endif
+}
+
+// v_frags loads the B fragments of V for the 32 columns from c of the
+// tile: b[2n], b[2n+1] for n-tile n = 0..3 (columns out_col).
 template <typename KV>
-__device__ __forceinline__ void v_frags(const unsigned char* tile, int c, int lane, uint32_t (&b)[4]) {
+__device__ __forceinline__ void v_frags(const unsigned char* tile, int c, int lane, uint32_t (&b)[8]) {
   constexpr int rb = Smem<KV>::kRow;
   if constexpr (Tc<KV>::kFp8) {
     const int g = lane / 4, t = lane % 4;
+    uint32_t w[4];  // keys 2t, 2t+1, 2t+8, 2t+9
 #pragma unroll
-    for (int r = 0; r < 4; r++) {
-      const unsigned char* p = tile + (2 * t + 8 * (r & 1)) * rb + c + 8 * (r >> 1) + g;
-      b[r] = Tc<KV>::cvt(uint16_t(p[0] | p[rb] << 8));
+    for (int r = 0; r < 4; r++) w[r] = *reinterpret_cast<const uint32_t*>(tile + (2 * t + (r & 1) + 8 * (r >> 1)) * rb + c + 4 * g);
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      b[2 * n] = Tc<KV>::cvt(pair_bytes(w[0], w[1], n));
+      b[2 * n + 1] = Tc<KV>::cvt(pair_bytes(w[2], w[3], n));
     }
   } else {
     // matrices: (keys 0-7, cols +0), (keys 8-15, +0), (keys 0-7, +8), (keys 8-15, +8)
     const int i = lane / 8;
     const int key = lane % 8 + 8 * (i & 1);
-    ldmatrix_x4_trans(b, tile + key * rb + (c + 8 * (i >> 1)) * 2);
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, tile + key * rb + (c + 16 * h + 8 * (i >> 1)) * 2);
+#pragma unroll
+      for (int k = 0; k < 4; k++) b[4 * h + k] = r[k];
+    }
   }
 }
 
@@ -181,27 +227,26 @@ __device__ __forceinline__ void load_tile(unsigned char* stage, unsigned char* f
   constexpr int kChunks = (kDCKV + kDKPE) / kPer;             // 72, 36
   const int tid = int(threadIdx.x);
   const int key = tid / 8;
-  const int64_t pos = k0 + key;
+  // Positions are below kv_len < 2^31 and page_size fits 32 bits too: the
+  // page lookup divides in 32 bits.
+  const uint32_t pos = uint32_t(k0 + key), ps = uint32_t(page_size);
   int64_t page = -1;
-  if (pos < kv_end) page = kv_indices[first + pos / page_size];
+  if (pos < kv_end) page = kv_indices[first + pos / ps];
   const bool valid = page >= 0 && page < num_pages;
   unsigned char* row = stage + key * Smem<KV>::kRow;
   if (tid % 8 == 0) flags[key] = valid;
-  const int64_t tok = valid ? page * page_size + pos % page_size : 0;
+  const int sub = tid % 8;
+  if (!valid) {
+    for (int c = sub; c < kChunks; c += 8) *reinterpret_cast<uint4*>(row + 16 * c) = uint4{0, 0, 0, 0};
+    return;
+  }
+  const int64_t tok = page * page_size + pos % ps;
   const T* crow = ckv + tok * row_ckv;
+#pragma unroll
+  for (int j = 0; j < kCkvChunks / 8; j++) cp_async_16(row + 16 * (sub + 8 * j), crow + (sub + 8 * j) * kPer);
   const T* krow = kpe + tok * row_kpe;
 #pragma unroll
-  for (int j = 0; j < (kChunks + 7) / 8; j++) {
-    const int c = tid % 8 + 8 * j;
-    if (c >= kChunks) break;
-    if (!valid) {
-      *reinterpret_cast<uint4*>(row + 16 * c) = uint4{0, 0, 0, 0};
-    } else if (c < kCkvChunks) {
-      cp_async_16(row + 16 * c, crow + c * kPer);
-    } else {
-      cp_async_16(row + 16 * c, krow + (c - kCkvChunks) * kPer);
-    }
-  }
+  for (int c = sub; c < kChunks - kCkvChunks; c += 8) cp_async_16(row + 16 * (kCkvChunks + c), krow + c * kPer);
 }
 
 template <typename KV, bool kHiLo>
@@ -238,11 +283,11 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
 #pragma unroll
     for (int r = 0; r < 4; r++) {
       const int64_t h = h0 + g + 8 * (r & 1);
-      const int64_t at = (qrow * num_heads + h) * dim + col + 2 * t + 8 * (r >> 1);
+      const int64_t at = (qrow * num_heads + h) * dim + col;
       float x0 = 0.0f, x1 = 0.0f;
       if (h < num_heads) {
-        x0 = load_f32(pe ? q_pe : q_nope, at, pe ? qpe_dtype : q_dtype);
-        x1 = load_f32(pe ? q_pe : q_nope, at + 1, pe ? qpe_dtype : q_dtype);
+        x0 = load_f32(pe ? q_pe : q_nope, at + q_col<KV>(t, r, 0), pe ? qpe_dtype : q_dtype);
+        x1 = load_f32(pe ? q_pe : q_nope, at + q_col<KV>(t, r, 1), pe ? qpe_dtype : q_dtype);
       }
       pack_split<kBF16, kHiLo>(x0, x1, qa[0][ks][r], qa[kHl - 1][ks][r]);
     }
@@ -303,9 +348,10 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
     float mx[2] = {ninf, ninf};
 #pragma unroll
     for (int j = 0; j < 2; j++) {
+      const uint32_t f = *reinterpret_cast<const uint16_t*>(fl + 8 * j + 2 * t);  // keys 8j+2t, 8j+2t+1
 #pragma unroll
       for (int r = 0; r < 4; r++) {
-        s[j][r] = fl[8 * j + 2 * t + (r & 1)] ? s[j][r] * q_scale : ninf;
+        s[j][r] = (f >> (8 * (r & 1))) & 1 ? s[j][r] * q_scale : ninf;
         mx[r >> 1] = fmaxf(mx[r >> 1], s[j][r]);
       }
     }
@@ -320,12 +366,14 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
       m[r2] = mn;
       d[r2] *= corr[r2];
     }
+    if (corr[0] != 1.0f || corr[1] != 1.0f) {  // the same in all 4 warps; rare once the maxima settle
 #pragma unroll
-    for (int n = 0; n < kNTiles; n++) {
-      acc[n][0] *= corr[0];
-      acc[n][1] *= corr[0];
-      acc[n][2] *= corr[1];
-      acc[n][3] *= corr[1];
+      for (int n = 0; n < kNTiles; n++) {
+        acc[n][0] *= corr[0];
+        acc[n][1] *= corr[0];
+        acc[n][2] *= corr[1];
+        acc[n][3] *= corr[1];
+      }
     }
     // 3. P as an A fragment (a[0]: row g, keys 2t..; a[1]: row g+8; a[2], a[3]: keys 8+2t..).
     uint32_t pa[kHl][4];
@@ -339,13 +387,13 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
       }
     }
 #pragma unroll
-    for (int np = 0; np < kNTiles / 2; np++) {
-      uint32_t b[4];
-      v_frags<KV>(tile, kCols * warp + 16 * np, lane, b);
+    for (int q = 0; q < kNTiles / 4; q++) {
+      uint32_t b[8];
+      v_frags<KV>(tile, kCols * warp + 32 * q, lane, b);
 #pragma unroll
-      for (int h = 0; h < kHl; h++) {
-        mma<kBF16>(acc[2 * np], pa[h], b[0], b[1]);
-        mma<kBF16>(acc[2 * np + 1], pa[h], b[2], b[3]);
+      for (int n = 0; n < 4; n++) {
+#pragma unroll
+        for (int h = 0; h < kHl; h++) mma<kBF16>(acc[4 * q + n], pa[h], b[2 * n], b[2 * n + 1]);
       }
     }
   }
@@ -365,14 +413,15 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
     const int64_t out = partial ? item * num_heads + h : qrow * num_heads + h;
 #pragma unroll
     for (int n = 0; n < kNTiles; n++) {
-      const int64_t at = out * kDCKV + kCols * warp + 8 * n + 2 * t;
+      const int64_t at = out * kDCKV + kCols * warp;
+      const int64_t a0 = at + out_col<KV>(n, 2 * t), a1 = at + out_col<KV>(n, 2 * t + 1);
       const float v0 = acc[n][2 * r2] * inv, v1 = acc[n][2 * r2 + 1] * inv;
       if (partial) {
-        tmp_o[at] = v0;
-        tmp_o[at + 1] = v1;
+        tmp_o[a0] = v0;
+        tmp_o[a1] = v1;
       } else {
-        store_f32(o, at, o_dtype, v0);
-        store_f32(o, at + 1, o_dtype, v1);
+        store_f32(o, a0, o_dtype, v0);
+        store_f32(o, a1, o_dtype, v1);
       }
     }
     if (warp == 0 && t == 0) {
