@@ -166,3 +166,36 @@ func TestMLADecodeKernels(t *testing.T) {
 		t.Run(c.String(), func(t *testing.T) { runMLATC(t, c, uint64(i)) })
 	}
 }
+
+// TestMLAStepAllocationFree pins the MLA decode step's host path on the
+// tensor-core kernel, split-KV included (work items, merge_indptr, the
+// launch and the merge launch): once a Step has seen a step of a shape, a
+// step of that shape allocates nothing.
+func TestMLAStepAllocationFree(t *testing.T) {
+	for chunk, launches := range map[int]int{-1: 1, 16: 2} {
+		cd := &cuda.CountingDriver{Driver: &nopDriver{}}
+		b := cuda.NewWithDriver("nop", cd, cuda.Config{MaxChunkTokens: chunk})
+		g := layout.MLA{Form: layout.Fused, DType: layout.F16, NumPages: 64, PageSize: 16, HeadDimCKV: 512, HeadDimKPE: 64}
+		cache, err := b.NewMLACache(g)
+		require.NoError(t, err)
+		s, err := b.NewStep(cuda.StepLimits{MaxBatch: 8, MaxPages: 64, MaxRows: 8, MaxQOHeads: 32, MaxHeadDim: 512})
+		require.NoError(t, err)
+		p := &cuda.MLAStepPlan{Geometry: g, KVIndptr: []int32{0, 3, 5, 9}, KVIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9},
+			Decode: true, KVLen: []int32{40, 20, 60}, NumHeads: 20, SMScale: 0.1}
+		t3 := func(d int) cuda.DeviceTensor {
+			x, err := b.AllocTensor(layout.F16, 3, 20, d)
+			require.NoError(t, err)
+			return x
+		}
+		qn, qp, o := t3(512), t3(64), t3(512)
+		run := func() {
+			require.NoError(t, s.PlanMLA(p))
+			require.NoError(t, s.MLADecode(cache, qn, qp, o, cuda.DeviceTensor{}))
+		}
+		run()
+		n := cd.Traffic().Launches
+		run()
+		assert.Equal(t, launches, cd.Traffic().Launches-n, "chunk %d: launches per step", chunk)
+		assert.Zero(t, testing.AllocsPerRun(20, run), "chunk %d", chunk)
+	}
+}
