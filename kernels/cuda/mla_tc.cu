@@ -23,8 +23,8 @@
 //      domain (S is scaled by sm_scale*log2(e) in f32 after the mma);
 //   3. turns P (the C fragments of S) into an A fragment in registers and
 //      accumulates O[:, cols_w] += P · V[keys, cols_w] (16 n-tiles, 64 f32
-//      registers), V fragments from ldmatrix.trans (16-bit) or byte loads
-//      and packed converts (fp8).
+//      registers), V fragments from ldmatrix.trans (16-bit) or 32-bit loads,
+//      one PRMT and one packed convert per register (fp8; see v_frags).
 // Two barriers per tile: (A) the tile has landed (then the next tile's
 // copies are issued into the other stage), (B) the partials are written.
 //
@@ -87,6 +87,11 @@ struct Smem {
   static constexpr int kStage = kKeys * kRow;
   static constexpr int kBytes = kStages * kStage + kStages * kKeys + kWarps * 32 * 8 * 4;
 };
+
+// The launcher passes these sizes (mlaTCSmem in step_mla.go; a test checks
+// the launches).
+static_assert(Smem<KvF16>::kBytes == 41504 && Smem<KvBF16>::kBytes == 41504, "16-bit CTA shared memory");
+static_assert(Smem<KvE4M3>::kBytes == 23072 && Smem<KvE5M2>::kBytes == 23072, "fp8 CTA shared memory");
 
 template <bool kBF16>
 __device__ __forceinline__ uint16_t to_bits(float x) {
@@ -444,7 +449,8 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
 // then o [rows, H, 512] (o_dtype) and lse [rows*H] (may be null) when
 // partial == 0, else tmp_o [items, H, 512] and tmp_lse [items, H] (f32) for
 // merge_partial_states. q_scale is sm_scale*log2(e). grid = (items,
-// ceil(H/16)), block = 128, dynamic shared memory mla_tc_smem (41,504 bytes
+// ceil(H/16)), block = 128, dynamic shared memory Smem<KV>::kBytes
+// (mlaTCSmem in step_mla.go: 41,504 bytes
 // for 16-bit caches, 23,072 for fp8).
 //
 // __launch_bounds__(128, MINB): with MINB = 4 (at most 128 registers) every

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -104,6 +105,9 @@ func runMLATC(t *testing.T, c mlaTCCase, seed uint64) {
 	var got []string
 	for _, l := range cd.Launches() {
 		got = append(got, l.Kernel)
+		if strings.HasPrefix(l.Kernel, "mla_decode_tc_") { // mla_tc.cu's Smem<KV>::kBytes (static_assert there)
+			assert.Equal(t, map[bool]int{true: 23072, false: 41504}[c.KV.Size() == 1], l.Shared, "%v: dynamic shared memory", c)
+		}
 	}
 	assert.Equal(t, c.Want, got, "%v: launched kernels", c)
 	assert.Equal(t, c.Want[0], cuda.MLAKernelFor(g, c.Q, c.Q, c.O), "%v: MLAKernelFor", c)
