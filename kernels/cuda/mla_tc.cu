@@ -32,9 +32,10 @@
 // f16, e4m3 and e5m2 (every fp8 value is an f16 value, widened exactly).
 // kHiLo (the _hilo entries) carries q and P as hi + lo pairs of that type
 // (two mmas each), which keeps about 22 (f16) or 16 (bf16) significant bits
-// where q or o is not of the mma type; without it q and P are rounded once to
-// the mma type, as FlashInfer does. The launcher picks kHiLo when q_nope,
-// q_pe or o is not of the mma type.
+// where q or o is finer than the mma type; without it q and P are rounded
+// once to the mma type, as FlashInfer does. The launcher picks kHiLo when
+// q_nope, q_pe or o carries more significant bits than the mma type (f32;
+// f16 over a bf16 cache): see MLAKernelFor in step_mla.go.
 #include "compat.cuh"
 
 namespace pkv {

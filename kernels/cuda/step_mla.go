@@ -73,19 +73,18 @@ func mlaTCSmem(es int) int {
 }
 
 // MLAKernelFor names the MLA decode entry point a decode over g with q_nope,
-// q_pe and o of the given dtypes launches: mla_decode_tc_<kv>[_hilo] (tensor
-// cores; _hilo when q_nope, q_pe or o is not of the mma type, which is bf16
-// for a bf16 cache and f16 for f16 and fp8 caches) where mlaTC holds, else
+// q_pe and o of the given dtypes launches: where mlaTC holds,
+// mla_decode_tc_<kv> (tensor cores), or mla_decode_tc_<kv>_hilo when q_nope,
+// q_pe or o carries more significant bits than the mma type (bf16 for a
+// bf16 cache, f16 for f16 and fp8 caches): f32 always, f16 over a bf16
+// cache. A bf16 q enters an f16 mma exactly (8 significant bits in 11). Else
 // the CUDA-core mla_decode_<kv>_c<CK> (f32 caches, other head dims), or ""
 // for head_dim_ckv above 512.
 func MLAKernelFor(g layout.MLA, qNope, qPE, o layout.DType) string {
 	if mlaTC(g) {
-		mt := layout.F16
-		if g.DType == layout.BF16 {
-			mt = layout.BF16
-		}
+		finer := func(dt layout.DType) bool { return dt == layout.F32 || (dt == layout.F16 && g.DType == layout.BF16) }
 		hilo := 0
-		if qNope != mt || qPE != mt || o != mt {
+		if finer(qNope) || finer(qPE) || finer(o) {
 			hilo = 1
 		}
 		return mlaTCKernels[g.DType][hilo]
