@@ -17,8 +17,8 @@ import (
 // BenchmarkStepMLADecode: one device-resident MLA decode step (plan: one
 // index upload; the tensor-core launch, + the split-KV merge when the plan
 // splits; on the GPU a synchronize) over a ckv/kpe cache that never leaves
-// the device, with q and o of the mma type (mla_decode_tc_<kv>, not
-// _hilo). cache-B/op counts every key's ckv and kpe row once (what HBM must
+// the device, with q and o in bf16 (f16 for an f16 cache), FlashInfer's
+// configurations, which run mla_decode_tc_<kv>, not _hilo. cache-B/op counts every key's ckv and kpe row once (what HBM must
 // deliver; the head tiles' re-reads come from L2). Sizes: small on the
 // emulator; on a GPU the DeepSeek shapes of docs/kernels.md's prediction.
 func BenchmarkStepMLADecode(b *testing.B) {
@@ -57,9 +57,9 @@ func benchMLADecode(b *testing.B, d benchDevice, B, L, H int, dt layout.DType) {
 	s, err := d.b.NewStep(cuda.StepLimits{MaxBatch: B, MaxPages: len(p.KVIndices), MaxRows: B, MaxQOHeads: H, MaxHeadDim: 512})
 	require.NoError(b, err)
 	defer s.Free()
-	qt := layout.F16
-	if dt == layout.BF16 {
-		qt = layout.BF16
+	qt := layout.BF16 // FlashInfer's MLA q and o for bf16 and fp8 caches
+	if dt == layout.F16 {
+		qt = layout.F16
 	}
 	require.Equal(b, "mla_decode_tc_"+map[layout.DType]string{layout.F16: "f16", layout.BF16: "bf16", layout.E4M3: "e4m3"}[dt],
 		cuda.MLAKernelFor(g, qt, qt, qt))
