@@ -75,6 +75,12 @@ func benchMLADecode(b *testing.B, d benchDevice, B, L, H int, dt layout.DType) {
 		require.NoError(b, s.MLADecode(cache, qn, qp, o, cuda.DeviceTensor{}))
 		require.NoError(b, d.b.Synchronize())
 	}
+	timeStep(b, d, step, int64(B)*int64(L)*int64(576*dt.Size()))
+}
+
+// timeStep runs step once untimed, then b.N times, and reports the step's
+// cache bytes, bound and host traffic (reportStep).
+func timeStep(b *testing.B, d benchDevice, step func(), cacheBytes int64) {
 	step()
 	before := d.b.Traffic()
 	b.ResetTimer()
@@ -82,6 +88,5 @@ func benchMLADecode(b *testing.B, d benchDevice, B, L, H int, dt layout.DType) {
 	for range b.N {
 		step()
 	}
-	elapsed := time.Since(start)
-	reportStep(b, d, int64(B)*int64(L)*int64(576*dt.Size()), d.b.Traffic().Sub(before), elapsed)
+	reportStep(b, d, cacheBytes, d.b.Traffic().Sub(before), time.Since(start))
 }
