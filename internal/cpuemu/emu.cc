@@ -4,6 +4,7 @@
 #include "../../kernels/cuda/append.cu"
 #include "../../kernels/cuda/decode.cu"
 #include "../../kernels/cuda/states.cu"
+#include "../../kernels/cuda/mla_tc.cu"
 #include "selftest.inc"
 
 #include <cstdlib>
@@ -55,6 +56,8 @@ Entry entry(const char* name, void (*k)(A...)) {
   PKV_ENTRY(mla_decode_##sfx##_c1), PKV_ENTRY(mla_decode_##sfx##_c2), PKV_ENTRY(mla_decode_##sfx##_c4), \
       PKV_ENTRY(mla_decode_##sfx##_c8), PKV_ENTRY(mla_decode_##sfx##_c16)
 
+#define PKV_MLA_TC_ENTRIES(sfx) PKV_ENTRY(mla_decode_tc_##sfx), PKV_ENTRY(mla_decode_tc_##sfx##_hilo)
+
 const std::vector<Entry>& entries() {
   static const std::vector<Entry> e = {
       PKV_ENTRY(append_paged_kv_cache_u16),
@@ -81,6 +84,10 @@ const std::vector<Entry>& entries() {
       PKV_MLA_ENTRIES(bf16),
       PKV_MLA_ENTRIES(e4m3),
       PKV_MLA_ENTRIES(e5m2),
+      PKV_MLA_TC_ENTRIES(f16),
+      PKV_MLA_TC_ENTRIES(bf16),
+      PKV_MLA_TC_ENTRIES(e4m3),
+      PKV_MLA_TC_ENTRIES(e5m2),
       PKV_ENTRY(cuemu_test_shuffles),
       PKV_ENTRY(cuemu_test_reverse),
       PKV_ENTRY(cuemu_test_reverse_unsynced),

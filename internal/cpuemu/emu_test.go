@@ -259,6 +259,14 @@ func TestConformancePrefillSplitK(t *testing.T) {
 
 func TestConformanceMLADecode(t *testing.T) { kernelstest.TestMLADecode(t, New(Config{})) }
 
+// The MLA suite again with split-KV forced into 24-key chunks (not a
+// multiple of the tensor-core kernel's 16-key tile), so that the 512+64
+// cases of 16-bit and fp8 caches run mla_decode_tc_* over partial states
+// merged by merge_partial_states.
+func TestConformanceMLADecodeSplitKV(t *testing.T) {
+	kernelstest.TestMLADecode(t, New(Config{MaxChunkTokens: 24}))
+}
+
 func TestConformanceMergeState(t *testing.T) { kernelstest.TestMergeState(t, New(Config{})) }
 
 func TestConformanceMergeStates(t *testing.T) { kernelstest.TestMergeStates(t, New(Config{})) }

@@ -12,6 +12,7 @@ import (
 	"github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
+	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -21,20 +22,44 @@ import (
 // and every decode step runs MLA decode over the group's pages on the CPU
 // backend and on the CUDA kernel compiled for the CPU; each must equal
 // dense float64 MLA attention over the request's whole sequence
-// (logits q_nope.ckv + q_pe.kpe, output the weighted ckv).
+// (logits q_nope.ckv + q_pe.kpe, output the weighted ckv). Two caches: f32
+// with small head dims (the CUDA-core mla_decode_f32_c1 on the emulator)
+// and f16 with FlashInfer's 512+64 and f16 q and o (mla_decode_tc_f16, the
+// tensor-core kernel, in the precision FlashInfer computes it: the dense
+// reference takes the f16-rounded cache and q, the tolerance is f16's).
 func TestHybridMLAGroupDecode(t *testing.T) {
-	const ps, heads, dc, dk, npages = 4, 4, 32, 16, 64
+	for _, c := range []struct {
+		dt     layout.DType
+		dc, dk int
+		tol    float64
+		kernel string
+	}{{layout.F32, 32, 16, 1e-5, "mla_decode_f32_c1"}, {layout.F16, 512, 64, 2e-3, "mla_decode_tc_f16"}} {
+		t.Run(fmt.Sprintf("%v-%d+%d", c.dt, c.dc, c.dk), func(t *testing.T) {
+			g := layout.MLA{Form: layout.Fused, DType: c.dt, NumPages: 1, PageSize: 1, HeadDimCKV: c.dc, HeadDimKPE: c.dk}
+			require.Equal(t, c.kernel, cuda.MLAKernelFor(g, c.dt, c.dt, c.dt))
+			testHybridMLA(t, c.dt, c.dc, c.dk, c.tol)
+		})
+	}
+}
+
+func testHybridMLA(t *testing.T, dt layout.DType, dc, dk int, tol float64) {
+	const ps, heads, npages = 4, 4, 64
 	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: pagedkv.Config{NumPages: npages, PageSize: ps, HashSeed: 1},
 		Groups: []pagedkv.LayerGroup{{Kind: pagedkv.MLAAttention, NumLayers: 1}}})
 	require.NoError(t, err)
-	cache, err := kernels.NewMLACache(layout.MLA{Form: layout.Fused, DType: layout.F32, NumPages: npages, PageSize: ps,
+	cache, err := kernels.NewMLACache(layout.MLA{Form: layout.Fused, DType: dt, NumPages: npages, PageSize: ps,
 		HeadDimCKV: dc, HeadDimKPE: dk})
 	require.NoError(t, err)
+	round := func(x float64) float32 { // to the cache's dtype and back
+		var b [4]byte
+		layout.StoreF32(dt, b[:], 0, float32(x))
+		return layout.LoadF32(dt, b[:], 0)
+	}
 	ckv := func(tok, pos int32, d int) float32 {
-		return float32(math.Sin(float64(int(tok)*31+int(pos)*7+d*11) * 0.37))
+		return round(math.Sin(float64(int(tok)*31+int(pos)*7+d*11) * 0.37))
 	}
 	kpe := func(tok, pos int32, d int) float32 {
-		return float32(math.Cos(float64(int(tok)*17+int(pos)*5+d*13) * 0.29))
+		return round(math.Cos(float64(int(tok)*17+int(pos)*5+d*13) * 0.29))
 	}
 	goBE, emu := cpu.New(cpu.Config{Workers: 1}), New(Config{NumSMs: 4})
 	ids := []pagedkv.RequestID{1, 2}
@@ -67,7 +92,7 @@ func TestHybridMLAGroupDecode(t *testing.T) {
 			}
 		}
 		require.NoError(t, goBE.AppendPagedMLAKVCache(&kernels.MLAAppendParams{
-			AppendCKV: kernels.TensorFromF32(layout.F32, ac, nnz, dc), AppendKPE: kernels.TensorFromF32(layout.F32, ak, nnz, dk),
+			AppendCKV: kernels.TensorFromF32(dt, ac, nnz, dc), AppendKPE: kernels.TensorFromF32(dt, ak, nnz, dk),
 			BatchIndices: gp.BatchIndices, Positions: gp.Positions, Cache: cache,
 			KVIndptr: gp.KVIndptr, KVIndices: gp.KVPageIndices, KVLastPageLen: gp.KVLastPageLen}))
 		if decode {
@@ -75,10 +100,10 @@ func TestHybridMLAGroupDecode(t *testing.T) {
 			B := len(ids)
 			qn, qp := make([]float32, B*heads*dc), make([]float32, B*heads*dk)
 			for i := range qn {
-				qn[i] = float32(math.Cos(float64(i*13+step) * 0.71))
+				qn[i] = round(math.Cos(float64(i*13+step) * 0.71))
 			}
 			for i := range qp {
-				qp[i] = float32(math.Sin(float64(i*7+step) * 0.53))
+				qp[i] = round(math.Sin(float64(i*7+step) * 0.53))
 			}
 			kvLen := make([]int32, B)
 			for b := range B {
@@ -88,10 +113,10 @@ func TestHybridMLAGroupDecode(t *testing.T) {
 				name string
 				b    kernels.Backend
 			}{{"cpu", goBE}, {"emu", emu}} {
-				dp := kernels.MLADecodeParams{QNope: kernels.TensorFromF32(layout.F32, qn, B, heads, dc),
-					QPE: kernels.TensorFromF32(layout.F32, qp, B, heads, dk), Cache: cache,
+				dp := kernels.MLADecodeParams{QNope: kernels.TensorFromF32(dt, qn, B, heads, dc),
+					QPE: kernels.TensorFromF32(dt, qp, B, heads, dk), Cache: cache,
 					KVIndptr: gp.KVIndptr, KVIndices: gp.KVPageIndices, KVLen: kvLen, NumHeads: heads, SMScale: scale,
-					O: kernels.NewTensor(layout.F32, B, heads, dc)}
+					O: kernels.NewTensor(dt, B, heads, dc)}
 				require.NoError(t, be.b.MLADecode(&dp))
 				got := dp.O.F32()
 				for b, id := range ids {
@@ -102,7 +127,7 @@ func TestHybridMLAGroupDecode(t *testing.T) {
 						row := b*heads + hd
 						want := denseMLA(tokens, qpos, qn[row*dc:(row+1)*dc], qp[row*dk:(row+1)*dk], scale, ckv, kpe)
 						for d := range dc {
-							require.InDelta(t, want[d], got[row*dc+d], 1e-5,
+							require.InDelta(t, want[d], got[row*dc+d], tol,
 								fmt.Sprintf("%s step %d request %d head %d feat %d", be.name, step, id, hd, d))
 						}
 					}

@@ -106,6 +106,7 @@ const (
 	mergeStateArity  = 11
 	mergeStatesArity = 10
 	mlaDecodeArity   = 20
+	mlaTCArity       = 21
 )
 
 // KernelArity maps every kernel entry point of the embedded PTX to its number
@@ -120,6 +121,11 @@ var KernelArity = func() map[string]int {
 	for _, names := range mlaKernels {
 		for _, n := range names {
 			m[n] = mlaDecodeArity
+		}
+	}
+	for _, names := range mlaTCKernels {
+		for _, n := range names {
+			m[n] = mlaTCArity
 		}
 	}
 	for _, u := range copyUnits {

@@ -318,7 +318,8 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 	}
 	h := &hostCall{b: b}
 	defer h.free()
-	s := h.step(StepLimits{MaxBatch: B, MaxPages: int(p.KVIndptr[B]), MaxRows: B})
+	s := h.step(StepLimits{MaxBatch: B, MaxPages: int(p.KVIndptr[B]), MaxRows: B,
+		MaxQOHeads: H, MaxHeadDim: p.Cache.Geometry.HeadDimCKV}) // scratch for split-KV partials
 	if h.err != nil {
 		return h.err
 	}

@@ -12,6 +12,7 @@ var Modules = map[string]string{
 	"append.ptx": appendPTX,
 	"decode.ptx": decodePTX,
 	"states.ptx": statesPTX,
+	"mla_tc.ptx": mlaTCPTX,
 }
 
 // modulesSM90 are the same modules built for sm_90, where fp8 K/V widen
@@ -21,6 +22,7 @@ var modulesSM90 = map[string]string{
 	"append.ptx": appendSM90PTX,
 	"decode.ptx": decodeSM90PTX,
 	"states.ptx": statesSM90PTX,
+	"mla_tc.ptx": mlaTCSM90PTX,
 }
 
 // ModulesFor returns the PTX modules to load on a device of compute
@@ -42,6 +44,9 @@ var decodePTX string
 //go:embed states.ptx
 var statesPTX string
 
+//go:embed mla_tc.ptx
+var mlaTCPTX string
+
 //go:embed append_sm90.ptx
 var appendSM90PTX string
 
@@ -50,6 +55,9 @@ var decodeSM90PTX string
 
 //go:embed states_sm90.ptx
 var statesSM90PTX string
+
+//go:embed mla_tc_sm90.ptx
+var mlaTCSM90PTX string
 
 // Sources holds the .cu and .cuh files the PTX is made from. internal/cpuemu
 // compiles the same files with g++; embedding them here also makes any

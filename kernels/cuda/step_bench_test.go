@@ -105,15 +105,7 @@ func benchDecode(b *testing.B, d benchDevice, c benchCase) {
 		require.NoError(b, s.Attention(cache, q, o, cuda.DeviceTensor{}))
 		require.NoError(b, d.b.Synchronize())
 	}
-	step()
-	before := d.b.Traffic()
-	b.ResetTimer()
-	start := time.Now()
-	for range b.N {
-		step()
-	}
-	elapsed := time.Since(start)
-	reportStep(b, d, cuda.DecodeCacheBytes(g, c.Hq, lens, -1), d.b.Traffic().Sub(before), elapsed)
+	timeStep(b, d, step, cuda.DecodeCacheBytes(g, c.Hq, lens, -1))
 }
 
 // BenchmarkStepAppend: one device-resident append step of B requests'
@@ -162,13 +154,5 @@ func benchAppend(b *testing.B, d benchDevice, c benchCase) {
 		require.NoError(b, s.Append(cache, kv, kv, 0, 0))
 		require.NoError(b, d.b.Synchronize())
 	}
-	step()
-	before := d.b.Traffic()
-	b.ResetTimer()
-	start := time.Now()
-	for range b.N {
-		step()
-	}
-	elapsed := time.Since(start)
-	reportStep(b, d, cuda.AppendCacheBytes(g, nnz), d.b.Traffic().Sub(before), elapsed)
+	timeStep(b, d, step, cuda.AppendCacheBytes(g, nnz))
 }

@@ -32,6 +32,81 @@ type mlaPlan struct {
 	decode                         bool
 	scale                          float64
 	indptr, indices, kvLen, bi, po int
+	// tc: decode runs mla_decode_tc_* over the work items at offset work
+	// (items of them; merge >= 0: split-KV, merged by merge_partial_states).
+	tc                 bool
+	work, merge, items int
+}
+
+// The tensor-core MLA decode (mla_tc.cu) is built for FlashInfer's MLA
+// shape: head_dim_ckv 512, head_dim_kpe 64, 16 heads per CTA, key tiles of
+// 16.
+const (
+	mlaTCCKV, mlaTCKPE = 512, 64
+	mlaTCHeads         = 16
+	mlaTCKeys          = 16
+	// mlaTCResident is the CTAs of mla_decode_tc_* an SM holds (ptxas:
+	// 166-168 registers x 128 threads, three CTAs; the _hilo entries hold
+	// two): the scheduler's slots per SM.
+	mlaTCResident = 3
+	// mlaTCMinChunk is the scheduler's least chunk for MLA, 256 keys.
+	// minChunkKeys' rule (partial state at most 1/16 of the chunk's K/V)
+	// would give 1824 keys at f16: a 16-head partial state is 16*513
+	// floats, written and read back, against 1152 bytes of ckv and kpe per
+	// key, so a B=1 request would get a few dozen CTAs on 132 SMs. At 256
+	// keys the merge traffic is about a fifth of the chunk's reads, which
+	// the GPU filling up pays back.
+	mlaTCMinChunk = 256
+)
+
+// mlaTCKernels are the tensor-core MLA decode entries by cache dtype: [0]
+// rounds q and P once to the mma type, [1] (_hilo) carries them as hi + lo
+// pairs. f32 caches have none (see MLAKernelFor).
+var mlaTCKernels = map[layout.DType][2]string{
+	layout.F16: {"mla_decode_tc_f16", "mla_decode_tc_f16_hilo"}, layout.BF16: {"mla_decode_tc_bf16", "mla_decode_tc_bf16_hilo"},
+	layout.E4M3: {"mla_decode_tc_e4m3", "mla_decode_tc_e4m3_hilo"}, layout.E5M2: {"mla_decode_tc_e5m2", "mla_decode_tc_e5m2_hilo"},
+}
+
+// mlaTC reports whether MLA decode over g runs on the tensor-core kernels:
+// a 16-bit or fp8 cache, head_dim_ckv 512 and head_dim_kpe 64 (every row
+// and the fused kpe offset are then whole 16-byte chunks, which cp.async
+// copies).
+func mlaTC(g layout.MLA) bool {
+	_, ok := mlaTCKernels[g.DType]
+	return ok && g.HeadDimCKV == mlaTCCKV && g.HeadDimKPE == mlaTCKPE
+}
+
+// mlaTCSmem is the dynamic shared memory of an mla_decode_tc CTA for
+// elements of es bytes (mla_tc.cu, Smem::kBytes): two stages of 16 padded
+// rows of 576 elements + 16 bytes, a flag per key and stage, and the S
+// partials of 4 warps x 32 lanes x 8 floats.
+func mlaTCSmem(es int) int {
+	return 2*mlaTCKeys*((mlaTCCKV+mlaTCKPE)*es+16) + 2*mlaTCKeys + 4*32*8*4
+}
+
+// MLAKernelFor names the MLA decode entry point a decode over g with q_nope,
+// q_pe and o of the given dtypes launches: where mlaTC holds,
+// mla_decode_tc_<kv> (tensor cores), or mla_decode_tc_<kv>_hilo when q_nope,
+// q_pe or o carries more significant bits than the mma type (bf16 for a
+// bf16 cache, f16 for f16 and fp8 caches): f32 always, f16 over a bf16
+// cache. A bf16 q enters an f16 mma exactly (8 significant bits in 11). Else
+// the CUDA-core mla_decode_<kv>_c<CK> (f32 caches, other head dims), or ""
+// for head_dim_ckv above 512.
+func MLAKernelFor(g layout.MLA, qNope, qPE, o layout.DType) string {
+	if mlaTC(g) {
+		finer := func(dt layout.DType) bool { return dt == layout.F32 || (dt == layout.F16 && g.DType == layout.BF16) }
+		hilo := 0
+		if finer(qNope) || finer(qPE) || finer(o) {
+			hilo = 1
+		}
+		return mlaTCKernels[g.DType][hilo]
+	}
+	for i, ck := range mlaCK {
+		if 32*ck >= g.HeadDimCKV {
+			return mlaKernels[g.DType][i]
+		}
+	}
+	return ""
 }
 
 // mlaCK are the ckv features per lane the MLA decode kernels are built for.
@@ -112,6 +187,11 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 	m.indptr = s.pack(p.KVIndptr)
 	if p.Decode {
 		m.kvLen = s.pack(p.KVLen)
+		if mlaTC(g) {
+			if err := s.planMLAWork(&m, p.KVLen); err != nil {
+				return err
+			}
+		}
 	}
 	s.nnz = len(p.BatchIndices)
 	if s.nnz > 0 {
@@ -125,6 +205,38 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 	s.mla = m
 	s.kind = NoAttention
 	s.planned = true
+	return nil
+}
+
+// planMLAWork packs the work items (request, request, kv_begin, kv_end) of
+// a tensor-core MLA decode: the split-KV scheduler (schedule.go) over
+// ceil(H/16) CTAs per item and tiles of 16 keys, chunks merged by
+// merge_partial_states. Split-KV needs the step's scratch for the partials
+// (MaxQOHeads >= H, MaxHeadDim >= 512); a step sized without it runs one
+// item per request.
+func (s *Step) planMLAWork(m *mlaPlan, kvLen []int32) error {
+	B := m.batch
+	s.lo, s.hi = resizeInts(s.lo, B), resizeInts(s.hi, B)
+	if cap(s.req) < B {
+		s.req = make([]int32, B)
+	}
+	s.req = s.req[:B]
+	for b, n := range kvLen {
+		s.lo[b], s.hi[b], s.req[b] = 0, int(n), int32(b)
+	}
+	lim := schedLimits{CTAsPerItem: (m.heads + mlaTCHeads - 1) / mlaTCHeads,
+		Slots: max(s.b.drv.NumSMs(), 1) * mlaTCResident, Tile: mlaTCKeys, MinChunk: mlaTCMinChunk,
+		Capacity: s.lim.MaxWorkItems, Force: s.b.cfg.MaxChunkTokens}
+	if s.lim.MaxQOHeads < m.heads || s.lim.MaxHeadDim < mlaTCCKV {
+		lim.Force = -1
+	}
+	if err := s.sched.plan(s.lo, s.hi, s.req, lim); err != nil {
+		return fmt.Errorf("%s: mla decode: %v: %w", s.b.name, err, ErrStepLimit)
+	}
+	m.work, m.items, m.merge, m.tc = s.pack(s.sched.work), s.sched.items(), -1, true
+	if s.sched.merge != nil {
+		m.merge = s.pack(s.sched.merge)
+	}
 	return nil
 }
 
@@ -222,13 +334,13 @@ func (s *Step) MLADecode(cache *DeviceMLACache, qNope, qPE, o, lse DeviceTensor)
 	if B == 0 {
 		return nil
 	}
-	ck := 0
-	for ck < len(mlaCK)-1 && 32*mlaCK[ck] < g.HeadDimCKV {
-		ck++
-	}
 	qCode, _ := dtypeCode(qNope.DType)
 	qpeCode, _ := dtypeCode(qPE.DType)
 	oCode, _ := dtypeCode(o.DType)
+	kernel := MLAKernelFor(g, qNope.DType, qPE.DType, o.DType)
+	if s.mla.tc {
+		return s.mlaDecodeTC(kernel, cache, qNope, qPE, o, lse, qCode, qpeCode, oCode)
+	}
 	a := append(s.args[:0],
 		uint64(qNope.Ptr), uint64(qPE.Ptr), uint64(cache.CKV), uint64(cache.KPE),
 		s.at(s.mla.indptr), s.at(s.mla.indices), s.at(s.mla.kvLen), uint64(o.Ptr), uint64(lse.Ptr),
@@ -236,5 +348,32 @@ func (s *Step) MLADecode(cache *DeviceMLACache, qNope, qPE, o, lse DeviceTensor)
 		uint64(g.RowCKV()), uint64(g.RowKPE()), uint64(qCode), uint64(qpeCode), uint64(oCode), f64Arg(s.mla.scale*math.Log2E))
 	s.args = a
 	hpb := min(H, 8)
-	return s.b.launch(mlaKernels[g.DType][ck], Dim3{B, (H + hpb - 1) / hpb, 1}, Dim3{32, hpb, 1}, 0, a)
+	return s.b.launch(kernel, Dim3{B, (H + hpb - 1) / hpb, 1}, Dim3{32, hpb, 1}, 0, a)
+}
+
+// mlaDecodeTC launches the tensor-core MLA decode over the planned work
+// items (grid (items, ceil(H/16)), 128 threads) and, with split-KV, the
+// merge of the partial states in the step's scratch.
+func (s *Step) mlaDecodeTC(kernel string, cache *DeviceMLACache, qNope, qPE, o, lse DeviceTensor, qCode, qpeCode, oCode int64) error {
+	g, H, m := s.mla.g, s.mla.heads, &s.mla
+	partial := m.merge >= 0
+	var tmpO, tmpLSE, flag uint64
+	if partial {
+		tmpO = uint64(s.scratch)
+		tmpLSE = tmpO + uint64(m.items*H*mlaTCCKV*4)
+		flag = 1
+	}
+	a := append(s.args[:0],
+		uint64(qNope.Ptr), uint64(qPE.Ptr), uint64(cache.CKV), uint64(cache.KPE),
+		s.at(m.indptr), s.at(m.indices), s.at(m.work), uint64(o.Ptr), uint64(lse.Ptr), tmpO, tmpLSE,
+		uint64(H), uint64(g.PageSize), uint64(g.NumPages), uint64(g.RowCKV()), uint64(g.RowKPE()),
+		uint64(qCode), uint64(qpeCode), uint64(oCode), f64Arg(m.scale*math.Log2E), flag)
+	s.args = a
+	grid := Dim3{m.items, (H + mlaTCHeads - 1) / mlaTCHeads, 1}
+	if err := s.b.launch(kernel, grid, Dim3{128, 1, 1}, mlaTCSmem(g.DType.Size()), a); err != nil || !partial {
+		return err
+	}
+	mg := append(s.args[:0], tmpO, tmpLSE, s.at(m.merge), uint64(o.Ptr), uint64(lse.Ptr), uint64(H), uint64(mlaTCCKV), uint64(oCode), f64Arg(1))
+	s.args = mg
+	return s.b.launch("merge_partial_states", Dim3{m.batch, H, 1}, Dim3{threadsFor(mlaTCCKV), 1, 1}, 0, mg)
 }

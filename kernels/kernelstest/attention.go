@@ -750,7 +750,7 @@ func mlaFromTokens(rng *rand.Rand, g layout.MLA, lens []int, spare int, value fu
 
 func runMLACase(t *testing.T, b kernels.Backend, rng *rand.Rand, name string) {
 	t.Helper()
-	g := layout.MLA{Form: pick(rng, layout.Fused, layout.Split), DType: pick(rng, layout.F32, layout.F16, layout.BF16, layout.E4M3),
+	g := layout.MLA{Form: pick(rng, layout.Fused, layout.Split), DType: pick(rng, layout.F32, layout.F16, layout.BF16, layout.E4M3, layout.E5M2),
 		PageSize: pick(rng, 1, 2, 16, 64), HeadDimCKV: pick(rng, 512, 512, 16, 8), HeadDimKPE: pick(rng, 64, 64, 4, 1)}
 	B := 1 + rng.IntN(4)
 	lens := make([]int, B)
@@ -758,7 +758,7 @@ func runMLACase(t *testing.T, b kernels.Backend, rng *rand.Rand, name string) {
 		lens[i] = pick(rng, 0, 1, rng.IntN(80))
 	}
 	c := mlaFromTokens(rng, g, lens, rng.IntN(2), func(b, t, part, d int) float64 { return 2*rng.Float64() - 1 })
-	H := pick(rng, 1, 2, 16, 20)
+	H := pick(rng, 1, 2, 16, 20, 32)
 	qdt, odt := pick(rng, layout.F32, layout.F16, layout.BF16), pick(rng, layout.F32, layout.F16, layout.BF16)
 	p := &kernels.MLADecodeParams{
 		QNope: randomQ(rng, qdt, B, H, g.HeadDimCKV), QPE: randomQ(rng, qdt, B, H, g.HeadDimKPE), Cache: c.cache,

@@ -488,13 +488,20 @@ func HostileTables() []RawIndices {
 func TestHostileIndices(t *testing.T, b kernels.Backend) {
 	g := RawGeometry{Layout: layout.NHD, Form: layout.Fused, DType: layout.F32, NumPages: 4, PageSize: 4,
 		NumKVHeads: 2, Group: 2, HeadDim: 8, HeadDimCKV: 8, HeadDimKPE: 4}
+	// FlashInfer's MLA head dims in bf16 too: the shape a device backend
+	// may run on other kernels (tensor cores) than the small one.
+	mla := g
+	mla.DType, mla.HeadDimCKV, mla.HeadDimKPE = layout.BF16, 512, 64
 	sentinels := []error{kernels.ErrInvalidPageTable, kernels.ErrIndexOutOfRange, kernels.ErrInvalidAttention, kernels.ErrInvalidTensor}
 	for i, ix := range HostileTables() {
 		for _, form := range []layout.TensorForm{layout.Fused, layout.Split} {
-			g.Form = form
+			g.Form, mla.Form = form, form
 			t.Run(fmt.Sprintf("table%d/%v", i, form), func(t *testing.T) {
 				if err := CheckRawIndices(b, g, ix); err != nil {
 					t.Fatal(err)
+				}
+				if err := rawMLADecode(b, mla, ix); err != nil {
+					t.Fatalf("bf16 512+64: %v", err)
 				}
 				pc, err := newPagedCache(g.paged())
 				if err != nil {
