@@ -81,6 +81,10 @@ type StepPlan struct {
 type levelPlan struct {
 	indptr, indices, last, work, merge int // byte offsets (merge: -1 without split-k)
 	items                              int
+	// the tiled prefill kernel (prefill.go): qo_indptr and kv_chunk
+	// offsets (kv_chunk: -1 without split-k), partial states, causal
+	qo, chunk, parts int
+	tc, causal       bool
 }
 
 // appendPlan holds the byte offsets of an append's arrays in the index
@@ -128,6 +132,9 @@ type Step struct {
 	work, mrg []int32
 	req       []int32
 	args      []uint64
+	pf        prefillShape // the tiled prefill's shape (prefill.go)
+	pfRow     []int32      // first query row of each prefill tile
+	pfChunk   []int32      // kv_chunk of each prefill work item
 
 	busy       atomic.Bool // a method is running (enter/leave)
 	capturing  bool        // between BeginCapture and EndCapture
@@ -494,6 +501,12 @@ func (s *Step) prepare(p *StepPlan) error {
 // cut into split-k chunks when the launcher decides to (see chooseChunk).
 func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode bool) error {
 	g := s.g
+	if !decode {
+		if sh, ok := planPrefillShape(g, s.hq/g.NumKVHeads); ok {
+			s.pf = sh
+			return s.planPrefillLevel(t, qoIndptr, causal, sh)
+		}
+	}
 	B := t.BatchSize()
 	rows := s.rows
 	s.lo, s.hi, s.visible = resizeInts(s.lo, rows), resizeInts(s.hi, rows), resizeInts(s.visible, rows)
@@ -791,9 +804,13 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	return nil
 }
 
-// runLevel launches the decode kernel over one planned level (and the
+// runLevel launches the decode kernel (the tiled prefill kernel for a level
+// planned for it) over one planned level (and the
 // split-k merge when the level is split) writing o (dtype oDT) and lse.
 func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse uint64, vScale float64) error {
+	if lv.tc {
+		return s.runPrefillLevel(cache, lv, q, o, oDT, lse, vScale)
+	}
 	g := s.g
 	D := g.HeadDim
 	qCode, _ := dtypeCode(q.DType)
@@ -829,9 +846,7 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 	if !partial {
 		return nil
 	}
-	m := append(s.args[:0], tmpO, tmpLSE, s.at(lv.merge), o, lse, uint64(s.hq), uint64(D), uint64(oCode), f64Arg(vScale))
-	s.args = m
-	return s.b.launch("merge_partial_states", Dim3{s.rows, s.hq, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, m)
+	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, oCode, vScale)
 }
 
 // mergeState launches merge_state over n (row, head) states of d features.

@@ -1,0 +1,289 @@
+package cuda
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/pagedkv/pagedkv/kernels"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// The tiled tensor-core prefill (prefill.cu, docs/kernels.md "Prefill"):
+// which shapes it takes, its work items and its launch.
+const (
+	// prefillPackedRows is the (query row, query head) pairs a work item
+	// packs into the mma M dimension: 4 warps of 16.
+	prefillPackedRows = 64
+	prefillMaxWarps   = 4
+	// prefillSmemLimit is the dynamic shared memory a launch may take
+	// without the opt-in attribute (the emulator enforces the same).
+	prefillSmemLimit = 48 << 10
+	prefillArity     = 30
+	// prefill.cu's flags argument.
+	prefillFlagPartial = 1
+	prefillFlagSplitQ  = 2
+	prefillFlagSplitP  = 4
+)
+
+// prefillDims are the head dims the tiled kernels are built for, and
+// prefillKVs the cache dtypes (every other dtype and head dim runs the
+// per-row decode kernel; see planPrefillShape).
+var (
+	prefillDims = [...]int{64, 128, 256}
+	prefillKVs  = [...]layout.DType{layout.F16, layout.BF16, layout.E4M3, layout.E5M2}
+)
+
+func prefillKernel(kv string, d int) string { return fmt.Sprintf("batch_prefill_paged_%s_d%d", kv, d) }
+
+// prefillKernels names the tiled prefill entry point of each cache dtype
+// and head dim (built once: planning a step allocates nothing).
+var prefillKernels = func() map[layout.DType]map[int]string {
+	m := map[layout.DType]map[int]string{}
+	for _, dt := range prefillKVs {
+		m[dt] = map[int]string{}
+		for _, d := range prefillDims {
+			m[dt][d] = prefillKernel(kvSuffix[dt], d)
+		}
+	}
+	return m
+}()
+
+// prefillShape is the launch shape of a tiled prefill.
+type prefillShape struct {
+	kernel      string
+	rowsPerTile int // query rows per work item: max(1, 64 / group)
+	packed      int // packed rows per full work item: rowsPerTile * group
+	bc          int // keys per K/V tile (prefill.cu kBcFor)
+}
+
+// planPrefillShape reports whether the tiled kernel takes a prefill over
+// cache geometry g with GQA group size group, and its shape: cache dtypes
+// f16, bf16, e4m3 and e5m2 with head_dim 64, 128 or 256. Every other
+// geometry (an f32 cache, any other head dim) runs the decode kernel with
+// one work item per query row, the rule docs/kernels.md states.
+func planPrefillShape(g layout.Paged, group int) (prefillShape, bool) {
+	name, ok := prefillKernels[g.DType][g.HeadDim]
+	if !ok || group < 1 {
+		return prefillShape{}, false
+	}
+	sh := prefillShape{kernel: name, rowsPerTile: max(1, prefillPackedRows/group), bc: 32}
+	if g.HeadDim > 128 {
+		sh.bc = 16
+	}
+	sh.packed = sh.rowsPerTile * group
+	return sh, true
+}
+
+// PrefillKernel names the kernel a prefill (or cascade level) over cache
+// geometry g with num_qo_heads query heads launches: the tiled
+// batch_prefill_paged_<kv>_d<D> where it applies, else the per-row decode
+// entry point.
+func PrefillKernel(g layout.Paged, numQOHeads int) (string, error) {
+	if g.NumKVHeads < 1 || numQOHeads%g.NumKVHeads != 0 {
+		return "", fmt.Errorf("cuda: prefill kernel: num_qo_heads %d is not a multiple of num_kv_heads %d: %w", numQOHeads, g.NumKVHeads, kernels.ErrInvalidAttention)
+	}
+	if sh, ok := planPrefillShape(g, numQOHeads/g.NumKVHeads); ok {
+		return sh.kernel, nil
+	}
+	sh, err := planDecodeShape(g, numQOHeads/g.NumKVHeads)
+	if err != nil {
+		return "", err
+	}
+	return sh.kernel, nil
+}
+
+// launch returns the warps per CTA, the dynamic shared memory and the
+// precision flags of a launch with q of dtype qDT writing oDT. The tensor
+// cores multiply the cache's dtype (bf16 for a bf16 cache, f16 otherwise):
+// split_q when q is another dtype (its rounding error runs as a second
+// mma), split_p when the output is f32, or f16 from bf16 probabilities.
+// The K/V stages and the Q planes of every warp must fit the 48 KiB
+// default: W shrinks (the kernel then walks a work item in passes).
+func (sh *prefillShape) launch(g layout.Paged, qDT, oDT layout.DType) (warps, smem int, flags uint64) {
+	mmaDT := layout.F16
+	if g.DType == layout.BF16 {
+		mmaDT = layout.BF16
+	}
+	planes := 1
+	if qDT != mmaDT {
+		planes, flags = 2, flags|prefillFlagSplitQ
+	}
+	if oDT == layout.F32 || (mmaDT == layout.BF16 && oDT == layout.F16) {
+		flags |= prefillFlagSplitP
+	}
+	kv := 2 * 2 * sh.bc * g.HeadDim * g.DType.Size()
+	perWarp := 16 * g.HeadDim * 2 * planes
+	warps = min(prefillMaxWarps, (prefillSmemLimit-kv)/perWarp, (sh.packed+15)/16)
+	return warps, kv + warps*perWarp, flags
+}
+
+// planPrefillLevel is planLevel for a prefill or cascade level the tiled
+// kernel takes: one tile per rowsPerTile query rows of a request, over the
+// keys its rows' causal mask and window leave (the union: the first row's
+// window bound, the last row's causal bound), cut into split-k chunks when
+// chooseChunk decides to (a balanced scheduler of work items can replace
+// it: the kernel takes any (q_row, request, kv_begin, kv_end) items with
+// their chunk index and the rows' merge CSR). A row's partial states are
+// merge_indptr[row] + kv_chunk[item], so merge_partial_states merges them
+// as it merges the decode kernel's.
+func (s *Step) planPrefillLevel(t *kernels.PageTable, qoIndptr []int32, causal bool, sh prefillShape) error {
+	g := s.g
+	B := t.BatchSize()
+	win := s.ap.WindowLeft
+	s.lo, s.hi, s.visible, s.req, s.pfRow = s.lo[:0], s.hi[:0], s.visible[:0], s.req[:0], s.pfRow[:0]
+	for b := range B {
+		n := t.SeqLen(b, g.PageSize)
+		if n > math.MaxInt32-64 {
+			return fmt.Errorf("%s: prefill: request %d has %d keys, more than the tiled kernel's 2^31-65: %w", s.b.name, b, n, kernels.ErrUnsupported)
+		}
+		q0, q1 := int(qoIndptr[b]), int(qoIndptr[b+1])
+		for qa := q0; qa < q1; qa += sh.rowsPerTile {
+			qb := min(qa+sh.rowsPerTile, q1)
+			lo, hi := 0, n
+			if causal {
+				hi = min(hi, qb-1-q0+n-(q1-q0)+1) // the last row's bottom-right bound
+			}
+			if win >= 0 {
+				lo = max(lo, qa-q0+n-(q1-q0)-win) // the first row's window
+			}
+			hi = max(hi, lo)
+			s.lo, s.hi, s.visible = append(s.lo, lo), append(s.hi, hi), append(s.visible, hi-lo)
+			s.req, s.pfRow = append(s.req, int32(b)), append(s.pfRow, int32(qa))
+		}
+	}
+	capItems := s.lim.MaxWorkItems
+	chunk := 0
+	if !s.lim.Fixed {
+		chunk = chooseChunk(s.visible, g.NumKVHeads, s.b.drv.NumSMs(), s.b.cfg.MaxChunkTokens, sh.bc)
+	}
+	// Every row of a split tile has one partial state per chunk: their
+	// total (and the items) must fit the step's work-item capacity.
+	for chunk > 0 && s.prefillParts(chunk, sh.rowsPerTile) > capItems {
+		chunk *= 2
+		if longest := maxInt(s.visible); chunk >= longest {
+			chunk = 0
+		}
+	}
+	s.work, s.pfChunk = s.work[:0], s.pfChunk[:0]
+	var mrg []int32
+	if chunk > 0 {
+		mrg = append(s.mrg[:0], 0)
+	}
+	parts := 0
+	for i := range s.lo {
+		lo, hi := s.lo[i], s.hi[i]
+		nc := 1
+		if chunk > 0 && hi > lo {
+			nc = (hi - lo + chunk - 1) / chunk
+		}
+		for c := range nc {
+			st, e := lo, hi
+			if chunk > 0 {
+				st, e = lo+c*chunk, min(lo+(c+1)*chunk, hi)
+			}
+			s.work = append(s.work, s.pfRow[i], s.req[i], int32(st), int32(e))
+			s.pfChunk = append(s.pfChunk, int32(c))
+		}
+		if chunk > 0 {
+			q1 := int(qoIndptr[s.req[i]+1])
+			for r := int(s.pfRow[i]); r < min(int(s.pfRow[i])+sh.rowsPerTile, q1); r++ {
+				mrg = append(mrg, mrg[len(mrg)-1]+int32(nc))
+				parts += nc
+			}
+		}
+	}
+	if mrg != nil {
+		s.mrg = mrg
+	}
+	if s.lim.Fixed { // padding items: the padding request, which has no query rows
+		for len(s.work)/4 < s.lim.MaxRows {
+			s.work = append(s.work, int32(s.rows), int32(s.lim.MaxBatch), 0, 0)
+		}
+	}
+	if err := s.limit("work items", len(s.work)/4, capItems); err != nil {
+		return err
+	}
+	lp := levelPlan{merge: -1, chunk: -1, tc: true, causal: causal, parts: parts}
+	lp.indptr = s.packIndptr(t.KVIndptr)
+	lp.last = s.packPadded(t.KVLastPageLen, s.lim.MaxBatch+1, 1)
+	lp.qo = s.packPadded(qoIndptr, s.lim.MaxBatch+2, qoIndptr[B])
+	lp.work = s.pack(s.work)
+	lp.items = len(s.work) / 4
+	if mrg != nil {
+		lp.chunk = s.pack(s.pfChunk)
+		lp.merge = s.pack(mrg)
+	}
+	s.levels = append(s.levels, lp)
+	return nil
+}
+
+// prefillParts is the number of partial states a split into chunks of
+// chunk keys makes (rows of each tile times its chunks).
+func (s *Step) prefillParts(chunk, rowsPerTile int) int {
+	n := 0
+	for i := range s.lo {
+		nc := max(1, (s.hi[i]-s.lo[i]+chunk-1)/chunk)
+		n += rowsPerTile * nc // at most rowsPerTile rows
+	}
+	return n
+}
+
+func maxInt(xs []int) int {
+	m := 0
+	for _, x := range xs {
+		m = max(m, x)
+	}
+	return m
+}
+
+// runPrefillLevel launches the tiled prefill kernel over one planned level
+// (and the split-k merge when the level is split), writing o (dtype oDT)
+// and lse.
+func (s *Step) runPrefillLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse uint64, vScale float64) error {
+	g := s.g
+	D := g.HeadDim
+	qCode, _ := dtypeCode(q.DType)
+	oCode, _ := dtypeCode(oDT)
+	scale := s.ap.EffectiveSMScale(D)
+	qScale := scale * math.Log2E
+	if s.ap.LogitsSoftCap > 0 {
+		qScale = scale // the cap is applied before the change of base
+	}
+	sh := s.pf
+	warps, smem, flags := sh.launch(g, q.DType, oDT)
+	var tmpO, tmpLSE uint64
+	if lv.merge >= 0 {
+		flags |= prefillFlagPartial
+		tmpO = uint64(s.scratch)
+		tmpLSE = tmpO + uint64(lv.parts*s.hq*D*4)
+	}
+	var causal uint64
+	if lv.causal {
+		causal = 1
+	}
+	a := append(s.args[:0],
+		uint64(q.Ptr), uint64(cache.K), uint64(cache.V),
+		s.at(lv.indptr), s.at(lv.indices), s.at(lv.last), s.at(lv.qo), s.at(lv.work), s.at(lv.chunk), s.at(lv.merge),
+		o, lse, tmpO, tmpLSE,
+		uint64(s.hq), uint64(g.NumKVHeads), uint64(g.PageSize), uint64(g.NumPages),
+		uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()),
+		uint64(qCode), uint64(oCode), f64Arg(qScale), f64Arg(s.ap.LogitsSoftCap), f64Arg(vScale),
+		uint64(sh.rowsPerTile), causal, uint64(int64(s.ap.WindowLeft)), flags)
+	s.args = a
+	if err := s.b.launch(sh.kernel, Dim3{lv.items, g.NumKVHeads, 1}, Dim3{32 * warps, 1, 1}, smem, a); err != nil {
+		return err
+	}
+	if lv.merge < 0 {
+		return nil
+	}
+	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, oCode, vScale)
+}
+
+// mergePartial launches merge_partial_states over a split level's partial
+// states (the decode and the prefill kernels' alike).
+func (s *Step) mergePartial(lv *levelPlan, tmpO, tmpLSE, o, lse uint64, oCode int64, vScale float64) error {
+	D := s.g.HeadDim
+	m := append(s.args[:0], tmpO, tmpLSE, s.at(lv.merge), o, lse, uint64(s.hq), uint64(D), uint64(oCode), f64Arg(vScale))
+	s.args = m
+	return s.b.launch("merge_partial_states", Dim3{s.rows, s.hq, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, m)
+}
