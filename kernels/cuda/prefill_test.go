@@ -200,3 +200,45 @@ func TestPrefillKernelSelection(t *testing.T) {
 	_, err := cuda.PrefillKernel(layout.Paged{DType: layout.F16, NumKVHeads: 2, HeadDim: 128}, 3)
 	require.ErrorIs(t, err, kernels.ErrInvalidAttention)
 }
+
+// FuzzPrefillTiled turns bytes into a small valid prefill the tiled kernel
+// takes (cache dtype, head dim 64 or 128, group 1-8, page size, up to 3
+// requests of up to 40 keys and 0-44 query rows, causal, window, soft cap,
+// q/o dtypes, split-k chunk) and compares the emulator with the reference.
+// Every size is bounded, so memory is too.
+func FuzzPrefillTiled(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 3, 20, 20, 1, 0, 0, 0, 0})
+	f.Add([]byte{2, 1, 7, 0, 33, 40, 0, 9, 1, 1, 5, 3, 2, 7, 1})
+	f.Add([]byte{3, 0, 2, 15, 1, 44, 1, 4, 0, 2, 0, 39, 0})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		at := 0
+		pick := func(n int) int {
+			v := 0
+			if at < len(data) {
+				v = int(data[at])
+			}
+			at++
+			return v % n
+		}
+		kvs := []layout.DType{layout.F16, layout.BF16, layout.E4M3, layout.E5M2}
+		acts := []layout.DType{layout.F16, layout.F32, layout.BF16}
+		c := prefillCase{decodeCase: decodeCase{Layout: layout.KVLayout(pick(2)), Form: layout.TensorForm(pick(2)),
+			KV: kvs[pick(4)], HeadDim: []int{64, 128}[pick(2)], KVHeads: 1, Group: 1 + pick(8), PageSize: 1 + pick(16)}}
+		B := 1 + pick(3)
+		for range B {
+			c.Lens = append(c.Lens, pick(41))
+			c.QOLens = append(c.QOLens, pick(45))
+		}
+		c.Causal = pick(2) == 1
+		c.WindowLeft = pick(50) - 1
+		if pick(3) == 0 {
+			c.SoftCap = 1 + float64(pick(30))
+		}
+		c.Q, c.O = acts[pick(3)], acts[pick(3)]
+		if c.KV == layout.E4M3 || c.KV == layout.E5M2 {
+			c.KScale, c.VScale = 0.25, 0.5
+		}
+		b := cpuemu.New(cpuemu.Config{NumSMs: 4, MaxChunkTokens: pick(24)})
+		checkPrefill(t, b, c, uint64(len(data)))
+	})
+}
