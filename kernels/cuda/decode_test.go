@@ -236,19 +236,25 @@ func decodeCases() []decodeCase {
 					Lens:       [][]int{{37, 0, 5}, {70}, {1, 130, 24}, {300, 2}}[i%4],
 					WindowLeft: []int{-1, -1, 0, 9, 1000}[i%5],
 				}
-				if i%7 == 3 {
-					c.SoftCap = 2.5
-					c.SMScale = 1.5
-				}
-				if kv == layout.E4M3 || kv == layout.E5M2 {
-					c.KScale, c.VScale = 0.25, 0.5
-				}
+				c.vary(i)
 				cs = append(cs, c)
 				i++
 			}
 		}
 	}
 	return cs
+}
+
+// vary gives case i of a random matrix a soft cap (every 7th) and the
+// fp8 scales an fp8 cache needs.
+func (c *decodeCase) vary(i int) {
+	if i%7 == 3 {
+		c.SoftCap = 2.5
+		c.SMScale = 1.5
+	}
+	if c.KV == layout.E4M3 || c.KV == layout.E5M2 {
+		c.KScale, c.VScale = 0.25, 0.5
+	}
 }
 
 func TestDecodeRandom(t *testing.T) {

@@ -242,13 +242,7 @@ func maxInt(xs []int) int {
 func (s *Step) runPrefillLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse uint64, vScale float64) error {
 	g := s.g
 	D := g.HeadDim
-	qCode, _ := dtypeCode(q.DType)
-	oCode, _ := dtypeCode(oDT)
-	scale := s.ap.EffectiveSMScale(D)
-	qScale := scale * math.Log2E
-	if s.ap.LogitsSoftCap > 0 {
-		qScale = scale // the cap is applied before the change of base
-	}
+	qCode, oCode, qScale := s.launchScalars(q.DType, oDT)
 	sh := s.pf
 	warps, smem, flags := sh.launch(g, q.DType, oDT)
 	var tmpO, tmpLSE uint64

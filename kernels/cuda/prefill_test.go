@@ -105,13 +105,7 @@ func prefillCases() []prefillCase {
 					Lens:       sh.kv,
 					WindowLeft: []int{-1, -1, 0, 9, 50}[i%5],
 				}, QOLens: qo, Causal: i%3 != 2}
-				if i%7 == 3 {
-					c.SoftCap = 2.5
-					c.SMScale = 1.5
-				}
-				if kv == layout.E4M3 || kv == layout.E5M2 {
-					c.KScale, c.VScale = 0.25, 0.5
-				}
+				c.vary(i)
 				cs = append(cs, c)
 				i++
 			}

@@ -813,13 +813,7 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 	}
 	g := s.g
 	D := g.HeadDim
-	qCode, _ := dtypeCode(q.DType)
-	oCode, _ := dtypeCode(oDT)
-	scale := s.ap.EffectiveSMScale(D)
-	qScale := scale * math.Log2E
-	if s.ap.LogitsSoftCap > 0 {
-		qScale = scale // the cap is applied before the change of base
-	}
+	qCode, oCode, qScale := s.launchScalars(q.DType, oDT)
 	partial := lv.merge >= 0
 	var tmpO, tmpLSE uint64
 	if partial {
@@ -847,6 +841,20 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 		return nil
 	}
 	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, oCode, vScale)
+}
+
+// launchScalars are the dtype codes of q and o and the factor of q·k
+// (sm_scale * k_scale, times log2(e) unless a soft cap applies it after the
+// cap) that the attention kernels take.
+func (s *Step) launchScalars(qDT, oDT layout.DType) (qCode, oCode int64, qScale float64) {
+	qCode, _ = dtypeCode(qDT)
+	oCode, _ = dtypeCode(oDT)
+	scale := s.ap.EffectiveSMScale(s.g.HeadDim)
+	qScale = scale * math.Log2E
+	if s.ap.LogitsSoftCap > 0 {
+		qScale = scale // the cap is applied before the change of base
+	}
+	return qCode, oCode, qScale
 }
 
 // mergeState launches merge_state over n (row, head) states of d features.
