@@ -161,6 +161,31 @@ __device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned
   cp_async_commit();
 }
 
+// logits turns the tile's q·k sums into log2-domain logits (scale, soft
+// cap) and, with kMask, sets the keys outside a row's [row_lo, row_hi) to
+// -inf (element e of s[n]: row e / 2, key t0 + 8n + 2t + e % 2); mx gets
+// each row's maximum over this lane's elements.
+template <bool kMask, int kN>
+__device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_t t0, int t4,
+                                       const int32_t (&row_lo)[2], const int32_t (&row_hi)[2], float q_scale,
+                                       float soft_cap, float cap_log2e) {
+#pragma unroll
+  for (int n = 0; n < kN; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int i = e >> 1;
+      float x = s[n][e] * q_scale;
+      if (soft_cap > 0.0f) x = cap_log2e * tanhf(x / soft_cap);
+      if (kMask) {
+        const int32_t key = t0 + 8 * n + 2 * t4 + (e & 1);
+        if (key < row_lo[i] || key >= row_hi[i]) x = neg_inf();
+      }
+      s[n][e] = x;
+      mx[i] = fmaxf(mx[i], x);
+    }
+  }
+}
+
 // kBcFor is the keys per K/V tile: 32 up to head_dim 128, 16 for 256.
 template <int kD>
 constexpr int kBcFor = kD <= 128 ? 32 : 16;
@@ -227,6 +252,10 @@ __device__ __forceinline__ void prefill_body(
     int32_t kb = begin, ke = end;
     if (window_left >= 0 && pos_first - int32_t(window_left) > kb) kb = pos_first - int32_t(window_left);
     if (causal && pos_last + 1 < ke) ke = pos_last + 1;
+    // Keys [lo_max, hi_min) are visible to every row of the pass (the last
+    // row's window bound, the first row's causal bound).
+    const int32_t lo_max = window_left >= 0 ? pos_last - int32_t(window_left) : 0;
+    const int32_t hi_min = causal && pos_first + 1 < ke ? pos_first + 1 : ke;
 
     // This lane's two rows (C fragment rows g4 and g4 + 8 of its warp).
     int32_t row_lo[2], row_hi[2];
@@ -319,21 +348,13 @@ __device__ __forceinline__ void prefill_body(
             }
           }
         }
-        // Logits, masks, online softmax (element e of s[n]: row e / 2, key
-        // t0 + 8n + 2t + e % 2).
+        // Logits, masks, online softmax. A tile every valid row of the
+        // pass sees whole (block-uniform) skips the per-element masks.
         float mx[2] = {neg_inf(), neg_inf()};
-#pragma unroll
-        for (int n = 0; n < kBc / 8; n++) {
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int i = e >> 1;
-            const int32_t key = t0 + 8 * n + 2 * t4 + (e & 1);
-            float x = s[n][e] * q_scale;
-            if (soft_cap > 0.0f) x = cap_log2e * tanhf(x / soft_cap);
-            if (key < row_lo[i] || key >= row_hi[i]) x = neg_inf();
-            s[n][e] = x;
-            mx[i] = fmaxf(mx[i], x);
-          }
+        if (t0 >= lo_max && t0 + kBc <= hi_min) {
+          logits<false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+        } else {
+          logits<true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
