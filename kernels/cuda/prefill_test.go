@@ -73,10 +73,10 @@ func prefillCases() []prefillCase {
 	dims := []int{64, 128, 256}
 	groups := []struct{ heads, group int }{{2, 1}, {1, 2}, {1, 3}, {1, 4}, {2, 8}}
 	shapes := []struct{ kv, qo []int }{
-		{[]int{90, 0, 5}, []int{70, 0, 8}},
+		{[]int{80, 0, 5}, []int{66, 0, 8}},
 		{[]int{40}, []int{1}},
 		{[]int{3, 75}, []int{3, 40}},
-		{[]int{100}, []int{100}},
+		{[]int{72}, []int{72}},
 	}
 	var cs []prefillCase
 	i := 0
