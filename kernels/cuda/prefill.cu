@@ -161,6 +161,14 @@ __device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned
   cp_async_commit();
 }
 
+// window_lo is the first key position pos sees with a left window of
+// window_left keys, in 64 bits (a window may exceed 2^31) and clamped at 0
+// (keys are >= 0).
+__device__ __forceinline__ int32_t window_lo(int32_t pos, int64_t window_left) {
+  const int64_t lo = int64_t(pos) - window_left;
+  return lo > 0 ? int32_t(lo) : 0;
+}
+
 // logits turns the tile's q·k sums into log2-domain logits (scale, soft
 // cap) and, with kMask, sets the keys outside a row's [row_lo, row_hi) to
 // -inf (element e of s[n]: row e / 2, key t0 + 8n + 2t + e % 2); mx gets
@@ -250,11 +258,11 @@ __device__ __forceinline__ void prefill_body(
     const int32_t pos_first = int32_t(qa - q0 + pb / group) + kv_len - qo_len;
     const int32_t pos_last = int32_t(qa - q0 + (pe - 1) / group) + kv_len - qo_len;
     int32_t kb = begin, ke = end;
-    if (window_left >= 0 && pos_first - int32_t(window_left) > kb) kb = pos_first - int32_t(window_left);
+    if (window_left >= 0 && window_lo(pos_first, window_left) > kb) kb = window_lo(pos_first, window_left);
     if (causal && pos_last + 1 < ke) ke = pos_last + 1;
     // Keys [lo_max, hi_min) are visible to every row of the pass (the last
     // row's window bound, the first row's causal bound).
-    const int32_t lo_max = window_left >= 0 ? pos_last - int32_t(window_left) : 0;
+    const int32_t lo_max = window_left >= 0 ? window_lo(pos_last, window_left) : 0;
     const int32_t hi_min = causal && pos_first + 1 < ke ? pos_first + 1 : ke;
 
     // This lane's two rows (C fragment rows g4 and g4 + 8 of its warp).
@@ -264,7 +272,7 @@ __device__ __forceinline__ void prefill_body(
       const int64_t p = pb + warp * 16 + g4 + 8 * i;
       const int64_t qi = p / group;
       const int32_t pos = int32_t(qa - q0 + qi) + kv_len - qo_len;
-      row_lo[i] = window_left >= 0 ? pos - int32_t(window_left) : 0;
+      row_lo[i] = window_left >= 0 ? window_lo(pos, window_left) : 0;
       row_hi[i] = causal && pos + 1 < ke ? pos + 1 : ke;
       if (p >= pe) row_hi[i] = row_lo[i] = 0;  // padding rows see no key
     }

@@ -236,3 +236,16 @@ func FuzzPrefillTiled(f *testing.F) {
 		checkPrefill(t, b, c, uint64(len(data)))
 	})
 }
+
+// TestPrefillTiledHugeWindow: a window wider than 2^31 keys (window_left
+// is 64-bit) is no window, also for rows before the first key (more
+// queries than keys: negative positions).
+func TestPrefillTiledHugeWindow(t *testing.T) {
+	b := cpuemu.New(cpuemu.Config{})
+	for _, w := range []int{1<<31 - 1, 1<<31 + 5, 1 << 40} {
+		c := prefillCase{decodeCase: decodeCase{Layout: layout.NHD, Form: layout.Fused, KV: layout.F16, Q: layout.F16, O: layout.F32,
+			HeadDim: 64, KVHeads: 1, Group: 2, PageSize: 16, Lens: []int{20, 3}, WindowLeft: w},
+			QOLens: []int{20, 9}, Causal: w%2 == 1}
+		checkPrefill(t, b, c, uint64(w%97))
+	}
+}
