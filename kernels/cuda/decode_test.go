@@ -194,22 +194,30 @@ func decodeWant(c decodeCase, f decodeFixture) ([][][]float64, [][]float64) {
 // reference's (decodeWant).
 func compareDecodeWant(t *testing.T, b kernels.Backend, c decodeCase, seed uint64, f decodeFixture, wantO [][][]float64, wantLSE [][]float64) {
 	t.Helper()
-	B, Hq, D := len(c.Lens), c.KVHeads*c.Group, c.HeadDim
-	gotO := reference.Rows3(reference.Floats(c.O, f.p.O.Data), B, Hq, D)
-	atol, rtol := outTol(c.O)
+	compareRows(t, fmt.Sprintf("%s on %s (seed %d)", c, b.Name(), seed), "req", c.O, f.p.O, f.p.LSE, wantO, wantLSE)
+}
+
+// compareRows compares o (dtype odt, [rows][heads][features]) and lse with
+// the reference's, reporting the first differing elements by (row, head,
+// feature); unit names a row ("req" for decode).
+func compareRows(t *testing.T, what, unit string, odt layout.DType, o kernels.Tensor, lse []float32, wantO [][][]float64, wantLSE [][]float64) {
+	t.Helper()
+	gotO := reference.Rows3(reference.Floats(odt, o.Data), o.Shape[0], o.Shape[1], o.Shape[2])
+	atol, rtol := outTol(odt)
 	var diffs []string
-	for r := range B {
+	for r := range wantO {
+		Hq := len(wantO[r])
 		for h := range Hq {
-			for d := range D {
-				g, w := gotO[r][h][d], wantO[r][h][d]
+			for d, w := range wantO[r][h] {
+				g := gotO[r][h][d]
 				if !(math.Abs(g-w) <= atol+rtol*math.Abs(w)) {
-					diffs = append(diffs, fmt.Sprintf("o[req %d, head %d, feat %d] = %.6g, want %.6g", r, h, d, g, w))
+					diffs = append(diffs, fmt.Sprintf("o[%s %d, head %d, feat %d] = %.6g, want %.6g", unit, r, h, d, g, w))
 				}
 			}
-			g, w := float64(f.p.LSE[r*Hq+h]), wantLSE[r][h]
+			g, w := float64(lse[r*Hq+h]), wantLSE[r][h]
 			same := g == w || math.Abs(g-w) <= 1e-3+1e-4*math.Abs(w)
 			if !same {
-				diffs = append(diffs, fmt.Sprintf("lse[req %d, head %d] = %.6g, want %.6g", r, h, g, w))
+				diffs = append(diffs, fmt.Sprintf("lse[%s %d, head %d] = %.6g, want %.6g", unit, r, h, g, w))
 			}
 		}
 	}
@@ -218,7 +226,7 @@ func compareDecodeWant(t *testing.T, b kernels.Backend, c decodeCase, seed uint6
 		if n > 8 {
 			diffs = append(diffs[:8], "...")
 		}
-		t.Fatalf("%s on %s (seed %d): %d elements differ:\n%s", c, b.Name(), seed, n, strings.Join(diffs, "\n"))
+		t.Fatalf("%s: %d elements differ:\n%s", what, n, strings.Join(diffs, "\n"))
 	}
 }
 
@@ -243,19 +251,25 @@ func decodeCases() []decodeCase {
 					Lens:       [][]int{{37, 0, 5}, {70}, {1, 130, 24}, {300, 2}}[i%4],
 					WindowLeft: []int{-1, -1, 0, 9, 1000}[i%5],
 				}
-				if i%7 == 3 {
-					c.SoftCap = 2.5
-					c.SMScale = 1.5
-				}
-				if kv == layout.E4M3 || kv == layout.E5M2 {
-					c.KScale, c.VScale = 0.25, 0.5
-				}
+				c.vary(i)
 				cs = append(cs, c)
 				i++
 			}
 		}
 	}
 	return cs
+}
+
+// vary gives case i of a random matrix a soft cap (every 7th) and the
+// fp8 scales an fp8 cache needs.
+func (c *decodeCase) vary(i int) {
+	if i%7 == 3 {
+		c.SoftCap = 2.5
+		c.SMScale = 1.5
+	}
+	if c.KV == layout.E4M3 || c.KV == layout.E5M2 {
+		c.KScale, c.VScale = 0.25, 0.5
+	}
 }
 
 func TestDecodeRandom(t *testing.T) {

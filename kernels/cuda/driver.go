@@ -137,6 +137,11 @@ var KernelArity = func() map[string]int {
 			m[decodeKernel(kv, vec)] = decodeArity
 		}
 	}
+	for _, dt := range prefillKVs {
+		for _, d := range prefillDims {
+			m[prefillKernel(kvSuffix[dt], d)] = prefillArity
+		}
+	}
 	return m
 }()
 

@@ -100,9 +100,15 @@ func graphDevices(t *testing.T) map[string]func(t testing.TB, kind cuda.Attentio
 }
 
 func newGraphRigOn(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+	return newGraphRigDim(t, b, mem, sh, kind, layers, seed, 32)
+}
+
+// newGraphRigDim is newGraphRigOn with head dim D (32: the per-row
+// kernels; 64: prefill and cascade on the tiled tensor-core kernel).
+func newGraphRigDim(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape, kind cuda.AttentionKind, layers int, seed uint64, D int) *graphRig {
 	r := &graphRig{t: t, b: b, mem: mem, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4, extra: sh.extraKeys,
-		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: sh.numPages, PageSize: sh.pageSize, NumKVHeads: 2, HeadDim: 32}}
-	r.lim = cuda.StepLimits{MaxBatch: 6, MaxPages: sh.maxPages, MaxRows: 12, MaxLevels: 2, MaxQOHeads: r.hq, MaxHeadDim: 32, Fixed: true}
+		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: sh.numPages, PageSize: sh.pageSize, NumKVHeads: 2, HeadDim: D}}
+	r.lim = cuda.StepLimits{MaxBatch: 6, MaxPages: sh.maxPages, MaxRows: 12, MaxLevels: 2, MaxQOHeads: r.hq, MaxHeadDim: D, Fixed: true}
 	host, err := kernels.NewPagedKVCache(r.g)
 	require.NoError(t, err)
 	r.fixed, err = b.NewStep(r.lim)
@@ -123,11 +129,11 @@ func newGraphRigOn(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape,
 			require.NoError(t, b.UploadKVCache(c, &host))
 			r.caches[side] = append(r.caches[side], c)
 		}
-		r.q[side] = r.alloc(layout.F16, r.lim.MaxRows, r.hq, 32)
-		r.o[side] = r.alloc(layout.F16, r.lim.MaxRows, r.hq, 32)
+		r.q[side] = r.alloc(layout.F16, r.lim.MaxRows, r.hq, D)
+		r.o[side] = r.alloc(layout.F16, r.lim.MaxRows, r.hq, D)
 		r.lse[side] = r.alloc(layout.F32, r.lim.MaxRows*r.hq)
-		r.k[side] = r.alloc(layout.F16, r.lim.MaxRows, 2, 32)
-		r.v[side] = r.alloc(layout.F16, r.lim.MaxRows, 2, 32)
+		r.k[side] = r.alloc(layout.F16, r.lim.MaxRows, 2, D)
+		r.v[side] = r.alloc(layout.F16, r.lim.MaxRows, 2, D)
 	}
 	return r
 }
@@ -260,11 +266,11 @@ func (r *graphRig) step(i int, p *cuda.StepPlan) {
 	moved := r.b.Traffic().Sub(before)
 	require.Equal(r.t, cuda.Traffic{GraphLaunches: 1}, moved, "step %d: a replay is one graph launch", i)
 	what := fmt.Sprintf("step %d (batch %d, rows %d)", i, p.Table.BatchSize(), p.Rows)
-	oBytes := p.Rows * r.hq * 32 * 2
+	oBytes := p.Rows * r.hq * r.g.HeadDim * 2
 	var out [2][]byte
 	var lse [2][]float32
 	for side := range 2 {
-		h := kernels.NewTensor(layout.F16, r.lim.MaxRows, r.hq, 32)
+		h := kernels.NewTensor(layout.F16, r.lim.MaxRows, r.hq, r.g.HeadDim)
 		require.NoError(r.t, r.b.Download(h, r.o[side]))
 		out[side] = h.Data[:oBytes]
 		lse[side] = make([]float32, r.lim.MaxRows*r.hq)
@@ -347,6 +353,32 @@ func TestGraphReplaySplitKV(t *testing.T) {
 				require.Greater(t, split, 5, "many steps must split")
 			})
 		}
+	}
+}
+
+// TestGraphReplayTiledPrefill is TestGraphReplayEqualsEager for prefill
+// and cascade on the tiled tensor-core kernel (head_dim 64): a fixed
+// step's work items (one per tile, padded to max_rows) and launch
+// arguments depend on the limits only, so 12 replays equal the eager run.
+func TestGraphReplayTiledPrefill(t *testing.T) {
+	for _, kind := range []cuda.AttentionKind{cuda.Prefill, cuda.Cascade} {
+		t.Run(fmt.Sprint(kind), func(t *testing.T) {
+			b, cd := countingEmu(cpuemu.Config{MaxChunkTokens: -1})
+			r := newGraphRigDim(t, b, engineMemory{cd.Driver.Alloc, cd.Driver.Free}, smallRig, kind, 1, 7, 64)
+			p := r.randomPlan()
+			r.capture(p)
+			r.step(0, p)
+			for i := 1; i < 11; i++ {
+				r.step(i, r.randomPlan())
+			}
+			cd.Record = true
+			r.step(11, r.randomPlan())
+			var tiled bool
+			for _, l := range cd.Launches() {
+				tiled = tiled || l.Kernel == "batch_prefill_paged_f16_d64"
+			}
+			require.True(t, tiled, "the eager step launched no tiled prefill")
+		})
 	}
 }
 

@@ -181,9 +181,9 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 
 // BatchPrefill is BatchPrefillWithPagedKVCacheWrapper.run on host memory:
 // ragged queries, bottom-right causal when Causal, left window when
-// WindowLeft >= 0. The decode kernel runs one work item per query row (see
-// docs/kernels.md: a CUDA-core kernel, not FlashInfer's tensor-core
-// prefill).
+// WindowLeft >= 0. The tiled tensor-core kernel runs it for f16, bf16 and
+// fp8 caches with head_dim 64, 128 or 256, the decode kernel with one work
+// item per query row otherwise ([PrefillKernel], docs/kernels.md).
 func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	if err := p.Validate(); err != nil {
 		return err

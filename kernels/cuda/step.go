@@ -86,6 +86,10 @@ type StepPlan struct {
 type levelPlan struct {
 	indptr, indices, last, work, merge int // byte offsets (merge: -1 without split-k)
 	items                              int
+	// the tiled prefill kernel (prefill.go): qo_indptr and kv_chunk
+	// offsets (kv_chunk: -1 without split-k), partial states, causal
+	qo, chunk, parts int
+	tc, causal       bool
 }
 
 // appendPlan holds the byte offsets of an append's arrays in the index
@@ -135,6 +139,10 @@ type Step struct {
 	// fixedSplit: a fixed step whose attention always runs split-KV over
 	// MaxWorkItems items and merges (see StepLimits.Fixed)
 	fixedSplit bool
+	pf         prefillShape // the tiled prefill's shape (prefill.go)
+	pfRow      []int32      // first query row of each prefill tile
+	pfChunk    []int32      // kv_chunk of each prefill work item
+	pfMerge    []int32      // merge_indptr of a split prefill level's query rows
 
 	busy       atomic.Bool // a method is running (enter/leave)
 	capturing  bool        // between BeginCapture and EndCapture
@@ -503,6 +511,12 @@ func (s *Step) prepare(p *StepPlan) error {
 // (schedule.go).
 func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode bool) error {
 	g := s.g
+	if !decode {
+		if sh, ok := planPrefillShape(g, s.hq/g.NumKVHeads); ok {
+			s.pf = sh
+			return s.planPrefillLevel(t, qoIndptr, causal, sh)
+		}
+	}
 	B := t.BatchSize()
 	rows := s.rows
 	s.lo, s.hi = resizeInts(s.lo, rows), resizeInts(s.hi, rows)
@@ -761,18 +775,16 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	return nil
 }
 
-// runLevel launches the decode kernel over one planned level (and the
+// runLevel launches the decode kernel (the tiled prefill kernel for a level
+// planned for it) over one planned level (and the
 // split-k merge when the level is split) writing o (dtype oDT) and lse.
 func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse uint64, vScale float64) error {
+	if lv.tc {
+		return s.runPrefillLevel(cache, lv, q, o, oDT, lse, vScale)
+	}
 	g := s.g
 	D := g.HeadDim
-	qCode, _ := dtypeCode(q.DType)
-	oCode, _ := dtypeCode(oDT)
-	scale := s.ap.EffectiveSMScale(D)
-	qScale := scale * math.Log2E
-	if s.ap.LogitsSoftCap > 0 {
-		qScale = scale // the cap is applied before the change of base
-	}
+	qCode, oCode, qScale := s.launchScalars(q.DType, oDT)
 	partial := lv.merge >= 0
 	var tmpO, tmpLSE uint64
 	if partial {
@@ -799,13 +811,21 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 	if !partial {
 		return nil
 	}
-	mergeRows := s.rows
-	if s.lim.Fixed {
-		mergeRows = s.lim.MaxRows // a fixed grid; the padding rows merge no item
+	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, oCode, vScale)
+}
+
+// launchScalars are the dtype codes of q and o and the factor of q·k
+// (sm_scale * k_scale, times log2(e) unless a soft cap applies it after the
+// cap) that the attention kernels take.
+func (s *Step) launchScalars(qDT, oDT layout.DType) (qCode, oCode int64, qScale float64) {
+	qCode, _ = dtypeCode(qDT)
+	oCode, _ = dtypeCode(oDT)
+	scale := s.ap.EffectiveSMScale(s.g.HeadDim)
+	qScale = scale * math.Log2E
+	if s.ap.LogitsSoftCap > 0 {
+		qScale = scale // the cap is applied before the change of base
 	}
-	m := append(s.args[:0], tmpO, tmpLSE, s.at(lv.merge), o, lse, uint64(s.hq), uint64(D), uint64(oCode), f64Arg(vScale))
-	s.args = m
-	return s.b.launch("merge_partial_states", Dim3{mergeRows, s.hq, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, m)
+	return qCode, oCode, qScale
 }
 
 // mergeState launches merge_state over n (row, head) states of d features.

@@ -1,0 +1,508 @@
+// prefill.cu: tiled tensor-core batch prefill over a paged KV cache,
+// FlashInfer's BatchPrefillWithPagedKVCacheWrapper.run (see docs/kernels.md,
+// "Prefill").
+//
+// Thread mapping of batch_prefill_paged_<kv>_d<D>:
+//   grid  = (work items, num_kv_heads)
+//   block = (32 * W), W = 1, 2 or 4 warps (the launcher's choice, by the
+//           shared memory a launch needs)
+// A work item is four int32 (q_row, request, kv_begin, kv_end): the query
+// rows [q_row, min(q_row + rows_per_tile, qo_indptr[request+1])) of the
+// request attend keys [kv_begin, kv_end) of its kv head blockIdx.y. The
+// query heads of the GQA group are packed with the rows into the mma M
+// dimension, as FlashInfer packs them: packed row p of a tile is query row
+// q_row + p / group, query head blockIdx.y * group + p % group, so every K/V
+// byte a CTA loads serves all of the group's heads. Warp w owns the packed
+// rows [16w, 16w + 16) of a pass; a tile wider than 16*W packed rows is
+// walked in passes (only where the launcher had to shrink W to fit shared
+// memory).
+//
+// Per pass: Q (converted to the mma dtype, plus its rounding error as a
+// second "lo" plane when split_q) is staged in shared memory and each
+// fragment is read back with ldmatrix_x4 per k-step, as FlashInfer's
+// compute_qk does. The KV range [kv_begin, kv_end) is cut by the pass's
+// causal and window bounds (tiles wholly masked for every row are never
+// loaded) and walked in kBc-key tiles through a two-stage cp.async pipeline
+// into swizzled shared memory: the 16-byte chunk c of row r is stored at
+// chunk c ^ (r % 8), so the 8 row addresses of an ldmatrix phase fall in 8
+// different bank groups. S = Q K^T runs on mma.m16n8k16 (K fragments by
+// ldmatrix_x4, which for K rows is exactly the col-major B fragment), then
+// the per-element masks (bottom-right causal j <= kv_len - qo_len + i, left
+// window, the item's range), the soft cap, and the online softmax of each
+// row in the log2 domain (a lane holds rows lane/4 and lane/4 + 8 of its
+// warp; row maxima are reduced over the 4 lanes of a quad). P is repacked
+// from the S accumulators into A fragments in registers (FlashAttention-2's
+// register reuse) and O += P V runs on mma with V fragments from
+// ldmatrix_x4_trans. fp8 caches stay fp8 in shared memory (half the bytes)
+// and are widened to f16 pairs in registers with cvt.rn.f16x2.{e4m3,e5m2}x2
+// (the C twin below sm_89), the fragments gathered with 16-bit loads.
+//
+// Precision (flags): the tensor cores multiply f16 or bf16. split_q adds
+// the rounding error of q as a second mma (q = hi + lo, both in the mma
+// dtype), split_p the same for P, so an f32 q or an f32 output keeps
+// float32-grade accuracy; the launcher sets them (see docs/kernels.md).
+//
+// Output: o = sum_j p_j v_j / sum_j p_j times v_scale, lse = m + log2(d)
+// (base 2; -inf and o = 0 when a row sees no key). With partial, the state
+// of (row, head) goes to partial row merge_indptr[row] + kv_chunk[item] of
+// tmp_o/tmp_lse for merge_partial_states.
+#include "compat.cuh"
+
+namespace pkv {
+namespace tcprefill {
+
+__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
+
+constexpr int64_t kFlagPartial = 1;
+constexpr int64_t kFlagSplitQ = 2;
+constexpr int64_t kFlagSplitP = 4;
+
+// Tc describes a cache dtype for the tensor cores: the mma input type
+// (bf16 for a bf16 cache, f16 otherwise), whether elements are fp8 (widened
+// in registers), and widen2, the packed fp8 pair convert.
+template <typename KV>
+struct Tc;
+template <>
+struct Tc<KvF16> {
+  static constexpr bool kBF16 = false, kFP8 = false;
+  __device__ static __forceinline__ uint32_t widen2(uint16_t) { return 0; }
+};
+template <>
+struct Tc<KvBF16> {
+  static constexpr bool kBF16 = true, kFP8 = false;
+  __device__ static __forceinline__ uint32_t widen2(uint16_t) { return 0; }
+};
+template <>
+struct Tc<KvE4M3> {
+  static constexpr bool kBF16 = false, kFP8 = true;
+  __device__ static __forceinline__ uint32_t widen2(uint16_t pair) { return cvt_f16x2_e4m3x2(pair); }
+};
+template <>
+struct Tc<KvE5M2> {
+  static constexpr bool kBF16 = false, kFP8 = true;
+  __device__ static __forceinline__ uint32_t widen2(uint16_t pair) { return cvt_f16x2_e5m2x2(pair); }
+};
+
+// to_mma rounds x to the mma dtype; from_mma widens it back.
+template <bool kBF16>
+__device__ __forceinline__ uint16_t to_mma(float x) {
+  return kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
+}
+template <bool kBF16>
+__device__ __forceinline__ float from_mma(uint16_t h) {
+  return kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+// pack2 rounds (x0, x1) to an mma pair (x0 in the low half); with lo it
+// also gives the pair of rounding errors.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t pack2(float x0, float x1) {
+  return uint32_t(to_mma<kBF16>(x0)) | (uint32_t(to_mma<kBF16>(x1)) << 16);
+}
+template <bool kBF16>
+__device__ __forceinline__ uint32_t pack2_lo(float x0, float x1, uint32_t hi) {
+  return pack2<kBF16>(x0 - from_mma<kBF16>(uint16_t(hi)), x1 - from_mma<kBF16>(uint16_t(hi >> 16)));
+}
+
+template <bool kBF16>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const uint32_t b[2] = {b0, b1};
+  if constexpr (kBF16) {
+    mma_m16n8k16_f32_bf16(d, a, b, d);
+  } else {
+    mma_m16n8k16_f32_f16(d, a, b, d);
+  }
+}
+
+// swz is the byte offset of byte col of row r in a swizzled tile with
+// rows of kRowBytes bytes: 16-byte chunk c lives at chunk c ^ (r % 8)
+// (r % 4 for 64-byte rows).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t col) {
+  constexpr uint32_t kChunks = kRowBytes / 16;
+  constexpr uint32_t kMask = (kChunks < 8 ? kChunks : 8) - 1;
+  return r * kRowBytes + ((((col >> 4) ^ (r & kMask)) << 4) | (col & 15));
+}
+
+// copy_kv issues the copies of keys [t0, t0 + kBc) of kv head h into one
+// stage (K tile, then V tile); keys at or past end (and pages out of range,
+// which host validation excludes) are zero-filled, so that a masked key's
+// p = 0 never multiplies stale or poisoned bytes.
+template <typename T, int kD, int kBc>
+__device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned char* __restrict__ vs,
+                                        const T* __restrict__ k_data, const T* __restrict__ v_data,
+                                        const int32_t* __restrict__ kv_indices, int64_t first_page, int32_t t0,
+                                        int32_t end, int64_t h, int64_t page_size, int64_t num_pages,
+                                        int64_t stride_page, int64_t stride_n, int64_t stride_h, int tid,
+                                        int nthreads) {
+  constexpr int kRowBytes = kD * int(sizeof(T));
+  constexpr int kUnits = kRowBytes / 16;
+  for (int c = tid; c < kBc * kUnits; c += nthreads) {
+    const int r = c / kUnits;
+    const int u = c % kUnits;
+    const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t(u * 16));
+    const int32_t t = t0 + r;
+    int64_t page = -1, entry = 0;
+    if (t < end) {
+      const uint32_t pi = uint32_t(t) / uint32_t(page_size);
+      entry = int64_t(uint32_t(t) - pi * uint32_t(page_size));
+      page = kv_indices[first_page + pi];
+    }
+    if (page < 0 || page >= num_pages) {
+      const uint4 zero = {0u, 0u, 0u, 0u};
+      *reinterpret_cast<uint4*>(ks + dst) = zero;
+      *reinterpret_cast<uint4*>(vs + dst) = zero;
+      continue;
+    }
+    const int64_t off = (page * stride_page + h * stride_h + entry * stride_n) * int64_t(sizeof(T)) + u * 16;
+    cp_async_16(ks + dst, reinterpret_cast<const unsigned char*>(k_data) + off);
+    cp_async_16(vs + dst, reinterpret_cast<const unsigned char*>(v_data) + off);
+  }
+  cp_async_commit();
+}
+
+// window_lo is the first key position pos sees with a left window of
+// window_left keys, in 64 bits (a window may exceed 2^31) and clamped at 0
+// (keys are >= 0).
+__device__ __forceinline__ int32_t window_lo(int32_t pos, int64_t window_left) {
+  const int64_t lo = int64_t(pos) - window_left;
+  return lo > 0 ? int32_t(lo) : 0;
+}
+
+// logits turns the tile's q·k sums into log2-domain logits (scale, soft
+// cap) and, with kMask, sets the keys outside a row's [row_lo, row_hi) to
+// -inf (element e of s[n]: row e / 2, key t0 + 8n + 2t + e % 2); mx gets
+// each row's maximum over this lane's elements.
+template <bool kMask, int kN>
+__device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_t t0, int t4,
+                                       const int32_t (&row_lo)[2], const int32_t (&row_hi)[2], float q_scale,
+                                       float soft_cap, float cap_log2e) {
+#pragma unroll
+  for (int n = 0; n < kN; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int i = e >> 1;
+      float x = s[n][e] * q_scale;
+      if (soft_cap > 0.0f) x = cap_log2e * tanhf(x / soft_cap);
+      if (kMask) {
+        const int32_t key = t0 + 8 * n + 2 * t4 + (e & 1);
+        if (key < row_lo[i] || key >= row_hi[i]) x = neg_inf();
+      }
+      s[n][e] = x;
+      mx[i] = fmaxf(mx[i], x);
+    }
+  }
+}
+
+// kBcFor is the keys per K/V tile: 32 up to head_dim 128, 16 for 256.
+template <int kD>
+constexpr int kBcFor = kD <= 128 ? 32 : 16;
+
+template <typename KV, int kD>
+__device__ __forceinline__ void prefill_body(
+    const void* __restrict__ q, const typename KV::T* __restrict__ k_data, const typename KV::T* __restrict__ v_data,
+    const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,
+    const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ qo_indptr,
+    const int32_t* __restrict__ work, const int32_t* __restrict__ kv_chunk, const int32_t* __restrict__ merge_indptr,
+    void* __restrict__ o, float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse,
+    int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, int64_t num_pages, int64_t stride_page,
+    int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, float q_scale, float soft_cap,
+    float v_scale, int64_t rows_per_tile, int64_t causal, int64_t window_left, int64_t flags) {
+  using T = typename KV::T;
+  using TC = Tc<KV>;
+  constexpr bool kBF16 = TC::kBF16;
+  constexpr int kBc = kBcFor<kD>;
+  constexpr int kKVRow = kD * int(sizeof(T));  // bytes of a K/V row in shared memory
+  constexpr int kQRow = kD * 2;                // bytes of a Q row (mma dtype)
+  constexpr int kNB = kD / 8;                  // n8 blocks of O
+  const int tid = int(threadIdx.x);
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int nthreads = int(blockDim.x);
+  const int W = nthreads >> 5;
+  const int g4 = lane >> 2, t4 = lane & 3;
+  const bool partial = (flags & kFlagPartial) != 0;
+  const bool split_q = (flags & kFlagSplitQ) != 0;
+  const bool split_p = (flags & kFlagSplitP) != 0;
+
+  const int64_t item = blockIdx.x;
+  const int64_t h = blockIdx.y;
+  const int64_t group = num_qo_heads / num_kv_heads;
+  const int64_t qa = work[4 * item];
+  const int64_t b = work[4 * item + 1];
+  int32_t begin = work[4 * item + 2];
+  int32_t end = work[4 * item + 3];
+  const int64_t q0 = qo_indptr[b];
+  const int64_t q1 = qo_indptr[b + 1];
+  const int64_t qb = qa + rows_per_tile < q1 ? qa + rows_per_tile : q1;
+  if (qa >= qb || qa < q0) return;  // a padding item (fixed steps): no rows
+  const int64_t first_page = kv_indptr[b];
+  const int64_t pages = kv_indptr[b + 1] - first_page;
+  const int32_t kv_len = int32_t(pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b]);
+  const int32_t qo_len = int32_t(q1 - q0);
+  if (end > kv_len) end = kv_len;  // never after host planning
+  if (begin < 0) begin = 0;
+  const int64_t packed = (qb - qa) * group;
+  const int32_t chunk = partial ? kv_chunk[item] : 0;
+
+  PKV_DYN_SMEM(unsigned char, smem);
+  constexpr int kStage = 2 * kBc * kKVRow;  // K and V tiles of one stage
+  unsigned char* q_hi = smem + 2 * kStage;
+  unsigned char* q_lo = q_hi + 16 * W * kQRow;
+  const float cap_log2e = soft_cap * kLog2e;
+
+  for (int64_t pb = 0; pb < packed; pb += 16 * W) {
+    const int64_t pe = pb + 16 * W < packed ? pb + 16 * W : packed;
+    // Keys of the pass: the first row has the lowest window bound, the last
+    // the highest causal bound (positions bottom-right aligned).
+    const int32_t pos_first = int32_t(qa - q0 + pb / group) + kv_len - qo_len;
+    const int32_t pos_last = int32_t(qa - q0 + (pe - 1) / group) + kv_len - qo_len;
+    int32_t kb = begin, ke = end;
+    if (window_left >= 0 && window_lo(pos_first, window_left) > kb) kb = window_lo(pos_first, window_left);
+    if (causal && pos_last + 1 < ke) ke = pos_last + 1;
+    // Keys [lo_max, hi_min) are visible to every row of the pass (the last
+    // row's window bound, the first row's causal bound).
+    const int32_t lo_max = window_left >= 0 ? window_lo(pos_last, window_left) : 0;
+    const int32_t hi_min = causal && pos_first + 1 < ke ? pos_first + 1 : ke;
+
+    // This lane's two rows (C fragment rows g4 and g4 + 8 of its warp).
+    int32_t row_lo[2], row_hi[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int64_t p = pb + warp * 16 + g4 + 8 * i;
+      const int64_t qi = p / group;
+      const int32_t pos = int32_t(qa - q0 + qi) + kv_len - qo_len;
+      row_lo[i] = window_left >= 0 ? window_lo(pos, window_left) : 0;
+      row_hi[i] = causal && pos + 1 < ke ? pos + 1 : ke;
+      if (p >= pe) row_hi[i] = row_lo[i] = 0;  // padding rows see no key
+    }
+    const bool warp_active = pb + warp * 16 < pe;
+
+    __syncthreads();  // the previous pass is done with shared memory
+    if (kb < ke) {
+      // Stage Q: packed row r of the pass, feature pairs, rounded to the
+      // mma dtype (and the rounding error when split_q).
+      for (int e = tid; e < 16 * W * (kD / 2); e += nthreads) {
+        const int r = e / (kD / 2);
+        const int f = (e % (kD / 2)) * 2;
+        const int64_t p = pb + r;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (p < pe) {
+          const int64_t qi = p / group;
+          const int64_t idx = ((qa + qi) * num_qo_heads + h * group + (p - qi * group)) * kD + f;
+          x0 = load_f32(q, idx, q_dtype);
+          x1 = load_f32(q, idx + 1, q_dtype);
+        }
+        const uint32_t hi = pack2<kBF16>(x0, x1);
+        const uint32_t at = swz<kQRow>(uint32_t(r), uint32_t(f * 2));
+        *reinterpret_cast<uint32_t*>(q_hi + at) = hi;
+        if (split_q) *reinterpret_cast<uint32_t*>(q_lo + at) = pack2_lo<kBF16>(x0, x1, hi);
+      }
+      copy_kv<T, kD, kBc>(smem, smem + kBc * kKVRow, k_data, v_data, kv_indices, first_page, kb, ke, h, page_size,
+                          num_pages, stride_page, stride_n, stride_h, tid, nthreads);
+    }
+
+    float m[2] = {neg_inf(), neg_inf()};
+    float d[2] = {0.0f, 0.0f};
+    float acc[kNB][4];
+#pragma unroll
+    for (int n = 0; n < kNB; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    int stage = 0;
+    for (int32_t t0 = kb; t0 < ke; t0 += kBc) {
+      if (t0 + kBc < ke) {
+        unsigned char* next = smem + (stage ^ 1) * kStage;
+        copy_kv<T, kD, kBc>(next, next + kBc * kKVRow, k_data, v_data, kv_indices, first_page, t0 + kBc, ke, h,
+                            page_size, num_pages, stride_page, stride_n, stride_h, tid, nthreads);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // (A) the stage (and Q) is filled by every thread
+      if (warp_active) {
+        const unsigned char* ks = smem + stage * kStage;
+        const unsigned char* vs = ks + kBc * kKVRow;
+        // S = Q K^T: s[n] is keys t0 + 8n .. t0 + 8n + 7.
+        float s[kBc / 8][4];
+#pragma unroll
+        for (int n = 0; n < kBc / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kt = 0; kt < kD / 16; kt++) {
+          uint32_t a[4], alo[4] = {0u, 0u, 0u, 0u};
+          const uint32_t qr = uint32_t(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1));
+          const uint32_t qat = swz<kQRow>(qr, uint32_t((2 * kt + (lane >> 4)) * 16));
+          ldmatrix_x4(a, q_hi + qat);
+          if (split_q) ldmatrix_x4(alo, q_lo + qat);
+#pragma unroll
+          for (int kk = 0; kk < kBc / 16; kk++) {
+            uint32_t bk[4];
+            if constexpr (TC::kFP8) {
+              // b[0] = K[key g][feat 2t, 2t+1], b[1] = feats + 8: one fp8 pair each.
+#pragma unroll
+              for (int j = 0; j < 4; j++) {
+                const uint32_t kr = uint32_t(kk * 16 + g4 + 8 * (j >> 1));
+                const uint32_t col = uint32_t(kt * 16 + 2 * t4 + 8 * (j & 1));
+                bk[j] = TC::widen2(*reinterpret_cast<const uint16_t*>(ks + swz<kKVRow>(kr, col)));
+              }
+            } else {
+              const uint32_t kr = uint32_t(kk * 16 + (lane & 7) + 8 * (lane >> 4));
+              ldmatrix_x4(bk, ks + swz<kKVRow>(kr, uint32_t((2 * kt + ((lane >> 3) & 1)) * 16)));
+            }
+            mma<kBF16>(s[2 * kk], a, bk[0], bk[1]);
+            mma<kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
+            if (split_q) {
+              mma<kBF16>(s[2 * kk], alo, bk[0], bk[1]);
+              mma<kBF16>(s[2 * kk + 1], alo, bk[2], bk[3]);
+            }
+          }
+        }
+        // Logits, masks, online softmax. A tile every valid row of the
+        // pass sees whole (block-uniform) skips the per-element masks.
+        float mx[2] = {neg_inf(), neg_inf()};
+        if (t0 >= lo_max && t0 + kBc <= hi_min) {
+          logits<false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+        } else {
+          logits<true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+          mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+          const float m_new = fmaxf(m[i], mx[i]);
+          const float m_use = m_new == neg_inf() ? 0.0f : m_new;
+          const float corr = exp2_approx(m[i] - m_use);
+          d[i] *= corr;
+#pragma unroll
+          for (int n = 0; n < kNB; n++) {
+            acc[n][2 * i] *= corr;
+            acc[n][2 * i + 1] *= corr;
+          }
+#pragma unroll
+          for (int n = 0; n < kBc / 8; n++) {
+            s[n][2 * i] = exp2_approx(s[n][2 * i] - m_use);
+            s[n][2 * i + 1] = exp2_approx(s[n][2 * i + 1] - m_use);
+            d[i] += s[n][2 * i] + s[n][2 * i + 1];
+          }
+          m[i] = m_new;
+        }
+        // O += P V, 16 keys at a time; P's A fragment is two S blocks.
+#pragma unroll
+        for (int kk = 0; kk < kBc / 16; kk++) {
+          uint32_t pa[4], plo[4] = {0u, 0u, 0u, 0u};
+          pa[0] = pack2<kBF16>(s[2 * kk][0], s[2 * kk][1]);
+          pa[1] = pack2<kBF16>(s[2 * kk][2], s[2 * kk][3]);
+          pa[2] = pack2<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          pa[3] = pack2<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+          if (split_p) {
+            plo[0] = pack2_lo<kBF16>(s[2 * kk][0], s[2 * kk][1], pa[0]);
+            plo[1] = pack2_lo<kBF16>(s[2 * kk][2], s[2 * kk][3], pa[1]);
+            plo[2] = pack2_lo<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1], pa[2]);
+            plo[3] = pack2_lo<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3], pa[3]);
+          }
+#pragma unroll
+          for (int fb = 0; fb < kD / 16; fb++) {
+            uint32_t bv[4];
+            if constexpr (TC::kFP8) {
+              // b[0] = V[keys 2t, 2t+1][feat g], b[1] = keys + 8; bv[2..3] feats + 8.
+#pragma unroll
+              for (int j = 0; j < 4; j++) {
+                const uint32_t vr = uint32_t(kk * 16 + 2 * t4 + 8 * (j & 1));
+                const uint32_t col = uint32_t(fb * 16 + g4 + 8 * (j >> 1));
+                const uint16_t pair = uint16_t(vs[swz<kKVRow>(vr, col)] | (vs[swz<kKVRow>(vr + 1, col)] << 8));
+                bv[j] = TC::widen2(pair);
+              }
+            } else {
+              const uint32_t vr = uint32_t(kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1));
+              ldmatrix_x4_trans(bv, vs + swz<kKVRow>(vr, uint32_t((2 * fb + (lane >> 4)) * 16)));
+            }
+            mma<kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
+            mma<kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
+            if (split_p) {
+              mma<kBF16>(acc[2 * fb], plo, bv[0], bv[1]);
+              mma<kBF16>(acc[2 * fb + 1], plo, bv[2], bv[3]);
+            }
+          }
+        }
+      }
+      __syncthreads();  // (B) every warp is done with this stage before it is refilled
+      stage ^= 1;
+    }
+
+    if (!warp_active) continue;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      d[i] += __shfl_xor_sync(0xffffffffu, d[i], 1);
+      d[i] += __shfl_xor_sync(0xffffffffu, d[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      const int64_t p = pb + warp * 16 + g4 + 8 * i;
+      if (p >= pe) continue;
+      const int64_t qi = p / group;
+      const int64_t qrow = qa + qi, qhead = h * group + (p - qi * group);
+      const bool empty = !(d[i] > 0.0f);
+      const float inv_d = empty ? 0.0f : rcp_approx(d[i]);
+      const float out_lse = empty ? neg_inf() : m[i] + log2_approx(d[i]);
+      if (partial) {
+        const int64_t row = (int64_t(merge_indptr[qrow]) + chunk) * num_qo_heads + qhead;
+#pragma unroll
+        for (int n = 0; n < kNB; n++) {
+          tmp_o[row * kD + 8 * n + 2 * t4] = acc[n][2 * i] * inv_d;
+          tmp_o[row * kD + 8 * n + 2 * t4 + 1] = acc[n][2 * i + 1] * inv_d;
+        }
+        if (t4 == 0) tmp_lse[row] = out_lse;
+      } else {
+        const int64_t row = qrow * num_qo_heads + qhead;
+#pragma unroll
+        for (int n = 0; n < kNB; n++) {
+          store_f32(o, row * kD + 8 * n + 2 * t4, o_dtype, acc[n][2 * i] * inv_d * v_scale);
+          store_f32(o, row * kD + 8 * n + 2 * t4 + 1, o_dtype, acc[n][2 * i + 1] * inv_d * v_scale);
+        }
+        if (lse != nullptr && t4 == 0) lse[row] = out_lse;
+      }
+    }
+  }
+}
+
+}  // namespace tcprefill
+}  // namespace pkv
+
+// batch_prefill_paged_<kv>_d<D>. Pointers: q [rows, Hq, D] (q_dtype), the K
+// and V views of the cache (element strides stride_page/stride_n/stride_h),
+// the page table, qo_indptr [B+1], work [items][4] = (q_row, request,
+// kv_begin, kv_end), kv_chunk [items] and merge_indptr [rows+1] (read only
+// when partial), o [rows, Hq, D] (o_dtype) and lse [rows*Hq] (may be null),
+// tmp_o/tmp_lse (f32 partial states). q_scale multiplies q·k
+// (sm_scale*k_scale*log2(e), or without log2(e) with a soft cap); soft_cap 0
+// disables the cap; window_left < 0 disables the window; flags: 1 partial,
+// 2 split_q, 4 split_p. The float scalars are carried in doubles.
+//
+// __launch_bounds__(128): at most 4 warps; ptxas may use up to 255
+// registers (D = 256 keeps 128 f32 accumulators per lane).
+#define PKV_PREFILL_ENTRY(NAME, KV, D)                                                                              \
+  extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                                          \
+      const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,               \
+      const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                                \
+      const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ qo_indptr,                          \
+      const int32_t* __restrict__ work, const int32_t* __restrict__ kv_chunk,                                       \
+      const int32_t* __restrict__ merge_indptr, void* __restrict__ o, float* __restrict__ lse,                      \
+      float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads, int64_t num_kv_heads,          \
+      int64_t page_size, int64_t num_pages, int64_t stride_page, int64_t stride_n, int64_t stride_h,                \
+      int64_t q_dtype, int64_t o_dtype, double q_scale, double soft_cap, double v_scale, int64_t rows_per_tile,     \
+      int64_t causal, int64_t window_left, int64_t flags) {                                                         \
+    pkv::tcprefill::prefill_body<KV, D>(q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, qo_indptr,      \
+                                        work, kv_chunk, merge_indptr, o, lse, tmp_o, tmp_lse, num_qo_heads,         \
+                                        num_kv_heads, page_size, num_pages, stride_page, stride_n, stride_h,        \
+                                        q_dtype, o_dtype, float(q_scale), float(soft_cap), float(v_scale),          \
+                                        rows_per_tile, causal, window_left, flags);                                 \
+  }
+
+#define PKV_PREFILL_DTYPE(SUFFIX, KV)                     \
+  PKV_PREFILL_ENTRY(batch_prefill_paged_##SUFFIX##_d64, KV, 64)   \
+  PKV_PREFILL_ENTRY(batch_prefill_paged_##SUFFIX##_d128, KV, 128) \
+  PKV_PREFILL_ENTRY(batch_prefill_paged_##SUFFIX##_d256, KV, 256)
+
+PKV_PREFILL_DTYPE(f16, pkv::KvF16)
+PKV_PREFILL_DTYPE(bf16, pkv::KvBF16)
+PKV_PREFILL_DTYPE(e4m3, pkv::KvE4M3)
+PKV_PREFILL_DTYPE(e5m2, pkv::KvE5M2)
