@@ -3,6 +3,7 @@
 // emu.go calls. One translation unit: g++ time is the cost of this package.
 #include "../../kernels/cuda/append.cu"
 #include "../../kernels/cuda/decode.cu"
+#include "../../kernels/cuda/decode_tc.cu"
 #include "../../kernels/cuda/states.cu"
 #include "selftest.inc"
 
@@ -51,6 +52,10 @@ Entry entry(const char* name, void (*k)(A...)) {
   PKV_ENTRY(batch_decode_paged_##sfx##_v1), PKV_ENTRY(batch_decode_paged_##sfx##_v2),                        \
       PKV_ENTRY(batch_decode_paged_##sfx##_v4), PKV_ENTRY(batch_decode_paged_##sfx##_v8)
 
+#define PKV_TC_DECODE_ENTRIES(sfx)                                                                  \
+  PKV_ENTRY(batch_decode_paged_tc_##sfx##_d64), PKV_ENTRY(batch_decode_paged_tc_##sfx##_d128), \
+      PKV_ENTRY(batch_decode_paged_tc_##sfx##_d256)
+
 #define PKV_MLA_ENTRIES(sfx)                                                                       \
   PKV_ENTRY(mla_decode_##sfx##_c1), PKV_ENTRY(mla_decode_##sfx##_c2), PKV_ENTRY(mla_decode_##sfx##_c4), \
       PKV_ENTRY(mla_decode_##sfx##_c8), PKV_ENTRY(mla_decode_##sfx##_c16)
@@ -73,6 +78,10 @@ const std::vector<Entry>& entries() {
       PKV_DECODE_ENTRIES(bf16),
       PKV_DECODE_ENTRIES(e4m3),
       PKV_DECODE_ENTRIES(e5m2),
+      PKV_TC_DECODE_ENTRIES(f16),
+      PKV_TC_DECODE_ENTRIES(bf16),
+      PKV_TC_DECODE_ENTRIES(e4m3),
+      PKV_TC_DECODE_ENTRIES(e5m2),
       PKV_ENTRY(merge_partial_states),
       PKV_ENTRY(merge_state),
       PKV_ENTRY(merge_states),

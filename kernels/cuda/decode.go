@@ -119,3 +119,46 @@ func chooseChunk(visible []int, blocksPerRequest, numSMs, maxChunk, tile int) in
 	}
 	return chunk
 }
+
+// The tensor-core decode (decode_tc.cu) mirrored here: its stages, the K
+// plus V bytes of one stage, and the smallest GQA group it serves.
+const (
+	tcStages      = 2
+	tcStageBudget = 16 << 10
+	// tcMinGroup: a group of one query head leaves 15 of the mma's 16 rows
+	// idle and its K/V bytes serve one head either way; the CUDA-core
+	// kernel keeps it (see docs/kernels.md).
+	tcMinGroup = 2
+)
+
+// tcDecodeKernels names batch_decode_paged_tc_<kv>_d<D> by cache dtype and
+// head_dim: f16, bf16, e4m3 and e5m2 caches with head_dim 64, 128 or 256.
+var tcDecodeKernels = func() map[layout.DType]map[int]string {
+	m := map[layout.DType]map[int]string{}
+	for _, dt := range []layout.DType{layout.F16, layout.BF16, layout.E4M3, layout.E5M2} {
+		m[dt] = map[int]string{}
+		for _, d := range []int{64, 128, 256} {
+			m[dt][d] = fmt.Sprintf("batch_decode_paged_tc_%s_d%d", kvSuffix[dt], d)
+		}
+	}
+	return m
+}()
+
+// planDecodeTC is the launch shape of the tensor-core decode, and whether
+// it serves the geometry and group: an f16, bf16, e4m3 or e5m2 cache with
+// head_dim 64, 128 or 256 and a group of at least tcMinGroup query heads.
+// Everything else keeps the CUDA-core kernel (planDecodeShape). The shape
+// mirrors decode_tc.cu's Shape: rows padded to 128 bytes, 16 keys a warp,
+// a stage within tcStageBudget, block (32, warps, 1), one block per 16
+// query heads of a group.
+func planDecodeTC(g layout.Paged, group int) (decodePlan, bool) {
+	name, ok := tcDecodeKernels[g.DType][g.HeadDim]
+	if !ok || group < tcMinGroup {
+		return decodePlan{}, false
+	}
+	pitch := max(g.HeadDim*g.DType.Size(), 128)
+	keys := min(64, tcStageBudget/(2*pitch))
+	p := decodePlan{kernel: name, hpb: keys / 16, nz: 1, gz: (group + 15) / 16, tile: keys, pitch: pitch, unit: 16}
+	p.smem = tcStages*2*keys*pitch + 2*16*2*g.HeadDim // stages, then Q's high and low parts
+	return p, true
+}

@@ -131,6 +131,11 @@ var KernelArity = func() map[string]int {
 			m[decodeKernel(kv, vec)] = decodeArity
 		}
 	}
+	for _, names := range tcDecodeKernels {
+		for _, n := range names {
+			m[n] = decodeArity // the CUDA-core decode's arguments
+		}
+	}
 	return m
 }()
 

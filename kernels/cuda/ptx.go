@@ -9,18 +9,20 @@ import "embed"
 // Modules are the PTX modules of the kernels, by file name, for sm_80
 // (the driver JIT-compiles them for newer GPUs).
 var Modules = map[string]string{
-	"append.ptx": appendPTX,
-	"decode.ptx": decodePTX,
-	"states.ptx": statesPTX,
+	"append.ptx":    appendPTX,
+	"decode.ptx":    decodePTX,
+	"decode_tc.ptx": decodeTCPTX,
+	"states.ptx":    statesPTX,
 }
 
 // modulesSM90 are the same modules built for sm_90, where fp8 K/V widen
 // with the packed hardware converts (cvt.rn.f16x2.e4m3x2); same file names
 // as Modules.
 var modulesSM90 = map[string]string{
-	"append.ptx": appendSM90PTX,
-	"decode.ptx": decodeSM90PTX,
-	"states.ptx": statesSM90PTX,
+	"append.ptx":    appendSM90PTX,
+	"decode.ptx":    decodeSM90PTX,
+	"decode_tc.ptx": decodeTCSM90PTX,
+	"states.ptx":    statesSM90PTX,
 }
 
 // ModulesFor returns the PTX modules to load on a device of compute
@@ -39,6 +41,9 @@ var appendPTX string
 //go:embed decode.ptx
 var decodePTX string
 
+//go:embed decode_tc.ptx
+var decodeTCPTX string
+
 //go:embed states.ptx
 var statesPTX string
 
@@ -47,6 +52,9 @@ var appendSM90PTX string
 
 //go:embed decode_sm90.ptx
 var decodeSM90PTX string
+
+//go:embed decode_tc_sm90.ptx
+var decodeTCSM90PTX string
 
 //go:embed states_sm90.ptx
 var statesSM90PTX string

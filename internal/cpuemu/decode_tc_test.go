@@ -1,0 +1,108 @@
+//go:build cgo
+
+package cpuemu
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/kernels/cuda"
+	"github.com/pagedkv/pagedkv/kernels/kernelstest"
+	"github.com/pagedkv/pagedkv/layout"
+)
+
+// launchedAttention returns the attention kernels (decode entries) among
+// the launches d recorded since the last call.
+func launchedAttention(d *cuda.CountingDriver) []string {
+	var names []string
+	for _, l := range d.Launches() {
+		if strings.HasPrefix(l.Kernel, "batch_decode_paged_") {
+			names = append(names, l.Kernel)
+		}
+	}
+	return names
+}
+
+// The tensor-core decode against the reference model on every shape it
+// serves (f16, bf16, e4m3, e5m2 caches; head_dim 64, 128, 256; GQA groups
+// 2, 4, 8, and 17 at head_dim 64, which takes two blocks of 16 query
+// heads), with NHD and
+// HND, fused and split caches, page sizes 1, 16 and 5, f32/f16/bf16 q and
+// o, windows, soft caps, and split-k on and off; and which kernel each
+// shape launched: the tensor-core entry for those, the CUDA-core kernel
+// for group 1, for f32 caches, for other head dims and for prefill.
+func TestTCDecodeShapes(t *testing.T) {
+	plain := &cuda.CountingDriver{Driver: NewDriver(0), Record: true}
+	split := &cuda.CountingDriver{Driver: NewDriver(0), Record: true}
+	drivers := []*cuda.CountingDriver{plain, split}
+	backends := []*cuda.Backend{
+		cuda.NewWithDriver("emu", plain, cuda.Config{}),
+		cuda.NewWithDriver("emu", split, cuda.Config{MaxChunkTokens: 48}),
+	}
+	acts := []layout.DType{layout.F16, layout.BF16, layout.F32}
+	shape := func(i int, dt layout.DType, D, group int) kernelstest.AttnShape {
+		s := kernelstest.AttnShape{
+			Geometry: layout.Paged{Layout: []layout.KVLayout{layout.NHD, layout.HND}[i%2],
+				Form: []layout.TensorForm{layout.Fused, layout.Split}[i/2%2], DType: dt,
+				PageSize: []int{1, 16, 5}[i%3], NumKVHeads: 1 + b2i(i%7 == 0), HeadDim: D},
+			Group: group, Lens: []int{1, 0, 90}, QDType: acts[i%3], ODType: acts[i/3%3],
+			WindowLeft: -1, Seed: uint64(i),
+		}
+		if i%4 == 1 {
+			s.WindowLeft = 40
+		}
+		if i%5 == 2 {
+			s.SoftCap = 30
+		}
+		return s
+	}
+	i := 0
+	for _, dt := range []layout.DType{layout.F16, layout.BF16, layout.E4M3, layout.E5M2} {
+		for _, D := range []int{64, 128, 256} {
+			for _, group := range []int{1, 2, 4, 8, 17} {
+				if group == 17 && D != 64 {
+					continue // two blocks of 16 query heads: once per dtype
+				}
+				s := shape(i, dt, D, group)
+				k := i % 2
+				kernelstest.RunDecodeShape(t, backends[k], s)
+				want := fmt.Sprintf("batch_decode_paged_tc_%s_d%d", suffix(dt), D)
+				if group == 1 {
+					want = fmt.Sprintf("batch_decode_paged_%s_v%d", suffix(dt), D/32)
+				}
+				require.Equal(t, []string{want}, launchedAttention(drivers[k]), "%v split=%v", s, k == 1)
+				i++
+			}
+		}
+	}
+	// Shapes the tensor-core decode does not serve keep the CUDA-core kernel.
+	for _, c := range []struct {
+		dt     layout.DType
+		D, vec int
+	}{{layout.F32, 128, 4}, {layout.F16, 96, 4}, {layout.F16, 32, 1}, {layout.E4M3, 16, 1}} {
+		s := shape(i, c.dt, c.D, 4)
+		kernelstest.RunDecodeShape(t, backends[0], s)
+		require.Equal(t, []string{fmt.Sprintf("batch_decode_paged_%s_v%d", suffix(c.dt), c.vec)}, launchedAttention(plain), "%v", s)
+		i++
+	}
+	// Prefill stays on the CUDA-core kernel (one work item per query row).
+	s := shape(i, layout.F16, 128, 4)
+	kernelstest.RunPrefillShape(t, backends[0], s)
+	for _, name := range launchedAttention(plain) {
+		require.Equal(t, "batch_decode_paged_f16_v4", name, "prefill %v", s)
+	}
+}
+
+func suffix(dt layout.DType) string {
+	return map[layout.DType]string{layout.F32: "f32", layout.F16: "f16", layout.BF16: "bf16", layout.E4M3: "e4m3", layout.E5M2: "e5m2"}[dt]
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
