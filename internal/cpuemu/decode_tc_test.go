@@ -3,6 +3,7 @@
 package cpuemu
 
 import (
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"testing"
@@ -105,4 +106,72 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// wavefronts is how many shared-memory wavefronts one warp-wide access of
+// width bytes per lane at offs takes: the lanes go in phases of 128 bytes
+// (32 lanes of 4 bytes, 16 of 8, 8 of 16: an ldmatrix phase is 8 rows of
+// 16 bytes), and a phase takes as many wavefronts as the most distinct
+// 4-byte words any of the 32 banks holds among its accesses.
+func wavefronts(width int, offs []uint32) int {
+	lanes := 128 / width
+	total := 0
+	for p := 0; p < 32; p += lanes {
+		words := map[uint32]bool{}
+		for _, o := range offs[p : p+lanes] {
+			for w := uint32(0); w < uint32(width/4); w++ {
+				words[o/4+w] = true
+			}
+		}
+		perBank := map[uint32]int{}
+		most := 0
+		for w := range words {
+			perBank[w%32]++
+			most = max(most, perBank[w%32])
+		}
+		total += most
+	}
+	return total
+}
+
+// The swizzled layout of the tensor-core decode is free of bank conflicts:
+// every shared-memory access the kernel makes (the ldmatrix phases of Q, K
+// and V, the fp8 K and V loads, the cp.async writes), as the kernel's own
+// offset functions compute them, takes the minimum of one wavefront per
+// 128 bytes. The same rows without the swizzle would not.
+func TestTCDecodeSharedBanks(t *testing.T) {
+	d := NewDriver(0)
+	// The counter itself: 8 rows of 256 bytes at one chunk are 8-way
+	// conflicted, 8 consecutive chunks are not.
+	var rows, chunks []uint32
+	for l := uint32(0); l < 32; l++ {
+		rows = append(rows, 256*(l%8)+512*(l/8))
+		chunks = append(chunks, 16*l)
+	}
+	require.Equal(t, 4*8, wavefronts(16, rows))
+	require.Equal(t, 4, wavefronts(16, chunks))
+	for _, kind := range []int{0, 1} {
+		for _, D := range []int{64, 128, 256} {
+			out := newBuf(t, d, make([]byte, 4<<16))
+			require.NoError(t, d.Launch("cuemu_test_tc_offsets", dim(1, 1, 1), dim(1, 1, 1), 0,
+				[]uint64{uint64(kind), uint64(D), uint64(out.ptr)}))
+			words := bytesU32(out.bytes(t))
+			n := 0
+			for i := 0; words[i] != 0; i += 33 {
+				width := int(words[i])
+				offs := words[i+1 : i+33]
+				require.Equal(t, 32*width/128, wavefronts(width, offs), "kind %d D=%d access %d (width %d) offsets %v", kind, D, n, width, offs)
+				n++
+			}
+			require.Greater(t, n, D/16, "kind %d D=%d: accesses listed", kind, D)
+		}
+	}
+}
+
+func bytesU32(b []byte) []uint32 {
+	out := make([]uint32, len(b)/4)
+	for i := range out {
+		out[i] = binary.LittleEndian.Uint32(b[4*i:])
+	}
+	return out
 }

@@ -97,6 +97,7 @@ const std::vector<Entry>& entries() {
       PKV_ENTRY(cuemu_test_fp8_pairs),
       PKV_ENTRY(cuemu_test_mma),
       PKV_ENTRY(cuemu_test_ldmatrix),
+      PKV_ENTRY(cuemu_test_tc_offsets),
   };
   return e;
 }

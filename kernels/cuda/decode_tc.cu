@@ -527,3 +527,56 @@ PKV_TC_DECODE_DTYPE(f16, pkv::KvF16)
 PKV_TC_DECODE_DTYPE(bf16, pkv::KvBF16)
 PKV_TC_DECODE_DTYPE(e4m3, pkv::KvE4M3)
 PKV_TC_DECODE_DTYPE(e5m2, pkv::KvE5M2)
+
+#if !defined(__CUDACC__)
+// cuemu_test_tc_offsets (the emulator only: not in the PTX) lists the
+// shared-memory accesses of batch_decode_paged_tc_<kv>_d<D> for kind 0
+// (f16 and bf16: the same layout) or 1 (e4m3 and e5m2), as records of
+// 33 words: the access width in bytes (16 for ldmatrix, whose 4 phases
+// are 8 lanes each, like a 16-byte load), then the byte offset each of the
+// 32 lanes touches. Every k-step and n-tile of two warps' keys, and every
+// cp.async write of every warp; a width of 0 ends the list.
+// internal/cpuemu's TestTCDecodeSharedBanks counts their wavefronts.
+namespace pkv {
+namespace tc {
+template <typename KV, int D>
+inline uint32_t* offsets(uint32_t* out) {
+  using S = Shape<KV, D>;
+  const auto rec = [&out](uint32_t width, const auto& off) {
+    *out++ = width;
+    for (uint32_t l = 0; l < 32; l++) *out++ = off(l);
+  };
+  for (uint32_t kk = 0; kk < D / 16; kk++) rec(16, [&](uint32_t l) { return q_frag<KV, D>(l, kk); });
+  for (uint32_t key0 = 0; key0 < 32; key0 += 16) {
+    for (uint32_t kk = 0; kk < D / 16; kk++)
+      for (uint32_t half = 0; half < (S::kFp8 ? 2u : 1u); half++)
+        rec(S::kFp8 ? 4 : 16, [&](uint32_t l) { return k_frag<KV, D>(l, key0, kk, half); });
+    if (S::kFp8) {
+      for (uint32_t seg = 0; seg < D / 8 / S::kW; seg++)
+        for (uint32_t i = 0; i < 4; i++) rec(S::kW, [&](uint32_t l) { return v_frag<KV, D>(l, key0, seg, i); });
+    } else {
+      for (uint32_t jj = 0; jj < D / 16; jj++) rec(16, [&](uint32_t l) { return v_frag<KV, D>(l, key0, jj, 0); });
+    }
+  }
+  for (uint32_t w = 0; w < uint32_t(S::kWarps); w++)
+    for (uint32_t k = 0; k < uint32_t(S::kChunks / 2); k++)
+      rec(16, [&](uint32_t l) { return copy_dst<KV, D>(32 * w + l, k); });
+  return out;
+}
+}  // namespace tc
+}  // namespace pkv
+
+extern "C" __global__ void cuemu_test_tc_offsets(int64_t kind, int64_t head_dim, uint32_t* out) {
+  uint32_t* end = out;
+  switch (kind * 1000 + head_dim) {
+    case 64: end = pkv::tc::offsets<pkv::KvF16, 64>(out); break;
+    case 128: end = pkv::tc::offsets<pkv::KvF16, 128>(out); break;
+    case 256: end = pkv::tc::offsets<pkv::KvF16, 256>(out); break;
+    case 1064: end = pkv::tc::offsets<pkv::KvE4M3, 64>(out); break;
+    case 1128: end = pkv::tc::offsets<pkv::KvE4M3, 128>(out); break;
+    case 1256: end = pkv::tc::offsets<pkv::KvE4M3, 256>(out); break;
+    default: __trap();
+  }
+  *end = 0;
+}
+#endif
