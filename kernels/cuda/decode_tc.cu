@@ -264,7 +264,11 @@ __device__ __forceinline__ void decode_tc_body(
   // nothing to the mma type but what a second rounding leaves (2^-16 of q
   // for bf16, 2^-22 for f16).
   const bool q_split = q_dtype != Op::kType;
-  for (uint32_t i = tid; i < 16u * D; i += S::kThreads) {
+  // Fully unrolled (a fixed count per thread), so that the K/V tile loop
+  // is the only loop that loads from global memory.
+#pragma unroll
+  for (uint32_t k = 0; k < 16u * D / S::kThreads; k++) {
+    const uint32_t i = tid + k * S::kThreads;
     const uint32_t m = i / D, d = i % D;
     float v = 0.0f;
     if (m0 + int32_t(m) < group)
@@ -359,6 +363,7 @@ __device__ __forceinline__ void decode_tc_body(
 #pragma unroll
         for (int e = 0; e < 4; e++)
           if (kbase + 8 * nt + (e & 1) >= end) s[nt][e] = neg_inf();
+      float corr[2];
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         float mx = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
@@ -366,14 +371,9 @@ __device__ __forceinline__ void decode_tc_body(
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float m_new = fmaxf(row_m[r], mx);
         const float base = m_new == neg_inf() ? 0.0f : m_new;
-        const float corr = exp2_approx(row_m[r] - base);
+        corr[r] = exp2_approx(row_m[r] - base);  // exactly 1 when the max stays
         row_m[r] = m_new;
-        row_d[r] *= corr;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-          acc[j][2 * r] *= corr;
-          acc[j][2 * r + 1] *= corr;
-        }
+        row_d[r] *= corr[r];
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -381,6 +381,17 @@ __device__ __forceinline__ void decode_tc_body(
             s[nt][e] = exp2_approx(s[nt][e] - base);
             row_d[r] += s[nt][e];
           }
+      }
+      // Rescale o only when some row's max moved (D/2 multiplies a lane):
+      // past the first tiles of a request it rarely does.
+      if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+          acc[j][0] *= corr[0];
+          acc[j][1] *= corr[0];
+          acc[j][2] *= corr[1];
+          acc[j][3] *= corr[1];
+        }
       }
       // P as the A fragment: a[0] row g keys 2t..2t+1, a[1] row g+8,
       // a[2], a[3] the same for keys 8+2t..9+2t.
