@@ -264,11 +264,10 @@ __device__ __forceinline__ void decode_tc_body(
   // nothing to the mma type but what a second rounding leaves (2^-16 of q
   // for bf16, 2^-22 for f16).
   const bool q_split = q_dtype != Op::kType;
-  // Fully unrolled (a fixed count per thread), so that the K/V tile loop
-  // is the only loop that loads from global memory.
-#pragma unroll
-  for (uint32_t k = 0; k < 16u * D / S::kThreads; k++) {
-    const uint32_t i = tid + k * S::kThreads;
+  // One element an iteration (not unrolled): the code stays small, and
+  // the K/V tile loop stays the main loop of scripts/ptx-report.sh.
+#pragma unroll 1
+  for (uint32_t i = tid; i < 16u * D; i += S::kThreads) {
     const uint32_t m = i / D, d = i % D;
     float v = 0.0f;
     if (m0 + int32_t(m) < group)
@@ -514,7 +513,7 @@ __device__ __forceinline__ void decode_tc_body(
 // (32, kWarps, 1). kWarps is 4 for 128-byte rows (D=64, and fp8 D=128), 2
 // for 256-byte rows, 1 for 512-byte rows (f16/bf16 D=256).
 #define PKV_TC_DECODE_ENTRY(SFX, KV, D)                                                                             \
-  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads)                                     \
+  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, 4)                                     \
       batch_decode_paged_tc_##SFX##_d##D(                                                                           \
           const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,            \
           const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                             \
