@@ -45,6 +45,7 @@
 // v_scale and the base-2 LSE m + log2(d) (-inf and o = 0 when no key is
 // visible), or float32 partial states for merge_partial_states.
 #include "compat.cuh"
+#include "decode_args.cuh"
 
 namespace pkv {
 namespace tc {
@@ -217,14 +218,7 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ ks, unsign
 }
 
 template <typename KV, int D>
-__device__ __forceinline__ void decode_tc_body(
-    const void* __restrict__ q, const typename KV::T* __restrict__ k_data, const typename KV::T* __restrict__ v_data,
-    const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,
-    const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ work, void* __restrict__ o,
-    float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,
-    int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,
-    int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, float q_scale, float soft_cap,
-    float v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {
+__device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T, float)) {
   using S = Shape<KV, D>;
   using Op = Ops<KV>;
   // The launcher and this entry agree on the shape, or nothing runs.
@@ -239,15 +233,9 @@ __device__ __forceinline__ void decode_tc_body(
   const int32_t group = int32_t(num_qo_heads / num_kv_heads);
   const int32_t m0 = int32_t(blockIdx.z) * 16;  // first group head of the block
 
-  const int64_t qrow = work[4 * item];
-  const int64_t b = work[4 * item + 1];
-  int32_t begin = work[4 * item + 2];
-  int32_t end = work[4 * item + 3];
-  const int64_t first_page = kv_indptr[b];
-  const int64_t pages = kv_indptr[b + 1] - first_page;
-  const int64_t len = pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];
-  if (end > len) end = int32_t(len);  // never after host planning; keeps reads inside the request
-  if (begin < 0) begin = 0;
+  const WorkItem wi = work_item(work, item, kv_indptr, kv_last_page_len, page_size);
+  const int64_t qrow = wi.qrow, first_page = wi.first_page;
+  const int32_t begin = int32_t(wi.begin), end = int32_t(wi.end);  // lengths fit 32 bits (the launcher checks)
 
   PKV_DYN_SMEM(unsigned char, smem);
   unsigned char* qs = smem + S::kQOff;
@@ -511,20 +499,10 @@ __device__ __forceinline__ void decode_tc_body(
 // kKeys and copy_unit 16 (the kernel traps otherwise), and the block
 // (32, kWarps, 1). kWarps is 4 for 128-byte rows (D=64, and fp8 D=128), 2
 // for 256-byte rows, 1 for 512-byte rows (f16/bf16 D=256).
-#define PKV_TC_DECODE_ENTRY(SFX, KV, D)                                                                             \
-  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, 4)                                     \
-      batch_decode_paged_tc_##SFX##_d##D(                                                                           \
-          const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,            \
-          const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                             \
-          const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ work, void* __restrict__ o,      \
-          float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,     \
-          int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,         \
-          int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, double q_scale, double soft_cap,     \
-          double v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {                                        \
-    pkv::tc::decode_tc_body<KV, D>(q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, work, o, lse, tmp_o, \
-                                   tmp_lse, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, stride_page, \
-                                   stride_n, stride_h, q_dtype, o_dtype, float(q_scale), float(soft_cap),           \
-                                   float(v_scale), tile, copy_unit, partial);                                        \
+#define PKV_TC_DECODE_ENTRY(SFX, KV, D)                                                                  \
+  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, 4)                       \
+      batch_decode_paged_tc_##SFX##_d##D(PKV_DECODE_PARAMS(KV::T, double)) {                             \
+    pkv::tc::decode_tc_body<KV, D>(PKV_DECODE_FORWARD);                                                  \
   }
 
 #define PKV_TC_DECODE_DTYPE(SFX, KV) \
