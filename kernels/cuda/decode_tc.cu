@@ -222,7 +222,8 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
   using S = Shape<KV, D>;
   using Op = Ops<KV>;
   // The launcher and this entry agree on the shape, or nothing runs.
-  if (head_dim != D || tile != S::kKeys || copy_unit != 16 || blockDim.x * blockDim.y * blockDim.z != S::kThreads)
+  if (head_dim != D || tile != S::kKeys || copy_unit != 16 || blockDim.x != 32 || blockDim.y != S::kWarps ||
+      blockDim.z != 1)
     __trap();
   const uint32_t lane = threadIdx.x;
   const uint32_t warp = threadIdx.y;
