@@ -175,3 +175,31 @@ func bytesU32(b []byte) []uint32 {
 	}
 	return out
 }
+
+// A tensor-core decode entry refuses to run with a shape its launcher did
+// not plan (block, head_dim, tile, copy unit): it traps before touching
+// memory, and the launch fails.
+func TestTCDecodeTrapsOnAForeignShape(t *testing.T) {
+	d := NewDriver(0)
+	args := func(headDim, tile, unit uint64) []uint64 {
+		a := make([]uint64, cuda.KernelArity["batch_decode_paged_tc_f16_d128"])
+		a[13], a[24], a[25] = headDim, tile, unit // head_dim, tile, copy_unit (decode_args.cuh)
+		return a
+	}
+	const k = "batch_decode_paged_tc_f16_d128" // block (32, 2, 1), 32 keys a stage
+	for _, c := range []struct {
+		name  string
+		block cuda.Dim3
+		args  []uint64
+	}{
+		{"block (64, 1, 1)", dim(64, 1, 1), args(128, 32, 16)},
+		{"block (32, 4, 1)", dim(32, 4, 1), args(128, 32, 16)},
+		{"head_dim 64", dim(32, 2, 1), args(64, 32, 16)},
+		{"tile 64", dim(32, 2, 1), args(128, 64, 16)},
+		{"copy unit 8", dim(32, 2, 1), args(128, 32, 8)},
+	} {
+		err := d.Launch(k, dim(1, 1, 1), c.block, 48<<10, c.args)
+		require.ErrorIs(t, err, ErrLaunch, c.name)
+		require.ErrorContains(t, err, "__trap", c.name)
+	}
+}
