@@ -188,13 +188,14 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ ks, unsign
   using S = Shape<KV, D>;
   static_assert(S::kThreads == 2 * S::kKeys && S::kChunks % 2 == 0, "two threads a row");
   const uint32_t r = tid % uint32_t(S::kKeys);
-  const int32_t t = t0 + int32_t(r);
+  // Unsigned: t0 < end <= 2^31-1 and r < 64, so t never wraps.
+  const uint32_t t = uint32_t(t0) + r;
   int64_t page = -1;
   uint32_t entry = 0;
-  if (t < end) {
+  if (t < uint32_t(end)) {
     // Lengths fit in 32 bits (checked by the launcher): divide in 32 bits.
-    const uint32_t pi = uint32_t(t) / page_size;
-    entry = uint32_t(t) - pi * page_size;
+    const uint32_t pi = t / page_size;
+    entry = t - pi * page_size;
     page = kv_indices[first_page + pi];
   }
   const bool ok = page >= 0 && page < num_pages;  // never false for a visible key after host validation
@@ -272,7 +273,7 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
   const float q_over_cap = soft_cap > 0.0f ? q_scale / soft_cap : 0.0f;  // once, not per logit
   const uint32_t key0 = warp * 16u;
 
-  const int32_t n = end > begin ? (end - begin + S::kKeys - 1) / S::kKeys : 0;
+  const int32_t n = end > begin ? int32_t((uint32_t(end - begin) + S::kKeys - 1) / S::kKeys) : 0;
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (s < n) {
@@ -295,7 +296,7 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
     cp_async_wait<kStages - 1>();
     __syncthreads();  // (A) tile i is in shared memory (and, at i = 0, the Q tile)
     const int32_t t0 = begin + i * S::kKeys;
-    if (t0 + int32_t(key0) < end) {  // warp-uniform: the warp has keys in this tile
+    if (uint32_t(t0) + key0 < uint32_t(end)) {  // warp-uniform: the warp has keys in this tile
       const unsigned char* ks = smem + 2 * (i % kStages) * S::kTileBytes;
       const unsigned char* vs = ks + S::kTileBytes;
       // S = Q K^T: s[nt] is n-tile nt (keys 8nt..8nt+7 of the warp's 16).
@@ -329,7 +330,7 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
         }
       }
       // Scale, cap, mask; online softmax for rows g (e = 0, 1) and g+8 (e = 2, 3).
-      const int32_t kbase = t0 + int32_t(key0 + 2u * t);
+      const uint32_t kbase = uint32_t(t0) + key0 + 2u * t;  // unsigned: never wraps (as t in copy_tile)
       if (soft_cap > 0.0f) {
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
@@ -345,7 +346,7 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
       for (int nt = 0; nt < 2; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
-          if (kbase + 8 * nt + (e & 1) >= end) s[nt][e] = neg_inf();
+          if (kbase + 8u * nt + (e & 1u) >= uint32_t(end)) s[nt][e] = neg_inf();
       float corr[2];
 #pragma unroll
       for (int r = 0; r < 2; r++) {
