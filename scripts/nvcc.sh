@@ -137,7 +137,7 @@ PROFILE
 # built twice: <k>.ptx for sm_80 (any GPU from Ampere on) and <k>_sm90.ptx
 # for sm_90 (Hopper: hardware fp8 pair converts, PTX ISA 7.8);
 # kernels/cuda/ptx.go picks one by the device's compute capability.
-kernels=(append decode prefill states mla_tc)
+kernels=(append decode decode_tc prefill states mla_tc)
 nvcc_flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
 archs=(sm_80: sm_90:_sm90) # arch:suffix of the output file
 

@@ -4,6 +4,7 @@
 #include "../../kernels/cuda/append.cu"
 #include "../../kernels/cuda/decode.cu"
 #include "../../kernels/cuda/prefill.cu"
+#include "../../kernels/cuda/decode_tc.cu"
 #include "../../kernels/cuda/states.cu"
 #include "../../kernels/cuda/mla_tc.cu"
 #include "selftest.inc"
@@ -56,6 +57,9 @@ Entry entry(const char* name, void (*k)(A...)) {
 #define PKV_PREFILL_ENTRIES(sfx)                                                                              \
   PKV_ENTRY(batch_prefill_paged_##sfx##_d64), PKV_ENTRY(batch_prefill_paged_##sfx##_d128),                      \
       PKV_ENTRY(batch_prefill_paged_##sfx##_d256)
+#define PKV_TC_DECODE_ENTRIES(sfx)                                                                  \
+  PKV_ENTRY(batch_decode_paged_tc_##sfx##_d64), PKV_ENTRY(batch_decode_paged_tc_##sfx##_d128), \
+      PKV_ENTRY(batch_decode_paged_tc_##sfx##_d256)
 
 #define PKV_MLA_ENTRIES(sfx)                                                                       \
   PKV_ENTRY(mla_decode_##sfx##_c1), PKV_ENTRY(mla_decode_##sfx##_c2), PKV_ENTRY(mla_decode_##sfx##_c4), \
@@ -85,6 +89,10 @@ const std::vector<Entry>& entries() {
       PKV_PREFILL_ENTRIES(bf16),
       PKV_PREFILL_ENTRIES(e4m3),
       PKV_PREFILL_ENTRIES(e5m2),
+      PKV_TC_DECODE_ENTRIES(f16),
+      PKV_TC_DECODE_ENTRIES(bf16),
+      PKV_TC_DECODE_ENTRIES(e4m3),
+      PKV_TC_DECODE_ENTRIES(e5m2),
       PKV_ENTRY(merge_partial_states),
       PKV_ENTRY(merge_state),
       PKV_ENTRY(merge_states),
@@ -104,6 +112,7 @@ const std::vector<Entry>& entries() {
       PKV_ENTRY(cuemu_test_fp8_pairs),
       PKV_ENTRY(cuemu_test_mma),
       PKV_ENTRY(cuemu_test_ldmatrix),
+      PKV_ENTRY(cuemu_test_tc_offsets),
   };
   return e;
 }

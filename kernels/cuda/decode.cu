@@ -32,6 +32,7 @@
 //
 // Logits: s = (q·k) * sm_scale, or cap * tanh(s / cap) with a soft cap.
 #include "compat.cuh"
+#include "decode_args.cuh"
 
 namespace pkv {
 
@@ -97,14 +98,7 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ k_stage, u
 }
 
 template <typename KV, int VEC>
-__device__ __forceinline__ void decode_body(
-    const void* __restrict__ q, const typename KV::T* __restrict__ k_data, const typename KV::T* __restrict__ v_data,
-    const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,
-    const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ work, void* __restrict__ o,
-    float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,
-    int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,
-    int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, float q_scale, float soft_cap,
-    float v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {
+__device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, float)) {
   using T = typename KV::T;
   const int lane = int(threadIdx.x);
   const int hpb = int(blockDim.y);
@@ -122,20 +116,9 @@ __device__ __forceinline__ void decode_body(
   const int64_t f0 = int64_t(lane) * VEC;
   const bool lane_full = f0 + VEC <= D;  // all VEC features of this lane exist
 
-  const int64_t qrow = work[4 * item];
-  const int64_t b = work[4 * item + 1];
-  int64_t begin = work[4 * item + 2];
-  int64_t end = work[4 * item + 3];
-  // An empty item of a split-KV launch is padding (a fixed grid's items
-  // past the plan's): the scheduler gives no row an empty chunk, and a row
-  // without keys no item, so the merge reads no state of it. The whole
-  // block sees the same item, so it returns before any barrier.
-  if (partial && end <= begin) return;
-  const int64_t first_page = kv_indptr[b];
-  const int64_t pages = kv_indptr[b + 1] - first_page;
-  const int64_t len = pages == 0 ? 0 : (pages - 1) * page_size + kv_last_page_len[b];
-  if (end > len) end = len;  // never after host planning; keeps reads inside the request
-  if (begin < 0) begin = 0;
+  const WorkItem wi = work_item(work, item, kv_indptr, kv_last_page_len, page_size);
+  if (partial && wi.empty) return;  // split-KV padding (WorkItem::empty)
+  const int64_t qrow = wi.qrow, first_page = wi.first_page, begin = wi.begin, end = wi.end;
 
   const int64_t row_bytes = D * int64_t(sizeof(T));
   const int64_t pitch = (row_bytes + 15) / 16 * 16;
@@ -301,19 +284,9 @@ __device__ __forceinline__ void decode_body(
 // SM. With no minimum ptxas picked 48 registers for some entries and spilled
 // (e4m3_v4 on sm_80: 56 bytes; e5m2_v2: 20 bytes) and 69-79 for the v8
 // entries (three blocks per SM); with it every entry fits 64 without spills.
-#define PKV_DECODE_ENTRY(NAME, KV, VEC)                                                                              \
-  extern "C" __global__ void __launch_bounds__(256, 4) NAME(                                                         \
-      const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,                \
-      const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                                 \
-      const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ work, void* __restrict__ o,          \
-      float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads,         \
-      int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,             \
-      int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, double q_scale, double soft_cap,         \
-      double v_scale, int64_t tile, int64_t copy_unit, int64_t partial) {                                            \
-    pkv::decode_body<KV, VEC>(q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, work, o, lse, tmp_o,       \
-                              tmp_lse, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages, stride_page,      \
-                              stride_n, stride_h, q_dtype, o_dtype, float(q_scale), float(soft_cap),                 \
-                              float(v_scale), tile, copy_unit, partial);                                             \
+#define PKV_DECODE_ENTRY(NAME, KV, VEC)                                                                    \
+  extern "C" __global__ void __launch_bounds__(256, 4) NAME(PKV_DECODE_PARAMS(KV::T, double)) { \
+    pkv::decode_body<KV, VEC>(PKV_DECODE_FORWARD);                                                     \
   }
 
 #define PKV_DECODE_DTYPE(SUFFIX, KV)                   \

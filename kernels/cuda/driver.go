@@ -142,6 +142,11 @@ var KernelArity = func() map[string]int {
 			m[prefillKernel(kvSuffix[dt], d)] = prefillArity
 		}
 	}
+	for _, names := range tcDecodeKernels {
+		for _, n := range names {
+			m[n] = decodeArity // the CUDA-core decode's arguments
+		}
+	}
 	return m
 }()
 

@@ -158,3 +158,39 @@ func TestPlanDecodeShapeTable(t *testing.T) {
 		assert.Equal(t, [6]int{c.vec, c.hpb, c.nz, c.gz, c.tile, c.pitch}, got, "%v D=%d group=%d: vec hpb nz gz tile pitch", c.dt, c.D, c.group)
 	}
 }
+
+// Which decode kernel a shape gets, and the tensor-core shapes of
+// docs/kernels.md: block (32, warps, 1), keys per stage, shared memory
+// within the 48 KiB a launch gets without cuFuncSetAttribute.
+func TestPlanDecodeTC(t *testing.T) {
+	for _, c := range []struct {
+		dt                    layout.DType
+		D, group              int
+		warps, gz, tile, smem int
+	}{
+		{layout.F16, 64, 4, 4, 1, 64, 2*2*64*128 + 2*16*128},
+		{layout.BF16, 128, 8, 2, 1, 32, 2*2*32*256 + 2*16*256},
+		{layout.F16, 256, 2, 1, 1, 16, 2*2*16*512 + 2*16*512},
+		{layout.E4M3, 64, 4, 4, 1, 64, 2*2*64*128 + 2*16*128},
+		{layout.E4M3, 128, 4, 4, 1, 64, 2*2*64*128 + 2*16*256},
+		{layout.E5M2, 256, 17, 2, 2, 32, 2*2*32*256 + 2*16*512},
+		{layout.F16, 128, 32, 2, 2, 32, 2*2*32*256 + 2*16*256},
+	} {
+		p, ok := planDecodeTC(layout.Paged{DType: c.dt, HeadDim: c.D}, c.group)
+		require.True(t, ok, "%v D=%d group=%d", c.dt, c.D, c.group)
+		assert.Equal(t, fmt.Sprintf("batch_decode_paged_tc_%s_d%d", kvSuffix[c.dt], c.D), p.kernel)
+		got := [5]int{p.hpb, p.nz, p.gz, p.tile, p.smem}
+		assert.Equal(t, [5]int{c.warps, 1, c.gz, c.tile, c.smem}, got, "%v D=%d group=%d: warps nz gz tile smem", c.dt, c.D, c.group)
+		assert.LessOrEqual(t, p.smem, 48<<10)
+		assert.Equal(t, 16*p.hpb, p.tile)
+		assert.Contains(t, KernelArity, p.kernel)
+	}
+	// The CUDA-core kernel keeps group 1, f32 caches and other head dims.
+	for _, c := range []struct {
+		dt       layout.DType
+		D, group int
+	}{{layout.F16, 128, 1}, {layout.F32, 128, 4}, {layout.F16, 96, 4}, {layout.BF16, 32, 8}, {layout.E4M3, 512, 4}} {
+		_, ok := planDecodeTC(layout.Paged{DType: c.dt, HeadDim: c.D}, c.group)
+		assert.False(t, ok, "%v D=%d group=%d", c.dt, c.D, c.group)
+	}
+}

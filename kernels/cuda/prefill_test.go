@@ -146,11 +146,11 @@ func TestPrefillKernelSelection(t *testing.T) {
 		want    string
 		wantDec string
 	}{
-		{layout.F16, 128, 4, "batch_prefill_paged_f16_d128", "batch_decode_paged_f16_v4"},
+		{layout.F16, 128, 4, "batch_prefill_paged_f16_d128", "batch_decode_paged_tc_f16_d128"},
 		{layout.BF16, 64, 1, "batch_prefill_paged_bf16_d64", "batch_decode_paged_bf16_v2"},
-		{layout.E4M3, 256, 8, "batch_prefill_paged_e4m3_d256", "batch_decode_paged_e4m3_v8"},
-		{layout.E5M2, 128, 3, "batch_prefill_paged_e5m2_d128", "batch_decode_paged_e5m2_v4"},
-		{layout.F16, 64, 2, "batch_prefill_paged_f16_d64", "batch_decode_paged_f16_v2"},
+		{layout.E4M3, 256, 8, "batch_prefill_paged_e4m3_d256", "batch_decode_paged_tc_e4m3_d256"},
+		{layout.E5M2, 128, 3, "batch_prefill_paged_e5m2_d128", "batch_decode_paged_tc_e5m2_d128"},
+		{layout.F16, 64, 2, "batch_prefill_paged_f16_d64", "batch_decode_paged_tc_f16_d64"},
 		{layout.BF16, 256, 1, "batch_prefill_paged_bf16_d256", "batch_decode_paged_bf16_v8"},
 		// the per-row path, stated in docs/kernels.md
 		{layout.F32, 128, 4, "batch_decode_paged_f32_v4", "batch_decode_paged_f32_v4"},
@@ -184,7 +184,7 @@ func TestPrefillKernelSelection(t *testing.T) {
 				}
 				require.Equal(t, want, got)
 
-				// decode of the same cache: the decode kernel.
+				// decode of the same cache: a decode kernel (tensor-core for groups >= 2).
 				f := newDecodeFixture(t, rand.New(rand.NewPCG(4, 77)), c.decodeCase)
 				require.NoError(t, b.BatchDecode(&f.p))
 				require.Equal(t, tc.wantDec, cd.Launches()[0].Kernel)

@@ -9,22 +9,24 @@ import "embed"
 // Modules are the PTX modules of the kernels, by file name, for sm_80
 // (the driver JIT-compiles them for newer GPUs).
 var Modules = map[string]string{
-	"append.ptx":  appendPTX,
-	"decode.ptx":  decodePTX,
-	"prefill.ptx": prefillPTX,
-	"states.ptx":  statesPTX,
-	"mla_tc.ptx":  mlaTCPTX,
+	"append.ptx":    appendPTX,
+	"decode.ptx":    decodePTX,
+	"decode_tc.ptx": decodeTCPTX,
+	"prefill.ptx":   prefillPTX,
+	"states.ptx":    statesPTX,
+	"mla_tc.ptx":    mlaTCPTX,
 }
 
 // modulesSM90 are the same modules built for sm_90, where fp8 K/V widen
 // with the packed hardware converts (cvt.rn.f16x2.e4m3x2); same file names
 // as Modules.
 var modulesSM90 = map[string]string{
-	"append.ptx":  appendSM90PTX,
-	"decode.ptx":  decodeSM90PTX,
-	"prefill.ptx": prefillSM90PTX,
-	"states.ptx":  statesSM90PTX,
-	"mla_tc.ptx":  mlaTCSM90PTX,
+	"append.ptx":    appendSM90PTX,
+	"decode.ptx":    decodeSM90PTX,
+	"decode_tc.ptx": decodeTCSM90PTX,
+	"prefill.ptx":   prefillSM90PTX,
+	"states.ptx":    statesSM90PTX,
+	"mla_tc.ptx":    mlaTCSM90PTX,
 }
 
 // ModulesFor returns the PTX modules to load on a device of compute
@@ -46,6 +48,9 @@ var decodePTX string
 //go:embed prefill.ptx
 var prefillPTX string
 
+//go:embed decode_tc.ptx
+var decodeTCPTX string
+
 //go:embed states.ptx
 var statesPTX string
 
@@ -60,6 +65,9 @@ var decodeSM90PTX string
 
 //go:embed prefill_sm90.ptx
 var prefillSM90PTX string
+
+//go:embed decode_tc_sm90.ptx
+var decodeTCSM90PTX string
 
 //go:embed states_sm90.ptx
 var statesSM90PTX string

@@ -447,6 +447,11 @@ func (s *Step) prepare(p *StepPlan) error {
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.b.name, err)
 		}
+		// Decode runs on tensor cores where decode_tc.cu serves the shape;
+		// prefill and cascade levels keep the CUDA-core kernel.
+		if tc, ok := planDecodeTC(g, p.NumQOHeads/g.NumKVHeads); ok && p.Attention == Decode {
+			shape = tc
+		}
 		s.shape = shape
 	}
 	// B-sized arrays first, kv_indices last: every offset but the page
