@@ -257,6 +257,19 @@ PKV_MMA_M16N8K16(mma_m16n8k16_f32_bf16, "bf16", true)
 #undef PKV_MMA_M16N8K16
 #undef PKV_MMA_M16N8K16_BODY
 
+// mma_m16n8k16_acc<kBF16> accumulates in place, d += A*B, with f16 (or,
+// with kBF16, bf16) inputs and B given as its two registers: the form the
+// tensor-core kernels' inner loops use.
+template <bool kBF16>
+__device__ __forceinline__ void mma_m16n8k16_acc(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const uint32_t b[2] = {b0, b1};
+  if constexpr (kBF16) {
+    mma_m16n8k16_f32_bf16(d, a, b, d);
+  } else {
+    mma_m16n8k16_f32_f16(d, a, b, d);
+  }
+}
+
 // ldmatrix_x4 is one warp's ldmatrix.sync.aligned.m8n8.x4.shared.b16
 // (sm_75): it loads four 8x8 matrices of 16-bit elements from shared
 // memory. Lanes 8i..8i+7 pass the addresses of rows 0..7 of matrix i (16

@@ -120,16 +120,6 @@ __device__ __forceinline__ float pack_split(float x0, float x1, uint32_t& hi, ui
   return sum;
 }
 
-template <bool kBF16>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  const uint32_t b[2] = {b0, b1};
-  if constexpr (kBF16) {
-    mma_m16n8k16_f32_bf16(d, a, b, d);
-  } else {
-    mma_m16n8k16_f32_f16(d, a, b, d);
-  }
-}
-
 // The fp8 fragments are read as 32-bit words (4 codes each; the shared
 // rows are bytes, which ldmatrix cannot transpose) with the k and n indices
 // of the mma permuted within a tile, which a dot product and a column order
@@ -327,8 +317,8 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
       k_frags<KV>(tile, ks, warp, lane, b);
 #pragma unroll
       for (int h = 0; h < kHl; h++) {
-        mma<kBF16>(s[0], qa[h][ks], b[0], b[1]);
-        mma<kBF16>(s[1], qa[h][ks], b[2], b[3]);
+        mma_m16n8k16_acc<kBF16>(s[0], qa[h][ks], b[0], b[1]);
+        mma_m16n8k16_acc<kBF16>(s[1], qa[h][ks], b[2], b[3]);
       }
     }
     // 2. sum the 4 warps' partials, mask, online softmax.
@@ -399,7 +389,7 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
 #pragma unroll
       for (int n = 0; n < 4; n++) {
 #pragma unroll
-        for (int h = 0; h < kHl; h++) mma<kBF16>(acc[4 * q + n], pa[h], b[2 * n], b[2 * n + 1]);
+        for (int h = 0; h < kHl; h++) mma_m16n8k16_acc<kBF16>(acc[4 * q + n], pa[h], b[2 * n], b[2 * n + 1]);
       }
     }
   }

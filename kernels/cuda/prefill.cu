@@ -104,16 +104,6 @@ __device__ __forceinline__ uint32_t pack2_lo(float x0, float x1, uint32_t hi) {
   return pack2<kBF16>(x0 - from_mma<kBF16>(uint16_t(hi)), x1 - from_mma<kBF16>(uint16_t(hi >> 16)));
 }
 
-template <bool kBF16>
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  const uint32_t b[2] = {b0, b1};
-  if constexpr (kBF16) {
-    mma_m16n8k16_f32_bf16(d, a, b, d);
-  } else {
-    mma_m16n8k16_f32_f16(d, a, b, d);
-  }
-}
-
 // swz is the byte offset of byte col of row r in a swizzled tile with
 // rows of kRowBytes bytes: 16-byte chunk c lives at chunk c ^ (r % 8)
 // (r % 4 for 64-byte rows).
@@ -348,11 +338,11 @@ __device__ __forceinline__ void prefill_body(
               const uint32_t kr = uint32_t(kk * 16 + (lane & 7) + 8 * (lane >> 4));
               ldmatrix_x4(bk, ks + swz<kKVRow>(kr, uint32_t((2 * kt + ((lane >> 3) & 1)) * 16)));
             }
-            mma<kBF16>(s[2 * kk], a, bk[0], bk[1]);
-            mma<kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
+            mma_m16n8k16_acc<kBF16>(s[2 * kk], a, bk[0], bk[1]);
+            mma_m16n8k16_acc<kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
             if (split_q) {
-              mma<kBF16>(s[2 * kk], alo, bk[0], bk[1]);
-              mma<kBF16>(s[2 * kk + 1], alo, bk[2], bk[3]);
+              mma_m16n8k16_acc<kBF16>(s[2 * kk], alo, bk[0], bk[1]);
+              mma_m16n8k16_acc<kBF16>(s[2 * kk + 1], alo, bk[2], bk[3]);
             }
           }
         }
@@ -415,11 +405,11 @@ __device__ __forceinline__ void prefill_body(
               const uint32_t vr = uint32_t(kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1));
               ldmatrix_x4_trans(bv, vs + swz<kKVRow>(vr, uint32_t((2 * fb + (lane >> 4)) * 16)));
             }
-            mma<kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
-            mma<kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
+            mma_m16n8k16_acc<kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
+            mma_m16n8k16_acc<kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
             if (split_p) {
-              mma<kBF16>(acc[2 * fb], plo, bv[0], bv[1]);
-              mma<kBF16>(acc[2 * fb + 1], plo, bv[2], bv[3]);
+              mma_m16n8k16_acc<kBF16>(acc[2 * fb], plo, bv[0], bv[1]);
+              mma_m16n8k16_acc<kBF16>(acc[2 * fb + 1], plo, bv[2], bv[3]);
             }
           }
         }
