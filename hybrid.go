@@ -1,7 +1,6 @@
 package pagedkv
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -92,9 +91,9 @@ type HybridManager struct {
 	alloc  *allocator.Allocator
 	groups []*Manager
 	specs  []layergroup.Spec
+	core   *core // the step protocol over the groups
 
-	servableTokens []atomic.Int64 // per group: GroupStats.ServableTokens (Stats reads it from any goroutine)
-	plan           HybridPlan
+	plan HybridPlan
 }
 
 // NewHybrid returns a HybridManager with an empty pool.
@@ -104,14 +103,6 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	}
 	if err := layergroup.ValidateGroups(cfg.Groups, cfg.PageSize); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
-	}
-	// Every group is a Manager built from cfg.Config: tiers would give each
-	// group its own host pool (over the same HostMemory, under the same
-	// remote keys) with copies no HybridManager method hands out or
-	// completes. That is not supported yet.
-	if t := &cfg.Tiers; t.HostPages != 0 || t.Remote != nil || t.HostMemory != nil || t.Format.Layers != 0 ||
-		t.OffloadFreePages != 0 || t.WriteThrough || t.RemoteDeadline != 0 {
-		return nil, fmt.Errorf("%w: Tiers.HostPages = %d (or another Tiers field) in a hybrid config: a HybridManager has no tiers; use Manager", ErrBadConfig, t.HostPages)
 	}
 	var sinks GroupEventSink
 	if cfg.CacheEvents != nil {
@@ -133,20 +124,38 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		}
 		sinks = gs
 	}
+	if hs, ok := cfg.CacheEvents.(HostEventSink); ok && hs.HostPages() != 0 {
+		return nil, fmt.Errorf("%w: CacheEvents announces %d host pages in a hybrid config: a HybridManager's host tier has no KV events yet (host pages are not labelled by group); build the sink with 0 host pages",
+			ErrBadConfig, hs.HostPages())
+	}
 	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	// One set of tiers (one host pool, one remote store, one stream of
+	// tier copies) for every group: each group's pages enter it under
+	// digests of their own (Manager.tierRoot).
+	tcfg := cfg.Config
+	tcfg.CacheEvents = nil
+	tiers, err := newTiers(&tcfg)
+	if err != nil {
+		return nil, err
+	}
 	h := &HybridManager{alloc: alloc, specs: append([]layergroup.Spec(nil), cfg.Groups...),
-		servableTokens: make([]atomic.Int64, len(cfg.Groups)), plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
+		plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
 	for i, g := range cfg.Groups {
 		gcfg := cfg.Config
+		gcfg.CacheEvents = nil
 		if sinks != nil {
 			gcfg.CacheEvents = sinks.GroupSink(i)
 		}
-		m, err := newManager(gcfg, alloc, g)
+		m, err := newManager(gcfg, alloc, g, tiers)
 		if err != nil {
 			return nil, err
+		}
+		m.windowCascade = true
+		if tiers != nil {
+			m.tierTag = groupTierTag(i, g)
 		}
 		if i > 0 {
 			m.lead = h.groups[0]
@@ -157,6 +166,8 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		// HashSeed was 0 and group 0 picked one.
 		cfg.HashSeed = m.cache.Seed()
 	}
+	h.core = newCore(h.groups, alloc, tiers)
+	h.core.servable = make([]atomic.Int64, len(h.groups))
 	return h, nil
 }
 
@@ -208,31 +219,19 @@ func (h *HybridManager) PageSize() int { return h.groups[0].pageSize }
 // only with every page before them), and returns its length. See
 // [Manager.Add].
 func (h *HybridManager) Add(id RequestID, req Request) (matchedTokens int, err error) {
-	g0 := h.groups[0]
-	if g0.pending {
-		return 0, fmt.Errorf("%w: add request %d", ErrStepPending, id)
+	if err := h.groups[0].checkAdd(id, req); err != nil {
+		return 0, err
 	}
-	if _, ok := g0.reqs[id]; ok {
-		return 0, fmt.Errorf("%w: add request %d", ErrRequestExists, id)
-	}
-	limit := -1
-	if !req.NoCache && len(req.Prompt) > 1 && int(req.Priority) < g0.cache.NumPriorities() && len(req.Prompt) <= MaxRequestTokens {
-		limit = h.servable(req.Namespace, req.Prompt)
-	}
+	recs := h.core.recs
 	for g, m := range h.groups {
-		m.matchLimit = limit
-		n, err := m.Add(id, req)
-		m.matchLimit = -1
-		if err != nil {
-			if g > 0 {
-				panic(fmt.Sprintf("pagedkv: group %d refused request %d that group 0 took: %v", g, id, err))
-			}
-			return 0, err
-		}
-		matchedTokens = n
+		recs[g] = m.newRecord(id, req)
+	}
+	matched := h.core.admit(recs)
+	for g, m := range h.groups {
+		m.added(recs[g], req, matched)
 	}
 	h.link(id)
-	return matchedTokens, nil
+	return matched, nil
 }
 
 // link points request id's record in each group at its record in the next
@@ -251,19 +250,6 @@ func (h *HybridManager) sibling(g int, id RequestID) *request {
 	return h.groups[g+1].reqs[id]
 }
 
-// servable returns the pages of tokens every group's cache can serve, at
-// most (len(tokens)-1)/PageSize, and counts what each could alone.
-func (h *HybridManager) servable(ns Namespace, tokens []int32) int {
-	limit := (len(tokens) - 1) / h.PageSize()
-	for g, m := range h.groups {
-		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, (len(tokens)-1)/h.PageSize())
-		m.scratch = pages
-		h.servableTokens[g].Add(int64(len(pages) * h.PageSize()))
-		limit = min(limit, len(pages))
-	}
-	return limit
-}
-
 // Extend appends known tokens to request id in every group.
 func (h *HybridManager) Extend(id RequestID, tokens ...int32) error {
 	return h.each(func(m *Manager) error { return m.Extend(id, tokens...) })
@@ -271,6 +257,9 @@ func (h *HybridManager) Extend(id RequestID, tokens ...int32) error {
 
 // Fork forks request parent to child in every group.
 func (h *HybridManager) Fork(parent, child RequestID) error {
+	if err := h.checkLoading("fork", parent); err != nil {
+		return err
+	}
 	if err := h.each(func(m *Manager) error { return m.Fork(parent, child) }); err != nil {
 		return err
 	}
@@ -291,37 +280,19 @@ func (h *HybridManager) Preempt(id RequestID) error {
 // Resume re-admits preempted request id on the prefix every group can
 // serve, and returns its length.
 func (h *HybridManager) Resume(id RequestID) (matchedTokens int, err error) {
-	g0 := h.groups[0]
-	r, ok := g0.reqs[id]
-	limit := -1
-	if ok && !r.running && !g0.pending && !r.noCache && len(r.tokens) > 1 {
-		limit = h.servableKey(r)
+	r0, err := h.groups[0].checkResume(id)
+	if err != nil {
+		return 0, err
 	}
+	recs := h.core.recs
+	for g, r := 0, r0; g < len(h.groups); g, r = g+1, r.sibling {
+		recs[g] = r
+	}
+	matched := h.core.admit(recs)
 	for g, m := range h.groups {
-		m.matchLimit = limit
-		n, err := m.Resume(id)
-		m.matchLimit = -1
-		if err != nil {
-			if g > 0 {
-				panic(fmt.Sprintf("pagedkv: group %d refused to resume request %d: %v", g, id, err))
-			}
-			return 0, err
-		}
-		matchedTokens = n
+		m.resumed(recs[g], matched)
 	}
-	return matchedTokens, nil
-}
-
-func (h *HybridManager) servableKey(r *request) int {
-	limit := (len(r.tokens) - 1) / h.PageSize()
-	for g, m := range h.groups {
-		mr := m.reqs[r.id]
-		pages, _ := m.cache.Match(m.scratch[:0], mr.key, mr.tokens, (len(mr.tokens)-1)/h.PageSize())
-		m.scratch = pages
-		h.servableTokens[g].Add(int64(len(pages) * h.PageSize()))
-		limit = min(limit, len(pages))
-	}
-	return limit
+	return matched, nil
 }
 
 // Truncate cuts request id to its first n tokens in every group; it fails,
@@ -375,16 +346,12 @@ func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][
 		need += n
 	}
 	if free := h.alloc.NumFree(); need > free {
-		evictable := 0
-		for _, m := range h.groups {
-			e, _ := m.cache.Idle()
-			evictable += e
-		}
+		evictable := h.core.evictable()
 		if need > free+evictable {
 			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
 				ErrOutOfPages, len(ids), need, len(h.groups), free, evictable)
 		}
-		h.evictUntil(need)
+		h.core.evict(need - free)
 	}
 	p := &h.plan
 	p.Copies = p.Copies[:0]
@@ -396,37 +363,25 @@ func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][
 	return p, nil
 }
 
-// evictUntil evicts idle cached pages, from the group with the most of
-// them first, until free pages are free or nothing is evictable.
-func (h *HybridManager) evictUntil(free int) int {
-	freed := 0
-	for h.alloc.NumFree() < free {
-		best, most := -1, 0
-		for g, m := range h.groups {
-			if e, _ := m.cache.Idle(); e > most {
-				best, most = g, e
-			}
-		}
-		if best < 0 {
-			break
-		}
-		freed += h.groups[best].cache.Evict(1)
-	}
-	for _, m := range h.groups {
-		m.afterChange()
-	}
-	return freed
-}
-
 // Commit commits the step in every group (see [Manager.Commit]).
 func (h *HybridManager) Commit(sampled []int32) error {
-	return h.each(func(m *Manager) error { return m.Commit(sampled) })
+	return h.committed(h.each(func(m *Manager) error { return m.Commit(sampled) }))
 }
 
 // CommitSpec commits a speculative step in every group (see
 // [Manager.CommitSpec]).
 func (h *HybridManager) CommitSpec(accepted, sampled []int32) error {
-	return h.each(func(m *Manager) error { return m.CommitSpec(accepted, sampled) })
+	return h.committed(h.each(func(m *Manager) error { return m.CommitSpec(accepted, sampled) }))
+}
+
+// committed evicts ahead (Tiers.OffloadFreePages) after a commit in every
+// group, the pool's.
+func (h *HybridManager) committed(err error) error {
+	if err == nil && h.core.tiers != nil && h.core.tiers.offloadFree > 0 {
+		h.core.evictAhead()
+		h.core.afterChange()
+	}
+	return err
 }
 
 // Abort undoes the reserved step in every group.
@@ -436,7 +391,9 @@ func (h *HybridManager) Abort() error { return h.each(func(m *Manager) error { r
 
 // Evict evicts idle cached pages of any group until npages pages are free
 // or nothing is evictable, and returns how many it freed.
-func (h *HybridManager) Evict(npages int) int { return h.evictUntil(npages) }
+// With a host tier, victims the host tier takes are offloaded instead of
+// dropped, as [Manager.Evict] does.
+func (h *HybridManager) Evict(npages int) int { return h.core.evictTo(npages) }
 
 // Pin keeps the prefix of tokens in ns that every group's cache holds from
 // eviction until [HybridManager.Unpin], and returns the pin and the tokens
@@ -524,7 +481,7 @@ func (h *HybridManager) Stats() HybridStats {
 			s.Stats = gs // requests and token counters: equal in every group
 		}
 		s.Groups[g] = GroupStats{Kind: h.specs[g].Kind, CachedPages: gs.CachedPages, EvictablePages: gs.EvictablePages,
-			PinnedPages: gs.PinnedPages, ServableTokens: h.servableTokens[g].Load(), PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
+			PinnedPages: gs.PinnedPages, ServableTokens: h.core.servable[g].Load(), PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
 			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages}
 	}
 	s.TotalPages, s.FreePages = a.Total, a.Free
@@ -551,30 +508,18 @@ func (h *HybridManager) Stats() HybridStats {
 	return s
 }
 
-// errPool is the class of the pool-wide Audit's findings.
-var errPool = errors.New("pagedkv: hybrid pool")
-
 // Audit checks every group (see [Manager.Audit]), that every group holds
 // the same requests with the same tokens and computed counts, that no page
-// is held by two groups, and that every page's reference count is exactly
-// its holders in every group's requests plus one per cache holding it.
+// is held by two groups, that every page's reference count is exactly its
+// holders in every group's requests plus one per cache holding it and one
+// per tier copy in flight, and the tiers shared by the groups.
 func (h *HybridManager) Audit() error {
 	for g, m := range h.groups {
-		if err := m.Audit(); err != nil {
+		if err := m.auditGroup(); err != nil {
 			return fmt.Errorf("group %d (%v): %w", g, h.specs[g].Kind, err)
 		}
 	}
 	g0 := h.groups[0]
-	held := make(map[PageID]int32)
-	owner := make(map[PageID]int)
-	own := func(p PageID, g int) error {
-		if o, ok := owner[p]; ok && o != g {
-			return fmt.Errorf("%w: page %d is held by groups %d and %d", errPool, p, o, g)
-		}
-		owner[p] = g
-		held[p]++
-		return nil
-	}
 	for g, m := range h.groups {
 		// Pin pins the same token prefixes in every group.
 		if m.cache.Pinned() != g0.cache.Pinned() {
@@ -591,26 +536,7 @@ func (h *HybridManager) Audit() error {
 			if want := h.sibling(g, id); r.sibling != want {
 				return fmt.Errorf("%w: request %d of group %d is not linked to its record in group %d", errPool, id, g, g+1)
 			}
-			if r.running {
-				for _, p := range m.table.Pages(r.seq()) {
-					if err := own(p, g); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		for p := range PageID(h.alloc.NumPages()) {
-			if m.cache.Cached(p) {
-				if err := own(p, g); err != nil {
-					return err
-				}
-			}
 		}
 	}
-	for p := range PageID(h.alloc.NumPages()) {
-		if rc := h.alloc.RefCount(p); rc != held[p] {
-			return fmt.Errorf("%w: page %d has refcount %d, but its group's requests and cache hold it %d times", errPool, p, rc, held[p])
-		}
-	}
-	return nil
+	return h.core.auditPool()
 }

@@ -197,6 +197,9 @@ func (m *Manager) prepareSiblings(lead *Manager) (need int, err error) {
 		if r == nil || r.id != l.id {
 			panic(fmt.Sprintf("pagedkv: request %d of the step has no sibling in the next group", l.id))
 		}
+		if r.loading > 0 { // with tiers, groups onload different pages at admission
+			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d has %d onload copies in flight in a later layer group", ErrLoading, i, r.id, r.loading)
+		}
 		held := int64(r.computed-r.start) + int64(lead.ntokens[i])
 		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
 		r.mark = m.epoch
@@ -343,7 +346,7 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	// A plain Manager with a window keeps flat plans (its engines run the
 	// CUDA step's cascade, which takes no window); a HybridManager's
 	// windowed groups cascade what every sharing row sees in full.
-	if (m.group.KeepTokens(0) < 0 || m.sharedPool) && m.cfg.CascadeMinSavedPages > 0 {
+	if (m.group.KeepTokens(0) < 0 || m.windowCascade) && m.cfg.CascadeMinSavedPages > 0 {
 		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
 	}
 	if p.Cascade != nil {
@@ -423,7 +426,10 @@ func (m *Manager) commit(accepted, sampled []int32) error {
 	m.pending, m.spec = false, false
 	m.counters.steps++
 	m.counters.computedTokens += nnz
-	m.evictAhead()
+	m.settleLoaded()
+	if m.core != nil {
+		m.core.evictAhead() // a HybridManager's core does it after every group's commit
+	}
 	m.afterChange()
 	return nil
 }
@@ -504,6 +510,7 @@ func (m *Manager) Abort() error {
 		r.tokens = r.tokens[:len(r.tokens)-int(m.drafts[b])]
 	}
 	m.pending, m.spec = false, false
+	m.settleLoaded()
 	m.afterChange()
 	return nil
 }

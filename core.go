@@ -1,0 +1,263 @@
+package pagedkv
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+// core is the protocol that drives the layer groups sharing one page pool:
+// every group is a Manager with its own page table, prefix cache and
+// request records, and core does what spans them.
+//
+//   - Admission (admit): each group matches the prompt in its cache and, with
+//     tiers, continues the match from the host tier and the remote store;
+//     every group is then given the same prefix, the longest all of them
+//     serve, with one page budget for the onloads.
+//   - A step (reserve): group 0 validates the step and resolves its
+//     requests (prepare), each later group follows the records of the group
+//     before (prepareSiblings), one page budget covers every group's pages
+//     and copies (eviction across the groups' caches), and then every group
+//     applies its part (apply) and republishes its Stats (afterChange).
+//   - Commit: group 0 checks the sampled tokens once for every group.
+//   - Eviction (evict): from the group with the most idle cached pages.
+//   - Audit (auditPool): every page's reference count against its holders
+//     in every group and the tier copies.
+//
+// A dense Manager is the core of one group, itself; a HybridManager's core
+// has one group per LayerGroup. Nothing in a Manager points at the core of
+// a HybridManager: the groups know only their own state.
+type core struct {
+	groups []*Manager
+	alloc  *allocator.Allocator
+	tiers  *tiers // shared by every group; nil without tiers
+
+	// servable, per group, counts the prompt tokens the group's device
+	// cache alone could serve at Add and Resume (GroupStats.ServableTokens;
+	// read from any goroutine). Nil for a dense Manager.
+	servable []atomic.Int64
+
+	adm  []admission // per group: admission scratch
+	recs []*request  // scratch: one request's record in each group
+}
+
+// admission is one group's part of an admission.
+type admission struct {
+	pages    []PageID           // the device pages matched
+	last     prefixcache.Handle // the cache position of the last one
+	hits     []HostPageID       // host pages (acquired) continuing the match
+	hostHits int                // of hits, found in the host tier (the rest came from the remote store)
+}
+
+func newCore(groups []*Manager, alloc *allocator.Allocator, t *tiers) *core {
+	return &core{groups: groups, alloc: alloc, tiers: t, adm: make([]admission, len(groups)), recs: make([]*request, len(groups))}
+}
+
+// evict evicts n idle cached pages (fewer if fewer are idle) and returns
+// how many pages it freed: from the one group's cache, or from the group
+// with the most idle pages first, one page at a time.
+func (c *core) evict(n int) int {
+	if len(c.groups) == 1 {
+		return c.groups[0].cache.Evict(n)
+	}
+	freed := 0
+	for freed < n {
+		best, most := -1, 0
+		for g, m := range c.groups {
+			if e, _ := m.cache.Idle(); e > most {
+				best, most = g, e
+			}
+		}
+		if best < 0 {
+			break
+		}
+		freed += c.groups[best].cache.Evict(1)
+	}
+	return freed
+}
+
+// evictable returns the idle cached pages of every group.
+func (c *core) evictable() int {
+	n := 0
+	for _, m := range c.groups {
+		e, _ := m.cache.Idle()
+		n += e
+	}
+	return n
+}
+
+// afterChange runs every group's afterChange.
+func (c *core) afterChange() {
+	for _, m := range c.groups {
+		m.afterChange()
+	}
+}
+
+// admit gives rs[g], the request's record in group g (running, not in the
+// page table, with the same tokens in every group), the longest prefix
+// every group can serve, and returns its length in tokens. A group serves
+// a prefix of L pages when its cache holds its first k pages and the host
+// tier (or the remote store) the pages from k to L, which are onloaded
+// into fresh device pages; the onloads of every group share one budget of
+// free and evictable pages. At least one token is left to compute.
+func (c *core) admit(rs []*request) int {
+	r0 := rs[0]
+	ps := c.groups[0].pageSize
+	use := !r0.noCache && len(r0.tokens) > 1
+	maxPages := 0
+	if use {
+		maxPages = (len(r0.tokens) - 1) / ps
+	}
+	// Device matches.
+	L := maxPages
+	for g, m := range c.groups {
+		r, a := rs[g], &c.adm[g]
+		a.pages, a.last, a.hits, a.hostHits = a.pages[:0], prefixcache.Handle{}, a.hits[:0], 0
+		if use {
+			a.pages, a.last = m.cache.Match(a.pages, r.key, r.tokens, maxPages)
+		}
+		if c.servable != nil && use {
+			c.servable[g].Add(int64(len(a.pages) * ps))
+		}
+		m.admissions++
+		r.gen, r.loading = m.admissions, 0
+		L = min(L, len(a.pages))
+	}
+	if t := c.tiers; t != nil && !r0.noCache {
+		L = c.tierExtend(rs, maxPages)
+	}
+	for g, m := range c.groups {
+		r, a := rs[g], &c.adm[g]
+		if len(a.pages) > L {
+			// A shorter prefix than this group's cache serves: match it
+			// again for its last position.
+			a.pages, a.last = m.cache.Match(a.pages[:0], r.key, r.tokens, L)
+			if m.tiers != nil && !r.noCache {
+				m.tierChainStart(r, a.pages)
+			}
+		}
+		m.admitPages(r, a, L-len(a.pages))
+	}
+	return L * ps
+}
+
+// tierExtend continues each group's device match with pages of the host
+// tier and then of the remote store, and returns the pages every group can
+// serve: at most maxPages, and with onloads (the pages past a group's
+// device match) that fit the free and evictable pages. It leaves that many
+// free and each group's hits trimmed to its onloads.
+func (c *core) tierExtend(rs []*request, maxPages int) int {
+	t := c.tiers
+	// Onloads may take free pages and idle cached ones (evicted on demand,
+	// least recently used first), never the pages just matched: hold them.
+	for g, m := range c.groups {
+		a := &c.adm[g]
+		m.tierChainStart(rs[g], a.pages)
+		if len(a.pages) > 0 {
+			if err := c.alloc.Retain(a.pages...); err != nil {
+				panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", len(a.pages), err))
+			}
+			m.cache.Recheck(a.pages...)
+		}
+	}
+	defer func() {
+		for g := range c.groups {
+			// admitPages takes the request's own reference next.
+			if a := &c.adm[g]; len(a.pages) > 0 {
+				if _, err := c.alloc.Release(a.pages...); err != nil {
+					panic(fmt.Sprintf("pagedkv: releasing %d matched pages: %v", len(a.pages), err))
+				}
+			}
+		}
+	}()
+	free := c.alloc.NumFree()
+	room := free + c.evictable()
+	L := maxPages
+	for g, m := range c.groups {
+		a := &c.adm[g]
+		if k := len(a.pages); k < maxPages {
+			if want := min(maxPages-k, room); want > 0 {
+				a.hits, a.hostHits = m.tierProbe(rs[g], a.pages, want, a.hits[:0])
+			}
+		}
+		L = min(L, len(a.pages)+len(a.hits))
+	}
+	// The onloads of every group fit the free and evictable pages.
+	onloads := func(L int) int {
+		n := 0
+		for g := range c.groups {
+			n += max(0, L-len(c.adm[g].pages))
+		}
+		return n
+	}
+	for onloads(L) > room {
+		L--
+	}
+	if n := onloads(L); n > free {
+		c.evict(n - free) // drops what no host page backs, like a step
+		for onloads(L) > c.alloc.NumFree() {
+			L--
+		}
+	}
+	for g := range c.groups {
+		a := &c.adm[g]
+		use := max(0, L-len(a.pages))
+		for _, h := range a.hits[use:] {
+			if err := t.host.Release(h); err != nil {
+				panic(fmt.Sprintf("pagedkv: releasing unused host page %d: %v", h, err))
+			}
+		}
+		a.hits, a.hostHits = a.hits[:use], min(a.hostHits, use)
+	}
+	return L
+}
+
+// auditPool checks what spans the groups: the tiers (auditTiers), that no
+// page is held by two groups, and that every page's reference count is
+// exactly its holders: the running requests of every group, one per cache
+// holding it, and one per tier copy in flight.
+func (c *core) auditPool() error {
+	held := make(map[PageID]int32)
+	owner := make(map[PageID]int)
+	own := func(p PageID, g int) error {
+		if o, ok := owner[p]; ok && o != g {
+			return fmt.Errorf("%w: page %d is held by groups %d and %d", errPool, p, o, g)
+		}
+		owner[p] = g
+		held[p]++
+		return nil
+	}
+	for g, m := range c.groups {
+		for _, r := range m.reqs {
+			if r.running {
+				for _, p := range m.table.Pages(r.seq()) {
+					if err := own(p, g); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for p := range PageID(c.alloc.NumPages()) {
+			if m.cache.Cached(p) {
+				if err := own(p, g); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := c.auditTiers(held); err != nil {
+		return err
+	}
+	for p := range PageID(c.alloc.NumPages()) {
+		if rc := c.alloc.RefCount(p); rc != held[p] {
+			return fmt.Errorf("%w: page %d has refcount %d, but the requests, caches and tier copies hold it %d times", errPool, p, rc, held[p])
+		}
+	}
+	return nil
+}
+
+// errPool is the class of the pool-wide Audit's findings.
+var errPool = errors.New("pagedkv: pool")
