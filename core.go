@@ -132,8 +132,12 @@ func (c *core) admit(rs []*request) int {
 	for g, m := range c.groups {
 		r, a := rs[g], &c.adm[g]
 		if len(a.pages) > L {
-			// A shorter prefix than this group's cache serves: match it
+			// A shorter prefix than this group's cache serves: the pages
+			// past it are idle again (tierExtend held them); match it
 			// again for its last position.
+			if c.tiers != nil && !r.noCache {
+				m.cache.Recheck(a.pages[L:]...)
+			}
 			a.pages, a.last = m.cache.Match(a.pages[:0], r.key, r.tokens, L)
 			if m.tiers != nil && !r.noCache {
 				m.tierChainStart(r, a.pages)

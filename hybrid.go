@@ -375,9 +375,11 @@ func (h *HybridManager) CommitSpec(accepted, sampled []int32) error {
 }
 
 // committed evicts ahead (Tiers.OffloadFreePages) after a commit in every
-// group, the pool's.
+// group, the pool's, and republishes Stats: a later group's commit may plan
+// tier copies (write-through) after group 0 published the pool's tier
+// figures.
 func (h *HybridManager) committed(err error) error {
-	if err == nil && h.core.tiers != nil && h.core.tiers.offloadFree > 0 {
+	if err == nil && h.core.tiers != nil {
 		h.core.evictAhead()
 		h.core.afterChange()
 	}
