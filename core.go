@@ -96,6 +96,79 @@ func (c *core) afterChange() {
 	}
 }
 
+// reserve reserves a step in every group: the first group validates it
+// and resolves its requests (prepare), each later group follows the
+// records of the group before (prepareSiblings), one page budget covers
+// every group's new pages and copies, evicting idle cached pages of any
+// group if the pool is short, and then every group applies its part
+// (apply), its plan sharing the first group's token arrays. It is
+// all-or-nothing: on error nothing changes, the caches included.
+func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) error {
+	lead := c.groups[0]
+	need, err := lead.prepare(ids, ntokens, drafts)
+	if err != nil {
+		return err
+	}
+	for g := 1; g < len(c.groups); g++ {
+		n, err := c.groups[g].prepareSiblings(c.groups[g-1])
+		if err != nil {
+			return err
+		}
+		need += n
+	}
+	if free := c.alloc.NumFree(); need > free {
+		evictable := c.evictable()
+		if need > free+evictable {
+			if len(c.groups) == 1 {
+				return fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
+					ErrOutOfPages, len(ids), need, free, evictable)
+			}
+			return fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
+				ErrOutOfPages, len(ids), need, len(c.groups), free, evictable)
+		}
+		c.evict(need - free)
+	}
+	lead.apply(drafts, nil)
+	for _, m := range c.groups[1:] {
+		m.apply(drafts, lead)
+	}
+	return nil
+}
+
+// commit commits the pending step in every group (accepted nil: a step
+// without drafts): the first group checks it for all (every group holds
+// the same requests, tokens and step), then every group records it, and
+// the pool evicts ahead (Tiers.OffloadFreePages). On error nothing
+// changes.
+func (c *core) commit(accepted, sampled []int32) error {
+	if err := c.groups[0].checkCommit(accepted, sampled); err != nil {
+		return err
+	}
+	for _, m := range c.groups {
+		m.commit(accepted, sampled)
+	}
+	if c.tiers != nil {
+		// A later group's commit may plan tier copies (write-through)
+		// after the groups before it published their Stats: publish again.
+		c.evictAhead()
+		c.afterChange()
+	}
+	return nil
+}
+
+// abort undoes the pending step in every group.
+func (c *core) abort() error {
+	for g, m := range c.groups {
+		if err := m.abort(); err != nil {
+			if g > 0 {
+				panic(fmt.Sprintf("pagedkv: group %d failed to abort where group 0 did: %v", g, err))
+			}
+			return err
+		}
+	}
+	return nil
+}
+
 // admit gives rs[g], the request's record in group g (running, not in the
 // page table, with the same tokens in every group), the longest prefix
 // every group can serve, and returns its length in tokens. A group serves

@@ -157,9 +157,6 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		if tiers != nil {
 			m.tierTag = groupTierTag(i, g)
 		}
-		if i > 0 {
-			m.lead = h.groups[0]
-		}
 		h.groups = append(h.groups, m)
 		// One hash chain for every group (KV events name a prefix's pages
 		// by the same hashes in each group, as vLLM does), even when
@@ -332,62 +329,33 @@ func (h *HybridManager) Reserve(ids []RequestID, ntokens []int32) (*HybridPlan, 
 
 // ReserveSpec is [Manager.ReserveSpec] in every group.
 func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
-	// Group 0 validates the step and resolves its requests; the other
-	// groups follow its records' siblings.
-	need, err := h.groups[0].prepare(ids, ntokens, drafts)
-	if err != nil {
+	if err := h.core.reserve(ids, ntokens, drafts); err != nil {
 		return nil, err
-	}
-	for g := 1; g < len(h.groups); g++ {
-		n, err := h.groups[g].prepareSiblings(h.groups[g-1])
-		if err != nil {
-			return nil, err
-		}
-		need += n
-	}
-	if free := h.alloc.NumFree(); need > free {
-		evictable := h.core.evictable()
-		if need > free+evictable {
-			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
-				ErrOutOfPages, len(ids), need, len(h.groups), free, evictable)
-		}
-		h.core.evict(need - free)
 	}
 	p := &h.plan
 	p.Copies = p.Copies[:0]
 	for g, m := range h.groups {
-		p.Groups[g] = m.apply(drafts)
-		p.Copies = append(p.Copies, p.Groups[g].Copies...)
+		p.Groups[g] = &m.plan
+		p.Copies = append(p.Copies, m.plan.Copies...)
 	}
 	p.Requests = p.Groups[0].Requests
 	return p, nil
 }
 
 // Commit commits the step in every group (see [Manager.Commit]).
-func (h *HybridManager) Commit(sampled []int32) error {
-	return h.committed(h.each(func(m *Manager) error { return m.Commit(sampled) }))
-}
+func (h *HybridManager) Commit(sampled []int32) error { return h.core.commit(nil, sampled) }
 
 // CommitSpec commits a speculative step in every group (see
 // [Manager.CommitSpec]).
 func (h *HybridManager) CommitSpec(accepted, sampled []int32) error {
-	return h.committed(h.each(func(m *Manager) error { return m.CommitSpec(accepted, sampled) }))
-}
-
-// committed evicts ahead (Tiers.OffloadFreePages) after a commit in every
-// group, the pool's, and republishes Stats: a later group's commit may plan
-// tier copies (write-through) after group 0 published the pool's tier
-// figures.
-func (h *HybridManager) committed(err error) error {
-	if err == nil && h.core.tiers != nil {
-		h.core.evictAhead()
-		h.core.afterChange()
+	if accepted == nil {
+		accepted = []int32{}
 	}
-	return err
+	return h.core.commit(accepted, sampled)
 }
 
 // Abort undoes the reserved step in every group.
-func (h *HybridManager) Abort() error { return h.each(func(m *Manager) error { return m.Abort() }) }
+func (h *HybridManager) Abort() error { return h.core.abort() }
 
 // ---- Operations ----
 

@@ -178,9 +178,10 @@ type request struct {
 
 	mark uint64 // Reserve's duplicate check: == Manager.epoch while in the batch
 
-	// sibling is the same request in the next layer group of a
-	// HybridManager (nil in the last group and in a plain Manager): a
-	// step's batch is resolved once, in group 0, and followed from there.
+	// sibling is the same request's record in the core's next group (nil
+	// in the last group, so always in a dense Manager, the core of one
+	// group): a step's batch is resolved once, in the first group, and
+	// followed from there (core.reserve).
 	sibling *request
 
 	// Tiers: troot is the namespace's tier digest, tchain the digest of
@@ -210,11 +211,6 @@ type Manager struct {
 	window   int             // WindowTokens
 	group    layergroup.Spec // the attention whose pages this Manager keeps
 
-	// lead is group 0 when this Manager is a later group of a
-	// HybridManager. Group 0 validates each step and commit, and a step's
-	// Requests, TokenIDs and TokenPositions are the same in every group, so
-	// this group's plan shares group 0's.
-	lead *Manager
 	// windowCascade: cascade plans for a windowed group too (what every
 	// sharing row sees in full, with CascadeWindowLeft); a dense Manager
 	// with a window keeps flat plans.
