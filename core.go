@@ -228,12 +228,18 @@ func (c *core) admit(rs []*request) int {
 // free and each group's hits trimmed to its onloads.
 func (c *core) tierExtend(rs []*request, maxPages int) int {
 	t := c.tiers
+	short := false // some group's device match is short of maxPages
+	for g, m := range c.groups {
+		m.tierChainStart(rs[g], c.adm[g].pages)
+		short = short || len(c.adm[g].pages) < maxPages
+	}
+	if !short {
+		return maxPages
+	}
 	// Onloads may take free pages and idle cached ones (evicted on demand,
 	// least recently used first), never the pages just matched: hold them.
 	for g, m := range c.groups {
-		a := &c.adm[g]
-		m.tierChainStart(rs[g], a.pages)
-		if len(a.pages) > 0 {
+		if a := &c.adm[g]; len(a.pages) > 0 {
 			if err := c.alloc.Retain(a.pages...); err != nil {
 				panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", len(a.pages), err))
 			}
