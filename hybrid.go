@@ -72,6 +72,12 @@ type GroupStats struct {
 	// WindowReleasedPages are pages the group released because its
 	// attention no longer reads them (left the window, or a finished chunk).
 	WindowReleasedPages int64
+	// The group's part of the tier counters (HybridStats.Tiers is the
+	// pool's, over every group): prompt tokens it onloaded from host pages
+	// and from the remote store at Add and Resume, and its tier copies
+	// completed each way.
+	HostHitTokens, RemoteHitTokens int64
+	OffloadedPages, OnloadedPages  int64
 }
 
 // HybridStats is the pool's partition (over every group), the request and
@@ -452,7 +458,9 @@ func (h *HybridManager) Stats() HybridStats {
 		}
 		s.Groups[g] = GroupStats{Kind: h.specs[g].Kind, CachedPages: gs.CachedPages, EvictablePages: gs.EvictablePages,
 			PinnedPages: gs.PinnedPages, ServableTokens: h.core.servable[g].Load(), PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
-			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages}
+			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages,
+			HostHitTokens: m.groupTiers.hostHitTokens.Load(), RemoteHitTokens: m.groupTiers.remoteHitTokens.Load(),
+			OffloadedPages: m.groupTiers.offloaded.Load(), OnloadedPages: m.groupTiers.onloaded.Load()}
 	}
 	s.TotalPages, s.FreePages = a.Total, a.Free
 	s.EvictablePages, s.PinnedIdlePages, s.CachedPages, s.PinnedPages = 0, 0, 0, 0

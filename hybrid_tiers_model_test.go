@@ -436,6 +436,14 @@ func (x *htHarness) check(op int, what string) {
 		t.Fatalf("op %d (%s): counters %v, model %v", op, what, got, want)
 	}
 	require.Equal(t, h.TierCopiesInFlight(), s.Tiers.InFlight)
+	// The groups' tier counters add up to the pool's.
+	var gt [4]int64
+	for _, gs := range s.Groups {
+		gt[0], gt[1], gt[2], gt[3] = gt[0]+gs.HostHitTokens, gt[1]+gs.RemoteHitTokens, gt[2]+gs.OffloadedPages, gt[3]+gs.OnloadedPages
+	}
+	if pt := [4]int64{s.Tiers.HostHitTokens, s.Tiers.RemoteHitTokens, s.Tiers.OffloadedPages, s.Tiers.OnloadedPages}; gt != pt {
+		t.Fatalf("op %d (%s): the groups' tier counters %v do not add up to the pool's %v", op, what, gt, pt)
+	}
 	for _, id := range m.ids() {
 		r := m.reqs[id]
 		if !slices.Equal(h.Tokens(id), r.tokens) || h.Computed(id) != r.computed || h.Running(id) != r.running {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/invariants"
@@ -266,6 +267,9 @@ type Manager struct {
 
 	counters counters
 	stats    statsCell
+	// groupTiers are this group's part of the tier counters
+	// (GroupStats; read from any goroutine).
+	groupTiers struct{ hostHitTokens, remoteHitTokens, offloaded, onloaded atomic.Int64 }
 }
 
 // chunkedAttn holds the buffers of a chunked group's Plan.Attn arrays.

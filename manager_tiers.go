@@ -437,6 +437,7 @@ func (t *tiers) complete(s uint32) {
 		t.hostWritten(c.host)
 		t.c.OffloadedPages++
 		t.c.BytesToHost += c.bytes
+		m.groupTiers.offloaded.Add(1)
 		if t.remote != nil {
 			d, parent, _, _, _ := t.host.Entry(c.host)
 			p := tier.RemotePage{Digest: d, Parent: parent, Chain: t.hostFirst[c.host], Tokens: t.host.Tokens(c.host), Data: t.host.Page(c.host)}
@@ -450,6 +451,7 @@ func (t *tiers) complete(s uint32) {
 		}
 		t.c.OnloadedPages++
 		t.c.BytesToDevice += c.bytes
+		m.groupTiers.onloaded.Add(1)
 	}
 	t.one[0] = c.dev
 	freed, err := m.alloc.Release(t.one[:]...)
@@ -610,6 +612,8 @@ func (m *Manager) tierOnload(r *request, pages []PageID, hits []HostPageID, host
 	r.loading = n
 	t.c.HostHitTokens += int64(hostHits * m.pageSize)
 	t.c.RemoteHitTokens += int64((n - hostHits) * m.pageSize)
+	m.groupTiers.hostHitTokens.Add(int64(hostHits * m.pageSize))
+	m.groupTiers.remoteHitTokens.Add(int64((n - hostHits) * m.pageSize))
 	return append(pages, t.dev...)
 }
 
