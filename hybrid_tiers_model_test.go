@@ -90,6 +90,30 @@ func TestHybridTiersMatchModel(t *testing.T) {
 	})
 }
 
+// FuzzHybridTiers drives TestHybridTiersMatchModel's workload from raw
+// bytes: the first byte picks the config, the host pool, evict-ahead and
+// write-through, the rest are the operations' random draws (read by
+// hybrid_test.go's byteSource). The model's checks, Audit and every
+// group's K/V run after every operation; the run must drain without a leak
+// in any tier. Inputs are cut at 1024 bytes (memory and time bounded).
+func FuzzHybridTiers(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+	f.Add(make([]byte, 64))
+	f.Add([]byte("\x13 hybrid tiers: add, step, evict, pin, complete, onload, release"))
+	configs := hybridConfigs()
+	names := slices.Sorted(maps.Keys(configs))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		data = data[:min(len(data), 1024)]
+		h := data[0]
+		x := newHTHarness(t, configs[names[int(h)%len(names)]], htConfig{hostPages: 4 + 4*int(h>>2%4), ahead: int(h >> 4 % 3),
+			writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}})
+		x.run(len(data) / 3)
+	})
+}
+
 // htConfig is one run.
 type htConfig struct {
 	seed         uint64
@@ -99,6 +123,7 @@ type htConfig struct {
 	remote       tier.RemoteStore
 	events       bool
 	computed     map[string]bool // the model's computed prefixes so far (a replica's)
+	src          rand.Source     // the operations' randomness; nil: PCG(seed)
 }
 
 // htHarness is a HybridManager with tiers, its fake engine and the model.
@@ -126,7 +151,11 @@ func newHTHarness(t *testing.T, groups []LayerGroup, c htConfig) *htHarness {
 		WriteThrough: c.writeThrough, Remote: c.remote, RemoteDeadline: 5 * time.Second}
 	cfg := HybridConfig{Config: Config{NumPages: numPages, PageSize: htPageSize, HashSeed: 5, MaxPinnedPages: htMaxPinned, Tiers: tc},
 		Groups: groups}
-	x := &htHarness{t: t, rng: rand.New(rand.NewPCG(c.seed, 41)), ps: htPageSize, kv: make([]uint64, numPages*htPageSize),
+	src := c.src
+	if src == nil {
+		src = rand.NewPCG(c.seed, 41)
+	}
+	x := &htHarness{t: t, rng: rand.New(src), ps: htPageSize, kv: make([]uint64, numPages*htPageSize),
 		model: newHTModel(htPageSize, c.computed), next: 1}
 	if c.events {
 		x.ev = newHybridEvents(t, groups, numPages, htPageSize)
