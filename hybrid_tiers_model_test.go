@@ -14,10 +14,13 @@ import (
 
 	"github.com/pagedkv/pagedkv/internal/redistest"
 	"github.com/pagedkv/pagedkv/tier"
+	"github.com/pagedkv/pagedkv/tier/disk"
+	"github.com/pagedkv/pagedkv/tier/redis"
 )
 
 // TestHybridTiersMatchModel drives HybridManagers with a host tier (and,
-// in its "redis" subtest, a real redis-server below it) and pins through
+// in its "redis" and "disk" subtests, replicas over a real redis-server or
+// a disk store below it) and pins through
 // 10^5 random operations in all (a tenth under -race or -short): adds and
 // resumes over shared prompts in two namespaces, plain and speculative
 // steps, aborts, forks, truncation, extension, preemption, release,
@@ -43,10 +46,10 @@ import (
 // draining: no device page, host page or copy may be left.
 func TestHybridTiersMatchModel(t *testing.T) {
 	t.Parallel()
-	// 4 configs of 6 runs of 4000 operations, and 4 replicas of 1000 over
-	// Redis: 10^5 operations.
-	const runs, redisRuns = 6, 4
-	perRun, perReplica := 4000, 1000
+	// 4 configs of 6 runs of 4000 operations, and 4 replicas of 500 over
+	// Redis and 4 over a disk store: 10^5 operations.
+	const runs, replicas = 6, 4
+	perRun, perReplica := 4000, 500
 	if testing.Short() || raceEnabled {
 		perRun, perReplica = perRun/10, perReplica/10
 	}
@@ -67,26 +70,36 @@ func TestHybridTiersMatchModel(t *testing.T) {
 			t.Logf("%d runs of %d ops: %s", runs, perRun, sum)
 		})
 	}
-	t.Run("redis", func(t *testing.T) {
-		t.Parallel()
-		srv := redistest.Start(t)
+	// Replicas one after another over one store: each starts with an empty
+	// host tier and is served what the ones before stored, so the model's
+	// record of computed prefixes carries over.
+	replicated := func(t *testing.T, open func(run int) tier.RemoteStore, flush func(tier.RemoteStore)) {
 		var sum htSums
-		// Replicas one after another over one store: each starts with an
-		// empty host tier and is served what the ones before stored, so
-		// the model's record of computed prefixes carries over.
 		var computed map[string]bool
-		for run := range redisRuns {
-			s := newRedisStore(t, srv)
+		for run := range replicas {
+			s := open(run)
 			x := newHTHarness(t, configs["gpt-oss-like"], htConfig{seed: 100 + uint64(run), hostPages: 8, ahead: run % 2, remote: s, computed: computed})
 			x.run(perReplica)
 			computed = x.model.computed
-			flushStore(t, s)
-			rs := s.Stats()
-			require.Zero(t, rs.Rejected, "%+v", rs)
+			flush(s)
+			require.Zero(t, s.Stats().Rejected, "%+v", s.Stats())
 			sum.add(x)
 		}
-		require.Positive(t, sum.remoteHits, "no page was ever served from Redis")
-		t.Logf("%d replicas of %d ops: %s", redisRuns, perReplica, sum)
+		require.Positive(t, sum.remoteHits, "no page was ever served from the store")
+		t.Logf("%d replicas of %d ops: %s", replicas, perReplica, sum)
+	}
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t)
+		replicated(t, func(int) tier.RemoteStore { return newRedisStore(t, srv) },
+			func(s tier.RemoteStore) { flushStore(t, s.(*redis.Store)) })
+	})
+	t.Run("disk", func(t *testing.T) {
+		t.Parallel()
+		dir := t.TempDir()
+		// A replica is a restarted process: it reopens the directory.
+		replicated(t, func(int) tier.RemoteStore { return openDiskStore(t, dir, 256) },
+			func(s tier.RemoteStore) { closeDiskStore(t, s.(*disk.Store)) })
 	})
 }
 
@@ -564,7 +577,7 @@ func (s htSums) require(t *testing.T) {
 }
 
 func (s htSums) String() string {
-	return fmt.Sprintf("%d steps, %d hit tokens (%d from host pages, %d from Redis), %d pages offloaded, %d onloaded, %d evicted, %d pins, %d loading refusals",
+	return fmt.Sprintf("%d steps, %d hit tokens (%d from host pages, %d from the remote store), %d pages offloaded, %d onloaded, %d evicted, %d pins, %d loading refusals",
 		s.steps, s.hits, s.hostHits, s.remoteHits, s.offloaded, s.onloaded, s.evicted, s.pinned, s.onloadChecks)
 }
 
