@@ -298,6 +298,90 @@ func (c *core) tierExtend(rs []*request, maxPages int) int {
 	return L
 }
 
+// pin pins the prefix of tokens in ns that every group's cache holds (see
+// HybridManager.Pin): all or nothing, with the same pin ID in every group.
+func (c *core) pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
+	ps := c.groups[0].pageSize
+	n := len(tokens) / ps
+	for g, m := range c.groups {
+		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, n)
+		m.scratch = pages
+		if len(pages) == 0 {
+			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w: pin %d tokens: their first page of %d is not cached",
+				g, m.group.Kind, ErrNotCached, len(tokens), ps)
+		}
+		n = len(pages)
+	}
+	prefix := tokens[:n*ps]
+	for g, m := range c.groups {
+		if _, err := m.cache.CheckPin(m.cache.Key(ns), prefix); err != nil {
+			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, m.group.Kind, err)
+		}
+	}
+	// Every check passed, so no group fails; every pin goes through here,
+	// so the groups' caches number their pins alike.
+	for g, m := range c.groups {
+		gid, k, err := m.cache.Pin(m.cache.Key(ns), prefix)
+		if err != nil || k != n || g > 0 && gid != id {
+			panic(fmt.Sprintf("pagedkv: pin: group %d pinned %d of %d pages as pin %d (group 0: pin %d): %v", g, k, n, gid, id, err))
+		}
+		id = gid
+		m.afterChange()
+	}
+	return id, n * ps, nil
+}
+
+// link points request id's record in each group at its record in the next
+// group (request.sibling), after the groups made the records.
+func (c *core) link(id RequestID) {
+	for g, m := range c.groups {
+		m.reqs[id].sibling = c.sibling(g, id)
+	}
+}
+
+// sibling is request id's record in group g+1, nil after the last group.
+func (c *core) sibling(g int, id RequestID) *request {
+	if g+1 == len(c.groups) {
+		return nil
+	}
+	return c.groups[g+1].reqs[id]
+}
+
+// audit checks every group (auditGroup; findings name the group when
+// there are several), that every group holds the same requests with the
+// same tokens, computed counts and states, pins the same prefixes and
+// links each record to the next group's, and then the pool (auditPool).
+func (c *core) audit() error {
+	for g, m := range c.groups {
+		if err := m.auditGroup(); err != nil {
+			if len(c.groups) == 1 {
+				return err
+			}
+			return fmt.Errorf("group %d (%v): %w", g, m.group.Kind, err)
+		}
+	}
+	g0 := c.groups[0]
+	for g, m := range c.groups {
+		// Pin pins the same token prefixes in every group.
+		if m.cache.Pinned() != g0.cache.Pinned() {
+			return fmt.Errorf("%w: group %d has %d pinned pages, group 0 %d", errPool, g, m.cache.Pinned(), g0.cache.Pinned())
+		}
+		if len(m.reqs) != len(g0.reqs) {
+			return fmt.Errorf("%w: group %d has %d requests, group 0 %d", errPool, g, len(m.reqs), len(g0.reqs))
+		}
+		for id, r := range m.reqs {
+			r0 := g0.reqs[id]
+			if r0 == nil || r0.computed != r.computed || r0.running != r.running || len(r0.tokens) != len(r.tokens) {
+				return fmt.Errorf("%w: request %d differs between groups 0 and %d", errPool, id, g)
+			}
+			if want := c.sibling(g, id); r.sibling != want {
+				return fmt.Errorf("%w: request %d of group %d is not linked to its record in group %d", errPool, id, g, g+1)
+			}
+		}
+	}
+	return c.auditPool()
+}
+
 // auditPool checks what spans the groups: the tiers (auditTiers), that no
 // page is held by two groups, and that every page's reference count is
 // exactly its holders: the running requests of every group, one per cache

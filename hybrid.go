@@ -233,24 +233,8 @@ func (h *HybridManager) Add(id RequestID, req Request) (matchedTokens int, err e
 	for g, m := range h.groups {
 		m.added(recs[g], req, matched)
 	}
-	h.link(id)
+	h.core.link(id)
 	return matched, nil
-}
-
-// link points request id's record in each group at its record in the next
-// group (request.sibling), after the groups made the records.
-func (h *HybridManager) link(id RequestID) {
-	for g, m := range h.groups {
-		m.reqs[id].sibling = h.sibling(g, id)
-	}
-}
-
-// sibling is request id's record in group g+1, nil after the last group.
-func (h *HybridManager) sibling(g int, id RequestID) *request {
-	if g+1 == len(h.groups) {
-		return nil
-	}
-	return h.groups[g+1].reqs[id]
 }
 
 // Extend appends known tokens to request id in every group.
@@ -266,7 +250,7 @@ func (h *HybridManager) Fork(parent, child RequestID) error {
 	if err := h.each(func(m *Manager) error { return m.Fork(parent, child) }); err != nil {
 		return err
 	}
-	h.link(child)
+	h.core.link(child)
 	return nil
 }
 
@@ -389,34 +373,7 @@ func (h *HybridManager) Evict(npages int) int { return h.core.evictTo(npages) }
 // page, or with [ErrPinLimit] naming a group whose pins would pass
 // Config.MaxPinnedPages (the cap applies to each group's cache).
 func (h *HybridManager) Pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
-	ps := h.PageSize()
-	n := len(tokens) / ps
-	for g, m := range h.groups {
-		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, n)
-		m.scratch = pages
-		if len(pages) == 0 {
-			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w: pin %d tokens: their first page of %d is not cached",
-				g, h.specs[g].Kind, ErrNotCached, len(tokens), ps)
-		}
-		n = len(pages)
-	}
-	prefix := tokens[:n*ps]
-	for g, m := range h.groups {
-		if _, err := m.cache.CheckPin(m.cache.Key(ns), prefix); err != nil {
-			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, h.specs[g].Kind, err)
-		}
-	}
-	// Every check passed, so no group fails; every pin goes through here,
-	// so the groups' caches number their pins alike.
-	for g, m := range h.groups {
-		gid, k, err := m.cache.Pin(m.cache.Key(ns), prefix)
-		if err != nil || k != n || g > 0 && gid != id {
-			panic(fmt.Sprintf("pagedkv: pin: group %d pinned %d of %d pages as pin %d (group 0: pin %d): %v", g, k, n, gid, id, err))
-		}
-		id = gid
-		m.afterChange()
-	}
-	return id, n * ps, nil
+	return h.core.pin(ns, tokens)
 }
 
 // Unpin removes a pin from every group; its pages become evictable when
@@ -487,34 +444,9 @@ func (h *HybridManager) Stats() HybridStats {
 }
 
 // Audit checks every group (see [Manager.Audit]), that every group holds
-// the same requests with the same tokens and computed counts, that no page
-// is held by two groups, that every page's reference count is exactly its
-// holders in every group's requests plus one per cache holding it and one
-// per tier copy in flight, and the tiers shared by the groups.
-func (h *HybridManager) Audit() error {
-	for g, m := range h.groups {
-		if err := m.auditGroup(); err != nil {
-			return fmt.Errorf("group %d (%v): %w", g, h.specs[g].Kind, err)
-		}
-	}
-	g0 := h.groups[0]
-	for g, m := range h.groups {
-		// Pin pins the same token prefixes in every group.
-		if m.cache.Pinned() != g0.cache.Pinned() {
-			return fmt.Errorf("%w: group %d has %d pinned pages, group 0 %d", errPool, g, m.cache.Pinned(), g0.cache.Pinned())
-		}
-		if len(m.reqs) != len(g0.reqs) {
-			return fmt.Errorf("%w: group %d has %d requests, group 0 %d", errPool, g, len(m.reqs), len(g0.reqs))
-		}
-		for id, r := range m.reqs {
-			r0 := g0.reqs[id]
-			if r0 == nil || r0.computed != r.computed || r0.running != r.running || len(r0.tokens) != len(r.tokens) {
-				return fmt.Errorf("%w: request %d differs between groups 0 and %d", errPool, id, g)
-			}
-			if want := h.sibling(g, id); r.sibling != want {
-				return fmt.Errorf("%w: request %d of group %d is not linked to its record in group %d", errPool, id, g, g+1)
-			}
-		}
-	}
-	return h.core.auditPool()
-}
+// the same requests with the same tokens and computed counts and pins the
+// same prefixes, that no page is held by two groups, that every page's
+// reference count is exactly its holders in every group's requests plus
+// one per cache holding it and one per tier copy in flight, and the tiers
+// shared by the groups.
+func (h *HybridManager) Audit() error { return h.core.audit() }

@@ -26,12 +26,7 @@ import (
 //     page has a tier identity iff it is cached.
 //
 // Tests and fuzzers call it after every operation. It allocates.
-func (m *Manager) Audit() error {
-	if err := m.auditGroup(); err != nil {
-		return err
-	}
-	return m.core.auditPool()
-}
+func (m *Manager) Audit() error { return m.core.audit() }
 
 // auditGroup checks the group's own invariants: the packages under it,
 // the partition, and each request against its pages and cache chain. The
