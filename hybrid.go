@@ -220,7 +220,10 @@ func (h *HybridManager) PageSize() int { return h.groups[0].pageSize }
 // group can serve (full and MLA groups: every page of it; sliding and
 // chunked groups: the pages their next query reads, which their caches hold
 // only with every page before them), and returns its length. See
-// [Manager.Add].
+// [Manager.Add]. With tiers a group serves the pages its cache lacks from
+// the host tier or the remote store (onloads, see
+// [HybridManager.TierCopies]) when every group can, and the onloads of
+// every group fit the pool.
 func (h *HybridManager) Add(id RequestID, req Request) (matchedTokens int, err error) {
 	if err := h.groups[0].checkAdd(id, req); err != nil {
 		return 0, err
@@ -349,10 +352,11 @@ func (h *HybridManager) Abort() error { return h.core.abort() }
 
 // ---- Operations ----
 
-// Evict evicts idle cached pages of any group until npages pages are free
-// or nothing is evictable, and returns how many it freed.
-// With a host tier, victims the host tier takes are offloaded instead of
-// dropped, as [Manager.Evict] does.
+// Evict evicts idle cached pages of any group, from the group with the
+// most of them first, until npages pages are free or nothing is evictable,
+// and returns how many it freed. With a host tier, victims the host tier
+// takes are offloaded instead of dropped and count as free, as
+// [Manager.Evict] does.
 func (h *HybridManager) Evict(npages int) int { return h.core.evictTo(npages) }
 
 // Pin keeps the prefix of tokens in ns that every group's cache holds from
