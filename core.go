@@ -22,10 +22,16 @@ import (
 //     before (prepareSiblings), one page budget covers every group's pages
 //     and copies (eviction across the groups' caches), and then every group
 //     applies its part (apply) and republishes its Stats (afterChange).
-//   - Commit: group 0 checks the sampled tokens once for every group.
-//   - Eviction (evict): from the group with the most idle cached pages.
-//   - Audit (auditPool): every page's reference count against its holders
-//     in every group and the tier copies.
+//   - Commit (commit): group 0 checks the commit once for every group, every
+//     group records it, then the pool evicts ahead; abort likewise.
+//   - Eviction (evict, evictTo, evictAhead): from the group with the most
+//     idle cached pages, offloading to the host tier where asked.
+//   - Pins (pin): the prefix every group holds, pinned in every group.
+//   - Tier copies (tierCopies, completeTierCopies): one stream for the
+//     pool; a copy completes in the group it was planned for.
+//   - Audit (audit, auditPool): every group, the groups against each other,
+//     and every page's reference count against its holders in every group
+//     and the tier copies.
 //
 // A dense Manager is the core of one group, itself; a HybridManager's core
 // has one group per LayerGroup. Nothing in a Manager points at the core of
