@@ -82,7 +82,9 @@ type GroupStats struct {
 
 // HybridStats is the pool's partition (over every group), the request and
 // token counters (equal in every group: PromptHitTokens counts the prefix
-// every group could serve) and each group's numbers.
+// every group could serve), the tiers' counters (Stats.Tiers: the one host
+// tier and remote store; hit tokens and copies summed over the groups) and
+// each group's numbers.
 type HybridStats struct {
 	Stats
 	Groups []GroupStats
