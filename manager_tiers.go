@@ -12,9 +12,13 @@ import (
 	"github.com/pagedkv/pagedkv/tier/host"
 )
 
-// The tiers below the device pool (docs/tiers.md). Everything the Manager
-// does for them goes through this file: planning offload and onload copies,
-// tracking them until the engine completes them, and the remote lookups.
+// The tiers below the device pool (docs/tiers.md). Everything a Manager,
+// and the core over its groups, does for them goes through this file:
+// planning offload and onload copies, tracking them until the engine
+// completes them, the remote lookups, admission over the tiers
+// (core.tierExtend) and their audit. The rest of the package calls a few
+// hooks: tierChainStart, tierPublished, tierChainAt, loaded and
+// settleLoaded, evictTo and evictAhead, and cacheRefs under the cache.
 
 // HostPageID is a page of the host tier.
 type HostPageID = tier.HostPageID
@@ -510,6 +514,83 @@ func (m *Manager) settleLoaded() {
 type loadedReq struct {
 	r   *request
 	gen uint64
+}
+
+// tierExtend continues each group's device match with pages of the host
+// tier and then of the remote store, and returns the pages every group can
+// serve: at most maxPages, and with onloads (the pages past a group's
+// device match) that fit the free and evictable pages. It leaves that many
+// free and each group's hits trimmed to its onloads.
+func (c *core) tierExtend(rs []*request, maxPages int) int {
+	t := c.tiers
+	short := false // some group's device match is short of maxPages
+	for g, m := range c.groups {
+		m.tierChainStart(rs[g], c.adm[g].pages)
+		short = short || len(c.adm[g].pages) < maxPages
+	}
+	if !short {
+		return maxPages
+	}
+	// Onloads may take free pages and idle cached ones (evicted on demand,
+	// least recently used first), never the pages just matched: hold them.
+	for g, m := range c.groups {
+		if a := &c.adm[g]; len(a.pages) > 0 {
+			if err := c.alloc.Retain(a.pages...); err != nil {
+				panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", len(a.pages), err))
+			}
+			m.cache.Recheck(a.pages...)
+		}
+	}
+	defer func() {
+		for g := range c.groups {
+			// admitPages takes the request's own reference next.
+			if a := &c.adm[g]; len(a.pages) > 0 {
+				if _, err := c.alloc.Release(a.pages...); err != nil {
+					panic(fmt.Sprintf("pagedkv: releasing %d matched pages: %v", len(a.pages), err))
+				}
+			}
+		}
+	}()
+	free := c.alloc.NumFree()
+	room := free + c.evictable()
+	L := maxPages
+	for g, m := range c.groups {
+		a := &c.adm[g]
+		if k := len(a.pages); k < maxPages {
+			if want := min(maxPages-k, room); want > 0 {
+				a.hits, a.hostHits = m.tierProbe(rs[g], a.pages, want, a.hits[:0])
+			}
+		}
+		L = min(L, len(a.pages)+len(a.hits))
+	}
+	// The onloads of every group fit the free and evictable pages.
+	onloads := func(L int) int {
+		n := 0
+		for g := range c.groups {
+			n += max(0, L-len(c.adm[g].pages))
+		}
+		return n
+	}
+	for onloads(L) > room {
+		L--
+	}
+	if n := onloads(L); n > free {
+		c.evict(n - free) // drops what no host page backs, like a step
+		for onloads(L) > c.alloc.NumFree() {
+			L--
+		}
+	}
+	for g := range c.groups {
+		a := &c.adm[g]
+		use := max(0, L-len(a.pages))
+		for _, h := range a.hits[use:] {
+			if err := t.host.Release(h); err != nil {
+				panic(fmt.Sprintf("pagedkv: releasing unused host page %d: %v", h, err))
+			}
+		}
+		a.hits, a.hostHits = a.hits[:use], min(a.hostHits, use)
+	}
+	return L
 }
 
 // tierProbe continues r's device match of pages (whose chain ends at
