@@ -115,7 +115,7 @@ type Config struct {
 	// pool (docs/tiers.md); the zero value has none.
 	Tiers TierConfig
 	// Eviction names the prefix cache's eviction policy inside each
-	// priority level: "lru" (the default, also for ""), "slru" or "srrip"
+	// priority level: "lru" (the default, also for ""), "slru", "srrip" or "arc"
 	// (prefixcache.PolicyNames; docs/replay.md compares them).
 	Eviction string
 }
