@@ -224,8 +224,7 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 			continue
 		}
 		if t.offloading {
-			h, err := t.host.Claim(md.digest, md.parent, t.pageTokens(p))
-			if err == nil {
+			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
 				t.hostFirst[h] = md.first
 				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora})
 				// The cache's reference becomes the copy's.
@@ -313,6 +312,17 @@ func (t *tiers) pageTokens(p PageID) []int32 {
 
 // hostClaimed names host page h, just claimed. A claim may reclaim a ready
 // page: its removal is announced first.
+// claim claims a host page for an offload, or reports that none is free
+// or reclaimable without trying: the failed claim's error allocates, and
+// evictions and write-through run on the step's path.
+func (t *tiers) claim(d, parent tier.Digest, tokens []int32) (HostPageID, bool) {
+	if free, _, _, reclaimable := t.host.Usage(); free == 0 && reclaimable == 0 {
+		return 0, false
+	}
+	h, err := t.host.Claim(d, parent, tokens)
+	return h, err == nil
+}
+
 func (t *tiers) hostClaimed(h HostPageID, n hostName) {
 	if t.hostLive[h] {
 		t.hostLive[h] = false
@@ -719,7 +729,7 @@ func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added b
 			hash: hash, parentHash: parentHash, root: root, lora: r.key.Namespace().LoRA}
 		copy(t.pageTokens(page), tokens)
 		if t.writeThrough && !t.host.Has(nd) {
-			if h, err := t.host.Claim(nd, r.tchain, tokens); err == nil {
+			if h, ok := t.claim(nd, r.tchain, tokens); ok {
 				t.hostFirst[h] = r.tfirst
 				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora})
 				t.one[0] = page
