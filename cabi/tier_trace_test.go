@@ -107,14 +107,7 @@ func (g *traceGen) drainOp() {
 
 func makeTierTraces(t *testing.T, withRedis bool) traceFile {
 	cfg := pagedkv.Config{NumPages: 24, PageSize: 4, HashSeed: 13, CascadeMinSavedPages: 2, Tiers: traceTiers}
-	name := "host tier, KV events"
-	var flush func()
-	if withRedis {
-		// Few host pages: the host tier reclaims, and Redis serves.
-		cfg.Tiers.Remote, flush = traceRedis(t, traceFormat)
-		cfg.Tiers.HostPages, name = 8, "host tier, Redis, KV events"
-		cfg.HashSeed = 17
-	}
+	name, flush := withTraceRedis(t, &cfg, withRedis, 8, 17, "host tier, KV events", "host tier, Redis, KV events")
 	rec, q, err := newRecorder(recorderConfig(cfg, nil), DefaultEventBatches)
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +146,20 @@ func traceRedis(t *testing.T, f tier.PageFormat) (*redis.Store, func()) {
 	}
 }
 
+// withTraceRedis returns name and a nil flush, or with withRedis puts a
+// Redis store below cfg's host tier, with hostPages host pages (few: the
+// host tier reclaims, and Redis serves) and hash seed seed, and returns
+// redisName and the store's flush.
+func withTraceRedis(t *testing.T, cfg *pagedkv.Config, withRedis bool, hostPages int, seed uint64, name, redisName string) (string, func()) {
+	if !withRedis {
+		return name, nil
+	}
+	var flush func()
+	cfg.Tiers.Remote, flush = traceRedis(t, cfg.Tiers.Format)
+	cfg.Tiers.HostPages, cfg.HashSeed = hostPages, seed
+	return redisName, flush
+}
+
 // hybridTraceFormat is the hybrid tier traces' page format: traceFormat
 // with two layers, one per group (64 bytes a page: each layer's K plane
 // then V plane).
@@ -166,13 +173,7 @@ func makeHybridTierTraces(t *testing.T, withRedis bool) traceFile {
 	tc := traceTiers
 	tc.Format = hybridTraceFormat
 	cfg := pagedkv.Config{NumPages: 20, PageSize: 4, HashSeed: 19, CascadeMinSavedPages: 2, Tiers: tc}
-	name := "hybrid sliding 8 + full, host tier"
-	var flush func()
-	if withRedis {
-		cfg.Tiers.Remote, flush = traceRedis(t, hybridTraceFormat)
-		cfg.Tiers.HostPages, name = 10, "hybrid sliding 8 + full, host tier, Redis"
-		cfg.HashSeed = 23
-	}
+	name, flush := withTraceRedis(t, &cfg, withRedis, 10, 23, "hybrid sliding 8 + full, host tier", "hybrid sliding 8 + full, host tier, Redis")
 	m, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: cfg, Groups: groups})
 	if err != nil {
 		t.Fatal(err)
@@ -195,34 +196,30 @@ func makeHybridTierTraces(t *testing.T, withRedis bool) traceFile {
 // (host tier) and testdata/hybrid_tier_redis_trace.json (over a real
 // redis-server), which python/tests/test_tier_trace.py replays too.
 func TestHybridTierTrace(t *testing.T) {
-	want := []string{"add", "reserve", "commit", "tier_copies", "complete", "cached_hashes",
-		"tier copies", "hashes", "host hits", "error Loading", "error BadArgument", "error OutOfPages", "released pages"}
-	t.Run("host", func(t *testing.T) {
-		f := makeHybridTierTraces(t, false)
-		checkGolden(t, "hybrid_tier_trace.json", f)
-		checkCoverage(t, f, want...)
-	})
-	t.Run("redis", func(t *testing.T) {
-		f := makeHybridTierTraces(t, true)
-		checkGolden(t, "hybrid_tier_redis_trace.json", f)
-		checkCoverage(t, f, append(want, "remote hits")...)
-	})
+	tierTraces(t, makeHybridTierTraces, "hybrid_tier", "add", "reserve", "commit", "tier_copies", "complete", "cached_hashes",
+		"tier copies", "hashes", "host hits", "error Loading", "error BadArgument", "error OutOfPages", "released pages")
 }
 
 // TestTierTrace writes and checks testdata/tier_trace.json (host tier) and
 // testdata/tier_redis_trace.json (host tier over a real redis-server; it
 // skips without one, as internal/redistest does).
 func TestTierTrace(t *testing.T) {
-	want := []string{"add", "reserve", "commit", "tier_copies", "complete", "drain_events", "cached_hashes",
-		"tier copies", "events", "hashes", "host hits", "error Loading", "error BadArgument", "error OutOfPages"}
+	tierTraces(t, makeTierTraces, "tier", "add", "reserve", "commit", "tier_copies", "complete", "drain_events", "cached_hashes",
+		"tier copies", "events", "hashes", "host hits", "error Loading", "error BadArgument", "error OutOfPages")
+}
+
+// tierTraces makes the traces of mk without and with Redis, checks them
+// against testdata/<prefix>_trace.json and <prefix>_redis_trace.json, and
+// requires the coverage want (and remote hits with Redis).
+func tierTraces(t *testing.T, mk func(*testing.T, bool) traceFile, prefix string, want ...string) {
 	t.Run("host", func(t *testing.T) {
-		f := makeTierTraces(t, false)
-		checkGolden(t, "tier_trace.json", f)
+		f := mk(t, false)
+		checkGolden(t, prefix+"_trace.json", f)
 		checkCoverage(t, f, want...)
 	})
 	t.Run("redis", func(t *testing.T) {
-		f := makeTierTraces(t, true)
-		checkGolden(t, "tier_redis_trace.json", f)
+		f := mk(t, true)
+		checkGolden(t, prefix+"_redis_trace.json", f)
 		checkCoverage(t, f, append(want, "remote hits")...)
 	})
 }

@@ -41,17 +41,7 @@ func TestABITierStepIsAllocationFree(t *testing.T) {
 		if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 			t.Fatalf("step failed: %s", goLastError())
 		}
-		var code int32
-		if copies, code = goTierCopies(h, copies); code != codeOK {
-			t.Fatalf("tier copies: %s", goLastError())
-		}
-		done = done[:0]
-		for _, c := range copies {
-			done = append(done, c.ID)
-		}
-		if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
-			t.Fatalf("complete: %s", goLastError())
-		}
+		copies, done = completeTierCopies(t, h, copies, done)
 		for p, code := goDrainEvents(h); p != nil; p, code = goDrainEvents(h) {
 			if code != codeOK {
 				t.Fatalf("drain: %s", goLastError())
@@ -64,6 +54,23 @@ func TestABITierStepIsAllocationFree(t *testing.T) {
 		t.Fatalf("the steps published %d batches and offloaded %d pages", batches, st[5])
 	}
 	t.Logf("%d event batches, %d pages offloaded, %d host pages in use", batches, st[5], st[1])
+}
+
+// completeTierCopies takes the tier copies planned and completes them all
+// (copies and done are reused scratch).
+func completeTierCopies(t testing.TB, h uint64, copies []abiTierCopy, done []uint64) ([]abiTierCopy, []uint64) {
+	var code int32
+	if copies, code = goTierCopies(h, copies); code != codeOK {
+		t.Fatalf("tier copies: %s", goLastError())
+	}
+	done = done[:0]
+	for _, c := range copies {
+		done = append(done, c.ID)
+	}
+	if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
+		t.Fatalf("complete: %s", goLastError())
+	}
+	return copies, done
 }
 
 // TestABIHybridTierStepIsAllocationFree: a hybrid decode step with a
@@ -100,17 +107,7 @@ func hybridTierSteps(t *testing.T, host int64) {
 		if goHybridReserveC(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 			t.Fatalf("step failed: %s", goLastError())
 		}
-		var code int32
-		if copies, code = goTierCopies(h, copies); code != codeOK {
-			t.Fatalf("tier copies: %s", goLastError())
-		}
-		done = done[:0]
-		for _, c := range copies {
-			done = append(done, c.ID)
-		}
-		if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
-			t.Fatalf("complete: %s", goLastError())
-		}
+		copies, done = completeTierCopies(t, h, copies, done)
 	})
 	st, _ := goTierStats(h)
 	var offloaded int64

@@ -102,20 +102,23 @@ static void take(pagedkv_manager m, snapshot *s) {
 }
 
 // expect_fail runs a call that must fail with code want, with a message
-// containing needle, and leave the manager as it was.
-#define EXPECT_FAIL(m, want, needle, call)                                                           \
+// containing needle, and leave the manager as it was: snap_t snapshots
+// taken by takefn before and after must be equal.
+#define EXPECT_FAIL_WITH(snap_t, takefn, m, want, needle, call)                                      \
 	do {                                                                                         \
-		snapshot before_, after_;                                                            \
-		take((m), &before_);                                                                 \
+		snap_t before_, after_;                                                              \
+		takefn((m), &before_);                                                               \
 		int32_t rc_ = (call);                                                                \
 		const char *msg_ = pagedkv_last_error();                                             \
 		CHECK(rc_ == (want), "%s = %d, want %d (%s)", #call, rc_, (want), msg_);            \
 		CHECK(strstr(msg_, (needle)) != NULL, "%s: message %s does not name %s", #call, msg_, \
 		      (needle));                                                                     \
-		take((m), &after_);                                                                  \
+		takefn((m), &after_);                                                                \
 		CHECK(memcmp(&before_, &after_, sizeof before_) == 0, "%s changed the manager", #call); \
 		checked++;                                                                           \
 	} while (0)
+
+#define EXPECT_FAIL(m, want, needle, call) EXPECT_FAIL_WITH(snapshot, take, m, want, needle, call)
 
 static int checked;
 
@@ -568,6 +571,28 @@ static int contains(const uint8_t *p, int64_t n, const char *needle) {
 	return 0;
 }
 
+// host_memory is m's host pages, which must be want_pages of
+// want_page_bytes (*page_bytes: their size).
+static uint8_t *host_memory(pagedkv_manager m, int64_t want_page_bytes, int64_t want_pages, int64_t *page_bytes) {
+	uint8_t *host = NULL;
+	int64_t n = 0;
+	OK(pagedkv_host_memory(m, &host, page_bytes, &n));
+	CHECK(host != NULL && *page_bytes == want_page_bytes && n == want_pages,
+	      "host memory %p, %lld bytes a page, %lld pages", (void *)host, (long long)*page_bytes, (long long)n);
+	return host;
+}
+
+// add_host_hit adds req as request 2 to m, which must match 8 tokens from
+// the host tier and be loading.
+static void add_host_hit(pagedkv_manager m, const pagedkv_request *req) {
+	int64_t matched = 0;
+	int32_t loading = 0;
+	OK(pagedkv_add(m, 2, req, &matched));
+	OK(pagedkv_loading(m, 2, &loading));
+	CHECK(matched == 8 && loading == 1, "request 2 matched %lld tokens from the host tier (want 8), loading %d",
+	      (long long)matched, loading);
+}
+
 // tiers runs a Manager with a host tier and KV events through the tier
 // calls: offload on eviction, host memory written by the engine, a host
 // hit onloaded back (the request loads until the copies complete), the
@@ -582,11 +607,8 @@ static void tiers(void) {
 	pagedkv_options opts = {.tiers = &tc, .tiers_size = sizeof tc, .events = &ec, .events_size = sizeof ec};
 	pagedkv_manager m = 0;
 	OK(pagedkv_create_ex(&cfg, sizeof cfg, &opts, sizeof opts, &m));
-	uint8_t *host = NULL;
 	int64_t page_bytes = 0, host_pages = 0;
-	OK(pagedkv_host_memory(m, &host, &page_bytes, &host_pages));
-	CHECK(host != NULL && page_bytes == 32 && host_pages == 8, "host memory %p, %lld bytes a page, %lld pages",
-	      (void *)host, (long long)page_bytes, (long long)host_pages);
+	uint8_t *host = host_memory(m, 32, 8, &page_bytes);
 
 	int32_t prompt[12];
 	pagedkv_request req = prompt_request(prompt, 12);
@@ -638,12 +660,8 @@ static void tiers(void) {
 
 	// The same prompt again: a host hit, onloaded; the request loads until
 	// the copies complete.
-	int64_t matched = 0;
-	OK(pagedkv_add(m, 2, &req, &matched));
-	CHECK(matched == 8, "matched %lld tokens from the host tier, want 8", (long long)matched);
-	int32_t loading = 0;
-	OK(pagedkv_loading(m, 2, &loading));
-	CHECK(loading == 1, "request 2 is not loading");
+	add_host_hit(m, &req);
+	int32_t loading = 1;
 	uint64_t ids2[] = {2};
 	int32_t nt2[] = {4};
 	EXPECT_FAIL(m, PAGEDKV_ERR_LOADING, "onload", pagedkv_reserve(m, ids2, nt2, 1, &plan));
@@ -790,19 +808,7 @@ static void htake(pagedkv_manager h, hsnapshot *s) {
 	OK(pagedkv_hybrid_get_group_stats(h, 1, &s->gs[1], sizeof s->gs[1]));
 }
 
-#define EXPECT_FAIL_H(h, want, needle, call)                                                         \
-	do {                                                                                         \
-		hsnapshot before_, after_;                                                           \
-		htake((h), &before_);                                                                \
-		int32_t rc_ = (call);                                                                \
-		const char *msg_ = pagedkv_last_error();                                             \
-		CHECK(rc_ == (want), "%s = %d, want %d (%s)", #call, rc_, (want), msg_);            \
-		CHECK(strstr(msg_, (needle)) != NULL, "%s: message %s does not name %s", #call, msg_, \
-		      (needle));                                                                     \
-		htake((h), &after_);                                                                 \
-		CHECK(memcmp(&before_, &after_, sizeof before_) == 0, "%s changed the manager", #call); \
-		checked++;                                                                           \
-	} while (0)
+#define EXPECT_FAIL_H(h, want, needle, call) EXPECT_FAIL_WITH(hsnapshot, htake, h, want, needle, call)
 
 // group_tier_sums sums the groups' tier counters of a hybrid handle.
 static void group_tier_sums(pagedkv_manager h, int64_t *hit, int64_t *off, int64_t *on) {
@@ -833,18 +839,16 @@ static void hybrid_tiers(void) {
 	pagedkv_options opts = {.tiers = &tc, .tiers_size = sizeof tc};
 	pagedkv_manager h = 0;
 	OK(pagedkv_hybrid_create_ex(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &opts, sizeof opts, &h));
-	uint8_t *host = NULL;
-	int64_t page_bytes = 0, host_pages = 0;
-	OK(pagedkv_host_memory(h, &host, &page_bytes, &host_pages));
-	CHECK(host != NULL && page_bytes == 64 && host_pages == 16, "hybrid host memory %p, %lld bytes a page, %lld pages",
-	      (void *)host, (long long)page_bytes, (long long)host_pages);
+	int64_t page_bytes = 0, host_pages = 16;
+	uint8_t *host = host_memory(h, 64, 16, &page_bytes);
 
-	int32_t prompt[12];
-	pagedkv_request req = prompt_request(prompt, 12);
+	// Request 1 (12 tokens: 3 pages a group) computes, is released, and
+	// its cached pages are evicted with offload.
 	uint64_t ids[] = {1};
-	int32_t nt[] = {12}, s1[] = {7};
-	pagedkv_array copies;
+	int32_t prompt[12], nt[] = {12}, s1[] = {7};
+	pagedkv_request req = prompt_request(prompt, 12);
 	pagedkv_group_plan gp[2];
+	pagedkv_array copies;
 	OK(pagedkv_add(h, 1, &req, NULL));
 	OK(pagedkv_hybrid_reserve(h, ids, nt, 1, &copies, gp, 2));
 	OK(pagedkv_commit(h, s1, 1));
@@ -877,12 +881,8 @@ static void hybrid_tiers(void) {
 	CHECK(nh == 6, "hybrid: %lld host pages cached, want 6", (long long)nh);
 
 	// The same prompt: a host hit of 8 tokens in both groups, onloaded.
-	int64_t matched = 0;
-	OK(pagedkv_add(h, 2, &req, &matched));
-	CHECK(matched == 8, "hybrid matched %lld tokens from the host tier, want 8", (long long)matched);
-	int32_t loading = 0;
-	OK(pagedkv_loading(h, 2, &loading));
-	CHECK(loading == 1, "hybrid request 2 is not loading");
+	add_host_hit(h, &req);
+	int32_t loading = 1;
 	uint64_t ids2[] = {2};
 	int32_t nt2[] = {4};
 	EXPECT_FAIL_H(h, PAGEDKV_ERR_LOADING, "onload", pagedkv_hybrid_reserve(h, ids2, nt2, 1, &copies, gp, 2));
