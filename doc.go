@@ -65,10 +65,8 @@
 // budget over every group, all or nothing, and its [HybridPlan] has the
 // pool-wide copies and one [Plan] per group (its page table arrays, its
 // window_left, and for a chunked group the per-chunk Attn arrays).
-// Internally group 0 validates the step and the other groups follow its
-// request records. HybridManager has the per-request, step, speculative,
-// Pin/Unpin, Evict, Stats and Audit calls of Manager; it has no tiers yet
-// (NewHybrid refuses Config.Tiers), and package metrics exports its
+// HybridManager has the per-request, step, speculative, Pin/Unpin, Evict,
+// tier, Stats and Audit calls of Manager, and package metrics exports its
 // per-group figures (metrics.HybridCollector).
 //
 // # Tiers
@@ -79,7 +77,27 @@
 // a lower tier plans onload copies; the engine takes them with
 // [Manager.TierCopies], runs them asynchronously and reports them with
 // [Manager.CompleteTierCopies], and a request whose onloads are in flight
-// ([Manager.Loading]) takes no step. See docs/tiers.md.
+// ([Manager.Loading]) takes no step. A HybridManager's groups share one
+// host tier and one remote store; each group's pages enter them under a
+// digest chain of its own (the namespace's root followed by the group's
+// index and spec), so no group reads another's, and admission serves the
+// prefix every group can serve from its cache and then from the tiers.
+// See docs/tiers.md.
+//
+// # One core for every group
+//
+// What spans the layer groups of one page pool is one unexported type,
+// core: admission (each group matches its cache, then the tiers continue
+// the match; every group gets the longest prefix all of them serve, with
+// one page budget for the onloads), a step (the first group validates the
+// batch and resolves its requests, each later group follows the records of
+// the group before, one page budget covers every group's pages with
+// eviction across the groups' caches, then every group applies its part
+// and its plan shares the first group's token arrays), commit (checked
+// once, recorded in every group), abort, eviction, the tier copies and the
+// pool-wide audit. A dense Manager is the core of one group, itself; a
+// HybridManager's core has one group per LayerGroup, each a Manager that
+// knows only its own page table, cache and records.
 //
 // # Composition
 //

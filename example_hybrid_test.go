@@ -57,3 +57,59 @@ func ExampleHybridManager() {
 	// group 1 pages 13 positions [200] token_positions [200]
 	// free pages 38
 }
+
+// A HybridManager with a host tier: the groups share it, each group's
+// pages under digests of its own. Evicting offloads the idle cached pages
+// (the engine runs the copies and completes them); the same prompt is then
+// served from the host tier in every group, through onload copies that
+// must complete before the request's next step.
+func ExampleHybridManager_tiers() {
+	m, err := pagedkv.NewHybrid(pagedkv.HybridConfig{
+		Config: pagedkv.Config{NumPages: 32, PageSize: 4, HashSeed: 1, Tiers: pagedkv.TierConfig{HostPages: 16}},
+		Groups: []pagedkv.LayerGroup{
+			{Kind: pagedkv.SlidingAttention, WindowTokens: 6, NumLayers: 1},
+			{Kind: pagedkv.FullAttention, NumLayers: 1},
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	// engine runs the planned tier copies (here: nothing to move) and
+	// reports them done.
+	engine := func() {
+		var ids []uint64
+		for _, c := range m.TierCopies(nil) {
+			ids = append(ids, c.ID) // copy page c.Device <-> host page c.Host, every layer
+		}
+		if err := m.CompleteTierCopies(ids...); err != nil {
+			panic(err)
+		}
+	}
+	prompt := []int32{5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17}
+	if _, err := m.Add(1, pagedkv.Request{Prompt: prompt}); err != nil {
+		panic(err)
+	}
+	if _, err := m.Reserve([]pagedkv.RequestID{1}, []int32{13}); err != nil {
+		panic(err)
+	}
+	if err := m.Commit([]int32{7}); err != nil {
+		panic(err)
+	}
+	if err := m.Release(1); err != nil {
+		panic(err)
+	}
+	fmt.Println("evicted", m.Evict(m.Stats().TotalPages))
+	engine()
+	hit, err := m.Add(2, pagedkv.Request{Prompt: prompt})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("hit", hit, "loading", m.Loading(2))
+	engine()
+	s := m.Stats()
+	fmt.Println("loading", m.Loading(2), "host hit tokens per group", s.Groups[0].HostHitTokens, s.Groups[1].HostHitTokens)
+	// Output:
+	// evicted 6
+	// hit 12 loading true
+	// loading false host hit tokens per group 12 12
+}

@@ -1,7 +1,6 @@
 package pagedkv
 
 import (
-	"errors"
 	"fmt"
 	"sync/atomic"
 
@@ -73,11 +72,19 @@ type GroupStats struct {
 	// WindowReleasedPages are pages the group released because its
 	// attention no longer reads them (left the window, or a finished chunk).
 	WindowReleasedPages int64
+	// The group's part of the tier counters (HybridStats.Tiers is the
+	// pool's, over every group): prompt tokens it onloaded from host pages
+	// and from the remote store at Add and Resume, and its tier copies
+	// completed each way.
+	HostHitTokens, RemoteHitTokens int64
+	OffloadedPages, OnloadedPages  int64
 }
 
 // HybridStats is the pool's partition (over every group), the request and
 // token counters (equal in every group: PromptHitTokens counts the prefix
-// every group could serve) and each group's numbers.
+// every group could serve), the tiers' counters (Stats.Tiers: the one host
+// tier and remote store; hit tokens and copies summed over the groups) and
+// each group's numbers.
 type HybridStats struct {
 	Stats
 	Groups []GroupStats
@@ -92,9 +99,9 @@ type HybridManager struct {
 	alloc  *allocator.Allocator
 	groups []*Manager
 	specs  []layergroup.Spec
+	core   *core // the step protocol over the groups
 
-	servableTokens []atomic.Int64 // per group: GroupStats.ServableTokens (Stats reads it from any goroutine)
-	plan           HybridPlan
+	plan HybridPlan
 }
 
 // NewHybrid returns a HybridManager with an empty pool.
@@ -104,14 +111,6 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	}
 	if err := layergroup.ValidateGroups(cfg.Groups, cfg.PageSize); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
-	}
-	// Every group is a Manager built from cfg.Config: tiers would give each
-	// group its own host pool (over the same HostMemory, under the same
-	// remote keys) with copies no HybridManager method hands out or
-	// completes. That is not supported yet.
-	if t := &cfg.Tiers; t.HostPages != 0 || t.Remote != nil || t.HostMemory != nil || t.Format.Layers != 0 ||
-		t.OffloadFreePages != 0 || t.WriteThrough || t.RemoteDeadline != 0 {
-		return nil, fmt.Errorf("%w: Tiers.HostPages = %d (or another Tiers field) in a hybrid config: a HybridManager has no tiers; use Manager", ErrBadConfig, t.HostPages)
 	}
 	var sinks GroupEventSink
 	if cfg.CacheEvents != nil {
@@ -133,23 +132,38 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		}
 		sinks = gs
 	}
+	if hs, ok := cfg.CacheEvents.(HostEventSink); ok && hs.HostPages() != 0 {
+		return nil, fmt.Errorf("%w: CacheEvents announces %d host pages in a hybrid config: a HybridManager's host tier has no KV events yet (host pages are not labelled by group); build the sink with 0 host pages",
+			ErrBadConfig, hs.HostPages())
+	}
 	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	// One set of tiers (one host pool, one remote store, one stream of
+	// tier copies) for every group: each group's pages enter it under
+	// digests of their own (Manager.tierRoot).
+	tcfg := cfg.Config
+	tcfg.CacheEvents = nil
+	tiers, err := newTiers(&tcfg)
+	if err != nil {
+		return nil, err
+	}
 	h := &HybridManager{alloc: alloc, specs: append([]layergroup.Spec(nil), cfg.Groups...),
-		servableTokens: make([]atomic.Int64, len(cfg.Groups)), plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
+		plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
 	for i, g := range cfg.Groups {
 		gcfg := cfg.Config
+		gcfg.CacheEvents = nil
 		if sinks != nil {
 			gcfg.CacheEvents = sinks.GroupSink(i)
 		}
-		m, err := newManager(gcfg, alloc, g)
+		m, err := newManager(gcfg, alloc, g, tiers)
 		if err != nil {
 			return nil, err
 		}
-		if i > 0 {
-			m.lead = h.groups[0]
+		m.windowCascade = true
+		if tiers != nil {
+			m.tierTag = groupTierTag(i, g)
 		}
 		h.groups = append(h.groups, m)
 		// One hash chain for every group (KV events name a prefix's pages
@@ -157,6 +171,8 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		// HashSeed was 0 and group 0 picked one.
 		cfg.HashSeed = m.cache.Seed()
 	}
+	h.core = newCore(h.groups, alloc, tiers)
+	h.core.servable = make([]atomic.Int64, len(h.groups))
 	return h, nil
 }
 
@@ -206,62 +222,24 @@ func (h *HybridManager) PageSize() int { return h.groups[0].pageSize }
 // group can serve (full and MLA groups: every page of it; sliding and
 // chunked groups: the pages their next query reads, which their caches hold
 // only with every page before them), and returns its length. See
-// [Manager.Add].
+// [Manager.Add]. With tiers a group serves the pages its cache lacks from
+// the host tier or the remote store (onloads, see
+// [HybridManager.TierCopies]) when every group can, and the onloads of
+// every group fit the pool.
 func (h *HybridManager) Add(id RequestID, req Request) (matchedTokens int, err error) {
-	g0 := h.groups[0]
-	if g0.pending {
-		return 0, fmt.Errorf("%w: add request %d", ErrStepPending, id)
+	if err := h.groups[0].checkAdd(id, req); err != nil {
+		return 0, err
 	}
-	if _, ok := g0.reqs[id]; ok {
-		return 0, fmt.Errorf("%w: add request %d", ErrRequestExists, id)
-	}
-	limit := -1
-	if !req.NoCache && len(req.Prompt) > 1 && int(req.Priority) < g0.cache.NumPriorities() && len(req.Prompt) <= MaxRequestTokens {
-		limit = h.servable(req.Namespace, req.Prompt)
-	}
+	recs := h.core.recs
 	for g, m := range h.groups {
-		m.matchLimit = limit
-		n, err := m.Add(id, req)
-		m.matchLimit = -1
-		if err != nil {
-			if g > 0 {
-				panic(fmt.Sprintf("pagedkv: group %d refused request %d that group 0 took: %v", g, id, err))
-			}
-			return 0, err
-		}
-		matchedTokens = n
+		recs[g] = m.newRecord(id, req)
 	}
-	h.link(id)
-	return matchedTokens, nil
-}
-
-// link points request id's record in each group at its record in the next
-// group (request.sibling), after the groups made the records.
-func (h *HybridManager) link(id RequestID) {
+	matched := h.core.admit(recs)
 	for g, m := range h.groups {
-		m.reqs[id].sibling = h.sibling(g, id)
+		m.added(recs[g], req, matched)
 	}
-}
-
-// sibling is request id's record in group g+1, nil after the last group.
-func (h *HybridManager) sibling(g int, id RequestID) *request {
-	if g+1 == len(h.groups) {
-		return nil
-	}
-	return h.groups[g+1].reqs[id]
-}
-
-// servable returns the pages of tokens every group's cache can serve, at
-// most (len(tokens)-1)/PageSize, and counts what each could alone.
-func (h *HybridManager) servable(ns Namespace, tokens []int32) int {
-	limit := (len(tokens) - 1) / h.PageSize()
-	for g, m := range h.groups {
-		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, (len(tokens)-1)/h.PageSize())
-		m.scratch = pages
-		h.servableTokens[g].Add(int64(len(pages) * h.PageSize()))
-		limit = min(limit, len(pages))
-	}
-	return limit
+	h.core.link(id)
+	return matched, nil
 }
 
 // Extend appends known tokens to request id in every group.
@@ -271,10 +249,13 @@ func (h *HybridManager) Extend(id RequestID, tokens ...int32) error {
 
 // Fork forks request parent to child in every group.
 func (h *HybridManager) Fork(parent, child RequestID) error {
+	if err := h.checkLoading("fork", parent); err != nil {
+		return err
+	}
 	if err := h.each(func(m *Manager) error { return m.Fork(parent, child) }); err != nil {
 		return err
 	}
-	h.link(child)
+	h.core.link(child)
 	return nil
 }
 
@@ -291,37 +272,19 @@ func (h *HybridManager) Preempt(id RequestID) error {
 // Resume re-admits preempted request id on the prefix every group can
 // serve, and returns its length.
 func (h *HybridManager) Resume(id RequestID) (matchedTokens int, err error) {
-	g0 := h.groups[0]
-	r, ok := g0.reqs[id]
-	limit := -1
-	if ok && !r.running && !g0.pending && !r.noCache && len(r.tokens) > 1 {
-		limit = h.servableKey(r)
+	r0, err := h.groups[0].checkResume(id)
+	if err != nil {
+		return 0, err
 	}
+	recs := h.core.recs
+	for g, r := 0, r0; g < len(h.groups); g, r = g+1, r.sibling {
+		recs[g] = r
+	}
+	matched := h.core.admit(recs)
 	for g, m := range h.groups {
-		m.matchLimit = limit
-		n, err := m.Resume(id)
-		m.matchLimit = -1
-		if err != nil {
-			if g > 0 {
-				panic(fmt.Sprintf("pagedkv: group %d refused to resume request %d: %v", g, id, err))
-			}
-			return 0, err
-		}
-		matchedTokens = n
+		m.resumed(recs[g], matched)
 	}
-	return matchedTokens, nil
-}
-
-func (h *HybridManager) servableKey(r *request) int {
-	limit := (len(r.tokens) - 1) / h.PageSize()
-	for g, m := range h.groups {
-		mr := m.reqs[r.id]
-		pages, _ := m.cache.Match(m.scratch[:0], mr.key, mr.tokens, (len(mr.tokens)-1)/h.PageSize())
-		m.scratch = pages
-		h.servableTokens[g].Add(int64(len(pages) * h.PageSize()))
-		limit = min(limit, len(pages))
-	}
-	return limit
+	return matched, nil
 }
 
 // Truncate cuts request id to its first n tokens in every group; it fails,
@@ -361,82 +324,42 @@ func (h *HybridManager) Reserve(ids []RequestID, ntokens []int32) (*HybridPlan, 
 
 // ReserveSpec is [Manager.ReserveSpec] in every group.
 func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
-	// Group 0 validates the step and resolves its requests; the other
-	// groups follow its records' siblings.
-	need, err := h.groups[0].prepare(ids, ntokens, drafts)
-	if err != nil {
+	if err := h.core.reserve(ids, ntokens, drafts); err != nil {
 		return nil, err
-	}
-	for g := 1; g < len(h.groups); g++ {
-		n, err := h.groups[g].prepareSiblings(h.groups[g-1])
-		if err != nil {
-			return nil, err
-		}
-		need += n
-	}
-	if free := h.alloc.NumFree(); need > free {
-		evictable := 0
-		for _, m := range h.groups {
-			e, _ := m.cache.Idle()
-			evictable += e
-		}
-		if need > free+evictable {
-			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
-				ErrOutOfPages, len(ids), need, len(h.groups), free, evictable)
-		}
-		h.evictUntil(need)
 	}
 	p := &h.plan
 	p.Copies = p.Copies[:0]
 	for g, m := range h.groups {
-		p.Groups[g] = m.apply(drafts)
-		p.Copies = append(p.Copies, p.Groups[g].Copies...)
+		p.Groups[g] = &m.plan
+		p.Copies = append(p.Copies, m.plan.Copies...)
 	}
 	p.Requests = p.Groups[0].Requests
 	return p, nil
 }
 
-// evictUntil evicts idle cached pages, from the group with the most of
-// them first, until free pages are free or nothing is evictable.
-func (h *HybridManager) evictUntil(free int) int {
-	freed := 0
-	for h.alloc.NumFree() < free {
-		best, most := -1, 0
-		for g, m := range h.groups {
-			if e, _ := m.cache.Idle(); e > most {
-				best, most = g, e
-			}
-		}
-		if best < 0 {
-			break
-		}
-		freed += h.groups[best].cache.Evict(1)
-	}
-	for _, m := range h.groups {
-		m.afterChange()
-	}
-	return freed
-}
-
 // Commit commits the step in every group (see [Manager.Commit]).
-func (h *HybridManager) Commit(sampled []int32) error {
-	return h.each(func(m *Manager) error { return m.Commit(sampled) })
-}
+func (h *HybridManager) Commit(sampled []int32) error { return h.core.commit(nil, sampled) }
 
 // CommitSpec commits a speculative step in every group (see
 // [Manager.CommitSpec]).
 func (h *HybridManager) CommitSpec(accepted, sampled []int32) error {
-	return h.each(func(m *Manager) error { return m.CommitSpec(accepted, sampled) })
+	if accepted == nil {
+		accepted = []int32{}
+	}
+	return h.core.commit(accepted, sampled)
 }
 
 // Abort undoes the reserved step in every group.
-func (h *HybridManager) Abort() error { return h.each(func(m *Manager) error { return m.Abort() }) }
+func (h *HybridManager) Abort() error { return h.core.abort() }
 
 // ---- Operations ----
 
-// Evict evicts idle cached pages of any group until npages pages are free
-// or nothing is evictable, and returns how many it freed.
-func (h *HybridManager) Evict(npages int) int { return h.evictUntil(npages) }
+// Evict evicts idle cached pages of any group, from the group with the
+// most of them first, until npages pages are free or nothing is evictable,
+// and returns how many it freed. With a host tier, victims the host tier
+// takes are offloaded instead of dropped and count as free, as
+// [Manager.Evict] does.
+func (h *HybridManager) Evict(npages int) int { return h.core.evictTo(npages) }
 
 // Pin keeps the prefix of tokens in ns that every group's cache holds from
 // eviction until [HybridManager.Unpin], and returns the pin and the tokens
@@ -456,34 +379,7 @@ func (h *HybridManager) Evict(npages int) int { return h.evictUntil(npages) }
 // page, or with [ErrPinLimit] naming a group whose pins would pass
 // Config.MaxPinnedPages (the cap applies to each group's cache).
 func (h *HybridManager) Pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
-	ps := h.PageSize()
-	n := len(tokens) / ps
-	for g, m := range h.groups {
-		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, n)
-		m.scratch = pages
-		if len(pages) == 0 {
-			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w: pin %d tokens: their first page of %d is not cached",
-				g, h.specs[g].Kind, ErrNotCached, len(tokens), ps)
-		}
-		n = len(pages)
-	}
-	prefix := tokens[:n*ps]
-	for g, m := range h.groups {
-		if _, err := m.cache.CheckPin(m.cache.Key(ns), prefix); err != nil {
-			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, h.specs[g].Kind, err)
-		}
-	}
-	// Every check passed, so no group fails; every pin goes through here,
-	// so the groups' caches number their pins alike.
-	for g, m := range h.groups {
-		gid, k, err := m.cache.Pin(m.cache.Key(ns), prefix)
-		if err != nil || k != n || g > 0 && gid != id {
-			panic(fmt.Sprintf("pagedkv: pin: group %d pinned %d of %d pages as pin %d (group 0: pin %d): %v", g, k, n, gid, id, err))
-		}
-		id = gid
-		m.afterChange()
-	}
-	return id, n * ps, nil
+	return h.core.pin(ns, tokens)
 }
 
 // Unpin removes a pin from every group; its pages become evictable when
@@ -524,8 +420,10 @@ func (h *HybridManager) Stats() HybridStats {
 			s.Stats = gs // requests and token counters: equal in every group
 		}
 		s.Groups[g] = GroupStats{Kind: h.specs[g].Kind, CachedPages: gs.CachedPages, EvictablePages: gs.EvictablePages,
-			PinnedPages: gs.PinnedPages, ServableTokens: h.servableTokens[g].Load(), PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
-			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages}
+			PinnedPages: gs.PinnedPages, ServableTokens: h.core.servable[g].Load(), PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
+			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages,
+			HostHitTokens: m.groupTiers.hostHitTokens.Load(), RemoteHitTokens: m.groupTiers.remoteHitTokens.Load(),
+			OffloadedPages: m.groupTiers.offloaded.Load(), OnloadedPages: m.groupTiers.onloaded.Load()}
 	}
 	s.TotalPages, s.FreePages = a.Total, a.Free
 	s.EvictablePages, s.PinnedIdlePages, s.CachedPages, s.PinnedPages = 0, 0, 0, 0
@@ -551,66 +449,10 @@ func (h *HybridManager) Stats() HybridStats {
 	return s
 }
 
-// errPool is the class of the pool-wide Audit's findings.
-var errPool = errors.New("pagedkv: hybrid pool")
-
 // Audit checks every group (see [Manager.Audit]), that every group holds
-// the same requests with the same tokens and computed counts, that no page
-// is held by two groups, and that every page's reference count is exactly
-// its holders in every group's requests plus one per cache holding it.
-func (h *HybridManager) Audit() error {
-	for g, m := range h.groups {
-		if err := m.Audit(); err != nil {
-			return fmt.Errorf("group %d (%v): %w", g, h.specs[g].Kind, err)
-		}
-	}
-	g0 := h.groups[0]
-	held := make(map[PageID]int32)
-	owner := make(map[PageID]int)
-	own := func(p PageID, g int) error {
-		if o, ok := owner[p]; ok && o != g {
-			return fmt.Errorf("%w: page %d is held by groups %d and %d", errPool, p, o, g)
-		}
-		owner[p] = g
-		held[p]++
-		return nil
-	}
-	for g, m := range h.groups {
-		// Pin pins the same token prefixes in every group.
-		if m.cache.Pinned() != g0.cache.Pinned() {
-			return fmt.Errorf("%w: group %d has %d pinned pages, group 0 %d", errPool, g, m.cache.Pinned(), g0.cache.Pinned())
-		}
-		if len(m.reqs) != len(g0.reqs) {
-			return fmt.Errorf("%w: group %d has %d requests, group 0 %d", errPool, g, len(m.reqs), len(g0.reqs))
-		}
-		for id, r := range m.reqs {
-			r0 := g0.reqs[id]
-			if r0 == nil || r0.computed != r.computed || r0.running != r.running || len(r0.tokens) != len(r.tokens) {
-				return fmt.Errorf("%w: request %d differs between groups 0 and %d", errPool, id, g)
-			}
-			if want := h.sibling(g, id); r.sibling != want {
-				return fmt.Errorf("%w: request %d of group %d is not linked to its record in group %d", errPool, id, g, g+1)
-			}
-			if r.running {
-				for _, p := range m.table.Pages(r.seq()) {
-					if err := own(p, g); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		for p := range PageID(h.alloc.NumPages()) {
-			if m.cache.Cached(p) {
-				if err := own(p, g); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	for p := range PageID(h.alloc.NumPages()) {
-		if rc := h.alloc.RefCount(p); rc != held[p] {
-			return fmt.Errorf("%w: page %d has refcount %d, but its group's requests and cache hold it %d times", errPool, p, rc, held[p])
-		}
-	}
-	return nil
-}
+// the same requests with the same tokens and computed counts and pins the
+// same prefixes, that no page is held by two groups, that every page's
+// reference count is exactly its holders in every group's requests plus
+// one per cache holding it and one per tier copy in flight, and the tiers
+// shared by the groups.
+func (h *HybridManager) Audit() error { return h.core.audit() }

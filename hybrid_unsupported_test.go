@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
@@ -15,18 +16,21 @@ func (nopSink) PageStored(prefixcache.PageID, uint64, prefixcache.PageID, uint64
 }
 func (nopSink) PageRemoved(prefixcache.PageID, uint64) {}
 
-// A HybridManager has no tiers, and publishes KV events only through a
-// GroupEventSink (hybrid_events_test.go): a config asking for tiers, or
-// giving a plain sink, is refused, naming the field, instead of building
-// groups whose tier copies nobody can complete or whose events share one
-// sink with nothing to tell the groups apart.
+// A HybridManager publishes KV events only through a GroupEventSink
+// (hybrid_events_test.go), and its host tier announces no host pages: a
+// config giving a plain sink, or a sink mirroring host pages, is refused,
+// naming the field, instead of building groups whose events share one sink
+// with nothing to tell the groups apart; tier settings without host pages
+// are refused as for a Manager. Host pages alone are accepted
+// (hybrid_tiers_test.go).
 func TestNewHybridRefusesTiersAndEvents(t *testing.T) {
 	groups := []LayerGroup{{Kind: FullAttention, NumLayers: 2}, {Kind: SlidingAttention, WindowTokens: 8, NumLayers: 2}}
 	for name, c := range map[string]struct {
 		cfg  Config
 		want string
 	}{
-		"host pages":    {Config{Tiers: TierConfig{HostPages: 8}}, "Tiers.HostPages = 8"},
+		"host events": {Config{Tiers: TierConfig{HostPages: 8}, CacheEvents: hostEventsRecorder(t, groups, 8)},
+			"CacheEvents announces 8 host pages in a hybrid config"},
 		"write-through": {Config{Tiers: TierConfig{WriteThrough: true}}, "Tiers.HostPages = 0"},
 		"events":        {Config{CacheEvents: nopSink{}}, "CacheEvents = pagedkv.nopSink"},
 	} {
@@ -37,4 +41,18 @@ func TestNewHybridRefusesTiersAndEvents(t *testing.T) {
 	}
 	_, err := NewHybrid(HybridConfig{Config: Config{NumPages: 16, PageSize: 4}, Groups: groups})
 	require.NoError(t, err)
+	_, err = NewHybrid(HybridConfig{Config: Config{NumPages: 16, PageSize: 4, Tiers: TierConfig{HostPages: 8}}, Groups: groups})
+	require.NoError(t, err)
+}
+
+// hostEventsRecorder is a Recorder of groups that mirrors hostPages host
+// pages.
+func hostEventsRecorder(t *testing.T, groups []LayerGroup, hostPages int) *events.Recorder {
+	q, err := events.NewQueue(1)
+	require.NoError(t, err)
+	cfg := hybridRecorderConfig(groups, 16, 4)
+	cfg.HostPages = hostPages
+	rec, err := events.NewRecorder(cfg, q)
+	require.NoError(t, err)
+	return rec
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/invariants"
@@ -114,7 +115,7 @@ type Config struct {
 	// pool (docs/tiers.md); the zero value has none.
 	Tiers TierConfig
 	// Eviction names the prefix cache's eviction policy inside each
-	// priority level: "lru" (the default, also for ""), "slru" or "srrip"
+	// priority level: "lru" (the default, also for ""), "slru", "srrip" or "arc"
 	// (prefixcache.PolicyNames; docs/replay.md compares them).
 	Eviction string
 }
@@ -178,9 +179,10 @@ type request struct {
 
 	mark uint64 // Reserve's duplicate check: == Manager.epoch while in the batch
 
-	// sibling is the same request in the next layer group of a
-	// HybridManager (nil in the last group and in a plain Manager): a
-	// step's batch is resolved once, in group 0, and followed from there.
+	// sibling is the same request's record in the core's next group (nil
+	// in the last group, so always in a dense Manager, the core of one
+	// group): a step's batch is resolved once, in the first group, and
+	// followed from there (core.reserve).
 	sibling *request
 
 	// Tiers: troot is the namespace's tier digest, tchain the digest of
@@ -210,17 +212,13 @@ type Manager struct {
 	window   int             // WindowTokens
 	group    layergroup.Spec // the attention whose pages this Manager keeps
 
-	// Set when the Manager is one group of a HybridManager: the pool is
-	// shared (Audit leaves the pool-wide count to the HybridManager), and
-	// admission matches at most matchLimit pages (-1: no limit), the prefix
-	// every group can serve.
-	sharedPool bool
-	matchLimit int
-	// lead is group 0 when this Manager is a later group of a
-	// HybridManager. Group 0 validates each step and commit, and a step's
-	// Requests, TokenIDs and TokenPositions are the same in every group, so
-	// this group's plan shares group 0's.
-	lead *Manager
+	// windowCascade: cascade plans for a windowed group too (what every
+	// sharing row sees in full, with CascadeWindowLeft); a dense Manager
+	// with a window keeps flat plans.
+	windowCascade bool
+	// tierTag is the group's identity in tier digests (tierRoot): "" for
+	// a dense Manager.
+	tierTag string
 
 	// prepared is the pages the prepared step needs, counted when the
 	// cache had evicted preparedEvictions pages (apply counts again only
@@ -231,8 +229,14 @@ type Manager struct {
 	alloc      *allocator.Allocator
 	table      *pagetable.Table
 	cache      *prefixcache.Cache
-	tiers      *tiers // nil without tiers
+	tiers      *tiers // nil without tiers (a HybridManager's groups share theirs)
 	admissions uint64 // admit calls: request.gen
+	// core drives a dense Manager as the core of one group; nil in a
+	// HybridManager's groups, which their HybridManager's core drives.
+	core *core
+	// settle: requests whose onloads completed during a step, to publish
+	// and release their window when it ends (a windowed group's).
+	settle []loadedReq
 
 	reqs       map[RequestID]*request
 	nPreempted int
@@ -263,6 +267,9 @@ type Manager struct {
 
 	counters counters
 	stats    statsCell
+	// groupTiers are this group's part of the tier counters
+	// (GroupStats; read from any goroutine).
+	groupTiers struct{ hostHitTokens, remoteHitTokens, offloaded, onloaded atomic.Int64 }
 }
 
 // chunkedAttn holds the buffers of a chunked group's Plan.Attn arrays.
@@ -285,27 +292,31 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.WindowTokens > 0 {
 		group = layergroup.Spec{Kind: layergroup.Sliding, WindowTokens: cfg.WindowTokens, NumLayers: 1}
 	}
-	return newManager(cfg, nil, group)
+	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	m, err := newManager(cfg, alloc, group, nil)
+	if err != nil {
+		return nil, err
+	}
+	m.core = newCore([]*Manager{m}, alloc, m.tiers)
+	return m, nil
 }
 
-// newManager returns a Manager keeping the pages of group, on pool alloc
-// (nil: a pool of its own).
-func newManager(cfg Config, alloc *allocator.Allocator, group layergroup.Spec) (*Manager, error) {
-	shared := alloc != nil
-	if !shared {
-		var err error
-		alloc, err = allocator.New(allocator.Config{NumPages: cfg.NumPages})
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
-		}
-	}
+// newManager returns a Manager keeping the pages of group on pool alloc,
+// with the tiers shared (nil: those of cfg.Tiers, its own; a HybridManager
+// passes the tiers its groups share). Its core is the caller's to set.
+func newManager(cfg Config, alloc *allocator.Allocator, group layergroup.Spec, shared *tiers) (*Manager, error) {
 	table, err := pagetable.New(pagetable.Config{PageSize: cfg.PageSize, Allocator: alloc})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	tiers, err := newTiers(&cfg)
-	if err != nil {
-		return nil, err
+	tiers := shared
+	if tiers == nil {
+		if tiers, err = newTiers(&cfg); err != nil {
+			return nil, err
+		}
 	}
 	m := &Manager{tiers: tiers}
 	var refs prefixcache.Refs = alloc
@@ -328,7 +339,6 @@ func newManager(cfg Config, alloc *allocator.Allocator, group layergroup.Spec) (
 	}
 	*m = Manager{
 		cfg: cfg, pageSize: cfg.PageSize, window: group.WindowTokens, group: group,
-		sharedPool: shared, matchLimit: -1,
 		alloc: alloc, table: table, cache: cache, tiers: tiers,
 		reqs:       make(map[RequestID]*request),
 		copiedAway: make(map[PageID]int32),
@@ -371,53 +381,78 @@ func (m *Manager) lookup(op string, id RequestID) (*request, error) {
 // count as computed; the engine reserves and computes the rest
 // ([Manager.Reserve]).
 func (m *Manager) Add(id RequestID, req Request) (matchedTokens int, err error) {
+	if err := m.checkAdd(id, req); err != nil {
+		return 0, err
+	}
+	r := m.newRecord(id, req)
+	matched := m.admit(r)
+	m.added(r, req, matched)
+	return matched, nil
+}
+
+// checkAdd validates Add's arguments.
+func (m *Manager) checkAdd(id RequestID, req Request) error {
 	if m.pending {
-		return 0, fmt.Errorf("%w: add request %d", ErrStepPending, id)
+		return fmt.Errorf("%w: add request %d", ErrStepPending, id)
 	}
 	if _, ok := m.reqs[id]; ok {
-		return 0, fmt.Errorf("%w: add request %d", ErrRequestExists, id)
+		return fmt.Errorf("%w: add request %d", ErrRequestExists, id)
 	}
 	if int(req.Priority) >= m.cache.NumPriorities() {
-		return 0, fmt.Errorf("%w: add request %d with priority %d, want 0..%d", ErrBadArgument, id, req.Priority, m.cache.NumPriorities()-1)
+		return fmt.Errorf("%w: add request %d with priority %d, want 0..%d", ErrBadArgument, id, req.Priority, m.cache.NumPriorities()-1)
 	}
 	if len(req.Prompt) > MaxRequestTokens {
-		return 0, fmt.Errorf("%w: add request %d: prompt of %d tokens, want at most %d", ErrBadArgument, id, len(req.Prompt), MaxRequestTokens)
+		return fmt.Errorf("%w: add request %d: prompt of %d tokens, want at most %d", ErrBadArgument, id, len(req.Prompt), MaxRequestTokens)
 	}
 	if req.CapacityTokens < 0 || req.CapacityTokens > MaxRequestTokens {
-		return 0, fmt.Errorf("%w: add request %d: CapacityTokens = %d, want 0..%d", ErrBadArgument, id, req.CapacityTokens, MaxRequestTokens)
+		return fmt.Errorf("%w: add request %d: CapacityTokens = %d, want 0..%d", ErrBadArgument, id, req.CapacityTokens, MaxRequestTokens)
 	}
 	for i, t := range req.Prompt {
 		if t < 0 {
-			return 0, fmt.Errorf("%w: add request %d: prompt[%d] = %d is negative", ErrBadArgument, id, i, t)
+			return fmt.Errorf("%w: add request %d: prompt[%d] = %d is negative", ErrBadArgument, id, i, t)
 		}
 	}
-	// CapacityTokens is a hint: never reserve more than the pool could hold
-	// beyond the prompt.
-	capacity := max(len(req.Prompt), min(req.CapacityTokens, len(req.Prompt)+m.alloc.NumPages()*m.pageSize))
-	r := m.newRequest(capacity)
+	return nil
+}
+
+// capacity is the tokens to make room for in a request added with req:
+// CapacityTokens is a hint, so never more than the pool could hold beyond
+// the prompt.
+func (m *Manager) capacity(req Request) int {
+	return max(len(req.Prompt), min(req.CapacityTokens, len(req.Prompt)+m.alloc.NumPages()*m.pageSize))
+}
+
+// newRecord returns the record of request id, added with req (checked),
+// to admit.
+func (m *Manager) newRecord(id RequestID, req Request) *request {
+	r := m.newRequest(m.capacity(req))
 	r.id, r.prio, r.noCache = id, req.Priority, req.NoCache
 	r.tokens = append(r.tokens, req.Prompt...)
 	if !r.noCache {
 		r.key = m.cache.Key(req.Namespace)
 		if m.tiers != nil {
-			r.troot = tier.NamespaceRoot(req.Namespace.Tenant, req.Namespace.LoRA, req.Namespace.Salt)
+			r.troot = m.tierRoot(req.Namespace)
 		}
 	}
-	matched := m.admit(r)
+	return r
+}
+
+// added files r, added with req and just admitted on matched tokens.
+func (m *Manager) added(r *request, req Request, matched int) {
 	// Size the page list for the tokens the engine said to expect, so
 	// Reserve never grows it by append in a decode step.
+	capacity := m.capacity(req)
 	growTo := capacity
 	if k := m.group.KeepTokens(capacity); k >= 0 {
 		growTo = min(growTo, r.start+max(m.window, m.group.ChunkTokens)+2*m.pageSize)
 	}
 	if err := m.table.Grow(r.seq(), growTo); err != nil {
-		panic(fmt.Sprintf("pagedkv: sizing the page list of request %d: %v", id, err))
+		panic(fmt.Sprintf("pagedkv: sizing the page list of request %d: %v", r.id, err))
 	}
-	m.reqs[id] = r
+	m.reqs[r.id] = r
 	m.counters.promptTokens += int64(len(r.tokens))
 	m.counters.promptHitTokens += int64(matched)
 	m.afterChange()
-	return matched, nil
 }
 
 // newRequest returns a zero request whose tokens buffer (empty) has room
@@ -439,28 +474,22 @@ func (m *Manager) newRequest(capTokens int) *request {
 }
 
 // admit gives r (not in the page table) its cached prefix and returns its
-// length in tokens.
+// length in tokens: the admission of a core of one group.
 func (m *Manager) admit(r *request) int {
+	m.core.recs[0] = r
+	return m.core.admit(m.core.recs)
+}
+
+// admitPages gives r (not in the page table) the device pages a matched
+// (a.last is the cache position of the last) and onloads of the host
+// pages a.hits into n fresh pages after them, and sets its state.
+func (m *Manager) admitPages(r *request, a *admission, n int) {
 	ps := m.pageSize
-	var pages []PageID
-	last := prefixcache.Handle{}
-	if !r.noCache && len(r.tokens) > 1 {
-		limit := (len(r.tokens) - 1) / ps
-		if m.matchLimit >= 0 {
-			limit = min(limit, m.matchLimit)
-		}
-		pages, last = m.cache.Match(m.scratch[:0], r.key, r.tokens, limit)
-		m.scratch = pages
-	}
-	m.admissions++
-	r.gen, r.loading = m.admissions, 0
+	pages := a.pages
 	cached := len(pages)
-	if m.tiers != nil && !r.noCache {
-		m.tierChainStart(r, pages)
-		if len(r.tokens) > 1 {
-			pages, _ = m.tierExtend(r, pages) // onload copies into fresh pages
-			m.scratch = pages
-		}
+	if n > 0 {
+		pages = m.tierOnload(r, pages, a.hits[:n], a.hostHits)
+		a.pages = pages
 	}
 	if err := m.table.AddShared(r.seq(), pages, len(pages)*ps); err != nil {
 		// The ID is free, the pages are distinct and cached (so allocated).
@@ -473,9 +502,12 @@ func (m *Manager) admit(r *request) int {
 	}
 	r.running = true
 	r.computed, r.start, r.lastMaybeShared = len(pages)*ps, 0, false
-	r.chain, r.cachedPages, r.chainCut = last, cached, false
-	m.releaseWindow(r)
-	return r.computed
+	r.chain, r.cachedPages, r.chainCut = a.last, cached, false
+	if r.loading == 0 {
+		// A loading request releases its window once its onloads are
+		// complete and published (loaded).
+		m.releaseWindow(r)
+	}
 }
 
 // releaseWindow drops r's leading pages that its group's attention no
@@ -644,23 +676,37 @@ func (m *Manager) Preempt(id RequestID) error {
 // rest. Stats count the tokens lost to the preemption and how many of them
 // came back from the cache, apart from the admission hit rate.
 func (m *Manager) Resume(id RequestID) (matchedTokens int, err error) {
-	if m.pending {
-		return 0, fmt.Errorf("%w: resume request %d", ErrStepPending, id)
-	}
-	r, err := m.lookup("resume", id)
+	r, err := m.checkResume(id)
 	if err != nil {
 		return 0, err
 	}
-	if r.running {
-		return 0, fmt.Errorf("%w: resume request %d", ErrNotPreempted, id)
-	}
 	matched := m.admit(r)
+	m.resumed(r, matched)
+	return matched, nil
+}
+
+// checkResume validates Resume's argument and returns its record.
+func (m *Manager) checkResume(id RequestID) (*request, error) {
+	if m.pending {
+		return nil, fmt.Errorf("%w: resume request %d", ErrStepPending, id)
+	}
+	r, err := m.lookup("resume", id)
+	if err != nil {
+		return nil, err
+	}
+	if r.running {
+		return nil, fmt.Errorf("%w: resume request %d", ErrNotPreempted, id)
+	}
+	return r, nil
+}
+
+// resumed counts r, just re-admitted on matched tokens.
+func (m *Manager) resumed(r *request, matched int) {
 	m.nPreempted--
 	m.counters.resumedTokens += int64(r.lostTokens)
 	m.counters.resumeHitTokens += int64(min(matched, r.lostTokens))
 	r.lostTokens = 0
 	m.afterChange()
-	return matched, nil
 }
 
 // ---- Operations ----
@@ -673,17 +719,7 @@ func (m *Manager) Resume(id RequestID) (matchedTokens int, err error) {
 // takes are offloaded instead of dropped: they count as freed, and as free
 // towards npages, but return to the pool when their offload completes
 // ([Manager.TierCopies]).
-func (m *Manager) Evict(npages int) (freed int) {
-	if m.tiers != nil {
-		if need := npages - m.alloc.NumFree() - m.tiers.evicting; need > 0 {
-			freed = m.evictOffload(need)
-		}
-	} else if need := npages - m.alloc.NumFree(); need > 0 {
-		freed = m.cache.Evict(need)
-	}
-	m.afterChange()
-	return freed
-}
+func (m *Manager) Evict(npages int) (freed int) { return m.core.evictTo(npages) }
 
 // Pin keeps the cached prefix of tokens in ns (every cached full page of
 // it) from eviction until [Manager.Unpin], and returns the pin and the

@@ -57,19 +57,10 @@ func (m *Manager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32
 // the step had reserved only its known tokens and accepted drafts (see the
 // package doc). On error nothing changes and the step stays pending.
 func (m *Manager) CommitSpec(accepted, sampled []int32) error {
-	if !m.pending {
-		return fmt.Errorf("%w: commit", ErrNoStep)
+	if accepted == nil {
+		accepted = []int32{} // a spec commit of a step without requests
 	}
-	if len(accepted) != len(m.batch) {
-		return fmt.Errorf("%w: commit: %d accepted counts for a step of %d requests", ErrBadArgument, len(accepted), len(m.batch))
-	}
-	for b, a := range accepted {
-		if a < 0 || a > m.drafts[b] {
-			return fmt.Errorf("%w: commit: accepted[%d] = %d, request %d has %d drafts",
-				ErrBadArgument, b, a, m.batch[b].id, m.drafts[b])
-		}
-	}
-	return m.commit(accepted, sampled)
+	return m.core.commit(accepted, sampled)
 }
 
 // noteLastPages records, before a speculative step's reservation, each

@@ -101,22 +101,13 @@ func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
 }
 
 // reserve is Reserve and [Manager.ReserveSpec]: drafts is nil or has one
-// (possibly empty) list of draft tokens per request.
+// (possibly empty) list of draft tokens per request. It is the step of a
+// core of one group.
 func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Plan, error) {
-	need, err := m.prepare(ids, ntokens, drafts)
-	if err != nil {
+	if err := m.core.reserve(ids, ntokens, drafts); err != nil {
 		return nil, err
 	}
-	free := m.alloc.NumFree()
-	if need > free {
-		evictable, _ := m.cache.Idle()
-		if need > free+evictable {
-			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
-				ErrOutOfPages, len(ids), need, free, evictable)
-		}
-		m.cache.Evict(need - free)
-	}
-	return m.apply(drafts), nil
+	return &m.plan, nil
 }
 
 // prepare validates a step and returns the pages it needs, changing
@@ -183,11 +174,12 @@ func (m *Manager) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (n
 	return m.checkSlots(slots)
 }
 
-// prepareSiblings is prepare for a HybridManager's group after group 0:
-// the step's requests are lead's siblings (see request.sibling), and lead's
-// group validated the step, which holds in every group because every group
-// holds the same requests in the same states. Only the token-slot bound
-// depends on the group (its held pages).
+// prepareSiblings is prepare for a group after the core's first: the
+// step's requests are the siblings of the records of lead, the group
+// before (see request.sibling), and the first group validated the step,
+// which holds in every group because every group holds the same requests
+// in the same states. Only the token-slot bound depends on the group (its
+// held pages), and, with tiers, whether a request still loads pages here.
 func (m *Manager) prepareSiblings(lead *Manager) (need int, err error) {
 	m.epoch++
 	batch, seqs := m.batch[:0], m.seqs[:0]
@@ -196,6 +188,9 @@ func (m *Manager) prepareSiblings(lead *Manager) (need int, err error) {
 		r := l.sibling
 		if r == nil || r.id != l.id {
 			panic(fmt.Sprintf("pagedkv: request %d of the step has no sibling in the next group", l.id))
+		}
+		if r.loading > 0 { // with tiers, groups onload different pages at admission
+			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d has %d onload copies in flight in a later layer group", ErrLoading, i, r.id, r.loading)
 		}
 		held := int64(r.computed-r.start) + int64(lead.ntokens[i])
 		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
@@ -223,8 +218,11 @@ func (m *Manager) checkSlots(slots int64) (need int, err error) {
 	return m.prepared, nil
 }
 
-// apply reserves the prepared step, whose pages are free.
-func (m *Manager) apply(drafts [][]int32) *Plan {
+// apply reserves the prepared step, whose pages are free. lead is the
+// core's first group when m is a later one (nil: m is the first): a step's
+// Requests, TokenIDs and TokenPositions are the same in every group, so
+// m's plan shares lead's.
+func (m *Manager) apply(drafts [][]int32, lead *Manager) *Plan {
 	batch, seqs, counts, ndrafts := m.batch, m.seqs, m.ntokens, m.drafts
 	// Eviction may have taken a cached partial last page (one a request
 	// truncated into) from the cache, so it needs no copy any more: count
@@ -267,7 +265,7 @@ func (m *Manager) apply(drafts [][]int32) *Plan {
 		// be idle now.
 		m.cache.Recheck(c.Src)
 	}
-	m.fillPlan(copies)
+	m.fillPlan(copies, lead)
 	m.pending = true
 	m.counters.copiedPages += int64(len(copies))
 	m.afterChange()
@@ -311,8 +309,9 @@ func (m *Manager) pagesNeeded(batch []*request, ntokens []int32) int {
 	return need
 }
 
-// fillPlan exports the step's arrays into the reused plan.
-func (m *Manager) fillPlan(copies []CopyOp) {
+// fillPlan exports the step's arrays into the reused plan (sharing lead's
+// token arrays; see apply).
+func (m *Manager) fillPlan(copies []CopyOp, lead *Manager) {
 	p := &m.plan
 	if err := m.table.ExportTo(&m.csr, m.seqs); err != nil {
 		panic(fmt.Sprintf("pagedkv: exporting the step's page table: %v", err))
@@ -325,8 +324,8 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	p.Drafts = m.planDrafts
 	p.QOIndptr, p.BatchIndices, p.Positions = m.appendCSR.AppendIndptr, m.appendCSR.BatchIndices, m.appendCSR.Positions
 	p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.SeqLens = m.csr.KVIndptr, m.csr.KVPageIndices, m.csr.KVLastPageLen, m.csr.SeqLens
-	if m.lead != nil {
-		lp := &m.lead.plan
+	if lead != nil {
+		lp := &lead.plan
 		p.Requests, p.TokenIDs, p.TokenPositions = lp.Requests, lp.TokenIDs, lp.TokenPositions
 	} else {
 		m.fillTokens()
@@ -343,7 +342,7 @@ func (m *Manager) fillPlan(copies []CopyOp) {
 	// A plain Manager with a window keeps flat plans (its engines run the
 	// CUDA step's cascade, which takes no window); a HybridManager's
 	// windowed groups cascade what every sharing row sees in full.
-	if (m.group.KeepTokens(0) < 0 || m.sharedPool) && m.cfg.CascadeMinSavedPages > 0 {
+	if (m.group.KeepTokens(0) < 0 || m.windowCascade) && m.cfg.CascadeMinSavedPages > 0 {
 		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
 	}
 	if p.Cascade != nil {
@@ -386,27 +385,39 @@ func (m *Manager) fillTokens() {
 // sampled) or has one entry per request of the step; a token may be
 // sampled only by a request whose step reached the end of its known tokens.
 // On error nothing changes and the step stays pending.
-func (m *Manager) Commit(sampled []int32) error {
-	if m.pending && m.spec {
-		return fmt.Errorf("%w: commit: the step has draft tokens; commit it with CommitSpec", ErrBadArgument)
-	}
-	return m.commit(nil, sampled)
-}
+func (m *Manager) Commit(sampled []int32) error { return m.core.commit(nil, sampled) }
 
-// commit is Commit and [Manager.CommitSpec]; accepted is nil for a step
-// without drafts.
-func (m *Manager) commit(accepted, sampled []int32) error {
+// checkCommit validates a commit (accepted nil: Commit; else CommitSpec)
+// against the pending step.
+func (m *Manager) checkCommit(accepted, sampled []int32) error {
 	if !m.pending {
 		return fmt.Errorf("%w: commit", ErrNoStep)
+	}
+	if accepted == nil {
+		if m.spec {
+			return fmt.Errorf("%w: commit: the step has draft tokens; commit it with CommitSpec", ErrBadArgument)
+		}
+	} else {
+		if len(accepted) != len(m.batch) {
+			return fmt.Errorf("%w: commit: %d accepted counts for a step of %d requests", ErrBadArgument, len(accepted), len(m.batch))
+		}
+		for b, a := range accepted {
+			if a < 0 || a > m.drafts[b] {
+				return fmt.Errorf("%w: commit: accepted[%d] = %d, request %d has %d drafts",
+					ErrBadArgument, b, a, m.batch[b].id, m.drafts[b])
+			}
+		}
 	}
 	if sampled != nil && len(sampled) != len(m.batch) {
 		return fmt.Errorf("%w: commit: %d sampled tokens for a step of %d requests", ErrBadArgument, len(sampled), len(m.batch))
 	}
-	if m.lead == nil { // a later group: group 0 checked the same tokens against the same requests
-		if err := m.checkSampled(sampled); err != nil {
-			return err
-		}
-	}
+	return m.checkSampled(sampled)
+}
+
+// commit records the pending step, checked by checkCommit (in the core's
+// first group, for every group); accepted is nil for a step without
+// drafts.
+func (m *Manager) commit(accepted, sampled []int32) {
 	if accepted != nil {
 		m.rollbackDrafts(accepted)
 	}
@@ -423,9 +434,8 @@ func (m *Manager) commit(accepted, sampled []int32) error {
 	m.pending, m.spec = false, false
 	m.counters.steps++
 	m.counters.computedTokens += nnz
-	m.evictAhead()
+	m.settleLoaded()
 	m.afterChange()
-	return nil
 }
 
 // checkSampled checks a commit's sampled tokens against the step.
@@ -493,7 +503,10 @@ func (m *Manager) publish(r *request) {
 // moves are kept, so the engine must have performed [Plan.Copies] (the first
 // thing a step does); if it may not have, Preempt the step's requests
 // after Abort instead of running them again.
-func (m *Manager) Abort() error {
+func (m *Manager) Abort() error { return m.core.abort() }
+
+// abort is Abort in one group.
+func (m *Manager) abort() error {
 	if !m.pending {
 		return fmt.Errorf("%w: abort", ErrNoStep)
 	}
@@ -504,6 +517,7 @@ func (m *Manager) Abort() error {
 		r.tokens = r.tokens[:len(r.tokens)-int(m.drafts[b])]
 	}
 	m.pending, m.spec = false, false
+	m.settleLoaded()
 	m.afterChange()
 	return nil
 }

@@ -2,6 +2,7 @@ package pagedkv
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
@@ -11,9 +12,13 @@ import (
 	"github.com/pagedkv/pagedkv/tier/host"
 )
 
-// The tiers below the device pool (docs/tiers.md). Everything the Manager
-// does for them goes through this file: planning offload and onload copies,
-// tracking them until the engine completes them, and the remote lookups.
+// The tiers below the device pool (docs/tiers.md). Everything a Manager,
+// and the core over its groups, does for them goes through this file:
+// planning offload and onload copies, tracking them until the engine
+// completes them, the remote lookups, admission over the tiers
+// (core.tierExtend) and their audit. The rest of the package calls a few
+// hooks: tierChainStart, tierPublished, tierChainAt, loaded and
+// settleLoaded, evictTo and evictAhead, and cacheRefs under the cache.
 
 // HostPageID is a page of the host tier.
 type HostPageID = tier.HostPageID
@@ -142,6 +147,7 @@ type tierCopy struct {
 	live    bool
 	issued  bool // handed to the engine by TierCopies
 	mark    uint64
+	owner   *Manager // the group whose page it is (the Manager itself, or a group of a HybridManager)
 	dir     tier.Direction
 	dev     PageID
 	host    HostPageID
@@ -184,7 +190,6 @@ type tiers struct {
 	evicting   int // offloaded pages in flight that will free on completion
 
 	rel     []PageID
-	hits    []HostPageID
 	digests []tier.Digest
 	claims  []HostPageID
 	fetch   []tier.RemotePage
@@ -219,12 +224,11 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 			continue
 		}
 		if t.offloading {
-			h, err := t.host.Claim(md.digest, md.parent, t.pageTokens(p))
-			if err == nil {
+			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
 				t.hostFirst[h] = md.first
 				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora})
 				// The cache's reference becomes the copy's.
-				t.plan(tier.ToHost, p, h, nil, 0, true)
+				t.plan(c.m, tier.ToHost, p, h, nil, 0, true)
 				offloaded++
 				t.evicting++
 				continue
@@ -308,6 +312,17 @@ func (t *tiers) pageTokens(p PageID) []int32 {
 
 // hostClaimed names host page h, just claimed. A claim may reclaim a ready
 // page: its removal is announced first.
+// claim claims a host page for an offload, or reports that none is free
+// or reclaimable without trying: the failed claim's error allocates, and
+// evictions and write-through run on the step's path.
+func (t *tiers) claim(d, parent tier.Digest, tokens []int32) (HostPageID, bool) {
+	if free, _, _, reclaimable := t.host.Usage(); free == 0 && reclaimable == 0 {
+		return 0, false
+	}
+	h, err := t.host.Claim(d, parent, tokens)
+	return h, err == nil
+}
+
 func (t *tiers) hostClaimed(h HostPageID, n hostName) {
 	if t.hostLive[h] {
 		t.hostLive[h] = false
@@ -327,9 +342,10 @@ func (t *tiers) hostWritten(h HostPageID) {
 	}
 }
 
-// plan records a copy in a free slot; the caller has arranged its device
+// plan records a copy for group m (whose cache or request r the device
+// page is for) in a free slot; the caller has arranged its device
 // reference (the copy owns one).
-func (t *tiers) plan(dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
+func (t *tiers) plan(m *Manager, dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
 	var s uint32
 	if n := len(t.freeSl); n > 0 {
 		s = t.freeSl[n-1]
@@ -339,7 +355,7 @@ func (t *tiers) plan(dir tier.Direction, dev PageID, h HostPageID, r *request, r
 		t.copies = append(t.copies, tierCopy{})
 	}
 	c := &t.copies[s]
-	*c = tierCopy{gen: c.gen + 1, live: true, dir: dir, dev: dev, host: h, req: r, reqGen: reqGen, bytes: t.pageBytes, evicted: evicted}
+	*c = tierCopy{gen: c.gen + 1, live: true, owner: m, dir: dir, dev: dev, host: h, req: r, reqGen: reqGen, bytes: t.pageBytes, evicted: evicted}
 	t.planned = append(t.planned, s)
 	t.nLive++
 }
@@ -348,39 +364,17 @@ func (t *tiers) id(s uint32) uint64 { return uint64(t.copies[s].gen)<<32 | uint6
 
 // HostPage returns the bytes of host page h (nil without a host tier or a
 // Format). The engine reads and writes them for tier copies.
-func (m *Manager) HostPage(h HostPageID) []byte {
-	if m.tiers == nil || h < 0 || int(h) >= m.tiers.host.NumPages() {
-		return nil
-	}
-	return m.tiers.host.Page(h)
-}
+func (m *Manager) HostPage(h HostPageID) []byte { return m.core.hostPage(h) }
 
 // TierCopies appends to dst the tier copies planned since the last call
 // (by Add, Resume, Commit, Evict and Reserve) and returns it. The engine
 // runs them, in any order and asynchronously, and reports each with
 // [Manager.CompleteTierCopies]. It allocates nothing once dst has room.
-func (m *Manager) TierCopies(dst []TierCopy) []TierCopy {
-	t := m.tiers
-	if t == nil {
-		return dst
-	}
-	for _, s := range t.planned {
-		c := &t.copies[s]
-		c.issued = true
-		dst = append(dst, TierCopy{ID: t.id(s), Dir: c.dir, Device: c.dev, Host: c.host})
-	}
-	t.planned = t.planned[:0]
-	return dst
-}
+func (m *Manager) TierCopies(dst []TierCopy) []TierCopy { return m.core.tierCopies(dst) }
 
 // TierCopiesInFlight returns the number of tier copies planned and not yet
 // completed.
-func (m *Manager) TierCopiesInFlight() int {
-	if m.tiers == nil {
-		return 0
-	}
-	return m.tiers.nLive
-}
+func (m *Manager) TierCopiesInFlight() int { return m.core.tierCopiesInFlight() }
 
 // CompleteTierCopies records that the engine finished the copies ids (from
 // [Manager.TierCopies]). An offload's host page becomes servable (and is
@@ -389,8 +383,38 @@ func (m *Manager) TierCopiesInFlight() int {
 // and once a request's onloads are all done its pages join the prefix
 // cache. It may be called during a step. On an unknown, repeated or
 // not-yet-issued ID nothing changes and the error names it.
-func (m *Manager) CompleteTierCopies(ids ...uint64) error {
-	t := m.tiers
+func (m *Manager) CompleteTierCopies(ids ...uint64) error { return m.core.completeTierCopies(ids) }
+
+func (c *core) hostPage(h HostPageID) []byte {
+	if c.tiers == nil || h < 0 || int(h) >= c.tiers.host.NumPages() {
+		return nil
+	}
+	return c.tiers.host.Page(h)
+}
+
+func (c *core) tierCopies(dst []TierCopy) []TierCopy {
+	t := c.tiers
+	if t == nil {
+		return dst
+	}
+	for _, s := range t.planned {
+		cp := &t.copies[s]
+		cp.issued = true
+		dst = append(dst, TierCopy{ID: t.id(s), Dir: cp.dir, Device: cp.dev, Host: cp.host})
+	}
+	t.planned = t.planned[:0]
+	return dst
+}
+
+func (c *core) tierCopiesInFlight() int {
+	if c.tiers == nil {
+		return 0
+	}
+	return c.tiers.nLive
+}
+
+func (c *core) completeTierCopies(ids []uint64) error {
+	t := c.tiers
 	if t == nil {
 		if len(ids) > 0 {
 			return fmt.Errorf("%w: complete tier copy %d: the Manager has no tiers", ErrBadArgument, ids[0])
@@ -409,15 +433,16 @@ func (m *Manager) CompleteTierCopies(ids ...uint64) error {
 		t.copies[s].mark = t.epoch
 	}
 	for _, id := range ids {
-		m.completeCopy(uint32(id))
+		t.complete(uint32(id))
 	}
-	m.afterChange()
+	c.afterChange()
 	return nil
 }
 
-func (m *Manager) completeCopy(s uint32) {
-	t := m.tiers
+// complete records copy s as done, in the group it was planned for.
+func (t *tiers) complete(s uint32) {
 	c := &t.copies[s]
+	m := c.owner
 	switch c.dir {
 	case tier.ToHost:
 		if err := t.host.Written(c.host); err != nil {
@@ -426,6 +451,7 @@ func (m *Manager) completeCopy(s uint32) {
 		t.hostWritten(c.host)
 		t.c.OffloadedPages++
 		t.c.BytesToHost += c.bytes
+		m.groupTiers.offloaded.Add(1)
 		if t.remote != nil {
 			d, parent, _, _, _ := t.host.Entry(c.host)
 			p := tier.RemotePage{Digest: d, Parent: parent, Chain: t.hostFirst[c.host], Tokens: t.host.Tokens(c.host), Data: t.host.Page(c.host)}
@@ -439,6 +465,7 @@ func (m *Manager) completeCopy(s uint32) {
 		}
 		t.c.OnloadedPages++
 		t.c.BytesToDevice += c.bytes
+		m.groupTiers.onloaded.Add(1)
 	}
 	t.one[0] = c.dev
 	freed, err := m.alloc.Release(t.one[:]...)
@@ -460,45 +487,130 @@ func (m *Manager) completeCopy(s uint32) {
 	t.nLive--
 	if r != nil && m.reqs[r.id] == r && r.gen == reqGen && r.running {
 		r.loading--
-		if r.loading == 0 && !m.pending {
-			m.publish(r)
+		if r.loading == 0 {
+			m.loaded(r)
 		}
 	}
 }
 
-// extend continues r's device match of pages (whose chain ends at r.tchain)
-// with pages from the host tier and then the remote store, onto fresh
-// device pages with onload copies, as far as free device pages allow. It
-// returns pages extended and how many were appended.
-func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
-	t, ps := m.tiers, m.pageSize
-	k := len(pages)
-	maxPages := (len(r.tokens) - 1) / ps
-	if k >= maxPages {
-		return pages, 0
+// loaded publishes r, whose onloads are all complete, and releases what
+// its group's attention no longer reads (admission left it the whole
+// prefix while loading). During a step a windowed group does both when
+// the step ends (settleLoaded); a full group publishes r at its next
+// commit.
+func (m *Manager) loaded(r *request) {
+	switch {
+	case !m.pending:
+		m.publish(r)
+		m.releaseWindow(r)
+	case m.group.KeepTokens(0) >= 0:
+		m.settle = append(m.settle, loadedReq{r, r.gen})
+	}
+}
+
+// settleLoaded runs loaded for the requests whose onloads completed during
+// the step that just ended.
+func (m *Manager) settleLoaded() {
+	for _, l := range m.settle {
+		if r := l.r; m.reqs[r.id] == r && r.gen == l.gen && r.running && r.loading == 0 {
+			m.loaded(r)
+		}
+	}
+	clear(m.settle)
+	m.settle = m.settle[:0]
+}
+
+// loadedReq is a request at admission gen whose onloads completed.
+type loadedReq struct {
+	r   *request
+	gen uint64
+}
+
+// tierExtend continues each group's device match with pages of the host
+// tier and then of the remote store, and returns the pages every group can
+// serve: at most maxPages, and with onloads (the pages past a group's
+// device match) that fit the free and evictable pages. It leaves that many
+// free and each group's hits trimmed to its onloads.
+func (c *core) tierExtend(rs []*request, maxPages int) int {
+	t := c.tiers
+	short := false // some group's device match is short of maxPages
+	for g, m := range c.groups {
+		m.tierChainStart(rs[g], c.adm[g].pages)
+		short = short || len(c.adm[g].pages) < maxPages
+	}
+	if !short {
+		return maxPages
 	}
 	// Onloads may take free pages and idle cached ones (evicted on demand,
 	// least recently used first), never the pages just matched: hold them.
-	if k > 0 {
-		if err := m.alloc.Retain(pages...); err != nil {
-			panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", k, err))
-		}
-		m.cache.Recheck(pages...)
-		defer func() {
-			// AddShared takes the request's own reference next.
-			if _, err := m.alloc.Release(pages[:k]...); err != nil {
-				panic(fmt.Sprintf("pagedkv: releasing %d matched pages: %v", k, err))
+	for g, m := range c.groups {
+		if a := &c.adm[g]; len(a.pages) > 0 {
+			if err := c.alloc.Retain(a.pages...); err != nil {
+				panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", len(a.pages), err))
 			}
-		}()
+			m.cache.Recheck(a.pages...)
+		}
 	}
-	free := m.alloc.NumFree()
-	evictable, _ := m.cache.Idle()
-	want := min(maxPages-k, free+evictable)
-	if want <= 0 {
-		return pages, 0
+	defer func() {
+		for g := range c.groups {
+			// admitPages takes the request's own reference next.
+			if a := &c.adm[g]; len(a.pages) > 0 {
+				if _, err := c.alloc.Release(a.pages...); err != nil {
+					panic(fmt.Sprintf("pagedkv: releasing %d matched pages: %v", len(a.pages), err))
+				}
+			}
+		}
+	}()
+	free := c.alloc.NumFree()
+	room := free + c.evictable()
+	L := maxPages
+	for g, m := range c.groups {
+		a := &c.adm[g]
+		if k := len(a.pages); k < maxPages {
+			if want := min(maxPages-k, room); want > 0 {
+				a.hits, a.hostHits = m.tierProbe(rs[g], a.pages, want, a.hits[:0])
+			}
+		}
+		L = min(L, len(a.pages)+len(a.hits))
 	}
-	// Host hits.
-	t.hits, t.digests = t.hits[:0], t.digests[:0]
+	// The onloads of every group fit the free and evictable pages.
+	onloads := func(L int) int {
+		n := 0
+		for g := range c.groups {
+			n += max(0, L-len(c.adm[g].pages))
+		}
+		return n
+	}
+	for onloads(L) > room {
+		L--
+	}
+	if n := onloads(L); n > free {
+		c.evict(n - free) // drops what no host page backs, like a step
+		for onloads(L) > c.alloc.NumFree() {
+			L--
+		}
+	}
+	for g := range c.groups {
+		a := &c.adm[g]
+		use := max(0, L-len(a.pages))
+		for _, h := range a.hits[use:] {
+			if err := t.host.Release(h); err != nil {
+				panic(fmt.Sprintf("pagedkv: releasing unused host page %d: %v", h, err))
+			}
+		}
+		a.hits, a.hostHits = a.hits[:use], min(a.hostHits, use)
+	}
+	return L
+}
+
+// tierProbe continues r's device match of pages (whose chain ends at
+// r.tchain) with up to want pages of the host tier and then of the remote
+// store (fetched into host pages), appending each to hits as a host page
+// it holds as a reader. It returns hits and how many of them the host tier
+// held before the fetch.
+func (m *Manager) tierProbe(r *request, pages []PageID, want int, hits []HostPageID) ([]HostPageID, int) {
+	t, ps := m.tiers, m.pageSize
+	k := len(pages)
 	d, first := r.tchain, r.tfirst
 	// hv: the 64-bit chain hash after the pages so far (KV events name
 	// fetched host pages by it).
@@ -521,10 +633,10 @@ func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
 		if err := t.host.Acquire(h); err != nil {
 			panic(fmt.Sprintf("pagedkv: acquiring host page %d for an onload: %v", h, err))
 		}
-		t.hits = append(t.hits, h)
+		hits = append(hits, h)
 		d, hv = nd, t.hostName[h].hash
 	}
-	hostHits := len(t.hits)
+	hostHits := len(hits)
 	// Remote: claim host pages for the rest, fetch into them in one batch.
 	if t.remote != nil && j < k+want {
 		t.claims, t.fetch = t.claims[:0], t.fetch[:0]
@@ -558,7 +670,7 @@ func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
 						t.hostWritten(h)
 						err = t.host.Acquire(h)
 					}
-					t.hits = append(t.hits, h)
+					hits = append(hits, h)
 				} else {
 					err = t.host.Abandon(h)
 				}
@@ -570,34 +682,30 @@ func (m *Manager) tierExtend(r *request, pages []PageID) ([]PageID, int) {
 			clear(t.fetch) // drop references to host memory
 		}
 	}
-	n := len(t.hits)
-	if n > free {
-		m.cache.Evict(n - free) // drops what no host page backs, like a step
-		n = min(n, m.alloc.NumFree())
-		hostHits = min(hostHits, n)
-		for _, h := range t.hits[n:] {
-			if err := t.host.Release(h); err != nil {
-				panic(fmt.Sprintf("pagedkv: releasing unused host page %d: %v", h, err))
-			}
-		}
-		t.hits = t.hits[:n]
-	}
-	if n == 0 {
-		return pages, 0
-	}
+	return hits, hostHits
+}
+
+// tierOnload plans the onload of host pages hits (held as readers; the
+// first hostHits of them found in the host tier, the rest fetched from the
+// remote store) into as many fresh device pages, which must be free, and
+// returns pages with them appended. r waits for the copies (r.loading).
+func (m *Manager) tierOnload(r *request, pages []PageID, hits []HostPageID, hostHits int) []PageID {
+	t, n := m.tiers, len(hits)
 	t.dev = append(t.dev[:0], make([]PageID, n)...)[:n]
 	if err := m.alloc.Alloc(t.dev); err != nil {
 		panic(fmt.Sprintf("pagedkv: allocating %d onload pages with %d free: %v", n, m.alloc.NumFree(), err))
 	}
-	for i, h := range t.hits {
+	for i, h := range hits {
 		// The host page's reader and Alloc's reference are the copy's;
 		// AddShared adds the request's.
-		t.plan(tier.ToDevice, t.dev[i], h, r, r.gen, false)
+		t.plan(m, tier.ToDevice, t.dev[i], h, r, r.gen, false)
 	}
 	r.loading = n
-	t.c.HostHitTokens += int64(hostHits * ps)
-	t.c.RemoteHitTokens += int64((n - hostHits) * ps)
-	return append(pages, t.dev...), n
+	t.c.HostHitTokens += int64(hostHits * m.pageSize)
+	t.c.RemoteHitTokens += int64((n - hostHits) * m.pageSize)
+	m.groupTiers.hostHitTokens.Add(int64(hostHits * m.pageSize))
+	m.groupTiers.remoteHitTokens.Add(int64((n - hostHits) * m.pageSize))
+	return append(pages, t.dev...)
 }
 
 // tierPublished records the tier identity of r's page d, just published on
@@ -621,14 +729,14 @@ func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added b
 			hash: hash, parentHash: parentHash, root: root, lora: r.key.Namespace().LoRA}
 		copy(t.pageTokens(page), tokens)
 		if t.writeThrough && !t.host.Has(nd) {
-			if h, err := t.host.Claim(nd, r.tchain, tokens); err == nil {
+			if h, ok := t.claim(nd, r.tchain, tokens); ok {
 				t.hostFirst[h] = r.tfirst
 				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora})
 				t.one[0] = page
 				if err := m.alloc.Retain(t.one[:]...); err != nil {
 					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))
 				}
-				t.plan(tier.ToHost, page, h, nil, 0, false)
+				t.plan(m, tier.ToHost, page, h, nil, 0, false)
 				m.cache.Recheck(page)
 			} else {
 				t.c.HostFull++
@@ -667,33 +775,71 @@ func (m *Manager) tierChainAt(r *request) {
 	r.tchain, r.tfirst = md.digest, md.first
 }
 
+// evictTo evicts idle cached pages until npages pages are free (with
+// tiers: free or on their way to free, offloading the victims the host
+// tier takes) or nothing is evictable, and returns how many it freed.
+func (c *core) evictTo(npages int) (freed int) {
+	if t := c.tiers; t != nil {
+		if need := npages - c.alloc.NumFree() - t.evicting; need > 0 {
+			freed = c.evictOffload(need)
+		}
+	} else if need := npages - c.alloc.NumFree(); need > 0 {
+		freed = c.evict(need)
+	}
+	c.afterChange()
+	return freed
+}
+
 // evictOffload evicts n pages' worth of victims with offload, counting
 // pages that go to the host as freed (they free on completion).
-func (m *Manager) evictOffload(n int) int {
-	t := m.tiers
+func (c *core) evictOffload(n int) int {
+	t := c.tiers
 	t.offloading = true
-	freed := m.cache.Evict(n)
+	freed := c.evict(n)
 	t.offloading = false
 	return freed
 }
 
 // evictAhead keeps OffloadFreePages pages free or on their way to free.
-func (m *Manager) evictAhead() {
-	t := m.tiers
+func (c *core) evictAhead() {
+	t := c.tiers
 	if t == nil || t.offloadFree == 0 {
 		return
 	}
-	if short := t.offloadFree - m.alloc.NumFree() - t.evicting; short > 0 {
-		m.evictOffload(short)
+	if short := t.offloadFree - c.alloc.NumFree() - t.evicting; short > 0 {
+		c.evictOffload(short)
 	}
 }
 
-// auditTiers checks the tiers against the Manager: host pool invariants,
+// tierRoot returns the tier digest every chain of ns starts from in this
+// Manager: the namespace's root (tier.NamespaceRoot) for a dense Manager;
+// for a group of a HybridManager, that root followed by the group's
+// identity (tierTag), so no two groups share a digest, in the host tier
+// or in a remote store's keys (docs/tiers.md, "Hybrid groups").
+func (m *Manager) tierRoot(ns Namespace) tier.Digest {
+	d := tier.NamespaceRoot(ns.Tenant, ns.LoRA, ns.Salt)
+	if m.tierTag == "" {
+		return d
+	}
+	h := sha256.New()
+	h.Write([]byte("pagedkv/tier/group/v1"))
+	h.Write(d[:])
+	h.Write([]byte(m.tierTag))
+	h.Sum(d[:0])
+	return d
+}
+
+// groupTierTag is group g's tier identity: its index and its spec.
+func groupTierTag(g int, s LayerGroup) string {
+	return fmt.Sprintf("g%d:%v:w%d:c%d:l%d", g, s.Kind, s.WindowTokens, s.ChunkTokens, s.NumLayers)
+}
+
+// auditTiers checks the tiers against the groups: host pool invariants,
 // copies against host states and device references, request loading
-// counts, and tier identities of cached pages. held gains each copy's
-// device reference.
-func (m *Manager) auditTiers(held map[PageID]int32) error {
-	t := m.tiers
+// counts, and tier identities of cached pages (a device page has one iff
+// some group's cache holds it). held gains each copy's device reference.
+func (c *core) auditTiers(held map[PageID]int32) error {
+	t := c.tiers
 	if t == nil {
 		return nil
 	}
@@ -705,20 +851,20 @@ func (m *Manager) auditTiers(held map[PageID]int32) error {
 	loading := map[*request]int{}
 	live, evicting := 0, 0
 	for s := range t.copies {
-		c := &t.copies[s]
-		if !c.live {
+		cp := &t.copies[s]
+		if !cp.live {
 			continue
 		}
 		live++
-		held[c.dev]++
-		if c.dir == tier.ToDevice {
-			readers[c.host]++
-			if r := c.req; r != nil && m.reqs[r.id] == r && r.gen == c.reqGen && r.running {
+		held[cp.dev]++
+		if cp.dir == tier.ToDevice {
+			readers[cp.host]++
+			if r := cp.req; r != nil && cp.owner.reqs[r.id] == r && r.gen == cp.reqGen && r.running {
 				loading[r]++
 			}
 		} else {
-			writers[c.host]++
-			if c.evicted {
+			writers[cp.host]++
+			if cp.evicted {
 				evicting++
 			}
 		}
@@ -748,6 +894,52 @@ func (m *Manager) auditTiers(held map[PageID]int32) error {
 			return fmt.Errorf("pagedkv: host page %d: chain hash %#x is not that of its tokens under parent %#x", h, n.hash, n.parentHash)
 		}
 	}
+	for _, m := range c.groups {
+		if err := m.auditTierRequests(loading); err != nil {
+			return err
+		}
+	}
+	onHost := map[tier.Digest]HostPageID{}
+	for h := range HostPageID(t.host.NumPages()) {
+		if d, _, _, _, ok := t.host.Entry(h); ok {
+			onHost[d] = h
+		}
+	}
+	for p := range PageID(c.alloc.NumPages()) {
+		md := &t.meta[p]
+		var m *Manager // the group whose cache holds p
+		for _, g := range c.groups {
+			if g.cache.Cached(p) {
+				m = g
+			}
+		}
+		if md.valid != (m != nil) {
+			return fmt.Errorf("pagedkv: page %d: cached %v but tier identity valid %v", p, m != nil, md.valid)
+		}
+		if !md.valid {
+			continue
+		}
+		// The cache's hashes, and the host tier's names for the same
+		// digest (a fetched page's were chained by tierProbe).
+		hash, parentHash, root, _ := m.cache.PageHash(p)
+		if hash != md.hash || root != md.root || (!root && parentHash != md.parentHash) {
+			return fmt.Errorf("pagedkv: page %d: chain hash %#x (parent %#x, root %v), its tier identity says %#x (%#x, %v)",
+				p, hash, parentHash, root, md.hash, md.parentHash, md.root)
+		}
+		if h, ok := onHost[md.digest]; ok {
+			if n := &t.hostName[h]; n.hash != md.hash || n.root != md.root || n.parentHash != md.parentHash || n.lora != md.lora {
+				return fmt.Errorf("pagedkv: host page %d holds page %d's digest under chain hash %#x, the cache's is %#x", h, p, n.hash, md.hash)
+			}
+		}
+	}
+	return nil
+}
+
+// auditTierRequests checks each request's loading count against its
+// onloads in flight (loading) and its tier chain digest against its cache
+// chain.
+func (m *Manager) auditTierRequests(loading map[*request]int) error {
+	t := m.tiers
 	for _, r := range m.reqs {
 		if r.loading != loading[r] {
 			return fmt.Errorf("pagedkv: request %d waits for %d onloads, %d are in flight", r.id, r.loading, loading[r])
@@ -766,40 +958,15 @@ func (m *Manager) auditTiers(held map[PageID]int32) error {
 			return fmt.Errorf("pagedkv: request %d's tier chain digest %s is not its cache chain's %s", r.id, r.tchain.String()[:16], want.String()[:16])
 		}
 	}
-	onHost := map[tier.Digest]HostPageID{}
-	for h := range HostPageID(t.host.NumPages()) {
-		if d, _, _, _, ok := t.host.Entry(h); ok {
-			onHost[d] = h
-		}
-	}
-	for p := range PageID(m.alloc.NumPages()) {
-		md := &t.meta[p]
-		if md.valid != m.cache.Cached(p) {
-			return fmt.Errorf("pagedkv: page %d: cached %v but tier identity valid %v", p, m.cache.Cached(p), md.valid)
-		}
-		if !md.valid {
-			continue
-		}
-		// The cache's hashes, and the host tier's names for the same
-		// digest (a fetched page's were chained by tierExtend).
-		hash, parentHash, root, _ := m.cache.PageHash(p)
-		if hash != md.hash || root != md.root || (!root && parentHash != md.parentHash) {
-			return fmt.Errorf("pagedkv: page %d: chain hash %#x (parent %#x, root %v), its tier identity says %#x (%#x, %v)",
-				p, hash, parentHash, root, md.hash, md.parentHash, md.root)
-		}
-		if h, ok := onHost[md.digest]; ok {
-			if n := &t.hostName[h]; n.hash != md.hash || n.root != md.root || n.parentHash != md.parentHash || n.lora != md.lora {
-				return fmt.Errorf("pagedkv: host page %d holds page %d's digest under chain hash %#x, the cache's is %#x", h, p, n.hash, md.hash)
-			}
-		}
-	}
 	return nil
 }
 
 // HostCachedHashes appends the chain hash of every servable host page to
 // dst and returns it: the page set KV events with medium "CPU" describe.
-func (m *Manager) HostCachedHashes(dst []uint64) []uint64 {
-	t := m.tiers
+func (m *Manager) HostCachedHashes(dst []uint64) []uint64 { return m.core.hostCachedHashes(dst) }
+
+func (c *core) hostCachedHashes(dst []uint64) []uint64 {
+	t := c.tiers
 	if t == nil {
 		return dst
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/tier/host"
 )
 
 // tierChurn is churn (manager_alloc_test.go) with a write-through host tier
@@ -16,7 +17,10 @@ import (
 // device cache or, once evicted, from host pages through onloads). The
 // engine completes every planned copy before and after each step.
 type tierChurn struct {
-	m                 *Manager
+	m                 tierTarget
+	reserve           func(ids []RequestID, nt []int32) error
+	stats             func() Stats
+	host              *host.Pool
 	ids               []RequestID
 	nt, sampled       []int32
 	prompts           [][]int32
@@ -30,7 +34,21 @@ type tierChurn struct {
 	q   *events.Queue
 }
 
-func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool) *tierChurn {
+// tierTarget is what tierChurn drives: a Manager or a HybridManager.
+type tierTarget interface {
+	Add(RequestID, Request) (int, error)
+	Release(RequestID) error
+	Tokens(RequestID) []int32
+	Computed(RequestID) int
+	Commit([]int32) error
+	TierCopies([]TierCopy) []TierCopy
+	CompleteTierCopies(...uint64) error
+	Audit() error
+}
+
+// newTierChurn drives a Manager, or with groups a HybridManager whose
+// groups share the host tier (no KV events then).
+func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool, groups ...LayerGroup) *tierChurn {
 	const ps = 16
 	numPages := nreq*maxLen/ps + 64
 	c := &tierChurn{
@@ -51,8 +69,20 @@ func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool) *t
 		require.NoError(t, err)
 		cfg.CacheEvents = c.rec
 	}
-	c.m, err = New(cfg)
-	require.NoError(t, err)
+	if groups == nil {
+		m, err := New(cfg)
+		require.NoError(t, err)
+		c.m, c.stats, c.host = m, m.Stats, m.tiers.host
+		c.reserve = func(ids []RequestID, nt []int32) error { _, err := m.Reserve(ids, nt); return err }
+	} else {
+		cfg.NumPages *= len(groups)
+		cfg.Tiers.HostPages *= len(groups)
+		cfg.Tiers.OffloadFreePages *= len(groups)
+		h, err := NewHybrid(HybridConfig{Config: cfg, Groups: groups})
+		require.NoError(t, err)
+		c.m, c.stats, c.host = h, func() Stats { return h.Stats().Stats }, h.core.tiers.host
+		c.reserve = func(ids []RequestID, nt []int32) error { _, err := h.Reserve(ids, nt); return err }
+	}
 	for i := range c.prompts {
 		c.prompts[i] = seqTokens(i*7919, promptLen)
 	}
@@ -100,7 +130,7 @@ func (c *tierChurn) step(t testing.TB) {
 		c.nt[i] = int32(len(m.Tokens(id)) - m.Computed(id))
 		c.sampled[i] = int32(id) % 32000
 	}
-	if _, err := m.Reserve(c.ids, c.nt); err != nil {
+	if err := c.reserve(c.ids, c.nt); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Commit(c.sampled); err != nil {
@@ -126,36 +156,42 @@ func TestTierStepAllocatesNothing(t *testing.T) {
 	if raceEnabled { // invariant checks after every call: keep it short
 		promptLen, maxLen, runs = 24, 64, 8
 	}
+	gptOSS := hybridConfigs()["gpt-oss-like"]
+	gptOSS[0].WindowTokens = 64
 	for _, tc := range []struct {
 		nreq   int
 		events bool
-	}{{64, false}, {256, false}, {64, true}} {
+		groups []LayerGroup
+	}{{64, false, nil}, {256, false, nil}, {64, true, nil}, {64, false, gptOSS}} {
 		nreq := tc.nreq
 		name := fmt.Sprint(nreq, "requests")
 		if tc.events {
 			name += "/events"
 		}
+		if tc.groups != nil {
+			name += "/hybrid"
+		}
 		t.Run(name, func(t *testing.T) {
-			c := newTierChurn(t, nreq, promptLen, maxLen, tc.events)
+			c := newTierChurn(t, nreq, promptLen, maxLen, tc.events, tc.groups...)
 			for range 3 * maxLen {
 				c.step(t)
 			}
-			before := c.m.Stats().Tiers
+			before := c.stats().Tiers
 			var evBefore events.RecorderStats
 			if c.rec != nil {
 				evBefore = c.rec.Stats()
 			}
-			hostBefore := c.m.tiers.host.Counters()
+			hostBefore := c.host.Counters()
 			allocs := testing.AllocsPerRun(runs, func() { c.step(t) })
 			require.Zero(t, allocs, "allocations per step")
-			st := c.m.Stats()
+			st := c.stats()
 			require.Greater(t, st.Tiers.OffloadedPages, before.OffloadedPages, "the steps measured offload: %+v", st.Tiers)
 			require.Greater(t, st.Tiers.OnloadedPages, before.OnloadedPages, "the steps measured onload: %+v", st.Tiers)
 			require.NoError(t, c.m.Audit())
 			if c.rec != nil {
 				// The measured steps announced host pages stored and
 				// reclaimed (medium CPU) besides the device's.
-				ev, host := c.rec.Stats(), c.m.tiers.host.Counters()
+				ev, host := c.rec.Stats(), c.host.Counters()
 				require.Greater(t, host.Reclaimed, hostBefore.Reclaimed, "no host page was reclaimed in the measured steps")
 				require.Greater(t, ev.Pages, evBefore.Pages, "no event in the measured steps")
 			}

@@ -28,7 +28,7 @@ func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager
 	if err != nil {
 		return failErr(err)
 	}
-	*out = register(&handle{m: m, dense: m, plans: make([]planExport, 1)})
+	*out = register(&handle{m: m, t: m, dense: m, plans: make([]planExport, 1)})
 	return C.PAGEDKV_OK
 }
 

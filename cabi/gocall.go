@@ -480,3 +480,17 @@ func goTierStats(h uint64) ([]int64, int32) {
 	code := int32(pagedkv_get_tier_stats(C.pagedkv_manager(h), &s, C.sizeof_pagedkv_tier_stats))
 	return unsafe.Slice((*int64)(unsafe.Pointer(&s)), C.sizeof_pagedkv_tier_stats/8), code
 }
+
+// goGroupStats is pagedkv_hybrid_get_group_stats of group g into a struct
+// of size bytes (the fields past it stay -1), as int64 fields.
+func goGroupStats(h uint64, g int64, size uintptr) ([]int64, int32) {
+	n := max(int(size), C.sizeof_pagedkv_group_stats) / 8
+	p := (*C.pagedkv_group_stats)(C.malloc(C.size_t(n * 8)))
+	defer C.free(unsafe.Pointer(p))
+	v := unsafe.Slice((*int64)(unsafe.Pointer(p)), n)
+	for i := range v {
+		v[i] = -1
+	}
+	code := int32(pagedkv_hybrid_get_group_stats(C.pagedkv_manager(h), C.int64_t(g), p, C.size_t(size)))
+	return append([]int64(nil), v...), code
+}

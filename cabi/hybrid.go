@@ -70,7 +70,7 @@ func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_
 		ext.close()
 		return failErr(err)
 	}
-	h := &handle{m: m, hybrid: m, plans: make([]planExport, len(specs))}
+	h := &handle{m: m, t: m, hybrid: m, plans: make([]planExport, len(specs))}
 	h.adopt(ext)
 	*out = register(h)
 	return C.PAGEDKV_OK
@@ -183,7 +183,8 @@ func pagedkv_hybrid_get_group_stats(id C.pagedkv_manager, group C.int64_t, out *
 	// consistent snapshot.
 	g := h.hybrid.Stats().Groups[group]
 	v := [...]int64{int64(g.Kind), int64(g.CachedPages), int64(g.EvictablePages), g.ServableTokens,
-		g.PublishedPages, g.EvictedPages, g.CopiedPages, g.WindowReleasedPages, int64(g.PinnedPages)}
+		g.PublishedPages, g.EvictedPages, g.CopiedPages, g.WindowReleasedPages, int64(g.PinnedPages),
+		g.HostHitTokens, g.RemoteHitTokens, g.OffloadedPages, g.OnloadedPages}
 	if unsafe.Sizeof(v) != C.sizeof_pagedkv_group_stats {
 		panic("cabi: pagedkv_group_stats and GroupStats have different field counts")
 	}

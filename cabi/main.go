@@ -72,6 +72,7 @@ type handle struct {
 	// m is the manager, dense or hybrid: the calls both kinds share go
 	// through it. Exactly one of dense and hybrid is set.
 	m        manager
+	t        tiered // the same manager, for the tier calls
 	dense    *pagedkv.Manager
 	hybrid   *pagedkv.HybridManager
 	poisoned bool
@@ -127,6 +128,22 @@ type manager interface {
 	Pin(ns pagedkv.Namespace, tokens []int32) (pagedkv.PinID, int, error)
 	Unpin(id pagedkv.PinID) error
 }
+
+// tiered is what both kinds of manager have for their tiers: the tier
+// calls (tiers.go) reach a dense or hybrid manager through it.
+type tiered interface {
+	TierCopies(dst []pagedkv.TierCopy) []pagedkv.TierCopy
+	CompleteTierCopies(ids ...uint64) error
+	HostPage(p pagedkv.HostPageID) []byte
+	HostCachedHashes(dst []uint64) []uint64
+	Loading(id pagedkv.RequestID) bool
+	Has(id pagedkv.RequestID) bool
+}
+
+var (
+	_ tiered = (*pagedkv.Manager)(nil)
+	_ tiered = (*pagedkv.HybridManager)(nil)
+)
 
 // register adds h to the registry and returns its id.
 func register(h *handle) C.pagedkv_manager {

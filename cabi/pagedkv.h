@@ -205,6 +205,12 @@ typedef struct {
 	int64_t published_pages, evicted_pages, copied_pages;
 	int64_t window_released_pages; /* released: out of the window, or a finished chunk */
 	int64_t pinned_pages;          /* of cached_pages, under a pin (pagedkv_pin pins every group) */
+	/* The group's part of the tier counters (pagedkv_get_tier_stats gives
+	 * the pool's, over every group; zeros without tiers): prompt tokens
+	 * onloaded from host pages and from the remote store, and its tier
+	 * copies completed each way. */
+	int64_t host_hit_tokens, remote_hit_tokens;
+	int64_t offloaded_pages, onloaded_pages;
 } pagedkv_group_stats;
 
 /* ---- Tiers below the device pool and KV cache events (docs/tiers.md,
@@ -426,8 +432,9 @@ int32_t pagedkv_pending(pagedkv_manager m, int32_t *pending);
  * dense-only meaning (add, extend, fork, preempt, resume, release, commit,
  * commit_spec, abort, truncate, get_stats, audit, evict, pin, unpin,
  * request_tokens, destroy, and the KV event calls); reserve, reserve_spec,
- * pending, get_request_state, request_pages and cached_hashes on a hybrid
- * handle (and the pagedkv_hybrid_ calls on a dense one) fail with
+ * pending, get_request_state, request_pages and cached_hashes of
+ * PAGEDKV_MEDIUM_GPU on a hybrid handle (and the pagedkv_hybrid_ calls on a
+ * dense one) fail with
  * PAGEDKV_ERR_BAD_HANDLE. A hybrid pin pins the prefix in every group.
  * cfg.window_tokens must be 0 (windows are per group). group_size must be
  * sizeof(pagedkv_layer_group). */
@@ -452,16 +459,20 @@ int32_t pagedkv_hybrid_request_pages(pagedkv_manager m, int64_t group, uint64_t 
                                      int64_t *n);
 
 /* Create with tiers and/or KV events. opts may be NULL (= pagedkv_create);
- * opts_size must be sizeof(pagedkv_options). A HybridManager refuses tiers
- * today (PAGEDKV_ERR_BAD_CONFIG naming Tiers.HostPages); its events carry
- * each group's group_idx and kv_cache_spec_kind. */
+ * opts_size must be sizeof(pagedkv_options). A HybridManager's tiers are
+ * one host tier and one remote store shared by its groups (tier copies
+ * name pool pages and move them in every layer's tensor); its events carry
+ * each group's group_idx and kv_cache_spec_kind, and it refuses events
+ * together with host pages (PAGEDKV_ERR_BAD_CONFIG: the events cannot
+ * label host pages by group yet). */
 int32_t pagedkv_create_ex(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_options *opts, size_t opts_size,
                           pagedkv_manager *out);
 int32_t pagedkv_hybrid_create_ex(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_layer_group *groups,
                                  int64_t num_groups, size_t group_size, const pagedkv_options *opts,
                                  size_t opts_size, pagedkv_manager *out);
 
-/* Tiers (a manager made with tiers; else PAGEDKV_ERR_BAD_CONFIG). */
+/* Tiers (a manager of either kind made with tiers; else
+ * PAGEDKV_ERR_BAD_CONFIG). */
 int32_t pagedkv_tier_copies_take(pagedkv_manager m, pagedkv_tier_copies *out);
 /* All-or-nothing: an unknown, repeated or not yet taken id changes nothing. */
 int32_t pagedkv_complete_tier_copies(pagedkv_manager m, const uint64_t *ids, int64_t n);
@@ -494,8 +505,9 @@ int32_t pagedkv_get_events_stats(pagedkv_manager m, pagedkv_events_stats *out, s
 
 /* The chain hash of every page in the prefix cache (medium
  * PAGEDKV_MEDIUM_GPU) or of every servable host page (PAGEDKV_MEDIUM_CPU):
- * the page sets KV events describe. Copies into dst [cap], *n = count. A
- * dense manager only. */
+ * the page sets KV events describe. Copies into dst [cap], *n = count.
+ * PAGEDKV_MEDIUM_GPU needs a dense manager (a hybrid one has a cache per
+ * group); PAGEDKV_MEDIUM_CPU takes either kind. */
 int32_t pagedkv_cached_hashes(pagedkv_manager m, int32_t medium, uint64_t *dst, int64_t cap, int64_t *n);
 
 #endif /* PAGEDKV_NO_PROTOTYPES */

@@ -47,7 +47,7 @@ func tierFields(tc pagedkv.TierConfig) map[string]int64 {
 func (g *traceGen) tierOp() {
 	switch k := g.rng.IntN(10); {
 	case k < 4:
-		copies := g.dense.TierCopies(nil)
+		copies := g.tm.TierCopies(nil)
 		op := traceOp{Op: "tier_copies"}
 		for _, c := range copies {
 			op.Want.Copies = append(op.Want.Copies, [4]uint64{c.ID, uint64(c.Dir), uint64(c.Device), uint64(c.Host)})
@@ -70,19 +70,24 @@ func (g *traceGen) tierOp() {
 			}
 			op.CompleteIDs = append(op.CompleteIDs, bad)
 		}
-		err := g.dense.CompleteTierCopies(op.CompleteIDs...)
+		err := g.tm.CompleteTierCopies(op.CompleteIDs...)
 		if err == nil {
 			g.inflight = slices.Delete(g.inflight, 0, n)
 		}
 		g.record(op, 0, err)
-	case k < 9:
+	case k < 9 && g.rec != nil:
 		g.drainOp()
 	default:
-		op := traceOp{Op: "cached_hashes", Medium: g.rng.IntN(2)}
+		// A hybrid manager lists host hashes only (its device caches are
+		// per group).
+		op := traceOp{Op: "cached_hashes", Medium: 1}
+		if g.dense != nil {
+			op.Medium = g.rng.IntN(2)
+		}
 		if op.Medium == 0 {
 			op.Want.Hashes = g.dense.CachedHashes(nil)
 		} else {
-			op.Want.Hashes = g.dense.HostCachedHashes(nil)
+			op.Want.Hashes = g.tm.HostCachedHashes(nil)
 		}
 		g.record(op, int64(len(op.Want.Hashes)), nil)
 	}
@@ -102,26 +107,7 @@ func (g *traceGen) drainOp() {
 
 func makeTierTraces(t *testing.T, withRedis bool) traceFile {
 	cfg := pagedkv.Config{NumPages: 24, PageSize: 4, HashSeed: 13, CascadeMinSavedPages: 2, Tiers: traceTiers}
-	name := "host tier, KV events"
-	var flush func()
-	if withRedis {
-		srv := redistest.Start(t)
-		st, err := redis.New(redis.Config{Addr: srv.Addr(), Namespace: "trace", Format: traceFormat})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { st.Close() })
-		// Few host pages: the host tier reclaims, and Redis serves.
-		cfg.Tiers.Remote, cfg.Tiers.HostPages, name = st, 8, "host tier, Redis, KV events"
-		cfg.HashSeed = 17
-		flush = func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			if err := st.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	name, flush := withTraceRedis(t, &cfg, withRedis, 8, 17, "host tier, KV events", "host tier, Redis, KV events")
 	rec, q, err := newRecorder(recorderConfig(cfg, nil), DefaultEventBatches)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +118,7 @@ func makeTierTraces(t *testing.T, withRedis bool) traceFile {
 		t.Fatal(err)
 	}
 	g := &traceGen{t: t, m: m, dense: m, rng: rand.New(rand.NewPCG(uint64(cfg.HashSeed), 29)), promptScale: 1, maxChunk: 12,
-		tiers: true, rec: rec, evq: q, enc: events.NewEncoder(), flush: flush}
+		tiers: true, tm: m, rec: rec, evq: q, enc: events.NewEncoder(), flush: flush}
 	g.run(400)
 	tr := trace{Name: name, Ops: g.ops, Tiers: tierFields(cfg.Tiers), Redis: withRedis, Events: true, Config: map[string]int64{
 		"num_pages": int64(cfg.NumPages), "page_size": int64(cfg.PageSize), "hash_seed": int64(cfg.HashSeed),
@@ -141,20 +127,99 @@ func makeTierTraces(t *testing.T, withRedis bool) traceFile {
 	return traceFile{Traces: []trace{tr}}
 }
 
+// traceRedis is a Redis store of format f on a fresh redis-server (the
+// test skips without one, as internal/redistest does) and a flush that
+// waits for its writes.
+func traceRedis(t *testing.T, f tier.PageFormat) (*redis.Store, func()) {
+	srv := redistest.Start(t)
+	st, err := redis.New(redis.Config{Addr: srv.Addr(), Namespace: "trace", Format: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := st.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// withTraceRedis returns name and a nil flush, or with withRedis puts a
+// Redis store below cfg's host tier, with hostPages host pages (few: the
+// host tier reclaims, and Redis serves) and hash seed seed, and returns
+// redisName and the store's flush.
+func withTraceRedis(t *testing.T, cfg *pagedkv.Config, withRedis bool, hostPages int, seed uint64, name, redisName string) (string, func()) {
+	if !withRedis {
+		return name, nil
+	}
+	var flush func()
+	cfg.Tiers.Remote, flush = traceRedis(t, cfg.Tiers.Format)
+	cfg.Tiers.HostPages, cfg.HashSeed = hostPages, seed
+	return redisName, flush
+}
+
+// hybridTraceFormat is the hybrid tier traces' page format: traceFormat
+// with two layers, one per group (64 bytes a page: each layer's K plane
+// then V plane).
+var hybridTraceFormat = tier.PageFormat{Layout: layout.NHD, DType: layout.F32, PageSize: 4, NumKVHeads: 1, HeadDim: 1, Layers: 2}
+
+// makeHybridTierTraces is makeTierTraces on a HybridManager (sliding
+// window 8 + full attention, one layer each) with a host tier (and Redis
+// below it), without KV events: a HybridManager's host tier has none yet.
+func makeHybridTierTraces(t *testing.T, withRedis bool) traceFile {
+	groups := []pagedkv.LayerGroup{{Kind: pagedkv.SlidingAttention, WindowTokens: 8, NumLayers: 1}, {Kind: pagedkv.FullAttention, NumLayers: 1}}
+	tc := traceTiers
+	tc.Format = hybridTraceFormat
+	cfg := pagedkv.Config{NumPages: 20, PageSize: 4, HashSeed: 19, CascadeMinSavedPages: 2, Tiers: tc}
+	name, flush := withTraceRedis(t, &cfg, withRedis, 10, 23, "hybrid sliding 8 + full, host tier", "hybrid sliding 8 + full, host tier, Redis")
+	m, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: cfg, Groups: groups})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &traceGen{t: t, m: m, hybrid: m, rng: rand.New(rand.NewPCG(uint64(cfg.HashSeed), 31)), promptScale: 2, maxChunk: 12,
+		tiers: true, tm: m, flush: flush}
+	g.run(400)
+	tr := trace{Name: name, Ops: g.ops, Tiers: tierFields(cfg.Tiers), Redis: withRedis, Config: map[string]int64{
+		"num_pages": int64(cfg.NumPages), "page_size": int64(cfg.PageSize), "hash_seed": int64(cfg.HashSeed),
+		"cascade_min_saved_pages": int64(cfg.CascadeMinSavedPages),
+	}}
+	for _, gr := range groups {
+		tr.Groups = append(tr.Groups, map[string]int64{"kind": int64(gr.Kind), "window_tokens": int64(gr.WindowTokens),
+			"chunk_tokens": int64(gr.ChunkTokens), "num_layers": int64(gr.NumLayers)})
+	}
+	return traceFile{Traces: []trace{tr}}
+}
+
+// TestHybridTierTrace writes and checks testdata/hybrid_tier_trace.json
+// (host tier) and testdata/hybrid_tier_redis_trace.json (over a real
+// redis-server), which python/tests/test_tier_trace.py replays too.
+func TestHybridTierTrace(t *testing.T) {
+	tierTraces(t, makeHybridTierTraces, "hybrid_tier", "add", "reserve", "commit", "tier_copies", "complete", "cached_hashes",
+		"tier copies", "hashes", "host hits", "error Loading", "error BadArgument", "error OutOfPages", "released pages")
+}
+
 // TestTierTrace writes and checks testdata/tier_trace.json (host tier) and
 // testdata/tier_redis_trace.json (host tier over a real redis-server; it
 // skips without one, as internal/redistest does).
 func TestTierTrace(t *testing.T) {
-	want := []string{"add", "reserve", "commit", "tier_copies", "complete", "drain_events", "cached_hashes",
-		"tier copies", "events", "hashes", "host hits", "error Loading", "error BadArgument", "error OutOfPages"}
+	tierTraces(t, makeTierTraces, "tier", "add", "reserve", "commit", "tier_copies", "complete", "drain_events", "cached_hashes",
+		"tier copies", "events", "hashes", "host hits", "error Loading", "error BadArgument", "error OutOfPages")
+}
+
+// tierTraces makes the traces of mk without and with Redis, checks them
+// against testdata/<prefix>_trace.json and <prefix>_redis_trace.json, and
+// requires the coverage want (and remote hits with Redis).
+func tierTraces(t *testing.T, mk func(*testing.T, bool) traceFile, prefix string, want ...string) {
 	t.Run("host", func(t *testing.T) {
-		f := makeTierTraces(t, false)
-		checkGolden(t, "tier_trace.json", f)
+		f := mk(t, false)
+		checkGolden(t, prefix+"_trace.json", f)
 		checkCoverage(t, f, want...)
 	})
 	t.Run("redis", func(t *testing.T) {
-		f := makeTierTraces(t, true)
-		checkGolden(t, "tier_redis_trace.json", f)
+		f := mk(t, true)
+		checkGolden(t, prefix+"_redis_trace.json", f)
 		checkCoverage(t, f, append(want, "remote hits")...)
 	})
 }

@@ -90,20 +90,21 @@ func pagedkv_create_ex(cfg *C.pagedkv_config, size C.size_t, opts *C.pagedkv_opt
 		ext.close()
 		return failErr(err)
 	}
-	h := &handle{m: m, dense: m, plans: make([]planExport, 1)}
+	h := &handle{m: m, t: m, dense: m, plans: make([]planExport, 1)}
 	h.adopt(ext)
 	*out = register(h)
 	return C.PAGEDKV_OK
 }
 
-// adopt gives h the extras made for its manager and pins the host memory
-// Go allocated, which C may keep a pointer to until destroy.
+// adopt gives h (either kind) the extras made for its manager and pins
+// the host memory Go allocated, which C may keep a pointer to until
+// destroy.
 func (h *handle) adopt(ext *extras) {
 	h.ext = ext
-	if ext == nil || !ext.tiers || h.dense == nil || ext.hostMem != nil {
+	if ext == nil || !ext.tiers || ext.hostMem != nil {
 		return
 	}
-	if p := h.dense.HostPage(0); len(p) > 0 {
+	if p := h.t.HostPage(0); len(p) > 0 {
 		ext.hostMem = unsafe.Pointer(unsafe.SliceData(p))
 		ext.hostPin.Pin(ext.hostMem)
 	}
@@ -432,10 +433,10 @@ func (h *handle) flushEvents() {
 	}
 }
 
-// enterTiers is enter for a call that needs tiers (a dense manager).
+// enterTiers is enter for a call that needs tiers (either kind).
 func enterTiers(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
-	h, code := enterDense(id, op)
-	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.tiers, "tiers (create it with pagedkv_create_ex and opts.tiers)")
+	h, code := enter(id, op)
+	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.tiers, "tiers (create it with pagedkv_create_ex or pagedkv_hybrid_create_ex and opts.tiers)")
 }
 
 // enterEvents is enter for a call that needs KV events (either kind).
@@ -465,7 +466,7 @@ func pagedkv_tier_copies_take(id C.pagedkv_manager, out *C.pagedkv_tier_copies) 
 		return badArg("tier_copies: out is NULL")
 	}
 	e := h.ext
-	e.copies = h.dense.TierCopies(e.copies[:0])
+	e.copies = h.t.TierCopies(e.copies[:0])
 	n := len(e.copies)
 	if n > e.copiesCap {
 		c := max(n, 2*e.copiesCap, 16)
@@ -524,7 +525,7 @@ func pagedkv_complete_tier_copies(id C.pagedkv_manager, ids *C.uint64_t, n C.int
 	if n > 0 {
 		list = unsafe.Slice((*uint64)(unsafe.Pointer(ids)), int(n))
 	}
-	if err := h.dense.CompleteTierCopies(list...); err != nil {
+	if err := h.t.CompleteTierCopies(list...); err != nil {
 		return failErr(err)
 	}
 	return C.PAGEDKV_OK
@@ -555,11 +556,11 @@ func pagedkv_loading(id C.pagedkv_manager, rid C.uint64_t, loading *C.int32_t) (
 	if loading == nil {
 		return badArg("loading: loading is NULL")
 	}
-	if !h.dense.Has(pagedkv.RequestID(rid)) {
+	if !h.t.Has(pagedkv.RequestID(rid)) {
 		return failErr(fmt.Errorf("%w: loading of request %d", pagedkv.ErrUnknownRequest, uint64(rid)))
 	}
 	*loading = 0
-	if h.dense.Loading(pagedkv.RequestID(rid)) {
+	if h.t.Loading(pagedkv.RequestID(rid)) {
 		*loading = 1
 	}
 	return C.PAGEDKV_OK
@@ -719,7 +720,7 @@ func pagedkv_events_endpoint(id C.pagedkv_manager, replay C.int32_t, dst *C.char
 
 //export pagedkv_cached_hashes
 func pagedkv_cached_hashes(id C.pagedkv_manager, medium C.int32_t, dst *C.uint64_t, capacity C.int64_t, n *C.int64_t) (code C.int32_t) {
-	h, code := enterDense(id, "cached_hashes")
+	h, code := enter(id, "cached_hashes")
 	if h == nil {
 		return code
 	}
@@ -736,9 +737,14 @@ func pagedkv_cached_hashes(id C.pagedkv_manager, medium C.int32_t, dst *C.uint64
 	e := h.ext
 	switch medium {
 	case C.PAGEDKV_MEDIUM_GPU:
+		if h.dense == nil {
+			// A hybrid manager has a prefix cache per group and no one
+			// list of device hashes (its KV events name each group's).
+			return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: cached_hashes: manager %d is a hybrid manager; medium = PAGEDKV_MEDIUM_GPU (0) needs one made by pagedkv_create (PAGEDKV_MEDIUM_CPU works for both)", uint64(id)))
+		}
 		e.hashes = h.dense.CachedHashes(e.hashes[:0])
 	case C.PAGEDKV_MEDIUM_CPU:
-		e.hashes = h.dense.HostCachedHashes(e.hashes[:0])
+		e.hashes = h.t.HostCachedHashes(e.hashes[:0])
 	default:
 		return badArg("cached_hashes: medium = %d, want PAGEDKV_MEDIUM_GPU (0) or PAGEDKV_MEDIUM_CPU (1)", int32(medium))
 	}

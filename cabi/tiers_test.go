@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -39,17 +41,7 @@ func TestABITierStepIsAllocationFree(t *testing.T) {
 		if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 			t.Fatalf("step failed: %s", goLastError())
 		}
-		var code int32
-		if copies, code = goTierCopies(h, copies); code != codeOK {
-			t.Fatalf("tier copies: %s", goLastError())
-		}
-		done = done[:0]
-		for _, c := range copies {
-			done = append(done, c.ID)
-		}
-		if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
-			t.Fatalf("complete: %s", goLastError())
-		}
+		copies, done = completeTierCopies(t, h, copies, done)
 		for p, code := goDrainEvents(h); p != nil; p, code = goDrainEvents(h) {
 			if code != codeOK {
 				t.Fatalf("drain: %s", goLastError())
@@ -62,6 +54,81 @@ func TestABITierStepIsAllocationFree(t *testing.T) {
 		t.Fatalf("the steps published %d batches and offloaded %d pages", batches, st[5])
 	}
 	t.Logf("%d event batches, %d pages offloaded, %d host pages in use", batches, st[5], st[1])
+}
+
+// completeTierCopies takes the tier copies planned and completes them all
+// (copies and done are reused scratch).
+func completeTierCopies(t testing.TB, h uint64, copies []abiTierCopy, done []uint64) ([]abiTierCopy, []uint64) {
+	var code int32
+	if copies, code = goTierCopies(h, copies); code != codeOK {
+		t.Fatalf("tier copies: %s", goLastError())
+	}
+	done = done[:0]
+	for _, c := range copies {
+		done = append(done, c.ID)
+	}
+	if goCompleteTierCopies(h, done, int64(len(done))) != codeOK {
+		t.Fatalf("complete: %s", goLastError())
+	}
+	return copies, done
+}
+
+// TestABIHybridTierStepIsAllocationFree: a hybrid decode step with a
+// write-through host tier through the C ABI (hybrid_reserve, commit, take
+// the tier copies of every group, complete them) allocates nothing in
+// steady state; each group's tier counters add up to the pool's, and the
+// group stats keep their old, smaller size.
+func TestABIHybridTierStepIsAllocationFree(t *testing.T) {
+	// 64 host pages: a page boundary's 3*32 write-throughs find the host
+	// tier full (no claim is tried); 128: every group offloads.
+	for _, host := range []int64{64, 128} {
+		t.Run(fmt.Sprintf("host%d", host), func(t *testing.T) { hybridTierSteps(t, host) })
+	}
+}
+
+func hybridTierSteps(t *testing.T, host int64) {
+	const n = 32
+	o := tierOptions(host)
+	o.Events, o.Layers, o.Groups = false, int64(len(hybridGroups)), hybridGroups
+	h, code := goCreateEx(abiConfig{NumPages: n * 200, PageSize: 16, HashSeed: 1}, o)
+	if code != codeOK {
+		t.Fatalf("hybrid create_ex: %d %s", code, goLastError())
+	}
+	defer goDestroy(h)
+	ids, ones, sampled, nt := addDecodeRequests(t, h, n)
+	plan := newCHybridPlan(len(hybridGroups))
+	defer plan.free()
+	if goHybridReserveC(h, ids, nt, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+		t.Fatal("prefill failed")
+	}
+	var copies []abiTierCopy
+	done := make([]uint64, 0, 4*n)
+	checkStepAllocs(t, "a hybrid decode step with a host tier through the C ABI", func() {
+		if goHybridReserveC(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+			t.Fatalf("step failed: %s", goLastError())
+		}
+		copies, done = completeTierCopies(t, h, copies, done)
+	})
+	st, _ := goTierStats(h)
+	var offloaded int64
+	for g := range hybridGroups {
+		gs, code := goGroupStats(h, int64(g), 13*8)
+		if code != codeOK {
+			t.Fatal(goLastError())
+		}
+		if gs[11] == 0 && host == 128 {
+			t.Errorf("group %d offloaded nothing: %v", g, gs)
+		}
+		offloaded += gs[11]
+		old, _ := goGroupStats(h, int64(g), 9*8)
+		if !slices.Equal(old[:9], gs[:9]) || old[9] != -1 {
+			t.Errorf("group %d in the old 9-field struct: %v, want %v and -1 past it", g, old, gs[:9])
+		}
+	}
+	if st[5] < 100 || offloaded != st[5] || (host == 64 && st[10] == 0) {
+		t.Fatalf("the steps offloaded %d pages, the groups %d; host full %d times", st[5], offloaded, st[10])
+	}
+	t.Logf("%d pages offloaded, %d host pages in use, host full %d times", st[5], st[1], st[10])
 }
 
 // TestDrainedEventsDecodeAsVLLM: what pagedkv_drain_events hands out is
@@ -116,6 +183,10 @@ func FuzzTierOptions(f *testing.F) {
 	f.Add([]byte{1, 8, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1, 0, 0})
 	f.Add([]byte{1, 8, 0, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 3})
 	f.Add([]byte{1, 200, 1, 9, 255, 1, 1, 2, 5, 5, 0, 0, 0, 0, 0, 0})
+	// Hybrid with a write-through host tier of 8 pages (2 layers), and the
+	// same with KV events (refused).
+	f.Add([]byte{1, 8, 0, 1, 1, 1, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1})
+	f.Add([]byte{1, 8, 0, 1, 1, 1, 2, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1})
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, data []byte) {
 		next := (*fuzzReader)(&data).next
@@ -162,12 +233,12 @@ func FuzzTierOptions(f *testing.F) {
 			o.DiskSize = 7
 		}
 		hybrid := next()%4 == 1
-		if hybrid { // a sliding and a full group: tiers are refused, events and pins work
+		if hybrid { // a sliding and a full group: tiers, events and pins, not events with host pages
 			o.Groups = []abiGroup{{Kind: 1, WindowTokens: 6, NumLayers: 1}, {Kind: 0, NumLayers: 1}}
 		}
 		h, code := goCreateEx(abiConfig{NumPages: 16, PageSize: 4, HashSeed: 1}, o)
-		if hybrid && o.Tiers && o.HostPages > 0 && code == codeOK {
-			t.Fatalf("a hybrid manager took %d host pages", o.HostPages)
+		if hybrid && o.Tiers && o.HostPages > 0 && o.Events && code == codeOK {
+			t.Fatalf("a hybrid manager took KV events with %d host pages", o.HostPages)
 		}
 		switch code {
 		case codeOK:
@@ -211,6 +282,19 @@ func FuzzTierOptions(f *testing.F) {
 			}
 			if goAudit(h) != codeOK {
 				t.Fatalf("audit: %s", goLastError())
+			}
+			if hybrid { // the groups' tier counters add up to the pool's
+				st, _ := goTierStats(h)
+				var sum [4]int64
+				for g := range int64(2) {
+					gs, _ := goGroupStats(h, g, 13*8)
+					for k := range sum {
+						sum[k] += gs[9+k]
+					}
+				}
+				if !slices.Equal(sum[:], st[3:7]) {
+					t.Fatalf("the groups' tier counters add up to %v, the pool's are %v", sum, st[3:7])
+				}
 			}
 		}
 	})

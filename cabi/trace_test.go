@@ -169,7 +169,9 @@ type traceGen struct {
 	// A tier trace's: tiers on, copies taken and not completed, the KV
 	// event recorder, and flush, which waits for the remote store's writes
 	// (nil without one) so that every recorded result is deterministic.
+	// tm is the manager's tier calls (either kind).
 	tiers    bool
+	tm       tiered
 	inflight []uint64
 	rec      *events.Recorder
 	evq      *events.Queue
@@ -193,11 +195,12 @@ func (g *traceGen) record(op traceOp, value int64, err error) {
 	if g.hybrid != nil {
 		for _, gs := range g.hybrid.Stats().Groups {
 			op.Want.GroupStats = append(op.Want.GroupStats, []int64{int64(gs.Kind), int64(gs.CachedPages), int64(gs.EvictablePages),
-				gs.ServableTokens, gs.PublishedPages, gs.EvictedPages, gs.CopiedPages, gs.WindowReleasedPages, int64(gs.PinnedPages)})
+				gs.ServableTokens, gs.PublishedPages, gs.EvictedPages, gs.CopiedPages, gs.WindowReleasedPages, int64(gs.PinnedPages),
+				gs.HostHitTokens, gs.RemoteHitTokens, gs.OffloadedPages, gs.OnloadedPages})
 		}
 	}
 	if g.tiers {
-		op.Want.TierStats = tierStatsList(g.dense.Stats().Tiers)
+		op.Want.TierStats = tierStatsList(g.stats().Tiers)
 	}
 	if strings.HasPrefix(op.Want.Err, "Unclassified") {
 		g.t.Fatalf("op %s: %v", op.Op, err)
@@ -234,7 +237,7 @@ func (g *traceGen) step() {
 		if left == 0 || g.rng.IntN(5) == 0 {
 			continue
 		}
-		if g.tiers && g.dense.Loading(r) && g.rng.IntN(4) > 0 { // a scheduler waits for its onloads, mostly
+		if g.tiers && g.tm.Loading(r) && g.rng.IntN(4) > 0 { // a scheduler waits for its onloads, mostly
 			continue
 		}
 		n := min(left, 1+g.rng.IntN(g.maxChunk))

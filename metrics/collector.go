@@ -285,6 +285,14 @@ func groupDefinitions() []groupMetric {
 			value: func(s *pagedkv.GroupStats) float64 { return float64(s.CopiedPages) }},
 		{name: "group_window_released_pages_total", help: "Pages the group released because its attention no longer reads them (left the sliding window, or a finished chunk).", typ: c,
 			value: func(s *pagedkv.GroupStats) float64 { return float64(s.WindowReleasedPages) }},
+		{name: "group_host_hit_tokens_total", help: "Prompt tokens the group onloaded from host pages at admission (tier_hit_tokens_total is the pool's, over every group).", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.HostHitTokens) }},
+		{name: "group_remote_hit_tokens_total", help: "Prompt tokens the group onloaded from the remote store at admission.", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.RemoteHitTokens) }},
+		{name: "group_offloaded_pages_total", help: "The group's device-to-host tier copies completed.", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.OffloadedPages) }},
+		{name: "group_onloaded_pages_total", help: "The group's host-to-device tier copies completed.", typ: c,
+			value: func(s *pagedkv.GroupStats) float64 { return float64(s.OnloadedPages) }},
 	}
 }
 

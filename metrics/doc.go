@@ -29,7 +29,9 @@
 //	                                          gauge
 //	pagedkv_group_servable_tokens_total, _group_published_pages_total,
 //	_group_evicted_pages_total, _group_copied_pages_total,
-//	_group_window_released_pages_total
+//	_group_window_released_pages_total, _group_host_hit_tokens_total,
+//	_group_remote_hit_tokens_total, _group_offloaded_pages_total,
+//	_group_onloaded_pages_total
 //	                                          counter
 //
 // A group whose servable tokens lag the others' is the one that limits the

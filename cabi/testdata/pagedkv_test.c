@@ -102,20 +102,23 @@ static void take(pagedkv_manager m, snapshot *s) {
 }
 
 // expect_fail runs a call that must fail with code want, with a message
-// containing needle, and leave the manager as it was.
-#define EXPECT_FAIL(m, want, needle, call)                                                           \
+// containing needle, and leave the manager as it was: snap_t snapshots
+// taken by takefn before and after must be equal.
+#define EXPECT_FAIL_WITH(snap_t, takefn, m, want, needle, call)                                      \
 	do {                                                                                         \
-		snapshot before_, after_;                                                            \
-		take((m), &before_);                                                                 \
+		snap_t before_, after_;                                                              \
+		takefn((m), &before_);                                                               \
 		int32_t rc_ = (call);                                                                \
 		const char *msg_ = pagedkv_last_error();                                             \
 		CHECK(rc_ == (want), "%s = %d, want %d (%s)", #call, rc_, (want), msg_);            \
 		CHECK(strstr(msg_, (needle)) != NULL, "%s: message %s does not name %s", #call, msg_, \
 		      (needle));                                                                     \
-		take((m), &after_);                                                                  \
+		takefn((m), &after_);                                                                \
 		CHECK(memcmp(&before_, &after_, sizeof before_) == 0, "%s changed the manager", #call); \
 		checked++;                                                                           \
 	} while (0)
+
+#define EXPECT_FAIL(m, want, needle, call) EXPECT_FAIL_WITH(snapshot, take, m, want, needle, call)
 
 static int checked;
 
@@ -568,6 +571,28 @@ static int contains(const uint8_t *p, int64_t n, const char *needle) {
 	return 0;
 }
 
+// host_memory is m's host pages, which must be want_pages of
+// want_page_bytes (*page_bytes: their size).
+static uint8_t *host_memory(pagedkv_manager m, int64_t want_page_bytes, int64_t want_pages, int64_t *page_bytes) {
+	uint8_t *host = NULL;
+	int64_t n = 0;
+	OK(pagedkv_host_memory(m, &host, page_bytes, &n));
+	CHECK(host != NULL && *page_bytes == want_page_bytes && n == want_pages,
+	      "host memory %p, %lld bytes a page, %lld pages", (void *)host, (long long)*page_bytes, (long long)n);
+	return host;
+}
+
+// add_host_hit adds req as request 2 to m, which must match 8 tokens from
+// the host tier and be loading.
+static void add_host_hit(pagedkv_manager m, const pagedkv_request *req) {
+	int64_t matched = 0;
+	int32_t loading = 0;
+	OK(pagedkv_add(m, 2, req, &matched));
+	OK(pagedkv_loading(m, 2, &loading));
+	CHECK(matched == 8 && loading == 1, "request 2 matched %lld tokens from the host tier (want 8), loading %d",
+	      (long long)matched, loading);
+}
+
 // tiers runs a Manager with a host tier and KV events through the tier
 // calls: offload on eviction, host memory written by the engine, a host
 // hit onloaded back (the request loads until the copies complete), the
@@ -582,11 +607,8 @@ static void tiers(void) {
 	pagedkv_options opts = {.tiers = &tc, .tiers_size = sizeof tc, .events = &ec, .events_size = sizeof ec};
 	pagedkv_manager m = 0;
 	OK(pagedkv_create_ex(&cfg, sizeof cfg, &opts, sizeof opts, &m));
-	uint8_t *host = NULL;
 	int64_t page_bytes = 0, host_pages = 0;
-	OK(pagedkv_host_memory(m, &host, &page_bytes, &host_pages));
-	CHECK(host != NULL && page_bytes == 32 && host_pages == 8, "host memory %p, %lld bytes a page, %lld pages",
-	      (void *)host, (long long)page_bytes, (long long)host_pages);
+	uint8_t *host = host_memory(m, 32, 8, &page_bytes);
 
 	int32_t prompt[12];
 	pagedkv_request req = prompt_request(prompt, 12);
@@ -638,12 +660,8 @@ static void tiers(void) {
 
 	// The same prompt again: a host hit, onloaded; the request loads until
 	// the copies complete.
-	int64_t matched = 0;
-	OK(pagedkv_add(m, 2, &req, &matched));
-	CHECK(matched == 8, "matched %lld tokens from the host tier, want 8", (long long)matched);
-	int32_t loading = 0;
-	OK(pagedkv_loading(m, 2, &loading));
-	CHECK(loading == 1, "request 2 is not loading");
+	add_host_hit(m, &req);
+	int32_t loading = 1;
 	uint64_t ids2[] = {2};
 	int32_t nt2[] = {4};
 	EXPECT_FAIL(m, PAGEDKV_ERR_LOADING, "onload", pagedkv_reserve(m, ids2, nt2, 1, &plan));
@@ -741,19 +759,13 @@ static void tiers(void) {
 		checked++;
 	}
 
-	// A HybridManager refuses tiers (Go does), takes events and pins.
+	// A HybridManager takes events and pins (its tiers: hybrid_tiers).
 	pagedkv_layer_group groups[] = {
 	    {.kind = PAGEDKV_GROUP_SLIDING, .window_tokens = 8, .num_layers = 1},
 	    {.kind = PAGEDKV_GROUP_FULL, .num_layers = 1},
 	};
 	pagedkv_config hcfg = {.num_pages = 32, .page_size = 4, .hash_seed = 1};
-	tc.host_memory = NULL;
-	tc.host_memory_len = 0;
 	pagedkv_manager h = 12345;
-	CHECK(pagedkv_hybrid_create_ex(&hcfg, sizeof hcfg, groups, 2, sizeof groups[0], &opts, sizeof opts, &h) ==
-	              PAGEDKV_ERR_BAD_CONFIG &&
-	          strstr(pagedkv_last_error(), "Tiers.HostPages = 8") != NULL && h == 12345,
-	      "hybrid with tiers: %s", pagedkv_last_error());
 	pagedkv_options hopts = {.events = &ec, .events_size = sizeof ec};
 	OK(pagedkv_hybrid_create_ex(&hcfg, sizeof hcfg, groups, 2, sizeof groups[0], &hopts, sizeof hopts, &h));
 	OK(pagedkv_add(h, 1, &req, NULL));
@@ -780,6 +792,173 @@ static void tiers(void) {
 	checked += 4;
 }
 
+// EXPECT_FAIL_H is EXPECT_FAIL for a hybrid handle (take needs a dense
+// one): the pool's stats, tier stats and both groups' stats must not change.
+typedef struct {
+	pagedkv_stats st;
+	pagedkv_tier_stats ts;
+	pagedkv_group_stats gs[2];
+} hsnapshot;
+
+static void htake(pagedkv_manager h, hsnapshot *s) {
+	memset(s, 0, sizeof *s);
+	OK(pagedkv_get_stats(h, &s->st, sizeof s->st));
+	OK(pagedkv_get_tier_stats(h, &s->ts, sizeof s->ts));
+	OK(pagedkv_hybrid_get_group_stats(h, 0, &s->gs[0], sizeof s->gs[0]));
+	OK(pagedkv_hybrid_get_group_stats(h, 1, &s->gs[1], sizeof s->gs[1]));
+}
+
+#define EXPECT_FAIL_H(h, want, needle, call) EXPECT_FAIL_WITH(hsnapshot, htake, h, want, needle, call)
+
+// group_tier_sums sums the groups' tier counters of a hybrid handle.
+static void group_tier_sums(pagedkv_manager h, int64_t *hit, int64_t *off, int64_t *on) {
+	*hit = *off = *on = 0;
+	for (int64_t g = 0; g < 2; g++) {
+		pagedkv_group_stats gs;
+		OK(pagedkv_hybrid_get_group_stats(h, g, &gs, sizeof gs));
+		*hit += gs.host_hit_tokens + gs.remote_hit_tokens;
+		*off += gs.offloaded_pages;
+		*on += gs.onloaded_pages;
+	}
+}
+
+// hybrid_tiers runs a HybridManager with a host tier through the same tier
+// calls as tiers(): offload on eviction (copies of pool pages, written by
+// the engine into host memory), a host hit onloaded in both groups, the
+// group stats' tier fields (and the old, smaller struct), the host hashes;
+// then the hybrid's own refusals.
+static void hybrid_tiers(void) {
+	pagedkv_layer_group groups[] = {
+	    {.kind = PAGEDKV_GROUP_SLIDING, .window_tokens = 8, .num_layers = 1},
+	    {.kind = PAGEDKV_GROUP_FULL, .num_layers = 1},
+	};
+	pagedkv_config cfg = {.num_pages = 16, .page_size = 4, .hash_seed = 1};
+	pagedkv_tier_config tc = {.host_pages = 16,
+	                          .format = {.kv_layout = PAGEDKV_NHD, .dtype = PAGEDKV_DTYPE_F32, .num_kv_heads = 1,
+	                                     .head_dim = 1, .num_layers = 2}};
+	pagedkv_options opts = {.tiers = &tc, .tiers_size = sizeof tc};
+	pagedkv_manager h = 0;
+	OK(pagedkv_hybrid_create_ex(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &opts, sizeof opts, &h));
+	int64_t page_bytes = 0, host_pages = 16;
+	uint8_t *host = host_memory(h, 64, 16, &page_bytes);
+
+	// Request 1 (12 tokens: 3 pages a group) computes, is released, and
+	// its cached pages are evicted with offload.
+	uint64_t ids[] = {1};
+	int32_t prompt[12], nt[] = {12}, s1[] = {7};
+	pagedkv_request req = prompt_request(prompt, 12);
+	pagedkv_group_plan gp[2];
+	pagedkv_array copies;
+	OK(pagedkv_add(h, 1, &req, NULL));
+	OK(pagedkv_hybrid_reserve(h, ids, nt, 1, &copies, gp, 2));
+	OK(pagedkv_commit(h, s1, 1));
+	OK(pagedkv_release(h, 1));
+	int64_t freed = 0;
+	OK(pagedkv_evict(h, 16, &freed));
+	pagedkv_tier_copies tcs;
+	OK(pagedkv_tier_copies_take(h, &tcs));
+	CHECK(tcs.n == 6 && tcs.num_offloads == 6, "hybrid: %lld copies, %lld offloads, want 6 (3 pages a group)",
+	      (long long)tcs.n, (long long)tcs.num_offloads);
+	uint64_t done[16];
+	for (int64_t i = 0; i < tcs.n && i < 16; i++) {
+		CHECK(tcs.dirs[i] == PAGEDKV_TO_HOST && tcs.host_pages[i] >= 0 && tcs.host_pages[i] < 16 &&
+		          tcs.device_pages[i] >= 0 && tcs.device_pages[i] < 16,
+		      "hybrid copy %lld", (long long)i);
+		memset(host + tcs.host_pages[i] * page_bytes, 0x40 + tcs.device_pages[i], (size_t)page_bytes);
+		done[i] = tcs.ids[i];
+	}
+	OK(pagedkv_complete_tier_copies(h, done, tcs.n < 16 ? tcs.n : 16));
+	pagedkv_tier_stats ts;
+	OK(pagedkv_get_tier_stats(h, &ts, sizeof ts));
+	int64_t hit, off, on;
+	group_tier_sums(h, &hit, &off, &on);
+	CHECK(ts.offloaded_pages == 6 && off == 6 && ts.bytes_to_host == 6 * 64 && ts.in_flight == 0,
+	      "hybrid tier stats: offloaded %lld (groups %lld), %lld bytes", (long long)ts.offloaded_pages, (long long)off,
+	      (long long)ts.bytes_to_host);
+	uint64_t hashes[16];
+	int64_t nh = 0;
+	OK(pagedkv_cached_hashes(h, PAGEDKV_MEDIUM_CPU, hashes, 16, &nh));
+	CHECK(nh == 6, "hybrid: %lld host pages cached, want 6", (long long)nh);
+
+	// The same prompt: a host hit of 8 tokens in both groups, onloaded.
+	add_host_hit(h, &req);
+	int32_t loading = 1;
+	uint64_t ids2[] = {2};
+	int32_t nt2[] = {4};
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_LOADING, "onload", pagedkv_hybrid_reserve(h, ids2, nt2, 1, &copies, gp, 2));
+	OK(pagedkv_tier_copies_take(h, &tcs));
+	CHECK(tcs.n == 4 && tcs.num_offloads == 0, "hybrid: %lld onloads, want 4 (2 a group)", (long long)tcs.n);
+	uint64_t unknown[1] = {(uint64_t)1 << 40};
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_ARGUMENT, "ids[0] = 1099511627776 is not a copy in flight",
+	            pagedkv_complete_tier_copies(h, unknown, 1));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_ARGUMENT, "ids is NULL with length 2", pagedkv_complete_tier_copies(h, NULL, 2));
+	for (int64_t i = 0; i < tcs.n && i < 16; i++) {
+		CHECK(tcs.dirs[i] == PAGEDKV_TO_DEVICE && host[tcs.host_pages[i] * page_bytes] >= 0x40,
+		      "hybrid onload %lld reads host page %d", (long long)i, tcs.host_pages[i]);
+		done[i] = tcs.ids[i];
+	}
+	OK(pagedkv_complete_tier_copies(h, done, tcs.n < 16 ? tcs.n : 16));
+	OK(pagedkv_loading(h, 2, &loading));
+	CHECK(loading == 0, "hybrid request 2 still loading");
+	group_tier_sums(h, &hit, &off, &on);
+	OK(pagedkv_get_tier_stats(h, &ts, sizeof ts));
+	CHECK(on == 4 && ts.onloaded_pages == 4 && hit == 16 && ts.host_hit_tokens == 16,
+	      "hybrid onloads: groups %lld pages %lld hit tokens, pool %lld pages %lld hit tokens", (long long)on,
+	      (long long)hit, (long long)ts.onloaded_pages, (long long)ts.host_hit_tokens);
+	OK(pagedkv_hybrid_reserve(h, ids2, nt2, 1, &copies, gp, 2));
+	OK(pagedkv_commit(h, s1, 1));
+
+	// A caller built against the struct before the tier fields passes its
+	// size: the fields it knows are written, nothing past them.
+	struct {
+		int64_t old[9];
+		int64_t canary;
+	} small;
+	memset(&small, 0x5a, sizeof small);
+	OK(pagedkv_hybrid_get_group_stats(h, 1, (pagedkv_group_stats *)&small, sizeof small.old));
+	pagedkv_group_stats full;
+	OK(pagedkv_hybrid_get_group_stats(h, 1, &full, sizeof full));
+	CHECK(small.old[0] == PAGEDKV_GROUP_FULL && small.old[1] == full.cached_pages && small.old[8] == full.pinned_pages &&
+	          small.canary == 0x5a5a5a5a5a5a5a5a && full.host_hit_tokens == 8 && full.onloaded_pages == 2,
+	      "old-size group stats: kind %lld cached %lld canary %llx; host hit %lld onloaded %lld",
+	      (long long)small.old[0], (long long)small.old[1], (unsigned long long)small.canary,
+	      (long long)full.host_hit_tokens, (long long)full.onloaded_pages);
+
+	// Hybrid refusals and bad inputs, each named.
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_HANDLE, "PAGEDKV_MEDIUM_CPU works",
+	            pagedkv_cached_hashes(h, PAGEDKV_MEDIUM_GPU, hashes, 16, &nh));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_ARGUMENT, "medium = 7", pagedkv_cached_hashes(h, 7, hashes, 16, &nh));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_tier_copies_take(h, NULL));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_UNKNOWN_REQUEST, "request 9", pagedkv_loading(h, 9, &loading));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_ARGUMENT, "loading is NULL", pagedkv_loading(h, 2, NULL));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_ARGUMENT, "required", pagedkv_host_memory(h, NULL, &page_bytes, &host_pages));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_ARGUMENT, "timeout_ms = -1", pagedkv_tier_flush(h, -1));
+	EXPECT_FAIL_H(h, PAGEDKV_ERR_BAD_CONFIG, "has no KV events", pagedkv_drain_events(h, (const uint8_t **)&host, &nh));
+	OK(pagedkv_tier_flush(h, 1000));
+	OK(pagedkv_audit(h));
+	OK(pagedkv_destroy(h));
+
+	// Events that announce host pages with a hybrid's host tier: Go's
+	// error, no handle written.
+	pagedkv_events_config ec = {0};
+	opts.events = &ec;
+	opts.events_size = sizeof ec;
+	h = 12345;
+	CHECK(pagedkv_hybrid_create_ex(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &opts, sizeof opts, &h) ==
+	              PAGEDKV_ERR_BAD_CONFIG &&
+	          strstr(pagedkv_last_error(), "announces 16 host pages in a hybrid config") != NULL && h == 12345,
+	      "hybrid with tiers and events: %s", pagedkv_last_error());
+	// A bad tier option on a hybrid create is named as on a dense one.
+	tc.host_pages = -3;
+	opts.events = NULL;
+	opts.events_size = 0;
+	CHECK(pagedkv_hybrid_create_ex(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &opts, sizeof opts, &h) ==
+	              PAGEDKV_ERR_BAD_ARGUMENT &&
+	          strstr(pagedkv_last_error(), "hybrid_create: tiers.host_pages = -3") != NULL && h == 12345,
+	      "hybrid with host_pages -3: %s", pagedkv_last_error());
+	checked += 13;
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
@@ -788,6 +967,7 @@ int main(void) {
 	bad_config();
 	hybrid();
 	tiers();
+	hybrid_tiers();
 	sweep();
 	if (failures) {
 		fprintf(stderr, "pagedkv_test: %d failures\n", failures);

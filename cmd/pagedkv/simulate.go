@@ -282,8 +282,6 @@ func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr string,
 		why  string
 	}{
 		{cfg.WindowTokens != 0, "--window", "its windows are its groups' (docs/simulate.md)"},
-		{cfg.HostPages != 0, "--host-pages", "the HybridManager has no host or remote tiers"},
-		{redisAddr != "", "--redis", "the HybridManager has no host or remote tiers"},
 		{sim.DeviceBackend(cfg.Backend), "--backend " + cfg.Backend.Name(), "the device-resident path runs dense models; hybrid models run on host backends (cpu)"},
 	} {
 		if c.set {

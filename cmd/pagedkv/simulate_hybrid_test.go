@@ -78,8 +78,6 @@ func TestSimulateModelBad(t *testing.T) {
 		{[]string{"--model", "mla"}, []string{`"mla"`, "not simulated", "MLADecode"}},
 		{[]string{"--model", "gemma-3-like", "--layers", "4"}, []string{"--layers", "layers = 4", "multiple of 6"}},
 		{[]string{"--model", "gpt-oss-like", "--window", "32"}, []string{"--window", "gpt-oss-like"}},
-		{[]string{"--model", "llama-4-like", "--host-pages", "8"}, []string{"--host-pages", "llama-4-like"}},
-		{[]string{"--model", "llama-4-like", "--redis", "127.0.0.1:1"}, []string{"--redis", "llama-4-like"}},
 		{[]string{"--model", "llama-4-like", "--page-size", "48"}, []string{"ChunkTokens = 128", "page size 48"}},
 	} {
 		code, _, errOut := runCLI(append([]string{"simulate", "--quiet"}, c.args...)...)

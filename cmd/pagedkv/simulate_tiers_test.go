@@ -25,15 +25,8 @@ func TestSimulateHostTier(t *testing.T) {
 // nothing): the second is served from Redis.
 func TestSimulateRedis(t *testing.T) {
 	srv := redistest.Start(t)
-	args := append([]string{"simulate", "--requests", "12", "--pages", "32", "--host-pages", "32", "--redis", srv.Addr(),
-		"--redis-deadline", "5s", "--quiet"}, smallModel...)
-	var remote []string
-	for range 2 {
-		code, out, errOut := runCLI(args...)
-		require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
-		remote = append(remote, summaryField(t, out, "remote tier"))
-		assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
-	}
+	remote := redisRuns(t, append([]string{"simulate", "--requests", "12", "--pages", "32", "--host-pages", "32", "--redis", srv.Addr(),
+		"--redis-deadline", "5s", "--quiet"}, smallModel...))
 	// The first run may be served pages it stored itself (evicted, then
 	// reclaimed from its host tier); the second starts with all of them.
 	assert.Regexp(t, `; [1-9]\d* pages stored`, remote[0])
@@ -44,6 +37,19 @@ func TestSimulateRedis(t *testing.T) {
 		return n
 	}
 	assert.Greater(t, served(remote[1]), served(remote[0]))
+}
+
+// redisRuns runs args twice (against one Redis server): both must pass
+// verification; it returns their remote tier lines.
+func redisRuns(t *testing.T, args []string) []string {
+	var remote []string
+	for range 2 {
+		code, out, errOut := runCLI(args...)
+		require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+		remote = append(remote, summaryField(t, out, "remote tier"))
+		assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+	}
+	return remote
 }
 
 func TestSimulateTierFlagsRejected(t *testing.T) {
@@ -76,4 +82,27 @@ func TestSimulateDisaggregated(t *testing.T) {
 		assert.Equal(t, exitUsage, code, "%v: %s", bad, errOut)
 		assert.Contains(t, errOut, "disaggregated", "%v", bad)
 	}
+}
+
+// TestSimulateModelTiers: hybrid presets with a host tier, and over a real
+// Redis (two runs, the second served from the store): the groups' pages
+// go down and come back through the tier copies, and every group's
+// attention verifies.
+func TestSimulateModelTiers(t *testing.T) {
+	code, out, errOut := runCLI(append([]string{"simulate", "--model", "gpt-oss-like", "--requests", "12", "--pages", "48", "--host-pages", "64"}, smallHybrid...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Regexp(t, `^64 pages \(.*\); [1-9]\d* prompt tokens served from host; offloaded [1-9]\d* pages \(.* device->host\), onloaded [1-9]\d* \(.* host->device\)`,
+		summaryField(t, out, "host tier"))
+	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+
+	srv := redistest.Start(t)
+	remote := redisRuns(t, append([]string{"simulate", "--model", "llama-4-like", "--requests", "8", "--pages", "64", "--host-pages", "16",
+		"--redis", srv.Addr(), "--redis-deadline", "5s"}, smallHybrid...))
+	assert.Regexp(t, `; [1-9]\d* pages stored`, remote[0])
+	assert.Regexp(t, `^[1-9]\d* prompt tokens served from the store `, remote[1])
+
+	// KV events with host pages: a HybridManager's host tier has none yet.
+	code, _, errOut = runCLI(append([]string{"simulate", "--model", "gpt-oss-like", "--requests", "2", "--host-pages", "8", "--kv-events", "tcp://127.0.0.1:0"}, smallHybrid...)...)
+	assert.NotEqual(t, exitOK, code)
+	assert.Contains(t, errOut, "host pages have no KV events")
 }

@@ -48,7 +48,7 @@ func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 	var d Disaggregated
 	switch {
 	case cfg.Groups != nil:
-		return d, fmt.Errorf("%w: a disaggregated run needs a dense model (the HybridManager has no tiers)", ErrBadConfig)
+		return d, fmt.Errorf("%w: a disaggregated run needs a dense model (a handoff request carries one chain of pages; a hybrid request holds one per group)", ErrBadConfig)
 	case cfg.WindowTokens > 0:
 		return d, fmt.Errorf("%w: a disaggregated run needs full attention (a window releases leading pages)", ErrBadConfig)
 	case cfg.Remote != nil:

@@ -136,16 +136,20 @@ func TestRandomRuns(t *testing.T) {
 // decodeHybridRun is decodeRun's model, Manager settings and workload on a
 // hybrid model whose groups come from the leading bytes: 2 to 4 groups, each
 // full, sliding (window 1-24) or chunked (1-4 pages), the model's layers in
-// each, and 0-3 draft tokens per decode step. The pool holds the longest
-// request alone in every group.
+// each, 0-3 draft tokens per decode step, and in half the runs a host tier
+// of 4-24 pages (the HybridManager's tier copies, run by the engine). The
+// pool holds the longest request alone in every group.
 func decodeHybridRun(data []byte) (Config, []Request) {
 	r := byteReader(data)
 	kinds := make([][2]int, 2+r.next()%3)
 	for g := range kinds {
 		kinds[g] = [2]int{r.next() % 3, r.next()}
 	}
-	spec := r.next() % 4
+	spec, host := r.next()%4, r.next()%12
 	cfg, reqs := decodeRun(r)
+	if host >= 6 {
+		cfg.HostPages = 4 * (host - 5)
+	}
 	for _, k := range kinds {
 		s := pagedkv.LayerGroup{Kind: pagedkv.FullAttention, NumLayers: cfg.Model.Layers}
 		switch k[0] {
@@ -179,7 +183,10 @@ func FuzzSimulateHybrid(f *testing.F) {
 // TestRandomHybridRuns is FuzzSimulateHybrid's randomized twin: every run
 // verifies, and the runs as a whole release pages out of windows and
 // chunks, evict, preempt, hit the cache, accept drafts, copy forks'
-// partial pages and run the full groups' cascades.
+// partial pages, run the full groups' cascades, and offload pages to a
+// host tier. (These short workloads seldom come back for an evicted
+// prefix: no run onloads; TestSimulateModelTiers in cmd/pagedkv and the
+// cabi hybrid tier traces do.)
 func TestRandomHybridRuns(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(16, 17))
@@ -187,7 +194,7 @@ func TestRandomHybridRuns(t *testing.T) {
 	if testing.Short() || invariants.Enabled { // -race
 		runs = 40
 	}
-	var preempted, evicted, released, hits, accepted, copied, cascades int64
+	var preempted, evicted, released, hits, accepted, copied, cascades, offloaded int64
 	for range runs {
 		data := make([]byte, 128)
 		for i := range data {
@@ -203,9 +210,11 @@ func TestRandomHybridRuns(t *testing.T) {
 		accepted += st.AcceptedDraftTokens
 		copied += st.CopiedPages
 		cascades += int64(sum.CascadeSteps())
+		offloaded += st.Tiers.OffloadedPages
 	}
 	for name, n := range map[string]int64{"preemptions": preempted, "evictions": evicted, "window or chunk releases": released,
-		"prefix hits": hits, "accepted drafts": accepted, "copies": copied, "cascade plans": cascades} {
+		"prefix hits": hits, "accepted drafts": accepted, "copies": copied, "cascade plans": cascades,
+		"offloads to the host tier": offloaded} {
 		if n == 0 {
 			t.Errorf("%d random runs had no %s", runs, name)
 		}

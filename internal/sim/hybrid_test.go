@@ -214,8 +214,8 @@ func TestHybridEvents(t *testing.T) {
 // layer groups are config errors naming them.
 func TestHybridConfigBad(t *testing.T) {
 	for want, edit := range map[string]func(*Config){
-		"window": func(c *Config) { c.WindowTokens = 32 },
-		"tiers":  func(c *Config) { c.HostPages = 8 },
+		"window":                       func(c *Config) { c.WindowTokens = 32 },
+		"host pages have no KV events": func(c *Config) { c.HostPages, c.Events = 8, &events.Recorder{} },
 		// A Recorder without one group per layer group.
 		"GroupEventSink": func(c *Config) { c.Events = &events.Recorder{} },
 		"groups have":    func(c *Config) { c.Model.Layers = 8 },

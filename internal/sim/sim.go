@@ -205,6 +205,7 @@ type Sim struct {
 	m     *pagedkv.Manager       // nil for a hybrid model
 	h     *pagedkv.HybridManager // nil unless Config.Groups
 	mgr   manager                // m or h
+	tm    tiered                 // m or h: the tier calls
 	mark  []bool                 // [NumPages] scratch of groupPages
 	eng   *engine
 	ver   *verifier
@@ -304,7 +305,7 @@ func newSim(cfg Config) (*Sim, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
-		s.h, s.mgr, specs = h, h, slices.Clone(cfg.Groups)
+		s.h, s.mgr, s.tm, specs = h, h, h, slices.Clone(cfg.Groups)
 		s.mark = make([]bool, cfg.NumPages)
 		s.sum.Groups = make([]GroupSummary, len(specs))
 		for g := range specs {
@@ -315,7 +316,7 @@ func newSim(cfg Config) (*Sim, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
-		s.m, s.mgr = m, m
+		s.m, s.mgr, s.tm = m, m, m
 	}
 	b := cfg.Backend
 	if b == nil {
@@ -387,9 +388,9 @@ func (s *Sim) Stats() pagedkv.Stats {
 	return s.m.Stats()
 }
 
-// loading reports whether request id waits for tier onloads (never for a
-// hybrid model, which has no tiers).
-func (s *Sim) loading(id pagedkv.RequestID) bool { return s.m != nil && s.m.Loading(id) }
+// loading reports whether request id waits for tier onloads (in any
+// group of a hybrid model).
+func (s *Sim) loading(id pagedkv.RequestID) bool { return s.tm.Loading(id) }
 
 // Run runs the workload to the end and returns the summary. It stops at
 // the first failed check (the error wraps [ErrVerify] or [ErrCheck]); the

@@ -223,7 +223,9 @@ class GroupStats:
     kind ("full", "sliding", "chunked" or "mla"), cached_pages,
     evictable_pages, servable_tokens (prompt tokens the group's cache alone
     could have served), published_pages, evicted_pages, copied_pages,
-    window_released_pages, pinned_pages (of cached_pages, under a pin)."""
+    window_released_pages, pinned_pages (of cached_pages, under a pin),
+    and the group's part of the tier counters (tier_stats() has the pool's):
+    host_hit_tokens, remote_hit_tokens, offloaded_pages, onloaded_pages."""
 
     __slots__ = _ffi.GROUP_STATS_FIELDS
 
@@ -712,35 +714,7 @@ class _Core:
             self._check(fn(self._handle, *group, request_id, _addr(out), n.value, ctypes.byref(n)))
         return out[: n.value]
 
-
-_NO_HYBRID = (None,) * len(_ffi.GROUP_PLAN_ARRAYS)
-
-
-class Manager(_Core):
-    """The pagedkv KV-cache manager (Go: pagedkv.Manager) over libpagedkv.
-
-    Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
-    window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages (0 means the Go default wherever Go has one);
-    tiers (a Tiers: Config.Tiers) and events (an Events, or True: KV cache
-    events drained with drain_events()).
-    """
-
-    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
-                 hash_seed=0, cascade_min_saved_pages=0, tiers=None, events=None):
-        lib = _load()
-        cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages)
-        opts, keep = _options("Manager", tiers, events)
-        h = ctypes.c_uint64(0)
-        rc = lib.pagedkv_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), opts, ctypes.sizeof(_ffi.Options),
-                                   ctypes.byref(h))
-        if rc:
-            _raise(lib, rc)
-        self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1])
-        self._host_memory = keep  # the caller's host memory lives as long as the Manager
-
-    # -- tiers --
+    # -- tiers (either kind of manager) --
 
     @_exclusive
     def tier_copies(self):
@@ -796,8 +770,9 @@ class Manager(_Core):
 
     @_exclusive
     def cached_hashes(self, medium="GPU"):
-        """The chain hashes of the prefix cache's pages ("GPU") or of the
-        servable host pages ("CPU"), as uint64 (a copy)."""
+        """The chain hashes of the prefix cache's pages ("GPU", a Manager
+        only: a HybridManager raises BadHandle) or of the servable host
+        pages ("CPU"), as uint64 (a copy)."""
         if medium not in _MEDIA:
             raise BadArgument("pagedkv: bad argument: cached_hashes: medium = %r, want \"GPU\" or \"CPU\"" % (medium,))
         n = ctypes.c_int64(0)
@@ -807,6 +782,34 @@ class Manager(_Core):
         if n.value:
             self._check(fn(self._handle, _MEDIA[medium], _addr(out), n.value, ctypes.byref(n)))
         return out[: n.value]
+
+
+_NO_HYBRID = (None,) * len(_ffi.GROUP_PLAN_ARRAYS)
+
+
+class Manager(_Core):
+    """The pagedkv KV-cache manager (Go: pagedkv.Manager) over libpagedkv.
+
+    Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
+    window_tokens, priorities, max_pinned_pages, hash_seed,
+    cascade_min_saved_pages (0 means the Go default wherever Go has one);
+    tiers (a Tiers: Config.Tiers) and events (an Events, or True: KV cache
+    events drained with drain_events()).
+    """
+
+    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
+                 hash_seed=0, cascade_min_saved_pages=0, tiers=None, events=None):
+        lib = _load()
+        cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
+                      cascade_min_saved_pages)
+        opts, keep = _options("Manager", tiers, events)
+        h = ctypes.c_uint64(0)
+        rc = lib.pagedkv_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), opts, ctypes.sizeof(_ffi.Options),
+                                   ctypes.byref(h))
+        if rc:
+            _raise(lib, rc)
+        self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1])
+        self._host_memory = keep  # the caller's host memory lives as long as the Manager
 
     @_exclusive
     def reserve(self, request_ids, ntokens):
@@ -878,8 +881,11 @@ class HybridManager(_Core):
     (pin() pins the prefix in every group); reserve() returns a HybridPlan
     with one Plan per group, and request_state() and pages() take the
     group. events= gives KV events whose batches carry each group's
-    group_idx; tiers= is refused (BadConfig) until Go's HybridManager has
-    tiers. Threads and plan lifetime are as for Manager.
+    group_idx; tiers= gives one host tier and remote store shared by the
+    groups, with Manager's tier calls (tier_copies() name pool pages: copy
+    each in every layer's tensor); events= together with host pages is
+    refused (BadConfig: the events cannot label host pages by group yet).
+    Threads and plan lifetime are as for Manager.
     """
 
     def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0,

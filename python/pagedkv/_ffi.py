@@ -129,7 +129,8 @@ class Stats(ctypes.Structure):
 
 
 GROUP_STATS_FIELDS = ("kind", "cached_pages", "evictable_pages", "servable_tokens", "published_pages",
-                      "evicted_pages", "copied_pages", "window_released_pages", "pinned_pages")
+                      "evicted_pages", "copied_pages", "window_released_pages", "pinned_pages",
+                      "host_hit_tokens", "remote_hit_tokens", "offloaded_pages", "onloaded_pages")
 
 
 class GroupStats(ctypes.Structure):

@@ -189,10 +189,53 @@ def test_tier_stats_from_another_thread():
     m.close()
 
 
-def test_hybrid_events_pins_and_no_tiers():
+def test_hybrid_tiers():
+    """A HybridManager's host tier: the same calls as Manager's, copies of
+    pool pages (every layer), each group's tier counters; events that
+    announce host pages are refused with Go's error."""
     groups = [pagedkv.LayerGroup("sliding", window_tokens=8), pagedkv.LayerGroup("full")]
-    with pytest.raises(pagedkv.BadConfig, match="Tiers.HostPages = 8"):
-        pagedkv.HybridManager(32, 4, groups, tiers=pagedkv.Tiers(8))
+    fmt = pagedkv.PageFormat(dtype="f32", num_kv_heads=1, head_dim=1, num_layers=2)
+    with pytest.raises(pagedkv.BadConfig, match="announces 8 host pages in a hybrid config"):
+        pagedkv.HybridManager(16, 4, groups, tiers=pagedkv.Tiers(8, format=fmt), events=True)
+    with pytest.raises(pagedkv.BadArgument, match="tiers.host_pages = -1"):
+        pagedkv.HybridManager(16, 4, groups, tiers=pagedkv.Tiers(-1))
+    h = pagedkv.HybridManager(16, 4, groups, hash_seed=1, tiers=pagedkv.Tiers(16, format=fmt))
+    host = h.host_pages()
+    assert host.shape == (16, 64)
+    prompt = list(range(12))
+    h.add(1, prompt)
+    h.reserve([1], [12])
+    h.commit([3])
+    h.release(1)
+    h.evict(16)
+    c = h.tier_copies()
+    assert len(c.ids) == 6 and c.num_offloads == 6 and set(c.dirs.tolist()) == {pagedkv.TO_HOST}
+    host[c.host_pages] = 7
+    h.complete_tier_copies(c.ids)
+    assert h.cached_hashes("CPU").size == 6
+    with pytest.raises(pagedkv.BadHandle, match="PAGEDKV_MEDIUM_CPU works"):
+        h.cached_hashes("GPU")
+    assert h.add(2, prompt) == 8 and h.loading(2)
+    with pytest.raises(pagedkv.Loading):
+        h.reserve([2], [4])
+    c = h.tier_copies()
+    assert len(c.ids) == 4 and c.num_offloads == 0
+    with pytest.raises(pagedkv.BadArgument, match="is not a copy in flight"):
+        h.complete_tier_copies([1 << 40])
+    h.complete_tier_copies(c.ids)
+    assert not h.loading(2)
+    with pytest.raises(pagedkv.UnknownRequest):
+        h.loading(9)
+    gs, ts = h.group_stats(), h.tier_stats()
+    assert [(g.host_hit_tokens, g.offloaded_pages, g.onloaded_pages) for g in gs] == [(8, 3, 2), (8, 3, 2)]
+    assert (ts.host_hit_tokens, ts.offloaded_pages, ts.onloaded_pages) == (16, 6, 4)
+    h.tier_flush()
+    h.audit()
+    h.close()
+
+
+def test_hybrid_events_and_pins():
+    groups = [pagedkv.LayerGroup("sliding", window_tokens=8), pagedkv.LayerGroup("full")]
     h = pagedkv.HybridManager(32, 4, groups, hash_seed=1, max_pinned_pages=2, events=True)
     prompt = list(range(12))
     h.add(1, prompt)
@@ -209,8 +252,11 @@ def test_hybrid_events_pins_and_no_tiers():
     assert [g.pinned_pages for g in h.group_stats()] == [0, 0]
     with pytest.raises(pagedkv.UnknownPin):
         h.unpin(pin)
-    with pytest.raises(AttributeError):
-        h.cached_hashes  # a dense Manager's call
+    with pytest.raises(pagedkv.BadHandle, match="hybrid manager; medium = PAGEDKV_MEDIUM_GPU"):
+        h.cached_hashes("GPU")  # a cache per group: no one list
+    assert h.cached_hashes("CPU").size == 0  # no host tier
+    with pytest.raises(pagedkv.BadConfig, match="has no tiers"):
+        h.tier_copies()
     h.audit()
     h.close()
 

@@ -1,0 +1,359 @@
+package pagedkv
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/prefixcache"
+)
+
+// core is the protocol that drives the layer groups sharing one page pool:
+// every group is a Manager with its own page table, prefix cache and
+// request records, and core does what spans them.
+//
+//   - Admission (admit): each group matches the prompt in its cache and, with
+//     tiers, continues the match from the host tier and the remote store;
+//     every group is then given the same prefix, the longest all of them
+//     serve, with one page budget for the onloads.
+//   - A step (reserve): group 0 validates the step and resolves its
+//     requests (prepare), each later group follows the records of the group
+//     before (prepareSiblings), one page budget covers every group's pages
+//     and copies (eviction across the groups' caches), and then every group
+//     applies its part (apply) and republishes its Stats (afterChange).
+//   - Commit (commit): group 0 checks the commit once for every group, every
+//     group records it, then the pool evicts ahead; abort likewise.
+//   - Eviction (evict, evictTo, evictAhead): from the group with the most
+//     idle cached pages, offloading to the host tier where asked.
+//   - Pins (pin): the prefix every group holds, pinned in every group.
+//   - Tier copies (tierCopies, completeTierCopies): one stream for the
+//     pool; a copy completes in the group it was planned for.
+//   - Audit (audit, auditPool): every group, the groups against each other,
+//     and every page's reference count against its holders in every group
+//     and the tier copies.
+//
+// A dense Manager is the core of one group, itself; a HybridManager's core
+// has one group per LayerGroup. Nothing in a Manager points at the core of
+// a HybridManager: the groups know only their own state.
+type core struct {
+	groups []*Manager
+	alloc  *allocator.Allocator
+	tiers  *tiers // shared by every group; nil without tiers
+
+	// servable, per group, counts the prompt tokens the group's device
+	// cache alone could serve at Add and Resume (GroupStats.ServableTokens;
+	// read from any goroutine). Nil for a dense Manager.
+	servable []atomic.Int64
+
+	adm  []admission // per group: admission scratch
+	recs []*request  // scratch: one request's record in each group
+}
+
+// admission is one group's part of an admission.
+type admission struct {
+	pages    []PageID           // the device pages matched
+	last     prefixcache.Handle // the cache position of the last one
+	hits     []HostPageID       // host pages (acquired) continuing the match
+	hostHits int                // of hits, found in the host tier (the rest came from the remote store)
+}
+
+func newCore(groups []*Manager, alloc *allocator.Allocator, t *tiers) *core {
+	return &core{groups: groups, alloc: alloc, tiers: t, adm: make([]admission, len(groups)), recs: make([]*request, len(groups))}
+}
+
+// evict evicts n idle cached pages (fewer if fewer are idle) and returns
+// how many pages it freed: from the one group's cache, or from the group
+// with the most idle pages first, one page at a time.
+func (c *core) evict(n int) int {
+	if len(c.groups) == 1 {
+		return c.groups[0].cache.Evict(n)
+	}
+	freed := 0
+	for freed < n {
+		best, most := -1, 0
+		for g, m := range c.groups {
+			if e, _ := m.cache.Idle(); e > most {
+				best, most = g, e
+			}
+		}
+		if best < 0 {
+			break
+		}
+		freed += c.groups[best].cache.Evict(1)
+	}
+	return freed
+}
+
+// evictable returns the idle cached pages of every group.
+func (c *core) evictable() int {
+	n := 0
+	for _, m := range c.groups {
+		e, _ := m.cache.Idle()
+		n += e
+	}
+	return n
+}
+
+// afterChange runs every group's afterChange.
+func (c *core) afterChange() {
+	for _, m := range c.groups {
+		m.afterChange()
+	}
+}
+
+// reserve reserves a step in every group: the first group validates it
+// and resolves its requests (prepare), each later group follows the
+// records of the group before (prepareSiblings), one page budget covers
+// every group's new pages and copies, evicting idle cached pages of any
+// group if the pool is short, and then every group applies its part
+// (apply), its plan sharing the first group's token arrays. It is
+// all-or-nothing: on error nothing changes, the caches included.
+func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) error {
+	lead := c.groups[0]
+	need, err := lead.prepare(ids, ntokens, drafts)
+	if err != nil {
+		return err
+	}
+	for g := 1; g < len(c.groups); g++ {
+		n, err := c.groups[g].prepareSiblings(c.groups[g-1])
+		if err != nil {
+			return err
+		}
+		need += n
+	}
+	if free := c.alloc.NumFree(); need > free {
+		evictable := c.evictable()
+		if need > free+evictable {
+			if len(c.groups) == 1 {
+				return fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
+					ErrOutOfPages, len(ids), need, free, evictable)
+			}
+			return fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
+				ErrOutOfPages, len(ids), need, len(c.groups), free, evictable)
+		}
+		c.evict(need - free)
+	}
+	lead.apply(drafts, nil)
+	for _, m := range c.groups[1:] {
+		m.apply(drafts, lead)
+	}
+	return nil
+}
+
+// commit commits the pending step in every group (accepted nil: a step
+// without drafts): the first group checks it for all (every group holds
+// the same requests, tokens and step), then every group records it, and
+// the pool evicts ahead (Tiers.OffloadFreePages). On error nothing
+// changes.
+func (c *core) commit(accepted, sampled []int32) error {
+	if err := c.groups[0].checkCommit(accepted, sampled); err != nil {
+		return err
+	}
+	for _, m := range c.groups {
+		m.commit(accepted, sampled)
+	}
+	if c.tiers != nil {
+		// A later group's commit may plan tier copies (write-through)
+		// after the groups before it published their Stats: publish again.
+		c.evictAhead()
+		c.afterChange()
+	}
+	return nil
+}
+
+// abort undoes the pending step in every group.
+func (c *core) abort() error {
+	for g, m := range c.groups {
+		if err := m.abort(); err != nil {
+			if g > 0 {
+				panic(fmt.Sprintf("pagedkv: group %d failed to abort where group 0 did: %v", g, err))
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// admit gives rs[g], the request's record in group g (running, not in the
+// page table, with the same tokens in every group), the longest prefix
+// every group can serve, and returns its length in tokens. A group serves
+// a prefix of L pages when its cache holds its first k pages and the host
+// tier (or the remote store) the pages from k to L, which are onloaded
+// into fresh device pages; the onloads of every group share one budget of
+// free and evictable pages. At least one token is left to compute.
+func (c *core) admit(rs []*request) int {
+	r0 := rs[0]
+	ps := c.groups[0].pageSize
+	use := !r0.noCache && len(r0.tokens) > 1
+	maxPages := 0
+	if use {
+		maxPages = (len(r0.tokens) - 1) / ps
+	}
+	// Device matches.
+	L := maxPages
+	for g, m := range c.groups {
+		r, a := rs[g], &c.adm[g]
+		a.pages, a.last, a.hits, a.hostHits = a.pages[:0], prefixcache.Handle{}, a.hits[:0], 0
+		if use {
+			a.pages, a.last = m.cache.Match(a.pages, r.key, r.tokens, maxPages)
+		}
+		if c.servable != nil && use {
+			c.servable[g].Add(int64(len(a.pages) * ps))
+		}
+		m.admissions++
+		r.gen, r.loading = m.admissions, 0
+		L = min(L, len(a.pages))
+	}
+	if t := c.tiers; t != nil && !r0.noCache {
+		L = c.tierExtend(rs, maxPages)
+	}
+	for g, m := range c.groups {
+		r, a := rs[g], &c.adm[g]
+		if len(a.pages) > L {
+			// A shorter prefix than this group's cache serves: the pages
+			// past it are idle again (tierExtend held them); match it
+			// again for its last position.
+			if c.tiers != nil && !r.noCache {
+				m.cache.Recheck(a.pages[L:]...)
+			}
+			a.pages, a.last = m.cache.Match(a.pages[:0], r.key, r.tokens, L)
+			if m.tiers != nil && !r.noCache {
+				m.tierChainStart(r, a.pages)
+			}
+		}
+		m.admitPages(r, a, L-len(a.pages))
+	}
+	return L * ps
+}
+
+// pin pins the prefix of tokens in ns that every group's cache holds (see
+// HybridManager.Pin): all or nothing, with the same pin ID in every group.
+func (c *core) pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
+	ps := c.groups[0].pageSize
+	n := len(tokens) / ps
+	for g, m := range c.groups {
+		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, n)
+		m.scratch = pages
+		if len(pages) == 0 {
+			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w: pin %d tokens: their first page of %d is not cached",
+				g, m.group.Kind, ErrNotCached, len(tokens), ps)
+		}
+		n = len(pages)
+	}
+	prefix := tokens[:n*ps]
+	for g, m := range c.groups {
+		if _, err := m.cache.CheckPin(m.cache.Key(ns), prefix); err != nil {
+			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, m.group.Kind, err)
+		}
+	}
+	// Every check passed, so no group fails; every pin goes through here,
+	// so the groups' caches number their pins alike.
+	for g, m := range c.groups {
+		gid, k, err := m.cache.Pin(m.cache.Key(ns), prefix)
+		if err != nil || k != n || g > 0 && gid != id {
+			panic(fmt.Sprintf("pagedkv: pin: group %d pinned %d of %d pages as pin %d (group 0: pin %d): %v", g, k, n, gid, id, err))
+		}
+		id = gid
+		m.afterChange()
+	}
+	return id, n * ps, nil
+}
+
+// link points request id's record in each group at its record in the next
+// group (request.sibling), after the groups made the records.
+func (c *core) link(id RequestID) {
+	for g, m := range c.groups {
+		m.reqs[id].sibling = c.sibling(g, id)
+	}
+}
+
+// sibling is request id's record in group g+1, nil after the last group.
+func (c *core) sibling(g int, id RequestID) *request {
+	if g+1 == len(c.groups) {
+		return nil
+	}
+	return c.groups[g+1].reqs[id]
+}
+
+// audit checks every group (auditGroup; findings name the group when
+// there are several), that every group holds the same requests with the
+// same tokens, computed counts and states, pins the same prefixes and
+// links each record to the next group's, and then the pool (auditPool).
+func (c *core) audit() error {
+	for g, m := range c.groups {
+		if err := m.auditGroup(); err != nil {
+			if len(c.groups) == 1 {
+				return err
+			}
+			return fmt.Errorf("group %d (%v): %w", g, m.group.Kind, err)
+		}
+	}
+	g0 := c.groups[0]
+	for g, m := range c.groups {
+		// Pin pins the same token prefixes in every group.
+		if m.cache.Pinned() != g0.cache.Pinned() {
+			return fmt.Errorf("%w: group %d has %d pinned pages, group 0 %d", errPool, g, m.cache.Pinned(), g0.cache.Pinned())
+		}
+		if len(m.reqs) != len(g0.reqs) {
+			return fmt.Errorf("%w: group %d has %d requests, group 0 %d", errPool, g, len(m.reqs), len(g0.reqs))
+		}
+		for id, r := range m.reqs {
+			r0 := g0.reqs[id]
+			if r0 == nil || r0.computed != r.computed || r0.running != r.running || len(r0.tokens) != len(r.tokens) {
+				return fmt.Errorf("%w: request %d differs between groups 0 and %d", errPool, id, g)
+			}
+			if want := c.sibling(g, id); r.sibling != want {
+				return fmt.Errorf("%w: request %d of group %d is not linked to its record in group %d", errPool, id, g, g+1)
+			}
+		}
+	}
+	return c.auditPool()
+}
+
+// auditPool checks what spans the groups: the tiers (auditTiers), that no
+// page is held by two groups, and that every page's reference count is
+// exactly its holders: the running requests of every group, one per cache
+// holding it, and one per tier copy in flight.
+func (c *core) auditPool() error {
+	held := make(map[PageID]int32)
+	owner := make(map[PageID]int)
+	own := func(p PageID, g int) error {
+		if o, ok := owner[p]; ok && o != g {
+			return fmt.Errorf("%w: page %d is held by groups %d and %d", errPool, p, o, g)
+		}
+		owner[p] = g
+		held[p]++
+		return nil
+	}
+	for g, m := range c.groups {
+		for _, r := range m.reqs {
+			if r.running {
+				for _, p := range m.table.Pages(r.seq()) {
+					if err := own(p, g); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for p := range PageID(c.alloc.NumPages()) {
+			if m.cache.Cached(p) {
+				if err := own(p, g); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := c.auditTiers(held); err != nil {
+		return err
+	}
+	for p := range PageID(c.alloc.NumPages()) {
+		if rc := c.alloc.RefCount(p); rc != held[p] {
+			return fmt.Errorf("%w: page %d has refcount %d, but the requests, caches and tier copies hold it %d times", errPool, p, rc, held[p])
+		}
+	}
+	return nil
+}
+
+// errPool is the class of the pool-wide Audit's findings.
+var errPool = errors.New("pagedkv: pool")
