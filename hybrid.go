@@ -132,9 +132,22 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		}
 		sinks = gs
 	}
+	// The host tier's KV events: group g's host pages (those of its digest
+	// chain) are announced through GroupSink(g), labelled with the group.
+	var hostSinks []HostEventSink
 	if hs, ok := cfg.CacheEvents.(HostEventSink); ok && hs.HostPages() != 0 {
-		return nil, fmt.Errorf("%w: CacheEvents announces %d host pages in a hybrid config: a HybridManager's host tier has no KV events yet (host pages are not labelled by group); build the sink with 0 host pages",
-			ErrBadConfig, hs.HostPages())
+		for g := range cfg.Groups {
+			gs, ok := sinks.GroupSink(g).(HostEventSink)
+			if !ok || gs.HostPages() != hs.HostPages() {
+				n := 0
+				if ok {
+					n = gs.HostPages()
+				}
+				return nil, fmt.Errorf("%w: CacheEvents announces %d host pages, its group %d sink (%T) %d: a HybridManager announces group g's host pages through GroupSink(g), which must be a HostEventSink of as many",
+					ErrBadConfig, hs.HostPages(), g, sinks.GroupSink(g), n)
+			}
+			hostSinks = append(hostSinks, gs)
+		}
 	}
 	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
 	if err != nil {
@@ -144,10 +157,12 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	// tier copies) for every group: each group's pages enter it under
 	// digests of their own (Manager.tierRoot).
 	tcfg := cfg.Config
-	tcfg.CacheEvents = nil
-	tiers, err := newTiers(&tcfg)
+	tiers, err := newTiers(&tcfg) // checks CacheEvents' HostPages against Tiers.HostPages
 	if err != nil {
 		return nil, err
+	}
+	if tiers != nil && hostSinks != nil {
+		tiers.ev = hostSinks
 	}
 	h := &HybridManager{alloc: alloc, specs: append([]layergroup.Spec(nil), cfg.Groups...),
 		plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
@@ -163,7 +178,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		}
 		m.windowCascade = true
 		if tiers != nil {
-			m.tierTag = groupTierTag(i, g)
+			m.tierTag, m.tierGroup = groupTierTag(i, g), uint16(i)
 		}
 		h.groups = append(h.groups, m)
 		// One hash chain for every group (KV events name a prefix's pages

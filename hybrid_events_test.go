@@ -11,16 +11,19 @@ import (
 )
 
 // hybridEvents is a HybridManager's KV-event Recorder (one group per layer
-// group) and what a subscriber reconstructs from its stream, decoded by
-// internal/vllmwire: one GPU page set per group_idx.
+// group, mirroring the host tier's pages when it has some) and what a
+// subscriber reconstructs from its stream, decoded by internal/vllmwire:
+// one page set per group_idx and medium.
 type hybridEvents struct {
-	t      *testing.T
-	groups []LayerGroup
-	rec    *events.Recorder
-	q      *events.Queue
-	enc    *events.Encoder
-	sets   vllmwire.Groups
-	stored []int // BlockStored pages per group
+	t         *testing.T
+	groups    []LayerGroup
+	rec       *events.Recorder
+	q         *events.Queue
+	enc       *events.Encoder
+	sets      vllmwire.GroupMedia
+	stored    []int // BlockStored GPU pages per group
+	hostPages int
+	hostSeen  []int // BlockStored CPU pages per group
 }
 
 func hybridRecorderConfig(groups []LayerGroup, numPages, pageSize int) events.RecorderConfig {
@@ -32,12 +35,17 @@ func hybridRecorderConfig(groups []LayerGroup, numPages, pageSize int) events.Re
 	return cfg
 }
 
-func newHybridEvents(t *testing.T, groups []LayerGroup, numPages, pageSize int) *hybridEvents {
+// newHybridEvents returns the events of a HybridManager of groups whose
+// host tier has hostPages pages (0: none).
+func newHybridEvents(t *testing.T, groups []LayerGroup, numPages, pageSize, hostPages int) *hybridEvents {
 	q, err := events.NewQueue(4)
 	require.NoError(t, err)
-	rec, err := events.NewRecorder(hybridRecorderConfig(groups, numPages, pageSize), q)
+	cfg := hybridRecorderConfig(groups, numPages, pageSize)
+	cfg.HostPages = hostPages
+	rec, err := events.NewRecorder(cfg, q)
 	require.NoError(t, err)
-	return &hybridEvents{t: t, groups: groups, rec: rec, q: q, enc: events.NewEncoder(), sets: vllmwire.Groups{}, stored: make([]int, len(groups))}
+	return &hybridEvents{t: t, groups: groups, rec: rec, q: q, enc: events.NewEncoder(), sets: vllmwire.GroupMedia{},
+		stored: make([]int, len(groups)), hostPages: hostPages, hostSeen: make([]int, len(groups))}
 }
 
 // check flushes the step's events, applies them, and compares every
@@ -65,7 +73,13 @@ func (e *hybridEvents) check(h *HybridManager, what string) {
 			} else {
 				require.Nil(t, ev.SlidingWindow, "%s: group %d (%s) sent a sliding window", what, g, wk)
 			}
-			e.stored[g] += len(ev.BlockHashes)
+			if ev.Medium != nil && *ev.Medium == events.MediumCPU {
+				require.Positive(t, e.hostPages, "%s: a CPU page without a host tier", what)
+				e.hostSeen[g] += len(ev.BlockHashes)
+			} else {
+				require.True(t, ev.Medium != nil && *ev.Medium == events.MediumGPU, "%s: medium %v", what, ev.Medium)
+				e.stored[g] += len(ev.BlockHashes)
+			}
 		}
 		if err := e.sets.Apply(dec); err != nil {
 			t.Fatalf("%s: %v", what, err)
@@ -73,13 +87,52 @@ func (e *hybridEvents) check(h *HybridManager, what string) {
 	}
 	for g, m := range h.groups {
 		cached := m.CachedHashes(nil)
-		got := e.sets[int64(g)]
+		got := e.sets[int64(g)]["GPU"]
 		if len(cached) != len(got) {
 			t.Fatalf("%s: group %d: events say %d pages cached, the group caches %d", what, g, len(got), len(cached))
 		}
 		for _, hv := range cached {
 			if _, ok := got[hv]; !ok {
 				t.Fatalf("%s: group %d's cached page %#x was never announced", what, g, hv)
+			}
+		}
+	}
+	e.checkHost(h, what)
+}
+
+// checkHost compares every group's reconstructed CPU set with the host
+// tier's servable pages of the group: the host pool's ready pages (its own
+// state, not the tier's record of what it announced), each under the chain
+// hash and group the tier named it with (Audit checks those names against
+// the device caches' pages of the same digest).
+func (e *hybridEvents) checkHost(h *HybridManager, what string) {
+	t := e.t
+	t.Helper()
+	want := make([]map[uint64]bool, len(h.groups))
+	for g := range want {
+		want[g] = map[uint64]bool{}
+	}
+	if tr := h.core.tiers; tr != nil {
+		for p := range tr.host.NumPages() {
+			if _, _, ready, _, ok := tr.host.Entry(HostPageID(p)); ok && ready {
+				n := tr.hostName[p]
+				require.False(t, want[n.group][n.hash], "%s: group %d holds host hash %#x twice", what, n.group, n.hash)
+				want[n.group][n.hash] = true
+			}
+		}
+	}
+	for g := range h.groups {
+		got := e.sets[int64(g)]["CPU"]
+		if e.hostPages == 0 {
+			require.Empty(t, got, "%s: group %d: CPU pages without host events", what, g)
+			continue
+		}
+		if len(got) != len(want[g]) {
+			t.Fatalf("%s: group %d: events say %d host pages, the host tier serves %d", what, g, len(got), len(want[g]))
+		}
+		for hv := range want[g] {
+			if _, ok := got[hv]; !ok {
+				t.Fatalf("%s: group %d's host page %#x was never announced", what, g, hv)
 			}
 		}
 	}

@@ -97,7 +97,7 @@ func newHybridModelHarness(t *testing.T, groups []LayerGroup, seed uint64, withE
 	cfg := HybridConfig{Config: Config{NumPages: hmPages, PageSize: hhPageSize, HashSeed: 5, MaxPinnedPages: hmMaxPinned}, Groups: groups}
 	var ev *hybridEvents
 	if withEvents {
-		ev = newHybridEvents(t, groups, hmPages, hhPageSize)
+		ev = newHybridEvents(t, groups, hmPages, hhPageSize, 0)
 		cfg.CacheEvents = ev.rec
 	}
 	h, err := NewHybrid(cfg)

@@ -78,7 +78,8 @@ func TestHybridTiersMatchModel(t *testing.T) {
 		var computed map[string]bool
 		for run := range replicas {
 			s := open(run)
-			x := newHTHarness(t, configs["gpt-oss-like"], htConfig{seed: 100 + uint64(run), hostPages: 8, ahead: run % 2, remote: s, computed: computed})
+			x := newHTHarness(t, configs["gpt-oss-like"], htConfig{seed: 100 + uint64(run), hostPages: 8, ahead: run % 2, remote: s, computed: computed,
+				events: run%2 == 0})
 			x.run(perReplica)
 			computed = x.model.computed
 			flush(s)
@@ -86,6 +87,9 @@ func TestHybridTiersMatchModel(t *testing.T) {
 			sum.add(x)
 		}
 		require.Positive(t, sum.remoteHits, "no page was ever served from the store")
+		for g, n := range sum.hostEvents {
+			require.Positive(t, n, "group %d announced no host page", g)
+		}
 		t.Logf("%d replicas of %d ops: %s", replicas, perReplica, sum)
 	}
 	t.Run("redis", func(t *testing.T) {
@@ -171,7 +175,7 @@ func newHTHarness(t *testing.T, groups []LayerGroup, c htConfig) *htHarness {
 	x := &htHarness{t: t, rng: rand.New(src), ps: htPageSize, kv: make([]uint64, numPages*htPageSize),
 		model: newHTModel(htPageSize, c.computed), next: 1}
 	if c.events {
-		x.ev = newHybridEvents(t, groups, numPages, htPageSize)
+		x.ev = newHybridEvents(t, groups, numPages, htPageSize, c.hostPages)
 		cfg.CacheEvents = x.ev.rec
 	}
 	h, err := NewHybrid(cfg)
@@ -552,9 +556,18 @@ func (x *htHarness) drain() {
 // htSums adds up what the runs exercised.
 type htSums struct {
 	hostHits, remoteHits, offloaded, onloaded, evicted, hits, pinned, onloadChecks, steps int64
+	hostEvents                                                                            []int64 // CPU pages announced per group (runs with events)
 }
 
 func (s *htSums) add(x *htHarness) {
+	if x.ev != nil {
+		for g, n := range x.ev.hostSeen {
+			if g >= len(s.hostEvents) {
+				s.hostEvents = append(s.hostEvents, 0)
+			}
+			s.hostEvents[g] += int64(n)
+		}
+	}
 	st := x.h.Stats()
 	s.hostHits += st.Tiers.HostHitTokens
 	s.remoteHits += st.Tiers.RemoteHitTokens
@@ -569,6 +582,9 @@ func (s *htSums) add(x *htHarness) {
 
 func (s htSums) require(t *testing.T) {
 	require.Positive(t, s.hostHits, "the workload never hit the host tier")
+	for g, n := range s.hostEvents {
+		require.Positive(t, n, "group %d announced no host page", g)
+	}
 	require.Positive(t, s.offloaded)
 	require.Positive(t, s.onloaded)
 	require.Positive(t, s.evicted)

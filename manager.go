@@ -219,6 +219,10 @@ type Manager struct {
 	// tierTag is the group's identity in tier digests (tierRoot): "" for
 	// a dense Manager.
 	tierTag string
+	// tierGroup is the group's index in its HybridManager (0 for a dense
+	// Manager): the host tier announces the pages of its digest chain
+	// through tiers.ev[tierGroup].
+	tierGroup uint16
 
 	// prepared is the pages the prepared step needs, counted when the
 	// cache had evicted preparedEvictions pages (apply counts again only

@@ -133,11 +133,13 @@ type pageMeta struct {
 	lora             string // the namespace's LoRA adapter
 }
 
-// hostName is what KV events call a host page: its device chain hash.
+// hostName is what KV events call a host page: its device chain hash, and
+// the group whose digest chain it holds (Manager.tierGroup).
 type hostName struct {
 	hash, parentHash uint64
 	root             bool
 	lora             string
+	group            uint16
 }
 
 // tierCopy is one copy's record; the copy holds one allocator reference on
@@ -170,10 +172,12 @@ type tiers struct {
 	tokens    []int32       // [device page * PageSize]: tokens of cached pages
 	hostFirst []tier.Digest // [host page]: the chain's first page digest (RemotePage.Chain)
 
-	// KV events of the host tier (medium "CPU"): ev is CacheEvents when it
-	// implements HostEventSink; hostName names each claimed host page and
-	// hostLive marks those announced as stored (exactly the ready pages).
-	ev       HostEventSink
+	// KV events of the host tier (medium "CPU"): ev[g] is group g's sink
+	// (ev[0] the CacheEvents of a dense Manager when it implements
+	// HostEventSink; a HybridManager's GroupSink(g)), nil without host
+	// events; hostName names each claimed host page and hostLive marks
+	// those announced as stored (exactly the ready pages).
+	ev       []HostEventSink
 	hasher   prefixcache.Hasher
 	hostName []hostName
 	hostLive []bool
@@ -226,7 +230,7 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 		if t.offloading {
 			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
 				t.hostFirst[h] = md.first
-				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora})
+				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup})
 				// The cache's reference becomes the copy's.
 				t.plan(c.m, tier.ToHost, p, h, nil, 0, true)
 				offloaded++
@@ -292,11 +296,14 @@ func newTiers(cfg *Config) (*tiers, error) {
 		meta:      make([]pageMeta, cfg.NumPages),
 		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
 		hostFirst: make([]tier.Digest, tc.HostPages),
-		ev:        ev,
+		ev:        nil,
 		hostName:  make([]hostName, tc.HostPages),
 		hostLive:  make([]bool, tc.HostPages),
 		// tier.Next's scratch: digests cost no allocation.
 		buf: make([]byte, 0, 64+32+4*cfg.PageSize),
+	}
+	if ev != nil {
+		t.ev = []HostEventSink{ev}
 	}
 	if t.deadline == 0 {
 		t.deadline = DefaultRemoteDeadline
@@ -327,7 +334,7 @@ func (t *tiers) hostClaimed(h HostPageID, n hostName) {
 	if t.hostLive[h] {
 		t.hostLive[h] = false
 		if t.ev != nil {
-			t.ev.HostPageRemoved(int(h), t.hostName[h].hash)
+			t.ev[t.hostName[h].group].HostPageRemoved(int(h), t.hostName[h].hash)
 		}
 	}
 	t.hostName[h] = n
@@ -338,7 +345,7 @@ func (t *tiers) hostWritten(h HostPageID) {
 	t.hostLive[h] = true
 	if t.ev != nil {
 		n := &t.hostName[h]
-		t.ev.HostPageStored(int(h), n.hash, n.parentHash, !n.root, n.lora, t.host.Tokens(h))
+		t.ev[n.group].HostPageStored(int(h), n.hash, n.parentHash, !n.root, n.lora, t.host.Tokens(h))
 	}
 }
 
@@ -652,7 +659,7 @@ func (m *Manager) tierProbe(r *request, pages []PageID, want int, hits []HostPag
 			}
 			t.hostFirst[h] = first
 			nh := t.hasher.Page(hv, tok)
-			t.hostClaimed(h, hostName{hash: nh, parentHash: hv, root: j == 0, lora: r.key.Namespace().LoRA})
+			t.hostClaimed(h, hostName{hash: nh, parentHash: hv, root: j == 0, lora: r.key.Namespace().LoRA, group: m.tierGroup})
 			hv = nh
 			t.claims = append(t.claims, h)
 			t.fetch = append(t.fetch, tier.RemotePage{Digest: nd, Parent: d, Chain: first, Tokens: t.host.Tokens(h), Data: t.host.Page(h)})
@@ -731,7 +738,7 @@ func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added b
 		if t.writeThrough && !t.host.Has(nd) {
 			if h, ok := t.claim(nd, r.tchain, tokens); ok {
 				t.hostFirst[h] = r.tfirst
-				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora})
+				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup})
 				t.one[0] = page
 				if err := m.alloc.Retain(t.one[:]...); err != nil {
 					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))
@@ -927,7 +934,7 @@ func (c *core) auditTiers(held map[PageID]int32) error {
 				p, hash, parentHash, root, md.hash, md.parentHash, md.root)
 		}
 		if h, ok := onHost[md.digest]; ok {
-			if n := &t.hostName[h]; n.hash != md.hash || n.root != md.root || n.parentHash != md.parentHash || n.lora != md.lora {
+			if n := &t.hostName[h]; n.hash != md.hash || n.root != md.root || n.parentHash != md.parentHash || n.lora != md.lora || n.group != m.tierGroup {
 				return fmt.Errorf("pagedkv: host page %d holds page %d's digest under chain hash %#x, the cache's is %#x", h, p, n.hash, md.hash)
 			}
 		}

@@ -33,7 +33,11 @@ type RecorderConfig struct {
 	// (pagedkv.TierConfig.HostPages); 0 means none. With a host tier the
 	// Recorder also announces the host pages, with medium [MediumCPU]
 	// (HostPageStored, HostPageRemoved), and must have the Manager's
-	// number of host pages.
+	// number of host pages. With Groups, a host page belongs to the group
+	// whose digest chain it holds (a pagedkv.HybridManager's one host tier
+	// serves every group): it is announced through [Recorder.GroupSink](g),
+	// whose sink also implements the host methods, with group g's
+	// "group_idx" and spec fields.
 	HostPages int
 	// Group, when not nil, is sent as "group_idx" (the KV-cache group of
 	// hybrid models); nil leaves the field out, which vLLM's decoder reads
@@ -215,6 +219,7 @@ type Recorder struct {
 	hostHasParent  []bool
 	hostLora       []string
 	hostTokens     []int32
+	hostGroup      []uint16 // the group whose digest chain the page holds
 
 	resync bool // a batch was dropped: the next one starts over
 	stats  RecorderStats
@@ -262,6 +267,7 @@ func NewRecorder(cfg RecorderConfig, q *Queue) (*Recorder, error) {
 		hostLive: make([]bool, cfg.HostPages), hostHash: make([]uint64, cfg.HostPages),
 		hostParentHash: make([]uint64, cfg.HostPages), hostHasParent: make([]bool, cfg.HostPages),
 		hostLora: make([]string, cfg.HostPages), hostTokens: make([]int32, cfg.HostPages*cfg.PageSize),
+		hostGroup: make([]uint16, cfg.HostPages),
 	}
 	if len(cfg.Groups) == 0 {
 		gm := groupMeta{specKind: cfg.SpecKind, slidingWindow: cfg.SlidingWindow}
@@ -302,7 +308,10 @@ func (r *Recorder) NumGroups() int { return len(r.sinks) }
 // GroupSink returns the [prefixcache.Sink] of group g's prefix cache: its
 // events carry group_idx g and the group's spec fields. Page IDs are the
 // pool's, shared by the groups; a page is in one group's cache at a time.
-// It panics for g outside RecorderConfig.Groups.
+// The sink also has the host methods (HostPages, HostPageStored,
+// HostPageRemoved) for the host pages of group g's digest chain; host page
+// IDs are the one host tier's, a page in one group at a time. It panics
+// for g outside RecorderConfig.Groups.
 func (r *Recorder) GroupSink(g int) prefixcache.Sink { return &r.sinks[g] }
 
 // GroupSpec returns group g's "kv_cache_spec_kind" and
@@ -325,6 +334,18 @@ func (s *groupSink) PageStored(page prefixcache.PageID, hash uint64, parent pref
 func (s *groupSink) PageRemoved(page prefixcache.PageID, hash uint64) {
 	s.r.pageRemoved(s.g, page, hash)
 }
+
+// HostPages is the Recorder's (RecorderConfig.HostPages).
+func (s *groupSink) HostPages() int { return len(s.r.hostLive) }
+
+// HostPageStored is [Recorder.HostPageStored] for a host page of group g.
+func (s *groupSink) HostPageStored(page int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32) {
+	s.r.hostPageStored(s.g, page, hash, parentHash, hasParent, lora, tokens)
+}
+
+// HostPageRemoved is [Recorder.HostPageRemoved] for a host page of group
+// g.
+func (s *groupSink) HostPageRemoved(page int, hash uint64) { s.r.hostPageRemoved(s.g, page, hash) }
 
 func (r *Recorder) pageStored(g uint16, page prefixcache.PageID, hash uint64, parent prefixcache.PageID, parentHash uint64, key prefixcache.Key, tokens []int32) {
 	p := int(page)
@@ -365,33 +386,41 @@ func (r *Recorder) HostPages() int { return len(r.hostLive) }
 // tokens at chain hash hash; parentHash is the chain hash of the page
 // before it (hasParent false at depth 0) and lora the namespace's LoRA
 // adapter. It becomes a BlockStored with medium "CPU". The parent need not
-// be in the host tier: host pages are kept and reclaimed one by one.
+// be in the host tier: host pages are kept and reclaimed one by one. With
+// RecorderConfig.Groups it is group 0's (see [Recorder.GroupSink]).
 func (r *Recorder) HostPageStored(page int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32) {
+	r.hostPageStored(0, page, hash, parentHash, hasParent, lora, tokens)
+}
+
+func (r *Recorder) hostPageStored(g uint16, page int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32) {
 	if page < 0 || page >= len(r.hostLive) || len(tokens) != r.meta.pageSize || r.hostLive[page] {
-		panic(fmt.Sprintf("events: host page %d stored with %d tokens; the recorder has %d host pages of %d tokens (live %v)",
-			page, len(tokens), len(r.hostLive), r.meta.pageSize, page >= 0 && page < len(r.hostLive) && r.hostLive[page]))
+		panic(fmt.Sprintf("events: host page %d stored (group %d) with %d tokens; the recorder has %d host pages of %d tokens (live %v)",
+			page, g, len(tokens), len(r.hostLive), r.meta.pageSize, page >= 0 && page < len(r.hostLive) && r.hostLive[page]))
 	}
-	r.hostLive[page], r.hostHash[page] = true, hash
+	r.hostLive[page], r.hostHash[page], r.hostGroup[page] = true, hash, g
 	r.hostParentHash[page], r.hostHasParent[page], r.hostLora[page] = parentHash, hasParent, lora
 	if !hasParent {
 		r.hostParentHash[page] = 0
 	}
 	copy(r.hostTokens[page*r.meta.pageSize:], tokens)
 	if !r.resync {
-		r.cur.stored(hash, r.hostParentHash[page], hasParent, lora, tokens, true, 0)
+		r.cur.stored(hash, r.hostParentHash[page], hasParent, lora, tokens, true, g)
 	}
 }
 
 // HostPageRemoved reports that host page page, which had chain hash hash,
-// was reclaimed: a BlockRemoved with medium "CPU".
-func (r *Recorder) HostPageRemoved(page int, hash uint64) {
-	if page < 0 || page >= len(r.hostLive) || !r.hostLive[page] || r.hostHash[page] != hash {
-		panic(fmt.Sprintf("events: host page %d (hash %#x) removed but not recorded as stored", page, hash))
+// was reclaimed: a BlockRemoved with medium "CPU". With
+// RecorderConfig.Groups it is group 0's (see [Recorder.GroupSink]).
+func (r *Recorder) HostPageRemoved(page int, hash uint64) { r.hostPageRemoved(0, page, hash) }
+
+func (r *Recorder) hostPageRemoved(g uint16, page int, hash uint64) {
+	if page < 0 || page >= len(r.hostLive) || !r.hostLive[page] || r.hostHash[page] != hash || r.hostGroup[page] != g {
+		panic(fmt.Sprintf("events: host page %d (hash %#x) removed from group %d but not recorded as stored there", page, hash, g))
 	}
 	r.hostLive[page] = false
 	r.hostLora[page] = ""
 	if !r.resync {
-		r.cur.removed(hash, true, 0)
+		r.cur.removed(hash, true, g)
 	}
 }
 
@@ -475,7 +504,7 @@ func (r *Recorder) snapshot() {
 	}
 	for h, live := range r.hostLive {
 		if live {
-			r.cur.stored(r.hostHash[h], r.hostParentHash[h], r.hostHasParent[h], r.hostLora[h], r.hostTokens[h*ps:(h+1)*ps], true, 0)
+			r.cur.stored(r.hostHash[h], r.hostParentHash[h], r.hostHasParent[h], r.hostLora[h], r.hostTokens[h*ps:(h+1)*ps], true, r.hostGroup[h])
 		}
 	}
 }

@@ -385,3 +385,45 @@ func (gs Groups) Apply(b Batch) error {
 	}
 	return nil
 }
+
+// GroupMedia is the page set per KV-cache group ("group_idx") and medium
+// that a subscriber of a hybrid model's stream with a CPU tier
+// reconstructs.
+type GroupMedia map[int64]Media
+
+// Apply applies a batch's events in order: BlockStored and BlockRemoved to
+// their group's and medium's set (each must carry group_idx),
+// AllBlocksCleared to every set. It reports what [Media.Apply] does, per
+// group: a stored GPU block's parent must be cached on the GPU in the same
+// group.
+func (gm GroupMedia) Apply(b Batch) error {
+	for i := range b.Events {
+		e := &b.Events[i]
+		if e.Type == "AllBlocksCleared" {
+			for _, m := range gm {
+				for _, s := range m {
+					clear(s)
+				}
+			}
+			continue
+		}
+		if e.GroupIdx == nil {
+			return fmt.Errorf("vllmwire: event %d (%s, medium %q) has no group_idx", i, e.Type, mediumOf(e))
+		}
+		m := gm[*e.GroupIdx]
+		if m == nil {
+			m = Media{}
+			gm[*e.GroupIdx] = m
+		}
+		med := mediumOf(e)
+		s := m[med]
+		if s == nil {
+			s = Set{}
+			m[med] = s
+		}
+		if err := s.apply(i, e, med == "GPU"); err != nil {
+			return fmt.Errorf("group %d: %w", *e.GroupIdx, err)
+		}
+	}
+	return nil
+}
