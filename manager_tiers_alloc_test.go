@@ -47,7 +47,8 @@ type tierTarget interface {
 }
 
 // newTierChurn drives a Manager, or with groups a HybridManager whose
-// groups share the host tier (no KV events then).
+// groups share the host tier (and, with events, one Recorder of the groups
+// that announces each group's device and host pages).
 func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool, groups ...LayerGroup) *tierChurn {
 	const ps = 16
 	numPages := nreq*maxLen/ps + 64
@@ -62,10 +63,20 @@ func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool, gr
 	}
 	cfg := Config{NumPages: numPages, PageSize: ps, HashSeed: 1,
 		Tiers: TierConfig{HostPages: hostPages, WriteThrough: true, OffloadFreePages: numPages / 8}}
+	if groups != nil {
+		cfg.NumPages *= len(groups)
+		cfg.Tiers.HostPages *= len(groups)
+		cfg.Tiers.OffloadFreePages *= len(groups)
+	}
 	if withEvents {
 		c.q, err = events.NewQueue(4)
 		require.NoError(t, err)
-		c.rec, err = events.NewRecorder(events.RecorderConfig{NumPages: numPages, HostPages: hostPages, PageSize: ps}, c.q)
+		rc := events.RecorderConfig{NumPages: cfg.NumPages, PageSize: ps}
+		if groups != nil {
+			rc = hybridRecorderConfig(groups, cfg.NumPages, ps)
+		}
+		rc.HostPages = cfg.Tiers.HostPages
+		c.rec, err = events.NewRecorder(rc, c.q)
 		require.NoError(t, err)
 		cfg.CacheEvents = c.rec
 	}
@@ -75,9 +86,6 @@ func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool, gr
 		c.m, c.stats, c.host = m, m.Stats, m.tiers.host
 		c.reserve = func(ids []RequestID, nt []int32) error { _, err := m.Reserve(ids, nt); return err }
 	} else {
-		cfg.NumPages *= len(groups)
-		cfg.Tiers.HostPages *= len(groups)
-		cfg.Tiers.OffloadFreePages *= len(groups)
 		h, err := NewHybrid(HybridConfig{Config: cfg, Groups: groups})
 		require.NoError(t, err)
 		c.m, c.stats, c.host = h, func() Stats { return h.Stats().Stats }, h.core.tiers.host
@@ -162,7 +170,7 @@ func TestTierStepAllocatesNothing(t *testing.T) {
 		nreq   int
 		events bool
 		groups []LayerGroup
-	}{{64, false, nil}, {256, false, nil}, {64, true, nil}, {64, false, gptOSS}} {
+	}{{64, false, nil}, {256, false, nil}, {64, true, nil}, {64, false, gptOSS}, {64, true, gptOSS}} {
 		nreq := tc.nreq
 		name := fmt.Sprint(nreq, "requests")
 		if tc.events {
@@ -194,6 +202,9 @@ func TestTierStepAllocatesNothing(t *testing.T) {
 				ev, host := c.rec.Stats(), c.host.Counters()
 				require.Greater(t, host.Reclaimed, hostBefore.Reclaimed, "no host page was reclaimed in the measured steps")
 				require.Greater(t, ev.Pages, evBefore.Pages, "no event in the measured steps")
+				for g := range c.rec.NumGroups() {
+					require.Positive(t, c.rec.GroupStats(g).StoredPages, "group %d announced no device page", g)
+				}
 			}
 			t.Logf("%d steps measured: %d pages offloaded, %d onloaded", runs+1,
 				st.Tiers.OffloadedPages-before.OffloadedPages, st.Tiers.OnloadedPages-before.OnloadedPages)
