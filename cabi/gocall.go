@@ -9,6 +9,7 @@ const char *pagedkv_last_error(void);
 import "C"
 
 import (
+	"slices"
 	"unsafe"
 )
 
@@ -473,6 +474,19 @@ func goDrainEvents(h uint64) ([]byte, int32) {
 var drainOut struct {
 	data *C.uint8_t
 	n    C.int64_t
+}
+
+// goCachedHashes is pagedkv_cached_hashes of medium (PAGEDKV_MEDIUM_*)
+// into a buffer of capacity hashes.
+func goCachedHashes(h uint64, medium int32, capacity int) ([]uint64, int32) {
+	p := (*C.uint64_t)(C.malloc(C.size_t(max(capacity, 1) * 8)))
+	defer C.free(unsafe.Pointer(p))
+	var n C.int64_t
+	code := int32(pagedkv_cached_hashes(C.pagedkv_manager(h), C.int32_t(medium), p, C.int64_t(capacity), &n))
+	if code != 0 {
+		return nil, code
+	}
+	return slices.Clone(unsafe.Slice((*uint64)(unsafe.Pointer(p)), int(n))), code
 }
 
 func goTierStats(h uint64) ([]int64, int32) {

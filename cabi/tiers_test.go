@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -74,10 +75,10 @@ func completeTierCopies(t testing.TB, h uint64, copies []abiTierCopy, done []uin
 }
 
 // TestABIHybridTierStepIsAllocationFree: a hybrid decode step with a
-// write-through host tier through the C ABI (hybrid_reserve, commit, take
-// the tier copies of every group, complete them) allocates nothing in
-// steady state; each group's tier counters add up to the pool's, and the
-// group stats keep their old, smaller size.
+// write-through host tier and KV events through the C ABI (hybrid_reserve,
+// commit, take the tier copies of every group, complete them, drain the
+// events) allocates nothing in steady state; each group's tier counters
+// add up to the pool's, and the group stats keep their old, smaller size.
 func TestABIHybridTierStepIsAllocationFree(t *testing.T) {
 	// 64 host pages: a page boundary's 3*32 write-throughs find the host
 	// tier full (no claim is tried); 128: every group offloads.
@@ -89,7 +90,7 @@ func TestABIHybridTierStepIsAllocationFree(t *testing.T) {
 func hybridTierSteps(t *testing.T, host int64) {
 	const n = 32
 	o := tierOptions(host)
-	o.Events, o.Layers, o.Groups = false, int64(len(hybridGroups)), hybridGroups
+	o.Layers, o.Groups = int64(len(hybridGroups)), hybridGroups
 	h, code := goCreateEx(abiConfig{NumPages: n * 200, PageSize: 16, HashSeed: 1}, o)
 	if code != codeOK {
 		t.Fatalf("hybrid create_ex: %d %s", code, goLastError())
@@ -103,12 +104,22 @@ func hybridTierSteps(t *testing.T, host int64) {
 	}
 	var copies []abiTierCopy
 	done := make([]uint64, 0, 4*n)
-	checkStepAllocs(t, "a hybrid decode step with a host tier through the C ABI", func() {
+	batches := 0
+	checkStepAllocs(t, "a hybrid decode step with a host tier and KV events through the C ABI", func() {
 		if goHybridReserveC(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 			t.Fatalf("step failed: %s", goLastError())
 		}
 		copies, done = completeTierCopies(t, h, copies, done)
+		for p, code := goDrainEvents(h); p != nil; p, code = goDrainEvents(h) {
+			if code != codeOK {
+				t.Fatalf("drain: %s", goLastError())
+			}
+			batches++
+		}
 	})
+	if batches < 5 {
+		t.Fatalf("the steps published %d event batches", batches)
+	}
 	st, _ := goTierStats(h)
 	var offloaded int64
 	for g := range hybridGroups {
@@ -129,6 +140,144 @@ func hybridTierSteps(t *testing.T, host int64) {
 		t.Fatalf("the steps offloaded %d pages, the groups %d; host full %d times", st[5], offloaded, st[10])
 	}
 	t.Logf("%d pages offloaded, %d host pages in use, host full %d times", st[5], st[1], st[10])
+}
+
+// TestABIHybridTierEvents: a hybrid handle with a host tier and KV events
+// (pagedkv_hybrid_create_ex with opts.tiers and opts.events) announces each
+// group's device and host pages: random adds, steps, releases, evictions
+// and copy completions, every drained batch decoded by the independent
+// vLLM decoder (internal/vllmwire) into page sets per group_idx and
+// medium. After every round each group's GPU set has the group's cached
+// page count and the CPU sets together are exactly the host tier's
+// servable hashes (pagedkv_cached_hashes, PAGEDKV_MEDIUM_CPU); every
+// event carries a group_idx below the number of groups.
+func TestABIHybridTierEvents(t *testing.T) {
+	groups := []abiGroup{{Kind: 1, WindowTokens: 8, NumLayers: 1}, {Kind: 0, NumLayers: 1}}
+	o := tierOptions(24)
+	o.Layers, o.Groups = int64(len(groups)), groups
+	h, code := goCreateEx(abiConfig{NumPages: 40, PageSize: 4, HashSeed: 1}, o)
+	if code != codeOK {
+		t.Fatalf("hybrid create_ex with tiers and events: %d %s", code, goLastError())
+	}
+	defer goDestroy(h)
+	rng := rand.New(rand.NewPCG(3, 9))
+	sets := vllmwire.GroupMedia{}
+	plan := newCHybridPlan(len(groups))
+	defer plan.free()
+	var copies []abiTierCopy
+	var done []uint64
+	var live []uint64
+	pend := map[uint64]int32{} // tokens a request has to compute
+	steps := 0
+	next := uint64(1)
+	cpu := make([]int, len(groups))
+	for round := range 300 {
+		switch k := rng.IntN(6); {
+		case k < 2:
+			prompt := make([]int32, 1+rng.IntN(20))
+			base := int32(rng.IntN(4)) * 100
+			for i := range prompt {
+				prompt[i] = base + int32(i)
+			}
+			if hit, code := goAdd(h, next, abiRequest{Prompt: prompt, PromptLen: int64(len(prompt)), CapacityTokens: 256}); code == codeOK {
+				live = append(live, next)
+				pend[next] = int32(int64(len(prompt)) - hit)
+			}
+			next++
+		case k < 4:
+			if len(live) > 0 {
+				copies, done = completeTierCopies(t, h, copies, done) // no request left loading
+				nt := make([]int32, len(live))
+				for i, id := range live {
+					nt[i] = pend[id]
+				}
+				if c := goHybridReserveC(h, live, nt, int64(len(live)), plan); c != codeOK {
+					// Out of pages: the engine gives up its oldest request.
+					if c != codeOutOfPages || goRelease(h, live[0]) != codeOK {
+						t.Fatalf("round %d: reserve: %d %s", round, c, goLastError())
+					}
+					delete(pend, live[0])
+					live = live[1:]
+				} else {
+					sampled := make([]int32, len(live))
+					for i, id := range live {
+						sampled[i] = int32(rng.IntN(3))
+						pend[id] = 1
+					}
+					if goCommit(h, sampled, int64(len(live))) != codeOK {
+						t.Fatalf("round %d: commit: %s", round, goLastError())
+					}
+					steps++
+				}
+			}
+		case k < 5:
+			if len(live) > 0 {
+				i := rng.IntN(len(live))
+				delete(pend, live[i])
+				if goRelease(h, live[i]) != codeOK {
+					t.Fatalf("round %d: release: %s", round, goLastError())
+				}
+				live = slices.Delete(live, i, i+1)
+			}
+		default:
+			goEvict(h, int64(1+rng.IntN(8)))
+		}
+		copies, done = completeTierCopies(t, h, copies, done)
+		for p, code := goDrainEvents(h); p != nil; p, code = goDrainEvents(h) {
+			if code != codeOK {
+				t.Fatalf("round %d: drain: %s", round, goLastError())
+			}
+			b, err := vllmwire.Decode(bytes.Clone(p))
+			if err != nil {
+				t.Fatalf("round %d: payload %x: %v", round, p, err)
+			}
+			for _, e := range b.Events {
+				if e.Type == "AllBlocksCleared" {
+					continue
+				}
+				if e.GroupIdx == nil || *e.GroupIdx < 0 || *e.GroupIdx >= int64(len(groups)) {
+					t.Fatalf("round %d: %s with group_idx %v", round, e.Type, e.GroupIdx)
+				}
+				if e.Type == "BlockStored" && e.Medium != nil && *e.Medium == "CPU" {
+					cpu[*e.GroupIdx] += len(e.BlockHashes)
+				}
+			}
+			if err := sets.Apply(b); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		if goAudit(h) != codeOK {
+			t.Fatalf("round %d: audit: %s", round, goLastError())
+		}
+		host, code := goCachedHashes(h, 1, 64)
+		if code != codeOK {
+			t.Fatalf("round %d: cached_hashes: %s", round, goLastError())
+		}
+		var announced []uint64
+		for g := range groups {
+			for hv := range sets[int64(g)]["CPU"] {
+				announced = append(announced, hv)
+			}
+			gs, _ := goGroupStats(h, int64(g), 13*8)
+			if int64(len(sets[int64(g)]["GPU"])) != gs[1] {
+				t.Fatalf("round %d: group %d: %d GPU pages announced, %d cached", round, g, len(sets[int64(g)]["GPU"]), gs[1])
+			}
+		}
+		slices.Sort(announced)
+		slices.Sort(host)
+		if !slices.Equal(announced, host) {
+			t.Fatalf("round %d: CPU pages announced %x, the host tier serves %x", round, announced, host)
+		}
+	}
+	for g, n := range cpu {
+		if n == 0 {
+			t.Errorf("group %d announced no host page", g)
+		}
+	}
+	if steps < 20 {
+		t.Errorf("only %d steps ran", steps)
+	}
+	t.Logf("%d steps; host pages announced per group: %v", steps, cpu)
 }
 
 // TestDrainedEventsDecodeAsVLLM: what pagedkv_drain_events hands out is
@@ -233,13 +382,10 @@ func FuzzTierOptions(f *testing.F) {
 			o.DiskSize = 7
 		}
 		hybrid := next()%4 == 1
-		if hybrid { // a sliding and a full group: tiers, events and pins, not events with host pages
+		if hybrid { // a sliding and a full group: tiers, events (of host pages too) and pins
 			o.Groups = []abiGroup{{Kind: 1, WindowTokens: 6, NumLayers: 1}, {Kind: 0, NumLayers: 1}}
 		}
 		h, code := goCreateEx(abiConfig{NumPages: 16, PageSize: 4, HashSeed: 1}, o)
-		if hybrid && o.Tiers && o.HostPages > 0 && o.Events && code == codeOK {
-			t.Fatalf("a hybrid manager took KV events with %d host pages", o.HostPages)
-		}
 		switch code {
 		case codeOK:
 		case codeBadArgument, codeBadConfig:
