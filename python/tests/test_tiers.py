@@ -191,12 +191,9 @@ def test_tier_stats_from_another_thread():
 
 def test_hybrid_tiers():
     """A HybridManager's host tier: the same calls as Manager's, copies of
-    pool pages (every layer), each group's tier counters; events that
-    announce host pages are refused with Go's error."""
+    pool pages (every layer), each group's tier counters."""
     groups = [pagedkv.LayerGroup("sliding", window_tokens=8), pagedkv.LayerGroup("full")]
     fmt = pagedkv.PageFormat(dtype="f32", num_kv_heads=1, head_dim=1, num_layers=2)
-    with pytest.raises(pagedkv.BadConfig, match="announces 8 host pages in a hybrid config"):
-        pagedkv.HybridManager(16, 4, groups, tiers=pagedkv.Tiers(8, format=fmt), events=True)
     with pytest.raises(pagedkv.BadArgument, match="tiers.host_pages = -1"):
         pagedkv.HybridManager(16, 4, groups, tiers=pagedkv.Tiers(-1))
     h = pagedkv.HybridManager(16, 4, groups, hash_seed=1, tiers=pagedkv.Tiers(16, format=fmt))
@@ -230,6 +227,41 @@ def test_hybrid_tiers():
     assert [(g.host_hit_tokens, g.offloaded_pages, g.onloaded_pages) for g in gs] == [(8, 3, 2), (8, 3, 2)]
     assert (ts.host_hit_tokens, ts.offloaded_pages, ts.onloaded_pages) == (16, 6, 4)
     h.tier_flush()
+    h.audit()
+    h.close()
+
+
+def test_hybrid_tier_events():
+    """A HybridManager with a host tier and KV events announces each group's
+    host pages: medium "CPU", the group's group_idx and spec; the CPU pages
+    announced and not removed are the host tier's servable ones."""
+    groups = [pagedkv.LayerGroup("sliding", window_tokens=8), pagedkv.LayerGroup("full")]
+    fmt = pagedkv.PageFormat(dtype="f32", num_kv_heads=1, head_dim=1, num_layers=2)
+    h = pagedkv.HybridManager(16, 4, groups, hash_seed=1, tiers=pagedkv.Tiers(8, format=fmt), events=True)
+    prompt = list(range(12))
+    h.add(1, prompt)
+    h.reserve([1], [12])
+    h.commit([3])
+    h.release(1)
+    h.evict(16)
+    c = h.tier_copies()
+    assert c.num_offloads == 6
+    h.complete_tier_copies(c.ids)
+    events = [e for b in h.drain_events() for e in msgpack.unpackb(b)[1]]
+    cpu = {0: set(), 1: set()}
+    gpu = {0: set(), 1: set()}
+    for e in events:
+        sets = cpu if e["medium"] == "CPU" else gpu
+        if e["type"] == "BlockStored":
+            spec = ("sliding_window", "full_attention")[e["group_idx"]]
+            assert e["kv_cache_spec_kind"] == spec
+            sets[e["group_idx"]].update(e["block_hashes"])
+        elif e["type"] == "BlockRemoved":
+            sets[e["group_idx"]].difference_update(e["block_hashes"])
+    assert [len(cpu[g]) for g in (0, 1)] == [3, 3]  # 3 pages a group offloaded
+    assert cpu[0] == cpu[1]  # one hash chain, a host page per group
+    assert sorted(h.cached_hashes("CPU").tolist()) == sorted(list(cpu[0]) + list(cpu[1]))
+    assert [len(gpu[g]) for g in (0, 1)] == [g.cached_pages for g in h.group_stats()]
     h.audit()
     h.close()
 
