@@ -185,8 +185,12 @@ type RecorderStats struct {
 // the batches a Recorder of several groups (RecorderConfig.Groups) handed
 // to the queue; events of dropped batches are not counted.
 type GroupStats struct {
-	Stored, Removed           int64 // BlockStored and BlockRemoved events
+	Stored, Removed           int64 // BlockStored and BlockRemoved events of device pages
 	StoredPages, RemovedPages int64 // pages they name
+	// The same of the group's host pages (medium "CPU";
+	// RecorderConfig.HostPages).
+	HostStored, HostRemoved           int64
+	HostStoredPages, HostRemovedPages int64
 }
 
 // Recorder is a Manager's [prefixcache.Sink]: it collects the step's cache
@@ -458,12 +462,14 @@ func (r *Recorder) Flush() bool {
 		gs, d := &r.gstats[g], &r.gstep[g]
 		gs.Stored, gs.Removed = gs.Stored+d.Stored, gs.Removed+d.Removed
 		gs.StoredPages, gs.RemovedPages = gs.StoredPages+d.StoredPages, gs.RemovedPages+d.RemovedPages
+		gs.HostStored, gs.HostRemoved = gs.HostStored+d.HostStored, gs.HostRemoved+d.HostRemoved
+		gs.HostStoredPages, gs.HostRemovedPages = gs.HostStoredPages+d.HostStoredPages, gs.HostRemovedPages+d.HostRemovedPages
 	}
 	r.cur = r.q.take(&r.meta)
 	return true
 }
 
-// countGroups counts the current batch's device events per group into
+// countGroups counts the current batch's events per group and medium into
 // r.gstep (nothing without RecorderConfig.Groups).
 func (r *Recorder) countGroups() {
 	if len(r.gstep) == 0 {
@@ -472,10 +478,18 @@ func (r *Recorder) countGroups() {
 	clear(r.gstep)
 	for i := range r.cur.events {
 		e := &r.cur.events[i]
-		if e.host {
+		d := &r.gstep[e.g]
+		n := int64(e.h1 - e.h0)
+		switch {
+		case e.host && e.kind == Stored:
+			d.HostStored++
+			d.HostStoredPages += n
+			continue
+		case e.host && e.kind == Removed:
+			d.HostRemoved++
+			d.HostRemovedPages += n
 			continue
 		}
-		d := &r.gstep[e.g]
 		switch e.kind {
 		case Stored:
 			d.Stored++

@@ -65,8 +65,13 @@ func (kv kvFlags) report(w io.Writer, pub *events.Publisher, rec *events.Recorde
 			kind = fmt.Sprintf("%s %d", kind, window)
 		}
 		gs := rec.GroupStats(g)
-		fmt.Fprintf(w, "%-14s group_idx %d, %s: %d BlockStored (%d pages), %d BlockRemoved (%d pages)\n",
-			fmt.Sprintf("kv group %d:", g), g, kind, gs.Stored, gs.StoredPages, gs.Removed, gs.RemovedPages)
+		host := ""
+		if rec.HostPages() > 0 {
+			host = fmt.Sprintf("; host pages (medium CPU): %d BlockStored (%d pages), %d BlockRemoved (%d pages)",
+				gs.HostStored, gs.HostStoredPages, gs.HostRemoved, gs.HostRemovedPages)
+		}
+		fmt.Fprintf(w, "%-14s group_idx %d, %s: %d BlockStored (%d pages), %d BlockRemoved (%d pages)%s\n",
+			fmt.Sprintf("kv group %d:", g), g, kind, gs.Stored, gs.StoredPages, gs.Removed, gs.RemovedPages, host)
 	}
 }
 

@@ -143,12 +143,15 @@ func TestSimulateModelReplicas(t *testing.T) {
 // group's kv_cache_spec_kind and sliding window), every group has stored
 // blocks, each group's reconstructed set is consistent and as large as the
 // summary's "cached at the end" for that group, and the summary's per-group
-// counts are what was received.
+// counts are what was received. The "/host" run has a host tier: each
+// group's host pages come too (medium "CPU", the group's group_idx), a
+// consistent stream per group and medium, counted in the summary.
 func TestSimulateModelKVEvents(t *testing.T) {
 	t.Parallel()
-	for _, model := range []string{"gpt-oss-like", "llama-4-like"} {
-		t.Run(model, func(t *testing.T) {
+	for _, name := range []string{"gpt-oss-like", "llama-4-like", "gpt-oss-like/host"} {
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
+			model, host := strings.CutSuffix(name, "/host")
 			preset, err := sim.Preset(model)
 			require.NoError(t, err)
 			groups, err := preset.Groups(preset.Layers)
@@ -156,6 +159,9 @@ func TestSimulateModelKVEvents(t *testing.T) {
 			addr := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
 			args := append([]string{"--model", model, "--requests", "8", "--pages", "64", "--kv-events", addr,
 				"--kv-events-wait", "1m", "--kv-events-linger", "1s"}, smallHybrid...)
+			if host {
+				args = append(args, "--host-pages", "32")
+			}
 			done, simOut, simErr := startSimulate(t, args)
 
 			sub := subscribeKV(t, addr)
@@ -178,15 +184,15 @@ func TestSimulateModelKVEvents(t *testing.T) {
 			require.Len(t, msgs, batches, "messages received, batches published")
 			require.Greater(t, batches, 5)
 
-			sets := vllmwire.Groups{}
+			sets := vllmwire.GroupMedia{}
 			type counts struct{ stored, storedPages, removed, removedPages int }
-			seen := make([]counts, len(groups))
+			seen, hostSeen := make([]counts, len(groups)), make([]counts, len(groups))
 			decoded := 0
 			for i, m := range msgs {
 				require.Equal(t, int64(i), m.Seq)
 				b, err := vllmwire.Decode(m.Payload)
 				require.NoError(t, err, "message %d", i)
-				require.NoError(t, sets.Apply(b), "message %d", i) // every event has a group_idx, medium GPU
+				require.NoError(t, sets.Apply(b), "message %d", i) // every event has a group_idx
 				decoded += len(b.Events)
 				for _, e := range b.Events {
 					if e.Type == "AllBlocksCleared" {
@@ -195,6 +201,13 @@ func TestSimulateModelKVEvents(t *testing.T) {
 					g := int(*e.GroupIdx)
 					require.True(t, g >= 0 && g < len(groups), "message %d: group_idx %d of %d groups", i, g, len(groups))
 					c := &seen[g]
+					switch {
+					case e.Medium != nil && *e.Medium == "CPU":
+						require.True(t, host, "message %d: a CPU page without a host tier", i)
+						c = &hostSeen[g]
+					default:
+						require.True(t, e.Medium != nil && *e.Medium == "GPU", "message %d: medium %v", i, e.Medium)
+					}
 					if e.Type == "BlockRemoved" {
 						c.removed++
 						c.removedPages += len(e.BlockHashes)
@@ -223,14 +236,22 @@ func TestSimulateModelKVEvents(t *testing.T) {
 				m := cachedAtEnd.FindStringSubmatch(summaryField(t, out, "group "+strconv.Itoa(g)))
 				require.NotNil(t, m, out)
 				cached, _ := strconv.Atoi(m[1])
-				assert.Len(t, sets[int64(g)], cached, "group %d: reconstructed set, cached pages at the end", g)
+				assert.Len(t, sets[int64(g)]["GPU"], cached, "group %d: reconstructed set, cached pages at the end", g)
 				kind, window := pagedkv.KVEventSpec(spec)
 				if window != 0 {
 					kind += " " + strconv.Itoa(window)
 				}
-				c := seen[g]
-				assert.Equal(t, fmt.Sprintf("group_idx %d, %s: %d BlockStored (%d pages), %d BlockRemoved (%d pages)",
-					g, kind, c.stored, c.storedPages, c.removed, c.removedPages), summaryField(t, out, "kv group "+strconv.Itoa(g)))
+				c, hc := seen[g], hostSeen[g]
+				want := fmt.Sprintf("group_idx %d, %s: %d BlockStored (%d pages), %d BlockRemoved (%d pages)",
+					g, kind, c.stored, c.storedPages, c.removed, c.removedPages)
+				if host {
+					assert.Positive(t, hc.stored, "group %d stored host pages", g)
+					want += fmt.Sprintf("; host pages (medium CPU): %d BlockStored (%d pages), %d BlockRemoved (%d pages)",
+						hc.stored, hc.storedPages, hc.removed, hc.removedPages)
+				} else {
+					assert.Empty(t, sets[int64(g)]["CPU"], "group %d", g)
+				}
+				assert.Equal(t, want, summaryField(t, out, "kv group "+strconv.Itoa(g)))
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -66,25 +67,33 @@ func TestRunFleetBadConfig(t *testing.T) {
 // HybridManager and verifies every group's outputs, the router's index
 // applies every published batch without a gap and sees each replica's
 // events in all of the model's groups, and prefix-aware routing sends
-// requests to prefixes the index holds in every group.
+// requests to prefixes the index holds in every group. The "/host" run
+// gives each replica a host tier whose pages its events announce too
+// (medium "CPU", per group).
 func TestRunFleetHybrid(t *testing.T) {
 	t.Parallel()
 	n := 16
 	if invariants.Enabled {
 		n = 8
 	}
-	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like"} {
+	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "gpt-oss-like/host"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			cfg := hybridConfig(t, name)
+			preset, host := strings.CutSuffix(name, "/host")
+			cfg := hybridConfig(t, preset)
 			cfg.NumPages, cfg.VerifyEvery = 64, 4
+			if host {
+				cfg.HostPages = 32
+			}
 			wl := smallWorkload(t, n)
 			for _, p := range []Policy{PrefixAware, RoundRobin} {
 				f, err := RunFleet(cfg, wl, FleetConfig{Replicas: 2, Policy: p, LoadSlack: DefaultLoadSlack})
 				require.NoError(t, err, p)
 				require.Len(t, f.Replicas, 2)
 				assert.Equal(t, n, f.Routed[0]+f.Routed[1], p)
+				offloaded := int64(0)
 				for i, sum := range f.Replicas {
+					offloaded += sum.Stats.Tiers.OffloadedPages
 					require.Len(t, sum.Groups, len(cfg.Groups), "%v replica %d", p, i)
 					for g, gs := range sum.Groups {
 						assert.Equal(t, cfg.Groups[g], gs.Spec)
@@ -92,6 +101,9 @@ func TestRunFleetHybrid(t *testing.T) {
 							assert.Positive(t, gs.Outputs, "%v replica %d group %d outputs verified", p, i, g)
 						}
 					}
+				}
+				if host {
+					assert.Positive(t, offloaded, "%v: no page reached a host tier", p)
 				}
 				assert.Positive(t, f.Verified.Checks, p)
 				assert.Positive(t, f.Events.Batches, p)

@@ -140,8 +140,6 @@ func (c *Config) validateGroups() error {
 		return fmt.Errorf("%w: the layer groups have %d layers, the model %d", ErrBadConfig, layers, c.Model.Layers)
 	case c.WindowTokens != 0:
 		return fmt.Errorf("%w: window %d with layer groups: a hybrid model's windows are its groups'", ErrBadConfig, c.WindowTokens)
-	case c.HostPages > 0 && c.Events != nil:
-		return fmt.Errorf("%w: KV events with a host tier and layer groups: a HybridManager's host pages have no KV events yet", ErrBadConfig)
 	}
 	if DeviceBackend(c.Backend) {
 		return fmt.Errorf("%w: backend %s with layer groups: the simulator runs hybrid models on host backends only", ErrBadConfig, c.Backend.Name())

@@ -146,22 +146,30 @@ func TestPresets(t *testing.T) {
 // group's group_idx and BlockStored its group's spec, each group's
 // reconstructed set is a consistent stream whose size is the group's
 // cached pages at the end, and the Recorder's per-group counts are the
-// events and pages seen.
+// events and pages seen. With a host tier ("/host" runs) each group also
+// announces its host pages (medium "CPU", its group_idx and spec), a
+// consistent stream per group and medium that ends with the host tier's
+// pages in use.
 func TestHybridEvents(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like"} {
+	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "gpt-oss-like/host", "llama-4-like/host"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			cfg := hybridConfig(t, name)
+			preset, host := strings.CutSuffix(name, "/host")
+			cfg := hybridConfig(t, preset)
 			cfg.NumPages, cfg.VerifyEvery = 64, 4
+			if host {
+				cfg.HostPages = 32
+			}
 			q, err := events.NewQueue(4)
 			require.NoError(t, err)
 			rec, err := events.NewRecorder(RecorderConfig(&cfg), q)
 			require.NoError(t, err)
 			cfg.Events = rec
 			enc := events.NewEncoder()
-			sets := vllmwire.Groups{}
+			sets := vllmwire.GroupMedia{}
 			seen := make([]events.GroupStats, len(cfg.Groups))
+			hostSeen := make([]int, len(cfg.Groups))
 			var decodeErr error
 			cfg.Progress = func(Progress) {
 				for b := q.TryNext(); b != nil && decodeErr == nil; b = q.TryNext() {
@@ -181,6 +189,25 @@ func TestHybridEvents(t *testing.T) {
 							break
 						}
 						kind, window := pagedkv.KVEventSpec(cfg.Groups[g])
+						if e.Medium == nil || *e.Medium != events.MediumGPU {
+							if !host || *e.Medium != events.MediumCPU {
+								err = fmt.Errorf("event %d of group %d: medium %v", i, g, e.Medium)
+								break
+							}
+							if e.Type == "BlockRemoved" {
+								seen[g].HostRemoved++
+								seen[g].HostRemovedPages += int64(len(e.BlockHashes))
+							}
+							if e.Type == "BlockStored" {
+								hostSeen[g] += len(e.BlockHashes)
+								seen[g].HostStored++
+								seen[g].HostStoredPages += int64(len(e.BlockHashes))
+								if e.SpecKind == nil || *e.SpecKind != kind {
+									err = fmt.Errorf("event %d of group %d (CPU): spec %v, want %q", i, g, e.SpecKind, kind)
+								}
+							}
+							continue
+						}
 						switch e.Type {
 						case "BlockStored":
 							seen[g].Stored++
@@ -200,8 +227,18 @@ func TestHybridEvents(t *testing.T) {
 			sum := run(t, cfg, smallWorkload(t, 8))
 			require.NoError(t, decodeErr)
 			assert.Zero(t, rec.Stats().DroppedSteps)
+			cpu := 0
+			for g := range sum.Groups {
+				cpu += len(sets[int64(g)]["CPU"])
+			}
+			assert.Equal(t, sum.Stats.Tiers.HostUsedPages-sum.Stats.Tiers.InFlight, cpu, "CPU pages announced and host pages in use (less copies in flight)")
 			for g, gs := range sum.Groups {
-				assert.Len(t, sets[int64(g)], gs.Stats.CachedPages, "group %d: reconstructed set and cached pages", g)
+				assert.Len(t, sets[int64(g)]["GPU"], gs.Stats.CachedPages, "group %d: reconstructed set and cached pages", g)
+				if host {
+					assert.Positive(t, hostSeen[g], "group %d announced no host page", g)
+				} else {
+					assert.Empty(t, sets[int64(g)]["CPU"], "group %d", g)
+				}
 				assert.Equal(t, gs.Stats.PublishedPages, seen[g].StoredPages, "group %d", g)
 				assert.Positive(t, seen[g].Stored, "group %d", g)
 				assert.Equal(t, seen[g], rec.GroupStats(g), "group %d", g)
@@ -215,7 +252,6 @@ func TestHybridEvents(t *testing.T) {
 func TestHybridConfigBad(t *testing.T) {
 	for want, edit := range map[string]func(*Config){
 		"window":                       func(c *Config) { c.WindowTokens = 32 },
-		"host pages have no KV events": func(c *Config) { c.HostPages, c.Events = 8, &events.Recorder{} },
 		// A Recorder without one group per layer group.
 		"GroupEventSink": func(c *Config) { c.Events = &events.Recorder{} },
 		"groups have":    func(c *Config) { c.Model.Layers = 8 },
