@@ -251,7 +251,7 @@ func TestHybridEvents(t *testing.T) {
 // layer groups are config errors naming them.
 func TestHybridConfigBad(t *testing.T) {
 	for want, edit := range map[string]func(*Config){
-		"window":                       func(c *Config) { c.WindowTokens = 32 },
+		"window": func(c *Config) { c.WindowTokens = 32 },
 		// A Recorder without one group per layer group.
 		"GroupEventSink": func(c *Config) { c.Events = &events.Recorder{} },
 		"groups have":    func(c *Config) { c.Model.Layers = 8 },
