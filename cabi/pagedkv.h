@@ -462,9 +462,8 @@ int32_t pagedkv_hybrid_request_pages(pagedkv_manager m, int64_t group, uint64_t 
  * opts_size must be sizeof(pagedkv_options). A HybridManager's tiers are
  * one host tier and one remote store shared by its groups (tier copies
  * name pool pages and move them in every layer's tensor); its events carry
- * each group's group_idx and kv_cache_spec_kind, and it refuses events
- * together with host pages (PAGEDKV_ERR_BAD_CONFIG: the events cannot
- * label host pages by group yet). */
+ * each group's group_idx and kv_cache_spec_kind, its host pages' events
+ * (medium "CPU") included, each under the group whose page it holds. */
 int32_t pagedkv_create_ex(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_options *opts, size_t opts_size,
                           pagedkv_manager *out);
 int32_t pagedkv_hybrid_create_ex(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_layer_group *groups,
