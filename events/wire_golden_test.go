@@ -33,22 +33,20 @@ func (g golden) f64(v float64) golden {
 	return binary.BigEndian.AppendUint64(append(g, 0xcb), math.Float64bits(v))
 }
 
-// hostSink is the host methods of a Recorder's GroupSink.
-type hostSink interface {
-	HostPages() int
-	HostPageStored(page int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32)
-	HostPageRemoved(page int, hash uint64)
+// goldenCase is a recorder config, the events it records (record; nil:
+// two chained device pages stored, the second removed) and their bytes.
+type goldenCase struct {
+	name   string
+	cfg    RecorderConfig
+	want   golden
+	record func(r *Recorder)
 }
 
 func TestWireGolden(t *testing.T) {
 	const ts = 1764030000.25
 	const h0, h1 = uint64(0x9c3e_0000_0000_abcd), uint64(0xffff_ffff_ffff_fff0)
 	group := 1
-	for _, c := range []struct {
-		name string
-		cfg  RecorderConfig
-		want golden
-	}{
+	cases := []goldenCase{
 		{"plain", RecorderConfig{NumPages: 4, PageSize: 2},
 			golden{}.raw(0x93).f64(ts).raw(0x92).
 				// BlockStored: 8 fields, two chained pages in one event.
@@ -64,7 +62,7 @@ func TestWireGolden(t *testing.T) {
 				raw(0x83).str("type").str("BlockRemoved").
 				str("block_hashes").raw(0x91).u64(h1).
 				str("medium").str("GPU").
-				raw(0x00)}, // data_parallel_rank
+				raw(0x00), nil}, // data_parallel_rank
 		{"group and spec", RecorderConfig{NumPages: 4, PageSize: 2, Medium: "CPU", Group: &group, SpecKind: "sliding_window", SlidingWindow: 128},
 			golden{}.raw(0x93).f64(ts).raw(0x92).
 				raw(0x8b).str("type").str("BlockStored").
@@ -82,8 +80,20 @@ func TestWireGolden(t *testing.T) {
 				str("block_hashes").raw(0x91).u64(h1).
 				str("medium").str("CPU").
 				str("group_idx").raw(0x01).
-				raw(0x00)},
-	} {
+				raw(0x00), nil},
+	}
+	// A host page of group 1 of a Recorder of groups (a HybridManager's
+	// host tier): medium "CPU", group 1's group_idx and spec, the bytes of
+	// "group and spec" (whose events are the same, medium "CPU").
+	cases = append(cases, goldenCase{"hybrid host page", RecorderConfig{NumPages: 4, PageSize: 2, HostPages: 3,
+		Groups: []GroupConfig{{SpecKind: "full_attention"}, {SpecKind: "sliding_window", SlidingWindow: 128}}}, cases[1].want,
+		func(r *Recorder) {
+			// What GroupSink(1)'s host methods call.
+			r.hostPageStored(1, 2, h0, 0, false, "", []int32{1, 300})
+			r.hostPageStored(1, 0, h1, h0, true, "", []int32{70000, 5})
+			r.hostPageRemoved(1, 0, h1)
+		}})
+	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			q, err := NewQueue(2)
 			if err != nil {
@@ -94,9 +104,13 @@ func TestWireGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.PageStored(0, h0, -1, 0, keyOfNoNamespace, []int32{1, 300})
-			r.PageStored(1, h1, 0, h0, keyOfNoNamespace, []int32{70000, 5})
-			r.PageRemoved(1, h1)
+			if c.record != nil {
+				c.record(r)
+			} else {
+				r.PageStored(0, h0, -1, 0, keyOfNoNamespace, []int32{1, 300})
+				r.PageStored(1, h1, 0, h0, keyOfNoNamespace, []int32{70000, 5})
+				r.PageRemoved(1, h1)
+			}
 			if !r.Flush() {
 				t.Fatal("flush refused")
 			}
@@ -108,49 +122,6 @@ func TestWireGolden(t *testing.T) {
 			}
 		})
 	}
-	// A host page of group 1 of a Recorder of groups (a HybridManager's
-	// host tier): medium "CPU", group 1's group_idx and spec.
-	t.Run("hybrid host page", func(t *testing.T) {
-		q, err := NewQueue(2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := NewRecorder(RecorderConfig{NumPages: 4, PageSize: 2, HostPages: 3, Clock: func() float64 { return ts },
-			Groups: []GroupConfig{{SpecKind: "full_attention"}, {SpecKind: "sliding_window", SlidingWindow: 128}}}, q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g1 := r.GroupSink(1).(hostSink)
-		g1.HostPageStored(2, h0, 0, false, "", []int32{1, 300})
-		g1.HostPageStored(0, h1, h0, true, "", []int32{70000, 5})
-		g1.HostPageRemoved(0, h1)
-		if !r.Flush() {
-			t.Fatal("flush refused")
-		}
-		want := golden{}.raw(0x93).f64(ts).raw(0x92).
-			raw(0x8b).str("type").str("BlockStored").
-			str("block_hashes").raw(0x92).u64(h0).u64(h1).
-			str("parent_block_hash").raw(0xc0).
-			str("token_ids").raw(0x94, 0x01, 0xcd, 0x01, 0x2c, 0xce, 0x00, 0x01, 0x11, 0x70, 0x05).
-			str("block_size").raw(0x02).
-			str("lora_id").raw(0xc0).
-			str("medium").str("CPU").
-			str("lora_name").raw(0xc0).
-			str("group_idx").raw(0x01).
-			str("kv_cache_spec_kind").str("sliding_window").
-			str("kv_cache_spec_sliding_window").raw(0xcc, 0x80).
-			raw(0x84).str("type").str("BlockRemoved").
-			str("block_hashes").raw(0x91).u64(h1).
-			str("medium").str("CPU").
-			str("group_idx").raw(0x01).
-			raw(0x00)
-		b := q.TryNext()
-		got := NewEncoder().AppendBatch(nil, b, 0)
-		q.Done(b)
-		if !bytes.Equal(got, want) {
-			t.Fatalf("encoded\n%s\nwant\n%s", hex.Dump(got), hex.Dump(want))
-		}
-	})
 	// AllBlocksCleared alone: {"type": "AllBlocksCleared"}.
 	b := &Batch{TS: ts}
 	b.cleared()

@@ -822,6 +822,26 @@ static void group_tier_sums(pagedkv_manager h, int64_t *hit, int64_t *off, int64
 	}
 }
 
+// hybrid_offload computes request 1 (n prompt tokens) in hybrid h,
+// releases it, evicts its cached pages with offload and takes the tier
+// copies planned.
+static pagedkv_tier_copies hybrid_offload(pagedkv_manager h, int32_t *prompt, int32_t n) {
+	uint64_t ids[] = {1};
+	int32_t nt[] = {n}, s1[] = {7};
+	pagedkv_request req = prompt_request(prompt, n);
+	pagedkv_group_plan gp[2];
+	pagedkv_array copies;
+	OK(pagedkv_add(h, 1, &req, NULL));
+	OK(pagedkv_hybrid_reserve(h, ids, nt, 1, &copies, gp, 2));
+	OK(pagedkv_commit(h, s1, 1));
+	OK(pagedkv_release(h, 1));
+	int64_t freed = 0;
+	OK(pagedkv_evict(h, 16, &freed));
+	pagedkv_tier_copies tcs;
+	OK(pagedkv_tier_copies_take(h, &tcs));
+	return tcs;
+}
+
 // hybrid_tiers runs a HybridManager with a host tier through the same tier
 // calls as tiers(): offload on eviction (copies of pool pages, written by
 // the engine into host memory), a host hit onloaded in both groups, the
@@ -844,19 +864,12 @@ static void hybrid_tiers(void) {
 
 	// Request 1 (12 tokens: 3 pages a group) computes, is released, and
 	// its cached pages are evicted with offload.
-	uint64_t ids[] = {1};
-	int32_t prompt[12], nt[] = {12}, s1[] = {7};
-	pagedkv_request req = prompt_request(prompt, 12);
+	int32_t prompt[12];
+	pagedkv_tier_copies tcs = hybrid_offload(h, prompt, 12);
+	pagedkv_request req = prompt_request(prompt, 12); // request 2's, below
+	int32_t s1[] = {7};
 	pagedkv_group_plan gp[2];
 	pagedkv_array copies;
-	OK(pagedkv_add(h, 1, &req, NULL));
-	OK(pagedkv_hybrid_reserve(h, ids, nt, 1, &copies, gp, 2));
-	OK(pagedkv_commit(h, s1, 1));
-	OK(pagedkv_release(h, 1));
-	int64_t freed = 0;
-	OK(pagedkv_evict(h, 16, &freed));
-	pagedkv_tier_copies tcs;
-	OK(pagedkv_tier_copies_take(h, &tcs));
 	CHECK(tcs.n == 6 && tcs.num_offloads == 6, "hybrid: %lld copies, %lld offloads, want 6 (3 pages a group)",
 	      (long long)tcs.n, (long long)tcs.num_offloads);
 	uint64_t done[16];
@@ -948,19 +961,8 @@ static void hybrid_tiers(void) {
 	h = 12345;
 	OK(pagedkv_hybrid_create_ex(&cfg, sizeof cfg, groups, 2, sizeof groups[0], &opts, sizeof opts, &h));
 	{
-		uint64_t eid[] = {1};
-		int32_t ep[8] = {1, 2, 3, 4, 5, 6, 7, 8}, ent[] = {8}, es[] = {9};
-		pagedkv_request er = prompt_request(ep, 8);
-		pagedkv_group_plan egp[2];
-		pagedkv_array ecopies;
-		OK(pagedkv_add(h, 1, &er, NULL));
-		OK(pagedkv_hybrid_reserve(h, eid, ent, 1, &ecopies, egp, 2));
-		OK(pagedkv_commit(h, es, 1));
-		OK(pagedkv_release(h, 1));
-		int64_t efreed = 0;
-		OK(pagedkv_evict(h, 16, &efreed));
-		pagedkv_tier_copies etcs;
-		OK(pagedkv_tier_copies_take(h, &etcs));
+		int32_t ep[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+		pagedkv_tier_copies etcs = hybrid_offload(h, ep, 8);
 		CHECK(etcs.n == 4 && etcs.num_offloads == 4, "hybrid with events: %lld copies, want 4 offloads (2 pages a group)",
 		      (long long)etcs.n);
 		OK(pagedkv_complete_tier_copies(h, etcs.ids, etcs.n));
@@ -971,8 +973,7 @@ static void hybrid_tiers(void) {
 			if (evn == 0)
 				break;
 			batches++;
-			for (int64_t i = 0; i + 4 <= evn; i++) /* msgpack fixstr "CPU" */
-				cpu += memcmp(ev + i, "\xa3" "CPU", 4) == 0;
+			cpu += contains(ev, evn, "\xa3" "CPU"); /* msgpack fixstr "CPU" */
 		}
 		CHECK(batches > 0 && cpu > 0, "hybrid with tiers and events drained %lld batches, %lld CPU media",
 		      (long long)batches, (long long)cpu);

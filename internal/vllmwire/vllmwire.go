@@ -334,24 +334,29 @@ type Media map[string]Set
 // one by one, so a CPU block's parent may be absent).
 func (m Media) Apply(b Batch) error {
 	for i := range b.Events {
-		e := &b.Events[i]
-		if e.Type == "AllBlocksCleared" {
-			for _, s := range m {
-				clear(s)
-			}
-			continue
-		}
-		med := mediumOf(e)
-		s := m[med]
-		if s == nil {
-			s = Set{}
-			m[med] = s
-		}
-		if err := s.apply(i, e, med == "GPU"); err != nil {
+		if err := m.apply(i, &b.Events[i]); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// apply applies event i: AllBlocksCleared to every medium, the others to
+// their medium's set.
+func (m Media) apply(i int, e *Event) error {
+	if e.Type == "AllBlocksCleared" {
+		for _, s := range m {
+			clear(s)
+		}
+		return nil
+	}
+	med := mediumOf(e)
+	s := m[med]
+	if s == nil {
+		s = Set{}
+		m[med] = s
+	}
+	return s.apply(i, e, med == "GPU")
 }
 
 // Groups is the GPU page set per KV-cache group ("group_idx") that a
@@ -363,23 +368,34 @@ type Groups map[int64]Set
 // AllBlocksCleared to every group. It reports what [Set.Apply] does, per
 // group: a stored block's parent must be cached in the same group.
 func (gs Groups) Apply(b Batch) error {
+	return applyGrouped(gs, b, true, func() Set { return Set{} }, func(s Set, i int, e *Event) error { return s.apply(i, e, true) })
+}
+
+// applyGrouped applies b's events in order to the per-group values of gs,
+// making a group's with mk on its first event: AllBlocksCleared to every
+// group's, each other event, which must carry group_idx (and, gpuOnly,
+// medium GPU), to its group's.
+func applyGrouped[V any](gs map[int64]V, b Batch, gpuOnly bool, mk func() V, apply func(v V, i int, e *Event) error) error {
 	for i := range b.Events {
 		e := &b.Events[i]
 		if e.Type == "AllBlocksCleared" {
-			for _, s := range gs {
-				clear(s)
+			for _, v := range gs {
+				_ = apply(v, i, e)
 			}
 			continue
 		}
-		if e.GroupIdx == nil || mediumOf(e) != "GPU" {
+		switch {
+		case gpuOnly && (e.GroupIdx == nil || mediumOf(e) != "GPU"):
 			return fmt.Errorf("vllmwire: event %d (%s, medium %q) has no group_idx or is not on the GPU", i, e.Type, mediumOf(e))
+		case e.GroupIdx == nil:
+			return fmt.Errorf("vllmwire: event %d (%s, medium %q) has no group_idx", i, e.Type, mediumOf(e))
 		}
-		s := gs[*e.GroupIdx]
-		if s == nil {
-			s = Set{}
-			gs[*e.GroupIdx] = s
+		v, ok := gs[*e.GroupIdx]
+		if !ok {
+			v = mk()
+			gs[*e.GroupIdx] = v
 		}
-		if err := s.apply(i, e, true); err != nil {
+		if err := apply(v, i, e); err != nil {
 			return fmt.Errorf("group %d: %w", *e.GroupIdx, err)
 		}
 	}
@@ -397,33 +413,5 @@ type GroupMedia map[int64]Media
 // group: a stored GPU block's parent must be cached on the GPU in the same
 // group.
 func (gm GroupMedia) Apply(b Batch) error {
-	for i := range b.Events {
-		e := &b.Events[i]
-		if e.Type == "AllBlocksCleared" {
-			for _, m := range gm {
-				for _, s := range m {
-					clear(s)
-				}
-			}
-			continue
-		}
-		if e.GroupIdx == nil {
-			return fmt.Errorf("vllmwire: event %d (%s, medium %q) has no group_idx", i, e.Type, mediumOf(e))
-		}
-		m := gm[*e.GroupIdx]
-		if m == nil {
-			m = Media{}
-			gm[*e.GroupIdx] = m
-		}
-		med := mediumOf(e)
-		s := m[med]
-		if s == nil {
-			s = Set{}
-			m[med] = s
-		}
-		if err := s.apply(i, e, med == "GPU"); err != nil {
-			return fmt.Errorf("group %d: %w", *e.GroupIdx, err)
-		}
-	}
-	return nil
+	return applyGrouped(gm, b, false, func() Media { return Media{} }, Media.apply)
 }

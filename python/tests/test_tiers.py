@@ -189,6 +189,17 @@ def test_tier_stats_from_another_thread():
     m.close()
 
 
+def hybrid_offload(h, prompt):
+    """Request 1 computes prompt, is released and its cached pages are
+    evicted with offload: the tier copies planned."""
+    h.add(1, prompt)
+    h.reserve([1], [len(prompt)])
+    h.commit([3])
+    h.release(1)
+    h.evict(16)
+    return h.tier_copies()
+
+
 def test_hybrid_tiers():
     """A HybridManager's host tier: the same calls as Manager's, copies of
     pool pages (every layer), each group's tier counters."""
@@ -200,12 +211,7 @@ def test_hybrid_tiers():
     host = h.host_pages()
     assert host.shape == (16, 64)
     prompt = list(range(12))
-    h.add(1, prompt)
-    h.reserve([1], [12])
-    h.commit([3])
-    h.release(1)
-    h.evict(16)
-    c = h.tier_copies()
+    c = hybrid_offload(h, prompt)
     assert len(c.ids) == 6 and c.num_offloads == 6 and set(c.dirs.tolist()) == {pagedkv.TO_HOST}
     host[c.host_pages] = 7
     h.complete_tier_copies(c.ids)
@@ -239,12 +245,7 @@ def test_hybrid_tier_events():
     fmt = pagedkv.PageFormat(dtype="f32", num_kv_heads=1, head_dim=1, num_layers=2)
     h = pagedkv.HybridManager(16, 4, groups, hash_seed=1, tiers=pagedkv.Tiers(8, format=fmt), events=True)
     prompt = list(range(12))
-    h.add(1, prompt)
-    h.reserve([1], [12])
-    h.commit([3])
-    h.release(1)
-    h.evict(16)
-    c = h.tier_copies()
+    c = hybrid_offload(h, prompt)
     assert c.num_offloads == 6
     h.complete_tier_copies(c.ids)
     events = [e for b in h.drain_events() for e in msgpack.unpackb(b)[1]]
