@@ -110,7 +110,9 @@ func TestHybridTiersMatchModel(t *testing.T) {
 // FuzzHybridTiers drives TestHybridTiersMatchModel's workload from raw
 // bytes: the first byte picks the config, the host pool, evict-ahead and
 // write-through, the rest are the operations' random draws (read by
-// hybrid_test.go's byteSource). The model's checks, Audit and every
+// hybrid_test.go's byteSource); an odd-length input also records KV events
+// of the device and host pages, checked per (group, medium) after every
+// operation. The model's checks, Audit and every
 // group's K/V run after every operation; the run must drain without a leak
 // in any tier. Inputs are cut at 1024 bytes (memory and time bounded).
 func FuzzHybridTiers(f *testing.F) {
@@ -126,7 +128,7 @@ func FuzzHybridTiers(f *testing.F) {
 		data = data[:min(len(data), 1024)]
 		h := data[0]
 		x := newHTHarness(t, configs[names[int(h)%len(names)]], htConfig{hostPages: 4 + 4*int(h>>2%4), ahead: int(h >> 4 % 3),
-			writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}})
+			writeThrough: h&0x80 != 0, events: len(data)%2 == 1, src: &byteSource{data: data[1:]}})
 		x.run(len(data) / 3)
 	})
 }
