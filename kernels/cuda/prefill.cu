@@ -469,8 +469,11 @@ __device__ __forceinline__ void prefill_body(
 // disables the cap; window_left < 0 disables the window; flags: 1 partial,
 // 2 split_q, 4 split_p. The float scalars are carried in doubles.
 //
-// __launch_bounds__(128): at most 4 warps; ptxas may use up to 255
-// registers (D = 256 keeps 128 f32 accumulators per lane).
+// __launch_bounds__(128, PKV_PREFILL_MIN_CTAS): at most 4 warps, and the
+// CTAs per SM ptxas must fit without spilling (docs/kernels.md, static
+// report): 4 at d64 (<= 128 registers), 3 at f16/bf16 d128 (<= 168), 2
+// for fp8 d128 (168 spills on sm_90) and d256 (128 f32 accumulators per
+// lane).
 #define PKV_PREFILL_MIN_CTAS(KV, D) ((D) <= 64 ? 4 : (D) <= 128 && !pkv::tcprefill::Tc<KV>::kFP8 ? 3 : 2)
 #define PKV_PREFILL_ENTRY(NAME, KV, D)                                                                              \
   extern "C" __global__ void __launch_bounds__(128, PKV_PREFILL_MIN_CTAS(KV, D)) NAME(                                                        \
