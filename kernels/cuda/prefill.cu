@@ -215,16 +215,18 @@ __device__ __forceinline__ void prefill_body(
   const bool split_q = (flags & kFlagSplitQ) != 0;
   const bool split_p = (flags & kFlagSplitP) != 0;
 
+  // Row, head and packed-row indices are int32 (qo_indptr and work are);
+  // element offsets are formed in 64 bits where they are used.
   const int64_t item = blockIdx.x;
-  const int64_t h = blockIdx.y;
-  const int64_t group = num_qo_heads / num_kv_heads;
-  const int64_t qa = work[4 * item];
+  const int32_t h = int32_t(blockIdx.y);
+  const int32_t group = int32_t(num_qo_heads / num_kv_heads);
+  const int32_t qa = work[4 * item];
   const int64_t b = work[4 * item + 1];
   int32_t begin = work[4 * item + 2];
   int32_t end = work[4 * item + 3];
-  const int64_t q0 = qo_indptr[b];
-  const int64_t q1 = qo_indptr[b + 1];
-  const int64_t qb = qa + rows_per_tile < q1 ? qa + rows_per_tile : q1;
+  const int32_t q0 = qo_indptr[b];
+  const int32_t q1 = qo_indptr[b + 1];
+  const int32_t qb = int64_t(qa) + rows_per_tile < int64_t(q1) ? int32_t(qa + rows_per_tile) : q1;
   if (qa >= qb || qa < q0) return;  // a padding item (fixed steps): no rows
   const int64_t first_page = kv_indptr[b];
   const int64_t pages = kv_indptr[b + 1] - first_page;
@@ -232,7 +234,7 @@ __device__ __forceinline__ void prefill_body(
   const int32_t qo_len = int32_t(q1 - q0);
   if (end > kv_len) end = kv_len;  // never after host planning
   if (begin < 0) begin = 0;
-  const int64_t packed = (qb - qa) * group;
+  const int32_t packed = (qb - qa) * group;
   const int32_t chunk = partial ? kv_chunk[item] : 0;
 
   PKV_DYN_SMEM(unsigned char, smem);
@@ -241,8 +243,8 @@ __device__ __forceinline__ void prefill_body(
   unsigned char* q_lo = q_hi + 16 * W * kQRow;
   const float cap_log2e = soft_cap * kLog2e;
 
-  for (int64_t pb = 0; pb < packed; pb += 16 * W) {
-    const int64_t pe = pb + 16 * W < packed ? pb + 16 * W : packed;
+  for (int32_t pb = 0; pb < packed; pb += 16 * W) {
+    const int32_t pe = pb + 16 * W < packed ? pb + 16 * W : packed;
     // Keys of the pass: the first row has the lowest window bound, the last
     // the highest causal bound (positions bottom-right aligned).
     const int32_t pos_first = int32_t(qa - q0 + pb / group) + kv_len - qo_len;
@@ -259,8 +261,8 @@ __device__ __forceinline__ void prefill_body(
     int32_t row_lo[2], row_hi[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      const int64_t p = pb + warp * 16 + g4 + 8 * i;
-      const int64_t qi = p / group;
+      const int32_t p = pb + warp * 16 + g4 + 8 * i;
+      const int32_t qi = p / group;
       const int32_t pos = int32_t(qa - q0 + qi) + kv_len - qo_len;
       row_lo[i] = window_left >= 0 ? window_lo(pos, window_left) : 0;
       row_hi[i] = causal && pos + 1 < ke ? pos + 1 : ke;
@@ -275,11 +277,11 @@ __device__ __forceinline__ void prefill_body(
       for (int e = tid; e < 16 * W * (kD / 2); e += nthreads) {
         const int r = e / (kD / 2);
         const int f = (e % (kD / 2)) * 2;
-        const int64_t p = pb + r;
+        const int32_t p = pb + r;
         float x0 = 0.0f, x1 = 0.0f;
         if (p < pe) {
-          const int64_t qi = p / group;
-          const int64_t idx = ((qa + qi) * num_qo_heads + h * group + (p - qi * group)) * kD + f;
+          const int32_t qi = p / group;
+          const int64_t idx = (int64_t(qa + qi) * num_qo_heads + (h * group + (p - qi * group))) * kD + f;
           x0 = load_f32(q, idx, q_dtype);
           x1 = load_f32(q, idx + 1, q_dtype);
         }
@@ -426,9 +428,9 @@ __device__ __forceinline__ void prefill_body(
     }
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-      const int64_t p = pb + warp * 16 + g4 + 8 * i;
+      const int32_t p = pb + warp * 16 + g4 + 8 * i;
       if (p >= pe) continue;
-      const int64_t qi = p / group;
+      const int32_t qi = p / group;
       const int64_t qrow = qa + qi, qhead = h * group + (p - qi * group);
       const bool empty = !(d[i] > 0.0f);
       const float inv_d = empty ? 0.0f : rcp_approx(d[i]);
@@ -467,10 +469,14 @@ __device__ __forceinline__ void prefill_body(
 // disables the cap; window_left < 0 disables the window; flags: 1 partial,
 // 2 split_q, 4 split_p. The float scalars are carried in doubles.
 //
-// __launch_bounds__(128): at most 4 warps; ptxas may use up to 255
-// registers (D = 256 keeps 128 f32 accumulators per lane).
+// __launch_bounds__(128, PKV_PREFILL_MIN_CTAS): at most 4 warps, and the
+// CTAs per SM ptxas must fit without spilling (docs/kernels.md, static
+// report): 4 at d64 (<= 128 registers), 3 at f16/bf16 d128 (<= 168), 2
+// for fp8 d128 (168 spills on sm_90) and d256 (128 f32 accumulators per
+// lane).
+#define PKV_PREFILL_MIN_CTAS(KV, D) ((D) <= 64 ? 4 : (D) <= 128 && !pkv::tcprefill::Tc<KV>::kFP8 ? 3 : 2)
 #define PKV_PREFILL_ENTRY(NAME, KV, D)                                                                              \
-  extern "C" __global__ void __launch_bounds__(128, 2) NAME(                                                          \
+  extern "C" __global__ void __launch_bounds__(128, PKV_PREFILL_MIN_CTAS(KV, D)) NAME(                                                        \
       const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,               \
       const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                                \
       const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ qo_indptr,                          \

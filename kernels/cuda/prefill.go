@@ -15,9 +15,10 @@ const (
 	// packs into the mma M dimension: 4 warps of 16.
 	prefillPackedRows = 64
 	prefillMaxWarps   = 4
-	// prefillResident is the CTAs of the tiled prefill an SM holds (ptxas:
-	// 141-252 registers x 128 threads, two CTAs at the 181 of f16 d128):
-	// the split-KV scheduler's slots per SM.
+	// prefillResident is the CTAs of the tiled prefill an SM holds, the
+	// split-KV scheduler's slots per SM: the least over the entries (ptxas:
+	// 125-253 registers x 128 threads; four CTAs at d64, three at f16 and
+	// bf16 d128 (168), two at fp8 d128 and at d256).
 	prefillResident = 2
 	// prefillMinChunk is the scheduler's least chunk for the tiled
 	// prefill, in keys (rounded up to the tile). A split tile's partial
