@@ -35,11 +35,24 @@ func TestABITierStepIsAllocationFree(t *testing.T) {
 	if goReserve(h, ids, nt, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 		t.Fatal("prefill failed")
 	}
+	batches := allocFreeTierSteps(t, h, "a decode step with tiers and KV events through the C ABI", sampled, n,
+		func() int32 { return goReserve(h, ids, ones, n, plan) })
+	st, _ := goTierStats(h)
+	if batches < 5 || st[5] < 100 {
+		t.Fatalf("the steps published %d batches and offloaded %d pages", batches, st[5])
+	}
+	t.Logf("%d event batches, %d pages offloaded, %d host pages in use", batches, st[5], st[1])
+}
+
+// allocFreeTierSteps checks that decode steps of h allocate nothing: reserve
+// (dense or hybrid), commit, complete every tier copy and drain the KV
+// events. It returns how many event batches the steps published.
+func allocFreeTierSteps(t *testing.T, h uint64, what string, sampled []int32, n int, reserve func() int32) int {
 	var copies []abiTierCopy
 	done := make([]uint64, 0, 4*n)
 	batches := 0
-	checkStepAllocs(t, "a decode step with tiers and KV events through the C ABI", func() {
-		if goReserve(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+	checkStepAllocs(t, what, func() {
+		if reserve() != codeOK || goCommit(h, sampled, int64(n)) != codeOK {
 			t.Fatalf("step failed: %s", goLastError())
 		}
 		copies, done = completeTierCopies(t, h, copies, done)
@@ -50,11 +63,7 @@ func TestABITierStepIsAllocationFree(t *testing.T) {
 			batches++
 		}
 	})
-	st, _ := goTierStats(h)
-	if batches < 5 || st[5] < 100 {
-		t.Fatalf("the steps published %d batches and offloaded %d pages", batches, st[5])
-	}
-	t.Logf("%d event batches, %d pages offloaded, %d host pages in use", batches, st[5], st[1])
+	return batches
 }
 
 // completeTierCopies takes the tier copies planned and completes them all
@@ -102,21 +111,8 @@ func hybridTierSteps(t *testing.T, host int64) {
 	if goHybridReserveC(h, ids, nt, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
 		t.Fatal("prefill failed")
 	}
-	var copies []abiTierCopy
-	done := make([]uint64, 0, 4*n)
-	batches := 0
-	checkStepAllocs(t, "a hybrid decode step with a host tier and KV events through the C ABI", func() {
-		if goHybridReserveC(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
-			t.Fatalf("step failed: %s", goLastError())
-		}
-		copies, done = completeTierCopies(t, h, copies, done)
-		for p, code := goDrainEvents(h); p != nil; p, code = goDrainEvents(h) {
-			if code != codeOK {
-				t.Fatalf("drain: %s", goLastError())
-			}
-			batches++
-		}
-	})
+	batches := allocFreeTierSteps(t, h, "a hybrid decode step with a host tier and KV events through the C ABI", sampled, n,
+		func() int32 { return goHybridReserveC(h, ids, ones, n, plan) })
 	if batches < 5 {
 		t.Fatalf("the steps published %d event batches", batches)
 	}
