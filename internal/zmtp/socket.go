@@ -502,9 +502,12 @@ func (s *Socket) peerFailed(ep, remote string, err error) {
 		return
 	}
 	pe := &PeerError{Endpoint: ep, Remote: remote, Err: err}
-	s.peerErrors.Add(1)
+	// The message is stored before the count moves, so that a reader who
+	// sees the count also sees this peer's message (Stats loads the count
+	// first).
 	msg := pe.Error()
 	s.lastPeerErr.Store(&msg)
+	s.peerErrors.Add(1)
 	if s.cfg.OnPeerError != nil {
 		s.cfg.OnPeerError(pe)
 	}
