@@ -95,6 +95,10 @@ type Config struct {
 	Progress func(finished int)
 }
 
+// remoteLookupDeadline bounds a remote lookup in the replay (the
+// Manager's default, 20 ms, is an engine's latency budget).
+const remoteLookupDeadline = 10 * time.Second
+
 // newBookkeeper makes the Manager, or the HybridManager a hybrid preset
 // asks for.
 func newBookkeeper(mcfg pagedkv.Config, model string) (bookkeeper, error) {
@@ -228,6 +232,10 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 			return nil, fmt.Errorf("%w: a remote store needs a host tier (HostPages 0)", ErrBadConfig)
 		}
 		mcfg.Tiers.Remote, mcfg.Tiers.Format = cfg.Remote, RemoteFormat(cfg.PageTokens)
+		// The replay measures what the tiers hold, not how fast the store
+		// answers: a lookup slowed by a loaded machine must not turn into
+		// a miss, so the deadline is far above any healthy lookup.
+		mcfg.Tiers.RemoteDeadline = remoteLookupDeadline
 	}
 	m, err := newBookkeeper(mcfg, cfg.Model)
 	if err != nil {
