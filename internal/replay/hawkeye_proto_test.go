@@ -5,6 +5,8 @@ package replay
 import (
 	"fmt"
 	"math/bits"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/pagedkv/pagedkv/prefixcache"
@@ -30,6 +32,7 @@ type protoPolicy interface {
 // bctx is what a cache sees when a block becomes idle.
 type bctx struct {
 	depth, last, hits, turn, plen, olen, phits, matched int
+	root, anchor                                        int // the request's first block; its deepest matched block
 }
 
 type psim struct {
@@ -189,9 +192,12 @@ func (s *psim) request(db []int32, q *Request) {
 	}
 	need := len(db) - k + 1
 	for s.nCached+need > s.capacity+1 {
-		v := int32(-1)
-		qq := s.pol.dequeue(s.lens)
-		v = s.head[qq]
+		var v int32
+		if pk, ok := s.pol.(victimPicker); ok {
+			v = pk.pick(s)
+		} else {
+			v = s.head[s.pol.dequeue(s.lens)]
+		}
 		if v < 0 {
 			panic("empty queue")
 		}
@@ -216,7 +222,18 @@ func (s *psim) request(db []int32, q *Request) {
 	for j := len(db) - 1; j >= 0; j-- {
 		b := db[j]
 		s.busy[b] = false
-		c := bctx{depth: j + 1, hits: int(s.hits[b]), turn: int(turn), plen: q.InputTokens, olen: q.OutputTokens, matched: matched, phits: -1}
+		anchor := -1
+		if k > 0 {
+			anchor = int(db[k-1])
+		}
+		app := -1 // the deepest matched block referenced >= 6 times before: the shared system prompt
+		for j := k - 1; j >= 0; j-- {
+			if s.hits[db[j]] >= 5 {
+				app = int(db[j])
+				break
+			}
+		}
+		c := bctx{root: app + 1, anchor: anchor, depth: j + 1, hits: int(s.hits[b]), turn: int(turn), plen: q.InputTokens, olen: q.OutputTokens, matched: matched, phits: -1}
 		if j == len(db)-1 {
 			c.last = 1
 		}
@@ -476,12 +493,12 @@ type predictor interface {
 func lg(x int) int { return bits.Len(uint(x)) }
 
 // features of a context, each a small non-negative bucket.
-func features(c *bctx, mask uint32, f *[8]int) int {
-	all := [8]int{lg(c.depth), c.last, min(c.hits, 3), min(c.turn, 8), lg(c.plen >> 9), lg(c.olen), min(c.phits+1, 4), c.matched}
+func features(c *bctx, mask uint32, f *[10]int) int {
+	all := [10]int{lg(c.depth), c.last, min(c.hits, 3), min(c.turn, 8), lg(c.plen >> 9), lg(c.olen), min(c.phits+1, 4), c.matched, c.root, c.anchor + 1}
 	n := 0
 	for i, v := range all {
 		if mask&(1<<i) != 0 {
-			f[n] = i<<5 | v
+			f[n] = i<<28 | v
 			n++
 		}
 	}
@@ -503,7 +520,7 @@ func newHawkeyeTable(mask uint32) *hawkeyeTable {
 	return t
 }
 func (t *hawkeyeTable) index(c *bctx) int {
-	var f [8]int
+	var f [10]int
 	n := features(c, t.mask, &f)
 	h := uint64(0x12345)
 	for _, v := range f[:n] {
@@ -538,17 +555,24 @@ func (t *hawkeyeTable) victim(c *bctx) { t.train(c, false) }
 // friendly (high).
 type perceptron struct {
 	mask   uint32
-	w      [8 << 5]int32
+	w      [10 << 12]int32
 	thresh int32
 	cls    int
 }
 
+// widx is feature value v's weight: a table of 4096 per feature, the value
+// hashed into it.
+func widx(v int) int {
+	h := uint64(v&(1<<28-1)) * 0x9e3779b97f4a7c15
+	return v>>28<<12 | int(h>>52)
+}
+
 func (p *perceptron) sum(c *bctx) int32 {
-	var f [8]int
+	var f [10]int
 	n := features(c, p.mask, &f)
 	var s int32
 	for _, v := range f[:n] {
-		s += p.w[v]
+		s += p.w[widx(v)]
 	}
 	return s
 }
@@ -565,15 +589,15 @@ func (p *perceptron) predict(c *bctx) int {
 }
 func (p *perceptron) train(c *bctx, keep bool) {
 	s := p.sum(c)
-	var f [8]int
+	var f [10]int
 	n := features(c, p.mask, &f)
 	if keep && s < p.thresh {
 		for _, v := range f[:n] {
-			p.w[v] = min(p.w[v]+1, 127)
+			p.w[widx(v)] = min(p.w[widx(v)]+1, 127)
 		}
 	} else if !keep && s > -p.thresh {
 		for _, v := range f[:n] {
-			p.w[v] = max(p.w[v]-1, -128)
+			p.w[widx(v)] = max(p.w[widx(v)]-1, -128)
 		}
 	}
 }
@@ -641,6 +665,7 @@ func (l *learned) access(s *psim, b int32) {
 
 func TestProtoHawkeye(t *testing.T) {
 	tr := conversation(t)
+	only := os.Getenv("PROTO")
 	const all = 0xff
 	type mk struct {
 		name string
@@ -653,13 +678,444 @@ func TestProtoHawkeye(t *testing.T) {
 		{"glider/all", func() protoPolicy { return newLearned(&perceptron{mask: all, thresh: 100, cls: 3}, 1) }},
 		{"glider/all/s32", func() protoPolicy { return newLearned(&perceptron{mask: all, thresh: 100, cls: 3}, 32) }},
 		{"perceptron2/all", func() protoPolicy { return newLearned(&perceptron{mask: all, thresh: 100, cls: 2}, 1) }},
+		{"mockingjay/all", func() protoPolicy { return &mockingjay{mask: all, sample: 1, step: 1.0 / 8} }},
+		{"mockingjay/all/s32", func() protoPolicy { return &mockingjay{mask: all, sample: 32, step: 1.0 / 8} }},
+		{"mockingjay/depth,last,hits", func() protoPolicy { return &mockingjay{mask: 0b111, sample: 1, step: 1.0 / 8} }},
 	}
 	for _, f := range []float64{0.02, 0.05, 0.10, 0.25, 0.50} {
 		c := int(f * float64(tr.DistinctBlocks))
 		for _, m := range mks {
+			if only != "" && !strings.Contains(m.name, only) {
+				continue
+			}
 			s := protoRun(tr, c, m.new())
 			fmt.Printf("%3.0f%% %-24s %.2f%% (inner %d) accuracy %.1f%% (live %d dead %d)\n", 100*f, m.name, 100*float64(s.hitBlocks)/float64(tr.References), s.inner,
 				100*float64(s.predRight)/float64(s.predLive+s.predDead), s.predLive, s.predDead)
 		}
+	}
+}
+
+// A victimPicker chooses victims itself (among idle blocks).
+type victimPicker interface {
+	pick(s *psim) int32
+}
+
+// mockingjay predicts, per signature, a block's reuse distance (in block
+// references) from the sampled past: a sampled block reused within the
+// horizon (8x the capacity, Hawkeye's OPTgen window) trains its previous
+// reference's signature with the observed distance, one not reused within
+// it with the horizon (Mockingjay's "infinite" distance). A cached block's
+// estimated time of arrival is its last reference + its signature's
+// prediction; the victim is the idle block whose ETA is farthest from now,
+// in the future or overdue (Mockingjay's max |ETR|).
+type mockingjay struct {
+	mask    uint32
+	sample  int
+	rd      map[int]float64 // signature -> predicted reuse distance
+	step    float64
+	prev    []bctx
+	has     []bool
+	eta     []int64
+	ver     []uint32
+	late    etaHeap // min ETA first (most overdue)
+	early   etaHeap // max ETA first (farthest)
+	horizon int64
+	last    map[int32]int64
+	ring    []int32
+	now     int64 // sampled time
+}
+
+type etaEntry struct {
+	eta int64
+	b   int32
+	ver uint32
+}
+
+type etaHeap struct {
+	e   []etaEntry
+	max bool
+}
+
+func (h *etaHeap) less(i, j int) bool {
+	if h.max {
+		return h.e[i].eta > h.e[j].eta
+	}
+	return h.e[i].eta < h.e[j].eta
+}
+func (h *etaHeap) push(x etaEntry) {
+	h.e = append(h.e, x)
+	i := len(h.e) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h.e[i], h.e[p] = h.e[p], h.e[i]
+		i = p
+	}
+}
+func (h *etaHeap) pop() {
+	n := len(h.e) - 1
+	h.e[0] = h.e[n]
+	h.e = h.e[:n]
+	i := 0
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < n && h.less(l, m) {
+			m = l
+		}
+		if r < n && h.less(r, m) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		h.e[i], h.e[m] = h.e[m], h.e[i]
+		i = m
+	}
+}
+
+func (m *mockingjay) sig(c *bctx) int {
+	var f [10]int
+	n := features(c, m.mask, &f)
+	h := 0
+	for _, v := range f[:n] {
+		h = h*1000003 + v
+	}
+	return h
+}
+
+func (m *mockingjay) init(s *psim) {
+	if m.prev != nil {
+		return
+	}
+	n := len(s.parent)
+	m.prev, m.has, m.eta, m.ver = make([]bctx, n), make([]bool, n), make([]int64, n), make([]uint32, n)
+	m.rd = map[int]float64{}
+	m.late.max, m.early.max = false, true
+	m.horizon = int64(8 * max(s.capacity/m.sample, 1))
+	m.last = map[int32]int64{}
+	m.ring = make([]int32, m.horizon)
+}
+
+func (m *mockingjay) train(b int32, d int64) {
+	if !m.has[b] {
+		return
+	}
+	k := m.sig(&m.prev[b])
+	old, ok := m.rd[k]
+	if !ok {
+		m.rd[k] = float64(d)
+		return
+	}
+	m.rd[k] = old + (float64(d)-old)*m.step
+}
+
+func (m *mockingjay) queues() int { return 1 }
+func (m *mockingjay) enqueue(s *psim, b int32, c *bctx) int {
+	m.init(s)
+	m.prev[b], m.has[b] = *c, true
+	pred, ok := m.rd[m.sig(c)]
+	if !ok {
+		pred = 0 // no prediction yet: due now (LRU among unknowns)
+	}
+	// Distances are learned in sampled time; the cache ages in block
+	// references.
+	m.eta[b] = s.pos[b] + int64(pred)*int64(m.sample)
+	m.ver[b]++
+	e := etaEntry{m.eta[b], b, m.ver[b]}
+	m.late.push(e)
+	m.early.push(e)
+	live := s.live[s.pos[b]]
+	if live {
+		s.predLive++
+	} else {
+		s.predDead++
+	}
+	if live == (float64(pred) < float64(m.horizon)/2) {
+		s.predRight++
+	}
+	return 0
+}
+func (m *mockingjay) dequeue([]int) int { return 0 }
+func (m *mockingjay) evicted(s *psim, b int32, q int) {
+	m.ver[b]++
+}
+func (m *mockingjay) published(*psim, int32) bool { return false }
+func (m *mockingjay) access(s *psim, b int32) {
+	m.init(s)
+	m.ver[b]++ // busy: out of the heaps until released
+	if !sampled(b, uint64(m.sample)) {
+		return
+	}
+	if m.now >= m.horizon {
+		old := m.now - m.horizon
+		x := m.ring[old%m.horizon]
+		if t0, ok := m.last[x]; ok && t0 == old {
+			m.train(x, m.horizon)
+			delete(m.last, x)
+		}
+	}
+	if t0, ok := m.last[b]; ok {
+		m.train(b, m.now-t0)
+	}
+	m.last[b] = m.now
+	m.ring[m.now%m.horizon] = b
+	m.now++
+}
+
+func (m *mockingjay) top(h *etaHeap) (etaEntry, bool) {
+	for len(h.e) > 0 {
+		e := h.e[0]
+		if m.ver[e.b] == e.ver {
+			return e, true
+		}
+		h.pop()
+	}
+	return etaEntry{}, false
+}
+
+func (m *mockingjay) pick(s *psim) int32 {
+	now := s.t
+	a, okA := m.top(&m.late)
+	b, okB := m.top(&m.early)
+	if !okA && !okB {
+		panic("mockingjay: nothing idle")
+	}
+	if now-a.eta >= b.eta-now {
+		return a.b
+	}
+	return b.b
+}
+
+// recorder is LRU that counts, per full signature, the idle blocks that
+// are referenced again (live) and those that are not.
+type recorder struct {
+	mask uint32
+	cnt  map[int][2]int64
+}
+
+func (r *recorder) queues() int { return 1 }
+func (r *recorder) enqueue(s *psim, b int32, c *bctx) int {
+	k := sigKey(c, r.mask)
+	v := r.cnt[k]
+	if s.live[s.pos[b]] {
+		v[1]++
+	} else {
+		v[0]++
+	}
+	r.cnt[k] = v
+	return 0
+}
+func (r *recorder) dequeue([]int) int           { return 0 }
+func (r *recorder) evicted(*psim, int32, int)   {}
+func (r *recorder) published(*psim, int32) bool { return false }
+func (r *recorder) access(*psim, int32)         {}
+
+func sigKey(c *bctx, mask uint32) int {
+	var f [10]int
+	n := features(c, mask, &f)
+	h := 0
+	for _, v := range f[:n] {
+		h = h*1000003 + v
+	}
+	return h
+}
+
+// hindsight predicts with each signature's live share over the whole
+// trace (not online: the best any predictor of these features can know),
+// in `classes` buckets of that share (2: Hawkeye's friendly at >= 1/2).
+type hindsight struct {
+	mask uint32
+	cnt  map[int][2]int64
+	cls  int
+}
+
+func (h *hindsight) classes() int { return h.cls }
+func (h *hindsight) predict(c *bctx) int {
+	v, ok := h.cnt[sigKey(c, h.mask)]
+	p := float64(v[1]) / float64(max(v[0]+v[1], 1))
+	if !ok {
+		p = 1 // a signature the recording never saw: no reason to evict it first
+	}
+	if h.cls == 2 {
+		if p >= 0.5 {
+			return 1
+		}
+		return 0
+	}
+	return min(int(p*float64(h.cls)), h.cls-1)
+}
+func (h *hindsight) train(*bctx, bool) {}
+func (h *hindsight) victim(*bctx)      {}
+
+func TestProtoHindsight(t *testing.T) {
+	tr := conversation(t)
+	for _, mask := range []uint32{0x100, 0x1ff, 0x107} {
+		r := &recorder{mask: mask, cnt: map[int][2]int64{}}
+		protoRun(tr, tr.DistinctBlocks/20, r)
+		var right, total, fr, frLive, live int64
+		for _, v := range r.cnt {
+			right += max(v[0], v[1])
+			total += v[0] + v[1]
+			live += v[1]
+			if v[1] >= v[0] {
+				fr += v[0] + v[1]
+				frLive += v[1]
+			}
+		}
+		fmt.Printf("mask %#x: friendly %d of %d idle blocks, %.1f%% of them live; %.1f%% of the live ones friendly\n", mask, fr, total, 100*float64(frLive)/float64(max(fr, 1)), 100*float64(frLive)/float64(live))
+		if mask == 0x100 {
+			for k, v := range r.cnt {
+				if v[0]+v[1] > 2000 {
+					fmt.Printf("app %d: %d idle, %.1f%% live\n", k, v[0]+v[1], 100*float64(v[1])/float64(v[0]+v[1]))
+				}
+			}
+		}
+		fmt.Printf("mask %#x: %d signatures, hindsight accuracy %.1f%% (all dead: %.1f%%)\n", mask, len(r.cnt), 100*float64(right)/float64(total), 100*182790.0/288500)
+		for _, f := range []float64{0.02, 0.05, 0.10, 0.25, 0.50} {
+			c := int(f * float64(tr.DistinctBlocks))
+			for _, cls := range []int{2, 8} {
+				s := protoRun(tr, c, newLearned(&hindsight{mask: mask, cnt: r.cnt, cls: cls}, 1))
+				fmt.Printf("%3.0f%% hindsight/%d classes %.2f%% accuracy %.1f%%\n", 100*f, cls, 100*float64(s.hitBlocks)/float64(tr.References), 100*float64(s.predRight)/float64(s.predLive+s.predDead))
+			}
+		}
+	}
+}
+
+// rrip drives SRRIP's insertion with a predictor (SHiP-style, Wu et al.
+// MICRO '11, here with OPTgen's labels as Hawkeye trains): predicted
+// averse -> RRPV 3 (distant), else SRRIP's own rule (hit: 0, new: 2); every
+// block ages as victims are taken, so a friendly block goes once it has
+// aged past the rest.
+type rrip struct {
+	*learned
+	epoch uint32
+}
+
+func (r *rrip) queues() int { return 4 }
+func (r *rrip) enqueue(s *psim, b int32, c *bctx) int {
+	cl := r.learned.enqueue(s, b, c)
+	rrpv := uint32(2)
+	switch {
+	case cl == 0:
+		rrpv = 3
+	case c.hits > 0:
+		rrpv = 0
+	}
+	return int((r.epoch + 3 - rrpv) % 4)
+}
+func (r *rrip) dequeue(lens []int) int {
+	for d := range uint32(4) {
+		q := (r.epoch + d) % 4
+		if lens[q] > 0 {
+			r.epoch += d
+			return int(q)
+		}
+	}
+	panic("empty")
+}
+func (r *rrip) evicted(s *psim, b int32, q int) {}
+
+func TestProtoRRIP(t *testing.T) {
+	tr := conversation(t)
+	rec := &recorder{mask: 0xff, cnt: map[int][2]int64{}}
+	protoRun(tr, tr.DistinctBlocks/20, rec)
+	for _, f := range []float64{0.02, 0.05, 0.10, 0.25, 0.50} {
+		c := int(f * float64(tr.DistinctBlocks))
+		for name, p := range map[string]func() predictor{
+			"hawkeye-table": func() predictor { return newHawkeyeTable(0xff) },
+			"perceptron":    func() predictor { return &perceptron{mask: 0xff, thresh: 100, cls: 2} },
+			"hindsight":     func() predictor { return &hindsight{mask: 0xff, cnt: rec.cnt, cls: 2} },
+		} {
+			s := protoRun(tr, c, &rrip{learned: newLearned(p(), 1)})
+			fmt.Printf("%3.0f%% rrip/%-14s %.2f%% accuracy %.1f%% inner %d\n", 100*f, name, 100*float64(s.hitBlocks)/float64(tr.References), 100*float64(s.predRight)/float64(s.predLive+s.predDead), s.inner)
+		}
+	}
+}
+
+// TestProtoTable prints docs/replay.md's rows: hit ratio (share of
+// Belady's hits) per capacity, and the predictor's accuracy against the
+// dead-block oracle at 5% and 10%.
+func TestProtoTable(t *testing.T) {
+	tr := conversation(t)
+	caps := []float64{0.02, 0.05, 0.10, 0.25, 0.50}
+	bel := make([]int64, len(caps))
+	for i, f := range caps {
+		bel[i] = Belady(TraceStream(tr), int(f*float64(tr.DistinctBlocks)))
+	}
+	rows := []struct {
+		name string
+		new  func() protoPolicy
+	}{
+		{"lru", func() protoPolicy { return newTreePolicy("lru") }},
+		{"arc", func() protoPolicy { return newTreePolicy("arc") }},
+		{"hawkeye", func() protoPolicy { return newLearned(newHawkeyeTable(0xff), 1) }},
+		{"hawkeye, sampled 1/32", func() protoPolicy { return newLearned(newHawkeyeTable(0xff), 32) }},
+		{"hawkeye, depth/last/hits only", func() protoPolicy { return newLearned(newHawkeyeTable(0b111), 1) }},
+		{"glider (training threshold 30)", func() protoPolicy { return newLearned(&perceptron{mask: 0xff, thresh: 30, cls: 3}, 1) }},
+		{"glider (training threshold 100)", func() protoPolicy { return newLearned(&perceptron{mask: 0xff, thresh: 100, cls: 3}, 1) }},
+		{"glider (training threshold 300)", func() protoPolicy { return newLearned(&perceptron{mask: 0xff, thresh: 300, cls: 3}, 1) }},
+		{"glider, sampled 1/32", func() protoPolicy { return newLearned(&perceptron{mask: 0xff, thresh: 100, cls: 3}, 32) }},
+		{"srrip insertion by hawkeye's table", func() protoPolicy { return &rrip{learned: newLearned(newHawkeyeTable(0xff), 1)} }},
+		{"srrip insertion by the perceptron", func() protoPolicy {
+			return &rrip{learned: newLearned(&perceptron{mask: 0xff, thresh: 100, cls: 2}, 1)}
+		}},
+		{"mockingjay", func() protoPolicy { return &mockingjay{mask: 0xff, sample: 1, step: 1.0 / 8} }},
+		{"mockingjay, sampled 1/32", func() protoPolicy { return &mockingjay{mask: 0xff, sample: 32, step: 1.0 / 8} }},
+		{"hindsight (not online)", nil},
+	}
+	for _, r := range rows {
+		line := "| " + r.name + " |"
+		acc := ""
+		for i, f := range caps {
+			mk := r.new
+			if mk == nil {
+				rec := &recorder{mask: 0xff, cnt: map[int][2]int64{}}
+				protoRun(tr, int(f*float64(tr.DistinctBlocks)), rec)
+				mk = func() protoPolicy { return newLearned(&hindsight{mask: 0xff, cnt: rec.cnt, cls: 2}, 1) }
+			}
+			s := protoRun(tr, int(f*float64(tr.DistinctBlocks)), mk())
+			line += fmt.Sprintf(" %.1f (%.1f) |", 100*float64(s.hitBlocks)/float64(tr.References), 100*float64(s.hitBlocks)/float64(bel[i]))
+			if (f == 0.05 || f == 0.10) && s.predLive+s.predDead > 0 {
+				acc += fmt.Sprintf(" %.1f%%", 100*float64(s.predRight)/float64(s.predLive+s.predDead))
+			}
+		}
+		fmt.Println(line + acc)
+	}
+}
+
+// thresholded is the hindsight predictor with its friendly threshold
+// swept: the best any "evict the signatures below theta first, LRU within"
+// rule over these features could do.
+type thresholded struct {
+	hindsight
+	theta float64
+}
+
+func (h *thresholded) predict(c *bctx) int {
+	v, ok := h.cnt[sigKey(c, h.mask)]
+	if !ok || float64(v[1]) >= h.theta*float64(max(v[0]+v[1], 1)) {
+		return 1
+	}
+	return 0
+}
+
+func TestProtoThreshold(t *testing.T) {
+	tr := conversation(t)
+	caps := []float64{0.02, 0.05, 0.10, 0.25, 0.50}
+	recs := make([]*recorder, len(caps))
+	for i, f := range caps {
+		recs[i] = &recorder{mask: 0xff, cnt: map[int][2]int64{}}
+		protoRun(tr, int(f*float64(tr.DistinctBlocks)), recs[i])
+	}
+	for _, theta := range []float64{0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5} {
+		line := fmt.Sprintf("| theta %.2f |", theta)
+		for i, f := range caps {
+			rec := recs[i]
+			s := protoRun(tr, int(f*float64(tr.DistinctBlocks)), newLearned(&thresholded{hindsight{mask: 0xff, cnt: rec.cnt, cls: 2}, theta}, 1))
+			line += fmt.Sprintf(" %.1f (inner %d) |", 100*float64(s.hitBlocks)/float64(tr.References), s.inner)
+		}
+		fmt.Println(line)
 	}
 }
