@@ -1114,8 +1114,62 @@ func TestProtoThreshold(t *testing.T) {
 		for i, f := range caps {
 			rec := recs[i]
 			s := protoRun(tr, int(f*float64(tr.DistinctBlocks)), newLearned(&thresholded{hindsight{mask: 0xff, cnt: rec.cnt, cls: 2}, theta}, 1))
-			line += fmt.Sprintf(" %.1f (inner %d) |", 100*float64(s.hitBlocks)/float64(tr.References), s.inner)
+			line += fmt.Sprintf(" %.1f (%.1f) |", 100*float64(s.hitBlocks)/float64(tr.References), 100*float64(s.hitBlocks)/float64(Belady(TraceStream(tr), int(f*float64(tr.DistinctBlocks)))))
 		}
 		fmt.Println(line)
+	}
+}
+
+// deadFirst puts blocks a predictor calls averse on a queue of their own,
+// evicted first, and runs a tree policy over the rest.
+type deadFirst struct {
+	*treePolicy
+	pred predictor
+}
+
+func (d *deadFirst) queues() int { return 1 + d.treePolicy.queues() }
+func (d *deadFirst) enqueue(s *psim, b int32, c *bctx) int {
+	if d.pred.predict(c) == 0 {
+		return 0
+	}
+	return 1 + d.treePolicy.enqueue(s, b, c)
+}
+func (d *deadFirst) dequeue(lens []int) int {
+	if lens[0] > 0 {
+		return 0
+	}
+	return 1 + d.treePolicy.dequeue(lens[1:])
+}
+
+type lastOnly struct{}
+
+func (lastOnly) classes() int { return 2 }
+func (lastOnly) predict(c *bctx) int {
+	if c.last == 1 {
+		return 0
+	}
+	return 1
+}
+func (lastOnly) train(*bctx, bool) {}
+func (lastOnly) victim(*bctx)      {}
+
+func TestProtoDeadFirst(t *testing.T) {
+	tr := conversation(t)
+	for _, base := range []string{"lru", "arc"} {
+		for _, theta := range []float64{-1, 0.02, 0.05, 0.1, 0.2} {
+			line := fmt.Sprintf("| %s, theta %.2f |", base, theta)
+			for _, f := range []float64{0.02, 0.05, 0.10, 0.25, 0.50} {
+				c := int(f * float64(tr.DistinctBlocks))
+				var p predictor = lastOnly{}
+				if theta >= 0 {
+					rec := &recorder{mask: 0xff, cnt: map[int][2]int64{}}
+					protoRun(tr, c, rec)
+					p = &thresholded{hindsight{mask: 0xff, cnt: rec.cnt, cls: 2}, theta}
+				}
+				s := protoRun(tr, c, &deadFirst{newTreePolicy(base), p})
+				line += fmt.Sprintf(" %.1f (%.1f) |", 100*float64(s.hitBlocks)/float64(tr.References), 100*float64(s.hitBlocks)/float64(Belady(TraceStream(tr), c)))
+			}
+			fmt.Println(line)
+		}
 	}
 }
