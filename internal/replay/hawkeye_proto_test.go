@@ -1173,3 +1173,36 @@ func TestProtoDeadFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestProtoAnchor: the deepest matched block (a per-conversation key) as a
+// ninth feature, online, and how many idle blocks each signature covers.
+func TestProtoAnchor(t *testing.T) {
+	tr := conversation(t)
+	for _, f := range []float64{0.05, 0.10} {
+		c := int(f * float64(tr.DistinctBlocks))
+		for name, mk := range map[string]func() protoPolicy{
+			"glider+anchor":  func() protoPolicy { return newLearned(&perceptron{mask: 0x2ff, thresh: 100, cls: 3}, 1) },
+			"hawkeye+anchor": func() protoPolicy { return newLearned(newHawkeyeTable(0x2ff), 1) },
+		} {
+			s := protoRun(tr, c, mk())
+			fmt.Printf("%3.0f%% %s %.1f%% accuracy %.1f%%\n", 100*f, name, 100*float64(s.hitBlocks)/float64(tr.References), 100*float64(s.predRight)/float64(s.predLive+s.predDead))
+		}
+		rec := &recorder{mask: 0x2ff, cnt: map[int][2]int64{}}
+		protoRun(tr, c, rec)
+		hist := map[int64]int{}
+		var total int64
+		for _, v := range rec.cnt {
+			n := v[0] + v[1]
+			total += n
+			switch {
+			case n <= 2:
+				hist[2]++
+			case n <= 8:
+				hist[8]++
+			default:
+				hist[9]++
+			}
+		}
+		fmt.Printf("%d signatures: <=2 idle %d, 3-8 %d, >8 %d; total %d\n", len(rec.cnt), hist[2], hist[8], hist[9], total)
+	}
+}
