@@ -345,6 +345,7 @@ func flip(t *testing.T, dir string, slot, off int) {
 func TestConcurrentStoreAndFetch(t *testing.T) {
 	s := openStore(t, testConfig(t.TempDir(), 6))
 	defer s.Close()
+	setPieces(s, 1) // the read helper reads while the writer evicts
 	u := newUniverse(testFormat, 6, 5)
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -390,11 +391,13 @@ func storeFirstPage(t *testing.T, pages int) (*Store, *pageUniverse) {
 }
 
 // TestFetchAllocatesNothing: a lookup that reads and verifies a chain
-// (one preadv per run, the checks, the policy's bookkeeping) allocates
-// nothing once the store's read buffers exist.
+// (a preadv per piece, on Fetch's goroutine and the read helper, the
+// checks, the policy's bookkeeping) allocates nothing once the store's
+// read buffers exist.
 func TestFetchAllocatesNothing(t *testing.T) {
 	s := openStore(t, testConfig(t.TempDir(), 16))
 	defer s.Close()
+	setPieces(s, 2)
 	chain := newUniverse(testFormat, 1, 6).chains[0]
 	for i := range chain {
 		require.True(t, s.Store(&chain[i]))
