@@ -122,12 +122,12 @@ func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 	p.pages = nil
 	p.mu.Unlock()
 
-	// Every piece before p.stop has been read: serve in order up to the
-	// first failure.
+	// Every piece before p.stop has been read (and pieces after it may
+	// have been): serve in order up to the first failure.
 	served, failed := 0, false
-	for k := range p.stop {
+	for k := range p.pieces {
 		r := &p.res[k]
-		if !failed {
+		if !failed && k < p.stop {
 			served += r.n
 			failed = r.n < s.pieceLen(k, len(pages))
 			switch {
