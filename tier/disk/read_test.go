@@ -12,7 +12,7 @@ import (
 )
 
 // setPieces makes s read its Fetch runs in pieces of n pages (the
-// default is about 1 MiB, a single piece for the tests' small pages), so
+// default is 512 KiB, a single piece for the tests' small pages), so
 // that Fetch's goroutine and the read helper share them.
 func setPieces(s *Store, n int) {
 	s.readMu.Lock()

@@ -567,9 +567,9 @@ func (s *Store) Config() Config { return s.cfg }
 // Fetch implements [tier.RemoteStore]: the leading pages found and
 // verified (slot header, checksum, namespace, group, format, digest, parent
 // and tokens), read run by run (pages in consecutive slots), each run in
-// pieces of about 1 MiB, one preadv each, read and checked by Fetch's
-// goroutine and the store's read helper in turn (read.go), checking ctx
-// between runs. The page bytes are read straight into Data and checked
+// pieces of at most 512 KiB (at least a slot), one preadv each, read and
+// checked by Fetch's goroutine and the store's read helper in turn
+// (read.go), checking ctx between runs. The page bytes are read straight into Data and checked
 // there, so the Data of the page that failed (the first one not served)
 // and of the pages after it may have been written: only the served pages'
 // Data is defined.
