@@ -498,3 +498,28 @@ func TestWriteErrorFreesSlots(t *testing.T) {
 		require.EqualValues(t, i, s.index[chain[i].Digest], "page %d in slot %d: consecutive slots", i, i)
 	}
 }
+
+// TestOpenSkipsFreshSegments: the segments Open creates are counted empty
+// without being read, in a new directory and beside segments that hold
+// pages (one lost and recreated); the pages of the others are recovered
+// and served.
+func TestOpenSkipsFreshSegments(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir, 20) // segments of 8, 8 and 4 slots
+	s := openStore(t, cfg)
+	require.Equal(t, Recovery{Slots: 20, Empty: 20}, s.Recovery())
+	require.Equal(t, []bool{true, true, true}, s.fresh)
+	chain := newUniverse(testFormat, 1, 5).chains[0]
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	require.NoError(t, s.Close())
+	require.NoError(t, os.Remove(s.segmentPath(2)))
+
+	s = openStore(t, cfg)
+	defer s.Close()
+	require.Equal(t, []bool{false, false, true}, s.fresh)
+	require.Equal(t, Recovery{Slots: 20, Empty: 15, Recovered: 5}, s.Recovery())
+	require.Equal(t, len(chain), fetchChecked(t, s, request(chain)))
+}
