@@ -569,10 +569,10 @@ func (s *Store) Config() Config { return s.cfg }
 // and tokens), read run by run (pages in consecutive slots), each run in
 // pieces of at most 512 KiB (at least a slot), one preadv each, read and
 // checked by Fetch's goroutine and the store's read helper in turn
-// (read.go), checking ctx between runs. The page bytes are read straight into Data and checked
-// there, so the Data of the page that failed (the first one not served)
-// and of the pages after it may have been written: only the served pages'
-// Data is defined.
+// (read.go), checking ctx between runs. The page bytes are read straight
+// into Data and checked there, so the Data of the page that failed (the
+// first one not served) and of the pages after it may have been written:
+// only the served pages' Data is defined.
 func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	if len(pages) == 0 {
 		return 0
