@@ -4,10 +4,13 @@
 // Each slot holds a checksummed slot header (sequence number, the value's
 // checksum) and the tier page value, its page bytes on a 4 KiB boundary
 // (format version 2, format.go). Store encodes a page into a queue buffer
-// and returns; one writer goroutine gathers a burst of pages and writes
-// each run of consecutive slots with one pwritev, fsyncing every
-// Config.SyncEvery pages. Fetch reads a run of slots with one preadv and
-// verifies every page before serving it. When no slot is free the writer
+// and returns; one writer goroutine takes the queued pages once there are
+// 1 MiB of them and writes each run of consecutive slots with one pwritev,
+// fsyncing every Config.SyncEvery pages, while Store encodes the next
+// ones. Fetch reads a run of slots in pieces of about 512 KiB, one preadv
+// each, shared with a read helper goroutine so that one piece is checked
+// while the next is read (read.go), and verifies every page before
+// serving it. When no slot is free the writer
 // overwrites the victim of one of prefixcache's eviction policies
 // (Config.Eviction). After a crash, Open rebuilds the index from the slots
 // that verify and reports what it dropped (Recovery). docs/tiers.md

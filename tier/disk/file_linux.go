@@ -21,6 +21,12 @@ func preallocate(f *os.File, size int64) error {
 	return err
 }
 
+// dropCache asks the kernel to drop f's clean pages from the page cache
+// (posix_fadvise DONTNEED); it is only a hint, so its error is ignored.
+func dropCache(f *os.File) {
+	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+}
+
 // lockFile takes an exclusive advisory lock on f without waiting; the
 // kernel drops it when the process dies (kill -9 included).
 func lockFile(f *os.File) error {

@@ -174,6 +174,9 @@ func runModel(t *testing.T, seed uint64, policy string, ops int) {
 	ref := newRefDisk(t, cfg.Pages, policy)
 	s := openStore(t, cfg)
 	defer func() { s.Close() }()
+	// Runs are read in pieces of 1 to 3 pages (a new size at each
+	// restart): Fetch's goroutine and the read helper share them.
+	setPieces(s, 1+rng.IntN(3))
 	restarts, damaged, dups := 0, 0, 0
 	var total tier.RemoteStats
 	reopen := func(wantTorn, wantDup int) {
@@ -181,6 +184,7 @@ func runModel(t *testing.T, seed uint64, policy string, ops int) {
 		require.Zero(t, st.Errors+st.Dropped+st.Rejected)
 		total.Stored, total.Hits, total.Misses = total.Stored+st.Stored, total.Hits+st.Hits, total.Misses+st.Misses
 		s = openStore(t, cfg)
+		setPieces(s, 1+rng.IntN(3))
 		rec := s.Recovery()
 		require.Equal(t, ref.len(), rec.Recovered)
 		require.Equal(t, wantTorn, rec.Torn)

@@ -30,14 +30,26 @@ const (
 	// maxStoreBytes bounds the store (16 TiB): slot offsets stay far from
 	// overflow.
 	maxStoreBytes = 1 << 44
-	// maxReadBytes bounds one coalesced read in Fetch and the restart scan.
+	// maxReadBytes bounds one read of the restart scan.
 	maxReadBytes = 4 << 20
+	// maxRunBytes bounds the slots one Fetch run reads (and pins).
+	maxRunBytes = 16 << 20
+	// readPieceBytes is the most one read call of a Fetch run moves (at
+	// least a slot): a run is read in pieces of this size, Fetch's
+	// goroutine and the read helper each reading and checking one while
+	// the other does the next (read.go). Small pieces keep the wait for
+	// the other goroutine's last piece short.
+	readPieceBytes = 512 << 10
 	// maxWriteBytes bounds the pages the writer takes off the queue at
 	// once, and so one coalesced write.
 	maxWriteBytes = 8 << 20
 	// lingerIdle is how long the writer waits for the next page of a
 	// burst before it writes what it has.
 	lingerIdle = 200 * time.Microsecond
+	// minWriteBytes: the writer writes as soon as it holds this many
+	// bytes of pages (at least a page, at most half the queue), so that
+	// Store's copies of the next pages overlap the write of these.
+	minWriteBytes = 1 << 20
 	// maxIovecs is Linux's IOV_MAX: a longer vector is split into calls.
 	maxIovecs = 1024
 	// MaxQueueBytes bounds the queue's buffers (QueueLen slots), which
@@ -151,6 +163,7 @@ type Store struct {
 	segSlots  int // slots per segment file
 	segs      []*os.File
 	lock      *os.File
+	fresh     []bool // segments Open created: all slots empty, not scanned
 
 	mu       sync.Mutex // guards everything below up to the queue
 	closed   bool
@@ -172,23 +185,26 @@ type Store struct {
 	backlog tier.Backlog
 
 	ioMu sync.RWMutex // Fetch's reads (read lock) against Close
-	// Fetch's state: one lookup at a time. A run of slots is read with
-	// one preadv: each slot's header and value head into meta, its page
-	// bytes straight into the caller's Data, its checksum and the slot's
-	// unused end into tails.
-	readMu  sync.Mutex
-	meta    []byte
-	tails   []byte
-	rio     vecIO
-	tokens  []int32
-	runSeqs []uint64
+	// Fetch's state: one lookup at a time. A run of slots is read in
+	// pieces (read.go): each slot's header and value head into meta, its
+	// page bytes straight into the caller's Data, its checksum and the
+	// slot's unused end into tails; runSeqs are the sequences the index
+	// named.
+	readMu     sync.Mutex
+	meta       []byte
+	tails      []byte
+	runSeqs    []uint64
+	piecePages int            // pages a read call (a piece) moves at most
+	pipe       readPipe       // the run being read, shared with the helper
+	readers    [2]pieceReader // Fetch's goroutine's, the helper's
 
 	// The writer's state: the batch it writes, the vector of a run.
 	batch    []*job
 	wio      vecIO
 	maxBatch int
-	// gather waits for more pages while it holds fewer than lingerBatch,
-	// up to lingerIdle between two; Flush ends the wait through kick.
+	// gather waits for more pages while it holds fewer than lingerBatch
+	// (minWriteBytes of pages), up to lingerIdle between two; Flush ends
+	// the wait through kick.
 	lingerBatch int
 	linger      *time.Timer
 	kick        chan struct{}
@@ -312,13 +328,15 @@ func Open(cfg Config) (*Store, error) {
 		s.jobs <- &job{buf: buf, val: buf[s.valueOff:end:end]}
 	}
 	s.maxBatch = max(1, min(cfg.QueueLen, maxWriteBytes/s.slotBytes, maxIovecs))
-	s.lingerBatch = max(1, min(s.maxBatch, cfg.QueueLen/2))
+	s.lingerBatch = max(1, min(s.maxBatch, cfg.QueueLen/2, minWriteBytes/s.slotBytes))
 	s.linger = time.NewTimer(time.Hour)
 	s.linger.Stop()
 	s.kick = make(chan struct{}, 1)
 	s.batch = make([]*job, 0, s.maxBatch)
 	s.wio.init(s.maxBatch)
 	s.readDone.L = &s.mu
+	s.piecePages = max(1, readPieceBytes/s.slotBytes)
+	s.startReadHelper()
 	s.wg.Add(1)
 	go s.writer()
 	return s, nil
@@ -341,6 +359,7 @@ func (s *Store) openSegments() error {
 			ErrForeignDir, s.segmentPath(n), n, s.cfg.Pages, s.segSlots)
 	}
 	hdr := make([]byte, segmentHeaderBytes)
+	s.fresh = make([]bool, n)
 	for i := range n {
 		path := s.segmentPath(i)
 		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
@@ -367,6 +386,7 @@ func (s *Store) openSegments() error {
 			if err := s.initSegment(f, want, size); err != nil {
 				return fmt.Errorf("disk: create %s: %w", path, err)
 			}
+			s.fresh[i] = true
 			continue
 		}
 		got, err := decodeSegmentHeader(hdr[:nread])
@@ -440,6 +460,13 @@ func (s *Store) scan() error {
 		drops = append(drops, int32(slot))
 	}
 	for first := 0; first < s.cfg.Pages; {
+		if seg := first / s.segSlots; s.fresh[seg] {
+			// Created by this Open: every slot is empty. Not reading it
+			// keeps its (zero) bytes out of the page cache too.
+			rec.Empty += s.segmentSlots(seg)
+			first += s.segmentSlots(seg)
+			continue
+		}
 		n := min(perRead, s.segSlots-first%s.segSlots, s.cfg.Pages-first)
 		f, off := s.slotAt(first)
 		b := buf[:n*s.slotBytes]
@@ -499,6 +526,17 @@ func (s *Store) scan() error {
 			}
 		}
 	}
+	// The scan read every slot once: drop those bytes from the page
+	// cache (they are clean), as a later read or write of a slot is
+	// better served by cache pages of its own. Pages the scan read stay
+	// as the readahead made them, small, and writes into small cache
+	// pages cost the kernel about a third more than writes that make
+	// their own (docs/tiers.md, "measured").
+	for i, f := range s.segs {
+		if !s.fresh[i] {
+			dropCache(f)
+		}
+	}
 	// The policy learns the recovered pages oldest first; free slots are
 	// used lowest first (sequential writes into a fresh store).
 	ready := make([]int32, 0, len(s.index))
@@ -528,10 +566,12 @@ func (s *Store) Config() Config { return s.cfg }
 
 // Fetch implements [tier.RemoteStore]: the leading pages found and
 // verified (slot header, checksum, namespace, group, format, digest, parent
-// and tokens), read with one preadv per run of pages in consecutive slots,
-// checking ctx between reads. The page bytes are read straight into Data
-// and checked there, so the Data of the page that failed (the first one
-// not served) and of the pages after it in its run may have been written:
+// and tokens), read run by run (pages in consecutive slots), each run in
+// pieces of at most 512 KiB (at least a slot), one preadv each, read and
+// checked by Fetch's goroutine and the store's read helper in turn
+// (read.go), checking ctx between runs. The page bytes are read straight
+// into Data and checked there, so the Data of the page that failed (the
+// first one not served) and of the pages after it may have been written:
 // only the served pages' Data is defined.
 func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	if len(pages) == 0 {
@@ -543,7 +583,7 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	defer s.readMu.Unlock()
 	s.ioMu.RLock()
 	defer s.ioMu.RUnlock()
-	maxRun := max(1, maxReadBytes/s.slotBytes)
+	maxRun := max(1, maxRunBytes/s.slotBytes)
 	if s.runSeqs == nil {
 		s.allocReads(min(maxRun, s.cfg.Pages))
 	}
@@ -562,69 +602,6 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 		if served < n {
 			return done
 		}
-	}
-	return len(pages)
-}
-
-// allocReads sizes Fetch's buffers for runs of n slots.
-func (s *Store) allocReads(n int) {
-	s.meta = make([]byte, n*(s.valueOff+s.dataOff))
-	s.tails = make([]byte, n*s.tailBytes())
-	s.rio.init(3 * n)
-	s.runSeqs = make([]uint64, n)
-}
-
-// tailBytes is what follows a slot's page bytes: the value's checksum
-// and the slot's unused end.
-func (s *Store) tailBytes() int {
-	return s.slotBytes - s.valueOff - s.valueLen + tier.ValueCRCBytes
-}
-
-// readRun reads pages from the slots from first on with one preadv, the
-// page bytes straight into their Data, and serves the leading ones that
-// verify; the slots are pinned (lookupRun) until it returns.
-func (s *Store) readRun(pages []tier.RemotePage, first int) int {
-	defer s.endRead()
-	metaLen, tailLen := s.valueOff+s.dataOff, s.tailBytes()
-	s.rio.reset()
-	for k := range pages {
-		if len(pages[k].Data) != s.cfg.Format.PageBytes() {
-			s.reject(&pages[k], tier.RejectSize, fmt.Errorf("a buffer of %d bytes for a page of %d", len(pages[k].Data), s.cfg.Format.PageBytes()))
-			pages = pages[:k] // read and serve those before it
-			break
-		}
-		s.rio.add(s.meta[k*metaLen : (k+1)*metaLen])
-		s.rio.add(pages[k].Data)
-		s.rio.add(s.tails[k*tailLen : (k+1)*tailLen])
-	}
-	if len(pages) == 0 {
-		return 0
-	}
-	f, off := s.slotAt(first)
-	if err := s.rio.readAt(f, off); err != nil {
-		s.c.Errors.Add(1)
-		return 0
-	}
-	s.c.BytesIn.Add(int64(len(pages) * s.valueLen))
-	for k := range pages {
-		p := &pages[k]
-		tail := s.tails[k*tailLen : k*tailLen+tier.ValueCRCBytes]
-		h, v, why, err := s.checkSlotParts(s.meta[k*metaLen:(k+1)*metaLen], p.Data, tail, s.tokens)
-		if err == nil {
-			s.tokens = v.Tokens
-			err = v.Verify(s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
-		}
-		// The slot must still hold the write the index named: a slot
-		// overwritten since the lookup is refused, not served.
-		if err == nil && h.Seq != s.runSeqs[k] {
-			err = fmt.Errorf("%w: slot sequence %d, the index says %d", tier.ErrStaleValue, h.Seq, s.runSeqs[k])
-		}
-		if err != nil {
-			s.reject(p, rejectReason(why, err), err)
-			return k
-		}
-		s.touch(first+k, h.Seq)
-		s.c.Hits.Add(1)
 	}
 	return len(pages)
 }
@@ -657,23 +634,6 @@ func (s *Store) lookupRun(pages []tier.RemotePage, maxRun int) (first, n int, ok
 	}
 	s.readLo, s.readHi = first, first+n
 	return first, n, true
-}
-
-// endRead lets the writer overwrite the slots the last run read.
-func (s *Store) endRead() {
-	s.mu.Lock()
-	s.readLo, s.readHi = 0, 0
-	s.readDone.Broadcast()
-	s.mu.Unlock()
-}
-
-// touch tells the policy slot was served, if it still holds write seq.
-func (s *Store) touch(slot int, seq uint64) {
-	s.mu.Lock()
-	if e := &s.slots[slot]; e.state == slotReady && e.seq == seq {
-		s.policy.Used(slot)
-	}
-	s.mu.Unlock()
 }
 
 // Store implements [tier.RemoteStore]: it encodes p into a free buffer and
@@ -722,11 +682,13 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 	return true
 }
 
-// writer writes queued pages until Close, then syncs. It gathers a burst
-// of Stores into one batch (gather), so that it becomes a few large
-// writes: on Linux a write call costs far more than its bytes suggest
-// (BenchmarkThroughput: 8 MiB calls move the same bytes about 1.5 to 2
-// times as fast as 256 KiB calls).
+// writer writes queued pages until Close, then syncs. It takes every
+// page queued (gather) and writes them with a few vectored writes: a
+// write call costs more than its bytes suggest. It starts once it holds
+// minWriteBytes of pages (or none has come for lingerIdle, or Flush
+// asks), so that while it writes, Store copies the next pages into free
+// buffers on the caller's core, and the next batch is what queued
+// meanwhile.
 func (s *Store) writer() {
 	defer s.wg.Done()
 	for j := range s.queue {
@@ -747,7 +709,7 @@ func (s *Store) writer() {
 // gather adds to s.batch (holding the first page) every page already
 // queued, up to maxBatch; while it holds fewer than lingerBatch it also
 // waits for the next page, until none comes for lingerIdle or Flush asks
-// for the writes. Half the buffers stay free for Store meanwhile.
+// for the writes. At least half the buffers stay free for Store.
 func (s *Store) gather() {
 	for len(s.batch) < s.maxBatch {
 		select {
@@ -973,6 +935,7 @@ func (s *Store) Close() error {
 	s.wg.Wait()
 	s.ioMu.Lock()
 	defer s.ioMu.Unlock()
+	s.stopReadHelper()
 	return s.closeFiles()
 }
 

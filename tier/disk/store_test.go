@@ -345,6 +345,7 @@ func flip(t *testing.T, dir string, slot, off int) {
 func TestConcurrentStoreAndFetch(t *testing.T) {
 	s := openStore(t, testConfig(t.TempDir(), 6))
 	defer s.Close()
+	setPieces(s, 1) // the read helper reads while the writer evicts
 	u := newUniverse(testFormat, 6, 5)
 	var wg sync.WaitGroup
 	for g := range 4 {
@@ -390,11 +391,13 @@ func storeFirstPage(t *testing.T, pages int) (*Store, *pageUniverse) {
 }
 
 // TestFetchAllocatesNothing: a lookup that reads and verifies a chain
-// (one preadv per run, the checks, the policy's bookkeeping) allocates
-// nothing once the store's read buffers exist.
+// (a preadv per piece, on Fetch's goroutine and the read helper, the
+// checks, the policy's bookkeeping) allocates nothing once the store's
+// read buffers exist.
 func TestFetchAllocatesNothing(t *testing.T) {
 	s := openStore(t, testConfig(t.TempDir(), 16))
 	defer s.Close()
+	setPieces(s, 2)
 	chain := newUniverse(testFormat, 1, 6).chains[0]
 	for i := range chain {
 		require.True(t, s.Store(&chain[i]))
@@ -494,4 +497,29 @@ func TestWriteErrorFreesSlots(t *testing.T) {
 	for i := range chain {
 		require.EqualValues(t, i, s.index[chain[i].Digest], "page %d in slot %d: consecutive slots", i, i)
 	}
+}
+
+// TestOpenSkipsFreshSegments: the segments Open creates are counted empty
+// without being read, in a new directory and beside segments that hold
+// pages (one lost and recreated); the pages of the others are recovered
+// and served.
+func TestOpenSkipsFreshSegments(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(dir, 20) // segments of 8, 8 and 4 slots
+	s := openStore(t, cfg)
+	require.Equal(t, Recovery{Slots: 20, Empty: 20}, s.Recovery())
+	require.Equal(t, []bool{true, true, true}, s.fresh)
+	chain := newUniverse(testFormat, 1, 5).chains[0]
+	for i := range chain {
+		require.True(t, s.Store(&chain[i]))
+	}
+	flush(t, s)
+	require.NoError(t, s.Close())
+	require.NoError(t, os.Remove(s.segmentPath(2)))
+
+	s = openStore(t, cfg)
+	defer s.Close()
+	require.Equal(t, []bool{false, false, true}, s.fresh)
+	require.Equal(t, Recovery{Slots: 20, Empty: 15, Recovered: 5}, s.Recovery())
+	require.Equal(t, len(chain), fetchChecked(t, s, request(chain)))
 }
