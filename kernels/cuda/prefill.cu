@@ -114,39 +114,83 @@ __device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t col) {
   return r * kRowBytes + ((((col >> 4) ^ (r & kMask)) << 4) | (col & 15));
 }
 
-// copy_kv issues the copies of keys [t0, t0 + kBc) of kv head h into one
-// stage (K tile, then V tile); keys at or past end (and pages out of range,
-// which host validation excludes) are zero-filled, so that a masked key's
-// p = 0 never multiplies stale or poisoned bytes.
+// PageDiv divides a key position t (0 <= t < 2^31) by page_size without a
+// division instruction: t / page_size = (t * mul) >> shift, with shift =
+// 31 + ceil(log2 d) and mul = ceil(2^shift / d) (d = page_size, clamped to
+// 2^31: every t is then in page 0). The rounding error of mul is below
+// 2^(shift - 31), so t * (mul * d - 2^shift) < 2^shift for every t < 2^31
+// and the quotient is exact; mul < 2^32 for every d. Set once per CTA.
+struct PageDiv {
+  uint32_t d, mul, shift;
+  __device__ __forceinline__ explicit PageDiv(int64_t page_size) {
+    d = page_size < 1 ? 1u : page_size > (int64_t(1) << 31) ? (1u << 31) : uint32_t(page_size);
+    const uint32_t l = d == 1 ? 0u : uint32_t(32 - __clz(d - 1));
+    shift = 31 + l;
+    mul = uint32_t(((uint64_t(1) << shift) + d - 1) / d);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t t) const { return uint32_t((uint64_t(t) * mul) >> shift); }
+};
+
+// CopyMap is the K/V copy's work split. The 128 threads of a 4-warp CTA
+// (a CTA of fewer warps runs the slots of 128/nthreads of them) each copy
+// the kCPT 16-byte chunks u = cl + kTPR*j (j < kCPT) of one tile row r, so
+// a thread looks up one page per tile. With kCPT > 1 the 8 threads of a
+// 16-byte access phase hold 8 consecutive rows at one chunk (8 distinct
+// bank groups under the swizzle) and a warp reads 64 contiguous bytes of
+// each of 8 rows; with one chunk per row slot (fp8 D=64, 64-byte rows)
+// r = v / kUnits, u = v % kUnits (2 rows x 4 chunks per phase).
+template <int kRowBytes, int kBc>
+struct CopyMap {
+  static constexpr int kUnits = kRowBytes / 16;     // 16-byte chunks of a row
+  static constexpr int kTPR = 128 / kBc;            // row slots per row
+  static constexpr int kCPT = kUnits / kTPR;        // chunks per row slot
+  static_assert(kCPT >= 1 && kTPR * kCPT == kUnits, "copy map");
+  __device__ static __forceinline__ int row(int v) { return kCPT == 1 ? v / kUnits : (v & 7) + 8 * (v / (8 * kTPR)); }
+  __device__ static __forceinline__ int col(int v) { return kCPT == 1 ? v % kUnits : (v >> 3) % kTPR; }
+};
+
+// copy_kv issues the copies of keys [t0, t0 + kBc) of one kv head into
+// one stage (K tile, then V tile); keys at or past end (and pages out of
+// range, which host validation excludes) are zero-filled, so that a masked
+// key's p = 0 never multiplies stale or poisoned bytes. k_head and v_head
+// point at the head's first element (h * stride_h); strides are in bytes.
 template <typename T, int kD, int kBc>
 __device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned char* __restrict__ vs,
-                                        const T* __restrict__ k_data, const T* __restrict__ v_data,
-                                        const int32_t* __restrict__ kv_indices, int64_t first_page, int32_t t0,
-                                        int32_t end, int64_t h, int64_t page_size, int64_t num_pages,
-                                        int64_t stride_page, int64_t stride_n, int64_t stride_h, int tid,
-                                        int nthreads) {
+                                        const unsigned char* __restrict__ k_head,
+                                        const unsigned char* __restrict__ v_head,
+                                        const int32_t* __restrict__ page_row, int32_t t0, int32_t end,
+                                        const PageDiv& pd, int64_t num_pages, int64_t page_bytes,
+                                        int64_t entry_bytes, int tid, int nthreads) {
   constexpr int kRowBytes = kD * int(sizeof(T));
-  constexpr int kUnits = kRowBytes / 16;
-  for (int c = tid; c < kBc * kUnits; c += nthreads) {
-    const int r = c / kUnits;
-    const int u = c % kUnits;
-    const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t(u * 16));
-    const int32_t t = t0 + r;
-    int64_t page = -1, entry = 0;
-    if (t < end) {
-      const uint32_t pi = uint32_t(t) / uint32_t(page_size);
-      entry = int64_t(uint32_t(t) - pi * uint32_t(page_size));
-      page = kv_indices[first_page + pi];
+  using M = CopyMap<kRowBytes, kBc>;
+  for (int v = tid; v < 128; v += nthreads) {
+    const int r = M::row(v);
+    const int cl = M::col(v);
+    const uint32_t t = uint32_t(t0 + r);
+    int64_t page = -1;
+    uint32_t entry = 0;
+    if (int32_t(t) < end) {
+      const uint32_t pi = pd.div(t);
+      entry = t - pi * pd.d;
+      page = page_row[pi];
     }
     if (page < 0 || page >= num_pages) {
       const uint4 zero = {0u, 0u, 0u, 0u};
-      *reinterpret_cast<uint4*>(ks + dst) = zero;
-      *reinterpret_cast<uint4*>(vs + dst) = zero;
+#pragma unroll
+      for (int j = 0; j < M::kCPT; j++) {
+        const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t((cl + M::kTPR * j) * 16));
+        *reinterpret_cast<uint4*>(ks + dst) = zero;
+        *reinterpret_cast<uint4*>(vs + dst) = zero;
+      }
       continue;
     }
-    const int64_t off = (page * stride_page + h * stride_h + entry * stride_n) * int64_t(sizeof(T)) + u * 16;
-    cp_async_16(ks + dst, reinterpret_cast<const unsigned char*>(k_data) + off);
-    cp_async_16(vs + dst, reinterpret_cast<const unsigned char*>(v_data) + off);
+    const int64_t off = page * page_bytes + int64_t(entry) * entry_bytes + cl * 16;
+#pragma unroll
+    for (int j = 0; j < M::kCPT; j++) {
+      const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t((cl + M::kTPR * j) * 16));
+      cp_async_16(ks + dst, k_head + off + M::kTPR * 16 * j);
+      cp_async_16(vs + dst, v_head + off + M::kTPR * 16 * j);
+    }
   }
   cp_async_commit();
 }
@@ -242,6 +286,16 @@ __device__ __forceinline__ void prefill_body(
   unsigned char* q_hi = smem + 2 * kStage;
   unsigned char* q_lo = q_hi + 16 * W * kQRow;
   const float cap_log2e = soft_cap * kLog2e;
+  // The copy's invariants: the request's page-table row, the head's
+  // first element, strides in bytes, the page-size divider.
+  const int32_t* __restrict__ page_row = kv_indices + first_page;
+  const unsigned char* __restrict__ k_head =
+      reinterpret_cast<const unsigned char*>(k_data) + int64_t(h) * stride_h * int64_t(sizeof(T));
+  const unsigned char* __restrict__ v_head =
+      reinterpret_cast<const unsigned char*>(v_data) + int64_t(h) * stride_h * int64_t(sizeof(T));
+  const int64_t page_bytes = stride_page * int64_t(sizeof(T));
+  const int64_t entry_bytes = stride_n * int64_t(sizeof(T));
+  const PageDiv pd(page_size);
 
   for (int32_t pb = 0; pb < packed; pb += 16 * W) {
     const int32_t pe = pb + 16 * W < packed ? pb + 16 * W : packed;
@@ -290,8 +344,8 @@ __device__ __forceinline__ void prefill_body(
         *reinterpret_cast<uint32_t*>(q_hi + at) = hi;
         if (split_q) *reinterpret_cast<uint32_t*>(q_lo + at) = pack2_lo<kBF16>(x0, x1, hi);
       }
-      copy_kv<T, kD, kBc>(smem, smem + kBc * kKVRow, k_data, v_data, kv_indices, first_page, kb, ke, h, page_size,
-                          num_pages, stride_page, stride_n, stride_h, tid, nthreads);
+      copy_kv<T, kD, kBc>(smem, smem + kBc * kKVRow, k_head, v_head, page_row, kb, ke, pd, num_pages, page_bytes,
+                          entry_bytes, tid, nthreads);
     }
 
     float m[2] = {neg_inf(), neg_inf()};
@@ -304,8 +358,8 @@ __device__ __forceinline__ void prefill_body(
     for (int32_t t0 = kb; t0 < ke; t0 += kBc) {
       if (t0 + kBc < ke) {
         unsigned char* next = smem + (stage ^ 1) * kStage;
-        copy_kv<T, kD, kBc>(next, next + kBc * kKVRow, k_data, v_data, kv_indices, first_page, t0 + kBc, ke, h,
-                            page_size, num_pages, stride_page, stride_n, stride_h, tid, nthreads);
+        copy_kv<T, kD, kBc>(next, next + kBc * kKVRow, k_head, v_head, page_row, t0 + kBc, ke, pd, num_pages,
+                            page_bytes, entry_bytes, tid, nthreads);
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
