@@ -232,6 +232,101 @@ __device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_
 template <int kD>
 constexpr int kBcFor = kD <= 128 ? 32 : 16;
 
+// frag_off is the swizzled offset of 16-byte chunk c (0 or 1) of row r in
+// a tile of kRowBytes-byte rows (>= 128): chunk 2*kt + c of the same row
+// is at frag_off ^ (32 * kt), because 2*kt + c = 2*kt ^ c and the swizzle
+// only XORs the chunk's low 3 bits with r % 8. One LOP3 per ldmatrix.
+// (0 for rows under 128 bytes, fp8 at D=64, which the fp8 gathers serve).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t frag_off(int r, int c) {
+  return kRowBytes >= 128 ? swz<kRowBytes>(uint32_t(r), uint32_t(16 * c)) : 0u;
+}
+
+// qk accumulates s += Q K^T over the tile's keys for one plane of Q (qs,
+// q_frag this lane's ldmatrix offset in it, the warp's 16 packed rows),
+// ks the K tile, k_frag this lane's K ldmatrix offset. With lo it adds
+// the product of the lo plane qlo in the same pass, sharing each K
+// fragment: the fp8 caches do, whose K fragments are gathered and widened
+// (a second pass would gather twice and, at D=64 and 256, spill).
+template <typename KV, int kD>
+__device__ __forceinline__ void qk(float (&s)[kBcFor<kD> / 8][4], const unsigned char* qs, const unsigned char* qlo,
+                                   bool lo, uint32_t q_frag, const unsigned char* ks, uint32_t k_frag, int lane) {
+  using TC = Tc<KV>;
+  constexpr int kBc = kBcFor<kD>;
+  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int kt = 0; kt < kD / 16; kt++) {
+    uint32_t a[4], alo[4];
+    ldmatrix_x4(a, qs + (q_frag ^ (32u * kt)));
+    if (lo) ldmatrix_x4(alo, qlo + (q_frag ^ (32u * kt)));
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; kk++) {
+      uint32_t bk[4];
+      if constexpr (TC::kFP8) {
+        // b[0] = K[key g][feat 2t, 2t+1], b[1] = feats + 8: one fp8 pair each.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const uint32_t kr = uint32_t(kk * 16 + g4 + 8 * (j >> 1));
+          const uint32_t col = uint32_t(kt * 16 + 2 * t4 + 8 * (j & 1));
+          bk[j] = TC::widen2(*reinterpret_cast<const uint16_t*>(ks + swz<kKVRow>(kr, col)));
+        }
+      } else {
+        ldmatrix_x4(bk, ks + kk * 16 * kKVRow + (k_frag ^ (32u * kt)));
+      }
+      mma_m16n8k16_acc<TC::kBF16>(s[2 * kk], a, bk[0], bk[1]);
+      mma_m16n8k16_acc<TC::kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
+      if (lo) {
+        mma_m16n8k16_acc<TC::kBF16>(s[2 * kk], alo, bk[0], bk[1]);
+        mma_m16n8k16_acc<TC::kBF16>(s[2 * kk + 1], alo, bk[2], bk[3]);
+      }
+    }
+  }
+}
+
+// pack_p rounds the probabilities of keys 16kk .. 16kk + 15 (S blocks 2kk
+// and 2kk + 1) into an mma A fragment.
+template <bool kBF16, int kN>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[4], const float (&s)[kN][4], int kk) {
+  pa[0] = pack2<kBF16>(s[2 * kk][0], s[2 * kk][1]);
+  pa[1] = pack2<kBF16>(s[2 * kk][2], s[2 * kk][3]);
+  pa[2] = pack2<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  pa[3] = pack2<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// pv accumulates acc += P V for 16 keys: pa is P's A fragment, vs the V
+// tile's first of those 16 rows, v_frag this lane's ldmatrix offset. With
+// lo it adds P's lo plane plo in the same pass, as qk does qlo.
+template <typename KV, int kD>
+__device__ __forceinline__ void pv(float (&acc)[kD / 8][4], const uint32_t (&pa)[4], const uint32_t (&plo)[4],
+                                   bool lo, const unsigned char* vs, uint32_t v_frag, int lane) {
+  using TC = Tc<KV>;
+  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int fb = 0; fb < kD / 16; fb++) {
+    uint32_t bv[4];
+    if constexpr (TC::kFP8) {
+      // b[0] = V[keys 2t, 2t+1][feat g], b[1] = keys + 8; bv[2..3] feats + 8.
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint32_t vr = uint32_t(2 * t4 + 8 * (j & 1));
+        const uint32_t col = uint32_t(fb * 16 + g4 + 8 * (j >> 1));
+        const uint16_t pair = uint16_t(vs[swz<kKVRow>(vr, col)] | (vs[swz<kKVRow>(vr + 1, col)] << 8));
+        bv[j] = TC::widen2(pair);
+      }
+    } else {
+      ldmatrix_x4_trans(bv, vs + (v_frag ^ (32u * fb)));
+    }
+    mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
+    mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
+    if (lo) {
+      mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb], plo, bv[0], bv[1]);
+      mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb + 1], plo, bv[2], bv[3]);
+    }
+  }
+}
+
 template <typename KV, int kD>
 __device__ __forceinline__ void prefill_body(
     const void* __restrict__ q, const typename KV::T* __restrict__ k_data, const typename KV::T* __restrict__ v_data,
@@ -296,6 +391,12 @@ __device__ __forceinline__ void prefill_body(
   const int64_t page_bytes = stride_page * int64_t(sizeof(T));
   const int64_t entry_bytes = stride_n * int64_t(sizeof(T));
   const PageDiv pd(page_size);
+
+  // This lane's ldmatrix offsets for k-step (or V feature block) 0: step
+  // kt is at offset ^ (32 * kt) (frag_off).
+  const uint32_t q_frag = frag_off<kQRow>(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+  const uint32_t k_frag = frag_off<kKVRow>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
+  const uint32_t v_frag = frag_off<kKVRow>((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
 
   for (int32_t pb = 0; pb < packed; pb += 16 * W) {
     const int32_t pe = pb + 16 * W < packed ? pb + 16 * W : packed;
@@ -368,39 +469,16 @@ __device__ __forceinline__ void prefill_body(
       if (warp_active) {
         const unsigned char* ks = smem + stage * kStage;
         const unsigned char* vs = ks + kBc * kKVRow;
-        // S = Q K^T: s[n] is keys t0 + 8n .. t0 + 8n + 7.
+        // S = Q K^T: s[n] is keys t0 + 8n .. t0 + 8n + 7; the lo plane of
+        // q (split_q) is a second pass, off the common path.
         float s[kBc / 8][4];
 #pragma unroll
         for (int n = 0; n < kBc / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int kt = 0; kt < kD / 16; kt++) {
-          uint32_t a[4], alo[4] = {0u, 0u, 0u, 0u};
-          const uint32_t qr = uint32_t(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1));
-          const uint32_t qat = swz<kQRow>(qr, uint32_t((2 * kt + (lane >> 4)) * 16));
-          ldmatrix_x4(a, q_hi + qat);
-          if (split_q) ldmatrix_x4(alo, q_lo + qat);
-#pragma unroll
-          for (int kk = 0; kk < kBc / 16; kk++) {
-            uint32_t bk[4];
-            if constexpr (TC::kFP8) {
-              // b[0] = K[key g][feat 2t, 2t+1], b[1] = feats + 8: one fp8 pair each.
-#pragma unroll
-              for (int j = 0; j < 4; j++) {
-                const uint32_t kr = uint32_t(kk * 16 + g4 + 8 * (j >> 1));
-                const uint32_t col = uint32_t(kt * 16 + 2 * t4 + 8 * (j & 1));
-                bk[j] = TC::widen2(*reinterpret_cast<const uint16_t*>(ks + swz<kKVRow>(kr, col)));
-              }
-            } else {
-              const uint32_t kr = uint32_t(kk * 16 + (lane & 7) + 8 * (lane >> 4));
-              ldmatrix_x4(bk, ks + swz<kKVRow>(kr, uint32_t((2 * kt + ((lane >> 3) & 1)) * 16)));
-            }
-            mma_m16n8k16_acc<kBF16>(s[2 * kk], a, bk[0], bk[1]);
-            mma_m16n8k16_acc<kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
-            if (split_q) {
-              mma_m16n8k16_acc<kBF16>(s[2 * kk], alo, bk[0], bk[1]);
-              mma_m16n8k16_acc<kBF16>(s[2 * kk + 1], alo, bk[2], bk[3]);
-            }
-          }
+        if constexpr (TC::kFP8) {
+          qk<KV, kD>(s, q_hi, q_lo, split_q, q_frag, ks, k_frag, lane);
+        } else {
+          qk<KV, kD>(s, q_hi, q_lo, false, q_frag, ks, k_frag, lane);
+          if (split_q) qk<KV, kD>(s, q_lo, q_lo, false, q_frag, ks, k_frag, lane);
         }
         // Logits, masks, online softmax. A tile every valid row of the
         // pass sees whole (block-uniform) skips the per-element masks.
@@ -431,42 +509,25 @@ __device__ __forceinline__ void prefill_body(
           }
           m[i] = m_new;
         }
-        // O += P V, 16 keys at a time; P's A fragment is two S blocks.
+        // O += P V, 16 keys at a time; P's A fragment is two S blocks. The
+        // lo plane of P (split_p) is a second product behind a uniform
+        // branch, off the common path (fp8: in the same pass, see qk).
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; kk++) {
           uint32_t pa[4], plo[4] = {0u, 0u, 0u, 0u};
-          pa[0] = pack2<kBF16>(s[2 * kk][0], s[2 * kk][1]);
-          pa[1] = pack2<kBF16>(s[2 * kk][2], s[2 * kk][3]);
-          pa[2] = pack2<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-          pa[3] = pack2<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+          pack_p<kBF16>(pa, s, kk);
           if (split_p) {
-            plo[0] = pack2_lo<kBF16>(s[2 * kk][0], s[2 * kk][1], pa[0]);
-            plo[1] = pack2_lo<kBF16>(s[2 * kk][2], s[2 * kk][3], pa[1]);
-            plo[2] = pack2_lo<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1], pa[2]);
-            plo[3] = pack2_lo<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3], pa[3]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+              plo[j] = pack2_lo<kBF16>(s[2 * kk + (j >> 1)][2 * (j & 1)], s[2 * kk + (j >> 1)][2 * (j & 1) + 1], pa[j]);
+            }
           }
-#pragma unroll
-          for (int fb = 0; fb < kD / 16; fb++) {
-            uint32_t bv[4];
-            if constexpr (TC::kFP8) {
-              // b[0] = V[keys 2t, 2t+1][feat g], b[1] = keys + 8; bv[2..3] feats + 8.
-#pragma unroll
-              for (int j = 0; j < 4; j++) {
-                const uint32_t vr = uint32_t(kk * 16 + 2 * t4 + 8 * (j & 1));
-                const uint32_t col = uint32_t(fb * 16 + g4 + 8 * (j >> 1));
-                const uint16_t pair = uint16_t(vs[swz<kKVRow>(vr, col)] | (vs[swz<kKVRow>(vr + 1, col)] << 8));
-                bv[j] = TC::widen2(pair);
-              }
-            } else {
-              const uint32_t vr = uint32_t(kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1));
-              ldmatrix_x4_trans(bv, vs + swz<kKVRow>(vr, uint32_t((2 * fb + (lane >> 4)) * 16)));
-            }
-            mma_m16n8k16_acc<kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
-            mma_m16n8k16_acc<kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
-            if (split_p) {
-              mma_m16n8k16_acc<kBF16>(acc[2 * fb], plo, bv[0], bv[1]);
-              mma_m16n8k16_acc<kBF16>(acc[2 * fb + 1], plo, bv[2], bv[3]);
-            }
+          const unsigned char* vk = vs + kk * 16 * kKVRow;
+          if constexpr (TC::kFP8) {
+            pv<KV, kD>(acc, pa, plo, split_p, vk, v_frag, lane);
+          } else {
+            pv<KV, kD>(acc, pa, plo, false, vk, v_frag, lane);
+            if (split_p) pv<KV, kD>(acc, plo, plo, false, vk, v_frag, lane);
           }
         }
       }
