@@ -83,11 +83,7 @@ struct Tc<KvE5M2> {
   __device__ static __forceinline__ uint32_t widen2(uint16_t pair) { return cvt_f16x2_e5m2x2(pair); }
 };
 
-// to_mma rounds x to the mma dtype; from_mma widens it back.
-template <bool kBF16>
-__device__ __forceinline__ uint16_t to_mma(float x) {
-  return kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
-}
+// from_mma widens an mma element back to f32.
 template <bool kBF16>
 __device__ __forceinline__ float from_mma(uint16_t h) {
   return kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
@@ -97,7 +93,7 @@ __device__ __forceinline__ float from_mma(uint16_t h) {
 // also gives the pair of rounding errors.
 template <bool kBF16>
 __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
-  return uint32_t(to_mma<kBF16>(x0)) | (uint32_t(to_mma<kBF16>(x1)) << 16);
+  return kBF16 ? f32x2_to_bf16x2(x0, x1) : f32x2_to_f16x2(x0, x1);
 }
 template <bool kBF16>
 __device__ __forceinline__ uint32_t pack2_lo(float x0, float x1, uint32_t hi) {
