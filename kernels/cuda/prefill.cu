@@ -484,26 +484,40 @@ __device__ __forceinline__ void prefill_body(
         } else {
           logits<true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
         }
+        // o and d are rescaled only when a row maximum of the warp grew
+        // (a warp-uniform branch): otherwise every corr is exp2(0) = 1, or
+        // the row has seen no key yet (m stays -inf, o and d are 0).
+        float m_use[2], corr[2];
+        bool grew = false;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
           mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
           mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
           const float m_new = fmaxf(m[i], mx[i]);
-          const float m_use = m_new == neg_inf() ? 0.0f : m_new;
-          const float corr = exp2_approx(m[i] - m_use);
-          d[i] *= corr;
+          m_use[i] = m_new == neg_inf() ? 0.0f : m_new;
+          corr[i] = exp2_approx(m[i] - m_use[i]);
+          grew = grew || m_new != m[i];
+          m[i] = m_new;
+        }
+        if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-          for (int n = 0; n < kNB; n++) {
-            acc[n][2 * i] *= corr;
-            acc[n][2 * i + 1] *= corr;
+          for (int i = 0; i < 2; i++) {
+            d[i] *= corr[i];
+#pragma unroll
+            for (int n = 0; n < kNB; n++) {
+              acc[n][2 * i] *= corr[i];
+              acc[n][2 * i + 1] *= corr[i];
+            }
           }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
 #pragma unroll
           for (int n = 0; n < kBc / 8; n++) {
-            s[n][2 * i] = exp2_approx(s[n][2 * i] - m_use);
-            s[n][2 * i + 1] = exp2_approx(s[n][2 * i + 1] - m_use);
+            s[n][2 * i] = exp2_approx(s[n][2 * i] - m_use[i]);
+            s[n][2 * i + 1] = exp2_approx(s[n][2 * i + 1] - m_use[i]);
             d[i] += s[n][2 * i] + s[n][2 * i + 1];
           }
-          m[i] = m_new;
         }
         // O += P V, 16 keys at a time; P's A fragment is two S blocks. The
         // lo plane of P (split_p) is a second product behind a uniform
