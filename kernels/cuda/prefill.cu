@@ -110,6 +110,16 @@ __device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t col) {
   return r * kRowBytes + ((((col >> 4) ^ (r & kMask)) << 4) | (col & 15));
 }
 
+// swz_xor is off ^ x for a swizzled offset whose 16-byte chunk is below 8
+// (x a multiple of 16 within the row): the bits below 128 by XOR, whole
+// 128-byte groups by an add, which ptxas folds into the address's
+// immediate. Chunk 2kt + c = 2kt ^ c of a row (c < 2) is at
+// swz_xor(swz(r, 16c), 32kt), chunk cl + 4j (cl < 4) at
+// swz_xor(swz(r, 16cl), 64j): the swizzle XORs only the chunk's low 3 bits.
+__device__ __forceinline__ uint32_t swz_xor(uint32_t off, int x) {
+  return (off ^ uint32_t(x & 127)) + uint32_t(x & ~127);
+}
+
 // PageDiv divides a key position t (0 <= t < 2^31) by page_size without a
 // division instruction: t / page_size = (t * mul) >> shift, with shift =
 // 31 + ceil(log2 d) and mul = ceil(2^shift / d) (d = page_size, clamped to
@@ -170,22 +180,24 @@ __device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned
       entry = t - pi * pd.d;
       page = page_row[pi];
     }
+    // Chunk cl + kTPR*j = cl ^ kTPR*j (cl < kTPR <= 8), and the swizzle
+    // XORs only the chunk's low 3 bits with the row's: chunk j of the row
+    // slot is at swz_xor(dst, 16 * kTPR * j) (dst's chunk is below 8).
+    const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t(cl * 16));
     if (page < 0 || page >= num_pages) {
       const uint4 zero = {0u, 0u, 0u, 0u};
 #pragma unroll
       for (int j = 0; j < M::kCPT; j++) {
-        const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t((cl + M::kTPR * j) * 16));
-        *reinterpret_cast<uint4*>(ks + dst) = zero;
-        *reinterpret_cast<uint4*>(vs + dst) = zero;
+        *reinterpret_cast<uint4*>(ks + swz_xor(dst, 16 * M::kTPR * j)) = zero;
+        *reinterpret_cast<uint4*>(vs + swz_xor(dst, 16 * M::kTPR * j)) = zero;
       }
       continue;
     }
     const int64_t off = page * page_bytes + int64_t(entry) * entry_bytes + cl * 16;
 #pragma unroll
     for (int j = 0; j < M::kCPT; j++) {
-      const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t((cl + M::kTPR * j) * 16));
-      cp_async_16(ks + dst, k_head + off + M::kTPR * 16 * j);
-      cp_async_16(vs + dst, v_head + off + M::kTPR * 16 * j);
+      cp_async_16(ks + swz_xor(dst, 16 * M::kTPR * j), k_head + off + M::kTPR * 16 * j);
+      cp_async_16(vs + swz_xor(dst, 16 * M::kTPR * j), v_head + off + M::kTPR * 16 * j);
     }
   }
   cp_async_commit();
@@ -230,9 +242,8 @@ constexpr int kBcFor = kD <= 128 ? 32 : 16;
 
 // frag_off is the swizzled offset of 16-byte chunk c (0 or 1) of row r in
 // a tile of kRowBytes-byte rows (>= 128): chunk 2*kt + c of the same row
-// is at frag_off ^ (32 * kt), because 2*kt + c = 2*kt ^ c and the swizzle
-// only XORs the chunk's low 3 bits with r % 8. One LOP3 per ldmatrix.
-// (0 for rows under 128 bytes, fp8 at D=64, which the fp8 gathers serve).
+// is at swz_xor(frag_off, 32 * kt), at most one LOP3 per ldmatrix (0 for
+// rows under 128 bytes, fp8 at D=64, which the fp8 gathers serve).
 template <int kRowBytes>
 __device__ __forceinline__ uint32_t frag_off(int r, int c) {
   return kRowBytes >= 128 ? swz<kRowBytes>(uint32_t(r), uint32_t(16 * c)) : 0u;
@@ -254,8 +265,8 @@ __device__ __forceinline__ void qk(float (&s)[kBcFor<kD> / 8][4], const unsigned
 #pragma unroll
   for (int kt = 0; kt < kD / 16; kt++) {
     uint32_t a[4], alo[4];
-    ldmatrix_x4(a, qs + (q_frag ^ (32u * kt)));
-    if (lo) ldmatrix_x4(alo, qlo + (q_frag ^ (32u * kt)));
+    ldmatrix_x4(a, qs + swz_xor(q_frag, 32 * kt));
+    if (lo) ldmatrix_x4(alo, qlo + swz_xor(q_frag, 32 * kt));
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; kk++) {
       uint32_t bk[4];
@@ -268,7 +279,7 @@ __device__ __forceinline__ void qk(float (&s)[kBcFor<kD> / 8][4], const unsigned
           bk[j] = TC::widen2(*reinterpret_cast<const uint16_t*>(ks + swz<kKVRow>(kr, col)));
         }
       } else {
-        ldmatrix_x4(bk, ks + kk * 16 * kKVRow + (k_frag ^ (32u * kt)));
+        ldmatrix_x4(bk, ks + kk * 16 * kKVRow + swz_xor(k_frag, 32 * kt));
       }
       mma_m16n8k16_acc<TC::kBF16>(s[2 * kk], a, bk[0], bk[1]);
       mma_m16n8k16_acc<TC::kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
@@ -312,7 +323,7 @@ __device__ __forceinline__ void pv(float (&acc)[kD / 8][4], const uint32_t (&pa)
         bv[j] = TC::widen2(pair);
       }
     } else {
-      ldmatrix_x4_trans(bv, vs + (v_frag ^ (32u * fb)));
+      ldmatrix_x4_trans(bv, vs + swz_xor(v_frag, 32 * fb));
     }
     mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
     mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
@@ -389,7 +400,7 @@ __device__ __forceinline__ void prefill_body(
   const PageDiv pd(page_size);
 
   // This lane's ldmatrix offsets for k-step (or V feature block) 0: step
-  // kt is at offset ^ (32 * kt) (frag_off).
+  // kt is at swz_xor(offset, 32 * kt) (frag_off).
   const uint32_t q_frag = frag_off<kQRow>(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
   const uint32_t k_frag = frag_off<kKVRow>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
   const uint32_t v_frag = frag_off<kKVRow>((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
