@@ -112,27 +112,27 @@ __device__ __forceinline__ float bf16_to_f32(uint16_t b) { return __uint_as_floa
 
 __device__ __forceinline__ uint16_t f32_to_bf16(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 
-// f32x2_to_f16x2 and f32x2_to_bf16x2 round (lo, hi) to a packed pair, lo in
-// the low 16 bits, each half rounded as f32_to_f16 / f32_to_bf16 round it.
-// nvcc's intrinsics emit one cvt.rn.{f16,bf16}x2.f32 (ptxas packs the two
-// scalar converts with two extra byte permutes); the shim packs the scalar
-// twins.
-__device__ __forceinline__ uint32_t f32x2_to_f16x2(float lo, float hi) {
+// f32x2_to_16x2<kBF16> rounds (lo, hi) to a packed f16 (bf16) pair, lo in
+// the low 16 bits, each half rounded as f32_to_f16 (f32_to_bf16) rounds
+// it. nvcc's __floats2half2_rn / __floats2bfloat162_rn emit one
+// cvt.rn.{f16,bf16}x2.f32 (ptxas packs two scalar converts with two extra
+// byte permutes); the shim packs the scalar twins.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t f32x2_to_16x2(float lo, float hi) {
+  uint32_t r;
 #if defined(__CUDACC__)
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
+  if constexpr (kBF16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  }
 #else
-  return uint32_t(f32_to_f16(lo)) | (uint32_t(f32_to_f16(hi)) << 16);
+  r = kBF16 ? uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16)
+            : uint32_t(f32_to_f16(lo)) | (uint32_t(f32_to_f16(hi)) << 16);
 #endif
-}
-
-__device__ __forceinline__ uint32_t f32x2_to_bf16x2(float lo, float hi) {
-#if defined(__CUDACC__)
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-#else
-  return uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16);
-#endif
+  return r;
 }
 
 // e5m2 is the top byte of an f16, so widening is exact through f16.

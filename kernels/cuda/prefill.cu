@@ -93,7 +93,7 @@ __device__ __forceinline__ float from_mma(uint16_t h) {
 // also gives the pair of rounding errors.
 template <bool kBF16>
 __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
-  return kBF16 ? f32x2_to_bf16x2(x0, x1) : f32x2_to_f16x2(x0, x1);
+  return f32x2_to_16x2<kBF16>(x0, x1);
 }
 template <bool kBF16>
 __device__ __forceinline__ uint32_t pack2_lo(float x0, float x1, uint32_t hi) {
@@ -153,6 +153,14 @@ struct CopyMap {
   static_assert(kCPT >= 1 && kTPR * kCPT == kUnits, "copy map");
   __device__ static __forceinline__ int row(int v) { return kCPT == 1 ? v / kUnits : (v & 7) + 8 * (v / (8 * kTPR)); }
   __device__ static __forceinline__ int col(int v) { return kCPT == 1 ? v % kUnits : (v >> 3) % kTPR; }
+  // dst is the swizzled offset of the slot's chunk j, given base =
+  // dst(v, 0). Chunk cl + kTPR*j = cl ^ kTPR*j (cl < kTPR <= 8) and the
+  // swizzle XORs only the chunk's low 3 bits with the row's, so chunk j
+  // is at swz_xor(base, 16 * kTPR * j) (base's chunk is below 8).
+  __device__ static __forceinline__ uint32_t dst(uint32_t base, int j) { return swz_xor(base, 16 * kTPR * j); }
+  __device__ static __forceinline__ uint32_t base(int v) {
+    return swz<kRowBytes>(uint32_t(row(v)), uint32_t(16 * col(v)));
+  }
 };
 
 // copy_kv issues the copies of keys [t0, t0 + kBc) of one kv head into
@@ -180,24 +188,21 @@ __device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned
       entry = t - pi * pd.d;
       page = page_row[pi];
     }
-    // Chunk cl + kTPR*j = cl ^ kTPR*j (cl < kTPR <= 8), and the swizzle
-    // XORs only the chunk's low 3 bits with the row's: chunk j of the row
-    // slot is at swz_xor(dst, 16 * kTPR * j) (dst's chunk is below 8).
-    const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t(cl * 16));
+    const uint32_t base = M::base(v);
     if (page < 0 || page >= num_pages) {
       const uint4 zero = {0u, 0u, 0u, 0u};
 #pragma unroll
       for (int j = 0; j < M::kCPT; j++) {
-        *reinterpret_cast<uint4*>(ks + swz_xor(dst, 16 * M::kTPR * j)) = zero;
-        *reinterpret_cast<uint4*>(vs + swz_xor(dst, 16 * M::kTPR * j)) = zero;
+        *reinterpret_cast<uint4*>(ks + M::dst(base, j)) = zero;
+        *reinterpret_cast<uint4*>(vs + M::dst(base, j)) = zero;
       }
       continue;
     }
     const int64_t off = page * page_bytes + int64_t(entry) * entry_bytes + cl * 16;
 #pragma unroll
     for (int j = 0; j < M::kCPT; j++) {
-      cp_async_16(ks + swz_xor(dst, 16 * M::kTPR * j), k_head + off + M::kTPR * 16 * j);
-      cp_async_16(vs + swz_xor(dst, 16 * M::kTPR * j), v_head + off + M::kTPR * 16 * j);
+      cp_async_16(ks + M::dst(base, j), k_head + off + M::kTPR * 16 * j);
+      cp_async_16(vs + M::dst(base, j), v_head + off + M::kTPR * 16 * j);
     }
   }
   cp_async_commit();
@@ -249,6 +254,37 @@ __device__ __forceinline__ uint32_t frag_off(int r, int c) {
   return kRowBytes >= 128 ? swz<kRowBytes>(uint32_t(r), uint32_t(16 * c)) : 0u;
 }
 
+// The ldmatrix_x4 row a lane addresses: Q (A operand, the warp's 16 packed
+// rows, matrices ordered rows 0-7 / 8-15 by k 0-7 / 8-15), K (B operand
+// from K rows: keys 0-7 / 8-15 by k 0-7 / 8-15, non-transposed) and V (B
+// operand from V rows, .trans: keys 0-7 / 8-15 by features 0-7 / 8-15),
+// at k-step (feature block) 0.
+template <int kQRow>
+__device__ __forceinline__ uint32_t q_frag_at(int warp, int lane) {
+  return frag_off<kQRow>(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+}
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t k_frag_at(int lane) {
+  return frag_off<kRowBytes>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
+}
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t v_frag_at(int lane) {
+  return frag_off<kRowBytes>((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+}
+
+// mma_pair accumulates c0 += A B(b[0], b[1]) and c1 += A B(b[2], b[3]),
+// two n8 blocks of one k16 step, and with lo the same for alo (a lo plane).
+template <bool kBF16>
+__device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&alo)[4], bool lo, const uint32_t (&b)[4]) {
+  mma_m16n8k16_acc<kBF16>(c0, a, b[0], b[1]);
+  mma_m16n8k16_acc<kBF16>(c1, a, b[2], b[3]);
+  if (lo) {
+    mma_m16n8k16_acc<kBF16>(c0, alo, b[0], b[1]);
+    mma_m16n8k16_acc<kBF16>(c1, alo, b[2], b[3]);
+  }
+}
+
 // qk accumulates s += Q K^T over the tile's keys for one plane of Q (qs,
 // q_frag this lane's ldmatrix offset in it, the warp's 16 packed rows),
 // ks the K tile, k_frag this lane's K ldmatrix offset. With lo it adds
@@ -281,12 +317,7 @@ __device__ __forceinline__ void qk(float (&s)[kBcFor<kD> / 8][4], const unsigned
       } else {
         ldmatrix_x4(bk, ks + kk * 16 * kKVRow + swz_xor(k_frag, 32 * kt));
       }
-      mma_m16n8k16_acc<TC::kBF16>(s[2 * kk], a, bk[0], bk[1]);
-      mma_m16n8k16_acc<TC::kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
-      if (lo) {
-        mma_m16n8k16_acc<TC::kBF16>(s[2 * kk], alo, bk[0], bk[1]);
-        mma_m16n8k16_acc<TC::kBF16>(s[2 * kk + 1], alo, bk[2], bk[3]);
-      }
+      mma_pair<TC::kBF16>(s[2 * kk], s[2 * kk + 1], a, alo, lo, bk);
     }
   }
 }
@@ -325,12 +356,7 @@ __device__ __forceinline__ void pv(float (&acc)[kD / 8][4], const uint32_t (&pa)
     } else {
       ldmatrix_x4_trans(bv, vs + swz_xor(v_frag, 32 * fb));
     }
-    mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
-    mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
-    if (lo) {
-      mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb], plo, bv[0], bv[1]);
-      mma_m16n8k16_acc<TC::kBF16>(acc[2 * fb + 1], plo, bv[2], bv[3]);
-    }
+    mma_pair<TC::kBF16>(acc[2 * fb], acc[2 * fb + 1], pa, plo, lo, bv);
   }
 }
 
@@ -400,10 +426,10 @@ __device__ __forceinline__ void prefill_body(
   const PageDiv pd(page_size);
 
   // This lane's ldmatrix offsets for k-step (or V feature block) 0: step
-  // kt is at swz_xor(offset, 32 * kt) (frag_off).
-  const uint32_t q_frag = frag_off<kQRow>(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
-  const uint32_t k_frag = frag_off<kKVRow>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
-  const uint32_t v_frag = frag_off<kKVRow>((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+  // kt is at swz_xor(offset, 32 * kt).
+  const uint32_t q_frag = q_frag_at<kQRow>(warp, lane);
+  const uint32_t k_frag = k_frag_at<kKVRow>(lane);
+  const uint32_t v_frag = v_frag_at<kKVRow>(lane);
 
   for (int32_t pb = 0; pb < packed; pb += 16 * W) {
     const int32_t pe = pb + 16 * W < packed ? pb + 16 * W : packed;
@@ -638,3 +664,64 @@ PKV_PREFILL_DTYPE(f16, pkv::KvF16)
 PKV_PREFILL_DTYPE(bf16, pkv::KvBF16)
 PKV_PREFILL_DTYPE(e4m3, pkv::KvE4M3)
 PKV_PREFILL_DTYPE(e5m2, pkv::KvE5M2)
+
+#if !defined(__CUDACC__)
+// Emulator-only entries (not in the PTX) for internal/cpuemu's tests.
+//
+// cuemu_test_page_div writes PageDiv(page_size).div(t[i]) to q[i].
+extern "C" __global__ void cuemu_test_page_div(int64_t page_size, const uint32_t* t, int64_t n, uint32_t* q) {
+  const pkv::tcprefill::PageDiv pd(page_size);
+  for (int64_t i = 0; i < n; i++) q[i] = pd.div(t[i]);
+}
+
+// cuemu_test_prefill_offsets lists the shared-memory offsets of
+// batch_prefill_paged_<kv>_d<D> for kind 0 (f16 and bf16) or 1 (fp8), as
+// records of 35 words: what (0 Q ldmatrix at k-step a; 1 K ldmatrix at
+// k-step a, keys 16b; 2 V ldmatrix.trans at feature block a, keys 16b; 3
+// the cp.async writes of warp a's chunk b), a, b, then the byte offset
+// each of the 32 lanes addresses, computed by the kernel's own offset
+// functions (warp 0 for Q). A record of what = 0xffffffff ends the list.
+namespace pkv {
+namespace tcprefill {
+template <typename KV, int kD>
+inline uint32_t* offsets(uint32_t* out) {
+  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  constexpr int kQRow = kD * 2;
+  constexpr int kBc = kBcFor<kD>;
+  using M = CopyMap<kKVRow, kBc>;
+  const auto rec = [&out](uint32_t what, uint32_t a, uint32_t b, const auto& off) {
+    *out++ = what;
+    *out++ = a;
+    *out++ = b;
+    for (int l = 0; l < 32; l++) *out++ = off(l);
+  };
+  if (!Tc<KV>::kFP8) {
+    for (int kt = 0; kt < kD / 16; kt++) {
+      rec(0, kt, 0, [&](int l) { return swz_xor(q_frag_at<kQRow>(0, l), 32 * kt); });
+      for (int kk = 0; kk < kBc / 16; kk++)
+        rec(1, kt, kk, [&](int l) { return uint32_t(kk * 16 * kKVRow) + swz_xor(k_frag_at<kKVRow>(l), 32 * kt); });
+    }
+    for (int fb = 0; fb < kD / 16; fb++)
+      for (int kk = 0; kk < kBc / 16; kk++)
+        rec(2, fb, kk, [&](int l) { return uint32_t(kk * 16 * kKVRow) + swz_xor(v_frag_at<kKVRow>(l), 32 * fb); });
+  }
+  for (int w = 0; w < 4; w++)
+    for (int j = 0; j < M::kCPT; j++) rec(3, w, j, [&](int l) { return M::dst(M::base(32 * w + l), j); });
+  *out++ = 0xffffffffu;
+  return out;
+}
+}  // namespace tcprefill
+}  // namespace pkv
+
+extern "C" __global__ void cuemu_test_prefill_offsets(int64_t kind, int64_t head_dim, uint32_t* out) {
+  switch (kind * 1000 + head_dim) {
+    case 64: pkv::tcprefill::offsets<pkv::KvF16, 64>(out); break;
+    case 128: pkv::tcprefill::offsets<pkv::KvF16, 128>(out); break;
+    case 256: pkv::tcprefill::offsets<pkv::KvF16, 256>(out); break;
+    case 1064: pkv::tcprefill::offsets<pkv::KvE4M3, 64>(out); break;
+    case 1128: pkv::tcprefill::offsets<pkv::KvE4M3, 128>(out); break;
+    case 1256: pkv::tcprefill::offsets<pkv::KvE4M3, 256>(out); break;
+    default: __trap();
+  }
+}
+#endif
