@@ -216,11 +216,11 @@ __device__ __forceinline__ int32_t window_lo(int32_t pos, int64_t window_left) {
   return lo > 0 ? int32_t(lo) : 0;
 }
 
-// logits turns the tile's q·k sums into log2-domain logits (scale, soft
-// cap) and, with kMask, sets the keys outside a row's [row_lo, row_hi) to
-// -inf (element e of s[n]: row e / 2, key t0 + 8n + 2t + e % 2); mx gets
-// each row's maximum over this lane's elements.
-template <bool kMask, int kN>
+// logits turns the tile's q·k sums into log2-domain logits (scale, and
+// with kCap the soft cap) and, with kMask, sets the keys outside a row's
+// [row_lo, row_hi) to -inf (element e of s[n]: row e / 2, key t0 + 8n +
+// 2t + e % 2); mx gets each row's maximum over this lane's elements.
+template <bool kMask, bool kCap, int kN>
 __device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_t t0, int t4,
                                        const int32_t (&row_lo)[2], const int32_t (&row_hi)[2], float q_scale,
                                        float soft_cap, float cap_log2e) {
@@ -230,7 +230,7 @@ __device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_
     for (int e = 0; e < 4; e++) {
       const int i = e >> 1;
       float x = s[n][e] * q_scale;
-      if (soft_cap > 0.0f) x = cap_log2e * tanhf(x / soft_cap);
+      if (kCap) x = cap_log2e * tanhf(x / soft_cap);
       if (kMask) {
         const int32_t key = t0 + 8 * n + 2 * t4 + (e & 1);
         if (key < row_lo[i] || key >= row_hi[i]) x = neg_inf();
@@ -514,12 +514,20 @@ __device__ __forceinline__ void prefill_body(
           if (split_q) qk<KV, kD>(s, q_lo, q_lo, false, q_frag, ks, k_frag, lane);
         }
         // Logits, masks, online softmax. A tile every valid row of the
-        // pass sees whole (block-uniform) skips the per-element masks.
+        // pass sees whole (block-uniform) skips the per-element masks; the
+        // soft cap is one uniform branch per tile, not one per element.
         float mx[2] = {neg_inf(), neg_inf()};
-        if (t0 >= lo_max && t0 + kBc <= hi_min) {
-          logits<false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+        const bool whole = t0 >= lo_max && t0 + kBc <= hi_min;
+        if (soft_cap > 0.0f) {
+          if (whole) {
+            logits<false, true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+          } else {
+            logits<true, true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+          }
+        } else if (whole) {
+          logits<false, false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
         } else {
-          logits<true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+          logits<true, false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
         }
         // o and d are rescaled only when a row maximum of the warp grew
         // (a warp-uniform branch): otherwise every corr is exp2(0) = 1, or
