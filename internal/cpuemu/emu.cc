@@ -113,6 +113,8 @@ const std::vector<Entry>& entries() {
       PKV_ENTRY(cuemu_test_mma),
       PKV_ENTRY(cuemu_test_ldmatrix),
       PKV_ENTRY(cuemu_test_tc_offsets),
+      PKV_ENTRY(cuemu_test_page_div),
+      PKV_ENTRY(cuemu_test_prefill_offsets),
   };
   return e;
 }

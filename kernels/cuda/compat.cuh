@@ -112,6 +112,29 @@ __device__ __forceinline__ float bf16_to_f32(uint16_t b) { return __uint_as_floa
 
 __device__ __forceinline__ uint16_t f32_to_bf16(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 
+// f32x2_to_16x2<kBF16> rounds (lo, hi) to a packed f16 (bf16) pair, lo in
+// the low 16 bits, each half rounded as f32_to_f16 (f32_to_bf16) rounds
+// it. nvcc's __floats2half2_rn / __floats2bfloat162_rn emit one
+// cvt.rn.{f16,bf16}x2.f32 (ptxas packs two scalar converts with two extra
+// byte permutes); the shim packs the scalar twins.
+template <bool kBF16>
+__device__ __forceinline__ uint32_t f32x2_to_16x2(float lo, float hi) {
+  uint32_t r;
+#if defined(__CUDACC__)
+  if constexpr (kBF16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    r = *reinterpret_cast<const uint32_t*>(&h);
+  }
+#else
+  r = kBF16 ? uint32_t(f32_to_bf16(lo)) | (uint32_t(f32_to_bf16(hi)) << 16)
+            : uint32_t(f32_to_f16(lo)) | (uint32_t(f32_to_f16(hi)) << 16);
+#endif
+  return r;
+}
+
 // e5m2 is the top byte of an f16, so widening is exact through f16.
 __device__ __forceinline__ float e5m2_to_f32(uint8_t b) { return f16_to_f32(uint16_t(uint16_t(b) << 8)); }
 

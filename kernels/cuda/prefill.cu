@@ -83,11 +83,7 @@ struct Tc<KvE5M2> {
   __device__ static __forceinline__ uint32_t widen2(uint16_t pair) { return cvt_f16x2_e5m2x2(pair); }
 };
 
-// to_mma rounds x to the mma dtype; from_mma widens it back.
-template <bool kBF16>
-__device__ __forceinline__ uint16_t to_mma(float x) {
-  return kBF16 ? f32_to_bf16(x) : f32_to_f16(x);
-}
+// from_mma widens an mma element back to f32.
 template <bool kBF16>
 __device__ __forceinline__ float from_mma(uint16_t h) {
   return kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
@@ -97,7 +93,7 @@ __device__ __forceinline__ float from_mma(uint16_t h) {
 // also gives the pair of rounding errors.
 template <bool kBF16>
 __device__ __forceinline__ uint32_t pack2(float x0, float x1) {
-  return uint32_t(to_mma<kBF16>(x0)) | (uint32_t(to_mma<kBF16>(x1)) << 16);
+  return f32x2_to_16x2<kBF16>(x0, x1);
 }
 template <bool kBF16>
 __device__ __forceinline__ uint32_t pack2_lo(float x0, float x1, uint32_t hi) {
@@ -114,39 +110,100 @@ __device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t col) {
   return r * kRowBytes + ((((col >> 4) ^ (r & kMask)) << 4) | (col & 15));
 }
 
-// copy_kv issues the copies of keys [t0, t0 + kBc) of kv head h into one
-// stage (K tile, then V tile); keys at or past end (and pages out of range,
-// which host validation excludes) are zero-filled, so that a masked key's
-// p = 0 never multiplies stale or poisoned bytes.
+// swz_xor is off ^ x for a swizzled offset whose 16-byte chunk is below 8
+// (x a multiple of 16 within the row): the bits below 128 by XOR, whole
+// 128-byte groups by an add, which ptxas folds into the address's
+// immediate. Chunk 2kt + c = 2kt ^ c of a row (c < 2) is at
+// swz_xor(swz(r, 16c), 32kt), chunk cl + 4j (cl < 4) at
+// swz_xor(swz(r, 16cl), 64j): the swizzle XORs only the chunk's low 3 bits.
+__device__ __forceinline__ uint32_t swz_xor(uint32_t off, int x) {
+  return (off ^ uint32_t(x & 127)) + uint32_t(x & ~127);
+}
+
+// PageDiv divides a key position t (0 <= t < 2^31) by page_size without a
+// division instruction: t / page_size = (t * mul) >> shift, with shift =
+// 31 + ceil(log2 d) and mul = ceil(2^shift / d) (d = page_size, clamped to
+// 2^31: every t is then in page 0). The rounding error of mul is below
+// 2^(shift - 31), so t * (mul * d - 2^shift) < 2^shift for every t < 2^31
+// and the quotient is exact; mul < 2^32 for every d. Set once per CTA.
+struct PageDiv {
+  uint32_t d, mul, shift;
+  __device__ __forceinline__ explicit PageDiv(int64_t page_size) {
+    d = page_size < 1 ? 1u : page_size > (int64_t(1) << 31) ? (1u << 31) : uint32_t(page_size);
+    const uint32_t l = d == 1 ? 0u : uint32_t(32 - __clz(d - 1));
+    shift = 31 + l;
+    mul = uint32_t(((uint64_t(1) << shift) + d - 1) / d);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t t) const { return uint32_t((uint64_t(t) * mul) >> shift); }
+};
+
+// CopyMap is the K/V copy's work split. The 128 threads of a 4-warp CTA
+// (a CTA of fewer warps runs the slots of 128/nthreads of them) each copy
+// the kCPT 16-byte chunks u = cl + kTPR*j (j < kCPT) of one tile row r, so
+// a thread looks up one page per tile. With kCPT > 1 the 8 threads of a
+// 16-byte access phase hold 8 consecutive rows at one chunk (8 distinct
+// bank groups under the swizzle) and a warp reads 64 contiguous bytes of
+// each of 8 rows; with one chunk per row slot (fp8 D=64, 64-byte rows)
+// r = v / kUnits, u = v % kUnits (2 rows x 4 chunks per phase).
+template <int kRowBytes, int kBc>
+struct CopyMap {
+  static constexpr int kUnits = kRowBytes / 16;     // 16-byte chunks of a row
+  static constexpr int kTPR = 128 / kBc;            // row slots per row
+  static constexpr int kCPT = kUnits / kTPR;        // chunks per row slot
+  static_assert(kCPT >= 1 && kTPR * kCPT == kUnits, "copy map");
+  __device__ static __forceinline__ int row(int v) { return kCPT == 1 ? v / kUnits : (v & 7) + 8 * (v / (8 * kTPR)); }
+  __device__ static __forceinline__ int col(int v) { return kCPT == 1 ? v % kUnits : (v >> 3) % kTPR; }
+  // dst is the swizzled offset of the slot's chunk j, given base =
+  // dst(v, 0). Chunk cl + kTPR*j = cl ^ kTPR*j (cl < kTPR <= 8) and the
+  // swizzle XORs only the chunk's low 3 bits with the row's, so chunk j
+  // is at swz_xor(base, 16 * kTPR * j) (base's chunk is below 8).
+  __device__ static __forceinline__ uint32_t dst(uint32_t base, int j) { return swz_xor(base, 16 * kTPR * j); }
+  __device__ static __forceinline__ uint32_t base(int v) {
+    return swz<kRowBytes>(uint32_t(row(v)), uint32_t(16 * col(v)));
+  }
+};
+
+// copy_kv issues the copies of keys [t0, t0 + kBc) of one kv head into
+// one stage (K tile, then V tile); keys at or past end (and pages out of
+// range, which host validation excludes) are zero-filled, so that a masked
+// key's p = 0 never multiplies stale or poisoned bytes. k_head and v_head
+// point at the head's first element (h * stride_h); strides are in bytes.
 template <typename T, int kD, int kBc>
 __device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned char* __restrict__ vs,
-                                        const T* __restrict__ k_data, const T* __restrict__ v_data,
-                                        const int32_t* __restrict__ kv_indices, int64_t first_page, int32_t t0,
-                                        int32_t end, int64_t h, int64_t page_size, int64_t num_pages,
-                                        int64_t stride_page, int64_t stride_n, int64_t stride_h, int tid,
-                                        int nthreads) {
+                                        const unsigned char* __restrict__ k_head,
+                                        const unsigned char* __restrict__ v_head,
+                                        const int32_t* __restrict__ page_row, int32_t t0, int32_t end,
+                                        const PageDiv& pd, int64_t num_pages, int64_t page_bytes,
+                                        int64_t entry_bytes, int tid, int nthreads) {
   constexpr int kRowBytes = kD * int(sizeof(T));
-  constexpr int kUnits = kRowBytes / 16;
-  for (int c = tid; c < kBc * kUnits; c += nthreads) {
-    const int r = c / kUnits;
-    const int u = c % kUnits;
-    const uint32_t dst = swz<kRowBytes>(uint32_t(r), uint32_t(u * 16));
-    const int32_t t = t0 + r;
-    int64_t page = -1, entry = 0;
-    if (t < end) {
-      const uint32_t pi = uint32_t(t) / uint32_t(page_size);
-      entry = int64_t(uint32_t(t) - pi * uint32_t(page_size));
-      page = kv_indices[first_page + pi];
+  using M = CopyMap<kRowBytes, kBc>;
+  for (int v = tid; v < 128; v += nthreads) {
+    const int r = M::row(v);
+    const int cl = M::col(v);
+    const uint32_t t = uint32_t(t0 + r);
+    int64_t page = -1;
+    uint32_t entry = 0;
+    if (int32_t(t) < end) {
+      const uint32_t pi = pd.div(t);
+      entry = t - pi * pd.d;
+      page = page_row[pi];
     }
+    const uint32_t base = M::base(v);
     if (page < 0 || page >= num_pages) {
       const uint4 zero = {0u, 0u, 0u, 0u};
-      *reinterpret_cast<uint4*>(ks + dst) = zero;
-      *reinterpret_cast<uint4*>(vs + dst) = zero;
+#pragma unroll
+      for (int j = 0; j < M::kCPT; j++) {
+        *reinterpret_cast<uint4*>(ks + M::dst(base, j)) = zero;
+        *reinterpret_cast<uint4*>(vs + M::dst(base, j)) = zero;
+      }
       continue;
     }
-    const int64_t off = (page * stride_page + h * stride_h + entry * stride_n) * int64_t(sizeof(T)) + u * 16;
-    cp_async_16(ks + dst, reinterpret_cast<const unsigned char*>(k_data) + off);
-    cp_async_16(vs + dst, reinterpret_cast<const unsigned char*>(v_data) + off);
+    const int64_t off = page * page_bytes + int64_t(entry) * entry_bytes + cl * 16;
+#pragma unroll
+    for (int j = 0; j < M::kCPT; j++) {
+      cp_async_16(ks + M::dst(base, j), k_head + off + M::kTPR * 16 * j);
+      cp_async_16(vs + M::dst(base, j), v_head + off + M::kTPR * 16 * j);
+    }
   }
   cp_async_commit();
 }
@@ -159,11 +216,11 @@ __device__ __forceinline__ int32_t window_lo(int32_t pos, int64_t window_left) {
   return lo > 0 ? int32_t(lo) : 0;
 }
 
-// logits turns the tile's q·k sums into log2-domain logits (scale, soft
-// cap) and, with kMask, sets the keys outside a row's [row_lo, row_hi) to
-// -inf (element e of s[n]: row e / 2, key t0 + 8n + 2t + e % 2); mx gets
-// each row's maximum over this lane's elements.
-template <bool kMask, int kN>
+// logits turns the tile's q·k sums into log2-domain logits (scale, and
+// with kCap the soft cap) and, with kMask, sets the keys outside a row's
+// [row_lo, row_hi) to -inf (element e of s[n]: row e / 2, key t0 + 8n +
+// 2t + e % 2); mx gets each row's maximum over this lane's elements.
+template <bool kMask, bool kCap, int kN>
 __device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_t t0, int t4,
                                        const int32_t (&row_lo)[2], const int32_t (&row_hi)[2], float q_scale,
                                        float soft_cap, float cap_log2e) {
@@ -173,7 +230,7 @@ __device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_
     for (int e = 0; e < 4; e++) {
       const int i = e >> 1;
       float x = s[n][e] * q_scale;
-      if (soft_cap > 0.0f) x = cap_log2e * tanhf(x / soft_cap);
+      if (kCap) x = cap_log2e * tanhf(x / soft_cap);
       if (kMask) {
         const int32_t key = t0 + 8 * n + 2 * t4 + (e & 1);
         if (key < row_lo[i] || key >= row_hi[i]) x = neg_inf();
@@ -187,6 +244,121 @@ __device__ __forceinline__ void logits(float (&s)[kN][4], float (&mx)[2], int32_
 // kBcFor is the keys per K/V tile: 32 up to head_dim 128, 16 for 256.
 template <int kD>
 constexpr int kBcFor = kD <= 128 ? 32 : 16;
+
+// frag_off is the swizzled offset of 16-byte chunk c (0 or 1) of row r in
+// a tile of kRowBytes-byte rows (>= 128): chunk 2*kt + c of the same row
+// is at swz_xor(frag_off, 32 * kt), at most one LOP3 per ldmatrix (0 for
+// rows under 128 bytes, fp8 at D=64, which the fp8 gathers serve).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t frag_off(int r, int c) {
+  return kRowBytes >= 128 ? swz<kRowBytes>(uint32_t(r), uint32_t(16 * c)) : 0u;
+}
+
+// The ldmatrix_x4 row a lane addresses: Q (A operand, the warp's 16 packed
+// rows, matrices ordered rows 0-7 / 8-15 by k 0-7 / 8-15), K (B operand
+// from K rows: keys 0-7 / 8-15 by k 0-7 / 8-15, non-transposed) and V (B
+// operand from V rows, .trans: keys 0-7 / 8-15 by features 0-7 / 8-15),
+// at k-step (feature block) 0.
+template <int kQRow>
+__device__ __forceinline__ uint32_t q_frag_at(int warp, int lane) {
+  return frag_off<kQRow>(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+}
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t k_frag_at(int lane) {
+  return frag_off<kRowBytes>((lane & 7) + 8 * (lane >> 4), (lane >> 3) & 1);
+}
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t v_frag_at(int lane) {
+  return frag_off<kRowBytes>((lane & 7) + 8 * ((lane >> 3) & 1), lane >> 4);
+}
+
+// mma_pair accumulates c0 += A B(b[0], b[1]) and c1 += A B(b[2], b[3]),
+// two n8 blocks of one k16 step, and with lo the same for alo (a lo plane).
+template <bool kBF16>
+__device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&alo)[4], bool lo, const uint32_t (&b)[4]) {
+  mma_m16n8k16_acc<kBF16>(c0, a, b[0], b[1]);
+  mma_m16n8k16_acc<kBF16>(c1, a, b[2], b[3]);
+  if (lo) {
+    mma_m16n8k16_acc<kBF16>(c0, alo, b[0], b[1]);
+    mma_m16n8k16_acc<kBF16>(c1, alo, b[2], b[3]);
+  }
+}
+
+// qk accumulates s += Q K^T over the tile's keys for one plane of Q (qs,
+// q_frag this lane's ldmatrix offset in it, the warp's 16 packed rows),
+// ks the K tile, k_frag this lane's K ldmatrix offset. With lo it adds
+// the product of the lo plane qlo in the same pass, sharing each K
+// fragment: the fp8 caches do, whose K fragments are gathered and widened
+// (a second pass would gather twice and, at D=64 and 256, spill).
+template <typename KV, int kD>
+__device__ __forceinline__ void qk(float (&s)[kBcFor<kD> / 8][4], const unsigned char* qs, const unsigned char* qlo,
+                                   bool lo, uint32_t q_frag, const unsigned char* ks, uint32_t k_frag, int lane) {
+  using TC = Tc<KV>;
+  constexpr int kBc = kBcFor<kD>;
+  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int kt = 0; kt < kD / 16; kt++) {
+    uint32_t a[4], alo[4];
+    ldmatrix_x4(a, qs + swz_xor(q_frag, 32 * kt));
+    if (lo) ldmatrix_x4(alo, qlo + swz_xor(q_frag, 32 * kt));
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; kk++) {
+      uint32_t bk[4];
+      if constexpr (TC::kFP8) {
+        // b[0] = K[key g][feat 2t, 2t+1], b[1] = feats + 8: one fp8 pair each.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const uint32_t kr = uint32_t(kk * 16 + g4 + 8 * (j >> 1));
+          const uint32_t col = uint32_t(kt * 16 + 2 * t4 + 8 * (j & 1));
+          bk[j] = TC::widen2(*reinterpret_cast<const uint16_t*>(ks + swz<kKVRow>(kr, col)));
+        }
+      } else {
+        ldmatrix_x4(bk, ks + kk * 16 * kKVRow + swz_xor(k_frag, 32 * kt));
+      }
+      mma_pair<TC::kBF16>(s[2 * kk], s[2 * kk + 1], a, alo, lo, bk);
+    }
+  }
+}
+
+// pack_p rounds the probabilities of keys 16kk .. 16kk + 15 (S blocks 2kk
+// and 2kk + 1) into an mma A fragment.
+template <bool kBF16, int kN>
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[4], const float (&s)[kN][4], int kk) {
+  pa[0] = pack2<kBF16>(s[2 * kk][0], s[2 * kk][1]);
+  pa[1] = pack2<kBF16>(s[2 * kk][2], s[2 * kk][3]);
+  pa[2] = pack2<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  pa[3] = pack2<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// pv accumulates acc += P V for 16 keys: pa is P's A fragment, vs the V
+// tile's first of those 16 rows, v_frag this lane's ldmatrix offset. With
+// lo it adds P's lo plane plo in the same pass, as qk does qlo.
+template <typename KV, int kD>
+__device__ __forceinline__ void pv(float (&acc)[kD / 8][4], const uint32_t (&pa)[4], const uint32_t (&plo)[4],
+                                   bool lo, const unsigned char* vs, uint32_t v_frag, int lane) {
+  using TC = Tc<KV>;
+  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  const int g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int fb = 0; fb < kD / 16; fb++) {
+    uint32_t bv[4];
+    if constexpr (TC::kFP8) {
+      // b[0] = V[keys 2t, 2t+1][feat g], b[1] = keys + 8; bv[2..3] feats + 8.
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint32_t vr = uint32_t(2 * t4 + 8 * (j & 1));
+        const uint32_t col = uint32_t(fb * 16 + g4 + 8 * (j >> 1));
+        const uint16_t pair = uint16_t(vs[swz<kKVRow>(vr, col)] | (vs[swz<kKVRow>(vr + 1, col)] << 8));
+        bv[j] = TC::widen2(pair);
+      }
+    } else {
+      ldmatrix_x4_trans(bv, vs + swz_xor(v_frag, 32 * fb));
+    }
+    mma_pair<TC::kBF16>(acc[2 * fb], acc[2 * fb + 1], pa, plo, lo, bv);
+  }
+}
 
 template <typename KV, int kD>
 __device__ __forceinline__ void prefill_body(
@@ -242,6 +414,22 @@ __device__ __forceinline__ void prefill_body(
   unsigned char* q_hi = smem + 2 * kStage;
   unsigned char* q_lo = q_hi + 16 * W * kQRow;
   const float cap_log2e = soft_cap * kLog2e;
+  // The copy's invariants: the request's page-table row, the head's
+  // first element, strides in bytes, the page-size divider.
+  const int32_t* __restrict__ page_row = kv_indices + first_page;
+  const unsigned char* __restrict__ k_head =
+      reinterpret_cast<const unsigned char*>(k_data) + int64_t(h) * stride_h * int64_t(sizeof(T));
+  const unsigned char* __restrict__ v_head =
+      reinterpret_cast<const unsigned char*>(v_data) + int64_t(h) * stride_h * int64_t(sizeof(T));
+  const int64_t page_bytes = stride_page * int64_t(sizeof(T));
+  const int64_t entry_bytes = stride_n * int64_t(sizeof(T));
+  const PageDiv pd(page_size);
+
+  // This lane's ldmatrix offsets for k-step (or V feature block) 0: step
+  // kt is at swz_xor(offset, 32 * kt).
+  const uint32_t q_frag = q_frag_at<kQRow>(warp, lane);
+  const uint32_t k_frag = k_frag_at<kKVRow>(lane);
+  const uint32_t v_frag = v_frag_at<kKVRow>(lane);
 
   for (int32_t pb = 0; pb < packed; pb += 16 * W) {
     const int32_t pe = pb + 16 * W < packed ? pb + 16 * W : packed;
@@ -290,8 +478,8 @@ __device__ __forceinline__ void prefill_body(
         *reinterpret_cast<uint32_t*>(q_hi + at) = hi;
         if (split_q) *reinterpret_cast<uint32_t*>(q_lo + at) = pack2_lo<kBF16>(x0, x1, hi);
       }
-      copy_kv<T, kD, kBc>(smem, smem + kBc * kKVRow, k_data, v_data, kv_indices, first_page, kb, ke, h, page_size,
-                          num_pages, stride_page, stride_n, stride_h, tid, nthreads);
+      copy_kv<T, kD, kBc>(smem, smem + kBc * kKVRow, k_head, v_head, page_row, kb, ke, pd, num_pages, page_bytes,
+                          entry_bytes, tid, nthreads);
     }
 
     float m[2] = {neg_inf(), neg_inf()};
@@ -304,8 +492,8 @@ __device__ __forceinline__ void prefill_body(
     for (int32_t t0 = kb; t0 < ke; t0 += kBc) {
       if (t0 + kBc < ke) {
         unsigned char* next = smem + (stage ^ 1) * kStage;
-        copy_kv<T, kD, kBc>(next, next + kBc * kKVRow, k_data, v_data, kv_indices, first_page, t0 + kBc, ke, h,
-                            page_size, num_pages, stride_page, stride_n, stride_h, tid, nthreads);
+        copy_kv<T, kD, kBc>(next, next + kBc * kKVRow, k_head, v_head, page_row, t0 + kBc, ke, pd, num_pages,
+                            page_bytes, entry_bytes, tid, nthreads);
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
@@ -314,105 +502,87 @@ __device__ __forceinline__ void prefill_body(
       if (warp_active) {
         const unsigned char* ks = smem + stage * kStage;
         const unsigned char* vs = ks + kBc * kKVRow;
-        // S = Q K^T: s[n] is keys t0 + 8n .. t0 + 8n + 7.
+        // S = Q K^T: s[n] is keys t0 + 8n .. t0 + 8n + 7; the lo plane of
+        // q (split_q) is a second pass, off the common path.
         float s[kBc / 8][4];
 #pragma unroll
         for (int n = 0; n < kBc / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int kt = 0; kt < kD / 16; kt++) {
-          uint32_t a[4], alo[4] = {0u, 0u, 0u, 0u};
-          const uint32_t qr = uint32_t(warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1));
-          const uint32_t qat = swz<kQRow>(qr, uint32_t((2 * kt + (lane >> 4)) * 16));
-          ldmatrix_x4(a, q_hi + qat);
-          if (split_q) ldmatrix_x4(alo, q_lo + qat);
-#pragma unroll
-          for (int kk = 0; kk < kBc / 16; kk++) {
-            uint32_t bk[4];
-            if constexpr (TC::kFP8) {
-              // b[0] = K[key g][feat 2t, 2t+1], b[1] = feats + 8: one fp8 pair each.
-#pragma unroll
-              for (int j = 0; j < 4; j++) {
-                const uint32_t kr = uint32_t(kk * 16 + g4 + 8 * (j >> 1));
-                const uint32_t col = uint32_t(kt * 16 + 2 * t4 + 8 * (j & 1));
-                bk[j] = TC::widen2(*reinterpret_cast<const uint16_t*>(ks + swz<kKVRow>(kr, col)));
-              }
-            } else {
-              const uint32_t kr = uint32_t(kk * 16 + (lane & 7) + 8 * (lane >> 4));
-              ldmatrix_x4(bk, ks + swz<kKVRow>(kr, uint32_t((2 * kt + ((lane >> 3) & 1)) * 16)));
-            }
-            mma_m16n8k16_acc<kBF16>(s[2 * kk], a, bk[0], bk[1]);
-            mma_m16n8k16_acc<kBF16>(s[2 * kk + 1], a, bk[2], bk[3]);
-            if (split_q) {
-              mma_m16n8k16_acc<kBF16>(s[2 * kk], alo, bk[0], bk[1]);
-              mma_m16n8k16_acc<kBF16>(s[2 * kk + 1], alo, bk[2], bk[3]);
-            }
-          }
+        if constexpr (TC::kFP8) {
+          qk<KV, kD>(s, q_hi, q_lo, split_q, q_frag, ks, k_frag, lane);
+        } else {
+          qk<KV, kD>(s, q_hi, q_lo, false, q_frag, ks, k_frag, lane);
+          if (split_q) qk<KV, kD>(s, q_lo, q_lo, false, q_frag, ks, k_frag, lane);
         }
         // Logits, masks, online softmax. A tile every valid row of the
-        // pass sees whole (block-uniform) skips the per-element masks.
+        // pass sees whole (block-uniform) skips the per-element masks; the
+        // soft cap is one uniform branch per tile, not one per element.
         float mx[2] = {neg_inf(), neg_inf()};
-        if (t0 >= lo_max && t0 + kBc <= hi_min) {
-          logits<false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+        const bool whole = t0 >= lo_max && t0 + kBc <= hi_min;
+        if (soft_cap > 0.0f) {
+          if (whole) {
+            logits<false, true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+          } else {
+            logits<true, true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+          }
+        } else if (whole) {
+          logits<false, false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
         } else {
-          logits<true>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
+          logits<true, false>(s, mx, t0, t4, row_lo, row_hi, q_scale, soft_cap, cap_log2e);
         }
+        // o and d are rescaled only when a row maximum of the warp grew
+        // (a warp-uniform branch): otherwise every corr is exp2(0) = 1, or
+        // the row has seen no key yet (m stays -inf, o and d are 0).
+        float m_use[2], corr[2];
+        bool grew = false;
 #pragma unroll
         for (int i = 0; i < 2; i++) {
           mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
           mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
           const float m_new = fmaxf(m[i], mx[i]);
-          const float m_use = m_new == neg_inf() ? 0.0f : m_new;
-          const float corr = exp2_approx(m[i] - m_use);
-          d[i] *= corr;
-#pragma unroll
-          for (int n = 0; n < kNB; n++) {
-            acc[n][2 * i] *= corr;
-            acc[n][2 * i + 1] *= corr;
-          }
-#pragma unroll
-          for (int n = 0; n < kBc / 8; n++) {
-            s[n][2 * i] = exp2_approx(s[n][2 * i] - m_use);
-            s[n][2 * i + 1] = exp2_approx(s[n][2 * i + 1] - m_use);
-            d[i] += s[n][2 * i] + s[n][2 * i + 1];
-          }
+          m_use[i] = m_new == neg_inf() ? 0.0f : m_new;
+          corr[i] = exp2_approx(m[i] - m_use[i]);
+          grew = grew || m_new != m[i];
           m[i] = m_new;
         }
-        // O += P V, 16 keys at a time; P's A fragment is two S blocks.
+        if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+          for (int i = 0; i < 2; i++) {
+            d[i] *= corr[i];
+#pragma unroll
+            for (int n = 0; n < kNB; n++) {
+              acc[n][2 * i] *= corr[i];
+              acc[n][2 * i + 1] *= corr[i];
+            }
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+#pragma unroll
+          for (int n = 0; n < kBc / 8; n++) {
+            s[n][2 * i] = exp2_approx(s[n][2 * i] - m_use[i]);
+            s[n][2 * i + 1] = exp2_approx(s[n][2 * i + 1] - m_use[i]);
+            d[i] += s[n][2 * i] + s[n][2 * i + 1];
+          }
+        }
+        // O += P V, 16 keys at a time; P's A fragment is two S blocks. The
+        // lo plane of P (split_p) is a second product behind a uniform
+        // branch, off the common path (fp8: in the same pass, see qk).
 #pragma unroll
         for (int kk = 0; kk < kBc / 16; kk++) {
           uint32_t pa[4], plo[4] = {0u, 0u, 0u, 0u};
-          pa[0] = pack2<kBF16>(s[2 * kk][0], s[2 * kk][1]);
-          pa[1] = pack2<kBF16>(s[2 * kk][2], s[2 * kk][3]);
-          pa[2] = pack2<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-          pa[3] = pack2<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+          pack_p<kBF16>(pa, s, kk);
           if (split_p) {
-            plo[0] = pack2_lo<kBF16>(s[2 * kk][0], s[2 * kk][1], pa[0]);
-            plo[1] = pack2_lo<kBF16>(s[2 * kk][2], s[2 * kk][3], pa[1]);
-            plo[2] = pack2_lo<kBF16>(s[2 * kk + 1][0], s[2 * kk + 1][1], pa[2]);
-            plo[3] = pack2_lo<kBF16>(s[2 * kk + 1][2], s[2 * kk + 1][3], pa[3]);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+              plo[j] = pack2_lo<kBF16>(s[2 * kk + (j >> 1)][2 * (j & 1)], s[2 * kk + (j >> 1)][2 * (j & 1) + 1], pa[j]);
+            }
           }
-#pragma unroll
-          for (int fb = 0; fb < kD / 16; fb++) {
-            uint32_t bv[4];
-            if constexpr (TC::kFP8) {
-              // b[0] = V[keys 2t, 2t+1][feat g], b[1] = keys + 8; bv[2..3] feats + 8.
-#pragma unroll
-              for (int j = 0; j < 4; j++) {
-                const uint32_t vr = uint32_t(kk * 16 + 2 * t4 + 8 * (j & 1));
-                const uint32_t col = uint32_t(fb * 16 + g4 + 8 * (j >> 1));
-                const uint16_t pair = uint16_t(vs[swz<kKVRow>(vr, col)] | (vs[swz<kKVRow>(vr + 1, col)] << 8));
-                bv[j] = TC::widen2(pair);
-              }
-            } else {
-              const uint32_t vr = uint32_t(kk * 16 + (lane & 7) + 8 * ((lane >> 3) & 1));
-              ldmatrix_x4_trans(bv, vs + swz<kKVRow>(vr, uint32_t((2 * fb + (lane >> 4)) * 16)));
-            }
-            mma_m16n8k16_acc<kBF16>(acc[2 * fb], pa, bv[0], bv[1]);
-            mma_m16n8k16_acc<kBF16>(acc[2 * fb + 1], pa, bv[2], bv[3]);
-            if (split_p) {
-              mma_m16n8k16_acc<kBF16>(acc[2 * fb], plo, bv[0], bv[1]);
-              mma_m16n8k16_acc<kBF16>(acc[2 * fb + 1], plo, bv[2], bv[3]);
-            }
+          const unsigned char* vk = vs + kk * 16 * kKVRow;
+          if constexpr (TC::kFP8) {
+            pv<KV, kD>(acc, pa, plo, split_p, vk, v_frag, lane);
+          } else {
+            pv<KV, kD>(acc, pa, plo, false, vk, v_frag, lane);
+            if (split_p) pv<KV, kD>(acc, plo, plo, false, vk, v_frag, lane);
           }
         }
       }
@@ -502,3 +672,64 @@ PKV_PREFILL_DTYPE(f16, pkv::KvF16)
 PKV_PREFILL_DTYPE(bf16, pkv::KvBF16)
 PKV_PREFILL_DTYPE(e4m3, pkv::KvE4M3)
 PKV_PREFILL_DTYPE(e5m2, pkv::KvE5M2)
+
+#if !defined(__CUDACC__)
+// Emulator-only entries (not in the PTX) for internal/cpuemu's tests.
+//
+// cuemu_test_page_div writes PageDiv(page_size).div(t[i]) to q[i].
+extern "C" __global__ void cuemu_test_page_div(int64_t page_size, const uint32_t* t, int64_t n, uint32_t* q) {
+  const pkv::tcprefill::PageDiv pd(page_size);
+  for (int64_t i = 0; i < n; i++) q[i] = pd.div(t[i]);
+}
+
+// cuemu_test_prefill_offsets lists the shared-memory offsets of
+// batch_prefill_paged_<kv>_d<D> for kind 0 (f16 and bf16) or 1 (fp8), as
+// records of 35 words: what (0 Q ldmatrix at k-step a; 1 K ldmatrix at
+// k-step a, keys 16b; 2 V ldmatrix.trans at feature block a, keys 16b; 3
+// the cp.async writes of warp a's chunk b), a, b, then the byte offset
+// each of the 32 lanes addresses, computed by the kernel's own offset
+// functions (warp 0 for Q). A record of what = 0xffffffff ends the list.
+namespace pkv {
+namespace tcprefill {
+template <typename KV, int kD>
+inline uint32_t* offsets(uint32_t* out) {
+  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  constexpr int kQRow = kD * 2;
+  constexpr int kBc = kBcFor<kD>;
+  using M = CopyMap<kKVRow, kBc>;
+  const auto rec = [&out](uint32_t what, uint32_t a, uint32_t b, const auto& off) {
+    *out++ = what;
+    *out++ = a;
+    *out++ = b;
+    for (int l = 0; l < 32; l++) *out++ = off(l);
+  };
+  if (!Tc<KV>::kFP8) {
+    for (int kt = 0; kt < kD / 16; kt++) {
+      rec(0, kt, 0, [&](int l) { return swz_xor(q_frag_at<kQRow>(0, l), 32 * kt); });
+      for (int kk = 0; kk < kBc / 16; kk++)
+        rec(1, kt, kk, [&](int l) { return uint32_t(kk * 16 * kKVRow) + swz_xor(k_frag_at<kKVRow>(l), 32 * kt); });
+    }
+    for (int fb = 0; fb < kD / 16; fb++)
+      for (int kk = 0; kk < kBc / 16; kk++)
+        rec(2, fb, kk, [&](int l) { return uint32_t(kk * 16 * kKVRow) + swz_xor(v_frag_at<kKVRow>(l), 32 * fb); });
+  }
+  for (int w = 0; w < 4; w++)
+    for (int j = 0; j < M::kCPT; j++) rec(3, w, j, [&](int l) { return M::dst(M::base(32 * w + l), j); });
+  *out++ = 0xffffffffu;
+  return out;
+}
+}  // namespace tcprefill
+}  // namespace pkv
+
+extern "C" __global__ void cuemu_test_prefill_offsets(int64_t kind, int64_t head_dim, uint32_t* out) {
+  switch (kind * 1000 + head_dim) {
+    case 64: pkv::tcprefill::offsets<pkv::KvF16, 64>(out); break;
+    case 128: pkv::tcprefill::offsets<pkv::KvF16, 128>(out); break;
+    case 256: pkv::tcprefill::offsets<pkv::KvF16, 256>(out); break;
+    case 1064: pkv::tcprefill::offsets<pkv::KvE4M3, 64>(out); break;
+    case 1128: pkv::tcprefill::offsets<pkv::KvE4M3, 128>(out); break;
+    case 1256: pkv::tcprefill::offsets<pkv::KvE4M3, 256>(out); break;
+    default: __trap();
+  }
+}
+#endif
