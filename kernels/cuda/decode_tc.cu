@@ -44,8 +44,8 @@
 // Output (same contract as decode.cu): o = sum_j p_j v_j / sum_j p_j times
 // v_scale and the base-2 LSE m + log2(d) (-inf and o = 0 when no key is
 // visible), or float32 partial states for merge_partial_states.
-#include "compat.cuh"
 #include "decode_args.cuh"
+#include "tile_common.cuh"
 
 namespace pkv {
 namespace tc {
@@ -166,25 +166,30 @@ __device__ __forceinline__ uint32_t v_frag(uint32_t lane, uint32_t key0, uint32_
 }
 // Thread tid copies row tid % kKeys of a tile, chunks tid / kKeys + 2k
 // (kThreads = 2*kKeys): one page lookup per thread and tile, and 8
-// consecutive threads write one chunk of 8 consecutive rows.
+// consecutive threads write one chunk of 8 consecutive rows. Chunk
+// c + 2k = c ^ 2k (c < 2) and the swizzle XORs only a chunk's low 3 bits,
+// so copy k lands at swz_xor(copy_dst(tid, 0), 32k): an XOR below 128
+// bytes, an address immediate above.
 template <typename KV, int D>
 __device__ __forceinline__ uint32_t copy_dst(uint32_t tid, uint32_t k) {
   using S = Shape<KV, D>;
-  return swz(tid % uint32_t(S::kKeys), tid / uint32_t(S::kKeys) + 2u * k, S::kPitch);
+  return swz_xor(swz(tid % uint32_t(S::kKeys), tid / uint32_t(S::kKeys), S::kPitch), int(32 * k));
 }
 
-// copy_tile issues the copies of tokens [t0, t0 + kKeys) of kv head h into
-// one stage (K tile, then V tile) and commits them as one group. Rows at or
-// past end, and rows whose page id is out of range (never after host
+// copy_tile issues the copies of tokens [t0, t0 + kKeys) of one kv head
+// into one stage (K tile, then V tile) and commits them as one group. Rows
+// at or past end, and rows whose page id is out of range (never after host
 // validation), are zero-filled: the mma reads all 16 keys of a warp, and
-// 0 * NaN would poison the output.
+// 0 * NaN would poison the output. k_head and v_head point at the head's
+// first byte (h * stride_h), page_row at the request's first page-table
+// entry; strides are in bytes; pd divides by page_size.
 template <typename KV, int D>
 __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ ks, unsigned char* __restrict__ vs,
-                                          const typename KV::T* __restrict__ k_data,
-                                          const typename KV::T* __restrict__ v_data,
-                                          const int32_t* __restrict__ kv_indices, int64_t first_page, int32_t t0,
-                                          int32_t end, int64_t h, uint32_t page_size, int64_t num_pages,
-                                          int64_t stride_page, int64_t stride_n, int64_t stride_h, uint32_t tid) {
+                                          const unsigned char* __restrict__ k_head,
+                                          const unsigned char* __restrict__ v_head,
+                                          const int32_t* __restrict__ page_row, int32_t t0, int32_t end,
+                                          const PageDiv& pd, int64_t num_pages, int64_t page_bytes,
+                                          int64_t entry_bytes, uint32_t tid) {
   using S = Shape<KV, D>;
   static_assert(S::kThreads == 2 * S::kKeys && S::kChunks % 2 == 0, "two threads a row");
   const uint32_t r = tid % uint32_t(S::kKeys);
@@ -193,26 +198,25 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ ks, unsign
   int64_t page = -1;
   uint32_t entry = 0;
   if (t < uint32_t(end)) {
-    // Lengths fit in 32 bits (checked by the launcher): divide in 32 bits.
-    const uint32_t pi = t / page_size;
-    entry = t - pi * page_size;
-    page = kv_indices[first_page + pi];
+    // Lengths fit in 32 bits (checked by the launcher): t < 2^31.
+    const uint32_t pi = pd.div(t);
+    entry = t - pi * pd.d;
+    page = page_row[pi];
   }
-  const bool ok = page >= 0 && page < num_pages;  // never false for a visible key after host validation
-  // 64 bits: page * stride_page can exceed 2^31 elements.
-  const int64_t off = ok ? (page * stride_page + h * stride_h + int64_t(entry) * stride_n) * int64_t(sizeof(typename KV::T)) : 0;
-  const unsigned char* kg = reinterpret_cast<const unsigned char*>(k_data) + off;
-  const unsigned char* vg = reinterpret_cast<const unsigned char*>(v_data) + off;
+  const uint32_t base = copy_dst<KV, D>(tid, 0);
+  if (page < 0 || page >= num_pages) {  // never for a visible key after host validation
 #pragma unroll
-  for (uint32_t k = 0; k < uint32_t(S::kChunks / 2); k++) {
-    const uint32_t dst = copy_dst<KV, D>(tid, k);
-    const uint32_t c = tid / uint32_t(S::kKeys) + 2u * k;
-    if (ok) {
-      cp_async_16(ks + dst, kg + 16 * c);
-      cp_async_16(vs + dst, vg + 16 * c);
-    } else {
-      *reinterpret_cast<uint4*>(ks + dst) = uint4{0u, 0u, 0u, 0u};
-      *reinterpret_cast<uint4*>(vs + dst) = uint4{0u, 0u, 0u, 0u};
+    for (uint32_t k = 0; k < uint32_t(S::kChunks / 2); k++) {
+      *reinterpret_cast<uint4*>(ks + swz_xor(base, int(32 * k))) = uint4{0u, 0u, 0u, 0u};
+      *reinterpret_cast<uint4*>(vs + swz_xor(base, int(32 * k))) = uint4{0u, 0u, 0u, 0u};
+    }
+  } else {
+    // 64 bits: page * page_bytes can exceed 2^31.
+    const int64_t off = page * page_bytes + int64_t(entry) * entry_bytes + 16 * (tid / uint32_t(S::kKeys));
+#pragma unroll
+    for (uint32_t k = 0; k < uint32_t(S::kChunks / 2); k++) {
+      cp_async_16(ks + swz_xor(base, int(32 * k)), k_head + off + 32 * k);
+      cp_async_16(vs + swz_xor(base, int(32 * k)), v_head + off + 32 * k);
     }
   }
   cp_async_commit();
@@ -273,14 +277,24 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
   const float cap_log2e = soft_cap * kLog2e;
   const float q_over_cap = soft_cap > 0.0f ? q_scale / soft_cap : 0.0f;  // once, not per logit
   const uint32_t key0 = warp * 16u;
+  // The copy's invariants: the request's page-table row, the head's first
+  // byte, strides in bytes, the page-size divider.
+  const int32_t* __restrict__ page_row = kv_indices + first_page;
+  const unsigned char* __restrict__ k_head =
+      reinterpret_cast<const unsigned char*>(k_data) + h * stride_h * int64_t(sizeof(typename KV::T));
+  const unsigned char* __restrict__ v_head =
+      reinterpret_cast<const unsigned char*>(v_data) + h * stride_h * int64_t(sizeof(typename KV::T));
+  const int64_t page_bytes = stride_page * int64_t(sizeof(typename KV::T));
+  const int64_t entry_bytes = stride_n * int64_t(sizeof(typename KV::T));
+  const PageDiv pd(page_size);
 
   const int32_t n = end > begin ? int32_t((uint32_t(end - begin) + S::kKeys - 1) / S::kKeys) : 0;
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (s < n) {
       unsigned char* st = smem + 2 * s * S::kTileBytes;
-      copy_tile<KV, D>(st, st + S::kTileBytes, k_data, v_data, kv_indices, first_page, begin + s * S::kKeys, end, h,
-                       uint32_t(page_size), num_pages, stride_page, stride_n, stride_h, tid);
+      copy_tile<KV, D>(st, st + S::kTileBytes, k_head, v_head, page_row, begin + s * S::kKeys, end, pd, num_pages,
+                       page_bytes, entry_bytes, tid);
     } else {
       cp_async_commit();
     }
@@ -289,8 +303,8 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
     const int32_t next = i + kStages - 1;
     if (next < n) {
       unsigned char* st = smem + 2 * (next % kStages) * S::kTileBytes;
-      copy_tile<KV, D>(st, st + S::kTileBytes, k_data, v_data, kv_indices, first_page, begin + next * S::kKeys, end,
-                       h, uint32_t(page_size), num_pages, stride_page, stride_n, stride_h, tid);
+      copy_tile<KV, D>(st, st + S::kTileBytes, k_head, v_head, page_row, begin + next * S::kKeys, end, pd,
+                       num_pages, page_bytes, entry_bytes, tid);
     } else {
       cp_async_commit();
     }
