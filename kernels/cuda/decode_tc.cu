@@ -92,6 +92,7 @@ __device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t c, uint32_t pitch) 
 template <typename KV>
 struct Ops {
   static constexpr int64_t kType = kF16;
+  static constexpr bool kIsBF16 = false;
   __device__ static __forceinline__ uint16_t narrow(float x) { return f32_to_f16(x); }
   __device__ static __forceinline__ float widen(uint16_t x) { return f16_to_f32(x); }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -101,6 +102,7 @@ struct Ops {
 template <>
 struct Ops<KvBF16> {
   static constexpr int64_t kType = kBF16;
+  static constexpr bool kIsBF16 = true;
   __device__ static __forceinline__ uint16_t narrow(float x) { return f32_to_bf16(x); }
   __device__ static __forceinline__ float widen(uint16_t x) { return bf16_to_f32(x); }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -140,15 +142,19 @@ __device__ __forceinline__ uint32_t o_dim(uint32_t j, uint32_t c) {
 //   v_frag: ldmatrix.x4.trans (16-bit) of V rows key0.., dims 16jj..; or
 //           for fp8 the kW bytes of segment jj of key row key0 + kv_row(i)
 //   copy_dst: where the cp.async copy k of thread tid lands
+// A k-step (or n-tile pair) kk moves a fragment by 2kk chunks (16-bit
+// types) or kk chunks (fp8 K) from its chunk at step 0, which is below 8:
+// swz_xor(offset at step 0, 32kk or 16kk), so ptxas computes a lane's
+// offsets once and each step is an XOR or an address immediate.
 template <typename KV, int D>
 __device__ __forceinline__ uint32_t q_frag(uint32_t lane, uint32_t kk) {
-  return swz((lane & 7u) + 8u * (lane >> 3 & 1u), 2u * kk + (lane >> 4), Shape<KV, D>::kQPitch);
+  return swz_xor(swz((lane & 7u) + 8u * (lane >> 3 & 1u), lane >> 4, Shape<KV, D>::kQPitch), int(32 * kk));
 }
 template <typename KV, int D>
 __device__ __forceinline__ uint32_t k_frag(uint32_t lane, uint32_t key0, uint32_t kk, uint32_t half) {
   using S = Shape<KV, D>;
-  if (S::kFp8) return swz(key0 + 8u * half + (lane >> 2), kk, S::kPitch) + 4u * (lane & 3u);
-  return swz(key0 + (lane & 7u) + 8u * (lane >> 4), 2u * kk + (lane >> 3 & 1u), S::kPitch);
+  if (S::kFp8) return swz_xor(swz(key0 + 8u * half + (lane >> 2), 0, S::kPitch) + 4u * (lane & 3u), int(16 * kk));
+  return swz_xor(swz(key0 + (lane & 7u) + 8u * (lane >> 4), lane >> 3 & 1u, S::kPitch), int(32 * kk));
 }
 // kv_row is the key (within the warp's 16) of fp8 V load i of lane: 2t,
 // 2t+1, 2t+8, 2t+9.
@@ -162,7 +168,7 @@ __device__ __forceinline__ uint32_t v_frag(uint32_t lane, uint32_t key0, uint32_
     const uint32_t x = 128u * jj + uint32_t(S::kW) * (lane >> 2);
     return swz(key0 + kv_row(lane, i), x >> 4, S::kPitch) + (x & 15u);
   }
-  return swz(key0 + (lane & 7u) + 8u * (lane >> 3 & 1u), 2u * jj + (lane >> 4), S::kPitch);
+  return swz_xor(swz(key0 + (lane & 7u) + 8u * (lane >> 3 & 1u), lane >> 4, S::kPitch), int(32 * jj));
 }
 // Thread tid copies row tid % kKeys of a tile, chunks tid / kKeys + 2k
 // (kThreads = 2*kKeys): one page lookup per thread and tile, and 8
@@ -220,6 +226,46 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ ks, unsign
     }
   }
   cp_async_commit();
+}
+
+// qk accumulates s += Q K^T for the warp's 16 keys (key0..key0+15 of the
+// tile ks) with the Q plane qp (the Q tile or its low part), and with lo
+// the product of the plane qlo in the same pass, sharing each K fragment:
+// the fp8 caches do, whose K fragments are gathered and widened (a second
+// pass spills at fp8 D=128 under the 128-register bound).
+template <typename KV, int D>
+__device__ __forceinline__ void qk(float (&s)[2][4], const unsigned char* qp, const unsigned char* qlo, bool lo,
+                                   const unsigned char* ks, uint32_t lane, uint32_t key0) {
+  using S = Shape<KV, D>;
+  using Op = Ops<KV>;
+#pragma unroll
+  for (uint32_t kk = 0; kk < D / 16; kk++) {
+    uint32_t a[4];
+    ldmatrix_x4(a, qp + q_frag<KV, D>(lane, kk));
+    uint32_t b0[2], b1[2];
+    if constexpr (S::kFp8) {
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 0));
+      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 1));
+      b0[0] = fp8x2(KV{}, w0 & 0xffffu);
+      b0[1] = fp8x2(KV{}, w0 >> 16);
+      b1[0] = fp8x2(KV{}, w1 & 0xffffu);
+      b1[1] = fp8x2(KV{}, w1 >> 16);
+    } else {
+      uint32_t r[4];
+      ldmatrix_x4(r, ks + k_frag<KV, D>(lane, key0, kk, 0));
+      b0[0] = r[0];
+      b0[1] = r[1];
+      b1[0] = r[2];
+      b1[1] = r[3];
+    }
+    Op::mma(s[0], a, b0);
+    Op::mma(s[1], a, b1);
+    if (lo) {
+      ldmatrix_x4(a, qlo + q_frag<KV, D>(lane, kk));
+      Op::mma(s[0], a, b0);
+      Op::mma(s[1], a, b1);
+    }
+  }
 }
 
 template <typename KV, int D>
@@ -315,34 +361,14 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
       const unsigned char* ks = smem + 2 * (i % kStages) * S::kTileBytes;
       const unsigned char* vs = ks + S::kTileBytes;
       // S = Q K^T: s[nt] is n-tile nt (keys 8nt..8nt+7 of the warp's 16).
+      // The low part of a split q is a second pass behind a uniform branch
+      // (a kernel argument), off the common path (fp8: in the same pass).
       float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-      for (uint32_t kk = 0; kk < D / 16; kk++) {
-        uint32_t a[4];
-        ldmatrix_x4(a, qs + q_frag<KV, D>(lane, kk));
-        uint32_t b0[2], b1[2];
-        if constexpr (S::kFp8) {
-          const uint32_t w0 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 0));
-          const uint32_t w1 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 1));
-          b0[0] = fp8x2(KV{}, w0 & 0xffffu);
-          b0[1] = fp8x2(KV{}, w0 >> 16);
-          b1[0] = fp8x2(KV{}, w1 & 0xffffu);
-          b1[1] = fp8x2(KV{}, w1 >> 16);
-        } else {
-          uint32_t r[4];
-          ldmatrix_x4(r, ks + k_frag<KV, D>(lane, key0, kk, 0));
-          b0[0] = r[0];
-          b0[1] = r[1];
-          b1[0] = r[2];
-          b1[1] = r[3];
-        }
-        Op::mma(s[0], a, b0);
-        Op::mma(s[1], a, b1);
-        if (q_split) {  // uniform: a kernel argument
-          ldmatrix_x4(a, qs + S::kQTile + q_frag<KV, D>(lane, kk));
-          Op::mma(s[0], a, b0);
-          Op::mma(s[1], a, b1);
-        }
+      if constexpr (S::kFp8) {
+        qk<KV, D>(s, qs, qs + S::kQTile, q_split, ks, lane, key0);
+      } else {
+        qk<KV, D>(s, qs, qs, false, ks, lane, key0);
+        if (q_split) qk<KV, D>(s, qs + S::kQTile, qs, false, ks, lane, key0);
       }
       // Scale, cap, mask; online softmax for rows g (e = 0, 1) and g+8 (e = 2, 3).
       const uint32_t kbase = uint32_t(t0) + key0 + 2u * t;  // unsigned: never wraps (as t in copy_tile)
@@ -403,9 +429,8 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
 #pragma unroll
       for (int x = 0; x < 4; x++) {
         const float* src = s[x >> 1] + 2 * (x & 1);
-        const uint16_t h0 = Op::narrow(src[0]), h1 = Op::narrow(src[1]);
-        p[x] = uint32_t(h0) | (uint32_t(h1) << 16);
-        p_lo[x] = uint32_t(Op::narrow(src[0] - Op::widen(h0))) | (uint32_t(Op::narrow(src[1] - Op::widen(h1))) << 16);
+        p[x] = pack2<Op::kIsBF16>(src[0], src[1]);
+        p_lo[x] = pack2_lo<Op::kIsBF16>(src[0], src[1], p[x]);
       }
       // O += P V.
       if constexpr (S::kFp8) {
@@ -429,11 +454,10 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
           }
 #pragma unroll
           for (uint32_t jl = 0; jl < uint32_t(S::kW); jl++) {
-            const uint32_t sh = 8u * (jl & 3u);
             const uint32_t wi = jl >> 2;
             uint32_t bv[2];
-            bv[0] = fp8x2(KV{}, (w[0][wi] >> sh & 0xffu) | (w[1][wi] >> sh & 0xffu) << 8);
-            bv[1] = fp8x2(KV{}, (w[2][wi] >> sh & 0xffu) | (w[3][wi] >> sh & 0xffu) << 8);
+            bv[0] = fp8x2(KV{}, pair_bytes(w[0][wi], w[1][wi], int(jl & 3u)));
+            bv[1] = fp8x2(KV{}, pair_bytes(w[2][wi], w[3][wi], int(jl & 3u)));
             Op::mma(acc[seg * S::kW + jl], p, bv);
             Op::mma(acc[seg * S::kW + jl], p_lo, bv);
           }

@@ -38,6 +38,17 @@ __device__ __forceinline__ uint32_t swz_xor(uint32_t off, int x) {
   return (off ^ uint32_t(x & 127)) + uint32_t(x & ~127);
 }
 
+// pair_bytes is the pair (byte n of lo, byte n of hi) as the low and high
+// byte of a 16-bit value: one PRMT (__byte_perm, selector n | (n+4) << 4:
+// byte n of {hi, lo} and byte 4 + n) on the GPU.
+__device__ __forceinline__ uint16_t pair_bytes(uint32_t lo, uint32_t hi, int n) {
+#if defined(__CUDA_ARCH__)
+  return uint16_t(__byte_perm(lo, hi, unsigned(n | (n + 4) << 4)));
+#else
+  return uint16_t((lo >> (8 * n) & 0xff) | (hi >> (8 * n) & 0xff) << 8);
+#endif
+}
+
 // PageDiv divides a key position t (0 <= t < 2^31) by page_size without a
 // division instruction: t / page_size = (t * mul) >> shift, with shift =
 // 31 + ceil(log2 d) and mul = ceil(2^shift / d) (d = page_size, clamped to
