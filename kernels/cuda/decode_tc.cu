@@ -383,11 +383,15 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
 #pragma unroll
           for (int e = 0; e < 4; e++) s[nt][e] *= q_scale;
       }
+      // Keys past end exist only in the last tile: a warp whose 16 keys are
+      // all visible (warp-uniform) skips the per-element mask.
+      if (uint32_t(t0) + key0 + 16u > uint32_t(end)) {
 #pragma unroll
-      for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-          if (kbase + 8u * nt + (e & 1u) >= uint32_t(end)) s[nt][e] = neg_inf();
+          for (int e = 0; e < 4; e++)
+            if (kbase + 8u * nt + (e & 1u) >= uint32_t(end)) s[nt][e] = neg_inf();
+      }
       float corr[2];
 #pragma unroll
       for (int r = 0; r < 2; r++) {
