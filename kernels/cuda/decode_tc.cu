@@ -544,8 +544,13 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
 // kKeys and copy_unit 16 (the kernel traps otherwise), and the block
 // (32, kWarps, 1). kWarps is 4 for 128-byte rows (D=64, and fp8 D=128), 2
 // for 256-byte rows, 1 for 512-byte rows (f16/bf16 D=256).
+//
+// __launch_bounds__(kThreads, PKV_TC_MIN_BLOCKS): 5 blocks a SM at D=64
+// (<= 96 registers; 36 KiB of shared memory allows 6), 4 elsewhere (the
+// register bound that D=128 and 256 need without spilling).
+#define PKV_TC_MIN_BLOCKS(D) ((D) == 64 ? 5 : 4)
 #define PKV_TC_DECODE_ENTRY(SFX, KV, D)                                                                  \
-  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, 4)                       \
+  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, PKV_TC_MIN_BLOCKS(D))    \
       batch_decode_paged_tc_##SFX##_d##D(PKV_DECODE_PARAMS(KV::T, double)) {                             \
     pkv::tc::decode_tc_body<KV, D>(PKV_DECODE_FORWARD);                                                  \
   }
