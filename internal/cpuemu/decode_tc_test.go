@@ -203,3 +203,92 @@ func TestTCDecodeTrapsOnAForeignShape(t *testing.T) {
 		require.ErrorContains(t, err, "__trap", c.name)
 	}
 }
+
+// The tensor-core decode's shared-memory offsets, as the kernel's own
+// offset functions compute them (cuemu_test_tc_offsets, which steps
+// k-steps, n-tiles and copy chunks by swz_xor from the step-0 offset),
+// equal the swizzle's slow formula (chunk c of row r at r*pitch + 16*(c ^
+// (r % 8))) for every lane, record by record, and the copy's writes cover
+// each 16-byte chunk of a K/V tile exactly once.
+func TestTCDecodeSharedOffsets(t *testing.T) {
+	d := NewDriver(0)
+	for _, kind := range []int{0, 1} {
+		for _, D := range []int{64, 128, 256} {
+			fp8 := kind == 1
+			rowBytes := uint32(D * (2 - kind))
+			pitch := max(rowBytes, 128)
+			keys := min(16384/(2*pitch), 64)
+			chunks := rowBytes / 16
+			w := uint32(min(D/8, 16))
+			swz := func(r, c, pitch uint32) uint32 { return r*pitch + (c^(r&7))<<4 }
+			// want lists the records in the order offsets() writes them.
+			var want [][32]uint32
+			rec := func(f func(l uint32) uint32) {
+				var r [32]uint32
+				for l := range uint32(32) {
+					r[l] = f(l)
+				}
+				want = append(want, r)
+			}
+			for kk := range uint32(D / 16) {
+				rec(func(l uint32) uint32 { return swz((l&7)+8*(l>>3&1), 2*kk+(l>>4), uint32(2*D)) })
+			}
+			for key0 := uint32(0); key0 < 32; key0 += 16 {
+				for kk := range uint32(D / 16) {
+					if fp8 {
+						for half := range uint32(2) {
+							rec(func(l uint32) uint32 { return swz(key0+8*half+(l>>2), kk, pitch) + 4*(l&3) })
+						}
+					} else {
+						rec(func(l uint32) uint32 { return swz(key0+(l&7)+8*(l>>4), 2*kk+(l>>3&1), pitch) })
+					}
+				}
+				if fp8 {
+					for seg := range uint32(D) / 8 / w {
+						for i := range uint32(4) {
+							rec(func(l uint32) uint32 {
+								x := 128*seg + w*(l>>2)
+								return swz(key0+2*(l&3)+(i&1)+8*(i>>1), x>>4, pitch) + x&15
+							})
+						}
+					}
+				} else {
+					for jj := range uint32(D / 16) {
+						rec(func(l uint32) uint32 { return swz(key0+(l&7)+8*(l>>3&1), 2*jj+(l>>4), pitch) })
+					}
+				}
+			}
+			firstCopy := len(want)
+			for wp := range keys / 16 {
+				for k := range chunks / 2 {
+					rec(func(l uint32) uint32 { tid := 32*wp + l; return swz(tid%keys, tid/keys+2*k, pitch) })
+				}
+			}
+			out := newBuf(t, d, make([]byte, 4<<16))
+			require.NoError(t, d.Launch("cuemu_test_tc_offsets", dim(1, 1, 1), dim(1, 1, 1), 0,
+				[]uint64{uint64(kind), uint64(D), uint64(out.ptr)}))
+			words := bytesU32(out.bytes(t))
+			copied := map[uint32]int{}
+			n := 0
+			for i := 0; words[i] != 0; i += 33 {
+				require.Less(t, n, len(want), "kind %d D=%d: more records than the model", kind, D)
+				require.Equal(t, want[n][:], words[i+1:i+33], "kind %d D=%d record %d", kind, D, n)
+				if n >= firstCopy {
+					for _, o := range words[i+1 : i+33] {
+						copied[o]++
+					}
+				}
+				n++
+			}
+			require.Equal(t, len(want), n, "kind %d D=%d records", kind, D)
+			// Every chunk of the tile's rows (kKeys rows, the row's chunks
+			// at pitch spacing) is written once.
+			require.Len(t, copied, int(keys*chunks), "kind %d D=%d: chunks copied", kind, D)
+			for o, c := range copied {
+				require.Equal(t, 1, c, "kind %d D=%d: chunk at %d copied %d times", kind, D, o, c)
+				require.Zero(t, o%16, "kind %d D=%d: chunk at %d", kind, D, o)
+				require.Less(t, o, keys*pitch, "kind %d D=%d: chunk at %d", kind, D, o)
+			}
+		}
+	}
+}

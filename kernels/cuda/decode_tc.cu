@@ -44,8 +44,8 @@
 // Output (same contract as decode.cu): o = sum_j p_j v_j / sum_j p_j times
 // v_scale and the base-2 LSE m + log2(d) (-inf and o = 0 when no key is
 // visible), or float32 partial states for merge_partial_states.
-#include "compat.cuh"
 #include "decode_args.cuh"
+#include "tile_common.cuh"
 
 namespace pkv {
 namespace tc {
@@ -92,6 +92,7 @@ __device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t c, uint32_t pitch) 
 template <typename KV>
 struct Ops {
   static constexpr int64_t kType = kF16;
+  static constexpr bool kIsBF16 = false;
   __device__ static __forceinline__ uint16_t narrow(float x) { return f32_to_f16(x); }
   __device__ static __forceinline__ float widen(uint16_t x) { return f16_to_f32(x); }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -101,6 +102,7 @@ struct Ops {
 template <>
 struct Ops<KvBF16> {
   static constexpr int64_t kType = kBF16;
+  static constexpr bool kIsBF16 = true;
   __device__ static __forceinline__ uint16_t narrow(float x) { return f32_to_bf16(x); }
   __device__ static __forceinline__ float widen(uint16_t x) { return bf16_to_f32(x); }
   __device__ static __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
@@ -140,15 +142,19 @@ __device__ __forceinline__ uint32_t o_dim(uint32_t j, uint32_t c) {
 //   v_frag: ldmatrix.x4.trans (16-bit) of V rows key0.., dims 16jj..; or
 //           for fp8 the kW bytes of segment jj of key row key0 + kv_row(i)
 //   copy_dst: where the cp.async copy k of thread tid lands
+// A k-step (or n-tile pair) kk moves a fragment by 2kk chunks (16-bit
+// types) or kk chunks (fp8 K) from its chunk at step 0, which is below 8:
+// swz_xor(offset at step 0, 32kk or 16kk), so ptxas computes a lane's
+// offsets once and each step is an XOR or an address immediate.
 template <typename KV, int D>
 __device__ __forceinline__ uint32_t q_frag(uint32_t lane, uint32_t kk) {
-  return swz((lane & 7u) + 8u * (lane >> 3 & 1u), 2u * kk + (lane >> 4), Shape<KV, D>::kQPitch);
+  return swz_xor(swz((lane & 7u) + 8u * (lane >> 3 & 1u), lane >> 4, Shape<KV, D>::kQPitch), int(32 * kk));
 }
 template <typename KV, int D>
 __device__ __forceinline__ uint32_t k_frag(uint32_t lane, uint32_t key0, uint32_t kk, uint32_t half) {
   using S = Shape<KV, D>;
-  if (S::kFp8) return swz(key0 + 8u * half + (lane >> 2), kk, S::kPitch) + 4u * (lane & 3u);
-  return swz(key0 + (lane & 7u) + 8u * (lane >> 4), 2u * kk + (lane >> 3 & 1u), S::kPitch);
+  if (S::kFp8) return swz_xor(swz(key0 + 8u * half + (lane >> 2), 0, S::kPitch) + 4u * (lane & 3u), int(16 * kk));
+  return swz_xor(swz(key0 + (lane & 7u) + 8u * (lane >> 4), lane >> 3 & 1u, S::kPitch), int(32 * kk));
 }
 // kv_row is the key (within the warp's 16) of fp8 V load i of lane: 2t,
 // 2t+1, 2t+8, 2t+9.
@@ -162,29 +168,34 @@ __device__ __forceinline__ uint32_t v_frag(uint32_t lane, uint32_t key0, uint32_
     const uint32_t x = 128u * jj + uint32_t(S::kW) * (lane >> 2);
     return swz(key0 + kv_row(lane, i), x >> 4, S::kPitch) + (x & 15u);
   }
-  return swz(key0 + (lane & 7u) + 8u * (lane >> 3 & 1u), 2u * jj + (lane >> 4), S::kPitch);
+  return swz_xor(swz(key0 + (lane & 7u) + 8u * (lane >> 3 & 1u), lane >> 4, S::kPitch), int(32 * jj));
 }
 // Thread tid copies row tid % kKeys of a tile, chunks tid / kKeys + 2k
 // (kThreads = 2*kKeys): one page lookup per thread and tile, and 8
-// consecutive threads write one chunk of 8 consecutive rows.
+// consecutive threads write one chunk of 8 consecutive rows. Chunk
+// c + 2k = c ^ 2k (c < 2) and the swizzle XORs only a chunk's low 3 bits,
+// so copy k lands at swz_xor(copy_dst(tid, 0), 32k): an XOR below 128
+// bytes, an address immediate above.
 template <typename KV, int D>
 __device__ __forceinline__ uint32_t copy_dst(uint32_t tid, uint32_t k) {
   using S = Shape<KV, D>;
-  return swz(tid % uint32_t(S::kKeys), tid / uint32_t(S::kKeys) + 2u * k, S::kPitch);
+  return swz_xor(swz(tid % uint32_t(S::kKeys), tid / uint32_t(S::kKeys), S::kPitch), int(32 * k));
 }
 
-// copy_tile issues the copies of tokens [t0, t0 + kKeys) of kv head h into
-// one stage (K tile, then V tile) and commits them as one group. Rows at or
-// past end, and rows whose page id is out of range (never after host
+// copy_tile issues the copies of tokens [t0, t0 + kKeys) of one kv head
+// into one stage (K tile, then V tile) and commits them as one group. Rows
+// at or past end, and rows whose page id is out of range (never after host
 // validation), are zero-filled: the mma reads all 16 keys of a warp, and
-// 0 * NaN would poison the output.
+// 0 * NaN would poison the output. k_head and v_head point at the head's
+// first byte (h * stride_h), page_row at the request's first page-table
+// entry; strides are in bytes; pd divides by page_size.
 template <typename KV, int D>
 __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ ks, unsigned char* __restrict__ vs,
-                                          const typename KV::T* __restrict__ k_data,
-                                          const typename KV::T* __restrict__ v_data,
-                                          const int32_t* __restrict__ kv_indices, int64_t first_page, int32_t t0,
-                                          int32_t end, int64_t h, uint32_t page_size, int64_t num_pages,
-                                          int64_t stride_page, int64_t stride_n, int64_t stride_h, uint32_t tid) {
+                                          const unsigned char* __restrict__ k_head,
+                                          const unsigned char* __restrict__ v_head,
+                                          const int32_t* __restrict__ page_row, int32_t t0, int32_t end,
+                                          const PageDiv& pd, int64_t num_pages, int64_t page_bytes,
+                                          int64_t entry_bytes, uint32_t tid) {
   using S = Shape<KV, D>;
   static_assert(S::kThreads == 2 * S::kKeys && S::kChunks % 2 == 0, "two threads a row");
   const uint32_t r = tid % uint32_t(S::kKeys);
@@ -193,29 +204,68 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ ks, unsign
   int64_t page = -1;
   uint32_t entry = 0;
   if (t < uint32_t(end)) {
-    // Lengths fit in 32 bits (checked by the launcher): divide in 32 bits.
-    const uint32_t pi = t / page_size;
-    entry = t - pi * page_size;
-    page = kv_indices[first_page + pi];
+    // Lengths fit in 32 bits (checked by the launcher): t < 2^31.
+    const uint32_t pi = pd.div(t);
+    entry = t - pi * pd.d;
+    page = page_row[pi];
   }
-  const bool ok = page >= 0 && page < num_pages;  // never false for a visible key after host validation
-  // 64 bits: page * stride_page can exceed 2^31 elements.
-  const int64_t off = ok ? (page * stride_page + h * stride_h + int64_t(entry) * stride_n) * int64_t(sizeof(typename KV::T)) : 0;
-  const unsigned char* kg = reinterpret_cast<const unsigned char*>(k_data) + off;
-  const unsigned char* vg = reinterpret_cast<const unsigned char*>(v_data) + off;
+  const uint32_t base = copy_dst<KV, D>(tid, 0);
+  if (page < 0 || page >= num_pages) {  // never for a visible key after host validation
 #pragma unroll
-  for (uint32_t k = 0; k < uint32_t(S::kChunks / 2); k++) {
-    const uint32_t dst = copy_dst<KV, D>(tid, k);
-    const uint32_t c = tid / uint32_t(S::kKeys) + 2u * k;
-    if (ok) {
-      cp_async_16(ks + dst, kg + 16 * c);
-      cp_async_16(vs + dst, vg + 16 * c);
-    } else {
-      *reinterpret_cast<uint4*>(ks + dst) = uint4{0u, 0u, 0u, 0u};
-      *reinterpret_cast<uint4*>(vs + dst) = uint4{0u, 0u, 0u, 0u};
+    for (uint32_t k = 0; k < uint32_t(S::kChunks / 2); k++) {
+      *reinterpret_cast<uint4*>(ks + swz_xor(base, int(32 * k))) = uint4{0u, 0u, 0u, 0u};
+      *reinterpret_cast<uint4*>(vs + swz_xor(base, int(32 * k))) = uint4{0u, 0u, 0u, 0u};
+    }
+  } else {
+    // 64 bits: page * page_bytes can exceed 2^31.
+    const int64_t off = page * page_bytes + int64_t(entry) * entry_bytes + 16 * (tid / uint32_t(S::kKeys));
+#pragma unroll
+    for (uint32_t k = 0; k < uint32_t(S::kChunks / 2); k++) {
+      cp_async_16(ks + swz_xor(base, int(32 * k)), k_head + off + 32 * k);
+      cp_async_16(vs + swz_xor(base, int(32 * k)), v_head + off + 32 * k);
     }
   }
   cp_async_commit();
+}
+
+// qk accumulates s += Q K^T for the warp's 16 keys (key0..key0+15 of the
+// tile ks) with the Q plane qp (the Q tile or its low part), and with lo
+// the product of the plane qlo in the same pass, sharing each K fragment:
+// the fp8 caches do, whose K fragments are gathered and widened (a second
+// pass spills at fp8 D=128 under the 128-register bound).
+template <typename KV, int D>
+__device__ __forceinline__ void qk(float (&s)[2][4], const unsigned char* qp, const unsigned char* qlo, bool lo,
+                                   const unsigned char* ks, uint32_t lane, uint32_t key0) {
+  using S = Shape<KV, D>;
+  using Op = Ops<KV>;
+#pragma unroll
+  for (uint32_t kk = 0; kk < D / 16; kk++) {
+    uint32_t a[4];
+    ldmatrix_x4(a, qp + q_frag<KV, D>(lane, kk));
+    uint32_t b0[2], b1[2];
+    if constexpr (S::kFp8) {
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 0));
+      const uint32_t w1 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 1));
+      b0[0] = fp8x2(KV{}, w0 & 0xffffu);
+      b0[1] = fp8x2(KV{}, w0 >> 16);
+      b1[0] = fp8x2(KV{}, w1 & 0xffffu);
+      b1[1] = fp8x2(KV{}, w1 >> 16);
+    } else {
+      uint32_t r[4];
+      ldmatrix_x4(r, ks + k_frag<KV, D>(lane, key0, kk, 0));
+      b0[0] = r[0];
+      b0[1] = r[1];
+      b1[0] = r[2];
+      b1[1] = r[3];
+    }
+    Op::mma(s[0], a, b0);
+    Op::mma(s[1], a, b1);
+    if (lo) {
+      ldmatrix_x4(a, qlo + q_frag<KV, D>(lane, kk));
+      Op::mma(s[0], a, b0);
+      Op::mma(s[1], a, b1);
+    }
+  }
 }
 
 template <typename KV, int D>
@@ -273,14 +323,24 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
   const float cap_log2e = soft_cap * kLog2e;
   const float q_over_cap = soft_cap > 0.0f ? q_scale / soft_cap : 0.0f;  // once, not per logit
   const uint32_t key0 = warp * 16u;
+  // The copy's invariants: the request's page-table row, the head's first
+  // byte, strides in bytes, the page-size divider.
+  const int32_t* __restrict__ page_row = kv_indices + first_page;
+  const unsigned char* __restrict__ k_head =
+      reinterpret_cast<const unsigned char*>(k_data) + h * stride_h * int64_t(sizeof(typename KV::T));
+  const unsigned char* __restrict__ v_head =
+      reinterpret_cast<const unsigned char*>(v_data) + h * stride_h * int64_t(sizeof(typename KV::T));
+  const int64_t page_bytes = stride_page * int64_t(sizeof(typename KV::T));
+  const int64_t entry_bytes = stride_n * int64_t(sizeof(typename KV::T));
+  const PageDiv pd(page_size);
 
   const int32_t n = end > begin ? int32_t((uint32_t(end - begin) + S::kKeys - 1) / S::kKeys) : 0;
 #pragma unroll
   for (int s = 0; s < kStages - 1; s++) {
     if (s < n) {
       unsigned char* st = smem + 2 * s * S::kTileBytes;
-      copy_tile<KV, D>(st, st + S::kTileBytes, k_data, v_data, kv_indices, first_page, begin + s * S::kKeys, end, h,
-                       uint32_t(page_size), num_pages, stride_page, stride_n, stride_h, tid);
+      copy_tile<KV, D>(st, st + S::kTileBytes, k_head, v_head, page_row, begin + s * S::kKeys, end, pd, num_pages,
+                       page_bytes, entry_bytes, tid);
     } else {
       cp_async_commit();
     }
@@ -289,8 +349,8 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
     const int32_t next = i + kStages - 1;
     if (next < n) {
       unsigned char* st = smem + 2 * (next % kStages) * S::kTileBytes;
-      copy_tile<KV, D>(st, st + S::kTileBytes, k_data, v_data, kv_indices, first_page, begin + next * S::kKeys, end,
-                       h, uint32_t(page_size), num_pages, stride_page, stride_n, stride_h, tid);
+      copy_tile<KV, D>(st, st + S::kTileBytes, k_head, v_head, page_row, begin + next * S::kKeys, end, pd,
+                       num_pages, page_bytes, entry_bytes, tid);
     } else {
       cp_async_commit();
     }
@@ -301,34 +361,14 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
       const unsigned char* ks = smem + 2 * (i % kStages) * S::kTileBytes;
       const unsigned char* vs = ks + S::kTileBytes;
       // S = Q K^T: s[nt] is n-tile nt (keys 8nt..8nt+7 of the warp's 16).
+      // The low part of a split q is a second pass behind a uniform branch
+      // (a kernel argument), off the common path (fp8: in the same pass).
       float s[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-      for (uint32_t kk = 0; kk < D / 16; kk++) {
-        uint32_t a[4];
-        ldmatrix_x4(a, qs + q_frag<KV, D>(lane, kk));
-        uint32_t b0[2], b1[2];
-        if constexpr (S::kFp8) {
-          const uint32_t w0 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 0));
-          const uint32_t w1 = *reinterpret_cast<const uint32_t*>(ks + k_frag<KV, D>(lane, key0, kk, 1));
-          b0[0] = fp8x2(KV{}, w0 & 0xffffu);
-          b0[1] = fp8x2(KV{}, w0 >> 16);
-          b1[0] = fp8x2(KV{}, w1 & 0xffffu);
-          b1[1] = fp8x2(KV{}, w1 >> 16);
-        } else {
-          uint32_t r[4];
-          ldmatrix_x4(r, ks + k_frag<KV, D>(lane, key0, kk, 0));
-          b0[0] = r[0];
-          b0[1] = r[1];
-          b1[0] = r[2];
-          b1[1] = r[3];
-        }
-        Op::mma(s[0], a, b0);
-        Op::mma(s[1], a, b1);
-        if (q_split) {  // uniform: a kernel argument
-          ldmatrix_x4(a, qs + S::kQTile + q_frag<KV, D>(lane, kk));
-          Op::mma(s[0], a, b0);
-          Op::mma(s[1], a, b1);
-        }
+      if constexpr (S::kFp8) {
+        qk<KV, D>(s, qs, qs + S::kQTile, q_split, ks, lane, key0);
+      } else {
+        qk<KV, D>(s, qs, qs, false, ks, lane, key0);
+        if (q_split) qk<KV, D>(s, qs + S::kQTile, qs, false, ks, lane, key0);
       }
       // Scale, cap, mask; online softmax for rows g (e = 0, 1) and g+8 (e = 2, 3).
       const uint32_t kbase = uint32_t(t0) + key0 + 2u * t;  // unsigned: never wraps (as t in copy_tile)
@@ -343,11 +383,15 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
 #pragma unroll
           for (int e = 0; e < 4; e++) s[nt][e] *= q_scale;
       }
+      // Keys past end exist only in the last tile: a warp whose 16 keys are
+      // all visible (warp-uniform) skips the per-element mask.
+      if (uint32_t(t0) + key0 + 16u > uint32_t(end)) {
 #pragma unroll
-      for (int nt = 0; nt < 2; nt++)
+        for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-          if (kbase + 8u * nt + (e & 1u) >= uint32_t(end)) s[nt][e] = neg_inf();
+          for (int e = 0; e < 4; e++)
+            if (kbase + 8u * nt + (e & 1u) >= uint32_t(end)) s[nt][e] = neg_inf();
+      }
       float corr[2];
 #pragma unroll
       for (int r = 0; r < 2; r++) {
@@ -389,9 +433,8 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
 #pragma unroll
       for (int x = 0; x < 4; x++) {
         const float* src = s[x >> 1] + 2 * (x & 1);
-        const uint16_t h0 = Op::narrow(src[0]), h1 = Op::narrow(src[1]);
-        p[x] = uint32_t(h0) | (uint32_t(h1) << 16);
-        p_lo[x] = uint32_t(Op::narrow(src[0] - Op::widen(h0))) | (uint32_t(Op::narrow(src[1] - Op::widen(h1))) << 16);
+        p[x] = pack2<Op::kIsBF16>(src[0], src[1]);
+        p_lo[x] = pack2_lo<Op::kIsBF16>(src[0], src[1], p[x]);
       }
       // O += P V.
       if constexpr (S::kFp8) {
@@ -415,11 +458,10 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
           }
 #pragma unroll
           for (uint32_t jl = 0; jl < uint32_t(S::kW); jl++) {
-            const uint32_t sh = 8u * (jl & 3u);
             const uint32_t wi = jl >> 2;
             uint32_t bv[2];
-            bv[0] = fp8x2(KV{}, (w[0][wi] >> sh & 0xffu) | (w[1][wi] >> sh & 0xffu) << 8);
-            bv[1] = fp8x2(KV{}, (w[2][wi] >> sh & 0xffu) | (w[3][wi] >> sh & 0xffu) << 8);
+            bv[0] = fp8x2(KV{}, pair_bytes(w[0][wi], w[1][wi], int(jl & 3u)));
+            bv[1] = fp8x2(KV{}, pair_bytes(w[2][wi], w[3][wi], int(jl & 3u)));
             Op::mma(acc[seg * S::kW + jl], p, bv);
             Op::mma(acc[seg * S::kW + jl], p_lo, bv);
           }
@@ -502,8 +544,13 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
 // kKeys and copy_unit 16 (the kernel traps otherwise), and the block
 // (32, kWarps, 1). kWarps is 4 for 128-byte rows (D=64, and fp8 D=128), 2
 // for 256-byte rows, 1 for 512-byte rows (f16/bf16 D=256).
+//
+// __launch_bounds__(kThreads, PKV_TC_MIN_BLOCKS): 5 blocks a SM at D=64
+// (<= 96 registers; 36 KiB of shared memory allows 6), 4 elsewhere (the
+// register bound that D=128 and 256 need without spilling).
+#define PKV_TC_MIN_BLOCKS(D) ((D) == 64 ? 5 : 4)
 #define PKV_TC_DECODE_ENTRY(SFX, KV, D)                                                                  \
-  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, 4)                       \
+  extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, PKV_TC_MIN_BLOCKS(D))    \
       batch_decode_paged_tc_##SFX##_d##D(PKV_DECODE_PARAMS(KV::T, double)) {                             \
     pkv::tc::decode_tc_body<KV, D>(PKV_DECODE_FORWARD);                                                  \
   }

@@ -36,7 +36,7 @@
 // once to the mma type, as FlashInfer does. The launcher picks kHiLo when
 // q_nope, q_pe or o carries more significant bits than the mma type (f32;
 // f16 over a bf16 cache): see MLAKernelFor in step_mla.go.
-#include "compat.cuh"
+#include "tile_common.cuh"
 
 namespace pkv {
 namespace mlatc {
@@ -166,17 +166,6 @@ __device__ __forceinline__ void k_frags(const unsigned char* tile, int ks, int w
     const int key = lane % 8 + 8 * (i >> 1);
     ldmatrix_x4(b, tile + key * rb + (col + 8 * (i & 1)) * 2);
   }
-}
-
-// pair_bytes is the pair (byte n of lo, byte n of hi) as the low and high
-// byte of a 16-bit value: one PRMT (__byte_perm, selector n | (n+4) << 4:
-// byte n of {hi, lo} and byte 4 + n) on the GPU.
-__device__ __forceinline__ uint16_t pair_bytes(uint32_t lo, uint32_t hi, int n) {
-#if defined(__CUDA_ARCH__)
-  return uint16_t(__byte_perm(lo, hi, unsigned(n | (n + 4) << 4)));
-#else
-  return uint16_t((lo >> (8 * n) & 0xff) | (hi >> (8 * n) & 0xff) << 8);
-#endif
 }
 
 // v_frags loads the B fragments of V for the 32 columns from c of the

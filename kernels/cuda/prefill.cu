@@ -46,7 +46,7 @@
 // (base 2; -inf and o = 0 when a row sees no key). With partial, the state
 // of (row, head) goes to partial row merge_indptr[row] + kv_chunk[item] of
 // tmp_o/tmp_lse for merge_partial_states.
-#include "compat.cuh"
+#include "tile_common.cuh"
 
 namespace pkv {
 namespace tcprefill {
@@ -83,23 +83,6 @@ struct Tc<KvE5M2> {
   __device__ static __forceinline__ uint32_t widen2(uint16_t pair) { return cvt_f16x2_e5m2x2(pair); }
 };
 
-// from_mma widens an mma element back to f32.
-template <bool kBF16>
-__device__ __forceinline__ float from_mma(uint16_t h) {
-  return kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-
-// pack2 rounds (x0, x1) to an mma pair (x0 in the low half); with lo it
-// also gives the pair of rounding errors.
-template <bool kBF16>
-__device__ __forceinline__ uint32_t pack2(float x0, float x1) {
-  return f32x2_to_16x2<kBF16>(x0, x1);
-}
-template <bool kBF16>
-__device__ __forceinline__ uint32_t pack2_lo(float x0, float x1, uint32_t hi) {
-  return pack2<kBF16>(x0 - from_mma<kBF16>(uint16_t(hi)), x1 - from_mma<kBF16>(uint16_t(hi >> 16)));
-}
-
 // swz is the byte offset of byte col of row r in a swizzled tile with
 // rows of kRowBytes bytes: 16-byte chunk c lives at chunk c ^ (r % 8)
 // (r % 4 for 64-byte rows).
@@ -109,33 +92,6 @@ __device__ __forceinline__ uint32_t swz(uint32_t r, uint32_t col) {
   constexpr uint32_t kMask = (kChunks < 8 ? kChunks : 8) - 1;
   return r * kRowBytes + ((((col >> 4) ^ (r & kMask)) << 4) | (col & 15));
 }
-
-// swz_xor is off ^ x for a swizzled offset whose 16-byte chunk is below 8
-// (x a multiple of 16 within the row): the bits below 128 by XOR, whole
-// 128-byte groups by an add, which ptxas folds into the address's
-// immediate. Chunk 2kt + c = 2kt ^ c of a row (c < 2) is at
-// swz_xor(swz(r, 16c), 32kt), chunk cl + 4j (cl < 4) at
-// swz_xor(swz(r, 16cl), 64j): the swizzle XORs only the chunk's low 3 bits.
-__device__ __forceinline__ uint32_t swz_xor(uint32_t off, int x) {
-  return (off ^ uint32_t(x & 127)) + uint32_t(x & ~127);
-}
-
-// PageDiv divides a key position t (0 <= t < 2^31) by page_size without a
-// division instruction: t / page_size = (t * mul) >> shift, with shift =
-// 31 + ceil(log2 d) and mul = ceil(2^shift / d) (d = page_size, clamped to
-// 2^31: every t is then in page 0). The rounding error of mul is below
-// 2^(shift - 31), so t * (mul * d - 2^shift) < 2^shift for every t < 2^31
-// and the quotient is exact; mul < 2^32 for every d. Set once per CTA.
-struct PageDiv {
-  uint32_t d, mul, shift;
-  __device__ __forceinline__ explicit PageDiv(int64_t page_size) {
-    d = page_size < 1 ? 1u : page_size > (int64_t(1) << 31) ? (1u << 31) : uint32_t(page_size);
-    const uint32_t l = d == 1 ? 0u : uint32_t(32 - __clz(d - 1));
-    shift = 31 + l;
-    mul = uint32_t(((uint64_t(1) << shift) + d - 1) / d);
-  }
-  __device__ __forceinline__ uint32_t div(uint32_t t) const { return uint32_t((uint64_t(t) * mul) >> shift); }
-};
 
 // CopyMap is the K/V copy's work split. The 128 threads of a 4-warp CTA
 // (a CTA of fewer warps runs the slots of 128/nthreads of them) each copy
@@ -678,7 +634,7 @@ PKV_PREFILL_DTYPE(e5m2, pkv::KvE5M2)
 //
 // cuemu_test_page_div writes PageDiv(page_size).div(t[i]) to q[i].
 extern "C" __global__ void cuemu_test_page_div(int64_t page_size, const uint32_t* t, int64_t n, uint32_t* q) {
-  const pkv::tcprefill::PageDiv pd(page_size);
+  const pkv::PageDiv pd(page_size);
   for (int64_t i = 0; i < n; i++) q[i] = pd.div(t[i]);
 }
 
