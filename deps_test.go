@@ -128,6 +128,7 @@ var layering = map[string]pkgRule{
 	"internal/pythontest": at(T1),
 	// Starts a real redis-server for tests (standard library only).
 	"internal/redistest": at(T1),
+	"internal/doclimits": at(T1),
 	"internal/golden":    at(T1, "internal/safetensors", "kernels", "layout", "ragged", "pagetable", "cascade"),
 
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
