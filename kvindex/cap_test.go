@@ -11,12 +11,18 @@ import (
 // entries a replica.
 func cappedTestStream(t testing.TB, maxBlocks int) *testStream {
 	ts := newTestStream(t, false)
+	ts.capTo(t, maxBlocks)
+	return ts
+}
+
+// capTo gives a fresh testStream an index capped at maxBlocks entries a
+// replica.
+func (ts *testStream) capTo(t testing.TB, maxBlocks int) {
 	ix, err := New(Config{PageSize: streamPageSize, Seed: 1, MaxBlocks: maxBlocks})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ts.ix, ts.rep = ix, ix.AddReplica("capped")
-	return ts
 }
 
 // TestReplicaBlockCap: one replica's stream stores 100,000 distinct blocks
