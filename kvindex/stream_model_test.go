@@ -139,12 +139,12 @@ func TestStreamNeverOverReports(t *testing.T) {
 	}
 	for sub := 0; counts.messages < total; sub++ {
 		ts := newTestStream(t, sub%3 == 1)
-		// Every seventh source's index is capped below the 48 (group,
+		// Every fourth source's index is capped below the 48 (group,
 		// hash) entries the model's replica can hold: the index then holds
 		// at most the cap, and still nothing the replica does not hold.
 		maxBlocks := 0
-		if sub%7 == 6 {
-			maxBlocks = 6 + rng.IntN(30)
+		if sub%4 == 2 {
+			maxBlocks = 2 + rng.IntN(10)
 			ts.capTo(t, maxBlocks)
 			counts.capped++
 		}
