@@ -134,8 +134,8 @@ func TestStreamNeverOverReports(t *testing.T) {
 	rng := rand.New(rand.NewPCG(28, 1))
 	var counts struct {
 		lost, transit, atSource, refused, restarts, catchups, abandoned, exact, messages int
-		capped, cappedMessages                                                          int
-		gaps, unrepaired, restartsSeen, overCap                                         int64
+		capped, cappedMessages                                                           int
+		gaps, unrepaired, restartsSeen, overCap                                          int64
 	}
 	for sub := 0; counts.messages < total; sub++ {
 		ts := newTestStream(t, sub%3 == 1)
