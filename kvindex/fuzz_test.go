@@ -187,7 +187,7 @@ func capSeed(t testing.TB) []byte {
 // group the batch names (a group, its map, its slot in the replica's
 // list), and per hash of its BlockStored and BlockRemoved events (a map
 // grows to at most twice its entries, and compact copies at most one
-// entry for every three removed).
+// entry for every one removed).
 func applyAllocBound(b *Batch) uint64 {
 	const overhead, perGroup, perHash = 4 << 10, 1 << 10, 64
 	groups := map[int]bool{}
@@ -233,7 +233,7 @@ func checkCapped(t *testing.T, b Batch) {
 	entries := 0
 	for _, x := range rep.groups {
 		entries += len(x.blocks)
-		if x.peak > shrinkMin && len(x.blocks) <= x.peak/4 {
+		if x.peak > shrinkMin && len(x.blocks) <= x.peak/2 {
 			t.Fatalf("group %d holds %d entries in a map that held %d: not compacted", x.idx, len(x.blocks), x.peak)
 		}
 		y := want.group(x.idx, false)

@@ -26,7 +26,7 @@ const MaxGroups = 1024
 // one replica's index may hold. 2^20 pages of 16 tokens are 16M tokens of
 // KV cache: about 5 TiB for a 70B model (320 KiB a token at 16 bits), 2
 // TiB for an 8B one, more than a node's GPUs and CPU tier hold. A full
-// replica costs the router about 40 MiB (docs/events.md).
+// replica costs the router about 36 MiB (docs/events.md).
 const DefaultMaxBlocks = 1 << 20
 
 // shrinkMin is the map size (entries at its largest) below which a group's
@@ -131,15 +131,15 @@ func (rep *replica) clear() {
 	rep.entries = 0
 }
 
-// compact gives a group's map back to the allocator when it holds a
-// quarter or less of what it held at its largest (and that was more than
-// shrinkMin): a fresh map holds what is left. The room all of a replica's
-// maps keep is then at most 4 × its entries plus shrinkMin a group,
+// compact gives a group's map back to the allocator when it holds half or
+// less of what it held at its largest (and that was more than shrinkMin):
+// a fresh map holds what is left. The room all of a replica's maps keep is
+// then for at most 2 × its entries (2 × MaxBlocks) plus shrinkMin a group,
 // whatever its stream stored and removed before; the copying costs at most
-// one entry for every three removed.
+// one entry for every one removed.
 func (x *group) compact() {
 	n := len(x.blocks)
-	if x.peak <= shrinkMin || n > x.peak/4 {
+	if x.peak <= shrinkMin || n > x.peak/2 {
 		return
 	}
 	m := make(map[uint64]uint8, n)
