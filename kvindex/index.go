@@ -235,11 +235,11 @@ func (ix *Index) replica(r int) (*replica, error) {
 // Apply applies a batch of replica r's events in order, each to its
 // group (Event.Group; group 0 without one). A block a BlockStored would
 // add beyond Config.MaxBlocks entries for the replica is not indexed
-// (ReplicaStats.OverCap; the rest of the batch is applied). A batch with a BlockStored of
-// another block size is refused whole (ErrBadEvent) and leaves the index as
-// it was; a caller that follows a replica's stream must then treat the
-// replica's blocks as unknown, as the batch's removals are lost (a
-// Subscriber clears them).
+// (ReplicaStats.OverCap; the rest of the batch is applied: that is no
+// error). A batch with a BlockStored of another block size is refused
+// whole (ErrBadEvent) and leaves the index as it was; a caller that
+// follows a replica's stream must then treat the replica's blocks as
+// unknown, as the batch's removals are lost (a Subscriber clears them).
 func (ix *Index) Apply(r int, b *Batch) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
