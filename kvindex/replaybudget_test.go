@@ -64,39 +64,34 @@ func seqFrame(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq
 // libzmq ROUTER would speak): it takes one connection, waits for the first
 // replay request and answers it, every interval (0: as fast as the
 // subscriber reads), with a reply of sequence 0 (already applied: useless)
-// and a payload of size bytes, and never sends the end marker. ready is
-// closed once the subscriber's DEALER has connected.
-func uselessReplies(t *testing.T, ln net.Listener, interval time.Duration, size int, ready chan<- struct{}) {
+// and a payload of size bytes, and never sends the end marker. Once the
+// subscriber's DEALER has connected it sends the connection on conns (the
+// caller closes it) and nil on ready; ready gets the error if it fails.
+func uselessReplies(ln net.Listener, interval time.Duration, size int, ready chan<- error, conns chan<- net.Conn) {
 	conn, r, err := acceptHandshake(ln, "ROUTER")
-	close(ready)
 	if err != nil {
-		t.Errorf("replay endpoint: %v", err)
+		ready <- err
 		return
 	}
-	t.Cleanup(func() { conn.Close() })
-	go func() {
-		defer conn.Close()
-		// The request: an empty delimiter and 8 bytes.
-		if err := skipFrame(r); err != nil {
+	conns <- conn
+	ready <- nil
+	// The request: an empty delimiter and 8 bytes.
+	if skipFrame(r) != nil || skipFrame(r) != nil {
+		return
+	}
+	reply := wireMessage(nil, []byte("kv"), seqFrame(0), make([]byte, size))
+	w := bufio.NewWriter(conn)
+	for {
+		if _, err := w.Write(reply); err != nil {
 			return
 		}
-		if err := skipFrame(r); err != nil {
-			return
-		}
-		reply := wireMessage(nil, []byte("kv"), seqFrame(0), make([]byte, size))
-		w := bufio.NewWriter(conn)
-		for {
-			if _, err := w.Write(reply); err != nil {
+		if interval > 0 {
+			if w.Flush() != nil {
 				return
 			}
-			if interval > 0 {
-				if w.Flush() != nil {
-					return
-				}
-				time.Sleep(interval)
-			}
+			time.Sleep(interval)
 		}
-	}()
+	}
 }
 
 // TestReplayAbandonedPastItsBudget: a replay endpoint answers the
@@ -136,8 +131,15 @@ func TestReplayAbandonedPastItsBudget(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer replayLn.Close()
-			replayReady := make(chan struct{})
-			go uselessReplies(t, replayLn, tc.interval, tc.size, replayReady)
+			replayReady, replayConn := make(chan error, 1), make(chan net.Conn, 1)
+			go uselessReplies(replayLn, tc.interval, tc.size, replayReady, replayConn)
+			defer func() {
+				select {
+				case c := <-replayConn:
+					c.Close() // ends the endless replies
+				default:
+				}
+			}()
 
 			ix, err := kvindex.New(kvindex.Config{PageSize: 4, Seed: 1})
 			if err != nil {
@@ -157,7 +159,9 @@ func TestReplayAbandonedPastItsBudget(t *testing.T) {
 			if err := skipFrame(r); err != nil { // the subscription
 				t.Fatal(err)
 			}
-			<-replayReady
+			if err := <-replayReady; err != nil {
+				t.Fatalf("replay endpoint: %v", err)
+			}
 
 			var stream []byte
 			for seq := uint64(0); seq < 20; seq++ {
