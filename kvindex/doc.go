@@ -40,9 +40,24 @@
 // under-reports until the replica stores them again. That is a gap the
 // replay cannot fill ([SourceStats].Unrepaired), a batch not applied in
 // full (undecodable, or refused by [Index.Apply]: [ReplicaStats].Unapplied),
-// and a publisher restart, seen as a live sequence number at or below the
-// last one received live ([ReplicaStats].Restarts): the new run is then
-// taken from its start. See docs/events.md, "Never over-reporting".
+// a publisher restart, seen as a live sequence number at or below the
+// last one received live ([ReplicaStats].Restarts; the new run is then
+// taken from its start), and a replay abandoned past
+// [SubscriberConfig].ReplayDeadline or over its reply budget
+// (MaxReplayReplies, MaxReplayBytes), which no replay endpoint can extend
+// ([SourceStats].ReplaysPastDeadline, ReplaysOverBudget). See
+// docs/events.md, "Never over-reporting".
+//
+// # Bounded memory
+//
+// A replica's index holds at most [Config].MaxBlocks (group, hash)
+// entries ([DefaultMaxBlocks], 2^20). At the cap a new block is refused:
+// not indexed, and counted in [ReplicaStats].OverCap: the index
+// under-reports that replica but keeps what it holds, where a clear would
+// drop every hit. Maps that emptied are rebuilt, so a replica's memory is
+// bounded by the cap whatever its stream stores and removes (about 36 MiB
+// at the default). docs/events.md, "Limits of the index", lists every
+// default.
 //
 // # Hostile publishers
 //

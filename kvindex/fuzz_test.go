@@ -75,7 +75,12 @@ func TestDecodeSeeds(t *testing.T) {
 // FuzzDecode feeds raw bytes as a PUB message (topic, sequence, payload)
 // and as a replay reply; decoding never panics, a decoded batch is well
 // formed, and applying it to an index either succeeds or fails leaving the
-// index as it was. Decoding allocates at most c = DecodeAllocPerByte (10)
+// index as it was. Applied to an index capped at fuzzMaxBlocks entries a
+// replica and already 2 short of it, a batch leaves at most the cap, a
+// subset of what the uncapped index holds, and every group's map within
+// the room compact allows; Apply allocates at most checkApplyAllocs'
+// bound, linear in the batch's hashes and groups (so, with the decoder's
+// bound, in the payload's bytes). Decoding allocates at most c = DecodeAllocPerByte (10)
 // bytes per payload byte plus DecodeAllocOverhead (4 KiB), measured for
 // every input as the growth of runtime.MemStats.TotalAlloc around
 // DecodeBatch (checkDecodeAllocs; the process's count, so fuzz with
@@ -90,6 +95,7 @@ func FuzzDecode(f *testing.F) {
 	for _, code := range hugeFieldCodes {
 		f.Add([]byte("kv-events"), binary.BigEndian.AppendUint64(nil, 4), hugeUnknownField(code))
 	}
+	f.Add([]byte("kv-events"), binary.BigEndian.AppendUint64(nil, 5), capSeed(f))
 	f.Fuzz(func(t *testing.T, topic, seq, payload []byte) {
 		if _, err := ParseMessage([][]byte{topic, seq, payload}); (err == nil) != (len(seq) == 8) {
 			t.Fatalf("ParseMessage with a %d-byte sequence: %v", len(seq), err)
@@ -132,7 +138,118 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		checkGroups(t, ix, r, b)
+		checkCapped(t, b)
 	})
+}
+
+// fuzzMaxBlocks is the cap of FuzzDecode's capped index: above shrinkMin,
+// so that removals can make compact rebuild a map.
+const fuzzMaxBlocks = 2 * shrinkMin
+
+// cappedFuzzIndex is an index capped at fuzzMaxBlocks (or uncapped) whose
+// one replica holds blocks 1..fuzzMaxBlocks-2 in group 0 on the GPU.
+func cappedFuzzIndex(t testing.TB, maxBlocks int) *Index {
+	ix, err := New(Config{PageSize: 4, Seed: 1, MaxBlocks: maxBlocks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := ix.AddReplica("r")
+	hs := make([]uint64, fuzzMaxBlocks-2)
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+	}
+	if err := ix.Apply(r, &Batch{Events: []Event{{Kind: BlockStored, Hashes: hs, BlockSize: 4, Tokens: make([]int32, 4*len(hs))}}}); err != nil {
+		t.Fatal(err)
+	}
+	return ix
+}
+
+// capSeed is a payload that fills the capped index past its cap, removes
+// most of its blocks (a compaction), and stores in a second group.
+func capSeed(t testing.TB) []byte {
+	var fill, drop []uint64
+	for h := range uint64(100) {
+		fill = append(fill, 1000+h)
+		drop = append(drop, 1+h)
+	}
+	p, err := msgpack.Marshal([]any{1.0, []any{
+		map[string]any{"type": "BlockStored", "block_hashes": fill, "token_ids": make([]int, 4*len(fill)), "block_size": 4},
+		map[string]any{"type": "BlockRemoved", "block_hashes": drop},
+		map[string]any{"type": "BlockStored", "block_hashes": fill[:8], "token_ids": make([]int, 32), "block_size": 4, "group_idx": 3, "medium": "CPU"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// applyAllocBound is what Apply may allocate for a batch: a constant, per
+// group the batch names (a group, its map, its slot in the replica's
+// list), and per hash of its BlockStored and BlockRemoved events (a map
+// grows to at most twice its entries, and compact copies at most one
+// entry for every one removed).
+func applyAllocBound(b *Batch) uint64 {
+	const overhead, perGroup, perHash = 4 << 10, 1 << 10, 64
+	groups := map[int]bool{}
+	hashes := 0
+	for _, e := range b.Events {
+		if e.Kind != AllBlocksCleared {
+			groups[e.Group] = true
+			hashes += len(e.Hashes)
+		}
+	}
+	return uint64(overhead + perGroup*len(groups) + perHash*hashes)
+}
+
+// checkCapped applies b (which an uncapped index took) to a capped index
+// near its cap and checks the cap, the subset and the room, and Apply's
+// allocations (the least of decodeMeasurements runs on fresh indexes).
+func checkCapped(t *testing.T, b Batch) {
+	ref := cappedFuzzIndex(t, 0)
+	if err := ref.Apply(0, &b); err != nil {
+		t.Fatalf("the uncapped index refused what another took: %v", err)
+	}
+	bound := applyAllocBound(&b)
+	var ix *Index
+	var got uint64
+	for i := range decodeMeasurements {
+		ix = cappedFuzzIndex(t, fuzzMaxBlocks)
+		var err error
+		n := bytesAllocatedBy(func() { err = ix.Apply(0, &b) })
+		if err != nil {
+			t.Fatalf("the capped index refused what the uncapped took: %v", err)
+		}
+		if i == 0 || n < got {
+			got = n
+		}
+		if got <= bound {
+			break
+		}
+	}
+	if got > bound {
+		t.Fatalf("Apply allocated %d bytes, over the bound %d", got, bound)
+	}
+	rep, want := ix.replicas[0], ref.replicas[0]
+	entries := 0
+	for _, x := range rep.groups {
+		entries += len(x.blocks)
+		if x.peak > shrinkMin && len(x.blocks) <= x.peak/2 {
+			t.Fatalf("group %d holds %d entries in a map that held %d: not compacted", x.idx, len(x.blocks), x.peak)
+		}
+		y := want.group(x.idx, false)
+		for h, bits := range x.blocks {
+			if y == nil || bits&^y.blocks[h] != 0 {
+				t.Fatalf("the capped index holds group %d block %d on media %02b; the uncapped one does not", x.idx, h, bits)
+			}
+		}
+	}
+	st, refSt := ix.Stats(0), ref.Stats(0)
+	if entries != rep.entries || entries > fuzzMaxBlocks || st.GroupBlocks != entries {
+		t.Fatalf("the capped index holds %d entries (counted %d, stats %d); the cap is %d", entries, rep.entries, st.GroupBlocks, fuzzMaxBlocks)
+	}
+	if st.OverCap == 0 && refSt.GroupBlocks != st.GroupBlocks {
+		t.Fatalf("the capped index holds %d entries, the uncapped %d, and none was over the cap", st.GroupBlocks, refSt.GroupBlocks)
+	}
 }
 
 // checkGroups checks an index's per-group invariants after it applied b:

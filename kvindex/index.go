@@ -22,6 +22,19 @@ var ErrBadEvent = errors.New("kvindex: event does not fit the index")
 // (ErrBadEvent). Hybrid models have a handful.
 const MaxGroups = 1024
 
+// DefaultMaxBlocks is Config.MaxBlocks' default: the (group, hash) entries
+// one replica's index may hold. 2^20 pages of 16 tokens are 16M tokens of
+// KV cache: about 5 TiB for a 70B model (320 KiB a token at 16 bits), 2
+// TiB for an 8B one, more than a node's GPUs and CPU tier hold. A full
+// replica costs the router about 36 MiB (docs/events.md).
+const DefaultMaxBlocks = 1 << 20
+
+// shrinkMin is the map size (entries at its largest) below which a group's
+// map is kept when it empties: Go maps do not give memory back when
+// entries are deleted, so a group that held many more entries than it
+// holds now gets a fresh map (see group.compact).
+const shrinkMin = 64
+
 // Media, as bits of an indexed block: a block counts as cached while any
 // medium holds it.
 const (
@@ -50,13 +63,21 @@ type Config struct {
 	Seed uint64
 	// Hash is the Managers' Config.Hash; nil for the default.
 	Hash prefixcache.HashFunc
+	// MaxBlocks bounds the (group, hash) entries the index holds for one
+	// replica (ReplicaStats.GroupBlocks), so that a replica's stream cannot
+	// grow the router's memory without end; 0: DefaultMaxBlocks. A
+	// BlockStored of a new block when the replica is at the bound is not
+	// indexed (counted in ReplicaStats.OverCap): the index under-reports
+	// that replica until removals make room, and never over-reports.
+	MaxBlocks int
 }
 
 // Index maps prefix hash chains to the replicas that cache them. It is safe
 // for concurrent use: subscribers apply events while routers query.
 type Index struct {
-	pageSize int
-	hasher   prefixcache.Hasher
+	pageSize  int
+	maxBlocks int
+	hasher    prefixcache.Hasher
 
 	mu       sync.RWMutex
 	replicas []*replica
@@ -71,13 +92,19 @@ type replica struct {
 	// group, and forgetting a group would let a later partial refill
 	// over-report.
 	groups []*group
-	stats  ReplicaStats
+	// entries is the (group, hash) entries of every group together: at
+	// most the index's maxBlocks.
+	entries int
+	stats   ReplicaStats
 }
 
 // group is one KV-cache group's blocks on a replica.
 type group struct {
 	idx    int
 	blocks map[uint64]uint8 // chain hash -> media holding it
+	// peak is the most entries blocks has held: a Go map keeps the room
+	// for them when they are deleted.
+	peak int
 }
 
 // group returns replica group g, adding it if add is true (nil if it is
@@ -99,7 +126,27 @@ func (rep *replica) group(g int, add bool) *group {
 func (rep *replica) clear() {
 	for _, x := range rep.groups {
 		clear(x.blocks)
+		x.compact()
 	}
+	rep.entries = 0
+}
+
+// compact gives a group's map back to the allocator when it holds half or
+// less of what it held at its largest (and that was more than shrinkMin):
+// a fresh map holds what is left. The room all of a replica's maps keep is
+// then for at most 2 × its entries (2 × MaxBlocks) plus shrinkMin a group,
+// whatever its stream stored and removed before; the copying costs at most
+// one entry for every one removed.
+func (x *group) compact() {
+	n := len(x.blocks)
+	if x.peak <= shrinkMin || n > x.peak/2 {
+		return
+	}
+	m := make(map[uint64]uint8, n)
+	for h, bits := range x.blocks {
+		m[h] = bits
+	}
+	x.blocks, x.peak = m, n
 }
 
 // match is how many leading blocks of chain every group holds (by any
@@ -124,6 +171,11 @@ func (rep *replica) match(chain []uint64) int {
 // size of its index now.
 type ReplicaStats struct {
 	Batches, Stored, Removed, Cleared int64
+	// OverCap counts the block hashes of BlockStored events that were not
+	// indexed because the replica held Config.MaxBlocks entries: the index
+	// under-reports the replica (it holds a subset of the replica's
+	// blocks), as with a clear, but keeps what it holds.
+	OverCap int64
 	// Unapplied counts the batches of the replica's stream that were not
 	// applied in full (undecodable, or refused by Apply) and Restarts the
 	// publisher restarts its stream showed (sequence numbers going back):
@@ -148,7 +200,13 @@ func New(cfg Config) (*Index, error) {
 	if cfg.PageSize < 1 || cfg.Seed == 0 {
 		return nil, fmt.Errorf("%w: page size %d, seed %d: want >= 1 and a non-zero seed (the Managers' HashSeed)", ErrBadConfig, cfg.PageSize, cfg.Seed)
 	}
-	return &Index{pageSize: cfg.PageSize, hasher: prefixcache.NewHasher(cfg.Seed, cfg.Hash)}, nil
+	if cfg.MaxBlocks < 0 {
+		return nil, fmt.Errorf("%w: max blocks %d: want >= 0 (0: %d)", ErrBadConfig, cfg.MaxBlocks, DefaultMaxBlocks)
+	}
+	if cfg.MaxBlocks == 0 {
+		cfg.MaxBlocks = DefaultMaxBlocks
+	}
+	return &Index{pageSize: cfg.PageSize, maxBlocks: cfg.MaxBlocks, hasher: prefixcache.NewHasher(cfg.Seed, cfg.Hash)}, nil
 }
 
 // AddReplica adds a replica with no cached blocks and returns its number
@@ -175,11 +233,13 @@ func (ix *Index) replica(r int) (*replica, error) {
 }
 
 // Apply applies a batch of replica r's events in order, each to its
-// group (Event.Group; group 0 without one). A batch with a BlockStored of
-// another block size is refused whole (ErrBadEvent) and leaves the index as
-// it was; a caller that follows a replica's stream must then treat the
-// replica's blocks as unknown, as the batch's removals are lost (a
-// Subscriber clears them).
+// group (Event.Group; group 0 without one). A block a BlockStored would
+// add beyond Config.MaxBlocks entries for the replica is not indexed
+// (ReplicaStats.OverCap; the rest of the batch is applied: that is no
+// error). A batch with a BlockStored of another block size is refused
+// whole (ErrBadEvent) and leaves the index as it was; a caller that
+// follows a replica's stream must then treat the replica's blocks as
+// unknown, as the batch's removals are lost (a Subscriber clears them).
 func (ix *Index) Apply(r int, b *Batch) error {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
@@ -215,8 +275,16 @@ func (ix *Index) applyLocked(r int, b *Batch) error {
 			x := rep.group(e.Group, true)
 			bit := mediumBit(e.Medium)
 			for _, h := range e.Hashes {
-				x.blocks[h] |= bit
+				if m, ok := x.blocks[h]; ok {
+					x.blocks[h] = m | bit // another medium: no new entry
+				} else if rep.entries < ix.maxBlocks {
+					x.blocks[h] = bit
+					rep.entries++
+				} else {
+					rep.stats.OverCap++
+				}
 			}
+			x.peak = max(x.peak, len(x.blocks))
 			rep.stats.Stored += int64(len(e.Hashes))
 		case BlockRemoved:
 			// A removal names its group: the group is known from now on,
@@ -224,12 +292,17 @@ func (ix *Index) applyLocked(r int, b *Batch) error {
 			x := rep.group(e.Group, true)
 			bit := mediumBit(e.Medium)
 			for _, h := range e.Hashes {
-				if m := x.blocks[h] &^ bit; m != 0 {
-					x.blocks[h] = m
-				} else {
+				m, ok := x.blocks[h]
+				switch {
+				case !ok:
+				case m&^bit != 0:
+					x.blocks[h] = m &^ bit
+				default:
 					delete(x.blocks, h)
+					rep.entries--
 				}
 			}
+			x.compact()
 			rep.stats.Removed += int64(len(e.Hashes))
 		}
 	}
@@ -243,6 +316,7 @@ const (
 	causeGap       clearCause = iota // a gap a replay could not fill
 	causeUnapplied                   // a batch not applied in full
 	causeRestart                     // the publisher restarted
+	causeAbandoned                   // a replay given up (SourceStats counts it)
 )
 
 // clearReplica forgets replica r's blocks, as its stream cannot tell

@@ -17,7 +17,8 @@ import (
 // hold: a batch that is not applied in full (undecodable, refused by
 // Apply, or numbered beyond 2^63-1), a gap no replay fills, and a
 // publisher restart each clear the replica's blocks, and the index then
-// under-reports until the replica stores its blocks again. An empty set is
+// under-reports until the replica stores its blocks again; so does a
+// replay abandoned past its deadline or over its budget. An empty set is
 // below any truth, and batches applied in order from there keep it below.
 type stream struct {
 	last atomic.Int64 // last sequence taken (applied or cleared for), -1 before any
@@ -106,6 +107,18 @@ func (st *stream) replayed(src streamSource, from, seq uint64, payload []byte) b
 	}
 	st.apply(src, seq, payload)
 	return true
+}
+
+// abandoned ends a replay asked from sequence from that the source gave
+// up before its end marker (past its deadline or over its budget; why
+// says which): the replica's blocks are cleared, as the stream stalled
+// while the replica went on and may have removed any of them, and the
+// stream takes the live messages on from where it is (a later sequence is
+// then a gap the replay did not fill: counted in Unrepaired).
+func (st *stream) abandoned(src streamSource, from uint64, why error) {
+	ix, r := src.indexed()
+	ix.clearReplica(r, causeAbandoned)
+	src.fail(fmt.Errorf("replay from %d abandoned: %w; the replica's blocks are cleared", from, why))
 }
 
 // apply decodes and indexes one batch and records its sequence. A batch

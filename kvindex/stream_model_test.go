@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"errors"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -132,18 +133,34 @@ func TestStreamNeverOverReports(t *testing.T) {
 	total := modelMessages(t)
 	rng := rand.New(rand.NewPCG(28, 1))
 	var counts struct {
-		lost, transit, atSource, refused, restarts, catchups, exact, messages int
-		gaps, unrepaired, restartsSeen                                        int64
+		lost, transit, atSource, refused, restarts, catchups, abandoned, exact, messages int
+		capped, cappedMessages                                                           int
+		gaps, unrepaired, restartsSeen, overCap                                          int64
 	}
 	for sub := 0; counts.messages < total; sub++ {
 		ts := newTestStream(t, sub%3 == 1)
+		// Every fourth source's index is capped below the 48 (group,
+		// hash) entries the model's replica can hold: the index then holds
+		// at most the cap, and still nothing the replica does not hold.
+		maxBlocks := 0
+		if sub%4 == 2 {
+			maxBlocks = 2 + rng.IntN(10)
+			ts.capTo(t, maxBlocks)
+			counts.capped++
+		}
 		if sub%5 == 4 {
 			ts.serve = nil // no replay socket
 		} else {
 			ts.serve = func(from uint64) {
-				end := ts.model.seq
+				end, abandon := ts.model.seq, false
 				if rng.IntN(8) == 0 && end > from {
 					end = from + uint64(rng.IntN(int(end-from))) // the replay times out partway
+					// or is abandoned past its deadline or budget
+					abandon = rng.IntN(2) == 0
+				}
+				if abandon {
+					defer ts.abandoned(ts, from, errors.New("the model's deadline"))
+					counts.abandoned++
 				}
 				for seq := from; seq < end; seq++ {
 					p, ok := ts.replies[seq]
@@ -220,24 +237,33 @@ func TestStreamNeverOverReports(t *testing.T) {
 				counts.catchups++
 				ts.replay(uint64(ts.last.Load() + 1)) // WaitApplied's catch-up
 			}
-			if ts.checkNotOver(t, counts.messages, taken[uint64(ts.last.Load())]) {
+			if maxBlocks > 0 {
+				counts.cappedMessages++
+				if st := ts.ix.Stats(ts.rep); st.GroupBlocks > maxBlocks {
+					t.Fatalf("message %d: the index holds %d entries, over the cap of %d", counts.messages, st.GroupBlocks, maxBlocks)
+				}
+				ts.checkNotOver(t, counts.messages, taken[uint64(ts.last.Load())])
+			} else if ts.checkNotOver(t, counts.messages, taken[uint64(ts.last.Load())]) {
 				counts.exact++
 			}
 		}
+		counts.overCap += ts.ix.Stats(ts.rep).OverCap
 		counts.gaps += ts.stats.Gaps
 		counts.unrepaired += ts.stats.Unrepaired
 		counts.restartsSeen += ts.ix.Stats(ts.rep).Restarts
 	}
-	t.Logf("%d messages: %d lost (%d gaps seen, %d unrepaired), %d undecodable in transit, %d undecodable at the source, %d refused, %d restarts, %d catch-up replays; the index equalled the truth after %d",
-		counts.messages, counts.lost, counts.gaps, counts.unrepaired, counts.transit, counts.atSource, counts.refused, counts.restarts, counts.catchups, counts.exact)
+	t.Logf("%d messages: %d lost (%d gaps seen, %d unrepaired), %d undecodable in transit, %d undecodable at the source, %d refused, %d restarts, %d catch-up replays, %d replays abandoned; %d sources capped (%d messages, %d blocks over the cap); the index equalled the truth after %d of %d uncapped",
+		counts.messages, counts.lost, counts.gaps, counts.unrepaired, counts.transit, counts.atSource, counts.refused, counts.restarts, counts.catchups, counts.abandoned,
+		counts.capped, counts.cappedMessages, counts.overCap, counts.exact, counts.messages-counts.cappedMessages)
 	if counts.restartsSeen != int64(counts.restarts) {
 		t.Fatalf("the stream saw %d restarts; the publisher made %d", counts.restartsSeen, counts.restarts)
 	}
-	if total >= modelDefaultN/10 && (counts.unrepaired == 0 || counts.restarts == 0 || counts.refused == 0 || counts.atSource == 0 || counts.transit == 0 || counts.catchups == 0) {
+	if total >= modelDefaultN/10 && (counts.unrepaired == 0 || counts.restarts == 0 || counts.refused == 0 || counts.atSource == 0 || counts.transit == 0 || counts.catchups == 0 ||
+		counts.abandoned == 0 || counts.overCap == 0) {
 		t.Fatalf("a hostile event never happened: %+v", counts)
 	}
-	if counts.exact < counts.messages/5 {
-		t.Fatalf("the index equalled the truth after only %d of %d messages: it does not catch up", counts.exact, counts.messages)
+	if uncapped := counts.messages - counts.cappedMessages; counts.exact < uncapped/5 {
+		t.Fatalf("the index equalled the truth after only %d of %d uncapped messages: it does not catch up", counts.exact, uncapped)
 	}
 }
 

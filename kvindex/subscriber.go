@@ -1,6 +1,7 @@
 package kvindex
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -28,8 +29,23 @@ type SubscriberConfig struct {
 	// Topic is the subscription (a prefix of the publishers' topic; ""
 	// takes everything).
 	Topic string
-	// ReplayTimeout bounds the wait for each reply of a replay (0: 2s).
+	// ReplayTimeout bounds the wait for each reply of a replay, and for a
+	// replay request to be sent (0: DefaultReplayTimeout).
 	ReplayTimeout time.Duration
+	// ReplayDeadline bounds one replay as a whole, from its request to its
+	// end marker (0: DefaultReplayDeadline); MaxReplayReplies and
+	// MaxReplayBytes bound what one replay may answer, end marker included
+	// (0: DefaultMaxReplayReplies, DefaultMaxReplayBytes; a reply's bytes
+	// are its frames'). A replay past any of them is abandoned: the source
+	// stops waiting for it, clears the replica's blocks (the replica may
+	// have removed any of them meanwhile) and takes the live stream on, as
+	// after a gap no replay fills (SourceStats.ReplaysPastDeadline,
+	// ReplaysOverBudget). While a source replays it applies no live
+	// message, so these bound how long a replay endpoint can hold the
+	// replica's index back, whatever it sends.
+	ReplayDeadline   time.Duration
+	MaxReplayReplies int
+	MaxReplayBytes   int64
 	// JoinReplay makes a subscriber that joins a running stream (its first
 	// message has a sequence > 0) replay from sequence 0, so that it
 	// rebuilds the replica's whole cached set while the publisher's buffer
@@ -48,6 +64,17 @@ type SubscriberConfig struct {
 	MaxMessageBytes int64
 }
 
+// SubscriberConfig's replay defaults. A replay from a gap asks for at
+// most the publisher's buffer: vLLM's buffer_steps and pagedkv's
+// BufferSteps are 10,000 batches, so a whole buffer is 10,001 replies with
+// the end marker, and takes well under a second on a LAN.
+const (
+	DefaultReplayTimeout    = 2 * time.Second
+	DefaultReplayDeadline   = 10 * time.Second
+	DefaultMaxReplayReplies = 20_000
+	DefaultMaxReplayBytes   = 1 << 30
+)
+
 // DefaultMaxMessageBytes is SubscriberConfig.MaxMessageBytes' default:
 // room for a batch of about 390,000 BlockStored blocks of 16 tokens (a
 // resync of a large cache; docs/events.md), far above a step's batch.
@@ -61,8 +88,13 @@ type SourceStats struct {
 	Replays    int64 // replay requests made (gaps, joins and catch-ups)
 	Replayed   int64 // batches applied from replays
 	Unrepaired int64 // gaps a replay could not fill: the replica's index was cleared
-	Errors     int64 // undecodable messages or batches the index refused
+	Errors     int64 // undecodable messages, batches the index refused, replays that failed
 	LastErr    string
+	// ReplaysPastDeadline and ReplaysOverBudget count the replays
+	// abandoned past SubscriberConfig.ReplayDeadline, and over
+	// MaxReplayReplies or MaxReplayBytes: each cleared the replica's
+	// blocks (LastErr names the replay and the limit).
+	ReplaysPastDeadline, ReplaysOverBudget int64
 	// PeerErrors counts disconnections of this source's publisher (either
 	// socket) for breaking ZMTP or MaxMessageBytes; LastPeerErr is the
 	// last, naming the endpoint and the peer's address.
@@ -101,15 +133,15 @@ type source struct {
 // following their streams. When it fails (a bad config, a malformed
 // endpoint) it adds no replica and leaves nothing running.
 func NewSubscriber(ix *Index, cfg SubscriberConfig, sources ...Source) (*Subscriber, error) {
-	if cfg.ReplayTimeout == 0 {
-		cfg.ReplayTimeout = 2 * time.Second
+	if cfg.ReplayTimeout < 0 || cfg.ReplayDeadline < 0 || cfg.MaxReplayReplies < 0 || cfg.MaxReplayBytes < 0 || cfg.MaxMessageBytes < 0 {
+		return nil, fmt.Errorf("%w: replay timeout %v, replay deadline %v, max replay replies %d, max replay bytes %d, max message bytes %d: want >= 0 (0: the default)",
+			ErrBadConfig, cfg.ReplayTimeout, cfg.ReplayDeadline, cfg.MaxReplayReplies, cfg.MaxReplayBytes, cfg.MaxMessageBytes)
 	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = DefaultMaxMessageBytes
-	}
-	if cfg.ReplayTimeout < 0 || cfg.MaxMessageBytes < 0 {
-		return nil, fmt.Errorf("%w: replay timeout %v, max message bytes %d: want >= 0", ErrBadConfig, cfg.ReplayTimeout, cfg.MaxMessageBytes)
-	}
+	cfg.ReplayTimeout = cmp.Or(cfg.ReplayTimeout, DefaultReplayTimeout)
+	cfg.ReplayDeadline = cmp.Or(cfg.ReplayDeadline, DefaultReplayDeadline)
+	cfg.MaxReplayReplies = cmp.Or(cfg.MaxReplayReplies, DefaultMaxReplayReplies)
+	cfg.MaxReplayBytes = cmp.Or(cfg.MaxReplayBytes, DefaultMaxReplayBytes)
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Subscriber{ix: ix, cfg: cfg, ctx: ctx, cancel: cancel}
 	for i, src := range sources {
@@ -253,7 +285,9 @@ func (so *source) onMessage(frames [][]byte) {
 }
 
 // replay asks the publisher for every batch from seq on and applies those
-// that continue the stream, until the end marker or the timeout.
+// that continue the stream, until the end marker, the per-reply timeout,
+// or the replay's deadline or budget (then it is abandoned: the replica is
+// cleared).
 func (so *source) replay(from uint64) {
 	if so.dealer == nil {
 		return
@@ -268,18 +302,37 @@ func (so *source) replay(from uint64) {
 		so.fail(fmt.Errorf("replay request from %d: %w", from, err))
 		return
 	}
-	// The timeout is per reply: a long replay that keeps coming is fine.
-	timer := time.NewTimer(so.s.cfg.ReplayTimeout)
+	// The timeout is per reply: a long replay that keeps coming is fine,
+	// up to the deadline and the budget, which no endpoint can extend.
+	cfg := &so.s.cfg
+	timer := time.NewTimer(cfg.ReplayTimeout)
 	defer timer.Stop()
+	deadline := time.NewTimer(cfg.ReplayDeadline)
+	defer deadline.Stop()
+	replies, bytes := 0, int64(0)
 	for {
 		select {
 		case <-so.s.ctx.Done():
 			return
 		case <-timer.C:
-			so.fail(fmt.Errorf("replay from %d: nothing for %v before the end marker", from, so.s.cfg.ReplayTimeout))
+			so.fail(fmt.Errorf("replay from %d: nothing for %v before the end marker", from, cfg.ReplayTimeout))
+			return
+		case <-deadline.C:
+			so.count(func(st *SourceStats) { st.ReplaysPastDeadline++ })
+			so.abandoned(so, from, fmt.Errorf("no end marker within the replay deadline of %v (%d replies, %d bytes)", cfg.ReplayDeadline, replies, bytes))
 			return
 		case frames := <-so.replies:
-			timer.Reset(so.s.cfg.ReplayTimeout)
+			replies++
+			for _, f := range frames {
+				bytes += int64(len(f))
+			}
+			if replies > cfg.MaxReplayReplies || bytes > cfg.MaxReplayBytes {
+				so.count(func(st *SourceStats) { st.ReplaysOverBudget++ })
+				so.abandoned(so, from, fmt.Errorf("%d replies, %d bytes without the end marker: over the budget of %d replies, %d bytes",
+					replies, bytes, cfg.MaxReplayReplies, cfg.MaxReplayBytes))
+				return
+			}
+			timer.Reset(cfg.ReplayTimeout)
 			seq, payload, err := parseReply(frames)
 			if err != nil {
 				so.fail(err)

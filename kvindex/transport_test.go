@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pagedkv/pagedkv/kvindex"
 )
@@ -23,6 +24,10 @@ func TestSubscriberBadConfig(t *testing.T) {
 		want string
 	}{
 		{kvindex.SubscriberConfig{MaxMessageBytes: -1}, good, "max message bytes -1"},
+		{kvindex.SubscriberConfig{ReplayTimeout: -time.Second}, good, "replay timeout -1s"},
+		{kvindex.SubscriberConfig{ReplayDeadline: -time.Millisecond}, good, "replay deadline -1ms"},
+		{kvindex.SubscriberConfig{MaxReplayReplies: -3}, good, "max replay replies -3"},
+		{kvindex.SubscriberConfig{MaxReplayBytes: -4}, good, "max replay bytes -4"},
 		{kvindex.SubscriberConfig{MaxMessageBytes: 10}, good, "max message bytes 10 (want >= 24)"},
 		{kvindex.SubscriberConfig{}, kvindex.Source{Name: "r", Endpoint: "127.0.0.1:5557"}, `endpoint "127.0.0.1:5557" is not transport://address`},
 		{kvindex.SubscriberConfig{}, kvindex.Source{Name: "r", Endpoint: "inproc://kv"}, `transport "inproc"`},

@@ -1,0 +1,22 @@
+package kvindex_test
+
+import (
+	"testing"
+
+	"github.com/pagedkv/pagedkv/internal/doclimits"
+	"github.com/pagedkv/pagedkv/kvindex"
+)
+
+// TestDocLimits: docs/events.md's limits table states every default the
+// index and subscriber enforce.
+func TestDocLimits(t *testing.T) {
+	doclimits.Check(t, "docs/events.md", map[string]any{
+		"kvindex.DefaultMaxBlocks":        kvindex.DefaultMaxBlocks,
+		"kvindex.MaxGroups":               kvindex.MaxGroups,
+		"kvindex.DefaultReplayTimeout":    kvindex.DefaultReplayTimeout,
+		"kvindex.DefaultReplayDeadline":   kvindex.DefaultReplayDeadline,
+		"kvindex.DefaultMaxReplayReplies": kvindex.DefaultMaxReplayReplies,
+		"kvindex.DefaultMaxReplayBytes":   kvindex.DefaultMaxReplayBytes,
+		"kvindex.DefaultMaxMessageBytes":  kvindex.DefaultMaxMessageBytes,
+	})
+}
