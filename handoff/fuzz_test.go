@@ -2,38 +2,144 @@ package handoff
 
 import (
 	"bytes"
+	"encoding/binary"
 	"testing"
 )
 
-// FuzzReadRequest feeds raw bytes to the stream reader with small limits:
-// it never panics or allocates past the limits, and whatever it accepts is
-// exactly the stream the writer produces for what it returned.
-func FuzzReadRequest(f *testing.F) {
+// fuzzConfig has small limits: whatever a stream says, the reader may not
+// allocate much past them.
+func fuzzConfig() Config {
 	cfg := testConfig()
 	cfg.Limits = Limits{MaxPages: 8, MaxBytes: 8 << 10}
+	cfg.check()
+	return cfg
+}
+
+// fuzzAllocBound is what reading one stream of fuzzConfig may allocate:
+// 8 pages of 512 bytes with their values' heads, tokens, runs, the MAC
+// state and the read buffers, with room to spare.
+const fuzzAllocBound = 256 << 10
+
+// checkAccepted fails t unless the request r accepted from stream b is
+// exactly what the writer produces for it on the same connection.
+func checkAccepted(t *testing.T, cfg Config, r *Received, b []byte) {
+	req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs}
+	for _, p := range r.Pages {
+		req.Pages = append(req.Pages, p.Data)
+	}
+	var again bytes.Buffer
+	if err := WriteRequest(&again, cfg, testNonce, req); err != nil {
+		t.Fatalf("accepted request does not write: %v", err)
+	}
+	// The reader takes one request and leaves what follows it.
+	if again.Len() > len(b) || !bytes.Equal(again.Bytes(), b[:again.Len()]) {
+		t.Fatalf("accepted stream is not the writer's")
+	}
+}
+
+// readBounded reads stream b and fails t if that allocated more than
+// fuzzAllocBound.
+func readBounded(t *testing.T, cfg Config, b []byte) (*Received, error) {
+	var r *Received
+	var err error
+	if grew := heapGrowth(func() { r, err = ReadRequest(bytes.NewReader(b), cfg, testNonce) }); grew > fuzzAllocBound {
+		t.Fatalf("reading %d bytes allocated %d (err %v)", len(b), grew, err)
+	}
+	return r, err
+}
+
+// FuzzReadRequest feeds raw bytes to the stream reader (the deployment's
+// key, a fixed nonce) with small limits: it never panics or allocates past
+// the limits, and whatever it accepts is exactly the stream the writer
+// produces for what it returned. Raw bytes rarely get past the head's
+// tag: FuzzReadRequestSigned goes on from there.
+func FuzzReadRequest(f *testing.F) {
+	cfg := fuzzConfig()
 	var good bytes.Buffer
-	if err := WriteRequest(&good, cfg, testRequest(1, 2, []int32{3, 4})); err != nil {
+	if err := WriteRequest(&good, cfg, testNonce, testRequest(1, 2, []int32{3, 4})); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(good.Bytes())
 	f.Add(good.Bytes()[:40])
 	f.Add([]byte("PKVH\x01\x00\x00\x00"))
+	f.Add([]byte("PKVH\x02\x00\x00\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := ReadRequest(bytes.NewReader(b), cfg)
-		if err != nil {
-			return
+		if r, err := readBounded(t, cfg, b); err == nil {
+			checkAccepted(t, cfg, r, b)
 		}
-		req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs}
-		for _, p := range r.Pages {
-			req.Pages = append(req.Pages, p.Data)
+	})
+}
+
+// bodyBytes is the length of the namespace, tokens and runs a head says.
+func bodyBytes(hd []byte) int {
+	n := 0
+	for i := range 3 {
+		n += int(binary.LittleEndian.Uint16(hd[2*i:]))
+	}
+	return n + 4*int(binary.LittleEndian.Uint32(hd[8:])) + 8*int(binary.LittleEndian.Uint32(hd[12:]))
+}
+
+// signFuzz makes raw bytes a stream whose tags verify: b is read as the
+// prelude and head, then the namespace, tokens and runs (as long as the
+// head says), then the pages, and the tags are put where the reader
+// expects them, computed under the deployment's key. So the fuzzer drives
+// everything a key holder could send.
+func signFuzz(cfg Config, b []byte) []byte {
+	var out bytes.Buffer
+	s := newStreamWriter(&out, &cfg, &testNonce)
+	take := func(n int) []byte {
+		n = max(0, min(n, len(b)))
+		v := b[:n]
+		b = b[n:]
+		return v
+	}
+	s.w.Write(take(preludeBytes))
+	hd := take(headBytes)
+	s.write(hd)
+	if len(hd) < headBytes {
+		s.flush()
+		return out.Bytes()
+	}
+	s.checkpoint(tagHead)
+	s.write(take(bodyBytes(hd)))
+	if len(b) > 0 {
+		s.checkpoint(tagHeader)
+	}
+	s.write(b)
+	s.checkpoint(tagStream)
+	s.flush()
+	return out.Bytes()
+}
+
+// unsign is signFuzz's inverse for a whole stream: the stream without its
+// tags.
+func unsign(b []byte) []byte {
+	hd := b[preludeBytes : preludeBytes+headBytes]
+	body := bodyBytes(hd)
+	out := append([]byte(nil), b[:preludeBytes+headBytes]...)
+	b = b[preludeBytes+headBytes+TagBytes:]
+	out = append(out, b[:body]...)
+	b = b[body+TagBytes:]
+	return append(out, b[:len(b)-TagBytes]...)
+}
+
+// FuzzReadRequestSigned is FuzzReadRequest past the tags: the fuzzer's
+// bytes are a stream with its tags left out, put in by signFuzz. Counts,
+// runs, tokens and values are all the fuzzer's; memory stays bounded and
+// anything accepted is the writer's stream.
+func FuzzReadRequestSigned(f *testing.F) {
+	cfg := fuzzConfig()
+	for _, r := range []*Request{testRequest(1, 2, []int32{3, 4}), testRequest(2, 3, []int32{5, 1, 2}), {}} {
+		var good bytes.Buffer
+		if err := WriteRequest(&good, cfg, testNonce, r); err != nil {
+			f.Fatal(err)
 		}
-		var again bytes.Buffer
-		if err := WriteRequest(&again, cfg, req); err != nil {
-			t.Fatalf("accepted request does not write: %v", err)
-		}
-		// The reader takes one request and leaves what follows it.
-		if again.Len() > len(b) || !bytes.Equal(again.Bytes(), b[:again.Len()]) {
-			t.Fatalf("accepted stream is not the writer's")
+		f.Add(unsign(good.Bytes()))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		b := signFuzz(cfg, raw)
+		if r, err := readBounded(t, cfg, b); err == nil {
+			checkAccepted(t, cfg, r, b)
 		}
 	})
 }
