@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/internal/doclimits"
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/tier"
 )
@@ -804,4 +805,27 @@ func TestSendBetweenProcesses(t *testing.T) {
 	require.Error(t, err)
 	require.Contains(t, string(out), "authentication failed")
 	require.Equal(t, 6, st.Held())
+}
+
+// The limits docs/tiers.md publishes are the code's.
+func TestDocLimits(t *testing.T) {
+	doclimits.Check(t, "docs/tiers.md", map[string]any{
+		"handoff.StreamVersion":           StreamVersion,
+		"handoff.MinKeyBytes":             MinKeyBytes,
+		"handoff.NonceBytes":              NonceBytes,
+		"handoff.TagBytes":                TagBytes,
+		"handoff.MaxString":               MaxString,
+		"handoff.MaxReply":                MaxReply,
+		"handoff.DefaultMaxPages":         DefaultMaxPages,
+		"handoff.DefaultMaxBytes":         DefaultMaxBytes,
+		"handoff.DefaultAddr":             DefaultAddr,
+		"handoff.DefaultMaxConns":         DefaultMaxConns,
+		"handoff.DefaultMaxInflightBytes": DefaultMaxInflightBytes,
+		"handoff.DefaultReadBuffer":       DefaultReadBuffer,
+		"handoff.MaxReadBuffer":           MaxReadBuffer,
+		"handoff.DefaultIdleTimeout":      DefaultIdleTimeout,
+		"handoff.DefaultRequestTimeout":   DefaultRequestTimeout,
+		"handoff.DrainTimeout":            DrainTimeout,
+		"handoff.DefaultSendTimeout":      DefaultSendTimeout,
+	})
 }

@@ -59,8 +59,8 @@ const (
 	// writing, at most the longest header, so the refusal is not lost to a
 	// reset.
 	DrainTimeout = time.Second
-	// maxReadBuffer bounds ReadBuffer.
-	maxReadBuffer = 1 << 20
+	// MaxReadBuffer bounds ReadBuffer.
+	MaxReadBuffer = 1 << 20
 )
 
 func (c *ServerConfig) check(cfg *Config) error {
@@ -68,8 +68,8 @@ func (c *ServerConfig) check(cfg *Config) error {
 	case c.MaxConns < 0 || c.MaxInflightBytes < 0 || c.ReadBuffer < 0 || c.IdleTimeout < 0 || c.RequestTimeout < 0:
 		return fmt.Errorf("%w: MaxConns %d, MaxInflightBytes %d, ReadBuffer %d, IdleTimeout %v, RequestTimeout %v: want >= 0 (0: the default)",
 			ErrBadConfig, c.MaxConns, c.MaxInflightBytes, c.ReadBuffer, c.IdleTimeout, c.RequestTimeout)
-	case c.ReadBuffer > maxReadBuffer:
-		return fmt.Errorf("%w: ReadBuffer %d: at most %d", ErrBadConfig, c.ReadBuffer, maxReadBuffer)
+	case c.ReadBuffer > MaxReadBuffer:
+		return fmt.Errorf("%w: ReadBuffer %d: at most %d", ErrBadConfig, c.ReadBuffer, MaxReadBuffer)
 	}
 	if c.Addr == "" {
 		c.Addr = DefaultAddr
@@ -384,9 +384,23 @@ func (s *Server) serveConn(raw net.Conn) {
 	if s.st.cfg.TLS != nil {
 		c = tls.Server(dc, s.st.cfg.TLS)
 	}
-	out, read := s.handle(c, dc)
-	s.stats.read.Add(read)
-	s.counter(out).Add(1)
+	h := handling{c: c, dc: dc}
+	out := s.handle(&h)
+	s.stats.read.Add(h.read)
+	s.counter(out).Add(1) // counted before the drain: Stats shows it at once
+	if h.refused {
+		s.drain(&h)
+	}
+}
+
+// handling is one connection's state: what the counters and the drain
+// need after handle.
+type handling struct {
+	c       net.Conn
+	dc      *deadlineConn
+	br      *bufio.Reader // nil until the hello was sent
+	read    int64         // stream bytes read
+	refused bool          // a refusal was sent: drain
 }
 
 // counter is the counter of an outcome.
@@ -421,18 +435,19 @@ func classify(err error) outcome {
 	return outBad
 }
 
-// handle reads, verifies, admits and acknowledges c's request; it returns
-// how that ended and the stream bytes read.
-func (s *Server) handle(c net.Conn, dc *deadlineConn) (outcome, int64) {
-	cfg := &s.st.cfg
+// handle reads, verifies, admits and acknowledges h's request; it returns
+// how that ended.
+func (s *Server) handle(h *handling) outcome {
+	cfg, c := &s.st.cfg, h.c
 	var p [preludeBytes]byte
 	if _, err := io.ReadFull(c, p[:]); err != nil {
-		return classify(err), 0
+		return classify(err)
 	}
+	h.read = preludeBytes
 	if err := checkPrelude(p[:]); err != nil {
 		c.Write(appendRefusal(nil, err.Error()))
-		s.drain(c, dc, nil)
-		return outBad, preludeBytes
+		h.refused = true
+		return outBad
 	}
 	nonce := NewNonce()
 	hello := make([]byte, 0, helloBytes)
@@ -441,14 +456,15 @@ func (s *Server) handle(c net.Conn, dc *deadlineConn) (outcome, int64) {
 		hello[5] = helloAuth
 	}
 	if _, err := c.Write(hello); err != nil {
-		return classify(err), preludeBytes
+		return classify(err)
 	}
-	br := bufio.NewReaderSize(c, s.cfg.ReadBuffer)
-	sr := newStreamReader(br, cfg, &nonce)
-	refuse := func(seq, status byte, err error, out outcome) (outcome, int64) {
+	h.br = bufio.NewReaderSize(c, s.cfg.ReadBuffer)
+	sr := newStreamReader(h.br, cfg, &nonce)
+	defer func() { h.read = sr.bytes }()
+	refuse := func(seq, status byte, err error, out outcome) outcome {
 		c.Write(appendReply(nil, cfg, &nonce, seq, status, err.Error()))
-		s.drain(c, dc, br)
-		return out, sr.bytes
+		h.refused = true
+		return out
 	}
 	if err := sr.readHead(); err != nil {
 		return refuse(replyVerdict, ackRefused, err, classify(err))
@@ -465,7 +481,7 @@ func (s *Server) handle(c net.Conn, dc *deadlineConn) (outcome, int64) {
 		return refuse(replyVerdict, ackRefused, err, classify(err))
 	}
 	if _, err := c.Write(appendReply(nil, cfg, &nonce, replyVerdict, ackContinue, "")); err != nil {
-		return classify(err), sr.bytes
+		return classify(err)
 	}
 	rec, err := sr.readPages()
 	if err != nil {
@@ -483,22 +499,22 @@ func (s *Server) handle(c net.Conn, dc *deadlineConn) (outcome, int64) {
 		status, out = ackAlreadyHeld, outHeld
 	}
 	c.Write(appendReply(nil, cfg, &nonce, replyAck, status, admissionMsg(a)))
-	return out, sr.bytes
+	return out
 }
 
-// drain, after a refusal, closes c's writing side and reads (and drops)
+// drain, after a refusal, closes the writing side and reads (and drops)
 // what the sender was still writing, at most the longest header and
 // DrainTimeout, so that the refusal reaches it rather than a reset.
-func (s *Server) drain(c net.Conn, dc *deadlineConn, br *bufio.Reader) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+func (s *Server) drain(h *handling) {
+	if cw, ok := h.c.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
-	if end := time.Now().Add(DrainTimeout); end.Before(dc.end) {
-		dc.end = end
+	if end := time.Now().Add(DrainTimeout); end.Before(h.dc.end) {
+		h.dc.end = end
 	}
-	var r io.Reader = c
-	if br != nil {
-		r = br
+	var r io.Reader = h.c
+	if h.br != nil {
+		r = h.br
 	}
 	io.CopyN(io.Discard, r, maxHeaderBytes(&s.st.cfg))
 }
