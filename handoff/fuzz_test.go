@@ -3,7 +3,11 @@ package handoff
 import (
 	"bytes"
 	"encoding/binary"
+	"io"
+	"net"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // fuzzConfig has small limits: whatever a stream says, the reader may not
@@ -142,4 +146,92 @@ func FuzzReadRequestSigned(f *testing.F) {
 			checkAccepted(t, cfg, r, b)
 		}
 	})
+}
+
+// replayConn is a connection whose reads are a fixed byte string (a
+// receiver's side of the conversation) and whose writes are dropped.
+type replayConn struct {
+	net.Conn // never called
+	r        io.Reader
+}
+
+func (c replayConn) Read(b []byte) (int, error)  { return c.r.Read(b) }
+func (c replayConn) Write(b []byte) (int, error) { return len(b), nil }
+
+// receiverBytes is what a receiver with cfg's key sends on the connection
+// of nonce: its hello and the two replies.
+func receiverBytes(cfg Config, nonce Nonce, verdict, ack byte, msg string) []byte {
+	b := append([]byte{'P', 'K', 'V', 'H', StreamVersion, helloAuth, 0, 0}, nonce[:]...)
+	b = appendReply(b, &cfg, &nonce, replyVerdict, verdict, "")
+	return appendReply(b, &cfg, &nonce, replyAck, ack, msg)
+}
+
+// verifiedAck reports whether b holds a hello and two replies, continue
+// then admitted, whose tags verify under cfg's key: read here without
+// the sender's code.
+func verifiedAck(cfg Config, b []byte) bool {
+	if len(b) < helloBytes || string(b[:5]) != "PKVH\x02" {
+		return false
+	}
+	var nonce Nonce
+	copy(nonce[:], b[8:helloBytes])
+	b = b[helloBytes:]
+	for seq, want := range []byte{ackContinue, ackAdmitted} {
+		if len(b) < 3 {
+			return false
+		}
+		n := int(binary.LittleEndian.Uint16(b[1:]))
+		if b[0] != want || len(b) < 3+n+TagBytes {
+			return false
+		}
+		tag := cfg.replyTag(&nonce, byte(seq+1), b[0], b[3:3+n])
+		if !bytes.Equal(tag[:], b[3+n:3+n+TagBytes]) {
+			return false
+		}
+		b = b[3+n+TagBytes:]
+	}
+	return true
+}
+
+// FuzzSendReplies feeds raw bytes to a sender as the receiver's side of
+// the conversation (its hello, verdict and acknowledgement): it never
+// panics or allocates past its own buffers, and it reports success only
+// when both replies verify under the key, whatever the bytes claim.
+func FuzzSendReplies(f *testing.F) {
+	cfg := fuzzConfig()
+	req := testRequest(1, 2, []int32{3, 4})
+	n := Nonce{5}
+	f.Add(receiverBytes(cfg, n, ackContinue, ackAdmitted, "1"))
+	f.Add(receiverBytes(cfg, n, ackContinue, ackAlreadyHeld, "admission 1: 1 of 2 pages"))
+	f.Add(receiverBytes(cfg, n, ackBusy, ackRefused, "busy"))
+	f.Add(appendRefusal(nil, "handoff: bad stream: stream version 2"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var err error
+		if grew := heapGrowth(func() { err = send(replayConn{r: bytes.NewReader(b)}, &cfg, req) }); grew > 1<<20 {
+			t.Fatalf("%d reply bytes: the sender allocated %d", len(b), grew)
+		}
+		if err == nil && !verifiedAck(cfg, b) {
+			t.Fatalf("the sender believed an acknowledgement that does not verify")
+		}
+	})
+}
+
+// FuzzSendReplies' seeds do what they say.
+func TestSendReadsReplies(t *testing.T) {
+	cfg := fuzzConfig()
+	req := testRequest(1, 2, []int32{3, 4})
+	n := Nonce{5}
+	run := func(b []byte) error { return send(replayConn{r: bytes.NewReader(b)}, &cfg, req) }
+	require.NoError(t, run(receiverBytes(cfg, n, ackContinue, ackAdmitted, "1")))
+	require.ErrorIs(t, run(receiverBytes(cfg, n, ackContinue, ackAlreadyHeld, "1 of 2")), ErrAlreadyHeld)
+	err := run(receiverBytes(cfg, n, ackBusy, ackRefused, "x"))
+	require.ErrorIs(t, err, ErrBusy)
+	require.ErrorIs(t, err, ErrRefused)
+	require.ErrorIs(t, run(appendRefusal(nil, "too many")), ErrRefused)
+	other := cfg
+	other.Key = []byte("not the deployment's key (32 b).")
+	require.ErrorIs(t, run(receiverBytes(other, n, ackContinue, ackAdmitted, "1")), ErrAuth)
+	b := receiverBytes(cfg, n, ackContinue, ackAdmitted, "1")
+	b[len(b)-TagBytes-1] = '2' // the admission's message changed under its tag
+	require.ErrorIs(t, run(b), ErrAuth)
 }

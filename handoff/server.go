@@ -46,6 +46,8 @@ type ServerConfig struct {
 	Admitted func(a Admission, r *Received)
 }
 
+var errClosed = errors.New("handoff: server closed")
+
 // Server defaults and fixed limits.
 const (
 	DefaultAddr                   = "127.0.0.1:0"
@@ -106,7 +108,7 @@ type ServerStats struct {
 	RefusedConns  int64 // answered busy at accept: MaxConns were open
 	RefusedBusy   int64 // requests refused busy: MaxInflightBytes reserved
 	AuthFailures  int64 // streams whose tag did not verify
-	BadStreams    int64 // other streams refused: version, limits, values, cut
+	BadStreams    int64 // other streams refused: version, limits, values, cut, a failed TLS handshake
 	TimedOut      int64 // connections closed at the idle or request deadline
 	Refused       int64 // verified requests the store refused (ErrFull)
 	Admitted      int64 // requests admitted with all their bytes taken

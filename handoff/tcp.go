@@ -6,7 +6,6 @@ import (
 	"crypto/hmac"
 	"crypto/tls"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -234,12 +233,11 @@ func appendRefusal(b []byte, msg string) []byte {
 	return append(b, msg...)
 }
 
-// errAdmission is an acknowledgement's message for admission id.
+// admissionMsg is the acknowledgement's message for admission a: its ID,
+// or what was already held.
 func admissionMsg(a Admission) string {
 	if a.Held == 0 {
 		return strconv.FormatUint(a.ID, 10)
 	}
 	return fmt.Sprintf("admission %d: %d of %d pages were already held with other bytes (an earlier transfer's); the receiver serves those, not this transfer's", a.ID, a.Held, a.Pages)
 }
-
-var errClosed = errors.New("handoff: server closed")
