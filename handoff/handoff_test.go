@@ -786,7 +786,8 @@ func TestSendBetweenProcesses(t *testing.T) {
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), childAddr+"="+addr, childKey+"="+hex.EncodeToString(cfg.Key))
+	// GORACE: a race-enabled child would otherwise sleep 1 s at a clean exit.
+	cmd.Env = append(os.Environ(), childAddr+"="+addr, childKey+"="+hex.EncodeToString(cfg.Key), "GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	r := <-got
