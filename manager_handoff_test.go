@@ -1,7 +1,9 @@
 package pagedkv
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -33,13 +35,14 @@ func exportRequest(t *testing.T, m *Manager, e *tierEngine, id RequestID, ns Nam
 // cut half way leaves both sides as they were: the prefill side still has
 // the request and its pages, the decode side admits and serves nothing.
 func TestHandoffBetweenManagers(t *testing.T) {
-	hcfg := handoff.Config{Namespace: "test-model", Format: tierFormat(4)}
+	key := handoff.NewNonce() // 32 random bytes: the deployment's key for this test
+	hcfg := handoff.Config{Namespace: "test-model", Format: tierFormat(4), Key: key[:]}
 	st, err := handoff.NewStore(hcfg, 5)
 	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := handoff.Listen(st, handoff.ServerConfig{})
 	require.NoError(t, err)
-	defer ln.Close()
-	go handoff.Serve(ln, st, 10*time.Second, nil)
+	defer srv.Close()
+	addr := srv.Addr().String()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -56,26 +59,37 @@ func TestHandoffBetweenManagers(t *testing.T) {
 	}
 	// The long request does not fit the store (6 pages of 5): refused,
 	// nothing admitted, the prefill side keeps it.
-	err = handoff.Send(ctx, ln.Addr().String(), hcfg, exportRequest(t, p, ep, 1, ns))
+	err = handoff.Send(ctx, addr, hcfg, exportRequest(t, p, ep, 1, ns))
 	require.ErrorIs(t, err, handoff.ErrRefused)
 	require.Zero(t, st.Held())
 	require.True(t, p.Has(1))
 	// Cut half way: nothing admitted.
 	r2 := exportRequest(t, p, ep, 2, ns)
 	require.Equal(t, []handoff.Run{{Page: pageIDs(p, 2)[0], Pages: 3}}, r2.Runs, "three consecutive pages: one descriptor")
-	c, err := net.Dial("tcp", ln.Addr().String())
+	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
+	br := bufio.NewReader(c)
 	var w limitWriter
 	w.n = int(hcfg.StreamBytes(r2) / 2)
-	require.NoError(t, handoff.WriteRequest(&w, hcfg, r2))
-	_, err = c.Write(w.b)
+	// The conversation by hand: the prelude, then the receiver's hello
+	// (8 bytes, then the connection's nonce), then half the stream.
+	_, err = c.Write([]byte("PKVH\x02\x00\x00\x00"))
+	require.NoError(t, err)
+	var hello [8]byte
+	var nonce handoff.Nonce
+	_, err = io.ReadFull(br, hello[:])
+	require.NoError(t, err)
+	_, err = io.ReadFull(br, nonce[:])
+	require.NoError(t, err)
+	require.NoError(t, handoff.WriteRequest(&w, hcfg, nonce, r2))
+	_, err = c.Write(w.b[8:]) // the prelude went first
 	require.NoError(t, err)
 	require.NoError(t, c.(*net.TCPConn).CloseWrite())
-	ack := make([]byte, 1)
-	_, err = c.Read(ack)
+	replies, err := io.ReadAll(br)
 	require.NoError(t, err)
 	c.Close()
-	require.EqualValues(t, 1, ack[0], "refused")
+	require.EqualValues(t, 2, replies[0], "the header verified: continue")
+	require.EqualValues(t, 1, replies[3+handoff.TagBytes], "then refused")
 	require.Zero(t, st.Held())
 
 	d, ed := newTierManager(t, 16, 8, TierConfig{Remote: st, RemoteDeadline: 5 * time.Second})
@@ -88,7 +102,7 @@ func TestHandoffBetweenManagers(t *testing.T) {
 
 	// Sent whole: admitted, the prefill side releases, the decode side is
 	// served all three pages and holds the prefill side's K/V.
-	require.NoError(t, handoff.Send(ctx, ln.Addr().String(), hcfg, r2))
+	require.NoError(t, handoff.Send(ctx, addr, hcfg, r2))
 	require.Equal(t, 3, st.Held())
 	require.NoError(t, p.Release(2))
 	d2, ed2 := newTierManager(t, 16, 8, TierConfig{Remote: st, RemoteDeadline: 5 * time.Second})
@@ -102,6 +116,7 @@ func TestHandoffBetweenManagers(t *testing.T) {
 	require.NoError(t, p.Audit())
 	require.NoError(t, d2.Audit())
 	require.NoError(t, st.CheckInvariants())
+	require.EqualValues(t, 1, srv.Stats().Admitted)
 }
 
 // pageIDs is request id's pages as int32.

@@ -1,7 +1,9 @@
 // Package handoff moves one request's KV cache from one Manager to another
 // (a prefill process to a decode process, each with its own page pool):
-// the transfer plan, the byte stream, the receiving side's verification
-// and the store the decode Manager is served from.
+// the transfer plan, the authenticated byte stream, the receiving side's
+// verification, its server and the store the decode Manager is served
+// from. docs/tiers.md ("Handing a request's KV to another process",
+// "Trust") has the contract and every limit.
 //
 // # The plan
 //
@@ -10,24 +12,40 @@
 // a paged cache, so an engine moves it with one copy (one DMA descriptor)
 // per plane instead of one per page.
 //
+// # Authentication
+//
+// Both sides hold the deployment's key ([Config].Key). The receiver sends
+// a fresh random [Nonce] when a connection opens; the stream carries three
+// HMAC-SHA256 tags under the key, each over the nonce and the stream so
+// far (the fixed head, the header, the whole stream), and every reply of
+// the receiver carries one too. A stream without the key, or recorded on
+// another connection, does not verify; a sender does not believe a reply
+// that does not. Config.Insecure, set explicitly, computes the tags under
+// a public constant instead (damage is caught, forgery is not);
+// Config.TLS adds TLS (mutual, with client certificates) on top.
+//
 // # The stream
 //
-//	"PKVH", version 1, 3 zero bytes
-//	tenant, LoRA, salt: u16 length + bytes each (the request's namespace)
-//	u32 token count, tokens (little-endian int32): the full pages' tokens
-//	u32 run count, runs (i32 first page, u32 pages): the sender's plan
-//	u32 page count (token count / page size)
-//	u32 CRC-32C of the header above
-//	page count page values, each exactly tier.EncodedValueLen bytes
-//	  (tier.EncodeValue: the Redis and disk tiers' format)
+//	prelude  "PKVH", version 2, 3 zero bytes
+//	         (the receiver's hello: "PKVH", 2, flags, 2 zero bytes, nonce)
+//	head     u16 tenant, LoRA, salt lengths, u16 0, u32 token count,
+//	         u32 run count, u32 page count; tag 1
+//	header   tenant, LoRA, salt; tokens (int32); runs (int32 page,
+//	         int32 pages); tag 2
+//	         (the receiver's verdict: continue, or why not)
+//	pages    page count values of tier.EncodedValueLen bytes each
+//	         (tier.EncodeValue: the Redis and disk tiers' format); tag 3
+//	         (the receiver's acknowledgement)
 //
 // [ReadRequest] refuses, by name, anything that is not exactly this: a bad
-// magic or version, a count past [Limits], a header checksum that does not
-// match, a run list that does not cover the pages, a value that does not
-// decode, belongs to another deployment, layer group or format, or is not
-// the page the token chain names (digest, parent and tokens, computed by
-// the receiver from the namespace and tokens). It allocates only after the
-// header verified, and never more than Limits allow.
+// magic or version, a tag that does not verify, a count past [Limits], a
+// run list that names a page twice, passes int32 or does not cover the
+// pages, a value that does not decode, belongs to another deployment,
+// layer group or format, or is not the page the token chain names (digest,
+// parent and tokens, computed by the receiver from the namespace and
+// tokens). Nothing is sized by a count before the head's tag verified and
+// the count is within the limits; the tokens, the runs and each page's
+// buffer then grow as their bytes arrive.
 //
 // # Admission
 //
@@ -36,13 +54,23 @@
 // fit), and the decode Manager, with the store as its remote tier (alone
 // or in a tier.Chain), is served them by its ordinary prefix lookup in Add:
 // they land in host pages and are onloaded into its own device pages. A
-// transfer that fails anywhere (a cut connection, a bad byte, a full store)
-// admits nothing, and the sender keeps the request until it hears the
-// receiver's acknowledgement ([Send], [Serve]).
+// page already held keeps its first bytes: a request bringing equal bytes
+// is admitted, one bringing others is answered "already held"
+// ([ErrAlreadyHeld] from [Send]). A transfer that fails anywhere (a bad tag
+// or byte, a cut connection, a deadline, a full store) admits nothing, and
+// the sender keeps the request until it hears the receiver's
+// acknowledgement.
+//
+// # The receiver
+//
+// [Listen] (or [NewServer] and [Server.Serve]) serves a Store: loopback
+// unless [ServerConfig].AllowRemote, at most MaxConns connections, at most
+// MaxInflightBytes reserved by requests being received, an idle and a
+// request deadline; every zero field is its default, never "no limit".
 //
 // # Concurrency
 //
-// A Store is safe for concurrent use (Serve admits from its connection
-// goroutines while the decode Manager fetches). Plan, WriteRequest and
-// ReadRequest are functions of their arguments.
+// A Store and a Server are safe for concurrent use (a Server admits from
+// its connection goroutines while the decode Manager fetches). Plan,
+// WriteRequest, ReadRequest and Send are functions of their arguments.
 package handoff

@@ -1,6 +1,7 @@
 package handoff
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -21,6 +22,7 @@ type Store struct {
 	admits  map[uint64][]tier.Digest
 	nextID  uint64
 	holding int
+	as      AdmitStats
 
 	c tier.RemoteCounters // declined writes count as Dropped
 }
@@ -43,22 +45,59 @@ func NewStore(cfg Config, maxPages int) (*Store, error) {
 	return &Store{cfg: cfg, maxPages: maxPages, pages: map[tier.Digest]*held{}, admits: map[uint64][]tier.Digest{}}, nil
 }
 
-// Admit adds every page of r (verified by ReadRequest) and returns a
-// handle for Forget; when they do not fit it admits none and returns
-// ErrFull.
-func (s *Store) Admit(r *Received) (uint64, error) {
+// Admission is what [Store.Admit] did with a request.
+type Admission struct {
+	// ID is the admission's handle for Forget.
+	ID uint64
+	// Pages is the request's pages: Fresh + Same + Held.
+	Pages int
+	// Fresh pages were not held: the request's bytes were taken.
+	Fresh int
+	// Same pages were held (the same digest, from an earlier admission)
+	// with equal bytes: what is served is the request's bytes.
+	Same int
+	// Held pages were held with other bytes: the store serves the earlier
+	// admission's bytes, not the request's (answered "already held").
+	Held int
+}
+
+// AdmitStats counts what Admit did since the store was made.
+type AdmitStats struct {
+	Admissions  int64 // requests admitted
+	AlreadyHeld int64 // of those, with at least one page already held with other bytes
+	Refused     int64 // requests refused (ErrFull)
+	FreshPages  int64 // pages taken
+	SamePages   int64 // pages already held with equal bytes
+	HeldPages   int64 // pages already held with other bytes: not taken
+}
+
+// Admit adds every page of r (verified by ReadRequest) and returns the
+// admission (its ID is the handle for Forget); when they do not fit it
+// admits none and returns ErrFull. A page whose digest is already held
+// keeps the bytes it was first admitted with: the admission counts it as
+// Same when r's bytes are equal, as Held when not (r's were not taken),
+// and holds a reference on it either way.
+func (s *Store) Admit(r *Received) (Admission, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	fresh := 0
+	a := Admission{Pages: len(r.Pages)}
 	for i := range r.Pages {
-		if _, ok := s.pages[r.Pages[i].Digest]; !ok {
-			fresh++
+		p := &r.Pages[i]
+		switch h, ok := s.pages[p.Digest]; {
+		case !ok:
+			a.Fresh++
+		case bytes.Equal(h.page.Data, p.Data):
+			a.Same++
+		default:
+			a.Held++
 		}
 	}
-	if s.holding+fresh > s.maxPages {
-		return 0, fmt.Errorf("%w: %d new pages, %d of %d held", ErrFull, fresh, s.holding, s.maxPages)
+	if s.holding+a.Fresh > s.maxPages {
+		s.as.Refused++
+		return Admission{}, fmt.Errorf("%w: %d new pages, %d of %d held", ErrFull, a.Fresh, s.holding, s.maxPages)
 	}
 	s.nextID++
+	a.ID = s.nextID
 	ds := make([]tier.Digest, len(r.Pages))
 	for i := range r.Pages {
 		p := r.Pages[i]
@@ -71,9 +110,26 @@ func (s *Store) Admit(r *Received) (uint64, error) {
 		}
 		h.refs++
 	}
-	s.admits[s.nextID] = ds
-	return s.nextID, nil
+	s.admits[a.ID] = ds
+	s.as.Admissions++
+	if a.Held > 0 {
+		s.as.AlreadyHeld++
+	}
+	s.as.FreshPages += int64(a.Fresh)
+	s.as.SamePages += int64(a.Same)
+	s.as.HeldPages += int64(a.Held)
+	return a, nil
 }
+
+// AdmitStats returns the admission counters.
+func (s *Store) AdmitStats() AdmitStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.as
+}
+
+// fits reports whether a request of n pages could ever fit the store.
+func (s *Store) fits(n int) bool { return n <= s.maxPages }
 
 // Forget drops admission id's hold on its pages (the decode Manager has
 // them now, or will recompute them); it reports whether id was admitted.

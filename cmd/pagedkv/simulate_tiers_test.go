@@ -73,7 +73,7 @@ func TestSimulateTierFlagsRejected(t *testing.T) {
 func TestSimulateDisaggregated(t *testing.T) {
 	code, out, errOut := runCLI(append([]string{"simulate", "--disaggregated", "--requests", "12", "--pages", "48", "--quiet"}, smallModel...)...)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
-	assert.Regexp(t, `^[1-9]\d* requests handed off over loopback TCP, 0 refused; [1-9]\d* pages in [1-9]\d* descriptors`, summaryField(t, out, "handoff"))
+	assert.Regexp(t, `^[1-9]\d* requests handed off over loopback TCP \(HMAC-SHA256\), 0 refused, 0 already held; [1-9]\d* pages in [1-9]\d* descriptors`, summaryField(t, out, "handoff"))
 	assert.Regexp(t, `tokens equal to the single-process run$`, summaryField(t, out, "decode side"))
 	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"time"
 
@@ -20,6 +19,8 @@ import (
 // arrive as a prefix hit and only the rest (under one page) and the output
 // are computed there. Both sides are verified as any run; Single is the
 // same workload in one process, whose tokens must equal the decode side's.
+// The handoff is authenticated (HMAC-SHA256) under a key drawn at random
+// for the run, on a listener bound to loopback.
 type Disaggregated struct {
 	Prefill, Decode, Single Summary
 	// The handoff: requests sent, run descriptors (consecutive device
@@ -28,6 +29,12 @@ type Disaggregated struct {
 	Requests, Descriptors, Pages int
 	Bytes, StreamBytes           int64
 	Refused                      int
+	// AlreadyHeld is the requests (of Requests) the receiver admitted
+	// with some pages it held already with other bytes (an earlier
+	// request's, for a shared prefix): the decode side is served those.
+	// Pages of a shared prefix computed alike are equal and count as
+	// taken.
+	AlreadyHeld int
 	// MaxDescriptors is the most descriptors of one request.
 	MaxDescriptors int
 	// SendTime is the wall time of the transfers (encode, loopback,
@@ -35,10 +42,11 @@ type Disaggregated struct {
 	SendTime time.Duration
 }
 
-// handoffNamespace names the simulated deployment in handoff values (as
-// the CLI's Redis tier does).
+// handoffConfig names the simulated deployment in handoff values (as the
+// CLI's Redis tier does) and draws the run's handoff key.
 func handoffConfig(cfg *Config) handoff.Config {
-	return handoff.Config{Namespace: fmt.Sprintf("simulate-model-seed%d", cfg.Model.Seed), Format: tierFormat(cfg)}
+	key := handoff.NewNonce() // 32 random bytes
+	return handoff.Config{Namespace: fmt.Sprintf("simulate-model-seed%d", cfg.Model.Seed), Format: tierFormat(cfg), Key: key[:]}
 }
 
 // RunDisaggregated runs workload as a prefill process and a decode process
@@ -66,12 +74,12 @@ func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 	if err != nil {
 		return d, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	srv, err := handoff.Listen(st, handoff.ServerConfig{}) // loopback, a free port
 	if err != nil {
 		return d, err
 	}
-	defer ln.Close()
-	go handoff.Serve(ln, st, time.Minute, nil)
+	defer srv.Close()
+	addr := srv.Addr().String()
 
 	pcfg := cfg
 	pcfg.Progress = nil
@@ -79,7 +87,7 @@ func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 	if err != nil {
 		return d, err
 	}
-	p.beforeRelease = func(r *reqState) error { return d.send(p, r, ln.Addr().String(), hcfg) }
+	p.beforeRelease = func(r *reqState) error { return d.send(p, r, addr, hcfg) }
 	if d.Prefill, err = p.Run(); err != nil {
 		return d, fmt.Errorf("prefill side: %w", err)
 	}
@@ -142,11 +150,13 @@ func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Conf
 	err := handoff.Send(ctx, addr, hcfg, req)
 	cancel()
 	d.SendTime += time.Since(t)
-	if errors.Is(err, handoff.ErrRefused) {
+	switch {
+	case errors.Is(err, handoff.ErrRefused):
 		d.Refused++ // the decode side recomputes it
 		return nil
-	}
-	if err != nil {
+	case errors.Is(err, handoff.ErrAlreadyHeld):
+		d.AlreadyHeld++ // admitted: the decode side is served the held pages
+	case err != nil:
 		return fmt.Errorf("hand %s off: %w", r.name(), err)
 	}
 	d.Requests++
@@ -179,8 +189,8 @@ func sameOutputs(a, b *Sim) error {
 
 // Format writes the handoff's numbers, then the decode side's summary.
 func (d *Disaggregated) Format(w io.Writer, cfg *Config) {
-	fmt.Fprintf(w, "%-14s %d requests handed off over loopback TCP, %d refused; %d pages in %d descriptors (%.2f per request, at most %d), %s of K/V, %s on the wire, %v sending\n",
-		"handoff:", d.Requests, d.Refused, d.Pages, d.Descriptors, float64(d.Descriptors)/float64(max(1, d.Requests)), d.MaxDescriptors,
+	fmt.Fprintf(w, "%-14s %d requests handed off over loopback TCP (HMAC-SHA256), %d refused, %d already held; %d pages in %d descriptors (%.2f per request, at most %d), %s of K/V, %s on the wire, %v sending\n",
+		"handoff:", d.Requests, d.Refused, d.AlreadyHeld, d.Pages, d.Descriptors, float64(d.Descriptors)/float64(max(1, d.Requests)), d.MaxDescriptors,
 		bytesString(d.Bytes), bytesString(d.StreamBytes), d.SendTime.Round(time.Millisecond))
 	st := d.Decode.Stats.Tiers
 	fmt.Fprintf(w, "%-14s %d prompt tokens received as prefix hits (%d pages onloaded); outputs verified: %d on the prefill side, %d on the decode side, %d in one process; tokens equal to the single-process run\n",

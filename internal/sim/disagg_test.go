@@ -30,6 +30,7 @@ func TestDisaggregated(t *testing.T) {
 		d, err := RunDisaggregated(cfg, wl)
 		require.NoError(t, err)
 		require.Zero(t, d.Refused)
+		require.Zero(t, d.AlreadyHeld, "a shared prefix's pages are computed alike: equal bytes, taken")
 		require.Positive(t, d.Requests)
 		require.Positive(t, d.Decode.Verified.Outputs)
 		require.Positive(t, d.Decode.Stats.Tiers.RemoteHitTokens)
