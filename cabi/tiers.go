@@ -277,7 +277,7 @@ func redisConfig(op string, r *C.pagedkv_redis_config, f tier.PageFormat) (redis
 	if !ok {
 		return redis.Config{}, code, false
 	}
-	c := redis.Config{Addr: s[0], Namespace: s[1], Group: s[2], Format: f, TagByChain: r.tag_by_chain != 0}
+	c := redis.Config{Addr: s[0], Namespace: s[1], Group: s[2], Format: f, TagByChain: r.tag_by_chain != 0}.FromEnv()
 	for _, v := range [...]struct {
 		name string
 		v    C.int64_t

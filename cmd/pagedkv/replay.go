@@ -238,7 +238,7 @@ func redisOpener(addr string) func(string, tier.PageFormat) (tier.RemoteStore, f
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			return nil, nil, nil, fmt.Errorf("--redis %q: %w", addr, err)
 		}
-		store, err := redis.New(redis.Config{Addr: addr, Namespace: fmt.Sprintf("pagedkv-replay-%d-%s", session, run), Format: f})
+		store, err := redis.New(redis.Config{Addr: addr, Namespace: fmt.Sprintf("pagedkv-replay-%d-%s", session, run), Format: f}.FromEnv())
 		if err != nil {
 			return nil, nil, nil, err
 		}

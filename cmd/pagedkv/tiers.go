@@ -14,6 +14,7 @@ import (
 // openRedis opens the remote tier on the Redis server at addr (which the
 // user runs: simulate starts nothing). Pages are keyed by the model the
 // run simulates, so runs of different models never share values.
+// Credentials come from $PAGEDKV_REDIS_USERNAME and $PAGEDKV_REDIS_PASSWORD.
 func openRedis(addr string, cfg *sim.Config) (*redis.Store, error) {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, fmt.Errorf("address %q: %w", addr, err)
@@ -24,7 +25,7 @@ func openRedis(addr string, cfg *sim.Config) (*redis.Store, error) {
 		Namespace: fmt.Sprintf("simulate-model-seed%d", m.Seed),
 		Format: tier.PageFormat{Layout: cfg.KVLayout, DType: m.DType, PageSize: cfg.PageSize,
 			NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim, Layers: m.Layers},
-	})
+	}.FromEnv())
 }
 
 // runDisaggregated is simulate --disaggregated: it refuses the flags of

@@ -2,9 +2,11 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -63,6 +65,15 @@ type Config struct {
 	WriteTimeout time.Duration
 	// DialTimeout bounds connecting (0: 2 s).
 	DialTimeout time.Duration
+	// Username and Password are the ACL user the client authenticates as
+	// (Redis's AUTH): "" and "" connect as the server's default user;
+	// a Password alone authenticates as the default user (requirepass).
+	// Neither is ever printed: errors and stats name the user, not the
+	// password.
+	Username, Password string
+	// TLS, when set, connects over TLS with this configuration (a
+	// server name and CA pool; a client certificate for mutual TLS).
+	TLS *tls.Config
 }
 
 // Store is a [tier.RemoteStore] on a Redis server. Close it when done.
@@ -105,6 +116,8 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: Namespace = %q: want 1..1024 bytes without braces", ErrBadConfig, cfg.Namespace)
 	case len(cfg.Group) > 1024 || strings.ContainsAny(cfg.Group, "{}"):
 		return nil, fmt.Errorf("%w: Group = %q: want <= 1024 bytes without braces", ErrBadConfig, cfg.Group)
+	case cfg.Username != "" && cfg.Password == "":
+		return nil, fmt.Errorf("%w: Username = %q without a Password", ErrBadConfig, cfg.Username)
 	case cfg.QueueLen < 0 || cfg.Batch < 0 || cfg.Expiry < 0 || cfg.WriteTimeout < 0 || cfg.DialTimeout < 0:
 		return nil, fmt.Errorf("%w: negative QueueLen %d, Batch %d, Expiry %v, WriteTimeout %v or DialTimeout %v",
 			ErrBadConfig, cfg.QueueLen, cfg.Batch, cfg.Expiry, cfg.WriteTimeout, cfg.DialTimeout)
@@ -138,6 +151,7 @@ func New(cfg Config) (*Store, error) {
 		cfg: cfg,
 		client: goredis.NewClient(&goredis.Options{
 			Addr: cfg.Addr, DialTimeout: cfg.DialTimeout, ContextTimeoutEnabled: true,
+			Username: cfg.Username, Password: cfg.Password, TLSConfig: cfg.TLS,
 			MaxRetries: -1, DisableIdentity: true, Protocol: 2,
 			// A refused connection fails the call at once: no dial retries
 			// with backoff inside a lookup's deadline.
@@ -205,8 +219,9 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 		values[i] = pipe.GetRange(ctx, keys[i], 0, int64(s.valueLen))
 	}
 	// Exec's error is the first command's; each command's own error is
-	// read below, so a reply error (WRONGTYPE) stays with its page.
-	pipe.Exec(ctx) //nolint:errcheck // per-command errors below
+	// read below, so a reply error (WRONGTYPE) stays with its page. A
+	// connection that failed as a whole may leave the commands blank.
+	_, execErr := pipe.Exec(ctx)
 	var tokens []int32
 	for i := range pages {
 		typ, err := types[i].Result()
@@ -215,6 +230,12 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 			return i
 		}
 		switch typ {
+		case "":
+			// No type and no error of its own: the connection failed as
+			// a whole (an AUTH refused with WRONGPASS leaves the commands
+			// blank and says so only in Exec's error).
+			s.fail(ctx, execErr)
+			return i
 		case "none":
 			s.misses.Add(1)
 			return i
@@ -399,4 +420,24 @@ func (s *Store) Stats() tier.RemoteStats {
 	}
 	s.rejections.Fill(&st)
 	return st
+}
+
+// The environment variables [Config.FromEnv] reads: the way the CLI and the
+// C ABI (and so Python) take Redis credentials, kept out of flags, command
+// lines and process listings.
+const (
+	EnvUsername = "PAGEDKV_REDIS_USERNAME"
+	EnvPassword = "PAGEDKV_REDIS_PASSWORD"
+)
+
+// FromEnv fills Username and Password from $PAGEDKV_REDIS_USERNAME and
+// $PAGEDKV_REDIS_PASSWORD where they are empty, and returns c.
+func (c Config) FromEnv() Config {
+	if c.Username == "" {
+		c.Username = os.Getenv(EnvUsername)
+	}
+	if c.Password == "" {
+		c.Password = os.Getenv(EnvPassword)
+	}
+	return c
 }
