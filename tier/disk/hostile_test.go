@@ -1,0 +1,169 @@
+//go:build unix
+
+package disk
+
+import (
+	"encoding/binary"
+	"math"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Planted links named like LOCK or a segment file are refused by name,
+// whether they point at a file outside the directory or at nothing: the
+// outside file keeps its bytes and a dangling link's target is not
+// created.
+func TestOpenRefusesLinks(t *testing.T) {
+	for _, name := range []string{"LOCK", "seg-0000.pkvd", "seg-0001.pkvd"} {
+		for _, dangling := range []bool{false, true} {
+			dir, outside := t.TempDir(), t.TempDir()
+			victim := filepath.Join(outside, "victim")
+			want := []byte("a file outside the store's directory")
+			if !dangling {
+				require.NoError(t, os.WriteFile(victim, want, 0o644))
+			}
+			link := filepath.Join(dir, name)
+			require.NoError(t, os.Symlink(victim, link))
+			_, err := Open(testConfig(dir, 16)) // two segments
+			require.ErrorIs(t, err, ErrNotRegularFile, "%s (dangling %v)", name, dangling)
+			require.Contains(t, err.Error(), link)
+			require.Contains(t, err.Error(), "a symbolic link")
+			require.Contains(t, err.Error(), victim)
+			if dangling {
+				_, err := os.Lstat(victim)
+				require.ErrorIs(t, err, os.ErrNotExist, "%s: the dangling link's target was created", name)
+			} else {
+				got, err := os.ReadFile(victim)
+				require.NoError(t, err)
+				require.Equal(t, want, got, "%s: the file outside was changed", name)
+			}
+			// Removed, the directory opens.
+			require.NoError(t, os.Remove(link))
+			s := openStore(t, testConfig(dir, 16))
+			require.NoError(t, s.Close())
+		}
+	}
+	// A link inside the directory (seg-0001 to seg-0000) is refused too:
+	// two segments must never be one file.
+	dir := t.TempDir()
+	s := openStore(t, testConfig(dir, 16))
+	require.NoError(t, s.Close())
+	require.NoError(t, os.Remove(filepath.Join(dir, "seg-0001.pkvd")))
+	require.NoError(t, os.Symlink("seg-0000.pkvd", filepath.Join(dir, "seg-0001.pkvd")))
+	_, err := Open(testConfig(dir, 16))
+	require.ErrorIs(t, err, ErrNotRegularFile)
+	// A link past the last segment is a leftover segment, refused.
+	require.NoError(t, os.Remove(filepath.Join(dir, "seg-0001.pkvd")))
+	require.NoError(t, os.Symlink(filepath.Join(t.TempDir(), "nothing"), filepath.Join(dir, "seg-0002.pkvd")))
+	_, err = Open(testConfig(dir, 16))
+	require.ErrorIs(t, err, ErrForeignDir)
+	require.Contains(t, err.Error(), "seg-0002.pkvd")
+}
+
+// A directory or a named pipe named like LOCK or a segment file is
+// refused by name and kind (a pipe does not block the open).
+func TestOpenRefusesNonRegularFiles(t *testing.T) {
+	for _, name := range []string{"LOCK", "seg-0000.pkvd"} {
+		dir := t.TempDir()
+		require.NoError(t, os.Mkdir(filepath.Join(dir, name), 0o755))
+		_, err := Open(testConfig(dir, 8))
+		require.ErrorIs(t, err, ErrNotRegularFile, name)
+		require.Contains(t, err.Error(), filepath.Join(dir, name)+" is a directory")
+
+		dir = t.TempDir()
+		if err := syscall.Mkfifo(filepath.Join(dir, name), 0o644); err != nil {
+			t.Skipf("no named pipes here: %v", err)
+		}
+		_, err = Open(testConfig(dir, 8))
+		require.ErrorIs(t, err, ErrNotRegularFile, name)
+		require.Contains(t, err.Error(), filepath.Join(dir, name)+" is a named pipe")
+	}
+}
+
+// setSeq rewrites slot's header (segment 0) with sequence seq and a valid
+// header checksum.
+func setSeq(t *testing.T, dir string, slot int, seq uint64) {
+	b := readSlot(t, dir, slot)
+	h, err := decodeSlotHeader(b)
+	require.NoError(t, err)
+	h.Seq = seq
+	h.encode(b)
+	require.Equal(t, seq, binary.LittleEndian.Uint64(b[8:]))
+	writeSlot(t, dir, slot, b)
+}
+
+// A slot whose sequence cannot be continued (2^64-1: the next would wrap
+// to 0) is dropped as torn, not served; the store goes on, and the next
+// page stored is served and survives a restart. (Before: the next page
+// got sequence 0, was never served and was dropped on restart.)
+func TestSequenceThatCannotContinue(t *testing.T) {
+	for _, seq := range []uint64{math.MaxUint64, MaxSequence + 1} {
+		dir := t.TempDir()
+		u := newUniverse(testFormat, 2, 3)
+		s := openStore(t, testConfig(dir, 16))
+		for _, p := range u.chains[0] {
+			require.True(t, s.Store(&p))
+		}
+		flush(t, s)
+		first := int(s.index[u.chains[0][0].Digest])
+		require.NoError(t, s.Close())
+		setSeq(t, dir, first, seq)
+
+		s = openStore(t, testConfig(dir, 16))
+		rec := s.Recovery()
+		require.Equal(t, 1, rec.Torn, "%+v", rec)
+		require.Equal(t, 2, rec.Recovered)
+		require.Contains(t, rec.Drops[0].Err, "outside 1..9223372036854775807")
+		require.Equal(t, 0, fetchChecked(t, s, request(u.chains[0])), "the slot is not served")
+		require.True(t, s.Store(&u.chains[1][1]))
+		require.True(t, s.Store(&u.chains[0][0]))
+		flush(t, s)
+		require.NoError(t, s.CheckInvariants())
+		require.Equal(t, 3, fetchChecked(t, s, request(u.chains[0])))
+		require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1][1:])))
+		require.NoError(t, s.Close())
+
+		s = openStore(t, testConfig(dir, 16))
+		require.Equal(t, Recovery{Slots: 16, Empty: 12, Recovered: 4}, s.Recovery())
+		require.Equal(t, 3, fetchChecked(t, s, request(u.chains[0])))
+		require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1][1:])))
+		require.NoError(t, s.Close())
+	}
+}
+
+// A verified slot with the highest sequence a slot may hold is kept, and
+// Open renumbers the recovered slots so the writer can go on: the next
+// page is served and survives a restart, in order after the others.
+func TestSequenceRenumbered(t *testing.T) {
+	dir := t.TempDir()
+	u := newUniverse(testFormat, 2, 3)
+	s := openStore(t, testConfig(dir, 16))
+	for _, p := range u.chains[0] {
+		require.True(t, s.Store(&p))
+	}
+	flush(t, s)
+	first := int(s.index[u.chains[0][0].Digest])
+	require.NoError(t, s.Close())
+	setSeq(t, dir, first, MaxSequence)
+
+	s = openStore(t, testConfig(dir, 16))
+	require.Equal(t, Recovery{Slots: 16, Empty: 13, Recovered: 3, Renumbered: 3}, s.Recovery())
+	require.Equal(t, uint64(3), s.slots[first].seq, "the planted slot is the newest")
+	require.Equal(t, uint64(4), s.nextSeq)
+	require.Equal(t, 3, fetchChecked(t, s, request(u.chains[0])))
+	require.True(t, s.Store(&u.chains[1][1]))
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1][1:])))
+	require.NoError(t, s.Close())
+
+	s = openStore(t, testConfig(dir, 16))
+	defer s.Close()
+	require.Equal(t, Recovery{Slots: 16, Empty: 12, Recovered: 4}, s.Recovery())
+	require.Equal(t, 3, fetchChecked(t, s, request(u.chains[0])))
+	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1][1:])))
+}
