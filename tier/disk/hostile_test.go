@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/internal/doclimits"
 )
 
 // Planted links named like LOCK or a segment file are refused by name,
@@ -166,4 +168,24 @@ func TestSequenceRenumbered(t *testing.T) {
 	require.Equal(t, Recovery{Slots: 16, Empty: 12, Recovered: 4}, s.Recovery())
 	require.Equal(t, 3, fetchChecked(t, s, request(u.chains[0])))
 	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1][1:])))
+}
+
+// docs/tiers.md's table of the disk tier's limits is the code's.
+func TestDiskLimitsDocumented(t *testing.T) {
+	doclimits.Check(t, "docs/tiers.md", map[string]any{
+		"disk.MaxSequence":         uint64(MaxSequence),
+		"disk.RenumberAbove":       uint64(RenumberAbove),
+		"disk.MaxQueueBytes":       int64(MaxQueueBytes),
+		"disk.MaxQueueLen":         MaxQueueLen,
+		"disk.MaxPages":            MaxPages,
+		"disk.maxStoreBytes":       int64(maxStoreBytes),
+		"disk.MaxDropReports":      MaxDropReports,
+		"disk.maxReadBytes":        maxReadBytes,
+		"disk.maxRunBytes":         maxRunBytes,
+		"disk.readPieceBytes":      readPieceBytes,
+		"disk.maxWriteBytes":       maxWriteBytes,
+		"disk.DefaultQueueLen":     DefaultQueueLen,
+		"disk.DefaultSegmentPages": DefaultSegmentPages,
+		"disk.DefaultSyncEvery":    DefaultSyncEvery,
+	})
 }

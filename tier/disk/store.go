@@ -55,6 +55,9 @@ const (
 	// MaxQueueBytes bounds the queue's buffers (QueueLen slots), which
 	// Open allocates.
 	MaxQueueBytes = 64 << 30
+	// MaxQueueLen bounds Config.QueueLen, MaxPages Config.Pages.
+	MaxQueueLen = 1 << 20
+	MaxPages    = 1<<31 - 1
 )
 
 // Config describes a Store.
@@ -241,9 +244,9 @@ func (cfg *Config) check() error {
 		return fmt.Errorf("%w: Namespace of %d bytes: want 1..1024", ErrBadConfig, len(cfg.Namespace))
 	case len(cfg.Group) > 1024:
 		return fmt.Errorf("%w: Group of %d bytes: want <= 1024", ErrBadConfig, len(cfg.Group))
-	case cfg.Pages < 1 || cfg.Pages > 1<<31-1:
+	case cfg.Pages < 1 || cfg.Pages > MaxPages:
 		return fmt.Errorf("%w: Pages = %d, want 1..2^31-1", ErrBadConfig, cfg.Pages)
-	case cfg.SegmentPages < 0 || cfg.QueueLen < 0 || cfg.QueueLen > 1<<20:
+	case cfg.SegmentPages < 0 || cfg.QueueLen < 0 || cfg.QueueLen > MaxQueueLen:
 		return fmt.Errorf("%w: SegmentPages = %d or QueueLen = %d: want >= 0 (QueueLen <= 2^20)", ErrBadConfig, cfg.SegmentPages, cfg.QueueLen)
 	}
 	if cfg.Group == "" {
