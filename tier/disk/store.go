@@ -167,7 +167,7 @@ type Store struct {
 	dataOff   int // the page bytes' offset in a value
 	valueOff  int // the value's offset in a slot
 	slotBytes int
-	segSlots  int // slots per segment file
+	segSlots  int       // slots per segment file
 	dir       *storeDir // cfg.Dir, which every file is opened in
 	segs      []*os.File
 	lock      *os.File
