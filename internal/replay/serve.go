@@ -15,6 +15,9 @@ type served struct {
 	resumed bool // preempted: resume instead of add
 }
 
+// preemptionsPerRequest is MaxPreemptionsPerRequest (tests lower it).
+var preemptionsPerRequest int64 = MaxPreemptionsPerRequest
+
 // engine is one replica under the service model (see [Service]): its
 // queue, its running batch and its clock.
 type engine struct {
@@ -33,7 +36,7 @@ type engine struct {
 
 func newEngine(r *runner, svc *Service, finished func()) *engine {
 	return &engine{r: r, svc: svc, sampled: make([]int32, 0, min(svc.MaxBatch, len(r.t.Requests))), finished: finished,
-		maxPreempted: MaxPreemptionsPerRequest * int64(max(len(r.t.Requests), 1))}
+		maxPreempted: preemptionsPerRequest * int64(max(len(r.t.Requests), 1))}
 }
 
 // load is the router's measure: requests running or waiting.
@@ -78,7 +81,7 @@ func (e *engine) step() error {
 		last := e.running[len(e.running)-1]
 		if e.preempted++; e.preempted > e.maxPreempted {
 			return fmt.Errorf("%w: more than %d preemptions (MaxPreemptionsPerRequest %d × %d requests) at %.0f ms: the pool of %d pages holds too few of the running requests at once; give it more capacity",
-				ErrBadConfig, e.maxPreempted, MaxPreemptionsPerRequest, len(reqs), e.now, r.cfg.CapacityPages)
+				ErrBadConfig, e.maxPreempted, preemptionsPerRequest, len(reqs), e.now, r.cfg.CapacityPages)
 		}
 		if err := r.m.Preempt(pagedkv.RequestID(last.idx)); err != nil {
 			return fmt.Errorf("replay: preempting request %d: %w", last.idx, err)
