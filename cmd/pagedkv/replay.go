@@ -51,6 +51,12 @@ through the service model (--prefill-rate, --decode-rate, --max-batch,
 --plot FILE writes hit ratio against capacity per policy, with Belady and
 the unlimited line (.png or .svg).
 
+Totals are checked before any work, and a run over one is refused with the
+value named: the simulated work over every capacity and policy (or router)
+against --max-work, --replicas (at most 1024) and their pools, --max-batch;
+the --plot file is opened before the trace is read (docs/replay.md,
+"Limits of a replay").
+
 Flags:
 `
 
@@ -82,7 +88,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	redisAddr := fs.String("redis", "", "with --host-capacity: a Redis server (host:port, which you run, e.g. with --maxmemory and --maxmemory-policy allkeys-lru for its capacity) as the remote tier below the host tier; each run writes under its own namespace")
 	model := fs.String("model", "", "a `simulate --model` preset to replay through a HybridManager ("+strings.Join(sim.ModelNames(), ", ")+"); the pool is shared by its layer groups")
 	bytesPerToken := fs.Int64("bytes-per-token", 327_680, "the stated model's K/V bytes per token for the tiers' bytes moved (default: 80 layers x 8 K/V heads x 128 dims x K and V x bf16, a Llama-3-70B-like model)")
-	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
+	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas (at most 1024) under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
 	maxWork := fs.Int64("max-work", replay.DefaultMaxWork, "most simulated work a run may ask for, in units of a prompt token (an output token counts 64 under the service model), over every capacity and policy (or router); refused before any work (docs/replay.md)")
 	lim := replay.DefaultLimits()

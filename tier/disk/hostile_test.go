@@ -4,6 +4,7 @@ package disk
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -187,5 +188,70 @@ func TestDiskLimitsDocumented(t *testing.T) {
 		"disk.DefaultQueueLen":     DefaultQueueLen,
 		"disk.DefaultSegmentPages": DefaultSegmentPages,
 		"disk.DefaultSyncEvery":    DefaultSyncEvery,
+	})
+}
+
+// FuzzDirectoryEntries plants, under LOCK and each segment name of a
+// two-segment store, one of: nothing, a regular file (empty, or the bytes
+// of a real segment), a link to a file outside, a dangling link, a link
+// to another entry, a directory, a named pipe. Open either succeeds with
+// every entry a regular file, or refuses by name (ErrNotRegularFile,
+// ErrForeignDir); the file outside keeps its bytes and nothing is created
+// outside the directory.
+func FuzzDirectoryEntries(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 0})
+	f.Add([]byte{2, 0, 0, 0})
+	f.Add([]byte{0, 3, 0, 0})
+	f.Add([]byte{0, 0, 4, 5})
+	f.Add([]byte{1, 6, 7, 0})
+	f.Fuzz(func(t *testing.T, kinds []byte) {
+		if len(kinds) > 4 {
+			return
+		}
+		dir, outside := t.TempDir(), t.TempDir()
+		victim := filepath.Join(outside, "victim")
+		want := []byte("outside the store")
+		require.NoError(t, os.WriteFile(victim, want, 0o644))
+		seg := make([]byte, segmentHeaderBytes)
+		names := []string{"LOCK", "seg-0000.pkvd", "seg-0001.pkvd", "seg-0002.pkvd"}
+		for i, k := range kinds {
+			p := filepath.Join(dir, names[i])
+			switch k % 8 {
+			case 1:
+				require.NoError(t, os.WriteFile(p, nil, 0o644))
+			case 2:
+				require.NoError(t, os.WriteFile(p, seg, 0o644))
+			case 3:
+				require.NoError(t, os.Symlink(victim, p))
+			case 4:
+				require.NoError(t, os.Symlink(filepath.Join(outside, "dangling"), p))
+			case 5:
+				require.NoError(t, os.Symlink(names[(i+1)%len(names)], p))
+			case 6:
+				require.NoError(t, os.Mkdir(p, 0o755))
+			case 7:
+				if syscall.Mkfifo(p, 0o644) != nil {
+					return
+				}
+			}
+		}
+		s, err := Open(testConfig(dir, 16))
+		if err == nil {
+			for _, n := range names[:3] {
+				fi, err := os.Lstat(filepath.Join(dir, n))
+				require.NoError(t, err)
+				require.True(t, fi.Mode().IsRegular(), "%s opened as %v", n, fi.Mode())
+			}
+			require.NoError(t, s.CheckInvariants())
+			require.NoError(t, s.Close())
+		} else if !errors.Is(err, ErrNotRegularFile) && !errors.Is(err, ErrForeignDir) {
+			t.Fatalf("Open: %v, want success, ErrNotRegularFile or ErrForeignDir", err)
+		}
+		got, err := os.ReadFile(victim)
+		require.NoError(t, err)
+		require.Equal(t, want, got, "the file outside changed")
+		entries, err := os.ReadDir(outside)
+		require.NoError(t, err)
+		require.Len(t, entries, 1, "a file was created outside the directory")
 	})
 }
