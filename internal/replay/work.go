@@ -13,7 +13,7 @@ const (
 	// DefaultMaxWork is the most simulated work a sweep or a fleet replay
 	// may ask for, in units of [Work]: twice the whole Mooncake trace
 	// under the service model at the default five capacities and four
-	// policies (about 8.2e9).
+	// policies (8.58e9).
 	DefaultMaxWork int64 = 1 << 34
 	// DecodeTokenWork is what one output token counts in [Work]: a decode
 	// token is a step of its request (about 1 µs), a prompt token a
