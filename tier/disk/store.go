@@ -318,6 +318,9 @@ func Open(cfg Config) (*Store, error) {
 	lock, err := dir.openFile(lockName)
 	if err != nil {
 		s.closeFiles()
+		if errors.Is(err, ErrNotRegularFile) { // names the path
+			return nil, err
+		}
 		return nil, fmt.Errorf("disk: open %s: %w", cfg.Dir, err)
 	}
 	if err := lockFile(lock); err != nil {
@@ -383,6 +386,9 @@ func (s *Store) openSegments() error {
 	for i := range n {
 		path := s.segmentPath(i)
 		f, err := s.dir.openFile(segmentName(i))
+		if errors.Is(err, ErrNotRegularFile) { // names the path
+			return err
+		}
 		if err != nil {
 			return fmt.Errorf("disk: %w", err)
 		}
