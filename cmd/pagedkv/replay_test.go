@@ -131,6 +131,7 @@ func TestReplayRefusesHostileTotals(t *testing.T) {
 		{[]string{"--trace", long, "--policies", many, "--capacities", caps}, []string{"× 5000 capacities × 5000 policies", "over the limit of 17179869184"}},
 		{[]string{"--trace", long, "--service", "--max-batch", "1099511627776"}, []string{"MaxBatch 1099511627776, want 1..65536"}},
 		{[]string{"--trace", long, "--max-work", "0"}, []string{"--max-work 0: want >= 1"}},
+		{[]string{"--trace", sharedPrefixTrace, "--format", "sim", "--block-tokens", "1073741824", "--service"}, []string{"block of 1073741824 tokens, want 1..65536"}},
 		{[]string{"--trace", long, "--max-work", "100000"}, []string{"16 requests", "over the limit of 100000"}},
 	} {
 		start := time.Now()

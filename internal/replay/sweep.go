@@ -85,8 +85,8 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 			return nil, err
 		}
 	}
-	if w, what := sweepWork(t, cfg, len(groups)); checkWork(w, cfg.MaxWork, what) != nil {
-		return nil, checkWork(w, cfg.MaxWork, what)
+	if err := checkSweep(t, cfg, len(groups)); err != nil {
+		return nil, err
 	}
 	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
 	least := t.MinPoolPages() * max(len(groups), 1) // a page per group

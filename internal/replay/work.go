@@ -26,12 +26,18 @@ const (
 	RunWork = 1 << 16
 	// MaxReplicas bounds FleetConfig.Replicas (`--replicas`).
 	MaxReplicas = 1024
-	// MaxFleetPoolTokens bounds the tokens of a fleet's pools together
-	// (Replicas × CapacityPages × the trace's BlockTokens): each replica
-	// is a Manager whose pool holds its pages' tokens (about 4 bytes a
-	// token, 2 KiB a 512-token page) for the whole replay. 2^29 is 29
-	// times the four replicas of 5% docs/replay.md reports.
-	MaxFleetPoolTokens = 1 << 29
+	// MaxPoolTokens bounds the tokens a replay's pools hold at once (a
+	// Manager's pool keeps its pages' tokens: about 4 bytes a token, 2 KiB
+	// a 512-token page): a sweep's pool and host tier at its largest
+	// capacity ((CapacityPages + HostPages) × tokens per page), a fleet's
+	// pools together (Replicas × CapacityPages × the trace's BlockTokens).
+	// 2^29 is 5.7 times the whole trace's every block in one pool at 512
+	// tokens a page, 29 times the four replicas of 5% docs/replay.md
+	// reports.
+	MaxPoolTokens = 1 << 29
+	// MaxBlockTokens bounds a trace's tokens per block (`--block-tokens`
+	// of a sim trace; Mooncake's are 512): a page holds a block.
+	MaxBlockTokens = 1 << 16
 	// MaxServiceBatch bounds Service.MaxBatch (`--max-batch`), which
 	// each engine allocates for.
 	MaxServiceBatch = 1 << 16
@@ -76,6 +82,25 @@ func checkWork(work, limit int64, what string) error {
 	return nil
 }
 
+// checkSweep refuses a sweep whose work or largest pool is over the
+// limits, naming the value.
+func checkSweep(t *Trace, cfg SweepConfig, groups int) error {
+	pageTokens := cfg.PageTokens
+	if pageTokens == 0 {
+		pageTokens = t.BlockTokens
+	}
+	least := int64(t.MinPoolPages() * max(groups, 1))
+	for _, f := range cfg.Fractions {
+		pool := max(int64(f*float64(t.DistinctBlocks)), least) // as RunSweep sizes it
+		if tokens := mulSat(addSat(pool, int64(max(cfg.HostPages, 0))), int64(pageTokens)); tokens > MaxPoolTokens {
+			return fmt.Errorf("%w: capacity %g%%: a pool of %d pages and a host tier of %d, × %d tokens = %d tokens, over the limit of %d (MaxPoolTokens)",
+				ErrBadConfig, 100*f, pool, cfg.HostPages, pageTokens, tokens, MaxPoolTokens)
+		}
+	}
+	w, what := sweepWork(t, cfg, groups)
+	return checkWork(w, cfg.MaxWork, what)
+}
+
 // sweepWork is the work of a sweep: one replay per capacity and policy,
 // each of the model's layer groups (at least one) doing a Manager's work.
 func sweepWork(t *Trace, cfg SweepConfig, groups int) (int64, string) {
@@ -108,9 +133,9 @@ func CheckFleet(t *Trace, cfg FleetConfig, runs int) error {
 	case cfg.CapacityPages < 1:
 		return fmt.Errorf("%w: CapacityPages %d, want >= 1", ErrBadConfig, cfg.CapacityPages)
 	}
-	if tokens := mulSat(mulSat(int64(cfg.Replicas), int64(cfg.CapacityPages)), int64(t.BlockTokens)); tokens > MaxFleetPoolTokens {
-		return fmt.Errorf("%w: %d replicas × %d pages × %d tokens = %d tokens of pools, over the limit of %d (MaxFleetPoolTokens)",
-			ErrBadConfig, cfg.Replicas, cfg.CapacityPages, t.BlockTokens, tokens, MaxFleetPoolTokens)
+	if tokens := mulSat(mulSat(int64(cfg.Replicas), int64(cfg.CapacityPages)), int64(t.BlockTokens)); tokens > MaxPoolTokens {
+		return fmt.Errorf("%w: %d replicas × %d pages × %d tokens = %d tokens of pools, over the limit of %d (MaxPoolTokens)",
+			ErrBadConfig, cfg.Replicas, cfg.CapacityPages, t.BlockTokens, tokens, MaxPoolTokens)
 	}
 	if err := cfg.Service.validate(); err != nil {
 		return err

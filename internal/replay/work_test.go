@@ -36,6 +36,14 @@ func TestWorkLimits(t *testing.T) {
 		require.LessOrEqual(t, 2*w, DefaultMaxWork, what)
 		require.NoError(t, checkWork(w, 0, what))
 	}
+	// Every block of the trace in one pool (and as many in a host tier)
+	// at 512 tokens a page fits too.
+	require.NoError(t, checkSweep(tr, SweepConfig{Fractions: []float64{1}, Policies: policies[:1], Service: new(DefaultService()), HostPages: tr.DistinctBlocks}, 0))
+	wide := &Trace{BlockTokens: 512, Requests: []Request{{Blocks: make([]int32, 4096)}}, DistinctBlocks: 1 << 20}
+	require.NoError(t, checkSweep(wide, SweepConfig{Fractions: []float64{1}, Policies: policies[:1], Service: new(DefaultService())}, 0))
+	wide.DistinctBlocks++
+	require.ErrorContains(t, checkSweep(wide, SweepConfig{Fractions: []float64{1}, Policies: policies[:1], Service: new(DefaultService())}, 0),
+		"a pool of 1048577 pages and a host tier of 0, × 512 tokens = 536871424 tokens, over the limit of 536870912 (MaxPoolTokens)")
 	fleet := FleetConfig{Replicas: 4, CapacityPages: 9139, Service: DefaultService()}
 	require.NoError(t, CheckFleet(tr, fleet, len(Routers)))
 
@@ -100,7 +108,8 @@ func TestReplayLimitsDocumented(t *testing.T) {
 		"replay.DecodeTokenWork":          DecodeTokenWork,
 		"replay.RunWork":                  RunWork,
 		"replay.MaxReplicas":              MaxReplicas,
-		"replay.MaxFleetPoolTokens":       MaxFleetPoolTokens,
+		"replay.MaxPoolTokens":            MaxPoolTokens,
+		"replay.MaxBlockTokens":           MaxBlockTokens,
 		"replay.MaxServiceBatch":          MaxServiceBatch,
 		"replay.MaxPreemptionsPerRequest": MaxPreemptionsPerRequest,
 		"replay.Limits.MaxRequests":       lim.MaxRequests,
