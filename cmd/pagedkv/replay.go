@@ -51,6 +51,12 @@ through the service model (--prefill-rate, --decode-rate, --max-batch,
 --plot FILE writes hit ratio against capacity per policy, with Belady and
 the unlimited line (.png or .svg).
 
+Totals are checked before any work, and a run over one is refused with the
+value named: the simulated work over every capacity and policy (or router)
+against --max-work, --replicas (at most 1024) and their pools, --max-batch;
+the --plot file is opened before the trace is read (docs/replay.md,
+"Limits of a replay").
+
 Flags:
 `
 
@@ -82,14 +88,16 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	redisAddr := fs.String("redis", "", "with --host-capacity: a Redis server (host:port, which you run, e.g. with --maxmemory and --maxmemory-policy allkeys-lru for its capacity) as the remote tier below the host tier; each run writes under its own namespace")
 	model := fs.String("model", "", "a `simulate --model` preset to replay through a HybridManager ("+strings.Join(sim.ModelNames(), ", ")+"); the pool is shared by its layer groups")
 	bytesPerToken := fs.Int64("bytes-per-token", 327_680, "the stated model's K/V bytes per token for the tiers' bytes moved (default: 80 layers x 8 K/V heads x 128 dims x K and V x bf16, a Llama-3-70B-like model)")
-	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
+	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas (at most 1024) under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
+	maxWork := fs.Int64("max-work", replay.DefaultMaxWork, "most simulated work a run may ask for, in units of a prompt token (an output token counts 64 under the service model), over every capacity and policy (or router); refused before any work (docs/replay.md)")
 	lim := replay.DefaultLimits()
 	fs.IntVar(&lim.MaxRequests, "max-requests", lim.MaxRequests, "most requests a trace may hold")
 	fs.IntVar(&lim.MaxBlocks, "max-blocks", lim.MaxBlocks, "most block references a trace may hold")
 	if code, ok := parseFlagsOnly(fs, args, stderr); !ok {
 		return code
 	}
+	plotWritten := false
 	usageErr := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "pagedkv replay: "+format+"\n", a...)
 		return exitUsage
@@ -109,6 +117,26 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	if *plotPath != "" && !strings.HasSuffix(*plotPath, ".png") && !strings.HasSuffix(*plotPath, ".svg") {
 		return usageErr("--plot %q: want a .png or .svg file", *plotPath)
+	}
+	if *replicas < 0 || *replicas > replay.MaxReplicas {
+		return usageErr("--replicas %d: want 1..%d (0: the sweep)", *replicas, replay.MaxReplicas)
+	}
+	if *maxWork < 1 {
+		return usageErr("--max-work %d: want >= 1", *maxWork)
+	}
+	if *plotPath != "" {
+		// The plot file is opened for writing now, so a path that cannot
+		// be written is refused before the sweep, not after it; a file
+		// created here is removed again if the run fails before the plot.
+		created, err := createPlotFile(*plotPath)
+		if err != nil {
+			return usageErr("--plot %q: %v", *plotPath, err)
+		}
+		defer func() {
+			if created && !plotWritten {
+				os.Remove(*plotPath)
+			}
+		}()
 	}
 	var t *replay.Trace
 	switch *format {
@@ -143,13 +171,17 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	p := newProgress(stderr)
 	p.label = "replay"
 	if *replicas != 0 {
-		return runReplayFleet(t, replay.FleetConfig{Replicas: *replicas, LoadSlack: *slack, Eviction: names[0], Service: svc,
-			CapacityPages: max(int(fractions[0]*float64(t.DistinctBlocks)), t.MinPoolPages())}, p, stdout, stderr)
+		cfg := replay.FleetConfig{Replicas: *replicas, LoadSlack: *slack, Eviction: names[0], Service: svc, MaxWork: *maxWork,
+			CapacityPages: max(int(fractions[0]*float64(t.DistinctBlocks)), t.MinPoolPages())}
+		if err := replay.CheckFleet(t, cfg, len(replay.Routers)); err != nil {
+			return usageErr("--replicas %d: %v", *replicas, err)
+		}
+		return runReplayFleet(t, cfg, p, stdout, stderr)
 	}
 	total := len(t.Requests) * len(fractions) * len(names)
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
 		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr), Model: *model,
-		Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
+		MaxWork: *maxWork, Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
 	if err != nil {
 		fmt.Fprintf(stderr, "pagedkv replay: %v\n", err)
@@ -168,9 +200,23 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "pagedkv replay: plot: %v\n", err)
 			return exitFailure
 		}
+		plotWritten = true
 		fmt.Fprintf(stdout, "plot: %s\n", *plotPath)
 	}
 	return exitOK
+}
+
+// createPlotFile opens the plot file at path for writing, creating it if
+// missing (an existing file keeps its bytes until the plot replaces
+// them), so that a path that cannot be written fails before any work;
+// created says it did not exist before.
+func createPlotFile(path string) (created bool, err error) {
+	_, statErr := os.Lstat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return false, err
+	}
+	return errors.Is(statErr, os.ErrNotExist), f.Close()
 }
 
 // parsePercents parses "2,5,10" into fractions, each in (0, 100].

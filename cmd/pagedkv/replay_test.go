@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -70,7 +73,7 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 		{[]string{"--trace", conversationTrace, "--plot", "a.jpg"}, `--plot "a.jpg"`},
 		{[]string{"--trace", conversationTrace, "--first", "-1"}, "--first -1"},
 		{[]string{"--trace", conversationTrace, "--page-tokens", "0"}, `"0"`},
-		{[]string{"--trace", conversationTrace, "--first", "10", "--replicas", "-3"}, "-3 replicas"},
+		{[]string{"--trace", conversationTrace, "--first", "10", "--replicas", "-3"}, "--replicas -3: want 1..1024"},
 		{[]string{"--trace", conversationTrace, "--redis", "127.0.0.1:1"}, "--redis needs --host-capacity"},
 		{[]string{"--trace", conversationTrace, "--first", "5", "--model", "gpt-5"}, `unknown model: "gpt-5"`},
 		{[]string{"--trace", "no/such/file"}, "no/such/file"},
@@ -96,4 +99,65 @@ func TestReplayRedisTier(t *testing.T) {
 	m := regexp.MustCompile(`(?m)^\s+2%\s+lru\s+\d+\.\d%\s+\d+\.\d%\s+(\d+\.\d)%`).FindStringSubmatch(out.String())
 	require.NotNil(t, m, "no tier line in\n%s", out.String())
 	require.NotEqual(t, "0.0", m[1], "no remote hit")
+}
+
+// Totals, not only per-item limits: each of these asked for minutes of
+// work or more memory than the machine has (issue 35: --service on 16
+// requests of 2^20 output tokens ran past 30 s and died out of memory,
+// --replicas 100000 died out of memory in 3.6 s, a --plot path that
+// cannot be written failed only after the sweep); each is refused at once
+// (before any work: the test takes milliseconds), with exit 2 and one line
+// naming the value and the limit.
+func TestReplayRefusesHostileTotals(t *testing.T) {
+	dir := t.TempDir()
+	long := filepath.Join(dir, "long.jsonl")
+	var b strings.Builder
+	for i := range 16 {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 512, "output_length": 1048576, "hash_ids": [%d]}`+"\n", i, i)
+	}
+	require.NoError(t, os.WriteFile(long, []byte(b.String()), 0o644))
+	many := strings.TrimSuffix(strings.Repeat("lru,", 5000), ",")
+	caps := strings.TrimSuffix(strings.Repeat("1,", 5000), ",")
+	missing := filepath.Join(dir, "no", "such", "dir", "hits.svg")
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--trace", long, "--service"}, []string{"21497303360 units of work", "over the limit of 17179869184", "--max-work"}},
+		{[]string{"--trace", long, "--replicas", "100000"}, []string{"--replicas 100000: want 1..1024"}},
+		// The whole trace, no --first: a sweep would take minutes.
+		{[]string{"--trace", conversationTrace, "--plot", missing}, []string{`--plot "` + missing + `"`, "no such file or directory"}},
+		{[]string{"--trace", long, "--replicas", "1024", "--capacities", "100"}, []string{"1024 replicas × 2050 pages × 512 tokens", "over the limit of 536870912"}},
+		{[]string{"--trace", long, "--policies", many, "--capacities", caps}, []string{"× 5000 capacities × 5000 policies", "over the limit of 17179869184"}},
+		{[]string{"--trace", long, "--service", "--max-batch", "1099511627776"}, []string{"MaxBatch 1099511627776, want 1..65536"}},
+		{[]string{"--trace", long, "--max-work", "0"}, []string{"--max-work 0: want >= 1"}},
+		{[]string{"--trace", sharedPrefixTrace, "--format", "sim", "--block-tokens", "1073741824", "--service"}, []string{"block of 1073741824 tokens, want 1..65536"}},
+		{[]string{"--trace", long, "--max-work", "100000"}, []string{"16 requests", "over the limit of 100000"}},
+	} {
+		start := time.Now()
+		var out, errb bytes.Buffer
+		code := run(append([]string{"replay"}, c.args...), &out, &errb)
+		require.Equal(t, exitUsage, code, "%.80v: %s", c.args, errb.String())
+		require.Len(t, strings.Split(strings.TrimSpace(errb.String()), "\n"), 1, "%.80v: one line: %s", c.args, errb.String())
+		for _, w := range c.want {
+			require.Contains(t, errb.String(), w, "%.80v", c.args)
+		}
+		require.Empty(t, out.String())
+		t.Logf("%.60v: refused in %v", c.args, time.Since(start))
+	}
+	_, err := os.Stat(filepath.Join(dir, "no"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	// A plot file the refused run created is removed again; an existing
+	// one keeps its bytes.
+	plot := filepath.Join(dir, "hits.svg")
+	var out, errb bytes.Buffer
+	require.Equal(t, exitUsage, run([]string{"replay", "--trace", long, "--service", "--plot", plot}, &out, &errb))
+	_, err = os.Stat(plot)
+	require.ErrorIs(t, err, os.ErrNotExist, "the refused run left its plot file")
+	require.NoError(t, os.WriteFile(plot, []byte("an earlier plot"), 0o644))
+	require.Equal(t, exitUsage, run([]string{"replay", "--trace", long, "--service", "--plot", plot}, &out, &errb))
+	got, err := os.ReadFile(plot)
+	require.NoError(t, err)
+	require.Equal(t, "an earlier plot", string(got))
 }

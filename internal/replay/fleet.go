@@ -40,6 +40,10 @@ type FleetConfig struct {
 	Eviction      string
 	Service       Service
 	Progress      func(finished int)
+	// MaxWork bounds the replay's simulated work ([Work] of the trace
+	// under the service model; 0: DefaultMaxWork), checked with the
+	// replicas and their pools ([CheckFleet]) before any work.
+	MaxWork int64
 }
 
 // FleetResult is one fleet replay: each replica's result (Stream included)
@@ -109,19 +113,13 @@ func (s *indexSink) PageRemoved(_ prefixcache.PageID, hash uint64) {
 // RunFleet replays t over cfg.Replicas replicas: each request is routed at
 // its arrival time, after every replica has run up to that time.
 func RunFleet(t *Trace, cfg FleetConfig) (*FleetResult, error) {
-	switch {
-	case cfg.Replicas < 1:
-		return nil, fmt.Errorf("%w: %d replicas, want >= 1", ErrBadConfig, cfg.Replicas)
-	case cfg.CapacityPages < 1:
-		return nil, fmt.Errorf("%w: CapacityPages %d, want >= 1", ErrBadConfig, cfg.CapacityPages)
+	if err := CheckFleet(t, cfg, 1); err != nil {
+		return nil, err
 	}
 	switch cfg.Router {
 	case RouterPrefix, RouterRoundRobin, RouterLeastLoaded:
 	default:
 		return nil, fmt.Errorf("%w: router %q, want one of %s", ErrBadConfig, cfg.Router, strings.Join(Routers, ", "))
-	}
-	if err := cfg.Service.validate(); err != nil {
-		return nil, err
 	}
 	const seed = 1
 	ix, err := kvindex.New(kvindex.Config{PageSize: t.BlockTokens, Seed: seed})

@@ -38,8 +38,8 @@ func (s *Service) validate() error {
 	switch {
 	case !(s.PrefillTokensPerSec > 0) || !(s.DecodeTokensPerSec > 0):
 		return fmt.Errorf("%w: service rates %g prefill and %g decode tokens/s, want > 0", ErrBadConfig, s.PrefillTokensPerSec, s.DecodeTokensPerSec)
-	case s.MaxBatch < 1:
-		return fmt.Errorf("%w: service MaxBatch %d, want >= 1", ErrBadConfig, s.MaxBatch)
+	case s.MaxBatch < 1 || s.MaxBatch > MaxServiceBatch:
+		return fmt.Errorf("%w: service MaxBatch %d, want 1..%d (MaxServiceBatch)", ErrBadConfig, s.MaxBatch, MaxServiceBatch)
 	case s.StepTokens < 1:
 		return fmt.Errorf("%w: service StepTokens %d, want >= 1", ErrBadConfig, s.StepTokens)
 	}

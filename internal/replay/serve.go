@@ -15,6 +15,9 @@ type served struct {
 	resumed bool // preempted: resume instead of add
 }
 
+// preemptionsPerRequest is MaxPreemptionsPerRequest (tests lower it).
+var preemptionsPerRequest int64 = MaxPreemptionsPerRequest
+
 // engine is one replica under the service model (see [Service]): its
 // queue, its running batch and its clock.
 type engine struct {
@@ -24,12 +27,16 @@ type engine struct {
 	now              float64 // ms
 	sampled          []int32
 	done             []int
+	// preempted counts the preemptions, at most maxPreempted
+	// (MaxPreemptionsPerRequest × the trace's requests).
+	preempted, maxPreempted int64
 	// finished is called as each request finishes.
 	finished func()
 }
 
 func newEngine(r *runner, svc *Service, finished func()) *engine {
-	return &engine{r: r, svc: svc, sampled: make([]int32, 0, svc.MaxBatch), finished: finished}
+	return &engine{r: r, svc: svc, sampled: make([]int32, 0, min(svc.MaxBatch, len(r.t.Requests))), finished: finished,
+		maxPreempted: preemptionsPerRequest * int64(max(len(r.t.Requests), 1))}
 }
 
 // load is the router's measure: requests running or waiting.
@@ -72,6 +79,10 @@ func (e *engine) step() error {
 			return fmt.Errorf("replay: a step of %d requests at %.0f ms (pool %d pages): %w", len(r.ids), e.now, r.cfg.CapacityPages, err)
 		}
 		last := e.running[len(e.running)-1]
+		if e.preempted++; e.preempted > e.maxPreempted {
+			return fmt.Errorf("%w: more than %d preemptions (MaxPreemptionsPerRequest %d × %d requests) at %.0f ms: the pool of %d pages holds too few of the running requests at once; give it more capacity",
+				ErrBadConfig, e.maxPreempted, preemptionsPerRequest, len(reqs), e.now, r.cfg.CapacityPages)
+		}
 		if err := r.m.Preempt(pagedkv.RequestID(last.idx)); err != nil {
 			return fmt.Errorf("replay: preempting request %d: %w", last.idx, err)
 		}

@@ -65,6 +65,10 @@ type SweepConfig struct {
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished over the whole sweep.
 	Progress func(finished int)
+	// MaxWork bounds the sweep's simulated work ([Work] of one replay ×
+	// capacities × policies × layer groups; 0: DefaultMaxWork): a sweep
+	// over it is refused before any work.
+	MaxWork int64
 }
 
 // RunSweep replays t at each capacity under each policy of cfg.
@@ -72,11 +76,19 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	start := time.Now()
 	fractions, policies, svc, progress := cfg.Fractions, cfg.Policies, cfg.Service, cfg.Progress
 	sw := &Sweep{Policies: policies, Service: svc, HostPages: cfg.HostPages, BytesPerToken: cfg.BytesPerToken, Remote: cfg.OpenRemote != nil}
-	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
 	groups, err := modelGroups(cfg.Model)
 	if err != nil {
 		return nil, err
 	}
+	if svc != nil {
+		if err := svc.validate(); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkSweep(t, cfg, len(groups)); err != nil {
+		return nil, err
+	}
+	sw.UnlimitedHits, sw.Blocks = Unlimited(TraceStream(t))
 	least := t.MinPoolPages() * max(len(groups), 1) // a page per group
 	done := 0
 	for _, f := range fractions {

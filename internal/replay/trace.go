@@ -186,8 +186,8 @@ func OpenMooncake(path string, lim Limits) (*Trace, error) {
 // follow the prompts' real shared prefixes. A sim arrival (a step number)
 // is read as milliseconds; parallel samples multiply the output.
 func FromSim(reqs []sim.Request, blockTokens int) (*Trace, error) {
-	if blockTokens < 1 {
-		return nil, fmt.Errorf("%w: block of %d tokens, want >= 1", ErrBadTrace, blockTokens)
+	if blockTokens < 1 || blockTokens > MaxBlockTokens {
+		return nil, fmt.Errorf("%w: block of %d tokens, want 1..%d (MaxBlockTokens)", ErrBadTrace, blockTokens, MaxBlockTokens)
 	}
 	type blockKey struct {
 		parent int32

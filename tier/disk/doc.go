@@ -13,6 +13,10 @@
 // serving it. When no slot is free the writer
 // overwrites the victim of one of prefixcache's eviction policies
 // (Config.Eviction). After a crash, Open rebuilds the index from the slots
-// that verify and reports what it dropped (Recovery). docs/tiers.md
-// describes the tier, its crash safety and its measured throughput.
+// that verify and reports what it dropped (Recovery). Open opens LOCK and
+// the segment files relative to the directory without following links,
+// and refuses anything but a regular file (ErrNotRegularFile): the store
+// never reads, writes or creates a file outside its directory.
+// docs/tiers.md describes the tier, its crash safety and its measured
+// throughput.
 package disk

@@ -2,13 +2,128 @@ package disk
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
+
+// storeDir is the store's directory, opened once: LOCK and the segment
+// files are opened relative to it (openat), so a file the store opens is
+// always an entry of this directory, whatever its path names later.
+type storeDir struct {
+	path string
+	fd   int
+}
+
+// openStoreDir opens the directory at path (following links in path
+// itself: the caller names the directory).
+func openStoreDir(path string) (*storeDir, error) {
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		return err
+	})
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return &storeDir{path: path, fd: fd}, nil
+}
+
+func (d *storeDir) close() error { return unix.Close(d.fd) }
+
+// openFile opens the directory's entry name read-write, creating it as a
+// regular file if it is missing. It never follows a symbolic link
+// (O_NOFOLLOW: a link is refused, dangling or not, and nothing is created
+// where it points) and refuses anything but a regular file (checked on
+// the opened file), by ErrNotRegularFile naming the path and what it is.
+// O_NONBLOCK keeps a named pipe from blocking the open; it is cleared
+// before the file is used.
+func (d *storeDir) openFile(name string) (*os.File, error) {
+	path := filepath.Join(d.path, name)
+	var fd int
+	err := ignoringEINTR(func() (err error) {
+		fd, err = unix.Openat(d.fd, name, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o644)
+		return err
+	})
+	if err != nil {
+		if kind := d.kind(name); kind != "" && kind != "a regular file" {
+			return nil, fmt.Errorf("%w: %s is %s", ErrNotRegularFile, path, kind)
+		}
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: %s is %s", ErrNotRegularFile, path, modeKind(st.Mode))
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "fcntl", Path: path, Err: err}
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// exists reports whether the directory has an entry name of any kind (a
+// link is not followed).
+func (d *storeDir) exists(name string) bool {
+	var st unix.Stat_t
+	return unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+}
+
+// kind names what the entry name is ("" if it cannot be read), a link
+// with its target.
+func (d *storeDir) kind(name string) string {
+	var st unix.Stat_t
+	if unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil {
+		return ""
+	}
+	k := modeKind(st.Mode)
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		buf := make([]byte, 4096)
+		if n, err := unix.Readlinkat(d.fd, name, buf); err == nil {
+			k += fmt.Sprintf(" (to %q)", buf[:n])
+		}
+	}
+	return k
+}
+
+// modeKind names a file type of a stat mode.
+func modeKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "a regular file"
+	case unix.S_IFLNK:
+		return "a symbolic link"
+	case unix.S_IFDIR:
+		return "a directory"
+	case unix.S_IFIFO:
+		return "a named pipe"
+	case unix.S_IFSOCK:
+		return "a socket"
+	case unix.S_IFCHR:
+		return "a character device"
+	case unix.S_IFBLK:
+		return "a block device"
+	}
+	return fmt.Sprintf("a file of type %#o", mode&unix.S_IFMT)
+}
+
+func ignoringEINTR(f func() error) error {
+	for {
+		if err := f(); err != unix.EINTR {
+			return err
+		}
+	}
+}
 
 // preallocate reserves size bytes for f on disk (fallocate), so slot writes
 // never fail for lack of space; filesystems without fallocate get a sparse

@@ -58,6 +58,11 @@ var (
 	ErrLocked = errors.New("disk: directory is in use")
 	// ErrClosed: the store is closed.
 	ErrClosed = errors.New("disk: store closed")
+	// ErrNotRegularFile: LOCK or a segment file's name in the directory
+	// is a symbolic link (dangling or not), a directory, a named pipe or
+	// anything else but a regular file. The store never follows a link
+	// out of its directory; the error names the path and what it is.
+	ErrNotRegularFile = errors.New("disk: not a regular file")
 )
 
 // segmentHeader is the fixed header of a segment file.
@@ -111,6 +116,20 @@ func (h slotHeader) encode(dst []byte) {
 	binary.LittleEndian.PutUint32(dst[24:], crc32.Checksum(dst[:24], tier.CRCTable))
 }
 
+// Sequence numbers. The writer numbers slots 1, 2, 3, ... across the
+// store's life; the restart scan continues after the highest it finds.
+const (
+	// MaxSequence is the highest sequence a slot may hold: a slot header
+	// naming a higher one (2^64-1 among them, after which the next would
+	// wrap to 0) is dropped as torn, however well its checksums verify.
+	MaxSequence = 1<<63 - 1
+	// RenumberAbove: when the highest sequence recovered is above it
+	// (never, by the writer alone: 2^62 pages), Open renumbers the
+	// recovered slots 1..n in their order and rewrites their headers, so
+	// the writer always has at least 2^62 sequences left.
+	RenumberAbove = 1 << 62
+)
+
 // errEmptySlot: a slot whose header is all zero (never written, or
 // cleared after the restart scan dropped it).
 var errEmptySlot = errors.New("empty slot")
@@ -138,8 +157,8 @@ func decodeSlotHeader(b []byte) (slotHeader, error) {
 	h.Seq = binary.LittleEndian.Uint64(b[8:])
 	h.ValueLen = binary.LittleEndian.Uint32(b[16:])
 	h.ValueCRC = binary.LittleEndian.Uint32(b[20:])
-	if h.Seq == 0 {
-		return h, fmt.Errorf("slot sequence 0 (sequences start at 1)")
+	if h.Seq == 0 || h.Seq > MaxSequence {
+		return h, fmt.Errorf("slot sequence %d outside 1..%d (a sequence the writer cannot continue)", h.Seq, uint64(MaxSequence))
 	}
 	return h, nil
 }

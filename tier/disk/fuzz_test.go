@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/pagedkv/pagedkv/tier"
@@ -55,6 +57,19 @@ func FuzzSlot(f *testing.F) {
 		f.Add(slot)
 	}
 	f.Add([]byte("PKVS"))
+	// A written slot whose header names a sequence that cannot be
+	// continued (2^64-1), its header checksum valid: refused.
+	wrap := slices.Clone(seg[segmentHeaderBytes : segmentHeaderBytes+s.slotBytes])
+	h, err := decodeSlotHeader(wrap)
+	if err != nil {
+		f.Fatal(err)
+	}
+	h.Seq = math.MaxUint64
+	h.encode(wrap)
+	if _, _, _, err := s.checkSlot(wrap, nil); err == nil {
+		f.Fatalf("a slot of sequence 2^64-1 checks")
+	}
+	f.Add(wrap)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 2*s.slotBytes {
 			return
@@ -64,6 +79,9 @@ func FuzzSlot(f *testing.F) {
 		h, v, _, err := s.checkSlot(slot, nil)
 		if err != nil {
 			return
+		}
+		if h.Seq == 0 || h.Seq > MaxSequence {
+			t.Fatalf("accepted slot sequence %d, outside 1..%d", h.Seq, uint64(MaxSequence))
 		}
 		p := tier.RemotePage{Digest: v.Digest, Parent: v.Parent, Tokens: v.Tokens, Data: v.Data}
 		val, err := tier.EncodeValue(nil, v.Format, v.Namespace, v.Group, &p)
@@ -84,14 +102,33 @@ func FuzzSlot(f *testing.F) {
 // FuzzSegmentFile writes raw bytes as a store's only segment file and
 // opens it: Open refuses it by name (ErrForeignDir) or recovers only
 // pages that verify, each served with the K/V its slot holds, every slot
-// accounted for, and the index consistent. Memory stays bounded: Open
-// reads fixed-size pieces whatever the file says.
+// accounted for, and the index consistent; the store then goes on: a new
+// page stored is served (whatever sequences the file held) and survives
+// a restart. Memory stays bounded: Open reads fixed-size pieces whatever
+// the file says.
 func FuzzSegmentFile(f *testing.F) {
 	seg := fuzzSeedSegment(f)
 	f.Add(seg)
 	f.Add(seg[:segmentHeaderBytes+100])
 	f.Add(seg[:20])
 	f.Add([]byte{})
+	// Slot 2's sequence set to 2^64-1 and to MaxSequence, its header
+	// checksum valid: the first is dropped, the second renumbered.
+	for _, seq := range []uint64{math.MaxUint64, MaxSequence} {
+		b := slices.Clone(seg)
+		geo := fuzzConfig("x")
+		geo.Group = DefaultGroup
+		_, _, slotBytes := slotGeometry(geo)
+		hdr := b[segmentHeaderBytes+2*slotBytes:]
+		h, err := decodeSlotHeader(hdr)
+		if err != nil {
+			f.Fatal(err)
+		}
+		h.Seq = seq
+		h.encode(hdr)
+		f.Add(b)
+	}
+	extra := newUniverse(testFormat, 3, 2).chains[2][1] // not in the seed
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 64<<10 {
 			return
@@ -129,6 +166,33 @@ func FuzzSegmentFile(f *testing.F) {
 			if s.Fetch(context.Background(), req) != 1 || !bytes.Equal(req[0].Data, v.Data) {
 				t.Fatalf("indexed page %s not served as its slot holds it", d)
 			}
+		}
+		if s.nextSeq < 1 || s.nextSeq > RenumberAbove+1 {
+			t.Fatalf("next sequence %d after Open, want 1..2^62+1", s.nextSeq)
+		}
+		if _, held := s.index[extra.Digest]; held {
+			return
+		}
+		if !s.Store(&extra) {
+			t.Fatal("Store refused a page")
+		}
+		flush(t, s)
+		if err := s.CheckInvariants(); err != nil {
+			t.Fatal(err)
+		}
+		if fetchChecked(t, s, request([]tier.RemotePage{extra})) != 1 {
+			t.Fatal("the page stored after Open is not served")
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		s2, err := Open(fuzzConfig(dir))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s2.Close()
+		if fetchChecked(t, s2, request([]tier.RemotePage{extra})) != 1 {
+			t.Fatal("the page stored after Open is lost on restart")
 		}
 	})
 }

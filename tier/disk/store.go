@@ -55,6 +55,9 @@ const (
 	// MaxQueueBytes bounds the queue's buffers (QueueLen slots), which
 	// Open allocates.
 	MaxQueueBytes = 64 << 30
+	// MaxQueueLen bounds Config.QueueLen, MaxPages Config.Pages.
+	MaxQueueLen = 1 << 20
+	MaxPages    = 1<<31 - 1
 )
 
 // Config describes a Store.
@@ -99,6 +102,10 @@ type Recovery struct {
 	Torn      int // dropped: a write cut by a crash (or damaged bytes)
 	Foreign   int // dropped: another namespace, group or format
 	Duplicate int // dropped: an older copy of a page recovered from another slot
+	// Renumbered is the recovered slots given new sequences (1..n in
+	// their order) because the highest found was above RenumberAbove: 0
+	// unless a header was planted or damaged in a way that verifies.
+	Renumbered int
 	// Drops names the first MaxDropReports dropped slots.
 	Drops []Drop
 }
@@ -160,7 +167,8 @@ type Store struct {
 	dataOff   int // the page bytes' offset in a value
 	valueOff  int // the value's offset in a slot
 	slotBytes int
-	segSlots  int // slots per segment file
+	segSlots  int       // slots per segment file
+	dir       *storeDir // cfg.Dir, which every file is opened in
 	segs      []*os.File
 	lock      *os.File
 	fresh     []bool // segments Open created: all slots empty, not scanned
@@ -236,9 +244,9 @@ func (cfg *Config) check() error {
 		return fmt.Errorf("%w: Namespace of %d bytes: want 1..1024", ErrBadConfig, len(cfg.Namespace))
 	case len(cfg.Group) > 1024:
 		return fmt.Errorf("%w: Group of %d bytes: want <= 1024", ErrBadConfig, len(cfg.Group))
-	case cfg.Pages < 1 || cfg.Pages > 1<<31-1:
+	case cfg.Pages < 1 || cfg.Pages > MaxPages:
 		return fmt.Errorf("%w: Pages = %d, want 1..2^31-1", ErrBadConfig, cfg.Pages)
-	case cfg.SegmentPages < 0 || cfg.QueueLen < 0 || cfg.QueueLen > 1<<20:
+	case cfg.SegmentPages < 0 || cfg.QueueLen < 0 || cfg.QueueLen > MaxQueueLen:
 		return fmt.Errorf("%w: SegmentPages = %d or QueueLen = %d: want >= 0 (QueueLen <= 2^20)", ErrBadConfig, cfg.SegmentPages, cfg.QueueLen)
 	}
 	if cfg.Group == "" {
@@ -302,12 +310,22 @@ func Open(cfg Config) (*Store, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("disk: open %s: %w", cfg.Dir, err)
 	}
-	lock, err := os.OpenFile(filepath.Join(cfg.Dir, "LOCK"), os.O_RDWR|os.O_CREATE, 0o644)
+	dir, err := openStoreDir(cfg.Dir)
 	if err != nil {
+		return nil, fmt.Errorf("disk: open %s: %w", cfg.Dir, err)
+	}
+	s.dir = dir
+	lock, err := dir.openFile(lockName)
+	if err != nil {
+		s.closeFiles()
+		if errors.Is(err, ErrNotRegularFile) { // names the path
+			return nil, err
+		}
 		return nil, fmt.Errorf("disk: open %s: %w", cfg.Dir, err)
 	}
 	if err := lockFile(lock); err != nil {
 		lock.Close()
+		s.closeFiles()
 		return nil, fmt.Errorf("%w: %s: %w", ErrLocked, cfg.Dir, err)
 	}
 	s.lock = lock
@@ -342,8 +360,13 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// lockName is the lock file's name in the directory.
+const lockName = "LOCK"
+
+func segmentName(i int) string { return fmt.Sprintf("seg-%04d.pkvd", i) }
+
 func (s *Store) segmentPath(i int) string {
-	return filepath.Join(s.cfg.Dir, fmt.Sprintf("seg-%04d.pkvd", i))
+	return filepath.Join(s.cfg.Dir, segmentName(i))
 }
 
 // segmentSlots is the number of slots of segment i (the last may be short).
@@ -354,7 +377,7 @@ func (s *Store) segmentSlots(i int) int {
 // openSegments opens or creates every segment file and checks its header.
 func (s *Store) openSegments() error {
 	n := (s.cfg.Pages + s.segSlots - 1) / s.segSlots
-	if _, err := os.Stat(s.segmentPath(n)); err == nil {
+	if s.dir.exists(segmentName(n)) {
 		return fmt.Errorf("%w: %s exists beyond the %d segments of %d pages in %d-page segments: reopen with the Pages and SegmentPages it was created with",
 			ErrForeignDir, s.segmentPath(n), n, s.cfg.Pages, s.segSlots)
 	}
@@ -362,7 +385,10 @@ func (s *Store) openSegments() error {
 	s.fresh = make([]bool, n)
 	for i := range n {
 		path := s.segmentPath(i)
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+		f, err := s.dir.openFile(segmentName(i))
+		if errors.Is(err, ErrNotRegularFile) { // names the path
+			return err
+		}
 		if err != nil {
 			return fmt.Errorf("disk: %w", err)
 		}
@@ -548,9 +574,48 @@ func (s *Store) scan() error {
 		}
 	}
 	slices.SortFunc(ready, func(a, b int32) int { return cmp.Compare(s.slots[a].seq, s.slots[b].seq) })
+	if s.nextSeq > RenumberAbove {
+		if err := s.renumber(ready); err != nil {
+			return err
+		}
+	}
 	for _, slot := range ready {
 		s.policy.Added(int(slot))
 	}
+	return nil
+}
+
+// renumber gives the recovered slots ready (in sequence order) the
+// sequences 1..len(ready), rewriting each slot header, then syncs: a
+// store whose highest sequence leaves too few to continue (a planted or
+// damaged header that verifies) goes on from len(ready)+1. A crash in
+// the middle leaves old and new sequences mixed, which the next Open
+// renumbers again; no page is lost, only their order may change.
+func (s *Store) renumber(ready []int32) error {
+	var hdr [slotHeaderBytes]byte
+	for i, slot := range ready {
+		f, off := s.slotAt(int(slot))
+		if _, err := f.ReadAt(hdr[:], off); err != nil {
+			return fmt.Errorf("disk: renumber slot %d of %s: %w", int(slot)%s.segSlots, f.Name(), err)
+		}
+		h, err := decodeSlotHeader(hdr[:])
+		if err != nil {
+			return fmt.Errorf("disk: renumber slot %d of %s: %w", int(slot)%s.segSlots, f.Name(), err)
+		}
+		h.Seq = uint64(i + 1)
+		h.encode(hdr[:])
+		if _, err := f.WriteAt(hdr[:], off); err != nil {
+			return fmt.Errorf("disk: renumber slot %d of %s: %w", int(slot)%s.segSlots, f.Name(), err)
+		}
+		s.slots[slot].seq = h.Seq
+	}
+	for _, f := range s.segs {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("disk: sync %s: %w", f.Name(), err)
+		}
+	}
+	s.recovery.Renumbered = len(ready)
+	s.nextSeq = uint64(len(ready)) + 1
 	return nil
 }
 
@@ -753,6 +818,10 @@ func (s *Store) writeBatch(batch []*job) {
 			s.skipped.Add(1)
 			continue
 		}
+		if s.nextSeq > MaxSequence { // unreachable: Open leaves 2^62 sequences
+			s.c.Dropped.Add(1)
+			continue
+		}
 		slot, ok := s.takeSlot()
 		if !ok { // unreachable with one writer: every slot is free, ready or ours
 			s.c.Dropped.Add(1)
@@ -947,6 +1016,11 @@ func (s *Store) closeFiles() error {
 	s.segs = nil
 	if s.lock != nil {
 		errs = append(errs, s.lock.Close())
+		s.lock = nil
+	}
+	if s.dir != nil {
+		errs = append(errs, s.dir.close())
+		s.dir = nil
 	}
 	return errors.Join(errs...)
 }
