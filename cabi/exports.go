@@ -37,10 +37,11 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 	switch {
 	case cfg == nil || out == nil:
 		return pagedkv.Config{}, badArg("%s: cfg = %p, out = %p; both are required", op, cfg, out), false
-	case size != C.sizeof_pagedkv_config:
-		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d", op, uint64(size), C.sizeof_pagedkv_config), false
+	case size != C.sizeof_pagedkv_config && size != configSizeV2:
+		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without memory_limit)",
+			op, uint64(size), C.sizeof_pagedkv_config, configSizeV2), false
 	}
-	return pagedkv.Config{
+	gcfg := pagedkv.Config{
 		NumPages:             int(cfg.num_pages),
 		PageSize:             int(cfg.page_size),
 		WindowTokens:         int(cfg.window_tokens),
@@ -48,8 +49,17 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 		MaxPinnedPages:       int(cfg.max_pinned_pages),
 		HashSeed:             uint64(cfg.hash_seed),
 		CascadeMinSavedPages: int(cfg.cascade_min_saved_pages),
-	}, C.PAGEDKV_OK, true
+	}
+	if size == C.sizeof_pagedkv_config { // a caller of an earlier header has no memory_limit
+		gcfg.MemoryLimit = int64(cfg.memory_limit)
+	}
+	return gcfg, C.PAGEDKV_OK, true
 }
+
+// configSizeV2 is the size of pagedkv_config before memory_limit was
+// appended (ABI version 2 as first published): callers built with that
+// header keep working, with the default memory limit.
+const configSizeV2 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.memory_limit))
 
 //export pagedkv_destroy
 func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {

@@ -64,7 +64,10 @@ enum {
 };
 
 /* Config of pagedkv_create (Go: pagedkv.Config). Zero means the Go default
- * wherever Go has one. */
+ * wherever Go has one. Fields are only ever appended: cfg_size may be
+ * sizeof(pagedkv_config) or the size of an earlier version of it (up to
+ * and including cascade_min_saved_pages: offsetof(pagedkv_config,
+ * memory_limit)); the fields it leaves out take their defaults. */
 typedef struct {
 	int64_t num_pages;               /* pages in the pool, >= 1 */
 	int64_t page_size;               /* tokens per page, >= 1 */
@@ -73,6 +76,9 @@ typedef struct {
 	int64_t max_pinned_pages;        /* 0 = no cap */
 	uint64_t hash_seed;              /* 0 = random */
 	int64_t cascade_min_saved_pages; /* 0 = 16; negative disables cascade plans */
+	int64_t memory_limit;            /* bytes the configuration may ask for (Go: Config.MemoryLimit);
+	                                    0 = this machine's physical memory; above it create fails
+	                                    with PAGEDKV_ERR_BAD_CONFIG naming the bytes needed */
 } pagedkv_config;
 
 /* A prefix-cache namespace: three byte strings (not NUL-terminated; a NULL
@@ -381,7 +387,8 @@ int32_t pagedkv_abi_version(void);
  * none). Valid until the thread's next pagedkv call. */
 const char *pagedkv_last_error(void);
 
-/* Create and destroy. cfg_size must be sizeof(pagedkv_config). */
+/* Create and destroy. cfg_size is sizeof(pagedkv_config) (or an earlier
+ * version's size, see pagedkv_config). */
 int32_t pagedkv_create(const pagedkv_config *cfg, size_t cfg_size, pagedkv_manager *out);
 int32_t pagedkv_destroy(pagedkv_manager m);
 

@@ -792,16 +792,19 @@ class Manager(_Core):
 
     Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
     window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages (0 means the Go default wherever Go has one);
+    cascade_min_saved_pages, memory_limit (0 means the Go default wherever
+    Go has one; memory_limit bounds the bytes the configuration asks for,
+    0 = this machine's physical memory: above it the constructor raises
+    BadConfig naming the bytes needed and the limit);
     tiers (a Tiers: Config.Tiers) and events (an Events, or True: KV cache
     events drained with drain_events()).
     """
 
     def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
-                 hash_seed=0, cascade_min_saved_pages=0, tiers=None, events=None):
+                 hash_seed=0, cascade_min_saved_pages=0, memory_limit=0, tiers=None, events=None):
         lib = _load()
         cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages)
+                      cascade_min_saved_pages, memory_limit)
         opts, keep = _options("Manager", tiers, events)
         h = ctypes.c_uint64(0)
         rc = lib.pagedkv_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), opts, ctypes.sizeof(_ffi.Options),
@@ -889,10 +892,10 @@ class HybridManager(_Core):
     """
 
     def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0,
-                 max_pinned_pages=0, tiers=None, events=None):
+                 max_pinned_pages=0, memory_limit=0, tiers=None, events=None):
         lib = _load()
         cfg = _config("HybridManager", num_pages, page_size, 0, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages)
+                      cascade_min_saved_pages, memory_limit)
         if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
             raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
         specs = (_ffi.LayerGroup * max(len(groups), 1))()
@@ -1222,14 +1225,15 @@ def _options(op, tiers, events):
 
 
 def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-            cascade_min_saved_pages):
+            cascade_min_saved_pages, memory_limit):
     """A checked pagedkv_config."""
     vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
-                max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages)
+                max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages,
+                memory_limit=memory_limit)
     for name, v in vals.items():
         _scalar(v, _I64, op, name)
     return _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
-                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages)
+                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages, memory_limit)
 
 
 def _reserve_args(op, request_ids, ntokens):

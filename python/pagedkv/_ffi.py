@@ -23,6 +23,7 @@ class Config(ctypes.Structure):
         ("max_pinned_pages", ctypes.c_int64),
         ("hash_seed", ctypes.c_uint64),
         ("cascade_min_saved_pages", ctypes.c_int64),
+        ("memory_limit", ctypes.c_int64),
     ]
 
 
