@@ -524,3 +524,16 @@ func goGroupStats(h uint64, g int64, size uintptr) ([]int64, int32) {
 // configSizes are the sizes pagedkv_create accepts: sizeof(pagedkv_config)
 // and that of ABI 2's first release, without memory_limit.
 var configSizes = [2]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2)}
+
+func goDestroyKeepMemory(h uint64) int32 {
+	return int32(pagedkv_destroy_keep_memory(C.pagedkv_manager(h)))
+}
+
+func goFreeMemory(h uint64) int32 { return int32(pagedkv_free_memory(C.pagedkv_manager(h))) }
+
+// kvPageIndices is the plan's kv_page_indices buffer, [0, cap), as the
+// caller sees it: memory it may keep a pointer to.
+func (p cPlan) kvPageIndices() []int32 {
+	a := p.c.kv_page_indices
+	return unsafe.Slice((*int32)(unsafe.Pointer(a.data)), int(a.cap))
+}

@@ -23,6 +23,9 @@
  *    reserve (pagedkv_reserve, _reserve_spec, or their pagedkv_hybrid_
  *    forms) or pagedkv_destroy of the handle; every other call,
  *    failed reserves included, leaves them alone. Never free or write them.
+ *    Every buffer ever handed out stays allocated until pagedkv_destroy
+ *    (or pagedkv_free_memory after pagedkv_destroy_keep_memory), so a
+ *    stale pointer reads old values, never freed memory.
  *  - The library keeps no pointer the caller passes in after the call
  *    returns (inputs are copied where they are kept).
  */
@@ -391,6 +394,16 @@ const char *pagedkv_last_error(void);
  * version's size, see pagedkv_config). */
 int32_t pagedkv_create(const pagedkv_config *cfg, size_t cfg_size, pagedkv_manager *out);
 int32_t pagedkv_destroy(pagedkv_manager m);
+/* Destroy m as pagedkv_destroy does (stores and sockets closed; every
+ * call on m fails with PAGEDKV_ERR_BAD_HANDLE), but keep every buffer it
+ * handed out (plan arrays of every step, the host memory the library
+ * allocated, tier copy lists) allocated, its values frozen, until
+ * pagedkv_free_memory(m): for a binding whose views of that memory may
+ * outlive the manager (the Python package frees it when the last view is
+ * gone). A write into kept memory is harmless; into freed memory it is
+ * not. */
+int32_t pagedkv_destroy_keep_memory(pagedkv_manager m);
+int32_t pagedkv_free_memory(pagedkv_manager m);
 
 /* Per request. matched_tokens may be NULL. */
 int32_t pagedkv_add(pagedkv_manager m, uint64_t id, const pagedkv_request *req, int64_t *matched_tokens);

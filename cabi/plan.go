@@ -108,15 +108,25 @@ func (h *handle) array(dst *C.pagedkv_array, s []int32) {
 	h.outs = append(h.outs, arrayOut{dst: dst, data: data, len: len(s), cap: cap(s)})
 }
 
-// pin makes the pinned set the buffers of the current plan. In steady
-// state the Manager reuses its buffers and this compares a few pointers.
+// pin pins the buffers of the current plan. A buffer stays pinned (and
+// alive) until the handle's memory is freed, even after the Manager moved
+// to a larger one: a view of a passed plan then reads stale values, and a
+// write into it changes memory nobody uses, never freed memory of the Go
+// heap (docs/c-abi.md, "Lifetimes"). Buffers grow by doubling, so what
+// is retired stays below what is in use. In steady state the Manager
+// reuses its buffers and this compares a few pointers.
 func (h *handle) pin() {
 	if slices.Equal(h.cur, h.pinned) {
 		return
 	}
-	h.pinner.Unpin()
+	if h.pinSet == nil {
+		h.pinSet = make(map[unsafe.Pointer]struct{})
+	}
 	for _, p := range h.cur {
-		h.pinner.Pin(p)
+		if _, ok := h.pinSet[p]; !ok {
+			h.pinner.Pin(p)
+			h.pinSet[p] = struct{}{}
+		}
 	}
 	h.pinned, h.cur = h.cur, h.pinned
 }

@@ -15,13 +15,16 @@ the Manager owns. The plan is current, and its arrays valid and unchanged,
 until the next successful reserve() or close() of the same Manager; failed
 calls and every other call (commit included) leave it alone. After that
 every property of the Plan and plan.copy() raise StalePlan. A view taken
-earlier (a = plan.kv_indptr) is not checked again: its memory may hold the
-next step's values or be freed, so take plan.copy() (or np.array(a)) to keep
-arrays longer. A view keeps its Manager alive, so garbage collection never
-destroys a Manager whose arrays are in use (close() does, explicitly),
-and close() raises Busy while another thread's call is in flight. The views are
-writable so that torch.from_numpy accepts them without a warning; the
-Manager never reads them back, but writing them is pointless.
+earlier (a = plan.kv_indptr) is not checked again: it may show the next
+step's values or stale ones, so take plan.copy() (or np.array(a)) to keep
+arrays longer. The memory of every view (plan arrays, tier_copies(),
+host_pages()) stays allocated as long as the view: a view keeps its Manager
+object alive, garbage collection never destroys a Manager whose arrays are
+in use, and close() ends the Manager (stores, sockets, calls) but frees the
+memory only when the Manager object and its last view are gone, so writing
+a view after close() is harmless. close() raises Busy while another
+thread's call is in flight. The views are writable so that torch.from_numpy
+accepts them without a warning; the Manager never reads plan arrays back.
 
 Errors. Every failure raises a subclass of PagedKVError named after the Go
 sentinel error (OutOfPages, UnknownRequest, ...) whose message names the bad
@@ -430,6 +433,7 @@ class _Core:
     def _init(self, lib, handle, num_pages, page_size, plan_words, views):
         self._lib = lib
         self._handle = handle
+        self._kept = 0  # after close(): the handle whose memory the views may still use
         self.num_pages, self.page_size = num_pages, page_size
         self._lock = threading.Lock()  # held by the call in flight (see _exclusive)
         self._generation = 0  # step generation: +1 on every successful reserve and on close
@@ -444,12 +448,17 @@ class _Core:
 
     @_exclusive
     def close(self):
-        """Destroy the Manager; every Plan's arrays become invalid."""
+        """Destroy the Manager: its stores and sockets close now, every Plan
+        becomes stale and every call raises BadHandle. The memory the numpy
+        views point into (plan arrays, tier_copies(), host_pages()) stays
+        allocated until this object and the last view are gone, so a view
+        written after close() (a copy still in flight at shutdown) changes
+        memory nobody reads, and never kills the process."""
         if self._handle:
-            rc = self._lib.pagedkv_destroy(self._handle)
+            rc = self._lib.pagedkv_destroy_keep_memory(self._handle)
             if rc:
                 _raise(self._lib, rc)
-            self._handle = 0
+            self._kept, self._handle = self._handle, 0
             self._generation += 1
             self._views = [[None] * len(v) for v in self._views]
 
@@ -466,9 +475,14 @@ class _Core:
         self.close()
 
     def __del__(self):
+        # Every view of the Manager's memory refers to this object (_base,
+        # _c_view), so this runs only when none is left: the memory can go.
         try:
             if self._handle:
                 self._lib.pagedkv_destroy(self._handle)
+            elif self._kept:
+                self._lib.pagedkv_free_memory(self._kept)
+                self._kept = 0
         except Exception:
             pass
 
@@ -601,8 +615,8 @@ class _Core:
 
     def _base(self, data, cap):
         """A numpy view of [data, data+cap) that keeps this Manager alive, so
-        that garbage collection never destroys a Manager whose arrays are
-        still referenced (close() still ends them, as documented)."""
+        that garbage collection never destroys a Manager, or frees the memory
+        close() kept, while its arrays are still referenced."""
         buf = (ctypes.c_int32 * cap).from_address(data)
         buf._owner = self
         return np.frombuffer(buf, dtype=np.int32)

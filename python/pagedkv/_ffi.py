@@ -277,6 +277,8 @@ def _declare(lib):
         "pagedkv_last_error": (ctypes.c_char_p, []),
         "pagedkv_create": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(u64)]),
         "pagedkv_destroy": (i32, [u64]),
+        "pagedkv_destroy_keep_memory": (i32, [u64]),
+        "pagedkv_free_memory": (i32, [u64]),
         "pagedkv_add": (i32, [u64, u64, ctypes.POINTER(Request), ctypes.POINTER(i64)]),
         "pagedkv_extend": (i32, [u64, u64, vp, i64]),
         "pagedkv_fork": (i32, [u64, u64, u64]),
