@@ -734,7 +734,8 @@ class _Core:
     def tier_copies(self):
         """The tier copies planned since the last call, as a TierCopies of
         numpy views (ids uint64, dirs, device_pages, host_pages int32), valid
-        until the next tier_copies() or close(). Run each (every layer's K
+        until the next tier_copies() or close() (their memory lives as long
+        as the views). Run each (every layer's K
         and V of the device page to the host page, dir TO_HOST, or back) and
         report it with complete_tier_copies(). Raises BadConfig without tiers."""
         raw = _ffi.TierCopies()
@@ -762,7 +763,9 @@ class _Core:
     @_exclusive
     def host_pages(self):
         """The host pages' bytes as a writable numpy uint8 view [host_pages,
-        page_bytes] (None without a page format); valid until close()."""
+        page_bytes] (None without a page format). The library uses them
+        until close(); the memory lives as long as the view (a write after
+        close() is harmless)."""
         data, pb, n = ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int64(0)
         self._check(self._lib.pagedkv_host_memory(self._handle, ctypes.byref(data), ctypes.byref(pb), ctypes.byref(n)))
         if not data.value or not pb.value:
