@@ -133,6 +133,10 @@ func (h *handle) freeMemory() {
 		C.free(unsafe.Pointer(h.plans[i].levels))
 		h.plans[i].levels, h.plans[i].levelsCap = nil, 0
 	}
+	for _, p := range h.retiredC {
+		C.free(p)
+	}
+	h.retiredC = nil
 }
 
 // ---- Per request ----

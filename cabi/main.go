@@ -87,6 +87,9 @@ type handle struct {
 	pinner      runtime.Pinner
 	pinSet      map[unsafe.Pointer]struct{}
 	pinned, cur []unsafe.Pointer
+	// retiredC are C arrays handed out before (cascade level arrays that
+	// grew), freed with the handle's memory.
+	retiredC []unsafe.Pointer
 	// outs is export's scratch: the descriptors it writes after pinning.
 	outs []arrayOut
 

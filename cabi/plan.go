@@ -51,11 +51,17 @@ func (h *handle) gather(e *planExport, out *C.pagedkv_plan, p *pagedkv.Plan) {
 		h.queryRows(e, l.RequestOrder, l.RequestQOIndptr, p.QOIndptr)
 		h.array(&out.query_rows, e.rows)
 		if len(l.Levels) > e.levelsCap {
-			nl := (*C.pagedkv_level)(C.realloc(unsafe.Pointer(e.levels), C.size_t(len(l.Levels))*C.sizeof_pagedkv_level))
+			// A new array; the old one stays allocated until the handle's
+			// memory is freed, like every buffer handed out.
+			c := max(len(l.Levels), 2*e.levelsCap)
+			nl := (*C.pagedkv_level)(C.malloc(C.size_t(c) * C.sizeof_pagedkv_level))
 			if nl == nil {
 				panic("cabi: out of C memory for cascade levels")
 			}
-			e.levels, e.levelsCap = nl, len(l.Levels)
+			if e.levels != nil {
+				h.retiredC = append(h.retiredC, unsafe.Pointer(e.levels))
+			}
+			e.levels, e.levelsCap = nl, c
 		}
 		levels := unsafe.Slice(e.levels, e.levelsCap)[:len(l.Levels)]
 		for i, lv := range l.Levels {
