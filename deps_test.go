@@ -99,7 +99,7 @@ var layering = map[string]pkgRule{
 	"prefixcache": at(L3, "allocator", "internal/invariants"),
 
 	// The engine-facing facade.
-	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "cascade", "internal/invariants", "tier", "tier/host", "go.uber.org/atomic"),
+	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "go.uber.org/atomic"),
 	// KV-cache events. events encodes and publishes (the Manager's
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
 	// hash chain with the Manager (prefixcache) but no code with events: its

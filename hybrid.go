@@ -112,6 +112,9 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	if err := layergroup.ValidateGroups(cfg.Groups, cfg.PageSize); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	if err := checkMemory(&cfg.Config, len(cfg.Groups), fmt.Sprintf("a HybridManager of %d groups", len(cfg.Groups))); err != nil {
+		return nil, err
+	}
 	var sinks GroupEventSink
 	if cfg.CacheEvents != nil {
 		gs, ok := cfg.CacheEvents.(GroupEventSink)

@@ -118,6 +118,16 @@ type Config struct {
 	// priority level: "lru" (the default, also for ""), "slru", "srrip" or "arc"
 	// (prefixcache.PolicyNames; docs/replay.md compares them).
 	Eviction string
+	// MemoryLimit bounds the memory the configuration asks for
+	// ([Config.AllocBytes], [HybridConfig.AllocBytes]: the bookkeeping of
+	// every page in every group, and the host tier's pages), checked
+	// before anything is allocated. 0 means this machine's physical
+	// memory, so that a configuration that can never fit is refused by
+	// name (ErrBadConfig, wrapping sysmem's error with the bytes needed
+	// and the limit) instead of the process dying out of memory while it
+	// initialises; < 0 is invalid. Raise it only for a machine whose
+	// memory the library cannot see (it never lowers what is safe).
+	MemoryLimit int64
 }
 
 // Request describes a request to [Manager.Add].
@@ -295,6 +305,9 @@ func New(cfg Config) (*Manager, error) {
 	group := layergroup.Spec{Kind: layergroup.Full, NumLayers: 1}
 	if cfg.WindowTokens > 0 {
 		group = layergroup.Spec{Kind: layergroup.Sliding, WindowTokens: cfg.WindowTokens, NumLayers: 1}
+	}
+	if err := checkMemory(&cfg, 1, "a Manager"); err != nil {
+		return nil, err
 	}
 	alloc, err := allocator.New(allocator.Config{NumPages: cfg.NumPages})
 	if err != nil {

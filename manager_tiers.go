@@ -286,7 +286,8 @@ func newTiers(cfg *Config) (*tiers, error) {
 	case tc.OffloadFreePages < 0 || tc.OffloadFreePages > cfg.NumPages:
 		return nil, fmt.Errorf("%w: Tiers.OffloadFreePages = %d, want 0..NumPages (%d)", ErrBadConfig, tc.OffloadFreePages, cfg.NumPages)
 	}
-	hp, err := host.New(host.Config{NumPages: tc.HostPages, PageSize: cfg.PageSize, PageBytes: pageBytes, Memory: tc.HostMemory})
+	hp, err := host.New(host.Config{NumPages: tc.HostPages, PageSize: cfg.PageSize, PageBytes: pageBytes, Memory: tc.HostMemory,
+		MemoryLimit: cfg.MemoryLimit})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}

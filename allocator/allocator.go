@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/pagedkv/pagedkv/internal/invariants"
 )
@@ -59,6 +60,13 @@ type Allocator struct {
 
 	// shared is the number of pages with refs >= 2.
 	shared int
+}
+
+// AllocBytes is the memory New takes for a pool of numPages pages: a
+// free-list slot and a reference count per page (numPages clamped to
+// MaxPages+1, so the result never overflows).
+func AllocBytes(numPages int) int64 {
+	return int64(min(max(numPages, 0), MaxPages+1)) * int64(unsafe.Sizeof(PageID(0))+unsafe.Sizeof(int32(0)))
 }
 
 // New returns a pool of cfg.NumPages free pages. Pages are first handed out

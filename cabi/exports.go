@@ -37,10 +37,11 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 	switch {
 	case cfg == nil || out == nil:
 		return pagedkv.Config{}, badArg("%s: cfg = %p, out = %p; both are required", op, cfg, out), false
-	case size != C.sizeof_pagedkv_config:
-		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d", op, uint64(size), C.sizeof_pagedkv_config), false
+	case size != C.sizeof_pagedkv_config && size != configSizeV2:
+		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without memory_limit)",
+			op, uint64(size), C.sizeof_pagedkv_config, configSizeV2), false
 	}
-	return pagedkv.Config{
+	gcfg := pagedkv.Config{
 		NumPages:             int(cfg.num_pages),
 		PageSize:             int(cfg.page_size),
 		WindowTokens:         int(cfg.window_tokens),
@@ -48,8 +49,17 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 		MaxPinnedPages:       int(cfg.max_pinned_pages),
 		HashSeed:             uint64(cfg.hash_seed),
 		CascadeMinSavedPages: int(cfg.cascade_min_saved_pages),
-	}, C.PAGEDKV_OK, true
+	}
+	if size == C.sizeof_pagedkv_config { // a caller of an earlier header has no memory_limit
+		gcfg.MemoryLimit = int64(cfg.memory_limit)
+	}
+	return gcfg, C.PAGEDKV_OK, true
 }
+
+// configSizeV2 is the size of pagedkv_config before memory_limit was
+// appended (ABI version 2 as first published): callers built with that
+// header keep working, with the default memory limit.
+const configSizeV2 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.memory_limit))
 
 //export pagedkv_destroy
 func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
@@ -64,16 +74,69 @@ func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
 	registry.Lock()
 	delete(registry.handles, uint64(id))
 	registry.Unlock()
+	h.ext.closeIO()
+	h.freeMemory()
+	// busy stays set: a thread that looked the handle up before the delete
+	// gets PAGEDKV_ERR_BUSY, never a destroyed Manager.
+	return C.PAGEDKV_OK
+}
+
+// pagedkv_destroy_keep_memory destroys m as pagedkv_destroy does (its
+// stores and sockets closed, every call on it PAGEDKV_ERR_BAD_HANDLE), but
+// keeps the memory it handed out allocated, unchanging, until
+// pagedkv_free_memory(m): for bindings whose views of that memory may
+// outlive the manager (Python's numpy views).
+//
+//export pagedkv_destroy_keep_memory
+func pagedkv_destroy_keep_memory(id C.pagedkv_manager) (code C.int32_t) {
+	defer recoverTo(&code)
+	h := lookup(id)
+	if h == nil {
+		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: destroy_keep_memory: no manager with handle %d", uint64(id)))
+	}
+	if !h.busy.CompareAndSwap(false, true) {
+		return fail(C.PAGEDKV_ERR_BUSY, fmt.Sprintf("pagedkv: destroy_keep_memory: manager %d is in use by another thread", uint64(id)))
+	}
+	registry.Lock()
+	delete(registry.handles, uint64(id))
+	registry.kept[uint64(id)] = h
+	registry.Unlock()
+	h.ext.closeIO()
+	// The Manager goes; what it handed out stays pinned (h.pinner, the
+	// extras' host pin) or allocated (C buffers) until free_memory.
+	h.m, h.t, h.dense, h.hybrid = nil, nil, nil, nil
+	return C.PAGEDKV_OK
+}
+
+// pagedkv_free_memory frees what pagedkv_destroy_keep_memory(m) kept.
+//
+//export pagedkv_free_memory
+func pagedkv_free_memory(id C.pagedkv_manager) (code C.int32_t) {
+	defer recoverTo(&code)
+	registry.Lock()
+	h := registry.kept[uint64(id)]
+	delete(registry.kept, uint64(id))
+	registry.Unlock()
+	if h == nil {
+		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: free_memory: no memory kept for handle %d (destroy_keep_memory keeps it, once)", uint64(id)))
+	}
+	h.freeMemory()
+	return C.PAGEDKV_OK
+}
+
+// freeMemory unpins every buffer h handed out and frees its C memory.
+func (h *handle) freeMemory() {
 	h.pinner.Unpin()
-	h.pinned = h.pinned[:0]
-	h.ext.close()
+	h.pinSet, h.pinned, h.cur = nil, nil, nil
+	h.ext.free()
 	for i := range h.plans {
 		C.free(unsafe.Pointer(h.plans[i].levels))
 		h.plans[i].levels, h.plans[i].levelsCap = nil, 0
 	}
-	// busy stays set: a thread that looked the handle up before the delete
-	// gets PAGEDKV_ERR_BUSY, never a destroyed Manager.
-	return C.PAGEDKV_OK
+	for _, p := range h.retiredC {
+		C.free(p)
+	}
+	h.retiredC = nil
 }
 
 // ---- Per request ----

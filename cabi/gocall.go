@@ -2,6 +2,7 @@ package main
 
 /*
 #include <stdlib.h>
+#include <string.h>
 #define PAGEDKV_NO_PROTOTYPES
 #include "pagedkv.h"
 const char *pagedkv_last_error(void);
@@ -40,6 +41,7 @@ type abiConfig struct {
 	NumPages, PageSize, WindowTokens, Priorities, MaxPinnedPages int64
 	HashSeed                                                     uint64
 	CascadeMinSavedPages                                         int64
+	MemoryLimit                                                  int64
 }
 
 func (cfg abiConfig) c() C.pagedkv_config {
@@ -47,6 +49,7 @@ func (cfg abiConfig) c() C.pagedkv_config {
 		num_pages: C.int64_t(cfg.NumPages), page_size: C.int64_t(cfg.PageSize), window_tokens: C.int64_t(cfg.WindowTokens),
 		priorities: C.int64_t(cfg.Priorities), max_pinned_pages: C.int64_t(cfg.MaxPinnedPages),
 		hash_seed: C.uint64_t(cfg.HashSeed), cascade_min_saved_pages: C.int64_t(cfg.CascadeMinSavedPages),
+		memory_limit: C.int64_t(cfg.MemoryLimit),
 	}
 }
 
@@ -276,11 +279,20 @@ func goTruncate(h, id uint64, n int64) int32 {
 type abiGroup struct{ Kind, WindowTokens, ChunkTokens, NumLayers int64 }
 
 func goHybridCreate(cfg abiConfig, groups []abiGroup) (uint64, int32) {
+	return goHybridCreateSized(cfg, groups, C.sizeof_pagedkv_config)
+}
+
+// goHybridCreateSized is goHybridCreate passing cfgSize as cfg_size (the
+// config is in C memory of exactly that size, as an older caller's is).
+func goHybridCreateSized(cfg abiConfig, groups []abiGroup, cfgSize uintptr) (uint64, int32) {
 	c := cfg.c()
+	cc := C.malloc(C.size_t(max(cfgSize, 1)))
+	defer C.free(cc)
+	C.memcpy(cc, unsafe.Pointer(&c), C.size_t(min(cfgSize, C.sizeof_pagedkv_config)))
 	gs := cGroups(groups)
 	defer C.free(unsafe.Pointer(gs))
 	var h C.pagedkv_manager
-	code := pagedkv_hybrid_create(&c, C.sizeof_pagedkv_config, gs, C.int64_t(len(groups)), C.sizeof_pagedkv_layer_group, &h)
+	code := pagedkv_hybrid_create((*C.pagedkv_config)(cc), C.size_t(cfgSize), gs, C.int64_t(len(groups)), C.sizeof_pagedkv_layer_group, &h)
 	return uint64(h), int32(code)
 }
 
@@ -507,4 +519,21 @@ func goGroupStats(h uint64, g int64, size uintptr) ([]int64, int32) {
 	}
 	code := int32(pagedkv_hybrid_get_group_stats(C.pagedkv_manager(h), C.int64_t(g), p, C.size_t(size)))
 	return append([]int64(nil), v...), code
+}
+
+// configSizes are the sizes pagedkv_create accepts: sizeof(pagedkv_config)
+// and that of ABI 2's first release, without memory_limit.
+var configSizes = [2]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2)}
+
+func goDestroyKeepMemory(h uint64) int32 {
+	return int32(pagedkv_destroy_keep_memory(C.pagedkv_manager(h)))
+}
+
+func goFreeMemory(h uint64) int32 { return int32(pagedkv_free_memory(C.pagedkv_manager(h))) }
+
+// kvPageIndices is the plan's kv_page_indices buffer, [0, cap), as the
+// caller sees it: memory it may keep a pointer to.
+func (p cPlan) kvPageIndices() []int32 {
+	a := p.c.kv_page_indices
+	return unsafe.Slice((*int32)(unsafe.Pointer(a.data)), int(a.cap))
 }

@@ -21,6 +21,10 @@ var groupKinds = [...]pagedkv.LayerGroup{
 	C.PAGEDKV_GROUP_MLA:     {Kind: pagedkv.MLAAttention},
 }
 
+// maxGroups bounds pagedkv_hybrid_create's num_groups (before the memory
+// check, which bounds groups x pages).
+const maxGroups = 1 << 16
+
 // The hybrid calls: a handle whose manager is a pagedkv.HybridManager. The
 // shared calls (add, commit, ...) reach it through handle.m; these are the
 // ones whose arguments or results have groups.
@@ -48,8 +52,8 @@ func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_
 	switch {
 	case groupSize != C.sizeof_pagedkv_layer_group:
 		return badArg("hybrid_create: group_size = %d, want sizeof(pagedkv_layer_group) = %d", uint64(groupSize), C.sizeof_pagedkv_layer_group)
-	case n < 1 || n > 1<<16:
-		return badArg("hybrid_create: num_groups = %d, want 1..65536", int64(n))
+	case n < 1 || n > maxGroups:
+		return badArg("hybrid_create: num_groups = %d, want 1..%d", int64(n), maxGroups)
 	case groups == nil:
 		return badArg("hybrid_create: groups is NULL with num_groups = %d", int64(n))
 	}

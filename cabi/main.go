@@ -9,12 +9,16 @@
 // descriptors. The arrays of a plan are the Manager's own reused buffers
 // (Go memory, zero copy); before a plan is handed out, the handle pins every
 // buffer the plan points into, so cgo's rules allow C to keep the pointers
-// and the collector neither frees nor moves them. Pins change only when a
+// and the collector neither frees nor moves them. Pins are added only when a
 // successful Reserve hands out a buffer that is not pinned yet (a buffer
-// grew), at which point the previous step's buffers are unpinned: that is
-// why a plan's arrays are valid until the next successful reserve, and no
-// longer. Nothing the caller passes in is kept after a call returns: the
-// Manager copies what it keeps (prompts, tokens, namespaces).
+// grew); the previous step's buffers stay pinned, unused, until the
+// handle's memory is freed, so a stale pointer into them (valid only
+// until the next successful reserve) never reaches freed Go memory.
+// Destroy frees it all; pagedkv_destroy_keep_memory ends the Manager and
+// keeps the memory for pagedkv_free_memory (the Python package, whose
+// numpy views may outlive close()). Nothing the caller passes in is kept
+// after a call returns: the Manager copies what it keeps (prompts, tokens,
+// namespaces).
 //
 // Tiers and KV events (tiers.go). pagedkv_create_ex and
 // pagedkv_hybrid_create_ex take one options struct for both kinds of
@@ -77,10 +81,15 @@ type handle struct {
 	hybrid   *pagedkv.HybridManager
 	poisoned bool
 
-	// pinner pins the buffers in pinned (their first elements): exactly
-	// the buffers the last successful Reserve handed out. cur is scratch.
+	// pinner pins every buffer a successful reserve ever handed out (the
+	// set pinSet; their first elements) until the handle's memory is
+	// freed; pinned are those of the last one. cur is scratch.
 	pinner      runtime.Pinner
+	pinSet      map[unsafe.Pointer]struct{}
 	pinned, cur []unsafe.Pointer
+	// retiredC are C arrays handed out before (cascade level arrays that
+	// grew), freed with the handle's memory.
+	retiredC []unsafe.Pointer
 	// outs is export's scratch: the descriptors it writes after pinning.
 	outs []arrayOut
 
@@ -159,6 +168,9 @@ var registry struct {
 	sync.RWMutex
 	next    uint64
 	handles map[uint64]*handle
+	// kept are handles destroyed by pagedkv_destroy_keep_memory whose
+	// memory is not freed yet (pagedkv_free_memory).
+	kept map[uint64]*handle
 }
 
 func lookup(id C.pagedkv_manager) *handle {
@@ -339,4 +351,5 @@ func init() {
 		panic("cabi: RequestID or PageID changed size")
 	}
 	registry.handles = make(map[uint64]*handle)
+	registry.kept = make(map[uint64]*handle)
 }

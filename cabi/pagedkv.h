@@ -23,6 +23,9 @@
  *    reserve (pagedkv_reserve, _reserve_spec, or their pagedkv_hybrid_
  *    forms) or pagedkv_destroy of the handle; every other call,
  *    failed reserves included, leaves them alone. Never free or write them.
+ *    Every buffer ever handed out stays allocated until pagedkv_destroy
+ *    (or pagedkv_free_memory after pagedkv_destroy_keep_memory), so a
+ *    stale pointer reads old values, never freed memory.
  *  - The library keeps no pointer the caller passes in after the call
  *    returns (inputs are copied where they are kept).
  */
@@ -64,7 +67,10 @@ enum {
 };
 
 /* Config of pagedkv_create (Go: pagedkv.Config). Zero means the Go default
- * wherever Go has one. */
+ * wherever Go has one. Fields are only ever appended: cfg_size may be
+ * sizeof(pagedkv_config) or the size of an earlier version of it (up to
+ * and including cascade_min_saved_pages: offsetof(pagedkv_config,
+ * memory_limit)); the fields it leaves out take their defaults. */
 typedef struct {
 	int64_t num_pages;               /* pages in the pool, >= 1 */
 	int64_t page_size;               /* tokens per page, >= 1 */
@@ -73,6 +79,9 @@ typedef struct {
 	int64_t max_pinned_pages;        /* 0 = no cap */
 	uint64_t hash_seed;              /* 0 = random */
 	int64_t cascade_min_saved_pages; /* 0 = 16; negative disables cascade plans */
+	int64_t memory_limit;            /* bytes the configuration may ask for (Go: Config.MemoryLimit);
+	                                    0 = this machine's physical memory; above it create fails
+	                                    with PAGEDKV_ERR_BAD_CONFIG naming the bytes needed */
 } pagedkv_config;
 
 /* A prefix-cache namespace: three byte strings (not NUL-terminated; a NULL
@@ -381,9 +390,20 @@ int32_t pagedkv_abi_version(void);
  * none). Valid until the thread's next pagedkv call. */
 const char *pagedkv_last_error(void);
 
-/* Create and destroy. cfg_size must be sizeof(pagedkv_config). */
+/* Create and destroy. cfg_size is sizeof(pagedkv_config) (or an earlier
+ * version's size, see pagedkv_config). */
 int32_t pagedkv_create(const pagedkv_config *cfg, size_t cfg_size, pagedkv_manager *out);
 int32_t pagedkv_destroy(pagedkv_manager m);
+/* Destroy m as pagedkv_destroy does (stores and sockets closed; every
+ * call on m fails with PAGEDKV_ERR_BAD_HANDLE), but keep every buffer it
+ * handed out (plan arrays of every step, the host memory the library
+ * allocated, tier copy lists) allocated, its values frozen, until
+ * pagedkv_free_memory(m): for a binding whose views of that memory may
+ * outlive the manager (the Python package frees it when the last view is
+ * gone). A write into kept memory is harmless; into freed memory it is
+ * not. */
+int32_t pagedkv_destroy_keep_memory(pagedkv_manager m);
+int32_t pagedkv_free_memory(pagedkv_manager m);
 
 /* Per request. matched_tokens may be NULL. */
 int32_t pagedkv_add(pagedkv_manager m, uint64_t id, const pagedkv_request *req, int64_t *matched_tokens);

@@ -51,11 +51,17 @@ func (h *handle) gather(e *planExport, out *C.pagedkv_plan, p *pagedkv.Plan) {
 		h.queryRows(e, l.RequestOrder, l.RequestQOIndptr, p.QOIndptr)
 		h.array(&out.query_rows, e.rows)
 		if len(l.Levels) > e.levelsCap {
-			nl := (*C.pagedkv_level)(C.realloc(unsafe.Pointer(e.levels), C.size_t(len(l.Levels))*C.sizeof_pagedkv_level))
+			// A new array; the old one stays allocated until the handle's
+			// memory is freed, like every buffer handed out.
+			c := max(len(l.Levels), 2*e.levelsCap)
+			nl := (*C.pagedkv_level)(C.malloc(C.size_t(c) * C.sizeof_pagedkv_level))
 			if nl == nil {
 				panic("cabi: out of C memory for cascade levels")
 			}
-			e.levels, e.levelsCap = nl, len(l.Levels)
+			if e.levels != nil {
+				h.retiredC = append(h.retiredC, unsafe.Pointer(e.levels))
+			}
+			e.levels, e.levelsCap = nl, c
 		}
 		levels := unsafe.Slice(e.levels, e.levelsCap)[:len(l.Levels)]
 		for i, lv := range l.Levels {
@@ -108,15 +114,25 @@ func (h *handle) array(dst *C.pagedkv_array, s []int32) {
 	h.outs = append(h.outs, arrayOut{dst: dst, data: data, len: len(s), cap: cap(s)})
 }
 
-// pin makes the pinned set the buffers of the current plan. In steady
-// state the Manager reuses its buffers and this compares a few pointers.
+// pin pins the buffers of the current plan. A buffer stays pinned (and
+// alive) until the handle's memory is freed, even after the Manager moved
+// to a larger one: a view of a passed plan then reads stale values, and a
+// write into it changes memory nobody uses, never freed memory of the Go
+// heap (docs/c-abi.md, "Lifetimes"). Buffers grow by doubling, so what
+// is retired stays below what is in use. In steady state the Manager
+// reuses its buffers and this compares a few pointers.
 func (h *handle) pin() {
 	if slices.Equal(h.cur, h.pinned) {
 		return
 	}
-	h.pinner.Unpin()
+	if h.pinSet == nil {
+		h.pinSet = make(map[unsafe.Pointer]struct{})
+	}
 	for _, p := range h.cur {
-		h.pinner.Pin(p)
+		if _, ok := h.pinSet[p]; !ok {
+			h.pinner.Pin(p)
+			h.pinSet[p] = struct{}{}
+		}
 	}
 	h.pinned, h.cur = h.cur, h.pinned
 }

@@ -44,6 +44,7 @@ type extras struct {
 	cIDs               *C.uint64_t
 	cDirs, cDev, cHost *C.int32_t
 	copiesCap          int
+	retired            []unsafe.Pointer // tier copy lists handed out before the current ones (C memory)
 	hashes             []uint64
 	rec                *events.Recorder
 	q                  *events.Queue
@@ -406,8 +407,15 @@ func newRecorder(rc events.RecorderConfig, capacity int) (*events.Recorder, *eve
 	return rec, q, nil
 }
 
-// close closes the stores and frees the C buffers.
+// close closes the stores and the publisher and frees the memory.
 func (ext *extras) close() {
+	ext.closeIO()
+	ext.free()
+}
+
+// closeIO closes the stores and the publisher: what destroy ends at once,
+// even when the memory handed out is kept (pagedkv_destroy_keep_memory).
+func (ext *extras) closeIO() {
 	if ext == nil {
 		return
 	}
@@ -419,10 +427,22 @@ func (ext *extras) close() {
 		ext.pub.Close() //nolint:errcheck // nothing to report it to
 		ext.pub = nil
 	}
+}
+
+// free unpins the host memory Go allocated and frees the C buffers, the
+// tier copy lists handed out before (retired) included.
+func (ext *extras) free() {
+	if ext == nil {
+		return
+	}
 	ext.hostPin.Unpin()
 	for _, p := range [...]unsafe.Pointer{unsafe.Pointer(ext.cIDs), unsafe.Pointer(ext.cDirs), unsafe.Pointer(ext.cDev), unsafe.Pointer(ext.cHost), ext.cPayload} {
 		C.free(p)
 	}
+	for _, p := range ext.retired {
+		C.free(p)
+	}
+	ext.retired = nil
 	ext.cIDs, ext.cDirs, ext.cDev, ext.cHost, ext.cPayload, ext.copiesCap, ext.cPayloadCap = nil, nil, nil, nil, nil, 0, 0
 }
 
@@ -469,26 +489,22 @@ func pagedkv_tier_copies_take(id C.pagedkv_manager, out *C.pagedkv_tier_copies) 
 	e.copies = h.t.TierCopies(e.copies[:0])
 	n := len(e.copies)
 	if n > e.copiesCap {
+		// New lists; the ones handed out before stay allocated until the
+		// handle's memory is freed, so a stale view of them is never a
+		// write into freed memory (docs/c-abi.md, "Lifetimes"). Doubling
+		// keeps what is retired below what is in use.
 		c := max(n, 2*e.copiesCap, 16)
-		ids := C.realloc(unsafe.Pointer(e.cIDs), C.size_t(c)*8)
-		if ids != nil {
-			e.cIDs = (*C.uint64_t)(ids)
-		}
-		dirs := C.realloc(unsafe.Pointer(e.cDirs), C.size_t(c)*4)
-		if dirs != nil {
-			e.cDirs = (*C.int32_t)(dirs)
-		}
-		dev := C.realloc(unsafe.Pointer(e.cDev), C.size_t(c)*4)
-		if dev != nil {
-			e.cDev = (*C.int32_t)(dev)
-		}
-		host := C.realloc(unsafe.Pointer(e.cHost), C.size_t(c)*4)
-		if host != nil {
-			e.cHost = (*C.int32_t)(host)
-		}
+		ids, dirs, dev, host := C.malloc(C.size_t(c)*8), C.malloc(C.size_t(c)*4), C.malloc(C.size_t(c)*4), C.malloc(C.size_t(c)*4)
 		if ids == nil || dirs == nil || dev == nil || host == nil {
+			for _, p := range [...]unsafe.Pointer{ids, dirs, dev, host} {
+				C.free(p)
+			}
 			panic("cabi: out of C memory for tier copies")
 		}
+		if e.cIDs != nil {
+			e.retired = append(e.retired, unsafe.Pointer(e.cIDs), unsafe.Pointer(e.cDirs), unsafe.Pointer(e.cDev), unsafe.Pointer(e.cHost))
+		}
+		e.cIDs, e.cDirs, e.cDev, e.cHost = (*C.uint64_t)(ids), (*C.int32_t)(dirs), (*C.int32_t)(dev), (*C.int32_t)(host)
 		e.copiesCap = c
 	}
 	offloads := 0

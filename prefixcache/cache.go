@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unsafe"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/invariants"
@@ -221,6 +222,32 @@ type noCopy struct{}
 
 func (*noCopy) Lock()   {}
 func (*noCopy) Unlock() {}
+
+// AllocBytes is the memory a Cache of cfg takes over its life for its
+// pages: a node, PageSize tokens and two index slots per page, and with
+// the "arc" policy each priority level's ghost list (a hash, a list byte
+// and two index slots per page, taken at its first eviction). Callers that
+// bound the memory a configuration asks for add it up (pagedkv's
+// Config.MemoryLimit). Counts beyond what New accepts are clamped first
+// (NumPages to MaxPages+1, PageSize to 2^32, Priorities to
+// MaxPriorities), so the result never overflows and stays above any real
+// memory.
+func AllocBytes(cfg Config) int64 {
+	n := int64(min(max(cfg.NumPages, 0), allocator.MaxPages+1))
+	slots := int64(2)
+	for slots < 2*n {
+		slots *= 2
+	}
+	need := n*(int64(unsafe.Sizeof(node{}))+4*min(int64(max(cfg.PageSize, 0)), 1<<32)) + slots*int64(unsafe.Sizeof(slot{}))
+	if cfg.Eviction == PolicyARC {
+		levels := int64(min(max(cfg.Priorities, 0), MaxPriorities))
+		if levels == 0 {
+			levels = DefaultPriorities
+		}
+		need += levels * (n*(8+1) + slots*4)
+	}
+	return need
+}
 
 // New returns an empty cache.
 func New(cfg Config) (*Cache, error) {

@@ -224,7 +224,9 @@ static void bad_config(void) {
 	}
 	pagedkv_config cfg = {.num_pages = 8, .page_size = 4};
 	pagedkv_manager m = 0;
-	CHECK(pagedkv_create(&cfg, sizeof cfg - 8, &m) == PAGEDKV_ERR_BAD_ARGUMENT && m == 0, "short cfg_size");
+	CHECK(pagedkv_create(&cfg, sizeof cfg - 4, &m) == PAGEDKV_ERR_BAD_ARGUMENT && m == 0, "short cfg_size");
+	CHECK(pagedkv_create(&cfg, offsetof(pagedkv_config, memory_limit) - 8, &m) == PAGEDKV_ERR_BAD_ARGUMENT && m == 0,
+	      "cfg_size of no version");
 	CHECK(pagedkv_create(NULL, sizeof cfg, &m) == PAGEDKV_ERR_BAD_ARGUMENT, "NULL cfg");
 	CHECK(pagedkv_create(&cfg, sizeof cfg, NULL) == PAGEDKV_ERR_BAD_ARGUMENT, "NULL out");
 	checked += 3;
@@ -557,7 +559,27 @@ static void hybrid(void) {
 	CHECK(pagedkv_hybrid_create(&cfg, sizeof cfg, NULL, 2, sizeof groups[0], &h) == PAGEDKV_ERR_BAD_ARGUMENT &&
 	          h == 12345,
 	      "NULL groups: %s", pagedkv_last_error());
-	checked += 7;
+
+	// Issue 35: 65,536 groups of 4,096 pages (38 GiB of bookkeeping) killed
+	// the process; now refused before anything is allocated, naming the
+	// groups, pages, bytes and limit (here memory_limit, 1 GiB).
+	enum { many = 65536 };
+	pagedkv_layer_group *lots = calloc(many, sizeof *lots);
+	CHECK(lots != NULL, "calloc");
+	for (int i = 0; i < many; i++) lots[i].num_layers = 1;
+	pagedkv_config huge = {.num_pages = 4096, .page_size = 16, .memory_limit = (int64_t)1 << 30};
+	CHECK(pagedkv_hybrid_create(&huge, sizeof huge, lots, many, sizeof lots[0], &h) == PAGEDKV_ERR_BAD_CONFIG &&
+	          strstr(pagedkv_last_error(), "65536 groups, NumPages = 4096") != NULL &&
+	          strstr(pagedkv_last_error(), "more than MemoryLimit (1073741824 bytes)") != NULL && h == 12345,
+	      "65536 groups x 4096 pages: %s", pagedkv_last_error());
+	// A caller of the header before memory_limit passes its smaller size.
+	huge.memory_limit = 1;
+	CHECK(pagedkv_hybrid_create(&huge, offsetof(pagedkv_config, memory_limit), lots, 2, sizeof lots[0], &h) ==
+	          PAGEDKV_OK,
+	      "cfg_size without memory_limit: %s", pagedkv_last_error());
+	OK(pagedkv_destroy(h));
+	free(lots);
+	checked += 10;
 }
 
 // memmem-free search for a byte string in a payload.

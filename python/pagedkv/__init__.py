@@ -15,13 +15,16 @@ the Manager owns. The plan is current, and its arrays valid and unchanged,
 until the next successful reserve() or close() of the same Manager; failed
 calls and every other call (commit included) leave it alone. After that
 every property of the Plan and plan.copy() raise StalePlan. A view taken
-earlier (a = plan.kv_indptr) is not checked again: its memory may hold the
-next step's values or be freed, so take plan.copy() (or np.array(a)) to keep
-arrays longer. A view keeps its Manager alive, so garbage collection never
-destroys a Manager whose arrays are in use (close() does, explicitly),
-and close() raises Busy while another thread's call is in flight. The views are
-writable so that torch.from_numpy accepts them without a warning; the
-Manager never reads them back, but writing them is pointless.
+earlier (a = plan.kv_indptr) is not checked again: it may show the next
+step's values or stale ones, so take plan.copy() (or np.array(a)) to keep
+arrays longer. The memory of every view (plan arrays, tier_copies(),
+host_pages()) stays allocated as long as the view: a view keeps its Manager
+object alive, garbage collection never destroys a Manager whose arrays are
+in use, and close() ends the Manager (stores, sockets, calls) but frees the
+memory only when the Manager object and its last view are gone, so writing
+a view after close() is harmless. close() raises Busy while another
+thread's call is in flight. The views are writable so that torch.from_numpy
+accepts them without a warning; the Manager never reads plan arrays back.
 
 Errors. Every failure raises a subclass of PagedKVError named after the Go
 sentinel error (OutOfPages, UnknownRequest, ...) whose message names the bad
@@ -430,6 +433,7 @@ class _Core:
     def _init(self, lib, handle, num_pages, page_size, plan_words, views):
         self._lib = lib
         self._handle = handle
+        self._kept = 0  # after close(): the handle whose memory the views may still use
         self.num_pages, self.page_size = num_pages, page_size
         self._lock = threading.Lock()  # held by the call in flight (see _exclusive)
         self._generation = 0  # step generation: +1 on every successful reserve and on close
@@ -444,12 +448,17 @@ class _Core:
 
     @_exclusive
     def close(self):
-        """Destroy the Manager; every Plan's arrays become invalid."""
+        """Destroy the Manager: its stores and sockets close now, every Plan
+        becomes stale and every call raises BadHandle. The memory the numpy
+        views point into (plan arrays, tier_copies(), host_pages()) stays
+        allocated until this object and the last view are gone, so a view
+        written after close() (a copy still in flight at shutdown) changes
+        memory nobody reads, and never kills the process."""
         if self._handle:
-            rc = self._lib.pagedkv_destroy(self._handle)
+            rc = self._lib.pagedkv_destroy_keep_memory(self._handle)
             if rc:
                 _raise(self._lib, rc)
-            self._handle = 0
+            self._kept, self._handle = self._handle, 0
             self._generation += 1
             self._views = [[None] * len(v) for v in self._views]
 
@@ -466,9 +475,14 @@ class _Core:
         self.close()
 
     def __del__(self):
+        # Every view of the Manager's memory refers to this object (_base,
+        # _c_view), so this runs only when none is left: the memory can go.
         try:
             if self._handle:
                 self._lib.pagedkv_destroy(self._handle)
+            elif self._kept:
+                self._lib.pagedkv_free_memory(self._kept)
+                self._kept = 0
         except Exception:
             pass
 
@@ -601,8 +615,8 @@ class _Core:
 
     def _base(self, data, cap):
         """A numpy view of [data, data+cap) that keeps this Manager alive, so
-        that garbage collection never destroys a Manager whose arrays are
-        still referenced (close() still ends them, as documented)."""
+        that garbage collection never destroys a Manager, or frees the memory
+        close() kept, while its arrays are still referenced."""
         buf = (ctypes.c_int32 * cap).from_address(data)
         buf._owner = self
         return np.frombuffer(buf, dtype=np.int32)
@@ -720,7 +734,8 @@ class _Core:
     def tier_copies(self):
         """The tier copies planned since the last call, as a TierCopies of
         numpy views (ids uint64, dirs, device_pages, host_pages int32), valid
-        until the next tier_copies() or close(). Run each (every layer's K
+        until the next tier_copies() or close() (their memory lives as long
+        as the views). Run each (every layer's K
         and V of the device page to the host page, dir TO_HOST, or back) and
         report it with complete_tier_copies(). Raises BadConfig without tiers."""
         raw = _ffi.TierCopies()
@@ -748,7 +763,9 @@ class _Core:
     @_exclusive
     def host_pages(self):
         """The host pages' bytes as a writable numpy uint8 view [host_pages,
-        page_bytes] (None without a page format); valid until close()."""
+        page_bytes] (None without a page format). The library uses them
+        until close(); the memory lives as long as the view (a write after
+        close() is harmless)."""
         data, pb, n = ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int64(0)
         self._check(self._lib.pagedkv_host_memory(self._handle, ctypes.byref(data), ctypes.byref(pb), ctypes.byref(n)))
         if not data.value or not pb.value:
@@ -792,16 +809,19 @@ class Manager(_Core):
 
     Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
     window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages (0 means the Go default wherever Go has one);
+    cascade_min_saved_pages, memory_limit (0 means the Go default wherever
+    Go has one; memory_limit bounds the bytes the configuration asks for,
+    0 = this machine's physical memory: above it the constructor raises
+    BadConfig naming the bytes needed and the limit);
     tiers (a Tiers: Config.Tiers) and events (an Events, or True: KV cache
     events drained with drain_events()).
     """
 
     def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
-                 hash_seed=0, cascade_min_saved_pages=0, tiers=None, events=None):
+                 hash_seed=0, cascade_min_saved_pages=0, memory_limit=0, tiers=None, events=None):
         lib = _load()
         cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages)
+                      cascade_min_saved_pages, memory_limit)
         opts, keep = _options("Manager", tiers, events)
         h = ctypes.c_uint64(0)
         rc = lib.pagedkv_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), opts, ctypes.sizeof(_ffi.Options),
@@ -889,10 +909,10 @@ class HybridManager(_Core):
     """
 
     def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0,
-                 max_pinned_pages=0, tiers=None, events=None):
+                 max_pinned_pages=0, memory_limit=0, tiers=None, events=None):
         lib = _load()
         cfg = _config("HybridManager", num_pages, page_size, 0, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages)
+                      cascade_min_saved_pages, memory_limit)
         if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
             raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
         specs = (_ffi.LayerGroup * max(len(groups), 1))()
@@ -1222,14 +1242,15 @@ def _options(op, tiers, events):
 
 
 def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-            cascade_min_saved_pages):
+            cascade_min_saved_pages, memory_limit):
     """A checked pagedkv_config."""
     vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
-                max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages)
+                max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages,
+                memory_limit=memory_limit)
     for name, v in vals.items():
         _scalar(v, _I64, op, name)
     return _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
-                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages)
+                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages, memory_limit)
 
 
 def _reserve_args(op, request_ids, ntokens):

@@ -23,6 +23,7 @@ class Config(ctypes.Structure):
         ("max_pinned_pages", ctypes.c_int64),
         ("hash_seed", ctypes.c_uint64),
         ("cascade_min_saved_pages", ctypes.c_int64),
+        ("memory_limit", ctypes.c_int64),
     ]
 
 
@@ -276,6 +277,8 @@ def _declare(lib):
         "pagedkv_last_error": (ctypes.c_char_p, []),
         "pagedkv_create": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(u64)]),
         "pagedkv_destroy": (i32, [u64]),
+        "pagedkv_destroy_keep_memory": (i32, [u64]),
+        "pagedkv_free_memory": (i32, [u64]),
         "pagedkv_add": (i32, [u64, u64, ctypes.POINTER(Request), ctypes.POINTER(i64)]),
         "pagedkv_extend": (i32, [u64, u64, vp, i64]),
         "pagedkv_fork": (i32, [u64, u64, u64]),
