@@ -979,6 +979,9 @@ func (s *Socket) Recv() (Message, error) {
 	return m, nil
 }
 
+// Config returns the socket's configuration, with the defaults filled in.
+func (s *Socket) Config() Config { return s.cfg }
+
 // Stats returns the cumulative counts.
 func (s *Socket) Stats() Stats {
 	st := Stats{Connections: s.connections.Load(), PeerErrors: s.peerErrors.Load(),
