@@ -329,3 +329,32 @@ func TestRouterMandatoryAndDropStalled(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestIdlePeersKeptWhileRoom: an idle subscriber (a quiet period: nothing
+// published) is not disconnected while the socket has room.
+func TestIdlePeersKeptWhileRoom(t *testing.T) {
+	pub := newSocket(t, Config{Type: PUB, MaxPeers: 2, IdleTimeout: 10 * time.Millisecond})
+	ep, err := pub.Bind("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub := newSocket(t, Config{Type: SUB})
+	if err := sub.Subscribe(""); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Connect(ep); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
+	time.Sleep(50 * time.Millisecond)
+	dialRaw(t, ep, "SUB") // fills the table: no eviction needed
+	if err := pub.Send([][]byte{[]byte("after the quiet period")}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := sub.Recv(); err != nil || string(m.Frames[0]) != "after the quiet period" {
+		t.Fatalf("%q %v", m.Frames, err)
+	}
+	if st := pub.Stats(); st.EvictedIdle != 0 || st.Connections != 2 {
+		t.Fatalf("stats %+v: nobody should have been evicted", st)
+	}
+}
