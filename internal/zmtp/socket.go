@@ -467,17 +467,7 @@ func (s *Socket) serve(conn net.Conn, ep string, accepted bool) {
 		conn.Close()
 		return
 	}
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, conn)
-		if addr != "" {
-			if s.perAddr[addr]--; s.perAddr[addr] <= 0 {
-				delete(s.perAddr, addr)
-			}
-		}
-		s.mu.Unlock()
-		conn.Close()
-	}()
+	defer s.release(conn, addr)
 
 	br := bufio.NewReaderSize(conn, 32<<10)
 	fr := &frameReader{r: br, maxMessage: s.cfg.MaxMessageBytes, maxFrames: s.cfg.MaxFrames}
@@ -589,6 +579,11 @@ func (s *Socket) peerFailed(ep, remote string, err error) {
 // for others), or over MaxPeers with no peer idle for IdleTimeout to
 // evict. Evicting closes the accepted peer idle longest.
 func (s *Socket) admit(conn net.Conn, addr string) bool {
+	return s.admitAt(conn, addr, time.Since(s.epoch))
+}
+
+// admitAt is admit at time now (since s.epoch).
+func (s *Socket) admitAt(conn net.Conn, addr string, now time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -599,7 +594,7 @@ func (s *Socket) admit(conn net.Conn, addr string) bool {
 		return false
 	}
 	if len(s.conns) >= s.cfg.MaxPeers {
-		victim := s.idlestLocked()
+		victim := s.idlestLocked(now)
 		if victim == nil {
 			s.refused.Add(1)
 			return false
@@ -618,11 +613,25 @@ func (s *Socket) admit(conn net.Conn, addr string) bool {
 	return true
 }
 
+// release takes an admitted connection out of the table and closes it.
+func (s *Socket) release(conn net.Conn, addr string) {
+	s.mu.Lock()
+	delete(s.conns, conn)
+	if addr != "" {
+		if s.perAddr[addr]--; s.perAddr[addr] <= 0 {
+			delete(s.perAddr, addr)
+		}
+	}
+	s.mu.Unlock()
+	conn.Close()
+}
+
 // idlestLocked returns the accepted, handshaken peer that has been idle
-// longest, if it has been idle for at least IdleTimeout, or nil.
-func (s *Socket) idlestLocked() *peer {
+// longest, if it has been idle for at least IdleTimeout at time now, or
+// nil.
+func (s *Socket) idlestLocked(now time.Duration) *peer {
 	var victim *peer
-	threshold := int64(time.Since(s.epoch) - s.cfg.IdleTimeout)
+	threshold := int64(now - s.cfg.IdleTimeout)
 	for _, p := range s.peers {
 		if !p.accepted || p.evicted {
 			continue
