@@ -96,10 +96,11 @@ type PublisherStats struct {
 	Batches, Events, Pages, Bytes int64
 	LastSeq                       int64 // -1 before the first batch
 	Replays                       int64 // replay requests served
-	Replayed                      int64 // batches re-sent by them
+	Replayed                      int64 // batches re-sent by them (counted as each replay ends)
 	SendErrors                    int64
-	// ReplaysBusy counts requests ignored because the client's previous
-	// replay was still being sent; ReplaysCut replays that ended early
+	// ReplaysBusy counts requests dropped because 16 of the same
+	// client's were already waiting for its replay in progress;
+	// ReplaysCut replays that ended early
 	// (end marker sent) because the buffer had moved past a batch not yet
 	// sent; ReplayPeersDropped replay clients disconnected for not reading
 	// (ReplayStallTimeout, also in PeerErrors).
@@ -136,7 +137,7 @@ type Publisher struct {
 	ring      []entry
 	head      int // index of the oldest entry
 	n         int
-	replaying map[string]bool // identities whose replay is being sent
+	replaying map[string]*replayJob // by identity: replays being sent
 	stats     PublisherStats
 }
 
@@ -179,7 +180,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	p := &Publisher{cfg: cfg, q: q, topic: []byte(cfg.Topic), done: make(chan struct{}), ring: make([]entry, cfg.BufferSteps),
-		replaying: map[string]bool{}}
+		replaying: map[string]*replayJob{}}
 	p.stats.LastSeq = -1
 	sockCfg := zmtp.Config{Type: zmtp.PUB, HWM: cfg.HWM, MaxMessageBytes: cfg.MaxRequestBytes,
 		MaxPeers: cfg.MaxPeers, MaxPeersPerAddress: cfg.MaxPeersPerAddress, IdleTimeout: cfg.IdleTimeout}
@@ -378,10 +379,12 @@ func (p *Publisher) readReplays() {
 }
 
 // serveReplay answers [identity, "", start-seq] like vLLM: every batch
-// buffered when the request arrives from start-seq on as [identity, "",
+// buffered when the request is taken from start-seq on as [identity, "",
 // topic, seq, payload], then [identity, "", "", -1, ""]. A malformed
-// request is ignored, as vLLM does, and so is a request from a client
-// whose previous replay is still being sent.
+// request is ignored, as vLLM does. A client's requests are answered one
+// after the other, in order, as vLLM's single socket does: those that
+// arrive while the client's replay is being sent wait for it, at most
+// maxWaitingReplays of them; more are dropped (ReplaysBusy).
 func (p *Publisher) serveReplay(frames [][]byte) {
 	if len(frames) != 3 || len(frames[2]) != 8 {
 		return
@@ -390,57 +393,91 @@ func (p *Publisher) serveReplay(frames [][]byte) {
 	start := binary.BigEndian.Uint64(frames[2])
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.replaying[string(id)] {
-		p.stats.ReplaysBusy++
+	if job := p.replaying[string(id)]; job != nil {
+		if len(job.waiting) >= maxWaitingReplays {
+			p.stats.ReplaysBusy++
+			return
+		}
+		job.waiting = append(job.waiting, start)
 		return
 	}
-	// The batches from start to the newest buffered now (seqs in the ring
-	// are consecutive, oldest at head).
-	var from, count uint64
-	if p.n > 0 {
-		oldest := p.ring[p.head].seq
-		newest := oldest + uint64(p.n) - 1
-		from = max(start, oldest)
-		if from <= newest {
-			count = newest - from + 1
-		}
-	}
-	p.stats.Replays++
-	p.replaying[string(id)] = true
+	job := &replayJob{}
+	p.replaying[string(id)] = job
+	from, count := p.replayRangeLocked(start)
 	p.wg.Add(1)
-	go p.replayTo(id, from, count)
+	go p.replayTo(id, job, from, count)
+}
+
+// maxWaitingReplays bounds the requests of one client that wait while its
+// replay is being sent.
+const maxWaitingReplays = 16
+
+// replayJob is a client's replay in progress, and the start sequences of
+// the requests it sent meanwhile, oldest first.
+type replayJob struct {
+	waiting []uint64
+}
+
+// replayRangeLocked returns the buffered batches from start on: the first
+// sequence and how many (seqs in the ring are consecutive, oldest at
+// head), and counts the replay.
+func (p *Publisher) replayRangeLocked(start uint64) (from, count uint64) {
+	p.stats.Replays++
+	if p.n == 0 {
+		return 0, 0
+	}
+	oldest := p.ring[p.head].seq
+	newest := oldest + uint64(p.n) - 1
+	from = max(start, oldest)
+	if from > newest {
+		return from, 0
+	}
+	return from, newest - from + 1
 }
 
 // replayTo sends batches from..from+count-1 to the client id, then the end
-// marker. Each batch is looked up as it is sent (the ring is not copied);
-// one the ring has dropped meanwhile ends the replay early, with the end
-// marker. A send error (the client gone, disconnected for not reading, the
-// socket closed) ends it without one.
-func (p *Publisher) replayTo(id []byte, from, count uint64) {
+// marker, then replays the client's waiting requests. Each batch is
+// looked up as it is sent (the ring is not copied); one the ring has
+// dropped meanwhile ends the replay early, with the end marker. A send
+// error (the client gone, disconnected for not reading, the socket
+// closed) ends it without one.
+func (p *Publisher) replayTo(id []byte, job *replayJob, from, count uint64) {
 	defer p.wg.Done()
-	defer func() {
-		p.mu.Lock()
-		delete(p.replaying, string(id))
-		p.mu.Unlock()
-	}()
-	for seq := from; seq < from+count; seq++ {
-		p.mu.Lock()
-		oldest := p.ring[p.head].seq
-		if seq < oldest {
-			p.stats.ReplaysCut++
+	for {
+		var sent int64
+		ok := true
+		for seq := from; seq < from+count; seq++ {
+			p.mu.Lock()
+			oldest := p.ring[p.head].seq
+			if seq < oldest {
+				p.stats.ReplaysCut++
+				p.mu.Unlock()
+				break
+			}
+			e := p.ring[(p.head+int(seq-oldest))%len(p.ring)]
 			p.mu.Unlock()
-			break
+			if p.replay.Send([][]byte{id, nil, p.topic, seqFrame(e.seq), e.payload}) != nil {
+				ok = false
+				break
+			}
+			sent++
 		}
-		e := p.ring[(p.head+int(seq-oldest))%len(p.ring)]
+		p.mu.Lock()
+		p.stats.Replayed += sent
 		p.mu.Unlock()
-		if p.replay.Send([][]byte{id, nil, p.topic, seqFrame(e.seq), e.payload}) != nil {
+		if ok {
+			ok = p.replay.Send([][]byte{id, nil, nil, EndOfReplay, nil}) == nil
+		}
+		p.mu.Lock()
+		if !ok || len(job.waiting) == 0 {
+			delete(p.replaying, string(id))
+			p.mu.Unlock()
 			return
 		}
-		p.mu.Lock()
-		p.stats.Replayed++
+		from, count = p.replayRangeLocked(job.waiting[0])
+		job.waiting = job.waiting[1:]
 		p.mu.Unlock()
 	}
-	_ = p.replay.Send([][]byte{id, nil, nil, EndOfReplay, nil})
 }
 
 // Close sends what is queued, keeps serving replays for Linger, and closes

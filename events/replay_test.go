@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -163,4 +164,51 @@ func TestDocLimits(t *testing.T) {
 		"zmtp.DefaultMaxSubscriptions":     zmtp.DefaultMaxSubscriptions,
 		"zmtp.DefaultReconnectInterval":    zmtp.DefaultReconnectInterval,
 	})
+}
+
+// TestReplayRequestsInOrder: a client's requests are answered one after
+// the other, each with its end marker, even when the second arrives
+// while the first replay is being sent.
+func TestReplayRequestsInOrder(t *testing.T) {
+	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind,
+		ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: 8, PageSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		rec.PageStored(prefixcache.PageID(i), uint64(i+1), -1, 0, prefixcache.Key{}, []int32{1, 2})
+		rec.Flush()
+	}
+	if !pub.WaitSent(10 * time.Second) {
+		t.Fatal("the batches were not sent")
+	}
+	d, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("twice")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Connect(pub.ReplayEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	for _, start := range []uint64{0, 3, 9} {
+		if err := d.Send([][]byte{{}, binary.BigEndian.AppendUint64(nil, start)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []int64
+	for len(got) < 10 {
+		m, err := d.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, int64(binary.BigEndian.Uint64(m.Frames[2])))
+	}
+	if want := []int64{0, 1, 2, 3, 4, -1, 3, 4, -1, -1}; !slices.Equal(got, want) {
+		t.Fatalf("replies %v, want %v", got, want)
+	}
 }
