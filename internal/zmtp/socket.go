@@ -434,7 +434,7 @@ type peer struct {
 	remote   string
 	id       []byte         // ROUTER: the identity replies are routed by
 	accepted bool           // a connection to our listener (may be evicted)
-	evicted  bool           // closed to make room (guarded by s.mu)
+	evicted  bool           // closed by us: evicted, or dropped for not reading (guarded by s.mu)
 	last     atomic.Int64   // last message read or written, as time since s.epoch
 	out      *sendQueue     // messages to send, at most HWM
 	pong     chan []byte    // a PONG command to send (one pending at most)
