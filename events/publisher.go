@@ -39,6 +39,13 @@ const (
 	// in one message: a subscription on the PUB socket, a request on the
 	// replay socket (8 bytes in vLLM's protocol).
 	DefaultMaxRequestBytes = 4096
+	// DefaultReplayHWM is how many replies may wait to be sent to one
+	// replay client (libzmq's default SNDHWM, which vLLM's replay socket
+	// keeps). A replay of more batches is sent as the client reads.
+	DefaultReplayHWM = 1000
+	// DefaultReplayStallTimeout is how long a replay client's queue may
+	// stay full before the client is disconnected.
+	DefaultReplayStallTimeout = 2 * time.Second
 )
 
 // PublisherConfig describes a [Publisher].
@@ -69,6 +76,19 @@ type PublisherConfig struct {
 	// anything is allocated: a peer that declares more is disconnected and
 	// counted in PublisherStats.PeerErrors.
 	MaxRequestBytes int64
+	// ReplayHWM bounds the replies queued for one replay client (0:
+	// DefaultReplayHWM). A client whose queue stays full for
+	// ReplayStallTimeout (0: DefaultReplayStallTimeout) is disconnected
+	// (PublisherStats.ReplayPeersDropped); each replay is sent by its own
+	// goroutine, so such a client delays no other.
+	ReplayHWM          int
+	ReplayStallTimeout time.Duration
+	// MaxPeers, MaxPeersPerAddress and IdleTimeout bound each bound
+	// socket's connections (0: zmtp's defaults, docs/events.md "Limits"):
+	// in all, per remote IP, and how long a peer must have been idle
+	// before a newcomer to a full socket may evict it.
+	MaxPeers, MaxPeersPerAddress int
+	IdleTimeout                  time.Duration
 }
 
 // PublisherStats are a Publisher's cumulative counts.
@@ -76,12 +96,25 @@ type PublisherStats struct {
 	Batches, Events, Pages, Bytes int64
 	LastSeq                       int64 // -1 before the first batch
 	Replays                       int64 // replay requests served
-	Replayed                      int64 // batches re-sent by them
+	Replayed                      int64 // batches re-sent by them (counted as each replay ends)
 	SendErrors                    int64
+	// ReplaysBusy counts requests dropped because 16 of the same
+	// client's were already waiting for its replay in progress;
+	// ReplaysCut replays that ended early
+	// (end marker sent) because the buffer had moved past a batch not yet
+	// sent; ReplayPeersDropped replay clients disconnected for not reading
+	// (ReplayStallTimeout, also in PeerErrors).
+	ReplaysBusy, ReplaysCut, ReplayPeersDropped int64
 	// PeerErrors counts peers of either socket disconnected for breaking
-	// ZMTP or MaxRequestBytes; LastPeerErr names the last one's address.
+	// ZMTP or a limit (MaxRequestBytes, a duplicate replay identity, a
+	// replay client that does not read); LastPeerErr names the last one's
+	// address.
 	PeerErrors  int64
 	LastPeerErr string
+	// Refused counts connections refused (over MaxPeers with no idle peer
+	// to evict, or over MaxPeersPerAddress), EvictedIdle idle peers
+	// disconnected to make room: both sockets together.
+	Refused, EvictedIdle int64
 }
 
 // Publisher sends batches from its [Queue] in vLLM's wire format over
@@ -100,11 +133,12 @@ type Publisher struct {
 	wg    sync.WaitGroup
 	close sync.Once
 
-	mu    sync.Mutex // guards ring and stats
-	ring  []entry
-	head  int // index of the oldest entry
-	n     int
-	stats PublisherStats
+	mu        sync.Mutex // guards ring, replaying and stats
+	ring      []entry
+	head      int // index of the oldest entry
+	n         int
+	replaying map[string]*replayJob // by identity: replays being sent
+	stats     PublisherStats
 }
 
 type entry struct {
@@ -126,12 +160,18 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.MaxRequestBytes == 0 {
 		cfg.MaxRequestBytes = DefaultMaxRequestBytes
 	}
+	if cfg.ReplayHWM == 0 {
+		cfg.ReplayHWM = DefaultReplayHWM
+	}
+	if cfg.ReplayStallTimeout == 0 {
+		cfg.ReplayStallTimeout = DefaultReplayStallTimeout
+	}
 	switch {
 	case cfg.Endpoint == "":
 		return nil, fmt.Errorf("%w: no endpoint", ErrBadConfig)
-	case cfg.BufferSteps < 0 || cfg.HWM < 0 || cfg.MaxQueue < 0 || cfg.MaxRequestBytes < 0:
-		return nil, fmt.Errorf("%w: buffer steps %d, hwm %d, max queue %d, max request bytes %d: want >= 0",
-			ErrBadConfig, cfg.BufferSteps, cfg.HWM, cfg.MaxQueue, cfg.MaxRequestBytes)
+	case cfg.BufferSteps < 0 || cfg.HWM < 0 || cfg.MaxQueue < 0 || cfg.MaxRequestBytes < 0 || cfg.ReplayHWM < 0 || cfg.ReplayStallTimeout < 0:
+		return nil, fmt.Errorf("%w: buffer steps %d, hwm %d, max queue %d, max request bytes %d, replay hwm %d, replay stall timeout %v: want >= 0",
+			ErrBadConfig, cfg.BufferSteps, cfg.HWM, cfg.MaxQueue, cfg.MaxRequestBytes, cfg.ReplayHWM, cfg.ReplayStallTimeout)
 	case cfg.Mode > Connect:
 		return nil, fmt.Errorf("%w: bind mode %d", ErrBadConfig, cfg.Mode)
 	}
@@ -139,9 +179,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Publisher{cfg: cfg, q: q, topic: []byte(cfg.Topic), done: make(chan struct{}), ring: make([]entry, cfg.BufferSteps)}
+	p := &Publisher{cfg: cfg, q: q, topic: []byte(cfg.Topic), done: make(chan struct{}), ring: make([]entry, cfg.BufferSteps),
+		replaying: map[string]*replayJob{}}
 	p.stats.LastSeq = -1
-	sockCfg := zmtp.Config{Type: zmtp.PUB, HWM: cfg.HWM, MaxMessageBytes: cfg.MaxRequestBytes}
+	sockCfg := zmtp.Config{Type: zmtp.PUB, HWM: cfg.HWM, MaxMessageBytes: cfg.MaxRequestBytes,
+		MaxPeers: cfg.MaxPeers, MaxPeersPerAddress: cfg.MaxPeersPerAddress, IdleTimeout: cfg.IdleTimeout}
 	if p.pub, err = zmtp.New(sockCfg); err != nil {
 		return nil, zmtp.TagBadConfig(err, ErrBadConfig)
 	}
@@ -150,9 +192,14 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		return nil, zmtp.TagBadConfig(err, ErrBadConfig)
 	}
 	if cfg.ReplayEndpoint != "" {
-		// A bounded send (SendTimeout): a replay client that stops reading
-		// loses its replies instead of holding the replay goroutine.
+		// A replay client has ReplayHWM replies queued at most; one whose
+		// queue stays full for ReplayStallTimeout is disconnected
+		// (DropStalled), and a reply to a client gone is an error
+		// (Mandatory), which ends its replay.
 		sockCfg.Type = zmtp.ROUTER
+		sockCfg.HWM = cfg.ReplayHWM
+		sockCfg.SendTimeout = cfg.ReplayStallTimeout
+		sockCfg.Mandatory, sockCfg.DropStalled = true, true
 		if p.replay, err = zmtp.New(sockCfg); err == nil {
 			p.replayEP, err = open(p.replay, cfg.ReplayEndpoint, Bind)
 		}
@@ -242,6 +289,11 @@ func (p *Publisher) Stats() PublisherStats {
 		if ss.LastPeerErr != "" {
 			st.LastPeerErr = ss.LastPeerErr
 		}
+		st.Refused += ss.Refused + ss.RefusedPerAddress
+		st.EvictedIdle += ss.EvictedIdle
+		if s == p.replay {
+			st.ReplayPeersDropped = ss.Stalled
+		}
 	}
 	return st
 }
@@ -311,9 +363,10 @@ func (p *Publisher) push(seq uint64, payload []byte) {
 	p.n++
 }
 
-// readReplays serves requests from the ROUTER socket, on its own
-// goroutine: a slow replay client holds up its replies, never the PUB
-// stream.
+// readReplays takes requests from the ROUTER socket, on its own
+// goroutine, and starts each replay on a goroutine of its own: a slow
+// replay client holds up its own replies, never another client's nor the
+// PUB stream.
 func (p *Publisher) readReplays() {
 	defer p.wg.Done()
 	for {
@@ -325,10 +378,13 @@ func (p *Publisher) readReplays() {
 	}
 }
 
-// serveReplay answers [identity, "", start-seq] like vLLM: every buffered
-// batch from start-seq on as [identity, "", topic, seq, payload], then
-// [identity, "", "", -1, ""]. A malformed request is ignored, as vLLM
-// does.
+// serveReplay answers [identity, "", start-seq] like vLLM: every batch
+// buffered when the request is taken from start-seq on as [identity, "",
+// topic, seq, payload], then [identity, "", "", -1, ""]. A malformed
+// request is ignored, as vLLM does. A client's requests are answered one
+// after the other, in order, as vLLM's single socket does: those that
+// arrive while the client's replay is being sent wait for it, at most
+// maxWaitingReplays of them; more are dropped (ReplaysBusy).
 func (p *Publisher) serveReplay(frames [][]byte) {
 	if len(frames) != 3 || len(frames[2]) != 8 {
 		return
@@ -336,22 +392,92 @@ func (p *Publisher) serveReplay(frames [][]byte) {
 	id := frames[0]
 	start := binary.BigEndian.Uint64(frames[2])
 	p.mu.Lock()
-	var out []entry
-	for i := range p.n {
-		e := p.ring[(p.head+i)%len(p.ring)]
-		if e.seq >= start {
-			out = append(out, e)
-		}
-	}
-	p.stats.Replays++
-	p.stats.Replayed += int64(len(out))
-	p.mu.Unlock()
-	for _, e := range out {
-		if p.replay.Send([][]byte{id, nil, p.topic, seqFrame(e.seq), e.payload}) != nil {
+	defer p.mu.Unlock()
+	if job := p.replaying[string(id)]; job != nil {
+		if len(job.waiting) >= maxWaitingReplays {
+			p.stats.ReplaysBusy++
 			return
 		}
+		job.waiting = append(job.waiting, start)
+		return
 	}
-	_ = p.replay.Send([][]byte{id, nil, nil, EndOfReplay, nil})
+	job := &replayJob{}
+	p.replaying[string(id)] = job
+	from, count := p.replayRangeLocked(start)
+	p.wg.Add(1)
+	go p.replayTo(id, job, from, count)
+}
+
+// maxWaitingReplays bounds the requests of one client that wait while its
+// replay is being sent.
+const maxWaitingReplays = 16
+
+// replayJob is a client's replay in progress, and the start sequences of
+// the requests it sent meanwhile, oldest first.
+type replayJob struct {
+	waiting []uint64
+}
+
+// replayRangeLocked returns the buffered batches from start on: the first
+// sequence and how many (seqs in the ring are consecutive, oldest at
+// head), and counts the replay.
+func (p *Publisher) replayRangeLocked(start uint64) (from, count uint64) {
+	p.stats.Replays++
+	if p.n == 0 {
+		return 0, 0
+	}
+	oldest := p.ring[p.head].seq
+	newest := oldest + uint64(p.n) - 1
+	from = max(start, oldest)
+	if from > newest {
+		return from, 0
+	}
+	return from, newest - from + 1
+}
+
+// replayTo sends batches from..from+count-1 to the client id, then the end
+// marker, then replays the client's waiting requests. Each batch is
+// looked up as it is sent (the ring is not copied); one the ring has
+// dropped meanwhile ends the replay early, with the end marker. A send
+// error (the client gone, disconnected for not reading, the socket
+// closed) ends it without one.
+func (p *Publisher) replayTo(id []byte, job *replayJob, from, count uint64) {
+	defer p.wg.Done()
+	for {
+		var sent int64
+		ok := true
+		for seq := from; seq < from+count; seq++ {
+			p.mu.Lock()
+			oldest := p.ring[p.head].seq
+			if seq < oldest {
+				p.stats.ReplaysCut++
+				p.mu.Unlock()
+				break
+			}
+			e := p.ring[(p.head+int(seq-oldest))%len(p.ring)]
+			p.mu.Unlock()
+			if p.replay.Send([][]byte{id, nil, p.topic, seqFrame(e.seq), e.payload}) != nil {
+				ok = false
+				break
+			}
+			sent++
+		}
+		p.mu.Lock()
+		p.stats.Replayed += sent
+		p.mu.Unlock()
+		if ok {
+			ok = p.replay.Send([][]byte{id, nil, nil, EndOfReplay, nil}) == nil
+		}
+		p.mu.Lock()
+		if !ok || len(job.waiting) == 0 {
+			delete(p.replaying, string(id))
+			p.mu.Unlock()
+			return
+		}
+		from, count = p.replayRangeLocked(job.waiting[0])
+		job.waiting = job.waiting[1:]
+		p.mu.Unlock()
+	}
 }
 
 // Close sends what is queued, keeps serving replays for Linger, and closes

@@ -103,6 +103,10 @@ func TestPublisherBadConfig(t *testing.T) {
 	}{
 		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", MaxRequestBytes: -1}, "max request bytes -1"},
 		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", MaxRequestBytes: 10}, "max message bytes 10 (want >= 24)"},
+		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayStallTimeout: -1}, "replay stall timeout -1ns"},
+		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayHWM: -2}, "replay hwm -2"},
+		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind, MaxPeersPerAddress: -1}, "max peers per address -1"},
+		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind, IdleTimeout: -1}, "idle timeout -1ns"},
 		{events.PublisherConfig{Endpoint: "garbage", Mode: events.Bind}, `endpoint "garbage" is not transport://address`},
 		{events.PublisherConfig{Endpoint: "inproc://kv"}, `transport "inproc"`},
 		{events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind, ReplayEndpoint: "udp://127.0.0.1:0"}, `transport "udp"`},

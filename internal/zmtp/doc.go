@@ -27,9 +27,21 @@
 //   - Sending: each peer has a queue of at most HWM messages, holding
 //     memory only for what is queued. PUB drops what does not fit (counted
 //     in Stats.Dropped), as ZeroMQ's PUB does; ROUTER and DEALER wait up to
-//     SendTimeout for room. A PUB peer may hold at most MaxSubscriptions
-//     subscriptions of 64 KiB of topics together; a bound socket at most
-//     MaxPeers connections, each with 64 KiB of read and write buffers.
+//     SendTimeout for room (with DropStalled, a ROUTER then disconnects
+//     the peer). A PUB peer may hold at most MaxSubscriptions
+//     subscriptions of 64 KiB of topics together; a socket at most
+//     MaxPeers connections, each with 64 KiB of read and write buffers,
+//     and a bound socket at most MaxPeersPerAddress from one remote IP.
+//   - No stranger can lock a bound socket: when it is full, a new
+//     connection evicts the accepted peer idle longest (no message read
+//     from it or written to it for IdleTimeout; commands and
+//     subscriptions do not count), and is refused only when no peer is
+//     idle. Idle peers are not closed while there is room, so a libzmq
+//     subscriber in a quiet period keeps its connection; evicted, it has
+//     missed nothing (nothing was sent to it for IdleTimeout) and libzmq
+//     reconnects and resubscribes on its own. No PING is sent: any
+//     script answers one, so it tells a dead peer from a live one, not a
+//     subscriber from a squatter.
 //
 // # Protocol subset
 //
@@ -38,9 +50,12 @@
 // 0x00 (cancel); 3.1's SUBSCRIBE and CANCEL commands are accepted too.
 // READY carries Socket-Type and, for ROUTER and DEALER, Identity;
 // incompatible socket types are refused. A ROUTER routes by the peer's
-// Identity, or by a generated one (a zero byte and a 32-bit counter, as
-// libzmq's) when it has none; a new connection with an identity already in
-// use takes it over. A PING is answered with a PONG (libzmq sends
+// Identity, or by a generated one when it has none: a zero byte and a
+// 32-bit counter that starts at a random value, as libzmq's, skipping
+// identities in use. A new connection announcing an identity already in
+// use is disconnected and the first keeps it (libzmq with ROUTER_HANDOVER
+// off, its default, keeps the first too; it leaves the newcomer connected
+// but never routes to it). A PING is answered with a PONG (libzmq sends
 // heartbeats to 3.0 peers too when ZMQ_HEARTBEAT_IVL is set, and drops a
 // peer that does not answer); none is sent. No inproc transport, no CURVE
 // or PLAIN.

@@ -145,7 +145,8 @@ func TestLibzmqSubscriber(t *testing.T) {
 }
 
 // TestLibzmqClients: libzmq DEALER and REQ clients get our ROUTER's
-// replies, routed by identity (DEALER) and by a generated one (REQ).
+// replies, routed by identity (DEALER) and by a generated one (REQ), not
+// the first of a counter from 0 (libzmq's counter starts at random too).
 func TestLibzmqClients(t *testing.T) {
 	r := newSocket(t, Config{Type: ROUTER})
 	ep, err := r.Bind("tcp://127.0.0.1:0")
@@ -163,6 +164,9 @@ func TestLibzmqClients(t *testing.T) {
 			(mode == "dealer") != (string(m.Frames[0]) == "py-dealer") {
 			t.Fatalf("%s: received %q", mode, m.Frames)
 		}
+		if id := m.Frames[0]; mode == "req" && (len(id) != 5 || id[0] != 0 || string(id) == "\x00\x00\x00\x00\x01") {
+			t.Fatalf("the REQ got identity % x: want a zero byte and a counter from a random start", id)
+		}
 		if err := r.Send([][]byte{m.Frames[0], {}, []byte("pong")}); err != nil {
 			t.Fatal(err)
 		}
@@ -172,6 +176,132 @@ func TestLibzmqClients(t *testing.T) {
 		}
 		if got := nextLine(t, lines); got != want {
 			t.Fatalf("%s got %s, want %s", mode, got, want)
+		}
+	}
+}
+
+// TestLibzmqDuplicateIdentity, both ways. Our ROUTER: a libzmq DEALER
+// holds identity py-dealer; a second connection announcing it is
+// disconnected, and the libzmq DEALER still gets its replies. libzmq's
+// ROUTER (ROUTER_HANDOVER off, its default): two of our DEALERs announce
+// one identity, and the first keeps it and its replies, as ours does.
+func TestLibzmqDuplicateIdentity(t *testing.T) {
+	pythontest.Require(t, "zmq")
+	t.Run("our-router", func(t *testing.T) {
+		r := newSocket(t, Config{Type: ROUTER})
+		ep, err := r.Bind("tcp://127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		py := pythontest.Start(t, "testdata/libzmq_peer.py", "dealer-twice", ep)
+		nextLine(t, py.Lines)
+		for i, q := range []string{"ping", "ping2"} {
+			m, err := r.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := hexFrames(m.Frames), hexFrames([][]byte{[]byte("py-dealer"), {}, []byte(q)}); got != want {
+				t.Fatalf("received %s, want %s", got, want)
+			}
+			if err := r.Send([][]byte{m.Frames[0], {}, []byte("re:" + q)}); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := nextLine(t, py.Lines), hexFrames([][]byte{{}, []byte("re:" + q)}); got != want {
+				t.Fatalf("libzmq's DEALER got %s, want %s", got, want)
+			}
+			if i == 0 {
+				second := dialRawFrom(t, ep, "", "DEALER", []byte("py-dealer"))
+				if !second.closedByPeer() {
+					t.Fatal("a second connection announcing py-dealer was kept")
+				}
+				if st := r.Stats(); st.DuplicateIDs != 1 {
+					t.Fatalf("stats %+v", st)
+				}
+				if _, err := py.Stdin.Write([]byte("again\n")); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	})
+	t.Run("libzmq-router", func(t *testing.T) {
+		lines := libzmqPeer(t, "router", "")
+		ep, _ := strings.CutPrefix(nextLine(t, lines), "READY ")
+		dealer := func() *Socket {
+			d := newSocket(t, Config{Type: DEALER, Identity: []byte("go-dealer")})
+			if err := d.Connect(ep); err != nil {
+				t.Fatal(err)
+			}
+			return d
+		}
+		ask := func(d *Socket, q string) {
+			if err := d.Send([][]byte{{}, []byte(q)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		first := dealer()
+		ask(first, "one")
+		if got, want := nextLine(t, lines), hexFrames([][]byte{[]byte("go-dealer"), {}, []byte("one")}); got != want {
+			t.Fatalf("libzmq's ROUTER received %s, want %s", got, want)
+		}
+		if m, err := first.Recv(); err != nil || string(m.Frames[1]) != "re:one" {
+			t.Fatalf("%q %v", m.Frames, err)
+		}
+		second := dealer()
+		ask(second, "two") // libzmq leaves it unrouted: nothing arrives
+		secondGot := make(chan [][]byte, 1)
+		go func() {
+			if m, err := second.Recv(); err == nil {
+				secondGot <- m.Frames
+			}
+		}()
+		ask(first, "three")
+		if got, want := nextLine(t, lines), hexFrames([][]byte{[]byte("go-dealer"), {}, []byte("three")}); got != want {
+			t.Fatalf("libzmq's ROUTER received %s, want %s from the first connection", got, want)
+		}
+		if m, err := first.Recv(); err != nil || string(m.Frames[1]) != "re:three" {
+			t.Fatalf("the first connection got %q %v", m.Frames, err)
+		}
+		select {
+		case f := <-secondGot:
+			t.Fatalf("the second connection got %q", f)
+		default:
+		}
+	})
+}
+
+// TestLibzmqSubscriberEvicted: a libzmq SUB that is idle in a quiet
+// period, on a full PUB, is evicted by a newcomer; libzmq reconnects and
+// resubscribes on its own (evicting an idle squatter in turn) and
+// receives what is published after.
+func TestLibzmqSubscriberEvicted(t *testing.T) {
+	const idle = 100 * time.Millisecond
+	pub := newSocket(t, Config{Type: PUB, MaxPeers: 2, IdleTimeout: idle})
+	ep, err := pub.Bind("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := libzmqPeer(t, "sub", ep)
+	nextLine(t, lines)
+	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
+	squatter := dialRaw(t, ep, "SUB") // the table is full
+	time.Sleep(idle + 20*time.Millisecond)
+	dialRaw(t, ep, "SUB") // evicts libzmq's SUB, idle longest
+	if st := pub.Stats(); st.EvictedIdle != 1 {
+		t.Fatalf("stats %+v: want libzmq's SUB evicted", st)
+	}
+	// libzmq reconnects (ZMQ_RECONNECT_IVL, 100 ms) and evicts the squatter.
+	waitFor(t, func() bool { return pub.Subscriptions() == 1 && pub.Stats().EvictedIdle == 2 })
+	if !squatter.closedByPeer() {
+		t.Fatal("the squatter was kept")
+	}
+	for i := range 5 {
+		if err := pub.Send([][]byte{[]byte("kv-events"), {byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 5 {
+		if got, want := nextLine(t, lines), hexFrames([][]byte{[]byte("kv-events"), {byte(i)}}); got != want {
+			t.Fatalf("libzmq's SUB got %s, want %s", got, want)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package zmtp
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -72,7 +73,14 @@ const (
 	DefaultReconnectInterval = 100 * time.Millisecond
 	DefaultHandshakeTimeout  = 5 * time.Second
 	DefaultMaxPeers          = 1024
-	DefaultMaxSubscriptions  = 1024
+	// DefaultMaxPeersPerAddress bounds a bound socket's connections from
+	// one remote IP address.
+	DefaultMaxPeersPerAddress = 32
+	// DefaultIdleTimeout is how long an accepted peer must have been
+	// silent both ways before a new connection may evict it from a full
+	// socket.
+	DefaultIdleTimeout      = 10 * time.Second
+	DefaultMaxSubscriptions = 1024
 	// maxSubscriptionBytes bounds the topics one PUB peer subscribes to,
 	// together (a router subscribes to one short topic).
 	maxSubscriptionBytes = 64 << 10
@@ -83,8 +91,16 @@ var (
 	ErrClosed = errors.New("zmtp: socket closed")
 	// ErrBadConfig is a Config or endpoint the Socket cannot use.
 	ErrBadConfig = errors.New("zmtp: bad configuration")
-	// ErrNoPeer is a DEALER send that found no connected peer in time.
+	// ErrNoPeer is a DEALER send that found no connected peer in time, or
+	// a ROUTER send (with Config.Mandatory) to an identity not connected.
 	ErrNoPeer = errors.New("zmtp: no connected peer")
+	// ErrStalled is a send that found the peer's queue full (HWM) for
+	// SendTimeout: the peer is not reading.
+	ErrStalled = errors.New("zmtp: peer not reading")
+	// ErrDuplicateIdentity is a ROUTER peer announcing an identity another
+	// connection holds; the first connection keeps it and the newcomer is
+	// disconnected.
+	ErrDuplicateIdentity = errors.New("zmtp: identity already connected")
 )
 
 // Config describes a Socket. Zero values take the defaults.
@@ -112,8 +128,29 @@ type Config struct {
 	SendTimeout       time.Duration
 	ReconnectInterval time.Duration
 	HandshakeTimeout  time.Duration
-	// MaxPeers bounds a bound socket's connections; more are refused.
+	// MaxPeers bounds a socket's connections (handshaken or not). When a
+	// bound socket is full, a new connection evicts the accepted peer that
+	// has been idle longest, if one has been idle for IdleTimeout, and is
+	// refused otherwise (Stats.EvictedIdle, Stats.Refused).
 	MaxPeers int
+	// MaxPeersPerAddress bounds a bound socket's connections from one
+	// remote IP address (TCP; ipc peers are not counted); more are refused
+	// (Stats.RefusedPerAddress).
+	MaxPeersPerAddress int
+	// IdleTimeout: an accepted peer that has neither sent a message nor
+	// been written one for this long is idle, and may be evicted when the
+	// socket is full. Commands (PING, PONG) and subscriptions do not count
+	// as messages. Idle peers are never closed otherwise: a subscriber in
+	// a quiet period stays connected while there is room.
+	IdleTimeout time.Duration
+	// Mandatory (ROUTER): Send to an identity that is not connected
+	// returns an error wrapping ErrNoPeer instead of dropping the message
+	// (libzmq's ZMQ_ROUTER_MANDATORY).
+	Mandatory bool
+	// DropStalled (ROUTER): a Send that finds the peer's queue full for
+	// SendTimeout disconnects that peer (Stats.Stalled, reported as a
+	// PeerError wrapping ErrStalled) besides returning the error.
+	DropStalled bool
 	// MaxSubscriptions bounds a PUB socket's subscriptions per peer.
 	MaxSubscriptions int
 	// OnPeerError, when not nil, hears of every peer disconnected for
@@ -142,6 +179,8 @@ func (c *Config) fill() error {
 	def(&c.HWM, DefaultHWM)
 	def(&c.RecvQueue, DefaultRecvQueue)
 	def(&c.MaxPeers, DefaultMaxPeers)
+	def(&c.MaxPeersPerAddress, DefaultMaxPeersPerAddress)
+	defDur(&c.IdleTimeout, DefaultIdleTimeout)
 	def(&c.MaxSubscriptions, DefaultMaxSubscriptions)
 	defDur(&c.SendTimeout, DefaultSendTimeout)
 	defDur(&c.ReconnectInterval, DefaultReconnectInterval)
@@ -154,12 +193,12 @@ func (c *Config) fill() error {
 	case c.MaxMessageBytes < frameOverhead || c.RecvQueueBytes < 0:
 		return fmt.Errorf("%w: max message bytes %d (want >= %d), recv queue bytes %d (want >= 0)",
 			ErrBadConfig, c.MaxMessageBytes, frameOverhead, c.RecvQueueBytes)
-	case c.MaxFrames < 1 || c.HWM < 1 || c.RecvQueue < 1 || c.MaxPeers < 1 || c.MaxSubscriptions < 1:
-		return fmt.Errorf("%w: max frames %d, hwm %d, recv queue %d, max peers %d, max subscriptions %d: want >= 1",
-			ErrBadConfig, c.MaxFrames, c.HWM, c.RecvQueue, c.MaxPeers, c.MaxSubscriptions)
-	case c.SendTimeout < 0 || c.ReconnectInterval < 0 || c.HandshakeTimeout < 0:
-		return fmt.Errorf("%w: send timeout %v, reconnect interval %v, handshake timeout %v: want >= 0",
-			ErrBadConfig, c.SendTimeout, c.ReconnectInterval, c.HandshakeTimeout)
+	case c.MaxFrames < 1 || c.HWM < 1 || c.RecvQueue < 1 || c.MaxPeers < 1 || c.MaxPeersPerAddress < 1 || c.MaxSubscriptions < 1:
+		return fmt.Errorf("%w: max frames %d, hwm %d, recv queue %d, max peers %d, max peers per address %d, max subscriptions %d: want >= 1",
+			ErrBadConfig, c.MaxFrames, c.HWM, c.RecvQueue, c.MaxPeers, c.MaxPeersPerAddress, c.MaxSubscriptions)
+	case c.SendTimeout < 0 || c.ReconnectInterval < 0 || c.HandshakeTimeout < 0 || c.IdleTimeout < 0:
+		return fmt.Errorf("%w: send timeout %v, reconnect interval %v, handshake timeout %v, idle timeout %v: want >= 0",
+			ErrBadConfig, c.SendTimeout, c.ReconnectInterval, c.HandshakeTimeout, c.IdleTimeout)
 	}
 	return nil
 }
@@ -195,8 +234,19 @@ func (e *PeerError) Unwrap() error { return e.Err }
 type Stats struct {
 	Connections int64 // handshakes completed
 	PeerErrors  int64 // peers disconnected for a protocol or limit violation
-	Refused     int64 // connections refused over MaxPeers
+	Refused     int64 // connections refused over MaxPeers, no peer being idle to evict
 	Dropped     int64 // messages not sent: PUB over HWM, ROUTER to an unknown identity
+	// RefusedPerAddress counts connections refused over MaxPeersPerAddress.
+	RefusedPerAddress int64
+	// EvictedIdle counts idle peers disconnected to make room for a new
+	// connection on a full socket.
+	EvictedIdle int64
+	// DuplicateIDs counts ROUTER connections disconnected for announcing
+	// an identity already connected (also PeerErrors).
+	DuplicateIDs int64
+	// Stalled counts ROUTER peers disconnected by DropStalled (also
+	// PeerErrors).
+	Stalled     int64
 	LastPeerErr string
 }
 
@@ -216,19 +266,23 @@ type Socket struct {
 	done  chan struct{}
 	wg    sync.WaitGroup
 
+	epoch time.Time // peers' activity times are durations since it (monotonic)
+
 	mu        sync.Mutex
 	closed    bool
 	listeners []net.Listener
 	conns     map[net.Conn]struct{} // every open connection, handshaken or not
+	perAddr   map[string]int        // accepted TCP connections by remote IP
 	peers     []*peer               // handshaken, in connection order
 	byID      map[string]*peer      // ROUTER: peers by identity
 	subs      [][]byte              // SUB: our subscriptions
-	nextID    uint32                // ROUTER: generated identities
+	nextID    uint32                // ROUTER: generated identities (from a random start)
 	rr        int                   // DEALER: round robin
 	joined    chan struct{}         // closed and replaced when a peer joins
 
-	connections, peerErrors, refused, dropped atomic.Int64
-	lastPeerErr                               atomic.Pointer[string]
+	connections, peerErrors, refused, dropped          atomic.Int64
+	refusedPerAddr, evictedIdle, duplicateIDs, stalled atomic.Int64
+	lastPeerErr                                        atomic.Pointer[string]
 }
 
 // New returns a Socket with no endpoints.
@@ -236,8 +290,13 @@ func New(cfg Config) (*Socket, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	s := &Socket{cfg: cfg, done: make(chan struct{}), conns: map[net.Conn]struct{}{},
-		byID: map[string]*peer{}, joined: make(chan struct{})}
+	s := &Socket{cfg: cfg, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, perAddr: map[string]int{},
+		byID: map[string]*peer{}, joined: make(chan struct{}), epoch: time.Now()}
+	// As libzmq: generated identities count from a random value, so that
+	// a stranger cannot tell which identity the next anonymous peer gets.
+	var r [4]byte
+	_, _ = rand.Read(r[:]) // never fails (crypto/rand, Go 1.24+)
+	s.nextID = binary.BigEndian.Uint32(r[:])
 	s.inbox = newInbox(cfg.RecvQueue, cfg.RecvQueueBytes)
 	if cfg.Identity != nil {
 		s.cfg.Identity = bytes.Clone(cfg.Identity)
@@ -318,7 +377,7 @@ func (s *Socket) accept(ln net.Listener, ep string) {
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.serve(conn, ep)
+			s.serve(conn, ep, true)
 		}()
 	}
 }
@@ -348,7 +407,7 @@ func (s *Socket) dial(network, addr, ep string) {
 	d := net.Dialer{Timeout: s.cfg.HandshakeTimeout}
 	for !s.isClosed() {
 		if conn, err := d.Dial(network, addr); err == nil {
-			s.serve(conn, ep)
+			s.serve(conn, ep, false)
 		}
 		select {
 		case <-s.done:
@@ -374,6 +433,9 @@ type peer struct {
 	endpoint string
 	remote   string
 	id       []byte         // ROUTER: the identity replies are routed by
+	accepted bool           // a connection to our listener (may be evicted)
+	evicted  bool           // closed by us: evicted, or dropped for not reading (guarded by s.mu)
+	last     atomic.Int64   // last message read or written, as time since s.epoch
 	out      *sendQueue     // messages to send, at most HWM
 	pong     chan []byte    // a PONG command to send (one pending at most)
 	gone     chan struct{}  // closed when the connection ends
@@ -382,34 +444,30 @@ type peer struct {
 	subBytes int            // and bytes
 }
 
+// touch records activity (a message read or written) on p.
+func (p *peer) touch() { p.last.Store(int64(time.Since(p.s.epoch))) }
+
 // serve runs one connection: handshake, then reads until it ends.
-func (s *Socket) serve(conn net.Conn, ep string) {
+// accepted is a connection to one of our listeners.
+func (s *Socket) serve(conn net.Conn, ep string, accepted bool) {
 	remote := conn.RemoteAddr().String()
+	var addr string // the remote IP, for MaxPeersPerAddress
 	switch {
 	case conn.RemoteAddr().Network() == "tcp":
 		remote = "tcp://" + remote
+		if ta, ok := conn.RemoteAddr().(*net.TCPAddr); ok && accepted {
+			addr = ta.IP.String()
+		}
 	case remote == "" || remote == "@": // the client end of a Unix socket has no name
 		remote = "an unnamed ipc client"
 	default:
 		remote = "ipc://" + remote
 	}
-	s.mu.Lock()
-	if s.closed || len(s.conns) >= s.cfg.MaxPeers {
-		if !s.closed {
-			s.refused.Add(1)
-		}
-		s.mu.Unlock()
+	if !s.admit(conn, addr) {
 		conn.Close()
 		return
 	}
-	s.conns[conn] = struct{}{}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.conns, conn)
-		s.mu.Unlock()
-		conn.Close()
-	}()
+	defer s.release(conn, addr)
 
 	br := bufio.NewReaderSize(conn, 32<<10)
 	fr := &frameReader{r: br, maxMessage: s.cfg.MaxMessageBytes, maxFrames: s.cfg.MaxFrames}
@@ -420,14 +478,16 @@ func (s *Socket) serve(conn net.Conn, ep string) {
 	}
 	// Past the handshake, a peer that hangs up is no error.
 	p := &peer{s: s, conn: conn, endpoint: ep, remote: remote, out: newSendQueue(s.cfg.HWM),
-		pong: make(chan []byte, 1), gone: make(chan struct{})}
+		pong: make(chan []byte, 1), gone: make(chan struct{}), accepted: accepted}
+	p.touch()
 	if s.cfg.Type == ROUTER {
 		p.id = md.identity
 	}
 	if s.cfg.Type == PUB {
 		p.subs = map[string]int{}
 	}
-	if !s.join(p) {
+	if err := s.join(p); err != nil {
+		s.peerFailed(ep, remote, err)
 		return
 	}
 	s.connections.Add(1)
@@ -497,7 +557,8 @@ func (s *Socket) handshake(conn net.Conn, fr *frameReader) (metadata, error) {
 // it broke the protocol or a limit, or hung up in the middle of a frame.
 // Clean hang-ups, network errors and our own Close are not reported.
 func (s *Socket) peerFailed(ep, remote string, err error) {
-	blame := errors.Is(err, ErrProtocol) || errors.Is(err, ErrTooLarge) || errors.Is(err, io.ErrUnexpectedEOF)
+	blame := errors.Is(err, ErrProtocol) || errors.Is(err, ErrTooLarge) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, ErrDuplicateIdentity) || errors.Is(err, ErrStalled)
 	if !blame || s.isClosed() {
 		return
 	}
@@ -513,22 +574,92 @@ func (s *Socket) peerFailed(ep, remote string, err error) {
 	}
 }
 
-// join registers a handshaken peer; a SUB socket queues its subscriptions
-// first, so that none is missed.
-func (s *Socket) join(p *peer) bool {
+// admit takes a new connection into the socket's table, or says no: over
+// MaxPeersPerAddress for its remote IP addr (accepted TCP connections; ""
+// for others), or over MaxPeers with no peer idle for IdleTimeout to
+// evict. Evicting closes the accepted peer idle longest.
+func (s *Socket) admit(conn net.Conn, addr string) bool {
+	return s.admitAt(conn, addr, time.Since(s.epoch))
+}
+
+// admitAt is admit at time now (since s.epoch).
+func (s *Socket) admitAt(conn net.Conn, addr string, now time.Duration) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return false
 	}
+	if addr != "" && s.perAddr[addr] >= s.cfg.MaxPeersPerAddress {
+		s.refusedPerAddr.Add(1)
+		return false
+	}
+	if len(s.conns) >= s.cfg.MaxPeers {
+		victim := s.idlestLocked(now)
+		if victim == nil {
+			s.refused.Add(1)
+			return false
+		}
+		// Out of the table now, so that the count stays within MaxPeers;
+		// its goroutines end on their own.
+		victim.evicted = true
+		delete(s.conns, victim.conn)
+		victim.conn.Close()
+		s.evictedIdle.Add(1)
+	}
+	s.conns[conn] = struct{}{}
+	if addr != "" {
+		s.perAddr[addr]++
+	}
+	return true
+}
+
+// release takes an admitted connection out of the table and closes it.
+func (s *Socket) release(conn net.Conn, addr string) {
+	s.mu.Lock()
+	delete(s.conns, conn)
+	if addr != "" {
+		if s.perAddr[addr]--; s.perAddr[addr] <= 0 {
+			delete(s.perAddr, addr)
+		}
+	}
+	s.mu.Unlock()
+	conn.Close()
+}
+
+// idlestLocked returns the accepted, handshaken peer that has been idle
+// longest, if it has been idle for at least IdleTimeout at time now, or
+// nil.
+func (s *Socket) idlestLocked(now time.Duration) *peer {
+	var victim *peer
+	threshold := int64(now - s.cfg.IdleTimeout)
+	for _, p := range s.peers {
+		if !p.accepted || p.evicted {
+			continue
+		}
+		if l := p.last.Load(); l <= threshold && (victim == nil || l < victim.last.Load()) {
+			victim = p
+		}
+	}
+	return victim
+}
+
+// join registers a handshaken peer; a SUB socket queues its subscriptions
+// first, so that none is missed. A ROUTER peer gets its identity, or a
+// generated one; an identity another connection holds is refused
+// (ErrDuplicateIdentity), as libzmq's ROUTER does with ROUTER_HANDOVER
+// off.
+func (s *Socket) join(p *peer) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
 	if s.cfg.Type == ROUTER {
 		if len(p.id) == 0 {
-			// ZeroMQ's generated identities: a zero byte, then a counter.
-			s.nextID++
-			p.id = binary.BigEndian.AppendUint32([]byte{0}, s.nextID)
-		}
-		if old := s.byID[string(p.id)]; old != nil {
-			old.conn.Close() // hand the identity over to the new connection
+			p.id = s.generateIDLocked()
+		} else if s.byID[string(p.id)] != nil {
+			s.duplicateIDs.Add(1)
+			return fmt.Errorf("%w: %q; the first connection keeps it", ErrDuplicateIdentity, p.id)
 		}
 		s.byID[string(p.id)] = p
 	}
@@ -540,7 +671,21 @@ func (s *Socket) join(p *peer) bool {
 	s.peers = append(s.peers, p)
 	close(s.joined)
 	s.joined = make(chan struct{})
-	return true
+	return nil
+}
+
+// generateIDLocked returns a ROUTER identity for a peer without one, as
+// libzmq makes them: a zero byte, then a 32-bit counter (starting at a
+// random value), skipping any identity a peer holds (a peer may announce
+// one of this form).
+func (s *Socket) generateIDLocked() []byte {
+	for {
+		s.nextID++
+		id := binary.BigEndian.AppendUint32([]byte{0}, s.nextID)
+		if s.byID[string(id)] == nil {
+			return id
+		}
+	}
 }
 
 func (s *Socket) leave(p *peer) {
@@ -583,6 +728,7 @@ func (p *peer) write() {
 					p.conn.Close()
 					return
 				}
+				p.touch()
 			}
 		}
 	}
@@ -639,6 +785,7 @@ func (p *peer) read(fr *frameReader) error {
 		case ROUTER:
 			msg = append([][]byte{p.id}, msg...)
 		}
+		p.touch()
 		if !s.inbox.put(Message{Frames: msg, Peer: p.remote}, messageBytes(msg)) {
 			return ErrClosed
 		}
@@ -748,11 +895,18 @@ func (s *Socket) Send(frames [][]byte) error {
 		if closed {
 			return ErrClosed
 		}
+		if p == nil && s.cfg.Mandatory && len(frames) >= 2 {
+			return fmt.Errorf("%w: identity %q", ErrNoPeer, frames[0])
+		}
 		if p == nil || len(frames) < 2 {
 			s.dropped.Add(1)
 			return nil
 		}
-		return s.enqueue(p, frames[1:], time.NewTimer(s.cfg.SendTimeout))
+		err := s.enqueue(p, frames[1:], time.NewTimer(s.cfg.SendTimeout))
+		if errors.Is(err, ErrStalled) && s.cfg.DropStalled {
+			s.dropStalled(p, err)
+		}
+		return err
 	case DEALER:
 		timer := time.NewTimer(s.cfg.SendTimeout)
 		defer timer.Stop()
@@ -795,10 +949,24 @@ func (s *Socket) enqueue(p *peer, frames [][]byte, timer *time.Timer) error {
 		case <-s.done:
 			return ErrClosed
 		case <-timer.C:
-			return fmt.Errorf("zmtp: peer %s: send queue full for %v", p.remote, s.cfg.SendTimeout)
+			return fmt.Errorf("%w: peer %s: send queue full (%d messages) for %v", ErrStalled, p.remote, s.cfg.HWM, s.cfg.SendTimeout)
 		}
 	}
 	return nil
+}
+
+// dropStalled disconnects a peer that stopped reading, once.
+func (s *Socket) dropStalled(p *peer, err error) {
+	s.mu.Lock()
+	first := !p.evicted
+	p.evicted = true
+	s.mu.Unlock()
+	if !first {
+		return
+	}
+	p.conn.Close()
+	s.stalled.Add(1)
+	s.peerFailed(p.endpoint, p.remote, err)
 }
 
 func (p *peer) matches(topic []byte) bool {
@@ -820,10 +988,14 @@ func (s *Socket) Recv() (Message, error) {
 	return m, nil
 }
 
+// Config returns the socket's configuration, with the defaults filled in.
+func (s *Socket) Config() Config { return s.cfg }
+
 // Stats returns the cumulative counts.
 func (s *Socket) Stats() Stats {
 	st := Stats{Connections: s.connections.Load(), PeerErrors: s.peerErrors.Load(),
-		Refused: s.refused.Load(), Dropped: s.dropped.Load()}
+		Refused: s.refused.Load(), Dropped: s.dropped.Load(), RefusedPerAddress: s.refusedPerAddr.Load(),
+		EvictedIdle: s.evictedIdle.Load(), DuplicateIDs: s.duplicateIDs.Load(), Stalled: s.stalled.Load()}
 	if p := s.lastPeerErr.Load(); p != nil {
 		st.LastPeerErr = *p
 	}

@@ -409,6 +409,8 @@ func TestBadConfig(t *testing.T) {
 		{Config{Type: SUB, MaxMessageBytes: -1}, "max message bytes -1"},
 		{Config{Type: SUB, HWM: -1}, "hwm -1"},
 		{Config{Type: SUB, SendTimeout: -1}, "send timeout -1ns"},
+		{Config{Type: PUB, IdleTimeout: -1}, "idle timeout -1ns"},
+		{Config{Type: PUB, MaxPeersPerAddress: -3}, "max peers per address -3"},
 	} {
 		if _, err := New(tc.cfg); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want ErrBadConfig with %q", tc.cfg, err, tc.want)

@@ -16,6 +16,10 @@ Modes (each prints READY once its socket is set up, then a line per check):
   dealer  connects DEALER (identity b"py-dealer"), sends ["", b"ping"],
           prints the reply's frames as hex
   req     connects REQ, sends b"ping", prints the reply's frames as hex
+  dealer-twice
+          connects DEALER (identity b"py-dealer"), sends ["", b"ping"],
+          prints the reply's frames as hex, waits for a line on stdin, then
+          sends ["", b"ping2"] and prints that reply's frames
 """
 import sys
 import time
@@ -69,6 +73,19 @@ def main():
             print("TIMEOUT", flush=True)
             sys.exit(1)
         line(s.recv_multipart())
+    elif mode == "dealer-twice":
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.IDENTITY, b"py-dealer")
+        s.connect(ep)
+        print("READY", flush=True)
+        for msg in (b"ping", b"ping2"):
+            if msg == b"ping2":
+                sys.stdin.readline()
+            s.send_multipart([b"", msg])
+            if not s.poll(10_000):
+                print("TIMEOUT", flush=True)
+                sys.exit(1)
+            line(s.recv_multipart())
 
 
 if __name__ == "__main__":
