@@ -71,6 +71,9 @@ var layering = map[string]pkgRule{
 	// ZeroMQ's wire protocol (ZMTP 3.0) with bounded reads, for the event
 	// packages.
 	"internal/zmtp": at(L0),
+	// Eviction order: the policies and the intrusive queues over slots
+	// that the prefix cache and the host and disk tiers keep.
+	"evict": at(L0),
 
 	"allocator": at(L1, "internal/invariants"),
 	"kernels":   at(L1, "layout", "ragged"),
