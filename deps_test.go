@@ -87,7 +87,7 @@ var layering = map[string]pkgRule{
 	"kernels/cuda": at(L2, "kernels", "layout", "gorgonia.org/cu"),
 	"pagetable":    at(L2, "allocator", "ragged", "internal/invariants"),
 	"ppl":          at(L2, "quant", "layout", "kernels"),
-	"tier/host":    at(L2, "tier", "internal/invariants", "internal/sysmem"),
+	"tier/host":    at(L2, "tier", "evict", "internal/invariants", "internal/sysmem"),
 	// The disk tier: segment files (x/sys/unix: preadv into the pages'
 	// own buffers), evicted by evict's policies. The Manager sees only
 	// tier.RemoteStore, so the facade need not import it.

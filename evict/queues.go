@@ -92,8 +92,8 @@ func NewQueuesOf(policies []Policy, slots int) (*Queues, error) {
 	return q, nil
 }
 
-// linkBytes is the memory of one link.
-const linkBytes = int64(unsafe.Sizeof(link{}))
+// SlotBytes is the memory a Queues takes per slot (and per queue).
+const SlotBytes = int64(unsafe.Sizeof(link{}))
 
 // AllocBytes is what NewQueues(name, levels, slots) allocates over its
 // life: a link per slot and per queue (at most MaxQueues a level), and, for
@@ -101,7 +101,7 @@ const linkBytes = int64(unsafe.Sizeof(link{}))
 // per slot, taken at its first eviction). An unknown name counts as LRU.
 func AllocBytes(name string, levels, slots int) int64 {
 	n, l := int64(max(slots, 0)), int64(max(levels, 0))
-	need := (n + l*MaxQueues) * linkBytes
+	need := (n + l*MaxQueues) * SlotBytes
 	if name == ARC {
 		idx := int64(2)
 		for idx < 2*n {
