@@ -12,10 +12,20 @@ const None int32 = -1
 // notQueued is the queue of a slot on no queue.
 const notQueued int32 = -1
 
+// queueShift numbers queues: queue k of level l is l<<queueShift | k, so
+// a slot's level is its queue's number shifted, not divided.
+const queueShift = 3
+
+// MaxQueues == 1<<queueShift, or one of these has a negative length.
+var (
+	_ [MaxQueues - 1<<queueShift]struct{}
+	_ [1<<queueShift - MaxQueues]struct{}
+)
+
 // link is one slot's (or one queue's sentinel's) place on its queue.
 type link struct {
 	prev, next int32
-	queue      int32 // level*queuesPerLevel + policy queue, or notQueued
+	queue      int32 // level<<queueShift | policy queue, or notQueued
 }
 
 // Queues keeps the evictable slots of a container on intrusive FIFO queues:
@@ -30,10 +40,11 @@ type Queues struct {
 	ghosts   []GhostPolicy // policies[i] if it is a GhostPolicy, else nil
 	nq       int           // queues per level
 	// links[s] is slot s's link; links[slots+i] is queue i's sentinel,
-	// queue i = level*nq + policy queue.
+	// queue i = level<<queueShift | policy queue (MaxQueues a level, the
+	// first nq used).
 	links    []link
 	slots    int32
-	lens     []int // per queue; a level's slice is what its Dequeue reads
+	lens     []int // per queue; a level's first nq are what its Dequeue reads
 	levelLen []int
 	n        int
 }
@@ -67,12 +78,12 @@ func NewQueuesOf(policies []Policy, slots int) (*Queues, error) {
 	if nq < 1 || nq > MaxQueues {
 		return nil, fmt.Errorf("evict: policy %q has %d queues, want 1..%d", policies[0].Name(), nq, MaxQueues)
 	}
-	if slots < 0 || int64(slots)+int64(len(policies)*nq) > 1<<31-1 {
+	if slots < 0 || int64(slots)+int64(len(policies))*MaxQueues > 1<<31-1 {
 		return nil, fmt.Errorf("evict: %d slots, want 0..2^31-1 with the queues' sentinels", slots)
 	}
 	q := &Queues{policies: policies, ghosts: make([]GhostPolicy, len(policies)), nq: nq,
-		links: make([]link, slots+len(policies)*nq), slots: int32(slots),
-		lens: make([]int, len(policies)*nq), levelLen: make([]int, len(policies))}
+		links: make([]link, slots+len(policies)*MaxQueues), slots: int32(slots),
+		lens: make([]int, len(policies)*MaxQueues), levelLen: make([]int, len(policies))}
 	for i, p := range policies {
 		if p.Queues() != nq {
 			return nil, fmt.Errorf("evict: policy %q of level %d has %d queues, level 0's %q has %d", p.Name(), i, p.Queues(), policies[0].Name(), nq)
@@ -96,7 +107,7 @@ func NewQueuesOf(policies []Policy, slots int) (*Queues, error) {
 const SlotBytes = int64(unsafe.Sizeof(link{}))
 
 // AllocBytes is what NewQueues(name, levels, slots) allocates over its
-// life: a link per slot and per queue (at most MaxQueues a level), and, for
+// life: a link per slot and per queue (MaxQueues a level), and, for
 // ARC, each level's ghost history (a hash, a list byte and two index slots
 // per slot, taken at its first eviction). An unknown name counts as LRU.
 func AllocBytes(name string, levels, slots int) int64 {
@@ -134,7 +145,7 @@ func (q *Queues) Len() int { return q.n }
 func (q *Queues) LevelLen(level int) int { return q.levelLen[level] }
 
 // QueueLen is the length of queue k of level.
-func (q *Queues) QueueLen(level, k int) int { return q.lens[level*q.nq+k] }
+func (q *Queues) QueueLen(level, k int) int { return q.lens[level<<queueShift|k] }
 
 // Queued reports whether slot is on a queue.
 func (q *Queues) Queued(slot int32) bool { return q.links[slot].queue != notQueued }
@@ -146,7 +157,7 @@ func (q *Queues) Position(slot int32) (level, k int, ok bool) {
 	if i == notQueued {
 		return 0, 0, false
 	}
-	return int(i) / q.nq, int(i) % q.nq, true
+	return int(i >> queueShift), int(i & (MaxQueues - 1)), true
 }
 
 // Push puts slot, which is on no queue, at the tail of the queue level's
@@ -160,7 +171,7 @@ func (q *Queues) Push(slot int32, level int, hits uint32) {
 	if k < 0 || k >= q.nq {
 		panic(fmt.Sprintf("evict: policy %q put slot %d on queue %d of %d", p.Name(), slot, k, q.nq))
 	}
-	i := level*q.nq + k
+	i := level<<queueShift | k
 	head := q.slots + int32(i)
 	tail := q.links[head].prev
 	q.links[slot] = link{prev: tail, next: head, queue: int32(i)}
@@ -181,7 +192,7 @@ func (q *Queues) Remove(slot int32) {
 	q.links[l.next].prev = l.prev
 	q.links[slot] = link{prev: None, next: None, queue: notQueued}
 	q.lens[l.queue]--
-	q.levelLen[int(l.queue)/q.nq]--
+	q.levelLen[l.queue>>queueShift]--
 	q.n--
 }
 
@@ -196,19 +207,19 @@ func (q *Queues) Victim() int32 {
 		if n == 0 {
 			continue
 		}
-		lens := q.lens[level*q.nq : (level+1)*q.nq]
+		lens := q.lens[level<<queueShift : level<<queueShift+q.nq]
 		k := q.policies[level].Dequeue(lens)
 		if k < 0 || k >= q.nq || lens[k] == 0 {
 			panic(fmt.Sprintf("evict: policy %q picked queue %d of lengths %v", q.policies[level].Name(), k, lens))
 		}
-		return q.links[q.slots+int32(level*q.nq+k)].next
+		return q.links[q.slots+int32(level<<queueShift|k)].next
 	}
 	return None
 }
 
 // Front returns the head (oldest) slot of queue k of level, or None.
 func (q *Queues) Front(level, k int) int32 {
-	s := q.links[q.slots+int32(level*q.nq+k)].next
+	s := q.links[q.slots+int32(level<<queueShift|k)].next
 	if s >= q.slots {
 		return None
 	}
@@ -275,20 +286,20 @@ func (q *Queues) CheckInvariants() error {
 		n, prev := 0, head
 		for s := q.links[head].next; s != head; prev, s = s, q.links[s].next {
 			if s < 0 || s >= q.slots || q.links[s].queue != int32(i) || q.links[s].prev != prev {
-				return fmt.Errorf("evict: queue %d (level %d, queue %d) broken at slot %d after %d slots", i, i/q.nq, i%q.nq, s, n)
+				return fmt.Errorf("evict: queue %d (level %d, queue %d) broken at slot %d after %d slots", i, i>>queueShift, i&(MaxQueues-1), s, n)
 			}
 			if n++; n > int(q.slots) {
-				return fmt.Errorf("evict: queue %d (level %d, queue %d) has a cycle", i, i/q.nq, i%q.nq)
+				return fmt.Errorf("evict: queue %d (level %d, queue %d) has a cycle", i, i>>queueShift, i&(MaxQueues-1))
 			}
 		}
 		if q.links[head].prev != prev || n != want {
-			return fmt.Errorf("evict: queue %d (level %d, queue %d) holds %d slots, its length says %d", i, i/q.nq, i%q.nq, n, want)
+			return fmt.Errorf("evict: queue %d (level %d, queue %d) holds %d slots, its length says %d", i, i>>queueShift, i&(MaxQueues-1), n, want)
 		}
 		total += n
 	}
 	for level, n := range q.levelLen {
 		sum := 0
-		for _, k := range q.lens[level*q.nq : (level+1)*q.nq] {
+		for _, k := range q.lens[level<<queueShift : (level+1)<<queueShift] {
 			sum += k
 		}
 		if sum != n {
