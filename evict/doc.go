@@ -11,10 +11,14 @@
 // joins when it becomes evictable (given the hits its page served) and
 // which non-empty queue gives up the next victim (given the queues'
 // lengths). [Queues] does the list work: one doubly linked list per
-// (priority level, policy queue), threaded through one array of links
-// indexed by slot, with one sentinel link per list after the slots. So a
-// push, a removal and a victim are O(1) (O(levels + queues) for a victim),
-// no policy scans or sorts, and nothing allocates after [NewQueues].
+// (priority level, policy queue), threaded through one [Link] per slot,
+// with one sentinel Link per list. The Links are an array of the Queues'
+// own ([NewQueues]) or a field of the container's own per-slot records
+// ([NewQueuesIn]: the prefix cache's page nodes, the host tier's entries),
+// so that unlinking a victim touches the record eviction reads anyway.
+// So a push, a removal and a victim are O(1) (O(levels + queues) for a
+// victim), no policy scans or sorts, and nothing allocates after the
+// constructor.
 //
 // # Invariants
 //

@@ -174,7 +174,8 @@ func (m *refModel) returned(level int, hash uint64) bool {
 
 // TestQueuesMatchReference drives Queues and the reference model with the
 // same random pushes, removals, evictions and returning pages, for every
-// policy, over one to three levels, and compares every victim, every
+// policy, over one to three levels, with the Links kept by the queues or
+// in the container's records, and compares every victim, every
 // length and every ghost answer, checking invariants after each step.
 func TestQueuesMatchReference(t *testing.T) {
 	for _, name := range Names() {
@@ -183,7 +184,11 @@ func TestQueuesMatchReference(t *testing.T) {
 				rng := rand.New(rand.NewPCG(seed, 36))
 				slots := 1 + rng.IntN(24)
 				levels := 1 + rng.IntN(3)
+				// Odd seeds keep the Links in records of their own.
 				q, err := NewQueues(name, levels, slots)
+				if seed%2 == 1 {
+					q, err = NewQueuesIn(name, levels, make([]record, slots), func(r *record) *Link { return &r.link })
+				}
 				require.NoError(t, err)
 				ref := newRefModel(name, levels, slots)
 				hashOf := make([]uint64, slots) // the page each slot holds

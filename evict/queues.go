@@ -9,9 +9,6 @@ import (
 // a queue's last slot's next, no victim.
 const None int32 = -1
 
-// notQueued is the queue of a slot on no queue.
-const notQueued int32 = -1
-
 // queueShift numbers queues: queue k of level l is l<<queueShift | k, so
 // a slot's level is its queue's number shifted, not divided.
 const queueShift = 3
@@ -22,11 +19,18 @@ var (
 	_ [1<<queueShift - MaxQueues]struct{}
 )
 
-// link is one slot's (or one queue's sentinel's) place on its queue.
-type link struct {
+// A Link is one slot's place on its queue. A container that keeps a record
+// per slot may embed it there ([NewQueuesIn]), so that the list work
+// touches the records eviction reads anyway; only Queues reads or writes
+// it. Its zero value is on no queue, so resetting a record of a slot that
+// is on no queue resets its Link too.
+type Link struct {
 	prev, next int32
-	queue      int32 // level<<queueShift | policy queue, or notQueued
+	queue      int32 // 1 + (level<<queueShift | policy queue); 0: on no queue
 }
+
+// SlotBytes is the size of a Link: what NewQueues takes per slot.
+const SlotBytes = int64(unsafe.Sizeof(Link{}))
 
 // Queues keeps the evictable slots of a container on intrusive FIFO queues:
 // for each of its priority levels, the queues of that level's [Policy]
@@ -39,20 +43,81 @@ type Queues struct {
 	policies []Policy      // one per level
 	ghosts   []GhostPolicy // policies[i] if it is a GhostPolicy, else nil
 	nq       int           // queues per level
-	// links[s] is slot s's link; links[slots+i] is queue i's sentinel,
+	// Slot s's Link is at base + s*stride (in the container's records,
+	// or in own); queue i's sentinel is sentinels[i], named slots+i, for
 	// queue i = level<<queueShift | policy queue (MaxQueues a level, the
 	// first nq used).
-	links    []link
-	slots    int32
-	lens     []int // per queue; a level's first nq are what its Dequeue reads
-	levelLen []int
-	n        int
+	base      unsafe.Pointer
+	stride    uintptr
+	own       []Link // the slots' Links when the container keeps none
+	sentinels []Link
+	slots     int32
+	lens      []int // per queue; a level's first nq are what its Dequeue reads
+	levelLen  []int
+	n         int
 }
 
 // NewQueues returns empty queues over slots slots (0..slots-1) with levels
-// priority levels, each with a fresh policy named name ("" is LRU). A
-// [GhostPolicy] is told the slot count.
+// priority levels, each with a fresh policy named name ("" is LRU); the
+// queues keep the slots' Links. A [GhostPolicy] is told the slot count.
 func NewQueues(name string, levels, slots int) (*Queues, error) {
+	policies, err := newPolicies(name, levels)
+	if err != nil {
+		return nil, err
+	}
+	return NewQueuesOf(policies, slots)
+}
+
+// NewQueuesOf is NewQueues with one level per policy (each a fresh
+// instance, all with the same number of queues).
+func NewQueuesOf(policies []Policy, slots int) (*Queues, error) {
+	if slots < 0 {
+		return nil, fmt.Errorf("evict: %d slots, want >= 0", slots)
+	}
+	own := make([]Link, slots)
+	q, err := newQueues(policies, slots)
+	if err != nil {
+		return nil, err
+	}
+	q.own, q.stride = own, unsafe.Sizeof(Link{})
+	if slots > 0 {
+		q.base = unsafe.Pointer(&own[0])
+	}
+	return q, nil
+}
+
+// NewQueuesIn is NewQueues over the slots of records, one per slot, whose
+// Links are where link says (a field of the record): the list work then
+// touches the records themselves. records must stay where they are (never
+// reallocated) while the queues are used, and each record's Link must be
+// zero (on no queue).
+func NewQueuesIn[R any](name string, levels int, records []R, link func(*R) *Link) (*Queues, error) {
+	policies, err := newPolicies(name, levels)
+	if err != nil {
+		return nil, err
+	}
+	q, err := newQueues(policies, len(records))
+	if err != nil {
+		return nil, err
+	}
+	q.stride = unsafe.Sizeof(*new(R))
+	if len(records) > 0 {
+		first := unsafe.Pointer(&records[0])
+		off := uintptr(unsafe.Pointer(link(&records[0]))) - uintptr(first)
+		if off > q.stride-unsafe.Sizeof(Link{}) {
+			return nil, fmt.Errorf("evict: the Link is not inside its record (offset %d of %d bytes)", off, q.stride)
+		}
+		q.base = unsafe.Add(first, off)
+	}
+	for s := range q.slots {
+		if *q.at(s) != (Link{}) {
+			return nil, fmt.Errorf("evict: slot %d's Link is not zero", s)
+		}
+	}
+	return q, nil
+}
+
+func newPolicies(name string, levels int) ([]Policy, error) {
 	if levels < 1 {
 		return nil, fmt.Errorf("evict: %d levels, want >= 1", levels)
 	}
@@ -64,13 +129,12 @@ func NewQueues(name string, levels, slots int) (*Queues, error) {
 		}
 		policies[i] = p
 	}
-	return NewQueuesOf(policies, slots)
+	return policies, nil
 }
 
-// NewQueuesOf returns empty queues over slots slots with one level per
-// policy (each a fresh instance, all with the same number of queues). A
-// [GhostPolicy] is told the slot count.
-func NewQueuesOf(policies []Policy, slots int) (*Queues, error) {
+// newQueues returns the queues of policies over slots slots, without the
+// slots' Links.
+func newQueues(policies []Policy, slots int) (*Queues, error) {
 	if len(policies) < 1 {
 		return nil, fmt.Errorf("evict: no policy")
 	}
@@ -78,11 +142,11 @@ func NewQueuesOf(policies []Policy, slots int) (*Queues, error) {
 	if nq < 1 || nq > MaxQueues {
 		return nil, fmt.Errorf("evict: policy %q has %d queues, want 1..%d", policies[0].Name(), nq, MaxQueues)
 	}
-	if slots < 0 || int64(slots)+int64(len(policies))*MaxQueues > 1<<31-1 {
+	if int64(slots)+int64(len(policies))*MaxQueues > 1<<31-1 {
 		return nil, fmt.Errorf("evict: %d slots, want 0..2^31-1 with the queues' sentinels", slots)
 	}
 	q := &Queues{policies: policies, ghosts: make([]GhostPolicy, len(policies)), nq: nq,
-		links: make([]link, slots+len(policies)*MaxQueues), slots: int32(slots),
+		sentinels: make([]Link, len(policies)*MaxQueues), slots: int32(slots),
 		lens: make([]int, len(policies)*MaxQueues), levelLen: make([]int, len(policies))}
 	for i, p := range policies {
 		if p.Queues() != nq {
@@ -93,26 +157,34 @@ func NewQueuesOf(policies []Policy, slots int) (*Queues, error) {
 			q.ghosts[i] = g
 		}
 	}
-	for s := range q.links[:slots] {
-		q.links[s] = link{prev: None, next: None, queue: notQueued}
-	}
-	for i := range q.lens {
+	for i := range q.sentinels {
 		s := q.slots + int32(i)
-		q.links[s] = link{prev: s, next: s, queue: int32(i)}
+		q.sentinels[i] = Link{prev: s, next: s, queue: int32(i) + 1}
 	}
 	return q, nil
 }
 
-// SlotBytes is the memory a Queues takes per slot (and per queue).
-const SlotBytes = int64(unsafe.Sizeof(link{}))
+// at is the Link of slot or sentinel i.
+func (q *Queues) at(i int32) *Link {
+	if uint32(i) < uint32(q.slots) {
+		return (*Link)(unsafe.Add(q.base, uintptr(i)*q.stride))
+	}
+	return &q.sentinels[i-q.slots]
+}
 
 // AllocBytes is what NewQueues(name, levels, slots) allocates over its
-// life: a link per slot and per queue (MaxQueues a level), and, for
-// ARC, each level's ghost history (a hash, a list byte and two index slots
-// per slot, taken at its first eviction). An unknown name counts as LRU.
+// life: a Link per slot and per queue (MaxQueues a level), and, for ARC,
+// each level's ghost history (a hash, a list byte and two index slots per
+// slot, taken at its first eviction). An unknown name counts as LRU.
 func AllocBytes(name string, levels, slots int) int64 {
+	return int64(max(slots, 0))*SlotBytes + AllocBytesIn(name, levels, slots)
+}
+
+// AllocBytesIn is what NewQueuesIn allocates over its life: AllocBytes
+// without the slots' Links (the records hold them).
+func AllocBytesIn(name string, levels, slots int) int64 {
 	n, l := int64(max(slots, 0)), int64(max(levels, 0))
-	need := (n + l*MaxQueues) * SlotBytes
+	need := l * MaxQueues * SlotBytes
 	if name == ARC {
 		idx := int64(2)
 		for idx < 2*n {
@@ -148,13 +220,13 @@ func (q *Queues) LevelLen(level int) int { return q.levelLen[level] }
 func (q *Queues) QueueLen(level, k int) int { return q.lens[level<<queueShift|k] }
 
 // Queued reports whether slot is on a queue.
-func (q *Queues) Queued(slot int32) bool { return q.links[slot].queue != notQueued }
+func (q *Queues) Queued(slot int32) bool { return q.at(slot).queue != 0 }
 
 // Position returns the level and policy queue slot is on; ok is false for
 // a slot on none.
 func (q *Queues) Position(slot int32) (level, k int, ok bool) {
-	i := q.links[slot].queue
-	if i == notQueued {
+	i := q.at(slot).queue - 1
+	if i < 0 {
 		return 0, 0, false
 	}
 	return int(i >> queueShift), int(i & (MaxQueues - 1)), true
@@ -163,8 +235,9 @@ func (q *Queues) Position(slot int32) (level, k int, ok bool) {
 // Push puts slot, which is on no queue, at the tail of the queue level's
 // policy picks for a page that served hits hits.
 func (q *Queues) Push(slot int32, level int, hits uint32) {
-	if q.links[slot].queue != notQueued {
-		panic(fmt.Sprintf("evict: slot %d pushed while on queue %d", slot, q.links[slot].queue))
+	l := q.at(slot)
+	if l.queue != 0 {
+		panic(fmt.Sprintf("evict: slot %d pushed while on queue %d", slot, l.queue-1))
 	}
 	p := q.policies[level]
 	k := p.Enqueue(hits)
@@ -172,11 +245,11 @@ func (q *Queues) Push(slot int32, level int, hits uint32) {
 		panic(fmt.Sprintf("evict: policy %q put slot %d on queue %d of %d", p.Name(), slot, k, q.nq))
 	}
 	i := level<<queueShift | k
-	head := q.slots + int32(i)
-	tail := q.links[head].prev
-	q.links[slot] = link{prev: tail, next: head, queue: int32(i)}
-	q.links[tail].next = slot
-	q.links[head].prev = slot
+	head := &q.sentinels[i]
+	tail := head.prev
+	*l = Link{prev: tail, next: q.slots + int32(i), queue: int32(i) + 1}
+	q.at(tail).next = slot
+	head.prev = slot
 	q.lens[i]++
 	q.levelLen[level]++
 	q.n++
@@ -184,15 +257,16 @@ func (q *Queues) Push(slot int32, level int, hits uint32) {
 
 // Remove takes slot off its queue.
 func (q *Queues) Remove(slot int32) {
-	l := q.links[slot]
-	if l.queue == notQueued {
+	l := q.at(slot)
+	i := l.queue - 1
+	if i < 0 {
 		panic(fmt.Sprintf("evict: slot %d removed while on no queue", slot))
 	}
-	q.links[l.prev].next = l.next
-	q.links[l.next].prev = l.prev
-	q.links[slot] = link{prev: None, next: None, queue: notQueued}
-	q.lens[l.queue]--
-	q.levelLen[l.queue>>queueShift]--
+	q.at(l.prev).next = l.next
+	q.at(l.next).prev = l.prev
+	*l = Link{}
+	q.lens[i]--
+	q.levelLen[i>>queueShift]--
 	q.n--
 }
 
@@ -212,14 +286,14 @@ func (q *Queues) Victim() int32 {
 		if k < 0 || k >= q.nq || lens[k] == 0 {
 			panic(fmt.Sprintf("evict: policy %q picked queue %d of lengths %v", q.policies[level].Name(), k, lens))
 		}
-		return q.links[q.slots+int32(level<<queueShift|k)].next
+		return q.sentinels[level<<queueShift|k].next
 	}
 	return None
 }
 
 // Front returns the head (oldest) slot of queue k of level, or None.
 func (q *Queues) Front(level, k int) int32 {
-	s := q.links[q.slots+int32(level<<queueShift|k)].next
+	s := q.sentinels[level<<queueShift|k].next
 	if s >= q.slots {
 		return None
 	}
@@ -228,11 +302,11 @@ func (q *Queues) Front(level, k int) int32 {
 
 // Next returns the slot after slot on its queue, or None.
 func (q *Queues) Next(slot int32) int32 {
-	s := q.links[slot].next
-	if s >= q.slots || s == None {
+	l := q.at(slot)
+	if l.queue == 0 || l.next >= q.slots {
 		return None
 	}
-	return s
+	return l.next
 }
 
 // Evicted tells level's policy, if it is a [GhostPolicy], that the page
@@ -255,20 +329,20 @@ func (q *Queues) Returned(level int, hash uint64) bool {
 // [GhostPolicy]).
 func (q *Queues) HasGhosts() bool { return q.ghosts[0] != nil }
 
-// CheckSlot checks slot's own links: on no queue it has none; on a queue
+// CheckSlot checks slot's own Link: on no queue it is zero; on a queue
 // its neighbours link back to it.
 func (q *Queues) CheckSlot(slot int32) error {
-	l := q.links[slot]
-	if l.queue == notQueued {
-		if l.prev != None || l.next != None {
+	l := *q.at(slot)
+	if l.queue == 0 {
+		if l != (Link{}) {
 			return fmt.Errorf("evict: slot %d is on no queue but links %d and %d", slot, l.prev, l.next)
 		}
 		return nil
 	}
-	if l.queue < 0 || int(l.queue) >= len(q.lens) || l.prev < 0 || l.next < 0 ||
-		int(l.prev) >= len(q.links) || int(l.next) >= len(q.links) ||
-		q.links[l.prev].next != slot || q.links[l.next].prev != slot {
-		return fmt.Errorf("evict: slot %d on queue %d is not linked (prev %d, next %d)", slot, l.queue, l.prev, l.next)
+	end := q.slots + int32(len(q.sentinels))
+	if l.queue < 0 || int(l.queue) > len(q.lens) || l.prev < 0 || l.next < 0 || l.prev >= end || l.next >= end ||
+		q.at(l.prev).next != slot || q.at(l.next).prev != slot {
+		return fmt.Errorf("evict: slot %d on queue %d is not linked (prev %d, next %d)", slot, l.queue-1, l.prev, l.next)
 	}
 	return nil
 }
@@ -280,20 +354,21 @@ func (q *Queues) CheckInvariants() error {
 	total := 0
 	for i, want := range q.lens {
 		head := q.slots + int32(i)
-		if q.links[head].queue != int32(i) {
-			return fmt.Errorf("evict: sentinel of queue %d records queue %d", i, q.links[head].queue)
+		level, k := i>>queueShift, i&(MaxQueues-1)
+		if q.sentinels[i].queue != int32(i)+1 {
+			return fmt.Errorf("evict: sentinel of queue %d records queue %d", i, q.sentinels[i].queue-1)
 		}
 		n, prev := 0, head
-		for s := q.links[head].next; s != head; prev, s = s, q.links[s].next {
-			if s < 0 || s >= q.slots || q.links[s].queue != int32(i) || q.links[s].prev != prev {
-				return fmt.Errorf("evict: queue %d (level %d, queue %d) broken at slot %d after %d slots", i, i>>queueShift, i&(MaxQueues-1), s, n)
+		for s := q.sentinels[i].next; s != head; prev, s = s, q.at(s).next {
+			if s < 0 || s >= q.slots || q.at(s).queue != int32(i)+1 || q.at(s).prev != prev {
+				return fmt.Errorf("evict: queue %d of level %d broken at slot %d after %d slots", k, level, s, n)
 			}
 			if n++; n > int(q.slots) {
-				return fmt.Errorf("evict: queue %d (level %d, queue %d) has a cycle", i, i>>queueShift, i&(MaxQueues-1))
+				return fmt.Errorf("evict: queue %d of level %d has a cycle", k, level)
 			}
 		}
-		if q.links[head].prev != prev || n != want {
-			return fmt.Errorf("evict: queue %d (level %d, queue %d) holds %d slots, its length says %d", i, i>>queueShift, i&(MaxQueues-1), n, want)
+		if q.sentinels[i].prev != prev || n != want {
+			return fmt.Errorf("evict: queue %d of level %d holds %d slots, its length says %d", k, level, n, want)
 		}
 		total += n
 	}
@@ -311,7 +386,7 @@ func (q *Queues) CheckInvariants() error {
 	}
 	claimed := 0
 	for s := range q.slots {
-		if q.links[s].queue != notQueued {
+		if q.at(s).queue != 0 {
 			claimed++
 		} else if err := q.CheckSlot(s); err != nil {
 			return err

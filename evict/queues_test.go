@@ -65,14 +65,17 @@ func TestQueuesCheckInvariantsFindsDamage(t *testing.T) {
 	q.lens[0]++
 	require.ErrorContains(t, q.CheckInvariants(), "length says")
 	q = fresh()
-	q.links[2].prev = 3
+	q.own[2].prev = 3
 	require.ErrorContains(t, q.CheckInvariants(), "broken at slot 2")
 	q = fresh()
-	q.links[1].queue = 0
+	q.own[1].queue = 1
 	require.ErrorContains(t, q.CheckInvariants(), "record a queue")
 	q = fresh()
-	q.links[1].next = 0
+	q.own[1].next = 2
 	require.ErrorContains(t, q.CheckSlot(1), "on no queue but links")
+	q = fresh()
+	q.own[2].next = 1
+	require.ErrorContains(t, q.CheckSlot(2), "not linked")
 }
 
 // Push, Remove, Victim and the ghost calls allocate nothing, under every
@@ -111,4 +114,39 @@ func TestNewQueuesRefusesMismatchedPolicies(t *testing.T) {
 	require.Error(t, err)
 	_, err = NewQueuesOf([]Policy{lruPolicy{}, slruPolicy{}}, 4)
 	require.ErrorContains(t, err, "queues")
+}
+
+// record is a container's per-slot record with the Link inside it.
+type record struct {
+	payload [5]int32
+	link    Link
+	tail    uint8
+}
+
+// NewQueuesIn keeps the Links in the records: pushes write them there, and
+// resetting a record of an unqueued slot keeps the queues whole.
+func TestQueuesInRecords(t *testing.T) {
+	recs := make([]record, 6)
+	q, err := NewQueuesIn(SLRU, 1, recs, func(r *record) *Link { return &r.link })
+	require.NoError(t, err)
+	q.Push(4, 0, 0)
+	q.Push(2, 0, 1)
+	q.Push(0, 0, 0)
+	require.NotZero(t, recs[4].link)
+	require.Equal(t, []int32{4, 0}, walk(q, 0, slruProbation))
+	q.Remove(4)
+	require.Zero(t, recs[4].link)
+	recs[4] = record{tail: 7} // a container resets an unqueued record
+	require.NoError(t, q.CheckInvariants())
+	require.Equal(t, int32(0), q.Victim())
+
+	recs[1].link.queue = 1
+	_, err = NewQueuesIn(LRU, 1, recs[:2], func(r *record) *Link { return &r.link })
+	require.ErrorContains(t, err, "not zero")
+	var elsewhere Link
+	_, err = NewQueuesIn(LRU, 1, make([]record, 2), func(*record) *Link { return &elsewhere })
+	require.ErrorContains(t, err, "not inside its record")
+	q, err = NewQueuesIn(LRU, 1, []record(nil), func(r *record) *Link { return &r.link })
+	require.NoError(t, err)
+	require.Equal(t, None, q.Victim())
 }

@@ -125,22 +125,23 @@ const (
 
 // node is the cache's record of one page; nodes[p] describes page p.
 type node struct {
-	hash     uint64 // h_d = Hash(h_{d-1}, tokens of this page); h_{-1} is the namespace seed
-	parent   int32  // page of the previous page of the prefix, or none at depth 0
-	child    int32  // first child, or none
-	next     int32  // next sibling, or none
-	prev     int32  // previous sibling, or none
-	nextHash int32  // next node in the same byHash chain, or none
-	children int32  // number of children
-	pins     int32  // pins through this page (a pin covers a whole path)
-	gen      uint32 // incremented when the node is removed
+	hash     uint64     // h_d = Hash(h_{d-1}, tokens of this page); h_{-1} is the namespace seed
+	parent   int32      // page of the previous page of the prefix, or none at depth 0
+	child    int32      // first child, or none
+	next     int32      // next sibling, or none
+	prev     int32      // previous sibling, or none
+	nextHash int32      // next node in the same byHash chain, or none
+	link     evict.Link // its place on its eviction queue (Cache.queues); zero off them
+	children int32      // number of children
+	pins     int32      // pins through this page (a pin covers a whole path)
+	gen      uint32     // incremented when the node is removed
 	prio     Priority
 	state    uint8
 	hits     uint32 // admissions it served since it was published (Cache.Hit)
 
 	// Pads the node to one 64-byte cache line (nodes is page-aligned), so
 	// each node an eviction or a match touches costs one miss, not two.
-	_ [16]byte
+	_ [4]byte
 }
 
 func (n *node) cached() bool { return n.state&stCached != 0 }
@@ -186,7 +187,8 @@ type Cache struct {
 	keys    map[Namespace]Key // Key's memo, at most maxMemoKeys entries
 
 	// queues holds the idle, unpinned pages (the evictable ones), one
-	// level per priority, each ordered by its own policy instance.
+	// level per priority, each ordered by its own policy instance; its
+	// links are in the nodes.
 	queues *evict.Queues
 
 	nCached     int // nodes with stCached
@@ -227,7 +229,7 @@ func AllocBytes(cfg Config) int64 {
 	if levels == 0 {
 		levels = DefaultPriorities
 	}
-	return need + evict.AllocBytes(cfg.Eviction, levels, int(n))
+	return need + evict.AllocBytesIn(cfg.Eviction, levels, int(n))
 }
 
 // New returns an empty cache.
@@ -250,7 +252,8 @@ func New(cfg Config) (*Cache, error) {
 	if np == 0 {
 		np = DefaultPriorities
 	}
-	queues, err := evict.NewQueues(cfg.Eviction, np, cfg.NumPages)
+	nodes := make([]node, cfg.NumPages)
+	queues, err := evict.NewQueuesIn(cfg.Eviction, np, nodes, func(n *node) *evict.Link { return &n.link })
 	if err != nil {
 		return nil, fmt.Errorf("Config.Eviction: %w: %w", ErrBadConfig, err)
 	}
@@ -266,7 +269,7 @@ func New(cfg Config) (*Cache, error) {
 		seed:      seed,
 		hashFn:    cfg.Hash,
 		sink:      cfg.Sink,
-		nodes:     make([]node, cfg.NumPages),
+		nodes:     nodes,
 		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
 		byHash:    newIndex(cfg.NumPages),
 		rootKey:   make(map[int32]string),

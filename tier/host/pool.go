@@ -50,17 +50,16 @@ type Config struct {
 }
 
 // bookkeepingPerPage is what New allocates per page besides its bytes: the
-// entry, its place on the LRU queue, the free-stack slot and the index
-// entry (a map slot holds a digest, a value and a tophash byte; the map's
-// load factor adds about a quarter). Tokens are counted separately,
-// PageSize of them per page.
-const bookkeepingPerPage = int64(unsafe.Sizeof(entry{})) + evict.SlotBytes + 4 + (int64(unsafe.Sizeof(tier.Digest{}))+4+1)*5/4
+// entry, the free-stack slot and the index entry (a map slot holds a
+// digest, a value and a tophash byte; the map's load factor adds about a
+// quarter). Tokens are counted separately, PageSize of them per page.
+const bookkeepingPerPage = int64(unsafe.Sizeof(entry{})) + 4 + (int64(unsafe.Sizeof(tier.Digest{}))+4+1)*5/4
 
 // AllocBytes is what New allocates for cfg (saturating at the largest
 // int64): what MemoryLimit bounds.
 func AllocBytes(cfg Config) int64 {
 	n := int64(max(cfg.NumPages, 0))
-	need := sysmem.MulAdd(n, bookkeepingPerPage+4*int64(max(cfg.PageSize, 0)), 0)
+	need := sysmem.MulAdd(n, bookkeepingPerPage+4*int64(max(cfg.PageSize, 0)), evict.AllocBytesIn(evict.LRU, 1, 0))
 	if cfg.Memory == nil {
 		need = sysmem.MulAdd(n, int64(max(cfg.PageBytes, 0)), need)
 	}
@@ -78,6 +77,7 @@ type entry struct {
 	digest, parent tier.Digest
 	state          uint8
 	readers        int32
+	lru            evict.Link // its place on the LRU queue; zero off it
 }
 
 // Counters are the pool's cumulative event counts.
@@ -102,7 +102,8 @@ type Pool struct {
 	index  map[tier.Digest]int32
 
 	// lru holds the reclaimable pages (ready, no readers), least recently
-	// used at the head: evict's LRU policy, one level.
+	// used at the head: evict's LRU policy, one level, its links in the
+	// entries.
 	lru      *evict.Queues
 	nWriting int
 	nReady   int
@@ -131,13 +132,14 @@ func New(cfg Config) (*Pool, error) {
 	if err := sysmem.Check(what, AllocBytes(cfg), cfg.MemoryLimit); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
-	lru, err := evict.NewQueues(evict.LRU, 1, cfg.NumPages)
+	ents := make([]entry, cfg.NumPages)
+	lru, err := evict.NewQueuesIn(evict.LRU, 1, ents, func(e *entry) *evict.Link { return &e.lru })
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	p := &Pool{
 		pageSize: cfg.PageSize, pageBytes: cfg.PageBytes, mem: cfg.Memory,
-		ents:   make([]entry, cfg.NumPages),
+		ents:   ents,
 		tokens: make([]int32, cfg.NumPages*cfg.PageSize),
 		free:   make([]int32, cfg.NumPages),
 		index:  make(map[tier.Digest]int32, cfg.NumPages),
