@@ -42,11 +42,12 @@
 // # Eviction
 //
 // Idle pages without pins sit on intrusive doubly linked queues (an
-// evict.Queues over the page IDs), a few per priority level, in the order
-// they became idle (Recheck order); the level's evict.Policy
-// ([Config.Eviction]: LRU, one queue, by default) says which queue a page
-// joins and which queue gives up the next victim, and eviction takes that
-// queue's head in the lowest non-empty level: O(1), no scan, no heap. A
+// evict.Queues whose links live in the page nodes), a few per priority
+// level, in the order they became idle (Recheck order); the level's
+// evict.Policy ([Config.Eviction]: LRU, one queue, by default) says which
+// queue a page joins and which queue gives up the next victim, and
+// eviction takes that queue's head in the lowest non-empty level: O(1), no
+// scan, no heap. A
 // victim goes with its whole subtree, deepest first, so no cached page is
 // ever left behind a missing parent. Releasing a request's pages deepest
 // first makes every prefix's later pages idle before its earlier ones, so
