@@ -71,6 +71,9 @@ var layering = map[string]pkgRule{
 	// ZeroMQ's wire protocol (ZMTP 3.0) with bounded reads, for the event
 	// packages.
 	"internal/zmtp": at(L0),
+	// Eviction order: the policies and the intrusive queues over slots
+	// that the prefix cache and the host and disk tiers keep.
+	"evict": at(L0),
 
 	"allocator": at(L1, "internal/invariants"),
 	"kernels":   at(L1, "layout", "ragged"),
@@ -84,9 +87,11 @@ var layering = map[string]pkgRule{
 	"kernels/cuda": at(L2, "kernels", "layout", "gorgonia.org/cu"),
 	"pagetable":    at(L2, "allocator", "ragged", "internal/invariants"),
 	"ppl":          at(L2, "quant", "layout", "kernels"),
-	"tier/host":    at(L2, "tier", "internal/invariants", "internal/sysmem"),
+	"tier/host":    at(L2, "tier", "evict", "internal/invariants", "internal/sysmem"),
 	// The disk tier: segment files (x/sys/unix: preadv into the pages'
-	// own buffers).
+	// own buffers), evicted by evict's policies. The Manager sees only
+	// tier.RemoteStore, so the facade need not import it.
+	"tier/disk": at(L2, "tier", "evict", "golang.org/x/sys/unix"),
 	// A request's KV from one Manager to another: plan, stream, receiving
 	// store, loopback TCP. It knows pages and tiers, not the Manager.
 	"handoff": at(L2, "tier"),
@@ -96,7 +101,7 @@ var layering = map[string]pkgRule{
 	"append":      at(L3, "kernels", "pagetable", "github.com/pkg/errors"),
 	"mla":         at(L3, "kernels", "layout", "pagetable", "github.com/pkg/errors"),
 	"cascade":     at(L3, "kernels", "layout"),
-	"prefixcache": at(L3, "allocator", "internal/invariants"),
+	"prefixcache": at(L3, "allocator", "evict", "internal/invariants"),
 
 	// The engine-facing facade.
 	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "go.uber.org/atomic"),
@@ -106,10 +111,6 @@ var layering = map[string]pkgRule{
 	// decoder is its own.
 	"events":  at(L4, "prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"),
 	"kvindex": at(L4, "prefixcache", "internal/zmtp", "github.com/vmihailenco/msgpack/v5"),
-	// tier/disk evicts by prefixcache's policies (one implementation, the
-	// same names): it sits above prefixcache. The Manager sees only
-	// tier.RemoteStore, so the facade need not import it.
-	"tier/disk": at(L4, "tier", "prefixcache", "golang.org/x/sys/unix"),
 
 	// Prometheus collectors over the Manager's stats.
 	"metrics": at(L5, "", "tier", "github.com/prometheus/client_golang"),
@@ -137,7 +138,7 @@ var layering = map[string]pkgRule{
 
 	// Production-trace replay behind `pagedkv replay`: the Manager in
 	// metadata-only mode, the limits, the plot (the only importer of gonum).
-	"internal/replay": at(T3, "", "internal/sim", "kvindex", "layout", "prefixcache", "tier", "gonum.org/v1/plot"),
+	"internal/replay": at(T3, "", "evict", "internal/sim", "kvindex", "layout", "prefixcache", "tier", "gonum.org/v1/plot"),
 
 	"cmd/pagedkv": at(T4, anyBelow),
 	"fuzz":        at(T4, anyBelow),

@@ -116,7 +116,7 @@ type Config struct {
 	Tiers TierConfig
 	// Eviction names the prefix cache's eviction policy inside each
 	// priority level: "lru" (the default, also for ""), "slru", "srrip" or "arc"
-	// (prefixcache.PolicyNames; docs/replay.md compares them).
+	// (evict.Names; docs/replay.md compares them).
 	Eviction string
 	// MemoryLimit bounds the memory the configuration asks for
 	// ([Config.AllocBytes], [HybridConfig.AllocBytes]: the bookkeeping of

@@ -3,7 +3,7 @@ package pagedkv
 import (
 	"testing"
 
-	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/evict"
 )
 
 // BenchmarkDecodeStepEviction is BenchmarkDecodeStep under eviction
@@ -16,7 +16,7 @@ import (
 // compared with (docs/replay.md).
 func BenchmarkDecodeStepEviction(b *testing.B) {
 	const ps, nreq, shared, promptLen, maxLen, families = 16, 256, 48, 64, 256, 32
-	for _, policy := range prefixcache.PolicyNames() {
+	for _, policy := range evict.Names() {
 		b.Run(policy, func(b *testing.B) {
 			m := mustNew(b, Config{NumPages: nreq*maxLen/ps + 512, PageSize: ps, HashSeed: 1, Eviction: policy})
 			ids := make([]RequestID, nreq)

@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/invariants"
 )
 
@@ -86,8 +87,8 @@ type Config struct {
 	// events). See [Sink].
 	Sink Sink
 	// Eviction names the eviction policy inside each priority level
-	// ([PolicyNames]: "arc", "lru", "slru", "srrip"); "" means "lru". See
-	// [Policy] and docs/replay.md for how they compare.
+	// (evict.Names: "arc", "lru", "slru", "srrip"); "" means "lru". See
+	// evict.Policy and docs/replay.md for how they compare.
 	Eviction string
 }
 
@@ -114,9 +115,9 @@ const (
 	stCached uint8 = 1 << iota
 	// stIdle: at the last Recheck (or publish) the cache was the page's only
 	// holder (reference count 1). An idle node with no pins is on the LRU
-	// list of its priority; that is the only way onto a list.
+	// queue of its priority; that is the only way onto a queue.
 	stIdle
-	// stReturned: its level's GhostPolicy remembered the page's hash from
+	// stReturned: its level's evict.GhostPolicy remembered the page's hash from
 	// an eviction when it was published; it is enqueued as having served a
 	// hit until it serves one.
 	stReturned
@@ -124,20 +125,18 @@ const (
 
 // node is the cache's record of one page; nodes[p] describes page p.
 type node struct {
-	hash     uint64 // h_d = Hash(h_{d-1}, tokens of this page); h_{-1} is the namespace seed
-	parent   int32  // page of the previous page of the prefix, or none at depth 0
-	child    int32  // first child, or none
-	next     int32  // next sibling, or none
-	prev     int32  // previous sibling, or none
-	nextHash int32  // next node in the same byHash chain, or none
-	lruPrev  int32  // neighbours on its eviction queue, or none
-	lruNext  int32
-	children int32  // number of children
-	pins     int32  // pins through this page (a pin covers a whole path)
-	gen      uint32 // incremented when the node is removed
+	hash     uint64     // h_d = Hash(h_{d-1}, tokens of this page); h_{-1} is the namespace seed
+	parent   int32      // page of the previous page of the prefix, or none at depth 0
+	child    int32      // first child, or none
+	next     int32      // next sibling, or none
+	prev     int32      // previous sibling, or none
+	nextHash int32      // next node in the same byHash chain, or none
+	link     evict.Link // its place on its eviction queue (Cache.queues); zero off them
+	children int32      // number of children
+	pins     int32      // pins through this page (a pin covers a whole path)
+	gen      uint32     // incremented when the node is removed
 	prio     Priority
 	state    uint8
-	queue    uint8  // the eviction queue of its level it is on (while listed)
 	hits     uint32 // admissions it served since it was published (Cache.Hit)
 
 	// Pads the node to one 64-byte cache line (nodes is page-aligned), so
@@ -157,15 +156,8 @@ func (n *node) policyHits() uint32 {
 	return n.hits
 }
 
-// listed reports whether n is on an LRU list: idle and not pinned.
+// listed reports whether n is on an eviction queue: idle and not pinned.
 func (n *node) listed() bool { return n.state&(stCached|stIdle) == stCached|stIdle && n.pins == 0 }
-
-// lru is one eviction queue of a priority level: idle, unpinned pages in
-// the order they joined it, oldest at head.
-type lru struct {
-	head, tail int32
-	n          int
-}
 
 // Cache is a prefix cache over the full pages of a page pool. It is not safe
 // for concurrent use; it belongs to the engine's scheduler goroutine (its
@@ -194,18 +186,12 @@ type Cache struct {
 	rootKey map[int32]string
 	keys    map[Namespace]Key // Key's memo, at most maxMemoKeys entries
 
-	// lists[prio*nq+q] is queue q of level prio; qlen mirrors their
-	// lengths (Policy.Dequeue reads a level's slice of it); levelN[prio] is
-	// the level's total.
-	policies []Policy      // one per priority
-	ghosts   []GhostPolicy // policies[i] if it is a GhostPolicy, else nil
-	nq       int           // queues per level
-	lists    []lru
-	qlen     []int
-	levelN   []int
+	// queues holds the idle, unpinned pages (the evictable ones), one
+	// level per priority, each ordered by its own policy instance; its
+	// links are in the nodes.
+	queues *evict.Queues
 
 	nCached     int // nodes with stCached
-	nIdle       int // idle and unpinned: sum of lists[].n
 	nIdlePinned int // idle and pinned
 	nPinned     int // nodes with pins > 0
 	maxPinned   int // 0: no cap
@@ -239,14 +225,11 @@ func AllocBytes(cfg Config) int64 {
 		slots *= 2
 	}
 	need := n*(int64(unsafe.Sizeof(node{}))+4*min(int64(max(cfg.PageSize, 0)), 1<<32)) + slots*int64(unsafe.Sizeof(slot{}))
-	if cfg.Eviction == PolicyARC {
-		levels := int64(min(max(cfg.Priorities, 0), MaxPriorities))
-		if levels == 0 {
-			levels = DefaultPriorities
-		}
-		need += levels * (n*(8+1) + slots*4)
+	levels := min(max(cfg.Priorities, 0), MaxPriorities)
+	if levels == 0 {
+		levels = DefaultPriorities
 	}
-	return need
+	return need + evict.AllocBytesIn(cfg.Eviction, levels, int(n))
 }
 
 // New returns an empty cache.
@@ -269,22 +252,10 @@ func New(cfg Config) (*Cache, error) {
 	if np == 0 {
 		np = DefaultPriorities
 	}
-	policies := make([]Policy, np)
-	ghosts := make([]GhostPolicy, np)
-	for i := range policies {
-		p, err := NewPolicy(cfg.Eviction)
-		if err != nil {
-			return nil, fmt.Errorf("Config.Eviction: %w", err)
-		}
-		policies[i] = p
-		if g, ok := p.(GhostPolicy); ok {
-			g.Size(cfg.NumPages)
-			ghosts[i] = g
-		}
-	}
-	nq := policies[0].Queues()
-	if nq < 1 || nq > MaxQueues {
-		return nil, fmt.Errorf("%w: policy %q has %d queues, want 1..%d", ErrBadConfig, policies[0].Name(), nq, MaxQueues)
+	nodes := make([]node, cfg.NumPages)
+	queues, err := evict.NewQueuesIn(cfg.Eviction, np, nodes, func(n *node) *evict.Link { return &n.link })
+	if err != nil {
+		return nil, fmt.Errorf("Config.Eviction: %w: %w", ErrBadConfig, err)
 	}
 	seed := cfg.Seed
 	if seed == 0 {
@@ -298,25 +269,17 @@ func New(cfg Config) (*Cache, error) {
 		seed:      seed,
 		hashFn:    cfg.Hash,
 		sink:      cfg.Sink,
-		nodes:     make([]node, cfg.NumPages),
+		nodes:     nodes,
 		tokens:    make([]int32, cfg.NumPages*cfg.PageSize),
 		byHash:    newIndex(cfg.NumPages),
 		rootKey:   make(map[int32]string),
 		keys:      make(map[Namespace]Key),
-		policies:  policies,
-		ghosts:    ghosts,
-		nq:        nq,
-		lists:     make([]lru, np*nq),
-		qlen:      make([]int, np*nq),
-		levelN:    make([]int, np),
+		queues:    queues,
 		maxPinned: cfg.MaxPinnedPages,
 		pins:      make(map[PinID]Handle),
 	}
 	for i := range c.nodes {
-		c.nodes[i] = node{parent: none, child: none, next: none, prev: none, nextHash: none, lruPrev: none, lruNext: none}
-	}
-	for i := range c.lists {
-		c.lists[i] = lru{head: none, tail: none}
+		c.nodes[i] = node{parent: none, child: none, next: none, prev: none, nextHash: none}
 	}
 	c.defaultKey = c.Key(Namespace{})
 	return c, nil
@@ -337,10 +300,10 @@ func (c *Cache) keyOf(k Key) Key {
 func (c *Cache) PageSize() int { return c.pageSize }
 
 // NumPriorities returns the number of priority levels.
-func (c *Cache) NumPriorities() int { return len(c.policies) }
+func (c *Cache) NumPriorities() int { return c.queues.Levels() }
 
 // Eviction returns the name of the eviction policy.
-func (c *Cache) Eviction() string { return c.policies[0].Name() }
+func (c *Cache) Eviction() string { return c.queues.Name() }
 
 // maxMemoKeys bounds Cache.keys; past it the memo starts over.
 const maxMemoKeys = 1024
@@ -461,8 +424,8 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 		return Handle{}, false, fmt.Errorf("%w: publish page %d outside the pool [0, %d)", ErrBadArgument, page, len(c.nodes))
 	case len(tokens) != c.pageSize:
 		return Handle{}, false, fmt.Errorf("%w: publish page %d with %d tokens, want a full page of %d", ErrBadArgument, page, len(tokens), c.pageSize)
-	case int(prio) >= len(c.policies):
-		return Handle{}, false, fmt.Errorf("%w: publish page %d with priority %d, want 0..%d", ErrBadArgument, page, prio, len(c.policies)-1)
+	case int(prio) >= c.queues.Levels():
+		return Handle{}, false, fmt.Errorf("%w: publish page %d with priority %d, want 0..%d", ErrBadArgument, page, prio, c.queues.Levels()-1)
 	}
 	key = c.keyOf(key)
 	ph := key.hash
@@ -489,9 +452,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	n := &c.nodes[p]
 	*n = node{
 		hash: hv, parent: par, child: none, next: none, prev: none, nextHash: none,
-		lruPrev: none, lruNext: none, gen: n.gen, prio: prio, state: stCached,
+		gen: n.gen, prio: prio, state: stCached,
 	}
-	if g := c.ghosts[prio]; g != nil && g.Returned(hv) {
+	if c.queues.Returned(int(prio), hv) {
 		n.state |= stReturned
 	}
 	if par == none {
@@ -575,8 +538,8 @@ func (c *Cache) recheck(p int32) {
 // Raise lifts the priority of the cached pages among pages to at least prio;
 // an idle page that changes level moves to the tail of its new list.
 func (c *Cache) Raise(prio Priority, pages ...PageID) error {
-	if int(prio) >= len(c.policies) {
-		return fmt.Errorf("%w: raise to priority %d, want 0..%d", ErrBadArgument, prio, len(c.policies)-1)
+	if int(prio) >= c.queues.Levels() {
+		return fmt.Errorf("%w: raise to priority %d, want 0..%d", ErrBadArgument, prio, c.queues.Levels()-1)
 	}
 	for _, p := range pages {
 		if p < 0 || int(p) >= len(c.nodes) {
@@ -628,7 +591,7 @@ func (c *Cache) Cached(p PageID) bool {
 
 // Idle returns the number of cached pages held by the cache alone: evictable
 // ones (no pin) and pinned ones.
-func (c *Cache) Idle() (evictable, pinned int) { return c.nIdle, c.nIdlePinned }
+func (c *Cache) Idle() (evictable, pinned int) { return c.queues.Len(), c.nIdlePinned }
 
 // Len returns the number of cached pages.
 func (c *Cache) Len() int { return c.nCached }

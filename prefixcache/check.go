@@ -112,46 +112,17 @@ func (c *Cache) CheckInvariants() error {
 			return fmt.Errorf("prefixcache: namespace recorded for page %d, which is not a cached depth-0 page", p)
 		}
 	}
-	if cached != c.nCached || idle != c.nIdle || idlePinned != c.nIdlePinned || pinned != c.nPinned {
+	if cached != c.nCached || idle != c.queues.Len() || idlePinned != c.nIdlePinned || pinned != c.nPinned {
 		return fmt.Errorf("prefixcache: counted cached %d idle %d idle-pinned %d pinned %d; counters say %d %d %d %d",
-			cached, idle, idlePinned, pinned, c.nCached, c.nIdle, c.nIdlePinned, c.nPinned)
+			cached, idle, idlePinned, pinned, c.nCached, c.queues.Len(), c.nIdlePinned, c.nPinned)
 	}
 	if c.maxPinned > 0 && pinned > c.maxPinned {
 		return fmt.Errorf("prefixcache: %d pages pinned, limit %d", pinned, c.maxPinned)
 	}
-	// Eviction queues: well linked, each member listed, of the queue's
-	// level and marked with the queue.
-	total := 0
-	for i, l := range c.lists {
-		prio, q := i/c.nq, i%c.nq
-		n, prev := 0, none
-		for x := l.head; x != none; x = c.nodes[x].lruNext {
-			nd := &c.nodes[x]
-			if !nd.listed() || int(nd.prio) != prio || int(nd.queue) != q || nd.lruPrev != prev {
-				return fmt.Errorf("prefixcache: queue %d of level %d holds page %d (state %#x, pins %d, priority %d, queue %d, prev %d want %d)",
-					q, prio, x, nd.state, nd.pins, nd.prio, nd.queue, nd.lruPrev, prev)
-			}
-			prev = x
-			if n++; n > cached {
-				return fmt.Errorf("prefixcache: queue %d of level %d has a cycle", q, prio)
-			}
-		}
-		if prev != l.tail || n != l.n || n != c.qlen[i] {
-			return fmt.Errorf("prefixcache: queue %d of level %d has %d pages ending at %d; header says %d (length %d) ending at %d", q, prio, n, prev, l.n, c.qlen[i], l.tail)
-		}
-		total += n
-	}
-	for prio, n := range c.levelN {
-		sum := 0
-		for _, k := range c.qlen[prio*c.nq : (prio+1)*c.nq] {
-			sum += k
-		}
-		if sum != n {
-			return fmt.Errorf("prefixcache: level %d counts %d evictable pages, its queues hold %d", prio, n, sum)
-		}
-	}
-	if total != idle {
-		return fmt.Errorf("prefixcache: eviction queues hold %d pages, %d are idle and unpinned", total, idle)
+	// Eviction queues: well linked, and holding exactly the listed pages
+	// (nodeError checks each page is queued iff listed, at its level).
+	if err := c.queues.CheckInvariants(); err != nil {
+		return fmt.Errorf("prefixcache: %w", err)
 	}
 	// Pins name live pinned pages.
 	for id, h := range c.pins {
@@ -191,13 +162,12 @@ func (c *Cache) nodeError(p int32) error {
 	if k != n.children {
 		return fmt.Errorf("prefixcache: page %d counts %d children, its list has %d", p, n.children, k)
 	}
-	if n.idle() && n.pins == 0 {
-		l := &c.lists[int(n.prio)*c.nq+int(n.queue)]
-		if (n.lruPrev == none) != (l.head == p) || (n.lruNext == none) != (l.tail == p) {
-			return fmt.Errorf("prefixcache: idle page %d is not linked on queue %d of level %d", p, n.queue, n.prio)
-		}
-	} else if n.lruPrev != none || n.lruNext != none {
-		return fmt.Errorf("prefixcache: page %d is linked on an eviction queue but idle = %v, pins = %d", p, n.idle(), n.pins)
+	level, _, queued := c.queues.Position(p)
+	if queued != n.listed() || (queued && level != int(n.prio)) {
+		return fmt.Errorf("prefixcache: page %d (idle %v, pins %d, priority %d): on an eviction queue %v (level %d)", p, n.idle(), n.pins, n.prio, queued, level)
+	}
+	if err := c.queues.CheckSlot(p); err != nil {
+		return fmt.Errorf("prefixcache: %w", err)
 	}
 	return nil
 }
@@ -210,9 +180,9 @@ func (c *Cache) checkNode(p int32) {
 			panic(err.Error())
 		}
 	}
-	if c.nIdle < 0 || c.nIdlePinned < 0 || c.nPinned < 0 || c.nIdle+c.nIdlePinned > c.nCached {
+	if c.nIdlePinned < 0 || c.nPinned < 0 || c.queues.Len()+c.nIdlePinned > c.nCached {
 		panic(fmt.Sprintf("prefixcache: broken counters: cached %d idle %d idle-pinned %d pinned %d",
-			c.nCached, c.nIdle, c.nIdlePinned, c.nPinned))
+			c.nCached, c.queues.Len(), c.nIdlePinned, c.nPinned))
 	}
 }
 

@@ -41,10 +41,11 @@
 //
 // # Eviction
 //
-// Idle pages without pins sit on intrusive doubly linked queues, a few per
-// priority level, in the order they became idle (Recheck order); the
-// level's [Policy] ([Config.Eviction]: LRU, one queue, by default) says
-// which queue a page joins and which queue gives up the next victim, and
+// Idle pages without pins sit on intrusive doubly linked queues (an
+// evict.Queues whose links live in the page nodes), a few per priority
+// level, in the order they became idle (Recheck order); the level's
+// evict.Policy ([Config.Eviction]: LRU, one queue, by default) says which
+// queue a page joins and which queue gives up the next victim, and
 // eviction takes that queue's head in the lowest non-empty level: O(1), no
 // scan, no heap. A
 // victim goes with its whole subtree, deepest first, so no cached page is

@@ -38,11 +38,11 @@ func (c *Cache) dump() string {
 		}
 		b.WriteByte('\n')
 	}
-	for prio, n := range c.levelN {
-		if n == 0 {
+	for prio := range c.queues.Levels() {
+		if c.queues.LevelLen(prio) == 0 {
 			continue
 		}
-		if c.nq != 1 {
+		if c.queues.QueuesPerLevel() != 1 {
 			fmt.Fprintf(&b, "evictable[%d]:", prio)
 			for i := range c.nodes {
 				if nd := &c.nodes[i]; nd.listed() && int(nd.prio) == prio {
@@ -53,7 +53,7 @@ func (c *Cache) dump() string {
 			continue
 		}
 		fmt.Fprintf(&b, "lru[%d]:", prio)
-		for x := c.lists[prio].head; x != none; x = c.nodes[x].lruNext {
+		for x := c.queues.Front(prio, 0); x != none; x = c.queues.Next(x) {
 			fmt.Fprintf(&b, " p%d", x)
 		}
 		b.WriteByte('\n')

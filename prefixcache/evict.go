@@ -10,69 +10,21 @@ import (
 // its level's policy picks for it.
 func (c *Cache) pushLRU(p int32) {
 	n := &c.nodes[p]
-	q := c.policies[n.prio].Enqueue(n.policyHits())
-	if q < 0 || q >= c.nq {
-		panic(fmt.Sprintf("prefixcache: policy %q put page %d on queue %d of %d", c.policies[n.prio].Name(), p, q, c.nq))
-	}
-	n.queue = uint8(q)
-	i := int(n.prio)*c.nq + q
-	l := &c.lists[i]
-	n.lruPrev, n.lruNext = l.tail, none
-	if l.tail != none {
-		c.nodes[l.tail].lruNext = p
-	} else {
-		l.head = p
-	}
-	l.tail = p
-	l.n++
-	c.qlen[i]++
-	c.levelN[n.prio]++
-	c.nIdle++
+	c.queues.Push(p, int(n.prio), n.policyHits())
 }
 
 // unlinkLRU removes page p from its eviction queue.
-func (c *Cache) unlinkLRU(p int32) {
-	n := &c.nodes[p]
-	i := int(n.prio)*c.nq + int(n.queue)
-	l := &c.lists[i]
-	if n.lruPrev != none {
-		c.nodes[n.lruPrev].lruNext = n.lruNext
-	} else {
-		l.head = n.lruNext
-	}
-	if n.lruNext != none {
-		c.nodes[n.lruNext].lruPrev = n.lruPrev
-	} else {
-		l.tail = n.lruPrev
-	}
-	n.lruPrev, n.lruNext = none, none
-	l.n--
-	c.qlen[i]--
-	c.levelN[n.prio]--
-	c.nIdle--
-}
+func (c *Cache) unlinkLRU(p int32) { c.queues.Remove(p) }
 
 // victim returns the next page eviction takes: the head of the queue the
 // policy of the lowest non-empty priority level picks, or none.
-func (c *Cache) victim() int32 {
-	for prio, n := range c.levelN {
-		if n == 0 {
-			continue
-		}
-		lens := c.qlen[prio*c.nq : (prio+1)*c.nq]
-		q := c.policies[prio].Dequeue(lens)
-		if q < 0 || q >= c.nq || lens[q] == 0 {
-			panic(fmt.Sprintf("prefixcache: policy %q picked queue %d of lengths %v", c.policies[prio].Name(), q, lens))
-		}
-		return c.lists[prio*c.nq+q].head
-	}
-	return none
-}
+func (c *Cache) victim() int32 { return c.queues.Victim() }
 
 // Evict removes idle, unpinned pages until at least npages pages have
 // returned to the pool or none is left to evict, and returns how many
 // returned. Victims are taken from the lowest priority level up, in the
-// order the level's [Policy] gives (least recently idle first for LRU). A victim's subtree (the cached pages that extend it)
+// order the level's evict.Policy gives (least recently idle first for
+// LRU). A victim's subtree (the cached pages that extend it)
 // goes with it, deepest first, so no cached page is ever left behind a
 // missing parent; pages of that subtree still held by requests stay with
 // them and are only dropped from the cache.
@@ -109,9 +61,7 @@ func (c *Cache) evictSubtree(v int32) int {
 			x = c.nodes[x].child
 		}
 		up := c.nodes[x].parent
-		if g := c.ghosts[c.nodes[x].prio]; g != nil {
-			g.Evicted(c.nodes[x].hash, c.nodes[x].policyHits())
-		}
+		c.queues.Evicted(int(c.nodes[x].prio), c.nodes[x].hash, c.nodes[x].policyHits())
 		c.remove(x)
 		rel = append(rel, PageID(x))
 		if x == v {
@@ -157,7 +107,6 @@ func (c *Cache) remove(x int32) {
 	if c.sink != nil {
 		c.sink.PageRemoved(PageID(x), n.hash)
 	}
-	*n = node{parent: none, child: none, next: none, prev: none, nextHash: none,
-		lruPrev: none, lruNext: none, gen: n.gen + 1}
+	*n = node{parent: none, child: none, next: none, prev: none, nextHash: none, gen: n.gen + 1}
 	c.nCached--
 }

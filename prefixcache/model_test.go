@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/evict"
 )
 
 // This file checks the cache against a slow model under random operation
@@ -105,7 +106,7 @@ func (m *model) forget(prio int, h uint64) (mghost, bool) {
 
 // returned is ARC's adaptation when a page of hash h is published at prio.
 func (m *model) returned(prio int, h uint64) bool {
-	if m.policy != PolicyARC {
+	if m.policy != evict.ARC {
 		return false
 	}
 	var nmain, nprob int
@@ -137,7 +138,7 @@ func (m *model) returned(prio int, h uint64) bool {
 // an older ghost of the same hash, and forgets the oldest eviction past
 // numPages.
 func (m *model) remember(n *mnode) {
-	if m.policy != PolicyARC {
+	if m.policy != evict.ARC {
 		return
 	}
 	m.forget(n.prio, n.hash)
@@ -179,7 +180,7 @@ func (m *model) victim() *mnode {
 			return v
 		}
 		switch m.policy {
-		case PolicySLRU:
+		case evict.SLRU:
 			probation := 0
 			for _, n := range level {
 				if n.hits == 0 {
@@ -187,11 +188,11 @@ func (m *model) victim() *mnode {
 				}
 			}
 			protected := len(level) - probation
-			if probation == 0 || float64(protected) > SLRUProtectedShare*float64(len(level)) {
+			if probation == 0 || float64(protected) > evict.SLRUProtectedShare*float64(len(level)) {
 				return oldest(func(n *mnode) bool { return n.hits > 0 })
 			}
 			return oldest(func(n *mnode) bool { return n.hits == 0 })
-		case PolicyARC:
+		case evict.ARC:
 			probation := 0
 			for _, n := range level {
 				if !n.main() {
@@ -202,7 +203,7 @@ func (m *model) victim() *mnode {
 				return oldest(func(n *mnode) bool { return !n.main() })
 			}
 			return oldest(func(n *mnode) bool { return n.main() })
-		case PolicySRRIP:
+		case evict.SRRIP:
 			for {
 				if v := oldest(func(n *mnode) bool { return n.rrpv == 3 }); v != nil {
 					return v
@@ -413,7 +414,7 @@ func (m *model) dump() string {
 		if len(l) == 0 {
 			continue
 		}
-		if m.policy != PolicyLRU {
+		if m.policy != evict.LRU {
 			fmt.Fprintf(&b, "evictable[%d]:", prio)
 			for _, n := range l {
 				fmt.Fprintf(&b, " p%d", n.page)
@@ -747,7 +748,7 @@ func TestCacheMatchesModel(t *testing.T) {
 		"default":   nil,
 		"colliding": func(_ uint64, toks []int32) uint64 { return uint64(toks[0] % 2) },
 	}
-	for _, policy := range PolicyNames() {
+	for _, policy := range evict.Names() {
 		for name, hash := range hashes {
 			t.Run(policy+"/"+name, func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(1, uint64(len(name)+len(policy))))
@@ -762,7 +763,7 @@ func TestCacheMatchesModel(t *testing.T) {
 					returns[0] += h.m.returns[0]
 					returns[1] += h.m.returns[1]
 				}
-				if policy == PolicyARC { // the runs reach both of ARC's adaptations
+				if policy == evict.ARC { // the runs reach both of ARC's adaptations
 					require.Positive(t, returns[0], "ghost hits from probation")
 					require.Positive(t, returns[1], "ghost hits from main")
 				}
@@ -797,14 +798,14 @@ func FuzzCache(f *testing.F) {
 		if len(data) > 4*400 {
 			data = data[:4*400]
 		}
-		newHarness(t, nil, PolicyLRU).run(data)
+		newHarness(t, nil, evict.LRU).run(data)
 	})
 }
 
 // FuzzCachePolicies is FuzzCache under every eviction policy: the first
 // byte picks the policy, the rest are FuzzCache's commands.
 func FuzzCachePolicies(f *testing.F) {
-	names := PolicyNames()
+	names := evict.Names()
 	for i := range names {
 		f.Add([]byte{byte(i), opInsert, 0, 0, 3, opInsert, 0, 1, 3, opInsert, 1, 0, 2, opRelease, 0, 0, 0,
 			opInsert, 0, 0, 4, opRelease, 1, 0, 0, opRelease, 0, 0, 0, opInsert, 2, 5, 4, opEvict, 3, 0, 0})

@@ -11,9 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/replay"
 	"github.com/pagedkv/pagedkv/internal/sim"
-	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
 	"github.com/pagedkv/pagedkv/tier/redis"
 )
@@ -65,7 +65,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	tracePath := fs.String("trace", "", "trace file (required)")
 	format := fs.String("format", "mooncake", "trace format: mooncake or sim")
 	blockTokens := fs.Int("block-tokens", 16, "--format sim: tokens per block (page)")
-	policies := fs.String("policies", strings.Join(prefixcache.PolicyNames(), ","), "comma-separated eviction policies: "+strings.Join(prefixcache.PolicyNames(), ", "))
+	policies := fs.String("policies", strings.Join(evict.Names(), ","), "comma-separated eviction policies: "+strings.Join(evict.Names(), ", "))
 	capacities := fs.String("capacities", "2,5,10,25,50", "comma-separated capacities in percent of the trace's distinct blocks")
 	service := fs.Bool("service", false, "run the service model instead of one request at a time")
 	pageTokens := 0
@@ -111,7 +111,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	names := strings.Split(*policies, ",")
 	for _, n := range names {
-		if _, err := prefixcache.NewPolicy(n); err != nil {
+		if _, err := evict.New(n); err != nil {
 			return usageErr("--policies: %v", err)
 		}
 	}

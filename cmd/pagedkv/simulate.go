@@ -15,10 +15,10 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/metrics"
-	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
 func init() {
@@ -119,7 +119,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&lim.MaxRequests, "trace-max-requests", lim.MaxRequests, "most requests a trace may hold")
 	fs.Int64Var(&lim.MaxTokens, "trace-max-tokens", lim.MaxTokens, "most tokens a trace may hold (every prompt plus samples*output)")
 	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
-	fs.StringVar(&cfg.Eviction, "eviction", prefixcache.PolicyLRU, "prefix-cache eviction policy: "+strings.Join(prefixcache.PolicyNames(), ", ")+" (docs/replay.md)")
+	fs.StringVar(&cfg.Eviction, "eviction", evict.LRU, "prefix-cache eviction policy: "+strings.Join(evict.Names(), ", ")+" (docs/replay.md)")
 	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
 	model := fs.String("model", "dense", "model: "+strings.Join(sim.ModelNames(), ", ")+" (hybrid attention presets, docs/simulate.md)")
 	fs.IntVar(&cfg.Model.Layers, "layers", cfg.Model.Layers, "model layers; when not given, the --model preset's: 6 (one pattern) for gemma-3-like, else")

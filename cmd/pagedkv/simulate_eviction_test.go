@@ -6,8 +6,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/invariants"
-	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
 // Every eviction policy runs the built-in workload under pressure (eviction
@@ -18,7 +18,7 @@ func TestSimulateEvictionPolicies(t *testing.T) {
 	if invariants.Enabled {
 		requests = "22"
 	}
-	for _, policy := range prefixcache.PolicyNames() {
+	for _, policy := range evict.Names() {
 		var out, errb bytes.Buffer
 		args := append([]string{"--eviction", policy, "--requests", requests}, smallModel...)
 		require.Equal(t, exitOK, run(append([]string{"simulate"}, args...), &out, &errb), "%s: %s", policy, errb.String())

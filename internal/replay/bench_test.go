@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/evict"
 )
 
 // BenchmarkReplay replays the whole conversation trace one request at a
@@ -21,7 +21,7 @@ func BenchmarkReplay(b *testing.B) {
 		b.ReportMetric(float64(blocks)*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 	}
 	for _, pageTokens := range []int{512, 16} {
-		for _, policy := range prefixcache.PolicyNames() {
+		for _, policy := range evict.Names() {
 			b.Run(fmt.Sprintf("manager/page-tokens=%d/%s", pageTokens, policy), func(b *testing.B) {
 				b.ReportAllocs()
 				for range b.N {

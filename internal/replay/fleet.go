@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/kvindex"
 	"github.com/pagedkv/pagedkv/prefixcache"
@@ -195,7 +196,7 @@ func RunFleet(t *Trace, cfg FleetConfig) (*FleetResult, error) {
 
 func policyName(p string) string {
 	if p == "" {
-		return prefixcache.PolicyLRU
+		return evict.LRU
 	}
 	return p
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/evict"
 )
 
 const conversationTrace = "../../testdata/traces/mooncake_conversation_trace.jsonl.gz"
@@ -114,7 +114,7 @@ func TestSequentialLRUMatchesBlockReference(t *testing.T) {
 		tr, capacities = prefix(tr, 150), capacities[:2]
 	}
 	for _, capacity := range capacities {
-		res, err := Run(tr, Config{CapacityPages: capacity, Eviction: prefixcache.PolicyLRU})
+		res, err := Run(tr, Config{CapacityPages: capacity, Eviction: evict.LRU})
 		require.NoError(t, err)
 		hits, evicted := blockLRU(tr, capacity)
 		require.Equal(t, [2]int64{hits, evicted}, [2]int64{res.HitBlocks, res.EvictedPages}, "capacity %d: hits, evicted", capacity)
@@ -233,7 +233,7 @@ func TestPageTokensKeepTheReplay(t *testing.T) {
 	if raceEnabled {
 		tr = prefix(tr, 120)
 	}
-	for _, policy := range prefixcache.PolicyNames() {
+	for _, policy := range evict.Names() {
 		capacity := max(tr.DistinctBlocks/20, tr.MinPoolPages())
 		full, err := Run(tr, Config{CapacityPages: capacity, Eviction: policy})
 		require.NoError(t, err)

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/sim"
 	"github.com/pagedkv/pagedkv/layout"
-	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -243,7 +243,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	}
 	policy := cfg.Eviction
 	if policy == "" {
-		policy = prefixcache.PolicyLRU
+		policy = evict.LRU
 	}
 	r := &runner{t: t, cfg: cfg, m: m, res: &Result{Eviction: policy, CapacityPages: cfg.CapacityPages}}
 	start := time.Now()

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/evict"
 )
 
 // The service model under pressure: every request finishes with all its
@@ -29,7 +29,7 @@ func TestServiceModelUnderPressure(t *testing.T) {
 	}
 	svc := DefaultService()
 	svc.PrefillTokensPerSec = 20_000 // slower than the trace's arrivals: a queue builds
-	for _, policy := range prefixcache.PolicyNames() {
+	for _, policy := range evict.Names() {
 		finished := 0
 		res, err := Run(tr, Config{CapacityPages: 1200, Eviction: policy, Service: &svc, Progress: func(n int) { finished = n }})
 		require.NoError(t, err, policy)
@@ -75,7 +75,7 @@ func TestSweepTableAndPlot(t *testing.T) {
 	if raceEnabled {
 		tr = prefix(tr, 150)
 	}
-	policies := prefixcache.PolicyNames()
+	policies := evict.Names()
 	sw, err := RunSweep(tr, SweepConfig{Fractions: []float64{0.05, 0.25}, Policies: policies, PageTokens: 16})
 	require.NoError(t, err)
 	var out bytes.Buffer

@@ -11,7 +11,7 @@
 // each, shared with a read helper goroutine so that one piece is checked
 // while the next is read (read.go), and verifies every page before
 // serving it. When no slot is free the writer
-// overwrites the victim of one of prefixcache's eviction policies
+// overwrites the victim of one of evict's eviction policies
 // (Config.Eviction). After a crash, Open rebuilds the index from the slots
 // that verify and reports what it dropped (Recovery). Open opens LOCK and
 // the segment files relative to the directory without following links,

@@ -13,20 +13,20 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
 // refDisk is the slow model of a store: the pages it holds, each with
 // the sequence it was written at and the hits it served since, on the
-// queues of a prefixcache policy (plain slices, least recent first; its
+// queues of an evict policy (plain slices, least recent first; its
 // own instance of the policy): what any container of the policy must
 // evict, written here without the store's slot lists.
 type refDisk struct {
 	capacity int
 	name     string
-	policy   prefixcache.Policy
-	ghost    prefixcache.GhostPolicy // policy, if it keeps ghosts
+	policy   evict.Policy
+	ghost    evict.GhostPolicy // policy, if it keeps ghosts
 	queues   [][]tier.Digest
 	seq      map[tier.Digest]uint64
 	hits     map[tier.Digest]uint32
@@ -42,10 +42,10 @@ func newRefDisk(t testing.TB, capacity int, policy string) *refDisk {
 
 // reset starts the policy and its queues afresh (empty).
 func (r *refDisk) reset(t testing.TB) {
-	p, err := prefixcache.NewPolicy(r.name)
+	p, err := evict.New(r.name)
 	require.NoError(t, err)
 	r.policy, r.queues = p, make([][]tier.Digest, p.Queues())
-	r.ghost, _ = p.(prefixcache.GhostPolicy)
+	r.ghost, _ = p.(evict.GhostPolicy)
 	if r.ghost != nil {
 		r.ghost.Size(r.capacity)
 	}
@@ -144,7 +144,7 @@ func envInt(t testing.TB, name string, def int) int {
 // TestStoreMatchesModel drives a store with random stores, lookups,
 // clean restarts and restarts over damaged or duplicated slots, against
 // refDisk, auditing after every operation, for each eviction policy
-// prefixcache knows (the seeds take them in turn). PAGEDKV_DISK_MODEL_OPS
+// evict knows (the seeds take them in turn). PAGEDKV_DISK_MODEL_OPS
 // sets the operation count in all (default 20000; 3000 under CI=true).
 func TestStoreMatchesModel(t *testing.T) {
 	ops := 20000
@@ -155,7 +155,7 @@ func TestStoreMatchesModel(t *testing.T) {
 	if testing.Short() {
 		ops = 1000
 	}
-	policies := prefixcache.PolicyNames()
+	policies := evict.Names()
 	runs := 2 * len(policies)
 	for seed := uint64(1); seed <= uint64(runs); seed++ {
 		policy := policies[int(seed-1)%len(policies)]

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -88,9 +89,9 @@ type Config struct {
 	// last sync, and the restart scan drops any it finds torn.
 	SyncEvery int
 	// Eviction names the policy that picks the page to overwrite when
-	// every slot holds one: a prefixcache policy, by the names of
-	// prefixcache.Config.Eviction (prefixcache.PolicyNames: "lru", "slru",
-	// "srrip"); "" means "lru". See policy.go.
+	// every slot holds one, by its evict name (evict.Names: "arc",
+	// "lru", "slru", "srrip", as prefixcache.Config.Eviction); "" means
+	// "lru". See policy.go.
 	Eviction string
 }
 
@@ -262,11 +263,11 @@ func (cfg *Config) check() error {
 	if cfg.SyncEvery == 0 {
 		cfg.SyncEvery = DefaultSyncEvery
 	}
-	q, err := newQueues(cfg.Eviction, 0)
+	p, err := evict.New(cfg.Eviction)
 	if err != nil {
 		return fmt.Errorf("%w: Eviction: %w", ErrBadConfig, err)
 	}
-	cfg.Eviction = q.policy.Name()
+	cfg.Eviction = p.Name()
 	_, _, slot := slotGeometry(*cfg)
 	if int64(slot)*int64(cfg.Pages) > maxStoreBytes {
 		return fmt.Errorf("%w: %d pages of %d-byte slots exceed %d bytes", ErrBadConfig, cfg.Pages, slot, int64(maxStoreBytes))

@@ -12,8 +12,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/layout"
-	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -138,7 +138,7 @@ func TestEvictionLRU(t *testing.T) {
 	require.EqualValues(t, 1, s.DiskStats().Evicted)
 }
 
-// TestEvictionPolicies: Config.Eviction takes prefixcache's policy names
+// TestEvictionPolicies: Config.Eviction takes evict's policy names
 // (an unknown one is refused by name) and means what it means there. A
 // page served once, then a burst of new pages the size of the store:
 // LRU evicts the served page with the rest; SLRU (on its protected
@@ -149,10 +149,10 @@ func TestEvictionPolicies(t *testing.T) {
 	cfg.Eviction = "lfu"
 	_, err := Open(cfg)
 	require.ErrorIs(t, err, ErrBadConfig)
-	require.ErrorIs(t, err, prefixcache.ErrUnknownPolicy)
+	require.ErrorIs(t, err, evict.ErrUnknownPolicy)
 	require.Contains(t, err.Error(), `"lfu"`)
 
-	for _, policy := range prefixcache.PolicyNames() {
+	for _, policy := range evict.Names() {
 		cfg := testConfig(t.TempDir(), 4)
 		cfg.Eviction = policy
 		s := openStore(t, cfg)
@@ -169,12 +169,12 @@ func TestEvictionPolicies(t *testing.T) {
 			require.NoError(t, s.CheckInvariants())
 		}
 		kept := fetchChecked(t, s, request(pages[:1])) == 1
-		require.Equal(t, policy != prefixcache.PolicyLRU, kept, "%s: the page served once is kept", policy)
+		require.Equal(t, policy != evict.LRU, kept, "%s: the page served once is kept", policy)
 		require.EqualValues(t, 4, s.DiskStats().Evicted)
 		require.NoError(t, s.Close())
 	}
 	s := openStore(t, testConfig(t.TempDir(), 4))
-	require.Equal(t, prefixcache.PolicyLRU, s.Config().Eviction, "the default")
+	require.Equal(t, evict.LRU, s.Config().Eviction, "the default")
 	require.NoError(t, s.Close())
 }
 
@@ -413,10 +413,10 @@ func TestFetchAllocatesNothing(t *testing.T) {
 	}))
 }
 
-// fakeGhost is a policy with a ghost history (prefixcache's GhostPolicy
+// fakeGhost is a policy with a ghost history (evict's GhostPolicy
 // methods) over SLRU, recording what the store's queues tell it.
 type fakeGhost struct {
-	prefixcache.Policy
+	evict.Policy
 	size     int
 	known    map[uint64]bool
 	evicted  []uint64
@@ -440,7 +440,7 @@ func (f *fakeGhost) Dequeue(lens []int) int { return f.Policy.Dequeue(lens) }
 // written; a page it remembers joins its queue as one with a hit until it
 // serves one.
 func TestGhostPolicyWiring(t *testing.T) {
-	slru, err := prefixcache.NewPolicy(prefixcache.PolicySLRU)
+	slru, err := evict.New(evict.SLRU)
 	require.NoError(t, err)
 	u := newUniverse(testFormat, 1, 2).chains[0]
 	d0, d1 := u[0].Digest, u[1].Digest

@@ -1,6 +1,7 @@
 // Package host owns the host tier: a fixed pool of host (CPU) pages below the
 // device page pool, with its own allocator, an index from page digest to host
-// page, and an LRU over the pages that can be reclaimed.
+// page, and an LRU over the pages that can be reclaimed (evict's LRU policy
+// on an evict.Queues over host page IDs).
 //
 // A host page is free, writing (claimed by an offload copy the engine has not
 // finished: indexed, so the same page is not offloaded twice, but never

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"unsafe"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/internal/sysmem"
 	"github.com/pagedkv/pagedkv/tier"
@@ -58,14 +59,12 @@ const bookkeepingPerPage = int64(unsafe.Sizeof(entry{})) + 4 + (int64(unsafe.Siz
 // int64): what MemoryLimit bounds.
 func AllocBytes(cfg Config) int64 {
 	n := int64(max(cfg.NumPages, 0))
-	need := sysmem.MulAdd(n, bookkeepingPerPage+4*int64(max(cfg.PageSize, 0)), 0)
+	need := sysmem.MulAdd(n, bookkeepingPerPage+4*int64(max(cfg.PageSize, 0)), evict.AllocBytesIn(evict.LRU, 1, 0))
 	if cfg.Memory == nil {
 		need = sysmem.MulAdd(n, int64(max(cfg.PageBytes, 0)), need)
 	}
 	return need
 }
-
-const none int32 = -1
 
 // Page states.
 const (
@@ -78,7 +77,7 @@ type entry struct {
 	digest, parent tier.Digest
 	state          uint8
 	readers        int32
-	prev, next     int32 // LRU links, or none
+	lru            evict.Link // its place on the LRU queue; zero off it
 }
 
 // Counters are the pool's cumulative event counts.
@@ -102,11 +101,13 @@ type Pool struct {
 	free   []int32 // stack
 	index  map[tier.Digest]int32
 
-	head, tail int32 // LRU: least recently used at head
-	nLRU       int
-	nWriting   int
-	nReady     int
-	nReaders   int64 // sum of readers
+	// lru holds the reclaimable pages (ready, no readers), least recently
+	// used at the head: evict's LRU policy, one level, its links in the
+	// entries.
+	lru      *evict.Queues
+	nWriting int
+	nReady   int
+	nReaders int64 // sum of readers
 
 	counters Counters
 }
@@ -131,19 +132,23 @@ func New(cfg Config) (*Pool, error) {
 	if err := sysmem.Check(what, AllocBytes(cfg), cfg.MemoryLimit); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	ents := make([]entry, cfg.NumPages)
+	lru, err := evict.NewQueuesIn(evict.LRU, 1, ents, func(e *entry) *evict.Link { return &e.lru })
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
 	p := &Pool{
 		pageSize: cfg.PageSize, pageBytes: cfg.PageBytes, mem: cfg.Memory,
-		ents:   make([]entry, cfg.NumPages),
+		ents:   ents,
 		tokens: make([]int32, cfg.NumPages*cfg.PageSize),
 		free:   make([]int32, cfg.NumPages),
 		index:  make(map[tier.Digest]int32, cfg.NumPages),
-		head:   none, tail: none,
+		lru:    lru,
 	}
 	if p.mem == nil && cfg.PageBytes > 0 {
 		p.mem = make([]byte, cfg.NumPages*cfg.PageBytes)
 	}
-	for i := range p.ents {
-		p.ents[i] = entry{prev: none, next: none}
+	for i := range p.free {
 		p.free[i] = int32(cfg.NumPages - 1 - i) // page 0 on top
 	}
 	return p, nil
@@ -191,7 +196,7 @@ func (p *Pool) Has(d tier.Digest) bool { _, ok := p.index[d]; return ok }
 // Usage returns the pages by state: free, writing, ready (with or without
 // readers), and of the ready ones those reclaimable (no readers).
 func (p *Pool) Usage() (free, writing, ready, reclaimable int) {
-	return len(p.free), p.nWriting, p.nReady, p.nLRU
+	return len(p.free), p.nWriting, p.nReady, p.lru.Len()
 }
 
 // Counters returns the cumulative event counts.
@@ -215,9 +220,9 @@ func (p *Pool) Claim(d, parent tier.Digest, tokens []int32) (PageID, error) {
 	case len(p.free) > 0:
 		h = p.free[len(p.free)-1]
 		p.free = p.free[:len(p.free)-1]
-	case p.head != none:
-		h = p.head
-		p.unlink(h)
+	case p.lru.Len() > 0:
+		h = p.lru.Victim()
+		p.lru.Remove(h)
 		delete(p.index, p.ents[h].digest)
 		p.nReady--
 		p.counters.Reclaimed++
@@ -225,7 +230,7 @@ func (p *Pool) Claim(d, parent tier.Digest, tokens []int32) (PageID, error) {
 		return 0, fmt.Errorf("%w: %d pages: %d writing, %d ready with readers", ErrFull, len(p.ents), p.nWriting, p.nReady)
 	}
 	e := &p.ents[h]
-	*e = entry{digest: d, parent: parent, state: stWriting, prev: none, next: none}
+	*e = entry{digest: d, parent: parent, state: stWriting}
 	copy(p.Tokens(PageID(h)), tokens)
 	p.index[d] = h
 	p.nWriting++
@@ -244,7 +249,7 @@ func (p *Pool) Written(h PageID) error {
 	e.state = stReady
 	p.nWriting--
 	p.nReady++
-	p.push(int32(h))
+	p.lru.Push(int32(h), 0, 0)
 	p.counters.Written++
 	p.check(int32(h))
 	return nil
@@ -257,7 +262,7 @@ func (p *Pool) Abandon(h PageID) error {
 		return err
 	}
 	delete(p.index, p.ents[h].digest)
-	p.ents[h] = entry{prev: none, next: none}
+	p.ents[h] = entry{}
 	p.nWriting--
 	p.free = append(p.free, int32(h))
 	p.counters.Abandoned++
@@ -290,7 +295,7 @@ func (p *Pool) Acquire(h PageID) error {
 	}
 	e := &p.ents[h]
 	if e.readers == 0 {
-		p.unlink(int32(h))
+		p.lru.Remove(int32(h))
 	}
 	e.readers++
 	p.nReaders++
@@ -311,7 +316,7 @@ func (p *Pool) Release(h PageID) error {
 	e.readers--
 	p.nReaders--
 	if e.readers == 0 {
-		p.push(int32(h))
+		p.lru.Push(int32(h), 0, 0)
 	}
 	p.check(int32(h))
 	return nil
@@ -337,34 +342,6 @@ func stateName(st uint8) string {
 	return "ready"
 }
 
-func (p *Pool) push(h int32) {
-	e := &p.ents[h]
-	e.prev, e.next = p.tail, none
-	if p.tail != none {
-		p.ents[p.tail].next = h
-	} else {
-		p.head = h
-	}
-	p.tail = h
-	p.nLRU++
-}
-
-func (p *Pool) unlink(h int32) {
-	e := &p.ents[h]
-	if e.prev != none {
-		p.ents[e.prev].next = e.next
-	} else {
-		p.head = e.next
-	}
-	if e.next != none {
-		p.ents[e.next].prev = e.prev
-	} else {
-		p.tail = e.prev
-	}
-	e.prev, e.next = none, none
-	p.nLRU--
-}
-
 // check verifies page h in invariants builds.
 func (p *Pool) check(h int32) {
 	if !invariants.Enabled {
@@ -378,21 +355,25 @@ func (p *Pool) check(h int32) {
 func (p *Pool) checkEntry(h int32) error {
 	e := &p.ents[h]
 	x, indexed := p.index[e.digest]
+	onLRU := p.lru.Queued(h)
 	switch e.state {
 	case stFree:
-		if e.readers != 0 || e.prev != none || e.next != none || (indexed && x == h) {
-			return fmt.Errorf("host: free page %d has readers %d, LRU links or an index entry", h, e.readers)
+		if e.readers != 0 || onLRU || (indexed && x == h) {
+			return fmt.Errorf("host: free page %d has readers %d, is on the LRU list (%v) or has an index entry", h, e.readers, onLRU)
 		}
 	case stWriting:
-		if !indexed || x != h || e.readers != 0 || e.prev != none || e.next != none {
-			return fmt.Errorf("host: writing page %d: indexed %v (as %d), readers %d, LRU links %d/%d", h, indexed, x, e.readers, e.prev, e.next)
+		if !indexed || x != h || e.readers != 0 || onLRU {
+			return fmt.Errorf("host: writing page %d: indexed %v (as %d), readers %d, on the LRU list %v", h, indexed, x, e.readers, onLRU)
 		}
 	case stReady:
-		if !indexed || x != h || e.readers < 0 {
-			return fmt.Errorf("host: ready page %d: indexed %v (as %d), readers %d", h, indexed, x, e.readers)
+		if !indexed || x != h || e.readers < 0 || onLRU != (e.readers == 0) {
+			return fmt.Errorf("host: ready page %d: indexed %v (as %d), readers %d, on the LRU list %v", h, indexed, x, e.readers, onLRU)
 		}
 	default:
 		return fmt.Errorf("host: page %d in state %d", h, e.state)
+	}
+	if err := p.lru.CheckSlot(h); err != nil {
+		return fmt.Errorf("host: %w", err)
 	}
 	return nil
 }
@@ -407,17 +388,8 @@ func (p *Pool) CheckInvariants() error {
 		}
 		onFree[h] = true
 	}
-	onLRU := make([]bool, len(p.ents))
-	n := 0
-	for h, prev := p.head, none; h != none; prev, h = h, p.ents[h].next {
-		if h < 0 || int(h) >= len(p.ents) || onLRU[h] || p.ents[h].prev != prev {
-			return fmt.Errorf("host: LRU list broken at page %d", h)
-		}
-		onLRU[h] = true
-		n++
-	}
-	if n != p.nLRU {
-		return fmt.Errorf("host: LRU list has %d pages, counter says %d", n, p.nLRU)
+	if err := p.lru.CheckInvariants(); err != nil {
+		return fmt.Errorf("host: LRU list: %w", err)
 	}
 	var writing, ready int
 	var readers int64
@@ -436,9 +408,6 @@ func (p *Pool) CheckInvariants() error {
 		case stReady:
 			ready++
 			readers += int64(e.readers)
-			if onLRU[h] != (e.readers == 0) {
-				return fmt.Errorf("host: ready page %d with %d readers: on the LRU list = %v", h, e.readers, onLRU[h])
-			}
 		}
 	}
 	if writing != p.nWriting || ready != p.nReady || readers != p.nReaders || len(p.index) != writing+ready {

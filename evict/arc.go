@@ -1,25 +1,13 @@
-package prefixcache
-
-// PolicyARC is adaptive replacement (Megiddo and Modha, FAST '03) over
-// prefix pages. Pages that never served a hit wait on a probation queue
-// (ARC's T1), pages that did, or that come back soon after their eviction,
-// on a main queue (T2). The victim comes from probation while it holds more
-// than a target number of evictable pages, else from main. The target is
-// learned online from a ghost history of recently evicted pages' hashes
-// (B1, B2; as many as the cache has pages): a page published again while
-// its ghost from probation is remembered means probation was too short,
-// and the target grows; one from main, that main was too short, and it
-// shrinks, each by ARC's ratio of the two ghost lists' sizes.
-const PolicyARC = "arc"
+package evict
 
 // A GhostPolicy is a [Policy] that also learns from the pages its container
-// evicts and publishes again. Its container calls:
+// evicts and stores again (ARC). Its container calls:
 //   - Size once, before any other call, with the number of pages it can
 //     hold;
 //   - Evicted for every page eviction removes (a victim and the pages cut
 //     with it), with the page's hash and the hits its container would
 //     enqueue it with;
-//   - Returned for every page it publishes, with its hash; when it reports
+//   - Returned for every page it stores, with its hash; when it reports
 //     true, the page counts as having served a hit until it serves one
 //     (it is enqueued with hits 1).
 //
@@ -44,9 +32,7 @@ const (
 	arcMain      = 1
 )
 
-func newARC() Policy { return &arcPolicy{} }
-
-func (*arcPolicy) Name() string { return PolicyARC }
+func (*arcPolicy) Name() string { return ARC }
 func (*arcPolicy) Queues() int  { return 2 }
 
 func (p *arcPolicy) Enqueue(hits uint32) int {

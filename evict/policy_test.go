@@ -1,0 +1,135 @@
+package evict
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestUnknownPolicyIsRejectedByName(t *testing.T) {
+	_, err := New("lfu-ish")
+	require.ErrorIs(t, err, ErrUnknownPolicy)
+	require.ErrorContains(t, err, `"lfu-ish"`)
+	require.ErrorContains(t, err, "arc, lru, slru, srrip")
+	p, err := New("")
+	require.NoError(t, err)
+	require.Equal(t, LRU, p.Name(), "the default")
+	require.Equal(t, []string{ARC, LRU, SLRU, SRRIP}, Names())
+	for _, name := range Names() {
+		p, err := New(name)
+		require.NoError(t, err)
+		require.Equal(t, name, p.Name())
+		require.True(t, p.Queues() >= 1 && p.Queues() <= MaxQueues, name)
+	}
+}
+
+// ghosts against a slice of the last n evictions: random adds and takes
+// over a few hashes (so probes collide and wrap), every answer and count
+// compared, and the index checked to hold exactly the live ghosts.
+func TestGhostsMatchSlice(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for _, n := range []int{1, 2, 5, 14} {
+		var g ghosts
+		g.init(n)
+		type rec struct {
+			hash uint64
+			list uint8
+			live bool
+		}
+		var ref []rec
+		for step := range 5000 {
+			h := uint64(rng.IntN(3 * n))
+			if rng.IntN(4) == 0 {
+				h <<= 40 // far apart too
+			}
+			if rng.IntN(2) == 0 {
+				l := uint8(rng.IntN(2))
+				g.add(h, l)
+				for i := range ref {
+					if ref[i].live && ref[i].hash == h {
+						ref[i].live = false
+					}
+				}
+				ref = append(ref, rec{h, l, true})
+				if len(ref) > n {
+					ref = ref[1:]
+				}
+			} else {
+				list, ok := g.take(h)
+				var wl uint8
+				wok := false
+				for i := range ref {
+					if ref[i].live && ref[i].hash == h {
+						ref[i].live, wl, wok = false, ref[i].list, true
+					}
+				}
+				require.Equal(t, [2]any{wok, wl}, [2]any{ok, list}, "n %d step %d take %d", n, step, h)
+			}
+			var count [2]int
+			live := 0
+			for _, r := range ref {
+				if r.live {
+					count[r.list]++
+					live++
+					require.GreaterOrEqual(t, g.find(r.hash), 0, "n %d step %d: ghost %d not found", n, step, r.hash)
+				}
+			}
+			require.Equal(t, count, g.count, "n %d step %d", n, step)
+			indexed := 0
+			for _, x := range g.index {
+				if x != 0 {
+					indexed++
+				}
+			}
+			require.Equal(t, live, indexed, "n %d step %d: index entries", n, step)
+		}
+	}
+}
+
+// ARC's target moves by the ratio of the ghost lists on a ghost hit: up
+// when the page left probation, down when it left main; and a page that
+// comes back is enqueued on main (its container enqueues it with one hit).
+func TestARCLearnsFromGhosts(t *testing.T) {
+	q, err := NewQueues(ARC, 1, 8)
+	require.NoError(t, err)
+	arc := q.Policy(0).(*arcPolicy)
+	require.Equal(t, 4, arc.target, "starts in the middle")
+	// store puts slot s, holding the page with hash h, on its queue as a
+	// container does: hits 1 if the policy remembers h.
+	store := func(s int32, h uint64, hits uint32) {
+		if q.Returned(0, h) && hits == 0 {
+			hits = 1
+		}
+		q.Push(s, 0, hits)
+	}
+	evictAll := func() {
+		for q.Len() > 0 {
+			v := q.Victim()
+			_, k, _ := q.Position(v)
+			q.Evicted(0, uint64(v)+100, uint32(k)) // hash 100+slot; main (queue 1) had hits
+			q.Remove(v)
+		}
+	}
+	// Three probation ghosts (hashes 100..102) and one main ghost (103).
+	for s := range int32(3) {
+		store(s, uint64(s)+100, 0)
+	}
+	store(3, 103, 1)
+	evictAll()
+	require.Equal(t, [2]int{3, 1}, arc.ghosts.count)
+	// A probation ghost returns: up by max(1, 1/3) = 1, onto main.
+	store(0, 100, 0)
+	require.Equal(t, 5, arc.target)
+	_, k, _ := q.Position(0)
+	require.Equal(t, arcMain, k)
+	// The main ghost returns: down by max(1, 2/1) = 2.
+	store(1, 103, 0)
+	require.Equal(t, 3, arc.target)
+	require.Equal(t, [2]int{2, 0}, arc.ghosts.count)
+	// A new page is on probation.
+	store(2, 555, 0)
+	_, k, _ = q.Position(2)
+	require.Equal(t, arcProbation, k)
+	require.NoError(t, q.CheckInvariants())
+}
