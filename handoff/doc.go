@@ -2,8 +2,8 @@
 // (a prefill process to a decode process, each with its own page pool):
 // the transfer plan, the authenticated byte stream, the receiving side's
 // verification, its server and the store the decode Manager is served
-// from. docs/tiers.md ("Handing a request's KV to another process",
-// "Trust") has the contract and every limit.
+// from. docs/handoff.md has the contract and every limit, docs/tiers.md
+// ("Trust") who may connect.
 //
 // # The plan
 //

@@ -17,6 +17,6 @@
 // the segment files relative to the directory without following links,
 // and refuses anything but a regular file (ErrNotRegularFile): the store
 // never reads, writes or creates a file outside its directory.
-// docs/tiers.md describes the tier, its crash safety and its measured
+// docs/disk-tier.md describes the tier, its crash safety and its measured
 // throughput.
 package disk
