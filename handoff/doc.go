@@ -68,6 +68,23 @@
 // MaxInflightBytes reserved by requests being received, an idle and a
 // request deadline; every zero field is its default, never "no limit".
 //
+// # Invariants
+//
+//   - All or nothing: a transfer either admits every page of the request
+//     into the Store or none, whatever fails (a tag, a byte, a count, the
+//     connection, a deadline, room in the store).
+//   - Only a holder of the key gets pages admitted, a stream verifies only
+//     on the connection it was made for (the nonce), and a sender hears
+//     "admitted" only from a receiver with the key.
+//   - Every admitted page is the page its token chain names: the receiver
+//     computes the digest and parent from the namespace and tokens itself.
+//   - A page keeps the bytes it was first admitted with; a later request
+//     with other bytes for it does not change what the Store serves.
+//   - The receiver's memory is bounded before it is spent: nothing is sized
+//     by a count before tag 1 verifies and the count is within [Limits],
+//     and the requests being received hold at most MaxInflightBytes
+//     together.
+//
 // # Concurrency
 //
 // A Store and a Server are safe for concurrent use (a Server admits from
