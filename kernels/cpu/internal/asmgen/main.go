@@ -12,7 +12,7 @@
 //     assembly is tested against (kernels/cpu's *AsmMatchesGo tests).
 //   - The output is a function of this file alone: `go generate
 //     ./kernels/cpu` rewrites simd_amd64.s and its stubs, and the committed
-//     files are what it writes.
+//     files are what it writes (scripts/asm-fresh.sh checks it).
 package main
 
 import (
