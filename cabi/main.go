@@ -42,6 +42,21 @@
 // PAGEDKV_ERR_BUSY instead of racing. pagedkv_get_stats reads the Manager's
 // lock-free snapshot and may run on any thread at any time. The registry
 // is guarded by a read-write mutex.
+//
+// # Invariants
+//
+//   - A failed call changes nothing: C-only mistakes are refused before
+//     the Manager sees them, and the Manager's own failures change nothing.
+//   - Every code is the one mapped from the Go error (codeOf), and the
+//     message is the calling thread's own.
+//   - A plan's arrays stay valid and unchanged until the next successful
+//     reserve (or destroy); no pointer handed out ever reaches freed or
+//     moved Go memory (buffers that grew stay pinned, C arrays that grew
+//     are retired, not reallocated, until the handle's memory is freed).
+//   - After a recovered panic the handle is poisoned: every later call on
+//     it returns PAGEDKV_ERR_INTERNAL until it is destroyed.
+//   - The C ABI and the Go Manager agree call for call (FuzzABI, and the
+//     Go-written traces the Python tests replay).
 package main
 
 /*

@@ -133,7 +133,7 @@ func TestInstalledLibraryBuildsWithPkgConfig(t *testing.T) {
 	}
 }
 
-// TestPythonPackageInstallsInFreshVenv does what docs/c-abi.md
+// TestPythonPackageInstallsInFreshVenv does what docs/python.md
 // ("Installing") tells a newcomer, offline, in a fresh copy of this source
 // tree (its tracked and untracked files, nothing ignored, so no build
 // output): a venv over Debian's packages, pip install --no-build-isolation

@@ -2,8 +2,8 @@
 // (a prefill process to a decode process, each with its own page pool):
 // the transfer plan, the authenticated byte stream, the receiving side's
 // verification, its server and the store the decode Manager is served
-// from. docs/tiers.md ("Handing a request's KV to another process",
-// "Trust") has the contract and every limit.
+// from. docs/handoff.md has the contract and every limit, docs/tiers.md
+// ("Trust") who may connect.
 //
 // # The plan
 //
@@ -67,6 +67,23 @@
 // unless [ServerConfig].AllowRemote, at most MaxConns connections, at most
 // MaxInflightBytes reserved by requests being received, an idle and a
 // request deadline; every zero field is its default, never "no limit".
+//
+// # Invariants
+//
+//   - All or nothing: a transfer either admits every page of the request
+//     into the Store or none, whatever fails (a tag, a byte, a count, the
+//     connection, a deadline, room in the store).
+//   - Only a holder of the key gets pages admitted, a stream verifies only
+//     on the connection it was made for (the nonce), and a sender hears
+//     "admitted" only from a receiver with the key.
+//   - Every admitted page is the page its token chain names: the receiver
+//     computes the digest and parent from the namespace and tokens itself.
+//   - A page keeps the bytes it was first admitted with; a later request
+//     with other bytes for it does not change what the Store serves.
+//   - The receiver's memory is bounded before it is spent: nothing is sized
+//     by a count before tag 1 verifies and the count is within [Limits],
+//     and the requests being received hold at most MaxInflightBytes
+//     together.
 //
 // # Concurrency
 //

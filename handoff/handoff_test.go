@@ -808,9 +808,9 @@ func TestSendBetweenProcesses(t *testing.T) {
 	require.Equal(t, 6, st.Held())
 }
 
-// The limits docs/tiers.md publishes are the code's.
+// The limits docs/handoff.md publishes are the code's.
 func TestDocLimits(t *testing.T) {
-	doclimits.Check(t, "docs/tiers.md", map[string]any{
+	doclimits.Check(t, "docs/handoff.md", map[string]any{
 		"handoff.StreamVersion":           StreamVersion,
 		"handoff.MinKeyBytes":             MinKeyBytes,
 		"handoff.NonceBytes":              NonceBytes,

@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The conversation on one connection (docs/tiers.md):
+// The conversation on one connection (docs/handoff.md):
 //
 //	sender:   prelude ("PKVH", version, 3 zero bytes)
 //	receiver: hello ("PKVH", version, flags, 2 zero bytes, nonce)

@@ -24,6 +24,25 @@
 // int32, as in FlashInfer. LSE outputs are base 2: lse = log2(sum_j exp(s_j)).
 // A query row that sees no key yields output 0 and LSE -inf.
 //
+// # Invariants
+//
+//   - A call that returns an error has written nothing: every backend runs
+//     this package's validation (shapes, dtypes, scales, and the page
+//     table through [ragged.ValidatePageTable], so [ErrInvalidPageTable] is
+//     the one page-table sentinel) before it touches an output.
+//   - A call that succeeds writes only what its index arrays name: an
+//     append changes only the slots of the rows it appends, and no
+//     operation reads or writes outside its tensors, whatever int32 values
+//     the arrays hold (kernels/kernelstest's CheckRawIndices puts canaries
+//     around every buffer, and each backend's raw-array fuzz target runs it).
+//   - Every backend computes the same results within the conformance
+//     suite's tolerances (kernels/kernelstest, against the float64 models of
+//     internal/reference); append copies bytes exactly, so caches agree byte
+//     for byte.
+//   - The device-side index checks (ValidateDecodeTable and their kin) are
+//     the index halves of the Validate methods, so a device backend refuses
+//     exactly what the CPU backend refuses, with the same error.
+//
 // # Concurrency
 //
 // A Backend may be used by several goroutines at once as long as their output

@@ -69,6 +69,19 @@
 // it; the other sources are not affected (docs/events.md, "Bounded
 // reads").
 //
+// # Invariants
+//
+//   - Never over-reporting: for every replica, [Index.Match] answers at
+//     most what the replica's Manager holds as of the last batch applied;
+//     whenever that cannot be known the replica's blocks are cleared.
+//   - A source's batches are applied in sequence order, each exactly once
+//     and whole, or not at all (then the replica is cleared).
+//   - A replica's index never holds more than [Config].MaxBlocks (group,
+//     hash) entries, and no message is read past
+//     [SubscriberConfig].MaxMessageBytes, whatever its publisher sends.
+//   - A replica's match is the minimum over the groups its events named of
+//     each group's contiguous match from block 0.
+//
 // # Concurrency
 //
 // An Index is safe for concurrent use. A Subscriber runs one goroutine per

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Per-step overhead of pagedkv from Python against the same steps in Go,
-in one run (docs/c-abi.md reports the figure).
+in one run (docs/python.md reports the figure).
 
 The workload: --requests requests with distinct 64-token prompts,
 prefilled in one step, then decode steps: reserve one token per request,

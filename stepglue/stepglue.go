@@ -26,6 +26,25 @@
 //	// per layer:
 //	err = host.AppendKV(backend, cache, k, v)
 //	err = host.Attention(backend, cache, q, o) // cascade: q, o in Plan.Cascade.QueryRows order
+//
+// # Invariants
+//
+//   - [Check] runs first: a plan whose arrays disagree is refused
+//     ([ErrBadPlan], naming the value) before dst is written.
+//   - Nothing is copied or allocated: every array of dst is the Plan's own
+//     (same start and length), cascade levels included.
+//   - The attention's WindowLeft is always the plan's (the one given in the
+//     AttentionParams is replaced), and a cascade runs every level with
+//     the plan's CascadeWindowLeft.
+//   - The kind follows from the plan alone ([KindOf]): Cascade when it has
+//     a cascade layout, Chunked when it has Attn arrays, Decode when every
+//     request has one row, Prefill otherwise; [Device] refuses only
+//     Chunked ([ErrUnsupported]), [HostStep] takes every kind.
+//
+// # Concurrency
+//
+// The functions are safe for concurrent use on distinct destinations; a
+// Host belongs to the goroutine running its step.
 package stepglue
 
 import (

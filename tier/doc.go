@@ -23,6 +23,24 @@
 // from its own tokens, so serving another prefix's K/V would take a SHA-256
 // collision.
 //
+// # Invariants
+//
+//   - A digest depends only on the namespace's encoding and the tokens up
+//     to the page's end: every process computes the same one (a test pins
+//     a value computed independently with Python's hashlib).
+//   - A page value is decoded strictly ([DecodeValue]: exact lengths,
+//     nothing after the checksum, a CRC-32C over every byte) and
+//     [Value.Verify] accepts it only as the very page asked for: the same
+//     format, namespace and group, digest, parent digest and tokens.
+//   - [PageFormat.Validate] accepts only formats whose page fits
+//     [MaxPageBytes], multiplying one factor at a time so that no geometry
+//     wraps int64.
+//   - A [Chain]'s Fetch serves a contiguous prefix: each store is asked
+//     only for the pages after the stores above it served, and what a
+//     lower store served is stored into every store above it.
+//   - A [RejectionLog] counts every rejection by reason and keeps at most
+//     [RecentRejections] distinct key-and-reason pairs.
+//
 // # Concurrency
 //
 // The functions and types here are values, except [RejectionLog], which is

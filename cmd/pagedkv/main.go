@@ -13,6 +13,21 @@
 // main.go only dispatches: `pagedkv NAME ARGS...` calls the run function of
 // the command called NAME with ARGS and exits with the code it returns
 // (0 success, 1 the command ran and found a failure, 2 bad usage).
+//
+// # Invariants
+//
+//   - Every command is registered complete (name, summary, usage, run) and
+//     once; a duplicate or incomplete one panics at init, which any test
+//     run catches.
+//   - A command writes only to the stdout and stderr it is given and
+//     returns its exit code, so tests run every command in-process.
+//   - Every pagedkv command README.md shows works as typed from the
+//     repository root (newcomer_test.go).
+//
+// # Concurrency
+//
+// main runs one command; the commands state their own goroutines
+// (simulate's replicas, replay's fleet).
 package main
 
 import (

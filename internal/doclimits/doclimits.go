@@ -13,6 +13,20 @@
 //
 // Any other column is free text. A name may appear in only one row of one
 // file.
+//
+// # Invariants
+//
+//   - [Read] returns every row whose first cell is exactly one backticked
+//     name, mapped to its second cell as written, and refuses a file that
+//     lists a name twice; it reads nothing else.
+//   - [Check] compares text with text (fmt.Sprint of the code's value), so
+//     a limit matches only when the doc prints it as the code would; every
+//     name the test passes must be in the doc.
+//   - Paths are relative to the module root, wherever the test runs.
+//
+// # Concurrency
+//
+// Read and Check may be called from parallel tests.
 package doclimits
 
 import (

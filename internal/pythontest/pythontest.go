@@ -3,6 +3,18 @@
 // interoperability tests. A test that needs a module it cannot import is
 // skipped, or fails under CI=true, where .ci/run installs the packages.
 //
+// # Invariants
+//
+//   - Only Debian's interpreter runs ([Python], /usr/bin/python3), whatever
+//     python3 is first on PATH, so the peer's modules are the Debian
+//     packages .ci/run installs.
+//   - A missing module never passes silently: [Require] skips, naming the
+//     Debian package to install, or fails under CI=true.
+//   - A started process never outlives its test: it is killed when the
+//     test ends, and its standard error is logged if the test failed.
+//
+// # Concurrency
+//
 // Its functions are called from a test's goroutine; a started process
 // belongs to its test.
 package pythontest

@@ -6,6 +6,18 @@
 // where it fails: CI installs the Debian package redis-server and must run
 // these tests.
 //
+// # Invariants
+//
+//   - A server listens on 127.0.0.1 only, keeps nothing on disk (no RDB, no
+//     AOF; its working directory is the test's temporary directory) and
+//     answers PING before [Start] returns.
+//   - A server never outlives its test: Start registers Kill with the
+//     test's cleanup.
+//   - [Server.Restart] brings back a fresh, empty server on the same port,
+//     so clients reconnect to the same address.
+//
+// # Concurrency
+//
 // Servers belong to the test that started them; Kill and Restart may be
 // called from that test's goroutine.
 package redistest

@@ -33,9 +33,29 @@
 // it and releases it: no concurrency and no outputs, the setting of the
 // trace's published figures. The service model ([Service]) runs requests
 // at their arrival times through a simple engine loop (docs/replay.md).
-// [Config.HostPages] adds a write-through host tier below the pool;
-// [RunFleet] runs several replicas behind a router (prefix-aware over a
-// kvindex.Index fed with their KV events, round robin, least loaded).
+// [Config.HostPages] adds a write-through host tier below the pool (with a
+// dense Manager only: a HybridManager has tiers, but the replay refuses a
+// hybrid [Config.Model] with a tier); [RunFleet] runs several replicas
+// behind a router (prefix-aware over a kvindex.Index fed with their KV
+// events, round robin, least loaded).
+//
+// # Invariants
+//
+//   - The replay's hits are the Manager's own verified prefix hits: with
+//     room for every block they equal the trace's unlimited-capacity hits
+//     block for block, and a sequential LRU replay equals a slow per-block
+//     LRU model's hits and evictions.
+//   - [Result.Stream] holds every admission and resumption the replay made,
+//     and no policy's hits exceed [Belady] on that stream at the same
+//     capacity, nor Belady's exceed [Unlimited].
+//   - [Config.PageTokens] changes the token work, never the replay: the
+//     same hits, evictions and stream as full 512-token pages.
+//   - Apart from its wall time, a [Run]'s Result depends only on the trace
+//     and the Config: the service model's clock is simulated, not
+//     measured, so docs/replay.md's tables reproduce to the block.
+//   - The work is bounded before it starts: a trace past [Limits] is
+//     refused by name ([ErrBadConfig]), and a service-model replay stops
+//     once MaxPreemptionsPerRequest × requests preemptions are spent.
 //
 // # Concurrency
 //

@@ -16,8 +16,9 @@ type bookkeeper interface {
 	// stats are the pool's and the token counters (every group's, for a
 	// HybridManager).
 	stats() pagedkv.Stats
-	// tierCopies and completeTierCopies drive the tiers (none for a
-	// HybridManager).
+	// tierCopies and completeTierCopies drive the tiers. A HybridManager
+	// has tiers too, but the replay runs one without them (newBookkeeper
+	// refuses a hybrid model with a tier), so hybridManager's are empty.
 	tierCopies(dst []pagedkv.TierCopy) []pagedkv.TierCopy
 	completeTierCopies(ids ...uint64) error
 }

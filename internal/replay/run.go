@@ -88,7 +88,9 @@ type Config struct {
 	// layer groups on one pool (CapacityPages pages for all groups, so a
 	// block takes a page per group that keeps it), a hit only where every
 	// group serves the prefix. The presets' windows and chunks are in
-	// tokens of the synthesized pages. No tiers with a hybrid model.
+	// tokens of the synthesized pages. The replay runs a hybrid model
+	// without tiers (HostPages > 0 with one is ErrBadConfig), although a
+	// HybridManager has them.
 	Model string
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.

@@ -2,6 +2,19 @@
 // pool asked for more memory than the machine can ever give refuses the
 // configuration by name instead of being killed by the kernel's OOM killer
 // halfway through initialising its bookkeeping.
+//
+// # Invariants
+//
+//   - [Check] refuses exactly the sizes above the limit (the machine's
+//     physical memory when the limit is 0), with an error that wraps
+//     [ErrTooLarge] and names what, the bytes needed and the limit; where
+//     the platform gives no figure and the limit is 0 it refuses nothing.
+//   - [MulAdd] never wraps: a size computed from untrusted counts saturates
+//     at the largest int64, which every limit then refuses.
+//
+// # Concurrency
+//
+// Every function is safe for concurrent use.
 package sysmem
 
 import (

@@ -8,6 +8,21 @@
 // a decoder that makes the same mistake.
 //
 // It is test support, like internal/reference: only tests import it.
+//
+// # Invariants
+//
+//   - [Decode] accepts only what vLLM's schema allows (a batch array of 2
+//     or 3 elements, a non-negative ts, events of the known types with
+//     fields of the schema's types) and names the first field that is not.
+//   - Applying a consistent stream never fails: [Set.Apply] reports a block
+//     stored under a parent that is not cached, a hash stored twice, a
+//     removal of a hash not cached and an event of another medium, so the
+//     sets a test rebuilds are exactly the publisher's.
+//   - It shares no code with events or kvindex.
+//
+// # Concurrency
+//
+// Its values are plain maps and slices: one goroutine each.
 package vllmwire
 
 import (

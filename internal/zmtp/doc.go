@@ -6,7 +6,7 @@
 // read under limits, checked from the frame headers before anything is
 // allocated, so no peer can crash or bloat the process.
 //
-// # Limits (invariants)
+// # Invariants (limits)
 //
 //   - A frame header is checked before its body is read: a data frame may
 //     not take its message past Config.MaxMessageBytes (frame bodies plus

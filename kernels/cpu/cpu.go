@@ -10,6 +10,22 @@
 // -tags purego, or any other CPU, runs the pure-Go loops they are tested
 // against.
 //
+// # Invariants
+//
+//   - A call validates everything (package kernels' Validate methods)
+//     before any task starts, so a refused call writes nothing, and no
+//     task reads or writes outside the tensors it was given.
+//   - How the work is split depends on Workers, never what is computed:
+//     the page-range split of a decode merges its partial states as
+//     merge_states does, so a split changes rounding only, and every split
+//     stays within the conformance suite's tolerances.
+//   - The assembly loops and the pure-Go loops they replace are tested
+//     against each other; -tags purego runs the latter everywhere.
+//   - The helper goroutines hold the pool, never the Backend, so an
+//     unreachable Backend is collected and its helpers exit.
+//
+// # Concurrency
+//
 // A *Backend is safe for concurrent use; calls do not retain their arguments.
 // Steady-state decode and append calls allocate nothing.
 package cpu

@@ -9,7 +9,7 @@ import (
 	"github.com/pagedkv/pagedkv/tier"
 )
 
-// On-disk format, version 2 (docs/tiers.md, "The disk tier"):
+// On-disk format, version 2 (docs/disk-tier.md):
 //
 //	segment file seg-NNNN.pkvd:
 //	  [0, 4096)                     segment header

@@ -171,9 +171,9 @@ func TestSequenceRenumbered(t *testing.T) {
 	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1][1:])))
 }
 
-// docs/tiers.md's table of the disk tier's limits is the code's.
+// docs/disk-tier.md's table of the disk tier's limits is the code's.
 func TestDiskLimitsDocumented(t *testing.T) {
-	doclimits.Check(t, "docs/tiers.md", map[string]any{
+	doclimits.Check(t, "docs/disk-tier.md", map[string]any{
 		"disk.MaxSequence":         uint64(MaxSequence),
 		"disk.RenumberAbove":       uint64(RenumberAbove),
 		"disk.MaxQueueBytes":       int64(MaxQueueBytes),

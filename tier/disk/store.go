@@ -558,7 +558,7 @@ func (s *Store) scan() error {
 	// better served by cache pages of its own. Pages the scan read stay
 	// as the readahead made them, small, and writes into small cache
 	// pages cost the kernel about a third more than writes that make
-	// their own (docs/tiers.md, "measured").
+	// their own (docs/performance-log.md, the disk tier's 2026-11-27 entry).
 	for i, f := range s.segs {
 		if !s.fresh[i] {
 			dropCache(f)

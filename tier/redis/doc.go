@@ -48,6 +48,21 @@
 // returns what it has verified so far (nothing, for a pipeline that did
 // not answer) and counts the failure. It never blocks past the deadline.
 //
+// # Invariants
+//
+//   - Nothing wrong is served: a fetched page is served only if its value
+//     decodes strictly and verifies as the page asked for, and the pages
+//     served are the leading pages of the lookup that did (a rejected page
+//     ends the served prefix there).
+//   - A lookup never reads more than a page's encoded length plus one byte
+//     per key, whatever the server holds (TYPE, then GETRANGE), and
+//     decoding n bytes allocates at most 2n + 4096 bytes
+//     (FuzzDecodeValue).
+//   - [Store.Store] never blocks: with every one of the [Config.QueueLen]
+//     buffers in use the page is dropped and counted; [New] refuses a
+//     queue whose buffers would pass [MaxQueueBytes] before allocating.
+//   - A failed write batch is counted, never retried: the store is a cache.
+//
 // # Concurrency
 //
 // A Store is safe for concurrent use; its counters are atomics.

@@ -20,6 +20,15 @@
 // ragged.FromTensorList on tensors of the shapes "shapes" holding 0, 1, 2,
 // ... in order, and reports the mask, the concatenated data and the Split
 // parts (or the split error).
+//
+// # Invariants
+//
+//   - One output line per configuration, in input order, with the
+//     configuration's id; a configuration ragged refuses yields its error
+//     in that line, never a missing line.
+//   - An input line with an unknown field or op stops the run with an
+//     error naming the line: the two halves never silently disagree on
+//     what was asked.
 package main
 
 import (

@@ -5,9 +5,14 @@
 // module so that pagedkv does not depend on avo to build; run it through
 // `go generate ./kernels/cpu` (see gen.go there).
 //
-// Every function handles a multiple of 8 elements; the Go callers do the
-// tails with the pure-Go loops, which are also the model the assembly is
-// tested against.
+// # Invariants
+//
+//   - Every function handles a multiple of 8 elements; the Go callers do
+//     the tails with the pure-Go loops, which are also the model the
+//     assembly is tested against (kernels/cpu's *AsmMatchesGo tests).
+//   - The output is a function of this file alone: `go generate
+//     ./kernels/cpu` rewrites simd_amd64.s and its stubs, and the committed
+//     files are what it writes (scripts/asm-fresh.sh checks it).
 package main
 
 import (
