@@ -40,6 +40,9 @@ enum Dtype : int64_t {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// neg_inf is -infinity: the LSE of a state that carries no mass.
+__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
+
 // ---- inline PTX wrappers ------------------------------------------------------
 
 // exp2_approx is 2^x (ex2.approx.ftz: about 2 ulp; exp2(-inf) = 0).

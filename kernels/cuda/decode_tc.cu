@@ -50,8 +50,6 @@
 namespace pkv {
 namespace tc {
 
-__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
-
 // kStages tiles in flight; kStageBudget bytes of K plus V per stage. The
 // whole block stays within 48 KiB of dynamic shared memory, the limit a
 // launch gets without cuFuncSetAttribute (see docs/kernels.md).

@@ -51,8 +51,6 @@
 namespace pkv {
 namespace tcprefill {
 
-__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
-
 constexpr int64_t kFlagPartial = 1;
 constexpr int64_t kFlagSplitQ = 2;
 constexpr int64_t kFlagSplitP = 4;
