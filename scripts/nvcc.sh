@@ -148,23 +148,26 @@ nvcc_flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_supp
 gen_ptx() {
 	local t
 	t=$(install_tree)
-	local src="$repo/kernels/cuda" dir="$repo/kernels/cuda/ptx"
-	mkdir -p "$dir"
-	rm -f "$dir"/*.ptx
+	local src="$repo/kernels/cuda" dir="$repo/kernels/cuda/ptx" new
+	new=$(mktemp -d)
+	trap 'rm -rf "$new"' EXIT
 	for k in "${kernels[@]}"; do
-		local out="$dir/$k.ptx" out90="$dir/${k}_sm90.ptx"
-		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_80 -o "$out.tmp" "$src/$k.cu"
-		mv "$out.tmp" "$out"
-		log "wrote kernels/cuda/ptx/$k.ptx ($(wc -c <"$out") bytes)"
-		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_90 -o "$out90.tmp" "$src/$k.cu"
-		if sed 's/^\.target sm_90$/.target sm_80/' "$out90.tmp" | cmp -s - "$out"; then
-			rm -f "$out90.tmp"
-			log "kernels/cuda/ptx/$k.ptx serves sm_90 too (its sm_90 build differs only in .target)"
+		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_80 -o "$new/$k.ptx" "$src/$k.cu"
+		log "built ptx/$k.ptx ($(wc -c <"$new/$k.ptx") bytes)"
+		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_90 -o "$new/${k}_sm90.ptx" "$src/$k.cu"
+		if sed 's/^\.target sm_90$/.target sm_80/' "$new/${k}_sm90.ptx" | cmp -s - "$new/$k.ptx"; then
+			rm "$new/${k}_sm90.ptx"
+			log "ptx/$k.ptx serves sm_90 too (its sm_90 build differs only in .target)"
 		else
-			mv "$out90.tmp" "$out90"
-			log "wrote kernels/cuda/ptx/${k}_sm90.ptx ($(wc -c <"$out90") bytes)"
+			log "built ptx/${k}_sm90.ptx ($(wc -c <"$new/${k}_sm90.ptx") bytes)"
 		fi
 	done
+	# Replace the whole set, so that no PTX of a removed source or of an
+	# sm_90 build no longer needed stays behind.
+	mkdir -p "$dir"
+	rm -f "$dir"/*.ptx
+	mv "$new"/*.ptx "$dir"/
+	log "wrote kernels/cuda/ptx"
 }
 
 case "${1:-}" in

@@ -282,6 +282,7 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
 // SM. With no minimum ptxas picked 48 registers for some entries and spilled
 // (e4m3_v4 on sm_80: 56 bytes; e5m2_v2: 20 bytes) and 69-79 for the v8
 // entries (three blocks per SM); with it every entry fits 64 without spills.
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_DECODE_ENTRY(NAME, KV, VEC)                                                                    \
   extern "C" __global__ void __launch_bounds__(256, 4) NAME(PKV_DECODE_PARAMS(KV::T, double)) { \
     pkv::decode_body<KV, VEC>(PKV_DECODE_FORWARD);                                                     \

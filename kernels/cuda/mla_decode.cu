@@ -85,6 +85,7 @@ __device__ __forceinline__ void mla_decode_body(const void* __restrict__ q_nope,
 // kv_len [B], o [B, H, dckv] (o_dtype), lse [B*H] (may be null). q_scale is
 // sm_scale*log2(e). grid = (B, ceil(H / heads_per_block)), block = (32,
 // heads_per_block).
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_MLA_ENTRY(NAME, KV, CK)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                                           \
       const void* __restrict__ q_nope, const void* __restrict__ q_pe, const KV::T* __restrict__ ckv,                \
