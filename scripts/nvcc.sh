@@ -148,9 +148,9 @@ nvcc_flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_supp
 gen_ptx() {
 	local t
 	t=$(install_tree)
-	local src="$repo/kernels/cuda" dir="$repo/kernels/cuda/ptx" new
-	new=$(mktemp -d)
-	trap 'rm -rf "$new"' EXIT
+	local src="$repo/kernels/cuda" dir="$repo/kernels/cuda/ptx"
+	new=$(mktemp -d) # global: the EXIT trap runs after this function returns
+	trap 'rm -rf "${new:-}"' EXIT
 	for k in "${kernels[@]}"; do
 		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_80 -o "$new/$k.ptx" "$src/$k.cu"
 		log "built ptx/$k.ptx ($(wc -c <"$new/$k.ptx") bytes)"
@@ -167,6 +167,8 @@ gen_ptx() {
 	mkdir -p "$dir"
 	rm -f "$dir"/*.ptx
 	mv "$new"/*.ptx "$dir"/
+	rm -rf "$new"
+	trap - EXIT
 	log "wrote kernels/cuda/ptx"
 }
 
