@@ -3,7 +3,7 @@
 #
 #   1. PTX freshness: install the pinned private nvcc (scripts/nvcc.sh, cached
 #      in ${XDG_CACHE_HOME:-$HOME/.cache}/pagedkv-nvcc), regenerate
-#      kernels/cuda/*.ptx and fail when it differs from the committed files.
+#      kernels/cuda/ptx/*.ptx and fail when it differs from the committed files.
 #   2. go vet -tags cuda ./... with cgo pointed at the private CUDA headers
 #      (gorgonia.org/cu includes cuda.h). Tests with -tags cuda are never run
 #      here: without a GPU gorgonia.org/cu exits the process at init.
@@ -21,9 +21,9 @@ tree=$(bash scripts/nvcc.sh install)
 if [ "$what" = ptx ] || [ "$what" = all ]; then
 	echo "== PTX is up to date (nvcc $("$tree/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')) =="
 	bash scripts/nvcc.sh ptx
-	if ! git diff --exit-code --stat -- 'kernels/cuda/*.ptx' ||
-		[ -n "$(git status --porcelain --untracked-files=all -- 'kernels/cuda/*.ptx')" ]; then
-		echo "kernels/cuda/*.ptx is stale: run 'go generate ./kernels/cuda' and commit the PTX" >&2
+	if ! git diff --exit-code --stat -- kernels/cuda/ptx ||
+		[ -n "$(git status --porcelain --untracked-files=all -- kernels/cuda/ptx)" ]; then
+		echo "kernels/cuda/ptx is stale: run 'go generate ./kernels/cuda' and commit the PTX" >&2
 		exit 1
 	fi
 	echo "ok"

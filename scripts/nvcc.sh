@@ -4,7 +4,7 @@
 #
 #   scripts/nvcc.sh install   ensure the private tree exists; print its path
 #   scripts/nvcc.sh path      print where the tree is (or would be)
-#   scripts/nvcc.sh ptx       install if needed, then regenerate kernels/cuda/*.ptx
+#   scripts/nvcc.sh ptx       install if needed, then regenerate kernels/cuda/ptx/*.ptx
 #
 # The tree comes from Debian's non-free packages nvidia-cuda-toolkit (nvcc,
 # cicc, ptxas, libdevice; cuobjdump and nvdisasm for scripts/ptx-report.sh) and nvidia-cuda-dev (only /usr/include, which is the
@@ -17,7 +17,7 @@
 # Environment:
 #   PAGEDKV_NVCC_DIR   where trees live (default ${XDG_CACHE_HOME:-$HOME/.cache}/pagedkv-nvcc)
 #   PAGEDKV_NVCC_VERSION  the Debian version to pin (default below); the PTX
-#                      committed in kernels/cuda was made with this version
+#                      committed in kernels/cuda/ptx was made with this version
 set -euo pipefail
 
 version=${PAGEDKV_NVCC_VERSION:-11.8.89~11.8.0-5~deb12u1}
@@ -133,26 +133,43 @@ PROFILE
 }
 
 # The kernels and the exact nvcc command line. Changing either changes the
-# PTX; CI regenerates and diffs it (scripts/ci-cuda.sh). Each kernel is
-# built twice: <k>.ptx for sm_80 (any GPU from Ampere on) and <k>_sm90.ptx
-# for sm_90 (Hopper: hardware fp8 pair converts, PTX ISA 7.8);
-# kernels/cuda/ptx.go picks one by the device's compute capability.
-kernels=(append decode decode_tc prefill states mla_tc)
+# PTX; CI regenerates and diffs it (scripts/ci-cuda.sh). Each kernel <k>.cu
+# of kernels/cuda is built for sm_80 into ptx/<k>.ptx (any GPU from Ampere
+# on; the driver JIT-compiles it for newer ones) and for sm_90 (Hopper:
+# hardware fp8 pair converts). The sm_90 build is kept, as ptx/<k>_sm90.ptx,
+# only when it differs from the sm_80 build in more than its .target line;
+# otherwise the sm_80 PTX serves sm_90 too and no _sm90 file exists.
+# kernels/cuda/ptx.go embeds exactly these files and picks a module's build
+# by the device's compute capability (a Go test checks that the files and
+# the embedded modules agree).
+kernels=(append decode decode_tc prefill merge mla_decode mla_tc)
 nvcc_flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
-archs=(sm_80: sm_90:_sm90) # arch:suffix of the output file
 
 gen_ptx() {
 	local t
 	t=$(install_tree)
-	local dir="$repo/kernels/cuda"
+	local src="$repo/kernels/cuda" dir="$repo/kernels/cuda/ptx"
+	new=$(mktemp -d) # global: the EXIT trap runs after this function returns
+	trap 'rm -rf "${new:-}"' EXIT
 	for k in "${kernels[@]}"; do
-		for a in "${archs[@]}"; do
-			local out="$dir/$k${a#*:}.ptx"
-			"$t/bin/nvcc" "${nvcc_flags[@]}" -arch="${a%%:*}" -o "$out.tmp" "$dir/$k.cu"
-			mv "$out.tmp" "$out"
-			log "wrote kernels/cuda/$(basename "$out") ($(wc -c <"$out") bytes)"
-		done
+		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_80 -o "$new/$k.ptx" "$src/$k.cu"
+		log "built ptx/$k.ptx ($(wc -c <"$new/$k.ptx") bytes)"
+		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_90 -o "$new/${k}_sm90.ptx" "$src/$k.cu"
+		if sed 's/^\.target sm_90$/.target sm_80/' "$new/${k}_sm90.ptx" | cmp -s - "$new/$k.ptx"; then
+			rm "$new/${k}_sm90.ptx"
+			log "ptx/$k.ptx serves sm_90 too (its sm_90 build differs only in .target)"
+		else
+			log "built ptx/${k}_sm90.ptx ($(wc -c <"$new/${k}_sm90.ptx") bytes)"
+		fi
 	done
+	# Replace the whole set, so that no PTX of a removed source or of an
+	# sm_90 build no longer needed stays behind.
+	mkdir -p "$dir"
+	rm -f "$dir"/*.ptx
+	mv "$new"/*.ptx "$dir"/
+	rm -rf "$new"
+	trap - EXIT
+	log "wrote kernels/cuda/ptx"
 }
 
 case "${1:-}" in

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ptx-report.sh: a static proxy for the CUDA kernels' speed that needs no
-# GPU. For every entry point of kernels/cuda/*.ptx it assembles the PTX for
+# GPU. For every entry point of kernels/cuda/ptx/*.ptx it assembles the PTX for
 # sm_90 with the private nvcc tree's ptxas (scripts/nvcc.sh) and prints
 #
 #   regs     registers per thread (ptxas -v)
@@ -21,7 +21,7 @@
 # static counts of one pass of the body, a proxy: predicated-off
 # instructions and inner loops count once.
 #
-# Usage: scripts/ptx-report.sh [--check] [file.ptx ...]  (default kernels/cuda/*.ptx)
+# Usage: scripts/ptx-report.sh [--check] [file.ptx ...]  (default kernels/cuda/ptx/*.ptx)
 #   --check  exit 1 when any entry spills (CI requires 0 spills)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +32,7 @@ if [ "${1:-}" = --check ]; then
 	shift
 fi
 files=("$@")
-[ ${#files[@]} -gt 0 ] || files=(kernels/cuda/*.ptx)
+[ ${#files[@]} -gt 0 ] || files=(kernels/cuda/ptx/*.ptx)
 
 tree=$(bash scripts/nvcc.sh install)
 tmp=$(mktemp -d)

@@ -1,7 +1,7 @@
 // Package cpuemu runs the CUDA kernels of kernels/cuda on the CPU: cgo
-// compiles the very same .cu files with g++ against the CUDA shim
-// kernels/cuda/cuemu.h (CUDA threads as fibers, barriers and warp shuffles
-// as fiber switches, a deadlock check), and [New] wraps the result in the
+// compiles the very same .cu files with g++ against the CUDA shim cuemu.h
+// of this directory (CUDA threads as fibers, barriers and warp shuffles as
+// fiber switches, a deadlock check), and [New] wraps the result in the
 // launcher of kernels/cuda as a [kernels.Backend] named "emu"; [NewDevice]
 // returns the same backend with its device-resident API (caches, tensors
 // and steps in emulated device memory, which is C memory of this process),

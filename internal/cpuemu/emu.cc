@@ -1,11 +1,12 @@
 // emu.cc: the kernels of kernels/cuda compiled for the CPU against the shim
-// (kernels/cuda/cuemu.h, pulled in by compat.cuh), and the C entry points
-// emu.go calls. One translation unit: g++ time is the cost of this package.
+// (cuemu.h of this directory, pulled in by kernels/cuda/compat.cuh), and the
+// C entry points emu.go calls. One translation unit: g++ time is the cost of this package.
 #include "../../kernels/cuda/append.cu"
 #include "../../kernels/cuda/decode.cu"
 #include "../../kernels/cuda/prefill.cu"
 #include "../../kernels/cuda/decode_tc.cu"
-#include "../../kernels/cuda/states.cu"
+#include "../../kernels/cuda/merge.cu"
+#include "../../kernels/cuda/mla_decode.cu"
 #include "../../kernels/cuda/mla_tc.cu"
 #include "selftest.inc"
 

@@ -1,6 +1,6 @@
 package cpuemu
 
-// #cgo CXXFLAGS: -std=c++20 -O2 -fno-strict-aliasing -Wno-unknown-pragmas -Wall
+// #cgo CXXFLAGS: -std=c++20 -O2 -fno-strict-aliasing -Wno-unknown-pragmas -Wall -I${SRCDIR}
 // #cgo LDFLAGS: -lstdc++ -lpthread
 // #include <stdlib.h>
 // #include "emu.h"

@@ -154,6 +154,7 @@ __device__ __forceinline__ void append_quant_rows(
 // append_paged_kv_cache_u<U>: copy append_key/append_value [nnz, H, D] rows
 // into the K and V views of a paged cache. Byte strides: stride_page between
 // pages, stride_n between entries, stride_h between heads (NHD or HND).
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_APPEND_ENTRY(U)                                                                                       \
   extern "C" __global__ void __launch_bounds__(256) append_paged_kv_cache_u##U(                                   \
       const unsigned char* __restrict__ append_key, const unsigned char* __restrict__ append_value,               \
@@ -176,6 +177,7 @@ PKV_APPEND_ENTRY(1)
 // [nnz, kpe] rows into ckv[page, entry, :] and kpe[page, entry, :]. The byte
 // row strides say whether the caches are split or one fused [P, N, ckv+kpe]
 // tensor (kpe_data then points ckv*esize bytes into it).
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_APPEND_MLA_ENTRY(U)                                                                                  \
   extern "C" __global__ void __launch_bounds__(256) append_paged_mla_kv_cache_u##U(                              \
       const unsigned char* __restrict__ append_ckv, const unsigned char* __restrict__ append_kpe,               \

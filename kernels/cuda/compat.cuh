@@ -1,7 +1,8 @@
 // compat.cuh: the one header every kernel includes.
 //
 // With nvcc it pulls in the CUDA headers; with g++ it pulls in the CPU shim
-// (cuemu.h). Everything that differs between the two lives here:
+// (internal/cpuemu/cuemu.h, on the include path internal/cpuemu's cgo flags
+// set). Everything that differs between the two lives here:
 //
 //   - PKV_DYN_SMEM: dynamic shared memory (an extern __shared__ array on the
 //     GPU, a per-worker buffer in the shim);
@@ -38,6 +39,9 @@ enum Dtype : int64_t {
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+// neg_inf is -infinity: the LSE of a state that carries no mass.
+__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
 
 // ---- inline PTX wrappers ------------------------------------------------------
 

@@ -223,8 +223,8 @@ func (g *gpu) init(ordinal int, stream uintptr) (err error) {
 		return fmt.Errorf("cuda: cuCtxSetCurrent on %s: %w", g.name, err)
 	}
 	g.fns = map[string]C.CUfunction{}
-	// The sm_90 build (hardware fp8 pair conversions) from compute
-	// capability 9.0 on, the sm_80 build below it.
+	// From compute capability 9.0 on the sm_90 builds (hardware fp8 pair
+	// conversions) where a module has one, else its sm_80 build.
 	for file, ptx := range ModulesFor(ccMajor, ccMinor) {
 		mod, err := cu.LoadData(ptx)
 		if err != nil {

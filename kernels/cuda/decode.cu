@@ -1,6 +1,6 @@
 // decode.cu: batch decode over a paged KV cache (one query token per request),
-// FlashInfer's BatchDecodeWithPagedKVCacheWrapper.run, and the merge of
-// split-k partial states.
+// FlashInfer's BatchDecodeWithPagedKVCacheWrapper.run, on CUDA cores. Its
+// split-k partial states are merged by merge_partial_states (merge.cu).
 //
 // Thread mapping of batch_decode_paged_<kv>_v<VEC>:
 //   grid  = (work items, num_kv_heads, ceil(group / heads_per_block))
@@ -35,8 +35,6 @@
 #include "decode_args.cuh"
 
 namespace pkv {
-
-__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
 
 // kRows is how many keys a warp scores at once.
 constexpr int kRows = 4;
@@ -284,6 +282,7 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
 // SM. With no minimum ptxas picked 48 registers for some entries and spilled
 // (e4m3_v4 on sm_80: 56 bytes; e5m2_v2: 20 bytes) and 69-79 for the v8
 // entries (three blocks per SM); with it every entry fits 64 without spills.
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_DECODE_ENTRY(NAME, KV, VEC)                                                                    \
   extern "C" __global__ void __launch_bounds__(256, 4) NAME(PKV_DECODE_PARAMS(KV::T, double)) { \
     pkv::decode_body<KV, VEC>(PKV_DECODE_FORWARD);                                                     \
@@ -300,38 +299,3 @@ PKV_DECODE_DTYPE(f16, pkv::KvF16)
 PKV_DECODE_DTYPE(bf16, pkv::KvBF16)
 PKV_DECODE_DTYPE(e4m3, pkv::KvE4M3)
 PKV_DECODE_DTYPE(e5m2, pkv::KvE5M2)
-
-// merge_partial_states combines the split-k partial states of each (query
-// row, query head): rows merge_indptr[b]..merge_indptr[b+1] of tmp_o/tmp_lse,
-// weighted by 2^(lse_r - max), into o [rows, Hq, D] (o_dtype, times v_scale)
-// and lse [rows*Hq] (may be null). grid = (rows, Hq), block = (threads over
-// D).
-extern "C" __global__ void __launch_bounds__(256)
-    merge_partial_states(const float* __restrict__ tmp_o, const float* __restrict__ tmp_lse,
-                         const int32_t* __restrict__ merge_indptr, void* __restrict__ o, float* __restrict__ lse,
-                         int64_t num_qo_heads, int64_t head_dim, int64_t o_dtype, double v_scale) {
-  const int64_t b = blockIdx.x;
-  const int64_t hq = blockIdx.y;
-  const int64_t beg = merge_indptr[b];
-  const int64_t end = merge_indptr[b + 1];
-  float mx = pkv::neg_inf();
-  for (int64_t r = beg; r < end; r++) mx = fmaxf(mx, tmp_lse[r * num_qo_heads + hq]);
-  const int64_t out = b * num_qo_heads + hq;
-  if (mx == pkv::neg_inf()) {
-    for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) pkv::store_f32(o, out * head_dim + f, o_dtype, 0.0f);
-    if (lse != nullptr && threadIdx.x == 0) lse[out] = mx;
-    return;
-  }
-  float sum = 0.0f;
-  for (int64_t r = beg; r < end; r++) sum += pkv::exp2_approx(tmp_lse[r * num_qo_heads + hq] - mx);
-  const float scale = float(v_scale) / sum;
-  for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) {
-    float acc = 0.0f;
-    for (int64_t r = beg; r < end; r++) {
-      const int64_t row = r * num_qo_heads + hq;
-      acc += pkv::exp2_approx(tmp_lse[row] - mx) * tmp_o[row * head_dim + f];
-    }
-    pkv::store_f32(o, out * head_dim + f, o_dtype, acc * scale);
-  }
-  if (lse != nullptr && threadIdx.x == 0) lse[out] = mx + pkv::log2_approx(sum);
-}

@@ -50,8 +50,6 @@
 namespace pkv {
 namespace tc {
 
-__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
-
 // kStages tiles in flight; kStageBudget bytes of K plus V per stage. The
 // whole block stays within 48 KiB of dynamic shared memory, the limit a
 // launch gets without cuFuncSetAttribute (see docs/kernels.md).
@@ -549,6 +547,7 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
 // (<= 96 registers; 36 KiB of shared memory allows 6), 4 elsewhere (the
 // register bound that D=128 and 256 need without spilling).
 #define PKV_TC_MIN_BLOCKS(D) ((D) == 64 ? 5 : 4)
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_TC_DECODE_ENTRY(SFX, KV, D)                                                                  \
   extern "C" __global__ void __launch_bounds__(pkv::tc::Shape<KV, D>::kThreads, PKV_TC_MIN_BLOCKS(D))    \
       batch_decode_paged_tc_##SFX##_d##D(PKV_DECODE_PARAMS(KV::T, double)) {                             \

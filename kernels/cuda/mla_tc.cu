@@ -438,6 +438,7 @@ __device__ __forceinline__ void body(const void* __restrict__ q_nope, const void
 // entries spilled 40-132 bytes. So 3 CTAs (12 warps) per SM for the plain
 // entries (167 registers) and 2 (8 warps) for _hilo (at most 255; 226-231
 // used). Shared memory would allow 5 (16-bit) or 9 (fp8).
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_MLA_TC_ENTRY(NAME, KV, HILO, MINB)                                                                      \
   extern "C" __global__ void __launch_bounds__(128, MINB) NAME(                                                       \
       const void* __restrict__ q_nope, const void* __restrict__ q_pe, const KV::T* __restrict__ ckv,               \

@@ -51,8 +51,6 @@
 namespace pkv {
 namespace tcprefill {
 
-__device__ __forceinline__ float neg_inf() { return -__uint_as_float(0x7f800000u); }
-
 constexpr int64_t kFlagPartial = 1;
 constexpr int64_t kFlagSplitQ = 2;
 constexpr int64_t kFlagSplitP = 4;
@@ -601,6 +599,7 @@ __device__ __forceinline__ void prefill_body(
 // for fp8 d128 (168 spills on sm_90) and d256 (128 f32 accumulators per
 // lane).
 #define PKV_PREFILL_MIN_CTAS(KV, D) ((D) <= 64 ? 4 : (D) <= 128 && !pkv::tcprefill::Tc<KV>::kFP8 ? 3 : 2)
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_PREFILL_ENTRY(NAME, KV, D)                                                                              \
   extern "C" __global__ void __launch_bounds__(128, PKV_PREFILL_MIN_CTAS(KV, D)) NAME(                                                        \
       const void* __restrict__ q, const KV::T* __restrict__ k_data, const KV::T* __restrict__ v_data,               \

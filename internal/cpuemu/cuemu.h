@@ -1,7 +1,8 @@
-// cuemu.h: a CUDA shim for running the kernels of this directory on the CPU.
+// cuemu.h: a CUDA shim for running the kernels of kernels/cuda on the CPU.
 //
 // g++ (C++20) compiles the same .cu files against this header (through
-// compat.cuh) instead of the CUDA headers. What it provides:
+// kernels/cuda/compat.cuh, which finds it on the include path emu.go sets)
+// instead of the CUDA headers. What it provides:
 //
 //   - qualifiers (__global__, __device__, __shared__, __restrict__, ...);
 //   - threadIdx/blockIdx/blockDim/gridDim, read from the running fiber;

@@ -1,96 +1,11 @@
-// states.cu: merge_state, merge_states (FlashInfer's flashinfer.merge_state
-// and merge_states, the kernels a cascade step merges its levels with) and
-// MLA decode (BatchMLAPagedAttentionWrapper.run for one query per request).
-//
-// Attention states are (v, s) with base-2 LSEs s: the merge of (v_i, s_i) is
-// s = log2 sum_i 2^{s_i}, v = sum_i 2^{s_i - s} v_i, in float32. A state with
-// s = -inf carries no mass and is skipped (its v is never read, so it may
-// hold anything); no live state gives v = 0, s = -inf.
+// mla_decode.cu: MLA decode on CUDA cores (FlashInfer's
+// BatchMLAPagedAttentionWrapper.run for one query per request): every cache
+// dtype and head_dim_ckv up to 512. The tensor-core kernels of mla_tc.cu take
+// the 16-bit and fp8 caches with FlashInfer's head dims (512 + 64);
+// MLAKernelFor (step_mla.go) picks one.
 //
 // Every entry point takes device pointers and 64-bit scalars only.
 #include "compat.cuh"
-
-namespace pkv {
-
-__device__ __forceinline__ float states_neg_inf() { return -__uint_as_float(0x7f800000u); }
-
-}  // namespace pkv
-
-// merge_state merges (va, sa) with (vb, sb) into (v, s) for rows = n*H
-// (row, head) pairs of head_dim features; va/vb/v dtypes are runtime codes
-// (f32, f16, bf16). v may alias va or vb and s may alias sa or sb: every
-// thread reads both LSEs, the block synchronises, and only then thread 0
-// writes s; each feature is read and written by the same thread.
-// grid = min(rows, 8*SMs) blocks striding over the rows, block = threads
-// over head_dim.
-extern "C" __global__ void __launch_bounds__(256)
-    merge_state(const void* va, const float* sa, const void* vb, const float* sb, void* v,
-                float* s, int64_t rows, int64_t head_dim, int64_t va_dtype, int64_t vb_dtype, int64_t v_dtype) {
-  const float ninf = pkv::states_neg_inf();
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float a = sa[row];
-    const float b = sb[row];
-    __syncthreads();  // every thread has read sa/sb before s (which may alias them) is written
-    float wa = 0.0f, wb = 0.0f, out = ninf;
-    if (a != ninf || b != ninf) {
-      const float m = fmaxf(a, b);
-      wa = a == ninf ? 0.0f : pkv::exp2_approx(a - m);
-      wb = b == ninf ? 0.0f : pkv::exp2_approx(b - m);
-      const float l = wa + wb;
-      const float inv = pkv::rcp_approx(l);
-      wa *= inv;
-      wb *= inv;
-      out = m + pkv::log2_approx(l);
-    }
-    for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) {
-      const int64_t i = row * head_dim + f;
-      float x = 0.0f;
-      if (wa != 0.0f) x += wa * pkv::load_f32(va, i, va_dtype);
-      if (wb != 0.0f) x += wb * pkv::load_f32(vb, i, vb_dtype);
-      pkv::store_f32(v, i, v_dtype, x);
-    }
-    if (threadIdx.x == 0) s[row] = out;
-  }
-}
-
-// merge_states merges the num_states states of each (row, head): v is
-// [n, num_states, H, D] (v_dtype), s [n*num_states*H]; out_v [n, H, D]
-// (out_dtype) and out_s [n*H] must not overlap the inputs. grid = min(n*H,
-// 8*SMs) blocks striding over the (row, head) pairs, block = threads over D.
-extern "C" __global__ void __launch_bounds__(256)
-    merge_states(const void* __restrict__ v, const float* __restrict__ s, void* __restrict__ out_v,
-                 float* __restrict__ out_s, int64_t n, int64_t num_states, int64_t num_heads, int64_t head_dim,
-                 int64_t v_dtype, int64_t out_dtype) {
-  const float ninf = pkv::states_neg_inf();
-  for (int64_t pair = blockIdx.x; pair < n * num_heads; pair += gridDim.x) {
-    const int64_t r = pair / num_heads;
-    const int64_t h = pair - r * num_heads;
-    float mx = ninf;
-    for (int64_t i = 0; i < num_states; i++) mx = fmaxf(mx, s[(r * num_states + i) * num_heads + h]);
-    if (mx == ninf) {
-      for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) pkv::store_f32(out_v, pair * head_dim + f, out_dtype, 0.0f);
-      if (threadIdx.x == 0) out_s[pair] = ninf;
-      continue;
-    }
-    float sum = 0.0f;
-    for (int64_t i = 0; i < num_states; i++) {
-      const float si = s[(r * num_states + i) * num_heads + h];
-      if (si != ninf) sum += pkv::exp2_approx(si - mx);
-    }
-    const float inv = pkv::rcp_approx(sum);
-    for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) {
-      float acc = 0.0f;
-      for (int64_t i = 0; i < num_states; i++) {
-        const int64_t row = (r * num_states + i) * num_heads + h;
-        const float si = s[row];
-        if (si == ninf) continue;  // no mass: its v is not read
-        acc += pkv::exp2_approx(si - mx) * pkv::load_f32(v, row * head_dim + f, v_dtype);
-      }
-      pkv::store_f32(out_v, pair * head_dim + f, out_dtype, acc * inv);
-    }
-    if (threadIdx.x == 0) out_s[pair] = mx + pkv::log2_approx(sum);
-  }
-}
 
 namespace pkv {
 
@@ -124,7 +39,7 @@ __device__ __forceinline__ void mla_decode_body(const void* __restrict__ q_nope,
     qn[i] = f < dckv ? load_f32(q_nope, qrow * dckv + f, q_dtype) * q_scale : 0.0f;
     acc[i] = 0.0f;
   }
-  float m = states_neg_inf(), d = 0.0f;
+  float m = neg_inf(), d = 0.0f;
   const int64_t first = kv_indptr[b];
   const int64_t n = kv_len[b];
   for (int64_t t = 0; t < n; t++) {
@@ -159,7 +74,7 @@ __device__ __forceinline__ void mla_decode_body(const void* __restrict__ q_nope,
     const int64_t f = lane + 32 * i;
     if (f < dckv) store_f32(o, qrow * dckv + f, o_dtype, acc[i] * inv);
   }
-  if (lse != nullptr && lane == 0) lse[qrow] = empty ? states_neg_inf() : m + log2_approx(d);
+  if (lse != nullptr && lane == 0) lse[qrow] = empty ? neg_inf() : m + log2_approx(d);
 }
 
 }  // namespace pkv
@@ -170,6 +85,7 @@ __device__ __forceinline__ void mla_decode_body(const void* __restrict__ q_nope,
 // kv_len [B], o [B, H, dckv] (o_dtype), lse [B*H] (may be null). q_scale is
 // sm_scale*log2(e). grid = (B, ceil(H / heads_per_block)), block = (32,
 // heads_per_block).
+// The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_MLA_ENTRY(NAME, KV, CK)                                                                                 \
   extern "C" __global__ void __launch_bounds__(256) NAME(                                                           \
       const void* __restrict__ q_nope, const void* __restrict__ q_pe, const KV::T* __restrict__ ckv,                \
