@@ -46,7 +46,7 @@
 // [SubscriberConfig].ReplayDeadline or over its reply budget
 // (MaxReplayReplies, MaxReplayBytes), which no replay endpoint can extend
 // ([SourceStats].ReplaysPastDeadline, ReplaysOverBudget). See
-// docs/events.md, "Never over-reporting".
+// docs/kvindex.md, "Never over-reporting".
 //
 // # Bounded memory
 //
@@ -56,7 +56,7 @@
 // under-reports that replica but keeps what it holds, where a clear would
 // drop every hit. Maps that emptied are rebuilt, so a replica's memory is
 // bounded by the cap whatever its stream stores and removes (about 36 MiB
-// at the default). docs/events.md, "Limits of the index", lists every
+// at the default). docs/kvindex.md, "Limits of the index", lists every
 // default.
 //
 // # Hostile publishers

@@ -7,10 +7,10 @@ import (
 	"github.com/pagedkv/pagedkv/kvindex"
 )
 
-// TestDocLimits: docs/events.md's limits table states every default the
+// TestDocLimits: docs/kvindex.md's limits table states every default the
 // index and subscriber enforce.
 func TestDocLimits(t *testing.T) {
-	doclimits.Check(t, "docs/events.md", map[string]any{
+	doclimits.Check(t, "docs/kvindex.md", map[string]any{
 		"kvindex.DefaultMaxBlocks":        kvindex.DefaultMaxBlocks,
 		"kvindex.MaxGroups":               kvindex.MaxGroups,
 		"kvindex.DefaultReplayTimeout":    kvindex.DefaultReplayTimeout,

@@ -26,7 +26,7 @@ const MaxGroups = 1024
 // one replica's index may hold. 2^20 pages of 16 tokens are 16M tokens of
 // KV cache: about 5 TiB for a 70B model (320 KiB a token at 16 bits), 2
 // TiB for an 8B one, more than a node's GPUs and CPU tier hold. A full
-// replica costs the router about 36 MiB (docs/events.md).
+// replica costs the router about 36 MiB (docs/kvindex.md).
 const DefaultMaxBlocks = 1 << 20
 
 // shrinkMin is the map size (entries at its largest) below which a group's
