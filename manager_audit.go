@@ -31,7 +31,7 @@ func (m *Manager) Audit() error { return m.core.audit() }
 // auditGroup checks the group's own invariants: the packages under it,
 // the partition, and each request against its pages and cache chain. The
 // pool-wide checks (reference counts, tiers) are the core's (auditPool).
-func (m *Manager) auditGroup() error {
+func (m *group) auditGroup() error {
 	if err := m.alloc.CheckInvariants(); err != nil {
 		return err
 	}
@@ -81,14 +81,14 @@ func (m *Manager) auditGroup() error {
 		if start != r.start {
 			return fmt.Errorf("pagedkv: request %d starts at token %d, the page table says %d", id, r.start, start)
 		}
-		if m.group.KeepTokens(r.computed) < 0 && start != 0 {
+		if m.layerGroup.KeepTokens(r.computed) < 0 && start != 0 {
 			return fmt.Errorf("pagedkv: request %d starts at token %d without a window", id, start)
 		}
-		if from := m.group.KeepFrom(r.computed, ps); !m.pending && r.loading == 0 && start < from {
+		if from := m.layerGroup.KeepFrom(r.computed, ps); !m.pending && r.loading == 0 && start < from {
 			return fmt.Errorf("pagedkv: request %d keeps tokens from %d after %d computed, %v group: pages before %d should have been released",
-				id, start, r.computed, m.group.Kind, from)
+				id, start, r.computed, m.layerGroup.Kind, from)
 		}
-		if from := m.group.KeepFrom(r.computed, ps); start > from {
+		if from := m.layerGroup.KeepFrom(r.computed, ps); start > from {
 			return fmt.Errorf("pagedkv: request %d keeps tokens from %d after %d computed, but its next query reads from %d",
 				id, start, r.computed, from)
 		}
@@ -100,7 +100,7 @@ func (m *Manager) auditGroup() error {
 }
 
 // auditChain checks that r's chain names cached pages holding r's tokens.
-func (m *Manager) auditChain(r *request) error {
+func (m *group) auditChain(r *request) error {
 	if r.noCache || r.chainCut {
 		return nil
 	}

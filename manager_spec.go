@@ -46,7 +46,11 @@ type lastPage struct {
 // is committed or aborted, [Manager.Tokens] ends with the drafts. Commit
 // the step with [Manager.CommitSpec]. All-or-nothing like Reserve.
 func (m *Manager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*Plan, error) {
-	return m.reserve(ids, ntokens, drafts)
+	p, err := m.core.reserve(ids, ntokens, drafts)
+	if err != nil {
+		return nil, err
+	}
+	return p.Groups[0], nil
 }
 
 // CommitSpec records a step reserved with [Manager.ReserveSpec]:
@@ -57,15 +61,12 @@ func (m *Manager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32
 // the step had reserved only its known tokens and accepted drafts (see the
 // package doc). On error nothing changes and the step stays pending.
 func (m *Manager) CommitSpec(accepted, sampled []int32) error {
-	if accepted == nil {
-		accepted = []int32{} // a spec commit of a step without requests
-	}
-	return m.core.commit(accepted, sampled)
+	return m.core.commitSpec(accepted, sampled)
 }
 
 // noteLastPages records, before a speculative step's reservation, each
 // member's partial last page (the one copy-on-write may move).
-func (m *Manager) noteLastPages() {
+func (m *group) noteLastPages() {
 	ps := m.pageSize
 	lp := m.lastPages[:0]
 	for _, r := range m.batch {
@@ -82,7 +83,7 @@ func (m *Manager) noteLastPages() {
 
 // rollbackDrafts cuts each member's rejected drafts (tokens and KV) and
 // turns m.ntokens into the tokens kept. accepted is valid.
-func (m *Manager) rollbackDrafts(accepted []int32) {
+func (m *group) rollbackDrafts(accepted []int32) {
 	undo := false
 	for b, r := range m.batch {
 		d, a := m.drafts[b], accepted[b]
@@ -130,7 +131,7 @@ func (m *Manager) rollbackDrafts(accepted []int32) {
 // idle member, the only page whose entries are right for all of them. The
 // pages left go back to the pool, and the copies counted for the step
 // become the ones the step without drafts would have made.
-func (m *Manager) undoCopies(accepted []int32, p PageID) {
+func (m *group) undoCopies(accepted []int32, p PageID) {
 	onP, copied, keepers := 0, 0, 0
 	untouched := false
 	var best *request
@@ -195,7 +196,10 @@ func (m *Manager) undoCopies(accepted []int32, p PageID) {
 // window, n must not be before the first token still on a page
 // ([Manager.Pages]); Preempt and Resume to recompute further back. A
 // preempted request just loses its tokens past n.
-func (m *Manager) Truncate(id RequestID, n int) error {
+func (m *Manager) Truncate(id RequestID, n int) error { return m.core.truncate(id, n) }
+
+// truncate is Manager.Truncate in the group.
+func (m *group) truncate(id RequestID, n int) error {
 	r, err := m.checkTruncate(id, n)
 	if err != nil {
 		return err
@@ -237,7 +241,7 @@ func (m *Manager) Truncate(id RequestID, n int) error {
 }
 
 // checkTruncate validates Truncate(id, n) without changing anything.
-func (m *Manager) checkTruncate(id RequestID, n int) (*request, error) {
+func (m *group) checkTruncate(id RequestID, n int) (*request, error) {
 	if m.pending {
 		return nil, fmt.Errorf("%w: truncate request %d", ErrStepPending, id)
 	}
@@ -252,9 +256,9 @@ func (m *Manager) checkTruncate(id RequestID, n int) (*request, error) {
 		return nil, fmt.Errorf("%w: truncate request %d: %d onload copies in flight", ErrLoading, id, r.loading)
 	}
 	if r.running && n < r.computed {
-		if from := m.group.KeepFrom(n, m.pageSize); from < r.start {
+		if from := m.layerGroup.KeepFrom(n, m.pageSize); from < r.start {
 			return nil, fmt.Errorf("%w: truncate request %d to %d tokens: its next query would read from token %d, but tokens before %d left its %v window",
-				ErrBadArgument, id, n, from, r.start, m.group.Kind)
+				ErrBadArgument, id, n, from, r.start, m.layerGroup.Kind)
 		}
 	}
 	return r, nil

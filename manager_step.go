@@ -97,22 +97,12 @@ type Plan struct {
 // After the engine has run the step, [Manager.Commit] records it;
 // [Manager.Abort] undoes it.
 func (m *Manager) Reserve(ids []RequestID, ntokens []int32) (*Plan, error) {
-	return m.reserve(ids, ntokens, nil)
-}
-
-// reserve is Reserve and [Manager.ReserveSpec]: drafts is nil or has one
-// (possibly empty) list of draft tokens per request. It is the step of a
-// core of one group.
-func (m *Manager) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Plan, error) {
-	if err := m.core.reserve(ids, ntokens, drafts); err != nil {
-		return nil, err
-	}
-	return &m.plan, nil
+	return m.ReserveSpec(ids, ntokens, nil)
 }
 
 // prepare validates a step and returns the pages it needs, changing
 // nothing but the step's scratch (batch, counts).
-func (m *Manager) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (need int, err error) {
+func (m *group) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (need int, err error) {
 	if m.pending {
 		return 0, fmt.Errorf("%w: reserve", ErrStepPending)
 	}
@@ -180,7 +170,7 @@ func (m *Manager) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (n
 // which holds in every group because every group holds the same requests
 // in the same states. Only the token-slot bound depends on the group (its
 // held pages), and, with tiers, whether a request still loads pages here.
-func (m *Manager) prepareSiblings(lead *Manager) (need int, err error) {
+func (m *group) prepareSiblings(lead *group) (need int, err error) {
 	m.epoch++
 	batch, seqs := m.batch[:0], m.seqs[:0]
 	var slots int64
@@ -206,7 +196,7 @@ func (m *Manager) prepareSiblings(lead *Manager) (need int, err error) {
 
 // checkSlots bounds the prepared step's token slots and returns the pages
 // it needs.
-func (m *Manager) checkSlots(slots int64) (need int, err error) {
+func (m *group) checkSlots(slots int64) (need int, err error) {
 	if slots >= maxBatchTokenSlots {
 		// Shared pages count once per request (FlashInfer indexes each
 		// request's pages separately), so forks can exceed the pool.
@@ -222,7 +212,7 @@ func (m *Manager) checkSlots(slots int64) (need int, err error) {
 // core's first group when m is a later one (nil: m is the first): a step's
 // Requests, TokenIDs and TokenPositions are the same in every group, so
 // m's plan shares lead's.
-func (m *Manager) apply(drafts [][]int32, lead *Manager) *Plan {
+func (m *group) apply(drafts [][]int32, lead *group) *Plan {
 	batch, seqs, counts, ndrafts := m.batch, m.seqs, m.ntokens, m.drafts
 	// Eviction may have taken a cached partial last page (one a request
 	// truncated into) from the cache, so it needs no copy any more: count
@@ -280,7 +270,7 @@ const maxBatchTokenSlots = 1 << 32
 // batch: new pages past each request's last one, plus one per copy-on-write.
 // Of k batch members sharing a partial last page, the first k-1 copy (the
 // last writes in place) unless other holders keep it shared.
-func (m *Manager) pagesNeeded(batch []*request, ntokens []int32) int {
+func (m *group) pagesNeeded(batch []*request, ntokens []int32) int {
 	ps, need := m.pageSize, 0
 	shared := false
 	for i, r := range batch {
@@ -311,7 +301,7 @@ func (m *Manager) pagesNeeded(batch []*request, ntokens []int32) int {
 
 // fillPlan exports the step's arrays into the reused plan (sharing lead's
 // token arrays; see apply).
-func (m *Manager) fillPlan(copies []CopyOp, lead *Manager) {
+func (m *group) fillPlan(copies []CopyOp, lead *group) {
 	p := &m.plan
 	if err := m.table.ExportTo(&m.csr, m.seqs); err != nil {
 		panic(fmt.Sprintf("pagedkv: exporting the step's page table: %v", err))
@@ -335,14 +325,14 @@ func (m *Manager) fillPlan(copies []CopyOp, lead *Manager) {
 		p.WindowLeft = m.window - 1
 	}
 	p.AttnQOIndptr, p.AttnKVIndptr, p.AttnKVPageIndices, p.AttnKVLastPageLen, p.AttnRequests = nil, nil, nil, nil, nil
-	if m.group.Kind == layergroup.Chunked {
+	if m.layerGroup.Kind == layergroup.Chunked {
 		m.fillChunkedAttention()
 	}
 	p.Cascade, p.CascadeWindowLeft = nil, nil
 	// A plain Manager with a window keeps flat plans (its engines run the
 	// CUDA step's cascade, which takes no window); a HybridManager's
 	// windowed groups cascade what every sharing row sees in full.
-	if (m.group.KeepTokens(0) < 0 || m.windowCascade) && m.cfg.CascadeMinSavedPages > 0 {
+	if (m.layerGroup.KeepTokens(0) < 0 || m.cascadeWindows) && m.cfg.CascadeMinSavedPages > 0 {
 		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
 	}
 	if p.Cascade != nil {
@@ -359,7 +349,7 @@ func (m *Manager) fillPlan(copies []CopyOp, lead *Manager) {
 }
 
 // fillTokens fills the plan's Requests, TokenIDs and TokenPositions.
-func (m *Manager) fillTokens() {
+func (m *group) fillTokens() {
 	p := &m.plan
 	p.Requests = p.Requests[:0]
 	for _, r := range m.batch {
@@ -389,7 +379,7 @@ func (m *Manager) Commit(sampled []int32) error { return m.core.commit(nil, samp
 
 // checkCommit validates a commit (accepted nil: Commit; else CommitSpec)
 // against the pending step.
-func (m *Manager) checkCommit(accepted, sampled []int32) error {
+func (m *group) checkCommit(accepted, sampled []int32) error {
 	if !m.pending {
 		return fmt.Errorf("%w: commit", ErrNoStep)
 	}
@@ -417,7 +407,7 @@ func (m *Manager) checkCommit(accepted, sampled []int32) error {
 // commit records the pending step, checked by checkCommit (in the core's
 // first group, for every group); accepted is nil for a step without
 // drafts.
-func (m *Manager) commit(accepted, sampled []int32) {
+func (m *group) commit(accepted, sampled []int32) {
 	if accepted != nil {
 		m.rollbackDrafts(accepted)
 	}
@@ -439,7 +429,7 @@ func (m *Manager) commit(accepted, sampled []int32) {
 }
 
 // checkSampled checks a commit's sampled tokens against the step.
-func (m *Manager) checkSampled(sampled []int32) error {
+func (m *group) checkSampled(sampled []int32) error {
 	for b, t := range sampled {
 		r := m.batch[b]
 		switch {
@@ -456,7 +446,7 @@ func (m *Manager) checkSampled(sampled []int32) error {
 
 // publish adds r's newly filled pages to the prefix cache, in order, under
 // its chain. A chain cut by eviction ends publishing for the request.
-func (m *Manager) publish(r *request) {
+func (m *group) publish(r *request) {
 	if r.noCache || r.chainCut {
 		return
 	}
@@ -506,7 +496,7 @@ func (m *Manager) publish(r *request) {
 func (m *Manager) Abort() error { return m.core.abort() }
 
 // abort is Abort in one group.
-func (m *Manager) abort() error {
+func (m *group) abort() error {
 	if !m.pending {
 		return fmt.Errorf("%w: abort", ErrNoStep)
 	}
@@ -524,20 +514,20 @@ func (m *Manager) abort() error {
 
 // Pending reports whether a step is reserved and not yet committed or
 // aborted.
-func (m *Manager) Pending() bool { return m.pending }
+func (m *Manager) Pending() bool { return m.core.pending() }
 
 // fillChunkedAttention fills the plan's Attn arrays of a chunked group:
 // each request's rows split at chunk boundaries (layergroup.Spec.Segments),
 // each segment over the pages from its chunk's start (page-aligned) to its
 // last row.
-func (m *Manager) fillChunkedAttention() {
+func (m *group) fillChunkedAttention() {
 	p, ps := &m.plan, m.pageSize
 	qo, kvp, kvi, last, reqs := m.attn.qo[:0], m.attn.kvp[:0], m.attn.kvi[:0], m.attn.last[:0], m.attn.reqs[:0]
 	qo, kvp = append(qo, 0), append(kvp, 0)
 	for b, r := range m.batch {
 		rows := int(p.QOIndptr[b+1] - p.QOIndptr[b])
 		pages := p.KVPageIndices[p.KVIndptr[b]:p.KVIndptr[b+1]]
-		m.attn.segs = m.group.Segments(m.attn.segs[:0], r.computed, rows, r.start)
+		m.attn.segs = m.layerGroup.Segments(m.attn.segs[:0], r.computed, rows, r.start)
 		for _, sg := range m.attn.segs {
 			first, end := (sg.KeyFrom-r.start)/ps, (sg.KeyTo-r.start+ps-1)/ps
 			kvi = append(kvi, pages[first:end]...)

@@ -12,13 +12,14 @@ import (
 	"github.com/pagedkv/pagedkv/tier/host"
 )
 
-// The tiers below the device pool (docs/tiers.md). Everything a Manager,
-// and the core over its groups, does for them goes through this file:
-// planning offload and onload copies, tracking them until the engine
-// completes them, the remote lookups, admission over the tiers
-// (core.tierExtend) and their audit. The rest of the package calls a few
-// hooks: tierChainStart, tierPublished, tierChainAt, loaded and
-// settleLoaded, evictTo and evictAhead, and cacheRefs under the cache.
+// The tiers below the device pool (docs/tiers.md): their configuration
+// and state, a group's part of them (planning offload and onload copies
+// for its pages, the remote lookups of its admission, its tier digests)
+// and the Manager's tier calls. What spans the groups (completing copies,
+// admission over the tiers, eviction with offload, their audit) is the
+// core's, in core_tiers.go. The rest of the package calls a few hooks:
+// tierChainStart, tierPublished, tierChainAt, loaded and settleLoaded,
+// evictTo and evictAhead, and cacheRefs under the cache.
 
 // HostPageID is a page of the host tier.
 type HostPageID = tier.HostPageID
@@ -149,7 +150,7 @@ type tierCopy struct {
 	live    bool
 	issued  bool // handed to the engine by TierCopies
 	mark    uint64
-	owner   *Manager // the group whose page it is (the Manager itself, or a group of a HybridManager)
+	owner   *group // the group whose page it is
 	dir     tier.Direction
 	dev     PageID
 	host    HostPageID
@@ -207,7 +208,7 @@ type tiers struct {
 // cacheRefs is the prefix cache's view of the allocator: with tiers, the
 // references the cache drops on eviction go through it, so an evicted page
 // the host tier takes is handed to an offload copy instead of freed.
-type cacheRefs struct{ m *Manager }
+type cacheRefs struct{ m *group }
 
 func (c cacheRefs) Retain(pages ...PageID) error { return c.m.alloc.Retain(pages...) }
 func (c cacheRefs) RefCount(p PageID) int32      { return c.m.alloc.RefCount(p) }
@@ -353,7 +354,7 @@ func (t *tiers) hostWritten(h HostPageID) {
 // plan records a copy for group m (whose cache or request r the device
 // page is for) in a free slot; the caller has arranged its device
 // reference (the copy owns one).
-func (t *tiers) plan(m *Manager, dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
+func (t *tiers) plan(m *group, dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
 	var s uint32
 	if n := len(t.freeSl); n > 0 {
 		s = t.freeSl[n-1]
@@ -392,60 +393,6 @@ func (m *Manager) TierCopiesInFlight() int { return m.core.tierCopiesInFlight() 
 // cache. It may be called during a step. On an unknown, repeated or
 // not-yet-issued ID nothing changes and the error names it.
 func (m *Manager) CompleteTierCopies(ids ...uint64) error { return m.core.completeTierCopies(ids) }
-
-func (c *core) hostPage(h HostPageID) []byte {
-	if c.tiers == nil || h < 0 || int(h) >= c.tiers.host.NumPages() {
-		return nil
-	}
-	return c.tiers.host.Page(h)
-}
-
-func (c *core) tierCopies(dst []TierCopy) []TierCopy {
-	t := c.tiers
-	if t == nil {
-		return dst
-	}
-	for _, s := range t.planned {
-		cp := &t.copies[s]
-		cp.issued = true
-		dst = append(dst, TierCopy{ID: t.id(s), Dir: cp.dir, Device: cp.dev, Host: cp.host})
-	}
-	t.planned = t.planned[:0]
-	return dst
-}
-
-func (c *core) tierCopiesInFlight() int {
-	if c.tiers == nil {
-		return 0
-	}
-	return c.tiers.nLive
-}
-
-func (c *core) completeTierCopies(ids []uint64) error {
-	t := c.tiers
-	if t == nil {
-		if len(ids) > 0 {
-			return fmt.Errorf("%w: complete tier copy %d: the Manager has no tiers", ErrBadArgument, ids[0])
-		}
-		return nil
-	}
-	t.epoch++
-	for i, id := range ids {
-		s := uint32(id)
-		if uint64(s) >= uint64(len(t.copies)) || uint32(id>>32) != t.copies[s].gen || !t.copies[s].live || !t.copies[s].issued {
-			return fmt.Errorf("%w: complete tier copies: ids[%d] = %d is not a copy in flight", ErrBadArgument, i, id)
-		}
-		if t.copies[s].mark == t.epoch {
-			return fmt.Errorf("%w: complete tier copies: ids[%d] = %d appears twice", ErrBadArgument, i, id)
-		}
-		t.copies[s].mark = t.epoch
-	}
-	for _, id := range ids {
-		t.complete(uint32(id))
-	}
-	c.afterChange()
-	return nil
-}
 
 // complete records copy s as done, in the group it was planned for.
 func (t *tiers) complete(s uint32) {
@@ -506,19 +453,19 @@ func (t *tiers) complete(s uint32) {
 // prefix while loading). During a step a windowed group does both when
 // the step ends (settleLoaded); a full group publishes r at its next
 // commit.
-func (m *Manager) loaded(r *request) {
+func (m *group) loaded(r *request) {
 	switch {
 	case !m.pending:
 		m.publish(r)
 		m.releaseWindow(r)
-	case m.group.KeepTokens(0) >= 0:
+	case m.layerGroup.KeepTokens(0) >= 0:
 		m.settle = append(m.settle, loadedReq{r, r.gen})
 	}
 }
 
 // settleLoaded runs loaded for the requests whose onloads completed during
 // the step that just ended.
-func (m *Manager) settleLoaded() {
+func (m *group) settleLoaded() {
 	for _, l := range m.settle {
 		if r := l.r; m.reqs[r.id] == r && r.gen == l.gen && r.running && r.loading == 0 {
 			m.loaded(r)
@@ -534,89 +481,12 @@ type loadedReq struct {
 	gen uint64
 }
 
-// tierExtend continues each group's device match with pages of the host
-// tier and then of the remote store, and returns the pages every group can
-// serve: at most maxPages, and with onloads (the pages past a group's
-// device match) that fit the free and evictable pages. It leaves that many
-// free and each group's hits trimmed to its onloads.
-func (c *core) tierExtend(rs []*request, maxPages int) int {
-	t := c.tiers
-	short := false // some group's device match is short of maxPages
-	for g, m := range c.groups {
-		m.tierChainStart(rs[g], c.adm[g].pages)
-		short = short || len(c.adm[g].pages) < maxPages
-	}
-	if !short {
-		return maxPages
-	}
-	// Onloads may take free pages and idle cached ones (evicted on demand,
-	// least recently used first), never the pages just matched: hold them.
-	for g, m := range c.groups {
-		if a := &c.adm[g]; len(a.pages) > 0 {
-			if err := c.alloc.Retain(a.pages...); err != nil {
-				panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", len(a.pages), err))
-			}
-			m.cache.Recheck(a.pages...)
-		}
-	}
-	defer func() {
-		for g := range c.groups {
-			// admitPages takes the request's own reference next.
-			if a := &c.adm[g]; len(a.pages) > 0 {
-				if _, err := c.alloc.Release(a.pages...); err != nil {
-					panic(fmt.Sprintf("pagedkv: releasing %d matched pages: %v", len(a.pages), err))
-				}
-			}
-		}
-	}()
-	free := c.alloc.NumFree()
-	room := free + c.evictable()
-	L := maxPages
-	for g, m := range c.groups {
-		a := &c.adm[g]
-		if k := len(a.pages); k < maxPages {
-			if want := min(maxPages-k, room); want > 0 {
-				a.hits, a.hostHits = m.tierProbe(rs[g], a.pages, want, a.hits[:0])
-			}
-		}
-		L = min(L, len(a.pages)+len(a.hits))
-	}
-	// The onloads of every group fit the free and evictable pages.
-	onloads := func(L int) int {
-		n := 0
-		for g := range c.groups {
-			n += max(0, L-len(c.adm[g].pages))
-		}
-		return n
-	}
-	for onloads(L) > room {
-		L--
-	}
-	if n := onloads(L); n > free {
-		c.evict(n - free) // drops what no host page backs, like a step
-		for onloads(L) > c.alloc.NumFree() {
-			L--
-		}
-	}
-	for g := range c.groups {
-		a := &c.adm[g]
-		use := max(0, L-len(a.pages))
-		for _, h := range a.hits[use:] {
-			if err := t.host.Release(h); err != nil {
-				panic(fmt.Sprintf("pagedkv: releasing unused host page %d: %v", h, err))
-			}
-		}
-		a.hits, a.hostHits = a.hits[:use], min(a.hostHits, use)
-	}
-	return L
-}
-
 // tierProbe continues r's device match of pages (whose chain ends at
 // r.tchain) with up to want pages of the host tier and then of the remote
 // store (fetched into host pages), appending each to hits as a host page
 // it holds as a reader. It returns hits and how many of them the host tier
 // held before the fetch.
-func (m *Manager) tierProbe(r *request, pages []PageID, want int, hits []HostPageID) ([]HostPageID, int) {
+func (m *group) tierProbe(r *request, pages []PageID, want int, hits []HostPageID) ([]HostPageID, int) {
 	t, ps := m.tiers, m.pageSize
 	k := len(pages)
 	d, first := r.tchain, r.tfirst
@@ -697,7 +567,7 @@ func (m *Manager) tierProbe(r *request, pages []PageID, want int, hits []HostPag
 // first hostHits of them found in the host tier, the rest fetched from the
 // remote store) into as many fresh device pages, which must be free, and
 // returns pages with them appended. r waits for the copies (r.loading).
-func (m *Manager) tierOnload(r *request, pages []PageID, hits []HostPageID, hostHits int) []PageID {
+func (m *group) tierOnload(r *request, pages []PageID, hits []HostPageID, hostHits int) []PageID {
 	t, n := m.tiers, len(hits)
 	t.dev = append(t.dev[:0], make([]PageID, n)...)[:n]
 	if err := m.alloc.Alloc(t.dev); err != nil {
@@ -719,7 +589,7 @@ func (m *Manager) tierOnload(r *request, pages []PageID, hits []HostPageID, host
 // tierPublished records the tier identity of r's page d, just published on
 // page (added: a new cache entry; else a duplicate of a cached one), and
 // writes it through to the host tier when configured.
-func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added bool) {
+func (m *group) tierPublished(r *request, page PageID, tokens []int32, added bool) {
 	t := m.tiers
 	nd := tier.Next(t.buf[:0], r.tchain, tokens)
 	if r.tchain == r.troot { // depth 0
@@ -756,7 +626,7 @@ func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added b
 
 // tierChainStart sets r.tchain to the digest after its device-matched
 // pages.
-func (m *Manager) tierChainStart(r *request, pages []PageID) {
+func (m *group) tierChainStart(r *request, pages []PageID) {
 	if len(pages) == 0 {
 		r.tchain, r.tfirst = r.troot, tier.Digest{}
 		return
@@ -770,7 +640,7 @@ func (m *Manager) tierChainStart(r *request, pages []PageID) {
 
 // tierChainAt resets r.tchain to the digest of r's chain (pages
 // [0, cachedPages)) after the chain moved back (Truncate).
-func (m *Manager) tierChainAt(r *request) {
+func (m *group) tierChainAt(r *request) {
 	p, ok := r.chain.Page()
 	if !ok {
 		r.tchain, r.tfirst = r.troot, tier.Digest{}
@@ -783,48 +653,12 @@ func (m *Manager) tierChainAt(r *request) {
 	r.tchain, r.tfirst = md.digest, md.first
 }
 
-// evictTo evicts idle cached pages until npages pages are free (with
-// tiers: free or on their way to free, offloading the victims the host
-// tier takes) or nothing is evictable, and returns how many it freed.
-func (c *core) evictTo(npages int) (freed int) {
-	if t := c.tiers; t != nil {
-		if need := npages - c.alloc.NumFree() - t.evicting; need > 0 {
-			freed = c.evictOffload(need)
-		}
-	} else if need := npages - c.alloc.NumFree(); need > 0 {
-		freed = c.evict(need)
-	}
-	c.afterChange()
-	return freed
-}
-
-// evictOffload evicts n pages' worth of victims with offload, counting
-// pages that go to the host as freed (they free on completion).
-func (c *core) evictOffload(n int) int {
-	t := c.tiers
-	t.offloading = true
-	freed := c.evict(n)
-	t.offloading = false
-	return freed
-}
-
-// evictAhead keeps OffloadFreePages pages free or on their way to free.
-func (c *core) evictAhead() {
-	t := c.tiers
-	if t == nil || t.offloadFree == 0 {
-		return
-	}
-	if short := t.offloadFree - c.alloc.NumFree() - t.evicting; short > 0 {
-		c.evictOffload(short)
-	}
-}
-
 // tierRoot returns the tier digest every chain of ns starts from in this
 // Manager: the namespace's root (tier.NamespaceRoot) for a dense Manager;
 // for a group of a HybridManager, that root followed by the group's
 // identity (tierTag), so no two groups share a digest, in the host tier
 // or in a remote store's keys (docs/tiers.md, "Hybrid groups").
-func (m *Manager) tierRoot(ns Namespace) tier.Digest {
+func (m *group) tierRoot(ns Namespace) tier.Digest {
 	d := tier.NamespaceRoot(ns.Tenant, ns.LoRA, ns.Salt)
 	if m.tierTag == "" {
 		return d
@@ -842,111 +676,10 @@ func groupTierTag(g int, s LayerGroup) string {
 	return fmt.Sprintf("g%d:%v:w%d:c%d:l%d", g, s.Kind, s.WindowTokens, s.ChunkTokens, s.NumLayers)
 }
 
-// auditTiers checks the tiers against the groups: host pool invariants,
-// copies against host states and device references, request loading
-// counts, and tier identities of cached pages (a device page has one iff
-// some group's cache holds it). held gains each copy's device reference.
-func (c *core) auditTiers(held map[PageID]int32) error {
-	t := c.tiers
-	if t == nil {
-		return nil
-	}
-	if err := t.host.CheckInvariants(); err != nil {
-		return err
-	}
-	readers := map[HostPageID]int{}
-	writers := map[HostPageID]int{}
-	loading := map[*request]int{}
-	live, evicting := 0, 0
-	for s := range t.copies {
-		cp := &t.copies[s]
-		if !cp.live {
-			continue
-		}
-		live++
-		held[cp.dev]++
-		if cp.dir == tier.ToDevice {
-			readers[cp.host]++
-			if r := cp.req; r != nil && cp.owner.reqs[r.id] == r && r.gen == cp.reqGen && r.running {
-				loading[r]++
-			}
-		} else {
-			writers[cp.host]++
-			if cp.evicted {
-				evicting++
-			}
-		}
-	}
-	if live != t.nLive {
-		return fmt.Errorf("pagedkv: %d tier copies live, the counter says %d", live, t.nLive)
-	}
-	if len(t.planned) > live {
-		return fmt.Errorf("pagedkv: %d tier copies planned, %d live", len(t.planned), live)
-	}
-	if evicting != t.evicting {
-		return fmt.Errorf("pagedkv: %d evicted pages wait for offloads, the counter says %d", evicting, t.evicting)
-	}
-	for h := range HostPageID(t.host.NumPages()) {
-		_, _, ready, nr, ok := t.host.Entry(h)
-		switch {
-		case !ok && (readers[h] > 0 || writers[h] > 0):
-			return fmt.Errorf("pagedkv: free host page %d has %d onloads and %d offloads in flight", h, readers[h], writers[h])
-		case ok && ready && (nr != readers[h] || writers[h] != 0):
-			return fmt.Errorf("pagedkv: ready host page %d has %d readers, %d onloads and %d offloads in flight", h, nr, readers[h], writers[h])
-		case ok && !ready && writers[h] != 1:
-			return fmt.Errorf("pagedkv: writing host page %d has %d offloads in flight, want 1", h, writers[h])
-		case t.hostLive[h] != (ok && ready):
-			return fmt.Errorf("pagedkv: host page %d: ready %v but announced to KV events %v", h, ok && ready, t.hostLive[h])
-		}
-		if n := &t.hostName[h]; ok && t.hasher.Page(n.parentHash, t.host.Tokens(h)) != n.hash {
-			return fmt.Errorf("pagedkv: host page %d: chain hash %#x is not that of its tokens under parent %#x", h, n.hash, n.parentHash)
-		}
-	}
-	for _, m := range c.groups {
-		if err := m.auditTierRequests(loading); err != nil {
-			return err
-		}
-	}
-	onHost := map[tier.Digest]HostPageID{}
-	for h := range HostPageID(t.host.NumPages()) {
-		if d, _, _, _, ok := t.host.Entry(h); ok {
-			onHost[d] = h
-		}
-	}
-	for p := range PageID(c.alloc.NumPages()) {
-		md := &t.meta[p]
-		var m *Manager // the group whose cache holds p
-		for _, g := range c.groups {
-			if g.cache.Cached(p) {
-				m = g
-			}
-		}
-		if md.valid != (m != nil) {
-			return fmt.Errorf("pagedkv: page %d: cached %v but tier identity valid %v", p, m != nil, md.valid)
-		}
-		if !md.valid {
-			continue
-		}
-		// The cache's hashes, and the host tier's names for the same
-		// digest (a fetched page's were chained by tierProbe).
-		hash, parentHash, root, _ := m.cache.PageHash(p)
-		if hash != md.hash || root != md.root || (!root && parentHash != md.parentHash) {
-			return fmt.Errorf("pagedkv: page %d: chain hash %#x (parent %#x, root %v), its tier identity says %#x (%#x, %v)",
-				p, hash, parentHash, root, md.hash, md.parentHash, md.root)
-		}
-		if h, ok := onHost[md.digest]; ok {
-			if n := &t.hostName[h]; n.hash != md.hash || n.root != md.root || n.parentHash != md.parentHash || n.lora != md.lora || n.group != m.tierGroup {
-				return fmt.Errorf("pagedkv: host page %d holds page %d's digest under chain hash %#x, the cache's is %#x", h, p, n.hash, md.hash)
-			}
-		}
-	}
-	return nil
-}
-
 // auditTierRequests checks each request's loading count against its
 // onloads in flight (loading) and its tier chain digest against its cache
 // chain.
-func (m *Manager) auditTierRequests(loading map[*request]int) error {
+func (m *group) auditTierRequests(loading map[*request]int) error {
 	t := m.tiers
 	for _, r := range m.reqs {
 		if r.loading != loading[r] {
@@ -973,19 +706,9 @@ func (m *Manager) auditTierRequests(loading map[*request]int) error {
 // dst and returns it: the page set KV events with medium "CPU" describe.
 func (m *Manager) HostCachedHashes(dst []uint64) []uint64 { return m.core.hostCachedHashes(dst) }
 
-func (c *core) hostCachedHashes(dst []uint64) []uint64 {
-	t := c.tiers
-	if t == nil {
-		return dst
-	}
-	for h, live := range t.hostLive {
-		if live {
-			dst = append(dst, t.hostName[h].hash)
-		}
-	}
-	return dst
-}
-
 // Loading reports whether request id waits for onload copies: it may not
 // take part in a step (or fork) until they are complete.
-func (m *Manager) Loading(id RequestID) bool { r, ok := m.reqs[id]; return ok && r.loading > 0 }
+func (m *Manager) Loading(id RequestID) bool { return m.core.loading(id) }
+
+// loading reports whether request id waits for onload copies in the group.
+func (m *group) loading(id RequestID) bool { r, ok := m.reqs[id]; return ok && r.loading > 0 }
