@@ -47,7 +47,7 @@ type core struct {
 
 	// servable, per group, counts the prompt tokens the group's device
 	// cache alone could serve at Add and Resume (GroupStats.ServableTokens;
-	// read from any goroutine). Nil for a dense Manager.
+	// read from any goroutine).
 	servable []atomic.Int64
 
 	adm  []admission // per group: admission scratch
@@ -66,7 +66,8 @@ type admission struct {
 }
 
 func newCore(groups []*group, alloc *allocator.Allocator, t *tiers) *core {
-	return &core{groups: groups, alloc: alloc, tiers: t, adm: make([]admission, len(groups)), recs: make([]*request, len(groups)),
+	return &core{groups: groups, alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)),
+		adm: make([]admission, len(groups)), recs: make([]*request, len(groups)),
 		plan: HybridPlan{Groups: make([]*Plan, len(groups))}}
 }
 
@@ -375,7 +376,7 @@ func (c *core) admit(rs []*request) int {
 		if use {
 			a.pages, a.last = m.cache.Match(a.pages, r.key, r.tokens, maxPages)
 		}
-		if c.servable != nil && use {
+		if use {
 			c.servable[g].Add(int64(len(a.pages) * ps))
 		}
 		m.admissions++

@@ -2,7 +2,6 @@ package pagedkv
 
 import (
 	"fmt"
-	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/layergroup"
@@ -183,9 +182,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		// HashSeed was 0 and group 0 picked one.
 		cfg.HashSeed = m.cache.Seed()
 	}
-	c := newCore(groups, alloc, tiers)
-	c.servable = make([]atomic.Int64, len(groups))
-	return &HybridManager{core: c}, nil
+	return &HybridManager{core: newCore(groups, alloc, tiers)}, nil
 }
 
 // GroupEventSink is a [Config.CacheEvents] sink for a HybridManager: one

@@ -283,9 +283,7 @@ func (c *core) groupStats(g int) GroupStats {
 		PinnedPages: int(v[fPinned]), PublishedPages: v[fPublished], EvictedPages: v[fEvicted],
 		CopiedPages: v[fCopied], WindowReleasedPages: v[fWindowReleased],
 		HostHitTokens: m.groupTiers.hostHitTokens.Load(), RemoteHitTokens: m.groupTiers.remoteHitTokens.Load(),
-		OffloadedPages: m.groupTiers.offloaded.Load(), OnloadedPages: m.groupTiers.onloaded.Load()}
-	if c.servable != nil {
-		gs.ServableTokens = c.servable[g].Load()
-	}
+		OffloadedPages: m.groupTiers.offloaded.Load(), OnloadedPages: m.groupTiers.onloaded.Load(),
+		ServableTokens: c.servable[g].Load()}
 	return gs
 }
