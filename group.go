@@ -12,7 +12,7 @@ import (
 	"github.com/pagedkv/pagedkv/tier"
 )
 
-// request is the Manager's record of one request.
+// request is a group's record of one request.
 type request struct {
 	id      RequestID
 	key     prefixcache.Key
@@ -47,7 +47,7 @@ type request struct {
 	// Resume must serve from the cache or recompute.
 	lostTokens int
 
-	mark uint64 // Reserve's duplicate check: == Manager.epoch while in the batch
+	mark uint64 // Reserve's duplicate check: == group.epoch while in the batch
 
 	// sibling is the same request's record in the core's next group (nil
 	// in the last group, so always in a dense Manager, the core of one
@@ -57,7 +57,7 @@ type request struct {
 
 	// Tiers: troot is the namespace's tier digest, tchain the digest of
 	// pages [0, cachedPages) and tfirst that of page 0; gen names the
-	// admission (unique in the Manager: request records are reused), and
+	// admission (unique in the group: request records are reused), and
 	// loading is the number of its onload copies still in flight (the
 	// request may not step while it is > 0).
 	troot, tchain, tfirst tier.Digest

@@ -151,7 +151,7 @@ func (m *group) apply(drafts [][]int32, lead *group) *Plan {
 	copies, err := m.table.Reserve(m.plan.Copies[:0], seqs, counts)
 	if err != nil {
 		// Validated above and the pages are there: the page table and this
-		// Manager disagree.
+		// group disagree.
 		panic(fmt.Sprintf("pagedkv: reserving %d pages for a validated step: %v", need, err))
 	}
 	if invariants.Enabled {

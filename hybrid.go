@@ -10,21 +10,21 @@ import (
 
 // Hybrid attention models: several KV-cache groups on one page pool.
 //
-// A HybridManager holds one Manager per layer group (package layergroup:
-// full, sliding window W, chunked local attention C, MLA). The group
-// Managers share one allocator, so a page ID is one slot of one pool, held
-// by one group at a time, and every group has its own page table and its
-// own prefix cache (cached pages are keyed per group). Requests exist in
-// every group with the same tokens; each group keeps only the pages its
-// attention still reads (layergroup.Spec.KeepFrom) and releases the rest at
-// commit.
+// A HybridManager is a core (core.go) of one group per layer group
+// (package layergroup: full, sliding window W, chunked local attention C,
+// MLA). The groups share one allocator, so a page ID is one slot of one
+// pool, held by one group at a time, and every group has its own page
+// table and its own prefix cache (cached pages are keyed per group).
+// Requests exist in every group with the same tokens; each group keeps
+// only the pages its attention still reads (layergroup.Spec.KeepFrom) and
+// releases the rest at commit.
 //
-// The HybridManager owns what spans groups: admission on the prefix every
-// group can serve, all-or-nothing steps (one page budget for every group's
-// pages, eviction across the groups' caches), pins of that prefix in every
-// group, and the pool-wide Audit. A
-// single-group model keeps using Manager, whose API and numbers are
-// unchanged.
+// The core does what spans groups, for a dense Manager (a core of one
+// group) as well: admission on the prefix every group can serve,
+// all-or-nothing steps (one page budget for every group's pages, eviction
+// across the groups' caches), pins of that prefix in every group, and the
+// pool-wide Audit. A single-group model keeps using Manager, whose API and
+// numbers are unchanged.
 
 // LayerGroup describes one KV-cache group of a hybrid model; see package
 // layergroup for the page-size and bytes rule (equal layer counts).
