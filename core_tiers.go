@@ -8,9 +8,9 @@ import (
 
 // The core's part of the tiers (docs/tiers.md): one host tier, one remote
 // store and one stream of tier copies below the pool, shared by every
-// group. The tiers' own state and the groups' hooks (planning a copy,
-// onloading at admission, writing published pages through) are in
-// manager_tiers.go.
+// group. The tiers' own state is in manager_tiers.go, a group's hooks
+// (onloading at admission, writing published pages through, its digests)
+// in group_tiers.go.
 
 func (c *core) hostPage(h HostPageID) []byte {
 	if c.tiers == nil || h < 0 || int(h) >= c.tiers.host.NumPages() {
