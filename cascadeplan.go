@@ -90,13 +90,13 @@ func (c *cascadePlanner) init(numPages int) { c.mark = make([]uint64, numPages) 
 //     start at, so its attention is causal over its held pages, window -1);
 //     a request whose rows cross a chunk needs two attention ranges, which
 //     one leaf cannot express, so then the whole plan stays flat.
-func (c *cascadePlanner) plan(m *Manager, minSaved int) *cascade.Layout {
-	switch m.group.Kind {
+func (c *cascadePlanner) plan(m *group, minSaved int) *cascade.Layout {
+	switch m.layerGroup.Kind {
 	case layergroup.Sliding:
-		return c.planFor(&m.plan, m.pageSize, minSaved, m.group.WindowTokens)
+		return c.planFor(&m.plan, m.pageSize, minSaved, m.layerGroup.WindowTokens)
 	case layergroup.Chunked:
 		for _, n := range m.plan.SeqLens {
-			if int(n) > m.group.ChunkTokens {
+			if int(n) > m.layerGroup.ChunkTokens {
 				return nil
 			}
 		}

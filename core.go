@@ -9,14 +9,18 @@ import (
 	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
-// core is the protocol that drives the layer groups sharing one page pool:
-// every group is a Manager with its own page table, prefix cache and
-// request records, and core does what spans them.
+// core is the protocol that drives the layer groups sharing one page pool,
+// and the whole of what both facades do: a dense Manager is a core of one
+// group, a HybridManager a core of one group per LayerGroup. Every group
+// (group.go) has its own page table, prefix cache and request records;
+// core does what spans them, once for both facades.
 //
-//   - Admission (admit): each group matches the prompt in its cache and, with
-//     tiers, continues the match from the host tier and the remote store;
-//     every group is then given the same prefix, the longest all of them
-//     serve, with one page budget for the onloads.
+//   - Admission (add, resume, admit): each group matches the prompt in its
+//     cache and, with tiers, continues the match from the host tier and the
+//     remote store; every group is then given the same prefix, the longest
+//     all of them serve, with one page budget for the onloads.
+//   - Per-request calls (extend, fork, release, preempt, truncate): group 0
+//     validates, every group follows (each).
 //   - A step (reserve): group 0 validates the step and resolves its
 //     requests (prepare), each later group follows the records of the group
 //     before (prepareSiblings), one page budget covers every group's pages
@@ -26,28 +30,31 @@ import (
 //     group records it, then the pool evicts ahead; abort likewise.
 //   - Eviction (evict, evictTo, evictAhead): from the group with the most
 //     idle cached pages, offloading to the host tier where asked.
-//   - Pins (pin): the prefix every group holds, pinned in every group.
-//   - Tier copies (tierCopies, completeTierCopies): one stream for the
-//     pool; a copy completes in the group it was planned for.
+//   - Pins (pin, unpin): the prefix every group holds, pinned in every group.
+//   - Tiers (core_tiers.go): one stream of tier copies for the pool; a copy
+//     completes in the group it was planned for.
+//   - Stats (stats.go): the one group's snapshot, or the groups' summed.
 //   - Audit (audit, auditPool): every group, the groups against each other,
 //     and every page's reference count against its holders in every group
 //     and the tier copies.
 //
-// A dense Manager is the core of one group, itself; a HybridManager's core
-// has one group per LayerGroup. Nothing in a Manager points at the core of
-// a HybridManager: the groups know only their own state.
+// A group knows only its own state: nothing in a group points at its core
+// or at another group, but for request.sibling, which core.link sets.
 type core struct {
-	groups []*Manager
+	groups []*group
 	alloc  *allocator.Allocator
 	tiers  *tiers // shared by every group; nil without tiers
 
 	// servable, per group, counts the prompt tokens the group's device
 	// cache alone could serve at Add and Resume (GroupStats.ServableTokens;
-	// read from any goroutine). Nil for a dense Manager.
+	// read from any goroutine).
 	servable []atomic.Int64
 
 	adm  []admission // per group: admission scratch
 	recs []*request  // scratch: one request's record in each group
+
+	plan   HybridPlan // the step's plan: one Plan per group
+	copies []CopyOp   // the buffer of plan.Copies over several groups
 }
 
 // admission is one group's part of an admission.
@@ -58,9 +65,156 @@ type admission struct {
 	hostHits int                // of hits, found in the host tier (the rest came from the remote store)
 }
 
-func newCore(groups []*Manager, alloc *allocator.Allocator, t *tiers) *core {
-	return &core{groups: groups, alloc: alloc, tiers: t, adm: make([]admission, len(groups)), recs: make([]*request, len(groups))}
+func newCore(groups []*group, alloc *allocator.Allocator, t *tiers) *core {
+	return &core{groups: groups, alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)),
+		adm: make([]admission, len(groups)), recs: make([]*request, len(groups)),
+		plan: HybridPlan{Groups: make([]*Plan, len(groups))}}
 }
+
+// pageSize is the pool's page size (every group's).
+func (c *core) pageSize() int { return c.groups[0].pageSize }
+
+// ---- Per request ----
+
+// add admits request id in every group on the prefix every group can serve
+// (admit) and returns its length: the Add of both facades.
+func (c *core) add(id RequestID, req Request) (matchedTokens int, err error) {
+	if err := c.groups[0].checkAdd(id, req); err != nil {
+		return 0, err
+	}
+	recs := c.recs
+	for g, m := range c.groups {
+		recs[g] = m.newRecord(id, req)
+	}
+	matched := c.admit(recs)
+	for g, m := range c.groups {
+		m.added(recs[g], req, matched)
+	}
+	c.link(id)
+	return matched, nil
+}
+
+// resume re-admits preempted request id in every group on the prefix every
+// group can serve (admit) and returns its length: the Resume of both
+// facades.
+func (c *core) resume(id RequestID) (matchedTokens int, err error) {
+	r0, err := c.groups[0].checkResume(id)
+	if err != nil {
+		return 0, err
+	}
+	recs := c.recs
+	for g, r := 0, r0; g < len(c.groups); g, r = g+1, r.sibling {
+		recs[g] = r
+	}
+	matched := c.admit(recs)
+	for g, m := range c.groups {
+		m.resumed(recs[g], matched)
+	}
+	return matched, nil
+}
+
+// extend appends tokens to request id in every group.
+func (c *core) extend(id RequestID, tokens []int32) error {
+	return c.each(func(m *group) error { return m.extend(id, tokens...) })
+}
+
+// fork forks request parent to child in every group.
+func (c *core) fork(parent, child RequestID) error {
+	if err := c.checkLoading("fork", parent); err != nil {
+		return err
+	}
+	if err := c.each(func(m *group) error { return m.fork(parent, child) }); err != nil {
+		return err
+	}
+	c.link(child)
+	return nil
+}
+
+// release ends request id in every group.
+func (c *core) release(id RequestID) error {
+	return c.each(func(m *group) error { return m.release(id) })
+}
+
+// preempt drops request id's pages in every group.
+func (c *core) preempt(id RequestID) error {
+	return c.each(func(m *group) error { return m.preempt(id) })
+}
+
+// truncate cuts request id to n tokens in every group, or fails changing
+// nothing if any group cannot.
+func (c *core) truncate(id RequestID, n int) error {
+	if len(c.groups) > 1 {
+		for _, m := range c.groups {
+			if _, err := m.checkTruncate(id, n); err != nil {
+				return err
+			}
+		}
+	}
+	return c.each(func(m *group) error { return m.truncate(id, n) })
+}
+
+// unpin removes pin id from every group.
+func (c *core) unpin(id PinID) error {
+	return c.each(func(m *group) error { return m.unpin(id) })
+}
+
+// each runs op on every group; only group 0 may fail (every group holds the
+// same requests in the same states, so they validate alike).
+func (c *core) each(op func(m *group) error) error {
+	for g, m := range c.groups {
+		if err := op(m); err != nil {
+			if g > 0 {
+				panic(fmt.Sprintf("pagedkv: group %d failed where group 0 succeeded: %v", g, err))
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// checkLoading fails with ErrLoading when request id waits for onloads in
+// a group after group 0 (group 0's operations check their own).
+func (c *core) checkLoading(op string, id RequestID) error {
+	for g := 1; g < len(c.groups); g++ {
+		if r, ok := c.groups[g].reqs[id]; ok && r.loading > 0 {
+			return fmt.Errorf("%w: %s request %d: %d onload copies in flight in group %d (%v)", ErrLoading, op, id, r.loading, g, c.groups[g].layerGroup.Kind)
+		}
+	}
+	return nil
+}
+
+// has, running, tokens and computed read group 0: every group holds the
+// same requests with the same tokens.
+func (c *core) has(id RequestID) bool { _, ok := c.groups[0].reqs[id]; return ok }
+
+func (c *core) running(id RequestID) bool { r, ok := c.groups[0].reqs[id]; return ok && r.running }
+
+func (c *core) tokens(id RequestID) []int32 {
+	if r, ok := c.groups[0].reqs[id]; ok {
+		return r.tokens
+	}
+	return nil
+}
+
+func (c *core) computed(id RequestID) int {
+	if r, ok := c.groups[0].reqs[id]; ok {
+		return r.computed
+	}
+	return 0
+}
+
+// loading reports whether request id waits for onloads in any group.
+func (c *core) loading(id RequestID) bool {
+	for _, m := range c.groups {
+		if m.loading(id) {
+			return true
+		}
+	}
+	return false
+}
+
+// pending reports whether a step is reserved (in every group alike).
+func (c *core) pending() bool { return c.groups[0].pending }
 
 // evict evicts n idle cached pages (fewer if fewer are idle) and returns
 // how many pages it freed: from the one group's cache, or from the group
@@ -109,16 +263,16 @@ func (c *core) afterChange() {
 // group if the pool is short, and then every group applies its part
 // (apply), its plan sharing the first group's token arrays. It is
 // all-or-nothing: on error nothing changes, the caches included.
-func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) error {
+func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
 	lead := c.groups[0]
 	need, err := lead.prepare(ids, ntokens, drafts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for g := 1; g < len(c.groups); g++ {
 		n, err := c.groups[g].prepareSiblings(c.groups[g-1])
 		if err != nil {
-			return err
+			return nil, err
 		}
 		need += n
 	}
@@ -126,10 +280,10 @@ func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) error
 		evictable := c.evictable()
 		if need > free+evictable {
 			if len(c.groups) == 1 {
-				return fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
+				return nil, fmt.Errorf("%w: a step of %d requests needs %d pages; %d are free and %d evictable",
 					ErrOutOfPages, len(ids), need, free, evictable)
 			}
-			return fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
+			return nil, fmt.Errorf("%w: a step of %d requests needs %d pages in %d groups; %d are free and %d evictable",
 				ErrOutOfPages, len(ids), need, len(c.groups), free, evictable)
 		}
 		c.evict(need - free)
@@ -138,7 +292,23 @@ func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) error
 	for _, m := range c.groups[1:] {
 		m.apply(drafts, lead)
 	}
-	return nil
+	// The step's plan: every group's, and their copies in one list (the
+	// one group's own list when there is one).
+	p := &c.plan
+	for g, m := range c.groups {
+		p.Groups[g] = &m.plan
+	}
+	p.Requests = lead.plan.Requests
+	if len(c.groups) == 1 {
+		p.Copies = lead.plan.Copies
+	} else {
+		p.Copies = c.copies[:0]
+		for _, m := range c.groups {
+			p.Copies = append(p.Copies, m.plan.Copies...)
+		}
+		c.copies = p.Copies
+	}
+	return p, nil
 }
 
 // commit commits the pending step in every group (accepted nil: a step
@@ -160,6 +330,14 @@ func (c *core) commit(accepted, sampled []int32) error {
 		c.afterChange()
 	}
 	return nil
+}
+
+// commitSpec is commit for a speculative step (see Manager.CommitSpec).
+func (c *core) commitSpec(accepted, sampled []int32) error {
+	if accepted == nil {
+		accepted = []int32{} // a spec commit of a step without requests
+	}
+	return c.commit(accepted, sampled)
 }
 
 // abort undoes the pending step in every group.
@@ -198,7 +376,7 @@ func (c *core) admit(rs []*request) int {
 		if use {
 			a.pages, a.last = m.cache.Match(a.pages, r.key, r.tokens, maxPages)
 		}
-		if c.servable != nil && use {
+		if use {
 			c.servable[g].Add(int64(len(a.pages) * ps))
 		}
 		m.admissions++
@@ -231,20 +409,30 @@ func (c *core) admit(rs []*request) int {
 // HybridManager.Pin): all or nothing, with the same pin ID in every group.
 func (c *core) pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
 	ps := c.groups[0].pageSize
+	if len(c.groups) == 1 {
+		// One cache: its Pin is all or nothing by itself.
+		m := c.groups[0]
+		id, n, err := m.cache.Pin(m.cache.Key(ns), tokens)
+		if err != nil {
+			return 0, 0, fmt.Errorf("pagedkv: pin: %w", err)
+		}
+		m.afterChange()
+		return id, n * ps, nil
+	}
 	n := len(tokens) / ps
 	for g, m := range c.groups {
 		pages, _ := m.cache.Match(m.scratch[:0], m.cache.Key(ns), tokens, n)
 		m.scratch = pages
 		if len(pages) == 0 {
 			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w: pin %d tokens: their first page of %d is not cached",
-				g, m.group.Kind, ErrNotCached, len(tokens), ps)
+				g, m.layerGroup.Kind, ErrNotCached, len(tokens), ps)
 		}
 		n = len(pages)
 	}
 	prefix := tokens[:n*ps]
 	for g, m := range c.groups {
 		if _, err := m.cache.CheckPin(m.cache.Key(ns), prefix); err != nil {
-			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, m.group.Kind, err)
+			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, m.layerGroup.Kind, err)
 		}
 	}
 	// Every check passed, so no group fails; every pin goes through here,
@@ -286,7 +474,7 @@ func (c *core) audit() error {
 			if len(c.groups) == 1 {
 				return err
 			}
-			return fmt.Errorf("group %d (%v): %w", g, m.group.Kind, err)
+			return fmt.Errorf("group %d (%v): %w", g, m.layerGroup.Kind, err)
 		}
 	}
 	g0 := c.groups[0]

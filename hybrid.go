@@ -2,7 +2,6 @@ package pagedkv
 
 import (
 	"fmt"
-	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/layergroup"
@@ -11,21 +10,21 @@ import (
 
 // Hybrid attention models: several KV-cache groups on one page pool.
 //
-// A HybridManager holds one Manager per layer group (package layergroup:
-// full, sliding window W, chunked local attention C, MLA). The group
-// Managers share one allocator, so a page ID is one slot of one pool, held
-// by one group at a time, and every group has its own page table and its
-// own prefix cache (cached pages are keyed per group). Requests exist in
-// every group with the same tokens; each group keeps only the pages its
-// attention still reads (layergroup.Spec.KeepFrom) and releases the rest at
-// commit.
+// A HybridManager is a core (core.go) of one group per layer group
+// (package layergroup: full, sliding window W, chunked local attention C,
+// MLA). The groups share one allocator, so a page ID is one slot of one
+// pool, held by one group at a time, and every group has its own page
+// table and its own prefix cache (cached pages are keyed per group).
+// Requests exist in every group with the same tokens; each group keeps
+// only the pages its attention still reads (layergroup.Spec.KeepFrom) and
+// releases the rest at commit.
 //
-// The HybridManager owns what spans groups: admission on the prefix every
-// group can serve, all-or-nothing steps (one page budget for every group's
-// pages, eviction across the groups' caches), pins of that prefix in every
-// group, and the pool-wide Audit. A
-// single-group model keeps using Manager, whose API and numbers are
-// unchanged.
+// The core does what spans groups, for a dense Manager (a core of one
+// group) as well: admission on the prefix every group can serve,
+// all-or-nothing steps (one page budget for every group's pages, eviction
+// across the groups' caches), pins of that prefix in every group, and the
+// pool-wide Audit. A single-group model keeps using Manager, whose API and
+// numbers are unchanged.
 
 // LayerGroup describes one KV-cache group of a hybrid model; see package
 // layergroup for the page-size and bytes rule (equal layer counts).
@@ -95,13 +94,8 @@ type HybridStats struct {
 // called from any goroutine (each group's numbers are a consistent
 // snapshot; the pool totals may straddle one operation).
 type HybridManager struct {
-	_      noCopy
-	alloc  *allocator.Allocator
-	groups []*Manager
-	specs  []layergroup.Spec
-	core   *core // the step protocol over the groups
-
-	plan HybridPlan
+	_    noCopy
+	core *core // of one group per LayerGroup
 }
 
 // NewHybrid returns a HybridManager with an empty pool.
@@ -167,31 +161,28 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	if tiers != nil && hostSinks != nil {
 		tiers.ev = hostSinks
 	}
-	h := &HybridManager{alloc: alloc, specs: append([]layergroup.Spec(nil), cfg.Groups...),
-		plan: HybridPlan{Groups: make([]*Plan, len(cfg.Groups))}}
+	groups := make([]*group, 0, len(cfg.Groups))
 	for i, g := range cfg.Groups {
 		gcfg := cfg.Config
 		gcfg.CacheEvents = nil
 		if sinks != nil {
 			gcfg.CacheEvents = sinks.GroupSink(i)
 		}
-		m, err := newManager(gcfg, alloc, g, tiers)
+		m, err := newGroup(gcfg, alloc, g, tiers)
 		if err != nil {
 			return nil, err
 		}
-		m.windowCascade = true
+		m.cascadeWindows = true
 		if tiers != nil {
 			m.tierTag, m.tierGroup = groupTierTag(i, g), uint16(i)
 		}
-		h.groups = append(h.groups, m)
+		groups = append(groups, m)
 		// One hash chain for every group (KV events name a prefix's pages
 		// by the same hashes in each group, as vLLM does), even when
 		// HashSeed was 0 and group 0 picked one.
 		cfg.HashSeed = m.cache.Seed()
 	}
-	h.core = newCore(h.groups, alloc, tiers)
-	h.core.servable = make([]atomic.Int64, len(h.groups))
-	return h, nil
+	return &HybridManager{core: newCore(groups, alloc, tiers)}, nil
 }
 
 // GroupEventSink is a [Config.CacheEvents] sink for a HybridManager: one
@@ -226,13 +217,13 @@ func KVEventSpec(g LayerGroup) (kind string, slidingWindow int) {
 }
 
 // NumGroups returns the number of layer groups.
-func (h *HybridManager) NumGroups() int { return len(h.groups) }
+func (h *HybridManager) NumGroups() int { return len(h.core.groups) }
 
 // Group returns group g's spec.
-func (h *HybridManager) Group(g int) LayerGroup { return h.specs[g] }
+func (h *HybridManager) Group(g int) LayerGroup { return h.core.groups[g].layerGroup }
 
 // PageSize returns the number of tokens per page.
-func (h *HybridManager) PageSize() int { return h.groups[0].pageSize }
+func (h *HybridManager) PageSize() int { return h.core.pageSize() }
 
 // ---- Per request ----
 
@@ -245,91 +236,29 @@ func (h *HybridManager) PageSize() int { return h.groups[0].pageSize }
 // [HybridManager.TierCopies]) when every group can, and the onloads of
 // every group fit the pool.
 func (h *HybridManager) Add(id RequestID, req Request) (matchedTokens int, err error) {
-	if err := h.groups[0].checkAdd(id, req); err != nil {
-		return 0, err
-	}
-	recs := h.core.recs
-	for g, m := range h.groups {
-		recs[g] = m.newRecord(id, req)
-	}
-	matched := h.core.admit(recs)
-	for g, m := range h.groups {
-		m.added(recs[g], req, matched)
-	}
-	h.core.link(id)
-	return matched, nil
+	return h.core.add(id, req)
 }
 
 // Extend appends known tokens to request id in every group.
-func (h *HybridManager) Extend(id RequestID, tokens ...int32) error {
-	return h.each(func(m *Manager) error { return m.Extend(id, tokens...) })
-}
+func (h *HybridManager) Extend(id RequestID, tokens ...int32) error { return h.core.extend(id, tokens) }
 
 // Fork forks request parent to child in every group.
-func (h *HybridManager) Fork(parent, child RequestID) error {
-	if err := h.checkLoading("fork", parent); err != nil {
-		return err
-	}
-	if err := h.each(func(m *Manager) error { return m.Fork(parent, child) }); err != nil {
-		return err
-	}
-	h.core.link(child)
-	return nil
-}
+func (h *HybridManager) Fork(parent, child RequestID) error { return h.core.fork(parent, child) }
 
 // Release ends request id in every group.
-func (h *HybridManager) Release(id RequestID) error {
-	return h.each(func(m *Manager) error { return m.Release(id) })
-}
+func (h *HybridManager) Release(id RequestID) error { return h.core.release(id) }
 
 // Preempt drops request id's pages in every group.
-func (h *HybridManager) Preempt(id RequestID) error {
-	return h.each(func(m *Manager) error { return m.Preempt(id) })
-}
+func (h *HybridManager) Preempt(id RequestID) error { return h.core.preempt(id) }
 
 // Resume re-admits preempted request id on the prefix every group can
 // serve, and returns its length.
-func (h *HybridManager) Resume(id RequestID) (matchedTokens int, err error) {
-	r0, err := h.groups[0].checkResume(id)
-	if err != nil {
-		return 0, err
-	}
-	recs := h.core.recs
-	for g, r := 0, r0; g < len(h.groups); g, r = g+1, r.sibling {
-		recs[g] = r
-	}
-	matched := h.core.admit(recs)
-	for g, m := range h.groups {
-		m.resumed(recs[g], matched)
-	}
-	return matched, nil
-}
+func (h *HybridManager) Resume(id RequestID) (matchedTokens int, err error) { return h.core.resume(id) }
 
 // Truncate cuts request id to its first n tokens in every group; it fails,
 // changing nothing, if any group cannot (a window group whose next query
 // would need released keys).
-func (h *HybridManager) Truncate(id RequestID, n int) error {
-	for _, m := range h.groups {
-		if _, err := m.checkTruncate(id, n); err != nil {
-			return err
-		}
-	}
-	return h.each(func(m *Manager) error { return m.Truncate(id, n) })
-}
-
-// each runs op on every group; only group 0 may fail (every group holds the
-// same requests in the same states, so they validate alike).
-func (h *HybridManager) each(op func(m *Manager) error) error {
-	for g, m := range h.groups {
-		if err := op(m); err != nil {
-			if g > 0 {
-				panic(fmt.Sprintf("pagedkv: group %d failed where group 0 succeeded: %v", g, err))
-			}
-			return err
-		}
-	}
-	return nil
-}
+func (h *HybridManager) Truncate(id RequestID, n int) error { return h.core.truncate(id, n) }
 
 // ---- Per step ----
 
@@ -342,17 +271,7 @@ func (h *HybridManager) Reserve(ids []RequestID, ntokens []int32) (*HybridPlan, 
 
 // ReserveSpec is [Manager.ReserveSpec] in every group.
 func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
-	if err := h.core.reserve(ids, ntokens, drafts); err != nil {
-		return nil, err
-	}
-	p := &h.plan
-	p.Copies = p.Copies[:0]
-	for g, m := range h.groups {
-		p.Groups[g] = &m.plan
-		p.Copies = append(p.Copies, m.plan.Copies...)
-	}
-	p.Requests = p.Groups[0].Requests
-	return p, nil
+	return h.core.reserve(ids, ntokens, drafts)
 }
 
 // Commit commits the step in every group (see [Manager.Commit]).
@@ -361,10 +280,7 @@ func (h *HybridManager) Commit(sampled []int32) error { return h.core.commit(nil
 // CommitSpec commits a speculative step in every group (see
 // [Manager.CommitSpec]).
 func (h *HybridManager) CommitSpec(accepted, sampled []int32) error {
-	if accepted == nil {
-		accepted = []int32{}
-	}
-	return h.core.commit(accepted, sampled)
+	return h.core.commitSpec(accepted, sampled)
 }
 
 // Abort undoes the reserved step in every group.
@@ -403,67 +319,34 @@ func (h *HybridManager) Pin(ns Namespace, tokens []int32) (id PinID, pinnedToken
 // Unpin removes a pin from every group; its pages become evictable when
 // nothing else holds them. It fails, changing nothing, with [ErrUnknownPin]
 // naming id.
-func (h *HybridManager) Unpin(id PinID) error {
-	return h.each(func(m *Manager) error { return m.Unpin(id) })
-}
+func (h *HybridManager) Unpin(id PinID) error { return h.core.unpin(id) }
 
 // Tokens, Computed, Running and Has are as for [Manager] (every group holds
 // the same tokens).
-func (h *HybridManager) Tokens(id RequestID) []int32 { return h.groups[0].Tokens(id) }
+func (h *HybridManager) Tokens(id RequestID) []int32 { return h.core.tokens(id) }
 
 // Computed returns how many of request id's tokens have KV.
-func (h *HybridManager) Computed(id RequestID) int { return h.groups[0].Computed(id) }
+func (h *HybridManager) Computed(id RequestID) int { return h.core.computed(id) }
 
 // Running reports whether request id exists and holds pages.
-func (h *HybridManager) Running(id RequestID) bool { return h.groups[0].Running(id) }
+func (h *HybridManager) Running(id RequestID) bool { return h.core.running(id) }
 
 // Has reports whether request id exists.
-func (h *HybridManager) Has(id RequestID) bool { return h.groups[0].Has(id) }
+func (h *HybridManager) Has(id RequestID) bool { return h.core.has(id) }
 
 // Pages returns the pages request id holds in group g and the first token
 // they hold (see [Manager.Pages]).
 func (h *HybridManager) Pages(g int, id RequestID) (pages []PageID, start int) {
-	return h.groups[g].Pages(id)
+	return h.core.groups[g].pages(id)
 }
 
 // Stats returns the pool partition, the request and token counters and
 // each group's numbers.
 func (h *HybridManager) Stats() HybridStats {
-	var s HybridStats
-	s.Groups = make([]GroupStats, len(h.groups))
-	a := h.alloc.Stats()
-	for g, m := range h.groups {
-		gs := m.Stats()
-		if g == 0 {
-			s.Stats = gs // requests and token counters: equal in every group
-		}
-		s.Groups[g] = GroupStats{Kind: h.specs[g].Kind, CachedPages: gs.CachedPages, EvictablePages: gs.EvictablePages,
-			PinnedPages: gs.PinnedPages, ServableTokens: h.core.servable[g].Load(), PublishedPages: gs.PublishedPages, EvictedPages: gs.EvictedPages,
-			CopiedPages: gs.CopiedPages, WindowReleasedPages: gs.WindowReleasedPages,
-			HostHitTokens: m.groupTiers.hostHitTokens.Load(), RemoteHitTokens: m.groupTiers.remoteHitTokens.Load(),
-			OffloadedPages: m.groupTiers.offloaded.Load(), OnloadedPages: m.groupTiers.onloaded.Load()}
+	s := HybridStats{Stats: h.core.stats(), Groups: make([]GroupStats, len(h.core.groups))}
+	for g := range h.core.groups {
+		s.Groups[g] = h.core.groupStats(g)
 	}
-	s.TotalPages, s.FreePages = a.Total, a.Free
-	s.EvictablePages, s.PinnedIdlePages, s.CachedPages, s.PinnedPages = 0, 0, 0, 0
-	s.CopiedPages, s.PublishedPages, s.DuplicatePages, s.EvictedPages, s.EvictionFreedPages = 0, 0, 0, 0, 0
-	s.InnerVictims, s.WindowReleasedPages, s.ChainsCut = 0, 0, 0
-	for _, m := range h.groups {
-		gs := m.Stats()
-		s.EvictablePages += gs.EvictablePages
-		s.PinnedIdlePages += gs.PinnedIdlePages
-		s.CachedPages += gs.CachedPages
-		s.PinnedPages += gs.PinnedPages
-		s.CopiedPages += gs.CopiedPages
-		s.PublishedPages += gs.PublishedPages
-		s.DuplicatePages += gs.DuplicatePages
-		s.EvictedPages += gs.EvictedPages
-		s.EvictionFreedPages += gs.EvictionFreedPages
-		s.InnerVictims += gs.InnerVictims
-		s.WindowReleasedPages += gs.WindowReleasedPages
-		s.ChainsCut += gs.ChainsCut
-	}
-	s.SharedPages = a.Shared
-	s.UsedPages = a.InUse - s.EvictablePages - s.PinnedIdlePages
 	return s
 }
 

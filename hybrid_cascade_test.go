@@ -135,7 +135,7 @@ func windowedCascadeRun(t *testing.T, kind layergroup.Kind, seed uint64, c *wind
 			e.apply(t, &noCopies)
 		}
 		for g, gp := range p.Groups {
-			spec := h.specs[g]
+			spec := h.core.groups[g].layerGroup
 			msg := fmt.Sprintf("seed %d %s group %d (%v, limit %d)", seed, name, g, spec.Kind, limit)
 			flat := e.groupAttention(t, gp, spec)
 			dense := denseGroupAttention(gp, spec, func(id RequestID) []int32 { return h.Tokens(id) })

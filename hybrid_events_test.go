@@ -85,8 +85,8 @@ func (e *hybridEvents) check(h *HybridManager, what string) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	for g, m := range h.groups {
-		cached := m.CachedHashes(nil)
+	for g, m := range h.core.groups {
+		cached := m.cache.AppendHashes(nil)
 		got := e.sets[int64(g)]["GPU"]
 		if len(cached) != len(got) {
 			t.Fatalf("%s: group %d: events say %d pages cached, the group caches %d", what, g, len(got), len(cached))
@@ -108,7 +108,7 @@ func (e *hybridEvents) check(h *HybridManager, what string) {
 func (e *hybridEvents) checkHost(h *HybridManager, what string) {
 	t := e.t
 	t.Helper()
-	want := make([]map[uint64]bool, len(h.groups))
+	want := make([]map[uint64]bool, len(h.core.groups))
 	for g := range want {
 		want[g] = map[uint64]bool{}
 	}
@@ -121,7 +121,7 @@ func (e *hybridEvents) checkHost(h *HybridManager, what string) {
 			}
 		}
 	}
-	for g := range h.groups {
+	for g := range h.core.groups {
 		got := e.sets[int64(g)]["CPU"]
 		if e.hostPages == 0 {
 			require.Empty(t, got, "%s: group %d: CPU pages without host events", what, g)
@@ -187,5 +187,5 @@ func TestNewHybridEventsConfig(t *testing.T) {
 	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 16, PageSize: 4, CacheEvents: mk(good)}, Groups: groups})
 	require.NoError(t, err)
 	// HashSeed 0: the groups share the seed group 0 picked.
-	require.Equal(t, h.groups[0].HashSeed(), h.groups[1].HashSeed())
+	require.Equal(t, h.core.groups[0].cache.Seed(), h.core.groups[1].cache.Seed())
 }

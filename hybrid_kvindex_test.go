@@ -63,7 +63,7 @@ func testHybridKVIndex(t *testing.T, hostPages int) {
 		}
 		h, err := NewHybrid(HybridConfig{Config: cfg, Groups: groups})
 		require.NoError(t, err)
-		ix, err := kvindex.New(kvindex.Config{PageSize: ps, Seed: h.groups[0].HashSeed()})
+		ix, err := kvindex.New(kvindex.Config{PageSize: ps, Seed: h.core.groups[0].cache.Seed()})
 		require.NoError(t, err)
 		rep := ix.AddReplica("hybrid")
 		enc := events.NewEncoder()
@@ -85,7 +85,7 @@ func testHybridKVIndex(t *testing.T, hostPages int) {
 		// pages (the host pool's ready pages of the group's digest chain).
 		held := func(g int) map[uint64]bool {
 			out := map[uint64]bool{}
-			for _, hv := range h.groups[g].CachedHashes(nil) {
+			for _, hv := range h.core.groups[g].cache.AppendHashes(nil) {
 				out[hv] = true
 			}
 			if tr := h.core.tiers; tr != nil {
@@ -113,7 +113,7 @@ func testHybridKVIndex(t *testing.T, hostPages int) {
 		admitted := func(ns Namespace, tokens []int32) (least int, differ bool) {
 			least = -1
 			chain := ix.Hashes(nil, ns, tokens)
-			for g, m := range h.groups {
+			for g, m := range h.core.groups {
 				pages, _ := m.cache.Match(nil, m.cache.Key(ns), tokens, len(tokens)/ps)
 				if hostPages > 0 { // both media: the device's, then on
 					set := held(g)
@@ -141,13 +141,13 @@ func testHybridKVIndex(t *testing.T, hostPages int) {
 			return min(ix.Match(nil, ns, tokens)[0], (len(tokens)-1)/ps*ps)
 		}
 		check := func(op int) {
-			for g := range h.groups {
+			for g := range h.core.groups {
 				var want []uint64
 				for hv := range held(g) {
 					want = append(want, hv)
 				}
 				slices.Sort(want)
-				hostIndexed += len(want) - len(h.groups[g].CachedHashes(nil))
+				hostIndexed += len(want) - len(h.core.groups[g].cache.AppendHashes(nil))
 				got := ix.GroupBlocks(rep, g)
 				if len(want) > 0 || len(got) > 0 {
 					require.Equal(t, want, got, "op %d: group %d's indexed blocks", op, g)
@@ -233,9 +233,9 @@ func testHybridKVIndex(t *testing.T, hostPages int) {
 				}
 			case k < 9:
 				// Evict idle cached pages of one group only.
-				g := rng.IntN(len(h.groups))
-				h.groups[g].cache.Evict(1 + rng.IntN(8))
-				h.groups[g].afterChange()
+				g := rng.IntN(len(h.core.groups))
+				h.core.groups[g].cache.Evict(1 + rng.IntN(8))
+				h.core.groups[g].afterChange()
 			default:
 				ids2, nt, drafts := stepDraw{minNew: 1, newSpan: 9, draftSpan: 4, spec: rng.IntN(3) == 0}.draw(rng, h, ids)
 				if len(ids2) == 0 {

@@ -195,8 +195,8 @@ func (x *hybridModelHarness) op() {
 		// the same pages in the model whatever its eviction order, and
 		// from then on the groups serve different prefixes.
 		g := r.IntN(h.NumGroups())
-		got := h.groups[g].cache.Evict(hmPages)
-		h.groups[g].afterChange()
+		got := h.core.groups[g].cache.Evict(hmPages)
+		h.core.groups[g].afterChange()
 		require.Equal(t, m.Group(g).Evict(hmPages), got, "evict group %d", g)
 	case k < 12:
 		x.pin()
@@ -235,7 +235,7 @@ func (x *hybridModelHarness) pin() {
 		x.capped++
 	case merr == nil:
 		x.pinned++
-		if g0, _ := h.groups[0].cache.Match(nil, h.groups[0].cache.Key(Namespace{}), tokens, len(tokens)/hhPageSize); len(g0)*hhPageSize > n {
+		if g0, _ := h.core.groups[0].cache.Match(nil, h.core.groups[0].cache.Key(Namespace{}), tokens, len(tokens)/hhPageSize); len(g0)*hhPageSize > n {
 			x.partial++
 		}
 		require.Equal(t, [2]uint64{mid, uint64(mn)}, [2]uint64{uint64(id), uint64(n)}, "pin %v", tokens)
@@ -313,7 +313,7 @@ func (x *hybridModelHarness) compare(op int) {
 					require.Failf(t, "sharing differs", "op %d group %d request %d page %d: %d vs model %d", op, g, id, k, p, mr.Pages[k])
 				}
 				rename[p], back[mr.Pages[k]] = mr.Pages[k], p
-				if h.groups[g].cache.Cached(p) != mg.CachedPage(mr.Pages[k]) {
+				if h.core.groups[g].cache.Cached(p) != mg.CachedPage(mr.Pages[k]) {
 					require.Failf(t, "cached differs", "op %d group %d request %d page %d", op, g, id, k)
 				}
 			}

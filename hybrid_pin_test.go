@@ -87,7 +87,7 @@ func TestHybridPinBadInput(t *testing.T) {
 func TestHybridPinAllOrNothing(t *testing.T) {
 	prompt := seqTokens(10, 13)
 	h := gptOSSPinned(t, 0, prompt)
-	full := h.groups[1]
+	full := h.core.groups[1]
 	full.cache.Evict(32) // the full group's cache only
 	full.afterChange()
 	before := h.Stats()
@@ -95,7 +95,7 @@ func TestHybridPinAllOrNothing(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotCached)
 	require.ErrorContains(t, err, "group 1 (full)")
 	require.Equal(t, before, h.Stats(), "a refused pin changed the manager")
-	require.Zero(t, h.groups[0].cache.Pinned())
+	require.Zero(t, h.core.groups[0].cache.Pinned())
 
 	// The full group caches the first page again (a 5-token prompt), the
 	// sliding group still holds three pages (its own copy of the first is
@@ -215,7 +215,7 @@ func (x *pinModel) covered() map[string]int {
 // at most len(tokens)/PageSize, asking each cache page by page.
 func (x *pinModel) held(tokens []int32) int {
 	n := len(tokens) / hhPageSize
-	for _, m := range x.hh.h.groups {
+	for _, m := range x.hh.h.core.groups {
 		k := 0
 		for k < n {
 			pages, _ := m.cache.Match(nil, m.cache.Key(Namespace{}), tokens[:(k+1)*hhPageSize], k+1)

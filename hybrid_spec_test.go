@@ -213,12 +213,12 @@ func (tw *hybridTwins) check(op int) {
 					require.Failf(t, "sharing differs", "op %d: request %d group %d page %d: %d vs %d", op, id, g, k, p1[k], p2[k])
 				}
 				rename[p1[k]], back[p2[k]] = p2[k], p1[k]
-				if twin.groups[g].cache.Cached(p2[k]) != spec.groups[g].cache.Cached(p1[k]) {
+				if twin.core.groups[g].cache.Cached(p2[k]) != spec.core.groups[g].cache.Cached(p1[k]) {
 					require.Failf(t, "cached differs", "op %d: request %d group %d page %d", op, id, g, k)
 				}
 			}
 			if len(tokens) > 0 {
-				c1, c2 := spec.groups[g].cache, twin.groups[g].cache
+				c1, c2 := spec.core.groups[g].cache, twin.core.groups[g].cache
 				m1, _ := c1.Match(nil, c1.Key(Namespace{}), tokens, len(tokens)/hhPageSize)
 				m2, _ := c2.Match(nil, c2.Key(Namespace{}), tokens, len(tokens)/hhPageSize)
 				if len(m1) != len(m2) {

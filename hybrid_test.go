@@ -73,8 +73,8 @@ func TestScenarioHybridHitRule(t *testing.T) {
 
 	// Evict the sliding group's idle pages on purpose; the full group's
 	// stay cached.
-	h.groups[0].cache.Evict(h.alloc.NumPages())
-	h.groups[0].afterChange()
+	h.core.groups[0].cache.Evict(h.core.alloc.NumPages())
+	h.core.groups[0].afterChange()
 	require.NoError(t, h.Audit())
 	s := h.Stats()
 	require.Zero(t, s.Groups[0].CachedPages)
@@ -276,7 +276,7 @@ func TestHybridEvictionShrinksHit(t *testing.T) {
 				for {
 					serve := 40 / 4
 					most := 0
-					for _, m := range h.groups {
+					for _, m := range h.core.groups {
 						pages, _ := m.cache.Match(nil, m.cache.Key(Namespace{}), prompt, 40/4)
 						serve = min(serve, len(pages))
 						most = max(most, len(pages))
@@ -292,7 +292,7 @@ func TestHybridEvictionShrinksHit(t *testing.T) {
 					require.NoError(t, h.Audit())
 					require.NoError(t, h.Release(id))
 					id++
-					if h.groups[g].cache.Evict(1) == 0 {
+					if h.core.groups[g].cache.Evict(1) == 0 {
 						break
 					}
 				}
@@ -469,7 +469,7 @@ func (hh *hybridHarness) expectHit(ns Namespace, tokens []int32) int {
 		return 0
 	}
 	serve := (len(tokens) - 1) / hhPageSize
-	for _, m := range hh.h.groups {
+	for _, m := range hh.h.core.groups {
 		pages, _ := m.cache.Match(nil, m.cache.Key(ns), tokens, serve)
 		serve = min(serve, len(pages))
 	}
@@ -615,7 +615,7 @@ func (hh *hybridHarness) engine(p *HybridPlan) {
 			page := gp.KVPageIndices[gp.KVIndptr[b]+pos/int32(ps)]
 			hh.kv[int(page)*ps+int(pos)%ps] = groupKV(gp.TokenIDs[i], int(gp.TokenPositions[i]), g)
 		}
-		spec := hh.h.specs[g]
+		spec := hh.h.core.groups[g].layerGroup
 		if spec.Kind != layergroup.Chunked {
 			require.Nil(t, gp.AttnQOIndptr)
 			continue
@@ -657,7 +657,8 @@ func (hh *hybridHarness) check(op int) {
 			continue
 		}
 		tokens, n := h.Tokens(id), h.Computed(id)
-		for g, spec := range h.specs {
+		for g := range h.NumGroups() {
+			spec := h.Group(g)
 			pages, start := h.Pages(g, id)
 			if start != spec.KeepFrom(n, ps) {
 				require.Failf(t, "start", "op %d: request %d group %d starts at %d, want %d", op, id, g, start, spec.KeepFrom(n, ps))
@@ -716,9 +717,9 @@ func TestHybridDecodeEqualsDense(t *testing.T) {
 					e.apply(t, &gpNoCopies)
 				}
 				for g, gp := range p.Groups {
-					got := e.groupAttention(t, gp, h.specs[g])
-					want := denseGroupAttention(gp, h.specs[g], func(id RequestID) []int32 { return h.Tokens(id) })
-					requireClose(t, want, got, 1e-5, fmt.Sprintf("%s group %d (%v) step %d", name, g, h.specs[g].Kind, step))
+					got := e.groupAttention(t, gp, h.core.groups[g].layerGroup)
+					want := denseGroupAttention(gp, h.core.groups[g].layerGroup, func(id RequestID) []int32 { return h.Tokens(id) })
+					requireClose(t, want, got, 1e-5, fmt.Sprintf("%s group %d (%v) step %d", name, g, h.core.groups[g].layerGroup.Kind, step))
 				}
 				accepted, sampled := make([]int32, len(ids)), make([]int32, len(ids))
 				for b, id := range ids {

@@ -1,7 +1,5 @@
 package pagedkv
 
-import "fmt"
-
 // The tiers of a HybridManager (docs/tiers.md, "Hybrid groups"): one host
 // tier and one remote store below the one page pool, shared by the
 // groups. A page of group g enters them under a digest chain of its own
@@ -38,26 +36,4 @@ func (h *HybridManager) HostCachedHashes(dst []uint64) []uint64 { return h.core.
 
 // Loading reports whether request id waits for onload copies in any group:
 // it may not take part in a step (or fork) until they are complete.
-func (h *HybridManager) Loading(id RequestID) bool { return h.loadingGroup(id) >= 0 }
-
-// loadingGroup returns the first group in which request id waits for
-// onloads, or -1.
-func (h *HybridManager) loadingGroup(id RequestID) int {
-	for g, m := range h.groups {
-		if m.Loading(id) {
-			return g
-		}
-	}
-	return -1
-}
-
-// checkLoading fails with ErrLoading when request id waits for onloads in
-// a group after group 0 (group 0's operations check their own).
-func (h *HybridManager) checkLoading(op string, id RequestID) error {
-	for g := 1; g < len(h.groups); g++ {
-		if r, ok := h.groups[g].reqs[id]; ok && r.loading > 0 {
-			return fmt.Errorf("%w: %s request %d: %d onload copies in flight in group %d (%v)", ErrLoading, op, id, r.loading, g, h.specs[g].Kind)
-		}
-	}
-	return nil
-}
+func (h *HybridManager) Loading(id RequestID) bool { return h.core.loading(id) }

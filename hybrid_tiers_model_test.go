@@ -501,7 +501,8 @@ func (x *htHarness) check(op int, what string) {
 		if !r.running || h.Loading(id) {
 			continue
 		}
-		for g, spec := range h.specs {
+		for g := range h.NumGroups() {
+			spec := h.Group(g)
 			pages, start := h.Pages(g, id)
 			if start != spec.KeepFrom(r.computed, ps) {
 				t.Fatalf("op %d (%s): request %d group %d starts at %d, want %d", op, what, id, g, start, spec.KeepFrom(r.computed, ps))
@@ -517,7 +518,7 @@ func (x *htHarness) check(op int, what string) {
 	}
 	// Every live pin's pages stay cached in every group.
 	for id, p := range m.pins {
-		for g, gm := range h.groups {
+		for g, gm := range h.core.groups {
 			pages, _ := gm.cache.Match(nil, gm.cache.Key(p.ns), p.tokens, len(p.tokens)/ps)
 			if len(pages)*ps < len(p.tokens) {
 				t.Fatalf("op %d (%s): pin %d of %d tokens: group %d holds %d", op, what, id, len(p.tokens), g, len(pages)*ps)
@@ -541,7 +542,7 @@ func (x *htHarness) drain() {
 	}
 	x.pins, x.model.pins = nil, map[PinID]htPin{}
 	x.complete(nil)
-	for h.Evict(h.alloc.NumPages()) > 0 {
+	for h.Evict(h.core.alloc.NumPages()) > 0 {
 		x.complete(nil)
 	}
 	x.complete(nil)

@@ -42,7 +42,7 @@ func TestScenarioHybridTierHit(t *testing.T) {
 	// Offload the sliding group's cached pages (the full group's stay).
 	tiers := h.core.tiers
 	tiers.offloading = true
-	require.Equal(t, 3, h.groups[0].cache.Evict(3))
+	require.Equal(t, 3, h.core.groups[0].cache.Evict(3))
 	tiers.offloading = false
 	h.core.afterChange()
 	x.complete(nil)
@@ -56,7 +56,7 @@ func TestScenarioHybridTierHit(t *testing.T) {
 	require.Equal(t, 12, hit, "the full group's cache and the sliding group's host pages")
 	m.add(t, 2, Namespace{}, prompt, hit)
 	require.True(t, h.Loading(2))
-	require.False(t, h.groups[1].Loading(2), "the full group served its pages from its cache")
+	require.False(t, h.core.groups[1].loading(2), "the full group served its pages from its cache")
 	_, err = h.Reserve([]RequestID{2}, []int32{1})
 	require.ErrorIs(t, err, ErrLoading)
 	copies := h.TierCopies(nil)

@@ -23,7 +23,7 @@ func TestAddCapacityLimits(t *testing.T) {
 	_, err := m.Add(1, Request{Prompt: prompt, CapacityTokens: MaxRequestTokens})
 	require.NoError(t, err)
 	// Capped: the prompt plus the pool's 32 token slots.
-	require.LessOrEqual(t, cap(m.reqs[1].tokens), len(prompt)+8*4)
+	require.LessOrEqual(t, cap(m.core.groups[0].reqs[1].tokens), len(prompt)+8*4)
 	require.NoError(t, m.Audit())
 }
 

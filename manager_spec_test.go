@@ -360,7 +360,7 @@ func (tw *specTwins) check(op int) {
 				require.Failf(t, "sharing differs", "op %d: request %d page %d: %d vs %d", op, id, k, p1[k], p2[k])
 			}
 			rename[p1[k]], back[p2[k]] = p2[k], p1[k]
-			if tw.twin.cache.Cached(p2[k]) != tw.spec.cache.Cached(p1[k]) {
+			if tw.twin.core.groups[0].cache.Cached(p2[k]) != tw.spec.core.groups[0].cache.Cached(p1[k]) {
 				require.Failf(t, "cached differs", "op %d: request %d page %d", op, id, k)
 			}
 		}
@@ -374,8 +374,8 @@ func (tw *specTwins) check(op int) {
 		}
 		// The cache serves the same prefix of the request's tokens.
 		if len(tokens) > 0 {
-			m1, _ := tw.spec.cache.Match(nil, tw.spec.cache.Key(Namespace{}), tokens, len(tokens)/twinPageSize)
-			m2, _ := tw.twin.cache.Match(nil, tw.twin.cache.Key(Namespace{}), tokens, len(tokens)/twinPageSize)
+			m1, _ := tw.spec.core.groups[0].cache.Match(nil, tw.spec.core.groups[0].cache.Key(Namespace{}), tokens, len(tokens)/twinPageSize)
+			m2, _ := tw.twin.core.groups[0].cache.Match(nil, tw.twin.core.groups[0].cache.Key(Namespace{}), tokens, len(tokens)/twinPageSize)
 			if len(m1) != len(m2) {
 				require.Failf(t, "cached prefix differs", "op %d: request %d: %d vs %d pages", op, id, len(m1), len(m2))
 			}

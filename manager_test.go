@@ -18,13 +18,13 @@ import (
 //	pages: free 5 used 3 evictable 0 pinned-idle 0 cached 2
 func describe(m *Manager) string {
 	var b strings.Builder
-	ids := make([]RequestID, 0, len(m.reqs))
-	for id := range m.reqs {
+	ids := make([]RequestID, 0, len(m.core.groups[0].reqs))
+	for id := range m.core.groups[0].reqs {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		r := m.reqs[id]
+		r := m.core.groups[0].reqs[id]
 		state := "running"
 		if !r.running {
 			state = "preempted"

@@ -1,8 +1,6 @@
 package pagedkv
 
 import (
-	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"time"
@@ -12,13 +10,12 @@ import (
 	"github.com/pagedkv/pagedkv/tier/host"
 )
 
-// The tiers below the device pool (docs/tiers.md). Everything a Manager,
-// and the core over its groups, does for them goes through this file:
-// planning offload and onload copies, tracking them until the engine
-// completes them, the remote lookups, admission over the tiers
-// (core.tierExtend) and their audit. The rest of the package calls a few
-// hooks: tierChainStart, tierPublished, tierChainAt, loaded and
-// settleLoaded, evictTo and evictAhead, and cacheRefs under the cache.
+// The tiers below the device pool (docs/tiers.md): their configuration,
+// their state (one tiers value, the core's, shared by its groups: the host
+// pool, the remote store, the tier copies in flight) and the Manager's
+// tier calls. A group's part of them is in group_tiers.go, what spans the
+// groups (completing copies, admission over the tiers, eviction with
+// offload, their audit) in core_tiers.go.
 
 // HostPageID is a page of the host tier.
 type HostPageID = tier.HostPageID
@@ -149,7 +146,7 @@ type tierCopy struct {
 	live    bool
 	issued  bool // handed to the engine by TierCopies
 	mark    uint64
-	owner   *Manager // the group whose page it is (the Manager itself, or a group of a HybridManager)
+	owner   *group // the group whose page it is
 	dir     tier.Direction
 	dev     PageID
 	host    HostPageID
@@ -202,52 +199,6 @@ type tiers struct {
 	one     [1]PageID
 
 	c TierStats
-}
-
-// cacheRefs is the prefix cache's view of the allocator: with tiers, the
-// references the cache drops on eviction go through it, so an evicted page
-// the host tier takes is handed to an offload copy instead of freed.
-type cacheRefs struct{ m *Manager }
-
-func (c cacheRefs) Retain(pages ...PageID) error { return c.m.alloc.Retain(pages...) }
-func (c cacheRefs) RefCount(p PageID) int32      { return c.m.alloc.RefCount(p) }
-func (c cacheRefs) Release(pages ...PageID) (int, error) {
-	t := c.m.tiers
-	rel := t.rel[:0]
-	offloaded := 0
-	for _, p := range pages {
-		md := &t.meta[p]
-		valid := md.valid
-		md.valid = false // p leaves the cache
-		if !valid || c.m.alloc.RefCount(p) != 1 {
-			rel = append(rel, p) // a request keeps it, or it was never published with tiers
-			continue
-		}
-		if t.host.Has(md.digest) {
-			rel = append(rel, p) // backed below: dropping loses nothing
-			continue
-		}
-		if t.offloading {
-			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
-				t.hostFirst[h] = md.first
-				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup})
-				// The cache's reference becomes the copy's.
-				t.plan(c.m, tier.ToHost, p, h, nil, 0, true)
-				offloaded++
-				t.evicting++
-				continue
-			}
-			t.c.HostFull++
-		}
-		t.c.DroppedPages++
-		rel = append(rel, p)
-	}
-	t.rel = rel
-	freed, err := c.m.alloc.Release(rel...)
-	if err == nil && t.offloading {
-		freed += offloaded
-	}
-	return freed, err
 }
 
 // newTiers validates cfg and builds the tiers (nil when none).
@@ -353,7 +304,7 @@ func (t *tiers) hostWritten(h HostPageID) {
 // plan records a copy for group m (whose cache or request r the device
 // page is for) in a free slot; the caller has arranged its device
 // reference (the copy owns one).
-func (t *tiers) plan(m *Manager, dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
+func (t *tiers) plan(m *group, dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
 	var s uint32
 	if n := len(t.freeSl); n > 0 {
 		s = t.freeSl[n-1]
@@ -392,60 +343,6 @@ func (m *Manager) TierCopiesInFlight() int { return m.core.tierCopiesInFlight() 
 // cache. It may be called during a step. On an unknown, repeated or
 // not-yet-issued ID nothing changes and the error names it.
 func (m *Manager) CompleteTierCopies(ids ...uint64) error { return m.core.completeTierCopies(ids) }
-
-func (c *core) hostPage(h HostPageID) []byte {
-	if c.tiers == nil || h < 0 || int(h) >= c.tiers.host.NumPages() {
-		return nil
-	}
-	return c.tiers.host.Page(h)
-}
-
-func (c *core) tierCopies(dst []TierCopy) []TierCopy {
-	t := c.tiers
-	if t == nil {
-		return dst
-	}
-	for _, s := range t.planned {
-		cp := &t.copies[s]
-		cp.issued = true
-		dst = append(dst, TierCopy{ID: t.id(s), Dir: cp.dir, Device: cp.dev, Host: cp.host})
-	}
-	t.planned = t.planned[:0]
-	return dst
-}
-
-func (c *core) tierCopiesInFlight() int {
-	if c.tiers == nil {
-		return 0
-	}
-	return c.tiers.nLive
-}
-
-func (c *core) completeTierCopies(ids []uint64) error {
-	t := c.tiers
-	if t == nil {
-		if len(ids) > 0 {
-			return fmt.Errorf("%w: complete tier copy %d: the Manager has no tiers", ErrBadArgument, ids[0])
-		}
-		return nil
-	}
-	t.epoch++
-	for i, id := range ids {
-		s := uint32(id)
-		if uint64(s) >= uint64(len(t.copies)) || uint32(id>>32) != t.copies[s].gen || !t.copies[s].live || !t.copies[s].issued {
-			return fmt.Errorf("%w: complete tier copies: ids[%d] = %d is not a copy in flight", ErrBadArgument, i, id)
-		}
-		if t.copies[s].mark == t.epoch {
-			return fmt.Errorf("%w: complete tier copies: ids[%d] = %d appears twice", ErrBadArgument, i, id)
-		}
-		t.copies[s].mark = t.epoch
-	}
-	for _, id := range ids {
-		t.complete(uint32(id))
-	}
-	c.afterChange()
-	return nil
-}
 
 // complete records copy s as done, in the group it was planned for.
 func (t *tiers) complete(s uint32) {
@@ -501,491 +398,15 @@ func (t *tiers) complete(s uint32) {
 	}
 }
 
-// loaded publishes r, whose onloads are all complete, and releases what
-// its group's attention no longer reads (admission left it the whole
-// prefix while loading). During a step a windowed group does both when
-// the step ends (settleLoaded); a full group publishes r at its next
-// commit.
-func (m *Manager) loaded(r *request) {
-	switch {
-	case !m.pending:
-		m.publish(r)
-		m.releaseWindow(r)
-	case m.group.KeepTokens(0) >= 0:
-		m.settle = append(m.settle, loadedReq{r, r.gen})
-	}
-}
-
-// settleLoaded runs loaded for the requests whose onloads completed during
-// the step that just ended.
-func (m *Manager) settleLoaded() {
-	for _, l := range m.settle {
-		if r := l.r; m.reqs[r.id] == r && r.gen == l.gen && r.running && r.loading == 0 {
-			m.loaded(r)
-		}
-	}
-	clear(m.settle)
-	m.settle = m.settle[:0]
-}
-
-// loadedReq is a request at admission gen whose onloads completed.
-type loadedReq struct {
-	r   *request
-	gen uint64
-}
-
-// tierExtend continues each group's device match with pages of the host
-// tier and then of the remote store, and returns the pages every group can
-// serve: at most maxPages, and with onloads (the pages past a group's
-// device match) that fit the free and evictable pages. It leaves that many
-// free and each group's hits trimmed to its onloads.
-func (c *core) tierExtend(rs []*request, maxPages int) int {
-	t := c.tiers
-	short := false // some group's device match is short of maxPages
-	for g, m := range c.groups {
-		m.tierChainStart(rs[g], c.adm[g].pages)
-		short = short || len(c.adm[g].pages) < maxPages
-	}
-	if !short {
-		return maxPages
-	}
-	// Onloads may take free pages and idle cached ones (evicted on demand,
-	// least recently used first), never the pages just matched: hold them.
-	for g, m := range c.groups {
-		if a := &c.adm[g]; len(a.pages) > 0 {
-			if err := c.alloc.Retain(a.pages...); err != nil {
-				panic(fmt.Sprintf("pagedkv: holding %d matched pages: %v", len(a.pages), err))
-			}
-			m.cache.Recheck(a.pages...)
-		}
-	}
-	defer func() {
-		for g := range c.groups {
-			// admitPages takes the request's own reference next.
-			if a := &c.adm[g]; len(a.pages) > 0 {
-				if _, err := c.alloc.Release(a.pages...); err != nil {
-					panic(fmt.Sprintf("pagedkv: releasing %d matched pages: %v", len(a.pages), err))
-				}
-			}
-		}
-	}()
-	free := c.alloc.NumFree()
-	room := free + c.evictable()
-	L := maxPages
-	for g, m := range c.groups {
-		a := &c.adm[g]
-		if k := len(a.pages); k < maxPages {
-			if want := min(maxPages-k, room); want > 0 {
-				a.hits, a.hostHits = m.tierProbe(rs[g], a.pages, want, a.hits[:0])
-			}
-		}
-		L = min(L, len(a.pages)+len(a.hits))
-	}
-	// The onloads of every group fit the free and evictable pages.
-	onloads := func(L int) int {
-		n := 0
-		for g := range c.groups {
-			n += max(0, L-len(c.adm[g].pages))
-		}
-		return n
-	}
-	for onloads(L) > room {
-		L--
-	}
-	if n := onloads(L); n > free {
-		c.evict(n - free) // drops what no host page backs, like a step
-		for onloads(L) > c.alloc.NumFree() {
-			L--
-		}
-	}
-	for g := range c.groups {
-		a := &c.adm[g]
-		use := max(0, L-len(a.pages))
-		for _, h := range a.hits[use:] {
-			if err := t.host.Release(h); err != nil {
-				panic(fmt.Sprintf("pagedkv: releasing unused host page %d: %v", h, err))
-			}
-		}
-		a.hits, a.hostHits = a.hits[:use], min(a.hostHits, use)
-	}
-	return L
-}
-
-// tierProbe continues r's device match of pages (whose chain ends at
-// r.tchain) with up to want pages of the host tier and then of the remote
-// store (fetched into host pages), appending each to hits as a host page
-// it holds as a reader. It returns hits and how many of them the host tier
-// held before the fetch.
-func (m *Manager) tierProbe(r *request, pages []PageID, want int, hits []HostPageID) ([]HostPageID, int) {
-	t, ps := m.tiers, m.pageSize
-	k := len(pages)
-	d, first := r.tchain, r.tfirst
-	// hv: the 64-bit chain hash after the pages so far (KV events name
-	// fetched host pages by it).
-	hv := r.key.Hash()
-	if k > 0 {
-		hv = t.meta[pages[k-1]].hash
-	}
-	j := k
-	for ; j < k+want; j++ {
-		tok := r.tokens[j*ps : (j+1)*ps]
-		nd := tier.Next(t.buf[:0], d, tok)
-		if j == 0 {
-			first = nd
-		}
-		h, ok := t.host.Lookup(nd, d, tok)
-		if !ok {
-			break
-		}
-		// A reader now, so the claims below cannot reclaim it.
-		if err := t.host.Acquire(h); err != nil {
-			panic(fmt.Sprintf("pagedkv: acquiring host page %d for an onload: %v", h, err))
-		}
-		hits = append(hits, h)
-		d, hv = nd, t.hostName[h].hash
-	}
-	hostHits := len(hits)
-	// Remote: claim host pages for the rest, fetch into them in one batch.
-	if t.remote != nil && j < k+want {
-		t.claims, t.fetch = t.claims[:0], t.fetch[:0]
-		for ; j < k+want; j++ {
-			tok := r.tokens[j*ps : (j+1)*ps]
-			nd := tier.Next(t.buf[:0], d, tok)
-			if j == 0 {
-				first = nd
-			}
-			h, err := t.host.Claim(nd, d, tok)
-			if err != nil {
-				break // present (an offload in flight) or no room
-			}
-			t.hostFirst[h] = first
-			nh := t.hasher.Page(hv, tok)
-			t.hostClaimed(h, hostName{hash: nh, parentHash: hv, root: j == 0, lora: r.key.Namespace().LoRA, group: m.tierGroup})
-			hv = nh
-			t.claims = append(t.claims, h)
-			t.fetch = append(t.fetch, tier.RemotePage{Digest: nd, Parent: d, Chain: first, Tokens: t.host.Tokens(h), Data: t.host.Page(h)})
-			d = nd
-		}
-		if len(t.claims) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), t.deadline)
-			got := t.remote.Fetch(ctx, t.fetch)
-			cancel()
-			got = max(0, min(got, len(t.claims)))
-			for i, h := range t.claims {
-				var err error
-				if i < got {
-					if err = t.host.Written(h); err == nil {
-						t.hostWritten(h)
-						err = t.host.Acquire(h)
-					}
-					hits = append(hits, h)
-				} else {
-					err = t.host.Abandon(h)
-				}
-				if err != nil {
-					panic(fmt.Sprintf("pagedkv: host page %d after a remote fetch: %v", h, err))
-				}
-			}
-			t.c.RemoteFetched += int64(got)
-			clear(t.fetch) // drop references to host memory
-		}
-	}
-	return hits, hostHits
-}
-
-// tierOnload plans the onload of host pages hits (held as readers; the
-// first hostHits of them found in the host tier, the rest fetched from the
-// remote store) into as many fresh device pages, which must be free, and
-// returns pages with them appended. r waits for the copies (r.loading).
-func (m *Manager) tierOnload(r *request, pages []PageID, hits []HostPageID, hostHits int) []PageID {
-	t, n := m.tiers, len(hits)
-	t.dev = append(t.dev[:0], make([]PageID, n)...)[:n]
-	if err := m.alloc.Alloc(t.dev); err != nil {
-		panic(fmt.Sprintf("pagedkv: allocating %d onload pages with %d free: %v", n, m.alloc.NumFree(), err))
-	}
-	for i, h := range hits {
-		// The host page's reader and Alloc's reference are the copy's;
-		// AddShared adds the request's.
-		t.plan(m, tier.ToDevice, t.dev[i], h, r, r.gen, false)
-	}
-	r.loading = n
-	t.c.HostHitTokens += int64(hostHits * m.pageSize)
-	t.c.RemoteHitTokens += int64((n - hostHits) * m.pageSize)
-	m.groupTiers.hostHitTokens.Add(int64(hostHits * m.pageSize))
-	m.groupTiers.remoteHitTokens.Add(int64((n - hostHits) * m.pageSize))
-	return append(pages, t.dev...)
-}
-
-// tierPublished records the tier identity of r's page d, just published on
-// page (added: a new cache entry; else a duplicate of a cached one), and
-// writes it through to the host tier when configured.
-func (m *Manager) tierPublished(r *request, page PageID, tokens []int32, added bool) {
-	t := m.tiers
-	nd := tier.Next(t.buf[:0], r.tchain, tokens)
-	if r.tchain == r.troot { // depth 0
-		r.tfirst = nd
-	}
-	if added {
-		hash, parentHash, root, ok := m.cache.PageHash(page)
-		if !ok {
-			panic(fmt.Sprintf("pagedkv: page %d, just published, is not cached", page))
-		}
-		if root {
-			parentHash = r.key.Hash() // h_{-1}: what Audit rehashes from
-		}
-		t.meta[page] = pageMeta{digest: nd, parent: r.tchain, first: r.tfirst, valid: true,
-			hash: hash, parentHash: parentHash, root: root, lora: r.key.Namespace().LoRA}
-		copy(t.pageTokens(page), tokens)
-		if t.writeThrough && !t.host.Has(nd) {
-			if h, ok := t.claim(nd, r.tchain, tokens); ok {
-				t.hostFirst[h] = r.tfirst
-				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup})
-				t.one[0] = page
-				if err := m.alloc.Retain(t.one[:]...); err != nil {
-					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))
-				}
-				t.plan(m, tier.ToHost, page, h, nil, 0, false)
-				m.cache.Recheck(page)
-			} else {
-				t.c.HostFull++
-			}
-		}
-	}
-	r.tchain = nd
-}
-
-// tierChainStart sets r.tchain to the digest after its device-matched
-// pages.
-func (m *Manager) tierChainStart(r *request, pages []PageID) {
-	if len(pages) == 0 {
-		r.tchain, r.tfirst = r.troot, tier.Digest{}
-		return
-	}
-	md := &m.tiers.meta[pages[len(pages)-1]]
-	if !md.valid {
-		panic(fmt.Sprintf("pagedkv: matched page %d has no tier identity", pages[len(pages)-1]))
-	}
-	r.tchain, r.tfirst = md.digest, md.first
-}
-
-// tierChainAt resets r.tchain to the digest of r's chain (pages
-// [0, cachedPages)) after the chain moved back (Truncate).
-func (m *Manager) tierChainAt(r *request) {
-	p, ok := r.chain.Page()
-	if !ok {
-		r.tchain, r.tfirst = r.troot, tier.Digest{}
-		return
-	}
-	if _, _, live := m.cache.Entry(r.chain); !live {
-		return // evicted: the next publish cuts the chain
-	}
-	md := &m.tiers.meta[p]
-	r.tchain, r.tfirst = md.digest, md.first
-}
-
-// evictTo evicts idle cached pages until npages pages are free (with
-// tiers: free or on their way to free, offloading the victims the host
-// tier takes) or nothing is evictable, and returns how many it freed.
-func (c *core) evictTo(npages int) (freed int) {
-	if t := c.tiers; t != nil {
-		if need := npages - c.alloc.NumFree() - t.evicting; need > 0 {
-			freed = c.evictOffload(need)
-		}
-	} else if need := npages - c.alloc.NumFree(); need > 0 {
-		freed = c.evict(need)
-	}
-	c.afterChange()
-	return freed
-}
-
-// evictOffload evicts n pages' worth of victims with offload, counting
-// pages that go to the host as freed (they free on completion).
-func (c *core) evictOffload(n int) int {
-	t := c.tiers
-	t.offloading = true
-	freed := c.evict(n)
-	t.offloading = false
-	return freed
-}
-
-// evictAhead keeps OffloadFreePages pages free or on their way to free.
-func (c *core) evictAhead() {
-	t := c.tiers
-	if t == nil || t.offloadFree == 0 {
-		return
-	}
-	if short := t.offloadFree - c.alloc.NumFree() - t.evicting; short > 0 {
-		c.evictOffload(short)
-	}
-}
-
-// tierRoot returns the tier digest every chain of ns starts from in this
-// Manager: the namespace's root (tier.NamespaceRoot) for a dense Manager;
-// for a group of a HybridManager, that root followed by the group's
-// identity (tierTag), so no two groups share a digest, in the host tier
-// or in a remote store's keys (docs/tiers.md, "Hybrid groups").
-func (m *Manager) tierRoot(ns Namespace) tier.Digest {
-	d := tier.NamespaceRoot(ns.Tenant, ns.LoRA, ns.Salt)
-	if m.tierTag == "" {
-		return d
-	}
-	h := sha256.New()
-	h.Write([]byte("pagedkv/tier/group/v1"))
-	h.Write(d[:])
-	h.Write([]byte(m.tierTag))
-	h.Sum(d[:0])
-	return d
-}
-
 // groupTierTag is group g's tier identity: its index and its spec.
 func groupTierTag(g int, s LayerGroup) string {
 	return fmt.Sprintf("g%d:%v:w%d:c%d:l%d", g, s.Kind, s.WindowTokens, s.ChunkTokens, s.NumLayers)
-}
-
-// auditTiers checks the tiers against the groups: host pool invariants,
-// copies against host states and device references, request loading
-// counts, and tier identities of cached pages (a device page has one iff
-// some group's cache holds it). held gains each copy's device reference.
-func (c *core) auditTiers(held map[PageID]int32) error {
-	t := c.tiers
-	if t == nil {
-		return nil
-	}
-	if err := t.host.CheckInvariants(); err != nil {
-		return err
-	}
-	readers := map[HostPageID]int{}
-	writers := map[HostPageID]int{}
-	loading := map[*request]int{}
-	live, evicting := 0, 0
-	for s := range t.copies {
-		cp := &t.copies[s]
-		if !cp.live {
-			continue
-		}
-		live++
-		held[cp.dev]++
-		if cp.dir == tier.ToDevice {
-			readers[cp.host]++
-			if r := cp.req; r != nil && cp.owner.reqs[r.id] == r && r.gen == cp.reqGen && r.running {
-				loading[r]++
-			}
-		} else {
-			writers[cp.host]++
-			if cp.evicted {
-				evicting++
-			}
-		}
-	}
-	if live != t.nLive {
-		return fmt.Errorf("pagedkv: %d tier copies live, the counter says %d", live, t.nLive)
-	}
-	if len(t.planned) > live {
-		return fmt.Errorf("pagedkv: %d tier copies planned, %d live", len(t.planned), live)
-	}
-	if evicting != t.evicting {
-		return fmt.Errorf("pagedkv: %d evicted pages wait for offloads, the counter says %d", evicting, t.evicting)
-	}
-	for h := range HostPageID(t.host.NumPages()) {
-		_, _, ready, nr, ok := t.host.Entry(h)
-		switch {
-		case !ok && (readers[h] > 0 || writers[h] > 0):
-			return fmt.Errorf("pagedkv: free host page %d has %d onloads and %d offloads in flight", h, readers[h], writers[h])
-		case ok && ready && (nr != readers[h] || writers[h] != 0):
-			return fmt.Errorf("pagedkv: ready host page %d has %d readers, %d onloads and %d offloads in flight", h, nr, readers[h], writers[h])
-		case ok && !ready && writers[h] != 1:
-			return fmt.Errorf("pagedkv: writing host page %d has %d offloads in flight, want 1", h, writers[h])
-		case t.hostLive[h] != (ok && ready):
-			return fmt.Errorf("pagedkv: host page %d: ready %v but announced to KV events %v", h, ok && ready, t.hostLive[h])
-		}
-		if n := &t.hostName[h]; ok && t.hasher.Page(n.parentHash, t.host.Tokens(h)) != n.hash {
-			return fmt.Errorf("pagedkv: host page %d: chain hash %#x is not that of its tokens under parent %#x", h, n.hash, n.parentHash)
-		}
-	}
-	for _, m := range c.groups {
-		if err := m.auditTierRequests(loading); err != nil {
-			return err
-		}
-	}
-	onHost := map[tier.Digest]HostPageID{}
-	for h := range HostPageID(t.host.NumPages()) {
-		if d, _, _, _, ok := t.host.Entry(h); ok {
-			onHost[d] = h
-		}
-	}
-	for p := range PageID(c.alloc.NumPages()) {
-		md := &t.meta[p]
-		var m *Manager // the group whose cache holds p
-		for _, g := range c.groups {
-			if g.cache.Cached(p) {
-				m = g
-			}
-		}
-		if md.valid != (m != nil) {
-			return fmt.Errorf("pagedkv: page %d: cached %v but tier identity valid %v", p, m != nil, md.valid)
-		}
-		if !md.valid {
-			continue
-		}
-		// The cache's hashes, and the host tier's names for the same
-		// digest (a fetched page's were chained by tierProbe).
-		hash, parentHash, root, _ := m.cache.PageHash(p)
-		if hash != md.hash || root != md.root || (!root && parentHash != md.parentHash) {
-			return fmt.Errorf("pagedkv: page %d: chain hash %#x (parent %#x, root %v), its tier identity says %#x (%#x, %v)",
-				p, hash, parentHash, root, md.hash, md.parentHash, md.root)
-		}
-		if h, ok := onHost[md.digest]; ok {
-			if n := &t.hostName[h]; n.hash != md.hash || n.root != md.root || n.parentHash != md.parentHash || n.lora != md.lora || n.group != m.tierGroup {
-				return fmt.Errorf("pagedkv: host page %d holds page %d's digest under chain hash %#x, the cache's is %#x", h, p, n.hash, md.hash)
-			}
-		}
-	}
-	return nil
-}
-
-// auditTierRequests checks each request's loading count against its
-// onloads in flight (loading) and its tier chain digest against its cache
-// chain.
-func (m *Manager) auditTierRequests(loading map[*request]int) error {
-	t := m.tiers
-	for _, r := range m.reqs {
-		if r.loading != loading[r] {
-			return fmt.Errorf("pagedkv: request %d waits for %d onloads, %d are in flight", r.id, r.loading, loading[r])
-		}
-		if !r.running || r.noCache || r.chainCut {
-			continue
-		}
-		want := r.troot
-		if p, ok := r.chain.Page(); ok {
-			if _, _, live := m.cache.Entry(r.chain); !live {
-				continue
-			}
-			want = t.meta[p].digest
-		}
-		if r.tchain != want {
-			return fmt.Errorf("pagedkv: request %d's tier chain digest %s is not its cache chain's %s", r.id, r.tchain.String()[:16], want.String()[:16])
-		}
-	}
-	return nil
 }
 
 // HostCachedHashes appends the chain hash of every servable host page to
 // dst and returns it: the page set KV events with medium "CPU" describe.
 func (m *Manager) HostCachedHashes(dst []uint64) []uint64 { return m.core.hostCachedHashes(dst) }
 
-func (c *core) hostCachedHashes(dst []uint64) []uint64 {
-	t := c.tiers
-	if t == nil {
-		return dst
-	}
-	for h, live := range t.hostLive {
-		if live {
-			dst = append(dst, t.hostName[h].hash)
-		}
-	}
-	return dst
-}
-
 // Loading reports whether request id waits for onload copies: it may not
 // take part in a step (or fork) until they are complete.
-func (m *Manager) Loading(id RequestID) bool { r, ok := m.reqs[id]; return ok && r.loading > 0 }
+func (m *Manager) Loading(id RequestID) bool { return m.core.loading(id) }

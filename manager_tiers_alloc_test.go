@@ -83,7 +83,7 @@ func newTierChurn(t testing.TB, nreq, promptLen, maxLen int, withEvents bool, gr
 	if groups == nil {
 		m, err := New(cfg)
 		require.NoError(t, err)
-		c.m, c.stats, c.host = m, m.Stats, m.tiers.host
+		c.m, c.stats, c.host = m, m.Stats, m.core.tiers.host
 		c.reserve = func(ids []RequestID, nt []int32) error { _, err := m.Reserve(ids, nt); return err }
 	} else {
 		h, err := NewHybrid(HybridConfig{Config: cfg, Groups: groups})

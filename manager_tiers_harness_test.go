@@ -126,7 +126,7 @@ func (e *tierEngine) complete(pick func(i int) bool) {
 	// copies array: completeCopy once kept a pointer into the old one, and
 	// the completed copy stayed live (Audit: "8 tier copies live, the
 	// counter says 7"). Without the clip that took ~100 runs to show.
-	if t := e.m.tiers; t != nil {
+	if t := e.m.core.tiers; t != nil {
 		t.copies = slices.Clip(t.copies)
 	}
 	require.NoError(e.t, e.m.CompleteTierCopies(ids...))
@@ -207,10 +207,10 @@ func (e *tierEngine) drain() {
 	require.Equal(e.t, st.TotalPages, st.FreePages, "device pages leaked: %+v", st)
 	require.Zero(e.t, st.Tiers.InFlight, "tier copies left in flight")
 	require.Zero(e.t, e.m.TierCopiesInFlight())
-	free, writing, ready, reclaimable := e.m.tiers.host.Usage()
+	free, writing, ready, reclaimable := e.m.core.tiers.host.Usage()
 	require.Zero(e.t, writing, "host pages left writing")
 	require.Equal(e.t, ready, reclaimable, "host pages left with readers")
-	require.Equal(e.t, e.m.tiers.host.NumPages(), free+ready, "host pages leaked")
+	require.Equal(e.t, e.m.core.tiers.host.NumPages(), free+ready, "host pages leaked")
 }
 
 // prefill computes every known token of ids (chunks of up to chunk).

@@ -88,15 +88,7 @@ type counters struct {
 // snapshot after each call that changes it, and readers retry while a
 // republish is in progress (a sequence lock over typed atomics; no lock is
 // taken and nothing is allocated).
-func (m *Manager) Stats() Stats {
-	var v [numStatFields]int64
-	m.stats.load(&v)
-	s := statsFromFields(&v)
-	if m.tiers != nil && m.tiers.remote != nil {
-		s.Tiers.Remote = m.tiers.remote.Stats()
-	}
-	return s
-}
+func (m *Manager) Stats() Stats { return m.core.stats() }
 
 // Field indexes of the published snapshot.
 const (
@@ -175,7 +167,7 @@ func (c *statsCell) load(v *[numStatFields]int64) {
 }
 
 // snapshot computes the current Stats fields.
-func (m *Manager) snapshot(v *[numStatFields]int64) {
+func (m *group) snapshot(v *[numStatFields]int64) {
 	a := m.alloc.Stats()
 	evictable, pinnedIdle := m.cache.Idle()
 	cc := m.cache.Counters()
@@ -226,7 +218,7 @@ func statsFromFields(v *[numStatFields]int64) Stats {
 }
 
 // publishStats stores the current snapshot for Stats.
-func (m *Manager) publishStats() {
+func (m *group) publishStats() {
 	var v [numStatFields]int64
 	m.snapshot(&v)
 	m.stats.store(&v)
@@ -234,7 +226,7 @@ func (m *Manager) publishStats() {
 
 // checkPartition verifies the page partition and the request counts
 // (cheap: counters only).
-func (m *Manager) checkPartition() error {
+func (m *group) checkPartition() error {
 	var v [numStatFields]int64
 	m.snapshot(&v)
 	s := statsFromFields(&v)
@@ -247,4 +239,51 @@ func (m *Manager) checkPartition() error {
 		return fmt.Errorf("pagedkv: %d requests, %d in the page table, %d preempted", len(m.reqs), running, m.nPreempted)
 	}
 	return nil
+}
+
+// groupFields are the Stats fields each group counts for its own cache and
+// page table; a core of several groups sums them. The pool's fields come
+// from the allocator, and the request, token and tier counters are equal in
+// every group (the tiers are the core's).
+var groupFields = [...]int{fEvictable, fPinnedIdle, fCached, fPinned, fCopied, fPublished, fDuplicates,
+	fEvicted, fEvictionFreed, fInnerVictims, fWindowReleased, fChainsCut}
+
+// stats is the Stats of both facades: the one group's published snapshot,
+// or, over several groups, group 0's with the groupFields summed over the
+// groups and the pool's fields from the allocator (each group's part is a
+// consistent snapshot; the sum may straddle one operation).
+func (c *core) stats() Stats {
+	var v [numStatFields]int64
+	c.groups[0].stats.load(&v)
+	if len(c.groups) > 1 {
+		var w [numStatFields]int64
+		for _, m := range c.groups[1:] {
+			m.stats.load(&w)
+			for _, f := range groupFields {
+				v[f] += w[f]
+			}
+		}
+		a := c.alloc.Stats()
+		v[fTotal], v[fFree], v[fShared] = int64(a.Total), int64(a.Free), int64(a.Shared)
+		v[fUsed] = int64(a.InUse) - v[fEvictable] - v[fPinnedIdle]
+	}
+	s := statsFromFields(&v)
+	if t := c.tiers; t != nil && t.remote != nil {
+		s.Tiers.Remote = t.remote.Stats()
+	}
+	return s
+}
+
+// groupStats returns group g's numbers.
+func (c *core) groupStats(g int) GroupStats {
+	m := c.groups[g]
+	var v [numStatFields]int64
+	m.stats.load(&v)
+	gs := GroupStats{Kind: m.layerGroup.Kind, CachedPages: int(v[fCached]), EvictablePages: int(v[fEvictable]),
+		PinnedPages: int(v[fPinned]), PublishedPages: v[fPublished], EvictedPages: v[fEvicted],
+		CopiedPages: v[fCopied], WindowReleasedPages: v[fWindowReleased],
+		HostHitTokens: m.groupTiers.hostHitTokens.Load(), RemoteHitTokens: m.groupTiers.remoteHitTokens.Load(),
+		OffloadedPages: m.groupTiers.offloaded.Load(), OnloadedPages: m.groupTiers.onloaded.Load(),
+		ServableTokens: c.servable[g].Load()}
+	return gs
 }

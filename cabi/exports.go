@@ -28,7 +28,7 @@ func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager
 	if err != nil {
 		return failErr(err)
 	}
-	*out = register(&handle{m: m, t: m, dense: m, plans: make([]planExport, 1)})
+	*out = register(&handle{m: m, plans: make([]planExport, 1)})
 	return C.PAGEDKV_OK
 }
 
@@ -104,7 +104,7 @@ func pagedkv_destroy_keep_memory(id C.pagedkv_manager) (code C.int32_t) {
 	h.ext.closeIO()
 	// The Manager goes; what it handed out stays pinned (h.pinner, the
 	// extras' host pin) or allocated (C buffers) until free_memory.
-	h.m, h.t, h.dense, h.hybrid = nil, nil, nil, nil
+	h.m = nil
 	return C.PAGEDKV_OK
 }
 
@@ -265,11 +265,11 @@ func pagedkv_reserve(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int32_t, 
 	if !ok {
 		return code
 	}
-	plan, err := h.dense.Reserve(rids, nt)
+	plan, err := h.m.ReserveStep(rids, nt, nil)
 	if err != nil {
 		return failErr(err)
 	}
-	h.export(out, plan)
+	h.export(out, plan.Groups[0])
 	return C.PAGEDKV_OK
 }
 
@@ -309,11 +309,11 @@ func pagedkv_reserve_spec(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int3
 	}
 	// The Manager copies the drafts; drop the views of C memory.
 	defer clear(h.draftLists)
-	plan, err := h.dense.ReserveSpec(rids, nt, lists)
+	plan, err := h.m.ReserveStep(rids, nt, lists)
 	if err != nil {
 		return failErr(err)
 	}
-	h.export(out, plan)
+	h.export(out, plan.Groups[0])
 	return C.PAGEDKV_OK
 }
 
@@ -473,10 +473,8 @@ func snapshot(id C.pagedkv_manager, op string, out unsafe.Pointer) (pagedkv.Stat
 		return pagedkv.Stats{}, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: no manager with handle %d", op, uint64(id))), false
 	case out == nil:
 		return pagedkv.Stats{}, badArg("%s: out is NULL", op), false
-	case h.hybrid != nil:
-		return h.hybrid.Stats().Stats, C.PAGEDKV_OK, true
 	}
-	return h.dense.Stats(), C.PAGEDKV_OK, true
+	return h.m.PoolStats(), C.PAGEDKV_OK, true
 }
 
 // writeInt64s writes v into a caller's struct of size bytes: an older
@@ -592,10 +590,7 @@ func (h *handle) requestState(op string, g int, rid C.uint64_t, out *C.pagedkv_r
 // pagesOf is request r's pages in group g (0 for a dense handle) and the
 // first token they hold.
 func (h *handle) pagesOf(g int, r pagedkv.RequestID) ([]pagedkv.PageID, int) {
-	if h.hybrid != nil {
-		return h.hybrid.Pages(g, r)
-	}
-	return h.dense.Pages(r)
+	return h.m.GroupPages(g, r)
 }
 
 //export pagedkv_request_tokens
@@ -659,7 +654,7 @@ func pagedkv_pending(id C.pagedkv_manager, pending *C.int32_t) (code C.int32_t) 
 		return badArg("pending: pending is NULL")
 	}
 	*pending = 0
-	if h.dense.Pending() {
+	if h.m.Pending() {
 		*pending = 1
 	}
 	return C.PAGEDKV_OK

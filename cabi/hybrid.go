@@ -74,7 +74,7 @@ func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_
 		ext.close()
 		return failErr(err)
 	}
-	h := &handle{m: m, t: m, hybrid: m, plans: make([]planExport, len(specs))}
+	h := &handle{m: m, hybrid: true, plans: make([]planExport, len(specs))}
 	h.adopt(ext)
 	*out = register(h)
 	return C.PAGEDKV_OK
@@ -90,7 +90,7 @@ func pagedkv_hybrid_num_groups(id C.pagedkv_manager, n *C.int64_t) (code C.int32
 	if n == nil {
 		return badArg("hybrid_num_groups: num_groups is NULL")
 	}
-	*n = C.int64_t(h.hybrid.NumGroups())
+	*n = C.int64_t(h.m.NumGroups())
 	return C.PAGEDKV_OK
 }
 
@@ -123,7 +123,7 @@ func (h *handle) hybridReserve(op string, ids *C.uint64_t, ntokens *C.int32_t, n
 	if !ok {
 		return code
 	}
-	if want := C.int64_t(h.hybrid.NumGroups()); ngroups != want || groups == nil {
+	if want := C.int64_t(h.m.NumGroups()); ngroups != want || groups == nil {
 		return badArg("%s: groups = %p with num_groups = %d; the manager has %d groups", op, groups, int64(ngroups), int64(want))
 	}
 	lists, code, ok := h.draftArgs(op, n, draftIndptr, drafts)
@@ -131,13 +131,7 @@ func (h *handle) hybridReserve(op string, ids *C.uint64_t, ntokens *C.int32_t, n
 		return code
 	}
 	defer clear(h.draftLists)
-	var plan *pagedkv.HybridPlan
-	var err error
-	if op == "hybrid_reserve_spec" {
-		plan, err = h.hybrid.ReserveSpec(rids, nt, lists)
-	} else {
-		plan, err = h.hybrid.Reserve(rids, nt)
-	}
+	plan, err := h.m.ReserveStep(rids, nt, lists)
 	if err != nil {
 		return failErr(err)
 	}
@@ -175,7 +169,7 @@ func pagedkv_hybrid_get_group_stats(id C.pagedkv_manager, group C.int64_t, out *
 	switch {
 	case h == nil:
 		return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: hybrid_group_stats: no manager with handle %d", uint64(id)))
-	case h.hybrid == nil:
+	case !h.hybrid:
 		return wrongKind(id, "hybrid_group_stats", true)
 	case out == nil:
 		return badArg("hybrid_group_stats: out is NULL")
@@ -185,7 +179,7 @@ func pagedkv_hybrid_get_group_stats(id C.pagedkv_manager, group C.int64_t, out *
 	}
 	// Lock-free like pagedkv_get_stats: each group's numbers are a
 	// consistent snapshot.
-	g := h.hybrid.Stats().Groups[group]
+	g := h.m.GroupStats(int(group))
 	v := [...]int64{int64(g.Kind), int64(g.CachedPages), int64(g.EvictablePages), g.ServableTokens,
 		g.PublishedPages, g.EvictedPages, g.CopiedPages, g.WindowReleasedPages, int64(g.PinnedPages),
 		g.HostHitTokens, g.RemoteHitTokens, g.OffloadedPages, g.OnloadedPages}
@@ -223,7 +217,7 @@ func pagedkv_hybrid_request_pages(id C.pagedkv_manager, group C.int64_t, rid C.u
 }
 
 func (h *handle) checkGroup(op string, g C.int64_t) (C.int32_t, bool) {
-	if n := h.hybrid.NumGroups(); g < 0 || g >= C.int64_t(n) {
+	if n := h.m.NumGroups(); g < 0 || g >= C.int64_t(n) {
 		return badArg("%s: group = %d, want 0..%d", op, int64(g), n-1), false
 	}
 	return C.PAGEDKV_OK, true

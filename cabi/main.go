@@ -88,12 +88,10 @@ const maxLen = 1 << 31
 // handle is one manager and what the C ABI keeps for it.
 type handle struct {
 	busy atomic.Bool
-	// m is the manager, dense or hybrid: the calls both kinds share go
-	// through it. Exactly one of dense and hybrid is set.
-	m        manager
-	t        tiered // the same manager, for the tier calls
-	dense    *pagedkv.Manager
-	hybrid   *pagedkv.HybridManager
+	// m is the manager, dense or hybrid (a Manager, or a HybridManager
+	// when hybrid is set; the entry points of one kind refuse the other).
+	m        pagedkv.KVManager
+	hybrid   bool
 	poisoned bool
 
 	// pinner pins every buffer a successful reserve ever handed out (the
@@ -129,45 +127,6 @@ type planExport struct {
 	// windowLeft is the plan's CascadeWindowLeft as int32 (hybrid groups).
 	windowLeft []int32
 }
-
-// manager is what pagedkv.Manager and pagedkv.HybridManager both do, with
-// the same signatures: the exports shared by both kinds of handle call it.
-type manager interface {
-	Add(id pagedkv.RequestID, req pagedkv.Request) (int, error)
-	Extend(id pagedkv.RequestID, tokens ...int32) error
-	Fork(parent, child pagedkv.RequestID) error
-	Release(id pagedkv.RequestID) error
-	Preempt(id pagedkv.RequestID) error
-	Resume(id pagedkv.RequestID) (int, error)
-	Truncate(id pagedkv.RequestID, n int) error
-	Commit(sampled []int32) error
-	CommitSpec(accepted, sampled []int32) error
-	Abort() error
-	Evict(npages int) int
-	Audit() error
-	Has(id pagedkv.RequestID) bool
-	Running(id pagedkv.RequestID) bool
-	Computed(id pagedkv.RequestID) int
-	Tokens(id pagedkv.RequestID) []int32
-	Pin(ns pagedkv.Namespace, tokens []int32) (pagedkv.PinID, int, error)
-	Unpin(id pagedkv.PinID) error
-}
-
-// tiered is what both kinds of manager have for their tiers: the tier
-// calls (tiers.go) reach a dense or hybrid manager through it.
-type tiered interface {
-	TierCopies(dst []pagedkv.TierCopy) []pagedkv.TierCopy
-	CompleteTierCopies(ids ...uint64) error
-	HostPage(p pagedkv.HostPageID) []byte
-	HostCachedHashes(dst []uint64) []uint64
-	Loading(id pagedkv.RequestID) bool
-	Has(id pagedkv.RequestID) bool
-}
-
-var (
-	_ tiered = (*pagedkv.Manager)(nil)
-	_ tiered = (*pagedkv.HybridManager)(nil)
-)
 
 // register adds h to the registry and returns its id.
 func register(h *handle) C.pagedkv_manager {
@@ -224,7 +183,7 @@ func enterHybrid(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
 
 func enterKind(id C.pagedkv_manager, op string, hybrid bool) (*handle, C.int32_t) {
 	h, code := enter(id, op)
-	if h == nil || (h.hybrid != nil) == hybrid {
+	if h == nil || h.hybrid == hybrid {
 		return h, code
 	}
 	h.busy.Store(false)

@@ -91,7 +91,7 @@ func pagedkv_create_ex(cfg *C.pagedkv_config, size C.size_t, opts *C.pagedkv_opt
 		ext.close()
 		return failErr(err)
 	}
-	h := &handle{m: m, t: m, dense: m, plans: make([]planExport, 1)}
+	h := &handle{m: m, plans: make([]planExport, 1)}
 	h.adopt(ext)
 	*out = register(h)
 	return C.PAGEDKV_OK
@@ -105,7 +105,7 @@ func (h *handle) adopt(ext *extras) {
 	if ext == nil || !ext.tiers || ext.hostMem != nil {
 		return
 	}
-	if p := h.t.HostPage(0); len(p) > 0 {
+	if p := h.m.HostPage(0); len(p) > 0 {
 		ext.hostMem = unsafe.Pointer(unsafe.SliceData(p))
 		ext.hostPin.Pin(ext.hostMem)
 	}
@@ -486,7 +486,7 @@ func pagedkv_tier_copies_take(id C.pagedkv_manager, out *C.pagedkv_tier_copies) 
 		return badArg("tier_copies: out is NULL")
 	}
 	e := h.ext
-	e.copies = h.t.TierCopies(e.copies[:0])
+	e.copies = h.m.TierCopies(e.copies[:0])
 	n := len(e.copies)
 	if n > e.copiesCap {
 		// New lists; the ones handed out before stay allocated until the
@@ -541,7 +541,7 @@ func pagedkv_complete_tier_copies(id C.pagedkv_manager, ids *C.uint64_t, n C.int
 	if n > 0 {
 		list = unsafe.Slice((*uint64)(unsafe.Pointer(ids)), int(n))
 	}
-	if err := h.t.CompleteTierCopies(list...); err != nil {
+	if err := h.m.CompleteTierCopies(list...); err != nil {
 		return failErr(err)
 	}
 	return C.PAGEDKV_OK
@@ -572,11 +572,11 @@ func pagedkv_loading(id C.pagedkv_manager, rid C.uint64_t, loading *C.int32_t) (
 	if loading == nil {
 		return badArg("loading: loading is NULL")
 	}
-	if !h.t.Has(pagedkv.RequestID(rid)) {
+	if !h.m.Has(pagedkv.RequestID(rid)) {
 		return failErr(fmt.Errorf("%w: loading of request %d", pagedkv.ErrUnknownRequest, uint64(rid)))
 	}
 	*loading = 0
-	if h.t.Loading(pagedkv.RequestID(rid)) {
+	if h.m.Loading(pagedkv.RequestID(rid)) {
 		*loading = 1
 	}
 	return C.PAGEDKV_OK
@@ -753,14 +753,15 @@ func pagedkv_cached_hashes(id C.pagedkv_manager, medium C.int32_t, dst *C.uint64
 	e := h.ext
 	switch medium {
 	case C.PAGEDKV_MEDIUM_GPU:
-		if h.dense == nil {
+		m, ok := h.m.(*pagedkv.Manager)
+		if !ok {
 			// A hybrid manager has a prefix cache per group and no one
 			// list of device hashes (its KV events name each group's).
 			return fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: cached_hashes: manager %d is a hybrid manager; medium = PAGEDKV_MEDIUM_GPU (0) needs one made by pagedkv_create (PAGEDKV_MEDIUM_CPU works for both)", uint64(id)))
 		}
-		e.hashes = h.dense.CachedHashes(e.hashes[:0])
+		e.hashes = m.CachedHashes(e.hashes[:0])
 	case C.PAGEDKV_MEDIUM_CPU:
-		e.hashes = h.t.HostCachedHashes(e.hashes[:0])
+		e.hashes = h.m.HostCachedHashes(e.hashes[:0])
 	default:
 		return badArg("cached_hashes: medium = %d, want PAGEDKV_MEDIUM_GPU (0) or PAGEDKV_MEDIUM_CPU (1)", int32(medium))
 	}

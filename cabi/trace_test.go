@@ -156,7 +156,7 @@ type traceGen struct {
 	t testing.TB
 	// m is the manager under test; dense is it as a Manager (nil for a
 	// hybrid one, which gets no pins), hybrid as a HybridManager.
-	m      manager
+	m      pagedkv.KVManager
 	dense  *pagedkv.Manager
 	hybrid *pagedkv.HybridManager
 	rng    *rand.Rand
@@ -171,7 +171,7 @@ type traceGen struct {
 	// (nil without one) so that every recorded result is deterministic.
 	// tm is the manager's tier calls (either kind).
 	tiers    bool
-	tm       tiered
+	tm       pagedkv.KVManager
 	inflight []uint64
 	rec      *events.Recorder
 	evq      *events.Queue

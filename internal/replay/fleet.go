@@ -146,7 +146,7 @@ func RunFleet(t *Trace, cfg FleetConfig) (*FleetResult, error) {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
 		rc := Config{CapacityPages: cfg.CapacityPages, Eviction: cfg.Eviction, Service: &cfg.Service, PageTokens: t.BlockTokens}
-		r := &runner{t: t, cfg: rc, m: plainManager{m}, res: &Result{Eviction: policyName(cfg.Eviction), CapacityPages: cfg.CapacityPages}}
+		r := &runner{t: t, cfg: rc, m: m, res: &Result{Eviction: policyName(cfg.Eviction), CapacityPages: cfg.CapacityPages}}
 		engines[i] = newEngine(r, &cfg.Service, onFinish)
 		f.Replicas = append(f.Replicas, r.res)
 	}
@@ -183,7 +183,7 @@ func RunFleet(t *Trace, cfg FleetConfig) (*FleetResult, error) {
 		if err := e.advance(inf); err != nil {
 			return nil, fmt.Errorf("replica %d: %w", k, err)
 		}
-		s := e.r.m.stats()
+		s := e.r.m.PoolStats()
 		res := f.Replicas[k]
 		res.Requests = f.Routed[k]
 		res.PrefillTokens = s.PromptTokens - s.PromptHitTokens

@@ -103,7 +103,7 @@ const remoteLookupDeadline = 10 * time.Second
 
 // newBookkeeper makes the Manager, or the HybridManager a hybrid preset
 // asks for.
-func newBookkeeper(mcfg pagedkv.Config, model string) (bookkeeper, error) {
+func newBookkeeper(mcfg pagedkv.Config, model string) (pagedkv.KVManager, error) {
 	groups, err := modelGroups(model)
 	if err != nil {
 		return nil, err
@@ -113,7 +113,7 @@ func newBookkeeper(mcfg pagedkv.Config, model string) (bookkeeper, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
-		return plainManager{m}, nil
+		return m, nil
 	}
 	if mcfg.Tiers.HostPages > 0 {
 		return nil, fmt.Errorf("%w: model %q with a host or remote tier: the replay runs tiers with one Manager only", ErrBadConfig, model)
@@ -122,7 +122,7 @@ func newBookkeeper(mcfg pagedkv.Config, model string) (bookkeeper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %w", ErrBadConfig, model, err)
 	}
-	return hybridManager{h}, nil
+	return h, nil
 }
 
 // modelGroups returns the layer groups of a preset (nil for a dense one).
@@ -257,7 +257,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := r.m.stats()
+	s := r.m.PoolStats()
 	res := r.res
 	res.Requests = len(t.Requests)
 	// Prompt tokens computed, in the trace's tokens: the missed blocks and
@@ -281,7 +281,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 type runner struct {
 	t      *Trace
 	cfg    Config
-	m      bookkeeper
+	m      pagedkv.KVManager // a Manager, or a HybridManager for a hybrid preset
 	res    *Result
 	prompt []int32
 	ids    []pagedkv.RequestID
@@ -294,7 +294,7 @@ type runner struct {
 // completeCopies completes every tier copy the Manager planned: the replay
 // has no bytes to move, so a copy is done as soon as it is planned.
 func (r *runner) completeCopies() error {
-	r.copies = r.m.tierCopies(r.copies[:0])
+	r.copies = r.m.TierCopies(r.copies[:0])
 	if len(r.copies) == 0 {
 		return nil
 	}
@@ -302,7 +302,7 @@ func (r *runner) completeCopies() error {
 	for _, c := range r.copies {
 		r.copyID = append(r.copyID, c.ID)
 	}
-	if err := r.m.completeTierCopies(r.copyID...); err != nil {
+	if err := r.m.CompleteTierCopies(r.copyID...); err != nil {
 		return fmt.Errorf("replay: completing %d tier copies: %w", len(r.copyID), err)
 	}
 	return nil
@@ -350,7 +350,7 @@ func (r *runner) admit(i int) error {
 }
 
 func (r *runner) notePeak() {
-	if u := r.m.stats().UsedPages; u > r.res.PeakPages {
+	if u := r.m.PoolStats().UsedPages; u > r.res.PeakPages {
 		r.res.PeakPages = u
 	}
 }
@@ -365,7 +365,7 @@ func (r *runner) sequential() error {
 		todo := len(r.m.Tokens(id)) - r.m.Computed(id)
 		r.ids = append(r.ids[:0], id)
 		r.counts = append(r.counts[:0], int32(todo))
-		if err := r.m.reserve(r.ids, r.counts); err != nil {
+		if _, err := r.m.ReserveStep(r.ids, r.counts, nil); err != nil {
 			return fmt.Errorf("replay: request %d of %d blocks does not fit a pool of %d pages: %w",
 				i, len(r.t.Requests[i].Blocks), r.cfg.CapacityPages+1, err)
 		}

@@ -71,7 +71,7 @@ func (e *engine) step() error {
 	var prefill, decode int
 	for {
 		prefill, decode = r.schedule(e.running, svc.StepTokens)
-		err := r.m.reserve(r.ids, r.counts)
+		_, err := r.m.ReserveStep(r.ids, r.counts, nil)
 		if err == nil {
 			break
 		}

@@ -127,7 +127,7 @@ func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Conf
 	if r.branch != 0 {
 		return nil
 	}
-	pages, start := p.m.Pages(r.id)
+	pages, start := p.kv.GroupPages(0, r.id)
 	full := r.computed / p.cfg.PageSize
 	if start != 0 || len(pages) < full {
 		return fmt.Errorf("%w: %s holds %d pages from token %d, %d computed", ErrCheck, r.name(), len(pages), start, r.computed)

@@ -119,21 +119,11 @@ type stepTimes struct {
 	model, append, attention, verify time.Duration
 }
 
-// run executes plan on the caches. reqs[b] is the simulator's record of
-// Plan.Requests[b]. Samples are verified against the dense model after the
-// layer that computes them.
-func (e *engine) run(plan *pagedkv.Plan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
-	t0 := time.Now()
-	if err := e.copies(plan.Copies); err != nil {
-		return err
-	}
-	st.append += time.Since(t0)
-	return e.runGroup(0, plan, reqs, samples, v, st, cs)
-}
-
-// runHybrid executes a hybrid plan: the pool-wide copies, then each
-// group's plan over the group's layers.
-func (e *engine) runHybrid(hp *pagedkv.HybridPlan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
+// run executes a step's plan (one group's for a dense model): the
+// pool-wide copies, then each group's plan over the group's layers.
+// reqs[b] is the simulator's record of Requests[b]. Samples are verified
+// against the dense model after the layer that computes them.
+func (e *engine) run(hp *pagedkv.HybridPlan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
 	t0 := time.Now()
 	if err := e.copies(hp.Copies); err != nil {
 		return err
@@ -141,6 +131,9 @@ func (e *engine) runHybrid(hp *pagedkv.HybridPlan, reqs []*reqState, samples []s
 	st.append += time.Since(t0)
 	for g, plan := range hp.Groups {
 		if err := e.runGroup(g, plan, reqs, samples, v, st, cs); err != nil {
+			if len(hp.Groups) == 1 {
+				return err
+			}
 			return fmt.Errorf("group %d (%s): %w", g, groupString(v.specs[g]), err)
 		}
 	}

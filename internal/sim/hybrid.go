@@ -172,11 +172,11 @@ func RecorderConfig(cfg *Config) events.RecorderConfig {
 // (offloads the Reserve's evictions planned), which count as in use too.
 func (s *Sim) groupPages(used int) error {
 	total := 0
-	for g := range s.h.NumGroups() {
+	for g := range s.kv.NumGroups() {
 		clear(s.mark)
 		n := 0
 		for _, r := range s.running {
-			pages, _ := s.h.Pages(g, r.id)
+			pages, _ := s.kv.GroupPages(g, r.id)
 			for _, p := range pages {
 				if !s.mark[p] {
 					s.mark[p] = true
@@ -189,7 +189,7 @@ func (s *Sim) groupPages(used int) error {
 		gs.pageSteps += int64(n)
 		total += n
 	}
-	if inflight := s.h.TierCopiesInFlight(); total > used || used > total+inflight {
+	if inflight := s.kv.TierCopiesInFlight(); total > used || used > total+inflight {
 		return fmt.Errorf("%w: after step %d's Reserve the running requests hold %d pages over the groups, the pool says %d in use (%d tier copies in flight)",
 			ErrCheck, s.sum.Steps, total, used, inflight)
 	}

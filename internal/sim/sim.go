@@ -202,11 +202,8 @@ func (r *reqState) remaining() int { return len(r.tokens) - r.computed }
 // goroutine while Run runs.
 type Sim struct {
 	cfg   Config
-	m     *pagedkv.Manager       // nil for a hybrid model
-	h     *pagedkv.HybridManager // nil unless Config.Groups
-	mgr   manager                // m or h
-	tm    tiered                 // m or h: the tier calls
-	mark  []bool                 // [NumPages] scratch of groupPages
+	kv    pagedkv.KVManager // a Manager, or a HybridManager for Config.Groups
+	mark  []bool            // [NumPages] scratch of groupPages
 	eng   *engine
 	ver   *verifier
 	rng   *rand.Rand
@@ -237,19 +234,6 @@ type Sim struct {
 	beforeRelease func(r *reqState) error
 
 	sum Summary
-}
-
-// manager is what the simulator calls on a Manager and a HybridManager
-// alike; steps (Reserve, Commit) and Stats differ and are called on m or h.
-type manager interface {
-	Add(pagedkv.RequestID, pagedkv.Request) (int, error)
-	Resume(pagedkv.RequestID) (int, error)
-	Preempt(pagedkv.RequestID) error
-	Release(pagedkv.RequestID) error
-	Fork(parent, child pagedkv.RequestID) error
-	Computed(pagedkv.RequestID) int
-	Tokens(pagedkv.RequestID) []int32
-	Audit() error
 }
 
 // New prepares a run of workload under cfg.
@@ -305,7 +289,7 @@ func newSim(cfg Config) (*Sim, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
-		s.h, s.mgr, s.tm, specs = h, h, h, slices.Clone(cfg.Groups)
+		s.kv, specs = h, slices.Clone(cfg.Groups)
 		s.mark = make([]bool, cfg.NumPages)
 		s.sum.Groups = make([]GroupSummary, len(specs))
 		for g := range specs {
@@ -316,7 +300,7 @@ func newSim(cfg Config) (*Sim, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
-		s.m, s.mgr, s.tm = m, m, m
+		s.kv = m
 	}
 	b := cfg.Backend
 	if b == nil {
@@ -375,22 +359,16 @@ func (c *Config) minPages(q *Request) int {
 // router computing their hash chains needs (with the page size).
 func HashSeed(cfg *Config) uint64 { return cfg.Seed | 1 }
 
-// Manager is the Manager the run drives (for metrics); nil for a hybrid
-// model (see Stats).
-func (s *Sim) Manager() *pagedkv.Manager { return s.m }
+// Manager is the Manager or HybridManager the run drives (for metrics).
+func (s *Sim) Manager() pagedkv.KVManager { return s.kv }
 
 // Stats is the Manager's Stats, or the HybridManager's pool-wide part of
 // its Stats: like them, safe to call from any goroutine while Run runs.
-func (s *Sim) Stats() pagedkv.Stats {
-	if s.h != nil {
-		return s.h.Stats().Stats
-	}
-	return s.m.Stats()
-}
+func (s *Sim) Stats() pagedkv.Stats { return s.kv.PoolStats() }
 
 // loading reports whether request id waits for tier onloads (in any
 // group of a hybrid model).
-func (s *Sim) loading(id pagedkv.RequestID) bool { return s.tm.Loading(id) }
+func (s *Sim) loading(id pagedkv.RequestID) bool { return s.kv.Loading(id) }
 
 // Run runs the workload to the end and returns the summary. It stops at
 // the first failed check (the error wraps [ErrVerify] or [ErrCheck]); the
@@ -405,12 +383,9 @@ func (s *Sim) Run() (Summary, error) {
 func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 	s.sum.Wall = wall
 	st := s.Stats()
-	if s.h != nil {
-		hs := s.h.Stats()
-		for g := range s.sum.Groups {
-			s.sum.Groups[g].Stats = hs.Groups[g]
-			s.sum.Groups[g].Outputs = s.ver.groupOutputs[g]
-		}
+	for g := range s.sum.Groups { // a hybrid model's
+		s.sum.Groups[g].Stats = s.kv.GroupStats(g)
+		s.sum.Groups[g].Outputs = s.ver.groupOutputs[g]
 	}
 	s.sum.Stats = st
 	s.sum.Steps = int(st.Steps)
@@ -482,23 +457,17 @@ func (s *Sim) step() error {
 	if err := s.schedule(); err != nil {
 		return err
 	}
-	var plan *pagedkv.Plan
-	var hplan *pagedkv.HybridPlan
+	var plan *pagedkv.HybridPlan
 	for {
 		if len(s.ids) == 0 {
 			return nil
 		}
+		var drafts [][]int32
+		if s.cfg.SpecTokens > 0 {
+			drafts = s.drafts
+		}
 		err := s.timed(func() (err error) {
-			switch {
-			case s.h != nil && s.cfg.SpecTokens > 0:
-				hplan, err = s.h.ReserveSpec(s.ids, s.ntokens, s.drafts)
-			case s.h != nil:
-				hplan, err = s.h.Reserve(s.ids, s.ntokens)
-			case s.cfg.SpecTokens > 0:
-				plan, err = s.m.ReserveSpec(s.ids, s.ntokens, s.drafts)
-			default:
-				plan, err = s.m.Reserve(s.ids, s.ntokens)
-			}
+			plan, err = s.kv.ReserveStep(s.ids, s.ntokens, drafts)
 			return err
 		})
 		if err == nil {
@@ -522,7 +491,7 @@ func (s *Sim) step() error {
 	s.sum.Steps++
 	st := s.Stats()
 	s.sum.PeakUsedPages = max(s.sum.PeakUsedPages, st.UsedPages)
-	if s.h != nil {
+	if s.sum.Groups != nil {
 		if err := s.groupPages(st.UsedPages); err != nil {
 			return err
 		}
@@ -531,24 +500,14 @@ func (s *Sim) step() error {
 	s.samples = s.samples[:0]
 	verify := s.sum.Steps%s.cfg.VerifyEvery == 0
 	if verify {
-		if s.h != nil {
-			for g := range hplan.Groups {
-				s.pickSamples(g, hplan.Groups[g])
-			}
-		} else {
-			s.pickSamples(0, plan)
+		for g := range plan.Groups {
+			s.pickSamples(g, plan.Groups[g])
 		}
 		s.ver.step = s.sum.Steps
 		s.sum.Verified.Checks++
 	}
 	var times stepTimes
-	var err error
-	if s.h != nil {
-		err = s.eng.runHybrid(hplan, s.batch, s.samples, s.ver, &times, &s.sum.cascade)
-	} else {
-		err = s.eng.run(plan, s.batch, s.samples, s.ver, &times, &s.sum.cascade)
-	}
-	if err != nil {
+	if err := s.eng.run(plan, s.batch, s.samples, s.ver, &times, &s.sum.cascade); err != nil {
 		return err
 	}
 	s.sum.Time.Model += times.model
@@ -560,7 +519,7 @@ func (s *Sim) step() error {
 	}
 	if verify {
 		t := time.Now()
-		if err := s.mgr.Audit(); err != nil {
+		if err := s.kv.Audit(); err != nil {
 			return fmt.Errorf("%w: audit after step %d: %w", ErrCheck, s.sum.Steps, err)
 		}
 		s.sum.Time.Verify += time.Since(t)
@@ -611,11 +570,11 @@ func (s *Sim) schedule() error {
 		var matched int
 		err := s.timed(func() (err error) {
 			if r.admitted {
-				matched, err = s.mgr.Resume(r.id)
+				matched, err = s.kv.Resume(r.id)
 			} else {
 				s.nextID++
 				r.id = s.nextID
-				matched, err = s.mgr.Add(r.id, pagedkv.Request{Namespace: pagedkv.Namespace{Tenant: r.ns}, Prompt: r.tokens,
+				matched, err = s.kv.Add(r.id, pagedkv.Request{Namespace: pagedkv.Namespace{Tenant: r.ns}, Prompt: r.tokens,
 					CapacityTokens: len(r.tokens) + r.spec.Output})
 			}
 			return err
@@ -653,7 +612,7 @@ func (s *Sim) preemptOne(reserveErr error) error {
 			ErrStuck, r.name(), s.cfg.NumPages, len(r.tokens)+r.spec.Output, s.cfg.PageSize, reserveErr)
 	}
 	v := s.running[len(s.running)-1]
-	if err := s.timed(func() error { return s.mgr.Preempt(v.id) }); err != nil {
+	if err := s.timed(func() error { return s.kv.Preempt(v.id) }); err != nil {
 		return fmt.Errorf("preempt %s: %w", v.name(), err)
 	}
 	s.running = s.running[:len(s.running)-1]
@@ -727,15 +686,10 @@ func (s *Sim) commit() error {
 		s.sampled = append(s.sampled, tok)
 	}
 	err := s.timed(func() error {
-		switch {
-		case s.h != nil && s.cfg.SpecTokens > 0:
-			return s.h.CommitSpec(s.accept, s.sampled)
-		case s.h != nil:
-			return s.h.Commit(s.sampled)
-		case s.cfg.SpecTokens > 0:
-			return s.m.CommitSpec(s.accept, s.sampled)
+		if s.cfg.SpecTokens > 0 {
+			return s.kv.CommitSpec(s.accept, s.sampled)
 		}
-		return s.m.Commit(s.sampled)
+		return s.kv.Commit(s.sampled)
 	})
 	if err != nil {
 		return fmt.Errorf("commit: %w", err)
@@ -747,7 +701,7 @@ func (s *Sim) commit() error {
 			r.tokens = append(r.tokens, tok)
 			r.sampled++
 		}
-		if got, mt := s.mgr.Computed(r.id), s.mgr.Tokens(r.id); got != r.computed || !slices.Equal(mt, r.tokens) {
+		if got, mt := s.kv.Computed(r.id), s.kv.Tokens(r.id); got != r.computed || !slices.Equal(mt, r.tokens) {
 			return fmt.Errorf("%w: after step %d the Manager has %d computed of %d tokens for %s; the simulator %d of %d (or the tokens differ)",
 				ErrCheck, s.sum.Steps, got, len(mt), r.name(), r.computed, len(r.tokens))
 		}
@@ -770,7 +724,7 @@ func (s *Sim) commit() error {
 				return err
 			}
 		}
-		if err := s.timed(func() error { return s.mgr.Release(r.id) }); err != nil {
+		if err := s.timed(func() error { return s.kv.Release(r.id) }); err != nil {
 			return fmt.Errorf("release %s: %w", r.name(), err)
 		}
 		r.phase = finished
@@ -790,7 +744,7 @@ func (s *Sim) fork(r *reqState) error {
 		s.nextID++
 		c := &reqState{spec: r.spec, id: s.nextID, branch: k, ns: r.ns, tokens: slices.Clone(r.tokens), ctx: slices.Clone(r.ctx),
 			computed: r.computed, sampled: r.sampled, phase: running, admitted: true, forked: true}
-		if err := s.timed(func() error { return s.mgr.Fork(r.id, c.id) }); err != nil {
+		if err := s.timed(func() error { return s.kv.Fork(r.id, c.id) }); err != nil {
 			return fmt.Errorf("fork %s: %w", c.name(), err)
 		}
 		s.running = append(s.running, c)

@@ -17,21 +17,13 @@ func tierFormat(cfg *Config) tier.PageFormat {
 		NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim, Layers: m.Layers}
 }
 
-// tiered is the tier calls of a Manager or HybridManager.
-type tiered interface {
-	TierCopies(dst []pagedkv.TierCopy) []pagedkv.TierCopy
-	CompleteTierCopies(ids ...uint64) error
-	HostPage(p pagedkv.HostPageID) []byte
-	Loading(id pagedkv.RequestID) bool
-}
-
 // tierCopies runs the tier copies the manager planned since the last call
 // (offloads of evicted or published pages, onloads of prefix hits) on the
 // CPU, every layer, and reports them complete. A hybrid model's copies
 // name pool pages: every layer's planes move, whichever group holds the
 // page.
 func (s *Sim) tierCopies() error {
-	s.copies = s.tm.TierCopies(s.copies[:0])
+	s.copies = s.kv.TierCopies(s.copies[:0])
 	if len(s.copies) == 0 {
 		return nil
 	}
@@ -40,9 +32,9 @@ func (s *Sim) tierCopies() error {
 	for _, c := range s.copies {
 		var err error
 		if c.Dir == tier.ToHost {
-			err = s.readPage(s.tm.HostPage(c.Host), c.Device)
+			err = s.readPage(s.kv.HostPage(c.Host), c.Device)
 		} else {
-			err = s.writePage(c.Device, s.tm.HostPage(c.Host))
+			err = s.writePage(c.Device, s.kv.HostPage(c.Host))
 		}
 		if err != nil {
 			return fmt.Errorf("tier copy %d (%v, page %d, host page %d): %w", c.ID, c.Dir, c.Device, c.Host, err)
@@ -50,7 +42,7 @@ func (s *Sim) tierCopies() error {
 		s.copyIDs = append(s.copyIDs, c.ID)
 	}
 	s.sum.Time.TierCopies += time.Since(t)
-	err := s.timed(func() error { return s.tm.CompleteTierCopies(s.copyIDs...) })
+	err := s.timed(func() error { return s.kv.CompleteTierCopies(s.copyIDs...) })
 	if err != nil {
 		return fmt.Errorf("complete tier copies: %w", err)
 	}
