@@ -63,13 +63,7 @@ func TestLibzmqPublisher(t *testing.T) {
 func testLibzmqPublisher(t *testing.T, mode string) {
 	lines := libzmqPeer(t, mode, "")
 	ep, _ := strings.CutPrefix(nextLine(t, lines), "READY ")
-	sub := newSocket(t, Config{Type: SUB})
-	if err := sub.Subscribe("kv"); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Connect(ep); err != nil {
-		t.Fatal(err)
-	}
+	sub := subscribe(t, ep, "kv")
 	if got := nextLine(t, lines); got != "SUBSCRIBED 016b76" {
 		t.Fatalf("libzmq saw %q, want the subscription 0x01 \"kv\"", got)
 	}

@@ -101,19 +101,7 @@ func TestSilentPeersDoNotLockOut(t *testing.T) {
 // refuses newcomers while no peer has been idle for IdleTimeout.
 func TestActivePeersAreNotEvicted(t *testing.T) {
 	const idle = 150 * time.Millisecond
-	pub := newSocket(t, Config{Type: PUB, MaxPeers: 2, IdleTimeout: idle})
-	ep, err := pub.Bind("tcp://127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSocket(t, Config{Type: SUB})
-	if err := sub.Subscribe(""); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Connect(ep); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
+	pub, sub, ep := pubSub(t, Config{MaxPeers: 2, IdleTimeout: idle}, "")
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() { // a steady stream, well within IdleTimeout
@@ -333,19 +321,7 @@ func TestRouterMandatoryAndDropStalled(t *testing.T) {
 // TestIdlePeersKeptWhileRoom: an idle subscriber (a quiet period: nothing
 // published) is not disconnected while the socket has room.
 func TestIdlePeersKeptWhileRoom(t *testing.T) {
-	pub := newSocket(t, Config{Type: PUB, MaxPeers: 2, IdleTimeout: 10 * time.Millisecond})
-	ep, err := pub.Bind("tcp://127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSocket(t, Config{Type: SUB})
-	if err := sub.Subscribe(""); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Connect(ep); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
+	pub, sub, ep := pubSub(t, Config{MaxPeers: 2, IdleTimeout: 10 * time.Millisecond}, "")
 	time.Sleep(50 * time.Millisecond)
 	dialRaw(t, ep, "SUB") // fills the table: no eviction needed
 	if err := pub.Send([][]byte{[]byte("after the quiet period")}); err != nil {

@@ -209,6 +209,34 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 }
 
+// subscribe returns a SUB socket subscribed to topic and connected to ep.
+func subscribe(t *testing.T, ep, topic string) *Socket {
+	t.Helper()
+	sub := newSocket(t, Config{Type: SUB})
+	if err := sub.Subscribe(topic); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Connect(ep); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// pubSub binds a PUB socket of cfg on a loopback port and connects a SUB
+// subscribed to topic, returning once the PUB has seen the subscription.
+func pubSub(t *testing.T, cfg Config, topic string) (pub, sub *Socket, ep string) {
+	t.Helper()
+	cfg.Type = PUB
+	pub = newSocket(t, cfg)
+	ep, err := pub.Bind("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sub = subscribe(t, ep, topic)
+	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
+	return pub, sub, ep
+}
+
 // TestHandshakeRefusals: peers with a bad greeting or an incompatible
 // socket type are dropped and named.
 func TestHandshakeRefusals(t *testing.T) {
@@ -249,19 +277,7 @@ func TestHandshakeRefusals(t *testing.T) {
 // TestRoundTrips: Go to Go, PUB/SUB with topic filtering and ROUTER/DEALER
 // with identities and the ROUTER's generated ones.
 func TestRoundTrips(t *testing.T) {
-	pub := newSocket(t, Config{Type: PUB})
-	ep, err := pub.Bind("tcp://127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sub := newSocket(t, Config{Type: SUB})
-	if err := sub.Subscribe("a"); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Connect(ep); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
+	pub, sub, _ := pubSub(t, Config{}, "a")
 	for i := range 50 {
 		topic := []string{"a", "b", "ab"}[i%3]
 		if err := pub.Send([][]byte{[]byte(topic), {byte(i)}, make([]byte, i*20)}); err != nil {
@@ -445,13 +461,7 @@ func TestIPC(t *testing.T) {
 	if bound, err := pub.Bind(ep); err != nil || bound != ep {
 		t.Fatalf("Bind(%q) = %q, %v", ep, bound, err)
 	}
-	sub := newSocket(t, Config{Type: SUB})
-	if err := sub.Subscribe(""); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.Connect(ep); err != nil {
-		t.Fatal(err)
-	}
+	sub := subscribe(t, ep, "")
 	waitFor(t, func() bool { return pub.Subscriptions() == 1 })
 	if err := pub.Send([][]byte{[]byte("t"), []byte("over a unix socket")}); err != nil {
 		t.Fatal(err)

@@ -99,24 +99,33 @@ func setSeq(t *testing.T, dir string, slot int, seq uint64) {
 	writeSlot(t, dir, slot, b)
 }
 
+// plantSequence stores the first 3-page chain of a fresh universe in a
+// new 16-slot store, closes it and rewrites the first page's slot to
+// sequence seq (with a valid checksum): the directory, the universe and
+// that slot.
+func plantSequence(t *testing.T, seq uint64) (dir string, u *pageUniverse, first int) {
+	t.Helper()
+	dir = t.TempDir()
+	u = newUniverse(testFormat, 2, 3)
+	s := openStore(t, testConfig(dir, 16))
+	for _, p := range u.chains[0] {
+		require.True(t, s.Store(&p))
+	}
+	flush(t, s)
+	first = int(s.index[u.chains[0][0].Digest])
+	require.NoError(t, s.Close())
+	setSeq(t, dir, first, seq)
+	return dir, u, first
+}
+
 // A slot whose sequence cannot be continued (2^64-1: the next would wrap
 // to 0) is dropped as torn, not served; the store goes on, and the next
 // page stored is served and survives a restart. (Before: the next page
 // got sequence 0, was never served and was dropped on restart.)
 func TestSequenceThatCannotContinue(t *testing.T) {
 	for _, seq := range []uint64{math.MaxUint64, MaxSequence + 1} {
-		dir := t.TempDir()
-		u := newUniverse(testFormat, 2, 3)
+		dir, u, _ := plantSequence(t, seq)
 		s := openStore(t, testConfig(dir, 16))
-		for _, p := range u.chains[0] {
-			require.True(t, s.Store(&p))
-		}
-		flush(t, s)
-		first := int(s.index[u.chains[0][0].Digest])
-		require.NoError(t, s.Close())
-		setSeq(t, dir, first, seq)
-
-		s = openStore(t, testConfig(dir, 16))
 		rec := s.Recovery()
 		require.Equal(t, 1, rec.Torn, "%+v", rec)
 		require.Equal(t, 2, rec.Recovered)
@@ -142,18 +151,8 @@ func TestSequenceThatCannotContinue(t *testing.T) {
 // Open renumbers the recovered slots so the writer can go on: the next
 // page is served and survives a restart, in order after the others.
 func TestSequenceRenumbered(t *testing.T) {
-	dir := t.TempDir()
-	u := newUniverse(testFormat, 2, 3)
+	dir, u, first := plantSequence(t, MaxSequence)
 	s := openStore(t, testConfig(dir, 16))
-	for _, p := range u.chains[0] {
-		require.True(t, s.Store(&p))
-	}
-	flush(t, s)
-	first := int(s.index[u.chains[0][0].Digest])
-	require.NoError(t, s.Close())
-	setSeq(t, dir, first, MaxSequence)
-
-	s = openStore(t, testConfig(dir, 16))
 	require.Equal(t, Recovery{Slots: 16, Empty: 13, Recovered: 3, Renumbered: 3}, s.Recovery())
 	require.Equal(t, uint64(3), s.slots[first].seq, "the planted slot is the newest")
 	require.Equal(t, uint64(4), s.nextSeq)
