@@ -98,7 +98,7 @@ var layering = map[string]pkgRule{
 	// The only importer of the Redis client.
 	"tier/redis": at(L2, "tier", "github.com/redis/go-redis/v9"),
 
-	"append":      at(L3, "kernels", "pagetable", "github.com/pkg/errors"),
+	"appendkv":    at(L3, "kernels", "pagetable", "github.com/pkg/errors"),
 	"mla":         at(L3, "kernels", "layout", "pagetable", "github.com/pkg/errors"),
 	"cascade":     at(L3, "kernels", "layout"),
 	"prefixcache": at(L3, "allocator", "evict", "internal/invariants"),
@@ -134,7 +134,7 @@ var layering = map[string]pkgRule{
 
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
 	// The serving-workload simulator behind `pagedkv simulate`.
-	"internal/sim": at(T2, "", "append", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "stepglue", "tier"),
+	"internal/sim": at(T2, "", "appendkv", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "stepglue", "tier"),
 
 	// Production-trace replay behind `pagedkv replay`: the Manager in
 	// metadata-only mode, the limits, the plot (the only importer of gonum).

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/allocator"
-	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/internal/reference"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"

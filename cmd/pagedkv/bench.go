@@ -14,7 +14,7 @@ import (
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/allocator"
-	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/layout"
