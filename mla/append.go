@@ -50,7 +50,7 @@ type AppendInput struct {
 	// The page table after the reservation for this step. KVLastPageLen is
 	// optional (MLA kernels use kv_len instead); without it each request
 	// must hold exactly ceil(seq_len / page_size) pages.
-	KVIndptr, KVIndices, KVLastPageLen []int32
+	KVIndptr, KVPageIndices, KVLastPageLen []int32
 }
 
 // Run appends the planned rows on backend b. It checks the page table
@@ -67,7 +67,7 @@ func (p *AppendPlan) Run(b kernels.Backend, in AppendInput) error {
 	if in.KVLastPageLen != nil && len(in.KVLastPageLen) != len(p.SeqLens) {
 		return errors.Wrapf(ErrPlanMismatch, "mla: append: kv_last_page_len has length %d, plan has batch %d", len(in.KVLastPageLen), len(p.SeqLens))
 	}
-	t := kernels.PageTable{KVIndptr: in.KVIndptr, KVIndices: in.KVIndices, KVLastPageLen: in.KVLastPageLen}
+	t := kernels.PageTable{KVIndptr: in.KVIndptr, KVPageIndices: in.KVPageIndices, KVLastPageLen: in.KVLastPageLen}
 	for b, n := range p.SeqLens {
 		pages := int(in.KVIndptr[b+1]) - int(in.KVIndptr[b])
 		switch {
@@ -84,7 +84,7 @@ func (p *AppendPlan) Run(b kernels.Backend, in AppendInput) error {
 	p.params = kernels.MLAAppendParams{
 		AppendCKV: in.AppendCKV, AppendKPE: in.AppendKPE,
 		BatchIndices: p.BatchIndices, Positions: p.Positions,
-		Cache: *in.Cache, KVIndptr: in.KVIndptr, KVIndices: in.KVIndices, KVLastPageLen: in.KVLastPageLen,
+		Cache: *in.Cache, KVIndptr: in.KVIndptr, KVPageIndices: in.KVPageIndices, KVLastPageLen: in.KVLastPageLen,
 	}
 	err := b.AppendPagedMLAKVCache(&p.params)
 	p.params = kernels.MLAAppendParams{} // do not retain the caller's buffers
