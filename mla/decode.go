@@ -3,7 +3,8 @@ package mla
 import (
 	"math"
 
-	"github.com/pkg/errors"
+	"errors"
+	"fmt"
 
 	"github.com/pagedkv/pagedkv/kernels"
 )
@@ -40,17 +41,17 @@ type DecodePlan struct {
 func (d *DecodePlan) Plan(kvIndptr, kvPageIndices, kvLen []int32, numHeads int, smScale float64) error {
 	switch {
 	case len(kvIndptr) == 0 || len(kvLen) != len(kvIndptr)-1:
-		return errors.Wrapf(ErrBadDecodePlan, "kv_indptr has length %d, kv_len %d (want batch+1 and batch)", len(kvIndptr), len(kvLen))
+		return fmt.Errorf("kv_indptr has length %d, kv_len %d (want batch+1 and batch): %w", len(kvIndptr), len(kvLen), ErrBadDecodePlan)
 	case int(kvIndptr[len(kvIndptr)-1]) > len(kvPageIndices) || kvIndptr[len(kvIndptr)-1] < 0:
-		return errors.Wrapf(ErrBadDecodePlan, "kv_indptr[%d] = %d but kv_indices has %d entries", len(kvIndptr)-1, kvIndptr[len(kvIndptr)-1], len(kvPageIndices))
+		return fmt.Errorf("kv_indptr[%d] = %d but kv_indices has %d entries: %w", len(kvIndptr)-1, kvIndptr[len(kvIndptr)-1], len(kvPageIndices), ErrBadDecodePlan)
 	case numHeads <= 0:
-		return errors.Wrapf(ErrBadDecodePlan, "num_heads = %d, want > 0", numHeads)
+		return fmt.Errorf("num_heads = %d, want > 0: %w", numHeads, ErrBadDecodePlan)
 	case math.IsNaN(smScale) || math.IsInf(smScale, 0) || smScale <= 0:
-		return errors.Wrapf(ErrBadDecodePlan, "sm_scale = %v, want finite and > 0 (MLA has no default; see SMScale)", smScale)
+		return fmt.Errorf("sm_scale = %v, want finite and > 0 (MLA has no default; see SMScale): %w", smScale, ErrBadDecodePlan)
 	}
 	for b, n := range kvLen {
 		if n < 0 {
-			return errors.Wrapf(ErrBadDecodePlan, "kv_len[%d] = %d < 0", b, n)
+			return fmt.Errorf("kv_len[%d] = %d < 0: %w", b, n, ErrBadDecodePlan)
 		}
 	}
 	d.KVIndptr = append(d.KVIndptr[:0], kvIndptr...)
@@ -75,7 +76,7 @@ type DecodeInput struct {
 // validates everything first.
 func (d *DecodePlan) Run(b kernels.Backend, in DecodeInput) error {
 	if in.Cache == nil {
-		return errors.Wrap(ErrBadDecodePlan, "mla: decode: nil cache")
+		return fmt.Errorf("mla: decode: nil cache: %w", ErrBadDecodePlan)
 	}
 	d.params = kernels.MLADecodeParams{
 		QNope: in.QNope, QPE: in.QPE, Cache: *in.Cache,
@@ -85,7 +86,7 @@ func (d *DecodePlan) Run(b kernels.Backend, in DecodeInput) error {
 	err := b.MLADecode(&d.params)
 	d.params = kernels.MLADecodeParams{}
 	if err != nil {
-		return errors.Wrapf(err, "mla: decode on backend %s", b.Name())
+		return fmt.Errorf("mla: decode on backend %s: %w", b.Name(), err)
 	}
 	return nil
 }
