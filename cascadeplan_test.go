@@ -35,7 +35,7 @@ func checkCascadeCoversPlan(t testing.TB, p *Plan, pageSize int) {
 				}
 			}
 			require.GreaterOrEqual(t, g, 0, "request %d has no group on level %d", b, l)
-			seg := lv.KVIndices[lv.KVIndptr[g]:lv.KVIndptr[g+1]]
+			seg := lv.KVPageIndices[lv.KVIndptr[g]:lv.KVIndptr[g+1]]
 			last := l == len(lay.Levels)-1
 			if last {
 				require.Equal(t, lv.QOIndptr[g]+qo, lv.QOIndptr[g+1], "request %d: its last-level group holds other rows", b)
@@ -222,7 +222,7 @@ func layoutNilEmpty(l *cascade.Layout) *cascade.Layout {
 	c := *l
 	c.Levels = make([]cascade.Level, len(l.Levels))
 	for i, lv := range l.Levels {
-		for _, s := range []*[]int32{&lv.QOIndptr, &lv.KVIndptr, &lv.KVIndices, &lv.KVLastPageLen} {
+		for _, s := range []*[]int32{&lv.QOIndptr, &lv.KVIndptr, &lv.KVPageIndices, &lv.KVLastPageLen} {
 			if len(*s) == 0 {
 				*s = nil
 			}

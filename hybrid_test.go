@@ -180,11 +180,11 @@ func TestScenarioHybridCascade(t *testing.T) {
 	require.Len(t, lv, 2)
 	require.Equal(t, []int32{0, 20}, lv[0].QOIndptr)
 	require.Equal(t, []int32{0, 8}, lv[0].KVIndptr)
-	require.Equal(t, []int32{9, 10, 11, 12, 13, 14, 15, 16}, lv[0].KVIndices)
+	require.Equal(t, []int32{9, 10, 11, 12, 13, 14, 15, 16}, lv[0].KVPageIndices)
 	require.Equal(t, []int32{4}, lv[0].KVLastPageLen)
 	require.Equal(t, []int32{0, 5, 10, 15, 20}, lv[1].QOIndptr)
 	require.Equal(t, []int32{0, 2, 4, 6, 8}, lv[1].KVIndptr)
-	require.Equal(t, []int32{26, 27, 28, 29, 30, 31, 32, 33}, lv[1].KVIndices)
+	require.Equal(t, []int32{26, 27, 28, 29, 30, 31, 32, 33}, lv[1].KVPageIndices)
 	require.Equal(t, []int32{1, 1, 1, 1}, lv[1].KVLastPageLen)
 	// No shared page of the sliding group is visible to every row.
 	spec := h.Group(0)
@@ -229,11 +229,11 @@ func TestScenarioHybridCascade(t *testing.T) {
 	require.Len(t, lv, 2)
 	require.Equal(t, []int32{0, 20}, lv[0].QOIndptr)
 	require.Equal(t, []int32{0, 8}, lv[0].KVIndptr)
-	require.Equal(t, []int32{0, 1, 2, 3, 4, 5, 6, 7}, lv[0].KVIndices)
+	require.Equal(t, []int32{0, 1, 2, 3, 4, 5, 6, 7}, lv[0].KVPageIndices)
 	require.Equal(t, []int32{4}, lv[0].KVLastPageLen)
 	require.Equal(t, []int32{0, 5, 10, 15, 20}, lv[1].QOIndptr)
 	require.Equal(t, []int32{0, 2, 4, 6, 8}, lv[1].KVIndptr)
-	require.Equal(t, []int32{18, 19, 20, 21, 22, 23, 24, 25}, lv[1].KVIndices)
+	require.Equal(t, []int32{18, 19, 20, 21, 22, 23, 24, 25}, lv[1].KVPageIndices)
 	require.Equal(t, []int32{1, 1, 1, 1}, lv[1].KVLastPageLen)
 	require.NoError(t, h.Commit([]int32{7, 7, 7, 7}))
 	decode := []int32{1, 1, 1, 1}
@@ -746,9 +746,9 @@ func (e *cpuEngine) groupAttention(t testing.TB, p *Plan, spec LayerGroup) []flo
 	for r := range nnz {
 		q = append(q, queryOf(r)...)
 	}
-	qo, table := p.QOIndptr, kernels.PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
+	qo, table := p.QOIndptr, kernels.PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
 	if p.AttnQOIndptr != nil {
-		qo, table = p.AttnQOIndptr, kernels.PageTable{KVIndptr: p.AttnKVIndptr, KVIndices: p.AttnKVPageIndices, KVLastPageLen: p.AttnKVLastPageLen}
+		qo, table = p.AttnQOIndptr, kernels.PageTable{KVIndptr: p.AttnKVIndptr, KVPageIndices: p.AttnKVPageIndices, KVLastPageLen: p.AttnKVLastPageLen}
 	}
 	o := kernels.NewTensor(layout.F32, nnz, engHeads, engDim)
 	require.NoError(t, e.be.BatchPrefill(&kernels.PrefillParams{

@@ -174,7 +174,7 @@ func (n *naiveManager) release(id RequestID) {
 }
 
 // step appends one token to every request and builds the step's arrays.
-func (n *naiveManager) step(ids []RequestID) (kvIndptr, kvIndices, lastPageLen, batchIndices, positions []int32) {
+func (n *naiveManager) step(ids []RequestID) (kvIndptr, kvPageIndices, lastPageLen, batchIndices, positions []int32) {
 	kvIndptr = []int32{0}
 	for b, id := range ids {
 		r := n.reqs[id]
@@ -196,8 +196,8 @@ func (n *naiveManager) step(ids []RequestID) (kvIndptr, kvIndices, lastPageLen, 
 				n.refs[p]++
 			}
 		}
-		kvIndices = append(kvIndices, r.pages...)
-		kvIndptr = append(kvIndptr, int32(len(kvIndices)))
+		kvPageIndices = append(kvPageIndices, r.pages...)
+		kvIndptr = append(kvIndptr, int32(len(kvPageIndices)))
 		lastPageLen = append(lastPageLen, int32((len(r.tokens)-1)%n.pageSize+1))
 		batchIndices = append(batchIndices, int32(b))
 		positions = append(positions, int32(pos))

@@ -54,7 +54,7 @@ func queryOf(row int) []float32 {
 }
 
 func (e *cpuEngine) table(p *Plan) kernels.PageTable {
-	return kernels.PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
+	return kernels.PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
 }
 
 // apply performs the plan's copies, then appends every row's K/V.
@@ -222,7 +222,7 @@ func TestCascadePlanSharedSystemPrompt(t *testing.T) {
 	lay := p.Cascade
 	require.Len(t, lay.Levels, 2)
 	require.Equal(t, cascade.Level{
-		QOIndptr: []int32{0, 20}, KVIndptr: []int32{0, 8}, KVIndices: sysPages, KVLastPageLen: []int32{4},
+		QOIndptr: []int32{0, 20}, KVIndptr: []int32{0, 8}, KVPageIndices: sysPages, KVLastPageLen: []int32{4},
 	}, lay.Levels[0])
 	require.Equal(t, []int32{0, 5, 10, 15, 20}, lay.Levels[1].QOIndptr)
 	require.Equal(t, []int32{0, 2, 4, 6, 8}, lay.Levels[1].KVIndptr)

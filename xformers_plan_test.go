@@ -36,7 +36,7 @@ func TestPlanAsXFormersPagedMask(t *testing.T) {
 		plan, err := m.Reserve(ids, n)
 		require.NoError(t, err)
 		require.Equal(t, window-1, plan.WindowLeft)
-		pkv := ragged.PagedKV{QOIndptr: plan.QOIndptr, KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices,
+		pkv := ragged.PagedKV{QOIndptr: plan.QOIndptr, KVIndptr: plan.KVIndptr, KVPageIndices: plan.KVPageIndices,
 			KVLastPageLen: plan.KVLastPageLen, PageSize: pageSize}
 		mask, err := ragged.MaskFromPagedKV(ragged.KindPagedBlockDiagonalCausalLocalPaddedKeys, pkv, nil, plan.WindowLeft+1, 0, 0)
 		require.NoError(t, err, "step %d", s)

@@ -49,7 +49,7 @@ func goPlanArrays(p *pagedkv.Plan) abiPlan {
 		out.Arrays["query_rows"] = nz(l.QueryRows())
 		for _, lv := range l.Levels {
 			out.Levels = append(out.Levels, map[string][]int32{
-				"qo_indptr": nz(lv.QOIndptr), "kv_indptr": nz(lv.KVIndptr), "kv_indices": nz(lv.KVIndices),
+				"qo_indptr": nz(lv.QOIndptr), "kv_indptr": nz(lv.KVIndptr), "kv_indices": nz(lv.KVPageIndices),
 				"kv_last_page_len": nz(lv.KVLastPageLen),
 			})
 		}

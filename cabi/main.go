@@ -76,6 +76,8 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	pkgerrors "github.com/pkg/errors"
+
 	"github.com/pagedkv/pagedkv"
 )
 
@@ -207,7 +209,7 @@ func wrongKind(id C.pagedkv_manager, op string, needHybrid bool) C.int32_t {
 func (h *handle) exit(code *C.int32_t) {
 	if r := recover(); r != nil {
 		h.poisoned = true
-		*code = fail(C.PAGEDKV_ERR_INTERNAL, fmt.Sprintf("pagedkv: internal error (the manager is poisoned; destroy it): %v", r))
+		*code = fail(C.PAGEDKV_ERR_INTERNAL, internalError("pagedkv: internal error (the manager is poisoned; destroy it)", r))
 	}
 	h.busy.Store(false)
 }
@@ -215,8 +217,18 @@ func (h *handle) exit(code *C.int32_t) {
 // recoverTo turns a panic outside any handle into PAGEDKV_ERR_INTERNAL.
 func recoverTo(code *C.int32_t) {
 	if r := recover(); r != nil {
-		*code = fail(C.PAGEDKV_ERR_INTERNAL, fmt.Sprintf("pagedkv: internal error: %v", r))
+		*code = fail(C.PAGEDKV_ERR_INTERNAL, internalError("pagedkv: internal error", r))
 	}
+}
+
+// internalError is the message of PAGEDKV_ERR_INTERNAL for a recovered
+// panic r: "prefix: r", then the stack where it was recovered (the panicking
+// frames are still on it), so that the bug report names the panic site. It
+// is the one place where a stack trace crosses an API boundary, and the one
+// use of github.com/pkg/errors (docs/architecture.md, "Conventions"). The
+// C side keeps the first 1023 bytes.
+func internalError(prefix string, r any) string {
+	return fmt.Sprintf("%+v", pkgerrors.Errorf("%s: %v", prefix, r))
 }
 
 // fail records msg as the calling thread's last error and returns code.

@@ -67,7 +67,7 @@ func (h *handle) gather(e *planExport, out *C.pagedkv_plan, p *pagedkv.Plan) {
 		for i, lv := range l.Levels {
 			h.array(&levels[i].qo_indptr, lv.QOIndptr)
 			h.array(&levels[i].kv_indptr, lv.KVIndptr)
-			h.array(&levels[i].kv_indices, lv.KVIndices)
+			h.array(&levels[i].kv_indices, lv.KVPageIndices)
 			h.array(&levels[i].kv_last_page_len, lv.KVLastPageLen)
 		}
 		nlevels, lp = len(levels), unsafe.Pointer(e.levels)

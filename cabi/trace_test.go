@@ -380,7 +380,7 @@ func planRecord(plan *pagedkv.Plan) (map[string][]int32, []map[string][]int32) {
 		for _, lv := range l.Levels {
 			levels = append(levels, map[string][]int32{
 				"qo_indptr": slices.Clone(lv.QOIndptr), "kv_indptr": slices.Clone(lv.KVIndptr),
-				"kv_indices": slices.Clone(lv.KVIndices), "kv_last_page_len": slices.Clone(lv.KVLastPageLen),
+				"kv_indices": slices.Clone(lv.KVPageIndices), "kv_last_page_len": slices.Clone(lv.KVLastPageLen),
 			})
 		}
 	}

@@ -114,18 +114,18 @@ func (b *Builder) BuildTo(dst *Layout, root *Node, pageSize int) error {
 		lv := &dst.Levels[i]
 		lv.QOIndptr = append(lv.QOIndptr[:0], 0)
 		lv.KVIndptr = append(lv.KVIndptr[:0], 0)
-		lv.KVIndices = lv.KVIndices[:0]
+		lv.KVPageIndices = lv.KVPageIndices[:0]
 		lv.KVLastPageLen = lv.KVLastPageLen[:0]
 		last := l == depth-1
 		for k := 0; k < nr; {
 			k1 := b.groupEnd(k, l, last)
 			var lastLen int32
 			if node := b.nodeAt(k, l); node != nil {
-				lv.KVIndices = append(lv.KVIndices, node.Pages...)
+				lv.KVPageIndices = append(lv.KVPageIndices, node.Pages...)
 				lastLen = node.LastPageLen
 			}
 			lv.QOIndptr = append(lv.QOIndptr, dst.RequestQOIndptr[k1])
-			lv.KVIndptr = append(lv.KVIndptr, int32(len(lv.KVIndices)))
+			lv.KVIndptr = append(lv.KVIndptr, int32(len(lv.KVPageIndices)))
 			lv.KVLastPageLen = append(lv.KVLastPageLen, lastLen)
 			k = k1
 		}

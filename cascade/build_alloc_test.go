@@ -75,7 +75,7 @@ func nilEmpty(l *Layout) *Layout {
 	c := *l
 	c.Levels = make([]Level, len(l.Levels))
 	for i, lv := range l.Levels {
-		for _, s := range []*[]int32{&lv.QOIndptr, &lv.KVIndptr, &lv.KVIndices, &lv.KVLastPageLen} {
+		for _, s := range []*[]int32{&lv.QOIndptr, &lv.KVIndptr, &lv.KVPageIndices, &lv.KVLastPageLen} {
 			if len(*s) == 0 {
 				*s = nil
 			}

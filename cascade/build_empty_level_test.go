@@ -26,8 +26,8 @@ func TestEmptyDepthIsNotALevel(t *testing.T) {
 		{Pages: []int32{12}, LastPageLen: 4, Children: []*Node{leaf(2, 22), leaf(3)}},
 	}}
 	want := []Level{
-		{QOIndptr: []int32{0, 2, 4}, KVIndptr: []int32{0, 2, 3}, KVIndices: []int32{10, 11, 12}, KVLastPageLen: []int32{4, 4}},
-		{QOIndptr: []int32{0, 1, 2, 3, 4}, KVIndptr: []int32{0, 1, 2, 3, 3}, KVIndices: []int32{20, 21, 22}, KVLastPageLen: []int32{2, 2, 2, 0}},
+		{QOIndptr: []int32{0, 2, 4}, KVIndptr: []int32{0, 2, 3}, KVPageIndices: []int32{10, 11, 12}, KVLastPageLen: []int32{4, 4}},
+		{QOIndptr: []int32{0, 1, 2, 3, 4}, KVIndptr: []int32{0, 1, 2, 3, 3}, KVPageIndices: []int32{20, 21, 22}, KVLastPageLen: []int32{2, 2, 2, 0}},
 	}
 	lay, err := Build(root, 4)
 	require.NoError(t, err)

@@ -10,7 +10,7 @@
 // q [nnz_qo, Hq, D]. Level l is a [Level]: QOIndptr (length groups+1,
 // QOIndptr[0] == 0, QOIndptr[groups] == nnz_qo) splits the query rows into
 // that level's groups, and the CSR page table KVIndptr (groups+1),
-// KVIndices (KVIndptr[groups]) and KVLastPageLen (groups) gives each group
+// KVPageIndices (KVIndptr[groups]) and KVLastPageLen (groups) gives each group
 // its own KV segment at that level, not the cumulative KV. A group without
 // pages has KVLastPageLen 0. Level 0 is the most shared. Query row r sees
 // the segments of the groups that contain r on every level.

@@ -107,7 +107,7 @@ func checkBuild(t *testing.T, data []byte) {
 	nnz := lay.RequestQOIndptr[R]
 	maxPage := int32(0)
 	for _, lv := range lay.Levels {
-		for _, p := range lv.KVIndices {
+		for _, p := range lv.KVPageIndices {
 			maxPage = max(maxPage, p)
 		}
 	}
@@ -120,8 +120,8 @@ func checkBuild(t *testing.T, data []byte) {
 			t.Fatalf("level %d: kv_indptr has %d entries for %d groups", l, len(lv.KVIndptr), groups)
 		case lv.QOIndptr[0] != 0 || lv.QOIndptr[groups] != nnz:
 			t.Fatalf("level %d: qo_indptr %v does not span [0, %d]", l, lv.QOIndptr, nnz)
-		case len(lv.KVIndices) != int(lv.KVIndptr[groups]):
-			t.Fatalf("level %d: %d kv_indices, kv_indptr ends at %d", l, len(lv.KVIndices), lv.KVIndptr[groups])
+		case len(lv.KVPageIndices) != int(lv.KVIndptr[groups]):
+			t.Fatalf("level %d: %d kv_indices, kv_indptr ends at %d", l, len(lv.KVPageIndices), lv.KVIndptr[groups])
 		}
 		for g := 0; g < groups; g++ {
 			if lv.QOIndptr[g] > lv.QOIndptr[g+1] {
@@ -154,7 +154,7 @@ func checkBuild(t *testing.T, data []byte) {
 			if g < 0 {
 				continue // a request with no rows below the last level: no group to find
 			}
-			got = append(got, lv.KVIndices[lv.KVIndptr[g]:lv.KVIndptr[g+1]]...)
+			got = append(got, lv.KVPageIndices[lv.KVIndptr[g]:lv.KVIndptr[g+1]]...)
 		}
 		if lay.QOLenByID[id] > 0 && !slices.Equal(want[id], got) {
 			t.Fatalf("request %d: pages over all levels %v, want its prefix path's %v", id, got, want[id])
@@ -167,7 +167,7 @@ func checkBuild(t *testing.T, data []byte) {
 		if len(path) == treeDepth {
 			wantLast, wantLen = path[len(path)-1].Pages, path[len(path)-1].LastPageLen
 		}
-		if gotLast := last.KVIndices[last.KVIndptr[k]:last.KVIndptr[k+1]]; !slices.Equal(wantLast, gotLast) || wantLen != last.KVLastPageLen[k] {
+		if gotLast := last.KVPageIndices[last.KVIndptr[k]:last.KVIndptr[k+1]]; !slices.Equal(wantLast, gotLast) || wantLen != last.KVLastPageLen[k] {
 			t.Fatalf("request %d: last level pages %v (last %d), want %v (last %d)", id, gotLast, last.KVLastPageLen[k], wantLast, wantLen)
 		}
 	}

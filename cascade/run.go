@@ -172,8 +172,8 @@ func DecodeLevels(sharedPages []int32, sharedLastPageLen int32, unique kernels.P
 	return []Level{
 		{
 			QOIndptr: []int32{0, int32(B)}, KVIndptr: []int32{0, int32(len(sharedPages))},
-			KVIndices: sharedPages, KVLastPageLen: []int32{sharedLastPageLen},
+			KVPageIndices: sharedPages, KVLastPageLen: []int32{sharedLastPageLen},
 		},
-		{QOIndptr: arange, KVIndptr: unique.KVIndptr, KVIndices: unique.KVIndices, KVLastPageLen: unique.KVLastPageLen},
+		{QOIndptr: arange, KVIndptr: unique.KVIndptr, KVPageIndices: unique.KVPageIndices, KVLastPageLen: unique.KVLastPageLen},
 	}, nil
 }

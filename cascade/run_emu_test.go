@@ -80,8 +80,8 @@ func TestCascadeStepRejectsLikeCPU(t *testing.T) {
 			nnz = int(min(max(in.ix.QOIndptr[n-1], 0), 64))
 		}
 		hq := g.NumKVHeads * in.g.Group
-		hostile := Level{QOIndptr: in.ix.QOIndptr, KVIndptr: in.ix.KVIndptr, KVIndices: in.ix.KVIndices, KVLastPageLen: in.ix.KVLastPageLen}
-		shared := Level{QOIndptr: []int32{0, int32(nnz)}, KVIndptr: []int32{0, 1}, KVIndices: []int32{0}, KVLastPageLen: []int32{1}}
+		hostile := Level{QOIndptr: in.ix.QOIndptr, KVIndptr: in.ix.KVIndptr, KVPageIndices: in.ix.KVPageIndices, KVLastPageLen: in.ix.KVLastPageLen}
+		shared := Level{QOIndptr: []int32{0, int32(nnz)}, KVIndptr: []int32{0, 1}, KVPageIndices: []int32{0}, KVLastPageLen: []int32{1}}
 		for _, levels := range [][]Level{{shared, hostile}, {hostile}} {
 			what := fmt.Sprintf("input %d, %d levels", i, len(levels))
 			p := &Params{Levels: levels, Q: kernels.NewTensor(g.DType, nnz, hq, g.HeadDim), Cache: cache, Causal: true,

@@ -147,12 +147,12 @@ func (rt *randomTree) flatTable(pageSize int) kernels.PageTable {
 	tab := kernels.PageTable{KVIndptr: []int32{0}, KVLastPageLen: make([]int32, n)}
 	for id := 0; id < n; id++ {
 		for _, node := range rt.paths[id] {
-			tab.KVIndices = append(tab.KVIndices, node.Pages...)
+			tab.KVPageIndices = append(tab.KVPageIndices, node.Pages...)
 			if len(node.Pages) > 0 {
 				tab.KVLastPageLen[id] = node.LastPageLen
 			}
 		}
-		tab.KVIndptr = append(tab.KVIndptr, int32(len(tab.KVIndices)))
+		tab.KVIndptr = append(tab.KVIndptr, int32(len(tab.KVPageIndices)))
 	}
 	return tab
 }
@@ -229,7 +229,7 @@ func checkCascadeEqualsFlat(t *testing.T, cases int, flatBackend kernels.Backend
 			refCache := reference.PagedKV{Layout: g.Layout, Form: g.Form, DType: g.DType, NumPages: g.NumPages, PageSize: g.PageSize, NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: cache.Data, K: cache.K, V: cache.V}
 			var refLevels []reference.CascadeLevel
 			for _, lv := range lay.Levels {
-				refLevels = append(refLevels, reference.CascadeLevel{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVIndices: lv.KVIndices, KVLastPageLen: lv.KVLastPageLen})
+				refLevels = append(refLevels, reference.CascadeLevel{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVPageIndices: lv.KVPageIndices, KVLastPageLen: lv.KVLastPageLen})
 			}
 			qRef := reference.Rows3(reference.Floats(p.Q.DType, p.Q.Data), nnz, hq, g.HeadDim)
 			wo, wl := reference.Cascade(qRef, refLevels, refCache, reference.Logits{WindowLeft: -1, Causal: causal, SoftCap: ap.LogitsSoftCap})
@@ -281,12 +281,12 @@ func TestDecodeLevels(t *testing.T) {
 			}
 			return out
 		}
-		unique := kernels.PageTable{KVIndptr: []int32{0, 17, 29, 44, 48, 66, 100, 128}, KVIndices: arange(512, 640), KVLastPageLen: []int32{1, 7, 14, 4, 3, 1, 16}}
+		unique := kernels.PageTable{KVIndptr: []int32{0, 17, 29, 44, 48, 66, 100, 128}, KVPageIndices: arange(512, 640), KVLastPageLen: []int32{1, 7, 14, 4, 3, 1, 16}}
 		levels, err := DecodeLevels(arange(0, 512), 16, unique)
 		require.NoError(t, err)
 		require.Equal(t, []Level{
-			{QOIndptr: []int32{0, 7}, KVIndptr: []int32{0, 512}, KVIndices: arange(0, 512), KVLastPageLen: []int32{16}},
-			{QOIndptr: arange(0, 8), KVIndptr: unique.KVIndptr, KVIndices: unique.KVIndices, KVLastPageLen: unique.KVLastPageLen},
+			{QOIndptr: []int32{0, 7}, KVIndptr: []int32{0, 512}, KVPageIndices: arange(0, 512), KVLastPageLen: []int32{16}},
+			{QOIndptr: arange(0, 8), KVIndptr: unique.KVIndptr, KVPageIndices: unique.KVPageIndices, KVLastPageLen: unique.KVLastPageLen},
 		}, levels)
 	})
 	t.Run("equals batch decode", func(t *testing.T) {
@@ -311,15 +311,15 @@ func TestDecodeLevels(t *testing.T) {
 				if np > 0 {
 					last = int32(1 + rng.IntN(g.PageSize))
 				}
-				flatTab.KVIndices = append(flatTab.KVIndices, sharedPages...)
+				flatTab.KVPageIndices = append(flatTab.KVPageIndices, sharedPages...)
 				for p := 0; p < np; p++ {
-					unique.KVIndices = append(unique.KVIndices, next)
-					flatTab.KVIndices = append(flatTab.KVIndices, next)
+					unique.KVPageIndices = append(unique.KVPageIndices, next)
+					flatTab.KVPageIndices = append(flatTab.KVPageIndices, next)
 					next++
 				}
-				unique.KVIndptr = append(unique.KVIndptr, int32(len(unique.KVIndices)))
+				unique.KVIndptr = append(unique.KVIndptr, int32(len(unique.KVPageIndices)))
 				unique.KVLastPageLen = append(unique.KVLastPageLen, last)
-				flatTab.KVIndptr = append(flatTab.KVIndptr, int32(len(flatTab.KVIndices)))
+				flatTab.KVIndptr = append(flatTab.KVIndptr, int32(len(flatTab.KVPageIndices)))
 				switch {
 				case np > 0:
 					flatTab.KVLastPageLen = append(flatTab.KVLastPageLen, last)
@@ -379,7 +379,7 @@ func TestRunValidates(t *testing.T) {
 		"level windows short":      {func(p *Params) { p.LevelWindowLeft = []int{-1, 3} }, ErrInvalidLevels},
 		"level window below -1":    {func(p *Params) { p.LevelWindowLeft = []int{-1, -2, 3} }, ErrInvalidLevels},
 		"qo_indptr short of q":     {func(p *Params) { p.Levels[1].QOIndptr = []int32{0, 4, 6, 8} }, kernels.ErrInvalidAttention},
-		"page id beyond the cache": {func(p *Params) { p.Levels[2].KVIndices = []int32{10, 11, 12, 13, 14, 16} }, kernels.ErrIndexOutOfRange},
+		"page id beyond the cache": {func(p *Params) { p.Levels[2].KVPageIndices = []int32{10, 11, 12, 13, 14, 16} }, kernels.ErrIndexOutOfRange},
 		"level batch mismatch":     {func(p *Params) { p.Levels[1].KVIndptr = []int32{0, 2, 4} }, kernels.ErrInvalidPageTable},
 		"heads":                    {func(p *Params) { p.NumQOHeads = 3 }, kernels.ErrInvalidAttention},
 		// The audit's wrapping kv_indptr (MaxInt32 - (-5) is positive in
@@ -451,7 +451,7 @@ func TestGoldenCascade(t *testing.T) {
 				O:               kernels.NewTensor(layout.F32, q.Shape...)}
 			for l := 0; l < atoi("num_levels"); l++ {
 				p.Levels = append(p.Levels, Level{QOIndptr: ints(fmt.Sprintf("in.qo_indptr.%d", l)), KVIndptr: ints(fmt.Sprintf("in.kv_indptr.%d", l)),
-					KVIndices: ints(fmt.Sprintf("in.kv_indices.%d", l)), KVLastPageLen: ints(fmt.Sprintf("in.kv_last_page_len.%d", l))})
+					KVPageIndices: ints(fmt.Sprintf("in.kv_indices.%d", l)), KVLastPageLen: ints(fmt.Sprintf("in.kv_last_page_len.%d", l))})
 			}
 			require.NoError(t, Run(b, p))
 			want, ok := f.Tensor("out.o")

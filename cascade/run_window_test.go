@@ -54,7 +54,7 @@ func TestRunLevelWindowLeft(t *testing.T) {
 		os := make([][][][]float64, len(lay.Levels))
 		ls := make([][][]float64, len(lay.Levels))
 		for l, lv := range lay.Levels {
-			os[l], ls[l] = reference.BatchPrefill(qRef, lv.QOIndptr, refCache, lv.KVIndptr, lv.KVIndices, lv.KVLastPageLen,
+			os[l], ls[l] = reference.BatchPrefill(qRef, lv.QOIndptr, refCache, lv.KVIndptr, lv.KVPageIndices, lv.KVLastPageLen,
 				reference.Logits{WindowLeft: windows[l], Causal: causal && l == len(lay.Levels)-1})
 		}
 		wantO := make([]float64, 0, nnz*hq*g.HeadDim)

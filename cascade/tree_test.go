@@ -35,9 +35,9 @@ func flashInferFigure(asLeaves bool) *Node {
 func TestBuildFlashInferFigure(t *testing.T) {
 	want := []Level{
 		//                   queries of the 9 tokens         pages per group               page ids                         tokens in last page
-		{QOIndptr: []int32{0, 9}, KVIndptr: []int32{0, 4}, KVIndices: []int32{0, 1, 2, 3}, KVLastPageLen: []int32{1}},
-		{QOIndptr: []int32{0, 4, 6, 9}, KVIndptr: []int32{0, 2, 4, 6}, KVIndices: []int32{4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{1, 1, 1}},
-		{QOIndptr: []int32{0, 1, 2, 4, 5, 6, 7, 8, 9}, KVIndptr: []int32{0, 1, 3, 3, 3, 3, 4, 5, 6}, KVIndices: []int32{10, 11, 12, 13, 14, 15}, KVLastPageLen: []int32{1, 1, 0, 0, 0, 3, 3, 4}},
+		{QOIndptr: []int32{0, 9}, KVIndptr: []int32{0, 4}, KVPageIndices: []int32{0, 1, 2, 3}, KVLastPageLen: []int32{1}},
+		{QOIndptr: []int32{0, 4, 6, 9}, KVIndptr: []int32{0, 2, 4, 6}, KVPageIndices: []int32{4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{1, 1, 1}},
+		{QOIndptr: []int32{0, 1, 2, 4, 5, 6, 7, 8, 9}, KVIndptr: []int32{0, 1, 3, 3, 3, 3, 4, 5, 6}, KVPageIndices: []int32{10, 11, 12, 13, 14, 15}, KVLastPageLen: []int32{1, 1, 0, 0, 0, 3, 3, 4}},
 	}
 	for name, asLeaves := range map[string]bool{"empty leaves": true, "requests on branch nodes": false} {
 		t.Run(name, func(t *testing.T) {
@@ -71,10 +71,10 @@ func TestBuildQueryOrder(t *testing.T) {
 	// Caller rows: request 0 -> row 0, request 1 -> rows 1-2, request 2 -> rows 3-5.
 	assert.Equal(t, []int32{3, 4, 5, 1, 2, 0}, lay.QueryRows())
 	want := []Level{
-		{QOIndptr: []int32{0, 6}, KVIndptr: []int32{0, 1}, KVIndices: []int32{0}, KVLastPageLen: []int32{4}},
+		{QOIndptr: []int32{0, 6}, KVIndptr: []int32{0, 1}, KVPageIndices: []int32{0}, KVLastPageLen: []int32{4}},
 		// req 2 alone at x, req 1 at y, req 0 ends at the root: empty group.
-		{QOIndptr: []int32{0, 3, 5, 6}, KVIndptr: []int32{0, 1, 2, 2}, KVIndices: []int32{1, 2}, KVLastPageLen: []int32{2, 4, 0}},
-		{QOIndptr: []int32{0, 3, 5, 6}, KVIndptr: []int32{0, 0, 1, 1}, KVIndices: []int32{3}, KVLastPageLen: []int32{0, 1, 0}},
+		{QOIndptr: []int32{0, 3, 5, 6}, KVIndptr: []int32{0, 1, 2, 2}, KVPageIndices: []int32{1, 2}, KVLastPageLen: []int32{2, 4, 0}},
+		{QOIndptr: []int32{0, 3, 5, 6}, KVIndptr: []int32{0, 0, 1, 1}, KVPageIndices: []int32{3}, KVLastPageLen: []int32{0, 1, 0}},
 	}
 	require.Equal(t, want, lay.Levels)
 }

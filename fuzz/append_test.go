@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/allocator"
-	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/internal/reference"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
@@ -386,10 +386,10 @@ func (h *appendHarness) appendBatch(c Cmd, r *chooser) {
 	reference.Append(h.view(&want), reference.AppendInput{
 		Key: key.Data, Value: val.Data, SrcDType: h.srcDT,
 		BatchIndices: h.plan.BatchIndices, Positions: h.plan.Positions,
-		KVIndptr: h.csr.KVIndptr, KVIndices: h.csr.KVPageIndices,
+		KVIndptr: h.csr.KVIndptr, KVPageIndices: h.csr.KVPageIndices,
 		KScale: h.kScale, VScale: h.vScale,
 	})
-	table := kernels.PageTable{KVIndptr: h.csr.KVIndptr, KVIndices: h.csr.KVPageIndices, KVLastPageLen: h.csr.KVLastPageLen}
+	table := kernels.PageTable{KVIndptr: h.csr.KVIndptr, KVPageIndices: h.csr.KVPageIndices, KVLastPageLen: h.csr.KVLastPageLen}
 	err = h.plan.Run(h.backend, appendkv.Input{AppendKey: key, AppendValue: val, Cache: &h.cache, Table: &table, KScale: h.kScale, VScale: h.vScale})
 	require.NoError(h.t, err, h.where())
 	h.requireCacheEqual(&want)

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv"
-	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/internal/reference"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
@@ -537,7 +537,7 @@ func (h *engineHarness) checkCascade(p *pagedkv.Plan) {
 			if g < 0 || g+1 >= len(lv.QOIndptr) || lv.QOIndptr[g] > lo || lv.QOIndptr[g+1] < hi {
 				h.fatalf("cascade level %d has no group holding rows [%d, %d) of batch request %d (qo_indptr %v)", li, lo, hi, b, lv.QOIndptr)
 			}
-			seg := lv.KVIndices[lv.KVIndptr[g]:lv.KVIndptr[g+1]]
+			seg := lv.KVPageIndices[lv.KVIndptr[g]:lv.KVIndptr[g+1]]
 			pages = append(pages, seg...)
 			if len(seg) > 0 {
 				tokens += (len(seg)-1)*ps + int(lv.KVLastPageLen[g])
@@ -594,9 +594,9 @@ func (h *engineHarness) appendRows(p *pagedkv.Plan) {
 	want := kernels.PagedKVCache{Geometry: h.g, Data: slices.Clone(h.cache.Data), K: slices.Clone(h.cache.K), V: slices.Clone(h.cache.V)}
 	reference.Append(h.view(&want), reference.AppendInput{
 		Key: key.Data, Value: val.Data, SrcDType: h.g.DType,
-		BatchIndices: p.BatchIndices, Positions: p.Positions, KVIndptr: p.KVIndptr, KVIndices: p.KVPageIndices,
+		BatchIndices: p.BatchIndices, Positions: p.Positions, KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices,
 	})
-	table := kernels.PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
+	table := kernels.PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
 	if err := h.ap.Run(h.backend, appendkv.Input{AppendKey: key, AppendValue: val, Cache: &h.cache, Table: &table}); err != nil {
 		h.fatalf("append: %v", err)
 	}

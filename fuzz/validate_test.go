@@ -109,17 +109,17 @@ func checkValidators(g kernelstest.RawGeometry, ix kernelstest.RawIndices) error
 	if err != nil {
 		return fmt.Errorf("small geometry rejected: %w", err)
 	}
-	table := kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen}
+	table := kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen}
 	tableErr := table.Validate(g.PageSize, g.NumPages)
 	var lens []int64
 	if tableErr == nil {
-		if lens, err = tableProof(ix.KVIndptr, ix.KVIndices, ix.KVLastPageLen, true, g.PageSize, g.NumPages); err != nil {
+		if lens, err = tableProof(ix.KVIndptr, ix.KVPageIndices, ix.KVLastPageLen, true, g.PageSize, g.NumPages); err != nil {
 			return fmt.Errorf("PageTable.Validate: %w", err)
 		}
 	}
 	// pagetable.ValidateCSR is stricter (len(kv_indices) == kv_indptr[B],
 	// 32-bit token offsets): what it accepts, kernels accept.
-	if len(ix.KVIndptr) > 0 && pagetable.ValidateCSR(ix.KVIndptr, ix.KVIndices, ix.KVLastPageLen, g.PageSize, g.NumPages) == nil && tableErr != nil {
+	if len(ix.KVIndptr) > 0 && pagetable.ValidateCSR(ix.KVIndptr, ix.KVPageIndices, ix.KVLastPageLen, g.PageSize, g.NumPages) == nil && tableErr != nil {
 		return fmt.Errorf("pagetable.ValidateCSR accepts what PageTable.Validate rejects: %v", tableErr)
 	}
 	// ragged's indptr rule is the same non-decreasing-from-0 rule.
@@ -166,7 +166,7 @@ func checkValidators(g kernelstest.RawGeometry, ix kernelstest.RawIndices) error
 			return fmt.Errorf("prefill accepted qo_indptr %v for %d rows", ix.QOIndptr, nq)
 		}
 	}
-	lv := cascade.Level{QOIndptr: ix.QOIndptr, KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen}
+	lv := cascade.Level{QOIndptr: ix.QOIndptr, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen}
 	cp := cascade.Params{Levels: []cascade.Level{lv, lv}, Q: pp.Q, Cache: cache, AttentionParams: pp.AttentionParams, O: pp.O}
 	if cp.Validate() == nil && pp.Validate() != nil {
 		return fmt.Errorf("cascade accepted levels whose prefill is rejected")
@@ -182,9 +182,9 @@ func checkValidators(g kernelstest.RawGeometry, ix kernelstest.RawIndices) error
 		last = nil
 	}
 	ma := kernels.MLAAppendParams{AppendCKV: kernels.NewTensor(g.DType, nnz, g.HeadDimCKV), AppendKPE: kernels.NewTensor(g.DType, nnz, g.HeadDimKPE),
-		BatchIndices: ix.BatchIndices, Positions: ix.Positions, Cache: mc, KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: last}
+		BatchIndices: ix.BatchIndices, Positions: ix.Positions, Cache: mc, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: last}
 	if ma.Validate() == nil {
-		mlens, err := tableProof(ix.KVIndptr, ix.KVIndices, last, last != nil, g.PageSize, g.NumPages)
+		mlens, err := tableProof(ix.KVIndptr, ix.KVPageIndices, last, last != nil, g.PageSize, g.NumPages)
 		if err != nil {
 			return fmt.Errorf("mla append: %w", err)
 		}
@@ -193,10 +193,10 @@ func checkValidators(g kernelstest.RawGeometry, ix kernelstest.RawIndices) error
 		}
 	}
 	md := kernels.MLADecodeParams{QNope: kernels.NewTensor(g.DType, B, g.Group, g.HeadDimCKV), QPE: kernels.NewTensor(g.DType, B, g.Group, g.HeadDimKPE),
-		Cache: mc, KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLen: ix.KVLen, NumHeads: g.Group, SMScale: 1,
+		Cache: mc, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLen: ix.KVLen, NumHeads: g.Group, SMScale: 1,
 		O: kernels.NewTensor(g.DType, B, g.Group, g.HeadDimCKV)}
 	if md.Validate() == nil {
-		caps, err := tableProof(ix.KVIndptr, ix.KVIndices, nil, false, g.PageSize, g.NumPages)
+		caps, err := tableProof(ix.KVIndptr, ix.KVPageIndices, nil, false, g.PageSize, g.NumPages)
 		if err != nil {
 			return fmt.Errorf("mla decode: %w", err)
 		}

@@ -223,7 +223,7 @@ func (t *PageTable) SeqLen(b, pageSize int) int {
 }
 
 // Locate maps token pos of request b to (physical page id, entry):
-// page = KVIndices[KVIndptr[b] + pos/pageSize], entry = pos % pageSize. It
+// page = KVPageIndices[KVIndptr[b] + pos/pageSize], entry = pos % pageSize. It
 // returns ErrIndexOutOfRange when b is not in the batch or pos is not below
 // the request's SeqLen; it does not check the page id against a pool.
 func (t *PageTable) Locate(b, pos, pageSize int) (page, entry int, err error) {
@@ -234,15 +234,15 @@ func (t *PageTable) Locate(b, pos, pageSize int) (page, entry int, err error) {
 		return 0, 0, fmt.Errorf("%w: position %d of request %d outside seq_len %d", ErrIndexOutOfRange, pos, b, n)
 	}
 	i := int(t.KVIndptr[b]) + pos/pageSize
-	if i < 0 || i >= len(t.KVIndices) {
-		return 0, 0, fmt.Errorf("%w: kv_indices[%d] of request %d beyond %d indices", ErrInvalidPageTable, i, b, len(t.KVIndices))
+	if i < 0 || i >= len(t.KVPageIndices) {
+		return 0, 0, fmt.Errorf("%w: kv_indices[%d] of request %d beyond %d indices", ErrInvalidPageTable, i, b, len(t.KVPageIndices))
 	}
-	return int(t.KVIndices[i]), pos % pageSize, nil
+	return int(t.KVPageIndices[i]), pos % pageSize, nil
 }
 
 // Validate checks that the table is well-formed CSR for a pool of numPages
 // pages of pageSize tokens: len(KVIndptr) == len(KVLastPageLen)+1,
-// KVIndptr[0] == 0, KVIndptr non-decreasing, KVIndptr[B] <= len(KVIndices),
+// KVIndptr[0] == 0, KVIndptr non-decreasing, KVIndptr[B] <= len(KVPageIndices),
 // every used page id in [0, numPages), KVLastPageLen[b] in [1, pageSize]
 // for a request with pages and 0 for one without, and every seq_len at most
 // [MaxSeqLen] (FlashInfer's int32 lengths and positions).
@@ -252,7 +252,7 @@ func (t *PageTable) Locate(b, pos, pageSize int) (page, entry int, err error) {
 // wrap into an accepted table: a table that passes names only pages and
 // tokens that exist.
 func (t *PageTable) Validate(pageSize, numPages int) error {
-	return validateCSR(t.KVIndptr, t.KVIndices, t.KVLastPageLen, true, pageSize, numPages)
+	return validateCSR(t.KVIndptr, t.KVPageIndices, t.KVLastPageLen, true, pageSize, numPages)
 }
 
 // MaxSeqLen is the longest request a kernel takes, in tokens: FlashInfer
@@ -366,11 +366,11 @@ func (c *MLACache) GatherMLA(ckv, kpe []float32, page, entry int) {
 	layout.LoadRowF32(kpe[:g.HeadDimKPE], g.DType, c.KPEBuf()[g.KPEOffset(page, entry, 0)*es:])
 }
 
-// GatherMLAToken widens token t of request b (page kvIndices[kvIndptr[b] +
+// GatherMLAToken widens token t of request b (page kvPageIndices[kvIndptr[b] +
 // t/page_size], entry t % page_size) into ckv and kpe. It returns
 // ErrIndexOutOfRange when b is not in the batch, t is beyond the request's
 // pages, or the page id is outside the pool.
-func (c *MLACache) GatherMLAToken(ckv, kpe []float32, kvIndptr, kvIndices []int32, b, t int) error {
+func (c *MLACache) GatherMLAToken(ckv, kpe []float32, kvIndptr, kvPageIndices []int32, b, t int) error {
 	g := c.Geometry
 	if b < 0 || b+1 >= len(kvIndptr) {
 		return fmt.Errorf("%w: request %d not in a batch of %d", ErrIndexOutOfRange, b, max(len(kvIndptr)-1, 0))
@@ -380,10 +380,10 @@ func (c *MLACache) GatherMLAToken(ckv, kpe []float32, kvIndptr, kvIndices []int3
 		return fmt.Errorf("%w: position %d of request %d outside its %d pages of %d", ErrIndexOutOfRange, t, b, pages, g.PageSize)
 	}
 	i := int(kvIndptr[b]) + t/g.PageSize
-	if i < 0 || i >= len(kvIndices) {
-		return fmt.Errorf("%w: kv_indices[%d] of request %d beyond %d indices", ErrInvalidPageTable, i, b, len(kvIndices))
+	if i < 0 || i >= len(kvPageIndices) {
+		return fmt.Errorf("%w: kv_indices[%d] of request %d beyond %d indices", ErrInvalidPageTable, i, b, len(kvPageIndices))
 	}
-	page := int(kvIndices[i])
+	page := int(kvPageIndices[i])
 	if page < 0 || page >= g.NumPages {
 		return fmt.Errorf("%w: page id %d of request %d >= num_pages %d", ErrIndexOutOfRange, page, b, g.NumPages)
 	}

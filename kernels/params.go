@@ -22,12 +22,12 @@ type PagedKVCache struct {
 // PageTable is FlashInfer's CSR page table for a batch of B requests.
 //
 // KVIndptr has length B+1 and KVIndptr[0] == 0; request b owns the pages
-// KVIndices[KVIndptr[b]:KVIndptr[b+1]]; KVLastPageLen[b] is 0 for a request
+// KVPageIndices[KVIndptr[b]:KVIndptr[b+1]]; KVLastPageLen[b] is 0 for a request
 // with no pages and 1..page_size otherwise. Token t of request b lives in
-// entry t % page_size of page KVIndices[KVIndptr[b] + t/page_size].
+// entry t % page_size of page KVPageIndices[KVIndptr[b] + t/page_size].
 type PageTable struct {
 	KVIndptr      []int32 // [B+1]
-	KVIndices     []int32 // [KVIndptr[B]] physical page ids (may be longer; the tail is unused)
+	KVPageIndices []int32 // [KVIndptr[B]] physical page ids (may be longer; the tail is unused)
 	KVLastPageLen []int32 // [B]
 }
 
@@ -39,15 +39,15 @@ type PageTable struct {
 // cascade.Level and kernels/cuda's Level are this type.
 type CascadeLevel struct {
 	QOIndptr      []int32 // [groups+1]: group g's query rows are QOIndptr[g]:QOIndptr[g+1]
-	KVIndptr      []int32 // [groups+1]: group g's pages are KVIndices[KVIndptr[g]:KVIndptr[g+1]]
-	KVIndices     []int32 // [KVIndptr[groups]] physical page ids
+	KVIndptr      []int32 // [groups+1]: group g's pages are KVPageIndices[KVIndptr[g]:KVIndptr[g+1]]
+	KVPageIndices []int32 // [KVIndptr[groups]] physical page ids
 	KVLastPageLen []int32 // [groups]: 0 for a group without pages, else 1..page_size
 }
 
 // Table is the level's page table, its groups as the batch; it shares the
 // level's arrays.
 func (l *CascadeLevel) Table() PageTable {
-	return PageTable{KVIndptr: l.KVIndptr, KVIndices: l.KVIndices, KVLastPageLen: l.KVLastPageLen}
+	return PageTable{KVIndptr: l.KVIndptr, KVPageIndices: l.KVPageIndices, KVLastPageLen: l.KVLastPageLen}
 }
 
 // AppendParams are the arguments of append_paged_kv_cache.
@@ -89,7 +89,7 @@ type MLAAppendParams struct {
 	Positions     []int32 // [nnz]
 	Cache         MLACache
 	KVIndptr      []int32 // [B+1]
-	KVIndices     []int32 // [KVIndptr[B]]
+	KVPageIndices []int32 // [KVIndptr[B]]
 	KVLastPageLen []int32 // [B], optional
 }
 
@@ -139,16 +139,16 @@ type PrefillParams struct {
 // MLADecodeParams are the arguments of MLA decode:
 // s = (q_nope·ckv + q_pe·kpe) * SMScale, o = softmax(s)·ckv.
 type MLADecodeParams struct {
-	QNope     Tensor // [B, H, head_dim_ckv]
-	QPE       Tensor // [B, H, head_dim_kpe]
-	Cache     MLACache
-	KVIndptr  []int32 // [B+1]
-	KVIndices []int32 // [KVIndptr[B]]
-	KVLen     []int32 // [B] tokens per request
-	NumHeads  int
-	SMScale   float64   // must be finite and non-zero
-	O         Tensor    // output [B, H, head_dim_ckv]
-	LSE       []float32 // output [B*H], or nil
+	QNope         Tensor // [B, H, head_dim_ckv]
+	QPE           Tensor // [B, H, head_dim_kpe]
+	Cache         MLACache
+	KVIndptr      []int32 // [B+1]
+	KVPageIndices []int32 // [KVIndptr[B]]
+	KVLen         []int32 // [B] tokens per request
+	NumHeads      int
+	SMScale       float64   // must be finite and non-zero
+	O             Tensor    // output [B, H, head_dim_ckv]
+	LSE           []float32 // output [B*H], or nil
 }
 
 // MergeStateParams are the arguments of merge_state: for every (row, head),

@@ -90,7 +90,7 @@ func validateRows(t *PageTable, batchIndices, positions []int32, pageSize int, c
 }
 
 // Validate checks every input of an MLA append before anything is written:
-// the cache; KVIndptr/KVIndices as CSR with page ids below num_pages and, when
+// the cache; KVIndptr/KVPageIndices as CSR with page ids below num_pages and, when
 // KVLastPageLen is given, last_page_len in range; append_ckv [nnz, ckv] and
 // append_kpe [nnz, kpe] in the cache's dtype (no conversion); batch_indices and
 // positions of length nnz, each row's request in the batch and its position
@@ -102,7 +102,7 @@ func (p *MLAAppendParams) Validate() error {
 		return fmt.Errorf("mla append: cache: %w", err)
 	}
 	g := p.Cache.Geometry
-	if err := ValidateMLAAppendTable(g, p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
+	if err := ValidateMLAAppendTable(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
 		return err
 	}
 	nnz := len(p.BatchIndices)
@@ -115,7 +115,7 @@ func (p *MLAAppendParams) Validate() error {
 	if p.AppendCKV.DType != g.DType || p.AppendKPE.DType != g.DType {
 		return fmt.Errorf("mla append: %w: append_ckv %v and append_kpe %v into a %v cache (want equal dtypes)", ErrInvalidTensor, p.AppendCKV.DType, p.AppendKPE.DType, g.DType)
 	}
-	return ValidateMLAAppendRows(g, p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.BatchIndices, p.Positions)
+	return ValidateMLAAppendRows(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions)
 }
 
 // ValidateAppendDTypes checks the dtypes of an append's rows against the

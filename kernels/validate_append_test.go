@@ -26,7 +26,7 @@ func validAppend(t *testing.T) kernels.AppendParams {
 		BatchIndices: []int32{0, 1, 1},
 		Positions:    []int32{3, 2, 3},
 		Cache:        cache,
-		Table:        kernels.PageTable{KVIndptr: []int32{0, 2, 4}, KVIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{2, 2}},
+		Table:        kernels.PageTable{KVIndptr: []int32{0, 2, 4}, KVPageIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{2, 2}},
 	}
 	require.NoError(t, p.Validate())
 	return p
@@ -46,9 +46,9 @@ func TestAppendValidateNamesTheBadValue(t *testing.T) {
 		{"negative position", func(p *kernels.AppendParams) { p.Positions[0] = -1 }, kernels.ErrIndexOutOfRange, []string{"positions[0] = -1"}},
 		{"batch index past B", func(p *kernels.AppendParams) { p.BatchIndices[1] = 2 }, kernels.ErrIndexOutOfRange,
 			[]string{"batch_indices[1] = 2", "batch 2"}},
-		{"page id past the pool", func(p *kernels.AppendParams) { p.Table.KVIndices[3] = 4 }, kernels.ErrIndexOutOfRange,
+		{"page id past the pool", func(p *kernels.AppendParams) { p.Table.KVPageIndices[3] = 4 }, kernels.ErrIndexOutOfRange,
 			[]string{"kv_indices[3] = 4", "outside the pool [0, 4)"}},
-		{"negative page id", func(p *kernels.AppendParams) { p.Table.KVIndices[0] = -2 }, kernels.ErrIndexOutOfRange, []string{"kv_indices[0] = -2"}},
+		{"negative page id", func(p *kernels.AppendParams) { p.Table.KVPageIndices[0] = -2 }, kernels.ErrIndexOutOfRange, []string{"kv_indices[0] = -2"}},
 		{"last_page_len above page_size", func(p *kernels.AppendParams) { p.Table.KVLastPageLen[1] = 3 }, kernels.ErrInvalidPageTable,
 			[]string{"kv_last_page_len[1] = 3", "want 1..2 (page_size)"}},
 		{"last_page_len 0 with pages", func(p *kernels.AppendParams) { p.Table.KVLastPageLen[0] = 0 }, kernels.ErrInvalidPageTable,
@@ -60,7 +60,7 @@ func TestAppendValidateNamesTheBadValue(t *testing.T) {
 		{"kv_indptr decreasing", func(p *kernels.AppendParams) { p.Table.KVIndptr[1] = 5 }, kernels.ErrInvalidPageTable,
 			[]string{"decreases at request 1", "kv_indptr[1] = 5 > kv_indptr[2] = 4"}},
 		{"kv_indptr[0] != 0", func(p *kernels.AppendParams) { p.Table.KVIndptr[0] = 1 }, kernels.ErrInvalidPageTable, []string{"kv_indptr[0] = 1"}},
-		{"kv_indices too short", func(p *kernels.AppendParams) { p.Table.KVIndices = p.Table.KVIndices[:3] }, kernels.ErrInvalidPageTable,
+		{"kv_indices too short", func(p *kernels.AppendParams) { p.Table.KVPageIndices = p.Table.KVPageIndices[:3] }, kernels.ErrInvalidPageTable,
 			[]string{"kv_indptr[2] = 4", "kv_indices has length 3"}},
 		{"kv_last_page_len length", func(p *kernels.AppendParams) { p.Table.KVLastPageLen = []int32{2} }, kernels.ErrInvalidPageTable,
 			[]string{"kv_last_page_len has length 1"}},
@@ -150,7 +150,7 @@ func validMLAAppend(t *testing.T) kernels.MLAAppendParams {
 	p := kernels.MLAAppendParams{
 		AppendCKV: kernels.NewTensor(layout.BF16, 3, 8), AppendKPE: kernels.NewTensor(layout.BF16, 3, 2),
 		BatchIndices: []int32{0, 1, 1}, Positions: []int32{3, 2, 3}, Cache: cache,
-		KVIndptr: []int32{0, 2, 4}, KVIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{2, 2},
+		KVIndptr: []int32{0, 2, 4}, KVPageIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{2, 2},
 	}
 	require.NoError(t, p.Validate())
 	return p
@@ -168,7 +168,7 @@ func TestMLAAppendValidate(t *testing.T) {
 		{"position past capacity", func(p *kernels.MLAAppendParams) { p.KVLastPageLen, p.Positions[2] = nil, 4 }, kernels.ErrIndexOutOfRange,
 			"positions[2] = 4 outside [0, reserved pages*page_size 4) of request 1"},
 		{"batch index", func(p *kernels.MLAAppendParams) { p.BatchIndices[0] = -1 }, kernels.ErrIndexOutOfRange, "batch_indices[0] = -1"},
-		{"page id", func(p *kernels.MLAAppendParams) { p.KVIndices[1] = 7 }, kernels.ErrIndexOutOfRange, "kv_indices[1] = 7"},
+		{"page id", func(p *kernels.MLAAppendParams) { p.KVPageIndices[1] = 7 }, kernels.ErrIndexOutOfRange, "kv_indices[1] = 7"},
 		{"last_page_len length", func(p *kernels.MLAAppendParams) { p.KVLastPageLen = []int32{2} }, kernels.ErrInvalidPageTable,
 			"kv_last_page_len has length 1"},
 		{"ckv width", func(p *kernels.MLAAppendParams) { p.AppendCKV = kernels.NewTensor(layout.BF16, 3, 10) }, kernels.ErrInvalidTensor,
@@ -224,7 +224,7 @@ func TestHostTensors(t *testing.T) {
 
 func TestPageTableLocate(t *testing.T) {
 	// The page-layout figure: page_size 8.
-	tbl := kernels.PageTable{KVIndptr: []int32{0, 3, 6, 8}, KVIndices: []int32{0, 5, 8, 1, 6, 7, 3, 4}, KVLastPageLen: []int32{6, 4, 7}}
+	tbl := kernels.PageTable{KVIndptr: []int32{0, 3, 6, 8}, KVPageIndices: []int32{0, 5, 8, 1, 6, 7, 3, 4}, KVLastPageLen: []int32{6, 4, 7}}
 	require.NoError(t, tbl.Validate(8, 9))
 	assert.Equal(t, 3, tbl.BatchSize())
 	assert.Equal(t, []int{22, 20, 15}, []int{tbl.SeqLen(0, 8), tbl.SeqLen(1, 8), tbl.SeqLen(2, 8)})
@@ -293,10 +293,10 @@ func TestGatherMLAToken(t *testing.T) {
 // A cascade level's page table is its groups as the batch, over the level's
 // own arrays (no copy).
 func TestCascadeLevelTable(t *testing.T) {
-	lv := kernels.CascadeLevel{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}
+	lv := kernels.CascadeLevel{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVPageIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}
 	tbl := lv.Table()
-	assert.Equal(t, kernels.PageTable{KVIndptr: []int32{0, 2}, KVIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}, tbl)
-	tbl.KVIndices[0] = 7
-	assert.Equal(t, int32(7), lv.KVIndices[0], "Table shares the level's arrays")
+	assert.Equal(t, kernels.PageTable{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{5, 1}, KVLastPageLen: []int32{3}}, tbl)
+	tbl.KVPageIndices[0] = 7
+	assert.Equal(t, int32(7), lv.KVPageIndices[0], "Table shares the level's arrays")
 	assert.NoError(t, tbl.Validate(4, 8))
 }

@@ -235,7 +235,7 @@ func validateQOIndptr(op string, qoIndptr []int32, batch, nnz int) error {
 //   - q_nope: [B, H, head_dim_ckv] and q_pe: [B, H, head_dim_kpe], f32/f16/bf16,
 //     with the cache's head dims, and NumHeads == H;
 //   - KVIndptr: length B+1, starting at 0, non-decreasing, KVIndptr[B] <=
-//     len(KVIndices), every used page id below num_pages;
+//     len(KVPageIndices), every used page id below num_pages;
 //   - KVLen: B values, each >= 0 and fitting in its request's pages
 //     (ceil(kv_len/page_size) <= pages; trailing pages are not read);
 //   - SMScale finite and > 0 (MLA has no default);
@@ -265,7 +265,7 @@ func (p *MLADecodeParams) Validate() error {
 	if err := ValidateMLADecodeScalars(h, p.SMScale); err != nil {
 		return err
 	}
-	if err := ValidateMLADecodeTable(g, B, p.KVIndptr, p.KVIndices, p.KVLen); err != nil {
+	if err := ValidateMLADecodeTable(g, B, p.KVIndptr, p.KVPageIndices, p.KVLen); err != nil {
 		return err
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, B, h, dc)

@@ -17,7 +17,7 @@ func validDecodeParams(t *testing.T) *DecodeParams {
 	return &DecodeParams{
 		Q:               NewTensor(layout.BF16, 2, 4, 4),
 		Cache:           cache,
-		Table:           PageTable{KVIndptr: []int32{0, 2, 3}, KVIndices: []int32{3, 0, 2}, KVLastPageLen: []int32{1, 2}},
+		Table:           PageTable{KVIndptr: []int32{0, 2, 3}, KVPageIndices: []int32{3, 0, 2}, KVLastPageLen: []int32{1, 2}},
 		AttentionParams: AttentionParams{NumQOHeads: 4, WindowLeft: -1},
 		O:               NewTensor(layout.F32, 2, 4, 4),
 		LSE:             make([]float32, 8),
@@ -52,7 +52,7 @@ func TestDecodeParamsValidate(t *testing.T) {
 			p.Q, p.O, p.LSE = NewTensor(layout.F16, 3, 4, 4), NewTensor(layout.F16, 3, 4, 4), nil
 		}, ErrInvalidPageTable, []string{"length 3", "3 rows"}},
 		"last_page_len 0": {func(p *DecodeParams) { p.Table.KVLastPageLen = []int32{0, 2} }, ErrInvalidPageTable, []string{"kv_last_page_len[0] = 0"}},
-		"page id 4":       {func(p *DecodeParams) { p.Table.KVIndices = []int32{3, 4, 2} }, ErrIndexOutOfRange, []string{"kv_indices[1] = 4"}},
+		"page id 4":       {func(p *DecodeParams) { p.Table.KVPageIndices = []int32{3, 4, 2} }, ErrIndexOutOfRange, []string{"kv_indices[1] = 4"}},
 		"q fp8":           {func(p *DecodeParams) { p.Q = NewTensor(layout.E4M3, 2, 4, 4) }, ErrInvalidTensor, []string{"q is e4m3"}},
 		"o dtype i32":     {func(p *DecodeParams) { p.O = NewTensor(layout.I32, 2, 4, 4) }, ErrInvalidTensor, []string{"o is i32"}},
 		"lse length":      {func(p *DecodeParams) { p.LSE = make([]float32, 9) }, ErrInvalidTensor, []string{"9 values", "want 8"}},
@@ -112,7 +112,7 @@ func TestMLADecodeParamsValidate(t *testing.T) {
 		c, err := NewMLACache(layout.MLA{Form: layout.Fused, DType: layout.BF16, NumPages: 3, PageSize: 4, HeadDimCKV: 8, HeadDimKPE: 2})
 		require.NoError(t, err)
 		return &MLADecodeParams{QNope: NewTensor(layout.BF16, 2, 2, 8), QPE: NewTensor(layout.BF16, 2, 2, 2), Cache: c,
-			KVIndptr: []int32{0, 2, 3}, KVIndices: []int32{2, 0, 1}, KVLen: []int32{5, 4}, NumHeads: 2, SMScale: 0.1,
+			KVIndptr: []int32{0, 2, 3}, KVPageIndices: []int32{2, 0, 1}, KVLen: []int32{5, 4}, NumHeads: 2, SMScale: 0.1,
 			O: NewTensor(layout.F32, 2, 2, 8)}
 	}
 	require.NoError(t, valid().Validate())

@@ -26,7 +26,7 @@ func TestPageTableValidateRejectsWrappingIndptr(t *testing.T) {
 		{"MaxInt32 end", []int32{0, math.MaxInt32}, []int32{1}, "kv_indptr[1] = 2147483647 but kv_indices has length 10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			table := kernels.PageTable{KVIndptr: tc.indptr, KVIndices: ten, KVLastPageLen: tc.lpl}
+			table := kernels.PageTable{KVIndptr: tc.indptr, KVPageIndices: ten, KVLastPageLen: tc.lpl}
 			err := table.Validate(1, 4) // page_size 1: no seq_len overflow first
 			require.ErrorIs(t, err, kernels.ErrInvalidPageTable)
 			require.ErrorContains(t, err, tc.msg)
@@ -39,11 +39,11 @@ func TestPageTableValidateRejectsWrappingIndptr(t *testing.T) {
 func TestPageTableValidateRejectsSeqLenPastInt32(t *testing.T) {
 	const pageSize = 1 << 20
 	pages := int32(math.MaxInt32/pageSize + 2) // 2049 pages: 2048 full + 1 token = 2^31 + 1
-	table := kernels.PageTable{KVIndptr: []int32{0, pages}, KVIndices: make([]int32, pages), KVLastPageLen: []int32{1}}
+	table := kernels.PageTable{KVIndptr: []int32{0, pages}, KVPageIndices: make([]int32, pages), KVLastPageLen: []int32{1}}
 	err := table.Validate(pageSize, 1)
 	require.ErrorIs(t, err, kernels.ErrInvalidPageTable)
 	require.ErrorContains(t, err, "exceeds 2147483647")
-	table.KVIndptr[1], table.KVIndices = pages-1, table.KVIndices[:pages-1]
+	table.KVIndptr[1], table.KVPageIndices = pages-1, table.KVPageIndices[:pages-1]
 	table.KVLastPageLen[0] = pageSize - 1
 	require.NoError(t, table.Validate(pageSize, 1), "2047 full pages of 2^20 and 2^20-1 tokens = 2^31-1 fit")
 }

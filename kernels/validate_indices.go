@@ -68,8 +68,8 @@ func ValidateAppendRows(g layout.Paged, t *PageTable, batchIndices, positions []
 // ValidateMLAAppendTable checks an MLA append's CSR (kv_last_page_len
 // optional) and the length of positions, the checks
 // [MLAAppendParams.Validate] makes before the row tensors.
-func ValidateMLAAppendTable(g layout.MLA, kvIndptr, kvIndices, kvLastPageLen, batchIndices, positions []int32) error {
-	if err := validateCSR(kvIndptr, kvIndices, kvLastPageLen, false, g.PageSize, g.NumPages); err != nil {
+func ValidateMLAAppendTable(g layout.MLA, kvIndptr, kvPageIndices, kvLastPageLen, batchIndices, positions []int32) error {
+	if err := validateCSR(kvIndptr, kvPageIndices, kvLastPageLen, false, g.PageSize, g.NumPages); err != nil {
 		return fmt.Errorf("mla append: %w", err)
 	}
 	if len(positions) != len(batchIndices) {
@@ -80,8 +80,8 @@ func ValidateMLAAppendTable(g layout.MLA, kvIndptr, kvIndices, kvLastPageLen, ba
 
 // ValidateMLAAppendRows is [ValidateAppendRows] for an MLA append (without
 // kv_last_page_len a position must lie below the reserved pages*page_size).
-func ValidateMLAAppendRows(g layout.MLA, kvIndptr, kvIndices, kvLastPageLen, batchIndices, positions []int32) error {
-	t := PageTable{KVIndptr: kvIndptr, KVIndices: kvIndices, KVLastPageLen: kvLastPageLen}
+func ValidateMLAAppendRows(g layout.MLA, kvIndptr, kvPageIndices, kvLastPageLen, batchIndices, positions []int32) error {
+	t := PageTable{KVIndptr: kvIndptr, KVPageIndices: kvPageIndices, KVLastPageLen: kvLastPageLen}
 	if err := validateRows(&t, batchIndices, positions, g.PageSize, kvLastPageLen == nil); err != nil {
 		return fmt.Errorf("mla %w", err)
 	}
@@ -91,12 +91,12 @@ func ValidateMLAAppendRows(g layout.MLA, kvIndptr, kvIndices, kvLastPageLen, bat
 // ValidateMLADecodeTable checks MLA decode's kv_indptr, kv_indices and
 // kv_len for a batch of batch requests, as [MLADecodeParams.Validate] does
 // after its tensors and sm_scale.
-func ValidateMLADecodeTable(g layout.MLA, batch int, kvIndptr, kvIndices, kvLen []int32) error {
+func ValidateMLADecodeTable(g layout.MLA, batch int, kvIndptr, kvPageIndices, kvLen []int32) error {
 	const op = "mla decode"
 	if len(kvIndptr) != batch+1 {
 		return fmt.Errorf("%s: %w: kv_indptr has length %d but q has %d rows (want batch+1 = %d)", op, ErrInvalidPageTable, len(kvIndptr), batch, batch+1)
 	}
-	if err := validateCSR(kvIndptr, kvIndices, nil, false, g.PageSize, g.NumPages); err != nil {
+	if err := validateCSR(kvIndptr, kvPageIndices, nil, false, g.PageSize, g.NumPages); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	if len(kvLen) != batch {

@@ -196,7 +196,7 @@ func checkMLAOffsets(t testing.TB, g layout.MLA) {
 	for i := range indices {
 		indices[i] = int32(i)
 	}
-	in := reference.MLAAppendInput{KVIndptr: indptr, KVIndices: indices}
+	in := reference.MLAAppendInput{KVIndptr: indptr, KVPageIndices: indices}
 	for tok := 0; tok < P*N; tok++ {
 		in.BatchIndices = append(in.BatchIndices, 0)
 		in.Positions = append(in.Positions, int32(tok))

@@ -3,7 +3,8 @@ package mla
 import (
 	"math"
 
-	"github.com/pkg/errors"
+	"errors"
+	"fmt"
 
 	"github.com/pagedkv/pagedkv/kernels"
 )
@@ -21,15 +22,15 @@ func SMScale(qkNopeHeadDim, qkRopeHeadDim int) float64 {
 
 // DecodePlan holds the arguments of MLA decode that change once per step
 // (FlashInfer's BatchMLAPagedAttentionWrapper.plan): the page table in pages
-// (KVIndptr, KVIndices), each request's token count (KVLen, instead of
+// (KVIndptr, KVPageIndices), each request's token count (KVLen, instead of
 // kv_last_page_len), the head count and the softmax scale. Run then passes
 // the per-call tensors (run). The zero value is ready for Plan.
 type DecodePlan struct {
-	KVIndptr  []int32 // [B+1], copied
-	KVIndices []int32 // [KVIndptr[B]], copied
-	KVLen     []int32 // [B], copied
-	NumHeads  int
-	SMScale   float64
+	KVIndptr      []int32 // [B+1], copied
+	KVPageIndices []int32 // [KVIndptr[B]], copied
+	KVLen         []int32 // [B], copied
+	NumHeads      int
+	SMScale       float64
 
 	params kernels.MLADecodeParams
 }
@@ -37,24 +38,24 @@ type DecodePlan struct {
 // Plan records a decode step, copying the arrays into the plan's reused
 // buffers. It checks the shapes of the arrays and the scalars; the backend
 // checks them against the cache in Run. On error the plan is unchanged.
-func (d *DecodePlan) Plan(kvIndptr, kvIndices, kvLen []int32, numHeads int, smScale float64) error {
+func (d *DecodePlan) Plan(kvIndptr, kvPageIndices, kvLen []int32, numHeads int, smScale float64) error {
 	switch {
 	case len(kvIndptr) == 0 || len(kvLen) != len(kvIndptr)-1:
-		return errors.Wrapf(ErrBadDecodePlan, "kv_indptr has length %d, kv_len %d (want batch+1 and batch)", len(kvIndptr), len(kvLen))
-	case int(kvIndptr[len(kvIndptr)-1]) > len(kvIndices) || kvIndptr[len(kvIndptr)-1] < 0:
-		return errors.Wrapf(ErrBadDecodePlan, "kv_indptr[%d] = %d but kv_indices has %d entries", len(kvIndptr)-1, kvIndptr[len(kvIndptr)-1], len(kvIndices))
+		return fmt.Errorf("kv_indptr has length %d, kv_len %d (want batch+1 and batch): %w", len(kvIndptr), len(kvLen), ErrBadDecodePlan)
+	case int(kvIndptr[len(kvIndptr)-1]) > len(kvPageIndices) || kvIndptr[len(kvIndptr)-1] < 0:
+		return fmt.Errorf("kv_indptr[%d] = %d but kv_indices has %d entries: %w", len(kvIndptr)-1, kvIndptr[len(kvIndptr)-1], len(kvPageIndices), ErrBadDecodePlan)
 	case numHeads <= 0:
-		return errors.Wrapf(ErrBadDecodePlan, "num_heads = %d, want > 0", numHeads)
+		return fmt.Errorf("num_heads = %d, want > 0: %w", numHeads, ErrBadDecodePlan)
 	case math.IsNaN(smScale) || math.IsInf(smScale, 0) || smScale <= 0:
-		return errors.Wrapf(ErrBadDecodePlan, "sm_scale = %v, want finite and > 0 (MLA has no default; see SMScale)", smScale)
+		return fmt.Errorf("sm_scale = %v, want finite and > 0 (MLA has no default; see SMScale): %w", smScale, ErrBadDecodePlan)
 	}
 	for b, n := range kvLen {
 		if n < 0 {
-			return errors.Wrapf(ErrBadDecodePlan, "kv_len[%d] = %d < 0", b, n)
+			return fmt.Errorf("kv_len[%d] = %d < 0: %w", b, n, ErrBadDecodePlan)
 		}
 	}
 	d.KVIndptr = append(d.KVIndptr[:0], kvIndptr...)
-	d.KVIndices = append(d.KVIndices[:0], kvIndices[:kvIndptr[len(kvIndptr)-1]]...)
+	d.KVPageIndices = append(d.KVPageIndices[:0], kvPageIndices[:kvIndptr[len(kvIndptr)-1]]...)
 	d.KVLen = append(d.KVLen[:0], kvLen...)
 	d.NumHeads, d.SMScale = numHeads, smScale
 	return nil
@@ -75,17 +76,17 @@ type DecodeInput struct {
 // validates everything first.
 func (d *DecodePlan) Run(b kernels.Backend, in DecodeInput) error {
 	if in.Cache == nil {
-		return errors.Wrap(ErrBadDecodePlan, "mla: decode: nil cache")
+		return fmt.Errorf("mla: decode: nil cache: %w", ErrBadDecodePlan)
 	}
 	d.params = kernels.MLADecodeParams{
 		QNope: in.QNope, QPE: in.QPE, Cache: *in.Cache,
-		KVIndptr: d.KVIndptr, KVIndices: d.KVIndices, KVLen: d.KVLen,
+		KVIndptr: d.KVIndptr, KVPageIndices: d.KVPageIndices, KVLen: d.KVLen,
 		NumHeads: d.NumHeads, SMScale: d.SMScale, O: in.O, LSE: in.LSE,
 	}
 	err := b.MLADecode(&d.params)
 	d.params = kernels.MLADecodeParams{}
 	if err != nil {
-		return errors.Wrapf(err, "mla: decode on backend %s", b.Name())
+		return fmt.Errorf("mla: decode on backend %s: %w", b.Name(), err)
 	}
 	return nil
 }

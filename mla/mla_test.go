@@ -113,7 +113,7 @@ func TestAppendPlanMatchesReference(t *testing.T) {
 	const N, P = 4, 12
 	// Post-append: request 0 has 6 tokens (pages 7, 2), request 1 none,
 	// request 2 has 9 (pages 0, 11, 5); they append 3, 0 and 5 rows.
-	kvIndptr, kvIndices, last := []int32{0, 2, 2, 5}, []int32{7, 2, 0, 11, 5}, []int32{2, 0, 1}
+	kvIndptr, kvPageIndices, last := []int32{0, 2, 2, 5}, []int32{7, 2, 0, 11, 5}, []int32{2, 0, 1}
 	appendIndptr, seqLens := []int32{0, 3, 3, 8}, []int32{6, 0, 9}
 	var plan mla.AppendPlan
 	require.NoError(t, plan.Build(appendIndptr, seqLens))
@@ -131,13 +131,13 @@ func TestAppendPlanMatchesReference(t *testing.T) {
 					b[i] = byte(r.Uint32())
 				}
 			}
-			in := mla.AppendInput{AppendCKV: ckv, AppendKPE: kpe, Cache: &cache, KVIndptr: kvIndptr, KVIndices: kvIndices}
+			in := mla.AppendInput{AppendCKV: ckv, AppendKPE: kpe, Cache: &cache, KVIndptr: kvIndptr, KVPageIndices: kvPageIndices}
 			if withLast {
 				in.KVLastPageLen = last
 			}
 			require.NoError(t, plan.Run(be, in))
 			reference.MLAAppend(refMLA(&want), reference.MLAAppendInput{CKV: ckv.Data, KPE: kpe.Data, BatchIndices: plan.BatchIndices,
-				Positions: plan.Positions, KVIndptr: kvIndptr, KVIndices: kvIndices})
+				Positions: plan.Positions, KVIndptr: kvIndptr, KVPageIndices: kvPageIndices})
 			require.Equal(t, want.Data, cache.Data, "%v last=%v", form, withLast)
 			require.Equal(t, want.CKV, cache.CKV, "%v last=%v", form, withLast)
 			require.Equal(t, want.KPE, cache.KPE, "%v last=%v", form, withLast)
@@ -157,9 +157,9 @@ func TestAppendPlanMismatchWritesNothing(t *testing.T) {
 	ckv.Data[0], kpe.Data[0] = 1, 1
 	be := cpu.New(cpu.Config{})
 	for name, in := range map[string]mla.AppendInput{
-		"seq_len differs":           {KVIndptr: []int32{0, 2}, KVIndices: []int32{1, 2}, KVLastPageLen: []int32{3}},
-		"pages differ without last": {KVIndptr: []int32{0, 1}, KVIndices: []int32{1}},
-		"batch differs":             {KVIndptr: []int32{0, 1, 2}, KVIndices: []int32{1, 2}},
+		"seq_len differs":           {KVIndptr: []int32{0, 2}, KVPageIndices: []int32{1, 2}, KVLastPageLen: []int32{3}},
+		"pages differ without last": {KVIndptr: []int32{0, 1}, KVPageIndices: []int32{1}},
+		"batch differs":             {KVIndptr: []int32{0, 1, 2}, KVPageIndices: []int32{1, 2}},
 	} {
 		in.AppendCKV, in.AppendKPE, in.Cache = ckv, kpe, &cache
 		err := plan.Run(be, in)
@@ -167,7 +167,7 @@ func TestAppendPlanMismatchWritesNothing(t *testing.T) {
 		t.Logf("%s: %v", name, err)
 	}
 	// Passed through from the backend's validation.
-	err = plan.Run(be, mla.AppendInput{AppendCKV: ckv, AppendKPE: kpe, Cache: &cache, KVIndptr: []int32{0, 2}, KVIndices: []int32{1, 4}})
+	err = plan.Run(be, mla.AppendInput{AppendCKV: ckv, AppendKPE: kpe, Cache: &cache, KVIndptr: []int32{0, 2}, KVPageIndices: []int32{1, 4}})
 	require.ErrorIs(t, err, kernels.ErrIndexOutOfRange)
 	assert.Equal(t, make([]byte, len(cache.CKV)), cache.CKV)
 	assert.Equal(t, make([]byte, len(cache.KPE)), cache.KPE)
@@ -180,7 +180,7 @@ func TestAppendStepDoesNotAllocate(t *testing.T) {
 	be := cpu.New(cpu.Config{Workers: 1})
 	var plan mla.AppendPlan
 	indptr, seqLens := []int32{0, 1, 2}, []int32{17, 3}
-	in := mla.AppendInput{AppendCKV: ckv, AppendKPE: kpe, Cache: &cache, KVIndptr: []int32{0, 2, 3}, KVIndices: []int32{4, 1, 6}, KVLastPageLen: []int32{1, 3}}
+	in := mla.AppendInput{AppendCKV: ckv, AppendKPE: kpe, Cache: &cache, KVIndptr: []int32{0, 2, 3}, KVPageIndices: []int32{4, 1, 6}, KVLastPageLen: []int32{1, 3}}
 	step := func() {
 		if err := plan.Build(indptr, seqLens); err != nil {
 			t.Fatal(err)
@@ -244,6 +244,6 @@ func TestDecodePlanRejects(t *testing.T) {
 	} {
 		require.ErrorIs(t, f(), mla.ErrBadDecodePlan, name)
 	}
-	assert.Equal(t, []int32{3}, d.KVIndices, "a failed Plan keeps the previous plan")
+	assert.Equal(t, []int32{3}, d.KVPageIndices, "a failed Plan keeps the previous plan")
 	assert.InDelta(t, 1/math.Sqrt(192), mla.SMScale(128, 64), 1e-15)
 }

@@ -1,7 +1,8 @@
 package mla
 
 import (
-	"github.com/pkg/errors"
+	"errors"
+	"fmt"
 
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
@@ -36,7 +37,10 @@ func (cfg Config) Geometry() layout.MLA {
 // NewCache allocates a zero-filled MLA cache in host memory.
 func NewCache(cfg Config) (kernels.MLACache, error) {
 	c, err := kernels.NewMLACache(cfg.Geometry())
-	return c, errors.Wrap(err, "mla: new cache")
+	if err != nil {
+		return c, fmt.Errorf("mla: new cache: %w", err)
+	}
+	return c, nil
 }
 
 // View is one part (ckv or kpe) of an MLA cache as FlashInfer's
@@ -89,15 +93,15 @@ func KPE(c *kernels.MLACache) View {
 // validated first; on error dst is unchanged.
 func CopyCache(dst, src *kernels.MLACache) error {
 	if err := src.Validate(); err != nil {
-		return errors.Wrap(err, "mla: copy: src")
+		return fmt.Errorf("mla: copy: src: %w", err)
 	}
 	if err := dst.Validate(); err != nil {
-		return errors.Wrap(err, "mla: copy: dst")
+		return fmt.Errorf("mla: copy: dst: %w", err)
 	}
 	a, b := dst.Geometry, src.Geometry
 	a.Form, b.Form = 0, 0
 	if a != b {
-		return errors.Wrapf(ErrGeometry, "mla: copy: dst %+v, src %+v", dst.Geometry, src.Geometry)
+		return fmt.Errorf("mla: copy: dst %+v, src %+v: %w", dst.Geometry, src.Geometry, ErrGeometry)
 	}
 	if dst.Geometry.Form == src.Geometry.Form {
 		copy(dst.Data, src.Data)

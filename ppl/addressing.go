@@ -158,7 +158,7 @@ func CSRFromPageTable(dst *kernels.PageTable, a *Addressing, pageSize int) error
 		return err
 	}
 	indptr := append(dst.KVIndptr[:0], 0)
-	indices := dst.KVIndices[:0]
+	indices := dst.KVPageIndices[:0]
 	last := dst.KVLastPageLen[:0]
 	for b := 0; b < B; b++ {
 		n := a.KVLen(b)
@@ -173,7 +173,7 @@ func CSRFromPageTable(dst *kernels.PageTable, a *Addressing, pageSize int) error
 		}
 		last = append(last, l)
 	}
-	dst.KVIndptr, dst.KVIndices, dst.KVLastPageLen = indptr, indices, last
+	dst.KVIndptr, dst.KVPageIndices, dst.KVLastPageLen = indptr, indices, last
 	return nil
 }
 
@@ -200,7 +200,7 @@ func CSRFromOffsets(dst *kernels.PageTable, a *Addressing) error {
 		}
 	}
 	indptr := append(dst.KVIndptr[:0], 0)
-	indices := dst.KVIndices[:0]
+	indices := dst.KVPageIndices[:0]
 	last := dst.KVLastPageLen[:0]
 	for b := 0; b < B; b++ {
 		n := a.KVLen(b)
@@ -210,7 +210,7 @@ func CSRFromOffsets(dst *kernels.PageTable, a *Addressing) error {
 		indptr = append(indptr, int32(len(indices)))
 		last = append(last, int32(min(n, 1)))
 	}
-	dst.KVIndptr, dst.KVIndices, dst.KVLastPageLen = indptr, indices, last
+	dst.KVIndptr, dst.KVPageIndices, dst.KVLastPageLen = indptr, indices, last
 	return nil
 }
 
@@ -250,7 +250,7 @@ func PageTableFromCSR(dst *Addressing, csr *kernels.PageTable, pageSize, maxPage
 	var kv int64
 	starts = append(starts, 0)
 	for b := 0; b < B; b++ {
-		pages := csr.KVIndices[csr.KVIndptr[b]:csr.KVIndptr[b+1]]
+		pages := csr.KVPageIndices[csr.KVIndptr[b]:csr.KVIndptr[b+1]]
 		for _, p := range pages {
 			cache = append(cache, int64(p)*int64(pageSize))
 		}

@@ -32,7 +32,7 @@ func TestPageTableCSRWorkedExamples(t *testing.T) {
 			kvStarts:    []int64{0, 300, 556},
 			csr: kernels.PageTable{
 				KVIndptr:      []int32{0, 2, 3},
-				KVIndices:     []int32{0, 1, 4},
+				KVPageIndices: []int32{0, 1, 4},
 				KVLastPageLen: []int32{44, 256},
 			},
 		},
@@ -44,7 +44,7 @@ func TestPageTableCSRWorkedExamples(t *testing.T) {
 			kvStarts:    []int64{0, 22, 42, 57},
 			csr: kernels.PageTable{
 				KVIndptr:      []int32{0, 3, 6, 8},
-				KVIndices:     []int32{0, 5, 8, 1, 6, 7, 3, 4},
+				KVPageIndices: []int32{0, 5, 8, 1, 6, 7, 3, 4},
 				KVLastPageLen: []int32{6, 4, 7},
 			},
 		},
@@ -56,7 +56,7 @@ func TestPageTableCSRWorkedExamples(t *testing.T) {
 			kvStarts:    []int64{0, 0, 8, 8},
 			csr: kernels.PageTable{
 				KVIndptr:      []int32{0, 0, 2, 2},
-				KVIndices:     []int32{3, 1},
+				KVPageIndices: []int32{3, 1},
 				KVLastPageLen: []int32{0, 4, 0},
 			},
 		},
@@ -79,7 +79,7 @@ func TestPageTableCSRWorkedExamples(t *testing.T) {
 // TestPageTableFromCSRPadding: unused columns are -1; maxPages 0 sizes the
 // table to the longest request.
 func TestPageTableFromCSRPadding(t *testing.T) {
-	csr := kernels.PageTable{KVIndptr: []int32{0, 1, 1, 4}, KVIndices: []int32{7, 2, 0, 5}, KVLastPageLen: []int32{3, 0, 1}}
+	csr := kernels.PageTable{KVIndptr: []int32{0, 1, 1, 4}, KVPageIndices: []int32{7, 2, 0, 5}, KVLastPageLen: []int32{3, 0, 1}}
 	var a ppl.Addressing
 	require.NoError(t, ppl.PageTableFromCSR(&a, &csr, 4, 0))
 	assert.Equal(t, 3, a.MaxPages)
@@ -107,7 +107,7 @@ func TestCSRFromOffsets(t *testing.T) {
 	require.NoError(t, ppl.CSRFromOffsets(&got, &a))
 	assert.Equal(t, kernels.PageTable{
 		KVIndptr:      []int32{0, 3, 3, 5},
-		KVIndices:     []int32{10, 11, 12, 0, 1},
+		KVPageIndices: []int32{10, 11, 12, 0, 1},
 		KVLastPageLen: []int32{1, 0, 1},
 	}, got)
 
@@ -175,7 +175,7 @@ func TestCSRRoundTripRandom(t *testing.T) {
 func randomCSR(rng *rand.Rand, N int, dst kernels.PageTable) kernels.PageTable {
 	B := rng.IntN(7)
 	dst.KVIndptr = append(dst.KVIndptr[:0], 0)
-	dst.KVIndices = dst.KVIndices[:0]
+	dst.KVPageIndices = dst.KVPageIndices[:0]
 	dst.KVLastPageLen = dst.KVLastPageLen[:0]
 	for b := 0; b < B; b++ {
 		pages := rng.IntN(17)
@@ -183,9 +183,9 @@ func randomCSR(rng *rand.Rand, N int, dst kernels.PageTable) kernels.PageTable {
 			pages = 0
 		}
 		for j := 0; j < pages; j++ {
-			dst.KVIndices = append(dst.KVIndices, int32(rng.IntN(1<<20)))
+			dst.KVPageIndices = append(dst.KVPageIndices, int32(rng.IntN(1<<20)))
 		}
-		dst.KVIndptr = append(dst.KVIndptr, int32(len(dst.KVIndices)))
+		dst.KVIndptr = append(dst.KVIndptr, int32(len(dst.KVPageIndices)))
 		last := int32(0)
 		if pages > 0 {
 			last = int32(1 + rng.IntN(N))

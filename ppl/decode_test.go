@@ -167,7 +167,7 @@ func TestFlashInferCacheInPlace(t *testing.T) {
 	a := ppl.Addressing{KVStarts: []int64{0, 6, 9}, CacheStarts: []int64{28, 8, 36, x}, MaxPages: 2}
 	var table kernels.PageTable
 	require.NoError(t, ppl.CSRFromPageTable(&table, &a, 4))
-	assert.Equal(t, kernels.PageTable{KVIndptr: []int32{0, 2, 3}, KVIndices: []int32{7, 2, 9}, KVLastPageLen: []int32{2, 3}}, table)
+	assert.Equal(t, kernels.PageTable{KVIndptr: []int32{0, 2, 3}, KVPageIndices: []int32{7, 2, 9}, KVLastPageLen: []int32{2, 3}}, table)
 
 	vals := make([]float32, 2*9*2*8)
 	for i := range vals {

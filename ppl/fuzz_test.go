@@ -105,9 +105,9 @@ func FuzzCSRRoundTrip(f *testing.F) {
 		for b := 0; b < B; b++ {
 			pages := r.next() % 5
 			for j := 0; j < pages; j++ {
-				csr.KVIndices = append(csr.KVIndices, int32(r.next()<<8|r.next()))
+				csr.KVPageIndices = append(csr.KVPageIndices, int32(r.next()<<8|r.next()))
 			}
-			csr.KVIndptr = append(csr.KVIndptr, int32(len(csr.KVIndices)))
+			csr.KVIndptr = append(csr.KVIndptr, int32(len(csr.KVPageIndices)))
 			last := int32(0)
 			if pages > 0 {
 				last = int32(1 + r.next()%N)

@@ -62,7 +62,7 @@ func TestFP8WorkedExample(t *testing.T) {
 				copy(cache.Data, []byte{enc(1), enc(0.5), enc(0.5), enc(-1)}) // K then V of page 0
 				p := &kernels.DecodeParams{
 					Q:     kernels.TensorFromF32(layout.F16, []float32{1, 0}, 1, 1, 2),
-					Cache: cache, Table: kernels.PageTable{KVIndptr: []int32{0, 1}, KVIndices: []int32{0}, KVLastPageLen: []int32{1}},
+					Cache: cache, Table: kernels.PageTable{KVIndptr: []int32{0, 1}, KVPageIndices: []int32{0}, KVLastPageLen: []int32{1}},
 					AttentionParams: kernels.AttentionParams{NumQOHeads: 1, SMScale: 1, WindowLeft: -1, KScale: 2, VScale: 3},
 					O:               kernels.NewTensor(layout.F32, 1, 1, 2), LSE: make([]float32, 1)}
 				require.NoError(t, be.BatchDecode(p))
@@ -89,7 +89,7 @@ func TestFP8AppendConvertsWithScale(t *testing.T) {
 			p := &kernels.AppendParams{
 				AppendKey: kernels.TensorFromF32(layout.F16, vals, 1, 1, 64), AppendValue: kernels.TensorFromF32(layout.F16, vals, 1, 1, 64),
 				BatchIndices: []int32{0}, Positions: []int32{0}, Cache: cache,
-				Table:  kernels.PageTable{KVIndptr: []int32{0, 1}, KVIndices: []int32{0}, KVLastPageLen: []int32{1}},
+				Table:  kernels.PageTable{KVIndptr: []int32{0, 1}, KVPageIndices: []int32{0}, KVLastPageLen: []int32{1}},
 				KScale: 4, VScale: 1000}
 			require.NoError(t, be.AppendPagedKVCache(p))
 			assert.Equal(t, []byte{0x78, 0xfe, 0x28, 0x01, 0, 0}, cache.K[:6], "K = e4m3(x/4)")
@@ -150,10 +150,10 @@ func newFP8Scenario(t *testing.T, rng *rand.Rand, dt layout.DType, kvl layout.KV
 	for b, n := range lens {
 		pages := (n + N - 1) / N
 		for j := 0; j < pages; j++ {
-			s.table.KVIndices = append(s.table.KVIndices, int32(perm[0]))
+			s.table.KVPageIndices = append(s.table.KVPageIndices, int32(perm[0]))
 			perm = perm[1:]
 		}
-		s.table.KVIndptr = append(s.table.KVIndptr, int32(len(s.table.KVIndices)))
+		s.table.KVIndptr = append(s.table.KVIndptr, int32(len(s.table.KVPageIndices)))
 		s.table.KVLastPageLen = append(s.table.KVLastPageLen, int32((n-1)%N+1))
 		for p := 0; p < n; p++ {
 			k, v := make([]float32, H*D), make([]float32, H*D)

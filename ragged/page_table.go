@@ -67,19 +67,19 @@ func pageTableError(kind error, format string, args ...any) error {
 // in int64, so no hostile value (MinInt32, MaxInt32, a decreasing indptr)
 // wraps into an accepted table. The error is a [*PageTableError] naming the
 // request, the index and the value. It does not allocate unless it fails.
-func ValidatePageTable(kvIndptr, kvIndices, kvLastPageLen []int32, c PageTableCheck) error {
+func ValidatePageTable(kvIndptr, kvPageIndices, kvLastPageLen []int32, c PageTableCheck) error {
 	if err := validatePagedKVLens(kvIndptr, kvLastPageLen, c.PageSize, c.LastPageLenOptional); err != nil {
 		return err
 	}
 	b := len(kvIndptr) - 1
 	used := int64(kvIndptr[b]) // in [0, MaxInt32]: kv_indptr starts at 0 and never decreases
-	if n := int64(len(kvIndices)); n < used || (n > used && !c.IndicesMayBeLonger) {
+	if n := int64(len(kvPageIndices)); n < used || (n > used && !c.IndicesMayBeLonger) {
 		return pageTableError(ErrBadIndptr, "kv_indptr[%d] = %d but kv_indices has length %d", b, used, n)
 	}
 	if c.NumPages < 0 {
 		return pageTableError(ErrNegativeLength, "num_pages = %d is negative", c.NumPages)
 	}
-	for k, p := range kvIndices[:used] {
+	for k, p := range kvPageIndices[:used] {
 		if p < 0 || int64(p) >= int64(c.NumPages) {
 			req := 0
 			for int64(kvIndptr[req+1]) <= int64(k) {

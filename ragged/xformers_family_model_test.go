@@ -341,10 +341,10 @@ func checkPagedKV(t testing.TB, m AttentionMask, cfg MaskConfig, kvLens []int32)
 		}
 		wantLast = append(wantLast, last)
 	}
-	if fmt.Sprint(pkv.KVIndptr, pkv.KVIndices, pkv.KVLastPageLen, pkv.PageSize) != fmt.Sprint(wantIndptr, wantIdx, wantLast, ps) {
+	if fmt.Sprint(pkv.KVIndptr, pkv.KVPageIndices, pkv.KVLastPageLen, pkv.PageSize) != fmt.Sprint(wantIndptr, wantIdx, wantLast, ps) {
 		t.Fatalf("%s: PagedKV = %+v, want indptr %v indices %v last %v", m, pkv, wantIndptr, wantIdx, wantLast)
 	}
-	back, lens, err := BlockTablesFromPagedKV(pkv.KVIndptr, pkv.KVIndices, pkv.KVLastPageLen, ps, bt.Cols, 0)
+	back, lens, err := BlockTablesFromPagedKV(pkv.KVIndptr, pkv.KVPageIndices, pkv.KVLastPageLen, ps, bt.Cols, 0)
 	if err != nil {
 		t.Fatalf("%s: BlockTablesFromPagedKV: %v", m, err)
 	}
@@ -398,7 +398,7 @@ func checkPagedKV(t testing.TB, m AttentionMask, cfg MaskConfig, kvLens []int32)
 	r0 := 0
 	for b, n := range kvLens {
 		q := int(cfg.QSeqLen[b])
-		pages := pkv.KVIndices[pkv.KVIndptr[b]:pkv.KVIndptr[b+1]]
+		pages := pkv.KVPageIndices[pkv.KVIndptr[b]:pkv.KVIndptr[b+1]]
 		repainted := false
 		used := map[int32]bool{}
 		for _, p := range pages {

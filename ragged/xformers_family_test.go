@@ -419,7 +419,7 @@ func TestPagedKVRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	pkv, err := m.PagedKV()
 	require.NoError(t, err)
-	assert.Equal(t, PagedKV{QOIndptr: []int32{0, 1, 1, 3}, KVIndptr: indptr, KVIndices: indices, KVLastPageLen: last, PageSize: 2}, pkv)
+	assert.Equal(t, PagedKV{QOIndptr: []int32{0, 1, 1, 3}, KVIndptr: indptr, KVPageIndices: indices, KVLastPageLen: last, PageSize: 2}, pkv)
 	assert.Equal(t, FlashInferParams{Causal: true, WindowLeft: -1, OK: true}, m.FlashInferParams())
 
 	_, _, err = BlockTablesFromPagedKV(indptr, indices, last, 2, 2, 0)

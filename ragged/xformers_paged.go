@@ -167,12 +167,12 @@ func (m blockDiagonal) PageSize() int { return m.pageSize }
 
 // PagedKV is FlashInfer's paged-KV page table for a batch (the arguments of
 // BatchPrefill/DecodeWithPagedKVCacheWrapper.plan besides the mask):
-// request b holds pages KVIndices[KVIndptr[b]:KVIndptr[b+1]] in order, the
+// request b holds pages KVPageIndices[KVIndptr[b]:KVIndptr[b+1]] in order, the
 // last one filled to KVLastPageLen[b] (0 for a request without pages).
 type PagedKV struct {
 	QOIndptr      []int32 // [B+1] prefix sums of q_seqlen
 	KVIndptr      []int32 // [B+1] page counts
-	KVIndices     []int32 // [KVIndptr[B]] physical page ids
+	KVPageIndices []int32 // [KVIndptr[B]] physical page ids
 	KVLastPageLen []int32 // [B]
 	PageSize      int
 }
@@ -200,14 +200,14 @@ func (m blockDiagonal) PagedKV() (PagedKV, error) {
 	if err != nil {
 		return PagedKV{}, err
 	}
-	return PagedKV{QOIndptr: qo, KVIndptr: indptr, KVIndices: indices, KVLastPageLen: last, PageSize: m.pageSize}, nil
+	return PagedKV{QOIndptr: qo, KVIndptr: indptr, KVPageIndices: indices, KVLastPageLen: last, PageSize: m.pageSize}, nil
 }
 
 // ToPagedKV converts block_tables and per-sequence key counts (kvLen[b]
 // keys from logical position 0) to FlashInfer's kv_indptr, kv_indices and
 // kv_last_page_len. kvLen[b] must be in 0..Cols*pageSize; rows past
 // len(kvLen) are ignored.
-func (t BlockTables) ToPagedKV(kvLen []int32, pageSize int) (kvIndptr, kvIndices, kvLastPageLen []int32, err error) {
+func (t BlockTables) ToPagedKV(kvLen []int32, pageSize int) (kvIndptr, kvPageIndices, kvLastPageLen []int32, err error) {
 	if _, err := t.check(len(kvLen), pageSize); err != nil {
 		return nil, nil, nil, err
 	}
@@ -224,11 +224,11 @@ func (t BlockTables) ToPagedKV(kvLen []int32, pageSize int) (kvIndptr, kvIndices
 			kvLastPageLen[b] = n - int32((pages-1)*pageSize)
 		}
 	}
-	kvIndices = make([]int32, kvIndptr[len(kvLen)])
+	kvPageIndices = make([]int32, kvIndptr[len(kvLen)])
 	for b := range kvLen {
-		copy(kvIndices[kvIndptr[b]:kvIndptr[b+1]], t.Row(b))
+		copy(kvPageIndices[kvIndptr[b]:kvIndptr[b+1]], t.Row(b))
 	}
-	return kvIndptr, kvIndices, kvLastPageLen, nil
+	return kvIndptr, kvPageIndices, kvLastPageLen, nil
 }
 
 // BlockTablesFromPagedKV is the inverse of [BlockTables.ToPagedKV]: it lays
@@ -237,8 +237,8 @@ func (t BlockTables) ToPagedKV(kvLen []int32, pageSize int) (kvIndptr, kvIndices
 // request's pages with pad, and returns the per-request key counts
 // (kv_seqlen). Validation is [ValidatePageTable]'s (page ids >= 0, no pool)
 // plus block_tables' (pad >= 0, cols).
-func BlockTablesFromPagedKV(kvIndptr, kvIndices, kvLastPageLen []int32, pageSize, cols int, pad int32) (BlockTables, []int32, error) {
-	if err := ValidatePageTable(kvIndptr, kvIndices, kvLastPageLen, PageTableCheck{PageSize: pageSize, NumPages: AnyPageID}); err != nil {
+func BlockTablesFromPagedKV(kvIndptr, kvPageIndices, kvLastPageLen []int32, pageSize, cols int, pad int32) (BlockTables, []int32, error) {
+	if err := ValidatePageTable(kvIndptr, kvPageIndices, kvLastPageLen, PageTableCheck{PageSize: pageSize, NumPages: AnyPageID}); err != nil {
 		return BlockTables{}, nil, err
 	}
 	batch := len(kvIndptr) - 1
@@ -262,7 +262,7 @@ func BlockTablesFromPagedKV(kvIndptr, kvIndices, kvLastPageLen []int32, pageSize
 	kvLen := make([]int32, batch)
 	for b := 0; b < batch; b++ {
 		row := t.Row(b)
-		n := copy(row, kvIndices[kvIndptr[b]:kvIndptr[b+1]])
+		n := copy(row, kvPageIndices[kvIndptr[b]:kvIndptr[b+1]])
 		for l := n; l < cols; l++ {
 			row[l] = pad
 		}
@@ -491,7 +491,7 @@ func MaskFromPagedKV(kind MaskKind, p PagedKV, kvSeqStarts []int32, windowSize, 
 	if err := checkIndptr("qo_indptr", p.QOIndptr); err != nil {
 		return nil, err
 	}
-	tables, kvLen, err := BlockTablesFromPagedKV(p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.PageSize, cols, pad)
+	tables, kvLen, err := BlockTablesFromPagedKV(p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.PageSize, cols, pad)
 	if err != nil {
 		return nil, err
 	}

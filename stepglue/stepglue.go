@@ -182,7 +182,7 @@ func Check(plan *pagedkv.Plan) error {
 
 // table is plan's page table after the append (its own arrays).
 func table(plan *pagedkv.Plan) kernels.PageTable {
-	return kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
+	return kernels.PageTable{KVIndptr: plan.KVIndptr, KVPageIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
 }
 
 // Device fills dst with plan's device step over caches of geometry geom:
@@ -251,7 +251,7 @@ func HostStep(dst *Host, plan *pagedkv.Plan, ap kernels.AttentionParams) error {
 		dst.Cascade.WindowLeft = -1
 	case Chunked:
 		dst.Prefill = kernels.PrefillParams{QOIndptr: plan.AttnQOIndptr,
-			Table:  kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen},
+			Table:  kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVPageIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen},
 			Causal: true, AttentionParams: ap}
 	case Decode:
 		dst.Decode = kernels.DecodeParams{Table: dst.Table, AttentionParams: ap}

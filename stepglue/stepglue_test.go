@@ -57,7 +57,7 @@ func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPla
 	ap := kernels.AttentionParams{NumQOHeads: hq, SMScale: 0.5}
 	k := wantKind(plan)
 	kinds[k]++
-	table := kernels.PageTable{KVIndptr: plan.KVIndptr, KVIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
+	table := kernels.PageTable{KVIndptr: plan.KVIndptr, KVPageIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}
 	wap := ap
 	wap.WindowLeft = plan.WindowLeft
 
@@ -86,7 +86,7 @@ func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPla
 		if !reflect.DeepEqual(*dev, want) {
 			t.Fatalf("%s: Device = %+v\nwant %+v", where, *dev, want)
 		}
-		if !aliases(dev.Table.KVIndices, plan.KVPageIndices) || !aliases(dev.QOIndptr, plan.QOIndptr) || !aliases(dev.Positions, plan.Positions) {
+		if !aliases(dev.Table.KVPageIndices, plan.KVPageIndices) || !aliases(dev.QOIndptr, plan.QOIndptr) || !aliases(dev.Positions, plan.Positions) {
 			t.Fatalf("%s: device arrays are not the plan's", where)
 		}
 	}
@@ -103,7 +103,7 @@ func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPla
 		want.Cascade = cp
 	case stepglue.Chunked:
 		want.Prefill = kernels.PrefillParams{QOIndptr: plan.AttnQOIndptr, Causal: true, AttentionParams: wap,
-			Table: kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen}}
+			Table: kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVPageIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen}}
 	case stepglue.Decode:
 		want.Decode = kernels.DecodeParams{Table: table, AttentionParams: wap}
 	default:

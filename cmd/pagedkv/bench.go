@@ -14,7 +14,7 @@ import (
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/allocator"
-	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/layout"
@@ -528,7 +528,7 @@ func benchAppend(b *testing.B, sz benchSizes, l layout.KVLayout) error {
 	for i := range n {
 		indptr[i+1], indices[i], last[i], qo[i+1], seqLens[i] = int32(i+1), int32(n-1-i), benchPageSize, int32(i+1), benchPageSize
 	}
-	table := kernels.PageTable{KVIndptr: indptr, KVIndices: indices, KVLastPageLen: last}
+	table := kernels.PageTable{KVIndptr: indptr, KVPageIndices: indices, KVLastPageLen: last}
 	var plan appendkv.Plan
 	if err := plan.Build(qo, seqLens); err != nil {
 		return err
@@ -572,7 +572,7 @@ func benchDecode(b *testing.B, sz benchSizes, workers int) error {
 		indices[i] = int32((i * 7919) % len(indices)) // scattered pages
 	}
 	q := kernels.NewTensor(layout.F16, B, benchHq, benchD)
-	p := &kernels.DecodeParams{Q: q, Cache: cache, Table: kernels.PageTable{KVIndptr: indptr, KVIndices: indices, KVLastPageLen: last},
+	p := &kernels.DecodeParams{Q: q, Cache: cache, Table: kernels.PageTable{KVIndptr: indptr, KVPageIndices: indices, KVLastPageLen: last},
 		AttentionParams: kernels.AttentionParams{NumQOHeads: benchHq, WindowLeft: -1}, O: kernels.NewTensor(layout.F16, B, benchHq, benchD)}
 	backend := cpu.New(cpu.Config{Workers: workers})
 	b.SetBytes(int64(B*L) * int64(2*benchHkv*benchD*layout.F16.Size()))

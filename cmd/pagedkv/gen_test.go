@@ -258,10 +258,10 @@ func genMergeStates(r *rand.Rand) *newCase {
 
 // pagedGeometry is a random paged cache with a page table over it.
 type pagedGeometry struct {
-	hnd                    bool
-	pages, n, heads, d     int
-	kvIndptr, kvIndices    []int32
-	kvLastPageLen, seqLens []int32
+	hnd                     bool
+	pages, n, heads, d      int
+	kvIndptr, kvPageIndices []int32
+	kvLastPageLen, seqLens  []int32
 }
 
 // newPaged assigns distinct random pages to requests of the given lengths.
@@ -280,7 +280,7 @@ func newPaged(r *rand.Rand, seqLens []int32, n, heads, d int) pagedGeometry {
 	g.pages = total + r.IntN(4)
 	perm := r.Perm(g.pages)
 	for _, p := range perm[:total] {
-		g.kvIndices = append(g.kvIndices, int32(p))
+		g.kvPageIndices = append(g.kvPageIndices, int32(p))
 	}
 	g.kvIndptr = prefix(counts)
 	return g
@@ -298,7 +298,7 @@ func (g *pagedGeometry) layout() string { return map[bool]string{true: "HND", fa
 // offset is the element offset of K (kv=0) or V (kv=1) of token t of
 // request b, head h, feature f, in the 5-D tensor.
 func (g *pagedGeometry) offset(b, t, kv, h, f int) int {
-	page := int(g.kvIndices[int(g.kvIndptr[b])+t/g.n])
+	page := int(g.kvPageIndices[int(g.kvIndptr[b])+t/g.n])
 	entry := t % g.n
 	if g.hnd {
 		return (((page*2+kv)*g.heads+h)*g.n+entry)*g.d + f
@@ -308,7 +308,7 @@ func (g *pagedGeometry) offset(b, t, kv, h, f int) int {
 
 func (g *pagedGeometry) tables(c *newCase) {
 	c.i32("in.kv_indptr", g.kvIndptr)
-	c.i32("in.kv_indices", g.kvIndices)
+	c.i32("in.kv_indices", g.kvPageIndices)
 	c.i32("in.kv_last_page_len", g.kvLastPageLen)
 }
 

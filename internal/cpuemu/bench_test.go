@@ -27,9 +27,9 @@ func benchDecodeParams(b *testing.B) (*kernels.DecodeParams, int64) {
 	t := kernels.PageTable{KVIndptr: []int32{0}, KVLastPageLen: make([]int32, B)}
 	for b := range B {
 		for p := range L / N {
-			t.KVIndices = append(t.KVIndices, int32(b*L/N+p))
+			t.KVPageIndices = append(t.KVPageIndices, int32(b*L/N+p))
 		}
-		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVPageIndices)))
 		t.KVLastPageLen[b] = N
 	}
 	q := make([]float32, B*H*group*D)
@@ -70,7 +70,7 @@ func BenchmarkAppend(b *testing.B) {
 	require.NoError(b, err)
 	t := kernels.PageTable{KVIndptr: []int32{0, nnz / N}, KVLastPageLen: []int32{N}}
 	for p := range nnz / N {
-		t.KVIndices = append(t.KVIndices, int32(2*p+1))
+		t.KVPageIndices = append(t.KVPageIndices, int32(2*p+1))
 	}
 	p := &kernels.AppendParams{AppendKey: kernels.NewTensor(layout.F16, nnz, H, D), AppendValue: kernels.NewTensor(layout.F16, nnz, H, D),
 		BatchIndices: make([]int32, nnz), Positions: make([]int32, nnz), Cache: cache, Table: t}

@@ -44,10 +44,10 @@ func fuzzTable(s *byteSource, lens []int, pageSize, numPages int) kernels.PageTa
 	next := 0
 	for b, n := range lens {
 		for range (n + pageSize - 1) / pageSize {
-			t.KVIndices = append(t.KVIndices, perm[next])
+			t.KVPageIndices = append(t.KVPageIndices, perm[next])
 			next++
 		}
-		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVPageIndices)))
 		if n > 0 {
 			t.KVLastPageLen[b] = int32((n-1)%pageSize + 1)
 		}
@@ -122,7 +122,7 @@ func FuzzEmuAppend(f *testing.F) {
 			NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim,
 			Data: bytes.Clone(cache.Data), K: bytes.Clone(cache.K), V: bytes.Clone(cache.V)}
 		reference.Append(want, reference.AppendInput{Key: p.AppendKey.Data, Value: p.AppendValue.Data, SrcDType: src,
-			BatchIndices: p.BatchIndices, Positions: p.Positions, KVIndptr: table.KVIndptr, KVIndices: table.KVIndices,
+			BatchIndices: p.BatchIndices, Positions: p.Positions, KVIndptr: table.KVIndptr, KVPageIndices: table.KVPageIndices,
 			KScale: p.KScale, VScale: p.VScale})
 		require.NoError(t, b.AppendPagedKVCache(&p))
 		what := fmt.Sprintf("%v %v %v<-%v N=%d H=%d D=%d lens=%v nnz=%d", g.Layout, g.Form, g.DType, src, g.PageSize, g.NumKVHeads, g.HeadDim, lens, nnz)
@@ -189,7 +189,7 @@ func FuzzEmuDecode(f *testing.F) {
 		ref := reference.PagedKV{Layout: g.Layout, Form: g.Form, DType: g.DType, NumPages: g.NumPages, PageSize: g.PageSize,
 			NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: cache.Data, K: cache.K, V: cache.V}
 		q := reference.Rows3(reference.Floats(layout.F32, p.Q.Data), B, Hq, D)
-		wo, wl := reference.BatchDecode(q, ref, table.KVIndptr, table.KVIndices, table.KVLastPageLen, reference.Logits{WindowLeft: window})
+		wo, wl := reference.BatchDecode(q, ref, table.KVIndptr, table.KVPageIndices, table.KVLastPageLen, reference.Logits{WindowLeft: window})
 		o := p.O.F32()
 		for r := range B {
 			for h := range Hq {

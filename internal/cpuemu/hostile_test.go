@@ -41,8 +41,8 @@ func TestHostileIndicesTiledPrefill(t *testing.T) {
 	g := kernelstest.RawGeometry{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: 4, PageSize: 4,
 		NumKVHeads: 2, Group: 2, HeadDim: 64, HeadDimCKV: 8, HeadDimKPE: 4}
 	odd := []kernelstest.RawIndices{
-		{KVIndptr: []int32{0, 3, 3, 4}, KVIndices: []int32{1, 1, 3, 0}, KVLastPageLen: []int32{2, 0, 4}, QOIndptr: []int32{0, 5, 7, 7}},
-		{KVIndptr: []int32{0, 1}, KVIndices: []int32{2}, KVLastPageLen: []int32{1}, QOIndptr: []int32{0, 9}},
+		{KVIndptr: []int32{0, 3, 3, 4}, KVPageIndices: []int32{1, 1, 3, 0}, KVLastPageLen: []int32{2, 0, 4}, QOIndptr: []int32{0, 5, 7, 7}},
+		{KVIndptr: []int32{0, 1}, KVPageIndices: []int32{2}, KVLastPageLen: []int32{1}, QOIndptr: []int32{0, 9}},
 	}
 	for i, ix := range append(kernelstest.HostileTables(), odd...) {
 		if err := kernelstest.CheckRawIndices(b, g, ix); err != nil {

@@ -94,7 +94,7 @@ func testHybridMLA(t *testing.T, dt layout.DType, dc, dk int, tol float64) {
 		require.NoError(t, goBE.AppendPagedMLAKVCache(&kernels.MLAAppendParams{
 			AppendCKV: kernels.TensorFromF32(dt, ac, nnz, dc), AppendKPE: kernels.TensorFromF32(dt, ak, nnz, dk),
 			BatchIndices: gp.BatchIndices, Positions: gp.Positions, Cache: cache,
-			KVIndptr: gp.KVIndptr, KVIndices: gp.KVPageIndices, KVLastPageLen: gp.KVLastPageLen}))
+			KVIndptr: gp.KVIndptr, KVPageIndices: gp.KVPageIndices, KVLastPageLen: gp.KVLastPageLen}))
 		if decode {
 			decodes++
 			B := len(ids)
@@ -115,7 +115,7 @@ func testHybridMLA(t *testing.T, dt layout.DType, dc, dk int, tol float64) {
 			}{{"cpu", goBE}, {"emu", emu}} {
 				dp := kernels.MLADecodeParams{QNope: kernels.TensorFromF32(dt, qn, B, heads, dc),
 					QPE: kernels.TensorFromF32(dt, qp, B, heads, dk), Cache: cache,
-					KVIndptr: gp.KVIndptr, KVIndices: gp.KVPageIndices, KVLen: kvLen, NumHeads: heads, SMScale: scale,
+					KVIndptr: gp.KVIndptr, KVPageIndices: gp.KVPageIndices, KVLen: kvLen, NumHeads: heads, SMScale: scale,
 					O: kernels.NewTensor(dt, B, heads, dc)}
 				require.NoError(t, be.b.MLADecode(&dp))
 				got := dp.O.F32()

@@ -78,7 +78,7 @@ func TestHybridGroupsDecodeOnEmu(t *testing.T) {
 							q[i] = float32(math.Cos(float64(i*13+step) * 0.71))
 						}
 						dp := kernels.DecodeParams{Q: kernels.TensorFromF32(layout.F32, q, B, heads, D), Cache: cache,
-							Table:           kernels.PageTable{KVIndptr: gp.KVIndptr, KVIndices: gp.KVPageIndices, KVLastPageLen: gp.KVLastPageLen},
+							Table:           kernels.PageTable{KVIndptr: gp.KVIndptr, KVPageIndices: gp.KVPageIndices, KVLastPageLen: gp.KVLastPageLen},
 							AttentionParams: kernels.AttentionParams{NumQOHeads: heads, WindowLeft: gp.WindowLeft},
 							O:               kernels.NewTensor(layout.F32, B, heads, D)}
 						require.Equal(t, spec.WindowLeft(), gp.WindowLeft)
@@ -159,7 +159,7 @@ func appendRows(t *testing.T, be kernels.Backend, c kernels.PagedKVCache, p *pag
 		AppendKey:    kernels.TensorFromF32(layout.F32, k, nnz, g.NumKVHeads, g.HeadDim),
 		AppendValue:  kernels.TensorFromF32(layout.F32, v, nnz, g.NumKVHeads, g.HeadDim),
 		BatchIndices: p.BatchIndices, Positions: p.Positions, Cache: c,
-		Table: kernels.PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen},
+		Table: kernels.PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen},
 	}))
 }
 

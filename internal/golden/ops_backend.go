@@ -134,7 +134,7 @@ func (x *exec) pageTable(suffix string) (kernels.PageTable, error) {
 	if t.KVIndptr, err = x.indices("in.kv_indptr" + suffix); err != nil {
 		return t, err
 	}
-	if t.KVIndices, err = x.indices("in.kv_indices" + suffix); err != nil {
+	if t.KVPageIndices, err = x.indices("in.kv_indices" + suffix); err != nil {
 		return t, err
 	}
 	t.KVLastPageLen, err = x.indices("in.kv_last_page_len" + suffix)
@@ -189,7 +189,7 @@ func runMLAAppend(x *exec) (map[string]safetensors.Tensor, error) {
 	if p.BatchIndices, p.Positions, table, err = x.appendTargets(); err != nil {
 		return nil, err
 	}
-	p.KVIndptr, p.KVIndices, p.KVLastPageLen = table.KVIndptr, table.KVIndices, table.KVLastPageLen
+	p.KVIndptr, p.KVPageIndices, p.KVLastPageLen = table.KVIndptr, table.KVPageIndices, table.KVLastPageLen
 	if err := x.b.AppendPagedMLAKVCache(&p); err != nil {
 		return nil, err
 	}
@@ -392,7 +392,7 @@ func runMLADecode(x *exec) (map[string]safetensors.Tensor, error) {
 	if p.KVIndptr, err = x.indices("in.kv_indptr"); err != nil {
 		return nil, err
 	}
-	if p.KVIndices, err = x.indices("in.kv_indices"); err != nil {
+	if p.KVPageIndices, err = x.indices("in.kv_indices"); err != nil {
 		return nil, err
 	}
 	if p.KVLen, err = x.indices("in.kv_len"); err != nil {

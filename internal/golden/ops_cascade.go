@@ -50,7 +50,7 @@ func runCascade(x *exec) (map[string]safetensors.Tensor, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.Levels = append(p.Levels, cascade.Level{QOIndptr: qoIndptr, KVIndptr: t.KVIndptr, KVIndices: t.KVIndices, KVLastPageLen: t.KVLastPageLen})
+		p.Levels = append(p.Levels, cascade.Level{QOIndptr: qoIndptr, KVIndptr: t.KVIndptr, KVPageIndices: t.KVPageIndices, KVLastPageLen: t.KVLastPageLen})
 	}
 	if err := cascade.Run(x.b, &p); err != nil {
 		return nil, err

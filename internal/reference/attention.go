@@ -177,17 +177,17 @@ func SeqLen(kvIndptr, kvLastPageLen []int32, pageSize, b int) int {
 }
 
 // Gather returns request b's keys and values as [token][head][feat], token t
-// read from entry t%page_size of page kvIndices[kvIndptr[b]+t/page_size].
-func Gather(c PagedKV, kvIndptr, kvIndices, kvLastPageLen []int32, b int) (k, v [][][]float64) {
-	return GatherLen(c, kvIndptr, kvIndices, b, SeqLen(kvIndptr, kvLastPageLen, c.PageSize, b))
+// read from entry t%page_size of page kvPageIndices[kvIndptr[b]+t/page_size].
+func Gather(c PagedKV, kvIndptr, kvPageIndices, kvLastPageLen []int32, b int) (k, v [][][]float64) {
+	return GatherLen(c, kvIndptr, kvPageIndices, b, SeqLen(kvIndptr, kvLastPageLen, c.PageSize, b))
 }
 
 // GatherLen is [Gather] with the token count given (MLA's kv_len style).
-func GatherLen(c PagedKV, kvIndptr, kvIndices []int32, b, n int) (k, v [][][]float64) {
+func GatherLen(c PagedKV, kvIndptr, kvPageIndices []int32, b, n int) (k, v [][][]float64) {
 	k = make([][][]float64, n)
 	v = make([][][]float64, n)
 	for t := 0; t < n; t++ {
-		page := int(kvIndices[int(kvIndptr[b])+t/c.PageSize])
+		page := int(kvPageIndices[int(kvIndptr[b])+t/c.PageSize])
 		entry := t % c.PageSize
 		k[t] = make([][]float64, c.NumKVHeads)
 		v[t] = make([][]float64, c.NumKVHeads)
@@ -328,12 +328,12 @@ func (a headAttention) row(qRow [][]float64, k, v [][][]float64, visible []bool)
 // request b's queries are rows qoIndptr[b]:qoIndptr[b+1], the last qo_len
 // tokens of its kv_len keys. Query head h reads kv head h/(Hq/H). It returns
 // o [nnz_qo][Hq][D] and lse [nnz_qo][Hq] (base 2).
-func BatchPrefill(q [][][]float64, qoIndptr []int32, c PagedKV, kvIndptr, kvIndices, kvLastPageLen []int32, lg Logits) (o [][][]float64, lse [][]float64) {
+func BatchPrefill(q [][][]float64, qoIndptr []int32, c PagedKV, kvIndptr, kvPageIndices, kvLastPageLen []int32, lg Logits) (o [][][]float64, lse [][]float64) {
 	heads := newHeadAttention(q, c, lg)
 	o = make([][][]float64, len(q))
 	lse = make([][]float64, len(q))
 	for b := 0; b+1 < len(qoIndptr); b++ {
-		k, v := Gather(c, kvIndptr, kvIndices, kvLastPageLen, b)
+		k, v := Gather(c, kvIndptr, kvPageIndices, kvLastPageLen, b)
 		qoLen, kvLen := int(qoIndptr[b+1]-qoIndptr[b]), len(k)
 		for i := 0; i < qoLen; i++ {
 			r := int(qoIndptr[b]) + i
@@ -349,13 +349,13 @@ func BatchPrefill(q [][][]float64, qoIndptr []int32, c PagedKV, kvIndptr, kvIndi
 
 // BatchDecode is batch decode: one query per request (q [B][Hq][D]), which
 // sits after all of its request's keys. It is BatchPrefill with qo_len 1.
-func BatchDecode(q [][][]float64, c PagedKV, kvIndptr, kvIndices, kvLastPageLen []int32, lg Logits) (o [][][]float64, lse [][]float64) {
+func BatchDecode(q [][][]float64, c PagedKV, kvIndptr, kvPageIndices, kvLastPageLen []int32, lg Logits) (o [][][]float64, lse [][]float64) {
 	qoIndptr := make([]int32, len(q)+1)
 	for i := range qoIndptr {
 		qoIndptr[i] = int32(i)
 	}
 	lg.Causal = false // the only query is the last position; causal changes nothing
-	return BatchPrefill(q, qoIndptr, c, kvIndptr, kvIndices, kvLastPageLen, lg)
+	return BatchPrefill(q, qoIndptr, c, kvIndptr, kvPageIndices, kvLastPageLen, lg)
 }
 
 func headRows(x [][][]float64, h int) [][]float64 {
@@ -402,10 +402,10 @@ func (m MLACache) row(page, entry int) (ckv, kpe []float64) {
 }
 
 // MLADecode is MLA decode in absorbed form: for request b (kvLen[b] tokens
-// in pages kvIndices[kvIndptr[b]:kvIndptr[b+1]]) and head h,
+// in pages kvPageIndices[kvIndptr[b]:kvIndptr[b+1]]) and head h,
 // s_j = (qNope[b][h]·ckv_j + qPE[b][h]·kpe_j) * smScale and
 // o[b][h] = sum_j softmax(s)_j ckv_j; lse is base 2.
-func MLADecode(qNope, qPE [][][]float64, c MLACache, kvIndptr, kvIndices, kvLen []int32, smScale float64) (o [][][]float64, lse [][]float64) {
+func MLADecode(qNope, qPE [][][]float64, c MLACache, kvIndptr, kvPageIndices, kvLen []int32, smScale float64) (o [][][]float64, lse [][]float64) {
 	o = make([][][]float64, len(qNope))
 	lse = make([][]float64, len(qNope))
 	for b := range qNope {
@@ -414,7 +414,7 @@ func MLADecode(qNope, qPE [][][]float64, c MLACache, kvIndptr, kvIndices, kvLen 
 		vals := make([][]float64, n)
 		visible := make([]bool, n)
 		for t := 0; t < n; t++ {
-			ckv, kpe := c.row(int(kvIndices[int(kvIndptr[b])+t/c.PageSize]), t%c.PageSize)
+			ckv, kpe := c.row(int(kvPageIndices[int(kvIndptr[b])+t/c.PageSize]), t%c.PageSize)
 			keys[t] = append(append([]float64(nil), ckv...), kpe...)
 			vals[t] = ckv
 			visible[t] = true
@@ -464,7 +464,7 @@ func MergeStates(vs [][]float64, ss []float64, d int) (v []float64, s float64) {
 // splits the query rows into groups, and the CSR page table gives each
 // group's own KV segment at this level.
 type CascadeLevel struct {
-	QOIndptr, KVIndptr, KVIndices, KVLastPageLen []int32
+	QOIndptr, KVIndptr, KVPageIndices, KVLastPageLen []int32
 }
 
 // Cascade is multi-level cascade attention computed directly: query row r
@@ -486,7 +486,7 @@ func Cascade(q [][][]float64, levels []CascadeLevel, c PagedKV, lg Logits) (o []
 			for int(lv.QOIndptr[g+1]) <= r {
 				g++
 			}
-			gk, gv := Gather(c, lv.KVIndptr, lv.KVIndices, lv.KVLastPageLen, g)
+			gk, gv := Gather(c, lv.KVIndptr, lv.KVPageIndices, lv.KVLastPageLen, g)
 			qoLen, i := int(lv.QOIndptr[g+1]-lv.QOIndptr[g]), r-int(lv.QOIndptr[g])
 			for j := range gk {
 				visible = append(visible, l < len(levels)-1 || Visible(i, j, qoLen, len(gk), lg.Causal, -1))

@@ -223,8 +223,8 @@ func TestFloatDecoding(t *testing.T) {
 func TestCascadeEqualsFlat(t *testing.T) {
 	c := decodeCache()
 	levels := []CascadeLevel{
-		{QOIndptr: []int32{0, 1}, KVIndptr: []int32{0, 1}, KVIndices: []int32{3}, KVLastPageLen: []int32{2}},
-		{QOIndptr: []int32{0, 1}, KVIndptr: []int32{0, 1}, KVIndices: []int32{0}, KVLastPageLen: []int32{1}},
+		{QOIndptr: []int32{0, 1}, KVIndptr: []int32{0, 1}, KVPageIndices: []int32{3}, KVLastPageLen: []int32{2}},
+		{QOIndptr: []int32{0, 1}, KVIndptr: []int32{0, 1}, KVPageIndices: []int32{0}, KVLastPageLen: []int32{1}},
 	}
 	lg := Logits{SMScale: 0.5, WindowLeft: -1, Causal: true}
 	o, lse := Cascade(decodeQ[:1], levels, c, lg)

@@ -68,17 +68,17 @@ func (c PagedKV) Locate(s Slot) (buf []byte, elem int64) {
 type TokenBytes struct{ K, V []byte }
 
 // TokenSlot returns the physical page and the entry of token t of request b:
-// page kvIndices[kvIndptr[b] + t/pageSize], entry t % pageSize.
-func TokenSlot(kvIndptr, kvIndices []int32, pageSize, b, t int) (page, entry int) {
-	return int(kvIndices[int(kvIndptr[b])+t/pageSize]), t % pageSize
+// page kvPageIndices[kvIndptr[b] + t/pageSize], entry t % pageSize.
+func TokenSlot(kvIndptr, kvPageIndices []int32, pageSize, b, t int) (page, entry int) {
+	return int(kvPageIndices[int(kvIndptr[b])+t/pageSize]), t % pageSize
 }
 
 // GatherBytes returns the first n tokens of request b as raw bytes.
-func GatherBytes(c PagedKV, kvIndptr, kvIndices []int32, b, n int) []TokenBytes {
+func GatherBytes(c PagedKV, kvIndptr, kvPageIndices []int32, b, n int) []TokenBytes {
 	es := c.DType.Size()
 	out := make([]TokenBytes, n)
 	for t := range out {
-		page, entry := TokenSlot(kvIndptr, kvIndices, c.PageSize, b, t)
+		page, entry := TokenSlot(kvIndptr, kvPageIndices, c.PageSize, b, t)
 		k := make([]byte, 0, c.NumKVHeads*c.HeadDim*es)
 		v := make([]byte, 0, cap(k))
 		for h := 0; h < c.NumKVHeads; h++ {
@@ -101,7 +101,7 @@ type AppendInput struct {
 	BatchIndices   []int32
 	Positions      []int32
 	KVIndptr       []int32
-	KVIndices      []int32
+	KVPageIndices  []int32
 	KScale, VScale float64 // 0 means 1; used only when SrcDType != c.DType
 }
 
@@ -115,7 +115,7 @@ func Append(c PagedKV, in AppendInput) {
 	es, ss := c.DType.Size(), in.SrcDType.Size()
 	H, D := c.NumKVHeads, c.HeadDim
 	for i := range in.BatchIndices {
-		page, entry := TokenSlot(in.KVIndptr, in.KVIndices, c.PageSize, int(in.BatchIndices[i]), int(in.Positions[i]))
+		page, entry := TokenSlot(in.KVIndptr, in.KVPageIndices, c.PageSize, int(in.BatchIndices[i]), int(in.Positions[i]))
 		for kv, src := range [][]byte{in.Key, in.Value} {
 			scale := in.KScale
 			if kv == 1 {
@@ -160,11 +160,11 @@ func ScaleDown(x, s float64) float64 {
 
 // MLAAppendInput is one append_paged_mla_kv_cache call.
 type MLAAppendInput struct {
-	CKV, KPE     []byte // [nnz, DCKV] and [nnz, DKPE], of the cache dtype
-	BatchIndices []int32
-	Positions    []int32
-	KVIndptr     []int32
-	KVIndices    []int32
+	CKV, KPE      []byte // [nnz, DCKV] and [nnz, DKPE], of the cache dtype
+	BatchIndices  []int32
+	Positions     []int32
+	KVIndptr      []int32
+	KVPageIndices []int32
 }
 
 // mlaLocate returns the buffer and the element index of feature f of the ckv
@@ -198,7 +198,7 @@ func (m MLACache) MLANumPages() int {
 func MLAAppend(m MLACache, in MLAAppendInput) {
 	es, P := int64(m.DType.Size()), m.MLANumPages()
 	for i := range in.BatchIndices {
-		page, entry := TokenSlot(in.KVIndptr, in.KVIndices, m.PageSize, int(in.BatchIndices[i]), int(in.Positions[i]))
+		page, entry := TokenSlot(in.KVIndptr, in.KVPageIndices, m.PageSize, int(in.BatchIndices[i]), int(in.Positions[i]))
 		for part, src := range [][]byte{in.CKV, in.KPE} {
 			width := m.DCKV
 			if part == 1 {
@@ -215,11 +215,11 @@ func MLAAppend(m MLACache, in MLAAppendInput) {
 
 // MLAGatherBytes returns the first n tokens of request b as raw bytes: K is
 // the ckv row, V the kpe row.
-func MLAGatherBytes(m MLACache, kvIndptr, kvIndices []int32, b, n int) []TokenBytes {
+func MLAGatherBytes(m MLACache, kvIndptr, kvPageIndices []int32, b, n int) []TokenBytes {
 	es, P := int64(m.DType.Size()), m.MLANumPages()
 	out := make([]TokenBytes, n)
 	for t := range out {
-		page, entry := TokenSlot(kvIndptr, kvIndices, m.PageSize, b, t)
+		page, entry := TokenSlot(kvIndptr, kvPageIndices, m.PageSize, b, t)
 		for part, width := range []int{m.DCKV, m.DKPE} {
 			row := make([]byte, 0, int64(width)*es)
 			for f := 0; f < width; f++ {

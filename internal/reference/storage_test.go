@@ -60,7 +60,7 @@ func TestAppendWorkedExample(t *testing.T) {
 	Append(c, AppendInput{
 		Key: []byte{10, 11, 12}, Value: []byte{20, 21, 22}, SrcDType: layout.U8,
 		BatchIndices: []int32{0, 1, 1}, Positions: []int32{3, 2, 3},
-		KVIndptr: []int32{0, 2, 4}, KVIndices: []int32{3, 0, 2, 1},
+		KVIndptr: []int32{0, 2, 4}, KVPageIndices: []int32{3, 0, 2, 1},
 	})
 	// [page][K entries, V entries]
 	assert.Equal(t, []byte{
@@ -81,7 +81,7 @@ func TestMLAAppendFusedAndSplitAgree(t *testing.T) {
 	in := MLAAppendInput{
 		CKV: []byte{1, 2, 3, 4, 5, 6, 7, 8}, KPE: []byte{9, 10, 11, 12},
 		BatchIndices: []int32{0, 0}, Positions: []int32{1, 2},
-		KVIndptr: []int32{0, 2}, KVIndices: []int32{2, 0},
+		KVIndptr: []int32{0, 2}, KVPageIndices: []int32{2, 0},
 	}
 	MLAAppend(fused, in)
 	MLAAppend(split, in)
@@ -93,7 +93,7 @@ func TestMLAAppendFusedAndSplitAgree(t *testing.T) {
 	}, fused.Data)
 	require.Equal(t, 3, fused.MLANumPages())
 	require.Equal(t, 3, split.MLANumPages())
-	assert.Equal(t, MLAGatherBytes(fused, in.KVIndptr, in.KVIndices, 0, 3), MLAGatherBytes(split, in.KVIndptr, in.KVIndices, 0, 3))
+	assert.Equal(t, MLAGatherBytes(fused, in.KVIndptr, in.KVPageIndices, 0, 3), MLAGatherBytes(split, in.KVIndptr, in.KVPageIndices, 0, 3))
 }
 
 func TestEncodeKnownValues(t *testing.T) {

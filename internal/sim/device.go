@@ -152,7 +152,7 @@ func (d *deviceEngine) copyPages(copies []pagedkv.CopyOp) error {
 // cache into the host cache verification reads.
 func (d *deviceEngine) mirror(dst *kernels.PagedKVCache, l int, t *kernels.PageTable, b int) error {
 	before := d.b.Traffic()
-	err := d.b.DownloadPages(dst, d.caches[l], t.KVIndices[t.KVIndptr[b]:t.KVIndptr[b+1]])
+	err := d.b.DownloadPages(dst, d.caches[l], t.KVPageIndices[t.KVIndptr[b]:t.KVIndptr[b+1]])
 	d.traffic.Verify += d.b.Traffic().Sub(before).HostBytes()
 	return err
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	pagedkv "github.com/pagedkv/pagedkv"
-	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
 	"github.com/pagedkv/pagedkv/layout"

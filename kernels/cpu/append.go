@@ -69,7 +69,7 @@ func appendRows(p *kernels.AppendParams, lo, hi int) {
 	srcRow := rowElems * srcES
 	for i := lo; i < hi; i++ {
 		req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
-		page := int(t.KVIndices[int(t.KVIndptr[req])+pos/N])
+		page := int(t.KVPageIndices[int(t.KVIndptr[req])+pos/N])
 		entry := pos % N
 		kOff := page*stridePage + entry*strideN
 		vOff := kOff + vPlane
@@ -177,7 +177,7 @@ func appendMLARows(p *kernels.MLAAppendParams, lo, hi int) {
 	N := g.PageSize
 	for i := lo; i < hi; i++ {
 		req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
-		page := int(p.KVIndices[int(p.KVIndptr[req])+pos/N])
+		page := int(p.KVPageIndices[int(p.KVIndptr[req])+pos/N])
 		entry := pos % N
 		c := int(g.CKVOffset(page, entry, 0)) * es
 		k := int(g.KPEOffset(page, entry, 0)) * es

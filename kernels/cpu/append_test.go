@@ -112,7 +112,7 @@ func benchAppend(l layout.KVLayout, nnz, perReq int) kernels.AppendParams {
 		}
 	}
 	for _, id := range ids {
-		t.KVIndices = append(t.KVIndices, int32(id))
+		t.KVPageIndices = append(t.KVPageIndices, int32(id))
 	}
 	cache, err := kernels.NewPagedKVCache(layout.Paged{Layout: l, Form: layout.Fused, DType: layout.F16, NumPages: len(ids), PageSize: N, NumKVHeads: H, HeadDim: D})
 	if err != nil {

@@ -59,8 +59,8 @@ type attnJob struct {
 	strideN  int64
 	strideH  int64
 
-	kvIndptr, kvIndices, kvLastPageLen []int32
-	qoIndptr                           []int32 // nil for decode: row b is request b's only query
+	kvIndptr, kvPageIndices, kvLastPageLen []int32
+	qoIndptr                               []int32 // nil for decode: row b is request b's only query
 
 	causal bool
 	window int
@@ -92,7 +92,7 @@ func newAttnJob(q kernels.Tensor, cache *kernels.PagedKVCache, table *kernels.Pa
 		q: q.Data, qdt: q.DType, nnz: q.Shape[0], hq: q.Shape[1], hkv: g.NumKVHeads, headDim: g.HeadDim,
 		cacheDT: g.DType, pageSize: g.PageSize,
 		strideP: g.StridePage(), strideN: g.StrideN(), strideH: g.StrideH(),
-		kvIndptr: table.KVIndptr, kvIndices: table.KVIndices, kvLastPageLen: table.KVLastPageLen,
+		kvIndptr: table.KVIndptr, kvPageIndices: table.KVPageIndices, kvLastPageLen: table.KVLastPageLen,
 		window: ap.WindowLeft, vScale: float32(ap.EffectiveVScale()),
 		o: o.Data, odt: o.DType, lse: lse,
 	}
@@ -464,7 +464,7 @@ func (j *attnJob) runRowByPage(sc *attnScratch, b, kvh0, jlo, jhi int) {
 	sc.sblk = growF(sc.sblk, g*N)
 	pageBase := int(j.kvIndptr[b])
 	for t := jlo; t < jhi; {
-		page := int64(j.kvIndices[pageBase+t/N])
+		page := int64(j.kvPageIndices[pageBase+t/N])
 		entry := t % N
 		T := min(jhi, t-entry+N) - t
 		off := page*j.strideP + int64(kvh0)*j.strideH + int64(entry)*j.strideN
@@ -522,7 +522,7 @@ func (j *attnJob) runRowsByKey(sc *attnScratch, b, kvh0, rows, jlo, jhi int) {
 	pageBase := int(j.kvIndptr[b])
 	for t := jlo; t < jhi; {
 		// All keys of this page in [t, jhi).
-		page := int64(j.kvIndices[pageBase+t/j.pageSize])
+		page := int64(j.kvPageIndices[pageBase+t/j.pageSize])
 		entry := t % j.pageSize
 		stop := min(jhi, t-entry+j.pageSize)
 		base := page*j.strideP + int64(kvh0)*j.strideH

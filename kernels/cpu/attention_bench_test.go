@@ -38,13 +38,13 @@ func newDecodeBench(tb testing.TB, B, tokens, hq, hkv, d, pageSize int) *decodeB
 		cache.Data[i], cache.Data[i+1] = byte(v), byte(v>>8)
 	}
 	perm := rng.Perm(g.NumPages)
-	t := kernels.PageTable{KVIndptr: make([]int32, B+1), KVIndices: make([]int32, g.NumPages), KVLastPageLen: make([]int32, B)}
+	t := kernels.PageTable{KVIndptr: make([]int32, B+1), KVPageIndices: make([]int32, g.NumPages), KVLastPageLen: make([]int32, B)}
 	for b := 0; b < B; b++ {
 		t.KVIndptr[b+1] = int32((b + 1) * pagesPer)
 		t.KVLastPageLen[b] = int32((tokens-1)%pageSize + 1)
 	}
-	for i := range t.KVIndices {
-		t.KVIndices[i] = int32(perm[i])
+	for i := range t.KVPageIndices {
+		t.KVPageIndices[i] = int32(perm[i])
 	}
 	q := make([]float32, B*hq*d)
 	for i := range q {

@@ -95,7 +95,7 @@ func (j *attnJob) runRowByPageNarrow(sc *attnScratch, b, kvh0, jlo, jhi int) {
 // from its first row read to the end of its last, and its key count.
 func (j *attnJob) narrowBlock(b, kvh0, t, jhi int) (base, span int64, T int) {
 	N := j.pageSize
-	page := int64(j.kvIndices[int(j.kvIndptr[b])+t/N])
+	page := int64(j.kvPageIndices[int(j.kvIndptr[b])+t/N])
 	entry := t % N
 	T = min(jhi, t-entry+N) - t
 	base = (page*j.strideP + int64(kvh0)*j.strideH + int64(entry)*j.strideN) * 2

@@ -64,7 +64,7 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 		base := int(p.KVIndptr[req])
 		acc := sc.acc[:nh*dc]
 		for t := 0; t < n; t++ {
-			page, entry := int(p.KVIndices[base+t/g.PageSize]), t%g.PageSize
+			page, entry := int(p.KVPageIndices[base+t/g.PageSize]), t%g.PageSize
 			widenRow(sc.ckv, g.DType, ckvBuf[g.CKVOffset(page, entry, 0)*es:])
 			widenRow(sc.kpe, g.DType, kpeBuf[g.KPEOffset(page, entry, 0)*es:])
 			// Every head of the block against this one row: logits, then

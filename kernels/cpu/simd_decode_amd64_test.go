@@ -67,7 +67,7 @@ func TestFusedDecodeMatchesPureGo(t *testing.T) {
 		run := func(simd bool) (o []float32, lse []float32) {
 			defer func(old bool) { hasSIMD = old }(hasSIMD)
 			hasSIMD = simd
-			p := &kernels.DecodeParams{Q: q, Cache: cache, Table: kernels.PageTable{KVIndptr: indptr, KVIndices: indices, KVLastPageLen: last},
+			p := &kernels.DecodeParams{Q: q, Cache: cache, Table: kernels.PageTable{KVIndptr: indptr, KVPageIndices: indices, KVLastPageLen: last},
 				AttentionParams: ap, O: kernels.NewTensor(layout.F32, B, hq, g.HeadDim), LSE: make([]float32, B*hq)}
 			if err := New(Config{Workers: 2}).BatchDecode(p); err != nil {
 				t.Fatal(err)

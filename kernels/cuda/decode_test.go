@@ -111,10 +111,10 @@ func newDecodeFixture(t *testing.T, r *rand.Rand, c decodeCase) decodeFixture {
 	for b, n := range c.Lens {
 		np := (n + c.PageSize - 1) / c.PageSize
 		for range np {
-			table.KVIndices = append(table.KVIndices, int32(perm[next]))
+			table.KVPageIndices = append(table.KVPageIndices, int32(perm[next]))
 			next++
 		}
-		table.KVIndptr = append(table.KVIndptr, int32(len(table.KVIndices)))
+		table.KVIndptr = append(table.KVIndptr, int32(len(table.KVPageIndices)))
 		if n > 0 {
 			table.KVLastPageLen[b] = int32((n-1)%c.PageSize + 1)
 		}
@@ -186,7 +186,7 @@ func compareDecode(t *testing.T, b kernels.Backend, c decodeCase, seed uint64, f
 // decodeWant is the reference's output for f.
 func decodeWant(c decodeCase, f decodeFixture) ([][][]float64, [][]float64) {
 	q := reference.Rows3(reference.Floats(c.Q, f.p.Q.Data), len(c.Lens), c.KVHeads*c.Group, c.HeadDim)
-	return reference.BatchDecode(q, f.ref, f.p.Table.KVIndptr, f.p.Table.KVIndices, f.p.Table.KVLastPageLen,
+	return reference.BatchDecode(q, f.ref, f.p.Table.KVIndptr, f.p.Table.KVPageIndices, f.p.Table.KVLastPageLen,
 		reference.Logits{SMScale: c.SMScale, KScale: c.KScale, SoftCap: c.SoftCap, VScale: c.VScale, WindowLeft: c.WindowLeft})
 }
 
@@ -389,7 +389,7 @@ func TestPrefillSplitKVMixedLengths(t *testing.T) {
 // [3,0,2], kv_last_page_len [1,2]; Hq=2, H=1, D=4, page_size 2, sm_scale 0.5.
 func TestDecodeWorkedExample(t *testing.T) {
 	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F32, NumPages: 4, PageSize: 2, NumKVHeads: 1, HeadDim: 4}
-	table := kernels.PageTable{KVIndptr: []int32{0, 2, 3}, KVIndices: []int32{3, 0, 2}, KVLastPageLen: []int32{1, 2}}
+	table := kernels.PageTable{KVIndptr: []int32{0, 2, 3}, KVPageIndices: []int32{3, 0, 2}, KVLastPageLen: []int32{1, 2}}
 	//           req 0: t0        t1          t2          req 1: t0     t1
 	keys := [][][]float32{{{1, 0, 0, 0}, {0, 1, 0, 0}, {1, 1, 0, 0}}, {{0, 0, 1, 0}, {0, 0, 0, 2}}}
 	vals := [][][]float32{{{1, 2, 3, 4}, {0, 0, 1, 0}, {2, 0, 0, 2}}, {{1, 1, 1, 1}, {4, 0, 0, 0}}}
@@ -477,7 +477,7 @@ func TestDecodeInvalidWritesNothing(t *testing.T) {
 		c := decodeCase{Layout: layout.NHD, Form: layout.Fused, KV: layout.F16, Q: layout.F16, O: layout.F16,
 			HeadDim: 64, KVHeads: 1, Group: 2, PageSize: 4, Lens: []int{9, 3}, WindowLeft: -1}
 		f := newDecodeFixture(t, rand.New(rand.NewPCG(5, 5)), c)
-		f.p.Table.KVIndices[1] = int32(f.p.Cache.Geometry.NumPages) // one past the pool
+		f.p.Table.KVPageIndices[1] = int32(f.p.Cache.Geometry.NumPages) // one past the pool
 		for i := range f.p.O.Data {
 			f.p.O.Data[i] = 0x55
 		}
@@ -511,7 +511,7 @@ func TestUnsupported(t *testing.T) {
 		cache, err := kernels.NewMLACache(g)
 		require.NoError(t, err)
 		assert.ErrorIs(t, b.MLADecode(&kernels.MLADecodeParams{QNope: kernels.NewTensor(layout.F16, 1, 1, 520),
-			QPE: kernels.NewTensor(layout.F16, 1, 1, 8), Cache: cache, KVIndptr: []int32{0, 1}, KVIndices: []int32{0},
+			QPE: kernels.NewTensor(layout.F16, 1, 1, 8), Cache: cache, KVIndptr: []int32{0, 1}, KVPageIndices: []int32{0},
 			KVLen: []int32{3}, NumHeads: 1, SMScale: 0.1, O: kernels.NewTensor(layout.F16, 1, 1, 520)}),
 			kernels.ErrUnsupported, "MLA head_dim_ckv 520")
 	}

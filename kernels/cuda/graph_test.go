@@ -179,10 +179,10 @@ func (r *graphRig) randomPlan() *cuda.StepPlan {
 		kl := ql + r.rng.IntN(r.extra)
 		np := (kl + r.g.PageSize - 1) / r.g.PageSize
 		for range np {
-			t.KVIndices = append(t.KVIndices, int32(pool[0]))
+			t.KVPageIndices = append(t.KVPageIndices, int32(pool[0]))
 			pool = pool[1:]
 		}
-		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVPageIndices)))
 		t.KVLastPageLen = append(t.KVLastPageLen, int32((kl-1)%r.g.PageSize+1))
 		qo = append(qo, qo[len(qo)-1]+int32(ql))
 		for i := kl - ql; i < kl; i++ {
@@ -202,8 +202,8 @@ func (r *graphRig) randomPlan() *cuda.StepPlan {
 		}
 		p.Causal = true
 		p.Levels = []cuda.Level{
-			{QOIndptr: []int32{0, int32(rows)}, KVIndptr: []int32{0, int32(len(shared))}, KVIndices: shared, KVLastPageLen: []int32{int32(r.g.PageSize)}},
-			{QOIndptr: qo, KVIndptr: t.KVIndptr, KVIndices: t.KVIndices, KVLastPageLen: t.KVLastPageLen},
+			{QOIndptr: []int32{0, int32(rows)}, KVIndptr: []int32{0, int32(len(shared))}, KVPageIndices: shared, KVLastPageLen: []int32{int32(r.g.PageSize)}},
+			{QOIndptr: qo, KVIndptr: t.KVIndptr, KVPageIndices: t.KVPageIndices, KVLastPageLen: t.KVLastPageLen},
 		}
 	}
 	return p
@@ -547,7 +547,7 @@ func FuzzGraphReplay(f *testing.F) {
 		r.t = t
 		p := &cuda.StepPlan{Geometry: r.g, BatchIndices: ix.BatchIndices, Positions: ix.Positions, Attention: cuda.Decode,
 			Rows: max(len(ix.KVIndptr)-1, 0), AttentionParams: kernels.AttentionParams{NumQOHeads: r.hq, WindowLeft: -1},
-			Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen}}
+			Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen}}
 		planErr := r.eager.Plan(p)
 		before := r.b.Traffic()
 		err := r.graph.Replay(p)
@@ -615,7 +615,7 @@ func TestReplayAllocationFree(t *testing.T) {
 	const maxRows = 8
 	s, err := b.NewStep(cuda.StepLimits{MaxBatch: 8, MaxPages: 64, MaxRows: maxRows, MaxLevels: 2, MaxQOHeads: 8, MaxHeadDim: 128, Fixed: true})
 	require.NoError(t, err)
-	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
+	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVPageIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
 	p := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: []int32{0, 1, 2}, Positions: []int32{38, 31, 48}, Attention: cuda.Decode,
 		Rows: 3, AttentionParams: kernels.AttentionParams{NumQOHeads: 8, WindowLeft: -1}}
 	t3 := func(heads int) cuda.DeviceTensor {

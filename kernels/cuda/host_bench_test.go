@@ -73,13 +73,13 @@ func hostStep(b testing.TB, d *cuda.Backend, B, L, layers int) func() error {
 	var bi, pos []int32
 	for r := range B {
 		for p := range pagesPer {
-			t.KVIndices = append(t.KVIndices, int32(perm[r*pagesPer+p]))
+			t.KVPageIndices = append(t.KVPageIndices, int32(perm[r*pagesPer+p]))
 		}
-		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVPageIndices)))
 		t.KVLastPageLen = append(t.KVLastPageLen, int32((L-1)%ps+1))
 		bi, pos = append(bi, int32(r)), append(pos, int32(L-1))
 	}
-	s, err := d.NewStep(cuda.StepLimits{MaxBatch: B, MaxPages: len(t.KVIndices), MaxRows: B, MaxQOHeads: Hq, MaxHeadDim: D})
+	s, err := d.NewStep(cuda.StepLimits{MaxBatch: B, MaxPages: len(t.KVPageIndices), MaxRows: B, MaxQOHeads: Hq, MaxHeadDim: D})
 	require.NoError(b, err)
 	b.Cleanup(s.Free)
 	tensor := func(shape ...int) cuda.DeviceTensor {

@@ -218,7 +218,7 @@ func (b *Backend) CascadeLevels(levels []Level, q kernels.Tensor, cache *kernels
 		t := lv.Table()
 		if len(lv.KVIndptr) > 0 {
 			lim.MaxBatch = max(lim.MaxBatch, len(lv.KVIndptr)-1)
-			if int(lv.KVIndptr[len(lv.KVIndptr)-1]) <= len(lv.KVIndices) && lv.KVIndptr[len(lv.KVIndptr)-1] >= 0 {
+			if int(lv.KVIndptr[len(lv.KVIndptr)-1]) <= len(lv.KVPageIndices) && lv.KVIndptr[len(lv.KVIndptr)-1] >= 0 {
 				lim.MaxPages = max(lim.MaxPages, int(lv.KVIndptr[len(lv.KVIndptr)-1]))
 			}
 			if t.Validate(cache.Geometry.PageSize, cache.Geometry.NumPages) == nil {
@@ -282,7 +282,7 @@ func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
 	if h.err != nil {
 		return h.err
 	}
-	if err := s.PlanMLA(&MLAStepPlan{Geometry: p.Cache.Geometry, KVIndptr: p.KVIndptr, KVIndices: p.KVIndices,
+	if err := s.PlanMLA(&MLAStepPlan{Geometry: p.Cache.Geometry, KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices,
 		KVLastPageLen: p.KVLastPageLen, BatchIndices: p.BatchIndices, Positions: p.Positions}); err != nil {
 		return err
 	}
@@ -323,7 +323,7 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 	if h.err != nil {
 		return h.err
 	}
-	if err := s.PlanMLA(&MLAStepPlan{Geometry: p.Cache.Geometry, KVIndptr: p.KVIndptr, KVIndices: p.KVIndices,
+	if err := s.PlanMLA(&MLAStepPlan{Geometry: p.Cache.Geometry, KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices,
 		Decode: true, KVLen: p.KVLen, NumHeads: p.NumHeads, SMScale: p.SMScale}); err != nil {
 		return err
 	}

@@ -49,12 +49,12 @@ func benchMLADecode(b *testing.B, d benchDevice, B, L, H int, dt layout.DType) {
 	p := &cuda.MLAStepPlan{Geometry: g, KVIndptr: []int32{0}, Decode: true, NumHeads: H, SMScale: 0.0722}
 	for r := range B {
 		for i := range pagesPer {
-			p.KVIndices = append(p.KVIndices, int32(r*pagesPer+i))
+			p.KVPageIndices = append(p.KVPageIndices, int32(r*pagesPer+i))
 		}
-		p.KVIndptr = append(p.KVIndptr, int32(len(p.KVIndices)))
+		p.KVIndptr = append(p.KVIndptr, int32(len(p.KVPageIndices)))
 		p.KVLen = append(p.KVLen, int32(L))
 	}
-	s, err := d.b.NewStep(cuda.StepLimits{MaxBatch: B, MaxPages: len(p.KVIndices), MaxRows: B, MaxQOHeads: H, MaxHeadDim: 512})
+	s, err := d.b.NewStep(cuda.StepLimits{MaxBatch: B, MaxPages: len(p.KVPageIndices), MaxRows: B, MaxQOHeads: H, MaxHeadDim: 512})
 	require.NoError(b, err)
 	defer s.Free()
 	qt := layout.BF16 // FlashInfer's MLA q and o for bf16 and fp8 caches

@@ -97,7 +97,7 @@ func runMLATC(t *testing.T, c mlaTCCase, seed uint64) {
 		return kernels.TensorFromF32(dt, v, B, c.H, d)
 	}
 	p := &kernels.MLADecodeParams{QNope: randT(c.Q, c.CKV), QPE: randT(c.Q, c.KPE), Cache: cache,
-		KVIndptr: indptr, KVIndices: indices, KVLen: kvLen, NumHeads: c.H, SMScale: c.SMScale,
+		KVIndptr: indptr, KVPageIndices: indices, KVLen: kvLen, NumHeads: c.H, SMScale: c.SMScale,
 		O: kernels.NewTensor(c.O, B, c.H, c.CKV), LSE: make([]float32, B*c.H)}
 	b, cd := countingEmu(cpuemu.Config{NumSMs: c.SMs, MaxChunkTokens: c.Chunk})
 	cd.Record = true
@@ -187,7 +187,7 @@ func TestMLAStepAllocationFree(t *testing.T) {
 		require.NoError(t, err)
 		s, err := b.NewStep(cuda.StepLimits{MaxBatch: 8, MaxPages: 64, MaxRows: 8, MaxQOHeads: 32, MaxHeadDim: 512})
 		require.NoError(t, err)
-		p := &cuda.MLAStepPlan{Geometry: g, KVIndptr: []int32{0, 3, 5, 9}, KVIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9},
+		p := &cuda.MLAStepPlan{Geometry: g, KVIndptr: []int32{0, 3, 5, 9}, KVPageIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9},
 			Decode: true, KVLen: []int32{40, 20, 60}, NumHeads: 20, SMScale: 0.1}
 		t3 := func(d int) cuda.DeviceTensor {
 			x, err := b.AllocTensor(layout.F16, 3, 20, d)

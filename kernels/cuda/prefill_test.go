@@ -56,7 +56,7 @@ func checkPrefill(t *testing.T, b kernels.Backend, c prefillCase, seed uint64) {
 	p, f := newPrefill(t, seed, c)
 	require.NoError(t, b.BatchPrefill(&p), "%s on %s", c, b.Name())
 	q := reference.Rows3(reference.Floats(c.Q, p.Q.Data), p.Q.Shape[0], p.Q.Shape[1], p.Q.Shape[2])
-	wantO, wantLSE := reference.BatchPrefill(q, p.QOIndptr, f.ref, p.Table.KVIndptr, p.Table.KVIndices, p.Table.KVLastPageLen,
+	wantO, wantLSE := reference.BatchPrefill(q, p.QOIndptr, f.ref, p.Table.KVIndptr, p.Table.KVPageIndices, p.Table.KVLastPageLen,
 		reference.Logits{SMScale: c.SMScale, KScale: c.KScale, SoftCap: c.SoftCap, VScale: c.VScale, WindowLeft: c.WindowLeft, Causal: c.Causal})
 	compareRows(t, fmt.Sprintf("%s on %s (seed %d)", c, b.Name(), seed), "row", c.O, p.O, p.LSE, wantO, wantLSE)
 }

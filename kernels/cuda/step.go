@@ -488,10 +488,10 @@ func (s *Step) prepare(p *StepPlan) error {
 		lv := &s.levels[i]
 		var ind []int32
 		if p.Attention == Cascade {
-			ind = p.Levels[i].KVIndices
+			ind = p.Levels[i].KVPageIndices
 			ind = ind[:p.Levels[i].KVIndptr[len(p.Levels[i].KVIndptr)-1]]
 		} else {
-			ind = p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]]
+			ind = p.Table.KVPageIndices[:p.Table.KVIndptr[p.Table.BatchSize()]]
 		}
 		lv.indices = s.packPadded(ind, s.lim.MaxPages+1, -1)
 	}
@@ -499,7 +499,7 @@ func (s *Step) prepare(p *StepPlan) error {
 		if shared {
 			s.app.indices = s.levels[0].indices
 		} else {
-			s.app.indices = s.packPadded(p.Table.KVIndices[:p.Table.KVIndptr[p.Table.BatchSize()]], s.lim.MaxPages+1, -1)
+			s.app.indices = s.packPadded(p.Table.KVPageIndices[:p.Table.KVIndptr[p.Table.BatchSize()]], s.lim.MaxPages+1, -1)
 		}
 	}
 	if s.cursor > len(s.staging) {

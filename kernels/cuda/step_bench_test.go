@@ -85,13 +85,13 @@ func benchDecode(b *testing.B, d benchDevice, c benchCase) {
 	lens := make([]int, c.B)
 	for r := range c.B {
 		for p := range pagesPer {
-			t.KVIndices = append(t.KVIndices, int32(perm[r*pagesPer+p]))
+			t.KVPageIndices = append(t.KVPageIndices, int32(perm[r*pagesPer+p]))
 		}
-		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVPageIndices)))
 		t.KVLastPageLen = append(t.KVLastPageLen, int32((c.L-1)%ps+1))
 		lens[r] = c.L
 	}
-	s, err := d.b.NewStep(cuda.StepLimits{MaxBatch: c.B, MaxPages: len(t.KVIndices), MaxRows: c.B, MaxQOHeads: c.Hq, MaxHeadDim: c.D})
+	s, err := d.b.NewStep(cuda.StepLimits{MaxBatch: c.B, MaxPages: len(t.KVPageIndices), MaxRows: c.B, MaxQOHeads: c.Hq, MaxHeadDim: c.D})
 	require.NoError(b, err)
 	defer s.Free()
 	q, err := d.b.AllocTensor(layout.F16, c.B, c.Hq, c.D)
@@ -133,16 +133,16 @@ func benchAppend(b *testing.B, d benchDevice, c benchCase) {
 	var bi, pos []int32
 	for r := range c.B {
 		for p := range pagesPer {
-			t.KVIndices = append(t.KVIndices, int32(r*pagesPer+p))
+			t.KVPageIndices = append(t.KVPageIndices, int32(r*pagesPer+p))
 		}
-		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVPageIndices)))
 		t.KVLastPageLen = append(t.KVLastPageLen, int32((c.L-1)%ps+1))
 		for i := range c.L {
 			bi, pos = append(bi, int32(r)), append(pos, int32(i))
 		}
 	}
 	nnz := len(bi)
-	s, err := d.b.NewStep(cuda.StepLimits{MaxBatch: c.B, MaxPages: len(t.KVIndices), MaxRows: nnz})
+	s, err := d.b.NewStep(cuda.StepLimits{MaxBatch: c.B, MaxPages: len(t.KVPageIndices), MaxRows: nnz})
 	require.NoError(b, err)
 	defer s.Free()
 	kv, err := d.b.AllocTensor(c.dt, nnz, c.H, c.D)

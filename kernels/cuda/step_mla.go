@@ -13,10 +13,10 @@ import (
 // (FlashInfer's BatchMLAPagedAttentionWrapper.plan).
 type MLAStepPlan struct {
 	Geometry layout.MLA
-	// KVIndptr/KVIndices are the CSR page table; KVLastPageLen is optional
+	// KVIndptr/KVPageIndices are the CSR page table; KVLastPageLen is optional
 	// (an append then checks positions against the reserved pages).
-	KVIndptr, KVIndices, KVLastPageLen []int32
-	BatchIndices, Positions            []int32 // appended rows (nil: none)
+	KVIndptr, KVPageIndices, KVLastPageLen []int32
+	BatchIndices, Positions                []int32 // appended rows (nil: none)
 
 	Decode   bool
 	KVLen    []int32 // Decode: keys per request [B]
@@ -140,10 +140,10 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		return fmt.Errorf("%s: step: %w: %w", s.b.name, kernels.ErrInvalidCache, err)
 	}
 	if p.BatchIndices != nil || p.Positions != nil {
-		if err := kernels.ValidateMLAAppendTable(g, p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
+		if err := kernels.ValidateMLAAppendTable(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
 			return err
 		}
-		if err := kernels.ValidateMLAAppendRows(g, p.KVIndptr, p.KVIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
+		if err := kernels.ValidateMLAAppendRows(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
 			return err
 		}
 	}
@@ -153,14 +153,14 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		if err := kernels.ValidateMLADecodeScalars(p.NumHeads, p.SMScale); err != nil {
 			return err
 		}
-		if err := kernels.ValidateMLADecodeTable(g, B, p.KVIndptr, p.KVIndices, p.KVLen); err != nil {
+		if err := kernels.ValidateMLADecodeTable(g, B, p.KVIndptr, p.KVPageIndices, p.KVLen); err != nil {
 			return err
 		}
 		if g.HeadDimCKV > 32*mlaCK[len(mlaCK)-1] {
 			return fmt.Errorf("%s: mla decode: head_dim_ckv %d (want <= 512): %w", s.b.name, g.HeadDimCKV, kernels.ErrUnsupported)
 		}
 	} else if p.BatchIndices == nil {
-		if err := kernels.ValidateMLAAppendTable(g, p.KVIndptr, p.KVIndices, p.KVLastPageLen, nil, nil); err != nil {
+		if err := kernels.ValidateMLAAppendTable(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, nil, nil); err != nil {
 			return err
 		}
 	}
@@ -198,7 +198,7 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		m.bi = s.pack(p.BatchIndices)
 		m.po = s.pack(p.Positions)
 	}
-	m.indices = s.pack(p.KVIndices[:p.KVIndptr[B]])
+	m.indices = s.pack(p.KVPageIndices[:p.KVIndptr[B]])
 	if err := s.upload(); err != nil {
 		return err
 	}

@@ -83,8 +83,8 @@ func (e *engine) grow(r, n int, bi, pos []int32) ([]int32, []int32) {
 func (e *engine) table() kernels.PageTable {
 	t := kernels.PageTable{KVIndptr: []int32{0}}
 	for r := range e.lens {
-		t.KVIndices = append(t.KVIndices, e.pages[r]...)
-		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVIndices)))
+		t.KVPageIndices = append(t.KVPageIndices, e.pages[r]...)
+		t.KVIndptr = append(t.KVIndptr, int32(len(t.KVPageIndices)))
 		last := int32(0)
 		if e.lens[r] > 0 {
 			last = int32((e.lens[r]-1)%e.g.PageSize + 1)
@@ -365,7 +365,7 @@ func compareWithCPU(t testing.TB, b *cuda.Backend, cd *cuda.CountingDriver, s *c
 	}
 	hq := rg.NumKVHeads * rg.Group
 	ap := kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}
-	table := kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen}
+	table := kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen}
 	B := max(len(ix.KVIndptr)-1, 0)
 	nnzQO := 0
 	if len(ix.QOIndptr) > 0 {
@@ -409,22 +409,22 @@ func compareWithCPU(t testing.TB, b *cuda.Backend, cd *cuda.CountingDriver, s *c
 		{"mla decode", func() error {
 			return c.MLADecode(&kernels.MLADecodeParams{QNope: kernels.NewTensor(g.DType, B, rg.Group, mg.HeadDimCKV),
 				QPE: kernels.NewTensor(g.DType, B, rg.Group, mg.HeadDimKPE), Cache: mcache, KVIndptr: ix.KVIndptr,
-				KVIndices: ix.KVIndices, KVLen: ix.KVLen, NumHeads: rg.Group, SMScale: 0.5,
+				KVPageIndices: ix.KVPageIndices, KVLen: ix.KVLen, NumHeads: rg.Group, SMScale: 0.5,
 				O: kernels.NewTensor(g.DType, B, rg.Group, mg.HeadDimCKV)})
 		}, func() error {
-			return s.PlanMLA(&cuda.MLAStepPlan{Geometry: mg, KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, Decode: true,
+			return s.PlanMLA(&cuda.MLAStepPlan{Geometry: mg, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, Decode: true,
 				KVLen: ix.KVLen, NumHeads: rg.Group, SMScale: 0.5})
 		}},
 		{"mla append", func() error {
 			return c.AppendPagedMLAKVCache(&kernels.MLAAppendParams{AppendCKV: kernels.NewTensor(g.DType, nnz, mg.HeadDimCKV),
 				AppendKPE: kernels.NewTensor(g.DType, nnz, mg.HeadDimKPE), BatchIndices: ix.BatchIndices, Positions: ix.Positions,
-				Cache: mcache, KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: mlaLast})
+				Cache: mcache, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: mlaLast})
 		}, func() error {
 			bi := ix.BatchIndices
 			if bi == nil {
 				bi = []int32{}
 			}
-			return s.PlanMLA(&cuda.MLAStepPlan{Geometry: mg, KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices,
+			return s.PlanMLA(&cuda.MLAStepPlan{Geometry: mg, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices,
 				KVLastPageLen: mlaLast, BatchIndices: bi, Positions: ix.Positions})
 		}},
 	}
@@ -481,15 +481,15 @@ func TestStepAllocationFree(t *testing.T) {
 	require.NoError(t, err)
 	s, err := b.NewStep(cuda.StepLimits{MaxBatch: 8, MaxPages: 64, MaxRows: 64, MaxLevels: 2, MaxQOHeads: 8, MaxHeadDim: 128})
 	require.NoError(t, err)
-	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
+	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVPageIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
 	bi, pos := []int32{0, 1, 2}, []int32{38, 31, 48}
 	ap := kernels.AttentionParams{NumQOHeads: 8, WindowLeft: -1}
 	dec := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: cuda.Decode, Rows: 3, AttentionParams: ap}
 	pre := &cuda.StepPlan{Geometry: g, Table: table, Attention: cuda.Prefill, Rows: 6, QOIndptr: []int32{0, 1, 3, 6}, Causal: true, AttentionParams: ap}
 	cas := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: cuda.Cascade, Rows: 3, Causal: true,
 		AttentionParams: ap, Levels: []cuda.Level{
-			{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVIndices: []int32{10, 11}, KVLastPageLen: []int32{16}},
-			{QOIndptr: []int32{0, 1, 2, 3}, KVIndptr: table.KVIndptr, KVIndices: table.KVIndices, KVLastPageLen: table.KVLastPageLen}}}
+			{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVPageIndices: []int32{10, 11}, KVLastPageLen: []int32{16}},
+			{QOIndptr: []int32{0, 1, 2, 3}, KVIndptr: table.KVIndptr, KVPageIndices: table.KVPageIndices, KVLastPageLen: table.KVLastPageLen}}}
 	t3 := func(rows, heads int) cuda.DeviceTensor {
 		x, err := b.AllocTensor(g.DType, rows, heads, 128)
 		require.NoError(t, err)

@@ -57,7 +57,7 @@ func RandomBatch(r *rand.Rand, pageSize, maxBatch int, shuffle bool) Batch {
 		}
 	}
 	for _, id := range ids[:total] {
-		bt.Table.KVIndices = append(bt.Table.KVIndices, int32(id))
+		bt.Table.KVPageIndices = append(bt.Table.KVPageIndices, int32(id))
 	}
 	for b := range B {
 		for i := range bt.AppendLens[b] {
@@ -159,7 +159,7 @@ func NewAppendFixture(r *rand.Rand, c AppendCase) AppendFixture {
 	reference.Append(refView(&want), reference.AppendInput{
 		Key: key.Data, Value: val.Data, SrcDType: c.SrcDType,
 		BatchIndices: bt.BatchIndices, Positions: bt.Positions,
-		KVIndptr: bt.Table.KVIndptr, KVIndices: bt.Table.KVIndices,
+		KVIndptr: bt.Table.KVIndptr, KVPageIndices: bt.Table.KVPageIndices,
 		KScale: p.KScale, VScale: p.VScale,
 	})
 	return AppendFixture{Batch: bt, Params: p, Before: cloneCache(cache), Want: want}
@@ -250,7 +250,7 @@ func testAppendNaN(t *testing.T, b kernels.Backend) {
 			p := kernels.AppendParams{
 				AppendKey: kernels.TensorFromF32(src, vals, 2, 1, D), AppendValue: kernels.TensorFromF32(src, vals, 2, 1, D),
 				BatchIndices: []int32{0, 0}, Positions: []int32{0, 1}, Cache: cache, KScale: 1, VScale: 1,
-				Table: kernels.PageTable{KVIndptr: []int32{0, 1}, KVIndices: []int32{1}, KVLastPageLen: []int32{2}},
+				Table: kernels.PageTable{KVIndptr: []int32{0, 1}, KVPageIndices: []int32{1}, KVLastPageLen: []int32{2}},
 			}
 			if !runAppend(t, b, name, &p) {
 				continue
@@ -301,7 +301,7 @@ func CheckAppend(t testing.TB, b kernels.Backend, c AppendCase, seed uint64) {
 	if c.SrcDType == layout.InvalidDType || c.SrcDType == c.DType {
 		rowBytes := c.Heads * c.HeadDim * c.DType.Size()
 		for b := range bt.SeqLens {
-			toks := reference.GatherBytes(ref, bt.Table.KVIndptr, bt.Table.KVIndices, b, bt.SeqLens[b])
+			toks := reference.GatherBytes(ref, bt.Table.KVIndptr, bt.Table.KVPageIndices, b, bt.SeqLens[b])
 			for i, rb := range bt.BatchIndices {
 				if int(rb) != b {
 					continue
@@ -325,7 +325,7 @@ func CheckAppend(t testing.TB, b kernels.Backend, c AppendCase, seed uint64) {
 		}
 	}
 	for i, rb := range bt.BatchIndices {
-		page, entry := reference.TokenSlot(bt.Table.KVIndptr, bt.Table.KVIndices, c.PageSize, int(rb), int(bt.Positions[i]))
+		page, entry := reference.TokenSlot(bt.Table.KVIndptr, bt.Table.KVPageIndices, c.PageSize, int(rb), int(bt.Positions[i]))
 		for kv := range 2 {
 			for h := 0; h < c.Heads; h++ {
 				for d := 0; d < c.HeadDim; d++ {
@@ -427,7 +427,7 @@ func testAppendWorked(t *testing.T, b kernels.Backend) {
 				AppendValue:  kernels.TensorFromF32(layout.F16, vals(20), 3, H, D),
 				BatchIndices: []int32{0, 1, 1}, Positions: []int32{3, 2, 3},
 				Cache: cache,
-				Table: kernels.PageTable{KVIndptr: []int32{0, 2, 4}, KVIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{2, 2}},
+				Table: kernels.PageTable{KVIndptr: []int32{0, 2, 4}, KVPageIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{2, 2}},
 			}
 			if !runAppend(t, b, fmt.Sprintf("worked %v/%v", l, f), &p) {
 				continue
@@ -478,7 +478,7 @@ func testAppendLayoutsAgree(t *testing.T, b kernels.Backend) {
 				}
 				var got [][]reference.TokenBytes
 				for req, n := range bt.SeqLens {
-					got = append(got, reference.GatherBytes(refView(&p.Cache), bt.Table.KVIndptr, bt.Table.KVIndices, req, n))
+					got = append(got, reference.GatherBytes(refView(&p.Cache), bt.Table.KVIndptr, bt.Table.KVPageIndices, req, n))
 				}
 				// The float gather of the kernels package agrees too.
 				kf, vf := make([]float32, H*D), make([]float32, H*D)
@@ -538,7 +538,7 @@ func testAppendInvalid(t *testing.T, b kernels.Backend) {
 		{"batch index == B", kernels.ErrIndexOutOfRange, func(p *kernels.AppendParams) { p.BatchIndices[last(p)] = int32(p.Table.BatchSize()) }},
 		{"negative batch index", kernels.ErrIndexOutOfRange, func(p *kernels.AppendParams) { p.BatchIndices[last(p)] = -1 }},
 		{"page id == num_pages", kernels.ErrIndexOutOfRange, func(p *kernels.AppendParams) {
-			p.Table.KVIndices[len(p.Table.KVIndices)-1] = int32(p.Cache.Geometry.NumPages)
+			p.Table.KVPageIndices[len(p.Table.KVPageIndices)-1] = int32(p.Cache.Geometry.NumPages)
 		}},
 		{"last_page_len > page_size", kernels.ErrInvalidPageTable, func(p *kernels.AppendParams) {
 			b := int(p.BatchIndices[last(p)])
@@ -549,7 +549,7 @@ func testAppendInvalid(t *testing.T, b kernels.Backend) {
 		}},
 		{"kv_indptr[0] != 0", kernels.ErrInvalidPageTable, func(p *kernels.AppendParams) { p.Table.KVIndptr[0] = 1 }},
 		{"kv_indptr beyond kv_indices", kernels.ErrInvalidPageTable, func(p *kernels.AppendParams) {
-			p.Table.KVIndices = p.Table.KVIndices[:len(p.Table.KVIndices)-1]
+			p.Table.KVPageIndices = p.Table.KVPageIndices[:len(p.Table.KVPageIndices)-1]
 		}},
 		{"kv_last_page_len too short", kernels.ErrInvalidPageTable, func(p *kernels.AppendParams) {
 			p.Table.KVLastPageLen = p.Table.KVLastPageLen[1:]
@@ -577,7 +577,7 @@ func testAppendInvalid(t *testing.T, b kernels.Backend) {
 			f := base()
 			p := f.Params
 			p.BatchIndices, p.Positions = slices.Clone(p.BatchIndices), slices.Clone(p.Positions)
-			p.Table.KVIndptr, p.Table.KVIndices = slices.Clone(p.Table.KVIndptr), slices.Clone(p.Table.KVIndices)
+			p.Table.KVIndptr, p.Table.KVPageIndices = slices.Clone(p.Table.KVIndptr), slices.Clone(p.Table.KVPageIndices)
 			p.Table.KVLastPageLen = slices.Clone(p.Table.KVLastPageLen)
 			tc.mut(&p)
 			err := b.AppendPagedKVCache(&p)
@@ -645,13 +645,13 @@ func NewMLAFixture(r *rand.Rand, c MLACase) MLAFixture {
 	copy(ckv.Data, randomBytes(r, len(ckv.Data)))
 	copy(kpe.Data, randomBytes(r, len(kpe.Data)))
 	p := kernels.MLAAppendParams{AppendCKV: ckv, AppendKPE: kpe, BatchIndices: bt.BatchIndices, Positions: bt.Positions,
-		Cache: cache, KVIndptr: bt.Table.KVIndptr, KVIndices: bt.Table.KVIndices, KVLastPageLen: bt.Table.KVLastPageLen}
+		Cache: cache, KVIndptr: bt.Table.KVIndptr, KVPageIndices: bt.Table.KVPageIndices, KVLastPageLen: bt.Table.KVLastPageLen}
 	if c.NoLastPageLen {
 		p.KVLastPageLen = nil
 	}
 	want := cloneMLA(cache)
 	reference.MLAAppend(refMLA(&want), reference.MLAAppendInput{CKV: ckv.Data, KPE: kpe.Data, BatchIndices: bt.BatchIndices,
-		Positions: bt.Positions, KVIndptr: bt.Table.KVIndptr, KVIndices: bt.Table.KVIndices})
+		Positions: bt.Positions, KVIndptr: bt.Table.KVIndptr, KVPageIndices: bt.Table.KVPageIndices})
 	return MLAFixture{Batch: bt, Params: p, Before: cloneMLA(cache), Want: want}
 }
 
@@ -716,14 +716,14 @@ func CheckMLAAppend(t testing.TB, b kernels.Backend, c MLACase, seed uint64) {
 	written := map[int]bool{}
 	toks := make([][]reference.TokenBytes, len(bt.SeqLens))
 	for req, n := range bt.SeqLens {
-		toks[req] = reference.MLAGatherBytes(refMLA(&p.Cache), bt.Table.KVIndptr, bt.Table.KVIndices, req, n)
+		toks[req] = reference.MLAGatherBytes(refMLA(&p.Cache), bt.Table.KVIndptr, bt.Table.KVPageIndices, req, n)
 	}
 	for i, rb := range bt.BatchIndices {
 		tok := toks[rb][bt.Positions[i]]
 		if string(tok.K) != string(p.AppendCKV.Data[i*c.DCKV*es:(i+1)*c.DCKV*es]) || string(tok.V) != string(p.AppendKPE.Data[i*c.DKPE*es:(i+1)*c.DKPE*es]) {
 			t.Fatalf("%v seed %d: row %d (request %d, position %d) does not read back", c, seed, i, rb, bt.Positions[i])
 		}
-		page, entry := reference.TokenSlot(bt.Table.KVIndptr, bt.Table.KVIndices, c.PageSize, int(rb), int(bt.Positions[i]))
+		page, entry := reference.TokenSlot(bt.Table.KVIndptr, bt.Table.KVPageIndices, c.PageSize, int(rb), int(bt.Positions[i]))
 		written[page*c.PageSize+entry] = true
 	}
 	after, before := allMLASlots(&p.Cache), allMLASlots(&f.Before)
@@ -777,8 +777,8 @@ func TestMLAAppend(t *testing.T, b kernels.Backend) {
 			}
 			bt := fused.Batch
 			for req, n := range bt.SeqLens {
-				got := reference.MLAGatherBytes(refMLA(&fp.Cache), bt.Table.KVIndptr, bt.Table.KVIndices, req, n)
-				want := reference.MLAGatherBytes(refMLA(&sp.Cache), bt.Table.KVIndptr, bt.Table.KVIndices, req, n)
+				got := reference.MLAGatherBytes(refMLA(&fp.Cache), bt.Table.KVIndptr, bt.Table.KVPageIndices, req, n)
+				want := reference.MLAGatherBytes(refMLA(&sp.Cache), bt.Table.KVIndptr, bt.Table.KVPageIndices, req, n)
 				for i, rb := range bt.BatchIndices {
 					if int(rb) != req {
 						continue
@@ -793,7 +793,7 @@ func TestMLAAppend(t *testing.T, b kernels.Backend) {
 			ckvF, kpeF := make([]float32, 512), make([]float32, 64)
 			ckvS, kpeS := make([]float32, 512), make([]float32, 64)
 			for i, rb := range bt.BatchIndices {
-				page, entry := reference.TokenSlot(bt.Table.KVIndptr, bt.Table.KVIndices, 4, int(rb), int(bt.Positions[i]))
+				page, entry := reference.TokenSlot(bt.Table.KVIndptr, bt.Table.KVPageIndices, 4, int(rb), int(bt.Positions[i]))
 				fp.Cache.GatherMLA(ckvF, kpeF, page, entry)
 				sp.Cache.GatherMLA(ckvS, kpeS, page, entry)
 				require.Equal(t, bitsOf(ckvS), bitsOf(ckvF), "ckv of row %d", i)
@@ -837,7 +837,7 @@ func testMLAAppendInvalid(t *testing.T, b kernels.Backend) {
 	}{
 		{"position == seq_len", kernels.ErrIndexOutOfRange, func(p *kernels.MLAAppendParams) {
 			i := last(p)
-			tbl := kernels.PageTable{KVIndptr: p.KVIndptr, KVIndices: p.KVIndices, KVLastPageLen: p.KVLastPageLen}
+			tbl := kernels.PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
 			p.Positions[i] = int32(tbl.SeqLen(int(p.BatchIndices[i]), 4))
 		}},
 		{"position == pages*page_size without last_page_len", kernels.ErrIndexOutOfRange, func(p *kernels.MLAAppendParams) {
@@ -846,7 +846,7 @@ func testMLAAppendInvalid(t *testing.T, b kernels.Backend) {
 			p.Positions[i] = 4 * (p.KVIndptr[b+1] - p.KVIndptr[b])
 		}},
 		{"batch index == B", kernels.ErrIndexOutOfRange, func(p *kernels.MLAAppendParams) { p.BatchIndices[last(p)] = int32(len(p.KVIndptr) - 1) }},
-		{"page id < 0", kernels.ErrIndexOutOfRange, func(p *kernels.MLAAppendParams) { p.KVIndices[len(p.KVIndices)-1] = -1 }},
+		{"page id < 0", kernels.ErrIndexOutOfRange, func(p *kernels.MLAAppendParams) { p.KVPageIndices[len(p.KVPageIndices)-1] = -1 }},
 		{"kv_indptr decreasing", kernels.ErrInvalidPageTable, func(p *kernels.MLAAppendParams) {
 			p.KVIndptr[len(p.KVIndptr)-1] = p.KVIndptr[len(p.KVIndptr)-2] - 1
 		}},
@@ -864,7 +864,7 @@ func testMLAAppendInvalid(t *testing.T, b kernels.Backend) {
 			f := base()
 			p := f.Params
 			p.BatchIndices, p.Positions = slices.Clone(p.BatchIndices), slices.Clone(p.Positions)
-			p.KVIndptr, p.KVIndices, p.KVLastPageLen = slices.Clone(p.KVIndptr), slices.Clone(p.KVIndices), slices.Clone(p.KVLastPageLen)
+			p.KVIndptr, p.KVPageIndices, p.KVLastPageLen = slices.Clone(p.KVIndptr), slices.Clone(p.KVPageIndices), slices.Clone(p.KVLastPageLen)
 			tc.mut(&p)
 			err := b.AppendPagedMLAKVCache(&p)
 			require.ErrorIs(t, err, tc.want, "backend %s", b.Name())

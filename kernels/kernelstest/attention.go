@@ -163,7 +163,7 @@ func pagedFromTokens(rng *rand.Rand, g layout.Paged, lens []int, spare int, valu
 	}
 	return &cacheCase{
 		cache: cache,
-		table: kernels.PageTable{KVIndptr: indptr, KVIndices: indices, KVLastPageLen: last},
+		table: kernels.PageTable{KVIndptr: indptr, KVPageIndices: indices, KVLastPageLen: last},
 		lens:  lens,
 		ref: reference.PagedKV{Layout: g.Layout, Form: g.Form, DType: g.DType, NumPages: g.NumPages, PageSize: g.PageSize,
 			NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: cache.Data, K: cache.K, V: cache.V},
@@ -333,7 +333,7 @@ func runDecodeCase(t *testing.T, b kernels.Backend, rng *rand.Rand, a *attnConfi
 		return
 	}
 	q := reference.Rows3(reference.Floats(p.Q.DType, p.Q.Data), B, a.hq, D)
-	wo, wl := reference.BatchDecode(q, a.c.ref, a.c.table.KVIndptr, a.c.table.KVIndices, a.c.table.KVLastPageLen, refLogits(a.ap, false))
+	wo, wl := reference.BatchDecode(q, a.c.ref, a.c.table.KVIndptr, a.c.table.KVPageIndices, a.c.table.KVLastPageLen, refLogits(a.ap, false))
 	a.closeToModel(t, name+" "+a.String(), p.O, p.LSE, wo, wl)
 }
 
@@ -552,7 +552,7 @@ var decodeInvalid = []invalidCase[kernels.DecodeParams]{
 		p.Table.KVIndptr, p.Table.KVLastPageLen = p.Table.KVIndptr[:2], p.Table.KVLastPageLen[:1]
 	}, kernels.ErrInvalidPageTable},
 	{"last_page_len > page_size", func(p *kernels.DecodeParams) { p.Table.KVLastPageLen = []int32{3, 2} }, kernels.ErrInvalidPageTable},
-	{"page id out of range", func(p *kernels.DecodeParams) { p.Table.KVIndices = []int32{0, 1, 99} }, kernels.ErrIndexOutOfRange},
+	{"page id out of range", func(p *kernels.DecodeParams) { p.Table.KVPageIndices = []int32{0, 1, 99} }, kernels.ErrIndexOutOfRange},
 	{"o shape", func(p *kernels.DecodeParams) { p.O.Shape = []int{2, 4, 2, 2} }, kernels.ErrInvalidTensor},
 	{"lse length", func(p *kernels.DecodeParams) { p.LSE = p.LSE[:7] }, kernels.ErrInvalidTensor},
 	{"q dtype e4m3", func(p *kernels.DecodeParams) { p.Q = kernels.NewTensor(layout.E4M3, 2, 4, 4) }, kernels.ErrInvalidTensor},
@@ -610,7 +610,7 @@ func runPrefillCase(t *testing.T, b kernels.Backend, rng *rand.Rand, a *attnConf
 		return
 	}
 	q := reference.Rows3(reference.Floats(p.Q.DType, p.Q.Data), nnz, a.hq, D)
-	wo, wl := reference.BatchPrefill(q, qo, a.c.ref, a.c.table.KVIndptr, a.c.table.KVIndices, a.c.table.KVLastPageLen, refLogits(a.ap, causal))
+	wo, wl := reference.BatchPrefill(q, qo, a.c.ref, a.c.table.KVIndptr, a.c.table.KVPageIndices, a.c.table.KVLastPageLen, refLogits(a.ap, causal))
 	a.closeToModel(t, what, p.O, p.LSE, wo, wl)
 }
 
@@ -708,11 +708,11 @@ func TestMLADecode(t *testing.T, b kernels.Backend) {
 }
 
 type mlaCase struct {
-	cache     kernels.MLACache
-	ref       reference.MLACache
-	kvIndptr  []int32
-	kvIndices []int32
-	kvLen     []int32
+	cache         kernels.MLACache
+	ref           reference.MLACache
+	kvIndptr      []int32
+	kvPageIndices []int32
+	kvLen         []int32
 }
 
 // mlaFromTokens builds an MLA cache where request b has lens[b] tokens;
@@ -742,7 +742,7 @@ func mlaFromTokens(rng *rand.Rand, g layout.MLA, lens []int, spare int, value fu
 		}
 	}
 	return &mlaCase{
-		cache: cache, kvIndptr: indptr, kvIndices: indices, kvLen: kvLen,
+		cache: cache, kvIndptr: indptr, kvPageIndices: indices, kvLen: kvLen,
 		ref: reference.MLACache{Form: g.Form, DType: g.DType, PageSize: g.PageSize, DCKV: g.HeadDimCKV, DKPE: g.HeadDimKPE,
 			Data: cache.Data, CKV: cache.CKV, KPE: cache.KPE},
 	}
@@ -762,7 +762,7 @@ func runMLACase(t *testing.T, b kernels.Backend, rng *rand.Rand, name string) {
 	qdt, odt := pick(rng, layout.F32, layout.F16, layout.BF16), pick(rng, layout.F32, layout.F16, layout.BF16)
 	p := &kernels.MLADecodeParams{
 		QNope: randomQ(rng, qdt, B, H, g.HeadDimCKV), QPE: randomQ(rng, qdt, B, H, g.HeadDimKPE), Cache: c.cache,
-		KVIndptr: c.kvIndptr, KVIndices: c.kvIndices, KVLen: c.kvLen, NumHeads: H,
+		KVIndptr: c.kvIndptr, KVPageIndices: c.kvPageIndices, KVLen: c.kvLen, NumHeads: H,
 		SMScale: pick(rng, 1/math.Sqrt(192), 0.3),
 		O:       kernels.NewTensor(odt, B, H, g.HeadDimCKV), LSE: make([]float32, B*H),
 	}
@@ -772,7 +772,7 @@ func runMLACase(t *testing.T, b kernels.Backend, rng *rand.Rand, name string) {
 	}
 	qn := reference.Rows3(reference.Floats(qdt, p.QNope.Data), B, H, g.HeadDimCKV)
 	qp := reference.Rows3(reference.Floats(qdt, p.QPE.Data), B, H, g.HeadDimKPE)
-	wo, wl := reference.MLADecode(qn, qp, c.ref, c.kvIndptr, c.kvIndices, c.kvLen, p.SMScale)
+	wo, wl := reference.MLADecode(qn, qp, c.ref, c.kvIndptr, c.kvPageIndices, c.kvLen, p.SMScale)
 	closeTo(t, what+" o", p.O.F32(), reference.Flat3(wo), outTol(odt), rowHeadFeat(H, g.HeadDimCKV))
 	closeTo(t, what+" lse", p.LSE, reference.Flat2(wl), lseTol, rowHead(H))
 }
@@ -791,7 +791,7 @@ func testMLAWorked(t *testing.T, b kernels.Backend) {
 			})
 		p := &kernels.MLADecodeParams{
 			QNope: tensorOf(layout.F32, []float64{1, 0, 0, 0, 0, 0, 2, 0}, 1, 2, 4), QPE: tensorOf(layout.F32, []float64{0, 1, 1, 0}, 1, 2, 2),
-			Cache: c.cache, KVIndptr: c.kvIndptr, KVIndices: c.kvIndices, KVLen: c.kvLen, NumHeads: 2, SMScale: 0.5,
+			Cache: c.cache, KVIndptr: c.kvIndptr, KVPageIndices: c.kvPageIndices, KVLen: c.kvLen, NumHeads: 2, SMScale: 0.5,
 			O: kernels.NewTensor(layout.F32, 1, 2, 4), LSE: make([]float32, 2),
 		}
 		what := fmt.Sprintf("§5 %v", form)
@@ -809,7 +809,7 @@ func testMLAInvalid(t *testing.T, b kernels.Backend) {
 		c := mlaFromTokens(rng, layout.MLA{Form: layout.Split, DType: layout.F16, PageSize: 4, HeadDimCKV: 8, HeadDimKPE: 2}, []int{5, 0}, 1,
 			func(b, t, part, d int) float64 { return 0.25 })
 		return &kernels.MLADecodeParams{QNope: kernels.NewTensor(layout.F16, 2, 3, 8), QPE: kernels.NewTensor(layout.F16, 2, 3, 2),
-			Cache: c.cache, KVIndptr: c.kvIndptr, KVIndices: c.kvIndices, KVLen: c.kvLen, NumHeads: 3, SMScale: 0.3,
+			Cache: c.cache, KVIndptr: c.kvIndptr, KVPageIndices: c.kvPageIndices, KVLen: c.kvLen, NumHeads: 3, SMScale: 0.3,
 			O: kernels.NewTensor(layout.F16, 2, 3, 8), LSE: make([]float32, 6)}
 	}
 	tests := []invalidCase[kernels.MLADecodeParams]{
@@ -821,7 +821,7 @@ func testMLAInvalid(t *testing.T, b kernels.Backend) {
 		{"kv_len beyond pages", func(p *kernels.MLADecodeParams) { p.KVLen = []int32{9, 0} }, kernels.ErrInvalidPageTable},
 		{"kv_len negative", func(p *kernels.MLADecodeParams) { p.KVLen = []int32{5, -1} }, kernels.ErrInvalidPageTable},
 		{"kv_len count", func(p *kernels.MLADecodeParams) { p.KVLen = []int32{5} }, kernels.ErrInvalidPageTable},
-		{"page id out of range", func(p *kernels.MLADecodeParams) { p.KVIndices = []int32{0, 7} }, kernels.ErrIndexOutOfRange},
+		{"page id out of range", func(p *kernels.MLADecodeParams) { p.KVPageIndices = []int32{0, 7} }, kernels.ErrIndexOutOfRange},
 	}
 	for _, tc := range tests {
 		p := valid()

@@ -30,10 +30,10 @@ import (
 // RawIndices are the index arrays of one hostile call set. Nil and empty
 // slices are passed as they are.
 type RawIndices struct {
-	KVIndptr, KVIndices, KVLastPageLen []int32
-	QOIndptr                           []int32
-	BatchIndices, Positions            []int32
-	KVLen                              []int32 // MLA decode
+	KVIndptr, KVPageIndices, KVLastPageLen []int32
+	QOIndptr                               []int32
+	BatchIndices, Positions                []int32
+	KVLen                                  []int32 // MLA decode
 	// MLANoLastPageLen passes a nil kv_last_page_len to the MLA append
 	// (it is optional there).
 	MLANoLastPageLen bool
@@ -241,7 +241,7 @@ func rawAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 		AppendKey:    randomRows(g.DType, 5, nnz, g.NumKVHeads, g.HeadDim),
 		AppendValue:  randomRows(g.DType, 6, nnz, g.NumKVHeads, g.HeadDim),
 		BatchIndices: ix.BatchIndices, Positions: ix.Positions, Cache: pc.c,
-		Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen},
+		Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen},
 	}
 	callErr := b.AppendPagedKVCache(&p)
 	if callErr != nil {
@@ -252,7 +252,7 @@ func rawAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	wk, wv := make([]bool, n), make([]bool, n)
 	es := int64(pg.DType.Size())
 	for i, bi := range ix.BatchIndices {
-		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVIndices, ix.KVLastPageLen, bi, ix.Positions[i], g.PageSize, g.NumPages)
+		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVPageIndices, ix.KVLastPageLen, bi, ix.Positions[i], g.PageSize, g.NumPages)
 		if !ok {
 			return fmt.Errorf("append accepted row %d (batch %d, position %d) that names no slot of the pool", i, bi, ix.Positions[i])
 		}
@@ -312,7 +312,7 @@ func rawDecode(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	out := newOutputs(g.DType, B, hq, g.HeadDim)
 	p := kernels.DecodeParams{
 		Q: randomRows(g.DType, 7, B, hq, g.HeadDim), Cache: pc.c,
-		Table:           kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen},
+		Table:           kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen},
 		AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1},
 		O:               out.ot, LSE: out.lsev,
 	}
@@ -340,7 +340,7 @@ func rawPrefill(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	out := newOutputs(g.DType, nnz, hq, g.HeadDim)
 	p := kernels.PrefillParams{
 		Q: randomRows(g.DType, 8, nnz, hq, g.HeadDim), QOIndptr: ix.QOIndptr, Cache: pc.c,
-		Table:           kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen},
+		Table:           kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen},
 		Causal:          len(ix.QOIndptr)%2 == 0,
 		AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1},
 		O:               out.ot, LSE: out.lsev,
@@ -403,7 +403,7 @@ func rawMLADecode(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	out := newOutputs(g.DType, B, h, g.HeadDimCKV)
 	p := kernels.MLADecodeParams{
 		QNope: randomRows(g.DType, 11, B, h, g.HeadDimCKV), QPE: randomRows(g.DType, 12, B, h, g.HeadDimKPE),
-		Cache: mc.c, KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLen: ix.KVLen,
+		Cache: mc.c, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLen: ix.KVLen,
 		NumHeads: h, SMScale: 0.5, O: out.ot, LSE: out.lsev,
 	}
 	callErr := b.MLADecode(&p)
@@ -431,7 +431,7 @@ func rawMLAAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	p := kernels.MLAAppendParams{
 		AppendCKV: randomRows(g.DType, 13, nnz, g.HeadDimCKV), AppendKPE: randomRows(g.DType, 14, nnz, g.HeadDimKPE),
 		BatchIndices: ix.BatchIndices, Positions: ix.Positions, Cache: mc.c,
-		KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: last,
+		KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: last,
 	}
 	callErr := b.AppendPagedMLAKVCache(&p)
 	if callErr != nil {
@@ -440,7 +440,7 @@ func rawMLAAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 	es := int64(mg.DType.Size())
 	wc, wk := make([]bool, len(mc.ckv.all)-2*guard), make([]bool, len(mc.kpe.all)-2*guard)
 	for i, bi := range ix.BatchIndices {
-		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVIndices, last, bi, ix.Positions[i], g.PageSize, g.NumPages)
+		page, entry, ok := rawSlot(ix.KVIndptr, ix.KVPageIndices, last, bi, ix.Positions[i], g.PageSize, g.NumPages)
 		if !ok {
 			return fmt.Errorf("mla append accepted row %d (batch %d, position %d) that names no slot of the pool", i, bi, ix.Positions[i])
 		}
@@ -463,21 +463,21 @@ func HostileTables() []RawIndices {
 	ten := []int32{0, 1, 2, 3, 0, 1, 2, 3, 0, 1}
 	return []RawIndices{
 		// Found in the audit: MaxInt32 - (-5) wraps positive in int32.
-		{KVIndptr: []int32{0, maxI, -5}, KVIndices: []int32{0, 1, 2}, KVLastPageLen: []int32{1, 1}},
-		{KVIndptr: []int32{0, maxI, -5, 10}, KVIndices: ten, KVLastPageLen: []int32{1, 1, 1},
+		{KVIndptr: []int32{0, maxI, -5}, KVPageIndices: []int32{0, 1, 2}, KVLastPageLen: []int32{1, 1}},
+		{KVIndptr: []int32{0, maxI, -5, 10}, KVPageIndices: ten, KVLastPageLen: []int32{1, 1, 1},
 			BatchIndices: []int32{2}, Positions: []int32{20}, QOIndptr: []int32{0, 1, 2, 3}, KVLen: []int32{1, 1, 1}},
-		{KVIndptr: []int32{0, minI, 2}, KVIndices: ten, KVLastPageLen: []int32{1, 1}, BatchIndices: []int32{1}, Positions: []int32{0}},
-		{KVIndptr: []int32{0, 3, 1, 4}, KVIndices: ten, KVLastPageLen: []int32{4, 4, 4}, BatchIndices: []int32{1}, Positions: []int32{0}},
-		{KVIndptr: []int32{0, maxI}, KVIndices: ten, KVLastPageLen: []int32{1}, BatchIndices: []int32{0}, Positions: []int32{maxI}, KVLen: []int32{maxI}},
-		{KVIndptr: []int32{minI, 0}, KVIndices: ten, KVLastPageLen: []int32{1}},
-		{KVIndptr: []int32{0, 2}, KVIndices: []int32{maxI, minI}, KVLastPageLen: []int32{1}, BatchIndices: []int32{0}, Positions: []int32{0}, KVLen: []int32{1}},
-		{KVIndptr: []int32{0, 2}, KVIndices: []int32{0, 1}, KVLastPageLen: []int32{maxI}, BatchIndices: []int32{0}, Positions: []int32{4}},
-		{KVIndptr: []int32{0, 2}, KVIndices: []int32{0, 1}, KVLastPageLen: []int32{minI}, BatchIndices: []int32{0}, Positions: []int32{1}, KVLen: []int32{minI}},
-		{KVIndptr: []int32{0, 2}, KVIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, BatchIndices: []int32{maxI}, Positions: []int32{0}, KVLen: []int32{9}},
-		{KVIndptr: []int32{0, 2}, KVIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, BatchIndices: []int32{minI}, Positions: []int32{minI},
+		{KVIndptr: []int32{0, minI, 2}, KVPageIndices: ten, KVLastPageLen: []int32{1, 1}, BatchIndices: []int32{1}, Positions: []int32{0}},
+		{KVIndptr: []int32{0, 3, 1, 4}, KVPageIndices: ten, KVLastPageLen: []int32{4, 4, 4}, BatchIndices: []int32{1}, Positions: []int32{0}},
+		{KVIndptr: []int32{0, maxI}, KVPageIndices: ten, KVLastPageLen: []int32{1}, BatchIndices: []int32{0}, Positions: []int32{maxI}, KVLen: []int32{maxI}},
+		{KVIndptr: []int32{minI, 0}, KVPageIndices: ten, KVLastPageLen: []int32{1}},
+		{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{maxI, minI}, KVLastPageLen: []int32{1}, BatchIndices: []int32{0}, Positions: []int32{0}, KVLen: []int32{1}},
+		{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{0, 1}, KVLastPageLen: []int32{maxI}, BatchIndices: []int32{0}, Positions: []int32{4}},
+		{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{0, 1}, KVLastPageLen: []int32{minI}, BatchIndices: []int32{0}, Positions: []int32{1}, KVLen: []int32{minI}},
+		{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, BatchIndices: []int32{maxI}, Positions: []int32{0}, KVLen: []int32{9}},
+		{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, BatchIndices: []int32{minI}, Positions: []int32{minI},
 			QOIndptr: []int32{0, minI}, KVLen: []int32{maxI}},
-		{KVIndptr: []int32{0, 2}, KVIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, QOIndptr: []int32{0, maxI}, KVLen: []int32{-1}},
-		{KVIndptr: []int32{0, 2}, KVIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, BatchIndices: []int32{0}, Positions: []int32{8},
+		{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, QOIndptr: []int32{0, maxI}, KVLen: []int32{-1}},
+		{KVIndptr: []int32{0, 2}, KVPageIndices: []int32{0, 1}, KVLastPageLen: []int32{2}, BatchIndices: []int32{0}, Positions: []int32{8},
 			KVLen: []int32{9}, MLANoLastPageLen: true},
 	}
 }
@@ -513,7 +513,7 @@ func TestHostileIndices(t *testing.T, b kernels.Backend) {
 					AppendKey:    randomRows(g.DType, 1, nnz, g.NumKVHeads, g.HeadDim),
 					AppendValue:  randomRows(g.DType, 2, nnz, g.NumKVHeads, g.HeadDim),
 					BatchIndices: ix.BatchIndices, Positions: ix.Positions, Cache: pc.c,
-					Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen},
+					Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen},
 				})
 				if nnz > 0 && !isAny(err, sentinels) {
 					t.Fatalf("append on hostile table %+v: err = %v, want one of the kernels sentinels", ix, err)
@@ -522,7 +522,7 @@ func TestHostileIndices(t *testing.T, b kernels.Backend) {
 				out := newOutputs(g.DType, B, g.NumKVHeads*g.Group, g.HeadDim)
 				err = b.BatchDecode(&kernels.DecodeParams{
 					Q: randomRows(g.DType, 7, B, g.NumKVHeads*g.Group, g.HeadDim), Cache: pc.c,
-					Table:           kernels.PageTable{KVIndptr: ix.KVIndptr, KVIndices: ix.KVIndices, KVLastPageLen: ix.KVLastPageLen},
+					Table:           kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen},
 					AttentionParams: kernels.AttentionParams{NumQOHeads: g.NumKVHeads * g.Group, WindowLeft: -1},
 					O:               out.ot, LSE: out.lsev,
 				})
@@ -549,10 +549,10 @@ func rawTableInvalid(ix RawIndices, pageSize, numPages int) bool {
 		}
 	}
 	last := int64(p[len(p)-1])
-	if last > int64(len(ix.KVIndices)) {
+	if last > int64(len(ix.KVPageIndices)) {
 		return true
 	}
-	for _, id := range ix.KVIndices[:last] {
+	for _, id := range ix.KVPageIndices[:last] {
 		if id < 0 || int64(id) >= int64(numPages) {
 			return true
 		}
@@ -632,7 +632,7 @@ func DecodeRaw(data []byte) (RawGeometry, RawIndices) {
 		g.Form = layout.Split
 	}
 	ix := RawIndices{MLANoLastPageLen: f&0x80 != 0}
-	for _, a := range []*[]int32{&ix.KVIndptr, &ix.KVIndices, &ix.KVLastPageLen, &ix.QOIndptr, &ix.BatchIndices, &ix.Positions, &ix.KVLen} {
+	for _, a := range []*[]int32{&ix.KVIndptr, &ix.KVPageIndices, &ix.KVLastPageLen, &ix.QOIndptr, &ix.BatchIndices, &ix.Positions, &ix.KVLen} {
 		*a = r.array()
 	}
 	return g, ix
@@ -667,7 +667,7 @@ func EncodeRaw(g RawGeometry, ix RawIndices) []byte {
 	}
 	out := []byte{f, byte(g.NumPages), byte(g.PageSize - 1), byte(g.NumKVHeads - 1), byte(g.Group - 1),
 		idx([]int{1, 2, 4, 8, 16}, g.HeadDim), idx([]int{1, 4, 8, 16}, g.HeadDimCKV), idx([]int{1, 2, 4}, g.HeadDimKPE)}
-	for _, a := range [][]int32{ix.KVIndptr, ix.KVIndices, ix.KVLastPageLen, ix.QOIndptr, ix.BatchIndices, ix.Positions, ix.KVLen} {
+	for _, a := range [][]int32{ix.KVIndptr, ix.KVPageIndices, ix.KVLastPageLen, ix.QOIndptr, ix.BatchIndices, ix.Positions, ix.KVLen} {
 		if a == nil {
 			out = append(out, 255)
 			continue
@@ -698,7 +698,7 @@ func RawSeeds() [][]byte {
 	for _, ix := range HostileTables() {
 		seeds = append(seeds, EncodeRaw(g, ix))
 	}
-	valid := RawIndices{KVIndptr: []int32{0, 2, 2, 4}, KVIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{3, 0, 1},
+	valid := RawIndices{KVIndptr: []int32{0, 2, 2, 4}, KVPageIndices: []int32{3, 0, 2, 1}, KVLastPageLen: []int32{3, 0, 1},
 		QOIndptr: []int32{0, 2, 2, 3}, BatchIndices: []int32{0, 0, 2}, Positions: []int32{6, 1, 4}, KVLen: []int32{7, 0, 5}}
 	seeds = append(seeds, EncodeRaw(g, valid))
 	g.Layout, g.Form, g.DType = layout.HND, layout.Split, layout.BF16

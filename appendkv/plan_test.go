@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/allocator"
-	appendkv "github.com/pagedkv/pagedkv/append"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
 	"github.com/pagedkv/pagedkv/layout"
@@ -81,7 +81,7 @@ func TestBuildRejects(t *testing.T) {
 // 8, 9 pages; request 0 has pages 0,5,8 (22 tokens), request 1 pages 1,6,7
 // (20), request 2 pages 3,4 (15).
 func figureTable() kernels.PageTable {
-	return kernels.PageTable{KVIndptr: []int32{0, 3, 6, 8}, KVIndices: []int32{0, 5, 8, 1, 6, 7, 3, 4}, KVLastPageLen: []int32{6, 4, 7}}
+	return kernels.PageTable{KVIndptr: []int32{0, 3, 6, 8}, KVPageIndices: []int32{0, 5, 8, 1, 6, 7, 3, 4}, KVLastPageLen: []int32{6, 4, 7}}
 }
 
 // picture draws which entries of each page hold a non-zero K value.
@@ -169,7 +169,7 @@ func TestRunRejectsMismatchAndWritesNothing(t *testing.T) {
 	t.Log(err)
 
 	bad := figureTable()
-	bad.KVIndices[2] = 9 // page id outside the pool
+	bad.KVPageIndices[2] = 9 // page id outside the pool
 	require.ErrorIs(t, p.Run(be, appendkv.Input{AppendKey: key, AppendValue: key, Cache: &cache, Table: &bad}), kernels.ErrIndexOutOfRange)
 
 	require.ErrorIs(t, p.Run(be, appendkv.Input{AppendKey: key, AppendValue: key, Table: &table}), appendkv.ErrPlanMismatch)
@@ -246,7 +246,7 @@ func TestStepsWithPageTable(t *testing.T) {
 				for i, b := range plan.BatchIndices {
 					model[b] = append(model[b], token{kv[i*H*D : (i+1)*H*D], kv[(nnz+i)*H*D : (nnz+i+1)*H*D]})
 				}
-				table := kernels.PageTable{KVIndptr: csr.KVIndptr, KVIndices: csr.KVPageIndices, KVLastPageLen: csr.KVLastPageLen}
+				table := kernels.PageTable{KVIndptr: csr.KVIndptr, KVPageIndices: csr.KVPageIndices, KVLastPageLen: csr.KVLastPageLen}
 				in := appendkv.Input{
 					AppendKey:   kernels.TensorFromF32(layout.F32, kv[:nnz*H*D], nnz, H, D),
 					AppendValue: kernels.TensorFromF32(layout.F32, kv[nnz*H*D:], nnz, H, D),
@@ -317,7 +317,7 @@ func BenchmarkDecodeStep(b *testing.B) {
 		table.KVLastPageLen[i] = int32(1 + i%N)
 	}
 	for _, id := range ids {
-		table.KVIndices = append(table.KVIndices, int32(id))
+		table.KVPageIndices = append(table.KVPageIndices, int32(id))
 	}
 	indptr := make([]int32, B+1)
 	for i := range indptr {

@@ -3,7 +3,8 @@ package appendkv
 import (
 	"slices"
 
-	"github.com/pkg/errors"
+	"errors"
+	"fmt"
 
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/pagetable"
@@ -33,11 +34,11 @@ type Plan struct {
 // the plan is left as it was.
 func (p *Plan) Build(appendIndptr, seqLens []int32) error {
 	if len(appendIndptr) == 0 {
-		return errors.Wrap(pagetable.ErrBadCSR, "appendkv: append_indptr is empty (want length batch+1)")
+		return fmt.Errorf("appendkv: append_indptr is empty (want length batch+1): %w", pagetable.ErrBadCSR)
 	}
 	bi, pos, err := pagetable.GetBatchIndicesPositionsTo(p.BatchIndices, p.Positions, appendIndptr, seqLens, int(appendIndptr[len(appendIndptr)-1]))
 	if err != nil {
-		return errors.Wrap(err, "appendkv: plan")
+		return fmt.Errorf("appendkv: plan: %w", err)
 	}
 	p.BatchIndices, p.Positions = bi, pos
 	p.AppendIndptr = append(p.AppendIndptr[:0], appendIndptr...)
@@ -50,7 +51,7 @@ func (p *Plan) Build(appendIndptr, seqLens []int32) error {
 func (p *Plan) BuildFromTable(table *kernels.PageTable, pageSize int, appendIndptr []int32) error {
 	seqLens, err := pagetable.GetSeqLensTo(p.seqScratch, table.KVIndptr, table.KVLastPageLen, pageSize)
 	if err != nil {
-		return errors.Wrap(err, "appendkv: plan from page table")
+		return fmt.Errorf("appendkv: plan from page table: %w", err)
 	}
 	p.seqScratch = seqLens
 	return p.Build(appendIndptr, seqLens)
@@ -84,18 +85,18 @@ type Input struct {
 // before writing. On error nothing is written.
 func (p *Plan) Run(b kernels.Backend, in Input) error {
 	if in.Cache == nil || in.Table == nil {
-		return errors.Wrap(ErrPlanMismatch, "appendkv: run: nil cache or page table")
+		return fmt.Errorf("appendkv: run: nil cache or page table: %w", ErrPlanMismatch)
 	}
 	if B := in.Table.BatchSize(); B != len(p.SeqLens) || len(in.Table.KVLastPageLen) != B {
-		return errors.Wrapf(ErrPlanMismatch, "appendkv: run: page table has batch %d (kv_indptr %d, kv_last_page_len %d), plan has %d",
-			B, len(in.Table.KVIndptr), len(in.Table.KVLastPageLen), len(p.SeqLens))
+		return fmt.Errorf("appendkv: run: page table has batch %d (kv_indptr %d, kv_last_page_len %d), plan has %d: %w",
+			B, len(in.Table.KVIndptr), len(in.Table.KVLastPageLen), len(p.SeqLens), ErrPlanMismatch)
 	}
 	if err := in.Table.Validate(in.Cache.Geometry.PageSize, in.Cache.Geometry.NumPages); err != nil {
-		return errors.Wrap(err, "appendkv: run")
+		return fmt.Errorf("appendkv: run: %w", err)
 	}
 	for i, n := range p.SeqLens {
 		if got := in.Table.SeqLen(i, in.Cache.Geometry.PageSize); got != int(n) {
-			return errors.Wrapf(ErrPlanMismatch, "appendkv: run: request %d has seq_len %d in the page table, %d in the plan", i, got, n)
+			return fmt.Errorf("appendkv: run: request %d has seq_len %d in the page table, %d in the plan: %w", i, got, n, ErrPlanMismatch)
 		}
 	}
 	p.params = kernels.AppendParams{
@@ -107,7 +108,7 @@ func (p *Plan) Run(b kernels.Backend, in Input) error {
 	err := b.AppendPagedKVCache(&p.params)
 	p.params = kernels.AppendParams{} // do not retain the caller's buffers
 	if err != nil {
-		return errors.Wrapf(err, "appendkv: run on backend %s", b.Name())
+		return fmt.Errorf("appendkv: run on backend %s: %w", b.Name(), err)
 	}
 	return nil
 }

@@ -5,8 +5,8 @@
 // which writes row i to entry positions[i] % page_size of page
 // kv_indices[kv_indptr[b] + positions[i] / page_size], b = batch_indices[i].
 //
-// The folder is append/ but the package is appendkv: a package named append
-// would shadow the builtin append in every file that imports it.
+// The package (and its folder) is appendkv, not append: a package named
+// append would shadow the builtin append in every file that imports it.
 //
 // # Invariants
 //
