@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -24,6 +25,8 @@ func abiFullGroups(n int) []abiGroup {
 // pages, the bytes needed and the limit (cfg.memory_limit, or by default
 // this machine's physical memory), before anything is allocated.
 func TestHybridCreateRefusesHugeConfig(t *testing.T) {
+	runtime.LockOSThread() // goLastError reads this thread's message
+	defer runtime.UnlockOSThread()
 	groups := abiFullGroups(maxGroups)
 	need := pagedkv.HybridConfig{Config: pagedkv.Config{NumPages: 4096, PageSize: 16}, Groups: make([]pagedkv.LayerGroup, maxGroups)}.AllocBytes()
 	check := func(cfg abiConfig, limit string) {
@@ -50,6 +53,8 @@ func TestHybridCreateRefusesHugeConfig(t *testing.T) {
 // before memory_limit (cfg_size without it) gets the default, whatever
 // lies past its struct.
 func TestConfigMemoryLimit(t *testing.T) {
+	runtime.LockOSThread() // goLastError reads this thread's message
+	defer runtime.UnlockOSThread()
 	groups := abiFullGroups(4)
 	need := pagedkv.HybridConfig{Config: pagedkv.Config{NumPages: 4096, PageSize: 16}, Groups: make([]pagedkv.LayerGroup, 4)}.AllocBytes()
 	cfg := abiConfig{NumPages: 4096, PageSize: 16, HashSeed: 1, MemoryLimit: need - 1}

@@ -62,7 +62,7 @@ enum {
 	PAGEDKV_ERR_BAD_HANDLE = 13,      /* no such manager */
 	PAGEDKV_ERR_BUSY = 14,            /* another thread is inside a call on this handle */
 	PAGEDKV_ERR_AUDIT = 15,           /* pagedkv_audit found a broken invariant */
-	PAGEDKV_ERR_INTERNAL = 16,        /* a recovered Go panic (a bug); the handle is poisoned */
+	PAGEDKV_ERR_INTERNAL = 16,        /* a recovered Go panic (a bug); the handle is poisoned; the message is one line, then the Go stack where it was recovered (cut at the buffer) */
 	PAGEDKV_ERR_LOADING = 17          /* ErrLoading: the request waits for onload tier copies */
 };
 
