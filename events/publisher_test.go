@@ -72,14 +72,8 @@ func TestPublisherRefusesHugeRequests(t *testing.T) {
 	}
 
 	// A well-behaved replay client is still served.
-	d, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("good")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := replayClient(t, pub, "good")
 	defer d.Close()
-	if err := d.Connect(pub.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
 	if err := d.Send([][]byte{{}, make([]byte, 8)}); err != nil {
 		t.Fatal(err)
 	}
@@ -119,4 +113,19 @@ func TestPublisherBadConfig(t *testing.T) {
 			pub.Close()
 		}
 	}
+}
+
+// replayClient is a DEALER with the given identity connected to pub's replay
+// endpoint; the caller closes it.
+func replayClient(t testing.TB, pub *events.Publisher, identity string) *zmtp.Socket {
+	t.Helper()
+	d, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte(identity)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Connect(pub.ReplayEndpoint()); err != nil {
+		d.Close()
+		t.Fatal(err)
+	}
+	return d
 }

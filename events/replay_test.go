@@ -94,14 +94,8 @@ func TestReplayNonReaderDoesNotStall(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 
-	good, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("good")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	good := replayClient(t, pub, "good")
 	defer good.Close()
-	if err := good.Connect(pub.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
 	if err := good.Send([][]byte{{}, make([]byte, 8)}); err != nil {
 		t.Fatal(err)
 	}
@@ -187,14 +181,8 @@ func TestReplayRequestsInOrder(t *testing.T) {
 	if !pub.WaitSent(10 * time.Second) {
 		t.Fatal("the batches were not sent")
 	}
-	d, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("twice")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := replayClient(t, pub, "twice")
 	defer d.Close()
-	if err := d.Connect(pub.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
 	for _, start := range []uint64{0, 3, 9} {
 		if err := d.Send([][]byte{{}, binary.BigEndian.AppendUint64(nil, start)}); err != nil {
 			t.Fatal(err)
