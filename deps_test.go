@@ -134,6 +134,9 @@ var layering = map[string]pkgRule{
 
 	// Random requests on a Manager for the KV-event tests of events and kvindex.
 	"internal/churn": at(T1, ""),
+	// Heap growth of a call, for the tests that bound what hostile input
+	// costs (standard library only).
+	"internal/heaptest": at(T1),
 
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
 	// The serving-workload simulator behind `pagedkv simulate`.
