@@ -20,16 +20,8 @@ import (
 // over the limit, are disconnected and named in the stats, and the
 // publisher goes on serving replays.
 func TestPublisherRefusesHugeRequests(t *testing.T) {
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind,
-		ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub, rec := loopbackPublisher(t, events.RecorderConfig{NumPages: 4, PageSize: 2})
 	defer pub.Close()
-	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: 4, PageSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec.PageStored(0, 77, -1, 0, prefixcache.Key{}, []int32{1, 2})
 	rec.Flush()
 	if !pub.WaitSent(10 * time.Second) {
@@ -128,4 +120,22 @@ func replayClient(t testing.TB, pub *events.Publisher, identity string) *zmtp.So
 		t.Fatal(err)
 	}
 	return d
+}
+
+// loopbackPublisher binds a publisher (topic "kv") and its replay socket on
+// loopback ports and makes a recorder for it with rc; the caller closes the
+// publisher.
+func loopbackPublisher(t testing.TB, rc events.RecorderConfig) (*events.Publisher, *events.Recorder) {
+	t.Helper()
+	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind,
+		ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := pub.NewRecorder(rc)
+	if err != nil {
+		pub.Close()
+		t.Fatal(err)
+	}
+	return pub, rec
 }

@@ -164,16 +164,8 @@ func TestDocLimits(t *testing.T) {
 // the other, each with its end marker, even when the second arrives
 // while the first replay is being sent.
 func TestReplayRequestsInOrder(t *testing.T) {
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind,
-		ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub, rec := loopbackPublisher(t, events.RecorderConfig{NumPages: 8, PageSize: 2})
 	defer pub.Close()
-	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: 8, PageSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := range 5 {
 		rec.PageStored(prefixcache.PageID(i), uint64(i+1), -1, 0, prefixcache.Key{}, []int32{1, 2})
 		rec.Flush()
