@@ -251,25 +251,7 @@ var newKinds = []MaskKind{
 // is right both ways; for the paged kinds, PagedKV is the block table cut at
 // each request's keys and round-trips through BlockTablesFromPagedKV.
 func checkFamilyAgainstModels(t testing.TB, cfg MaskConfig) {
-	m, err := NewAttentionMask(cfg)
-	if err != nil {
-		t.Fatalf("NewAttentionMask(%+v): %v", cfg, err)
-	}
-	want := modelFamily(cfg)
-	got, err := m.Materialize()
-	if err != nil {
-		t.Fatalf("%s: Materialize: %v", m, err)
-	}
-	if diff := Diff(want, got); diff != "" {
-		t.Fatalf("%s: Materialize differs from the model:\n%s", m, diff)
-	}
-	for r := 0; r < got.Rows; r++ {
-		for c := 0; c < got.Cols; c++ {
-			if m.At(r, c) != got.At(r, c) {
-				t.Fatalf("%s: At(%d, %d) = %t, Materialize has %t", m, r, c, m.At(r, c), got.At(r, c))
-			}
-		}
-	}
+	m := materializeAgainst(t, cfg, modelFamily)
 
 	blocks, kvLens := familyFlashBlocks(cfg)
 	maskIndptr, err := MaskIndptrFromLens(cfg.QSeqLen, kvLens)

@@ -382,25 +382,7 @@ func randomMaskConfig(r *rand.Rand) MaskConfig {
 //   - FlashInferParams !OK ⇒ no causal ∈ {false,true}, window_left in
 //     [-1, max kv_seqlen] gives them (larger windows equal -1's result).
 func checkMaskAgainstModels(t testing.TB, cfg MaskConfig) {
-	m, err := NewAttentionMask(cfg)
-	if err != nil {
-		t.Fatalf("NewAttentionMask(%+v): %v", cfg, err)
-	}
-	want := modelXFormers(cfg)
-	got, err := m.Materialize()
-	if err != nil {
-		t.Fatalf("%s: Materialize: %v", m, err)
-	}
-	if diff := Diff(want, got); diff != "" {
-		t.Fatalf("%s: Materialize differs from the model:\n%s", m, diff)
-	}
-	for r := 0; r < got.Rows; r++ {
-		for c := 0; c < got.Cols; c++ {
-			if m.At(r, c) != got.At(r, c) {
-				t.Fatalf("%s: At(%d, %d) = %t, Materialize has %t", m, r, c, m.At(r, c), got.At(r, c))
-			}
-		}
-	}
+	m := materializeAgainst(t, cfg, modelXFormers)
 
 	blocks := xformersBlocks(cfg)
 	maskIndptr, err := MaskIndptrFromLens(cfg.QSeqLen, cfg.KVSeqLen)
@@ -516,4 +498,30 @@ func TestFlashInferDensePictures(t *testing.T) {
 			requireSameMask(t, mustGrid(t, tc.want), got)
 		})
 	}
+}
+
+// materializeAgainst makes cfg's mask and requires Materialize to equal
+// model(cfg) and At to agree with it cell by cell.
+func materializeAgainst(t testing.TB, cfg MaskConfig, model func(MaskConfig) Dense) AttentionMask {
+	t.Helper()
+	m, err := NewAttentionMask(cfg)
+	if err != nil {
+		t.Fatalf("NewAttentionMask(%+v): %v", cfg, err)
+	}
+	want := model(cfg)
+	got, err := m.Materialize()
+	if err != nil {
+		t.Fatalf("%s: Materialize: %v", m, err)
+	}
+	if diff := Diff(want, got); diff != "" {
+		t.Fatalf("%s: Materialize differs from the model:\n%s", m, diff)
+	}
+	for r := 0; r < got.Rows; r++ {
+		for c := 0; c < got.Cols; c++ {
+			if m.At(r, c) != got.At(r, c) {
+				t.Fatalf("%s: At(%d, %d) = %t, Materialize has %t", m, r, c, m.At(r, c), got.At(r, c))
+			}
+		}
+	}
+	return m
 }
