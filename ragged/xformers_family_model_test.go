@@ -254,19 +254,7 @@ func checkFamilyAgainstModels(t testing.TB, cfg MaskConfig) {
 	m := materializeAgainst(t, cfg, modelFamily)
 
 	blocks, kvLens := familyFlashBlocks(cfg)
-	maskIndptr, err := MaskIndptrFromLens(cfg.QSeqLen, kvLens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantPacked, wantIP := modelSegmentPackBits(flattenBlocks(blocks), maskIndptr, BitOrderLittle)
-	fi, err := m.ToFlashInfer()
-	if err != nil {
-		t.Fatalf("%s: ToFlashInfer: %v", m, err)
-	}
-	if fmt.Sprint(fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr) != fmt.Sprint(wantPacked, wantIP, maskIndptr) {
-		t.Fatalf("%s: ToFlashInfer = %v %v %v, model %v %v %v", m,
-			fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr, wantPacked, wantIP, maskIndptr)
-	}
+	checkToFlashInfer(t, m, blocks, cfg.QSeqLen, kvLens)
 
 	p := m.FlashInferParams()
 	if p.OK {

@@ -385,19 +385,7 @@ func checkMaskAgainstModels(t testing.TB, cfg MaskConfig) {
 	m := materializeAgainst(t, cfg, modelXFormers)
 
 	blocks := xformersBlocks(cfg)
-	maskIndptr, err := MaskIndptrFromLens(cfg.QSeqLen, cfg.KVSeqLen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantPacked, wantIP := modelSegmentPackBits(flattenBlocks(blocks), maskIndptr, BitOrderLittle)
-	fi, err := m.ToFlashInfer()
-	if err != nil {
-		t.Fatalf("%s: ToFlashInfer: %v", m, err)
-	}
-	if fmt.Sprint(fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr) != fmt.Sprint(wantPacked, wantIP, maskIndptr) {
-		t.Fatalf("%s: ToFlashInfer = %v %v %v, model %v %v %v", m,
-			fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr, wantPacked, wantIP, maskIndptr)
-	}
+	checkToFlashInfer(t, m, blocks, cfg.QSeqLen, cfg.KVSeqLen)
 
 	p := m.FlashInferParams()
 	if p.OK {
@@ -524,4 +512,23 @@ func materializeAgainst(t testing.TB, cfg MaskConfig, model func(MaskConfig) Den
 		}
 	}
 	return m
+}
+
+// checkToFlashInfer requires m.ToFlashInfer to equal segment_packbits of
+// blocks, the model's per-block masks of queries qLens over keys kvLens.
+func checkToFlashInfer(t testing.TB, m AttentionMask, blocks [][][]bool, qLens, kvLens []int32) {
+	t.Helper()
+	maskIndptr, err := MaskIndptrFromLens(qLens, kvLens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPacked, wantIP := modelSegmentPackBits(flattenBlocks(blocks), maskIndptr, BitOrderLittle)
+	fi, err := m.ToFlashInfer()
+	if err != nil {
+		t.Fatalf("%s: ToFlashInfer: %v", m, err)
+	}
+	if fmt.Sprint(fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr) != fmt.Sprint(wantPacked, wantIP, maskIndptr) {
+		t.Fatalf("%s: ToFlashInfer = %v %v %v, model %v %v %v", m,
+			fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr, wantPacked, wantIP, maskIndptr)
+	}
 }
