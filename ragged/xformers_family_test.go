@@ -335,11 +335,7 @@ func TestXFormersFamilyConstructors(t *testing.T) {
 
 func TestXFormersFamilyErrors(t *testing.T) {
 	good := bt(2, []int32{0, 1}, []int32{2, 3})
-	tests := map[string]struct {
-		cfg     MaskConfig
-		wantErr error
-		wantMsg string
-	}{
+	tests := map[string]maskConfigError{
 		"padded, empty batch": {MaskConfig{Kind: KindBlockDiagonalPaddedKeys, KVPadding: 2},
 			ErrLengthMismatch, "needs at least one block"},
 		"padded, kv beyond padding": {MaskConfig{Kind: KindBlockDiagonalCausalLocalPaddedKeys, QSeqLen: []int32{1}, KVSeqLen: []int32{5}, KVPadding: 4, WindowSize: 2},
@@ -397,13 +393,7 @@ func TestXFormersFamilyErrors(t *testing.T) {
 		"single local, window 0": {MaskConfig{Kind: KindLowerTriangularFromBottomRightLocal, QSeqLen: []int32{1}, KVSeqLen: []int32{1}},
 			ErrInvalidWindow, "window_size >= 1, got 0"},
 	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			_, err := NewAttentionMask(tc.cfg)
-			require.ErrorIs(t, err, tc.wantErr)
-			assert.ErrorContains(t, err, tc.wantMsg)
-		})
-	}
+	checkMaskConfigErrors(t, tests)
 }
 
 // FlashInfer's CSR page table and xFormers' block_tables convert into each

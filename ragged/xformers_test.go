@@ -209,11 +209,7 @@ func TestXFormersConstructorChains(t *testing.T) {
 }
 
 func TestXFormersErrors(t *testing.T) {
-	tests := map[string]struct {
-		cfg     MaskConfig
-		wantErr error
-		wantMsg string
-	}{
+	tests := map[string]maskConfigError{
 		"negative window": {MaskConfig{Kind: KindBlockDiagonalCausalLocal, QSeqLen: []int32{2}, KVSeqLen: []int32{2}, WindowSize: -1},
 			ErrInvalidWindow, "window_size >= 1, got -1"},
 		"zero window": {MaskConfig{Kind: KindBlockDiagonalCausalLocalFromBottomRight, QSeqLen: []int32{2}, KVSeqLen: []int32{2}, WindowSize: 0},
@@ -238,13 +234,7 @@ func TestXFormersErrors(t *testing.T) {
 		"padded keys, empty batch": {MaskConfig{Kind: KindBlockDiagonalCausalWithOffsetPaddedKeys, KVPadding: 3},
 			ErrLengthMismatch, "needs at least one block"},
 	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			_, err := NewAttentionMask(tc.cfg)
-			require.ErrorIs(t, err, tc.wantErr)
-			assert.ErrorContains(t, err, tc.wantMsg)
-		})
-	}
+	checkMaskConfigErrors(t, tests)
 	// xFormers accepts the largest q_seqlen that still sees a key.
 	_, err := NewAttentionMask(MaskConfig{Kind: KindBlockDiagonalCausalLocal, QSeqLen: []int32{4}, KVSeqLen: []int32{2}, WindowSize: 3})
 	assert.NoError(t, err)
@@ -530,5 +520,25 @@ func checkToFlashInfer(t testing.TB, m AttentionMask, blocks [][][]bool, qLens, 
 	if fmt.Sprint(fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr) != fmt.Sprint(wantPacked, wantIP, maskIndptr) {
 		t.Fatalf("%s: ToFlashInfer = %v %v %v, model %v %v %v", m,
 			fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr, wantPacked, wantIP, maskIndptr)
+	}
+}
+
+// maskConfigError is a mask config NewAttentionMask refuses, with the
+// error it must wrap and a part of its message.
+type maskConfigError struct {
+	cfg     MaskConfig
+	wantErr error
+	wantMsg string
+}
+
+// checkMaskConfigErrors requires NewAttentionMask to refuse each config of
+// tests as it says, one subtest each.
+func checkMaskConfigErrors(t *testing.T, tests map[string]maskConfigError) {
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := NewAttentionMask(tc.cfg)
+			require.ErrorIs(t, err, tc.wantErr)
+			assert.ErrorContains(t, err, tc.wantMsg)
+		})
 	}
 }
