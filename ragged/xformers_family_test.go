@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -215,11 +214,7 @@ func TestXFormersFamilyPictures(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			m, err := NewAttentionMask(tc.cfg)
-			require.NoError(t, err)
-			got, err := m.Materialize()
-			require.NoError(t, err)
-			requireSameMask(t, mustGrid(t, strings.ReplaceAll(tc.want, "|", "")), got)
+			m, _ := requireDrawnMask(t, tc.cfg, tc.want)
 			checkFamilyAgainstModels(t, tc.cfg)
 			p := m.FlashInferParams()
 			switch {

@@ -142,12 +142,7 @@ func TestXFormersMasksAsPictures(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			m, err := NewAttentionMask(tc.cfg)
-			require.NoError(t, err)
-			got, err := m.Materialize()
-			require.NoError(t, err)
-			want := mustGrid(t, strings.ReplaceAll(tc.want, "|", ""))
-			requireSameMask(t, want, got, "%s", m)
+			m, want := requireDrawnMask(t, tc.cfg, tc.want)
 			rows, cols := m.Shape()
 			assert.Equal(t, [2]int{want.Rows, want.Cols}, [2]int{rows, cols})
 			for r := 0; r < rows; r++ {
@@ -541,4 +536,17 @@ func checkMaskConfigErrors(t *testing.T, tests map[string]maskConfigError) {
 			assert.ErrorContains(t, err, tc.wantMsg)
 		})
 	}
+}
+
+// requireDrawnMask makes cfg's mask and requires Materialize to equal
+// drawn (a grid of x and ., "|" ignored); want is that grid.
+func requireDrawnMask(t *testing.T, cfg MaskConfig, drawn string) (m AttentionMask, want Dense) {
+	t.Helper()
+	m, err := NewAttentionMask(cfg)
+	require.NoError(t, err)
+	got, err := m.Materialize()
+	require.NoError(t, err)
+	want = mustGrid(t, strings.ReplaceAll(drawn, "|", ""))
+	requireSameMask(t, want, got, "%s", m)
+	return m, want
 }
