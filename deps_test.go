@@ -132,6 +132,12 @@ var layering = map[string]pkgRule{
 	"internal/doclimits": at(T1),
 	"internal/golden":    at(T1, "internal/safetensors", "kernels", "layout", "ragged", "pagetable", "cascade"),
 
+	// Random requests on a Manager for the KV-event tests of events and kvindex.
+	"internal/churn": at(T1, ""),
+	// Heap growth of a call, for the tests that bound what hostile input
+	// costs (standard library only).
+	"internal/heaptest": at(T1),
+
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
 	// The serving-workload simulator behind `pagedkv simulate`.
 	"internal/sim": at(T2, "", "appendkv", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "stepglue", "tier"),
@@ -156,7 +162,7 @@ var layering = map[string]pkgRule{
 var onlyImportedBy = map[string][]string{
 	"internal/reference": {"kernels/kernelstest", "internal/sim"},
 	"fuzz":               {},
-	"":                   {"cmd/pagedkv", "internal/sim", "internal/replay", "metrics", "stepglue", "cabi"},
+	"":                   {"cmd/pagedkv", "internal/sim", "internal/replay", "metrics", "stepglue", "cabi", "internal/churn"},
 	"gorgonia.org/cu":    {"kernels/cuda"},
 	// Metrics are exported by the metrics package and the CLI, never from
 	// the library's core.
@@ -409,7 +415,7 @@ func TestImportLayeringRejects(t *testing.T) {
 			[]string{`package "allocator" (L1) imports "github.com/pagedkv/pagedkv/pagetable", which its entry in layering does not allow (allowed: [internal/invariants])`}},
 		{"nothing imports the facade from below", "kernels", "", true, []string{
 			`package "kernels" (L1) may import "github.com/pagedkv/pagedkv" (L4): imports must go to a strictly lower layer`,
-			`package "kernels" imports "github.com/pagedkv/pagedkv", which only [cmd/pagedkv internal/sim internal/replay metrics stepglue cabi] may import`}},
+			`package "kernels" imports "github.com/pagedkv/pagedkv", which only [cmd/pagedkv internal/sim internal/replay metrics stepglue cabi internal/churn] may import`}},
 		{"the oracle shares no code", "cascade", "internal/reference", true, []string{
 			`package "cascade" (L3) may import "internal/reference" (T1): imports must go to a strictly lower layer`,
 			`package "cascade" imports "github.com/pagedkv/pagedkv/internal/reference", which only [kernels/kernelstest internal/sim] may import`}},

@@ -14,8 +14,8 @@ import (
 )
 
 // windowedCascade runs p.Cascade through cascade.Run on the CPU backend with
-// the given window_left per level, and returns the output in plan row order
-// (queries as groupAttention's: queryOf(plan row)).
+// the given window_left per level (nil: none), and returns the output in
+// plan row order (queries as groupAttention's: queryOf(plan row)).
 func (e *cpuEngine) windowedCascade(t testing.TB, p *Plan, windows []int) []float32 {
 	lay := p.Cascade
 	rows := lay.QueryRows()

@@ -35,15 +35,23 @@ func hybridRecorderConfig(groups []LayerGroup, numPages, pageSize int) events.Re
 	return cfg
 }
 
-// newHybridEvents returns the events of a HybridManager of groups whose
-// host tier has hostPages pages (0: none).
-func newHybridEvents(t *testing.T, groups []LayerGroup, numPages, pageSize, hostPages int) *hybridEvents {
+// newHybridRecorder is a recorder of groups' events (hostPages host pages,
+// 0: none) on a 4-batch queue.
+func newHybridRecorder(t *testing.T, groups []LayerGroup, numPages, pageSize, hostPages int) (*events.Recorder, *events.Queue) {
+	t.Helper()
 	q, err := events.NewQueue(4)
 	require.NoError(t, err)
 	cfg := hybridRecorderConfig(groups, numPages, pageSize)
 	cfg.HostPages = hostPages
 	rec, err := events.NewRecorder(cfg, q)
 	require.NoError(t, err)
+	return rec, q
+}
+
+// newHybridEvents returns the events of a HybridManager of groups whose
+// host tier has hostPages pages (0: none).
+func newHybridEvents(t *testing.T, groups []LayerGroup, numPages, pageSize, hostPages int) *hybridEvents {
+	rec, q := newHybridRecorder(t, groups, numPages, pageSize, hostPages)
 	return &hybridEvents{t: t, groups: groups, rec: rec, q: q, enc: events.NewEncoder(), sets: vllmwire.GroupMedia{},
 		stored: make([]int, len(groups)), hostPages: hostPages, hostSeen: make([]int, len(groups))}
 }

@@ -51,12 +51,7 @@ func testHybridKVIndex(t *testing.T, hostPages int) {
 	var checks, hits, diverged, predicted, exact, hostIndexed int
 	for run := range runs {
 		rng := rand.New(rand.NewPCG(uint64(run), 77))
-		q, err := events.NewQueue(4)
-		require.NoError(t, err)
-		rc := hybridRecorderConfig(groups, numPages, ps)
-		rc.HostPages = hostPages
-		rec, err := events.NewRecorder(rc, q)
-		require.NoError(t, err)
+		rec, q := newHybridRecorder(t, groups, numPages, ps, hostPages)
 		cfg := Config{NumPages: numPages, PageSize: ps, HashSeed: 13, CacheEvents: rec}
 		if hostPages > 0 {
 			cfg.Tiers = TierConfig{HostPages: hostPages, Format: tierFormat(ps), WriteThrough: true}

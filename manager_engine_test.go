@@ -101,27 +101,7 @@ func (e *cpuEngine) prefill(t testing.TB, p *Plan) []float32 {
 
 // cascade is the same attention through p.Cascade, returned in plan row
 // order.
-func (e *cpuEngine) cascade(t testing.TB, p *Plan) []float32 {
-	lay := p.Cascade
-	rows := lay.QueryRows()
-	nnz := len(rows)
-	q := make([]float32, 0, nnz*engHeads*engDim)
-	for _, r := range rows {
-		q = append(q, queryOf(int(r))...)
-	}
-	o := kernels.NewTensor(layout.F32, nnz, engHeads, engDim)
-	require.NoError(t, cascade.Run(e.be, &cascade.Params{
-		Levels: lay.Levels, Q: kernels.TensorFromF32(layout.F32, q, nnz, engHeads, engDim), Cache: e.cache,
-		Causal: true, AttentionParams: kernels.AttentionParams{NumQOHeads: engHeads, WindowLeft: -1}, O: o,
-	}))
-	out := make([]float32, nnz*engHeads*engDim)
-	cas := o.F32()
-	w := engHeads * engDim
-	for i, r := range rows {
-		copy(out[int(r)*w:(int(r)+1)*w], cas[i*w:(i+1)*w])
-	}
-	return out
-}
+func (e *cpuEngine) cascade(t testing.TB, p *Plan) []float32 { return e.windowedCascade(t, p, nil) }
 
 // decode is attention of each request's single (last) row over its pages.
 func (e *cpuEngine) decode(t testing.TB, p *Plan) []float32 {

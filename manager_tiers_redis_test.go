@@ -37,6 +37,17 @@ func flushStore(t testing.TB, s *redis.Store) {
 
 // replica is one Manager with its own engine and its own client of the
 // shared store.
+// writeThrough has e compute prompt as request 1 in one chunk and
+// complete its copies, and waits until s has written them to Redis.
+func writeThrough(t testing.TB, e *tierEngine, s *redis.Store, prompt []int32) {
+	t.Helper()
+	_, err := e.add(1, Request{Prompt: prompt})
+	require.NoError(t, err)
+	e.prefill(len(prompt), 1)
+	e.complete(nil)
+	flushStore(t, s)
+}
+
 func replica(t testing.TB, srv *redistest.Server, deadline time.Duration) (*Manager, *tierEngine, *redis.Store) {
 	s := newRedisStore(t, srv)
 	m, e := newTierManager(t, 16, 16, TierConfig{Remote: s, RemoteDeadline: deadline})
@@ -91,11 +102,7 @@ func TestBadRemoteValuesAreRecomputed(t *testing.T) {
 	srv := redistest.Start(t)
 	_, ea, sa := replica(t, srv, 5*time.Second)
 	prompt := seqTokens(40, 21)
-	_, err := ea.add(1, Request{Prompt: prompt})
-	require.NoError(t, err)
-	ea.prefill(21, 1)
-	ea.complete(nil)
-	flushStore(t, sa)
+	writeThrough(t, ea, sa, prompt)
 
 	d := tier.NamespaceRoot("", "", "")
 	var pages []tier.RemotePage
@@ -139,13 +146,9 @@ func TestRemoteDeadlineHoldsInAdd(t *testing.T) {
 	_, ea, sa := replica(t, srv, 5*time.Second)
 	b, eb, sb := replica(t, srv, 30*time.Millisecond)
 	prompt := seqTokens(90, 13)
-	_, err := ea.add(1, Request{Prompt: prompt})
-	require.NoError(t, err)
-	ea.prefill(13, 1)
-	ea.complete(nil)
-	flushStore(t, sa)
+	writeThrough(t, ea, sa, prompt)
 	// Warm b's connection with a lookup that misses.
-	_, err = eb.add(9, Request{Prompt: seqTokens(500, 9)})
+	_, err := eb.add(9, Request{Prompt: seqTokens(500, 9)})
 	require.NoError(t, err)
 
 	r, err := srv.Do("CLIENT", "PAUSE", "3000", "ALL")

@@ -101,18 +101,27 @@ func TestHostTierOffloadThenOnload(t *testing.T) {
 	e.drain()
 }
 
-// A page evicted to the host tier is not reused before its offload
-// completes, even when a step wants it.
-func TestEvictedPageWaitsForItsOffload(t *testing.T) {
+// newEvictedToHost is a 4-page Manager with a 4-page host tier whose one
+// request (9 tokens) was prefilled and released, and its 2 full pages
+// evicted to the host tier: their offloads are planned, not yet done.
+func newEvictedToHost(t *testing.T) (*Manager, *tierEngine) {
+	t.Helper()
 	m, e := newTierManager(t, 4, 4, TierConfig{})
 	_, err := e.add(1, Request{Prompt: seqTokens(0, 9)})
 	require.NoError(t, err)
 	e.prefill(16, 1)
 	require.NoError(t, m.Release(1))
 	require.Equal(t, 2, m.Evict(4))
+	return m, e
+}
+
+// A page evicted to the host tier is not reused before its offload
+// completes, even when a step wants it.
+func TestEvictedPageWaitsForItsOffload(t *testing.T) {
+	m, e := newEvictedToHost(t)
 	e.take()
 
-	_, err = e.add(2, Request{Prompt: seqTokens(100, 16)})
+	_, err := e.add(2, Request{Prompt: seqTokens(100, 16)})
 	require.NoError(t, err)
 	before := m.Stats()
 	_, err = m.Reserve([]RequestID{2}, []int32{16})
@@ -127,12 +136,7 @@ func TestEvictedPageWaitsForItsOffload(t *testing.T) {
 }
 
 func TestCompleteTierCopiesRejectsBadIDs(t *testing.T) {
-	m, e := newTierManager(t, 4, 4, TierConfig{})
-	_, err := e.add(1, Request{Prompt: seqTokens(0, 9)})
-	require.NoError(t, err)
-	e.prefill(16, 1)
-	require.NoError(t, m.Release(1))
-	require.Equal(t, 2, m.Evict(4))
+	m, e := newEvictedToHost(t)
 	before := m.Stats()
 	// Planned but not yet handed out: not completable.
 	require.ErrorIs(t, m.CompleteTierCopies(1<<32), ErrBadArgument)

@@ -63,7 +63,11 @@ func newStepper(tb testing.TB, withEvents bool) *stepper {
 
 // step runs one decode step (Reserve, Commit) and, with events, flushes
 // the recorder and lets the consumer take and encode the batch.
-func (s *stepper) step(tb testing.TB) {
+func (s *stepper) step(tb testing.TB) { s.advance(tb, true) }
+
+// advance runs one decode step and, with events, flushes the recorder and
+// takes the batches, encoding them when encode is set.
+func (s *stepper) advance(tb testing.TB, encode bool) {
 	for i, id := range s.ids {
 		s.nt[i] = int32(len(s.m.Tokens(id)) - s.m.Computed(id))
 		s.sampled[i] = int32(i + len(s.m.Tokens(id)))
@@ -77,7 +81,9 @@ func (s *stepper) step(tb testing.TB) {
 	if s.rec != nil {
 		s.rec.Flush()
 		for b := s.q.TryNext(); b != nil; b = s.q.TryNext() {
-			s.payload = s.enc.AppendBatch(s.payload[:0], b, 0)
+			if encode {
+				s.payload = s.enc.AppendBatch(s.payload[:0], b, 0)
+			}
 			s.q.Done(b)
 		}
 	}
@@ -137,21 +143,4 @@ func BenchmarkStepEvents(b *testing.B) {
 	}
 }
 
-func (s *stepper) stepNoEncode(tb testing.TB) {
-	for i, id := range s.ids {
-		s.nt[i] = int32(len(s.m.Tokens(id)) - s.m.Computed(id))
-		s.sampled[i] = int32(i + len(s.m.Tokens(id)))
-	}
-	if _, err := s.m.Reserve(s.ids, s.nt); err != nil {
-		tb.Fatal(err)
-	}
-	if err := s.m.Commit(s.sampled); err != nil {
-		tb.Fatal(err)
-	}
-	if s.rec != nil {
-		s.rec.Flush()
-		for b := s.q.TryNext(); b != nil; b = s.q.TryNext() {
-			s.q.Done(b)
-		}
-	}
-}
+func (s *stepper) stepNoEncode(tb testing.TB) { s.advance(tb, false) }

@@ -2,6 +2,7 @@ package events_test
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
@@ -69,7 +70,7 @@ func TestRecorderHostPages(t *testing.T) {
 	}{{"GPU", []uint64{h0}, false}, {"CPU", []uint64{h0, h1}, false}, {"GPU", []uint64{h1}, true}}
 	for i, w := range want {
 		e := bs[0].Events[i]
-		if e.Type != "BlockStored" || medium(e) != w.medium || !slicesEqual(e.BlockHashes, w.hashes) || (e.ParentBlockHash != nil) != w.parent {
+		if e.Type != "BlockStored" || medium(e) != w.medium || !slices.Equal(e.BlockHashes, w.hashes) || (e.ParentBlockHash != nil) != w.parent {
 			t.Fatalf("event %d = %s %s %x parent %v, want BlockStored %s %x parent %v", i, e.Type, medium(e), e.BlockHashes, e.ParentBlockHash, w.medium, w.hashes, w.parent)
 		}
 	}
@@ -129,22 +130,10 @@ func TestRecorderHostPages(t *testing.T) {
 		}
 	}
 	for _, e := range bs[0].Events[1:] {
-		if medium(e) == "CPU" && slicesEqual(e.BlockHashes, []uint64{0x3333}) && (e.LoRAName == nil || *e.LoRAName != "lora-x") {
+		if medium(e) == "CPU" && slices.Equal(e.BlockHashes, []uint64{0x3333}) && (e.LoRAName == nil || *e.LoRAName != "lora-x") {
 			t.Fatalf("resync lost host page 1's LoRA: %+v", e)
 		}
 	}
-}
-
-func slicesEqual(a, b []uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestRecorderHostPagesBad(t *testing.T) {

@@ -1,6 +1,7 @@
 package events
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -148,24 +149,12 @@ type entry struct {
 
 // NewPublisher opens the sockets and starts the publishing goroutine.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
-	if cfg.BufferSteps == 0 {
-		cfg.BufferSteps = DefaultBufferSteps
-	}
-	if cfg.HWM == 0 {
-		cfg.HWM = DefaultHWM
-	}
-	if cfg.MaxQueue == 0 {
-		cfg.MaxQueue = DefaultMaxQueue
-	}
-	if cfg.MaxRequestBytes == 0 {
-		cfg.MaxRequestBytes = DefaultMaxRequestBytes
-	}
-	if cfg.ReplayHWM == 0 {
-		cfg.ReplayHWM = DefaultReplayHWM
-	}
-	if cfg.ReplayStallTimeout == 0 {
-		cfg.ReplayStallTimeout = DefaultReplayStallTimeout
-	}
+	cfg.BufferSteps = cmp.Or(cfg.BufferSteps, DefaultBufferSteps)
+	cfg.HWM = cmp.Or(cfg.HWM, DefaultHWM)
+	cfg.MaxQueue = cmp.Or(cfg.MaxQueue, DefaultMaxQueue)
+	cfg.MaxRequestBytes = cmp.Or(cfg.MaxRequestBytes, DefaultMaxRequestBytes)
+	cfg.ReplayHWM = cmp.Or(cfg.ReplayHWM, DefaultReplayHWM)
+	cfg.ReplayStallTimeout = cmp.Or(cfg.ReplayStallTimeout, DefaultReplayStallTimeout)
 	switch {
 	case cfg.Endpoint == "":
 		return nil, fmt.Errorf("%w: no endpoint", ErrBadConfig)

@@ -20,16 +20,8 @@ import (
 // over the limit, are disconnected and named in the stats, and the
 // publisher goes on serving replays.
 func TestPublisherRefusesHugeRequests(t *testing.T) {
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind,
-		ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub, rec := loopbackPublisher(t, events.RecorderConfig{NumPages: 4, PageSize: 2})
 	defer pub.Close()
-	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: 4, PageSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec.PageStored(0, 77, -1, 0, prefixcache.Key{}, []int32{1, 2})
 	rec.Flush()
 	if !pub.WaitSent(10 * time.Second) {
@@ -72,14 +64,8 @@ func TestPublisherRefusesHugeRequests(t *testing.T) {
 	}
 
 	// A well-behaved replay client is still served.
-	d, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("good")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := replayClient(t, pub, "good")
 	defer d.Close()
-	if err := d.Connect(pub.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
 	if err := d.Send([][]byte{{}, make([]byte, 8)}); err != nil {
 		t.Fatal(err)
 	}
@@ -119,4 +105,37 @@ func TestPublisherBadConfig(t *testing.T) {
 			pub.Close()
 		}
 	}
+}
+
+// replayClient is a DEALER with the given identity connected to pub's replay
+// endpoint; the caller closes it.
+func replayClient(t testing.TB, pub *events.Publisher, identity string) *zmtp.Socket {
+	t.Helper()
+	d, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte(identity)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Connect(pub.ReplayEndpoint()); err != nil {
+		d.Close()
+		t.Fatal(err)
+	}
+	return d
+}
+
+// loopbackPublisher binds a publisher (topic "kv") and its replay socket on
+// loopback ports and makes a recorder for it with rc; the caller closes the
+// publisher.
+func loopbackPublisher(t testing.TB, rc events.RecorderConfig) (*events.Publisher, *events.Recorder) {
+	t.Helper()
+	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind,
+		ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := pub.NewRecorder(rc)
+	if err != nil {
+		pub.Close()
+		t.Fatal(err)
+	}
+	return pub, rec
 }

@@ -94,14 +94,8 @@ func TestReplayNonReaderDoesNotStall(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 
-	good, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("good")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	good := replayClient(t, pub, "good")
 	defer good.Close()
-	if err := good.Connect(pub.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
 	if err := good.Send([][]byte{{}, make([]byte, 8)}); err != nil {
 		t.Fatal(err)
 	}
@@ -170,16 +164,8 @@ func TestDocLimits(t *testing.T) {
 // the other, each with its end marker, even when the second arrives
 // while the first replay is being sent.
 func TestReplayRequestsInOrder(t *testing.T) {
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", Mode: events.Bind,
-		ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pub, rec := loopbackPublisher(t, events.RecorderConfig{NumPages: 8, PageSize: 2})
 	defer pub.Close()
-	rec, err := pub.NewRecorder(events.RecorderConfig{NumPages: 8, PageSize: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i := range 5 {
 		rec.PageStored(prefixcache.PageID(i), uint64(i+1), -1, 0, prefixcache.Key{}, []int32{1, 2})
 		rec.Flush()
@@ -187,14 +173,8 @@ func TestReplayRequestsInOrder(t *testing.T) {
 	if !pub.WaitSent(10 * time.Second) {
 		t.Fatal("the batches were not sent")
 	}
-	d, err := zmtp.New(zmtp.Config{Type: zmtp.DEALER, Identity: []byte("twice")})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := replayClient(t, pub, "twice")
 	defer d.Close()
-	if err := d.Connect(pub.ReplayEndpoint()); err != nil {
-		t.Fatal(err)
-	}
 	for _, start := range []uint64{0, 3, 9} {
 		if err := d.Send([][]byte{{}, binary.BigEndian.AppendUint64(nil, start)}); err != nil {
 			t.Fatal(err)

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/pagedkv/pagedkv/internal/heaptest"
 )
 
 // fuzzConfig has small limits: whatever a stream says, the reader may not
@@ -46,7 +48,7 @@ func checkAccepted(t *testing.T, cfg Config, r *Received, b []byte) {
 func readBounded(t *testing.T, cfg Config, b []byte) (*Received, error) {
 	var r *Received
 	var err error
-	if grew := heapGrowth(func() { r, err = ReadRequest(bytes.NewReader(b), cfg, testNonce) }); grew > fuzzAllocBound {
+	if grew := heaptest.Growth(func() { r, err = ReadRequest(bytes.NewReader(b), cfg, testNonce) }); grew > fuzzAllocBound {
 		t.Fatalf("reading %d bytes allocated %d (err %v)", len(b), grew, err)
 	}
 	return r, err
@@ -207,7 +209,7 @@ func FuzzSendReplies(f *testing.F) {
 	f.Add(appendRefusal(nil, "handoff: bad stream: stream version 2"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var err error
-		if grew := heapGrowth(func() { err = send(replayConn{r: bytes.NewReader(b)}, &cfg, req) }); grew > 1<<20 {
+		if grew := heaptest.Growth(func() { err = send(replayConn{r: bytes.NewReader(b)}, &cfg, req) }); grew > 1<<20 {
 			t.Fatalf("%d reply bytes: the sender allocated %d", len(b), grew)
 		}
 		if err == nil && !verifiedAck(cfg, b) {

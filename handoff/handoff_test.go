@@ -12,13 +12,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/internal/doclimits"
+	"github.com/pagedkv/pagedkv/internal/heaptest"
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/tier"
 )
@@ -211,15 +211,6 @@ func signedStream(cfg Config, nonce Nonce, tokens, runs, pages uint32, lens [3]u
 	return b.Bytes()
 }
 
-// heapGrowth is the bytes allocated while f runs.
-func heapGrowth(f func()) uint64 {
-	var a, b runtime.MemStats
-	runtime.ReadMemStats(&a)
-	f()
-	runtime.ReadMemStats(&b)
-	return b.TotalAlloc - a.TotalAlloc
-}
-
 func TestForeignAndOversizedStreams(t *testing.T) {
 	cfg := testConfig()
 	b := encode(t, cfg, testNonce, testRequest(4, 3, []int32{1, 2, 3}))
@@ -249,7 +240,7 @@ func TestForeignAndOversizedStreams(t *testing.T) {
 		signer := testConfig()
 		signer.Key = key
 		huge := signedStream(signer, testNonce, 0xffffffff, 0xffffffff, 0xffffffff, ns, nil)
-		grew := heapGrowth(func() {
+		grew := heaptest.Growth(func() {
 			_, err = ReadRequest(bytes.NewReader(huge), cfg, testNonce)
 		})
 		require.ErrorIs(t, err, ErrBadStream)
@@ -262,7 +253,7 @@ func TestForeignAndOversizedStreams(t *testing.T) {
 	// arrived, not the head (the old reader allocated 4 bytes a token
 	// before its checksum).
 	atLimits := signedStream(cfg, testNonce, DefaultMaxPages*4, DefaultMaxPages, DefaultMaxPages, ns, []byte("acmesql"))
-	grew := heapGrowth(func() {
+	grew := heaptest.Growth(func() {
 		_, err = ReadRequest(bytes.NewReader(atLimits), cfg, testNonce)
 	})
 	require.ErrorContains(t, err, "reading the tokens: EOF")
@@ -565,7 +556,7 @@ func TestSilentConnections(t *testing.T) {
 	const maxConns, dial = 8, 40
 	srv, addr := serve(t, st, ServerConfig{MaxConns: maxConns, IdleTimeout: 300 * time.Millisecond})
 	var conns []net.Conn
-	grew := heapGrowth(func() {
+	grew := heaptest.Growth(func() {
 		for range dial {
 			c, err := net.Dial("tcp", addr)
 			require.NoError(t, err)
@@ -619,7 +610,7 @@ func TestInflightBytesBounded(t *testing.T) {
 	mem := full.memory(&cfg)
 	srv, addr := serve(t, st, ServerConfig{MaxInflightBytes: mem + 100<<10, IdleTimeout: 300 * time.Millisecond})
 
-	grew := heapGrowth(func() {
+	grew := heaptest.Growth(func() {
 		// Four strangers' heads at the limits: refused at their tags.
 		stranger := testConfig()
 		stranger.Key = []byte("a stranger's key, 32 bytes long!")

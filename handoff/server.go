@@ -2,6 +2,7 @@ package handoff
 
 import (
 	"bufio"
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -73,24 +74,12 @@ func (c *ServerConfig) check(cfg *Config) error {
 	case c.ReadBuffer > MaxReadBuffer:
 		return fmt.Errorf("%w: ReadBuffer %d: at most %d", ErrBadConfig, c.ReadBuffer, MaxReadBuffer)
 	}
-	if c.Addr == "" {
-		c.Addr = DefaultAddr
-	}
-	if c.MaxConns == 0 {
-		c.MaxConns = DefaultMaxConns
-	}
-	if c.MaxInflightBytes == 0 {
-		c.MaxInflightBytes = DefaultMaxInflightBytes
-	}
-	if c.ReadBuffer == 0 {
-		c.ReadBuffer = DefaultReadBuffer
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
-	}
-	if c.RequestTimeout == 0 {
-		c.RequestTimeout = DefaultRequestTimeout
-	}
+	c.Addr = cmp.Or(c.Addr, DefaultAddr)
+	c.MaxConns = cmp.Or(c.MaxConns, DefaultMaxConns)
+	c.MaxInflightBytes = cmp.Or(c.MaxInflightBytes, DefaultMaxInflightBytes)
+	c.ReadBuffer = cmp.Or(c.ReadBuffer, DefaultReadBuffer)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
 	p := cfg.Limits.MaxPages
 	largest := (&head{lens: [3]int{MaxString, MaxString, MaxString}, tokens: p * cfg.Format.PageSize, runs: p, npages: p}).memory(cfg)
 	if c.MaxInflightBytes < largest {

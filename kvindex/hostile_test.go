@@ -70,16 +70,7 @@ func TestHostilePublisher(t *testing.T) {
 		hostileChild(t, eps)
 		return
 	}
-	pubLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pubLn.Close()
-	replayLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer replayLn.Close()
+	pubLn, replayLn := loopbackPair(t)
 	pubEP, replayEP := "tcp://"+pubLn.Addr().String(), "tcp://"+replayLn.Addr().String()
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHostilePublisher$", "-test.v")

@@ -1,7 +1,6 @@
 package kvindex_test
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -10,21 +9,16 @@ import (
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/events"
+	"github.com/pagedkv/pagedkv/internal/churn"
 	"github.com/pagedkv/pagedkv/kvindex"
 )
 
 // replica is a Manager publishing its events over loopback ZMQ, driven by
 // random requests that share prefixes.
 type replica struct {
-	t       testing.TB
-	rng     *rand.Rand
-	m       *pagedkv.Manager
-	pub     *events.Publisher
-	rec     *events.Recorder
-	next    pagedkv.RequestID
-	running []pagedkv.RequestID
-	roots   [][]int32
-	nss     []pagedkv.Namespace
+	*churn.Driver
+	pub *events.Publisher
+	rec *events.Recorder
 }
 
 const (
@@ -48,75 +42,8 @@ func newReplica(t testing.TB, seed uint64, roots [][]int32) *replica {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &replica{t: t, rng: rand.New(rand.NewPCG(seed, 5)), m: m, pub: pub, rec: rec, roots: roots,
-		nss: []pagedkv.Namespace{{}, {Tenant: "b"}, {LoRA: "adapter"}}}
-}
-
-func (r *replica) step() {
-	t, rng, m := r.t, r.rng, r.m
-	for len(r.running) < 6 && rng.IntN(3) > 0 {
-		prompt := slices.Clone(r.roots[rng.IntN(len(r.roots))])
-		prompt = prompt[:rng.IntN(len(prompt))+1]
-		for range rng.IntN(12) {
-			prompt = append(prompt, int32(rng.IntN(50)))
-		}
-		r.next++
-		if _, err := m.Add(r.next, pagedkv.Request{Namespace: r.nss[rng.IntN(len(r.nss))], Prompt: prompt}); err != nil {
-			t.Fatal(err)
-		}
-		r.running = append(r.running, r.next)
-	}
-	if rng.IntN(10) == 0 {
-		m.Evict(rng.IntN(8))
-	}
-	var ids []pagedkv.RequestID
-	var nt []int32
-	for _, id := range r.running {
-		if left := len(m.Tokens(id)) - m.Computed(id); left > 0 {
-			ids = append(ids, id)
-			nt = append(nt, int32(min(left, 1+rng.IntN(9))))
-		}
-	}
-	if _, err := m.Reserve(ids, nt); errors.Is(err, pagedkv.ErrOutOfPages) {
-		if err := m.Release(r.running[len(r.running)-1]); err != nil {
-			t.Fatal(err)
-		}
-		r.running = r.running[:len(r.running)-1]
-		return
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	sampled := make([]int32, len(ids))
-	for b, id := range ids {
-		sampled[b] = pagedkv.NoToken
-		if m.Computed(id)+int(nt[b]) == len(m.Tokens(id)) && len(m.Tokens(id)) < 40 {
-			sampled[b] = int32(rng.IntN(50))
-		}
-	}
-	if err := m.Commit(sampled); err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < len(r.running); i++ {
-		if id := r.running[i]; m.Computed(id) == len(m.Tokens(id)) && rng.IntN(4) == 0 {
-			if err := m.Release(id); err != nil {
-				t.Fatal(err)
-			}
-			r.running = slices.Delete(r.running, i, i+1)
-			i--
-		}
-	}
-}
-
-func randomRoots(rng *rand.Rand) [][]int32 {
-	var roots [][]int32
-	for i := range 4 {
-		p := make([]int32, 3*testPageSize+i)
-		for j := range p {
-			p[j] = int32(rng.IntN(50))
-		}
-		roots = append(roots, p)
-	}
-	return roots
+	return &replica{Driver: &churn.Driver{T: t, Rng: rand.New(rand.NewPCG(seed, 5)), M: m, Roots: roots,
+		Namespaces: []pagedkv.Namespace{{}, {Tenant: "b"}, {LoRA: "adapter"}}}, pub: pub, rec: rec}
 }
 
 func sources(reps []*replica) []kvindex.Source {
@@ -135,7 +62,7 @@ func TestSubscriberReconstructsCaches(t *testing.T) {
 	t.Parallel()
 	const nrep, steps, joinAt = 2, 150, 60
 	rng := rand.New(rand.NewPCG(3, 3))
-	roots := randomRoots(rng)
+	roots := churn.Roots(rng, testPageSize)
 	reps := make([]*replica, nrep)
 	for i := range reps {
 		reps[i] = newReplica(t, uint64(i), roots)
@@ -170,7 +97,7 @@ func TestSubscriberReconstructsCaches(t *testing.T) {
 			if !sub.WaitApplied(i, seq, 10*time.Second) {
 				t.Fatalf("step %d: %s subscriber applied %d of replica %d, published %d (stats %+v)", step, what, sub.Applied(i), i, seq, sub.Stats(i))
 			}
-			want := r.m.CachedHashes(nil)
+			want := r.M.CachedHashes(nil)
 			slices.Sort(want)
 			if got := ix.Blocks(sub.Replica(i)); !slices.Equal(got, want) {
 				t.Fatalf("step %d: %s subscriber has %d blocks for replica %d, the Manager caches %d", step, what, len(got), i, len(want))
@@ -194,7 +121,7 @@ func TestSubscriberReconstructsCaches(t *testing.T) {
 		}
 		for range burst {
 			for _, r := range reps {
-				r.step()
+				r.Step()
 				if !r.rec.Flush() {
 					t.Fatal("the publisher's queue is full")
 				}
@@ -230,7 +157,7 @@ func TestSubscriberReconstructsCaches(t *testing.T) {
 func TestMatch(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(1, 1))
-	roots := randomRoots(rng)
+	roots := churn.Roots(rng, testPageSize)
 	reps := []*replica{newReplica(t, 1, roots), newReplica(t, 2, roots)}
 	ix, err := kvindex.New(kvindex.Config{PageSize: testPageSize, Seed: testSeed})
 	if err != nil {
@@ -253,13 +180,13 @@ func TestMatch(t *testing.T) {
 		if i == 1 {
 			nsi = pagedkv.Namespace{}
 		}
-		if _, err := r.m.Add(1, pagedkv.Request{Namespace: nsi, Prompt: append(slices.Clone(prompt), 1)}); err != nil {
+		if _, err := r.M.Add(1, pagedkv.Request{Namespace: nsi, Prompt: append(slices.Clone(prompt), 1)}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := r.m.Reserve([]pagedkv.RequestID{1}, []int32{int32(len(prompt) + 1)}); err != nil {
+		if _, err := r.M.Reserve([]pagedkv.RequestID{1}, []int32{int32(len(prompt) + 1)}); err != nil {
 			t.Fatal(err)
 		}
-		if err := r.m.Commit(nil); err != nil {
+		if err := r.M.Commit(nil); err != nil {
 			t.Fatal(err)
 		}
 		r.rec.Flush()
@@ -279,7 +206,7 @@ func TestMatch(t *testing.T) {
 		t.Fatalf("shorter query: matched %v, want [8 0]", got)
 	}
 	// The Manager agrees on what it would reuse.
-	if n, err := reps[0].m.Add(2, pagedkv.Request{Namespace: ns, Prompt: query}); err != nil || n != 3*testPageSize {
+	if n, err := reps[0].M.Add(2, pagedkv.Request{Namespace: ns, Prompt: query}); err != nil || n != 3*testPageSize {
 		t.Fatalf("the Manager matched %d (%v)", n, err)
 	}
 }

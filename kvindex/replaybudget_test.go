@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vmihailenco/msgpack/v5"
-
 	"github.com/pagedkv/pagedkv/kvindex"
 )
 
@@ -36,17 +34,21 @@ func wireMessage(frames ...[]byte) []byte {
 	return out
 }
 
-// wireBatch is a KVEventBatch payload of the given events (vLLM's map form).
-func wireBatch(t testing.TB, evs ...map[string]any) []byte {
-	list := make([]any, len(evs))
-	for i, e := range evs {
-		list[i] = e
-	}
-	p, err := msgpack.Marshal([]any{1.0, list, 0})
+// loopbackPair listens on two loopback ports, a publisher's and a replay
+// endpoint's, closed when the test ends.
+func loopbackPair(t testing.TB) (pub, replay net.Listener) {
+	t.Helper()
+	pub, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p
+	t.Cleanup(func() { pub.Close() })
+	replay, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { replay.Close() })
+	return pub, replay
 }
 
 func wireStored(hashes ...uint64) map[string]any {
@@ -121,16 +123,7 @@ func TestReplayAbandonedPastItsBudget(t *testing.T) {
 			0, 4 << 10, func(s kvindex.SourceStats) int64 { return s.ReplaysOverBudget }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pubLn, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pubLn.Close()
-			replayLn, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer replayLn.Close()
+			pubLn, replayLn := loopbackPair(t)
 			replayReady, replayConn := make(chan error, 1), make(chan net.Conn, 1)
 			go uselessReplies(replayLn, tc.interval, tc.size, replayReady, replayConn)
 			defer func() {
@@ -168,13 +161,13 @@ func TestReplayAbandonedPastItsBudget(t *testing.T) {
 				var p []byte
 				switch seq {
 				case 0:
-					p = wireBatch(t, wireStored(1, 2, 3))
+					p = kvindex.EncodeBatch(t, wireStored(1, 2, 3))
 				case 1:
 					continue // lost
 				case 3:
-					p = wireBatch(t, wireRemoved(1))
+					p = kvindex.EncodeBatch(t, wireRemoved(1))
 				default:
-					p = wireBatch(t, wireStored(seq+2))
+					p = kvindex.EncodeBatch(t, wireStored(seq+2))
 				}
 				stream = append(stream, wireMessage([]byte("kv"), seqFrame(seq), p)...)
 			}

@@ -251,40 +251,10 @@ var newKinds = []MaskKind{
 // is right both ways; for the paged kinds, PagedKV is the block table cut at
 // each request's keys and round-trips through BlockTablesFromPagedKV.
 func checkFamilyAgainstModels(t testing.TB, cfg MaskConfig) {
-	m, err := NewAttentionMask(cfg)
-	if err != nil {
-		t.Fatalf("NewAttentionMask(%+v): %v", cfg, err)
-	}
-	want := modelFamily(cfg)
-	got, err := m.Materialize()
-	if err != nil {
-		t.Fatalf("%s: Materialize: %v", m, err)
-	}
-	if diff := Diff(want, got); diff != "" {
-		t.Fatalf("%s: Materialize differs from the model:\n%s", m, diff)
-	}
-	for r := 0; r < got.Rows; r++ {
-		for c := 0; c < got.Cols; c++ {
-			if m.At(r, c) != got.At(r, c) {
-				t.Fatalf("%s: At(%d, %d) = %t, Materialize has %t", m, r, c, m.At(r, c), got.At(r, c))
-			}
-		}
-	}
+	m := materializeAgainst(t, cfg, modelFamily)
 
 	blocks, kvLens := familyFlashBlocks(cfg)
-	maskIndptr, err := MaskIndptrFromLens(cfg.QSeqLen, kvLens)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantPacked, wantIP := modelSegmentPackBits(flattenBlocks(blocks), maskIndptr, BitOrderLittle)
-	fi, err := m.ToFlashInfer()
-	if err != nil {
-		t.Fatalf("%s: ToFlashInfer: %v", m, err)
-	}
-	if fmt.Sprint(fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr) != fmt.Sprint(wantPacked, wantIP, maskIndptr) {
-		t.Fatalf("%s: ToFlashInfer = %v %v %v, model %v %v %v", m,
-			fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr, wantPacked, wantIP, maskIndptr)
-	}
+	checkToFlashInfer(t, m, blocks, cfg.QSeqLen, kvLens)
 
 	p := m.FlashInferParams()
 	if p.OK {

@@ -142,12 +142,7 @@ func TestXFormersMasksAsPictures(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			m, err := NewAttentionMask(tc.cfg)
-			require.NoError(t, err)
-			got, err := m.Materialize()
-			require.NoError(t, err)
-			want := mustGrid(t, strings.ReplaceAll(tc.want, "|", ""))
-			requireSameMask(t, want, got, "%s", m)
+			m, want := requireDrawnMask(t, tc.cfg, tc.want)
 			rows, cols := m.Shape()
 			assert.Equal(t, [2]int{want.Rows, want.Cols}, [2]int{rows, cols})
 			for r := 0; r < rows; r++ {
@@ -209,11 +204,7 @@ func TestXFormersConstructorChains(t *testing.T) {
 }
 
 func TestXFormersErrors(t *testing.T) {
-	tests := map[string]struct {
-		cfg     MaskConfig
-		wantErr error
-		wantMsg string
-	}{
+	tests := map[string]maskConfigError{
 		"negative window": {MaskConfig{Kind: KindBlockDiagonalCausalLocal, QSeqLen: []int32{2}, KVSeqLen: []int32{2}, WindowSize: -1},
 			ErrInvalidWindow, "window_size >= 1, got -1"},
 		"zero window": {MaskConfig{Kind: KindBlockDiagonalCausalLocalFromBottomRight, QSeqLen: []int32{2}, KVSeqLen: []int32{2}, WindowSize: 0},
@@ -238,13 +229,7 @@ func TestXFormersErrors(t *testing.T) {
 		"padded keys, empty batch": {MaskConfig{Kind: KindBlockDiagonalCausalWithOffsetPaddedKeys, KVPadding: 3},
 			ErrLengthMismatch, "needs at least one block"},
 	}
-	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			_, err := NewAttentionMask(tc.cfg)
-			require.ErrorIs(t, err, tc.wantErr)
-			assert.ErrorContains(t, err, tc.wantMsg)
-		})
-	}
+	checkMaskConfigErrors(t, tests)
 	// xFormers accepts the largest q_seqlen that still sees a key.
 	_, err := NewAttentionMask(MaskConfig{Kind: KindBlockDiagonalCausalLocal, QSeqLen: []int32{4}, KVSeqLen: []int32{2}, WindowSize: 3})
 	assert.NoError(t, err)
@@ -382,40 +367,10 @@ func randomMaskConfig(r *rand.Rand) MaskConfig {
 //   - FlashInferParams !OK ⇒ no causal ∈ {false,true}, window_left in
 //     [-1, max kv_seqlen] gives them (larger windows equal -1's result).
 func checkMaskAgainstModels(t testing.TB, cfg MaskConfig) {
-	m, err := NewAttentionMask(cfg)
-	if err != nil {
-		t.Fatalf("NewAttentionMask(%+v): %v", cfg, err)
-	}
-	want := modelXFormers(cfg)
-	got, err := m.Materialize()
-	if err != nil {
-		t.Fatalf("%s: Materialize: %v", m, err)
-	}
-	if diff := Diff(want, got); diff != "" {
-		t.Fatalf("%s: Materialize differs from the model:\n%s", m, diff)
-	}
-	for r := 0; r < got.Rows; r++ {
-		for c := 0; c < got.Cols; c++ {
-			if m.At(r, c) != got.At(r, c) {
-				t.Fatalf("%s: At(%d, %d) = %t, Materialize has %t", m, r, c, m.At(r, c), got.At(r, c))
-			}
-		}
-	}
+	m := materializeAgainst(t, cfg, modelXFormers)
 
 	blocks := xformersBlocks(cfg)
-	maskIndptr, err := MaskIndptrFromLens(cfg.QSeqLen, cfg.KVSeqLen)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantPacked, wantIP := modelSegmentPackBits(flattenBlocks(blocks), maskIndptr, BitOrderLittle)
-	fi, err := m.ToFlashInfer()
-	if err != nil {
-		t.Fatalf("%s: ToFlashInfer: %v", m, err)
-	}
-	if fmt.Sprint(fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr) != fmt.Sprint(wantPacked, wantIP, maskIndptr) {
-		t.Fatalf("%s: ToFlashInfer = %v %v %v, model %v %v %v", m,
-			fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr, wantPacked, wantIP, maskIndptr)
-	}
+	checkToFlashInfer(t, m, blocks, cfg.QSeqLen, cfg.KVSeqLen)
 
 	p := m.FlashInferParams()
 	if p.OK {
@@ -516,4 +471,82 @@ func TestFlashInferDensePictures(t *testing.T) {
 			requireSameMask(t, mustGrid(t, tc.want), got)
 		})
 	}
+}
+
+// materializeAgainst makes cfg's mask and requires Materialize to equal
+// model(cfg) and At to agree with it cell by cell.
+func materializeAgainst(t testing.TB, cfg MaskConfig, model func(MaskConfig) Dense) AttentionMask {
+	t.Helper()
+	m, err := NewAttentionMask(cfg)
+	if err != nil {
+		t.Fatalf("NewAttentionMask(%+v): %v", cfg, err)
+	}
+	want := model(cfg)
+	got, err := m.Materialize()
+	if err != nil {
+		t.Fatalf("%s: Materialize: %v", m, err)
+	}
+	if diff := Diff(want, got); diff != "" {
+		t.Fatalf("%s: Materialize differs from the model:\n%s", m, diff)
+	}
+	for r := 0; r < got.Rows; r++ {
+		for c := 0; c < got.Cols; c++ {
+			if m.At(r, c) != got.At(r, c) {
+				t.Fatalf("%s: At(%d, %d) = %t, Materialize has %t", m, r, c, m.At(r, c), got.At(r, c))
+			}
+		}
+	}
+	return m
+}
+
+// checkToFlashInfer requires m.ToFlashInfer to equal segment_packbits of
+// blocks, the model's per-block masks of queries qLens over keys kvLens.
+func checkToFlashInfer(t testing.TB, m AttentionMask, blocks [][][]bool, qLens, kvLens []int32) {
+	t.Helper()
+	maskIndptr, err := MaskIndptrFromLens(qLens, kvLens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantPacked, wantIP := modelSegmentPackBits(flattenBlocks(blocks), maskIndptr, BitOrderLittle)
+	fi, err := m.ToFlashInfer()
+	if err != nil {
+		t.Fatalf("%s: ToFlashInfer: %v", m, err)
+	}
+	if fmt.Sprint(fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr) != fmt.Sprint(wantPacked, wantIP, maskIndptr) {
+		t.Fatalf("%s: ToFlashInfer = %v %v %v, model %v %v %v", m,
+			fi.PackedCustomMask, fi.PackedMaskIndptr, fi.MaskIndptr, wantPacked, wantIP, maskIndptr)
+	}
+}
+
+// maskConfigError is a mask config NewAttentionMask refuses, with the
+// error it must wrap and a part of its message.
+type maskConfigError struct {
+	cfg     MaskConfig
+	wantErr error
+	wantMsg string
+}
+
+// checkMaskConfigErrors requires NewAttentionMask to refuse each config of
+// tests as it says, one subtest each.
+func checkMaskConfigErrors(t *testing.T, tests map[string]maskConfigError) {
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := NewAttentionMask(tc.cfg)
+			require.ErrorIs(t, err, tc.wantErr)
+			assert.ErrorContains(t, err, tc.wantMsg)
+		})
+	}
+}
+
+// requireDrawnMask makes cfg's mask and requires Materialize to equal
+// drawn (a grid of x and ., "|" ignored); want is that grid.
+func requireDrawnMask(t *testing.T, cfg MaskConfig, drawn string) (m AttentionMask, want Dense) {
+	t.Helper()
+	m, err := NewAttentionMask(cfg)
+	require.NoError(t, err)
+	got, err := m.Materialize()
+	require.NoError(t, err)
+	want = mustGrid(t, strings.ReplaceAll(drawn, "|", ""))
+	requireSameMask(t, want, got, "%s", m)
+	return m, want
 }

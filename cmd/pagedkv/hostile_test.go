@@ -40,11 +40,7 @@ func writeHostileCases(t *testing.T, src, dst string) int {
 		}
 	}
 	for _, f := range files {
-		buf, err := os.ReadFile(f)
-		require.NoError(t, err)
-		c, err := golden.Parse(f, buf)
-		require.NoError(t, err)
-		base := strings.TrimSuffix(filepath.Base(f), ".safetensors")
+		c, base := readGolden(t, f)
 		for i, tn := range c.Tensors() {
 			if tn.DType != safetensors.I32 || len(tn.Data) < 8 {
 				continue
@@ -221,11 +217,7 @@ func TestVerifyHostileShippedCases(t *testing.T) {
 	words := []int32{math.MaxInt32, math.MinInt32, -1}
 	wraps := [][]int32{{0, math.MaxInt32, -5}, {0, math.MaxInt32, -5, 10}}
 	for _, f := range src {
-		buf, err := os.ReadFile(f)
-		require.NoError(t, err)
-		c, err := golden.Parse(f, buf)
-		require.NoError(t, err)
-		base := strings.TrimSuffix(filepath.Base(f), ".safetensors")
+		c, base := readGolden(t, f)
 		for i, tn := range c.Tensors() {
 			if tn.DType != safetensors.I32 || !strings.HasPrefix(tn.Name, "in.") || len(tn.Data) == 0 {
 				continue
@@ -268,4 +260,15 @@ func TestVerifyHostileShippedCases(t *testing.T) {
 		}
 		require.Equal(t, fmt.Sprintf("verify: 0 passed, %d failed", n), ls[n])
 	})
+}
+
+// readGolden parses the golden case file f; base is its name without the
+// directory and the .safetensors suffix.
+func readGolden(t *testing.T, f string) (c *golden.Case, base string) {
+	t.Helper()
+	buf, err := os.ReadFile(f)
+	require.NoError(t, err)
+	c, err = golden.Parse(f, buf)
+	require.NoError(t, err)
+	return c, strings.TrimSuffix(filepath.Base(f), ".safetensors")
 }

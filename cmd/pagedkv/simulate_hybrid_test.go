@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
-	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -260,24 +258,13 @@ func TestSimulateModelKVEvents(t *testing.T) {
 // TestSimulateModelMetrics: --metrics-addr serves a hybrid run's pool-wide
 // Stats, which agree with the summary.
 func TestSimulateModelMetrics(t *testing.T) {
-	var scraped string
-	metricsServed = func(url string) {
-		resp, err := http.Get(url)
-		if !assert.NoError(t, err) {
-			return
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		assert.NoError(t, err)
-		scraped = string(b)
-	}
-	defer func() { metricsServed = nil }()
+	scraped := scrapeWhenServed(t, nil)
 	code, out, errOut := runCLI(append([]string{"simulate", "--model", "llama-4-like", "--trace", sharedPrefixTrace, "--metrics-addr", "127.0.0.1:0"}, smallHybrid...)...)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	steps := strings.SplitN(summaryField(t, out, "steps"), ",", 2)[0]
 	hits := strings.SplitN(summaryField(t, out, "prefix hits"), " ", 2)[0]
-	assert.Contains(t, scraped, "\npagedkv_steps_total "+steps+"\n")
-	assert.Contains(t, scraped, "\npagedkv_prompt_hit_tokens_total "+hits+"\n")
-	assert.Contains(t, scraped, "\npagedkv_prompt_tokens_total 514\n")
-	assert.Contains(t, scraped, "\npagedkv_requests 0\n")
+	assert.Contains(t, *scraped, "\npagedkv_steps_total "+steps+"\n")
+	assert.Contains(t, *scraped, "\npagedkv_prompt_hit_tokens_total "+hits+"\n")
+	assert.Contains(t, *scraped, "\npagedkv_prompt_tokens_total 514\n")
+	assert.Contains(t, *scraped, "\npagedkv_requests 0\n")
 }

@@ -168,9 +168,33 @@ func TestSimulateBadFlags(t *testing.T) {
 // TestSimulateMetrics serves metrics on 127.0.0.1:0 and scrapes them after
 // the run, before the server stops: they agree with the summary.
 func TestSimulateMetrics(t *testing.T) {
+	scraped := scrapeWhenServed(t, func(url string) { assert.Regexp(t, `^http://127\.0\.0\.1:\d+/metrics$`, url) })
+	code, out, errOut := runCLI(append([]string{"simulate", "--trace", sharedPrefixTrace, "--metrics-addr", "127.0.0.1:0", "--quiet"}, smallModel...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Regexp(t, `^simulate: serving metrics at http://127\.0\.0\.1:\d+/metrics\n$`, errOut)
+	steps := strings.SplitN(summaryField(t, out, "steps"), ",", 2)[0]
+	_, err := strconv.Atoi(steps)
+	require.NoError(t, err)
+	assert.Contains(t, *scraped, "\npagedkv_steps_total "+steps+"\n")
+	assert.Contains(t, *scraped, "\npagedkv_prompt_hit_tokens_total 224\n")
+	assert.Contains(t, *scraped, "\npagedkv_prompt_tokens_total 514\n")
+	assert.Contains(t, *scraped, "\npagedkv_computed_tokens_total 312\n")
+	assert.Contains(t, *scraped, "\npagedkv_requests 0\n")
+
+	code, _, errOut = runCLI("simulate", "--metrics-addr", "256.0.0.1:0", "--quiet")
+	assert.Equal(t, exitFailure, code)
+	assert.Contains(t, errOut, "pagedkv simulate: --metrics-addr: ")
+}
+
+// scrapeWhenServed has the runs of this test that serve metrics fetch the
+// page once it is served, before the server stops, and returns where the
+// last page fetched lands. check, when not nil, first checks the URL.
+func scrapeWhenServed(t *testing.T, check func(url string)) *string {
 	var scraped string
 	metricsServed = func(url string) {
-		assert.Regexp(t, `^http://127\.0\.0\.1:\d+/metrics$`, url)
+		if check != nil {
+			check(url)
+		}
 		resp, err := http.Get(url)
 		if !assert.NoError(t, err) {
 			return
@@ -180,20 +204,6 @@ func TestSimulateMetrics(t *testing.T) {
 		assert.NoError(t, err)
 		scraped = string(b)
 	}
-	defer func() { metricsServed = nil }()
-	code, out, errOut := runCLI(append([]string{"simulate", "--trace", sharedPrefixTrace, "--metrics-addr", "127.0.0.1:0", "--quiet"}, smallModel...)...)
-	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
-	assert.Regexp(t, `^simulate: serving metrics at http://127\.0\.0\.1:\d+/metrics\n$`, errOut)
-	steps := strings.SplitN(summaryField(t, out, "steps"), ",", 2)[0]
-	_, err := strconv.Atoi(steps)
-	require.NoError(t, err)
-	assert.Contains(t, scraped, "\npagedkv_steps_total "+steps+"\n")
-	assert.Contains(t, scraped, "\npagedkv_prompt_hit_tokens_total 224\n")
-	assert.Contains(t, scraped, "\npagedkv_prompt_tokens_total 514\n")
-	assert.Contains(t, scraped, "\npagedkv_computed_tokens_total 312\n")
-	assert.Contains(t, scraped, "\npagedkv_requests 0\n")
-
-	code, _, errOut = runCLI("simulate", "--metrics-addr", "256.0.0.1:0", "--quiet")
-	assert.Equal(t, exitFailure, code)
-	assert.Contains(t, errOut, "pagedkv simulate: --metrics-addr: ")
+	t.Cleanup(func() { metricsServed = nil })
+	return &scraped
 }

@@ -70,12 +70,7 @@ func testHybridMLA(t *testing.T, dt layout.DType, dc, dk int, tol float64) {
 	const scale = 0.15
 	decodes := 0
 	for step := range 30 {
-		nt := make([]int32, len(ids))
-		decode := true
-		for b, id := range ids {
-			nt[b] = int32(min(len(h.Tokens(id))-h.Computed(id), 5))
-			decode = decode && nt[b] == 1
-		}
+		nt, decode := stepTokens(h, ids, 5)
 		p, err := h.Reserve(ids, nt)
 		require.NoError(t, err)
 		require.Empty(t, p.Copies)

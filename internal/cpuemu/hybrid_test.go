@@ -56,12 +56,7 @@ func TestHybridGroupsDecodeOnEmu(t *testing.T) {
 			ids := []pagedkv.RequestID{1, 2}
 			decodes := 0
 			for step := range 40 {
-				nt := make([]int32, len(ids))
-				decode := true
-				for b, id := range ids {
-					nt[b] = int32(min(len(h.Tokens(id))-h.Computed(id), 6))
-					decode = decode && nt[b] == 1
-				}
+				nt, decode := stepTokens(h, ids, 6)
 				p, err := h.Reserve(ids, nt)
 				require.NoError(t, err)
 				copyPages(cache, p.Copies)
@@ -204,4 +199,16 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// stepTokens is each request's next step, at most chunk of its tokens left
+// to compute, and whether every request decodes (one token each).
+func stepTokens(h *pagedkv.HybridManager, ids []pagedkv.RequestID, chunk int) (nt []int32, decode bool) {
+	nt = make([]int32, len(ids))
+	decode = true
+	for b, id := range ids {
+		nt[b] = int32(min(len(h.Tokens(id))-h.Computed(id), chunk))
+		decode = decode && nt[b] == 1
+	}
+	return nt, decode
 }

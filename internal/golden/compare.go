@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -92,7 +93,7 @@ func Compare(want, got safetensors.Tensor, exact bool, atol, rtol float64) Outpu
 		r.Atol, r.Rtol = 0, 0
 	}
 	switch {
-	case !equalInts(got.Shape, want.Shape):
+	case !slices.Equal(got.Shape, want.Shape):
 		r.Mismatch = fmt.Sprintf("%s has shape %v, want %v", name, got.Shape, want.Shape)
 		return r
 	case exact && got.DType != want.DType:

@@ -2,6 +2,7 @@ package golden
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -157,7 +158,7 @@ func (x *exec) bits(name string) ([]byte, error) {
 // lse decodes an F32 tensor of the given shape into a new slice.
 func (x *exec) lse(name string, shape ...int) ([]float32, error) {
 	t := x.tensor(name)
-	if t.DType != safetensors.F32 || !equalInts(t.Shape, shape) {
+	if t.DType != safetensors.F32 || !slices.Equal(t.Shape, shape) {
 		return nil, badTensor(t, "want F32 %v", shape)
 	}
 	return t.Float32s()
@@ -180,18 +181,6 @@ func (x *exec) wantDim(param string, got int, t safetensors.Tensor, dim int) err
 		return fmt.Errorf("%w: parameter %s = %d but %s has shape %v (dim %d)", ErrBadCase, param, got, t.Name, t.Shape, dim)
 	}
 	return nil
-}
-
-func equalInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // dtypePairs pairs each file dtype with the project's; layoutDType and

@@ -2,6 +2,7 @@ package golden
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/pagedkv/pagedkv/internal/safetensors"
 	"github.com/pagedkv/pagedkv/pagetable"
@@ -241,7 +242,7 @@ func runSWAMask(x *exec) (map[string]safetensors.Tensor, error) {
 // otherwise ask for gigabytes with a few digits (max_seq = 2000000000).
 func (x *exec) wantSize(what string, shape []int, outputs ...string) error {
 	for _, name := range outputs {
-		if t := x.tensor(name); !equalInts(t.Shape, shape) {
+		if t := x.tensor(name); !slices.Equal(t.Shape, shape) {
 			return fmt.Errorf("%w: %s is %v but %s has shape %v", ErrBadCase, what, shape, name, t.Shape)
 		}
 	}

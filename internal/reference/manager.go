@@ -634,6 +634,22 @@ func (m *ManagerModel) reserve(ids []uint64, ntokens []int32, cow []bool) (copie
 	return copies
 }
 
+// checkSampled refuses sampled tokens that do not fit the current step:
+// not one per request (nil: none), or a token (not -1) for a request the
+// step does not complete.
+func (m *ManagerModel) checkSampled(sampled []int32) error {
+	if sampled != nil && len(sampled) != len(m.stepIDs) {
+		return ErrMgrBadArgument
+	}
+	for b, t := range sampled {
+		r := m.reqs[m.stepIDs[b]]
+		if t != -1 && (t < 0 || r.Computed+int(m.stepTokens[b]) != len(r.Tokens)) {
+			return ErrMgrBadArgument
+		}
+	}
+	return nil
+}
+
 // Commit records the reserved step.
 func (m *ManagerModel) Commit(sampled []int32) error {
 	if !m.pending {
@@ -644,14 +660,8 @@ func (m *ManagerModel) Commit(sampled []int32) error {
 			return ErrMgrBadArgument
 		}
 	}
-	if sampled != nil && len(sampled) != len(m.stepIDs) {
-		return ErrMgrBadArgument
-	}
-	for b, t := range sampled {
-		r := m.reqs[m.stepIDs[b]]
-		if t != -1 && (t < 0 || r.Computed+int(m.stepTokens[b]) != len(r.Tokens)) {
-			return ErrMgrBadArgument
-		}
+	if err := m.checkSampled(sampled); err != nil {
+		return err
 	}
 	for b, id := range m.stepIDs {
 		r := m.reqs[id]

@@ -50,14 +50,8 @@ func (m *ManagerModel) CommitSpec(accepted, sampled []int32) error {
 			return ErrMgrBadArgument
 		}
 	}
-	if sampled != nil && len(sampled) != len(m.stepIDs) {
-		return ErrMgrBadArgument
-	}
-	for b, t := range sampled {
-		r := m.reqs[m.stepIDs[b]]
-		if t != -1 && (t < 0 || r.Computed+int(m.stepTokens[b]) != len(r.Tokens)) {
-			return ErrMgrBadArgument
-		}
+	if err := m.checkSampled(sampled); err != nil {
+		return err
 	}
 	ids, drafts, snap := m.stepIDs, m.stepDrafts, m.snapshot
 	// Back to the state before the step, then the step without the

@@ -79,12 +79,7 @@ func TestRunFleetHybrid(t *testing.T) {
 	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "gpt-oss-like/host"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			preset, host := strings.CutSuffix(name, "/host")
-			cfg := hybridConfig(t, preset)
-			cfg.NumPages, cfg.VerifyEvery = 64, 4
-			if host {
-				cfg.HostPages = 32
-			}
+			cfg, host := smallHybridConfig(t, name), strings.HasSuffix(name, "/host")
 			wl := smallWorkload(t, n)
 			for _, p := range []Policy{PrefixAware, RoundRobin} {
 				f, err := RunFleet(cfg, wl, FleetConfig{Replicas: 2, Policy: p, LoadSlack: DefaultLoadSlack})

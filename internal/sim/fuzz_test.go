@@ -11,6 +11,16 @@ import (
 	"github.com/pagedkv/pagedkv/layout"
 )
 
+// randomBytes is n bytes of rng's output, one byte of each Uint32, as
+// fuzz input for the seeded random runs.
+func randomBytes(rng *rand.Rand, n int) []byte {
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	return data
+}
+
 // byteReader hands out bytes of fuzz input, zeros once it runs out.
 type byteReader []byte
 
@@ -111,10 +121,7 @@ func TestRandomRuns(t *testing.T) {
 	}
 	var preempted, evicted, copied, cascades, windowed, hits int64
 	for range runs {
-		data := make([]byte, 96)
-		for i := range data {
-			data[i] = byte(rng.Uint32())
-		}
+		data := randomBytes(rng, 96)
 		cfg, reqs := decodeRun(data)
 		sum := checkRun(t, cfg, reqs)
 		st := sum.Stats
@@ -196,10 +203,7 @@ func TestRandomHybridRuns(t *testing.T) {
 	}
 	var preempted, evicted, released, hits, accepted, copied, cascades, offloaded int64
 	for range runs {
-		data := make([]byte, 128)
-		for i := range data {
-			data[i] = byte(rng.Uint32())
-		}
+		data := randomBytes(rng, 128)
 		cfg, reqs := decodeHybridRun(data)
 		sum := checkRun(t, cfg, reqs)
 		st := sum.Stats

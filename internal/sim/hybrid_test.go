@@ -28,6 +28,20 @@ func hybridConfig(t *testing.T, name string) Config {
 	return cfg
 }
 
+// smallHybridConfig is hybridConfig of name's preset on a 64-page pool,
+// verified every 4 steps; a name ending in "/host" adds a 32-page host
+// tier.
+func smallHybridConfig(t *testing.T, name string) Config {
+	t.Helper()
+	preset, host := strings.CutSuffix(name, "/host")
+	cfg := hybridConfig(t, preset)
+	cfg.NumPages, cfg.VerifyEvery = 64, 4
+	if host {
+		cfg.HostPages = 32
+	}
+	return cfg
+}
+
 // TestHybridPresets runs each hybrid preset with drafts on a pool small
 // enough for eviction and preemption: every group's outputs are verified
 // against dense attention under its own window or chunk, and the
@@ -155,12 +169,7 @@ func TestHybridEvents(t *testing.T) {
 	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "gpt-oss-like/host", "llama-4-like/host"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			preset, host := strings.CutSuffix(name, "/host")
-			cfg := hybridConfig(t, preset)
-			cfg.NumPages, cfg.VerifyEvery = 64, 4
-			if host {
-				cfg.HostPages = 32
-			}
+			cfg, host := smallHybridConfig(t, name), strings.HasSuffix(name, "/host")
 			q, err := events.NewQueue(4)
 			require.NoError(t, err)
 			rec, err := events.NewRecorder(RecorderConfig(&cfg), q)

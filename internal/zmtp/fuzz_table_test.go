@@ -7,6 +7,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/pagedkv/pagedkv/internal/heaptest"
 )
 
 // fakeConn is a connection in the peer table that records its Close.
@@ -60,7 +62,7 @@ func FuzzPeerTable(f *testing.F) {
 			t.Fatal(err)
 		}
 		var fail error
-		alloc := allocatedBy(func() { fail = runPeerTable(s, data) })
+		alloc := heaptest.Growth(func() { fail = runPeerTable(s, data) })
 		if fail != nil {
 			t.Fatal(fail)
 		}

@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/pagedkv/pagedkv/internal/heaptest"
 )
 
 // Limits of the fuzzed reader: frames up to 1 MiB, so that bodies take
@@ -50,7 +52,7 @@ func FuzzReader(f *testing.F) {
 		stream := data[greetingLen:]
 		var alloc uint64
 		var err error
-		alloc = allocatedBy(func() { err = drain(stream) })
+		alloc = heaptest.Growth(func() { err = drain(stream) })
 		if limit := uint64(fuzzAllocPerByte*len(data) + fuzzAllocSlack); alloc > limit {
 			t.Fatalf("reading %d bytes allocated %d bytes, over %d", len(data), alloc, limit)
 		}

@@ -123,12 +123,7 @@ func TestActivePeersAreNotEvicted(t *testing.T) {
 	}()
 	squatter := dialRaw(t, ep, "SUB")
 	// Full, and nobody idle yet: refused.
-	conn, err := net.Dial("tcp", strings.TrimPrefix(ep, "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if p := (&rawPeer{conn: conn, r: bufio.NewReader(conn)}); !p.closedByPeer() {
+	if !dialSilent(t, ep).closedByPeer() {
 		t.Fatal("a full socket with no idle peer kept a newcomer")
 	}
 	if st := pub.Stats(); st.Refused != 1 || st.EvictedIdle != 0 {
@@ -160,12 +155,7 @@ func TestMaxPeersPerAddress(t *testing.T) {
 	}
 	dialRaw(t, ep, "DEALER")
 	dialRaw(t, ep, "DEALER")
-	conn, err := net.Dial("tcp", strings.TrimPrefix(ep, "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if p := (&rawPeer{conn: conn, r: bufio.NewReader(conn)}); !p.closedByPeer() {
+	if !dialSilent(t, ep).closedByPeer() {
 		t.Fatal("a third connection from 127.0.0.1 was kept over MaxPeersPerAddress 2")
 	}
 	if st := r.Stats(); st.RefusedPerAddress != 1 || st.Refused != 0 {

@@ -77,11 +77,26 @@ func handshakeRaw(t *testing.T, conn net.Conn, socketType string) *rawPeer {
 // dialRaw connects a raw peer of socketType to a bound socket.
 func dialRaw(t *testing.T, ep, socketType string) *rawPeer {
 	t.Helper()
+	return handshakeRaw(t, dialTCP(t, ep), socketType)
+}
+
+// dialTCP connects to a bound socket's endpoint, sending nothing.
+func dialTCP(t *testing.T, ep string) net.Conn {
+	t.Helper()
 	conn, err := net.Dial("tcp", strings.TrimPrefix(ep, "tcp://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return handshakeRaw(t, conn, socketType)
+	return conn
+}
+
+// dialSilent connects a raw peer that sends nothing (no greeting), closed
+// when the test ends.
+func dialSilent(t *testing.T, ep string) *rawPeer {
+	t.Helper()
+	conn := dialTCP(t, ep)
+	t.Cleanup(func() { conn.Close() })
+	return &rawPeer{conn: conn, r: bufio.NewReader(conn)}
 }
 
 // acceptRaw waits for a socket to connect to ln and handshakes as
@@ -259,10 +274,7 @@ func TestHandshakeRefusals(t *testing.T) {
 		{"HTTP", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), "greeting"},
 		{"silence", nil, "greeting"},
 	} {
-		conn, err := net.Dial("tcp", strings.TrimPrefix(ep, "tcp://"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := dialTCP(t, ep)
 		if _, err := conn.Write(tc.send); err != nil {
 			t.Fatal(err)
 		}
@@ -399,13 +411,7 @@ func TestMaxPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	dialRaw(t, ep, "DEALER")
-	conn, err := net.Dial("tcp", strings.TrimPrefix(ep, "tcp://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	p := &rawPeer{conn: conn, r: bufio.NewReader(conn)}
-	if !p.closedByPeer() {
+	if !dialSilent(t, ep).closedByPeer() {
 		t.Fatal("a second peer was kept over MaxPeers 1")
 	}
 	if st := r.Stats(); st.Refused != 1 {

@@ -9,10 +9,11 @@ import (
 	"io"
 	"math/big"
 	"math/rand/v2"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/pagedkv/pagedkv/internal/heaptest"
 )
 
 // refItem is what the reference reader yields: a command or a message.
@@ -220,15 +221,6 @@ func describe(items []refItem) string {
 	return sb.String()
 }
 
-// allocatedBy returns the bytes f allocates on the heap.
-func allocatedBy(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 // TestHugeHeadersAllocateNothing: a frame header that declares more than
 // the limit is refused from the header, and one within the limit whose
 // bytes never come costs what arrived plus one chunk, not what it
@@ -247,7 +239,7 @@ func TestHugeHeadersAllocateNothing(t *testing.T) {
 		{"command 2^62", binary.BigEndian.AppendUint64([]byte{flagLong | flagCommand}, 1<<62), "command frame of 4611686018427387904 bytes, at most 4096"},
 	} {
 		var err error
-		alloc := allocatedBy(func() { _, err = readAll(tc.input, limit, DefaultMaxFrames) })
+		alloc := heaptest.Growth(func() { _, err = readAll(tc.input, limit, DefaultMaxFrames) })
 		if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want ErrTooLarge with %q", tc.name, err, tc.want)
 		}
@@ -259,7 +251,7 @@ func TestHugeHeadersAllocateNothing(t *testing.T) {
 	// the bytes (doubling from 64 KiB), so well under 60 MiB.
 	input := append(binary.BigEndian.AppendUint64([]byte{flagLong}, 60<<20), make([]byte, 1<<20)...)
 	var err error
-	alloc := allocatedBy(func() { _, err = readAll(input, limit, DefaultMaxFrames) })
+	alloc := heaptest.Growth(func() { _, err = readAll(input, limit, DefaultMaxFrames) })
 	if !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Errorf("a truncated 60 MiB frame: %v, want io.ErrUnexpectedEOF", err)
 	}

@@ -99,6 +99,16 @@ func flush(t testing.TB, s *Store) {
 	require.NoError(t, s.Flush(ctx, false))
 }
 
+// storeAll stores each page of chain, requiring each accepted, and
+// flushes.
+func storeAll(t testing.TB, s *Store, chain []tier.RemotePage) {
+	t.Helper()
+	for _, p := range chain {
+		require.True(t, s.Store(&p))
+	}
+	flush(t, s)
+}
+
 func openStore(t testing.TB, cfg Config) *Store {
 	t.Helper()
 	s, err := Open(cfg)

@@ -108,10 +108,7 @@ func plantSequence(t *testing.T, seq uint64) (dir string, u *pageUniverse, first
 	dir = t.TempDir()
 	u = newUniverse(testFormat, 2, 3)
 	s := openStore(t, testConfig(dir, 16))
-	for _, p := range u.chains[0] {
-		require.True(t, s.Store(&p))
-	}
-	flush(t, s)
+	storeAll(t, s, u.chains[0])
 	first = int(s.index[u.chains[0][0].Digest])
 	require.NoError(t, s.Close())
 	setSeq(t, dir, first, seq)

@@ -21,10 +21,7 @@ func TestStoreFetchReopen(t *testing.T) {
 	dir := t.TempDir()
 	u := newUniverse(testFormat, 4, 6)
 	s := openStore(t, testConfig(dir, 32))
-	for _, p := range u.chains[0] {
-		require.True(t, s.Store(&p))
-	}
-	flush(t, s)
+	storeAll(t, s, u.chains[0])
 	require.NoError(t, s.CheckInvariants())
 	require.Equal(t, 6, fetchChecked(t, s, request(u.chains[0])))
 	// Chain 1 shares page 0 with chain 0 only; its page 1 is missing.
@@ -206,10 +203,7 @@ func TestDamagedAndForeignSlotsDropped(t *testing.T) {
 	dir := t.TempDir()
 	u := newUniverse(testFormat, 2, 4)
 	s := openStore(t, testConfig(dir, 16))
-	for _, p := range u.chains[0] {
-		require.True(t, s.Store(&p))
-	}
-	flush(t, s)
+	storeAll(t, s, u.chains[0])
 	slots := map[tier.Digest]int{}
 	for d, sl := range s.index {
 		slots[d] = int(sl)
@@ -289,10 +283,7 @@ func TestEveryFormatRoundTrips(t *testing.T) {
 			cfg.Format = f
 			s := openStore(t, cfg)
 			u := newUniverse(f, 1, 3)
-			for _, p := range u.chains[0] {
-				require.True(t, s.Store(&p))
-			}
-			flush(t, s)
+			storeAll(t, s, u.chains[0])
 			require.Equal(t, 3, fetchChecked(t, s, request(u.chains[0])), "%v %v", dt, kl)
 			require.NoError(t, s.Close())
 		}

@@ -4,10 +4,10 @@ import (
 	"bytes"
 	"encoding/binary"
 	"hash/crc32"
-	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/pagedkv/pagedkv/internal/heaptest"
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/tier"
 )
@@ -82,9 +82,9 @@ func checkDecode(t *testing.T, b []byte, fm tier.PageFormat, want *tier.RemotePa
 	// The process's allocation counter also sees the fuzzing engine's
 	// goroutines: a count over the bound is taken again, and only one
 	// that stays over it three times (decoding is deterministic) fails.
-	alloc := allocated(decode)
+	alloc := heaptest.Growth(decode)
 	for try := 1; try < 3 && alloc > decodeAllocBound(len(b)); try++ {
-		alloc = min(alloc, allocated(decode))
+		alloc = min(alloc, heaptest.Growth(decode))
 	}
 	if alloc > decodeAllocBound(len(b)) {
 		t.Fatalf("decoding and verifying %d bytes allocated %d bytes, over the bound of %d", len(b), alloc, decodeAllocBound(len(b)))
@@ -111,13 +111,4 @@ func checkDecode(t *testing.T, b []byte, fm tier.PageFormat, want *tier.RemotePa
 			t.Fatalf("a value of another identity verified: %x", b)
 		}
 	}
-}
-
-// allocated returns the heap bytes the process allocated while f ran.
-func allocated(f func()) uint64 {
-	var m0, m1 runtime.MemStats
-	runtime.ReadMemStats(&m0)
-	f()
-	runtime.ReadMemStats(&m1)
-	return m1.TotalAlloc - m0.TotalAlloc
 }

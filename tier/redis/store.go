@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/hex"
@@ -122,15 +123,9 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: negative QueueLen %d, Batch %d, Expiry %v, WriteTimeout %v or DialTimeout %v",
 			ErrBadConfig, cfg.QueueLen, cfg.Batch, cfg.Expiry, cfg.WriteTimeout, cfg.DialTimeout)
 	}
-	if cfg.Group == "" {
-		cfg.Group = DefaultGroup
-	}
-	if cfg.QueueLen == 0 {
-		cfg.QueueLen = DefaultQueueLen
-	}
-	if cfg.Batch == 0 {
-		cfg.Batch = DefaultBatch
-	}
+	cfg.Group = cmp.Or(cfg.Group, DefaultGroup)
+	cfg.QueueLen = cmp.Or(cfg.QueueLen, DefaultQueueLen)
+	cfg.Batch = cmp.Or(cfg.Batch, DefaultBatch)
 	// The queue's buffers are allocated here, one value each.
 	valueLen := EncodedLen(cfg.Format, cfg.Namespace, cfg.Group)
 	switch {
@@ -140,12 +135,8 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("%w: QueueLen %d x %d-byte values = %d bytes of write buffers exceeds %d: lower QueueLen",
 			ErrBadConfig, cfg.QueueLen, valueLen, int64(cfg.QueueLen)*int64(valueLen), MaxQueueBytes)
 	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = time.Second
-	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = defaultDialTimout
-	}
+	cfg.WriteTimeout = cmp.Or(cfg.WriteTimeout, time.Second)
+	cfg.DialTimeout = cmp.Or(cfg.DialTimeout, defaultDialTimout)
 	f := cfg.Format
 	s := &Store{
 		cfg: cfg,
