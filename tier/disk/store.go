@@ -741,6 +741,17 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 		s.c.Dropped.Add(1)
 		return false
 	}
+	// Checked again under the lock that queues: another Store of the same
+	// page may have queued it while this one encoded. Two jobs of one page
+	// in a batch would both get a slot, and the first would stay ready but
+	// unindexed (CheckInvariants: "not indexed at itself").
+	_, have = s.index[p.Digest]
+	_, queued = s.pending[p.Digest]
+	if have || queued {
+		s.mu.Unlock()
+		s.jobs <- j
+		return true
+	}
 	s.pending[p.Digest] = struct{}{}
 	s.backlog.Add(1)
 	s.queue <- j // never blocks: at most QueueLen jobs exist

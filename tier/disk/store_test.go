@@ -514,3 +514,31 @@ func TestOpenSkipsFreshSegments(t *testing.T) {
 	require.Equal(t, Recovery{Slots: 20, Empty: 15, Recovered: 5}, s.Recovery())
 	require.Equal(t, len(chain), fetchChecked(t, s, request(chain)))
 }
+
+// Stores of one page from several goroutines at once queue it once: the
+// page gets one slot, and no second slot stays ready but unindexed (before,
+// two Stores that both found the page neither indexed nor queued each
+// queued a job, and a batch holding both gave each a slot).
+func TestConcurrentStoresOfOnePage(t *testing.T) {
+	s := openStore(t, testConfig(t.TempDir(), 64))
+	defer s.Close()
+	u := newUniverse(testFormat, 1, 16)
+	for _, p := range u.chains[0] {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				require.True(t, s.Store(&p))
+			}()
+		}
+		close(start)
+		wg.Wait()
+	}
+	flush(t, s)
+	require.NoError(t, s.CheckInvariants())
+	require.EqualValues(t, 16, s.Stats().Stored)
+	require.Equal(t, 16, fetchChecked(t, s, request(u.chains[0])))
+}
