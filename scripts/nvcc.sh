@@ -132,7 +132,7 @@ PROFILE
 	echo "$tree"
 }
 
-# The kernels and the exact nvcc command line. Changing either changes the
+# The kernels (below) and the exact nvcc command line (build_kernel). Changing either changes the
 # PTX; CI regenerates and diffs it (scripts/ci-cuda.sh). Each kernel <k>.cu
 # of kernels/cuda is built for sm_80 into ptx/<k>.ptx (any GPU from Ampere
 # on; the driver JIT-compiles it for newer ones) and for sm_90 (Hopper:
@@ -143,7 +143,21 @@ PROFILE
 # by the device's compute capability (a Go test checks that the files and
 # the embedded modules agree).
 kernels=(append decode decode_tc prefill merge mla_decode mla_tc)
-nvcc_flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
+
+# build_kernel T SRC NEW K builds kernel K's PTX into NEW (run by gen_ptx,
+# one process per kernel, up to PAGEDKV_NVCC_JOBS at once).
+build_kernel() {
+	local t=$1 src=$2 new=$3 k=$4
+	local flags=(-ptx -std=c++17 -O3 -allow-unsupported-compiler -Xcudafe --diag_suppress=177)
+	"$t/bin/nvcc" "${flags[@]}" -arch=sm_80 -o "$new/$k.ptx" "$src/$k.cu"
+	"$t/bin/nvcc" "${flags[@]}" -arch=sm_90 -o "$new/${k}_sm90.ptx" "$src/$k.cu"
+	if sed 's/^\.target sm_90$/.target sm_80/' "$new/${k}_sm90.ptx" | cmp -s - "$new/$k.ptx"; then
+		rm "$new/${k}_sm90.ptx"
+		echo "nvcc.sh: built ptx/$k.ptx ($(wc -c <"$new/$k.ptx") bytes), which serves sm_90 too (its sm_90 build differs only in .target)" >&2
+	else
+		echo "nvcc.sh: built ptx/$k.ptx ($(wc -c <"$new/$k.ptx") bytes) and ptx/${k}_sm90.ptx ($(wc -c <"$new/${k}_sm90.ptx") bytes)" >&2
+	fi
+}
 
 gen_ptx() {
 	local t
@@ -151,17 +165,12 @@ gen_ptx() {
 	local src="$repo/kernels/cuda" dir="$repo/kernels/cuda/ptx"
 	new=$(mktemp -d) # global: the EXIT trap runs after this function returns
 	trap 'rm -rf "${new:-}"' EXIT
-	for k in "${kernels[@]}"; do
-		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_80 -o "$new/$k.ptx" "$src/$k.cu"
-		log "built ptx/$k.ptx ($(wc -c <"$new/$k.ptx") bytes)"
-		"$t/bin/nvcc" "${nvcc_flags[@]}" -arch=sm_90 -o "$new/${k}_sm90.ptx" "$src/$k.cu"
-		if sed 's/^\.target sm_90$/.target sm_80/' "$new/${k}_sm90.ptx" | cmp -s - "$new/$k.ptx"; then
-			rm "$new/${k}_sm90.ptx"
-			log "ptx/$k.ptx serves sm_90 too (its sm_90 build differs only in .target)"
-		else
-			log "built ptx/${k}_sm90.ptx ($(wc -c <"$new/${k}_sm90.ptx") bytes)"
-		fi
-	done
+	# Kernels build in parallel (nvcc is single-threaded; CI has 2 cores).
+	local jobs=${PAGEDKV_NVCC_JOBS:-$(nproc 2>/dev/null || echo 2)}
+	export -f build_kernel
+	printf '%s\n' "${kernels[@]}" |
+		xargs -P "$jobs" -I{} bash -c 'build_kernel "$@"' _ "$t" "$src" "$new" {} ||
+		die "building the PTX failed"
 	# Replace the whole set, so that no PTX of a removed source or of an
 	# sm_90 build no longer needed stays behind.
 	mkdir -p "$dir"

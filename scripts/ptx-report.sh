@@ -37,11 +37,20 @@ files=("$@")
 tree=$(bash scripts/nvcc.sh install)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for f in "${files[@]}"; do
+# assemble TREE TMP FILE: ptxas -v and the SASS of one PTX file; files are
+# assembled in parallel (ptxas is single-threaded; CI has 2 cores).
+assemble() {
+	local tree=$1 tmp=$2 f=$3 k
 	k=$(basename "$f" .ptx)
 	"$tree/bin/ptxas" -arch=sm_90 -v -o "$tmp/$k.cubin" "$f" 2>"$tmp/$k.ptxas"
 	PATH="$tree/bin:$PATH" "$tree/bin/cuobjdump" -sass "$tmp/$k.cubin" >"$tmp/$k.sass"
-done
+}
+export -f assemble
+printf '%s\n' "${files[@]}" |
+	xargs -P "${PAGEDKV_NVCC_JOBS:-$(nproc 2>/dev/null || echo 2)}" -I{} bash -c 'assemble "$@"' _ "$tree" "$tmp" {} || {
+	echo "ptx-report.sh: ptxas or cuobjdump failed" >&2
+	exit 1
+}
 
 python3 - "$check" "$tmp" "${files[@]}" <<'PY'
 import os, re, sys
