@@ -406,14 +406,50 @@ _PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "dr
                 "seq_lens", "cascade", "query_rows") + _ffi.GROUP_PLAN_ARRAYS
 
 
+# Each field's type and meaning (the docstring of its property; the class
+# docs say more).
+_FIELD_DOCS = {
+    "request_ids": ("UInt64Array", "The ids the step was reserved for (an owned copy)."),
+    "batch_size": ("int", "B, the number of requests in the step."),
+    "nnz": ("int", "The number of query rows (tokens) the step appends."),
+    "window_left": ("int", "FlashInfer's window_left (-1: no sliding window)."),
+    "copies": ("Int32Array", "[n, 3] (src, dst, entries) page copies to do before appending."),
+    "drafts": ("Int32Array", "[B] how many of request b's rows (its last ones) are draft tokens."),
+    "qo_indptr": ("Int32Array", "[B+1] each request's query rows."),
+    "batch_indices": ("Int32Array", "[nnz] each row's request (append_paged_kv_cache)."),
+    "positions": ("Int32Array", "[nnz] each row's position in its request's held pages (append_paged_kv_cache)."),
+    "token_ids": ("Int32Array", "[nnz] each row's token id."),
+    "token_positions": ("Int32Array", "[nnz] each row's absolute position (RoPE)."),
+    "kv_indptr": ("Int32Array", "[B+1] each request's entries of kv_page_indices."),
+    "kv_page_indices": ("Int32Array", "[kv_indptr[-1]] the pages of the paged table after the append."),
+    "kv_last_page_len": ("Int32Array", "[B] the entries of each request's last page."),
+    "seq_lens": ("Int32Array", "[B] each request's KV length after the append."),
+    "cascade": ("Optional[List[Level]]", "None (run flat) or the cascade levels, most shared first."),
+    "query_rows": ("Optional[Int32Array]", "[nnz] cascade row r holds plan row query_rows[r] (None when flat)."),
+    "cascade_window_left": ("Optional[Int32Array]", "A hybrid group's window_left per cascade level (None when flat "
+                                                    "or dense)."),
+    "attn_qo_indptr": ("Optional[Int32Array]", "A chunked group's [A+1] attention query rows (None elsewhere)."),
+    "attn_kv_indptr": ("Optional[Int32Array]", "A chunked group's [A+1] attention kv_indptr (None elsewhere)."),
+    "attn_kv_page_indices": ("Optional[Int32Array]", "A chunked group's attention pages (None elsewhere)."),
+    "attn_kv_last_page_len": ("Optional[Int32Array]", "A chunked group's [A] attention kv_last_page_len (None "
+                                                      "elsewhere)."),
+    "attn_requests": ("Optional[Int32Array]", "A chunked group's [A] request of each attention entry (None "
+                                              "elsewhere)."),
+    "groups": ("List[Plan]", "One Plan per layer group, in the HybridManager's group order."),
+}
+
+
 def _plan_field(index, name):
     def get(self):
         if self._manager is not None and self._manager._generation != self._generation:
             raise StalePlan("pagedkv: plan.%s: the plan of step %d was read after %s"
                             % (name, self._generation, self._manager._passed()))
         return self._values[index]
-    get.__name__ = name
-    return property(get, doc="The step's %s; raises StalePlan once the step has passed." % name)
+    typ, doc = _FIELD_DOCS[name]
+    get.__name__, get.__qualname__ = name, name
+    get.__doc__ = doc + " Raises StalePlan once the step has passed."
+    get.__annotations__ = {"return": typ}
+    return property(get, doc=get.__doc__)
 
 
 _P = TypeVar("_P", bound="_Stepped")
