@@ -636,7 +636,8 @@ def _exclusive(method: _F) -> _F:
 
     @functools.wraps(method)
     def call(self: _Core, *args: Any, **kwargs: Any) -> Any:
-        if not self._acquire():
+        t = self._busy_timeout  # inline _acquire: this runs on every call
+        if not (self._lock.acquire(False) if t == 0 else self._lock.acquire(True, -1 if t is None else t)):
             raise Busy("pagedkv: %s: %s is in use by another thread%s" % (op, self._label(), self._waited()))
         try:
             if not self._handle and op != "close":
@@ -684,14 +685,6 @@ class _Core:
     @busy_timeout.setter
     def busy_timeout(self, seconds: Optional[float]) -> None:
         self._busy_timeout = _timeout("busy_timeout", seconds)
-
-    def _acquire(self) -> bool:
-        t = self._busy_timeout
-        if t == 0:
-            return self._lock.acquire(False)
-        if t is None:
-            return self._lock.acquire()
-        return self._lock.acquire(True, t)
 
     def _waited(self) -> str:
         t = self._busy_timeout
