@@ -91,7 +91,7 @@ class SdistWithGoSource(sdist):
             while i < len(out) and out[i].isspace():
                 i += 1
             d = pkg.get("Dir", "")
-            if pkg.get("Standard") or not d.startswith(root + os.sep) or "Module" not in pkg:
+            if pkg.get("Standard") or not (d == root or d.startswith(root + os.sep)) or "Module" not in pkg:
                 continue
             if pkg["Module"].get("Path") != "github.com/pagedkv/pagedkv":
                 continue
