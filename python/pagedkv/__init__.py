@@ -700,6 +700,8 @@ class _Core:
             raise BadHandle("pagedkv: %s: %s is closed" % (op, self._label()))
 
     def __repr__(self) -> str:
+        if "_id" not in vars(self):  # its constructor raised
+            return "<pagedkv.%s, not created>" % type(self).__name__
         extra = ", groups=%r" % (list(self.kinds),) if isinstance(self, HybridManager) else ""
         if not self._handle:
             return "<pagedkv.%s %d: num_pages=%d, page_size=%d%s, closed>" % (
