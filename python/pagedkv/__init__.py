@@ -445,7 +445,7 @@ def _plan_field(index, name):
             raise StalePlan("pagedkv: plan.%s: the plan of step %d was read after %s"
                             % (name, self._generation, self._manager._passed()))
         return self._values[index]
-    typ, doc = _FIELD_DOCS[name]
+    typ, doc = _FIELD_DOCS.get(name, ("Any", "The step's %s." % name))
     get.__name__, get.__qualname__ = name, name
     get.__doc__ = doc + " Raises StalePlan once the step has passed."
     get.__annotations__ = {"return": typ}
