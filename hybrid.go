@@ -154,6 +154,9 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	// tier copies) for every group: each group's pages enter it under
 	// digests of their own (Manager.tierRoot).
 	tcfg := cfg.Config
+	if err := checkFormatLayers(tcfg.Tiers.Format.Layers, cfg.Groups); err != nil {
+		return nil, err
+	}
 	tiers, err := newTiers(&tcfg) // checks CacheEvents' HostPages against Tiers.HostPages
 	if err != nil {
 		return nil, err
@@ -357,3 +360,24 @@ func (h *HybridManager) Stats() HybridStats {
 // one per cache holding it and one per tier copy in flight, and the tiers
 // shared by the groups.
 func (h *HybridManager) Audit() error { return h.core.audit() }
+
+// checkFormatLayers checks a hybrid pool's Tiers.Format.Layers (0: no
+// format): the per-layer KV tensors a tier copy moves a page in. That is
+// every group's NumLayers when the groups share the tensors (layer j of
+// every group in tensor j, docs/manager.md, the layout vLLM's hybrid
+// allocator uses), or their sum when each group's layers have tensors of
+// their own; any other count is another model's format.
+func checkFormatLayers(layers int, groups []LayerGroup) error {
+	if layers == 0 {
+		return nil
+	}
+	shared, sum := groups[0].NumLayers, 0
+	for _, g := range groups {
+		sum += g.NumLayers
+	}
+	if layers != shared && layers != sum {
+		return fmt.Errorf("%w: Tiers.Format.Layers = %d, want %d (the groups' layer count: groups share the per-layer tensors) or %d (their sum: tensors of each group's own)",
+			ErrBadConfig, layers, shared, sum)
+	}
+	return nil
+}

@@ -1,10 +1,12 @@
 package pagedkv
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -100,4 +102,27 @@ func TestScenarioHybridTierHit(t *testing.T) {
 	m.add(t, 3, Namespace{}, prompt, hit)
 	x.check(3, "a miss")
 	x.drain()
+}
+
+// TestHybridFormatLayers: a hybrid pool's Tiers.Format.Layers is the
+// groups' layer count (shared per-layer tensors) or their sum (tensors of
+// each group's own); any other count is refused with ErrBadConfig naming
+// both, and no Manager is made.
+func TestHybridFormatLayers(t *testing.T) {
+	groups := []LayerGroup{{Kind: SlidingAttention, WindowTokens: 8, NumLayers: 2}, {Kind: FullAttention, NumLayers: 2},
+		{Kind: FullAttention, NumLayers: 2}}
+	for layers, ok := range map[int]bool{2: true, 6: true, 1: false, 3: false, 4: false, 12: false} {
+		f := tier.PageFormat{DType: layout.F32, PageSize: 4, NumKVHeads: 1, HeadDim: 1, Layers: layers}
+		h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 16, PageSize: 4, Tiers: TierConfig{HostPages: 4, Format: f}},
+			Groups: groups})
+		if ok {
+			require.NoError(t, err, "Layers = %d", layers)
+			require.Len(t, h.HostPage(0), 2*4*4*layers)
+			continue
+		}
+		require.ErrorIs(t, err, ErrBadConfig, "Layers = %d", layers)
+		require.EqualError(t, err, fmt.Sprintf("pagedkv: bad config: Tiers.Format.Layers = %d, want 2 (the groups' layer count: "+
+			"groups share the per-layer tensors) or 6 (their sum: tensors of each group's own)", layers))
+		require.Nil(t, h)
+	}
 }

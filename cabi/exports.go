@@ -71,14 +71,21 @@ func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
 	if !h.busy.CompareAndSwap(false, true) {
 		return fail(C.PAGEDKV_ERR_BUSY, fmt.Sprintf("pagedkv: destroy: manager %d is in use by another thread", uint64(id)))
 	}
+	destroyHeld(h, uint64(id))
+	return C.PAGEDKV_OK
+}
+
+// destroyHeld destroys h, whose busy flag the caller holds. The flag stays
+// set: a thread that looked the handle up before the delete gets
+// PAGEDKV_ERR_BUSY (or, waiting for it, PAGEDKV_ERR_BAD_HANDLE), never a
+// destroyed Manager.
+func destroyHeld(h *handle, id uint64) {
 	registry.Lock()
-	delete(registry.handles, uint64(id))
+	delete(registry.handles, id)
 	registry.Unlock()
+	h.kill()
 	h.ext.closeIO()
 	h.freeMemory()
-	// busy stays set: a thread that looked the handle up before the delete
-	// gets PAGEDKV_ERR_BUSY, never a destroyed Manager.
-	return C.PAGEDKV_OK
 }
 
 // pagedkv_destroy_keep_memory destroys m as pagedkv_destroy does (its
@@ -101,6 +108,7 @@ func pagedkv_destroy_keep_memory(id C.pagedkv_manager) (code C.int32_t) {
 	delete(registry.handles, uint64(id))
 	registry.kept[uint64(id)] = h
 	registry.Unlock()
+	h.kill()
 	h.ext.closeIO()
 	// The Manager goes; what it handed out stays pinned (h.pinner, the
 	// extras' host pin) or allocated (C buffers) until free_memory.

@@ -260,6 +260,7 @@ const (
 	codeBadConfig      = C.PAGEDKV_ERR_BAD_CONFIG
 	codeBadHandle      = C.PAGEDKV_ERR_BAD_HANDLE
 	codeInternal       = C.PAGEDKV_ERR_INTERNAL
+	codeBusy           = C.PAGEDKV_ERR_BUSY
 )
 
 // goReserveSpec is pagedkv_reserve_spec; indptr nil passes NULL.
@@ -537,3 +538,38 @@ func (p cPlan) kvPageIndices() []int32 {
 	a := p.c.kv_page_indices
 	return unsafe.Slice((*int32)(unsafe.Pointer(a.data)), int(a.cap))
 }
+
+func goSetBusyTimeout(h uint64, ms int64) int32 {
+	return int32(pagedkv_set_busy_timeout(C.pagedkv_manager(h), C.int64_t(ms)))
+}
+
+// goHold takes h's busy flag as a call in flight on another thread would;
+// the function returned releases it.
+func goHold(h uint64) func() {
+	hd := lookup(C.pagedkv_manager(h))
+	if !hd.busy.CompareAndSwap(false, true) {
+		panic("goHold: the handle is busy")
+	}
+	return hd.release
+}
+
+// goLockFree calls every lock-free export on h (a hybrid manager with
+// tiers and events) and returns their codes.
+func goLockFree(h uint64) []int32 {
+	m := C.pagedkv_manager(h)
+	var st C.pagedkv_stats
+	var ts C.pagedkv_tier_stats
+	var gs C.pagedkv_group_stats
+	var n, pb, np C.int64_t
+	var data *C.uint8_t
+	return []int32{
+		int32(pagedkv_get_stats(m, &st, C.sizeof_pagedkv_stats)),
+		int32(pagedkv_get_tier_stats(m, &ts, C.sizeof_pagedkv_tier_stats)),
+		int32(pagedkv_hybrid_get_group_stats(m, 0, &gs, C.sizeof_pagedkv_group_stats)),
+		int32(pagedkv_hybrid_num_groups(m, &n)),
+		int32(pagedkv_host_memory(m, &data, &pb, &np)),
+		int32(pagedkv_set_busy_timeout(m, 0)),
+	}
+}
+
+func lookupHandle(h uint64) *handle { return lookup(C.pagedkv_manager(h)) }

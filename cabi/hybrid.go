@@ -82,15 +82,19 @@ func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_
 
 //export pagedkv_hybrid_num_groups
 func pagedkv_hybrid_num_groups(id C.pagedkv_manager, n *C.int64_t) (code C.int32_t) {
-	h, code := enterHybrid(id, "hybrid_num_groups")
+	defer recoverTo(&code)
+	// Lock-free: the groups are fixed at creation (register).
+	h, code := peek(id, "hybrid_num_groups")
 	if h == nil {
 		return code
 	}
-	defer h.exit(&code)
+	if !h.hybrid {
+		return wrongKind(id, "hybrid_num_groups", true)
+	}
 	if n == nil {
 		return badArg("hybrid_num_groups: num_groups is NULL")
 	}
-	*n = C.int64_t(h.m.NumGroups())
+	*n = C.int64_t(h.numGroups)
 	return C.PAGEDKV_OK
 }
 

@@ -39,9 +39,14 @@
 //
 // Concurrency. As in Go, a Manager belongs to one thread at a time: each
 // handle has a busy flag, and a call that finds it set returns
-// PAGEDKV_ERR_BUSY instead of racing. pagedkv_get_stats reads the Manager's
-// lock-free snapshot and may run on any thread at any time. The registry
-// is guarded by a read-write mutex.
+// PAGEDKV_ERR_BUSY instead of racing, at once or, after
+// pagedkv_set_busy_timeout, once it has waited that long for the flag
+// (woken by each release, not polling). Lock-free, on any thread at any
+// time: the stats calls (the Manager's lock-free snapshot) and the calls
+// that read what is fixed at creation (pagedkv_hybrid_num_groups,
+// pagedkv_host_memory, pagedkv_events_endpoint, pagedkv_set_busy_timeout:
+// copies of it taken by register). The registry is guarded by a
+// read-write mutex.
 //
 // # Invariants
 //
@@ -74,6 +79,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	pkgerrors "github.com/pkg/errors"
@@ -90,6 +96,17 @@ const maxLen = 1 << 31
 // handle is one manager and what the C ABI keeps for it.
 type handle struct {
 	busy atomic.Bool
+	// wait is how long a call that finds busy set waits for it
+	// (pagedkv_set_busy_timeout): 0 not at all, < 0 as long as it takes,
+	// else nanoseconds. freed gets a token, without blocking, each time busy
+	// is cleared, waking one waiting call; destroy sets dead and closes it.
+	wait  atomic.Int64
+	freed chan struct{}
+	dead  atomic.Bool
+	// numGroups and endpoints are fixed at creation (register copies
+	// them), so that the lock-free calls never read the Manager.
+	numGroups int
+	endpoints [2]string
 	// m is the manager, dense or hybrid (a Manager, or a HybridManager
 	// when hybrid is set; the entry points of one kind refuse the other).
 	m        pagedkv.KVManager
@@ -132,6 +149,11 @@ type planExport struct {
 
 // register adds h to the registry and returns its id.
 func register(h *handle) C.pagedkv_manager {
+	h.freed = make(chan struct{}, 1)
+	h.numGroups = h.m.NumGroups()
+	if h.ext != nil && h.ext.pub != nil {
+		h.endpoints = [2]string{h.ext.pub.Endpoint(), h.ext.pub.ReplayEndpoint()}
+	}
 	registry.Lock()
 	registry.next++
 	id := registry.next
@@ -163,11 +185,14 @@ func enter(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
 	if h == nil {
 		return nil, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: no manager with handle %d", op, uint64(id)))
 	}
-	if !h.busy.CompareAndSwap(false, true) {
-		return nil, fail(C.PAGEDKV_ERR_BUSY, fmt.Sprintf("pagedkv: %s: manager %d is in use by another thread", op, uint64(id)))
+	if !h.acquire() {
+		if h.dead.Load() {
+			return nil, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: manager %d was destroyed while the call waited for it", op, uint64(id)))
+		}
+		return nil, fail(C.PAGEDKV_ERR_BUSY, fmt.Sprintf("pagedkv: %s: manager %d is in use by another thread%s", op, uint64(id), waited(h.wait.Load())))
 	}
 	if h.poisoned {
-		h.busy.Store(false)
+		h.release()
 		return nil, fail(C.PAGEDKV_ERR_INTERNAL, fmt.Sprintf("pagedkv: %s: manager %d was poisoned by an earlier internal error; destroy it", op, uint64(id)))
 	}
 	return h, C.PAGEDKV_OK
@@ -188,8 +213,73 @@ func enterKind(id C.pagedkv_manager, op string, hybrid bool) (*handle, C.int32_t
 	if h == nil || h.hybrid == hybrid {
 		return h, code
 	}
-	h.busy.Store(false)
+	h.release()
 	return nil, wrongKind(id, op, hybrid)
+}
+
+// acquire sets h's busy flag for a call, waiting up to h.wait for the
+// call in flight to clear it; false if it did not (or h was destroyed).
+func (h *handle) acquire() bool {
+	if h.busy.CompareAndSwap(false, true) {
+		return true
+	}
+	w := h.wait.Load()
+	if w == 0 {
+		return false
+	}
+	var deadline <-chan time.Time
+	if w > 0 {
+		t := time.NewTimer(time.Duration(w))
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		select {
+		case <-h.freed:
+		case <-deadline:
+			return !h.dead.Load() && h.busy.CompareAndSwap(false, true)
+		}
+		if h.dead.Load() {
+			return false
+		}
+		if h.busy.CompareAndSwap(false, true) {
+			return true
+		}
+	}
+}
+
+// release clears h's busy flag and wakes one waiting call.
+func (h *handle) release() {
+	h.busy.Store(false)
+	select {
+	case h.freed <- struct{}{}:
+	default:
+	}
+}
+
+// kill ends h for destroy (whose call holds the busy flag, never released):
+// every call waiting for the flag returns PAGEDKV_ERR_BAD_HANDLE.
+func (h *handle) kill() {
+	h.dead.Store(true)
+	close(h.freed)
+}
+
+// waited is the BUSY message's note of how long the call waited.
+func waited(ns int64) string {
+	if ns == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (waited pagedkv_set_busy_timeout's %v)", time.Duration(ns))
+}
+
+// peek looks handle id up for a lock-free call, which reads only what is
+// fixed at creation.
+func peek(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
+	h := lookup(id)
+	if h == nil {
+		return nil, fail(C.PAGEDKV_ERR_BAD_HANDLE, fmt.Sprintf("pagedkv: %s: no manager with handle %d", op, uint64(id)))
+	}
+	return h, C.PAGEDKV_OK
 }
 
 // wrongKind fails a call that needs a hybrid (or a dense) manager on a
@@ -211,7 +301,7 @@ func (h *handle) exit(code *C.int32_t) {
 		h.poisoned = true
 		*code = fail(C.PAGEDKV_ERR_INTERNAL, internalError("pagedkv: internal error (the manager is poisoned; destroy it)", r))
 	}
-	h.busy.Store(false)
+	h.release()
 }
 
 // recoverTo turns a panic outside any handle into PAGEDKV_ERR_INTERNAL.
@@ -338,4 +428,28 @@ func init() {
 	}
 	registry.handles = make(map[uint64]*handle)
 	registry.kept = make(map[uint64]*handle)
+}
+
+// pagedkv_set_busy_timeout sets how long a call on handle id that finds
+// another thread's call in flight waits for it before returning
+// PAGEDKV_ERR_BUSY: 0 (the default) not at all, 1..maxMillis
+// milliseconds, or -1 as long as it takes. Lock-free.
+//
+//export pagedkv_set_busy_timeout
+func pagedkv_set_busy_timeout(id C.pagedkv_manager, timeoutMS C.int64_t) (code C.int32_t) {
+	defer recoverTo(&code)
+	h, code := peek(id, "set_busy_timeout")
+	if h == nil {
+		return code
+	}
+	if timeoutMS == -1 {
+		h.wait.Store(-1)
+		return C.PAGEDKV_OK
+	}
+	d, code, ok := millis("set_busy_timeout", "timeout_ms", timeoutMS)
+	if !ok {
+		return fail(C.PAGEDKV_ERR_BAD_ARGUMENT, fmt.Sprintf("pagedkv: bad argument: set_busy_timeout: timeout_ms = %d, want 0 (BUSY at once), 1..%d, or -1 (wait as long as it takes)", int64(timeoutMS), int64(maxMillis)))
+	}
+	h.wait.Store(int64(d))
+	return code
 }

@@ -136,16 +136,21 @@ func TestInstalledLibraryBuildsWithPkgConfig(t *testing.T) {
 // TestPythonPackageInstallsInFreshVenv does what docs/python.md
 // ("Installing") tells a newcomer, offline, in a fresh copy of this source
 // tree (its tracked and untracked files, nothing ignored, so no build
-// output): a venv over Debian's packages, pip install --no-build-isolation
-// ./python (which compiles libpagedkv.so into the package), import pagedkv
-// from outside the tree, and pip wheel. The installed library must be the
-// bundled one, with its SONAME, and the wheel must hold it. About 30 s on
-// a loaded 2-core machine, most of it compiling the library in the copy.
+// output): bash scripts/wheel.sh builds the one wheel (it checks its
+// py3-none-manylinux tag against objdump -T of the stripped library
+// inside), then, with neither go nor gcc on PATH, a venv over Debian's
+// packages installs it, runs README.md's "From Python" example from
+// outside the tree with the bundled library (its SONAME checked), runs the
+// project's pytest suite unchanged against the installed package (no
+// PAGEDKV_LIB: conftest.py finds no library in the tree and uses the
+// installed one), and pip install ./python (the sdist's build) stops at
+// once saying go and gcc are missing. One compile of libpagedkv; about a
+// minute on a loaded 2-core machine.
 func TestPythonPackageInstallsInFreshVenv(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: compiles libpagedkv in a fresh tree")
 	}
-	requireTools(t, []string{"bash", "gcc", "git"}, "numpy, setuptools, wheel, venv")
+	requireTools(t, []string{"bash", "gcc", "git", "objdump"}, "numpy, pytest, setuptools, wheel, venv")
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
@@ -154,57 +159,98 @@ func TestPythonPackageInstallsInFreshVenv(t *testing.T) {
 	tree := filepath.Join(tmp, "pagedkv")
 	copyTree(t, root, tree)
 
-	venv := filepath.Join(tmp, "v")
 	offline := []string{"PIP_NO_INDEX=1", "PIP_FIND_LINKS=", "PAGEDKV_LIB=", "PYTHONDONTWRITEBYTECODE=1"}
-	run(t, tmp, offline, debianPython, "-m", "venv", "--system-site-packages", venv)
-	pip := filepath.Join(venv, "bin", "pip")
-	run(t, tree, offline, pip, "install", "--no-build-isolation", "./python")
-
-	// From outside the tree, with PAGEDKV_LIB unset: only the bundled
-	// library can be found.
-	out := run(t, tmp, offline, filepath.Join(venv, "bin", "python"), "-c", `import os, pagedkv
-m = pagedkv.Manager(num_pages=16, page_size=4)
-m.add(1, [1, 2, 3, 4, 5])
-plan = m.reserve([1], [5])
-print(pagedkv.__file__)
-print(pagedkv._lib._name)
-print(plan.kv_indptr.tolist(), plan.kv_last_page_len.tolist())`)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if len(lines) != 3 {
-		t.Fatalf("import pagedkv printed %q, want 3 lines", out)
-	}
-	pkgDir := filepath.Dir(lines[0])
-	if !strings.HasPrefix(pkgDir, venv+string(filepath.Separator)) {
-		t.Errorf("pagedkv imported from %s, not from the venv %s", pkgDir, venv)
-	}
-	if want := filepath.Join(pkgDir, "libpagedkv.so"); lines[1] != want {
-		t.Errorf("pagedkv loaded %s, want the bundled %s", lines[1], want)
-	}
-	if lines[2] != "[0, 2] [1]" {
-		t.Errorf("the installed package's plan: kv_indptr, kv_last_page_len = %s, want [0, 2] [1]", lines[2])
-	}
-	if got := soname(t, lines[1]); len(got) != 1 || got[0] != "libpagedkv.so" {
-		t.Errorf("%s: SONAME %q, want [libpagedkv.so]", lines[1], got)
-	}
-
-	wheels := filepath.Join(tmp, "wheels")
-	run(t, tree, offline, pip, "wheel", "--no-build-isolation", "--no-deps", "-w", wheels, "./python")
-	found, err := filepath.Glob(filepath.Join(wheels, "pagedkv-*-linux_*.whl"))
+	dist := filepath.Join(tmp, "dist")
+	out := run(t, tree, offline, "bash", filepath.Join(tree, "scripts", "wheel.sh"), dist)
+	found, err := filepath.Glob(filepath.Join(dist, "pagedkv-*-py3-none-manylinux_*_*.whl"))
 	if err != nil || len(found) != 1 {
-		t.Fatalf("pip wheel wrote %v (%v), want one platform wheel pagedkv-*-linux_*.whl", found, err)
+		t.Fatalf("scripts/wheel.sh wrote %v (%v), want one pagedkv-*-py3-none-manylinux_*.whl:\n%s", found, err, out)
 	}
-	zr, err := zip.OpenReader(found[0])
+	whl := found[0]
+	t.Logf("wheel: %s", strings.TrimSpace(out))
+	zr, err := zip.OpenReader(whl)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer zr.Close()
 	var names []string
 	for _, f := range zr.File {
 		names = append(names, f.Name)
 	}
-	if !strings.Contains(strings.Join(names, "\n")+"\n", "pagedkv/libpagedkv.so\n") {
-		t.Errorf("%s holds %q, no pagedkv/libpagedkv.so", found[0], names)
+	zr.Close()
+	for _, want := range []string{"pagedkv/libpagedkv.so", "pagedkv/py.typed", "pagedkv/__init__.py"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("%s holds %q, no %s", whl, names, want)
+		}
 	}
+
+	// From here on neither go nor gcc can be found: PATH is the venv's
+	// bin alone (and the interpreter the venv was made from).
+	venv := filepath.Join(tmp, "v")
+	run(t, tmp, offline, debianPython, "-m", "venv", "--system-site-packages", venv)
+	bare := append(offline, "PATH="+filepath.Join(venv, "bin"))
+	py := filepath.Join(venv, "bin", "python")
+	run(t, tmp, bare, py, "-c", `import shutil, sys
+missing = [t for t in ("go", "gcc", "cc") if shutil.which(t)]
+sys.exit("on PATH: %s" % missing if missing else 0)`)
+	run(t, tmp, bare, py, "-m", "pip", "install", whl) // as README.md says: numpy comes from Debian
+
+	// README.md's first Python example, from outside the tree, with
+	// PAGEDKV_LIB unset: only the bundled library can be found.
+	readme, err := os.ReadFile(filepath.Join(tree, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	example := pythonBlock(t, string(readme), "## From Python")
+	got := run(t, tmp, bare, py, "-c", example+`
+import pagedkv
+print(pagedkv.__file__)
+print(pagedkv._lib._name)`)
+	lines := strings.Split(strings.TrimSpace(got), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("README's example printed %q", got)
+	}
+	pkgDir := filepath.Dir(lines[len(lines)-2])
+	if !strings.HasPrefix(pkgDir, venv+string(filepath.Separator)) {
+		t.Errorf("pagedkv imported from %s, not from the venv %s", pkgDir, venv)
+	}
+	lib := lines[len(lines)-1]
+	if want := filepath.Join(pkgDir, "libpagedkv.so"); lib != want {
+		t.Errorf("pagedkv loaded %s, want the bundled %s", lib, want)
+	}
+	if got := soname(t, lib); len(got) != 1 || got[0] != "libpagedkv.so" {
+		t.Errorf("%s: SONAME %q, want [libpagedkv.so]", lib, got)
+	}
+
+	// The project's tests, unchanged, against the installed package.
+	out = run(t, tree, bare, py, "-m", "pytest", "-p", "no:cacheprovider", "python/tests")
+	if !strings.Contains(out, "pagedkv under test: "+pkgDir) {
+		t.Errorf("pytest did not test the installed package %s:\n%s", pkgDir, out)
+	}
+
+	// Building from source (what an sdist does) says what is missing.
+	cmd := exec.Command(py, "-m", "pip", "install", "--no-build-isolation", "./python")
+	cmd.Dir = tree
+	cmd.Env = append(os.Environ(), bare...)
+	b, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "pagedkv: building libpagedkv.so from source needs go and gcc on PATH, not found") {
+		t.Errorf("pip install ./python without go and gcc: %v, want the message naming them:\n%s", err, b)
+	}
+}
+
+// pythonBlock is the first ```python block of markdown's section under
+// heading (a whole line).
+func pythonBlock(t *testing.T, markdown, heading string) string {
+	t.Helper()
+	_, section, ok := strings.Cut(markdown, "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("no heading %q", heading)
+	}
+	_, code, ok := strings.Cut(section, "```python\n")
+	if !ok {
+		t.Fatalf("no python block under %q", heading)
+	}
+	code, _, _ = strings.Cut(code, "```")
+	return code
 }
 
 // copyTree copies the files of root that git tracks or would track (not

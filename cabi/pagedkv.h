@@ -16,8 +16,12 @@
  *  - No Go panic crosses this boundary; the library recovers it and
  *    returns PAGEDKV_ERR_INTERNAL.
  *  - Threads: one thread at a time per handle (the scheduler thread);
- *    a concurrent call gets PAGEDKV_ERR_BUSY. pagedkv_get_stats may be called
- *    from any thread at any time. Different handles are independent.
+ *    a concurrent call gets PAGEDKV_ERR_BUSY, at once or after waiting up
+ *    to pagedkv_set_busy_timeout for the call in flight. Lock-free (any
+ *    thread, any time): the stats calls (get_stats, get_tier_stats,
+ *    hybrid_get_group_stats), hybrid_num_groups, host_memory,
+ *    events_endpoint and set_busy_timeout. Different handles are
+ *    independent.
  *  - The arrays of a pagedkv_plan point into buffers the manager owns
  *    (zero copy). They stay valid and unchanged until the next successful
  *    reserve (pagedkv_reserve, _reserve_spec, or their pagedkv_hybrid_
@@ -434,6 +438,11 @@ int32_t pagedkv_truncate(pagedkv_manager m, uint64_t id, int64_t n);
 
 /* Operations. get_stats may be called from any thread. */
 int32_t pagedkv_get_stats(pagedkv_manager m, pagedkv_stats *out, size_t out_size);
+/* How long a call on m that finds another thread's call in flight waits
+ * for it before returning PAGEDKV_ERR_BUSY: 0 (the default) not at all,
+ * 1..86400000 milliseconds, or -1 as long as it takes (a call waiting when
+ * m is destroyed returns PAGEDKV_ERR_BAD_HANDLE). Any thread, any time. */
+int32_t pagedkv_set_busy_timeout(pagedkv_manager m, int64_t timeout_ms);
 int32_t pagedkv_audit(pagedkv_manager m);
 int32_t pagedkv_evict(pagedkv_manager m, int64_t npages, int64_t *freed);
 int32_t pagedkv_pin(pagedkv_manager m, const pagedkv_namespace *ns, const int32_t *tokens, int64_t n,
@@ -460,6 +469,7 @@ int32_t pagedkv_pending(pagedkv_manager m, int32_t *pending);
  * sizeof(pagedkv_layer_group). */
 int32_t pagedkv_hybrid_create(const pagedkv_config *cfg, size_t cfg_size, const pagedkv_layer_group *groups,
                               int64_t num_groups, size_t group_size, pagedkv_manager *out);
+/* Any thread, any time (fixed at creation). */
 int32_t pagedkv_hybrid_num_groups(pagedkv_manager m, int64_t *num_groups);
 /* A hybrid step: copies receives the pool-wide copies ([3*num copies]
  * int32 pagedkv_copy triples, do first: a copy copies the page in every
@@ -496,7 +506,8 @@ int32_t pagedkv_tier_copies_take(pagedkv_manager m, pagedkv_tier_copies *out);
 /* All-or-nothing: an unknown, repeated or not yet taken id changes nothing. */
 int32_t pagedkv_complete_tier_copies(pagedkv_manager m, const uint64_t *ids, int64_t n);
 /* The host pages' bytes: page h at data + h * page_bytes (NULL and 0 without
- * a format). The memory lives until pagedkv_destroy. */
+ * a format). The memory lives until pagedkv_destroy. Any thread, any time
+ * (fixed at creation). */
 int32_t pagedkv_host_memory(pagedkv_manager m, uint8_t **data, int64_t *page_bytes, int64_t *num_pages);
 /* Whether request id waits for onload copies (it may not be stepped). */
 int32_t pagedkv_loading(pagedkv_manager m, uint64_t id, int32_t *loading);
@@ -517,7 +528,8 @@ int32_t pagedkv_get_tier_stats(pagedkv_manager m, pagedkv_tier_stats *out, size_
 int32_t pagedkv_drain_events(pagedkv_manager m, const uint8_t **data, int64_t *len);
 /* The endpoint a publishing manager bound or connected (replay 0: the PUB
  * socket's, e.g. the port chosen for ":0"; 1: the replay socket's), copied
- * into dst [cap] (not NUL-terminated), *n = its length. */
+ * into dst [cap] (not NUL-terminated), *n = its length. Any thread, any
+ * time (fixed at creation). */
 int32_t pagedkv_events_endpoint(pagedkv_manager m, int32_t replay, char *dst, int64_t cap, int64_t *n);
 /* The owner's thread (like every call but the stats ones above). */
 int32_t pagedkv_get_events_stats(pagedkv_manager m, pagedkv_events_stats *out, size_t out_size);

@@ -167,7 +167,8 @@ var hybridTraceFormat = tier.PageFormat{Layout: layout.NHD, DType: layout.F32, P
 
 // makeHybridTierTraces is makeTierTraces on a HybridManager (sliding
 // window 8 + full attention, one layer each) with a host tier (and Redis
-// below it), without KV events: a HybridManager's host tier has none yet.
+// below it), without KV events (TestABIHybridTierEvents and the C test
+// check a hybrid host tier's events).
 func makeHybridTierTraces(t *testing.T, withRedis bool) traceFile {
 	groups := []pagedkv.LayerGroup{{Kind: pagedkv.SlidingAttention, WindowTokens: 8, NumLayers: 1}, {Kind: pagedkv.FullAttention, NumLayers: 1}}
 	tc := traceTiers

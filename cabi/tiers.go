@@ -453,16 +453,22 @@ func (h *handle) flushEvents() {
 	}
 }
 
+// noTiers and noEvents say what a manager made without tiers or events lacks.
+const (
+	noTiers  = "tiers (create it with pagedkv_create_ex or pagedkv_hybrid_create_ex and opts.tiers)"
+	noEvents = "KV events (create it with opts.events)"
+)
+
 // enterTiers is enter for a call that needs tiers (either kind).
 func enterTiers(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
 	h, code := enter(id, op)
-	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.tiers, "tiers (create it with pagedkv_create_ex or pagedkv_hybrid_create_ex and opts.tiers)")
+	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.tiers, noTiers)
 }
 
 // enterEvents is enter for a call that needs KV events (either kind).
 func enterEvents(id C.pagedkv_manager, op string) (*handle, C.int32_t) {
 	h, code := enter(id, op)
-	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.rec != nil, "KV events (create it with opts.events)")
+	return needs(h, code, id, op, h != nil && h.ext != nil && h.ext.rec != nil, noEvents)
 }
 
 // needs lets a call that entered h go on if has, else fails it with
@@ -471,7 +477,7 @@ func needs(h *handle, code C.int32_t, id C.pagedkv_manager, op string, has bool,
 	if h == nil || has {
 		return h, code
 	}
-	h.busy.Store(false)
+	h.release()
 	return nil, fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: %s: manager %d has no %s", op, uint64(id), what))
 }
 
@@ -549,11 +555,15 @@ func pagedkv_complete_tier_copies(id C.pagedkv_manager, ids *C.uint64_t, n C.int
 
 //export pagedkv_host_memory
 func pagedkv_host_memory(id C.pagedkv_manager, data **C.uint8_t, pageBytes, numPages *C.int64_t) (code C.int32_t) {
-	h, code := enterTiers(id, "host_memory")
+	defer recoverTo(&code)
+	// Lock-free: the host memory is fixed at creation.
+	h, code := peek(id, "host_memory")
 	if h == nil {
 		return code
 	}
-	defer h.exit(&code)
+	if h.ext == nil || !h.ext.tiers {
+		return fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: host_memory: manager %d has no %s", uint64(id), noTiers))
+	}
 	if data == nil || pageBytes == nil || numPages == nil {
 		return badArg("host_memory: data = %p, page_bytes = %p, num_pages = %p; all are required", data, pageBytes, numPages)
 	}
@@ -707,11 +717,15 @@ func pagedkv_get_events_stats(id C.pagedkv_manager, out *C.pagedkv_events_stats,
 
 //export pagedkv_events_endpoint
 func pagedkv_events_endpoint(id C.pagedkv_manager, replay C.int32_t, dst *C.char, capacity C.int64_t, n *C.int64_t) (code C.int32_t) {
-	h, code := enterEvents(id, "events_endpoint")
+	defer recoverTo(&code)
+	// Lock-free: the endpoints are fixed at creation (register).
+	h, code := peek(id, "events_endpoint")
 	if h == nil {
 		return code
 	}
-	defer h.exit(&code)
+	if h.ext == nil || h.ext.rec == nil {
+		return fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: events_endpoint: manager %d has no %s", uint64(id), noEvents))
+	}
 	if code, ok := checkArray("events_endpoint", "dst", unsafe.Pointer(dst), capacity); !ok {
 		return code
 	}
@@ -720,13 +734,10 @@ func pagedkv_events_endpoint(id C.pagedkv_manager, replay C.int32_t, dst *C.char
 		return badArg("events_endpoint: n is NULL")
 	case replay != 0 && replay != 1:
 		return badArg("events_endpoint: replay = %d, want 0 (the PUB socket) or 1 (the replay socket)", int32(replay))
-	case h.ext.pub == nil:
+	case h.endpoints[0] == "":
 		return fail(C.PAGEDKV_ERR_BAD_CONFIG, fmt.Sprintf("pagedkv: events_endpoint: manager %d drains its KV events (no events.endpoint)", uint64(id)))
 	}
-	ep := h.ext.pub.Endpoint()
-	if replay == 1 {
-		ep = h.ext.pub.ReplayEndpoint()
-	}
+	ep := h.endpoints[replay]
 	if capacity > 0 {
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(dst)), int(capacity)), ep)
 	}

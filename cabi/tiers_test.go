@@ -329,7 +329,7 @@ func FuzzTierOptions(f *testing.F) {
 	f.Add([]byte{1, 8, 0, 2, 1, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 0, 0, 3})
 	f.Add([]byte{1, 200, 1, 9, 255, 1, 1, 2, 5, 5, 0, 0, 0, 0, 0, 0})
 	// Hybrid with a write-through host tier of 8 pages (2 layers), and the
-	// same with KV events (refused).
+	// same with KV events (each group's host pages announced).
 	f.Add([]byte{1, 8, 0, 1, 1, 1, 2, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1})
 	f.Add([]byte{1, 8, 0, 1, 1, 1, 2, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1})
 	dir := f.TempDir()

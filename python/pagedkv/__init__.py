@@ -32,12 +32,26 @@ value; a call that raised changed nothing.
 
 Threads. Any thread may call a Manager, one call at a time: a call that
 finds another thread's call in flight raises Busy at once and changes
-nothing. Each call holds the Manager's lock from its checks to the return
+nothing, or, with busy_timeout=seconds (Manager(..., busy_timeout=0.5), or
+m.busy_timeout = None to wait as long as it takes), waits up to that long
+for it first. Each call holds the Manager's lock from its checks to the return
 of its results (the C call and the reads of the Manager's shared out
 buffers), so a call returns its own results or raises, never another
 call's. plan.copy() waits for a call in flight instead of raising, so it
-copies one step whole. stats() may be called from any thread at any time.
-ctypes releases the GIL during calls.
+copies one step whole. Lock-free (any thread, any time, never Busy):
+stats(), tier_stats(), group_stats(), num_groups, kinds, host_pages(),
+events_endpoint(), busy_timeout and repr(); every other call reads or
+changes state the step's thread owns and takes the lock. ctypes releases
+the GIL during calls.
+
+Logging. The logger "pagedkv" (logging.getLogger("pagedkv")) warns when
+drain_events() finds the KV event stream dropped steps (the engine drains
+too rarely: raise Events(queue_batches=)) and when tier_copies() finds new
+dropped host pages, remote store errors or timeouts (tier_stats() has the
+counters).
+
+Versions. pagedkv.__version__ is the package's version, pagedkv.ABI_VERSION
+the C ABI version (pagedkv.h's PAGEDKV_ABI_VERSION) it needs.
 
 Hybrid models. HybridManager(num_pages, page_size, groups) is Go's
 HybridManager: layer groups (LayerGroup("full"), LayerGroup("sliding",
@@ -55,19 +69,40 @@ pages' bytes in m.host_pages(), a numpy [host_pages, page_bytes] uint8 view),
 reports them with m.complete_tier_copies(ids), and forwards
 m.drain_events() (msgpack payloads of vLLM's KVEventBatch) to its ZMQ
 publisher. m.cached_hashes("GPU"/"CPU") lists the cached pages' hashes.
-HybridManager takes the same options (tiers are refused in Go today).
+HybridManager takes the same options, together (events of host pages
+carry medium "CPU" and each group's group_idx).
 
 pagedkv.flashinfer turns a Plan into the keyword arguments of FlashInfer's
 wrappers' plan() calls and of append_paged_kv_cache (hybrid_plan_kwargs:
 every group of a HybridPlan).
 """
 
+from __future__ import annotations
+
 import ctypes
+import functools
+import logging
 import threading
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _ffi
+from ._version import __version__
+
+ABI_VERSION: int = _ffi.ABI_VERSION
+"""The C ABI version this package needs (pagedkv.h's PAGEDKV_ABI_VERSION); import fails on a library of another."""
+
+logger = logging.getLogger("pagedkv")
+"""Warnings about tiers and KV events (see the module doc, "Logging")."""
+
+Int32Array = npt.NDArray[np.int32]
+"""An int32 numpy array: every plan array."""
+UInt64Array = npt.NDArray[np.uint64]
+"""A uint64 numpy array: request ids, tier copy ids, hashes."""
+Ints = Union[Sequence[int], npt.NDArray[np.integer[Any]]]
+"""A sequence of ints or a 1-D integer numpy array (checked: values that do not fit raise BadArgument)."""
 
 __all__ = [
     "Manager", "HybridManager", "LayerGroup", "HybridPlan", "GroupStats", "Plan", "Level", "Stats", "RequestState", "NO_TOKEN",
@@ -75,9 +110,11 @@ __all__ = [
     "StepPending", "NoStep", "BadArgument", "BadConfig", "NotCached", "PinLimit", "UnknownPin",
     "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan", "Loading",
     "Tiers", "PageFormat", "RedisTier", "DiskTier", "Events", "TierCopies", "TierStats", "EventsStats",
+    "TO_HOST", "TO_DEVICE", "ABI_VERSION", "__version__", "logger", "Int32Array", "UInt64Array", "Ints",
 ]
 
-NO_TOKEN = -1  # in commit(sampled): no token sampled for this request
+NO_TOKEN: int = -1
+"""In commit(sampled): no token sampled for this request."""
 
 
 # ---- Errors ----
@@ -86,7 +123,7 @@ NO_TOKEN = -1  # in commit(sampled): no token sampled for this request
 class PagedKVError(Exception):
     """A failed pagedkv call; code is the C error code."""
 
-    code = None
+    code: Optional[int] = None
 
 
 class OutOfPages(PagedKVError):
@@ -95,52 +132,66 @@ class OutOfPages(PagedKVError):
 
 
 class UnknownRequest(PagedKVError, KeyError):
+    """No request with that id (never added, or released)."""
+
     code = 2
 
-    def __str__(self):  # KeyError would quote the message
+    def __str__(self) -> str:  # KeyError would quote the message
         return Exception.__str__(self)
 
 
 class RequestExists(PagedKVError):
+    """add() or fork() of an id that is already in use."""
     code = 3
 
 
 class Preempted(PagedKVError):
+    """The request is preempted: resume() it before stepping it."""
     code = 4
 
 
 class NotPreempted(PagedKVError):
+    """resume() of a request that is running."""
     code = 5
 
 
 class StepPending(PagedKVError):
+    """A reserved step is not committed yet: commit() or abort() it first."""
     code = 6
 
 
 class NoStep(PagedKVError):
+    """commit() or abort() with no reserved step."""
     code = 7
 
 
 class BadArgument(PagedKVError, ValueError):
+    """An argument is out of range or of the wrong type; the message names it."""
     code = 8
 
 
 class BadConfig(PagedKVError, ValueError):
+    """The configuration is refused (the message names the field), or the
+    call needs an option the Manager was made without (tiers, events)."""
     code = 9
 
 
 class NotCached(PagedKVError):
+    """pin() of tokens whose first page is not in the prefix cache."""
     code = 10
 
 
 class PinLimit(PagedKVError):
+    """pin() would pass max_pinned_pages."""
     code = 11
 
 
 class UnknownPin(PagedKVError, KeyError):
+    """unpin() of an id pin() never returned, or one already unpinned."""
+
     code = 12
 
-    def __str__(self):
+    def __str__(self) -> str:
         return Exception.__str__(self)
 
 
@@ -198,23 +249,54 @@ class Stats:
     """A consistent snapshot of the Manager (Go: pagedkv.Stats)."""
 
     __slots__ = _ffi.STATS_FIELDS
+    if TYPE_CHECKING:
+        total_pages: int
+        free_pages: int
+        used_pages: int
+        evictable_pages: int
+        pinned_idle_pages: int
+        cached_pages: int
+        pinned_pages: int
+        shared_pages: int
+        requests: int
+        preempted_requests: int
+        prompt_tokens: int
+        prompt_hit_tokens: int
+        computed_tokens: int
+        resumed_tokens: int
+        resume_hit_tokens: int
+        steps: int
+        preemptions: int
+        copied_pages: int
+        published_pages: int
+        duplicate_pages: int
+        evicted_pages: int
+        eviction_freed_pages: int
+        inner_victims: int
+        window_released_pages: int
+        chains_cut: int
+        draft_tokens: int
+        accepted_draft_tokens: int
 
-    def __init__(self, raw):
+    def __init__(self, raw: Any) -> None:
         for name in _ffi.STATS_FIELDS:
             setattr(self, name, getattr(raw, name))
 
     @property
-    def hit_rate(self):
+    def hit_rate(self) -> float:
+        """prompt_hit_tokens / prompt_tokens (0.0 before any prompt)."""
         return self.prompt_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
-    def recomputed_tokens(self):
+    def recomputed_tokens(self) -> int:
+        """Tokens resumed requests computed again (resumed_tokens - resume_hit_tokens)."""
         return self.resumed_tokens - self.resume_hit_tokens
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, int]:
+        """The fields by name."""
         return {name: getattr(self, name) for name in _ffi.STATS_FIELDS}
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Stats) and self.as_dict() == other.as_dict()
 
     def __repr__(self):
@@ -231,16 +313,31 @@ class GroupStats:
     host_hit_tokens, remote_hit_tokens, offloaded_pages, onloaded_pages."""
 
     __slots__ = _ffi.GROUP_STATS_FIELDS
+    if TYPE_CHECKING:
+        kind: str
+        cached_pages: int
+        evictable_pages: int
+        servable_tokens: int
+        published_pages: int
+        evicted_pages: int
+        copied_pages: int
+        window_released_pages: int
+        pinned_pages: int
+        host_hit_tokens: int
+        remote_hit_tokens: int
+        offloaded_pages: int
+        onloaded_pages: int
 
-    def __init__(self, raw):
+    def __init__(self, raw: Any) -> None:
         for name in _ffi.GROUP_STATS_FIELDS:
             setattr(self, name, getattr(raw, name))
         self.kind = _ffi.GROUP_KINDS[raw.kind]
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Any]:
+        """The fields by name."""
         return {name: getattr(self, name) for name in _ffi.GROUP_STATS_FIELDS}
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, GroupStats) and self.as_dict() == other.as_dict()
 
     def __repr__(self):
@@ -248,11 +345,20 @@ class GroupStats:
 
 
 class RequestState:
-    """One request's state: running (holds pages) or preempted."""
+    """One request's state (Go: RequestState): running (holds pages) or
+    preempted; computed tokens (KV written), num_tokens known, start (the
+    first held page's token index: a window released the pages before it)
+    and num_pages held."""
 
     __slots__ = ("running", "computed", "num_tokens", "start", "num_pages")
+    if TYPE_CHECKING:
+        running: bool
+        computed: int
+        num_tokens: int
+        start: int
+        num_pages: int
 
-    def __init__(self, raw):
+    def __init__(self, raw: Any) -> None:
         self.running = bool(raw.running)
         self.computed, self.num_tokens = raw.computed, raw.num_tokens
         self.start, self.num_pages = raw.start, raw.num_pages
@@ -260,7 +366,7 @@ class RequestState:
     def _key(self):
         return (self.running, self.computed, self.num_tokens, self.start, self.num_pages)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, RequestState) and self._key() == other._key()
 
     def __repr__(self):
@@ -272,10 +378,20 @@ class Level:
     plan() takes one of each per level."""
 
     __slots__ = ("qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len")
+    if TYPE_CHECKING:
+        qo_indptr: Int32Array
+        kv_indptr: Int32Array
+        kv_indices: Int32Array
+        kv_last_page_len: Int32Array
 
-    def __init__(self, qo_indptr, kv_indptr, kv_indices, kv_last_page_len):
+    def __init__(self, qo_indptr: Int32Array, kv_indptr: Int32Array, kv_indices: Int32Array,
+                 kv_last_page_len: Int32Array) -> None:
         self.qo_indptr, self.kv_indptr = qo_indptr, kv_indptr
         self.kv_indices, self.kv_last_page_len = kv_indices, kv_last_page_len
+
+    def __repr__(self) -> str:
+        return "Level(qo_indptr=%s, kv_indptr=%s, kv_indices=%s, kv_last_page_len=%s)" % tuple(
+            getattr(self, f).tolist() for f in self.__slots__)
 
 
 class StalePlan(PagedKVError):
@@ -290,14 +406,53 @@ _PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "dr
                 "seq_lens", "cascade", "query_rows") + _ffi.GROUP_PLAN_ARRAYS
 
 
+# Each field's type and meaning (the docstring of its property; the class
+# docs say more).
+_FIELD_DOCS = {
+    "request_ids": ("UInt64Array", "The ids the step was reserved for (an owned copy)."),
+    "batch_size": ("int", "B, the number of requests in the step."),
+    "nnz": ("int", "The number of query rows (tokens) the step appends."),
+    "window_left": ("int", "FlashInfer's window_left (-1: no sliding window)."),
+    "copies": ("Int32Array", "[n, 3] (src, dst, entries) page copies to do before appending."),
+    "drafts": ("Int32Array", "[B] how many of request b's rows (its last ones) are draft tokens."),
+    "qo_indptr": ("Int32Array", "[B+1] each request's query rows."),
+    "batch_indices": ("Int32Array", "[nnz] each row's request (append_paged_kv_cache)."),
+    "positions": ("Int32Array", "[nnz] each row's position in its request's held pages (append_paged_kv_cache)."),
+    "token_ids": ("Int32Array", "[nnz] each row's token id."),
+    "token_positions": ("Int32Array", "[nnz] each row's absolute position (RoPE)."),
+    "kv_indptr": ("Int32Array", "[B+1] each request's entries of kv_page_indices."),
+    "kv_page_indices": ("Int32Array", "[kv_indptr[-1]] the pages of the paged table after the append."),
+    "kv_last_page_len": ("Int32Array", "[B] the entries of each request's last page."),
+    "seq_lens": ("Int32Array", "[B] each request's KV length after the append."),
+    "cascade": ("Optional[List[Level]]", "None (run flat) or the cascade levels, most shared first."),
+    "query_rows": ("Optional[Int32Array]", "[nnz] cascade row r holds plan row query_rows[r] (None when flat)."),
+    "cascade_window_left": ("Optional[Int32Array]", "A hybrid group's window_left per cascade level (None when flat "
+                                                    "or dense)."),
+    "attn_qo_indptr": ("Optional[Int32Array]", "A chunked group's [A+1] attention query rows (None elsewhere)."),
+    "attn_kv_indptr": ("Optional[Int32Array]", "A chunked group's [A+1] attention kv_indptr (None elsewhere)."),
+    "attn_kv_page_indices": ("Optional[Int32Array]", "A chunked group's attention pages (None elsewhere)."),
+    "attn_kv_last_page_len": ("Optional[Int32Array]", "A chunked group's [A] attention kv_last_page_len (None "
+                                                      "elsewhere)."),
+    "attn_requests": ("Optional[Int32Array]", "A chunked group's [A] request of each attention entry (None "
+                                              "elsewhere)."),
+    "groups": ("List[Plan]", "One Plan per layer group, in the HybridManager's group order."),
+}
+
+
 def _plan_field(index, name):
     def get(self):
         if self._manager is not None and self._manager._generation != self._generation:
             raise StalePlan("pagedkv: plan.%s: the plan of step %d was read after %s"
                             % (name, self._generation, self._manager._passed()))
         return self._values[index]
-    get.__name__ = name
-    return property(get, doc="The step's %s; raises StalePlan once the step has passed." % name)
+    typ, doc = _FIELD_DOCS.get(name, ("Any", "The step's %s." % name))
+    get.__name__, get.__qualname__ = name, name
+    get.__doc__ = doc + " Raises StalePlan once the step has passed."
+    get.__annotations__ = {"return": typ}
+    return property(get, doc=get.__doc__)
+
+
+_P = TypeVar("_P", bound="_Stepped")
 
 
 class _Stepped:
@@ -308,12 +463,16 @@ class _Stepped:
     # the Manager's step generation the plan belongs to.
     __slots__ = ("_values", "_manager", "_generation")
 
+    _values: Tuple[Any, ...]
+    _manager: Optional[_Core]
+    _generation: int
+
     @property
-    def valid(self):
+    def valid(self) -> bool:
         """Whether the plan is current: no later successful reserve(), not closed."""
         return self._manager is None or self._manager._generation == self._generation
 
-    def copy(self):
+    def copy(self: _P) -> _P:
         """A plan whose arrays are owned copies, current forever. Raises
         StalePlan if the plan is not current. Safe against a reserve() on
         another thread: the copy is taken while no call runs on the Manager."""
@@ -325,6 +484,13 @@ class _Stepped:
                 raise StalePlan("pagedkv: copy of the plan of step %d after %s"
                                 % (self._generation, m._passed()))
             return self._copy_values()
+
+    def _copy_values(self: _P) -> _P:
+        raise NotImplementedError
+
+    def _step(self) -> str:
+        return "owned copy" if self._manager is None else "step %d%s" % (
+            self._generation, "" if self.valid else ", stale")
 
     def _owned(self, values):
         p = type(self).__new__(type(self))
@@ -365,6 +531,39 @@ class Plan(_Stepped):
     """
 
     __slots__ = ()
+    if TYPE_CHECKING:
+        request_ids: UInt64Array
+        batch_size: int
+        nnz: int
+        window_left: int
+        copies: Int32Array
+        drafts: Int32Array
+        qo_indptr: Int32Array
+        batch_indices: Int32Array
+        positions: Int32Array
+        token_ids: Int32Array
+        token_positions: Int32Array
+        kv_indptr: Int32Array
+        kv_page_indices: Int32Array
+        kv_last_page_len: Int32Array
+        seq_lens: Int32Array
+        cascade: Optional[List[Level]]
+        query_rows: Optional[Int32Array]
+        cascade_window_left: Optional[Int32Array]
+        attn_qo_indptr: Optional[Int32Array]
+        attn_kv_indptr: Optional[Int32Array]
+        attn_kv_page_indices: Optional[Int32Array]
+        attn_kv_last_page_len: Optional[Int32Array]
+        attn_requests: Optional[Int32Array]
+
+    def __repr__(self) -> str:
+        if not self.valid:
+            return "<pagedkv.Plan of %s>" % self._step()
+        v = dict(zip(_PLAN_FIELDS, self._values))
+        levels = v["cascade"]
+        return "<pagedkv.Plan of %s: batch_size=%d, nnz=%d, pages=%d, copies=%d, window_left=%d, cascade=%s>" % (
+            self._step(), v["batch_size"], v["nnz"], len(v["kv_page_indices"]), len(v["copies"]), v["window_left"],
+            "None" if levels is None else "%d levels" % len(levels))
 
     def _copy_values(self):
         values = [_copy_array(v) for v in self._values]
@@ -383,6 +582,19 @@ class HybridPlan(_Stepped):
     (see Plan). request_ids: the step's ids (an owned copy)."""
 
     __slots__ = ()
+    if TYPE_CHECKING:
+        request_ids: UInt64Array
+        copies: Int32Array
+        groups: List[Plan]
+
+    def __repr__(self) -> str:
+        if not self.valid:
+            return "<pagedkv.HybridPlan of %s>" % self._step()
+        ids, copies, groups = self._values
+        return "<pagedkv.HybridPlan of %s: batch_size=%d, copies=%d, groups=[%s]>" % (
+            self._step(), len(ids), len(copies), ", ".join(
+                "nnz=%d pages=%d" % (g._values[2], len(g._values[_PLAN_FIELDS.index("kv_page_indices")]))
+                for g in groups))
 
     def _copy_values(self):
         ids, copies, groups = self._values
@@ -408,31 +620,48 @@ def _ptr(a):
     return None if a is None or not a.size else _addr(a)
 
 
-def _exclusive(method):
-    """Runs method holding its Manager's call lock, or raises Busy at once
-    when another thread holds it (as the C ABI does). The lock covers the C
-    call and every read of the Manager's shared out-buffers afterwards, so
-    a call's results cannot mix with another thread's call."""
+_F = TypeVar("_F", bound=Callable[..., Any])
+_M = TypeVar("_M", bound="_Core")
+
+
+def _exclusive(method: _F) -> _F:
+    """Runs method holding its Manager's call lock, or raises Busy when
+    another thread holds it: at once (as the C ABI does), or after waiting
+    up to the Manager's busy_timeout. The lock covers the C call and every
+    read of the Manager's shared out-buffers afterwards, so a call's results
+    cannot mix with another thread's call. On a closed Manager (except
+    close()) it raises BadHandle naming the Manager. functools.wraps keeps
+    the method's name, docstring, annotations and signature."""
     op = method.__name__
 
-    def call(self, *args, **kwargs):
-        if not self._lock.acquire(False):
-            raise Busy("pagedkv: %s: manager %d is in use by another thread" % (op, self._handle))
+    @functools.wraps(method)
+    def call(self: _Core, *args: Any, **kwargs: Any) -> Any:
+        t = self._busy_timeout  # inline _acquire: this runs on every call
+        if not (self._lock.acquire(False) if t == 0 else self._lock.acquire(True, -1 if t is None else t)):
+            raise Busy("pagedkv: %s: %s is in use by another thread%s" % (op, self._label(), self._waited()))
         try:
+            if not self._handle and op != "close":
+                raise BadHandle("pagedkv: %s: %s is closed" % (op, self._label()))
             return method(self, *args, **kwargs)
         finally:
             self._lock.release()
-    call.__name__, call.__qualname__, call.__doc__ = op, method.__qualname__, method.__doc__
-    return call
+    return call  # type: ignore[return-value]
 
 
 class _Core:
     """What Manager and HybridManager share: the handle, its call lock, the
     step generation, and the calls both kinds of handle take."""
 
-    def _init(self, lib, handle, num_pages, page_size, plan_words, views):
+    _lock: threading.Lock
+    _handle: int
+    _generation: int
+
+    def _init(self, lib: Any, handle: int, num_pages: int, page_size: int, plan_words: int, views: List[int],
+              busy_timeout: Optional[float]) -> None:
         self._lib = lib
         self._handle = handle
+        self._id = handle  # the handle it was made with: errors name the Manager by it, even after close()
+        self._busy_timeout: Optional[float] = _timeout(type(self).__name__, busy_timeout)
         self._kept = 0  # after close(): the handle whose memory the views may still use
         self.num_pages, self.page_size = num_pages, page_size
         self._lock = threading.Lock()  # held by the call in flight (see _exclusive)
@@ -444,10 +673,49 @@ class _Core:
         self._i64 = ctypes.c_int64(0)
         self._state = _ffi.RequestState()
 
+    # -- the call lock --
+
+    @property
+    def busy_timeout(self) -> Optional[float]:
+        """How long (seconds) a call waits for another thread's call in
+        flight before raising Busy: 0 (the default) raises at once, None
+        waits as long as it takes. Settable; lock-free."""
+        return self._busy_timeout
+
+    @busy_timeout.setter
+    def busy_timeout(self, seconds: Optional[float]) -> None:
+        self._busy_timeout = _timeout("busy_timeout", seconds)
+
+    def _waited(self) -> str:
+        t = self._busy_timeout
+        return "" if not t else " (waited busy_timeout = %g s)" % t
+
+    def _label(self) -> str:
+        """How errors name this Manager: its kind and the handle it was made with."""
+        return "%s %d" % (type(self).__name__, self._id)
+
+    def _live(self, op: str) -> None:
+        """For a lock-free call: BadHandle naming the Manager once it is closed."""
+        if not self._handle:
+            raise BadHandle("pagedkv: %s: %s is closed" % (op, self._label()))
+
+    def __repr__(self) -> str:
+        if "_id" not in vars(self):  # its constructor raised
+            return "<pagedkv.%s, not created>" % type(self).__name__
+        extra = ", groups=%r" % (list(self.kinds),) if isinstance(self, HybridManager) else ""
+        if not self._handle:
+            return "<pagedkv.%s %d: num_pages=%d, page_size=%d%s, closed>" % (
+                type(self).__name__, self._id, self.num_pages, self.page_size, extra)
+        raw = _ffi.Stats()
+        self._lib.pagedkv_get_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw))
+        return "<pagedkv.%s %d: num_pages=%d, page_size=%d%s, requests=%d, free_pages=%d, step=%d>" % (
+            type(self).__name__, self._id, self.num_pages, self.page_size, extra, raw.requests, raw.free_pages,
+            self._generation)
+
     # -- lifetime --
 
     @_exclusive
-    def close(self):
+    def close(self) -> None:
         """Destroy the Manager: its stores and sockets close now, every Plan
         becomes stale and every call raises BadHandle. The memory the numpy
         views point into (plan arrays, tier_copies(), host_pages()) stays
@@ -468,10 +736,10 @@ class _Core:
             return "close() of its Manager"
         return "the successful reserve of step %d (a plan is current until the next one)" % self._generation
 
-    def __enter__(self):
+    def __enter__(self: _M) -> _M:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self):
@@ -493,11 +761,20 @@ class _Core:
     # -- per request --
 
     @_exclusive
-    def add(self, request_id, prompt, *, tenant="", lora="", salt="", priority=0, no_cache=False,
-            capacity_tokens=0):
-        """Admit a request; returns how many prompt tokens the prefix cache served."""
+    def add(self, request_id: int, prompt: Ints, *, tenant: Union[str, bytes] = "", lora: Union[str, bytes] = "",
+            salt: Union[str, bytes] = "", priority: int = 0, no_cache: bool = False, capacity_tokens: int = 0) -> int:
+        """Admit a request; returns how many prompt tokens the prefix cache served.
+
+        prompt: its token ids (at least one). tenant, lora, salt: the
+        namespace its prefix cache hits stay within. priority: 0 is served
+        first (Config.priorities levels). no_cache: neither look up nor
+        publish its pages. capacity_tokens: pages to keep for this many
+        tokens (0: the prompt's)."""
         request_id = _scalar(request_id, _U64, "add", "request_id")
         p = _ints(prompt, np.int32, _I32, "add", "prompt")
+        if not p.size:
+            raise BadArgument("pagedkv: bad argument: add: request %d: prompt is empty; a request needs at least "
+                              "one token" % request_id)
         req = _ffi.Request()
         _fill_ns(req.ns, tenant, lora, salt)
         req.prompt, req.prompt_len = _addr(p) if p.size else None, p.size
@@ -508,35 +785,40 @@ class _Core:
         return self._i64.value
 
     @_exclusive
-    def extend(self, request_id, tokens):
+    def extend(self, request_id: int, tokens: Ints) -> None:
+        """Append known tokens to the request (Go: Extend), computed by later steps."""
         request_id = _scalar(request_id, _U64, "extend", "request_id")
         t = _ints(tokens, np.int32, _I32, "extend", "tokens")
         self._check(self._lib.pagedkv_extend(self._handle, request_id, _addr(t) if t.size else None, t.size))
 
     @_exclusive
-    def fork(self, parent, child):
+    def fork(self, parent: int, child: int) -> None:
+        """Start request child as a copy of parent sharing its pages (Go: Fork; beam search, n > 1)."""
         self._check(self._lib.pagedkv_fork(self._handle, _scalar(parent, _U64, "fork", "parent"),
                                            _scalar(child, _U64, "fork", "child")))
 
     @_exclusive
-    def preempt(self, request_id):
+    def preempt(self, request_id: int) -> None:
+        """Free the request's pages, keeping its tokens (Go: Preempt); resume() brings it back."""
         self._check(self._lib.pagedkv_preempt(self._handle, _scalar(request_id, _U64, "preempt", "request_id")))
 
     @_exclusive
-    def resume(self, request_id):
+    def resume(self, request_id: int) -> int:
+        """Bring a preempted request back (Go: Resume); returns the tokens the prefix cache served."""
         request_id = _scalar(request_id, _U64, "resume", "request_id")
         self._check(self._lib.pagedkv_resume(self._handle, request_id, ctypes.byref(self._i64)))
         return self._i64.value
 
     @_exclusive
-    def release(self, request_id):
+    def release(self, request_id: int) -> None:
+        """Finish the request: its pages go to the prefix cache or the free pool (Go: Release)."""
         self._check(self._lib.pagedkv_release(self._handle, _scalar(request_id, _U64, "release", "request_id")))
 
 
     # -- per step --
 
     @_exclusive
-    def commit_spec(self, accepted, sampled=None):
+    def commit_spec(self, accepted: Ints, sampled: Optional[Ints] = None) -> None:
         """Record a speculative step (Go: CommitSpec): accepted[b] drafts of
         request b were accepted; sampled as for commit()."""
         a = _ints(accepted, np.int32, _I32, "commit_spec", "accepted")
@@ -549,13 +831,13 @@ class _Core:
         self._check(self._lib.pagedkv_commit_spec(self._handle, ap, a.size, sp, s.size))
 
     @_exclusive
-    def truncate(self, request_id, n):
+    def truncate(self, request_id: int, n: int) -> None:
         """Cut the request's tokens to its first n (Go: Truncate)."""
         self._check(self._lib.pagedkv_truncate(self._handle, _scalar(request_id, _U64, "truncate", "request_id"),
                                                _scalar(n, _I64, "truncate", "n")))
 
     @_exclusive
-    def commit(self, sampled=None):
+    def commit(self, sampled: Optional[Ints] = None) -> None:
         """Record the reserved step; sampled[b] (or NO_TOKEN) per request, or None."""
         if sampled is None:
             self._check(self._lib.pagedkv_commit(self._handle, None, 0))
@@ -566,7 +848,8 @@ class _Core:
         self._check(self._lib.pagedkv_commit(self._handle, ptr, s.size))
 
     @_exclusive
-    def abort(self):
+    def abort(self) -> None:
+        """Drop the reserved step (Go: Abort): nothing of it is recorded."""
         self._check(self._lib.pagedkv_abort(self._handle))
 
 
@@ -629,19 +912,21 @@ class _Core:
 
     # -- operations --
 
-    def stats(self):
+    def stats(self) -> Stats:
         """A consistent Stats snapshot; safe from any thread at any time."""
+        self._live("stats")
         raw = _ffi.Stats()
         self._check(self._lib.pagedkv_get_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
         return Stats(raw)
 
     @_exclusive
-    def audit(self):
+    def audit(self) -> None:
         """Check every invariant; raises AuditError naming the first violation."""
         self._check(self._lib.pagedkv_audit(self._handle))
 
     @_exclusive
-    def evict(self, npages):
+    def evict(self, npages: int) -> int:
+        """Evict up to npages cached, unused pages (Go: Evict); returns how many were freed."""
         freed = ctypes.c_int64(0)
         npages = _scalar(npages, _I64, "evict", "npages")
         self._check(self._lib.pagedkv_evict(self._handle, npages, ctypes.byref(freed)))
@@ -650,7 +935,8 @@ class _Core:
 
     # -- inspection (copies) --
 
-    def has(self, request_id):
+    def has(self, request_id: int) -> bool:
+        """Whether the request is known (running or preempted)."""
         try:
             self.request_state(request_id)
         except UnknownRequest:
@@ -658,13 +944,14 @@ class _Core:
         return True
 
     @_exclusive
-    def tokens(self, request_id):
+    def tokens(self, request_id: int) -> Int32Array:
         """Every known token of the request (a copy)."""
         return self._copy_out(self._lib.pagedkv_request_tokens, request_id, "tokens")
 
 
     @_exclusive
-    def pin(self, tokens, *, tenant="", lora="", salt=""):
+    def pin(self, tokens: Ints, *, tenant: Union[str, bytes] = "", lora: Union[str, bytes] = "",
+            salt: Union[str, bytes] = "") -> Tuple[int, int]:
         """Pin the cached prefix of tokens (in every group of a
         HybridManager); returns (pin_id, pinned_tokens)."""
         t = _ints(tokens, np.int32, _I32, "pin", "tokens")
@@ -676,13 +963,14 @@ class _Core:
         return pin.value, n.value
 
     @_exclusive
-    def unpin(self, pin_id):
+    def unpin(self, pin_id: int) -> None:
+        """Undo pin() (Go: Unpin): the pages may be evicted again."""
         self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
 
     # -- KV events --
 
     @_exclusive
-    def drain_events(self):
+    def drain_events(self) -> List[bytes]:
         """Every KV event batch since the last drain, each the msgpack
         payload (bytes) of one vLLM KVEventBatch, oldest first; forward them
         to vLLM's ZMQ publisher unchanged. Commit ends a step's batch; the
@@ -692,13 +980,14 @@ class _Core:
         while True:
             self._check(self._lib.pagedkv_drain_events(self._handle, ctypes.byref(data), ctypes.byref(n)))
             if not n.value:
+                self._warn_events()
                 return out
             out.append(ctypes.string_at(data.value, n.value))
 
-    @_exclusive
-    def events_endpoint(self, replay=False):
+    def events_endpoint(self, replay: bool = False) -> str:
         """The endpoint the KV event publisher bound or connected (replay:
-        its replay socket's); BadConfig for a Manager that drains."""
+        its replay socket's); BadConfig for a Manager that drains. Lock-free."""
+        self._live("events_endpoint")
         n = ctypes.c_int64(0)
         fn = self._lib.pagedkv_events_endpoint
         self._check(fn(self._handle, 1 if replay else 0, None, 0, ctypes.byref(n)))
@@ -707,17 +996,43 @@ class _Core:
         return buf.raw[: n.value].decode("utf-8", "replace")
 
     @_exclusive
-    def events_stats(self):
+    def events_stats(self) -> EventsStats:
         """The KV events' counters (Go: events.RecorderStats)."""
         raw = _ffi.EventsStats()
         self._check(self._lib.pagedkv_get_events_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
         return EventsStats(raw)
 
-    def tier_stats(self):
+    def tier_stats(self) -> TierStats:
         """The tiers' counters (zeros without tiers); any thread, any time."""
+        self._live("tier_stats")
         raw = _ffi.TierStats()
         self._check(self._lib.pagedkv_get_tier_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)))
         return TierStats(raw)
+
+    def _warn_events(self) -> None:
+        """Log a warning when the KV event stream dropped steps since the last drain."""
+        raw = _ffi.EventsStats()
+        if self._lib.pagedkv_get_events_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw)):
+            return
+        seen = getattr(self, "_seen_dropped", 0)
+        if raw.dropped_steps > seen:
+            logger.warning("pagedkv: %s: the KV event stream dropped %d steps (%d events) since the last drain and "
+                           "resynchronised: drain_events() more often or raise Events(queue_batches=)",
+                           self._label(), raw.dropped_steps - seen, raw.dropped_events)
+        self._seen_dropped = raw.dropped_steps
+
+    def _warn_tiers(self) -> None:
+        """Log a warning when the tiers dropped pages or a remote store failed since the last tier_copies()."""
+        raw = _ffi.TierStats()
+        self._lib.pagedkv_get_tier_stats(self._handle, ctypes.byref(raw), ctypes.sizeof(raw))
+        now = (raw.dropped_pages, raw.remote_errors, raw.remote_timeouts, raw.remote_dropped)
+        seen = getattr(self, "_seen_tiers", (0, 0, 0, 0))
+        new = [a - b for a, b in zip(now, seen)]
+        if any(new):
+            logger.warning("pagedkv: %s: the tiers dropped %d host pages, the remote store had %d errors, %d "
+                           "timeouts and dropped %d writes since the last tier_copies() (tier_stats() has the counters)",
+                           self._label(), *new)
+        self._seen_tiers = now
 
     def _copy_out(self, fn, request_id, op, *group):
         n = ctypes.c_int64(0)
@@ -731,7 +1046,7 @@ class _Core:
     # -- tiers (either kind of manager) --
 
     @_exclusive
-    def tier_copies(self):
+    def tier_copies(self) -> TierCopies:
         """The tier copies planned since the last call, as a TierCopies of
         numpy views (ids uint64, dirs, device_pages, host_pages int32), valid
         until the next tier_copies() or close() (their memory lives as long
@@ -741,6 +1056,7 @@ class _Core:
         raw = _ffi.TierCopies()
         self._check(self._lib.pagedkv_tier_copies_take(self._handle, ctypes.byref(raw)))
         n = raw.n
+        self._warn_tiers()
         if not n:
             return TierCopies(np.zeros(0, np.uint64), _EMPTY, _EMPTY, _EMPTY, 0)
         return TierCopies(self._c_view(raw.ids, ctypes.c_uint64, n, np.uint64),
@@ -754,18 +1070,18 @@ class _Core:
         return np.frombuffer(buf, dtype=dtype)
 
     @_exclusive
-    def complete_tier_copies(self, ids):
+    def complete_tier_copies(self, ids: Ints) -> None:
         """Report tier copies done (all-or-nothing: an unknown, repeated or
         not yet listed id raises BadArgument and changes nothing)."""
         a = _ints(ids, np.uint64, _U64, "complete_tier_copies", "ids")
         self._check(self._lib.pagedkv_complete_tier_copies(self._handle, _ptr(a), a.size))
 
-    @_exclusive
-    def host_pages(self):
+    def host_pages(self) -> Optional[npt.NDArray[np.uint8]]:
         """The host pages' bytes as a writable numpy uint8 view [host_pages,
         page_bytes] (None without a page format). The library uses them
         until close(); the memory lives as long as the view (a write after
-        close() is harmless)."""
+        close() is harmless). Lock-free."""
+        self._live("host_pages")
         data, pb, n = ctypes.c_void_p(0), ctypes.c_int64(0), ctypes.c_int64(0)
         self._check(self._lib.pagedkv_host_memory(self._handle, ctypes.byref(data), ctypes.byref(pb), ctypes.byref(n)))
         if not data.value or not pb.value:
@@ -773,7 +1089,7 @@ class _Core:
         return self._c_view(data.value, ctypes.c_uint8, pb.value * n.value, np.uint8).reshape(n.value, pb.value)
 
     @_exclusive
-    def loading(self, request_id):
+    def loading(self, request_id: int) -> bool:
         """Whether the request waits for onload copies (it cannot be stepped)."""
         v = ctypes.c_int32(0)
         self._check(self._lib.pagedkv_loading(self._handle, _scalar(request_id, _U64, "loading", "request_id"),
@@ -781,12 +1097,12 @@ class _Core:
         return bool(v.value)
 
     @_exclusive
-    def tier_flush(self, timeout_ms=10000):
+    def tier_flush(self, timeout_ms: int = 10000) -> None:
         """Wait until the stores below the host tier wrote what is queued."""
         self._check(self._lib.pagedkv_tier_flush(self._handle, _scalar(timeout_ms, _I64, "tier_flush", "timeout_ms")))
 
     @_exclusive
-    def cached_hashes(self, medium="GPU"):
+    def cached_hashes(self, medium: str = "GPU") -> UInt64Array:
         """The chain hashes of the prefix cache's pages ("GPU", a Manager
         only: a HybridManager raises BadHandle) or of the servable host
         pages ("CPU"), as uint64 (a copy)."""
@@ -814,12 +1130,16 @@ class Manager(_Core):
     0 = this machine's physical memory: above it the constructor raises
     BadConfig naming the bytes needed and the limit);
     tiers (a Tiers: Config.Tiers) and events (an Events, or True: KV cache
-    events drained with drain_events()).
+    events drained with drain_events()); busy_timeout (seconds, see the
+    busy_timeout property: 0 raises Busy at once, None waits).
     """
 
-    def __init__(self, num_pages, page_size, *, window_tokens=0, priorities=0, max_pinned_pages=0,
-                 hash_seed=0, cascade_min_saved_pages=0, memory_limit=0, tiers=None, events=None):
+    def __init__(self, num_pages: int, page_size: int, *, window_tokens: int = 0, priorities: int = 0,
+                 max_pinned_pages: int = 0, hash_seed: int = 0, cascade_min_saved_pages: int = 0, memory_limit: int = 0,
+                 tiers: Optional[Tiers] = None, events: Union[Events, bool, None] = None,
+                 busy_timeout: Optional[float] = 0) -> None:
         lib = _load()
+        busy_timeout = _timeout("Manager", busy_timeout)
         cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
                       cascade_min_saved_pages, memory_limit)
         opts, keep = _options("Manager", tiers, events)
@@ -828,11 +1148,11 @@ class Manager(_Core):
                                    ctypes.byref(h))
         if rc:
             _raise(lib, rc)
-        self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1])
+        self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1], busy_timeout)
         self._host_memory = keep  # the caller's host memory lives as long as the Manager
 
     @_exclusive
-    def reserve(self, request_ids, ntokens):
+    def reserve(self, request_ids: Ints, ntokens: Ints) -> Plan:
         """Start a step: reserve ntokens[i] tokens of request_ids[i]; returns the Plan.
 
         request_ids (uint64) and ntokens (int32) may be numpy arrays of those
@@ -843,7 +1163,7 @@ class Manager(_Core):
         return self._read_plan(self._plan_words.tolist(), 0, self._views[0], ids.copy(), _NO_HYBRID)
 
     @_exclusive
-    def reserve_spec(self, request_ids, ntokens, drafts):
+    def reserve_spec(self, request_ids: Ints, ntokens: Ints, drafts: Optional[Sequence[Ints]]) -> Plan:
         """A speculative step (Go: ReserveSpec): request_ids[i] computes its
         next ntokens[i] known tokens, then the draft tokens drafts[i] (a
         sequence, possibly empty; drafts may be None for none at all). Commit
@@ -856,7 +1176,8 @@ class Manager(_Core):
 
     @property
     @_exclusive
-    def pending(self):
+    def pending(self) -> bool:
+        """Whether a reserved step waits for commit() or abort()."""
         v = ctypes.c_int32(0)
         self._check(self._lib.pagedkv_pending(self._handle, ctypes.byref(v)))
         return bool(v.value)
@@ -864,13 +1185,14 @@ class Manager(_Core):
 
 
     @_exclusive
-    def request_state(self, request_id):
+    def request_state(self, request_id: int) -> RequestState:
+        """The request's state (UnknownRequest if there is none)."""
         request_id = _scalar(request_id, _U64, "request_state", "request_id")
         self._check(self._lib.pagedkv_get_request_state(self._handle, request_id, ctypes.byref(self._state)))
         return RequestState(self._state)
 
     @_exclusive
-    def pages(self, request_id):
+    def pages(self, request_id: int) -> Int32Array:
         """The pages the request holds, in token order (a copy; empty if preempted)."""
         return self._copy_out(self._lib.pagedkv_request_pages, request_id, "pages")
 
@@ -883,10 +1205,10 @@ class LayerGroup:
 
     __slots__ = ("kind", "window_tokens", "chunk_tokens", "num_layers")
 
-    def __init__(self, kind, *, window_tokens=0, chunk_tokens=0, num_layers=1):
+    def __init__(self, kind: str, *, window_tokens: int = 0, chunk_tokens: int = 0, num_layers: int = 1) -> None:
         self.kind, self.window_tokens, self.chunk_tokens, self.num_layers = kind, window_tokens, chunk_tokens, num_layers
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "LayerGroup(%r, window_tokens=%d, chunk_tokens=%d, num_layers=%d)" % (
             self.kind, self.window_tokens, self.chunk_tokens, self.num_layers)
 
@@ -903,14 +1225,18 @@ class HybridManager(_Core):
     group. events= gives KV events whose batches carry each group's
     group_idx; tiers= gives one host tier and remote store shared by the
     groups, with Manager's tier calls (tier_copies() name pool pages: copy
-    each in every layer's tensor); events= together with host pages is
-    refused (BadConfig: the events cannot label host pages by group yet).
-    Threads and plan lifetime are as for Manager.
+    each in every layer's tensor; the PageFormat's num_layers counts those
+    tensors, see PageFormat); with both, the events announce each group's
+    host pages too (medium "CPU", the group's group_idx). Threads, plan
+    lifetime and busy_timeout are as for Manager.
     """
 
-    def __init__(self, num_pages, page_size, groups, *, priorities=0, hash_seed=0, cascade_min_saved_pages=0,
-                 max_pinned_pages=0, memory_limit=0, tiers=None, events=None):
+    def __init__(self, num_pages: int, page_size: int, groups: Sequence[Union[LayerGroup, Dict[str, Any]]], *,
+                 priorities: int = 0, hash_seed: int = 0, cascade_min_saved_pages: int = 0, max_pinned_pages: int = 0,
+                 memory_limit: int = 0, tiers: Optional[Tiers] = None, events: Union[Events, bool, None] = None,
+                 busy_timeout: Optional[float] = 0) -> None:
         lib = _load()
+        busy_timeout = _timeout("HybridManager", busy_timeout)
         cfg = _config("HybridManager", num_pages, page_size, 0, priorities, max_pinned_pages, hash_seed,
                       cascade_min_saved_pages, memory_limit)
         if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
@@ -944,17 +1270,19 @@ class HybridManager(_Core):
         n = len(kinds)
         # The words: the copies descriptor, then n pagedkv_group_plan.
         self._init(lib, h.value, num_pages, page_size, 3 + n * _ffi.GROUP_PLAN_WORDS,
-                   [1] + [len(_ffi.PLAN_ARRAYS) + 1 + len(_ffi.GROUP_PLAN_ARRAYS)] * n)
-        self.kinds = tuple(kinds)
+                   [1] + [len(_ffi.PLAN_ARRAYS) + 1 + len(_ffi.GROUP_PLAN_ARRAYS)] * n, busy_timeout)
+        self.kinds: Tuple[str, ...] = tuple(kinds)
+        """The groups' kinds, in group order."""
         self._groups_addr = self._plan_addr + 8 * 3
         self._host_memory = keep
 
     @property
-    def num_groups(self):
+    def num_groups(self) -> int:
+        """How many layer groups (len(kinds)); lock-free."""
         return len(self.kinds)
 
     @_exclusive
-    def reserve(self, request_ids, ntokens):
+    def reserve(self, request_ids: Ints, ntokens: Ints) -> HybridPlan:
         """Start a step in every group (all-or-nothing, one page budget);
         returns the HybridPlan."""
         ids, nt = _reserve_args("reserve", request_ids, ntokens)
@@ -963,7 +1291,7 @@ class HybridManager(_Core):
         return self._hybrid_plan(ids)
 
     @_exclusive
-    def reserve_spec(self, request_ids, ntokens, drafts):
+    def reserve_spec(self, request_ids: Ints, ntokens: Ints, drafts: Optional[Sequence[Ints]]) -> HybridPlan:
         """A speculative step in every group (see Manager.reserve_spec)."""
         ids, nt = _reserve_args("reserve_spec", request_ids, ntokens)
         indptr, flat = _draft_args("reserve_spec", ids.size, drafts)
@@ -994,9 +1322,10 @@ class HybridManager(_Core):
         hp._values = (ids, self._array(w, 0, self._views[0], 0).reshape(-1, 3), groups)
         return hp
 
-    def group_stats(self):
+    def group_stats(self) -> List[GroupStats]:
         """Every group's GroupStats, in group order; safe from any thread at
         any time, like stats() (whose pool-wide numbers cover every group)."""
+        self._live("group_stats")
         out = []
         for g in range(len(self.kinds)):
             raw = _ffi.GroupStats()
@@ -1005,7 +1334,7 @@ class HybridManager(_Core):
         return out
 
     @_exclusive
-    def request_state(self, request_id, group=0):
+    def request_state(self, request_id: int, group: int = 0) -> RequestState:
         """The request's state; start and num_pages are those of group."""
         request_id = _scalar(request_id, _U64, "request_state", "request_id")
         group = _scalar(group, _I64, "request_state", "group")
@@ -1014,7 +1343,7 @@ class HybridManager(_Core):
         return RequestState(self._state)
 
     @_exclusive
-    def pages(self, request_id, group):
+    def pages(self, request_id: int, group: int) -> Int32Array:
         """The pages the request holds in group, in token order (a copy)."""
         group = _scalar(group, _I64, "pages", "group")
         return self._copy_out(self._lib.pagedkv_hybrid_request_pages, request_id, "pages", group)
@@ -1022,46 +1351,69 @@ class HybridManager(_Core):
 
 # ---- Tiers and KV events: options of Manager and HybridManager ----
 
-TO_HOST, TO_DEVICE = 0, 1  # TierCopies.dirs: offload, onload
+TO_HOST: int = 0
+"""TierCopies.dirs: an offload, device page to host page."""
+TO_DEVICE: int = 1
+"""TierCopies.dirs: an onload, host page to device page."""
 _MEDIA = {"GPU": 0, "CPU": 1}
 
 
-class PageFormat:
+class _Options:
+    """Option records: a repr of every field."""
+
+    __slots__: Tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % (f, getattr(self, f)) for f in self.__slots__))
+
+
+class PageFormat(_Options):
     """The bytes of one page off the device (Go: tier.PageFormat, with the
-    Manager's page size): kv_layout "NHD" or "HND", dtype "f32", "f16",
-    "bf16", "e4m3" or "e5m2"; every layer's K then V plane."""
+    Manager's page size): kv_layout "NHD" or "HND"; dtype the KV cache's
+    element type, spelled as numpy or torch name it or short: np.float32,
+    "float32" or "f32"; np.float16, "float16", "half" or "f16";
+    "bfloat16" or "bf16"; "float8_e4m3fn" or "e4m3"; "float8_e5m2" or
+    "e5m2" (torch.float16 and the like too); every layer's K then V plane.
+
+    num_layers is the number of per-layer KV tensors a tier copy moves a
+    page in. For a HybridManager that is either every group's num_layers
+    (the groups share the tensors: layer j of every group lives in tensor
+    j, docs/manager.md) or their sum (each group's layers have tensors of
+    their own); the library refuses any other count (BadConfig)."""
 
     __slots__ = ("kv_layout", "dtype", "num_kv_heads", "head_dim", "num_layers")
 
-    def __init__(self, *, kv_layout="NHD", dtype="f16", num_kv_heads, head_dim, num_layers):
+    def __init__(self, *, kv_layout: str = "NHD", dtype: Any = "f16", num_kv_heads: int, head_dim: int,
+                 num_layers: int) -> None:
         self.kv_layout, self.dtype = kv_layout, dtype
         self.num_kv_heads, self.head_dim, self.num_layers = num_kv_heads, head_dim, num_layers
 
 
-class RedisTier:
+class RedisTier(_Options):
     """A Redis server below the host tier (Go: tier/redis.Config); times in ms."""
 
     __slots__ = ("addr", "namespace", "group", "tag_by_chain", "queue_len", "batch", "expiry_ms", "write_timeout_ms",
                  "dial_timeout_ms")
 
-    def __init__(self, addr, namespace, *, group="", tag_by_chain=False, queue_len=0, batch=0, expiry_ms=0,
-                 write_timeout_ms=0, dial_timeout_ms=0):
+    def __init__(self, addr: str, namespace: str, *, group: str = "", tag_by_chain: bool = False, queue_len: int = 0,
+                 batch: int = 0, expiry_ms: int = 0, write_timeout_ms: int = 0, dial_timeout_ms: int = 0) -> None:
         self.addr, self.namespace, self.group, self.tag_by_chain = addr, namespace, group, tag_by_chain
         self.queue_len, self.batch, self.expiry_ms = queue_len, batch, expiry_ms
         self.write_timeout_ms, self.dial_timeout_ms = write_timeout_ms, dial_timeout_ms
 
 
-class DiskTier:
+class DiskTier(_Options):
     """A local disk tier (Go: tier/disk.Config): pages slots in segment files under dir."""
 
     __slots__ = ("dir", "namespace", "pages", "group", "segment_pages", "queue_len", "sync_every")
 
-    def __init__(self, dir, namespace, pages, *, group="", segment_pages=0, queue_len=0, sync_every=0):
+    def __init__(self, dir: str, namespace: str, pages: int, *, group: str = "", segment_pages: int = 0,
+                 queue_len: int = 0, sync_every: int = 0) -> None:
         self.dir, self.namespace, self.pages, self.group = dir, namespace, pages, group
         self.segment_pages, self.queue_len, self.sync_every = segment_pages, queue_len, sync_every
 
 
-class Tiers:
+class Tiers(_Options):
     """The tiers below the device pool (Go: pagedkv.TierConfig; docs/tiers.md).
 
     host_pages: host (CPU) pages, 0 for none. format: a PageFormat (needed
@@ -1076,14 +1428,16 @@ class Tiers:
     __slots__ = ("host_pages", "format", "host_memory", "remote_deadline_ms", "offload_free_pages", "write_through",
                  "disk", "redis")
 
-    def __init__(self, host_pages, *, format=None, host_memory=None, remote_deadline_ms=0, offload_free_pages=0,
-                 write_through=False, disk=None, redis=None):
+    def __init__(self, host_pages: int, *, format: Optional[PageFormat] = None,
+                 host_memory: Optional[npt.NDArray[np.uint8]] = None, remote_deadline_ms: int = 0,
+                 offload_free_pages: int = 0, write_through: bool = False, disk: Optional[DiskTier] = None,
+                 redis: Optional[RedisTier] = None) -> None:
         self.host_pages, self.format, self.host_memory = host_pages, format, host_memory
         self.remote_deadline_ms, self.offload_free_pages = remote_deadline_ms, offload_free_pages
         self.write_through, self.disk, self.redis = write_through, disk, redis
 
 
-class Events:
+class Events(_Options):
     """KV cache events in vLLM's format (Go: events.Recorder), drained with
     drain_events(), or, with an endpoint (e.g. "tcp://0.0.0.0:5557"),
     published by the library on a ZeroMQ PUB socket as vLLM's
@@ -1097,8 +1451,8 @@ class Events:
 
     __slots__ = ("queue_batches", "data_parallel_rank", "endpoint", "mode", "replay_endpoint", "topic")
 
-    def __init__(self, *, queue_batches=0, data_parallel_rank=0, endpoint="", mode="auto", replay_endpoint="",
-                 topic=""):
+    def __init__(self, *, queue_batches: int = 0, data_parallel_rank: int = 0, endpoint: str = "", mode: str = "auto",
+                 replay_endpoint: str = "", topic: str = "") -> None:
         self.queue_batches, self.data_parallel_rank = queue_batches, data_parallel_rank
         self.endpoint, self.mode, self.replay_endpoint, self.topic = endpoint, mode, replay_endpoint, topic
 
@@ -1110,12 +1464,18 @@ class TierCopies:
 
     __slots__ = ("ids", "dirs", "device_pages", "host_pages", "num_offloads")
 
-    def __init__(self, ids, dirs, device_pages, host_pages, num_offloads):
+    def __init__(self, ids: UInt64Array, dirs: Int32Array, device_pages: Int32Array, host_pages: Int32Array,
+                 num_offloads: int) -> None:
         self.ids, self.dirs, self.device_pages, self.host_pages = ids, dirs, device_pages, host_pages
         self.num_offloads = num_offloads
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.ids)
+
+    def __repr__(self) -> str:
+        return "TierCopies(%d copies, %d offloads: ids=%s, dirs=%s, device_pages=%s, host_pages=%s)" % (
+            len(self.ids), self.num_offloads, self.ids.tolist(), self.dirs.tolist(), self.device_pages.tolist(),
+            self.host_pages.tolist())
 
 
 class _Counters:
@@ -1128,10 +1488,14 @@ class _Counters:
         for name in self._FIELDS:
             setattr(self, name, getattr(raw, name))
 
-    def as_dict(self):
+    def __getattr__(self, name: str) -> int:  # the counters, for type checkers (slots answer first)
+        raise AttributeError(name)
+
+    def as_dict(self) -> Dict[str, int]:
+        """The counters by name."""
         return {name: getattr(self, name) for name in self._FIELDS}
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.as_dict() == other.as_dict()
 
     def __repr__(self):
@@ -1139,7 +1503,7 @@ class _Counters:
 
 
 class TierStats(_Counters):
-    """The tiers' counters (Go: pagedkv.TierStats; remote_*: tier.RemoteStats)."""
+    """The tiers' counters (Go: pagedkv.TierStats; remote_*: tier.RemoteStats); as_dict() has them by name."""
     __slots__ = _ffi.TIER_STATS_FIELDS
     _FIELDS = _ffi.TIER_STATS_FIELDS
 
@@ -1194,10 +1558,11 @@ def _options(op, tiers, events):
             if f.kv_layout not in _ffi.KV_LAYOUTS:
                 raise BadArgument("pagedkv: bad argument: %s: tiers.format.kv_layout = %r, want \"NHD\" or \"HND\""
                                   % (op, f.kv_layout))
-            if f.dtype not in _ffi.DTYPES:
-                raise BadArgument("pagedkv: bad argument: %s: tiers.format.dtype = %r, want one of %s"
-                                  % (op, f.dtype, ", ".join(_ffi.DTYPES)))
-            t.format = _ffi.PageFormat(_ffi.KV_LAYOUTS.index(f.kv_layout), _ffi.DTYPES[f.dtype],
+            dtype = _dtype_code(f.dtype)
+            if dtype is None:
+                raise BadArgument("pagedkv: bad argument: %s: tiers.format.dtype = %r, want one of %s (or the "
+                                  "numpy or torch dtype)" % (op, f.dtype, ", ".join(sorted(_DTYPE_NAMES))))
+            t.format = _ffi.PageFormat(_ffi.KV_LAYOUTS.index(f.kv_layout), dtype,
                                        *(_scalar(getattr(f, n), _I64, op, "tiers.format." + n)
                                          for n in ("num_kv_heads", "head_dim", "num_layers")))
         mem = tiers.host_memory
@@ -1239,6 +1604,43 @@ def _options(op, tiers, events):
         e.mode = _ffi.EVENTS_MODES.index(events.mode)
         opts.events, opts.events_size = ctypes.pointer(e), ctypes.sizeof(e)
     return ctypes.pointer(opts), keep
+
+
+_DTYPE_NAMES = {
+    "f32": "f32", "float32": "f32", "float": "f32",
+    "f16": "f16", "float16": "f16", "half": "f16",
+    "bf16": "bf16", "bfloat16": "bf16",
+    "e4m3": "e4m3", "float8_e4m3fn": "e4m3", "float8_e4m3": "e4m3",
+    "e5m2": "e5m2", "float8_e5m2": "e5m2",
+}
+
+
+def _dtype_code(dtype: Any) -> Optional[int]:
+    """The PAGEDKV_DTYPE_* of a dtype spelled as a string ("f16", "float16"),
+    a numpy dtype or scalar type (np.float16), or a torch dtype
+    (torch.float16, whose str is "torch.float16"); None if none fits."""
+    if isinstance(dtype, str):
+        name = dtype
+    elif isinstance(dtype, np.dtype) or (isinstance(dtype, type) and issubclass(dtype, np.generic)):
+        name = np.dtype(dtype).name
+    else:
+        name = str(dtype)
+        if not name.startswith("torch."):
+            return None
+        name = name[len("torch."):]
+    short = _DTYPE_NAMES.get(name)
+    return None if short is None else _ffi.DTYPES[short]
+
+
+def _timeout(op: str, seconds: Any) -> Optional[float]:
+    """A checked busy_timeout: None (wait), or seconds >= 0."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, (bool, np.bool_)) or not isinstance(seconds, (int, float, np.integer, np.floating)) \
+            or not 0 <= seconds < threading.TIMEOUT_MAX:
+        raise BadArgument("pagedkv: bad argument: %s: busy_timeout = %r, want seconds >= 0 (0: raise Busy at once) "
+                          "or None (wait as long as it takes)" % (op, seconds))
+    return float(seconds)
 
 
 def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,

@@ -322,6 +322,7 @@ def _declare(lib):
         "pagedkv_get_events_stats": (i32, [u64, ctypes.POINTER(EventsStats), sz]),
         "pagedkv_events_endpoint": (i32, [u64, i32, ctypes.c_char_p, i64, ctypes.POINTER(i64)]),
         "pagedkv_cached_hashes": (i32, [u64, i32, vp, i64, ctypes.POINTER(i64)]),
+        "pagedkv_set_busy_timeout": (i32, [u64, i64]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

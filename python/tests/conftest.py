@@ -1,22 +1,49 @@
 """Shared helpers of the pagedkv Python tests.
 
-The tests use the library the package finds ($PAGEDKV_LIB, or
-build/cabi/libpagedkv.so after scripts/cabi.sh), and the package in
-python/ unless $PAGEDKV_PYTHON_DIR names another folder holding a pagedkv
-package (an older wrapper, to show a test fails on it).
+Which pagedkv they test: the package in $PAGEDKV_PYTHON_DIR when set (an
+older wrapper, to show a test fails on it); else the source tree's
+python/pagedkv when it can find a library ($PAGEDKV_LIB,
+python/pagedkv/libpagedkv.so, or build/cabi/libpagedkv.so after
+scripts/cabi.sh); else an installed pagedkv (pip install of the wheel),
+so the suite runs unchanged against the installed package. pytest's
+header names the one under test.
 """
 
+import importlib.util
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.environ.get("PAGEDKV_PYTHON_DIR") or os.path.join(ROOT, "python"))
+
+
+def _package_dir():
+    """The folder to import pagedkv from, or None for the installed one."""
+    if os.environ.get("PAGEDKV_PYTHON_DIR"):
+        return os.environ["PAGEDKV_PYTHON_DIR"]
+    src = os.path.join(ROOT, "python")
+    libs = [os.path.join(src, "pagedkv", "libpagedkv.so"), os.path.join(ROOT, "build", "cabi", "libpagedkv.so")]
+    if os.environ.get("PAGEDKV_LIB") or any(os.path.exists(p) for p in libs):
+        return src
+    if importlib.util.find_spec("pagedkv") is not None:
+        return None
+    return src  # nothing installed either: the import fails naming the paths tried
+
+
+_dir = _package_dir()
+if _dir is not None:
+    sys.path.insert(0, _dir)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 import pytest  # noqa: E402
 
 import pagedkv  # noqa: E402
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(pagedkv.__file__))
+
+
+def pytest_report_header(config):
+    return "pagedkv under test: %s (library %s)" % (PACKAGE_DIR, pagedkv._lib._name)
 
 
 def snapshot(m, ids, plan=None):

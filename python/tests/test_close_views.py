@@ -30,6 +30,8 @@ import numpy as np
 import pagedkv
 
 FORMAT = pagedkv.PageFormat(dtype="f32", num_kv_heads=4, head_dim=16, num_layers=2)  # 4 KiB a page of 4
+# A hybrid of one-layer groups sharing the per-layer tensors: one layer a page.
+SHARED = pagedkv.PageFormat(dtype="f32", num_kv_heads=4, head_dim=16, num_layers=1)
 
 
 def arrays(plan):
@@ -88,7 +90,7 @@ def churn():
     """Allocate through the library (Go objects with pointers) and collect."""
     for _ in range(3):  # about 30 MiB of Go heap a round: the collector runs
         x = pagedkv.HybridManager(16384, 4, [pagedkv.LayerGroup("full")] * 4, hash_seed=2,
-                                  tiers=pagedkv.Tiers(256, format=FORMAT))
+                                  tiers=pagedkv.Tiers(256, format=SHARED))
         for i in range(1, 200):
             x.add(i, list(range(i, i + 30)))
         x.reserve(list(range(1, 200)), [30] * 199)

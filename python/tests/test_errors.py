@@ -157,9 +157,13 @@ def test_bad_handle_after_close(world):
     m2.add(1, [1, 2, 3])
     m2.close()
     m2.close()  # idempotent in Python
-    for fn, args in [(m2.add, (2, [1])), (m2.audit, ()), (m2.stats, ()), (m2.reserve, ([1], [1]))]:
-        with pytest.raises(pagedkv.BadHandle, match="no manager with handle"):
+    # The error names the Manager by the handle it was made with, never "handle 0".
+    for fn, args in [(m2.add, (2, [1])), (m2.audit, ()), (m2.stats, ()), (m2.reserve, ([1], [1])),
+                     (m2.tier_stats, ()), (m2.host_pages, ()), (m2.events_endpoint, ())]:
+        with pytest.raises(pagedkv.BadHandle) as e:
             fn(*args)
+        assert str(e.value) == "pagedkv: %s: Manager %d is closed" % (fn.__name__, m2._id)
+    assert repr(m2) == "<pagedkv.Manager %d: num_pages=8, page_size=4, closed>" % m2._id
     # A raw destroyed handle, through the C ABI.
     assert pagedkv._lib.pagedkv_destroy(m2._handle or 123456789) == pagedkv.BadHandle.code
 

@@ -7,16 +7,14 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import PACKAGE_DIR
 
 
 def import_error(tmp_path, lib=None):
     """The exit status and last stderr line of importing a copy of the
     package that sits outside any source tree (so nothing but lib can be
     found: no bundled library, no build/cabi)."""
-    pkg = os.environ.get("PAGEDKV_PYTHON_DIR") or os.path.join(ROOT, "python")
-    shutil.copytree(os.path.join(pkg, "pagedkv"), str(tmp_path / "pagedkv"),
-                    ignore=shutil.ignore_patterns("libpagedkv.so", "__pycache__"))
+    shutil.copytree(PACKAGE_DIR, str(tmp_path / "pagedkv"), ignore=shutil.ignore_patterns("libpagedkv.so", "__pycache__"))
     env = {k: v for k, v in os.environ.items() if k not in ("PAGEDKV_LIB", "PYTHONPATH")}
     if lib is not None:
         env["PAGEDKV_LIB"] = lib
