@@ -80,31 +80,31 @@ type Array int
 // and, when MaxCascadeLevels > 0, QueryRows, CascadeWindowLeft,
 // LevelBatchSize and per level the four Level arrays.
 const (
-	PoolHeader        Array = iota // [HeaderLen] PoolBatchSize, ...
-	Copies                         // [3*MaxRequests*groups] (src, dst, entries) triples
-	GroupHeader                    // [HeaderLen] GroupNumPages, ...
-	QOIndptr                       // [MaxRequests+1] qo_indptr / append_indptr
-	BatchIndices                   // [MaxTokens]
-	Positions                      // [MaxTokens]
-	TokenIDs                       // [MaxTokens]
-	TokenPositions                 // [MaxTokens]
-	Drafts                         // [MaxRequests]
-	KVIndptr                       // [MaxRequests+1]
-	KVPageIndices                  // [MaxPages]
-	KVLastPageLen                  // [MaxRequests]
-	SeqLens                        // [MaxRequests]
-	AttnQOIndptr                   // [MaxTokens+1] (chunked groups)
-	AttnKVIndptr                   // [MaxTokens+1]
-	AttnKVPageIndices              // [MaxPages]
-	AttnKVLastPageLen              // [MaxTokens]
-	AttnRequests                   // [MaxTokens]
-	QueryRows                      // [MaxTokens] cascade row r holds plan row QueryRows[r]
-	CascadeWindowLeft              // [MaxCascadeLevels]
-	LevelBatchSize                 // [MaxCascadeLevels] entries of each level (its qo_indptr has one more)
-	LevelQOIndptr                  // [MaxRequests+1] per level
-	LevelKVIndptr                  // [MaxRequests+1] per level
-	LevelKVPageIndices             // [MaxPages] per level
-	LevelKVLastPageLen             // [MaxRequests] per level
+	PoolHeader         Array = iota // [HeaderLen] PoolBatchSize, ...
+	Copies                          // [3*MaxRequests*groups] (src, dst, entries) triples
+	GroupHeader                     // [HeaderLen] GroupNumPages, ...
+	QOIndptr                        // [MaxRequests+1] qo_indptr / append_indptr
+	BatchIndices                    // [MaxTokens]
+	Positions                       // [MaxTokens]
+	TokenIDs                        // [MaxTokens]
+	TokenPositions                  // [MaxTokens]
+	Drafts                          // [MaxRequests]
+	KVIndptr                        // [MaxRequests+1]
+	KVPageIndices                   // [MaxPages]
+	KVLastPageLen                   // [MaxRequests]
+	SeqLens                         // [MaxRequests]
+	AttnQOIndptr                    // [MaxTokens+1] (chunked groups)
+	AttnKVIndptr                    // [MaxTokens+1]
+	AttnKVPageIndices               // [MaxPages]
+	AttnKVLastPageLen               // [MaxTokens]
+	AttnRequests                    // [MaxTokens]
+	QueryRows                       // [MaxTokens] cascade row r holds plan row QueryRows[r]
+	CascadeWindowLeft               // [MaxCascadeLevels]
+	LevelBatchSize                  // [MaxCascadeLevels] entries of each level (its qo_indptr has one more)
+	LevelQOIndptr                   // [MaxRequests+1] per level
+	LevelKVIndptr                   // [MaxRequests+1] per level
+	LevelKVPageIndices              // [MaxPages] per level
+	LevelKVLastPageLen              // [MaxRequests] per level
 	numArrays
 )
 
