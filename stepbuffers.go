@@ -156,14 +156,16 @@ func (b *stepBuffers) check(c *core, n int) error {
 	return nil
 }
 
-// put copies src into row and returns the row's first len(src) entries.
+// put copies src into row and returns the row's first len(src) entries,
+// with the row's capacity (stable from step to step, so a binding that
+// caches a view per buffer and capacity keeps it).
 func put(row, src []int32) []int32 {
 	if len(src) > len(row) {
 		// check bounds every array; an overflow here is a bug.
 		panic(fmt.Sprintf("pagedkv: step buffers: %d entries in a row of %d", len(src), len(row)))
 	}
 	copy(row, src)
-	return row[:len(src):len(src)]
+	return row[:len(src)]
 }
 
 // write copies the reserved step's plan p into the bound memory and
