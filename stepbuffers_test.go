@@ -510,3 +510,32 @@ func TestBindStepBuffersRefusesBadMemory(t *testing.T) {
 		require.Equal(t, lay.Rows, m.StepBufferLayout().Rows, "a refused bind keeps the binding")
 	}
 }
+
+// BenchmarkStepBuffers compares a churning decode server's step with plan
+// views (the Manager's own buffers) and with bound step buffers, in the
+// same run: the difference is the copy of the plan into the bound memory.
+func BenchmarkStepBuffers(b *testing.B) {
+	const nreq, promptLen, maxLen = 256, 40, 104
+	for _, bound := range []bool{false, true} {
+		name := "views"
+		if bound {
+			name = "bound"
+		}
+		b.Run(name, func(b *testing.B) {
+			c := newChurn(b, nreq, promptLen, maxLen)
+			if bound {
+				caps := StepBufferCapacities{MaxRequests: nreq, MaxTokens: nreq * promptLen, MaxPages: nreq * (maxLen/16 + 1), MaxCascadeLevels: 8}
+				_, err := c.m.BindStepBuffers(alignedBytes(mustLayout(b, caps).Size), caps)
+				require.NoError(b, err)
+			}
+			for range 3 * maxLen {
+				c.step(b)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				c.step(b)
+			}
+		})
+	}
+}
