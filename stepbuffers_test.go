@@ -511,30 +511,52 @@ func TestBindStepBuffersRefusesBadMemory(t *testing.T) {
 	}
 }
 
-// BenchmarkStepBuffers compares a churning decode server's step with plan
-// views (the Manager's own buffers) and with bound step buffers, in the
-// same run: the difference is the copy of the plan into the bound memory.
+// BenchmarkStepBuffers compares a decode step of 256 running requests
+// (Reserve of one token each, Commit) with plan views (the Manager's own
+// buffers) and with bound step buffers, in the same run: the difference
+// is the copy of the plan into the bound memory.
 func BenchmarkStepBuffers(b *testing.B) {
-	const nreq, promptLen, maxLen = 256, 40, 104
+	const nreq, promptLen, steps = 256, 64, 4096
 	for _, bound := range []bool{false, true} {
 		name := "views"
 		if bound {
 			name = "bound"
 		}
 		b.Run(name, func(b *testing.B) {
-			c := newChurn(b, nreq, promptLen, maxLen)
-			if bound {
-				caps := StepBufferCapacities{MaxRequests: nreq, MaxTokens: nreq * promptLen, MaxPages: nreq * (maxLen/16 + 1), MaxCascadeLevels: 8}
-				_, err := c.m.BindStepBuffers(alignedBytes(mustLayout(b, caps).Size), caps)
+			ps := 16
+			m := mustNew(b, Config{NumPages: nreq * ((promptLen+steps)/ps + 2), PageSize: ps, HashSeed: 1})
+			ids, ones, sampled, prefill := make([]RequestID, nreq), make([]int32, nreq), make([]int32, nreq), make([]int32, nreq)
+			for i := range nreq {
+				ids[i], ones[i], sampled[i], prefill[i] = RequestID(i), 1, 7, promptLen
+				_, err := m.Add(ids[i], Request{Prompt: seqTokens(i*promptLen, promptLen), CapacityTokens: promptLen + steps + 1})
 				require.NoError(b, err)
 			}
-			for range 3 * maxLen {
-				c.step(b)
+			_, err := m.Reserve(ids, prefill)
+			require.NoError(b, err)
+			require.NoError(b, m.Commit(sampled))
+			if bound {
+				caps := StepBufferCapacities{MaxRequests: nreq, MaxTokens: nreq, MaxPages: nreq * ((promptLen+steps)/ps + 2)}
+				_, err := m.BindStepBuffers(alignedBytes(mustLayout(b, caps).Size), caps)
+				require.NoError(b, err)
 			}
 			b.ReportAllocs()
-			b.ResetTimer()
+			n := 0
 			for b.Loop() {
-				c.step(b)
+				if n == steps {
+					b.StopTimer()
+					for _, id := range ids {
+						require.NoError(b, m.Truncate(id, promptLen+1))
+					}
+					n = 0
+					b.StartTimer()
+				}
+				if _, err := m.Reserve(ids, ones); err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Commit(sampled); err != nil {
+					b.Fatal(err)
+				}
+				n++
 			}
 		})
 	}

@@ -27,7 +27,8 @@
  *    (or pagedkv_free_memory after pagedkv_destroy_keep_memory), so a
  *    stale pointer reads old values, never freed memory.
  *  - The library keeps no pointer the caller passes in after the call
- *    returns (inputs are copied where they are kept).
+ *    returns (inputs are copied where they are kept), except the memory
+ *    bound with pagedkv_bind_step_buffers (see there).
  */
 #ifndef PAGEDKV_H
 #define PAGEDKV_H
