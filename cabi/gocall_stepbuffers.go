@@ -72,3 +72,10 @@ func goUnbindStepBuffers(h uint64) int32 {
 
 // planData returns the data pointer of a C plan's kv_indptr.
 func (p cPlan) kvIndptrData() uintptr { return uintptr(unsafe.Pointer(p.c.kv_indptr.data)) }
+
+// groupData returns the data pointers of group g's kv_indptr and
+// attn_requests in a hybrid plan.
+func (p cHybridPlan) groupData(g int) (kvIndptr, attnRequests uintptr) {
+	gp := unsafe.Slice(p.groups, p.n)[g]
+	return uintptr(unsafe.Pointer(gp.plan.kv_indptr.data)), uintptr(unsafe.Pointer(gp.attn_requests.data))
+}

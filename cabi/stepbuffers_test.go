@@ -119,3 +119,60 @@ func equal32(a, b []int32) bool {
 	}
 	return true
 }
+
+// TestABIHybridStepBuffers: a hybrid handle's step through
+// pagedkv_hybrid_reserve is written into the bound C memory (every group's
+// plan points into it, the chunked group's attention arrays too), with the
+// values of an unbound twin, allocation-free.
+func TestABIHybridStepBuffers(t *testing.T) {
+	runtime.LockOSThread() // goLastError reads this thread's message
+	defer runtime.UnlockOSThread()
+	const n = 8
+	h, ids, ones, sampled, plan := hybridDecodeABI(t, n)
+	defer goDestroy(h)
+	defer plan.free()
+	twin, _, _, _, want := hybridDecodeABI(t, n)
+	defer goDestroy(twin)
+	defer want.free()
+	_, size, code := goStepLayout(h, n, n, 16*n, 2)
+	if code != codeOK {
+		t.Fatal(goLastError())
+	}
+	mem := newCMem(int(size), 0)
+	defer mem.free(0)
+	if goBindStepBuffers(h, mem, n, n, 16*n, 2) != codeOK {
+		t.Fatal(goLastError())
+	}
+	lo, hi := uintptr(mem.base), uintptr(mem.base)+uintptr(mem.size)
+	for step := range 40 { // across chunk boundaries (chunks of 32) and window releases
+		if goHybridReserveC(h, ids, ones, n, plan) != codeOK || goHybridReserveC(twin, ids, ones, n, want) != codeOK {
+			t.Fatalf("reserve: %s", goLastError())
+		}
+		_, got := plan.read()
+		_, w := want.read()
+		for g := range w {
+			for name, a := range w[g].Arrays {
+				if !equal32(a, got[g].Arrays[name]) {
+					t.Fatalf("step %d group %d: %s = %v, twin %v", step, g, name, got[g].Arrays[name], a)
+				}
+			}
+			for name, a := range w[g].Hybrid {
+				if !equal32(a, got[g].Hybrid[name]) {
+					t.Fatalf("step %d group %d: %s = %v, twin %v", step, g, name, got[g].Hybrid[name], a)
+				}
+			}
+			kv, attn := plan.groupData(g)
+			if kv < lo || kv >= hi || len(w[g].Hybrid["attn_requests"]) > 0 && (attn < lo || attn >= hi) {
+				t.Fatalf("step %d group %d: arrays at %#x, %#x, outside the bound memory", step, g, kv, attn)
+			}
+		}
+		if goCommit(h, sampled, n) != codeOK || goCommit(twin, sampled, n) != codeOK {
+			t.Fatal(goLastError())
+		}
+	}
+	checkStepAllocs(t, "a hybrid decode step into bound step buffers", func() {
+		if goHybridReserveC(h, ids, ones, n, plan) != codeOK || goCommit(h, sampled, n) != codeOK {
+			t.Fatalf("step failed: %s", goLastError())
+		}
+	})
+}
