@@ -5,6 +5,7 @@ import (
 
 	"github.com/pagedkv/pagedkv/cascade"
 	"github.com/pagedkv/pagedkv/layergroup"
+	"github.com/pagedkv/pagedkv/pagetable"
 	"github.com/pagedkv/pagedkv/stepbuf"
 )
 
@@ -107,8 +108,13 @@ func (c *core) bindStepBuffers(mem []byte, caps StepBufferCapacities) (*StepBuff
 		b.plan.Groups[g] = &bg.plan
 	}
 	c.bound = b
-	for _, m := range c.groups {
+	for g, m := range c.groups {
 		m.levelCap, m.capLevels = caps.MaxCascadeLevels, true
+		// The page table exports straight into the rows (their capacity
+		// holds every step check admits), so write copies only the rest.
+		bg := &b.groups[g]
+		m.csr = pagetable.CSR{KVIndptr: bg.kvIndptr[:0], KVPageIndices: bg.kvPages[:0], KVLastPageLen: bg.kvLast[:0], SeqLens: bg.seq[:0]}
+		m.appendCSR = pagetable.AppendCSR{AppendIndptr: bg.qo[:0], BatchIndices: bg.bi[:0], Positions: bg.pos[:0]}
 	}
 	return lay, nil
 }
@@ -118,6 +124,9 @@ func (c *core) unbindStepBuffers() {
 	c.bound = nil
 	for _, m := range c.groups {
 		m.levelCap, m.capLevels = 0, false
+		// Never export into the caller's memory again; the next step
+		// allocates the group's own buffers.
+		m.csr, m.appendCSR = pagetable.CSR{}, pagetable.AppendCSR{}
 	}
 }
 
@@ -164,7 +173,9 @@ func put(row, src []int32) []int32 {
 		// check bounds every array; an overflow here is a bug.
 		panic(fmt.Sprintf("pagedkv: step buffers: %d entries in a row of %d", len(src), len(row)))
 	}
-	copy(row, src)
+	if len(src) > 0 && &src[0] != &row[0] { // the page table's arrays are exported in place
+		copy(row, src)
+	}
 	return row[:len(src)]
 }
 
@@ -246,7 +257,8 @@ func (bg *boundGroup) write(src *Plan) {
 // changes; a cascade deeper than MaxCascadeLevels is planned flat.
 //
 // The Manager keeps mem until [Manager.UnbindStepBuffers] or the next
-// bind, and writes it only during Reserve; it clears mem's layout bytes.
+// bind, and writes it only during a successful Reserve (the page table is
+// exported straight into its rows); it clears mem's layout bytes.
 // A bind that fails changes nothing (an earlier binding stays). Binding
 // with a step pending is allowed and affects the next Reserve; the
 // pending plan stays where it is.
