@@ -561,3 +561,38 @@ func BenchmarkStepBuffers(b *testing.B) {
 		})
 	}
 }
+
+// TestStepBuffersUnbindWithStepPending: after unbind the Manager never
+// reads the memory it was bound to: garbage written there with a step
+// pending changes neither the commit nor the next step (against a twin).
+func TestStepBuffersUnbindWithStepPending(t *testing.T) {
+	m, twin := mustNew(t, Config{NumPages: 32, PageSize: 4}), mustNew(t, Config{NumPages: 32, PageSize: 4})
+	caps := StepBufferCapacities{MaxRequests: 2, MaxTokens: 16, MaxPages: 8, MaxCascadeLevels: 1}
+	mem := alignedBytes(mustLayout(t, caps).Size)
+	_, err := m.BindStepBuffers(mem, caps)
+	require.NoError(t, err)
+	for _, mm := range []*Manager{m, twin} {
+		for id := range RequestID(2) {
+			_, err := mm.Add(id, Request{Prompt: seqTokens(int(id)*50, 6)})
+			require.NoError(t, err)
+		}
+		_, err := mm.Reserve([]RequestID{0, 1}, []int32{6, 6})
+		require.NoError(t, err)
+	}
+	m.UnbindStepBuffers()
+	for i := range mem {
+		mem[i] = 0xff
+	}
+	for _, mm := range []*Manager{m, twin} {
+		require.NoError(t, mm.Commit([]int32{1, 2}))
+	}
+	p, err := m.Reserve([]RequestID{0, 1}, []int32{1, 1})
+	require.NoError(t, err)
+	want, err := twin.Reserve([]RequestID{0, 1}, []int32{1, 1})
+	require.NoError(t, err)
+	require.Equal(t, want.KVPageIndices, p.KVPageIndices)
+	require.Equal(t, want.Positions, p.Positions)
+	require.Equal(t, want.TokenIDs, p.TokenIDs)
+	require.False(t, bytes.Contains(mem, []byte{0, 0, 0, 0}), "the unbound memory was written")
+	require.NoError(t, m.Audit())
+}
