@@ -55,6 +55,10 @@ type core struct {
 
 	plan   HybridPlan // the step's plan: one Plan per group
 	copies []CopyOp   // the buffer of plan.Copies over several groups
+
+	// bound are the engine's step buffers (stepbuffers.go); nil: plans
+	// are the groups' own buffers.
+	bound *stepBuffers
 }
 
 // admission is one group's part of an admission.
@@ -276,6 +280,11 @@ func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Hyb
 		}
 		need += n
 	}
+	if c.bound != nil {
+		if err := c.bound.check(c, len(ids)); err != nil {
+			return nil, err
+		}
+	}
 	if free := c.alloc.NumFree(); need > free {
 		evictable := c.evictable()
 		if need > free+evictable {
@@ -307,6 +316,9 @@ func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Hyb
 			p.Copies = append(p.Copies, m.plan.Copies...)
 		}
 		c.copies = p.Copies
+	}
+	if c.bound != nil {
+		return c.bound.write(p), nil
 	}
 	return p, nil
 }

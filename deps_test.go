@@ -68,6 +68,9 @@ var layering = map[string]pkgRule{
 	"internal/safetensors": at(L0),
 	// The rules of one attention group of a hybrid model: pure functions.
 	"layergroup": at(L0),
+	// The packed layout of engine-owned step buffers: pure functions over
+	// capacities, and views of bound memory.
+	"stepbuf": at(L0),
 	// ZeroMQ's wire protocol (ZMTP 3.0) with bounded reads, for the event
 	// packages.
 	"internal/zmtp": at(L0),
@@ -104,7 +107,7 @@ var layering = map[string]pkgRule{
 	"prefixcache": at(L3, "allocator", "evict", "internal/invariants"),
 
 	// The engine-facing facade.
-	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "go.uber.org/atomic"),
+	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "stepbuf", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "go.uber.org/atomic"),
 	// KV-cache events. events encodes and publishes (the Manager's
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
 	// hash chain with the Manager (prefixcache) but no code with events: its

@@ -95,6 +95,14 @@ type group struct {
 	// if it evicted since).
 	prepared          int
 	preparedEvictions int64
+	// preparedSlots are the token slots (pages*page_size) of the prepared
+	// step's page table, for the bound step buffers' page capacity.
+	preparedSlots int64
+	// levelCap, when capLevels, is the most cascade levels a plan may
+	// have (the bound step buffers' MaxCascadeLevels): a deeper cascade
+	// is planned flat.
+	levelCap  int
+	capLevels bool
 
 	alloc      *allocator.Allocator
 	table      *pagetable.Table

@@ -118,6 +118,7 @@ func (m *group) checkSlots(slots int64) (need int, err error) {
 			ErrBadArgument, len(m.batch), slots, int64(maxBatchTokenSlots))
 	}
 	m.prepared = m.pagesNeeded(m.batch, m.ntokens)
+	m.preparedSlots = slots
 	m.preparedEvictions = m.cache.Counters().Evicted
 	return m.prepared, nil
 }
@@ -248,6 +249,9 @@ func (m *group) fillPlan(copies []CopyOp, lead *group) {
 	// windowed groups cascade what every sharing row sees in full.
 	if (m.layerGroup.KeepTokens(0) < 0 || m.cascadeWindows) && m.cfg.CascadeMinSavedPages > 0 {
 		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
+		if p.Cascade != nil && m.capLevels && len(p.Cascade.Levels) > m.levelCap {
+			p.Cascade = nil // deeper than the bound step buffers hold: run flat
+		}
 	}
 	if p.Cascade != nil {
 		w := m.planner.windows[:0]

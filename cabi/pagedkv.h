@@ -31,7 +31,8 @@
  *    (or pagedkv_free_memory after pagedkv_destroy_keep_memory), so a
  *    stale pointer reads old values, never freed memory.
  *  - The library keeps no pointer the caller passes in after the call
- *    returns (inputs are copied where they are kept).
+ *    returns (inputs are copied where they are kept), except the memory
+ *    bound with pagedkv_bind_step_buffers (see there).
  */
 #ifndef PAGEDKV_H
 #define PAGEDKV_H
@@ -386,6 +387,71 @@ typedef struct {
 	int64_t num_pages;   /* pages held */
 } pagedkv_request_state;
 
+/* ---- Engine-owned step buffers (Go: Manager.BindStepBuffers; docs/c-abi.md,
+ * "Step buffers"). The engine binds memory it owns (e.g. cudaHostAlloc'ed)
+ * with fixed capacities; every later reserve writes the step's plan arrays
+ * there, packed at the offsets of a layout (one row per array), so one
+ * cudaMemcpyAsync of size bytes moves the whole step. */
+
+/* Capacities (Go: pagedkv.StepBufferCapacities). A reserve over
+ * max_requests, max_tokens (rows, drafts included) or max_pages (each
+ * group's kv_indptr[B]) fails with PAGEDKV_ERR_BAD_ARGUMENT before anything
+ * changes; a cascade deeper than max_cascade_levels is planned flat. */
+typedef struct {
+	int64_t max_requests;       /* 1 .. 2^28-1 */
+	int64_t max_tokens;         /* 1 .. 2^28-1 */
+	int64_t max_pages;          /* 1 .. 2^28 */
+	int64_t max_cascade_levels; /* 0 .. 64; 0 = no cascade rows, plans run flat */
+} pagedkv_step_capacities;
+
+/* The arrays of a layout's rows (Go: stepbuf.Array), int32 each. The pool's
+ * rows (group -1): HEADER, COPIES. Each group's: GROUP_HEADER .. SEQ_LENS;
+ * a chunked group's also the ATTN_ rows; with max_cascade_levels > 0 also
+ * QUERY_ROWS, CASCADE_WINDOW_LEFT, LEVEL_BATCH_SIZE and, per level, the four
+ * LEVEL_ rows. */
+enum {
+	PAGEDKV_STEP_HEADER = 0,            /* [8] batch_size, nnz, num_copies, num_groups, step counter, 0, 0, 0 */
+	PAGEDKV_STEP_COPIES = 1,            /* [3*max_requests*groups] (src, dst, entries) */
+	PAGEDKV_STEP_GROUP_HEADER = 2,      /* [8] num_pages, window_left, num_levels, num_attn, attn_pages, 0, 0, 0 */
+	PAGEDKV_STEP_QO_INDPTR = 3,
+	PAGEDKV_STEP_BATCH_INDICES = 4,
+	PAGEDKV_STEP_POSITIONS = 5,
+	PAGEDKV_STEP_TOKEN_IDS = 6,
+	PAGEDKV_STEP_TOKEN_POSITIONS = 7,
+	PAGEDKV_STEP_DRAFTS = 8,
+	PAGEDKV_STEP_KV_INDPTR = 9,
+	PAGEDKV_STEP_KV_PAGE_INDICES = 10,
+	PAGEDKV_STEP_KV_LAST_PAGE_LEN = 11,
+	PAGEDKV_STEP_SEQ_LENS = 12,
+	PAGEDKV_STEP_ATTN_QO_INDPTR = 13,
+	PAGEDKV_STEP_ATTN_KV_INDPTR = 14,
+	PAGEDKV_STEP_ATTN_KV_PAGE_INDICES = 15,
+	PAGEDKV_STEP_ATTN_KV_LAST_PAGE_LEN = 16,
+	PAGEDKV_STEP_ATTN_REQUESTS = 17,
+	PAGEDKV_STEP_QUERY_ROWS = 18,
+	PAGEDKV_STEP_CASCADE_WINDOW_LEFT = 19,
+	PAGEDKV_STEP_LEVEL_BATCH_SIZE = 20,
+	PAGEDKV_STEP_LEVEL_QO_INDPTR = 21,
+	PAGEDKV_STEP_LEVEL_KV_INDPTR = 22,
+	PAGEDKV_STEP_LEVEL_KV_INDICES = 23,
+	PAGEDKV_STEP_LEVEL_KV_LAST_PAGE_LEN = 24
+};
+
+/* Every offset, and the base address bind accepts, is a multiple of this. */
+#define PAGEDKV_STEP_ALIGN 16
+
+/* One row of a layout: array PAGEDKV_STEP_* of group (-1: the pool's) and,
+ * for a LEVEL_ row, cascade level (else -1), at byte offset with room for
+ * cap int32 values. */
+typedef struct {
+	int32_t array;
+	int32_t group;
+	int32_t level;
+	int32_t reserved; /* 0 */
+	int64_t offset;
+	int64_t cap;
+} pagedkv_step_row;
+
 #ifndef PAGEDKV_NO_PROTOTYPES
 
 /* Library information. */
@@ -540,6 +606,23 @@ int32_t pagedkv_get_events_stats(pagedkv_manager m, pagedkv_events_stats *out, s
  * PAGEDKV_MEDIUM_GPU needs a dense manager (a hybrid one has a cache per
  * group); PAGEDKV_MEDIUM_CPU takes either kind. */
 int32_t pagedkv_cached_hashes(pagedkv_manager m, int32_t medium, uint64_t *dst, int64_t cap, int64_t *n);
+
+/* Step buffers (dense and hybrid handles alike). step_layout writes the
+ * layout of caps for m's groups: *size the bytes the memory needs, *n the
+ * rows, of which the first min(cap, *n) go to rows (rows may be NULL with
+ * cap 0); it binds nothing. bind_step_buffers binds mem [size bytes, from an
+ * address that is a multiple of PAGEDKV_STEP_ALIGN; zeroed by the call] from
+ * the next reserve on: the library writes into mem during reserve calls
+ * only, and the pagedkv_plan's arrays then point into mem. mem must stay
+ * allocated, and is the library's to write, until unbind_step_buffers, the
+ * next bind, or pagedkv_destroy (or _destroy_keep_memory) returns; the
+ * plan of the last reserve keeps pointing into it. A failed bind changes
+ * nothing. caps_size is sizeof(pagedkv_step_capacities). */
+int32_t pagedkv_step_layout(pagedkv_manager m, const pagedkv_step_capacities *caps, size_t caps_size,
+                            pagedkv_step_row *rows, int64_t cap, int64_t *n, int64_t *size);
+int32_t pagedkv_bind_step_buffers(pagedkv_manager m, void *mem, int64_t size,
+                                  const pagedkv_step_capacities *caps, size_t caps_size);
+int32_t pagedkv_unbind_step_buffers(pagedkv_manager m);
 
 #endif /* PAGEDKV_NO_PROTOTYPES */
 

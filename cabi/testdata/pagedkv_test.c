@@ -1014,6 +1014,54 @@ static void hybrid_tiers(void) {
 	checked += 13;
 }
 
+/* Step buffers from C: size the layout, bind aligned_alloc'ed memory, and
+ * find the step's kv_indptr at its row's offset, where the plan points. */
+static void step_buffers(void) {
+	pagedkv_manager m = create(64, 4, 0);
+	pagedkv_step_capacities caps = {4, 64, 32, 2};
+	int64_t n = 0, size = 0;
+	OK(pagedkv_step_layout(m, &caps, sizeof caps, NULL, 0, &n, &size));
+	pagedkv_step_row rows[64];
+	CHECK(n > 0 && n <= 64 && size % PAGEDKV_STEP_ALIGN == 0, "step_layout: %lld rows, %lld bytes", (long long)n,
+	      (long long)size);
+	OK(pagedkv_step_layout(m, &caps, sizeof caps, rows, 64, &n, &size));
+	unsigned char *mem = aligned_alloc(64, (size_t)(size + 63) / 64 * 64);
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "is not a multiple of 16",
+	            pagedkv_bind_step_buffers(m, mem + 4, size, &caps, sizeof caps));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "the layout needs",
+	            pagedkv_bind_step_buffers(m, mem, size - 16, &caps, sizeof caps));
+	OK(pagedkv_bind_step_buffers(m, mem, size, &caps, sizeof caps));
+	int32_t prompt[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+	pagedkv_request req = prompt_request(prompt, 10);
+	OK(pagedkv_add(m, 1, &req, NULL));
+	uint64_t id = 1;
+	int32_t nt = 10;
+	pagedkv_plan plan;
+	OK(pagedkv_reserve(m, &id, &nt, 1, &plan));
+	const int32_t *kv = NULL;
+	for (int64_t i = 0; i < n; i++) {
+		if (rows[i].array == PAGEDKV_STEP_KV_INDPTR && rows[i].group == 0) {
+			kv = (const int32_t *)(mem + rows[i].offset);
+		}
+	}
+	CHECK(kv == plan.kv_indptr.data && kv[0] == 0 && kv[1] == 3, "kv_indptr at %p, plan's at %p", (const void *)kv,
+	      (const void *)plan.kv_indptr.data);
+	const int32_t *header = (const int32_t *)mem;
+	CHECK(header[0] == 1 && header[1] == 10 && header[3] == 1 && header[4] == 1, "header %d %d %d %d %d", header[0],
+	      header[1], header[2], header[3], header[4]);
+	OK(pagedkv_commit(m, NULL, 0));
+	uint64_t ids2 = 2;
+	req = prompt_request(prompt, 10);
+	OK(pagedkv_add(m, 2, &req, NULL));
+	int32_t nbig = 72; /* 8 of its 80 tokens hit request 1's pages */
+	int32_t big[70] = {0};
+	OK(pagedkv_extend(m, 2, big, 70));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "MaxTokens = 64", pagedkv_reserve(m, &ids2, &nbig, 1, &plan));
+	OK(pagedkv_unbind_step_buffers(m));
+	OK(pagedkv_destroy(m));
+	free(mem); /* after unbind (or destroy) the library never touches it */
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
@@ -1024,6 +1072,7 @@ int main(void) {
 	tiers();
 	hybrid_tiers();
 	sweep();
+	step_buffers();
 	if (failures) {
 		fprintf(stderr, "pagedkv_test: %d failures\n", failures);
 		return 1;

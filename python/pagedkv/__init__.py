@@ -1727,3 +1727,14 @@ def _fill_ns(ns, tenant, lora, salt):
         b = value.encode("utf-8") if isinstance(value, str) else bytes(value)
         setattr(ns, name, b)
         setattr(ns, name + "_len", len(b))
+
+
+# Engine-owned step buffers (stepbuffers.py): bind_step_buffers,
+# unbind_step_buffers, step_buffers_layout and step_buffers on both kinds.
+from . import stepbuffers as _stepbuffers  # noqa: E402
+
+for _cls in (Manager, HybridManager):
+    _stepbuffers.install(_cls, _exclusive)
+del _cls
+StepBuffers = _stepbuffers.StepBuffers
+__all__.append("StepBuffers")
