@@ -21,6 +21,7 @@ torch.from_dlpack).
 
 import collections
 import ctypes
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -147,7 +148,7 @@ def _address(op, buf, need):
     return addr, nbytes, keep
 
 
-def aligned_buffer(nbytes):
+def aligned_buffer(nbytes: int) -> np.ndarray:
     """A zeroed numpy uint8 array of nbytes whose address is a multiple of ALIGN."""
     raw = np.zeros(nbytes + ALIGN, dtype=np.uint8)
     off = -raw.ctypes.data % ALIGN
@@ -163,7 +164,8 @@ class StepBuffers:
 
     __slots__ = ("manager", "rows", "size", "buffer", "capacities", "_address", "_keep", "_index")
 
-    def __init__(self, manager, rows, size, address, keep, capacities):
+    def __init__(self, manager: Any, rows: Tuple["StepRow", ...], size: int, address: int, keep: Any,
+                 capacities: Capacities) -> None:
         self.manager, self.rows, self.size, self.capacities = manager, rows, size, capacities
         self._address, self._keep = address, keep
         self._index = {(r.array, r.group, r.level): r for r in rows}
@@ -171,7 +173,7 @@ class StepBuffers:
         mem._owner = keep
         self.buffer = np.frombuffer(mem, dtype=np.uint8)
 
-    def view(self, array, group=0, level=-1):
+    def view(self, array: str, group: int = 0, level: int = -1) -> np.ndarray:
         """Row `array` of `group` (ignored for the pool's header and copies)
         and, for a level_ array, cascade `level`: an int32 numpy view of its
         whole capacity. KeyError names a row the layout lacks."""
@@ -182,29 +184,31 @@ class StepBuffers:
             raise KeyError("pagedkv: step buffers have no row %s of group %d level %d" % (array, group, level))
         return self.buffer[r.offset:r.offset + 4 * r.cap].view(np.int32)
 
-    def header(self):
+    def header(self) -> Dict[str, int]:
         """The pool header: batch_size, nnz, num_copies, num_groups, step (a dict)."""
         return dict(zip(HEADER, self.view("header").tolist()))
 
-    def group_header(self, group=0):
+    def group_header(self, group: int = 0) -> Dict[str, int]:
         """Group `group`'s header: num_pages, window_left, num_levels,
         num_attn, attn_pages (a dict)."""
         return dict(zip(GROUP_HEADER, self.view("group_header", group).tolist()))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         c = self.capacities
         return ("StepBuffers(size=%d, rows=%d, max_requests=%d, max_tokens=%d, max_pages=%d, max_cascade_levels=%d)"
                 % (self.size, len(self.rows), c.max_requests, c.max_tokens, c.max_pages, c.max_cascade_levels))
 
 
-def step_buffers_layout(self, *, max_requests, max_tokens, max_pages, max_cascade_levels=0):
+def step_buffers_layout(self: Any, *, max_requests: int, max_tokens: int, max_pages: int,
+                        max_cascade_levels: int = 0) -> Tuple[Tuple["StepRow", ...], int]:
     """The layout bind_step_buffers would use, without binding: (rows,
     size) with rows a tuple of StepRow and size the bytes the buffer needs."""
     return _layout(self, "step_buffers_layout",
                    _caps("step_buffers_layout", max_requests, max_tokens, max_pages, max_cascade_levels))
 
 
-def bind_step_buffers(self, buffer=None, *, max_requests, max_tokens, max_pages, max_cascade_levels=0):
+def bind_step_buffers(self: Any, buffer: Any = None, *, max_requests: int, max_tokens: int, max_pages: int,
+                      max_cascade_levels: int = 0) -> "StepBuffers":
     """Bind engine-owned step buffers (Go: BindStepBuffers) and return a
     StepBuffers. buffer is any writable, C-contiguous buffer of bytes or
     int32 (array interface or buffer protocol: a numpy array, a bytearray,
@@ -230,7 +234,7 @@ def bind_step_buffers(self, buffer=None, *, max_requests, max_tokens, max_pages,
     return sb
 
 
-def unbind_step_buffers(self):
+def unbind_step_buffers(self: Any) -> None:
     """Later plans use the Manager's own buffers again (Go:
     UnbindStepBuffers); the current plan keeps viewing the bound memory."""
     _declare(self._lib)
@@ -238,7 +242,7 @@ def unbind_step_buffers(self):
     self._step_buffers = None
 
 
-def step_buffers(self):
+def step_buffers(self: Any) -> Optional["StepBuffers"]:
     """The bound StepBuffers, or None."""
     return self.__dict__.get("_step_buffers")
 
