@@ -116,6 +116,7 @@ const std::vector<Entry>& entries() {
       PKV_ENTRY(cuemu_test_tc_offsets),
       PKV_ENTRY(cuemu_test_page_div),
       PKV_ENTRY(cuemu_test_prefill_offsets),
+      PKV_ENTRY(cuemu_test_cp_async),
   };
   return e;
 }
@@ -174,4 +175,38 @@ extern "C" void cuemu_memset(uint64_t dst, int value, size_t n) {
 
 extern "C" void cuemu_dtod(uint64_t dst, uint64_t src, size_t n) {
   std::memmove(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), n);
+}
+
+namespace {
+int report(const std::string& msg, char* err, size_t errlen) {
+  if (msg.empty()) return 0;
+  std::snprintf(err, errlen, "%s", msg.c_str());
+  return -1;
+}
+}  // namespace
+
+extern "C" int cuemu_drop_sync(const char* site, char* err, size_t errlen) {
+  ::cuemu::env_switches();  // the environment applies first, so this call wins
+  return report(::cuemu::set_drop_sync(site), err, errlen);
+}
+
+extern "C" int cuemu_set_mma(const char* mode, char* err, size_t errlen) {
+  ::cuemu::env_switches();
+  return report(::cuemu::set_mma(mode), err, errlen);
+}
+
+extern "C" void cuemu_record_sync_sites(int on) {
+  ::cuemu::Switches& s = ::cuemu::switches();
+  std::lock_guard<std::mutex> lk(s.mu);
+  if (on) s.sites.clear();
+  s.record.store(on != 0);
+}
+
+extern "C" size_t cuemu_sync_sites(char* buf, size_t len) {
+  ::cuemu::Switches& s = ::cuemu::switches();
+  std::lock_guard<std::mutex> lk(s.mu);
+  std::string all;
+  for (const std::string& site : s.sites) all += site + "\n";
+  if (len > 0) std::snprintf(buf, len, "%s", all.c_str());
+  return all.size();
 }
