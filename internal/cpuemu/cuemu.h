@@ -74,7 +74,6 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <set>
 #include <source_location>
 #include <string>
 #include <thread>
@@ -194,9 +193,6 @@ struct Switches {
   std::atomic<unsigned> drop_line{0};  // 0: no sync is dropped
   char drop_file[128] = {};            // base name of the dropped sync's file
   std::atomic<int> mma{int(MMA::kExact)};
-  std::atomic<bool> record{false};  // collect the sync sites that run
-  std::mutex mu;                    // guards sites
-  std::set<std::string> sites;
   std::string env_err;  // a bad CUEMU_* variable; every launch fails with it
 };
 
@@ -259,22 +255,12 @@ inline const std::string& env_switches() {
   return switches().env_err;
 }
 
-inline bool keep_sync_slow(const std::source_location& loc, const char* kind) {
+// keep_sync reports whether the sync called at loc runs: false only for
+// the site CUEMU_DROP_SYNC (or set_drop_sync) names.
+inline bool keep_sync(const std::source_location& loc) {
   Switches& s = switches();
-  const char* file = base_name(loc.file_name());
-  if (s.record.load(std::memory_order_relaxed)) {
-    std::lock_guard<std::mutex> lk(s.mu);
-    s.sites.insert(std::string(file) + ":" + std::to_string(loc.line()) + " " + kind);
-  }
-  return !(loc.line() == s.drop_line.load(std::memory_order_relaxed) && std::strcmp(file, s.drop_file) == 0);
-}
-
-// keep_sync reports whether the sync (kind) called at loc runs: false
-// only for the site CUEMU_DROP_SYNC (or set_drop_sync) names.
-inline bool keep_sync(const std::source_location& loc, const char* kind) {
-  Switches& s = switches();
-  if (s.drop_line.load(std::memory_order_relaxed) == 0 && !s.record.load(std::memory_order_relaxed)) return true;
-  return keep_sync_slow(loc, kind);
+  const unsigned line = s.drop_line.load(std::memory_order_relaxed);
+  return line == 0 || loc.line() != line || std::strcmp(base_name(loc.file_name()), s.drop_file) != 0;
 }
 
 // ---- stack switching --------------------------------------------------------
@@ -756,7 +742,7 @@ inline void cp_async_16(void* dst, const void* src) {
 
 // cp_async_commit closes the calling thread's open group.
 inline void cp_async_commit(const std::source_location& loc) {
-  if (keep_sync(loc, "cp_async_commit")) tl_block->cur->committed++;
+  if (keep_sync(loc)) tl_block->cur->committed++;
 }
 
 // cp_async_wait retires every copy of the calling thread's committed
@@ -770,7 +756,7 @@ inline void cp_async_commit(const std::source_location& loc) {
 // collective and stalls there land its tile before another warp, released
 // from the same collective, reads it: a missing __syncthreads would pass.
 inline void cp_async_wait(unsigned n, const std::source_location& loc) {
-  if (!keep_sync(loc, "cp_async_wait")) return;
+  if (!keep_sync(loc)) return;
   Fiber* f = tl_block->cur;
   size_t i = f->copies_retired;
   while (i < f->copies.size() && f->copies[i].group + n < f->committed) i++;
@@ -832,7 +818,7 @@ inline bool mma_tc() { return switches().mma.load(std::memory_order_relaxed) == 
 // ---- synchronisation and warp collectives -----------------------------------
 
 inline void __syncthreads(std::source_location loc = std::source_location::current()) {
-  if (::cuemu::keep_sync(loc, "__syncthreads")) ::cuemu::block_barrier();
+  if (::cuemu::keep_sync(loc)) ::cuemu::block_barrier();
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { ::cuemu::warp_barrier(mask, true); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }

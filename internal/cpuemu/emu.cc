@@ -194,19 +194,3 @@ extern "C" int cuemu_set_mma(const char* mode, char* err, size_t errlen) {
   ::cuemu::env_switches();
   return report(::cuemu::set_mma(mode), err, errlen);
 }
-
-extern "C" void cuemu_record_sync_sites(int on) {
-  ::cuemu::Switches& s = ::cuemu::switches();
-  std::lock_guard<std::mutex> lk(s.mu);
-  if (on) s.sites.clear();
-  s.record.store(on != 0);
-}
-
-extern "C" size_t cuemu_sync_sites(char* buf, size_t len) {
-  ::cuemu::Switches& s = ::cuemu::switches();
-  std::lock_guard<std::mutex> lk(s.mu);
-  std::string all;
-  for (const std::string& site : s.sites) all += site + "\n";
-  if (len > 0) std::snprintf(buf, len, "%s", all.c_str());
-  return all.size();
-}

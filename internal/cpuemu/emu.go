@@ -9,7 +9,6 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv/kernels"
@@ -217,20 +216,4 @@ func switchErr(rc C.int, errbuf []C.char) error {
 		return fmt.Errorf("cpuemu: %s", C.GoString(&errbuf[0]))
 	}
 	return nil
-}
-
-// recordSyncSites starts collecting the sync sites launches run; stop ends
-// it and returns them sorted, "decode.cu:150 cp_async_wait" each.
-func recordSyncSites() (stop func() []string) {
-	C.cuemu_record_sync_sites(1)
-	return func() []string {
-		C.cuemu_record_sync_sites(0)
-		n := C.cuemu_sync_sites(nil, 0)
-		buf := make([]byte, int(n)+1)
-		C.cuemu_sync_sites((*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
-		if n == 0 {
-			return nil
-		}
-		return strings.Split(strings.TrimSuffix(string(buf[:n]), "\n"), "\n")
-	}
 }

@@ -21,13 +21,9 @@ void cuemu_dtod(uint64_t dst, uint64_t src, size_t n);
 // Testing switches (cuemu.h): cuemu_drop_sync makes the sync called at
 // site ("file.cu:line") a no-op ("" restores every sync); cuemu_set_mma
 // selects the mma twin's summation ("exact" or "tc"). Both return 0, or -1
-// with a message in err. cuemu_record_sync_sites(1) starts collecting the
-// sync sites launches run ("file.cu:line kind"), (0) stops; cuemu_sync_sites
-// writes them, one a line, to buf and returns the length of the whole list.
+// with a message in err.
 int cuemu_drop_sync(const char* site, char* err, size_t errlen);
 int cuemu_set_mma(const char* mode, char* err, size_t errlen);
-void cuemu_record_sync_sites(int on);
-size_t cuemu_sync_sites(char* buf, size_t len);
 #ifdef __cplusplus
 }
 #endif
