@@ -207,7 +207,7 @@ func uncaught(t *testing.T, site string) string {
 	case strings.HasPrefix(code, "__syncthreads();") && n >= 2 && drain(n-2):
 		return "the barrier after the drain: the loop's last barrier already separates its reads from what follows"
 	case code == "cp_async_commit();" && strings.Contains(string(src), "constexpr int kStages = 2;") &&
-		strings.Contains(strings.Join(lines[max(0, n-6):n], "\n"), "s < kStages - 1; s++"):
+		strings.Contains(strings.Join(lines[max(0, n-10):n], "\n"), "s < kStages - 1; s++"):
 		return "the prologue's empty group: with two stages it is committed only for a range with no tile"
 	case strings.Contains(code, "may alias them"):
 		return "the suites never merge in place, the hazard this barrier guards"
