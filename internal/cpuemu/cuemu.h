@@ -7,9 +7,12 @@
 //   - qualifiers (__global__, __device__, __shared__, __restrict__, ...);
 //   - threadIdx/blockIdx/blockDim/gridDim, read from the running fiber;
 //   - every CUDA thread of a block is a fiber with its own stack; the fibers
-//     of one block run round-robin on one worker thread, switching only at
-//     __syncthreads, __syncwarp and warp collectives, so a block's run is
-//     deterministic and a missing barrier shows up as a wrong answer;
+//     of one block run on one worker thread, switching only at
+//     __syncthreads, __syncwarp and warp collectives, warp by warp: a warp
+//     runs (its lanes in turn, released from each collective at once) until
+//     all its lanes wait at __syncthreads, then the next warp runs, so a
+//     block's run is deterministic and a missing barrier shows up as a
+//     wrong answer;
 //   - __syncthreads (block barrier) and __syncwarp/__shfl*_sync/__ballot_sync
 //     (warp barriers); threads that have returned leave later barriers;
 //   - a deadlock check: when no fiber of a block can run and no barrier can
@@ -21,6 +24,22 @@
 //     dynamic shared memory (cuemu::dyn_smem, poisoned with 0xFF bytes at
 //     the start of every block so that reads of unwritten shared memory
 //     produce NaNs rather than stale values);
+//   - cp.async as the GPU may run it, not at once: cp_async_16 fills its
+//     16 destination bytes with 0xFF at once, cp_async_wait<n> retires the
+//     copies of every committed group but the n most recent, and a retired
+//     copy lands at its thread's next __syncthreads (or __syncwarp). So a
+//     read before the wait or before the barrier that follows it, or a
+//     refill that no barrier separates from the readers of the old data,
+//     sees NaNs (0xFF is a NaN in f32, f16, bf16, e4m3 and e5m2);
+//   - blocks of odd linear index run their warps and lanes last to first,
+//     so that a thread reading, without a barrier, data another thread
+//     writes in the same barrier interval reads it before the writer ran in
+//     half of the blocks, whichever thread is the writer;
+//   - two testing switches: CUEMU_DROP_SYNC=file.cu:line turns the
+//     __syncthreads, cp_async_wait or cp_async_commit called at that line
+//     into a no-op (a mutation that the conformance checks must catch), and
+//     CUEMU_MMA=tc makes the mma twin sum its products as a tensor core may
+//     (see tc_dot16);
 //   - __half (_Float16), __nv_bfloat16, their conversions, the math
 //     intrinsics the kernels use, and a few atomics;
 //   - CUDA's launch limits (1024 threads, block z <= 64, 48 KiB of dynamic
@@ -43,7 +62,9 @@
 #error "cuemu.h is the CPU shim; nvcc builds against the CUDA headers (compat.cuh)"
 #endif
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
 #include <bit>
 #include <cmath>
 #include <condition_variable>
@@ -53,6 +74,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <source_location>
 #include <string>
 #include <thread>
 #include <vector>
@@ -115,6 +137,14 @@ constexpr size_t kMaxDynSmem = 48 * 1024;
 
 enum class Wait : uint8_t { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
 
+// AsyncCopy is one cp.async in flight: 16 bytes from src to dst, issued
+// while group was the calling thread's open (uncommitted) group.
+struct AsyncCopy {
+  unsigned char* dst;
+  const unsigned char* src;
+  unsigned group;
+};
+
 struct Fiber {
   void* sp = nullptr;  // saved stack pointer while switched out
 #if !defined(CUEMU_ASM_SWITCH)
@@ -124,6 +154,9 @@ struct Fiber {
   unsigned linear = 0, warp = 0, lane = 0;
   Wait wait = Wait::kRunnable;
   unsigned collectives = 0;  // warp collectives done; parity picks the exchange buffer
+  std::vector<AsyncCopy> copies;  // cp.async not landed, in issue order
+  size_t copies_retired = 0;      // copies[:copies_retired] were waited for: they land at the next barrier
+  unsigned committed = 0;  // cp.async groups committed: the open group's number
 };
 
 // Block is the state of the block a worker is running.
@@ -148,6 +181,87 @@ struct Block {
 };
 
 inline thread_local Block* tl_block = nullptr;
+
+// ---- testing switches -----------------------------------------------------------
+//
+// Set between launches (by the C entry points of emu.cc or, once, from the
+// environment); launches only read them.
+
+enum class MMA : int { kExact = 0, kTC = 1 };
+
+struct Switches {
+  std::atomic<unsigned> drop_line{0};  // 0: no sync is dropped
+  char drop_file[128] = {};            // base name of the dropped sync's file
+  std::atomic<int> mma{int(MMA::kExact)};
+  std::string env_err;  // a bad CUEMU_* variable; every launch fails with it
+};
+
+inline Switches& switches() {
+  static Switches* s = new Switches();  // never destroyed: workers may outlive static destructors
+  return *s;
+}
+
+inline const char* base_name(const char* path) {
+  const char* b = std::strrchr(path, '/');
+  return b ? b + 1 : path;
+}
+
+// set_drop_sync makes the sync called at site ("file.cu:line", the file's
+// base name) a no-op; "" drops nothing. It returns "" or what is wrong.
+inline std::string set_drop_sync(const std::string& site) {
+  Switches& s = switches();
+  if (site.empty()) {
+    s.drop_line.store(0);
+    return "";
+  }
+  const size_t colon = site.rfind(':');
+  char* end = nullptr;
+  const unsigned long line = colon == std::string::npos ? 0 : std::strtoul(site.c_str() + colon + 1, &end, 10);
+  if (colon == 0 || colon == std::string::npos || colon >= sizeof s.drop_file || line == 0 || line > 1000000 ||
+      *end != 0 || site.find('/') != std::string::npos)
+    return "sync site " + site + ": want file.cu:line (the file's base name and a line number)";
+  std::memcpy(s.drop_file, site.data(), colon);
+  s.drop_file[colon] = 0;
+  s.drop_line.store(unsigned(line));
+  return "";
+}
+
+// set_mma selects how the mma twin sums: "exact" (in order, in f32) or
+// "tc" (tc_dot16). It returns "" or what is wrong.
+inline std::string set_mma(const std::string& mode) {
+  if (mode == "exact" || mode.empty()) {
+    switches().mma.store(int(MMA::kExact));
+  } else if (mode == "tc") {
+    switches().mma.store(int(MMA::kTC));
+  } else {
+    return "mma mode " + mode + ": want exact or tc";
+  }
+  return "";
+}
+
+// env_switches applies CUEMU_DROP_SYNC and CUEMU_MMA once; it returns the
+// error every launch then reports, or "".
+inline const std::string& env_switches() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Switches& s = switches();
+    if (const char* e = std::getenv("CUEMU_DROP_SYNC"); e && *e) {
+      if (std::string m = set_drop_sync(e); !m.empty()) s.env_err = "CUEMU_DROP_SYNC: " + m;
+    }
+    if (const char* e = std::getenv("CUEMU_MMA"); e && *e) {
+      if (std::string m = set_mma(e); !m.empty()) s.env_err = "CUEMU_MMA: " + m;
+    }
+  });
+  return switches().env_err;
+}
+
+// keep_sync reports whether the sync called at loc runs: false only for
+// the site CUEMU_DROP_SYNC (or set_drop_sync) names.
+inline bool keep_sync(const std::source_location& loc) {
+  Switches& s = switches();
+  const unsigned line = s.drop_line.load(std::memory_order_relaxed);
+  return line == 0 || loc.line() != line || std::strcmp(base_name(loc.file_name()), s.drop_file) != 0;
+}
 
 // ---- stack switching --------------------------------------------------------
 
@@ -265,15 +379,20 @@ inline void switch_to_scheduler(Block* b, Fiber* f) {
   __builtin_unreachable();
 }
 
+inline void land_copies(Fiber* f);
+
 inline void block_barrier() {
   Block* b = tl_block;
   Fiber* f = b->cur;
+  land_copies(f);
   f->wait = Wait::kBlockBarrier;
   b->block_waiting++;
   switch_to_scheduler(b, f);
 }
 
-inline void warp_barrier(unsigned mask) {
+// warp_barrier waits for the calling thread's warp; land (__syncwarp, not
+// the shuffles and votes) also lands its retired cp.async copies.
+inline void warp_barrier(unsigned mask, bool land) {
   Block* b = tl_block;
   Fiber* f = b->cur;
   if (mask != 0xffffffffu) {
@@ -281,6 +400,7 @@ inline void warp_barrier(unsigned mask) {
     std::snprintf(m, sizeof m, "warp collective with mask 0x%08x: only full-warp masks are emulated", mask);
     fail(m);
   }
+  if (land) land_copies(f);
   f->wait = Wait::kWarpBarrier;
   b->warp_waiting[f->warp]++;
   switch_to_scheduler(b, f);
@@ -306,43 +426,51 @@ inline bool run_block(Block* b) {
     b->warp_live[w] = 0;
   }
   for (unsigned i = 0; i < n; i++) b->warp_live[i / kWarpSize]++;
+  const bool reverse = ((uint64_t(b->idx.z) * b->grid.y + b->idx.y) * b->grid.x + b->idx.x) % 2 == 1;
   for (;;) {
     bool progress = false;
-    for (unsigned i = 0; i < n; i++) {
-      Fiber* f = &b->fibers[i];
-      if (f->wait != Wait::kRunnable) continue;
-      switch_to_fiber(b, f);
-      if (b->failed) return false;
-      progress = true;
-      if (f->wait == Wait::kDone) {
-        b->live--;
-        b->warp_live[f->warp]--;
+    // Warp by warp: a warp runs until every live lane waits at
+    // __syncthreads (its warp collectives release at once), so between two
+    // block barriers one warp runs all its code before the next starts.
+    for (unsigned k = 0; k < b->nwarps; k++) {
+      const unsigned w = reverse ? b->nwarps - 1 - k : k;
+      for (;;) {
+        for (unsigned l = 0; l < kWarpSize; l++) {
+          const unsigned i = w * kWarpSize + (reverse ? kWarpSize - 1 - l : l);
+          if (i >= n) continue;
+          Fiber* f = &b->fibers[i];
+          if (f->wait != Wait::kRunnable) continue;
+          switch_to_fiber(b, f);
+          if (b->failed) return false;
+          progress = true;
+          if (f->wait == Wait::kDone) {
+            b->live--;
+            b->warp_live[w]--;
+          }
+        }
+        if (b->warp_waiting[w] == 0 || b->warp_waiting[w] != b->warp_live[w]) break;
+        if (b->warp_live[w] != kWarpSize) {
+          char m[128];
+          std::snprintf(m, sizeof m,
+                        "warp %u: collective reached by %u live lanes of 32 (partial warps are not emulated)", w,
+                        b->warp_live[w]);
+          b->cur = &b->fibers[w * kWarpSize];
+          b->failed = true;
+          b->err = m;
+          return false;
+        }
+        for (unsigned l = 0; l < kWarpSize; l++) b->fibers[w * kWarpSize + l].wait = Wait::kRunnable;
+        b->warp_waiting[w] = 0;
       }
     }
     if (b->live == 0) return true;
-    bool released = false;
-    for (unsigned w = 0; w < b->nwarps; w++) {
-      if (b->warp_waiting[w] == 0 || b->warp_waiting[w] != b->warp_live[w]) continue;
-      if (b->warp_live[w] != kWarpSize) {
-        char m[128];
-        std::snprintf(m, sizeof m, "warp %u: collective reached by %u live lanes of 32 (partial warps are not emulated)",
-                      w, b->warp_live[w]);
-        b->cur = &b->fibers[w * kWarpSize];
-        b->failed = true;
-        b->err = m;
-        return false;
-      }
-      for (unsigned l = 0; l < kWarpSize; l++) b->fibers[w * kWarpSize + l].wait = Wait::kRunnable;
-      b->warp_waiting[w] = 0;
-      released = true;
-    }
-    if (!released && b->block_waiting == b->live) {
+    if (b->block_waiting == b->live) {
       for (unsigned i = 0; i < n; i++)
         if (b->fibers[i].wait == Wait::kBlockBarrier) b->fibers[i].wait = Wait::kRunnable;
       b->block_waiting = 0;
-      released = true;
+      continue;
     }
-    if (!released && !progress) {
+    if (!progress) {
       unsigned warp_waiting = 0;
       for (unsigned w = 0; w < b->nwarps; w++) warp_waiting += b->warp_waiting[w];
       char m[192];
@@ -497,6 +625,9 @@ class Pool {
         f->lane = t % kWarpSize;
         f->wait = Wait::kRunnable;
         f->collectives = 0;
+        f->copies.clear();  // copies a thread never waited for die with its block
+        f->copies_retired = 0;
+        f->committed = 0;
         init_fiber(f, stacks.lo(t), stacks.hi(t));
       }
       if (!run_block(blk)) {
@@ -540,6 +671,7 @@ inline std::string launch(dim3 grid, dim3 block, size_t smem, const std::functio
                   kMaxDynSmem);
     return m;
   }
+  if (const std::string& e = env_switches(); !e.empty()) return e;
   LaunchState L;
   L.grid = grid;
   L.block = block;
@@ -560,7 +692,7 @@ inline uint64_t exchange(unsigned mask, uint64_t v, unsigned src) {
   Fiber* f = b->cur;
   const unsigned p = f->collectives++ & 1;
   b->xchg[p][f->linear] = v;
-  warp_barrier(mask);
+  warp_barrier(mask, false);
   return b->xchg[p][f->warp * kWarpSize + src];
 }
 
@@ -570,7 +702,7 @@ inline unsigned ballot_bits(unsigned mask, bool pred) {
   Fiber* f = b->cur;
   const unsigned p = f->collectives++ & 1;
   b->xchg[p][f->linear] = pred ? 1 : 0;
-  warp_barrier(mask);
+  warp_barrier(mask, false);
   unsigned bits = 0;
   for (unsigned l = 0; l < kWarpSize; l++)
     if (b->xchg[p][f->warp * kWarpSize + l]) bits |= 1u << l;
@@ -592,6 +724,89 @@ inline T from_bits(uint64_t u) {
   return v;
 }
 
+// ---- cp.async -------------------------------------------------------------------
+
+// cp_async_16 issues a 16-byte cp.async of the calling thread: the
+// destination reads as 0xFF bytes (NaN in every float format) until the
+// copy's group is retired by cp_async_wait; the source is read then.
+inline void cp_async_16(void* dst, const void* src) {
+  Fiber* f = tl_block->cur;
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) % 16 != 0) {
+    char m[128];
+    std::snprintf(m, sizeof m, "cp.async of 16 bytes from %p to %p: both addresses must be 16-byte aligned", src, dst);
+    fail(m);
+  }
+  std::memset(dst, 0xFF, 16);
+  f->copies.push_back({static_cast<unsigned char*>(dst), static_cast<const unsigned char*>(src), f->committed});
+}
+
+// cp_async_commit closes the calling thread's open group.
+inline void cp_async_commit(const std::source_location& loc) {
+  if (keep_sync(loc)) tl_block->cur->committed++;
+}
+
+// cp_async_wait retires every copy of the calling thread's committed
+// groups but the n most recent (cp.async.wait_group n); copies not yet
+// committed stay in flight. A retired copy lands at the thread's next
+// __syncthreads or __syncwarp (land_copies): PTX makes it visible to the
+// waiting thread at once and to the others after a barrier, and the shim
+// cannot tell one reader from another, so it takes the stricter rule for
+// all (a thread that reads its own copy before a barrier reads NaN here).
+// Landing at the wait would let a warp that waits, reaches a warp
+// collective and stalls there land its tile before another warp, released
+// from the same collective, reads it: a missing __syncthreads would pass.
+inline void cp_async_wait(unsigned n, const std::source_location& loc) {
+  if (!keep_sync(loc)) return;
+  Fiber* f = tl_block->cur;
+  size_t i = f->copies_retired;
+  while (i < f->copies.size() && f->copies[i].group + n < f->committed) i++;
+  f->copies_retired = i;
+}
+
+// land_copies lands the calling thread's retired copies (at a barrier).
+inline void land_copies(Fiber* f) {
+  if (f->copies_retired == 0) return;
+  for (size_t i = 0; i < f->copies_retired; i++) std::memcpy(f->copies[i].dst, f->copies[i].src, 16);
+  f->copies.erase(f->copies.begin(), f->copies.begin() + ptrdiff_t(f->copies_retired));
+  f->copies_retired = 0;
+}
+
+// ---- tensor-core summation ------------------------------------------------------
+
+// tc_block adds the n (<= 8) products a[k]*b[k] to acc the way a tensor
+// core's multi-operand adder may (the model of Fasi et al. 2021 and Khattak
+// & Mikaitis 2025, at its least precise): the products are exact, every
+// addend (acc included) is truncated toward zero to 24 significant bits
+// of the largest one's exponent, the truncated addends are summed exactly,
+// and the sum is rounded toward zero to f32. Infinities and NaNs take the
+// IEEE path.
+inline float tc_block(float acc, const float* a, const float* b, int n) {
+  double t[9];
+  t[0] = acc;
+  for (int k = 0; k < n; k++) t[k + 1] = double(a[k]) * double(b[k]);  // exact: 11- or 8-bit significands
+  int emax = INT32_MIN;
+  double ieee = 0;
+  for (int k = 0; k <= n; k++) {
+    ieee += t[k];
+    if (!std::isfinite(t[k])) return float(ieee);
+    if (t[k] != 0) emax = std::max(emax, std::ilogb(t[k]));
+  }
+  if (emax == INT32_MIN) return float(ieee);  // all zero (keeps -0 + -0 = -0)
+  const double ulp = std::ldexp(1.0, emax - 23);
+  double sum = 0;  // multiples of ulp below 2^28 ulp: exact in a double
+  for (int k = 0; k <= n; k++) sum += std::trunc(t[k] / ulp) * ulp;
+  float r = float(sum);
+  if (std::fabs(double(r)) > std::fabs(sum)) r = std::nextafter(r, 0.0f);
+  return r;
+}
+
+// tc_dot16 is c + sum a[k]*b[k] over 16 products in two blocks of 8.
+inline float tc_dot16(float c, const float* a, const float* b) {
+  return tc_block(tc_block(c, a, b, 8), a + 8, b + 8, 8);
+}
+
+inline bool mma_tc() { return switches().mma.load(std::memory_order_relaxed) == int(MMA::kTC); }
+
 }  // namespace cuemu
 
 #define threadIdx (::cuemu::tl_block->cur->tid)
@@ -602,8 +817,10 @@ inline T from_bits(uint64_t u) {
 
 // ---- synchronisation and warp collectives -----------------------------------
 
-inline void __syncthreads() { ::cuemu::block_barrier(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { ::cuemu::warp_barrier(mask); }
+inline void __syncthreads(std::source_location loc = std::source_location::current()) {
+  if (::cuemu::keep_sync(loc)) ::cuemu::block_barrier();
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::cuemu::warp_barrier(mask, true); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 [[noreturn]] inline void __trap() { ::cuemu::fail("__trap() called"); }

@@ -25,6 +25,11 @@
 //     allocated, like fresh device memory); kernels never see Go memory.
 //   - Dynamic shared memory is filled with 0xFF before every block, so a
 //     read of a slot no thread wrote yields NaN, not a stale value.
+//   - A cp.async copy writes 0xFF at once and lands only when its thread
+//     reaches a barrier after the cp_async_wait that retires its group, so
+//     a missing wait, commit or barrier reads NaN (docs/kernels.md, "The
+//     CPU emulator"); CUEMU_DROP_SYNC and CUEMU_MMA are testing switches
+//     that change nothing unless set.
 //   - A block whose threads cannot all reach the same barrier fails the
 //     launch with an error naming the block; it never hangs.
 //   - Stream capture (the Driver's BeginCapture .. EndCapture) records the

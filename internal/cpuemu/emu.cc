@@ -116,6 +116,7 @@ const std::vector<Entry>& entries() {
       PKV_ENTRY(cuemu_test_tc_offsets),
       PKV_ENTRY(cuemu_test_page_div),
       PKV_ENTRY(cuemu_test_prefill_offsets),
+      PKV_ENTRY(cuemu_test_cp_async),
   };
   return e;
 }
@@ -174,4 +175,22 @@ extern "C" void cuemu_memset(uint64_t dst, int value, size_t n) {
 
 extern "C" void cuemu_dtod(uint64_t dst, uint64_t src, size_t n) {
   std::memmove(reinterpret_cast<void*>(static_cast<uintptr_t>(dst)), reinterpret_cast<const void*>(static_cast<uintptr_t>(src)), n);
+}
+
+namespace {
+int report(const std::string& msg, char* err, size_t errlen) {
+  if (msg.empty()) return 0;
+  std::snprintf(err, errlen, "%s", msg.c_str());
+  return -1;
+}
+}  // namespace
+
+extern "C" int cuemu_drop_sync(const char* site, char* err, size_t errlen) {
+  ::cuemu::env_switches();  // the environment applies first, so this call wins
+  return report(::cuemu::set_drop_sync(site), err, errlen);
+}
+
+extern "C" int cuemu_set_mma(const char* mode, char* err, size_t errlen) {
+  ::cuemu::env_switches();
+  return report(::cuemu::set_mma(mode), err, errlen);
 }

@@ -186,3 +186,34 @@ func Arity(kernel string) int {
 	defer C.free(unsafe.Pointer(name))
 	return int(C.cuemu_arity(name))
 }
+
+// The shim's testing switches (cuemu.h), for this package's tests; the
+// environment variables CUEMU_DROP_SYNC and CUEMU_MMA set the same two for a
+// whole process. They are global: a test that sets one must not run in
+// parallel with other launches.
+
+// dropSync makes the __syncthreads, cp_async_wait or cp_async_commit called
+// at site ("decode.cu:150": the file's base name and the line) a no-op,
+// until dropSync(""). Returns an error for a malformed site.
+func dropSync(site string) error {
+	v := C.CString(site)
+	defer C.free(unsafe.Pointer(v))
+	var errbuf [256]C.char
+	return switchErr(C.cuemu_drop_sync(v, &errbuf[0], C.size_t(len(errbuf))), errbuf[:])
+}
+
+// setMMA selects how the mma twin sums: "exact" (in order, in f32) or
+// "tc" (as a tensor core may: cuemu::tc_dot16).
+func setMMA(mode string) error {
+	v := C.CString(mode)
+	defer C.free(unsafe.Pointer(v))
+	var errbuf [256]C.char
+	return switchErr(C.cuemu_set_mma(v, &errbuf[0], C.size_t(len(errbuf))), errbuf[:])
+}
+
+func switchErr(rc C.int, errbuf []C.char) error {
+	if rc != 0 {
+		return fmt.Errorf("cpuemu: %s", C.GoString(&errbuf[0]))
+	}
+	return nil
+}

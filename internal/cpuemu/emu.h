@@ -18,6 +18,12 @@ void cuemu_htod(uint64_t dst, const void* src, size_t n);
 void cuemu_dtoh(void* dst, uint64_t src, size_t n);
 void cuemu_memset(uint64_t dst, int value, size_t n);
 void cuemu_dtod(uint64_t dst, uint64_t src, size_t n);
+// Testing switches (cuemu.h): cuemu_drop_sync makes the sync called at
+// site ("file.cu:line") a no-op ("" restores every sync); cuemu_set_mma
+// selects the mma twin's summation ("exact" or "tc"). Both return 0, or -1
+// with a message in err.
+int cuemu_drop_sync(const char* site, char* err, size_t errlen);
+int cuemu_set_mma(const char* mode, char* err, size_t errlen);
 #ifdef __cplusplus
 }
 #endif

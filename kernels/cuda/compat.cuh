@@ -81,30 +81,47 @@ __device__ __forceinline__ float rcp_approx(float x) {
 // cp_async_16 copies 16 bytes from global to shared memory asynchronously
 // (sm_80 cp.async.cg; both addresses 16-byte aligned). The copy is complete
 // for the calling thread after cp_async_wait<n> has retired its group, and
-// visible to the block after a __syncthreads that follows.
+// visible to the block after a __syncthreads that follows. The shim's twins
+// keep it in flight until then (cuemu.h): the destination reads as NaN.
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem_src));
-#else
+#elif defined(__CUDACC__)
   *static_cast<uint4*>(smem_dst) = *static_cast<const uint4*>(gmem_src);
+#else
+  ::cuemu::cp_async_16(smem_dst, gmem_src);
 #endif
 }
 
+// PKV_SYNC_SITE is, in the shim only, a defaulted parameter that tells the
+// twins of the two calls below where they were called from (so a test can
+// drop one call site: CUEMU_DROP_SYNC in cuemu.h).
+#if defined(__CUDACC__)
+#define PKV_SYNC_SITE
+#else
+#define PKV_SYNC_SITE std::source_location site = std::source_location::current()
+#endif
+
 // cp_async_commit closes the group of cp.async copies issued so far.
-__device__ __forceinline__ void cp_async_commit() {
+__device__ __forceinline__ void cp_async_commit(PKV_SYNC_SITE) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
+#elif !defined(__CUDACC__)
+  ::cuemu::cp_async_commit(site);
 #endif
 }
 
 // cp_async_wait waits until at most n groups of this thread are in flight.
 template <int n>
-__device__ __forceinline__ void cp_async_wait() {
+__device__ __forceinline__ void cp_async_wait(PKV_SYNC_SITE) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(n));
+#elif !defined(__CUDACC__)
+  ::cuemu::cp_async_wait(unsigned(n), site);
 #endif
 }
+#undef PKV_SYNC_SITE
 
 // ---- conversions ----------------------------------------------------------------
 
@@ -231,7 +248,8 @@ __device__ __forceinline__ void store_f32(void* p, int64_t i, int64_t dtype, flo
 // inputs (.bf16.bf16), same fragments. The C twin gathers the row and
 // column it needs with warp shuffles and sums the 16 products in order in
 // f32 (the tensor core's summation order and rounding are not specified;
-// exact for small integers, which is what the layout tests use).
+// exact for small integers, which is what the layout tests use), or, with
+// CUEMU_MMA=tc, as cuemu::tc_dot16 models a tensor core.
 #if !(defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800)
 template <bool kBF16>
 inline void mma_m16n8k16_f32_twin(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
@@ -256,7 +274,12 @@ inline void mma_m16n8k16_f32_twin(float (&d)[4], const uint32_t (&a)[4], const u
       }
     }
   }
+  const bool tc = ::cuemu::mma_tc();
   for (int i = 0; i < 4; i++) {
+    if (tc) {
+      d[i] = ::cuemu::tc_dot16(c[i], arow[i >> 1], bcol[i & 1]);
+      continue;
+    }
     float sum = c[i];
     for (int k = 0; k < 16; k++) sum += arow[i >> 1][k] * bcol[i & 1][k];
     d[i] = sum;
