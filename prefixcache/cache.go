@@ -137,11 +137,13 @@ type node struct {
 	gen      uint32     // incremented when the node is removed
 	prio     Priority
 	state    uint8
-	hits     uint32 // admissions it served since it was published (Cache.Hit)
+	depth    uint16     // pages before it in its chain, saturating (the eviction class)
+	hits     uint32     // admissions it served since it was published (Cache.Hit)
+	hint     evict.Hint // its continuation hint (Cache.Hint); cleared by a hit
 
 	// Pads the node to one 64-byte cache line (nodes is page-aligned), so
 	// each node an eviction or a match touches costs one miss, not two.
-	_ [4]byte
+	_ [3]byte
 }
 
 func (n *node) cached() bool { return n.state&stCached != 0 }
@@ -154,6 +156,11 @@ func (n *node) policyHits() uint32 {
 		return 1
 	}
 	return n.hits
+}
+
+// class is what its level's policy sees of it.
+func (n *node) class() evict.Class {
+	return evict.Class{Hits: n.policyHits(), Depth: uint32(n.depth), Hint: n.hint}
 }
 
 // listed reports whether n is on an eviction queue: idle and not pinned.
@@ -467,6 +474,10 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 		}
 		pn.child = p
 		pn.children++
+		n.depth = pn.depth + 1
+		if pn.depth == ^uint16(0) {
+			n.depth = pn.depth
+		}
 	}
 	n.nextHash = c.byHash.push(c.nodes, hv, p)
 	c.nCached++
@@ -528,7 +539,7 @@ func (c *Cache) recheck(p int32) {
 		return
 	}
 	if n.pins == 0 {
-		c.unlinkLRU(p)
+		c.queues.Reuse(p)
 	} else {
 		c.nIdlePinned--
 	}
@@ -567,10 +578,45 @@ func (c *Cache) Raise(prio Priority, pages ...PageID) error {
 // ignored; the count saturates.
 func (c *Cache) Hit(pages ...PageID) {
 	for _, p := range pages {
-		if p >= 0 && int(p) < len(c.nodes) && c.nodes[p].cached() && c.nodes[p].hits < ^uint32(0) {
-			c.nodes[p].hits++
+		if p >= 0 && int(p) < len(c.nodes) && c.nodes[p].cached() {
+			n := &c.nodes[p]
+			n.hint = evict.HintNone
+			if n.hits < ^uint32(0) {
+				n.hits++
+			}
 		}
 	}
+}
+
+// Hint sets the continuation hint of the cached pages among pages: what
+// the engine expects of their chain once its request lets them go (see
+// evict.Hint). Only the "adaptive" policy reads it: it keeps hinted pages
+// on queues of their own and learns how much reuse each earns. A page
+// that serves a hit loses its hint (its new holder hints it again); an
+// idle page moves to the tail of its new queue. Pages that are not cached
+// are ignored; a hint outside evict's hints is ErrBadArgument, and nothing
+// changes.
+func (c *Cache) Hint(h evict.Hint, pages ...PageID) error {
+	if h >= evict.NumHints {
+		return fmt.Errorf("%w: hint %d, want 0..%d", ErrBadArgument, h, evict.NumHints-1)
+	}
+	for _, p := range pages {
+		if p < 0 || int(p) >= len(c.nodes) || !c.nodes[p].cached() {
+			continue
+		}
+		n := &c.nodes[p]
+		if n.hint == h {
+			continue
+		}
+		if n.listed() {
+			c.unlinkLRU(int32(p))
+			n.hint = h
+			c.pushLRU(int32(p))
+		} else {
+			n.hint = h
+		}
+	}
+	return nil
 }
 
 // Entry returns the tokens of the page h names (read-only, valid while the

@@ -92,6 +92,9 @@ type Config struct {
 	// without tiers (HostPages > 0 with one is ErrBadConfig), although a
 	// HybridManager has them.
 	Model string
+	// Hints, when its Accuracy is > 0, feeds continuation hints from an
+	// oracle of the trace's future (see [Hints]; a dense Manager only).
+	Hints Hints
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.
 	Progress func(finished int)
@@ -154,7 +157,9 @@ func RemoteFormat(pageTokens int) tier.PageFormat {
 type Result struct {
 	Eviction      string
 	CapacityPages int
-	Requests      int
+	// HintAccuracy is the oracle's accuracy (0: no hints).
+	HintAccuracy float64
+	Requests     int
 	// Blocks are the prompt blocks of every admission (Add), HitBlocks
 	// those the prefix cache served.
 	Blocks, HitBlocks int64
@@ -247,7 +252,15 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	if policy == "" {
 		policy = evict.LRU
 	}
-	r := &runner{t: t, cfg: cfg, m: m, res: &Result{Eviction: policy, CapacityPages: cfg.CapacityPages}}
+	r := &runner{t: t, cfg: cfg, m: m, res: &Result{Eviction: policy, CapacityPages: cfg.CapacityPages, HintAccuracy: cfg.Hints.Accuracy}}
+	if err := cfg.Hints.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Hints.Accuracy > 0 {
+		if r.hints, err = newHinter(t, cfg.Hints, m); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
 	if cfg.Service == nil {
 		err = r.sequential()
@@ -289,6 +302,20 @@ type runner struct {
 	slot   []int // the service model's batch entry -> index in running
 	copies []pagedkv.TierCopy
 	copyID []uint64
+	hints  *hinter // nil: no hints
+}
+
+// release hints request i (if hints are on) and releases it.
+func (r *runner) release(i int) error {
+	if r.hints != nil {
+		if err := r.hints.hint(i); err != nil {
+			return err
+		}
+	}
+	if err := r.m.Release(pagedkv.RequestID(i)); err != nil {
+		return fmt.Errorf("replay: request %d: %w", i, err)
+	}
+	return nil
 }
 
 // completeCopies completes every tier copy the Manager planned: the replay
@@ -376,8 +403,8 @@ func (r *runner) sequential() error {
 		if err := r.completeCopies(); err != nil {
 			return err
 		}
-		if err := r.m.Release(id); err != nil {
-			return fmt.Errorf("replay: request %d: %w", i, err)
+		if err := r.release(i); err != nil {
+			return err
 		}
 		if err := r.flush(); err != nil {
 			return err
