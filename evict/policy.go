@@ -101,6 +101,10 @@ var makers = map[string]func() Policy{
 	Adaptive: func() Policy { return newAdaptive() },
 }
 
+// ReadsHints reports whether policy name reads continuation hints
+// ([Class].Hint); the others place a page by its hits alone.
+func ReadsHints(name string) bool { return name == Adaptive }
+
 // Names returns the names New knows, sorted.
 func Names() []string {
 	names := make([]string, 0, len(makers))

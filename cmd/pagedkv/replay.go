@@ -77,6 +77,9 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		pageTokens = n
 		return nil
 	})
+	hintAcc := fs.String("hint-accuracy", "", "comma-separated accuracies in percent (e.g. 100,90,70): replay each policy that reads continuation hints (adaptive) once more per accuracy, hinted by an oracle of the trace's future, each request's hints inverted with probability 1 - accuracy (docs/replay.md)")
+	hintHorizon := fs.Int64("hint-horizon", 0, "--hint-accuracy: a block is hinted reused when referenced again within this many block references (0: at all)")
+	hintSeed := fs.Uint64("hint-seed", 1, "--hint-accuracy: the seed of the hints' errors")
 	first := fs.Int("first", 0, "replay only the trace's first N requests (0: all)")
 	svc := replay.DefaultService()
 	fs.Float64Var(&svc.PrefillTokensPerSec, "prefill-rate", svc.PrefillTokensPerSec, "--service: prefill tokens per second")
@@ -108,6 +111,15 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	fractions, err := parsePercents(*capacities)
 	if err != nil {
 		return usageErr("--capacities: %v", err)
+	}
+	var accs []float64
+	if *hintAcc != "" {
+		if accs, err = parsePercents(*hintAcc); err != nil {
+			return usageErr("--hint-accuracy: %v", err)
+		}
+	}
+	if *hintHorizon < 0 {
+		return usageErr("--hint-horizon %d: want >= 0", *hintHorizon)
 	}
 	names := strings.Split(*policies, ",")
 	for _, n := range names {
@@ -178,8 +190,17 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		}
 		return runReplayFleet(t, cfg, p, stdout, stderr)
 	}
-	total := len(t.Requests) * len(fractions) * len(names)
+	runs := len(names)
+	for range accs {
+		for _, n := range names {
+			if evict.ReadsHints(n) {
+				runs++
+			}
+		}
+	}
+	total := len(t.Requests) * len(fractions) * runs
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
+		HintAccuracies: accs, HintHorizon: *hintHorizon, HintSeed: *hintSeed,
 		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr), Model: *model,
 		MaxWork: *maxWork, Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
@@ -225,7 +246,7 @@ func parsePercents(s string) ([]float64, error) {
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 		if err != nil || !(v > 0 && v <= 100) {
-			return nil, fmt.Errorf("capacity %q, want a percentage in (0, 100]", f)
+			return nil, fmt.Errorf("%q, want a percentage in (0, 100]", f)
 		}
 		out = append(out, v/100)
 	}

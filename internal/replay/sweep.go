@@ -7,6 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
@@ -62,6 +63,12 @@ type SweepConfig struct {
 	// tier for each run (run names it uniquely within the sweep, so no run
 	// sees another's pages), with the store's flush and close.
 	OpenRemote func(run string, f tier.PageFormat) (store tier.RemoteStore, flush, close func() error, err error)
+	// HintAccuracies, each > 0, replay every policy that reads
+	// continuation hints (evict.ReadsHints) once more per accuracy, fed
+	// by the oracle of [Hints] (HintHorizon, HintSeed).
+	HintAccuracies []float64
+	HintHorizon    int64
+	HintSeed       uint64
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished over the whole sweep.
 	Progress func(finished int)
@@ -96,15 +103,16 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 			return nil, fmt.Errorf("%w: capacity fraction %g, want > 0", ErrBadConfig, f)
 		}
 		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), least)}
-		for _, p := range policies {
-			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model}
+		for _, run := range sweepRuns(policies, cfg.HintAccuracies) {
+			rc := Config{CapacityPages: pt.CapacityPages, Eviction: run.policy, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model,
+				Hints: Hints{Accuracy: run.acc, Horizon: cfg.HintHorizon, Seed: cfg.HintSeed}}
 			if progress != nil {
 				base := done
 				rc.Progress = func(n int) { progress(base + n) }
 			}
-			res, err := runWithRemote(t, rc, cfg.OpenRemote, fmt.Sprintf("%s-%g", p, f))
+			res, err := runWithRemote(t, rc, cfg.OpenRemote, fmt.Sprintf("%s-%g-%g", run.policy, run.acc, f))
 			if err != nil {
-				return nil, fmt.Errorf("capacity %.0f%% (%d pages), policy %s: %w", 100*f, pt.CapacityPages, p, err)
+				return nil, fmt.Errorf("capacity %.0f%% (%d pages), policy %s: %w", 100*f, pt.CapacityPages, res.labelOf(run.policy, run.acc), err)
 			}
 			done += len(t.Requests)
 			pt.Results = append(pt.Results, res)
@@ -118,6 +126,38 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	}
 	sw.Wall = time.Since(start)
 	return sw, nil
+}
+
+type sweepRun struct {
+	policy string
+	acc    float64
+}
+
+// sweepRuns lists a capacity's replays: every policy without hints, then
+// every policy that reads hints at each accuracy.
+func sweepRuns(policies []string, accs []float64) []sweepRun {
+	var runs []sweepRun
+	for _, p := range policies {
+		runs = append(runs, sweepRun{p, 0})
+	}
+	for _, a := range accs {
+		for _, p := range policies {
+			if evict.ReadsHints(p) {
+				runs = append(runs, sweepRun{p, a})
+			}
+		}
+	}
+	return runs
+}
+
+// Label names the run: the policy, and the hints' accuracy if any.
+func (r *Result) Label() string { return r.labelOf(r.Eviction, r.HintAccuracy) }
+
+func (*Result) labelOf(policy string, acc float64) string {
+	if acc == 0 {
+		return policy
+	}
+	return fmt.Sprintf("%s+hints %.0f%%", policy, 100*acc)
 }
 
 // TraceStream is t's own reference stream: each request's blocks once, in
@@ -153,7 +193,7 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 				perHour = (time.Duration(float64(r.Wall) * 3.6e6 / r.SimulatedMs)).Round(time.Millisecond).String()
 			}
 			fmt.Fprintf(tw, "%.0f%%\t%d\t%s\t%.1f%%\t%.1f%%\t%d\t%d\t%d\t%d\t%d\t%s\t\n",
-				100*pt.Fraction, pt.CapacityPages, r.Eviction, 100*r.HitRatio(), 100*ratio(r.HitBlocks, bel),
+				100*pt.Fraction, pt.CapacityPages, r.Label(), 100*r.HitRatio(), 100*ratio(r.HitBlocks, bel),
 				r.PrefillTokens, r.RecomputedTokens, r.EvictedPages, r.Preemptions, r.PeakPages, perHour)
 		}
 		if len(pt.Results) > 0 {
@@ -180,6 +220,9 @@ func (sw *Sweep) bestOnline() []string {
 	for _, pt := range sw.Points {
 		bi := -1
 		for i, r := range pt.Results {
+			if r.HintAccuracy > 0 {
+				continue // not online: told the future
+			}
 			if bi < 0 || r.HitBlocks > pt.Results[bi].HitBlocks {
 				bi = i
 			}
