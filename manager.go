@@ -115,6 +115,10 @@ type Config struct {
 	// priority level: "lru" (the default, also for ""), "slru", "srrip" or "arc"
 	// (evict.Names; docs/replay.md compares them).
 	Eviction string
+	// MissRatioSampling, when > 0, keeps a live miss-ratio curve
+	// (Stats.MissRatioCurve): shadow LRU caches sampling that share of
+	// page keys (SHARDS; at most 1, e.g. evict.DefaultShadowRate). 0: none.
+	MissRatioSampling float64
 	// MemoryLimit bounds the memory the configuration asks for
 	// ([Config.AllocBytes], [HybridConfig.AllocBytes]: the bookkeeping of
 	// every page in every group, and the host tier's pages), checked

@@ -90,6 +90,12 @@ type Config struct {
 	// (evict.Names: "arc", "lru", "slru", "srrip"); "" means "lru". See
 	// evict.Policy and docs/replay.md for how they compare.
 	Eviction string
+	// ShadowRate, when > 0, keeps a live miss-ratio curve
+	// ([Cache.Shadow]): SHARDS-sampled shadow LRU caches at that sampling
+	// rate (at most 1) estimate the hit ratio at ½×, 2× and 4× NumPages
+	// and with no limit, from the pages admissions hit ([Cache.Hit]) and
+	// publish. 0: none.
+	ShadowRate float64
 }
 
 // Handle names a position in the prefix tree: a namespace root (the zero
@@ -174,6 +180,7 @@ type Cache struct {
 	_        noCopy
 	pageSize int
 	refs     Refs
+	shadow   *evict.Shadow // the live miss-ratio curve (Config.ShadowRate), or nil
 	seed     uint64
 	// defaultKey is Key(Namespace{}); the zero Key stands for it.
 	defaultKey Key
@@ -236,7 +243,11 @@ func AllocBytes(cfg Config) int64 {
 	if levels == 0 {
 		levels = DefaultPriorities
 	}
-	return need + evict.AllocBytesIn(cfg.Eviction, levels, int(n))
+	need += evict.AllocBytesIn(cfg.Eviction, levels, int(n))
+	if cfg.ShadowRate > 0 && cfg.ShadowRate <= 1 && n > 0 {
+		need += evict.ShadowBytes(int(n), cfg.ShadowRate)
+	}
+	return need
 }
 
 // New returns an empty cache.
@@ -254,6 +265,8 @@ func New(cfg Config) (*Cache, error) {
 		return nil, fmt.Errorf("%w: Priorities = %d, want 0..%d", ErrBadConfig, cfg.Priorities, MaxPriorities)
 	case cfg.MaxPinnedPages < 0:
 		return nil, fmt.Errorf("%w: MaxPinnedPages = %d, want >= 0", ErrBadConfig, cfg.MaxPinnedPages)
+	case !(cfg.ShadowRate >= 0 && cfg.ShadowRate <= 1):
+		return nil, fmt.Errorf("%w: ShadowRate = %g, want 0..1", ErrBadConfig, cfg.ShadowRate)
 	}
 	np := cfg.Priorities
 	if np == 0 {
@@ -287,6 +300,11 @@ func New(cfg Config) (*Cache, error) {
 	}
 	for i := range c.nodes {
 		c.nodes[i] = node{parent: none, child: none, next: none, prev: none, nextHash: none}
+	}
+	if cfg.ShadowRate > 0 {
+		if c.shadow, err = evict.NewShadow(cfg.NumPages, cfg.ShadowRate); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
 	}
 	c.defaultKey = c.Key(Namespace{})
 	return c, nil
@@ -441,6 +459,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	}
 	hv := c.hash(ph, tokens)
 	if x := c.find(hv, par, &key, tokens); x != none {
+		if c.shadow != nil {
+			c.shadow.Ref(hv)
+		}
 		c.counters.Duplicates++
 		return c.handle(x), false, nil
 	}
@@ -455,6 +476,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	}
 
 	// Commit: nothing below fails.
+	if c.shadow != nil {
+		c.shadow.Ref(hv)
+	}
 	copy(c.pageTokens(p), tokens)
 	n := &c.nodes[p]
 	*n = node{
@@ -580,6 +604,9 @@ func (c *Cache) Hit(pages ...PageID) {
 	for _, p := range pages {
 		if p >= 0 && int(p) < len(c.nodes) && c.nodes[p].cached() {
 			n := &c.nodes[p]
+			if c.shadow != nil {
+				c.shadow.Ref(n.hash)
+			}
 			n.hint = evict.HintNone
 			if n.hits < ^uint32(0) {
 				n.hits++
@@ -658,6 +685,15 @@ type Counters struct {
 	// releases and duplicates can make an old parent idle under busy
 	// children.
 	InnerVictims int64
+}
+
+// Shadow returns the live miss-ratio curve's estimates (Config.ShadowRate);
+// ok is false without one.
+func (c *Cache) Shadow() (e evict.ShadowEstimates, ok bool) {
+	if c.shadow == nil {
+		return e, false
+	}
+	return c.shadow.Estimates(), true
 }
 
 // Counters returns the cumulative event counts.

@@ -11,6 +11,9 @@ import (
 func (c *Cache) pushLRU(p int32) {
 	n := &c.nodes[p]
 	c.queues.PushClass(p, int(n.prio), n.class())
+	if c.shadow != nil {
+		c.shadow.Touch(n.hash)
+	}
 }
 
 // unlinkLRU removes page p from its eviction queue.

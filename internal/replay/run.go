@@ -95,6 +95,10 @@ type Config struct {
 	// Hints, when its Accuracy is > 0, feeds continuation hints from an
 	// oracle of the trace's future (see [Hints]; a dense Manager only).
 	Hints Hints
+	// CurveRate, when > 0, keeps the Manager's live miss-ratio curve at
+	// that sampling rate (pagedkv.Config.MissRatioSampling); its final
+	// estimates land in Result.Curve.
+	CurveRate float64
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.
 	Progress func(finished int)
@@ -182,6 +186,8 @@ type Result struct {
 	// RemoteStored and RemoteFetched count the pages written to it and
 	// read from it.
 	RemoteHitBlocks, RemoteStored, RemoteFetched int64
+	// Curve is the live miss-ratio curve's final estimate (Config.CurveRate).
+	Curve pagedkv.MissRatioCurve
 	// Stream is the block reference stream: the prompt blocks of every
 	// admission and resumption, in order (the input of the limits).
 	Stream Stream
@@ -230,7 +236,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("%w: HostPages %d, want >= 0", ErrBadConfig, cfg.HostPages)
 	}
 	mcfg := pagedkv.Config{NumPages: numPages, PageSize: cfg.PageTokens, HashSeed: 1,
-		Eviction: cfg.Eviction, CascadeMinSavedPages: -1}
+		Eviction: cfg.Eviction, CascadeMinSavedPages: -1, MissRatioSampling: cfg.CurveRate}
 	if cfg.HostPages > 0 {
 		mcfg.Tiers = pagedkv.TierConfig{HostPages: cfg.HostPages, WriteThrough: true}
 	}
@@ -286,6 +292,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	res.Offloaded, res.Onloaded = s.Tiers.OffloadedPages, s.Tiers.OnloadedPages
 	res.RemoteHitBlocks = s.Tiers.RemoteHitTokens / int64(cfg.PageTokens)
 	res.RemoteStored, res.RemoteFetched = s.Tiers.RemoteStored, s.Tiers.RemoteFetched
+	res.Curve = s.MissRatioCurve
 	res.Wall = time.Since(start)
 	return res, nil
 }
