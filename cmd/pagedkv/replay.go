@@ -80,6 +80,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	hintAcc := fs.String("hint-accuracy", "", "comma-separated accuracies in percent (e.g. 100,90,70): replay each policy that reads continuation hints (adaptive) once more per accuracy, hinted by an oracle of the trace's future, each request's hints inverted with probability 1 - accuracy (docs/replay.md)")
 	hintHorizon := fs.Int64("hint-horizon", 0, "--hint-accuracy: a block is hinted reused when referenced again within this many block references (0: at all)")
 	hintSeed := fs.Uint64("hint-seed", 1, "--hint-accuracy: the seed of the hints' errors")
+	curve := fs.Float64("curve-rate", 0, "keep the live miss-ratio curve at this sampling rate in percent (e.g. 12.5; 0: none) and check it against LRU replayed at 1/2x, 2x and 4x each capacity")
 	first := fs.Int("first", 0, "replay only the trace's first N requests (0: all)")
 	svc := replay.DefaultService()
 	fs.Float64Var(&svc.PrefillTokensPerSec, "prefill-rate", svc.PrefillTokensPerSec, "--service: prefill tokens per second")
@@ -117,6 +118,9 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		if accs, err = parsePercents(*hintAcc); err != nil {
 			return usageErr("--hint-accuracy: %v", err)
 		}
+	}
+	if !(*curve >= 0 && *curve <= 100) {
+		return usageErr("--curve-rate %g: want 0..100 percent", *curve)
 	}
 	if *hintHorizon < 0 {
 		return usageErr("--hint-horizon %d: want >= 0", *hintHorizon)
@@ -200,7 +204,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	total := len(t.Requests) * len(fractions) * runs
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
-		HintAccuracies: accs, HintHorizon: *hintHorizon, HintSeed: *hintSeed,
+		HintAccuracies: accs, HintHorizon: *hintHorizon, HintSeed: *hintSeed, CurveRate: *curve / 100,
 		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr), Model: *model,
 		MaxWork: *maxWork, Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()

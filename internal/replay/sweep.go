@@ -26,6 +26,10 @@ type Point struct {
 	// in sequential replays, where every stream is the trace's).
 	BeladyHits int64
 	BeladyOwn  []int64
+	// CurveTrue are, with SweepConfig.CurveRate, LRU's true hit ratios at
+	// ½×, 2× and 4× this capacity (replayed) and the unlimited ratio:
+	// what Results[0].Curve estimated.
+	CurveTrue [4]float64
 }
 
 // Sweep is a replay of one trace at several capacities under several
@@ -69,6 +73,10 @@ type SweepConfig struct {
 	HintAccuracies []float64
 	HintHorizon    int64
 	HintSeed       uint64
+	// CurveRate, when > 0, keeps the live miss-ratio curve in every
+	// replay (Config.CurveRate) and replays LRU at ½×, 2× and 4× each
+	// capacity to check the first policy's estimates (Point.CurveTrue).
+	CurveRate float64
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished over the whole sweep.
 	Progress func(finished int)
@@ -105,7 +113,7 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), least)}
 		for _, run := range sweepRuns(policies, cfg.HintAccuracies) {
 			rc := Config{CapacityPages: pt.CapacityPages, Eviction: run.policy, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model,
-				Hints: Hints{Accuracy: run.acc, Horizon: cfg.HintHorizon, Seed: cfg.HintSeed}}
+				Hints: Hints{Accuracy: run.acc, Horizon: cfg.HintHorizon, Seed: cfg.HintSeed}, CurveRate: cfg.CurveRate}
 			if progress != nil {
 				base := done
 				rc.Progress = func(n int) { progress(base + n) }
@@ -121,6 +129,17 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 		}
 		if len(pt.Results) > 0 {
 			pt.BeladyHits = pt.BeladyOwn[0]
+		}
+		if cfg.CurveRate > 0 {
+			for i, m := range [...]float64{0.5, 2, 4} {
+				res, err := Run(t, Config{CapacityPages: max(int(m*float64(pt.CapacityPages)), least), Eviction: evict.LRU,
+					Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model})
+				if err != nil {
+					return nil, fmt.Errorf("capacity %.0f%% × %g, the curve's truth: %w", 100*f, m, err)
+				}
+				pt.CurveTrue[i] = res.HitRatio()
+			}
+			pt.CurveTrue[3] = ratio(sw.UnlimitedHits, sw.Blocks)
 		}
 		sw.Points = append(sw.Points, pt)
 	}
@@ -205,6 +224,9 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 	if sw.HostPages > 0 {
 		sw.formatTiers(w, t)
 	}
+	if len(sw.Points) > 0 && len(sw.Points[0].Results) > 0 && sw.Points[0].Results[0].Curve.SampledReferences > 0 {
+		sw.formatCurve(w)
+	}
 	fmt.Fprintf(w, "\nunlimited capacity: %.2f%% (%d of %d blocks; no concurrency)\n",
 		100*ratio(sw.UnlimitedHits, sw.Blocks), sw.UnlimitedHits, sw.Blocks)
 	best := sw.bestOnline()
@@ -212,6 +234,35 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 		fmt.Fprintf(w, "best online policy per capacity (share of Belady's hits): %s\n", strings.Join(best, ", "))
 	}
 	fmt.Fprintf(w, "wall time: %s\n", sw.Wall.Round(time.Millisecond))
+}
+
+// formatCurve writes the live miss-ratio curve of each capacity's first
+// run against the true LRU figures.
+func (sw *Sweep) formatCurve(w io.Writer) {
+	r0 := sw.Points[0].Results[0]
+	fmt.Fprintf(w, "\nlive miss-ratio curve of %s (LRU shadows, %d of %d page references sampled), estimate / true LRU:\n",
+		r0.Label(), r0.Curve.SampledReferences, r0.Blocks)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "capacity\t½×\t2×\t4×\tunlimited\tworst error\t")
+	for _, pt := range sw.Points {
+		c := pt.Results[0].Curve
+		est := [4]float64{c.Half, c.Double, c.Quadruple, c.Unlimited}
+		line := fmt.Sprintf("%.0f%%\t", 100*pt.Fraction)
+		worst := 0.0
+		for i := range est {
+			line += fmt.Sprintf("%.1f / %.1f%%\t", 100*est[i], 100*pt.CurveTrue[i])
+			worst = max(worst, abs(est[i]-pt.CurveTrue[i]))
+		}
+		fmt.Fprintf(tw, "%s%.1f pts\t\n", line, 100*worst)
+	}
+	tw.Flush()
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // bestOnline names the best policy at each capacity.
