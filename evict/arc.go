@@ -90,10 +90,10 @@ func (p *arcPolicy) Returned(hash uint64) bool {
 // hash to ring slot (linear probing, backward-shift deletion): O(1) per
 // operation, no allocation after init.
 type ghosts struct {
-	hash  []uint64       // ring of slots
-	list  []uint8        // each slot's list, or ghostEmpty
-	head  int            // the next slot written (the oldest when the ring is full)
-	index []int32        // slot+1 of a live ghost, 0 for none; len a power of two
+	hash  []uint64        // ring of slots
+	list  []uint8         // each slot's list, or ghostEmpty
+	head  int             // the next slot written (the oldest when the ring is full)
+	index []int32         // slot+1 of a live ghost, 0 for none; len a power of two
 	count [ghostLists]int // live ghosts per list (ARC: 2; adaptive: a segment each)
 }
 

@@ -15,13 +15,15 @@ import "fmt"
 // under LRU a page is cached only while its prefix is: the per-key LRU
 // hit ratio is the prefix cache's.
 //
-// The shadows take their memory at construction (a key, two links and a
-// map entry per sampled entry; the map is sized for them all). Not safe
+// The shadows are one LRU stack cut at the sizes' boundaries (see
+// shadowStack), which takes its memory at construction (a key, two links,
+// a segment byte and a map entry per entry of the largest; the map is
+// sized for them all). Not safe
 // for concurrent use (it belongs to its cache).
 type Shadow struct {
 	threshold uint64 // a key is sampled when mix(key) < threshold
 	rate      float64
-	lrus      [ShadowSizes]shadowLRU
+	stack     shadowStack
 	hits      [ShadowSizes]int64
 	refs      int64 // sampled references
 	all       int64 // every reference
@@ -71,9 +73,11 @@ func NewShadow(pages int, rate float64) (*Shadow, error) {
 		return nil, fmt.Errorf("evict: shadow of %d pages, want >= 1", pages)
 	}
 	s := &Shadow{rate: rate, threshold: uint64(rate * (1 << 53))}
+	var sizes [ShadowSizes]int
 	for i, f := range ShadowFactors {
-		s.lrus[i].init(max(int(f*rate*float64(pages)+0.5), MinShadowEntries))
+		sizes[i] = max(int(f*rate*float64(pages)+0.5), MinShadowEntries+i) // strictly increasing
 	}
+	s.stack.init(sizes)
 	return s, nil
 }
 
@@ -82,12 +86,8 @@ func ShadowBytes(pages int, rate float64) int64 {
 	if rate == 0 {
 		rate = DefaultShadowRate
 	}
-	var n int64
-	for _, f := range ShadowFactors {
-		e := int64(max(int(f*rate*float64(pages)+0.5), MinShadowEntries))
-		n += e * (8 + 2*4 + shadowMapEntryBytes)
-	}
-	return n
+	e := int64(max(int(ShadowFactors[ShadowSizes-1]*rate*float64(pages)+0.5), MinShadowEntries+ShadowSizes-1))
+	return e * (8 + 2*4 + 1 + shadowMapEntryBytes)
 }
 
 // Rate is the sampling rate.
@@ -109,10 +109,8 @@ func (s *Shadow) Ref(key uint64) {
 		return
 	}
 	s.refs++
-	for i := range s.lrus {
-		if s.lrus[i].use(key, true) {
-			s.hits[i]++
-		}
+	for j := s.stack.use(key); j < ShadowSizes; j++ {
+		s.hits[j]++
 	}
 }
 
@@ -124,65 +122,117 @@ func (s *Shadow) Touch(key uint64) {
 	if !s.sampled(key) {
 		return
 	}
-	for i := range s.lrus {
-		s.lrus[i].use(key, false)
+	if _, ok := s.stack.index[key]; ok {
+		s.stack.use(key)
 	}
 }
 
-// shadowLRU is an LRU set of keys: a ring of entries on a doubly linked
-// list (most recent at head.next), and a map from key to entry sized
-// for all of them at init.
-type shadowLRU struct {
+// shadowStack is one LRU stack of keys cut into ShadowSizes segments:
+// segment k holds the stack positions [size[k-1], size[k]), so the LRU
+// cache of size[j] entries holds exactly segments 0..j, and a key found
+// in segment k hits in every shadow j >= k. A reference moves its key to
+// the top and demotes one key across each boundary above its old place
+// (the tail of each segment into the next): one map probe and O(segments)
+// link updates per sampled reference, for all shadows at once.
+type shadowStack struct {
 	key        []uint64
 	prev, next []int32 // entry links; index len(key) is the list's sentinel
+	seg        []uint8
 	n          int32
+	room       [ShadowSizes]int32 // entries each segment holds when full
+	count      [ShadowSizes]int32
+	tail       [ShadowSizes]int32 // each segment's last (least recent) entry, or -1
 	index      map[uint64]int32
 }
 
-func (l *shadowLRU) init(n int) {
-	l.key = make([]uint64, n)
+func (l *shadowStack) init(sizes [ShadowSizes]int) {
+	n := sizes[ShadowSizes-1]
+	l.key, l.seg = make([]uint64, n), make([]uint8, n+1)
 	l.prev, l.next = make([]int32, n+1), make([]int32, n+1)
 	s := int32(n)
-	l.prev[s], l.next[s] = s, s
+	l.prev[s], l.next[s], l.seg[s] = s, s, 0xff
+	prev := 0
+	for k, size := range sizes {
+		l.room[k] = int32(size - prev)
+		prev = size
+		l.tail[k] = -1
+	}
 	l.index = make(map[uint64]int32, n)
 }
 
-func (l *shadowLRU) unlink(e int32) {
+func (l *shadowStack) unlink(e int32) {
 	l.next[l.prev[e]] = l.next[e]
 	l.prev[l.next[e]] = l.prev[e]
 }
 
-func (l *shadowLRU) front(e int32) {
+// use moves key to the top (inserting it if absent) and returns the
+// segment it was found in, or ShadowSizes if absent.
+func (l *shadowStack) use(key uint64) int {
+	top := int(ShadowSizes) // segments [0, top) shift down by one
+	e, ok := l.index[key]
+	if ok {
+		k := int(l.seg[e])
+		top = k
+		if l.tail[k] == e {
+			if p := l.prev[e]; l.seg[p] == uint8(k) {
+				l.tail[k] = p
+			} else {
+				l.tail[k] = -1
+			}
+		}
+		l.count[k]--
+		l.unlink(e)
+	} else if int(l.n) < len(l.key) {
+		e = l.n
+		l.n++
+		l.key[e] = key
+		l.index[key] = e
+	} else {
+		// Full: the last segment's tail leaves the stack.
+		last := ShadowSizes - 1
+		e = l.tail[last]
+		if p := l.prev[e]; l.seg[p] == uint8(last) {
+			l.tail[last] = p
+		} else {
+			l.tail[last] = -1
+		}
+		l.count[last]--
+		l.unlink(e)
+		delete(l.index, l.key[e])
+		l.key[e] = key
+		l.index[key] = e
+	}
 	s := int32(len(l.key))
 	l.prev[e], l.next[e] = s, l.next[s]
 	l.prev[l.next[s]] = e
 	l.next[s] = e
-}
-
-// use reports whether key is held and makes it the most recent; a key
-// not held is inserted (evicting the least recent when full) if insert.
-func (l *shadowLRU) use(key uint64, insert bool) bool {
-	if e, ok := l.index[key]; ok {
-		l.unlink(e)
-		l.front(e)
-		return true
+	l.seg[e] = 0
+	l.count[0]++
+	if l.tail[0] < 0 {
+		l.tail[0] = e
 	}
-	if !insert {
-		return false
+	// Each overfull segment above the old place gives its tail to the next.
+	for k := 0; k < top && k < ShadowSizes-1; k++ {
+		if l.count[k] <= l.room[k] {
+			break
+		}
+		d := l.tail[k]
+		if p := l.prev[d]; l.seg[p] == uint8(k) {
+			l.tail[k] = p
+		} else {
+			l.tail[k] = -1
+		}
+		l.count[k]--
+		l.seg[d] = uint8(k + 1)
+		l.count[k+1]++
+		if l.tail[k+1] < 0 {
+			l.tail[k+1] = d
+		}
 	}
-	var e int32
-	if int(l.n) < len(l.key) {
-		e = l.n
-		l.n++
-	} else {
-		e = l.prev[len(l.key)] // least recent
-		l.unlink(e)
-		delete(l.index, l.key[e])
+	if ok {
+		return top
 	}
-	l.key[e] = key
-	l.index[key] = e
-	l.front(e)
-	return false
+	return ShadowSizes
 }
 
 // ShadowEstimates is what the shadows measured.
