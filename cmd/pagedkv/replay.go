@@ -65,7 +65,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	tracePath := fs.String("trace", "", "trace file (required)")
 	format := fs.String("format", "mooncake", "trace format: mooncake or sim")
 	blockTokens := fs.Int("block-tokens", 16, "--format sim: tokens per block (page)")
-	policies := fs.String("policies", strings.Join(evict.Names(), ","), "comma-separated eviction policies: "+strings.Join(evict.Names(), ", "))
+	policies := fs.String("policies", strings.Join(replay.DefaultPolicies, ","), "comma-separated eviction policies: "+strings.Join(evict.Names(), ", "))
 	capacities := fs.String("capacities", "2,5,10,25,50", "comma-separated capacities in percent of the trace's distinct blocks")
 	service := fs.Bool("service", false, "run the service model instead of one request at a time")
 	pageTokens := 0
