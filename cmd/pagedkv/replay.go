@@ -109,13 +109,13 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if *tracePath == "" {
 		return usageErr("--trace is required")
 	}
-	fractions, err := parsePercents(*capacities)
+	fractions, err := parsePercents(*capacities, "capacity")
 	if err != nil {
 		return usageErr("--capacities: %v", err)
 	}
 	var accs []float64
 	if *hintAcc != "" {
-		if accs, err = parsePercents(*hintAcc); err != nil {
+		if accs, err = parsePercents(*hintAcc, "accuracy"); err != nil {
 			return usageErr("--hint-accuracy: %v", err)
 		}
 	}
@@ -245,12 +245,12 @@ func createPlotFile(path string) (created bool, err error) {
 }
 
 // parsePercents parses "2,5,10" into fractions, each in (0, 100].
-func parsePercents(s string) ([]float64, error) {
+func parsePercents(s, what string) ([]float64, error) {
 	var out []float64
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 		if err != nil || !(v > 0 && v <= 100) {
-			return nil, fmt.Errorf("%q, want a percentage in (0, 100]", f)
+			return nil, fmt.Errorf("%s %q, want a percentage in (0, 100]", what, f)
 		}
 		out = append(out, v/100)
 	}
