@@ -165,6 +165,19 @@ func (l *shadowStack) unlink(e int32) {
 	l.prev[l.next[e]] = l.prev[e]
 }
 
+// leave takes entry e out of segment k's count and, if it is the
+// segment's tail, moves the tail up (the list links stay).
+func (l *shadowStack) leave(e int32, k int) {
+	if l.tail[k] == e {
+		if p := l.prev[e]; l.seg[p] == uint8(k) {
+			l.tail[k] = p
+		} else {
+			l.tail[k] = -1
+		}
+	}
+	l.count[k]--
+}
+
 // use moves key to the top (inserting it if absent) and returns the
 // segment it was found in, or ShadowSizes if absent.
 func (l *shadowStack) use(key uint64) int {
@@ -173,14 +186,7 @@ func (l *shadowStack) use(key uint64) int {
 	if ok {
 		k := int(l.seg[e])
 		top = k
-		if l.tail[k] == e {
-			if p := l.prev[e]; l.seg[p] == uint8(k) {
-				l.tail[k] = p
-			} else {
-				l.tail[k] = -1
-			}
-		}
-		l.count[k]--
+		l.leave(e, k)
 		l.unlink(e)
 	} else if int(l.n) < len(l.key) {
 		e = l.n
@@ -191,12 +197,7 @@ func (l *shadowStack) use(key uint64) int {
 		// Full: the last segment's tail leaves the stack.
 		last := ShadowSizes - 1
 		e = l.tail[last]
-		if p := l.prev[e]; l.seg[p] == uint8(last) {
-			l.tail[last] = p
-		} else {
-			l.tail[last] = -1
-		}
-		l.count[last]--
+		l.leave(e, last)
 		l.unlink(e)
 		delete(l.index, l.key[e])
 		l.key[e] = key
@@ -217,12 +218,7 @@ func (l *shadowStack) use(key uint64) int {
 			break
 		}
 		d := l.tail[k]
-		if p := l.prev[d]; l.seg[p] == uint8(k) {
-			l.tail[k] = p
-		} else {
-			l.tail[k] = -1
-		}
-		l.count[k]--
+		l.leave(d, k)
 		l.seg[d] = uint8(k + 1)
 		l.count[k+1]++
 		if l.tail[k+1] < 0 {

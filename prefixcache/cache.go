@@ -584,15 +584,22 @@ func (c *Cache) Raise(prio Priority, pages ...PageID) error {
 		if !n.cached() || n.prio >= prio {
 			continue
 		}
-		if n.listed() {
-			c.unlinkLRU(int32(p))
-			n.prio = prio
-			c.pushLRU(int32(p))
-		} else {
-			n.prio = prio
-		}
+		c.requeue(int32(p), func(n *node) { n.prio = prio })
 	}
 	return nil
+}
+
+// requeue applies change (to what places the page on a queue) to cached
+// page p's node; a listed page moves to the tail of its new queue.
+func (c *Cache) requeue(p int32, change func(*node)) {
+	n := &c.nodes[p]
+	if !n.listed() {
+		change(n)
+		return
+	}
+	c.unlinkLRU(p)
+	change(n)
+	c.pushLRU(p)
 }
 
 // Hit records that the cached pages among pages served a hit (a request
@@ -631,16 +638,8 @@ func (c *Cache) Hint(h evict.Hint, pages ...PageID) error {
 		if p < 0 || int(p) >= len(c.nodes) || !c.nodes[p].cached() {
 			continue
 		}
-		n := &c.nodes[p]
-		if n.hint == h {
-			continue
-		}
-		if n.listed() {
-			c.unlinkLRU(int32(p))
-			n.hint = h
-			c.pushLRU(int32(p))
-		} else {
-			n.hint = h
+		if c.nodes[p].hint != h {
+			c.requeue(int32(p), func(n *node) { n.hint = h })
 		}
 	}
 	return nil
