@@ -112,7 +112,7 @@ type Config struct {
 	// pool (docs/tiers.md); the zero value has none.
 	Tiers TierConfig
 	// Eviction names the prefix cache's eviction policy inside each
-	// priority level: "lru" (the default, also for ""), "slru", "srrip" or "arc"
+	// priority level: "lru" (the default, also for ""), "slru", "srrip", "arc" or "adaptive"
 	// (evict.Names; docs/replay.md compares them).
 	Eviction string
 	// MissRatioSampling, when > 0, keeps a live miss-ratio curve

@@ -87,7 +87,7 @@ type Config struct {
 	// events). See [Sink].
 	Sink Sink
 	// Eviction names the eviction policy inside each priority level
-	// (evict.Names: "arc", "lru", "slru", "srrip"); "" means "lru". See
+	// (evict.Names: "adaptive", "arc", "lru", "slru", "srrip"); "" means "lru". See
 	// evict.Policy and docs/replay.md for how they compare.
 	Eviction string
 	// ShadowRate, when > 0, keeps a live miss-ratio curve
