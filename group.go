@@ -175,7 +175,7 @@ func newGroup(cfg Config, alloc *allocator.Allocator, spec layergroup.Spec, shar
 	cache, err := prefixcache.New(prefixcache.Config{
 		NumPages: cfg.NumPages, PageSize: cfg.PageSize, Refs: refs, Seed: cfg.HashSeed, Hash: cfg.Hash,
 		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages, Sink: cfg.CacheEvents,
-		Eviction: cfg.Eviction,
+		Eviction: cfg.Eviction, ShadowRate: cfg.MissRatioSampling,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)

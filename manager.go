@@ -112,9 +112,13 @@ type Config struct {
 	// pool (docs/tiers.md); the zero value has none.
 	Tiers TierConfig
 	// Eviction names the prefix cache's eviction policy inside each
-	// priority level: "lru" (the default, also for ""), "slru", "srrip" or "arc"
+	// priority level: "lru" (the default, also for ""), "slru", "srrip", "arc" or "adaptive"
 	// (evict.Names; docs/replay.md compares them).
 	Eviction string
+	// MissRatioSampling, when > 0, keeps a live miss-ratio curve
+	// (Stats.MissRatioCurve): shadow LRU caches sampling that share of
+	// page keys (SHARDS; at most 1, e.g. evict.DefaultShadowRate). 0: none.
+	MissRatioSampling float64
 	// MemoryLimit bounds the memory the configuration asks for
 	// ([Config.AllocBytes], [HybridConfig.AllocBytes]: the bookkeeping of
 	// every page in every group, and the host tier's pages), checked

@@ -45,7 +45,7 @@ func allocBytes(cfg *Config, groups int) int64 {
 	n := int64(min(max(cfg.NumPages, 0), allocator.MaxPages+1))
 	pageSize := int64(min(max(cfg.PageSize, 0), pagetable.MaxPageSize+1))
 	perGroup := prefixcache.AllocBytes(prefixcache.Config{NumPages: int(n), PageSize: int(pageSize),
-		Priorities: cfg.Priorities, Eviction: cfg.Eviction})
+		Priorities: cfg.Priorities, Eviction: cfg.Eviction, ShadowRate: cfg.MissRatioSampling})
 	perGroup += n*int64(unsafe.Sizeof(uint64(0))) + groupFixedBytes // cascadePlanner.mark
 	need := sysmem.MulAdd(int64(max(groups, 0)), perGroup, allocator.AllocBytes(int(n)))
 	t := &cfg.Tiers

@@ -61,7 +61,24 @@ type Stats struct {
 	// without tiers). Pages held only by tier copies in flight count as
 	// UsedPages.
 	Tiers TierStats
+	// MissRatioCurve is the live miss-ratio curve (zero without
+	// Config.MissRatioSampling).
+	MissRatioCurve MissRatioCurve
 }
+
+// MissRatioCurve is what the sampled shadow caches of
+// Config.MissRatioSampling estimate while the Manager serves (group 0's
+// cache; evict.Shadow): the hit ratio of the pages admissions reference,
+// as an LRU cache of ½×, 2× and 4× the pool would have it, and with no
+// limit. SampledReferences is how many page references the shadows saw.
+type MissRatioCurve struct {
+	SampledReferences                  int64
+	Half, Double, Quadruple, Unlimited float64
+}
+
+// curveScale: the curve's ratios travel in the stats snapshot as parts
+// per billion.
+const curveScale = 1e9
 
 // HitRate returns PromptHitTokens / PromptTokens: the share of admitted
 // prompt tokens served from the cache (0 before any prompt).
@@ -132,6 +149,11 @@ const (
 	fHostFull
 	fRemoteFetched
 	fRemoteStored
+	fCurveSampled
+	fCurveHalf
+	fCurveDouble
+	fCurveQuadruple
+	fCurveUnlimited
 	numStatFields
 )
 
@@ -185,6 +207,12 @@ func (m *group) snapshot(v *[numStatFields]int64) {
 		fWindowReleased: c.windowReleasedPages, fChainsCut: c.chainsCut,
 		fDrafts: c.draftTokens, fAcceptedDrafts: c.acceptedDraftTokens,
 	}
+	if e, ok := m.cache.Shadow(); ok {
+		v[fCurveSampled] = e.Sampled
+		for i, f := range [...]int{fCurveHalf, fCurveDouble, fCurveQuadruple, fCurveUnlimited} {
+			v[f] = int64(e.HitRatio[i]*curveScale + 0.5)
+		}
+	}
 	if t := m.tiers; t != nil {
 		free, _, _, _ := t.host.Usage()
 		tc := &t.c
@@ -208,6 +236,9 @@ func statsFromFields(v *[numStatFields]int64) Stats {
 		EvictedPages: v[fEvicted], EvictionFreedPages: v[fEvictionFreed], InnerVictims: v[fInnerVictims],
 		WindowReleasedPages: v[fWindowReleased], ChainsCut: v[fChainsCut],
 		DraftTokens: v[fDrafts], AcceptedDraftTokens: v[fAcceptedDrafts],
+		MissRatioCurve: MissRatioCurve{SampledReferences: v[fCurveSampled],
+			Half: float64(v[fCurveHalf]) / curveScale, Double: float64(v[fCurveDouble]) / curveScale,
+			Quadruple: float64(v[fCurveQuadruple]) / curveScale, Unlimited: float64(v[fCurveUnlimited]) / curveScale},
 		Tiers: TierStats{
 			HostPages: int(v[fHostPages]), HostUsedPages: int(v[fHostUsed]), InFlight: int(v[fInFlight]),
 			HostHitTokens: v[fHostHitTokens], RemoteHitTokens: v[fRemoteHitTokens],

@@ -90,14 +90,17 @@ func (p *arcPolicy) Returned(hash uint64) bool {
 // hash to ring slot (linear probing, backward-shift deletion): O(1) per
 // operation, no allocation after init.
 type ghosts struct {
-	hash  []uint64 // ring of slots
-	list  []uint8  // each slot's list, or ghostEmpty
-	head  int      // the next slot written (the oldest when the ring is full)
-	index []int32  // slot+1 of a live ghost, 0 for none; len a power of two
-	count [2]int   // live ghosts per list
+	hash  []uint64        // ring of slots
+	list  []uint8         // each slot's list, or ghostEmpty
+	head  int             // the next slot written (the oldest when the ring is full)
+	index []int32         // slot+1 of a live ghost, 0 for none; len a power of two
+	count [ghostLists]int // live ghosts per list (ARC: 2; adaptive: a segment each)
 }
 
 const ghostEmpty = 0xff
+
+// ghostLists is the most lists ghosts keep apart (adaptive's segments).
+const ghostLists = adaptiveQueues
 
 func (g *ghosts) init(n int) {
 	g.hash = make([]uint64, n)

@@ -1,5 +1,7 @@
 // Package evict owns eviction order: the policies that decide which slot
-// goes next (LRU, SLRU, SRRIP, ARC; [New] by name) and [Queues], the
+// goes next (LRU, SLRU, SRRIP, ARC, adaptive; [New] by name), the
+// continuation hints a [ClassPolicy] reads, [Shadow] (the live miss-ratio
+// curve: sampled LRU shadows of a cache) and [Queues], the
 // intrusive FIFO queues over int32 slots that every page store of the
 // module keeps its evictable slots on (the prefix cache, the host tier, the
 // disk tier). A slot is whatever the container numbers 0..n-1: a device
@@ -28,6 +30,9 @@
 //     the lists hold.
 //   - A victim is the head (oldest) slot of the queue the lowest non-empty
 //     level's policy picks; that queue is non-empty.
+//   - A [Shadow]'s segments hold, top down, the most recent keys: segment
+//     k at most its room, the entries in all of them at most the largest
+//     shadow's size; at rate 1 each shadow's hits are an LRU cache's.
 //
 // [Queues.CheckInvariants] checks them all.
 //

@@ -100,7 +100,7 @@ func (m *refModel) victim() int32 {
 			} else {
 				i = m.oldest(level, fresh)
 			}
-		case ARC:
+		case ARC, Adaptive:
 			if count(reused) == 0 || count(fresh) > m.target[level] {
 				i = m.oldest(level, fresh)
 			} else {
@@ -128,7 +128,7 @@ func (m *refModel) victim() int32 {
 
 // evicted remembers hash as ARC's newest ghost (of main if it had hits).
 func (m *refModel) evicted(level int, hash uint64, hits uint32) {
-	if m.name != ARC || m.slots == 0 {
+	if !arcLike(m.name) || m.slots == 0 {
 		return
 	}
 	g := m.ghosts[level]
@@ -146,7 +146,7 @@ func (m *refModel) evicted(level int, hash uint64, hits uint32) {
 
 // returned is ARC's adaptation on a ghost hit.
 func (m *refModel) returned(level int, hash uint64) bool {
-	if m.name != ARC {
+	if !arcLike(m.name) {
 		return false
 	}
 	i := slices.IndexFunc(m.ghosts[level], func(x refGhost) bool { return x.live && x.hash == hash })
@@ -241,3 +241,7 @@ func TestQueuesMatchReference(t *testing.T) {
 		}
 	}
 }
+
+// arcLike reports whether the reference runs name as ARC: "adaptive"
+// without hints is ARC (its hint segments stay empty).
+func arcLike(name string) bool { return name == ARC || name == Adaptive }

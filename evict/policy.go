@@ -45,7 +45,7 @@ type Policy interface {
 }
 
 // MaxQueues bounds Policy.Queues.
-const MaxQueues = 8
+const MaxQueues = 32
 
 // Policy names, for [New] and the containers' configurations.
 const (
@@ -77,6 +77,12 @@ const (
 	// too short, and it shrinks, each by ARC's ratio of the two ghost
 	// lists' sizes. It is a [GhostPolicy].
 	ARC = "arc"
+	// Adaptive ranks classes of pages (chain depth × hits served, or a
+	// continuation hint × hits) by the reuse each class earned per unit of
+	// space-time, learned online from the pages it keeps and from a ghost
+	// history of the pages it evicted, and evicts the oldest page of the
+	// class that earns least. It is a [ClassPolicy]; see adaptive.go.
+	Adaptive = "adaptive"
 )
 
 // SLRUProtectedShare is the largest share of a level's evictable pages the
@@ -88,11 +94,16 @@ const SLRUProtectedShare = 0.8
 var ErrUnknownPolicy = errors.New("unknown eviction policy")
 
 var makers = map[string]func() Policy{
-	LRU:   func() Policy { return lruPolicy{} },
-	SLRU:  func() Policy { return slruPolicy{} },
-	SRRIP: func() Policy { return &srripPolicy{} },
-	ARC:   func() Policy { return &arcPolicy{} },
+	LRU:      func() Policy { return lruPolicy{} },
+	SLRU:     func() Policy { return slruPolicy{} },
+	SRRIP:    func() Policy { return &srripPolicy{} },
+	ARC:      func() Policy { return &arcPolicy{} },
+	Adaptive: func() Policy { return newAdaptive() },
 }
+
+// ReadsHints reports whether policy name reads continuation hints
+// ([Class].Hint); the others place a page by its hits alone.
+func ReadsHints(name string) bool { return name == Adaptive }
 
 // Names returns the names New knows, sorted.
 func Names() []string {

@@ -15,7 +15,7 @@ func TestUnknownPolicyIsRejectedByName(t *testing.T) {
 	p, err := New("")
 	require.NoError(t, err)
 	require.Equal(t, LRU, p.Name(), "the default")
-	require.Equal(t, []string{ARC, LRU, SLRU, SRRIP}, Names())
+	require.Equal(t, []string{Adaptive, ARC, LRU, SLRU, SRRIP}, Names())
 	for _, name := range Names() {
 		p, err := New(name)
 		require.NoError(t, err)
@@ -66,7 +66,7 @@ func TestGhostsMatchSlice(t *testing.T) {
 				}
 				require.Equal(t, [2]any{wok, wl}, [2]any{ok, list}, "n %d step %d take %d", n, step, h)
 			}
-			var count [2]int
+			var count [ghostLists]int
 			live := 0
 			for _, r := range ref {
 				if r.live {
@@ -117,7 +117,7 @@ func TestARCLearnsFromGhosts(t *testing.T) {
 	}
 	store(3, 103, 1)
 	evictAll()
-	require.Equal(t, [2]int{3, 1}, arc.ghosts.count)
+	require.Equal(t, [ghostLists]int{3, 1}, arc.ghosts.count)
 	// A probation ghost returns: up by max(1, 1/3) = 1, onto main.
 	store(0, 100, 0)
 	require.Equal(t, 5, arc.target)
@@ -126,7 +126,7 @@ func TestARCLearnsFromGhosts(t *testing.T) {
 	// The main ghost returns: down by max(1, 2/1) = 2.
 	store(1, 103, 0)
 	require.Equal(t, 3, arc.target)
-	require.Equal(t, [2]int{2, 0}, arc.ghosts.count)
+	require.Equal(t, [ghostLists]int{2, 0}, arc.ghosts.count)
 	// A new page is on probation.
 	store(2, 555, 0)
 	_, k, _ = q.Position(2)

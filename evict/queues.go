@@ -11,7 +11,7 @@ const None int32 = -1
 
 // queueShift numbers queues: queue k of level l is l<<queueShift | k, so
 // a slot's level is its queue's number shifted, not divided.
-const queueShift = 3
+const queueShift = 5
 
 // MaxQueues == 1<<queueShift, or one of these has a negative length.
 var (
@@ -42,6 +42,7 @@ const SlotBytes = int64(unsafe.Sizeof(Link{}))
 type Queues struct {
 	policies []Policy      // one per level
 	ghosts   []GhostPolicy // policies[i] if it is a GhostPolicy, else nil
+	classes  []ClassPolicy // policies[i] if it is a ClassPolicy, else nil
 	nq       int           // queues per level
 	// Slot s's Link is at base + s*stride (in the container's records,
 	// or in own); queue i's sentinel is sentinels[i], named slots+i, for
@@ -145,7 +146,7 @@ func newQueues(policies []Policy, slots int) (*Queues, error) {
 	if int64(slots)+int64(len(policies))*MaxQueues > 1<<31-1 {
 		return nil, fmt.Errorf("evict: %d slots, want 0..2^31-1 with the queues' sentinels", slots)
 	}
-	q := &Queues{policies: policies, ghosts: make([]GhostPolicy, len(policies)), nq: nq,
+	q := &Queues{policies: policies, ghosts: make([]GhostPolicy, len(policies)), classes: make([]ClassPolicy, len(policies)), nq: nq,
 		sentinels: make([]Link, len(policies)*MaxQueues), slots: int32(slots),
 		lens: make([]int, len(policies)*MaxQueues), levelLen: make([]int, len(policies))}
 	for i, p := range policies {
@@ -155,6 +156,9 @@ func newQueues(policies []Policy, slots int) (*Queues, error) {
 		if g, ok := p.(GhostPolicy); ok {
 			g.Size(slots)
 			q.ghosts[i] = g
+		}
+		if c, ok := p.(ClassPolicy); ok {
+			q.classes[i] = c
 		}
 	}
 	for i := range q.sentinels {
@@ -185,7 +189,7 @@ func AllocBytes(name string, levels, slots int) int64 {
 func AllocBytesIn(name string, levels, slots int) int64 {
 	n, l := int64(max(slots, 0)), int64(max(levels, 0))
 	need := l * MaxQueues * SlotBytes
-	if name == ARC {
+	if name == ARC || name == Adaptive {
 		idx := int64(2)
 		for idx < 2*n {
 			idx *= 2
@@ -235,12 +239,23 @@ func (q *Queues) Position(slot int32) (level, k int, ok bool) {
 // Push puts slot, which is on no queue, at the tail of the queue level's
 // policy picks for a page that served hits hits.
 func (q *Queues) Push(slot int32, level int, hits uint32) {
+	q.PushClass(slot, level, Class{Hits: hits})
+}
+
+// PushClass is Push for a page of class c: a [ClassPolicy] places it by
+// the whole class, any other policy by c.Hits.
+func (q *Queues) PushClass(slot int32, level int, c Class) {
 	l := q.at(slot)
 	if l.queue != 0 {
 		panic(fmt.Sprintf("evict: slot %d pushed while on queue %d", slot, l.queue-1))
 	}
 	p := q.policies[level]
-	k := p.Enqueue(hits)
+	var k int
+	if cp := q.classes[level]; cp != nil {
+		k = cp.EnqueueClass(c)
+	} else {
+		k = p.Enqueue(c.Hits)
+	}
 	if k < 0 || k >= q.nq {
 		panic(fmt.Sprintf("evict: policy %q put slot %d on queue %d of %d", p.Name(), slot, k, q.nq))
 	}
@@ -268,6 +283,18 @@ func (q *Queues) Remove(slot int32) {
 	q.lens[i]--
 	q.levelLen[i>>queueShift]--
 	q.n--
+}
+
+// Reuse takes slot off its queue because its page is used again (not
+// evicted), and tells a [ClassPolicy] which queue it left.
+func (q *Queues) Reuse(slot int32) {
+	level, k, ok := q.Position(slot)
+	q.Remove(slot)
+	if ok {
+		if cp := q.classes[level]; cp != nil {
+			cp.Reused(k)
+		}
+	}
 }
 
 // Victim returns the slot eviction takes next, without removing it: the
@@ -312,8 +339,15 @@ func (q *Queues) Next(slot int32) int32 {
 // Evicted tells level's policy, if it is a [GhostPolicy], that the page
 // with hash was evicted, with the hits it would be enqueued with.
 func (q *Queues) Evicted(level int, hash uint64, hits uint32) {
-	if g := q.ghosts[level]; g != nil {
-		g.Evicted(hash, hits)
+	q.EvictedClass(level, hash, Class{Hits: hits})
+}
+
+// EvictedClass is Evicted for a page of class c.
+func (q *Queues) EvictedClass(level int, hash uint64, c Class) {
+	if cp := q.classes[level]; cp != nil {
+		cp.EvictedClass(hash, c)
+	} else if g := q.ghosts[level]; g != nil {
+		g.Evicted(hash, c.Hits)
 	}
 }
 

@@ -72,6 +72,9 @@ func numbered() (pagedkv.Stats, int) {
 					walk(v.Index(i))
 				}
 			}
+		case reflect.Float64:
+			n++
+			v.SetFloat(float64(n))
 		default:
 			n++
 			v.SetInt(int64(n))
@@ -99,6 +102,11 @@ func TestCollectorExposition(t *testing.T) {
 		`pagedkv_eviction_inner_victims_total{pool="gpu0"} 23`,
 		`pagedkv_host_pages{pool="gpu0",state="total"} 28`,
 		`pagedkv_host_pages{pool="gpu0",state="used"} 29`,
+		`pagedkv_miss_ratio_curve_hit_ratio{pool="gpu0",size="0.5"} 58`,
+		`pagedkv_miss_ratio_curve_hit_ratio{pool="gpu0",size="2"} 59`,
+		`pagedkv_miss_ratio_curve_hit_ratio{pool="gpu0",size="4"} 60`,
+		`pagedkv_miss_ratio_curve_hit_ratio{pool="gpu0",size="unlimited"} 61`,
+		`pagedkv_miss_ratio_curve_sampled_references_total{pool="gpu0"} 57`,
 		`pagedkv_pages{pool="gpu0",state="evictable"} 4`,
 		`pagedkv_pages{pool="gpu0",state="free"} 2`,
 		`pagedkv_pages{pool="gpu0",state="pinned_idle"} 5`,

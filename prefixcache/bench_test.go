@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/evict"
 )
 
 // Benchmarks, each beside a naive baseline in the same run:
@@ -235,4 +236,55 @@ func (n *naiveTree) evictOne() {
 		n.children[q]--
 	}
 	n.cached--
+}
+
+// BenchmarkLookupShadow is an admission's lookup (Match, then Hit on the
+// matched pages) of a cached 8,192-token prompt in two caches, one
+// without the live miss-ratio curve and one with it at its default rate,
+// alternated in one loop so that a loaded machine slows both alike; it
+// reports each one's ns per lookup and the curve's overhead in percent
+// (docs/replay.md, goal <= 10%).
+func BenchmarkLookupShadow(b *testing.B) {
+	const ntokens = 8192
+	const npages = ntokens / benchPageSize
+	type setup struct {
+		c      *Cache
+		key    Key
+		prompt []int32
+		dst    []PageID
+		spent  time.Duration
+	}
+	mk := func(rate float64) *setup {
+		a, err := allocator.New(allocator.Config{NumPages: 4 * npages})
+		require.NoError(b, err)
+		c, err := New(Config{NumPages: 4 * npages, PageSize: benchPageSize, Refs: a, ShadowRate: rate, Seed: 1})
+		require.NoError(b, err)
+		s := &setup{c: c, key: c.Key(Namespace{Tenant: "bench"}), dst: make([]PageID, 0, npages)}
+		for salt := range int32(3) {
+			s.prompt = benchTokens(ntokens, salt)
+			pages := make([]PageID, npages)
+			require.NoError(b, a.Alloc(pages))
+			h := Handle{}
+			for i, p := range pages {
+				h, _, err = c.Publish(h, s.key, p, s.prompt[i*benchPageSize:(i+1)*benchPageSize], 0)
+				require.NoError(b, err)
+			}
+		}
+		return s
+	}
+	off, on := mk(0), mk(evict.DefaultShadowRate)
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, s := range [...]*setup{off, on} {
+			t0 := time.Now()
+			s.dst, _ = s.c.Match(s.dst[:0], s.key, s.prompt, npages)
+			s.c.Hit(s.dst...)
+			s.spent += time.Since(t0)
+		}
+	}
+	require.Len(b, on.dst, npages)
+	n := float64(b.N)
+	b.ReportMetric(float64(off.spent.Nanoseconds())/n, "ns-off/lookup")
+	b.ReportMetric(float64(on.spent.Nanoseconds())/n, "ns-curve/lookup")
+	b.ReportMetric(100*(float64(on.spent)/float64(off.spent)-1), "curve-overhead-%")
 }

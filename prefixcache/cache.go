@@ -87,9 +87,15 @@ type Config struct {
 	// events). See [Sink].
 	Sink Sink
 	// Eviction names the eviction policy inside each priority level
-	// (evict.Names: "arc", "lru", "slru", "srrip"); "" means "lru". See
+	// (evict.Names: "adaptive", "arc", "lru", "slru", "srrip"); "" means "lru". See
 	// evict.Policy and docs/replay.md for how they compare.
 	Eviction string
+	// ShadowRate, when > 0, keeps a live miss-ratio curve
+	// ([Cache.Shadow]): SHARDS-sampled shadow LRU caches at that sampling
+	// rate (at most 1) estimate the hit ratio at ½×, 2× and 4× NumPages
+	// and with no limit, from the pages admissions hit ([Cache.Hit]) and
+	// publish. 0: none.
+	ShadowRate float64
 }
 
 // Handle names a position in the prefix tree: a namespace root (the zero
@@ -137,11 +143,13 @@ type node struct {
 	gen      uint32     // incremented when the node is removed
 	prio     Priority
 	state    uint8
-	hits     uint32 // admissions it served since it was published (Cache.Hit)
+	depth    uint16     // pages before it in its chain, saturating (the eviction class)
+	hits     uint32     // admissions it served since it was published (Cache.Hit)
+	hint     evict.Hint // its continuation hint (Cache.Hint); cleared by a hit
 
 	// Pads the node to one 64-byte cache line (nodes is page-aligned), so
 	// each node an eviction or a match touches costs one miss, not two.
-	_ [4]byte
+	_ [3]byte
 }
 
 func (n *node) cached() bool { return n.state&stCached != 0 }
@@ -156,6 +164,11 @@ func (n *node) policyHits() uint32 {
 	return n.hits
 }
 
+// class is what its level's policy sees of it.
+func (n *node) class() evict.Class {
+	return evict.Class{Hits: n.policyHits(), Depth: uint32(n.depth), Hint: n.hint}
+}
+
 // listed reports whether n is on an eviction queue: idle and not pinned.
 func (n *node) listed() bool { return n.state&(stCached|stIdle) == stCached|stIdle && n.pins == 0 }
 
@@ -167,6 +180,7 @@ type Cache struct {
 	_        noCopy
 	pageSize int
 	refs     Refs
+	shadow   *evict.Shadow // the live miss-ratio curve (Config.ShadowRate), or nil
 	seed     uint64
 	// defaultKey is Key(Namespace{}); the zero Key stands for it.
 	defaultKey Key
@@ -229,7 +243,11 @@ func AllocBytes(cfg Config) int64 {
 	if levels == 0 {
 		levels = DefaultPriorities
 	}
-	return need + evict.AllocBytesIn(cfg.Eviction, levels, int(n))
+	need += evict.AllocBytesIn(cfg.Eviction, levels, int(n))
+	if cfg.ShadowRate > 0 && cfg.ShadowRate <= 1 && n > 0 {
+		need += evict.ShadowBytes(int(n), cfg.ShadowRate)
+	}
+	return need
 }
 
 // New returns an empty cache.
@@ -247,6 +265,8 @@ func New(cfg Config) (*Cache, error) {
 		return nil, fmt.Errorf("%w: Priorities = %d, want 0..%d", ErrBadConfig, cfg.Priorities, MaxPriorities)
 	case cfg.MaxPinnedPages < 0:
 		return nil, fmt.Errorf("%w: MaxPinnedPages = %d, want >= 0", ErrBadConfig, cfg.MaxPinnedPages)
+	case !(cfg.ShadowRate >= 0 && cfg.ShadowRate <= 1):
+		return nil, fmt.Errorf("%w: ShadowRate = %g, want 0..1", ErrBadConfig, cfg.ShadowRate)
 	}
 	np := cfg.Priorities
 	if np == 0 {
@@ -280,6 +300,11 @@ func New(cfg Config) (*Cache, error) {
 	}
 	for i := range c.nodes {
 		c.nodes[i] = node{parent: none, child: none, next: none, prev: none, nextHash: none}
+	}
+	if cfg.ShadowRate > 0 {
+		if c.shadow, err = evict.NewShadow(cfg.NumPages, cfg.ShadowRate); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
 	}
 	c.defaultKey = c.Key(Namespace{})
 	return c, nil
@@ -434,6 +459,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	}
 	hv := c.hash(ph, tokens)
 	if x := c.find(hv, par, &key, tokens); x != none {
+		if c.shadow != nil {
+			c.shadow.Ref(hv)
+		}
 		c.counters.Duplicates++
 		return c.handle(x), false, nil
 	}
@@ -448,6 +476,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	}
 
 	// Commit: nothing below fails.
+	if c.shadow != nil {
+		c.shadow.Ref(hv)
+	}
 	copy(c.pageTokens(p), tokens)
 	n := &c.nodes[p]
 	*n = node{
@@ -467,6 +498,10 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 		}
 		pn.child = p
 		pn.children++
+		n.depth = pn.depth + 1
+		if pn.depth == ^uint16(0) {
+			n.depth = pn.depth
+		}
 	}
 	n.nextHash = c.byHash.push(c.nodes, hv, p)
 	c.nCached++
@@ -528,7 +563,7 @@ func (c *Cache) recheck(p int32) {
 		return
 	}
 	if n.pins == 0 {
-		c.unlinkLRU(p)
+		c.queues.Reuse(p)
 	} else {
 		c.nIdlePinned--
 	}
@@ -549,15 +584,22 @@ func (c *Cache) Raise(prio Priority, pages ...PageID) error {
 		if !n.cached() || n.prio >= prio {
 			continue
 		}
-		if n.listed() {
-			c.unlinkLRU(int32(p))
-			n.prio = prio
-			c.pushLRU(int32(p))
-		} else {
-			n.prio = prio
-		}
+		c.requeue(int32(p), func(n *node) { n.prio = prio })
 	}
 	return nil
+}
+
+// requeue applies change (to what places the page on a queue) to cached
+// page p's node; a listed page moves to the tail of its new queue.
+func (c *Cache) requeue(p int32, change func(*node)) {
+	n := &c.nodes[p]
+	if !n.listed() {
+		change(n)
+		return
+	}
+	c.unlinkLRU(p)
+	change(n)
+	c.pushLRU(p)
 }
 
 // Hit records that the cached pages among pages served a hit (a request
@@ -567,10 +609,40 @@ func (c *Cache) Raise(prio Priority, pages ...PageID) error {
 // ignored; the count saturates.
 func (c *Cache) Hit(pages ...PageID) {
 	for _, p := range pages {
-		if p >= 0 && int(p) < len(c.nodes) && c.nodes[p].cached() && c.nodes[p].hits < ^uint32(0) {
-			c.nodes[p].hits++
+		if p >= 0 && int(p) < len(c.nodes) && c.nodes[p].cached() {
+			n := &c.nodes[p]
+			if c.shadow != nil {
+				c.shadow.Ref(n.hash)
+			}
+			n.hint = evict.HintNone
+			if n.hits < ^uint32(0) {
+				n.hits++
+			}
 		}
 	}
+}
+
+// Hint sets the continuation hint of the cached pages among pages: what
+// the engine expects of their chain once its request lets them go (see
+// evict.Hint). Only the "adaptive" policy reads it: it keeps hinted pages
+// on queues of their own and learns how much reuse each earns. A page
+// that serves a hit loses its hint (its new holder hints it again); an
+// idle page moves to the tail of its new queue. Pages that are not cached
+// are ignored; a hint outside evict's hints is ErrBadArgument, and nothing
+// changes.
+func (c *Cache) Hint(h evict.Hint, pages ...PageID) error {
+	if h >= evict.NumHints {
+		return fmt.Errorf("%w: hint %d, want 0..%d", ErrBadArgument, h, evict.NumHints-1)
+	}
+	for _, p := range pages {
+		if p < 0 || int(p) >= len(c.nodes) || !c.nodes[p].cached() {
+			continue
+		}
+		if c.nodes[p].hint != h {
+			c.requeue(int32(p), func(n *node) { n.hint = h })
+		}
+	}
+	return nil
 }
 
 // Entry returns the tokens of the page h names (read-only, valid while the
@@ -612,6 +684,15 @@ type Counters struct {
 	// releases and duplicates can make an old parent idle under busy
 	// children.
 	InnerVictims int64
+}
+
+// Shadow returns the live miss-ratio curve's estimates (Config.ShadowRate);
+// ok is false without one.
+func (c *Cache) Shadow() (e evict.ShadowEstimates, ok bool) {
+	if c.shadow == nil {
+		return e, false
+	}
+	return c.shadow.Estimates(), true
 }
 
 // Counters returns the cumulative event counts.

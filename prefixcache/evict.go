@@ -10,7 +10,10 @@ import (
 // its level's policy picks for it.
 func (c *Cache) pushLRU(p int32) {
 	n := &c.nodes[p]
-	c.queues.Push(p, int(n.prio), n.policyHits())
+	c.queues.PushClass(p, int(n.prio), n.class())
+	if c.shadow != nil {
+		c.shadow.Touch(n.hash)
+	}
 }
 
 // unlinkLRU removes page p from its eviction queue.
@@ -61,7 +64,7 @@ func (c *Cache) evictSubtree(v int32) int {
 			x = c.nodes[x].child
 		}
 		up := c.nodes[x].parent
-		c.queues.Evicted(int(c.nodes[x].prio), c.nodes[x].hash, c.nodes[x].policyHits())
+		c.queues.EvictedClass(int(c.nodes[x].prio), c.nodes[x].hash, c.nodes[x].class())
 		c.remove(x)
 		rel = append(rel, PageID(x))
 		if x == v {

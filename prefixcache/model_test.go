@@ -106,7 +106,7 @@ func (m *model) forget(prio int, h uint64) (mghost, bool) {
 
 // returned is ARC's adaptation when a page of hash h is published at prio.
 func (m *model) returned(prio int, h uint64) bool {
-	if m.policy != evict.ARC {
+	if !arcLike(m.policy) {
 		return false
 	}
 	var nmain, nprob int
@@ -138,7 +138,7 @@ func (m *model) returned(prio int, h uint64) bool {
 // an older ghost of the same hash, and forgets the oldest eviction past
 // numPages.
 func (m *model) remember(n *mnode) {
-	if m.policy != evict.ARC {
+	if !arcLike(m.policy) {
 		return
 	}
 	m.forget(n.prio, n.hash)
@@ -192,7 +192,7 @@ func (m *model) victim() *mnode {
 				return oldest(func(n *mnode) bool { return n.hits > 0 })
 			}
 			return oldest(func(n *mnode) bool { return n.hits == 0 })
-		case evict.ARC:
+		case evict.ARC, evict.Adaptive:
 			probation := 0
 			for _, n := range level {
 				if !n.main() {
@@ -763,7 +763,7 @@ func TestCacheMatchesModel(t *testing.T) {
 					returns[0] += h.m.returns[0]
 					returns[1] += h.m.returns[1]
 				}
-				if policy == evict.ARC { // the runs reach both of ARC's adaptations
+				if arcLike(policy) { // the runs reach both of ARC's adaptations
 					require.Positive(t, returns[0], "ghost hits from probation")
 					require.Positive(t, returns[1], "ghost hits from main")
 				}
@@ -820,3 +820,7 @@ func FuzzCachePolicies(f *testing.F) {
 		newHarness(t, nil, names[int(data[0])%len(names)]).run(data[1:])
 	})
 }
+
+// arcLike reports whether the model runs policy as ARC: "adaptive"
+// without hints is ARC (its hint segments stay empty).
+func arcLike(policy string) bool { return policy == evict.ARC || policy == evict.Adaptive }

@@ -32,10 +32,11 @@ func TestNodeIsOneCacheLine(t *testing.T) {
 // order a1 a0 b1 b0.
 func TestPoliciesOrderVictims(t *testing.T) {
 	for policy, want := range map[string][]PageID{
-		evict.LRU:   {1, 0, 3, 2}, // idle order
-		evict.SLRU:  {3, 2, 1, 0}, // probation (no hits) first
-		evict.SRRIP: {3, 2, 1, 0}, // RRPV 2 before RRPV 0
-		evict.ARC:   {1, 0, 3, 2}, // main: probation (2 pages) is within its target (half of 4)
+		evict.LRU:      {1, 0, 3, 2}, // idle order
+		evict.SLRU:     {3, 2, 1, 0}, // probation (no hits) first
+		evict.SRRIP:    {3, 2, 1, 0}, // RRPV 2 before RRPV 0
+		evict.ARC:      {1, 0, 3, 2}, // main: probation (2 pages) is within its target (half of 4)
+		evict.Adaptive: {1, 0, 3, 2}, // without hints, ARC
 	} {
 		t.Run(policy, func(t *testing.T) {
 			a, err := allocator.New(allocator.Config{NumPages: 4})
@@ -70,13 +71,55 @@ func TestPoliciesOrderVictims(t *testing.T) {
 	}
 }
 
+// The adaptive policy on the same picture with hints: the chain that
+// served a hit is hinted dead, the fresh one live, so the dead one goes
+// first; a hint is cleared by a hit; a bad hint is refused by value.
+func TestAdaptiveHintsOrderVictims(t *testing.T) {
+	a, err := allocator.New(allocator.Config{NumPages: 4})
+	require.NoError(t, err)
+	c, err := New(Config{NumPages: 4, PageSize: 1, Refs: a, Seed: 1, Eviction: evict.Adaptive})
+	require.NoError(t, err)
+	pages := make([]PageID, 4)
+	require.NoError(t, a.Alloc(pages))
+	for _, p := range [][2]PageID{{0, 1}, {2, 3}} {
+		h, _, err := c.Publish(Handle{}, Key{}, p[0], []int32{int32(10 * (p[0] + 1))}, 0)
+		require.NoError(t, err)
+		_, _, err = c.Publish(h, Key{}, p[1], []int32{int32(10*(p[0]+1) + 1)}, 0)
+		require.NoError(t, err)
+	}
+	require.NoError(t, c.Hint(evict.HintReuse, 0, 1))
+	c.Hit(0, 1)
+	require.Equal(t, evict.HintNone, c.nodes[0].hint, "a hit clears the hint")
+	require.NoError(t, c.Hint(evict.HintNoReuse, 0, 1))
+	require.NoError(t, c.Hint(evict.HintReuse, 2, 3))
+	require.ErrorIs(t, c.Hint(evict.NumHints, 2), ErrBadArgument)
+	require.ErrorContains(t, c.Hint(7, 2), "hint 7")
+	for _, p := range []PageID{1, 0, 3, 2} {
+		_, err := a.Release(p)
+		require.NoError(t, err)
+		c.Recheck(p)
+	}
+	require.NoError(t, c.Hint(evict.HintNoReuse, 3), "an idle page moves to its new queue")
+	var got []PageID
+	for c.Len() > 0 {
+		got = append(got, PageID(c.victim()))
+		require.Equal(t, 1, c.Evict(1))
+		require.NoError(t, c.CheckInvariants())
+	}
+	require.Equal(t, []PageID{1, 0, 3, 2}, got)
+}
+
 // Publishing, hits, release and eviction allocate nothing under any policy
-// (the per-step hot path).
+// (the per-step hot path), with the live miss-ratio curve too.
 func TestPoliciesDoNotAllocate(t *testing.T) {
-	for _, policy := range evict.Names() {
+	for i, policy := range append(evict.Names(), evict.LRU) {
+		rate := 0.0
+		if i == len(evict.Names()) {
+			rate = 1 // every reference sampled
+		}
 		a, err := allocator.New(allocator.Config{NumPages: 8})
 		require.NoError(t, err)
-		c, err := New(Config{NumPages: 8, PageSize: 1, Refs: a, Seed: 1, Eviction: policy})
+		c, err := New(Config{NumPages: 8, PageSize: 1, Refs: a, Seed: 1, Eviction: policy, ShadowRate: rate})
 		require.NoError(t, err)
 		pages := make([]PageID, 4)
 		tok := []int32{0}

@@ -65,7 +65,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	tracePath := fs.String("trace", "", "trace file (required)")
 	format := fs.String("format", "mooncake", "trace format: mooncake or sim")
 	blockTokens := fs.Int("block-tokens", 16, "--format sim: tokens per block (page)")
-	policies := fs.String("policies", strings.Join(evict.Names(), ","), "comma-separated eviction policies: "+strings.Join(evict.Names(), ", "))
+	policies := fs.String("policies", strings.Join(replay.DefaultPolicies, ","), "comma-separated eviction policies: "+strings.Join(evict.Names(), ", "))
 	capacities := fs.String("capacities", "2,5,10,25,50", "comma-separated capacities in percent of the trace's distinct blocks")
 	service := fs.Bool("service", false, "run the service model instead of one request at a time")
 	pageTokens := 0
@@ -77,6 +77,10 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		pageTokens = n
 		return nil
 	})
+	hintAcc := fs.String("hint-accuracy", "", "comma-separated accuracies in percent (e.g. 100,90,70): replay each policy that reads continuation hints (adaptive) once more per accuracy, hinted by an oracle of the trace's future, each request's hints inverted with probability 1 - accuracy (docs/replay.md)")
+	hintHorizon := fs.Int64("hint-horizon", 0, "--hint-accuracy: a block is hinted reused when referenced again within this many block references (0: at all)")
+	hintSeed := fs.Uint64("hint-seed", 1, "--hint-accuracy: the seed of the hints' errors")
+	curve := fs.Float64("curve-rate", 0, "keep the live miss-ratio curve at this sampling rate in percent (e.g. 12.5; 0: none) and check it against LRU replayed at 1/2x, 2x and 4x each capacity")
 	first := fs.Int("first", 0, "replay only the trace's first N requests (0: all)")
 	svc := replay.DefaultService()
 	fs.Float64Var(&svc.PrefillTokensPerSec, "prefill-rate", svc.PrefillTokensPerSec, "--service: prefill tokens per second")
@@ -105,9 +109,21 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if *tracePath == "" {
 		return usageErr("--trace is required")
 	}
-	fractions, err := parsePercents(*capacities)
+	fractions, err := parsePercents(*capacities, "capacity")
 	if err != nil {
 		return usageErr("--capacities: %v", err)
+	}
+	var accs []float64
+	if *hintAcc != "" {
+		if accs, err = parsePercents(*hintAcc, "accuracy"); err != nil {
+			return usageErr("--hint-accuracy: %v", err)
+		}
+	}
+	if !(*curve >= 0 && *curve <= 100) {
+		return usageErr("--curve-rate %g: want 0..100 percent", *curve)
+	}
+	if *hintHorizon < 0 {
+		return usageErr("--hint-horizon %d: want >= 0", *hintHorizon)
 	}
 	names := strings.Split(*policies, ",")
 	for _, n := range names {
@@ -178,8 +194,17 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 		}
 		return runReplayFleet(t, cfg, p, stdout, stderr)
 	}
-	total := len(t.Requests) * len(fractions) * len(names)
+	runs := len(names)
+	for range accs {
+		for _, n := range names {
+			if evict.ReadsHints(n) {
+				runs++
+			}
+		}
+	}
+	total := len(t.Requests) * len(fractions) * runs
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
+		HintAccuracies: accs, HintHorizon: *hintHorizon, HintSeed: *hintSeed, CurveRate: *curve / 100,
 		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr), Model: *model,
 		MaxWork: *maxWork, Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
@@ -220,12 +245,12 @@ func createPlotFile(path string) (created bool, err error) {
 }
 
 // parsePercents parses "2,5,10" into fractions, each in (0, 100].
-func parsePercents(s string) ([]float64, error) {
+func parsePercents(s, what string) ([]float64, error) {
 	var out []float64
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 		if err != nil || !(v > 0 && v <= 100) {
-			return nil, fmt.Errorf("capacity %q, want a percentage in (0, 100]", f)
+			return nil, fmt.Errorf("%s %q, want a percentage in (0, 100]", what, f)
 		}
 		out = append(out, v/100)
 	}

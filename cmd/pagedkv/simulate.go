@@ -119,6 +119,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&lim.MaxRequests, "trace-max-requests", lim.MaxRequests, "most requests a trace may hold")
 	fs.Int64Var(&lim.MaxTokens, "trace-max-tokens", lim.MaxTokens, "most tokens a trace may hold (every prompt plus samples*output)")
 	fs.IntVar(&wl.Requests, "requests", wl.Requests, "requests of the built-in workload")
+	curveRate := fs.Float64("curve-rate", 0, "keep the live miss-ratio curve at this sampling rate in percent (e.g. 12.5; 0: none) and print it")
 	fs.StringVar(&cfg.Eviction, "eviction", evict.LRU, "prefix-cache eviction policy: "+strings.Join(evict.Names(), ", ")+" (docs/replay.md)")
 	fs.Uint64Var(&wl.Seed, "workload-seed", wl.Seed, "seed of the built-in workload")
 	model := fs.String("model", "dense", "model: "+strings.Join(sim.ModelNames(), ", ")+" (hybrid attention presets, docs/simulate.md)")
@@ -155,6 +156,10 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pagedkv simulate: "+format+"\n", args...)
 		return code
 	}
+	if !(*curveRate >= 0 && *curveRate <= 100) {
+		return fail(exitUsage, "--curve-rate %g: want 0..100 percent", *curveRate)
+	}
+	cfg.CurveRate = *curveRate / 100
 	var err error
 	if cfg.Model.DType, err = layout.ParseDType(*dtype); err != nil {
 		return fail(exitUsage, "--dtype: %v", err)

@@ -92,6 +92,13 @@ type Config struct {
 	// without tiers (HostPages > 0 with one is ErrBadConfig), although a
 	// HybridManager has them.
 	Model string
+	// Hints, when its Accuracy is > 0, feeds continuation hints from an
+	// oracle of the trace's future (see [Hints]; a dense Manager only).
+	Hints Hints
+	// CurveRate, when > 0, keeps the Manager's live miss-ratio curve at
+	// that sampling rate (pagedkv.Config.MissRatioSampling); its final
+	// estimates land in Result.Curve.
+	CurveRate float64
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished.
 	Progress func(finished int)
@@ -154,7 +161,9 @@ func RemoteFormat(pageTokens int) tier.PageFormat {
 type Result struct {
 	Eviction      string
 	CapacityPages int
-	Requests      int
+	// HintAccuracy is the oracle's accuracy (0: no hints).
+	HintAccuracy float64
+	Requests     int
 	// Blocks are the prompt blocks of every admission (Add), HitBlocks
 	// those the prefix cache served.
 	Blocks, HitBlocks int64
@@ -177,6 +186,8 @@ type Result struct {
 	// RemoteStored and RemoteFetched count the pages written to it and
 	// read from it.
 	RemoteHitBlocks, RemoteStored, RemoteFetched int64
+	// Curve is the live miss-ratio curve's final estimate (Config.CurveRate).
+	Curve pagedkv.MissRatioCurve
 	// Stream is the block reference stream: the prompt blocks of every
 	// admission and resumption, in order (the input of the limits).
 	Stream Stream
@@ -225,7 +236,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 		return nil, fmt.Errorf("%w: HostPages %d, want >= 0", ErrBadConfig, cfg.HostPages)
 	}
 	mcfg := pagedkv.Config{NumPages: numPages, PageSize: cfg.PageTokens, HashSeed: 1,
-		Eviction: cfg.Eviction, CascadeMinSavedPages: -1}
+		Eviction: cfg.Eviction, CascadeMinSavedPages: -1, MissRatioSampling: cfg.CurveRate}
 	if cfg.HostPages > 0 {
 		mcfg.Tiers = pagedkv.TierConfig{HostPages: cfg.HostPages, WriteThrough: true}
 	}
@@ -247,7 +258,15 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	if policy == "" {
 		policy = evict.LRU
 	}
-	r := &runner{t: t, cfg: cfg, m: m, res: &Result{Eviction: policy, CapacityPages: cfg.CapacityPages}}
+	r := &runner{t: t, cfg: cfg, m: m, res: &Result{Eviction: policy, CapacityPages: cfg.CapacityPages, HintAccuracy: cfg.Hints.Accuracy}}
+	if err := cfg.Hints.validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Hints.Accuracy > 0 {
+		if r.hints, err = newHinter(t, cfg.Hints, m); err != nil {
+			return nil, err
+		}
+	}
 	start := time.Now()
 	if cfg.Service == nil {
 		err = r.sequential()
@@ -273,6 +292,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	res.Offloaded, res.Onloaded = s.Tiers.OffloadedPages, s.Tiers.OnloadedPages
 	res.RemoteHitBlocks = s.Tiers.RemoteHitTokens / int64(cfg.PageTokens)
 	res.RemoteStored, res.RemoteFetched = s.Tiers.RemoteStored, s.Tiers.RemoteFetched
+	res.Curve = s.MissRatioCurve
 	res.Wall = time.Since(start)
 	return res, nil
 }
@@ -289,6 +309,20 @@ type runner struct {
 	slot   []int // the service model's batch entry -> index in running
 	copies []pagedkv.TierCopy
 	copyID []uint64
+	hints  *hinter // nil: no hints
+}
+
+// release hints request i (if hints are on) and releases it.
+func (r *runner) release(i int) error {
+	if r.hints != nil {
+		if err := r.hints.hint(i); err != nil {
+			return err
+		}
+	}
+	if err := r.m.Release(pagedkv.RequestID(i)); err != nil {
+		return fmt.Errorf("replay: request %d: %w", i, err)
+	}
+	return nil
 }
 
 // completeCopies completes every tier copy the Manager planned: the replay
@@ -376,8 +410,8 @@ func (r *runner) sequential() error {
 		if err := r.completeCopies(); err != nil {
 			return err
 		}
-		if err := r.m.Release(id); err != nil {
-			return fmt.Errorf("replay: request %d: %w", i, err)
+		if err := r.release(i); err != nil {
+			return err
 		}
 		if err := r.flush(); err != nil {
 			return err

@@ -123,8 +123,8 @@ func (e *engine) step() error {
 	slices.Sort(e.done)
 	for i := len(e.done) - 1; i >= 0; i-- { // from the back: earlier slots stay valid
 		s := e.running[e.done[i]]
-		if err := r.m.Release(pagedkv.RequestID(s.idx)); err != nil {
-			return fmt.Errorf("replay: releasing request %d: %w", s.idx, err)
+		if err := r.release(s.idx); err != nil {
+			return err
 		}
 		e.running = slices.Delete(e.running, e.done[i], e.done[i]+1)
 		r.res.SimulatedMs = e.now

@@ -7,12 +7,20 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/tier"
 )
 
 // DefaultFractions are the capacities docs/replay.md reports, as fractions
 // of the trace's distinct blocks.
 var DefaultFractions = []float64{0.02, 0.05, 0.10, 0.25, 0.50}
+
+// DefaultPolicies are the policies `pagedkv replay` sweeps by default: the
+// fixed-rule ones and ARC. "adaptive" is asked for by name (with
+// --hint-accuracy it adds a replay per accuracy); without hints it
+// decides as ARC does, and the default sweep under the service model
+// stays within DefaultMaxWork.
+var DefaultPolicies = []string{evict.LRU, evict.SLRU, evict.SRRIP, evict.ARC}
 
 // Point is one capacity of a sweep: every policy's replay and the limits
 // over the block reference stream of the first policy's replay.
@@ -25,6 +33,10 @@ type Point struct {
 	// in sequential replays, where every stream is the trace's).
 	BeladyHits int64
 	BeladyOwn  []int64
+	// CurveTrue are, with SweepConfig.CurveRate, LRU's true hit ratios at
+	// ½×, 2× and 4× this capacity (replayed) and the unlimited ratio:
+	// what Results[0].Curve estimated.
+	CurveTrue [4]float64
 }
 
 // Sweep is a replay of one trace at several capacities under several
@@ -62,6 +74,16 @@ type SweepConfig struct {
 	// tier for each run (run names it uniquely within the sweep, so no run
 	// sees another's pages), with the store's flush and close.
 	OpenRemote func(run string, f tier.PageFormat) (store tier.RemoteStore, flush, close func() error, err error)
+	// HintAccuracies, each > 0, replay every policy that reads
+	// continuation hints (evict.ReadsHints) once more per accuracy, fed
+	// by the oracle of [Hints] (HintHorizon, HintSeed).
+	HintAccuracies []float64
+	HintHorizon    int64
+	HintSeed       uint64
+	// CurveRate, when > 0, keeps the live miss-ratio curve in every
+	// replay (Config.CurveRate) and replays LRU at ½×, 2× and 4× each
+	// capacity to check the first policy's estimates (Point.CurveTrue).
+	CurveRate float64
 	// Progress, when not nil, is called as requests finish, with the
 	// number finished over the whole sweep.
 	Progress func(finished int)
@@ -96,15 +118,16 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 			return nil, fmt.Errorf("%w: capacity fraction %g, want > 0", ErrBadConfig, f)
 		}
 		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), least)}
-		for _, p := range policies {
-			rc := Config{CapacityPages: pt.CapacityPages, Eviction: p, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model}
+		for _, run := range sweepRuns(policies, cfg.HintAccuracies) {
+			rc := Config{CapacityPages: pt.CapacityPages, Eviction: run.policy, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model,
+				Hints: Hints{Accuracy: run.acc, Horizon: cfg.HintHorizon, Seed: cfg.HintSeed}, CurveRate: cfg.CurveRate}
 			if progress != nil {
 				base := done
 				rc.Progress = func(n int) { progress(base + n) }
 			}
-			res, err := runWithRemote(t, rc, cfg.OpenRemote, fmt.Sprintf("%s-%g", p, f))
+			res, err := runWithRemote(t, rc, cfg.OpenRemote, fmt.Sprintf("%s-%g-%g", run.policy, run.acc, f))
 			if err != nil {
-				return nil, fmt.Errorf("capacity %.0f%% (%d pages), policy %s: %w", 100*f, pt.CapacityPages, p, err)
+				return nil, fmt.Errorf("capacity %.0f%% (%d pages), policy %s: %w", 100*f, pt.CapacityPages, res.labelOf(run.policy, run.acc), err)
 			}
 			done += len(t.Requests)
 			pt.Results = append(pt.Results, res)
@@ -114,10 +137,53 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 		if len(pt.Results) > 0 {
 			pt.BeladyHits = pt.BeladyOwn[0]
 		}
+		if cfg.CurveRate > 0 {
+			for i, m := range [...]float64{0.5, 2, 4} {
+				res, err := Run(t, Config{CapacityPages: max(int(m*float64(pt.CapacityPages)), least), Eviction: evict.LRU,
+					Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model})
+				if err != nil {
+					return nil, fmt.Errorf("capacity %.0f%% × %g, the curve's truth: %w", 100*f, m, err)
+				}
+				pt.CurveTrue[i] = res.HitRatio()
+			}
+			pt.CurveTrue[3] = ratio(sw.UnlimitedHits, sw.Blocks)
+		}
 		sw.Points = append(sw.Points, pt)
 	}
 	sw.Wall = time.Since(start)
 	return sw, nil
+}
+
+type sweepRun struct {
+	policy string
+	acc    float64
+}
+
+// sweepRuns lists a capacity's replays: every policy without hints, then
+// every policy that reads hints at each accuracy.
+func sweepRuns(policies []string, accs []float64) []sweepRun {
+	var runs []sweepRun
+	for _, p := range policies {
+		runs = append(runs, sweepRun{p, 0})
+	}
+	for _, a := range accs {
+		for _, p := range policies {
+			if evict.ReadsHints(p) {
+				runs = append(runs, sweepRun{p, a})
+			}
+		}
+	}
+	return runs
+}
+
+// Label names the run: the policy, and the hints' accuracy if any.
+func (r *Result) Label() string { return r.labelOf(r.Eviction, r.HintAccuracy) }
+
+func (*Result) labelOf(policy string, acc float64) string {
+	if acc == 0 {
+		return policy
+	}
+	return fmt.Sprintf("%s+hints %.0f%%", policy, 100*acc)
 }
 
 // TraceStream is t's own reference stream: each request's blocks once, in
@@ -153,7 +219,7 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 				perHour = (time.Duration(float64(r.Wall) * 3.6e6 / r.SimulatedMs)).Round(time.Millisecond).String()
 			}
 			fmt.Fprintf(tw, "%.0f%%\t%d\t%s\t%.1f%%\t%.1f%%\t%d\t%d\t%d\t%d\t%d\t%s\t\n",
-				100*pt.Fraction, pt.CapacityPages, r.Eviction, 100*r.HitRatio(), 100*ratio(r.HitBlocks, bel),
+				100*pt.Fraction, pt.CapacityPages, r.Label(), 100*r.HitRatio(), 100*ratio(r.HitBlocks, bel),
 				r.PrefillTokens, r.RecomputedTokens, r.EvictedPages, r.Preemptions, r.PeakPages, perHour)
 		}
 		if len(pt.Results) > 0 {
@@ -165,6 +231,9 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 	if sw.HostPages > 0 {
 		sw.formatTiers(w, t)
 	}
+	if len(sw.Points) > 0 && len(sw.Points[0].Results) > 0 && sw.Points[0].Results[0].Curve.SampledReferences > 0 {
+		sw.formatCurve(w)
+	}
 	fmt.Fprintf(w, "\nunlimited capacity: %.2f%% (%d of %d blocks; no concurrency)\n",
 		100*ratio(sw.UnlimitedHits, sw.Blocks), sw.UnlimitedHits, sw.Blocks)
 	best := sw.bestOnline()
@@ -174,12 +243,44 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 	fmt.Fprintf(w, "wall time: %s\n", sw.Wall.Round(time.Millisecond))
 }
 
+// formatCurve writes the live miss-ratio curve of each capacity's first
+// run against the true LRU figures.
+func (sw *Sweep) formatCurve(w io.Writer) {
+	r0 := sw.Points[0].Results[0]
+	fmt.Fprintf(w, "\nlive miss-ratio curve of %s (LRU shadows, %d of %d page references sampled), estimate / true LRU:\n",
+		r0.Label(), r0.Curve.SampledReferences, r0.Blocks)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "capacity\t½×\t2×\t4×\tunlimited\tworst error\t")
+	for _, pt := range sw.Points {
+		c := pt.Results[0].Curve
+		est := [4]float64{c.Half, c.Double, c.Quadruple, c.Unlimited}
+		line := fmt.Sprintf("%.0f%%\t", 100*pt.Fraction)
+		worst := 0.0
+		for i := range est {
+			line += fmt.Sprintf("%.1f / %.1f%%\t", 100*est[i], 100*pt.CurveTrue[i])
+			worst = max(worst, abs(est[i]-pt.CurveTrue[i]))
+		}
+		fmt.Fprintf(tw, "%s%.1f pts\t\n", line, 100*worst)
+	}
+	tw.Flush()
+}
+
+func abs(x float64) float64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
 // bestOnline names the best policy at each capacity.
 func (sw *Sweep) bestOnline() []string {
 	var out []string
 	for _, pt := range sw.Points {
 		bi := -1
 		for i, r := range pt.Results {
+			if r.HintAccuracy > 0 {
+				continue // not online: told the future
+			}
 			if bi < 0 || r.HitBlocks > pt.Results[bi].HitBlocks {
 				bi = i
 			}

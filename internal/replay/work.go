@@ -115,8 +115,12 @@ func sweepWork(t *Trace, cfg SweepConfig, groups int) (int64, string) {
 		pool := max(int64(f*float64(t.DistinctBlocks)), least) // as RunSweep sizes it
 		w = addSat(w, addSat(one, mulSat(pool, int64(pageTokens))))
 	}
-	w = mulSat(mulSat(w, int64(len(cfg.Policies))), int64(max(groups, 1)))
-	what := fmt.Sprintf("%d requests (%d units each replay, and its pool) × %d capacities × %d policies", len(t.Requests), one, len(cfg.Fractions), len(cfg.Policies))
+	runs := len(sweepRuns(cfg.Policies, cfg.HintAccuracies))
+	if cfg.CurveRate > 0 {
+		runs += 3 // LRU at ½×, 2× and 4×, the curve's truth (counted at 1×: a bound on the runs, not the pools)
+	}
+	w = mulSat(mulSat(w, int64(runs)), int64(max(groups, 1)))
+	what := fmt.Sprintf("%d requests (%d units each replay, and its pool) × %d capacities × %d policies", len(t.Requests), one, len(cfg.Fractions), runs)
 	if groups > 1 {
 		what += fmt.Sprintf(" × %d layer groups", groups)
 	}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/doclimits"
 )
 
@@ -30,7 +29,7 @@ func longOutputs(n, out int) *Trace {
 func TestWorkLimits(t *testing.T) {
 	tr := conversation(t)
 	require.Equal(t, int64(1+512*len(tr.Requests[0].Blocks)), Work(prefix(tr, 1), 512, false))
-	fractions, policies := DefaultFractions, evict.Names()
+	fractions, policies := DefaultFractions, DefaultPolicies
 	for _, svc := range []*Service{nil, new(DefaultService())} {
 		w, what := sweepWork(tr, SweepConfig{Fractions: fractions, Policies: policies, Service: svc, PageTokens: map[bool]int{true: 16, false: 0}[svc == nil]}, 0)
 		require.LessOrEqual(t, 2*w, DefaultMaxWork, what)

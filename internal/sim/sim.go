@@ -70,6 +70,9 @@ type Config struct {
 	// Eviction names the prefix cache's eviction policy
 	// (pagedkv.Config.Eviction; "" is LRU).
 	Eviction string
+	// CurveRate keeps the live miss-ratio curve at that sampling rate
+	// (pagedkv.Config.MissRatioSampling; 0: none).
+	CurveRate float64
 	// Events, when not nil, records the Manager's prefix-cache changes
 	// (pagedkv.Config.CacheEvents) and is flushed after every step: one
 	// KV-event batch per step. Build it with [RecorderConfig]: with Groups,
@@ -271,7 +274,7 @@ func newSim(cfg Config) (*Sim, error) {
 	}
 	mcfg := pagedkv.Config{NumPages: cfg.NumPages, PageSize: cfg.PageSize,
 		WindowTokens: cfg.WindowTokens, CascadeMinSavedPages: cfg.CascadeMinSavedPages, HashSeed: HashSeed(&cfg),
-		Eviction: cfg.Eviction}
+		Eviction: cfg.Eviction, MissRatioSampling: cfg.CurveRate}
 	if cfg.Events != nil {
 		mcfg.CacheEvents = cfg.Events
 	}

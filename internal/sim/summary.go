@@ -131,6 +131,10 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	}
 	line("prefix cache", "%d pages published, %d duplicates kept private", st.PublishedPages, st.DuplicatePages)
 	line("evictions", "%d pages evicted (%d returned to the pool)", st.EvictedPages, st.EvictionFreedPages)
+	if c := &st.MissRatioCurve; c.SampledReferences > 0 {
+		line("miss-ratio curve", "an LRU cache of 1/2x, 2x, 4x the pool, no limit: %.1f%%, %.1f%%, %.1f%%, %.1f%% page hits (%d page references sampled)",
+			100*c.Half, 100*c.Double, 100*c.Quadruple, 100*c.Unlimited, c.SampledReferences)
+	}
 	line("preemptions", "%d; %d computed tokens lost, %d of them found in the cache on resume", st.Preemptions, st.ResumedTokens, st.ResumeHitTokens)
 	line("copy-on-write", "%d pages copied", st.CopiedPages)
 	if t := &st.Tiers; t.HostPages > 0 {
