@@ -82,7 +82,7 @@ var layering = map[string]pkgRule{
 	// the remote-store interface.
 	"tier": at(L1, "layout"),
 
-	"kernels/cpu": at(L2, "kernels", "layout", "golang.org/x/sys/cpu"), // x/sys/cpu: CPU features for the assembly
+	"kernels/cpu": at(L2, "kernels", "layout", "quant", "golang.org/x/sys/cpu"), // x/sys/cpu: CPU features for the assembly
 	// The only importer of gorgonia.org/cu, and only under the cuda tag.
 	"kernels/cuda": at(L2, "kernels", "layout", "gorgonia.org/cu"),
 	"pagetable":    at(L2, "allocator", "ragged", "internal/invariants"),
