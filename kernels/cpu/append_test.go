@@ -180,3 +180,9 @@ func BenchmarkAppendConvert(b *testing.B) {
 		}
 	}
 }
+
+func TestNVFP4Conformance(t *testing.T) {
+	for name, b := range appendBackends() {
+		t.Run(name, func(t *testing.T) { kernelstest.TestNVFP4(t, b) })
+	}
+}
