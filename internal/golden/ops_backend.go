@@ -206,7 +206,13 @@ func (x *exec) attention() (q kernels.Tensor, cache kernels.PagedKVCache, a kern
 	if q, err = x.host("in.q", 3); err != nil {
 		return
 	}
-	if cache, err = x.pagedCache("in.paged_kv_cache"); err != nil {
+	nvfp4 := x.c.Op == "batch_decode_nvfp4"
+	if nvfp4 {
+		cache, err = x.nvfp4Cache()
+	} else {
+		cache, err = x.pagedCache("in.paged_kv_cache")
+	}
+	if err != nil {
 		return
 	}
 	qt, ct := x.tensor("in.q"), x.tensor("in.paged_kv_cache")
@@ -232,10 +238,16 @@ func (x *exec) attention() (q kernels.Tensor, cache kernels.PagedKVCache, a kern
 	if err = x.wantDim("head_dim", d, qt, 2); err != nil {
 		return
 	}
-	if err = x.wantDim("head_dim", d, ct, 4); err != nil {
+	if d != cache.Geometry.HeadDim {
+		err = fmt.Errorf("%w: parameter head_dim = %d but %s %v holds head_dim %d", ErrBadCase, d, ct.Name, ct.Shape, cache.Geometry.HeadDim)
 		return
 	}
 	a.NumQOHeads = hq
+	if nvfp4 {
+		if a.KScale, a.VScale, err = x.globalScales(); err != nil {
+			return
+		}
+	}
 	if a.SMScale, err = x.p.floatOr("sm_scale", 0); err != nil { // absent: 1/sqrt(head_dim)
 		return
 	}
