@@ -999,6 +999,8 @@ def flashinfer_cases(seed, count, dtype_name):
             return Tensor("U8", list(x.shape), x.numpy().tobytes())
         if x.dtype == torch.float32:
             return Tensor("F32", list(x.shape), x.numpy().tobytes())
+        if x.dtype == torch.float8_e4m3fn:
+            return Tensor("F8_E4M3", list(x.shape), x.view(torch.uint8).numpy().tobytes())
         if x.dtype in (torch.float16, torch.bfloat16):
             bits = x.view(torch.int16).numpy().tobytes()
             return Tensor("F16" if x.dtype == torch.float16 else "BF16", list(x.shape), bits)
@@ -1049,6 +1051,53 @@ def flashinfer_cases(seed, count, dtype_name):
             "in.append_key": to_tensor(key), "in.append_value": to_tensor(val), "in.batch_indices": to_tensor(bi.to(torch.int32)),
             "in.positions": to_tensor(pos.to(torch.int32)), "in.kv_indices": to_tensor(idx), "in.kv_indptr": to_tensor(ind),
             "in.kv_last_page_len": to_tensor(last), "in.paged_kv_cache": to_tensor(before), "out.paged_kv_cache": to_tensor(cache)}
+
+        # NVFP4: FlashInfer's quantising append into a cache of random old
+        # bytes, then a decode whose expected output is float64 attention over
+        # the bytes FlashInfer wrote (dequantised here from page.cuh's layout).
+        if D % 16 == 0 and hasattr(flashinfer.page, "nvfp4_quantize_append_paged_kv_cache"):
+            dshape = shape[:4] + [D // 2]
+            data = torch.randint(0, 256, dshape, dtype=torch.uint8, generator=g).to(dev)
+            sfc = torch.randint(0, 0x7F, shape[:4] + [D // 16], dtype=torch.uint8, generator=g).to(dev).view(torch.float8_e4m3fn)
+            data0, sf0 = data.clone(), sfc.clone()
+            ks = float(key.float().abs().max()) / (6 * 448) or 1.0
+            vs = float(val.float().abs().max()) / (6 * 448) or 1.0
+            flashinfer.page.nvfp4_quantize_append_paged_kv_cache(key, val, bi, pos, data, sfc, idx, ind, last, ks, vs, kv_layout=layout)
+            nv = {"kv_layout": layout, "page_size": str(ps), "k_scale": repr(ks), "v_scale": repr(vs)}
+            yield "nvfp4_quantize_append_paged_kv_cache_" + tag, dict(nv, op="nvfp4_quantize_append_paged_kv_cache"), {
+                "in.append_key": to_tensor(key), "in.append_value": to_tensor(val), "in.batch_indices": to_tensor(bi.to(torch.int32)),
+                "in.positions": to_tensor(pos.to(torch.int32)), "in.kv_indices": to_tensor(idx), "in.kv_indptr": to_tensor(ind),
+                "in.kv_last_page_len": to_tensor(last), "in.paged_kv_cache": to_tensor(data0), "in.kv_cache_sf": to_tensor(sf0),
+                "out.paged_kv_cache": to_tensor(data), "out.kv_cache_sf": to_tensor(sfc)}
+            lut = torch.tensor([v * (-1 if c & 8 else 1) for c in range(16) for v in [E2M1[c & 7]]], dtype=torch.float64)
+            d8 = data.cpu().long()
+            codes = torch.stack([d8 & 0xF, d8 >> 4], dim=-1).reshape(shape)
+            sfv = sfc.cpu().float().double().repeat_interleave(16, dim=-1)
+            deq = lut[codes] * sfv  # [pages, 2, ..., D]
+            if layout == "HND":
+                deq = deq.transpose(2, 3)  # [pages, 2, N, H, D]
+            qn = rand(B, hq, D)
+            o = torch.zeros(B, hq, D, dtype=torch.float64)
+            lse = torch.zeros(B, hq, dtype=torch.float64)
+            il, ii, la = ind.tolist(), idx.tolist(), last.tolist()
+            for b in range(B):
+                pgs = ii[il[b]:il[b + 1]]
+                n = 0 if not pgs else (len(pgs) - 1) * ps + la[b]
+                if n == 0:
+                    lse[b] = -math.inf
+                    continue
+                kv = torch.cat([deq[p_] for p_ in pgs], dim=1)[:, :n]  # [2, n, H, D]
+                for h in range(hq):
+                    kk, vv = kv[0, :, h // (hq // hkv)] * ks, kv[1, :, h // (hq // hkv)] * vs
+                    logits = (kk @ qn[b, h].cpu().double()) / math.sqrt(D)
+                    w = torch.softmax(logits, 0)
+                    o[b, h] = w @ vv
+                    lse[b, h] = torch.logsumexp(logits, 0) / math.log(2)
+            yield "batch_decode_nvfp4_" + tag, dict(nv, op="batch_decode_nvfp4", num_qo_heads=str(hq), num_kv_heads=str(hkv),
+                                                     head_dim=str(D), atol="1e-4", rtol="1e-4"), {
+                "in.q": to_tensor(qn), "in.paged_kv_cache": to_tensor(data), "in.kv_cache_sf": to_tensor(sfc),
+                "in.kv_indptr": to_tensor(ind), "in.kv_indices": to_tensor(idx), "in.kv_last_page_len": to_tensor(last),
+                "out.o": to_tensor(o.float()), "out.lse": to_tensor(lse.float())}
 
         # append_paged_mla_kv_cache (ckv 512, kpe 64)
         ckv, kpe = rand(pages, ps, 512), rand(pages, ps, 64)
