@@ -147,22 +147,28 @@ func runAppend(x *exec) (map[string]safetensors.Tensor, error) {
 		return nil, err
 	}
 	p := kernels.AppendParams{Cache: cache}
-	if p.AppendKey, err = x.host("in.append_key", 3); err != nil {
-		return nil, err
-	}
-	if p.AppendValue, err = x.host("in.append_value", 3); err != nil {
-		return nil, err
-	}
-	if p.BatchIndices, p.Positions, p.Table, err = x.appendTargets(); err != nil {
-		return nil, err
-	}
-	if err := x.b.AppendPagedKVCache(&p); err != nil {
+	if err := x.runAppendRows(&p); err != nil {
 		return nil, err
 	}
 	in := x.tensor("in.paged_kv_cache")
 	return map[string]safetensors.Tensor{
 		"paged_kv_cache": {Name: "paged_kv_cache", DType: in.DType, Shape: in.Shape, Data: p.Cache.Data},
 	}, nil
+}
+
+// runAppendRows reads append_key, append_value and the append targets into
+// p (whose cache and scales are set) and runs the backend's append.
+func (x *exec) runAppendRows(p *kernels.AppendParams) (err error) {
+	if p.AppendKey, err = x.host("in.append_key", 3); err != nil {
+		return err
+	}
+	if p.AppendValue, err = x.host("in.append_value", 3); err != nil {
+		return err
+	}
+	if p.BatchIndices, p.Positions, p.Table, err = x.appendTargets(); err != nil {
+		return err
+	}
+	return x.b.AppendPagedKVCache(p)
 }
 
 func runMLAAppend(x *exec) (map[string]safetensors.Tensor, error) {

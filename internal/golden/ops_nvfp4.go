@@ -96,16 +96,7 @@ func runNVFP4Append(x *exec) (map[string]safetensors.Tensor, error) {
 	if p.KScale, p.VScale, err = x.globalScales(); err != nil {
 		return nil, err
 	}
-	if p.AppendKey, err = x.host("in.append_key", 3); err != nil {
-		return nil, err
-	}
-	if p.AppendValue, err = x.host("in.append_value", 3); err != nil {
-		return nil, err
-	}
-	if p.BatchIndices, p.Positions, p.Table, err = x.appendTargets(); err != nil {
-		return nil, err
-	}
-	if err := x.b.AppendPagedKVCache(&p); err != nil {
+	if err := x.runAppendRows(&p); err != nil {
 		return nil, err
 	}
 	in, sf := x.tensor("in.paged_kv_cache"), x.tensor("in.kv_cache_sf")
