@@ -74,24 +74,32 @@ func (x *exec) pagedCache(name string) (kernels.PagedKVCache, error) {
 	if !ok || !dt.IsFloat() || len(t.Shape) != 5 || t.Shape[1] != 2 {
 		return kernels.PagedKVCache{}, badTensor(t, "want a 5-D floating-point paged cache [pages, 2, ...]")
 	}
-	kvl, err := x.p.kvLayout()
+	g, err := x.fusedGeometry(t, dt, t.Shape[4])
 	if err != nil {
 		return kernels.PagedKVCache{}, err
+	}
+	return kernels.PagedKVCache{Geometry: g, Data: append([]byte(nil), t.Data...)}, nil
+}
+
+// fusedGeometry is the geometry of the 5-D cache tensor t ([pages, 2, N, H,
+// x] for NHD, [pages, 2, H, N, x] for HND, x holding headDim elements of
+// dt), checked against the kv_layout and page_size parameters.
+func (x *exec) fusedGeometry(t safetensors.Tensor, dt layout.DType, headDim int) (layout.Paged, error) {
+	kvl, err := x.p.kvLayout()
+	if err != nil {
+		return layout.Paged{}, err
 	}
 	pageSize, err := x.p.intReq("page_size")
 	if err != nil {
-		return kernels.PagedKVCache{}, err
+		return layout.Paged{}, err
 	}
-	g := layout.Paged{Layout: kvl, Form: layout.Fused, DType: dt, NumPages: t.Shape[0], PageSize: t.Shape[2], NumKVHeads: t.Shape[3], HeadDim: t.Shape[4]}
+	g := layout.Paged{Layout: kvl, Form: layout.Fused, DType: dt, NumPages: t.Shape[0], PageSize: t.Shape[2], NumKVHeads: t.Shape[3], HeadDim: headDim}
 	entryDim := 2
 	if kvl == layout.HND {
 		g.PageSize, g.NumKVHeads = t.Shape[3], t.Shape[2]
 		entryDim = 3
 	}
-	if err := x.wantDim("page_size", pageSize, t, entryDim); err != nil {
-		return kernels.PagedKVCache{}, err
-	}
-	return kernels.PagedKVCache{Geometry: g, Data: append([]byte(nil), t.Data...)}, nil
+	return g, x.wantDim("page_size", pageSize, t, entryDim)
 }
 
 // mlaCache copies in.ckv_cache [pages, page_size, head_dim_ckv] and

@@ -42,21 +42,8 @@ func (x *exec) nvfp4Cache() (kernels.PagedKVCache, error) {
 	if t.DType != safetensors.U8 || len(t.Shape) != 5 || t.Shape[1] != 2 {
 		return kernels.PagedKVCache{}, badTensor(t, "want a 5-D U8 NVFP4 cache [pages, 2, ..., head_dim/2]")
 	}
-	kvl, err := x.p.kvLayout()
+	g, err := x.fusedGeometry(t, layout.NVFP4, 2*t.Shape[4])
 	if err != nil {
-		return kernels.PagedKVCache{}, err
-	}
-	pageSize, err := x.p.intReq("page_size")
-	if err != nil {
-		return kernels.PagedKVCache{}, err
-	}
-	g := layout.Paged{Layout: kvl, Form: layout.Fused, DType: layout.NVFP4, NumPages: t.Shape[0], PageSize: t.Shape[2], NumKVHeads: t.Shape[3], HeadDim: 2 * t.Shape[4]}
-	entryDim := 2
-	if kvl == layout.HND {
-		g.PageSize, g.NumKVHeads = t.Shape[3], t.Shape[2]
-		entryDim = 3
-	}
-	if err := x.wantDim("page_size", pageSize, t, entryDim); err != nil {
 		return kernels.PagedKVCache{}, err
 	}
 	want := []int{t.Shape[0], 2, t.Shape[2], t.Shape[3], t.Shape[4] / 8}

@@ -144,18 +144,7 @@ func randomNVFP4Attn(rng *rand.Rand, batch, maxLen int) *attnConfig {
 // the NaN scale 0x7F, so reading it poisons the result. It also returns the
 // values before quantisation, [b][t][kv][H*D].
 func nvfp4FromTokens(rng *rand.Rand, g layout.Paged, lens []int, spare int, kScale, vScale float64, value func() float64) (*cacheCase, [][][2][]float64) {
-	indptr, indices, numPages := scatterPages(rng, lens, g.PageSize, spare)
-	last := make([]int32, len(lens))
-	for b, n := range lens {
-		if n > 0 {
-			last[b] = int32((n-1)%g.PageSize + 1)
-		}
-	}
-	g.NumPages = numPages
-	cache, err := kernels.NewPagedKVCache(g)
-	if err != nil {
-		panic(err)
-	}
+	cache, indptr, indices, last := scatteredCache(rng, g, lens, spare)
 	for _, buf := range [][]byte{cache.Data, cache.K, cache.V} {
 		copy(buf, randomBytes(rng, len(buf)))
 	}
