@@ -85,7 +85,7 @@ var layering = map[string]pkgRule{
 	// the remote-store interface.
 	"tier": at(L1, "layout"),
 
-	"kernels/cpu": at(L2, "kernels", "layout", "golang.org/x/sys/cpu"), // x/sys/cpu: CPU features for the assembly
+	"kernels/cpu": at(L2, "kernels", "layout", "quant", "golang.org/x/sys/cpu"), // x/sys/cpu: CPU features for the assembly
 	// The only importer of gorgonia.org/cu, and only under the cuda tag.
 	"kernels/cuda": at(L2, "kernels", "layout", "gorgonia.org/cu"),
 	"pagetable":    at(L2, "allocator", "ragged", "internal/invariants"),
@@ -143,7 +143,7 @@ var layering = map[string]pkgRule{
 
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
 	// The serving-workload simulator behind `pagedkv simulate`.
-	"internal/sim": at(T2, "", "appendkv", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "stepglue", "tier"),
+	"internal/sim": at(T2, "", "appendkv", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layout", "quant", "stepglue", "tier"),
 
 	// Production-trace replay behind `pagedkv replay`: the Manager in
 	// metadata-only mode, the limits, the plot (the only importer of gonum).

@@ -103,57 +103,84 @@ func (t Tensor) CheckShape(name string, want ...int) error {
 
 // byteLen is n elements of dt in bytes, or an error when that is not an int.
 func byteLen(n int64, dt layout.DType) (int, error) {
-	b := n * int64(dt.Size())
-	if b > math.MaxInt {
-		return 0, fmt.Errorf("%w: %d elements of %v do not fit in memory", ErrInvalidCache, n, dt)
+	return bytesFit(n*int64(dt.Size()), dt)
+}
+
+// bytesFit is n bytes of a dt tensor as an int, or an error when that is not
+// an int.
+func bytesFit(n int64, dt layout.DType) (int, error) {
+	if n > math.MaxInt {
+		return 0, fmt.Errorf("%w: %d bytes of %v do not fit in memory", ErrInvalidCache, n, dt)
 	}
-	return int(b), nil
+	return int(n), nil
 }
 
 // NewPagedKVCache allocates a zero-filled paged cache of geometry g in host
-// memory: one 5-D buffer (g.Form == layout.Fused) or a K/V pair (Split).
+// memory: one 5-D buffer (g.Form == layout.Fused) or a K/V pair (Split), and
+// for NVFP4 the scale buffers of the same form.
 func NewPagedKVCache(g layout.Paged) (PagedKVCache, error) {
 	if err := g.Validate(); err != nil {
 		return PagedKVCache{}, fmt.Errorf("%w: %w", ErrInvalidCache, err)
 	}
-	n, err := byteLen(g.TensorElements(), g.DType)
+	n, err := bytesFit(g.DataBytes(), g.DType)
 	if err != nil {
 		return PagedKVCache{}, err
 	}
+	ns := int(g.ScaleBytes()) // at most n/8
 	c := PagedKVCache{Geometry: g}
 	if g.Form == layout.Fused {
 		c.Data = newHostBytes(n)
+		if g.DType == layout.NVFP4 {
+			c.SF = newHostBytes(ns)
+		}
 	} else {
 		c.K, c.V = newHostBytes(n), newHostBytes(n)
+		if g.DType == layout.NVFP4 {
+			c.KSF, c.VSF = newHostBytes(ns), newHostBytes(ns)
+		}
 	}
 	return c, nil
 }
 
 // Validate checks the geometry and that the buffers of the geometry's form
-// have exactly its byte length while the other form's buffers are nil.
+// (and, for NVFP4, its scale buffers) have exactly their byte length while
+// the other buffers are nil.
 func (c *PagedKVCache) Validate() error {
 	g := c.Geometry
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidCache, err)
 	}
-	n, err := byteLen(g.TensorElements(), g.DType)
+	n, err := bytesFit(g.DataBytes(), g.DType)
 	if err != nil {
 		return err
 	}
+	ns := int(g.ScaleBytes())
 	if g.Form == layout.Fused {
 		switch {
 		case len(c.Data) != n:
-			return fmt.Errorf("%w: fused %v cache %v needs %d bytes in Data, has %d", ErrInvalidCache, g.Layout, g.Shape(), n, len(c.Data))
+			return fmt.Errorf("%w: fused %v cache %v needs %d bytes in Data, has %d", ErrInvalidCache, g.Layout, g.DataShape(), n, len(c.Data))
 		case c.K != nil || c.V != nil:
 			return fmt.Errorf("%w: fused cache has K/V buffers set (use Data)", ErrInvalidCache)
+		case g.DType == layout.NVFP4 && len(c.SF) != ns:
+			return fmt.Errorf("%w: fused nvfp4 cache needs kv_cache_sf %v of %d bytes in SF, has %d", ErrInvalidCache, g.ScaleShape(), ns, len(c.SF))
+		case g.DType != layout.NVFP4 && c.SF != nil:
+			return fmt.Errorf("%w: %v cache has a scale buffer SF (only nvfp4 has kv_cache_sf)", ErrInvalidCache, g.DType)
+		case c.KSF != nil || c.VSF != nil:
+			return fmt.Errorf("%w: fused cache has KSF/VSF scale buffers set (use SF)", ErrInvalidCache)
 		}
 		return nil
 	}
 	switch {
 	case len(c.K) != n || len(c.V) != n:
-		return fmt.Errorf("%w: split %v cache %v needs %d bytes in each of K and V, has %d and %d", ErrInvalidCache, g.Layout, g.Shape(), n, len(c.K), len(c.V))
+		return fmt.Errorf("%w: split %v cache %v needs %d bytes in each of K and V, has %d and %d", ErrInvalidCache, g.Layout, g.DataShape(), n, len(c.K), len(c.V))
 	case c.Data != nil:
 		return fmt.Errorf("%w: split cache has Data set (use K and V)", ErrInvalidCache)
+	case g.DType == layout.NVFP4 && (len(c.KSF) != ns || len(c.VSF) != ns):
+		return fmt.Errorf("%w: split nvfp4 cache needs kv_cache_sf %v of %d bytes in each of KSF and VSF, has %d and %d", ErrInvalidCache, g.ScaleShape(), ns, len(c.KSF), len(c.VSF))
+	case g.DType != layout.NVFP4 && (c.KSF != nil || c.VSF != nil):
+		return fmt.Errorf("%w: %v cache has KSF/VSF scale buffers (only nvfp4 has kv_cache_sf)", ErrInvalidCache, g.DType)
+	case c.SF != nil:
+		return fmt.Errorf("%w: split cache has SF set (use KSF and VSF)", ErrInvalidCache)
 	}
 	return nil
 }
@@ -174,19 +201,43 @@ func (c *PagedKVCache) VBuf() []byte {
 	return c.V
 }
 
-// GatherK widens K[page, entry, head, 0:D] into dst[:D]. It panics on an
-// index outside the cache (tests and debugging; no validation).
+// KSFBuf is the NVFP4 scale buffer that K's scales live in (SF or KSF; nil
+// for other dtypes); [layout.Paged.ScaleOffset] of a K element offset
+// indexes it.
+func (c *PagedKVCache) KSFBuf() []byte {
+	if c.Geometry.Form == layout.Fused {
+		return c.SF
+	}
+	return c.KSF
+}
+
+// VSFBuf is the NVFP4 scale buffer of V (SF or VSF), like [PagedKVCache.KSFBuf].
+func (c *PagedKVCache) VSFBuf() []byte {
+	if c.Geometry.Form == layout.Fused {
+		return c.SF
+	}
+	return c.VSF
+}
+
+// GatherK widens K[page, entry, head, 0:D] into dst[:D] (for NVFP4,
+// e2m1*block scale, without the global scale). It panics on an index
+// outside the cache (tests and debugging; no validation).
 func (c *PagedKVCache) GatherK(dst []float32, page, entry, head int) {
-	g := c.Geometry
-	off := g.KOffset(page, entry, head, 0) * int64(g.DType.Size())
-	layout.LoadRowF32(dst[:g.HeadDim], g.DType, c.KBuf()[off:])
+	c.gather(dst, c.KBuf(), c.KSFBuf(), c.Geometry.KOffset(page, entry, head, 0))
 }
 
 // GatherV widens V[page, entry, head, 0:D] into dst[:D], like [PagedKVCache.GatherK].
 func (c *PagedKVCache) GatherV(dst []float32, page, entry, head int) {
+	c.gather(dst, c.VBuf(), c.VSFBuf(), c.Geometry.VOffset(page, entry, head, 0))
+}
+
+func (c *PagedKVCache) gather(dst []float32, buf, sf []byte, off int64) {
 	g := c.Geometry
-	off := g.VOffset(page, entry, head, 0) * int64(g.DType.Size())
-	layout.LoadRowF32(dst[:g.HeadDim], g.DType, c.VBuf()[off:])
+	if g.DType == layout.NVFP4 {
+		layout.LoadRowNVFP4(dst[:g.HeadDim], buf[g.DataOffset(off):], sf[g.ScaleOffset(off):])
+		return
+	}
+	layout.LoadRowF32(dst[:g.HeadDim], g.DType, buf[g.DataOffset(off):])
 }
 
 // GatherToken widens every head of token t of request b (through table) into

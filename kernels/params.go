@@ -13,10 +13,17 @@ type Tensor struct {
 // PagedKVCache is FlashInfer's paged_kv_cache argument in host memory: one
 // 5-D tensor (Geometry.Form == layout.Fused, in Data) or a K/V pair of 4-D
 // tensors (layout.Split, in K and V). See layout.Paged for the offsets.
+//
+// An NVFP4 cache (Geometry.DType == layout.NVFP4) also has FlashInfer's
+// kv_cache_sf in the same form: SF (Fused) or KSF and VSF (Split), e4m3
+// block scales with the last dimension D/16, while the data buffers hold
+// packed e2m1 with the last dimension D/2 (docs/layout.md, "NVFP4").
 type PagedKVCache struct {
 	Geometry layout.Paged
 	Data     []byte // Fused: [pages, 2, N, H, D] (NHD) or [pages, 2, H, N, D] (HND)
 	K, V     []byte // Split: [pages, N, H, D] (NHD) or [pages, H, N, D] (HND) each
+	SF       []byte // NVFP4, Fused: [pages, 2, N, H, D/16] (NHD) or [pages, 2, H, N, D/16] (HND)
+	KSF, VSF []byte // NVFP4, Split: [pages, N, H, D/16] (NHD) or [pages, H, N, D/16] (HND) each
 }
 
 // PageTable is FlashInfer's CSR page table for a batch of B requests.
@@ -60,7 +67,10 @@ func (l *CascadeLevel) Table() PageTable {
 // FlashInfer. Otherwise (an extension of FlashInfer's API: f32/f16/bf16 rows
 // into an fp8 cache) each value x is stored as convert(x / KScale) for keys
 // and convert(x / VScale) for values, rounding to nearest even and
-// saturating; a zero scale means 1.
+// saturating; a zero scale means 1. Into an NVFP4 cache, KScale and VScale
+// are the global scales (FlashInfer's k_scale/v_scale of
+// nvfp4_quantize_append_paged_kv_cache): each 16-element block stores
+// e2m1 codes and an e4m3 scale with x ~ e2m1*scale*KScale (quant.QuantizeNVFP4).
 type AppendParams struct {
 	AppendKey, AppendValue Tensor  // [nnz, H, D]
 	BatchIndices           []int32 // [nnz]

@@ -9,10 +9,10 @@ import (
 
 // AppendConverts reports whether an append of rows of dtype src into a cache
 // of dtype cache converts (f32/f16/bf16 rows into an fp8 cache, scaled and
-// saturated) rather than copying bytes (equal dtypes). Any other pair is
-// rejected by [AppendParams.Validate].
+// saturated, or quantised into an NVFP4 cache) rather than copying bytes
+// (equal dtypes). Any other pair is rejected by [AppendParams.Validate].
 func AppendConverts(src, cache layout.DType) bool {
-	return src != cache && (cache == layout.E4M3 || cache == layout.E5M2) &&
+	return src != cache && (cache == layout.E4M3 || cache == layout.E5M2 || cache == layout.NVFP4) &&
 		(src == layout.F32 || src == layout.F16 || src == layout.BF16)
 }
 
@@ -127,8 +127,11 @@ func ValidateAppendDTypes(kd, vd, cache layout.DType, kScale, vScale float64) er
 		return fmt.Errorf("append: %w: append_key is %v but append_value is %v", ErrInvalidTensor, kd, vd)
 	}
 	converts := AppendConverts(kd, cache)
+	if cache == layout.NVFP4 && !converts {
+		return fmt.Errorf("append: %w: append rows of %v into an nvfp4 cache (want f32, f16 or bf16 rows, quantised on append)", ErrInvalidTensor, kd)
+	}
 	if kd != cache && !converts {
-		return fmt.Errorf("append: %w: append rows of %v into a %v cache (want %v, or f32/f16/bf16 into an fp8 cache)", ErrInvalidTensor, kd, cache, cache)
+		return fmt.Errorf("append: %w: append rows of %v into a %v cache (want %v, or f32/f16/bf16 into an fp8 or nvfp4 cache)", ErrInvalidTensor, kd, cache, cache)
 	}
 	for _, s := range [...]struct {
 		name string

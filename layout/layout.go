@@ -20,6 +20,12 @@ const (
 	I8
 	I32
 	U8
+	// NVFP4 is FlashInfer's packed NVFP4 KV cache (torch.uint8 data,
+	// __nv_fp4x2_e2m1 in CUDA): two e2m1 codes per byte plus one e4m3 block
+	// scale per 16 elements in separate scale pages. It is a cache dtype
+	// only; an element is half a byte, so [DType.Size] is 0 and byte
+	// lengths and offsets come from [Paged]'s NVFP4 methods (nvfp4.go).
+	NVFP4
 )
 
 var dtypeInfo = [...]struct {
@@ -35,9 +41,11 @@ var dtypeInfo = [...]struct {
 	I8:           {"i8", 1},
 	I32:          {"i32", 4},
 	U8:           {"u8", 1},
+	NVFP4:        {"nvfp4", 0},
 }
 
-// Size is the size of one element in bytes (0 for an invalid dtype).
+// Size is the size of one element in bytes (0 for an invalid dtype, and for
+// [NVFP4], whose element is half a byte: see [Paged.DataBytes]).
 func (d DType) Size() int {
 	if int(d) >= len(dtypeInfo) {
 		return 0
@@ -78,6 +86,8 @@ func ParseDType(s string) (DType, error) {
 		return I32, nil
 	case "u8", "uint8":
 		return U8, nil
+	case "nvfp4", "fp4", "e2m1", "float4_e2m1fn_x2":
+		return NVFP4, nil
 	}
 	return InvalidDType, fmt.Errorf("layout: unknown dtype %q", s)
 }
@@ -148,15 +158,18 @@ type Paged struct {
 const MaxElements = 1 << 40
 
 // Validate checks that every dimension is positive, the dtype is a float dtype
-// and the whole cache is addressable.
+// or NVFP4 (then head_dim is a multiple of [NVFP4BlockSize]) and the whole
+// cache is addressable.
 func (p Paged) Validate() error {
 	switch {
 	case p.Layout != NHD && p.Layout != HND:
 		return fmt.Errorf("layout: invalid kv_layout %v", p.Layout)
 	case p.Form != Fused && p.Form != Split:
 		return fmt.Errorf("layout: invalid tensor form %d", p.Form)
-	case !p.DType.IsFloat():
+	case !p.DType.IsFloat() && p.DType != NVFP4:
 		return fmt.Errorf("layout: cache dtype %v is not a float dtype", p.DType)
+	case p.DType == NVFP4 && (p.HeadDim <= 0 || p.HeadDim%NVFP4BlockSize != 0):
+		return fmt.Errorf("layout: nvfp4 cache head_dim %d is not a positive multiple of the %d-element scale block", p.HeadDim, NVFP4BlockSize)
 	case p.NumPages < 0:
 		return fmt.Errorf("layout: num_pages %d < 0", p.NumPages)
 	case p.PageSize <= 0:

@@ -1,5 +1,7 @@
-// Package quant owns symmetric group quantisation of KV-cache rows to int8 or
-// int4, as PPL.LLM's dynamic_batching.KeyValueCache stores them: one scale per
+// Package quant owns the quantisation of KV-cache rows: FlashInfer's NVFP4
+// blocks ([QuantizeNVFP4], see "NVFP4" below) and symmetric group
+// quantisation to int8 or int4, as PPL.LLM's
+// dynamic_batching.KeyValueCache stores them: one scale per
 // quant_group consecutive features, codes in a cache tensor and scales in a
 // scale tensor beside it. The addressing of those tensors (cache layouts,
 // offset and page-table modes) lives in package ppl; this package only turns
@@ -44,6 +46,25 @@
 // float32. docs/quantisation.md gives the derivation and the differences from
 // PPL's CUDA kernel (which divides in half precision and does not clamp).
 //
+// # NVFP4
+//
+// [QuantizeNVFP4] is FlashInfer's nvfp4_append_quantize_block (page.cuh):
+// for each block of 16 elements x under global scale g,
+//
+//	amax  = max |x| (NaN skipped)
+//	scale = e4m3_satfinite(amax / (6*g))          float32, RNE; 0 when amax is 0
+//	m     = 1 / (e4m3(scale)*g)                   float32; 0 when amax or scale is 0
+//	code  = e2m1(x*m)                             RNE on the e2m1 grid, saturating at
+//	                                              ±6, sign kept, NaN -> 0
+//
+// codes packed two per byte (element 2i in the low nibble) and the scale
+// byte stored apart (FlashInfer's kv_cache_sf; layout.Paged's NVFP4
+// methods address both). [DequantizeNVFP4] gives e2m1*scale exactly; the
+// global scale is the attention's k_scale/v_scale. For a block with
+// amax/(6g) in [2^-6, 448], |x - x'*g| <= scale*g*(1+2^-20) < 0.178*amax.
+// docs/quantisation.md §1a has the derivation and the differences from
+// FlashInfer's fast-math build.
+//
 // # Concurrency
 //
 // The package has no state. A [Config] is a value; its methods may be called
@@ -55,4 +76,8 @@
 //     or F32; [Config.Validate] checks Group against a head dimension.
 //   - Quantize and Dequantize never allocate; lengths that disagree with the
 //     Config are programming errors and panic with the numbers involved.
+//   - QuantizeNVFP4 and DequantizeNVFP4 never allocate and panic on a length
+//     that is not a multiple of 16 or a short buffer; QuantizeNVFP4 is a
+//     pure function of the block and g, so an append followed by a read
+//     returns DequantizeNVFP4(QuantizeNVFP4(x)) exactly.
 package quant

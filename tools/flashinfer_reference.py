@@ -212,6 +212,16 @@ OPS = {
         inputs=["q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap", "causal"],
         required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim"]),
+    "nvfp4_quantize_append_paged_kv_cache": dict(
+        inputs=["append_key", "append_value", "batch_indices", "positions", "kv_indices", "kv_indptr", "kv_last_page_len",
+                "paged_kv_cache", "kv_cache_sf"],
+        outputs=["paged_kv_cache", "kv_cache_sf"], params=["kv_layout", "page_size", "k_scale", "v_scale"],
+        required=["page_size", "k_scale", "v_scale"], exact=["paged_kv_cache", "kv_cache_sf"]),
+    "batch_decode_nvfp4": dict(
+        inputs=["q", "paged_kv_cache", "kv_cache_sf", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
+        params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap",
+                "k_scale", "v_scale"],
+        required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim", "k_scale", "v_scale"]),
     "merge_state": dict(inputs=["v_a", "s_a", "v_b", "s_b"], outputs=["v", "s"], params=[], required=[]),
     "merge_states": dict(inputs=["v", "s"], outputs=["v", "s"], params=[], required=[]),
     "cascade_attention": dict(
@@ -261,7 +271,7 @@ PARAM_PARSERS = {
     "page_size": _int(1), "num_qo_heads": _int(1), "num_kv_heads": _int(1), "head_dim": _int(1), "num_heads": _int(1),
     "head_dim_ckv": _int(1), "head_dim_kpe": _int(0), "nnz": _int(0), "num_levels": _int(1, 64), "window_left": _int(-1),
     "window_size": _int(0), "kv_padding": _int(0), "max_seq": _int(1), "compressed": _choice("0", "1"), "causal": _choice("0", "1"),
-    "sm_scale": _float(0.0, strict=True), "logits_soft_cap": _float(), "atol": _float(), "rtol": _float(),
+    "sm_scale": _float(0.0, strict=True), "k_scale": _float(0.0, strict=True), "v_scale": _float(0.0, strict=True), "logits_soft_cap": _float(), "atol": _float(), "rtol": _float(),
     "kv_layout": _choice("NHD", "HND"), "bitorder": _choice("little", "big"), "mask": _choice(*MASK_KINDS),
     "format": _choice(FORMAT), "op": str, "case": str,
 }
@@ -402,6 +412,44 @@ class Checker:
             length = 0 if pages_b == 0 else (pages_b - 1) * self.p["page_size"] + last[b]
             if not 0 <= t < length:
                 self.fail("positions[%d] = %d outside request %d's %d tokens", i, t, b, length)
+
+    def nvfp4_cache(self):
+        """in.paged_kv_cache U8 [pages, 2, ..., D/2] and in.kv_cache_sf F8_E4M3 [pages, 2, ..., D/16]."""
+        c = self.t("in.paged_kv_cache", ["U8"], 5)
+        sf = self.t("in.kv_cache_sf", ["F8_E4M3"], 5)
+        if c.shape[1] != 2:
+            self.fail("in.paged_kv_cache has shape %s, want [pages, 2, ...]", c.shape)
+        if c.shape[4] % 8 or sf.shape != c.shape[:4] + [c.shape[4] // 8]:
+            self.fail("in.kv_cache_sf %s does not match in.paged_kv_cache %s (head_dim/16 scales for head_dim/2 bytes)", sf.shape, c.shape)
+        hnd = self.p.get("kv_layout", "NHD") == "HND"
+        pages, n, h, d = c.shape[0], c.shape[3 if hnd else 2], c.shape[2 if hnd else 3], 2 * c.shape[4]
+        if n != self.p["page_size"]:
+            self.fail("in.paged_kv_cache %s has page_size %d, parameter page_size = %d", c.shape, n, self.p["page_size"])
+        return c, sf, pages, h, d
+
+    def check_nvfp4_quantize_append_paged_kv_cache(self):
+        c, sf, pages, h, d = self.nvfp4_cache()
+        k = self.t("in.append_key", FLOAT_DTYPES, 3)
+        nnz = k.shape[0]
+        self.shape("in.append_key", [nnz, h, d])
+        self.t("in.append_value", [k.dtype])
+        self.shape("in.append_value", [nnz, h, d])
+        self.append_rows(nnz, pages)
+        self.t("out.paged_kv_cache", ["U8"])
+        self.shape("out.paged_kv_cache", c.shape)
+        self.t("out.kv_cache_sf", ["F8_E4M3"])
+        self.shape("out.kv_cache_sf", sf.shape)
+
+    def check_batch_decode_nvfp4(self):
+        c, _, pages, h, d = self.nvfp4_cache()
+        q = self.t("in.q", FLOAT_DTYPES, 3)
+        if q.shape[1] != self.p["num_qo_heads"] or q.shape[2] != self.p["head_dim"] or d != self.p["head_dim"] or h != self.p["num_kv_heads"]:
+            self.fail("q %s / cache %s disagree with num_qo_heads %d, num_kv_heads %d, head_dim %d",
+                      q.shape, c.shape, self.p["num_qo_heads"], self.p["num_kv_heads"], self.p["head_dim"])
+        if self.p["num_qo_heads"] % self.p["num_kv_heads"]:
+            self.fail("num_qo_heads %d is not a multiple of num_kv_heads %d", self.p["num_qo_heads"], self.p["num_kv_heads"])
+        self.page_table("", q.shape[0], pages, self.p["page_size"])
+        self.attention_outputs(q.shape[0])
 
     def check_append_paged_mla_kv_cache(self):
         ckv = self.t("in.ckv_cache", FLOAT_DTYPES, 3)
@@ -769,6 +817,147 @@ def synthetic_cases(rng):
     yield "py_attention_mask", {"op": "attention_mask", "mask": "block_diagonal_causal", "window_size": "0"}, {
         "in.q_seqlen": i32(blocks), "in.kv_seqlen": i32(blocks), "out.allowed": u8(allowed, [total, total])}
 
+    for case in nvfp4_synthetic(rng):
+        yield case
+
+
+# NVFP4 (FlashInfer's page.cuh): written from its description, float64
+# arithmetic and nearest-value searches, sharing nothing with the Go code.
+
+
+def e4m3_value(b):
+    """The value of fp8 e4m3fn byte b (NaN for 0x7F/0xFF)."""
+    sign = -1.0 if b & 0x80 else 1.0
+    e, m = (b >> 3) & 0xF, b & 7
+    if e == 15 and m == 7:
+        return math.nan
+    return sign * (m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+
+
+E4M3_POS = [(e4m3_value(b), b) for b in range(0x7F)]  # every finite non-negative code
+
+
+def e4m3_satfinite(x):
+    """CUDA's __nv_fp8_e4m3(x) for x >= 0: nearest, ties to the even code, above 448 -> 448."""
+    if x >= 448:
+        return 0x7E
+    best = min(E4M3_POS, key=lambda vb: (abs(vb[0] - x), vb[1] & 1))
+    return best[1]
+
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+def e2m1_code(y):
+    """Nearest e2m1 code, ties to the even code, saturating at 6; the sign bit
+    is y's (-0.1 -> 0x8); NaN -> 0 (the GPU's canonical NaN is positive)."""
+    if math.isnan(y):
+        return 0
+    sign = 8 if math.copysign(1.0, y) < 0 else 0
+    a = abs(y)
+    best = min(range(8), key=lambda c: (abs(E2M1[c] - a), c & 1))
+    return sign | best
+
+
+def nvfp4_block(xs, g):
+    """nvfp4_append_quantize_block: 16 floats under global scale g -> (8 bytes, scale byte)."""
+    amax = 0.0
+    for x in xs:
+        if abs(x) > amax:  # NaN never is
+            amax = abs(x)
+    sf = e4m3_satfinite(_r32(amax / _r32(6 * g))) if amax > 0 else 0
+    s = e4m3_value(sf)
+    mul = _r32(1 / _r32(s * g)) if amax > 0 and s > 0 else 0.0
+    codes = [e2m1_code(_r32(x * mul)) for x in xs]
+    return [codes[2 * i] | codes[2 * i + 1] << 4 for i in range(8)], sf
+
+
+def nvfp4_synthetic(rng):
+    """An NVFP4 append into a random table, then a decode over the cache it wrote."""
+    out = []
+    for layout, h, d, ps, hq in (("NHD", 2, 32, 4, 4), ("HND", 1, 16, 3, 2)):
+        before = [rng.randrange(0, 7) for _ in range(3)]
+        added = [rng.randrange(1, 4) for _ in range(3)]
+        after = [x + y for x, y in zip(before, added)]
+        ind, idx, last, pages = _paged(rng, after, ps)
+        amp = rng.choice([1.0, 20.0])
+        ks, vs = _r32(amp / (6 * 448)), _r32(amp / 6 / 3)
+
+        def off(page, kv, entry, hh, width):  # row offset in [pages, 2, N, H, width] / [pages, 2, H, N, width]
+            if layout == "NHD":
+                return (((page * 2 + kv) * ps + entry) * h + hh) * width
+            return (((page * 2 + kv) * h + hh) * ps + entry) * width
+
+        data = [rng.randrange(256) for _ in range(pages * 2 * ps * h * d // 2)]
+        sf = [rng.randrange(0x7F) for _ in range(pages * 2 * ps * h * d // 16)]
+        data0, sf0 = list(data), list(sf)
+        keys, vals, bi, pos = [], [], [], []
+
+        def put(page, kv, entry, hh, row, g):
+            for blk in range(d // 16):
+                b, s = nvfp4_block(row[16 * blk:16 * blk + 16], g)
+                o = off(page, kv, entry, hh, d // 2) + 8 * blk
+                data[o:o + 8] = b
+                sf[off(page, kv, entry, hh, d // 16) + blk] = s
+
+        for req in range(3):
+            for t in range(after[req]):
+                k = [_r16(rng.uniform(-amp, amp)) for _ in range(h * d)]
+                v = [_r16(rng.uniform(-amp, amp)) for _ in range(h * d)]
+                if t >= before[req]:
+                    keys, vals, bi, pos = keys + k, vals + v, bi + [req], pos + [t]
+                else:  # tokens already in the cache: written before the case starts
+                    pass
+                page, entry = idx[ind[req] + t // ps], t % ps
+                for hh in range(h):
+                    put(page, 0, entry, hh, k[hh * d:(hh + 1) * d], ks)
+                    put(page, 1, entry, hh, v[hh * d:(hh + 1) * d], vs)
+                if t < before[req]:
+                    # the pre-existing token is part of the input cache
+                    for hh in range(h):
+                        for kv in range(2):
+                            o, so = off(page, kv, entry, hh, d // 2), off(page, kv, entry, hh, d // 16)
+                            data0[o:o + d // 2] = data[o:o + d // 2]
+                            sf0[so:so + d // 16] = sf[so:so + d // 16]
+        shape = [pages, 2, ps, h] if layout == "NHD" else [pages, 2, h, ps]
+        cache_in, sf_in = u8(data0, shape + [d // 2]), Tensor("F8_E4M3", shape + [d // 16], bytes(sf0))
+        cache_out, sf_out = u8(data, shape + [d // 2]), Tensor("F8_E4M3", shape + [d // 16], bytes(sf))
+        nnz = len(bi)
+        out.append(("py_nvfp4_append_" + layout, {
+            "op": "nvfp4_quantize_append_paged_kv_cache", "kv_layout": layout, "page_size": str(ps),
+            "k_scale": repr(ks), "v_scale": repr(vs)}, {
+            "in.append_key": f16(keys, [nnz, h, d]), "in.append_value": f16(vals, [nnz, h, d]),
+            "in.batch_indices": i32(bi), "in.positions": i32(pos), "in.kv_indices": i32(idx), "in.kv_indptr": i32(ind),
+            "in.kv_last_page_len": i32(last), "in.paged_kv_cache": cache_in, "in.kv_cache_sf": sf_in,
+            "out.paged_kv_cache": cache_out, "out.kv_cache_sf": sf_out}))
+
+        # decode over the cache after the append, float64 over the dequantised values
+        def at(req, t, kv, hh, f):
+            page, entry = idx[ind[req] + t // ps], t % ps
+            byte = data[off(page, kv, entry, hh, d // 2) + f // 2]
+            code = byte >> 4 if f % 2 else byte & 0xF
+            val = E2M1[code & 7] * (-1 if code & 8 else 1)
+            return val * e4m3_value(sf[off(page, kv, entry, hh, d // 16) + f // 16]) * (ks if kv == 0 else vs)
+
+        grp = hq // h
+        q = [_r16(rng.uniform(-1, 1)) for _ in range(3 * hq * d)]
+        scale = 1 / math.sqrt(d)
+        o, lse_out = [], []
+        for req in range(3):
+            for hh in range(hq):
+                logits = [scale * sum(q[(req * hq + hh) * d + f] * at(req, t, 0, hh // grp, f) for f in range(d)) for t in range(after[req])]
+                m = max(logits)
+                z = sum(math.exp(x - m) for x in logits)
+                o += [sum(math.exp(logits[t] - m) / z * at(req, t, 1, hh // grp, f) for t in range(after[req])) for f in range(d)]
+                lse_out.append((m + math.log(z)) / math.log(2))
+        out.append(("py_batch_decode_nvfp4_" + layout, {
+            "op": "batch_decode_nvfp4", "kv_layout": layout, "page_size": str(ps), "num_qo_heads": str(hq), "num_kv_heads": str(h),
+            "head_dim": str(d), "k_scale": repr(ks), "v_scale": repr(vs), "atol": "1e-4", "rtol": "1e-4"}, {
+            "in.q": f16(q, [3, hq, d]), "in.paged_kv_cache": cache_out, "in.kv_cache_sf": sf_out,
+            "in.kv_indptr": i32(ind), "in.kv_indices": i32(idx), "in.kv_last_page_len": i32(last),
+            "out.o": f32(o, [3, hq, d]), "out.lse": f32(lse_out, [3, hq])}))
+    return out
+
 
 def write_synthetic(directory, seed):
     os.makedirs(directory, exist_ok=True)
@@ -810,6 +999,8 @@ def flashinfer_cases(seed, count, dtype_name):
             return Tensor("U8", list(x.shape), x.numpy().tobytes())
         if x.dtype == torch.float32:
             return Tensor("F32", list(x.shape), x.numpy().tobytes())
+        if x.dtype == torch.float8_e4m3fn:
+            return Tensor("F8_E4M3", list(x.shape), x.view(torch.uint8).numpy().tobytes())
         if x.dtype in (torch.float16, torch.bfloat16):
             bits = x.view(torch.int16).numpy().tobytes()
             return Tensor("F16" if x.dtype == torch.float16 else "BF16", list(x.shape), bits)
@@ -860,6 +1051,53 @@ def flashinfer_cases(seed, count, dtype_name):
             "in.append_key": to_tensor(key), "in.append_value": to_tensor(val), "in.batch_indices": to_tensor(bi.to(torch.int32)),
             "in.positions": to_tensor(pos.to(torch.int32)), "in.kv_indices": to_tensor(idx), "in.kv_indptr": to_tensor(ind),
             "in.kv_last_page_len": to_tensor(last), "in.paged_kv_cache": to_tensor(before), "out.paged_kv_cache": to_tensor(cache)}
+
+        # NVFP4: FlashInfer's quantising append into a cache of random old
+        # bytes, then a decode whose expected output is float64 attention over
+        # the bytes FlashInfer wrote (dequantised here from page.cuh's layout).
+        if D % 16 == 0 and hasattr(flashinfer.page, "nvfp4_quantize_append_paged_kv_cache"):
+            dshape = shape[:4] + [D // 2]
+            data = torch.randint(0, 256, dshape, dtype=torch.uint8, generator=g).to(dev)
+            sfc = torch.randint(0, 0x7F, shape[:4] + [D // 16], dtype=torch.uint8, generator=g).to(dev).view(torch.float8_e4m3fn)
+            data0, sf0 = data.clone(), sfc.clone()
+            ks = float(key.float().abs().max()) / (6 * 448) or 1.0
+            vs = float(val.float().abs().max()) / (6 * 448) or 1.0
+            flashinfer.page.nvfp4_quantize_append_paged_kv_cache(key, val, bi, pos, data, sfc, idx, ind, last, ks, vs, kv_layout=layout)
+            nv = {"kv_layout": layout, "page_size": str(ps), "k_scale": repr(ks), "v_scale": repr(vs)}
+            yield "nvfp4_quantize_append_paged_kv_cache_" + tag, dict(nv, op="nvfp4_quantize_append_paged_kv_cache"), {
+                "in.append_key": to_tensor(key), "in.append_value": to_tensor(val), "in.batch_indices": to_tensor(bi.to(torch.int32)),
+                "in.positions": to_tensor(pos.to(torch.int32)), "in.kv_indices": to_tensor(idx), "in.kv_indptr": to_tensor(ind),
+                "in.kv_last_page_len": to_tensor(last), "in.paged_kv_cache": to_tensor(data0), "in.kv_cache_sf": to_tensor(sf0),
+                "out.paged_kv_cache": to_tensor(data), "out.kv_cache_sf": to_tensor(sfc)}
+            lut = torch.tensor([v * (-1 if c & 8 else 1) for c in range(16) for v in [E2M1[c & 7]]], dtype=torch.float64)
+            d8 = data.cpu().long()
+            codes = torch.stack([d8 & 0xF, d8 >> 4], dim=-1).reshape(shape)
+            sfv = sfc.cpu().float().double().repeat_interleave(16, dim=-1)
+            deq = lut[codes] * sfv  # [pages, 2, ..., D]
+            if layout == "HND":
+                deq = deq.transpose(2, 3)  # [pages, 2, N, H, D]
+            qn = rand(B, hq, D)
+            o = torch.zeros(B, hq, D, dtype=torch.float64)
+            lse = torch.zeros(B, hq, dtype=torch.float64)
+            il, ii, la = ind.tolist(), idx.tolist(), last.tolist()
+            for b in range(B):
+                pgs = ii[il[b]:il[b + 1]]
+                n = 0 if not pgs else (len(pgs) - 1) * ps + la[b]
+                if n == 0:
+                    lse[b] = -math.inf
+                    continue
+                kv = torch.cat([deq[p_] for p_ in pgs], dim=1)[:, :n]  # [2, n, H, D]
+                for h in range(hq):
+                    kk, vv = kv[0, :, h // (hq // hkv)] * ks, kv[1, :, h // (hq // hkv)] * vs
+                    logits = (kk @ qn[b, h].cpu().double()) / math.sqrt(D)
+                    w = torch.softmax(logits, 0)
+                    o[b, h] = w @ vv
+                    lse[b, h] = torch.logsumexp(logits, 0) / math.log(2)
+            yield "batch_decode_nvfp4_" + tag, dict(nv, op="batch_decode_nvfp4", num_qo_heads=str(hq), num_kv_heads=str(hkv),
+                                                     head_dim=str(D), atol="1e-4", rtol="1e-4"), {
+                "in.q": to_tensor(qn), "in.paged_kv_cache": to_tensor(data), "in.kv_cache_sf": to_tensor(sfc),
+                "in.kv_indptr": to_tensor(ind), "in.kv_indices": to_tensor(idx), "in.kv_last_page_len": to_tensor(last),
+                "out.o": to_tensor(o.float()), "out.lse": to_tensor(lse.float())}
 
         # append_paged_mla_kv_cache (ckv 512, kpe 64)
         ckv, kpe = rand(pages, ps, 512), rand(pages, ps, 64)

@@ -128,6 +128,7 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Model.NumKVHeads, "kv-heads", cfg.Model.NumKVHeads, "K/V heads (Hkv)")
 	fs.IntVar(&cfg.Model.HeadDim, "head-dim", cfg.Model.HeadDim, "head dimension (D)")
 	dtype := fs.String("dtype", cfg.Model.DType.String(), "cache, query and output dtype: f16, bf16, f32")
+	kvDType := fs.String("kv-dtype", "", "cache dtype when it differs from --dtype: nvfp4 (FlashInfer's NVFP4 pages, quantised on append; cpu backend; head dim a multiple of 16)")
 	kvLayout := fs.String("kv-layout", cfg.KVLayout.String(), "cache layout: NHD or HND")
 	fs.IntVar(&cfg.PageSize, "page-size", cfg.PageSize, "tokens per page")
 	fs.IntVar(&cfg.NumPages, "pages", cfg.NumPages, "pages in the pool")
@@ -163,6 +164,11 @@ func runSimulate(args []string, stdout, stderr io.Writer) int {
 	var err error
 	if cfg.Model.DType, err = layout.ParseDType(*dtype); err != nil {
 		return fail(exitUsage, "--dtype: %v", err)
+	}
+	if *kvDType != "" {
+		if cfg.Model.KVDType, err = layout.ParseDType(*kvDType); err != nil {
+			return fail(exitUsage, "--kv-dtype: %v", err)
+		}
 	}
 	if cfg.KVLayout, err = layout.ParseKVLayout(strings.ToUpper(*kvLayout)); err != nil {
 		return fail(exitUsage, "--kv-layout: %v", err)

@@ -38,8 +38,12 @@ func (c corruptBackend) AppendPagedKVCache(p *kernels.AppendParams) error {
 	if err != nil {
 		return err
 	}
-	off := int(g.KOffset(page, entry, 0, 0))
-	layout.StoreF32(g.DType, p.Cache.KBuf(), off, layout.LoadF32(g.DType, p.Cache.KBuf(), off)+0.25)
+	off := g.KOffset(page, entry, 0, 0)
+	if g.DType == layout.NVFP4 { // flip a magnitude bit of the first e2m1 code
+		p.Cache.KBuf()[g.DataOffset(off)] ^= 0x02
+		return nil
+	}
+	layout.StoreF32(g.DType, p.Cache.KBuf(), int(off), layout.LoadF32(g.DType, p.Cache.KBuf(), int(off))+0.25)
 	return nil
 }
 
@@ -120,6 +124,22 @@ func TestSimulateVerificationFails(t *testing.T) {
 	assert.Contains(t, errOut, "pagedkv simulate: sim: verification failed at step ")
 }
 
+// TestSimulateNVFP4 runs the shared-prefix trace with FlashInfer's NVFP4
+// pages: K/V quantised on append, every held row compared bit for bit with
+// quant.QuantizeNVFP4 of the model's row, outputs with float64 attention
+// over the dequantised K/V; copy-on-write copies carry the scale pages.
+func TestSimulateNVFP4(t *testing.T) {
+	code, out, errOut := runCLI(append([]string{"simulate", "--trace", sharedPrefixTrace, "--kv-dtype", "nvfp4", "--quiet"}, smallModel...)...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Contains(t, summaryField(t, out, "model"), "f16 (cache nvfp4) NHD")
+	assert.Equal(t, "2 pages copied", summaryField(t, out, "copy-on-write"))
+	assert.Regexp(t, `^passed: [1-9]\d* outputs in \d+ checked steps.*; [1-9]\d* paged K/V rows bit-exact$`, summaryField(t, out, "verification"))
+
+	code, out, _ = runCLI(append([]string{"simulate", "--trace", sharedPrefixTrace, "--kv-dtype", "nvfp4", "--backend", "corrupt-test", "--verify-every", "1", "--quiet"}, smallModel...)...)
+	assert.Equal(t, exitFailure, code)
+	assert.Regexp(t, `^FAILED: sim: verification failed at step \d+: request line \d+, layer \d+: paged K of token`, summaryField(t, out, "verification"))
+}
+
 func TestSimulateBadTraces(t *testing.T) {
 	dir := t.TempDir()
 	good := `{"prompt_len": 20, "output": 2}` + "\n"
@@ -147,6 +167,9 @@ func TestSimulateBadFlags(t *testing.T) {
 	}{
 		{[]string{"--dtype", "e4m3"}, "dtype e4m3, want f16, bf16 or f32"},
 		{[]string{"--dtype", "f64"}, `--dtype: layout: unknown dtype "f64"`},
+		{[]string{"--kv-dtype", "e4m3"}, "kv dtype e4m3, want the dtype f16 or nvfp4"},
+		{[]string{"--kv-dtype", "fp3"}, `--kv-dtype: layout: unknown dtype "fp3"`},
+		{[]string{"--kv-dtype", "nvfp4", "--head-dim", "24"}, "kv dtype nvfp4 needs a head dim that is a multiple of 16, have 24"},
 		{[]string{"--kv-layout", "XYZ"}, "--kv-layout: "},
 		{[]string{"--pages", "0"}, "NumPages"},
 		{[]string{"--qo-heads", "3"}, "qo heads = 3, want a positive multiple of kv heads 2"},

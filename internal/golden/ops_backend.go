@@ -74,24 +74,32 @@ func (x *exec) pagedCache(name string) (kernels.PagedKVCache, error) {
 	if !ok || !dt.IsFloat() || len(t.Shape) != 5 || t.Shape[1] != 2 {
 		return kernels.PagedKVCache{}, badTensor(t, "want a 5-D floating-point paged cache [pages, 2, ...]")
 	}
-	kvl, err := x.p.kvLayout()
+	g, err := x.fusedGeometry(t, dt, t.Shape[4])
 	if err != nil {
 		return kernels.PagedKVCache{}, err
+	}
+	return kernels.PagedKVCache{Geometry: g, Data: append([]byte(nil), t.Data...)}, nil
+}
+
+// fusedGeometry is the geometry of the 5-D cache tensor t ([pages, 2, N, H,
+// x] for NHD, [pages, 2, H, N, x] for HND, x holding headDim elements of
+// dt), checked against the kv_layout and page_size parameters.
+func (x *exec) fusedGeometry(t safetensors.Tensor, dt layout.DType, headDim int) (layout.Paged, error) {
+	kvl, err := x.p.kvLayout()
+	if err != nil {
+		return layout.Paged{}, err
 	}
 	pageSize, err := x.p.intReq("page_size")
 	if err != nil {
-		return kernels.PagedKVCache{}, err
+		return layout.Paged{}, err
 	}
-	g := layout.Paged{Layout: kvl, Form: layout.Fused, DType: dt, NumPages: t.Shape[0], PageSize: t.Shape[2], NumKVHeads: t.Shape[3], HeadDim: t.Shape[4]}
+	g := layout.Paged{Layout: kvl, Form: layout.Fused, DType: dt, NumPages: t.Shape[0], PageSize: t.Shape[2], NumKVHeads: t.Shape[3], HeadDim: headDim}
 	entryDim := 2
 	if kvl == layout.HND {
 		g.PageSize, g.NumKVHeads = t.Shape[3], t.Shape[2]
 		entryDim = 3
 	}
-	if err := x.wantDim("page_size", pageSize, t, entryDim); err != nil {
-		return kernels.PagedKVCache{}, err
-	}
-	return kernels.PagedKVCache{Geometry: g, Data: append([]byte(nil), t.Data...)}, nil
+	return g, x.wantDim("page_size", pageSize, t, entryDim)
 }
 
 // mlaCache copies in.ckv_cache [pages, page_size, head_dim_ckv] and
@@ -147,22 +155,28 @@ func runAppend(x *exec) (map[string]safetensors.Tensor, error) {
 		return nil, err
 	}
 	p := kernels.AppendParams{Cache: cache}
-	if p.AppendKey, err = x.host("in.append_key", 3); err != nil {
-		return nil, err
-	}
-	if p.AppendValue, err = x.host("in.append_value", 3); err != nil {
-		return nil, err
-	}
-	if p.BatchIndices, p.Positions, p.Table, err = x.appendTargets(); err != nil {
-		return nil, err
-	}
-	if err := x.b.AppendPagedKVCache(&p); err != nil {
+	if err := x.runAppendRows(&p); err != nil {
 		return nil, err
 	}
 	in := x.tensor("in.paged_kv_cache")
 	return map[string]safetensors.Tensor{
 		"paged_kv_cache": {Name: "paged_kv_cache", DType: in.DType, Shape: in.Shape, Data: p.Cache.Data},
 	}, nil
+}
+
+// runAppendRows reads append_key, append_value and the append targets into
+// p (whose cache and scales are set) and runs the backend's append.
+func (x *exec) runAppendRows(p *kernels.AppendParams) (err error) {
+	if p.AppendKey, err = x.host("in.append_key", 3); err != nil {
+		return err
+	}
+	if p.AppendValue, err = x.host("in.append_value", 3); err != nil {
+		return err
+	}
+	if p.BatchIndices, p.Positions, p.Table, err = x.appendTargets(); err != nil {
+		return err
+	}
+	return x.b.AppendPagedKVCache(p)
 }
 
 func runMLAAppend(x *exec) (map[string]safetensors.Tensor, error) {
@@ -206,7 +220,13 @@ func (x *exec) attention() (q kernels.Tensor, cache kernels.PagedKVCache, a kern
 	if q, err = x.host("in.q", 3); err != nil {
 		return
 	}
-	if cache, err = x.pagedCache("in.paged_kv_cache"); err != nil {
+	nvfp4 := x.c.Op == "batch_decode_nvfp4"
+	if nvfp4 {
+		cache, err = x.nvfp4Cache()
+	} else {
+		cache, err = x.pagedCache("in.paged_kv_cache")
+	}
+	if err != nil {
 		return
 	}
 	qt, ct := x.tensor("in.q"), x.tensor("in.paged_kv_cache")
@@ -232,10 +252,16 @@ func (x *exec) attention() (q kernels.Tensor, cache kernels.PagedKVCache, a kern
 	if err = x.wantDim("head_dim", d, qt, 2); err != nil {
 		return
 	}
-	if err = x.wantDim("head_dim", d, ct, 4); err != nil {
+	if d != cache.Geometry.HeadDim {
+		err = fmt.Errorf("%w: parameter head_dim = %d but %s %v holds head_dim %d", ErrBadCase, d, ct.Name, ct.Shape, cache.Geometry.HeadDim)
 		return
 	}
 	a.NumQOHeads = hq
+	if nvfp4 {
+		if a.KScale, a.VScale, err = x.globalScales(); err != nil {
+			return
+		}
+	}
 	if a.SMScale, err = x.p.floatOr("sm_scale", 0); err != nil { // absent: 1/sqrt(head_dim)
 		return
 	}

@@ -138,11 +138,17 @@ type PagedKV struct {
 	NumKVHeads int
 	HeadDim    int
 	Data, K, V []byte
+	// SF (Fused) or KSF and VSF (Split) are an NVFP4 cache's e4m3 block
+	// scales (FlashInfer's kv_cache_sf); see nvfp4.go.
+	SF, KSF, VSF []byte
 }
 
 // At returns element feat of head head of the token in (page, entry); kv is 0
-// for K and 1 for V.
+// for K and 1 for V. For NVFP4 it is e2m1 * block scale.
 func (c PagedKV) At(kv, page, entry, head, feat int) float64 {
+	if c.DType == layout.NVFP4 {
+		return c.nvfp4At(Slot{KV: kv, Page: page, Entry: entry, Head: head, Feat: feat})
+	}
 	N, H, D := int64(c.PageSize), int64(c.NumKVHeads), int64(c.HeadDim)
 	// Index of the [N,H,D] or [H,N,D] block this element is in, then the
 	// position inside that block.

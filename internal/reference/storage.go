@@ -110,12 +110,20 @@ type AppendInput struct {
 // (page, entry) = TokenSlot(batch_indices[i], positions[i]). Equal dtypes copy
 // the element's bytes; otherwise the value x becomes
 // Encode(c.DType, float32(x)/float32(scale), saturate). It does no
-// validation; give it valid input.
+// validation; give it valid input. Into an NVFP4 cache each head row is
+// quantised block by block (KScale/VScale the global scales; nvfp4.go).
 func Append(c PagedKV, in AppendInput) {
 	es, ss := c.DType.Size(), in.SrcDType.Size()
 	H, D := c.NumKVHeads, c.HeadDim
 	for i := range in.BatchIndices {
 		page, entry := TokenSlot(in.KVIndptr, in.KVPageIndices, c.PageSize, int(in.BatchIndices[i]), int(in.Positions[i]))
+		if c.DType == layout.NVFP4 {
+			for h := 0; h < H; h++ {
+				c.appendNVFP4(in.Key, in.SrcDType, i, 0, page, entry, h, in.KScale)
+				c.appendNVFP4(in.Value, in.SrcDType, i, 1, page, entry, h, in.VScale)
+			}
+			continue
+		}
 		for kv, src := range [][]byte{in.Key, in.Value} {
 			scale := in.KScale
 			if kv == 1 {

@@ -46,7 +46,7 @@ type engine struct {
 // newEngine makes the engine of model m in ngroups layer groups (1 for a
 // dense model; m.Layers is a multiple of it).
 func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, pageSize, ngroups int) (*engine, error) {
-	g := layout.Paged{Layout: kvLayout, Form: layout.Fused, DType: m.DType, NumPages: numPages,
+	g := layout.Paged{Layout: kvLayout, Form: layout.Fused, DType: m.CacheDType(), NumPages: numPages,
 		PageSize: pageSize, NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim}
 	e := &engine{model: m, backend: b, geom: g, rows: make([]float32, m.NumQOHeads*m.HeadDim)}
 	for range m.Layers / ngroups {
@@ -57,6 +57,9 @@ func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, p
 		e.caches = append(e.caches, c)
 	}
 	if db, ok := b.(*cuda.Backend); ok {
+		if g.DType != m.DType {
+			return nil, fmt.Errorf("%w: kv dtype %v on the %s backend: its device path keeps the cache in the model dtype %v (use --backend cpu)", ErrBadConfig, g.DType, b.Name(), m.DType)
+		}
 		d, err := newDeviceEngine(db, g, m.Layers, m)
 		if err != nil {
 			return nil, err
@@ -70,11 +73,14 @@ func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, p
 // layer of a dense model; one group's layers of a hybrid one, whose groups
 // share the tensors page by page).
 func (e *engine) cacheBytes() int64 {
-	return int64(len(e.caches)) * e.geom.TensorElements() * int64(e.geom.DType.Size())
+	return int64(len(e.caches)) * (e.geom.DataBytes() + e.geom.ScaleBytes())
 }
 
-// pageBytes is the K and V bytes of one page in one layer.
-func (e *engine) pageBytes() int64 { return 2 * e.geom.PlaneElements() * int64(e.geom.DType.Size()) }
+// pageBytes is the K and V bytes (data and, for NVFP4, scales) of one page
+// in one layer.
+func (e *engine) pageBytes() int64 {
+	return int64(e.geom.PageSize) * e.model.KVBytesPerToken()
+}
 
 // resize points t at the first n*heads*D elements of its buffer, growing it.
 func resize(t *kernels.Tensor, dt layout.DType, n, heads, d int) {
@@ -90,17 +96,22 @@ func resize(t *kernels.Tensor, dt layout.DType, n, heads, d int) {
 // [0, Entries) of page Src to page Dst, K and V, every head.
 func (e *engine) copyPages(copies []pagedkv.CopyOp) {
 	g := e.geom
-	es := int64(g.DType.Size())
-	rowBytes := int64(g.HeadDim) * es
+	rowBytes := int64(g.RowBytes())
+	sfBytes := int64(g.HeadDim / layout.NVFP4BlockSize) // NVFP4's scale bytes per row
 	for _, c := range copies {
 		for l := range e.caches {
 			kb, vb := e.caches[l].KBuf(), e.caches[l].VBuf()
+			ks, vs := e.caches[l].KSFBuf(), e.caches[l].VSFBuf()
 			for h := range g.NumKVHeads {
 				for n := range int(c.Entries) {
-					src, dst := g.KOffset(int(c.Src), n, h, 0)*es, g.KOffset(int(c.Dst), n, h, 0)*es
-					copy(kb[dst:dst+rowBytes], kb[src:src+rowBytes])
-					src, dst = g.VOffset(int(c.Src), n, h, 0)*es, g.VOffset(int(c.Dst), n, h, 0)*es
-					copy(vb[dst:dst+rowBytes], vb[src:src+rowBytes])
+					srcK, dstK := g.KOffset(int(c.Src), n, h, 0), g.KOffset(int(c.Dst), n, h, 0)
+					srcV, dstV := g.VOffset(int(c.Src), n, h, 0), g.VOffset(int(c.Dst), n, h, 0)
+					copy(kb[g.DataOffset(dstK):][:rowBytes], kb[g.DataOffset(srcK):])
+					copy(vb[g.DataOffset(dstV):][:rowBytes], vb[g.DataOffset(srcV):])
+					if g.DType == layout.NVFP4 {
+						copy(ks[g.ScaleOffset(dstK):][:sfBytes], ks[g.ScaleOffset(srcK):])
+						copy(vs[g.ScaleOffset(dstV):][:sfBytes], vs[g.ScaleOffset(srcV):])
+					}
 				}
 			}
 		}
@@ -192,7 +203,7 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 		p.AttnQOIndptr, p.AttnKVIndptr, p.AttnKVPageIndices, p.AttnKVLastPageLen, p.AttnRequests = nil, nil, nil, nil, nil
 		hostPlan = &p
 	}
-	if err := stepglue.HostStep(&e.host, hostPlan, kernels.AttentionParams{NumQOHeads: hq}); err != nil {
+	if err := stepglue.HostStep(&e.host, hostPlan, kernels.AttentionParams{NumQOHeads: hq, KScale: m.kvScale(), VScale: m.kvScale()}); err != nil {
 		return fmt.Errorf("%w: %w", ErrCheck, err)
 	}
 	table := e.host.Table
@@ -249,7 +260,7 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 			st.verify += time.Since(t3)
 			continue
 		}
-		if err := e.appendPlan.Run(e.backend, appendkv.Input{AppendKey: e.k, AppendValue: e.v, Cache: &e.caches[j], Table: &table}); err != nil {
+		if err := e.appendPlan.Run(e.backend, appendkv.Input{AppendKey: e.k, AppendValue: e.v, Cache: &e.caches[j], Table: &table, KScale: m.kvScale(), VScale: m.kvScale()}); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
 		t2 := time.Now()

@@ -24,8 +24,37 @@ type Model struct {
 	NumQOHeads int          // Hq, a multiple of NumKVHeads
 	NumKVHeads int          // Hkv
 	HeadDim    int          // D, a multiple of 4
-	DType      layout.DType // cache, query and output dtype: f16, bf16 or f32
-	Seed       uint64       // varies every K/V/Q value and sampled token
+	DType      layout.DType // query and output dtype (and the cache's unless KVDType is set): f16, bf16 or f32
+	// KVDType is the cache dtype when it differs from DType: layout.NVFP4
+	// (K/V rows of DType quantised on append under the global scale
+	// NVFP4GlobalScale; HeadDim a multiple of 16). The zero value means
+	// DType.
+	KVDType layout.DType
+	Seed    uint64 // varies every K/V/Q value and sampled token
+}
+
+// NVFP4GlobalScale is the global (per-tensor) scale of the simulator's NVFP4
+// caches, K and V alike: FlashInfer's convention amax/(6*448) for the
+// model's values, which lie in [-1, 1), so that block scales use e4m3's
+// whole range.
+const NVFP4GlobalScale = 1.0 / (6 * 448)
+
+// CacheDType is the dtype of the paged K/V cache: KVDType, or DType when
+// KVDType is not set.
+func (m *Model) CacheDType() layout.DType {
+	if m.KVDType == layout.InvalidDType {
+		return m.DType
+	}
+	return m.KVDType
+}
+
+// kvScale is the k_scale/v_scale of appends and attention: the NVFP4
+// global scale for an NVFP4 cache, else 0 (1).
+func (m *Model) kvScale() float64 {
+	if m.CacheDType() == layout.NVFP4 {
+		return NVFP4GlobalScale
+	}
+	return 0
 }
 
 // Vocab is the size of the simulated vocabulary: tokens are 0..Vocab-1.
@@ -56,6 +85,13 @@ func (m *Model) Validate() error {
 	}
 	if gridBits(m.DType) == 0 {
 		return fmt.Errorf("%w: dtype %v, want f16, bf16 or f32", ErrBadConfig, m.DType)
+	}
+	switch kv := m.KVDType; {
+	case kv == layout.InvalidDType || kv == m.DType:
+	case kv == layout.NVFP4 && m.HeadDim%layout.NVFP4BlockSize != 0:
+		return fmt.Errorf("%w: kv dtype nvfp4 needs a head dim that is a multiple of %d, have %d", ErrBadConfig, layout.NVFP4BlockSize, m.HeadDim)
+	case kv != layout.NVFP4:
+		return fmt.Errorf("%w: kv dtype %v, want the dtype %v or nvfp4", ErrBadConfig, kv, m.DType)
 	}
 	return nil
 }
@@ -188,7 +224,11 @@ func (m *Model) Draft(ctx uint64, branch int) int32 {
 	return t
 }
 
-// KVBytesPerToken is the K and V bytes one token occupies in one layer.
+// KVBytesPerToken is the K and V bytes one token occupies in one layer
+// (for NVFP4: head_dim/2 data bytes and head_dim/16 scale bytes per head).
 func (m *Model) KVBytesPerToken() int64 {
+	if m.CacheDType() == layout.NVFP4 {
+		return 2 * int64(m.NumKVHeads) * int64(m.HeadDim/2+m.HeadDim/layout.NVFP4BlockSize)
+	}
 	return 2 * int64(m.NumKVHeads) * int64(m.HeadDim) * int64(m.DType.Size())
 }

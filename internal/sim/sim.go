@@ -126,11 +126,10 @@ func (c *Config) Validate() error {
 		if len(c.Groups) > 0 {
 			tensors = max(1, tensors/len(c.Groups))
 		}
-		bytes := float64(tensors) * float64(c.NumPages) * 2 * float64(c.PageSize) *
-			float64(c.Model.NumKVHeads) * float64(c.Model.HeadDim) * float64(c.Model.DType.Size())
+		bytes := float64(tensors) * float64(c.NumPages) * float64(c.PageSize) * float64(c.Model.KVBytesPerToken())
 		if bytes > MaxCacheBytes {
-			return fmt.Errorf("%w: %d layers x %d pages x 2 x %d tokens x %d kv heads x head dim %d x %d bytes = %.4g bytes of K/V cache, more than the simulator's %d",
-				ErrBadConfig, tensors, c.NumPages, c.PageSize, c.Model.NumKVHeads, c.Model.HeadDim, c.Model.DType.Size(), bytes, int64(MaxCacheBytes))
+			return fmt.Errorf("%w: %d layers x %d pages x %d tokens x %d bytes of K and V per token (%d kv heads, head dim %d, %v) = %.4g bytes of K/V cache, more than the simulator's %d",
+				ErrBadConfig, tensors, c.NumPages, c.PageSize, c.Model.KVBytesPerToken(), c.Model.NumKVHeads, c.Model.HeadDim, c.Model.CacheDType(), bytes, int64(MaxCacheBytes))
 		}
 	}
 	switch {

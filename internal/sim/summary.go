@@ -102,8 +102,12 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		fmt.Fprintf(&b, "%-14s %s\n", name+":", fmt.Sprintf(format, args...))
 	}
 	line("requests", "%d (+%d parallel samples), %d prompt tokens, %d output tokens", s.Requests, s.Forks, s.PromptTokens, s.OutputTokens)
-	line("model", "%d layers, Hq %d, Hkv %d, D %d, %v %v; pool %d pages of %d tokens (%s of K/V)",
-		m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, m.DType, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	dt := m.DType.String()
+	if m.CacheDType() != m.DType {
+		dt += " (cache " + m.CacheDType().String() + ")"
+	}
+	line("model", "%d layers, Hq %d, Hkv %d, D %d, %s %v; pool %d pages of %d tokens (%s of K/V)",
+		m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, dt, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
 	if len(s.Groups) > 0 {
 		kinds := make([]string, len(s.Groups))
 		for g := range s.Groups {

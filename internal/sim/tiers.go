@@ -13,7 +13,7 @@ import (
 // store: every layer's K and V planes as the engine's caches hold them.
 func tierFormat(cfg *Config) tier.PageFormat {
 	m := &cfg.Model
-	return tier.PageFormat{Layout: cfg.KVLayout, DType: m.DType, PageSize: cfg.PageSize,
+	return tier.PageFormat{Layout: cfg.KVLayout, DType: m.CacheDType(), PageSize: cfg.PageSize,
 		NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim, Layers: m.Layers}
 }
 

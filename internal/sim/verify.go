@@ -9,6 +9,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/reference"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/quant"
 )
 
 // ErrVerify is wrapped by the error of a run whose output, or whose paged
@@ -41,6 +42,7 @@ type verifier struct {
 
 	ctx                              []uint64
 	q, kRow, vRow, wantK, wantV, got []float32
+	codes, scales                    []byte // NVFP4 quantisation of one row
 	keys, vals                       [][]float64
 	flat                             []float64
 }
@@ -55,6 +57,28 @@ func newVerifier(m *Model, specs []pagedkv.LayerGroup) *verifier {
 		model: m, specs: specs, groupOutputs: make([]int64, len(specs)), atol: 1e-4, rtol: 2 * u,
 		q: make([]float32, hq*d), got: make([]float32, d),
 		kRow: make([]float32, hkv*d), vRow: make([]float32, hkv*d), wantK: make([]float32, hkv*d), wantV: make([]float32, hkv*d),
+		codes: make([]byte, d/2), scales: make([]byte, d/layout.NVFP4BlockSize),
+	}
+}
+
+// kv writes the K and V rows the cache holds for the token with context
+// hash ctx in layer: the model's rows, or for an NVFP4 cache their
+// quantisation read back (e2m1 * block scale, without the global scale),
+// which the kernels must have stored exactly.
+func (v *verifier) kv(wantK, wantV []float32, ctx uint64, layer int) {
+	m := v.model
+	m.K(wantK, ctx, layer)
+	m.V(wantV, ctx, layer)
+	if m.CacheDType() != layout.NVFP4 {
+		return
+	}
+	d, gs := m.HeadDim, float32(NVFP4GlobalScale)
+	for _, row := range [][]float32{wantK, wantV} {
+		for h := range m.NumKVHeads {
+			r := row[h*d : (h+1)*d]
+			quant.QuantizeNVFP4(v.codes, v.scales, r, gs)
+			quant.DequantizeNVFP4(r, v.codes, v.scales)
+		}
 	}
 }
 
@@ -98,8 +122,7 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 		if err := cache.GatherToken(v.kRow, v.vRow, table, s.batch, t-start); err != nil {
 			return fmt.Errorf("%w: request %s token %d: %w", ErrCheck, r.name(), t, err)
 		}
-		m.K(wantK, v.ctx[t], s.layer)
-		m.V(wantV, v.ctx[t], s.layer)
+		v.kv(wantK, wantV, v.ctx[t], s.layer)
 		for i := range wantK {
 			if v.kRow[i] != wantK[i] || v.vRow[i] != wantV[i] {
 				kv, got, want := "K", v.kRow[i], wantK[i]
@@ -119,12 +142,15 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 	kvh := s.head / (m.NumQOHeads / hkv)
 	v.flat = growF64(v.flat, 2*n*d)
 	v.keys, v.vals = v.keys[:0], v.vals[:0]
+	gs := 1.0 // the global scale: an NVFP4 cache holds K/V divided by it
+	if m.CacheDType() == layout.NVFP4 {
+		gs = float64(float32(NVFP4GlobalScale))
+	}
 	for j := lo; j <= pos; j++ {
-		m.K(wantK, v.ctx[j], s.layer)
-		m.V(wantV, v.ctx[j], s.layer)
+		v.kv(wantK, wantV, v.ctx[j], s.layer)
 		kr, vr := v.flat[2*(j-lo)*d:][:d], v.flat[(2*(j-lo)+1)*d:][:d]
 		for f := range d {
-			kr[f], vr[f] = float64(wantK[kvh*d+f]), float64(wantV[kvh*d+f])
+			kr[f], vr[f] = float64(wantK[kvh*d+f])*gs, float64(wantV[kvh*d+f])*gs
 		}
 		v.keys, v.vals = append(v.keys, kr), append(v.vals, vr)
 	}

@@ -3,6 +3,7 @@ package cpu
 import (
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/quant"
 )
 
 // appendChunkBytes is the amount of copying (K and V together) one goroutine
@@ -13,8 +14,10 @@ const appendChunkBytes = 64 << 10
 // AppendKey/AppendValue is written to token Positions[i] of request
 // BatchIndices[i]. Equal dtypes copy bytes; f32/f16/bf16 rows into an fp8
 // cache are divided by KScale/VScale in float32 and rounded to nearest even
-// with saturation (layout.F32ToE4M3Sat / F32ToE5M2Sat). Nothing is written
-// unless p validates.
+// with saturation (layout.F32ToE4M3Sat / F32ToE5M2Sat); into an NVFP4 cache
+// each head row is quantised block by block with KScale/VScale as the global
+// scales (quant.QuantizeNVFP4), codes into the data pages and block scales
+// into the scale pages. Nothing is written unless p validates.
 func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
 	if err := p.Validate(); err != nil {
 		return err
@@ -52,6 +55,10 @@ func (b *Backend) appendChunks(n, rowBytes int) (per, chunks int) {
 // appendRows writes rows [lo, hi) of a validated append.
 func appendRows(p *kernels.AppendParams, lo, hi int) {
 	g := p.Cache.Geometry
+	if g.DType == layout.NVFP4 {
+		appendRowsNVFP4(p, lo, hi)
+		return
+	}
 	t := &p.Table
 	H, D, N := g.NumKVHeads, g.HeadDim, g.PageSize
 	srcDT, dstDT := p.AppendKey.DType, g.DType
@@ -142,6 +149,44 @@ func convertRow(dst []byte, dstDT layout.DType, src []byte, srcDT layout.DType, 
 		}
 		layout.StoreRowF32Sat(dst, dstDT, row)
 		dst, src = dst[len(row):], src[len(row)*srcES:]
+	}
+}
+
+// appendRowsNVFP4 quantises rows [lo, hi) of a validated append into an
+// NVFP4 cache: each head row of K and V, 16-element block by block.
+func appendRowsNVFP4(p *kernels.AppendParams, lo, hi int) {
+	g := p.Cache.Geometry
+	t := &p.Table
+	H, D, N := g.NumKVHeads, g.HeadDim, g.PageSize
+	srcDT := p.AppendKey.DType
+	srcES := srcDT.Size()
+	kScale, vScale := kernels.EffectiveScale(p.KScale), kernels.EffectiveScale(p.VScale)
+	c := &p.Cache
+	for i := lo; i < hi; i++ {
+		req, pos := int(p.BatchIndices[i]), int(p.Positions[i])
+		page := int(t.KVPageIndices[int(t.KVIndptr[req])+pos/N])
+		entry := pos % N
+		for h := 0; h < H; h++ {
+			s := (i*H + h) * D * srcES
+			quantizeRowNVFP4(c.KBuf(), c.KSFBuf(), g, g.KOffset(page, entry, h, 0), p.AppendKey.Data[s:s+D*srcES], srcDT, kScale)
+			quantizeRowNVFP4(c.VBuf(), c.VSFBuf(), g, g.VOffset(page, entry, h, 0), p.AppendValue.Data[s:s+D*srcES], srcDT, vScale)
+		}
+	}
+}
+
+// quantizeRowNVFP4 quantises the head row src (dtype srcDT) under global
+// scale gs into the NVFP4 row at element offset off of data and its scales.
+// It widens through a stack buffer of whole 16-element blocks.
+func quantizeRowNVFP4(data, sf []byte, g layout.Paged, off int64, src []byte, srcDT layout.DType, gs float32) {
+	var buf [256]float32
+	codes, scales := data[g.DataOffset(off):], sf[g.ScaleOffset(off):]
+	srcES := srcDT.Size()
+	for n := g.HeadDim; n > 0; {
+		row := buf[:min(n, len(buf))]
+		layout.LoadRowF32(row, srcDT, src)
+		quant.QuantizeNVFP4(codes, scales, row, gs)
+		n -= len(row)
+		src, codes, scales = src[len(row)*srcES:], codes[len(row)/2:], scales[len(row)/layout.NVFP4BlockSize:]
 	}
 }
 

@@ -180,3 +180,28 @@ func BenchmarkAppendConvert(b *testing.B) {
 		}
 	}
 }
+
+func TestNVFP4Conformance(t *testing.T) {
+	for name, b := range appendBackends() {
+		t.Run(name, func(t *testing.T) { kernelstest.TestNVFP4(t, b) })
+	}
+}
+
+// An NVFP4 append and a decode over the NVFP4 cache allocate nothing, on
+// one worker and on several (the quantiser widens through a stack buffer).
+func TestNVFP4DoesNotAllocate(t *testing.T) {
+	f := kernelstest.NewAppendFixture(rand.New(rand.NewPCG(2, 2)), kernelstest.AppendCase{Layout: layout.HND, Form: layout.Split, DType: layout.NVFP4, SrcDType: layout.BF16, PageSize: 16, Heads: 2, HeadDim: 128, MaxBatch: 6})
+	p := f.Params
+	B := p.Table.BatchSize()
+	d := kernels.DecodeParams{Q: kernels.NewTensor(layout.F16, B, 4, 128), Cache: p.Cache, Table: p.Table,
+		AttentionParams: kernels.AttentionParams{NumQOHeads: 4, WindowLeft: -1, KScale: 0.01, VScale: 0.02}, O: kernels.NewTensor(layout.F32, B, 4, 128)}
+	for _, workers := range []int{1, 3} {
+		b := cpu.New(cpu.Config{Workers: workers})
+		for range 20 {
+			require.NoError(t, b.AppendPagedKVCache(&p))
+			require.NoError(t, b.BatchDecode(&d))
+		}
+		require.Zero(t, testing.AllocsPerRun(10, func() { require.NoError(t, b.AppendPagedKVCache(&p)) }), "append, workers=%d", workers)
+		require.Zero(t, testing.AllocsPerRun(10, func() { require.NoError(t, b.BatchDecode(&d)) }), "decode, workers=%d", workers)
+	}
+}

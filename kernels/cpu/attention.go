@@ -54,6 +54,8 @@ type attnJob struct {
 	cacheDT  layout.DType
 	kbuf     []byte // the K view: element offset page*stridePage + head*strideH + entry*strideN
 	vbuf     []byte // the V view, same strides
+	ksf, vsf []byte // NVFP4: the K and V scale views (byte = element offset / 16)
+	es       int64  // bytes per element (0 for NVFP4: see widenAt)
 	pageSize int
 	strideP  int64
 	strideN  int64
@@ -97,13 +99,16 @@ func newAttnJob(q kernels.Tensor, cache *kernels.PagedKVCache, table *kernels.Pa
 		o: o.Data, odt: o.DType, lse: lse,
 	}
 	j.group = j.hq / j.hkv
-	es := int64(g.DType.Size())
-	j.kbuf = cache.KBuf()
-	j.vbuf = cache.VBuf()
+	j.es = int64(g.DType.Size())
+	j.kbuf, j.ksf = cache.KBuf(), cache.KSFBuf()
+	j.vbuf, j.vsf = cache.VBuf(), cache.VSFBuf()
 	if g.Form == layout.Fused && g.NumPages > 0 {
 		// V = [:, 1] starts one plane after K. A pool of 0 pages has no
 		// plane (and a valid table names no page of it).
-		j.vbuf = j.vbuf[g.PlaneElements()*es:]
+		j.vbuf = j.vbuf[g.DataOffset(g.PlaneElements()):]
+		if g.DType == layout.NVFP4 {
+			j.vsf = j.vsf[g.ScaleOffset(g.PlaneElements()):]
+		}
 	}
 	scale := ap.EffectiveSMScale(g.HeadDim)
 	if ap.LogitsSoftCap > 0 {
@@ -470,8 +475,8 @@ func (j *attnJob) runRowByPage(sc *attnScratch, b, kvh0, jlo, jhi int) {
 		off := page*j.strideP + int64(kvh0)*j.strideH + int64(entry)*j.strideN
 		// Widen the block in address order; row (t, hh) lands at
 		// t*ts + hh*hs of kblk/vblk.
-		ts, hs := j.widenBlock(sc.kblk, j.kbuf, off, T)
-		j.widenBlock(sc.vblk, j.vbuf, off, T)
+		ts, hs := j.widenBlock(sc.kblk, j.kbuf, j.ksf, off, T)
+		j.widenBlock(sc.vblk, j.vbuf, j.vsf, off, T)
 		sblk := sc.sblk[:g*T]
 		for hh := 0; hh < nkv; hh++ {
 			q0 := hh * g
@@ -496,20 +501,29 @@ func (j *attnJob) runRowByPage(sc *attnScratch, b, kvh0, jlo, jhi int) {
 // heads, starting at element offset off of buf, into dst in address order,
 // and returns the strides (in elements) of dst between entries and between
 // heads.
-func (j *attnJob) widenBlock(dst []float32, buf []byte, off int64, T int) (ts, hs int) {
+func (j *attnJob) widenBlock(dst []float32, buf, sf []byte, off int64, T int) (ts, hs int) {
 	D, nkv := j.headDim, j.kvHeadsPerTask
-	es := int64(j.cacheDT.Size())
 	if j.strideH == int64(D) { // NHD: an entry's heads are contiguous
 		for t := 0; t < T; t++ {
-			widenRow(dst[t*nkv*D:(t+1)*nkv*D], j.cacheDT, buf[(off+int64(t)*j.strideN)*es:])
+			j.widenAt(dst[t*nkv*D:(t+1)*nkv*D], buf, sf, off+int64(t)*j.strideN)
 		}
 		return nkv * D, D
 	}
 	// HND: a head's entries are contiguous.
 	for hh := 0; hh < nkv; hh++ {
-		widenRow(dst[hh*T*D:(hh+1)*T*D], j.cacheDT, buf[(off+int64(hh)*j.strideH)*es:])
+		j.widenAt(dst[hh*T*D:(hh+1)*T*D], buf, sf, off+int64(hh)*j.strideH)
 	}
 	return D, T * D
+}
+
+// widenAt widens len(dst) elements of the cache view buf (with scale view sf
+// for NVFP4) from element offset off, which starts a head row.
+func (j *attnJob) widenAt(dst []float32, buf, sf []byte, off int64) {
+	if j.cacheDT == layout.NVFP4 {
+		layout.LoadRowNVFP4(dst, buf[off/2:], sf[off/layout.NVFP4BlockSize:])
+		return
+	}
+	widenRow(dst, j.cacheDT, buf[off*j.es:])
 }
 
 // runRowsByKey folds keys [jlo, jhi) of request b into the queries of rows
@@ -518,7 +532,6 @@ func (j *attnJob) widenBlock(dst []float32, buf []byte, off int64, T int) (ts, h
 func (j *attnJob) runRowsByKey(sc *attnScratch, b, kvh0, rows, jlo, jhi int) {
 	D, g, nkv := j.headDim, j.group, j.kvHeadsPerTask
 	qh := nkv * g
-	es := int64(j.cacheDT.Size())
 	pageBase := int(j.kvIndptr[b])
 	for t := jlo; t < jhi; {
 		// All keys of this page in [t, jhi).
@@ -536,7 +549,7 @@ func (j *attnJob) runRowsByKey(sc *attnScratch, b, kvh0, rows, jlo, jhi int) {
 			}
 			tokOff := base + int64(entry)*j.strideN
 			for hh := 0; hh < nkv; hh++ {
-				widenRow(sc.krow, j.cacheDT, j.kbuf[(tokOff+int64(hh)*j.strideH)*es:])
+				j.widenAt(sc.krow, j.kbuf, j.ksf, tokOff+int64(hh)*j.strideH)
 				for ri := 0; ri < rows; ri++ {
 					if t < sc.lo[ri] || t >= sc.hi[ri] {
 						continue
@@ -552,7 +565,7 @@ func (j *attnJob) runRowsByKey(sc *attnScratch, b, kvh0, rows, jlo, jhi int) {
 				}
 			}
 			for hh := 0; hh < nkv; hh++ {
-				widenRow(sc.vrow, j.cacheDT, j.vbuf[(tokOff+int64(hh)*j.strideH)*es:])
+				j.widenAt(sc.vrow, j.vbuf, j.vsf, tokOff+int64(hh)*j.strideH)
 				for ri := 0; ri < rows; ri++ {
 					if t < sc.lo[ri] || t >= sc.hi[ri] {
 						continue

@@ -185,6 +185,9 @@ func planeBytes(g layout.Paged) (int64, error) {
 	if err := g.Validate(); err != nil {
 		return 0, fmt.Errorf("%w: %w", kernels.ErrInvalidCache, err)
 	}
+	if g.DType == layout.NVFP4 {
+		return 0, fmt.Errorf("nvfp4 cache (the CUDA kernels have no e2m1 path): %w", kernels.ErrUnsupported)
+	}
 	n := g.TensorElements()
 	if n < 0 || n > math.MaxInt/int64(g.DType.Size()) {
 		return 0, fmt.Errorf("%w: %v cache of %d elements does not fit in memory", kernels.ErrInvalidCache, g.DType, n)

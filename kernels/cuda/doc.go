@@ -82,8 +82,9 @@
 //
 // Declined with an error wrapping kernels.ErrUnsupported: head_dim above
 // 256 for decode and prefill (64, 128 and 256 are the tuned ones; any
-// smaller dim runs with idle lanes) and head_dim_ckv above 512 for MLA
-// decode. MLA decode of a 16-bit or fp8 cache with FlashInfer's head dims
+// smaller dim runs with idle lanes), head_dim_ckv above 512 for MLA
+// decode, and an NVFP4 cache (layout.NVFP4: append, decode, prefill and
+// NewKVCache; no e2m1 kernels yet). MLA decode of a 16-bit or fp8 cache with FlashInfer's head dims
 // (512 + 64) runs on tensor cores (mla_decode_tc_*, with split-KV); f32
 // caches and other head dims run the CUDA-core kernel; [MLAKernelFor] names
 // the entry point a shape launches. See docs/kernels.md for the thread

@@ -111,12 +111,14 @@ func randomBytes(r *rand.Rand, n int) []byte {
 func refView(c *kernels.PagedKVCache) reference.PagedKV {
 	g := c.Geometry
 	return reference.PagedKV{Layout: g.Layout, Form: g.Form, DType: g.DType, NumPages: g.NumPages,
-		PageSize: g.PageSize, NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: c.Data, K: c.K, V: c.V}
+		PageSize: g.PageSize, NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: c.Data, K: c.K, V: c.V,
+		SF: c.SF, KSF: c.KSF, VSF: c.VSF}
 }
 
 // cloneCache deep-copies a host cache.
 func cloneCache(c kernels.PagedKVCache) kernels.PagedKVCache {
 	c.Data, c.K, c.V = slices.Clone(c.Data), slices.Clone(c.K), slices.Clone(c.V)
+	c.SF, c.KSF, c.VSF = slices.Clone(c.SF), slices.Clone(c.KSF), slices.Clone(c.VSF)
 	return c
 }
 
@@ -141,7 +143,7 @@ func NewAppendFixture(r *rand.Rand, c AppendCase) AppendFixture {
 	if err != nil {
 		panic(err)
 	}
-	for _, buf := range [][]byte{cache.Data, cache.K, cache.V} {
+	for _, buf := range [][]byte{cache.Data, cache.K, cache.V, cache.SF, cache.KSF, cache.VSF} {
 		copy(buf, randomBytes(r, len(buf))) // old content the append must leave alone
 	}
 	nnz := bt.Nnz()

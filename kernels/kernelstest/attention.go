@@ -137,18 +137,8 @@ type cacheCase struct {
 // head, feat) gives each stored value (before encoding into g.DType); every
 // other slot holds NaN. spare extra pages are added.
 func pagedFromTokens(rng *rand.Rand, g layout.Paged, lens []int, spare int, value func(b, t, kv, h, d int) float64) *cacheCase {
-	indptr, indices, numPages := scatterPages(rng, lens, g.PageSize, spare)
-	last := make([]int32, len(lens))
-	for b, n := range lens {
-		if n > 0 {
-			last[b] = int32((n-1)%g.PageSize + 1)
-		}
-	}
-	g.NumPages = numPages
-	cache, err := kernels.NewPagedKVCache(g)
-	if err != nil {
-		panic(err)
-	}
+	cache, indptr, indices, last := scatteredCache(rng, g, lens, spare)
+	g = cache.Geometry
 	fillNaN(g.DType, cache.Data, cache.K, cache.V)
 	for b, n := range lens {
 		for t := 0; t < n; t++ {
@@ -168,6 +158,25 @@ func pagedFromTokens(rng *rand.Rand, g layout.Paged, lens []int, spare int, valu
 		ref: reference.PagedKV{Layout: g.Layout, Form: g.Form, DType: g.DType, NumPages: g.NumPages, PageSize: g.PageSize,
 			NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: cache.Data, K: cache.K, V: cache.V},
 	}
+}
+
+// scatteredCache allocates a zero cache of geometry g (NumPages set to the
+// pages lens needs plus spare) and a CSR table that gives request b
+// lens[b] tokens on random pages (scatterPages).
+func scatteredCache(rng *rand.Rand, g layout.Paged, lens []int, spare int) (cache kernels.PagedKVCache, indptr, indices, last []int32) {
+	indptr, indices, numPages := scatterPages(rng, lens, g.PageSize, spare)
+	last = make([]int32, len(lens))
+	for b, n := range lens {
+		if n > 0 {
+			last[b] = int32((n-1)%g.PageSize + 1)
+		}
+	}
+	g.NumPages = numPages
+	cache, err := kernels.NewPagedKVCache(g)
+	if err != nil {
+		panic(err)
+	}
+	return cache, indptr, indices, last
 }
 
 // scatterPages gives request b ceil(lens[b]/pageSize) pages, drawn without

@@ -1,0 +1,5 @@
+//go:build !race
+
+package kernelstest
+
+const raceEnabled = false

@@ -1,0 +1,5 @@
+//go:build !race
+
+package quant_test
+
+const raceEnabled = false
