@@ -166,3 +166,27 @@ def test_stride_refusals():
     p = m.reserve([1], [8])
     assert p.block_tables.shape == (1, 2)
     m.close()
+
+
+# Read from flashinfer-python's sources (flashinfer/decode.py
+# trtllm_batch_decode_with_kv_cache, flashinfer/cudnn/decode.py
+# cudnn_batch_decode_with_kv_cache, 2026).
+TRTLLM_REQUIRED = ["query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_seq_len"]
+TRTLLM_OPTIONAL = ["bmm1_scale", "bmm2_scale", "window_left", "out", "out_dtype", "o_sf_scale", "o_sf_vec_size",
+                   "sinks", "kv_layout", "enable_pdl", "backend", "q_len_per_req", "o_scale", "mask", "max_q_len",
+                   "cum_seq_lens_q"]
+CUDNN_REQUIRED = ["q", "k_cache", "v_cache", "scale", "workspace_buffer", "max_sequence_kv"]
+CUDNN_OPTIONAL = ["actual_seq_lens_kv", "block_tables", "is_cuda_graph_compatible", "batch_offsets_q",
+                  "batch_offsets_o", "batch_offsets_k", "batch_offsets_v", "out"]
+
+
+def test_padded_kwargs_are_flashinfer_signatures():
+    from test_flashinfer import check_names
+    m, p = _decode_plan(5)
+    kw = fi.trtllm_decode_kwargs(p)
+    check_names(kw, TRTLLM_REQUIRED, TRTLLM_OPTIONAL, {"query", "kv_cache", "workspace_buffer"})
+    assert kw["block_tables"] is p.block_tables and kw["seq_lens"] is p.seq_lens  # views, no copy
+    kw = fi.cudnn_decode_kwargs(p)
+    check_names(kw, CUDNN_REQUIRED, CUDNN_OPTIONAL, {"q", "k_cache", "v_cache", "scale", "workspace_buffer"})
+    assert kw["block_tables"] is p.block_tables
+    m.close()
