@@ -208,6 +208,10 @@ OPS = {
         inputs=["q", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap"],
         required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim"]),
+    "trtllm_batch_decode": dict(
+        inputs=["q", "paged_kv_cache", "block_tables", "seq_lens"], outputs=["o"],
+        params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "max_seq_len"],
+        required=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "max_seq_len"]),
     "batch_prefill_paged": dict(
         inputs=["q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap", "causal"],
@@ -259,7 +263,7 @@ def _choice(*options):
 
 PARAM_PARSERS = {
     "page_size": _int(1), "num_qo_heads": _int(1), "num_kv_heads": _int(1), "head_dim": _int(1), "num_heads": _int(1),
-    "head_dim_ckv": _int(1), "head_dim_kpe": _int(0), "nnz": _int(0), "num_levels": _int(1, 64), "window_left": _int(-1),
+    "head_dim_ckv": _int(1), "head_dim_kpe": _int(0), "nnz": _int(0), "max_seq_len": _int(1), "num_levels": _int(1, 64), "window_left": _int(-1),
     "window_size": _int(0), "kv_padding": _int(0), "max_seq": _int(1), "compressed": _choice("0", "1"), "causal": _choice("0", "1"),
     "sm_scale": _float(0.0, strict=True), "logits_soft_cap": _float(), "atol": _float(), "rtol": _float(),
     "kv_layout": _choice("NHD", "HND"), "bitorder": _choice("little", "big"), "mask": _choice(*MASK_KINDS),
@@ -439,6 +443,25 @@ class Checker:
         q, pages = self.attention_common()
         self.page_table("", q.shape[0], pages, self.p["page_size"])
         self.attention_outputs(q.shape[0])
+
+    def check_trtllm_batch_decode(self):
+        q, pages = self.attention_common()
+        bt = self.t("in.block_tables", [IDX], 2)
+        b, cols = q.shape[0], bt.shape[1]
+        if bt.shape[0] != b or cols < 1:
+            self.fail("block_tables has shape %s, want [%d, max_pages >= 1]", bt.shape, b)
+        for k, pg in enumerate(bt.ints()):
+            if not 0 <= pg < pages:  # padding too: a kernel may fetch it
+                self.fail("block_tables[%d][%d] = %d outside the %d pages of the cache", k // cols, k % cols, pg, pages)
+        lens = self.t("in.seq_lens", [IDX], 1).ints()
+        if len(lens) != b:
+            self.fail("seq_lens has length %d, want %d", len(lens), b)
+        for i, n in enumerate(lens):
+            if not 1 <= n <= min(self.p["max_seq_len"], cols * self.p["page_size"]):
+                self.fail("seq_lens[%d] = %d, want 1..min(max_seq_len %d, max_pages %d * page_size %d)",
+                          i, n, self.p["max_seq_len"], cols, self.p["page_size"])
+        self.t("out.o", ["F32"])
+        self.shape("out.o", [b, self.p["num_qo_heads"], self.p["head_dim"]])
 
     def check_batch_prefill_paged(self):
         q, pages = self.attention_common()
@@ -728,6 +751,40 @@ def synthetic_cases(rng):
         "in.q": f16(q, [b, hq, d]), "in.paged_kv_cache": f16(cache, [pages, 2, hkv, ps, d]),
         "in.kv_indptr": i32(ind), "in.kv_indices": i32(idx), "in.kv_last_page_len": i32(last),
         "out.o": f32(o, [b, hq, d]), "out.lse": f32(lse_out, [b, hq])}
+
+    # trtllm_batch_decode: the padded contract (HND f16 cache, GQA 2, a
+    # window), rows padded with page 0 as pagedkv's Plan.BlockTables are,
+    # keys read through block_tables alone
+    b, hkv, g, d, ps, cols = 3, 2, 2, 8, 4, 5
+    hq = hkv * g
+    lens = [rng.randrange(1, cols * ps + 1) for _ in range(b)]
+    ind, idx, _, pages = _paged(rng, lens, ps)
+    table = []
+    for req in range(b):
+        row = idx[ind[req]:ind[req + 1]]
+        table += row + [0] * (cols - len(row))
+    cache = [_r16(rng.uniform(-1, 1)) for _ in range(pages * 2 * hkv * ps * d)]
+    q = [_r16(rng.uniform(-1, 1)) for _ in range(b * hq * d)]
+    scale, window = 0.35, 9
+
+    def kv_bt(req, t, kv, h, f):  # HND: [pages, 2, H, N, D], page from the padded row
+        page = table[req * cols + t // ps]
+        return cache[(((page * 2 + kv) * hkv + h) * ps + t % ps) * d + f]
+
+    o = []
+    for req in range(b):
+        keys = [t for t in range(lens[req]) if t >= lens[req] - 1 - window]
+        for h in range(hq):
+            logits = [scale * sum(q[(req * hq + h) * d + f] * kv_bt(req, t, 0, h // g, f) for f in range(d)) for t in keys]
+            m = max(logits)
+            z = sum(math.exp(x - m) for x in logits)
+            o += [sum(math.exp(logits[k] - m) / z * kv_bt(req, t, 1, h // g, f) for k, t in enumerate(keys)) for f in range(d)]
+    yield "py_trtllm_batch_decode", {
+        "op": "trtllm_batch_decode", "kv_layout": "HND", "page_size": str(ps), "num_qo_heads": str(hq),
+        "num_kv_heads": str(hkv), "head_dim": str(d), "sm_scale": str(scale), "window_left": str(window),
+        "max_seq_len": str(cols * ps), "atol": "1e-4", "rtol": "1e-4"}, {
+        "in.q": f16(q, [b, hq, d]), "in.paged_kv_cache": f16(cache, [pages, 2, hkv, ps, d]),
+        "in.block_tables": i32(table, [b, cols]), "in.seq_lens": i32(lens), "out.o": f32(o, [b, hq, d])}
 
     # append_paged_kv_cache (NHD, f32): a copy
     h, d, ps = 2, 4, 4
