@@ -944,6 +944,28 @@ def flashinfer_cases(seed, count, dtype_name):
             "in.q": to_tensor(q), "in.paged_kv_cache": to_tensor(cache), "in.kv_indptr": to_tensor(ind), "in.kv_indices": to_tensor(idx),
             "in.kv_last_page_len": to_tensor(last), "out.o": out_f32(o), "out.lse": out_f32(lse)}
 
+        # the same decode in the padded contract (trtllm-gen on sm_100,
+        # XQA on sm_90/sm_120; skipped where FlashInfer has neither):
+        # rows padded with page 0 and one spare column, as Plan.BlockTables
+        ind_l, idx_l = ind.tolist(), idx.tolist()
+        cols = max(ind_l[i + 1] - ind_l[i] for i in range(B)) + 1
+        bt = [0] * (B * cols)
+        for i in range(B):
+            row = idx_l[ind_l[i]:ind_l[i + 1]]
+            bt[i * cols:i * cols + len(row)] = row
+        bt = ivec(bt).reshape(B, cols)
+        try:
+            o = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+                q, cache, ws, bt, seq_lens, cols * ps, bmm1_scale=sm_scale, bmm2_scale=1.0, window_left=window,
+                kv_layout=layout)
+        except Exception as e:  # noqa: BLE001: an architecture or shape FlashInfer does not build
+            print("trtllm_batch_decode_%s skipped: %s" % (tag, e), file=sys.stderr)
+        else:
+            yield "trtllm_batch_decode_" + tag, dict(common, op="trtllm_batch_decode", window_left=str(window),
+                                                     max_seq_len=str(cols * ps)), {
+                "in.q": to_tensor(q), "in.paged_kv_cache": to_tensor(cache), "in.block_tables": to_tensor(bt),
+                "in.seq_lens": to_tensor(seq_lens), "out.o": out_f32(o)}
+
         # batch prefill over the same cache: the last qo_len tokens of each request
         qo = [rng.randrange(0, n + 1) for n in seq]
         qo_ind = ivec(_prefix(qo))
