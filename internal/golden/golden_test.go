@@ -376,11 +376,7 @@ func TestRunFileReportsUnreadableFiles(t *testing.T) {
 // replaced.
 func decodeCaseWith(t *testing.T, key, value string) []byte {
 	t.Helper()
-	f := filepath.Join(shippedDir, "batch_decode_0_00.safetensors")
-	buf, err := os.ReadFile(f)
-	require.NoError(t, err)
-	c, err := Parse(f, buf)
-	require.NoError(t, err)
+	c := shippedCase(t, "batch_decode_0_00")
 	meta := maps.Clone(c.Meta)
 	meta[key] = value
 	out, err := safetensors.Encode(meta, c.Tensors())
@@ -393,11 +389,7 @@ func decodeCaseWith(t *testing.T, key, value string) []byte {
 // keeps them all).
 func paddedCaseWith(t *testing.T, key, value, name string, ints []int32) []byte {
 	t.Helper()
-	f := filepath.Join(shippedDir, "seed_padded_trtllm_decode.safetensors")
-	buf, err := os.ReadFile(f)
-	require.NoError(t, err)
-	c, err := Parse(f, buf)
-	require.NoError(t, err)
+	c := shippedCase(t, "seed_padded_trtllm_decode")
 	meta := maps.Clone(c.Meta)
 	if value == "" {
 		delete(meta, key)
@@ -418,12 +410,9 @@ func paddedCaseWith(t *testing.T, key, value, name string, ints []int32) []byte 
 // The padded-table decode refuses what FlashInfer's contract forbids,
 // naming the value, and a wrong row order fails the comparison.
 func TestPaddedDecodeCaseRefusals(t *testing.T) {
-	f := filepath.Join(shippedDir, "seed_padded_trtllm_decode.safetensors")
-	buf, err := os.ReadFile(f)
-	require.NoError(t, err)
-	c, err := Parse(f, buf)
-	require.NoError(t, err)
+	c := shippedCase(t, "seed_padded_trtllm_decode")
 	var bt, lens []int32
+	var err error
 	for _, tn := range c.Tensors() {
 		switch tn.Name {
 		case "in.block_tables":
@@ -458,4 +447,15 @@ func TestPaddedDecodeCaseRefusals(t *testing.T) {
 			assert.Equal(t, strings.HasPrefix(tc.want, "PASS"), res.Passed(), res.String())
 		})
 	}
+}
+
+// shippedCase parses testdata/golden/name.safetensors.
+func shippedCase(t *testing.T, name string) *Case {
+	t.Helper()
+	f := filepath.Join(shippedDir, name+".safetensors")
+	buf, err := os.ReadFile(f)
+	require.NoError(t, err)
+	c, err := Parse(f, buf)
+	require.NoError(t, err)
+	return c
 }
