@@ -19,7 +19,7 @@ func TestVerifyShippedCasesOnEmu(t *testing.T) {
 	} {
 		code, out, _ := runCLI(args...)
 		assert.Equal(t, exitOK, code, out)
-		assert.Contains(t, out, "verify: 50 passed, 0 failed")
+		assert.Contains(t, out, "verify: 51 passed, 0 failed")
 		assert.Zero(t, strings.Count(out, " (cpu fallback) "), out)
 		assert.Regexp(t, `(?m)^PASS batch_decode_0_00 max_abs=`, out)
 		assert.Regexp(t, `(?m)^PASS batch_prefill_paged_0_00 max_abs=`, out)

@@ -57,11 +57,11 @@ func TestVerifyShippedCases(t *testing.T) {
 	code, out, errOut := runCLI("verify", shippedDir)
 	ls := lines(out)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
-	require.Len(t, ls, 51)
-	for _, l := range ls[:50] {
+	require.Len(t, ls, 52)
+	for _, l := range ls[:51] {
 		assert.Regexp(t, passLine, l)
 	}
-	assert.Equal(t, "verify: 50 passed, 0 failed", ls[50])
+	assert.Equal(t, "verify: 51 passed, 0 failed", ls[51])
 	assert.Empty(t, errOut)
 }
 
@@ -118,7 +118,7 @@ func TestVerifyUnsupportedAndFallback(t *testing.T) {
 	assert.Equal(t, exitFailure, code)
 	assert.Contains(t, out, "FAIL batch_prefill_paged_0_00: unsupported on partial: ")
 	assert.Contains(t, out, "FAIL cascade_attention_0_00: unsupported on partial: ")
-	assert.Contains(t, out, "verify: 43 passed, 7 failed") // 3 prefill + 3 cascade + the cascade figure
+	assert.Contains(t, out, "verify: 44 passed, 7 failed") // 3 prefill + 3 cascade + the cascade figure
 
 	code, out, _ = runCLI("verify", shippedDir, "--backend", "partial-test", "--fallback", "cpu")
 	assert.Equal(t, exitOK, code, out)
@@ -126,7 +126,7 @@ func TestVerifyUnsupportedAndFallback(t *testing.T) {
 	assert.Contains(t, out, "PASS seed_flashinfer_cascade_figure (cpu fallback) max_abs=")
 	assert.Regexp(t, `(?m)^PASS batch_decode_0_00 max_abs=`, out, "decode ran on the backend itself")
 	assert.Equal(t, 7, strings.Count(out, "(cpu fallback)"))
-	assert.Contains(t, out, "verify: 50 passed, 0 failed")
+	assert.Contains(t, out, "verify: 51 passed, 0 failed")
 }
 
 func TestVerifyUsage(t *testing.T) {
