@@ -174,8 +174,13 @@ func FuzzABI(f *testing.F) {
 	f.Fuzz(abiRun)
 }
 
+// abiReserves counts the successful reserves abiRun compared with Go.
+var abiReserves int
+
 // TestABIMatchesGoOnRandomInputs runs FuzzABI's body on random inputs.
 func TestABIMatchesGoOnRandomInputs(t *testing.T) {
+	before := abiReserves
+	defer func() { t.Logf("%d reserves compared with Go, block tables included", abiReserves-before) }()
 	runs := 400
 	if raceEnabled {
 		runs = 40
@@ -364,6 +369,7 @@ func abiRun(t *testing.T, data []byte) {
 						t.Fatalf("reserve %v %v: block_tables %v stride %d max_seq_len %d (code %d), Go %v stride %d", ids, nt, bt, stride, maxSeqLen, c, plan.BlockTables, cfg.BlockTablesStride)
 					}
 					p.lastTables = slices.Clone(bt)
+					abiReserves++
 				}
 				p.check("reserve", code, err)
 			case 8:
