@@ -1024,7 +1024,7 @@ static void hybrid_tiers(void) {
 // steps, releases) on a sliding-window manager with block_tables_stride
 // 16, and after every reserve checks that each row of block_tables names
 // the plan's kv_page_indices of that request in order, padded with
-// PAGEDKV_BLOCK_TABLE_PAD, and that seq_lens covers exactly the row.
+// PAGEDKV_BLOCK_TABLES_PAD, and that seq_lens covers exactly the row.
 static uint64_t lcg = 12345;
 static uint32_t rnd(uint32_t n) {
 	lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
