@@ -118,22 +118,23 @@ type group struct {
 
 	// The step in progress (between Reserve and Commit/Abort) and the
 	// buffers every step reuses.
-	pending    bool
-	epoch      uint64
-	batch      []*request
-	seqs       []pagetable.SeqID
-	ntokens    []int32 // per batch member: tokens reserved, drafts included
-	drafts     []int32 // per batch member: draft tokens reserved (the last drafts[b] of ntokens[b])
-	planDrafts []int32 // the plan's Drafts: drafts as of the last successful reserve (prepare refills drafts, and may then fail)
-	spec       bool    // some member has drafts
-	lastPages  []lastPage
-	plan       Plan
-	csr        pagetable.CSR
-	appendCSR  pagetable.AppendCSR
-	copiedAway map[PageID]int32 // pagesNeeded's copy-on-write count per shared page
-	attn       chunkedAttn      // a chunked group's attention arrays
-	scratch    []PageID
-	planner    cascadePlanner
+	pending     bool
+	epoch       uint64
+	batch       []*request
+	seqs        []pagetable.SeqID
+	ntokens     []int32 // per batch member: tokens reserved, drafts included
+	drafts      []int32 // per batch member: draft tokens reserved (the last drafts[b] of ntokens[b])
+	planDrafts  []int32 // the plan's Drafts: drafts as of the last successful reserve (prepare refills drafts, and may then fail)
+	spec        bool    // some member has drafts
+	lastPages   []lastPage
+	plan        Plan
+	csr         pagetable.CSR
+	appendCSR   pagetable.AppendCSR
+	blockTables []int32          // the plan's BlockTables (Config.BlockTablesStride > 0)
+	copiedAway  map[PageID]int32 // pagesNeeded's copy-on-write count per shared page
+	attn        chunkedAttn      // a chunked group's attention arrays
+	scratch     []PageID
+	planner     cascadePlanner
 
 	// spare holds released requests for Add to reuse (with their token
 	// buffers), so that admitting requests as others finish allocates
@@ -166,6 +167,10 @@ func newGroup(cfg Config, alloc *allocator.Allocator, spec layergroup.Spec, shar
 		if tiers, err = newTiers(&cfg); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.BlockTablesStride < 0 || cfg.BlockTablesStride > cfg.NumPages {
+		return nil, fmt.Errorf("%w: BlockTablesStride = %d, want 0..NumPages = %d (a request's pages are distinct pages of the pool)",
+			ErrBadConfig, cfg.BlockTablesStride, cfg.NumPages)
 	}
 	m := &group{tiers: tiers}
 	var refs prefixcache.Refs = alloc

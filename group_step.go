@@ -67,6 +67,9 @@ func (m *group) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (nee
 			}
 		}
 		held := int64(r.computed-r.start) + int64(ntokens[i]) + int64(d)
+		if err := m.checkStride(i, id, held); err != nil {
+			return 0, err
+		}
 		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
 		r.mark = m.epoch
 		batch = append(batch, r)
@@ -97,6 +100,9 @@ func (m *group) prepareSiblings(lead *group) (need int, err error) {
 			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d has %d onload copies in flight in a later layer group", ErrLoading, i, r.id, r.loading)
 		}
 		held := int64(r.computed-r.start) + int64(lead.ntokens[i])
+		if err := m.checkStride(i, r.id, held); err != nil {
+			return 0, err
+		}
 		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
 		r.mark = m.epoch
 		batch = append(batch, r)
@@ -106,6 +112,21 @@ func (m *group) prepareSiblings(lead *group) (need int, err error) {
 	m.ntokens = append(m.ntokens[:0], lead.ntokens...)
 	m.drafts = append(m.drafts[:0], lead.drafts...)
 	return m.checkSlots(slots)
+}
+
+// checkStride refuses a step that would give request ids[i] = id, holding
+// held tokens from its first held page after the step, more pages than a
+// row of the plan's BlockTables.
+func (m *group) checkStride(i int, id RequestID, held int64) error {
+	stride := m.cfg.BlockTablesStride
+	if stride == 0 {
+		return nil
+	}
+	if pages := (held + int64(m.pageSize) - 1) / int64(m.pageSize); pages > int64(stride) {
+		return fmt.Errorf("%w: reserve: ids[%d] = %d would hold %d pages (%d tokens from its first held page, page size %d) in %s, more than Config.BlockTablesStride = %d",
+			ErrBadArgument, i, id, pages, held, m.pageSize, m.layerGroup.Kind, stride)
+	}
+	return nil
 }
 
 // checkSlots bounds the prepared step's token slots and returns the pages
@@ -229,6 +250,12 @@ func (m *group) fillPlan(copies []CopyOp, lead *group) {
 	p.Drafts = m.planDrafts
 	p.QOIndptr, p.BatchIndices, p.Positions = m.appendCSR.AppendIndptr, m.appendCSR.BatchIndices, m.appendCSR.Positions
 	p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.SeqLens = m.csr.KVIndptr, m.csr.KVPageIndices, m.csr.KVLastPageLen, m.csr.SeqLens
+	p.BlockTables, p.BlockTablesStride = nil, m.cfg.BlockTablesStride
+	if p.BlockTablesStride > 0 {
+		// prepare checked every row fits.
+		m.blockTables = m.csr.BlockTablesTo(m.blockTables, p.BlockTablesStride, BlockTablesPad)
+		p.BlockTables = m.blockTables
+	}
 	if lead != nil {
 		lp := &lead.plan
 		p.Requests, p.TokenIDs, p.TokenPositions = lp.Requests, lp.TokenIDs, lp.TokenPositions

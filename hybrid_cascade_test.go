@@ -253,7 +253,7 @@ func windowedCascadeRun(t *testing.T, kind layergroup.Kind, seed uint64, c *wind
 // nothing.
 func TestHybridWindowedCascadeIsAllocationFree(t *testing.T) {
 	const ps, nreq = 16, 32
-	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 4096, PageSize: ps, HashSeed: 1},
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 4096, PageSize: ps, HashSeed: 1, BlockTablesStride: 128},
 		Groups: []LayerGroup{{Kind: SlidingAttention, WindowTokens: 1024, NumLayers: 1}, {Kind: FullAttention, NumLayers: 1}}})
 	require.NoError(t, err)
 	ids := make([]RequestID, nreq)
@@ -297,5 +297,6 @@ func TestHybridWindowedCascadeIsAllocationFree(t *testing.T) {
 	require.Equal(t, []int{-1, -1, -1}, plan.Groups[1].CascadeWindowLeft)
 	require.Zero(t, testing.AllocsPerRun(200, decode))
 	require.Less(t, int(plan.Groups[0].SeqLens[0]), 1024)
+	require.Len(t, sl.BlockTables, nreq*128, "padded tables were built in the measured steps")
 	require.NoError(t, h.Audit())
 }

@@ -78,7 +78,9 @@ func TestHybridMatchesModel(t *testing.T) {
 	}
 }
 
-const hmPages, hmMaxPinned = 4096, 4
+// hmStride bounds a request's pages in a step (its padded table's row):
+// the workload's requests stay far below it, the pool never runs out.
+const hmPages, hmMaxPinned, hmStride = 4096, 4, 128
 
 type hybridModelHarness struct {
 	t     *testing.T
@@ -94,7 +96,8 @@ type hybridModelHarness struct {
 }
 
 func newHybridModelHarness(t *testing.T, groups []LayerGroup, seed uint64, withEvents bool) *hybridModelHarness {
-	cfg := HybridConfig{Config: Config{NumPages: hmPages, PageSize: hhPageSize, HashSeed: 5, MaxPinnedPages: hmMaxPinned}, Groups: groups}
+	cfg := HybridConfig{Config: Config{NumPages: hmPages, PageSize: hhPageSize, HashSeed: 5, MaxPinnedPages: hmMaxPinned,
+		BlockTablesStride: hmStride}, Groups: groups}
 	var ev *hybridEvents
 	if withEvents {
 		ev = newHybridEvents(t, groups, hmPages, hhPageSize, 0)

@@ -377,6 +377,9 @@ type hybridHarness struct {
 	kv   []uint64
 	ids  []RequestID
 	next RequestID
+	// onPlan, when set, is called with every reserved plan after engine
+	// checked it (tests that run kernels on the plans).
+	onPlan func(*HybridPlan)
 }
 
 func newHybridHarness(t testing.TB, groups []LayerGroup, seed uint64) *hybridHarness {
@@ -384,7 +387,7 @@ func newHybridHarness(t testing.TB, groups []LayerGroup, seed uint64) *hybridHar
 }
 
 func newHybridHarnessSrc(t testing.TB, groups []LayerGroup, src rand.Source) *hybridHarness {
-	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: hhPages, PageSize: hhPageSize, HashSeed: 5}, Groups: groups})
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: hhPages, PageSize: hhPageSize, HashSeed: 5, BlockTablesStride: hhPages}, Groups: groups})
 	require.NoError(t, err)
 	return &hybridHarness{t: t, rng: rand.New(src), h: h, kv: make([]uint64, hhPages*hhPageSize)}
 }
@@ -610,6 +613,7 @@ func (hh *hybridHarness) engine(p *HybridPlan) {
 	}
 	for g, gp := range p.Groups {
 		require.Equal(t, p.Requests, gp.Requests)
+		requireBlockTablesMatchCSR(t, gp, hh.h.core.groups[g].cfg.BlockTablesStride, ps)
 		for i := range gp.Positions {
 			b, pos := gp.BatchIndices[i], gp.Positions[i]
 			page := gp.KVPageIndices[gp.KVIndptr[b]+pos/int32(ps)]
@@ -644,6 +648,9 @@ func (hh *hybridHarness) engine(p *HybridPlan) {
 				}
 			}
 		}
+	}
+	if hh.onPlan != nil {
+		hh.onPlan(p)
 	}
 }
 

@@ -129,6 +129,16 @@ type Config struct {
 	// initialises; < 0 is invalid. Raise it only for a machine whose
 	// memory the library cannot see (it never lowers what is safe).
 	MemoryLimit int64
+	// BlockTablesStride, when > 0, makes every Plan carry the padded page
+	// table of FlashInfer's trtllm-gen, XQA and cuDNN decode
+	// (block_tables[B, BlockTablesStride], [Plan.BlockTables]): the number
+	// of columns, the most pages one request's table may hold in a step
+	// (e.g. ceil(max_model_len / PageSize)). The engine fixes it so a CUDA
+	// graph can replay the table; a step that would give a request more
+	// pages is refused before anything changes. 0 (the default) builds no
+	// padded tables; it must be in 0..NumPages (a request's pages are
+	// distinct pages of the pool, so wider rows would only pad).
+	BlockTablesStride int
 }
 
 // Request describes a request to [Manager.Add].

@@ -24,7 +24,8 @@ type churn struct {
 func newChurn(t testing.TB, nreq, promptLen, maxLen int) *churn {
 	const ps = 16
 	c := &churn{
-		m:   mustNew(t, Config{NumPages: nreq*maxLen/ps + 64, PageSize: ps, HashSeed: 1}),
+		// Padded block tables too (Plan.BlockTables), one column to spare.
+		m:   mustNew(t, Config{NumPages: nreq*maxLen/ps + 64, PageSize: ps, HashSeed: 1, BlockTablesStride: (maxLen+ps-1)/ps + 1}),
 		ids: make([]RequestID, nreq), nt: make([]int32, nreq), sampled: make([]int32, nreq),
 		prompts: make([][]int32, nreq), promptLen: promptLen, maxLen: maxLen,
 	}

@@ -222,7 +222,7 @@ type specBench struct {
 
 func newSpecBench(tb testing.TB, nreq, k int) *specBench {
 	const ps, promptLen, maxLen = 16, 64, 1024
-	s := &specBench{m: mustNew(tb, Config{NumPages: nreq*(maxLen+ps)/ps + 64, PageSize: ps, HashSeed: 1}),
+	s := &specBench{m: mustNew(tb, Config{NumPages: nreq*(maxLen+ps)/ps + 64, PageSize: ps, HashSeed: 1, BlockTablesStride: (maxLen+k+ps-1)/ps + 1}),
 		ids: make([]RequestID, nreq), nt: make([]int32, nreq), drafts: make([][]int32, nreq),
 		accepted: make([]int32, nreq), sampled: make([]int32, nreq)}
 	for i := range s.ids {

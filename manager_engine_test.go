@@ -84,7 +84,11 @@ func (e *cpuEngine) apply(t testing.TB, p *Plan) {
 }
 
 // prefill is causal attention of every row over its request's pages.
-func (e *cpuEngine) prefill(t testing.TB, p *Plan) []float32 {
+func (e *cpuEngine) prefill(t testing.TB, p *Plan) []float32 { return e.prefillOn(t, p, e.table(p)) }
+
+// prefillOn is prefill over the page table tab (p's, or the same pages in
+// another form).
+func (e *cpuEngine) prefillOn(t testing.TB, p *Plan, tab kernels.PageTable) []float32 {
 	nnz := len(p.Positions)
 	q := make([]float32, 0, nnz*engHeads*engDim)
 	for r := range nnz {
@@ -93,7 +97,7 @@ func (e *cpuEngine) prefill(t testing.TB, p *Plan) []float32 {
 	o := kernels.NewTensor(layout.F32, nnz, engHeads, engDim)
 	require.NoError(t, e.be.BatchPrefill(&kernels.PrefillParams{
 		Q: kernels.TensorFromF32(layout.F32, q, nnz, engHeads, engDim), QOIndptr: p.QOIndptr, Cache: e.cache,
-		Table: e.table(p), Causal: true, O: o,
+		Table: tab, Causal: true, O: o,
 		AttentionParams: kernels.AttentionParams{NumQOHeads: engHeads, WindowLeft: p.WindowLeft},
 	}))
 	return o.F32()
@@ -104,7 +108,10 @@ func (e *cpuEngine) prefill(t testing.TB, p *Plan) []float32 {
 func (e *cpuEngine) cascade(t testing.TB, p *Plan) []float32 { return e.windowedCascade(t, p, nil) }
 
 // decode is attention of each request's single (last) row over its pages.
-func (e *cpuEngine) decode(t testing.TB, p *Plan) []float32 {
+func (e *cpuEngine) decode(t testing.TB, p *Plan) []float32 { return e.decodeOn(t, p, e.table(p)) }
+
+// decodeOn is decode over the page table tab.
+func (e *cpuEngine) decodeOn(t testing.TB, p *Plan, tab kernels.PageTable) []float32 {
 	b := len(p.Requests)
 	q := make([]float32, 0, b*engHeads*engDim)
 	for i := range b {
@@ -112,7 +119,7 @@ func (e *cpuEngine) decode(t testing.TB, p *Plan) []float32 {
 	}
 	o := kernels.NewTensor(layout.F32, b, engHeads, engDim)
 	require.NoError(t, e.be.BatchDecode(&kernels.DecodeParams{
-		Q: kernels.TensorFromF32(layout.F32, q, b, engHeads, engDim), Cache: e.cache, Table: e.table(p),
+		Q: kernels.TensorFromF32(layout.F32, q, b, engHeads, engDim), Cache: e.cache, Table: tab,
 		AttentionParams: kernels.AttentionParams{NumQOHeads: engHeads, WindowLeft: p.WindowLeft}, O: o,
 	}))
 	return o.F32()

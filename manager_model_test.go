@@ -63,7 +63,7 @@ const (
 
 func newMgrHarness(t testing.TB, hc mgrHarnessConfig) *mgrHarness {
 	m, err := New(Config{NumPages: mhNumPages, PageSize: mhPageSize, WindowTokens: hc.window, Priorities: mhPrios,
-		MaxPinnedPages: mhMaxPinned, HashSeed: 9, Hash: hc.hash, CascadeMinSavedPages: 1})
+		MaxPinnedPages: mhMaxPinned, HashSeed: 9, Hash: hc.hash, CascadeMinSavedPages: 1, BlockTablesStride: mhNumPages})
 	require.NoError(t, err)
 	return &mgrHarness{
 		t: t, m: m, ps: mhPageSize, kv: make([]uint64, mhNumPages*mhPageSize),
@@ -330,6 +330,7 @@ func (h *mgrHarness) checkPlan(p *Plan, ids []RequestID, nt []int32) {
 			require.Equal(h.t, h.m.Tokens(id)[pos], p.TokenIDs[r])
 		}
 	}
+	requireBlockTablesMatchCSR(h.t, p, mhNumPages, h.ps)
 	if p.Cascade != nil {
 		checkCascadeCoversPlan(h.t, p, h.ps)
 	}

@@ -36,6 +36,20 @@ type Plan struct {
 	// pagetable for the empty-request rule).
 	KVIndptr, KVPageIndices, KVLastPageLen, SeqLens []int32
 
+	// BlockTables [B*BlockTablesStride] (nil unless
+	// [Config.BlockTablesStride] > 0) is the same page table in the padded
+	// contract of FlashInfer's trtllm_batch_decode_with_kv_cache (trtllm-gen
+	// and XQA) and cudnn_batch_decode_with_kv_cache: block_tables[B,
+	// BlockTablesStride] int32, row-major; row b is
+	// KVPageIndices[KVIndptr[b]:KVIndptr[b+1]] then [BlockTablesPad] up to
+	// the stride, and SeqLens[b] is its seq_lens (the tokens on those
+	// pages). Both forms name the same pages in the same order: a page a
+	// sliding window released is in neither (the row starts at the first
+	// held page, as the CSR does). BlockTablesStride is the stride (0 when
+	// there are no tables).
+	BlockTables       []int32
+	BlockTablesStride int
+
 	// WindowLeft is FlashInfer's window_left: WindowTokens-1, or -1 for full
 	// attention. Attention over the kept pages with this window equals
 	// attention over the whole sequence with it.
@@ -73,6 +87,13 @@ type Plan struct {
 	// level with its window_left and merge_state_in_place.
 	CascadeWindowLeft []int
 }
+
+// BlockTablesPad is the page ID in [Plan.BlockTables] past each request's
+// pages. Kernels read only the ceil(seq_lens[b] / page_size) entries of a
+// row; 0 is what FlashInfer's tests and vLLM put in unused entries, and it
+// is a page of every pool, so a kernel that fetches a tile's page IDs
+// ahead reads a valid page (masked) and never out-of-bounds memory.
+const BlockTablesPad = 0
 
 // ---- Per step ----
 

@@ -263,6 +263,9 @@ func TestStepIsAllocationFreeInSteadyState(t *testing.T) {
 	for _, cfg := range []Config{
 		{NumPages: 4096, PageSize: 16, HashSeed: 1},
 		{NumPages: 4096, PageSize: 16, HashSeed: 1, WindowTokens: 64},
+		// Padded block tables (Plan.BlockTables), full and windowed.
+		{NumPages: 4096, PageSize: 16, HashSeed: 1, BlockTablesStride: 64},
+		{NumPages: 4096, PageSize: 16, HashSeed: 1, WindowTokens: 64, BlockTablesStride: 8},
 		{NumPages: 4096, PageSize: 16, HashSeed: 1, CascadeMinSavedPages: -1},
 		// Tiers: every filled page is written through to a host tier too
 		// small to keep them all (claims reclaim), and the copies complete

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
@@ -87,13 +88,15 @@ type abiPair struct {
 	ref  *pagedkv.Manager
 	plan abiPlanC // the caller's plan struct
 	last *abiPlan // the last successful plan, read right after its reserve
+	// lastTables is the last successful plan's padded block_tables.
+	lastTables []int32
 }
 
 func newABIPair(t testing.TB, cfg abiConfig) *abiPair {
 	h, code := goCreate(cfg)
 	ref, err := pagedkv.New(pagedkv.Config{NumPages: int(cfg.NumPages), PageSize: int(cfg.PageSize),
 		WindowTokens: int(cfg.WindowTokens), Priorities: int(cfg.Priorities), MaxPinnedPages: int(cfg.MaxPinnedPages),
-		HashSeed: cfg.HashSeed, CascadeMinSavedPages: int(cfg.CascadeMinSavedPages)})
+		HashSeed: cfg.HashSeed, CascadeMinSavedPages: int(cfg.CascadeMinSavedPages), BlockTablesStride: int(cfg.BlockTablesStride)})
 	if code != codeFor(err) {
 		t.Fatalf("create %+v: code %d, Go %v", cfg, code, err)
 	}
@@ -130,6 +133,9 @@ func (p *abiPair) checkState(op string) {
 		if err := samePlan(p.plan.read(), *p.last); err != nil {
 			p.t.Fatalf("after %s: the last plan's arrays changed: %v", op, err)
 		}
+		if bt, _, _, code := goBlockTables(p.h, 0); code != codeOK || !slices.Equal(bt, p.lastTables) {
+			p.t.Fatalf("after %s: the last plan's block_tables are %v (code %d), were %v", op, bt, code, p.lastTables)
+		}
 	}
 }
 
@@ -165,13 +171,42 @@ func FuzzABI(f *testing.F) {
 	f.Add([]byte{3, 2, 0, 0, 5, 1, 2, 3, 4, 5, 6, 1, 2, 0, 7, 0, 0, 1, 8, 6, 1, 6, 2, 0, 0})
 	f.Add([]byte("\x08\x03\x01\x00\x10abcdefghijklmnop\x06\x02\x00\x02\x03\x07\x00\x02\x00\x10\x08\x06\x03\x02\x00\x01"))
 	f.Add([]byte{0, 0, 0, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 6, 1, 0, 12, 7, 0, 1, 0, 0, 4, 12, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 2, 0, 1, 6, 2, 0, 1, 0, 1})
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Fuzz(abiRun)
+}
+
+// abiReserves counts the successful reserves abiRun compared with Go.
+var abiReserves int
+
+// TestABIMatchesGoOnRandomInputs runs FuzzABI's body on random inputs.
+func TestABIMatchesGoOnRandomInputs(t *testing.T) {
+	before := abiReserves
+	defer func() { t.Logf("%d reserves compared with Go, block tables included", abiReserves-before) }()
+	runs := 400
+	if raceEnabled {
+		runs = 40
+	}
+	rng := rand.New(rand.NewPCG(37, 1))
+	for range runs {
+		data := make([]byte, 400)
+		for i := range data {
+			data[i] = byte(rng.Uint32())
+		}
+		abiRun(t, data)
+	}
+}
+
+// abiRun is FuzzABI's body.
+func abiRun(t *testing.T, data []byte) {
+	{
 		next := (*fuzzReader)(&data).next
 		cfg := abiConfig{NumPages: int64(8 + next()%32), PageSize: int64(1 + next()%6), Priorities: 3, MaxPinnedPages: 4,
 			HashSeed: 7, CascadeMinSavedPages: 1}
 		if w := next() % 4; w > 0 {
 			cfg.WindowTokens = int64(2 * w)
 		}
+		// Padded block tables (none, or a stride some steps exceed), from
+		// the bytes already read so the corpus keeps its meaning.
+		cfg.BlockTablesStride = (cfg.NumPages + cfg.PageSize) % 7
 		p := newABIPair(t, cfg)
 		// lenMode picks a length mistake: 0 none, 1 NULL with a length, 2
 		// negative, 3 too large for any buffer.
@@ -325,6 +360,16 @@ func FuzzABI(f *testing.F) {
 						t.Fatalf("reserve %v %v: %v", ids, nt, e)
 					}
 					p.last = &want
+					bt, stride, maxSeqLen, c := goBlockTables(p.h, 0)
+					wantBT := plan.BlockTables
+					if len(wantBT) == 0 {
+						wantBT = nil
+					}
+					if c != codeOK || !slices.Equal(bt, wantBT) || stride != cfg.BlockTablesStride || maxSeqLen != stride*cfg.PageSize {
+						t.Fatalf("reserve %v %v: block_tables %v stride %d max_seq_len %d (code %d), Go %v stride %d", ids, nt, bt, stride, maxSeqLen, c, plan.BlockTables, cfg.BlockTablesStride)
+					}
+					p.lastTables = slices.Clone(bt)
+					abiReserves++
 				}
 				p.check("reserve", code, err)
 			case 8:
@@ -402,7 +447,7 @@ func FuzzABI(f *testing.F) {
 				p.check("unpin", goUnpin(p.h, pin), p.ref.Unpin(pagedkv.PinID(pin)))
 			}
 		}
-	})
+	}
 }
 
 // TestABIMessages checks that failures name the bad value through the
@@ -537,7 +582,7 @@ func newObjectAddr() uintptr {
 // decodeABI makes a Manager behind the ABI with n requests of 64 prompt
 // tokens each, prefilled.
 func decodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int32, plan *abiPlanC) {
-	h, code := goCreate(abiConfig{NumPages: int64(n * 200), PageSize: 16, HashSeed: 1})
+	h, code := goCreate(abiConfig{NumPages: int64(n * 200), PageSize: 16, HashSeed: 1, BlockTablesStride: 200})
 	if code != codeOK {
 		t.Fatal(code)
 	}

@@ -37,9 +37,9 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 	switch {
 	case cfg == nil || out == nil:
 		return pagedkv.Config{}, badArg("%s: cfg = %p, out = %p; both are required", op, cfg, out), false
-	case size != C.sizeof_pagedkv_config && size != configSizeV2:
-		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without memory_limit)",
-			op, uint64(size), C.sizeof_pagedkv_config, configSizeV2), false
+	case size != C.sizeof_pagedkv_config && size != configSizeV3 && size != configSizeV2:
+		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without block_tables_stride, or %d, without memory_limit)",
+			op, uint64(size), C.sizeof_pagedkv_config, configSizeV3, configSizeV2), false
 	}
 	gcfg := pagedkv.Config{
 		NumPages:             int(cfg.num_pages),
@@ -50,8 +50,11 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 		HashSeed:             uint64(cfg.hash_seed),
 		CascadeMinSavedPages: int(cfg.cascade_min_saved_pages),
 	}
-	if size == C.sizeof_pagedkv_config { // a caller of an earlier header has no memory_limit
+	if size > configSizeV2 { // a caller of an earlier header has no memory_limit
 		gcfg.MemoryLimit = int64(cfg.memory_limit)
+	}
+	if size > configSizeV3 { // nor block_tables_stride
+		gcfg.BlockTablesStride = int(cfg.block_tables_stride)
 	}
 	return gcfg, C.PAGEDKV_OK, true
 }
@@ -60,6 +63,9 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 // appended (ABI version 2 as first published): callers built with that
 // header keep working, with the default memory limit.
 const configSizeV2 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.memory_limit))
+
+// configSizeV3 is its size before block_tables_stride was appended.
+const configSizeV3 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.block_tables_stride))
 
 //export pagedkv_destroy
 func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {

@@ -42,6 +42,7 @@ type abiConfig struct {
 	HashSeed                                                     uint64
 	CascadeMinSavedPages                                         int64
 	MemoryLimit                                                  int64
+	BlockTablesStride                                            int64
 }
 
 func (cfg abiConfig) c() C.pagedkv_config {
@@ -49,8 +50,30 @@ func (cfg abiConfig) c() C.pagedkv_config {
 		num_pages: C.int64_t(cfg.NumPages), page_size: C.int64_t(cfg.PageSize), window_tokens: C.int64_t(cfg.WindowTokens),
 		priorities: C.int64_t(cfg.Priorities), max_pinned_pages: C.int64_t(cfg.MaxPinnedPages),
 		hash_seed: C.uint64_t(cfg.HashSeed), cascade_min_saved_pages: C.int64_t(cfg.CascadeMinSavedPages),
-		memory_limit: C.int64_t(cfg.MemoryLimit),
+		memory_limit: C.int64_t(cfg.MemoryLimit), block_tables_stride: C.int64_t(cfg.BlockTablesStride),
 	}
+}
+
+// goBlockTables is pagedkv_get_block_tables of group g: the table, its
+// stride and max_seq_len.
+func goBlockTables(h uint64, g int64) ([]int32, int64, int64, int32) {
+	var out C.pagedkv_block_tables
+	code := pagedkv_get_block_tables(C.pagedkv_manager(h), C.int64_t(g), &out, C.sizeof_pagedkv_block_tables)
+	return readArray(out.block_tables), int64(out.stride), int64(out.max_seq_len), int32(code)
+}
+
+// goBlockTablesBad calls pagedkv_get_block_tables with a NULL out (null)
+// or a wrong size (0: the right one).
+func goBlockTablesBad(h uint64, g int64, null bool, size uintptr) int32 {
+	var out C.pagedkv_block_tables
+	p := &out
+	if null {
+		p = nil
+	}
+	if size == 0 {
+		size = C.sizeof_pagedkv_block_tables
+	}
+	return int32(pagedkv_get_block_tables(C.pagedkv_manager(h), C.int64_t(g), p, C.size_t(size)))
 }
 
 func goCreate(cfg abiConfig) (uint64, int32) {
@@ -522,9 +545,10 @@ func goGroupStats(h uint64, g int64, size uintptr) ([]int64, int32) {
 	return append([]int64(nil), v...), code
 }
 
-// configSizes are the sizes pagedkv_create accepts: sizeof(pagedkv_config)
-// and that of ABI 2's first release, without memory_limit.
-var configSizes = [2]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2)}
+// configSizes are the sizes pagedkv_create accepts: sizeof(pagedkv_config),
+// that of ABI 2's first release, without memory_limit, and that without
+// block_tables_stride.
+var configSizes = [3]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2), uintptr(configSizeV3)}
 
 func goDestroyKeepMemory(h uint64) int32 {
 	return int32(pagedkv_destroy_keep_memory(C.pagedkv_manager(h)))

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -12,7 +14,7 @@ var hybridGroups = []abiGroup{{Kind: 1, WindowTokens: 32, NumLayers: 1}, {Kind: 
 // prompt tokens, prefilled, and the out arguments of a hybrid reserve in C
 // memory.
 func hybridDecodeABI(t testing.TB, n int) (h uint64, ids []uint64, ones, sampled []int32, plan cHybridPlan) {
-	h, code := goHybridCreate(abiConfig{NumPages: int64(n) * 64, PageSize: 16, HashSeed: 1}, hybridGroups)
+	h, code := goHybridCreate(abiConfig{NumPages: int64(n) * 64, PageSize: 16, HashSeed: 1, BlockTablesStride: 64}, hybridGroups)
 	if code != codeOK {
 		t.Fatalf("hybrid_create: code %d: %s", code, goLastError())
 	}
@@ -57,6 +59,39 @@ func TestHybridStaleCallerMemoryIsNeverShaded(t *testing.T) {
 			if gp.BatchSize != int64(len(ids)) || len(gp.Arrays["kv_indptr"]) != len(ids)+1 {
 				t.Fatalf("step %d group %d: the plan read back is wrong: batch %d, kv_indptr %v", i, g, gp.BatchSize, gp.Arrays["kv_indptr"])
 			}
+			// The padded table names the CSR's pages, row by row.
+			bt, stride, _, code := goBlockTables(h, int64(g))
+			indptr, pages := gp.Arrays["kv_indptr"], gp.Arrays["kv_page_indices"]
+			if code != codeOK || stride != 64 || len(bt) != len(ids)*64 {
+				t.Fatalf("step %d group %d: block_tables of %d entries, stride %d, code %d", i, g, len(bt), stride, code)
+			}
+			for b := range ids {
+				row := bt[b*64 : (b+1)*64]
+				n := int(indptr[b+1] - indptr[b])
+				if !slices.Equal(row[:n], pages[indptr[b]:indptr[b+1]]) || slices.ContainsFunc(row[n:], func(v int32) bool { return v != 0 }) {
+					t.Fatalf("step %d group %d request %d: block_tables row %v, kv_page_indices %v", i, g, b, row, pages[indptr[b]:indptr[b+1]])
+				}
+			}
 		}
 	})
+}
+
+func TestABIBlockTablesBadInput(t *testing.T) {
+	h, _, _, _, plan := hybridDecodeABI(t, 2)
+	defer goDestroy(h)
+	defer plan.free()
+	for _, c := range []struct {
+		call func() int32
+		want string
+	}{
+		{func() int32 { return goBlockTablesBad(h, 3, false, 0) }, "group = 3, the manager has 3 groups"},
+		{func() int32 { return goBlockTablesBad(h, -1, false, 0) }, "group = -1"},
+		{func() int32 { return goBlockTablesBad(h, 0, true, 0) }, "out is NULL"},
+		{func() int32 { return goBlockTablesBad(h, 0, false, 8) }, "size = 8, want sizeof(pagedkv_block_tables) = 40"},
+	} {
+		code := c.call()
+		if msg := goLastError(); code != codeBadArgument || !strings.Contains(msg, c.want) {
+			t.Errorf("code %d, message %q, want PAGEDKV_ERR_BAD_ARGUMENT and %q", code, msg, c.want)
+		}
+	}
 }

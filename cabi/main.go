@@ -145,6 +145,10 @@ type planExport struct {
 	rows []int32
 	// windowLeft is the plan's CascadeWindowLeft as int32 (hybrid groups).
 	windowLeft []int32
+	// blockTables and stride are the plan's BlockTables (pinned by
+	// export) and BlockTablesStride, for pagedkv_get_block_tables.
+	blockTables []int32
+	stride      int
 }
 
 // register adds h to the registry and returns its id.

@@ -78,8 +78,20 @@ func TestConfigMemoryLimit(t *testing.T) {
 	}
 	goDestroy(h)
 	if _, code := goHybridCreateSized(cfg, groups, configSizes[1]+4); code != codeBadArgument ||
-		!strings.Contains(goLastError(), fmt.Sprintf("cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without memory_limit)", configSizes[1]+4, configSizes[0], configSizes[1])) {
+		!strings.Contains(goLastError(), fmt.Sprintf("cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without block_tables_stride, or %d, without memory_limit)",
+			configSizes[1]+4, configSizes[0], configSizes[2], configSizes[1])) {
 		t.Fatalf("cfg_size %d: code %d: %s", configSizes[1]+4, code, goLastError())
+	}
+	// A caller from before block_tables_stride: a stride past its struct
+	// (here one no pool allows) is never read.
+	cfg.MemoryLimit, cfg.BlockTablesStride = 0, 1<<40
+	h, code = goHybridCreateSized(cfg, groups, configSizes[2])
+	if code != codeOK {
+		t.Fatalf("cfg_size %d (no block_tables_stride): code %d: %s", configSizes[2], code, goLastError())
+	}
+	goDestroy(h)
+	if _, code := goHybridCreateSized(cfg, groups, configSizes[0]); code != codeBadConfig || !strings.Contains(goLastError(), "BlockTablesStride = 1099511627776, want 0..NumPages = 4096") {
+		t.Fatalf("block_tables_stride 2^40: code %d: %s", code, goLastError())
 	}
 }
 
@@ -89,6 +101,7 @@ func TestCABIDocLimits(t *testing.T) {
 		"cabi.maxGroups":              maxGroups,
 		"sizeof(pagedkv_config)":      configSizes[0],
 		"cabi.configSizeV2":           configSizes[1],
+		"cabi.configSizeV3":           configSizes[2],
 		"pagedkv_config.memory_limit": pagedkv.Config{}.MemoryLimit,
 	})
 }

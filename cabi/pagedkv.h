@@ -75,7 +75,9 @@ enum {
  * wherever Go has one. Fields are only ever appended: cfg_size may be
  * sizeof(pagedkv_config) or the size of an earlier version of it (up to
  * and including cascade_min_saved_pages: offsetof(pagedkv_config,
- * memory_limit)); the fields it leaves out take their defaults. */
+ * memory_limit); up to and including memory_limit:
+ * offsetof(pagedkv_config, block_tables_stride)); the fields it leaves out
+ * take their defaults. */
 typedef struct {
 	int64_t num_pages;               /* pages in the pool, >= 1 */
 	int64_t page_size;               /* tokens per page, >= 1 */
@@ -87,6 +89,10 @@ typedef struct {
 	int64_t memory_limit;            /* bytes the configuration may ask for (Go: Config.MemoryLimit);
 	                                    0 = this machine's physical memory; above it create fails
 	                                    with PAGEDKV_ERR_BAD_CONFIG naming the bytes needed */
+	int64_t block_tables_stride;     /* 0..num_pages: columns of the padded block_tables of every
+	                                    plan (Go: Config.BlockTablesStride; pagedkv_get_block_tables);
+	                                    0 = none. A step giving a request more pages fails
+	                                    with PAGEDKV_ERR_BAD_ARGUMENT */
 } pagedkv_config;
 
 /* A prefix-cache namespace: three byte strings (not NUL-terminated; a NULL
@@ -158,6 +164,20 @@ typedef struct {
 	const pagedkv_level *levels;    /* [num_levels], level 0 (most shared) first */
 	pagedkv_array drafts;           /* [B] draft rows of request b (its last rows); all 0 unless reserve_spec */
 } pagedkv_plan;
+
+/* The padded page table of the last reserved plan (Go: Plan.BlockTables),
+ * the block_tables of FlashInfer's trtllm_batch_decode_with_kv_cache
+ * (trtllm-gen, XQA) and cudnn_batch_decode_with_kv_cache, with the plan's
+ * seq_lens: row b (block_tables.data[b*stride .. (b+1)*stride)) holds
+ * kv_page_indices[kv_indptr[b] .. kv_indptr[b+1]) then PAGEDKV_BLOCK_TABLES_PAD.
+ * Same lifetime as the plan's arrays. */
+#define PAGEDKV_BLOCK_TABLES_PAD 0
+typedef struct {
+	pagedkv_array block_tables; /* [batch_size * stride] int32, row-major; len 0 when stride is 0 */
+	int64_t stride;             /* the config's block_tables_stride */
+	int64_t max_seq_len;        /* stride * page_size: an upper bound of every seq_lens,
+	                               fixed for CUDA graphs (max_seq_len / max_sequence_kv) */
+} pagedkv_block_tables;
 
 /* Hybrid attention models (Go: pagedkv.HybridManager): several layer
  * groups on one page pool. A group's kind: */
@@ -486,6 +506,11 @@ int32_t pagedkv_release(pagedkv_manager m, uint64_t id);
 /* Per step. ids [n], ntokens [n]; sampled is NULL (nothing sampled) or
  * [n_sampled == batch size], -1 = no token. */
 int32_t pagedkv_reserve(pagedkv_manager m, const uint64_t *ids, const int32_t *ntokens, int64_t n, pagedkv_plan *out);
+/* Fills out with the padded table of the last successful reserve's plan:
+ * group g of a hybrid manager's (0 for a dense manager). A handle without a
+ * reserved plan yet gets an empty table (len, stride and max_seq_len 0).
+ * size is sizeof(pagedkv_block_tables). */
+int32_t pagedkv_get_block_tables(pagedkv_manager m, int64_t group, pagedkv_block_tables *out, size_t size);
 int32_t pagedkv_commit(pagedkv_manager m, const int32_t *sampled, int64_t n_sampled);
 int32_t pagedkv_abort(pagedkv_manager m);
 

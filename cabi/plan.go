@@ -44,6 +44,10 @@ func (h *handle) gather(e *planExport, out *C.pagedkv_plan, p *pagedkv.Plan) {
 	h.array(&out.kv_last_page_len, p.KVLastPageLen)
 	h.array(&out.seq_lens, p.SeqLens)
 	h.array(&out.drafts, p.Drafts)
+	e.blockTables, e.stride = p.BlockTables, p.BlockTablesStride
+	if cap(e.blockTables) > 0 { // pinned with the plan's arrays
+		h.cur = append(h.cur, unsafe.Pointer(unsafe.SliceData(e.blockTables)))
+	}
 
 	nlevels := 0
 	var lp unsafe.Pointer
@@ -148,4 +152,30 @@ func (h *handle) queryRows(e *planExport, order []int, reqIndptr, qoIndptr []int
 			e.rows = append(e.rows, start+i)
 		}
 	}
+}
+
+//export pagedkv_get_block_tables
+func pagedkv_get_block_tables(id C.pagedkv_manager, group C.int64_t, out *C.pagedkv_block_tables, size C.size_t) (code C.int32_t) {
+	h, code := enter(id, "get_block_tables")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	switch {
+	case out == nil:
+		return badArg("get_block_tables: out is NULL")
+	case size != C.sizeof_pagedkv_block_tables:
+		return badArg("get_block_tables: size = %d, want sizeof(pagedkv_block_tables) = %d", uint64(size), C.sizeof_pagedkv_block_tables)
+	case group < 0 || int(group) >= len(h.plans):
+		return badArg("get_block_tables: group = %d, the manager has %d groups", int64(group), len(h.plans))
+	}
+	e := &h.plans[group]
+	var data unsafe.Pointer
+	if cap(e.blockTables) > 0 {
+		data = unsafe.Pointer(unsafe.SliceData(e.blockTables)) // pinned by export
+	}
+	storeArray(&out.block_tables, data, len(e.blockTables), cap(e.blockTables))
+	out.stride = C.int64_t(e.stride)
+	out.max_seq_len = C.int64_t(e.stride * h.m.PageSize())
+	return C.PAGEDKV_OK
 }

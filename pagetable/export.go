@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/ragged"
 )
 
 // pageIDsAsInt32 views page IDs as the int32 array FlashInfer takes, so the
@@ -143,4 +144,14 @@ func (t *Table) ExportAppendTo(dst *AppendCSR, ids []SeqID, appendLens []int32) 
 	}
 	dst.AppendIndptr, dst.BatchIndices, dst.Positions = indptr, batch, pos
 	return nil
+}
+
+// BlockTablesTo lays the table out as the padded block_tables [B, cols]
+// of FlashInfer's trtllm-gen, XQA and cuDNN decode (and xFormers), into dst
+// reset to [:0] and grown only if too small: row b is request b's
+// KVPageIndices, then pad. With SeqLens it names the same pages in the
+// same order as the CSR. Every request must hold at most cols pages (it
+// panics otherwise: the caller bounds the rows before exporting).
+func (c *CSR) BlockTablesTo(dst []int32, cols int, pad int32) []int32 {
+	return ragged.FillBlockTables(dst, c.KVIndptr, c.KVPageIndices, cols, pad)
 }

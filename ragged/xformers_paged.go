@@ -3,6 +3,7 @@ package ragged
 import (
 	"fmt"
 	"math"
+	"slices"
 )
 
 // BlockTables is xFormers' block_tables: a padded 2-D int32 array
@@ -258,14 +259,9 @@ func BlockTablesFromPagedKV(kvIndptr, kvPageIndices, kvLastPageLen []int32, page
 	if n, ok := mulFits(batch, cols, 1); !ok || n > math.MaxInt32 {
 		return BlockTables{}, nil, fmt.Errorf("%w: block_tables %d×%d", ErrTooLarge, batch, cols)
 	}
-	t := BlockTables{Rows: batch, Cols: cols, Data: make([]int32, batch*cols)}
+	t := BlockTables{Rows: batch, Cols: cols, Data: FillBlockTables(make([]int32, 0, batch*cols), kvIndptr, kvPageIndices, cols, pad)}
 	kvLen := make([]int32, batch)
 	for b := 0; b < batch; b++ {
-		row := t.Row(b)
-		n := copy(row, kvPageIndices[kvIndptr[b]:kvIndptr[b+1]])
-		for l := n; l < cols; l++ {
-			row[l] = pad
-		}
 		kvLen[b] = PagedKVLen(kvIndptr, kvLastPageLen, pageSize, b)
 	}
 	if _, err := t.check(batch, pageSize); err != nil {
@@ -517,4 +513,27 @@ func MaskFromPagedKV(kind MaskKind, p PagedKV, kvSeqStarts []int32, windowSize, 
 	}
 	return NewAttentionMask(MaskConfig{Kind: kind, QSeqLen: qSeqLen, KVSeqLen: kvLen, KVSeqStarts: kvSeqStarts,
 		BlockTables: tables, PageSize: p.PageSize, WindowSize: windowSize})
+}
+
+// FillBlockTables lays the CSR page table kvIndptr [B+1], kvPageIndices out
+// as block_tables [B, cols] row-major into dst (reset to [:0], grown only
+// if too small, so a kept buffer makes it allocation-free): row b holds
+// request b's pages in order, then pad. The caller guarantees a valid
+// kv_indptr and at most cols pages per request ([BlockTablesFromPagedKV]
+// and pagedkv's Plan check both first); a longer request panics on the
+// slice bound.
+func FillBlockTables(dst, kvIndptr, kvPageIndices []int32, cols int, pad int32) []int32 {
+	batch := max(len(kvIndptr)-1, 0)
+	dst = slices.Grow(dst[:0], batch*cols)[:batch*cols]
+	for b := 0; b < batch; b++ {
+		row := dst[b*cols : (b+1)*cols]
+		n := copy(row, kvPageIndices[kvIndptr[b]:kvIndptr[b+1]])
+		if n != int(kvIndptr[b+1]-kvIndptr[b]) {
+			panic(fmt.Sprintf("ragged: block_tables row %d of %d columns cannot hold %d pages", b, cols, kvIndptr[b+1]-kvIndptr[b]))
+		}
+		for l := n; l < cols; l++ {
+			row[l] = pad
+		}
+	}
+	return dst
 }

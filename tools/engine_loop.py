@@ -102,6 +102,34 @@ def _paged_attention(q, cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_le
     return out, lse
 
 
+def trtllm_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer, block_tables, seq_lens, max_seq_len,
+                                      bmm1_scale=1.0, bmm2_scale=1.0, window_left=-1, out=None, out_dtype=None,
+                                      o_sf_scale=None, o_sf_vec_size=None, sinks=None, kv_layout="HND",
+                                      enable_pdl=None, backend="auto", q_len_per_req=1, o_scale=1.0, mask=None,
+                                      max_q_len=None, cum_seq_lens_q=None):
+    """flashinfer.decode.trtllm_batch_decode_with_kv_cache over the padded
+    contract alone: request b's keys are the first seq_lens[b] slots of the
+    pages block_tables[b, :ceil(seq_lens[b] / page_size)]; its
+    q_len_per_req rows are the last of them (causal), within window_left."""
+    assert kv_layout == "NHD" and sinks is None and cum_seq_lens_q is None
+    page_size = kv_cache.shape[2]
+    out = np.zeros(query.shape)
+    for b in range(block_tables.shape[0]):
+        n = int(seq_lens[b])
+        assert 0 < n <= max_seq_len, (n, max_seq_len)
+        pages = block_tables[b, :(n + page_size - 1) // page_size]
+        kv = kv_cache[np.asarray(pages)]  # [pages, 2, ps, H, D]
+        k = kv[:, 0].reshape(-1, *kv_cache.shape[3:])[:n]
+        v = kv[:, 1].reshape(-1, *kv_cache.shape[3:])[:n]
+        lo = b * q_len_per_req
+        i = np.arange(q_len_per_req)[:, None] + (n - q_len_per_req)
+        j = np.arange(n)[None, :]
+        allowed = (j <= i) & ((j >= i - window_left) if window_left >= 0 else True)
+        o, _ = _attend(query[lo:lo + q_len_per_req], k, v, allowed, bmm1_scale)
+        out[lo:lo + q_len_per_req] = o * bmm2_scale
+    return out
+
+
 class BatchPrefillWithPagedKVCacheWrapper:
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD"):
         assert kv_layout == "NHD"
@@ -254,12 +282,17 @@ def run_loop(backend="numpy", steps=80, seed=1, window=0, num_pages=20, page_siz
     be = (NumpyBackend if backend == "numpy" else FlashInferBackend)(num_pages, page_size, hkv, dim)
     tol = 1e-9 if backend == "numpy" else 2e-2
     rng = np.random.default_rng(seed)
-    m = pagedkv.Manager(num_pages, page_size, window_tokens=window, hash_seed=seed, cascade_min_saved_pages=2)
+    # Padded block tables too: the numpy backend also decodes from them
+    # (trtllm_batch_decode_with_kv_cache) and must match the CSR decode bit
+    # for bit.
+    m = pagedkv.Manager(num_pages, page_size, window_tokens=window, hash_seed=seed, cascade_min_saved_pages=2,
+                        block_tables_stride=num_pages)
     system = [list(range(10, 10 + 12)), list(range(50, 50 + 9))]  # two shared system prompts
     waiting, running = [], []  # running: ids in admission order
     target = {}  # request id -> total tokens at which it finishes
     next_id = 1
-    counts = dict(steps=0, rows=0, decode=0, prefill=0, cascade=0, copies=0, preempted=0, forks=0, finished=0)
+    counts = dict(steps=0, rows=0, decode=0, prefill=0, cascade=0, copies=0, preempted=0, forks=0, finished=0,
+                  padded_decode=0, padded_mismatch=0)
     max_err = 0.0
     sm_scale = 1 / math.sqrt(dim)
     wl = window - 1 if window else -1
@@ -329,6 +362,11 @@ def run_loop(backend="numpy", steps=80, seed=1, window=0, num_pages=20, page_siz
             w = be.Decode()
             w.plan(**fi.decode_plan_kwargs(plan, hq, hkv, dim, page_size, to=be.to, sm_scale=sm_scale))
             out = be.host(w.run(be.array(q), be.cache))
+            if backend == "numpy":
+                padded = trtllm_batch_decode_with_kv_cache(q, be.cache, None, bmm1_scale=sm_scale, kv_layout="NHD",
+                                                           **fi.trtllm_decode_kwargs(plan))
+                counts["padded_decode"] += 1
+                counts["padded_mismatch"] += int(not np.array_equal(padded, out))
         elif kind == "prefill":
             w = be.Prefill()
             w.plan(**fi.prefill_plan_kwargs(plan, hq, hkv, dim, page_size, to=be.to, sm_scale=sm_scale))
@@ -370,7 +408,7 @@ def run_loop(backend="numpy", steps=80, seed=1, window=0, num_pages=20, page_siz
             print("step %d: %s %d rows, max error %.2e" % (counts["steps"], kind, plan.nnz, max_err))
 
     counts["max_error"] = max_err
-    counts["ok"] = max_err <= tol
+    counts["ok"] = max_err <= tol and counts["padded_mismatch"] == 0
     counts["stats"] = m.stats()
     m.close()
     return counts

@@ -208,6 +208,10 @@ OPS = {
         inputs=["q", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap"],
         required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim"]),
+    "trtllm_batch_decode": dict(
+        inputs=["q", "paged_kv_cache", "block_tables", "seq_lens"], outputs=["o"],
+        params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "max_seq_len"],
+        required=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "max_seq_len"]),
     "batch_prefill_paged": dict(
         inputs=["q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap", "causal"],
@@ -269,7 +273,7 @@ def _choice(*options):
 
 PARAM_PARSERS = {
     "page_size": _int(1), "num_qo_heads": _int(1), "num_kv_heads": _int(1), "head_dim": _int(1), "num_heads": _int(1),
-    "head_dim_ckv": _int(1), "head_dim_kpe": _int(0), "nnz": _int(0), "num_levels": _int(1, 64), "window_left": _int(-1),
+    "head_dim_ckv": _int(1), "head_dim_kpe": _int(0), "nnz": _int(0), "max_seq_len": _int(1), "num_levels": _int(1, 64), "window_left": _int(-1),
     "window_size": _int(0), "kv_padding": _int(0), "max_seq": _int(1), "compressed": _choice("0", "1"), "causal": _choice("0", "1"),
     "sm_scale": _float(0.0, strict=True), "k_scale": _float(0.0, strict=True), "v_scale": _float(0.0, strict=True), "logits_soft_cap": _float(), "atol": _float(), "rtol": _float(),
     "kv_layout": _choice("NHD", "HND"), "bitorder": _choice("little", "big"), "mask": _choice(*MASK_KINDS),
@@ -487,6 +491,25 @@ class Checker:
         q, pages = self.attention_common()
         self.page_table("", q.shape[0], pages, self.p["page_size"])
         self.attention_outputs(q.shape[0])
+
+    def check_trtllm_batch_decode(self):
+        q, pages = self.attention_common()
+        bt = self.t("in.block_tables", [IDX], 2)
+        b, cols = q.shape[0], bt.shape[1]
+        if bt.shape[0] != b or cols < 1:
+            self.fail("block_tables has shape %s, want [%d, max_pages >= 1]", bt.shape, b)
+        for k, pg in enumerate(bt.ints()):
+            if not 0 <= pg < pages:  # padding too: a kernel may fetch it
+                self.fail("block_tables[%d][%d] = %d outside the %d pages of the cache", k // cols, k % cols, pg, pages)
+        lens = self.t("in.seq_lens", [IDX], 1).ints()
+        if len(lens) != b:
+            self.fail("seq_lens has length %d, want %d", len(lens), b)
+        for i, n in enumerate(lens):
+            if not 1 <= n <= min(self.p["max_seq_len"], cols * self.p["page_size"]):
+                self.fail("seq_lens[%d] = %d, want 1..min(max_seq_len %d, max_pages %d * page_size %d)",
+                          i, n, self.p["max_seq_len"], cols, self.p["page_size"])
+        self.t("out.o", ["F32"])
+        self.shape("out.o", [b, self.p["num_qo_heads"], self.p["head_dim"]])
 
     def check_batch_prefill_paged(self):
         q, pages = self.attention_common()
@@ -776,6 +799,40 @@ def synthetic_cases(rng):
         "in.q": f16(q, [b, hq, d]), "in.paged_kv_cache": f16(cache, [pages, 2, hkv, ps, d]),
         "in.kv_indptr": i32(ind), "in.kv_indices": i32(idx), "in.kv_last_page_len": i32(last),
         "out.o": f32(o, [b, hq, d]), "out.lse": f32(lse_out, [b, hq])}
+
+    # trtllm_batch_decode: the padded contract (HND f16 cache, GQA 2, a
+    # window), rows padded with page 0 as pagedkv's Plan.BlockTables are,
+    # keys read through block_tables alone
+    b, hkv, g, d, ps, cols = 3, 2, 2, 8, 4, 5
+    hq = hkv * g
+    lens = [rng.randrange(1, cols * ps + 1) for _ in range(b)]
+    ind, idx, _, pages = _paged(rng, lens, ps)
+    table = []
+    for req in range(b):
+        row = idx[ind[req]:ind[req + 1]]
+        table += row + [0] * (cols - len(row))
+    cache = [_r16(rng.uniform(-1, 1)) for _ in range(pages * 2 * hkv * ps * d)]
+    q = [_r16(rng.uniform(-1, 1)) for _ in range(b * hq * d)]
+    scale, window = 0.35, 9
+
+    def kv_bt(req, t, kv, h, f):  # HND: [pages, 2, H, N, D], page from the padded row
+        page = table[req * cols + t // ps]
+        return cache[(((page * 2 + kv) * hkv + h) * ps + t % ps) * d + f]
+
+    o = []
+    for req in range(b):
+        keys = [t for t in range(lens[req]) if t >= lens[req] - 1 - window]
+        for h in range(hq):
+            logits = [scale * sum(q[(req * hq + h) * d + f] * kv_bt(req, t, 0, h // g, f) for f in range(d)) for t in keys]
+            m = max(logits)
+            z = sum(math.exp(x - m) for x in logits)
+            o += [sum(math.exp(logits[k] - m) / z * kv_bt(req, t, 1, h // g, f) for k, t in enumerate(keys)) for f in range(d)]
+    yield "py_trtllm_batch_decode", {
+        "op": "trtllm_batch_decode", "kv_layout": "HND", "page_size": str(ps), "num_qo_heads": str(hq),
+        "num_kv_heads": str(hkv), "head_dim": str(d), "sm_scale": str(scale), "window_left": str(window),
+        "max_seq_len": str(cols * ps), "atol": "1e-4", "rtol": "1e-4"}, {
+        "in.q": f16(q, [b, hq, d]), "in.paged_kv_cache": f16(cache, [pages, 2, hkv, ps, d]),
+        "in.block_tables": i32(table, [b, cols]), "in.seq_lens": i32(lens), "out.o": f32(o, [b, hq, d])}
 
     # append_paged_kv_cache (NHD, f32): a copy
     h, d, ps = 2, 4, 4
@@ -1124,6 +1181,28 @@ def flashinfer_cases(seed, count, dtype_name):
         yield "batch_decode_" + tag, dict(common, op="batch_decode", window_left=str(window), logits_soft_cap=repr(cap)), {
             "in.q": to_tensor(q), "in.paged_kv_cache": to_tensor(cache), "in.kv_indptr": to_tensor(ind), "in.kv_indices": to_tensor(idx),
             "in.kv_last_page_len": to_tensor(last), "out.o": out_f32(o), "out.lse": out_f32(lse)}
+
+        # the same decode in the padded contract (trtllm-gen on sm_100,
+        # XQA on sm_90/sm_120; skipped where FlashInfer has neither):
+        # rows padded with page 0 and one spare column, as Plan.BlockTables
+        ind_l, idx_l = ind.tolist(), idx.tolist()
+        cols = max(ind_l[i + 1] - ind_l[i] for i in range(B)) + 1
+        bt = [0] * (B * cols)
+        for i in range(B):
+            row = idx_l[ind_l[i]:ind_l[i + 1]]
+            bt[i * cols:i * cols + len(row)] = row
+        bt = ivec(bt).reshape(B, cols)
+        try:
+            o = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+                q, cache, ws, bt, seq_lens, cols * ps, bmm1_scale=sm_scale, bmm2_scale=1.0, window_left=window,
+                kv_layout=layout)
+        except Exception as e:  # noqa: BLE001: an architecture or shape FlashInfer does not build
+            print("trtllm_batch_decode_%s skipped: %s" % (tag, e), file=sys.stderr)
+        else:
+            yield "trtllm_batch_decode_" + tag, dict(common, op="trtllm_batch_decode", window_left=str(window),
+                                                     max_seq_len=str(cols * ps)), {
+                "in.q": to_tensor(q), "in.paged_kv_cache": to_tensor(cache), "in.block_tables": to_tensor(bt),
+                "in.seq_lens": to_tensor(seq_lens), "out.o": out_f32(o)}
 
         # batch prefill over the same cache: the last qo_len tokens of each request
         qo = [rng.randrange(0, n + 1) for n in seq]

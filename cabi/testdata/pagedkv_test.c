@@ -4,6 +4,9 @@
 // change nothing (stats, every request's state, tokens and pages, the
 // pending flag, and the last plan's arrays are compared before and after).
 //
+// padded() runs 10^4 randomized steps and checks every plan's padded
+// block_tables against its CSR arrays.
+//
 // Built and run by scripts/cabi.sh (and by the Go test in cabi/), once
 // against libpagedkv.so and once against libpagedkv.a:
 //   gcc -std=c11 -Wall -Werror -I cabi cabi/testdata/pagedkv_test.c -L DIR -lpagedkv
@@ -1062,6 +1065,128 @@ static void step_buffers(void) {
 	free(mem); /* after unbind (or destroy) the library never touches it */
 }
 
+// ---- Padded block tables (pagedkv_get_block_tables) ----
+
+// padded runs 10^4 randomized steps (adds with shared prompt families,
+// chunked prefill, decode, preemption under a small pool, resume, aborted
+// steps, releases) on a sliding-window manager with block_tables_stride
+// 16, and after every reserve checks that each row of block_tables names
+// the plan's kv_page_indices of that request in order, padded with
+// PAGEDKV_BLOCK_TABLES_PAD, and that seq_lens covers exactly the row.
+static uint64_t lcg = 12345;
+static uint32_t rnd(uint32_t n) {
+	lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (uint32_t)(lcg >> 33) % n;
+}
+
+static void padded(void) {
+	enum { STRIDE = 16, PS = 4, LIVE = 6 };
+	pagedkv_config cfg = {.num_pages = 20, .page_size = PS, .window_tokens = 10, .hash_seed = 1, .block_tables_stride = STRIDE};
+	pagedkv_manager m = 0;
+	OK(pagedkv_create(&cfg, sizeof cfg, &m));
+	uint64_t live[LIVE];
+	int nlive = 0, steps = 0, refused = 0, preempted = 0;
+	uint64_t next = 1;
+	pagedkv_plan plan;
+	pagedkv_block_tables bt;
+	while (steps < 10000) {
+		if (nlive < LIVE && rnd(3) == 0) {
+			int32_t prompt[40];
+			int n = 1 + (int)rnd(40), fam = (int)rnd(3);
+			for (int i = 0; i < n; i++) {
+				prompt[i] = fam * 100 + i;
+			}
+			pagedkv_request req = {0};
+			req.prompt = prompt;
+			req.prompt_len = n;
+			OK(pagedkv_add(m, next, &req, NULL));
+			live[nlive++] = next++;
+			continue;
+		}
+		uint64_t ids[LIVE];
+		int32_t nt[LIVE];
+		int n = 0;
+		for (int i = 0; i < nlive; i++) {
+			pagedkv_request_state st;
+			OK(pagedkv_get_request_state(m, live[i], &st));
+			if (!st.running) {
+				if (rnd(4) == 0 && pagedkv_resume(m, live[i], NULL) == PAGEDKV_OK) {
+					continue;
+				}
+				continue;
+			}
+			if (st.num_tokens > st.computed) {
+				ids[n] = live[i];
+				nt[n++] = 1 + (int32_t)rnd((uint32_t)(st.num_tokens - st.computed < 8 ? st.num_tokens - st.computed : 8));
+			}
+		}
+		if (n == 0) {
+			if (nlive > 0) { // nothing to run: finish the oldest
+				OK(pagedkv_release(m, live[0]));
+				live[0] = live[--nlive];
+			}
+			continue;
+		}
+		int32_t rc = pagedkv_reserve(m, ids, nt, n, &plan);
+		if (rc == PAGEDKV_ERR_OUT_OF_PAGES) {
+			OK(pagedkv_preempt(m, ids[rnd((uint32_t)n)]));
+			preempted++;
+			continue;
+		}
+		if (rc == PAGEDKV_ERR_BAD_ARGUMENT) { // more pages than the stride
+			CHECK(strstr(pagedkv_last_error(), "more than Config.BlockTablesStride = 16") != NULL, "reserve: %s", pagedkv_last_error());
+			OK(pagedkv_release(m, ids[0]));
+			for (int i = 0; i < nlive; i++) {
+				if (live[i] == ids[0]) {
+					live[i] = live[--nlive];
+					break;
+				}
+			}
+			refused++;
+			continue;
+		}
+		OK(rc);
+		OK(pagedkv_get_block_tables(m, 0, &bt, sizeof bt));
+		CHECK(bt.stride == STRIDE && bt.max_seq_len == STRIDE * PS && bt.block_tables.len == (int64_t)n * STRIDE,
+		      "step %d: block_tables len %lld stride %lld max_seq_len %lld", steps, (long long)bt.block_tables.len,
+		      (long long)bt.stride, (long long)bt.max_seq_len);
+		for (int b = 0; b < n && bt.block_tables.len == (int64_t)n * STRIDE; b++) {
+			const int32_t *row = bt.block_tables.data + b * STRIDE;
+			int32_t lo = plan.kv_indptr.data[b], hi = plan.kv_indptr.data[b + 1];
+			for (int32_t l = 0; l < STRIDE; l++) {
+				int32_t want = l < hi - lo ? plan.kv_page_indices.data[lo + l] : PAGEDKV_BLOCK_TABLES_PAD;
+				CHECK(row[l] == want, "step %d request %d: block_tables[%d] = %d, want %d", steps, b, l, row[l], want);
+			}
+			CHECK((plan.seq_lens.data[b] + PS - 1) / PS == hi - lo, "step %d request %d: seq_lens %d for %d pages", steps,
+			      b, plan.seq_lens.data[b], hi - lo);
+		}
+		steps++;
+		if (rnd(10) == 0) {
+			OK(pagedkv_abort(m));
+			continue;
+		}
+		int32_t sampled[LIVE];
+		for (int b = 0; b < n; b++) {
+			pagedkv_request_state st;
+			OK(pagedkv_get_request_state(m, ids[b], &st));
+			sampled[b] = (st.computed + nt[b] == st.num_tokens && st.num_tokens < 60) ? (int32_t)rnd(90) : -1;
+		}
+		OK(pagedkv_commit(m, sampled, n));
+		for (int i = 0; i < nlive; i++) {
+			pagedkv_request_state st;
+			OK(pagedkv_get_request_state(m, live[i], &st));
+			if (st.running && st.num_tokens >= 60 && st.computed == st.num_tokens) {
+				OK(pagedkv_release(m, live[i]));
+				live[i--] = live[--nlive];
+			}
+		}
+	}
+	CHECK(preempted > 0, "no preemption in %d steps", steps);
+	OK(pagedkv_audit(m));
+	OK(pagedkv_destroy(m));
+	printf("padded block tables: %d steps checked, %d preemptions, %d refused past the stride\n", steps, preempted, refused);
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
@@ -1071,6 +1196,7 @@ int main(void) {
 	hybrid();
 	tiers();
 	hybrid_tiers();
+	padded();
 	sweep();
 	step_buffers();
 	if (failures) {

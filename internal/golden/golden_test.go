@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -25,7 +26,7 @@ func shippedCases(t *testing.T) []*Case {
 	t.Helper()
 	paths, err := Find(shippedDir)
 	require.NoError(t, err)
-	require.GreaterOrEqual(t, len(paths), 50, "the shipped cases are missing from %s", shippedDir)
+	require.GreaterOrEqual(t, len(paths), 55, "the shipped cases are missing from %s", shippedDir)
 	cases := make([]*Case, len(paths))
 	for i, p := range paths {
 		cases[i], err = Load(p)
@@ -70,7 +71,7 @@ func TestShippedCasesOnCPU(t *testing.T) {
 	for _, op := range Ops() {
 		assert.True(t, covered[op], "no shipped case for op %s", op)
 	}
-	assert.Len(t, Ops(), 16, "FORMAT.md defines 16 operations")
+	assert.Len(t, Ops(), 17, "FORMAT.md defines 17 operations")
 }
 
 // Running a case leaves it untouched (the appends write into copies), so a
@@ -356,7 +357,7 @@ func TestFind(t *testing.T) {
 	paths, err := Find(shippedDir, filepath.Join(shippedDir, "packbits_0_00.safetensors"))
 	require.NoError(t, err)
 	assert.True(t, sort.StringsAreSorted(paths))
-	assert.Len(t, paths, 54, "the file named twice is listed once")
+	assert.Len(t, paths, 55, "the file named twice is listed once")
 	_, err = Find(filepath.Join(shippedDir, "no-such-dir"))
 	assert.Error(t, err)
 	_, err = Find(t.TempDir())
@@ -375,14 +376,86 @@ func TestRunFileReportsUnreadableFiles(t *testing.T) {
 // replaced.
 func decodeCaseWith(t *testing.T, key, value string) []byte {
 	t.Helper()
-	f := filepath.Join(shippedDir, "batch_decode_0_00.safetensors")
-	buf, err := os.ReadFile(f)
-	require.NoError(t, err)
-	c, err := Parse(f, buf)
-	require.NoError(t, err)
+	c := shippedCase(t, "batch_decode_0_00")
 	meta := maps.Clone(c.Meta)
 	meta[key] = value
 	out, err := safetensors.Encode(meta, c.Tensors())
 	require.NoError(t, err)
 	return out
+}
+
+// paddedCaseWith is the shipped trtllm_batch_decode case with one
+// parameter set (value "" deletes it) and one I32 input replaced (name ""
+// keeps them all).
+func paddedCaseWith(t *testing.T, key, value, name string, ints []int32) []byte {
+	t.Helper()
+	c := shippedCase(t, "seed_padded_trtllm_decode")
+	meta := maps.Clone(c.Meta)
+	if value == "" {
+		delete(meta, key)
+	} else {
+		meta[key] = value
+	}
+	tensors := c.Tensors()
+	for i, tn := range tensors {
+		if tn.Name == name {
+			tensors[i] = safetensors.I32Tensor(name, tn.Shape, ints)
+		}
+	}
+	out, err := safetensors.Encode(meta, tensors)
+	require.NoError(t, err)
+	return out
+}
+
+// The padded-table decode refuses what FlashInfer's contract forbids,
+// naming the value, and a wrong row order fails the comparison.
+func TestPaddedDecodeCaseRefusals(t *testing.T) {
+	c := shippedCase(t, "seed_padded_trtllm_decode")
+	var bt, lens []int32
+	var err error
+	for _, tn := range c.Tensors() {
+		switch tn.Name {
+		case "in.block_tables":
+			bt, err = tn.Int32s()
+		case "in.seq_lens":
+			lens, err = tn.Int32s()
+		}
+		require.NoError(t, err)
+	}
+	pad := slices.Clone(bt)
+	pad[len(pad)-1] = 1 << 20
+	long := slices.Clone(lens)
+	long[0] = 21
+	swapped := slices.Clone(bt)
+	swapped[0], swapped[5] = swapped[5], swapped[0] // rows 0 and 1 trade their first page
+	r := &Runner{Backend: cpu.New(cpu.Config{})}
+	for name, tc := range map[string]struct {
+		buf  []byte
+		want string
+	}{
+		"as shipped":       {paddedCaseWith(t, "", "", "", nil), "PASS x"},
+		"no kv_layout":     {paddedCaseWith(t, "kv_layout", "", "", nil), "parameter kv_layout = \"\": required for trtllm_batch_decode"},
+		"padding off pool": {paddedCaseWith(t, "", "", "in.block_tables", pad), "= 1048576 is not a page of the"},
+		"past max_seq_len": {paddedCaseWith(t, "", "", "in.seq_lens", long), "seq_lens[0] = 21, want 1..max_seq_len = 20"},
+		"rows swapped":     {paddedCaseWith(t, "", "", "in.block_tables", swapped), "FAIL x max_abs="},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := Parse("x", tc.buf)
+			require.NoError(t, err)
+			res := r.Run(c)
+			assert.Contains(t, res.String(), tc.want)
+			assert.Equal(t, strings.HasPrefix(tc.want, "PASS"), res.Passed(), res.String())
+		})
+	}
+}
+
+// shippedCase parses testdata/golden/name.safetensors.
+func shippedCase(t *testing.T, name string) *Case {
+	t.Helper()
+	f := filepath.Join(shippedDir, name+".safetensors")
+	buf, err := os.ReadFile(f)
+	require.NoError(t, err)
+	c, err := Parse(f, buf)
+	require.NoError(t, err)
+	return c
 }

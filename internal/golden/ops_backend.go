@@ -6,6 +6,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/safetensors"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/ragged"
 )
 
 // Operations that run on a kernels.Backend. Every float output is requested
@@ -37,6 +38,17 @@ func init() {
 		params:  attentionParams,
 		backend: true,
 		run:     runDecode,
+	})
+	// FlashInfer's trtllm_batch_decode_with_kv_cache (trtllm-gen, XQA): the
+	// padded contract, block_tables [B, max_pages] and seq_lens [B]. One
+	// query row per request; no LSE; no soft cap. kv_layout is required
+	// (FlashInfer's default for this call is HND, the format's NHD).
+	register("trtllm_batch_decode", &opSpec{
+		inputs:  []string{"q", "paged_kv_cache", "block_tables", "seq_lens"},
+		outputs: []string{"o"},
+		params:  []string{"kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "max_seq_len"},
+		backend: true,
+		run:     runTRTLLMDecode,
 	})
 	register("batch_prefill_paged", &opSpec{
 		inputs:  []string{"q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"},
@@ -294,6 +306,63 @@ func runDecode(x *exec) (map[string]safetensors.Tensor, error) {
 		return nil, err
 	}
 	return stateOutputs("o", p.O, "lse", p.LSE), nil
+}
+
+// runTRTLLMDecode runs a padded-table decode as an engine holding only
+// block_tables and seq_lens would on a CSR backend: request b's keys are
+// the first seq_lens[b] slots of the pages block_tables[b,
+// :ceil(seq_lens[b]/page_size)] (ragged.BlockTables.ToPagedKV); the
+// padding past them is never read but must name pages of the cache.
+func runTRTLLMDecode(x *exec) (map[string]safetensors.Tensor, error) {
+	if _, ok := x.p.meta["kv_layout"]; !ok {
+		return nil, x.p.bad("kv_layout", "", `required for trtllm_batch_decode ("HND" is FlashInfer's default for it, "NHD" the format's)`)
+	}
+	q, cache, a, err := x.attention()
+	if err != nil {
+		return nil, err
+	}
+	maxSeqLen, err := x.p.intReq("max_seq_len")
+	if err != nil {
+		return nil, err
+	}
+	bt := x.tensor("in.block_tables")
+	b := q.Shape[0]
+	if bt.DType != safetensors.I32 || len(bt.Shape) != 2 || bt.Shape[0] != b || bt.Shape[1] < 1 {
+		return nil, badTensor(bt, "want I32 [%d, max_pages >= 1] (one row per query)", b)
+	}
+	data, err := bt.Int32s()
+	if err != nil {
+		return nil, err
+	}
+	for i, id := range data {
+		if id < 0 || int(id) >= cache.Geometry.NumPages {
+			return nil, badTensor(bt, "entry [%d, %d] = %d is not a page of the %d-page cache (padding too: a kernel may fetch it)",
+				i/bt.Shape[1], i%bt.Shape[1], id, cache.Geometry.NumPages)
+		}
+	}
+	seqLens, err := x.indices("in.seq_lens")
+	if err != nil {
+		return nil, err
+	}
+	if len(seqLens) != b {
+		return nil, badTensor(x.tensor("in.seq_lens"), "want %d entries, one per query", b)
+	}
+	for i, n := range seqLens {
+		if n < 1 || int(n) > maxSeqLen {
+			return nil, badTensor(x.tensor("in.seq_lens"), "seq_lens[%d] = %d, want 1..max_seq_len = %d", i, n, maxSeqLen)
+		}
+	}
+	indptr, indices, last, err := ragged.BlockTables{Rows: b, Cols: bt.Shape[1], Data: data}.ToPagedKV(seqLens, cache.Geometry.PageSize)
+	if err != nil {
+		return nil, fmt.Errorf("%w: block_tables and seq_lens: %w", ErrBadCase, err)
+	}
+	hq, d := q.Shape[1], q.Shape[2]
+	p := kernels.DecodeParams{Q: q, Cache: cache, Table: kernels.PageTable{KVIndptr: indptr, KVPageIndices: indices, KVLastPageLen: last},
+		AttentionParams: a, O: kernels.NewTensor(layout.F32, b, hq, d)}
+	if err := x.b.BatchDecode(&p); err != nil {
+		return nil, err
+	}
+	return map[string]safetensors.Tensor{"o": outTensor("o", p.O)}, nil
 }
 
 func runPrefill(x *exec) (map[string]safetensors.Tensor, error) {

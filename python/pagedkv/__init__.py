@@ -403,7 +403,7 @@ class StalePlan(PagedKVError):
 # The fields of a Plan, in the order _make_plan stores them.
 _PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices", "kv_last_page_len",
-                "seq_lens", "cascade", "query_rows") + _ffi.GROUP_PLAN_ARRAYS
+                "seq_lens", "cascade", "query_rows", "block_tables", "max_seq_len") + _ffi.GROUP_PLAN_ARRAYS
 
 
 # Each field's type and meaning (the docstring of its property; the class
@@ -520,6 +520,12 @@ class Plan(_Stepped):
     holds plan row query_rows[r]. drafts [B]: how many of request b's rows
     (its last ones) are draft tokens (reserve_spec; zeros otherwise).
     request_ids: the ids the step was reserved for (an owned copy).
+    block_tables [B, block_tables_stride] (None unless the Manager was made
+    with block_tables_stride > 0): the same page table padded for
+    trtllm-gen, XQA and cuDNN decode, row b = request b's kv_page_indices
+    then 0; with seq_lens and max_seq_len (block_tables_stride * page_size,
+    fixed for CUDA graphs; None without tables). See
+    pagedkv.flashinfer.trtllm_decode_kwargs.
 
     A group's plan of a HybridManager also has cascade_window_left
     [len(cascade)] (each level's window_left; None when flat) and, for a
@@ -672,6 +678,8 @@ class _Core:
         self._views = [[None] * n for n in views]
         self._i64 = ctypes.c_int64(0)
         self._state = _ffi.RequestState()
+        self._bt = _ffi.BlockTables()
+        self._block_tables_stride = 0
 
     # -- the call lock --
 
@@ -870,10 +878,11 @@ class _Core:
             v = views[i] = (data, cap, self._base(data, cap))
         return v[2][:n]
 
-    def _read_plan(self, w, base, views, ids, extra):
-        """The Plan whose pagedkv_plan starts at word base of w (the words
-        of the reserve that just succeeded; the caller holds the lock);
-        extra are the values of the hybrid fields."""
+    def _read_plan(self, w, base, views, ids, extra, group=0):
+        """The Plan of group (0 for a dense Manager) whose pagedkv_plan
+        starts at word base of w (the words of the reserve that just
+        succeeded; the caller holds the lock); extra are the values of the
+        hybrid fields."""
         n_arrays = len(_ffi.PLAN_ARRAYS)
         k = base + 3 + 3 * n_arrays  # num_levels, levels, then drafts
         (copies, qo_indptr, batch_indices, positions, token_ids, token_positions, kv_indptr,
@@ -890,9 +899,15 @@ class _Core:
         p = Plan.__new__(Plan)
         p._manager, p._generation = self, self._generation
         # In _PLAN_FIELDS order.
+        block_tables = max_seq_len = None
+        if self._block_tables_stride:
+            bt = self._bt
+            self._check(self._lib.pagedkv_get_block_tables(self._handle, group, ctypes.byref(bt), ctypes.sizeof(bt)))
+            block_tables = self._view(bt.block_tables).reshape(-1, bt.stride)
+            max_seq_len = bt.max_seq_len
         p._values = (ids, w[base], w[base + 1], w[base + 2], copies.reshape(-1, 3), drafts, qo_indptr,
                      batch_indices, positions, token_ids, token_positions, kv_indptr, kv_page_indices,
-                     kv_last_page_len, seq_lens, cascade, query_rows) + extra
+                     kv_last_page_len, seq_lens, cascade, query_rows, block_tables, max_seq_len) + extra
 
         return p
 
@@ -1125,10 +1140,11 @@ class Manager(_Core):
 
     Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
     window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages, memory_limit (0 means the Go default wherever
-    Go has one; memory_limit bounds the bytes the configuration asks for,
-    0 = this machine's physical memory: above it the constructor raises
-    BadConfig naming the bytes needed and the limit);
+    cascade_min_saved_pages, memory_limit, block_tables_stride (0 means the
+    Go default wherever Go has one; memory_limit bounds the bytes the
+    configuration asks for, 0 = this machine's physical memory: above it the
+    constructor raises BadConfig naming the bytes needed and the limit;
+    block_tables_stride > 0 gives every plan block_tables, see Plan);
     tiers (a Tiers: Config.Tiers) and events (an Events, or True: KV cache
     events drained with drain_events()); busy_timeout (seconds, see the
     busy_timeout property: 0 raises Busy at once, None waits).
@@ -1136,12 +1152,12 @@ class Manager(_Core):
 
     def __init__(self, num_pages: int, page_size: int, *, window_tokens: int = 0, priorities: int = 0,
                  max_pinned_pages: int = 0, hash_seed: int = 0, cascade_min_saved_pages: int = 0, memory_limit: int = 0,
-                 tiers: Optional[Tiers] = None, events: Union[Events, bool, None] = None,
+                 block_tables_stride: int = 0, tiers: Optional[Tiers] = None, events: Union[Events, bool, None] = None,
                  busy_timeout: Optional[float] = 0) -> None:
         lib = _load()
         busy_timeout = _timeout("Manager", busy_timeout)
         cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages, memory_limit)
+                      cascade_min_saved_pages, memory_limit, block_tables_stride)
         opts, keep = _options("Manager", tiers, events)
         h = ctypes.c_uint64(0)
         rc = lib.pagedkv_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), opts, ctypes.sizeof(_ffi.Options),
@@ -1150,6 +1166,7 @@ class Manager(_Core):
             _raise(lib, rc)
         self._init(lib, h.value, num_pages, page_size, _ffi.PLAN_WORDS, [len(_ffi.PLAN_ARRAYS) + 1], busy_timeout)
         self._host_memory = keep  # the caller's host memory lives as long as the Manager
+        self._block_tables_stride = cfg.block_tables_stride
 
     @_exclusive
     def reserve(self, request_ids: Ints, ntokens: Ints) -> Plan:
@@ -1233,12 +1250,12 @@ class HybridManager(_Core):
 
     def __init__(self, num_pages: int, page_size: int, groups: Sequence[Union[LayerGroup, Dict[str, Any]]], *,
                  priorities: int = 0, hash_seed: int = 0, cascade_min_saved_pages: int = 0, max_pinned_pages: int = 0,
-                 memory_limit: int = 0, tiers: Optional[Tiers] = None, events: Union[Events, bool, None] = None,
-                 busy_timeout: Optional[float] = 0) -> None:
+                 memory_limit: int = 0, block_tables_stride: int = 0, tiers: Optional[Tiers] = None,
+                 events: Union[Events, bool, None] = None, busy_timeout: Optional[float] = 0) -> None:
         lib = _load()
         busy_timeout = _timeout("HybridManager", busy_timeout)
         cfg = _config("HybridManager", num_pages, page_size, 0, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages, memory_limit)
+                      cascade_min_saved_pages, memory_limit, block_tables_stride)
         if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
             raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
         specs = (_ffi.LayerGroup * max(len(groups), 1))()
@@ -1275,6 +1292,7 @@ class HybridManager(_Core):
         """The groups' kinds, in group order."""
         self._groups_addr = self._plan_addr + 8 * 3
         self._host_memory = keep
+        self._block_tables_stride = cfg.block_tables_stride
 
     @property
     def num_groups(self) -> int:
@@ -1310,7 +1328,7 @@ class HybridManager(_Core):
             views = self._views[1 + g]
             extra = [self._array(w, base + _ffi.PLAN_WORDS + 3 * j, views, n_plan + j)
                      for j in range(len(_ffi.GROUP_PLAN_ARRAYS))]
-            p = self._read_plan(w, base, views, ids, ())
+            p = self._read_plan(w, base, views, ids, (), g)
             if p._values[_PLAN_FIELDS.index("cascade")] is None:
                 extra[0] = None
             if kind != "chunked":
@@ -1644,15 +1662,16 @@ def _timeout(op: str, seconds: Any) -> Optional[float]:
 
 
 def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-            cascade_min_saved_pages, memory_limit):
+            cascade_min_saved_pages, memory_limit, block_tables_stride):
     """A checked pagedkv_config."""
     vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
                 max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages,
-                memory_limit=memory_limit)
+                memory_limit=memory_limit, block_tables_stride=block_tables_stride)
     for name, v in vals.items():
         _scalar(v, _I64, op, name)
     return _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
-                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages, memory_limit)
+                       _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages, memory_limit,
+                       block_tables_stride)
 
 
 def _reserve_args(op, request_ids, ntokens):

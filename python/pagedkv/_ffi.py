@@ -24,6 +24,7 @@ class Config(ctypes.Structure):
         ("hash_seed", ctypes.c_uint64),
         ("cascade_min_saved_pages", ctypes.c_int64),
         ("memory_limit", ctypes.c_int64),
+        ("block_tables_stride", ctypes.c_int64),
     ]
 
 
@@ -84,6 +85,10 @@ class Plan(ctypes.Structure):
         + [(name, Array) for name in PLAN_ARRAYS]
         + [("num_levels", ctypes.c_int64), ("levels", ctypes.POINTER(Level)), ("drafts", Array)]
     )
+
+
+class BlockTables(ctypes.Structure):
+    _fields_ = [("block_tables", Array), ("stride", ctypes.c_int64), ("max_seq_len", ctypes.c_int64)]
 
 
 GROUP_KINDS = ("full", "sliding", "chunked", "mla")  # PAGEDKV_GROUP_* in order
@@ -292,6 +297,7 @@ def _declare(lib):
         "pagedkv_truncate": (i32, [u64, u64, i64]),
         "pagedkv_abort": (i32, [u64]),
         "pagedkv_get_stats": (i32, [u64, ctypes.POINTER(Stats), sz]),
+        "pagedkv_get_block_tables": (i32, [u64, i64, ctypes.POINTER(BlockTables), sz]),
         "pagedkv_audit": (i32, [u64]),
         "pagedkv_evict": (i32, [u64, i64, ctypes.POINTER(i64)]),
         "pagedkv_pin": (i32, [u64, ctypes.POINTER(Namespace), vp, i64, ctypes.POINTER(u64), ctypes.POINTER(i64)]),

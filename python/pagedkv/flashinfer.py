@@ -32,12 +32,23 @@ group's is the dense choice with the group's window_left; a cascade passes
 the group's window_left to every level, which is exact (pagedkv only
 shares keys every row of a level sees in full, see docs/manager.md,
 "Cascade with windows").
+
+The padded contract of FlashInfer's fastest decode backends needs a
+Manager made with block_tables_stride > 0 (plan.block_tables):
+
+    flashinfer.decode.trtllm_batch_decode_with_kv_cache(q, kv_cache, workspace, **trtllm_decode_kwargs(plan))
+    flashinfer.cudnn_batch_decode_with_kv_cache(q, k_cache, v_cache, scale, workspace, **cudnn_decode_kwargs(plan))
+
+block_tables and seq_lens name the same pages as the CSR arrays (a
+sliding window's released pages are in neither; docs/pagetable.md,
+"Padded block tables"); max_seq_len is block_tables_stride * page_size,
+the same every step, so a CUDA graph can replay the call.
 """
 
 from . import BadArgument
 
 __all__ = ["decode_plan_kwargs", "prefill_plan_kwargs", "cascade_plan_kwargs", "append_kwargs", "attention_kind",
-           "group_attention_kwargs", "hybrid_plan_kwargs"]
+           "group_attention_kwargs", "hybrid_plan_kwargs", "trtllm_decode_kwargs", "cudnn_decode_kwargs"]
 
 
 def _identity(a):
@@ -161,3 +172,57 @@ def hybrid_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, *,
     """group_attention_kwargs of every group of a HybridPlan, in group order."""
     return [group_attention_kwargs(g, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **dict(extra))
             for g in plan.groups]
+
+
+def _padded(plan, op):
+    """plan's block_tables, refusing a plan without them or whose attention
+    is not its page table (a chunked group's)."""
+    if plan.block_tables is None:
+        raise BadArgument("pagedkv: %s: the plan has no block_tables; make the Manager with block_tables_stride > 0"
+                          % op)
+    if plan.attn_qo_indptr is not None:
+        raise BadArgument("pagedkv: %s: a chunked group's attention is its attn_* arrays (batch prefill), "
+                          "not its page table" % op)
+    return plan.block_tables
+
+
+def trtllm_decode_kwargs(plan, *, to=_identity, **extra):
+    """trtllm_batch_decode_with_kv_cache(query, kv_cache, workspace_buffer,
+    **kw) (backend trtllm-gen or xqa): block_tables [B, stride], seq_lens
+    [B], max_seq_len, window_left, and the query layout: q_len_per_req when
+    every request has the same number of rows (1 for decode, 1 + drafts for
+    uniform speculative steps), else max_q_len and cum_seq_lens_q (the
+    plan's qo_indptr; trtllm-gen only). kv_layout is FlashInfer's default,
+    HND; pass kv_layout="NHD" for an NHD cache."""
+    bt = _padded(plan, "trtllm_decode_kwargs")
+    q = plan.qo_indptr
+    rows = q[1:] - q[:-1]
+    if plan.batch_size == 0 or not bool((rows > 0).all()):
+        raise BadArgument("pagedkv: trtllm_decode_kwargs: qo_indptr %s has a request without query rows"
+                          % (q.tolist(),))
+    kw = dict(block_tables=to(bt), seq_lens=to(plan.seq_lens), max_seq_len=plan.max_seq_len,
+              window_left=plan.window_left)
+    if bool((rows == rows[0]).all()):
+        kw["q_len_per_req"] = int(rows[0])
+    else:
+        kw.update(q_len_per_req=None, max_q_len=int(rows.max()), cum_seq_lens_q=to(q))
+    kw.update(extra)
+    return kw
+
+
+def cudnn_decode_kwargs(plan, *, to=_identity, host=_identity, **extra):
+    """cudnn_batch_decode_with_kv_cache(q, k_cache, v_cache, scale,
+    workspace_buffer, **kw): max_sequence_kv, actual_seq_lens_kv (through
+    host: FlashInfer wants it on the CPU) and block_tables. cuDNN decode has
+    one query row per request and no window: a plan with more rows or a
+    window_left is refused."""
+    bt = _padded(plan, "cudnn_decode_kwargs")
+    q = plan.qo_indptr
+    if plan.batch_size == 0 or not bool(((q[1:] - q[:-1]) == 1).all()):
+        raise BadArgument("pagedkv: cudnn_decode_kwargs: qo_indptr %s is not one row per request" % (q.tolist(),))
+    if plan.window_left >= 0:
+        raise BadArgument("pagedkv: cudnn_decode_kwargs: window_left = %d, but cuDNN decode has no window; use "
+                          "trtllm_decode_kwargs" % plan.window_left)
+    kw = dict(max_sequence_kv=plan.max_seq_len, actual_seq_lens_kv=host(plan.seq_lens), block_tables=to(bt))
+    kw.update(extra)
+    return kw

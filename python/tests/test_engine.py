@@ -1,7 +1,9 @@
 """Randomized engine loops through the Python package.
 
 test_engine_loop_attention runs tools/engine_loop.py (numpy reference
-attention with FlashInfer's signatures, checked against dense attention).
+attention with FlashInfer's signatures, checked against dense attention;
+decode steps also run from the padded block_tables and must agree bit for
+bit).
 test_random_loop_fake_kv drives adds with shared prompts, chunked steps,
 preemption, forks, resume and release with its own random choices, keeps a
 fake K/V store written at the plan's append positions (after the plan's
@@ -29,6 +31,9 @@ def test_engine_loop_attention(seed, window):
     for k in kinds:
         assert r[k] > 0, r
     assert r["preempted"] > 0 and r["forks"] > 0, r
+    # Decode steps also ran trtllm_batch_decode_with_kv_cache over the
+    # plan's padded block_tables, equal bit for bit (r["ok"] requires it).
+    assert r["padded_mismatch"] == 0 and r["padded_decode"] == r["decode"], r
 
 
 def fake(tok, pos):

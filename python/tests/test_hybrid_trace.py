@@ -22,7 +22,7 @@ import pytest
 
 import pagedkv
 from conftest import ROOT, zero_ts
-from test_trace import check_plan, run_op
+from test_trace import check_plan, replay_config, run_op
 
 with open(os.path.join(ROOT, "cabi", "testdata", "hybrid_trace.json")) as f:
     TRACES = json.load(f)["traces"]
@@ -36,7 +36,7 @@ def make(trace):
     groups = [pagedkv.LayerGroup(KINDS[g["kind"]], window_tokens=g.get("window_tokens", 0),
                                  chunk_tokens=g.get("chunk_tokens", 0), num_layers=g["num_layers"])
               for g in trace["groups"]]
-    return pagedkv.HybridManager(groups=groups, events=trace.get("events", False), **trace["config"])
+    return pagedkv.HybridManager(groups=groups, events=trace.get("events", False), **replay_config(trace))
 
 
 def check_group(got, want, where):

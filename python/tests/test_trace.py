@@ -13,6 +13,7 @@ Stats after every operation.
 import json
 import os
 
+import numpy as np
 import pytest
 
 import pagedkv
@@ -25,8 +26,34 @@ PLAN_KEYS = ("copies", "drafts", "qo_indptr", "batch_indices", "positions", "tok
              "kv_page_indices", "kv_last_page_len", "seq_lens")
 
 
+def check_block_tables(plan, where):
+    """plan's padded block_tables (when the replay asked for them) name the
+    pages of its CSR arrays in the same order, padded with 0, and
+    max_seq_len is the stride times the page size."""
+    bt = plan.block_tables
+    if bt is None:
+        return
+    indptr, pages = plan.kv_indptr, plan.kv_page_indices
+    n = indptr[1:] - indptr[:-1]
+    assert bt.shape == (plan.batch_size, bt.shape[1]), where
+    cols = np.arange(bt.shape[1])
+    held = cols[None, :] < n[:, None]
+    assert (bt[~held] == 0).all(), "%s: block_tables padding %s" % (where, bt.tolist())
+    assert bt[held].tolist() == pages[:indptr[-1]].tolist(), "%s: block_tables %s, kv_page_indices %s" % (
+        where, bt.tolist(), pages.tolist())
+    assert plan.max_seq_len % bt.shape[1] == 0 and (plan.seq_lens <= plan.max_seq_len).all(), where
+
+
+def replay_config(trace):
+    """The trace's config, with padded block tables as wide as the pool
+    (never refusing a step, so the replay behaves as the Go run did)."""
+    return {"block_tables_stride": trace["config"]["num_pages"], **trace["config"]}
+
+
 def check_plan(plan, want, where):
-    """plan's arrays, window_left and cascade are want's ("plan", "cascade")."""
+    """plan's arrays, window_left and cascade are want's ("plan", "cascade");
+    its block_tables name the same pages."""
+    check_block_tables(plan, where)
     got = plan_values(plan)
     for k in PLAN_KEYS:
         flat = got[k] if k != "copies" else [x for row in got[k] for x in row]
@@ -81,7 +108,7 @@ def run_op(m, op, pins):
 
 @pytest.mark.parametrize("trace", TRACES, ids=[t["name"] for t in TRACES])
 def test_replay_matches_go(trace):
-    m = pagedkv.Manager(**trace["config"])
+    m = pagedkv.Manager(**replay_config(trace))
     pins = []
     for i, op in enumerate(trace["ops"]):
         want = op["want"]
