@@ -101,8 +101,8 @@ const (
 	appendArity      = 16
 	appendMLAArity   = 15
 	appendQuantArity = 20
-	decodeArity      = 27
-	mergeArity       = 9
+	decodeArity      = 28
+	mergeArity       = 10
 	mergeStateArity  = 11
 	mergeStatesArity = 10
 	mlaDecodeArity   = 20
