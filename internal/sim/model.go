@@ -26,6 +26,28 @@ type Model struct {
 	HeadDim    int          // D, a multiple of 4
 	DType      layout.DType // cache, query and output dtype: f16, bf16 or f32
 	Seed       uint64       // varies every K/V/Q value and sampled token
+	// Sinks gives the model gpt-oss's attention sinks: one learned-like
+	// logit per query head ([Model.SinkLogits]), passed to every attention
+	// as FlashInfer's sinks and included by the dense check.
+	Sinks bool
+}
+
+// SinkLogits returns the model's sink logits, one per query head (nil
+// without Sinks): grid values k/16 in [0.5, 4.5], set by Seed, the same
+// in every layer. gpt-oss learns them per layer and head; one set per
+// head is what a device step takes with its plan (cuda.StepPlan). A sink
+// of e^0.5..e^4.5 weighs as much as a few to ~90 keys of the simulator's
+// logits (|q·k|/sqrt(D) of a few units), so a sink dropped or counted
+// twice moves the outputs far beyond the check's tolerance.
+func (m *Model) SinkLogits() []float32 {
+	if !m.Sinks {
+		return nil
+	}
+	s := make([]float32, m.NumQOHeads)
+	for h := range s {
+		s[h] = 0.5 + float32(mix(m.Seed^uint64(h+1)*golden^kindSink)%65)/16
+	}
+	return s
 }
 
 // Vocab is the size of the simulated vocabulary: tokens are 0..Vocab-1.
@@ -124,6 +146,7 @@ const (
 	kindK = iota + 1
 	kindV
 	kindQ
+	kindSink
 )
 
 // fill writes heads rows of HeadDim grid values for (ctx, layer, kind) into
