@@ -183,7 +183,7 @@ func TestTCDecodeTrapsOnAForeignShape(t *testing.T) {
 	d := NewDriver(0)
 	args := func(headDim, tile, unit uint64) []uint64 {
 		a := make([]uint64, cuda.KernelArity["batch_decode_paged_tc_f16_d128"])
-		a[14], a[25], a[26] = headDim, tile, unit // head_dim, tile, copy_unit (decode_args.cuh)
+		a[13], a[24], a[25] = headDim, tile, unit // head_dim, tile, copy_unit (decode_args.cuh)
 		return a
 	}
 	const k = "batch_decode_paged_tc_f16_d128" // block (32, 2, 1), 32 keys a stage

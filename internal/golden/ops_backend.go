@@ -37,17 +37,17 @@ func init() {
 		inputs:   []string{"q", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"},
 		optional: []string{"sinks"},
 		outputs:  []string{"o", "lse"},
-		params:  attentionParams,
-		backend: true,
-		run:     runDecode,
+		params:   attentionParams,
+		backend:  true,
+		run:      runDecode,
 	})
 	register("batch_prefill_paged", &opSpec{
 		inputs:   []string{"q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"},
 		optional: []string{"sinks"},
 		outputs:  []string{"o", "lse"},
-		params:  append(append([]string{}, attentionParams...), "causal"),
-		backend: true,
-		run:     runPrefill,
+		params:   append(append([]string{}, attentionParams...), "causal"),
+		backend:  true,
+		run:      runPrefill,
 	})
 	register("merge_state", &opSpec{
 		inputs:  []string{"v_a", "s_a", "v_b", "s_b"},

@@ -28,7 +28,7 @@ type verifier struct {
 	// a query sees (one group for a dense model: full, or sliding
 	// WindowTokens).
 	specs      []pagedkv.LayerGroup
-	atol, rtol float64 // |got - want| <= atol + rtol*|want|
+	atol, rtol float64   // |got - want| <= atol + rtol*|want|
 	sinks      []float32 // the model's sink logits (nil: none), rebuilt from the model
 
 	step int // the step being checked, for messages

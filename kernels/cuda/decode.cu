@@ -249,9 +249,8 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
   }
 
   if (threadIdx.z != 0 || !active) return;
-  const float sink_c = partial ? 1.0f : sink_fold(sinks, hq, m, d);  // the sink joins the final state only
   const bool empty = !(d > 0.0f);
-  const float inv_d = empty ? 0.0f : sink_c * rcp_approx(d);
+  const float inv_d = empty ? 0.0f : rcp_approx(d);
   const float out_lse = empty ? neg_inf() : m + log2_approx(d);
   if (partial) {
     const int64_t row = item * num_qo_heads + hq;

@@ -6,28 +6,24 @@
 // stride_page/stride_n/stride_h), the page table, work [items][4] =
 // (q_row, request, kv_begin, kv_end), o [rows, Hq, D] (o_dtype) and lse
 // [rows*Hq] (may be null) when partial == 0, else tmp_o [items, Hq, D] and
-// tmp_lse [items, Hq] (f32) for merge_partial_states; sinks [Hq] (may be
-// null) joins only the final o and lse (sink.cuh). The float scalars
+// tmp_lse [items, Hq] (f32) for merge_partial_states. The float scalars
 // are carried in doubles at the entry point (every argument is 8 bytes)
 // and passed on as floats.
 #ifndef PAGEDKV_DECODE_ARGS_CUH
 #define PAGEDKV_DECODE_ARGS_CUH
 
-#include "sink.cuh"
-
 #define PKV_DECODE_PARAMS(T, SCALAR)                                                                                \
   const void *__restrict__ q, const T *__restrict__ k_data, const T *__restrict__ v_data,                            \
       const int32_t *__restrict__ kv_indptr, const int32_t *__restrict__ kv_indices,                                 \
       const int32_t *__restrict__ kv_last_page_len, const int32_t *__restrict__ work, void *__restrict__ o,          \
-      float *__restrict__ lse, float *__restrict__ tmp_o, float *__restrict__ tmp_lse,                               \
-      const float *__restrict__ sinks, int64_t num_qo_heads,                                                         \
+      float *__restrict__ lse, float *__restrict__ tmp_o, float *__restrict__ tmp_lse, int64_t num_qo_heads,         \
       int64_t num_kv_heads, int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page,             \
       int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, SCALAR q_scale, SCALAR soft_cap,         \
       SCALAR v_scale, int64_t tile, int64_t copy_unit, int64_t partial
 
 // PKV_DECODE_FORWARD passes an entry point's arguments on to its body.
 #define PKV_DECODE_FORWARD                                                                                          \
-  q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, work, o, lse, tmp_o, tmp_lse, sinks, num_qo_heads,     \
+  q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, work, o, lse, tmp_o, tmp_lse, num_qo_heads,            \
       num_kv_heads, head_dim, page_size, num_pages, stride_page, stride_n, stride_h, q_dtype, o_dtype,               \
       float(q_scale), float(soft_cap), float(v_scale), tile, copy_unit, partial
 

@@ -518,11 +518,10 @@ __device__ __forceinline__ void decode_tc_body(PKV_DECODE_PARAMS(typename KV::T,
       den += md[w * 16 + m] * c;
       num += mo[(w * 16 + m) * D + d] * c;
     }
-    const int64_t hq = h * group + m0 + m;
-    const float sink_c = partial ? 1.0f : sink_fold(sinks, hq, mx, den);  // the sink joins the final state only
     const bool empty = !(den > 0.0f);
-    const float inv = empty ? 0.0f : sink_c * rcp_approx(den);
+    const float inv = empty ? 0.0f : rcp_approx(den);
     const float out_lse = empty ? neg_inf() : mx + log2_approx(den);
+    const int64_t hq = h * group + m0 + m;
     if (partial) {
       const int64_t row = item * num_qo_heads + hq;
       tmp_o[row * D + d] = num * inv;

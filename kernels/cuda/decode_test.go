@@ -579,7 +579,7 @@ func TestDecodeKernelSkipsEmptySplitItems(t *testing.T) {
 	tmpO, tmpLSE := alloc(fill(items*D*4, 0x7f)), alloc(fill(items*4, 0x7f))
 	launch := func(partial uint64) {
 		args := []uint64{uint64(q), uint64(k), uint64(v), uint64(indptr), uint64(indices), uint64(last), uint64(work),
-			uint64(o), uint64(lse), uint64(tmpO), uint64(tmpLSE), 0 /* sinks */, 1, 1, D, uint64(g.PageSize), uint64(g.NumPages),
+			uint64(o), uint64(lse), uint64(tmpO), uint64(tmpLSE), 1, 1, D, uint64(g.PageSize), uint64(g.NumPages),
 			uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()), 1, 0, math.Float64bits(0.25), 0,
 			math.Float64bits(1), 32, 16, partial}
 		// vec 1 for head_dim 32; block (32 lanes, 1 head, 8 token warps); 4 tiles of 32 rows of 64 bytes + merge area

@@ -101,7 +101,7 @@ const (
 	appendArity      = 16
 	appendMLAArity   = 15
 	appendQuantArity = 20
-	decodeArity      = 28
+	decodeArity      = 27
 	mergeArity       = 10
 	mergeStateArity  = 11
 	mergeStatesArity = 10

@@ -12,10 +12,13 @@ namespace pkv {
 // sink_fold folds query head hq's sink into the finished state (m, d) of a
 // whole row (base-2 maximum m, denominator d, o = acc / d): one more key of
 // logit sinks[hq]*log2(e) and value zero. It returns the factor the
-// unnormalised accumulator is rescaled by (1 without sinks). A kernel calls
-// it only where it writes the final o and lse, never on a split-KV partial
-// state: merge_partial_states folds the sink there instead, so a sink is
-// counted once however the keys are split.
+// unnormalised accumulator is rescaled by (1 without sinks). The tiled
+// prefill calls it only where it writes the final o and lse, never on a
+// split-KV partial state: merge_partial_states folds the sink there
+// instead, so a sink is counted once however the keys are split. The
+// decode kernels take no sinks (a fold at their end pushed the CUDA-core
+// v8 fp8 entries past 64 registers into spills): a step with sinks always
+// merges their states, one per row at least, with merge_partial_states.
 __device__ __forceinline__ float sink_fold(const float* __restrict__ sinks, int64_t hq, float& m, float& d) {
   if (sinks == nullptr) return 1.0f;
   const float s = sinks[hq] * kLog2e;

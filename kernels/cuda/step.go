@@ -577,7 +577,7 @@ func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode 
 	}
 	lim := schedLimits{CTAsPerItem: g.NumKVHeads * s.shape.gz, Slots: max(s.b.drv.NumSMs(), 1) * s.shape.resident,
 		Tile: s.shape.tile, MinChunk: s.shape.minChunk, Capacity: s.lim.MaxWorkItems, Force: s.b.cfg.MaxChunkTokens,
-		Merge: s.fixedSplit}
+		Merge: s.fixedSplit || s.ap.Sinks != nil}
 	if s.lim.Fixed && !s.fixedSplit {
 		lim.Force = -1 // one item per row: the grid is MaxRows items
 	}
@@ -585,8 +585,12 @@ func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode 
 		return fmt.Errorf("%s: step: %v: %w", s.b.name, err, ErrStepLimit)
 	}
 	sc := &s.sched
-	if s.fixedSplit { // empty items up to the capacity; padding rows merge no item
-		for sc.items() < s.lim.MaxWorkItems {
+	if s.lim.Fixed && sc.merge != nil { // empty items up to the fixed grid; padding rows merge no item
+		n := s.lim.MaxRows // sinks without split-KV: one item per row, merged
+		if s.fixedSplit {
+			n = s.lim.MaxWorkItems
+		}
+		for sc.items() < n {
 			sc.work = append(sc.work, 0, int32(s.lim.MaxBatch), 0, 0)
 		}
 		for range s.lim.MaxRows - rows {
@@ -798,6 +802,8 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 // runLevel launches the decode kernel (the tiled prefill kernel for a level
 // planned for it) over one planned level (and the
 // split-k merge when the level is split) writing o (dtype oDT) and lse.
+// sinks (0: none) join once: the decode kernels take none, so a plan with
+// sinks always merges (planLevel) and merge_partial_states folds them in.
 func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse, sinks uint64, vScale float64) error {
 	if lv.tc {
 		return s.runPrefillLevel(cache, lv, q, o, oDT, lse, sinks, vScale)
@@ -806,6 +812,9 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 	D := g.HeadDim
 	qCode, oCode, qScale := s.launchScalars(q.DType, oDT)
 	partial := lv.merge >= 0
+	if sinks != 0 && !partial {
+		return fmt.Errorf("%s: attention: %w: sinks on a level planned without a merge", s.b.name, ErrNotPlanned)
+	}
 	var tmpO, tmpLSE uint64
 	if partial {
 		tmpO = uint64(s.scratch)
@@ -818,7 +827,7 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 	a := append(s.args[:0],
 		uint64(q.Ptr), uint64(cache.K), uint64(cache.V),
 		s.at(lv.indptr), s.at(lv.indices), s.at(lv.last), s.at(lv.work),
-		o, lse, tmpO, tmpLSE, sinks,
+		o, lse, tmpO, tmpLSE,
 		uint64(s.hq), uint64(g.NumKVHeads), uint64(D), uint64(g.PageSize), uint64(g.NumPages),
 		uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()),
 		uint64(qCode), uint64(oCode), f64Arg(qScale), f64Arg(s.ap.LogitsSoftCap),
