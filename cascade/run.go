@@ -33,7 +33,9 @@ type Params struct {
 	Causal bool
 	// AttentionParams apply to every level. WindowLeft must be -1: FlashInfer
 	// would apply a window to each level's own positions, which is not a
-	// window over the request.
+	// window over the request. Sinks join the last level only (every row
+	// has its group there), so each row's sink is counted once however
+	// many levels are merged into it.
 	kernels.AttentionParams
 	// LevelWindowLeft, when not nil, is each level's window_left (one per
 	// level, each >= -1; AttentionParams.WindowLeft must then be -1): level
@@ -58,6 +60,9 @@ func (p *Params) level(l int, o kernels.Tensor, lse []float32) *kernels.PrefillP
 	ap := p.AttentionParams
 	if p.LevelWindowLeft != nil {
 		ap.WindowLeft = p.LevelWindowLeft[l]
+	}
+	if l != len(p.Levels)-1 {
+		ap.Sinks = nil // partial states never hold the sink (docs/attention.md)
 	}
 	return &kernels.PrefillParams{
 		Q: p.Q, QOIndptr: lv.QOIndptr, Cache: p.Cache,

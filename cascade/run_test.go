@@ -15,6 +15,7 @@ import (
 	"github.com/pagedkv/pagedkv/internal/safetensors"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cpu"
+	"github.com/pagedkv/pagedkv/kernels/kernelstest"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -220,10 +221,17 @@ func checkCascadeEqualsFlat(t *testing.T, cases int, flatBackend kernels.Backend
 			qCaller := kernels.TensorFromF32(layout.F16, randFloats(rng, nnz*hq*g.HeadDim), nnz, hq, g.HeadDim)
 			rows := lay.QueryRows()
 			ap := kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1, LogitsSoftCap: []float64{0, 0, 20}[rng.IntN(3)]}
+			var sinks []float64
+			if i%2 == 1 { // attention sinks: counted once over all levels, as in one flat softmax
+				ap.Sinks = kernelstest.RandomSinks(rng, hq)
+				for _, s := range ap.Sinks {
+					sinks = append(sinks, float64(s))
+				}
+			}
 			p := &Params{Levels: lay.Levels, Q: permuteRows(qCaller, rows), Cache: cache, Causal: causal, AttentionParams: ap,
 				O: kernels.NewTensor(layout.F32, nnz, hq, g.HeadDim), LSE: make([]float32, nnz*hq)}
 			require.NoError(t, run(p))
-			what := fmt.Sprintf("levels=%d case %d causal=%v flat=%v %v/%v/%v N=%d H=%d Hq=%d D=%d", levels, i, causal, flat, g.Layout, g.Form, g.DType, g.PageSize, g.NumKVHeads, hq, g.HeadDim)
+			what := fmt.Sprintf("levels=%d case %d causal=%v flat=%v %v/%v/%v N=%d H=%d Hq=%d D=%d sinks=%v", levels, i, causal, flat, g.Layout, g.Form, g.DType, g.PageSize, g.NumKVHeads, hq, g.HeadDim, ap.Sinks)
 
 			// The float64 model of cascade attention, on the cascade's rows.
 			refCache := reference.PagedKV{Layout: g.Layout, Form: g.Form, DType: g.DType, NumPages: g.NumPages, PageSize: g.PageSize, NumKVHeads: g.NumKVHeads, HeadDim: g.HeadDim, Data: cache.Data, K: cache.K, V: cache.V}
@@ -232,7 +240,7 @@ func checkCascadeEqualsFlat(t *testing.T, cases int, flatBackend kernels.Backend
 				refLevels = append(refLevels, reference.CascadeLevel{QOIndptr: lv.QOIndptr, KVIndptr: lv.KVIndptr, KVPageIndices: lv.KVPageIndices, KVLastPageLen: lv.KVLastPageLen})
 			}
 			qRef := reference.Rows3(reference.Floats(p.Q.DType, p.Q.Data), nnz, hq, g.HeadDim)
-			wo, wl := reference.Cascade(qRef, refLevels, refCache, reference.Logits{WindowLeft: -1, Causal: causal, SoftCap: ap.LogitsSoftCap})
+			wo, wl := reference.Cascade(qRef, refLevels, refCache, reference.Logits{WindowLeft: -1, Causal: causal, SoftCap: ap.LogitsSoftCap, Sinks: sinks})
 			requireClose(t, what+" o vs model", p.O.F32(), reference.Flat3(wo), 1e-4, 1e-4, hq, g.HeadDim)
 			requireClose(t, what+" lse vs model", p.LSE, reference.Flat2(wl), 1e-4, 1e-4, hq, 1)
 			if !flat {

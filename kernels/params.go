@@ -1,6 +1,10 @@
 package kernels
 
-import "github.com/pagedkv/pagedkv/layout"
+import (
+	"math"
+
+	"github.com/pagedkv/pagedkv/layout"
+)
 
 // Tensor is a dense, row-major, little-endian host tensor.
 // len(Data) must equal product(Shape) * DType.Size().
@@ -119,6 +123,24 @@ type AttentionParams struct {
 	// KScale and VScale dequantise an fp8 cache as FlashInfer does: KScale is
 	// folded into the softmax scale, VScale multiplies the output. 0 means 1.
 	KScale, VScale float64
+	// Sinks is FlashInfer's `sinks` (gpt-oss's learned attention sinks):
+	// nil, or one logit per query head ([NumQOHeads] float32) that joins
+	// every softmax denominator of that head and contributes no value. A
+	// sink is in the natural-log domain of the scaled logits s_j = x_j *
+	// sm_scale (sm_scale, k_scale and the soft cap are not applied to it);
+	// the returned LSE includes it. Each must be finite, with sink*log2(e)
+	// a finite float32. See docs/attention.md, "Attention sinks".
+	Sinks []float32
+}
+
+// SinkLog2 returns query head h's sink in the base-2 domain the kernels
+// work in (sink*log2(e)), or -inf when there are no sinks: a key of that
+// logit with value zero.
+func (a *AttentionParams) SinkLog2(h int) float32 {
+	if len(a.Sinks) == 0 {
+		return float32(math.Inf(-1))
+	}
+	return float32(float64(a.Sinks[h]) * math.Log2E)
 }
 
 // DecodeParams are the arguments of batch decode: one query token per

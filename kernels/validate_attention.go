@@ -87,6 +87,23 @@ func (a *AttentionParams) validate(op string, qHeads, numKVHeads, headDim int) e
 	if v := float32(a.EffectiveVScale()); badFloat(float64(v)) {
 		return fmt.Errorf("%s: %w: v_scale = %v overflows float32", op, ErrInvalidScale, a.VScale)
 	}
+	return a.validateSinks(op, qHeads)
+}
+
+// validateSinks checks Sinks: nil or one finite logit per query head whose
+// base-2 form sink*log2(e) is a finite float32.
+func (a *AttentionParams) validateSinks(op string, qHeads int) error {
+	if a.Sinks == nil {
+		return nil
+	}
+	if len(a.Sinks) != qHeads {
+		return fmt.Errorf("%s: %w: len(sinks) = %d, want nil or num_qo_heads = %d", op, ErrInvalidAttention, len(a.Sinks), qHeads)
+	}
+	for h, s := range a.Sinks {
+		if badFloat(float64(s)) || badFloat(float64(a.SinkLog2(h))) {
+			return fmt.Errorf("%s: %w: sinks[%d] = %v, want finite with sinks*log2(e) a finite float32", op, ErrInvalidAttention, h, s)
+		}
+	}
 	return nil
 }
 
@@ -143,6 +160,7 @@ func checkLSEValues(op, name string, s []float32, heads int) error {
 //   - SMScale, KScale, VScale finite and >= 0 (0 means the default), and
 //     their product a finite non-zero float32; WindowLeft >= -1;
 //     LogitsSoftCap 0 or within the float32 range the kernels compute in;
+//   - Sinks nil or Hq finite logits;
 //   - o: [B, Hq, D], f32/f16/bf16; LSE nil or B*Hq values.
 //
 // It does not check that O overlaps neither Q nor the cache; it must not.

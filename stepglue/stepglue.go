@@ -36,6 +36,10 @@
 //   - The attention's WindowLeft is always the plan's (the one given in the
 //     AttentionParams is replaced), and a cascade runs every level with
 //     the plan's CascadeWindowLeft.
+//   - Every other field of the AttentionParams passes through unchanged,
+//     Sinks (gpt-oss's attention sinks) included: a device step uploads
+//     them with its plan, and a cascade, host or device, gives them to its
+//     last level only, so each row's sink is counted once.
 //   - The kind follows from the plan alone ([KindOf]): Cascade when it has
 //     a cascade layout, Chunked when it has Attn arrays, Decode when every
 //     request has one row, Prefill otherwise; [Device] refuses only

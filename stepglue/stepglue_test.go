@@ -48,13 +48,24 @@ func wantKind(plan *pagedkv.Plan) stepglue.Kind {
 	return stepglue.Decode
 }
 
+// testSinks are gpt-oss-like attention sinks, one per query head.
+var testSinks = func() []float32 {
+	s := make([]float32, hq)
+	for h := range s {
+		s[h] = 0.5 + float32(h)/4
+	}
+	return s
+}()
+
 // checkPlan builds plan's device step and host calls into reused scratch
 // and checks them against what internal/sim built before the glue: the
 // StepPlan literal, the host parameters, and that every array is the
 // plan's own.
 func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPlan, host *stepglue.Host, kinds map[stepglue.Kind]int) {
 	t.Helper()
-	ap := kernels.AttentionParams{NumQOHeads: hq, SMScale: 0.5}
+	// Sinks pass through to every kind's attention (a cascade's Run gives
+	// them to its last level only, cascade.TestCascadeEqualsFlat).
+	ap := kernels.AttentionParams{NumQOHeads: hq, SMScale: 0.5, Sinks: testSinks}
 	k := wantKind(plan)
 	kinds[k]++
 	table := kernels.PageTable{KVIndptr: plan.KVIndptr, KVPageIndices: plan.KVPageIndices, KVLastPageLen: plan.KVLastPageLen}

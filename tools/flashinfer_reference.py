@@ -207,7 +207,7 @@ OPS = {
     "batch_decode": dict(
         inputs=["q", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap"],
-        required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim"]),
+        required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim"], optional=["sinks"]),
     "trtllm_batch_decode": dict(
         inputs=["q", "paged_kv_cache", "block_tables", "seq_lens"], outputs=["o"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "max_seq_len"],
@@ -215,7 +215,7 @@ OPS = {
     "batch_prefill_paged": dict(
         inputs=["q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o", "lse"],
         params=["kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "window_left", "logits_soft_cap", "causal"],
-        required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim"]),
+        required=["page_size", "num_qo_heads", "num_kv_heads", "head_dim"], optional=["sinks"]),
     "nvfp4_quantize_append_paged_kv_cache": dict(
         inputs=["append_key", "append_value", "batch_indices", "positions", "kv_indices", "kv_indptr", "kv_last_page_len",
                 "paged_kv_cache", "kv_cache_sf"],
@@ -231,7 +231,7 @@ OPS = {
     "cascade_attention": dict(
         inputs=["q", "paged_kv_cache"], level_inputs=["qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"], outputs=["o"],
         params=["num_levels", "kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "causal"],
-        required=["num_levels", "page_size", "num_qo_heads", "num_kv_heads", "head_dim"]),
+        required=["num_levels", "page_size", "num_qo_heads", "num_kv_heads", "head_dim"], optional=["sinks"]),
     "mla_decode": dict(
         inputs=["q_nope", "q_pe", "ckv_cache", "kpe_cache", "kv_indptr", "kv_indices", "kv_len"], outputs=["o", "lse"],
         params=["page_size", "num_heads", "head_dim_ckv", "head_dim_kpe", "sm_scale"], required=["page_size", "num_heads", "sm_scale"]),
@@ -354,8 +354,9 @@ class Checker:
         for n in names:
             if n not in self.tensors:
                 self.fail("op %s needs tensor %s", self.op, n)
+        optional = ["in." + n for n in spec.get("optional", [])]
         for n in self.tensors:
-            if n not in names:
+            if n not in names and n not in optional:
                 self.fail("op %s has no tensor %s", self.op, n)
         exact = spec.get("exact", [])
         tolerant = [n for n in spec["outputs"] if n not in exact and self.tensors["out." + n].dtype in FLOAT_DTYPES]
@@ -479,6 +480,11 @@ class Checker:
                       q.shape, c.shape, self.p["num_qo_heads"], self.p["num_kv_heads"], self.p["head_dim"])
         if self.p["num_qo_heads"] % self.p["num_kv_heads"]:
             self.fail("num_qo_heads %d is not a multiple of num_kv_heads %d", self.p["num_qo_heads"], self.p["num_kv_heads"])
+        if "in.sinks" in self.tensors:  # FlashInfer's sinks: one finite float32 logit per query head
+            self.t("in.sinks", ["F32"], 1)
+            self.shape("in.sinks", [self.p["num_qo_heads"]])
+            if not all(math.isfinite(x) for x in self.tensors["in.sinks"].floats()):
+                self.fail("in.sinks holds a value that is not finite")
         return q, pages
 
     def attention_outputs(self, rows):
@@ -1016,10 +1022,68 @@ def nvfp4_synthetic(rng):
     return out
 
 
+def sink_cases(rng):
+    """Yields (name, meta, tensors): batch_decode and batch_prefill_paged with
+    FlashInfer's sinks (one logit per query head that joins every softmax
+    denominator and carries no value; docs/attention.md), computed in float64.
+    Long requests (up to 80 keys in pages of 2) make backends split the keys
+    into split-KV chunks, where a sink counted per chunk would show."""
+    for op in ("batch_decode", "batch_prefill_paged"):
+        hkv, g, d, ps = 2, 4, 16, 2
+        hq = hkv * g
+        b = 3
+        lens = [rng.randrange(40, 81), rng.randrange(1, 12), 0]
+        ind, idx, last, pages = _paged(rng, lens, ps)
+        cache = [_r16(rng.uniform(-1, 1)) for _ in range(pages * 2 * ps * hkv * d)]
+        qo = [1, 1, 1] if op == "batch_decode" else [rng.randrange(1, 5), rng.randrange(1, 4), rng.randrange(0, 3)]
+        qo_ind = _prefix(qo)
+        rows = qo_ind[-1]
+        q = [_r16(rng.uniform(-1, 1)) for _ in range(rows * hq * d)]
+        sinks = [_r32(rng.uniform(-1, 5)) for _ in range(hq)]
+        scale, causal = 0.25, op == "batch_prefill_paged"
+
+        def kv_at(req, t, kv, h, f):  # NHD: [pages, 2, N, H, D]
+            page, entry = idx[ind[req] + t // ps], t % ps
+            return cache[(((page * 2 + kv) * ps + entry) * hkv + h) * d + f]
+
+        o, lse_out = [], []
+        for req in range(b):
+            for i in range(qo[req]):
+                pos = i + lens[req] - qo[req]
+                keys = [t for t in range(lens[req]) if not causal or t <= pos]
+                r = qo_ind[req] + i
+                for h in range(hq):
+                    logits = [scale * sum(q[(r * hq + h) * d + f] * kv_at(req, t, 0, h // g, f) for f in range(d)) for t in keys]
+                    m = max(logits + [sinks[h]])
+                    z = math.exp(sinks[h] - m) + sum(math.exp(x - m) for x in logits)
+                    o += [sum(math.exp(logits[k] - m) / z * kv_at(req, t, 1, h // g, f) for k, t in enumerate(keys)) for f in range(d)]
+                    lse_out.append((m + math.log(z)) / math.log(2))
+        meta = {"op": op, "kv_layout": "NHD", "page_size": str(ps), "num_qo_heads": str(hq), "num_kv_heads": str(hkv),
+                "head_dim": str(d), "sm_scale": str(scale), "atol": "1e-3", "rtol": "1e-3"}
+        tensors = {"in.q": f16(q, [rows, hq, d]), "in.paged_kv_cache": f16(cache, [pages, 2, ps, hkv, d]),
+                   "in.kv_indptr": i32(ind), "in.kv_indices": i32(idx), "in.kv_last_page_len": i32(last),
+                   "in.sinks": f32(sinks, [hq]), "out.o": f32(o, [rows, hq, d]), "out.lse": f32(lse_out, [rows, hq])}
+        if causal:
+            meta["causal"] = "1"
+            tensors["in.qo_indptr"] = i32(qo_ind)
+        yield "py_%s_sinks" % op, meta, tensors
+
+
+def write_sink_cases(directory, seed):
+    """Writes the shipped sink cases: <op>_sinks_<seed>_00."""
+    os.makedirs(directory, exist_ok=True)
+    rng = random.Random(seed)
+    paths = [write_case(directory, name[3:].replace("_sinks", "_sinks_%d_00" % seed), meta, tensors)
+             for name, meta, tensors in sink_cases(rng)]
+    print("sinks: wrote %d cases to %s" % (len(paths), directory))
+    return paths
+
+
 def write_synthetic(directory, seed):
     os.makedirs(directory, exist_ok=True)
     rng = random.Random(seed)
     paths = [write_case(directory, name, meta, tensors) for name, meta, tensors in synthetic_cases(rng)]
+    paths += [write_case(directory, name, meta, tensors) for name, meta, tensors in sink_cases(rng)]
     print("synthetic: wrote %d cases to %s" % (len(paths), directory))
     return paths
 
@@ -1304,6 +1368,7 @@ def main(argv=None):
     mode.add_argument("--out", metavar="DIR", help="write FlashInfer cases (GPU, torch, flashinfer-python)")
     mode.add_argument("--check", metavar="PATH", nargs="*", help="validate files or directories (pure Python)")
     mode.add_argument("--synthetic", metavar="DIR", help="write pure-Python cases (no torch)")
+    mode.add_argument("--sinks", metavar="DIR", help="write the pure-Python attention-sink cases shipped in testdata/golden")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--count", type=int, default=1, help="--out: rounds of cases (one per op each), default 1")
     ap.add_argument("--dtype", choices=["float16", "bfloat16"], default="float16", help="--out: q and cache dtype")
@@ -1329,6 +1394,9 @@ def main(argv=None):
             return 1 if bad or not ok else 0
     if args.synthetic is not None:
         write_synthetic(args.synthetic, args.seed)
+        return 0
+    if args.sinks is not None:
+        write_sink_cases(args.sinks, args.seed)
         return 0
     write_flashinfer(args.out, args.seed, args.count, args.dtype)
     return 0

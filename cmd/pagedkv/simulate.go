@@ -284,6 +284,7 @@ func hybridFlags(fs *flag.FlagSet, cfg *sim.Config, model, redisAddr string,
 	if cfg.Groups, err = preset.Groups(cfg.Model.Layers); err != nil {
 		return fail(exitUsage, "--layers: %v", err), false
 	}
+	cfg.Model.Sinks = preset.Sinks
 	if cfg.Groups == nil {
 		return 0, true
 	}

@@ -16,6 +16,9 @@ import (
 type opSpec struct {
 	// inputs and outputs are the tensor names without "in."/"out.".
 	inputs, outputs []string
+	// optional are inputs a case may hold or leave out (attention's
+	// "sinks").
+	optional []string
 	// levelInputs are per-level inputs (cascade), named "<name>.<level>" for
 	// levels 0..num_levels-1.
 	levelInputs []string
@@ -95,6 +98,9 @@ func (s *opSpec) checkCase(c *Case) error {
 		if _, ok := c.Tensor(n); !ok {
 			return fmt.Errorf("%w: op %s needs tensor %s, which the case lacks", ErrBadCase, c.Op, n)
 		}
+	}
+	for _, n := range s.optional {
+		want["in."+n] = true
 	}
 	for _, t := range c.Tensors() {
 		if !want[t.Name] {

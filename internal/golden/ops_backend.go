@@ -1,7 +1,9 @@
 package golden
 
 import (
+	"encoding/binary"
 	"fmt"
+	"math"
 
 	"github.com/pagedkv/pagedkv/internal/safetensors"
 	"github.com/pagedkv/pagedkv/kernels"
@@ -33,11 +35,12 @@ func init() {
 		run:     runMLAAppend,
 	})
 	register("batch_decode", &opSpec{
-		inputs:  []string{"q", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"},
-		outputs: []string{"o", "lse"},
-		params:  attentionParams,
-		backend: true,
-		run:     runDecode,
+		inputs:   []string{"q", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"},
+		optional: []string{"sinks"},
+		outputs:  []string{"o", "lse"},
+		params:   attentionParams,
+		backend:  true,
+		run:      runDecode,
 	})
 	// FlashInfer's trtllm_batch_decode_with_kv_cache (trtllm-gen, XQA): the
 	// padded contract, block_tables [B, max_pages] and seq_lens [B]. One
@@ -51,11 +54,12 @@ func init() {
 		run:     runTRTLLMDecode,
 	})
 	register("batch_prefill_paged", &opSpec{
-		inputs:  []string{"q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"},
-		outputs: []string{"o", "lse"},
-		params:  append(append([]string{}, attentionParams...), "causal"),
-		backend: true,
-		run:     runPrefill,
+		inputs:   []string{"q", "qo_indptr", "paged_kv_cache", "kv_indptr", "kv_indices", "kv_last_page_len"},
+		optional: []string{"sinks"},
+		outputs:  []string{"o", "lse"},
+		params:   append(append([]string{}, attentionParams...), "causal"),
+		backend:  true,
+		run:      runPrefill,
 	})
 	register("merge_state", &opSpec{
 		inputs:  []string{"v_a", "s_a", "v_b", "s_b"},
@@ -286,8 +290,28 @@ func (x *exec) attention() (q kernels.Tensor, cache kernels.PagedKVCache, a kern
 	if a.WindowLeft, err = x.p.intOr("window_left", -1); err != nil {
 		return
 	}
-	a.LogitsSoftCap, err = x.p.floatOr("logits_soft_cap", 0)
+	if a.LogitsSoftCap, err = x.p.floatOr("logits_soft_cap", 0); err != nil {
+		return
+	}
+	a.Sinks, err = x.sinks(hq)
 	return
+}
+
+// sinks reads the optional in.sinks: FlashInfer's float32 [num_qo_heads]
+// (nil when the case has none). The kernels' validation checks the values.
+func (x *exec) sinks(hq int) ([]float32, error) {
+	t, ok := x.c.Tensor("in.sinks")
+	if !ok {
+		return nil, nil
+	}
+	if t.DType != safetensors.F32 || len(t.Shape) != 1 || t.Shape[0] != hq {
+		return nil, badTensor(t, "want F32 [num_qo_heads = %d]", hq)
+	}
+	s := make([]float32, hq)
+	for i := range s {
+		s[i] = math.Float32frombits(binary.LittleEndian.Uint32(t.Data[4*i:]))
+	}
+	return s, nil
 }
 
 func runDecode(x *exec) (map[string]safetensors.Tensor, error) {

@@ -17,6 +17,7 @@ import (
 func init() {
 	register("cascade_attention", &opSpec{
 		inputs:      []string{"q", "paged_kv_cache"},
+		optional:    []string{"sinks"},
 		levelInputs: []string{"qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len"},
 		outputs:     []string{"o"},
 		params:      []string{"num_levels", "kv_layout", "page_size", "num_qo_heads", "num_kv_heads", "head_dim", "sm_scale", "causal"},

@@ -223,6 +223,10 @@ type Logits struct {
 	WindowLeft int
 	// Causal keeps keys j <= p.
 	Causal bool
+	// Sinks, when not nil, holds one sink logit per query head (FlashInfer's
+	// `sinks`): a logit in the domain of the scaled, capped s_j (no scale or
+	// cap applies to it) that joins the softmax and carries no value.
+	Sinks []float64
 }
 
 func orOne(x float64) float64 {
@@ -251,6 +255,15 @@ func Visible(i, j, qoLen, kvLen int, causal bool, windowLeft int) bool {
 // with visible[j], where s_j = cap*tanh(x_j*scale/cap) (or x_j*scale without
 // a cap) and x_j = q·k_j. No visible key gives o = 0, lse = -inf.
 func Attend(q []float64, keys, values [][]float64, visible []bool, scale, softCap float64, dv int) (o []float64, lse float64) {
+	return AttendSink(q, keys, values, visible, scale, softCap, dv, math.Inf(-1))
+}
+
+// AttendSink is Attend with an attention sink: sink (natural log, -inf for
+// none) is one more logit of the softmax whose value is zero, so
+// o = sum_j exp(s_j) v_j / (exp(sink) + sum_j exp(s_j)) and
+// lse = log2(exp(sink) + sum_j exp(s_j)). No visible key gives o = 0 and
+// lse = sink/ln 2.
+func AttendSink(q []float64, keys, values [][]float64, visible []bool, scale, softCap float64, dv int, sink float64) (o []float64, lse float64) {
 	o = make([]float64, dv)
 	s := make([]float64, len(keys))
 	m := math.Inf(-1)
@@ -269,10 +282,11 @@ func Attend(q []float64, keys, values [][]float64, visible []bool, scale, softCa
 		s[j] = x
 		m = math.Max(m, x)
 	}
+	m = math.Max(m, sink)
 	if math.IsInf(m, -1) {
 		return o, m
 	}
-	sum := 0.0
+	sum := math.Exp(sink - m)
 	for j := range keys {
 		if visible[j] {
 			sum += math.Exp(s[j] - m)
@@ -322,7 +336,11 @@ func (a headAttention) row(qRow [][]float64, k, v [][][]float64, visible []bool)
 	lse = make([]float64, a.hq)
 	for h := 0; h < a.hq; h++ {
 		kh, vh := headRows(k, h/a.group), headRows(v, h/a.group)
-		o[h], lse[h] = Attend(qRow[h], kh, vh, visible, a.scale, a.lg.SoftCap, a.headDim)
+		sink := math.Inf(-1)
+		if a.lg.Sinks != nil {
+			sink = a.lg.Sinks[h]
+		}
+		o[h], lse[h] = AttendSink(qRow[h], kh, vh, visible, a.scale, a.lg.SoftCap, a.headDim, sink)
 		for d := range o[h] {
 			o[h][d] *= orOne(a.lg.VScale)
 		}

@@ -234,3 +234,23 @@ func TestCascadeEqualsFlat(t *testing.T) {
 		assert.InDelta(t, wl[0][h], lse[0][h], 1e-12)
 	}
 }
+
+// An attention sink is one more logit of the softmax with value zero: one
+// key of logit 0 and value 2 beside a sink of ln 3 gives o = 2*1/(1+3) =
+// 0.5 and lse = log2(1+3) = 2; with no key the row is o = 0, lse =
+// ln 3/ln 2; a sink of -inf is no sink.
+func TestAttendSinkWorkedExample(t *testing.T) {
+	keys, vals := [][]float64{{0}}, [][]float64{{2}}
+	o, lse := AttendSink([]float64{1}, keys, vals, []bool{true}, 1, 0, 1, math.Log(3))
+	if math.Abs(o[0]-0.5) > 1e-15 || math.Abs(lse-2) > 1e-15 {
+		t.Fatalf("o = %v lse = %v, want [0.5] 2", o, lse)
+	}
+	o, lse = AttendSink([]float64{1}, keys, vals, []bool{false}, 1, 0, 1, math.Log(3))
+	if o[0] != 0 || math.Abs(lse-math.Log2(3)) > 1e-15 {
+		t.Fatalf("no visible key: o = %v lse = %v, want [0] log2(3)", o, lse)
+	}
+	o, lse = AttendSink([]float64{1}, keys, vals, []bool{true}, 1, 0, 1, math.Inf(-1))
+	if o[0] != 2 || lse != 0 {
+		t.Fatalf("sink -inf: o = %v lse = %v, want [2] 0", o, lse)
+	}
+}

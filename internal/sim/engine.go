@@ -38,6 +38,8 @@ type engine struct {
 	// drops the per-group attention), which verification must notice.
 	ignoreWindows bool
 
+	sinks []float32 // the model's sink logits (nil: none), every attention's
+
 	dev     *deviceEngine // the device-resident path, for a *cuda.Backend
 	devPlan cuda.StepPlan // the device step, reused
 	host    stepglue.Host // the host calls, reused
@@ -48,7 +50,7 @@ type engine struct {
 func newEngine(m Model, b kernels.Backend, kvLayout layout.KVLayout, numPages, pageSize, ngroups int) (*engine, error) {
 	g := layout.Paged{Layout: kvLayout, Form: layout.Fused, DType: m.CacheDType(), NumPages: numPages,
 		PageSize: pageSize, NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim}
-	e := &engine{model: m, backend: b, geom: g, rows: make([]float32, m.NumQOHeads*m.HeadDim)}
+	e := &engine{model: m, backend: b, geom: g, rows: make([]float32, m.NumQOHeads*m.HeadDim), sinks: m.SinkLogits()}
 	for range m.Layers / ngroups {
 		c, err := kernels.NewPagedKVCache(g)
 		if err != nil {
@@ -203,7 +205,7 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 		p.AttnQOIndptr, p.AttnKVIndptr, p.AttnKVPageIndices, p.AttnKVLastPageLen, p.AttnRequests = nil, nil, nil, nil, nil
 		hostPlan = &p
 	}
-	if err := stepglue.HostStep(&e.host, hostPlan, kernels.AttentionParams{NumQOHeads: hq, KScale: m.kvScale(), VScale: m.kvScale()}); err != nil {
+	if err := stepglue.HostStep(&e.host, hostPlan, kernels.AttentionParams{NumQOHeads: hq, KScale: m.kvScale(), VScale: m.kvScale(), Sinks: e.sinks}); err != nil {
 		return fmt.Errorf("%w: %w", ErrCheck, err)
 	}
 	table := e.host.Table
@@ -335,7 +337,7 @@ func (e *engine) planDevice(plan *pagedkv.Plan) error {
 		return err
 	}
 	p := &e.devPlan
-	if err := stepglue.Device(p, plan, e.geom, kernels.AttentionParams{NumQOHeads: m.NumQOHeads}); err != nil {
+	if err := stepglue.Device(p, plan, e.geom, kernels.AttentionParams{NumQOHeads: m.NumQOHeads, Sinks: e.sinks}); err != nil {
 		return fmt.Errorf("device step plan: %w", err)
 	}
 	before, start := e.dev.b.Traffic(), time.Now()

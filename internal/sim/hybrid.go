@@ -35,6 +35,8 @@ type ModelPreset struct {
 	// Doc says what the preset is, and how it is scaled from the model it
 	// is named after.
 	Doc string
+	// Sinks gives the model attention sinks (Model.Sinks).
+	Sinks bool
 }
 
 // ErrUnknownModel is wrapped by Preset's error for a name it does not know,
@@ -49,7 +51,8 @@ var presets = []ModelPreset{
 		Doc: "every layer full attention (or --window W): one Manager; the default"},
 	{Name: "gpt-oss-like", Layers: 4,
 		Pattern: []pagedkv.LayerGroup{{Kind: pagedkv.SlidingAttention, WindowTokens: 128}, {Kind: pagedkv.FullAttention}},
-		Doc:     "gpt-oss: layers alternate sliding window 128 (even layers) and full attention (odd layers); 2 groups, window at its real size"},
+		Sinks:   true,
+		Doc:     "gpt-oss: layers alternate sliding window 128 (even layers) and full attention (odd layers); 2 groups, window at its real size; attention sinks (one learned-like logit per query head, FlashInfer's sinks)"},
 	{Name: "gemma-3-like", Layers: 6,
 		Pattern: []pagedkv.LayerGroup{
 			{Kind: pagedkv.SlidingAttention, WindowTokens: 64}, {Kind: pagedkv.SlidingAttention, WindowTokens: 64},

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 
@@ -22,6 +23,7 @@ func hybridConfig(t *testing.T, name string) Config {
 	require.NoError(t, err)
 	cfg := smallConfig()
 	cfg.Model.Layers = p.Layers
+	cfg.Model.Sinks = p.Sinks
 	cfg.Groups, err = p.Groups(p.Layers)
 	require.NoError(t, err)
 	cfg.VerifyEvery, cfg.VerifySamples = 1, 2
@@ -270,5 +272,32 @@ func TestHybridConfigBad(t *testing.T) {
 		_, err := New(cfg, smallWorkload(t, 2))
 		require.ErrorIs(t, err, ErrBadConfig, want)
 		assert.Contains(t, err.Error(), want)
+	}
+}
+
+// TestSinksVerificationFails: the gpt-oss-like preset attends with its
+// sinks and the dense check includes them, so an engine that drops the
+// sinks (FlashInfer accepting sinks and ignoring them, vLLM PR #52148) or
+// counts them twice fails verification on a run that passes as it is.
+func TestSinksVerificationFails(t *testing.T) {
+	t.Parallel()
+	cfg := hybridConfig(t, "gpt-oss-like")
+	require.True(t, cfg.Model.Sinks)
+	reqs := smallWorkload(t, 4)
+	run(t, cfg, reqs) // passes as it is
+	for name, fault := range map[string]func(e *engine){
+		"dropped": func(e *engine) { e.sinks = nil },
+		"twice": func(e *engine) { // e^(s+ln 2) = 2 e^s
+			for h := range e.sinks {
+				e.sinks[h] += math.Ln2
+			}
+		},
+	} {
+		s, err := New(cfg, reqs)
+		require.NoError(t, err)
+		fault(s.eng)
+		_, err = s.Run()
+		require.ErrorIs(t, err, ErrVerify, name)
+		t.Logf("%s: %v", name, err)
 	}
 }

@@ -31,6 +31,10 @@ type Model struct {
 	// DType.
 	KVDType layout.DType
 	Seed    uint64 // varies every K/V/Q value and sampled token
+	// Sinks gives the model gpt-oss's attention sinks: one learned-like
+	// logit per query head ([Model.SinkLogits]), passed to every attention
+	// as FlashInfer's sinks and included by the dense check.
+	Sinks bool
 }
 
 // NVFP4GlobalScale is the global (per-tensor) scale of the simulator's NVFP4
@@ -55,6 +59,24 @@ func (m *Model) kvScale() float64 {
 		return NVFP4GlobalScale
 	}
 	return 0
+}
+
+// SinkLogits returns the model's sink logits, one per query head (nil
+// without Sinks): grid values k/16 in [0.5, 4.5], set by Seed, the same
+// in every layer. gpt-oss learns them per layer and head; one set per
+// head is what a device step takes with its plan (cuda.StepPlan). A sink
+// of e^0.5..e^4.5 weighs as much as a few to ~90 keys of the simulator's
+// logits (|q·k|/sqrt(D) of a few units), so a sink dropped or counted
+// twice moves the outputs far beyond the check's tolerance.
+func (m *Model) SinkLogits() []float32 {
+	if !m.Sinks {
+		return nil
+	}
+	s := make([]float32, m.NumQOHeads)
+	for h := range s {
+		s[h] = 0.5 + float32(mix(m.Seed^uint64(h+1)*golden^kindSink)%65)/16
+	}
+	return s
 }
 
 // Vocab is the size of the simulated vocabulary: tokens are 0..Vocab-1.
@@ -160,6 +182,7 @@ const (
 	kindK = iota + 1
 	kindV
 	kindQ
+	kindSink
 )
 
 // fill writes heads rows of HeadDim grid values for (ctx, layer, kind) into

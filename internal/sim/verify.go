@@ -29,7 +29,8 @@ type verifier struct {
 	// a query sees (one group for a dense model: full, or sliding
 	// WindowTokens).
 	specs      []pagedkv.LayerGroup
-	atol, rtol float64 // |got - want| <= atol + rtol*|want|
+	atol, rtol float64   // |got - want| <= atol + rtol*|want|
+	sinks      []float32 // the model's sink logits (nil: none), rebuilt from the model
 
 	step int // the step being checked, for messages
 
@@ -54,7 +55,7 @@ func newVerifier(m *Model, specs []pagedkv.LayerGroup) *verifier {
 	u := map[layout.DType]float64{layout.F16: 0x1p-11, layout.BF16: 0x1p-8, layout.F32: 0x1p-24}[m.DType]
 	d, hq, hkv := m.HeadDim, m.NumQOHeads, m.NumKVHeads
 	return &verifier{
-		model: m, specs: specs, groupOutputs: make([]int64, len(specs)), atol: 1e-4, rtol: 2 * u,
+		model: m, specs: specs, groupOutputs: make([]int64, len(specs)), atol: 1e-4, rtol: 2 * u, sinks: m.SinkLogits(),
 		q: make([]float32, hq*d), got: make([]float32, d),
 		kRow: make([]float32, hkv*d), vRow: make([]float32, hkv*d), wantK: make([]float32, hkv*d), wantV: make([]float32, hkv*d),
 		codes: make([]byte, d/2), scales: make([]byte, d/layout.NVFP4BlockSize),
@@ -163,7 +164,11 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 	for j := range visible {
 		visible[j] = true
 	}
-	want, _ := reference.Attend(q, v.keys, v.vals, visible, 1/math.Sqrt(float64(d)), 0, d)
+	sink := math.Inf(-1)
+	if v.sinks != nil {
+		sink = float64(v.sinks[s.head])
+	}
+	want, _ := reference.AttendSink(q, v.keys, v.vals, visible, 1/math.Sqrt(float64(d)), 0, d, sink)
 
 	es := m.DType.Size()
 	layout.LoadRowF32(v.got, m.DType, e.o.Data[(s.row*m.NumQOHeads+s.head)*d*es:])

@@ -72,6 +72,7 @@ type attnJob struct {
 	capLog2e float32 // cap*log2(e): logit2 = capLog2e*tanh(x/cap)
 	invCap   float32
 	vScale   float32
+	ap       *kernels.AttentionParams // Sinks, folded in once per row at the end (sinkInto)
 
 	o   []byte
 	odt layout.DType
@@ -95,7 +96,7 @@ func newAttnJob(q kernels.Tensor, cache *kernels.PagedKVCache, table *kernels.Pa
 		cacheDT: g.DType, pageSize: g.PageSize,
 		strideP: g.StridePage(), strideN: g.StrideN(), strideH: g.StrideH(),
 		kvIndptr: table.KVIndptr, kvPageIndices: table.KVPageIndices, kvLastPageLen: table.KVLastPageLen,
-		window: ap.WindowLeft, vScale: float32(ap.EffectiveVScale()),
+		window: ap.WindowLeft, vScale: float32(ap.EffectiveVScale()), ap: ap,
 		o: o.Data, odt: o.DType, lse: lse,
 	}
 	j.group = j.hq / j.hkv
@@ -276,19 +277,27 @@ func (j *attnJob) mergeSplits(out []float32) {
 					axpy(w, ps[:D], out)
 				}
 			}
-			lse := negInf
-			if m != negInf && l != 0 {
-				scaleInPlace(j.vScale/l, out)
-				lse = m + log2f(l)
-			} else {
-				clear(out)
-			}
+			// The partial states hold no sink: it joins here, once.
+			st := onlineState{m: m, l: l}
+			j.sinkInto(&st, h, out)
+			lse := st.finish(out, out, j.vScale)
 			off := (r*j.hq + h) * D
 			layout.StoreRowF32(j.o[off*oes:], j.odt, out)
 			if j.lse != nil {
 				j.lse[r*j.hq+h] = lse
 			}
 		}
+	}
+}
+
+// sinkInto folds query head h's sink, if any, into the finished state
+// (st, acc) of a row: one more key of logit sink*log2(e) and value zero.
+// It is called once per row, on the whole row's state, never on a partial
+// state that is merged later, so a sink is counted once however the keys
+// are split.
+func (j *attnJob) sinkInto(st *onlineState, h int, acc []float32) {
+	if j.ap.Sinks != nil {
+		st.weight(j.ap.SinkLog2(h), acc)
 	}
 }
 
@@ -446,6 +455,7 @@ func (j *attnJob) runSegment(sc *attnScratch, b, kvh0, r0, r1, split int) {
 		for i := 0; i < qh; i++ {
 			qi := ri*qh + i
 			h := kvh0*g + i
+			j.sinkInto(&sc.st[qi], h, sc.acc[qi*D:(qi+1)*D])
 			lse := sc.st[qi].finish(sc.out, sc.acc[qi*D:(qi+1)*D], j.vScale)
 			off := ((r0+ri)*j.hq + h) * D
 			layout.StoreRowF32(j.o[off*oes:], j.odt, sc.out)

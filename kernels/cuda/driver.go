@@ -102,7 +102,7 @@ const (
 	appendMLAArity   = 15
 	appendQuantArity = 20
 	decodeArity      = 27
-	mergeArity       = 9
+	mergeArity       = 10
 	mergeStateArity  = 11
 	mergeStatesArity = 10
 	mlaDecodeArity   = 20

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -63,12 +62,23 @@ type stepShape struct {
 	levels  int
 	appends bool
 	causal  bool
-	ap      kernels.AttentionParams
+	ap      graphParams
+}
+
+// graphParams are the attention parameters a graph holds fixed: the
+// scalars, and whether there are sinks (their values are uploaded with
+// each plan's index arrays).
+type graphParams struct {
+	NumQOHeads                             int
+	SMScale, LogitsSoftCap, KScale, VScale float64
+	WindowLeft                             int
+	Sinks                                  bool
 }
 
 func (s *Step) shapeOf(p *StepPlan) stepShape {
 	return stepShape{g: p.Geometry, kind: p.Attention, hq: p.NumQOHeads, levels: len(p.Levels), appends: len(p.BatchIndices) > 0,
-		causal: p.Causal, ap: p.AttentionParams}
+		causal: p.Causal, ap: graphParams{NumQOHeads: p.NumQOHeads, SMScale: p.SMScale, LogitsSoftCap: p.LogitsSoftCap,
+			KScale: p.KScale, VScale: p.VScale, WindowLeft: p.WindowLeft, Sinks: p.Sinks != nil}}
 }
 
 // Graph is one step captured into a CUDA graph ([Step.BeginCapture]): the

@@ -633,3 +633,36 @@ func TestReplayAllocationFree(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(20, func() { require.NoError(t, graph.Replay(p)) }), "replay")
 	assert.Zero(t, testing.AllocsPerRun(20, func() { require.NoError(t, s.Plan(p)) }), "fixed plan")
 }
+
+// TestGraphReplaySinks: attention sinks are uploaded with each plan, so a
+// graph captured with sinks replays steps whose sink values change, on a
+// fixed step without split-KV (one item per row; with sinks every row's
+// state is still merged, over a grid padded to max_rows) and on one with
+// it. Each replay equals the eager run, whose sinks the conformance suites
+// check against the float64 model.
+func TestGraphReplaySinks(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		cfg  cpuemu.Config
+	}{{"one-item-per-row", cpuemu.Config{MaxChunkTokens: -1}}, {"split", cpuemu.Config{MaxChunkTokens: 3}}} {
+		for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
+			t.Run(c.name+"/"+map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
+				r := newEmuGraphRig(t, c.cfg, smallRig, kind, 1, 300+uint64(kind))
+				withSinks := func() *cuda.StepPlan {
+					p := r.randomPlan()
+					p.Sinks = kernelstest.RandomSinks(r.rng, r.hq)
+					return p
+				}
+				p := withSinks()
+				r.capture(p)
+				_, merged := r.fixed.ScheduledItems()
+				require.True(t, merged, "a step with sinks always merges")
+				for i := range 8 {
+					r.step(i, withSinks())
+				}
+				noSinks := r.randomPlan()
+				require.ErrorIs(t, r.graph.Replay(noSinks), cuda.ErrGraphShape, "a graph captured with sinks refuses a plan without")
+			})
+		}
+	}
+}

@@ -90,17 +90,20 @@ extern "C" __global__ void __launch_bounds__(256)
 // merge_partial_states combines the split-k partial states of each (query
 // row, query head): rows merge_indptr[b]..merge_indptr[b+1] of tmp_o/tmp_lse,
 // weighted by 2^(lse_r - max), into o [rows, Hq, D] (o_dtype, times v_scale)
-// and lse [rows*Hq] (may be null). grid = (rows, Hq), block = (threads over
-// D).
+// and lse [rows*Hq] (may be null). sinks [Hq] (may be null) is folded in
+// here, once, as one more state of value zero and LSE sinks[hq]*log2(e): the
+// partial states never hold it. grid = (rows, Hq), block = (threads over D).
 extern "C" __global__ void __launch_bounds__(256)
     merge_partial_states(const float* __restrict__ tmp_o, const float* __restrict__ tmp_lse,
                          const int32_t* __restrict__ merge_indptr, void* __restrict__ o, float* __restrict__ lse,
-                         int64_t num_qo_heads, int64_t head_dim, int64_t o_dtype, double v_scale) {
+                         const float* __restrict__ sinks, int64_t num_qo_heads, int64_t head_dim, int64_t o_dtype,
+                         double v_scale) {
   const int64_t b = blockIdx.x;
   const int64_t hq = blockIdx.y;
   const int64_t beg = merge_indptr[b];
   const int64_t end = merge_indptr[b + 1];
-  float mx = pkv::neg_inf();
+  const float sink = sinks == nullptr ? pkv::neg_inf() : sinks[hq] * pkv::kLog2e;
+  float mx = sink;
   for (int64_t r = beg; r < end; r++) mx = fmaxf(mx, tmp_lse[r * num_qo_heads + hq]);
   const int64_t out = b * num_qo_heads + hq;
   if (mx == pkv::neg_inf()) {
@@ -108,7 +111,7 @@ extern "C" __global__ void __launch_bounds__(256)
     if (lse != nullptr && threadIdx.x == 0) lse[out] = mx;
     return;
   }
-  float sum = 0.0f;
+  float sum = sinks == nullptr ? 0.0f : pkv::exp2_approx(sink - mx);
   for (int64_t r = beg; r < end; r++) sum += pkv::exp2_approx(tmp_lse[r * num_qo_heads + hq] - mx);
   const float scale = float(v_scale) / sum;
   for (int64_t f = threadIdx.x; f < head_dim; f += blockDim.x) {

@@ -47,6 +47,7 @@
 // of (row, head) goes to partial row merge_indptr[row] + kv_chunk[item] of
 // tmp_o/tmp_lse for merge_partial_states.
 #include "tile_common.cuh"
+#include "sink.cuh"
 
 namespace pkv {
 namespace tcprefill {
@@ -321,7 +322,7 @@ __device__ __forceinline__ void prefill_body(
     const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ qo_indptr,
     const int32_t* __restrict__ work, const int32_t* __restrict__ kv_chunk, const int32_t* __restrict__ merge_indptr,
     void* __restrict__ o, float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse,
-    int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, int64_t num_pages, int64_t stride_page,
+    const float* __restrict__ sinks, int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, int64_t num_pages, int64_t stride_page,
     int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, float q_scale, float soft_cap,
     float v_scale, int64_t rows_per_tile, int64_t causal, int64_t window_left, int64_t flags) {
   using T = typename KV::T;
@@ -556,8 +557,9 @@ __device__ __forceinline__ void prefill_body(
       if (p >= pe) continue;
       const int32_t qi = p / group;
       const int64_t qrow = qa + qi, qhead = h * group + (p - qi * group);
+      const float sink_c = partial ? 1.0f : sink_fold(sinks, qhead, m[i], d[i]);  // the final state only
       const bool empty = !(d[i] > 0.0f);
-      const float inv_d = empty ? 0.0f : rcp_approx(d[i]);
+      const float inv_d = empty ? 0.0f : sink_c * rcp_approx(d[i]);
       const float out_lse = empty ? neg_inf() : m[i] + log2_approx(d[i]);
       if (partial) {
         const int64_t row = (int64_t(merge_indptr[qrow]) + chunk) * num_qo_heads + qhead;
@@ -588,7 +590,8 @@ __device__ __forceinline__ void prefill_body(
 // the page table, qo_indptr [B+1], work [items][4] = (q_row, request,
 // kv_begin, kv_end), kv_chunk [items] and merge_indptr [rows+1] (read only
 // when partial), o [rows, Hq, D] (o_dtype) and lse [rows*Hq] (may be null),
-// tmp_o/tmp_lse (f32 partial states). q_scale multiplies q·k
+// tmp_o/tmp_lse (f32 partial states), sinks [Hq] (may be null; joins the
+// final o and lse only, sink.cuh). q_scale multiplies q·k
 // (sm_scale*k_scale*log2(e), or without log2(e) with a soft cap); soft_cap 0
 // disables the cap; window_left < 0 disables the window; flags: 1 partial,
 // 2 split_q, 4 split_p. The float scalars are carried in doubles.
@@ -607,12 +610,13 @@ __device__ __forceinline__ void prefill_body(
       const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ qo_indptr,                          \
       const int32_t* __restrict__ work, const int32_t* __restrict__ kv_chunk,                                       \
       const int32_t* __restrict__ merge_indptr, void* __restrict__ o, float* __restrict__ lse,                      \
-      float* __restrict__ tmp_o, float* __restrict__ tmp_lse, int64_t num_qo_heads, int64_t num_kv_heads,          \
+      float* __restrict__ tmp_o, float* __restrict__ tmp_lse, const float* __restrict__ sinks,                    \
+      int64_t num_qo_heads, int64_t num_kv_heads,                                                                   \
       int64_t page_size, int64_t num_pages, int64_t stride_page, int64_t stride_n, int64_t stride_h,                \
       int64_t q_dtype, int64_t o_dtype, double q_scale, double soft_cap, double v_scale, int64_t rows_per_tile,     \
       int64_t causal, int64_t window_left, int64_t flags) {                                                         \
     pkv::tcprefill::prefill_body<KV, D>(q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, qo_indptr,      \
-                                        work, kv_chunk, merge_indptr, o, lse, tmp_o, tmp_lse, num_qo_heads,         \
+                                        work, kv_chunk, merge_indptr, o, lse, tmp_o, tmp_lse, sinks, num_qo_heads,  \
                                         num_kv_heads, page_size, num_pages, stride_page, stride_n, stride_h,        \
                                         q_dtype, o_dtype, float(q_scale), float(soft_cap), float(v_scale),          \
                                         rows_per_tile, causal, window_left, flags);                                 \

@@ -31,7 +31,7 @@ const (
 	// prefillSmemLimit is the dynamic shared memory a launch may take
 	// without the opt-in attribute (the emulator enforces the same).
 	prefillSmemLimit = 48 << 10
-	prefillArity     = 30
+	prefillArity     = 31
 	// prefill.cu's flags argument.
 	prefillFlagPartial = 1
 	prefillFlagSplitQ  = 2
@@ -237,7 +237,7 @@ func (s *Step) planPrefillLevel(t *kernels.PageTable, qoIndptr []int32, causal b
 // runPrefillLevel launches the tiled prefill kernel over one planned level
 // (and the split-k merge when the level is split), writing o (dtype oDT)
 // and lse.
-func (s *Step) runPrefillLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse uint64, vScale float64) error {
+func (s *Step) runPrefillLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse, sinks uint64, vScale float64) error {
 	g := s.g
 	D := g.HeadDim
 	qCode, oCode, qScale := s.launchScalars(q.DType, oDT)
@@ -256,7 +256,7 @@ func (s *Step) runPrefillLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTens
 	a := append(s.args[:0],
 		uint64(q.Ptr), uint64(cache.K), uint64(cache.V),
 		s.at(lv.indptr), s.at(lv.indices), s.at(lv.last), s.at(lv.qo), s.at(lv.work), s.at(lv.chunk), s.at(lv.merge),
-		o, lse, tmpO, tmpLSE,
+		o, lse, tmpO, tmpLSE, sinks,
 		uint64(s.hq), uint64(g.NumKVHeads), uint64(g.PageSize), uint64(g.NumPages),
 		uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()),
 		uint64(qCode), uint64(oCode), f64Arg(qScale), f64Arg(s.ap.LogitsSoftCap), f64Arg(vScale),
@@ -268,14 +268,15 @@ func (s *Step) runPrefillLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTens
 	if lv.merge < 0 {
 		return nil
 	}
-	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, oCode, vScale)
+	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, sinks, oCode, vScale)
 }
 
 // mergePartial launches merge_partial_states over a split level's partial
-// states (the decode and the prefill kernels' alike).
-func (s *Step) mergePartial(lv *levelPlan, tmpO, tmpLSE, o, lse uint64, oCode int64, vScale float64) error {
+// states (the decode and the prefill kernels' alike), folding in the sinks
+// (0: none) once there.
+func (s *Step) mergePartial(lv *levelPlan, tmpO, tmpLSE, o, lse, sinks uint64, oCode int64, vScale float64) error {
 	D := s.g.HeadDim
-	m := append(s.args[:0], tmpO, tmpLSE, s.at(lv.merge), o, lse, uint64(s.hq), uint64(D), uint64(oCode), f64Arg(vScale))
+	m := append(s.args[:0], tmpO, tmpLSE, s.at(lv.merge), o, lse, sinks, uint64(s.hq), uint64(D), uint64(oCode), f64Arg(vScale))
 	s.args = m
 	mergeRows := s.rows
 	if s.lim.Fixed {

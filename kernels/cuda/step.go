@@ -128,6 +128,7 @@ type Step struct {
 	app      appendPlan
 	mla      mlaPlan
 	levels   []levelPlan
+	sinks    int // byte offset of the plan's sinks [hq] (float32) in the index buffer; -1: none
 	uploaded int
 	inflight bool   // the last upload may still be reading the staging buffer
 	uploadAt uint64 // b.waits when it was queued
@@ -171,7 +172,8 @@ func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
 			return nil, fmt.Errorf("%s: step limits: %s = %d outside [0, 2^31)", b.name, v.name, v.n)
 		}
 	}
-	idxInts := int64(lim.MaxLevels)*(3*int64(lim.MaxBatch)+2+int64(lim.MaxPages)+4*int64(lim.MaxWorkItems)+int64(lim.MaxRows)+1) +
+	idxInts := int64(lim.MaxQOHeads) + // sinks
+		int64(lim.MaxLevels)*(3*int64(lim.MaxBatch)+2+int64(lim.MaxPages)+4*int64(lim.MaxWorkItems)+int64(lim.MaxRows)+1) +
 		// the append's own table (a cascade's levels are not the per-request table) and rows
 		3*int64(lim.MaxBatch) + 2 + int64(lim.MaxPages) + 2*int64(lim.MaxRows) +
 		// a fixed layout's padding: one request and one page per table
@@ -442,6 +444,15 @@ func (s *Step) prepare(p *StepPlan) error {
 	s.nnz = len(p.BatchIndices)
 	s.levels = s.levels[:0]
 	s.cursor = 0
+	// Sinks first: hq floats, so every later offset still depends on the
+	// step's sizes only (a graph holds hq and whether there are sinks).
+	s.sinks = -1
+	if p.Attention != NoAttention && p.Sinks != nil {
+		s.sinks = s.cursor
+		for _, x := range p.Sinks {
+			s.put(int32(math.Float32bits(x)))
+		}
+	}
 	if p.Attention != NoAttention {
 		shape, err := planDecodeShape(g, p.NumQOHeads/g.NumKVHeads)
 		if err != nil {
@@ -566,7 +577,7 @@ func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode 
 	}
 	lim := schedLimits{CTAsPerItem: g.NumKVHeads * s.shape.gz, Slots: max(s.b.drv.NumSMs(), 1) * s.shape.resident,
 		Tile: s.shape.tile, MinChunk: s.shape.minChunk, Capacity: s.lim.MaxWorkItems, Force: s.b.cfg.MaxChunkTokens,
-		Merge: s.fixedSplit}
+		Merge: s.fixedSplit || s.ap.Sinks != nil}
 	if s.lim.Fixed && !s.fixedSplit {
 		lim.Force = -1 // one item per row: the grid is MaxRows items
 	}
@@ -574,8 +585,12 @@ func (s *Step) planLevel(t *kernels.PageTable, qoIndptr []int32, causal, decode 
 		return fmt.Errorf("%s: step: %v: %w", s.b.name, err, ErrStepLimit)
 	}
 	sc := &s.sched
-	if s.fixedSplit { // empty items up to the capacity; padding rows merge no item
-		for sc.items() < s.lim.MaxWorkItems {
+	if s.lim.Fixed && sc.merge != nil { // empty items up to the fixed grid; padding rows merge no item
+		n := s.lim.MaxRows // sinks without split-KV: one item per row, merged
+		if s.fixedSplit {
+			n = s.lim.MaxWorkItems
+		}
+		for sc.items() < n {
 			sc.work = append(sc.work, 0, int32(s.lim.MaxBatch), 0, 0)
 		}
 		for range s.lim.MaxRows - rows {
@@ -745,8 +760,12 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	if rows == 0 {
 		return nil
 	}
+	// The sinks join one launch only: the single level, or a cascade's last
+	// level (every row has its group there), whose state every other level
+	// is merged into; the other levels' states never hold them.
+	sinks := s.at(s.sinks)
 	if s.kind != Cascade {
-		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), s.ap.EffectiveVScale())
+		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), sinks, s.ap.EffectiveVScale())
 	}
 	// Cascade: the last level into acc, every other level into tmp, each
 	// merged into acc; the last merge writes o and lse.
@@ -757,13 +776,13 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	accLSE, tmpLSE := tmp+uint64(n*D*4), tmp+uint64(n*D*4)+uint64(n*4)
 	L := len(s.levels)
 	if L == 1 {
-		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), s.ap.EffectiveVScale())
+		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), sinks, s.ap.EffectiveVScale())
 	}
-	if err := s.runLevel(cache, &s.levels[L-1], q, acc, layout.F32, accLSE, s.ap.EffectiveVScale()); err != nil {
+	if err := s.runLevel(cache, &s.levels[L-1], q, acc, layout.F32, accLSE, sinks, s.ap.EffectiveVScale()); err != nil {
 		return err
 	}
 	for l := 0; l < L-1; l++ {
-		if err := s.runLevel(cache, &s.levels[l], q, tmp, layout.F32, tmpLSE, s.ap.EffectiveVScale()); err != nil {
+		if err := s.runLevel(cache, &s.levels[l], q, tmp, layout.F32, tmpLSE, 0, s.ap.EffectiveVScale()); err != nil {
 			return err
 		}
 		outV, outS, outDT := acc, accLSE, layout.F32
@@ -783,14 +802,19 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 // runLevel launches the decode kernel (the tiled prefill kernel for a level
 // planned for it) over one planned level (and the
 // split-k merge when the level is split) writing o (dtype oDT) and lse.
-func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse uint64, vScale float64) error {
+// sinks (0: none) join once: the decode kernels take none, so a plan with
+// sinks always merges (planLevel) and merge_partial_states folds them in.
+func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o uint64, oDT layout.DType, lse, sinks uint64, vScale float64) error {
 	if lv.tc {
-		return s.runPrefillLevel(cache, lv, q, o, oDT, lse, vScale)
+		return s.runPrefillLevel(cache, lv, q, o, oDT, lse, sinks, vScale)
 	}
 	g := s.g
 	D := g.HeadDim
 	qCode, oCode, qScale := s.launchScalars(q.DType, oDT)
 	partial := lv.merge >= 0
+	if sinks != 0 && !partial {
+		return fmt.Errorf("%s: attention: %w: sinks on a level planned without a merge", s.b.name, ErrNotPlanned)
+	}
 	var tmpO, tmpLSE uint64
 	if partial {
 		tmpO = uint64(s.scratch)
@@ -816,7 +840,7 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 	if !partial {
 		return nil
 	}
-	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, oCode, vScale)
+	return s.mergePartial(lv, tmpO, tmpLSE, o, lse, sinks, oCode, vScale)
 }
 
 // launchScalars are the dtype codes of q and o and the factor of q·k

@@ -373,7 +373,7 @@ func (s *Step) mlaDecodeTC(kernel string, cache *DeviceMLACache, qNope, qPE, o, 
 	if err := s.b.launch(kernel, grid, Dim3{128, 1, 1}, mlaTCSmem(g.DType.Size()), a); err != nil || !partial {
 		return err
 	}
-	mg := append(s.args[:0], tmpO, tmpLSE, s.at(m.merge), uint64(o.Ptr), uint64(lse.Ptr), uint64(H), uint64(mlaTCCKV), uint64(oCode), f64Arg(1))
+	mg := append(s.args[:0], tmpO, tmpLSE, s.at(m.merge), uint64(o.Ptr), uint64(lse.Ptr), 0 /* sinks */, uint64(H), uint64(mlaTCCKV), uint64(oCode), f64Arg(1))
 	s.args = mg
 	return s.b.launch("merge_partial_states", Dim3{m.batch, H, 1}, Dim3{threadsFor(mlaTCCKV), 1, 1}, 0, mg)
 }

@@ -218,8 +218,8 @@ type attnConfig struct {
 }
 
 func (a *attnConfig) String() string {
-	return fmt.Sprintf("%v Hq=%d q=%v o=%v sm_scale=%g window=%d cap=%g k_scale=%g v_scale=%g",
-		a.c, a.hq, a.qdt, a.odt, a.ap.SMScale, a.ap.WindowLeft, a.ap.LogitsSoftCap, a.ap.KScale, a.ap.VScale)
+	return fmt.Sprintf("%v Hq=%d q=%v o=%v sm_scale=%g window=%d cap=%g k_scale=%g v_scale=%g sinks=%v",
+		a.c, a.hq, a.qdt, a.odt, a.ap.SMScale, a.ap.WindowLeft, a.ap.LogitsSoftCap, a.ap.KScale, a.ap.VScale, a.ap.Sinks)
 }
 
 func pick[T any](rng *rand.Rand, xs ...T) T { return xs[rng.IntN(len(xs))] }
@@ -283,7 +283,42 @@ func randomAttn(rng *rand.Rand, batch, maxLen int) *attnConfig {
 }
 
 func refLogits(ap kernels.AttentionParams, causal bool) reference.Logits {
-	return reference.Logits{SMScale: ap.SMScale, KScale: ap.KScale, SoftCap: ap.LogitsSoftCap, VScale: ap.VScale, WindowLeft: ap.WindowLeft, Causal: causal}
+	return reference.Logits{SMScale: ap.SMScale, KScale: ap.KScale, SoftCap: ap.LogitsSoftCap, VScale: ap.VScale, WindowLeft: ap.WindowLeft, Causal: causal,
+		Sinks: sinks64(ap.Sinks)}
+}
+
+// sinks64 widens FlashInfer's float32 sinks for the reference (nil stays nil).
+func sinks64(s []float32) []float64 {
+	if s == nil {
+		return nil
+	}
+	return f64s(s)
+}
+
+// RandomSinks draws one sink logit per query head the size gpt-oss learns
+// relative to its logits: its weight e^sink is comparable to the softmax
+// mass of tens to hundreds of keys, so a sink that is dropped, or counted
+// twice, moves the output by far more than any backend's tolerance.
+func RandomSinks(rng *rand.Rand, hq int) []float32 {
+	s := make([]float32, hq)
+	for h := range s {
+		s[h] = float32(6*rng.Float64() - 1)
+	}
+	return s
+}
+
+// sinkCases is how many random cases the sink subtests run: each draws
+// sinks, and a third are long enough (up to 300 keys in pages of 1-16)
+// that a backend splits them into split-KV chunks merged afterwards.
+const sinkCases = 12
+
+// randomSinkAttn is randomAttn with sinks (and the LSE, which includes
+// them) for case i.
+func randomSinkAttn(rng *rand.Rand, batch int) *attnConfig {
+	a := randomAttn(rng, batch, pick(rng, 8, 60, 300))
+	a.ap.Sinks = RandomSinks(rng, a.hq)
+	a.withLSE = true
+	return a
 }
 
 func randomQ(rng *rand.Rand, dt layout.DType, shape ...int) kernels.Tensor {
@@ -325,6 +360,14 @@ func TestDecode(t *testing.T, b kernels.Backend) {
 		}
 	})
 	t.Run("window equals truncation", func(t *testing.T) { testDecodeWindowTruncation(t, b) })
+	// Sinks: a dropped sink, or one counted once per split-KV chunk,
+	// moves o and the LSE away from the reference (docs/attention.md).
+	t.Run("sinks", func(t *testing.T) {
+		for i := 0; i < iterations(sinkCases); i++ {
+			rng := seededRNG(t, 9000+uint64(i))
+			runDecodeCase(t, b, rng, randomSinkAttn(rng, 1+rng.IntN(3)), fmt.Sprintf("sinks case %d", i))
+		}
+	})
 	t.Run("invalid", func(t *testing.T) { testDecodeInvalid(t, b) })
 }
 
@@ -557,6 +600,11 @@ var decodeInvalid = []invalidCase[kernels.DecodeParams]{
 	{"k_scale negative", func(p *kernels.DecodeParams) { p.KScale = -1 }, kernels.ErrInvalidScale},
 	{"window < -1", func(p *kernels.DecodeParams) { p.WindowLeft = -2 }, kernels.ErrInvalidAttention},
 	{"soft cap NaN", func(p *kernels.DecodeParams) { p.LogitsSoftCap = math.NaN() }, kernels.ErrInvalidAttention},
+	{"sinks shorter than num_qo_heads", func(p *kernels.DecodeParams) { p.Sinks = []float32{0, 0, 0} }, kernels.ErrInvalidAttention},
+	{"sinks empty, not nil", func(p *kernels.DecodeParams) { p.Sinks = []float32{} }, kernels.ErrInvalidAttention},
+	{"sinks NaN", func(p *kernels.DecodeParams) { p.Sinks = []float32{0, 1, float32(math.NaN()), 2} }, kernels.ErrInvalidAttention},
+	{"sinks -Inf", func(p *kernels.DecodeParams) { p.Sinks = []float32{0, 1, 2, float32(math.Inf(-1))} }, kernels.ErrInvalidAttention},
+	{"sinks*log2(e) overflows float32", func(p *kernels.DecodeParams) { p.Sinks = []float32{math.MaxFloat32, 0, 0, 0} }, kernels.ErrInvalidAttention},
 	{"kv_indptr shorter than batch+1", func(p *kernels.DecodeParams) {
 		p.Table.KVIndptr, p.Table.KVLastPageLen = p.Table.KVIndptr[:2], p.Table.KVLastPageLen[:1]
 	}, kernels.ErrInvalidPageTable},
@@ -587,6 +635,12 @@ func TestPrefill(t *testing.T, b kernels.Backend) {
 			rng := seededRNG(t, 5000+uint64(i))
 			a := randomAttn(rng, 1+rng.IntN(4), pick(rng, 6, 30, 60))
 			runPrefillCase(t, b, rng, a, rng.IntN(2) == 0, fmt.Sprintf("case %d", i))
+		}
+	})
+	t.Run("sinks", func(t *testing.T) {
+		for i := 0; i < iterations(sinkCases); i++ {
+			rng := seededRNG(t, 9500+uint64(i))
+			runPrefillCase(t, b, rng, randomSinkAttn(rng, 1+rng.IntN(3)), rng.IntN(2) == 0, fmt.Sprintf("sinks case %d", i))
 		}
 	})
 	t.Run("invalid", func(t *testing.T) { testPrefillInvalid(t, b) })
@@ -685,6 +739,8 @@ func testPrefillInvalid(t *testing.T, b kernels.Backend) {
 		{"qo_indptr decreasing", func(p *kernels.PrefillParams) { p.QOIndptr = []int32{0, 6, 5} }, kernels.ErrInvalidAttention},
 		{"qo_indptr[0] != 0", func(p *kernels.PrefillParams) { p.QOIndptr = []int32{1, 3, 5} }, kernels.ErrInvalidAttention},
 		{"window < -1", func(p *kernels.PrefillParams) { p.WindowLeft = -5 }, kernels.ErrInvalidAttention},
+		{"sinks longer than num_qo_heads", func(p *kernels.PrefillParams) { p.Sinks = make([]float32, 5) }, kernels.ErrInvalidAttention},
+		{"sinks +Inf", func(p *kernels.PrefillParams) { p.Sinks = []float32{float32(math.Inf(1)), 0, 0, 0} }, kernels.ErrInvalidAttention},
 		{"sm_scale -Inf", func(p *kernels.PrefillParams) { p.SMScale = math.Inf(-1) }, kernels.ErrInvalidScale},
 		{"head_dim mismatch", func(p *kernels.PrefillParams) {
 			p.Q = kernels.NewTensor(layout.F16, 5, 4, 3)

@@ -14,6 +14,12 @@ Arrays are the Plan's numpy int32 views, passed through `to` (for example
 append_paged_kv_cache needs them on the device). Extra keyword arguments
 (q_data_type, sm_scale, pos_encoding_mode, ...) are passed through.
 
+Attention sinks (gpt-oss) are not a plan() argument: pass them to the
+wrapper's run(..., sinks=...) (float32 [num_qo_heads], one logit per query
+head) with a backend that honours them (trtllm-gen). With a cascade, give
+them to the last level only, or add them once after merging, never per
+level (docs/attention.md, "Attention sinks").
+
 Cascade plans order query rows per level: give the wrapper
 q[plan.query_rows] and scatter its output back with out[plan.query_rows] = o.
 The append always uses the plan's own row order.
