@@ -24,13 +24,13 @@ func TestVerifyShippedCasesOnEmu(t *testing.T) {
 		code, out, _ := runCLI(args...)
 		if len(args) == 4 { // no --fallback
 			assert.Equal(t, exitFailure, code, out)
-			assert.Contains(t, out, "verify: 51 passed, 4 failed")
+			assert.Contains(t, out, "verify: 53 passed, 4 failed")
 			for _, n := range nvfp4 {
 				assert.Contains(t, out, "FAIL "+n+": unsupported on emu: ")
 			}
 		} else {
 			assert.Equal(t, exitOK, code, out)
-			assert.Contains(t, out, "verify: 55 passed, 0 failed")
+			assert.Contains(t, out, "verify: 57 passed, 0 failed")
 			assert.Equal(t, len(nvfp4), strings.Count(out, " (cpu fallback) "), out)
 			for _, n := range nvfp4 {
 				assert.Contains(t, out, "PASS "+n+" (cpu fallback) ")

@@ -57,11 +57,11 @@ func TestVerifyShippedCases(t *testing.T) {
 	code, out, errOut := runCLI("verify", shippedDir)
 	ls := lines(out)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
-	require.Len(t, ls, 56)
-	for _, l := range ls[:55] {
+	require.Len(t, ls, 58)
+	for _, l := range ls[:57] {
 		assert.Regexp(t, passLine, l)
 	}
-	assert.Equal(t, "verify: 55 passed, 0 failed", ls[55])
+	assert.Equal(t, "verify: 57 passed, 0 failed", ls[57])
 	assert.Empty(t, errOut)
 }
 
@@ -118,15 +118,15 @@ func TestVerifyUnsupportedAndFallback(t *testing.T) {
 	assert.Equal(t, exitFailure, code)
 	assert.Contains(t, out, "FAIL batch_prefill_paged_0_00: unsupported on partial: ")
 	assert.Contains(t, out, "FAIL cascade_attention_0_00: unsupported on partial: ")
-	assert.Contains(t, out, "verify: 48 passed, 7 failed") // 3 prefill + 3 cascade + the cascade figure
+	assert.Contains(t, out, "verify: 49 passed, 8 failed") // 4 prefill (one with sinks) + 3 cascade + the cascade figure
 
 	code, out, _ = runCLI("verify", shippedDir, "--backend", "partial-test", "--fallback", "cpu")
 	assert.Equal(t, exitOK, code, out)
 	assert.Contains(t, out, "PASS batch_prefill_paged_0_00 (cpu fallback) max_abs=")
 	assert.Contains(t, out, "PASS seed_flashinfer_cascade_figure (cpu fallback) max_abs=")
 	assert.Regexp(t, `(?m)^PASS batch_decode_0_00 max_abs=`, out, "decode ran on the backend itself")
-	assert.Equal(t, 7, strings.Count(out, "(cpu fallback)"))
-	assert.Contains(t, out, "verify: 55 passed, 0 failed")
+	assert.Equal(t, 8, strings.Count(out, "(cpu fallback)"))
+	assert.Contains(t, out, "verify: 57 passed, 0 failed")
 }
 
 func TestVerifyUsage(t *testing.T) {
@@ -215,7 +215,7 @@ func TestFlashInferReferenceTool(t *testing.T) {
 	require.NoError(t, err)
 	out, err := exec.Command(py, append([]string{tool, "--check"}, files...)...).CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	assert.Contains(t, string(out), "check: 55 ok, 0 bad")
+	assert.Contains(t, string(out), "check: 57 ok, 0 bad")
 
 	dir := t.TempDir()
 	out, err = exec.Command(py, tool, "--synthetic", dir, "--seed", "7").CombinedOutput()
