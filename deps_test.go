@@ -108,7 +108,7 @@ var layering = map[string]pkgRule{
 	"prefixcache": at(L3, "allocator", "evict", "internal/invariants"),
 
 	// The engine-facing facade.
-	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host"),
+	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "kernels"),
 	// KV-cache events. events encodes and publishes (the Manager's
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
 	// hash chain with the Manager (prefixcache) but no code with events: its
@@ -119,7 +119,7 @@ var layering = map[string]pkgRule{
 	// Prometheus collectors over the Manager's stats.
 	"metrics": at(L5, "", "tier", "github.com/prometheus/client_golang"),
 	// The engine glue: a Plan to the device step and the host kernel calls.
-	"stepglue": at(L5, "", "cascade", "kernels", "kernels/cuda", "layout"),
+	"stepglue": at(L5, "", "appendkv", "cascade", "kernels", "kernels/cuda", "layout"),
 
 	// internal/reference shares no code with what it checks; it may use
 	// plain data types only.

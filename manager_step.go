@@ -1,6 +1,9 @@
 package pagedkv
 
-import "github.com/pagedkv/pagedkv/cascade"
+import (
+	"github.com/pagedkv/pagedkv/cascade"
+	"github.com/pagedkv/pagedkv/kernels"
+)
 
 // Plan is what a step needs to run: the copies to make first, then
 // FlashInfer's arrays for appending the step's tokens and attending over
@@ -72,6 +75,15 @@ type Plan struct {
 	// nothing on it), or run one BatchPrefillWithPagedKVCacheWrapper per
 	// level with its window_left and merge_state_in_place.
 	CascadeWindowLeft []int
+}
+
+// AttentionKind is the attention the step runs, by the module's one
+// decision ([kernels.AttentionKindOf]): Cascade with a cascade layout,
+// Chunked with a chunked group's Attn arrays, Decode when every request
+// has one row, Prefill otherwise. stepglue and the C ABI's
+// pagedkv_plan.attention_kind (so the Python binding) take it from here.
+func (p *Plan) AttentionKind() kernels.AttentionKind {
+	return kernels.AttentionKindOf(p.QOIndptr, p.Cascade != nil, p.AttnQOIndptr != nil)
 }
 
 // ---- Per step ----

@@ -52,7 +52,7 @@
 // device tensors and caches; step.go the [Step] (Plan, Append, Attention
 // with the cascade merges); decode.go and prefill.go pick a kernel and its
 // launch shape; schedule.go is the split-KV scheduler; step_mla.go the MLA
-// step; graph.go CUDA graph capture; hostapi.go the [kernels.Backend]
+// step; graph.go CUDA graph capture; cpuapi.go the [kernels.Backend]
 // methods over the device path; counting.go and bound.go the traffic
 // counts and the bandwidth model; cuda.go (-tags cuda) the GPU driver,
 // nocuda.go its stand-in. The entry-point table at the end of this file

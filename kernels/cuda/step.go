@@ -19,21 +19,6 @@ var ErrStepLimit = errors.New("cuda: step exceeds its limits")
 // not prepare (or with a cache of another geometry).
 var ErrNotPlanned = errors.New("cuda: operation not planned for this step")
 
-// AttentionKind selects the attention a [StepPlan] prepares.
-type AttentionKind int
-
-const (
-	// NoAttention: the step only appends.
-	NoAttention AttentionKind = iota
-	// Decode is batch decode: one query row per request.
-	Decode
-	// Prefill is batch prefill with ragged queries (QOIndptr).
-	Prefill
-	// Cascade is multi-level cascade attention (Levels), merged on the
-	// device with merge_state.
-	Cascade
-)
-
 // Level is one level of a cascade step: cascade.Level, the one
 // cascade-level type.
 type Level = kernels.CascadeLevel
@@ -73,7 +58,7 @@ type StepPlan struct {
 	// BatchIndices and Positions name the appended rows (nil: no append).
 	BatchIndices, Positions []int32
 
-	Attention AttentionKind
+	Attention kernels.AttentionKind
 	Rows      int     // query rows: B for Decode, nnz_qo for Prefill and Cascade
 	QOIndptr  []int32 // Prefill: [B+1]
 	Levels    []Level // Cascade, level 0 (most shared) first
@@ -119,7 +104,7 @@ type Step struct {
 	// the current plan
 	planned  bool
 	g        layout.Paged
-	kind     AttentionKind
+	kind     kernels.AttentionKind
 	rows     int
 	hq       int
 	ap       kernels.AttentionParams
@@ -187,7 +172,7 @@ func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
 	s := &Step{b: b, lim: lim, scratchN: int(scratch)}
 	s.fixedSplit = lim.Fixed && lim.MaxWorkItems > lim.MaxRows && b.cfg.MaxChunkTokens >= 0
 	var err error
-	if s.staging, err = b.drv.HostAlloc(int(idxInts*4) + 16); err != nil {
+	if s.staging, err = b.drv.PinnedAlloc(int(idxInts*4) + 16); err != nil {
 		return nil, fmt.Errorf("%s: pinned staging: %w", b.name, err)
 	}
 	if s.idx, err = b.drv.Alloc(len(s.staging)); err != nil {
@@ -212,7 +197,7 @@ func (s *Step) Free() {
 		_ = s.b.drv.Free(s.scratch)
 	}
 	if s.staging != nil {
-		_ = s.b.drv.HostFree(s.staging)
+		_ = s.b.drv.PinnedFree(s.staging)
 	}
 	s.idx, s.scratch, s.staging, s.planned = 0, 0, nil, false
 }
@@ -320,27 +305,27 @@ func (s *Step) validate(p *StepPlan) error {
 		}
 	}
 	switch p.Attention {
-	case NoAttention:
+	case kernels.NoAttention:
 		if p.BatchIndices == nil {
 			if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
 				return fmt.Errorf("step: %w", err)
 			}
 		}
-	case Decode:
+	case kernels.Decode:
 		if err := kernels.ValidateAttentionScalars("decode", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
 			return err
 		}
 		if err := kernels.ValidateDecodeTable(g, p.Rows, &p.Table); err != nil {
 			return err
 		}
-	case Prefill:
+	case kernels.Prefill:
 		if err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
 			return err
 		}
 		if err := kernels.ValidatePrefillTable(g, p.Rows, p.QOIndptr, &p.Table); err != nil {
 			return err
 		}
-	case Cascade:
+	case kernels.Cascade:
 		if len(p.Levels) == 0 {
 			return fmt.Errorf("cascade: %w: no levels", kernels.ErrInvalidAttention)
 		}
@@ -377,7 +362,7 @@ func (s *Step) validate(p *StepPlan) error {
 	if err := s.limit("appended rows", len(p.BatchIndices), lim.MaxRows); err != nil {
 		return err
 	}
-	if p.Attention == NoAttention {
+	if p.Attention == kernels.NoAttention {
 		return nil
 	}
 	if err := s.limit("query rows", p.Rows, lim.MaxRows); err != nil {
@@ -389,7 +374,7 @@ func (s *Step) validate(p *StepPlan) error {
 	if err := s.limit("head_dim", g.HeadDim, lim.MaxHeadDim); err != nil {
 		return err
 	}
-	if p.Attention == Cascade {
+	if p.Attention == kernels.Cascade {
 		if err := s.limit("levels", len(p.Levels), lim.MaxLevels); err != nil {
 			return err
 		}
@@ -442,14 +427,14 @@ func (s *Step) prepare(p *StepPlan) error {
 	s.nnz = len(p.BatchIndices)
 	s.levels = s.levels[:0]
 	s.cursor = 0
-	if p.Attention != NoAttention {
+	if p.Attention != kernels.NoAttention {
 		shape, err := planDecodeShape(g, p.NumQOHeads/g.NumKVHeads)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.b.name, err)
 		}
 		// Decode runs on tensor cores where decode_tc.cu serves the shape;
 		// prefill and cascade levels keep the CUDA-core kernel.
-		if tc, ok := planDecodeTC(g, p.NumQOHeads/g.NumKVHeads); ok && p.Attention == Decode {
+		if tc, ok := planDecodeTC(g, p.NumQOHeads/g.NumKVHeads); ok && p.Attention == kernels.Decode {
 			shape = tc
 		}
 		s.shape = shape
@@ -457,11 +442,11 @@ func (s *Step) prepare(p *StepPlan) error {
 	// B-sized arrays first, kv_indices last: every offset but the page
 	// arrays' depends on the batch and row counts only.
 	switch p.Attention {
-	case Decode, Prefill:
-		if err := s.planLevel(&p.Table, p.QOIndptr, p.Causal, p.Attention == Decode); err != nil {
+	case kernels.Decode, kernels.Prefill:
+		if err := s.planLevel(&p.Table, p.QOIndptr, p.Causal, p.Attention == kernels.Decode); err != nil {
 			return err
 		}
-	case Cascade:
+	case kernels.Cascade:
 		for l, lv := range p.Levels {
 			t := lv.Table()
 			if err := s.planLevel(&t, lv.QOIndptr, p.Causal && l == len(p.Levels)-1, false); err != nil {
@@ -473,7 +458,7 @@ func (s *Step) prepare(p *StepPlan) error {
 	// Decode and prefill append through the attention's own table (shared
 	// = same arrays, uploaded once); a cascade's levels are not the
 	// per-request table, so an append packs its own.
-	shared := p.Attention == Decode || p.Attention == Prefill
+	shared := p.Attention == kernels.Decode || p.Attention == kernels.Prefill
 	if s.nnz > 0 {
 		if shared {
 			s.app.indptr = s.levels[0].indptr
@@ -487,7 +472,7 @@ func (s *Step) prepare(p *StepPlan) error {
 	for i := range s.levels {
 		lv := &s.levels[i]
 		var ind []int32
-		if p.Attention == Cascade {
+		if p.Attention == kernels.Cascade {
 			ind = p.Levels[i].KVPageIndices
 			ind = ind[:p.Levels[i].KVIndptr[len(p.Levels[i].KVIndptr)-1]]
 		} else {
@@ -715,13 +700,13 @@ func (s *Step) Attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 
 func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	op := "decode"
-	if s.kind != Decode {
+	if s.kind != kernels.Decode {
 		op = "prefill"
 	}
 	if err := s.checkCache(op, cache.Geometry, len(cache.allocs) > 0); err != nil {
 		return err
 	}
-	if s.kind == NoAttention {
+	if s.kind == kernels.NoAttention {
 		return fmt.Errorf("%s: attention: %w: the plan has no attention", s.b.name, ErrNotPlanned)
 	}
 	g := s.g
@@ -745,7 +730,7 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	if rows == 0 {
 		return nil
 	}
-	if s.kind != Cascade {
+	if s.kind != kernels.Cascade {
 		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), s.ap.EffectiveVScale())
 	}
 	// Cascade: the last level into acc, every other level into tmp, each

@@ -203,7 +203,7 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		return err
 	}
 	s.mla = m
-	s.kind = NoAttention
+	s.kind = kernels.NoAttention
 	s.planned = true
 	return nil
 }

@@ -122,9 +122,9 @@ func NewPagedKVCache(g layout.Paged) (PagedKVCache, error) {
 	}
 	c := PagedKVCache{Geometry: g}
 	if g.Form == layout.Fused {
-		c.Data = newHostBytes(n)
+		c.Data = newTensorBytes(n)
 	} else {
-		c.K, c.V = newHostBytes(n), newHostBytes(n)
+		c.K, c.V = newTensorBytes(n), newTensorBytes(n)
 	}
 	return c, nil
 }
