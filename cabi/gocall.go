@@ -118,6 +118,7 @@ func goRelease(h, id uint64) int32 {
 // abiPlan is a pagedkv_plan read back: every array copied out.
 type abiPlan struct {
 	BatchSize, NNZ, WindowLeft int64
+	AttentionKind              int64
 	Arrays                     map[string][]int32
 	Levels                     []map[string][]int32
 }
@@ -131,6 +132,7 @@ func readArray(a C.pagedkv_array) []int32 {
 
 func (p *abiPlan) read(c *C.pagedkv_plan) {
 	p.BatchSize, p.NNZ, p.WindowLeft = int64(c.batch_size), int64(c.nnz), int64(c.window_left)
+	p.AttentionKind = int64(c.attention_kind)
 	p.Arrays = map[string][]int32{
 		"copies": readArray(c.copies), "qo_indptr": readArray(c.qo_indptr), "batch_indices": readArray(c.batch_indices),
 		"positions": readArray(c.positions), "token_ids": readArray(c.token_ids), "token_positions": readArray(c.token_positions),
@@ -536,4 +538,11 @@ func goFreeMemory(h uint64) int32 { return int32(pagedkv_free_memory(C.pagedkv_m
 func (p cPlan) kvPageIndices() []int32 {
 	a := p.c.kv_page_indices
 	return unsafe.Slice((*int32)(unsafe.Pointer(a.data)), int(a.cap))
+}
+
+// headerAttentionKinds are the header's PAGEDKV_ATTENTION_* by the name
+// kernels.AttentionKind's String gives them.
+func headerAttentionKinds() map[string]int64 {
+	return map[string]int64{"decode": C.PAGEDKV_ATTENTION_DECODE, "prefill": C.PAGEDKV_ATTENTION_PREFILL,
+		"cascade": C.PAGEDKV_ATTENTION_CASCADE, "chunked": C.PAGEDKV_ATTENTION_CHUNKED}
 }

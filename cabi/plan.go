@@ -44,6 +44,7 @@ func (h *handle) gather(e *planExport, out *C.pagedkv_plan, p *pagedkv.Plan) {
 	h.array(&out.kv_last_page_len, p.KVLastPageLen)
 	h.array(&out.seq_lens, p.SeqLens)
 	h.array(&out.drafts, p.Drafts)
+	out.attention_kind = C.int64_t(p.AttentionKind())
 
 	nlevels := 0
 	var lp unsafe.Pointer

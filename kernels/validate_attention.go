@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/ragged"
 )
 
 // ErrInvalidAttention is wrapped by attention validation errors that are not
@@ -210,19 +211,14 @@ func validateAttentionOut(op string, o *Tensor, lse []float32, rows, heads, d in
 	return checkLSE(op, "lse", lse, rows*heads, true)
 }
 
-// validateQOIndptr checks qo_indptr against the batch size of the page table
-// and the row count of q.
+// validateQOIndptr checks qo_indptr ([ragged.CheckIndptr], the one indptr
+// check) against the batch size of the page table and the row count of q.
 func validateQOIndptr(op string, qoIndptr []int32, batch, nnz int) error {
 	if len(qoIndptr) != batch+1 {
 		return fmt.Errorf("%s: %w: qo_indptr has length %d but kv_indptr has %d (want the same batch+1)", op, ErrInvalidAttention, len(qoIndptr), batch+1)
 	}
-	if qoIndptr[0] != 0 {
-		return fmt.Errorf("%s: %w: qo_indptr[0] = %d, want 0", op, ErrInvalidAttention, qoIndptr[0])
-	}
-	for b := 0; b < batch; b++ {
-		if qoIndptr[b+1] < qoIndptr[b] {
-			return fmt.Errorf("%s: %w: qo_indptr decreases at request %d: %d > %d", op, ErrInvalidAttention, b, qoIndptr[b], qoIndptr[b+1])
-		}
+	if err := ragged.CheckIndptr("qo_indptr", qoIndptr); err != nil {
+		return fmt.Errorf("%s: %w: %w", op, ErrInvalidAttention, err)
 	}
 	if int(qoIndptr[batch]) != nnz {
 		return fmt.Errorf("%s: %w: qo_indptr[%d] = %d but q has %d rows", op, ErrInvalidAttention, batch, qoIndptr[batch], nnz)

@@ -18,7 +18,7 @@
 //     merges on the device), [Step.MLAAppend] and [Step.MLADecode] launch
 //     with no host traffic and with fixed buffer addresses (CUDA graph
 //     capture; see docs/kernels.md);
-//   - the host-memory [kernels.Backend] (tests, verify, simulate's checks):
+//   - the CPU-memory [kernels.Backend] (tests, verify, simulate's checks):
 //     each call validates its parameters, uploads into temporary device
 //     objects, runs the device-resident path, and downloads the results.
 //
@@ -101,7 +101,7 @@
 //     plan places each array at an offset that depends only on the step's
 //     sizes (kv_indices last), so same-shape steps launch identical
 //     arguments.
-//   - Host outputs of the kernels.Backend methods are written only after
+//   - CPU-memory outputs of the kernels.Backend methods are written only after
 //     every launch of the operation has succeeded.
 //   - Index arrays are int32 and host memory is little-endian.
 //

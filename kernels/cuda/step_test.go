@@ -461,8 +461,8 @@ func (d *nopDriver) HtoDAsync(cuda.DevicePtr, []byte) error                   { 
 func (d *nopDriver) DtoH([]byte, cuda.DevicePtr) error                        { return nil }
 func (d *nopDriver) DtoD(_, _ cuda.DevicePtr, _ int) error                    { return nil }
 func (d *nopDriver) Memset(cuda.DevicePtr, byte, int) error                   { return nil }
-func (d *nopDriver) PinnedAlloc(n int) ([]byte, error)                          { return make([]byte, n), nil }
-func (d *nopDriver) PinnedFree([]byte) error                                    { return nil }
+func (d *nopDriver) PinnedAlloc(n int) ([]byte, error)                        { return make([]byte, n), nil }
+func (d *nopDriver) PinnedFree([]byte) error                                  { return nil }
 func (d *nopDriver) Synchronize() error                                       { return nil }
 func (d *nopDriver) Launch(string, cuda.Dim3, cuda.Dim3, int, []uint64) error { return nil }
 func (d *nopDriver) BeginCapture() error                                      { return nil }

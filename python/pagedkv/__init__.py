@@ -287,7 +287,7 @@ class StalePlan(PagedKVError):
 # The fields of a Plan, in the order _make_plan stores them.
 _PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices", "kv_last_page_len",
-                "seq_lens", "cascade", "query_rows") + _ffi.GROUP_PLAN_ARRAYS
+                "seq_lens", "cascade", "query_rows", "attention_kind") + _ffi.GROUP_PLAN_ARRAYS
 
 
 def _plan_field(index, name):
@@ -353,7 +353,11 @@ class Plan(_Stepped):
     list of Level, most shared first, with query_rows [nnz]: cascade row r
     holds plan row query_rows[r]. drafts [B]: how many of request b's rows
     (its last ones) are draft tokens (reserve_spec; zeros otherwise).
-    request_ids: the ids the step was reserved for (an owned copy).
+    attention_kind: the attention to run, the library's decision
+    (pagedkv_plan.attention_kind): "cascade", "chunked" (a chunked group:
+    batch prefill over the attn_* arrays), "decode" (one query row per
+    request) or "prefill". request_ids: the ids the step was reserved for
+    (an owned copy).
 
     A group's plan of a HybridManager also has cascade_window_left
     [len(cascade)] (each level's window_left; None when flat) and, for a
@@ -609,7 +613,7 @@ class _Core:
         # In _PLAN_FIELDS order.
         p._values = (ids, w[base], w[base + 1], w[base + 2], copies.reshape(-1, 3), drafts, qo_indptr,
                      batch_indices, positions, token_ids, token_positions, kv_indptr, kv_page_indices,
-                     kv_last_page_len, seq_lens, cascade, query_rows) + extra
+                     kv_last_page_len, seq_lens, cascade, query_rows, _ffi.ATTENTION_KINDS[w[k + 5]]) + extra
 
         return p
 
