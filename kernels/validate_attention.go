@@ -54,9 +54,11 @@ const (
 
 func softCapFitsF32(c float64) bool { return c >= minSoftCap && c <= maxSoftCap }
 
-// validate checks the scalar attention parameters against head_dim and the
-// cache's kv head count. op prefixes errors ("decode", "prefill").
-func (a *AttentionParams) validate(op string, qHeads, numKVHeads, headDim int) error {
+// ValidateScalars checks the scalar attention parameters (num_qo_heads
+// against q's qHeads and the cache's numKVHeads, window, soft cap and
+// scales) as [DecodeParams.Validate] and [PrefillParams.Validate] do. op
+// prefixes errors ("decode", "prefill").
+func (a *AttentionParams) ValidateScalars(op string, qHeads, numKVHeads, headDim int) error {
 	switch {
 	case a.NumQOHeads != qHeads:
 		return fmt.Errorf("%s: %w: num_qo_heads = %d but q has %d heads", op, ErrInvalidAttention, a.NumQOHeads, qHeads)
@@ -153,8 +155,11 @@ func (p *DecodeParams) Validate() error {
 	if err != nil {
 		return err
 	}
-	if err := ValidateDecodeTable(p.Cache.Geometry, B, &p.Table); err != nil {
+	if err := p.Table.ValidateBatch(op, B); err != nil {
 		return err
+	}
+	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, B, hq, d)
 }
@@ -174,7 +179,10 @@ func (p *PrefillParams) Validate() error {
 	if err != nil {
 		return err
 	}
-	if err := ValidatePrefillTable(p.Cache.Geometry, nnz, p.QOIndptr, &p.Table); err != nil {
+	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if err := ValidateQOIndptr(op, p.QOIndptr, len(p.Table.KVIndptr)-1, nnz); err != nil {
 		return err
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, nnz, hq, d)
@@ -196,7 +204,7 @@ func validatePagedQ(op string, q *Tensor, cache *PagedKVCache, a *AttentionParam
 	if d != g.HeadDim {
 		return 0, 0, 0, fmt.Errorf("%s: %w: q has head_dim %d but the cache has head_dim %d", op, ErrInvalidTensor, d, g.HeadDim)
 	}
-	if err := a.validate(op, hq, g.NumKVHeads, d); err != nil {
+	if err := a.ValidateScalars(op, hq, g.NumKVHeads, d); err != nil {
 		return 0, 0, 0, err
 	}
 	return rows, hq, d, nil
@@ -211,9 +219,10 @@ func validateAttentionOut(op string, o *Tensor, lse []float32, rows, heads, d in
 	return checkLSE(op, "lse", lse, rows*heads, true)
 }
 
-// validateQOIndptr checks qo_indptr ([ragged.CheckIndptr], the one indptr
-// check) against the batch size of the page table and the row count of q.
-func validateQOIndptr(op string, qoIndptr []int32, batch, nnz int) error {
+// ValidateQOIndptr checks qo_indptr ([ragged.CheckIndptr], the one indptr
+// check) against the batch size of the page table and the row count of q,
+// the check [PrefillParams.Validate] makes after the page table.
+func ValidateQOIndptr(op string, qoIndptr []int32, batch, nnz int) error {
 	if len(qoIndptr) != batch+1 {
 		return fmt.Errorf("%s: %w: qo_indptr has length %d but kv_indptr has %d (want the same batch+1)", op, ErrInvalidAttention, len(qoIndptr), batch+1)
 	}

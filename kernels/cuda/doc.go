@@ -93,7 +93,8 @@
 //
 //   - Every index array is validated on the host with the shared validator
 //     (the Validate methods of package kernels, or their index halves such
-//     as kernels.ValidateDecodeTable) before it is uploaded, so a bad index
+//     as kernels.ValidateQOIndptr, with the page table checked once per
+//     step by PageTable.Validate) before it is uploaded, so a bad index
 //     never reaches a kernel and the error is the CPU backend's; a rejected
 //     plan copies and launches nothing. The kernels additionally skip page
 //     ids outside the pool.

@@ -289,40 +289,58 @@ func (s *Step) limit(what string, n, max int) error {
 	return nil
 }
 
-// validate runs the shared host validator over every array of p, in the
-// order the host backends' Validate methods check them, then the limits.
+// validate runs the shared validator over every array of p, in the order
+// the CPU backends' Validate methods check them, then the limits. The page
+// table is checked once ([kernels.PageTable.Validate], i.e.
+// ragged.ValidatePageTable), for the first call that reads it (the append,
+// else the attention); a cascade's levels are each their own table.
 func (s *Step) validate(p *StepPlan) error {
 	g := p.Geometry
 	if _, err := planeBytes(g); err != nil {
 		return fmt.Errorf("%s: step: %w", s.b.name, err)
 	}
-	if p.BatchIndices != nil || p.Positions != nil {
-		if err := kernels.ValidateAppendTable(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+	appends := p.BatchIndices != nil || p.Positions != nil
+	if appends || p.Attention == kernels.NoAttention {
+		op := "append"
+		if !appends {
+			op = "step"
+		}
+		if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	if appends {
+		if err := kernels.ValidateAppendIndices(p.BatchIndices, p.Positions); err != nil {
 			return err
 		}
-		if err := kernels.ValidateAppendRows(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+		if err := kernels.ValidateAppendRows(&p.Table, p.BatchIndices, p.Positions, g.PageSize, false); err != nil {
 			return err
 		}
 	}
 	switch p.Attention {
 	case kernels.NoAttention:
-		if p.BatchIndices == nil {
+	case kernels.Decode:
+		if err := p.AttentionParams.ValidateScalars("decode", p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
+			return err
+		}
+		if err := p.Table.ValidateBatch("decode", p.Rows); err != nil {
+			return err
+		}
+		if !appends {
 			if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
-				return fmt.Errorf("step: %w", err)
+				return fmt.Errorf("decode: %w", err)
 			}
 		}
-	case kernels.Decode:
-		if err := kernels.ValidateAttentionScalars("decode", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
-			return err
-		}
-		if err := kernels.ValidateDecodeTable(g, p.Rows, &p.Table); err != nil {
-			return err
-		}
 	case kernels.Prefill:
-		if err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
+		if err := p.AttentionParams.ValidateScalars("prefill", p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
 			return err
 		}
-		if err := kernels.ValidatePrefillTable(g, p.Rows, p.QOIndptr, &p.Table); err != nil {
+		if !appends {
+			if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+				return fmt.Errorf("prefill: %w", err)
+			}
+		}
+		if err := kernels.ValidateQOIndptr("prefill", p.QOIndptr, len(p.Table.KVIndptr)-1, p.Rows); err != nil {
 			return err
 		}
 	case kernels.Cascade:
@@ -333,10 +351,14 @@ func (s *Step) validate(p *StepPlan) error {
 			return fmt.Errorf("cascade: %w: window_left = %d; cascade attention takes no window (want -1)", kernels.ErrInvalidAttention, p.WindowLeft)
 		}
 		for l, lv := range p.Levels {
-			err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim)
+			err := p.AttentionParams.ValidateScalars("prefill", p.NumQOHeads, g.NumKVHeads, g.HeadDim)
 			if err == nil {
 				t := lv.Table()
-				err = kernels.ValidatePrefillTable(g, p.Rows, lv.QOIndptr, &t)
+				if err = t.Validate(g.PageSize, g.NumPages); err != nil {
+					err = fmt.Errorf("prefill: %w", err)
+				} else {
+					err = kernels.ValidateQOIndptr("prefill", lv.QOIndptr, len(t.KVIndptr)-1, p.Rows)
+				}
 			}
 			if err != nil {
 				return fmt.Errorf("cascade level %d of %d: %w", l, len(p.Levels), err)
