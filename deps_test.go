@@ -7,7 +7,11 @@ package pagedkv_test
 import (
 	"errors"
 	"fmt"
+	"go/ast"
 	"go/build"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -23,7 +27,7 @@ const modulePath = "github.com/pagedkv/pagedkv"
 // may import only packages of strictly lower layers. L0-L5 are the library;
 // T1-T4 are its test support and programs, each layer above the one it uses.
 const (
-	L0 = iota // leaves: the standard library only
+	L0 = iota // leaves: the standard library (and go.uber.org/atomic) only
 	L1
 	L2
 	L3
@@ -73,7 +77,7 @@ var layering = map[string]pkgRule{
 	"stepbuf": at(L0),
 	// ZeroMQ's wire protocol (ZMTP 3.0) with bounded reads, for the event
 	// packages.
-	"internal/zmtp": at(L0),
+	"internal/zmtp": at(L0, "go.uber.org/atomic"),
 	// Eviction order: the policies and the intrusive queues over slots
 	// that the prefix cache and the host and disk tiers keep.
 	"evict": at(L0),
@@ -107,7 +111,7 @@ var layering = map[string]pkgRule{
 	"prefixcache": at(L3, "allocator", "evict", "internal/invariants"),
 
 	// The engine-facing facade.
-	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "stepbuf", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "go.uber.org/atomic"),
+	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "stepbuf", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "kernels"),
 	// KV-cache events. events encodes and publishes (the Manager's
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
 	// hash chain with the Manager (prefixcache) but no code with events: its
@@ -118,7 +122,7 @@ var layering = map[string]pkgRule{
 	// Prometheus collectors over the Manager's stats.
 	"metrics": at(L5, "", "tier", "github.com/prometheus/client_golang"),
 	// The engine glue: a Plan to the device step and the host kernel calls.
-	"stepglue": at(L5, "", "cascade", "kernels", "kernels/cuda", "layout"),
+	"stepglue": at(L5, "", "appendkv", "cascade", "kernels", "kernels/cuda", "layout"),
 
 	// internal/reference shares no code with what it checks; it may use
 	// plain data types only.
@@ -183,6 +187,9 @@ var onlyImportedBy = map[string][]string{
 	// Stack traces only where one crosses an API boundary: the C ABI's
 	// internal-error message (docs/architecture.md, "Conventions").
 	"github.com/pkg/errors": {"cabi"},
+	// Typed atomics: sync/atomic's where it has the type, go.uber.org/atomic
+	// for the types it lacks (TestAtomicStyle checks which).
+	"go.uber.org/atomic": {"internal/zmtp"},
 }
 
 func TestImportLayering(t *testing.T) {
@@ -585,4 +592,142 @@ func parseLayerBlock(doc string) (map[string]int, error) {
 		}
 	}
 	return layers, nil
+}
+
+// uberOnly are the go.uber.org/atomic types (and their constructors) that
+// sync/atomic lacks: the only ones the module may take from it.
+var uberOnly = map[string]bool{
+	"Duration": true, "NewDuration": true, "Float32": true, "NewFloat32": true, "Float64": true, "NewFloat64": true,
+	"String": true, "NewString": true, "Error": true, "NewError": true, "Time": true, "NewTime": true,
+}
+
+// TestAtomicStyle enforces the atomics rule of docs/architecture.md
+// ("Conventions"): shared words are typed atomic values, never sync/atomic's
+// function forms (atomic.AddInt64(&n, 1)); a type sync/atomic has comes from
+// sync/atomic, and go.uber.org/atomic, imported as uatomic, supplies only
+// the types it lacks (uberOnly). Test files follow the rule too.
+func TestAtomicStyle(t *testing.T) {
+	for _, v := range atomicStyleViolations(t, ".") {
+		t.Error(v)
+	}
+}
+
+// atomicStyleViolations parses every .go file under root (as
+// modulePackages walks the module) and returns each break of the rule.
+func atomicStyleViolations(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			name := d.Name()
+			if path != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "docs") {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); path != root && err == nil {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		out = append(out, fileAtomicViolations(fset, f)...)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// fileAtomicViolations checks one parsed file against the atomics rule.
+func fileAtomicViolations(fset *token.FileSet, f *ast.File) []string {
+	var out []string
+	std, uber := "", ""
+	for _, imp := range f.Imports {
+		name := ""
+		if imp.Name != nil {
+			name = imp.Name.Name
+		}
+		switch strings.Trim(imp.Path.Value, `"`) {
+		case "sync/atomic":
+			std = cmpOr(name, "atomic")
+		case "go.uber.org/atomic":
+			uber = cmpOr(name, "atomic")
+			if uber != "uatomic" {
+				out = append(out, fmt.Sprintf("%s: go.uber.org/atomic imported as %q, want uatomic", fset.Position(imp.Pos()), uber))
+			}
+		}
+	}
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		x, ok := sel.X.(*ast.Ident)
+		if !ok {
+			return true
+		}
+		switch {
+		case std != "" && x.Name == std && isAtomicFunc(sel.Sel.Name):
+			out = append(out, fmt.Sprintf("%s: sync/atomic's function %s; use a typed atomic (atomic.Int64, ...)", fset.Position(sel.Pos()), sel.Sel.Name))
+		case uber != "" && x.Name == uber && !uberOnly[sel.Sel.Name]:
+			out = append(out, fmt.Sprintf("%s: go.uber.org/atomic's %s; sync/atomic has it", fset.Position(sel.Pos()), sel.Sel.Name))
+		}
+		return true
+	})
+	return out
+}
+
+// isAtomicFunc reports whether name is one of sync/atomic's functions on a
+// plain word (AddInt64, LoadPointer, CompareAndSwapUint32, ...).
+func isAtomicFunc(name string) bool {
+	for _, p := range [...]string{"Add", "Load", "Store", "Swap", "CompareAndSwap", "And", "Or"} {
+		if rest, ok := strings.CutPrefix(name, p); ok && rest != "" && token.IsExported(rest) {
+			return true
+		}
+	}
+	return false
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// TestAtomicStyleRejects plants each kind of break in a small file.
+func TestAtomicStyleRejects(t *testing.T) {
+	for name, src := range map[string]string{
+		"function form": "package p\nimport \"sync/atomic\"\nvar n int64\nfunc f() { atomic.AddInt64(&n, 1) }\n",
+		"uber has std":  "package p\nimport uatomic \"go.uber.org/atomic\"\nvar n uatomic.Int64\n",
+		"uber unnamed":  "package p\nimport \"go.uber.org/atomic\"\nvar d atomic.Duration\n",
+	} {
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, name+".go", src, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fileAtomicViolations(fset, f); len(got) != 1 {
+			t.Errorf("%s: violations %q, want exactly one", name, got)
+		}
+	}
+	fset := token.NewFileSet()
+	ok := "package p\nimport (\n\"sync/atomic\"\nuatomic \"go.uber.org/atomic\"\n)\nvar n atomic.Int64\nvar d uatomic.Duration\nfunc f() { n.Add(1); d.Store(0) }\n"
+	f, err := parser.ParseFile(fset, "ok.go", ok, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fileAtomicViolations(fset, f); len(got) != 0 {
+		t.Errorf("a file that keeps the rule: violations %q", got)
+	}
 }

@@ -1,6 +1,9 @@
 package pagedkv
 
-import "github.com/pagedkv/pagedkv/cascade"
+import (
+	"github.com/pagedkv/pagedkv/cascade"
+	"github.com/pagedkv/pagedkv/kernels"
+)
 
 // Plan is what a step needs to run: the copies to make first, then
 // FlashInfer's arrays for appending the step's tokens and attending over
@@ -94,6 +97,15 @@ type Plan struct {
 // is a page of every pool, so a kernel that fetches a tile's page IDs
 // ahead reads a valid page (masked) and never out-of-bounds memory.
 const BlockTablesPad = 0
+
+// AttentionKind is the attention the step runs, by the module's one
+// decision ([kernels.AttentionKindOf]): Cascade with a cascade layout,
+// Chunked with a chunked group's Attn arrays, Decode when every request
+// has one row, Prefill otherwise. stepglue and the C ABI's
+// pagedkv_plan.attention_kind (so the Python binding) take it from here.
+func (p *Plan) AttentionKind() kernels.AttentionKind {
+	return kernels.AttentionKindOf(p.QOIndptr, p.Cascade != nil, p.AttnQOIndptr != nil)
+}
 
 // ---- Per step ----
 

@@ -3,8 +3,7 @@ package pagedkv
 import (
 	"fmt"
 	"runtime"
-
-	"go.uber.org/atomic"
+	"sync/atomic"
 )
 
 // Stats is a consistent snapshot of the Manager's occupancy and cumulative
@@ -166,11 +165,11 @@ type statsCell struct {
 }
 
 func (c *statsCell) store(v *[numStatFields]int64) {
-	c.seq.Inc()
+	c.seq.Add(1)
 	for i := range v {
 		c.v[i].Store(v[i])
 	}
-	c.seq.Inc()
+	c.seq.Add(1)
 }
 
 func (c *statsCell) load(v *[numStatFields]int64) {

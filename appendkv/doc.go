@@ -1,7 +1,8 @@
 // Package appendkv plans and runs one append step of a paged KV cache: it
 // turns the step's per-request row counts (append_indptr) and the post-append
 // sequence lengths into FlashInfer's COO arrays (batch_indices, positions),
-// then runs flashinfer.page.append_paged_kv_cache on a [kernels.Backend],
+// then runs flashinfer.page.append_paged_kv_cache on a [kernels.Backend]
+// ([Plan.Run], the module's one append runner; stepglue's CPU step uses it),
 // which writes row i to entry positions[i] % page_size of page
 // kv_indices[kv_indptr[b] + positions[i] / page_size], b = batch_indices[i].
 //

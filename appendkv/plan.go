@@ -80,9 +80,11 @@ type Input struct {
 	KScale, VScale float64
 }
 
-// Run appends the planned rows on backend b. It checks that in.Table has
-// the plan's batch size and seq_lens; the backend then validates every input
-// before writing. On error nothing is written.
+// Run appends the planned rows on backend b: the module's one append
+// runner (stepglue's CPU step runs its appends through it). It checks that
+// in.Table has the plan's batch size and seq_lens; the backend then
+// validates every input, the page table once, before writing. On error
+// nothing is written.
 func (p *Plan) Run(b kernels.Backend, in Input) error {
 	if in.Cache == nil || in.Table == nil {
 		return fmt.Errorf("appendkv: run: nil cache or page table: %w", ErrPlanMismatch)
@@ -90,9 +92,6 @@ func (p *Plan) Run(b kernels.Backend, in Input) error {
 	if B := in.Table.BatchSize(); B != len(p.SeqLens) || len(in.Table.KVLastPageLen) != B {
 		return fmt.Errorf("appendkv: run: page table has batch %d (kv_indptr %d, kv_last_page_len %d), plan has %d: %w",
 			B, len(in.Table.KVIndptr), len(in.Table.KVLastPageLen), len(p.SeqLens), ErrPlanMismatch)
-	}
-	if err := in.Table.Validate(in.Cache.Geometry.PageSize, in.Cache.Geometry.NumPages); err != nil {
-		return fmt.Errorf("appendkv: run: %w", err)
 	}
 	for i, n := range p.SeqLens {
 		if got := in.Table.SeqLen(i, in.Cache.Geometry.PageSize); got != int(n) {

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/kernels"
 )
 
 // codeFor is the C code of a Go error (0 for nil), by the same table the
@@ -35,7 +36,8 @@ func goPlanArrays(p *pagedkv.Plan) abiPlan {
 		}
 		return slices.Clone(s)
 	}
-	out := abiPlan{BatchSize: int64(len(p.QOIndptr) - 1), NNZ: int64(len(p.Positions)), WindowLeft: int64(p.WindowLeft)}
+	out := abiPlan{BatchSize: int64(len(p.QOIndptr) - 1), NNZ: int64(len(p.Positions)), WindowLeft: int64(p.WindowLeft),
+		AttentionKind: int64(p.AttentionKind())}
 	var copies []int32
 	for _, c := range p.Copies {
 		copies = append(copies, int32(c.Src), int32(c.Dst), c.Entries)
@@ -59,8 +61,9 @@ func goPlanArrays(p *pagedkv.Plan) abiPlan {
 }
 
 func samePlan(a, b abiPlan) error {
-	if a.BatchSize != b.BatchSize || a.NNZ != b.NNZ || a.WindowLeft != b.WindowLeft {
-		return fmt.Errorf("batch %d/%d nnz %d/%d window_left %d/%d", a.BatchSize, b.BatchSize, a.NNZ, b.NNZ, a.WindowLeft, b.WindowLeft)
+	if a.BatchSize != b.BatchSize || a.NNZ != b.NNZ || a.WindowLeft != b.WindowLeft || a.AttentionKind != b.AttentionKind {
+		return fmt.Errorf("batch %d/%d nnz %d/%d window_left %d/%d attention_kind %d/%d", a.BatchSize, b.BatchSize, a.NNZ, b.NNZ,
+			a.WindowLeft, b.WindowLeft, a.AttentionKind, b.AttentionKind)
 	}
 	for k, v := range a.Arrays {
 		if !slices.Equal(v, b.Arrays[k]) {
@@ -699,4 +702,18 @@ func BenchmarkABIDecodeStep(b *testing.B) {
 		}
 		goDestroy(h)
 	})
+}
+
+// The header's PAGEDKV_ATTENTION_* are kernels.AttentionKind's numbers, so
+// pagedkv_plan.attention_kind is the Go decision as it is.
+func TestAttentionKindNumbers(t *testing.T) {
+	h := headerAttentionKinds()
+	for _, k := range []kernels.AttentionKind{kernels.Decode, kernels.Prefill, kernels.Cascade, kernels.Chunked} {
+		if got, ok := h[k.String()]; !ok || got != int64(k) {
+			t.Errorf("PAGEDKV_ATTENTION_%s = %d (in header: %v), want %d", strings.ToUpper(k.String()), got, ok, int64(k))
+		}
+	}
+	if len(h) != 4 {
+		t.Errorf("the header has %d attention kinds, want 4", len(h))
+	}
 }

@@ -141,6 +141,7 @@ func goRelease(h, id uint64) int32 {
 // abiPlan is a pagedkv_plan read back: every array copied out.
 type abiPlan struct {
 	BatchSize, NNZ, WindowLeft int64
+	AttentionKind              int64
 	Arrays                     map[string][]int32
 	Levels                     []map[string][]int32
 }
@@ -154,6 +155,7 @@ func readArray(a C.pagedkv_array) []int32 {
 
 func (p *abiPlan) read(c *C.pagedkv_plan) {
 	p.BatchSize, p.NNZ, p.WindowLeft = int64(c.batch_size), int64(c.nnz), int64(c.window_left)
+	p.AttentionKind = int64(c.attention_kind)
 	p.Arrays = map[string][]int32{
 		"copies": readArray(c.copies), "qo_indptr": readArray(c.qo_indptr), "batch_indices": readArray(c.batch_indices),
 		"positions": readArray(c.positions), "token_ids": readArray(c.token_ids), "token_positions": readArray(c.token_positions),
@@ -597,3 +599,10 @@ func goLockFree(h uint64) []int32 {
 }
 
 func lookupHandle(h uint64) *handle { return lookup(C.pagedkv_manager(h)) }
+
+// headerAttentionKinds are the header's PAGEDKV_ATTENTION_* by the name
+// kernels.AttentionKind's String gives them.
+func headerAttentionKinds() map[string]int64 {
+	return map[string]int64{"decode": C.PAGEDKV_ATTENTION_DECODE, "prefill": C.PAGEDKV_ATTENTION_PREFILL,
+		"cascade": C.PAGEDKV_ATTENTION_CASCADE, "chunked": C.PAGEDKV_ATTENTION_CHUNKED}
+}

@@ -109,8 +109,8 @@ func TestInstalledLibraryBuildsWithPkgConfig(t *testing.T) {
 	prefix := t.TempDir()
 	run(t, root, nil, "bash", filepath.Join(root, "scripts", "install-libpagedkv.sh"), prefix)
 	pc := []string{"PKG_CONFIG_PATH=" + filepath.Join(prefix, "lib", "pkgconfig")}
-	if got := strings.TrimSpace(run(t, root, pc, "pkg-config", "--modversion", "pagedkv")); got != "2" {
-		t.Errorf("pkg-config --modversion pagedkv = %q, want the ABI version 2", got)
+	if got := strings.TrimSpace(run(t, root, pc, "pkg-config", "--modversion", "pagedkv")); got != "3" {
+		t.Errorf("pkg-config --modversion pagedkv = %q, want the ABI version 3", got)
 	}
 	flags := strings.Fields(run(t, root, pc, "pkg-config", "--cflags", "--libs", "pagedkv"))
 	prog := filepath.Join(t.TempDir(), "pagedkv_test")

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of this header. */
-#define PAGEDKV_ABI_VERSION 2
+#define PAGEDKV_ABI_VERSION 3
 
 typedef uint64_t pagedkv_manager;
 
@@ -142,6 +142,18 @@ typedef struct {
 	pagedkv_array kv_last_page_len; /* [groups] */
 } pagedkv_level;
 
+/* The attention a plan's step runs (Go: kernels.AttentionKind, the same
+ * numbers), the library's one decision (Go: pagedkv.Plan.AttentionKind):
+ * cascade when the plan has levels, chunked for a chunked group's plan
+ * (run batch prefill over its attn_* arrays), decode when every request
+ * has exactly one query row (an empty batch included), else prefill. */
+enum {
+	PAGEDKV_ATTENTION_DECODE = 1,  /* batch decode */
+	PAGEDKV_ATTENTION_PREFILL = 2, /* batch prefill over qo_indptr, causal */
+	PAGEDKV_ATTENTION_CASCADE = 3, /* multi-level cascade over levels */
+	PAGEDKV_ATTENTION_CHUNKED = 4  /* batch prefill over a group plan's attn_* arrays */
+};
+
 /* A step's plan (Go: pagedkv.Plan). B = batch_size requests, in the order of
  * reserve's ids; nnz rows (tokens appended). The caller owns this struct;
  * pagedkv_reserve fills it. */
@@ -163,6 +175,7 @@ typedef struct {
 	int64_t num_levels;             /* 0: run flat; else a cascade of num_levels levels */
 	const pagedkv_level *levels;    /* [num_levels], level 0 (most shared) first */
 	pagedkv_array drafts;           /* [B] draft rows of request b (its last rows); all 0 unless reserve_spec */
+	int64_t attention_kind;         /* PAGEDKV_ATTENTION_*: the attention to run (ABI version 3) */
 } pagedkv_plan;
 
 /* The padded page table of the last reserved plan (Go: Plan.BlockTables),

@@ -48,6 +48,7 @@ func (h *handle) gather(e *planExport, out *C.pagedkv_plan, p *pagedkv.Plan) {
 	if cap(e.blockTables) > 0 { // pinned with the plan's arrays
 		h.cur = append(h.cur, unsafe.Pointer(unsafe.SliceData(e.blockTables)))
 	}
+	out.attention_kind = C.int64_t(p.AttentionKind())
 
 	nlevels := 0
 	var lp unsafe.Pointer

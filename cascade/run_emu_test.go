@@ -89,7 +89,7 @@ func TestCascadeStepRejectsLikeCPU(t *testing.T) {
 				O:               kernels.NewTensor(g.DType, nnz, hq, g.HeadDim), LSE: make([]float32, nnz*hq)}
 			cpuErr := Run(c, p)
 			t0 := dev.Traffic()
-			devErr := s.Plan(&cuda.StepPlan{Geometry: g, Attention: cuda.Cascade, Rows: nnz, Levels: levels, Causal: true,
+			devErr := s.Plan(&cuda.StepPlan{Geometry: g, Attention: kernels.Cascade, Rows: nnz, Levels: levels, Causal: true,
 				AttentionParams: p.AttentionParams, Table: kernels.PageTable{KVIndptr: []int32{0}}})
 			moved := dev.Traffic().Sub(t0)
 			if cpuErr == nil {

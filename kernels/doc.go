@@ -12,11 +12,14 @@
 //
 // Every backend validates its parameters with the Validate methods of this
 // package before it touches memory, so a failed call writes nothing and a bad
-// index can never turn into an out-of-bounds write. The index halves of
-// those methods (ValidateDecodeTable, ValidateAppendRows and their kin,
-// which the methods call) serve backends whose tensors live in device
-// memory: kernels/cuda's device-resident steps check their index arrays
-// with them before uploading, with the same errors.
+// index can never turn into an out-of-bounds write. The page table is
+// checked by [PageTable.Validate], which is ragged.ValidatePageTable (the
+// module's one page-table validator); the other index halves of those
+// methods (ValidateAppendRows, ValidateQOIndptr, PageTable.ValidateBatch,
+// AttentionParams.ValidateScalars and their kin, which the methods call)
+// serve backends whose tensors live in device memory: kernels/cuda's
+// device-resident steps check their index arrays with them before
+// uploading, the page table once per step, with the same errors.
 //
 // # Conventions
 //
@@ -39,7 +42,7 @@
 //     suite's tolerances (kernels/kernelstest, against the float64 models of
 //     internal/reference); append copies bytes exactly, so caches agree byte
 //     for byte.
-//   - The device-side index checks (ValidateDecodeTable and their kin) are
+//   - The device-side index checks (ValidateAppendRows and their kin) are
 //     the index halves of the Validate methods, so a device backend refuses
 //     exactly what the CPU backend refuses, with the same error.
 //

@@ -8,7 +8,7 @@ import (
 // hugePage is the size of an x86-64 / arm64 transparent huge page.
 const hugePage = 2 << 20
 
-// newHostBytes returns n zero bytes for a paged K/V buffer. On Linux, a
+// newTensorBytes returns n zero bytes for a paged K/V buffer. On Linux, a
 // buffer of at least two huge pages has its 2 MiB-aligned interior advised
 // MADV_HUGEPAGE (before anything touches it, so the kernel faults it in
 // huge pages where it has them): a decode or an append touches every page of
@@ -16,7 +16,7 @@ const hugePage = 2 << 20
 // a different 4 KiB page), and with 4 KiB pages the TLB misses, not the
 // bytes, bound them. The advice is a hint: where transparent huge pages are
 // off it changes nothing, and the memory stays the Go heap's.
-func newHostBytes(n int) []byte {
+func newTensorBytes(n int) []byte {
 	b := make([]byte, n)
 	if n < 2*hugePage {
 		return b

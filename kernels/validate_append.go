@@ -44,7 +44,10 @@ func (p *AppendParams) Validate() error {
 		return fmt.Errorf("append: paged_kv_cache: %w", err)
 	}
 	g := p.Cache.Geometry
-	if err := ValidateAppendTable(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+	if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+		return fmt.Errorf("append: %w", err)
+	}
+	if err := ValidateAppendIndices(p.BatchIndices, p.Positions); err != nil {
 		return err
 	}
 	nnz := len(p.BatchIndices)
@@ -57,13 +60,15 @@ func (p *AppendParams) Validate() error {
 	if err := ValidateAppendDTypes(p.AppendKey.DType, p.AppendValue.DType, g.DType, p.KScale, p.VScale); err != nil {
 		return err
 	}
-	return ValidateAppendRows(g, &p.Table, p.BatchIndices, p.Positions)
+	return ValidateAppendRows(&p.Table, p.BatchIndices, p.Positions, g.PageSize, false)
 }
 
-// validateRows checks that row i of an append targets a request of the batch
-// and a position below that request's length (its capacity in pages*pageSize
-// when capacityOnly, i.e. when kv_last_page_len is absent).
-func validateRows(t *PageTable, batchIndices, positions []int32, pageSize int, capacityOnly bool) error {
+// ValidateAppendRows checks that row i of an append targets a request of
+// the batch and a position below that request's length (its capacity in
+// pages*pageSize when capacityOnly, i.e. when kv_last_page_len is absent),
+// the last check of [AppendParams.Validate]. t must have passed
+// [PageTable.Validate] and the lengths [ValidateAppendIndices].
+func ValidateAppendRows(t *PageTable, batchIndices, positions []int32, pageSize int, capacityOnly bool) error {
 	B := int64(t.BatchSize())
 	for i, b := range batchIndices {
 		if b < 0 || int64(b) >= B {
@@ -115,7 +120,11 @@ func (p *MLAAppendParams) Validate() error {
 	if p.AppendCKV.DType != g.DType || p.AppendKPE.DType != g.DType {
 		return fmt.Errorf("mla append: %w: append_ckv %v and append_kpe %v into a %v cache (want equal dtypes)", ErrInvalidTensor, p.AppendCKV.DType, p.AppendKPE.DType, g.DType)
 	}
-	return ValidateMLAAppendRows(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions)
+	t := PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
+	if err := ValidateAppendRows(&t, p.BatchIndices, p.Positions, g.PageSize, p.KVLastPageLen == nil); err != nil {
+		return fmt.Errorf("mla %w", err)
+	}
+	return nil
 }
 
 // ValidateAppendDTypes checks the dtypes of an append's rows against the

@@ -190,7 +190,7 @@ func TestMLAAppendValidate(t *testing.T) {
 	assert.NoError(t, p.Validate(), "kv_last_page_len is optional")
 }
 
-func TestHostTensors(t *testing.T) {
+func TestCPUTensors(t *testing.T) {
 	x := kernels.NewTensor(layout.BF16, 2, 3)
 	assert.Equal(t, int64(6), x.NumElements())
 	assert.Len(t, x.Data, 12)

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/pagedkv/pagedkv/layout"
+	"github.com/pagedkv/pagedkv/ragged"
 )
 
 // ErrInvalidAttention is wrapped by attention validation errors that are not
@@ -53,9 +54,11 @@ const (
 
 func softCapFitsF32(c float64) bool { return c >= minSoftCap && c <= maxSoftCap }
 
-// validate checks the scalar attention parameters against head_dim and the
-// cache's kv head count. op prefixes errors ("decode", "prefill").
-func (a *AttentionParams) validate(op string, qHeads, numKVHeads, headDim int) error {
+// ValidateScalars checks the scalar attention parameters (num_qo_heads
+// against q's qHeads and the cache's numKVHeads, window, soft cap and
+// scales) as [DecodeParams.Validate] and [PrefillParams.Validate] do. op
+// prefixes errors ("decode", "prefill").
+func (a *AttentionParams) ValidateScalars(op string, qHeads, numKVHeads, headDim int) error {
 	switch {
 	case a.NumQOHeads != qHeads:
 		return fmt.Errorf("%s: %w: num_qo_heads = %d but q has %d heads", op, ErrInvalidAttention, a.NumQOHeads, qHeads)
@@ -170,8 +173,11 @@ func (p *DecodeParams) Validate() error {
 	if err != nil {
 		return err
 	}
-	if err := ValidateDecodeTable(p.Cache.Geometry, B, &p.Table); err != nil {
+	if err := p.Table.ValidateBatch(op, B); err != nil {
 		return err
+	}
+	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, B, hq, d)
 }
@@ -191,7 +197,10 @@ func (p *PrefillParams) Validate() error {
 	if err != nil {
 		return err
 	}
-	if err := ValidatePrefillTable(p.Cache.Geometry, nnz, p.QOIndptr, &p.Table); err != nil {
+	if err := p.Table.Validate(p.Cache.Geometry.PageSize, p.Cache.Geometry.NumPages); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	if err := ValidateQOIndptr(op, p.QOIndptr, len(p.Table.KVIndptr)-1, nnz); err != nil {
 		return err
 	}
 	return validateAttentionOut(op, &p.O, p.LSE, nnz, hq, d)
@@ -213,7 +222,7 @@ func validatePagedQ(op string, q *Tensor, cache *PagedKVCache, a *AttentionParam
 	if d != g.HeadDim {
 		return 0, 0, 0, fmt.Errorf("%s: %w: q has head_dim %d but the cache has head_dim %d", op, ErrInvalidTensor, d, g.HeadDim)
 	}
-	if err := a.validate(op, hq, g.NumKVHeads, d); err != nil {
+	if err := a.ValidateScalars(op, hq, g.NumKVHeads, d); err != nil {
 		return 0, 0, 0, err
 	}
 	return rows, hq, d, nil
@@ -228,19 +237,15 @@ func validateAttentionOut(op string, o *Tensor, lse []float32, rows, heads, d in
 	return checkLSE(op, "lse", lse, rows*heads, true)
 }
 
-// validateQOIndptr checks qo_indptr against the batch size of the page table
-// and the row count of q.
-func validateQOIndptr(op string, qoIndptr []int32, batch, nnz int) error {
+// ValidateQOIndptr checks qo_indptr ([ragged.CheckIndptr], the one indptr
+// check) against the batch size of the page table and the row count of q,
+// the check [PrefillParams.Validate] makes after the page table.
+func ValidateQOIndptr(op string, qoIndptr []int32, batch, nnz int) error {
 	if len(qoIndptr) != batch+1 {
 		return fmt.Errorf("%s: %w: qo_indptr has length %d but kv_indptr has %d (want the same batch+1)", op, ErrInvalidAttention, len(qoIndptr), batch+1)
 	}
-	if qoIndptr[0] != 0 {
-		return fmt.Errorf("%s: %w: qo_indptr[0] = %d, want 0", op, ErrInvalidAttention, qoIndptr[0])
-	}
-	for b := 0; b < batch; b++ {
-		if qoIndptr[b+1] < qoIndptr[b] {
-			return fmt.Errorf("%s: %w: qo_indptr decreases at request %d: %d > %d", op, ErrInvalidAttention, b, qoIndptr[b], qoIndptr[b+1])
-		}
+	if err := ragged.CheckIndptr("qo_indptr", qoIndptr); err != nil {
+		return fmt.Errorf("%s: %w: %w", op, ErrInvalidAttention, err)
 	}
 	if int(qoIndptr[batch]) != nnz {
 		return fmt.Errorf("%s: %w: qo_indptr[%d] = %d but q has %d rows", op, ErrInvalidAttention, batch, qoIndptr[batch], nnz)

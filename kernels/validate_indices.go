@@ -7,62 +7,32 @@ import (
 	"github.com/pagedkv/pagedkv/layout"
 )
 
-// The functions of this file are the index-array and scalar halves of the
-// Validate methods, which call them, for backends whose tensors are not host
-// slices (the device-resident API of kernels/cuda keeps q, o and the cache
-// in device memory and checks their shapes itself). A Validate method runs
-// its tensor checks and these in a fixed order, so an index array one
-// backend rejects is rejected by every backend with the same error.
+// The functions of this file are the index-array halves of the Validate
+// methods, which call them, for backends whose tensors are not CPU slices
+// (kernels/cuda's device steps keep q, o and the cache in device memory and
+// check their shapes themselves). The page table itself is checked once per
+// call or step by [PageTable.Validate], which is [ragged.ValidatePageTable];
+// the checks here assume it has passed or come before it, in the order the
+// Validate methods run them, so an index array one backend rejects is
+// rejected by every backend with the same error.
 
-// ValidateAttentionScalars checks the scalar attention parameters as
-// [DecodeParams.Validate] and [PrefillParams.Validate] do (op "decode" or
-// "prefill"): num_qo_heads against q's heads and the cache's kv heads,
-// window, soft cap and scales.
-func ValidateAttentionScalars(op string, a *AttentionParams, qHeads, numKVHeads, headDim int) error {
-	return a.validate(op, qHeads, numKVHeads, headDim)
-}
-
-// ValidateDecodeTable checks decode's page table for a batch of batch
-// requests over a cache of geometry g, as [DecodeParams.Validate] does.
-func ValidateDecodeTable(g layout.Paged, batch int, t *PageTable) error {
-	const op = "decode"
+// ValidateBatch checks that t's kv_indptr has batch+1 entries, batch being
+// the rows of q of a decode (op names the call).
+func (t *PageTable) ValidateBatch(op string, batch int) error {
 	if len(t.KVIndptr) != batch+1 {
 		return fmt.Errorf("%s: %w: kv_indptr has length %d but q has %d rows (want batch+1 = %d)", op, ErrInvalidPageTable, len(t.KVIndptr), batch, batch+1)
-	}
-	if err := t.Validate(g.PageSize, g.NumPages); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
 }
 
-// ValidatePrefillTable checks prefill's page table and qo_indptr for nnz
-// query rows over a cache of geometry g, as [PrefillParams.Validate] does.
-func ValidatePrefillTable(g layout.Paged, nnz int, qoIndptr []int32, t *PageTable) error {
-	const op = "prefill"
-	if err := t.Validate(g.PageSize, g.NumPages); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
-	}
-	return validateQOIndptr(op, qoIndptr, len(t.KVIndptr)-1, nnz)
-}
-
-// ValidateAppendTable checks an append's page table and that batch_indices
-// and positions have the same length, the checks [AppendParams.Validate]
-// makes before the row tensors; [ValidateAppendRows] makes the rest.
-func ValidateAppendTable(g layout.Paged, t *PageTable, batchIndices, positions []int32) error {
-	if err := t.Validate(g.PageSize, g.NumPages); err != nil {
-		return fmt.Errorf("append: %w", err)
-	}
+// ValidateAppendIndices checks that batch_indices and positions have the
+// same length, the check [AppendParams.Validate] makes after the page
+// table; [ValidateAppendRows] checks their values.
+func ValidateAppendIndices(batchIndices, positions []int32) error {
 	if len(positions) != len(batchIndices) {
 		return fmt.Errorf("append: %w: batch_indices has %d entries, positions %d", ErrInvalidTensor, len(batchIndices), len(positions))
 	}
 	return nil
-}
-
-// ValidateAppendRows checks that every appended row targets a request of
-// the batch and a position below its seq_len, the last check of
-// [AppendParams.Validate]. The table must have passed [ValidateAppendTable].
-func ValidateAppendRows(g layout.Paged, t *PageTable, batchIndices, positions []int32) error {
-	return validateRows(t, batchIndices, positions, g.PageSize, false)
 }
 
 // ValidateMLAAppendTable checks an MLA append's CSR (kv_last_page_len
@@ -74,16 +44,6 @@ func ValidateMLAAppendTable(g layout.MLA, kvIndptr, kvPageIndices, kvLastPageLen
 	}
 	if len(positions) != len(batchIndices) {
 		return fmt.Errorf("mla append: %w: batch_indices has %d entries, positions %d", ErrInvalidTensor, len(batchIndices), len(positions))
-	}
-	return nil
-}
-
-// ValidateMLAAppendRows is [ValidateAppendRows] for an MLA append (without
-// kv_last_page_len a position must lie below the reserved pages*page_size).
-func ValidateMLAAppendRows(g layout.MLA, kvIndptr, kvPageIndices, kvLastPageLen, batchIndices, positions []int32) error {
-	t := PageTable{KVIndptr: kvIndptr, KVPageIndices: kvPageIndices, KVLastPageLen: kvLastPageLen}
-	if err := validateRows(&t, batchIndices, positions, g.PageSize, kvLastPageLen == nil); err != nil {
-		return fmt.Errorf("mla %w", err)
 	}
 	return nil
 }

@@ -7,24 +7,6 @@ import (
 	"github.com/pagedkv/pagedkv/ragged"
 )
 
-// validateIndptr checks an indptr array from outside: length B+1 >= 1,
-// indptr[0] == 0, non-decreasing. name is the FlashInfer name used in errors.
-func validateIndptr(name string, indptr []int32) error {
-	if len(indptr) == 0 {
-		return fmt.Errorf("pagetable: %w: %s is empty, want length batch+1 >= 1", ErrBadCSR, name)
-	}
-	if indptr[0] != 0 {
-		return fmt.Errorf("pagetable: %w: %s[0] = %d, want 0", ErrBadCSR, name, indptr[0])
-	}
-	for b := 1; b < len(indptr); b++ {
-		if indptr[b] < indptr[b-1] {
-			return fmt.Errorf("pagetable: %w: request %d: %s[%d] = %d < %s[%d] = %d (decreasing)",
-				ErrBadCSR, b-1, name, b, indptr[b], name, b-1, indptr[b-1])
-		}
-	}
-	return nil
-}
-
 // checkPageSize is the Table's bound on page_size, which the shared
 // validator (any page_size >= 1) does not know.
 func checkPageSize(pageSize int) error {
@@ -100,8 +82,8 @@ func GetSeqLensTo(dst, kvIndptr, kvLastPageLen []int32, pageSize int) ([]int32, 
 // rows request b appends, so no position is negative. On error the buffers
 // are returned unchanged and the error wraps [ErrBadCSR].
 func GetBatchIndicesPositionsTo(batchIndices, positions, appendIndptr, seqLens []int32, nnz int) (bi, pos []int32, err error) {
-	if err := validateIndptr("append_indptr", appendIndptr); err != nil {
-		return batchIndices, positions, err
+	if err := ragged.CheckIndptr("append_indptr", appendIndptr); err != nil {
+		return batchIndices, positions, fmt.Errorf("pagetable: %w: %w", ErrBadCSR, err)
 	}
 	b := len(appendIndptr) - 1
 	if len(seqLens) != b {

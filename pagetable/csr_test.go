@@ -121,11 +121,11 @@ func TestGetBatchIndicesPositions(t *testing.T) {
 		err                   string
 	}{
 		"NnzPastIndptr":    {i32{0, 2}, i32{3}, 3, "pagetable: invalid page table: nnz = 3, want append_indptr[1] = 2"},
-		"IndptrDecreases":  {i32{0, 2, 1}, i32{3, 3}, 1, "pagetable: invalid page table: request 1: append_indptr[2] = 1 < append_indptr[1] = 2 (decreasing)"},
-		"IndptrStartsAt2":  {i32{2, 3}, i32{3}, 3, "pagetable: invalid page table: append_indptr[0] = 2, want 0"},
+		"IndptrDecreases":  {i32{0, 2, 1}, i32{3, 3}, 1, "pagetable: invalid page table: ragged: malformed indptr: append_indptr decreases at request 1: append_indptr[1] = 2 > append_indptr[2] = 1"},
+		"IndptrStartsAt2":  {i32{2, 3}, i32{3}, 3, "pagetable: invalid page table: ragged: malformed indptr: append_indptr[0] = 2, want 0"},
 		"SeqLensMissing":   {i32{0, 1, 2}, i32{3}, 2, "pagetable: invalid page table: seq_lens has length 1, want 2 (len(append_indptr)-1)"},
 		"SeqShorterThanIt": {i32{0, 1, 4}, i32{3, 2}, 4, "pagetable: invalid page table: request 1 appends 3 rows but seq_lens[1] = 2 (positions would be negative)"},
-		"NoIndptr":         {i32{}, i32{}, 0, "pagetable: invalid page table: append_indptr is empty, want length batch+1 >= 1"},
+		"NoIndptr":         {i32{}, i32{}, 0, "pagetable: invalid page table: ragged: malformed indptr: append_indptr is empty, want length batch_size+1 >= 1"},
 	}
 	for name, tc := range bad {
 		t.Run(name, func(t *testing.T) {

@@ -5,17 +5,20 @@ import (
 	"math"
 )
 
-// checkIndptr checks the shape of a CSR row-pointer array without looking at
+// CheckIndptr checks the shape of a CSR row-pointer array without looking at
 // the data it indexes: at least one element, indptr[0] == 0, non-decreasing.
-// name is the FlashInfer argument name used in the error message.
-func checkIndptr(name string, indptr []int32) error {
+// name is the FlashInfer argument name used in the error message, which
+// wraps [ErrBadIndptr]; it allocates only when it fails. It is the module's
+// one indptr check: [ValidatePageTable]'s kv_indptr, pagetable's
+// append_indptr and kernels' qo_indptr all go through it.
+func CheckIndptr(name string, indptr []int32) error {
 	if fault := indptrFault(name, indptr); fault != "" {
 		return fmt.Errorf("%w: %s", ErrBadIndptr, fault)
 	}
 	return nil
 }
 
-// indptrFault says what breaks checkIndptr's rules, naming the index and
+// indptrFault says what breaks CheckIndptr's rules, naming the index and
 // the value, or is "" for a well-formed indptr (without allocating).
 func indptrFault(name string, indptr []int32) string {
 	if len(indptr) == 0 {
@@ -38,7 +41,7 @@ func indptrFault(name string, indptr []int32) string {
 // indptr is non-decreasing and indptr[batch_size] == nnz. Request i then owns
 // rows [indptr[i], indptr[i+1]). The error wraps [ErrBadIndptr].
 func ValidateIndptr(indptr []int32, nnz int) error {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return err
 	}
 	if last := len(indptr) - 1; int(indptr[last]) != nnz {
@@ -50,7 +53,7 @@ func ValidateIndptr(indptr []int32, nnz int) error {
 // Lengths returns the per-request lengths of a ragged tensor,
 // lens[i] = indptr[i+1] - indptr[i]; len(lens) == len(indptr)-1.
 func Lengths(indptr []int32) ([]int32, error) {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return nil, err
 	}
 	lens := make([]int32, len(indptr)-1)
@@ -63,7 +66,7 @@ func Lengths(indptr []int32) ([]int32, error) {
 // LengthsTo is [Lengths] writing into dst, which must have length
 // len(indptr)-1. It does not allocate; on error dst is unchanged.
 func LengthsTo(dst, indptr []int32) error {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return err
 	}
 	if len(dst) != len(indptr)-1 {
@@ -124,7 +127,7 @@ func checkLengths(name string, lens []int32) error {
 // MaxLength returns the largest request length in a ragged tensor (0 for an
 // empty batch).
 func MaxLength(indptr []int32) (int, error) {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return 0, err
 	}
 	m := int32(0)
@@ -168,7 +171,7 @@ func Slice[T any](data []T, indptr []int32, i, width int) ([]T, error) {
 // number of tokens already in the cache; that variant belongs to the append
 // planner.
 func CSRToCOO(indptr []int32) (batchIndices, positions []int32, err error) {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return nil, nil, err
 	}
 	nnz := indptr[len(indptr)-1]
@@ -181,7 +184,7 @@ func CSRToCOO(indptr []int32) (batchIndices, positions []int32, err error) {
 // CSRToCOOTo is [CSRToCOO] writing into caller buffers of length
 // indptr[batch_size]. It does not allocate; on error nothing is written.
 func CSRToCOOTo(dstBatchIndices, dstPositions, indptr []int32) error {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return err
 	}
 	nnz := int(indptr[len(indptr)-1])
@@ -291,7 +294,7 @@ func mulFits(a, b, c int) (int, bool) {
 // checkPadded validates the arguments shared by RaggedToPadded and
 // PaddedToRagged and returns the padded and ragged element counts.
 func checkPadded(indptr []int32, maxLen, width int) (padded, ragged int, err error) {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return 0, 0, err
 	}
 	if width < 1 {

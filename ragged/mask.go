@@ -16,10 +16,10 @@ import (
 // A total above math.MaxInt32 wraps [ErrTooLarge]. Use
 // [SegmentPackedIndptr] for the byte offsets of the packed mask.
 func MaskIndptr(qoIndptr, kvIndptr []int32) ([]int32, error) {
-	if err := checkIndptr("qo_indptr", qoIndptr); err != nil {
+	if err := CheckIndptr("qo_indptr", qoIndptr); err != nil {
 		return nil, err
 	}
-	if err := checkIndptr("kv_indptr", kvIndptr); err != nil {
+	if err := CheckIndptr("kv_indptr", kvIndptr); err != nil {
 		return nil, err
 	}
 	if len(qoIndptr) != len(kvIndptr) {
@@ -51,7 +51,7 @@ func MaskIndptrFromLens(qoLens, kvLens []int32) ([]int32, error) {
 // error wraps [ErrBadLastPageLen]. (FlashInfer's Python helper does not clamp
 // the empty case and would compute a negative kv_len.)
 func PagedMaskIndptr(qoIndptr, kvIndptr, kvLastPageLen []int32, pageSize int) ([]int32, error) {
-	if err := checkIndptr("qo_indptr", qoIndptr); err != nil {
+	if err := CheckIndptr("qo_indptr", qoIndptr); err != nil {
 		return nil, err
 	}
 	kvLens, err := pagedKVLens(kvIndptr, kvLastPageLen, pageSize)
@@ -130,7 +130,7 @@ func ValidatePackedMask(packed []byte, byteIndptr, qoLens, kvLens []int32) error
 	if err := checkLens(qoLens, kvLens); err != nil {
 		return err
 	}
-	if err := checkIndptr("mask_indptr", byteIndptr); err != nil {
+	if err := CheckIndptr("mask_indptr", byteIndptr); err != nil {
 		return err
 	}
 	if len(byteIndptr) != len(qoLens)+1 {

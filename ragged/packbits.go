@@ -228,7 +228,7 @@ func segmentBytes(indptr []int32) int {
 // this converts FlashInfer's mask_indptr (bits) into the byte offsets its
 // kernels read.
 func SegmentPackedIndptr(indptr []int32) ([]int32, error) {
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return nil, err
 	}
 	out := make([]int32, len(indptr))
@@ -284,7 +284,7 @@ func checkSegments(x []byte, indptr []int32, order BitOrder) error {
 	if err := order.check(); err != nil {
 		return err
 	}
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return err
 	}
 	if last := len(indptr) - 1; int(indptr[last]) != len(x) {
@@ -331,10 +331,10 @@ func checkPackedSegments(y []byte, packedIndptr, indptr []int32, order BitOrder)
 	if err := order.check(); err != nil {
 		return err
 	}
-	if err := checkIndptr("indptr", indptr); err != nil {
+	if err := CheckIndptr("indptr", indptr); err != nil {
 		return err
 	}
-	if err := checkIndptr("packed indptr", packedIndptr); err != nil {
+	if err := CheckIndptr("packed indptr", packedIndptr); err != nil {
 		return err
 	}
 	if len(packedIndptr) != len(indptr) {

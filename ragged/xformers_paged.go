@@ -484,7 +484,7 @@ func MaskFromPagedKV(kind MaskKind, p PagedKV, kvSeqStarts []int32, windowSize, 
 	if !ok || (info.layout != layoutPaged && info.layout != layoutPagedGappy) {
 		return nil, fmt.Errorf("%w: %q is not a paged kind", ErrNotPaged, kind)
 	}
-	if err := checkIndptr("qo_indptr", p.QOIndptr); err != nil {
+	if err := CheckIndptr("qo_indptr", p.QOIndptr); err != nil {
 		return nil, err
 	}
 	tables, kvLen, err := BlockTablesFromPagedKV(p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.PageSize, cols, pad)

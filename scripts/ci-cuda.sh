@@ -8,8 +8,8 @@
 #      (gorgonia.org/cu includes cuda.h). Tests with -tags cuda are never run
 #      here: without a GPU gorgonia.org/cu exits the process at init.
 #   3. The -tags cuda host path against the stand-in driver library
-#      (scripts/cuda-stub.sh): TestStepHostAllocatesNothing and a few
-#      iterations of BenchmarkStepHost, so that neither can rot.
+#      (scripts/cuda-stub.sh): TestStepCPUAllocatesNothing and a few
+#      iterations of BenchmarkStepCPU, so that neither can rot.
 #
 # Usage: scripts/ci-cuda.sh [ptx|vet|stub|all]   (default all)
 set -euo pipefail

@@ -4,7 +4,7 @@
 # Builds the stand-in driver library of kernels/cuda/testdata/cudastub (one
 # device; every entry point succeeds and does nothing) as libcuda.so.1 in
 # a temporary folder, links the -tags cuda test binary of kernels/cuda
-# against it and runs BenchmarkStepHost: the host cost of a device step
+# against it and runs BenchmarkStepCPU: the host cost of a device step
 # (plan, launches, synchronize) with no device time in it.
 #
 #   bash scripts/cuda-stub.sh [benchtime]   (default 2000x; CI passes 20x)
@@ -34,4 +34,4 @@ ln -s libcuda.so.1 "$work/libcuda.so"
 
 export CGO_CFLAGS="-I$tree/include" CGO_LDFLAGS="-L$work" LD_LIBRARY_PATH="$work${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 go test -tags cuda -c -o "$work/cuda.test" ./kernels/cuda
-"$work/cuda.test" -test.run '^TestStepHostAllocatesNothing$' -test.v -test.bench '^BenchmarkStepHost$' -test.benchtime "$benchtime" -test.benchmem
+"$work/cuda.test" -test.run '^TestStepCPUAllocatesNothing$' -test.v -test.bench '^BenchmarkStepCPU$' -test.benchtime "$benchtime" -test.benchmem

@@ -28,7 +28,7 @@ func Example() {
 	if _, err := m.Add(1, pagedkv.Request{Prompt: []int32{1, 2, 3, 4, 5, 6}}); err != nil {
 		panic(err)
 	}
-	var host stepglue.Host // the engine's scratch, reused every step
+	var host stepglue.CPU // the engine's scratch, reused every step
 	var dev cuda.StepPlan
 	ap := kernels.AttentionParams{NumQOHeads: 2}
 	for _, n := range []int32{6, 1} {
@@ -36,7 +36,7 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		if err := stepglue.HostStep(&host, plan, ap); err != nil {
+		if err := stepglue.CPUStep(&host, plan, ap); err != nil {
 			panic(err)
 		}
 		if err := stepglue.Device(&dev, plan, g, ap); err != nil {

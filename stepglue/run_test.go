@@ -12,11 +12,11 @@ import (
 	"github.com/pagedkv/pagedkv/stepglue"
 )
 
-// TestHostCascadeEqualsFlat runs a shared-prefix step through the host
+// TestCPUCascadeEqualsFlat runs a shared-prefix step through the CPU
 // calls twice on the CPU backend: as the Manager's cascade (queries in
 // cascade row order) and as the same plan without its cascade (flat
 // decode). Both must give the same attention.
-func TestHostCascadeEqualsFlat(t *testing.T) {
+func TestCPUCascadeEqualsFlat(t *testing.T) {
 	g := layout.Paged{Layout: layout.NHD, DType: layout.F32, NumPages: 64, PageSize: 4, NumKVHeads: 2, HeadDim: 8}
 	const heads = 4
 	m, err := pagedkv.New(pagedkv.Config{NumPages: g.NumPages, PageSize: g.PageSize, HashSeed: 1, CascadeMinSavedPages: 1})
@@ -37,13 +37,13 @@ func TestHostCascadeEqualsFlat(t *testing.T) {
 		return kernels.TensorFromF32(layout.F32, x, rows, h, g.HeadDim)
 	}
 	ap := kernels.AttentionParams{NumQOHeads: heads}
-	var host stepglue.Host
+	var host stepglue.CPU
 	step := func(ids []pagedkv.RequestID, n []int32) *pagedkv.Plan {
 		plan, err := m.Reserve(ids, n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := stepglue.HostStep(&host, plan, ap); err != nil {
+		if err := stepglue.CPUStep(&host, plan, ap); err != nil {
 			t.Fatal(err)
 		}
 		rows := len(plan.TokenIDs)
@@ -74,7 +74,7 @@ func TestHostCascadeEqualsFlat(t *testing.T) {
 		}
 	}
 	plan := step([]pagedkv.RequestID{1, 2, 3}, []int32{1, 4, 4})
-	if host.Kind != stepglue.Cascade {
+	if host.Kind != kernels.Cascade {
 		t.Fatalf("a step of three requests over a 36-token shared prefix is %v, want cascade", host.Kind)
 	}
 	rows := len(plan.TokenIDs)
@@ -96,11 +96,11 @@ func TestHostCascadeEqualsFlat(t *testing.T) {
 	// The same plan without its cascade.
 	flat := *plan
 	flat.Cascade, flat.CascadeWindowLeft = nil, nil
-	var fh stepglue.Host
-	if err := stepglue.HostStep(&fh, &flat, ap); err != nil {
+	var fh stepglue.CPU
+	if err := stepglue.CPUStep(&fh, &flat, ap); err != nil {
 		t.Fatal(err)
 	}
-	if fh.Kind != stepglue.Prefill {
+	if fh.Kind != kernels.Prefill {
 		t.Fatalf("the flat plan is %v, want prefill", fh.Kind)
 	}
 	o := kernels.NewTensor(layout.F32, rows, heads, g.HeadDim)
@@ -115,6 +115,20 @@ func TestHostCascadeEqualsFlat(t *testing.T) {
 				t.Fatalf("row %d element %d: cascade %v, flat %v", dst, i, got, want)
 			}
 		}
+	}
+	// A layer's calls (the append through appendkv's runner) allocate
+	// nothing.
+	k, v := random(rows, g.NumKVHeads), random(rows, g.NumKVHeads)
+	var layerErr error
+	if n := testing.AllocsPerRun(3, func() {
+		if err := fh.AppendKV(be, cache, k, v); err != nil {
+			layerErr = err
+		}
+		if err := fh.Attention(be, cache, q, o); err != nil {
+			layerErr = err
+		}
+	}); n != 0 || layerErr != nil {
+		t.Errorf("AppendKV and Attention: %v allocations per layer (err %v), want 0", n, layerErr)
 	}
 	if err := m.Commit([]int32{8, 9, 10}); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,6 @@
 // Package stepglue turns a [pagedkv.Plan] into the kernel calls that run its
 // step: the device step of kernels/cuda ([cuda.StepPlan], one upload of the
-// step's index arrays) and the host calls of a [kernels.Backend] (decode,
+// step's index arrays) and the CPU-memory calls of a [kernels.Backend] (decode,
 // prefill, chunked prefill or cascade). It is the glue every Go engine would
 // otherwise write again; internal/sim uses it.
 //
@@ -16,16 +16,16 @@
 //
 // Usage, per step and layer:
 //
-//	var dev cuda.StepPlan // or: var host stepglue.Host, reused every step
+//	var dev cuda.StepPlan // or: var c stepglue.CPU, reused every step
 //	plan, err := m.Reserve(ids, ntokens)
 //	...
 //	err = stepglue.Device(&dev, plan, geom, kernels.AttentionParams{NumQOHeads: hq})
 //	err = step.Plan(&dev) // then step.Append and step.Attention per layer
 //
-//	err = stepglue.HostStep(&host, plan, kernels.AttentionParams{NumQOHeads: hq})
+//	err = stepglue.CPUStep(&c, plan, kernels.AttentionParams{NumQOHeads: hq})
 //	// per layer:
-//	err = host.AppendKV(backend, cache, k, v)
-//	err = host.Attention(backend, cache, q, o) // cascade: q, o in Plan.Cascade.QueryRows order
+//	err = c.AppendKV(backend, cache, k, v)
+//	err = c.Attention(backend, cache, q, o) // cascade: q, o in Plan.Cascade.QueryRows order
 //
 // # Invariants
 //
@@ -38,17 +38,19 @@
 //     the plan's CascadeWindowLeft.
 //   - Every other field of the AttentionParams passes through unchanged,
 //     Sinks (gpt-oss's attention sinks) included: a device step uploads
-//     them with its plan, and a cascade, host or device, gives them to its
+//     them with its plan, and a cascade, on the CPU or the device, gives them to its
 //     last level only, so each row's sink is counted once.
-//   - The kind follows from the plan alone ([KindOf]): Cascade when it has
+//   - The kind follows from the plan alone ([pagedkv.Plan.AttentionKind],
+//     the module's one decision, also behind the C ABI's
+//     pagedkv_plan.attention_kind): Cascade when it has
 //     a cascade layout, Chunked when it has Attn arrays, Decode when every
 //     request has one row, Prefill otherwise; [Device] refuses only
-//     Chunked ([ErrUnsupported]), [HostStep] takes every kind.
+//     Chunked ([ErrUnsupported]), [CPUStep] takes every kind.
 //
 // # Concurrency
 //
 // The functions are safe for concurrent use on distinct destinations; a
-// Host belongs to the goroutine running its step.
+// CPU belongs to the goroutine running its step.
 package stepglue
 
 import (
@@ -56,6 +58,7 @@ import (
 	"fmt"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/cascade"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
@@ -69,52 +72,14 @@ var ErrBadPlan = errors.New("stepglue: inconsistent plan")
 // cannot express (a chunked group's attention on a device step).
 var ErrUnsupported = errors.New("stepglue: plan not supported by this target")
 
-// Kind is the attention a step runs.
-type Kind int
-
-const (
-	// Decode: batch decode, one query row per request.
-	Decode Kind = iota + 1
-	// Prefill: batch prefill with ragged queries, causal.
-	Prefill
-	// Chunked: a chunked group's batch prefill over the Plan's Attn arrays.
-	Chunked
-	// Cascade: multi-level cascade attention over Plan.Cascade.
-	Cascade
-)
-
-var kindNames = [...]string{Decode: "decode", Prefill: "prefill", Chunked: "chunked", Cascade: "cascade"}
-
-func (k Kind) String() string {
-	if k > 0 && int(k) < len(kindNames) {
-		return kindNames[k]
-	}
-	return fmt.Sprintf("Kind(%d)", int(k))
-}
-
-// KindOf returns the attention plan runs: Cascade when it has a cascade
-// layout, Chunked when it has Attn arrays, Decode when every request has
-// exactly one row, Prefill otherwise. It checks the plan first.
-func KindOf(plan *pagedkv.Plan) (Kind, error) {
+// KindOf returns the attention plan runs, [pagedkv.Plan.AttentionKind]
+// (the module's one decision and enum, [kernels.AttentionKind]), after
+// checking the plan.
+func KindOf(plan *pagedkv.Plan) (kernels.AttentionKind, error) {
 	if err := Check(plan); err != nil {
 		return 0, err
 	}
-	return kindOf(plan), nil
-}
-
-func kindOf(plan *pagedkv.Plan) Kind {
-	switch {
-	case plan.Cascade != nil:
-		return Cascade
-	case plan.AttnQOIndptr != nil:
-		return Chunked
-	}
-	for b := range plan.Requests {
-		if plan.QOIndptr[b+1]-plan.QOIndptr[b] != 1 {
-			return Prefill
-		}
-	}
-	return Decode
+	return plan.AttentionKind(), nil
 }
 
 // Check reports, wrapping [ErrBadPlan] and naming the value, the first
@@ -195,69 +160,69 @@ func table(plan *pagedkv.Plan) kernels.PageTable {
 // plan's. A windowed cascade runs every level with the plan's WindowLeft,
 // which is exact for the Manager's cascades (see Plan.CascadeWindowLeft).
 // A chunked group's plan wraps [ErrUnsupported]: its attention table is not
-// the append table, which one StepPlan cannot hold; run it with [HostStep].
+// the append table, which one StepPlan cannot hold; run it with [CPUStep].
 // dst's previous contents are overwritten; nothing is allocated.
 func Device(dst *cuda.StepPlan, plan *pagedkv.Plan, geom layout.Paged, ap kernels.AttentionParams) error {
 	if err := Check(plan); err != nil {
 		return err
 	}
-	k := kindOf(plan)
+	k := plan.AttentionKind()
+	if k == kernels.Chunked {
+		return fmt.Errorf("%w: a device step of a %s plan (AttnQOIndptr %v)", ErrUnsupported, k, plan.AttnQOIndptr)
+	}
 	ap.WindowLeft = plan.WindowLeft
 	*dst = cuda.StepPlan{Geometry: geom,
 		Table:        table(plan),
 		BatchIndices: plan.BatchIndices, Positions: plan.Positions,
-		Rows: len(plan.TokenIDs), QOIndptr: plan.QOIndptr, Causal: true, AttentionParams: ap}
-	switch k {
-	case Cascade:
-		dst.Attention, dst.Levels = cuda.Cascade, plan.Cascade.Levels
-	case Decode:
-		dst.Attention = cuda.Decode
-	case Prefill:
-		dst.Attention = cuda.Prefill
-	default:
-		return fmt.Errorf("%w: a device step of a %s plan (AttnQOIndptr %v)", ErrUnsupported, k, plan.AttnQOIndptr)
+		Attention: k, Rows: len(plan.TokenIDs), QOIndptr: plan.QOIndptr, Causal: true, AttentionParams: ap}
+	if k == kernels.Cascade {
+		dst.Levels = plan.Cascade.Levels
 	}
 	return nil
 }
 
-// Host is one step's host-backend calls: the append table and the
+// CPU is one step's calls of a [kernels.Backend] on CPU memory: the append table and the
 // parameters of its one attention call. Only the member of Kind is set;
-// [Host.Attention] fills in the tensors per layer and makes the call.
-type Host struct {
-	Kind Kind
+// [CPU.Attention] fills in the tensors per layer and makes the call.
+type CPU struct {
+	Kind kernels.AttentionKind
 	// Table is the page table after the append, for the append (and for
 	// decode and prefill attention).
 	Table kernels.PageTable
-	// Append is append_paged_kv_cache's parameters (the rows at
-	// BatchIndices/Positions, Table); [Host.AppendKV] makes the call.
-	Append  kernels.AppendParams
+	// Append is the step's append (the plan's own QOIndptr, SeqLens,
+	// BatchIndices and Positions): [CPU.AppendKV] runs it with
+	// [appendkv.Plan.Run], the module's one append runner.
+	Append  appendkv.Plan
 	Decode  kernels.DecodeParams  // Kind Decode
 	Prefill kernels.PrefillParams // Kind Prefill and Chunked (over the Attn arrays)
 	// Cascade is set for Kind Cascade: the Plan's levels with
 	// CascadeWindowLeft per level (WindowLeft -1). Its queries and output
 	// are in cascade row order: reorder with Plan.Cascade.QueryRows.
 	Cascade cascade.Params
+
+	cache          kernels.PagedKVCache // AppendKV's cache during the call
+	kScale, vScale float64              // the cache's k_scale/v_scale (ap's), for AppendKV's quantising append
 }
 
-// HostStep fills dst with plan's host calls, with ap for the attention
+// CPUStep fills dst with plan's backend calls, with ap for the attention
 // (ap.WindowLeft is replaced by the plan's). dst's previous contents are
 // overwritten; nothing is allocated.
-func HostStep(dst *Host, plan *pagedkv.Plan, ap kernels.AttentionParams) error {
+func CPUStep(dst *CPU, plan *pagedkv.Plan, ap kernels.AttentionParams) error {
 	if err := Check(plan); err != nil {
 		return err
 	}
 	ap.WindowLeft = plan.WindowLeft
-	*dst = Host{Kind: kindOf(plan), Table: table(plan)}
-	dst.Append = kernels.AppendParams{BatchIndices: plan.BatchIndices, Positions: plan.Positions, Table: dst.Table}
+	*dst = CPU{Kind: plan.AttentionKind(), Table: table(plan), kScale: ap.KScale, vScale: ap.VScale}
+	dst.Append = appendkv.Plan{AppendIndptr: plan.QOIndptr, SeqLens: plan.SeqLens, BatchIndices: plan.BatchIndices, Positions: plan.Positions}
 	switch dst.Kind {
-	case Cascade:
+	case kernels.Cascade:
 		dst.Cascade = cascade.Params{Levels: plan.Cascade.Levels, Causal: true, AttentionParams: ap, LevelWindowLeft: plan.CascadeWindowLeft}
 		dst.Cascade.WindowLeft = -1
-	case Chunked:
+	case kernels.Chunked:
 		dst.Prefill = kernels.PrefillParams{QOIndptr: plan.AttnQOIndptr,
 			Table:  kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVPageIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen},
 			Causal: true, AttentionParams: ap}
-	case Decode:
+	case kernels.Decode:
 		dst.Decode = kernels.DecodeParams{Table: dst.Table, AttentionParams: ap}
 	default:
 		dst.Prefill = kernels.PrefillParams{QOIndptr: plan.QOIndptr, Table: dst.Table, Causal: true, AttentionParams: ap}
@@ -267,24 +232,28 @@ func HostStep(dst *Host, plan *pagedkv.Plan, ap kernels.AttentionParams) error {
 
 // AppendKV appends the step's K/V rows k and v ([rows, Hkv, D], in the
 // plan's row order) to one layer's cache on backend b.
-func (h *Host) AppendKV(b kernels.Backend, cache kernels.PagedKVCache, k, v kernels.Tensor) error {
-	h.Append.AppendKey, h.Append.AppendValue, h.Append.Cache = k, v, cache
-	return b.AppendPagedKVCache(&h.Append)
+func (h *CPU) AppendKV(b kernels.Backend, cache kernels.PagedKVCache, k, v kernels.Tensor) error {
+	// The cache goes through h (Run's Input holds a pointer, which would
+	// move a parameter to the heap) and is dropped after the call.
+	h.cache = cache
+	err := h.Append.Run(b, appendkv.Input{AppendKey: k, AppendValue: v, Cache: &h.cache, Table: &h.Table, KScale: h.kScale, VScale: h.vScale})
+	h.cache = kernels.PagedKVCache{}
+	return err
 }
 
 // Attention runs h's attention on backend b over one layer's cache: q and
 // o are [rows, Hq, D], in cascade row order for Kind Cascade.
-func (h *Host) Attention(b kernels.Backend, cache kernels.PagedKVCache, q, o kernels.Tensor) error {
+func (h *CPU) Attention(b kernels.Backend, cache kernels.PagedKVCache, q, o kernels.Tensor) error {
 	switch h.Kind {
-	case Cascade:
+	case kernels.Cascade:
 		h.Cascade.Q, h.Cascade.Cache, h.Cascade.O = q, cache, o
 		return cascade.Run(b, &h.Cascade)
-	case Decode:
+	case kernels.Decode:
 		h.Decode.Q, h.Decode.Cache, h.Decode.O = q, cache, o
 		return b.BatchDecode(&h.Decode)
-	case Prefill, Chunked:
+	case kernels.Prefill, kernels.Chunked:
 		h.Prefill.Q, h.Prefill.Cache, h.Prefill.O = q, cache, o
 		return b.BatchPrefill(&h.Prefill)
 	}
-	return fmt.Errorf("%w: Host.Kind = %v; build it with HostStep", ErrBadPlan, h.Kind)
+	return fmt.Errorf("%w: CPU.Kind = %v; build it with CPUStep", ErrBadPlan, h.Kind)
 }

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/appendkv"
 	"github.com/pagedkv/pagedkv/cascade"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
@@ -29,12 +30,12 @@ func aliases(got, want []int32) bool {
 
 // wantKind is the attention a plan asks for, decided from the rows per
 // request counted from BatchIndices (not from QOIndptr, as the glue does).
-func wantKind(plan *pagedkv.Plan) stepglue.Kind {
+func wantKind(plan *pagedkv.Plan) kernels.AttentionKind {
 	switch {
 	case plan.Cascade != nil:
-		return stepglue.Cascade
+		return kernels.Cascade
 	case plan.AttnQOIndptr != nil:
-		return stepglue.Chunked
+		return kernels.Chunked
 	}
 	per := make([]int, len(plan.Requests))
 	for _, b := range plan.BatchIndices {
@@ -42,10 +43,10 @@ func wantKind(plan *pagedkv.Plan) stepglue.Kind {
 	}
 	for _, n := range per {
 		if n != 1 {
-			return stepglue.Prefill
+			return kernels.Prefill
 		}
 	}
-	return stepglue.Decode
+	return kernels.Decode
 }
 
 // testSinks are gpt-oss-like attention sinks, one per query head.
@@ -61,7 +62,7 @@ var testSinks = func() []float32 {
 // and checks them against what internal/sim built before the glue: the
 // StepPlan literal, the host parameters, and that every array is the
 // plan's own.
-func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPlan, host *stepglue.Host, kinds map[stepglue.Kind]int) {
+func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPlan, host *stepglue.CPU, kinds map[kernels.AttentionKind]int) {
 	t.Helper()
 	// Sinks pass through to every kind's attention (a cascade's Run gives
 	// them to its last level only, cascade.TestCascadeEqualsFlat).
@@ -73,7 +74,7 @@ func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPla
 	wap.WindowLeft = plan.WindowLeft
 
 	err := stepglue.Device(dev, plan, geom, ap)
-	if k == stepglue.Chunked {
+	if k == kernels.Chunked {
 		if !errors.Is(err, stepglue.ErrUnsupported) {
 			t.Fatalf("%s: Device of a chunked plan: err %v, want ErrUnsupported", where, err)
 		}
@@ -84,15 +85,15 @@ func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPla
 		want := cuda.StepPlan{Geometry: geom, Table: table, BatchIndices: plan.BatchIndices, Positions: plan.Positions,
 			Rows: len(plan.TokenIDs), QOIndptr: plan.QOIndptr, Causal: true, AttentionParams: wap}
 		switch k {
-		case stepglue.Cascade:
-			want.Attention, want.Levels = cuda.Cascade, plan.Cascade.Levels
+		case kernels.Cascade:
+			want.Attention, want.Levels = kernels.Cascade, plan.Cascade.Levels
 			if &dev.Levels[0] != &plan.Cascade.Levels[0] {
 				t.Fatalf("%s: device levels are a copy", where)
 			}
-		case stepglue.Decode:
-			want.Attention = cuda.Decode
+		case kernels.Decode:
+			want.Attention = kernels.Decode
 		default:
-			want.Attention = cuda.Prefill
+			want.Attention = kernels.Prefill
 		}
 		if !reflect.DeepEqual(*dev, want) {
 			t.Fatalf("%s: Device = %+v\nwant %+v", where, *dev, want)
@@ -102,26 +103,26 @@ func checkPlan(t *testing.T, where string, plan *pagedkv.Plan, dev *cuda.StepPla
 		}
 	}
 
-	if err := stepglue.HostStep(host, plan, ap); err != nil {
-		t.Fatalf("%s: HostStep: %v", where, err)
+	if err := stepglue.CPUStep(host, plan, ap); err != nil {
+		t.Fatalf("%s: CPUStep: %v", where, err)
 	}
-	want := stepglue.Host{Kind: k, Table: table,
-		Append: kernels.AppendParams{BatchIndices: plan.BatchIndices, Positions: plan.Positions, Table: table}}
+	want := stepglue.CPU{Kind: k, Table: table,
+		Append: appendkv.Plan{AppendIndptr: plan.QOIndptr, SeqLens: plan.SeqLens, BatchIndices: plan.BatchIndices, Positions: plan.Positions}}
 	switch k {
-	case stepglue.Cascade:
+	case kernels.Cascade:
 		cp := cascade.Params{Levels: plan.Cascade.Levels, Causal: true, AttentionParams: wap, LevelWindowLeft: plan.CascadeWindowLeft}
 		cp.WindowLeft = -1
 		want.Cascade = cp
-	case stepglue.Chunked:
+	case kernels.Chunked:
 		want.Prefill = kernels.PrefillParams{QOIndptr: plan.AttnQOIndptr, Causal: true, AttentionParams: wap,
 			Table: kernels.PageTable{KVIndptr: plan.AttnKVIndptr, KVPageIndices: plan.AttnKVPageIndices, KVLastPageLen: plan.AttnKVLastPageLen}}
-	case stepglue.Decode:
+	case kernels.Decode:
 		want.Decode = kernels.DecodeParams{Table: table, AttentionParams: wap}
 	default:
 		want.Prefill = kernels.PrefillParams{QOIndptr: plan.QOIndptr, Table: table, Causal: true, AttentionParams: wap}
 	}
 	if !reflect.DeepEqual(*host, want) {
-		t.Fatalf("%s: HostStep = %+v\nwant %+v", where, *host, want)
+		t.Fatalf("%s: CPUStep = %+v\nwant %+v", where, *host, want)
 	}
 	if !aliases(host.Table.KVIndptr, plan.KVIndptr) {
 		t.Fatalf("%s: host table is not the plan's", where)
@@ -217,7 +218,7 @@ func TestRandomizedManagerSteps(t *testing.T) {
 				p, err := m.Reserve(ids, n)
 				return []*pagedkv.Plan{p}, err
 			}}
-		run(t, d, func(s []int32) error { return m.Commit(s) }, map[stepglue.Kind]bool{stepglue.Decode: true, stepglue.Prefill: true, stepglue.Cascade: true})
+		run(t, d, func(s []int32) error { return m.Commit(s) }, map[kernels.AttentionKind]bool{kernels.Decode: true, kernels.Prefill: true, kernels.Cascade: true})
 	}
 }
 
@@ -244,18 +245,18 @@ func TestRandomizedHybridGroupSteps(t *testing.T) {
 				}
 				return p.Groups, nil
 			}}
-		run(t, d, func(s []int32) error { return h.Commit(s) }, map[stepglue.Kind]bool{stepglue.Decode: true, stepglue.Prefill: true, stepglue.Chunked: true, stepglue.Cascade: true})
+		run(t, d, func(s []int32) error { return h.Commit(s) }, map[kernels.AttentionKind]bool{kernels.Decode: true, kernels.Prefill: true, kernels.Chunked: true, kernels.Cascade: true})
 	}
 }
 
 // run drives 400 steps, checks every group plan, and requires every kind
 // of want to have been seen.
-func run(t *testing.T, d *driver, commit func([]int32) error, want map[stepglue.Kind]bool) {
+func run(t *testing.T, d *driver, commit func([]int32) error, want map[kernels.AttentionKind]bool) {
 	t.Helper()
 	var dev cuda.StepPlan
-	var host stepglue.Host
-	kinds := map[stepglue.Kind]int{}
-	var allocChecked map[stepglue.Kind]bool = map[stepglue.Kind]bool{}
+	var host stepglue.CPU
+	kinds := map[kernels.AttentionKind]int{}
+	var allocChecked map[kernels.AttentionKind]bool = map[kernels.AttentionKind]bool{}
 	for s := range 400 {
 		plans, sampled := d.step(t)
 		for g, plan := range plans {
@@ -281,14 +282,14 @@ func run(t *testing.T, d *driver, commit func([]int32) error, want map[stepglue.
 
 // TestAllocationFree: building a step of each kind into reused scratch
 // allocates nothing (checked on random Manager and hybrid plans in run).
-func allocs(plan *pagedkv.Plan, dev *cuda.StepPlan, host *stepglue.Host) float64 {
+func allocs(plan *pagedkv.Plan, dev *cuda.StepPlan, host *stepglue.CPU) float64 {
 	ap := kernels.AttentionParams{NumQOHeads: hq}
 	chunked := plan.AttnQOIndptr != nil // the device refuses it, with an error
 	return testing.AllocsPerRun(3, func() {
 		if !chunked {
 			_ = stepglue.Device(dev, plan, geom, ap)
 		}
-		_ = stepglue.HostStep(host, plan, ap)
+		_ = stepglue.CPUStep(host, plan, ap)
 	})
 }
 
@@ -334,27 +335,27 @@ func TestBadPlan(t *testing.T) {
 		}, "Cascade.Levels[0].QOIndptr = [0 5] does not end at the plan's rows QOIndptr[2] = 12"},
 	}
 	var dev cuda.StepPlan
-	var host stepglue.Host
+	var host stepglue.CPU
 	for _, c := range cases {
 		p := *good
 		c.bad(&p)
 		for name, err := range map[string]error{
-			"Device":   stepglue.Device(&dev, &p, geom, kernels.AttentionParams{NumQOHeads: hq}),
-			"HostStep": stepglue.HostStep(&host, &p, kernels.AttentionParams{NumQOHeads: hq}),
+			"Device":  stepglue.Device(&dev, &p, geom, kernels.AttentionParams{NumQOHeads: hq}),
+			"CPUStep": stepglue.CPUStep(&host, &p, kernels.AttentionParams{NumQOHeads: hq}),
 		} {
 			if !errors.Is(err, stepglue.ErrBadPlan) || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("%s: %s: err %v, want ErrBadPlan naming %q", c.name, name, err, c.want)
 			}
 		}
 	}
-	if err := stepglue.HostStep(&host, good, kernels.AttentionParams{NumQOHeads: hq}); err != nil {
+	if err := stepglue.CPUStep(&host, good, kernels.AttentionParams{NumQOHeads: hq}); err != nil {
 		t.Fatalf("the unmodified plan: %v", err)
 	}
-	if err := stepglue.HostStep(&host, nil, kernels.AttentionParams{}); !errors.Is(err, stepglue.ErrBadPlan) {
+	if err := stepglue.CPUStep(&host, nil, kernels.AttentionParams{}); !errors.Is(err, stepglue.ErrBadPlan) {
 		t.Errorf("nil plan: err %v, want ErrBadPlan", err)
 	}
-	var zero stepglue.Host
-	if err := zero.Attention(nil, kernels.PagedKVCache{}, kernels.Tensor{}, kernels.Tensor{}); !errors.Is(err, stepglue.ErrBadPlan) || !strings.Contains(err.Error(), "Kind(0)") {
-		t.Errorf("unbuilt Host: err %v, want ErrBadPlan naming Kind(0)", err)
+	var zero stepglue.CPU
+	if err := zero.Attention(nil, kernels.PagedKVCache{}, kernels.Tensor{}, kernels.Tensor{}); !errors.Is(err, stepglue.ErrBadPlan) || !strings.Contains(err.Error(), "Kind = none") {
+		t.Errorf("unbuilt CPU: err %v, want ErrBadPlan naming kind none", err)
 	}
 }

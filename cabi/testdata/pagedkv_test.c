@@ -162,6 +162,8 @@ static void example(void) {
 	int32_t nt1[] = {40};
 	pagedkv_plan plan;
 	OK(pagedkv_reserve(m, ids1, nt1, 1, &plan));
+	CHECK(plan.attention_kind == PAGEDKV_ATTENTION_PREFILL, "a 40-row prompt: attention_kind %lld, want PREFILL",
+	      (long long)plan.attention_kind);
 	print_array(out, sizeof out, "kv_indptr", plan.kv_indptr);
 	strcat(out, " ");
 	print_array(out, sizeof out, "kv_last_page_len", plan.kv_last_page_len);

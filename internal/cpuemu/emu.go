@@ -128,16 +128,16 @@ func (d *Driver) memset(dst cuda.DevicePtr, value byte, bytes int) {
 	}
 }
 
-// HostAlloc returns Go memory: every host page is as good as pinned here.
-func (d *Driver) HostAlloc(bytes int) ([]byte, error) {
+// PinnedAlloc returns Go memory: every host page is as good as pinned here.
+func (d *Driver) PinnedAlloc(bytes int) ([]byte, error) {
 	if bytes < 0 {
 		return nil, fmt.Errorf("cpuemu: host alloc of %d bytes", bytes)
 	}
 	return make([]byte, bytes), nil
 }
 
-// HostFree releases memory from HostAlloc (the garbage collector does).
-func (d *Driver) HostFree([]byte) error { return nil }
+// PinnedFree releases memory from PinnedAlloc (the garbage collector does).
+func (d *Driver) PinnedFree([]byte) error { return nil }
 
 // Synchronize returns at once (launches and copies finish before they
 // return), or fails during a capture.

@@ -153,7 +153,7 @@ func (d *deviceEngine) copyPages(copies []pagedkv.CopyOp) error {
 func (d *deviceEngine) mirror(dst *kernels.PagedKVCache, l int, t *kernels.PageTable, b int) error {
 	before := d.b.Traffic()
 	err := d.b.DownloadPages(dst, d.caches[l], t.KVPageIndices[t.KVIndptr[b]:t.KVIndptr[b+1]])
-	d.traffic.Verify += d.b.Traffic().Sub(before).HostBytes()
+	d.traffic.Verify += d.b.Traffic().Sub(before).TransferBytes()
 	return err
 }
 
@@ -161,6 +161,6 @@ func (d *deviceEngine) mirror(dst *kernels.PagedKVCache, l int, t *kernels.PageT
 func (d *deviceEngine) tierTransfer(f func() error) error {
 	before := d.b.Traffic()
 	err := f()
-	d.traffic.Tier += d.b.Traffic().Sub(before).HostBytes()
+	d.traffic.Tier += d.b.Traffic().Sub(before).TransferBytes()
 	return err
 }

@@ -42,7 +42,7 @@ type engine struct {
 
 	dev     *deviceEngine // the device-resident path, for a *cuda.Backend
 	devPlan cuda.StepPlan // the device step, reused
-	host    stepglue.Host // the host calls, reused
+	calls   stepglue.CPU  // the step's backend calls on CPU memory, reused
 }
 
 // newEngine makes the engine of model m in ngroups layer groups (1 for a
@@ -197,18 +197,18 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 	}
 	m := &e.model
 	hq, hkv, d := m.NumQOHeads, m.NumKVHeads, m.HeadDim
-	hostPlan := plan
+	cpuPlan := plan
 	if e.ignoreWindows {
 		// Full attention everywhere: no window, no chunks, no level windows.
 		p := *plan
 		p.WindowLeft, p.CascadeWindowLeft = -1, nil
 		p.AttnQOIndptr, p.AttnKVIndptr, p.AttnKVPageIndices, p.AttnKVLastPageLen, p.AttnRequests = nil, nil, nil, nil, nil
-		hostPlan = &p
+		cpuPlan = &p
 	}
-	if err := stepglue.HostStep(&e.host, hostPlan, kernels.AttentionParams{NumQOHeads: hq, KScale: m.kvScale(), VScale: m.kvScale(), Sinks: e.sinks}); err != nil {
+	if err := stepglue.CPUStep(&e.calls, cpuPlan, kernels.AttentionParams{NumQOHeads: hq, KScale: m.kvScale(), VScale: m.kvScale(), Sinks: e.sinks}); err != nil {
 		return fmt.Errorf("%w: %w", ErrCheck, err)
 	}
-	table := e.host.Table
+	table := e.calls.Table
 	resize(&e.k, m.DType, nnz, hkv, d)
 	resize(&e.v, m.DType, nnz, hkv, d)
 	resize(&e.q, m.DType, nnz, hq, d)
@@ -262,7 +262,7 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 			st.verify += time.Since(t3)
 			continue
 		}
-		if err := e.appendPlan.Run(e.backend, appendkv.Input{AppendKey: e.k, AppendValue: e.v, Cache: &e.caches[j], Table: &table, KScale: m.kvScale(), VScale: m.kvScale()}); err != nil {
+		if err := e.calls.AppendKV(e.backend, e.caches[j], e.k, e.v); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
 		t2 := time.Now()
@@ -274,7 +274,7 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 			}
 			q, o = e.qc, e.oc
 		}
-		err := e.host.Attention(e.backend, e.caches[j], q, o)
+		err := e.calls.Attention(e.backend, e.caches[j], q, o)
 		for r, dst := range rows {
 			copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
 		}
@@ -345,7 +345,7 @@ func (e *engine) planDevice(plan *pagedkv.Plan) error {
 		return fmt.Errorf("device step plan: %w", err)
 	}
 	e.dev.traffic.PlanTime += time.Since(start)
-	e.dev.traffic.Index += e.dev.b.Traffic().Sub(before).HostBytes()
+	e.dev.traffic.Index += e.dev.b.Traffic().Sub(before).TransferBytes()
 	return nil
 }
 
@@ -358,17 +358,17 @@ func (e *engine) layerDevice(l int, rows []int32, qRowBytes int) error {
 	nnz := e.q.Shape[0]
 	k, v, q, o := rowsView(d.k, nnz), rowsView(d.v, nnz), rowsView(d.q, nnz), rowsView(d.o, nnz)
 	t0 := d.b.Traffic()
-	qHost, oHost := e.q, e.o
+	qCPU, oHost := e.q, e.o
 	if rows != nil {
 		for r, src := range rows {
 			copy(e.qc.Data[r*qRowBytes:(r+1)*qRowBytes], e.q.Data[int(src)*qRowBytes:])
 		}
-		qHost, oHost = e.qc, e.oc
+		qCPU, oHost = e.qc, e.oc
 	}
 	for _, c := range []struct {
 		dst cuda.DeviceTensor
 		src kernels.Tensor
-	}{{k, e.k}, {v, e.v}, {q, qHost}} {
+	}{{k, e.k}, {v, e.v}, {q, qCPU}} {
 		if err := d.b.Upload(c.dst, c.src); err != nil {
 			return err
 		}
@@ -391,7 +391,7 @@ func (e *engine) layerDevice(l int, rows []int32, qRowBytes int) error {
 			copy(e.o.Data[int(dst)*qRowBytes:(int(dst)+1)*qRowBytes], e.oc.Data[r*qRowBytes:])
 		}
 	}
-	d.traffic.Activations += t1.Sub(t0).HostBytes() + t3.Sub(t2).HostBytes()
-	d.traffic.Cache += t2.Sub(t1).HostBytes()
+	d.traffic.Activations += t1.Sub(t0).TransferBytes() + t3.Sub(t2).TransferBytes()
+	d.traffic.Cache += t2.Sub(t1).TransferBytes()
 	return nil
 }

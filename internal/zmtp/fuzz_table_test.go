@@ -111,7 +111,7 @@ func runPeerTable(s *Socket, data []byte) error {
 				if o == nil || !o.inTable || !o.accepted || p.evicted {
 					continue
 				}
-				if l := p.last.Load(); l <= int64(now-fuzzTableIdle) && (victim == nil || l < victim.p.last.Load()) {
+				if l := p.last.Load(); l <= now-fuzzTableIdle && (victim == nil || l < victim.p.last.Load()) {
 					victim = o
 				}
 			}
@@ -164,7 +164,7 @@ func runPeerTable(s *Socket, data []byte) error {
 				id = binary.BigEndian.AppendUint32([]byte{0}, s.nextID+1) // the next generated one
 			}
 			p := &peer{s: s, conn: c.conn, accepted: c.accepted, id: id}
-			p.last.Store(int64(now))
+			p.last.Store(now)
 			holder := s.byID[string(id)]
 			err := s.join(p)
 			switch {
@@ -195,7 +195,7 @@ func runPeerTable(s *Socket, data []byte) error {
 		case 3: // a message from or to a peer
 			if len(conns) > 0 {
 				if c := conns[int(arg)%len(conns)]; c.p != nil {
-					c.p.last.Store(int64(now))
+					c.p.last.Store(now)
 				}
 			}
 		case 4: // time passes

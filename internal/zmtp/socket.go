@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	uatomic "go.uber.org/atomic"
 )
 
 // Type is a ZeroMQ socket type.
@@ -282,7 +284,7 @@ type Socket struct {
 
 	connections, peerErrors, refused, dropped          atomic.Int64
 	refusedPerAddr, evictedIdle, duplicateIDs, stalled atomic.Int64
-	lastPeerErr                                        atomic.Pointer[string]
+	lastPeerErr                                        uatomic.String
 }
 
 // New returns a Socket with no endpoints.
@@ -432,20 +434,20 @@ type peer struct {
 	conn     net.Conn
 	endpoint string
 	remote   string
-	id       []byte         // ROUTER: the identity replies are routed by
-	accepted bool           // a connection to our listener (may be evicted)
-	evicted  bool           // closed by us: evicted, or dropped for not reading (guarded by s.mu)
-	last     atomic.Int64   // last message read or written, as time since s.epoch
-	out      *sendQueue     // messages to send, at most HWM
-	pong     chan []byte    // a PONG command to send (one pending at most)
-	gone     chan struct{}  // closed when the connection ends
-	subs     map[string]int // PUB: the peer's subscriptions, with counts
-	nsubs    int            // their total count
-	subBytes int            // and bytes
+	id       []byte           // ROUTER: the identity replies are routed by
+	accepted bool             // a connection to our listener (may be evicted)
+	evicted  bool             // closed by us: evicted, or dropped for not reading (guarded by s.mu)
+	last     uatomic.Duration // last message read or written, as time since s.epoch
+	out      *sendQueue       // messages to send, at most HWM
+	pong     chan []byte      // a PONG command to send (one pending at most)
+	gone     chan struct{}    // closed when the connection ends
+	subs     map[string]int   // PUB: the peer's subscriptions, with counts
+	nsubs    int              // their total count
+	subBytes int              // and bytes
 }
 
 // touch records activity (a message read or written) on p.
-func (p *peer) touch() { p.last.Store(int64(time.Since(p.s.epoch))) }
+func (p *peer) touch() { p.last.Store(time.Since(p.s.epoch)) }
 
 // serve runs one connection: handshake, then reads until it ends.
 // accepted is a connection to one of our listeners.
@@ -567,7 +569,7 @@ func (s *Socket) peerFailed(ep, remote string, err error) {
 	// sees the count also sees this peer's message (Stats loads the count
 	// first).
 	msg := pe.Error()
-	s.lastPeerErr.Store(&msg)
+	s.lastPeerErr.Store(msg)
 	s.peerErrors.Add(1)
 	if s.cfg.OnPeerError != nil {
 		s.cfg.OnPeerError(pe)
@@ -631,7 +633,7 @@ func (s *Socket) release(conn net.Conn, addr string) {
 // nil.
 func (s *Socket) idlestLocked(now time.Duration) *peer {
 	var victim *peer
-	threshold := int64(now - s.cfg.IdleTimeout)
+	threshold := now - s.cfg.IdleTimeout
 	for _, p := range s.peers {
 		if !p.accepted || p.evicted {
 			continue
@@ -996,9 +998,7 @@ func (s *Socket) Stats() Stats {
 	st := Stats{Connections: s.connections.Load(), PeerErrors: s.peerErrors.Load(),
 		Refused: s.refused.Load(), Dropped: s.dropped.Load(), RefusedPerAddress: s.refusedPerAddr.Load(),
 		EvictedIdle: s.evictedIdle.Load(), DuplicateIDs: s.duplicateIDs.Load(), Stalled: s.stalled.Load()}
-	if p := s.lastPeerErr.Load(); p != nil {
-		st.LastPeerErr = *p
-	}
+	st.LastPeerErr = s.lastPeerErr.Load()
 	return st
 }
 

@@ -116,5 +116,5 @@ func (c *CountingDriver) LaunchGraph(g GraphExec) error {
 	return c.Driver.LaunchGraph(g)
 }
 
-// HostBytes is the traffic across the host/device boundary in bytes.
-func (t Traffic) HostBytes() int64 { return t.HtoDBytes + t.DtoHBytes }
+// TransferBytes is the traffic between CPU memory and the device in bytes.
+func (t Traffic) TransferBytes() int64 { return t.HtoDBytes + t.DtoHBytes }

@@ -172,7 +172,7 @@ func New(cfg Config) (*Backend, error) {
 }
 
 // gpu is the Driver over the CUDA driver API: gorgonia.org/cu to find the
-// device and load the modules, the helpers of cuda_host.go for everything a
+// device and load the modules, the cgo helpers of this file for everything a
 // step does.
 type gpu struct {
 	dev       cu.Device
@@ -353,10 +353,10 @@ func (g *gpu) Memset(dst DevicePtr, value byte, bytes int) error {
 	return wrap(check("cuMemsetD8Async", C.pkv_memset(g.ctx, ptr(dst), C.uchar(value), C.size_t(bytes), g.stream)))
 }
 
-// HostAlloc returns page-locked host memory (cuMemAllocHost), which the
+// PinnedAlloc returns page-locked host memory (cuMemAllocHost), which the
 // DMA engines read directly, so an asynchronous copy from it overlaps with
 // the host.
-func (g *gpu) HostAlloc(bytes int) ([]byte, error) {
+func (g *gpu) PinnedAlloc(bytes int) ([]byte, error) {
 	if bytes <= 0 {
 		return nil, nil
 	}
@@ -367,8 +367,8 @@ func (g *gpu) HostAlloc(bytes int) ([]byte, error) {
 	return unsafe.Slice((*byte)(p), bytes), nil
 }
 
-// HostFree releases memory from HostAlloc (cuMemFreeHost).
-func (g *gpu) HostFree(b []byte) error {
+// PinnedFree releases memory from PinnedAlloc (cuMemFreeHost).
+func (g *gpu) PinnedFree(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}

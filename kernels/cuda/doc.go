@@ -18,7 +18,7 @@
 //     merges on the device), [Step.MLAAppend] and [Step.MLADecode] launch
 //     with no host traffic and with fixed buffer addresses (CUDA graph
 //     capture; see docs/kernels.md);
-//   - the host-memory [kernels.Backend] (tests, verify, simulate's checks):
+//   - the CPU-memory [kernels.Backend] (tests, verify, simulate's checks):
 //     each call validates its parameters, uploads into temporary device
 //     objects, runs the device-resident path, and downloads the results.
 //
@@ -52,7 +52,7 @@
 // device tensors and caches; step.go the [Step] (Plan, Append, Attention
 // with the cascade merges); decode.go and prefill.go pick a kernel and its
 // launch shape; schedule.go is the split-KV scheduler; step_mla.go the MLA
-// step; graph.go CUDA graph capture; hostapi.go the [kernels.Backend]
+// step; graph.go CUDA graph capture; cpuapi.go the [kernels.Backend]
 // methods over the device path; counting.go and bound.go the traffic
 // counts and the bandwidth model; cuda.go (-tags cuda) the GPU driver,
 // nocuda.go its stand-in. The entry-point table at the end of this file
@@ -94,7 +94,8 @@
 //
 //   - Every index array is validated on the host with the shared validator
 //     (the Validate methods of package kernels, or their index halves such
-//     as kernels.ValidateDecodeTable) before it is uploaded, so a bad index
+//     as kernels.ValidateQOIndptr, with the page table checked once per
+//     step by PageTable.Validate) before it is uploaded, so a bad index
 //     never reaches a kernel and the error is the CPU backend's; a rejected
 //     plan copies and launches nothing. The kernels additionally skip page
 //     ids outside the pool.
@@ -102,7 +103,7 @@
 //     plan places each array at an offset that depends only on the step's
 //     sizes (kv_indices last), so same-shape steps launch identical
 //     arguments.
-//   - Host outputs of the kernels.Backend methods are written only after
+//   - CPU-memory outputs of the kernels.Backend methods are written only after
 //     every launch of the operation has succeeded.
 //   - Index arrays are int32 and host memory is little-endian.
 //

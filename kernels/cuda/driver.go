@@ -25,7 +25,7 @@ type Driver interface {
 	// HtoD copies src to device memory at dst, after the work queued
 	// before it.
 	HtoD(dst DevicePtr, src []byte) error
-	// HtoDAsync queues a copy of src (memory from HostAlloc, which must not
+	// HtoDAsync queues a copy of src (memory from PinnedAlloc, which must not
 	// change until the copy is done: until the next Synchronize, DtoH or
 	// HtoDAsync into the same buffer) to dst behind the queued work.
 	HtoDAsync(dst DevicePtr, src []byte) error
@@ -37,10 +37,10 @@ type Driver interface {
 	DtoD(dst, src DevicePtr, bytes int) error
 	// Memset queues setting bytes bytes at dst to value.
 	Memset(dst DevicePtr, value byte, bytes int) error
-	// HostAlloc returns bytes of pinned (page-locked) host memory, the
-	// staging buffer of asynchronous copies; HostFree releases it.
-	HostAlloc(bytes int) ([]byte, error)
-	HostFree(p []byte) error
+	// PinnedAlloc returns bytes of pinned (page-locked) host memory, the
+	// staging buffer of asynchronous copies; PinnedFree releases it.
+	PinnedAlloc(bytes int) ([]byte, error)
+	PinnedFree(p []byte) error
 	// Launch queues kernel (an entry point of [KernelArity]). Each argument
 	// is 8 bytes: a DevicePtr, an int64 or the bits of a float64. A failure
 	// of the kernel itself may be reported by a later Synchronize or DtoH.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/layout"
 )
 
@@ -57,7 +58,7 @@ func (b *Backend) idle(op string) error {
 // stepShape is what a graph of a step holds fixed besides the limits.
 type stepShape struct {
 	g       layout.Paged
-	kind    AttentionKind
+	kind    kernels.AttentionKind
 	hq      int
 	levels  int
 	appends bool

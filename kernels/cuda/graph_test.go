@@ -34,7 +34,7 @@ type graphRig struct {
 	g      layout.Paged
 	lim    cuda.StepLimits
 	hq     int
-	kind   cuda.AttentionKind
+	kind   kernels.AttentionKind
 	eager  *cuda.Step
 	fixed  *cuda.Step
 	graph  *cuda.Graph
@@ -67,12 +67,12 @@ type engineMemory struct {
 
 // newGraphRig is the rig on the emulator: its engine memory is the
 // emulator driver's own allocations, made beside the backend.
-func newGraphRig(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+func newGraphRig(t testing.TB, kind kernels.AttentionKind, layers int, seed uint64) *graphRig {
 	return newEmuGraphRig(t, cpuemu.Config{MaxChunkTokens: -1}, smallRig, kind, layers, seed)
 }
 
 // newEmuGraphRig is a rig on an emulator of configuration cfg.
-func newEmuGraphRig(t testing.TB, cfg cpuemu.Config, sh rigShape, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+func newEmuGraphRig(t testing.TB, cfg cpuemu.Config, sh rigShape, kind kernels.AttentionKind, layers int, seed uint64) *graphRig {
 	b, cd := countingEmu(cfg)
 	return newGraphRigOn(t, b, engineMemory{cd.Driver.Alloc, cd.Driver.Free}, sh, kind, layers, seed)
 }
@@ -80,8 +80,8 @@ func newEmuGraphRig(t testing.TB, cfg cpuemu.Config, sh rigShape, kind cuda.Atte
 // graphDevices are the rigs the graph tests run on: the emulator, and the
 // GPU under -tags cuda when one is present (engine memory from
 // AllocTensor there, wrapped again from its raw pointer).
-func graphDevices(t *testing.T) map[string]func(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
-	devs := map[string]func(testing.TB, cuda.AttentionKind, int, uint64) *graphRig{"emu": newGraphRig}
+func graphDevices(t *testing.T) map[string]func(t testing.TB, kind kernels.AttentionKind, layers int, seed uint64) *graphRig {
+	devs := map[string]func(testing.TB, kernels.AttentionKind, int, uint64) *graphRig{"emu": newGraphRig}
 	if g := gpuDevice(t); g != nil {
 		mem := engineMemory{
 			alloc: func(n int) (cuda.DevicePtr, error) {
@@ -92,20 +92,20 @@ func graphDevices(t *testing.T) map[string]func(t testing.TB, kind cuda.Attentio
 				return g.FreeTensor(cuda.DeviceTensor{DType: layout.I8, Shape: []int{1}, Ptr: p})
 			},
 		}
-		devs["cuda"] = func(t testing.TB, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+		devs["cuda"] = func(t testing.TB, kind kernels.AttentionKind, layers int, seed uint64) *graphRig {
 			return newGraphRigOn(t, g, mem, smallRig, kind, layers, seed)
 		}
 	}
 	return devs
 }
 
-func newGraphRigOn(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape, kind cuda.AttentionKind, layers int, seed uint64) *graphRig {
+func newGraphRigOn(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape, kind kernels.AttentionKind, layers int, seed uint64) *graphRig {
 	return newGraphRigDim(t, b, mem, sh, kind, layers, seed, 32)
 }
 
 // newGraphRigDim is newGraphRigOn with head dim D (32: the per-row
 // kernels; 64: prefill and cascade on the tiled tensor-core kernel).
-func newGraphRigDim(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape, kind cuda.AttentionKind, layers int, seed uint64, D int) *graphRig {
+func newGraphRigDim(t testing.TB, b *cuda.Backend, mem engineMemory, sh rigShape, kind kernels.AttentionKind, layers int, seed uint64, D int) *graphRig {
 	r := &graphRig{t: t, b: b, mem: mem, rng: rand.New(rand.NewPCG(seed, 26)), kind: kind, layers: layers, hq: 4, extra: sh.extraKeys,
 		g: layout.Paged{Layout: layout.HND, Form: layout.Split, DType: layout.F16, NumPages: sh.numPages, PageSize: sh.pageSize, NumKVHeads: 2, HeadDim: D}}
 	r.lim = cuda.StepLimits{MaxBatch: 6, MaxPages: sh.maxPages, MaxRows: 12, MaxLevels: 2, MaxQOHeads: r.hq, MaxHeadDim: D, Fixed: true}
@@ -173,7 +173,7 @@ func (r *graphRig) randomPlan() *cuda.StepPlan {
 	var bi, pos []int32
 	for req := range B {
 		ql := 1
-		if r.kind != cuda.Decode {
+		if r.kind != kernels.Decode {
 			ql += r.rng.IntN(2)
 		}
 		kl := ql + r.rng.IntN(r.extra)
@@ -192,10 +192,10 @@ func (r *graphRig) randomPlan() *cuda.StepPlan {
 	rows := int(qo[B])
 	p := &cuda.StepPlan{Geometry: r.g, Table: t, BatchIndices: bi, Positions: pos, Attention: r.kind, Rows: rows,
 		AttentionParams: kernels.AttentionParams{NumQOHeads: r.hq, WindowLeft: -1}}
-	if r.kind == cuda.Prefill {
+	if r.kind == kernels.Prefill {
 		p.QOIndptr, p.Causal = qo, true
 	}
-	if r.kind == cuda.Cascade {
+	if r.kind == kernels.Cascade {
 		shared := make([]int32, len(prefix))
 		for i, pg := range prefix {
 			shared[i] = int32(pg)
@@ -297,8 +297,8 @@ func (r *graphRig) step(i int, p *cuda.StepPlan) {
 // captured limits: o, lse and the caches equal the eager run's exactly.
 func TestGraphReplayEqualsEager(t *testing.T) {
 	for name, rig := range graphDevices(t) {
-		for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
-			t.Run(name+"/"+map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
+		for _, kind := range []kernels.AttentionKind{kernels.Decode, kernels.Prefill, kernels.Cascade} {
+			t.Run(name+"/"+map[kernels.AttentionKind]string{kernels.Decode: "decode", kernels.Prefill: "prefill", kernels.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
 				r := rig(t, kind, 2, uint64(kind))
 				p := r.randomPlan()
 				r.capture(p)
@@ -329,8 +329,8 @@ func TestGraphReplaySplitKV(t *testing.T) {
 		cfg  cpuemu.Config
 		sh   rigShape
 	}{{"forced3", cpuemu.Config{MaxChunkTokens: 3}, smallRig}, {"auto", cpuemu.Config{NumSMs: 4}, bigRig}} {
-		for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
-			t.Run(c.name+"/"+map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
+		for _, kind := range []kernels.AttentionKind{kernels.Decode, kernels.Prefill, kernels.Cascade} {
+			t.Run(c.name+"/"+map[kernels.AttentionKind]string{kernels.Decode: "decode", kernels.Prefill: "prefill", kernels.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
 				r := newEmuGraphRig(t, c.cfg, c.sh, kind, 1, 100+uint64(kind))
 				p := r.randomPlan()
 				r.capture(p)
@@ -361,7 +361,7 @@ func TestGraphReplaySplitKV(t *testing.T) {
 // step's work items (one per tile, padded to max_rows) and launch
 // arguments depend on the limits only, so 12 replays equal the eager run.
 func TestGraphReplayTiledPrefill(t *testing.T) {
-	for _, kind := range []cuda.AttentionKind{cuda.Prefill, cuda.Cascade} {
+	for _, kind := range []kernels.AttentionKind{kernels.Prefill, kernels.Cascade} {
 		t.Run(fmt.Sprint(kind), func(t *testing.T) {
 			b, cd := countingEmu(cpuemu.Config{MaxChunkTokens: -1})
 			r := newGraphRigDim(t, b, engineMemory{cd.Driver.Alloc, cd.Driver.Free}, smallRig, kind, 1, 7, 64)
@@ -386,7 +386,7 @@ func TestGraphReplayTiledPrefill(t *testing.T) {
 // shape is refused before anything is launched, and the graph still
 // replays correctly afterwards.
 func TestGraphRefusesBeyondCapture(t *testing.T) {
-	r := newGraphRig(t, cuda.Decode, 1, 7)
+	r := newGraphRig(t, kernels.Decode, 1, 7)
 	p := r.randomPlan()
 	r.capture(p)
 	big := r.randomPlan()
@@ -428,7 +428,7 @@ func TestGraphRefusesBeyondCapture(t *testing.T) {
 // operation while capturing fails EndCapture; a call on a Step while
 // another runs is refused.
 func TestCaptureRules(t *testing.T) {
-	r := newGraphRig(t, cuda.Decode, 1, 9)
+	r := newGraphRig(t, kernels.Decode, 1, 9)
 	p := r.randomPlan()
 	err := r.eager.BeginCapture(p)
 	require.ErrorIs(t, err, cuda.ErrStepLimit)
@@ -490,7 +490,7 @@ func (d *gatedDriver) HtoDAsync(dst cuda.DevicePtr, src []byte) error {
 // TestExternalBufferRefusals: engine memory of the wrong size, alignment or
 // dtype is refused when wrapped or before any launch.
 func TestExternalBufferRefusals(t *testing.T) {
-	r := newGraphRig(t, cuda.Decode, 1, 11)
+	r := newGraphRig(t, kernels.Decode, 1, 11)
 	q := r.q[0] // [12, 4, 32] f16, 3072 bytes
 	for _, c := range []struct {
 		name  string
@@ -540,12 +540,12 @@ func FuzzGraphReplay(f *testing.F) {
 	for _, s := range kernelstest.RawSeeds() {
 		f.Add(s)
 	}
-	r := newGraphRig(f, cuda.Decode, 1, 13)
+	r := newGraphRig(f, kernels.Decode, 1, 13)
 	r.capture(r.randomPlan())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		_, ix := kernelstest.DecodeRaw(data)
 		r.t = t
-		p := &cuda.StepPlan{Geometry: r.g, BatchIndices: ix.BatchIndices, Positions: ix.Positions, Attention: cuda.Decode,
+		p := &cuda.StepPlan{Geometry: r.g, BatchIndices: ix.BatchIndices, Positions: ix.Positions, Attention: kernels.Decode,
 			Rows: max(len(ix.KVIndptr)-1, 0), AttentionParams: kernels.AttentionParams{NumQOHeads: r.hq, WindowLeft: -1},
 			Table: kernels.PageTable{KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLastPageLen: ix.KVLastPageLen}}
 		planErr := r.eager.Plan(p)
@@ -616,7 +616,7 @@ func TestReplayAllocationFree(t *testing.T) {
 	s, err := b.NewStep(cuda.StepLimits{MaxBatch: 8, MaxPages: 64, MaxRows: maxRows, MaxLevels: 2, MaxQOHeads: 8, MaxHeadDim: 128, Fixed: true})
 	require.NoError(t, err)
 	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVPageIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
-	p := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: []int32{0, 1, 2}, Positions: []int32{38, 31, 48}, Attention: cuda.Decode,
+	p := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: []int32{0, 1, 2}, Positions: []int32{38, 31, 48}, Attention: kernels.Decode,
 		Rows: 3, AttentionParams: kernels.AttentionParams{NumQOHeads: 8, WindowLeft: -1}}
 	t3 := func(heads int) cuda.DeviceTensor {
 		x, err := b.AllocTensor(g.DType, maxRows, heads, 128)
@@ -645,8 +645,8 @@ func TestGraphReplaySinks(t *testing.T) {
 		name string
 		cfg  cpuemu.Config
 	}{{"one-item-per-row", cpuemu.Config{MaxChunkTokens: -1}}, {"split", cpuemu.Config{MaxChunkTokens: 3}}} {
-		for _, kind := range []cuda.AttentionKind{cuda.Decode, cuda.Prefill, cuda.Cascade} {
-			t.Run(c.name+"/"+map[cuda.AttentionKind]string{cuda.Decode: "decode", cuda.Prefill: "prefill", cuda.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
+		for _, kind := range []kernels.AttentionKind{kernels.Decode, kernels.Prefill, kernels.Cascade} {
+			t.Run(c.name+"/"+map[kernels.AttentionKind]string{kernels.Decode: "decode", kernels.Prefill: "prefill", kernels.Cascade: "prefill-cascade"}[kind], func(t *testing.T) {
 				r := newEmuGraphRig(t, c.cfg, smallRig, kind, 1, 300+uint64(kind))
 				withSinks := func() *cuda.StepPlan {
 					p := r.randomPlan()

@@ -19,21 +19,6 @@ var ErrStepLimit = errors.New("cuda: step exceeds its limits")
 // not prepare (or with a cache of another geometry).
 var ErrNotPlanned = errors.New("cuda: operation not planned for this step")
 
-// AttentionKind selects the attention a [StepPlan] prepares.
-type AttentionKind int
-
-const (
-	// NoAttention: the step only appends.
-	NoAttention AttentionKind = iota
-	// Decode is batch decode: one query row per request.
-	Decode
-	// Prefill is batch prefill with ragged queries (QOIndptr).
-	Prefill
-	// Cascade is multi-level cascade attention (Levels), merged on the
-	// device with merge_state.
-	Cascade
-)
-
 // Level is one level of a cascade step: cascade.Level, the one
 // cascade-level type.
 type Level = kernels.CascadeLevel
@@ -73,7 +58,7 @@ type StepPlan struct {
 	// BatchIndices and Positions name the appended rows (nil: no append).
 	BatchIndices, Positions []int32
 
-	Attention AttentionKind
+	Attention kernels.AttentionKind
 	Rows      int     // query rows: B for Decode, nnz_qo for Prefill and Cascade
 	QOIndptr  []int32 // Prefill: [B+1]
 	Levels    []Level // Cascade, level 0 (most shared) first
@@ -119,7 +104,7 @@ type Step struct {
 	// the current plan
 	planned  bool
 	g        layout.Paged
-	kind     AttentionKind
+	kind     kernels.AttentionKind
 	rows     int
 	hq       int
 	ap       kernels.AttentionParams
@@ -189,7 +174,7 @@ func (b *Backend) NewStep(lim StepLimits) (*Step, error) {
 	s := &Step{b: b, lim: lim, scratchN: int(scratch)}
 	s.fixedSplit = lim.Fixed && lim.MaxWorkItems > lim.MaxRows && b.cfg.MaxChunkTokens >= 0
 	var err error
-	if s.staging, err = b.drv.HostAlloc(int(idxInts*4) + 16); err != nil {
+	if s.staging, err = b.drv.PinnedAlloc(int(idxInts*4) + 16); err != nil {
 		return nil, fmt.Errorf("%s: pinned staging: %w", b.name, err)
 	}
 	if s.idx, err = b.drv.Alloc(len(s.staging)); err != nil {
@@ -214,7 +199,7 @@ func (s *Step) Free() {
 		_ = s.b.drv.Free(s.scratch)
 	}
 	if s.staging != nil {
-		_ = s.b.drv.HostFree(s.staging)
+		_ = s.b.drv.PinnedFree(s.staging)
 	}
 	s.idx, s.scratch, s.staging, s.planned = 0, 0, nil, false
 }
@@ -306,43 +291,61 @@ func (s *Step) limit(what string, n, max int) error {
 	return nil
 }
 
-// validate runs the shared host validator over every array of p, in the
-// order the host backends' Validate methods check them, then the limits.
+// validate runs the shared validator over every array of p, in the order
+// the CPU backends' Validate methods check them, then the limits. The page
+// table is checked once ([kernels.PageTable.Validate], i.e.
+// ragged.ValidatePageTable), for the first call that reads it (the append,
+// else the attention); a cascade's levels are each their own table.
 func (s *Step) validate(p *StepPlan) error {
 	g := p.Geometry
 	if _, err := planeBytes(g); err != nil {
 		return fmt.Errorf("%s: step: %w", s.b.name, err)
 	}
-	if p.BatchIndices != nil || p.Positions != nil {
-		if err := kernels.ValidateAppendTable(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+	appends := p.BatchIndices != nil || p.Positions != nil
+	if appends || p.Attention == kernels.NoAttention {
+		op := "append"
+		if !appends {
+			op = "step"
+		}
+		if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	if appends {
+		if err := kernels.ValidateAppendIndices(p.BatchIndices, p.Positions); err != nil {
 			return err
 		}
-		if err := kernels.ValidateAppendRows(g, &p.Table, p.BatchIndices, p.Positions); err != nil {
+		if err := kernels.ValidateAppendRows(&p.Table, p.BatchIndices, p.Positions, g.PageSize, false); err != nil {
 			return err
 		}
 	}
 	switch p.Attention {
-	case NoAttention:
-		if p.BatchIndices == nil {
+	case kernels.NoAttention:
+	case kernels.Decode:
+		if err := p.AttentionParams.ValidateScalars("decode", p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
+			return err
+		}
+		if err := p.Table.ValidateBatch("decode", p.Rows); err != nil {
+			return err
+		}
+		if !appends {
 			if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
-				return fmt.Errorf("step: %w", err)
+				return fmt.Errorf("decode: %w", err)
 			}
 		}
-	case Decode:
-		if err := kernels.ValidateAttentionScalars("decode", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
+	case kernels.Prefill:
+		if err := p.AttentionParams.ValidateScalars("prefill", p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
 			return err
 		}
-		if err := kernels.ValidateDecodeTable(g, p.Rows, &p.Table); err != nil {
+		if !appends {
+			if err := p.Table.Validate(g.PageSize, g.NumPages); err != nil {
+				return fmt.Errorf("prefill: %w", err)
+			}
+		}
+		if err := kernels.ValidateQOIndptr("prefill", p.QOIndptr, len(p.Table.KVIndptr)-1, p.Rows); err != nil {
 			return err
 		}
-	case Prefill:
-		if err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim); err != nil {
-			return err
-		}
-		if err := kernels.ValidatePrefillTable(g, p.Rows, p.QOIndptr, &p.Table); err != nil {
-			return err
-		}
-	case Cascade:
+	case kernels.Cascade:
 		if len(p.Levels) == 0 {
 			return fmt.Errorf("cascade: %w: no levels", kernels.ErrInvalidAttention)
 		}
@@ -350,10 +353,14 @@ func (s *Step) validate(p *StepPlan) error {
 			return fmt.Errorf("cascade: %w: window_left = %d; cascade attention takes no window (want -1)", kernels.ErrInvalidAttention, p.WindowLeft)
 		}
 		for l, lv := range p.Levels {
-			err := kernels.ValidateAttentionScalars("prefill", &p.AttentionParams, p.NumQOHeads, g.NumKVHeads, g.HeadDim)
+			err := p.AttentionParams.ValidateScalars("prefill", p.NumQOHeads, g.NumKVHeads, g.HeadDim)
 			if err == nil {
 				t := lv.Table()
-				err = kernels.ValidatePrefillTable(g, p.Rows, lv.QOIndptr, &t)
+				if err = t.Validate(g.PageSize, g.NumPages); err != nil {
+					err = fmt.Errorf("prefill: %w", err)
+				} else {
+					err = kernels.ValidateQOIndptr("prefill", lv.QOIndptr, len(t.KVIndptr)-1, p.Rows)
+				}
 			}
 			if err != nil {
 				return fmt.Errorf("cascade level %d of %d: %w", l, len(p.Levels), err)
@@ -379,7 +386,7 @@ func (s *Step) validate(p *StepPlan) error {
 	if err := s.limit("appended rows", len(p.BatchIndices), lim.MaxRows); err != nil {
 		return err
 	}
-	if p.Attention == NoAttention {
+	if p.Attention == kernels.NoAttention {
 		return nil
 	}
 	if err := s.limit("query rows", p.Rows, lim.MaxRows); err != nil {
@@ -391,7 +398,7 @@ func (s *Step) validate(p *StepPlan) error {
 	if err := s.limit("head_dim", g.HeadDim, lim.MaxHeadDim); err != nil {
 		return err
 	}
-	if p.Attention == Cascade {
+	if p.Attention == kernels.Cascade {
 		if err := s.limit("levels", len(p.Levels), lim.MaxLevels); err != nil {
 			return err
 		}
@@ -447,20 +454,20 @@ func (s *Step) prepare(p *StepPlan) error {
 	// Sinks first: hq floats, so every later offset still depends on the
 	// step's sizes only (a graph holds hq and whether there are sinks).
 	s.sinks = -1
-	if p.Attention != NoAttention && p.Sinks != nil {
+	if p.Attention != kernels.NoAttention && p.Sinks != nil {
 		s.sinks = s.cursor
 		for _, x := range p.Sinks {
 			s.put(int32(math.Float32bits(x)))
 		}
 	}
-	if p.Attention != NoAttention {
+	if p.Attention != kernels.NoAttention {
 		shape, err := planDecodeShape(g, p.NumQOHeads/g.NumKVHeads)
 		if err != nil {
 			return fmt.Errorf("%s: %w", s.b.name, err)
 		}
 		// Decode runs on tensor cores where decode_tc.cu serves the shape;
 		// prefill and cascade levels keep the CUDA-core kernel.
-		if tc, ok := planDecodeTC(g, p.NumQOHeads/g.NumKVHeads); ok && p.Attention == Decode {
+		if tc, ok := planDecodeTC(g, p.NumQOHeads/g.NumKVHeads); ok && p.Attention == kernels.Decode {
 			shape = tc
 		}
 		s.shape = shape
@@ -468,11 +475,11 @@ func (s *Step) prepare(p *StepPlan) error {
 	// B-sized arrays first, kv_indices last: every offset but the page
 	// arrays' depends on the batch and row counts only.
 	switch p.Attention {
-	case Decode, Prefill:
-		if err := s.planLevel(&p.Table, p.QOIndptr, p.Causal, p.Attention == Decode); err != nil {
+	case kernels.Decode, kernels.Prefill:
+		if err := s.planLevel(&p.Table, p.QOIndptr, p.Causal, p.Attention == kernels.Decode); err != nil {
 			return err
 		}
-	case Cascade:
+	case kernels.Cascade:
 		for l, lv := range p.Levels {
 			t := lv.Table()
 			if err := s.planLevel(&t, lv.QOIndptr, p.Causal && l == len(p.Levels)-1, false); err != nil {
@@ -484,7 +491,7 @@ func (s *Step) prepare(p *StepPlan) error {
 	// Decode and prefill append through the attention's own table (shared
 	// = same arrays, uploaded once); a cascade's levels are not the
 	// per-request table, so an append packs its own.
-	shared := p.Attention == Decode || p.Attention == Prefill
+	shared := p.Attention == kernels.Decode || p.Attention == kernels.Prefill
 	if s.nnz > 0 {
 		if shared {
 			s.app.indptr = s.levels[0].indptr
@@ -498,7 +505,7 @@ func (s *Step) prepare(p *StepPlan) error {
 	for i := range s.levels {
 		lv := &s.levels[i]
 		var ind []int32
-		if p.Attention == Cascade {
+		if p.Attention == kernels.Cascade {
 			ind = p.Levels[i].KVPageIndices
 			ind = ind[:p.Levels[i].KVIndptr[len(p.Levels[i].KVIndptr)-1]]
 		} else {
@@ -730,13 +737,13 @@ func (s *Step) Attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 
 func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	op := "decode"
-	if s.kind != Decode {
+	if s.kind != kernels.Decode {
 		op = "prefill"
 	}
 	if err := s.checkCache(op, cache.Geometry, len(cache.allocs) > 0); err != nil {
 		return err
 	}
-	if s.kind == NoAttention {
+	if s.kind == kernels.NoAttention {
 		return fmt.Errorf("%s: attention: %w: the plan has no attention", s.b.name, ErrNotPlanned)
 	}
 	g := s.g
@@ -764,7 +771,7 @@ func (s *Step) attention(cache *DeviceKVCache, q, o, lse DeviceTensor) error {
 	// level (every row has its group there), whose state every other level
 	// is merged into; the other levels' states never hold them.
 	sinks := s.at(s.sinks)
-	if s.kind != Cascade {
+	if s.kind != kernels.Cascade {
 		return s.runLevel(cache, &s.levels[0], q, uint64(o.Ptr), o.DType, uint64(lse.Ptr), sinks, s.ap.EffectiveVScale())
 	}
 	// Cascade: the last level into acc, every other level into tmp, each

@@ -50,7 +50,7 @@ func reportStep(b *testing.B, d benchDevice, cacheBytes int64, host cuda.Traffic
 	bound := cuda.Bound(cacheBytes, cuda.H100Bandwidth)
 	b.ReportMetric(float64(cacheBytes), "cache-B/op")
 	b.ReportMetric(float64(bound.Nanoseconds())/1e3, "h100-bound-us/op")
-	b.ReportMetric(float64(host.HostBytes())/float64(b.N), "host-B/op")
+	b.ReportMetric(float64(host.TransferBytes())/float64(b.N), "copied-B/op")
 	if d.gpu {
 		b.ReportMetric(float64(bound)/(float64(elapsed)/float64(b.N)), "hbm-fraction")
 	}
@@ -99,7 +99,7 @@ func benchDecode(b *testing.B, d benchDevice, c benchCase) {
 	o, err := d.b.AllocTensor(layout.F16, c.B, c.Hq, c.D)
 	require.NoError(b, err)
 	require.NoError(b, d.b.Upload(q, kernels.NewTensor(layout.F16, c.B, c.Hq, c.D)))
-	p := &cuda.StepPlan{Geometry: g, Table: t, Attention: cuda.Decode, Rows: c.B, AttentionParams: kernels.AttentionParams{NumQOHeads: c.Hq, WindowLeft: -1}}
+	p := &cuda.StepPlan{Geometry: g, Table: t, Attention: kernels.Decode, Rows: c.B, AttentionParams: kernels.AttentionParams{NumQOHeads: c.Hq, WindowLeft: -1}}
 	step := func() {
 		require.NoError(b, s.Plan(p))
 		require.NoError(b, s.Attention(cache, q, o, cuda.DeviceTensor{}))

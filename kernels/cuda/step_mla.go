@@ -143,8 +143,9 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		if err := kernels.ValidateMLAAppendTable(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
 			return err
 		}
-		if err := kernels.ValidateMLAAppendRows(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
-			return err
+		t := kernels.PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
+		if err := kernels.ValidateAppendRows(&t, p.BatchIndices, p.Positions, g.PageSize, p.KVLastPageLen == nil); err != nil {
+			return fmt.Errorf("mla %w", err)
 		}
 	}
 	// The batch is kv_indptr's (q is checked against it at launch).
@@ -203,7 +204,7 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		return err
 	}
 	s.mla = m
-	s.kind = NoAttention
+	s.kind = kernels.NoAttention
 	s.planned = true
 	return nil
 }

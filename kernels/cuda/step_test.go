@@ -180,7 +180,7 @@ func stepDecodeTraffic(t *testing.T, b *cuda.Backend, pool int) {
 		require.NoError(t, b.Upload(q, e.randTensor(B, hq, g.HeadDim)))
 		t1 := cd.Traffic()
 		require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: tab, BatchIndices: bi, Positions: pos,
-			Attention: cuda.Decode, Rows: B, AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}}))
+			Attention: kernels.Decode, Rows: B, AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}}))
 		t2 := cd.Traffic()
 		require.NoError(t, e.step.Append(e.cache, kv, kv, 0, 0))
 		require.NoError(t, e.step.Attention(e.cache, q, o, cuda.DeviceTensor{}))
@@ -217,10 +217,10 @@ func stepDecodeTraffic(t *testing.T, b *cuda.Backend, pool int) {
 	require.NoError(t, err)
 	require.NoError(t, b.DownloadKVCache(&host, e.cache))
 	require.Equal(t, mirror.Data, host.Data, "the device cache after the steps' appends differs from the CPU's")
-	qHost := kernels.NewTensor(g.DType, B, hq, g.HeadDim)
-	require.NoError(t, b.Download(qHost, q))
+	qCPU := kernels.NewTensor(g.DType, B, hq, g.HeadDim)
+	require.NoError(t, b.Download(qCPU, q))
 	want := kernels.NewTensor(layout.F32, B, hq, g.HeadDim)
-	require.NoError(t, c.BatchDecode(&kernels.DecodeParams{Q: qHost, Cache: host, Table: e.table(),
+	require.NoError(t, c.BatchDecode(&kernels.DecodeParams{Q: qCPU, Cache: host, Table: e.table(),
 		AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}, O: want}))
 	assert.InDeltaSlice(t, want.F32(), hostO.F32(), 2e-3)
 }
@@ -294,7 +294,7 @@ func TestStepLaunchesAreGraphStable(t *testing.T) {
 		cd.Launches()
 		t0 := cd.Traffic()
 		require.NoError(t, e.step.Plan(&cuda.StepPlan{Geometry: g, Table: e.table(), BatchIndices: bi, Positions: pos,
-			Attention: cuda.Decode, Rows: B, AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}}))
+			Attention: kernels.Decode, Rows: B, AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1}}))
 		t1 := cd.Traffic()
 		require.NoError(t, e.step.Append(e.cache, kv, kv, 0, 0))
 		require.NoError(t, e.step.Attention(e.cache, q, o, lse))
@@ -386,13 +386,13 @@ func compareWithCPU(t testing.TB, b *cuda.Backend, cd *cuda.CountingDriver, s *c
 			return c.BatchDecode(&kernels.DecodeParams{Q: kernels.NewTensor(g.DType, B, hq, g.HeadDim), Cache: cache, Table: table,
 				AttentionParams: ap, O: kernels.NewTensor(g.DType, B, hq, g.HeadDim)})
 		}, func() error {
-			return s.Plan(&cuda.StepPlan{Geometry: g, Table: table, Attention: cuda.Decode, Rows: B, AttentionParams: ap})
+			return s.Plan(&cuda.StepPlan{Geometry: g, Table: table, Attention: kernels.Decode, Rows: B, AttentionParams: ap})
 		}},
 		{"prefill", func() error {
 			return c.BatchPrefill(&kernels.PrefillParams{Q: kernels.NewTensor(g.DType, nnzQO, hq, g.HeadDim), QOIndptr: ix.QOIndptr,
 				Cache: cache, Table: table, Causal: true, AttentionParams: ap, O: kernels.NewTensor(g.DType, nnzQO, hq, g.HeadDim)})
 		}, func() error {
-			return s.Plan(&cuda.StepPlan{Geometry: g, Table: table, Attention: cuda.Prefill, Rows: nnzQO, QOIndptr: ix.QOIndptr,
+			return s.Plan(&cuda.StepPlan{Geometry: g, Table: table, Attention: kernels.Prefill, Rows: nnzQO, QOIndptr: ix.QOIndptr,
 				Causal: true, AttentionParams: ap})
 		}},
 		{"append", func() error {
@@ -461,8 +461,8 @@ func (d *nopDriver) HtoDAsync(cuda.DevicePtr, []byte) error                   { 
 func (d *nopDriver) DtoH([]byte, cuda.DevicePtr) error                        { return nil }
 func (d *nopDriver) DtoD(_, _ cuda.DevicePtr, _ int) error                    { return nil }
 func (d *nopDriver) Memset(cuda.DevicePtr, byte, int) error                   { return nil }
-func (d *nopDriver) HostAlloc(n int) ([]byte, error)                          { return make([]byte, n), nil }
-func (d *nopDriver) HostFree([]byte) error                                    { return nil }
+func (d *nopDriver) PinnedAlloc(n int) ([]byte, error)                        { return make([]byte, n), nil }
+func (d *nopDriver) PinnedFree([]byte) error                                  { return nil }
 func (d *nopDriver) Synchronize() error                                       { return nil }
 func (d *nopDriver) Launch(string, cuda.Dim3, cuda.Dim3, int, []uint64) error { return nil }
 func (d *nopDriver) BeginCapture() error                                      { return nil }
@@ -484,9 +484,9 @@ func TestStepAllocationFree(t *testing.T) {
 	table := kernels.PageTable{KVIndptr: []int32{0, 3, 5, 9}, KVPageIndices: []int32{1, 2, 3, 4, 5, 6, 7, 8, 9}, KVLastPageLen: []int32{7, 16, 1}}
 	bi, pos := []int32{0, 1, 2}, []int32{38, 31, 48}
 	ap := kernels.AttentionParams{NumQOHeads: 8, WindowLeft: -1}
-	dec := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: cuda.Decode, Rows: 3, AttentionParams: ap}
-	pre := &cuda.StepPlan{Geometry: g, Table: table, Attention: cuda.Prefill, Rows: 6, QOIndptr: []int32{0, 1, 3, 6}, Causal: true, AttentionParams: ap}
-	cas := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: cuda.Cascade, Rows: 3, Causal: true,
+	dec := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: kernels.Decode, Rows: 3, AttentionParams: ap}
+	pre := &cuda.StepPlan{Geometry: g, Table: table, Attention: kernels.Prefill, Rows: 6, QOIndptr: []int32{0, 1, 3, 6}, Causal: true, AttentionParams: ap}
+	cas := &cuda.StepPlan{Geometry: g, Table: table, BatchIndices: bi, Positions: pos, Attention: kernels.Cascade, Rows: 3, Causal: true,
 		AttentionParams: ap, Levels: []cuda.Level{
 			{QOIndptr: []int32{0, 3}, KVIndptr: []int32{0, 2}, KVPageIndices: []int32{10, 11}, KVLastPageLen: []int32{16}},
 			{QOIndptr: []int32{0, 1, 2, 3}, KVIndptr: table.KVIndptr, KVPageIndices: table.KVPageIndices, KVLastPageLen: table.KVLastPageLen}}}

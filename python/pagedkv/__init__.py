@@ -403,7 +403,7 @@ class StalePlan(PagedKVError):
 # The fields of a Plan, in the order _make_plan stores them.
 _PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices", "kv_last_page_len",
-                "seq_lens", "cascade", "query_rows", "block_tables", "max_seq_len") + _ffi.GROUP_PLAN_ARRAYS
+                "seq_lens", "cascade", "query_rows", "block_tables", "max_seq_len", "attention_kind") + _ffi.GROUP_PLAN_ARRAYS
 
 
 # Each field's type and meaning (the docstring of its property; the class
@@ -435,6 +435,12 @@ _FIELD_DOCS = {
                                                       "elsewhere)."),
     "attn_requests": ("Optional[Int32Array]", "A chunked group's [A] request of each attention entry (None "
                                               "elsewhere)."),
+    "block_tables": ("Optional[np.ndarray]", "[B, block_tables_stride] the page table padded for trtllm-gen, XQA and "
+                                             "cuDNN decode (None unless the Manager has block_tables_stride)."),
+    "max_seq_len": ("Optional[int]", "block_tables_stride * page_size, fixed for CUDA graphs (None without "
+                                     "block tables)."),
+    "attention_kind": ("str", "The attention to run, the library's decision (pagedkv_plan.attention_kind): "
+                              "\"cascade\", \"chunked\", \"decode\" or \"prefill\"."),
     "groups": ("List[Plan]", "One Plan per layer group, in the HybridManager's group order."),
 }
 
@@ -519,7 +525,11 @@ class Plan(_Stepped):
     list of Level, most shared first, with query_rows [nnz]: cascade row r
     holds plan row query_rows[r]. drafts [B]: how many of request b's rows
     (its last ones) are draft tokens (reserve_spec; zeros otherwise).
-    request_ids: the ids the step was reserved for (an owned copy).
+    attention_kind: the attention to run, the library's decision
+    (pagedkv_plan.attention_kind): "cascade", "chunked" (a chunked group:
+    batch prefill over the attn_* arrays), "decode" (one query row per
+    request) or "prefill". request_ids: the ids the step was reserved for
+    (an owned copy).
     block_tables [B, block_tables_stride] (None unless the Manager was made
     with block_tables_stride > 0): the same page table padded for
     trtllm-gen, XQA and cuDNN decode, row b = request b's kv_page_indices
@@ -555,6 +565,9 @@ class Plan(_Stepped):
         seq_lens: Int32Array
         cascade: Optional[List[Level]]
         query_rows: Optional[Int32Array]
+        block_tables: Optional[np.ndarray]
+        max_seq_len: Optional[int]
+        attention_kind: str
         cascade_window_left: Optional[Int32Array]
         attn_qo_indptr: Optional[Int32Array]
         attn_kv_indptr: Optional[Int32Array]
@@ -907,7 +920,8 @@ class _Core:
             max_seq_len = bt.max_seq_len
         p._values = (ids, w[base], w[base + 1], w[base + 2], copies.reshape(-1, 3), drafts, qo_indptr,
                      batch_indices, positions, token_ids, token_positions, kv_indptr, kv_page_indices,
-                     kv_last_page_len, seq_lens, cascade, query_rows, block_tables, max_seq_len) + extra
+                     kv_last_page_len, seq_lens, cascade, query_rows, block_tables, max_seq_len,
+                     _ffi.ATTENTION_KINDS[w[k + 5]]) + extra
 
         return p
 

@@ -9,7 +9,7 @@ scripts/cabi.sh puts it). The package loads it at import.
 import ctypes
 import os
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 c_int32_p = ctypes.POINTER(ctypes.c_int32)
 
@@ -76,14 +76,18 @@ PLAN_ARRAYS = (
     "seq_lens",
     "query_rows",
 )
-PLAN_WORDS = len(PLAN_SCALARS) + 3 * len(PLAN_ARRAYS) + 2 + 3  # + num_levels, levels, drafts
+PLAN_WORDS = len(PLAN_SCALARS) + 3 * len(PLAN_ARRAYS) + 2 + 3 + 1  # + num_levels, levels, drafts, attention_kind
+# pagedkv_plan.attention_kind (PAGEDKV_ATTENTION_*, Go: kernels.AttentionKind)
+# by number: the library's decision of which attention a plan runs.
+ATTENTION_KINDS = (None, "decode", "prefill", "cascade", "chunked")
 
 
 class Plan(ctypes.Structure):
     _fields_ = (
         [(name, ctypes.c_int64) for name in PLAN_SCALARS]
         + [(name, Array) for name in PLAN_ARRAYS]
-        + [("num_levels", ctypes.c_int64), ("levels", ctypes.POINTER(Level)), ("drafts", Array)]
+        + [("num_levels", ctypes.c_int64), ("levels", ctypes.POINTER(Level)), ("drafts", Array),
+           ("attention_kind", ctypes.c_int64)]
     )
 
 

@@ -62,14 +62,12 @@ def _identity(a):
 
 
 def attention_kind(plan):
-    """'cascade' when the plan has cascade levels, 'decode' when every
+    """The attention plan runs, as the library decides it (plan.attention_kind,
+    from the C ABI's pagedkv_plan.attention_kind; Go: Plan.AttentionKind):
+    'cascade' when the plan has cascade levels, 'chunked' for a chunked
+    group's plan (batch prefill over its attn_* arrays), 'decode' when every
     request has exactly one query row, else 'prefill'."""
-    if plan.cascade is not None:
-        return "cascade"
-    q = plan.qo_indptr
-    if plan.batch_size > 0 and bool(((q[1:] - q[:-1]) == 1).all()):
-        return "decode"
-    return "prefill"
+    return plan.attention_kind
 
 
 def decode_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, *, to=_identity, **extra):
@@ -165,7 +163,7 @@ def group_attention_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size
     if kind == "cascade":
         extra.setdefault("window_left", plan.window_left)
         return kind, cascade_plan_kwargs(plan, num_qo_heads, num_kv_heads, head_dim, page_size, to=to, **extra)
-    if plan.attn_qo_indptr is not None:
+    if kind == "chunked":
         return "prefill", _prefill(plan.attn_qo_indptr, plan.attn_kv_indptr, plan.attn_kv_page_indices,
                                    plan.attn_kv_last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, True,
                                    -1, to, extra)

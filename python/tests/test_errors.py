@@ -251,7 +251,7 @@ def test_no_pointer_is_kept_after_a_call():
 
 
 def test_c_struct_sizes_match_the_header():
-    assert ctypes.sizeof(pagedkv._ffi.Plan) == 8 * pagedkv._ffi.PLAN_WORDS == 8 * (3 + 33 + 2 + 3)
+    assert ctypes.sizeof(pagedkv._ffi.Plan) == 8 * pagedkv._ffi.PLAN_WORDS == 8 * (3 + 33 + 2 + 3 + 1)
     assert ctypes.sizeof(pagedkv._ffi.Stats) == 8 * 27
     assert ctypes.sizeof(pagedkv._ffi.Request) == 48 + 8 + 8 + 4 + 4 + 8
 

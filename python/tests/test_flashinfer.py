@@ -95,7 +95,7 @@ def test_decode_prefill_append_kwargs():
 def test_cascade_kwargs():
     m = shared_prefix_manager()
     plan = m.reserve([2, 3, 4], [3, 3, 3])
-    assert fi.attention_kind(plan) == "cascade"
+    assert fi.attention_kind(plan) == "cascade" and plan.copy().attention_kind == "cascade"
     seen = []
     kw = fi.cascade_plan_kwargs(plan, 8, 2, 64, 4, to=lambda a: seen.append(a) or ("T", a))
     check_names(kw, CASCADE_REQUIRED, CASCADE_OPTIONAL)

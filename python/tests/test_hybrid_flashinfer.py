@@ -123,6 +123,8 @@ def test_kwargs_names_and_views():
     c = plan.groups[0]
     assert k0 == "prefill" and kw0["qo_indptr"] is c.attn_qo_indptr and kw0["paged_kv_indices"] is c.attn_kv_page_indices
     assert c.attn_qo_indptr.tolist() == [0, 8, 16, 20] and c.attn_requests.tolist() == [0, 0, 0]
+    # The library decides the kind (pagedkv_plan.attention_kind), chunked included.
+    assert fi.attention_kind(c) == c.attention_kind == "chunked" and plan.groups[1].attention_kind == "prefill"
     assert kw0["causal"] is True and kw0["window_left"] == -1 and kw0["sm_scale"] == 0.5
     assert k1 == "prefill" and kw1["qo_indptr"] is plan.groups[1].qo_indptr and kw1["sm_scale"] == 0.5
     for kw in (kw0, kw1):

@@ -16,8 +16,8 @@ import (
 // the uploads and downloads around it are extra (and make the host API the
 // wrong thing to time: it moves the whole cache twice per call).
 
-// hostCall collects the temporary device objects of one host-API call.
-type hostCall struct {
+// cpuCall collects the temporary device objects of one host-API call.
+type cpuCall struct {
 	b       *Backend
 	tensors []DeviceTensor
 	caches  []*DeviceKVCache
@@ -26,7 +26,7 @@ type hostCall struct {
 	err     error
 }
 
-func (h *hostCall) free() {
+func (h *cpuCall) free() {
 	for _, t := range h.tensors {
 		_ = h.b.FreeTensor(t)
 	}
@@ -42,7 +42,7 @@ func (h *hostCall) free() {
 }
 
 // tensor allocates a device copy of t (uploaded unless upload is false).
-func (h *hostCall) tensor(t kernels.Tensor, upload bool) DeviceTensor {
+func (h *cpuCall) tensor(t kernels.Tensor, upload bool) DeviceTensor {
 	if h.err != nil {
 		return DeviceTensor{}
 	}
@@ -60,7 +60,7 @@ func (h *hostCall) tensor(t kernels.Tensor, upload bool) DeviceTensor {
 
 // lse allocates a device f32 [n] buffer for an optional LSE (none when
 // want is false), uploading vals when given.
-func (h *hostCall) lse(n int, want bool, vals []float32) DeviceTensor {
+func (h *cpuCall) lse(n int, want bool, vals []float32) DeviceTensor {
 	if !want {
 		return DeviceTensor{DType: layout.F32, Shape: []int{n}}
 	}
@@ -71,7 +71,7 @@ func (h *hostCall) lse(n int, want bool, vals []float32) DeviceTensor {
 	return d
 }
 
-func (h *hostCall) cache(c *kernels.PagedKVCache) *DeviceKVCache {
+func (h *cpuCall) cache(c *kernels.PagedKVCache) *DeviceKVCache {
 	if h.err != nil {
 		return nil
 	}
@@ -85,7 +85,7 @@ func (h *hostCall) cache(c *kernels.PagedKVCache) *DeviceKVCache {
 	return d
 }
 
-func (h *hostCall) step(lim StepLimits) *Step {
+func (h *cpuCall) step(lim StepLimits) *Step {
 	if h.err != nil {
 		return nil
 	}
@@ -99,13 +99,13 @@ func (h *hostCall) step(lim StepLimits) *Step {
 }
 
 // download copies a device tensor into host memory.
-func (h *hostCall) download(dst kernels.Tensor, src DeviceTensor) {
+func (h *cpuCall) download(dst kernels.Tensor, src DeviceTensor) {
 	if h.err == nil {
 		h.err = h.b.Download(dst, src)
 	}
 }
 
-func (h *hostCall) downloadF32(dst []float32, src DeviceTensor) {
+func (h *cpuCall) downloadF32(dst []float32, src DeviceTensor) {
 	if h.err == nil && dst != nil {
 		h.err = h.b.DownloadF32(dst, src)
 	}
@@ -142,7 +142,7 @@ func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
 	if nnz == 0 {
 		return nil
 	}
-	h := &hostCall{b: b}
+	h := &cpuCall{b: b}
 	defer h.free()
 	cache := h.cache(&p.Cache)
 	key, val := h.tensor(p.AppendKey, true), h.tensor(p.AppendValue, true)
@@ -179,7 +179,7 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 	for r := range B {
 		maxLen = max(maxLen, p.Table.SeqLen(r, p.Cache.Geometry.PageSize))
 	}
-	return b.hostAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: Decode, Rows: B,
+	return b.cpuAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Decode, Rows: B,
 		AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE, StepLimits{
 		MaxBatch: B, MaxPages: usedPages(&p.Table), MaxRows: B, MaxQOHeads: Hq, MaxHeadDim: D,
 		MaxWorkItems: b.workItems(B, maxLen)})
@@ -206,7 +206,7 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	for r := range B {
 		maxLen = max(maxLen, p.Table.SeqLen(r, p.Cache.Geometry.PageSize))
 	}
-	return b.hostAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: Prefill, Rows: rows,
+	return b.cpuAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Prefill, Rows: rows,
 		QOIndptr: p.QOIndptr, Causal: p.Causal, AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE, StepLimits{
 		MaxBatch: B, MaxPages: usedPages(&p.Table), MaxRows: rows, MaxQOHeads: Hq, MaxHeadDim: D,
 		MaxWorkItems: b.workItems(rows, maxLen)})
@@ -238,15 +238,15 @@ func (b *Backend) CascadeLevels(levels []Level, q kernels.Tensor, cache *kernels
 		}
 	}
 	lim.MaxWorkItems = b.workItems(rows, maxLen)
-	return b.hostAttention(&StepPlan{Geometry: cache.Geometry, Attention: Cascade, Rows: rows, Levels: levels,
+	return b.cpuAttention(&StepPlan{Geometry: cache.Geometry, Attention: kernels.Cascade, Rows: rows, Levels: levels,
 		Causal: causal, AttentionParams: ap, Table: kernels.PageTable{KVIndptr: []int32{0}}}, cache, q, o, lse, lim)
 }
 
-// hostAttention validates the plan first (so that a bad index array fails
+// cpuAttention validates the plan first (so that a bad index array fails
 // before anything is allocated or copied), then uploads, runs and
 // downloads.
-func (b *Backend) hostAttention(p *StepPlan, cache *kernels.PagedKVCache, q, o kernels.Tensor, lse []float32, lim StepLimits) error {
-	h := &hostCall{b: b}
+func (b *Backend) cpuAttention(p *StepPlan, cache *kernels.PagedKVCache, q, o kernels.Tensor, lse []float32, lim StepLimits) error {
+	h := &cpuCall{b: b}
 	defer h.free()
 	s := h.step(lim)
 	if h.err != nil {
@@ -282,7 +282,7 @@ func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
 	if nnz == 0 {
 		return nil
 	}
-	h := &hostCall{b: b}
+	h := &cpuCall{b: b}
 	defer h.free()
 	B := len(p.KVIndptr) - 1
 	s := h.step(StepLimits{MaxBatch: B, MaxPages: int(p.KVIndptr[B]), MaxRows: nnz})
@@ -301,7 +301,7 @@ func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
 	return b.DownloadMLACache(&p.Cache, dc)
 }
 
-func (h *hostCall) mlaCache(c *kernels.MLACache) *DeviceMLACache {
+func (h *cpuCall) mlaCache(c *kernels.MLACache) *DeviceMLACache {
 	if h.err != nil {
 		return nil
 	}
@@ -325,7 +325,7 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 	if B == 0 {
 		return nil
 	}
-	h := &hostCall{b: b}
+	h := &cpuCall{b: b}
 	defer h.free()
 	s := h.step(StepLimits{MaxBatch: B, MaxPages: int(p.KVIndptr[B]), MaxRows: B,
 		MaxQOHeads: H, MaxHeadDim: p.Cache.Geometry.HeadDimCKV}) // scratch for split-KV partials
@@ -361,7 +361,7 @@ func (b *Backend) MergeState(p *kernels.MergeStateParams) error {
 	if n*H == 0 {
 		return nil
 	}
-	h := &hostCall{b: b}
+	h := &cpuCall{b: b}
 	defer h.free()
 	va, vb := h.tensor(p.VA, true), h.tensor(p.VB, true)
 	sa, sb := h.lse(n*H, true, p.SA), h.lse(n*H, true, p.SB)
@@ -387,7 +387,7 @@ func (b *Backend) MergeStates(p *kernels.MergeStatesParams) error {
 	if n*H == 0 {
 		return nil
 	}
-	h := &hostCall{b: b}
+	h := &cpuCall{b: b}
 	defer h.free()
 	v := h.tensor(p.V, true)
 	s := h.lse(n*ns*H, true, p.S)

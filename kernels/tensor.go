@@ -129,14 +129,14 @@ func NewPagedKVCache(g layout.Paged) (PagedKVCache, error) {
 	ns := int(g.ScaleBytes()) // at most n/8
 	c := PagedKVCache{Geometry: g}
 	if g.Form == layout.Fused {
-		c.Data = newHostBytes(n)
+		c.Data = newTensorBytes(n)
 		if g.DType == layout.NVFP4 {
-			c.SF = newHostBytes(ns)
+			c.SF = newTensorBytes(ns)
 		}
 	} else {
-		c.K, c.V = newHostBytes(n), newHostBytes(n)
+		c.K, c.V = newTensorBytes(n), newTensorBytes(n)
 		if g.DType == layout.NVFP4 {
-			c.KSF, c.VSF = newHostBytes(ns), newHostBytes(ns)
+			c.KSF, c.VSF = newTensorBytes(ns), newTensorBytes(ns)
 		}
 	}
 	return c, nil

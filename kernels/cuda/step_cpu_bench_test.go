@@ -15,16 +15,16 @@ import (
 	"github.com/pagedkv/pagedkv/layout"
 )
 
-// TestStepHostAllocatesNothing pins the GPU Driver's share of the hot path:
+// TestStepCPUAllocatesNothing pins the GPU Driver's share of the hot path:
 // a whole decode step (plan, append and attention for 4 layers,
 // synchronize) through the -tags cuda Driver allocates nothing. It runs
 // against the stand-in driver in CI (scripts/cuda-stub.sh) and on a GPU.
-func TestStepHostAllocatesNothing(t *testing.T) {
+func TestStepCPUAllocatesNothing(t *testing.T) {
 	d := gpuDevice(t)
 	if d == nil {
 		t.Skip("no CUDA device")
 	}
-	step := hostStep(t, d, 64, 512, 4)
+	step := cpuStep(t, d, 64, 512, 4)
 	require.NoError(t, step())
 	var err error
 	allocs := testing.AllocsPerRun(50, func() {
@@ -36,7 +36,7 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 	require.Zero(t, allocs, "allocations per decode step")
 }
 
-// BenchmarkStepHost times the host side of one decode step as an engine
+// BenchmarkStepCPU times the host side of one decode step as an engine
 // runs it: one Plan (validate and upload the index arrays), then for each
 // layer an Append of the step's new tokens and a decode Attention, then one
 // Synchronize. B = 64 requests of 512 tokens (f16, 8 kv heads, 32 query
@@ -44,20 +44,20 @@ func TestStepHostAllocatesNothing(t *testing.T) {
 // scripts/cuda-stub.sh the kernels take no time, so the figures are the
 // host overhead alone (goals in docs/kernels.md: <= 5 us per step plus
 // <= 1 us per layer, 0 allocations); on a GPU they include the kernels.
-func BenchmarkStepHost(b *testing.B) {
+func BenchmarkStepCPU(b *testing.B) {
 	d := gpuDevice(b)
 	if d == nil {
 		b.Skip("no CUDA device")
 	}
 	for _, layers := range []int{1, 32} {
-		b.Run(fmt.Sprintf("B64/layers%d", layers), func(b *testing.B) { benchStepHost(b, d, 64, 512, layers) })
+		b.Run(fmt.Sprintf("B64/layers%d", layers), func(b *testing.B) { benchStepCPU(b, d, 64, 512, layers) })
 	}
 }
 
-// hostStep sets up a decode step of B requests of L tokens over the given
+// cpuStep sets up a decode step of B requests of L tokens over the given
 // number of layers on d and returns it as a function (one Plan, per layer
 // an Append and an Attention, one Synchronize).
-func hostStep(b testing.TB, d *cuda.Backend, B, L, layers int) func() error {
+func cpuStep(b testing.TB, d *cuda.Backend, B, L, layers int) func() error {
 	const ps, H, Hq, D = 16, 8, 32, 128
 	pagesPer := (L + ps - 1) / ps
 	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: layout.F16, NumPages: B * pagesPer, PageSize: ps, NumKVHeads: H, HeadDim: D}
@@ -89,7 +89,7 @@ func hostStep(b testing.TB, d *cuda.Backend, B, L, layers int) func() error {
 		return x
 	}
 	q, o, kv := tensor(B, Hq, D), tensor(B, Hq, D), tensor(B, H, D)
-	p := &cuda.StepPlan{Geometry: g, Table: t, BatchIndices: bi, Positions: pos, Attention: cuda.Decode, Rows: B,
+	p := &cuda.StepPlan{Geometry: g, Table: t, BatchIndices: bi, Positions: pos, Attention: kernels.Decode, Rows: B,
 		AttentionParams: kernels.AttentionParams{NumQOHeads: Hq, WindowLeft: -1}}
 	return func() error {
 		if err := s.Plan(p); err != nil {
@@ -107,8 +107,8 @@ func hostStep(b testing.TB, d *cuda.Backend, B, L, layers int) func() error {
 	}
 }
 
-func benchStepHost(b *testing.B, d *cuda.Backend, B, L, layers int) {
-	step := hostStep(b, d, B, L, layers)
+func benchStepCPU(b *testing.B, d *cuda.Backend, B, L, layers int) {
+	step := cpuStep(b, d, B, L, layers)
 	require.NoError(b, step())
 	b.ReportAllocs()
 	b.ResetTimer()
