@@ -111,7 +111,7 @@ var layering = map[string]pkgRule{
 	"prefixcache": at(L3, "allocator", "evict", "internal/invariants"),
 
 	// The engine-facing facade.
-	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "stepbuf", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "kernels"),
+	"": at(L4, "allocator", "pagetable", "prefixcache", "layergroup", "stepbuf", "evict", "cascade", "internal/invariants", "internal/sysmem", "tier", "tier/host", "kernels"),
 	// KV-cache events. events encodes and publishes (the Manager's
 	// prefixcache.Sink); kvindex subscribes and routes. kvindex shares the
 	// hash chain with the Manager (prefixcache) but no code with events: its
