@@ -111,7 +111,7 @@ func TestAllocBytesCoversTheHeap(t *testing.T) {
 		{Config: Config{NumPages: 1 << 14, PageSize: 16, HashSeed: 1}, Groups: fullGroups(8)},
 		{Config: Config{NumPages: 1 << 14, PageSize: 4, HashSeed: 1, Eviction: "arc", Priorities: 2,
 			Tiers: TierConfig{HostPages: 1 << 12, Format: tier.PageFormat{Layout: layout.NHD, DType: layout.F16,
-				PageSize: 4, NumKVHeads: 2, HeadDim: 8, Layers: 2}}}, Groups: fullGroups(3)},
+				PageSize: 4, NumKVHeads: 2, HeadDim: 8, Layers: 3}}}, Groups: fullGroups(3)},
 	} {
 		var before, after runtime.MemStats
 		runtime.GC()

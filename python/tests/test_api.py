@@ -95,7 +95,7 @@ def pydoc_text(obj):
 
 def test_versions():
     assert isinstance(pagedkv.__version__, str) and pagedkv.__version__.count(".") == 2
-    assert pagedkv.ABI_VERSION == pagedkv._lib.pagedkv_abi_version() == 2
+    assert pagedkv.ABI_VERSION == pagedkv._lib.pagedkv_abi_version() == 3
     header = open(os.path.join(HERE, "..", "..", "cabi", "pagedkv.h")).read()
     assert "#define PAGEDKV_ABI_VERSION %d\n" % pagedkv.ABI_VERSION in header
 
