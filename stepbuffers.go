@@ -46,6 +46,7 @@ type boundGroup struct {
 	qo, bi, pos, tok, tokPos, drafts, kvIndptr, kvPages, kvLast, seq []int32
 	attnQO, attnKVIndptr, attnKVPages, attnKVLast, attnReqs          []int32
 	queryRows, windowLeft, levelBatch                                []int32
+	blockTables                                                      []int32 // nil without Config.BlockTablesStride
 	levels                                                           [][4][]int32
 	plan                                                             Plan
 	layout                                                           cascade.Layout
@@ -54,13 +55,15 @@ type boundGroup struct {
 }
 
 // StepBufferLayoutFor returns the layout of step buffers with caps for a
-// manager with the given layer groups (one for a dense Manager; see
-// [Manager.StepBufferLayout]), without binding anything: for sizing the
-// memory to allocate.
-func StepBufferLayoutFor(caps StepBufferCapacities, groups []LayerGroup) (*StepBufferLayout, error) {
+// manager with the given layer groups (one for a dense Manager) and
+// Config.BlockTablesStride blockTablesStride (each group then has a
+// block_tables row of caps.MaxRequests*blockTablesStride entries), without
+// binding anything: for sizing the memory to allocate.
+// [Manager.StepBufferLayoutFor] reads both from the manager.
+func StepBufferLayoutFor(caps StepBufferCapacities, groups []LayerGroup, blockTablesStride int) (*StepBufferLayout, error) {
 	specs := make([]stepbuf.GroupSpec, len(groups))
 	for g, lg := range groups {
-		specs[g].Chunked = lg.Kind == layergroup.Chunked
+		specs[g] = stepbuf.GroupSpec{Chunked: lg.Kind == layergroup.Chunked, BlockTablesStride: blockTablesStride}
 	}
 	l, err := stepbuf.NewLayout(caps, specs)
 	if err != nil {
@@ -69,13 +72,18 @@ func StepBufferLayoutFor(caps StepBufferCapacities, groups []LayerGroup) (*StepB
 	return l, nil
 }
 
-// bindStepBuffers binds mem with caps to c (see Manager.BindStepBuffers).
-func (c *core) bindStepBuffers(mem []byte, caps StepBufferCapacities) (*StepBufferLayout, error) {
+// stepBufferLayoutFor is the layout of c's step buffers with caps.
+func (c *core) stepBufferLayoutFor(caps StepBufferCapacities) (*StepBufferLayout, error) {
 	groups := make([]LayerGroup, len(c.groups))
 	for g, m := range c.groups {
 		groups[g] = m.layerGroup
 	}
-	lay, err := StepBufferLayoutFor(caps, groups)
+	return StepBufferLayoutFor(caps, groups, c.groups[0].cfg.BlockTablesStride)
+}
+
+// bindStepBuffers binds mem with caps to c (see Manager.BindStepBuffers).
+func (c *core) bindStepBuffers(mem []byte, caps StepBufferCapacities) (*StepBufferLayout, error) {
+	lay, err := c.stepBufferLayoutFor(caps)
 	if err != nil {
 		return nil, err
 	}
@@ -98,6 +106,7 @@ func (c *core) bindStepBuffers(mem []byte, caps StepBufferCapacities) (*StepBuff
 		bg.attnQO, bg.attnKVIndptr, bg.attnKVPages = row(stepbuf.AttnQOIndptr), row(stepbuf.AttnKVIndptr), row(stepbuf.AttnKVPageIndices)
 		bg.attnKVLast, bg.attnReqs = row(stepbuf.AttnKVLastPageLen), row(stepbuf.AttnRequests)
 		bg.queryRows, bg.windowLeft, bg.levelBatch = row(stepbuf.QueryRows), row(stepbuf.CascadeWindowLeft), row(stepbuf.LevelBatchSize)
+		bg.blockTables = row(stepbuf.BlockTables)
 		bg.levels = make([][4][]int32, caps.MaxCascadeLevels)
 		for l := range bg.levels {
 			bg.levels[l] = [4][]int32{buf.Row(stepbuf.LevelQOIndptr, g, l), buf.Row(stepbuf.LevelKVIndptr, g, l),
@@ -115,6 +124,7 @@ func (c *core) bindStepBuffers(mem []byte, caps StepBufferCapacities) (*StepBuff
 		bg := &b.groups[g]
 		m.csr = pagetable.CSR{KVIndptr: bg.kvIndptr[:0], KVPageIndices: bg.kvPages[:0], KVLastPageLen: bg.kvLast[:0], SeqLens: bg.seq[:0]}
 		m.appendCSR = pagetable.AppendCSR{AppendIndptr: bg.qo[:0], BatchIndices: bg.bi[:0], Positions: bg.pos[:0]}
+		m.blockTables = bg.blockTables[:0:len(bg.blockTables)]
 	}
 	return lay, nil
 }
@@ -126,7 +136,7 @@ func (c *core) unbindStepBuffers() {
 		m.levelCap, m.capLevels = 0, false
 		// Never export into the caller's memory again; the next step
 		// allocates the group's own buffers.
-		m.csr, m.appendCSR = pagetable.CSR{}, pagetable.AppendCSR{}
+		m.csr, m.appendCSR, m.blockTables = pagetable.CSR{}, pagetable.AppendCSR{}, nil
 	}
 }
 
@@ -208,6 +218,9 @@ func (bg *boundGroup) write(src *Plan) {
 	d.TokenIDs, d.TokenPositions, d.Drafts = put(bg.tok, src.TokenIDs), put(bg.tokPos, src.TokenPositions), put(bg.drafts, src.Drafts)
 	d.KVIndptr, d.KVPageIndices = put(bg.kvIndptr, src.KVIndptr), put(bg.kvPages, src.KVPageIndices)
 	d.KVLastPageLen, d.SeqLens = put(bg.kvLast, src.KVLastPageLen), put(bg.seq, src.SeqLens)
+	if src.BlockTables != nil {
+		d.BlockTables = put(bg.blockTables, src.BlockTables)
+	}
 	h := bg.header
 	h[stepbuf.GroupNumPages], h[stepbuf.GroupWindowLeft] = int32(len(src.KVPageIndices)), int32(src.WindowLeft)
 	h[stepbuf.GroupNumAttn], h[stepbuf.GroupAttnPages], h[stepbuf.GroupNumLevels] = 0, 0, 0
@@ -275,6 +288,13 @@ func (m *Manager) UnbindStepBuffers() { m.core.unbindStepBuffers() }
 // is bound.
 func (m *Manager) StepBufferLayout() *StepBufferLayout { return m.core.stepBufferLayout() }
 
+// StepBufferLayoutFor returns the layout BindStepBuffers would bind with
+// caps (the package's StepBufferLayoutFor with m's groups and
+// Config.BlockTablesStride), without binding anything.
+func (m *Manager) StepBufferLayoutFor(caps StepBufferCapacities) (*StepBufferLayout, error) {
+	return m.core.stepBufferLayoutFor(caps)
+}
+
 // BindStepBuffers is [Manager.BindStepBuffers] for a hybrid step: the pool
 // header and the pool-wide copies, then one section of rows per group
 // (each with its own copy of the step's tokens), the chunked groups with
@@ -288,3 +308,8 @@ func (h *HybridManager) UnbindStepBuffers() { h.core.unbindStepBuffers() }
 
 // StepBufferLayout is [Manager.StepBufferLayout].
 func (h *HybridManager) StepBufferLayout() *StepBufferLayout { return h.core.stepBufferLayout() }
+
+// StepBufferLayoutFor is [Manager.StepBufferLayoutFor].
+func (h *HybridManager) StepBufferLayoutFor(caps StepBufferCapacities) (*StepBufferLayout, error) {
+	return h.core.stepBufferLayoutFor(caps)
+}

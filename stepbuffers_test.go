@@ -48,7 +48,8 @@ func alignedBytes(n int) []byte {
 }
 
 func newStepBufTwins(t testing.TB, seed uint64, groups []LayerGroup) *stepBufTwins {
-	cfg := Config{NumPages: 96, PageSize: 4, HashSeed: 7, CascadeMinSavedPages: 1}
+	// Padded block tables on: every request's pages fit 24 columns.
+	cfg := Config{NumPages: 96, PageSize: 4, HashSeed: 7, CascadeMinSavedPages: 1, BlockTablesStride: 24}
 	x := &stepBufTwins{t: t, rng: rand.New(rand.NewPCG(seed, 40))}
 	var bind func(mem []byte) (*StepBufferLayout, error)
 	if groups == nil {
@@ -62,7 +63,7 @@ func newStepBufTwins(t testing.TB, seed uint64, groups []LayerGroup) *stepBufTwi
 		require.NoError(t, err)
 		x.bound, x.twin, bind = b, tw, func(mem []byte) (*StepBufferLayout, error) { return b.BindStepBuffers(mem, stepBufCaps()) }
 	}
-	lay, err := StepBufferLayoutFor(stepBufCaps(), layerGroupsOf(x.bound))
+	lay, err := StepBufferLayoutFor(stepBufCaps(), layerGroupsOf(x.bound), cfg.BlockTablesStride)
 	require.NoError(t, err)
 	x.mem, x.ref = alignedBytes(lay.Size), make([]byte, lay.Size)
 	for i := range x.mem {
@@ -215,10 +216,15 @@ func (x *stepBufTwins) check(bp, tp *HybridPlan) {
 			{want.Drafts, got.Drafts}, {want.KVIndptr, got.KVIndptr}, {want.KVPageIndices, got.KVPageIndices},
 			{want.KVLastPageLen, got.KVLastPageLen}, {want.SeqLens, got.SeqLens}, {want.AttnQOIndptr, got.AttnQOIndptr},
 			{want.AttnKVIndptr, got.AttnKVIndptr}, {want.AttnKVPageIndices, got.AttnKVPageIndices},
-			{want.AttnKVLastPageLen, got.AttnKVLastPageLen}, {want.AttnRequests, got.AttnRequests}} {
+			{want.AttnKVLastPageLen, got.AttnKVLastPageLen}, {want.AttnRequests, got.AttnRequests},
+			{want.BlockTables, got.BlockTables}} {
 			if !slices.Equal(pair[0], pair[1]) || len(pair[1]) > 0 && !x.inMem(pair[1]) {
 				t.Fatalf("step %d, group %d: twin %v, bound %v (or outside the bound memory)", x.steps, g, pair[0], pair[1])
 			}
+		}
+		if len(want.BlockTables) != len(want.SeqLens)*want.BlockTablesStride || got.BlockTablesStride != want.BlockTablesStride {
+			t.Fatalf("step %d, group %d: %d block_tables entries of stride %d, twin %d of stride %d for %d requests",
+				x.steps, g, len(got.BlockTables), got.BlockTablesStride, len(want.BlockTables), want.BlockTablesStride, len(want.SeqLens))
 		}
 		if want.WindowLeft != got.WindowLeft || !slices.Equal(want.CascadeWindowLeft, got.CascadeWindowLeft) ||
 			(want.Cascade == nil) != (got.Cascade == nil) {
@@ -290,6 +296,17 @@ func (x *stepBufTwins) refPack(p *HybridPlan) {
 		put(stepbuf.KVPageIndices, g, -1, gp.KVPageIndices...)
 		put(stepbuf.KVLastPageLen, g, -1, gp.KVLastPageLen...)
 		put(stepbuf.SeqLens, g, -1, gp.SeqLens...)
+		// block_tables [B, stride]: row b is request b's pages, then
+		// BlockTablesPad.
+		var bt []int32
+		for b := range gp.SeqLens {
+			pages := gp.KVPageIndices[gp.KVIndptr[b]:gp.KVIndptr[b+1]]
+			bt = append(bt, pages...)
+			for range gp.BlockTablesStride - len(pages) {
+				bt = append(bt, BlockTablesPad)
+			}
+		}
+		put(stepbuf.BlockTables, g, -1, bt...)
 		if gp.AttnQOIndptr != nil {
 			put(stepbuf.AttnQOIndptr, g, -1, gp.AttnQOIndptr...)
 			put(stepbuf.AttnKVIndptr, g, -1, gp.AttnKVIndptr...)
@@ -361,8 +378,10 @@ func TestStepBuffersAllocateNothing(t *testing.T) {
 		promptLen, maxLen, runs = 24, 64, 8
 	}
 	c := newChurn(t, 64, promptLen, maxLen)
-	lay, err := StepBufferLayoutFor(StepBufferCapacities{MaxRequests: 64, MaxTokens: 64 * promptLen, MaxPages: 64 * (maxLen/16 + 1), MaxCascadeLevels: 8}, layerGroupsOf(c.m))
+	// The churn has padded block tables on: the layout has their row.
+	lay, err := c.m.StepBufferLayoutFor(StepBufferCapacities{MaxRequests: 64, MaxTokens: 64 * promptLen, MaxPages: 64 * (maxLen/16 + 1), MaxCascadeLevels: 8})
 	require.NoError(t, err)
+	require.Equal(t, 64*c.m.core.groups[0].cfg.BlockTablesStride, lay.Rows[lay.Find(stepbuf.BlockTables, 0, -1)].Cap)
 	mem := alignedBytes(lay.Size)
 	_, err = c.m.BindStepBuffers(mem, lay.Caps)
 	require.NoError(t, err)
@@ -371,6 +390,10 @@ func TestStepBuffersAllocateNothing(t *testing.T) {
 	}
 	require.Zero(t, testing.AllocsPerRun(runs, func() { c.step(t) }), "allocations per step")
 	require.Equal(t, int32(len(c.ids)), int32(binary.LittleEndian.Uint32(mem[4*stepbuf.PoolBatchSize:])))
+	p := c.m.core.bound.plan.Groups[0].BlockTables // the plan Reserve returned
+	row := lay.Rows[lay.Find(stepbuf.BlockTables, 0, -1)]
+	require.Len(t, p, len(c.ids)*c.m.core.groups[0].cfg.BlockTablesStride)
+	require.Equal(t, unsafe.Pointer(&mem[row.Offset]), unsafe.Pointer(&p[0]), "the plan's block_tables alias the bound row")
 	require.NoError(t, c.m.Audit())
 }
 
@@ -415,7 +438,7 @@ func TestStepBuffersRefuseOverCapacity(t *testing.T) {
 }
 
 func mustLayout(t testing.TB, caps StepBufferCapacities) *StepBufferLayout {
-	l, err := StepBufferLayoutFor(caps, []LayerGroup{{Kind: FullAttention, NumLayers: 1}})
+	l, err := StepBufferLayoutFor(caps, []LayerGroup{{Kind: FullAttention, NumLayers: 1}}, 0)
 	require.NoError(t, err)
 	return l
 }
@@ -428,7 +451,7 @@ func TestStepBuffersHybridPagesNameGroup(t *testing.T) {
 	_, err = h.Add(1, Request{Prompt: seqTokens(0, 23)})
 	require.NoError(t, err)
 	caps := StepBufferCapacities{MaxRequests: 1, MaxTokens: 23, MaxPages: 5}
-	lay, err := StepBufferLayoutFor(caps, stepBufGroups())
+	lay, err := StepBufferLayoutFor(caps, stepBufGroups(), 0)
 	require.NoError(t, err)
 	_, err = h.BindStepBuffers(alignedBytes(lay.Size), caps)
 	require.NoError(t, err)

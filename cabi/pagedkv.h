@@ -439,6 +439,8 @@ typedef struct {
 
 /* The arrays of a layout's rows (Go: stepbuf.Array), int32 each. The pool's
  * rows (group -1): HEADER, COPIES. Each group's: GROUP_HEADER .. SEQ_LENS;
+ * with the config's block_tables_stride > 0 also BLOCK_TABLES
+ * [max_requests*stride] (block_tables [B, stride] of pagedkv_get_block_tables);
  * a chunked group's also the ATTN_ rows; with max_cascade_levels > 0 also
  * QUERY_ROWS, CASCADE_WINDOW_LEFT, LEVEL_BATCH_SIZE and, per level, the four
  * LEVEL_ rows. */
@@ -467,7 +469,8 @@ enum {
 	PAGEDKV_STEP_LEVEL_QO_INDPTR = 21,
 	PAGEDKV_STEP_LEVEL_KV_INDPTR = 22,
 	PAGEDKV_STEP_LEVEL_KV_INDICES = 23,
-	PAGEDKV_STEP_LEVEL_KV_LAST_PAGE_LEN = 24
+	PAGEDKV_STEP_LEVEL_KV_LAST_PAGE_LEN = 24,
+	PAGEDKV_STEP_BLOCK_TABLES = 25       /* [max_requests*block_tables_stride] row-major, padded */
 };
 
 /* Every offset, and the base address bind accepts, is a multiple of this. */

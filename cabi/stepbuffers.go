@@ -16,6 +16,7 @@ import (
 type stepBinder interface {
 	BindStepBuffers(mem []byte, caps pagedkv.StepBufferCapacities) (*pagedkv.StepBufferLayout, error)
 	UnbindStepBuffers()
+	StepBufferLayoutFor(caps pagedkv.StepBufferCapacities) (*pagedkv.StepBufferLayout, error)
 }
 
 var (
@@ -38,15 +39,6 @@ func goCaps(op string, caps *C.pagedkv_step_capacities, size C.size_t) (pagedkv.
 		MaxPages: clamp(caps.max_pages), MaxCascadeLevels: clamp(caps.max_cascade_levels)}, C.PAGEDKV_OK, true
 }
 
-// groupsOf lists h's layer groups.
-func groupsOf(h *handle) []pagedkv.LayerGroup {
-	gs := make([]pagedkv.LayerGroup, h.m.NumGroups())
-	for g := range gs {
-		gs[g] = h.m.Group(g)
-	}
-	return gs
-}
-
 //export pagedkv_step_layout
 func pagedkv_step_layout(id C.pagedkv_manager, caps *C.pagedkv_step_capacities, capsSize C.size_t,
 	rows *C.pagedkv_step_row, n C.int64_t, count, size *C.int64_t) (code C.int32_t) {
@@ -65,7 +57,7 @@ func pagedkv_step_layout(id C.pagedkv_manager, caps *C.pagedkv_step_capacities, 
 	if count == nil || size == nil {
 		return badArg("step_layout: n = %p, size = %p; both are required", count, size)
 	}
-	lay, err := pagedkv.StepBufferLayoutFor(gc, groupsOf(h))
+	lay, err := h.m.(stepBinder).StepBufferLayoutFor(gc)
 	if err != nil {
 		return failErr(err)
 	}

@@ -15,8 +15,9 @@
 // The capacities bound a step: B <= MaxRequests requests, nnz <=
 // MaxTokens rows, at most MaxPages pages in each group's page table
 // (kv_indptr[B]) and at most MaxCascadeLevels cascade levels. Every other
-// array is bounded by these (see [NewLayout]), so a step that fits the
-// capacities fits every row.
+// array is bounded by these (see [NewLayout]; a group's BlockTables by
+// MaxRequests rows of its [GroupSpec].BlockTablesStride), so a step that
+// fits the capacities fits every row.
 //
 // # Invariants
 //
@@ -76,9 +77,11 @@ const (
 type Array int
 
 // The arrays. The pool's rows (group -1) are PoolHeader and Copies; every
-// group has GroupHeader through SeqLens, a chunked group the Attn arrays,
-// and, when MaxCascadeLevels > 0, QueryRows, CascadeWindowLeft,
-// LevelBatchSize and per level the four Level arrays.
+// group has GroupHeader through SeqLens, a group with a BlockTablesStride
+// BlockTables, a chunked group the Attn arrays, and, when
+// MaxCascadeLevels > 0, QueryRows, CascadeWindowLeft, LevelBatchSize and
+// per level the four Level arrays. New arrays are appended (the values are
+// the C ABI's PAGEDKV_STEP_*).
 const (
 	PoolHeader         Array = iota // [HeaderLen] PoolBatchSize, ...
 	Copies                          // [3*MaxRequests*groups] (src, dst, entries) triples
@@ -105,6 +108,7 @@ const (
 	LevelKVIndptr                   // [MaxRequests+1] per level
 	LevelKVPageIndices              // [MaxPages] per level
 	LevelKVLastPageLen              // [MaxRequests] per level
+	BlockTables                     // [MaxRequests*BlockTablesStride] block_tables [B, stride], row-major (groups with a stride)
 	numArrays
 )
 
@@ -118,6 +122,7 @@ var arrayNames = [...]string{
 	QueryRows: "query_rows", CascadeWindowLeft: "cascade_window_left", LevelBatchSize: "level_batch_size",
 	LevelQOIndptr: "level_qo_indptr", LevelKVIndptr: "level_kv_indptr",
 	LevelKVPageIndices: "level_kv_indices", LevelKVLastPageLen: "level_kv_last_page_len",
+	BlockTables: "block_tables",
 }
 
 // String returns the array's name (the names of the C ABI's and Python's
@@ -143,7 +148,15 @@ type Capacities struct {
 // GroupSpec is what of a layer group the layout depends on.
 type GroupSpec struct {
 	Chunked bool // the group has the Attn rows
+	// BlockTablesStride, when > 0, gives the group a BlockTables row of
+	// MaxRequests*BlockTablesStride entries (the padded block_tables
+	// [B, stride] of its plan); at most MaxCap entries in all.
+	BlockTablesStride int
 }
+
+// IsLevel reports whether a is a per-level array (one row per cascade
+// level).
+func (a Array) IsLevel() bool { return a >= LevelQOIndptr && a <= LevelKVLastPageLen }
 
 // Row is one array of a layout.
 type Row struct {
@@ -191,6 +204,12 @@ func NewLayout(caps Capacities, groups []GroupSpec) (*Layout, error) {
 		check("groups", len(groups), 1, 1024)); err != nil {
 		return nil, err
 	}
+	for g, spec := range groups {
+		if s := spec.BlockTablesStride; s < 0 || s > 0 && int64(s)*int64(caps.MaxRequests) > MaxCap {
+			return nil, fmt.Errorf("%w: group %d: BlockTablesStride = %d, want 0..%d (MaxRequests = %d rows of at most %d entries in all)",
+				ErrBadCapacity, g, s, MaxCap/caps.MaxRequests, caps.MaxRequests, MaxCap)
+		}
+	}
 	l := &Layout{Caps: caps, Groups: append([]GroupSpec(nil), groups...), index: make([][NumArrays]int, len(groups)+1)}
 	for g := range l.index {
 		for a := range l.index[g] {
@@ -213,6 +232,9 @@ func NewLayout(caps Capacities, groups []GroupSpec) (*Layout, error) {
 		for _, a := range []Array{QOIndptr, BatchIndices, Positions, TokenIDs, TokenPositions, Drafts,
 			KVIndptr, KVPageIndices, KVLastPageLen, SeqLens} {
 			add(a, g, -1, l.bound(a))
+		}
+		if spec.BlockTablesStride > 0 {
+			add(BlockTables, g, -1, R*spec.BlockTablesStride)
 		}
 		if spec.Chunked {
 			for _, a := range []Array{AttnQOIndptr, AttnKVIndptr, AttnKVPageIndices, AttnKVLastPageLen, AttnRequests} {
@@ -264,7 +286,7 @@ func (l *Layout) Find(a Array, g, level int) int {
 	if i < 0 {
 		return -1
 	}
-	if a >= LevelQOIndptr {
+	if a.IsLevel() {
 		if level < 0 || level >= l.Caps.MaxCascadeLevels {
 			return -1
 		}

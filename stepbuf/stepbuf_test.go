@@ -3,6 +3,8 @@ package stepbuf
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"unsafe"
 )
@@ -20,7 +22,7 @@ func checkLayout(t *testing.T, l *Layout) {
 		if got := l.Find(r.Array, r.Group, r.Level); got != i {
 			t.Fatalf("Find(%v, %d, %d) = %d, want %d", r.Array, r.Group, r.Level, got, i)
 		}
-		if r.Array < LevelQOIndptr && r.Level != -1 || r.Array >= LevelQOIndptr && (r.Level < 0 || r.Level >= l.Caps.MaxCascadeLevels) {
+		if !r.Array.IsLevel() && r.Level != -1 || r.Array.IsLevel() && (r.Level < 0 || r.Level >= l.Caps.MaxCascadeLevels) {
 			t.Fatalf("row %d %+v: bad level", i, r)
 		}
 	}
@@ -34,14 +36,14 @@ func checkLayout(t *testing.T, l *Layout) {
 
 func TestLayoutRows(t *testing.T) {
 	l, err := NewLayout(Capacities{MaxRequests: 3, MaxTokens: 5, MaxPages: 7, MaxCascadeLevels: 2},
-		[]GroupSpec{{}, {Chunked: true}})
+		[]GroupSpec{{BlockTablesStride: 4}, {Chunked: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkLayout(t, l)
-	// pool 2 rows; group 0: header, 10 plan, 3 cascade and 2*4 level rows;
-	// group 1 the same plus 5 attention rows.
-	if len(l.Rows) != 2+22+27 {
+	// pool 2 rows; group 0: header, 10 plan, block tables, 3 cascade and
+	// 2*4 level rows; group 1 the same but block tables plus 5 attention rows.
+	if len(l.Rows) != 2+23+27 {
 		t.Fatalf("%d rows", len(l.Rows))
 	}
 	for _, c := range []struct {
@@ -49,7 +51,7 @@ func TestLayoutRows(t *testing.T) {
 		g, lv, want int
 	}{
 		{Copies, -1, -1, 3 * 3 * 2}, {QOIndptr, 0, -1, 4}, {KVPageIndices, 1, -1, 7}, {TokenIDs, 0, -1, 5},
-		{AttnQOIndptr, 1, -1, 6}, {LevelKVPageIndices, 1, 1, 7}, {LevelKVLastPageLen, 0, 0, 3}, {CascadeWindowLeft, 0, -1, 2},
+		{AttnQOIndptr, 1, -1, 6}, {BlockTables, 0, -1, 3 * 4}, {LevelKVPageIndices, 1, 1, 7}, {LevelKVLastPageLen, 0, 0, 3}, {CascadeWindowLeft, 0, -1, 2},
 	} {
 		if i := l.Find(c.a, c.g, c.lv); i < 0 || l.Rows[i].Cap != c.want {
 			t.Errorf("%v of group %d level %d: row %d, want capacity %d", c.a, c.g, c.lv, i, c.want)
@@ -58,13 +60,20 @@ func TestLayoutRows(t *testing.T) {
 	for _, c := range []struct {
 		a     Array
 		g, lv int
-	}{{AttnQOIndptr, 0, -1}, {LevelQOIndptr, 0, 2}, {QOIndptr, 2, -1}, {QOIndptr, -2, -1}, {numArrays, 0, -1}} {
+	}{{AttnQOIndptr, 0, -1}, {BlockTables, 1, -1}, {LevelQOIndptr, 0, 2}, {QOIndptr, 2, -1}, {QOIndptr, -2, -1}, {numArrays, 0, -1}} {
 		if i := l.Find(c.a, c.g, c.lv); i != -1 {
 			t.Errorf("Find(%v, %d, %d) = %d, want -1", c.a, c.g, c.lv, i)
 		}
 	}
-	if QOIndptr.String() != "qo_indptr" || Array(99).String() != "Array(99)" {
+	if QOIndptr.String() != "qo_indptr" || BlockTables.String() != "block_tables" || Array(99).String() != "Array(99)" {
 		t.Error("names")
+	}
+	for _, s := range []int{-1, MaxCap/3 + 1} {
+		_, err := NewLayout(Capacities{MaxRequests: 3, MaxTokens: 5, MaxPages: 7}, []GroupSpec{{}, {BlockTablesStride: s}})
+		if want := fmt.Sprintf("group 1: BlockTablesStride = %d, want 0..%d", s, MaxCap/3); !errors.Is(err, ErrBadCapacity) ||
+			!strings.Contains(err.Error(), want) {
+			t.Errorf("stride %d: %v, want %q", s, err, want)
+		}
 	}
 }
 
@@ -89,6 +98,7 @@ func FuzzStepBufferLayout(f *testing.F) {
 		groups := make([]GroupSpec, data[7]&3)
 		for g := range groups {
 			groups[g].Chunked = data[7]>>(2+g)&1 == 1
+			groups[g].BlockTablesStride = int(data[9]>>4) * (g & 1)
 		}
 		l, err := NewLayout(caps, groups)
 		bad := caps.MaxRequests < 1 || caps.MaxTokens < 1 || caps.MaxPages < 1 || caps.MaxCascadeLevels > MaxLevels || len(groups) == 0

@@ -1020,9 +1020,13 @@ static void hybrid_tiers(void) {
 }
 
 /* Step buffers from C: size the layout, bind aligned_alloc'ed memory, and
- * find the step's kv_indptr at its row's offset, where the plan points. */
+ * find the step's kv_indptr and padded block_tables at their rows' offsets,
+ * where the plan points. */
 static void step_buffers(void) {
-	pagedkv_manager m = create(64, 4, 0);
+	enum { STRIDE = 24 };
+	pagedkv_config cfg = {.num_pages = 64, .page_size = 4, .hash_seed = 1, .block_tables_stride = STRIDE};
+	pagedkv_manager m = 0;
+	OK(pagedkv_create(&cfg, sizeof cfg, &m));
 	pagedkv_step_capacities caps = {4, 64, 32, 2};
 	int64_t n = 0, size = 0;
 	OK(pagedkv_step_layout(m, &caps, sizeof caps, NULL, 0, &n, &size));
@@ -1043,14 +1047,29 @@ static void step_buffers(void) {
 	int32_t nt = 10;
 	pagedkv_plan plan;
 	OK(pagedkv_reserve(m, &id, &nt, 1, &plan));
-	const int32_t *kv = NULL;
+	const int32_t *kv = NULL, *btr = NULL;
+	int64_t btcap = 0;
 	for (int64_t i = 0; i < n; i++) {
 		if (rows[i].array == PAGEDKV_STEP_KV_INDPTR && rows[i].group == 0) {
 			kv = (const int32_t *)(mem + rows[i].offset);
 		}
+		if (rows[i].array == PAGEDKV_STEP_BLOCK_TABLES && rows[i].group == 0) {
+			btr = (const int32_t *)(mem + rows[i].offset);
+			btcap = rows[i].cap;
+		}
 	}
 	CHECK(kv == plan.kv_indptr.data && kv[0] == 0 && kv[1] == 3, "kv_indptr at %p, plan's at %p", (const void *)kv,
 	      (const void *)plan.kv_indptr.data);
+	pagedkv_block_tables bt;
+	OK(pagedkv_get_block_tables(m, 0, &bt, sizeof bt));
+	CHECK(btr != NULL && btcap == 4 * STRIDE && bt.block_tables.data == btr && bt.block_tables.len == STRIDE &&
+	          bt.stride == STRIDE, "block_tables row at %p (cap %lld), plan's at %p (len %lld, stride %lld)",
+	      (const void *)btr, (long long)btcap, (const void *)bt.block_tables.data, (long long)bt.block_tables.len,
+	      (long long)bt.stride);
+	for (int j = 0; j < STRIDE; j++) {
+		int32_t want = j < 3 ? plan.kv_page_indices.data[j] : PAGEDKV_BLOCK_TABLES_PAD;
+		CHECK(btr[j] == want, "block_tables row [%d] = %d, want %d", j, btr[j], want);
+	}
 	const int32_t *header = (const int32_t *)mem;
 	CHECK(header[0] == 1 && header[1] == 10 && header[3] == 1 && header[4] == 1, "header %d %d %d %d %d", header[0],
 	      header[1], header[2], header[3], header[4]);

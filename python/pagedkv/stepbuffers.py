@@ -31,7 +31,7 @@ ARRAYS = ("header", "copies", "group_header", "qo_indptr", "batch_indices", "pos
           "token_positions", "drafts", "kv_indptr", "kv_page_indices", "kv_last_page_len", "seq_lens",
           "attn_qo_indptr", "attn_kv_indptr", "attn_kv_page_indices", "attn_kv_last_page_len", "attn_requests",
           "query_rows", "cascade_window_left", "level_batch_size", "level_qo_indptr", "level_kv_indptr",
-          "level_kv_indices", "level_kv_last_page_len")
+          "level_kv_indices", "level_kv_last_page_len", "block_tables")
 
 # The fields of the pool's header row and of each group's.
 HEADER = ("batch_size", "nnz", "num_copies", "num_groups", "step")

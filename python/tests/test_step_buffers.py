@@ -63,6 +63,8 @@ def ref_pack(ref, rows, plan, step):
         for name in ("qo_indptr", "batch_indices", "positions", "token_ids", "token_positions", "drafts", "kv_indptr",
                      "kv_page_indices", "kv_last_page_len", "seq_lens"):
             put(name, g, -1, getattr(p, name))
+        if p.block_tables is not None:
+            put("block_tables", g, -1, p.block_tables)
         if attn is not None:
             for name in ("attn_qo_indptr", "attn_kv_indptr", "attn_kv_page_indices", "attn_kv_last_page_len",
                          "attn_requests"):
@@ -94,7 +96,8 @@ def same(f, g):
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
 def test_bound_loop_equals_plan_views(hybrid):
-    bound, twin = make(hybrid), make(hybrid)
+    # Padded block tables on (every request's pages fit 24 columns).
+    bound, twin = make(hybrid, block_tables_stride=24), make(hybrid, block_tables_stride=24)
     ms = (bound, twin)
     sb = bound.bind_step_buffers(**CAPS)
     assert bound.step_buffers is sb
@@ -145,6 +148,8 @@ def test_bound_loop_equals_plan_views(hybrid):
             for g, (b, t) in enumerate(zip(groups_of(bp), groups_of(tp))):
                 assert np.shares_memory(b.kv_indptr, sb.buffer)
                 assert np.array_equal(b.kv_page_indices, t.kv_page_indices), (steps, g)
+                row = sb.view("block_tables", g)[:b.block_tables.size].reshape(-1, 24)
+                assert np.array_equal(row, b.block_tables) and (b.block_tables.size == 0 or np.shares_memory(b.block_tables, sb.buffer)), (steps, g)
                 cascades += t.cascade is not None
             copies += len(tp.copies)
             if rng.integers(10) == 0:
