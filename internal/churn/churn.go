@@ -2,6 +2,17 @@
 // prefixes in a few namespaces, so that pages are published, matched,
 // evicted in subtrees and re-published: the load the KV-event tests of
 // events and kvindex put on a Manager. Tests only.
+//
+// # Invariants
+//
+//   - The workload is a function of Rng alone: the same seed gives the
+//     same calls, so a failing test replays exactly.
+//   - At most 6 requests run at once and none grows past 40 tokens, so a
+//     pool of a few dozen pages always holds one request: a Reserve the
+//     pool cannot hold releases the latest request, and Step never fails
+//     for want of pages.
+//   - Every call the Manager refuses, other than ErrOutOfPages from
+//     Reserve, fails the test (T.Fatal): the driver never hides an error.
 package churn
 
 import (

@@ -1,5 +1,12 @@
 // Package heaptest measures what a piece of code allocates on the heap, for
 // the tests that bound what hostile input may cost (standard library only).
+//
+// # Invariants
+//
+//   - Growth counts every byte allocated while f runs, freed or not
+//     (TotalAlloc, not HeapAlloc), so a garbage collection during f cannot
+//     hide an allocation; it also counts what other goroutines allocate
+//     meanwhile, so a bound checked with it is an upper bound.
 package heaptest
 
 import "runtime"
