@@ -65,6 +65,23 @@ if [ ${#targets[@]} -eq 0 ]; then
 	echo "fuzz.sh: no fuzz targets found in ${pkgs[*]}" >&2
 	exit 1
 fi
+# Order: each package's first target, then the rest. A fuzz run builds its
+# package and every dependency with coverage instrumentation (cached in the
+# build cache afterwards); two targets of one package started together
+# would both build it from scratch (a minute for the cgo packages), the
+# second one started after the first finds it built.
+firsts=()
+rest=()
+seen=" "
+for t in "${targets[@]}"; do
+	if [[ $seen == *" ${t% *} "* ]]; then
+		rest+=("$t")
+	else
+		firsts+=("$t")
+		seen+="${t% *} "
+	fi
+done
+targets=("${firsts[@]}" "${rest[@]+"${rest[@]}"}")
 
 module=$(go list -m)
 jobs=${FUZZ_JOBS:-$(nproc 2>/dev/null || echo 2)}
