@@ -20,7 +20,8 @@ import (
 // exactly the reference model's bytes (internal/reference's own layout and
 // quantiser) and nothing else; decode and prefill over an NVFP4 cache must
 // match float64 attention over the dequantised cache within the same output
-// tolerances as every other dtype, and stay within the documented bound of
+// tolerances as every other dtype (the absolute one scaled by the values'
+// amplitude, up to 30 here: attnConfig.vAmp), and stay within the documented bound of
 // float64 attention over the values before quantisation.
 
 // nvfp4Iterations is iterations(n), a quarter of it under -race.
@@ -134,6 +135,7 @@ func randomNVFP4Attn(rng *rand.Rand, batch, maxLen int) *attnConfig {
 		lens[b] = pick(rng, 0, 1, 1+rng.IntN(maxLen), 1+rng.IntN(maxLen))
 	}
 	a.c, _ = nvfp4FromTokens(rng, g, lens, rng.IntN(3), a.ap.KScale, a.ap.VScale, func() float64 { return (2*rng.Float64() - 1) * amp })
+	a.vAmp = amp
 	return a
 }
 
