@@ -196,10 +196,7 @@ func (h *appendHarness) sameClass(what string, real, model error) bool {
 // pick returns the live sequence a selects, or an unknown ID for a == 255
 // or an empty table.
 func (h *appendHarness) pick(a uint8) pagetable.SeqID {
-	if len(h.live) == 0 || a == 255 {
-		return 1 << 40
-	}
-	return h.live[int(a)%len(h.live)]
+	return pickLive(h.live, a)
 }
 
 func (h *appendHarness) held(id pagetable.SeqID) (start, n int) {

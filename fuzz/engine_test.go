@@ -224,10 +224,7 @@ func (h *engineHarness) sameClass(what string, err, merr error) bool {
 
 // pick returns the live request a selects, or an unknown ID.
 func (h *engineHarness) pick(a uint8) pagedkv.RequestID {
-	if len(h.ids) == 0 || a == 255 {
-		return 1 << 40
-	}
-	return h.ids[int(a)%len(h.ids)]
+	return pickLive(h.ids, a)
 }
 
 func nsName(i int) string { return fmt.Sprintf("ns%d", i) }
