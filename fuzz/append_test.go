@@ -158,12 +158,18 @@ func newAppendHarness(t *testing.T, b kernels.Backend, ag appendGeom) *appendHar
 	h.cache, err = kernels.NewPagedKVCache(g)
 	require.NoError(t, err)
 	// Start from garbage, not zeros, so a missed write shows.
-	for _, buf := range [][]byte{h.cache.Data, h.cache.K, h.cache.V} {
+	fillGarbage(&h.cache, 131, 17)
+	return h
+}
+
+// fillGarbage sets byte i of c's Data, K and V to i*mul+add, so that a
+// missed write shows.
+func fillGarbage(c *kernels.PagedKVCache, mul, add int) {
+	for _, buf := range [][]byte{c.Data, c.K, c.V} {
 		for i := range buf {
-			buf[i] = byte(i*131 + 17)
+			buf[i] = byte(i*mul + add)
 		}
 	}
-	return h
 }
 
 // where names the current command and the program, for failure messages.
@@ -196,10 +202,7 @@ func (h *appendHarness) sameClass(what string, real, model error) bool {
 // pick returns the live sequence a selects, or an unknown ID for a == 255
 // or an empty table.
 func (h *appendHarness) pick(a uint8) pagetable.SeqID {
-	if len(h.live) == 0 || a == 255 {
-		return 1 << 40
-	}
-	return h.live[int(a)%len(h.live)]
+	return pickLive(h.live, a)
 }
 
 func (h *appendHarness) held(id pagetable.SeqID) (start, n int) {

@@ -168,11 +168,7 @@ func newEngineHarness(t *testing.T, b kernels.Backend, eg engineGeom) *engineHar
 		WindowTokens: h.window, Priorities: h.prios, MaxPinnedPages: cfg.MaxPinnedPages})
 	h.cache, err = kernels.NewPagedKVCache(g)
 	require.NoError(t, err)
-	for _, buf := range [][]byte{h.cache.Data, h.cache.K, h.cache.V} {
-		for i := range buf {
-			buf[i] = byte(i*29 + 3)
-		}
-	}
+	fillGarbage(&h.cache, 29, 3)
 	// Prompt families over three tokens: family 1 shares family 0's first
 	// page, family 2 shares nothing by design (but may by chance).
 	r := chooser{x: uint64(eg.PageSize)<<8 | uint64(eg.NumPagesArg)}
@@ -224,10 +220,7 @@ func (h *engineHarness) sameClass(what string, err, merr error) bool {
 
 // pick returns the live request a selects, or an unknown ID.
 func (h *engineHarness) pick(a uint8) pagedkv.RequestID {
-	if len(h.ids) == 0 || a == 255 {
-		return 1 << 40
-	}
-	return h.ids[int(a)%len(h.ids)]
+	return pickLive(h.ids, a)
 }
 
 func nsName(i int) string { return fmt.Sprintf("ns%d", i) }

@@ -29,3 +29,13 @@ func matchErrors(fatalf func(string, ...any), seen map[string]int, classes []err
 	}
 	return real == nil
 }
+
+// pickLive returns the live ID a selects, or an unknown ID (1<<40) for
+// a == 255 or no live IDs: the harnesses' way to aim a call at a
+// sequence or request.
+func pickLive[ID ~uint64](live []ID, a uint8) ID {
+	if len(live) == 0 || a == 255 {
+		return 1 << 40
+	}
+	return live[int(a)%len(live)]
+}

@@ -183,10 +183,7 @@ func (h *prefixHarness) noErr(what string, err error) {
 }
 
 func (h *prefixHarness) pick(a uint8) pagetable.SeqID {
-	if len(h.live) == 0 || a == 255 {
-		return 1 << 40
-	}
-	return h.live[int(a)%len(h.live)]
+	return pickLive(h.live, a)
 }
 
 // recheckDeepestFirst tells the cache that pages (in token order) lost a

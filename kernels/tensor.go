@@ -185,39 +185,28 @@ func (c *PagedKVCache) Validate() error {
 	return nil
 }
 
-// KBuf is the buffer [layout.Paged.KOffset] indexes (Data or K).
-func (c *PagedKVCache) KBuf() []byte {
-	if c.Geometry.Form == layout.Fused {
-		return c.Data
+// formBuf is a cache's fused buffer for the fused form, else its split
+// buffer: the one a layout offset of that form indexes.
+func formBuf(f layout.TensorForm, fused, split []byte) []byte {
+	if f == layout.Fused {
+		return fused
 	}
-	return c.K
+	return split
 }
 
+// KBuf is the buffer [layout.Paged.KOffset] indexes (Data or K).
+func (c *PagedKVCache) KBuf() []byte { return formBuf(c.Geometry.Form, c.Data, c.K) }
+
 // VBuf is the buffer [layout.Paged.VOffset] indexes (Data or V).
-func (c *PagedKVCache) VBuf() []byte {
-	if c.Geometry.Form == layout.Fused {
-		return c.Data
-	}
-	return c.V
-}
+func (c *PagedKVCache) VBuf() []byte { return formBuf(c.Geometry.Form, c.Data, c.V) }
 
 // KSFBuf is the NVFP4 scale buffer that K's scales live in (SF or KSF; nil
 // for other dtypes); [layout.Paged.ScaleOffset] of a K element offset
 // indexes it.
-func (c *PagedKVCache) KSFBuf() []byte {
-	if c.Geometry.Form == layout.Fused {
-		return c.SF
-	}
-	return c.KSF
-}
+func (c *PagedKVCache) KSFBuf() []byte { return formBuf(c.Geometry.Form, c.SF, c.KSF) }
 
 // VSFBuf is the NVFP4 scale buffer of V (SF or VSF), like [PagedKVCache.KSFBuf].
-func (c *PagedKVCache) VSFBuf() []byte {
-	if c.Geometry.Form == layout.Fused {
-		return c.SF
-	}
-	return c.VSF
-}
+func (c *PagedKVCache) VSFBuf() []byte { return formBuf(c.Geometry.Form, c.SF, c.VSF) }
 
 // GatherK widens K[page, entry, head, 0:D] into dst[:D] (for NVFP4,
 // e2m1*block scale, without the global scale). It panics on an index
@@ -392,20 +381,10 @@ func (c *MLACache) Validate() error {
 }
 
 // CKVBuf is the buffer [layout.MLA.CKVOffset] indexes (Data or CKV).
-func (c *MLACache) CKVBuf() []byte {
-	if c.Geometry.Form == layout.Fused {
-		return c.Data
-	}
-	return c.CKV
-}
+func (c *MLACache) CKVBuf() []byte { return formBuf(c.Geometry.Form, c.Data, c.CKV) }
 
 // KPEBuf is the buffer [layout.MLA.KPEOffset] indexes (Data or KPE).
-func (c *MLACache) KPEBuf() []byte {
-	if c.Geometry.Form == layout.Fused {
-		return c.Data
-	}
-	return c.KPE
-}
+func (c *MLACache) KPEBuf() []byte { return formBuf(c.Geometry.Form, c.Data, c.KPE) }
 
 // GatherMLA widens ckv[page, entry, :] into ckv[:HeadDimCKV] and
 // kpe[page, entry, :] into kpe[:HeadDimKPE]. It panics on an index outside

@@ -59,6 +59,17 @@ func ValidateMLADecodeTable(g layout.MLA, batch int, kvIndptr, kvPageIndices, kv
 	if err := validateCSR(kvIndptr, kvPageIndices, nil, false, g.PageSize, g.NumPages); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
+	return ValidateMLAKVLen(g, kvIndptr, kvLen)
+}
+
+// ValidateMLAKVLen is the last check of [ValidateMLADecodeTable]: kv_len
+// has one value per request of the (already validated) kv_indptr, each
+// fitting in that request's pages. A step that appends and decodes
+// through one CSR, already checked by [ValidateMLAAppendTable], checks
+// only this.
+func ValidateMLAKVLen(g layout.MLA, kvIndptr, kvLen []int32) error {
+	const op = "mla decode"
+	batch := max(len(kvIndptr)-1, 0)
 	if len(kvLen) != batch {
 		return fmt.Errorf("%s: %w: kv_len has %d values, want batch %d", op, ErrInvalidPageTable, len(kvLen), batch)
 	}

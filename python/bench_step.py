@@ -31,9 +31,12 @@ import pagedkv  # noqa: E402
 PROMPT = 64
 
 
-def python_steps(requests, warm, steps, page_size):
+def prefilled(requests, warm, steps, page_size):
+    """The workload's manager after the prefill step, with room for warm +
+    steps decode steps: (manager, ids, ones, sampled, pages per request)."""
     total = PROMPT + warm + steps + 1
-    m = pagedkv.Manager(requests * (-(-total // page_size) + 1), page_size, hash_seed=1)
+    pages_each = -(-total // page_size) + 1
+    m = pagedkv.Manager(requests * pages_each, page_size, hash_seed=1)
     ids = np.arange(1, requests + 1, dtype=np.uint64)
     for i in range(requests):
         m.add(i + 1, np.arange(i * PROMPT, (i + 1) * PROMPT, dtype=np.int32), capacity_tokens=total)
@@ -41,6 +44,21 @@ def python_steps(requests, warm, steps, page_size):
     sampled = np.full(requests, 7, dtype=np.int32)
     m.reserve(ids, np.full(requests, PROMPT, dtype=np.int32))
     m.commit(sampled)
+    return m, ids, ones, sampled, pages_each
+
+
+def step_args(doc):
+    """The command line both step benchmarks take."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--warm", type=int, default=50)
+    ap.add_argument("--reps", type=int, default=15)
+    return ap
+
+
+def python_steps(requests, warm, steps, page_size):
+    m, ids, ones, sampled, _ = prefilled(requests, warm, steps, page_size)
     for _ in range(warm):
         m.reserve(ids, ones)
         m.commit(sampled)
@@ -76,12 +94,7 @@ def measure(requests=256, steps=200, warm=50, reps=15, page_size=16):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--warm", type=int, default=50)
-    ap.add_argument("--reps", type=int, default=15)
-    a = ap.parse_args()
+    a = step_args(__doc__).parse_args()
     go, py = measure(a.requests, a.steps, a.warm, a.reps)
     print("decode step (reserve + plan + commit), %d running requests, %d runs of %d steps, us/step:"
           % (a.requests, a.reps, a.steps))

@@ -20,7 +20,6 @@ Runs alternate; min and median over runs are printed.
     python3 python/bench_step_buffers.py                 # 256 requests
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -30,24 +29,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import pagedkv  # noqa: E402
-
-PROMPT = 64
+from bench_step import prefilled, step_args  # noqa: E402
 ARRAYS = ("qo_indptr", "batch_indices", "positions", "token_ids", "kv_indptr", "kv_page_indices", "kv_last_page_len",
           "seq_lens")
 
 
 def run(requests, warm, steps, page_size, bound, stage):
-    total = PROMPT + warm + steps + 1
-    pages_each = -(-total // page_size) + 1
-    m = pagedkv.Manager(requests * pages_each, page_size, hash_seed=1)
-    ids = np.arange(1, requests + 1, dtype=np.uint64)
-    for i in range(requests):
-        m.add(i + 1, np.arange(i * PROMPT, (i + 1) * PROMPT, dtype=np.int32), capacity_tokens=total)
-    ones = np.ones(requests, dtype=np.int32)
-    sampled = np.full(requests, 7, dtype=np.int32)
-    m.reserve(ids, np.full(requests, PROMPT, dtype=np.int32))
-    m.commit(sampled)
+    m, ids, ones, sampled, pages_each = prefilled(requests, warm, steps, page_size)
     sb = None
     if bound:
         sb = m.bind_step_buffers(max_requests=requests, max_tokens=requests, max_pages=requests * pages_each)
@@ -81,11 +69,7 @@ def run(requests, warm, steps, page_size, bound, stage):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--warm", type=int, default=50)
-    ap.add_argument("--reps", type=int, default=15)
+    ap = step_args(__doc__)
     ap.add_argument("--page-size", type=int, default=16)
     a = ap.parse_args()
     modes = [("views", False, False), ("bound", True, False), ("views + 8 copies", False, True),

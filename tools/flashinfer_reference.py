@@ -445,14 +445,20 @@ class Checker:
         self.t("out.kv_cache_sf", ["F8_E4M3"])
         self.shape("out.kv_cache_sf", sf.shape)
 
-    def check_batch_decode_nvfp4(self):
-        c, _, pages, h, d = self.nvfp4_cache()
+    def query(self, c, h, d):
+        """in.q [rows, num_qo_heads, head_dim], checked against the cache c
+        (h kv heads of head dim d) and the parameters."""
         q = self.t("in.q", FLOAT_DTYPES, 3)
         if q.shape[1] != self.p["num_qo_heads"] or q.shape[2] != self.p["head_dim"] or d != self.p["head_dim"] or h != self.p["num_kv_heads"]:
             self.fail("q %s / cache %s disagree with num_qo_heads %d, num_kv_heads %d, head_dim %d",
                       q.shape, c.shape, self.p["num_qo_heads"], self.p["num_kv_heads"], self.p["head_dim"])
         if self.p["num_qo_heads"] % self.p["num_kv_heads"]:
             self.fail("num_qo_heads %d is not a multiple of num_kv_heads %d", self.p["num_qo_heads"], self.p["num_kv_heads"])
+        return q
+
+    def check_batch_decode_nvfp4(self):
+        c, _, pages, h, d = self.nvfp4_cache()
+        q = self.query(c, h, d)
         self.page_table("", q.shape[0], pages, self.p["page_size"])
         self.attention_outputs(q.shape[0])
 
@@ -474,12 +480,7 @@ class Checker:
 
     def attention_common(self):
         c, pages, h, d = self.paged_cache("in.paged_kv_cache")
-        q = self.t("in.q", FLOAT_DTYPES, 3)
-        if q.shape[1] != self.p["num_qo_heads"] or q.shape[2] != self.p["head_dim"] or d != self.p["head_dim"] or h != self.p["num_kv_heads"]:
-            self.fail("q %s / cache %s disagree with num_qo_heads %d, num_kv_heads %d, head_dim %d",
-                      q.shape, c.shape, self.p["num_qo_heads"], self.p["num_kv_heads"], self.p["head_dim"])
-        if self.p["num_qo_heads"] % self.p["num_kv_heads"]:
-            self.fail("num_qo_heads %d is not a multiple of num_kv_heads %d", self.p["num_qo_heads"], self.p["num_kv_heads"])
+        q = self.query(c, h, d)
         if "in.sinks" in self.tensors:  # FlashInfer's sinks: one finite float32 logit per query head
             self.t("in.sinks", ["F32"], 1)
             self.shape("in.sinks", [self.p["num_qo_heads"]])

@@ -123,6 +123,16 @@ func newAttnJob(q kernels.Tensor, cache *kernels.PagedKVCache, table *kernels.Pa
 	return j
 }
 
+// attnCall takes a pooled call and sets it up as the attention of q over
+// cache through t (newAttnJob), returning it and its job.
+func (b *Backend) attnCall(q kernels.Tensor, cache *kernels.PagedKVCache, t *kernels.PageTable, ap *kernels.AttentionParams,
+	o kernels.Tensor, lse []float32) (*call, *attnJob) {
+	c := b.pool.get()
+	c.kind = callAttn
+	c.attn = newAttnJob(q, cache, t, ap, o, lse)
+	return c, &c.attn
+}
+
 // BatchDecode implements [kernels.Backend.BatchDecode]: one query per
 // request, attending its request's keys (the last WindowLeft+1 of them when
 // WindowLeft >= 0).
@@ -130,10 +140,7 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	c := b.pool.get()
-	c.kind = callAttn
-	c.attn = newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
-	j := &c.attn
+	c, j := b.attnCall(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
 	j.rowsPerTask = 1
 	if j.splits = b.decodeSplits(j); j.splits > 1 {
 		j.kvHeadsPerTask, j.headBlocks = j.hkv, 1
@@ -158,10 +165,7 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	c := b.pool.get()
-	c.kind = callAttn
-	c.attn = newAttnJob(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
-	j := &c.attn
+	c, j := b.attnCall(p.Q, &p.Cache, &p.Table, &p.AttentionParams, p.O, p.LSE)
 	j.qoIndptr = p.QOIndptr
 	j.causal = p.Causal
 	// Prefill rows of one request share each K/V row, so a task takes many

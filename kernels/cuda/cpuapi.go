@@ -71,31 +71,31 @@ func (h *cpuCall) lse(n int, want bool, vals []float32) DeviceTensor {
 	return d
 }
 
-func (h *cpuCall) cache(c *kernels.PagedKVCache) *DeviceKVCache {
+// keep makes one device object with alloc unless the call has already
+// failed, records it in *owned for free and any error in h.err.
+func keep[T any](h *cpuCall, owned *[]*T, alloc func() (*T, error)) *T {
 	if h.err != nil {
 		return nil
 	}
-	d, err := h.b.NewKVCache(c.Geometry)
+	d, err := alloc()
 	if err != nil {
 		h.err = err
 		return nil
 	}
-	h.caches = append(h.caches, d)
-	h.err = h.b.UploadKVCache(d, c)
+	*owned = append(*owned, d)
+	return d
+}
+
+func (h *cpuCall) cache(c *kernels.PagedKVCache) *DeviceKVCache {
+	d := keep(h, &h.caches, func() (*DeviceKVCache, error) { return h.b.NewKVCache(c.Geometry) })
+	if d != nil {
+		h.err = h.b.UploadKVCache(d, c)
+	}
 	return d
 }
 
 func (h *cpuCall) step(lim StepLimits) *Step {
-	if h.err != nil {
-		return nil
-	}
-	s, err := h.b.NewStep(lim)
-	if err != nil {
-		h.err = err
-		return nil
-	}
-	h.steps = append(h.steps, s)
-	return s
+	return keep(h, &h.steps, func() (*Step, error) { return h.b.NewStep(lim) })
 }
 
 // download copies a device tensor into host memory.
@@ -103,6 +103,20 @@ func (h *cpuCall) download(dst kernels.Tensor, src DeviceTensor) {
 	if h.err == nil {
 		h.err = h.b.Download(dst, src)
 	}
+}
+
+// launch runs the kernel once every upload has succeeded, then downloads
+// its output do into o and its LSE dl into lse (none when lse is nil).
+func (h *cpuCall) launch(run func() error, o kernels.Tensor, do DeviceTensor, lse []float32, dl DeviceTensor) error {
+	if h.err != nil {
+		return h.err
+	}
+	if err := run(); err != nil {
+		return err
+	}
+	h.download(o, do)
+	h.downloadF32(lse, dl)
+	return h.err
 }
 
 func (h *cpuCall) downloadF32(dst []float32, src DeviceTensor) {
@@ -126,6 +140,22 @@ func (b *Backend) workItems(rows, keys int) int {
 }
 
 func usedPages(t *kernels.PageTable) int { return int(t.KVIndptr[t.BatchSize()]) }
+
+// pagedAttention runs the validated decode or prefill plan p (its rows
+// query rows of q [rows, Hq, D]) through a step sized for it, with work
+// items for the longest request's split-KV chunks.
+func (b *Backend) pagedAttention(p *StepPlan, cache *kernels.PagedKVCache, q, o kernels.Tensor, lse []float32) error {
+	if p.Rows == 0 {
+		return nil
+	}
+	B := p.Table.BatchSize()
+	maxLen := 0
+	for r := range B {
+		maxLen = max(maxLen, p.Table.SeqLen(r, cache.Geometry.PageSize))
+	}
+	return b.cpuAttention(p, cache, q, o, lse, StepLimits{MaxBatch: B, MaxPages: usedPages(&p.Table), MaxRows: p.Rows,
+		MaxQOHeads: q.Shape[1], MaxHeadDim: q.Shape[2], MaxWorkItems: b.workItems(p.Rows, maxLen)})
+}
 
 // AppendPagedKVCache is flashinfer.page.append_paged_kv_cache on host
 // memory (see the file comment): the rows of append_key/append_value are
@@ -171,18 +201,8 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 	if err := b.declineNVFP4("decode", p.Cache.Geometry); err != nil {
 		return err
 	}
-	B, Hq, D := p.Q.Shape[0], p.Q.Shape[1], p.Q.Shape[2]
-	if B == 0 {
-		return nil
-	}
-	maxLen := 0
-	for r := range B {
-		maxLen = max(maxLen, p.Table.SeqLen(r, p.Cache.Geometry.PageSize))
-	}
-	return b.cpuAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Decode, Rows: B,
-		AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE, StepLimits{
-		MaxBatch: B, MaxPages: usedPages(&p.Table), MaxRows: B, MaxQOHeads: Hq, MaxHeadDim: D,
-		MaxWorkItems: b.workItems(B, maxLen)})
+	return b.pagedAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Decode, Rows: p.Q.Shape[0],
+		AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE)
 }
 
 // BatchPrefill is BatchPrefillWithPagedKVCacheWrapper.run on host memory:
@@ -197,19 +217,8 @@ func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	if err := b.declineNVFP4("prefill", p.Cache.Geometry); err != nil {
 		return err
 	}
-	rows, Hq, D := p.Q.Shape[0], p.Q.Shape[1], p.Q.Shape[2]
-	if rows == 0 {
-		return nil
-	}
-	B := p.Table.BatchSize()
-	maxLen := 0
-	for r := range B {
-		maxLen = max(maxLen, p.Table.SeqLen(r, p.Cache.Geometry.PageSize))
-	}
-	return b.cpuAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Prefill, Rows: rows,
-		QOIndptr: p.QOIndptr, Causal: p.Causal, AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE, StepLimits{
-		MaxBatch: B, MaxPages: usedPages(&p.Table), MaxRows: rows, MaxQOHeads: Hq, MaxHeadDim: D,
-		MaxWorkItems: b.workItems(rows, maxLen)})
+	return b.pagedAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Prefill, Rows: p.Q.Shape[0],
+		QOIndptr: p.QOIndptr, Causal: p.Causal, AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE)
 }
 
 // CascadeLevels runs multi-level cascade attention on host memory through
@@ -259,15 +268,7 @@ func (b *Backend) cpuAttention(p *StepPlan, cache *kernels.PagedKVCache, q, o ke
 	dq := h.tensor(q, true)
 	do := h.tensor(o, false)
 	dl := h.lse(len(lse), lse != nil, nil)
-	if h.err != nil {
-		return h.err
-	}
-	if err := s.Attention(dc, dq, do, dl); err != nil {
-		return err
-	}
-	h.download(o, do)
-	h.downloadF32(lse, dl)
-	return h.err
+	return h.launch(func() error { return s.Attention(dc, dq, do, dl) }, o, do, lse, dl)
 }
 
 // AppendPagedMLAKVCache is flashinfer.page.append_paged_mla_kv_cache on host
@@ -302,16 +303,10 @@ func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
 }
 
 func (h *cpuCall) mlaCache(c *kernels.MLACache) *DeviceMLACache {
-	if h.err != nil {
-		return nil
+	d := keep(h, &h.mla, func() (*DeviceMLACache, error) { return h.b.NewMLACache(c.Geometry) })
+	if d != nil {
+		h.err = h.b.UploadMLACache(d, c)
 	}
-	d, err := h.b.NewMLACache(c.Geometry)
-	if err != nil {
-		h.err = err
-		return nil
-	}
-	h.mla = append(h.mla, d)
-	h.err = h.b.UploadMLACache(d, c)
 	return d
 }
 
@@ -340,15 +335,7 @@ func (b *Backend) MLADecode(p *kernels.MLADecodeParams) error {
 	qn, qp := h.tensor(p.QNope, true), h.tensor(p.QPE, true)
 	do := h.tensor(p.O, false)
 	dl := h.lse(B*H, p.LSE != nil, nil)
-	if h.err != nil {
-		return h.err
-	}
-	if err := s.MLADecode(dc, qn, qp, do, dl); err != nil {
-		return err
-	}
-	h.download(p.O, do)
-	h.downloadF32(p.LSE, dl)
-	return h.err
+	return h.launch(func() error { return s.MLADecode(dc, qn, qp, do, dl) }, p.O, do, p.LSE, dl)
 }
 
 // MergeState is flashinfer.merge_state on host memory (V may alias VA or
@@ -367,15 +354,7 @@ func (b *Backend) MergeState(p *kernels.MergeStateParams) error {
 	sa, sb := h.lse(n*H, true, p.SA), h.lse(n*H, true, p.SB)
 	v := h.tensor(p.V, false)
 	s := h.lse(n*H, true, nil)
-	if h.err != nil {
-		return h.err
-	}
-	if err := b.DeviceMergeState(va, sa, vb, sb, v, s); err != nil {
-		return err
-	}
-	h.download(p.V, v)
-	h.downloadF32(p.S, s)
-	return h.err
+	return h.launch(func() error { return b.DeviceMergeState(va, sa, vb, sb, v, s) }, p.V, v, p.S, s)
 }
 
 // MergeStates is flashinfer.merge_states on host memory.
@@ -393,15 +372,7 @@ func (b *Backend) MergeStates(p *kernels.MergeStatesParams) error {
 	s := h.lse(n*ns*H, true, p.S)
 	ov := h.tensor(p.OutV, false)
 	os := h.lse(n*H, true, nil)
-	if h.err != nil {
-		return h.err
-	}
-	if err := b.DeviceMergeStates(v, s, ov, os); err != nil {
-		return err
-	}
-	h.download(p.OutV, ov)
-	h.downloadF32(p.OutS, os)
-	return h.err
+	return h.launch(func() error { return b.DeviceMergeStates(v, s, ov, os) }, p.OutV, ov, p.OutS, os)
 }
 
 // DeviceMergeState is merge_state on device tensors: va, vb, v [n, H, D]

@@ -72,13 +72,22 @@ func BenchmarkStepDecode(b *testing.B) {
 	}
 }
 
-func benchDecode(b *testing.B, d benchDevice, c benchCase) {
+// benchCache allocates a fused cache of case c on d (freed when b's run
+// ends): pages of 16 tokens, enough for c.B requests of c.L tokens, with
+// the pages each request needs.
+func benchCache(b *testing.B, d benchDevice, c benchCase) (layout.Paged, *cuda.DeviceKVCache, int) {
 	const ps = 16
 	pagesPer := (c.L + ps - 1) / ps
 	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: c.dt, NumPages: c.B * pagesPer, PageSize: ps, NumKVHeads: c.H, HeadDim: c.D}
 	cache, err := d.b.NewKVCache(g)
 	require.NoError(b, err)
-	defer cache.Free(d.b)
+	b.Cleanup(func() { cache.Free(d.b) })
+	return g, cache, pagesPer
+}
+
+func benchDecode(b *testing.B, d benchDevice, c benchCase) {
+	g, cache, pagesPer := benchCache(b, d, c)
+	ps := g.PageSize
 	rng := rand.New(rand.NewPCG(1, 2))
 	perm := rng.Perm(g.NumPages)
 	t := kernels.PageTable{KVIndptr: []int32{0}}
@@ -123,12 +132,8 @@ func BenchmarkStepAppend(b *testing.B) {
 }
 
 func benchAppend(b *testing.B, d benchDevice, c benchCase) {
-	const ps = 16
-	pagesPer := (c.L + ps - 1) / ps
-	g := layout.Paged{Layout: layout.NHD, Form: layout.Fused, DType: c.dt, NumPages: c.B * pagesPer, PageSize: ps, NumKVHeads: c.H, HeadDim: c.D}
-	cache, err := d.b.NewKVCache(g)
-	require.NoError(b, err)
-	defer cache.Free(d.b)
+	g, cache, pagesPer := benchCache(b, d, c)
+	ps := g.PageSize
 	t := kernels.PageTable{KVIndptr: []int32{0}}
 	var bi, pos []int32
 	for r := range c.B {

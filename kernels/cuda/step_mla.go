@@ -139,7 +139,11 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 	if err := g.Validate(); err != nil {
 		return fmt.Errorf("%s: step: %w: %w", s.b.name, kernels.ErrInvalidCache, err)
 	}
-	if p.BatchIndices != nil || p.Positions != nil {
+	// One validation pass of the CSR per step: an append's check covers a
+	// decode's (its kv_last_page_len only adds checks), so a step that
+	// does both checks only kv_len again.
+	appends := p.BatchIndices != nil || p.Positions != nil
+	if appends {
 		if err := kernels.ValidateMLAAppendTable(g, p.KVIndptr, p.KVPageIndices, p.KVLastPageLen, p.BatchIndices, p.Positions); err != nil {
 			return err
 		}
@@ -154,7 +158,11 @@ func (s *Step) PlanMLA(p *MLAStepPlan) error {
 		if err := kernels.ValidateMLADecodeScalars(p.NumHeads, p.SMScale); err != nil {
 			return err
 		}
-		if err := kernels.ValidateMLADecodeTable(g, B, p.KVIndptr, p.KVPageIndices, p.KVLen); err != nil {
+		if appends {
+			if err := kernels.ValidateMLAKVLen(g, p.KVIndptr, p.KVLen); err != nil {
+				return err
+			}
+		} else if err := kernels.ValidateMLADecodeTable(g, B, p.KVIndptr, p.KVPageIndices, p.KVLen); err != nil {
 			return err
 		}
 		if g.HeadDimCKV > 32*mlaCK[len(mlaCK)-1] {

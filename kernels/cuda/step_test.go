@@ -428,6 +428,23 @@ func compareWithCPU(t testing.TB, b *cuda.Backend, cd *cuda.CountingDriver, s *c
 				KVLastPageLen: mlaLast, BatchIndices: bi, Positions: ix.Positions})
 		}},
 	}
+	// A step that appends and decodes validates its CSR once (the
+	// append's check) and must still reject exactly what the two calls
+	// reject, with the first one's error.
+	ops = append(ops, op{"mla append + decode", func() error {
+		if err := ops[4].cpu(); err != nil {
+			return err
+		}
+		return ops[3].cpu()
+	}, func() error {
+		bi := ix.BatchIndices
+		if bi == nil {
+			bi = []int32{}
+		}
+		return s.PlanMLA(&cuda.MLAStepPlan{Geometry: mg, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices,
+			KVLastPageLen: mlaLast, BatchIndices: bi, Positions: ix.Positions, Decode: true, KVLen: ix.KVLen,
+			NumHeads: rg.Group, SMScale: 0.5})
+	}})
 	rejected := 0
 	for _, o := range ops {
 		cpuErr := o.cpu()

@@ -171,7 +171,13 @@ func NewAppendFixture(r *rand.Rand, c AppendCase) AppendFixture {
 // declines the case with kernels.ErrUnsupported.
 func runAppend(t testing.TB, b kernels.Backend, name string, p *kernels.AppendParams) bool {
 	t.Helper()
-	err := b.AppendPagedKVCache(p)
+	return ranAppend(t, b, name, b.AppendPagedKVCache(p))
+}
+
+// ranAppend reports whether b ran the append named name (err nil): an
+// ErrUnsupported is logged and skipped, any other error fails t.
+func ranAppend(t testing.TB, b kernels.Backend, name string, err error) bool {
+	t.Helper()
 	if errors.Is(err, kernels.ErrUnsupported) {
 		t.Logf("backend %s does not support %s: %v", b.Name(), name, err)
 		return false
@@ -692,13 +698,7 @@ func MLADiff(got, want *kernels.MLACache) string {
 
 func runMLAAppend(t testing.TB, b kernels.Backend, name string, p *kernels.MLAAppendParams) bool {
 	t.Helper()
-	err := b.AppendPagedMLAKVCache(p)
-	if errors.Is(err, kernels.ErrUnsupported) {
-		t.Logf("backend %s does not support MLA append %s: %v", b.Name(), name, err)
-		return false
-	}
-	require.NoError(t, err, "backend %s, MLA append %s", b.Name(), name)
-	return true
+	return ranAppend(t, b, "MLA append "+name, b.AppendPagedMLAKVCache(p))
 }
 
 // CheckMLAAppend runs one random MLA append of case c on b and checks the

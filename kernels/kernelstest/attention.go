@@ -573,6 +573,21 @@ func expectInvalid(t *testing.T, name string, want error, out []byte, lse []floa
 	t.Logf("%s: %v", name, err)
 }
 
+// runInvalid runs every case on fresh valid parameters: out names the
+// output bytes and LSE that call, failing, must leave as they were (the
+// bytes filled with a sentinel before the mutation).
+func runInvalid[P any](t *testing.T, tests []invalidCase[P], valid func() *P, out func(*P) ([]byte, []float32), call func(*P) error) {
+	t.Helper()
+	for _, tc := range tests {
+		p := valid()
+		o, _ := out(p)
+		fillSentinel(o)
+		tc.mutate(p)
+		o, lse := out(p)
+		expectInvalid(t, tc.name, tc.want, o, lse, func() error { return call(p) })
+	}
+}
+
 func fillSentinel(p []byte) {
 	for i := range p {
 		p[i] = 0x5a
@@ -759,12 +774,7 @@ func testPrefillInvalid(t *testing.T, b kernels.Backend) {
 		{"kv_indptr decreasing", func(p *kernels.PrefillParams) { p.Table.KVIndptr = []int32{0, 2, 1} }, kernels.ErrInvalidPageTable},
 		{"o rows", func(p *kernels.PrefillParams) { p.O = kernels.NewTensor(layout.F32, 4, 4, 4) }, kernels.ErrInvalidTensor},
 	}
-	for _, tc := range tests {
-		p := valid()
-		fillSentinel(p.O.Data)
-		tc.mutate(p)
-		expectInvalid(t, tc.name, tc.want, p.O.Data, p.LSE, func() error { return b.BatchPrefill(p) })
-	}
+	runInvalid(t, tests, valid, func(p *kernels.PrefillParams) ([]byte, []float32) { return p.O.Data, p.LSE }, b.BatchPrefill)
 }
 
 // ---------------------------------------------------------------- MLA decode
@@ -898,12 +908,7 @@ func testMLAInvalid(t *testing.T, b kernels.Backend) {
 		{"kv_len count", func(p *kernels.MLADecodeParams) { p.KVLen = []int32{5} }, kernels.ErrInvalidPageTable},
 		{"page id out of range", func(p *kernels.MLADecodeParams) { p.KVPageIndices = []int32{0, 7} }, kernels.ErrIndexOutOfRange},
 	}
-	for _, tc := range tests {
-		p := valid()
-		fillSentinel(p.O.Data)
-		tc.mutate(p)
-		expectInvalid(t, tc.name, tc.want, p.O.Data, p.LSE, func() error { return b.MLADecode(p) })
-	}
+	runInvalid(t, tests, valid, func(p *kernels.MLADecodeParams) ([]byte, []float32) { return p.O.Data, p.LSE }, b.MLADecode)
 }
 
 // ---------------------------------------------------------------- merge
@@ -930,12 +935,7 @@ func TestMergeState(t *testing.T, b kernels.Backend) {
 			{"s_a +Inf", func(p *kernels.MergeStateParams) { p.SA[0] = float32(math.Inf(1)) }, kernels.ErrInvalidAttention},
 			{"v dtype e5m2", func(p *kernels.MergeStateParams) { p.V = kernels.NewTensor(layout.E5M2, 2, 1, 4) }, kernels.ErrInvalidTensor},
 		}
-		for _, tc := range tests {
-			p := valid()
-			fillSentinel(p.V.Data)
-			tc.mutate(p)
-			expectInvalid(t, tc.name, tc.want, p.V.Data, p.S, func() error { return b.MergeState(p) })
-		}
+		runInvalid(t, tests, valid, func(p *kernels.MergeStateParams) ([]byte, []float32) { return p.V.Data, p.S }, b.MergeState)
 	})
 }
 
@@ -1046,11 +1046,6 @@ func TestMergeStates(t *testing.T, b kernels.Backend) {
 			{"out heads", func(p *kernels.MergeStatesParams) { p.OutV = kernels.NewTensor(layout.F32, 2, 2, 4) }, kernels.ErrInvalidTensor},
 			{"out_s length", func(p *kernels.MergeStatesParams) { p.OutS = make([]float32, 3) }, kernels.ErrInvalidTensor},
 		}
-		for _, tc := range tests {
-			p := valid()
-			fillSentinel(p.OutV.Data)
-			tc.mutate(p)
-			expectInvalid(t, tc.name, tc.want, p.OutV.Data, p.OutS, func() error { return b.MergeStates(p) })
-		}
+		runInvalid(t, tests, valid, func(p *kernels.MergeStatesParams) ([]byte, []float32) { return p.OutV.Data, p.OutS }, b.MergeStates)
 	})
 }

@@ -22,6 +22,21 @@ def decoding_manager(n=4):
     return m
 
 
+CASCADE_PROMPT = list(range(100, 132))
+
+
+def cascade_step(num_pages):
+    """Four requests that share a 32-token cached prompt prefill 5 tokens
+    each (docs/manager.md's example): the manager and the cascade plan."""
+    m = pagedkv.Manager(num_pages, 4, hash_seed=1)
+    m.add(1, CASCADE_PROMPT + [1])
+    m.reserve([1], [33])
+    m.commit(None)
+    for i in range(2, 6):
+        assert m.add(i, CASCADE_PROMPT + [i] * 5) == 32
+    return m, m.reserve([2, 3, 4, 5], [5, 5, 5, 5])
+
+
 def test_views_are_zero_copy_int32_and_torch_ready():
     m = decoding_manager()
     plan = m.reserve([1, 2, 3, 4], [1, 1, 1, 1])
@@ -102,14 +117,7 @@ def test_copy_outlives_the_step_and_close():
 def test_cascade_levels_and_query_rows():
     # Four requests share a 32-token cached prompt and prefill 5 tokens each
     # (docs/manager.md's example).
-    m = pagedkv.Manager(64, 4, hash_seed=1)
-    shared = list(range(100, 132))
-    m.add(1, shared + [1])
-    m.reserve([1], [33])
-    m.commit(None)
-    for i in range(2, 6):
-        assert m.add(i, shared + [i] * 5) == 32
-    plan = m.reserve([2, 3, 4, 5], [5, 5, 5, 5])
+    m, plan = cascade_step(64)
     assert plan.cascade is not None and len(plan.cascade) == 2
     l0, l1 = plan.cascade
     assert l0.qo_indptr.tolist() == [0, 20] and l0.kv_indptr.tolist() == [0, 8]
@@ -144,14 +152,7 @@ def test_cascade_arrays_survive_out_of_pages_and_the_other_calls():
     unchanged through the calls test_arrays_survive_every_call_but_reserve
     does not make: abort, truncate, unpin, a speculative step's failures,
     and failed reserves that get as far as allocating (OutOfPages)."""
-    m = pagedkv.Manager(40, 4, hash_seed=1)
-    shared = list(range(100, 132))
-    m.add(1, shared + [1])
-    m.reserve([1], [33])
-    m.commit(None)
-    for i in range(2, 6):
-        assert m.add(i, shared + [i] * 5) == 32
-    plan = m.reserve([2, 3, 4, 5], [5, 5, 5, 5])
+    m, plan = cascade_step(40)
     assert plan.cascade is not None
     want = plan_values(plan)
     views = [plan.query_rows] + [getattr(lv, f) for lv in plan.cascade for f in pagedkv.Level.__slots__]
@@ -164,7 +165,7 @@ def test_cascade_arrays_survive_out_of_pages_and_the_other_calls():
 
     m.abort()
     same()
-    pin, _ = m.pin(shared)
+    pin, _ = m.pin(CASCADE_PROMPT)
     same()
     m.unpin(pin)
     same()
