@@ -317,18 +317,29 @@ func pagedkv_reserve_spec(id C.pagedkv_manager, ids *C.uint64_t, ntokens *C.int3
 	if !ok {
 		return code
 	}
-	lists, code, ok := h.draftArgs("reserve_spec", n, draftIndptr, drafts)
-	if !ok {
+	plan, code := h.reserveDrafts("reserve_spec", rids, nt, n, draftIndptr, drafts)
+	if plan == nil {
 		return code
+	}
+	h.export(out, plan.Groups[0])
+	return C.PAGEDKV_OK
+}
+
+// reserveDrafts checks the drafts (draftArgs) and reserves the step; a nil
+// plan comes with the error code to return.
+func (h *handle) reserveDrafts(op string, rids []pagedkv.RequestID, nt []int32, n C.int64_t,
+	draftIndptr, drafts *C.int32_t) (*pagedkv.HybridPlan, C.int32_t) {
+	lists, code, ok := h.draftArgs(op, n, draftIndptr, drafts)
+	if !ok {
+		return nil, code
 	}
 	// The Manager copies the drafts; drop the views of C memory.
 	defer clear(h.draftLists)
 	plan, err := h.m.ReserveStep(rids, nt, lists)
 	if err != nil {
-		return failErr(err)
+		return nil, failErr(err)
 	}
-	h.export(out, plan.Groups[0])
-	return C.PAGEDKV_OK
+	return plan, C.PAGEDKV_OK
 }
 
 // draftArgs checks reserve_spec's drafts and views them as one list per

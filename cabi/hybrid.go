@@ -130,14 +130,9 @@ func (h *handle) hybridReserve(op string, ids *C.uint64_t, ntokens *C.int32_t, n
 	if want := C.int64_t(h.m.NumGroups()); ngroups != want || groups == nil {
 		return badArg("%s: groups = %p with num_groups = %d; the manager has %d groups", op, groups, int64(ngroups), int64(want))
 	}
-	lists, code, ok := h.draftArgs(op, n, draftIndptr, drafts)
-	if !ok {
+	plan, code := h.reserveDrafts(op, rids, nt, n, draftIndptr, drafts)
+	if plan == nil {
 		return code
-	}
-	defer clear(h.draftLists)
-	plan, err := h.m.ReserveStep(rids, nt, lists)
-	if err != nil {
-		return failErr(err)
 	}
 	h.exportHybrid(copies, unsafe.Slice(groups, int(ngroups)), plan)
 	return C.PAGEDKV_OK
