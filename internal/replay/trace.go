@@ -2,7 +2,6 @@ package replay
 
 import (
 	"bufio"
-	"bytes"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -91,23 +90,17 @@ func ReadMooncake(r io.Reader, lim Limits) (*Trace, error) {
 	distinct := map[int32]struct{}{}
 	var last int64
 	var flat []int32
-	line := 0
-	for sc.Scan() {
-		line++
-		text := bytes.TrimSpace(sc.Bytes())
-		if len(text) == 0 {
-			continue
-		}
+	line, err := sim.EachTraceLine(sc, func(line int, text []byte) error {
 		if len(t.Requests) >= lim.MaxRequests {
-			return nil, fmt.Errorf("%w: line %d: more than %d requests", ErrBadTrace, line, lim.MaxRequests)
+			return fmt.Errorf("%w: line %d: more than %d requests", ErrBadTrace, line, lim.MaxRequests)
 		}
 		var l mooncakeLine
 		if err := json.Unmarshal(text, &l); err != nil {
-			return nil, fmt.Errorf("%w: line %d: %v", ErrBadTrace, line, err)
+			return fmt.Errorf("%w: line %d: %v", ErrBadTrace, line, err)
 		}
 		q, err := l.request(line, last, lim, t.References)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		last = q.ArrivalMs
 		start := len(flat)
@@ -118,6 +111,10 @@ func ReadMooncake(r io.Reader, lim Limits) (*Trace, error) {
 		q.Blocks = flat[start:len(flat):len(flat)]
 		t.References += len(q.Blocks)
 		t.Requests = append(t.Requests, q)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%w: after line %d: %v", ErrBadTrace, line, err)

@@ -115,22 +115,20 @@ func ParseTraceLimits(r io.Reader, lim TraceLimits) ([]Request, error) {
 	sc.Buffer(make([]byte, 0, 64<<10), maxLineBytes)
 	var reqs []Request
 	var tokens int64
-	line := 0
-	for sc.Scan() {
-		line++
-		text := bytes.TrimSpace(sc.Bytes())
-		if len(text) == 0 {
-			continue
-		}
+	line, err := EachTraceLine(sc, func(line int, text []byte) error {
 		if len(reqs) == lim.MaxRequests {
-			return nil, fmt.Errorf("%w: line %d: more than %d requests (raise the limit with --trace-max-requests)", ErrBadTrace, line, lim.MaxRequests)
+			return fmt.Errorf("%w: line %d: more than %d requests (raise the limit with --trace-max-requests)", ErrBadTrace, line, lim.MaxRequests)
 		}
 		req, err := parseLine(text, line, lim.MaxTokens-tokens)
 		if err != nil {
-			return nil, fmt.Errorf("%w: line %d: %w", ErrBadTrace, line, err)
+			return fmt.Errorf("%w: line %d: %w", ErrBadTrace, line, err)
 		}
 		tokens += requestTokens(&req)
 		reqs = append(reqs, req)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
@@ -143,6 +141,25 @@ func ParseTraceLimits(r io.Reader, lim TraceLimits) ([]Request, error) {
 	}
 	sort.SliceStable(reqs, func(i, j int) bool { return reqs[i].Arrival < reqs[j].Arrival })
 	return reqs, nil
+}
+
+// EachTraceLine calls each with every non-blank line sc scans (trimmed of
+// spaces; line counts every line from 1) until each fails or the scan ends.
+// It returns the number of lines scanned and each's error; the scanner's own
+// error (sc.Err) is left to the caller, who names it after line+1.
+func EachTraceLine(sc *bufio.Scanner, each func(line int, text []byte) error) (int, error) {
+	line := 0
+	for sc.Scan() {
+		line++
+		text := bytes.TrimSpace(sc.Bytes())
+		if len(text) == 0 {
+			continue
+		}
+		if err := each(line, text); err != nil {
+			return line, err
+		}
+	}
+	return line, nil
 }
 
 // requestTokens is what a request counts against TraceLimits.MaxTokens.
