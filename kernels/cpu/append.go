@@ -19,14 +19,11 @@ const appendChunkBytes = 64 << 10
 // scales (quant.QuantizeNVFP4), codes into the data pages and block scales
 // into the scale pages. Nothing is written unless p validates.
 func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
-	if err := p.Validate(); err != nil {
+	nnz, err := validRows(p, p.BatchIndices)
+	if nnz == 0 || err != nil {
 		return err
 	}
 	g := p.Cache.Geometry
-	nnz := len(p.BatchIndices)
-	if nnz == 0 {
-		return nil
-	}
 	rowBytes := 2 * g.NumKVHeads * g.HeadDim * p.AppendKey.DType.Size() // K and V of one token
 	per, chunks := b.appendChunks(nnz, rowBytes)
 	if chunks == 1 {
@@ -196,14 +193,11 @@ func quantizeRowNVFP4(data, sf []byte, g layout.Paged, off int64, src []byte, sr
 // of its slot (fused or split storage). Nothing is written unless p
 // validates.
 func (b *Backend) AppendPagedMLAKVCache(p *kernels.MLAAppendParams) error {
-	if err := p.Validate(); err != nil {
+	nnz, err := validRows(p, p.BatchIndices)
+	if nnz == 0 || err != nil {
 		return err
 	}
 	g := p.Cache.Geometry
-	nnz := len(p.BatchIndices)
-	if nnz == 0 {
-		return nil
-	}
 	per, chunks := b.appendChunks(nnz, (g.HeadDimCKV+g.HeadDimKPE)*g.DType.Size())
 	if chunks == 1 {
 		appendMLARows(p, 0, nnz)
@@ -229,4 +223,13 @@ func appendMLARows(p *kernels.MLAAppendParams, lo, hi int) {
 		copy(ckvDst[c:c+nc], p.AppendCKV.Data[i*nc:(i+1)*nc])
 		copy(kpeDst[k:k+nk], p.AppendKPE.Data[i*nk:(i+1)*nk])
 	}
+}
+
+// validRows validates p (an append's params) and returns its number of
+// rows, len(batchIndices); 0 with a nil error means nothing to append.
+func validRows(p interface{ Validate() error }, batchIndices []int32) (int, error) {
+	if err := p.Validate(); err != nil {
+		return 0, err
+	}
+	return len(batchIndices), nil
 }
