@@ -65,6 +65,13 @@ func (c *Cache) rowOffsets(layer, kv, token, head int) (data, scale int64) {
 	return data, off / int64(g.QuantGroup) * int64(g.ScaleDType.Size())
 }
 
+// rowAt is row (layer, kv, token, head)'s bytes in Data and the scales from
+// its first group on (empty when the cache is not quantised).
+func (c *Cache) rowAt(layer, kv, token, head int) (row, scale []byte) {
+	d, s := c.rowOffsets(layer, kv, token, head)
+	return c.Data[d : d+int64(c.Geometry.RowBytes())], c.Scale[s:]
+}
+
 // LoadRow writes row (layer, kv, token, head) of the cache into dst[:Dh] as
 // float32, dequantising a quantised cache (code*scale). It does not allocate.
 // It panics when an index is outside the cache (a programming error; the
@@ -72,13 +79,12 @@ func (c *Cache) rowOffsets(layer, kv, token, head int) (data, scale int64) {
 func (c *Cache) LoadRow(dst []float32, layer, kv, token, head int) {
 	g := &c.Geometry
 	dst = dst[:g.HeadDim]
-	d, s := c.rowOffsets(layer, kv, token, head)
-	row := c.Data[d : d+int64(g.RowBytes())]
+	row, scale := c.rowAt(layer, kv, token, head)
 	if !g.Quantised() {
 		layout.LoadRowF32(dst, g.DType, row)
 		return
 	}
-	g.Quant().Dequantize(dst, row, c.Scale[s:])
+	g.Quant().Dequantize(dst, row, scale)
 }
 
 // StoreRow writes src[:Dh] into row (layer, kv, token, head): rounded to the
@@ -87,13 +93,12 @@ func (c *Cache) LoadRow(dst []float32, layer, kv, token, head int) {
 func (c *Cache) StoreRow(layer, kv, token, head int, src []float32) {
 	g := &c.Geometry
 	src = src[:g.HeadDim]
-	d, s := c.rowOffsets(layer, kv, token, head)
-	row := c.Data[d : d+int64(g.RowBytes())]
+	row, scale := c.rowAt(layer, kv, token, head)
 	if !g.Quantised() {
 		layout.StoreRowF32(row, g.DType, src)
 		return
 	}
-	g.Quant().Quantize(row, c.Scale[s:], src)
+	g.Quant().Quantize(row, scale, src)
 }
 
 // rowBytes returns the bytes of row (layer, kv, token, head) of an
