@@ -586,6 +586,16 @@ func benchDecode(b *testing.B, sz benchSizes, workers int) error {
 	return nil
 }
 
+// naivePageKey is vLLM's key of a page: the SHA-256 of its parent's key and
+// its tokens (little-endian int32), hashed in buf (32+4*len(tokens) bytes).
+func naivePageKey(buf []byte, parent [32]byte, tokens []int32) [32]byte {
+	copy(buf, parent[:])
+	for j, t := range tokens {
+		binary.LittleEndian.PutUint32(buf[32+4*j:], uint32(t))
+	}
+	return sha256.Sum256(buf)
+}
+
 // benchLookup looks up a fully cached prompt of lookupTokens tokens (among
 // two other cached prompts) per iteration.
 func benchLookup(b *testing.B, sz benchSizes, naive bool) error {
@@ -606,11 +616,7 @@ func benchLookup(b *testing.B, sz benchSizes, naive bool) error {
 		for _, p := range prompts {
 			var parent [32]byte
 			for i := range npages {
-				copy(buf, parent[:])
-				for j, t := range p[i*ps : (i+1)*ps] {
-					binary.LittleEndian.PutUint32(buf[32+4*j:], uint32(t))
-				}
-				parent = sha256.Sum256(buf)
+				parent = naivePageKey(buf, parent, p[i*ps:(i+1)*ps])
 				index[parent] = int32(len(index))
 			}
 		}
@@ -621,11 +627,7 @@ func benchLookup(b *testing.B, sz benchSizes, naive bool) error {
 			dst = dst[:0]
 			var parent [32]byte
 			for i := range npages {
-				copy(buf, parent[:])
-				for j, t := range prompt[i*ps : (i+1)*ps] {
-					binary.LittleEndian.PutUint32(buf[32+4*j:], uint32(t))
-				}
-				parent = sha256.Sum256(buf)
+				parent = naivePageKey(buf, parent, prompt[i*ps:(i+1)*ps])
 				page, ok := index[parent]
 				if !ok {
 					break
