@@ -239,6 +239,18 @@ type onlineState struct {
 	m, l float32
 }
 
+// raise makes m (> st.m) the running maximum: l and acc, weighted against
+// the old maximum, are rescaled by 2^(old-m) (nothing to rescale before
+// the first finite logit).
+func (st *onlineState) raise(m float32, acc []float32) {
+	if st.m != negInf {
+		r := exp2Neg(st.m - m)
+		st.l *= r
+		scaleInPlace(r, acc)
+	}
+	st.m = m
+}
+
 // weight folds key logit s2 (base 2) into the state and returns the key's
 // weight p = 2^(s2 - m) under the new maximum m; the caller adds p*v to
 // acc. acc is rescaled only when the maximum grows, which on typical data
@@ -248,12 +260,7 @@ func (st *onlineState) weight(s2 float32, acc []float32) float32 {
 		return 0
 	}
 	if s2 > st.m {
-		if st.m != negInf {
-			r := exp2Neg(st.m - s2)
-			st.l *= r
-			scaleInPlace(r, acc)
-		}
-		st.m = s2
+		st.raise(s2, acc)
 		st.l++
 		return 1
 	}
@@ -308,12 +315,7 @@ func (st *onlineState) weightBlock(s []float32, acc []float32) {
 		}
 	}
 	if mb > st.m {
-		if st.m != negInf {
-			r := exp2Neg(st.m - mb)
-			st.l *= r
-			scaleInPlace(r, acc)
-		}
-		st.m = mb
+		st.raise(mb, acc)
 	}
 	if st.m == negInf { // every logit is -inf (or NaN with nothing seen yet)
 		for t, x := range s {
