@@ -161,11 +161,9 @@ func (s *Store) Held() int {
 // Fetch implements [tier.RemoteStore]: the leading pages held whose
 // parent and tokens equal the request's.
 func (s *Store) Fetch(_ context.Context, pages []tier.RemotePage) int {
-	if len(pages) == 0 {
+	if !s.c.Lookup(len(pages)) {
 		return 0
 	}
-	s.c.Lookups.Add(1)
-	s.c.Requested.Add(int64(len(pages)))
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range pages {

@@ -82,6 +82,17 @@ type RemoteCounters struct {
 	Stored, Dropped, BytesIn, BytesOut                           atomic.Int64
 }
 
+// Lookup counts a Fetch of n pages (a lookup and n requested pages); it is
+// false, counting nothing, when n is 0: a Fetch of no pages asks nothing.
+func (c *RemoteCounters) Lookup(n int) bool {
+	if n == 0 {
+		return false
+	}
+	c.Lookups.Add(1)
+	c.Requested.Add(int64(n))
+	return true
+}
+
 // Snapshot reads every counter.
 func (c *RemoteCounters) Snapshot() RemoteStats {
 	return RemoteStats{

@@ -640,11 +640,9 @@ func (s *Store) Config() Config { return s.cfg }
 // first one not served) and of the pages after it may have been written:
 // only the served pages' Data is defined.
 func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
-	if len(pages) == 0 {
+	if !s.c.Lookup(len(pages)) {
 		return 0
 	}
-	s.c.Lookups.Add(1)
-	s.c.Requested.Add(int64(len(pages)))
 	s.readMu.Lock()
 	defer s.readMu.Unlock()
 	s.ioMu.RLock()
