@@ -565,27 +565,16 @@ func (s *streamReader) readBody() error {
 		}
 		*f = string(b[:h.lens[i]])
 	}
-	for left := h.tokens; left > 0; {
-		n := min(left, tokenChunk/4)
-		if err := s.read(b[:4*n], "tokens"); err != nil {
-			return err
-		}
-		rec.Tokens = slices.Grow(rec.Tokens, n)
-		for i := range n {
-			rec.Tokens = append(rec.Tokens, int32(binary.LittleEndian.Uint32(b[4*i:])))
-		}
-		left -= n
+	var err error
+	if rec.Tokens, err = readItems(s, b[:], rec.Tokens, h.tokens, 4, "tokens", func(x []byte) int32 {
+		return int32(binary.LittleEndian.Uint32(x))
+	}); err != nil {
+		return err
 	}
-	for left := h.runs; left > 0; {
-		n := min(left, tokenChunk/8)
-		if err := s.read(b[:8*n], "runs"); err != nil {
-			return err
-		}
-		rec.Runs = slices.Grow(rec.Runs, n)
-		for i := range n {
-			rec.Runs = append(rec.Runs, Run{Page: int32(binary.LittleEndian.Uint32(b[8*i:])), Pages: int32(binary.LittleEndian.Uint32(b[8*i+4:]))})
-		}
-		left -= n
+	if rec.Runs, err = readItems(s, b[:], rec.Runs, h.runs, 8, "runs", func(x []byte) Run {
+		return Run{Page: int32(binary.LittleEndian.Uint32(x)), Pages: int32(binary.LittleEndian.Uint32(x[4:]))}
+	}); err != nil {
+		return err
 	}
 	if err := s.verify(tagHeader, "header"); err != nil {
 		return err
@@ -594,6 +583,25 @@ func (s *streamReader) readBody() error {
 		return fmt.Errorf("%w: %w", ErrBadStream, err)
 	}
 	return nil
+}
+
+// readItems reads n items of size bytes each, as many at a time as fit in
+// b, and appends them, decoded, to dst as they arrive (so dst grows with
+// what the stream delivers, not with what its header claims). On error dst
+// holds the items read before it.
+func readItems[T any](s *streamReader, b []byte, dst []T, n, size int, what string, decode func([]byte) T) ([]T, error) {
+	for left := n; left > 0; {
+		k := min(left, len(b)/size)
+		if err := s.read(b[:size*k], what); err != nil {
+			return dst, err
+		}
+		dst = slices.Grow(dst, k)
+		for i := range k {
+			dst = append(dst, decode(b[size*i:]))
+		}
+		left -= k
+	}
+	return dst, nil
 }
 
 // readPages reads, decodes and verifies each page value as the page the
