@@ -595,8 +595,11 @@ func pagedkv_get_request_state(id C.pagedkv_manager, rid C.uint64_t, out *C.page
 }
 
 // requestState fills out with request rid's state, its pages those of
-// group g (0 for a dense handle).
+// group g (0 for a dense handle), after checking g.
 func (h *handle) requestState(op string, g int, rid C.uint64_t, out *C.pagedkv_request_state) C.int32_t {
+	if code, ok := h.checkGroup(op, C.int64_t(g)); !ok {
+		return code
+	}
 	if out == nil {
 		return badArg("%s: out is NULL", op)
 	}
@@ -642,8 +645,12 @@ func pagedkv_request_pages(id C.pagedkv_manager, rid C.uint64_t, dst *C.int32_t,
 	return h.requestPages("request_pages", 0, rid, dst, capacity, n)
 }
 
-// requestPages copies request rid's pages in group g into dst.
+// requestPages copies request rid's pages in group g into dst, after
+// checking g.
 func (h *handle) requestPages(op string, g int, rid C.uint64_t, dst *C.int32_t, capacity C.int64_t, n *C.int64_t) C.int32_t {
+	if code, ok := h.checkGroup(op, C.int64_t(g)); !ok {
+		return code
+	}
 	r := pagedkv.RequestID(rid)
 	if !h.m.Has(r) {
 		return failErr(fmt.Errorf("%w: %s of request %d", pagedkv.ErrUnknownRequest, op, uint64(rid)))

@@ -196,9 +196,6 @@ func pagedkv_hybrid_request_state(id C.pagedkv_manager, group C.int64_t, rid C.u
 		return code
 	}
 	defer h.exit(&code)
-	if code, ok := h.checkGroup("hybrid_request_state", group); !ok {
-		return code
-	}
 	return h.requestState("hybrid_request_state", int(group), rid, out)
 }
 
@@ -209,9 +206,6 @@ func pagedkv_hybrid_request_pages(id C.pagedkv_manager, group C.int64_t, rid C.u
 		return code
 	}
 	defer h.exit(&code)
-	if code, ok := h.checkGroup("hybrid_request_pages", group); !ok {
-		return code
-	}
 	return h.requestPages("hybrid_request_pages", int(group), rid, dst, capacity, n)
 }
 
