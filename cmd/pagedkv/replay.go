@@ -81,7 +81,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	hintHorizon := fs.Int64("hint-horizon", 0, "--hint-accuracy: a block is hinted reused when referenced again within this many block references (0: at all)")
 	hintSeed := fs.Uint64("hint-seed", 1, "--hint-accuracy: the seed of the hints' errors")
 	curve := fs.Float64("curve-rate", 0, "keep the live miss-ratio curve at this sampling rate in percent (e.g. 12.5; 0: none) and check it against LRU replayed at 1/2x, 2x and 4x each capacity")
-	first := fs.Int("first", 0, "replay only the trace's first N requests (0: all)")
+	first := fs.Int("first", 0, "replay only the trace's first N requests, reading no further (0: all)")
 	svc := replay.DefaultService()
 	fs.Float64Var(&svc.PrefillTokensPerSec, "prefill-rate", svc.PrefillTokensPerSec, "--service: prefill tokens per second")
 	fs.Float64Var(&svc.DecodeTokensPerSec, "decode-rate", svc.DecodeTokensPerSec, "--service: decode tokens per second (whole batch)")
@@ -140,6 +140,20 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if *maxWork < 1 {
 		return usageErr("--max-work %d: want >= 1", *maxWork)
 	}
+	if *hostPct < 0 || *hostPct > 100 || *bytesPerToken < 1 {
+		return usageErr("--host-capacity %g, --bytes-per-token %d: want a percentage in [0, 100] and >= 1 byte", *hostPct, *bytesPerToken)
+	}
+	if *redisAddr != "" && *hostPct == 0 {
+		return usageErr("--redis needs --host-capacity (the remote tier sits below the host tier)")
+	}
+	if *first < 0 {
+		return usageErr("--first %d, want >= 0", *first)
+	}
+	if *model != "" {
+		if _, err := sim.Preset(*model); err != nil {
+			return usageErr("--model: %v", err)
+		}
+	}
 	if *plotPath != "" {
 		// The plot file is opened for writing now, so a path that cannot
 		// be written is refused before the sweep, not after it; a file
@@ -157,6 +171,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	var t *replay.Trace
 	switch *format {
 	case "mooncake":
+		lim.First = *first // the requests past --first are not even read
 		t, err = replay.OpenMooncake(*tracePath, lim)
 	case "sim":
 		t, err = readSimTrace(*tracePath, *blockTokens, lim)
@@ -165,15 +180,6 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		return usageErr("%v", err)
-	}
-	if *hostPct < 0 || *hostPct > 100 || *bytesPerToken < 1 {
-		return usageErr("--host-capacity %g, --bytes-per-token %d: want a percentage in [0, 100] and >= 1 byte", *hostPct, *bytesPerToken)
-	}
-	if *redisAddr != "" && *hostPct == 0 {
-		return usageErr("--redis needs --host-capacity (the remote tier sits below the host tier)")
-	}
-	if *first < 0 {
-		return usageErr("--first %d, want >= 0", *first)
 	}
 	if *first > 0 {
 		t = t.Prefix(*first)

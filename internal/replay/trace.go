@@ -36,6 +36,9 @@ type Limits struct {
 	MaxRequestBlocks int
 	// MaxOutputTokens bounds one request's output.
 	MaxOutputTokens int
+	// First, when > 0, stops reading after the first First requests: the
+	// rest of the input is neither read nor checked (replay --first).
+	First int
 }
 
 // DefaultLimits fit the Mooncake traces with room to spare: 1M requests,
@@ -44,6 +47,10 @@ type Limits struct {
 func DefaultLimits() Limits {
 	return Limits{MaxRequests: 1 << 20, MaxBlocks: 1 << 24, MaxRequestBlocks: 4096, MaxOutputTokens: 1 << 20}
 }
+
+// errEnoughRequests stops ReadMooncake's scan once Limits.First requests
+// are read.
+var errEnoughRequests = errors.New("replay: first requests read")
 
 // maxLineBytes bounds one trace line.
 const maxLineBytes = 16 << 20
@@ -91,6 +98,9 @@ func ReadMooncake(r io.Reader, lim Limits) (*Trace, error) {
 	var last int64
 	var flat []int32
 	line, err := sim.EachTraceLine(sc, func(line int, text []byte) error {
+		if lim.First > 0 && len(t.Requests) == lim.First {
+			return errEnoughRequests
+		}
 		if len(t.Requests) >= lim.MaxRequests {
 			return fmt.Errorf("%w: line %d: more than %d requests", ErrBadTrace, line, lim.MaxRequests)
 		}
@@ -113,7 +123,7 @@ func ReadMooncake(r io.Reader, lim Limits) (*Trace, error) {
 		t.Requests = append(t.Requests, q)
 		return nil
 	})
-	if err != nil {
+	if err != nil && !errors.Is(err, errEnoughRequests) {
 		return nil, err
 	}
 	if err := sc.Err(); err != nil {

@@ -43,6 +43,30 @@ func TestReadMooncakeRejectsBadLinesByName(t *testing.T) {
 	require.Equal(t, 4, tr.References)
 }
 
+// Limits.First reads the first requests only: the trace equals the whole
+// trace's Prefix, and what follows them is not read (so a bad line there
+// is no error).
+func TestReadMooncakeFirstStopsReading(t *testing.T) {
+	lines := []string{
+		`{"timestamp": 1, "input_length": 1000, "output_length": 3, "hash_ids": [0, 1]}`,
+		`{"timestamp": 2, "input_length": 600, "output_length": 0, "hash_ids": [0, 2]}`,
+		`{"timestamp": 3, "input_length": 10, "output_length": 1, "hash_ids": [3]}`,
+	}
+	whole, err := ReadMooncake(strings.NewReader(strings.Join(lines, "\n")), DefaultLimits())
+	require.NoError(t, err)
+	for first := 1; first <= 3; first++ {
+		lim := DefaultLimits()
+		lim.First = first
+		got, err := ReadMooncake(strings.NewReader(strings.Join(lines[:first], "\n")+"\nnot json"), lim)
+		require.NoError(t, err, "first %d", first)
+		require.Equal(t, whole.Prefix(first), got, "first %d", first)
+	}
+	lim := DefaultLimits()
+	lim.First = 2
+	_, err = ReadMooncake(strings.NewReader(lines[0]+"\nnot json\n"+lines[1]), lim)
+	require.ErrorContains(t, err, "line 2", "a bad line among the first requests is still refused")
+}
+
 // FuzzReadMooncake feeds raw bytes to the reader under small limits: it
 // either refuses them with ErrBadTrace or returns a trace whose requests
 // keep the format's rules, and a replay of it keeps the limits' order.
