@@ -292,14 +292,24 @@ func requireCacheEqual(t testing.TB, got, want *kernels.PagedKVCache, msg string
 	}
 }
 
+// ranAppendCase draws case c's fixture from seed and runs its append on b:
+// the fixture, the parameters the append ran with, and false when b does
+// not support c (logged).
+func ranAppendCase(t testing.TB, b kernels.Backend, c AppendCase, seed uint64) (f AppendFixture, p kernels.AppendParams, ok bool) {
+	t.Helper()
+	f = NewAppendFixture(rand.New(rand.NewPCG(seed, 0x9e3779b9)), c)
+	p = f.Params
+	ok = runAppend(t, b, c.String(), &p)
+	return f, p, ok
+}
+
 // CheckAppend runs one random append of case c (from seed) on b and checks
 // the whole cache against the reference, that every appended row reads back
 // through the page table, and that no other element changed.
 func CheckAppend(t testing.TB, b kernels.Backend, c AppendCase, seed uint64) {
 	t.Helper()
-	f := NewAppendFixture(rand.New(rand.NewPCG(seed, 0x9e3779b9)), c)
-	p := f.Params
-	if !runAppend(t, b, c.String(), &p) {
+	f, p, ok := ranAppendCase(t, b, c, seed)
+	if !ok {
 		return
 	}
 	requireCacheEqual(t, &p.Cache, &f.Want, fmt.Sprintf("%v seed %d", c, seed))
