@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/prefixcache"
 )
@@ -94,7 +95,7 @@ type HybridStats struct {
 // called from any goroutine (each group's numbers are a consistent
 // snapshot; the pool totals may straddle one operation).
 type HybridManager struct {
-	_    noCopy
+	_    invariants.NoCopy
 	core *core // of one group per LayerGroup
 }
 

@@ -6,6 +6,7 @@ import (
 	"math"
 
 	"github.com/pagedkv/pagedkv/allocator"
+	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/pagetable"
 	"github.com/pagedkv/pagedkv/prefixcache"
@@ -172,14 +173,9 @@ type Request struct {
 // scheduler goroutine. Only [Manager.Stats] may be called from other
 // goroutines at any time. The zero value is not usable; call [New].
 type Manager struct {
-	_    noCopy
+	_    invariants.NoCopy
 	core *core // of one group
 }
-
-type noCopy struct{}
-
-func (*noCopy) Lock()   {}
-func (*noCopy) Unlock() {}
 
 // New returns a Manager with an empty pool.
 func New(cfg Config) (*Manager, error) {

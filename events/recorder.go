@@ -77,14 +77,13 @@ const (
 	Cleared             // AllBlocksCleared
 )
 
+// kindTags are vLLM's event tags, by Kind: String prints them and the
+// encoder writes them.
+var kindTags = [...]string{Stored: "BlockStored", Removed: "BlockRemoved", Cleared: "AllBlocksCleared"}
+
 func (k Kind) String() string {
-	switch k {
-	case Stored:
-		return "BlockStored"
-	case Removed:
-		return "BlockRemoved"
-	case Cleared:
-		return "AllBlocksCleared"
+	if int(k) < len(kindTags) {
+		return kindTags[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }

@@ -48,7 +48,7 @@ func (e *Encoder) event(b *Batch, ev *event) {
 	w, m := e.enc, b.meta
 	if ev.kind == Cleared {
 		_ = w.EncodeMapLen(1)
-		e.str("type", "AllBlocksCleared")
+		e.str("type", kindTags[Cleared])
 		return
 	}
 	gm := &m.groups[ev.g]
@@ -59,7 +59,7 @@ func (e *Encoder) event(b *Batch, ev *event) {
 			n++
 		}
 		_ = w.EncodeMapLen(n)
-		e.str("type", "BlockRemoved")
+		e.str("type", kindTags[Removed])
 		e.hashes("block_hashes", b.hashes[ev.h0:ev.h1])
 		e.str("medium", ev.medium(m))
 		if gm.hasGroup {
@@ -77,7 +77,7 @@ func (e *Encoder) event(b *Batch, ev *event) {
 			n++
 		}
 		_ = w.EncodeMapLen(n)
-		e.str("type", "BlockStored")
+		e.str("type", kindTags[Stored])
 		e.hashes("block_hashes", b.hashes[ev.h0:ev.h1])
 		_ = w.EncodeString("parent_block_hash")
 		if ev.hasParent {

@@ -26,14 +26,13 @@ const (
 	AllBlocksCleared
 )
 
+// kindTags are vLLM's event tags, by Kind (none for the invalid 0):
+// String prints them and the decoder reads them (kindOf).
+var kindTags = [...]string{BlockStored: "BlockStored", BlockRemoved: "BlockRemoved", AllBlocksCleared: "AllBlocksCleared"}
+
 func (k Kind) String() string {
-	switch k {
-	case BlockStored:
-		return "BlockStored"
-	case BlockRemoved:
-		return "BlockRemoved"
-	case AllBlocksCleared:
-		return "AllBlocksCleared"
+	if k != 0 && int(k) < len(kindTags) {
+		return kindTags[k]
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -365,13 +364,8 @@ func (dec *decoder) event() (Event, error) {
 }
 
 func kindOf(tag string) (Kind, error) {
-	switch tag {
-	case "BlockStored":
-		return BlockStored, nil
-	case "BlockRemoved":
-		return BlockRemoved, nil
-	case "AllBlocksCleared":
-		return AllBlocksCleared, nil
+	if i := slices.Index(kindTags[:], tag); i > 0 {
+		return Kind(i), nil
 	}
 	return 0, fmt.Errorf("unknown event tag %q", tag)
 }

@@ -383,14 +383,19 @@ func (ix *Index) MatchHashes(dst []int, chain []uint64) []int {
 
 // Blocks returns the chain hashes replica r holds in any group, sorted and
 // without repeats.
-func (ix *Index) Blocks(r int) []uint64 {
+func (ix *Index) Blocks(r int) []uint64 { return readReplica(ix, r, (*replica).union) }
+
+// readReplica returns read(replica r) under the read lock; the zero T when
+// r is not a replica.
+func readReplica[T any](ix *Index, r int, read func(*replica) T) T {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	rep, err := ix.replica(r)
 	if err != nil {
-		return nil
+		var zero T
+		return zero
 	}
-	return rep.union()
+	return read(rep)
 }
 
 // union returns the sorted distinct hashes of every group.
@@ -413,48 +418,37 @@ func (rep *replica) union() []uint64 {
 // (group_idx; 0 for events without one), sorted; nil for a group the
 // replica's events never named.
 func (ix *Index) GroupBlocks(r, g int) []uint64 {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	rep, err := ix.replica(r)
-	if err != nil {
-		return nil
-	}
-	x := rep.group(g, false)
-	if x == nil {
-		return nil
-	}
-	out := make([]uint64, 0, len(x.blocks))
-	for h := range x.blocks {
-		out = append(out, h)
-	}
-	slices.Sort(out)
-	return out
+	return readReplica(ix, r, func(rep *replica) []uint64 {
+		x := rep.group(g, false)
+		if x == nil {
+			return nil
+		}
+		out := make([]uint64, 0, len(x.blocks))
+		for h := range x.blocks {
+			out = append(out, h)
+		}
+		slices.Sort(out)
+		return out
+	})
 }
 
 // Groups returns the group_idx values replica r's events have named
 // (events without one count as 0), sorted.
 func (ix *Index) Groups(r int) []int {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	rep, err := ix.replica(r)
-	if err != nil {
-		return nil
-	}
-	out := make([]int, len(rep.groups))
-	for i, x := range rep.groups {
-		out[i] = x.idx
-	}
-	return out
+	return readReplica(ix, r, func(rep *replica) []int {
+		out := make([]int, len(rep.groups))
+		for i, x := range rep.groups {
+			out[i] = x.idx
+		}
+		return out
+	})
 }
 
 // Stats returns replica r's counts.
-func (ix *Index) Stats(r int) ReplicaStats {
-	ix.mu.RLock()
-	defer ix.mu.RUnlock()
-	rep, err := ix.replica(r)
-	if err != nil {
-		return ReplicaStats{}
-	}
+func (ix *Index) Stats(r int) ReplicaStats { return readReplica(ix, r, (*replica).statsNow) }
+
+// statsNow is the replica's ReplicaStats with its group and block counts.
+func (rep *replica) statsNow() ReplicaStats {
 	st := rep.stats
 	st.Groups = len(rep.groups)
 	for _, x := range rep.groups {

@@ -2,6 +2,7 @@ package layout
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -103,23 +104,21 @@ const (
 	HND
 )
 
+// kvLayoutNames are FlashInfer's spellings, by KVLayout: String prints
+// them and ParseKVLayout reads them.
+var kvLayoutNames = [...]string{NHD: "NHD", HND: "HND"}
+
 func (l KVLayout) String() string {
-	switch l {
-	case NHD:
-		return "NHD"
-	case HND:
-		return "HND"
+	if int(l) < len(kvLayoutNames) {
+		return kvLayoutNames[l]
 	}
 	return fmt.Sprintf("KVLayout(%d)", uint8(l))
 }
 
 // ParseKVLayout accepts "NHD" and "HND" (FlashInfer's spelling).
 func ParseKVLayout(s string) (KVLayout, error) {
-	switch s {
-	case "NHD":
-		return NHD, nil
-	case "HND":
-		return HND, nil
+	if i := slices.Index(kvLayoutNames[:], s); i >= 0 {
+		return KVLayout(i), nil
 	}
 	return 0, fmt.Errorf("layout: unknown kv_layout %q (want \"NHD\" or \"HND\")", s)
 }

@@ -70,7 +70,7 @@ type seq struct {
 // concurrent use. The zero value is not usable; call [New]. A Table must not
 // be copied.
 type Table struct {
-	_        noCopy
+	_        invariants.NoCopy
 	pageSize int
 	alloc    *allocator.Allocator
 
@@ -88,11 +88,6 @@ type Table struct {
 	// last page is shared.
 	copiedAway map[allocator.PageID]int32
 }
-
-type noCopy struct{}
-
-func (*noCopy) Lock()   {}
-func (*noCopy) Unlock() {}
 
 // New returns an empty table.
 func New(cfg Config) (*Table, error) {

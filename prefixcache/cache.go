@@ -177,7 +177,7 @@ func (n *node) listed() bool { return n.state&(stCached|stIdle) == stCached|stId
 // Refs may be shared). The zero value is not usable; call [New]. A Cache must
 // not be copied.
 type Cache struct {
-	_        noCopy
+	_        invariants.NoCopy
 	pageSize int
 	refs     Refs
 	shadow   *evict.Shadow // the live miss-ratio curve (Config.ShadowRate), or nil
@@ -217,11 +217,6 @@ type Cache struct {
 	scratch  []PageID
 	one      [1]PageID
 }
-
-type noCopy struct{}
-
-func (*noCopy) Lock()   {}
-func (*noCopy) Unlock() {}
 
 // AllocBytes is the memory a Cache of cfg takes over its life for its
 // pages: a node, PageSize tokens and two index slots per page, and with

@@ -291,8 +291,27 @@ func mulFits(a, b, c int) (int, bool) {
 	return p, true
 }
 
-// checkPadded validates the arguments shared by RaggedToPadded and
-// PaddedToRagged and returns the padded and ragged element counts.
+// checkPaddedCopy validates the arguments of RaggedToPadded (toPadded)
+// and PaddedToRagged: the indptr, maxLen and width, and the lengths of src
+// and dst against the ragged and padded element counts.
+func checkPaddedCopy(indptr []int32, maxLen, width, srcLen, dstLen int, toPadded bool) error {
+	padded, ragged, err := checkPadded(indptr, maxLen, width)
+	if err != nil {
+		return err
+	}
+	wantSrc, wantDst := ragged, padded
+	if !toPadded {
+		wantSrc, wantDst = padded, ragged
+	}
+	if srcLen != wantSrc || dstLen != wantDst {
+		return fmt.Errorf("%w: src has %d elements, want %d; dst has %d, want %d",
+			ErrLengthMismatch, srcLen, wantSrc, dstLen, wantDst)
+	}
+	return nil
+}
+
+// checkPadded validates the indptr, maxLen and width of a padded copy and
+// returns the padded and ragged element counts.
 func checkPadded(indptr []int32, maxLen, width int) (padded, ragged int, err error) {
 	if err := CheckIndptr("indptr", indptr); err != nil {
 		return 0, 0, err
@@ -326,13 +345,8 @@ func checkPadded(indptr []int32, maxLen, width int) (padded, ragged int, err err
 // maxLen must be at least every request's length (see [MaxLength]). On error
 // dst is unchanged.
 func RaggedToPadded[T any](dst, src []T, indptr []int32, maxLen, width int, pad T) error {
-	paddedN, raggedN, err := checkPadded(indptr, maxLen, width)
-	if err != nil {
+	if err := checkPaddedCopy(indptr, maxLen, width, len(src), len(dst), true); err != nil {
 		return err
-	}
-	if len(src) != raggedN || len(dst) != paddedN {
-		return fmt.Errorf("%w: src has %d elements, want %d; dst has %d, want %d",
-			ErrLengthMismatch, len(src), raggedN, len(dst), paddedN)
 	}
 	rowLen := maxLen * width
 	for b := 0; b+1 < len(indptr); b++ {
@@ -351,13 +365,8 @@ func RaggedToPadded[T any](dst, src []T, indptr []int32, maxLen, width int, pad 
 // into the ragged tensor dst [indptr[B], width]. Padding slots are not read.
 // On error dst is unchanged.
 func PaddedToRagged[T any](dst, src []T, indptr []int32, maxLen, width int) error {
-	paddedN, raggedN, err := checkPadded(indptr, maxLen, width)
-	if err != nil {
+	if err := checkPaddedCopy(indptr, maxLen, width, len(src), len(dst), false); err != nil {
 		return err
-	}
-	if len(src) != paddedN || len(dst) != raggedN {
-		return fmt.Errorf("%w: src has %d elements, want %d; dst has %d, want %d",
-			ErrLengthMismatch, len(src), paddedN, len(dst), raggedN)
 	}
 	rowLen := maxLen * width
 	for b := 0; b+1 < len(indptr); b++ {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/bits"
+	"slices"
 )
 
 // BitOrder says which bit of a packed byte holds the first of its 8 booleans,
@@ -21,24 +22,22 @@ const (
 	BitOrderBig BitOrder = 2
 )
 
+// bitOrderNames are FlashInfer's spellings, by BitOrder (none for the
+// invalid 0): String prints them and ParseBitOrder reads them.
+var bitOrderNames = [...]string{BitOrderLittle: "little", BitOrderBig: "big"}
+
 // String returns "little" or "big", FlashInfer's spelling.
 func (o BitOrder) String() string {
-	switch o {
-	case BitOrderLittle:
-		return "little"
-	case BitOrderBig:
-		return "big"
+	if o != 0 && int(o) < len(bitOrderNames) {
+		return bitOrderNames[o]
 	}
 	return fmt.Sprintf("BitOrder(%d)", uint8(o))
 }
 
 // ParseBitOrder parses FlashInfer's bitorder argument, "little" or "big".
 func ParseBitOrder(s string) (BitOrder, error) {
-	switch s {
-	case "little":
-		return BitOrderLittle, nil
-	case "big":
-		return BitOrderBig, nil
+	if i := slices.Index(bitOrderNames[:], s); i > 0 {
+		return BitOrder(i), nil
 	}
 	return 0, fmt.Errorf("%w: %q, want \"little\" or \"big\"", ErrBitOrder, s)
 }

@@ -61,6 +61,14 @@ func (b *Backlog) Wait(ctx context.Context, idle func()) error {
 	return nil
 }
 
+// Queue counts j in b, then sends it on queue, in that order so that a
+// Flush never misses a queued page. The send never blocks: a write-behind
+// store makes at most cap(queue) jobs.
+func Queue[J any](b *Backlog, queue chan<- J, j J) {
+	b.Add(1)
+	queue <- j
+}
+
 // CloseQueue marks a write-behind store closed (closed, guarded by mu,
 // which its Store holds while queueing) and closes its queue, once: it
 // reports whether this call did, so that a second Close does nothing.

@@ -2,7 +2,8 @@ package main
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/pagedkv/pagedkv/kernels"
@@ -40,14 +41,7 @@ func init() {
 }
 
 // backendNames lists the registered backends, sorted.
-func backendNames() []string {
-	names := make([]string, 0, len(backends))
-	for n := range backends {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func backendNames() []string { return slices.Sorted(maps.Keys(backends)) }
 
 // builtBackendNames lists the backends compiled into this binary (no stubs),
 // sorted: the ones it can run, given the device a backend needs.

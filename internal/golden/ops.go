@@ -2,6 +2,7 @@ package golden
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -50,14 +51,7 @@ func register(name string, s *opSpec) {
 }
 
 // Ops lists the operations this package runs, sorted.
-func Ops() []string {
-	names := make([]string, 0, len(ops))
-	for n := range ops {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func Ops() []string { return slices.Sorted(maps.Keys(ops)) }
 
 // expectedTensors lists the in./out. names a case of op s must hold.
 func (s *opSpec) expectedTensors(p params) (inputs, outputs []string, err error) {

@@ -13,6 +13,9 @@
 // Because Enabled is a constant, the check and everything it calls is removed
 // by the compiler from ordinary builds.
 //
+// [NoCopy] marks a struct that must not be copied, for go vet's copylocks
+// check.
+//
 // # Invariants
 //
 // Exactly one of enabled.go and disabled.go is compiled, so Enabled always

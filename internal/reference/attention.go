@@ -25,22 +25,7 @@ func Float(dt layout.DType, data []byte, i int64) float64 {
 	case layout.F32:
 		return float64(math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:])))
 	case layout.F16:
-		h := binary.LittleEndian.Uint16(data[2*i:])
-		sign := 1.0
-		if h&0x8000 != 0 {
-			sign = -1
-		}
-		exp, mant := int(h>>10)&0x1f, float64(h&0x3ff)
-		switch exp {
-		case 0: // zero or subnormal: mant * 2^-24
-			return sign * math.Ldexp(mant, -24)
-		case 31:
-			if mant != 0 {
-				return math.NaN()
-			}
-			return math.Inf(int(sign))
-		}
-		return sign * math.Ldexp(1024+mant, exp-25)
+		return ieeeFloat(uint32(binary.LittleEndian.Uint16(data[2*i:])), 5, 10)
 	case layout.BF16:
 		// bf16 is the top half of a float32.
 		return float64(math.Float32frombits(uint32(binary.LittleEndian.Uint16(data[2*i:])) << 16))
@@ -59,24 +44,31 @@ func Float(dt layout.DType, data []byte, i int64) float64 {
 		}
 		return sign * math.Ldexp(8+mant, exp-10)
 	case layout.E5M2:
-		b := data[i]
-		sign := 1.0
-		if b&0x80 != 0 {
-			sign = -1
-		}
-		exp, mant := int(b>>2)&0x1f, float64(b&3)
-		switch exp {
-		case 0:
-			return sign * math.Ldexp(mant, -16)
-		case 31:
-			if mant != 0 {
-				return math.NaN()
-			}
-			return math.Inf(int(sign))
-		}
-		return sign * math.Ldexp(4+mant, exp-17)
+		return ieeeFloat(uint32(data[i]), 5, 2)
 	}
 	panic(fmt.Sprintf("reference: Float of dtype %v", dt))
+}
+
+// ieeeFloat decodes x, an IEEE 754 binary format of 1 sign bit, e exponent
+// bits (bias 2^(e-1)-1) and m mantissa bits, with infinities and NaN (f16:
+// e = 5, m = 10; e5m2: e = 5, m = 2).
+func ieeeFloat(x uint32, e, m int) float64 {
+	sign := 1.0
+	if x>>(e+m)&1 != 0 {
+		sign = -1
+	}
+	bias := 1<<(e-1) - 1
+	exp, mant := int(x>>m)&(1<<e-1), float64(x&(1<<m-1))
+	switch exp {
+	case 0: // zero or subnormal: mant * 2^(1-bias-m)
+		return sign * math.Ldexp(mant, 1-bias-m)
+	case 1<<e - 1:
+		if mant != 0 {
+			return math.NaN()
+		}
+		return math.Inf(int(sign))
+	}
+	return sign * math.Ldexp(float64(int(1)<<m)+mant, exp-bias-m)
 }
 
 // Floats decodes a whole buffer of n elements.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/internal/reference"
@@ -141,7 +142,7 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 	lo := firstKey(v.specs[s.group], pos)
 	n := pos + 1 - lo
 	kvh := s.head / (m.NumQOHeads / hkv)
-	v.flat = growF64(v.flat, 2*n*d)
+	v.flat = slices.Grow(v.flat[:0], 2*n*d)[:2*n*d]
 	v.keys, v.vals = v.keys[:0], v.vals[:0]
 	gs := 1.0 // the global scale: an NVFP4 cache holds K/V divided by it
 	if m.CacheDType() == layout.NVFP4 {
@@ -202,13 +203,6 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 		v.drafts++
 	}
 	return nil
-}
-
-func growF64(s []float64, n int) []float64 {
-	if cap(s) < n {
-		return make([]float64, n)
-	}
-	return s[:n]
 }
 
 // groupTag names group g's attention in messages of a hybrid model (" (sliding

@@ -292,14 +292,24 @@ func requireCacheEqual(t testing.TB, got, want *kernels.PagedKVCache, msg string
 	}
 }
 
+// ranAppendCase draws case c's fixture from seed and runs its append on b:
+// the fixture, the parameters the append ran with, and false when b does
+// not support c (logged).
+func ranAppendCase(t testing.TB, b kernels.Backend, c AppendCase, seed uint64) (f AppendFixture, p kernels.AppendParams, ok bool) {
+	t.Helper()
+	f = NewAppendFixture(rand.New(rand.NewPCG(seed, 0x9e3779b9)), c)
+	p = f.Params
+	ok = runAppend(t, b, c.String(), &p)
+	return f, p, ok
+}
+
 // CheckAppend runs one random append of case c (from seed) on b and checks
 // the whole cache against the reference, that every appended row reads back
 // through the page table, and that no other element changed.
 func CheckAppend(t testing.TB, b kernels.Backend, c AppendCase, seed uint64) {
 	t.Helper()
-	f := NewAppendFixture(rand.New(rand.NewPCG(seed, 0x9e3779b9)), c)
-	p := f.Params
-	if !runAppend(t, b, c.String(), &p) {
+	f, p, ok := ranAppendCase(t, b, c, seed)
+	if !ok {
 		return
 	}
 	requireCacheEqual(t, &p.Cache, &f.Want, fmt.Sprintf("%v seed %d", c, seed))
@@ -382,23 +392,27 @@ func AppendCases() []AppendCase {
 	return cs
 }
 
+// randomCases runs check on b for every case, with seeds 0, 1 and 2 (only
+// 0 with -short), one subtest a case.
+func randomCases[C fmt.Stringer](t *testing.T, b kernels.Backend, cases []C, check func(testing.TB, kernels.Backend, C, uint64)) {
+	seeds := 3
+	if testing.Short() {
+		seeds = 1
+	}
+	for _, c := range cases {
+		t.Run(c.String(), func(t *testing.T) {
+			for s := range seeds {
+				check(t, b, c, uint64(s))
+			}
+		})
+	}
+}
+
 // TestAppend is the conformance suite for AppendPagedKVCache.
 func TestAppend(t *testing.T, b kernels.Backend) {
 	t.Run("worked", func(t *testing.T) { testAppendWorked(t, b) })
 	t.Run("nan", func(t *testing.T) { testAppendNaN(t, b) })
-	t.Run("random", func(t *testing.T) {
-		seeds := 3
-		if testing.Short() {
-			seeds = 1
-		}
-		for _, c := range AppendCases() {
-			t.Run(c.String(), func(t *testing.T) {
-				for s := range seeds {
-					CheckAppend(t, b, c, uint64(s))
-				}
-			})
-		}
-	})
+	t.Run("random", func(t *testing.T) { randomCases(t, b, AppendCases(), CheckAppend) })
 	t.Run("layouts-agree", func(t *testing.T) { testAppendLayoutsAgree(t, b) })
 	t.Run("invalid-writes-nothing", func(t *testing.T) { testAppendInvalid(t, b) })
 	t.Run("empty", func(t *testing.T) {
@@ -525,19 +539,19 @@ func testAppendInvalid(t *testing.T, b kernels.Backend) {
 			}
 		}
 	}
-	{
+	fresh := func() (*kernels.AppendParams, func(t *testing.T, name string)) {
 		f := base()
 		p := f.Params
-		if !runAppend(t, b, "invalid-base", &p) {
-			return
+		p.BatchIndices, p.Positions = slices.Clone(p.BatchIndices), slices.Clone(p.Positions)
+		p.Table.KVIndptr, p.Table.KVPageIndices = slices.Clone(p.Table.KVIndptr), slices.Clone(p.Table.KVPageIndices)
+		p.Table.KVLastPageLen = slices.Clone(p.Table.KVLastPageLen)
+		return &p, func(t *testing.T, name string) {
+			// Compare the original buffers (a mutation may have resliced p.Cache).
+			requireCacheEqual(t, &f.Params.Cache, &f.Before, name+" (failed call)")
 		}
 	}
 	last := func(p *kernels.AppendParams) int { return len(p.BatchIndices) - 1 }
-	cases := []struct {
-		name string
-		want error
-		mut  func(p *kernels.AppendParams)
-	}{
+	runAppendInvalid(t, b, "invalid-base", fresh, b.AppendPagedKVCache, []appendBreak[kernels.AppendParams]{
 		{"position == seq_len", kernels.ErrIndexOutOfRange, func(p *kernels.AppendParams) {
 			i := last(p)
 			p.Positions[i] = int32(p.Table.SeqLen(int(p.BatchIndices[i]), 4))
@@ -579,20 +593,33 @@ func testAppendInvalid(t *testing.T, b kernels.Backend) {
 		{"cache buffer too short", kernels.ErrInvalidCache, func(p *kernels.AppendParams) { p.Cache.V = p.Cache.V[:len(p.Cache.V)-2] }},
 		{"split cache with Data set", kernels.ErrInvalidCache, func(p *kernels.AppendParams) { p.Cache.Data = []byte{} }},
 		{"page size 0", kernels.ErrInvalidCache, func(p *kernels.AppendParams) { p.Cache.Geometry.PageSize = 0 }},
+	})
+}
+
+// appendBreak is one broken input of an append: mut breaks valid
+// parameters, and the call must fail with want.
+type appendBreak[P any] struct {
+	name string
+	want error
+	mut  func(p *P)
+}
+
+// runAppendInvalid requires the parameters fresh makes to append (as
+// baseName; it returns when b does not support them), then runs every break
+// on fresh parameters: call must fail with its error and leave the cache as
+// it was (fresh's check).
+func runAppendInvalid[P any](t *testing.T, b kernels.Backend, baseName string, fresh func() (*P, func(t *testing.T, name string)), call func(*P) error, breaks []appendBreak[P]) {
+	if p, _ := fresh(); !ranAppend(t, b, baseName, call(p)) {
+		return
 	}
-	for _, tc := range cases {
+	for _, tc := range breaks {
 		t.Run(tc.name, func(t *testing.T) {
-			f := base()
-			p := f.Params
-			p.BatchIndices, p.Positions = slices.Clone(p.BatchIndices), slices.Clone(p.Positions)
-			p.Table.KVIndptr, p.Table.KVPageIndices = slices.Clone(p.Table.KVIndptr), slices.Clone(p.Table.KVPageIndices)
-			p.Table.KVLastPageLen = slices.Clone(p.Table.KVLastPageLen)
-			tc.mut(&p)
-			err := b.AppendPagedKVCache(&p)
+			p, unchanged := fresh()
+			tc.mut(p)
+			err := call(p)
 			require.ErrorIs(t, err, tc.want, "backend %s", b.Name())
 			t.Logf("%s: %v", tc.name, err)
-			// Compare the original buffers (a mutation may have resliced p.Cache).
-			requireCacheEqual(t, &f.Params.Cache, &f.Before, tc.name+" (failed call)")
+			unchanged(t, tc.name)
 		})
 	}
 }
@@ -755,19 +782,7 @@ func MLACases() []MLACase {
 
 // TestMLAAppend is the conformance suite for AppendPagedMLAKVCache.
 func TestMLAAppend(t *testing.T, b kernels.Backend) {
-	t.Run("random", func(t *testing.T) {
-		seeds := 3
-		if testing.Short() {
-			seeds = 1
-		}
-		for _, c := range MLACases() {
-			t.Run(c.String(), func(t *testing.T) {
-				for s := range seeds {
-					CheckMLAAppend(t, b, c, uint64(s))
-				}
-			})
-		}
-	})
+	t.Run("random", func(t *testing.T) { randomCases(t, b, MLACases(), CheckMLAAppend) })
 	t.Run("fused-split-agree", func(t *testing.T) {
 		for seed := range uint64(3) {
 			fused := NewMLAFixture(rand.New(rand.NewPCG(seed, 9)), MLACase{Form: layout.Fused, DType: layout.BF16, PageSize: 4, DCKV: 512, DKPE: 64, MaxBatch: 3, Shuffle: true})
@@ -824,19 +839,19 @@ func testMLAAppendInvalid(t *testing.T, b kernels.Backend) {
 			}
 		}
 	}
-	{
+	fresh := func() (*kernels.MLAAppendParams, func(t *testing.T, name string)) {
 		f := base()
 		p := f.Params
-		if !runMLAAppend(t, b, "invalid-base", &p) {
-			return
+		p.BatchIndices, p.Positions = slices.Clone(p.BatchIndices), slices.Clone(p.Positions)
+		p.KVIndptr, p.KVPageIndices, p.KVLastPageLen = slices.Clone(p.KVIndptr), slices.Clone(p.KVPageIndices), slices.Clone(p.KVLastPageLen)
+		return &p, func(t *testing.T, name string) {
+			if d := MLADiff(&f.Params.Cache, &f.Before); d != "" {
+				t.Fatalf("%s: failed call changed the cache:\n%s", name, d)
+			}
 		}
 	}
 	last := func(p *kernels.MLAAppendParams) int { return len(p.BatchIndices) - 1 }
-	cases := []struct {
-		name string
-		want error
-		mut  func(p *kernels.MLAAppendParams)
-	}{
+	runAppendInvalid(t, b, "MLA append invalid-base", fresh, b.AppendPagedMLAKVCache, []appendBreak[kernels.MLAAppendParams]{
 		{"position == seq_len", kernels.ErrIndexOutOfRange, func(p *kernels.MLAAppendParams) {
 			i := last(p)
 			tbl := kernels.PageTable{KVIndptr: p.KVIndptr, KVPageIndices: p.KVPageIndices, KVLastPageLen: p.KVLastPageLen}
@@ -860,20 +875,5 @@ func testMLAAppendInvalid(t *testing.T, b kernels.Backend) {
 		{"positions too long", kernels.ErrInvalidTensor, func(p *kernels.MLAAppendParams) { p.Positions = append(p.Positions, 0) }},
 		{"fused cache too short", kernels.ErrInvalidCache, func(p *kernels.MLAAppendParams) { p.Cache.Data = p.Cache.Data[:len(p.Cache.Data)-1] }},
 		{"fused cache with split buffers", kernels.ErrInvalidCache, func(p *kernels.MLAAppendParams) { p.Cache.KPE = []byte{} }},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			f := base()
-			p := f.Params
-			p.BatchIndices, p.Positions = slices.Clone(p.BatchIndices), slices.Clone(p.Positions)
-			p.KVIndptr, p.KVPageIndices, p.KVLastPageLen = slices.Clone(p.KVIndptr), slices.Clone(p.KVPageIndices), slices.Clone(p.KVLastPageLen)
-			tc.mut(&p)
-			err := b.AppendPagedMLAKVCache(&p)
-			require.ErrorIs(t, err, tc.want, "backend %s", b.Name())
-			t.Logf("%s: %v", tc.name, err)
-			if d := MLADiff(&f.Params.Cache, &f.Before); d != "" {
-				t.Fatalf("%s: failed call changed the cache:\n%s", tc.name, d)
-			}
-		})
-	}
+	})
 }

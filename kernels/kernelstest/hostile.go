@@ -156,18 +156,25 @@ func newPagedCache(g layout.Paged) (*pagedCache, error) {
 }
 
 func (pc *pagedCache) check(what string, wk, wv []bool) error {
-	if pc.c.Geometry.Form == layout.Fused {
-		if wk != nil && wv != nil {
-			for i := range wk {
-				wk[i] = wk[i] || wv[i]
+	return checkPair(what, pc.c.Geometry.Form == layout.Fused, pc.k, pc.v, wk, wv, "k cache", "v cache", "fused cache")
+}
+
+// checkPair checks a cache's two guarded buffers a and b (one buffer, a ==
+// b, when fused): wa and wb mark the bytes a call may have written (nil:
+// none). aName, bName and fusedName name the buffers in messages.
+func checkPair(what string, fused bool, a, b *guarded, wa, wb []bool, aName, bName, fusedName string) error {
+	if fused {
+		if wa != nil && wb != nil {
+			for i := range wa {
+				wa[i] = wa[i] || wb[i]
 			}
 		}
-		return pc.k.check(what+": fused cache", wk)
+		return a.check(what+": "+fusedName, wa)
 	}
-	if err := pc.k.check(what+": k cache", wk); err != nil {
+	if err := a.check(what+": "+aName, wa); err != nil {
 		return err
 	}
-	return pc.v.check(what+": v cache", wv)
+	return b.check(what+": "+bName, wb)
 }
 
 func randomRows(dt layout.DType, seed byte, shape ...int) kernels.Tensor {
@@ -205,6 +212,21 @@ func newOutputs(dt layout.DType, rows, heads, d int) outputs {
 	out.lsev = all[guardF : guardF+n : guardF+n]
 	out.lseAllF = all
 	return out
+}
+
+// after checks an attention call that wrote out and read cache: the cache
+// untouched, o and lse written only where the call succeeded. what names
+// the call in messages, with callErr when it failed.
+func (out *outputs) after(what string, callErr error, cache interface {
+	check(what string, wk, wv []bool) error
+}) error {
+	if callErr != nil {
+		what = fmt.Sprintf("%s failed (%v)", what, callErr)
+	}
+	if err := cache.check(what, nil, nil); err != nil {
+		return err
+	}
+	return out.check(what, callErr != nil)
 }
 
 func (out *outputs) check(what string, failed bool) error {
@@ -316,15 +338,7 @@ func rawDecode(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 		AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1},
 		O:               out.ot, LSE: out.lsev,
 	}
-	callErr := b.BatchDecode(&p)
-	what := "decode"
-	if callErr != nil {
-		what = fmt.Sprintf("decode failed (%v)", callErr)
-	}
-	if err := pc.check(what, nil, nil); err != nil {
-		return err
-	}
-	return out.check(what, callErr != nil)
+	return out.after("decode", b.BatchDecode(&p), pc)
 }
 
 func rawPrefill(b kernels.Backend, g RawGeometry, ix RawIndices) error {
@@ -345,15 +359,7 @@ func rawPrefill(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 		AttentionParams: kernels.AttentionParams{NumQOHeads: hq, WindowLeft: -1},
 		O:               out.ot, LSE: out.lsev,
 	}
-	callErr := b.BatchPrefill(&p)
-	what := "prefill"
-	if callErr != nil {
-		what = fmt.Sprintf("prefill failed (%v)", callErr)
-	}
-	if err := pc.check(what, nil, nil); err != nil {
-		return err
-	}
-	return out.check(what, callErr != nil)
+	return out.after("prefill", b.BatchPrefill(&p), pc)
 }
 
 // mlaCache is a canary-filled MLA cache with guarded buffers.
@@ -380,18 +386,7 @@ func newMLACacheG(g layout.MLA) (*mlaCacheG, error) {
 }
 
 func (mc *mlaCacheG) check(what string, wc, wk []bool) error {
-	if mc.c.Geometry.Form == layout.Fused {
-		if wc != nil {
-			for i := range wc {
-				wc[i] = wc[i] || wk[i]
-			}
-		}
-		return mc.ckv.check(what+": fused mla cache", wc)
-	}
-	if err := mc.ckv.check(what+": ckv", wc); err != nil {
-		return err
-	}
-	return mc.kpe.check(what+": kpe", wk)
+	return checkPair(what, mc.c.Geometry.Form == layout.Fused, mc.ckv, mc.kpe, wc, wk, "ckv", "kpe", "fused mla cache")
 }
 
 func rawMLADecode(b kernels.Backend, g RawGeometry, ix RawIndices) error {
@@ -406,15 +401,7 @@ func rawMLADecode(b kernels.Backend, g RawGeometry, ix RawIndices) error {
 		Cache: mc.c, KVIndptr: ix.KVIndptr, KVPageIndices: ix.KVPageIndices, KVLen: ix.KVLen,
 		NumHeads: h, SMScale: 0.5, O: out.ot, LSE: out.lsev,
 	}
-	callErr := b.MLADecode(&p)
-	what := "mla decode"
-	if callErr != nil {
-		what = fmt.Sprintf("mla decode failed (%v)", callErr)
-	}
-	if err := mc.check(what, nil, nil); err != nil {
-		return err
-	}
-	return out.check(what, callErr != nil)
+	return out.after("mla decode", b.MLADecode(&p), mc)
 }
 
 func rawMLAAppend(b kernels.Backend, g RawGeometry, ix RawIndices) error {

@@ -84,9 +84,8 @@ func nvfp4AppendCases() []AppendCase {
 // any other byte changed fails too).
 func CheckAppendNVFP4(t testing.TB, b kernels.Backend, c AppendCase, seed uint64) {
 	t.Helper()
-	f := NewAppendFixture(rand.New(rand.NewPCG(seed, 0x9e3779b9)), c)
-	p := f.Params
-	if !runAppend(t, b, c.String(), &p) {
+	f, p, ok := ranAppendCase(t, b, c, seed)
+	if !ok {
 		return
 	}
 	got, want := &p.Cache, &f.Want

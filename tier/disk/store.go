@@ -751,8 +751,7 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 		return true
 	}
 	s.pending[p.Digest] = struct{}{}
-	s.backlog.Add(1)
-	s.queue <- j // never blocks: at most QueueLen jobs exist
+	tier.Queue(&s.backlog, s.queue, j) // never blocks: at most QueueLen jobs exist
 	s.mu.Unlock()
 	return true
 }

@@ -336,8 +336,7 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 		s.dropped.Add(1)
 		return false
 	}
-	s.backlog.Add(1)
-	s.queue <- j // never blocks: at most QueueLen jobs exist
+	tier.Queue(&s.backlog, s.queue, j) // never blocks: at most QueueLen jobs exist
 	s.mu.Unlock()
 	return true
 }
