@@ -145,11 +145,11 @@ func (c *core) countWrites() {
 // of KeptCacheUsages slots with an index by ID, made at the first release
 // (so that releasing and admitting requests allocates nothing after).
 type keptUsages struct {
-	ids     []RequestID
-	usage   []CacheUsage
-	live    []bool
-	next    int
-	index   map[RequestID]int32
+	ids   []RequestID
+	usage []CacheUsage
+	live  []bool
+	next  int
+	index map[RequestID]int32
 }
 
 // put keeps u as released request id's usage, forgetting the oldest kept
