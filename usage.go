@@ -4,8 +4,8 @@ import "github.com/pagedkv/pagedkv/tier"
 
 // Per-request cache reads and writes, as a provider bills them (Anthropic's
 // usage reports cache_read_input_tokens and cache_creation_input_tokens;
-// vLLM issue #44775 asks for the same per request). docs/manager.md, "Cache
-// reads and writes", states the rules; in short:
+// vLLM issue #44775 asks for the same per request). docs/cache-usage.md
+// states the rules; in short:
 //
 //   - A read is a token of the prefix an admission (Add or Resume)
 //     resumed the request from: its matchedTokens, every admission

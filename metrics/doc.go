@@ -24,7 +24,7 @@
 //	pagedkv_cache_usage_dropped_total         counter  released requests' usage forgotten unread
 //
 // The cache_read and cache_write counters are the sum of every request's
-// Manager.CacheUsage (docs/manager.md, "Cache reads and writes"): what a
+// Manager.CacheUsage (docs/cache-usage.md): what a
 // provider bills as cache reads (Anthropic's cache_read_input_tokens) and
 // cache writes (cache_creation_input_tokens).
 //

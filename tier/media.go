@@ -4,7 +4,7 @@ import "context"
 
 // A store says where the pages it serves come from, so that a Manager can
 // account each page a request reads by the medium that served it (the
-// per-request cache reads of docs/tiers.md, "Cache reads and writes").
+// per-request cache reads of docs/cache-usage.md).
 
 // MediumStore is implemented by a [RemoteStore] that names the medium it
 // serves from: the disk store says [Disk], the Redis store [Remote]. A
