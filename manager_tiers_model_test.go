@@ -269,7 +269,9 @@ func TestTiersMatchModel(t *testing.T) {
 // byte picks the pool sizes, evict-ahead and write-through, the rest are
 // the operations' random draws (which ops, which requests, which copies
 // complete, arbitrary copy IDs), read by hybrid_test.go's byteSource. Audit and the fake-K/V check run after
-// every operation; the run must drain without a leak in any tier.
+// every operation, and every admission's cache reads are checked against
+// what the tiers held before it (usage_tiers_test.go); the run must drain
+// without a leak in any tier.
 func FuzzTiers(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 	f.Add(make([]byte, 64))
@@ -280,7 +282,7 @@ func FuzzTiers(f *testing.F) {
 		}
 		h := data[0]
 		runTierModel(t, tierModelConfig{ops: len(data) / 4, numPages: 8 + int(h%4)*4, hostPages: 4 + int(h>>2%4)*4,
-			ahead: int(h >> 4 % 3), writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}})
+			ahead: int(h >> 4 % 3), writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}, usage: checkUsage(t, nil)})
 	})
 }
 

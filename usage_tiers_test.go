@@ -164,22 +164,9 @@ func TestCacheUsageReadsMatchTiers(t *testing.T) {
 		default:
 			remote, stores = redis, []*memStore{redis}
 		}
-		var o *usageOracle
 		released := map[RequestID]CacheUsage{}
 		m := runTierModel(t, tierModelConfig{seed: seed, ops: 600, numPages: 12 + int(seed%3)*4, hostPages: 6 + int(seed%4)*2,
-			remote: remote, usage: func(m *Manager) usageHooks {
-				o = &usageOracle{m: m, stores: stores}
-				return usageHooks{
-					admit: func(id RequestID, ns Namespace, tokens []int32, noCache bool, do func() (int, error)) {
-						o.admit(t, id, ns, tokens, noCache, do)
-					},
-					released: func(id RequestID) {
-						u, ok := m.CacheUsage(id)
-						require.True(t, ok, "request %d: usage not kept after release", id)
-						released[id] = u
-					},
-				}
-			}})
+			remote: remote, usage: checkUsage(t, stores, released)})
 		st := m.Stats()
 		var sum CacheUsage
 		for _, u := range released {
@@ -214,4 +201,27 @@ func TestCacheUsageReadsMatchTiers(t *testing.T) {
 type usageHooks struct {
 	admit    func(id RequestID, ns Namespace, tokens []int32, noCache bool, do func() (int, error))
 	released func(id RequestID)
+}
+
+// checkUsage returns runTierModel's usage hooks: every admission's reads
+// checked against the usageOracle over stores (nearest first), and every
+// released request's usage read once into released (if not nil).
+func checkUsage(t *testing.T, stores []*memStore, released ...map[RequestID]CacheUsage) func(m *Manager) usageHooks {
+	return func(m *Manager) usageHooks {
+		o := &usageOracle{m: m, stores: stores}
+		return usageHooks{
+			admit: func(id RequestID, ns Namespace, tokens []int32, noCache bool, do func() (int, error)) {
+				o.admit(t, id, ns, tokens, noCache, do)
+			},
+			released: func(id RequestID) {
+				u, ok := m.CacheUsage(id)
+				require.True(t, ok, "request %d: usage not kept after release", id)
+				_, again := m.CacheUsage(id)
+				require.False(t, again, "request %d: usage read twice after release", id)
+				for _, r := range released {
+					r[id] = u
+				}
+			},
+		}
+	}
 }
