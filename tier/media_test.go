@@ -17,13 +17,7 @@ func (diskLike) Medium() Medium { return Disk }
 // stores'; and FetchMedia on a plain store names it for every page.
 func TestFetchMediaNamesTheServingStore(t *testing.T) {
 	disk, redis := diskLike{&mapStore{pages: map[Digest][]byte{}}}, &mapStore{pages: map[Digest][]byte{}}
-	var pages []RemotePage
-	d := NamespaceRoot("", "", "")
-	for i := range 5 {
-		nd := Next(nil, d, []int32{int32(i)})
-		pages = append(pages, RemotePage{Digest: nd, Parent: d, Tokens: []int32{int32(i)}, Data: []byte{byte(i)}})
-		d = nd
-	}
+	pages := chainOf(5)
 	for i := range 2 {
 		disk.Store(&pages[i])
 	}
