@@ -7,6 +7,7 @@ import (
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // core is the protocol that drives the layer groups sharing one page pool,
@@ -59,6 +60,11 @@ type core struct {
 	// bound are the engine's step buffers (stepbuffers.go); nil: plans
 	// are the groups' own buffers.
 	bound *stepBuffers
+
+	// media is the admission's scratch of the medium each page is read
+	// from (usage.go); kept are released requests' CacheUsage until read.
+	media []tier.Medium
+	kept  keptUsages
 }
 
 // admission is one group's part of an admission.
@@ -67,6 +73,7 @@ type admission struct {
 	last     prefixcache.Handle // the cache position of the last one
 	hits     []HostPageID       // host pages (acquired) continuing the match
 	hostHits int                // of hits, found in the host tier (the rest came from the remote store)
+	fetched  []tier.Medium      // per hit after hostHits: the medium that served its fetch
 }
 
 func newCore(groups []*group, alloc *allocator.Allocator, t *tiers) *core {
@@ -95,6 +102,7 @@ func (c *core) add(id RequestID, req Request) (matchedTokens int, err error) {
 		m.added(recs[g], req, matched)
 	}
 	c.link(id)
+	c.kept.forget(id) // the ID names a new request now
 	return matched, nil
 }
 
@@ -134,8 +142,15 @@ func (c *core) fork(parent, child RequestID) error {
 	return nil
 }
 
-// release ends request id in every group.
+// release ends request id in every group, keeping its CacheUsage until
+// read (usage.go).
 func (c *core) release(id RequestID) error {
+	lead := c.groups[0]
+	if r, ok := lead.reqs[id]; ok && !lead.pending {
+		if c.kept.put(id, r.usage) {
+			lead.counters.usageDropped++
+		}
+	}
 	return c.each(func(m *group) error { return m.release(id) })
 }
 
@@ -335,6 +350,7 @@ func (c *core) commit(accepted, sampled []int32) error {
 	for _, m := range c.groups {
 		m.commit(accepted, sampled)
 	}
+	c.countWrites()
 	if c.tiers != nil {
 		// A later group's commit may plan tier copies (write-through)
 		// after the groups before it published their Stats: publish again.
@@ -384,7 +400,7 @@ func (c *core) admit(rs []*request) int {
 	L := maxPages
 	for g, m := range c.groups {
 		r, a := rs[g], &c.adm[g]
-		a.pages, a.last, a.hits, a.hostHits = a.pages[:0], prefixcache.Handle{}, a.hits[:0], 0
+		a.pages, a.last, a.hits, a.hostHits, a.fetched = a.pages[:0], prefixcache.Handle{}, a.hits[:0], 0, a.fetched[:0]
 		if use {
 			a.pages, a.last = m.cache.Match(a.pages, r.key, r.tokens, maxPages)
 		}
@@ -412,8 +428,10 @@ func (c *core) admit(rs []*request) int {
 				m.tierChainStart(r, a.pages)
 			}
 		}
+		c.noteSources(g, a, L)
 		m.admitPages(r, a, L-len(a.pages))
 	}
+	c.countReads(r0)
 	return L * ps
 }
 

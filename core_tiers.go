@@ -108,7 +108,7 @@ func (c *core) tierExtend(rs []*request, maxPages int) int {
 		a := &c.adm[g]
 		if k := len(a.pages); k < maxPages {
 			if want := min(maxPages-k, room); want > 0 {
-				a.hits, a.hostHits = m.tierProbe(rs[g], a.pages, want, a.hits[:0])
+				a.hits, a.hostHits, a.fetched = m.tierProbe(rs[g], a.pages, want, a.hits[:0], a.fetched[:0])
 			}
 		}
 		L = min(L, len(a.pages)+len(a.hits))

@@ -47,6 +47,15 @@ type request struct {
 	// Resume must serve from the cache or recompute.
 	lostTokens int
 
+	// Cache accounting (usage.go): readEnd is the pages the last
+	// admission read (device matches and onloads; Truncate lowers it):
+	// publishing one of them is no write. wrote is the tokens of pages
+	// this group's record added to its cache past readEnd; usage (group
+	// 0's record) the request's reads and writes.
+	readEnd int
+	wrote   int64
+	usage   CacheUsage
+
 	mark uint64 // Reserve's duplicate check: == group.epoch while in the batch
 
 	// sibling is the same request's record in the core's next group (nil
@@ -319,6 +328,7 @@ func (m *group) admitPages(r *request, a *admission, n int) {
 	r.running = true
 	r.computed, r.start, r.lastMaybeShared = len(pages)*ps, 0, false
 	r.chain, r.cachedPages, r.chainCut = a.last, cached, false
+	r.readEnd = len(pages)
 	if r.loading == 0 {
 		// A loading request releases its window once its onloads are
 		// complete and published (loaded).
@@ -425,6 +435,7 @@ func (m *group) fork(parent, child RequestID) error {
 	}
 	c := *p
 	c.id, c.mark, c.sibling = child, 0, nil
+	c.wrote, c.usage = 0, CacheUsage{} // the child read and wrote nothing yet
 	if p.computed%m.pageSize != 0 {
 		p.lastMaybeShared, c.lastMaybeShared = true, true
 	}

@@ -179,6 +179,7 @@ func (m *group) truncate(id RequestID, n int) error {
 			r.lastMaybeShared = true
 		}
 		r.computed = n
+		r.readEnd = min(r.readEnd, n/ps) // recomputed past n: a write again
 		for !r.noCache && !r.chainCut && r.cachedPages > n/ps {
 			_, parent, live := m.cache.Entry(r.chain)
 			if !live {

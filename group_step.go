@@ -418,6 +418,9 @@ func (m *group) publish(r *request) {
 		if m.tiers != nil {
 			m.tierPublished(r, pages[d-first], r.tokens[d*ps:(d+1)*ps], added)
 		}
+		if added && d >= r.readEnd {
+			r.wrote += int64(ps)
+		}
 		r.chain = h
 		r.cachedPages++
 	}

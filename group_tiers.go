@@ -98,8 +98,9 @@ type loadedReq struct {
 // r.tchain) with up to want pages of the host tier and then of the remote
 // store (fetched into host pages), appending each to hits as a host page
 // it holds as a reader. It returns hits and how many of them the host tier
-// held before the fetch.
-func (m *group) tierProbe(r *request, pages []PageID, want int, hits []HostPageID) ([]HostPageID, int) {
+// held before the fetch, and appends to fetched the medium that served
+// each fetched one (tier.FetchMedia: disk or remote), in order.
+func (m *group) tierProbe(r *request, pages []PageID, want int, hits []HostPageID, fetched []tier.Medium) ([]HostPageID, int, []tier.Medium) {
 	t, ps := m.tiers, m.pageSize
 	k := len(pages)
 	d, first := r.tchain, r.tfirst
@@ -151,9 +152,11 @@ func (m *group) tierProbe(r *request, pages []PageID, want int, hits []HostPageI
 		}
 		if len(t.claims) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), t.deadline)
-			got := t.remote.Fetch(ctx, t.fetch)
+			t.media = append(t.media[:0], make([]tier.Medium, len(t.fetch))...)
+			got := tier.FetchMedia(ctx, t.remote, t.fetch, t.media)
 			cancel()
 			got = max(0, min(got, len(t.claims)))
+			fetched = append(fetched, t.media[:got]...)
 			for i, h := range t.claims {
 				var err error
 				if i < got {
@@ -173,7 +176,7 @@ func (m *group) tierProbe(r *request, pages []PageID, want int, hits []HostPageI
 			clear(t.fetch) // drop references to host memory
 		}
 	}
-	return hits, hostHits
+	return hits, hostHits, fetched
 }
 
 // tierOnload plans the onload of host pages hits (held as readers; the

@@ -136,6 +136,9 @@ func (x *hybridModelHarness) pick(running bool) (RequestID, bool) {
 
 func (x *hybridModelHarness) release(id RequestID) {
 	x.same("release", x.hh.h.Release(id), x.model.Release(uint64(id)))
+	if !x.hh.h.Has(id) {
+		x.checkUsage(id) // kept after Release until read
+	}
 	x.hh.ids = slices.DeleteFunc(x.hh.ids, func(y RequestID) bool { return y == id })
 }
 
@@ -270,12 +273,28 @@ func (x *hybridModelHarness) step() {
 	x.same("commit", h.CommitSpec(accepted, sampled), m.CommitSpec(accepted, sampled))
 }
 
+// checkUsage compares request id's CacheUsage with the model's: reads of
+// the prefix every group serves (from the device: no tiers here), writes
+// of the group that wrote the most.
+func (x *hybridModelHarness) checkUsage(id RequestID) {
+	x.t.Helper()
+	u, ok := x.hh.h.CacheUsage(id)
+	read, write, mok := x.model.Usage(uint64(id))
+	if want := (CacheUsage{DeviceReadTokens: read, WriteTokens: write}); ok != mok || u != want {
+		require.Failf(x.t, "cache usage differs", "request %d: %+v (%v), model %+v (%v)", id, u, ok, want, mok)
+	}
+}
+
 func (x *hybridModelHarness) compare(op int) {
 	t, h, m := x.t, x.hh.h, x.model
 	x.hh.check(op) // Audit, keep rule, every group's fake K/V
 	s := h.Stats()
 	ms := m.Group(0).Stats()
+	for _, id := range x.hh.ids {
+		x.checkUsage(id)
+	}
 	pool := [][2]int64{{s.PromptHitTokens, ms.PromptHitTokens}, {s.ComputedTokens, ms.ComputedTokens}, {s.Steps, ms.Steps},
+		{s.CacheUsage.ReadTokens(), ms.CacheReadTokens},
 		{s.DraftTokens, ms.DraftTokens}, {s.AcceptedDraftTokens, ms.AcceptedDraftTokens}, {s.Preemptions, ms.Preemptions},
 		{s.ResumeHitTokens, ms.ResumeHitTokens}}
 	for i, c := range pool {

@@ -23,6 +23,13 @@ import (
 // group's pages: the host tier still holds the sliding group's pages of
 // the same tokens, but they are not the full group's (another digest
 // chain), so the full group serves nothing and neither does the hit.
+//
+// Cache usage (docs/cache-usage.md): request 1 writes its 3 pages (12
+// tokens, each group wrote them); request 2 reads 12 tokens, from the
+// host tier (the farthest medium any group read them from: the full
+// group's device copy is not what the request waited for), and writes
+// nothing (publishing the onloaded pages is no write); request 3 reads
+// nothing.
 func TestScenarioHybridTierHit(t *testing.T) {
 	groups := hybridConfigs()["gpt-oss-like"] // sliding 6, full
 	x := newHTHarness(t, groups, htConfig{hostPages: 16})
@@ -88,6 +95,12 @@ func TestScenarioHybridTierHit(t *testing.T) {
 	x.check(2, "a step after the onloads")
 	require.NoError(t, h.Release(2))
 	m.release(2)
+	u1, ok1 := h.CacheUsage(1)
+	u2, ok2 := h.CacheUsage(2)
+	require.True(t, ok1 && ok2, "released usage kept until read")
+	require.Equal(t, CacheUsage{WriteTokens: 12}, u1)
+	require.Equal(t, CacheUsage{HostReadTokens: 12}, u2)
+	require.Equal(t, CacheUsage{HostReadTokens: 12, WriteTokens: 12}, h.Stats().CacheUsage)
 
 	// Empty both device caches, dropping what the host tier lacks: the
 	// full group's pages (the sliding group's are on host pages already).
@@ -101,6 +114,9 @@ func TestScenarioHybridTierHit(t *testing.T) {
 	require.Empty(t, h.TierCopies(nil))
 	m.add(t, 3, Namespace{}, prompt, hit)
 	x.check(3, "a miss")
+	u3, ok3 := h.CacheUsage(3)
+	require.True(t, ok3)
+	require.Equal(t, CacheUsage{}, u3)
 	x.drain()
 }
 

@@ -29,6 +29,9 @@ type KVManager interface {
 	Running(id RequestID) bool
 	Computed(id RequestID) int
 	Tokens(id RequestID) []int32
+	// CacheUsage returns request id's cache reads and writes, kept after
+	// Release until read ([Manager.CacheUsage]).
+	CacheUsage(id RequestID) (u CacheUsage, ok bool)
 	// GroupPages returns the pages request id holds in group g and the
 	// first token they hold ([Manager.Pages] for g == 0 of a Manager).
 	GroupPages(g int, id RequestID) (pages []PageID, start int)

@@ -44,6 +44,24 @@ type mgrHarness struct {
 	ids    []RequestID // live requests, in creation order
 	nextID RequestID
 	pins   [][2]uint64 // real PinID, model pin
+	unread []RequestID // released requests whose CacheUsage is still to read
+}
+
+// checkUsage compares request id's CacheUsage (live, or released and
+// kept until this read) with the model's: all reads come from the device
+// (no tiers here). A released request's is gone once read.
+func (h *mgrHarness) checkUsage(id RequestID) {
+	h.t.Helper()
+	u, ok := h.m.CacheUsage(id)
+	read, write, mok := h.ref.Usage(uint64(id))
+	want := CacheUsage{DeviceReadTokens: read, WriteTokens: write}
+	if ok != mok || u != want {
+		require.Failf(h.t, "cache usage differs", "request %d: %+v (%v), model %+v (%v)", id, u, ok, want, mok)
+	}
+	if !h.m.Has(id) {
+		_, again := h.m.CacheUsage(id)
+		require.False(h.t, again, "request %d: its usage was read twice after release", id)
+	}
 }
 
 type mgrHarnessConfig struct {
@@ -191,7 +209,15 @@ func (h *mgrHarness) step(op, a, b, c, d byte) {
 	case mopRelease:
 		if id, ok := h.pick(a, func(RequestID) bool { return true }); ok {
 			h.same("release", h.m.Release(id), h.ref.Release(uint64(id)))
+			if h.m.Has(id) {
+				break // refused (a step is pending)
+			}
 			h.forget(id)
+			if b%2 == 0 {
+				h.checkUsage(id) // read at once; else after the next operation
+			} else {
+				h.unread = append(h.unread, id)
+			}
 		}
 	case mopPreempt:
 		if id, ok := h.pick(a, running); ok {
@@ -365,11 +391,19 @@ func (h *mgrHarness) verify(step int) {
 		DuplicatePages: s.DuplicatePages, EvictedPages: s.EvictedPages, EvictionFreedPages: s.EvictionFreedPages,
 		InnerVictims: s.InnerVictims, WindowReleasedPages: s.WindowReleasedPages, ChainsCut: s.ChainsCut,
 		DraftTokens: s.DraftTokens, AcceptedDraftTokens: s.AcceptedDraftTokens,
+		CacheReadTokens: s.CacheUsage.ReadTokens(), CacheWriteTokens: s.CacheUsage.WriteTokens,
 	}
 	if got != ms {
 		require.Equal(h.t, ms, got, "stats after step %d", step)
 	}
 	require.Equal(h.t, len(h.ref.RequestIDs()), len(h.ids))
+	for _, id := range h.unread {
+		h.checkUsage(id)
+	}
+	h.unread = h.unread[:0]
+	for _, id := range h.ids {
+		h.checkUsage(id)
+	}
 	m2r, r2m := map[int32]PageID{}, map[PageID]int32{}
 	for _, id := range h.ids {
 		r := h.ref.Request(uint64(id))

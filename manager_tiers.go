@@ -194,6 +194,7 @@ type tiers struct {
 	digests []tier.Digest
 	claims  []HostPageID
 	fetch   []tier.RemotePage
+	media   []tier.Medium // per fetch page: the medium that served it (tier.FetchMedia)
 	dev     []PageID
 	buf     []byte
 	one     [1]PageID

@@ -30,6 +30,10 @@ type tierModelConfig struct {
 	src          rand.Source // the operations' randomness; nil: PCG(seed)
 	// hook, if set, runs before each operation (to kill a server, say).
 	hook func(op int)
+	// usage, if set, returns hooks that check cache accounting around
+	// admissions and releases (usage_tiers_test.go); the workload then
+	// releases every request at the end.
+	usage func(m *Manager) usageHooks
 	// events attaches a KV-event Recorder: after every operation its batch
 	// is encoded in vLLM's format, decoded with internal/vllmwire and
 	// applied to a set that must equal the Manager's cached hashes (offloads,
@@ -70,6 +74,10 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 	m, err := New(cfg)
 	require.NoError(t, err)
 	e := newTierEngine(t, m)
+	var hooks usageHooks
+	if c.usage != nil {
+		hooks = c.usage(m)
+	}
 	checkEvents := func(op int, what string) {
 		if rec == nil {
 			return
@@ -136,8 +144,13 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 		case k < 3:
 			what = "add"
 			ns := spaces[rng.IntN(len(spaces))]
-			_, err := e.add(next, Request{Namespace: ns, Prompt: promptOf(rng.IntN(8), 1+rng.IntN(24))})
-			require.NoError(t, err)
+			req := Request{Namespace: ns, Prompt: promptOf(rng.IntN(8), 1+rng.IntN(24))}
+			if hooks.admit != nil {
+				hooks.admit(next, ns, req.Prompt, false, func() (int, error) { return e.add(next, req) })
+			} else {
+				_, err := e.add(next, req)
+				require.NoError(t, err)
+			}
 			next++
 		case k < 10:
 			what = "step"
@@ -163,6 +176,9 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 			if id, ok := pick(func(RequestID) bool { return true }); ok {
 				require.NoError(t, m.Release(id))
 				delete(e.ns, id)
+				if hooks.released != nil {
+					hooks.released(id)
+				}
 			}
 		case k < 13:
 			what = "preempt"
@@ -172,8 +188,12 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 		case k < 14:
 			what = "resume"
 			if id, ok := pick(func(id RequestID) bool { return !m.Running(id) }); ok {
-				_, err := m.Resume(id)
-				require.NoError(t, err)
+				if hooks.admit != nil {
+					hooks.admit(id, e.ns[id], m.Tokens(id), false, func() (int, error) { return m.Resume(id) })
+				} else {
+					_, err := m.Resume(id)
+					require.NoError(t, err)
+				}
 			}
 		case k < 15:
 			what = "evict"
@@ -216,6 +236,14 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 		e.check(what)
 		checkEvents(op, what)
 	}
+	if hooks.released != nil {
+		for id := range e.ns {
+			if m.Has(id) {
+				require.NoError(t, m.Release(id))
+				hooks.released(id)
+			}
+		}
+	}
 	e.drain()
 	checkEvents(c.ops, "drain")
 	if rec != nil {
@@ -241,7 +269,9 @@ func TestTiersMatchModel(t *testing.T) {
 // byte picks the pool sizes, evict-ahead and write-through, the rest are
 // the operations' random draws (which ops, which requests, which copies
 // complete, arbitrary copy IDs), read by hybrid_test.go's byteSource. Audit and the fake-K/V check run after
-// every operation; the run must drain without a leak in any tier.
+// every operation, and every admission's cache reads are checked against
+// what the tiers held before it (usage_tiers_test.go); the run must drain
+// without a leak in any tier.
 func FuzzTiers(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 	f.Add(make([]byte, 64))
@@ -252,7 +282,7 @@ func FuzzTiers(f *testing.F) {
 		}
 		h := data[0]
 		runTierModel(t, tierModelConfig{ops: len(data) / 4, numPages: 8 + int(h%4)*4, hostPages: 4 + int(h>>2%4)*4,
-			ahead: int(h >> 4 % 3), writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}})
+			ahead: int(h >> 4 % 3), writeThrough: h&0x80 != 0, src: &byteSource{data: data[1:]}, usage: checkUsage(t, nil)})
 	})
 }
 

@@ -63,6 +63,13 @@ type Stats struct {
 	// MissRatioCurve is the live miss-ratio curve (zero without
 	// Config.MissRatioSampling).
 	MissRatioCurve MissRatioCurve
+
+	// CacheUsage is every request's cache reads and writes summed
+	// ([Manager.CacheUsage]; released requests included), and
+	// CacheUsageDropped the released requests whose usage was forgotten
+	// unread (more than KeptCacheUsages released and not read).
+	CacheUsage        CacheUsage
+	CacheUsageDropped int64
 }
 
 // MissRatioCurve is what the sampled shadow caches of
@@ -97,6 +104,11 @@ type counters struct {
 	promptTokens, promptHitTokens, computedTokens, resumedTokens, resumeHitTokens int64
 	steps, preemptions, copiedPages, windowReleasedPages, chainsCut               int64
 	draftTokens, acceptedDraftTokens                                              int64
+
+	// usage and usageDropped are the pool's CacheUsage totals, counted in
+	// the core's group 0 (usage.go).
+	usage        CacheUsage
+	usageDropped int64
 }
 
 // Stats returns a consistent snapshot. Unlike every other method it is safe
@@ -153,6 +165,12 @@ const (
 	fCurveDouble
 	fCurveQuadruple
 	fCurveUnlimited
+	fReadDevice
+	fReadHost
+	fReadDisk
+	fReadRemote
+	fWrite
+	fUsageDropped
 	numStatFields
 )
 
@@ -205,6 +223,8 @@ func (m *group) snapshot(v *[numStatFields]int64) {
 		fEvicted: cc.Evicted, fEvictionFreed: cc.Freed, fInnerVictims: cc.InnerVictims,
 		fWindowReleased: c.windowReleasedPages, fChainsCut: c.chainsCut,
 		fDrafts: c.draftTokens, fAcceptedDrafts: c.acceptedDraftTokens,
+		fReadDevice: c.usage.DeviceReadTokens, fReadHost: c.usage.HostReadTokens, fReadDisk: c.usage.DiskReadTokens,
+		fReadRemote: c.usage.RemoteReadTokens, fWrite: c.usage.WriteTokens, fUsageDropped: c.usageDropped,
 	}
 	if e, ok := m.cache.Shadow(); ok {
 		v[fCurveSampled] = e.Sampled
@@ -235,6 +255,9 @@ func statsFromFields(v *[numStatFields]int64) Stats {
 		EvictedPages: v[fEvicted], EvictionFreedPages: v[fEvictionFreed], InnerVictims: v[fInnerVictims],
 		WindowReleasedPages: v[fWindowReleased], ChainsCut: v[fChainsCut],
 		DraftTokens: v[fDrafts], AcceptedDraftTokens: v[fAcceptedDrafts],
+		CacheUsage: CacheUsage{DeviceReadTokens: v[fReadDevice], HostReadTokens: v[fReadHost], DiskReadTokens: v[fReadDisk],
+			RemoteReadTokens: v[fReadRemote], WriteTokens: v[fWrite]},
+		CacheUsageDropped: v[fUsageDropped],
 		MissRatioCurve: MissRatioCurve{SampledReferences: v[fCurveSampled],
 			Half: float64(v[fCurveHalf]) / curveScale, Double: float64(v[fCurveDouble]) / curveScale,
 			Quadruple: float64(v[fCurveQuadruple]) / curveScale, Unlimited: float64(v[fCurveUnlimited]) / curveScale},

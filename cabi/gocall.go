@@ -586,10 +586,12 @@ func goLockFree(h uint64) []int32 {
 	var st C.pagedkv_stats
 	var ts C.pagedkv_tier_stats
 	var gs C.pagedkv_group_stats
+	var cu C.pagedkv_cache_usage
 	var n, pb, np C.int64_t
 	var data *C.uint8_t
 	return []int32{
 		int32(pagedkv_get_stats(m, &st, C.sizeof_pagedkv_stats)),
+		int32(pagedkv_get_cache_usage_totals(m, &cu, C.sizeof_pagedkv_cache_usage)),
 		int32(pagedkv_get_tier_stats(m, &ts, C.sizeof_pagedkv_tier_stats)),
 		int32(pagedkv_hybrid_get_group_stats(m, 0, &gs, C.sizeof_pagedkv_group_stats)),
 		int32(pagedkv_hybrid_num_groups(m, &n)),

@@ -667,6 +667,37 @@ int32_t pagedkv_unbind_step_buffers(pagedkv_manager m);
 
 #endif /* PAGEDKV_NO_PROTOTYPES */
 
+/* ---- Cache reads and writes (Go: CacheUsage; docs/c-abi.md, "Cache
+ * usage"), as a provider bills them: tokens read from the cache at
+ * admission by the medium that served them (their sum is Anthropic's
+ * cache_read_input_tokens), and tokens of pages the request computed and
+ * added to the prefix cache (cache_creation_input_tokens). Every field
+ * int64, in this order; new fields are only ever appended: pass
+ * sizeof(pagedkv_cache_usage). */
+typedef struct {
+	int64_t read_tokens;        /* device + host + disk + remote */
+	int64_t device_read_tokens; /* the device prefix cache */
+	int64_t host_read_tokens;   /* the host tier */
+	int64_t disk_read_tokens;   /* a disk store */
+	int64_t remote_read_tokens; /* a remote store: Redis, a handoff */
+	int64_t write_tokens;
+	int64_t dropped; /* totals only: released requests' usage forgotten unread; 0 for one request */
+} pagedkv_cache_usage;
+
+#ifndef PAGEDKV_NO_PROTOTYPES
+/* Request id's reads and writes so far (running or preempted), or, once,
+ * a released request's (the last 1024 released are kept until read:
+ * PAGEDKV_CACHE_USAGE_KEPT). PAGEDKV_ERR_UNKNOWN_REQUEST otherwise. The
+ * owner's thread; dense and hybrid handles alike. */
+int32_t pagedkv_get_cache_usage(pagedkv_manager m, uint64_t id, pagedkv_cache_usage *out, size_t out_size);
+/* Every request's summed, released ones included (Go: Stats.CacheUsage).
+ * Any thread, any time, like pagedkv_get_stats. */
+int32_t pagedkv_get_cache_usage_totals(pagedkv_manager m, pagedkv_cache_usage *out, size_t out_size);
+#endif /* PAGEDKV_NO_PROTOTYPES */
+
+/* How many released requests' usage a manager keeps until read. */
+#define PAGEDKV_CACHE_USAGE_KEPT 1024
+
 #ifdef __cplusplus
 }
 #endif

@@ -114,6 +114,19 @@ func definitions() []metric {
 		{name: "accepted_draft_tokens_total", help: "Speculative draft tokens accepted.", typ: c,
 			series: one(func(s *pagedkv.Stats) float64 { return float64(s.AcceptedDraftTokens) })},
 
+		// Cache reads and writes as a provider bills them (Manager.CacheUsage, summed).
+		{name: "cache_read_tokens_total", help: "Tokens requests read from the cache at admission (Add and Resume), by the medium that served them.",
+			typ: c, label: "medium", series: []series{
+				{"device", func(s *pagedkv.Stats) float64 { return float64(s.CacheUsage.DeviceReadTokens) }},
+				{"host", func(s *pagedkv.Stats) float64 { return float64(s.CacheUsage.HostReadTokens) }},
+				{"disk", func(s *pagedkv.Stats) float64 { return float64(s.CacheUsage.DiskReadTokens) }},
+				{"remote", func(s *pagedkv.Stats) float64 { return float64(s.CacheUsage.RemoteReadTokens) }},
+			}},
+		{name: "cache_write_tokens_total", help: "Tokens of pages requests computed and added to the prefix cache.", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.CacheUsage.WriteTokens) })},
+		{name: "cache_usage_dropped_total", help: "Released requests whose cache usage was forgotten unread (past KeptCacheUsages).", typ: c,
+			series: one(func(s *pagedkv.Stats) float64 { return float64(s.CacheUsageDropped) })},
+
 		// The tiers below the device pool (docs/tiers.md).
 		{name: "host_pages", help: "Pages of the host tier by state: total, used (being written or holding a page).",
 			typ: g, label: "state", series: []series{

@@ -91,6 +91,12 @@ func TestCollectorExposition(t *testing.T) {
 	// order of pagedkv.Stats), so each line shows which field it reads.
 	want := []string{
 		`pagedkv_accepted_draft_tokens_total{pool="gpu0"} 27`,
+		`pagedkv_cache_read_tokens_total{medium="device",pool="gpu0"} 62`,
+		`pagedkv_cache_read_tokens_total{medium="disk",pool="gpu0"} 64`,
+		`pagedkv_cache_read_tokens_total{medium="host",pool="gpu0"} 63`,
+		`pagedkv_cache_read_tokens_total{medium="remote",pool="gpu0"} 65`,
+		`pagedkv_cache_usage_dropped_total{pool="gpu0"} 67`,
+		`pagedkv_cache_write_tokens_total{pool="gpu0"} 66`,
 		`pagedkv_cached_pages{pool="gpu0"} 6`,
 		`pagedkv_chains_cut_total{pool="gpu0"} 25`,
 		`pagedkv_computed_tokens_total{pool="gpu0"} 13`,

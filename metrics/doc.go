@@ -18,6 +18,15 @@
 //	_window_released_pages_total, _chains_cut_total, _draft_tokens_total,
 //	_accepted_draft_tokens_total
 //	                                          counter
+//	pagedkv_cache_read_tokens_total{medium="device|host|disk|remote"}
+//	                                          counter  tokens requests read from the cache at admission
+//	pagedkv_cache_write_tokens_total          counter  tokens of pages requests computed and added to the cache
+//	pagedkv_cache_usage_dropped_total         counter  released requests' usage forgotten unread
+//
+// The cache_read and cache_write counters are the sum of every request's
+// Manager.CacheUsage (docs/cache-usage.md): what a
+// provider bills as cache reads (Anthropic's cache_read_input_tokens) and
+// cache writes (cache_creation_input_tokens).
 //
 // A [HybridCollector] exports a pagedkv.HybridManager's HybridStats: the
 // series above over the pool (HybridStats.Stats: the partition of the one

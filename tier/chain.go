@@ -21,12 +21,28 @@ func Chain(stores ...RemoteStore) RemoteStore {
 type chain []RemoteStore
 
 func (c chain) Fetch(ctx context.Context, pages []RemotePage) int {
+	return c.fetch(ctx, pages, nil)
+}
+
+// FetchMedia is Fetch that names the store that served each page
+// ([MediaFetcher]).
+func (c chain) FetchMedia(ctx context.Context, pages []RemotePage, media []Medium) int {
+	return c.fetch(ctx, pages, media[:len(pages)])
+}
+
+// fetch is Fetch, setting media (when not nil) as FetchMedia does.
+func (c chain) fetch(ctx context.Context, pages []RemotePage, media []Medium) int {
 	done := 0
 	for i, s := range c {
 		if done == len(pages) || ctx.Err() != nil {
 			break
 		}
-		n := s.Fetch(ctx, pages[done:])
+		var n int
+		if media != nil {
+			n = FetchMedia(ctx, s, pages[done:], media[done:])
+		} else {
+			n = max(0, min(s.Fetch(ctx, pages[done:]), len(pages)-done))
+		}
 		for _, above := range c[:i] {
 			for k := done; k < done+n; k++ {
 				above.Store(&pages[k])

@@ -35,16 +35,23 @@ func (m *mapStore) Store(p *RemotePage) bool {
 
 func (m *mapStore) Stats() RemoteStats { return m.st }
 
-func TestChainFetchesInOrderAndPromotes(t *testing.T) {
-	near, far := &mapStore{pages: map[Digest][]byte{}}, &mapStore{pages: map[Digest][]byte{}}
-	c := Chain(near, far)
+// chainOf returns a prefix of n one-token pages, page i holding token i
+// and the byte i.
+func chainOf(n int) []RemotePage {
 	var pages []RemotePage
 	d := NamespaceRoot("", "", "")
-	for i := range 4 {
+	for i := range n {
 		nd := Next(nil, d, []int32{int32(i)})
 		pages = append(pages, RemotePage{Digest: nd, Parent: d, Tokens: []int32{int32(i)}, Data: []byte{byte(i)}})
 		d = nd
 	}
+	return pages
+}
+
+func TestChainFetchesInOrderAndPromotes(t *testing.T) {
+	near, far := &mapStore{pages: map[Digest][]byte{}}, &mapStore{pages: map[Digest][]byte{}}
+	c := Chain(near, far)
+	pages := chainOf(4)
 	require.True(t, c.Store(&pages[0]))
 	for i := 1; i < 3; i++ {
 		far.Store(&pages[i]) // only the far store has pages 1 and 2

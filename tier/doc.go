@@ -38,6 +38,10 @@
 //   - A [Chain]'s Fetch serves a contiguous prefix: each store is asked
 //     only for the pages after the stores above it served, and what a
 //     lower store served is stored into every store above it.
+//   - [FetchMedia] names, for each page it filled, the medium of the store
+//     that served it (a Chain's stores' own, nested chains included; a
+//     store without a Medium method is [Remote]), so per-request cache
+//     accounting can tell a disk read from a remote one.
 //   - A [RejectionLog] counts every rejection by reason and keeps at most
 //     [RecentRejections] distinct key-and-reason pairs.
 //

@@ -19,8 +19,11 @@ const (
 	Device Medium = iota
 	// Host is CPU memory: the host tier (package tier/host).
 	Host
-	// Remote is a store shared across machines (package tier/redis).
+	// Remote is a store shared across machines (package tier/redis), or
+	// a prefill worker's handoff (package handoff).
 	Remote
+	// Disk is a local disk below the host tier (package tier/disk).
+	Disk
 )
 
 func (m Medium) String() string {
@@ -31,6 +34,8 @@ func (m Medium) String() string {
 		return "host"
 	case Remote:
 		return "remote"
+	case Disk:
+		return "disk"
 	}
 	return fmt.Sprintf("Medium(%d)", uint8(m))
 }

@@ -1208,6 +1208,56 @@ static void padded(void) {
 	printf("padded block tables: %d steps checked, %d preemptions, %d refused past the stride\n", steps, preempted, refused);
 }
 
+// ---- Cache reads and writes ----
+
+// cache_usage runs the example's two requests and checks their reads and
+// writes: request 1 computes 40 tokens and writes its 2 full pages (32
+// tokens), request 2 reads them from the device cache; request 1's usage
+// is read once after its release; the totals are both summed; a short
+// struct gets the fields it has; bad input changes nothing.
+static void cache_usage(void) {
+	pagedkv_manager m = create(64, 16, 0);
+	int32_t prompt[40];
+	pagedkv_request req = prompt_request(prompt, 40);
+	uint64_t ids1[] = {1};
+	int32_t nt1[] = {40}, s1[] = {7};
+	pagedkv_plan plan;
+	OK(pagedkv_add(m, 1, &req, NULL));
+	OK(pagedkv_reserve(m, ids1, nt1, 1, &plan));
+	OK(pagedkv_commit(m, s1, 1));
+	int64_t matched = -1;
+	OK(pagedkv_add(m, 2, &req, &matched));
+	pagedkv_cache_usage u1, u2, tot;
+	OK(pagedkv_get_cache_usage(m, 1, &u1, sizeof u1));
+	OK(pagedkv_get_cache_usage(m, 2, &u2, sizeof u2));
+	CHECK(u1.read_tokens == 0 && u1.write_tokens == 32, "request 1: read %lld, wrote %lld; want 0, 32",
+	      (long long)u1.read_tokens, (long long)u1.write_tokens);
+	CHECK(matched == 32 && u2.read_tokens == 32 && u2.device_read_tokens == 32 && u2.host_read_tokens == 0 &&
+	          u2.disk_read_tokens == 0 && u2.remote_read_tokens == 0 && u2.write_tokens == 0 && u2.dropped == 0,
+	      "request 2: matched %lld, read %lld (device %lld), wrote %lld", (long long)matched,
+	      (long long)u2.read_tokens, (long long)u2.device_read_tokens, (long long)u2.write_tokens);
+	OK(pagedkv_release(m, 1));
+	pagedkv_cache_usage after;
+	OK(pagedkv_get_cache_usage(m, 1, &after, sizeof after));
+	CHECK(memcmp(&after, &u1, sizeof u1) == 0, "request 1's usage changed with its release");
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "request 1", pagedkv_get_cache_usage(m, 1, &after, sizeof after));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "request 9", pagedkv_get_cache_usage(m, 9, &after, sizeof after));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_get_cache_usage(m, 2, NULL, sizeof after));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_get_cache_usage_totals(m, NULL, sizeof tot));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_HANDLE, "987654", pagedkv_get_cache_usage(987654, 2, &after, sizeof after));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_HANDLE, "987654", pagedkv_get_cache_usage_totals(987654, &tot, sizeof tot));
+	OK(pagedkv_get_cache_usage_totals(m, &tot, sizeof tot));
+	CHECK(tot.read_tokens == 32 && tot.device_read_tokens == 32 && tot.write_tokens == 32 && tot.dropped == 0,
+	      "totals: read %lld, wrote %lld, dropped %lld", (long long)tot.read_tokens, (long long)tot.write_tokens,
+	      (long long)tot.dropped);
+	// An older caller's struct of one field gets that field only.
+	int64_t short_usage[2] = {-1, -1};
+	OK(pagedkv_get_cache_usage_totals(m, (pagedkv_cache_usage *)short_usage, sizeof short_usage[0]));
+	CHECK(short_usage[0] == 32 && short_usage[1] == -1, "a one-field struct got %lld, %lld",
+	      (long long)short_usage[0], (long long)short_usage[1]);
+	OK(pagedkv_destroy(m));
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
@@ -1220,6 +1270,7 @@ int main(void) {
 	padded();
 	sweep();
 	step_buffers();
+	cache_usage();
 	if (failures) {
 		fprintf(stderr, "pagedkv_test: %d failures\n", failures);
 		return 1;

@@ -71,6 +71,8 @@ func TestSimulateTrace(t *testing.T) {
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	assert.Equal(t, "8 (+2 parallel samples), 514 prompt tokens, 32 output tokens", summaryField(t, out, "requests"))
 	assert.Equal(t, "224 of 514 prompt tokens (43.6%)", summaryField(t, out, "prefix hits"))
+	// No preemption: every hit is one read from the device cache.
+	assert.Regexp(t, `^224 tokens read \(device 224, host 0, disk 0, remote 0\), [1-9]\d* written$`, summaryField(t, out, "cache usage"))
 	assert.Regexp(t, `^\d+, 312 tokens computed \(0 recomputed after preemption\)$`, summaryField(t, out, "steps"))
 	assert.Equal(t, "0; 0 computed tokens lost, 0 of them found in the cache on resume", summaryField(t, out, "preemptions"))
 	assert.Equal(t, "2 pages copied", summaryField(t, out, "copy-on-write"))
@@ -83,7 +85,7 @@ func TestSimulateBuiltIn(t *testing.T) {
 	code, out, errOut := runCLI(append([]string{"simulate", "--requests", "10", "--pages", "24", "--quiet"}, smallModel...)...)
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	assert.Empty(t, errOut, "--quiet prints no progress")
-	for _, name := range []string{"requests", "model", "steps", "pages", "prefix hits", "prefix cache", "evictions",
+	for _, name := range []string{"requests", "model", "steps", "pages", "prefix hits", "prefix cache", "cache usage", "evictions",
 		"preemptions", "copy-on-write", "cascade", "time/step", "wall time", "verification"} {
 		summaryField(t, out, name)
 	}

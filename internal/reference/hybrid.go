@@ -124,6 +124,21 @@ func (h *HybridModel) Resume(id uint64) (int, error) {
 
 func noCount(err error) (int, error) { return 0, err }
 
+// Usage returns request id's cache reads and writes (pagedkv.CacheUsage):
+// the reads of its admissions (equal in every group: each admits the
+// prefix every group serves) and the writes of the group that wrote the
+// most. A released request's are forgotten once read.
+func (h *HybridModel) Usage(id uint64) (read, write int64, ok bool) {
+	for g, m := range h.groups {
+		r, w, k := m.Usage(id)
+		if g == 0 {
+			read, ok = r, k
+		}
+		write = max(write, w)
+	}
+	return read, write, ok
+}
+
 // Extend, Fork, Release, Preempt, Commit, CommitSpec and Abort run on
 // every group.
 func (h *HybridModel) Extend(id uint64, tokens []int32) error {

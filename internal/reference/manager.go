@@ -68,6 +68,11 @@ type MgrRequestModel struct {
 	CachedPages int
 	ChainCut    bool
 	lost        int
+
+	// Cache accounting (pagedkv.CacheUsage): tokens read at every
+	// admission (the matched prefix; the model has no tiers, so all from
+	// the device) and tokens of the pages the request added to the cache.
+	ReadTokens, WriteTokens int64
 }
 
 // ManagerModelStats mirrors the Manager's Stats.
@@ -82,6 +87,7 @@ type ManagerModelStats struct {
 	EvictedPages, EvictionFreedPages, InnerVictims, WindowReleasedPages int64
 	ChainsCut                                                           int64
 	DraftTokens, AcceptedDraftTokens                                    int64
+	CacheReadTokens, CacheWriteTokens                                   int64
 }
 
 // ManagerModel is the slow twin of pagedkv.Manager.
@@ -107,6 +113,10 @@ type ManagerModel struct {
 	snapshot   *mgrSnapshot
 
 	st ManagerModelStats // counters only; occupancy is computed in Stats
+
+	// released holds released requests' reads and writes until Usage
+	// reads them.
+	released map[uint64][2]int64
 }
 
 // NewManagerModel returns an empty model.
@@ -283,6 +293,8 @@ func (m *ManagerModel) admit(r *MgrRequestModel) int {
 		}
 	}
 	r.Running = true
+	r.ReadTokens += int64(len(matched) * ps)
+	m.st.CacheReadTokens += int64(len(matched) * ps)
 	r.Computed, r.Length, r.Start = len(matched)*ps, len(matched)*ps, 0
 	r.chain, r.CachedPages, r.ChainCut = nil, len(matched), false
 	if len(matched) > 0 {
@@ -356,6 +368,8 @@ func (m *ManagerModel) Add(id uint64, ns string, prompt []int32, prio int, noCac
 	r := &MgrRequestModel{NS: ns, Prio: prio, NoCache: noCache, Tokens: slices.Clone(prompt)}
 	matched := m.admit(r)
 	m.reqs[id] = r
+	delete(m.released, id) // the ID names a new request
+
 	m.st.PromptTokens += int64(len(prompt))
 	m.st.PromptHitTokens += int64(matched)
 	return matched, nil
@@ -402,6 +416,7 @@ func (m *ManagerModel) Fork(parent, child uint64) error {
 		return ErrMgrRequestExists
 	}
 	c := *p
+	c.ReadTokens, c.WriteTokens = 0, 0
 	c.Tokens = slices.Clone(p.Tokens)
 	c.Pages = slices.Clone(p.Pages)
 	for _, pg := range c.Pages {
@@ -421,7 +436,22 @@ func (m *ManagerModel) Release(id uint64) error {
 		m.dropPages(r)
 	}
 	delete(m.reqs, id)
+	if m.released == nil {
+		m.released = map[uint64][2]int64{}
+	}
+	m.released[id] = [2]int64{r.ReadTokens, r.WriteTokens}
 	return nil
+}
+
+// Usage returns request id's tokens read from and written to the cache:
+// a request's so far, or a released one's, which it then forgets.
+func (m *ManagerModel) Usage(id uint64) (read, write int64, ok bool) {
+	if r := m.reqs[id]; r != nil {
+		return r.ReadTokens, r.WriteTokens, true
+	}
+	u, ok := m.released[id]
+	delete(m.released, id)
+	return u[0], u[1], ok
 }
 
 // Preempt drops a running request's pages and keeps the request.
@@ -702,6 +732,8 @@ func (m *ManagerModel) publish(r *MgrRequestModel) {
 			m.refs[page]++
 			m.recheck(page)
 			m.st.PublishedPages++
+			r.WriteTokens += int64(ps)
+			m.st.CacheWriteTokens += int64(ps)
 			r.chain = e
 		}
 		r.CachedPages++

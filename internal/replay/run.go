@@ -188,6 +188,9 @@ type Result struct {
 	RemoteHitBlocks, RemoteStored, RemoteFetched int64
 	// Curve is the live miss-ratio curve's final estimate (Config.CurveRate).
 	Curve pagedkv.MissRatioCurve
+	// Usage is every request's cache reads and writes, in tokens
+	// (Stats.CacheUsage; docs/cache-usage.md).
+	Usage pagedkv.CacheUsage
 	// Stream is the block reference stream: the prompt blocks of every
 	// admission and resumption, in order (the input of the limits).
 	Stream Stream
@@ -293,6 +296,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 	res.RemoteHitBlocks = s.Tiers.RemoteHitTokens / int64(cfg.PageTokens)
 	res.RemoteStored, res.RemoteFetched = s.Tiers.RemoteStored, s.Tiers.RemoteFetched
 	res.Curve = s.MissRatioCurve
+	res.Usage = s.CacheUsage
 	res.Wall = time.Since(start)
 	return res, nil
 }

@@ -86,6 +86,7 @@ func TestSweepTableAndPlot(t *testing.T) {
 		}
 	}
 	require.Contains(t, out.String(), "unlimited capacity: ")
+	require.Regexp(t, `(?m)^\s+5%\s+lru\s+[1-9]\d*\s+[1-9]\d*\s+0\s+0\s+0\s+[1-9]\d*\s*$`, out.String(), "the cache usage table")
 
 	dir := t.TempDir()
 	png := filepath.Join(dir, "hits.png")

@@ -231,6 +231,7 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 	if sw.HostPages > 0 {
 		sw.formatTiers(w, t)
 	}
+	sw.formatUsage(w)
 	if len(sw.Points) > 0 && len(sw.Points[0].Results) > 0 && sw.Points[0].Results[0].Curve.SampledReferences > 0 {
 		sw.formatCurve(w)
 	}

@@ -24,6 +24,11 @@ func TestHostTier(t *testing.T) {
 	require.Greater(t, tiered.HitBlocks, alone.HitBlocks)
 	require.Positive(t, tiered.HostHitBlocks)
 	require.Equal(t, tiered.HostHitBlocks, tiered.Onloaded)
+	// One group, no resumes: the cache usage's host reads are the host
+	// tier's hits, and every read is a hit at Add.
+	require.Equal(t, tiered.HostHitBlocks*16, tiered.Usage.HostReadTokens)
+	require.Equal(t, tiered.HitBlocks*16, tiered.Usage.ReadTokens())
+	require.Positive(t, tiered.Usage.WriteTokens)
 	require.Positive(t, tiered.Offloaded)
 	require.LessOrEqual(t, tiered.HitBlocks, Belady(&tiered.Stream, pool+host))
 	svc := DefaultService()

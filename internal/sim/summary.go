@@ -134,6 +134,9 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 			released, gs.Stats.ServableTokens, gs.Outputs)
 	}
 	line("prefix cache", "%d pages published, %d duplicates kept private", st.PublishedPages, st.DuplicatePages)
+	u := &st.CacheUsage
+	line("cache usage", "%d tokens read (device %d, host %d, disk %d, remote %d), %d written", u.ReadTokens(),
+		u.DeviceReadTokens, u.HostReadTokens, u.DiskReadTokens, u.RemoteReadTokens, u.WriteTokens)
 	line("evictions", "%d pages evicted (%d returned to the pool)", st.EvictedPages, st.EvictionFreedPages)
 	if c := &st.MissRatioCurve; c.SampledReferences > 0 {
 		line("miss-ratio curve", "an LRU cache of 1/2x, 2x, 4x the pool, no limit: %.1f%%, %.1f%%, %.1f%%, %.1f%% page hits (%d page references sampled)",

@@ -1771,3 +1771,13 @@ for _cls in (Manager, HybridManager):
 del _cls
 StepBuffers = _stepbuffers.StepBuffers
 __all__.append("StepBuffers")
+
+# Cache reads and writes (usage.py): cache_usage and cache_usage_totals on
+# both kinds.
+from . import usage as _usage  # noqa: E402
+
+for _cls in (Manager, HybridManager):
+    _usage.install(_cls, _exclusive, _scalar, _U64, _lib)
+del _cls
+CacheUsage = _usage.CacheUsage
+__all__.append("CacheUsage")

@@ -1123,3 +1123,7 @@ func (s *Store) CheckInvariants() error {
 	}
 	return nil
 }
+
+// Medium returns [tier.Disk]: pages a Manager reads from the store are
+// accounted as disk reads ([tier.MediumStore]).
+func (s *Store) Medium() tier.Medium { return tier.Disk }

@@ -24,6 +24,7 @@ func TestStoreFetchReopen(t *testing.T) {
 	storeAll(t, s, u.chains[0])
 	require.NoError(t, s.CheckInvariants())
 	require.Equal(t, 6, fetchChecked(t, s, request(u.chains[0])))
+	require.Equal(t, tier.Disk, tier.StoreMedium(s), "a Manager accounts the store's pages as disk reads")
 	// Chain 1 shares page 0 with chain 0 only; its page 1 is missing.
 	require.Equal(t, 1, fetchChecked(t, s, request(u.chains[1])))
 	st := s.DiskStats()

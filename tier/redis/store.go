@@ -431,3 +431,7 @@ func (c Config) FromEnv() Config {
 	}
 	return c
 }
+
+// Medium returns [tier.Remote]: pages a Manager reads from the store are
+// accounted as remote reads ([tier.MediumStore]).
+func (s *Store) Medium() tier.Medium { return tier.Remote }

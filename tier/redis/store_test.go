@@ -98,6 +98,7 @@ func TestRoundTripEveryFormat(t *testing.T) {
 			for _, byChain := range []bool{false, true} {
 				f := format(dt, kl)
 				s := newStore(t, srv, Config{Format: f, TagByChain: byChain})
+				require.Equal(t, tier.Remote, tier.StoreMedium(s), "a Manager accounts the store's pages as remote reads")
 				pages := chain(rng, f, "t", 5)
 				for i := range pages {
 					require.True(t, s.Store(&pages[i]))
