@@ -433,6 +433,9 @@ func (c *core) admit(rs []*request) int {
 // (see HybridManager.Pin), for ttl (0: until Unpin): all or nothing, with
 // the same pin ID in every group.
 func (c *core) pinFor(ns Namespace, tokens []int32, ttl time.Duration) (id PinID, pinnedTokens int, err error) {
+	if ttl < 0 {
+		return 0, 0, fmt.Errorf("pagedkv: pin: %w: pin %d tokens for %v, want a lifetime >= 0", ErrBadArgument, len(tokens), ttl)
+	}
 	c.tick()
 	ps := c.groups[0].pageSize
 	if len(c.groups) == 1 {
@@ -456,9 +459,6 @@ func (c *core) pinFor(ns Namespace, tokens []int32, ttl time.Duration) (id PinID
 		n = len(pages)
 	}
 	prefix := tokens[:n*ps]
-	if ttl < 0 {
-		return 0, 0, fmt.Errorf("pagedkv: pin: %w: pin %d tokens for %v, want a lifetime >= 0", ErrBadArgument, len(tokens), ttl)
-	}
 	for g, m := range c.groups {
 		if _, err := m.cache.CheckPin(m.cache.Key(ns), prefix); err != nil {
 			return 0, 0, fmt.Errorf("pagedkv: pin: group %d (%v): %w", g, m.layerGroup.Kind, err)
