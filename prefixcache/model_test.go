@@ -288,7 +288,7 @@ func (m *model) retain(prio int, lapse time.Duration, pages []PageID) {
 
 // advance is Cache.Advance: every due lapse, earliest (then lowest page)
 // first, then every due pin, earliest (then oldest) first.
-func (m *model) advance(now time.Duration) {
+func (m *model) advance(now time.Duration) (npages, npins int) {
 	m.now = max(m.now, now)
 	var due []*mnode
 	for _, n := range m.nodes {
@@ -329,6 +329,7 @@ func (m *model) advance(now time.Duration) {
 			panic(err)
 		}
 	}
+	return len(due), len(pins)
 }
 
 // hit counts an admission on pages.
@@ -558,6 +559,9 @@ type harness struct {
 	keys    [hSpaces]Key
 	holders []*holder
 	pins    []PinID
+	// What the retention ops reached: pages and TTL pins lapsed, pins
+	// refused by the budget.
+	lapsedPages, lapsedPins, refused int
 }
 
 func newHarness(t testing.TB, hash HashFunc, policy string) *harness {
@@ -758,6 +762,9 @@ func (h *harness) step(op, a, b, c byte) {
 		if merr != nil {
 			require.ErrorIs(h.t, cerr, merr, "check pin")
 			require.ErrorIs(h.t, err, merr)
+			if errors.Is(err, ErrPinLimit) {
+				h.refused++
+			}
 			return
 		}
 		require.NoError(h.t, cerr, "check pin")
@@ -796,8 +803,13 @@ func (h *harness) step(op, a, b, c byte) {
 	case opAdvance:
 		// Back in time sometimes: the cache keeps its latest time.
 		now := h.c.Now() + time.Duration(int(a)%6-1)*hTick
-		h.c.Advance(now)
-		h.m.advance(now)
+		pages, pins := h.c.Advance(now)
+		mpages, mpins := h.m.advance(now)
+		if [2]int{pages, pins} != [2]int{mpages, mpins} {
+			require.Equal(h.t, [2]int{mpages, mpins}, [2]int{pages, pins}, "Advance(%v): lapsed pages, pins", now)
+		}
+		h.lapsedPages += pages
+		h.lapsedPins += pins
 	case opLookup:
 		ns, fam, np := int(a)%hSpaces, int(b)%hFamilies, 1+int(c)%5
 		tokens := append(family(fam, np), 7) // a partial page is never matched
@@ -950,3 +962,70 @@ func FuzzCachePolicies(f *testing.F) {
 // arcLike reports whether the model runs policy as ARC: "adaptive"
 // without hints is ARC (its hint segments stay empty).
 func arcLike(policy string) bool { return policy == evict.ARC || policy == evict.Adaptive }
+
+// retentionOps are the commands of FuzzRetention and
+// TestRetentionMatchesModel: admissions (whose hits refresh TTL pins),
+// releases, retention, the clock, TTL and plain pins, unpins, evictions.
+var retentionOps = [...]byte{opInsert, opRelease, opRetain, opAdvance, opPinTTL, opUnpin, opEvict, opPin, opExtend, opWindow}
+
+// runRetention runs data as retention commands (op byte modulo
+// len(retentionOps)) on the cache and the model.
+func (h *harness) runRetention(data []byte) {
+	for i := 0; i+4 <= len(data); i += 4 {
+		h.step(retentionOps[int(data[i])%len(retentionOps)], data[i+1], data[i+2], data[i+3])
+		h.verify(i / 4)
+	}
+}
+
+// TestRetentionMatchesModel runs random retention programs under every
+// policy against the model (same levels, lapses, pins, victims), and
+// checks that they reached lapsed pages, lapsed TTL pins and budget
+// refusals.
+func TestRetentionMatchesModel(t *testing.T) {
+	runs, steps := 40, 150
+	if testing.Short() || raceEnabled {
+		runs = 2
+	}
+	for _, policy := range evict.Names() {
+		t.Run(policy, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, uint64(len(policy))))
+			var pages, pins, refused int
+			for range runs {
+				data := make([]byte, 4*steps)
+				for i := range data {
+					data[i] = byte(rng.Uint32())
+				}
+				h := newHarness(t, nil, policy)
+				h.runRetention(data)
+				pages, pins, refused = pages+h.lapsedPages, pins+h.lapsedPins, refused+h.refused
+			}
+			require.Positive(t, pages, "lapsed pages")
+			require.Positive(t, pins, "lapsed TTL pins")
+			require.Positive(t, refused, "pins refused by the budget")
+		})
+	}
+}
+
+// FuzzRetention decodes the input into retention commands (see
+// runRetention; the first byte picks the policy) run on the cache and the
+// model: retention levels and lapses, TTL pins with their refreshes and
+// lapses, the pin budget, and the victims that follow.
+func FuzzRetention(f *testing.F) {
+	names := evict.Names()
+	// Retain at level 2 for a tick, release, advance past it, evict; a TTL
+	// pin, a refreshing hit, advances around its deadline.
+	f.Add([]byte{0, 0, 0, 1, 0x13, 2, 0, 2, 1, 1, 0, 0, 0, 3, 3, 0, 0, 6, 3, 0, 0,
+		4, 0, 1, 0x14, 0, 0, 1, 3, 3, 2, 0, 0, 3, 4, 0, 0, 5, 0, 0, 0})
+	for i := range names {
+		f.Add([]byte{byte(i), 0, 1, 2, 3, 2, 0, 1, 2, 1, 0, 0, 0, 3, 5, 0, 0, 4, 1, 2, 0x33, 3, 5, 0, 0, 6, 2, 0, 0})
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) == 0 {
+			return
+		}
+		if len(data) > 1+4*400 {
+			data = data[:1+4*400]
+		}
+		newHarness(t, nil, names[int(data[0])%len(names)]).runRetention(data[1:])
+	})
+}
