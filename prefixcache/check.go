@@ -116,8 +116,8 @@ func (c *Cache) CheckInvariants() error {
 		return fmt.Errorf("prefixcache: counted cached %d idle %d idle-pinned %d pinned %d; counters say %d %d %d %d",
 			cached, idle, idlePinned, pinned, c.nCached, c.queues.Len(), c.nIdlePinned, c.nPinned)
 	}
-	if c.maxPinned > 0 && pinned > c.maxPinned {
-		return fmt.Errorf("prefixcache: %d pages pinned, limit %d", pinned, c.maxPinned)
+	if limit := c.PinBudget(); limit > 0 && pinned > limit {
+		return fmt.Errorf("prefixcache: %d pages pinned, limit %d", pinned, limit)
 	}
 	// Eviction queues: well linked, and holding exactly the listed pages
 	// (nodeError checks each page is queued iff listed, at its level).
