@@ -164,3 +164,45 @@ func TestRetentionRefusesBadArguments(t *testing.T) {
 	}
 	require.NoError(t, m.Audit())
 }
+
+// A HybridManager's TTL pin lapses in every group at once, and retention
+// re-levels the pages of every group: the audit (which compares the
+// groups' pins) holds throughout.
+func TestHybridPinForAndRetention(t *testing.T) {
+	now := time.Duration(0)
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 32, PageSize: 4, HashSeed: 1, Priorities: 3,
+		Clock: func() time.Duration { return now }},
+		Groups: []LayerGroup{{Kind: SlidingAttention, WindowTokens: 6, NumLayers: 1}, {Kind: FullAttention, NumLayers: 1}}})
+	require.NoError(t, err)
+	prompt := seqTokens(10, 13)
+	compute(t, h, 1, prompt)
+	require.NoError(t, h.SetRetention(1, []RetentionRange{{Retention: Retention{Priority: 2, Duration: time.Second}}}))
+	require.NoError(t, h.Release(1))
+	_, _, err = h.PinFor(Namespace{}, prompt, 5*time.Second)
+	require.NoError(t, err)
+	for g := range 2 {
+		require.Equal(t, 3, h.GroupStats(g).PinnedPages, "group %d", g)
+	}
+	full := h.core.groups[1].cache
+	for p := range PageID(32) {
+		if full.Cached(p) {
+			require.Equal(t, Priority(2), full.Priority(p), "full group page %d retained", p)
+		}
+	}
+	require.NoError(t, h.Audit())
+	now = 5 * time.Second
+	h.Evict(0) // an operation: the pin lapses in both groups
+	for g := range 2 {
+		gs := h.GroupStats(g)
+		require.Zero(t, gs.PinnedPages, "group %d", g)
+		require.Positive(t, gs.CachedPages, "group %d", g)
+	}
+	for g, m := range h.core.groups {
+		for p := range PageID(32) {
+			if m.cache.Cached(p) {
+				require.Equal(t, Priority(0), m.cache.Priority(p), "group %d page %d lapsed", g, p)
+			}
+		}
+	}
+	require.NoError(t, h.Audit())
+}
