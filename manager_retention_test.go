@@ -1,6 +1,7 @@
 package pagedkv
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -205,4 +206,108 @@ func TestHybridPinForAndRetention(t *testing.T) {
 		}
 	}
 	require.NoError(t, h.Audit())
+}
+
+// slowPageRetention resolves page d's retention token by token: the last
+// range in the list holding any of the page's tokens gives it, and an
+// ephemeral range holding any of them makes the page ephemeral.
+func slowPageRetention(ranges []RetentionRange, d, ps int) (ret Retention, ranged, eph bool) {
+	for i, r := range ranges {
+		for t := d * ps; t < (d+1)*ps; t++ {
+			if t >= r.Start && (r.End == 0 || t < r.End) {
+				ret, ranged = ranges[i].Retention, true
+				eph = eph || r.Ephemeral
+				break
+			}
+		}
+	}
+	return ret, ranged, eph
+}
+
+// Random retention ranges on random requests: every page the request
+// holds is cached exactly when no page up to it holds an ephemeral token,
+// at the level and with the duration the slow token-by-token resolution
+// gives (the request's priority and no duration where no range covers
+// it), and SetRetention re-levels the cached pages the same way.
+func TestRetentionRangesMatchSlowResolution(t *testing.T) {
+	runs := 300
+	if raceEnabled {
+		runs = 30
+	}
+	const ps = 4
+	rng := rand.New(rand.NewPCG(3, 9))
+	randomRanges := func() []RetentionRange {
+		rs := make([]RetentionRange, rng.IntN(4))
+		for i := range rs {
+			r := &rs[i]
+			r.Start = rng.IntN(40)
+			if rng.IntN(3) > 0 {
+				r.End = r.Start + 1 + rng.IntN(12)
+			}
+			r.Priority = Priority(rng.IntN(4))
+			if rng.IntN(2) == 0 {
+				r.Duration = time.Duration(1+rng.IntN(3)) * time.Second
+			}
+			r.Ephemeral = rng.IntN(6) == 0
+			r.Session = Session(rng.IntN(3))
+		}
+		return rs
+	}
+	var ephemeralSeen, rangedSeen int
+	// check compares request id's pages with ranges; before (nil at the
+	// first check) are the ranges the pages had, which pages the new ones
+	// do not cover keep.
+	check := func(m *Manager, id RequestID, ranges, before []RetentionRange, prio Priority, published bool) {
+		t.Helper()
+		cache := m.core.groups[0].cache
+		pages, _ := m.Pages(id)
+		full := m.Computed(id) / ps
+		cut := false
+		for d := range full {
+			ret, ranged, eph := slowPageRetention(ranges, d, ps)
+			cut = cut || eph
+			if published {
+				require.Equal(t, !cut, cache.Cached(pages[d]), "page %d of ranges %+v", d, ranges)
+			}
+			if !cache.Cached(pages[d]) {
+				ephemeralSeen++
+				continue
+			}
+			want, lapse := prio, time.Duration(0)
+			if old, oldRanged, _ := slowPageRetention(before, d, ps); oldRanged {
+				want, lapse = old.Priority, old.Duration
+			}
+			if ranged {
+				want, lapse = ret.Priority, ret.Duration
+				rangedSeen++
+			}
+			require.Equal(t, want, cache.Priority(pages[d]), "level of page %d, ranges %+v", d, ranges)
+			require.Equal(t, lapse, cache.Lapse(pages[d]), "lapse of page %d, ranges %+v", d, ranges)
+		}
+	}
+	for run := range runs {
+		m, _ := clocked(t, func(c *Config) { c.NumPages, c.Priorities = 64, 4 })
+		prio := Priority(rng.IntN(4))
+		ranges := randomRanges()
+		id := RequestID(run)
+		prompt := seqTokens(run*1000, 1+rng.IntN(40))
+		_, err := m.Add(id, Request{Prompt: prompt, Priority: prio, Retention: ranges})
+		require.NoError(t, err)
+		for m.Computed(id) < len(prompt)+3 {
+			left := len(m.Tokens(id)) - m.Computed(id)
+			n, sampled := min(1+rng.IntN(9), left), NoToken
+			if n == left {
+				sampled = 7 // the step reaches the last known token
+			}
+			step(t, m, []RequestID{id}, []int32{int32(n)}, []int32{sampled})
+		}
+		check(m, id, ranges, nil, prio, true)
+		// The engine changes its mind: the cached pages follow at once.
+		next := randomRanges()
+		require.NoError(t, m.SetRetention(id, next))
+		check(m, id, next, ranges, prio, false)
+		require.NoError(t, m.Audit())
+	}
+	require.Positive(t, ephemeralSeen, "pages kept out by ephemeral tokens")
+	require.Positive(t, rangedSeen, "pages under a range")
 }
