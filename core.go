@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/prefixcache"
@@ -54,6 +55,8 @@ type core struct {
 	adm  []admission // per group: admission scratch
 	recs []*request  // scratch: one request's record in each group
 
+	clock func() time.Duration // Config.Clock (tick)
+
 	plan   HybridPlan // the step's plan: one Plan per group
 	copies []CopyOp   // the buffer of plan.Copies over several groups
 
@@ -77,7 +80,7 @@ type admission struct {
 }
 
 func newCore(groups []*group, alloc *allocator.Allocator, t *tiers) *core {
-	return &core{groups: groups, alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)),
+	return &core{groups: groups, alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)), clock: clockOf(&groups[0].cfg),
 		adm: make([]admission, len(groups)), recs: make([]*request, len(groups)),
 		plan: HybridPlan{Groups: make([]*Plan, len(groups))}}
 }
@@ -93,6 +96,7 @@ func (c *core) add(id RequestID, req Request) (matchedTokens int, err error) {
 	if err := c.groups[0].checkAdd(id, req); err != nil {
 		return 0, err
 	}
+	c.tick()
 	recs := c.recs
 	for g, m := range c.groups {
 		recs[g] = m.newRecord(id, req)
@@ -114,6 +118,7 @@ func (c *core) resume(id RequestID) (matchedTokens int, err error) {
 	if err != nil {
 		return 0, err
 	}
+	c.tick()
 	recs := c.recs
 	for g, r := 0, r0; g < len(c.groups); g, r = g+1, r.sibling {
 		recs[g] = r
@@ -145,6 +150,7 @@ func (c *core) fork(parent, child RequestID) error {
 // release ends request id in every group, keeping its CacheUsage until
 // read (usage.go).
 func (c *core) release(id RequestID) error {
+	c.tick()
 	lead := c.groups[0]
 	if r, ok := lead.reqs[id]; ok && !lead.pending {
 		if c.kept.put(id, r.usage) {
@@ -156,12 +162,14 @@ func (c *core) release(id RequestID) error {
 
 // preempt drops request id's pages in every group.
 func (c *core) preempt(id RequestID) error {
+	c.tick()
 	return c.each(func(m *group) error { return m.preempt(id) })
 }
 
 // truncate cuts request id to n tokens in every group, or fails changing
 // nothing if any group cannot.
 func (c *core) truncate(id RequestID, n int) error {
+	c.tick()
 	if len(c.groups) > 1 {
 		for _, m := range c.groups {
 			if _, err := m.checkTruncate(id, n); err != nil {
@@ -174,6 +182,7 @@ func (c *core) truncate(id RequestID, n int) error {
 
 // unpin removes pin id from every group.
 func (c *core) unpin(id PinID) error {
+	c.tick()
 	return c.each(func(m *group) error { return m.unpin(id) })
 }
 
@@ -283,6 +292,7 @@ func (c *core) afterChange() {
 // (apply), its plan sharing the first group's token arrays. It is
 // all-or-nothing: on error nothing changes, the caches included.
 func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
+	c.tick()
 	lead := c.groups[0]
 	need, err := lead.prepare(ids, ntokens, drafts)
 	if err != nil {
@@ -347,6 +357,7 @@ func (c *core) commit(accepted, sampled []int32) error {
 	if err := c.groups[0].checkCommit(accepted, sampled); err != nil {
 		return err
 	}
+	c.tick()
 	for _, m := range c.groups {
 		m.commit(accepted, sampled)
 	}
@@ -370,6 +381,7 @@ func (c *core) commitSpec(accepted, sampled []int32) error {
 
 // abort undoes the pending step in every group.
 func (c *core) abort() error {
+	c.tick()
 	for g, m := range c.groups {
 		if err := m.abort(); err != nil {
 			if g > 0 {
@@ -435,14 +447,19 @@ func (c *core) admit(rs []*request) int {
 	return L * ps
 }
 
-// pin pins the prefix of tokens in ns that every group's cache holds (see
-// HybridManager.Pin): all or nothing, with the same pin ID in every group.
-func (c *core) pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
+// pinFor pins the prefix of tokens in ns that every group's cache holds
+// (see HybridManager.Pin), for ttl (0: until Unpin): all or nothing, with
+// the same pin ID in every group.
+func (c *core) pinFor(ns Namespace, tokens []int32, ttl time.Duration) (id PinID, pinnedTokens int, err error) {
+	if ttl < 0 {
+		return 0, 0, fmt.Errorf("pagedkv: pin: %w: pin %d tokens for %v, want a lifetime >= 0", ErrBadArgument, len(tokens), ttl)
+	}
+	c.tick()
 	ps := c.groups[0].pageSize
 	if len(c.groups) == 1 {
 		// One cache: its Pin is all or nothing by itself.
 		m := c.groups[0]
-		id, n, err := m.cache.Pin(m.cache.Key(ns), tokens)
+		id, n, err := m.cache.PinFor(m.cache.Key(ns), tokens, ttl)
 		if err != nil {
 			return 0, 0, fmt.Errorf("pagedkv: pin: %w", err)
 		}
@@ -468,7 +485,7 @@ func (c *core) pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, er
 	// Every check passed, so no group fails; every pin goes through here,
 	// so the groups' caches number their pins alike.
 	for g, m := range c.groups {
-		gid, k, err := m.cache.Pin(m.cache.Key(ns), prefix)
+		gid, k, err := m.cache.PinFor(m.cache.Key(ns), prefix, ttl)
 		if err != nil || k != n || g > 0 && gid != id {
 			panic(fmt.Sprintf("pagedkv: pin: group %d pinned %d of %d pages as pin %d (group 0: pin %d): %v", g, k, n, gid, id, err))
 		}

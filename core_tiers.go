@@ -147,6 +147,7 @@ func (c *core) tierExtend(rs []*request, maxPages int) int {
 // tiers: free or on their way to free, offloading the victims the host
 // tier takes) or nothing is evictable, and returns how many it freed.
 func (c *core) evictTo(npages int) (freed int) {
+	c.tick()
 	if t := c.tiers; t != nil {
 		if need := npages - c.alloc.NumFree() - t.evicting; need > 0 {
 			freed = c.evictOffload(need)

@@ -19,6 +19,9 @@ type request struct {
 	prio    Priority
 	noCache bool
 
+	// retention: Request.Retention, or the last SetRetention.
+	retention []RetentionRange
+
 	// tokens are all tokens known: the prompt, then every token sampled or
 	// extended. KV exists for tokens [0, computed) (on pages from the page
 	// table's Start, for those not released by the window).
@@ -188,7 +191,7 @@ func newGroup(cfg Config, alloc *allocator.Allocator, spec layergroup.Spec, shar
 	}
 	cache, err := prefixcache.New(prefixcache.Config{
 		NumPages: cfg.NumPages, PageSize: cfg.PageSize, Refs: refs, Seed: cfg.HashSeed, Hash: cfg.Hash,
-		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages, Sink: cfg.CacheEvents,
+		Priorities: cfg.Priorities, MaxPinnedPages: cfg.MaxPinnedPages, PinBudget: cfg.PinBudget, Sink: cfg.CacheEvents,
 		Eviction: cfg.Eviction, ShadowRate: cfg.MissRatioSampling,
 	})
 	if err != nil {
@@ -233,6 +236,9 @@ func (m *group) checkAdd(id RequestID, req Request) error {
 	if int(req.Priority) >= m.cache.NumPriorities() {
 		return fmt.Errorf("%w: add request %d with priority %d, want 0..%d", ErrBadArgument, id, req.Priority, m.cache.NumPriorities()-1)
 	}
+	if err := checkRetention("add", id, req.Retention, m.cache.NumPriorities()); err != nil {
+		return err
+	}
 	if len(req.Prompt) > MaxRequestTokens {
 		return fmt.Errorf("%w: add request %d: prompt of %d tokens, want at most %d", ErrBadArgument, id, len(req.Prompt), MaxRequestTokens)
 	}
@@ -259,6 +265,9 @@ func (m *group) capacity(req Request) int {
 func (m *group) newRecord(id RequestID, req Request) *request {
 	r := m.newRequest(m.capacity(req))
 	r.id, r.prio, r.noCache = id, req.Priority, req.NoCache
+	if len(req.Retention) > 0 {
+		r.retention = append(r.retention[:0], req.Retention...)
+	}
 	r.tokens = append(r.tokens, req.Prompt...)
 	if !r.noCache {
 		r.key = m.cache.Key(req.Namespace)
@@ -301,7 +310,7 @@ func (m *group) newRequest(capTokens int) *request {
 	if cap(tokens) < capTokens {
 		tokens = make([]int32, 0, capTokens)
 	}
-	*r = request{tokens: tokens}
+	*r = request{tokens: tokens, retention: r.retention[:0]}
 	return r
 }
 
@@ -324,6 +333,11 @@ func (m *group) admitPages(r *request, a *admission, n int) {
 	m.cache.Hit(pages[:cached]...)
 	if err := m.cache.Raise(r.prio, pages...); err != nil {
 		panic(err) // the priority was checked by Add
+	}
+	if len(r.retention) > 0 {
+		for d := range cached {
+			m.retainPage(r, d, pages[d])
+		}
 	}
 	r.running = true
 	r.computed, r.start, r.lastMaybeShared = len(pages)*ps, 0, false

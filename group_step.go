@@ -406,6 +406,9 @@ func (m *group) publish(r *request) {
 			// window can release them.
 			panic(fmt.Sprintf("pagedkv: request %d publishes page %d, released by the window (first held %d)", r.id, d, first))
 		}
+		if m.ephemeralFrom(r, d) {
+			return // the chain stops before an ephemeral page
+		}
 		h, added, err := m.cache.Publish(r.chain, r.key, pages[d-first], r.tokens[d*ps:(d+1)*ps], r.prio)
 		if errors.Is(err, prefixcache.ErrStaleHandle) {
 			r.chainCut = true
@@ -423,6 +426,10 @@ func (m *group) publish(r *request) {
 		}
 		r.chain = h
 		r.cachedPages++
+		if len(r.retention) > 0 {
+			p, _ := h.Page()
+			m.retainPage(r, d, p)
+		}
 	}
 }
 

@@ -1,6 +1,8 @@
 package pagedkv
 
 import (
+	"time"
+
 	"fmt"
 
 	"github.com/pagedkv/pagedkv/allocator"
@@ -317,7 +319,19 @@ func (h *HybridManager) Evict(npages int) int { return h.core.evictTo(npages) }
 // page, or with [ErrPinLimit] naming a group whose pins would pass
 // Config.MaxPinnedPages (the cap applies to each group's cache).
 func (h *HybridManager) Pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
-	return h.core.pin(ns, tokens)
+	return h.core.pinFor(ns, tokens, 0)
+}
+
+// PinFor is [Manager.PinFor] in every group, all or nothing as Pin: the
+// pin's lifetime, refreshes and lapse are the same in every group (they
+// follow one clock read per operation).
+func (h *HybridManager) PinFor(ns Namespace, tokens []int32, ttl time.Duration) (id PinID, pinnedTokens int, err error) {
+	return h.core.pinFor(ns, tokens, ttl)
+}
+
+// SetRetention is [Manager.SetRetention] in every group.
+func (h *HybridManager) SetRetention(id RequestID, ranges []RetentionRange) error {
+	return h.core.setRetention(id, ranges)
 }
 
 // Unpin removes a pin from every group; its pages become evictable when

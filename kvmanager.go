@@ -1,5 +1,7 @@
 package pagedkv
 
+import "time"
+
 // KVManager is what a consumer calls of a KV-cache manager, dense or
 // hybrid: [Manager] and [HybridManager] both implement it, so one value
 // drives either (the simulator, the C ABI and the replay hold one). A
@@ -48,7 +50,9 @@ type KVManager interface {
 	// The cache.
 	Evict(npages int) (freed int)
 	Pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error)
+	PinFor(ns Namespace, tokens []int32, ttl time.Duration) (id PinID, pinnedTokens int, err error)
 	Unpin(id PinID) error
+	SetRetention(id RequestID, ranges []RetentionRange) error
 
 	// The tiers (docs/tiers.md).
 	TierCopies(dst []TierCopy) []TierCopy

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/invariants"
@@ -94,6 +95,18 @@ type Config struct {
 	Priorities int
 	// MaxPinnedPages caps the pages pinned at once; 0 means no cap.
 	MaxPinnedPages int
+	// PinBudget caps the pages pinned at once at this share of NumPages
+	// (SGLang's SGLANG_HICACHE_MAX_PINNED_RATIO), on top of
+	// MaxPinnedPages; a pin past it is refused with ErrPinLimit naming
+	// the figures. 0 means no budget; otherwise it is in (0, 1] and at
+	// least one page.
+	PinBudget float64
+	// Clock is the time retention durations and TTL pins are measured
+	// on: the time since any fixed origin, never decreasing (a smaller
+	// value is taken as the last one). The Manager reads it once at the
+	// start of each operation. nil means a monotonic clock from New;
+	// tests inject one.
+	Clock func() time.Duration
 	// HashSeed seeds the prefix hash; 0 picks a random seed.
 	HashSeed uint64
 	// Hash replaces the prefix hash (tests inject colliding ones); nil means
@@ -156,6 +169,11 @@ type Request struct {
 	// NoCache keeps the request out of the prefix cache: it neither reuses
 	// nor publishes pages.
 	NoCache bool
+	// Retention gives ranges of the request's tokens their own retention
+	// (priority, duration, ephemeral, session; see [RetentionRange] and
+	// [Manager.SetRetention]); pages no range covers keep Priority. At
+	// most MaxRetentionRanges; Add copies them.
+	Retention []RetentionRange
 	// CapacityTokens, if larger than the prompt, reserves room for that many
 	// tokens in the request's token list, so decoding does not grow it. It
 	// must be in [0, MaxRequestTokens]. It is a hint: Add reserves at most
@@ -271,7 +289,7 @@ func (m *Manager) Evict(npages int) (freed int) { return m.core.evictTo(npages) 
 // it) from eviction until [Manager.Unpin], and returns the pin and the
 // tokens it covers. See [prefixcache.Cache.Pin].
 func (m *Manager) Pin(ns Namespace, tokens []int32) (id PinID, pinnedTokens int, err error) {
-	return m.core.pin(ns, tokens)
+	return m.core.pinFor(ns, tokens, 0)
 }
 
 // Unpin removes a pin; its pages become evictable when nothing else holds

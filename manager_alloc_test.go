@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -19,14 +20,21 @@ type churn struct {
 	prompts           [][]int32
 	next              RequestID
 	promptLen, maxLen int
+	// With retention: every request carries retention ranges, and the
+	// clock advances a second a step, so retention lapses as it runs.
+	retention []RetentionRange
+	now       time.Duration
 }
 
-func newChurn(t testing.TB, nreq, promptLen, maxLen int) *churn {
+func newChurn(t testing.TB, nreq, promptLen, maxLen int, retention ...RetentionRange) *churn {
 	const ps = 16
-	c := &churn{
+	c := &churn{retention: retention}
+	*c = churn{
 		// Padded block tables too (Plan.BlockTables), one column to spare.
-		m:   mustNew(t, Config{NumPages: nreq*maxLen/ps + 64, PageSize: ps, HashSeed: 1, BlockTablesStride: (maxLen+ps-1)/ps + 1}),
-		ids: make([]RequestID, nreq), nt: make([]int32, nreq), sampled: make([]int32, nreq),
+		m: mustNew(t, Config{NumPages: nreq*maxLen/ps + 64, PageSize: ps, HashSeed: 1, BlockTablesStride: (maxLen+ps-1)/ps + 1,
+			Clock: func() time.Duration { return c.now }}),
+		retention: retention,
+		ids:       make([]RequestID, nreq), nt: make([]int32, nreq), sampled: make([]int32, nreq),
 		prompts: make([][]int32, nreq), promptLen: promptLen, maxLen: maxLen,
 	}
 	for i := range nreq {
@@ -39,7 +47,7 @@ func newChurn(t testing.TB, nreq, promptLen, maxLen int) *churn {
 func (c *churn) admit(t testing.TB, i int) {
 	c.ids[i] = c.next
 	c.next++
-	if _, err := c.m.Add(c.ids[i], Request{Prompt: c.prompts[i], CapacityTokens: c.maxLen + 1}); err != nil {
+	if _, err := c.m.Add(c.ids[i], Request{Prompt: c.prompts[i], CapacityTokens: c.maxLen + 1, Retention: c.retention}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -48,6 +56,7 @@ func (c *churn) admit(t testing.TB, i int) {
 // step: the rest of each prompt, or one decode token.
 func (c *churn) step(t testing.TB) {
 	m := c.m
+	c.now += time.Second
 	for i, id := range c.ids {
 		if len(m.Tokens(id)) >= c.maxLen-i%32 {
 			if err := m.Release(id); err != nil {
@@ -76,14 +85,31 @@ func (c *churn) step(t testing.TB) {
 // the 4096 case without it).
 func TestStepWithChurnAllocatesNothing(t *testing.T) {
 	promptLen, maxLen, runs := 40, 104, 40
-	sizes := []int{64, 256, 4096}
 	if raceEnabled {
 		promptLen, maxLen, runs = 24, 64, 8
-		sizes = sizes[:2]
 	}
-	for _, nreq := range sizes {
-		t.Run(fmt.Sprint(nreq, "requests"), func(t *testing.T) {
-			c := newChurn(t, nreq, promptLen, maxLen)
+	// Retention: the first page kept at level 2 for 3 s of idleness, the
+	// rest of the prompt at level 1 with the session continuing, and the
+	// decoded tokens past the prompt's first 8 ephemeral (never published).
+	hints := []RetentionRange{
+		{Start: 0, End: 16, Retention: Retention{Priority: 2, Duration: 3 * time.Second}},
+		{Start: 16, End: promptLen, Retention: Retention{Priority: 1, Duration: 5 * time.Second, Session: SessionContinues}},
+		{Start: promptLen + 8, Retention: Retention{Ephemeral: true, Session: SessionEnded}},
+	}
+	for _, tc := range []struct {
+		nreq  int
+		hints []RetentionRange
+	}{{64, nil}, {256, nil}, {4096, nil}, {256, hints}} {
+		nreq := tc.nreq
+		if raceEnabled && nreq > 256 {
+			continue
+		}
+		name := fmt.Sprint(nreq, "requests")
+		if tc.hints != nil {
+			name += "/retention"
+		}
+		t.Run(name, func(t *testing.T) {
+			c := newChurn(t, nreq, promptLen, maxLen, tc.hints...)
 			for range 3 * maxLen {
 				c.step(t)
 			}
@@ -92,6 +118,25 @@ func TestStepWithChurnAllocatesNothing(t *testing.T) {
 			require.Zero(t, allocs, "allocations per step")
 			st := c.m.Stats()
 			require.Greater(t, st.EvictedPages, evicted, "the steps measured evict: %+v", st)
+			if tc.hints != nil {
+				// The retention took: pages sit at levels 1 and 2, some
+				// with a lapse running, and some lapsed to level 0.
+				cache := c.m.core.groups[0].cache
+				var levels [4]int
+				timed := 0
+				for p := range PageID(c.m.NumPages()) {
+					if cache.Cached(p) {
+						levels[cache.Priority(p)]++
+						if cache.Lapse(p) > 0 {
+							timed++
+						}
+					}
+				}
+				require.Positive(t, levels[0], "lapsed pages: %v", levels)
+				require.Positive(t, levels[1], "level 1 pages: %v", levels)
+				require.Positive(t, levels[2], "level 2 pages: %v", levels)
+				require.Positive(t, timed)
+			}
 			require.NoError(t, c.m.Audit())
 		})
 	}

@@ -44,6 +44,7 @@ func (m *Manager) HintContinuation(id RequestID, hints []Hint) error {
 			return err
 		}
 	}
+	m.core.tick()
 	for _, g := range m.core.groups {
 		r := g.reqs[id]
 		if !r.running {

@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv"
@@ -20,7 +21,7 @@ import (
 //export pagedkv_create
 func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager) (code C.int32_t) {
 	defer recoverTo(&code)
-	gcfg, code, ok := goConfig("create", cfg, size, out)
+	gcfg, clk, code, ok := goConfig("create", cfg, size, out)
 	if !ok {
 		return code
 	}
@@ -28,18 +29,19 @@ func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager
 	if err != nil {
 		return failErr(err)
 	}
-	*out = register(&handle{m: m, plans: make([]planExport, 1)})
+	*out = register(&handle{m: m, plans: make([]planExport, 1), clock: clk})
 	return C.PAGEDKV_OK
 }
 
 // goConfig checks create's common arguments and converts cfg.
-func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager) (pagedkv.Config, C.int32_t, bool) {
+// The manager's clock (Config.Clock, pagedkv_set_clock) comes with it.
+func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager) (pagedkv.Config, *cabiClock, C.int32_t, bool) {
 	switch {
 	case cfg == nil || out == nil:
-		return pagedkv.Config{}, badArg("%s: cfg = %p, out = %p; both are required", op, cfg, out), false
-	case size != C.sizeof_pagedkv_config && size != configSizeV3 && size != configSizeV2:
-		return pagedkv.Config{}, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without block_tables_stride, or %d, without memory_limit)",
-			op, uint64(size), C.sizeof_pagedkv_config, configSizeV3, configSizeV2), false
+		return pagedkv.Config{}, nil, badArg("%s: cfg = %p, out = %p; both are required", op, cfg, out), false
+	case size != C.sizeof_pagedkv_config && size != configSizeV4 && size != configSizeV3 && size != configSizeV2:
+		return pagedkv.Config{}, nil, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without pin_budget, or %d, without block_tables_stride, or %d, without memory_limit)",
+			op, uint64(size), C.sizeof_pagedkv_config, configSizeV4, configSizeV3, configSizeV2), false
 	}
 	gcfg := pagedkv.Config{
 		NumPages:             int(cfg.num_pages),
@@ -56,7 +58,12 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 	if size > configSizeV3 { // nor block_tables_stride
 		gcfg.BlockTablesStride = int(cfg.block_tables_stride)
 	}
-	return gcfg, C.PAGEDKV_OK, true
+	if size > configSizeV4 { // nor pin_budget
+		gcfg.PinBudget = float64(cfg.pin_budget)
+	}
+	clk := newClock()
+	gcfg.Clock = clk.read
+	return gcfg, clk, C.PAGEDKV_OK, true
 }
 
 // configSizeV2 is the size of pagedkv_config before memory_limit was
@@ -66,6 +73,9 @@ const configSizeV2 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.memory_limit))
 
 // configSizeV3 is its size before block_tables_stride was appended.
 const configSizeV3 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.block_tables_stride))
+
+// configSizeV4 is its size before pin_budget was appended.
+const configSizeV4 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.pin_budget))
 
 //export pagedkv_destroy
 func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {
@@ -548,17 +558,23 @@ func pagedkv_pin(id C.pagedkv_manager, ns *C.pagedkv_namespace, tokens *C.int32_
 		return code
 	}
 	defer h.exit(&code)
-	gns, code, ok := namespace("pin", ns)
+	return pinWith("pin", h, ns, tokens, n, 0, pin, pinned)
+}
+
+// pinWith is pagedkv_pin (ttl 0) and pagedkv_pin_for inside the call.
+func pinWith(op string, h *handle, ns *C.pagedkv_namespace, tokens *C.int32_t, n C.int64_t, ttl time.Duration,
+	pin *C.uint64_t, pinned *C.int64_t) C.int32_t {
+	gns, code, ok := namespace(op, ns)
 	if !ok {
 		return code
 	}
-	if code, ok := checkArray("pin", "tokens", unsafe.Pointer(tokens), n); !ok {
+	if code, ok := checkArray(op, "tokens", unsafe.Pointer(tokens), n); !ok {
 		return code
 	}
 	if pin == nil {
-		return badArg("pin: pin is NULL (the pin's id is needed to unpin it)")
+		return badArg("%s: pin is NULL (the pin's id is needed to unpin it)", op)
 	}
-	p, nt, err := h.m.Pin(gns, int32s(tokens, n))
+	p, nt, err := h.m.PinFor(gns, int32s(tokens, n), ttl)
 	if err != nil {
 		return failErr(err)
 	}

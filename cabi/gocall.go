@@ -43,6 +43,7 @@ type abiConfig struct {
 	CascadeMinSavedPages                                         int64
 	MemoryLimit                                                  int64
 	BlockTablesStride                                            int64
+	PinBudget                                                    float64
 }
 
 func (cfg abiConfig) c() C.pagedkv_config {
@@ -51,6 +52,7 @@ func (cfg abiConfig) c() C.pagedkv_config {
 		priorities: C.int64_t(cfg.Priorities), max_pinned_pages: C.int64_t(cfg.MaxPinnedPages),
 		hash_seed: C.uint64_t(cfg.HashSeed), cascade_min_saved_pages: C.int64_t(cfg.CascadeMinSavedPages),
 		memory_limit: C.int64_t(cfg.MemoryLimit), block_tables_stride: C.int64_t(cfg.BlockTablesStride),
+		pin_budget: C.double(cfg.PinBudget),
 	}
 }
 
@@ -548,9 +550,9 @@ func goGroupStats(h uint64, g int64, size uintptr) ([]int64, int32) {
 }
 
 // configSizes are the sizes pagedkv_create accepts: sizeof(pagedkv_config),
-// that of ABI 2's first release, without memory_limit, and that without
-// block_tables_stride.
-var configSizes = [3]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2), uintptr(configSizeV3)}
+// that of ABI 2's first release, without memory_limit, that without
+// block_tables_stride, and that without pin_budget.
+var configSizes = [4]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2), uintptr(configSizeV3), uintptr(configSizeV4)}
 
 func goDestroyKeepMemory(h uint64) int32 {
 	return int32(pagedkv_destroy_keep_memory(C.pagedkv_manager(h)))

@@ -45,7 +45,7 @@ func pagedkv_hybrid_create_ex(cfg *C.pagedkv_config, size C.size_t, groups *C.pa
 
 func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_group, n C.int64_t,
 	groupSize C.size_t, opts *C.pagedkv_options, optsSize C.size_t, out *C.pagedkv_manager) C.int32_t {
-	gcfg, code, ok := goConfig("hybrid_create", cfg, size, out)
+	gcfg, clk, code, ok := goConfig("hybrid_create", cfg, size, out)
 	if !ok {
 		return code
 	}
@@ -74,7 +74,7 @@ func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_
 		ext.close()
 		return failErr(err)
 	}
-	h := &handle{m: m, hybrid: true, plans: make([]planExport, len(specs))}
+	h := &handle{m: m, hybrid: true, plans: make([]planExport, len(specs)), clock: clk}
 	h.adopt(ext)
 	*out = register(h)
 	return C.PAGEDKV_OK

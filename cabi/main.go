@@ -110,6 +110,7 @@ type handle struct {
 	// m is the manager, dense or hybrid (a Manager, or a HybridManager
 	// when hybrid is set; the entry points of one kind refuse the other).
 	m        pagedkv.KVManager
+	clock    *cabiClock // the manager's Config.Clock
 	hybrid   bool
 	poisoned bool
 

@@ -76,7 +76,8 @@ enum {
  * sizeof(pagedkv_config) or the size of an earlier version of it (up to
  * and including cascade_min_saved_pages: offsetof(pagedkv_config,
  * memory_limit); up to and including memory_limit:
- * offsetof(pagedkv_config, block_tables_stride)); the fields it leaves out
+ * offsetof(pagedkv_config, block_tables_stride); up to and including
+ * block_tables_stride: offsetof(pagedkv_config, pin_budget)); the fields it leaves out
  * take their defaults. */
 typedef struct {
 	int64_t num_pages;               /* pages in the pool, >= 1 */
@@ -93,6 +94,9 @@ typedef struct {
 	                                    plan (Go: Config.BlockTablesStride; pagedkv_get_block_tables);
 	                                    0 = none. A step giving a request more pages fails
 	                                    with PAGEDKV_ERR_BAD_ARGUMENT */
+	double pin_budget;               /* share of num_pages pins may hold at once, 0..1 (Go:
+	                                    Config.PinBudget); 0 = no budget. A pin past it fails with
+	                                    PAGEDKV_ERR_PIN_LIMIT naming the figures */
 } pagedkv_config;
 
 /* A prefix-cache namespace: three byte strings (not NUL-terminated; a NULL
@@ -488,6 +492,29 @@ typedef struct {
 	int64_t cap;
 } pagedkv_step_row;
 
+/* Retention hints and TTL pins (docs/manager.md, "Retention hints").
+ * A range gives the pages holding any of a request's tokens [start, end)
+ * (end 0: to the end, tokens to come included) an eviction priority
+ * (0 .. priorities-1; no page is evicted while a page of a lower level is
+ * evictable), a duration after which, idle, they drop to level 0
+ * (duration_ms 0: none; at most a day, 86400000), ephemeral (nonzero: never published: reasoning
+ * tokens) and a session (PAGEDKV_SESSION_*). Later ranges win where they
+ * overlap, except that ephemeral in any holds. */
+enum {
+	PAGEDKV_SESSION_UNKNOWN = 0,   /* leave the pages' continuation hint */
+	PAGEDKV_SESSION_CONTINUES = 1, /* the chain will be sent again */
+	PAGEDKV_SESSION_ENDED = 2      /* it will not */
+};
+typedef struct {
+	int64_t start;
+	int64_t end;
+	int64_t duration_ms;
+	int32_t priority;
+	int32_t ephemeral;
+	int32_t session;
+	int32_t reserved; /* 0 */
+} pagedkv_retention_range;
+
 #ifndef PAGEDKV_NO_PROTOTYPES
 
 /* Library information. */
@@ -664,6 +691,29 @@ int32_t pagedkv_step_layout(pagedkv_manager m, const pagedkv_step_capacities *ca
 int32_t pagedkv_bind_step_buffers(pagedkv_manager m, void *mem, int64_t size,
                                   const pagedkv_step_capacities *caps, size_t caps_size);
 int32_t pagedkv_unbind_step_buffers(pagedkv_manager m);
+
+/* Retention hints and TTL pins (pagedkv_retention_range above).
+ * Replaces request id's ranges (at most 64; n 0 clears them) and applies
+ * them to the pages it holds in the cache at once; pages it publishes
+ * later, and pages a resume matches, take them then. Call it right after
+ * pagedkv_add (for the prompt's matched pages), after a commit, before a
+ * resume or before a release. range_size is
+ * sizeof(pagedkv_retention_range). Dense and hybrid handles. */
+int32_t pagedkv_set_retention(pagedkv_manager m, uint64_t id, const pagedkv_retention_range *ranges, int64_t n,
+                              size_t range_size);
+/* pagedkv_pin with a lifetime: with ttl_ms > 0 the pin lapses by itself
+ * once ttl_ms (at most a day) have passed on the manager's clock since it was made or last
+ * refreshed; every admission matching its whole prefix refreshes it.
+ * Lapsed pins go at the start of the next call that changes the manager
+ * (unpin of one: PAGEDKV_ERR_UNKNOWN_PIN). ttl_ms 0 is pagedkv_pin.
+ * Dense and hybrid handles. */
+int32_t pagedkv_pin_for(pagedkv_manager m, const pagedkv_namespace *ns, const int32_t *tokens, int64_t n,
+                        int64_t ttl_ms, uint64_t *pin, int64_t *pinned_tokens);
+/* The manager's clock, for durations and TTLs, is monotonic from its
+ * creation until this call; from it on it is the caller's: now_ms
+ * milliseconds (a value below the last one set keeps the last one), for an
+ * engine with its own clock and for tests. */
+int32_t pagedkv_set_clock(pagedkv_manager m, int64_t now_ms);
 
 #endif /* PAGEDKV_NO_PROTOTYPES */
 

@@ -78,7 +78,7 @@ var dtypes = [...]layout.DType{C.PAGEDKV_DTYPE_F32: layout.F32, C.PAGEDKV_DTYPE_
 //export pagedkv_create_ex
 func pagedkv_create_ex(cfg *C.pagedkv_config, size C.size_t, opts *C.pagedkv_options, optsSize C.size_t, out *C.pagedkv_manager) (code C.int32_t) {
 	defer recoverTo(&code)
-	gcfg, code, ok := goConfig("create", cfg, size, out)
+	gcfg, clk, code, ok := goConfig("create", cfg, size, out)
 	if !ok {
 		return code
 	}
@@ -91,7 +91,7 @@ func pagedkv_create_ex(cfg *C.pagedkv_config, size C.size_t, opts *C.pagedkv_opt
 		ext.close()
 		return failErr(err)
 	}
-	h := &handle{m: m, plans: make([]planExport, 1)}
+	h := &handle{m: m, plans: make([]planExport, 1), clock: clk}
 	h.adopt(ext)
 	*out = register(h)
 	return C.PAGEDKV_OK

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv/allocator"
@@ -83,6 +84,11 @@ type Config struct {
 	Priorities int
 	// MaxPinnedPages caps the pages pinned at once; 0 means no cap.
 	MaxPinnedPages int
+	// PinBudget caps the pages pinned at once at this share of NumPages
+	// (rounded down; SGLang's SGLANG_HICACHE_MAX_PINNED_RATIO), on top of
+	// MaxPinnedPages: a pin past it is refused with ErrPinLimit naming
+	// the figures. 0 means no budget; it must be in [0, 1].
+	PinBudget float64
 	// Sink, when not nil, is told of every page stored and removed (KV
 	// events). See [Sink].
 	Sink Sink
@@ -111,6 +117,10 @@ func (h Handle) IsRoot() bool { return h.page == 0 }
 
 // Page returns the page h names; ok is false for a root.
 func (h Handle) Page() (p PageID, ok bool) { return PageID(h.page - 1), h.page != 0 }
+
+// lapseBytes is what retention lapses take per page: a lapse, a
+// deadline, a heap position and a heap entry.
+const lapseBytes = 8 + 8 + 4 + 4
 
 // none marks an absent node in links.
 const none int32 = -1
@@ -209,6 +219,24 @@ type Cache struct {
 	nIdlePinned int // idle and pinned
 	nPinned     int // nodes with pins > 0
 	maxPinned   int // 0: no cap
+	pinBudget   int // PinBudget's pages; 0: no budget
+	pinShare    float64
+
+	// now is the cache's clock (Advance). lapse[p] is cached page p's
+	// retention lapse (nil until the first Retain with one); lapses holds
+	// the deadlines of idle pages with a lapse.
+	now    time.Duration
+	lapse  []time.Duration
+	lapses deadlines
+
+	// TTL pins: ttl holds their records (free slots in ttlFree),
+	// ttlSlot a pin's slot, ttlAt the first slot of the pins whose last
+	// page is a page, pinLives their deadlines.
+	ttl      []ttlPin
+	ttlFree  []int32
+	ttlSlot  map[PinID]int32
+	ttlAt    map[int32]int32
+	pinLives deadlines
 
 	pins    map[PinID]Handle // live pins: the deepest page of each
 	nextPin PinID
@@ -221,7 +249,9 @@ type Cache struct {
 // AllocBytes is the memory a Cache of cfg takes over its life for its
 // pages: a node, PageSize tokens and two index slots per page, and with
 // the "arc" policy each priority level's ghost list (a hash, a list byte
-// and two index slots per page, taken at its first eviction). Callers that
+// and two index slots per page, taken at its first eviction) and, from
+// the first Retain with a lapse, the lapse deadlines (lapseBytes a page).
+// Callers that
 // bound the memory a configuration asks for add it up (pagedkv's
 // Config.MemoryLimit). Counts beyond what New accepts are clamped first
 // (NumPages to MaxPages+1, PageSize to 2^32, Priorities to
@@ -239,6 +269,7 @@ func AllocBytes(cfg Config) int64 {
 		levels = DefaultPriorities
 	}
 	need += evict.AllocBytesIn(cfg.Eviction, levels, int(n))
+	need += n * lapseBytes
 	if cfg.ShadowRate > 0 && cfg.ShadowRate <= 1 && n > 0 {
 		need += evict.ShadowBytes(int(n), cfg.ShadowRate)
 	}
@@ -260,6 +291,11 @@ func New(cfg Config) (*Cache, error) {
 		return nil, fmt.Errorf("%w: Priorities = %d, want 0..%d", ErrBadConfig, cfg.Priorities, MaxPriorities)
 	case cfg.MaxPinnedPages < 0:
 		return nil, fmt.Errorf("%w: MaxPinnedPages = %d, want >= 0", ErrBadConfig, cfg.MaxPinnedPages)
+	case !(cfg.PinBudget >= 0 && cfg.PinBudget <= 1):
+		return nil, fmt.Errorf("%w: PinBudget = %g, want a share of the pool in [0, 1]", ErrBadConfig, cfg.PinBudget)
+	case cfg.PinBudget > 0 && int(cfg.PinBudget*float64(cfg.NumPages)) == 0:
+		return nil, fmt.Errorf("%w: PinBudget = %g of %d pages is no page, want 0 (no budget) or at least %g",
+			ErrBadConfig, cfg.PinBudget, cfg.NumPages, 1/float64(cfg.NumPages))
 	case !(cfg.ShadowRate >= 0 && cfg.ShadowRate <= 1):
 		return nil, fmt.Errorf("%w: ShadowRate = %g, want 0..1", ErrBadConfig, cfg.ShadowRate)
 	}
@@ -291,7 +327,11 @@ func New(cfg Config) (*Cache, error) {
 		keys:      make(map[Namespace]Key),
 		queues:    queues,
 		maxPinned: cfg.MaxPinnedPages,
+		pinBudget: int(cfg.PinBudget * float64(cfg.NumPages)),
+		pinShare:  cfg.PinBudget,
 		pins:      make(map[PinID]Handle),
+		ttlSlot:   make(map[PinID]int32),
+		ttlAt:     make(map[int32]int32),
 	}
 	for i := range c.nodes {
 		c.nodes[i] = node{parent: none, child: none, next: none, prev: none, nextHash: none}
@@ -483,6 +523,9 @@ func (c *Cache) Publish(parent Handle, key Key, page PageID, tokens []int32, pri
 	if c.queues.Returned(int(prio), hv) {
 		n.state |= stReturned
 	}
+	if c.lapse != nil {
+		c.lapse[p] = 0
+	}
 	if par == none {
 		c.rootKey[p] = key.id
 	} else {
@@ -555,6 +598,7 @@ func (c *Cache) recheck(p int32) {
 		} else {
 			c.nIdlePinned++
 		}
+		c.timeLapse(p)
 		return
 	}
 	if n.pins == 0 {
@@ -563,6 +607,7 @@ func (c *Cache) recheck(p int32) {
 		c.nIdlePinned--
 	}
 	n.state &^= stIdle
+	c.timeLapse(p)
 }
 
 // Raise lifts the priority of the cached pages among pages to at least prio;
@@ -610,6 +655,9 @@ func (c *Cache) Hit(pages ...PageID) {
 				c.shadow.Ref(n.hash)
 			}
 			n.hint = evict.HintNone
+			if n.pins > 0 && len(c.ttlAt) > 0 {
+				c.refreshTTL(int32(p))
+			}
 			if n.hits < ^uint32(0) {
 				n.hits++
 			}

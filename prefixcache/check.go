@@ -116,8 +116,8 @@ func (c *Cache) CheckInvariants() error {
 		return fmt.Errorf("prefixcache: counted cached %d idle %d idle-pinned %d pinned %d; counters say %d %d %d %d",
 			cached, idle, idlePinned, pinned, c.nCached, c.queues.Len(), c.nIdlePinned, c.nPinned)
 	}
-	if c.maxPinned > 0 && pinned > c.maxPinned {
-		return fmt.Errorf("prefixcache: %d pages pinned, limit %d", pinned, c.maxPinned)
+	if limit := c.PinBudget(); limit > 0 && pinned > limit {
+		return fmt.Errorf("prefixcache: %d pages pinned, limit %d", pinned, limit)
 	}
 	// Eviction queues: well linked, and holding exactly the listed pages
 	// (nodeError checks each page is queued iff listed, at its level).
@@ -129,6 +129,48 @@ func (c *Cache) CheckInvariants() error {
 		x, ok := c.resolve(h)
 		if !ok || x == none || c.nodes[x].pins < 1 {
 			return fmt.Errorf("prefixcache: pin %d names page %d, which is not pinned", id, h.page-1)
+		}
+	}
+	return c.checkTimed()
+}
+
+// checkTimed checks the deadlines: the lapse heap holds exactly the idle
+// cached pages with a lapse, each due after the cache's time (Advance
+// lapses what is due) and at most a lapse after it, and the TTL pins are live pins whose records and
+// last pages agree.
+func (c *Cache) checkTimed() error {
+	timed := 0
+	for p := range c.lapse {
+		n := &c.nodes[p]
+		want := n.cached() && n.idle() && c.lapse[p] > 0
+		if !n.cached() && c.lapse[p] != 0 {
+			return fmt.Errorf("prefixcache: uncached page %d keeps a lapse of %v", p, c.lapse[p])
+		}
+		if c.lapses.has(int32(p)) != want {
+			return fmt.Errorf("prefixcache: page %d (idle %v, lapse %v) is on the lapse deadlines: %v", p, n.idle(), c.lapse[p], !want)
+		}
+		if want {
+			timed++
+			if at := c.lapses.at[p]; at <= c.now || at > c.now+c.lapse[p] {
+				return fmt.Errorf("prefixcache: page %d lapses at %v, now %v with a lapse of %v", p, at, c.now, c.lapse[p])
+			}
+		}
+	}
+	if timed != c.lapses.len() {
+		return fmt.Errorf("prefixcache: %d pages have a lapse deadline, the heap holds %d", timed, c.lapses.len())
+	}
+	if len(c.ttlSlot) != c.pinLives.len() {
+		return fmt.Errorf("prefixcache: %d TTL pins, %d pin deadlines", len(c.ttlSlot), c.pinLives.len())
+	}
+	for id, s := range c.ttlSlot {
+		h, ok := c.pins[id]
+		switch {
+		case !ok:
+			return fmt.Errorf("prefixcache: TTL pin %d is not a pin", id)
+		case c.ttl[s].id != id || c.ttl[s].last != h.page-1:
+			return fmt.Errorf("prefixcache: TTL pin %d's record names pin %d at page %d, the pin's last page is %d", id, c.ttl[s].id, c.ttl[s].last, h.page-1)
+		case c.pinLives.at[s] <= c.now || c.pinLives.at[s] > c.now+c.ttl[s].life:
+			return fmt.Errorf("prefixcache: TTL pin %d lapses at %v, now %v with a lifetime of %v", id, c.pinLives.at[s], c.now, c.ttl[s].life)
 		}
 	}
 	return nil

@@ -58,8 +58,15 @@
 // still hold stay with them; only the cache's reference goes.
 //
 // Pins ([Cache.Pin]) take a whole cached prefix off the lists until
-// [Cache.Unpin]; [Config.MaxPinnedPages] caps them. Priorities are raised,
-// never lowered, while a page is cached ([Cache.Raise]).
+// [Cache.Unpin]; [Config.MaxPinnedPages] and [Config.PinBudget] cap them.
+// Priorities are raised, never lowered, while a page is cached
+// ([Cache.Raise]), except by retention: [Cache.Retain] sets a page's level
+// and, with a lapse, drops it to level 0 once the page has stayed idle
+// that long. A TTL pin ([Cache.PinFor]) lapses by itself, and a hit on its
+// last page refreshes it. The cache reads no clock: its owner tells it the
+// time ([Cache.Advance]), which lapses what is due, earliest deadline first
+// (an indexed heap: O(log n) per timed page or pin, nothing allocated once
+// sized). See docs/retention.md.
 //
 // # Invariants
 //
@@ -69,7 +76,11 @@
 //   - A cached page is idle iff its reference count is 1, and is on exactly
 //     one eviction queue (of its priority's level) iff it is idle and
 //     unpinned.
-//   - pins(parent) >= pins(child): a pin covers a path from the root.
+//   - pins(parent) >= pins(child): a pin covers a path from the root; the
+//     pinned pages are within MaxPinnedPages and the pin budget.
+//   - A page is on the lapse heap iff it is cached, idle and has a lapse;
+//     every lapse and TTL-pin deadline is after the cache's time and at most
+//     its lapse or TTL after it (Advance took everything due).
 //   - Counters (cached, idle, idle-pinned, pinned) equal what they count.
 //
 // In builds with the invariants tag or -race, every mutation checks the
@@ -78,7 +89,8 @@
 // # Failures
 //
 // Predictable conditions return errors that work with errors.Is:
-// [ErrStaleHandle] (the parent was evicted), [ErrPinLimit], [ErrNotCached],
+// [ErrStaleHandle] (the parent was evicted), [ErrPinLimit] (naming the
+// limit or budget and the figures), [ErrNotCached],
 // [ErrUnknownPin]. Misuse returns [ErrBadArgument] or [ErrPageCached]. A
 // failed call changes nothing.
 //

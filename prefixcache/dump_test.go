@@ -2,6 +2,7 @@ package prefixcache
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -33,6 +34,12 @@ func (c *Cache) dump() string {
 		if n.idle() {
 			b.WriteString(" idle")
 		}
+		if l := c.Lapse(PageID(i)); l > 0 {
+			fmt.Fprintf(&b, " lapse %v", l)
+			if at := c.lapses.at[i]; c.lapses.has(int32(i)) {
+				fmt.Fprintf(&b, " at %v", at)
+			}
+		}
 		if n.parent == none {
 			fmt.Fprintf(&b, " ns %q", c.rootKey[int32(i)])
 		}
@@ -57,6 +64,15 @@ func (c *Cache) dump() string {
 			fmt.Fprintf(&b, " p%d", x)
 		}
 		b.WriteByte('\n')
+	}
+	ids := make([]PinID, 0, len(c.ttlSlot))
+	for id := range c.ttlSlot {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		at, _ := c.PinDeadline(id)
+		fmt.Fprintf(&b, "pin %d lapses at %v\n", id, at)
 	}
 	return b.String()
 }

@@ -107,6 +107,10 @@ func (c *Cache) remove(x int32) {
 		delete(c.rootKey, x)
 	}
 	c.byHash.drop(c.nodes, n.hash, x, n.nextHash)
+	if c.lapse != nil {
+		c.lapse[x] = 0
+		c.lapses.remove(x)
+	}
 	if c.sink != nil {
 		c.sink.PageRemoved(PageID(x), n.hash)
 	}

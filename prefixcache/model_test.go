@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -44,10 +45,15 @@ type mnode struct {
 	hits    int   // admissions it served (Cache.Hit)
 	rrpv    int   // SRRIP's re-reference prediction, set when it became evictable
 	removed bool
-	hash    uint64 // the cache's chained hash of the page (ARC's ghost key)
-	seq     int64  // publish order (the cache's sibling lists are newest first)
-	back    bool   // ARC: published while a ghost of its hash was remembered
+	hash    uint64        // the cache's chained hash of the page (ARC's ghost key)
+	seq     int64         // publish order (the cache's sibling lists are newest first)
+	back    bool          // ARC: published while a ghost of its hash was remembered
+	lapse   time.Duration // its retention lapse (Cache.Retain), 0: none
+	at      time.Duration // when it lapses, while idle with a lapse
 }
+
+// mttl is a pin's lifetime in the model.
+type mttl struct{ life, at time.Duration }
 
 // mghost is one eviction under ARC: a ghost while live (not yet taken by a
 // publish, nor replaced by a later eviction of the same hash).
@@ -77,12 +83,15 @@ type model struct {
 	target   []int
 	seq      int64
 	returns  [2]int // ghost hits from probation and from main
+	now      time.Duration
+	budget   int            // pin budget in pages (0: none)
+	ttl      map[PinID]mttl // pins with a lifetime
 }
 
 func newModel(ps, nprio, maxPinned int, policy string, numPages int, hashFn HashFunc) *model {
 	m := &model{ps: ps, nprio: nprio, maxPinned: maxPinned, nodes: map[string]*mnode{},
 		byPage: map[PageID]*mnode{}, held: map[PageID]int{}, pins: map[PinID]*mnode{}, policy: policy,
-		hashFn: hashFn, numPages: numPages, ghosts: make([][]mghost, nprio), target: make([]int, nprio)}
+		hashFn: hashFn, numPages: numPages, ghosts: make([][]mghost, nprio), target: make([]int, nprio), ttl: map[PinID]mttl{}}
 	for i := range m.target {
 		m.target[i] = numPages / 2 // ARC starts in the middle
 	}
@@ -252,9 +261,75 @@ func (m *model) recheck(p PageID) {
 		return
 	}
 	n.idle = idle
+	if idle {
+		n.at = m.now + n.lapse
+	}
 	if m.listed(n) {
 		m.list(n)
 	}
+}
+
+// retain is Cache.Retain.
+func (m *model) retain(prio int, lapse time.Duration, pages []PageID) {
+	for _, p := range pages {
+		n := m.byPage[p]
+		if n == nil {
+			continue
+		}
+		if n.prio != prio {
+			n.prio = prio
+			if m.listed(n) {
+				m.list(n)
+			}
+		}
+		n.lapse, n.at = lapse, m.now+lapse
+	}
+}
+
+// advance is Cache.Advance: every due lapse, earliest (then lowest page)
+// first, then every due pin, earliest (then oldest) first.
+func (m *model) advance(now time.Duration) (npages, npins int) {
+	m.now = max(m.now, now)
+	var due []*mnode
+	for _, n := range m.nodes {
+		if n.idle && n.lapse > 0 && n.at <= m.now {
+			due = append(due, n)
+		}
+	}
+	sort.Slice(due, func(i, j int) bool {
+		if due[i].at != due[j].at {
+			return due[i].at < due[j].at
+		}
+		return due[i].page < due[j].page
+	})
+	for _, n := range due {
+		n.lapse = 0
+		if n.prio != 0 {
+			n.prio = 0
+			if m.listed(n) {
+				m.list(n)
+			}
+		}
+	}
+	var pins []PinID
+	for id, t := range m.ttl {
+		if t.at <= m.now {
+			pins = append(pins, id)
+		}
+	}
+	sort.Slice(pins, func(i, j int) bool {
+		a, b := m.ttl[pins[i]].at, m.ttl[pins[j]].at
+		if a != b {
+			return a < b
+		}
+		return pins[i] < pins[j]
+	})
+	for _, id := range pins {
+		if err := m.unpin(id); err != nil {
+			panic(err)
+		}
+	}
+	return len(due), len(pins)
 }
 
 // hit counts an admission on pages.
@@ -262,6 +337,11 @@ func (m *model) hit(pages []PageID) {
 	for _, p := range pages {
 		if n := m.byPage[p]; n != nil {
 			n.hits++
+			for id, t := range m.ttl {
+				if m.pins[id] == n {
+					m.ttl[id] = mttl{life: t.life, at: m.now + t.life}
+				}
+			}
 		}
 	}
 }
@@ -353,7 +433,7 @@ func (m *model) pin(ns string, tokens []int32) (PinID, int, error) {
 			pinned++
 		}
 	}
-	if m.maxPinned > 0 && pinned+fresh > m.maxPinned {
+	if m.maxPinned > 0 && pinned+fresh > m.maxPinned || m.budget > 0 && pinned+fresh > m.budget {
 		return 0, 0, ErrPinLimit
 	}
 	for _, n := range path {
@@ -370,6 +450,7 @@ func (m *model) unpin(id PinID) error {
 		return ErrUnknownPin
 	}
 	delete(m.pins, id)
+	delete(m.ttl, id)
 	for ; n != nil; n = n.parent {
 		n.pins--
 		if m.listed(n) {
@@ -398,6 +479,12 @@ func (m *model) dump() string {
 		}
 		if n.idle {
 			b.WriteString(" idle")
+		}
+		if n.lapse > 0 {
+			fmt.Fprintf(&b, " lapse %v", n.lapse)
+			if n.idle {
+				fmt.Fprintf(&b, " at %v", n.at)
+			}
 		}
 		if n.parent == nil {
 			fmt.Fprintf(&b, " ns %q", n.ns)
@@ -429,6 +516,14 @@ func (m *model) dump() string {
 		}
 		b.WriteByte('\n')
 	}
+	ids := make([]PinID, 0, len(m.ttl))
+	for id := range m.ttl {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		fmt.Fprintf(&b, "pin %d lapses at %v\n", id, m.ttl[id].at)
+	}
 	return b.String()
 }
 
@@ -440,6 +535,8 @@ const (
 	hNumPages   = 14
 	hPriorities = 3
 	hMaxPinned  = 5
+	hPinBudget  = 0.3 // 4 of hNumPages: tighter than hMaxPinned
+	hTick       = time.Second
 	hFamilies   = 8
 	hSpaces     = 3
 )
@@ -462,13 +559,16 @@ type harness struct {
 	keys    [hSpaces]Key
 	holders []*holder
 	pins    []PinID
+	// What the retention ops reached: pages and TTL pins lapsed, pins
+	// refused by the budget.
+	lapsedPages, lapsedPins, refused int
 }
 
 func newHarness(t testing.TB, hash HashFunc, policy string) *harness {
 	a, err := allocator.New(allocator.Config{NumPages: hNumPages})
 	require.NoError(t, err)
 	c, err := New(Config{NumPages: hNumPages, PageSize: hPageSize, Refs: a, Seed: 3, Hash: hash,
-		Priorities: hPriorities, MaxPinnedPages: hMaxPinned, Eviction: policy})
+		Priorities: hPriorities, MaxPinnedPages: hMaxPinned, PinBudget: hPinBudget, Eviction: policy})
 	require.NoError(t, err)
 	require.Equal(t, policy, c.Eviction())
 	hashFn := hash
@@ -476,6 +576,8 @@ func newHarness(t testing.TB, hash HashFunc, policy string) *harness {
 		hashFn = func(prev uint64, toks []int32) uint64 { return hashTokens(c.seed, prev, toks) }
 	}
 	h := &harness{t: t, alloc: a, c: c, m: newModel(hPageSize, hPriorities, hMaxPinned, policy, hNumPages, hashFn)}
+	budget := hPinBudget
+	h.m.budget = int(budget * hNumPages)
 	for i := range h.keys {
 		h.keys[i] = c.Key(Namespace{Tenant: fmt.Sprint("t", i%2), LoRA: fmt.Sprint("l", i/2)})
 	}
@@ -616,6 +718,9 @@ const (
 	opRaise
 	opLookup
 	opExtend
+	opRetain
+	opAdvance
+	opPinTTL
 	numOps
 )
 
@@ -639,17 +744,27 @@ func (h *harness) step(op, a, b, c byte) {
 		}
 	case opEvict:
 		h.evict(1 + int(a)%4)
-	case opPin:
+	case opPin, opPinTTL:
 		ns, fam, np := int(a)%hSpaces, int(b)%hFamilies, 1+int(c)%5
 		tokens := family(fam, np)
+		var ttl time.Duration
+		if op%numOps == opPinTTL {
+			ttl = time.Duration(1+int(c>>4)%4) * hTick
+		}
 		// CheckPin first: it predicts Pin and changes nothing (the model
 		// comparison after the operation would see a change).
 		cn, cerr := h.c.CheckPin(h.keys[ns], tokens)
-		id, n, err := h.c.Pin(h.keys[ns], tokens)
+		id, n, err := h.c.PinFor(h.keys[ns], tokens, ttl)
 		mid, mn, merr := h.m.pin(h.keys[ns].id, tokens)
+		if merr == nil && ttl > 0 {
+			h.m.ttl[mid] = mttl{life: ttl, at: h.m.now + ttl}
+		}
 		if merr != nil {
 			require.ErrorIs(h.t, cerr, merr, "check pin")
 			require.ErrorIs(h.t, err, merr)
+			if errors.Is(err, ErrPinLimit) {
+				h.refused++
+			}
 			return
 		}
 		require.NoError(h.t, cerr, "check pin")
@@ -660,8 +775,13 @@ func (h *harness) step(op, a, b, c byte) {
 	case opUnpin:
 		if len(h.pins) > 0 {
 			i := int(a) % len(h.pins)
-			require.NoError(h.t, h.c.Unpin(h.pins[i]))
-			require.NoError(h.t, h.m.unpin(h.pins[i]))
+			// A TTL pin may have lapsed: then both refuse it.
+			merr := h.m.unpin(h.pins[i])
+			if err := h.c.Unpin(h.pins[i]); merr != nil {
+				require.ErrorIs(h.t, err, merr)
+			} else {
+				require.NoError(h.t, err)
+			}
 			require.ErrorIs(h.t, h.c.Unpin(h.pins[i]), ErrUnknownPin)
 			h.pins = slices.Delete(h.pins, i, i+1)
 		}
@@ -672,6 +792,24 @@ func (h *harness) step(op, a, b, c byte) {
 			require.NoError(h.t, h.c.Raise(prio, x.pages...))
 			h.m.raise(int(prio), x.pages)
 		}
+	case opRetain:
+		if len(h.holders) > 0 {
+			x := h.holders[int(a)%len(h.holders)]
+			prio := Priority(int(b) % hPriorities)
+			lapse := time.Duration(int(c)%4) * hTick
+			require.NoError(h.t, h.c.Retain(prio, lapse, x.pages...))
+			h.m.retain(int(prio), lapse, x.pages)
+		}
+	case opAdvance:
+		// Back in time sometimes: the cache keeps its latest time.
+		now := h.c.Now() + time.Duration(int(a)%6-1)*hTick
+		pages, pins := h.c.Advance(now)
+		mpages, mpins := h.m.advance(now)
+		if [2]int{pages, pins} != [2]int{mpages, mpins} {
+			require.Equal(h.t, [2]int{mpages, mpins}, [2]int{pages, pins}, "Advance(%v): lapsed pages, pins", now)
+		}
+		h.lapsedPages += pages
+		h.lapsedPins += pins
 	case opLookup:
 		ns, fam, np := int(a)%hSpaces, int(b)%hFamilies, 1+int(c)%5
 		tokens := append(family(fam, np), 7) // a partial page is never matched
@@ -824,3 +962,70 @@ func FuzzCachePolicies(f *testing.F) {
 // arcLike reports whether the model runs policy as ARC: "adaptive"
 // without hints is ARC (its hint segments stay empty).
 func arcLike(policy string) bool { return policy == evict.ARC || policy == evict.Adaptive }
+
+// retentionOps are the commands of FuzzRetention and
+// TestRetentionMatchesModel: admissions (whose hits refresh TTL pins),
+// releases, retention, the clock, TTL and plain pins, unpins, evictions.
+var retentionOps = [...]byte{opInsert, opRelease, opRetain, opAdvance, opPinTTL, opUnpin, opEvict, opPin, opExtend, opWindow}
+
+// runRetention runs data as retention commands (op byte modulo
+// len(retentionOps)) on the cache and the model.
+func (h *harness) runRetention(data []byte) {
+	for i := 0; i+4 <= len(data); i += 4 {
+		h.step(retentionOps[int(data[i])%len(retentionOps)], data[i+1], data[i+2], data[i+3])
+		h.verify(i / 4)
+	}
+}
+
+// TestRetentionMatchesModel runs random retention programs under every
+// policy against the model (same levels, lapses, pins, victims), and
+// checks that they reached lapsed pages, lapsed TTL pins and budget
+// refusals.
+func TestRetentionMatchesModel(t *testing.T) {
+	runs, steps := 40, 150
+	if testing.Short() || raceEnabled {
+		runs = 2
+	}
+	for _, policy := range evict.Names() {
+		t.Run(policy, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(7, uint64(len(policy))))
+			var pages, pins, refused int
+			for range runs {
+				data := make([]byte, 4*steps)
+				for i := range data {
+					data[i] = byte(rng.Uint32())
+				}
+				h := newHarness(t, nil, policy)
+				h.runRetention(data)
+				pages, pins, refused = pages+h.lapsedPages, pins+h.lapsedPins, refused+h.refused
+			}
+			require.Positive(t, pages, "lapsed pages")
+			require.Positive(t, pins, "lapsed TTL pins")
+			require.Positive(t, refused, "pins refused by the budget")
+		})
+	}
+}
+
+// FuzzRetention decodes the input into retention commands (see
+// runRetention; the first byte picks the policy) run on the cache and the
+// model: retention levels and lapses, TTL pins with their refreshes and
+// lapses, the pin budget, and the victims that follow.
+func FuzzRetention(f *testing.F) {
+	names := evict.Names()
+	// Retain at level 2 for a tick, release, advance past it, evict; a TTL
+	// pin, a refreshing hit, advances around its deadline.
+	f.Add([]byte{0, 0, 0, 1, 0x13, 2, 0, 2, 1, 1, 0, 0, 0, 3, 3, 0, 0, 6, 3, 0, 0,
+		4, 0, 1, 0x14, 0, 0, 1, 3, 3, 2, 0, 0, 3, 4, 0, 0, 5, 0, 0, 0})
+	for i := range names {
+		f.Add([]byte{byte(i), 0, 1, 2, 3, 2, 0, 1, 2, 1, 0, 0, 0, 3, 5, 0, 0, 4, 1, 2, 0x33, 3, 5, 0, 0, 6, 2, 0, 0})
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) == 0 {
+			return
+		}
+		if len(data) > 1+4*400 {
+			data = data[:1+4*400]
+		}
+		newHarness(t, nil, names[int(data[0])%len(names)]).runRetention(data[1:])
+	})
+}

@@ -1258,6 +1258,94 @@ static void cache_usage(void) {
 	OK(pagedkv_destroy(m));
 }
 
+// serve_one adds request id on prompt [n] with retention ranges [nr],
+// computes it, and releases it; it returns the tokens the cache served.
+static int64_t serve_one(pagedkv_manager m, uint64_t id, const int32_t *prompt, int64_t n, int32_t priority,
+                         const pagedkv_retention_range *ranges, int64_t nr) {
+	pagedkv_request req = {0};
+	req.prompt = prompt;
+	req.prompt_len = n;
+	req.priority = priority;
+	int64_t matched = 0;
+	OK(pagedkv_add(m, id, &req, &matched));
+	OK(pagedkv_set_retention(m, id, ranges, nr, sizeof(pagedkv_retention_range)));
+	int32_t nt = (int32_t)(n - matched), sampled = 1;
+	pagedkv_plan plan;
+	OK(pagedkv_reserve(m, &id, &nt, 1, &plan));
+	OK(pagedkv_commit(m, &sampled, 1));
+	OK(pagedkv_release(m, id));
+	return matched;
+}
+
+// Retention ranges order eviction over request priorities until their
+// duration lapses on the caller's clock; TTL pins lapse by themselves and
+// keep the pin budget.
+static void retention(void) {
+	pagedkv_config cfg = {.num_pages = 8, .page_size = 4, .priorities = 3, .hash_seed = 1, .pin_budget = 0.25};
+	pagedkv_manager m = 0;
+	OK(pagedkv_create(&cfg, sizeof cfg, &m));
+	OK(pagedkv_set_clock(m, 0));
+	int32_t a[9], b[9];
+	for (int i = 0; i < 9; i++) {
+		a[i] = 100 + i;
+		b[i] = 200 + i;
+	}
+	pagedkv_retention_range keep = {.start = 0, .end = 0, .priority = 2, .duration_ms = 10000};
+	serve_one(m, 1, a, 9, 0, &keep, 1);
+	serve_one(m, 2, b, 9, 1, NULL, 0);
+	pagedkv_stats st;
+	int64_t freed = 0;
+	OK(pagedkv_get_stats(m, &st, sizeof st));
+	OK(pagedkv_evict(m, st.free_pages + 2, &freed));
+	CHECK(freed == 2, "evicted %lld pages, want 2", (long long)freed);
+	CHECK(serve_one(m, 3, a, 9, 0, NULL, 0) == 8, "the retained prompt went before the level-1 one");
+
+	// Refused by name, changing nothing.
+	pagedkv_request live = {0};
+	live.prompt = a;
+	live.prompt_len = 9;
+	OK(pagedkv_add(m, 7, &live, NULL));
+	pagedkv_retention_range bad = keep;
+	bad.priority = 5;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "priority 5", pagedkv_set_retention(m, 7, &bad, 1, sizeof bad));
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_REQUEST, "9", pagedkv_set_retention(m, 9, &keep, 1, sizeof keep));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "range_size = 8", pagedkv_set_retention(m, 7, &keep, 1, 8));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ranges is NULL", pagedkv_set_retention(m, 7, NULL, 1, sizeof keep));
+	bad = keep;
+	bad.reserved = 1;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "reserved = 1", pagedkv_set_retention(m, 7, &bad, 1, sizeof bad));
+	bad = keep;
+	bad.start = 8;
+	bad.end = 4;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "tokens [8, 4)", pagedkv_set_retention(m, 7, &bad, 1, sizeof bad));
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "now_ms = -1", pagedkv_set_clock(m, -1));
+	OK(pagedkv_release(m, 7));
+
+	// A TTL pin: the budget is 2 pages.
+	uint64_t pin = 0;
+	int64_t pinned = 0;
+	EXPECT_FAIL(m, PAGEDKV_ERR_BAD_ARGUMENT, "ttl_ms = -1", pagedkv_pin_for(m, NULL, a, 8, -1, &pin, &pinned));
+	OK(pagedkv_pin_for(m, NULL, a, 8, 5000, &pin, &pinned));
+	CHECK(pinned == 8, "pinned %lld tokens, want 8", (long long)pinned);
+	serve_one(m, 4, b, 9, 1, NULL, 0);
+	uint64_t other = 0;
+	EXPECT_FAIL(m, PAGEDKV_ERR_PIN_LIMIT, "over the pin budget of 2 pages (0.25 of 8)",
+	            pagedkv_pin(m, NULL, b, 4, &other, &pinned));
+	OK(pagedkv_set_clock(m, 4000));
+	OK(pagedkv_evict(m, 8, &freed));
+	OK(pagedkv_get_stats(m, &st, sizeof st));
+	CHECK(st.pinned_pages == 2, "%lld pinned pages before the pin lapses, want 2", (long long)st.pinned_pages);
+	OK(pagedkv_set_clock(m, 5000));
+	OK(pagedkv_evict(m, 8, &freed));
+	OK(pagedkv_get_stats(m, &st, sizeof st));
+	CHECK(st.pinned_pages == 0 && st.cached_pages == 0, "after the pin lapsed: %lld pinned, %lld cached",
+	      (long long)st.pinned_pages, (long long)st.cached_pages);
+	EXPECT_FAIL(m, PAGEDKV_ERR_UNKNOWN_PIN, "pin", pagedkv_unpin(m, pin));
+	OK(pagedkv_audit(m));
+	OK(pagedkv_destroy(m));
+	printf("retention: ok\n");
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
@@ -1271,6 +1359,7 @@ int main(void) {
 	sweep();
 	step_buffers();
 	cache_usage();
+	retention();
 	if (failures) {
 		fprintf(stderr, "pagedkv_test: %d failures\n", failures);
 		return 1;

@@ -111,10 +111,59 @@ __all__ = [
     "BadHandle", "Busy", "AuditError", "InternalError", "StalePlan", "Loading",
     "Tiers", "PageFormat", "RedisTier", "DiskTier", "Events", "TierCopies", "TierStats", "EventsStats",
     "TO_HOST", "TO_DEVICE", "ABI_VERSION", "__version__", "logger", "Int32Array", "UInt64Array", "Ints",
+    "RetentionRange", "SESSIONS",
 ]
 
 NO_TOKEN: int = -1
 """In commit(sampled): no token sampled for this request."""
+
+SESSIONS: Tuple[str, ...] = ("unknown", "continues", "ended")
+"""RetentionRange.session values (Go: pagedkv.Session, C: PAGEDKV_SESSION_*)."""
+
+_DAY_SECONDS = 86400.0
+
+
+class RetentionRange:
+    """A retention hint for the pages holding tokens [start, end) of a
+    request (end 0: to the end, tokens to come included); Go:
+    pagedkv.RetentionRange. priority is the eviction level (0 ..
+    priorities-1; no page is evicted while a lower level has an evictable
+    one); duration (seconds, at most a day; 0: none) is how long the pages
+    may stay idle before they drop to level 0; ephemeral pages are never
+    published (reasoning tokens); session is one of SESSIONS. Later ranges
+    win where they overlap, except that ephemeral in any holds."""
+
+    __slots__ = ("start", "end", "priority", "duration", "ephemeral", "session")
+
+    def __init__(self, start: int = 0, end: int = 0, *, priority: int = 0, duration: float = 0.0,
+                 ephemeral: bool = False, session: str = "unknown") -> None:
+        self.start, self.end, self.priority = start, end, priority
+        self.duration, self.ephemeral, self.session = duration, ephemeral, session
+
+    def __repr__(self) -> str:
+        return ("RetentionRange(%r, %r, priority=%r, duration=%r, ephemeral=%r, session=%r)"
+                % (self.start, self.end, self.priority, self.duration, self.ephemeral, self.session))
+
+    def _c(self, op: str, i: int) -> Any:
+        name = "ranges[%d]" % i
+        if self.session not in SESSIONS:
+            raise BadArgument("pagedkv: bad argument: %s: %s.session = %r, want one of %s"
+                              % (op, name, self.session, ", ".join(SESSIONS)))
+        ms = _millis(self.duration, op, name + ".duration")
+        return _ffi.RetentionRange(_scalar(self.start, _I64, op, name + ".start"),
+                                   _scalar(self.end, _I64, op, name + ".end"), ms,
+                                   _scalar(self.priority, _I32, op, name + ".priority"),
+                                   1 if self.ephemeral else 0, SESSIONS.index(self.session), 0)
+
+
+def _millis(seconds: Any, op: str, name: str, limit: Optional[float] = _DAY_SECONDS) -> int:
+    """seconds (a real number >= 0, at most limit) in whole milliseconds,
+    or BadArgument naming the value."""
+    if isinstance(seconds, (bool, np.bool_)) or not isinstance(seconds, (int, float, np.integer, np.floating)) \
+            or not (0 <= seconds <= (limit if limit is not None else float("inf"))):
+        raise BadArgument("pagedkv: bad argument: %s: %s = %r, want seconds in [0, %s]"
+                          % (op, name, seconds, limit if limit is not None else "inf"))
+    return int(round(float(seconds) * 1000))
 
 
 # ---- Errors ----
@@ -992,6 +1041,51 @@ class _Core:
         return pin.value, n.value
 
     @_exclusive
+    def pin_for(self, tokens: Ints, ttl: float, *, tenant: Union[str, bytes] = "", lora: Union[str, bytes] = "",
+                salt: Union[str, bytes] = "") -> Tuple[int, int]:
+        """pin() with a lifetime (Go: PinFor; Anthropic's cache_control ttl):
+        the pin lapses by itself ttl seconds (at most a day; 0: never) after
+        it was made or last refreshed on the manager's clock; every admission
+        matching its whole prefix refreshes it. Pins count against
+        pin_budget (PinLimit names the figures). Returns (pin_id,
+        pinned_tokens)."""
+        t = _ints(tokens, np.int32, _I32, "pin_for", "tokens")
+        ms = _millis(ttl, "pin_for", "ttl")
+        ns = _ffi.Namespace()
+        _fill_ns(ns, tenant, lora, salt)
+        pin, n = ctypes.c_uint64(0), ctypes.c_int64(0)
+        self._check(self._lib.pagedkv_pin_for(self._handle, ctypes.byref(ns), _addr(t) if t.size else None, t.size,
+                                              ms, ctypes.byref(pin), ctypes.byref(n)))
+        return pin.value, n.value
+
+    @_exclusive
+    def set_retention(self, request_id: int, ranges: Sequence[RetentionRange]) -> None:
+        """Replace request_id's retention ranges (Go: SetRetention; at most
+        64, [] clears them) and apply them to its cached pages at once;
+        pages it publishes later, or a resume matches, take them then. Call
+        it right after add(), after a commit, before resume() or release()."""
+        if isinstance(ranges, RetentionRange) or not hasattr(ranges, "__len__"):
+            raise BadArgument("pagedkv: bad argument: set_retention: ranges = %r, want a list of RetentionRange"
+                              % (ranges,))
+        arr = (_ffi.RetentionRange * max(len(ranges), 1))()
+        for i, r in enumerate(ranges):
+            if not isinstance(r, RetentionRange):
+                raise BadArgument("pagedkv: bad argument: set_retention: ranges[%d] = %r is not a RetentionRange"
+                                  % (i, r))
+            arr[i] = r._c("set_retention", i)
+        self._check(self._lib.pagedkv_set_retention(self._handle, _scalar(request_id, _U64, "set_retention",
+                                                                          "request_id"),
+                                                    ctypes.cast(arr, ctypes.c_void_p), len(ranges),
+                                                    ctypes.sizeof(_ffi.RetentionRange)))
+
+    @_exclusive
+    def set_clock(self, now: float) -> None:
+        """From now on the manager's clock (durations and TTLs) is the
+        caller's: now seconds (a value below the last one keeps the last
+        one); before the first call it is monotonic from creation."""
+        self._check(self._lib.pagedkv_set_clock(self._handle, _millis(now, "set_clock", "now", None)))
+
+    @_exclusive
     def unpin(self, pin_id: int) -> None:
         """Undo pin() (Go: Unpin): the pages may be evicted again."""
         self._check(self._lib.pagedkv_unpin(self._handle, _scalar(pin_id, _U64, "unpin", "pin_id")))
@@ -1154,8 +1248,9 @@ class Manager(_Core):
 
     Keyword arguments are pagedkv.Config's fields: num_pages, page_size,
     window_tokens, priorities, max_pinned_pages, hash_seed,
-    cascade_min_saved_pages, memory_limit, block_tables_stride (0 means the
-    Go default wherever Go has one; memory_limit bounds the bytes the
+    cascade_min_saved_pages, memory_limit, block_tables_stride, pin_budget
+    (0 means the Go default wherever Go has one; pin_budget is the share of
+    num_pages pins may hold at once, 0 = no budget; memory_limit bounds the bytes the
     configuration asks for, 0 = this machine's physical memory: above it the
     constructor raises BadConfig naming the bytes needed and the limit;
     block_tables_stride > 0 gives every plan block_tables, see Plan);
@@ -1167,11 +1262,11 @@ class Manager(_Core):
     def __init__(self, num_pages: int, page_size: int, *, window_tokens: int = 0, priorities: int = 0,
                  max_pinned_pages: int = 0, hash_seed: int = 0, cascade_min_saved_pages: int = 0, memory_limit: int = 0,
                  block_tables_stride: int = 0, tiers: Optional[Tiers] = None, events: Union[Events, bool, None] = None,
-                 busy_timeout: Optional[float] = 0) -> None:
+                 busy_timeout: Optional[float] = 0, pin_budget: float = 0.0) -> None:
         lib = _load()
         busy_timeout = _timeout("Manager", busy_timeout)
         cfg = _config("Manager", num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages, memory_limit, block_tables_stride)
+                      cascade_min_saved_pages, memory_limit, block_tables_stride, pin_budget)
         opts, keep = _options("Manager", tiers, events)
         h = ctypes.c_uint64(0)
         rc = lib.pagedkv_create_ex(ctypes.byref(cfg), ctypes.sizeof(cfg), opts, ctypes.sizeof(_ffi.Options),
@@ -1265,11 +1360,12 @@ class HybridManager(_Core):
     def __init__(self, num_pages: int, page_size: int, groups: Sequence[Union[LayerGroup, Dict[str, Any]]], *,
                  priorities: int = 0, hash_seed: int = 0, cascade_min_saved_pages: int = 0, max_pinned_pages: int = 0,
                  memory_limit: int = 0, block_tables_stride: int = 0, tiers: Optional[Tiers] = None,
-                 events: Union[Events, bool, None] = None, busy_timeout: Optional[float] = 0) -> None:
+                 events: Union[Events, bool, None] = None, busy_timeout: Optional[float] = 0,
+                 pin_budget: float = 0.0) -> None:
         lib = _load()
         busy_timeout = _timeout("HybridManager", busy_timeout)
         cfg = _config("HybridManager", num_pages, page_size, 0, priorities, max_pinned_pages, hash_seed,
-                      cascade_min_saved_pages, memory_limit, block_tables_stride)
+                      cascade_min_saved_pages, memory_limit, block_tables_stride, pin_budget)
         if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
             raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
         specs = (_ffi.LayerGroup * max(len(groups), 1))()
@@ -1676,16 +1772,18 @@ def _timeout(op: str, seconds: Any) -> Optional[float]:
 
 
 def _config(op, num_pages, page_size, window_tokens, priorities, max_pinned_pages, hash_seed,
-            cascade_min_saved_pages, memory_limit, block_tables_stride):
+            cascade_min_saved_pages, memory_limit, block_tables_stride, pin_budget=0.0):
     """A checked pagedkv_config."""
     vals = dict(num_pages=num_pages, page_size=page_size, window_tokens=window_tokens, priorities=priorities,
                 max_pinned_pages=max_pinned_pages, cascade_min_saved_pages=cascade_min_saved_pages,
                 memory_limit=memory_limit, block_tables_stride=block_tables_stride)
     for name, v in vals.items():
         _scalar(v, _I64, op, name)
+    if isinstance(pin_budget, (bool, np.bool_)) or not isinstance(pin_budget, (int, float, np.integer, np.floating)):
+        raise BadArgument("pagedkv: bad argument: %s: pin_budget = %r is not a number" % (op, pin_budget))
     return _ffi.Config(num_pages, page_size, window_tokens, priorities, max_pinned_pages,
                        _scalar(hash_seed, _U64, op, "hash_seed"), cascade_min_saved_pages, memory_limit,
-                       block_tables_stride)
+                       block_tables_stride, float(pin_budget))
 
 
 def _reserve_args(op, request_ids, ntokens):

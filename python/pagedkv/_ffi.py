@@ -25,6 +25,7 @@ class Config(ctypes.Structure):
         ("cascade_min_saved_pages", ctypes.c_int64),
         ("memory_limit", ctypes.c_int64),
         ("block_tables_stride", ctypes.c_int64),
+        ("pin_budget", ctypes.c_double),
     ]
 
 
@@ -35,6 +36,18 @@ def _byte_strings(*names):
 
 class Namespace(ctypes.Structure):
     _fields_ = _byte_strings("tenant", "lora", "salt")
+
+
+class RetentionRange(ctypes.Structure):
+    _fields_ = [
+        ("start", ctypes.c_int64),
+        ("end", ctypes.c_int64),
+        ("duration_ms", ctypes.c_int64),
+        ("priority", ctypes.c_int32),
+        ("ephemeral", ctypes.c_int32),
+        ("session", ctypes.c_int32),
+        ("reserved", ctypes.c_int32),
+    ]
 
 
 class Request(ctypes.Structure):
@@ -306,6 +319,10 @@ def _declare(lib):
         "pagedkv_evict": (i32, [u64, i64, ctypes.POINTER(i64)]),
         "pagedkv_pin": (i32, [u64, ctypes.POINTER(Namespace), vp, i64, ctypes.POINTER(u64), ctypes.POINTER(i64)]),
         "pagedkv_unpin": (i32, [u64, u64]),
+        "pagedkv_set_retention": (i32, [u64, u64, vp, i64, sz]),
+        "pagedkv_pin_for": (i32, [u64, ctypes.POINTER(Namespace), vp, i64, i64, ctypes.POINTER(u64),
+                                  ctypes.POINTER(i64)]),
+        "pagedkv_set_clock": (i32, [u64, i64]),
         "pagedkv_get_request_state": (i32, [u64, u64, ctypes.POINTER(RequestState)]),
         "pagedkv_request_tokens": (i32, [u64, u64, vp, i64, ctypes.POINTER(i64)]),
         "pagedkv_request_pages": (i32, [u64, u64, vp, i64, ctypes.POINTER(i64)]),
