@@ -45,6 +45,7 @@ type stateSet struct {
 	free  []*checkpoint // evicted checkpoints, reused with their slot buffers
 	idle  int           // checkpoints no request reads (evictable)
 	tick  uint64        // admissions: the checkpoints' recency clock
+	seq   uint64        // checkpoints published
 
 	// The step in progress.
 	pending bool
@@ -75,6 +76,7 @@ type checkpoint struct {
 	slot    []PageID
 	readers int    // requests whose frozen slot this is
 	lastUse uint64 // tick of its publication or last hit
+	seq     uint64 // publication order (eviction's last tie-break)
 }
 
 // stateReq is a request's state record.
@@ -384,7 +386,8 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 	} else {
 		c = &checkpoint{slot: make([]PageID, 0, s.n)}
 	}
-	c.key, c.slot, c.readers, c.lastUse = key, append(c.slot[:0], r.slot...), 0, s.tick
+	s.seq++
+	c.key, c.slot, c.readers, c.lastUse, c.seq = key, append(c.slot[:0], r.slot...), 0, s.tick, s.seq
 	s.retain(c.slot)
 	s.ckpts[key] = c
 	s.idle++
@@ -400,7 +403,8 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 // recurrent layer's FLOPs grow linearly with the tokens it skips, so the
 // saving is proportional to the checkpoint's tokens; it is discounted by
 // recency, the admissions since its publication or last hit. The victim
-// minimises tokens / (1 + age). O(checkpoints).
+// minimises tokens / (1 + age), then tokens, then publication order (the
+// oldest first). O(checkpoints).
 func (s *stateSet) evictOne() int {
 	var victim *checkpoint
 	var vu float64
@@ -409,7 +413,7 @@ func (s *stateSet) evictOne() int {
 			continue
 		}
 		u := float64(c.key.tokens) / float64(1+s.tick-c.lastUse)
-		if victim == nil || u < vu || u == vu && c.key.tokens < victim.key.tokens {
+		if victim == nil || u < vu || u == vu && (c.key.tokens < victim.key.tokens || c.key.tokens == victim.key.tokens && c.seq < victim.seq) {
 			victim, vu = c, u
 		}
 	}
