@@ -98,7 +98,7 @@ func (c *core) add(id RequestID, req Request) (matchedTokens int, err error) {
 		recs[g] = m.newRecord(id, req)
 	}
 	if c.state != nil {
-		c.state.add(id, req)
+		c.state.add(id, req, recs[0].key.Hash())
 	}
 	matched := c.admit(recs)
 	for g, m := range c.groups {

@@ -106,8 +106,10 @@ func newStateSet(at []int, ps, every int, alloc *allocator.Allocator, h prefixca
 
 // ---- Per request ----
 
-// add files request id's record, added with req (checked), before admit.
-func (s *stateSet) add(id RequestID, req Request) {
+// add files request id's record, added with req (checked), before admit;
+// root is the hash of its namespace (the lead group's Key), where its
+// prefixes' hash chain starts.
+func (s *stateSet) add(id RequestID, req Request, root uint64) {
 	var r *stateReq
 	if k := len(s.spare); k > 0 {
 		r, s.spare = s.spare[k-1], s.spare[:k-1]
@@ -117,7 +119,7 @@ func (s *stateSet) add(id RequestID, req Request) {
 	}
 	r.id, r.noCache, r.promptEnd = id, req.NoCache, len(req.Prompt)
 	if !r.noCache {
-		r.root = s.hash.Namespace(req.Namespace)
+		r.root = root
 		r.chain = r.root
 	}
 	s.reqs[id] = r

@@ -422,7 +422,7 @@ func TestStateGroupsMatchModel(t *testing.T) {
 	t.Parallel()
 	runs, ops := 12, 500
 	if testing.Short() || raceEnabled {
-		runs, ops = 2, 300
+		runs, ops = 2, 200
 	}
 	var hits, restores, published, evicts, refused, oop int
 	for run := range runs {
@@ -441,4 +441,78 @@ func TestStateGroupsMatchModel(t *testing.T) {
 	require.Positive(t, refused)
 	t.Logf("%d runs of %d ops: %d checkpoint hits, %d restored steps, %d published, %d evicted, %d truncations refused, %d steps out of pages",
 		runs, ops, hits, restores, published, evicts, refused, oop)
+}
+
+// TestStateStepAllocatesNothing pins a 3 state : 1 full hybrid's hot path:
+// after a warm-up, a step in which requests finish, are admitted again on
+// their prompt's checkpoint (restore copies), prefill to the next
+// checkpoint (publish, and eviction of old checkpoints) and decode
+// allocates nothing.
+func TestStateStepAllocatesNothing(t *testing.T) {
+	const ps, nreq, promptLen, maxLen = 4, 16, 24, 40
+	groups := []LayerGroup{stateGroup(), stateGroup(), stateGroup(), {Kind: FullAttention, NumLayers: 1}}
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: nreq * (maxLen/ps + 6), PageSize: ps, HashSeed: 1},
+		Groups: groups, StateCheckpointEvery: 2 * ps})
+	require.NoError(t, err)
+	ids, nt, sampled := make([]RequestID, nreq), make([]int32, nreq), make([]int32, nreq)
+	life := make([]int, nreq)
+	next := RequestID(0)
+	admit := func(i int) {
+		ids[i] = next
+		next++
+		life[i]++
+		// Four prompts with a shared start, new suffixes each lifetime: hits
+		// on the shared checkpoints, new ones published, old ones evicted.
+		prompt := seqTokens(i%4*1000, promptLen)
+		copy(prompt[promptLen-ps:], seqTokens(life[i]*7+i, ps))
+		if _, err := h.Add(ids[i], Request{Prompt: prompt, CapacityTokens: maxLen + 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range ids {
+		admit(i)
+	}
+	step := func() {
+		for i, id := range ids {
+			if len(h.Tokens(id)) >= maxLen {
+				if err := h.Release(id); err != nil {
+					t.Fatal(err)
+				}
+				admit(i)
+				id = ids[i]
+			}
+			c := h.Computed(id)
+			n := len(h.Tokens(id)) - c
+			if b := h.NextStateCheckpoint(id); b > 0 {
+				n = min(n, b-c)
+			}
+			nt[i], sampled[i] = int32(n), NoToken
+			if c+n == len(h.Tokens(id)) {
+				sampled[i] = int32(i)
+			}
+		}
+		if _, err := h.Reserve(ids, nt); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Commit(sampled); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 * maxLen {
+		step()
+	}
+	before := h.Stats().Groups[0]
+	runs := 60
+	if raceEnabled {
+		runs = 10
+	}
+	allocs := testing.AllocsPerRun(runs, step)
+	require.Zero(t, allocs, "allocations per step")
+	after := h.Stats().Groups[0]
+	require.Greater(t, after.PublishedPages, before.PublishedPages, "the steps measured publish checkpoints")
+	require.Greater(t, after.EvictedPages, before.EvictedPages, "the steps measured evict checkpoints")
+	require.Greater(t, after.CopiedPages, before.CopiedPages, "the steps measured copy frozen slots")
+	t.Logf("%d steps: %d checkpoints published, %d evicted, %d slot copies per group", runs,
+		after.PublishedPages-before.PublishedPages, after.EvictedPages-before.EvictedPages, after.CopiedPages-before.CopiedPages)
+	require.NoError(t, h.Audit())
 }
