@@ -60,7 +60,7 @@ type stateSet struct {
 
 	// Counters (GroupStats; read from any goroutine).
 	published, evicted, copied, hits atomic.Int64
-	cached, evictable               atomic.Int64
+	cached, evictable                atomic.Int64
 }
 
 // ckptKey names a prefix: the page-chain hash of its tokens in its

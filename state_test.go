@@ -17,7 +17,9 @@ import (
 var testStateShape = layergroup.StateShape{ConvShape: [2]int{8, 3}, ConvDType: layergroup.StateBF16,
 	SSMShape: [3]int{2, 4, 8}, SSMDType: layergroup.StateF32, PageBytes: 4096}
 
-func stateGroup() LayerGroup { return LayerGroup{Kind: StateLayers, NumLayers: 1, State: testStateShape} }
+func stateGroup() LayerGroup {
+	return LayerGroup{Kind: StateLayers, NumLayers: 1, State: testStateShape}
+}
 
 // stateModel is the slow reference of the state groups' checkpoints: the
 // checkpoints published (by prefix, in their namespace), their readers,

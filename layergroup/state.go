@@ -79,7 +79,9 @@ type StateShape struct {
 func (s StateShape) ConvBytes() int { return s.ConvShape[0] * s.ConvShape[1] * s.ConvDType.Size() }
 
 // SSMBytes is the recurrent state's bytes (valid shapes only).
-func (s StateShape) SSMBytes() int { return s.SSMShape[0] * s.SSMShape[1] * s.SSMShape[2] * s.SSMDType.Size() }
+func (s StateShape) SSMBytes() int {
+	return s.SSMShape[0] * s.SSMShape[1] * s.SSMShape[2] * s.SSMDType.Size()
+}
 
 // Bytes is one layer's state: ConvBytes + SSMBytes, the conv state first
 // in the slot's page, the recurrent state at byte offset ConvBytes.
