@@ -1,6 +1,7 @@
 // Package layergroup owns the rules of one KV-cache group of a hybrid
 // attention model: which attention its layers run (full, sliding window,
-// chunked local, MLA), which tokens a request's pages must still hold after
+// chunked local, MLA; State groups, the recurrent layers of a hybrid model,
+// are described in state.go), which tokens a request's pages must still hold after
 // n computed tokens, FlashInfer's window_left for the group, the rows of a
 // step a chunked group must attend separately, and which prefix a group can
 // serve from the prefix cache. It holds no state: the root package's
@@ -27,6 +28,9 @@
 //   - A group can serve a cached prefix of L tokens when its cache holds the
 //     pages covering [NeedFrom(L), L); the Manager's hit is the longest L
 //     every group can serve.
+//   - A valid State group's state fits one page: StateShape.Bytes() <=
+//     StateShape.PageBytes <= 2*MaxStateBytes, every size computed without
+//     overflow; a hybrid model has at least one group that is not State.
 //
 // # Concurrency
 //
