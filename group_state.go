@@ -59,8 +59,8 @@ type stateSet struct {
 	idx     []int32    // StateIndices of every group, group-major
 
 	// Counters (GroupStats; read from any goroutine).
-	published, evicted, copied, hits atomic.Int64
-	cached, evictable                atomic.Int64
+	published, evicted, copied atomic.Int64
+	cached, evictable          atomic.Int64
 }
 
 // ckptKey names a prefix: the page-chain hash of its tokens in its
@@ -150,7 +150,6 @@ func (s *stateSet) admit(id RequestID, tokens []int32, L int) int {
 	s.take(r, best)
 	r.restored = best.key.tokens
 	best.lastUse = s.tick
-	s.hits.Add(1)
 	return best.key.tokens / s.ps
 }
 

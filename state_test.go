@@ -518,3 +518,46 @@ func TestStateStepAllocatesNothing(t *testing.T) {
 		after.PublishedPages-before.PublishedPages, after.EvictedPages-before.EvictedPages, after.CopiedPages-before.CopiedPages)
 	require.NoError(t, h.Audit())
 }
+
+// TestStateGroupsRefuse pins what a model with state groups refuses, by
+// name, changing nothing: configurations it does not support yet, a
+// truncation into the computed tokens, drafts, and bound step buffers.
+func TestStateGroupsRefuse(t *testing.T) {
+	full := LayerGroup{Kind: FullAttention, NumLayers: 1}
+	groups := []LayerGroup{stateGroup(), full}
+	cfg := Config{NumPages: 32, PageSize: 4}
+	for _, c := range []struct {
+		name string
+		cfg  HybridConfig
+		want string
+	}{
+		{"interval", HybridConfig{Config: cfg, Groups: groups, StateCheckpointEvery: 6}, "StateCheckpointEvery = 6"},
+		{"interval without state", HybridConfig{Config: cfg, Groups: []LayerGroup{full}, StateCheckpointEvery: 8}, "StateCheckpointEvery = 8 without state groups"},
+		{"state only", HybridConfig{Config: cfg, Groups: []LayerGroup{stateGroup()}}, "all of kind state"},
+		{"tiers", HybridConfig{Config: Config{NumPages: 32, PageSize: 4, Tiers: TierConfig{HostPages: 8}}, Groups: groups}, "Tiers with state groups"},
+		{"state on a full group", HybridConfig{Config: cfg, Groups: []LayerGroup{{Kind: FullAttention, NumLayers: 1, State: testStateShape}}}, "full group with a State shape"},
+	} {
+		_, err := NewHybrid(c.cfg)
+		require.ErrorIs(t, err, ErrBadConfig, c.name)
+		require.ErrorContains(t, err, c.want, c.name)
+	}
+	h, err := NewHybrid(HybridConfig{Config: cfg, Groups: groups})
+	require.NoError(t, err)
+	_, err = h.Add(1, Request{Prompt: seqTokens(0, 10)})
+	require.NoError(t, err)
+	_, err = h.Reserve([]RequestID{1}, []int32{8})
+	require.NoError(t, err)
+	require.NoError(t, h.Commit(nil))
+	before := h.Stats()
+	err = h.Truncate(1, 5)
+	require.ErrorIs(t, err, ErrBadArgument)
+	require.ErrorContains(t, err, "cannot return before its 8 computed tokens")
+	_, err = h.ReserveSpec([]RequestID{1}, []int32{2}, [][]int32{{3}})
+	require.ErrorIs(t, err, ErrBadArgument)
+	require.ErrorContains(t, err, "drafts[0] has 1 tokens")
+	_, err = h.BindStepBuffers(make([]byte, 1<<20), StepBufferCapacities{MaxRequests: 4, MaxTokens: 64, MaxPages: 32})
+	require.ErrorIs(t, err, ErrBadArgument)
+	require.Equal(t, before, h.Stats())
+	require.Equal(t, 8, h.Computed(1))
+	require.NoError(t, h.Audit())
+}
