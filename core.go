@@ -68,6 +68,12 @@ type core struct {
 	// from (usage.go); kept are released requests' CacheUsage until read.
 	media []tier.Medium
 	kept  keptUsages
+	// state is a HybridManager's state groups (group_state.go), nil
+	// without; attnAt is then each group's HybridConfig.Groups index
+	// (plan.Groups holds every configured group).
+	state  *stateSet
+	attnAt []int
+	specs  []LayerGroup // every configured group's (with state groups)
 }
 
 // admission is one group's part of an admission.
@@ -101,6 +107,9 @@ func (c *core) add(id RequestID, req Request) (matchedTokens int, err error) {
 	for g, m := range c.groups {
 		recs[g] = m.newRecord(id, req)
 	}
+	if c.state != nil {
+		c.state.add(id, req, recs[0].key.Hash())
+	}
 	matched := c.admit(recs)
 	for g, m := range c.groups {
 		m.added(recs[g], req, matched)
@@ -132,7 +141,13 @@ func (c *core) resume(id RequestID) (matchedTokens int, err error) {
 
 // extend appends tokens to request id in every group.
 func (c *core) extend(id RequestID, tokens []int32) error {
-	return c.each(func(m *group) error { return m.extend(id, tokens...) })
+	if err := c.each(func(m *group) error { return m.extend(id, tokens...) }); err != nil {
+		return err
+	}
+	if c.state != nil {
+		c.state.extend(id, len(c.tokens(id)))
+	}
+	return nil
 }
 
 // fork forks request parent to child in every group.
@@ -142,6 +157,9 @@ func (c *core) fork(parent, child RequestID) error {
 	}
 	if err := c.each(func(m *group) error { return m.fork(parent, child) }); err != nil {
 		return err
+	}
+	if c.state != nil {
+		c.state.fork(parent, child)
 	}
 	c.link(child)
 	return nil
@@ -157,27 +175,51 @@ func (c *core) release(id RequestID) error {
 			lead.counters.usageDropped++
 		}
 	}
-	return c.each(func(m *group) error { return m.release(id) })
+	if err := c.each(func(m *group) error { return m.release(id) }); err != nil {
+		return err
+	}
+	if c.state != nil {
+		c.state.release(id)
+	}
+	return nil
 }
 
 // preempt drops request id's pages in every group.
 func (c *core) preempt(id RequestID) error {
 	c.tick()
-	return c.each(func(m *group) error { return m.preempt(id) })
+	if err := c.each(func(m *group) error { return m.preempt(id) }); err != nil {
+		return err
+	}
+	if c.state != nil {
+		c.state.preempt(id)
+	}
+	return nil
 }
 
 // truncate cuts request id to n tokens in every group, or fails changing
 // nothing if any group cannot.
 func (c *core) truncate(id RequestID, n int) error {
 	c.tick()
-	if len(c.groups) > 1 {
+	if len(c.groups) > 1 || c.state != nil {
 		for _, m := range c.groups {
 			if _, err := m.checkTruncate(id, n); err != nil {
 				return err
 			}
 		}
 	}
-	return c.each(func(m *group) error { return m.truncate(id, n) })
+	if c.state != nil {
+		r := c.groups[0].reqs[id]
+		if err := c.state.checkTruncate(id, n, r.computed, r.running); err != nil {
+			return err
+		}
+	}
+	if err := c.each(func(m *group) error { return m.truncate(id, n) }); err != nil {
+		return err
+	}
+	if c.state != nil {
+		c.state.truncate(id, n)
+	}
+	return nil
 }
 
 // unpin removes pin id from every group.
@@ -248,7 +290,7 @@ func (c *core) pending() bool { return c.groups[0].pending }
 // how many pages it freed: from the one group's cache, or from the group
 // with the most idle pages first, one page at a time.
 func (c *core) evict(n int) int {
-	if len(c.groups) == 1 {
+	if len(c.groups) == 1 && c.state == nil {
 		return c.groups[0].cache.Evict(n)
 	}
 	freed := 0
@@ -258,6 +300,10 @@ func (c *core) evict(n int) int {
 			if e, _ := m.cache.Idle(); e > most {
 				best, most = g, e
 			}
+		}
+		if c.state != nil && c.state.idlePages() > most {
+			freed += c.state.evictOne()
+			continue
 		}
 		if best < 0 {
 			break
@@ -273,6 +319,9 @@ func (c *core) evictable() int {
 	for _, m := range c.groups {
 		e, _ := m.cache.Idle()
 		n += e
+	}
+	if c.state != nil {
+		n += c.state.idlePages()
 	}
 	return n
 }
@@ -294,6 +343,11 @@ func (c *core) afterChange() {
 func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
 	c.tick()
 	lead := c.groups[0]
+	if c.state != nil {
+		if err := c.state.checkDrafts(drafts); err != nil {
+			return nil, err
+		}
+	}
 	need, err := lead.prepare(ids, ntokens, drafts)
 	if err != nil {
 		return nil, err
@@ -304,6 +358,9 @@ func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Hyb
 			return nil, err
 		}
 		need += n
+	}
+	if c.state != nil {
+		need += c.state.prepare(lead.batch)
 	}
 	if c.bound != nil {
 		if err := c.bound.check(c, len(ids)); err != nil {
@@ -329,16 +386,23 @@ func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Hyb
 	// The step's plan: every group's, and their copies in one list (the
 	// one group's own list when there is one).
 	p := &c.plan
-	for g, m := range c.groups {
-		p.Groups[g] = &m.plan
+	if c.state != nil {
+		c.placeStatePlans(p)
+	} else {
+		for g, m := range c.groups {
+			p.Groups[g] = &m.plan
+		}
 	}
 	p.Requests = lead.plan.Requests
-	if len(c.groups) == 1 {
+	if len(c.groups) == 1 && c.state == nil {
 		p.Copies = lead.plan.Copies
 	} else {
 		p.Copies = c.copies[:0]
 		for _, m := range c.groups {
 			p.Copies = append(p.Copies, m.plan.Copies...)
+		}
+		if c.state != nil {
+			p.Copies = append(p.Copies, c.state.copies...)
 		}
 		c.copies = p.Copies
 	}
@@ -362,6 +426,9 @@ func (c *core) commit(accepted, sampled []int32) error {
 		m.commit(accepted, sampled)
 	}
 	c.countWrites()
+	if c.state != nil {
+		c.state.commit()
+	}
 	if c.tiers != nil {
 		// A later group's commit may plan tier copies (write-through)
 		// after the groups before it published their Stats: publish again.
@@ -389,6 +456,9 @@ func (c *core) abort() error {
 			}
 			return err
 		}
+	}
+	if c.state != nil {
+		c.state.abort()
 	}
 	return nil
 }
@@ -425,6 +495,10 @@ func (c *core) admit(rs []*request) int {
 	}
 	if t := c.tiers; t != nil && !r0.noCache {
 		L = c.tierExtend(rs, maxPages)
+	}
+	if c.state != nil {
+		// The state groups resume only at a checkpoint.
+		L = c.state.admit(r0.id, r0.tokens, L)
 	}
 	for g, m := range c.groups {
 		r, a := rs[g], &c.adm[g]
@@ -577,6 +651,11 @@ func (c *core) auditPool() error {
 					return err
 				}
 			}
+		}
+	}
+	if c.state != nil {
+		if err := c.state.audit(own, len(c.groups), c.groups[0].reqs); err != nil {
+			return err
 		}
 	}
 	if err := c.auditTiers(held); err != nil {

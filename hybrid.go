@@ -15,7 +15,8 @@ import (
 //
 // A HybridManager is a core (core.go) of one group per layer group
 // (package layergroup: full, sliding window W, chunked local attention C,
-// MLA). The groups share one allocator, so a page ID is one slot of one
+// MLA), and, for recurrent layers (layergroup.State), a state set
+// (group_state.go, docs/state-groups.md) beside them. The groups share one allocator, so a page ID is one slot of one
 // pool, held by one group at a time, and every group has its own page
 // table and its own prefix cache (cached pages are keyed per group).
 // Requests exist in every group with the same tokens; each group keeps
@@ -39,6 +40,7 @@ const (
 	SlidingAttention = layergroup.Sliding
 	ChunkedAttention = layergroup.Chunked
 	MLAAttention     = layergroup.MLA
+	StateLayers      = layergroup.State
 )
 
 // HybridConfig describes a HybridManager: the pool and cache settings of
@@ -46,6 +48,12 @@ const (
 type HybridConfig struct {
 	Config
 	Groups []LayerGroup
+	// StateCheckpointEvery is, with state groups (StateLayers), the
+	// interval in tokens (a multiple of PageSize; 0: none) at which a
+	// prompt's state is also checkpointed for the prefix cache, besides
+	// its last whole page (vLLM's prefix_cache_retention_interval; see
+	// docs/state-groups.md). It must be 0 without state groups.
+	StateCheckpointEvery int
 }
 
 // HybridPlan is a hybrid step's plan: the copies to make first (page IDs
@@ -111,6 +119,17 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	}
 	if err := checkMemory(&cfg.Config, len(cfg.Groups), fmt.Sprintf("a HybridManager of %d groups", len(cfg.Groups))); err != nil {
 		return nil, err
+	}
+	attnAt, stateAt, err := splitStateGroups(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	all := cfg.Groups
+	if stateAt != nil {
+		cfg.Groups = make([]LayerGroup, len(attnAt))
+		for g, at := range attnAt {
+			cfg.Groups[g] = all[at]
+		}
 	}
 	var sinks GroupEventSink
 	if cfg.CacheEvents != nil {
@@ -188,7 +207,11 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		// HashSeed was 0 and group 0 picked one.
 		cfg.HashSeed = m.cache.Seed()
 	}
-	return &HybridManager{core: newCore(groups, alloc, tiers)}, nil
+	c := newCore(groups, alloc, tiers)
+	if stateAt != nil {
+		c.withStates(all, attnAt, stateAt, cfg.StateCheckpointEvery, cfg.Hash)
+	}
+	return &HybridManager{core: c}, nil
 }
 
 // GroupEventSink is a [Config.CacheEvents] sink for a HybridManager: one
@@ -223,10 +246,10 @@ func KVEventSpec(g LayerGroup) (kind string, slidingWindow int) {
 }
 
 // NumGroups returns the number of layer groups.
-func (h *HybridManager) NumGroups() int { return len(h.core.groups) }
+func (h *HybridManager) NumGroups() int { return h.core.numGroups() }
 
 // Group returns group g's spec.
-func (h *HybridManager) Group(g int) LayerGroup { return h.core.groups[g].layerGroup }
+func (h *HybridManager) Group(g int) LayerGroup { return h.core.groupSpec(g) }
 
 // PageSize returns the number of tokens per page.
 func (h *HybridManager) PageSize() int { return h.core.pageSize() }
@@ -355,14 +378,14 @@ func (h *HybridManager) Has(id RequestID) bool { return h.core.has(id) }
 // Pages returns the pages request id holds in group g and the first token
 // they hold (see [Manager.Pages]).
 func (h *HybridManager) Pages(g int, id RequestID) (pages []PageID, start int) {
-	return h.core.groups[g].pages(id)
+	return h.core.groupPages(g, id)
 }
 
 // Stats returns the pool partition, the request and token counters and
 // each group's numbers.
 func (h *HybridManager) Stats() HybridStats {
-	s := HybridStats{Stats: h.core.stats(), Groups: make([]GroupStats, len(h.core.groups))}
-	for g := range h.core.groups {
+	s := HybridStats{Stats: h.core.stats(), Groups: make([]GroupStats, h.core.numGroups())}
+	for g := range s.Groups {
 		s.Groups[g] = h.core.groupStats(g)
 	}
 	return s

@@ -108,7 +108,7 @@ func (h *HybridManager) NumPages() int { return h.core.alloc.NumPages() }
 
 // GroupPages is [HybridManager.Pages].
 func (h *HybridManager) GroupPages(g int, id RequestID) (pages []PageID, start int) {
-	return h.core.groups[g].pages(id)
+	return h.core.groupPages(g, id)
 }
 
 // ReserveStep is [HybridManager.ReserveSpec].

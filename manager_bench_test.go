@@ -312,7 +312,8 @@ func BenchmarkSpecStep(b *testing.B) {
 // 128 and full) beside one group (full) on the same workload in the same
 // run, both through HybridManager, and the plain Manager (manager: today's
 // single-group API) on the same workload; the goal is two groups <= 2x one
-// group.
+// group. state=3:full=1 is a Qwen3-Next-like model (three state groups to
+// one full group, docs/state-groups.md); its goal is <= 2x groups=1.
 func BenchmarkHybridDecodeStep(b *testing.B) {
 	const ps, promptLen, maxLen, nreq = 16, 64, 1024, 256
 	full := LayerGroup{Kind: FullAttention, NumLayers: 1}
@@ -320,7 +321,9 @@ func BenchmarkHybridDecodeStep(b *testing.B) {
 	for _, c := range []struct {
 		name   string
 		groups []LayerGroup
-	}{{"manager", nil}, {"groups=1", []LayerGroup{full}}, {"groups=2", []LayerGroup{sliding, full}}} {
+	}{{"manager", nil}, {"groups=1", []LayerGroup{full}}, {"groups=2", []LayerGroup{sliding, full}},
+		// Qwen3-Next-like: three Gated DeltaNet groups to one full group.
+		{"state=3:full=1", []LayerGroup{stateGroup(), stateGroup(), stateGroup(), full}}} {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := Config{NumPages: max(1, len(c.groups))*nreq*(maxLen+ps)/ps + 64, PageSize: ps, HashSeed: 1}
 			// One set of calls for both kinds of manager: the plain

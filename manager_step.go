@@ -89,6 +89,16 @@ type Plan struct {
 	// nothing on it), or run one BatchPrefillWithPagedKVCacheWrapper per
 	// level with its window_left and merge_state_in_place.
 	CascadeWindowLeft []int
+
+	// StateIndices [B] is, in a state group's Plan (layergroup.State; nil
+	// in every other group's), request b's state slot: the page whose
+	// conv and recurrent state its layers read and update in place (the
+	// state_indices / cache_indices of Mamba-2's and Gated DeltaNet's
+	// kernels, int32). A state group's Plan has Requests, QOIndptr (their
+	// query_start_loc), TokenIDs, TokenPositions and Drafts of the step,
+	// its Copies (the frozen slots to copy into these first, whole pages)
+	// and no KV arrays; see docs/state-groups.md.
+	StateIndices []int32
 }
 
 // BlockTablesPad is the page ID in [Plan.BlockTables] past each request's

@@ -316,6 +316,17 @@ func (c *core) stats() Stats {
 				v[f] += w[f]
 			}
 		}
+	}
+	if st := c.state; st != nil {
+		// The checkpoints are cached pages (idle ones evictable) of the
+		// state groups, one page each per group.
+		n := int64(st.n)
+		v[fCached] += st.cached.Load() * n
+		v[fEvictable] += st.evictable.Load() * n
+		v[fPublished] += st.published.Load() * n
+		v[fEvicted] += st.evicted.Load() * n
+	}
+	if len(c.groups) > 1 || c.state != nil {
 		a := c.alloc.Stats()
 		v[fTotal], v[fFree], v[fShared] = int64(a.Total), int64(a.Free), int64(a.Shared)
 		v[fUsed] = int64(a.InUse) - v[fEvictable] - v[fPinnedIdle]
@@ -329,6 +340,12 @@ func (c *core) stats() Stats {
 
 // groupStats returns group g's numbers.
 func (c *core) groupStats(g int) GroupStats {
+	if c.state != nil {
+		if c.state.index(g) >= 0 {
+			return c.state.groupStats()
+		}
+		g = c.attnIndex(g)
+	}
 	m := c.groups[g]
 	var v [numStatFields]int64
 	m.stats.load(&v)

@@ -300,6 +300,9 @@ func (m *Manager) StepBufferLayoutFor(caps StepBufferCapacities) (*StepBufferLay
 // (each with its own copy of the step's tokens), the chunked groups with
 // their attention rows.
 func (h *HybridManager) BindStepBuffers(mem []byte, caps StepBufferCapacities) (*StepBufferLayout, error) {
+	if h.core.state != nil {
+		return nil, fmt.Errorf("%w: bind step buffers: a model with state groups plans into its own buffers (step buffers do not hold StateIndices yet)", ErrBadArgument)
+	}
 	return h.core.bindStepBuffers(mem, caps)
 }
 

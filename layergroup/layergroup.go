@@ -1,6 +1,7 @@
 // Package layergroup owns the rules of one KV-cache group of a hybrid
 // attention model: which attention its layers run (full, sliding window,
-// chunked local, MLA), which tokens a request's pages must still hold after
+// chunked local, MLA; State groups, the recurrent layers of a hybrid model,
+// are described in state.go), which tokens a request's pages must still hold after
 // n computed tokens, FlashInfer's window_left for the group, the rows of a
 // step a chunked group must attend separately, and which prefix a group can
 // serve from the prefix cache. It holds no state: the root package's
@@ -27,6 +28,9 @@
 //   - A group can serve a cached prefix of L tokens when its cache holds the
 //     pages covering [NeedFrom(L), L); the Manager's hit is the longest L
 //     every group can serve.
+//   - A valid State group's state fits one page: StateShape.Bytes() <=
+//     StateShape.PageBytes <= 2*MaxStateBytes, every size computed without
+//     overflow; a hybrid model has at least one group that is not State.
 //
 // # Concurrency
 //
@@ -53,6 +57,9 @@ const (
 	Chunked
 	// MLA is full attention on MLA storage (DeepSeek): paged like Full.
 	MLA
+	// State is a recurrent layer (Mamba-2, Gated DeltaNet, KDA): a fixed
+	// state per request instead of K/V per token (state.go).
+	State
 )
 
 func (k Kind) String() string {
@@ -65,6 +72,8 @@ func (k Kind) String() string {
 		return "chunked"
 	case MLA:
 		return "mla"
+	case State:
+		return "state"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -82,13 +91,15 @@ type Spec struct {
 	ChunkTokens int
 	// NumLayers is the number of layers in the group (>= 1).
 	NumLayers int
+	// State is a State group's per-layer state (state.go); zero otherwise.
+	State StateShape
 }
 
 // Validate checks s for a Manager with the given page size.
 func (s Spec) Validate(pageSize int) error {
 	switch {
-	case s.Kind > MLA:
-		return fmt.Errorf("%w: Kind = %d, want full, sliding, chunked or mla", ErrBadSpec, s.Kind)
+	case s.Kind > State:
+		return fmt.Errorf("%w: Kind = %d, want full, sliding, chunked, mla or state", ErrBadSpec, s.Kind)
 	case s.NumLayers < 1:
 		return fmt.Errorf("%w: %v group with NumLayers = %d, want >= 1", ErrBadSpec, s.Kind, s.NumLayers)
 	case s.Kind == Sliding && (s.WindowTokens < 1 || s.WindowTokens > 1<<31-1):
@@ -100,6 +111,10 @@ func (s Spec) Validate(pageSize int) error {
 			ErrBadSpec, s.ChunkTokens, pageSize)
 	case s.Kind != Chunked && s.ChunkTokens != 0:
 		return fmt.Errorf("%w: %v group with ChunkTokens = %d, want 0", ErrBadSpec, s.Kind, s.ChunkTokens)
+	case s.Kind == State:
+		return s.State.validate()
+	case s.State != StateShape{}:
+		return fmt.Errorf("%w: %v group with a State shape, want none", ErrBadSpec, s.Kind)
 	}
 	return nil
 }
@@ -119,7 +134,12 @@ func ValidateGroups(groups []Spec, pageSize int) error {
 				"so split unequal kinds into groups of equal layer counts", ErrBadSpec, g, s.NumLayers, groups[0].NumLayers)
 		}
 	}
-	return nil
+	for _, s := range groups {
+		if s.Kind != State {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %d groups, all of kind state: a hybrid model needs an attention group, whose pages make a prefix hit", ErrBadSpec, len(groups))
 }
 
 // WindowLeft is FlashInfer's window_left for the group: WindowTokens-1 for
