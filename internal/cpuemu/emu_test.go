@@ -257,6 +257,16 @@ func TestConformancePrefillSplitK(t *testing.T) {
 	kernelstest.TestPrefill(t, New(Config{MaxChunkTokens: 5}))
 }
 
+// The NVFP4 suite: the quantising append (bytes equal to the reference
+// model's), the dequantising decode (CUDA-core; the tensor-core decode
+// takes no NVFP4 cache) and prefill (tiled at head_dim 64 and 128, per-row
+// decode at 16 and 32), with the launcher's plan and with split-k forced.
+func TestConformanceNVFP4(t *testing.T) { kernelstest.TestNVFP4(t, New(Config{})) }
+
+func TestConformanceNVFP4SplitK(t *testing.T) {
+	kernelstest.TestNVFP4(t, New(Config{MaxChunkTokens: 5}))
+}
+
 func TestConformanceMLADecode(t *testing.T) { kernelstest.TestMLADecode(t, New(Config{})) }
 
 // The MLA suite again with split-KV forced into 24-key chunks (not a

@@ -149,6 +149,70 @@ __device__ __forceinline__ void append_quant_rows(
   }
 }
 
+// nvfp4_quant_block quantises the 16 elements of src starting at element
+// i0 (dtype src_dtype) under global scale g into 8 code bytes at codes and
+// one e4m3 scale at *sf, exactly as quant.QuantizeNVFP4 (FlashInfer's
+// nvfp4_append_quantize_block): amax = max |x| (NaN skipped), sf =
+// e4m3_satfinite(amax / (6g)), m = 1/(e4m3(sf) g) (0 when amax, the scale
+// or g is not positive), code = e2m1(x m). Both divisions are IEEE (nvcc's
+// default -prec-div), so the bytes are the CPU backend's bit for bit.
+__device__ __forceinline__ void nvfp4_quant_block(const void* __restrict__ src, int64_t i0, int64_t src_dtype, float g,
+                                                  uint8_t* __restrict__ codes, uint8_t* __restrict__ sf) {
+  float x[16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    x[i] = load_f32(src, i0 + i, src_dtype);
+    // Not fmaxf: the C library's returns NaN for a signalling NaN (IEEE
+    // maxNum), so the emulator would differ from the GPU's max.f32.
+    const float a = fabsf(x[i]);
+    amax = a > amax ? a : amax;
+  }
+  const uint8_t s = f32_to_e4m3_sat(amax > 0.0f && g > 0.0f ? amax / (6.0f * g) : 0.0f);
+  const float sv = e4m3_to_f32(s);
+  const float m = amax > 0.0f && sv > 0.0f && g > 0.0f ? 1.0f / (sv * g) : 0.0f;
+  uint32_t w[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    w[h] = 0u;
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[h] |= f32_to_e2m1(__fmul_rn(x[8 * h + i], m)) << (4 * i);
+  }
+  uint2 packed;
+  packed.x = w[0];
+  packed.y = w[1];
+  *reinterpret_cast<uint2*>(codes) = packed;
+  *sf = s;
+}
+
+// append_nvfp4_rows quantises f32/f16/bf16 rows into an NVFP4 cache: one
+// thread per 16-element block of a token's K and V head rows. Strides are
+// in elements: the data byte of element offset e is e/2, its scale byte
+// e/16 (layout.Paged.DataOffset/ScaleOffset).
+__device__ __forceinline__ void append_nvfp4_rows(
+    const void* __restrict__ append_key, const void* __restrict__ append_value,
+    const int32_t* __restrict__ batch_indices, const int32_t* __restrict__ positions, uint8_t* __restrict__ k_data,
+    uint8_t* __restrict__ v_data, uint8_t* __restrict__ k_sf, uint8_t* __restrict__ v_sf,
+    const int32_t* __restrict__ kv_indices, const int32_t* __restrict__ kv_indptr, int64_t nnz, int64_t num_heads,
+    int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page, int64_t stride_n, int64_t stride_h,
+    int64_t src_dtype, float k_scale, float v_scale) {
+  const uint32_t blocks = uint32_t(head_dim / 16);
+  const uint32_t per_token = uint32_t(num_heads) * blocks;
+  for (int64_t i = blockIdx.x; i < nnz; i += gridDim.x) {
+    int64_t page, entry;
+    if (!slot(kv_indptr, kv_indices, batch_indices, positions, i, page_size, num_pages, &page, &entry)) continue;
+    const int64_t dst_token = page * stride_page + entry * stride_n;
+    for (uint32_t c = threadIdx.x; c < per_token; c += blockDim.x) {
+      const uint32_t h = c / blocks;
+      const uint32_t blk = c - h * blocks;
+      const int64_t e = dst_token + int64_t(h) * stride_h + int64_t(blk) * 16;  // element offset, a multiple of 16
+      const int64_t src = (i * num_heads + h) * head_dim + int64_t(blk) * 16;
+      nvfp4_quant_block(append_key, src, src_dtype, k_scale, k_data + e / 2, k_sf + e / 16);
+      nvfp4_quant_block(append_value, src, src_dtype, v_scale, v_data + e / 2, v_sf + e / 16);
+    }
+  }
+}
+
 }  // namespace pkv
 
 // append_paged_kv_cache_u<U>: copy append_key/append_value [nnz, H, D] rows
@@ -208,4 +272,20 @@ extern "C" __global__ void __launch_bounds__(256) append_paged_kv_cache_quant(
   pkv::append_quant_rows(append_key, append_value, batch_indices, positions, k_data, v_data, kv_indices, kv_indptr,
                          nnz, num_heads, head_dim, page_size, num_pages, stride_page, stride_n, stride_h, src_dtype,
                          dst_dtype, float(k_scale), float(v_scale));
+}
+
+// append_paged_kv_cache_nvfp4: f32/f16/bf16 rows (src_dtype) quantised into
+// an NVFP4 cache: data k_data/v_data (packed e2m1) and scales k_sf/v_sf
+// (e4m3 per 16 elements), element strides, k_scale/v_scale the global
+// scales (float32 values carried in doubles).
+extern "C" __global__ void __launch_bounds__(256) append_paged_kv_cache_nvfp4(
+    const void* __restrict__ append_key, const void* __restrict__ append_value,
+    const int32_t* __restrict__ batch_indices, const int32_t* __restrict__ positions, uint8_t* __restrict__ k_data,
+    uint8_t* __restrict__ v_data, uint8_t* __restrict__ k_sf, uint8_t* __restrict__ v_sf,
+    const int32_t* __restrict__ kv_indices, const int32_t* __restrict__ kv_indptr, int64_t nnz, int64_t num_heads,
+    int64_t head_dim, int64_t page_size, int64_t num_pages, int64_t stride_page, int64_t stride_n, int64_t stride_h,
+    int64_t src_dtype, double k_scale, double v_scale) {
+  pkv::append_nvfp4_rows(append_key, append_value, batch_indices, positions, k_data, v_data, k_sf, v_sf, kv_indices,
+                         kv_indptr, nnz, num_heads, head_dim, page_size, num_pages, stride_page, stride_n, stride_h,
+                         src_dtype, float(k_scale), float(v_scale));
 }

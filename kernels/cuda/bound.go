@@ -18,7 +18,7 @@ const H100Bandwidth = 3.35e12
 // group, so groups above 8 read it ceil(group/8) times.
 func DecodeCacheBytes(g layout.Paged, numQOHeads int, seqLens []int, windowLeft int) int64 {
 	group := numQOHeads / max(g.NumKVHeads, 1)
-	perKey := 2 * int64(g.NumKVHeads) * int64(g.HeadDim) * int64(g.DType.Size()) * int64((group+decodeMaxWarps-1)/decodeMaxWarps)
+	perKey := 2 * int64(g.NumKVHeads) * int64(tileRowBytes(g)) * int64((group+decodeMaxWarps-1)/decodeMaxWarps)
 	var keys int64
 	for _, n := range seqLens {
 		if windowLeft >= 0 {
@@ -32,7 +32,7 @@ func DecodeCacheBytes(g layout.Paged, numQOHeads int, seqLens []int, windowLeft 
 // AppendCacheBytes is what an append of nnz tokens writes into the cache:
 // one K and one V row of every kv head per token.
 func AppendCacheBytes(g layout.Paged, nnz int) int64 {
-	return 2 * int64(nnz) * int64(g.NumKVHeads) * int64(g.HeadDim) * int64(g.DType.Size())
+	return 2 * int64(nnz) * int64(g.NumKVHeads) * int64(tileRowBytes(g))
 }
 
 // Bound is the shortest time moving bytes takes at bandwidth bytes per

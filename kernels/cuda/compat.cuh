@@ -469,6 +469,81 @@ struct KvE5M2 {
   __device__ static __forceinline__ float widen(T x) { return e5m2_to_f32(x); }
 };
 
+// ---- NVFP4 (layout.NVFP4, docs/kernels.md "NVFP4") -------------------------
+//
+// An NVFP4 row is head_dim/2 bytes of e2m1 codes (element 2i in the low
+// nibble of byte i) and head_dim/16 e4m3 block scales. sm_80/sm_90 have no
+// e2m1 convert, so codes are widened by bit arithmetic: the 3 magnitude
+// bits ee.m of a code placed at f16 bits 11..9 and its sign at bit 15 make
+// the f16 whose value is e2m1 * 2^-14 exactly (ee = 0 lands on the f16
+// subnormal m * 2^-15, which is what e2m1's subnormal 0.5m becomes), so
+// two codes are 4 logic ops into one f16 pair, with no table and no
+// shared-memory load.
+struct KvNVFP4 {
+  using T = uint8_t;  // the data tensor's bytes; the scales come separately
+  static constexpr bool kPairs = false;
+};
+template <typename KV>
+constexpr bool kIsNVFP4 = false;
+template <>
+constexpr bool kIsNVFP4<KvNVFP4> = true;
+
+// kE2M1Unit is 2^14: an f16 from e2m1_pair_bits times it is the e2m1 value.
+constexpr float kE2M1Unit = 16384.0f;
+
+// e2m1_pair_bits turns x, e2m1 codes at bits 0..3 and 16..19 (other bits
+// zero), into the f16 pair of their values times 2^-14 (exact).
+__device__ __forceinline__ uint32_t e2m1_pair_bits(uint32_t x) {
+  return ((x & 0x00070007u) << 9) | ((x & 0x00080008u) << 12);
+}
+
+// e2m1x2_bits is e2m1_pair_bits of the two codes of byte b: element 2i
+// (low nibble) in the low half, 2i+1 in the high half.
+__device__ __forceinline__ uint32_t e2m1x2_bits(uint32_t b) {
+  return e2m1_pair_bits((b & 0xfu) | ((b & 0xf0u) << 12));
+}
+
+// hmul2_bits multiplies two f16 pairs (round to nearest; mul.f16x2, which
+// keeps subnormals).
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+#if defined(__CUDACC__)
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&a), *reinterpret_cast<const __half2*>(&b));
+  return *reinterpret_cast<const uint32_t*>(&r);
+#else
+  return uint32_t(f32_to_f16(f16_to_f32(uint16_t(a)) * f16_to_f32(uint16_t(b)))) |
+         (uint32_t(f32_to_f16(f16_to_f32(uint16_t(a >> 16)) * f16_to_f32(uint16_t(b >> 16)))) << 16);
+#endif
+}
+
+// nvfp4_widen widens the VEC (even, <= 8) codes starting at byte row[0]
+// into w: e2m1 * 2^-14 (multiply by the block scale times kE2M1Unit).
+template <int VEC>
+__device__ __forceinline__ void nvfp4_widen(const uint8_t* row, float (&w)[VEC]) {
+  static_assert(VEC % 2 == 0 && VEC <= 8, "nvfp4 lanes hold whole bytes");
+  uint32_t bytes;
+  if constexpr (VEC == 8) {
+    bytes = *reinterpret_cast<const uint32_t*>(row);
+  } else if constexpr (VEC == 4) {
+    bytes = *reinterpret_cast<const uint16_t*>(row);
+  } else {
+    bytes = row[0];
+  }
+#pragma unroll
+  for (int i = 0; i < VEC / 2; i++) f16x2_to_f32(e2m1x2_bits((bytes >> (8 * i)) & 0xffu), w[2 * i], w[2 * i + 1]);
+}
+
+// f32_to_e2m1 rounds x to the nearest e2m1 code, ties to even, saturating
+// at +-6; the sign bit is x's (a negative x that rounds to 0 gives 0x8);
+// NaN gives 0. FlashInfer's threshold ladder, as layout.F32ToE2M1.
+__device__ __forceinline__ uint32_t f32_to_e2m1(float x) {
+  const uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;
+  const float a = __uint_as_float(u & 0x7fffffffu);
+  const uint32_t c = uint32_t(a > 0.25f) + uint32_t(a >= 0.75f) + uint32_t(a > 1.25f) + uint32_t(a >= 1.75f) +
+                     uint32_t(a > 2.5f) + uint32_t(a >= 3.5f) + uint32_t(a > 5.0f);
+  return ((u >> 28) & 0x8u) | c;
+}
+
 // widen_vec widens the first `valid` of VEC elements of row into w (all
 // of them when full), in pairs where the storage type has a packed
 // convert; elements past `valid` are not read and their w is 0.

@@ -165,9 +165,6 @@ func (b *Backend) AppendPagedKVCache(p *kernels.AppendParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if err := b.declineNVFP4("append", p.Cache.Geometry); err != nil {
-		return err
-	}
 	nnz := len(p.BatchIndices)
 	if nnz == 0 {
 		return nil
@@ -198,9 +195,6 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
-	if err := b.declineNVFP4("decode", p.Cache.Geometry); err != nil {
-		return err
-	}
 	return b.pagedAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Decode, Rows: p.Q.Shape[0],
 		AttentionParams: p.AttentionParams}, &p.Cache, p.Q, p.O, p.LSE)
 }
@@ -212,9 +206,6 @@ func (b *Backend) BatchDecode(p *kernels.DecodeParams) error {
 // item per query row otherwise ([PrefillKernel], docs/kernels.md).
 func (b *Backend) BatchPrefill(p *kernels.PrefillParams) error {
 	if err := p.Validate(); err != nil {
-		return err
-	}
-	if err := b.declineNVFP4("prefill", p.Cache.Geometry); err != nil {
 		return err
 	}
 	return b.pagedAttention(&StepPlan{Geometry: p.Cache.Geometry, Table: p.Table, Attention: kernels.Prefill, Rows: p.Q.Shape[0],
@@ -451,14 +442,4 @@ func (b *Backend) DeviceMergeStates(v, s, outV, outS DeviceTensor) error {
 	args := []uint64{uint64(v.Ptr), uint64(s.Ptr), uint64(outV.Ptr), uint64(outS.Ptr), uint64(n), uint64(ns), uint64(H),
 		uint64(D), uint64(vc), uint64(oc)}
 	return b.launch("merge_states", Dim3{b.gridFor(n * H), 1, 1}, Dim3{threadsFor(int64(D)), 1, 1}, 0, args)
-}
-
-// declineNVFP4 refuses an NVFP4 cache: the kernels have no e2m1 dequantising
-// path yet (docs/kernels.md), so the call wraps kernels.ErrUnsupported and
-// `verify --fallback cpu` reruns it on the CPU backend.
-func (b *Backend) declineNVFP4(op string, g layout.Paged) error {
-	if g.DType == layout.NVFP4 {
-		return fmt.Errorf("%s: %s: nvfp4 cache (the CUDA kernels have no e2m1 path): %w", b.name, op, kernels.ErrUnsupported)
-	}
-	return nil
 }

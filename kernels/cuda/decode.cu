@@ -39,6 +39,28 @@ namespace pkv {
 // kRows is how many keys a warp scores at once.
 constexpr int kRows = 4;
 
+// copy_unit_bytes copies unit (16, 8, 4, 2 or 1) bytes from global src to
+// shared dst, both unit-aligned: cp.async for 16, a plain load and store
+// otherwise.
+__device__ __forceinline__ void copy_unit_bytes(unsigned char* dst, const unsigned char* src, int64_t unit) {
+  switch (unit) {
+    case 16:
+      cp_async_16(dst, src);
+      break;
+    case 8:
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(src);
+      break;
+    case 4:
+      *reinterpret_cast<uint32_t*>(dst) = *reinterpret_cast<const uint32_t*>(src);
+      break;
+    case 2:
+      *reinterpret_cast<uint16_t*>(dst) = *reinterpret_cast<const uint16_t*>(src);
+      break;
+    default:
+      *dst = *src;
+  }
+}
+
 // copy_tile issues the copies of tokens [t0, min(t0+tile, end)) of kv head h
 // into one stage (K tile, then V tile, each tile rows of pitch bytes). Rows at
 // or past end are left as they are: the compute loop never reads them.
@@ -68,35 +90,61 @@ __device__ __forceinline__ void copy_tile(unsigned char* __restrict__ k_stage, u
     const int64_t off = (page * stride_page + h * stride_h + entry * stride_n) * int64_t(sizeof(T)) + u * copy_unit;
     const unsigned char* ks = reinterpret_cast<const unsigned char*>(k_data) + off;
     const unsigned char* vs = reinterpret_cast<const unsigned char*>(v_data) + off;
-    unsigned char* kd = k_stage + r * pitch + u * copy_unit;
-    unsigned char* vd = v_stage + r * pitch + u * copy_unit;
-    switch (copy_unit) {
-      case 16:
-        cp_async_16(kd, ks);
-        cp_async_16(vd, vs);
-        break;
-      case 8:
-        *reinterpret_cast<uint2*>(kd) = *reinterpret_cast<const uint2*>(ks);
-        *reinterpret_cast<uint2*>(vd) = *reinterpret_cast<const uint2*>(vs);
-        break;
-      case 4:
-        *reinterpret_cast<uint32_t*>(kd) = *reinterpret_cast<const uint32_t*>(ks);
-        *reinterpret_cast<uint32_t*>(vd) = *reinterpret_cast<const uint32_t*>(vs);
-        break;
-      case 2:
-        *reinterpret_cast<uint16_t*>(kd) = *reinterpret_cast<const uint16_t*>(ks);
-        *reinterpret_cast<uint16_t*>(vd) = *reinterpret_cast<const uint16_t*>(vs);
-        break;
-      default:
-        *kd = *ks;
-        *vd = *vs;
+    copy_unit_bytes(k_stage + r * pitch + u * copy_unit, ks, copy_unit);
+    copy_unit_bytes(v_stage + r * pitch + u * copy_unit, vs, copy_unit);
+  }
+  cp_async_commit();
+}
+
+// copy_tile_nvfp4 is copy_tile for an NVFP4 cache: a tile row holds the
+// token's head_dim/2 code bytes and, behind them, its head_dim/16 scale
+// bytes (pitch bytes in all). Element offset e of the row's first element
+// has its codes at byte e/2 of the data tensors and its scales at byte e/16
+// of the scale tensors (every stride is a multiple of head_dim, itself a
+// multiple of 16). Codes go in copy_unit-byte units (cp.async for 16), the
+// scales in the widest unit dividing head_dim/16 (at most 16).
+__device__ __forceinline__ void copy_tile_nvfp4(unsigned char* __restrict__ k_stage,
+                                                unsigned char* __restrict__ v_stage,
+                                                const uint8_t* __restrict__ k_data, const uint8_t* __restrict__ v_data,
+                                                const uint8_t* __restrict__ k_sf, const uint8_t* __restrict__ v_sf,
+                                                const int32_t* __restrict__ kv_indices, int64_t first_page, int64_t t0,
+                                                int64_t end, int64_t h, int64_t tile, int64_t pitch, int64_t head_dim,
+                                                int64_t copy_unit, int64_t page_size, int64_t num_pages,
+                                                int64_t stride_page, int64_t stride_n, int64_t stride_h, int tid,
+                                                int nthreads) {
+  const uint32_t code_bytes = uint32_t(head_dim / 2), sf_bytes = uint32_t(head_dim / 16);
+  const uint32_t sf_unit = (sf_bytes & (0u - sf_bytes)) < 16u ? (sf_bytes & (0u - sf_bytes)) : 16u;
+  const uint32_t code_units = code_bytes / uint32_t(copy_unit);
+  const uint32_t units = code_units + sf_bytes / sf_unit;
+  const uint32_t total = uint32_t(tile) * units;
+  for (uint32_t c = tid; c < total; c += uint32_t(nthreads)) {
+    const uint32_t r = c / units;
+    const uint32_t u = c - r * units;
+    const int64_t t = t0 + r;
+    if (t >= end) continue;
+    const uint32_t pi = uint32_t(t) / uint32_t(page_size);
+    const int64_t entry = int64_t(uint32_t(t) - pi * uint32_t(page_size));
+    const int64_t page = kv_indices[first_page + pi];
+    if (page < 0 || page >= num_pages) continue;  // never after host validation
+    const int64_t e = page * stride_page + h * stride_h + entry * stride_n;
+    unsigned char* kd = k_stage + int64_t(r) * pitch;
+    unsigned char* vd = v_stage + int64_t(r) * pitch;
+    if (u < code_units) {
+      const int64_t off = e / 2 + int64_t(u) * copy_unit;
+      copy_unit_bytes(kd + u * copy_unit, k_data + off, copy_unit);
+      copy_unit_bytes(vd + u * copy_unit, v_data + off, copy_unit);
+    } else {
+      const uint32_t b = (u - code_units) * sf_unit;
+      copy_unit_bytes(kd + code_bytes + b, k_sf + e / 16 + b, sf_unit);
+      copy_unit_bytes(vd + code_bytes + b, v_sf + e / 16 + b, sf_unit);
     }
   }
   cp_async_commit();
 }
 
 template <typename KV, int VEC>
-__device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, float)) {
+__device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, float), const uint8_t* __restrict__ k_sf,
+                                            const uint8_t* __restrict__ v_sf) {
   using T = typename KV::T;
   const int lane = int(threadIdx.x);
   const int hpb = int(blockDim.y);
@@ -118,7 +166,9 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
   if (partial && wi.empty) return;  // split-KV padding (WorkItem::empty)
   const int64_t qrow = wi.qrow, first_page = wi.first_page, begin = wi.begin, end = wi.end;
 
-  const int64_t row_bytes = D * int64_t(sizeof(T));
+  constexpr bool kFP4 = kIsNVFP4<KV>;
+  // An NVFP4 tile row is D/2 code bytes, then D/16 scale bytes.
+  const int64_t row_bytes = kFP4 ? D / 2 + D / 16 : D * int64_t(sizeof(T));
   const int64_t pitch = (row_bytes + 15) / 16 * 16;
   const int64_t tile_bytes = tile * pitch;
   PKV_DYN_SMEM(unsigned char, smem);
@@ -139,14 +189,27 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
   const int64_t r0 = int64_t(threadIdx.z) * rows;
   const float cap_log2e = soft_cap * kLog2e;
   int stage = 0;
-  if (begin < end)
-    copy_tile(smem, smem + tile_bytes, k_data, v_data, kv_indices, first_page, begin, end, h, tile, pitch, row_bytes,
-              copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid, 32 * nwarps);
+  if (begin < end) {
+    if constexpr (kFP4) {
+      copy_tile_nvfp4(smem, smem + tile_bytes, k_data, v_data, k_sf, v_sf, kv_indices, first_page, begin, end, h,
+                      tile, pitch, D, copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid,
+                      32 * nwarps);
+    } else {
+      copy_tile(smem, smem + tile_bytes, k_data, v_data, kv_indices, first_page, begin, end, h, tile, pitch,
+                row_bytes, copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid, 32 * nwarps);
+    }
+  }
   for (int64_t t0 = begin; t0 < end; t0 += tile) {
     if (t0 + tile < end) {
       unsigned char* next = smem + 2 * (stage ^ 1) * tile_bytes;
-      copy_tile(next, next + tile_bytes, k_data, v_data, kv_indices, first_page, t0 + tile, end, h, tile, pitch,
-                row_bytes, copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid, 32 * nwarps);
+      if constexpr (kFP4) {
+        copy_tile_nvfp4(next, next + tile_bytes, k_data, v_data, k_sf, v_sf, kv_indices, first_page, t0 + tile, end,
+                        h, tile, pitch, D, copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid,
+                        32 * nwarps);
+      } else {
+        copy_tile(next, next + tile_bytes, k_data, v_data, kv_indices, first_page, t0 + tile, end, h, tile, pitch,
+                  row_bytes, copy_unit, page_size, num_pages, stride_page, stride_n, stride_h, tid, 32 * nwarps);
+      }
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -164,14 +227,25 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
         for (int j = 0; j < kRows; j++) {
           s[j] = 0.0f;
           if (r + j >= r_end) continue;
-          const T* krow = reinterpret_cast<const T*>(ks + (r + j) * pitch) + f0;
-          if constexpr (KV::kPairs) {  // fp8 on sm_89+ and in the emulator: packed converts
+          if constexpr (kFP4) {
+            // VEC (even) features of one 16-element block: their scale
+            // (times 2^14, the codes' unit) multiplies the lane's sum once.
+            if (!lane_full) continue;  // D is a multiple of 16: a lane is all in or all out
+            const unsigned char* krow = ks + (r + j) * pitch;
+            float kw[VEC];
+            nvfp4_widen<VEC>(krow + f0 / 2, kw);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) s[j] += qv[i] * kw[i];
+            s[j] *= e4m3_to_f32(krow[D / 2 + f0 / 16]) * kE2M1Unit;
+          } else if constexpr (KV::kPairs) {  // fp8 on sm_89+ and in the emulator: packed converts
+            const T* krow = reinterpret_cast<const T*>(ks + (r + j) * pitch) + f0;
             float kw[VEC];
             widen_vec<KV, VEC>(krow, lane_full, D - f0, kw);
 #pragma unroll
             for (int i = 0; i < VEC; i++)
               if (lane_full || f0 + i < D) s[j] += qv[i] * kw[i];
           } else {
+            const T* krow = reinterpret_cast<const T*>(ks + (r + j) * pitch) + f0;
 #pragma unroll
             for (int i = 0; i < VEC; i++)
               if (lane_full || f0 + i < D) s[j] += qv[i] * KV::widen(krow[i]);
@@ -199,14 +273,23 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
           if (r + j >= r_end) continue;
           const float p = exp2_approx(s[j] - m_new);
           d += p;
-          const T* vrow = reinterpret_cast<const T*>(vs + (r + j) * pitch) + f0;
-          if constexpr (KV::kPairs) {
+          if constexpr (kFP4) {
+            if (!lane_full) continue;
+            const unsigned char* vrow = vs + (r + j) * pitch;
+            float vw[VEC];
+            nvfp4_widen<VEC>(vrow + f0 / 2, vw);
+            const float ps = p * (e4m3_to_f32(vrow[D / 2 + f0 / 16]) * kE2M1Unit);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) ov[i] += ps * vw[i];
+          } else if constexpr (KV::kPairs) {
+            const T* vrow = reinterpret_cast<const T*>(vs + (r + j) * pitch) + f0;
             float vw[VEC];
             widen_vec<KV, VEC>(vrow, lane_full, D - f0, vw);
 #pragma unroll
             for (int i = 0; i < VEC; i++)
               if (lane_full || f0 + i < D) ov[i] += p * vw[i];
           } else {
+            const T* vrow = reinterpret_cast<const T*>(vs + (r + j) * pitch) + f0;
 #pragma unroll
             for (int i = 0; i < VEC; i++)
               if (lane_full || f0 + i < D) ov[i] += p * KV::widen(vrow[i]);
@@ -285,7 +368,16 @@ __device__ __forceinline__ void decode_body(PKV_DECODE_PARAMS(typename KV::T, fl
 // The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_DECODE_ENTRY(NAME, KV, VEC)                                                                    \
   extern "C" __global__ void __launch_bounds__(256, 4) NAME(PKV_DECODE_PARAMS(KV::T, double)) { \
-    pkv::decode_body<KV, VEC>(PKV_DECODE_FORWARD);                                                     \
+    pkv::decode_body<KV, VEC>(PKV_DECODE_FORWARD, nullptr, nullptr);                                   \
+  }
+
+// batch_decode_paged_nvfp4_v<VEC>: the same arguments, k_data/v_data the
+// NVFP4 code tensors, then k_sf and v_sf, their scale tensors (strides in
+// elements as for every dtype). VEC >= 2: a lane holds whole code bytes.
+#define PKV_DECODE_NVFP4_ENTRY(VEC)                                                                       \
+  extern "C" __global__ void __launch_bounds__(256, 4) batch_decode_paged_nvfp4_v##VEC(                   \
+      PKV_DECODE_PARAMS(uint8_t, double), const uint8_t* __restrict__ k_sf, const uint8_t* __restrict__ v_sf) { \
+    pkv::decode_body<pkv::KvNVFP4, VEC>(PKV_DECODE_FORWARD, k_sf, v_sf);                                  \
   }
 
 #define PKV_DECODE_DTYPE(SUFFIX, KV)                   \
@@ -299,3 +391,6 @@ PKV_DECODE_DTYPE(f16, pkv::KvF16)
 PKV_DECODE_DTYPE(bf16, pkv::KvBF16)
 PKV_DECODE_DTYPE(e4m3, pkv::KvE4M3)
 PKV_DECODE_DTYPE(e5m2, pkv::KvE5M2)
+PKV_DECODE_NVFP4_ENTRY(2)
+PKV_DECODE_NVFP4_ENTRY(4)
+PKV_DECODE_NVFP4_ENTRY(8)

@@ -41,6 +41,22 @@ func decodeVec(headDim int) (int, bool) {
 
 var kvSuffix = map[layout.DType]string{
 	layout.F32: "f32", layout.F16: "f16", layout.BF16: "bf16", layout.E4M3: "e4m3", layout.E5M2: "e5m2",
+	layout.NVFP4: "nvfp4",
+}
+
+// nvfp4MinVec is the fewest features per lane of the NVFP4 decode: a lane
+// holds whole code bytes (batch_decode_paged_nvfp4_v2/v4/v8).
+const nvfp4MinVec = 2
+
+// tileRowBytes is the shared-memory bytes of one K or V row in a tile of
+// the decode and the tiled prefill: head_dim elements, or for NVFP4 the
+// head_dim/2 code bytes plus head_dim/16 scale bytes (the prefill pads
+// the code rows by 16 bytes: prefill.cu kKVRowOf).
+func tileRowBytes(g layout.Paged) int {
+	if g.DType == layout.NVFP4 {
+		return g.HeadDim/2 + g.HeadDim/layout.NVFP4BlockSize
+	}
+	return g.HeadDim * g.DType.Size()
 }
 
 // decodeKernels names the decode entry point of each cache dtype and
@@ -50,7 +66,9 @@ var decodeKernels = func() map[layout.DType]map[int]string {
 	for dt, sfx := range kvSuffix {
 		m[dt] = map[int]string{}
 		for _, vec := range decodeVecs {
-			m[dt][vec] = decodeKernel(sfx, vec)
+			if dt != layout.NVFP4 || vec >= nvfp4MinVec {
+				m[dt][vec] = decodeKernel(sfx, vec)
+			}
 		}
 	}
 	return m
@@ -63,6 +81,9 @@ func planDecodeShape(g layout.Paged, group int) (decodePlan, error) {
 	if !ok {
 		return decodePlan{}, fmt.Errorf("head_dim %d (want <= 256): %w", g.HeadDim, kernels.ErrUnsupported)
 	}
+	if g.DType == layout.NVFP4 {
+		vec = max(vec, nvfp4MinVec)
+	}
 	var p decodePlan
 	p.vec = vec
 	p.kernel = decodeKernels[g.DType][vec]
@@ -72,11 +93,14 @@ func planDecodeShape(g layout.Paged, group int) (decodePlan, error) {
 		p.nz *= 2
 	}
 	p.gz = (group + p.hpb - 1) / p.hpb
-	rowBytes := g.HeadDim * g.DType.Size()
+	rowBytes := tileRowBytes(g)
 	p.pitch = (rowBytes + 15) / 16 * 16
 	p.tile = min(decodeMaxTile, decodeTileBudget/(4*p.pitch))
 	p.tile -= p.tile % p.nz // every z-warp gets the same number of rows
 	p.unit = copyUnit(int64(rowBytes))
+	if g.DType == layout.NVFP4 {
+		p.unit = copyUnit(int64(g.HeadDim / 2)) // the code bytes' unit; the kernel picks the scales'
+	}
 	warps := p.hpb * p.nz
 	p.smem = 4*p.tile*p.pitch + 4*warps*(g.HeadDim+2)
 	p.resident = residentCTAs(32*warps, 64, p.smem)

@@ -169,30 +169,32 @@ func (b *Backend) Synchronize() error {
 
 // DeviceKVCache is a paged KV cache in device memory, FlashInfer's
 // paged_kv_cache: one 5-D allocation (Geometry.Form == layout.Fused, V is
-// the second plane of it) or a K/V pair (layout.Split). It is allocated
-// once by [Backend.NewKVCache] and never leaves the device except through
+// the second plane of it) or a K/V pair (layout.Split). An NVFP4 cache
+// (layout.NVFP4) also has FlashInfer's kv_cache_sf in the same form: the
+// data tensors hold the packed e2m1 codes, KSF and VSF point at the K and
+// V views of the scale tensors. It is allocated once by
+// [Backend.NewKVCache] and never leaves the device except through
 // [Backend.DownloadKVCache].
 type DeviceKVCache struct {
 	Geometry layout.Paged
 	K, V     DevicePtr // the K and V views the layout's offsets index
+	KSF, VSF DevicePtr // NVFP4: the K and V views of the scale tensors (0 otherwise)
 	allocs   []DevicePtr
-	bytes    int64 // per view (K or V) for Split, the whole tensor for Fused
+	sizes    []int64 // bytes of each allocation
 }
 
-// planeBytes is the byte size of one of the layout's tensors (the fused
-// 5-D tensor or one of K, V).
-func planeBytes(g layout.Paged) (int64, error) {
+// planeBytes is the byte size of one of the layout's data tensors (the
+// fused 5-D tensor or one of K, V) and of one of its NVFP4 scale tensors
+// (0 for every other dtype).
+func planeBytes(g layout.Paged) (data, scales int64, err error) {
 	if err := g.Validate(); err != nil {
-		return 0, fmt.Errorf("%w: %w", kernels.ErrInvalidCache, err)
-	}
-	if g.DType == layout.NVFP4 {
-		return 0, fmt.Errorf("nvfp4 cache (the CUDA kernels have no e2m1 path): %w", kernels.ErrUnsupported)
+		return 0, 0, fmt.Errorf("%w: %w", kernels.ErrInvalidCache, err)
 	}
 	n := g.TensorElements()
-	if n < 0 || n > math.MaxInt/int64(g.DType.Size()) {
-		return 0, fmt.Errorf("%w: %v cache of %d elements does not fit in memory", kernels.ErrInvalidCache, g.DType, n)
+	if n < 0 || (g.DType != layout.NVFP4 && n > math.MaxInt/int64(g.DType.Size())) {
+		return 0, 0, fmt.Errorf("%w: %v cache of %d elements does not fit in memory", kernels.ErrInvalidCache, g.DType, n)
 	}
-	return n * int64(g.DType.Size()), nil
+	return g.DataBytes(), g.ScaleBytes(), nil
 }
 
 // NewKVCache allocates a zero-filled paged cache of geometry g in device
@@ -201,49 +203,92 @@ func (b *Backend) NewKVCache(g layout.Paged) (*DeviceKVCache, error) {
 	if err := b.idle("NewKVCache"); err != nil {
 		return nil, err
 	}
-	n, err := planeBytes(g)
+	n, ns, err := planeBytes(g)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", b.name, err)
 	}
-	c := &DeviceKVCache{Geometry: g, bytes: n}
+	c := &DeviceKVCache{Geometry: g}
 	count := 2
 	if g.Form == layout.Fused {
 		count = 1
 	}
+	sizes := make([]int64, 0, 2*count)
 	for range count {
-		p, err := b.drv.Alloc(int(max(n, 1)))
+		sizes = append(sizes, n)
+	}
+	if g.DType == layout.NVFP4 {
+		for range count {
+			sizes = append(sizes, ns)
+		}
+	}
+	for _, sz := range sizes {
+		p, err := b.drv.Alloc(int(max(sz, 1)))
 		if err != nil {
 			c.free(b.drv)
-			return nil, fmt.Errorf("%s: allocating a %d-byte cache: %w", b.name, n, err)
+			return nil, fmt.Errorf("%s: allocating a %d-byte cache: %w", b.name, sz, err)
 		}
-		c.allocs = append(c.allocs, p)
-		if err := b.drv.Memset(p, 0, int(n)); err != nil {
+		c.allocs, c.sizes = append(c.allocs, p), append(c.sizes, sz)
+		if err := b.drv.Memset(p, 0, int(sz)); err != nil {
 			c.free(b.drv)
 			return nil, fmt.Errorf("%s: clearing the cache: %w", b.name, err)
 		}
 	}
-	c.K = c.allocs[0]
-	if g.Form == layout.Fused {
-		c.V = c.K + DevicePtr(g.PlaneElements()*int64(g.DType.Size()))
-	} else {
-		c.V = c.allocs[1]
+	c.K, c.V = c.views(0, g.DataOffset(g.PlaneElements()))
+	if g.DType == layout.NVFP4 {
+		c.KSF, c.VSF = c.views(count, g.ScaleOffset(g.PlaneElements()))
 	}
 	return c, nil
+}
+
+// views returns the K and V views of the tensors from allocation i on: the
+// allocation and its second plane (plane bytes in) when fused, else
+// allocations i and i+1.
+func (c *DeviceKVCache) views(i int, plane int64) (k, v DevicePtr) {
+	if c.Geometry.Form == layout.Fused {
+		return c.allocs[i], c.allocs[i] + DevicePtr(plane)
+	}
+	return c.allocs[i], c.allocs[i+1]
 }
 
 func (c *DeviceKVCache) free(drv Driver) {
 	for _, p := range c.allocs {
 		_ = drv.Free(p)
 	}
-	c.allocs, c.K, c.V = nil, 0, 0
+	c.allocs, c.sizes, c.K, c.V, c.KSF, c.VSF = nil, nil, 0, 0, 0, 0
 }
 
 // Free releases the cache's device memory (b must be the backend that made
 // it).
 func (c *DeviceKVCache) Free(b *Backend) { c.free(b.drv) }
 
-// CacheBytes is the cache's size in device memory.
-func (c *DeviceKVCache) CacheBytes() int64 { return c.bytes * int64(len(c.allocs)) }
+// CacheBytes is the cache's size in device memory (an NVFP4 cache's scale
+// tensors included).
+func (c *DeviceKVCache) CacheBytes() int64 {
+	var n int64
+	for _, sz := range c.sizes {
+		n += sz
+	}
+	return n
+}
+
+// hostBufs lists the host buffers of src in the order of a device cache's
+// allocations: data tensors (Data, or K and V), then for NVFP4 the scale
+// tensors (SF, or KSF and VSF).
+func hostBufs(src *kernels.PagedKVCache) [][]byte {
+	var bufs [][]byte
+	if src.Geometry.Form == layout.Fused {
+		bufs = append(bufs, src.Data)
+		if src.Geometry.DType == layout.NVFP4 {
+			bufs = append(bufs, src.SF)
+		}
+		return bufs
+	}
+	bufs = append(bufs, src.K, src.V)
+	if src.Geometry.DType == layout.NVFP4 {
+		bufs = append(bufs, src.KSF, src.VSF)
+	}
+	return bufs
+}
 
 // UploadKVCache copies a whole host cache into the device cache (same
 // geometry): for tests and for loading a saved cache.
@@ -257,13 +302,12 @@ func (b *Backend) UploadKVCache(dst *DeviceKVCache, src *kernels.PagedKVCache) e
 	if src.Geometry != dst.Geometry || len(dst.allocs) == 0 {
 		return fmt.Errorf("%s: %w: upload of a %+v cache into a %+v device cache", b.name, kernels.ErrInvalidCache, src.Geometry, dst.Geometry)
 	}
-	if dst.Geometry.Form == layout.Fused {
-		return b.drv.HtoD(dst.K, src.Data)
+	for i, buf := range hostBufs(src) {
+		if err := b.drv.HtoD(dst.allocs[i], buf); err != nil {
+			return err
+		}
 	}
-	if err := b.drv.HtoD(dst.K, src.K); err != nil {
-		return err
-	}
-	return b.drv.HtoD(dst.V, src.V)
+	return nil
 }
 
 // DownloadKVCache copies the device cache into a host cache of the same
@@ -279,13 +323,12 @@ func (b *Backend) DownloadKVCache(dst *kernels.PagedKVCache, src *DeviceKVCache)
 	if dst.Geometry != src.Geometry || len(src.allocs) == 0 {
 		return fmt.Errorf("%s: %w: download of a %+v device cache into a %+v cache", b.name, kernels.ErrInvalidCache, src.Geometry, dst.Geometry)
 	}
-	if src.Geometry.Form == layout.Fused {
-		return b.drv.DtoH(dst.Data, src.K)
+	for i, buf := range hostBufs(dst) {
+		if err := b.drv.DtoH(buf, src.allocs[i]); err != nil {
+			return err
+		}
 	}
-	if err := b.drv.DtoH(dst.K, src.K); err != nil {
-		return err
-	}
-	return b.drv.DtoH(dst.V, src.V)
+	return nil
 }
 
 // DeviceMLACache is an MLA paged cache in device memory: ckv [pages, N,
@@ -403,20 +446,47 @@ func (b *Backend) CopyPage(c *DeviceKVCache, src, dst, entries int) error {
 	if entries == 0 || src == dst {
 		return nil
 	}
-	es := int64(g.DType.Size())
-	runs, run := g.NumKVHeads, int64(entries)*int64(g.HeadDim)*es // HND: one run per head
+	runs, run := g.NumKVHeads, int64(entries)*int64(g.HeadDim) // elements; HND: one run per head
 	if g.Layout == layout.NHD {
-		runs, run = 1, int64(entries)*int64(g.NumKVHeads)*int64(g.HeadDim)*es
+		runs, run = 1, int64(entries)*int64(g.NumKVHeads)*int64(g.HeadDim)
 	}
-	for _, base := range []DevicePtr{c.K, c.V} {
+	for _, v := range c.kvViews() {
 		for h := range runs {
-			so, do := g.KOffset(src, 0, h, 0)*es, g.KOffset(dst, 0, h, 0)*es
-			if err := b.drv.DtoD(base+DevicePtr(do), base+DevicePtr(so), int(run)); err != nil {
+			so, do := v.bytes(g.KOffset(src, 0, h, 0)), v.bytes(g.KOffset(dst, 0, h, 0))
+			if err := b.drv.DtoD(v.ptr+DevicePtr(do), v.ptr+DevicePtr(so), int(v.bytes(run))); err != nil {
 				return fmt.Errorf("%s: copy page %d to %d: %w", b.name, src, dst, err)
 			}
 		}
 	}
 	return nil
+}
+
+// kvView is one view the layout's element offsets index: K or V of the
+// data tensors, or of an NVFP4 cache's scale tensors; bytes turns an
+// element offset (or count) into its bytes in the view.
+type kvView struct {
+	ptr   DevicePtr
+	bytes func(int64) int64
+}
+
+// kvViews lists the cache's K and V views: data, then NVFP4 scales.
+func (c *DeviceKVCache) kvViews() []kvView {
+	g := c.Geometry
+	v := []kvView{{c.K, g.DataOffset}, {c.V, g.DataOffset}}
+	if g.DType == layout.NVFP4 {
+		v = append(v, kvView{c.KSF, g.ScaleOffset}, kvView{c.VSF, g.ScaleOffset})
+	}
+	return v
+}
+
+// pageBytes is the bytes of one page in allocation i of the cache (in the
+// order of hostBufs): a data tensor's, or an NVFP4 scale tensor's.
+func (c *DeviceKVCache) pageBytes(i int) int64 {
+	g := c.Geometry
+	if g.DType == layout.NVFP4 && i >= len(c.allocs)/2 { // data tensors first, then as many scale tensors
+		return g.ScaleOffset(g.StridePage())
+	}
+	return g.DataOffset(g.StridePage())
 }
 
 // UploadPages copies the listed pages (K and V, every head) of a host
@@ -433,23 +503,17 @@ func (b *Backend) UploadPages(dst *DeviceKVCache, src *kernels.PagedKVCache, pag
 	if err := src.Validate(); err != nil {
 		return fmt.Errorf("%s: upload pages: %w", b.name, err)
 	}
-	es := g.StridePage() * int64(g.DType.Size())
+	bufs := hostBufs(src)
 	for _, p := range pages {
 		if p < 0 || int(p) >= g.NumPages {
 			return fmt.Errorf("%s: upload of page %d of %d: %w", b.name, p, g.NumPages, kernels.ErrIndexOutOfRange)
 		}
-		off := int64(p) * es
-		if g.Form == layout.Fused {
-			if err := b.drv.HtoD(dst.K+DevicePtr(off), src.Data[off:off+es]); err != nil {
+		for i, buf := range bufs {
+			es := dst.pageBytes(i)
+			off := int64(p) * es
+			if err := b.drv.HtoD(dst.allocs[i]+DevicePtr(off), buf[off:off+es]); err != nil {
 				return err
 			}
-			continue
-		}
-		if err := b.drv.HtoD(dst.K+DevicePtr(off), src.K[off:off+es]); err != nil {
-			return err
-		}
-		if err := b.drv.HtoD(dst.V+DevicePtr(off), src.V[off:off+es]); err != nil {
-			return err
 		}
 	}
 	return nil
@@ -470,23 +534,17 @@ func (b *Backend) DownloadPages(dst *kernels.PagedKVCache, src *DeviceKVCache, p
 		return fmt.Errorf("%s: download pages: %w", b.name, err)
 	}
 	defer b.waits.Add(1)
-	es := g.StridePage() * int64(g.DType.Size())
+	bufs := hostBufs(dst)
 	for _, p := range pages {
 		if p < 0 || int(p) >= g.NumPages {
 			return fmt.Errorf("%s: download of page %d of %d: %w", b.name, p, g.NumPages, kernels.ErrIndexOutOfRange)
 		}
-		off := int64(p) * es
-		if g.Form == layout.Fused {
-			if err := b.drv.DtoH(dst.Data[off:off+es], src.K+DevicePtr(off)); err != nil {
+		for i, buf := range bufs {
+			es := src.pageBytes(i)
+			off := int64(p) * es
+			if err := b.drv.DtoH(buf[off:off+es], src.allocs[i]+DevicePtr(off)); err != nil {
 				return err
 			}
-			continue
-		}
-		if err := b.drv.DtoH(dst.K[off:off+es], src.K+DevicePtr(off)); err != nil {
-			return err
-		}
-		if err := b.drv.DtoH(dst.V[off:off+es], src.V+DevicePtr(off)); err != nil {
-			return err
 		}
 	}
 	return nil

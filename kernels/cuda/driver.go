@@ -101,6 +101,7 @@ const (
 	appendArity      = 16
 	appendMLAArity   = 15
 	appendQuantArity = 20
+	appendNVFP4Arity = 21
 	decodeArity      = 27
 	mergeArity       = 10
 	mergeStateArity  = 11
@@ -114,6 +115,7 @@ const (
 var KernelArity = func() map[string]int {
 	m := map[string]int{
 		"append_paged_kv_cache_quant": appendQuantArity,
+		"append_paged_kv_cache_nvfp4": appendNVFP4Arity,
 		"merge_partial_states":        mergeArity,
 		"merge_state":                 mergeStateArity,
 		"merge_states":                mergeStatesArity,
@@ -137,9 +139,15 @@ var KernelArity = func() map[string]int {
 			m[decodeKernel(kv, vec)] = decodeArity
 		}
 	}
+	for _, vec := range decodeVecs[1:] {
+		m[decodeKernel("nvfp4", vec)] = decodeArity + 2 // then k_sf, v_sf
+	}
 	for _, dt := range prefillKVs {
 		for _, d := range prefillDims {
 			m[prefillKernel(kvSuffix[dt], d)] = prefillArity
+			if dt == layout.NVFP4 {
+				m[prefillKernel(kvSuffix[dt], d)] = prefillArity + 2 // then k_sf, v_sf
+			}
 		}
 	}
 	for _, names := range tcDecodeKernels {

@@ -63,24 +63,56 @@ template <typename KV>
 struct Tc;
 template <>
 struct Tc<KvF16> {
-  static constexpr bool kBF16 = false, kFP8 = false;
+  static constexpr bool kBF16 = false, kFP8 = false, kFP4 = false;
   __device__ static __forceinline__ uint32_t widen2(uint16_t) { return 0; }
 };
 template <>
 struct Tc<KvBF16> {
-  static constexpr bool kBF16 = true, kFP8 = false;
+  static constexpr bool kBF16 = true, kFP8 = false, kFP4 = false;
   __device__ static __forceinline__ uint32_t widen2(uint16_t) { return 0; }
 };
 template <>
 struct Tc<KvE4M3> {
-  static constexpr bool kBF16 = false, kFP8 = true;
+  static constexpr bool kBF16 = false, kFP8 = true, kFP4 = false;
   __device__ static __forceinline__ uint32_t widen2(uint16_t pair) { return cvt_f16x2_e4m3x2(pair); }
 };
 template <>
 struct Tc<KvE5M2> {
-  static constexpr bool kBF16 = false, kFP8 = true;
+  static constexpr bool kBF16 = false, kFP8 = true, kFP4 = false;
   __device__ static __forceinline__ uint32_t widen2(uint16_t pair) { return cvt_f16x2_e5m2x2(pair); }
 };
+// NVFP4: f16 mma; fragments are gathered from the code bytes and scales and
+// widened in registers (nvfp4_frag), as the fp8 ones are.
+template <>
+struct Tc<KvNVFP4> {
+  static constexpr bool kBF16 = false, kFP8 = false, kFP4 = true;
+};
+// kGather: the cache's fragments are gathered and widened in registers
+// (fp8, NVFP4) rather than read by ldmatrix.
+template <typename KV>
+constexpr bool kGather = Tc<KV>::kFP8 || Tc<KV>::kFP4;
+
+// kKVRowOf is the bytes of a K/V tile row in shared memory: head_dim
+// elements, or for NVFP4 the head_dim/2 code bytes plus 16 bytes of
+// padding (unswizzled: with the padding the 8 rows a fragment gather
+// reads start in 8 different banks, and rows stay 16-byte aligned for
+// cp.async). kSFRowOf is an NVFP4 scale tile row: head_dim/16 bytes.
+template <typename KV, int kD>
+constexpr int kKVRowOf = Tc<KV>::kFP4 ? kD / 2 + 16 : kD * int(sizeof(typename KV::T));
+template <typename KV, int kD>
+constexpr int kSFRowOf = Tc<KV>::kFP4 ? kD / 16 : 0;
+
+// kF16Unit2 is the f16 pair (2^14, 2^14).
+constexpr uint32_t kF16Unit2 = 0x74007400u;
+
+// nvfp4_frag is the f16 pair of x's two e2m1 codes (bits 0..3 and 16..19)
+// times their scales (e4m3 codes s0 and s1): exact, since every such
+// product has at most 6 significant bits and lies within f16's normal
+// range (2^-10 .. 2688).
+__device__ __forceinline__ uint32_t nvfp4_frag(uint32_t x, uint8_t s0, uint8_t s1) {
+  const uint32_t sc = uint32_t(e4m3_to_f16_bits(s0)) | (uint32_t(e4m3_to_f16_bits(s1)) << 16);
+  return hmul2_bits(hmul2_bits(e2m1_pair_bits(x), kF16Unit2), sc);
+}
 
 // swz is the byte offset of byte col of row r in a swizzled tile with
 // rows of kRowBytes bytes: 16-byte chunk c lives at chunk c ^ (r % 8)
@@ -158,6 +190,61 @@ __device__ __forceinline__ void copy_kv(unsigned char* __restrict__ ks, unsigned
     for (int j = 0; j < M::kCPT; j++) {
       cp_async_16(ks + M::dst(base, j), k_head + off + M::kTPR * 16 * j);
       cp_async_16(vs + M::dst(base, j), v_head + off + M::kTPR * 16 * j);
+    }
+  }
+  cp_async_commit();
+}
+
+// copy_kv_nvfp4 is copy_kv for an NVFP4 cache: the code rows (kD/2 bytes,
+// 16-byte cp.async chunks) into the K and V code tiles (rows of
+// kKVRowOf bytes) and the scale rows (kD/16 bytes, 4-byte copies) into
+// the scale tiles ksf/vsf. k_head/v_head and k_sf/v_sf point at the
+// head's codes and scales; page_elems and entry_elems are the page and
+// entry strides in elements (codes at /2, scales at /16).
+template <int kD, int kBc>
+__device__ __forceinline__ void copy_kv_nvfp4(unsigned char* __restrict__ ks, unsigned char* __restrict__ vs,
+                                              unsigned char* __restrict__ ksf, unsigned char* __restrict__ vsf,
+                                              const unsigned char* __restrict__ k_head,
+                                              const unsigned char* __restrict__ v_head,
+                                              const unsigned char* __restrict__ k_sf,
+                                              const unsigned char* __restrict__ v_sf,
+                                              const int32_t* __restrict__ page_row, int32_t t0, int32_t end,
+                                              const PageDiv& pd, int64_t num_pages, int64_t page_elems,
+                                              int64_t entry_elems, int tid, int nthreads) {
+  constexpr int kRow = kKVRowOf<KvNVFP4, kD>;
+  constexpr int kChunks = kD / 32;  // 16-byte code chunks of a row
+  constexpr int kWords = kD / 64;   // 4-byte scale words of a row
+  constexpr int kPer = kChunks + kWords;
+  for (int v = tid; v < kBc * kPer; v += nthreads) {
+    const int r = v / kPer;
+    const int u = v - r * kPer;
+    const uint32_t t = uint32_t(t0 + r);
+    int64_t page = -1;
+    uint32_t entry = 0;
+    if (int32_t(t) < end) {
+      const uint32_t pi = pd.div(t);
+      entry = t - pi * pd.d;
+      page = page_row[pi];
+    }
+    const bool valid = page >= 0 && page < num_pages;
+    const int64_t e = page * page_elems + int64_t(entry) * entry_elems;
+    if (u < kChunks) {
+      unsigned char* kd = ks + r * kRow + 16 * u;
+      unsigned char* vd = vs + r * kRow + 16 * u;
+      if (valid) {
+        cp_async_16(kd, k_head + e / 2 + 16 * u);
+        cp_async_16(vd, v_head + e / 2 + 16 * u);
+      } else {
+        const uint4 zero = {0u, 0u, 0u, 0u};
+        *reinterpret_cast<uint4*>(kd) = zero;
+        *reinterpret_cast<uint4*>(vd) = zero;
+      }
+    } else {
+      const int w = 4 * (u - kChunks);
+      uint32_t* kd = reinterpret_cast<uint32_t*>(ksf + r * (kD / 16) + w);
+      uint32_t* vd = reinterpret_cast<uint32_t*>(vsf + r * (kD / 16) + w);
+      *kd = valid ? *reinterpret_cast<const uint32_t*>(k_sf + e / 16 + w) : 0u;
+      *vd = valid ? *reinterpret_cast<const uint32_t*>(v_sf + e / 16 + w) : 0u;
     }
   }
   cp_async_commit();
@@ -248,10 +335,11 @@ __device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const u
 // (a second pass would gather twice and, at D=64 and 256, spill).
 template <typename KV, int kD>
 __device__ __forceinline__ void qk(float (&s)[kBcFor<kD> / 8][4], const unsigned char* qs, const unsigned char* qlo,
-                                   bool lo, uint32_t q_frag, const unsigned char* ks, uint32_t k_frag, int lane) {
+                                   bool lo, uint32_t q_frag, const unsigned char* ks, const unsigned char* ksf,
+                                   uint32_t k_frag, int lane) {
   using TC = Tc<KV>;
   constexpr int kBc = kBcFor<kD>;
-  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  constexpr int kKVRow = kKVRowOf<KV, kD>;
   const int g4 = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int kt = 0; kt < kD / 16; kt++) {
@@ -261,7 +349,17 @@ __device__ __forceinline__ void qk(float (&s)[kBcFor<kD> / 8][4], const unsigned
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; kk++) {
       uint32_t bk[4];
-      if constexpr (TC::kFP8) {
+      if constexpr (TC::kFP4) {
+        // b[0] = K[key g][feat 2t, 2t+1]: one code byte; the 16 features
+        // of k-step kt are one scale block of the key.
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const uint32_t kr = uint32_t(kk * 16 + g4 + 8 * (j >> 1));
+          const uint8_t sc = ksf[kr * (kD / 16) + kt];
+          const uint32_t b = ks[kr * kKVRow + kt * 8 + t4 + 4 * (j & 1)];
+          bk[j] = nvfp4_frag((b & 0xfu) | ((b & 0xf0u) << 12), sc, sc);
+        }
+      } else if constexpr (TC::kFP8) {
         // b[0] = K[key g][feat 2t, 2t+1], b[1] = feats + 8: one fp8 pair each.
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -292,14 +390,27 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[4], const float (&s)[kN][4
 // lo it adds P's lo plane plo in the same pass, as qk does qlo.
 template <typename KV, int kD>
 __device__ __forceinline__ void pv(float (&acc)[kD / 8][4], const uint32_t (&pa)[4], const uint32_t (&plo)[4],
-                                   bool lo, const unsigned char* vs, uint32_t v_frag, int lane) {
+                                   bool lo, const unsigned char* vs, const unsigned char* vsf, uint32_t v_frag,
+                                   int lane) {
   using TC = Tc<KV>;
-  constexpr int kKVRow = kD * int(sizeof(typename KV::T));
+  constexpr int kKVRow = kKVRowOf<KV, kD>;
   const int g4 = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int fb = 0; fb < kD / 16; fb++) {
     uint32_t bv[4];
-    if constexpr (TC::kFP8) {
+    if constexpr (TC::kFP4) {
+      // b[0] = V[keys 2t, 2t+1][feat g]: the same nibble of two rows, each
+      // with its own scale of block fb.
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const uint32_t vr = uint32_t(2 * t4 + 8 * (j & 1));
+        const uint32_t col = uint32_t(fb * 16 + g4 + 8 * (j >> 1));
+        const uint32_t sh = 4 * (col & 1);
+        const uint32_t b0 = vs[vr * kKVRow + col / 2], b1 = vs[(vr + 1) * kKVRow + col / 2];
+        bv[j] = nvfp4_frag(((b0 >> sh) & 0xfu) | (((b1 >> sh) & 0xfu) << 16), vsf[vr * (kD / 16) + fb],
+                           vsf[(vr + 1) * (kD / 16) + fb]);
+      }
+    } else if constexpr (TC::kFP8) {
       // b[0] = V[keys 2t, 2t+1][feat g], b[1] = keys + 8; bv[2..3] feats + 8.
 #pragma unroll
       for (int j = 0; j < 4; j++) {
@@ -324,12 +435,14 @@ __device__ __forceinline__ void prefill_body(
     void* __restrict__ o, float* __restrict__ lse, float* __restrict__ tmp_o, float* __restrict__ tmp_lse,
     const float* __restrict__ sinks, int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, int64_t num_pages, int64_t stride_page,
     int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, float q_scale, float soft_cap,
-    float v_scale, int64_t rows_per_tile, int64_t causal, int64_t window_left, int64_t flags) {
+    float v_scale, int64_t rows_per_tile, int64_t causal, int64_t window_left, int64_t flags,
+    const uint8_t* __restrict__ k_sf, const uint8_t* __restrict__ v_sf) {
   using T = typename KV::T;
   using TC = Tc<KV>;
   constexpr bool kBF16 = TC::kBF16;
   constexpr int kBc = kBcFor<kD>;
-  constexpr int kKVRow = kD * int(sizeof(T));  // bytes of a K/V row in shared memory
+  constexpr int kKVRow = kKVRowOf<KV, kD>;  // bytes of a K/V row in shared memory
+  constexpr int kSFRow = kSFRowOf<KV, kD>;  // bytes of an NVFP4 scale row (0 otherwise)
   constexpr int kQRow = kD * 2;                // bytes of a Q row (mma dtype)
   constexpr int kNB = kD / 8;                  // n8 blocks of O
   const int tid = int(threadIdx.x);
@@ -365,17 +478,19 @@ __device__ __forceinline__ void prefill_body(
   const int32_t chunk = partial ? kv_chunk[item] : 0;
 
   PKV_DYN_SMEM(unsigned char, smem);
-  constexpr int kStage = 2 * kBc * kKVRow;  // K and V tiles of one stage
+  constexpr int kStage = 2 * kBc * (kKVRow + kSFRow);  // K and V tiles (and scale tiles) of one stage
   unsigned char* q_hi = smem + 2 * kStage;
   unsigned char* q_lo = q_hi + 16 * W * kQRow;
   const float cap_log2e = soft_cap * kLog2e;
   // The copy's invariants: the request's page-table row, the head's
   // first element, strides in bytes, the page-size divider.
   const int32_t* __restrict__ page_row = kv_indices + first_page;
-  const unsigned char* __restrict__ k_head =
-      reinterpret_cast<const unsigned char*>(k_data) + int64_t(h) * stride_h * int64_t(sizeof(T));
-  const unsigned char* __restrict__ v_head =
-      reinterpret_cast<const unsigned char*>(v_data) + int64_t(h) * stride_h * int64_t(sizeof(T));
+  // (NVFP4: codes at element offset / 2, scales at / 16.)
+  const int64_t head_bytes = TC::kFP4 ? int64_t(h) * stride_h / 2 : int64_t(h) * stride_h * int64_t(sizeof(T));
+  const unsigned char* __restrict__ k_head = reinterpret_cast<const unsigned char*>(k_data) + head_bytes;
+  const unsigned char* __restrict__ v_head = reinterpret_cast<const unsigned char*>(v_data) + head_bytes;
+  const unsigned char* __restrict__ k_head_sf = TC::kFP4 ? k_sf + int64_t(h) * stride_h / 16 : nullptr;
+  const unsigned char* __restrict__ v_head_sf = TC::kFP4 ? v_sf + int64_t(h) * stride_h / 16 : nullptr;
   const int64_t page_bytes = stride_page * int64_t(sizeof(T));
   const int64_t entry_bytes = stride_n * int64_t(sizeof(T));
   const PageDiv pd(page_size);
@@ -433,8 +548,14 @@ __device__ __forceinline__ void prefill_body(
         *reinterpret_cast<uint32_t*>(q_hi + at) = hi;
         if (split_q) *reinterpret_cast<uint32_t*>(q_lo + at) = pack2_lo<kBF16>(x0, x1, hi);
       }
-      copy_kv<T, kD, kBc>(smem, smem + kBc * kKVRow, k_head, v_head, page_row, kb, ke, pd, num_pages, page_bytes,
-                          entry_bytes, tid, nthreads);
+      if constexpr (TC::kFP4) {
+        copy_kv_nvfp4<kD, kBc>(smem, smem + kBc * kKVRow, smem + 2 * kBc * kKVRow, smem + 2 * kBc * kKVRow + kBc * kSFRow,
+                               k_head, v_head, k_head_sf, v_head_sf, page_row, kb, ke, pd, num_pages, stride_page,
+                               stride_n, tid, nthreads);
+      } else {
+        copy_kv<T, kD, kBc>(smem, smem + kBc * kKVRow, k_head, v_head, page_row, kb, ke, pd, num_pages, page_bytes,
+                            entry_bytes, tid, nthreads);
+      }
     }
 
     float m[2] = {neg_inf(), neg_inf()};
@@ -447,8 +568,14 @@ __device__ __forceinline__ void prefill_body(
     for (int32_t t0 = kb; t0 < ke; t0 += kBc) {
       if (t0 + kBc < ke) {
         unsigned char* next = smem + (stage ^ 1) * kStage;
-        copy_kv<T, kD, kBc>(next, next + kBc * kKVRow, k_head, v_head, page_row, t0 + kBc, ke, pd, num_pages,
-                            page_bytes, entry_bytes, tid, nthreads);
+        if constexpr (TC::kFP4) {
+          copy_kv_nvfp4<kD, kBc>(next, next + kBc * kKVRow, next + 2 * kBc * kKVRow,
+                                 next + 2 * kBc * kKVRow + kBc * kSFRow, k_head, v_head, k_head_sf, v_head_sf,
+                                 page_row, t0 + kBc, ke, pd, num_pages, stride_page, stride_n, tid, nthreads);
+        } else {
+          copy_kv<T, kD, kBc>(next, next + kBc * kKVRow, k_head, v_head, page_row, t0 + kBc, ke, pd, num_pages,
+                              page_bytes, entry_bytes, tid, nthreads);
+        }
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
@@ -457,16 +584,18 @@ __device__ __forceinline__ void prefill_body(
       if (warp_active) {
         const unsigned char* ks = smem + stage * kStage;
         const unsigned char* vs = ks + kBc * kKVRow;
+        const unsigned char* ksf = ks + 2 * kBc * kKVRow;  // NVFP4 scale tiles
+        const unsigned char* vsf = ksf + kBc * kSFRow;
         // S = Q K^T: s[n] is keys t0 + 8n .. t0 + 8n + 7; the lo plane of
         // q (split_q) is a second pass, off the common path.
         float s[kBc / 8][4];
 #pragma unroll
         for (int n = 0; n < kBc / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        if constexpr (TC::kFP8) {
-          qk<KV, kD>(s, q_hi, q_lo, split_q, q_frag, ks, k_frag, lane);
+        if constexpr (kGather<KV>) {
+          qk<KV, kD>(s, q_hi, q_lo, split_q, q_frag, ks, ksf, k_frag, lane);
         } else {
-          qk<KV, kD>(s, q_hi, q_lo, false, q_frag, ks, k_frag, lane);
-          if (split_q) qk<KV, kD>(s, q_lo, q_lo, false, q_frag, ks, k_frag, lane);
+          qk<KV, kD>(s, q_hi, q_lo, false, q_frag, ks, ksf, k_frag, lane);
+          if (split_q) qk<KV, kD>(s, q_lo, q_lo, false, q_frag, ks, ksf, k_frag, lane);
         }
         // Logits, masks, online softmax. A tile every valid row of the
         // pass sees whole (block-uniform) skips the per-element masks; the
@@ -533,11 +662,12 @@ __device__ __forceinline__ void prefill_body(
             }
           }
           const unsigned char* vk = vs + kk * 16 * kKVRow;
-          if constexpr (TC::kFP8) {
-            pv<KV, kD>(acc, pa, plo, split_p, vk, v_frag, lane);
+          const unsigned char* vksf = vsf + kk * 16 * kSFRow;
+          if constexpr (kGather<KV>) {
+            pv<KV, kD>(acc, pa, plo, split_p, vk, vksf, v_frag, lane);
           } else {
-            pv<KV, kD>(acc, pa, plo, false, vk, v_frag, lane);
-            if (split_p) pv<KV, kD>(acc, plo, plo, false, vk, v_frag, lane);
+            pv<KV, kD>(acc, pa, plo, false, vk, vksf, v_frag, lane);
+            if (split_p) pv<KV, kD>(acc, plo, plo, false, vk, vksf, v_frag, lane);
           }
         }
       }
@@ -601,7 +731,7 @@ __device__ __forceinline__ void prefill_body(
 // report): 4 at d64 (<= 128 registers), 3 at f16/bf16 d128 (<= 168), 2
 // for fp8 d128 (168 spills on sm_90) and d256 (128 f32 accumulators per
 // lane).
-#define PKV_PREFILL_MIN_CTAS(KV, D) ((D) <= 64 ? 4 : (D) <= 128 && !pkv::tcprefill::Tc<KV>::kFP8 ? 3 : 2)
+#define PKV_PREFILL_MIN_CTAS(KV, D) ((D) <= 64 ? 4 : (D) <= 128 && !pkv::tcprefill::kGather<KV> ? 3 : 2)
 // The names this macro builds are written out in doc.go's entry-point table.
 #define PKV_PREFILL_ENTRY(NAME, KV, D)                                                                              \
   extern "C" __global__ void __launch_bounds__(128, PKV_PREFILL_MIN_CTAS(KV, D)) NAME(                                                        \
@@ -619,7 +749,29 @@ __device__ __forceinline__ void prefill_body(
                                         work, kv_chunk, merge_indptr, o, lse, tmp_o, tmp_lse, sinks, num_qo_heads,  \
                                         num_kv_heads, page_size, num_pages, stride_page, stride_n, stride_h,        \
                                         q_dtype, o_dtype, float(q_scale), float(soft_cap), float(v_scale),          \
-                                        rows_per_tile, causal, window_left, flags);                                 \
+                                        rows_per_tile, causal, window_left, flags, nullptr, nullptr);               \
+  }
+
+// batch_prefill_paged_nvfp4_d<D>: the same arguments, k_data/v_data the
+// NVFP4 code tensors, then k_sf and v_sf, their scale tensors.
+#define PKV_PREFILL_NVFP4_ENTRY(D)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(128, PKV_PREFILL_MIN_CTAS(pkv::KvNVFP4, D))                        \
+      batch_prefill_paged_nvfp4_d##D(                                                                             \
+          const void* __restrict__ q, const uint8_t* __restrict__ k_data, const uint8_t* __restrict__ v_data,     \
+          const int32_t* __restrict__ kv_indptr, const int32_t* __restrict__ kv_indices,                          \
+          const int32_t* __restrict__ kv_last_page_len, const int32_t* __restrict__ qo_indptr,                    \
+          const int32_t* __restrict__ work, const int32_t* __restrict__ kv_chunk,                                 \
+          const int32_t* __restrict__ merge_indptr, void* __restrict__ o, float* __restrict__ lse,                \
+          float* __restrict__ tmp_o, float* __restrict__ tmp_lse, const float* __restrict__ sinks,                \
+          int64_t num_qo_heads, int64_t num_kv_heads, int64_t page_size, int64_t num_pages, int64_t stride_page,  \
+          int64_t stride_n, int64_t stride_h, int64_t q_dtype, int64_t o_dtype, double q_scale, double soft_cap,  \
+          double v_scale, int64_t rows_per_tile, int64_t causal, int64_t window_left, int64_t flags,              \
+          const uint8_t* __restrict__ k_sf, const uint8_t* __restrict__ v_sf) {                                   \
+    pkv::tcprefill::prefill_body<pkv::KvNVFP4, D>(                                                                \
+        q, k_data, v_data, kv_indptr, kv_indices, kv_last_page_len, qo_indptr, work, kv_chunk, merge_indptr, o,   \
+        lse, tmp_o, tmp_lse, sinks, num_qo_heads, num_kv_heads, page_size, num_pages, stride_page, stride_n,      \
+        stride_h, q_dtype, o_dtype, float(q_scale), float(soft_cap), float(v_scale), rows_per_tile, causal,       \
+        window_left, flags, k_sf, v_sf);                                                                          \
   }
 
 #define PKV_PREFILL_DTYPE(SUFFIX, KV)                     \
@@ -631,6 +783,9 @@ PKV_PREFILL_DTYPE(f16, pkv::KvF16)
 PKV_PREFILL_DTYPE(bf16, pkv::KvBF16)
 PKV_PREFILL_DTYPE(e4m3, pkv::KvE4M3)
 PKV_PREFILL_DTYPE(e5m2, pkv::KvE5M2)
+PKV_PREFILL_NVFP4_ENTRY(64)
+PKV_PREFILL_NVFP4_ENTRY(128)
+PKV_PREFILL_NVFP4_ENTRY(256)
 
 #if !defined(__CUDACC__)
 // Emulator-only entries (not in the PTX) for internal/cpuemu's tests.

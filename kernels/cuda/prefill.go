@@ -43,7 +43,7 @@ const (
 // per-row decode kernel; see planPrefillShape).
 var (
 	prefillDims = [...]int{64, 128, 256}
-	prefillKVs  = [...]layout.DType{layout.F16, layout.BF16, layout.E4M3, layout.E5M2}
+	prefillKVs  = [...]layout.DType{layout.F16, layout.BF16, layout.E4M3, layout.E5M2, layout.NVFP4}
 )
 
 func prefillKernel(kv string, d int) string { return fmt.Sprintf("batch_prefill_paged_%s_d%d", kv, d) }
@@ -124,7 +124,11 @@ func (sh *prefillShape) launch(g layout.Paged, qDT, oDT layout.DType) (warps, sm
 	if oDT == layout.F32 || (mmaDT == layout.BF16 && oDT == layout.F16) {
 		flags |= prefillFlagSplitP
 	}
-	kv := 2 * 2 * sh.bc * g.HeadDim * g.DType.Size()
+	row := tileRowBytes(g)
+	if g.DType == layout.NVFP4 {
+		row += 16 // prefill.cu kKVRowOf pads the code rows
+	}
+	kv := 2 * 2 * sh.bc * row
 	perWarp := 16 * g.HeadDim * 2 * planes
 	warps = min(prefillMaxWarps, (prefillSmemLimit-kv)/perWarp, (sh.packed+15)/16)
 	return warps, kv + warps*perWarp, flags
@@ -261,6 +265,9 @@ func (s *Step) runPrefillLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTens
 		uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()),
 		uint64(qCode), uint64(oCode), f64Arg(qScale), f64Arg(s.ap.LogitsSoftCap), f64Arg(vScale),
 		uint64(sh.rowsPerTile), causal, uint64(int64(s.ap.WindowLeft)), flags)
+	if g.DType == layout.NVFP4 {
+		a = append(a, uint64(cache.KSF), uint64(cache.VSF))
+	}
 	s.args = a
 	if err := s.b.launch(sh.kernel, Dim3{lv.items, g.NumKVHeads, 1}, Dim3{32 * warps, 1, 1}, smem, a); err != nil {
 		return err

@@ -298,7 +298,7 @@ func (s *Step) limit(what string, n, max int) error {
 // else the attention); a cascade's levels are each their own table.
 func (s *Step) validate(p *StepPlan) error {
 	g := p.Geometry
-	if _, err := planeBytes(g); err != nil {
+	if _, _, err := planeBytes(g); err != nil {
 		return fmt.Errorf("%s: step: %w", s.b.name, err)
 	}
 	appends := p.BatchIndices != nil || p.Positions != nil
@@ -690,13 +690,23 @@ func (s *Step) append(cache *DeviceKVCache, key, value DeviceTensor, kScale, vSc
 		return err
 	}
 	es := int64(g.DType.Size())
-	if tok := int64(g.NumKVHeads) * int64(g.HeadDim) * es; tok > math.MaxInt32 {
+	if tok := int64(g.NumKVHeads) * int64(g.HeadDim) * max(es, 1); tok > math.MaxInt32 {
 		return fmt.Errorf("%s: append: %d bytes per token exceed the kernels' 32-bit token indexing: %w", s.b.name, tok, kernels.ErrUnsupported)
 	}
 	a := append(s.args[:0],
 		uint64(key.Ptr), uint64(value.Ptr), s.at(s.app.bi), s.at(s.app.pos),
 		uint64(cache.K), uint64(cache.V), s.at(s.app.indices), s.at(s.app.indptr),
 		uint64(nnz), uint64(g.NumKVHeads))
+	if g.DType == layout.NVFP4 { // quantise: one thread per 16-element block
+		src, _ := dtypeCode(key.DType)
+		a = append(a[:6], uint64(cache.KSF), uint64(cache.VSF), s.at(s.app.indices), s.at(s.app.indptr),
+			uint64(nnz), uint64(g.NumKVHeads), uint64(g.HeadDim), uint64(g.PageSize), uint64(g.NumPages),
+			uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()), uint64(src),
+			f64Arg(float64(kernels.EffectiveScale(kScale))), f64Arg(float64(kernels.EffectiveScale(vScale))))
+		s.args = a
+		return s.b.launch("append_paged_kv_cache_nvfp4", Dim3{s.b.gridFor(nnz), 1, 1},
+			Dim3{threadsFor(int64(g.NumKVHeads) * int64(g.HeadDim/layout.NVFP4BlockSize)), 1, 1}, 0, a)
+	}
 	if kernels.AppendConverts(key.DType, g.DType) {
 		src, _ := dtypeCode(key.DType)
 		dst, _ := dtypeCode(g.DType)
@@ -839,6 +849,9 @@ func (s *Step) runLevel(cache *DeviceKVCache, lv *levelPlan, q DeviceTensor, o u
 		uint64(g.StridePage()), uint64(g.StrideN()), uint64(g.StrideH()),
 		uint64(qCode), uint64(oCode), f64Arg(qScale), f64Arg(s.ap.LogitsSoftCap),
 		f64Arg(vScale), uint64(s.shape.tile), uint64(s.shape.unit), flag)
+	if g.DType == layout.NVFP4 {
+		a = append(a, uint64(cache.KSF), uint64(cache.VSF))
+	}
 	s.args = a
 	sh := s.shape
 	if err := s.b.launch(sh.kernel, Dim3{lv.items, g.NumKVHeads, sh.gz}, Dim3{32, sh.hpb, sh.nz}, sh.smem, a); err != nil {
