@@ -25,9 +25,9 @@ type Shadow struct {
 	threshold uint64 // a key is sampled when mix(key) < threshold
 	rate      float64
 	stack     shadowStack
-	hits      [ShadowSizes]int64
-	refs      int64 // sampled references
-	all       int64 // every reference
+	found     [ShadowSizes + 1]int64 // sampled references found in each segment (ShadowSizes: in none)
+	refs      int64                  // sampled references
+	all       int64                  // every reference
 }
 
 // The shadow sizes, in the order of [ShadowEstimates.HitRatio].
@@ -90,26 +90,35 @@ func ShadowBytes(pages int, rate float64) int64 {
 // Rate is the sampling rate.
 func (s *Shadow) Rate() float64 { return s.rate }
 
-// shadowMix mixes a key: its top 53 bits decide the sample, its low bits
-// place it in the index (the sample's condition leaves them uniform).
-func shadowMix(key uint64) uint64 {
-	h := key ^ key>>31
-	h *= 0x9e3779b97f4a7c15
-	return h ^ h>>29
-}
+// shadowMix mixes a key, a chain hash (uniform already), by Fibonacci
+// hashing: its top 53 bits decide the sample, its low bits place it in
+// the index (key × an odd number is a bijection on the low bits, so they
+// stay as uniform as the key's). One multiply, so that Ref's test of the
+// sample inlines into its caller.
+func shadowMix(key uint64) uint64 { return key * shadowGolden }
+
+// shadowGolden is 2^64 / φ, odd.
+const shadowGolden = 0x9e3779b97f4a7c15
 
 // Ref records a reference to the page with key (a chain hash): a hit in
 // each shadow that holds it; the page becomes the most recently used.
+// The test of the sample inlines into the caller; only a sampled key
+// costs a call.
 func (s *Shadow) Ref(key uint64) {
 	s.all++
-	h := shadowMix(key)
-	if h>>11 >= s.threshold {
-		return
+	if key*shadowGolden>>11 < s.threshold { // shadowMix, written out to stay inlinable
+		s.ref(key)
 	}
+}
+
+// ref is Ref of a sampled key: a hit is counted once, in the segment the
+// key was found in ([Shadow.Estimates] adds them up per shadow).
+// (Not inlined, so that Ref is.)
+//
+//go:noinline
+func (s *Shadow) ref(key uint64) {
 	s.refs++
-	for j := s.stack.use(key, h, true); j < ShadowSizes; j++ {
-		s.hits[j]++
-	}
+	s.found[s.stack.use(key, shadowMix(key), true)]++
 }
 
 // Touch makes the page with key, if a shadow holds it, its most recently
@@ -117,10 +126,15 @@ func (s *Shadow) Ref(key uint64) {
 // shadows' order is the cache's LRU order (a request's pages released
 // deepest first), not the order of the references.
 func (s *Shadow) Touch(key uint64) {
-	if h := shadowMix(key); h>>11 < s.threshold {
-		s.stack.use(key, h, false)
+	if key*shadowGolden>>11 < s.threshold { // shadowMix
+		s.touch(key)
 	}
 }
+
+// touch is Touch of a sampled key (not inlined, so that Touch is).
+//
+//go:noinline
+func (s *Shadow) touch(key uint64) { s.stack.use(key, shadowMix(key), false) }
 
 // shadowStack is one LRU stack of keys cut into ShadowSizes segments:
 // segment k holds the stack positions [size[k-1], size[k]), so the LRU
@@ -291,9 +305,20 @@ func (s *Shadow) Estimates() ShadowEstimates {
 	want := s.rate * float64(s.all)
 	if want > 0 {
 		adj := want - float64(s.refs)
-		for i, h := range s.hits {
+		for i, h := range s.hits() {
 			e.HitRatio[i] = min(max((float64(h)+adj)/want, 0), 1)
 		}
 	}
 	return e
+}
+
+// hits is each shadow's hits: a key found in segment k hit in every
+// shadow from k on.
+func (s *Shadow) hits() (hits [ShadowSizes]int64) {
+	sum := int64(0)
+	for j := range hits {
+		sum += s.found[j]
+		hits[j] = sum
+	}
+	return hits
 }

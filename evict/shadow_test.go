@@ -70,7 +70,7 @@ func TestShadowMatchesLRUs(t *testing.T) {
 				}
 			}
 		}
-		require.Equal(t, hits, s.hits, "seed %d", seed)
+		require.Equal(t, hits, s.hits(), "seed %d", seed)
 		e := s.Estimates()
 		for i := range hits {
 			require.InDelta(t, float64(hits[i])/float64(e.Sampled), e.HitRatio[i], 1e-12)
@@ -120,5 +120,5 @@ func TestShadowIndexWraps(t *testing.T) {
 			}
 		}
 	}
-	require.Equal(t, hits, s.hits)
+	require.Equal(t, hits, s.hits())
 }
