@@ -100,7 +100,7 @@ type ghosts struct {
 const ghostEmpty = 0xff
 
 // ghostLists is the most lists ghosts keep apart (adaptive's segments).
-const ghostLists = adaptiveQueues
+const ghostLists = MaxQueues
 
 func (g *ghosts) init(n int) {
 	g.hash = make([]uint64, n)
@@ -184,4 +184,14 @@ func (g *ghosts) take(h uint64) (list uint8, ok bool) {
 	list = g.list[g.index[i]-1]
 	g.drop(i)
 	return list, true
+}
+
+// age is how many ghosts were added after h's, or -1 if h has none.
+func (g *ghosts) age(h uint64) int {
+	i := g.find(h)
+	if i < 0 {
+		return -1
+	}
+	slot := int(g.index[i] - 1)
+	return (g.head - 1 - slot + 2*len(g.hash)) % len(g.hash)
 }

@@ -20,7 +20,8 @@
 // so that unlinking a victim touches the record eviction reads anyway.
 // So a push, a removal and a victim are O(1) (O(levels + queues) for a
 // victim), no policy scans or sorts, and nothing allocates after the
-// constructor.
+// constructor. For an [AgePolicy] (adaptive) the Queues also stamp each
+// slot with its push number, so the policy sees each queue head's age.
 //
 // # Invariants
 //
@@ -29,7 +30,8 @@
 //   - Each queue's length, each level's length and the total equal what
 //     the lists hold.
 //   - A victim is the head (oldest) slot of the queue the lowest non-empty
-//     level's policy picks; that queue is non-empty.
+//     level's policy picks; that queue is non-empty. Each queue is in
+//     push order, so its head is its oldest slot.
 //   - A [Shadow]'s segments hold, top down, the most recent keys: segment
 //     k at most its room, the entries in all of them at most the largest
 //     shadow's size; at rate 1 each shadow's hits are an LRU cache's.

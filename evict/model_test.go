@@ -16,14 +16,16 @@ type refEntry struct {
 	seq   int    // enqueue order
 	hits  uint32 // the hits it was enqueued with
 	rrpv  int    // SRRIP's re-reference prediction, aged in place
+	class Class  // what it was pushed with
 }
 
 // refGhost is one eviction ARC's reference remembers: live until its page
 // returns or is evicted again.
 type refGhost struct {
-	hash uint64
-	main bool
-	live bool
+	hash  uint64
+	main  bool
+	live  bool
+	queue int // adaptive: the queue it left
 }
 
 // refModel is the slow, obvious twin of Queues with each policy written as
@@ -38,23 +40,96 @@ type refModel struct {
 	// evictions, oldest first.
 	target []int
 	ghosts [][]refGhost
+	// adaptive, per level: the hinted segments' targets (dead, live), the
+	// classes' lifetime multipliers, the counted returns and evictions.
+	hinted    [][2]int
+	mult      [][adaptiveQueues]float64
+	rets, evs []float64
 }
 
 func newRefModel(name string, levels, slots int) *refModel {
-	m := &refModel{name: name, slots: slots, target: make([]int, levels), ghosts: make([][]refGhost, levels)}
+	m := &refModel{name: name, slots: slots, target: make([]int, levels), ghosts: make([][]refGhost, levels),
+		hinted: make([][2]int, levels), mult: make([][adaptiveQueues]float64, levels),
+		rets: make([]float64, levels), evs: make([]float64, levels)}
 	for i := range m.target {
 		m.target[i] = max(slots, 1) / 2
+		m.hinted[i][1] = max(slots, 1)
+		for q := range m.mult[i] {
+			m.mult[i][q] = 1
+		}
 	}
 	return m
 }
 
-func (m *refModel) push(slot int32, level int, hits uint32) {
+func (m *refModel) push(slot int32, level int, c Class) {
 	rrpv := 2 // SRRIP: a page without hits is re-referenced in a "long" interval
-	if hits > 0 {
+	if c.Hits > 0 {
 		rrpv = 0
 	}
-	m.entries = append(m.entries, refEntry{slot: slot, level: level, seq: m.seq, hits: hits, rrpv: rrpv})
+	m.entries = append(m.entries, refEntry{slot: slot, level: level, seq: m.seq, hits: c.Hits, rrpv: rrpv, class: c})
 	m.seq++
+}
+
+// refAdaptiveQueue is adaptive's queue for class c, written out: dead
+// hint 0, live hint 25, else 1 + 4 × depth bucket (0, 1, 2–3, 4–7, 8–15,
+// 16+) + hit bucket (0, 1, 2, 3+).
+func refAdaptiveQueue(c Class) int {
+	switch c.Hint {
+	case HintNoReuse:
+		return 0
+	case HintReuse:
+		return 1 + AdaptiveClasses
+	}
+	d := 0
+	for lo := uint32(1); d < 5 && c.Depth >= lo; lo *= 2 {
+		d++
+	}
+	return 1 + 4*d + int(min(c.Hits, 3))
+}
+
+// adaptiveVictim is adaptive's rule over the level's entries: a hinted
+// segment over its target, else the class whose oldest page is oldest
+// over its multiplier, else a hinted segment.
+func (m *refModel) adaptiveVictim(level int) int {
+	var n [adaptiveQueues]int
+	oldest := [adaptiveQueues]int{}
+	for q := range oldest {
+		oldest[q] = -1
+	}
+	for i, e := range m.entries {
+		if e.level != level {
+			continue
+		}
+		q := refAdaptiveQueue(e.class)
+		n[q]++
+		if oldest[q] < 0 || e.seq < m.entries[oldest[q]].seq {
+			oldest[q] = i
+		}
+	}
+	dead, live := 0, 1+AdaptiveClasses
+	switch {
+	case n[dead] > m.hinted[level][0]:
+		return oldest[dead]
+	case n[live] > m.hinted[level][1]:
+		return oldest[live]
+	}
+	best, score := -1, 0.0
+	for q := 1; q < live; q++ {
+		if n[q] == 0 {
+			continue
+		}
+		age := float64(m.seq - m.entries[oldest[q]].seq)
+		if s := age / m.mult[level][q]; best < 0 || s > score {
+			best, score = oldest[q], s
+		}
+	}
+	switch {
+	case best >= 0:
+		return best
+	case n[dead] > 0:
+		return oldest[dead]
+	}
+	return oldest[live]
 }
 
 func (m *refModel) remove(slot int32) {
@@ -100,7 +175,9 @@ func (m *refModel) victim() int32 {
 			} else {
 				i = m.oldest(level, fresh)
 			}
-		case ARC, Adaptive:
+		case Adaptive:
+			i = m.adaptiveVictim(level)
+		case ARC:
 			if count(reused) == 0 || count(fresh) > m.target[level] {
 				i = m.oldest(level, fresh)
 			} else {
@@ -126,8 +203,9 @@ func (m *refModel) victim() int32 {
 	return None
 }
 
-// evicted remembers hash as ARC's newest ghost (of main if it had hits).
-func (m *refModel) evicted(level int, hash uint64, hits uint32) {
+// evicted remembers hash as the newest ghost (ARC: of main if it had
+// hits; adaptive: of its queue, and the class's multiplier shrinks).
+func (m *refModel) evicted(level int, hash uint64, c Class) {
 	if !arcLike(m.name) || m.slots == 0 {
 		return
 	}
@@ -137,7 +215,13 @@ func (m *refModel) evicted(level int, hash uint64, hits uint32) {
 			g[i].live = false
 		}
 	}
-	g = append(g, refGhost{hash, hits > 0, true})
+	q := refAdaptiveQueue(c)
+	if m.name == Adaptive && q >= 1 && q <= AdaptiveClasses {
+		m.evs[level]++
+		rho := m.rets[level] / m.evs[level]
+		m.mult[level][q] = max(m.mult[level][q]*(1-0.01*rho), 1.0/64)
+	}
+	g = append(g, refGhost{hash, c.Hits > 0, true, q})
 	if len(g) > m.slots {
 		g = g[1:]
 	}
@@ -152,6 +236,10 @@ func (m *refModel) returned(level int, hash uint64) bool {
 	i := slices.IndexFunc(m.ghosts[level], func(x refGhost) bool { return x.live && x.hash == hash })
 	if i < 0 {
 		return false
+	}
+	if m.name == Adaptive {
+		m.adaptiveReturned(level, i)
+		return true
 	}
 	var b1, b2 int
 	for _, x := range m.ghosts[level] {
@@ -170,6 +258,43 @@ func (m *refModel) returned(level int, hash uint64) bool {
 	}
 	m.ghosts[level][i].live = false
 	return true
+}
+
+// adaptiveReturned is adaptive's learning on the return of ghost i: each
+// hinted segment's target by ARC's rule over (its ghosts, the others'),
+// and a class's multiplier (×1.01, at most 64) when the ghost is younger
+// than a quarter of the slots in evictions. (The constants are written
+// out, so that changing the policy's fails here.)
+func (m *refModel) adaptiveReturned(level, i int) {
+	g := m.ghosts[level]
+	var n [adaptiveQueues]int
+	total := 0
+	for _, x := range g {
+		if x.live {
+			n[x.queue]++
+			total++
+		}
+	}
+	seg, pages := g[i].queue, max(m.slots, 1)
+	for j, s := range [2]int{0, 1 + AdaptiveClasses} {
+		mine, other := n[s], total-n[s]
+		t := &m.hinted[level][j]
+		if seg == s {
+			*t = min(pages, *t+max(1, other/max(mine, 1)))
+		} else {
+			*t = max(0, *t-max(1, mine/max(other, 1)))
+		}
+	}
+	age := len(g) - 1 - i // evictions since
+	if seg >= 1 && seg <= AdaptiveClasses && float64(age) < 0.25*float64(pages) {
+		m.rets[level]++
+		m.mult[level][seg] = min(m.mult[level][seg]*(1+0.01), 64)
+		if m.evs[level] > 4*float64(pages) {
+			m.evs[level] /= 2
+			m.rets[level] /= 2
+		}
+	}
+	g[i].live = false
 }
 
 // TestQueuesMatchReference drives Queues and the reference model with the
@@ -191,6 +316,7 @@ func TestQueuesMatchReference(t *testing.T) {
 				}
 				require.NoError(t, err)
 				ref := newRefModel(name, levels, slots)
+				hints := seed%3 != 0            // adaptive: hinted pages on some runs, none on others
 				hashOf := make([]uint64, slots) // the page each slot holds
 				for step := range 3000 {
 					s := int32(rng.IntN(slots))
@@ -199,7 +325,7 @@ func TestQueuesMatchReference(t *testing.T) {
 						level := rng.IntN(levels)
 						hits := uint32(0)
 						if rng.IntN(3) == 0 {
-							hits = uint32(1 + rng.IntN(3))
+							hits = uint32(1 + rng.IntN(4))
 						} else {
 							hashOf[s] = uint64(rng.IntN(2 * slots)) // a page, maybe one evicted before
 							got, want := q.Returned(level, hashOf[s]), ref.returned(level, hashOf[s])
@@ -208,8 +334,12 @@ func TestQueuesMatchReference(t *testing.T) {
 								hits = 1
 							}
 						}
-						q.Push(s, level, hits)
-						ref.push(s, level, hits)
+						c := Class{Hits: hits, Depth: uint32(rng.IntN(40))}
+						if r := rng.IntN(8); r < 2 && hints {
+							c.Hint = Hint(1 + r) // HintReuse, HintNoReuse
+						}
+						q.PushClass(s, level, c)
+						ref.push(s, level, c)
 					case op < 5 && q.Queued(s): // used: off its queue
 						q.Remove(s)
 						ref.remove(s)
@@ -219,8 +349,8 @@ func TestQueuesMatchReference(t *testing.T) {
 						if v != None {
 							level, _, _ := q.Position(v)
 							i := slices.IndexFunc(ref.entries, func(e refEntry) bool { return e.slot == v })
-							q.Evicted(level, hashOf[v], ref.entries[i].hits)
-							ref.evicted(level, hashOf[v], ref.entries[i].hits)
+							q.EvictedClass(level, hashOf[v], ref.entries[i].class)
+							ref.evicted(level, hashOf[v], ref.entries[i].class)
 							q.Remove(v)
 							ref.remove(v)
 						}
@@ -237,11 +367,21 @@ func TestQueuesMatchReference(t *testing.T) {
 					}
 					require.NoError(t, q.CheckInvariants(), "step %d", step)
 				}
+				if name == Adaptive { // the learning was reached, and agrees
+					learned := false
+					for level := range levels {
+						a := q.Policy(level).(*adaptivePolicy)
+						require.Equal(t, ref.mult[level], a.m, "level %d multipliers", level)
+						require.Equal(t, ref.hinted[level], [2]int{a.target[adaptiveNoReuse], a.target[adaptiveReuse]}, "level %d hinted targets", level)
+						learned = learned || ref.rets[level] > 0
+					}
+					require.True(t, learned || slots < 4, "no counted ghost return in %d slots", slots)
+				}
 			})
 		}
 	}
 }
 
-// arcLike reports whether the reference runs name as ARC: "adaptive"
-// without hints is ARC (its hint segments stay empty).
+// arcLike reports whether the reference keeps ARC's ghost history for
+// name (adaptive keeps it too, each ghost with its queue).
 func arcLike(name string) bool { return name == ARC || name == Adaptive }

@@ -77,11 +77,16 @@ const (
 	// too short, and it shrinks, each by ARC's ratio of the two ghost
 	// lists' sizes. It is a [GhostPolicy].
 	ARC = "arc"
-	// Adaptive ranks classes of pages (chain depth × hits served, or a
-	// continuation hint × hits) by the reuse each class earned per unit of
-	// space-time, learned online from the pages it keeps and from a ghost
-	// history of the pages it evicted, and evicts the oldest page of the
-	// class that earns least. It is a [ClassPolicy]; see adaptive.go.
+	// Adaptive keeps a FIFO queue per class of page (6 chain-depth
+	// buckets × 4 hit buckets, and one each for pages hinted dead and
+	// live) and evicts the head whose age over its class's lifetime
+	// multiplier is largest: with every multiplier 1 that is LRU. The
+	// multipliers are learned from a ghost history of the pages it
+	// evicted: a class whose evicted pages come back soon after their
+	// eviction more often than the others' stays longer, one whose pages
+	// never do goes sooner, until every class earns the same reuse per
+	// unit of space-time at its eviction point. It is an [AgePolicy]; see
+	// adaptive.go.
 	Adaptive = "adaptive"
 )
 

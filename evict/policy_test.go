@@ -133,3 +133,48 @@ func TestARCLearnsFromGhosts(t *testing.T) {
 	require.Equal(t, arcProbation, k)
 	require.NoError(t, q.CheckInvariants())
 }
+
+// TestAdaptiveLearnsFromGhosts draws adaptive's learning on one picture:
+// class A's evicted pages come back at once, class B's never, so A's
+// lifetime multiplier grows and B's shrinks, until a younger B page goes
+// before an older A page; a ghost older than a quarter of the cache
+// teaches nothing. With nothing learned the order is LRU's.
+func TestAdaptiveLearnsFromGhosts(t *testing.T) {
+	q, err := NewQueues(Adaptive, 1, 8)
+	require.NoError(t, err)
+	p := q.Policy(0).(*adaptivePolicy)
+	classA, classB := Class{Depth: 20}, Class{Depth: 1}
+	qa, qb := adaptiveClass(classA), adaptiveClass(classB)
+	require.Equal(t, [2]int{adaptiveFirst + 5*AdaptiveHitClasses, adaptiveFirst + 1*AdaptiveHitClasses}, [2]int{qa, qb})
+
+	q.PushClass(0, 0, classA)
+	q.PushClass(1, 0, classB)
+	require.Equal(t, int32(0), q.Victim(), "nothing learned: the oldest")
+	q.Remove(0)
+	q.Remove(1)
+
+	h := uint64(100)
+	for range 100 {
+		h++
+		q.EvictedClass(0, h, classB) // never comes back
+		h++
+		q.EvictedClass(0, h, classA)
+		require.True(t, q.Returned(0, h), "A's ghost")
+	}
+	require.Greater(t, p.m[qa], 1.5) // ×1.01 a return, ×(1 − 0.01ρ) an eviction, ρ ≈ ½
+	require.Less(t, p.m[qb], 0.65)
+
+	q.PushClass(2, 0, classA) // older
+	q.PushClass(3, 0, classB)
+	require.Equal(t, int32(3), q.Victim(), "B goes first although younger: age 1/m_B > 2/m_A")
+
+	before := p.m
+	for range 4 { // push B's ghost out of the young window (8/4 = 2 evictions)
+		h++
+		q.EvictedClass(0, h, classB)
+	}
+	mb := p.m[qb]
+	require.True(t, q.Returned(0, h-3), "an old ghost is still remembered")
+	require.Equal(t, mb, p.m[qb], "but teaches nothing")
+	require.Less(t, p.m[qb], before[qb])
+}

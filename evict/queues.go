@@ -43,6 +43,7 @@ type Queues struct {
 	policies []Policy      // one per level
 	ghosts   []GhostPolicy // policies[i] if it is a GhostPolicy, else nil
 	classes  []ClassPolicy // policies[i] if it is a ClassPolicy, else nil
+	aged     []AgePolicy   // policies[i] if it is an AgePolicy, else nil
 	nq       int           // queues per level
 	// Slot s's Link is at base + s*stride (in the container's records,
 	// or in own); queue i's sentinel is sentinels[i], named slots+i, for
@@ -56,6 +57,11 @@ type Queues struct {
 	lens      []int // per queue; a level's first nq are what its Dequeue reads
 	levelLen  []int
 	n         int
+	// For an [AgePolicy]: each slot's push number (stamps[slot]), the
+	// pushes so far, and the ages of a level's queue heads.
+	stamps []uint32
+	pushes uint32
+	ages   [MaxQueues]uint32
 }
 
 // NewQueues returns empty queues over slots slots (0..slots-1) with levels
@@ -146,7 +152,7 @@ func newQueues(policies []Policy, slots int) (*Queues, error) {
 	if int64(slots)+int64(len(policies))*MaxQueues > 1<<31-1 {
 		return nil, fmt.Errorf("evict: %d slots, want 0..2^31-1 with the queues' sentinels", slots)
 	}
-	q := &Queues{policies: policies, ghosts: make([]GhostPolicy, len(policies)), classes: make([]ClassPolicy, len(policies)), nq: nq,
+	q := &Queues{policies: policies, ghosts: make([]GhostPolicy, len(policies)), classes: make([]ClassPolicy, len(policies)), aged: make([]AgePolicy, len(policies)), nq: nq,
 		sentinels: make([]Link, len(policies)*MaxQueues), slots: int32(slots),
 		lens: make([]int, len(policies)*MaxQueues), levelLen: make([]int, len(policies))}
 	for i, p := range policies {
@@ -159,6 +165,12 @@ func newQueues(policies []Policy, slots int) (*Queues, error) {
 		}
 		if c, ok := p.(ClassPolicy); ok {
 			q.classes[i] = c
+		}
+		if a, ok := p.(AgePolicy); ok {
+			q.aged[i] = a
+			if q.stamps == nil {
+				q.stamps = make([]uint32, slots)
+			}
 		}
 	}
 	for i := range q.sentinels {
@@ -177,8 +189,9 @@ func (q *Queues) at(i int32) *Link {
 }
 
 // AllocBytes is what NewQueues(name, levels, slots) allocates over its
-// life: a Link per slot and per queue (MaxQueues a level), and, for ARC,
-// each level's ghost history (a hash, a list byte and two index slots per
+// life: a Link per slot and per queue (MaxQueues a level), for adaptive
+// a push stamp per slot, and, for ARC and adaptive, each level's ghost
+// history (a hash, a list byte and two index slots per
 // slot, taken at its first eviction). An unknown name counts as LRU.
 func AllocBytes(name string, levels, slots int) int64 {
 	return int64(max(slots, 0))*SlotBytes + AllocBytesIn(name, levels, slots)
@@ -189,6 +202,9 @@ func AllocBytes(name string, levels, slots int) int64 {
 func AllocBytesIn(name string, levels, slots int) int64 {
 	n, l := int64(max(slots, 0)), int64(max(levels, 0))
 	need := l * MaxQueues * SlotBytes
+	if name == Adaptive {
+		need += n * 4 // the push stamps
+	}
 	if name == ARC || name == Adaptive {
 		idx := int64(2)
 		for idx < 2*n {
@@ -259,6 +275,10 @@ func (q *Queues) PushClass(slot int32, level int, c Class) {
 	if k < 0 || k >= q.nq {
 		panic(fmt.Sprintf("evict: policy %q put slot %d on queue %d of %d", p.Name(), slot, k, q.nq))
 	}
+	if q.stamps != nil {
+		q.stamps[slot] = q.pushes
+		q.pushes++
+	}
 	i := level<<queueShift | k
 	head := &q.sentinels[i]
 	tail := head.prev
@@ -309,7 +329,18 @@ func (q *Queues) Victim() int32 {
 			continue
 		}
 		lens := q.lens[level<<queueShift : level<<queueShift+q.nq]
-		k := q.policies[level].Dequeue(lens)
+		var k int
+		if ap := q.aged[level]; ap != nil {
+			for j := range q.nq {
+				q.ages[j] = 0
+				if lens[j] > 0 {
+					q.ages[j] = q.pushes - q.stamps[q.sentinels[level<<queueShift|j].next]
+				}
+			}
+			k = ap.DequeueAges(lens, q.ages[:q.nq])
+		} else {
+			k = q.policies[level].Dequeue(lens)
+		}
 		if k < 0 || k >= q.nq || lens[k] == 0 {
 			panic(fmt.Sprintf("evict: policy %q picked queue %d of lengths %v", q.policies[level].Name(), k, lens))
 		}

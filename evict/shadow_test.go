@@ -70,7 +70,7 @@ func TestShadowMatchesLRUs(t *testing.T) {
 				}
 			}
 		}
-		require.Equal(t, hits, s.hits, "seed %d", seed)
+		require.Equal(t, hits, s.hits(), "seed %d", seed)
 		e := s.Estimates()
 		for i := range hits {
 			require.InDelta(t, float64(hits[i])/float64(e.Sampled), e.HitRatio[i], 1e-12)
@@ -83,4 +83,42 @@ func TestShadowRefusesBadArguments(t *testing.T) {
 	require.ErrorContains(t, err, "rate 1.5")
 	_, err = NewShadow(0, 0.5)
 	require.ErrorContains(t, err, "0 pages")
+}
+
+// The stack's index under crowding: every key's home is one of the last
+// two or the first position of the index, so probes wrap around its end
+// and every deletion shifts entries back across it; the stack's hits must
+// stay the reference's.
+func TestShadowIndexWraps(t *testing.T) {
+	s, err := NewShadow(MinShadowEntries, 1)
+	require.NoError(t, err)
+	mask := s.stack.mask
+	var keys []uint64
+	for k := uint64(1); len(keys) < 3*len(s.stack.key); k++ {
+		if home := shadowMix(k) & mask; home >= mask-1 || home == 0 {
+			keys = append(keys, k)
+		}
+	}
+	ref := &refStack{}
+	for i, f := range ShadowFactors {
+		ref.sizes[i] = max(int(f*MinShadowEntries+0.5), MinShadowEntries+i)
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	var hits [ShadowSizes]int64
+	rounds := 3000
+	if raceEnabled {
+		rounds /= 10
+	}
+	for range rounds {
+		k := keys[rng.IntN(len(keys))]
+		s.Ref(k)
+		if at := ref.use(k, true); at >= 0 {
+			for i, size := range ref.sizes {
+				if at < size {
+					hits[i]++
+				}
+			}
+		}
+	}
+	require.Equal(t, hits, s.hits())
 }

@@ -50,6 +50,7 @@ type mnode struct {
 	back    bool          // ARC: published while a ghost of its hash was remembered
 	lapse   time.Duration // its retention lapse (Cache.Retain), 0: none
 	at      time.Duration // when it lapses, while idle with a lapse
+	queue   int           // adaptive: the queue its level's policy put it on when it was listed
 }
 
 // mttl is a pin's lifetime in the model.
@@ -82,10 +83,15 @@ type model struct {
 	ghosts   [][]mghost
 	target   []int
 	seq      int64
-	returns  [2]int // ghost hits from probation and from main
+	returns  [2]int // ghost hits from probation and from main (adaptive: all in [0])
 	now      time.Duration
 	budget   int            // pin budget in pages (0: none)
 	ttl      map[PinID]mttl // pins with a lifetime
+	// adaptive, per level: the policy itself, as the oracle of its rule
+	// (its rule is checked against a slow model of its own in evict's
+	// TestQueuesMatchReference); the model keeps the queues, the ages
+	// and the classes.
+	adaptive []evict.AgePolicy
 }
 
 func newModel(ps, nprio, maxPinned int, policy string, numPages int, hashFn HashFunc) *model {
@@ -95,7 +101,31 @@ func newModel(ps, nprio, maxPinned int, policy string, numPages int, hashFn Hash
 	for i := range m.target {
 		m.target[i] = numPages / 2 // ARC starts in the middle
 	}
+	if policy == evict.Adaptive {
+		for range nprio {
+			p, err := evict.New(evict.Adaptive)
+			if err != nil {
+				panic(err)
+			}
+			a := p.(evict.AgePolicy)
+			a.Size(numPages)
+			m.adaptive = append(m.adaptive, a)
+		}
+	}
 	return m
+}
+
+// class is what adaptive sees of n: its hits (1 for a page that came back
+// from a ghost and served none), its depth.
+func (m *model) class(n *mnode) evict.Class {
+	c := evict.Class{Hits: uint32(n.hits)}
+	if n.hits == 0 && n.back {
+		c.Hits = 1
+	}
+	for p := n.parent; p != nil; p = p.parent {
+		c.Depth++
+	}
+	return c
 }
 
 // main reports whether ARC keeps n on its main queue: it served a hit or
@@ -115,6 +145,13 @@ func (m *model) forget(prio int, h uint64) (mghost, bool) {
 
 // returned is ARC's adaptation when a page of hash h is published at prio.
 func (m *model) returned(prio int, h uint64) bool {
+	if m.adaptive != nil {
+		back := m.adaptive[prio].Returned(h)
+		if back {
+			m.returns[0]++
+		}
+		return back
+	}
 	if !arcLike(m.policy) {
 		return false
 	}
@@ -147,6 +184,10 @@ func (m *model) returned(prio int, h uint64) bool {
 // an older ghost of the same hash, and forgets the oldest eviction past
 // numPages.
 func (m *model) remember(n *mnode) {
+	if m.adaptive != nil {
+		m.adaptive[n.prio].EvictedClass(n.hash, m.class(n))
+		return
+	}
 	if !arcLike(m.policy) {
 		return
 	}
@@ -164,6 +205,9 @@ func (m *model) list(n *mnode) {
 	n.rrpv = 2 // SRRIP: "long" for a page that never served a hit
 	if n.hits > 0 {
 		n.rrpv = 0 // "near-immediate"
+	}
+	if m.adaptive != nil {
+		n.queue = m.adaptive[n.prio].EnqueueClass(m.class(n))
 	}
 }
 
@@ -201,7 +245,24 @@ func (m *model) victim() *mnode {
 				return oldest(func(n *mnode) bool { return n.hits > 0 })
 			}
 			return oldest(func(n *mnode) bool { return n.hits == 0 })
-		case evict.ARC, evict.Adaptive:
+		case evict.Adaptive:
+			// Each queue's length and oldest page; a page's age is the
+			// pages listed since it was, itself included.
+			nq := m.adaptive[prio].Queues()
+			lens, ages, heads := make([]int, nq), make([]uint32, nq), make([]*mnode, nq)
+			for _, n := range level {
+				lens[n.queue]++
+				if h := heads[n.queue]; h == nil || n.tick < h.tick {
+					heads[n.queue] = n
+				}
+			}
+			for k, h := range heads {
+				if h != nil {
+					ages[k] = uint32(m.tick - h.tick + 1)
+				}
+			}
+			return heads[m.adaptive[prio].DequeueAges(lens, ages)]
+		case evict.ARC:
 			probation := 0
 			for _, n := range level {
 				if !n.main() {
@@ -839,6 +900,16 @@ func (h *harness) verify(step int) {
 	if want, got := h.m.dump(), h.c.dump(); want != got {
 		require.Equal(h.t, want, got, "after step %d", step)
 	}
+	if h.m.adaptive != nil { // each idle page on the queue of its class
+		for _, n := range h.m.nodes {
+			if !h.m.listed(n) {
+				continue
+			}
+			if level, k, ok := h.c.queues.Position(int32(n.page)); !ok || level != n.prio || k != n.queue {
+				require.Equal(h.t, [2]int{n.prio, n.queue}, [2]int{level, k}, "after step %d: page %d's queue", step, n.page)
+			}
+		}
+	}
 	ev, pinned := h.c.Idle()
 	var mev, mpinned int
 	for _, n := range h.m.nodes {
@@ -901,9 +972,12 @@ func TestCacheMatchesModel(t *testing.T) {
 					returns[0] += h.m.returns[0]
 					returns[1] += h.m.returns[1]
 				}
-				if arcLike(policy) { // the runs reach both of ARC's adaptations
+				switch policy {
+				case evict.ARC: // the runs reach both of ARC's adaptations
 					require.Positive(t, returns[0], "ghost hits from probation")
 					require.Positive(t, returns[1], "ghost hits from main")
+				case evict.Adaptive: // and adaptive's learning
+					require.Positive(t, returns[0], "ghost hits")
 				}
 			})
 		}
@@ -959,9 +1033,8 @@ func FuzzCachePolicies(f *testing.F) {
 	})
 }
 
-// arcLike reports whether the model runs policy as ARC: "adaptive"
-// without hints is ARC (its hint segments stay empty).
-func arcLike(policy string) bool { return policy == evict.ARC || policy == evict.Adaptive }
+// arcLike reports whether the model runs policy as ARC.
+func arcLike(policy string) bool { return policy == evict.ARC }
 
 // retentionOps are the commands of FuzzRetention and
 // TestRetentionMatchesModel: admissions (whose hits refresh TTL pins),

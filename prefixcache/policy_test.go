@@ -36,7 +36,7 @@ func TestPoliciesOrderVictims(t *testing.T) {
 		evict.SLRU:     {3, 2, 1, 0}, // probation (no hits) first
 		evict.SRRIP:    {3, 2, 1, 0}, // RRPV 2 before RRPV 0
 		evict.ARC:      {1, 0, 3, 2}, // main: probation (2 pages) is within its target (half of 4)
-		evict.Adaptive: {1, 0, 3, 2}, // without hints, ARC
+		evict.Adaptive: {1, 0, 3, 2}, // nothing learned yet (every multiplier 1): idle order
 	} {
 		t.Run(policy, func(t *testing.T) {
 			a, err := allocator.New(allocator.Config{NumPages: 4})

@@ -17,9 +17,8 @@ var DefaultFractions = []float64{0.02, 0.05, 0.10, 0.25, 0.50}
 
 // DefaultPolicies are the policies `pagedkv replay` sweeps by default: the
 // fixed-rule ones and ARC. "adaptive" is asked for by name (with
-// --hint-accuracy it adds a replay per accuracy); without hints it
-// decides as ARC does, and the default sweep under the service model
-// stays within DefaultMaxWork.
+// --hint-accuracy it adds a replay per accuracy), so that the default
+// sweep under the service model stays within DefaultMaxWork.
 var DefaultPolicies = []string{evict.LRU, evict.SLRU, evict.SRRIP, evict.ARC}
 
 // Point is one capacity of a sweep: every policy's replay and the limits
