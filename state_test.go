@@ -315,6 +315,7 @@ func (x *stateModel) step() {
 	}
 	require.NoError(t, err)
 	x.evictions()
+	require.NoError(t, h.Audit(), "during the step")
 	// Slots: distinct over the batch and the groups, never a page of the
 	// attention group's tables.
 	attn := map[PageID]bool{}
