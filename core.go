@@ -302,7 +302,11 @@ func (c *core) evict(n int) int {
 			}
 		}
 		if c.state != nil && c.state.idlePages() > most {
-			freed += c.state.evictOne()
+			f := c.state.evictOne()
+			if f == 0 {
+				panic(fmt.Sprintf("pagedkv: evicting an idle state checkpoint freed no page (%d idle pages)", c.state.idlePages()))
+			}
+			freed += f
 			continue
 		}
 		if best < 0 {

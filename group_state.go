@@ -90,6 +90,11 @@ type stateReq struct {
 	hashed    int    // pages hashed into chain
 	chain     uint64
 	promptEnd int // tokens given by Add and Extend (checkpoint boundaries lie in them)
+	// junction is, when the attention groups matched more of the prompt at
+	// admission than a checkpoint served, that match's end: the prefix is
+	// shared with an earlier request, so the state there is checkpointed
+	// for the next one (0: none).
+	junction int
 	// restored is the checkpoint boundary the request was last admitted
 	// on (0: none); tests check it against their model.
 	restored int
@@ -131,10 +136,11 @@ func (s *stateSet) add(id RequestID, req Request, root uint64) {
 func (s *stateSet) admit(id RequestID, tokens []int32, L int) int {
 	r := s.reqs[id]
 	s.tick++
-	r.restored = 0
+	r.restored, r.junction = 0, 0
 	if r.noCache || L == 0 {
 		return 0
 	}
+	r.junction = L * s.ps
 	var best *checkpoint
 	h := r.root
 	for k := 1; k <= L; k++ {
@@ -145,6 +151,9 @@ func (s *stateSet) admit(id RequestID, tokens []int32, L int) int {
 	}
 	if best == nil {
 		return 0
+	}
+	if best.key.tokens == r.junction {
+		r.junction = 0
 	}
 	r.hashed, r.chain = best.key.tokens/s.ps, best.key.hash
 	s.take(r, best)
@@ -231,19 +240,27 @@ func (s *stateSet) checkTruncate(id RequestID, n, computed int, running bool) er
 func (s *stateSet) truncate(id RequestID, n int) {
 	r := s.reqs[id]
 	r.promptEnd = min(r.promptEnd, n)
+	if r.junction > n {
+		r.junction = 0
+	}
 	if r.hashed*s.ps > n {
 		r.hashed, r.chain = 0, r.root
 	}
 }
 
-// boundary reports whether a request whose Add and Extend gave promptEnd
-// tokens keeps a checkpoint after its first b tokens: b is a page boundary
-// in the prompt and either a multiple of the interval or the prompt's last
-// whole page, or the one before it when the prompt ends on a page boundary
-// (the deepest an identical prompt can hit: Add leaves a token to compute).
-func (s *stateSet) boundary(b, promptEnd int) bool {
+// boundary reports whether request r keeps a checkpoint after its first b
+// tokens: b is a page boundary in its prompt (the tokens Add and Extend
+// gave) and either a multiple of the interval, the prompt's last whole
+// page, the one before it when the prompt ends on a page boundary (the
+// deepest an identical prompt can hit: Add leaves a token to compute), or
+// the junction where its admission's attention match ended.
+func (s *stateSet) boundary(r *stateReq, b int) bool {
+	promptEnd := r.promptEnd
 	if b <= 0 || b%s.ps != 0 || b > promptEnd {
 		return false
+	}
+	if b == r.junction {
+		return true
 	}
 	if s.every > 0 && b%s.every == 0 {
 		return true
@@ -258,7 +275,7 @@ func (s *stateSet) nextBoundary(id RequestID, computed int) int {
 		return 0
 	}
 	for b := (computed/s.ps + 1) * s.ps; b <= r.promptEnd; b += s.ps {
-		if s.boundary(b, r.promptEnd) {
+		if s.boundary(r, b) {
 			return b
 		}
 	}
@@ -342,7 +359,7 @@ func (s *stateSet) commit() {
 			}
 		}
 		l := s.lead[b]
-		if !r.noCache && s.boundary(l.computed, r.promptEnd) {
+		if !r.noCache && s.boundary(r, l.computed) {
 			s.publish(r, l.tokens[:l.computed])
 		}
 	}

@@ -44,6 +44,7 @@ type stateModel struct {
 	bases [][]int32
 
 	servable                          int64
+	junctions                         int
 	evicted                           int64
 	hits, restores, published, evicts int
 	refused, outOfPages               int
@@ -56,6 +57,7 @@ type stReq struct {
 	running   bool
 	noCache   bool
 	promptEnd int
+	junction  int // where the attention match of its admission ended, past its checkpoint hit (0: none)
 	frozenOn  *stCkpt
 }
 
@@ -104,10 +106,15 @@ func fold(j int, tokens []int32) uint64 {
 
 // boundary is the checkpoint policy, written out: a page boundary in the
 // prompt that is a multiple of the interval, the prompt's last whole
-// page, or the page before the prompt's end when it ends on a page.
-func (x *stateModel) boundary(b, promptEnd int) bool {
+// page, the page before the prompt's end when it ends on a page, or the
+// junction where the request's attention match ended beyond its hit.
+func (x *stateModel) boundary(r *stReq, b int) bool {
+	promptEnd := r.promptEnd
 	if b <= 0 || b%x.ps != 0 || b > promptEnd {
 		return false
+	}
+	if b == r.junction {
+		return true
 	}
 	last := promptEnd / x.ps * x.ps
 	return x.every > 0 && b%x.every == 0 || b == last || promptEnd%x.ps == 0 && b == last-x.ps
@@ -139,7 +146,11 @@ func (x *stateModel) admitted(id RequestID, matched int) {
 		}
 	}
 	require.Equal(x.t, want, matched, "request %d: the attention group serves %d tokens; the deepest checkpoint at or below is at %d", id, attn, want)
-	r.computed, r.running = matched, true
+	r.computed, r.running, r.junction = matched, true, 0
+	if !r.noCache && len(r.tokens) > 1 && attn > want {
+		r.junction = attn
+		x.junctions++
+	}
 	if best != nil {
 		best.lastUse = x.tick
 		x.read(best, +1)
@@ -276,6 +287,9 @@ func (x *stateModel) op() {
 		require.NoError(t, err)
 		r.tokens = r.tokens[:n]
 		r.promptEnd = min(r.promptEnd, n)
+		if r.junction > n {
+			r.junction = 0
+		}
 	}
 }
 
@@ -296,7 +310,7 @@ func (x *stateModel) step() {
 		// The model's next boundary against the manager's.
 		want := 0
 		for b := (r.computed/x.ps + 1) * x.ps; b <= r.promptEnd && !r.noCache; b += x.ps {
-			if x.boundary(b, r.promptEnd) {
+			if x.boundary(r, b) {
 				want = b
 				break
 			}
@@ -315,6 +329,7 @@ func (x *stateModel) step() {
 	}
 	require.NoError(t, err)
 	x.evictions()
+	require.NoError(t, h.Audit(), "during the step")
 	// Slots: distinct over the batch and the groups, never a page of the
 	// attention group's tables.
 	attn := map[PageID]bool{}
@@ -378,7 +393,7 @@ func (x *stateModel) step() {
 		if sampled[b] != NoToken {
 			r.tokens = append(r.tokens, sampled[b])
 		}
-		if !r.noCache && x.boundary(r.computed, r.promptEnd) {
+		if !r.noCache && x.boundary(r, r.computed) {
 			key := stKey(r.ns, r.tokens[:r.computed])
 			if c, ok := x.ckpts[key]; ok {
 				c.lastUse = x.tick
@@ -422,11 +437,11 @@ func (x *stateModel) compare(op int) {
 // model's, slots are never shared by two live owners nor leaked (Audit).
 func TestStateGroupsMatchModel(t *testing.T) {
 	t.Parallel()
-	runs, ops := 12, 500
+	runs, ops := 8, 500
 	if testing.Short() || raceEnabled {
 		runs, ops = 2, 200
 	}
-	var hits, restores, published, evicts, refused, oop int
+	var hits, restores, published, evicts, refused, oop, junctions int
 	for run := range runs {
 		x := newStateModel(t, uint64(run), []int{0, 8, 12}[run%3])
 		for op := range ops {
@@ -434,15 +449,16 @@ func TestStateGroupsMatchModel(t *testing.T) {
 			x.compare(op)
 		}
 		hits, restores, published, evicts = hits+x.hits, restores+x.restores, published+x.published, evicts+x.evicts
-		refused, oop = refused+x.refused, oop+x.outOfPages
+		refused, oop, junctions = refused+x.refused, oop+x.outOfPages, junctions+x.junctions
 	}
 	require.Positive(t, hits)
 	require.Positive(t, restores)
 	require.Positive(t, published)
 	require.Positive(t, evicts)
 	require.Positive(t, refused)
-	t.Logf("%d runs of %d ops: %d checkpoint hits, %d restored steps, %d published, %d evicted, %d truncations refused, %d steps out of pages",
-		runs, ops, hits, restores, published, evicts, refused, oop)
+	require.Positive(t, junctions)
+	t.Logf("%d runs of %d ops: %d checkpoint hits, %d restored steps, %d published, %d evicted, %d junctions, %d truncations refused, %d steps out of pages",
+		runs, ops, hits, restores, published, evicts, junctions, refused, oop)
 }
 
 // TestStateStepAllocatesNothing pins a 3 state : 1 full hybrid's hot path:

@@ -1,8 +1,8 @@
 // Package layergroup owns the rules of one KV-cache group of a hybrid
 // attention model: which attention its layers run (full, sliding window,
-// chunked local, MLA; State groups, the recurrent layers of a hybrid model,
-// are described in state.go), which tokens a request's pages must still hold after
-// n computed tokens, FlashInfer's window_left for the group, the rows of a
+// chunked local, MLA; the recurrent layers' State groups are in state.go),
+// which tokens a request's pages must still hold after n computed tokens,
+// FlashInfer's window_left for the group, the rows of a
 // step a chunked group must attend separately, and which prefix a group can
 // serve from the prefix cache. It holds no state: the root package's
 // HybridManager keeps one page table and one prefix cache per group on one
