@@ -454,6 +454,9 @@ func (m *group) fork(parent, child RequestID) error {
 		p.lastMaybeShared, c.lastMaybeShared = true, true
 	}
 	c.tokens = append(make([]int32, 0, cap(p.tokens)), p.tokens...)
+	// The child inherits the parent's retention ranges in a list of its
+	// own (SetRetention rewrites a record's list in place).
+	c.retention = append([]RetentionRange(nil), p.retention...)
 	m.reqs[child] = &c
 	m.afterChange()
 	return nil

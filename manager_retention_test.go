@@ -311,3 +311,19 @@ func TestRetentionRangesMatchSlowResolution(t *testing.T) {
 	require.Positive(t, ephemeralSeen, "pages kept out by ephemeral tokens")
 	require.Positive(t, rangedSeen, "pages under a range")
 }
+
+// A fork inherits its parent's retention in a list of its own: changing
+// the parent's leaves the child's as it was.
+func TestForkKeepsItsOwnRetention(t *testing.T) {
+	m, _ := clocked(t, nil)
+	_, err := m.Add(1, Request{Prompt: seqTokens(100, 9), Retention: []RetentionRange{{Retention: Retention{Priority: 2}}}})
+	require.NoError(t, err)
+	require.NoError(t, m.Fork(1, 2))
+	require.NoError(t, m.SetRetention(1, []RetentionRange{{Retention: Retention{Priority: 1}}}))
+	child := m.core.groups[0].reqs[2]
+	require.Equal(t, []RetentionRange{{Retention: Retention{Priority: 2}}}, child.retention)
+	step(t, m, []RequestID{2}, []int32{9}, []int32{1})
+	pages, _ := m.Pages(2)
+	require.Equal(t, Priority(2), m.core.groups[0].cache.Priority(pages[0]), "the child publishes at its own level")
+	require.NoError(t, m.Audit())
+}
