@@ -377,8 +377,13 @@ func (s *Server) serveConn(raw net.Conn) {
 	}
 	h := handling{c: c, dc: dc}
 	out := s.handle(&h)
+	// Counted before the final reply is written (and before the drain): a
+	// sender that has its answer sees it in Stats at once.
 	s.stats.read.Add(h.read)
-	s.counter(out).Add(1) // counted before the drain: Stats shows it at once
+	s.counter(out).Add(1)
+	if h.reply != nil {
+		c.Write(h.reply)
+	}
 	if h.refused {
 		s.drain(&h)
 	}
@@ -391,7 +396,8 @@ type handling struct {
 	dc      *deadlineConn
 	br      *bufio.Reader // nil until the hello was sent
 	read    int64         // stream bytes read
-	refused bool          // a refusal was sent: drain
+	reply   []byte        // the final reply, written after the counters
+	refused bool          // a refusal is the reply: drain after it
 }
 
 // counter is the counter of an outcome.
@@ -453,7 +459,7 @@ func (s *Server) handle(h *handling) outcome {
 	sr := newStreamReader(h.br, cfg, &nonce)
 	defer func() { h.read = sr.bytes }()
 	refuse := func(seq, status byte, err error, out outcome) outcome {
-		c.Write(appendReply(nil, cfg, &nonce, seq, status, err.Error()))
+		h.reply = appendReply(nil, cfg, &nonce, seq, status, err.Error())
 		h.refused = true
 		return out
 	}
@@ -489,7 +495,7 @@ func (s *Server) handle(h *handling) outcome {
 	if a.Held > 0 {
 		status, out = ackAlreadyHeld, outHeld
 	}
-	c.Write(appendReply(nil, cfg, &nonce, replyAck, status, admissionMsg(a)))
+	h.reply = appendReply(nil, cfg, &nonce, replyAck, status, admissionMsg(a))
 	return out
 }
 
