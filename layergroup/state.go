@@ -29,25 +29,23 @@ const (
 	StateBF16
 )
 
+// stateDTypes are each dtype's name (torch's) and bytes per element.
+var stateDTypes = [...]struct {
+	name string
+	size int
+}{StateF32: {"float32", 4}, StateF16: {"float16", 2}, StateBF16: {"bfloat16", 2}}
+
 // Size is the dtype's bytes per element (0 for an invalid dtype).
 func (d StateDType) Size() int {
-	switch d {
-	case StateF32:
-		return 4
-	case StateF16, StateBF16:
-		return 2
+	if int(d) < len(stateDTypes) {
+		return stateDTypes[d].size
 	}
 	return 0
 }
 
 func (d StateDType) String() string {
-	switch d {
-	case StateF32:
-		return "float32"
-	case StateF16:
-		return "float16"
-	case StateBF16:
-		return "bfloat16"
+	if d != StateInvalid && int(d) < len(stateDTypes) {
+		return stateDTypes[d].name
 	}
 	return fmt.Sprintf("StateDType(%d)", uint8(d))
 }
