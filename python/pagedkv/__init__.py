@@ -90,6 +90,7 @@ import numpy.typing as npt
 
 from . import _ffi
 from ._version import __version__
+from .usage import CacheUsage
 
 ABI_VERSION: int = _ffi.ABI_VERSION
 """The C ABI version this package needs (pagedkv.h's PAGEDKV_ABI_VERSION); import fails on a library of another."""
@@ -723,6 +724,10 @@ class _Core:
     _lock: threading.Lock
     _handle: int
     _generation: int
+
+    if TYPE_CHECKING:  # installed by usage.py (at the end of this module)
+        def cache_usage(self, request_id: int) -> CacheUsage: ...
+        def cache_usage_totals(self) -> CacheUsage: ...
 
     def _init(self, lib: Any, handle: int, num_pages: int, page_size: int, plan_words: int, views: List[int],
               busy_timeout: Optional[float]) -> None:
@@ -1877,5 +1882,4 @@ from . import usage as _usage  # noqa: E402
 for _cls in (Manager, HybridManager):
     _usage.install(_cls, _exclusive, _scalar, _U64, _lib)
 del _cls
-CacheUsage = _usage.CacheUsage
 __all__.append("CacheUsage")

@@ -26,13 +26,15 @@ def main() -> str:
         st: pagedkv.Stats = m.stats()
         state = m.request_state(1)
         toks = m.tokens(1)
+        usage: pagedkv.CacheUsage = m.cache_usage(1)
+        written: int = usage.write_tokens + m.cache_usage_totals().read_tokens
         h = pagedkv.HybridManager(64, 16, [pagedkv.LayerGroup("sliding", window_tokens=32), pagedkv.LayerGroup("full")])
         h.add(2, [1, 2, 3])
         hp = h.reserve([2], [3])
         windows = [g.window_left for g in hp.groups]
         h.close()
-        return "%d %d %d %s %d %d %s %s" % (matched, len(levels), n, st.hit_rate, state.computed, len(toks), windows,
-                                            pagedkv.__version__)
+        return "%d %d %d %s %d %d %s %d %s" % (matched, len(levels), n, st.hit_rate, state.computed, len(toks), windows,
+                                               written, pagedkv.__version__)
 
 
 if __name__ == "__main__":
