@@ -18,24 +18,12 @@ import (
 // and prefill forced into chunks of 7 keys (so the split-k merge kernel runs
 // on every attention case). Every backend op must run on the emulator: the
 // CPU fallback is there only to report which op would have fallen back.
-// emuDeclines are the backend ops the CUDA kernels do not implement yet:
-// the NVFP4 cache (issue 37; docs/kernels.md, "NVFP4").
-var emuDeclines = map[string]bool{"nvfp4_quantize_append_paged_kv_cache": true, "batch_decode_nvfp4": true}
-
 func TestShippedCasesOnEmu(t *testing.T) {
 	cases := shippedCases(t)
 	for _, cfg := range []cpuemu.Config{{}, {MaxChunkTokens: 7}} {
 		r := &Runner{Backend: cpuemu.New(cfg), Fallback: cpu.New(cpu.Config{})}
 		for _, res := range runAll(t, r, cases) {
 			if !ops[res.Op].backend {
-				continue
-			}
-			if emuDeclines[res.Op] {
-				// Not implemented in the CUDA kernels yet: declined with
-				// kernels.ErrUnsupported and run on the fallback. When
-				// the kernels learn the op, this fails: drop it from
-				// emuDeclines.
-				assert.True(t, res.Fallback, "%s: %s is in emuDeclines but ran on the emulator: %s", res.Name, res.Op, res)
 				continue
 			}
 			assert.False(t, res.Fallback, "%s ran on the fallback: %s", res.Name, res)

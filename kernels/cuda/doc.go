@@ -82,9 +82,11 @@
 //
 // Declined with an error wrapping kernels.ErrUnsupported: head_dim above
 // 256 for decode and prefill (64, 128 and 256 are the tuned ones; any
-// smaller dim runs with idle lanes), head_dim_ckv above 512 for MLA
-// decode, and an NVFP4 cache (layout.NVFP4: append, decode, prefill and
-// NewKVCache; no e2m1 kernels yet). MLA decode of a 16-bit or fp8 cache with FlashInfer's head dims
+// smaller dim runs with idle lanes) and head_dim_ckv above 512 for MLA
+// decode. An NVFP4 cache (layout.NVFP4) has its own entries: the
+// quantising append, the CUDA-core decode (the tensor-core decode takes
+// none; the planner keeps the CUDA-core kernel) and the tiled prefill,
+// each reading the scale tensors (DeviceKVCache.KSF/VSF) too. MLA decode of a 16-bit or fp8 cache with FlashInfer's head dims
 // (512 + 64) runs on tensor cores (mla_decode_tc_*, with split-KV); f32
 // caches and other head dims run the CUDA-core kernel; [MLAKernelFor] names
 // the entry point a shape launches. See docs/kernels.md for the thread
@@ -132,6 +134,7 @@ package cuda
 // checks this table against the PTX and the Go code.
 //
 //	entry point                      source         plans → launches                         test
+//	append_paged_kv_cache_nvfp4      append.cu      Step.Append                              TestNVFP4EmuMatchesCPU
 //	append_paged_kv_cache_quant      append.cu      Step.Append                              cpuemu.TestConformanceAppend
 //	append_paged_kv_cache_u1         append.cu      copyUnit → Step.Append                   cpuemu.TestConformanceAppend
 //	append_paged_kv_cache_u2         append.cu      copyUnit → Step.Append                   cpuemu.TestConformanceAppend
@@ -164,6 +167,9 @@ package cuda
 //	batch_decode_paged_e5m2_v2       decode.cu      planDecodeShape → Step.runLevel          TestDecodeRandom
 //	batch_decode_paged_e5m2_v4       decode.cu      planDecodeShape → Step.runLevel          TestDecodeRandom
 //	batch_decode_paged_e5m2_v8       decode.cu      planDecodeShape → Step.runLevel          TestDecodeRandom
+//	batch_decode_paged_nvfp4_v2      decode.cu      planDecodeShape → Step.runLevel          TestNVFP4EmuMatchesCPU
+//	batch_decode_paged_nvfp4_v4      decode.cu      planDecodeShape → Step.runLevel          TestNVFP4EmuMatchesCPU
+//	batch_decode_paged_nvfp4_v8      decode.cu      planDecodeShape → Step.runLevel          TestNVFP4EmuMatchesCPU
 //
 //	batch_decode_paged_tc_f16_d64    decode_tc.cu   planDecodeTC → Step.runLevel             cpuemu.TestTCDecodeShapes
 //	batch_decode_paged_tc_f16_d128   decode_tc.cu   planDecodeTC → Step.runLevel             cpuemu.TestTCDecodeShapes
@@ -190,6 +196,9 @@ package cuda
 //	batch_prefill_paged_e5m2_d64     prefill.cu     planPrefillShape → Step.runPrefillLevel  TestPrefillTiledRandom
 //	batch_prefill_paged_e5m2_d128    prefill.cu     planPrefillShape → Step.runPrefillLevel  TestPrefillTiledRandom
 //	batch_prefill_paged_e5m2_d256    prefill.cu     planPrefillShape → Step.runPrefillLevel  TestPrefillTiledRandom
+//	batch_prefill_paged_nvfp4_d64    prefill.cu     planPrefillShape → Step.runPrefillLevel  TestNVFP4EmuMatchesCPU
+//	batch_prefill_paged_nvfp4_d128   prefill.cu     planPrefillShape → Step.runPrefillLevel  TestNVFP4EmuMatchesCPU
+//	batch_prefill_paged_nvfp4_d256   prefill.cu     planPrefillShape → Step.runPrefillLevel  TestNVFP4EmuMatchesCPU
 //
 //	merge_partial_states             merge.cu       kvSchedule.plan → Step.mergePartial      cpuemu.TestConformanceDecodeSplitK
 //	merge_state                      merge.cu       Step.Attention → Backend.mergeState      cpuemu.TestConformanceMergeState

@@ -115,6 +115,9 @@ var mlaCK = [...]int{1, 2, 4, 8, 16}
 var mlaKernels = func() map[layout.DType][len(mlaCK)]string {
 	m := map[layout.DType][len(mlaCK)]string{}
 	for dt, sfx := range kvSuffix {
+		if dt == layout.NVFP4 { // MLA caches have no NVFP4 form
+			continue
+		}
 		var names [len(mlaCK)]string
 		for i, ck := range mlaCK {
 			names[i] = fmt.Sprintf("mla_decode_%s_c%d", sfx, ck)
