@@ -27,7 +27,11 @@ type refDisk struct {
 	name     string
 	policy   evict.Policy
 	ghost    evict.GhostPolicy // policy, if it keeps ghosts
+	class    evict.ClassPolicy // policy, if it places pages by class
+	aged     evict.AgePolicy   // policy, if it picks by its queue heads' ages
 	queues   [][]tier.Digest
+	pushed   map[tier.Digest]uint32 // each queued page's push number (an AgePolicy's ages)
+	pushes   uint32
 	seq      map[tier.Digest]uint64
 	hits     map[tier.Digest]uint32
 	returned map[tier.Digest]bool // the ghosts knew it when it was written
@@ -35,7 +39,8 @@ type refDisk struct {
 }
 
 func newRefDisk(t testing.TB, capacity int, policy string) *refDisk {
-	r := &refDisk{capacity: capacity, name: policy, seq: map[tier.Digest]uint64{}, hits: map[tier.Digest]uint32{}, returned: map[tier.Digest]bool{}}
+	r := &refDisk{capacity: capacity, name: policy, seq: map[tier.Digest]uint64{}, hits: map[tier.Digest]uint32{}, returned: map[tier.Digest]bool{},
+		pushed: map[tier.Digest]uint32{}}
 	r.reset(t)
 	return r
 }
@@ -46,6 +51,8 @@ func (r *refDisk) reset(t testing.TB) {
 	require.NoError(t, err)
 	r.policy, r.queues = p, make([][]tier.Digest, p.Queues())
 	r.ghost, _ = p.(evict.GhostPolicy)
+	r.class, _ = p.(evict.ClassPolicy)
+	r.aged, _ = p.(evict.AgePolicy)
 	if r.ghost != nil {
 		r.ghost.Size(r.capacity)
 	}
@@ -62,8 +69,15 @@ func (r *refDisk) enqueueHits(d tier.Digest) uint32 {
 func (r *refDisk) len() int { return len(r.seq) }
 
 func (r *refDisk) enqueue(d tier.Digest) {
-	q := r.policy.Enqueue(r.enqueueHits(d))
+	var q int
+	if r.class != nil {
+		q = r.class.EnqueueClass(evict.Class{Hits: r.enqueueHits(d)})
+	} else {
+		q = r.policy.Enqueue(r.enqueueHits(d))
+	}
 	r.queues[q] = append(r.queues[q], d)
+	r.pushed[d] = r.pushes
+	r.pushes++
 }
 
 func (r *refDisk) unqueue(d tier.Digest) {
@@ -81,8 +95,23 @@ func (r *refDisk) store(d tier.Digest) {
 		for q := range r.queues {
 			lens[q] = len(r.queues[q])
 		}
-		v := r.queues[r.policy.Dequeue(lens)][0]
-		if r.ghost != nil {
+		var k int
+		if r.aged != nil {
+			ages := make([]uint32, len(r.queues))
+			for q, queue := range r.queues {
+				if len(queue) > 0 {
+					ages[q] = r.pushes - r.pushed[queue[0]]
+				}
+			}
+			k = r.aged.DequeueAges(lens, ages)
+		} else {
+			k = r.policy.Dequeue(lens)
+		}
+		v := r.queues[k][0]
+		switch {
+		case r.class != nil:
+			r.class.EvictedClass(ghostHash(v), evict.Class{Hits: r.enqueueHits(v)})
+		case r.ghost != nil:
 			r.ghost.Evicted(ghostHash(v), r.enqueueHits(v))
 		}
 		r.remove(v)
