@@ -87,17 +87,20 @@ func TestShimSwitchesRejectBadValues(t *testing.T) {
 
 // mutantCases are the small attention cases a dropped sync of each kernel
 // file must fail: the CUDA-core decode (several tiles, so both waits run),
-// the tensor-core decode, the tiled prefill, the split-k merge and the MLA
+// the tensor-core decode, the tiled prefill (each also with NVFP4 caches,
+// whose tiles load through their own code), the split-k merge and the MLA
 // tensor-core decode.
 var mutantCases = map[string]func(t *testing.T){
 	"decode.cu": func(t *testing.T) {
 		kernelstest.RunDecodeShape(t, New(Config{}), mutantShape(1, 16))
+		kernelstest.RunNVFP4Decode(t, New(Config{}), 4) // the NVFP4 tile loads
 	},
 	"decode_tc.cu": func(t *testing.T) {
 		kernelstest.RunDecodeShape(t, New(Config{}), mutantShape(4, 16))
 	},
 	"prefill.cu": func(t *testing.T) {
 		kernelstest.RunPrefillShape(t, New(Config{}), mutantShape(2, 16))
+		kernelstest.RunNVFP4Prefill(t, New(Config{}), 4) // the NVFP4 tile loads
 	},
 	"merge.cu": func(t *testing.T) {
 		kernelstest.TestMergeState(t, New(Config{}))

@@ -44,22 +44,30 @@ func TestNVFP4(t *testing.T, b kernels.Backend) {
 			})
 		}
 	})
-	t.Run("decode", func(t *testing.T) {
-		for i := 0; i < nvfp4Iterations(16); i++ {
-			rng := seededRNG(t, 3700+uint64(i))
-			a := randomNVFP4Attn(rng, 1+rng.IntN(4), pick(rng, 8, 40))
-			runDecodeCase(t, b, rng, a, fmt.Sprintf("case %d", i))
-		}
-	})
-	t.Run("prefill", func(t *testing.T) {
-		for i := 0; i < nvfp4Iterations(16); i++ {
-			rng := seededRNG(t, 3800+uint64(i))
-			a := randomNVFP4Attn(rng, 1+rng.IntN(3), pick(rng, 6, 30))
-			runPrefillCase(t, b, rng, a, rng.IntN(2) == 0, fmt.Sprintf("case %d", i))
-		}
-	})
+	t.Run("decode", func(t *testing.T) { RunNVFP4Decode(t, b, nvfp4Iterations(16)) })
+	t.Run("prefill", func(t *testing.T) { RunNVFP4Prefill(t, b, nvfp4Iterations(16)) })
 	t.Run("accuracy", func(t *testing.T) { testNVFP4Accuracy(t, b) })
 	t.Run("invalid", func(t *testing.T) { testNVFP4Invalid(t, b) })
+}
+
+// RunNVFP4Decode runs the first n of the suite's random NVFP4 decode
+// cases against the reference.
+func RunNVFP4Decode(t *testing.T, b kernels.Backend, n int) {
+	for i := range n {
+		rng := seededRNG(t, 3700+uint64(i))
+		a := randomNVFP4Attn(rng, 1+rng.IntN(4), pick(rng, 8, 40))
+		runDecodeCase(t, b, rng, a, fmt.Sprintf("case %d", i))
+	}
+}
+
+// RunNVFP4Prefill runs the first n of the suite's random NVFP4 prefill
+// cases against the reference.
+func RunNVFP4Prefill(t *testing.T, b kernels.Backend, n int) {
+	for i := range n {
+		rng := seededRNG(t, 3800+uint64(i))
+		a := randomNVFP4Attn(rng, 1+rng.IntN(3), pick(rng, 6, 30))
+		runPrefillCase(t, b, rng, a, rng.IntN(2) == 0, fmt.Sprintf("case %d", i))
+	}
 }
 
 // nvfp4AppendCases: both layouts and forms, f32/f16/bf16 rows, page sizes 1,
