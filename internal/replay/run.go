@@ -316,6 +316,22 @@ type runner struct {
 	hints  *hinter // nil: no hints
 }
 
+// chunk is the prefill chunk of n tokens request id may take: cut, for a
+// model with state groups, to end at its next state checkpoint boundary
+// (HybridManager.NextStateCheckpoint), as an engine's scheduler does so
+// that the checkpoint is published.
+func (r *runner) chunk(id pagedkv.RequestID, n int) int {
+	h, ok := r.m.(*pagedkv.HybridManager)
+	if !ok {
+		return n
+	}
+	c := r.m.Computed(id)
+	if next := h.NextStateCheckpoint(id); next > c && next < c+n {
+		return next - c
+	}
+	return n
+}
+
 // release hints request i (if hints are on) and releases it.
 func (r *runner) release(i int) error {
 	if r.hints != nil {
@@ -400,16 +416,19 @@ func (r *runner) sequential() error {
 			return err
 		}
 		id := pagedkv.RequestID(i)
-		todo := len(r.m.Tokens(id)) - r.m.Computed(id)
-		r.ids = append(r.ids[:0], id)
-		r.counts = append(r.counts[:0], int32(todo))
-		if _, err := r.m.ReserveStep(r.ids, r.counts, nil); err != nil {
-			return fmt.Errorf("replay: request %d of %d blocks does not fit a pool of %d pages: %w",
-				i, len(r.t.Requests[i].Blocks), r.cfg.CapacityPages+1, err)
-		}
-		r.notePeak()
-		if err := r.m.Commit(nil); err != nil {
-			return fmt.Errorf("replay: request %d: %w", i, err)
+		// One step, or with state groups one step per chunk ending at a
+		// state checkpoint boundary.
+		for todo := len(r.m.Tokens(id)) - r.m.Computed(id); todo > 0; todo = len(r.m.Tokens(id)) - r.m.Computed(id) {
+			r.ids = append(r.ids[:0], id)
+			r.counts = append(r.counts[:0], int32(r.chunk(id, todo)))
+			if _, err := r.m.ReserveStep(r.ids, r.counts, nil); err != nil {
+				return fmt.Errorf("replay: request %d of %d blocks does not fit a pool of %d pages: %w",
+					i, len(r.t.Requests[i].Blocks), r.cfg.CapacityPages+1, err)
+			}
+			r.notePeak()
+			if err := r.m.Commit(nil); err != nil {
+				return fmt.Errorf("replay: request %d: %w", i, err)
+			}
 		}
 		if err := r.completeCopies(); err != nil {
 			return err
