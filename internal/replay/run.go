@@ -92,6 +92,11 @@ type Config struct {
 	// without tiers (HostPages > 0 with one is ErrBadConfig), although a
 	// HybridManager has them.
 	Model string
+	// StateCheckpointPages is, for a preset with state groups, the
+	// interval of their prefix checkpoints in pages
+	// (pagedkv.HybridConfig.StateCheckpointEvery in pages; 0: only the
+	// prompt's last whole page and the shared-prefix junction).
+	StateCheckpointPages int
 	// Hints, when its Accuracy is > 0, feeds continuation hints from an
 	// oracle of the trace's future (see [Hints]; a dense Manager only).
 	Hints Hints
@@ -110,7 +115,7 @@ const remoteLookupDeadline = 10 * time.Second
 
 // newBookkeeper makes the Manager, or the HybridManager a hybrid preset
 // asks for.
-func newBookkeeper(mcfg pagedkv.Config, model string) (pagedkv.KVManager, error) {
+func newBookkeeper(mcfg pagedkv.Config, model string, checkpointPages int) (pagedkv.KVManager, error) {
 	groups, err := modelGroups(model)
 	if err != nil {
 		return nil, err
@@ -125,7 +130,10 @@ func newBookkeeper(mcfg pagedkv.Config, model string) (pagedkv.KVManager, error)
 	if mcfg.Tiers.HostPages > 0 {
 		return nil, fmt.Errorf("%w: model %q with a host or remote tier: the replay runs tiers with one Manager only", ErrBadConfig, model)
 	}
-	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: mcfg, Groups: groups})
+	if checkpointPages < 0 {
+		return nil, fmt.Errorf("%w: StateCheckpointPages %d, want >= 0", ErrBadConfig, checkpointPages)
+	}
+	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: mcfg, Groups: groups, StateCheckpointEvery: checkpointPages * mcfg.PageSize})
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %w", ErrBadConfig, model, err)
 	}
@@ -175,6 +183,10 @@ type Result struct {
 	EvictedPages                    int64
 	Preemptions                     int64
 	PeakPages                       int
+	// PeakCheckpointPages is, for a model with state groups, the most
+	// pool pages its state checkpoints held after a step (a checkpoint is
+	// one page per state group).
+	PeakCheckpointPages int
 	// SimulatedMs is the simulated time the trace took (the last
 	// request's finish; sequential replays count the trace's span).
 	SimulatedMs float64
@@ -253,7 +265,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 		// a miss, so the deadline is far above any healthy lookup.
 		mcfg.Tiers.RemoteDeadline = remoteLookupDeadline
 	}
-	m, err := newBookkeeper(mcfg, cfg.Model)
+	m, err := newBookkeeper(mcfg, cfg.Model, cfg.StateCheckpointPages)
 	if err != nil {
 		return nil, err
 	}
@@ -406,6 +418,15 @@ func (r *runner) admit(i int) error {
 func (r *runner) notePeak() {
 	if u := r.m.PoolStats().UsedPages; u > r.res.PeakPages {
 		r.res.PeakPages = u
+	}
+	if h, ok := r.m.(*pagedkv.HybridManager); ok {
+		n := 0
+		for g := range h.NumGroups() {
+			if h.Group(g).Kind == pagedkv.StateLayers {
+				n += h.GroupStats(g).CachedPages
+			}
+		}
+		r.res.PeakCheckpointPages = max(r.res.PeakCheckpointPages, n)
 	}
 }
 
