@@ -33,7 +33,7 @@ func stateWorkload(t *testing.T, n int) []Request {
 }
 
 // TestSimulateStateRestore runs the state-group presets with shared
-// prefixes, forks and preemption: requests resume from state checkpoints
+// prefixes, forks, preemption and checkpoint eviction: requests resume from state checkpoints
 // (hits > 0), and every sampled recurrent output, those after a restore
 // included, equals recomputing the request from token 0 bit for bit. The
 // same run with the engine skipping the state groups' copies (a restore
@@ -56,6 +56,7 @@ func TestSimulateStateRestore(t *testing.T) {
 			assert.Positive(t, sum.StateHitTokens)
 			assert.Positive(t, sum.Verified.RestoredOutputs, "recurrent outputs verified after a restore")
 			assert.Positive(t, sum.Stats.Preemptions, "preemptions")
+			assert.Positive(t, sum.Groups[0].Stats.EvictedPages, "state checkpoints evicted")
 			t.Logf("%d restores (%d tokens), %d state outputs (%d after a restore), %d preemptions",
 				sum.StateHits, sum.StateHitTokens, sum.Verified.StateOutputs, sum.Verified.RestoredOutputs, sum.Stats.Preemptions)
 
