@@ -91,6 +91,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	hostPct := fs.Float64("host-capacity", 0, "a host tier below every pool, in percent of the trace's distinct blocks (0: none)")
 	redisAddr := fs.String("redis", "", "with --host-capacity: a Redis server (host:port, which you run, e.g. with --maxmemory and --maxmemory-policy allkeys-lru for its capacity) as the remote tier below the host tier; each run writes under its own namespace")
 	model := fs.String("model", "", "a `simulate --model` preset to replay through a HybridManager ("+strings.Join(sim.ModelNames(), ", ")+"); the pool is shared by its layer groups")
+	ckptEvery := fs.Int("state-checkpoint-every", 0, "with a --model of state groups (qwen3-next-like, nemotron-h-like): a prefix checkpoint of their state every N pages of a prompt, vLLM's retention interval (0: only each prompt's last whole page and shared-prefix junctions)")
 	bytesPerToken := fs.Int64("bytes-per-token", 327_680, "the stated model's K/V bytes per token for the tiers' bytes moved (default: 80 layers x 8 K/V heads x 128 dims x K and V x bf16, a Llama-3-70B-like model)")
 	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas (at most 1024) under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
@@ -154,6 +155,9 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 			return usageErr("--model: %v", err)
 		}
 	}
+	if *ckptEvery < 0 {
+		return usageErr("--state-checkpoint-every %d, want >= 0", *ckptEvery)
+	}
 	if *plotPath != "" {
 		// The plot file is opened for writing now, so a path that cannot
 		// be written is refused before the sweep, not after it; a file
@@ -212,7 +216,8 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	sw, err := replay.RunSweep(t, replay.SweepConfig{Fractions: fractions, Policies: names, Service: svcp, PageTokens: pageTokens,
 		HintAccuracies: accs, HintHorizon: *hintHorizon, HintSeed: *hintSeed, CurveRate: *curve / 100,
 		HostPages: int(*hostPct / 100 * float64(t.DistinctBlocks)), BytesPerToken: *bytesPerToken, OpenRemote: redisOpener(*redisAddr), Model: *model,
-		MaxWork: *maxWork, Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
+		StateCheckpointPages: *ckptEvery,
+		MaxWork:              *maxWork, Progress: func(n int) { p.update(sim.Progress{Finished: n, Total: total}) }})
 	p.done()
 	if err != nil {
 		fmt.Fprintf(stderr, "pagedkv replay: %v\n", err)

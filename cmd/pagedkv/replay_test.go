@@ -79,6 +79,7 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 		{[]string{"--trace", conversationTrace, "--first", "10", "--replicas", "-3"}, "--replicas -3: want 1..1024"},
 		{[]string{"--trace", conversationTrace, "--redis", "127.0.0.1:1"}, "--redis needs --host-capacity"},
 		{[]string{"--trace", conversationTrace, "--first", "5", "--model", "gpt-5"}, `unknown model: "gpt-5"`},
+		{[]string{"--trace", conversationTrace, "--first", "5", "--model", "qwen3-next-like", "--state-checkpoint-every", "-1"}, "--state-checkpoint-every -1"},
 		{[]string{"--trace", "no/such/file"}, "no/such/file"},
 		{[]string{"--trace", sharedPrefixTrace}, "line 1"}, // a sim trace read as Mooncake
 	} {
@@ -89,6 +90,12 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 	var out, errb bytes.Buffer
 	require.Equal(t, exitOK, run([]string{"replay", "--trace", sharedPrefixTrace, "--format", "sim", "--capacities", "50,100"}, &out, &errb), errb.String())
 	require.Contains(t, out.String(), "trace: 8 requests")
+
+	// A model with state groups reports the pages its checkpoints held.
+	out.Reset()
+	require.Equal(t, exitOK, run([]string{"replay", "--trace", conversationTrace, "--first", "40", "--capacities", "50", "--policies", "lru",
+		"--model", "qwen3-next-like", "--state-checkpoint-every", "2"}, &out, &errb), errb.String())
+	require.Regexp(t, `state checkpoints, peak pool pages held: 50% lru [1-9]\d* \(`, out.String())
 }
 
 // --redis puts a real redis-server below the host tier: the tier table

@@ -268,3 +268,23 @@ func TestSimulateModelMetrics(t *testing.T) {
 	assert.Contains(t, *scraped, "\npagedkv_prompt_tokens_total 514\n")
 	assert.Contains(t, *scraped, "\npagedkv_requests 0\n")
 }
+
+// TestSimulateStateModel runs --model qwen3-next-like on a small pool (a
+// head dim whose pages hold the preset's state): the summary shows the
+// state groups, the state restores with their verified outputs, and a
+// passed verification; a page too small for the state exits 2 naming it.
+func TestSimulateStateModel(t *testing.T) {
+	args := []string{"simulate", "--model", "qwen3-next-like", "--requests", "8", "--pages", "40", "--qo-heads", "2", "--kv-heads", "2",
+		"--head-dim", "64", "--quiet", "--verify-every", "2", "--verify-samples", "2"}
+	code, out, errOut := runCLI(args...)
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Equal(t, "4 of 1 layers each, layer l in group l % 4: state 4864 B, state 4864 B, state 4864 B, full", summaryField(t, out, "layer groups"))
+	assert.Regexp(t, `^[1-9]\d* admissions resumed from a state checkpoint \(\d+ tokens\); [1-9]\d* recurrent outputs verified bit-exact against recomputing from token 0, [1-9]\d* of them after a restore$`,
+		summaryField(t, out, "state restores"))
+	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+
+	code, _, errOut = runCLI(append(args, "--page-size", "4")...)
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "state of 4864 bytes")
+	assert.Contains(t, errOut, "PageBytes = 2048")
+}

@@ -92,6 +92,11 @@ type Config struct {
 	// without tiers (HostPages > 0 with one is ErrBadConfig), although a
 	// HybridManager has them.
 	Model string
+	// StateCheckpointPages is, for a preset with state groups, the
+	// interval of their prefix checkpoints in pages
+	// (pagedkv.HybridConfig.StateCheckpointEvery in pages; 0: only the
+	// prompt's last whole page and the shared-prefix junction).
+	StateCheckpointPages int
 	// Hints, when its Accuracy is > 0, feeds continuation hints from an
 	// oracle of the trace's future (see [Hints]; a dense Manager only).
 	Hints Hints
@@ -110,7 +115,7 @@ const remoteLookupDeadline = 10 * time.Second
 
 // newBookkeeper makes the Manager, or the HybridManager a hybrid preset
 // asks for.
-func newBookkeeper(mcfg pagedkv.Config, model string) (pagedkv.KVManager, error) {
+func newBookkeeper(mcfg pagedkv.Config, model string, checkpointPages int) (pagedkv.KVManager, error) {
 	groups, err := modelGroups(model)
 	if err != nil {
 		return nil, err
@@ -125,7 +130,10 @@ func newBookkeeper(mcfg pagedkv.Config, model string) (pagedkv.KVManager, error)
 	if mcfg.Tiers.HostPages > 0 {
 		return nil, fmt.Errorf("%w: model %q with a host or remote tier: the replay runs tiers with one Manager only", ErrBadConfig, model)
 	}
-	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: mcfg, Groups: groups})
+	if checkpointPages < 0 {
+		return nil, fmt.Errorf("%w: StateCheckpointPages %d, want >= 0", ErrBadConfig, checkpointPages)
+	}
+	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: mcfg, Groups: groups, StateCheckpointEvery: checkpointPages * mcfg.PageSize})
 	if err != nil {
 		return nil, fmt.Errorf("%w: model %q: %w", ErrBadConfig, model, err)
 	}
@@ -175,6 +183,10 @@ type Result struct {
 	EvictedPages                    int64
 	Preemptions                     int64
 	PeakPages                       int
+	// PeakCheckpointPages is, for a model with state groups, the most
+	// pool pages its state checkpoints held after a step (a checkpoint is
+	// one page per state group).
+	PeakCheckpointPages int
 	// SimulatedMs is the simulated time the trace took (the last
 	// request's finish; sequential replays count the trace's span).
 	SimulatedMs float64
@@ -253,7 +265,7 @@ func Run(t *Trace, cfg Config) (*Result, error) {
 		// a miss, so the deadline is far above any healthy lookup.
 		mcfg.Tiers.RemoteDeadline = remoteLookupDeadline
 	}
-	m, err := newBookkeeper(mcfg, cfg.Model)
+	m, err := newBookkeeper(mcfg, cfg.Model, cfg.StateCheckpointPages)
 	if err != nil {
 		return nil, err
 	}
@@ -314,6 +326,22 @@ type runner struct {
 	copies []pagedkv.TierCopy
 	copyID []uint64
 	hints  *hinter // nil: no hints
+}
+
+// chunk is the prefill chunk of n tokens request id may take: cut, for a
+// model with state groups, to end at its next state checkpoint boundary
+// (HybridManager.NextStateCheckpoint), as an engine's scheduler does so
+// that the checkpoint is published.
+func (r *runner) chunk(id pagedkv.RequestID, n int) int {
+	h, ok := r.m.(*pagedkv.HybridManager)
+	if !ok {
+		return n
+	}
+	c := r.m.Computed(id)
+	if next := h.NextStateCheckpoint(id); next > c && next < c+n {
+		return next - c
+	}
+	return n
 }
 
 // release hints request i (if hints are on) and releases it.
@@ -391,6 +419,15 @@ func (r *runner) notePeak() {
 	if u := r.m.PoolStats().UsedPages; u > r.res.PeakPages {
 		r.res.PeakPages = u
 	}
+	if h, ok := r.m.(*pagedkv.HybridManager); ok {
+		n := 0
+		for g := range h.NumGroups() {
+			if h.Group(g).Kind == pagedkv.StateLayers {
+				n += h.GroupStats(g).CachedPages
+			}
+		}
+		r.res.PeakCheckpointPages = max(r.res.PeakCheckpointPages, n)
+	}
 }
 
 // sequential admits, prefills and releases one request at a time.
@@ -400,16 +437,19 @@ func (r *runner) sequential() error {
 			return err
 		}
 		id := pagedkv.RequestID(i)
-		todo := len(r.m.Tokens(id)) - r.m.Computed(id)
-		r.ids = append(r.ids[:0], id)
-		r.counts = append(r.counts[:0], int32(todo))
-		if _, err := r.m.ReserveStep(r.ids, r.counts, nil); err != nil {
-			return fmt.Errorf("replay: request %d of %d blocks does not fit a pool of %d pages: %w",
-				i, len(r.t.Requests[i].Blocks), r.cfg.CapacityPages+1, err)
-		}
-		r.notePeak()
-		if err := r.m.Commit(nil); err != nil {
-			return fmt.Errorf("replay: request %d: %w", i, err)
+		// One step, or with state groups one step per chunk ending at a
+		// state checkpoint boundary.
+		for todo := len(r.m.Tokens(id)) - r.m.Computed(id); todo > 0; todo = len(r.m.Tokens(id)) - r.m.Computed(id) {
+			r.ids = append(r.ids[:0], id)
+			r.counts = append(r.counts[:0], int32(r.chunk(id, todo)))
+			if _, err := r.m.ReserveStep(r.ids, r.counts, nil); err != nil {
+				return fmt.Errorf("replay: request %d of %d blocks does not fit a pool of %d pages: %w",
+					i, len(r.t.Requests[i].Blocks), r.cfg.CapacityPages+1, err)
+			}
+			r.notePeak()
+			if err := r.m.Commit(nil); err != nil {
+				return fmt.Errorf("replay: request %d: %w", i, err)
+			}
 		}
 		if err := r.completeCopies(); err != nil {
 			return err

@@ -184,7 +184,7 @@ func (r *runner) schedule(running []*served, budget int) (prefill, decode int) {
 		if (left == 1 && s.sampled > 0) || budget == 0 {
 			continue
 		}
-		n := min(left, budget)
+		n := r.chunk(id, min(left, budget))
 		r.ids, r.counts, r.slot = append(r.ids, id), append(r.counts, int32(n)), append(r.slot, i)
 		prefill += n
 		budget -= n

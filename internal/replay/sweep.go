@@ -60,10 +60,11 @@ type SweepConfig struct {
 	Fractions []float64
 	// Policies are the eviction policies, each replayed at each capacity.
 	Policies []string
-	// Service, PageTokens and Model are as in [Config].
-	Service    *Service
-	PageTokens int
-	Model      string
+	// Service, PageTokens, Model and StateCheckpointPages are as in [Config].
+	Service              *Service
+	PageTokens           int
+	Model                string
+	StateCheckpointPages int
 	// HostPages is the host tier below every pool (0: none), and
 	// BytesPerToken the stated model's K/V bytes per token, which turns
 	// the pages the tiers moved into bytes.
@@ -119,7 +120,7 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 		pt := Point{Fraction: f, CapacityPages: max(int(f*float64(t.DistinctBlocks)), least)}
 		for _, run := range sweepRuns(policies, cfg.HintAccuracies) {
 			rc := Config{CapacityPages: pt.CapacityPages, Eviction: run.policy, Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model,
-				Hints: Hints{Accuracy: run.acc, Horizon: cfg.HintHorizon, Seed: cfg.HintSeed}, CurveRate: cfg.CurveRate}
+				StateCheckpointPages: cfg.StateCheckpointPages, Hints: Hints{Accuracy: run.acc, Horizon: cfg.HintHorizon, Seed: cfg.HintSeed}, CurveRate: cfg.CurveRate}
 			if progress != nil {
 				base := done
 				rc.Progress = func(n int) { progress(base + n) }
@@ -139,7 +140,7 @@ func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 		if cfg.CurveRate > 0 {
 			for i, m := range [...]float64{0.5, 2, 4} {
 				res, err := Run(t, Config{CapacityPages: max(int(m*float64(pt.CapacityPages)), least), Eviction: evict.LRU,
-					Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model})
+					Service: svc, PageTokens: cfg.PageTokens, HostPages: cfg.HostPages, Model: cfg.Model, StateCheckpointPages: cfg.StateCheckpointPages})
 				if err != nil {
 					return nil, fmt.Errorf("capacity %.0f%% × %g, the curve's truth: %w", 100*f, m, err)
 				}
@@ -227,6 +228,7 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 		}
 	}
 	tw.Flush()
+	sw.formatCheckpoints(w)
 	if sw.HostPages > 0 {
 		sw.formatTiers(w, t)
 	}
@@ -241,6 +243,23 @@ func (sw *Sweep) Format(w io.Writer, t *Trace) {
 		fmt.Fprintf(w, "best online policy per capacity (share of Belady's hits): %s\n", strings.Join(best, ", "))
 	}
 	fmt.Fprintf(w, "wall time: %s\n", sw.Wall.Round(time.Millisecond))
+}
+
+// formatCheckpoints writes, for a model with state groups, the most pool
+// pages their prefix checkpoints held in each run.
+func (sw *Sweep) formatCheckpoints(w io.Writer) {
+	var parts []string
+	for _, pt := range sw.Points {
+		for _, r := range pt.Results {
+			if r.PeakCheckpointPages > 0 {
+				parts = append(parts, fmt.Sprintf("%g%% %s %d (%.1f%% of the pool)", 100*pt.Fraction, r.Label(), r.PeakCheckpointPages,
+					100*float64(r.PeakCheckpointPages)/float64(pt.CapacityPages)))
+			}
+		}
+	}
+	if len(parts) > 0 {
+		fmt.Fprintf(w, "\nstate checkpoints, peak pool pages held: %s\n", strings.Join(parts, ", "))
+	}
 }
 
 // formatCurve writes the live miss-ratio curve of each capacity's first

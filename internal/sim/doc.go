@@ -25,7 +25,12 @@
 // pool-wide copies once, then appends and attends each group's layers over
 // that group's plan (its window_left, and a chunked group's Attn arrays),
 // and every checked step verifies samples of every group against dense
-// attention under that group's window or chunk.
+// attention under that group's window or chunk. A state group (SSM or
+// linear-attention layers: the qwen3-next-like and nemotron-h-like
+// presets) runs a deterministic recurrent layer whose state lives in the
+// slot page the plan's StateIndices name, after the plan's copies; prefill
+// chunks end at HybridManager.NextStateCheckpoint so that checkpoints are
+// published.
 //
 // [RunFleet] runs a workload over several replicas, each a Sim with its own
 // Manager (a HybridManager with Config.Groups, its events grouped by
@@ -49,6 +54,9 @@
 //     batch request equal the simulator's own record, the plan's token ids
 //     are the simulator's tokens at the plan's positions, and appendkv
 //     derives the plan's batch_indices and positions independently.
+//   - A sampled output of a state group's recurrent layer equals, bit for
+//     bit, recomputing its request from token 0 in float32 (so a request
+//     resumed from a state checkpoint resumed from exactly its state).
 //   - For a hybrid model, after every Reserve the distinct pages the running
 //     requests hold in each group add up to the pool's pages in use by
 //     requests (a page belongs to one group at a time).

@@ -33,6 +33,12 @@ type engine struct {
 	ctx        []uint64       // [nnz] context hash of each row's token
 
 	skipCopies bool // tests: leave out copy-on-write, which verification must notice
+	// tests: leave out the state groups' copies (a runner that ignores the
+	// copy list of a checkpoint restore), which verification must notice.
+	skipStateCopies bool
+
+	stateOut []float32            // [nnz] the recurrent layer's outputs of the current layer
+	xRow     [stateFloats]float32 // one token's recurrent input
 	// tests: attend with window_left -1 over the append table, ignoring the
 	// groups' windows and a chunked group's Attn arrays (a runner that
 	// drops the per-group attention), which verification must notice.
@@ -138,12 +144,26 @@ type stepTimes struct {
 // against the dense model after the layer that computes them.
 func (e *engine) run(hp *pagedkv.HybridPlan, reqs []*reqState, samples []sample, v *verifier, st *stepTimes, cs *cascadeStats) error {
 	t0 := time.Now()
-	if err := e.copies(hp.Copies); err != nil {
+	if e.skipStateCopies {
+		for g, plan := range hp.Groups {
+			if v.specs[g].Kind != pagedkv.StateLayers {
+				if err := e.copies(plan.Copies); err != nil {
+					return err
+				}
+			}
+		}
+	} else if err := e.copies(hp.Copies); err != nil {
 		return err
 	}
 	st.append += time.Since(t0)
 	for g, plan := range hp.Groups {
-		if err := e.runGroup(g, plan, reqs, samples, v, st, cs); err != nil {
+		var err error
+		if v.specs[g].Kind == pagedkv.StateLayers {
+			err = e.runState(g, plan, reqs, samples, v, st)
+		} else {
+			err = e.runGroup(g, plan, reqs, samples, v, st, cs)
+		}
+		if err != nil {
 			if len(hp.Groups) == 1 {
 				return err
 			}

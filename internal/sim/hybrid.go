@@ -9,6 +9,7 @@ import (
 	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/kernels"
 	"github.com/pagedkv/pagedkv/kernels/cuda"
+	"github.com/pagedkv/pagedkv/layergroup"
 )
 
 // Hybrid attention models: Config.Groups describes the model's layer
@@ -64,7 +65,39 @@ var presets = []ModelPreset{
 			{Kind: pagedkv.ChunkedAttention, ChunkTokens: 128}, {Kind: pagedkv.ChunkedAttention, ChunkTokens: 128},
 			{Kind: pagedkv.ChunkedAttention, ChunkTokens: 128}, {Kind: pagedkv.FullAttention}},
 		Doc: "Llama 4: chunked local attention on three of four layers (layers 4i..4i+2), full attention on the fourth; 4 groups; chunk 128 = Llama 4's 8192 scaled by 1/64 so sequences cross chunk boundaries (a multiple of the page size for pages of up to 128 tokens)"},
+	{Name: "qwen3-next-like", Layers: 4,
+		Pattern: []pagedkv.LayerGroup{
+			{Kind: pagedkv.StateLayers, State: qwen3NextState}, {Kind: pagedkv.StateLayers, State: qwen3NextState},
+			{Kind: pagedkv.StateLayers, State: qwen3NextState}, {Kind: pagedkv.FullAttention}},
+		Doc: "Qwen3-Next: three Gated DeltaNet layers to one full-attention layer (layers 4i..4i+2 state, 4i+3 full); 4 groups; each GDN state a conv state (conv_dim 128, kernel 4 - 1 = 3, bf16) and a delta-rule state 4 heads x 16 x 16 f32, Qwen3-Next-80B's 32 value heads x 128 x 128 and conv_dim 8192 scaled by 1/8 in heads and dims; run by the simulator's deterministic recurrent layer (docs/simulate.md)"},
+	{Name: "nemotron-h-like", Layers: 7,
+		Pattern: []pagedkv.LayerGroup{
+			{Kind: pagedkv.StateLayers, State: nemotronHState}, {Kind: pagedkv.StateLayers, State: nemotronHState},
+			{Kind: pagedkv.StateLayers, State: nemotronHState}, {Kind: pagedkv.StateLayers, State: nemotronHState},
+			{Kind: pagedkv.StateLayers, State: nemotronHState}, {Kind: pagedkv.StateLayers, State: nemotronHState},
+			{Kind: pagedkv.FullAttention}},
+		Doc: "Nemotron-H: six Mamba-2 layers to one full-attention layer (Nemotron-H-8B's 24 Mamba-2 : 4 attention; layers 7i..7i+5 state, 7i+6 full); 7 groups; each Mamba-2 state a conv state (conv_dim 96, kernel 4 - 1 = 3, bf16) and an SSM state 8 heads x 8 x 16 f32, Nemotron-H-8B's 128 heads x head_dim 64 x d_state 128 scaled by 1/16, 1/8, 1/8; run by the simulator's deterministic recurrent layer"},
 }
+
+// The presets' state shapes (layergroup.StateShape). PageBytes is the
+// default simulator page (16 tokens x 2 kv heads x 64 dims x K and V x
+// f16 = 8192 bytes); a run sets it to its own page's bytes.
+var (
+	// Qwen3-Next-80B-A3B (config.json): linear_num_key_heads 16,
+	// linear_num_value_heads 32, linear_key_head_dim = linear_value_head_dim
+	// = 128, linear_conv_kernel_dim 4: conv_dim = 2*16*128 + 32*128 = 8192,
+	// recurrent state (32, 128, 128). Scaled: 2 key heads, 4 value heads,
+	// dims 16: conv_dim 2*2*16 + 4*16 = 128.
+	qwen3NextState = layergroup.StateShape{ConvShape: [2]int{128, 3}, ConvDType: layergroup.StateBF16,
+		SSMShape: [3]int{4, 16, 16}, SSMDType: layergroup.StateF32, PageBytes: 8192}
+	// Nemotron-H-8B (config.json): mamba_num_heads 128, mamba_head_dim 64,
+	// ssm_state_size 128, n_groups 8, conv_kernel 4, expand 2 (d_inner
+	// 8192): conv_dim = 8192 + 2*8*128 = 10240, SSM state (128, 64, 128).
+	// Scaled: 8 heads x head_dim 8 (d_inner 64), d_state 16, 1 group:
+	// conv_dim 64 + 2*16 = 96.
+	nemotronHState = layergroup.StateShape{ConvShape: [2]int{96, 3}, ConvDType: layergroup.StateBF16,
+		SSMShape: [3]int{8, 8, 16}, SSMDType: layergroup.StateF32, PageBytes: 8192}
+)
 
 // notSimulated are model names the simulator knows but cannot run, with why.
 var notSimulated = map[string]string{
@@ -122,6 +155,8 @@ func groupString(s pagedkv.LayerGroup) string {
 		return fmt.Sprintf("sliding %d", s.WindowTokens)
 	case pagedkv.ChunkedAttention:
 		return fmt.Sprintf("chunked %d", s.ChunkTokens)
+	case pagedkv.StateLayers:
+		return fmt.Sprintf("state %d B", s.State.Bytes())
 	}
 	return s.Kind.String()
 }
@@ -143,6 +178,14 @@ func (c *Config) validateGroups() error {
 		return fmt.Errorf("%w: the layer groups have %d layers, the model %d", ErrBadConfig, layers, c.Model.Layers)
 	case c.WindowTokens != 0:
 		return fmt.Errorf("%w: window %d with layer groups: a hybrid model's windows are its groups'", ErrBadConfig, c.WindowTokens)
+	}
+	for _, g := range c.Groups {
+		if g.Kind == pagedkv.StateLayers {
+			if err := c.validateStateModel(); err != nil {
+				return err
+			}
+			break
+		}
 	}
 	if DeviceBackend(c.Backend) {
 		return fmt.Errorf("%w: backend %s with layer groups: the simulator runs hybrid models on host backends only", ErrBadConfig, c.Backend.Name())
@@ -172,9 +215,11 @@ func RecorderConfig(cfg *Config) events.RecorderConfig {
 // group after a Reserve, keeps each group's peak and sum, and checks that
 // they add up to the pool's pages in use by requests (a page belongs to
 // one group at a time), up to the pages held only by tier copies in flight
-// (offloads the Reserve's evictions planned), which count as in use too.
-func (s *Sim) groupPages(used int) error {
-	total := 0
+// (offloads the Reserve's evictions planned), which count as in use too,
+// and for state groups the pages held only by checkpoints that requests
+// read and by the step's state copies (their sources).
+func (s *Sim) groupPages(used int, plan *pagedkv.HybridPlan) error {
+	total, held := 0, 0
 	for g := range s.kv.NumGroups() {
 		clear(s.mark)
 		n := 0
@@ -191,10 +236,20 @@ func (s *Sim) groupPages(used int) error {
 		gs.PeakPages = max(gs.PeakPages, n)
 		gs.pageSteps += int64(n)
 		total += n
+		if gs.Spec.Kind == pagedkv.StateLayers {
+			st := s.kv.GroupStats(g)
+			held += st.CachedPages - st.EvictablePages
+			for _, c := range plan.Groups[g].Copies {
+				if !s.mark[c.Src] {
+					s.mark[c.Src] = true
+					held++
+				}
+			}
+		}
 	}
-	if inflight := s.kv.TierCopiesInFlight(); total > used || used > total+inflight {
-		return fmt.Errorf("%w: after step %d's Reserve the running requests hold %d pages over the groups, the pool says %d in use (%d tier copies in flight)",
-			ErrCheck, s.sum.Steps, total, used, inflight)
+	if inflight := s.kv.TierCopiesInFlight(); total > used || used > total+inflight+held {
+		return fmt.Errorf("%w: after step %d's Reserve the running requests hold %d pages over the groups, the pool says %d in use (%d tier copies in flight, %d held by state checkpoints and copies)",
+			ErrCheck, s.sum.Steps, total, used, inflight, held)
 	}
 	return nil
 }

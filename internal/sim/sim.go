@@ -181,6 +181,9 @@ type reqState struct {
 	phase    phase
 	admitted bool // added to the Manager (a waiting one is preempted)
 	forked   bool
+	// restored is the tokens of the state checkpoint the request resumed
+	// from at its last admission (0: none, or no state groups).
+	restored int
 
 	// The drafts of the step being built and the context hash after each
 	// (buffers reused across steps).
@@ -203,13 +206,16 @@ func (r *reqState) remaining() int { return len(r.tokens) - r.computed }
 // concurrent use, except that Manager().Stats may be read from any
 // goroutine while Run runs.
 type Sim struct {
-	cfg   Config
-	kv    pagedkv.KVManager // a Manager, or a HybridManager for Config.Groups
-	mark  []bool            // [NumPages] scratch of groupPages
-	eng   *engine
-	ver   *verifier
-	rng   *rand.Rand
-	specs []Request
+	cfg  Config
+	kv   pagedkv.KVManager // a Manager, or a HybridManager for Config.Groups
+	mark []bool            // [NumPages] scratch of groupPages
+	// stateful: the model has state groups (prefill chunks end at state
+	// checkpoint boundaries, hits are state restores).
+	stateful bool
+	eng      *engine
+	ver      *verifier
+	rng      *rand.Rand
+	specs    []Request
 
 	arrivals []*reqState // arriving, in arrival order
 	waiting  []*reqState // FIFO; preempted requests go to the front
@@ -287,6 +293,15 @@ func newSim(cfg Config) (*Sim, error) {
 		specs[0] = pagedkv.LayerGroup{Kind: pagedkv.SlidingAttention, WindowTokens: cfg.WindowTokens, NumLayers: cfg.Model.Layers}
 	}
 	if cfg.Groups != nil {
+		// A state group's page is the engine's: one layer's K and V of a page.
+		cfg.Groups = slices.Clone(cfg.Groups)
+		for g := range cfg.Groups {
+			if cfg.Groups[g].Kind == pagedkv.StateLayers {
+				cfg.Groups[g].State.PageBytes = cfg.PageSize * int(cfg.Model.KVBytesPerToken())
+				s.stateful = true
+			}
+		}
+		s.cfg.Groups = cfg.Groups
 		h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: mcfg, Groups: cfg.Groups})
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
@@ -394,6 +409,7 @@ func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 	s.sum.Verified.Outputs, s.sum.Verified.KVTokens, s.sum.Verified.MaxErr = s.ver.outputs, s.ver.kvTokens, s.ver.maxErr
 	s.sum.Verified.Atol, s.sum.Verified.Rtol = s.ver.atol, s.ver.rtol
 	s.sum.Verified.DraftOutputs = s.ver.drafts
+	s.sum.Verified.StateOutputs, s.sum.Verified.RestoredOutputs = s.ver.stateOutputs, s.ver.restoredOutputs
 	s.sum.Err = err
 	if d := s.eng.dev; d != nil {
 		t := d.traffic
@@ -494,7 +510,7 @@ func (s *Sim) step() error {
 	st := s.Stats()
 	s.sum.PeakUsedPages = max(s.sum.PeakUsedPages, st.UsedPages)
 	if s.sum.Groups != nil {
-		if err := s.groupPages(st.UsedPages); err != nil {
+		if err := s.groupPages(st.UsedPages, plan); err != nil {
 			return err
 		}
 	}
@@ -560,7 +576,7 @@ func (s *Sim) schedule() error {
 	}
 	for _, r := range s.running {
 		if n := r.remaining(); n > 1 && budget > 0 && !s.loading(r.id) {
-			add(r, min(n, budget))
+			add(r, s.chunk(r, min(n, budget)))
 		}
 	}
 	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxRunning {
@@ -588,12 +604,31 @@ func (s *Sim) schedule() error {
 			return fmt.Errorf("%w: admitting %s (%d tokens) matched %d tokens, want 0..%d", ErrCheck, r.name(), len(r.tokens), matched, len(r.tokens)-1)
 		}
 		r.admitted, r.phase, r.computed = true, running, matched
+		r.restored = 0
+		if s.stateful && matched > 0 {
+			r.restored = matched
+			s.sum.StateHits++
+			s.sum.StateHitTokens += int64(matched)
+		}
 		s.running = append(s.running, r)
 		if !s.loading(r.id) { // else it steps once its onloads complete
-			add(r, min(r.remaining(), budget))
+			add(r, s.chunk(r, min(r.remaining(), budget)))
 		}
 	}
 	return nil
+}
+
+// chunk is the prefill chunk of n tokens r may take, cut to end at its next
+// state checkpoint boundary (HybridManager.NextStateCheckpoint), as an
+// engine's scheduler does so that the checkpoint is published.
+func (s *Sim) chunk(r *reqState, n int) int {
+	if !s.stateful {
+		return n
+	}
+	if next := s.kv.(*pagedkv.HybridManager).NextStateCheckpoint(r.id); next > r.computed && next < r.computed+n {
+		return next - r.computed
+	}
+	return n
 }
 
 // fits reports whether the pool has room for all of r's known tokens and

@@ -47,8 +47,18 @@ type Summary struct {
 		KVTokens     int64   // paged K/V rows (token, layer) compared bit for bit
 		MaxErr       float64 // largest |got - want| of an output element
 		Atol, Rtol   float64 // the tolerance
+		// StateOutputs are the outputs of state groups' recurrent layers
+		// compared bit for bit with a recomputation from token 0;
+		// RestoredOutputs those of requests that resumed from a state
+		// checkpoint (a prefix hit of a model with state groups).
+		StateOutputs, RestoredOutputs int64
 	}
-	Err error // nil when every check passed and the run finished
+	// StateHits are the admissions (Add or Resume) of a model with state
+	// groups that resumed from a state checkpoint, StateHitTokens the
+	// tokens those hits served.
+	StateHits      int
+	StateHitTokens int64
+	Err            error // nil when every check passed and the run finished
 
 	// Groups are a hybrid model's layer groups, in Config.Groups order; nil
 	// for a dense model.
@@ -120,6 +130,10 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	line("pages", "peak %d of %d in use by requests", s.PeakUsedPages, s.Pages)
 	if len(s.Groups) > 0 {
 		line("prefix hits", "%d of %d prompt tokens (%.1f%%): the prefix every group could serve", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())
+		if s.Verified.StateOutputs > 0 || s.StateHits > 0 {
+			line("state restores", "%d admissions resumed from a state checkpoint (%d tokens); %d recurrent outputs verified bit-exact against recomputing from token 0, %d of them after a restore",
+				s.StateHits, s.StateHitTokens, s.Verified.StateOutputs, s.Verified.RestoredOutputs)
+		}
 	} else {
 		line("prefix hits", "%d of %d prompt tokens (%.1f%%)", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())
 	}

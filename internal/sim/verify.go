@@ -42,6 +42,9 @@ type verifier struct {
 
 	groupOutputs []int64 // [group] outputs compared
 
+	stateOutputs    int64 // of outputs, the recurrent layer's (state groups)
+	restoredOutputs int64 // of stateOutputs, those of requests resumed from a state checkpoint
+
 	ctx                              []uint64
 	q, kRow, vRow, wantK, wantV, got []float32
 	codes, scales                    []byte // NVFP4 quantisation of one row
