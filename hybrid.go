@@ -95,7 +95,9 @@ type HybridStats struct {
 // snapshot; the pool totals may straddle one operation).
 type HybridManager struct {
 	_    noCopy
-	core *core // of one group per LayerGroup
+	core *core // of one group per LayerGroup that owns pages
+	// alias: the groups that own no pages (group_indexer.go); nil: none.
+	alias *aliases
 }
 
 // NewHybrid returns a HybridManager with an empty pool.
@@ -106,6 +108,13 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	if err := layergroup.ValidateGroups(cfg.Groups, cfg.PageSize); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	if err := checkIndexerFormat(cfg.Tiers.Format, cfg.Groups); err != nil {
+		return nil, err
+	}
+	// The core holds the groups that own pages (listed first); indexer
+	// and shared-KV groups are the facade's (group_indexer.go).
+	alias := newAliases(cfg.Groups, cfg.PageSize)
+	cfg.Groups = cfg.Groups[:layergroup.NumOwners(cfg.Groups)]
 	if err := checkMemory(&cfg.Config, len(cfg.Groups), fmt.Sprintf("a HybridManager of %d groups", len(cfg.Groups))); err != nil {
 		return nil, err
 	}
@@ -185,7 +194,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		// HashSeed was 0 and group 0 picked one.
 		cfg.HashSeed = m.cache.Seed()
 	}
-	return &HybridManager{core: newCore(groups, alloc, tiers)}, nil
+	return &HybridManager{core: newCore(groups, alloc, tiers), alias: alias}, nil
 }
 
 // GroupEventSink is a [Config.CacheEvents] sink for a HybridManager: one
@@ -219,11 +228,22 @@ func KVEventSpec(g LayerGroup) (kind string, slidingWindow int) {
 	return "full_attention", 0
 }
 
-// NumGroups returns the number of layer groups.
-func (h *HybridManager) NumGroups() int { return len(h.core.groups) }
+// NumGroups returns the number of layer groups (those that own no pages
+// included).
+func (h *HybridManager) NumGroups() int {
+	if h.alias != nil {
+		return len(h.alias.specs)
+	}
+	return len(h.core.groups)
+}
 
 // Group returns group g's spec.
-func (h *HybridManager) Group(g int) LayerGroup { return h.core.groups[g].layerGroup }
+func (h *HybridManager) Group(g int) LayerGroup {
+	if h.alias != nil {
+		return h.alias.specs[g]
+	}
+	return h.core.groups[g].layerGroup
+}
 
 // PageSize returns the number of tokens per page.
 func (h *HybridManager) PageSize() int { return h.core.pageSize() }
@@ -274,7 +294,11 @@ func (h *HybridManager) Reserve(ids []RequestID, ntokens []int32) (*HybridPlan, 
 
 // ReserveSpec is [Manager.ReserveSpec] in every group.
 func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
-	return h.core.reserve(ids, ntokens, drafts)
+	p, err := h.core.reserve(ids, ntokens, drafts)
+	if err != nil {
+		return nil, err
+	}
+	return h.aliasPlan(p), nil
 }
 
 // Commit commits the step in every group (see [Manager.Commit]).
@@ -338,17 +362,18 @@ func (h *HybridManager) Running(id RequestID) bool { return h.core.running(id) }
 func (h *HybridManager) Has(id RequestID) bool { return h.core.has(id) }
 
 // Pages returns the pages request id holds in group g and the first token
-// they hold (see [Manager.Pages]).
+// they hold (see [Manager.Pages]); an indexer or shared-KV group's are
+// its target's.
 func (h *HybridManager) Pages(g int, id RequestID) (pages []PageID, start int) {
-	return h.core.groups[g].pages(id)
+	return h.core.groups[h.owner(g)].pages(id)
 }
 
 // Stats returns the pool partition, the request and token counters and
 // each group's numbers.
 func (h *HybridManager) Stats() HybridStats {
-	s := HybridStats{Stats: h.core.stats(), Groups: make([]GroupStats, len(h.core.groups))}
-	for g := range h.core.groups {
-		s.Groups[g] = h.core.groupStats(g)
+	s := HybridStats{Stats: h.core.stats(), Groups: make([]GroupStats, h.NumGroups())}
+	for g := range s.Groups {
+		s.Groups[g] = h.groupStatsOf(g)
 	}
 	return s
 }

@@ -89,6 +89,12 @@ type Plan struct {
 	// nothing on it), or run one BatchPrefillWithPagedKVCacheWrapper per
 	// level with its window_left and merge_state_in_place.
 	CascadeWindowLeft []int
+
+	// Indexer is, in an indexer group's Plan ([IndexerAttention]), the
+	// byte layout of its pages; nil in every other group's. The page
+	// arrays of that Plan are its MLA group's (the same slices): indexer
+	// page p is MLA page p, in the indexer's own tensors.
+	Indexer *IndexerLayout
 }
 
 // BlockTablesPad is the page ID in [Plan.BlockTables] past each request's

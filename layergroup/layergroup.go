@@ -65,6 +65,10 @@ func (k Kind) String() string {
 		return "chunked"
 	case MLA:
 		return "mla"
+	case Indexer:
+		return "indexer"
+	case SharedKV:
+		return "shared_kv"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -82,10 +86,22 @@ type Spec struct {
 	ChunkTokens int
 	// NumLayers is the number of layers in the group (>= 1).
 	NumLayers int
+
+	// Target is, for an Indexer or SharedKV group, the index of the group
+	// whose pages it follows or aliases (indexer.go); 0 for every other
+	// kind.
+	Target int
+	// IndexerHeadDim and IndexerQuantBlock are an Indexer group's K head
+	// dimension and the elements per float32 scale (IndexerLayout); 0 for
+	// every other kind.
+	IndexerHeadDim, IndexerQuantBlock int
 }
 
 // Validate checks s for a Manager with the given page size.
 func (s Spec) Validate(pageSize int) error {
+	if done, err := s.validateAlias(); done {
+		return err
+	}
 	switch {
 	case s.Kind > MLA:
 		return fmt.Errorf("%w: Kind = %d, want full, sliding, chunked or mla", ErrBadSpec, s.Kind)
@@ -114,18 +130,19 @@ func ValidateGroups(groups []Spec, pageSize int) error {
 		if err := s.Validate(pageSize); err != nil {
 			return fmt.Errorf("groups[%d]: %w", g, err)
 		}
-		if s.NumLayers != groups[0].NumLayers {
+		if s.OwnsPages() && s.NumLayers != groups[0].NumLayers {
 			return fmt.Errorf("%w: groups[%d] has %d layers and groups[0] %d: a page has the same bytes in every group, "+
 				"so split unequal kinds into groups of equal layer counts", ErrBadSpec, g, s.NumLayers, groups[0].NumLayers)
 		}
 	}
-	return nil
+	return validateAliases(groups)
 }
 
 // WindowLeft is FlashInfer's window_left for the group: WindowTokens-1 for
 // Sliding, -1 otherwise (a chunked group's limit is in its page ranges; see
 // Segments).
 func (s Spec) WindowLeft() int {
+	s = s.attention()
 	if s.Kind == Sliding {
 		return s.WindowTokens - 1
 	}
@@ -136,6 +153,7 @@ func (s Spec) WindowLeft() int {
 // after n computed tokens, as pagetable.Table.ReleaseWindow takes it: the
 // pages entirely before n-KeepTokens(n) can go. -1 means keep everything.
 func (s Spec) KeepTokens(n int) int {
+	s = s.attention()
 	switch s.Kind {
 	case Sliding:
 		return s.WindowTokens
@@ -175,6 +193,7 @@ type Segment struct {
 // chunk boundary attend from the boundary). keepFrom is the first token the
 // request holds. Keys of a segment end at its last row (causal).
 func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
+	s = s.attention()
 	if rows == 0 {
 		return dst
 	}
@@ -196,6 +215,7 @@ func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
 // k under the group's attention (the dense definition the tests check
 // paged attention against).
 func (s Spec) Visible(q, k int) bool {
+	s = s.attention()
 	if k > q || k < 0 {
 		return false
 	}
