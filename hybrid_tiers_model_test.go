@@ -149,22 +149,22 @@ type htConfig struct {
 
 // htHarness is a HybridManager with tiers, its fake engine and the model.
 type htHarness struct {
-	t     *testing.T
-	rng   *rand.Rand
-	h     *HybridManager
-	ps    int
-	kv    []uint64 // device K per [page*ps+entry]
-	fmt   tier.PageFormat
-	idx   []uint64 // device indexer K per [page*ps+entry] (indexer groups' tensor)
+	t   *testing.T
+	rng *rand.Rand
+	h   *HybridManager
+	ps  int
+	kv  []uint64 // device K per [page*ps+entry]
+	fmt tier.PageFormat
+	idx []uint64 // device indexer K per [page*ps+entry] (indexer groups' tensor)
 	// dropIndexer: tier copies leave the indexer pages behind (what
 	// SGLang #38031 did), for the test that shows check catches it.
 	dropIndexer bool
-	issue []TierCopy
-	buf   []TierCopy
-	ev    *hybridEvents // nil: no KV events
-	model *htModel
-	pins  []PinID
-	next  RequestID
+	issue       []TierCopy
+	buf         []TierCopy
+	ev          *hybridEvents // nil: no KV events
+	model       *htModel
+	pins        []PinID
+	next        RequestID
 
 	pinned, onloadChecks int
 }
