@@ -143,3 +143,34 @@ func (h *HybridManager) groupStatsOf(g int) GroupStats {
 	}
 	return h.core.groupStats(g)
 }
+
+// auditAliases checks the groups that own no pages against the core: each
+// maps to a group of the core of the kind it needs (an indexer to an MLA
+// group), and while a step is reserved, the plan handed out gives a
+// shared-KV group its target's Plan and an indexer group its MLA group's
+// page arrays and its layout.
+func (h *HybridManager) auditAliases() error {
+	a := h.alias
+	if a == nil {
+		return nil
+	}
+	for g := len(h.core.groups); g < len(a.specs); g++ {
+		s := a.specs[g]
+		o := h.owner(g)
+		if o < 0 || o >= len(h.core.groups) || s.Kind == IndexerAttention && h.core.groups[o].layerGroup.Kind != MLAAttention {
+			return fmt.Errorf("%w: group %d (%v) maps to group %d of %d", errPool, g, s.Kind, o, len(h.core.groups))
+		}
+		if !h.core.pending() || a.plan.Groups[g] == nil {
+			continue
+		}
+		p, t := a.plan.Groups[g], a.plan.Groups[o]
+		switch {
+		case s.Kind == SharedKVAttention && p != t:
+			return fmt.Errorf("%w: shared-KV group %d's plan is not its target %d's", errPool, g, o)
+		case s.Kind == IndexerAttention && (p.Indexer == nil || len(p.KVPageIndices) != len(t.KVPageIndices) ||
+			len(p.KVPageIndices) > 0 && &p.KVPageIndices[0] != &t.KVPageIndices[0]):
+			return fmt.Errorf("%w: indexer group %d's plan does not name its MLA group %d's pages", errPool, g, o)
+		}
+	}
+	return nil
+}

@@ -383,8 +383,14 @@ func (h *HybridManager) Stats() HybridStats {
 // same prefixes, that no page is held by two groups, that every page's
 // reference count is exactly its holders in every group's requests plus
 // one per cache holding it and one per tier copy in flight, and the tiers
-// shared by the groups.
-func (h *HybridManager) Audit() error { return h.core.audit() }
+// shared by the groups; and that every indexer or shared-KV group maps to
+// its target, whose pages and Plan arrays it has.
+func (h *HybridManager) Audit() error {
+	if err := h.core.audit(); err != nil {
+		return err
+	}
+	return h.auditAliases()
+}
 
 // checkFormatLayers checks a hybrid pool's Tiers.Format.Layers (0: no
 // format): the per-layer KV tensors a tier copy moves a page in. That is

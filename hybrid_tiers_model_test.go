@@ -429,6 +429,7 @@ func (x *htHarness) engine(p *HybridPlan) {
 			continue
 		case IndexerAttention:
 			checkIndexerPlan(x.t, p, g, spec.Target)
+			require.NoError(x.t, x.h.auditAliases())
 			dst = x.idx
 		}
 		for b, id := range gp.Requests {

@@ -327,3 +327,29 @@ func TestNewHybridAliasErrors(t *testing.T) {
 	require.ErrorContains(t, err, "IndexerLayers = 2 in a Manager")
 	require.True(t, errors.Is(err, ErrBadConfig))
 }
+
+// TestAuditAliases: Audit's check of the groups that own no pages fails
+// when a reserved step's plan gives an indexer group pages other than its
+// MLA group's, or a shared-KV group a plan other than its target's.
+func TestAuditAliases(t *testing.T) {
+	groups := append(aliasConfigs()["deepseek-v32-like"], LayerGroup{Kind: SharedKVAttention, Target: 0, NumLayers: 1})
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 16, PageSize: 4}, Groups: groups})
+	require.NoError(t, err)
+	_, err = h.Add(1, Request{Prompt: promptOf(1, 9)})
+	require.NoError(t, err)
+	p, err := h.Reserve([]RequestID{1}, []int32{9})
+	require.NoError(t, err)
+	require.NoError(t, h.auditAliases())
+	require.Same(t, p.Groups[0], p.Groups[2])
+	require.Equal(t, &IndexerLayout{PageSize: 4, HeadDim: htIndexerHeadDim, QuantBlock: htIndexerHeadDim}, p.Groups[1].Indexer)
+	good := *p.Groups[1]
+	p.Groups[1].KVPageIndices = slices.Clone(good.KVPageIndices) // equal pages, not the MLA group's array
+	require.ErrorContains(t, h.auditAliases(), "indexer group 1's plan does not name its MLA group 0's pages")
+	*p.Groups[1] = good
+	p.Groups[2] = &good
+	require.ErrorContains(t, h.auditAliases(), "shared-KV group 2's plan is not its target 0's")
+	p.Groups[2] = p.Groups[0]
+	require.NoError(t, h.auditAliases())
+	require.NoError(t, h.Commit([]int32{3}))
+	require.NoError(t, h.Audit())
+}
