@@ -353,3 +353,37 @@ func TestAuditAliases(t *testing.T) {
 	require.NoError(t, h.Commit([]int32{3}))
 	require.NoError(t, h.Audit())
 }
+
+// TestAliasStepAllocatesNothing: a decode step of a model with an indexer
+// and a shared-KV group (Reserve with the alias plans, Commit) allocates
+// nothing once the requests are admitted.
+func TestAliasStepAllocatesNothing(t *testing.T) {
+	groups := append(aliasConfigs()["deepseek-v32-like"], LayerGroup{Kind: SharedKVAttention, Target: 0, NumLayers: 1})
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 256, PageSize: 4}, Groups: groups})
+	require.NoError(t, err)
+	ids := []RequestID{1, 2, 3}
+	ones, sampled := []int32{1, 1, 1}, []int32{5, 5, 5}
+	for _, id := range ids {
+		_, err := h.Add(id, Request{Prompt: promptOf(int(id), 10), CapacityTokens: 400})
+		require.NoError(t, err)
+		_, err = h.Reserve([]RequestID{id}, []int32{int32(len(h.Tokens(id)) - h.Computed(id))})
+		require.NoError(t, err)
+		require.NoError(t, h.Commit([]int32{5}))
+	}
+	var plan *HybridPlan
+	decode := func() {
+		p, err := h.Reserve(ids, ones)
+		if err != nil {
+			panic(err)
+		}
+		plan = p
+		if err := h.Commit(sampled); err != nil {
+			panic(err)
+		}
+	}
+	decode()
+	require.Zero(t, testing.AllocsPerRun(100, decode))
+	require.Len(t, plan.Groups, 3)
+	require.NotNil(t, plan.Groups[1].Indexer)
+	require.NoError(t, h.Audit())
+}
