@@ -66,6 +66,10 @@ func newAliases(groups []LayerGroup, pageSize int) *aliases {
 // format with indexer pages and no indexer group is another model's.
 func checkIndexerFormat(f tier.PageFormat, groups []LayerGroup) error {
 	if f.Layers == 0 {
+		if f.IndexerLayers != 0 || f.IndexerTokenBytes != 0 {
+			return fmt.Errorf("%w: Tiers.Format.IndexerLayers = %d, IndexerTokenBytes = %d without a format (Layers = 0)",
+				ErrBadConfig, f.IndexerLayers, f.IndexerTokenBytes)
+		}
 		return nil
 	}
 	shared, sum, tokenBytes, first := 0, 0, 0, -1

@@ -126,7 +126,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 			if ok {
 				n = gs.NumGroups()
 			}
-			return nil, fmt.Errorf("%w: CacheEvents = %T with %d groups in a hybrid config of %d groups: it needs a GroupEventSink with one sink per group (events.RecorderConfig.Groups)",
+			return nil, fmt.Errorf("%w: CacheEvents = %T with %d groups in a hybrid config of %d groups that own pages: it needs a GroupEventSink with one sink per such group (events.RecorderConfig.Groups; indexer and shared-KV groups have none)",
 				ErrBadConfig, cfg.CacheEvents, n, len(cfg.Groups))
 		}
 		for g, spec := range cfg.Groups {

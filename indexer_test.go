@@ -302,10 +302,11 @@ func TestNewHybridAliasErrors(t *testing.T) {
 		{"format's indexer layers", []LayerGroup{mla, {Kind: IndexerAttention, NumLayers: 1, IndexerHeadDim: 128, IndexerQuantBlock: 128}}, withIdx,
 			"IndexerLayers = 2, want 1"},
 		{"format with indexer pages, no indexer", []LayerGroup{mla}, withIdx, "IndexerLayers = 2 with no indexer group"},
+		{"indexer fields without a format", []LayerGroup{mla, idx(0)}, tier.PageFormat{IndexerLayers: 2, IndexerTokenBytes: 132}, "without a format (Layers = 0)"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := HybridConfig{Config: Config{NumPages: 16, PageSize: 4}, Groups: c.groups}
-			if c.format.Layers > 0 {
+			if c.format != (tier.PageFormat{}) {
 				cfg.Tiers = TierConfig{HostPages: 4, Format: c.format}
 			}
 			h, err := NewHybrid(cfg)
