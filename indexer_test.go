@@ -116,7 +116,7 @@ func (x *htHarness) indexerMismatch(id RequestID, g int) error {
 }
 
 // TestHybridAliasTiersMatchModel is TestHybridTiersMatchModel on models
-// with groups that own no pages: 2 configs of 3 runs of 2000 random
+// with groups that own no pages: 2 configs of 3 runs of 1500 random
 // operations (a tenth under -race or -short) with a host tier: adds over
 // shared prompts, steps (speculative at times), aborts, forks,
 // truncation, preemption and resumes, releases, evictions that offload,
@@ -129,7 +129,7 @@ func (x *htHarness) indexerMismatch(id RequestID, g int) error {
 func TestHybridAliasTiersMatchModel(t *testing.T) {
 	t.Parallel()
 	const runs = 3
-	perRun := 2000
+	perRun := 1500
 	if testing.Short() || raceEnabled {
 		perRun /= 10
 	}
@@ -223,7 +223,7 @@ func TestIndexerHostRoundTrip(t *testing.T) {
 // operation, and a shared-KV group's pages are its target's.
 func TestSharedKVAllocatesNothing(t *testing.T) {
 	t.Parallel()
-	ops := 1500
+	ops := 1000
 	if testing.Short() || raceEnabled {
 		ops /= 10
 	}
