@@ -372,18 +372,16 @@ func TestAliasStepAllocatesNothing(t *testing.T) {
 		require.NoError(t, h.Commit([]int32{5}))
 	}
 	var plan *HybridPlan
+	var stepErr error
 	decode := func() {
-		p, err := h.Reserve(ids, ones)
-		if err != nil {
-			panic(err)
-		}
-		plan = p
-		if err := h.Commit(sampled); err != nil {
-			panic(err)
+		if plan, stepErr = h.Reserve(ids, ones); stepErr == nil {
+			stepErr = h.Commit(sampled)
 		}
 	}
 	decode()
+	require.NoError(t, stepErr)
 	require.Zero(t, testing.AllocsPerRun(100, decode))
+	require.NoError(t, stepErr)
 	require.Len(t, plan.Groups, 3)
 	require.NotNil(t, plan.Groups[1].Indexer)
 	require.NoError(t, h.Audit())
