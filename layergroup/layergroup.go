@@ -27,6 +27,10 @@
 //   - A group can serve a cached prefix of L tokens when its cache holds the
 //     pages covering [NeedFrom(L), L); the Manager's hit is the longest L
 //     every group can serve.
+//   - Indexer and SharedKV groups (indexer.go) own no pages: they come
+//     after every group that does, Owner maps each to the group whose pages
+//     it uses (an Indexer's an MLA group, one Indexer each), and their keep
+//     rule, window and segments are that group's.
 //
 // # Concurrency
 //
