@@ -16,7 +16,9 @@ import (
 // A HybridManager is a core (core.go) of one group per layer group
 // (package layergroup: full, sliding window W, chunked local attention C,
 // MLA), and, for recurrent layers (layergroup.State), a state set
-// (group_state.go, docs/state-groups.md) beside them. The groups share one allocator, so a page ID is one slot of one
+// (group_state.go, docs/state-groups.md) beside them; indexer and shared-KV
+// groups, which own no pages, are mapped above the core to a target among
+// those groups (group_indexer.go). The groups share one allocator, so a page ID is one slot of one
 // pool, held by one group at a time, and every group has its own page
 // table and its own prefix cache (cached pages are keyed per group).
 // Requests exist in every group with the same tokens; each group keeps
