@@ -176,6 +176,9 @@ func newGroup(cfg Config, alloc *allocator.Allocator, spec layergroup.Spec, shar
 	}
 	tiers := shared
 	if tiers == nil {
+		if f := cfg.Tiers.Format; f.IndexerLayers != 0 {
+			return nil, fmt.Errorf("%w: Tiers.Format.IndexerLayers = %d in a Manager: indexer pages follow an MLA group of a HybridManager", ErrBadConfig, f.IndexerLayers)
+		}
 		if tiers, err = newTiers(&cfg); err != nil {
 			return nil, err
 		}

@@ -16,7 +16,9 @@ import (
 // A HybridManager is a core (core.go) of one group per layer group
 // (package layergroup: full, sliding window W, chunked local attention C,
 // MLA), and, for recurrent layers (layergroup.State), a state set
-// (group_state.go, docs/state-groups.md) beside them. The groups share one allocator, so a page ID is one slot of one
+// (group_state.go, docs/state-groups.md) beside them; indexer and shared-KV
+// groups, which own no pages, are mapped above the core to a target among
+// those groups (group_indexer.go). The groups share one allocator, so a page ID is one slot of one
 // pool, held by one group at a time, and every group has its own page
 // table and its own prefix cache (cached pages are keyed per group).
 // Requests exist in every group with the same tokens; each group keeps
@@ -106,7 +108,9 @@ type HybridStats struct {
 // snapshot; the pool totals may straddle one operation).
 type HybridManager struct {
 	_    invariants.NoCopy
-	core *core // of one group per LayerGroup
+	core *core // of every LayerGroup that owns pages (attention and state)
+	// alias: the groups that own no pages (group_indexer.go); nil: none.
+	alias *aliases
 }
 
 // NewHybrid returns a HybridManager with an empty pool.
@@ -117,6 +121,13 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	if err := layergroup.ValidateGroups(cfg.Groups, cfg.PageSize); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
+	if err := checkIndexerFormat(cfg.Tiers.Format, cfg.Groups); err != nil {
+		return nil, err
+	}
+	// The core holds the groups that own pages (listed first); indexer
+	// and shared-KV groups are the facade's (group_indexer.go).
+	alias := newAliases(cfg.Groups, cfg.PageSize)
+	cfg.Groups = cfg.Groups[:layergroup.NumOwners(cfg.Groups)]
 	if err := checkMemory(&cfg.Config, len(cfg.Groups), fmt.Sprintf("a HybridManager of %d groups", len(cfg.Groups))); err != nil {
 		return nil, err
 	}
@@ -139,7 +150,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 			if ok {
 				n = gs.NumGroups()
 			}
-			return nil, fmt.Errorf("%w: CacheEvents = %T with %d groups in a hybrid config of %d groups: it needs a GroupEventSink with one sink per group (events.RecorderConfig.Groups)",
+			return nil, fmt.Errorf("%w: CacheEvents = %T with %d groups in a hybrid config of %d groups that own pages: it needs a GroupEventSink with one sink per such group (events.RecorderConfig.Groups; indexer and shared-KV groups have none)",
 				ErrBadConfig, cfg.CacheEvents, n, len(cfg.Groups))
 		}
 		for g, spec := range cfg.Groups {
@@ -211,7 +222,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	if stateAt != nil {
 		c.withStates(all, attnAt, stateAt, cfg.StateCheckpointEvery, cfg.Hash)
 	}
-	return &HybridManager{core: c}, nil
+	return &HybridManager{core: c, alias: alias}, nil
 }
 
 // GroupEventSink is a [Config.CacheEvents] sink for a HybridManager: one
@@ -245,11 +256,22 @@ func KVEventSpec(g LayerGroup) (kind string, slidingWindow int) {
 	return "full_attention", 0
 }
 
-// NumGroups returns the number of layer groups.
-func (h *HybridManager) NumGroups() int { return h.core.numGroups() }
+// NumGroups returns the number of layer groups (those that own no pages
+// included).
+func (h *HybridManager) NumGroups() int {
+	if h.alias != nil {
+		return len(h.alias.specs)
+	}
+	return h.core.numGroups()
+}
 
 // Group returns group g's spec.
-func (h *HybridManager) Group(g int) LayerGroup { return h.core.groupSpec(g) }
+func (h *HybridManager) Group(g int) LayerGroup {
+	if h.alias != nil {
+		return h.alias.specs[g]
+	}
+	return h.core.groupSpec(g)
+}
 
 // PageSize returns the number of tokens per page.
 func (h *HybridManager) PageSize() int { return h.core.pageSize() }
@@ -300,7 +322,11 @@ func (h *HybridManager) Reserve(ids []RequestID, ntokens []int32) (*HybridPlan, 
 
 // ReserveSpec is [Manager.ReserveSpec] in every group.
 func (h *HybridManager) ReserveSpec(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
-	return h.core.reserve(ids, ntokens, drafts)
+	p, err := h.core.reserve(ids, ntokens, drafts)
+	if err != nil {
+		return nil, err
+	}
+	return h.aliasPlan(p), nil
 }
 
 // Commit commits the step in every group (see [Manager.Commit]).
@@ -376,17 +402,18 @@ func (h *HybridManager) Running(id RequestID) bool { return h.core.running(id) }
 func (h *HybridManager) Has(id RequestID) bool { return h.core.has(id) }
 
 // Pages returns the pages request id holds in group g and the first token
-// they hold (see [Manager.Pages]).
+// they hold (see [Manager.Pages]); an indexer or shared-KV group's are
+// its target's.
 func (h *HybridManager) Pages(g int, id RequestID) (pages []PageID, start int) {
-	return h.core.groupPages(g, id)
+	return h.core.groupPages(h.owner(g), id)
 }
 
 // Stats returns the pool partition, the request and token counters and
 // each group's numbers.
 func (h *HybridManager) Stats() HybridStats {
-	s := HybridStats{Stats: h.core.stats(), Groups: make([]GroupStats, h.core.numGroups())}
+	s := HybridStats{Stats: h.core.stats(), Groups: make([]GroupStats, h.NumGroups())}
 	for g := range s.Groups {
-		s.Groups[g] = h.core.groupStats(g)
+		s.Groups[g] = h.groupStatsOf(g)
 	}
 	return s
 }
@@ -396,8 +423,14 @@ func (h *HybridManager) Stats() HybridStats {
 // same prefixes, that no page is held by two groups, that every page's
 // reference count is exactly its holders in every group's requests plus
 // one per cache holding it and one per tier copy in flight, and the tiers
-// shared by the groups.
-func (h *HybridManager) Audit() error { return h.core.audit() }
+// shared by the groups; and that every indexer or shared-KV group maps to
+// its target, whose pages and Plan arrays it has.
+func (h *HybridManager) Audit() error {
+	if err := h.core.audit(); err != nil {
+		return err
+	}
+	return h.auditAliases()
+}
 
 // checkFormatLayers checks a hybrid pool's Tiers.Format.Layers (0: no
 // format): the per-layer KV tensors a tier copy moves a page in. That is

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/internal/redistest"
+	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/tier"
 	"github.com/pagedkv/pagedkv/tier/disk"
 	"github.com/pagedkv/pagedkv/tier/redis"
@@ -120,6 +121,7 @@ func FuzzHybridTiers(f *testing.F) {
 	f.Add(make([]byte, 64))
 	f.Add([]byte("\x13 hybrid tiers: add, step, evict, pin, complete, onload, release"))
 	configs := hybridConfigs()
+	maps.Copy(configs, aliasConfigs()) // indexer and shared-KV groups too
 	names := slices.Sorted(maps.Keys(configs))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) < 2 {
@@ -147,17 +149,22 @@ type htConfig struct {
 
 // htHarness is a HybridManager with tiers, its fake engine and the model.
 type htHarness struct {
-	t     *testing.T
-	rng   *rand.Rand
-	h     *HybridManager
-	ps    int
-	kv    []uint64 // device K per [page*ps+entry]
-	issue []TierCopy
-	buf   []TierCopy
-	ev    *hybridEvents // nil: no KV events
-	model *htModel
-	pins  []PinID
-	next  RequestID
+	t   *testing.T
+	rng *rand.Rand
+	h   *HybridManager
+	ps  int
+	kv  []uint64 // device K per [page*ps+entry]
+	fmt tier.PageFormat
+	idx []uint64 // device indexer K per [page*ps+entry] (indexer groups' tensor)
+	// dropIndexer: tier copies leave the indexer pages behind (what
+	// SGLang #38031 did), for the test that shows check catches it.
+	dropIndexer bool
+	issue       []TierCopy
+	buf         []TierCopy
+	ev          *hybridEvents // nil: no KV events
+	model       *htModel
+	pins        []PinID
+	next        RequestID
 
 	pinned, onloadChecks int
 }
@@ -165,8 +172,9 @@ type htHarness struct {
 const htPageSize, htMaxPinned = 4, 2
 
 func newHTHarness(t *testing.T, groups []LayerGroup, c htConfig) *htHarness {
-	numPages := 10 + 6*len(groups)
-	tc := TierConfig{HostPages: c.hostPages, Format: tierFormat(htPageSize), OffloadFreePages: c.ahead,
+	owners := layergroup.NumOwners(groups)
+	numPages := 10 + 6*owners
+	tc := TierConfig{HostPages: c.hostPages, Format: htFormat(groups), OffloadFreePages: c.ahead,
 		WriteThrough: c.writeThrough, Remote: c.remote, RemoteDeadline: 5 * time.Second}
 	cfg := HybridConfig{Config: Config{NumPages: numPages, PageSize: htPageSize, HashSeed: 5, MaxPinnedPages: htMaxPinned, Tiers: tc},
 		Groups: groups}
@@ -174,10 +182,11 @@ func newHTHarness(t *testing.T, groups []LayerGroup, c htConfig) *htHarness {
 	if src == nil {
 		src = rand.NewPCG(c.seed, 41)
 	}
-	x := &htHarness{t: t, rng: rand.New(src), ps: htPageSize, kv: make([]uint64, numPages*htPageSize),
+	x := &htHarness{t: t, rng: rand.New(src), ps: htPageSize, kv: make([]uint64, numPages*htPageSize), idx: make([]uint64, numPages*htPageSize), fmt: tc.Format,
 		model: newHTModel(htPageSize, c.computed), next: 1}
 	if c.events {
-		x.ev = newHybridEvents(t, groups, numPages, htPageSize, c.hostPages)
+		// Only the groups that own pages have KV events of their own.
+		x.ev = newHybridEvents(t, groups[:owners], numPages, htPageSize, c.hostPages)
 		cfg.CacheEvents = x.ev.rec
 	}
 	h, err := NewHybrid(cfg)
@@ -407,15 +416,28 @@ func (x *htHarness) step() {
 func (x *htHarness) engine(p *HybridPlan) {
 	ps := x.ps
 	for _, c := range p.Copies {
+		// A copy copies the page in every tensor, the indexer's included.
 		copy(x.kv[int(c.Dst)*ps:int(c.Dst)*ps+int(c.Entries)], x.kv[int(c.Src)*ps:])
+		copy(x.idx[int(c.Dst)*ps:int(c.Dst)*ps+int(c.Entries)], x.idx[int(c.Src)*ps:])
 	}
 	for g, gp := range p.Groups {
+		dst := x.kv
+		switch spec := x.h.Group(g); spec.Kind {
+		case SharedKVAttention:
+			// Reads its target's KV, writes nothing: its Plan is the target's.
+			require.Same(x.t, p.Groups[spec.Target], gp, "shared-KV group %d's plan", g)
+			continue
+		case IndexerAttention:
+			checkIndexerPlan(x.t, p, g, spec.Target)
+			require.NoError(x.t, x.h.auditAliases())
+			dst = x.idx
+		}
 		for b, id := range gp.Requests {
 			kvs := ctxKVs(g, x.model.reqs[id].ns, x.h.Tokens(id))
 			for i := gp.QOIndptr[b]; i < gp.QOIndptr[b+1]; i++ {
 				pos := gp.Positions[i]
 				page := gp.KVPageIndices[gp.KVIndptr[b]+pos/int32(ps)]
-				x.kv[int(page)*ps+int(pos)%ps] = kvs[gp.TokenPositions[i]]
+				dst[int(page)*ps+int(pos)%ps] = kvs[gp.TokenPositions[i]]
 			}
 		}
 	}
@@ -431,7 +453,7 @@ func (x *htHarness) take() {
 // when pick is nil), each as late as an engine may: at completion.
 func (x *htHarness) complete(pick func() bool) {
 	x.take()
-	f := tierFormat(x.ps)
+	f := x.fmt
 	plane := f.PlaneBytes()
 	var ids []uint64
 	kept := x.issue[:0]
@@ -452,6 +474,9 @@ func (x *htHarness) complete(pick func() bool) {
 				require.Equal(x.t, ^k, v, "host page %d entry %d: V is not K's complement", c.Host, e)
 				*slot = k
 			}
+		}
+		if f.IndexerLayers > 0 && !x.dropIndexer {
+			htIndexerCopy(c, hp, f, x.idx[int(c.Device)*x.ps:(int(c.Device)+1)*x.ps])
 		}
 		ids = append(ids, c.ID)
 	}
@@ -507,9 +532,18 @@ func (x *htHarness) check(op int, what string) {
 			if start != spec.KeepFrom(r.computed, ps) {
 				t.Fatalf("op %d (%s): request %d group %d starts at %d, want %d", op, what, id, g, start, spec.KeepFrom(r.computed, ps))
 			}
-			kvs := ctxKVs(g, r.ns, r.tokens)
+			src, kvs := x.kv, ctxKVs(g, r.ns, r.tokens)
+			switch spec.Kind {
+			case SharedKVAttention:
+				kvs = ctxKVs(spec.Target, r.ns, r.tokens) // the target's KV
+			case IndexerAttention:
+				if err := x.indexerMismatch(id, g); err != nil {
+					t.Fatalf("op %d (%s): %v", op, what, err)
+				}
+				continue
+			}
 			for tk := start; tk < r.computed; tk++ {
-				if got := x.kv[int(pages[(tk-start)/ps])*ps+(tk-start)%ps]; got != kvs[tk] {
+				if got := src[int(pages[(tk-start)/ps])*ps+(tk-start)%ps]; got != kvs[tk] {
 					t.Fatalf("op %d (%s): request %d group %d token %d on page %d reads %#x, want %#x",
 						op, what, id, g, tk, pages[(tk-start)/ps], got, kvs[tk])
 				}

@@ -108,12 +108,12 @@ func (h *HybridManager) NumPages() int { return h.core.alloc.NumPages() }
 
 // GroupPages is [HybridManager.Pages].
 func (h *HybridManager) GroupPages(g int, id RequestID) (pages []PageID, start int) {
-	return h.core.groupPages(g, id)
+	return h.Pages(g, id)
 }
 
 // ReserveStep is [HybridManager.ReserveSpec].
 func (h *HybridManager) ReserveStep(ids []RequestID, ntokens []int32, drafts [][]int32) (*HybridPlan, error) {
-	return h.core.reserve(ids, ntokens, drafts)
+	return h.ReserveSpec(ids, ntokens, drafts)
 }
 
 // Pending reports whether a step is reserved and not yet committed or
@@ -125,4 +125,4 @@ func (h *HybridManager) Pending() bool { return h.core.pending() }
 func (h *HybridManager) PoolStats() Stats { return h.core.stats() }
 
 // GroupStats returns group g's numbers: [HybridStats].Groups[g].
-func (h *HybridManager) GroupStats(g int) GroupStats { return h.core.groupStats(g) }
+func (h *HybridManager) GroupStats(g int) GroupStats { return h.groupStatsOf(g) }

@@ -99,6 +99,11 @@ type Plan struct {
 	// its Copies (the frozen slots to copy into these first, whole pages)
 	// and no KV arrays; see docs/state-groups.md.
 	StateIndices []int32
+	// Indexer is, in an indexer group's Plan ([IndexerAttention]), the
+	// byte layout of its pages; nil in every other group's. The page
+	// arrays of that Plan are its MLA group's (the same slices): indexer
+	// page p is MLA page p, in the indexer's own tensors.
+	Indexer *IndexerLayout
 }
 
 // BlockTablesPad is the page ID in [Plan.BlockTables] past each request's

@@ -6,6 +6,7 @@ import (
 
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/internal/sysmem"
+	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/pagetable"
 	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
@@ -39,7 +40,9 @@ func (cfg Config) AllocBytes() int64 { return allocBytes(&cfg, 1) }
 // with the per-group part (prefix cache, planner, Manager) once per group
 // and the pool-wide part (allocator, tiers) once.
 // HybridConfig.MemoryLimit bounds it.
-func (cfg HybridConfig) AllocBytes() int64 { return allocBytes(&cfg.Config, len(cfg.Groups)) }
+func (cfg HybridConfig) AllocBytes() int64 {
+	return allocBytes(&cfg.Config, layergroup.NumOwners(cfg.Groups))
+}
 
 func allocBytes(cfg *Config, groups int) int64 {
 	n := int64(min(max(cfg.NumPages, 0), allocator.MaxPages+1))

@@ -40,8 +40,11 @@ type stateModel struct {
 	tick  uint64
 	seq   uint64
 	pages map[PageID]uint64 // the fake engine's state pages
-	next  RequestID
-	bases [][]int32
+	// onPlan, when set, sees every reserved step's plan before the engine
+	// runs it.
+	onPlan func(*HybridPlan)
+	next   RequestID
+	bases  [][]int32
 
 	servable                          int64
 	junctions                         int
@@ -69,12 +72,25 @@ type stCkpt struct {
 }
 
 func newStateModel(t *testing.T, seed uint64, every int) *stateModel {
+	return newStateModelOf(t, seed, every, []LayerGroup{stateGroup(), {Kind: FullAttention, NumLayers: 1}, stateGroup(), stateGroup()})
+}
+
+// newStateModelOf is newStateModel on groups: x.full is the first group
+// that owns pages and is not a state group, x.st the state groups.
+func newStateModelOf(t *testing.T, seed uint64, every int, groups []LayerGroup) *stateModel {
 	ps := 4
-	groups := []LayerGroup{stateGroup(), {Kind: FullAttention, NumLayers: 1}, stateGroup(), stateGroup()}
 	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 100, PageSize: ps, HashSeed: 7}, Groups: groups, StateCheckpointEvery: every})
 	require.NoError(t, err)
-	x := &stateModel{t: t, rng: rand.New(rand.NewPCG(seed, 99)), h: h, ps: ps, every: every, full: 1, st: []int{0, 2, 3},
+	x := &stateModel{t: t, rng: rand.New(rand.NewPCG(seed, 99)), h: h, ps: ps, every: every, full: -1,
 		reqs: map[RequestID]*stReq{}, ckpts: map[string]*stCkpt{}, pages: map[PageID]uint64{}}
+	for g, s := range groups {
+		switch {
+		case s.Kind == StateLayers:
+			x.st = append(x.st, g)
+		case x.full < 0 && s.OwnsPages():
+			x.full = g
+		}
+	}
 	for i := range 3 {
 		b := make([]int32, 40)
 		for j := range b {
@@ -328,6 +344,9 @@ func (x *stateModel) step() {
 		return
 	}
 	require.NoError(t, err)
+	if x.onPlan != nil {
+		x.onPlan(p)
+	}
 	x.evictions()
 	require.NoError(t, h.Audit(), "during the step")
 	// Slots: distinct over the batch and the groups, never a page of the

@@ -31,6 +31,10 @@
 //   - A valid State group's state fits one page: StateShape.Bytes() <=
 //     StateShape.PageBytes <= 2*MaxStateBytes, every size computed without
 //     overflow; a hybrid model has at least one group that is not State.
+//   - Indexer and SharedKV groups (indexer.go) own no pages: they come
+//     after every group that does, Owner maps each to the group whose pages
+//     it uses (an Indexer's an MLA group, one Indexer each), and their keep
+//     rule, window and segments are that group's.
 //
 // # Concurrency
 //
@@ -74,6 +78,10 @@ func (k Kind) String() string {
 		return "mla"
 	case State:
 		return "state"
+	case Indexer:
+		return "indexer"
+	case SharedKV:
+		return "shared_kv"
 	}
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
@@ -93,13 +101,25 @@ type Spec struct {
 	NumLayers int
 	// State is a State group's per-layer state (state.go); zero otherwise.
 	State StateShape
+
+	// Target is, for an Indexer or SharedKV group, the index of the group
+	// whose pages it follows or aliases (indexer.go); 0 for every other
+	// kind.
+	Target int
+	// IndexerHeadDim and IndexerQuantBlock are an Indexer group's K head
+	// dimension and the elements per float32 scale (IndexerLayout); 0 for
+	// every other kind.
+	IndexerHeadDim, IndexerQuantBlock int
 }
 
 // Validate checks s for a Manager with the given page size.
 func (s Spec) Validate(pageSize int) error {
+	if done, err := s.validateAlias(); done {
+		return err
+	}
 	switch {
 	case s.Kind > State:
-		return fmt.Errorf("%w: Kind = %d, want full, sliding, chunked, mla or state", ErrBadSpec, s.Kind)
+		return fmt.Errorf("%w: Kind = %d, want full, sliding, chunked, mla, state, indexer or shared_kv", ErrBadSpec, s.Kind)
 	case s.NumLayers < 1:
 		return fmt.Errorf("%w: %v group with NumLayers = %d, want >= 1", ErrBadSpec, s.Kind, s.NumLayers)
 	case s.Kind == Sliding && (s.WindowTokens < 1 || s.WindowTokens > 1<<31-1):
@@ -129,11 +149,15 @@ func ValidateGroups(groups []Spec, pageSize int) error {
 		if err := s.Validate(pageSize); err != nil {
 			return fmt.Errorf("groups[%d]: %w", g, err)
 		}
-		if s.NumLayers != groups[0].NumLayers {
+		if s.OwnsPages() && s.NumLayers != groups[0].NumLayers {
 			return fmt.Errorf("%w: groups[%d] has %d layers and groups[0] %d: a page has the same bytes in every group, "+
 				"so split unequal kinds into groups of equal layer counts", ErrBadSpec, g, s.NumLayers, groups[0].NumLayers)
 		}
 	}
+	if err := validateAliases(groups); err != nil {
+		return err
+	}
+	// After validateAliases, an alias group implies an attention target.
 	for _, s := range groups {
 		if s.Kind != State {
 			return nil
@@ -146,6 +170,7 @@ func ValidateGroups(groups []Spec, pageSize int) error {
 // Sliding, -1 otherwise (a chunked group's limit is in its page ranges; see
 // Segments).
 func (s Spec) WindowLeft() int {
+	s = s.attention()
 	if s.Kind == Sliding {
 		return s.WindowTokens - 1
 	}
@@ -156,6 +181,7 @@ func (s Spec) WindowLeft() int {
 // after n computed tokens, as pagetable.Table.ReleaseWindow takes it: the
 // pages entirely before n-KeepTokens(n) can go. -1 means keep everything.
 func (s Spec) KeepTokens(n int) int {
+	s = s.attention()
 	switch s.Kind {
 	case Sliding:
 		return s.WindowTokens
@@ -195,6 +221,7 @@ type Segment struct {
 // chunk boundary attend from the boundary). keepFrom is the first token the
 // request holds. Keys of a segment end at its last row (causal).
 func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
+	s = s.attention()
 	if rows == 0 {
 		return dst
 	}
@@ -216,6 +243,7 @@ func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
 // k under the group's attention (the dense definition the tests check
 // paged attention against).
 func (s Spec) Visible(q, k int) bool {
+	s = s.attention()
 	if k > q || k < 0 {
 		return false
 	}

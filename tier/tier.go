@@ -111,7 +111,11 @@ func Next(scratch []byte, parent Digest, tokens []int32) Digest {
 // in order, the page's K plane then its V plane, each PageSize*NumKVHeads*
 // HeadDim elements of DType in the cache's Layout order (NHD or HND), exactly
 // as they sit in the device cache's page. A host page and a remote value
-// hold these bytes.
+// hold these bytes. With IndexerLayers > 0 (a DeepSeek sparse-attention
+// pool: layergroup.Indexer) the indexer pages of the same page ID follow
+// the KV planes: for each indexer layer in order, PageSize*IndexerTokenBytes
+// bytes (layergroup.IndexerLayout), so a tier copy moves them with their
+// MLA page and never apart.
 type PageFormat struct {
 	Layout     layout.KVLayout
 	DType      layout.DType
@@ -119,6 +123,10 @@ type PageFormat struct {
 	NumKVHeads int
 	HeadDim    int
 	Layers     int
+	// IndexerLayers and IndexerTokenBytes: the indexer layers whose pages
+	// travel with the KV planes and one token's bytes in each (fp8 K and
+	// its float32 scales: 132 for DeepSeek V3.2); both 0 without.
+	IndexerLayers, IndexerTokenBytes int
 }
 
 // ErrBadFormat reports an invalid [PageFormat].
@@ -139,9 +147,13 @@ func (f PageFormat) Validate() error {
 		return fmt.Errorf("%w: page size %d, kv heads %d, head dim %d, layers %d: want >= 1 each",
 			ErrBadFormat, f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers)
 	}
+	if (f.IndexerLayers == 0) != (f.IndexerTokenBytes == 0) || f.IndexerLayers < 0 || f.IndexerTokenBytes < 0 {
+		return fmt.Errorf("%w: indexer layers %d, indexer token bytes %d: want both >= 1 or both 0",
+			ErrBadFormat, f.IndexerLayers, f.IndexerTokenBytes)
+	}
 	if _, ok := f.checkedPageBytes(); !ok {
-		return fmt.Errorf("%w: page size %d x kv heads %d x head dim %d x %d-byte %v x 2 planes x layers %d exceeds %d bytes",
-			ErrBadFormat, f.PageSize, f.NumKVHeads, f.HeadDim, f.DType.Size(), f.DType, f.Layers, MaxPageBytes)
+		return fmt.Errorf("%w: page size %d x kv heads %d x head dim %d x %d-byte %v x 2 planes x layers %d (+ %d indexer layers x %d bytes a token) exceeds %d bytes",
+			ErrBadFormat, f.PageSize, f.NumKVHeads, f.HeadDim, f.DType.Size(), f.DType, f.Layers, f.IndexerLayers, f.IndexerTokenBytes, MaxPageBytes)
 	}
 	return nil
 }
@@ -157,14 +169,39 @@ func (f PageFormat) checkedPageBytes() (int64, bool) {
 		}
 		b *= int64(factor)
 	}
-	return b, true
+	if f.IndexerLayers == 0 {
+		return b, true
+	}
+	x := int64(1)
+	for _, factor := range [...]int{f.PageSize, f.IndexerTokenBytes, f.IndexerLayers} {
+		if factor < 1 || int64(factor) > MaxPageBytes/x {
+			return 0, false
+		}
+		x *= int64(factor)
+	}
+	if b+x > MaxPageBytes {
+		return 0, false
+	}
+	return b + x, true
 }
 
 // PlaneBytes is the size of one layer's K (or V) plane of a page.
 func (f PageFormat) PlaneBytes() int { return f.PageSize * f.NumKVHeads * f.HeadDim * f.DType.Size() }
 
-// PageBytes is the size of a page off the device: 2 planes per layer.
-func (f PageFormat) PageBytes() int { return 2 * f.Layers * f.PlaneBytes() }
+// PageBytes is the size of a page off the device: 2 planes per layer,
+// then the indexer pages.
+func (f PageFormat) PageBytes() int {
+	return 2*f.Layers*f.PlaneBytes() + f.IndexerLayers*f.IndexerPageBytes()
+}
+
+// IndexerPageBytes is one indexer layer's page: PageSize*IndexerTokenBytes.
+func (f PageFormat) IndexerPageBytes() int { return f.PageSize * f.IndexerTokenBytes }
+
+// IndexerOffset is the byte offset of indexer layer l's page in a page:
+// after every layer's K and V planes.
+func (f PageFormat) IndexerOffset(l int) int {
+	return 2*f.Layers*f.PlaneBytes() + l*f.IndexerPageBytes()
+}
 
 // LayerOffset is the byte offset of layer l's K plane in a page; its V plane
 // follows at LayerOffset(l)+PlaneBytes().

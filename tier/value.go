@@ -29,10 +29,14 @@ var (
 const (
 	valueMagic   = "PKVP"
 	valueVersion = 1
-	// fixed header: magic, version, dtype, layout, reserved, page size,
-	// kv heads, head dim, layers.
+	// fixed header: magic, version, dtype, layout, flags, page size,
+	// kv heads, head dim, layers; with flags&valueIndexer, then indexer
+	// layers and indexer token bytes.
 	valueHeaderBytes = 4 + 4 + 4*4
-	valueCRCBytes    = 4
+	// valueIndexer flags a format with indexer pages (PageFormat.IndexerLayers
+	// > 0): a value without them is byte for byte what it was before.
+	valueIndexer  = 1
+	valueCRCBytes = 4
 )
 
 // ValueCRCBytes is the length of a value's trailing CRC-32C.
@@ -57,7 +61,7 @@ type Value struct {
 
 // EncodedValueLen is the length of a value holding page p.
 func EncodedValueLen(f PageFormat, namespace, group string) int {
-	return valueHeaderBytes + 2 + len(namespace) + 2 + len(group) + 2*32 + 4*f.PageSize + 4 + f.PageBytes() + valueCRCBytes
+	return headerBytes(f) + 2 + len(namespace) + 2 + len(group) + 2*32 + 4*f.PageSize + 4 + f.PageBytes() + valueCRCBytes
 }
 
 // EncodeValue appends the value of page p (format f, in namespace and group) to
@@ -75,9 +79,17 @@ func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePag
 	start := len(dst)
 	dst = slices.Grow(dst, EncodedValueLen(f, namespace, group))
 	dst = append(dst, valueMagic...)
-	dst = append(dst, valueVersion, byte(f.DType), byte(f.Layout), 0)
+	flags := byte(0)
+	if f.IndexerLayers > 0 {
+		flags = valueIndexer
+	}
+	dst = append(dst, valueVersion, byte(f.DType), byte(f.Layout), flags)
 	for _, v := range [...]int{f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers} {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
+	}
+	if flags != 0 {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(f.IndexerLayers))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(f.IndexerTokenBytes))
 	}
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(namespace)))
 	dst = append(dst, namespace...)
@@ -99,6 +111,14 @@ func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePag
 		data = data[n:]
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc), nil
+}
+
+// headerBytes is the fixed header's length for format f.
+func headerBytes(f PageFormat) int {
+	if f.IndexerLayers > 0 {
+		return valueHeaderBytes + 8
+	}
+	return valueHeaderBytes
 }
 
 // crcChunk is the piece of page bytes copied and then checksummed while it
@@ -220,8 +240,8 @@ func parseValueBody(body, data []byte, tokens []int32, namespace, group string) 
 		return v, fmt.Errorf("%w: bad magic", ErrCorruptValue)
 	}
 	h := r.take(4)
-	if h[0] != valueVersion || h[3] != 0 {
-		return v, fmt.Errorf("%w: version %d (want %d), reserved byte %d (want 0)", ErrCorruptValue, h[0], valueVersion, h[3])
+	if h[0] != valueVersion || h[3]&^valueIndexer != 0 {
+		return v, fmt.Errorf("%w: version %d (want %d), flags %#x (want 0 or %#x)", ErrCorruptValue, h[0], valueVersion, h[3], valueIndexer)
 	}
 	dims := [4]uint32{r.u32(), r.u32(), r.u32(), r.u32()}
 	for i, d := range dims {
@@ -231,6 +251,13 @@ func parseValueBody(body, data []byte, tokens []int32, namespace, group string) 
 	}
 	v.Format = PageFormat{DType: layout.DType(h[1]), Layout: layout.KVLayout(h[2]),
 		PageSize: int(dims[0]), NumKVHeads: int(dims[1]), HeadDim: int(dims[2]), Layers: int(dims[3])}
+	if h[3]&valueIndexer != 0 {
+		il, itb := r.u32(), r.u32()
+		if il == 0 || il > MaxPageBytes || itb == 0 || itb > MaxPageBytes {
+			return v, fmt.Errorf("%w: indexer layers %d, indexer token bytes %d", ErrCorruptValue, il, itb)
+		}
+		v.Format.IndexerLayers, v.Format.IndexerTokenBytes = int(il), int(itb)
+	}
 	if err := v.Format.Validate(); err != nil {
 		return v, fmt.Errorf("%w: %w", ErrCorruptValue, err)
 	}

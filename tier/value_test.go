@@ -23,6 +23,15 @@ func FuzzDecodeValueForms(f *testing.F) {
 	}
 	f.Add(good)
 	f.Add(good[:len(good)-1])
+	// A value of a format with indexer pages (flags bit 0, two more fields).
+	fi := fm
+	fi.IndexerLayers, fi.IndexerTokenBytes = 1, 3
+	pi := RemotePage{Digest: p.Digest, Parent: p.Parent, Tokens: p.Tokens, Data: bytes.Repeat([]byte{9}, fi.PageBytes())}
+	withIdx, err := EncodeValue(nil, fi, "ns", "all", &pi)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(withIdx)
 	off := ValueDataOffset(fm, "ns", "all")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, err := DecodeValue(b, nil)
