@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -142,11 +143,25 @@ func dropCache(f *os.File) {
 	_ = unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
 }
 
-// lockFile takes an exclusive advisory lock on f without waiting; the
-// kernel drops it when the process dies (kill -9 included).
+// lockFile takes an exclusive advisory lock on f; the kernel drops it when
+// the process dies (kill -9 included). A lock held elsewhere is refused
+// once it has stayed held for lockGrace: a child this process starts (an
+// exec.Command on any goroutine) holds a copy of every descriptor between
+// its fork and its exec, the lock of a store just closed included, so a
+// lock that frees that soon was only held by such a copy.
 func lockFile(f *os.File) error {
-	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+	deadline := time.Now().Add(lockGrace)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
+
+// lockGrace is how long lockFile waits for a held lock.
+const lockGrace = 200 * time.Millisecond
 
 // vecIO is one vectored read or write at a file offset: the buffers in
 // order, kept as the kernel's iovecs so that a call allocates nothing.
