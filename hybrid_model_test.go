@@ -30,8 +30,8 @@ import (
 func TestHybridMatchesModel(t *testing.T) {
 	t.Parallel()
 	runs, ops := 12, 600
-	if testing.Short() || raceEnabled {
-		runs = 3
+	if testing.Short() || raceEnabled { // .ci/run runs the full count without -race
+		runs = 2
 	}
 	for name, groups := range hybridConfigs() {
 		t.Run(name, func(t *testing.T) {

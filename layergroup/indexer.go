@@ -38,24 +38,25 @@ const (
 // every kind but Indexer and SharedKV.
 func (s Spec) OwnsPages() bool { return s.Kind != Indexer && s.Kind != SharedKV }
 
-// attention returns the spec whose attention s runs: an Indexer's is its
+// attentionKind is the kind whose attention s runs: an Indexer's is its
 // MLA group's (every page kept), a SharedKV group's its target's (sliding
-// with its WindowTokens, chunked with its ChunkTokens, else full).
-func (s Spec) attention() Spec {
+// with its WindowTokens, chunked with its ChunkTokens, else full). It
+// returns a Kind, not a Spec: the step calls KeepTokens per request, and
+// a Spec is a hundred bytes to copy.
+func (s *Spec) attentionKind() Kind {
 	switch s.Kind {
 	case Indexer:
-		s.Kind = MLA
+		return MLA
 	case SharedKV:
 		switch {
 		case s.WindowTokens > 0:
-			s.Kind = Sliding
+			return Sliding
 		case s.ChunkTokens > 0:
-			s.Kind = Chunked
-		default:
-			s.Kind = Full
+			return Chunked
 		}
+		return Full
 	}
-	return s
+	return s.Kind
 }
 
 // IndexerLayout is the byte layout of one page of one indexer layer, the

@@ -170,8 +170,7 @@ func ValidateGroups(groups []Spec, pageSize int) error {
 // Sliding, -1 otherwise (a chunked group's limit is in its page ranges; see
 // Segments).
 func (s Spec) WindowLeft() int {
-	s = s.attention()
-	if s.Kind == Sliding {
+	if s.attentionKind() == Sliding {
 		return s.WindowTokens - 1
 	}
 	return -1
@@ -181,8 +180,7 @@ func (s Spec) WindowLeft() int {
 // after n computed tokens, as pagetable.Table.ReleaseWindow takes it: the
 // pages entirely before n-KeepTokens(n) can go. -1 means keep everything.
 func (s Spec) KeepTokens(n int) int {
-	s = s.attention()
-	switch s.Kind {
+	switch s.attentionKind() {
 	case Sliding:
 		return s.WindowTokens
 	case Chunked:
@@ -221,11 +219,10 @@ type Segment struct {
 // chunk boundary attend from the boundary). keepFrom is the first token the
 // request holds. Keys of a segment end at its last row (causal).
 func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
-	s = s.attention()
 	if rows == 0 {
 		return dst
 	}
-	if s.Kind != Chunked {
+	if s.attentionKind() != Chunked {
 		return append(dst, Segment{Row: 0, Rows: rows, KeyFrom: keepFrom, KeyTo: computed + rows})
 	}
 	c := s.ChunkTokens
@@ -243,11 +240,10 @@ func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
 // k under the group's attention (the dense definition the tests check
 // paged attention against).
 func (s Spec) Visible(q, k int) bool {
-	s = s.attention()
 	if k > q || k < 0 {
 		return false
 	}
-	switch s.Kind {
+	switch s.attentionKind() {
 	case Sliding:
 		return q-k < s.WindowTokens
 	case Chunked:
