@@ -220,6 +220,10 @@ type RemotePage struct {
 	Tokens []int32
 	// Data is PageFormat.PageBytes() bytes: filled by Fetch, read by Store.
 	Data []byte
+	// State marks a state group's checkpoint page (its Data a recurrent
+	// state slot): its value carries flags bit 0x04, and a value without
+	// it never serves it, nor it a K/V page (Value.Verify).
+	State bool
 }
 
 // RemoteStore is a store of pages shared across Managers (replicas). The Manager

@@ -35,7 +35,11 @@ const (
 	valueHeaderBytes = 4 + 4 + 4*4
 	// valueIndexer flags a format with indexer pages (PageFormat.IndexerLayers
 	// > 0): a value without them is byte for byte what it was before.
-	valueIndexer  = 1
+	valueIndexer = 1
+	// valueState flags a state group's checkpoint page (RemotePage.State,
+	// Value.State): the page bytes are a recurrent state slot, not K/V
+	// (docs/state-groups.md, "Tiers"). Bit 0x02 is reserved (retention).
+	valueState    = 4
 	valueCRCBytes = 4
 )
 
@@ -57,6 +61,9 @@ type Value struct {
 	Parent    Digest
 	Tokens    []int32
 	Data      []byte
+	// State: the value holds a state group's checkpoint page (flags bit
+	// 0x04), as RemotePage.State.
+	State bool
 }
 
 // EncodedValueLen is the length of a value holding page p.
@@ -83,11 +90,14 @@ func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePag
 	if f.IndexerLayers > 0 {
 		flags = valueIndexer
 	}
+	if p.State {
+		flags |= valueState
+	}
 	dst = append(dst, valueVersion, byte(f.DType), byte(f.Layout), flags)
 	for _, v := range [...]int{f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers} {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
 	}
-	if flags != 0 {
+	if flags&valueIndexer != 0 {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(f.IndexerLayers))
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(f.IndexerTokenBytes))
 	}
@@ -240,9 +250,10 @@ func parseValueBody(body, data []byte, tokens []int32, namespace, group string) 
 		return v, fmt.Errorf("%w: bad magic", ErrCorruptValue)
 	}
 	h := r.take(4)
-	if h[0] != valueVersion || h[3]&^valueIndexer != 0 {
-		return v, fmt.Errorf("%w: version %d (want %d), flags %#x (want 0 or %#x)", ErrCorruptValue, h[0], valueVersion, h[3], valueIndexer)
+	if h[0] != valueVersion || h[3]&^(valueIndexer|valueState) != 0 {
+		return v, fmt.Errorf("%w: version %d (want %d), flags %#x (want bits of %#x)", ErrCorruptValue, h[0], valueVersion, h[3], valueIndexer|valueState)
 	}
+	v.State = h[3]&valueState != 0
 	dims := [4]uint32{r.u32(), r.u32(), r.u32(), r.u32()}
 	for i, d := range dims {
 		if d == 0 || d > MaxPageBytes {
@@ -308,6 +319,9 @@ func (v *Value) Verify(f PageFormat, namespace, group string, p *RemotePage) err
 	if err := v.VerifyDeployment(f, namespace, group); err != nil {
 		return err
 	}
+	if err := v.verifyKind(p); err != nil {
+		return err
+	}
 	switch {
 	case v.Digest != p.Digest:
 		return fmt.Errorf("%w: digest %s, want %s", ErrStaleValue, v.Digest.String()[:16], p.Digest.String()[:16])
@@ -333,6 +347,15 @@ func (v *Value) VerifyDeployment(f PageFormat, namespace, group string) error {
 		return fmt.Errorf("%w: group %s, want %q", ErrForeignValue, quoteCut(v.Group), group)
 	case v.Format != f:
 		return fmt.Errorf("%w: format %+v, want %+v", ErrForeignValue, v.Format, f)
+	}
+	return nil
+}
+
+// verifyKind reports whether v is of p's kind: a state checkpoint page
+// (flags bit 0x04) or K/V.
+func (v *Value) verifyKind(p *RemotePage) error {
+	if v.State != p.State {
+		return fmt.Errorf("%w: a value with state flag %v, want %v (a state checkpoint page and a K/V page are never one another)", ErrForeignValue, v.State, p.State)
 	}
 	return nil
 }
