@@ -280,7 +280,7 @@ func (c *core) loading(id RequestID) bool {
 			return true
 		}
 	}
-	return false
+	return c.state != nil && c.state.loadingReq(id)
 }
 
 // pending reports whether a step is reserved (in every group alike).
@@ -302,11 +302,9 @@ func (c *core) evict(n int) int {
 			}
 		}
 		if c.state != nil && c.state.idlePages() > most {
-			f := c.state.evictOne()
-			if f == 0 {
-				panic(fmt.Sprintf("pagedkv: evicting an idle state checkpoint freed no page (%d idle pages)", c.state.idlePages()))
-			}
-			freed += f
+			// Frees no page while a tier copy still reads its slot (a
+			// write-through): the copy frees it; the idle count fell.
+			freed += c.state.evictOne()
 			continue
 		}
 		if best < 0 {
@@ -349,6 +347,9 @@ func (c *core) reserve(ids []RequestID, ntokens []int32, drafts [][]int32) (*Hyb
 	lead := c.groups[0]
 	if c.state != nil {
 		if err := c.state.checkDrafts(drafts); err != nil {
+			return nil, err
+		}
+		if err := c.state.checkLoading(ids); err != nil {
 			return nil, err
 		}
 	}
@@ -501,8 +502,12 @@ func (c *core) admit(rs []*request) int {
 		L = c.tierExtend(rs, maxPages)
 	}
 	if c.state != nil {
-		// The state groups resume only at a checkpoint.
+		// The state groups resume only at a checkpoint (one the tiers
+		// held included: state_tiers.go).
 		L = c.state.admit(r0.id, r0.tokens, L)
+		if c.tiers != nil && !r0.noCache {
+			c.useHits(L)
+		}
 	}
 	for g, m := range c.groups {
 		r, a := rs[g], &c.adm[g]

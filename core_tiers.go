@@ -72,13 +72,12 @@ func (c *core) completeTierCopies(ids []uint64) error {
 // device match) that fit the free and evictable pages. It leaves that many
 // free and each group's hits trimmed to its onloads.
 func (c *core) tierExtend(rs []*request, maxPages int) int {
-	t := c.tiers
 	short := false // some group's device match is short of maxPages
 	for g, m := range c.groups {
 		m.tierChainStart(rs[g], c.adm[g].pages)
 		short = short || len(c.adm[g].pages) < maxPages
 	}
-	if !short {
+	if !short && c.state == nil {
 		return maxPages
 	}
 	// Onloads may take free pages and idle cached ones (evicted on demand,
@@ -113,23 +112,45 @@ func (c *core) tierExtend(rs []*request, maxPages int) int {
 		}
 		L = min(L, len(a.pages)+len(a.hits))
 	}
+	sn := 0 // a state checkpoint's onloads (state_tiers.go)
+	if c.state != nil {
+		if k := c.state.tierProbe(rs[0].id, rs[0].tokens, L); k > 0 {
+			L, sn = k, c.state.n
+		}
+	}
 	// The onloads of every group fit the free and evictable pages.
 	onloads := func(L int) int {
-		n := 0
+		n := sn
 		for g := range c.groups {
 			n += max(0, L-len(c.adm[g].pages))
 		}
 		return n
 	}
-	for onloads(L) > room {
+	shorten := func() {
+		if sn > 0 { // give up the state checkpoint first (admit cuts L)
+			c.state.tierDrop()
+			sn = 0
+			return
+		}
 		L--
+	}
+	for onloads(L) > room {
+		shorten()
 	}
 	if n := onloads(L); n > free {
 		c.evict(n - free) // drops what no host page backs, like a step
 		for onloads(L) > c.alloc.NumFree() {
-			L--
+			shorten()
 		}
 	}
+	c.useHits(L)
+	return L
+}
+
+// useHits releases the host pages each group's admission holds past L
+// pages, which it will not onload.
+func (c *core) useHits(L int) {
+	t := c.tiers
 	for g := range c.groups {
 		a := &c.adm[g]
 		use := max(0, L-len(a.pages))
@@ -140,7 +161,6 @@ func (c *core) tierExtend(rs []*request, maxPages int) int {
 		}
 		a.hits, a.hostHits = a.hits[:use], min(a.hostHits, use)
 	}
-	return L
 }
 
 // evictTo evicts idle cached pages until npages pages are free (with

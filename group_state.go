@@ -7,6 +7,7 @@ import (
 	"github.com/pagedkv/pagedkv/allocator"
 	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/prefixcache"
+	"github.com/pagedkv/pagedkv/tier"
 )
 
 // State groups (layergroup.State) of a HybridManager, and their prefix
@@ -38,6 +39,7 @@ type stateSet struct {
 	every int // checkpoint interval in tokens (0: prompt ends only)
 	alloc *allocator.Allocator
 	hash  prefixcache.Hasher
+	tiers *stateTiers // checkpoints below the device (state_tiers.go); nil without tiers
 
 	reqs  map[RequestID]*stateReq
 	spare []*stateReq
@@ -74,9 +76,10 @@ type ckptKey struct {
 type checkpoint struct {
 	key     ckptKey
 	slot    []PageID
-	readers int    // requests whose frozen slot this is
+	readers int    // requests whose frozen slot this is (and, while it loads, its load)
 	lastUse uint64 // tick of its publication or last hit
 	seq     uint64 // publication order (eviction's last tie-break)
+	tier    *ckptTier // its identity below the device (with tiers)
 }
 
 // stateReq is a request's state record.
@@ -98,6 +101,11 @@ type stateReq struct {
 	// restored is the checkpoint boundary the request was last admitted
 	// on (0: none); tests check it against their model.
 	restored int
+	// With tiers: the namespace's tier root, and the tier chain digest
+	// after the first thashed pages (state_tiers.go).
+	troot, tchain tier.Digest
+	thashed       int
+	lora          string
 }
 
 func newStateSet(at []int, ps, every int, alloc *allocator.Allocator, h prefixcache.Hasher) *stateSet {
@@ -126,6 +134,11 @@ func (s *stateSet) add(id RequestID, req Request, root uint64) {
 	if !r.noCache {
 		r.root = root
 		r.chain = r.root
+		if s.tiers != nil {
+			ns := req.Namespace
+			r.troot, r.lora = tier.NamespaceRoot(ns.Tenant, ns.LoRA, ns.Salt), ns.LoRA
+			r.tchain = r.troot
+		}
 	}
 	s.reqs[id] = r
 }
@@ -142,11 +155,22 @@ func (s *stateSet) admit(id RequestID, tokens []int32, L int) int {
 	}
 	r.junction = L * s.ps
 	var best *checkpoint
-	h := r.root
-	for k := 1; k <= L; k++ {
-		h = s.hash.Page(h, tokens[(k-1)*s.ps:k*s.ps])
-		if c, ok := s.ckpts[ckptKey{h, k * s.ps}]; ok {
-			best = c
+	if st := s.tiers; st != nil && st.tk > 0 {
+		// The tiers hold a checkpoint deeper than any on the device
+		// (tierProbe), and the admission's budget kept room for it.
+		if st.tk == L {
+			best = s.onload(r, tokens, L)
+		} else {
+			s.tierDrop()
+		}
+	}
+	if best == nil {
+		h := r.root
+		for k := 1; k <= L; k++ {
+			h = s.hash.Page(h, tokens[(k-1)*s.ps:k*s.ps])
+			if c, ok := s.ckpts[ckptKey{h, k * s.ps}]; ok {
+				best = c
+			}
 		}
 	}
 	if best == nil {
@@ -390,7 +414,9 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 	if r.hashed > k {
 		r.hashed, r.chain = 0, r.root
 	}
+	parentHash, ran := r.chain, r.hashed < k // the chain hash before the last page, when hashed here
 	for ; r.hashed < k; r.hashed++ {
+		parentHash = r.chain
 		r.chain = s.hash.Page(r.chain, tokens[r.hashed*s.ps:(r.hashed+1)*s.ps])
 	}
 	key := ckptKey{r.chain, len(tokens)}
@@ -398,6 +424,27 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 		c.lastUse = s.tick
 		return
 	}
+	c := s.newCheckpoint(key, r.slot)
+	r.frozen, r.from = true, c
+	s.read(c, +1)
+	s.published.Add(1)
+	if s.tiers != nil {
+		if !ran {
+			parentHash = r.root
+			for i := range k - 1 {
+				parentHash = s.hash.Page(parentHash, tokens[i*s.ps:(i+1)*s.ps])
+			}
+		}
+		s.nameCkpt(c, r, tokens, parentHash, r.lora)
+		if s.tiers.t.writeThrough {
+			s.writeThrough(c)
+		}
+	}
+}
+
+// newCheckpoint publishes slot (its pages gain the checkpoint's
+// references) as the idle checkpoint of key.
+func (s *stateSet) newCheckpoint(key ckptKey, slot []PageID) *checkpoint {
 	var c *checkpoint
 	if n := len(s.free); n > 0 {
 		c, s.free = s.free[n-1], s.free[:n-1]
@@ -405,14 +452,13 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 		c = &checkpoint{slot: make([]PageID, 0, s.n)}
 	}
 	s.seq++
-	c.key, c.slot, c.readers, c.lastUse, c.seq = key, append(c.slot[:0], r.slot...), 0, s.tick, s.seq
+	c.key, c.slot, c.readers, c.lastUse, c.seq = key, append(c.slot[:0], slot...), 0, s.tick, s.seq
 	s.retain(c.slot)
 	s.ckpts[key] = c
 	s.idle++
-	r.frozen, r.from = true, c
-	s.read(c, +1)
-	s.published.Add(1)
+	s.evictable.Store(int64(s.idle))
 	s.cached.Store(int64(len(s.ckpts)))
+	return c
 }
 
 // evictOne evicts the idle checkpoint of least utility and returns the
@@ -440,7 +486,7 @@ func (s *stateSet) evictOne() int {
 	}
 	delete(s.ckpts, victim.key)
 	s.idle--
-	freed := s.unref(victim.slot)
+	freed := s.evictPages(victim)
 	s.free = append(s.free, victim)
 	s.evicted.Add(1)
 	s.cached.Store(int64(len(s.ckpts)))
@@ -518,6 +564,9 @@ func (s *stateSet) audit(own func(p PageID, owner int) error, owner int, reqs ma
 		if c.key != k || k.tokens <= 0 || k.tokens%s.ps != 0 || len(c.slot) != s.n {
 			return fmt.Errorf("%w: checkpoint %+v is malformed (slot %v)", errPool, k, c.slot)
 		}
+		if c.tier != nil && c.tier.loading+c.tier.offloading > 0 {
+			readers[c]++ // its tier copies' hold
+		}
 		if c.readers != readers[c] {
 			return fmt.Errorf("%w: checkpoint of %d tokens counts %d readers, %d requests read it", errPool, k.tokens, c.readers, readers[c])
 		}
@@ -550,8 +599,13 @@ func (s *stateSet) audit(own func(p PageID, owner int) error, owner int, reqs ma
 // stateGroupStats is state group j's GroupStats: its checkpoints (one page
 // each in every state group) and copies.
 func (s *stateSet) groupStats() GroupStats {
-	return GroupStats{Kind: layergroup.State, CachedPages: int(s.cached.Load()), EvictablePages: int(s.evictable.Load()),
+	gs := GroupStats{Kind: layergroup.State, CachedPages: int(s.cached.Load()), EvictablePages: int(s.evictable.Load()),
 		PublishedPages: s.published.Load(), EvictedPages: s.evicted.Load(), CopiedPages: s.copied.Load() / int64(s.n)}
+	if st := s.tiers; st != nil {
+		gs.HostHitTokens, gs.RemoteHitTokens = st.hostHitTokens.Load(), st.remoteHitTokens.Load()
+		gs.OffloadedPages, gs.OnloadedPages = st.offloaded.Load()/int64(s.n), st.onloaded.Load()/int64(s.n)
+	}
+	return gs
 }
 
 // checkDrafts refuses speculative steps: a state group would need a state
@@ -602,8 +656,6 @@ func splitStateGroups(cfg *HybridConfig) (attnAt, stateAt []int, err error) {
 			ErrBadConfig, every, cfg.PageSize, MaxRequestTokens)
 	case cfg.CacheEvents != nil:
 		return nil, nil, fmt.Errorf("%w: CacheEvents with state groups (groups %v): KV events of state checkpoints are not supported yet", ErrBadConfig, stateAt)
-	case cfg.Tiers.HostPages != 0 || cfg.Tiers.Remote != nil:
-		return nil, nil, fmt.Errorf("%w: Tiers with state groups (groups %v): state checkpoints in the host tier or a remote store are not supported yet", ErrBadConfig, stateAt)
 	}
 	return attnAt, stateAt, nil
 }

@@ -1,7 +1,6 @@
 package pagedkv
 
 import (
-	"context"
 	"crypto/sha256"
 	"fmt"
 
@@ -41,7 +40,7 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 		if t.offloading {
 			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
 				t.hostFirst[h] = md.first
-				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup})
+				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup, false})
 				// The cache's reference becomes the copy's.
 				t.plan(c.m, tier.ToHost, p, h, nil, 0, true)
 				offloaded++
@@ -151,29 +150,7 @@ func (m *group) tierProbe(r *request, pages []PageID, want int, hits []HostPageI
 			d = nd
 		}
 		if len(t.claims) > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), t.deadline)
-			t.media = append(t.media[:0], make([]tier.Medium, len(t.fetch))...)
-			got := tier.FetchMedia(ctx, t.remote, t.fetch, t.media)
-			cancel()
-			got = max(0, min(got, len(t.claims)))
-			fetched = append(fetched, t.media[:got]...)
-			for i, h := range t.claims {
-				var err error
-				if i < got {
-					if err = t.host.Written(h); err == nil {
-						t.hostWritten(h)
-						err = t.host.Acquire(h)
-					}
-					hits = append(hits, h)
-				} else {
-					err = t.host.Abandon(h)
-				}
-				if err != nil {
-					panic(fmt.Sprintf("pagedkv: host page %d after a remote fetch: %v", h, err))
-				}
-			}
-			t.c.RemoteFetched += int64(got)
-			clear(t.fetch) // drop references to host memory
+			hits, fetched = t.fetchClaimed(hits, fetched)
 		}
 	}
 	return hits, hostHits, fetched
@@ -225,7 +202,7 @@ func (m *group) tierPublished(r *request, page PageID, tokens []int32, added boo
 		if t.writeThrough && !t.host.Has(nd) {
 			if h, ok := t.claim(nd, r.tchain, tokens); ok {
 				t.hostFirst[h] = r.tfirst
-				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup})
+				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup, false})
 				t.one[0] = page
 				if err := m.alloc.Retain(t.one[:]...); err != nil {
 					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))

@@ -187,7 +187,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	// tier copies) for every group: each group's pages enter it under
 	// digests of their own (Manager.tierRoot).
 	tcfg := cfg.Config
-	if err := checkFormatLayers(tcfg.Tiers.Format.Layers, cfg.Groups); err != nil {
+	if err := checkFormatLayers(tcfg.Tiers.Format.Layers, all); err != nil {
 		return nil, err
 	}
 	tiers, err := newTiers(&tcfg) // checks CacheEvents' HostPages against Tiers.HostPages
@@ -221,6 +221,9 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	c := newCore(groups, alloc, tiers)
 	if stateAt != nil {
 		c.withStates(all, attnAt, stateAt, cfg.StateCheckpointEvery, cfg.Hash)
+		if tiers != nil {
+			c.withStateTiers(tiers)
+		}
 	}
 	return &HybridManager{core: c, alias: alias}, nil
 }

@@ -137,6 +137,7 @@ type hostName struct {
 	root             bool
 	lora             string
 	group            uint16
+	state            bool // a state checkpoint's page (state_tiers.go): not announced
 }
 
 // tierCopy is one copy's record; the copy holds one allocator reference on
@@ -154,6 +155,9 @@ type tierCopy struct {
 	reqGen  uint64
 	bytes   int64
 	evicted bool // an offload of an evicted page: it frees on completion
+	// A state checkpoint's copy has no owner group; ckpt is the
+	// checkpoint an onload loads or a write-through reads (state_tiers.go).
+	ckpt *checkpoint
 }
 
 // tiers is the Manager's state for the tiers below the device.
@@ -198,6 +202,10 @@ type tiers struct {
 	dev     []PageID
 	buf     []byte
 	one     [1]PageID
+
+	// state is the state groups' checkpoints (nil without): copies
+	// without an owner group are theirs.
+	state *stateSet
 
 	c TierStats
 }
@@ -286,7 +294,7 @@ func (t *tiers) claim(d, parent tier.Digest, tokens []int32) (HostPageID, bool) 
 func (t *tiers) hostClaimed(h HostPageID, n hostName) {
 	if t.hostLive[h] {
 		t.hostLive[h] = false
-		if t.ev != nil {
+		if t.ev != nil && !t.hostName[h].state {
 			t.ev[t.hostName[h].group].HostPageRemoved(int(h), t.hostName[h].hash)
 		}
 	}
@@ -296,16 +304,16 @@ func (t *tiers) hostClaimed(h HostPageID, n hostName) {
 // hostWritten announces host page h, just made ready.
 func (t *tiers) hostWritten(h HostPageID) {
 	t.hostLive[h] = true
-	if t.ev != nil {
+	if t.ev != nil && !t.hostName[h].state {
 		n := &t.hostName[h]
 		t.ev[n.group].HostPageStored(int(h), n.hash, n.parentHash, !n.root, n.lora, t.host.Tokens(h))
 	}
 }
 
 // plan records a copy for group m (whose cache or request r the device
-// page is for) in a free slot; the caller has arranged its device
-// reference (the copy owns one).
-func (t *tiers) plan(m *group, dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) {
+// page is for; nil: a state checkpoint's) in a free slot and returns the
+// slot; the caller has arranged its device reference (the copy owns one).
+func (t *tiers) plan(m *group, dir tier.Direction, dev PageID, h HostPageID, r *request, reqGen uint64, evicted bool) uint32 {
 	var s uint32
 	if n := len(t.freeSl); n > 0 {
 		s = t.freeSl[n-1]
@@ -318,6 +326,7 @@ func (t *tiers) plan(m *group, dir tier.Direction, dev PageID, h HostPageID, r *
 	*c = tierCopy{gen: c.gen + 1, live: true, owner: m, dir: dir, dev: dev, host: h, req: r, reqGen: reqGen, bytes: t.pageBytes, evicted: evicted}
 	t.planned = append(t.planned, s)
 	t.nLive++
+	return s
 }
 
 func (t *tiers) id(s uint32) uint64 { return uint64(t.copies[s].gen)<<32 | uint64(s) }
@@ -357,10 +366,15 @@ func (t *tiers) complete(s uint32) {
 		t.hostWritten(c.host)
 		t.c.OffloadedPages++
 		t.c.BytesToHost += c.bytes
-		m.groupTiers.offloaded.Add(1)
+		if m != nil {
+			m.groupTiers.offloaded.Add(1)
+		} else {
+			t.state.tiers.offloaded.Add(1)
+		}
 		if t.remote != nil {
 			d, parent, _, _, _ := t.host.Entry(c.host)
-			p := tier.RemotePage{Digest: d, Parent: parent, Chain: t.hostFirst[c.host], Tokens: t.host.Tokens(c.host), Data: t.host.Page(c.host)}
+			p := tier.RemotePage{Digest: d, Parent: parent, Chain: t.hostFirst[c.host], Tokens: t.host.Tokens(c.host), Data: t.host.Page(c.host),
+				State: t.hostName[c.host].state}
 			if t.remote.Store(&p) {
 				t.c.RemoteStored++
 			}
@@ -371,18 +385,31 @@ func (t *tiers) complete(s uint32) {
 		}
 		t.c.OnloadedPages++
 		t.c.BytesToDevice += c.bytes
-		m.groupTiers.onloaded.Add(1)
+		if m != nil {
+			m.groupTiers.onloaded.Add(1)
+		} else {
+			t.state.tiers.onloaded.Add(1)
+		}
 	}
 	t.one[0] = c.dev
-	freed, err := m.alloc.Release(t.one[:]...)
+	var freed int
+	var err error
+	if m != nil {
+		freed, err = m.alloc.Release(t.one[:]...)
+	} else {
+		freed, err = t.state.alloc.Release(t.one[:]...)
+	}
 	if err != nil {
 		panic(fmt.Sprintf("pagedkv: releasing page %d after its tier copy: %v", c.dev, err))
 	}
-	if freed == 0 {
+	if freed == 0 && m != nil {
 		m.cache.Recheck(c.dev)
 	}
 	if c.evicted {
 		t.evicting--
+	}
+	if c.ckpt != nil {
+		t.state.tierCopied(c.ckpt, c.dir == tier.ToDevice)
 	}
 	r, reqGen := c.req, c.reqGen
 	// Free the slot before publishing: publishing may plan write-through

@@ -155,6 +155,7 @@ func TestStateAndAliasGroupsRefused(t *testing.T) {
 	tiered := Config{NumPages: 32, PageSize: 4, Tiers: TierConfig{HostPages: 8}}
 	tiered.Tiers.Format = tierFormat(4)
 	tiered.Tiers.Format.IndexerLayers, tiered.Tiers.Format.IndexerTokenBytes = 1, idx.IndexerLayout(4).TokenBytes()
+	tiered.Tiers.Format.Layers = 5 // the owners' layers: 1 each (shared) or 2 (their own)
 	for _, c := range []struct {
 		name string
 		cfg  HybridConfig
@@ -168,7 +169,7 @@ func TestStateAndAliasGroupsRefused(t *testing.T) {
 			"groups[2] (state) follows groups[1] (indexer)"},
 		{"alias with a state shape", HybridConfig{Config: cfg, Groups: []LayerGroup{st, full, {Kind: SharedKVAttention, Target: 1, NumLayers: 1, State: testStateShape}}},
 			"shared_kv group with a State shape"},
-		{"tiers", HybridConfig{Config: tiered, Groups: []LayerGroup{st, mla, idx}}, "Tiers with state groups"},
+		{"tiers layers", HybridConfig{Config: tiered, Groups: []LayerGroup{st, mla, idx}}, "Tiers.Format.Layers = 5, want 1"},
 	} {
 		_, err := NewHybrid(c.cfg)
 		require.ErrorIs(t, err, ErrBadConfig, c.name)

@@ -566,7 +566,8 @@ func TestStateGroupsRefuse(t *testing.T) {
 		{"interval", HybridConfig{Config: cfg, Groups: groups, StateCheckpointEvery: 6}, "StateCheckpointEvery = 6"},
 		{"interval without state", HybridConfig{Config: cfg, Groups: []LayerGroup{full}, StateCheckpointEvery: 8}, "StateCheckpointEvery = 8 without state groups"},
 		{"state only", HybridConfig{Config: cfg, Groups: []LayerGroup{stateGroup()}}, "all of kind state"},
-		{"tiers", HybridConfig{Config: Config{NumPages: 32, PageSize: 4, Tiers: TierConfig{HostPages: 8}}, Groups: groups}, "Tiers with state groups"},
+		{"tiers layers", HybridConfig{Config: Config{NumPages: 32, PageSize: 4, Tiers: TierConfig{HostPages: 8, Format: tierFormatLayers(4, 3)}}, Groups: groups},
+			"Tiers.Format.Layers = 3, want 1"},
 		{"state on a full group", HybridConfig{Config: cfg, Groups: []LayerGroup{{Kind: FullAttention, NumLayers: 1, State: testStateShape}}}, "full group with a State shape"},
 	} {
 		_, err := NewHybrid(c.cfg)
