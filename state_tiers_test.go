@@ -90,11 +90,11 @@ func stateBytes(b []byte, j int, tokens []int32) {
 func (x *stTierHarness) run(ops int) {
 	for range ops {
 		switch op := x.rng.IntN(20); {
-		case op < 4:
+		case op < 3 && len(x.reqs) < 6:
 			x.add()
-		case op < 11:
+		case op < 12:
 			x.step()
-		case op < 13:
+		case op < 14:
 			x.release()
 		case op < 14:
 			x.preempt()
@@ -279,7 +279,7 @@ func TestStateTiersMatchModel(t *testing.T) {
 		t.Parallel()
 		var onloaded, offloaded, hits int64
 		for run := range 6 {
-			x := newSTTierHarness(t, stTierConfig{seed: uint64(run), hostPages: 12 + 8*(run%3), writeThrough: run%2 == 1})
+			x := newSTTierHarness(t, stTierConfig{seed: uint64(run), hostPages: 16 + 16*(run%3), writeThrough: run%2 == 1})
 			x.run(ops)
 			gs := x.stateTierStats()
 			onloaded, offloaded, hits = onloaded+gs.OnloadedPages, offloaded+gs.OffloadedPages, hits+gs.HostHitTokens
