@@ -76,9 +76,9 @@ type ckptKey struct {
 type checkpoint struct {
 	key     ckptKey
 	slot    []PageID
-	readers int    // requests whose frozen slot this is (and, while it loads, its load)
-	lastUse uint64 // tick of its publication or last hit
-	seq     uint64 // publication order (eviction's last tie-break)
+	readers int       // requests whose frozen slot this is (and, while it loads, its load)
+	lastUse uint64    // tick of its publication or last hit
+	seq     uint64    // publication order (eviction's last tie-break)
 	tier    *ckptTier // its identity below the device (with tiers)
 }
 
