@@ -36,6 +36,9 @@ type engine struct {
 	// tests: leave out the state groups' copies (a runner that ignores the
 	// copy list of a checkpoint restore), which verification must notice.
 	skipStateCopies bool
+	// skipOnloads, for tests: complete onload tier copies without their
+	// bytes (a restore from the host tier then reads a stale page).
+	skipOnloads bool
 
 	stateOut []float32            // [nnz] the recurrent layer's outputs of the current layer
 	xRow     [stateFloats]float32 // one token's recurrent input

@@ -33,7 +33,7 @@ func (s *Sim) tierCopies() error {
 		var err error
 		if c.Dir == tier.ToHost {
 			err = s.readPage(s.kv.HostPage(c.Host), c.Device)
-		} else {
+		} else if !s.eng.skipOnloads {
 			err = s.writePage(c.Device, s.kv.HostPage(c.Host))
 		}
 		if err != nil {
