@@ -220,6 +220,10 @@ type RemotePage struct {
 	Tokens []int32
 	// Data is PageFormat.PageBytes() bytes: filled by Fetch, read by Store.
 	Data []byte
+	// Retention is the page's retention: read by Store (a store keeps it
+	// with the page and honours it in its eviction), set by Fetch to what
+	// is left of it (zero: none).
+	Retention Retention
 }
 
 // RemoteStore is a store of pages shared across Managers (replicas). The Manager
