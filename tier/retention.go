@@ -152,8 +152,10 @@ func NewLapses(n int) *Lapses {
 // LapsesBytes is what NewLapses allocates per id.
 const LapsesBytes = 4 + 8 + 4
 
-func (l *Lapses) Len() int           { return len(l.ids) }
-func (l *Lapses) Less(i, j int) bool { return l.at[l.ids[i]] < l.at[l.ids[j]] || l.at[l.ids[i]] == l.at[l.ids[j]] && l.ids[i] < l.ids[j] }
+func (l *Lapses) Len() int { return len(l.ids) }
+func (l *Lapses) Less(i, j int) bool {
+	return l.at[l.ids[i]] < l.at[l.ids[j]] || l.at[l.ids[i]] == l.at[l.ids[j]] && l.ids[i] < l.ids[j]
+}
 func (l *Lapses) Swap(i, j int) {
 	l.ids[i], l.ids[j] = l.ids[j], l.ids[i]
 	l.pos[l.ids[i]], l.pos[l.ids[j]] = int32(i)+1, int32(j)+1
