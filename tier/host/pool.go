@@ -80,7 +80,7 @@ const (
 type entry struct {
 	digest, parent tier.Digest
 	state          uint8
-	level, hint    uint8         // its retention level and continuation hint
+	level, hint    uint8 // its retention level and continuation hint
 	readers        int32
 	dur            time.Duration // its retention's duration (0: the level never lapses)
 	lru            evict.Link    // its place on the LRU queue; zero off it
