@@ -72,6 +72,9 @@ func (r Retention) Elapsed(d time.Duration) Retention {
 // deadline of the level (int64 Unix ns; 0 with no duration).
 const retentionBytes = 24
 
+// RetentionFieldBytes is what the retention field adds to a value.
+const RetentionFieldBytes = retentionBytes
+
 // appendRetention encodes r, its deadline taken from now.
 func appendRetention(dst []byte, r Retention, now time.Time) []byte {
 	dst = append(dst, r.Priority, r.Hint, 0, 0, 0, 0, 0, 0)
@@ -106,6 +109,14 @@ func (v ValueRetention) At(now time.Time) Retention {
 	}
 	r.Duration, r.Left = v.Duration, min(left, v.Duration)
 	return r
+}
+
+// Whole returns the retention with its whole duration left and the
+// wall-clock time from which that gives v's deadline: EncodeValueAt of a
+// page with it, at that time, writes v again.
+func (v ValueRetention) Whole() (Retention, time.Time) {
+	r := Retention{Priority: v.Priority, Hint: v.Hint, Duration: v.Duration, Left: v.Duration}
+	return r, time.Unix(0, v.Deadline-int64(v.Duration))
 }
 
 // parseRetention decodes and checks the field.

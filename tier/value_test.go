@@ -66,9 +66,9 @@ func FuzzDecodeValueForms(f *testing.F) {
 			q := RemotePage{Digest: v.Digest, Parent: v.Parent, Tokens: v.Tokens, Data: v.Data}
 			// The retention re-encodes from the time its whole duration
 			// was left.
-			vr := v.Retention
-			q.Retention = Retention{Priority: vr.Priority, Hint: vr.Hint, Duration: vr.Duration, Left: vr.Duration}
-			again, err := EncodeValueAt(nil, v.Format, v.Namespace, v.Group, &q, time.Unix(0, vr.Deadline-int64(vr.Duration)))
+			var at time.Time
+			q.Retention, at = v.Retention.Whole()
+			again, err := EncodeValueAt(nil, v.Format, v.Namespace, v.Group, &q, at)
 			if err != nil || !bytes.Equal(again, b) {
 				t.Fatalf("decode/encode is not the identity: %v", err)
 			}

@@ -206,6 +206,12 @@ func (p *Pool) Entry(h PageID) (digest, parent tier.Digest, ready bool, readers 
 // Has reports whether the pool holds digest d (writing or ready).
 func (p *Pool) Has(d tier.Digest) bool { _, ok := p.index[d]; return ok }
 
+// Find returns the page that holds digest d (writing or ready).
+func (p *Pool) Find(d tier.Digest) (PageID, bool) { h, ok := p.index[d]; return PageID(h), ok }
+
+// Levels is the number of retention levels.
+func (p *Pool) Levels() int { return p.lru.Levels() }
+
 // Usage returns the pages by state: free, writing, ready (with or without
 // readers), and of the ready ones those reclaimable (no readers).
 func (p *Pool) Usage() (free, writing, ready, reclaimable int) {
