@@ -202,6 +202,7 @@ func newGroup(cfg Config, alloc *allocator.Allocator, spec layergroup.Spec, shar
 	}
 	if tiers != nil {
 		tiers.hasher = prefixcache.NewHasher(cache.Seed(), cfg.Hash)
+		cache.KeepEvictedRetention() // an offloaded page takes its retention below
 	}
 	if cfg.CascadeMinSavedPages == 0 {
 		cfg.CascadeMinSavedPages = DefaultCascadeMinSavedPages

@@ -25,7 +25,9 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 	t := c.m.tiers
 	rel := t.rel[:0]
 	offloaded := 0
-	for _, p := range pages {
+	t.host.Advance(c.m.cache.Now())
+	evRet := c.m.cache.EvictedRetention()
+	for i, p := range pages {
 		md := &t.meta[p]
 		valid := md.valid
 		md.valid = false // p leaves the cache
@@ -33,14 +35,20 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 			rel = append(rel, p) // a request keeps it, or it was never published with tiers
 			continue
 		}
-		if t.host.Has(md.digest) {
-			rel = append(rel, p) // backed below: dropping loses nothing
+		if h, ok := t.host.Find(md.digest); ok {
+			// Backed below: dropping loses nothing; the copy takes the
+			// retention the page leaves with.
+			if len(evRet) == len(pages) {
+				t.hostRetain(h, evRet[i])
+			}
+			rel = append(rel, p)
 			continue
 		}
 		if t.offloading {
 			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
 				t.hostFirst[h] = md.first
 				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup, false})
+				t.hostRetain(h, evictedRetention(evRet, i, len(pages)))
 				// The cache's reference becomes the copy's.
 				t.plan(c.m, tier.ToHost, p, h, nil, 0, true)
 				offloaded++
@@ -101,6 +109,7 @@ type loadedReq struct {
 // each fetched one (tier.FetchMedia: disk or remote), in order.
 func (m *group) tierProbe(r *request, pages []PageID, want int, hits []HostPageID, fetched []tier.Medium) ([]HostPageID, int, []tier.Medium) {
 	t, ps := m.tiers, m.pageSize
+	t.host.Advance(m.cache.Now())
 	k := len(pages)
 	d, first := r.tchain, r.tfirst
 	// hv: the 64-bit chain hash after the pages so far (KV events name
@@ -170,6 +179,7 @@ func (m *group) tierOnload(r *request, pages []PageID, hits []HostPageID, hostHi
 		// The host page's reader and Alloc's reference are the copy's;
 		// AddShared adds the request's.
 		t.plan(m, tier.ToDevice, t.dev[i], h, r, r.gen, false)
+		t.onloadRetention(t.dev[i], h)
 	}
 	r.loading = n
 	t.c.HostHitTokens += int64(hostHits * m.pageSize)
@@ -199,6 +209,7 @@ func (m *group) tierPublished(r *request, page PageID, tokens []int32, added boo
 		t.meta[page] = pageMeta{digest: nd, parent: r.tchain, first: r.tfirst, valid: true,
 			hash: hash, parentHash: parentHash, root: root, lora: r.key.Namespace().LoRA}
 		copy(t.pageTokens(page), tokens)
+		m.restoreRetention(page, nd)
 		if t.writeThrough && !t.host.Has(nd) {
 			if h, ok := t.claim(nd, r.tchain, tokens); ok {
 				t.hostFirst[h] = r.tfirst
@@ -213,6 +224,9 @@ func (m *group) tierPublished(r *request, page PageID, tokens []int32, added boo
 				t.c.HostFull++
 			}
 		}
+	}
+	if !added && t.loadRet != nil {
+		t.loadRet[page] = loadedRetention{}
 	}
 	r.tchain = nd
 }

@@ -200,6 +200,10 @@ type tiers struct {
 	fetch   []tier.RemotePage
 	media   []tier.Medium // per fetch page: the medium that served it (tier.FetchMedia)
 	dev     []PageID
+	// loadRet[p]: the retention device page p's onload brought from below
+	// (the host page's), given back to the page when it is published with
+	// that digest (retention.go); nil until a retention comes up.
+	loadRet []loadedRetention
 	buf     []byte
 	one     [1]PageID
 
@@ -247,7 +251,7 @@ func newTiers(cfg *Config) (*tiers, error) {
 		return nil, fmt.Errorf("%w: Tiers.OffloadFreePages = %d, want 0..NumPages (%d)", ErrBadConfig, tc.OffloadFreePages, cfg.NumPages)
 	}
 	hp, err := host.New(host.Config{NumPages: tc.HostPages, PageSize: cfg.PageSize, PageBytes: pageBytes, Memory: tc.HostMemory,
-		MemoryLimit: cfg.MemoryLimit})
+		Levels: hostLevels(cfg.Priorities), MemoryLimit: cfg.MemoryLimit})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
@@ -360,6 +364,12 @@ func (t *tiers) complete(s uint32) {
 	m := c.owner
 	switch c.dir {
 	case tier.ToHost:
+		if !c.evicted && t.meta[c.dev].valid {
+			// A write-through: the page, still cached, has the retention
+			// the cache gives it now.
+			t.host.Advance(m.cache.Now())
+			t.hostRetain(c.host, m.cache.RetentionOf(c.dev))
+		}
 		if err := t.host.Written(c.host); err != nil {
 			panic(fmt.Sprintf("pagedkv: completing the offload of page %d to host page %d: %v", c.dev, c.host, err))
 		}
@@ -374,7 +384,7 @@ func (t *tiers) complete(s uint32) {
 		if t.remote != nil {
 			d, parent, _, _, _ := t.host.Entry(c.host)
 			p := tier.RemotePage{Digest: d, Parent: parent, Chain: t.hostFirst[c.host], Tokens: t.host.Tokens(c.host), Data: t.host.Page(c.host),
-				State: t.hostName[c.host].state}
+				State: t.hostName[c.host].state, Retention: t.host.Retention(c.host)}
 			if t.remote.Store(&p) {
 				t.c.RemoteStored++
 			}

@@ -427,6 +427,7 @@ func (t *tiers) fetchClaimed(hits []HostPageID, fetched []tier.Medium) ([]HostPa
 		if i < got {
 			if err = t.host.Written(h); err == nil {
 				t.hostWritten(h)
+				t.fetchedRetention(h, t.fetch[i].Retention)
 				err = t.host.Acquire(h)
 			}
 			hits = append(hits, h)

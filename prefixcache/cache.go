@@ -196,6 +196,10 @@ type Cache struct {
 	defaultKey Key
 	hashFn     HashFunc // nil means hashTokens with seed
 	sink       Sink     // nil: nobody observes changes
+	// Retention of the pages an eviction releases, while it releases them
+	// (tierret.go), when keepRet.
+	keepRet bool
+	evRet   []PageRetention
 
 	// nodes[p] is page p's node; tokens[p*pageSize:(p+1)*pageSize] are the
 	// tokens of page p while it is cached (what every hit is verified

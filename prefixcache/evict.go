@@ -65,6 +65,7 @@ func (c *Cache) evictSubtree(v int32) int {
 		}
 		up := c.nodes[x].parent
 		c.queues.EvictedClass(int(c.nodes[x].prio), c.nodes[x].hash, c.nodes[x].class())
+		c.noteEvicted(x)
 		c.remove(x)
 		rel = append(rel, PageID(x))
 		if x == v {
@@ -74,6 +75,7 @@ func (c *Cache) evictSubtree(v int32) int {
 	}
 	c.scratch = rel
 	freed, err := c.refs.Release(rel...)
+	c.evRet = c.evRet[:0]
 	if err != nil {
 		panic(fmt.Sprintf("prefixcache: releasing %d evicted pages: %v", len(rel), err))
 	}

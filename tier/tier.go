@@ -224,6 +224,10 @@ type RemotePage struct {
 	// state slot): its value carries flags bit 0x04, and a value without
 	// it never serves it, nor it a K/V page (Value.Verify).
 	State bool
+	// Retention is the page's retention: read by Store (a store keeps it
+	// with the page and honours it in its eviction), set by Fetch to what
+	// is left of it (zero: none).
+	Retention Retention
 }
 
 // RemoteStore is a store of pages shared across Managers (replicas). The Manager

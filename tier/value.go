@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/pagedkv/pagedkv/layout"
 )
@@ -36,10 +37,15 @@ const (
 	// valueIndexer flags a format with indexer pages (PageFormat.IndexerLayers
 	// > 0): a value without them is byte for byte what it was before.
 	valueIndexer = 1
+	// valueRetention flags a value with a retention field (retention.go)
+	// after the fixed header: a page without retention is written without
+	// it, byte for byte as before.
+	valueRetention = 2
 	// valueState flags a state group's checkpoint page (RemotePage.State,
 	// Value.State): the page bytes are a recurrent state slot, not K/V
-	// (docs/state-groups.md, "Tiers"). Bit 0x02 is reserved (retention).
+	// (docs/state-groups.md, "Tiers").
 	valueState    = 4
+	valueFlags    = valueIndexer | valueRetention | valueState
 	valueCRCBytes = 4
 )
 
@@ -64,6 +70,8 @@ type Value struct {
 	// State: the value holds a state group's checkpoint page (flags bit
 	// 0x04), as RemotePage.State.
 	State bool
+	// Retention is the page's retention when written (zero: none).
+	Retention ValueRetention
 }
 
 // EncodedValueLen is the length of a value holding page p.
@@ -71,10 +79,34 @@ func EncodedValueLen(f PageFormat, namespace, group string) int {
 	return headerBytes(f) + 2 + len(namespace) + 2 + len(group) + 2*32 + 4*f.PageSize + 4 + f.PageBytes() + valueCRCBytes
 }
 
+// EncodedValueLenOf is the length of the value of page p: EncodedValueLen,
+// plus the retention field when p has a retention.
+func EncodedValueLenOf(f PageFormat, namespace, group string, p *RemotePage) int {
+	if p.Retention != (Retention{}) {
+		return EncodedValueLen(f, namespace, group) + retentionBytes
+	}
+	return EncodedValueLen(f, namespace, group)
+}
+
 // EncodeValue appends the value of page p (format f, in namespace and group) to
 // dst and returns it. p.Tokens must hold f.PageSize tokens and p.Data
-// f.PageBytes() bytes; namespace and group are at most 65535 bytes.
+// f.PageBytes() bytes; namespace and group are at most 65535 bytes. A
+// page with a retention (p.Retention not zero) gets the retention field,
+// its deadline on the wall clock now ([EncodeValueAt]).
 func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePage) ([]byte, error) {
+	var now time.Time
+	if p.Retention.Duration > 0 {
+		now = time.Now()
+	}
+	return EncodeValueAt(dst, f, namespace, group, p, now)
+}
+
+// EncodeValueAt is [EncodeValue] with the wall-clock time the retention's
+// deadline is counted from.
+func EncodeValueAt(dst []byte, f PageFormat, namespace, group string, p *RemotePage, now time.Time) ([]byte, error) {
+	if err := p.Retention.Check(); err != nil {
+		return dst, fmt.Errorf("tier: encode value: %w", err)
+	}
 	switch {
 	case len(p.Tokens) != f.PageSize:
 		return dst, fmt.Errorf("tier: encode value: %d tokens, want a page of %d", len(p.Tokens), f.PageSize)
@@ -84,7 +116,7 @@ func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePag
 		return dst, fmt.Errorf("tier: encode value: namespace of %d bytes or group of %d, want <= 65535", len(namespace), len(group))
 	}
 	start := len(dst)
-	dst = slices.Grow(dst, EncodedValueLen(f, namespace, group))
+	dst = slices.Grow(dst, EncodedValueLenOf(f, namespace, group, p))
 	dst = append(dst, valueMagic...)
 	flags := byte(0)
 	if f.IndexerLayers > 0 {
@@ -93,6 +125,9 @@ func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePag
 	if p.State {
 		flags |= valueState
 	}
+	if p.Retention != (Retention{}) {
+		flags |= valueRetention
+	}
 	dst = append(dst, valueVersion, byte(f.DType), byte(f.Layout), flags)
 	for _, v := range [...]int{f.PageSize, f.NumKVHeads, f.HeadDim, f.Layers} {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
@@ -100,6 +135,9 @@ func EncodeValue(dst []byte, f PageFormat, namespace, group string, p *RemotePag
 	if flags&valueIndexer != 0 {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(f.IndexerLayers))
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(f.IndexerTokenBytes))
+	}
+	if flags&valueRetention != 0 {
+		dst = appendRetention(dst, p.Retention, now)
 	}
 	dst = binary.LittleEndian.AppendUint16(dst, uint16(len(namespace)))
 	dst = append(dst, namespace...)
@@ -250,8 +288,8 @@ func parseValueBody(body, data []byte, tokens []int32, namespace, group string) 
 		return v, fmt.Errorf("%w: bad magic", ErrCorruptValue)
 	}
 	h := r.take(4)
-	if h[0] != valueVersion || h[3]&^(valueIndexer|valueState) != 0 {
-		return v, fmt.Errorf("%w: version %d (want %d), flags %#x (want bits of %#x)", ErrCorruptValue, h[0], valueVersion, h[3], valueIndexer|valueState)
+	if h[0] != valueVersion || h[3]&^valueFlags != 0 {
+		return v, fmt.Errorf("%w: version %d (want %d), flags %#x (want bits of %#x)", ErrCorruptValue, h[0], valueVersion, h[3], valueFlags)
 	}
 	v.State = h[3]&valueState != 0
 	dims := [4]uint32{r.u32(), r.u32(), r.u32(), r.u32()}
@@ -268,6 +306,17 @@ func parseValueBody(body, data []byte, tokens []int32, namespace, group string) 
 			return v, fmt.Errorf("%w: indexer layers %d, indexer token bytes %d", ErrCorruptValue, il, itb)
 		}
 		v.Format.IndexerLayers, v.Format.IndexerTokenBytes = int(il), int(itb)
+	}
+	if h[3]&valueRetention != 0 {
+		b := r.take(retentionBytes)
+		if b == nil {
+			return v, fmt.Errorf("%w: truncated (%d bytes)", ErrCorruptValue, len(body)+valueCRCBytes)
+		}
+		ret, err := parseRetention(b)
+		if err != nil {
+			return v, fmt.Errorf("%w: %w", ErrCorruptValue, err)
+		}
+		v.Retention = ret
 	}
 	if err := v.Format.Validate(); err != nil {
 		return v, fmt.Errorf("%w: %w", ErrCorruptValue, err)

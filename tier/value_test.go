@@ -3,6 +3,7 @@ package tier
 import (
 	"bytes"
 	"testing"
+	"time"
 
 	"github.com/pagedkv/pagedkv/layout"
 )
@@ -32,6 +33,14 @@ func FuzzDecodeValueForms(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(withIdx)
+	// A value with a retention (flags bit 1, a 24-byte field).
+	pr := p
+	pr.Retention = Retention{Priority: 2, Hint: 1, Duration: time.Second, Left: time.Second}
+	withRet, err := EncodeValueAt(nil, fm, "ns", "all", &pr, time.Unix(5, 0))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(withRet)
 	off := ValueDataOffset(fm, "ns", "all")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		v, err := DecodeValue(b, nil)
@@ -55,7 +64,11 @@ func FuzzDecodeValueForms(f *testing.F) {
 		}
 		if err == nil {
 			q := RemotePage{Digest: v.Digest, Parent: v.Parent, Tokens: v.Tokens, Data: v.Data}
-			again, err := EncodeValue(nil, v.Format, v.Namespace, v.Group, &q)
+			// The retention re-encodes from the time its whole duration
+			// was left.
+			var at time.Time
+			q.Retention, at = v.Retention.Whole()
+			again, err := EncodeValueAt(nil, v.Format, v.Namespace, v.Group, &q, at)
 			if err != nil || !bytes.Equal(again, b) {
 				t.Fatalf("decode/encode is not the identity: %v", err)
 			}

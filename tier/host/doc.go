@@ -24,7 +24,10 @@
 //   - free pages are on the free stack exactly once and in no index;
 //   - writing and ready pages are indexed under their digest, one page per
 //     digest;
-//   - a page is on the LRU list iff it is ready and has no readers;
+//   - a page is on the LRU list iff it is ready and has no readers, on
+//     the queue of its own level;
+//   - a page is on the lapse heap iff it is not free and has a duration,
+//     its deadline after the pool's time and at most a duration after it;
 //   - the counters equal what they count.
 //
 // [Pool.CheckInvariants] checks them all; builds with the invariants tag or

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv/evict"
@@ -41,6 +42,9 @@ type Config struct {
 	// them, e.g. pinned memory the engine allocated); nil with PageBytes > 0
 	// allocates it.
 	Memory []byte
+	// Levels is the number of retention levels (tier.Retention.Priority
+	// 0..Levels-1), 1..tier.MaxRetentionLevels; 0 means 1.
+	Levels int
 	// MemoryLimit bounds the bytes New may allocate: the bookkeeping of
 	// every page, plus the pages' bytes when Memory is nil. 0 means this
 	// machine's physical memory, so that a pool that can never fit is
@@ -53,13 +57,13 @@ type Config struct {
 // entry, the free-stack slot and the index entry (a map slot holds a
 // digest, a value and a tophash byte; the map's load factor adds about a
 // quarter). Tokens are counted separately, PageSize of them per page.
-const bookkeepingPerPage = int64(unsafe.Sizeof(entry{})) + 4 + (int64(unsafe.Sizeof(tier.Digest{}))+4+1)*5/4
+const bookkeepingPerPage = int64(unsafe.Sizeof(entry{})) + 4 + (int64(unsafe.Sizeof(tier.Digest{}))+4+1)*5/4 + tier.LapsesBytes
 
 // AllocBytes is what New allocates for cfg (saturating at the largest
 // int64): what MemoryLimit bounds.
 func AllocBytes(cfg Config) int64 {
 	n := int64(max(cfg.NumPages, 0))
-	need := sysmem.MulAdd(n, bookkeepingPerPage+4*int64(max(cfg.PageSize, 0)), evict.AllocBytesIn(evict.LRU, 1, 0))
+	need := sysmem.MulAdd(n, bookkeepingPerPage+4*int64(max(cfg.PageSize, 0)), evict.AllocBytesIn(evict.LRU, max(cfg.Levels, 1), 0))
 	if cfg.Memory == nil {
 		need = sysmem.MulAdd(n, int64(max(cfg.PageBytes, 0)), need)
 	}
@@ -76,8 +80,10 @@ const (
 type entry struct {
 	digest, parent tier.Digest
 	state          uint8
+	level, hint    uint8 // its retention level and continuation hint
 	readers        int32
-	lru            evict.Link // its place on the LRU queue; zero off it
+	dur            time.Duration // its retention's duration (0: the level never lapses)
+	lru            evict.Link    // its place on the LRU queue; zero off it
 }
 
 // Counters are the pool's cumulative event counts.
@@ -86,6 +92,7 @@ type Counters struct {
 	Written   int64 // offloads completed (pages made ready)
 	Abandoned int64 // claims given back unwritten
 	Reclaimed int64 // ready pages reclaimed (LRU) to make room
+	Lapsed    int64 // pages whose retention level lapsed to 0
 	Hits      int64 // lookups served
 }
 
@@ -102,9 +109,12 @@ type Pool struct {
 	index  map[tier.Digest]int32
 
 	// lru holds the reclaimable pages (ready, no readers), least recently
-	// used at the head: evict's LRU policy, one level, its links in the
-	// entries.
+	// used at the head of each retention level: evict's LRU policy, its
+	// links in the entries. lapses holds the deadlines of the pages whose
+	// level lapses (a duration, level > 0), on the pool's clock now.
 	lru      *evict.Queues
+	lapses   *tier.Lapses
+	now      time.Duration
 	nWriting int
 	nReady   int
 	nReaders int64 // sum of readers
@@ -125,6 +135,8 @@ func New(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("%w: NumPages*PageSize = %d*%d tokens, want <= 2^32", ErrBadConfig, cfg.NumPages, cfg.PageSize)
 	case cfg.Memory != nil && int64(len(cfg.Memory)) != int64(cfg.NumPages)*int64(cfg.PageBytes):
 		return nil, fmt.Errorf("%w: Memory has %d bytes, want NumPages*PageBytes = %d*%d", ErrBadConfig, len(cfg.Memory), cfg.NumPages, cfg.PageBytes)
+	case cfg.Levels < 0 || cfg.Levels > tier.MaxRetentionLevels:
+		return nil, fmt.Errorf("%w: Levels = %d, want 0..%d", ErrBadConfig, cfg.Levels, tier.MaxRetentionLevels)
 	case cfg.MemoryLimit < 0:
 		return nil, fmt.Errorf("%w: MemoryLimit = %d, want >= 0 (0: physical memory)", ErrBadConfig, cfg.MemoryLimit)
 	}
@@ -133,7 +145,7 @@ func New(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	ents := make([]entry, cfg.NumPages)
-	lru, err := evict.NewQueuesIn(evict.LRU, 1, ents, func(e *entry) *evict.Link { return &e.lru })
+	lru, err := evict.NewQueuesIn(evict.LRU, max(cfg.Levels, 1), ents, func(e *entry) *evict.Link { return &e.lru })
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
@@ -144,6 +156,7 @@ func New(cfg Config) (*Pool, error) {
 		free:   make([]int32, cfg.NumPages),
 		index:  make(map[tier.Digest]int32, cfg.NumPages),
 		lru:    lru,
+		lapses: tier.NewLapses(cfg.NumPages),
 	}
 	if p.mem == nil && cfg.PageBytes > 0 {
 		p.mem = make([]byte, cfg.NumPages*cfg.PageBytes)
@@ -193,6 +206,12 @@ func (p *Pool) Entry(h PageID) (digest, parent tier.Digest, ready bool, readers 
 // Has reports whether the pool holds digest d (writing or ready).
 func (p *Pool) Has(d tier.Digest) bool { _, ok := p.index[d]; return ok }
 
+// Find returns the page that holds digest d (writing or ready).
+func (p *Pool) Find(d tier.Digest) (PageID, bool) { h, ok := p.index[d]; return PageID(h), ok }
+
+// Levels is the number of retention levels.
+func (p *Pool) Levels() int { return p.lru.Levels() }
+
 // Usage returns the pages by state: free, writing, ready (with or without
 // readers), and of the ready ones those reclaimable (no readers).
 func (p *Pool) Usage() (free, writing, ready, reclaimable int) {
@@ -223,6 +242,7 @@ func (p *Pool) Claim(d, parent tier.Digest, tokens []int32) (PageID, error) {
 	case p.lru.Len() > 0:
 		h = p.lru.Victim()
 		p.lru.Remove(h)
+		p.lapses.Remove(h)
 		delete(p.index, p.ents[h].digest)
 		p.nReady--
 		p.counters.Reclaimed++
@@ -249,7 +269,7 @@ func (p *Pool) Written(h PageID) error {
 	e.state = stReady
 	p.nWriting--
 	p.nReady++
-	p.lru.Push(int32(h), 0, 0)
+	p.lru.Push(int32(h), int(e.level), 0)
 	p.counters.Written++
 	p.check(int32(h))
 	return nil
@@ -262,6 +282,7 @@ func (p *Pool) Abandon(h PageID) error {
 		return err
 	}
 	delete(p.index, p.ents[h].digest)
+	p.lapses.Remove(int32(h))
 	p.ents[h] = entry{}
 	p.nWriting--
 	p.free = append(p.free, int32(h))
@@ -297,6 +318,9 @@ func (p *Pool) Acquire(h PageID) error {
 	if e.readers == 0 {
 		p.lru.Remove(int32(h))
 	}
+	if e.dur > 0 {
+		p.lapses.Set(int32(h), p.now+e.dur) // a use restarts the count
+	}
 	e.readers++
 	p.nReaders++
 	p.check(int32(h))
@@ -316,11 +340,98 @@ func (p *Pool) Release(h PageID) error {
 	e.readers--
 	p.nReaders--
 	if e.readers == 0 {
-		p.lru.Push(int32(h), 0, 0)
+		p.lru.Push(int32(h), int(e.level), 0)
 	}
 	p.check(int32(h))
 	return nil
 }
+
+// SetRetention gives writing or ready page h retention r: its level (a
+// reclaimable page moves to the tail of its new level's queue), its
+// continuation hint, and, with a duration, the deadline r.Left after the
+// pool's time at which the level lapses to 0. r is checked
+// (tier.Retention.Check) and its level must be below Levels; on an error
+// nothing changes.
+func (p *Pool) SetRetention(h PageID, r tier.Retention) error {
+	if h < 0 || int(h) >= len(p.ents) || p.ents[h].state == stFree {
+		return fmt.Errorf("%w: retention of host page %d, which is free or outside the pool [0, %d)", ErrBadPage, h, len(p.ents))
+	}
+	if err := r.Check(); err != nil {
+		return fmt.Errorf("%w: host page %d: %w", ErrBadPage, h, err)
+	}
+	if int(r.Priority) >= p.lru.Levels() {
+		return fmt.Errorf("%w: host page %d: retention priority %d, want 0..%d", ErrBadPage, h, r.Priority, p.lru.Levels()-1)
+	}
+	e := &p.ents[h]
+	if r.Priority == 0 {
+		r.Duration, r.Left = 0, 0 // level 0 has nothing to lapse
+	}
+	e.hint, e.dur = r.Hint, r.Duration
+	if r.Duration > 0 {
+		p.lapses.Set(int32(h), p.now+r.Left)
+	} else {
+		p.lapses.Remove(int32(h))
+	}
+	p.relevel(int32(h), r.Priority)
+	p.check(int32(h))
+	return nil
+}
+
+// relevel moves page h to level (the tail of its queue when reclaimable).
+func (p *Pool) relevel(h int32, level uint8) {
+	e := &p.ents[h]
+	if e.level == level {
+		return
+	}
+	queued := p.lru.Queued(h)
+	if queued {
+		p.lru.Remove(h)
+	}
+	e.level = level
+	if queued {
+		p.lru.Push(h, int(level), 0)
+	}
+}
+
+// Retention returns writing or ready page h's retention at the pool's
+// time: its level, hint, duration and what is left of it (zero for a free
+// page).
+func (p *Pool) Retention(h PageID) tier.Retention {
+	if h < 0 || int(h) >= len(p.ents) || p.ents[h].state == stFree {
+		return tier.Retention{}
+	}
+	e := &p.ents[h]
+	r := tier.Retention{Priority: e.level, Hint: e.hint, Duration: e.dur}
+	if at, ok := p.lapses.Deadline(int32(h)); ok {
+		r.Left = at - p.now
+	}
+	return r
+}
+
+// Advance sets the pool's time to now (an earlier time is taken as the
+// current one) and lapses, earliest deadline first (ties: lowest page),
+// the levels whose deadline it has reached: each such page drops to level
+// 0 (the tail of its queue when reclaimable). It returns how many lapsed.
+// O(log n) per lapse; nothing allocates.
+func (p *Pool) Advance(now time.Duration) int {
+	p.now = max(p.now, now)
+	n := 0
+	for {
+		h, ok := p.lapses.Due(p.now)
+		if !ok {
+			return n
+		}
+		p.lapses.Remove(h)
+		p.ents[h].dur = 0
+		p.relevel(h, 0)
+		p.counters.Lapsed++
+		p.check(h)
+		n++
+	}
+}
+
+// Now is the pool's time: the latest Advance.
+func (p *Pool) Now() time.Duration { return p.now }
 
 func (p *Pool) want(op string, h PageID, st uint8) error {
 	if h < 0 || int(h) >= len(p.ents) {
@@ -375,6 +486,18 @@ func (p *Pool) checkEntry(h int32) error {
 	if err := p.lru.CheckSlot(h); err != nil {
 		return fmt.Errorf("host: %w", err)
 	}
+	if level, _, ok := p.lru.Position(h); ok && level != int(e.level) {
+		return fmt.Errorf("host: page %d of level %d is queued at level %d", h, e.level, level)
+	}
+	at, timed := p.lapses.Deadline(h)
+	switch {
+	case timed != (e.state != stFree && e.dur > 0):
+		return fmt.Errorf("host: page %d (%s, duration %v) on the lapse heap: %v", h, stateName(e.state), e.dur, timed)
+	case timed && (e.level == 0 || at <= p.now || at > p.now+e.dur):
+		return fmt.Errorf("host: page %d of level %d lapses at %v, the pool's time is %v and its duration %v", h, e.level, at, p.now, e.dur)
+	case e.state == stFree && (e.level != 0 || e.hint != 0):
+		return fmt.Errorf("host: free page %d keeps retention level %d hint %d", h, e.level, e.hint)
+	}
 	return nil
 }
 
@@ -390,6 +513,9 @@ func (p *Pool) CheckInvariants() error {
 	}
 	if err := p.lru.CheckInvariants(); err != nil {
 		return fmt.Errorf("host: LRU list: %w", err)
+	}
+	if err := p.lapses.Check(); err != nil {
+		return fmt.Errorf("host: %w", err)
 	}
 	var writing, ready int
 	var readers int64

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -197,5 +199,162 @@ func TestNewRefusesMoreThanTheMemoryLimit(t *testing.T) {
 		if _, err := New(huge); !errors.Is(err, sysmem.ErrTooLarge) || !strings.Contains(err.Error(), "physical memory") {
 			t.Fatalf("New of %d bytes on this machine = %v", AllocBytes(huge), err)
 		}
+	}
+}
+
+// TestPoolRetentionMatchesModel runs random claims, writes, reads,
+// retention and time against a slow model of the eviction rule: a reclaim
+// takes, of the reclaimable pages, the one of the lowest level, least
+// recently queued there; a level with a duration lapses to 0 at its
+// deadline (deadline order, ties by page), joining level 0's tail; a use
+// (Acquire) restarts the count.
+func TestPoolRetentionMatchesModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	root := tier.NamespaceRoot("", "", "")
+	reclaims, lapses := 0, 0
+	for run := range 40 {
+		const levels = 4
+		p, err := New(Config{NumPages: 2 + run%6, PageSize: 2, Levels: levels})
+		require.NoError(t, err)
+		type st struct {
+			h        PageID
+			ready    bool
+			readers  int
+			level    uint8
+			dur      time.Duration
+			deadline time.Duration // with dur > 0
+			stamp    int           // when it joined its level's queue
+		}
+		model := map[int]*st{}
+		var now time.Duration
+		clock := 0
+		queue := func(s *st) { clock++; s.stamp = clock }
+		for range 600 {
+			i := rng.IntN(12)
+			s := model[i]
+			switch rng.IntN(8) {
+			case 0, 1:
+				// The victim the model expects, if the claim reclaims.
+				var want *st
+				free, _, _, _ := p.Usage()
+				if free == 0 {
+					for _, x := range model {
+						if x.ready && x.readers == 0 && (want == nil || x.level < want.level || x.level == want.level && x.stamp < want.stamp) {
+							want = x
+						}
+					}
+				}
+				h, err := p.Claim(dig(i), root, toks(i))
+				if s != nil {
+					require.ErrorIs(t, err, ErrPresent)
+					break
+				}
+				if err != nil {
+					require.ErrorIs(t, err, ErrFull)
+					require.Nil(t, want, "full with a reclaimable page")
+					break
+				}
+				if want != nil {
+					require.Equal(t, want.h, h, "the victim")
+					reclaims++
+				}
+				for j, x := range model {
+					if x.h == h {
+						delete(model, j)
+					}
+				}
+				model[i] = &st{h: h}
+			case 2:
+				if s != nil && !s.ready {
+					if rng.IntN(5) == 0 {
+						require.NoError(t, p.Abandon(s.h))
+						delete(model, i)
+					} else {
+						require.NoError(t, p.Written(s.h))
+						s.ready = true
+						queue(s)
+					}
+				}
+			case 3:
+				if s != nil && s.ready {
+					require.NoError(t, p.Acquire(s.h))
+					s.readers++
+					if s.dur > 0 {
+						s.deadline = now + s.dur
+					}
+				}
+			case 4:
+				if s != nil && s.ready && s.readers > 0 {
+					require.NoError(t, p.Release(s.h))
+					s.readers--
+					if s.readers == 0 {
+						queue(s)
+					}
+				}
+			case 5:
+				if s == nil {
+					break
+				}
+				r := tier.Retention{Priority: uint8(rng.IntN(levels)), Hint: uint8(rng.IntN(3))}
+				if rng.IntN(2) == 0 {
+					r.Duration = time.Duration(1 + rng.IntN(20))
+					r.Left = time.Duration(1 + rng.IntN(int(r.Duration)))
+				}
+				require.NoError(t, p.SetRetention(s.h, r))
+				old := s.level
+				s.level, s.dur = r.Priority, r.Duration
+				if r.Priority == 0 {
+					s.dur = 0
+				}
+				s.deadline = now + r.Left
+				if s.level != old && s.ready && s.readers == 0 {
+					queue(s)
+				}
+				got := p.Retention(s.h)
+				require.Equal(t, s.level, got.Priority)
+				require.Equal(t, r.Hint, got.Hint)
+				if s.dur > 0 {
+					require.Equal(t, r.Left, got.Left)
+				}
+			case 6:
+				now += time.Duration(rng.IntN(6))
+				// Lapse in deadline order, ties by page.
+				var due []*st
+				for _, x := range model {
+					if x.dur > 0 && x.deadline <= now {
+						due = append(due, x)
+					}
+				}
+				slices.SortFunc(due, func(a, b *st) int {
+					if a.deadline != b.deadline {
+						return int(a.deadline - b.deadline)
+					}
+					return int(a.h - b.h)
+				})
+				for _, x := range due {
+					x.dur = 0
+					if x.level != 0 {
+						x.level = 0
+						if x.ready && x.readers == 0 {
+							queue(x)
+						}
+					}
+				}
+				require.Equal(t, len(due), p.Advance(now))
+				lapses += len(due)
+			case 7:
+				// Bad retention changes nothing.
+				if s != nil {
+					err := p.SetRetention(s.h, tier.Retention{Priority: levels})
+					require.ErrorIs(t, err, ErrBadPage)
+					require.ErrorContains(t, err, "retention priority 4, want 0..3")
+					require.Equal(t, s.level, p.Retention(s.h).Priority)
+				}
+			}
+			require.NoError(t, p.CheckInvariants())
+		}
+	}
+	if reclaims < 100 || lapses < 100 {
+		t.Fatalf("the runs reclaimed %d pages and lapsed %d: too few to test the rule", reclaims, lapses)
 	}
 }

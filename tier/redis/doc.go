@@ -21,7 +21,11 @@
 // A value is the page's bytes with everything needed to prove them the
 // right ones: magic and version, the format, the namespace and group, the
 // page's digest and its parent's, its tokens, the bytes, and a CRC-32C over
-// all of it ([Encode], [Decode]). Every fetched value is decoded strictly
+// all of it ([Encode], [Decode]). A page with a retention hint carries it
+// in a 24-byte field (flags bit 0x02: its level, hint, duration and the
+// wall-clock deadline of its level); a fetch hands what is left of it to
+// the Manager, and with [Config.Expiry] the key's TTL is Expiry plus what
+// is left (docs/retention.md, "Below the device"). Every fetched value is decoded strictly
 // (exact lengths, no trailing bytes, checksum) and then compared with what
 // the Manager asked for: namespace, group and format (a foreign value),
 // digest, parent and tokens (a stale value or a key collision). Anything
@@ -54,8 +58,9 @@
 //     decodes strictly and verifies as the page asked for, and the pages
 //     served are the leading pages of the lookup that did (a rejected page
 //     ends the served prefix there).
-//   - A lookup never reads more than a page's encoded length plus one byte
-//     per key, whatever the server holds (TYPE, then GETRANGE), and
+//   - A lookup never reads more than a page's encoded length with a
+//     retention field plus one byte per key, whatever the server holds
+//     (TYPE, then GETRANGE), and
 //     decoding n bytes allocates at most 2n + 4096 bytes
 //     (FuzzDecodeValue).
 //   - [Store.Store] never blocks: with every one of the [Config.QueueLen]

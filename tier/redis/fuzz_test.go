@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pagedkv/pagedkv/internal/heaptest"
 	"github.com/pagedkv/pagedkv/layout"
@@ -59,6 +60,11 @@ func FuzzDecodeValue(f *testing.F) {
 	// bytes allocated per byte before errors cut what they quote).
 	escaped, _ := Encode(nil, fm, strings.Repeat("\xff", 60000), "all", &want)
 	f.Add(escaped)
+	// A value with a retention field (flags bit 0x02).
+	kept := want
+	kept.Retention = tier.Retention{Priority: 2, Hint: 2, Duration: time.Minute, Left: time.Second}
+	withRet, _ := tier.EncodeValueAt(nil, fm, "ns", "all", &kept, time.Unix(7, 0))
+	f.Add(withRet)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, in := range [][]byte{b, withCRC(b)} {
 			checkDecode(t, in, fm, &want)
@@ -93,7 +99,9 @@ func checkDecode(t *testing.T, b []byte, fm tier.PageFormat, want *tier.RemotePa
 		return
 	}
 	p := tier.RemotePage{Digest: v.Digest, Parent: v.Parent, Tokens: v.Tokens, Data: v.Data}
-	again, err := Encode(nil, v.Format, v.Namespace, v.Group, &p)
+	var at time.Time
+	p.Retention, at = v.Retention.Whole()
+	again, err := tier.EncodeValueAt(nil, v.Format, v.Namespace, v.Group, &p, at)
 	if err != nil {
 		t.Fatalf("decoded value does not encode: %v", err)
 	}
@@ -107,7 +115,8 @@ func checkDecode(t *testing.T, b []byte, fm tier.PageFormat, want *tier.RemotePa
 		// covers the tokens: see "Trust" in docs/tiers.md.)
 		ident := *want
 		ident.Data = v.Data
-		if same, _ := Encode(nil, fm, "ns", "all", &ident); !bytes.Equal(same, b) {
+		ident.Retention = p.Retention
+		if same, _ := tier.EncodeValueAt(nil, fm, "ns", "all", &ident, at); !bytes.Equal(same, b) {
 			t.Fatalf("a value of another identity verified: %x", b)
 		}
 	}

@@ -61,7 +61,13 @@ type Config struct {
 	// MaxBatch).
 	Batch int
 	// Expiry sets a TTL on written pages (0: none; leave it to maxmemory).
+	// A page whose retention has a duration lives that much longer: its
+	// TTL is Expiry plus what is left of the duration (docs/retention.md,
+	// "Below the device").
 	Expiry time.Duration
+	// Clock is the wall clock retention deadlines are written and read
+	// on (nil: time.Now).
+	Clock func() time.Time
 	// WriteTimeout bounds one batch of writes (0: 1 s).
 	WriteTimeout time.Duration
 	// DialTimeout bounds connecting (0: 2 s).
@@ -100,6 +106,7 @@ type Store struct {
 type job struct {
 	key string
 	val []byte
+	ttl time.Duration
 }
 
 var _ tier.RemoteStore = (*Store)(nil)
@@ -155,7 +162,7 @@ func New(cfg Config) (*Store, error) {
 		free:      make(chan *job, cfg.QueueLen),
 	}
 	for range cfg.QueueLen {
-		s.free <- &job{val: make([]byte, 0, s.valueLen)}
+		s.free <- &job{val: make([]byte, 0, s.valueLen+tier.RetentionFieldBytes)}
 	}
 	s.wg.Add(1)
 	go s.writer()
@@ -205,9 +212,9 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 	for i := range pages {
 		keys[i] = s.Key(&pages[i])
 		types[i] = pipe.Type(ctx, keys[i])
-		// Bytes 0..valueLen inclusive: one past a page's value shows a
-		// longer one.
-		values[i] = pipe.GetRange(ctx, keys[i], 0, int64(s.valueLen))
+		// Bytes 0..valueLen+RetentionFieldBytes inclusive: one past the
+		// longer value (one with a retention field) shows a longer one.
+		values[i] = pipe.GetRange(ctx, keys[i], 0, int64(s.valueLen+tier.RetentionFieldBytes))
 	}
 	// Exec's error is the first command's; each command's own error is
 	// read below, so a reply error (WRONGTYPE) stays with its page. A
@@ -245,7 +252,7 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 			return i
 		}
 		s.bytesIn.Add(int64(len(b)))
-		if len(b) != s.valueLen {
+		if len(b) != s.valueLen && len(b) != s.valueLen+tier.RetentionFieldBytes {
 			s.rejections.Record(keys[i], tier.RejectSize, sizeDetail(len(b), s.valueLen))
 			return i
 		}
@@ -259,6 +266,7 @@ func (s *Store) Fetch(ctx context.Context, pages []tier.RemotePage) int {
 			return i
 		}
 		copy(pages[i].Data, v.Data)
+		pages[i].Retention = v.Retention.At(s.now())
 		s.hits.Add(1)
 	}
 	return len(pages)
@@ -322,13 +330,14 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 		s.dropped.Add(1)
 		return false
 	}
-	val, err := Encode(j.val[:0], s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p)
+	now := s.now()
+	val, err := tier.EncodeValueAt(j.val[:0], s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p, now)
 	if err != nil {
 		s.free <- j
 		s.dropped.Add(1)
 		return false
 	}
-	j.val, j.key = val, s.Key(p)
+	j.val, j.key, j.ttl = val, s.Key(p), s.ttl(p.Retention)
 	s.mu.Lock()
 	if s.done {
 		s.mu.Unlock()
@@ -339,6 +348,26 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 	tier.Queue(&s.backlog, s.queue, j) // never blocks: at most QueueLen jobs exist
 	s.mu.Unlock()
 	return true
+}
+
+// now reads the store's wall clock.
+func (s *Store) now() time.Time {
+	if s.cfg.Clock != nil {
+		return s.cfg.Clock()
+	}
+	return time.Now()
+}
+
+// ttl is the TTL of a page with retention r: Expiry (0: none), and with
+// Expiry set, what is left of r's duration on top, so a page whose level
+// runs lives Expiry past its lapse, as an unhinted page lives Expiry past
+// its write. Without Expiry no TTL is set: a TTL would only shorten a
+// hinted page's life.
+func (s *Store) ttl(r tier.Retention) time.Duration {
+	if s.cfg.Expiry == 0 {
+		return 0
+	}
+	return s.cfg.Expiry + r.Left
 }
 
 // writer sends queued pages in pipelined batches until Close.
@@ -367,7 +396,7 @@ func (s *Store) write(batch []*job) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WriteTimeout)
 	pipe := s.client.Pipeline()
 	for _, j := range batch {
-		pipe.Set(ctx, j.key, j.val, s.cfg.Expiry)
+		pipe.Set(ctx, j.key, j.val, j.ttl)
 	}
 	cmds, err := pipe.Exec(ctx)
 	cancel()
