@@ -1,7 +1,6 @@
 package pagedkv
 
 import (
-	"crypto/sha256"
 	"fmt"
 
 	"github.com/pagedkv/pagedkv/tier"
@@ -256,12 +255,7 @@ func (m *group) tierRoot(ns Namespace) tier.Digest {
 	if m.tierTag == "" {
 		return d
 	}
-	h := sha256.New()
-	h.Write([]byte("pagedkv/tier/group/v1"))
-	h.Write(d[:])
-	h.Write([]byte(m.tierTag))
-	h.Sum(d[:0])
-	return d
+	return tier.GroupRoot(d, m.tierTag)
 }
 
 // auditTierRequests checks each request's loading count against its

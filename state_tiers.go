@@ -2,7 +2,6 @@ package pagedkv
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"sync/atomic"
 
@@ -32,9 +31,6 @@ import (
 // tiers) reaches a boundary whose checkpoint the host tier or the remote
 // store holds onloads it into a fresh slot: a checkpoint again, loading
 // until its copies complete (a request on it takes no step meanwhile).
-
-// stateTierDomain separates state checkpoint parents from page digests.
-const stateTierDomain = "pagedkv/tier/state/v1"
 
 // ckptTier is a checkpoint's identity below the device (with tiers).
 type ckptTier struct {
@@ -113,15 +109,7 @@ func (c *core) withStateTiers(t *tiers) {
 
 // stateParent is P_j for the checkpoint whose prefix before its last page
 // has tier chain digest e.
-func (st *stateTiers) stateParent(e tier.Digest, j int) tier.Digest {
-	h := sha256.New()
-	h.Write([]byte(stateTierDomain))
-	h.Write(e[:])
-	h.Write([]byte(st.tags[j]))
-	var d tier.Digest
-	h.Sum(d[:0])
-	return d
-}
+func (st *stateTiers) stateParent(e tier.Digest, j int) tier.Digest { return tier.StateParent(e, st.tags[j]) }
 
 // names fills dig and par with the checkpoint's D_j and P_j, after a
 // prefix (of all but its last page last) with tier chain digest e.
