@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/tier"
@@ -109,7 +110,9 @@ func (c *core) withStateTiers(t *tiers) {
 
 // stateParent is P_j for the checkpoint whose prefix before its last page
 // has tier chain digest e.
-func (st *stateTiers) stateParent(e tier.Digest, j int) tier.Digest { return tier.StateParent(e, st.tags[j]) }
+func (st *stateTiers) stateParent(e tier.Digest, j int) tier.Digest {
+	return tier.StateParent(e, st.tags[j])
+}
 
 // names fills dig and par with the checkpoint's D_j and P_j, after a
 // prefix (of all but its last page last) with tier chain digest e.
@@ -428,4 +431,45 @@ func (t *tiers) fetchClaimed(hits []HostPageID, fetched []tier.Medium) ([]HostPa
 	t.c.RemoteFetched += int64(got)
 	clear(t.fetch) // drop references to host memory
 	return hits, fetched
+}
+
+// TierTag returns configured group g's identity in tier digests: an
+// attention group's chains start from tier.GroupRoot(namespace root,
+// TierTag(g)), a state group's checkpoint pages have parents
+// tier.StateParent(e, TierTag(g)). A handoff sender names the group by it
+// (handoff.Request.GroupTag), so the receiving HybridManager, with the
+// same groups, finds the pages under its own digests.
+func (h *HybridManager) TierTag(g int) string {
+	c := h.core
+	if c.state != nil {
+		if c.state.index(g) >= 0 {
+			return stateTierTag(g, c.specs[g])
+		}
+		return groupTierTag(c.attnIndex(g), c.specs[g])
+	}
+	return groupTierTag(g, c.groups[g].layerGroup)
+}
+
+// StateCheckpoint returns the deepest state checkpoint on the device of a
+// prefix of tokens in ns: its length in tokens and its slot, one page per
+// state group in their order in HybridConfig.Groups (0 and nil: none, or
+// no state groups). The pages are valid until the next call that may
+// evict; a handoff sender reads their bytes at once.
+func (h *HybridManager) StateCheckpoint(ns Namespace, tokens []int32) (n int, slot []PageID) {
+	s := h.core.state
+	if s == nil {
+		return 0, nil
+	}
+	var best *checkpoint
+	hv := h.core.groups[0].cache.Key(ns).Hash()
+	for k := 1; k*s.ps <= len(tokens); k++ {
+		hv = s.hash.Page(hv, tokens[(k-1)*s.ps:k*s.ps])
+		if c, ok := s.ckpts[ckptKey{hv, k * s.ps}]; ok {
+			best = c
+		}
+	}
+	if best == nil {
+		return 0, nil
+	}
+	return best.key.tokens, slices.Clone(best.slot)
 }

@@ -74,8 +74,13 @@ func TestGroupAndStateRequests(t *testing.T) {
 	require.Zero(t, st.Fetch(context.Background(), want), "a state page served as a K/V page")
 
 	for name, bad := range map[string]*Request{
-		"two pages": func() *Request { r := stateRequest(3, 2); r.Pages = append(r.Pages, r.Pages[0]); r.Runs = Plan(nil, seq(2)); return r }(),
-		"no tag":    func() *Request { r := stateRequest(3, 2); r.GroupTag = ""; return r }(),
+		"two pages": func() *Request {
+			r := stateRequest(3, 2)
+			r.Pages = append(r.Pages, r.Pages[0])
+			r.Runs = Plan(nil, seq(2))
+			return r
+		}(),
+		"no tag": func() *Request { r := stateRequest(3, 2); r.GroupTag = ""; return r }(),
 	} {
 		require.Error(t, WriteRequest(&bytes.Buffer{}, cfg, testNonce, bad), name)
 	}
