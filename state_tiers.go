@@ -177,7 +177,8 @@ func (s *stateSet) writeThrough(c *checkpoint) {
 		t.hostFirst[h] = d
 		t.hostClaimed(h, c.hostName())
 		s.retain([]PageID{p})
-		t.copies[t.plan(nil, tier.ToHost, p, h, nil, 0, false)].ckpt = c
+		sl := t.plan(nil, tier.ToHost, p, h, nil, 0, false) // may grow t.copies: index it after
+		t.copies[sl].ckpt = c
 		s.hold(c, false, +1)
 	}
 }
@@ -361,7 +362,8 @@ func (s *stateSet) onload(r *stateReq, tokens []int32, k int) *checkpoint {
 	ct.parentHash, ct.root = st.hs[k-1], k == 1
 	for j, h := range st.held {
 		// Alloc's reference and the host page's reader are the copy's.
-		st.t.copies[st.t.plan(nil, tier.ToDevice, fresh[j], h, nil, 0, false)].ckpt = c
+		sl := st.t.plan(nil, tier.ToDevice, fresh[j], h, nil, 0, false) // may grow t.copies: index it after
+		st.t.copies[sl].ckpt = c
 		s.hold(c, true, +1)
 	}
 	tokensHit := int64(k * s.ps)
