@@ -37,16 +37,13 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 			continue
 		}
 		if t.offloading {
-			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
-				t.hostFirst[h] = md.first
-				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup, false})
+			if h, ok := t.claimFor(md.digest, md.parent, t.pageTokens(p), md.first, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup, false}); ok {
 				// The cache's reference becomes the copy's.
 				t.plan(c.m, tier.ToHost, p, h, nil, 0, true)
 				offloaded++
 				t.evicting++
 				continue
 			}
-			t.c.HostFull++
 		}
 		t.c.DroppedPages++
 		rel = append(rel, p)
@@ -199,17 +196,13 @@ func (m *group) tierPublished(r *request, page PageID, tokens []int32, added boo
 			hash: hash, parentHash: parentHash, root: root, lora: r.key.Namespace().LoRA}
 		copy(t.pageTokens(page), tokens)
 		if t.writeThrough && !t.host.Has(nd) {
-			if h, ok := t.claim(nd, r.tchain, tokens); ok {
-				t.hostFirst[h] = r.tfirst
-				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup, false})
+			if h, ok := t.claimFor(nd, r.tchain, tokens, r.tfirst, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup, false}); ok {
 				t.one[0] = page
 				if err := m.alloc.Retain(t.one[:]...); err != nil {
 					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))
 				}
 				t.plan(m, tier.ToHost, page, h, nil, 0, false)
 				m.cache.Recheck(page)
-			} else {
-				t.c.HostFull++
 			}
 		}
 	}

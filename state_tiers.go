@@ -169,13 +169,10 @@ func (s *stateSet) writeThrough(c *checkpoint) {
 		if t.host.Has(d) {
 			continue
 		}
-		h, ok := t.claim(d, c.tier.par[j], c.tier.last)
+		h, ok := t.claimFor(d, c.tier.par[j], c.tier.last, d, c.hostName())
 		if !ok {
-			t.c.HostFull++
 			continue
 		}
-		t.hostFirst[h] = d
-		t.hostClaimed(h, c.hostName())
 		s.retain([]PageID{p})
 		sl := t.plan(nil, tier.ToHost, p, h, nil, 0, false) // may grow t.copies: index it after
 		t.copies[sl].ckpt = c
@@ -201,15 +198,13 @@ func (s *stateSet) evictPages(c *checkpoint) int {
 			continue
 		}
 		if t.offloading {
-			if h, ok := t.claim(d, c.tier.par[j], c.tier.last); ok {
-				t.hostFirst[h] = d
-				t.hostClaimed(h, c.hostName())
+			if h, ok := t.claimFor(d, c.tier.par[j], c.tier.last, d, c.hostName()); ok {
+				// The checkpoint's reference becomes the copy's.
 				t.plan(nil, tier.ToHost, p, h, nil, 0, true)
 				t.evicting++
 				offloaded++
 				continue
 			}
-			t.c.HostFull++
 		}
 		t.c.DroppedPages++
 		rel = append(rel, p)
