@@ -307,7 +307,7 @@ func (c *core) hostCachedHashes(dst []uint64) []uint64 {
 		return dst
 	}
 	for h, live := range t.hostLive {
-		if live {
+		if live && !t.hostName[h].state { // checkpoints' pages are not announced
 			dst = append(dst, t.hostName[h].hash)
 		}
 	}

@@ -270,6 +270,9 @@ func (s *stateSet) truncate(id RequestID, n int) {
 	if r.hashed*s.ps > n {
 		r.hashed, r.chain = 0, r.root
 	}
+	if r.thashed*s.ps > n {
+		r.thashed, r.tchain = 0, r.troot
+	}
 }
 
 // boundary reports whether request r keeps a checkpoint after its first b

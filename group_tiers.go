@@ -1,7 +1,6 @@
 package pagedkv
 
 import (
-	"crypto/sha256"
 	"fmt"
 
 	"github.com/pagedkv/pagedkv/tier"
@@ -45,9 +44,7 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 			continue
 		}
 		if t.offloading {
-			if h, ok := t.claim(md.digest, md.parent, t.pageTokens(p)); ok {
-				t.hostFirst[h] = md.first
-				t.hostClaimed(h, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup, false})
+			if h, ok := t.claimFor(md.digest, md.parent, t.pageTokens(p), md.first, hostName{md.hash, md.parentHash, md.root, md.lora, c.m.tierGroup, false}); ok {
 				t.hostRetain(h, evictedRetention(evRet, i, len(pages)))
 				// The cache's reference becomes the copy's.
 				t.plan(c.m, tier.ToHost, p, h, nil, 0, true)
@@ -55,7 +52,6 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 				t.evicting++
 				continue
 			}
-			t.c.HostFull++
 		}
 		t.c.DroppedPages++
 		rel = append(rel, p)
@@ -211,17 +207,13 @@ func (m *group) tierPublished(r *request, page PageID, tokens []int32, added boo
 		copy(t.pageTokens(page), tokens)
 		m.restoreRetention(page, nd)
 		if t.writeThrough && !t.host.Has(nd) {
-			if h, ok := t.claim(nd, r.tchain, tokens); ok {
-				t.hostFirst[h] = r.tfirst
-				t.hostClaimed(h, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup, false})
+			if h, ok := t.claimFor(nd, r.tchain, tokens, r.tfirst, hostName{hash, parentHash, root, t.meta[page].lora, m.tierGroup, false}); ok {
 				t.one[0] = page
 				if err := m.alloc.Retain(t.one[:]...); err != nil {
 					panic(fmt.Sprintf("pagedkv: retaining page %d for its write-through: %v", page, err))
 				}
 				t.plan(m, tier.ToHost, page, h, nil, 0, false)
 				m.cache.Recheck(page)
-			} else {
-				t.c.HostFull++
 			}
 		}
 	}
@@ -270,12 +262,7 @@ func (m *group) tierRoot(ns Namespace) tier.Digest {
 	if m.tierTag == "" {
 		return d
 	}
-	h := sha256.New()
-	h.Write([]byte("pagedkv/tier/group/v1"))
-	h.Write(d[:])
-	h.Write([]byte(m.tierTag))
-	h.Sum(d[:0])
-	return d
+	return tier.GroupRoot(d, m.tierTag)
 }
 
 // auditTierRequests checks each request's loading count against its

@@ -295,6 +295,20 @@ func (t *tiers) claim(d, parent tier.Digest, tokens []int32) (HostPageID, bool) 
 	return h, err == nil
 }
 
+// claimFor claims a host page for an offload of the page d (its parent,
+// tokens, the digest of its chain's first page and its name), or counts
+// the host tier full.
+func (t *tiers) claimFor(d, parent tier.Digest, tokens []int32, first tier.Digest, n hostName) (HostPageID, bool) {
+	h, ok := t.claim(d, parent, tokens)
+	if !ok {
+		t.c.HostFull++
+		return 0, false
+	}
+	t.hostFirst[h] = first
+	t.hostClaimed(h, n)
+	return h, true
+}
+
 func (t *tiers) hostClaimed(h HostPageID, n hostName) {
 	if t.hostLive[h] {
 		t.hostLive[h] = false

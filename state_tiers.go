@@ -2,8 +2,8 @@ package pagedkv
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/pagedkv/pagedkv/tier"
@@ -32,9 +32,6 @@ import (
 // tiers) reaches a boundary whose checkpoint the host tier or the remote
 // store holds onloads it into a fresh slot: a checkpoint again, loading
 // until its copies complete (a request on it takes no step meanwhile).
-
-// stateTierDomain separates state checkpoint parents from page digests.
-const stateTierDomain = "pagedkv/tier/state/v1"
 
 // ckptTier is a checkpoint's identity below the device (with tiers).
 type ckptTier struct {
@@ -114,13 +111,7 @@ func (c *core) withStateTiers(t *tiers) {
 // stateParent is P_j for the checkpoint whose prefix before its last page
 // has tier chain digest e.
 func (st *stateTiers) stateParent(e tier.Digest, j int) tier.Digest {
-	h := sha256.New()
-	h.Write([]byte(stateTierDomain))
-	h.Write(e[:])
-	h.Write([]byte(st.tags[j]))
-	var d tier.Digest
-	h.Sum(d[:0])
-	return d
+	return tier.StateParent(e, st.tags[j])
 }
 
 // names fills dig and par with the checkpoint's D_j and P_j, after a
@@ -178,15 +169,13 @@ func (s *stateSet) writeThrough(c *checkpoint) {
 		if t.host.Has(d) {
 			continue
 		}
-		h, ok := t.claim(d, c.tier.par[j], c.tier.last)
+		h, ok := t.claimFor(d, c.tier.par[j], c.tier.last, d, c.hostName())
 		if !ok {
-			t.c.HostFull++
 			continue
 		}
-		t.hostFirst[h] = d
-		t.hostClaimed(h, c.hostName())
 		s.retain([]PageID{p})
-		t.copies[t.plan(nil, tier.ToHost, p, h, nil, 0, false)].ckpt = c
+		sl := t.plan(nil, tier.ToHost, p, h, nil, 0, false) // may grow t.copies: index it after
+		t.copies[sl].ckpt = c
 		s.hold(c, false, +1)
 	}
 }
@@ -209,15 +198,13 @@ func (s *stateSet) evictPages(c *checkpoint) int {
 			continue
 		}
 		if t.offloading {
-			if h, ok := t.claim(d, c.tier.par[j], c.tier.last); ok {
-				t.hostFirst[h] = d
-				t.hostClaimed(h, c.hostName())
+			if h, ok := t.claimFor(d, c.tier.par[j], c.tier.last, d, c.hostName()); ok {
+				// The checkpoint's reference becomes the copy's.
 				t.plan(nil, tier.ToHost, p, h, nil, 0, true)
 				t.evicting++
 				offloaded++
 				continue
 			}
-			t.c.HostFull++
 		}
 		t.c.DroppedPages++
 		rel = append(rel, p)
@@ -370,7 +357,8 @@ func (s *stateSet) onload(r *stateReq, tokens []int32, k int) *checkpoint {
 	ct.parentHash, ct.root = st.hs[k-1], k == 1
 	for j, h := range st.held {
 		// Alloc's reference and the host page's reader are the copy's.
-		st.t.copies[st.t.plan(nil, tier.ToDevice, fresh[j], h, nil, 0, false)].ckpt = c
+		sl := st.t.plan(nil, tier.ToDevice, fresh[j], h, nil, 0, false) // may grow t.copies: index it after
+		st.t.copies[sl].ckpt = c
 		s.hold(c, true, +1)
 	}
 	tokensHit := int64(k * s.ps)
@@ -441,4 +429,45 @@ func (t *tiers) fetchClaimed(hits []HostPageID, fetched []tier.Medium) ([]HostPa
 	t.c.RemoteFetched += int64(got)
 	clear(t.fetch) // drop references to host memory
 	return hits, fetched
+}
+
+// TierTag returns configured group g's identity in tier digests: an
+// attention group's chains start from tier.GroupRoot(namespace root,
+// TierTag(g)), a state group's checkpoint pages have parents
+// tier.StateParent(e, TierTag(g)). A handoff sender names the group by it
+// (handoff.Request.GroupTag), so the receiving HybridManager, with the
+// same groups, finds the pages under its own digests.
+func (h *HybridManager) TierTag(g int) string {
+	c := h.core
+	if c.state != nil {
+		if c.state.index(g) >= 0 {
+			return stateTierTag(g, c.specs[g])
+		}
+		return groupTierTag(c.attnIndex(g), c.specs[g])
+	}
+	return groupTierTag(g, c.groups[g].layerGroup)
+}
+
+// StateCheckpoint returns the deepest state checkpoint on the device of a
+// prefix of tokens in ns: its length in tokens and its slot, one page per
+// state group in their order in HybridConfig.Groups (0 and nil: none, or
+// no state groups). The pages are valid until the next call that may
+// evict; a handoff sender reads their bytes at once.
+func (h *HybridManager) StateCheckpoint(ns Namespace, tokens []int32) (n int, slot []PageID) {
+	s := h.core.state
+	if s == nil {
+		return 0, nil
+	}
+	var best *checkpoint
+	hv := h.core.groups[0].cache.Key(ns).Hash()
+	for k := 1; k*s.ps <= len(tokens); k++ {
+		hv = s.hash.Page(hv, tokens[(k-1)*s.ps:k*s.ps])
+		if c, ok := s.ckpts[ckptKey{hv, k * s.ps}]; ok {
+			best = c
+		}
+	}
+	if best == nil {
+		return 0, nil
+	}
+	return best.key.tokens, slices.Clone(best.slot)
 }

@@ -362,3 +362,25 @@ func tierFormatLayers(ps, layers int) tier.PageFormat {
 	f.Layers = layers
 	return f
 }
+
+// FuzzStateTiers drives TestStateTiersMatchModel's workload from raw
+// bytes: the first byte picks the host pool and write-through, the rest
+// are the operations' random draws (byteSource). Every step's state reads
+// are checked against the fake engine's bytes, Audit runs after every
+// operation, and the run drains to no copy and no cached page. Inputs are
+// cut at 1024 bytes.
+func FuzzStateTiers(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+	f.Add(make([]byte, 96))
+	f.Add([]byte("\x85 state tiers: add, step to a checkpoint, evict with offload, onload, release"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		data = data[:min(len(data), 1024)]
+		h := data[0]
+		x := newSTTierHarness(t, stTierConfig{hostPages: 4 + 4*int(h%8), writeThrough: h&0x80 != 0})
+		x.rng = rand.New(&byteSource{data: data[1:]})
+		x.run(len(data) / 3)
+	})
+}

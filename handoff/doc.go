@@ -28,9 +28,10 @@
 //
 //	prelude  "PKVH", version 2, 3 zero bytes
 //	         (the receiver's hello: "PKVH", 2, flags, 2 zero bytes, nonce)
-//	head     u16 tenant, LoRA, salt lengths, u16 0, u32 token count,
+//	head     u16 tenant, LoRA, salt lengths, u16 group field (group tag
+//	         length; bit 15: a state checkpoint), u32 token count,
 //	         u32 run count, u32 page count; tag 1
-//	header   tenant, LoRA, salt; tokens (int32); runs (int32 page,
+//	header   tenant, LoRA, salt, group tag; tokens (int32); runs (int32 page,
 //	         int32 pages); tag 2
 //	         (the receiver's verdict: continue, or why not)
 //	pages    page count values of tier.EncodedValueLen bytes each
@@ -78,6 +79,9 @@
 //     "admitted" only from a receiver with the key.
 //   - Every admitted page is the page its token chain names: the receiver
 //     computes the digest and parent from the namespace and tokens itself.
+//   - A state checkpoint's page (Request.State) is named by the state
+//     digest the receiver computes from the namespace, group tag and
+//     tokens, and is served only as a state page, never as K/V.
 //   - A page keeps the bytes it was first admitted with; a later request
 //     with other bytes for it does not change what the Store serves.
 //   - The receiver's memory is bounded before it is spent: nothing is sized

@@ -29,7 +29,7 @@ const fuzzAllocBound = 256 << 10
 // checkAccepted fails t unless the request r accepted from stream b is
 // exactly what the writer produces for it on the same connection.
 func checkAccepted(t *testing.T, cfg Config, r *Received, b []byte) {
-	req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs}
+	req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs, GroupTag: r.GroupTag, State: r.State}
 	for _, p := range r.Pages {
 		req.Pages = append(req.Pages, p.Data)
 	}
@@ -135,7 +135,7 @@ func unsign(b []byte) []byte {
 // anything accepted is the writer's stream.
 func FuzzReadRequestSigned(f *testing.F) {
 	cfg := fuzzConfig()
-	for _, r := range []*Request{testRequest(1, 2, []int32{3, 4}), testRequest(2, 3, []int32{5, 1, 2}), {}} {
+	for _, r := range []*Request{testRequest(1, 2, []int32{3, 4}), testRequest(2, 3, []int32{5, 1, 2}), {}, groupRequest(3), stateRequest(4, 3)} {
 		var good bytes.Buffer
 		if err := WriteRequest(&good, cfg, testNonce, r); err != nil {
 			f.Fatal(err)

@@ -606,7 +606,7 @@ func TestInflightBytesBounded(t *testing.T) {
 	require.NoError(t, cfg.check())
 	st := newStore(t, cfg, DefaultMaxPages)
 	ns := [3]uint16{4, 3, 0}
-	full := &head{lens: [3]int{4, 3, 0}, tokens: DefaultMaxPages * 4, runs: DefaultMaxPages, npages: DefaultMaxPages}
+	full := &head{lens: [4]int{4, 3, 0, 0}, tokens: DefaultMaxPages * 4, runs: DefaultMaxPages, npages: DefaultMaxPages}
 	mem := full.memory(&cfg)
 	srv, addr := serve(t, st, ServerConfig{MaxInflightBytes: mem + 100<<10, IdleTimeout: 300 * time.Millisecond})
 

@@ -81,7 +81,7 @@ func (c *ServerConfig) check(cfg *Config) error {
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
 	c.RequestTimeout = cmp.Or(c.RequestTimeout, DefaultRequestTimeout)
 	p := cfg.Limits.MaxPages
-	largest := (&head{lens: [3]int{MaxString, MaxString, MaxString}, tokens: p * cfg.Format.PageSize, runs: p, npages: p}).memory(cfg)
+	largest := (&head{lens: [4]int{MaxString, MaxString, MaxString, MaxString}, tokens: p * cfg.Format.PageSize, runs: p, npages: p}).memory(cfg)
 	if c.MaxInflightBytes < largest {
 		return fmt.Errorf("%w: MaxInflightBytes %d cannot hold one request of Limits.MaxPages %d (%d bytes): raise it, or lower the limits", ErrBadConfig, c.MaxInflightBytes, p, largest)
 	}

@@ -169,7 +169,7 @@ func (s *Store) Fetch(_ context.Context, pages []tier.RemotePage) int {
 	for i := range pages {
 		p := &pages[i]
 		h, ok := s.pages[p.Digest]
-		if !ok || h.page.Parent != p.Parent || !slices.Equal(h.page.Tokens, p.Tokens) || len(p.Data) != len(h.page.Data) {
+		if !ok || h.page.Parent != p.Parent || h.page.State != p.State || !slices.Equal(h.page.Tokens, p.Tokens) || len(p.Data) != len(h.page.Data) {
 			s.c.Misses.Add(1)
 			return i
 		}

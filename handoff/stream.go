@@ -241,6 +241,13 @@ type Request struct {
 	Tokens             []int32
 	Runs               []Run
 	Pages              [][]byte
+	// GroupTag, when set, is a HybridManager's layer group
+	// (HybridManager.TierTag): the pages chain from
+	// tier.GroupRoot(namespace root, GroupTag) instead of the namespace
+	// root. With State, Pages is that state group's one checkpoint page
+	// of the prefix Tokens (whole pages; docs/state-groups.md, "Tiers").
+	GroupTag string
+	State    bool
 }
 
 // StreamBytes is the length of r's stream (the sender's bytes; the
@@ -249,7 +256,7 @@ func (c Config) StreamBytes(r *Request) int64 {
 	if c.Group == "" {
 		c.Group = "all"
 	}
-	return int64(preludeBytes+headBytes+TagBytes+len(r.Tenant)+len(r.LoRA)+len(r.Salt)+4*len(r.Tokens)+8*len(r.Runs)+TagBytes+TagBytes) +
+	return int64(preludeBytes+headBytes+TagBytes+len(r.Tenant)+len(r.LoRA)+len(r.Salt)+len(r.GroupTag)+4*len(r.Tokens)+8*len(r.Runs)+TagBytes+TagBytes) +
 		int64(len(r.Pages))*int64(tier.EncodedValueLen(c.Format, c.Namespace, c.Group))
 }
 
@@ -258,10 +265,13 @@ func (c Config) StreamBytes(r *Request) int64 {
 func (c *Config) checkRequest(r *Request) error {
 	ps := c.Format.PageSize
 	switch {
-	case len(r.Tokens) != len(r.Pages)*ps:
+	case r.State && (len(r.Pages) != 1 || len(r.Tokens) == 0 || len(r.Tokens)%ps != 0 || r.GroupTag == ""):
+		return fmt.Errorf("handoff: write: a state checkpoint of %d tokens in %d pages, group tag of %d bytes: want 1 page after whole pages of %d tokens, and a tag",
+			len(r.Tokens), len(r.Pages), len(r.GroupTag), ps)
+	case !r.State && len(r.Tokens) != len(r.Pages)*ps:
 		return fmt.Errorf("handoff: write: %d tokens for %d pages of %d", len(r.Tokens), len(r.Pages), ps)
-	case len(r.Tenant) > MaxString || len(r.LoRA) > MaxString || len(r.Salt) > MaxString:
-		return fmt.Errorf("handoff: write: namespace fields of %d, %d, %d bytes: want <= %d", len(r.Tenant), len(r.LoRA), len(r.Salt), MaxString)
+	case len(r.Tenant) > MaxString || len(r.LoRA) > MaxString || len(r.Salt) > MaxString || len(r.GroupTag) > MaxString:
+		return fmt.Errorf("handoff: write: namespace fields of %d, %d, %d bytes, group tag of %d: want <= %d", len(r.Tenant), len(r.LoRA), len(r.Salt), len(r.GroupTag), MaxString)
 	case len(r.Runs) > math.MaxUint32 || len(r.Tokens) > math.MaxUint32:
 		return fmt.Errorf("handoff: write: %d runs, %d tokens", len(r.Runs), len(r.Tokens))
 	}
@@ -359,12 +369,13 @@ func (s *streamWriter) header(r *Request) {
 	binary.LittleEndian.PutUint16(h[0:], uint16(len(r.Tenant)))
 	binary.LittleEndian.PutUint16(h[2:], uint16(len(r.LoRA)))
 	binary.LittleEndian.PutUint16(h[4:], uint16(len(r.Salt)))
+	binary.LittleEndian.PutUint16(h[6:], groupField(r.GroupTag, r.State))
 	binary.LittleEndian.PutUint32(h[8:], uint32(len(r.Tokens)))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(r.Runs)))
 	binary.LittleEndian.PutUint32(h[16:], uint32(len(r.Pages)))
 	s.write(h[:])
 	s.checkpoint(tagHead)
-	for _, f := range []string{r.Tenant, r.LoRA, r.Salt} {
+	for _, f := range []string{r.Tenant, r.LoRA, r.Salt, r.GroupTag} {
 		s.write([]byte(f))
 	}
 	var b [tokenChunk]byte
@@ -389,16 +400,19 @@ func (s *streamWriter) header(r *Request) {
 func (s *streamWriter) pages(r *Request) {
 	cfg, ps := s.cfg, s.cfg.Format.PageSize
 	val := make([]byte, 0, tier.EncodedValueLen(cfg.Format, cfg.Namespace, cfg.Group))
-	parent := tier.NamespaceRoot(r.Tenant, r.LoRA, r.Salt)
+	parent := chainRoot(r.Tenant, r.LoRA, r.Salt, r.GroupTag, r.State, r.Tokens, ps)
 	scratch := make([]byte, 0, 64+4*ps)
 	for i, data := range r.Pages {
 		if s.err != nil {
 			return
 		}
 		toks := r.Tokens[i*ps : (i+1)*ps]
+		if r.State {
+			toks = r.Tokens[len(r.Tokens)-ps:]
+		}
 		d := tier.Next(scratch, parent, toks)
 		var err error
-		val, err = tier.EncodeValue(val[:0], cfg.Format, cfg.Namespace, cfg.Group, &tier.RemotePage{Digest: d, Parent: parent, Tokens: toks, Data: data})
+		val, err = tier.EncodeValue(val[:0], cfg.Format, cfg.Namespace, cfg.Group, &tier.RemotePage{Digest: d, Parent: parent, Tokens: toks, Data: data, State: r.State})
 		if err != nil {
 			s.err = fmt.Errorf("handoff: write: page %d: %w", i, err)
 			return
@@ -439,6 +453,8 @@ type Received struct {
 	Tenant, LoRA, Salt string
 	Tokens             []int32
 	Runs               []Run
+	GroupTag           string // as Request.GroupTag
+	State              bool   // as Request.State
 	// Pages are the full pages in order, digests chained from the
 	// namespace root; their Tokens alias Tokens.
 	Pages []tier.RemotePage
@@ -456,15 +472,47 @@ func (r *Received) Bytes() int64 {
 // head is a stream's fixed head: the namespace fields' lengths and the
 // counts, trusted only once its tag verified.
 type head struct {
-	lens                 [3]int
+	lens                 [4]int // tenant, LoRA, salt, group tag
+	state                bool
 	tokens, runs, npages int
+}
+
+// groupField is the head's group field: the group tag's length, and bit
+// 15 for a state checkpoint (0 for a dense chain: the field was reserved).
+func groupField(tag string, state bool) uint16 {
+	v := uint16(len(tag))
+	if state {
+		v |= stateBit
+	}
+	return v
+}
+
+const stateBit = 1 << 15
+
+// chainRoot is the digest a request's pages chain from: the namespace
+// root, its group's root (tier.GroupRoot) with a group tag, and for a
+// state checkpoint the state parent after every page of tokens but the
+// last (tier.StateParent).
+func chainRoot(tenant, lora, salt, tag string, state bool, tokens []int32, ps int) tier.Digest {
+	d := tier.NamespaceRoot(tenant, lora, salt)
+	if !state {
+		if tag != "" {
+			d = tier.GroupRoot(d, tag)
+		}
+		return d
+	}
+	scratch := make([]byte, 0, 64+4*ps)
+	for i := 0; i+ps < len(tokens); i += ps {
+		d = tier.Next(scratch, d, tokens[i:i+ps])
+	}
+	return tier.StateParent(d, tag)
 }
 
 // Memory is the most a receiver allocates for the request of this head:
 // the reservation [Server] makes against MaxInflightBytes.
 func (h *head) memory(cfg *Config) int64 {
 	const pageOverhead = 256 // a RemotePage and its slice headers, rounded up
-	return int64(h.lens[0]+h.lens[1]+h.lens[2]) + 2*4*int64(h.tokens) + 2*8*int64(h.runs) +
+	return int64(h.lens[0]+h.lens[1]+h.lens[2]+h.lens[3]) + 2*4*int64(h.tokens) + 2*8*int64(h.runs) +
 		int64(h.npages)*(int64(cfg.Format.PageBytes())+pageOverhead) + int64(tier.ValueDataOffset(cfg.Format, cfg.Namespace, cfg.Group))
 }
 
@@ -472,7 +520,7 @@ func (h *head) memory(cfg *Config) int64 {
 // receiver of cfg accepts.
 func maxHeaderBytes(cfg *Config) int64 {
 	p := int64(cfg.Limits.MaxPages)
-	return preludeBytes + headBytes + TagBytes + 3*MaxString + 4*p*int64(cfg.Format.PageSize) + 8*p + TagBytes
+	return preludeBytes + headBytes + TagBytes + 4*MaxString + 4*p*int64(cfg.Format.PageSize) + 8*p + TagBytes
 }
 
 // streamReader reads a stream, MACing what it reads (the tags excepted).
@@ -531,20 +579,22 @@ func (s *streamReader) readHead() error {
 	for i := range h.lens {
 		h.lens[i] = int(binary.LittleEndian.Uint16(b[2*i:]))
 	}
+	h.state, h.lens[3] = h.lens[3]&stateBit != 0, h.lens[3]&^stateBit
 	h.tokens = int(binary.LittleEndian.Uint32(b[8:]))
 	h.runs = int(binary.LittleEndian.Uint32(b[12:]))
 	h.npages = int(binary.LittleEndian.Uint32(b[16:]))
 	ps, pageBytes := cfg.Format.PageSize, int64(cfg.Format.PageBytes())
 	switch {
-	case binary.LittleEndian.Uint16(b[6:]) != 0:
-		return fmt.Errorf("%w: reserved head bytes %x", ErrBadStream, b[6:8])
-	case max(h.lens[0], h.lens[1], h.lens[2]) > MaxString:
-		return fmt.Errorf("%w: tenant, LoRA, salt of %d, %d, %d bytes: at most %d each", ErrBadStream, h.lens[0], h.lens[1], h.lens[2], MaxString)
+	case max(h.lens[0], h.lens[1], h.lens[2], h.lens[3]) > MaxString:
+		return fmt.Errorf("%w: tenant, LoRA, salt, group tag of %d, %d, %d, %d bytes: at most %d each", ErrBadStream, h.lens[0], h.lens[1], h.lens[2], h.lens[3], MaxString)
+	case h.state && (h.npages != 1 || h.lens[3] == 0 || h.tokens == 0 || h.tokens%ps != 0 || h.tokens/ps > cfg.Limits.MaxPages):
+		return fmt.Errorf("%w: a state checkpoint of %d pages, %d tokens, a group tag of %d bytes: want 1 page after 1..%d whole pages of %d tokens, and a tag",
+			ErrBadStream, h.npages, h.tokens, h.lens[3], cfg.Limits.MaxPages, ps)
 	case h.npages > cfg.Limits.MaxPages:
 		return fmt.Errorf("%w: %d pages: at most %d (Limits.MaxPages)", ErrBadStream, h.npages, cfg.Limits.MaxPages)
 	case int64(h.npages)*pageBytes > cfg.Limits.MaxBytes:
 		return fmt.Errorf("%w: %d pages of %d bytes exceed the limit of %d (Limits.MaxBytes)", ErrBadStream, h.npages, pageBytes, cfg.Limits.MaxBytes)
-	case int64(h.tokens) != int64(h.npages)*int64(ps):
+	case !h.state && int64(h.tokens) != int64(h.npages)*int64(ps):
 		return fmt.Errorf("%w: %d tokens for %d pages of %d", ErrBadStream, h.tokens, h.npages, ps)
 	case h.runs > h.npages || (h.runs == 0) != (h.npages == 0):
 		return fmt.Errorf("%w: %d runs for %d pages", ErrBadStream, h.runs, h.npages)
@@ -559,12 +609,13 @@ func (s *streamReader) readBody() error {
 	rec := &Received{}
 	s.rec = rec
 	var b [tokenChunk]byte
-	for i, f := range []*string{&rec.Tenant, &rec.LoRA, &rec.Salt} {
-		if err := s.read(b[:h.lens[i]], [...]string{"tenant", "LoRA", "salt"}[i]); err != nil {
+	for i, f := range []*string{&rec.Tenant, &rec.LoRA, &rec.Salt, &rec.GroupTag} {
+		if err := s.read(b[:h.lens[i]], [...]string{"tenant", "LoRA", "salt", "group tag"}[i]); err != nil {
 			return err
 		}
 		*f = string(b[:h.lens[i]])
 	}
+	rec.State = h.state
 	var err error
 	if rec.Tokens, err = readItems(s, b[:], rec.Tokens, h.tokens, 4, "tokens", func(x []byte) int32 {
 		return int32(binary.LittleEndian.Uint32(x))
@@ -612,11 +663,14 @@ func (s *streamReader) readPages() (*Received, error) {
 	ps := cfg.Format.PageSize
 	vhead := make([]byte, tier.ValueDataOffset(cfg.Format, cfg.Namespace, cfg.Group))
 	var tail [tier.ValueCRCBytes]byte
-	parent := tier.NamespaceRoot(rec.Tenant, rec.LoRA, rec.Salt)
+	parent := chainRoot(rec.Tenant, rec.LoRA, rec.Salt, rec.GroupTag, rec.State, rec.Tokens, ps)
 	scratch := make([]byte, 0, 64+4*ps)
 	var tokens []int32
 	for i := range n {
-		p := tier.RemotePage{Parent: parent, Tokens: rec.Tokens[i*ps : (i+1)*ps : (i+1)*ps]}
+		p := tier.RemotePage{Parent: parent, Tokens: rec.Tokens[i*ps : (i+1)*ps : (i+1)*ps], State: rec.State}
+		if rec.State {
+			p.Tokens = rec.Tokens[len(rec.Tokens)-ps:]
+		}
 		err := s.read(vhead, "page")
 		if err == nil {
 			p.Data = make([]byte, cfg.Format.PageBytes())

@@ -1,6 +1,9 @@
 package tier
 
-import "context"
+import (
+	"context"
+	"crypto/sha256"
+)
 
 // Chain returns a [RemoteStore] that stacks stores below the host tier,
 // nearest first: host → disk → Redis is Chain(disk, redis). The Manager
@@ -67,4 +70,34 @@ func (c chain) Stats() RemoteStats {
 		sum = sum.Plus(s.Stats())
 	}
 	return sum
+}
+
+// GroupRoot returns the digest a layer group's chains start from: the
+// namespace root d (NamespaceRoot) followed by the group's identity tag
+// (a HybridManager's group tag: docs/tiers.md, "Hybrid groups"), so two
+// groups never share a digest.
+func GroupRoot(d Digest, tag string) Digest {
+	h := sha256.New()
+	h.Write([]byte("pagedkv/tier/group/v1"))
+	h.Write(d[:])
+	h.Write([]byte(tag))
+	var out Digest
+	h.Sum(out[:0])
+	return out
+}
+
+// StateParent returns the parent digest of a state checkpoint's page in
+// the state group of tag: e is the namespace chain's digest (Next from
+// NamespaceRoot) after every page of the checkpoint's prefix but its
+// last; the page's digest is Next(StateParent(e, tag), last page's
+// tokens) (docs/state-groups.md, "Tiers"). The state domain keeps it
+// apart from every page digest.
+func StateParent(e Digest, tag string) Digest {
+	h := sha256.New()
+	h.Write([]byte("pagedkv/tier/state/v1"))
+	h.Write(e[:])
+	h.Write([]byte(tag))
+	var out Digest
+	h.Sum(out[:0])
+	return out
 }

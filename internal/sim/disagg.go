@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/handoff"
 )
 
@@ -37,6 +38,10 @@ type Disaggregated struct {
 	AlreadyHeld int
 	// MaxDescriptors is the most descriptors of one request.
 	MaxDescriptors int
+	// StatePages is the state checkpoint pages handed off (one per state
+	// group of a request whose prompt has a checkpoint); the decode
+	// side's state groups count the hits they served (RemoteHitTokens).
+	StatePages int
 	// SendTime is the wall time of the transfers (encode, loopback,
 	// verify, admit, acknowledge).
 	SendTime time.Duration
@@ -55,8 +60,8 @@ func handoffConfig(cfg *Config) handoff.Config {
 func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 	var d Disaggregated
 	switch {
-	case cfg.Groups != nil:
-		return d, fmt.Errorf("%w: a disaggregated run needs a dense model (a handoff request carries one chain of pages; a hybrid request holds one per group)", ErrBadConfig)
+	case cfg.Groups != nil && !fullAndState(cfg.Groups):
+		return d, fmt.Errorf("%w: a disaggregated run needs a dense model or one of full-attention and state groups (a windowed group releases leading pages)", ErrBadConfig)
 	case cfg.WindowTokens > 0:
 		return d, fmt.Errorf("%w: a disaggregated run needs full attention (a window releases leading pages)", ErrBadConfig)
 	case cfg.Remote != nil:
@@ -66,7 +71,8 @@ func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 	fullPages := 0
 	prefillWork := slices.Clone(workload)
 	for i := range prefillWork {
-		fullPages += len(prefillWork[i].Prompt) / cfg.PageSize
+		// Every group's pages, and a checkpoint page per state group.
+		fullPages += max(1, len(cfg.Groups)) * (len(prefillWork[i].Prompt)/cfg.PageSize + 1)
 		// The prefill side computes the prompt and samples one token.
 		prefillWork[i].Output, prefillWork[i].Samples = 1, 1
 	}
@@ -121,13 +127,75 @@ func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 	return d, nil
 }
 
+// fullAndState reports whether every group is full attention or a state
+// group: a hybrid whose requests hold every page (no window release), so
+// the prefill side can hand each group's pages off.
+func fullAndState(groups []pagedkv.LayerGroup) bool {
+	for _, g := range groups {
+		if g.Kind != pagedkv.FullAttention && g.Kind != pagedkv.StateLayers {
+			return false
+		}
+	}
+	return true
+}
+
 // send exports request r of the prefill Sim p (its full pages, read from
-// the engine's caches) and hands it to the decode side at addr.
+// the engine's caches) and hands it to the decode side at addr: a dense
+// model's one chain; a hybrid's chain per full-attention group (named by
+// its tier tag) and, per state group, the checkpoint of the deepest prefix
+// the decode side can hit (its pages' state, flags 0x04).
 func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Config) error {
 	if r.branch != 0 {
 		return nil
 	}
-	pages, start := p.kv.GroupPages(0, r.id)
+	h, hybrid := p.kv.(*pagedkv.HybridManager)
+	if !hybrid {
+		return d.sendPages(p, r, addr, hcfg, 0, "")
+	}
+	for g, spec := range p.cfg.Groups {
+		if spec.Kind == pagedkv.FullAttention {
+			if err := d.sendPages(p, r, addr, hcfg, g, h.TierTag(g)); err != nil {
+				return err
+			}
+		}
+	}
+	// The decode side hits at most the prompt's pages before its last
+	// token; the deepest checkpoint there is the one it can resume from.
+	ps := p.cfg.PageSize
+	prompt := r.tokens[:len(r.spec.Prompt)]
+	n, slot := h.StateCheckpoint(pagedkv.Namespace{Tenant: r.ns}, prompt[:(len(prompt)-1)/ps*ps])
+	if n == 0 {
+		return nil
+	}
+	for j, g := range stateGroups(p.cfg.Groups) {
+		req := &handoff.Request{Tenant: r.ns, Tokens: prompt[:n], Pages: [][]byte{make([]byte, hcfg.Format.PageBytes())},
+			GroupTag: h.TierTag(g), State: true, Runs: []handoff.Run{{Page: int32(slot[j]), Pages: 1}}}
+		if err := p.readPage(req.Pages[0], slot[j]); err != nil {
+			return fmt.Errorf("export %s, state page %d: %w", r.name(), slot[j], err)
+		}
+		if err := d.transfer(r, addr, hcfg, req, 1); err != nil {
+			return err
+		}
+		d.StatePages++
+	}
+	return nil
+}
+
+// stateGroups is the indexes of the state groups.
+func stateGroups(groups []pagedkv.LayerGroup) []int {
+	var out []int
+	for g, s := range groups {
+		if s.Kind == pagedkv.StateLayers {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// sendPages hands off group g's full pages of r (tag: the group's tier tag,
+// "" for a dense model).
+func (d *Disaggregated) sendPages(p *Sim, r *reqState, addr string, hcfg handoff.Config, g int, tag string) error {
+	pages, start := p.kv.GroupPages(g, r.id)
 	full := r.computed / p.cfg.PageSize
 	if start != 0 || len(pages) < full {
 		return fmt.Errorf("%w: %s holds %d pages from token %d, %d computed", ErrCheck, r.name(), len(pages), start, r.computed)
@@ -136,7 +204,7 @@ func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Conf
 		return nil
 	}
 	ids := make([]int32, full)
-	req := &handoff.Request{Tenant: r.ns, Tokens: r.tokens[:full*p.cfg.PageSize], Pages: make([][]byte, full)}
+	req := &handoff.Request{Tenant: r.ns, Tokens: r.tokens[:full*p.cfg.PageSize], Pages: make([][]byte, full), GroupTag: tag}
 	for i, pg := range pages[:full] {
 		ids[i] = int32(pg)
 		req.Pages[i] = make([]byte, hcfg.Format.PageBytes())
@@ -145,6 +213,11 @@ func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Conf
 		}
 	}
 	req.Runs = handoff.Plan(nil, ids)
+	return d.transfer(r, addr, hcfg, req, full)
+}
+
+// transfer sends req (full pages) and counts it.
+func (d *Disaggregated) transfer(r *reqState, addr string, hcfg handoff.Config, req *handoff.Request, full int) error {
 	t := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	err := handoff.Send(ctx, addr, hcfg, req)
@@ -192,6 +265,9 @@ func (d *Disaggregated) Format(w io.Writer, cfg *Config) {
 	fmt.Fprintf(w, "%-14s %d requests handed off over loopback TCP (HMAC-SHA256), %d refused, %d already held; %d pages in %d descriptors (%.2f per request, at most %d), %s of K/V, %s on the wire, %v sending\n",
 		"handoff:", d.Requests, d.Refused, d.AlreadyHeld, d.Pages, d.Descriptors, float64(d.Descriptors)/float64(max(1, d.Requests)), d.MaxDescriptors,
 		bytesString(d.Bytes), bytesString(d.StreamBytes), d.SendTime.Round(time.Millisecond))
+	if d.StatePages > 0 {
+		fmt.Fprintf(w, "%-14s %d state checkpoint pages handed off (a request per group: full-attention pages by group, one checkpoint page per state group)\n", "handoff state:", d.StatePages)
+	}
 	st := d.Decode.Stats.Tiers
 	fmt.Fprintf(w, "%-14s %d prompt tokens received as prefix hits (%d pages onloaded); outputs verified: %d on the prefill side, %d on the decode side, %d in one process; tokens equal to the single-process run\n",
 		"decode side:", st.RemoteHitTokens, st.OnloadedPages, d.Prefill.Verified.Outputs, d.Decode.Verified.Outputs, d.Single.Verified.Outputs)

@@ -30,6 +30,8 @@ func TestSimulateStateHostTier(t *testing.T) {
 			assert.Positive(t, gs.OnloadedPages, "state checkpoints onloaded from the host tier")
 			assert.Positive(t, gs.HostHitTokens, "hits served by a checkpoint from the host tier")
 			assert.Positive(t, sum.Verified.RestoredOutputs, "recurrent outputs verified after a restore")
+			assert.Positive(t, sum.Stats.Preemptions, "preemptions")
+			assert.Positive(t, gs.EvictedPages, "state checkpoints evicted")
 			t.Logf("state checkpoints: %d pages offloaded, %d onloaded, %d host hit tokens (per state group); %d restores, %d outputs verified (%d after a restore)",
 				gs.OffloadedPages, gs.OnloadedPages, gs.HostHitTokens, sum.StateHits, sum.Verified.Outputs, sum.Verified.RestoredOutputs)
 		})
