@@ -147,3 +147,33 @@ func TestRetentionTravelsThroughRedis(t *testing.T) {
 	eb.drain()
 	ea.drain()
 }
+
+// device → host → disk → (a restarted process) host → device: the
+// retention rides in the slot header and survives the restart.
+func TestRetentionTravelsThroughDisk(t *testing.T) {
+	dir := t.TempDir()
+	now := new(time.Duration)
+	sa := openDiskStore(t, dir, 16)
+	a, ea := retainedTierManager(t, now, 8, sa)
+	prompt := seqTokens(0, 9)
+	long := []RetentionRange{{Retention: Retention{Priority: 1, Duration: time.Hour, Session: SessionContinues}}}
+	_, err := ea.add(1, Request{Prompt: prompt, Retention: long})
+	require.NoError(t, err)
+	ea.prefill(16, 1)
+	ea.complete(nil) // write-through: to host, then disk
+	ea.drain()
+	require.NoError(t, a.Audit())
+	closeDiskStore(t, sa)
+
+	sb := openDiskStore(t, dir, 16)
+	b, eb := retainedTierManager(t, now, 8, sb)
+	n, err := eb.add(1, Request{Prompt: prompt})
+	require.NoError(t, err)
+	require.Equal(t, 8, n, "served from disk")
+	eb.complete(nil)
+	back := prefixcache.PageRetention{Priority: 1, Hint: evict.HintReuse, Lapse: time.Hour, Left: time.Hour}
+	require.Equal(t, []prefixcache.PageRetention{back, back}, cachedRetention(b))
+	eb.check("after the onload from disk")
+	audit(t, b)
+	eb.drain()
+}
