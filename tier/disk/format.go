@@ -49,7 +49,7 @@ const (
 	// slotRetentionOff: the retention field and its checksum.
 	slotRetentionOff  = slotHeaderUsed
 	slotRetentionUsed = slotRetentionOff + tier.RetentionFieldBytes + 4
-	slotAlign          = 4096
+	slotAlign         = 4096
 )
 
 // Errors. Each wraps one of these and names the file, slot and value.

@@ -40,7 +40,7 @@ type refDisk struct {
 	hint     map[tier.Digest]uint8
 	written  map[tier.Digest]tier.Retention // as written, and when (Left: its deadline, Unix ns)
 	lapses   int                            // levels lapsed so far
-	slotOf   func(tier.Digest) int32       // ties of deadlines: the store's slot
+	slotOf   func(tier.Digest) int32        // ties of deadlines: the store's slot
 	pushes   uint32
 	seq      map[tier.Digest]uint64
 	hits     map[tier.Digest]uint32
