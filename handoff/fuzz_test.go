@@ -29,7 +29,7 @@ const fuzzAllocBound = 256 << 10
 // checkAccepted fails t unless the request r accepted from stream b is
 // exactly what the writer produces for it on the same connection.
 func checkAccepted(t *testing.T, cfg Config, r *Received, b []byte) {
-	req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs}
+	req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs, Retention: r.Retention}
 	for _, p := range r.Pages {
 		req.Pages = append(req.Pages, p.Data)
 	}
@@ -82,7 +82,8 @@ func bodyBytes(hd []byte) int {
 	for i := range 3 {
 		n += int(binary.LittleEndian.Uint16(hd[2*i:]))
 	}
-	return n + 4*int(binary.LittleEndian.Uint32(hd[8:])) + 8*int(binary.LittleEndian.Uint32(hd[12:]))
+	return n + 4*int(binary.LittleEndian.Uint32(hd[8:])) + 8*int(binary.LittleEndian.Uint32(hd[12:])) +
+		retentionRangeBytes*int(binary.LittleEndian.Uint16(hd[6:]))
 }
 
 // signFuzz makes raw bytes a stream whose tags verify: b is read as the
@@ -135,7 +136,9 @@ func unsign(b []byte) []byte {
 // anything accepted is the writer's stream.
 func FuzzReadRequestSigned(f *testing.F) {
 	cfg := fuzzConfig()
-	for _, r := range []*Request{testRequest(1, 2, []int32{3, 4}), testRequest(2, 3, []int32{5, 1, 2}), {}} {
+	kept := testRequest(3, 2, []int32{7, 8})
+	kept.Retention = []RetentionRange{{Start: 0, End: 4, Priority: 2, Duration: 1e9, Session: 1}, {Start: 4, Ephemeral: true}}
+	for _, r := range []*Request{testRequest(1, 2, []int32{3, 4}), testRequest(2, 3, []int32{5, 1, 2}), {}, kept} {
 		var good bytes.Buffer
 		if err := WriteRequest(&good, cfg, testNonce, r); err != nil {
 			f.Fatal(err)
