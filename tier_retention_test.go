@@ -1,12 +1,14 @@
 package pagedkv
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/pagedkv/pagedkv/evict"
+	"github.com/pagedkv/pagedkv/handoff"
 	"github.com/pagedkv/pagedkv/internal/redistest"
 	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
@@ -176,4 +178,53 @@ func TestRetentionTravelsThroughDisk(t *testing.T) {
 	eb.check("after the onload from disk")
 	audit(t, b)
 	eb.drain()
+}
+
+// prefill → decode: the request's retention ranges travel with its pages;
+// the decode Manager's cache gives the onloaded pages their retention
+// back (from the store, per page) and takes the ranges for Add.
+func TestRetentionTravelsThroughTheHandoff(t *testing.T) {
+	key := handoff.NewNonce()
+	hcfg := handoff.Config{Namespace: "test-model", Format: tierFormat(4), Key: key[:]}
+	st, err := handoff.NewStore(hcfg, 8)
+	require.NoError(t, err)
+	now := new(time.Duration)
+	p, ep := retainedTierManager(t, now, 8, nil)
+	ranges := []RetentionRange{{Start: 0, End: 4, Retention: Retention{Priority: 2, Duration: time.Minute, Session: SessionContinues}},
+		{Start: 4, Retention: Retention{Priority: 1}}}
+	prompt := seqTokens(300, 13) // 3 full pages
+	_, err = ep.add(1, Request{Prompt: prompt, Retention: ranges})
+	require.NoError(t, err)
+	ep.prefill(16, 1)
+	req := exportRequest(t, p, ep, 1, Namespace{})
+	for _, r := range ranges {
+		req.Retention = append(req.Retention, handoff.RetentionRange{Start: r.Start, End: r.End, Priority: uint8(r.Priority),
+			Duration: r.Duration, Ephemeral: r.Ephemeral, Session: uint8(r.Session)})
+	}
+	var b bytes.Buffer
+	require.NoError(t, handoff.WriteRequest(&b, hcfg, handoff.Nonce{}, req))
+	got, err := handoff.ReadRequest(&b, hcfg, handoff.Nonce{})
+	require.NoError(t, err)
+	_, err = st.Admit(got)
+	require.NoError(t, err)
+
+	d, ed := retainedTierManager(t, now, 8, st)
+	var back []RetentionRange
+	for _, r := range got.Retention {
+		back = append(back, RetentionRange{Start: r.Start, End: r.End, Retention: Retention{Priority: Priority(r.Priority),
+			Duration: r.Duration, Ephemeral: r.Ephemeral, Session: Session(r.Session)}})
+	}
+	require.Equal(t, ranges, back, "the ranges arrive as sent")
+	n, err := ed.add(1, Request{Prompt: prompt})
+	require.NoError(t, err)
+	require.Equal(t, 12, n)
+	ed.complete(nil)
+	ed.check("after the onload from the handoff")
+	require.Equal(t, []prefixcache.PageRetention{
+		{Priority: 2, Hint: evict.HintReuse, Lapse: time.Minute, Left: time.Minute},
+		{Priority: 1}, {Priority: 1},
+	}, cachedRetention(d), "the decode side's cache honours the ranges")
+	audit(t, d)
+	ed.drain()
+	ep.drain()
 }
