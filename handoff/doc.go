@@ -28,10 +28,11 @@
 //
 //	prelude  "PKVH", version 2, 3 zero bytes
 //	         (the receiver's hello: "PKVH", 2, flags, 2 zero bytes, nonce)
-//	head     u16 tenant, LoRA, salt lengths, u16 0, u32 token count,
-//	         u32 run count, u32 page count; tag 1
+//	head     u16 tenant, LoRA, salt lengths, u16 retention range count,
+//	         u32 token count, u32 run count, u32 page count; tag 1
 //	header   tenant, LoRA, salt; tokens (int32); runs (int32 page,
-//	         int32 pages); tag 2
+//	         int32 pages); retention ranges (24 bytes each,
+//	         retention.go); tag 2
 //	         (the receiver's verdict: continue, or why not)
 //	pages    page count values of tier.EncodedValueLen bytes each
 //	         (tier.EncodeValue: the Redis and disk tiers' format); tag 3
