@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/handoff"
 	"github.com/pagedkv/pagedkv/internal/redistest"
@@ -227,4 +228,54 @@ func TestRetentionTravelsThroughTheHandoff(t *testing.T) {
 	audit(t, d)
 	ed.drain()
 	ep.drain()
+}
+
+// KV events carry no retention: a Manager whose requests have retention
+// hints (not ephemeral, and all at one level, so the victims are the
+// same) publishes byte for byte the events of one whose requests have
+// none, through offloads, reclaims and onloads.
+func TestRetentionLeavesEventsUnchanged(t *testing.T) {
+	run := func(ranges []RetentionRange) [][]byte {
+		q, err := events.NewQueue(64)
+		require.NoError(t, err)
+		rec, err := events.NewRecorder(events.RecorderConfig{NumPages: 8, PageSize: 4, HostPages: 4}, q)
+		require.NoError(t, err)
+		now := new(time.Duration)
+		m, err := New(Config{NumPages: 8, PageSize: 4, HashSeed: 3, Priorities: 3, Clock: func() time.Duration { return *now },
+			CacheEvents: rec, Tiers: TierConfig{HostPages: 4, Format: tierFormat(4)}})
+		require.NoError(t, err)
+		e := newTierEngine(t, m)
+		var out [][]byte
+		flush := func() {
+			require.True(t, rec.Flush())
+			enc := events.NewEncoder()
+			for b := q.TryNext(); b != nil; b = q.TryNext() {
+				w := enc.AppendBatch(nil, b, 0)
+				clear(w[2:10]) // the batch's ts (float64 after 0x93 0xcb): the flush's wall clock
+				out = append(out, w)
+				q.Done(b)
+			}
+		}
+		for i, prompt := range [][]int32{seqTokens(0, 9), seqTokens(100, 9), seqTokens(200, 9), seqTokens(0, 13)} {
+			*now += time.Second
+			id := RequestID(i + 1)
+			_, err := e.add(id, Request{Prompt: prompt, Retention: ranges})
+			require.NoError(t, err)
+			e.complete(nil)
+			e.prefill(16, id)
+			require.NoError(t, m.Release(id))
+			m.Evict(8)
+			e.complete(nil)
+			flush()
+		}
+		e.drain()
+		flush()
+		return out
+	}
+	plain := run(nil)
+	// Every page at one level, without a lapse: the same victims, so any
+	// difference would be the retention itself.
+	hinted := run([]RetentionRange{{Retention: Retention{Priority: 2, Session: SessionContinues}}})
+	require.NotEmpty(t, plain)
+	require.Equal(t, plain, hinted)
 }
