@@ -1,12 +1,15 @@
 package pagedkv
 
 import (
+	"bytes"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/evict"
+	"github.com/pagedkv/pagedkv/handoff"
 	"github.com/pagedkv/pagedkv/internal/redistest"
 	"github.com/pagedkv/pagedkv/prefixcache"
 	"github.com/pagedkv/pagedkv/tier"
@@ -146,4 +149,133 @@ func TestRetentionTravelsThroughRedis(t *testing.T) {
 	audit(t, b)
 	eb.drain()
 	ea.drain()
+}
+
+// device → host → disk → (a restarted process) host → device: the
+// retention rides in the slot header and survives the restart.
+func TestRetentionTravelsThroughDisk(t *testing.T) {
+	dir := t.TempDir()
+	now := new(time.Duration)
+	sa := openDiskStore(t, dir, 16)
+	a, ea := retainedTierManager(t, now, 8, sa)
+	prompt := seqTokens(0, 9)
+	long := []RetentionRange{{Retention: Retention{Priority: 1, Duration: time.Hour, Session: SessionContinues}}}
+	_, err := ea.add(1, Request{Prompt: prompt, Retention: long})
+	require.NoError(t, err)
+	ea.prefill(16, 1)
+	ea.complete(nil) // write-through: to host, then disk
+	ea.drain()
+	require.NoError(t, a.Audit())
+	closeDiskStore(t, sa)
+
+	sb := openDiskStore(t, dir, 16)
+	b, eb := retainedTierManager(t, now, 8, sb)
+	n, err := eb.add(1, Request{Prompt: prompt})
+	require.NoError(t, err)
+	require.Equal(t, 8, n, "served from disk")
+	eb.complete(nil)
+	back := prefixcache.PageRetention{Priority: 1, Hint: evict.HintReuse, Lapse: time.Hour, Left: time.Hour}
+	require.Equal(t, []prefixcache.PageRetention{back, back}, cachedRetention(b))
+	eb.check("after the onload from disk")
+	audit(t, b)
+	eb.drain()
+}
+
+// prefill → decode: the request's retention ranges travel with its pages;
+// the decode Manager's cache gives the onloaded pages their retention
+// back (from the store, per page) and takes the ranges for Add.
+func TestRetentionTravelsThroughTheHandoff(t *testing.T) {
+	key := handoff.NewNonce()
+	hcfg := handoff.Config{Namespace: "test-model", Format: tierFormat(4), Key: key[:]}
+	st, err := handoff.NewStore(hcfg, 8)
+	require.NoError(t, err)
+	now := new(time.Duration)
+	p, ep := retainedTierManager(t, now, 8, nil)
+	ranges := []RetentionRange{{Start: 0, End: 4, Retention: Retention{Priority: 2, Duration: time.Minute, Session: SessionContinues}},
+		{Start: 4, Retention: Retention{Priority: 1}}}
+	prompt := seqTokens(300, 13) // 3 full pages
+	_, err = ep.add(1, Request{Prompt: prompt, Retention: ranges})
+	require.NoError(t, err)
+	ep.prefill(16, 1)
+	req := exportRequest(t, p, ep, 1, Namespace{})
+	for _, r := range ranges {
+		req.Retention = append(req.Retention, handoff.RetentionRange{Start: r.Start, End: r.End, Priority: uint8(r.Priority),
+			Duration: r.Duration, Ephemeral: r.Ephemeral, Session: uint8(r.Session)})
+	}
+	var b bytes.Buffer
+	require.NoError(t, handoff.WriteRequest(&b, hcfg, handoff.Nonce{}, req))
+	got, err := handoff.ReadRequest(&b, hcfg, handoff.Nonce{})
+	require.NoError(t, err)
+	_, err = st.Admit(got)
+	require.NoError(t, err)
+
+	d, ed := retainedTierManager(t, now, 8, st)
+	var back []RetentionRange
+	for _, r := range got.Retention {
+		back = append(back, RetentionRange{Start: r.Start, End: r.End, Retention: Retention{Priority: Priority(r.Priority),
+			Duration: r.Duration, Ephemeral: r.Ephemeral, Session: Session(r.Session)}})
+	}
+	require.Equal(t, ranges, back, "the ranges arrive as sent")
+	n, err := ed.add(1, Request{Prompt: prompt})
+	require.NoError(t, err)
+	require.Equal(t, 12, n)
+	ed.complete(nil)
+	ed.check("after the onload from the handoff")
+	require.Equal(t, []prefixcache.PageRetention{
+		{Priority: 2, Hint: evict.HintReuse, Lapse: time.Minute, Left: time.Minute},
+		{Priority: 1}, {Priority: 1},
+	}, cachedRetention(d), "the decode side's cache honours the ranges")
+	audit(t, d)
+	ed.drain()
+	ep.drain()
+}
+
+// KV events carry no retention: a Manager whose requests have retention
+// hints (not ephemeral, and all at one level, so the victims are the
+// same) publishes byte for byte the events of one whose requests have
+// none, through offloads, reclaims and onloads.
+func TestRetentionLeavesEventsUnchanged(t *testing.T) {
+	run := func(ranges []RetentionRange) [][]byte {
+		q, err := events.NewQueue(64)
+		require.NoError(t, err)
+		rec, err := events.NewRecorder(events.RecorderConfig{NumPages: 8, PageSize: 4, HostPages: 4}, q)
+		require.NoError(t, err)
+		now := new(time.Duration)
+		m, err := New(Config{NumPages: 8, PageSize: 4, HashSeed: 3, Priorities: 3, Clock: func() time.Duration { return *now },
+			CacheEvents: rec, Tiers: TierConfig{HostPages: 4, Format: tierFormat(4)}})
+		require.NoError(t, err)
+		e := newTierEngine(t, m)
+		var out [][]byte
+		flush := func() {
+			require.True(t, rec.Flush())
+			enc := events.NewEncoder()
+			for b := q.TryNext(); b != nil; b = q.TryNext() {
+				w := enc.AppendBatch(nil, b, 0)
+				clear(w[2:10]) // the batch's ts (float64 after 0x93 0xcb): the flush's wall clock
+				out = append(out, w)
+				q.Done(b)
+			}
+		}
+		for i, prompt := range [][]int32{seqTokens(0, 9), seqTokens(100, 9), seqTokens(200, 9), seqTokens(0, 13)} {
+			*now += time.Second
+			id := RequestID(i + 1)
+			_, err := e.add(id, Request{Prompt: prompt, Retention: ranges})
+			require.NoError(t, err)
+			e.complete(nil)
+			e.prefill(16, id)
+			require.NoError(t, m.Release(id))
+			m.Evict(8)
+			e.complete(nil)
+			flush()
+		}
+		e.drain()
+		flush()
+		return out
+	}
+	plain := run(nil)
+	// Every page at one level, without a lapse: the same victims, so any
+	// difference would be the retention itself.
+	hinted := run([]RetentionRange{{Retention: Retention{Priority: 2, Session: SessionContinues}}})
+	require.NotEmpty(t, plain)
+	require.Equal(t, plain, hinted)
 }

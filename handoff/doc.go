@@ -26,13 +26,15 @@
 //
 // # The stream
 //
-//	prelude  "PKVH", version 2, 3 zero bytes
+//	prelude  "PKVH", version 3, 3 zero bytes
 //	         (the receiver's hello: "PKVH", 2, flags, 2 zero bytes, nonce)
 //	head     u16 tenant, LoRA, salt lengths, u16 group field (group tag
 //	         length; bit 15: a state checkpoint), u32 token count,
-//	         u32 run count, u32 page count; tag 1
+//	         u32 run count, u32 page count, u16 retention range count,
+//	         u16 zero; tag 1
 //	header   tenant, LoRA, salt, group tag; tokens (int32); runs (int32 page,
-//	         int32 pages); tag 2
+//	         int32 pages); retention ranges (24 bytes each, retention.go);
+//	         tag 2
 //	         (the receiver's verdict: continue, or why not)
 //	pages    page count values of tier.EncodedValueLen bytes each
 //	         (tier.EncodeValue: the Redis and disk tiers' format); tag 3

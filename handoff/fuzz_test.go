@@ -29,7 +29,7 @@ const fuzzAllocBound = 256 << 10
 // checkAccepted fails t unless the request r accepted from stream b is
 // exactly what the writer produces for it on the same connection.
 func checkAccepted(t *testing.T, cfg Config, r *Received, b []byte) {
-	req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs, GroupTag: r.GroupTag, State: r.State}
+	req := &Request{Tenant: r.Tenant, LoRA: r.LoRA, Salt: r.Salt, Tokens: r.Tokens, Runs: r.Runs, GroupTag: r.GroupTag, State: r.State, Retention: r.Retention}
 	for _, p := range r.Pages {
 		req.Pages = append(req.Pages, p.Data)
 	}
@@ -82,7 +82,9 @@ func bodyBytes(hd []byte) int {
 	for i := range 3 {
 		n += int(binary.LittleEndian.Uint16(hd[2*i:]))
 	}
-	return n + 4*int(binary.LittleEndian.Uint32(hd[8:])) + 8*int(binary.LittleEndian.Uint32(hd[12:]))
+	n += int(binary.LittleEndian.Uint16(hd[6:]) &^ stateBit) // the group tag
+	return n + 4*int(binary.LittleEndian.Uint32(hd[8:])) + 8*int(binary.LittleEndian.Uint32(hd[12:])) +
+		retentionRangeBytes*int(binary.LittleEndian.Uint16(hd[20:]))
 }
 
 // signFuzz makes raw bytes a stream whose tags verify: b is read as the
@@ -135,7 +137,9 @@ func unsign(b []byte) []byte {
 // anything accepted is the writer's stream.
 func FuzzReadRequestSigned(f *testing.F) {
 	cfg := fuzzConfig()
-	for _, r := range []*Request{testRequest(1, 2, []int32{3, 4}), testRequest(2, 3, []int32{5, 1, 2}), {}, groupRequest(3), stateRequest(4, 3)} {
+	kept := testRequest(3, 2, []int32{7, 8})
+	kept.Retention = []RetentionRange{{Start: 0, End: 4, Priority: 2, Duration: 1e9, Session: 1}, {Start: 4, Ephemeral: true}}
+	for _, r := range []*Request{testRequest(1, 2, []int32{3, 4}), testRequest(2, 3, []int32{5, 1, 2}), {}, groupRequest(3), stateRequest(4, 3), kept} {
 		var good bytes.Buffer
 		if err := WriteRequest(&good, cfg, testNonce, r); err != nil {
 			f.Fatal(err)
@@ -172,7 +176,7 @@ func receiverBytes(cfg Config, nonce Nonce, verdict, ack byte, msg string) []byt
 // then admitted, whose tags verify under cfg's key: read here without
 // the sender's code.
 func verifiedAck(cfg Config, b []byte) bool {
-	if len(b) < helloBytes || string(b[:5]) != "PKVH\x02" {
+	if len(b) < helloBytes || string(b[:5]) != "PKVH"+string(rune(StreamVersion)) {
 		return false
 	}
 	var nonce Nonce
@@ -206,7 +210,7 @@ func FuzzSendReplies(f *testing.F) {
 	f.Add(receiverBytes(cfg, n, ackContinue, ackAdmitted, "1"))
 	f.Add(receiverBytes(cfg, n, ackContinue, ackAlreadyHeld, "admission 1: 1 of 2 pages"))
 	f.Add(receiverBytes(cfg, n, ackBusy, ackRefused, "busy"))
-	f.Add(appendRefusal(nil, "handoff: bad stream: stream version 2"))
+	f.Add(appendRefusal(nil, "handoff: bad stream: stream version 3"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var err error
 		if grew := heaptest.Growth(func() { err = send(replayConn{r: bytes.NewReader(b)}, &cfg, req) }); grew > 1<<20 {
@@ -236,4 +240,28 @@ func TestSendReadsReplies(t *testing.T) {
 	b := receiverBytes(cfg, n, ackContinue, ackAdmitted, "1")
 	b[len(b)-TagBytes-1] = '2' // the admission's message changed under its tag
 	require.ErrorIs(t, run(b), ErrAuth)
+}
+
+// FuzzRetentionRange feeds raw bytes to a retention range's parser: it
+// never panics, accepts only a range within the limits, and what it
+// accepts is exactly what the writer writes for it.
+func FuzzRetentionRange(f *testing.F) {
+	f.Add(appendRetentionRange(nil, RetentionRange{Start: 4, End: 8, Priority: 3, Duration: 5e9, Session: 1}))
+	f.Add(appendRetentionRange(nil, RetentionRange{Start: 9, Ephemeral: true}))
+	f.Add(make([]byte, retentionRangeBytes))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if len(b) != retentionRangeBytes {
+			return
+		}
+		r, err := parseRetentionRange(0, b)
+		if err != nil {
+			return
+		}
+		if err := checkRetention([]RetentionRange{r}); err != nil {
+			t.Fatalf("accepted range %+v does not check: %v", r, err)
+		}
+		if again := appendRetentionRange(nil, r); !bytes.Equal(again, b) {
+			t.Fatalf("accepted range %x re-encodes to %x", b, again)
+		}
+	})
 }

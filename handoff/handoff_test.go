@@ -658,7 +658,7 @@ func TestOldVersionRefusedByName(t *testing.T) {
 	srv, addr := serve(t, st, ServerConfig{})
 	v1 := append([]byte("PKVH\x01\x00\x00\x00\x04\x00acme"), make([]byte, 64)...)
 	_, err := ReadRequest(bytes.NewReader(v1), cfg, testNonce)
-	require.ErrorContains(t, err, "stream version 1: this receiver reads version 2 only")
+	require.ErrorContains(t, err, "stream version 1: this receiver reads version 3 only")
 	c, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	defer c.Close()
@@ -669,7 +669,7 @@ func TestOldVersionRefusedByName(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, ackRefused, b[0])
 	require.EqualValues(t, len(b)-3, binary.LittleEndian.Uint16(b[1:]))
-	require.Contains(t, string(b[3:]), "stream version 1: this receiver reads version 2 only")
+	require.Contains(t, string(b[3:]), "stream version 1: this receiver reads version 3 only")
 	eventually(t, func() bool { return srv.Stats().BadStreams == 1 }, "counted")
 
 	// A version 2 sender at a version 1 receiver (which answers a version
@@ -820,4 +820,85 @@ func TestDocLimits(t *testing.T) {
 		"handoff.DrainTimeout":            DrainTimeout,
 		"handoff.DefaultSendTimeout":      DefaultSendTimeout,
 	})
+}
+
+// A request's retention ranges travel in the header (under tag 2): the
+// receiver returns them checked, each page carries the retention they
+// give it, and the store serves it with the page. A request without
+// ranges has no range bytes (the head's u16 at offset 20 stays 0).
+func TestRetentionTravels(t *testing.T) {
+	cfg := testConfig()
+	r := testRequest(1, 3, []int32{10, 11, 12})
+	plain := encode(t, cfg, testNonce, r)
+	require.Zero(t, binary.LittleEndian.Uint16(plain[preludeBytes+20:]))
+	r.Retention = []RetentionRange{
+		{Start: 0, End: 0, Priority: 1},
+		{Start: 4, End: 8, Priority: 3, Duration: time.Minute, Session: 2},
+		{Start: 9, Ephemeral: true},
+	}
+	b := encode(t, cfg, testNonce, r)
+	require.Equal(t, len(plain)+3*retentionRangeBytes, len(b))
+	got, err := ReadRequest(bytes.NewReader(b), cfg, testNonce)
+	require.NoError(t, err)
+	require.Equal(t, r.Retention, got.Retention)
+	want := []tier.Retention{
+		{Priority: 1},
+		{Priority: 3, Hint: 2, Duration: time.Minute, Left: time.Minute},
+		{Priority: 0}, // the ephemeral range is the last to cover page 2 (tokens 8..11): level 0
+	}
+	for i, p := range got.Pages {
+		require.Equal(t, want[i], p.Retention, "page %d", i)
+	}
+	st, err := NewStore(cfg, 8)
+	require.NoError(t, err)
+	_, err = st.Admit(got)
+	require.NoError(t, err)
+	pages := fetchable(got)
+	require.Equal(t, 3, st.Fetch(context.Background(), pages))
+	for i, p := range pages {
+		require.Equal(t, want[i], p.Retention, "served page %d", i)
+	}
+}
+
+// Bad ranges are refused by name, by the writer and (from a key holder
+// that skips the writer's check) by the reader.
+func TestBadRetentionRefused(t *testing.T) {
+	cfg := testConfig()
+	for _, c := range []struct {
+		x    RetentionRange
+		want string
+	}{
+		{RetentionRange{Priority: 16}, "retention range 0 has priority 16, want 0..15"},
+		{RetentionRange{Duration: -time.Second}, "retention range 0 lasts -1s"},
+		{RetentionRange{Duration: 400 * 24 * time.Hour}, "retention range 0 lasts 9600h0m0s"},
+		{RetentionRange{Session: 3}, "retention range 0 has session 3"},
+		{RetentionRange{Start: 8, End: 4}, "retention range 0 is tokens [8, 4)"},
+	} {
+		r := testRequest(6, 2, []int32{3, 4})
+		r.Retention = []RetentionRange{c.x}
+		_, err := ReadRequest(bytes.NewReader(rawStream(cfg, testNonce, r)), cfg, testNonce)
+		require.ErrorIs(t, err, ErrBadStream, "%+v", c.x)
+		require.ErrorContains(t, err, c.want)
+		require.ErrorContains(t, WriteRequest(io.Discard, cfg, testNonce, r), c.want)
+	}
+	// Too many ranges: refused from the head, before any is read.
+	r := testRequest(6, 2, []int32{3, 4})
+	r.Retention = make([]RetentionRange, MaxRetentionRanges+1)
+	_, err := ReadRequest(bytes.NewReader(rawStream(cfg, testNonce, r)), cfg, testNonce)
+	require.ErrorContains(t, err, "65 retention ranges: at most 64")
+	require.ErrorContains(t, WriteRequest(io.Discard, cfg, testNonce, r), "65 retention ranges")
+	// An ephemeral byte other than 0 or 1, reserved bytes not zero.
+	r.Retention = []RetentionRange{{Priority: 1}}
+	b := rawStream(cfg, testNonce, r)
+	hdr := preludeBytes + headBytes + TagBytes + len(r.Tenant) + len(r.LoRA) + len(r.Salt) + 4*len(r.Tokens) + 8*len(r.Runs)
+	for _, c := range []struct {
+		at   int
+		want string
+	}{{10, "ephemeral byte 2"}, {12, "reserved bytes"}} {
+		raw := unsign(b)
+		raw[hdr-TagBytes+c.at] = 2
+		_, err := ReadRequest(bytes.NewReader(signFuzz(cfg, raw)), cfg, testNonce)
+		require.ErrorIs(t, err, ErrBadStream)
+		require.ErrorContains(t, err, c.want)
+	}
 }

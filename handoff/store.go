@@ -107,6 +107,8 @@ func (s *Store) Admit(r *Received) (Admission, error) {
 			h = &held{page: p}
 			s.pages[p.Digest] = h
 			s.holding++
+		} else if p.Retention != (tier.Retention{}) {
+			h.page.Retention = p.Retention // the latest hint wins
 		}
 		h.refs++
 	}
@@ -174,6 +176,7 @@ func (s *Store) Fetch(_ context.Context, pages []tier.RemotePage) int {
 			return i
 		}
 		copy(p.Data, h.page.Data)
+		p.Retention = h.page.Retention
 		s.c.Hits.Add(1)
 		s.c.BytesIn.Add(int64(len(p.Data)))
 	}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"unsafe"
 
 	"github.com/pagedkv/pagedkv/tier"
 )
@@ -115,11 +116,11 @@ const (
 	TagBytes = sha256.Size
 	// StreamVersion is the version this package writes and reads; a
 	// stream or receiver of another version is refused by name.
-	StreamVersion = 2
+	StreamVersion = 3
 
 	streamMagic  = "PKVH"
 	preludeBytes = 8
-	headBytes    = 20
+	headBytes    = 24
 	// tokenChunk is the most token bytes read at once: the tokens grow as
 	// they arrive, never sized by the header alone.
 	tokenChunk = 16 << 10
@@ -248,6 +249,9 @@ type Request struct {
 	// of the prefix Tokens (whole pages; docs/state-groups.md, "Tiers").
 	GroupTag string
 	State    bool
+	// Retention is the request's retention ranges (at most
+	// MaxRetentionRanges).
+	Retention []RetentionRange
 }
 
 // StreamBytes is the length of r's stream (the sender's bytes; the
@@ -256,7 +260,8 @@ func (c Config) StreamBytes(r *Request) int64 {
 	if c.Group == "" {
 		c.Group = "all"
 	}
-	return int64(preludeBytes+headBytes+TagBytes+len(r.Tenant)+len(r.LoRA)+len(r.Salt)+len(r.GroupTag)+4*len(r.Tokens)+8*len(r.Runs)+TagBytes+TagBytes) +
+	return int64(preludeBytes+headBytes+TagBytes+len(r.Tenant)+len(r.LoRA)+len(r.Salt)+len(r.GroupTag)+4*len(r.Tokens)+8*len(r.Runs)+
+		retentionRangeBytes*len(r.Retention)+TagBytes+TagBytes) +
 		int64(len(r.Pages))*int64(tier.EncodedValueLen(c.Format, c.Namespace, c.Group))
 }
 
@@ -276,6 +281,9 @@ func (c *Config) checkRequest(r *Request) error {
 		return fmt.Errorf("handoff: write: %d runs, %d tokens", len(r.Runs), len(r.Tokens))
 	}
 	if err := checkRuns(r.Runs, len(r.Pages)); err != nil {
+		return fmt.Errorf("handoff: write: %w", err)
+	}
+	if err := checkRetention(r.Retention); err != nil {
 		return fmt.Errorf("handoff: write: %w", err)
 	}
 	for i, p := range r.Pages {
@@ -370,6 +378,7 @@ func (s *streamWriter) header(r *Request) {
 	binary.LittleEndian.PutUint16(h[2:], uint16(len(r.LoRA)))
 	binary.LittleEndian.PutUint16(h[4:], uint16(len(r.Salt)))
 	binary.LittleEndian.PutUint16(h[6:], groupField(r.GroupTag, r.State))
+	binary.LittleEndian.PutUint16(h[20:], uint16(len(r.Retention))) // h[22:24] stay zero
 	binary.LittleEndian.PutUint32(h[8:], uint32(len(r.Tokens)))
 	binary.LittleEndian.PutUint32(h[12:], uint32(len(r.Runs)))
 	binary.LittleEndian.PutUint32(h[16:], uint32(len(r.Pages)))
@@ -391,6 +400,9 @@ func (s *streamWriter) header(r *Request) {
 		binary.LittleEndian.PutUint32(b[0:], uint32(run.Page))
 		binary.LittleEndian.PutUint32(b[4:], uint32(run.Pages))
 		s.write(b[:8])
+	}
+	for _, x := range r.Retention {
+		s.write(appendRetentionRange(b[:0], x))
 	}
 	s.checkpoint(tagHeader)
 }
@@ -456,8 +468,13 @@ type Received struct {
 	GroupTag           string // as Request.GroupTag
 	State              bool   // as Request.State
 	// Pages are the full pages in order, digests chained from the
-	// namespace root; their Tokens alias Tokens.
+	// namespace root; their Tokens alias Tokens. Each carries the
+	// retention the ranges give it (Store serves it with the page).
 	Pages []tier.RemotePage
+	// Retention is the sender's retention ranges, checked: the decode
+	// engine passes them on to its Manager's Add (pagedkv.RetentionRange
+	// field for field).
+	Retention []RetentionRange
 }
 
 // Bytes is the page bytes received.
@@ -475,6 +492,8 @@ type head struct {
 	lens                 [4]int // tenant, LoRA, salt, group tag
 	state                bool
 	tokens, runs, npages int
+	ranges               int
+	reserved             uint16
 }
 
 // groupField is the head's group field: the group tag's length, and bit
@@ -512,7 +531,7 @@ func chainRoot(tenant, lora, salt, tag string, state bool, tokens []int32, ps in
 // the reservation [Server] makes against MaxInflightBytes.
 func (h *head) memory(cfg *Config) int64 {
 	const pageOverhead = 256 // a RemotePage and its slice headers, rounded up
-	return int64(h.lens[0]+h.lens[1]+h.lens[2]+h.lens[3]) + 2*4*int64(h.tokens) + 2*8*int64(h.runs) +
+	return int64(h.lens[0]+h.lens[1]+h.lens[2]+h.lens[3]) + 2*4*int64(h.tokens) + 2*8*int64(h.runs) + 2*int64(unsafe.Sizeof(RetentionRange{}))*int64(h.ranges) +
 		int64(h.npages)*(int64(cfg.Format.PageBytes())+pageOverhead) + int64(tier.ValueDataOffset(cfg.Format, cfg.Namespace, cfg.Group))
 }
 
@@ -520,7 +539,7 @@ func (h *head) memory(cfg *Config) int64 {
 // receiver of cfg accepts.
 func maxHeaderBytes(cfg *Config) int64 {
 	p := int64(cfg.Limits.MaxPages)
-	return preludeBytes + headBytes + TagBytes + 4*MaxString + 4*p*int64(cfg.Format.PageSize) + 8*p + TagBytes
+	return preludeBytes + headBytes + TagBytes + 4*MaxString + 4*p*int64(cfg.Format.PageSize) + 8*p + retentionRangeBytes*MaxRetentionRanges + TagBytes
 }
 
 // streamReader reads a stream, MACing what it reads (the tags excepted).
@@ -583,8 +602,14 @@ func (s *streamReader) readHead() error {
 	h.tokens = int(binary.LittleEndian.Uint32(b[8:]))
 	h.runs = int(binary.LittleEndian.Uint32(b[12:]))
 	h.npages = int(binary.LittleEndian.Uint32(b[16:]))
+	h.ranges = int(binary.LittleEndian.Uint16(b[20:]))
+	h.reserved = binary.LittleEndian.Uint16(b[22:])
 	ps, pageBytes := cfg.Format.PageSize, int64(cfg.Format.PageBytes())
 	switch {
+	case h.reserved != 0:
+		return fmt.Errorf("%w: head's reserved u16 at offset 22 is %#x, want 0", ErrBadStream, h.reserved)
+	case h.ranges > MaxRetentionRanges:
+		return fmt.Errorf("%w: %d retention ranges: at most %d", ErrBadStream, h.ranges, MaxRetentionRanges)
 	case max(h.lens[0], h.lens[1], h.lens[2], h.lens[3]) > MaxString:
 		return fmt.Errorf("%w: tenant, LoRA, salt, group tag of %d, %d, %d, %d bytes: at most %d each", ErrBadStream, h.lens[0], h.lens[1], h.lens[2], h.lens[3], MaxString)
 	case h.state && (h.npages != 1 || h.lens[3] == 0 || h.tokens == 0 || h.tokens%ps != 0 || h.tokens/ps > cfg.Limits.MaxPages):
@@ -626,6 +651,16 @@ func (s *streamReader) readBody() error {
 		return Run{Page: int32(binary.LittleEndian.Uint32(x)), Pages: int32(binary.LittleEndian.Uint32(x[4:]))}
 	}); err != nil {
 		return err
+	}
+	for i := range h.ranges {
+		if err := s.read(b[:retentionRangeBytes], "retention ranges"); err != nil {
+			return err
+		}
+		x, err := parseRetentionRange(i, b[:retentionRangeBytes])
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrBadStream, err)
+		}
+		rec.Retention = append(rec.Retention, x)
 	}
 	if err := s.verify(tagHeader, "header"); err != nil {
 		return err
@@ -683,6 +718,7 @@ func (s *streamReader) readPages() (*Received, error) {
 			return nil, fmt.Errorf("page %d of %d: %w", i, n, err)
 		}
 		p.Digest = tier.Next(scratch, parent, p.Tokens)
+		p.Retention = pageRetention(rec.Retention, i, ps)
 		p.Chain = p.Digest
 		if i > 0 {
 			p.Chain = rec.Pages[0].Digest

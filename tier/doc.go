@@ -32,6 +32,11 @@
 //     nothing after the checksum, a CRC-32C over every byte) and
 //     [Value.Verify] accepts it only as the very page asked for: the same
 //     format, namespace and group, digest, parent digest and tokens.
+//   - A page's [Retention] rides in its value only when it has one (flags
+//     bit 0x02, a 24-byte field checked on decode: level, hint, reserved
+//     zeros, duration, deadline); a value without one is byte for byte
+//     what it was before the field existed. [Lapses] orders deadlines,
+//     ties by id, allocating nothing once made.
 //   - [PageFormat.Validate] accepts only formats whose page fits
 //     [MaxPageBytes], multiplying one factor at a time so that no geometry
 //     wraps int64.

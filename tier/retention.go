@@ -77,13 +77,34 @@ const RetentionFieldBytes = retentionBytes
 
 // appendRetention encodes r, its deadline taken from now.
 func appendRetention(dst []byte, r Retention, now time.Time) []byte {
-	dst = append(dst, r.Priority, r.Hint, 0, 0, 0, 0, 0, 0)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(r.Duration))
-	var deadline int64
+	return AppendValueRetention(dst, r.Written(now))
+}
+
+// Written returns r as written at wall-clock time now: its deadline now
+// plus what is left.
+func (r Retention) Written(now time.Time) ValueRetention {
+	v := ValueRetention{Priority: r.Priority, Hint: r.Hint, Duration: r.Duration}
 	if r.Duration > 0 {
-		deadline = now.UnixNano() + int64(r.Left)
+		v.Deadline = now.UnixNano() + int64(r.Left)
 	}
-	return binary.LittleEndian.AppendUint64(dst, uint64(deadline))
+	return v
+}
+
+// AppendValueRetention appends the 24-byte retention field of v (a disk
+// slot header keeps the same field).
+func AppendValueRetention(dst []byte, v ValueRetention) []byte {
+	dst = append(dst, v.Priority, v.Hint, 0, 0, 0, 0, 0, 0)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(v.Duration))
+	return binary.LittleEndian.AppendUint64(dst, uint64(v.Deadline))
+}
+
+// ParseValueRetention decodes and checks a 24-byte retention field,
+// naming the bad field.
+func ParseValueRetention(b []byte) (ValueRetention, error) {
+	if len(b) != retentionBytes {
+		return ValueRetention{}, fmt.Errorf("retention field of %d bytes, want %d", len(b), retentionBytes)
+	}
+	return parseRetention(b)
 }
 
 // ValueRetention is a value's retention field as written: Retention with

@@ -24,7 +24,10 @@ import (
 //	  move whole, aligned file pages.
 //	slot header: "PKVS", version 2, 3 zero bytes, sequence (u64), value
 //	  length (u32), the value's own trailing CRC-32C (u32), CRC-32C of the
-//	  24 bytes before
+//	  24 bytes before; then, for a page with a retention hint, the 24-byte
+//	  retention field of tier values (level, hint, duration, wall-clock
+//	  deadline) and its CRC-32C (u32); all zero without one, so a slot
+//	  without retention is what it was
 //
 // Version 1 (magic "PKVDSEG1", slot version 1) put the value right after
 // the slot header; its directories are refused by name (ErrForeignDir).
@@ -43,7 +46,10 @@ const (
 	slotVersion        = 2
 	slotHeaderBytes    = 64
 	slotHeaderUsed     = 4 + 4 + 8 + 4 + 4 + 4
-	slotAlign          = 4096
+	// slotRetentionOff: the retention field and its checksum.
+	slotRetentionOff  = slotHeaderUsed
+	slotRetentionUsed = slotRetentionOff + tier.RetentionFieldBytes + 4
+	slotAlign         = 4096
 )
 
 // Errors. Each wraps one of these and names the file, slot and value.
@@ -104,6 +110,8 @@ type slotHeader struct {
 	Seq      uint64
 	ValueLen uint32
 	ValueCRC uint32 // the value's own trailing CRC-32C
+	// Ret is the page's retention when written (zero: none).
+	Ret tier.ValueRetention
 }
 
 func (h slotHeader) encode(dst []byte) {
@@ -114,6 +122,10 @@ func (h slotHeader) encode(dst []byte) {
 	binary.LittleEndian.PutUint32(dst[16:], h.ValueLen)
 	binary.LittleEndian.PutUint32(dst[20:], h.ValueCRC)
 	binary.LittleEndian.PutUint32(dst[24:], crc32.Checksum(dst[:24], tier.CRCTable))
+	if h.Ret != (tier.ValueRetention{}) {
+		f := tier.AppendValueRetention(dst[slotRetentionOff:slotRetentionOff], h.Ret)
+		binary.LittleEndian.PutUint32(dst[slotRetentionOff+len(f):], crc32.Checksum(f, tier.CRCTable))
+	}
 }
 
 // Sequence numbers. The writer numbers slots 1, 2, 3, ... across the
@@ -148,8 +160,18 @@ func decodeSlotHeader(b []byte) (slotHeader, error) {
 		return h, fmt.Errorf("slot magic %q, want %q", b[:4], slotMagic)
 	case b[4] != slotVersion || b[5] != 0 || b[6] != 0 || b[7] != 0:
 		return h, fmt.Errorf("slot version %d (want %d) or reserved bytes %x not zero", b[4], slotVersion, b[5:8])
-	case !isZero(b[slotHeaderUsed:slotHeaderBytes]):
+	case !isZero(b[slotRetentionUsed:slotHeaderBytes]):
 		return h, fmt.Errorf("slot header padding not zero")
+	}
+	if f := b[slotRetentionOff : slotRetentionUsed-4]; !isZero(b[slotRetentionOff:slotRetentionUsed]) {
+		if got, want := binary.LittleEndian.Uint32(b[slotRetentionUsed-4:]), crc32.Checksum(f, tier.CRCTable); got != want {
+			return h, fmt.Errorf("slot retention checksum %#x, computed %#x", got, want)
+		}
+		ret, err := tier.ParseValueRetention(f)
+		if err != nil {
+			return h, fmt.Errorf("slot %w", err)
+		}
+		h.Ret = ret
 	}
 	if got, want := binary.LittleEndian.Uint32(b[24:]), crc32.Checksum(b[:24], tier.CRCTable); got != want {
 		return h, fmt.Errorf("slot header checksum %#x, computed %#x", got, want)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/pagedkv/pagedkv/tier"
 )
@@ -20,7 +21,8 @@ func fuzzConfig(dir string) Config {
 	return cfg
 }
 
-// fuzzSeedSegment is a real segment file holding three pages.
+// fuzzSeedSegment is a real segment file holding three pages, the first
+// with a retention (in its slot header).
 func fuzzSeedSegment(f *testing.F) []byte {
 	dir := f.TempDir()
 	s, err := Open(fuzzConfig(dir))
@@ -29,7 +31,11 @@ func fuzzSeedSegment(f *testing.F) []byte {
 	}
 	u := newUniverse(testFormat, 1, 3)
 	for i := range u.chains[0] {
-		s.Store(&u.chains[0][i])
+		p := u.chains[0][i]
+		if i == 0 {
+			p.Retention = tier.Retention{Priority: 2, Hint: 1, Duration: time.Hour, Left: time.Minute}
+		}
+		s.Store(&p)
 	}
 	if err := s.Close(); err != nil {
 		f.Fatal(err)
@@ -70,6 +76,17 @@ func FuzzSlot(f *testing.F) {
 		f.Fatalf("a slot of sequence 2^64-1 checks")
 	}
 	f.Add(wrap)
+	// A slot whose retention field is damaged behind a valid checksum.
+	bad := slices.Clone(seg[segmentHeaderBytes : segmentHeaderBytes+s.slotBytes])
+	if h, err = decodeSlotHeader(bad); err != nil || h.Ret.Priority != 2 {
+		f.Fatalf("the seed's first slot has retention %+v: %v", h.Ret, err)
+	}
+	h.Ret.Hint = 7
+	h.encode(bad)
+	if _, _, _, err := s.checkSlot(bad, nil); err == nil {
+		f.Fatalf("a slot of retention hint 7 checks")
+	}
+	f.Add(bad)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 2*s.slotBytes {
 			return

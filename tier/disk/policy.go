@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"time"
 
 	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/tier"
@@ -28,6 +29,13 @@ import (
 // its digest, little-endian.
 func ghostHash(d tier.Digest) uint64 { return binary.LittleEndian.Uint64(d[:8]) }
 
+// Retention: the queues have a level per retention level (each with its
+// own instance of the policy), a slot joins its page's level, and a victim
+// comes from the lowest level that holds a slot (evict.Queues), the
+// device's eviction rule (docs/retention.md). A slot whose level lapses
+// moves to the tail of level 0 (Relevel). The ghosts a level's policy
+// keeps are of the pages evicted from that level.
+//
 // queues are the store's slots holding servable pages on the policy's
 // queues, with what the policy is told of each: its hits and whether the
 // policy remembered its page when it was written. Allocated once (17 bytes
@@ -39,16 +47,17 @@ type queues struct {
 }
 
 // newQueues returns the queues of the policy named name ("" is evict.LRU)
-// over slots slots.
-func newQueues(name string, slots int) (*queues, error) {
-	p, err := evict.New(name)
+// with levels retention levels over slots slots.
+func newQueues(name string, levels, slots int) (*queues, error) {
+	q, err := evict.NewQueues(name, levels, slots)
 	if err != nil {
 		return nil, err
 	}
-	return newQueuesOf(p, slots)
+	return &queues{q: q, hits: make([]uint32, slots), returned: make([]bool, slots)}, nil
 }
 
-// newQueuesOf returns the queues of policy p (fresh) over slots slots.
+// newQueuesOf returns the queues of policy p (fresh) over slots slots,
+// one level.
 func newQueuesOf(p evict.Policy, slots int) (*queues, error) {
 	q, err := evict.NewQueuesOf([]evict.Policy{p}, slots)
 	if err != nil {
@@ -60,27 +69,41 @@ func newQueuesOf(p evict.Policy, slots int) (*queues, error) {
 // Name is the policy's name.
 func (q *queues) Name() string { return q.q.Name() }
 
-// Added: slot now holds a servable page found by the restart scan.
-func (q *queues) Added(slot int) { q.track(slot, false) }
+// Added: slot now holds a servable page of level found by the restart
+// scan.
+func (q *queues) Added(slot, level int) { q.track(slot, level, false) }
 
-// Written: slot now holds page d, just written.
-func (q *queues) Written(slot int, d tier.Digest) {
-	q.track(slot, q.q.Returned(0, ghostHash(d)))
+// Written: slot now holds page d of level, just written.
+func (q *queues) Written(slot, level int, d tier.Digest) {
+	q.track(slot, level, q.q.Returned(level, ghostHash(d)))
 }
 
-func (q *queues) track(slot int, returned bool) {
+func (q *queues) track(slot, level int, returned bool) {
 	if q.q.Queued(int32(slot)) {
 		panic(fmt.Sprintf("disk: eviction: slot %d added twice", slot))
 	}
 	q.hits[slot], q.returned[slot] = 0, returned
-	q.q.Push(int32(slot), 0, q.enqueueHits(slot))
+	q.q.Push(int32(slot), level, q.enqueueHits(slot))
 }
 
-// Evict: the page d in slot is overwritten (Removed, and the policy's
+// Evict: the page d in slot is overwritten (Removed, and its level's
 // ghosts told).
 func (q *queues) Evict(slot int, d tier.Digest) {
-	q.q.Evicted(0, ghostHash(d), q.enqueueHits(slot))
+	level, _, _ := q.q.Position(int32(slot))
+	q.q.Evicted(level, ghostHash(d), q.enqueueHits(slot))
 	q.Removed(slot)
+}
+
+// Relevel moves tracked slot to the tail of level (its retention lapsed).
+func (q *queues) Relevel(slot, level int) {
+	q.q.Remove(int32(slot))
+	q.q.Push(int32(slot), level, q.enqueueHits(slot))
+}
+
+// Level is tracked slot's level.
+func (q *queues) Level(slot int) int {
+	level, _, _ := q.q.Position(int32(slot))
+	return level
 }
 
 // enqueueHits is the hits slot joins a queue with: its own, or one for a
@@ -97,11 +120,12 @@ func (q *queues) Used(slot int) {
 	if !q.q.Queued(int32(slot)) {
 		panic(fmt.Sprintf("disk: eviction: slot %d used but not tracked", slot))
 	}
+	level, _, _ := q.q.Position(int32(slot))
 	q.q.Remove(int32(slot))
 	if q.hits[slot] < math.MaxUint32 {
 		q.hits[slot]++
 	}
-	q.q.Push(int32(slot), 0, q.enqueueHits(slot))
+	q.q.Push(int32(slot), level, q.enqueueHits(slot))
 }
 
 // Removed: slot no longer holds a servable page.
@@ -133,3 +157,51 @@ func (q *queues) checkInvariants() error {
 
 // tracked reports whether slot is on a queue.
 func (q *queues) tracked(slot int) bool { return q.q.Queued(int32(slot)) }
+
+// now reads the store's wall clock.
+func (s *Store) now() time.Time {
+	if s.cfg.Clock != nil {
+		return s.cfg.Clock()
+	}
+	return time.Now()
+}
+
+// advance lapses, earliest deadline first (ties: lowest slot), the ready
+// slots whose deadline the wall clock has reached: each drops to level 0
+// (the tail of its queue), keeping its hint. It returns the time it read.
+// s.mu is held.
+func (s *Store) advance() time.Time {
+	now := s.now()
+	for {
+		slot, ok := s.lapses.Due(time.Duration(now.UnixNano()))
+		if !ok {
+			return now
+		}
+		s.lapses.Remove(slot)
+		s.slots[slot].ret = tier.ValueRetention{Hint: s.slots[slot].ret.Hint}
+		s.policy.Relevel(int(slot), 0)
+	}
+}
+
+// timeRetention puts ready slot's lapse on the heap (a level already
+// lapsed at now drops to 0 first), restarting the count at now when used
+// (a served page), and returns the slot's level. s.mu is held.
+func (s *Store) timeRetention(slot int, now time.Time, used bool) int {
+	e := &s.slots[slot]
+	if e.ret.Duration == 0 {
+		return int(e.ret.Priority)
+	}
+	if used {
+		e.ret.Deadline = now.UnixNano() + int64(e.ret.Duration)
+	}
+	if e.ret.Deadline <= now.UnixNano() {
+		s.lapses.Remove(int32(slot))
+		e.ret = tier.ValueRetention{Hint: e.ret.Hint}
+		if s.policy.tracked(slot) {
+			s.policy.Relevel(slot, 0)
+		}
+		return 0
+	}
+	s.lapses.Set(int32(slot), time.Duration(e.ret.Deadline))
+	return int(e.ret.Priority)
+}

@@ -99,7 +99,7 @@ func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 		}
 	}
 	if len(pages) == 0 {
-		s.endRead(first, 0)
+		s.endRead(nil, first, 0)
 		return 0
 	}
 	p := &s.pipe
@@ -140,7 +140,7 @@ func (s *Store) readRun(pages []tier.RemotePage, first int) int {
 		*r = pieceResult{}
 	}
 	s.c.Hits.Add(int64(served))
-	s.endRead(first, served)
+	s.endRead(pages, first, served)
 	return served
 }
 
@@ -213,13 +213,17 @@ func (s *Store) readPiece(r *pieceReader, k int) pieceResult {
 }
 
 // endRead tells the policy the n slots from first on were served (those
-// that still hold the writes the lookup found) and lets the writer
-// overwrite the run's slots.
-func (s *Store) endRead(first, n int) {
+// that still hold the writes the lookup found), gives pages[k] what is
+// left of its slot's retention (a use then restarts the count), and lets
+// the writer overwrite the run's slots.
+func (s *Store) endRead(pages []tier.RemotePage, first, n int) {
 	s.mu.Lock()
+	now := s.advance()
 	for k := range n {
 		if e := &s.slots[first+k]; e.state == slotReady && e.seq == s.runSeqs[k] {
 			s.policy.Used(first + k)
+			pages[k].Retention = e.ret.At(now)
+			s.timeRetention(first+k, now, true)
 		}
 	}
 	s.readLo, s.readHi = 0, 0

@@ -93,7 +93,19 @@ type Config struct {
 	// "lru", "slru", "srrip", as prefixcache.Config.Eviction); "" means
 	// "lru". See policy.go.
 	Eviction string
+	// Levels is the number of retention levels (docs/retention.md,
+	// "Below the device"): a page's level is its retention's priority, cut
+	// to Levels-1; 0 means DefaultLevels, at most
+	// tier.MaxRetentionLevels.
+	Levels int
+	// Clock is the wall clock retention deadlines are kept on (nil:
+	// time.Now).
+	Clock func() time.Time
 }
+
+// DefaultLevels is Config.Levels when 0: the Manager's default priority
+// levels.
+const DefaultLevels = 4
 
 // Recovery is what Open found in the segment files.
 type Recovery struct {
@@ -146,6 +158,9 @@ type slotEntry struct {
 	digest tier.Digest
 	seq    uint64
 	state  slotState
+	// ret is the page's retention: as written, then level 0 (hint kept)
+	// once lapsed; its deadline, while running, is on s.lapses.
+	ret tier.ValueRetention
 }
 
 // job is one page queued for the writer: buf is a whole slot, 4 KiB
@@ -158,6 +173,7 @@ type job struct {
 	val    []byte // buf[valueOff:][:valueLen]
 	slot   int32  // the slot it is written to (the writer's)
 	seq    uint64
+	ret    tier.ValueRetention
 }
 
 // Store is the disk tier: a [tier.RemoteStore] over segment files in a local
@@ -181,6 +197,7 @@ type Store struct {
 	free     []int32 // free slots, the next to use last
 	pending  map[tier.Digest]struct{}
 	policy   *queues
+	lapses   *tier.Lapses // ready slots whose level lapses, by wall-clock deadline (Unix ns)
 	nextSeq  uint64
 	recovery Recovery
 	// [readLo, readHi) are the slots Fetch is reading: the writer does not
@@ -249,6 +266,11 @@ func (cfg *Config) check() error {
 		return fmt.Errorf("%w: Pages = %d, want 1..2^31-1", ErrBadConfig, cfg.Pages)
 	case cfg.SegmentPages < 0 || cfg.QueueLen < 0 || cfg.QueueLen > MaxQueueLen:
 		return fmt.Errorf("%w: SegmentPages = %d or QueueLen = %d: want >= 0 (QueueLen <= 2^20)", ErrBadConfig, cfg.SegmentPages, cfg.QueueLen)
+	case cfg.Levels < 0 || cfg.Levels > tier.MaxRetentionLevels:
+		return fmt.Errorf("%w: Levels = %d, want 0..%d", ErrBadConfig, cfg.Levels, tier.MaxRetentionLevels)
+	}
+	if cfg.Levels == 0 {
+		cfg.Levels = DefaultLevels
 	}
 	if cfg.Group == "" {
 		cfg.Group = DefaultGroup
@@ -460,11 +482,12 @@ func (s *Store) scan() error {
 	s.slots = make([]slotEntry, s.cfg.Pages)
 	s.index = make(map[tier.Digest]int32)
 	s.pending = make(map[tier.Digest]struct{})
-	policy, err := newQueues(s.cfg.Eviction, s.cfg.Pages)
+	policy, err := newQueues(s.cfg.Eviction, s.cfg.Levels, s.cfg.Pages)
 	if err != nil { // checked by Open
 		return fmt.Errorf("%w: Eviction: %w", ErrBadConfig, err)
 	}
 	s.policy = policy
+	s.lapses = tier.NewLapses(s.cfg.Pages)
 	rec := &s.recovery
 	rec.Slots = s.cfg.Pages
 	perRead := max(1, maxReadBytes/s.slotBytes)
@@ -529,7 +552,13 @@ func (s *Store) scan() error {
 				s.slots[old] = slotEntry{}
 				rec.Recovered--
 			}
-			s.slots[slot] = slotEntry{digest: v.Digest, seq: h.Seq, state: slotReady}
+			if h.Ret.Priority >= uint8(s.cfg.Levels) { // written with more levels
+				h.Ret.Priority = uint8(s.cfg.Levels - 1)
+				if h.Ret.Priority == 0 {
+					h.Ret = tier.ValueRetention{Hint: h.Ret.Hint}
+				}
+			}
+			s.slots[slot] = slotEntry{digest: v.Digest, seq: h.Seq, state: slotReady, ret: h.Ret}
 			s.index[v.Digest] = int32(slot)
 			s.nextSeq = max(s.nextSeq, h.Seq)
 			rec.Recovered++
@@ -580,8 +609,9 @@ func (s *Store) scan() error {
 			return err
 		}
 	}
+	now := s.now()
 	for _, slot := range ready {
-		s.policy.Added(int(slot))
+		s.policy.Added(int(slot), s.timeRetention(int(slot), now, false))
 	}
 	return nil
 }
@@ -725,13 +755,25 @@ func (s *Store) Store(p *tier.RemotePage) bool {
 		return false
 	}
 	// The value is encoded in place: j.val has exactly its length as
-	// capacity, so EncodeValue never moves it out of the slot buffer.
-	if _, err := tier.EncodeValue(j.val[:0], s.cfg.Format, s.cfg.Namespace, s.cfg.Group, p); err != nil {
+	// capacity, so EncodeValue never moves it out of the slot buffer. The
+	// retention goes in the slot header: every value has the same length.
+	bare := *p
+	bare.Retention = tier.Retention{}
+	_, err := tier.EncodeValue(j.val[:0], s.cfg.Format, s.cfg.Namespace, s.cfg.Group, &bare)
+	if err == nil {
+		err = p.Retention.Check()
+	}
+	if err != nil {
 		s.jobs <- j
 		s.c.Dropped.Add(1)
 		return false
 	}
-	j.digest = p.Digest
+	r := p.Retention
+	r.Priority = min(r.Priority, uint8(s.cfg.Levels-1))
+	if r.Priority == 0 {
+		r.Duration, r.Left = 0, 0 // level 0 has nothing to lapse
+	}
+	j.digest, j.ret = p.Digest, r.Written(s.now())
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -838,7 +880,7 @@ func (s *Store) writeBatch(batch []*job) {
 		}
 		j.slot, j.seq = int32(slot), s.nextSeq
 		s.nextSeq++
-		s.slots[slot] = slotEntry{digest: j.digest, seq: j.seq, state: slotWriting}
+		s.slots[slot] = slotEntry{digest: j.digest, seq: j.seq, state: slotWriting, ret: j.ret}
 		s.writing++
 	}
 	s.mu.Unlock()
@@ -867,6 +909,7 @@ func (s *Store) writeBatch(batch []*job) {
 	}
 
 	s.mu.Lock()
+	now := s.advance()
 	for k, j := range batch {
 		delete(s.pending, j.digest)
 		if j.slot < 0 {
@@ -882,7 +925,7 @@ func (s *Store) writeBatch(batch []*job) {
 		}
 		s.slots[slot].state = slotReady
 		s.index[j.digest] = j.slot
-		s.policy.Written(slot, j.digest)
+		s.policy.Written(slot, s.timeRetention(slot, now, false), j.digest)
 		s.c.Stored.Add(1)
 		s.c.BytesOut.Add(int64(s.valueLen))
 		s.dirty[slot/s.segSlots] = true
@@ -905,7 +948,7 @@ func (s *Store) writeBatch(batch []*job) {
 // fails its checksum.
 func (s *Store) writeRun(jobs []*job) error {
 	for _, j := range jobs {
-		slotHeader{Seq: j.seq, ValueLen: uint32(s.valueLen), ValueCRC: binary.LittleEndian.Uint32(j.val[s.valueLen-tier.ValueCRCBytes:])}.encode(j.buf)
+		slotHeader{Seq: j.seq, ValueLen: uint32(s.valueLen), ValueCRC: binary.LittleEndian.Uint32(j.val[s.valueLen-tier.ValueCRCBytes:]), Ret: j.ret}.encode(j.buf)
 	}
 	s.writes.Add(1)
 	f, off := s.slotAt(int(jobs[0].slot))
@@ -944,6 +987,7 @@ func (s *Store) takeSlot() (int, bool) {
 		s.free = s.free[:n-1]
 		return int(slot), true
 	}
+	s.advance()
 	slot, ok := s.policy.Victim()
 	for ok && slot >= s.readLo && slot < s.readHi {
 		// Fetch is reading the victim: wait for it (one preadv), then ask
@@ -955,6 +999,7 @@ func (s *Store) takeSlot() (int, bool) {
 		return 0, false
 	}
 	s.policy.Evict(slot, s.slots[slot].digest)
+	s.lapses.Remove(int32(slot))
 	delete(s.index, s.slots[slot].digest)
 	s.slots[slot] = slotEntry{}
 	s.evicted.Add(1)
@@ -1113,9 +1158,19 @@ func (s *Store) CheckInvariants() error {
 	if err := s.policy.checkInvariants(); err != nil {
 		problems = append(problems, err.Error())
 	}
+	if err := s.lapses.Check(); err != nil {
+		problems = append(problems, err.Error())
+	}
 	for i, e := range s.slots {
 		if s.policy.tracked(i) != (e.state == slotReady) {
 			problems = append(problems, fmt.Sprintf("slot %d: on an eviction queue %v, state %d", i, s.policy.tracked(i), e.state))
+		}
+		if s.policy.tracked(i) && s.policy.Level(i) != int(e.ret.Priority) {
+			problems = append(problems, fmt.Sprintf("slot %d of level %d is queued at level %d", i, e.ret.Priority, s.policy.Level(i)))
+		}
+		at, timed := s.lapses.Deadline(int32(i))
+		if timed != (e.state == slotReady && e.ret.Duration > 0) || timed && int64(at) != e.ret.Deadline {
+			problems = append(problems, fmt.Sprintf("slot %d (state %d, retention %+v) on the lapse heap %v at %d", i, e.state, e.ret, timed, at))
 		}
 	}
 	if len(problems) > 0 {

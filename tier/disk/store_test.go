@@ -442,8 +442,8 @@ func TestGhostPolicyWiring(t *testing.T) {
 	q, err := newQueuesOf(g, 4)
 	require.NoError(t, err)
 	require.Equal(t, 4, g.size)
-	q.Written(0, d0) // remembered: enqueued with one hit
-	q.Written(1, d1)
+	q.Written(0, 0, d0) // remembered: enqueued with one hit
+	q.Written(1, 0, d1)
 	q.Used(0) // its first hit: still one
 	q.Used(0)
 	q.Used(1)
