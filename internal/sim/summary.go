@@ -52,6 +52,11 @@ type Summary struct {
 		// RestoredOutputs those of requests that resumed from a state
 		// checkpoint (a prefix hit of a model with state groups).
 		StateOutputs, RestoredOutputs int64
+		// MLAOutputs are the outputs of MLA groups (in Outputs), HitOutputs
+		// those of requests admitted on a prefix hit; IndexerTokens the
+		// indexer entries (token, layer) read back bit for bit through
+		// their MLA pages, every step.
+		MLAOutputs, HitOutputs, IndexerTokens int64
 	}
 	// StateHits are the admissions (Add or Resume) of a model with state
 	// groups that resumed from a state checkpoint, StateHitTokens the
@@ -133,6 +138,10 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		if s.Verified.StateOutputs > 0 || s.StateHits > 0 {
 			line("state restores", "%d admissions resumed from a state checkpoint (%d tokens); %d recurrent outputs verified bit-exact against recomputing from token 0, %d of them after a restore",
 				s.StateHits, s.StateHitTokens, s.Verified.StateOutputs, s.Verified.RestoredOutputs)
+		}
+		if v := &s.Verified; v.MLAOutputs > 0 || v.IndexerTokens > 0 {
+			line("mla, indexer", "%d MLA outputs verified (%d of requests admitted on a prefix hit); %d indexer entries read back bit-exact through their MLA pages",
+				v.MLAOutputs, v.HitOutputs, v.IndexerTokens)
 		}
 	} else {
 		line("prefix hits", "%d of %d prompt tokens (%.1f%%)", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())
