@@ -83,9 +83,9 @@ type mlaEngine struct {
 	tok                 []byte    // one token's indexer bytes
 
 	// tests: the engine leaves the indexer pages out of copy-on-write
-	// copies and host-tier round trips (SGLang #38031), which the indexer
-	// read-back must notice.
-	skipIndexer bool
+	// copies, or out of host-tier round trips (SGLang #38031), which the
+	// indexer read-back must notice.
+	skipIndexerCopies, skipIndexerTier bool
 }
 
 // hasMLA reports whether groups has an MLA group.
@@ -161,7 +161,7 @@ func (e *mlaEngine) copyPages(copies []pagedkv.CopyOp) {
 			for n := range int(c.Entries) {
 				copy(ckv.Row(int(c.Dst), n), ckv.Row(int(c.Src), n))
 				copy(kpe.Row(int(c.Dst), n), kpe.Row(int(c.Src), n))
-				if !e.skipIndexer {
+				if !e.skipIndexerCopies {
 					dk, ds := e.indexerEntry(j, int(c.Dst), n)
 					sk, ss := e.indexerEntry(j, int(c.Src), n)
 					copy(dk, sk)
@@ -193,7 +193,7 @@ func mlaTierFormat(cfg *Config) tier.PageFormat {
 }
 
 // tierPage copies page p of every MLA cache and indexer tensor into buf (a
-// page in format f), or from buf when toDevice. With skipIndexer the
+// page in format f), or from buf when toDevice. With skipIndexerTier the
 // indexer pages stay behind.
 func (e *mlaEngine) tierPage(f tier.PageFormat, buf []byte, p int, toDevice bool) {
 	for j := range e.caches {
@@ -202,13 +202,13 @@ func (e *mlaEngine) tierPage(f tier.PageFormat, buf []byte, p int, toDevice bool
 		hi := buf[f.IndexerOffset(j):][:len(idx)]
 		if toDevice {
 			copy(kv, hk)
-			if !e.skipIndexer {
+			if !e.skipIndexerTier {
 				copy(idx, hi)
 			}
 			continue
 		}
 		copy(hk, kv)
-		if !e.skipIndexer {
+		if !e.skipIndexerTier {
 			copy(hi, idx)
 		}
 	}

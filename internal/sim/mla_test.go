@@ -1,0 +1,91 @@
+package sim
+
+import (
+	"errors"
+	"testing"
+
+	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// mlaConfig is the deepseek-v3.2-like preset on a pool small enough for
+// preemption and eviction, with a host tier (hostPages, 0: none).
+func mlaConfig(t *testing.T, hostPages int) Config {
+	t.Helper()
+	cfg := hybridConfig(t, "deepseek-v3.2-like")
+	cfg.NumPages, cfg.VerifyEvery, cfg.VerifySamples = 20, 2, 4
+	cfg.MaxStepTokens, cfg.MaxRunning = 96, 8
+	cfg.HostPages = hostPages
+	return cfg
+}
+
+// TestSimulateMLAIndexer runs the deepseek-v3.2-like preset (an MLA group
+// and its indexer group) with shared prefixes, forks, preemption, eviction
+// and, in the host case, host-tier round trips: MLA outputs of requests
+// admitted on a prefix hit are verified against float64 MLA, and every
+// step reads every indexer entry back through the MLA pages. The same run
+// with the engine leaving the indexer pages out of its copy-on-write copies
+// (device) or out of its host round trips (host: SGLang #38031) fails
+// verification on an indexer entry.
+func TestSimulateMLAIndexer(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		host int
+	}{{"device", 0}, {"host", 32}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := mlaConfig(t, c.host)
+			reqs := stateWorkload(t, 24)
+			sum := run(t, cfg, reqs)
+			st := sum.Stats
+			assert.Positive(t, st.PromptHitTokens+st.ResumeHitTokens, "prefix hits")
+			assert.Positive(t, st.Preemptions, "preemptions")
+			assert.Positive(t, st.EvictedPages, "evictions")
+			v := sum.Verified
+			assert.Positive(t, v.MLAOutputs)
+			assert.Equal(t, v.Outputs, v.MLAOutputs, "every verified output is an MLA output")
+			assert.Positive(t, v.HitOutputs, "MLA outputs of requests admitted on a prefix hit")
+			assert.Positive(t, v.IndexerTokens)
+			require.Len(t, sum.Groups, 2)
+			assert.Equal(t, pagedkv.IndexerAttention, sum.Groups[1].Spec.Kind)
+			if c.host > 0 {
+				assert.Positive(t, st.Tiers.OnloadedPages, "host round trips")
+			} else {
+				assert.Positive(t, st.CopiedPages, "copy-on-write copies")
+			}
+			t.Logf("%d hit tokens, %d preemptions, %d evicted, %d copied, %d onloaded; %d MLA outputs (%d after a hit), %d indexer entries",
+				st.PromptHitTokens+st.ResumeHitTokens, st.Preemptions, st.EvictedPages, st.CopiedPages, st.Tiers.OnloadedPages,
+				v.MLAOutputs, v.HitOutputs, v.IndexerTokens)
+
+			s, err := New(cfg, reqs)
+			require.NoError(t, err)
+			if c.host > 0 {
+				s.eng.mla.skipIndexerTier = true
+			} else {
+				s.eng.mla.skipIndexerCopies = true
+			}
+			sum, err = s.Run()
+			require.Error(t, err)
+			assert.True(t, errors.Is(err, ErrVerify), "%v", err)
+			assert.Contains(t, err.Error(), "indexer entry")
+			assert.Equal(t, err, sum.Err)
+		})
+	}
+}
+
+// TestMLAModelRefused: the MLA path keeps the model dtype and takes no
+// sinks.
+func TestMLAModelRefused(t *testing.T) {
+	t.Parallel()
+	for name, edit := range map[string]func(*Config){
+		"sinks": func(c *Config) { c.Model.Sinks = true },
+	} {
+		cfg := mlaConfig(t, 0)
+		edit(&cfg)
+		_, err := New(cfg, stateWorkload(t, 2))
+		require.Error(t, err, name)
+		assert.True(t, errors.Is(err, ErrBadConfig), "%s: %v", name, err)
+	}
+}
