@@ -420,5 +420,8 @@ func (v *verifier) checkMLA(e *engine, j int, plan *pagedkv.Plan, reqs []*reqSta
 	if r.hit > 0 {
 		v.hitOutputs++
 	}
+	if s.row >= int(plan.QOIndptr[s.batch+1]-plan.Drafts[s.batch]) {
+		v.drafts++
+	}
 	return nil
 }

@@ -75,6 +75,21 @@ func TestSimulateMLAIndexer(t *testing.T) {
 	}
 }
 
+// TestSimulateMLADrafts: speculative steps on the deepseek-v3.2-like
+// preset: draft rows are MLA decodes over the tokens up to them, verified
+// like the others, and the indexer entries of rejected drafts are
+// overwritten before any step reads them.
+func TestSimulateMLADrafts(t *testing.T) {
+	t.Parallel()
+	cfg := mlaConfig(t, 0)
+	cfg.SpecTokens = 3
+	sum := run(t, cfg, stateWorkload(t, 12))
+	assert.Positive(t, sum.Verified.DraftOutputs)
+	assert.Positive(t, sum.Stats.AcceptedDraftTokens)
+	assert.Less(t, sum.Stats.AcceptedDraftTokens, sum.Stats.DraftTokens)
+	assert.Positive(t, sum.Verified.IndexerTokens)
+}
+
 // TestMLAModelRefused: the MLA path keeps the model dtype and takes no
 // sinks.
 func TestMLAModelRefused(t *testing.T) {
