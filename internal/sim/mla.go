@@ -120,6 +120,14 @@ func (c *Config) validateMLAModel() error {
 	if c.Model.Sinks {
 		return fmt.Errorf("%w: attention sinks with an MLA group: MLA decode takes none", ErrBadConfig)
 	}
+	for g, s := range c.Groups {
+		if s.OwnsPages() && s.Kind != pagedkv.MLAAttention {
+			// The host tier's page format is the MLA caches' and the
+			// indexer's (mlaTierFormat): a page of another group would
+			// travel without its K/V.
+			return fmt.Errorf("%w: groups[%d] is %v beside an MLA group: the simulator runs models whose every page-owning group is MLA", ErrBadConfig, g, s.Kind)
+		}
+	}
 	return nil
 }
 

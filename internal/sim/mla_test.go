@@ -2,9 +2,11 @@ package sim
 
 import (
 	"errors"
+	"math/rand/v2"
 	"testing"
 
 	pagedkv "github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/internal/invariants"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -96,11 +98,85 @@ func TestMLAModelRefused(t *testing.T) {
 	t.Parallel()
 	for name, edit := range map[string]func(*Config){
 		"sinks": func(c *Config) { c.Model.Sinks = true },
+		"mixed": func(c *Config) {
+			c.Groups = append([]pagedkv.LayerGroup{{Kind: pagedkv.FullAttention, NumLayers: 2}}, c.Groups...)
+			c.Groups[2].Target = 1
+			c.Model.Layers = 6
+		},
 	} {
 		cfg := mlaConfig(t, 0)
 		edit(&cfg)
 		_, err := New(cfg, stateWorkload(t, 2))
 		require.Error(t, err, name)
 		assert.True(t, errors.Is(err, ErrBadConfig), "%s: %v", name, err)
+		t.Logf("%s: %v", name, err)
+	}
+}
+
+// decodeMLARun is decodeRun's model, Manager settings and workload on the
+// deepseek-v3.2-like groups (MLA and its indexer, the model's layers in
+// each), 0-3 draft tokens per decode step, and in half the runs a host
+// tier of 4-24 pages.
+func decodeMLARun(data []byte) (Config, []Request) {
+	r := byteReader(data)
+	spec, host := r.next()%4, r.next()%12
+	cfg, reqs := decodeRun(r)
+	if host >= 6 {
+		cfg.HostPages = 4 * (host - 5)
+	}
+	p, err := Preset("deepseek-v3.2-like")
+	if err != nil {
+		panic(err)
+	}
+	cfg.Groups, err = p.Groups(2 * cfg.Model.Layers)
+	if err != nil {
+		panic(err)
+	}
+	cfg.Model.Layers *= 2
+	cfg.WindowTokens, cfg.SpecTokens = 0, spec
+	return cfg, reqs
+}
+
+// FuzzSimulateMLA runs tiny deepseek-v3.2-like simulations built from the
+// input: an MLA output off float64 MLA, a paged ckv/kpe row or an indexer
+// entry that is not its token's, or indexer pages that are not the MLA
+// pages, fails.
+func FuzzSimulateMLA(f *testing.F) {
+	f.Add([]byte{})
+	f.Add([]byte{1, 9, 0, 1, 5, 2, 1, 3, 2, 0, 1, 0, 1, 3, 2, 0, 10, 1, 7, 20, 8, 12, 0, 3, 1, 0, 5, 0, 2, 5, 1, 1, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, reqs := decodeMLARun(data)
+		checkRun(t, cfg, reqs)
+	})
+}
+
+// TestRandomMLARuns is FuzzSimulateMLA's randomized twin: every run
+// verifies, and the runs as a whole evict, preempt, hit the cache, accept
+// drafts, copy forks' partial pages and offload to the host tier.
+func TestRandomMLARuns(t *testing.T) {
+	t.Parallel()
+	rng := rand.New(rand.NewPCG(38, 32))
+	runs := 40
+	if testing.Short() || invariants.Enabled { // -race
+		runs = 15
+	}
+	var preempted, evicted, hits, accepted, copied, offloaded, indexed int64
+	for range runs {
+		cfg, reqs := decodeMLARun(randomBytes(rng, 128))
+		sum := checkRun(t, cfg, reqs)
+		st := sum.Stats
+		preempted += st.Preemptions
+		evicted += st.EvictedPages
+		hits += st.PromptHitTokens
+		accepted += st.AcceptedDraftTokens
+		copied += st.CopiedPages
+		offloaded += st.Tiers.OffloadedPages
+		indexed += sum.Verified.IndexerTokens
+	}
+	for name, n := range map[string]int64{"preemptions": preempted, "evictions": evicted, "prefix hits": hits,
+		"accepted drafts": accepted, "copies": copied, "offloads to the host tier": offloaded, "indexer read-backs": indexed} {
+		if n == 0 {
+			t.Errorf("%d random runs had no %s", runs, name)
+		}
 	}
 }
