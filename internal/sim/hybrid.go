@@ -106,7 +106,7 @@ var (
 
 // notSimulated are model names the simulator knows but cannot run, with why.
 var notSimulated = map[string]string{
-	"mla": "the simulator's model and backends compute GQA attention over K/V pages; MLA (ckv/kpe storage, absorbed queries) has only a decode kernel here (kernels.Backend.MLADecode), while the simulator prefills in chunks and verifies multi-row draft steps (see docs/simulate.md)",
+	"mla": "MLA alone is not a preset; deepseek-v3.2-like runs MLA groups with their indexer (the backends' MLADecode once per query row; see docs/simulate.md)",
 }
 
 // ModelNames lists the presets Preset accepts.
