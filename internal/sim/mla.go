@@ -88,6 +88,15 @@ type mlaEngine struct {
 	skipIndexerCopies, skipIndexerTier bool
 }
 
+// cacheBytes is the size of the MLA caches and indexer tensors.
+func (e *mlaEngine) cacheBytes() int64 {
+	var n int64
+	for j := range e.caches {
+		n += int64(len(e.caches[j].Data)) + int64(len(e.idx[j]))
+	}
+	return n
+}
+
 // hasMLA reports whether groups has an MLA group.
 func hasMLA(groups []pagedkv.LayerGroup) bool {
 	return slices.ContainsFunc(groups, func(g pagedkv.LayerGroup) bool { return g.Kind == pagedkv.MLAAttention })

@@ -338,6 +338,9 @@ func newSim(cfg Config) (*Sim, error) {
 	s.ver = newVerifier(&s.eng.model, specs)
 	s.sum.Pages = cfg.NumPages
 	s.sum.CacheBytes = eng.cacheBytes()
+	if eng.mla != nil {
+		s.sum.CacheBytes = eng.mla.cacheBytes()
+	}
 	return s, nil
 }
 

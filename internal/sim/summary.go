@@ -121,8 +121,13 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	if m.CacheDType() != m.DType {
 		dt += " (cache " + m.CacheDType().String() + ")"
 	}
-	line("model", "%d layers, Hq %d, Hkv %d, D %d, %s %v; pool %d pages of %d tokens (%s of K/V)",
-		m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, dt, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	if hasMLA(cfg.Groups) {
+		line("model", "%d layers, %d heads, MLA ckv %d + kpe %d, indexer K %d (fp8), %s; pool %d pages of %d tokens (%s of MLA and indexer cache)",
+			m.Layers, m.NumQOHeads, mlaCKV, mlaKPE, indexerHeadDim, dt, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	} else {
+		line("model", "%d layers, Hq %d, Hkv %d, D %d, %s %v; pool %d pages of %d tokens (%s of K/V)",
+			m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, dt, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	}
 	if len(s.Groups) > 0 {
 		kinds := make([]string, len(s.Groups))
 		for g := range s.Groups {
