@@ -156,9 +156,9 @@ func FuzzSimulateMLA(f *testing.F) {
 func TestRandomMLARuns(t *testing.T) {
 	t.Parallel()
 	rng := rand.New(rand.NewPCG(38, 32))
-	runs := 40
+	runs := 60
 	if testing.Short() || invariants.Enabled { // -race
-		runs = 15
+		runs = 40
 	}
 	var preempted, evicted, hits, accepted, copied, offloaded, indexed int64
 	for range runs {
