@@ -147,7 +147,7 @@ var layering = map[string]pkgRule{
 
 	"kernels/kernelstest": at(T2, "kernels", "layout", "internal/reference", "github.com/stretchr/testify"),
 	// The serving-workload simulator behind `pagedkv simulate`.
-	"internal/sim": at(T2, "", "appendkv", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layergroup", "layout", "quant", "stepglue", "tier"),
+	"internal/sim": at(T2, "", "appendkv", "events", "handoff", "internal/reference", "kernels", "kernels/cpu", "kernels/cuda", "kvindex", "layergroup", "layout", "mla", "quant", "stepglue", "tier"),
 
 	// Production-trace replay behind `pagedkv replay`: the Manager in
 	// metadata-only mode, the limits, the plot (the only importer of gonum).

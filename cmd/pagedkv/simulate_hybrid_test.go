@@ -288,3 +288,17 @@ func TestSimulateStateModel(t *testing.T) {
 	assert.Contains(t, errOut, "state of 4864 bytes")
 	assert.Contains(t, errOut, "PageBytes = 2048")
 }
+
+// TestSimulateMLAModel runs --model deepseek-v3.2-like with a host tier on
+// a small pool: the summary shows the MLA and indexer groups, MLA outputs
+// verified (some after a prefix hit), indexer entries read back, and a
+// passed verification.
+func TestSimulateMLAModel(t *testing.T) {
+	code, out, errOut := runCLI("simulate", "--model", "deepseek-v3.2-like", "--requests", "12", "--pages", "24", "--host-pages", "24",
+		"--quiet", "--verify-every", "2", "--verify-samples", "2")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Equal(t, "2 of 2 layers each, layer l in group l % 2: mla, indexer of 0", summaryField(t, out, "layer groups"))
+	assert.Regexp(t, `^[1-9]\d* MLA outputs verified \([1-9]\d* of requests admitted on a prefix hit\); [1-9]\d* indexer entries read back bit-exact through their MLA pages$`,
+		summaryField(t, out, "mla, indexer"))
+	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+}

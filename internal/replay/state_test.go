@@ -49,3 +49,27 @@ func TestReplayStateModel(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadConfig)
 	require.ErrorContains(t, err, "StateCheckpointPages -1")
 }
+
+// TestReplayMLAIndexerModel replays the head of the conversation trace
+// through deepseek-v3.2-like (an MLA group and its indexer group): the
+// indexer owns no pages of the pool, so every figure is the dense
+// Manager's at the same page count (block for block), under two policies.
+func TestReplayMLAIndexerModel(t *testing.T) {
+	n := 300
+	if raceEnabled {
+		n = 40
+	}
+	tr := prefix(conversation(t), n)
+	pages := max(tr.DistinctBlocks/10, 4*tr.MinPoolPages())
+	for _, policy := range []string{"lru", "arc"} {
+		dense, err := Run(tr, Config{CapacityPages: pages, PageTokens: 16, Eviction: policy})
+		require.NoError(t, err)
+		require.Positive(t, dense.HitBlocks)
+		mla, err := Run(tr, Config{CapacityPages: pages, PageTokens: 16, Eviction: policy, Model: "deepseek-v3.2-like"})
+		require.NoError(t, err)
+		require.Equal(t, dense.HitBlocks, mla.HitBlocks, policy)
+		require.Equal(t, dense.EvictedPages, mla.EvictedPages, policy)
+		require.Equal(t, dense.PrefillTokens, mla.PrefillTokens, policy)
+		require.Zero(t, mla.PeakCheckpointPages)
+	}
+}

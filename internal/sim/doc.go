@@ -30,7 +30,10 @@
 // presets) runs a deterministic recurrent layer whose state lives in the
 // slot page the plan's StateIndices name, after the plan's copies; prefill
 // chunks end at HybridManager.NextStateCheckpoint so that checkpoints are
-// published.
+// published. An MLA group (the deepseek-v3.2-like preset) keeps ckv/kpe in
+// MLA caches (package mla: append, then MLA decode once per query row), and
+// its indexer group writes each token's fp8 indexer K at the MLA group's
+// page and slot (layergroup.IndexerLayout).
 //
 // [RunFleet] runs a workload over several replicas, each a Sim with its own
 // Manager (a HybridManager with Config.Groups, its events grouped by
@@ -58,8 +61,14 @@
 //     bit, recomputing its request from token 0 in float32 (so a request
 //     resumed from a state checkpoint resumed from exactly its state).
 //   - For a hybrid model, after every Reserve the distinct pages the running
-//     requests hold in each group add up to the pool's pages in use by
-//     requests (a page belongs to one group at a time).
+//     requests hold in each group that owns pages add up to the pool's
+//     pages in use by requests (a page belongs to one group at a time), and
+//     an indexer group's pages are its MLA group's.
+//   - Every step, an indexer group's plan carries its MLA group's page
+//     arrays, and every indexer entry of every scheduled request, read
+//     through the MLA group's page table, equals the fp8 quantisation of
+//     that token's indexer K (across copy-on-write, preemption, prefix
+//     hits, eviction and host round trips).
 //   - Model values are exact in the cache dtype, so the paged cache holds
 //     exactly what the model produced.
 //

@@ -49,6 +49,8 @@ type engine struct {
 
 	sinks []float32 // the model's sink logits (nil: none), every attention's
 
+	mla *mlaEngine // the MLA caches and indexer tensors (nil: no MLA group)
+
 	dev     *deviceEngine // the device-resident path, for a *cuda.Backend
 	devPlan cuda.StepPlan // the device step, reused
 	calls   stepglue.CPU  // the step's backend calls on CPU memory, reused
@@ -161,9 +163,14 @@ func (e *engine) run(hp *pagedkv.HybridPlan, reqs []*reqState, samples []sample,
 	st.append += time.Since(t0)
 	for g, plan := range hp.Groups {
 		var err error
-		if v.specs[g].Kind == pagedkv.StateLayers {
+		switch v.specs[g].Kind {
+		case pagedkv.StateLayers:
 			err = e.runState(g, plan, reqs, samples, v, st)
-		} else {
+		case pagedkv.MLAAttention:
+			err = e.runMLA(g, plan, reqs, samples, v, st)
+		case pagedkv.IndexerAttention:
+			err = e.runIndexer(g, plan, hp.Groups[v.specs[g].Target], reqs, v, st)
+		default:
 			err = e.runGroup(g, plan, reqs, samples, v, st, cs)
 		}
 		if err != nil {
@@ -189,6 +196,25 @@ func (e *engine) copies(copies []pagedkv.CopyOp) error {
 		e.dev.traffic.Copies += e.dev.b.Traffic().Sub(before).DtoDBytes
 	default:
 		e.copyPages(copies)
+		if e.mla != nil {
+			e.mla.copyPages(copies)
+		}
+	}
+	return nil
+}
+
+// rowContexts checks that the plan's rows are the simulator's tokens at
+// their positions and sets e.ctx to their context hashes.
+func (e *engine) rowContexts(plan *pagedkv.Plan, reqs []*reqState) error {
+	nnz := len(plan.TokenIDs)
+	e.ctx = slices.Grow(e.ctx[:0], nnz)[:nnz]
+	for i := range nnz {
+		r, pos := reqs[plan.BatchIndices[i]], int(plan.TokenPositions[i])
+		if pos >= len(r.tokens) || r.tokens[pos] != plan.TokenIDs[i] {
+			return fmt.Errorf("%w: plan row %d: request %s has token %d at position %d, the simulator has %v",
+				ErrCheck, i, r.name(), plan.TokenIDs[i], pos, tokenAt(r.tokens, pos))
+		}
+		e.ctx[i] = r.ctx[pos]
 	}
 	return nil
 }
@@ -200,14 +226,8 @@ func (e *engine) runGroup(g int, plan *pagedkv.Plan, reqs []*reqState, samples [
 	t0 := time.Now()
 	nnz := len(plan.TokenIDs)
 	// The plan's rows must be the simulator's tokens at their positions.
-	e.ctx = slices.Grow(e.ctx[:0], nnz)[:nnz]
-	for i := range nnz {
-		r, pos := reqs[plan.BatchIndices[i]], int(plan.TokenPositions[i])
-		if pos >= len(r.tokens) || r.tokens[pos] != plan.TokenIDs[i] {
-			return fmt.Errorf("%w: plan row %d: request %s has token %d at position %d, the simulator has %v",
-				ErrCheck, i, r.name(), plan.TokenIDs[i], pos, tokenAt(r.tokens, pos))
-		}
-		e.ctx[i] = r.ctx[pos]
+	if err := e.rowContexts(plan, reqs); err != nil {
+		return err
 	}
 	// appendkv derives batch_indices/positions from qo_indptr and
 	// seq_lens on its own: they must equal the Manager's.

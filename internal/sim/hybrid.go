@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	pagedkv "github.com/pagedkv/pagedkv"
@@ -77,6 +78,10 @@ var presets = []ModelPreset{
 			{Kind: pagedkv.StateLayers, State: nemotronHState}, {Kind: pagedkv.StateLayers, State: nemotronHState},
 			{Kind: pagedkv.FullAttention}},
 		Doc: "Nemotron-H: six Mamba-2 layers to one full-attention layer (Nemotron-H-8B's 24 Mamba-2 : 4 attention; layers 7i..7i+5 state, 7i+6 full); 7 groups; each Mamba-2 state a conv state (conv_dim 96, kernel 4 - 1 = 3, bf16) and an SSM state 8 heads x 8 x 16 f32, Nemotron-H-8B's 128 heads x head_dim 64 x d_state 128 scaled by 1/16, 1/8, 1/8; run by the simulator's deterministic recurrent layer"},
+	{Name: "deepseek-v3.2-like", Layers: 4,
+		Pattern: []pagedkv.LayerGroup{{Kind: pagedkv.MLAAttention},
+			{Kind: pagedkv.IndexerAttention, Target: 0, IndexerHeadDim: indexerHeadDim, IndexerQuantBlock: indexerQuantBlock}},
+		Doc: "DeepSeek-V3.2: MLA in every layer with the lightning indexer's K cache beside it; 2 groups, an MLA group and its indexer group (layer j of the indexer group is MLA layer j's indexer, following its pages page for page); kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128 scaled by 1/16 (ckv 32, kpe 4), index_head_dim 128 by 1/8 (16, fp8 e4m3 with one float32 scale per token); MLA decode per query row on the CPU backend, the indexer pages read back every step (docs/simulate.md)"},
 }
 
 // The presets' state shapes (layergroup.StateShape). PageBytes is the
@@ -101,7 +106,7 @@ var (
 
 // notSimulated are model names the simulator knows but cannot run, with why.
 var notSimulated = map[string]string{
-	"mla": "the simulator's model and backends compute GQA attention over K/V pages; MLA (ckv/kpe storage, absorbed queries) has only a decode kernel here (kernels.Backend.MLADecode), while the simulator prefills in chunks and verifies multi-row draft steps (see docs/simulate.md)",
+	"mla": "MLA alone is not a preset; deepseek-v3.2-like runs MLA groups with their indexer (the backends' MLADecode once per query row; see docs/simulate.md)",
 }
 
 // ModelNames lists the presets Preset accepts.
@@ -157,6 +162,8 @@ func groupString(s pagedkv.LayerGroup) string {
 		return fmt.Sprintf("chunked %d", s.ChunkTokens)
 	case pagedkv.StateLayers:
 		return fmt.Sprintf("state %d B", s.State.Bytes())
+	case pagedkv.IndexerAttention:
+		return fmt.Sprintf("indexer of %d", s.Target)
 	}
 	return s.Kind.String()
 }
@@ -187,6 +194,11 @@ func (c *Config) validateGroups() error {
 			break
 		}
 	}
+	if hasMLA(c.Groups) {
+		if err := c.validateMLAModel(); err != nil {
+			return err
+		}
+	}
 	if DeviceBackend(c.Backend) {
 		return fmt.Errorf("%w: backend %s with layer groups: the simulator runs hybrid models on host backends only", ErrBadConfig, c.Backend.Name())
 	}
@@ -195,7 +207,7 @@ func (c *Config) validateGroups() error {
 
 // RecorderConfig returns the events.RecorderConfig of a run of cfg's KV
 // events (Config.Events): the pool's pages and tiers, and for a hybrid
-// model one group per layer group, with the group's kv_cache_spec_kind and
+// model one group per layer group that owns pages, with the group's kv_cache_spec_kind and
 // sliding window (pagedkv.KVEventSpec), so that every event carries its
 // group_idx; a dense model's window is its sliding window.
 func RecorderConfig(cfg *Config) events.RecorderConfig {
@@ -204,9 +216,9 @@ func RecorderConfig(cfg *Config) events.RecorderConfig {
 		rc.SlidingWindow = cfg.WindowTokens
 		return rc
 	}
-	rc.Groups = make([]events.GroupConfig, len(cfg.Groups))
-	for g, spec := range cfg.Groups {
-		rc.Groups[g].SpecKind, rc.Groups[g].SlidingWindow = pagedkv.KVEventSpec(spec)
+	rc.Groups = make([]events.GroupConfig, layergroup.NumOwners(cfg.Groups))
+	for g := range rc.Groups { // the groups that own pages come first; an indexer's events are its MLA group's
+		rc.Groups[g].SpecKind, rc.Groups[g].SlidingWindow = pagedkv.KVEventSpec(cfg.Groups[g])
 	}
 	return rc
 }
@@ -221,6 +233,14 @@ func RecorderConfig(cfg *Config) events.RecorderConfig {
 func (s *Sim) groupPages(used int, plan *pagedkv.HybridPlan) error {
 	total, held := 0, 0
 	for g := range s.kv.NumGroups() {
+		gs := &s.sum.Groups[g]
+		if !gs.Spec.OwnsPages() {
+			// An indexer's pages are its MLA group's, counted there.
+			if err := s.aliasPages(g, gs.Spec.Target); err != nil {
+				return err
+			}
+			continue
+		}
 		clear(s.mark)
 		n := 0
 		for _, r := range s.running {
@@ -232,7 +252,6 @@ func (s *Sim) groupPages(used int, plan *pagedkv.HybridPlan) error {
 				}
 			}
 		}
-		gs := &s.sum.Groups[g]
 		gs.PeakPages = max(gs.PeakPages, n)
 		gs.pageSteps += int64(n)
 		total += n
@@ -250,6 +269,20 @@ func (s *Sim) groupPages(used int, plan *pagedkv.HybridPlan) error {
 	if inflight := s.kv.TierCopiesInFlight(); total > used || used > total+inflight+held {
 		return fmt.Errorf("%w: after step %d's Reserve the running requests hold %d pages over the groups, the pool says %d in use (%d tier copies in flight, %d held by state checkpoints and copies)",
 			ErrCheck, s.sum.Steps, total, used, inflight, held)
+	}
+	return nil
+}
+
+// aliasPages checks that every running request's pages in alias group g
+// (an indexer) are exactly those of its target group.
+func (s *Sim) aliasPages(g, target int) error {
+	for _, r := range s.running {
+		pages, _ := s.kv.GroupPages(g, r.id)
+		want, _ := s.kv.GroupPages(target, r.id)
+		if !slices.Equal(pages, want) {
+			return fmt.Errorf("%w: after step %d's Reserve request %s has pages %v in group %d, its target group %d has %v",
+				ErrCheck, s.sum.Steps, r.name(), pages, g, target, want)
+		}
 	}
 	return nil
 }

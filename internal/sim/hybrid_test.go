@@ -165,10 +165,11 @@ func TestPresets(t *testing.T) {
 // events and pages seen. With a host tier ("/host" runs) each group also
 // announces its host pages (medium "CPU", its group_idx and spec), a
 // consistent stream per group and medium that ends with the host tier's
-// pages in use.
+// pages in use. An indexer group (deepseek-v3.2-like) announces nothing:
+// its MLA group's events carry its pages.
 func TestHybridEvents(t *testing.T) {
 	t.Parallel()
-	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "gpt-oss-like/host", "llama-4-like/host"} {
+	for _, name := range []string{"gpt-oss-like", "gemma-3-like", "llama-4-like", "gpt-oss-like/host", "llama-4-like/host", "deepseek-v3.2-like", "deepseek-v3.2-like/host"} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			cfg, host := smallHybridConfig(t, name), strings.HasSuffix(name, "/host")
@@ -244,6 +245,10 @@ func TestHybridEvents(t *testing.T) {
 			}
 			assert.Equal(t, sum.Stats.Tiers.HostUsedPages-sum.Stats.Tiers.InFlight, cpu, "CPU pages announced and host pages in use (less copies in flight)")
 			for g, gs := range sum.Groups {
+				if !gs.Spec.OwnsPages() { // an indexer: announced by its MLA group
+					assert.Empty(t, sets[int64(g)], "group %d", g)
+					continue
+				}
 				assert.Len(t, sets[int64(g)]["GPU"], gs.Stats.CachedPages, "group %d: reconstructed set and cached pages", g)
 				if host {
 					assert.Positive(t, hostSeen[g], "group %d announced no host page", g)

@@ -188,11 +188,15 @@ const (
 // fill writes heads rows of HeadDim grid values for (ctx, layer, kind) into
 // dst [heads*HeadDim], each value scaled by 2^extraBits.
 func (m *Model) fill(dst []float32, ctx uint64, layer, kind, heads int, extraBits int) {
+	m.fillDim(dst, ctx, layer, kind, heads, m.HeadDim, extraBits)
+}
+
+// fillDim is fill with rows of d values (d a multiple of 4).
+func (m *Model) fillDim(dst []float32, ctx uint64, layer, kind, heads, d int, extraBits int) {
 	g := gridBits(m.DType)
 	scale := float32(1) / float32(uint32(1)<<g) * float32(uint32(1)<<extraBits)
 	mask := uint64(1)<<(g+1) - 1
 	off := int64(1) << g
-	d := m.HeadDim
 	for h := range heads {
 		base := mix(ctx ^ uint64(layer)<<40 ^ uint64(kind)<<32 ^ uint64(h)<<16)
 		row := dst[h*d : (h+1)*d]

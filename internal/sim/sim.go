@@ -184,6 +184,8 @@ type reqState struct {
 	// restored is the tokens of the state checkpoint the request resumed
 	// from at its last admission (0: none, or no state groups).
 	restored int
+	// hit is the prefix-hit tokens of its last admission.
+	hit int
 
 	// The drafts of the step being built and the context hash after each
 	// (buffers reused across steps).
@@ -327,10 +329,18 @@ func newSim(cfg Config) (*Sim, error) {
 	if err != nil {
 		return nil, err
 	}
+	if hasMLA(specs) {
+		if eng.mla, err = newMLAEngine(&cfg, len(eng.caches)); err != nil {
+			return nil, err
+		}
+	}
 	s.eng = eng
 	s.ver = newVerifier(&s.eng.model, specs)
 	s.sum.Pages = cfg.NumPages
 	s.sum.CacheBytes = eng.cacheBytes()
+	if eng.mla != nil {
+		s.sum.CacheBytes = eng.mla.cacheBytes()
+	}
 	return s, nil
 }
 
@@ -410,6 +420,7 @@ func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 	s.sum.Verified.Atol, s.sum.Verified.Rtol = s.ver.atol, s.ver.rtol
 	s.sum.Verified.DraftOutputs = s.ver.drafts
 	s.sum.Verified.StateOutputs, s.sum.Verified.RestoredOutputs = s.ver.stateOutputs, s.ver.restoredOutputs
+	s.sum.Verified.MLAOutputs, s.sum.Verified.HitOutputs, s.sum.Verified.IndexerTokens = s.ver.mlaOutputs, s.ver.hitOutputs, s.ver.indexerTokens
 	s.sum.Err = err
 	if d := s.eng.dev; d != nil {
 		t := d.traffic
@@ -603,7 +614,7 @@ func (s *Sim) schedule() error {
 		if matched < 0 || matched >= len(r.tokens) {
 			return fmt.Errorf("%w: admitting %s (%d tokens) matched %d tokens, want 0..%d", ErrCheck, r.name(), len(r.tokens), matched, len(r.tokens)-1)
 		}
-		r.admitted, r.phase, r.computed = true, running, matched
+		r.admitted, r.phase, r.computed, r.hit = true, running, matched, matched
 		r.restored = 0
 		if s.stateful && matched > 0 {
 			r.restored = matched
@@ -682,6 +693,9 @@ func (s *Sim) propose(r *reqState, n int) []int32 {
 // group g's plan at random, among the group's layers (model layers g,
 // g+G, g+2G, ... for G groups; every layer for a dense model).
 func (s *Sim) pickSamples(g int, plan *pagedkv.Plan) {
+	if s.sum.Groups != nil && s.sum.Groups[g].Spec.Kind == pagedkv.IndexerAttention {
+		return // the indexer reads back every token of the step (runIndexer)
+	}
 	m := &s.cfg.Model
 	ng := len(s.eng.caches) // layers per group
 	G := m.Layers / ng

@@ -52,6 +52,11 @@ type Summary struct {
 		// RestoredOutputs those of requests that resumed from a state
 		// checkpoint (a prefix hit of a model with state groups).
 		StateOutputs, RestoredOutputs int64
+		// MLAOutputs are the outputs of MLA groups (in Outputs), HitOutputs
+		// those of requests admitted on a prefix hit; IndexerTokens the
+		// indexer entries (token, layer) read back bit for bit through
+		// their MLA pages, every step.
+		MLAOutputs, HitOutputs, IndexerTokens int64
 	}
 	// StateHits are the admissions (Add or Resume) of a model with state
 	// groups that resumed from a state checkpoint, StateHitTokens the
@@ -116,8 +121,13 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 	if m.CacheDType() != m.DType {
 		dt += " (cache " + m.CacheDType().String() + ")"
 	}
-	line("model", "%d layers, Hq %d, Hkv %d, D %d, %s %v; pool %d pages of %d tokens (%s of K/V)",
-		m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, dt, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	if hasMLA(cfg.Groups) {
+		line("model", "%d layers, %d heads, MLA ckv %d + kpe %d, indexer K %d (fp8), %s; pool %d pages of %d tokens (%s of MLA and indexer cache)",
+			m.Layers, m.NumQOHeads, mlaCKV, mlaKPE, indexerHeadDim, dt, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	} else {
+		line("model", "%d layers, Hq %d, Hkv %d, D %d, %s %v; pool %d pages of %d tokens (%s of K/V)",
+			m.Layers, m.NumQOHeads, m.NumKVHeads, m.HeadDim, dt, cfg.KVLayout, cfg.NumPages, cfg.PageSize, bytesString(s.CacheBytes))
+	}
 	if len(s.Groups) > 0 {
 		kinds := make([]string, len(s.Groups))
 		for g := range s.Groups {
@@ -133,6 +143,10 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 		if s.Verified.StateOutputs > 0 || s.StateHits > 0 {
 			line("state restores", "%d admissions resumed from a state checkpoint (%d tokens); %d recurrent outputs verified bit-exact against recomputing from token 0, %d of them after a restore",
 				s.StateHits, s.StateHitTokens, s.Verified.StateOutputs, s.Verified.RestoredOutputs)
+		}
+		if v := &s.Verified; v.MLAOutputs > 0 || v.IndexerTokens > 0 {
+			line("mla, indexer", "%d MLA outputs verified (%d of requests admitted on a prefix hit); %d indexer entries read back bit-exact through their MLA pages",
+				v.MLAOutputs, v.HitOutputs, v.IndexerTokens)
 		}
 	} else {
 		line("prefix hits", "%d of %d prompt tokens (%.1f%%)", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())

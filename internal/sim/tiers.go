@@ -13,6 +13,9 @@ import (
 // store: every layer's K and V planes as the engine's caches hold them.
 func tierFormat(cfg *Config) tier.PageFormat {
 	m := &cfg.Model
+	if hasMLA(cfg.Groups) {
+		return mlaTierFormat(cfg)
+	}
 	return tier.PageFormat{Layout: cfg.KVLayout, DType: m.CacheDType(), PageSize: cfg.PageSize,
 		NumKVHeads: m.NumKVHeads, HeadDim: m.HeadDim, Layers: m.Layers}
 }
@@ -53,6 +56,10 @@ func (s *Sim) tierCopies() error {
 // (tierFormat's bytes). On a device backend the page crosses the
 // host/device boundary through the engine's host mirror of the layer.
 func (s *Sim) readPage(dst []byte, p pagedkv.PageID) error {
+	if me := s.eng.mla; me != nil {
+		me.tierPage(tierFormat(&s.cfg), dst, int(p), false)
+		return nil
+	}
 	return s.eachLayer(dst, p, func(l int, planes []byte, page []int32) error {
 		if dev := s.eng.dev; dev != nil {
 			if err := dev.tierTransfer(func() error { return dev.b.DownloadPages(&s.eng.caches[l], dev.caches[l], page) }); err != nil {
@@ -66,6 +73,10 @@ func (s *Sim) readPage(dst []byte, p pagedkv.PageID) error {
 // writePage copies src (tierFormat's bytes) into every layer's K and V
 // planes of device page p.
 func (s *Sim) writePage(p pagedkv.PageID, src []byte) error {
+	if me := s.eng.mla; me != nil {
+		me.tierPage(tierFormat(&s.cfg), src, int(p), true)
+		return nil
+	}
 	return s.eachLayer(src, p, func(l int, planes []byte, page []int32) error {
 		if err := cpu.CopyPageFromHost(&s.eng.caches[l], int(p), planes); err != nil {
 			return err

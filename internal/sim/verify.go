@@ -45,6 +45,10 @@ type verifier struct {
 	stateOutputs    int64 // of outputs, the recurrent layer's (state groups)
 	restoredOutputs int64 // of stateOutputs, those of requests resumed from a state checkpoint
 
+	mlaOutputs    int64 // of outputs, MLA groups'
+	hitOutputs    int64 // of mlaOutputs, those of requests admitted on a prefix hit
+	indexerTokens int64 // indexer entries (token, layer) read back bit for bit
+
 	ctx                              []uint64
 	q, kRow, vRow, wantK, wantV, got []float32
 	codes, scales                    []byte // NVFP4 quantisation of one row
@@ -176,9 +180,25 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 
 	es := m.DType.Size()
 	layout.LoadRowF32(v.got, m.DType, e.o.Data[(s.row*m.NumQOHeads+s.head)*d*es:])
-	worst, at := 0.0, -1
-	for f := range d {
-		diff := math.Abs(float64(v.got[f]) - want[f])
+	if at, worst := v.compare(v.got, want); at >= 0 {
+		return fmt.Errorf("%w at step %d: request %s, layer %d%s, head %d, query at position %d over %d keys: feature %d is %.6g, dense float64 attention gives %.6g (|diff| %.3g > %.3g + %.3g*|want|)",
+			ErrVerify, v.step, r.name(), s.layer, v.groupTag(s.group), s.head, pos, n, at, v.got[at], want[at], worst, v.atol, v.rtol)
+	}
+	v.outputs++
+	v.groupOutputs[s.group]++
+	if s.row >= int(plan.QOIndptr[s.batch+1]-plan.Drafts[s.batch]) {
+		v.drafts++
+	}
+	return nil
+}
+
+// compare checks an output row got against want within the tolerance; it
+// returns the worst feature out of it (-1: none) and its |diff|, and keeps
+// maxErr.
+func (v *verifier) compare(got []float32, want []float64) (at int, worst float64) {
+	at = -1
+	for f := range want {
+		diff := math.Abs(float64(got[f]) - want[f])
 		// Written so that NaN fails: diff > tol is false for a NaN diff,
 		// !(diff <= tol) is true. A NaN or infinite output, or a
 		// non-finite expected value, is ranked worst.
@@ -196,16 +216,7 @@ func (v *verifier) check(e *engine, plan *pagedkv.Plan, reqs []*reqState, table 
 		}
 		v.maxErr = max(v.maxErr, diff)
 	}
-	if at >= 0 {
-		return fmt.Errorf("%w at step %d: request %s, layer %d%s, head %d, query at position %d over %d keys: feature %d is %.6g, dense float64 attention gives %.6g (|diff| %.3g > %.3g + %.3g*|want|)",
-			ErrVerify, v.step, r.name(), s.layer, v.groupTag(s.group), s.head, pos, n, at, v.got[at], want[at], worst, v.atol, v.rtol)
-	}
-	v.outputs++
-	v.groupOutputs[s.group]++
-	if s.row >= int(plan.QOIndptr[s.batch+1]-plan.Drafts[s.batch]) {
-		v.drafts++
-	}
-	return nil
+	return at, worst
 }
 
 // groupTag names group g's attention in messages of a hybrid model (" (sliding
