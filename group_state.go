@@ -38,6 +38,7 @@ type stateSet struct {
 	every int // checkpoint interval in tokens (0: prompt ends only)
 	alloc *allocator.Allocator
 	hash  prefixcache.Hasher
+	ev    []StateEventSink // per state group, nil without KV events (group_state_events.go)
 
 	reqs  map[RequestID]*stateReq
 	spare []*stateReq
@@ -86,6 +87,7 @@ type stateReq struct {
 	frozen    bool     // slot is shared read-only: the next step copies it first
 	from      *checkpoint
 	noCache   bool
+	lora      string // the namespace's LoRA adapter (KV events)
 	root      uint64 // namespace hash (the chain's start)
 	hashed    int    // pages hashed into chain
 	chain     uint64
@@ -122,7 +124,7 @@ func (s *stateSet) add(id RequestID, req Request, root uint64) {
 	} else {
 		r = &stateReq{slot: make([]PageID, 0, s.n)}
 	}
-	r.id, r.noCache, r.promptEnd = id, req.NoCache, len(req.Prompt)
+	r.id, r.noCache, r.promptEnd, r.lora = id, req.NoCache, len(req.Prompt), req.Namespace.LoRA
 	if !r.noCache {
 		r.root = root
 		r.chain = r.root
@@ -390,7 +392,9 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 	if r.hashed > k {
 		r.hashed, r.chain = 0, r.root
 	}
+	parent, hashedLast := r.chain, r.hashed < k
 	for ; r.hashed < k; r.hashed++ {
+		parent = r.chain
 		r.chain = s.hash.Page(r.chain, tokens[r.hashed*s.ps:(r.hashed+1)*s.ps])
 	}
 	key := ckptKey{r.chain, len(tokens)}
@@ -413,6 +417,12 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 	s.read(c, +1)
 	s.published.Add(1)
 	s.cached.Store(int64(len(s.ckpts)))
+	if s.ev != nil {
+		if !hashedLast && k > 1 {
+			parent = s.parentHash(r, tokens)
+		}
+		s.announceCheckpoint(c, r, tokens, parent, k > 1)
+	}
 }
 
 // evictOne evicts the idle checkpoint of least utility and returns the
@@ -439,6 +449,9 @@ func (s *stateSet) evictOne() int {
 		return 0
 	}
 	delete(s.ckpts, victim.key)
+	if s.ev != nil {
+		s.announceEvicted(victim)
+	}
 	s.idle--
 	freed := s.unref(victim.slot)
 	s.free = append(s.free, victim)
@@ -600,8 +613,6 @@ func splitStateGroups(cfg *HybridConfig) (attnAt, stateAt []int, err error) {
 	case every < 0 || every > MaxRequestTokens || every%cfg.PageSize != 0:
 		return nil, nil, fmt.Errorf("%w: StateCheckpointEvery = %d, want 0 or a multiple of PageSize = %d up to %d",
 			ErrBadConfig, every, cfg.PageSize, MaxRequestTokens)
-	case cfg.CacheEvents != nil:
-		return nil, nil, fmt.Errorf("%w: CacheEvents with state groups (groups %v): KV events of state checkpoints are not supported yet", ErrBadConfig, stateAt)
 	case cfg.Tiers.HostPages != 0 || cfg.Tiers.Remote != nil:
 		return nil, nil, fmt.Errorf("%w: Tiers with state groups (groups %v): state checkpoints in the host tier or a remote store are not supported yet", ErrBadConfig, stateAt)
 	}
