@@ -40,7 +40,7 @@ func TestStateGroupEventsMatchModel(t *testing.T) {
 	}
 	runs, ops := 4, 500
 	if testing.Short() || raceEnabled {
-		runs, ops = 1, 200
+		runs, ops = 2, 300
 	}
 	for _, c := range configs {
 		t.Run(c.name, func(t *testing.T) {
