@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/prefixcache"
 )
@@ -516,12 +517,26 @@ func TestStateGroupsMatchModel(t *testing.T) {
 // after a warm-up, a step in which requests finish, are admitted again on
 // their prompt's checkpoint (restore copies), prefill to the next
 // checkpoint (publish, and eviction of old checkpoints) and decode
-// allocates nothing.
+// allocates nothing; with KV events too (the checkpoints' events
+// recorded, flushed and drained).
 func TestStateStepAllocatesNothing(t *testing.T) {
+	for _, ev := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no-events", true: "events"}[ev], func(t *testing.T) { testStateStepAllocs(t, ev) })
+	}
+}
+
+func testStateStepAllocs(t *testing.T, withEvents bool) {
 	const ps, nreq, promptLen, maxLen = 4, 16, 24, 40
 	groups := []LayerGroup{stateGroup(), stateGroup(), stateGroup(), {Kind: FullAttention, NumLayers: 1}}
-	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: nreq * (maxLen/ps + 6), PageSize: ps, HashSeed: 1},
-		Groups: groups, StateCheckpointEvery: 2 * ps})
+	numPages := nreq * (maxLen/ps + 6)
+	cfg := Config{NumPages: numPages, PageSize: ps, HashSeed: 1}
+	var rec *events.Recorder
+	var q *events.Queue
+	if withEvents {
+		rec, q = newHybridRecorder(t, groups, numPages, ps, 0)
+		cfg.CacheEvents = rec
+	}
+	h, err := NewHybrid(HybridConfig{Config: cfg, Groups: groups, StateCheckpointEvery: 2 * ps})
 	require.NoError(t, err)
 	ids, nt, sampled := make([]RequestID, nreq), make([]int32, nreq), make([]int32, nreq)
 	life := make([]int, nreq)
@@ -566,6 +581,14 @@ func TestStateStepAllocatesNothing(t *testing.T) {
 		if err := h.Commit(sampled); err != nil {
 			t.Fatal(err)
 		}
+		if rec != nil {
+			if !rec.Flush() {
+				t.Fatal("the event queue is full")
+			}
+			for b := q.TryNext(); b != nil; b = q.TryNext() {
+				q.Done(b)
+			}
+		}
 	}
 	for range 3 * maxLen {
 		step()
@@ -580,6 +603,11 @@ func TestStateStepAllocatesNothing(t *testing.T) {
 	require.Greater(t, after.CopiedPages, before.CopiedPages, "the steps measured copy frozen slots")
 	t.Logf("%d steps: %d checkpoints published, %d evicted, %d slot copies per group", runs,
 		after.PublishedPages-before.PublishedPages, after.EvictedPages-before.EvictedPages, after.CopiedPages-before.CopiedPages)
+	if rec != nil {
+		gs := rec.GroupStats(0)
+		require.Positive(t, gs.StoredPages, "no checkpoint was announced")
+		require.Positive(t, gs.RemovedPages, "no checkpoint eviction was announced")
+	}
 	require.NoError(t, h.Audit())
 }
 
