@@ -204,9 +204,11 @@ func RecorderConfig(cfg *Config) events.RecorderConfig {
 		rc.SlidingWindow = cfg.WindowTokens
 		return rc
 	}
-	rc.Groups = make([]events.GroupConfig, len(cfg.Groups))
-	for g, spec := range cfg.Groups {
-		rc.Groups[g].SpecKind, rc.Groups[g].SlidingWindow = pagedkv.KVEventSpec(spec)
+	for _, spec := range cfg.Groups {
+		if spec.OwnsPages() { // indexer and shared-KV groups send no events
+			k, w := pagedkv.KVEventSpec(spec)
+			rc.Groups = append(rc.Groups, events.GroupConfig{SpecKind: k, SlidingWindow: w})
+		}
 	}
 	return rc
 }
