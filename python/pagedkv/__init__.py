@@ -1412,8 +1412,12 @@ class HybridManager(_Core):
     groups, with Manager's tier calls (tier_copies() name pool pages: copy
     each in every layer's tensor; the PageFormat's num_layers counts those
     tensors, see PageFormat); with both, the events announce each group's
-    host pages too (medium "CPU", the group's group_idx). Threads, plan
-    lifetime and busy_timeout are as for Manager.
+    host pages too (medium "CPU", the group's group_idx). With "state"
+    groups (see LayerGroup), state_checkpoint_every= checkpoints prompts
+    every that many tokens too, each state group's plan has state_indices,
+    and next_state_checkpoint() says where to end a prefill chunk; the
+    events then announce the checkpoints (kv_cache_spec_kind "mamba").
+    Threads, plan lifetime and busy_timeout are as for Manager.
     """
 
     def __init__(self, num_pages: int, page_size: int, groups: Sequence[Union[LayerGroup, Dict[str, Any]]], *,
