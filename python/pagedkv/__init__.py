@@ -55,10 +55,12 @@ the C ABI version (pagedkv.h's PAGEDKV_ABI_VERSION) it needs.
 
 Hybrid models. HybridManager(num_pages, page_size, groups) is Go's
 HybridManager: layer groups (LayerGroup("full"), LayerGroup("sliding",
-window_tokens=W), LayerGroup("chunked", chunk_tokens=C), LayerGroup("mla"))
-on one page pool. Its reserve() returns a HybridPlan: the pool-wide copies
-and one Plan per group (with cascade_window_left and, for a chunked group,
-the attn_* arrays), current and thread-safe exactly like a Manager's Plan.
+window_tokens=W), LayerGroup("chunked", chunk_tokens=C), LayerGroup("mla"),
+and LayerGroup("state", ...), LayerGroup("indexer", ...),
+LayerGroup("shared_kv", ...)) on one page pool. Its reserve() returns a
+HybridPlan: the pool-wide copies and one Plan per group (with
+cascade_window_left, for a chunked group the attn_* arrays, for a state
+group state_indices), current and thread-safe exactly like a Manager's Plan.
 
 Tiers and KV events. Manager(..., tiers=Tiers(host_pages, format=PageFormat(...),
 redis=RedisTier(addr, namespace), disk=DiskTier(dir, namespace, pages)),
