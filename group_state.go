@@ -39,7 +39,8 @@ type stateSet struct {
 	every int // checkpoint interval in tokens (0: prompt ends only)
 	alloc *allocator.Allocator
 	hash  prefixcache.Hasher
-	tiers *stateTiers // checkpoints below the device (state_tiers.go); nil without tiers
+	tiers *stateTiers      // checkpoints below the device (state_tiers.go); nil without tiers
+	ev    []StateEventSink // per state group, nil without KV events (group_state_events.go)
 
 	reqs  map[RequestID]*stateReq
 	spare []*stateReq
@@ -89,6 +90,7 @@ type stateReq struct {
 	frozen    bool     // slot is shared read-only: the next step copies it first
 	from      *checkpoint
 	noCache   bool
+	lora      string // the namespace's LoRA adapter (KV events)
 	root      uint64 // namespace hash (the chain's start)
 	hashed    int    // pages hashed into chain
 	chain     uint64
@@ -105,7 +107,6 @@ type stateReq struct {
 	// after the first thashed pages (state_tiers.go).
 	troot, tchain tier.Digest
 	thashed       int
-	lora          string
 }
 
 func newStateSet(at []int, ps, every int, alloc *allocator.Allocator, h prefixcache.Hasher) *stateSet {
@@ -130,13 +131,13 @@ func (s *stateSet) add(id RequestID, req Request, root uint64) {
 	} else {
 		r = &stateReq{slot: make([]PageID, 0, s.n)}
 	}
-	r.id, r.noCache, r.promptEnd = id, req.NoCache, len(req.Prompt)
+	r.id, r.noCache, r.promptEnd, r.lora = id, req.NoCache, len(req.Prompt), req.Namespace.LoRA
 	if !r.noCache {
 		r.root = root
 		r.chain = r.root
 		if s.tiers != nil {
 			ns := req.Namespace
-			r.troot, r.lora = tier.NamespaceRoot(ns.Tenant, ns.LoRA, ns.Salt), ns.LoRA
+			r.troot = tier.NamespaceRoot(ns.Tenant, ns.LoRA, ns.Salt)
 			r.tchain = r.troot
 		}
 	}
@@ -431,13 +432,13 @@ func (s *stateSet) publish(r *stateReq, tokens []int32) {
 	r.frozen, r.from = true, c
 	s.read(c, +1)
 	s.published.Add(1)
+	if (s.tiers != nil || s.ev != nil) && !ran {
+		parentHash = s.parentHash(r, tokens)
+	}
+	if s.ev != nil {
+		s.announceCheckpoint(c, r, tokens, parentHash, k > 1)
+	}
 	if s.tiers != nil {
-		if !ran {
-			parentHash = r.root
-			for i := range k - 1 {
-				parentHash = s.hash.Page(parentHash, tokens[i*s.ps:(i+1)*s.ps])
-			}
-		}
 		s.nameCkpt(c, r, tokens, parentHash, r.lora)
 		if s.tiers.t.writeThrough {
 			s.writeThrough(c)
@@ -488,6 +489,9 @@ func (s *stateSet) evictOne() int {
 		return 0
 	}
 	delete(s.ckpts, victim.key)
+	if s.ev != nil {
+		s.announceEvicted(victim)
+	}
 	s.idle--
 	freed := s.evictPages(victim)
 	s.free = append(s.free, victim)

@@ -135,7 +135,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	if err != nil {
 		return nil, err
 	}
-	all := cfg.Groups
+	all := cfg.Groups // every group that owns pages: group_idx of its KV events
 	if stateAt != nil {
 		cfg.Groups = make([]LayerGroup, len(attnAt))
 		for g, at := range attnAt {
@@ -145,15 +145,15 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	var sinks GroupEventSink
 	if cfg.CacheEvents != nil {
 		gs, ok := cfg.CacheEvents.(GroupEventSink)
-		if !ok || gs.NumGroups() != len(cfg.Groups) {
+		if !ok || gs.NumGroups() != len(all) {
 			n := 0
 			if ok {
 				n = gs.NumGroups()
 			}
 			return nil, fmt.Errorf("%w: CacheEvents = %T with %d groups in a hybrid config of %d groups that own pages: it needs a GroupEventSink with one sink per such group (events.RecorderConfig.Groups; indexer and shared-KV groups have none)",
-				ErrBadConfig, cfg.CacheEvents, n, len(cfg.Groups))
+				ErrBadConfig, cfg.CacheEvents, n, len(all))
 		}
-		for g, spec := range cfg.Groups {
+		for g, spec := range all {
 			wk, ww := KVEventSpec(spec)
 			if k, w := gs.GroupSpec(g); k != wk || w != ww {
 				return nil, fmt.Errorf("%w: CacheEvents group %d has kv_cache_spec_kind %q, sliding window %d; the %v group's are %q, %d",
@@ -166,7 +166,8 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 	// chain) are announced through GroupSink(g), labelled with the group.
 	var hostSinks []HostEventSink
 	if hs, ok := cfg.CacheEvents.(HostEventSink); ok && hs.HostPages() != 0 {
-		for g := range cfg.Groups {
+		for i := range cfg.Groups {
+			g := groupIdx(attnAt, i)
 			gs, ok := sinks.GroupSink(g).(HostEventSink)
 			if !ok || gs.HostPages() != hs.HostPages() {
 				n := 0
@@ -202,7 +203,7 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		gcfg := cfg.Config
 		gcfg.CacheEvents = nil
 		if sinks != nil {
-			gcfg.CacheEvents = sinks.GroupSink(i)
+			gcfg.CacheEvents = sinks.GroupSink(groupIdx(attnAt, i))
 		}
 		m, err := newGroup(gcfg, alloc, g, tiers)
 		if err != nil {
@@ -223,6 +224,11 @@ func NewHybrid(cfg HybridConfig) (*HybridManager, error) {
 		c.withStates(all, attnAt, stateAt, cfg.StateCheckpointEvery, cfg.Hash)
 		if tiers != nil {
 			c.withStateTiers(tiers)
+		}
+		if sinks != nil {
+			if c.state.ev, err = stateEventSinks(sinks, stateAt); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return &HybridManager{core: c, alias: alias}, nil
@@ -246,9 +252,13 @@ type GroupEventSink interface {
 // KVEventSpec returns the "kv_cache_spec_kind" and
 // "kv_cache_spec_sliding_window" vLLM sends for a group of this kind
 // (vLLM's KVCacheSpecKind values): "full_attention", "sliding_window" with
-// its WindowTokens, "chunked_local_attention" and "mla_attention".
+// its WindowTokens, "chunked_local_attention", "mla_attention" and, for a
+// state group (vLLM's MambaSpec), "mamba". Indexer and shared-KV groups
+// send no events (they own no pages; vLLM has no group for them).
 func KVEventSpec(g LayerGroup) (kind string, slidingWindow int) {
 	switch g.Kind {
+	case StateLayers:
+		return kvEventSpecState, 0
 	case SlidingAttention:
 		return "sliding_window", g.WindowTokens
 	case ChunkedAttention:

@@ -10,7 +10,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/pagedkv/pagedkv/events"
 	"github.com/pagedkv/pagedkv/layergroup"
+	"github.com/pagedkv/pagedkv/prefixcache"
 )
 
 // testStateShape is a small Mamba-2-like layer state that fits a 4 KiB page.
@@ -43,8 +45,11 @@ type stateModel struct {
 	// onPlan, when set, sees every reserved step's plan before the engine
 	// runs it.
 	onPlan func(*HybridPlan)
-	next   RequestID
-	bases  [][]int32
+	// predict, when set, returns the hit an Add or Resume of tokens in ns
+	// must return (a cached request's), checked against the manager's.
+	predict func(ns string, tokens []int32) int
+	next    RequestID
+	bases   [][]int32
 
 	servable                          int64
 	junctions                         int
@@ -65,6 +70,8 @@ type stReq struct {
 }
 
 type stCkpt struct {
+	ns      string
+	prefix  []int32 // the tokens whose state it holds
 	tokens  int
 	lastUse uint64
 	seq     uint64
@@ -78,8 +85,16 @@ func newStateModel(t *testing.T, seed uint64, every int) *stateModel {
 // newStateModelOf is newStateModel on groups: x.full is the first group
 // that owns pages and is not a state group, x.st the state groups.
 func newStateModelOf(t *testing.T, seed uint64, every int, groups []LayerGroup) *stateModel {
-	ps := 4
-	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: 100, PageSize: ps, HashSeed: 7}, Groups: groups, StateCheckpointEvery: every})
+	return newStateModelWith(t, seed, every, groups, nil)
+}
+
+// stateModelPages and stateModelPageSize are the pool of newStateModelOf.
+const stateModelPages, stateModelPageSize = 100, 4
+
+// newStateModelWith is newStateModelOf with KV events into ev (nil: none).
+func newStateModelWith(t *testing.T, seed uint64, every int, groups []LayerGroup, ev prefixcache.Sink) *stateModel {
+	ps := stateModelPageSize
+	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: stateModelPages, PageSize: ps, HashSeed: 7, CacheEvents: ev}, Groups: groups, StateCheckpointEvery: every})
 	require.NoError(t, err)
 	x := &stateModel{t: t, rng: rand.New(rand.NewPCG(seed, 99)), h: h, ps: ps, every: every, full: -1,
 		reqs: map[RequestID]*stReq{}, ckpts: map[string]*stCkpt{}, pages: map[PageID]uint64{}}
@@ -232,8 +247,10 @@ func (x *stateModel) op() {
 		id := x.next
 		x.next++
 		x.reqs[id] = r
+		want := x.predicted(r)
 		matched, err := h.Add(id, Request{Namespace: Namespace{Salt: ns}, Prompt: prompt, NoCache: r.noCache})
 		require.NoError(t, err)
+		x.checkPredicted(id, want, matched)
 		x.admitted(id, matched)
 	case k < 60: // a step
 		x.step()
@@ -270,8 +287,10 @@ func (x *stateModel) op() {
 		if r == nil {
 			return
 		}
+		want := x.predicted(r)
 		matched, err := h.Resume(id)
 		require.NoError(t, err)
+		x.checkPredicted(id, want, matched)
 		x.admitted(id, matched)
 	case k < 91: // extend: the next turn's known tokens
 		id, r := x.pick(rng.IntN(3) > 0)
@@ -419,11 +438,25 @@ func (x *stateModel) step() {
 				continue
 			}
 			x.seq++
-			c := &stCkpt{tokens: r.computed, lastUse: x.tick, seq: x.seq, readers: 1}
+			c := &stCkpt{ns: r.ns, prefix: slices.Clone(r.tokens[:r.computed]), tokens: r.computed, lastUse: x.tick, seq: x.seq, readers: 1}
 			x.ckpts[key] = c
 			r.frozenOn = c
 			x.published++
 		}
+	}
+}
+
+// predicted is x.predict's hit for r's admission (-1: not predicted).
+func (x *stateModel) predicted(r *stReq) int {
+	if x.predict == nil || r.noCache {
+		return -1
+	}
+	return x.predict(r.ns, r.tokens)
+}
+
+func (x *stateModel) checkPredicted(id RequestID, want, matched int) {
+	if want >= 0 {
+		require.Equal(x.t, want, matched, "request %d: admitted on %d tokens, predicted %d", id, matched, want)
 	}
 }
 
@@ -484,12 +517,26 @@ func TestStateGroupsMatchModel(t *testing.T) {
 // after a warm-up, a step in which requests finish, are admitted again on
 // their prompt's checkpoint (restore copies), prefill to the next
 // checkpoint (publish, and eviction of old checkpoints) and decode
-// allocates nothing.
+// allocates nothing; with KV events too (the checkpoints' events
+// recorded, flushed and drained).
 func TestStateStepAllocatesNothing(t *testing.T) {
+	for _, ev := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no-events", true: "events"}[ev], func(t *testing.T) { testStateStepAllocs(t, ev) })
+	}
+}
+
+func testStateStepAllocs(t *testing.T, withEvents bool) {
 	const ps, nreq, promptLen, maxLen = 4, 16, 24, 40
 	groups := []LayerGroup{stateGroup(), stateGroup(), stateGroup(), {Kind: FullAttention, NumLayers: 1}}
-	h, err := NewHybrid(HybridConfig{Config: Config{NumPages: nreq * (maxLen/ps + 6), PageSize: ps, HashSeed: 1},
-		Groups: groups, StateCheckpointEvery: 2 * ps})
+	numPages := nreq * (maxLen/ps + 6)
+	cfg := Config{NumPages: numPages, PageSize: ps, HashSeed: 1}
+	var rec *events.Recorder
+	var q *events.Queue
+	if withEvents {
+		rec, q = newHybridRecorder(t, groups, numPages, ps, 0)
+		cfg.CacheEvents = rec
+	}
+	h, err := NewHybrid(HybridConfig{Config: cfg, Groups: groups, StateCheckpointEvery: 2 * ps})
 	require.NoError(t, err)
 	ids, nt, sampled := make([]RequestID, nreq), make([]int32, nreq), make([]int32, nreq)
 	life := make([]int, nreq)
@@ -534,6 +581,14 @@ func TestStateStepAllocatesNothing(t *testing.T) {
 		if err := h.Commit(sampled); err != nil {
 			t.Fatal(err)
 		}
+		if rec != nil {
+			if !rec.Flush() {
+				t.Fatal("the event queue is full")
+			}
+			for b := q.TryNext(); b != nil; b = q.TryNext() {
+				q.Done(b)
+			}
+		}
 	}
 	for range 3 * maxLen {
 		step()
@@ -548,6 +603,11 @@ func TestStateStepAllocatesNothing(t *testing.T) {
 	require.Greater(t, after.CopiedPages, before.CopiedPages, "the steps measured copy frozen slots")
 	t.Logf("%d steps: %d checkpoints published, %d evicted, %d slot copies per group", runs,
 		after.PublishedPages-before.PublishedPages, after.EvictedPages-before.EvictedPages, after.CopiedPages-before.CopiedPages)
+	if rec != nil {
+		gs := rec.GroupStats(0)
+		require.Positive(t, gs.StoredPages, "no checkpoint was announced")
+		require.Positive(t, gs.RemovedPages, "no checkpoint eviction was announced")
+	}
 	require.NoError(t, h.Audit())
 }
 

@@ -355,6 +355,9 @@ func (s *stateSet) onload(r *stateReq, tokens []int32, k int) *checkpoint {
 	copy(ct.par, st.heldPar)
 	ct.last = append(ct.last[:0], tokens[(k-1)*s.ps:k*s.ps]...)
 	ct.parentHash, ct.root = st.hs[k-1], k == 1
+	if s.ev != nil { // back on the device: announced as a publication is
+		s.announceCheckpoint(c, r, tokens[:k*s.ps], ct.parentHash, k > 1)
+	}
 	for j, h := range st.held {
 		// Alloc's reference and the host page's reader are the copy's.
 		sl := st.t.plan(nil, tier.ToDevice, fresh[j], h, nil, 0, false) // may grow t.copies: index it after

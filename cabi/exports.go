@@ -10,6 +10,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"time"
 	"unsafe"
 
@@ -23,6 +24,9 @@ func pagedkv_create(cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_manager
 	defer recoverTo(&code)
 	gcfg, clk, code, ok := goConfig("create", cfg, size, out)
 	if !ok {
+		return code
+	}
+	if _, code, ok := stateCheckpointEvery("create", cfg, size, false); !ok {
 		return code
 	}
 	m, err := pagedkv.New(gcfg)
@@ -39,9 +43,9 @@ func goConfig(op string, cfg *C.pagedkv_config, size C.size_t, out *C.pagedkv_ma
 	switch {
 	case cfg == nil || out == nil:
 		return pagedkv.Config{}, nil, badArg("%s: cfg = %p, out = %p; both are required", op, cfg, out), false
-	case size != C.sizeof_pagedkv_config && size != configSizeV4 && size != configSizeV3 && size != configSizeV2:
-		return pagedkv.Config{}, nil, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without pin_budget, or %d, without block_tables_stride, or %d, without memory_limit)",
-			op, uint64(size), C.sizeof_pagedkv_config, configSizeV4, configSizeV3, configSizeV2), false
+	case size != C.sizeof_pagedkv_config && size != configSizeV5 && size != configSizeV4 && size != configSizeV3 && size != configSizeV2:
+		return pagedkv.Config{}, nil, badArg("%s: cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without state_checkpoint_every, or %d, without pin_budget, or %d, without block_tables_stride, or %d, without memory_limit)",
+			op, uint64(size), C.sizeof_pagedkv_config, configSizeV5, configSizeV4, configSizeV3, configSizeV2), false
 	}
 	gcfg := pagedkv.Config{
 		NumPages:             int(cfg.num_pages),
@@ -76,6 +80,26 @@ const configSizeV3 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.block_tables_st
 
 // configSizeV4 is its size before pin_budget was appended.
 const configSizeV4 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.pin_budget))
+
+// configSizeV5 is its size before state_checkpoint_every was appended.
+const configSizeV5 = C.size_t(unsafe.Offsetof(C.pagedkv_config{}.state_checkpoint_every))
+
+// stateCheckpointEvery is cfg's state_checkpoint_every (0 for a caller
+// whose cfg_size has none; goConfig checked cfg). A dense manager
+// (hybrid false) has no state groups: a non-zero value is refused.
+func stateCheckpointEvery(op string, cfg *C.pagedkv_config, size C.size_t, hybrid bool) (int, C.int32_t, bool) {
+	if size <= configSizeV5 {
+		return 0, C.PAGEDKV_OK, true
+	}
+	v := int64(cfg.state_checkpoint_every)
+	if !hybrid && v != 0 {
+		return 0, badArg("%s: cfg.state_checkpoint_every = %d, want 0: a dense manager has no state groups (pagedkv_hybrid_create)", op, v), false
+	}
+	if v < 0 || v > math.MaxInt32 {
+		return 0, badArg("%s: cfg.state_checkpoint_every = %d, want 0 or a multiple of page_size up to 2^31-1", op, v), false
+	}
+	return int(v), C.PAGEDKV_OK, true
+}
 
 //export pagedkv_destroy
 func pagedkv_destroy(id C.pagedkv_manager) (code C.int32_t) {

@@ -551,8 +551,9 @@ func goGroupStats(h uint64, g int64, size uintptr) ([]int64, int32) {
 
 // configSizes are the sizes pagedkv_create accepts: sizeof(pagedkv_config),
 // that of ABI 2's first release, without memory_limit, that without
-// block_tables_stride, and that without pin_budget.
-var configSizes = [4]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2), uintptr(configSizeV3), uintptr(configSizeV4)}
+// block_tables_stride, that without pin_budget, and that without
+// state_checkpoint_every.
+var configSizes = [5]uintptr{C.sizeof_pagedkv_config, uintptr(configSizeV2), uintptr(configSizeV3), uintptr(configSizeV4), uintptr(configSizeV5)}
 
 func goDestroyKeepMemory(h uint64) int32 {
 	return int32(pagedkv_destroy_keep_memory(C.pagedkv_manager(h)))

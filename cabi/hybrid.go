@@ -11,14 +11,57 @@ import (
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv"
+	"github.com/pagedkv/pagedkv/layergroup"
 )
 
 // groupKinds maps PAGEDKV_GROUP_* to a LayerGroup of that kind.
 var groupKinds = [...]pagedkv.LayerGroup{
-	C.PAGEDKV_GROUP_FULL:    {Kind: pagedkv.FullAttention},
-	C.PAGEDKV_GROUP_SLIDING: {Kind: pagedkv.SlidingAttention},
-	C.PAGEDKV_GROUP_CHUNKED: {Kind: pagedkv.ChunkedAttention},
-	C.PAGEDKV_GROUP_MLA:     {Kind: pagedkv.MLAAttention},
+	C.PAGEDKV_GROUP_FULL:      {Kind: pagedkv.FullAttention},
+	C.PAGEDKV_GROUP_SLIDING:   {Kind: pagedkv.SlidingAttention},
+	C.PAGEDKV_GROUP_CHUNKED:   {Kind: pagedkv.ChunkedAttention},
+	C.PAGEDKV_GROUP_MLA:       {Kind: pagedkv.MLAAttention},
+	C.PAGEDKV_GROUP_STATE:     {Kind: pagedkv.StateLayers},
+	C.PAGEDKV_GROUP_INDEXER:   {Kind: pagedkv.IndexerAttention},
+	C.PAGEDKV_GROUP_SHARED_KV: {Kind: pagedkv.SharedKVAttention},
+}
+
+// layerGroupSizeV1 is pagedkv_layer_group's size before target and the
+// state and indexer fields were appended: a caller built with that header
+// passes it, and the appended fields are 0.
+const layerGroupSizeV1 = C.size_t(unsafe.Offsetof(C.pagedkv_layer_group{}.target))
+
+// layerGroupWords is sizeof(pagedkv_layer_group) in int64 fields.
+const layerGroupWords = C.sizeof_pagedkv_layer_group / 8
+
+// goLayerGroup converts groups[i], given as its int64 fields w (the first
+// four only for a caller of layerGroupSizeV1), refusing a kind or dtype
+// out of range by name; the rest is checked by NewHybrid, whose errors
+// name the Go fields.
+func goLayerGroup(i int, w []int64) (pagedkv.LayerGroup, C.int32_t, bool) {
+	var g C.pagedkv_layer_group
+	copy(unsafe.Slice((*int64)(unsafe.Pointer(&g)), layerGroupWords), w)
+	if g.kind < 0 || g.kind >= C.int64_t(len(groupKinds)) {
+		return pagedkv.LayerGroup{}, badArg("hybrid_create: groups[%d].kind = %d, want PAGEDKV_GROUP_FULL (0), SLIDING (1), CHUNKED (2), MLA (3), STATE (4), INDEXER (5) or SHARED_KV (6)", i, int64(g.kind)), false
+	}
+	s := groupKinds[g.kind]
+	s.WindowTokens, s.ChunkTokens, s.NumLayers = int(g.window_tokens), int(g.chunk_tokens), int(g.num_layers)
+	s.Target, s.IndexerHeadDim, s.IndexerQuantBlock = int(g.target), int(g.indexer_head_dim), int(g.indexer_quant_block)
+	for _, d := range [...]struct {
+		name string
+		v    C.int64_t
+		dst  *layergroup.StateDType
+	}{{"conv_dtype", g.conv_dtype, &s.State.ConvDType}, {"ssm_dtype", g.ssm_dtype, &s.State.SSMDType}} {
+		// 0 is no dtype (NewHybrid refuses it for a state group, by name).
+		if d.v != 0 && (d.v < C.PAGEDKV_STATE_F32 || d.v > C.PAGEDKV_STATE_BF16) {
+			return pagedkv.LayerGroup{}, badArg("hybrid_create: groups[%d].%s = %d, want PAGEDKV_STATE_F32 (1), F16 (2) or BF16 (3) for a state group, 0 for any other",
+				i, d.name, int64(d.v)), false
+		}
+		*d.dst = layergroup.StateDType(d.v)
+	}
+	s.State.ConvShape = [2]int{int(g.conv_shape[0]), int(g.conv_shape[1])}
+	s.State.SSMShape = [3]int{int(g.ssm_shape[0]), int(g.ssm_shape[1]), int(g.ssm_shape[2])}
+	s.State.PageBytes = int(g.page_bytes)
+	return s, C.PAGEDKV_OK, true
 }
 
 // maxGroups bounds pagedkv_hybrid_create's num_groups (before the memory
@@ -50,26 +93,31 @@ func hybridCreate(cfg *C.pagedkv_config, size C.size_t, groups *C.pagedkv_layer_
 		return code
 	}
 	switch {
-	case groupSize != C.sizeof_pagedkv_layer_group:
-		return badArg("hybrid_create: group_size = %d, want sizeof(pagedkv_layer_group) = %d", uint64(groupSize), C.sizeof_pagedkv_layer_group)
+	case groupSize != C.sizeof_pagedkv_layer_group && groupSize != layerGroupSizeV1:
+		return badArg("hybrid_create: group_size = %d, want sizeof(pagedkv_layer_group) = %d (or %d, without target and the state and indexer fields)",
+			uint64(groupSize), C.sizeof_pagedkv_layer_group, layerGroupSizeV1)
 	case n < 1 || n > maxGroups:
 		return badArg("hybrid_create: num_groups = %d, want 1..%d", int64(n), maxGroups)
 	case groups == nil:
 		return badArg("hybrid_create: groups is NULL with num_groups = %d", int64(n))
 	}
+	every, code, ok := stateCheckpointEvery("hybrid_create", cfg, size, true)
+	if !ok {
+		return code
+	}
+	words := int(groupSize / 8)
+	all := unsafe.Slice((*int64)(unsafe.Pointer(groups)), int(n)*words)
 	specs := make([]pagedkv.LayerGroup, n)
-	for i, g := range unsafe.Slice(groups, int(n)) {
-		if g.kind < 0 || g.kind >= C.int64_t(len(groupKinds)) {
-			return badArg("hybrid_create: groups[%d].kind = %d, want PAGEDKV_GROUP_FULL (0), SLIDING (1), CHUNKED (2) or MLA (3)", i, int64(g.kind))
+	for i := range specs {
+		if specs[i], code, ok = goLayerGroup(i, all[i*words:(i+1)*words]); !ok {
+			return code
 		}
-		specs[i] = groupKinds[g.kind]
-		specs[i].WindowTokens, specs[i].ChunkTokens, specs[i].NumLayers = int(g.window_tokens), int(g.chunk_tokens), int(g.num_layers)
 	}
 	ext, code, ok := newExtras("hybrid_create", opts, optsSize, &gcfg, specs)
 	if !ok {
 		return code
 	}
-	m, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: gcfg, Groups: specs})
+	m, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: gcfg, Groups: specs, StateCheckpointEvery: every})
 	if err != nil {
 		ext.close()
 		return failErr(err)
@@ -156,9 +204,49 @@ func (h *handle) exportHybrid(copies *C.pagedkv_array, groups []C.pagedkv_group_
 		h.array(&out.attn_kv_page_indices, gp.AttnKVPageIndices)
 		h.array(&out.attn_kv_last_page_len, gp.AttnKVLastPageLen)
 		h.array(&out.attn_requests, gp.AttnRequests)
+		e.stateIndices = gp.StateIndices // pinned with the plan's arrays
+		if cap(gp.StateIndices) > 0 {
+			h.cur = append(h.cur, unsafe.Pointer(unsafe.SliceData(gp.StateIndices)))
+		}
 	}
 	h.pin()
 	h.store()
+}
+
+//export pagedkv_hybrid_state_indices
+func pagedkv_hybrid_state_indices(id C.pagedkv_manager, group C.int64_t, out *C.pagedkv_array) (code C.int32_t) {
+	h, code := enterHybrid(id, "hybrid_state_indices")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if out == nil {
+		return badArg("hybrid_state_indices: out is NULL")
+	}
+	if code, ok := h.checkGroup("hybrid_state_indices", group); !ok {
+		return code
+	}
+	s := h.plans[group].stateIndices
+	var data unsafe.Pointer
+	if cap(s) > 0 {
+		data = unsafe.Pointer(unsafe.SliceData(s)) // pinned by exportHybrid
+	}
+	storeArray(out, data, len(s), cap(s))
+	return C.PAGEDKV_OK
+}
+
+//export pagedkv_hybrid_next_state_checkpoint
+func pagedkv_hybrid_next_state_checkpoint(id C.pagedkv_manager, rid C.uint64_t, tokens *C.int64_t) (code C.int32_t) {
+	h, code := enterHybrid(id, "hybrid_next_state_checkpoint")
+	if h == nil {
+		return code
+	}
+	defer h.exit(&code)
+	if tokens == nil {
+		return badArg("hybrid_next_state_checkpoint: tokens is NULL")
+	}
+	*tokens = C.int64_t(h.m.(*pagedkv.HybridManager).NextStateCheckpoint(pagedkv.RequestID(rid)))
+	return C.PAGEDKV_OK
 }
 
 //export pagedkv_hybrid_get_group_stats

@@ -150,6 +150,9 @@ type planExport struct {
 	// export) and BlockTablesStride, for pagedkv_get_block_tables.
 	blockTables []int32
 	stride      int
+	// stateIndices is a state group's Plan.StateIndices (pinned by
+	// exportHybrid), for pagedkv_hybrid_state_indices.
+	stateIndices []int32
 }
 
 // register adds h to the registry and returns its id.

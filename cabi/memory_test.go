@@ -78,8 +78,8 @@ func TestConfigMemoryLimit(t *testing.T) {
 	}
 	goDestroy(h)
 	if _, code := goHybridCreateSized(cfg, groups, configSizes[1]+4); code != codeBadArgument ||
-		!strings.Contains(goLastError(), fmt.Sprintf("cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without pin_budget, or %d, without block_tables_stride, or %d, without memory_limit)",
-			configSizes[1]+4, configSizes[0], configSizes[3], configSizes[2], configSizes[1])) {
+		!strings.Contains(goLastError(), fmt.Sprintf("cfg_size = %d, want sizeof(pagedkv_config) = %d (or %d, without state_checkpoint_every, or %d, without pin_budget, or %d, without block_tables_stride, or %d, without memory_limit)",
+			configSizes[1]+4, configSizes[0], configSizes[4], configSizes[3], configSizes[2], configSizes[1])) {
 		t.Fatalf("cfg_size %d: code %d: %s", configSizes[1]+4, code, goLastError())
 	}
 	// A caller from before block_tables_stride: a stride past its struct
@@ -103,6 +103,7 @@ func TestCABIDocLimits(t *testing.T) {
 		"cabi.configSizeV2":           configSizes[1],
 		"cabi.configSizeV3":           configSizes[2],
 		"cabi.configSizeV4":           configSizes[3],
+		"cabi.configSizeV5":           configSizes[4],
 		"pagedkv_config.memory_limit": pagedkv.Config{}.MemoryLimit,
 	})
 }

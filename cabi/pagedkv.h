@@ -77,8 +77,9 @@ enum {
  * and including cascade_min_saved_pages: offsetof(pagedkv_config,
  * memory_limit); up to and including memory_limit:
  * offsetof(pagedkv_config, block_tables_stride); up to and including
- * block_tables_stride: offsetof(pagedkv_config, pin_budget)); the fields it leaves out
- * take their defaults. */
+ * block_tables_stride: offsetof(pagedkv_config, pin_budget); up to and
+ * including pin_budget: offsetof(pagedkv_config, state_checkpoint_every));
+ * the fields it leaves out take their defaults. */
 typedef struct {
 	int64_t num_pages;               /* pages in the pool, >= 1 */
 	int64_t page_size;               /* tokens per page, >= 1 */
@@ -97,6 +98,10 @@ typedef struct {
 	double pin_budget;               /* share of num_pages pins may hold at once, 0..1 (Go:
 	                                    Config.PinBudget); 0 = no budget. A pin past it fails with
 	                                    PAGEDKV_ERR_PIN_LIMIT naming the figures */
+	int64_t state_checkpoint_every;  /* hybrid with state groups: also checkpoint a prompt's state every
+	                                    this many tokens, a multiple of page_size (Go:
+	                                    HybridConfig.StateCheckpointEvery); 0 = prompt ends only.
+	                                    Must be 0 without state groups */
 } pagedkv_config;
 
 /* A prefix-cache namespace: three byte strings (not NUL-terminated; a NULL
@@ -202,16 +207,34 @@ enum {
 	PAGEDKV_GROUP_FULL = 0,    /* full attention */
 	PAGEDKV_GROUP_SLIDING = 1, /* sliding window of window_tokens */
 	PAGEDKV_GROUP_CHUNKED = 2, /* chunked local attention, chunks of chunk_tokens */
-	PAGEDKV_GROUP_MLA = 3      /* full attention on MLA storage */
+	PAGEDKV_GROUP_MLA = 3,     /* full attention on MLA storage */
+	PAGEDKV_GROUP_STATE = 4,   /* recurrent layers (Mamba-2, Gated DeltaNet): a state per request (docs/state-groups.md) */
+	PAGEDKV_GROUP_INDEXER = 5, /* DeepSeek sparse attention's indexer-K cache on MLA group target's pages */
+	PAGEDKV_GROUP_SHARED_KV = 6 /* layers reading group target's KV cache; no pages of their own */
 };
 
-/* One layer group (Go: pagedkv.LayerGroup). Every group has the same
- * num_layers (see package layergroup). */
+/* A state group's element types (Go: layergroup.StateDType). */
+enum { PAGEDKV_STATE_F32 = 1, PAGEDKV_STATE_F16 = 2, PAGEDKV_STATE_BF16 = 3 };
+
+/* One layer group (Go: pagedkv.LayerGroup). Every group that owns pages
+ * (all but indexer and shared_kv) has the same num_layers (see package
+ * layergroup); indexer and shared_kv groups come after all of them. Fields
+ * are only ever appended: group_size may be sizeof(pagedkv_layer_group) or
+ * offsetof(pagedkv_layer_group, target) (the first four fields; the rest
+ * are then 0). A field that does not apply to the kind must be 0. */
 typedef struct {
 	int64_t kind;          /* PAGEDKV_GROUP_* */
-	int64_t window_tokens; /* sliding: W >= 1; else 0 */
-	int64_t chunk_tokens;  /* chunked: a positive multiple of page_size; else 0 */
+	int64_t window_tokens; /* sliding: W >= 1; shared_kv: its target's; else 0 */
+	int64_t chunk_tokens;  /* chunked: a positive multiple of page_size; shared_kv: its target's; else 0 */
 	int64_t num_layers;    /* >= 1 */
+	int64_t target;              /* indexer: its MLA group's index; shared_kv: the group it reads */
+	int64_t indexer_head_dim;    /* indexer: the K head dimension (DeepSeek V3.2: 128) */
+	int64_t indexer_quant_block; /* indexer: elements per float32 scale, a divisor of indexer_head_dim */
+	int64_t conv_shape[2];       /* state: one layer's conv state, (conv_dim, conv_kernel - 1) */
+	int64_t conv_dtype;          /* state: PAGEDKV_STATE_* */
+	int64_t ssm_shape[3];        /* state: the recurrent state (Mamba-2: nheads, headdim, d_state) */
+	int64_t ssm_dtype;           /* state: PAGEDKV_STATE_* */
+	int64_t page_bytes;          /* state: one layer's page of the pool in bytes, >= the state's bytes */
 } pagedkv_layer_group;
 
 /* One group's plan of a hybrid step (Go: the group's pagedkv.Plan). plan is
@@ -617,6 +640,18 @@ int32_t pagedkv_hybrid_reserve_spec(pagedkv_manager m, const uint64_t *ids, cons
 /* Group g's numbers; any thread, any time, like pagedkv_get_stats (whose
  * pool-wide numbers a hybrid handle also gives). */
 int32_t pagedkv_hybrid_get_group_stats(pagedkv_manager m, int64_t group, pagedkv_group_stats *out, size_t out_size);
+/* State groups (PAGEDKV_GROUP_STATE; docs/state-groups.md). The last
+ * successful hybrid reserve's state slots of group g (Go: the group's
+ * Plan.StateIndices): one page per request in batch order, the
+ * state_indices of Mamba-2's and Gated DeltaNet's kernels; the step's state
+ * copies (each a whole page, entries = page_size) are the group plan's
+ * plan.copies, to run before the kernels. A zero-copy view with the plan's
+ * lifetime; len 0 for a group of another kind or before any step. */
+int32_t pagedkv_hybrid_state_indices(pagedkv_manager m, int64_t group, pagedkv_array *out);
+/* The token count at which request id's state is next checkpointed (Go:
+ * NextStateCheckpoint): end a prefill chunk there. 0 when none is left,
+ * for an unknown request, or without state groups. */
+int32_t pagedkv_hybrid_next_state_checkpoint(pagedkv_manager m, uint64_t id, int64_t *tokens);
 /* As get_request_state and request_pages, with the pages of group g. */
 int32_t pagedkv_hybrid_request_state(pagedkv_manager m, int64_t group, uint64_t id, pagedkv_request_state *out);
 int32_t pagedkv_hybrid_request_pages(pagedkv_manager m, int64_t group, uint64_t id, int32_t *dst, int64_t cap,

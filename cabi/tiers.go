@@ -82,6 +82,9 @@ func pagedkv_create_ex(cfg *C.pagedkv_config, size C.size_t, opts *C.pagedkv_opt
 	if !ok {
 		return code
 	}
+	if _, code, ok := stateCheckpointEvery("create", cfg, size, false); !ok {
+		return code
+	}
 	ext, code, ok := newExtras("create", opts, optsSize, &gcfg, nil)
 	if !ok {
 		return code
@@ -387,6 +390,9 @@ var bindModes = [...]events.BindMode{C.PAGEDKV_EVENTS_AUTO: events.BindAuto, C.P
 func recorderConfig(cfg pagedkv.Config, groups []pagedkv.LayerGroup) events.RecorderConfig {
 	rc := events.RecorderConfig{NumPages: cfg.NumPages, PageSize: cfg.PageSize, HostPages: cfg.Tiers.HostPages}
 	for _, g := range groups {
+		if !g.OwnsPages() { // indexer and shared-KV groups send no events
+			continue
+		}
 		kind, w := pagedkv.KVEventSpec(g)
 		rc.Groups = append(rc.Groups, events.GroupConfig{SpecKind: kind, SlidingWindow: w})
 	}

@@ -177,6 +177,10 @@ type traceGen struct {
 	evq      *events.Queue
 	enc      *events.Encoder
 	flush    func()
+	// stateCut: the model has state groups; most prefill chunks end at
+	// the request's next state checkpoint, recorded as an op
+	// (state_trace_test.go).
+	stateCut bool
 }
 
 func (g *traceGen) stats() pagedkv.Stats {
@@ -241,6 +245,9 @@ func (g *traceGen) step() {
 			continue
 		}
 		n := min(left, 1+g.rng.IntN(g.maxChunk))
+		if g.stateCut {
+			n = g.cutAtCheckpoint(id, n)
+		}
 		ids, nt = append(ids, id), append(nt, int32(n))
 	}
 	if g.rng.IntN(20) == 0 && len(ids) > 0 { // a bad step: too many tokens
@@ -331,6 +338,9 @@ func (g *traceGen) reserve(op *traceOp, rids []pagedkv.RequestID, nt []int32) er
 			tg.Plan["attn_qo_indptr"], tg.Plan["attn_kv_indptr"] = slices.Clone(gp.AttnQOIndptr), slices.Clone(gp.AttnKVIndptr)
 			tg.Plan["attn_kv_page_indices"], tg.Plan["attn_kv_last_page_len"] = slices.Clone(gp.AttnKVPageIndices), slices.Clone(gp.AttnKVLastPageLen)
 			tg.Plan["attn_requests"] = slices.Clone(gp.AttnRequests)
+			if len(gp.StateIndices) > 0 {
+				tg.Plan["state_indices"] = slices.Clone(gp.StateIndices)
+			}
 			for _, w := range gp.CascadeWindowLeft {
 				tg.Plan["cascade_window_left"] = append(tg.Plan["cascade_window_left"], int32(w))
 			}
@@ -558,7 +568,16 @@ func checkCoverage(t *testing.T, f traceFile, want ...string) {
 			if op.Want.TierStats != nil && op.Want.TierStats[3] > 0 {
 				seen["host hits"]++
 			}
+			if (op.Op == "add" || op.Op == "resume") && op.Want.Value > 0 {
+				seen["hits"]++
+			}
 			for _, g := range op.Groups {
+				if len(g.Plan["state_indices"]) > 0 {
+					seen["state indices"]++
+					if len(g.Plan["copies"]) > 0 {
+						seen["state copies"]++
+					}
+				}
 				if g.Cascade != nil {
 					seen["group cascade"]++
 				}

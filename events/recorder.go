@@ -61,7 +61,8 @@ type RecorderConfig struct {
 
 // GroupConfig is one KV-cache group of a [RecorderConfig]: its vLLM
 // "kv_cache_spec_kind" ("full_attention", "sliding_window",
-// "chunked_local_attention", "mla_attention"; "" leaves it out) and, for a
+// "chunked_local_attention", "mla_attention", "mamba" for a state group;
+// "" leaves it out) and, for a
 // sliding window, "kv_cache_spec_sliding_window" (0 leaves it out).
 type GroupConfig struct {
 	SpecKind      string
@@ -207,7 +208,7 @@ type Recorder struct {
 	live       []bool
 	hash       []uint64
 	parentHash []uint64
-	parent     []int32
+	parent     []int32 // the parent page; -1 at depth 0, parentOutside for a checkpoint's
 	depth      []int32
 	lora       []string
 	group      []uint16 // the group whose cache holds the page
@@ -338,6 +339,18 @@ func (s *groupSink) PageRemoved(page prefixcache.PageID, hash uint64) {
 	s.r.pageRemoved(s.g, page, hash)
 }
 
+// CheckpointStored reports that device page page holds a state
+// checkpoint of group g (a recurrent layer group's state after a prefix;
+// docs/state-groups.md): the prefix's last page is tokens, at chain hash
+// hash, depth pages deep (0 for the first page); parentHash is the chain
+// hash of the page before it (hasParent false at depth 0) and lora the
+// namespace's LoRA adapter. It is a BlockStored of that one block, whose
+// parent need not be in the group: a state group holds checkpoints at some
+// prefix ends only. [prefixcache.Sink.PageRemoved] removes it.
+func (s *groupSink) CheckpointStored(page prefixcache.PageID, depth int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32) {
+	s.r.checkpointStored(s.g, page, depth, hash, parentHash, hasParent, lora, tokens)
+}
+
 // HostPages is the Recorder's (RecorderConfig.HostPages).
 func (s *groupSink) HostPages() int { return len(s.r.hostLive) }
 
@@ -365,6 +378,27 @@ func (r *Recorder) pageStored(g uint16, page prefixcache.PageID, hash uint64, pa
 	copy(r.tokens[p*r.meta.pageSize:], tokens)
 	if !r.resync {
 		r.cur.stored(hash, parentHash, parent >= 0, r.lora[p], tokens, false, g)
+	}
+}
+
+// parentOutside is a mirrored page's parent when the page has a parent
+// hash but no parent page in its group (a state checkpoint).
+const parentOutside = -2
+
+func (r *Recorder) checkpointStored(g uint16, page prefixcache.PageID, depth int, hash, parentHash uint64, hasParent bool, lora string, tokens []int32) {
+	p := int(page)
+	if p < 0 || p >= len(r.live) || len(tokens) != r.meta.pageSize || r.live[p] || depth < 0 || depth > 1<<30 || hasParent != (depth > 0) {
+		panic(fmt.Sprintf("events: checkpoint page %d stored (group %d, depth %d, has parent %v) with %d tokens; the recorder has %d pages of %d tokens, or the page is in the wrong state",
+			page, g, depth, hasParent, len(tokens), len(r.live), r.meta.pageSize))
+	}
+	r.live[p], r.hash[p], r.group[p], r.depth[p], r.lora[p] = true, hash, g, int32(depth), lora
+	r.parent[p], r.parentHash[p] = -1, 0
+	if hasParent {
+		r.parent[p], r.parentHash[p] = parentOutside, parentHash
+	}
+	copy(r.tokens[p*r.meta.pageSize:], tokens)
+	if !r.resync {
+		r.cur.stored(hash, r.parentHash[p], hasParent, lora, tokens, false, g)
 	}
 }
 
@@ -513,7 +547,7 @@ func (r *Recorder) snapshot() {
 	r.order = order
 	ps := r.meta.pageSize
 	for _, p := range order {
-		r.cur.stored(r.hash[p], r.parentHash[p], r.parent[p] >= 0, r.lora[p], r.tokens[int(p)*ps:(int(p)+1)*ps], false, r.group[p])
+		r.cur.stored(r.hash[p], r.parentHash[p], r.parent[p] != -1, r.lora[p], r.tokens[int(p)*ps:(int(p)+1)*ps], false, r.group[p])
 	}
 	for h, live := range r.hostLive {
 		if live {

@@ -93,6 +93,32 @@ func TestWireGolden(t *testing.T) {
 			r.hostPageStored(1, 0, h1, h0, true, "", []int32{70000, 5})
 			r.hostPageRemoved(1, 0, h1)
 		}})
+	// A state checkpoint of group 1 ("mamba", vLLM's MambaSpec): one block
+	// at depth 1 whose parent h0 is in no group of the recorder, stored
+	// and then evicted (docs/events.md, "State groups").
+	cases = append(cases, goldenCase{"state checkpoint", RecorderConfig{NumPages: 4, PageSize: 2,
+		Groups: []GroupConfig{{SpecKind: "full_attention"}, {SpecKind: "mamba"}}},
+		golden{}.raw(0x93).f64(ts).raw(0x92).
+			raw(0x8a).str("type").str("BlockStored").
+			str("block_hashes").raw(0x91).u64(h1).
+			str("parent_block_hash").u64(h0).
+			str("token_ids").raw(0x92, 0xce, 0x00, 0x01, 0x11, 0x70, 0x05).
+			str("block_size").raw(0x02).
+			str("lora_id").raw(0xc0).
+			str("medium").str("GPU").
+			str("lora_name").raw(0xc0).
+			str("group_idx").raw(0x01).
+			str("kv_cache_spec_kind").str("mamba").
+			raw(0x84).str("type").str("BlockRemoved").
+			str("block_hashes").raw(0x91).u64(h1).
+			str("medium").str("GPU").
+			str("group_idx").raw(0x01).
+			raw(0x00),
+		func(r *Recorder) {
+			s := r.GroupSink(1).(*groupSink)
+			s.CheckpointStored(3, 1, h1, h0, true, "", []int32{70000, 5})
+			s.PageRemoved(3, h1)
+		}})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			q, err := NewQueue(2)

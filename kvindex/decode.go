@@ -51,6 +51,10 @@ type Event struct {
 	LoRAName  string // "" when None
 	Group     int
 	HasGroup  bool
+	// State is true for a BlockStored whose kv_cache_spec_kind is "mamba":
+	// a state group's checkpoints (vLLM's MambaSpec; docs/events.md, "State
+	// groups"), which Index.Match treats as such.
+	State bool
 }
 
 // Batch is one decoded KVEventBatch.
@@ -240,6 +244,26 @@ func (dec *decoder) str(what string) (string, error) {
 	return string(body), nil
 }
 
+// isString reads a string or nil and reports whether it is want, without
+// copying it.
+func (dec *decoder) isString(what, want string) (bool, error) {
+	c, err := dec.d.PeekCode()
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", what, err)
+	}
+	if c == msgpcode.Nil {
+		return false, dec.d.DecodeNil()
+	}
+	if !msgpcode.IsString(c) {
+		return false, fmt.Errorf("%s: msgpack code %#x, want a string", what, c)
+	}
+	body, err := dec.body()
+	if err != nil {
+		return false, fmt.Errorf("%s: %w", what, err)
+	}
+	return string(body) == want, nil
+}
+
 // body reads a str or bin header and returns its body as a view of the
 // input (no copy), bounded by the bytes left.
 func (dec *decoder) body() ([]byte, error) {
@@ -279,7 +303,10 @@ func (dec *decoder) fieldName() (string, error) {
 
 // knownFields are the map-form fields the decoder reads; a field's bit in
 // mapEvent's seen mask is its index here.
-var knownFields = [...]string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium", "lora_name", "group_idx"}
+var knownFields = [...]string{"type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "medium", "lora_name", "group_idx", "kv_cache_spec_kind"}
+
+// specState is the kv_cache_spec_kind of a state group (vLLM's MambaSpec).
+const specState = "mamba"
 
 // hash reads an ExternalBlockHash: an integer, or bytes (last 8, big-endian).
 // A byte hash is read in place, without a copy.
@@ -396,6 +423,8 @@ func (dec *decoder) field(ev *Event, name string) error {
 		var v int64
 		v, ev.HasGroup, err = dec.optInt("group_idx", 0, math.MaxInt32)
 		ev.Group = int(v)
+	case "kv_cache_spec_kind":
+		ev.State, err = dec.isString("kv_cache_spec_kind", specState)
 	default:
 		err = dec.skip(0)
 	}
@@ -574,7 +603,7 @@ func (dec *decoder) mapEvent() (Event, error) {
 
 // Positional fields of the array form, after the tag.
 var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
+	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"}
 	removedFields = []string{"block_hashes", "medium", "group_idx"}
 )
 

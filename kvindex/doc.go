@@ -19,6 +19,9 @@
 // contiguous match from block 0: HybridManager's admission rule. For vLLM's
 // sliding-window groups that is conservative (it never over-reports; vLLM
 // could serve some prefixes whose early blocks that group has dropped).
+// A state group (its BlockStored events carry kv_cache_spec_kind "mamba")
+// holds checkpoints, not chains: the match is then cut back to the deepest
+// block every state group holds.
 // [Index.Blocks] is the union of the groups, [Index.GroupBlocks] one group.
 //
 // The decoder is this package's own ([DecodeBatch]): it shares no code with
@@ -80,7 +83,9 @@
 //     hash) entries, and no message is read past
 //     [SubscriberConfig].MaxMessageBytes, whatever its publisher sends.
 //   - A replica's match is the minimum over the groups its events named of
-//     each group's contiguous match from block 0.
+//     each group's contiguous match from block 0, state groups left out,
+//     then cut back to the deepest block every state group holds; 0 for a
+//     replica with state groups only.
 //
 // # Concurrency
 //

@@ -25,12 +25,18 @@ func seedPayloads(t testing.TB) [][]byte {
 		"kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 128}
 	removed1 := []any{"BlockRemoved", []uint64{7}, "GPU", 1}
 	storedArr := []any{"BlockStored", []uint64{9}, nil, []int{1, 2, 3, 4}, 4, nil, "GPU", nil, nil, 2}
+	// A state group's checkpoint (kv_cache_spec_kind "mamba"), its
+	// parent in no group; and the array form with the kind positional.
+	ckpt := map[string]any{"type": "BlockStored", "block_hashes": []uint64{7}, "parent_block_hash": uint64(1 << 63),
+		"token_ids": []int{5, 6, 7, 8}, "block_size": 4, "medium": "GPU", "group_idx": 2, "kv_cache_spec_kind": "mamba"}
+	ckptArr := []any{"BlockStored", []uint64{9}, nil, []int{1, 2, 3, 4}, 4, nil, "GPU", nil, nil, 3, "mamba"}
 	var out [][]byte
 	for _, b := range []any{
 		[]any{1.5, []any{stored, removed, cleared}, 0},
 		[]any{2.0, []any{legacy, []any{"BlockRemoved", []uint64{9}}, []any{"AllBlocksCleared"}}},
 		[]any{3.0, []any{}, nil},
 		[]any{4.0, []any{stored, stored1, removed1, storedArr}, 0},
+		[]any{5.0, []any{stored, stored1, ckpt, ckptArr, removed1}, 0},
 	} {
 		p, err := msgpack.Marshal(b)
 		if err != nil {
@@ -53,6 +59,9 @@ func TestDecodeSeeds(t *testing.T) {
 		}
 		if i == 1 && (!b.Events[0].HasParent || b.Events[0].Parent != 7 || b.Events[1].Kind != BlockRemoved) {
 			t.Fatalf("seed 1 decoded as %+v", b)
+		}
+		if i == 4 && (b.Events[1].State || !b.Events[2].State || !b.Events[3].State || b.Events[3].Group != 3) {
+			t.Fatalf("seed 4 (state checkpoints) decoded as %+v", b)
 		}
 	}
 	// Each malformed payload is refused with an error naming the value.

@@ -293,3 +293,54 @@ func TestGroupsMatchModel(t *testing.T) {
 		}
 	}
 }
+
+// TestStateGroupMatch: a state group's blocks (kv_cache_spec_kind "mamba")
+// are checkpoints: the match is the other groups' contiguous match cut
+// back to the deepest block every state group holds; a replica with state
+// groups only matches nothing; the kind is decoded from the wire.
+func TestStateGroupMatch(t *testing.T) {
+	ix, r := newGroupIndex(t)
+	chain := []uint64{11, 12, 13, 14, 15}
+	ckpt := func(g int, hashes ...uint64) kvindex.Event {
+		e := stored(g, "GPU", hashes...)
+		e.State = true
+		return e
+	}
+	apply(t, ix, r, ckpt(1, 12, 14))
+	if got := ix.MatchHashes(nil, chain)[0]; got != 0 {
+		t.Fatalf("state groups only: matched %d, want 0", got)
+	}
+	apply(t, ix, r, stored(0, "GPU", chain[:4]...), ckpt(2, 12, 13, 14))
+	for _, c := range []struct {
+		chain []uint64
+		want  int
+	}{{chain, 4}, {chain[:3], 2}, {chain[:1], 0}} {
+		if got := ix.MatchHashes(nil, c.chain)[0]; got != c.want*groupPageSize {
+			t.Fatalf("chain %v: matched %d, want %d blocks", c.chain, got, c.want)
+		}
+	}
+	// Group 2 loses 14: the deepest both state groups hold is 12.
+	apply(t, ix, r, removed(2, "GPU", 14))
+	if got := ix.MatchHashes(nil, chain)[0]; got != 2*groupPageSize {
+		t.Fatalf("after the removal: matched %d, want %d", got, 2*groupPageSize)
+	}
+	// Decoded: kv_cache_spec_kind "mamba" sets State, another kind not.
+	for kind, want := range map[string]bool{"mamba": true, "full_attention": false} {
+		payload := []byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x85,
+			0xa4, 't', 'y', 'p', 'e', 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd',
+			0xac, 'b', 'l', 'o', 'c', 'k', '_', 'h', 'a', 's', 'h', 'e', 's', 0x91, 0x07,
+			0xa9, 't', 'o', 'k', 'e', 'n', '_', 'i', 'd', 's', 0x91, 0x01,
+			0xaa, 'b', 'l', 'o', 'c', 'k', '_', 's', 'i', 'z', 'e', 0x01,
+			0xb2}
+		payload = append(payload, "kv_cache_spec_kind"...)
+		payload = append(append(payload, 0xa0|byte(len(kind))), kind...)
+		payload = append(payload, 0x00)
+		b, err := kvindex.DecodeBatch(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Events[0].State != want {
+			t.Fatalf("kv_cache_spec_kind %q: State = %v", kind, b.Events[0].State)
+		}
+	}
+}

@@ -100,7 +100,11 @@ type replica struct {
 
 // group is one KV-cache group's blocks on a replica.
 type group struct {
-	idx    int
+	idx int
+	// state: the group's BlockStored events name it a state group
+	// (kv_cache_spec_kind "mamba"): its blocks are checkpoints, a prefix's
+	// state at that block's end, not a contiguous chain.
+	state  bool
 	blocks map[uint64]uint8 // chain hash -> media holding it
 	// peak is the most entries blocks has held: a Go map keeps the room
 	// for them when they are deleted.
@@ -149,22 +153,43 @@ func (x *group) compact() {
 	x.blocks, x.peak = m, n
 }
 
-// match is how many leading blocks of chain every group holds (by any
-// medium): the minimum over the groups of each group's contiguous match
-// from block 0. A replica with no known group holds nothing.
+// match is how many leading blocks of chain the replica can serve (by any
+// medium): the minimum over its attention groups of each group's
+// contiguous match from block 0, cut back, when it has state groups, to
+// the deepest block every state group holds (a checkpoint at that
+// prefix's end: pagedkv's HybridManager admission rule). A replica with no
+// known group, or with state groups only, serves nothing.
 func (rep *replica) match(chain []uint64) int {
-	if len(rep.groups) == 0 {
-		return 0
-	}
-	d := len(chain)
+	d, attention, states := len(chain), false, false
 	for _, x := range rep.groups {
+		if x.state {
+			states = true
+			continue
+		}
+		attention = true
 		k := 0
 		for k < d && x.blocks[chain[k]] != 0 {
 			k++
 		}
 		d = k
 	}
+	if !attention {
+		return 0
+	}
+	for states && d > 0 && !rep.statesHold(chain[d-1]) {
+		d--
+	}
 	return d
+}
+
+// statesHold reports whether every state group holds block h.
+func (rep *replica) statesHold(h uint64) bool {
+	for _, x := range rep.groups {
+		if x.state && x.blocks[h] == 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // ReplicaStats are an index's cumulative counts for one replica and the
@@ -273,6 +298,7 @@ func (ix *Index) applyLocked(r int, b *Batch) error {
 			rep.stats.Cleared++
 		case BlockStored:
 			x := rep.group(e.Group, true)
+			x.state = x.state || e.State
 			bit := mediumBit(e.Medium)
 			for _, h := range e.Hashes {
 				if m, ok := x.blocks[h]; ok {
@@ -371,7 +397,13 @@ func (ix *Index) Match(dst []int, ns prefixcache.Namespace, tokens []int32) []in
 // its events have named, of the number of leading blocks of chain the
 // group holds (by any medium), counted from block 0 up to the first the
 // group lacks: pagedkv's HybridManager admission rule. For a single-group
-// replica it is the number of leading blocks the replica holds.
+// replica it is the number of leading blocks the replica holds. State
+// groups (a BlockStored with kv_cache_spec_kind "mamba") hold checkpoints,
+// not chains: the match is then cut back to the deepest block, within the
+// other groups' match, that every state group holds; a replica with state
+// groups only matches nothing. An engine admitting a prompt leaves its
+// last token to compute: its hit is MatchHashes of the chain of all but
+// the last token.
 func (ix *Index) MatchHashes(dst []int, chain []uint64) []int {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()

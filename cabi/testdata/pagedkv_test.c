@@ -1346,6 +1346,166 @@ static void retention(void) {
 	printf("retention: ok\n");
 }
 
+// state_groups runs a model with every new kind (docs/state-groups.md,
+// docs/indexer-shared-kv.md): two Gated-DeltaNet-like state groups, a full
+// and an MLA group, an indexer on the MLA group and shared-KV layers on
+// the full one, with a checkpoint every 8 tokens and KV events. A prompt
+// is prefilled to its checkpoints (next_state_checkpoint), a second
+// request hits the last one and starts from a copy of its state; the
+// events announce the checkpoints ("mamba"); every bad value is refused,
+// named.
+static void state_groups(void) {
+	pagedkv_layer_group groups[] = {
+	    {.kind = PAGEDKV_GROUP_STATE, .num_layers = 1, .conv_shape = {8, 3}, .conv_dtype = PAGEDKV_STATE_BF16,
+	     .ssm_shape = {2, 4, 8}, .ssm_dtype = PAGEDKV_STATE_F32, .page_bytes = 4096},
+	    {.kind = PAGEDKV_GROUP_FULL, .num_layers = 1},
+	    {.kind = PAGEDKV_GROUP_STATE, .num_layers = 1, .conv_shape = {8, 3}, .conv_dtype = PAGEDKV_STATE_BF16,
+	     .ssm_shape = {2, 4, 8}, .ssm_dtype = PAGEDKV_STATE_F32, .page_bytes = 4096},
+	    {.kind = PAGEDKV_GROUP_MLA, .num_layers = 1},
+	    {.kind = PAGEDKV_GROUP_INDEXER, .num_layers = 1, .target = 3, .indexer_head_dim = 128, .indexer_quant_block = 128},
+	    {.kind = PAGEDKV_GROUP_SHARED_KV, .num_layers = 2, .target = 1},
+	};
+	enum { ng = 6 };
+	pagedkv_config cfg = {.num_pages = 64, .page_size = 4, .hash_seed = 1, .state_checkpoint_every = 8};
+	pagedkv_events_config ec = {.queue_batches = 16};
+	pagedkv_options opts = {.events = &ec, .events_size = sizeof ec};
+	pagedkv_manager m = 0;
+	OK(pagedkv_hybrid_create_ex(&cfg, sizeof cfg, groups, ng, sizeof groups[0], &opts, sizeof opts, &m));
+	int64_t n = 0;
+	OK(pagedkv_hybrid_num_groups(m, &n));
+	CHECK(n == ng, "num_groups %lld", (long long)n);
+	int32_t prompt[13];
+	for (int i = 0; i < 13; i++) prompt[i] = 100 + i;
+	pagedkv_request req = prompt_request(prompt, 12);
+	OK(pagedkv_add(m, 1, &req, NULL));
+	uint64_t ids[] = {1};
+	int32_t nt[1];
+	pagedkv_array copies, si;
+	pagedkv_group_plan gp[ng];
+	int64_t next = 0;
+	int32_t slot = -1;
+	for (int want = 8; want <= 12; want += 4) {
+		OK(pagedkv_hybrid_next_state_checkpoint(m, 1, &next));
+		CHECK(next == want, "next state checkpoint %lld, want %d", (long long)next, want);
+		pagedkv_request_state rs;
+		OK(pagedkv_hybrid_request_state(m, 0, 1, &rs));
+		nt[0] = (int32_t)(next - rs.computed);
+		OK(pagedkv_hybrid_reserve(m, ids, nt, 1, &copies, gp, ng));
+		for (int g = 0; g < ng; g++) {
+			OK(pagedkv_hybrid_state_indices(m, g, &si));
+			int state = groups[g].kind == PAGEDKV_GROUP_STATE;
+			CHECK(si.len == (state ? 1 : 0), "group %d: %lld state indices", g, (long long)si.len);
+			CHECK(state || gp[g].plan.kv_indptr.len == 2, "group %d has no page table", g);
+		}
+		OK(pagedkv_hybrid_state_indices(m, 0, &si));
+		CHECK(slot < 0 || si.data[0] != slot, "the step after a checkpoint writes a fresh slot");
+		CHECK(slot < 0 || gp[0].plan.copies.len == 3, "group 0 copies %lld, want one copy", (long long)gp[0].plan.copies.len);
+		slot = si.data[0];
+		int32_t s1[] = {want == 12 ? 7 : -1};
+		OK(pagedkv_commit(m, s1, 1));
+	}
+	OK(pagedkv_hybrid_next_state_checkpoint(m, 1, &next));
+	CHECK(next == 0, "next state checkpoint after the prompt %lld, want 0", (long long)next);
+	pagedkv_group_stats gs;
+	OK(pagedkv_hybrid_get_group_stats(m, 2, &gs, sizeof gs));
+	CHECK(gs.kind == PAGEDKV_GROUP_STATE && gs.cached_pages == 2 && gs.published_pages == 2,
+	      "state group 2: kind %lld, %lld checkpoints, %lld published", (long long)gs.kind, (long long)gs.cached_pages,
+	      (long long)gs.published_pages);
+	OK(pagedkv_hybrid_get_group_stats(m, 4, &gs, sizeof gs));
+	CHECK(gs.kind == PAGEDKV_GROUP_INDEXER, "group 4 kind %lld", (long long)gs.kind);
+	OK(pagedkv_hybrid_get_group_stats(m, 5, &gs, sizeof gs));
+	CHECK(gs.kind == PAGEDKV_GROUP_SHARED_KV, "group 5 kind %lld", (long long)gs.kind);
+	const uint8_t *ev = NULL;
+	int64_t evn = 0, mamba = 0;
+	for (;;) {
+		OK(pagedkv_drain_events(m, &ev, &evn));
+		if (evn == 0) break;
+		mamba += contains(ev, evn, "mamba");
+	}
+	CHECK(mamba > 0, "no batch announced a checkpoint (\"mamba\")");
+	// A second request of the prompt and one token more hits the checkpoint
+	// at 12 and starts from a copy of its state.
+	req = prompt_request(prompt, 13);
+	int64_t matched = 0;
+	OK(pagedkv_add(m, 2, &req, &matched));
+	CHECK(matched == 12, "the second request matched %lld tokens, want 12", (long long)matched);
+	ids[0] = 2;
+	nt[0] = 1;
+	OK(pagedkv_hybrid_reserve(m, ids, nt, 1, &copies, gp, ng));
+	OK(pagedkv_hybrid_state_indices(m, 2, &si));
+	CHECK(gp[2].plan.copies.len == 3 && gp[2].plan.copies.data[1] == si.data[0] && gp[2].plan.copies.data[2] == 4,
+	      "restore copy of group 2: %lld words, into slot %d", (long long)gp[2].plan.copies.len, si.data[0]);
+	OK(pagedkv_abort(m));
+	OK(pagedkv_audit(m));
+
+	// C-only mistakes.
+	EXPECT_FAIL_H(m, PAGEDKV_ERR_BAD_ARGUMENT, "group = 6", pagedkv_hybrid_state_indices(m, 6, &si));
+	EXPECT_FAIL_H(m, PAGEDKV_ERR_BAD_ARGUMENT, "out is NULL", pagedkv_hybrid_state_indices(m, 0, NULL));
+	EXPECT_FAIL_H(m, PAGEDKV_ERR_BAD_ARGUMENT, "tokens is NULL", pagedkv_hybrid_next_state_checkpoint(m, 1, NULL));
+	pagedkv_manager d = create(16, 4, 0);
+	CHECK(pagedkv_hybrid_next_state_checkpoint(d, 1, &next) == PAGEDKV_ERR_BAD_HANDLE &&
+	          strstr(pagedkv_last_error(), "is a dense manager") != NULL,
+	      "next_state_checkpoint on a dense handle: %s", pagedkv_last_error());
+	OK(pagedkv_destroy(d));
+	OK(pagedkv_destroy(m));
+
+	// Bad groups and configs: each refused, named, no handle written.
+	struct {
+		const char *name;
+		int group, field; // field: index into the group's int64 fields
+		int64_t value;
+		int32_t code;
+		const char *want;
+	} cases[] = {
+	    {"kind", 0, 0, 7, PAGEDKV_ERR_BAD_ARGUMENT, "groups[0].kind = 7"},
+	    {"conv dtype", 0, 9, 9, PAGEDKV_ERR_BAD_ARGUMENT, "groups[0].conv_dtype = 9"},
+	    {"ssm dtype", 2, 13, -1, PAGEDKV_ERR_BAD_ARGUMENT, "groups[2].ssm_dtype = -1"},
+	    {"no conv dtype", 0, 9, 0, PAGEDKV_ERR_BAD_CONFIG, "ConvDType"},
+	    {"ssm shape", 2, 11, 0, PAGEDKV_ERR_BAD_CONFIG, "SSMShape[1] = 0"},
+	    {"state too big", 0, 14, 64, PAGEDKV_ERR_BAD_CONFIG, "PageBytes = 64"},
+	    {"indexer target", 4, 4, 1, PAGEDKV_ERR_BAD_CONFIG, "Target = 1"},
+	    {"indexer head dim", 4, 5, 0, PAGEDKV_ERR_BAD_CONFIG, "IndexerHeadDim = 0"},
+	    {"indexer quant block", 4, 6, 48, PAGEDKV_ERR_BAD_CONFIG, "IndexerQuantBlock = 48"},
+	    {"shared-KV target", 5, 4, 9, PAGEDKV_ERR_BAD_CONFIG, "Target = 9"},
+	    {"attention with a state", 1, 7, 8, PAGEDKV_ERR_BAD_CONFIG, "State shape"},
+	};
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		pagedkv_layer_group bad[ng];
+		memcpy(bad, groups, sizeof bad);
+		((int64_t *)&bad[cases[i].group])[cases[i].field] = cases[i].value;
+		pagedkv_manager h = 12345;
+		int32_t rc = pagedkv_hybrid_create(&cfg, sizeof cfg, bad, ng, sizeof bad[0], &h);
+		CHECK(rc == cases[i].code && strstr(pagedkv_last_error(), cases[i].want) != NULL && h == 12345,
+		      "bad group, %s: rc %d: %s", cases[i].name, rc, pagedkv_last_error());
+		checked++;
+	}
+	pagedkv_manager h = 12345;
+	cfg.state_checkpoint_every = 6;
+	CHECK(pagedkv_hybrid_create(&cfg, sizeof cfg, groups, ng, sizeof groups[0], &h) == PAGEDKV_ERR_BAD_CONFIG &&
+	          strstr(pagedkv_last_error(), "StateCheckpointEvery = 6") != NULL && h == 12345,
+	      "state_checkpoint_every 6: %s", pagedkv_last_error());
+	cfg.state_checkpoint_every = -8;
+	CHECK(pagedkv_hybrid_create(&cfg, sizeof cfg, groups, ng, sizeof groups[0], &h) == PAGEDKV_ERR_BAD_ARGUMENT &&
+	          strstr(pagedkv_last_error(), "state_checkpoint_every = -8") != NULL && h == 12345,
+	      "state_checkpoint_every -8: %s", pagedkv_last_error());
+	cfg.state_checkpoint_every = 8;
+	CHECK(pagedkv_create(&cfg, sizeof cfg, &h) == PAGEDKV_ERR_BAD_ARGUMENT &&
+	          strstr(pagedkv_last_error(), "state_checkpoint_every = 8") != NULL && h == 12345,
+	      "dense state_checkpoint_every: %s", pagedkv_last_error());
+	// A caller of the header before the state fields: 4 fields a group.
+	int64_t old[2][4] = {{PAGEDKV_GROUP_SLIDING, 8, 0, 1}, {PAGEDKV_GROUP_FULL, 0, 0, 1}};
+	cfg.state_checkpoint_every = 0;
+	OK(pagedkv_hybrid_create(&cfg, offsetof(pagedkv_config, state_checkpoint_every), (pagedkv_layer_group *)old, 2,
+	                         offsetof(pagedkv_layer_group, target), &h));
+	OK(pagedkv_destroy(h));
+	h = 12345;
+	CHECK(pagedkv_hybrid_create(&cfg, sizeof cfg, groups, ng, 40, &h) == PAGEDKV_ERR_BAD_ARGUMENT &&
+	          strstr(pagedkv_last_error(), "group_size = 40") != NULL && h == 12345,
+	      "group_size 40: %s", pagedkv_last_error());
+	checked += 8;
+	printf("state groups: ok\n");
+}
+
 int main(void) {
 	CHECK(pagedkv_abi_version() == PAGEDKV_ABI_VERSION, "library ABI %d, header %d", pagedkv_abi_version(),
 	      PAGEDKV_ABI_VERSION);
@@ -1355,6 +1515,7 @@ int main(void) {
 	hybrid();
 	tiers();
 	hybrid_tiers();
+	state_groups();
 	padded();
 	sweep();
 	step_buffers();

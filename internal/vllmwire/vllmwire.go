@@ -371,7 +371,7 @@ func (m Media) apply(i int, e *Event) error {
 		s = Set{}
 		m[med] = s
 	}
-	return s.apply(i, e, med == "GPU")
+	return s.apply(i, e, med == "GPU" && !isState(e))
 }
 
 // Groups is the GPU page set per KV-cache group ("group_idx") that a
@@ -381,10 +381,15 @@ type Groups map[int64]Set
 // Apply applies a batch's events in order: BlockStored and BlockRemoved to
 // their group's set (each must carry group_idx and medium GPU),
 // AllBlocksCleared to every group. It reports what [Set.Apply] does, per
-// group: a stored block's parent must be cached in the same group.
+// group: a stored block's parent must be cached in the same group, except
+// in a state group (kv_cache_spec_kind "mamba"), whose blocks are
+// checkpoints at some prefix ends only.
 func (gs Groups) Apply(b Batch) error {
-	return applyGrouped(gs, b, true, func() Set { return Set{} }, func(s Set, i int, e *Event) error { return s.apply(i, e, true) })
+	return applyGrouped(gs, b, true, func() Set { return Set{} }, func(s Set, i int, e *Event) error { return s.apply(i, e, !isState(e)) })
 }
+
+// isState reports whether e is a state group's BlockStored.
+func isState(e *Event) bool { return e.SpecKind != nil && *e.SpecKind == "mamba" }
 
 // applyGrouped applies b's events in order to the per-group values of gs,
 // making a group's with mk on its first event: AllBlocksCleared to every

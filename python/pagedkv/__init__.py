@@ -55,10 +55,12 @@ the C ABI version (pagedkv.h's PAGEDKV_ABI_VERSION) it needs.
 
 Hybrid models. HybridManager(num_pages, page_size, groups) is Go's
 HybridManager: layer groups (LayerGroup("full"), LayerGroup("sliding",
-window_tokens=W), LayerGroup("chunked", chunk_tokens=C), LayerGroup("mla"))
-on one page pool. Its reserve() returns a HybridPlan: the pool-wide copies
-and one Plan per group (with cascade_window_left and, for a chunked group,
-the attn_* arrays), current and thread-safe exactly like a Manager's Plan.
+window_tokens=W), LayerGroup("chunked", chunk_tokens=C), LayerGroup("mla"),
+and LayerGroup("state", ...), LayerGroup("indexer", ...),
+LayerGroup("shared_kv", ...)) on one page pool. Its reserve() returns a
+HybridPlan: the pool-wide copies and one Plan per group (with
+cascade_window_left, for a chunked group the attn_* arrays, for a state
+group state_indices), current and thread-safe exactly like a Manager's Plan.
 
 Tiers and KV events. Manager(..., tiers=Tiers(host_pages, format=PageFormat(...),
 redis=RedisTier(addr, namespace), disk=DiskTier(dir, namespace, pages)),
@@ -453,7 +455,8 @@ class StalePlan(PagedKVError):
 # The fields of a Plan, in the order _make_plan stores them.
 _PLAN_FIELDS = ("request_ids", "batch_size", "nnz", "window_left", "copies", "drafts", "qo_indptr", "batch_indices",
                 "positions", "token_ids", "token_positions", "kv_indptr", "kv_page_indices", "kv_last_page_len",
-                "seq_lens", "cascade", "query_rows", "block_tables", "max_seq_len", "attention_kind") + _ffi.GROUP_PLAN_ARRAYS
+                "seq_lens", "cascade", "query_rows", "block_tables", "max_seq_len", "attention_kind") + _ffi.GROUP_PLAN_ARRAYS + (
+                "state_indices",)
 
 
 # Each field's type and meaning (the docstring of its property; the class
@@ -492,6 +495,9 @@ _FIELD_DOCS = {
     "attention_kind": ("str", "The attention to run, the library's decision (pagedkv_plan.attention_kind): "
                               "\"cascade\", \"chunked\", \"decode\" or \"prefill\"."),
     "groups": ("List[Plan]", "One Plan per layer group, in the HybridManager's group order."),
+    "state_indices": ("Optional[Int32Array]", "A state group's [B] state slot (a page) of each request: Mamba-2's "
+                                              "and Gated DeltaNet's state_indices; its copies (whole pages) run "
+                                              "first (None elsewhere)."),
 }
 
 
@@ -624,6 +630,7 @@ class Plan(_Stepped):
         attn_kv_page_indices: Optional[Int32Array]
         attn_kv_last_page_len: Optional[Int32Array]
         attn_requests: Optional[Int32Array]
+        state_indices: Optional[Int32Array]
 
     def __repr__(self) -> str:
         if not self.valid:
@@ -1245,7 +1252,7 @@ class _Core:
         return out[: n.value]
 
 
-_NO_HYBRID = (None,) * len(_ffi.GROUP_PLAN_ARRAYS)
+_NO_HYBRID = (None,) * (len(_ffi.GROUP_PLAN_ARRAYS) + 1)  # and state_indices
 
 
 class Manager(_Core):
@@ -1331,17 +1338,66 @@ class Manager(_Core):
 class LayerGroup:
     """One layer group of a hybrid model (Go: pagedkv.LayerGroup): kind is
     "full", "sliding" (with window_tokens W), "chunked" (with chunk_tokens
-    C, a multiple of the page size) or "mla"; every group has the same
-    num_layers (see Go's package layergroup)."""
+    C, a multiple of the page size), "mla", "state" (recurrent layers:
+    conv_shape (conv_dim, conv_kernel - 1), ssm_shape (3 dims), their
+    dtypes "float32", "float16" or "bfloat16", and page_bytes, one layer's
+    page of the pool; docs/state-groups.md), "indexer" (DeepSeek sparse
+    attention's indexer-K cache on MLA group target, with indexer_head_dim
+    and indexer_quant_block) or "shared_kv" (layers reading group target's
+    KV cache; window_tokens or chunk_tokens its target's); see
+    docs/indexer-shared-kv.md. Every group that owns pages (all but
+    indexer and shared_kv, which come last) has the same num_layers (see
+    Go's package layergroup)."""
 
-    __slots__ = ("kind", "window_tokens", "chunk_tokens", "num_layers")
+    __slots__ = ("kind", "window_tokens", "chunk_tokens", "num_layers", "target", "indexer_head_dim",
+                 "indexer_quant_block", "conv_shape", "conv_dtype", "ssm_shape", "ssm_dtype", "page_bytes")
 
-    def __init__(self, kind: str, *, window_tokens: int = 0, chunk_tokens: int = 0, num_layers: int = 1) -> None:
+    def __init__(self, kind: str, *, window_tokens: int = 0, chunk_tokens: int = 0, num_layers: int = 1,
+                 target: int = 0, indexer_head_dim: int = 0, indexer_quant_block: int = 0,
+                 conv_shape: Sequence[int] = (0, 0), conv_dtype: str = "", ssm_shape: Sequence[int] = (0, 0, 0),
+                 ssm_dtype: str = "", page_bytes: int = 0) -> None:
         self.kind, self.window_tokens, self.chunk_tokens, self.num_layers = kind, window_tokens, chunk_tokens, num_layers
+        self.target, self.indexer_head_dim, self.indexer_quant_block = target, indexer_head_dim, indexer_quant_block
+        self.conv_shape, self.conv_dtype, self.ssm_shape, self.ssm_dtype = conv_shape, conv_dtype, ssm_shape, ssm_dtype
+        self.page_bytes = page_bytes
 
     def __repr__(self) -> str:
-        return "LayerGroup(%r, window_tokens=%d, chunk_tokens=%d, num_layers=%d)" % (
+        s = "LayerGroup(%r, window_tokens=%d, chunk_tokens=%d, num_layers=%d" % (
             self.kind, self.window_tokens, self.chunk_tokens, self.num_layers)
+        if self.kind in ("indexer", "shared_kv"):
+            s += ", target=%d" % self.target
+        if self.kind == "indexer":
+            s += ", indexer_head_dim=%d, indexer_quant_block=%d" % (self.indexer_head_dim, self.indexer_quant_block)
+        if self.kind == "state":
+            s += ", conv_shape=%r, conv_dtype=%r, ssm_shape=%r, ssm_dtype=%r, page_bytes=%d" % (
+                tuple(self.conv_shape), self.conv_dtype, tuple(self.ssm_shape), self.ssm_dtype, self.page_bytes)
+        return s + ")"
+
+    def _c(self, where: str) -> "_ffi.LayerGroup":
+        """The pagedkv_layer_group of this group (groups[i] is where); a
+        value of the wrong type or range is refused, named."""
+        op = "HybridManager"
+        if self.kind not in _ffi.GROUP_KINDS:
+            raise BadArgument("pagedkv: bad argument: %s: %s.kind = %r, want one of %s"
+                              % (op, where, self.kind, ", ".join(_ffi.GROUP_KINDS)))
+        c = _ffi.LayerGroup(_ffi.GROUP_KINDS.index(self.kind))
+        for name in ("window_tokens", "chunk_tokens", "num_layers", "target", "indexer_head_dim",
+                     "indexer_quant_block", "page_bytes"):
+            setattr(c, name, _scalar(getattr(self, name), _I64, op, "%s.%s" % (where, name)))
+        for name, n in (("conv_shape", 2), ("ssm_shape", 3)):
+            v = getattr(self, name)
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or len(v) != n:
+                raise BadArgument("pagedkv: bad argument: %s: %s.%s = %r, want %d integers" % (op, where, name, v, n))
+            arr = getattr(c, name)
+            for i, d in enumerate(v):
+                arr[i] = _scalar(d, _I64, op, "%s.%s[%d]" % (where, name, i))
+        for name in ("conv_dtype", "ssm_dtype"):
+            v = getattr(self, name)
+            if v not in _ffi.STATE_DTYPES:
+                raise BadArgument("pagedkv: bad argument: %s: %s.%s = %r, want \"float32\", \"float16\" or "
+                                  "\"bfloat16\" (\"\" for a group that is not a state group)" % (op, where, name, v))
+            setattr(c, name, _ffi.STATE_DTYPES.index(v))
+        return c
 
 
 class HybridManager(_Core):
@@ -1358,19 +1414,24 @@ class HybridManager(_Core):
     groups, with Manager's tier calls (tier_copies() name pool pages: copy
     each in every layer's tensor; the PageFormat's num_layers counts those
     tensors, see PageFormat); with both, the events announce each group's
-    host pages too (medium "CPU", the group's group_idx). Threads, plan
-    lifetime and busy_timeout are as for Manager.
+    host pages too (medium "CPU", the group's group_idx). With "state"
+    groups (see LayerGroup), state_checkpoint_every= checkpoints prompts
+    every that many tokens too, each state group's plan has state_indices,
+    and next_state_checkpoint() says where to end a prefill chunk; the
+    events then announce the checkpoints (kv_cache_spec_kind "mamba").
+    Threads, plan lifetime and busy_timeout are as for Manager.
     """
 
     def __init__(self, num_pages: int, page_size: int, groups: Sequence[Union[LayerGroup, Dict[str, Any]]], *,
                  priorities: int = 0, hash_seed: int = 0, cascade_min_saved_pages: int = 0, max_pinned_pages: int = 0,
                  memory_limit: int = 0, block_tables_stride: int = 0, tiers: Optional[Tiers] = None,
                  events: Union[Events, bool, None] = None, busy_timeout: Optional[float] = 0,
-                 pin_budget: float = 0.0) -> None:
+                 pin_budget: float = 0.0, state_checkpoint_every: int = 0) -> None:
         lib = _load()
         busy_timeout = _timeout("HybridManager", busy_timeout)
         cfg = _config("HybridManager", num_pages, page_size, 0, priorities, max_pinned_pages, hash_seed,
                       cascade_min_saved_pages, memory_limit, block_tables_stride, pin_budget)
+        cfg.state_checkpoint_every = _scalar(state_checkpoint_every, _I64, "HybridManager", "state_checkpoint_every")
         if isinstance(groups, (str, bytes, dict, LayerGroup)) or not hasattr(groups, "__len__"):
             raise BadArgument("pagedkv: bad argument: HybridManager: groups = %r, want a list of LayerGroup" % (groups,))
         specs = (_ffi.LayerGroup * max(len(groups), 1))()
@@ -1383,14 +1444,7 @@ class HybridManager(_Core):
                     raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d] = %r: %s" % (i, g, e)) from None
             if not isinstance(g, LayerGroup):
                 raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d] = %r, want a LayerGroup" % (i, g))
-            if g.kind not in _ffi.GROUP_KINDS:
-                raise BadArgument("pagedkv: bad argument: HybridManager: groups[%d].kind = %r, want one of %s"
-                                  % (i, g.kind, ", ".join(_ffi.GROUP_KINDS)))
-            where = "groups[%d]" % i
-            specs[i] = _ffi.LayerGroup(_ffi.GROUP_KINDS.index(g.kind),
-                                       _scalar(g.window_tokens, _I64, "HybridManager", where + ".window_tokens"),
-                                       _scalar(g.chunk_tokens, _I64, "HybridManager", where + ".chunk_tokens"),
-                                       _scalar(g.num_layers, _I64, "HybridManager", where + ".num_layers"))
+            specs[i] = g._c("groups[%d]" % i)
             kinds.append(g.kind)
         opts, keep = _options("HybridManager", tiers, events)
         h = ctypes.c_uint64(0)
@@ -1400,9 +1454,10 @@ class HybridManager(_Core):
         if rc:
             _raise(lib, rc)
         n = len(kinds)
-        # The words: the copies descriptor, then n pagedkv_group_plan.
-        self._init(lib, h.value, num_pages, page_size, 3 + n * _ffi.GROUP_PLAN_WORDS,
-                   [1] + [len(_ffi.PLAN_ARRAYS) + 1 + len(_ffi.GROUP_PLAN_ARRAYS)] * n, busy_timeout)
+        # The words: the copies descriptor, then n pagedkv_group_plan, then
+        # n state_indices descriptors (pagedkv_hybrid_state_indices).
+        self._init(lib, h.value, num_pages, page_size, 3 + n * _ffi.GROUP_PLAN_WORDS + 3 * n,
+                   [1] + [len(_ffi.PLAN_ARRAYS) + 2 + len(_ffi.GROUP_PLAN_ARRAYS)] * n, busy_timeout)
         self.kinds: Tuple[str, ...] = tuple(kinds)
         """The groups' kinds, in group order."""
         self._groups_addr = self._plan_addr + 8 * 3
@@ -1434,6 +1489,11 @@ class HybridManager(_Core):
         return self._hybrid_plan(ids)
 
     def _hybrid_plan(self, ids):
+        n = len(self.kinds)
+        states = 3 + n * _ffi.GROUP_PLAN_WORDS  # the state_indices descriptors
+        for g, kind in enumerate(self.kinds):
+            if kind == "state":
+                self._check(self._lib.pagedkv_hybrid_state_indices(self._handle, g, self._plan_addr + 8 * (states + 3 * g)))
         w = self._plan_words.tolist()
         ids = ids.copy()
         groups = []
@@ -1448,12 +1508,23 @@ class HybridManager(_Core):
                 extra[0] = None
             if kind != "chunked":
                 extra[1:] = [None] * (len(extra) - 1)
+            extra.append(self._array(w, states + 3 * g, views, n_plan + len(extra)) if kind == "state" else None)
             p._values += tuple(extra)
             groups.append(p)
         hp = HybridPlan.__new__(HybridPlan)
         hp._manager, hp._generation = self, self._generation
         hp._values = (ids, self._array(w, 0, self._views[0], 0).reshape(-1, 3), groups)
         return hp
+
+    @_exclusive
+    def next_state_checkpoint(self, request_id: int) -> int:
+        """The token count at which the request's state is next
+        checkpointed (Go: NextStateCheckpoint): end its prefill chunk there.
+        0 when none is left, for an unknown request, or without state
+        groups."""
+        self._check(self._lib.pagedkv_hybrid_next_state_checkpoint(
+            self._handle, _scalar(request_id, _U64, "next_state_checkpoint", "request_id"), ctypes.byref(self._i64)))
+        return self._i64.value
 
     def group_stats(self) -> List[GroupStats]:
         """Every group's GroupStats, in group order; safe from any thread at

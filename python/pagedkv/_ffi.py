@@ -26,6 +26,7 @@ class Config(ctypes.Structure):
         ("memory_limit", ctypes.c_int64),
         ("block_tables_stride", ctypes.c_int64),
         ("pin_budget", ctypes.c_double),
+        ("state_checkpoint_every", ctypes.c_int64),
     ]
 
 
@@ -108,7 +109,8 @@ class BlockTables(ctypes.Structure):
     _fields_ = [("block_tables", Array), ("stride", ctypes.c_int64), ("max_seq_len", ctypes.c_int64)]
 
 
-GROUP_KINDS = ("full", "sliding", "chunked", "mla")  # PAGEDKV_GROUP_* in order
+GROUP_KINDS = ("full", "sliding", "chunked", "mla", "state", "indexer", "shared_kv")  # PAGEDKV_GROUP_* in order
+STATE_DTYPES = ("", "float32", "float16", "bfloat16")  # PAGEDKV_STATE_* (0: none)
 
 
 class LayerGroup(ctypes.Structure):
@@ -117,6 +119,14 @@ class LayerGroup(ctypes.Structure):
         ("window_tokens", ctypes.c_int64),
         ("chunk_tokens", ctypes.c_int64),
         ("num_layers", ctypes.c_int64),
+        ("target", ctypes.c_int64),
+        ("indexer_head_dim", ctypes.c_int64),
+        ("indexer_quant_block", ctypes.c_int64),
+        ("conv_shape", ctypes.c_int64 * 2),
+        ("conv_dtype", ctypes.c_int64),
+        ("ssm_shape", ctypes.c_int64 * 3),
+        ("ssm_dtype", ctypes.c_int64),
+        ("page_bytes", ctypes.c_int64),
     ]
 
 
@@ -336,6 +346,8 @@ def _declare(lib):
         "pagedkv_hybrid_get_group_stats": (i32, [u64, i64, ctypes.POINTER(GroupStats), sz]),
         "pagedkv_hybrid_request_state": (i32, [u64, i64, u64, ctypes.POINTER(RequestState)]),
         "pagedkv_hybrid_request_pages": (i32, [u64, i64, u64, vp, i64, ctypes.POINTER(i64)]),
+        "pagedkv_hybrid_state_indices": (i32, [u64, i64, vp]),
+        "pagedkv_hybrid_next_state_checkpoint": (i32, [u64, u64, ctypes.POINTER(i64)]),
         "pagedkv_create_ex": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(Options), sz, ctypes.POINTER(u64)]),
         "pagedkv_hybrid_create_ex": (i32, [ctypes.POINTER(Config), sz, ctypes.POINTER(LayerGroup), i64, sz,
                                            ctypes.POINTER(Options), sz, ctypes.POINTER(u64)]),

@@ -242,3 +242,4 @@ def test_mypy_strict_on_a_typed_example(tmp_path):
 def test_typed_example_runs():
     import typed_example
     assert typed_example.main() == "0 0 3 0.0 41 41 [31, -1] 32 %s" % pagedkv.__version__
+    assert typed_example.state_model() == "2 slots, hit 12, 1 copies"

@@ -137,6 +137,58 @@ def test_bad_config():
         pagedkv.HybridManager(0, 4, GROUPS)
 
 
+def test_bad_state_indexer_shared_kv_groups():
+    """Every bad value of the new kinds is refused, named: by the binding
+    (types, dtype names, shape lengths) or by Go (ranges, targets)."""
+    def st(**kw):
+        g = dict(conv_shape=(8, 3), conv_dtype="bfloat16", ssm_shape=(2, 4, 8), ssm_dtype="float32", page_bytes=4096)
+        g.update(kw)
+        return pagedkv.LayerGroup("state", **g)
+    full = pagedkv.LayerGroup("full")
+    cases = [
+        ([st(conv_dtype="fp8"), full], {}, pagedkv.BadArgument, "groups[0].conv_dtype = 'fp8'"),
+        ([st(ssm_dtype=1), full], {}, pagedkv.BadArgument, "groups[0].ssm_dtype = 1"),
+        ([st(conv_shape=(8,)), full], {}, pagedkv.BadArgument, "groups[0].conv_shape = (8,), want 2 integers"),
+        ([st(ssm_shape=(2, 4, "8")), full], {}, pagedkv.BadArgument, "groups[0].ssm_shape[2] = '8' is not an integer"),
+        ([st(page_bytes=1 << 70), full], {}, pagedkv.BadArgument, "groups[0].page_bytes"),
+        ([st(ssm_shape=(2, 0, 8)), full], {}, pagedkv.BadConfig, "SSMShape[1] = 0"),
+        ([st(page_bytes=100), full], {}, pagedkv.BadConfig, "exceeds PageBytes = 100"),
+        ([st(conv_dtype=""), full], {}, pagedkv.BadConfig, "ConvDType"),
+        ([st()], {}, pagedkv.BadConfig, "all of kind state"),
+        ([st(), full], {"state_checkpoint_every": 6}, pagedkv.BadConfig, "StateCheckpointEvery = 6"),
+        ([full], {"state_checkpoint_every": 4}, pagedkv.BadConfig, "StateCheckpointEvery = 4 without state groups"),
+        ([st(), full], {"state_checkpoint_every": -4}, pagedkv.BadArgument, "state_checkpoint_every = -4"),
+        ([full, pagedkv.LayerGroup("indexer", target=0, indexer_head_dim=128, indexer_quant_block=128)], {},
+         pagedkv.BadConfig, "an MLA group"),
+        ([pagedkv.LayerGroup("mla"), pagedkv.LayerGroup("indexer", target=0, indexer_head_dim=128, indexer_quant_block=48)],
+         {}, pagedkv.BadConfig, "IndexerQuantBlock = 48"),
+        ([full, pagedkv.LayerGroup("shared_kv", target=5)], {}, pagedkv.BadConfig, "Target = 5"),
+        ([pagedkv.LayerGroup("shared_kv", target=1), full], {}, pagedkv.BadConfig, "list every group that owns pages"),
+        ([full, pagedkv.LayerGroup("full", conv_shape=(1, 1))], {}, pagedkv.BadConfig, "State shape"),
+    ]
+    for groups, kw, exc, needle in cases:
+        with pytest.raises(exc) as info:
+            pagedkv.HybridManager(16, 4, groups, **kw)
+        assert needle in str(info.value), (groups, kw, str(info.value))
+    with pytest.raises(pagedkv.BadArgument, match="state_checkpoint_every = 8"):
+        _dense_with_every(8)
+    h = pagedkv.HybridManager(16, 4, [st(), full])
+    assert h.next_state_checkpoint(99) == 0  # unknown request: 0, as in Go
+    with pytest.raises(pagedkv.BadArgument, match="request_id = -1"):
+        h.next_state_checkpoint(-1)
+    h.close()
+
+
+def _dense_with_every(every):
+    """pagedkv_create with state_checkpoint_every set: refused, named."""
+    cfg = pagedkv._ffi.Config(16, 4)
+    cfg.state_checkpoint_every = every
+    lib = pagedkv._load()
+    h = ctypes.c_uint64(0)
+    rc = lib.pagedkv_create(ctypes.byref(cfg), ctypes.sizeof(cfg), ctypes.byref(h))
+    pagedkv._raise(lib, rc)
+
+
 def test_kind_of_handle_is_checked():
     """The C calls of one kind of manager on the other kind's handle fail
     with BAD_HANDLE naming the kind, and change nothing."""
@@ -182,7 +234,7 @@ def test_kind_of_handle_is_checked():
         out = ctypes.c_uint64(0)
         rc = lib.pagedkv_hybrid_create(ctypes.byref(cfg), ctypes.sizeof(cfg), g, 1, 16, ctypes.byref(out))
         assert rc == pagedkv.BadArgument.code
-        assert "group_size = 16, want sizeof(pagedkv_layer_group) = 32" in lib.pagedkv_last_error().decode()
+        assert "group_size = 16, want sizeof(pagedkv_layer_group) = 120 (or 32," in lib.pagedkv_last_error().decode()
         g[0].kind = 7
         rc = lib.pagedkv_hybrid_create(ctypes.byref(cfg), ctypes.sizeof(cfg), g, 1, 32, ctypes.byref(out))
         assert rc == pagedkv.BadArgument.code and "groups[0].kind = 7" in lib.pagedkv_last_error().decode()

@@ -13,7 +13,7 @@ expectation.
 
 The checker caught the wrapper of 82375d1, which read the shared plan
 buffer after the C call returned, so another thread's reserve could fill
-it in between; docs/c-abi.md says how to run this file against that
+it in between; docs/c-abi-testing.md says how to run this file against that
 wrapper (PAGEDKV_PYTHON_DIR). PAGEDKV_STRESS_SECONDS sets how long the
 threads run (default 3).
 """

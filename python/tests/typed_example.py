@@ -1,7 +1,7 @@
 """An engine loop written against pagedkv's type hints: test_api.py runs
 mypy --strict on it (and it runs: test_typed_example_runs)."""
 
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -35,6 +35,29 @@ def main() -> str:
         h.close()
         return "%d %d %d %s %d %d %s %d %s" % (matched, len(levels), n, st.hit_rate, state.computed, len(toks), windows,
                                                written, pagedkv.__version__)
+
+
+def state_model() -> str:
+    """A Qwen3-Next-like model: state groups with checkpoints, prefill cut at
+    each next_state_checkpoint, the state slots and copies of each step."""
+    st = pagedkv.LayerGroup("state", conv_shape=(8, 3), conv_dtype="bfloat16", ssm_shape=(2, 4, 8),
+                            ssm_dtype="float32", page_bytes=4096)
+    groups = [st, st, pagedkv.LayerGroup("full"), pagedkv.LayerGroup("shared_kv", target=2, num_layers=2)]
+    with pagedkv.HybridManager(64, 4, groups, hash_seed=1, state_checkpoint_every=8) as h:
+        h.add(1, list(range(100, 112)))
+        slots: List[int] = []
+        while True:
+            nxt: int = h.next_state_checkpoint(1)
+            if nxt == 0:
+                break
+            plan: pagedkv.HybridPlan = h.reserve([1], [nxt - h.request_state(1).computed])
+            idx: Optional[pagedkv.Int32Array] = plan.groups[0].state_indices
+            slots.append(-1 if idx is None else int(idx[0]))
+            h.commit([7] if nxt == 12 else [pagedkv.NO_TOKEN])
+        hit: int = h.add(2, list(range(100, 113)))
+        copies = h.reserve([2], [1]).groups[1].copies
+        h.abort()
+        return "%d slots, hit %d, %d copies" % (len(slots), hit, len(copies))
 
 
 if __name__ == "__main__":
