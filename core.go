@@ -56,6 +56,9 @@ type core struct {
 	recs []*request  // scratch: one request's record in each group
 
 	clock func() time.Duration // Config.Clock (tick)
+	// timed: a retention with a Duration or a TTL pin was given once, so
+	// time matters and tick reads the clock (before, nothing can lapse).
+	timed bool
 
 	plan   HybridPlan // the step's plan: one Plan per group
 	copies []CopyOp   // the buffer of plan.Copies over several groups
@@ -102,7 +105,7 @@ func (c *core) add(id RequestID, req Request) (matchedTokens int, err error) {
 	if err := c.groups[0].checkAdd(id, req); err != nil {
 		return 0, err
 	}
-	c.tick()
+	c.tickFor(req.Retention)
 	recs := c.recs
 	for g, m := range c.groups {
 		recs[g] = m.newRecord(id, req)
@@ -434,11 +437,12 @@ func (c *core) commit(accepted, sampled []int32) error {
 		c.state.commit()
 	}
 	if c.tiers != nil {
-		// A later group's commit may plan tier copies (write-through)
-		// after the groups before it published their Stats: publish again.
 		c.evictAhead()
-		c.afterChange()
 	}
+	// Every group's Stats once, after all of the commit (a later group's
+	// commit may plan tier copies, write-through, and the writes count
+	// after every group's).
+	c.afterChange()
 	return nil
 }
 
@@ -532,6 +536,7 @@ func (c *core) pinFor(ns Namespace, tokens []int32, ttl time.Duration) (id PinID
 	if ttl < 0 {
 		return 0, 0, fmt.Errorf("pagedkv: pin: %w: pin %d tokens for %v, want a lifetime >= 0", ErrBadArgument, len(tokens), ttl)
 	}
+	c.timed = c.timed || ttl > 0
 	c.tick()
 	ps := c.groups[0].pageSize
 	if len(c.groups) == 1 {
