@@ -44,6 +44,7 @@ import (
 // or at another group, but for request.sibling, which core.link sets.
 type core struct {
 	groups []*group
+	lead   *group // groups[0], read per request (has, tokens, computed)
 	alloc  *allocator.Allocator
 	tiers  *tiers // shared by every group; nil without tiers
 
@@ -89,7 +90,7 @@ type admission struct {
 }
 
 func newCore(groups []*group, alloc *allocator.Allocator, t *tiers) *core {
-	return &core{groups: groups, alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)), clock: clockOf(&groups[0].cfg),
+	return &core{groups: groups, lead: groups[0], alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)), clock: clockOf(&groups[0].cfg),
 		adm: make([]admission, len(groups)), recs: make([]*request, len(groups)),
 		plan: HybridPlan{Groups: make([]*Plan, len(groups))}}
 }
@@ -258,19 +259,19 @@ func (c *core) checkLoading(op string, id RequestID) error {
 
 // has, running, tokens and computed read group 0: every group holds the
 // same requests with the same tokens.
-func (c *core) has(id RequestID) bool { _, ok := c.groups[0].reqs[id]; return ok }
+func (c *core) has(id RequestID) bool { _, ok := c.lead.reqs[id]; return ok }
 
-func (c *core) running(id RequestID) bool { r, ok := c.groups[0].reqs[id]; return ok && r.running }
+func (c *core) running(id RequestID) bool { r, ok := c.lead.reqs[id]; return ok && r.running }
 
 func (c *core) tokens(id RequestID) []int32 {
-	if r, ok := c.groups[0].reqs[id]; ok {
+	if r, ok := c.lead.reqs[id]; ok {
 		return r.tokens
 	}
 	return nil
 }
 
 func (c *core) computed(id RequestID) int {
-	if r, ok := c.groups[0].reqs[id]; ok {
+	if r, ok := c.lead.reqs[id]; ok {
 		return r.computed
 	}
 	return 0
