@@ -146,6 +146,7 @@ func (m *group) checkSlots(slots int64) (need int, err error) {
 			ErrBadArgument, len(m.batch), slots, int64(maxBatchTokenSlots))
 	}
 	m.prepared = m.pagesNeeded(m.batch, m.ntokens)
+	m.writers = slices.Grow(m.writers, len(m.batch)) // as the batch grows, not during the commit
 	m.preparedSlots = slots
 	m.preparedEvictions = m.cache.Counters().Evicted
 	return m.prepared, nil
