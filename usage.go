@@ -132,13 +132,15 @@ func (c *core) countWrites() {
 	for _, m := range c.groups {
 		later := m.writers[:0]
 		for _, s := range m.writers {
-			r, ok := lead.reqs[s.id]
-			switch {
-			case !ok || m == lead && r != s:
-				continue // released (the record may serve another request now)
-			case r.mark != lead.epoch:
-				later = append(later, s) // not in this step
+			if s.mark != m.epoch { // noted outside this step
+				if m.reqs[s.id] == s {
+					later = append(later, s)
+				} // else released (the record may serve another request now)
 				continue
+			}
+			r := s // in this step: its group-0 record is in the step too
+			if m != lead {
+				r = lead.reqs[s.id]
 			}
 			w := r.wrote
 			for x := r.sibling; x != nil; x = x.sibling {
