@@ -44,6 +44,7 @@ import (
 // or at another group, but for request.sibling, which core.link sets.
 type core struct {
 	groups []*group
+	lead   *group // groups[0], read per request (has, tokens, computed)
 	alloc  *allocator.Allocator
 	tiers  *tiers // shared by every group; nil without tiers
 
@@ -56,6 +57,9 @@ type core struct {
 	recs []*request  // scratch: one request's record in each group
 
 	clock func() time.Duration // Config.Clock (tick)
+	// timed: a retention with a Duration or a TTL pin was given once, so
+	// time matters and tick reads the clock (before, nothing can lapse).
+	timed bool
 
 	plan   HybridPlan // the step's plan: one Plan per group
 	copies []CopyOp   // the buffer of plan.Copies over several groups
@@ -86,7 +90,7 @@ type admission struct {
 }
 
 func newCore(groups []*group, alloc *allocator.Allocator, t *tiers) *core {
-	return &core{groups: groups, alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)), clock: clockOf(&groups[0].cfg),
+	return &core{groups: groups, lead: groups[0], alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)), clock: clockOf(&groups[0].cfg),
 		adm: make([]admission, len(groups)), recs: make([]*request, len(groups)),
 		plan: HybridPlan{Groups: make([]*Plan, len(groups))}}
 }
@@ -102,7 +106,7 @@ func (c *core) add(id RequestID, req Request) (matchedTokens int, err error) {
 	if err := c.groups[0].checkAdd(id, req); err != nil {
 		return 0, err
 	}
-	c.tick()
+	c.tickFor(req.Retention)
 	recs := c.recs
 	for g, m := range c.groups {
 		recs[g] = m.newRecord(id, req)
@@ -255,19 +259,19 @@ func (c *core) checkLoading(op string, id RequestID) error {
 
 // has, running, tokens and computed read group 0: every group holds the
 // same requests with the same tokens.
-func (c *core) has(id RequestID) bool { _, ok := c.groups[0].reqs[id]; return ok }
+func (c *core) has(id RequestID) bool { _, ok := c.lead.reqs[id]; return ok }
 
-func (c *core) running(id RequestID) bool { r, ok := c.groups[0].reqs[id]; return ok && r.running }
+func (c *core) running(id RequestID) bool { r, ok := c.lead.reqs[id]; return ok && r.running }
 
 func (c *core) tokens(id RequestID) []int32 {
-	if r, ok := c.groups[0].reqs[id]; ok {
+	if r, ok := c.lead.reqs[id]; ok {
 		return r.tokens
 	}
 	return nil
 }
 
 func (c *core) computed(id RequestID) int {
-	if r, ok := c.groups[0].reqs[id]; ok {
+	if r, ok := c.lead.reqs[id]; ok {
 		return r.computed
 	}
 	return 0
@@ -435,11 +439,12 @@ func (c *core) commit(accepted, sampled []int32) error {
 		c.state.commit()
 	}
 	if c.tiers != nil {
-		// A later group's commit may plan tier copies (write-through)
-		// after the groups before it published their Stats: publish again.
 		c.evictAhead()
-		c.afterChange()
 	}
+	// Every group's Stats once, after all of the commit (a later group's
+	// commit may plan tier copies, write-through, and the writes count
+	// after every group's).
+	c.afterChange()
 	return nil
 }
 
@@ -537,6 +542,7 @@ func (c *core) pinFor(ns Namespace, tokens []int32, ttl time.Duration) (id PinID
 	if ttl < 0 {
 		return 0, 0, fmt.Errorf("pagedkv: pin: %w: pin %d tokens for %v, want a lifetime >= 0", ErrBadArgument, len(tokens), ttl)
 	}
+	c.timed = c.timed || ttl > 0
 	c.tick()
 	ps := c.groups[0].pageSize
 	if len(c.groups) == 1 {

@@ -90,6 +90,9 @@ type group struct {
 	pageSize   int
 	window     int             // WindowTokens
 	layerGroup layergroup.Spec // the attention whose pages this group keeps
+	// attention is layerGroup.Attention(): the step reads it per request
+	// (a Spec is too big to copy there).
+	attention layergroup.Attention
 
 	// cascadeWindows: cascade plans for a windowed group too (what every
 	// sharing row sees in full, with CascadeWindowLeft); without it a
@@ -124,6 +127,9 @@ type group struct {
 	// settle: requests whose onloads completed during a step, to publish
 	// and release their window when it ends (a windowed group's).
 	settle []loadedReq
+	// writers: records whose wrote grew since the core last counted
+	// writes (usage.go, countWrites).
+	writers []*request
 
 	reqs       map[RequestID]*request
 	nPreempted int
@@ -208,7 +214,7 @@ func newGroup(cfg Config, alloc *allocator.Allocator, spec layergroup.Spec, shar
 		cfg.CascadeMinSavedPages = DefaultCascadeMinSavedPages
 	}
 	*m = group{
-		cfg: cfg, pageSize: cfg.PageSize, window: spec.WindowTokens, layerGroup: spec,
+		cfg: cfg, pageSize: cfg.PageSize, window: spec.WindowTokens, layerGroup: spec, attention: spec.Attention(),
 		alloc: alloc, table: table, cache: cache, tiers: tiers,
 		reqs:       make(map[RequestID]*request),
 		copiedAway: make(map[PageID]int32),
@@ -288,7 +294,7 @@ func (m *group) added(r *request, req Request, matched int) {
 	// Reserve never grows it by append in a decode step.
 	capacity := m.capacity(req)
 	growTo := capacity
-	if k := m.layerGroup.KeepTokens(capacity); k >= 0 {
+	if k := m.attention.KeepTokens(capacity); k >= 0 {
 		growTo = min(growTo, r.start+max(m.window, m.layerGroup.ChunkTokens)+2*m.pageSize)
 	}
 	if err := m.table.Grow(r.seq(), growTo); err != nil {
@@ -359,13 +365,13 @@ func (m *group) admitPages(r *request, a *admission, n int) {
 // (sliding), or before its current chunk (chunked). They stay cached (and
 // become evictable) if they were published.
 func (m *group) releaseWindow(r *request) {
-	if m.layerGroup.KeepTokens(0) < 0 {
+	if m.attention.KeepTokens(0) < 0 {
 		return // full attention keeps every page
 	}
 	// r's pages hold exactly its computed tokens here (after a commit or
 	// an admission), so the page table need not be asked.
 	n := r.computed
-	keep := m.layerGroup.KeepTokens(n)
+	keep := m.attention.KeepTokens(n)
 	before := n - keep - r.start
 	seq := r.seq()
 	if invariants.Enabled {

@@ -218,7 +218,7 @@ func (m *group) checkTruncate(id RequestID, n int) (*request, error) {
 		return nil, fmt.Errorf("%w: truncate request %d: %d onload copies in flight", ErrLoading, id, r.loading)
 	}
 	if r.running && n < r.computed {
-		if from := m.layerGroup.KeepFrom(n, m.pageSize); from < r.start {
+		if from := m.attention.KeepFrom(n, m.pageSize); from < r.start {
 			return nil, fmt.Errorf("%w: truncate request %d to %d tokens: its next query would read from token %d, but tokens before %d left its %v window",
 				ErrBadArgument, id, n, from, r.start, m.layerGroup.Kind)
 		}

@@ -3,6 +3,7 @@ package pagedkv
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/pagedkv/pagedkv/internal/invariants"
@@ -29,6 +30,7 @@ func (m *group) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (nee
 	m.epoch++
 	batch, seqs := m.batch[:0], m.seqs[:0]
 	var slots int64 // token slots of the batch's pages after the step
+	maxHeld := m.maxHeld()
 	counts, ndrafts := m.ntokens[:0], m.drafts[:0]
 	for i, id := range ids {
 		r, ok := m.reqs[id]
@@ -67,8 +69,8 @@ func (m *group) prepare(ids []RequestID, ntokens []int32, drafts [][]int32) (nee
 			}
 		}
 		held := int64(r.computed-r.start) + int64(ntokens[i]) + int64(d)
-		if err := m.checkStride(i, id, held); err != nil {
-			return 0, err
+		if held > maxHeld {
+			return 0, m.strideError(i, id, held)
 		}
 		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
 		r.mark = m.epoch
@@ -91,6 +93,7 @@ func (m *group) prepareSiblings(lead *group) (need int, err error) {
 	m.epoch++
 	batch, seqs := m.batch[:0], m.seqs[:0]
 	var slots int64
+	maxHeld := m.maxHeld()
 	for i, l := range lead.batch {
 		r := l.sibling
 		if r == nil || r.id != l.id {
@@ -100,8 +103,8 @@ func (m *group) prepareSiblings(lead *group) (need int, err error) {
 			return 0, fmt.Errorf("%w: reserve: ids[%d] = %d has %d onload copies in flight in a later layer group", ErrLoading, i, r.id, r.loading)
 		}
 		held := int64(r.computed-r.start) + int64(lead.ntokens[i])
-		if err := m.checkStride(i, r.id, held); err != nil {
-			return 0, err
+		if held > maxHeld {
+			return 0, m.strideError(i, r.id, held)
 		}
 		slots += (held + int64(m.pageSize) - 1) / int64(m.pageSize) * int64(m.pageSize)
 		r.mark = m.epoch
@@ -114,19 +117,23 @@ func (m *group) prepareSiblings(lead *group) (need int, err error) {
 	return m.checkSlots(slots)
 }
 
-// checkStride refuses a step that would give request ids[i] = id, holding
-// held tokens from its first held page after the step, more pages than a
-// row of the plan's BlockTables.
-func (m *group) checkStride(i int, id RequestID, held int64) error {
+// maxHeld is the most tokens from its first held page a request of a step
+// may hold: Config.BlockTablesStride pages (no bound without a stride).
+func (m *group) maxHeld() int64 {
+	if stride := m.cfg.BlockTablesStride; stride != 0 {
+		return int64(stride) * int64(m.pageSize)
+	}
+	return math.MaxInt64
+}
+
+// strideError is the refusal of a step that would give request ids[i] =
+// id, holding held tokens (> maxHeld) from its first held page after the
+// step, more pages than a row of the plan's BlockTables.
+func (m *group) strideError(i int, id RequestID, held int64) error {
 	stride := m.cfg.BlockTablesStride
-	if stride == 0 {
-		return nil
-	}
-	if pages := (held + int64(m.pageSize) - 1) / int64(m.pageSize); pages > int64(stride) {
-		return fmt.Errorf("%w: reserve: ids[%d] = %d would hold %d pages (%d tokens from its first held page, page size %d) in %s, more than Config.BlockTablesStride = %d",
-			ErrBadArgument, i, id, pages, held, m.pageSize, m.layerGroup.Kind, stride)
-	}
-	return nil
+	pages := (held + int64(m.pageSize) - 1) / int64(m.pageSize)
+	return fmt.Errorf("%w: reserve: ids[%d] = %d would hold %d pages (%d tokens from its first held page, page size %d) in %s, more than Config.BlockTablesStride = %d",
+		ErrBadArgument, i, id, pages, held, m.pageSize, m.layerGroup.Kind, stride)
 }
 
 // checkSlots bounds the prepared step's token slots and returns the pages
@@ -139,6 +146,7 @@ func (m *group) checkSlots(slots int64) (need int, err error) {
 			ErrBadArgument, len(m.batch), slots, int64(maxBatchTokenSlots))
 	}
 	m.prepared = m.pagesNeeded(m.batch, m.ntokens)
+	m.writers = slices.Grow(m.writers, len(m.batch)) // as the batch grows, not during the commit
 	m.preparedSlots = slots
 	m.preparedEvictions = m.cache.Counters().Evicted
 	return m.prepared, nil
@@ -274,7 +282,7 @@ func (m *group) fillPlan(copies []CopyOp, lead *group) {
 	// A plain Manager with a window keeps flat plans (its engines run the
 	// CUDA step's cascade, which takes no window); a HybridManager's
 	// windowed groups cascade what every sharing row sees in full.
-	if (m.layerGroup.KeepTokens(0) < 0 || m.cascadeWindows) && m.cfg.CascadeMinSavedPages > 0 {
+	if (m.attention.KeepTokens(0) < 0 || m.cascadeWindows) && m.cfg.CascadeMinSavedPages > 0 {
 		p.Cascade = m.planner.plan(m, m.cfg.CascadeMinSavedPages)
 		if p.Cascade != nil && m.capLevels && len(p.Cascade.Levels) > m.levelCap {
 			p.Cascade = nil // deeper than the bound step buffers hold: run flat
@@ -351,7 +359,7 @@ func (m *group) commit(accepted, sampled []int32) {
 	for b, r := range m.batch {
 		r.computed += int(m.ntokens[b])
 		nnz += int64(m.ntokens[b])
-		m.publish(r)
+		m.publishNoting(r)
 		if sampled != nil && sampled[b] != NoToken {
 			r.tokens = append(r.tokens, sampled[b])
 		}
@@ -361,7 +369,18 @@ func (m *group) commit(accepted, sampled []int32) {
 	m.counters.steps++
 	m.counters.computedTokens += nnz
 	m.settleLoaded()
-	m.afterChange()
+	// The core publishes the Stats (afterChange) once every group
+	// committed and the writes are counted.
+}
+
+// publishNoting is publish, noting r in m.writers if it wrote (usage.go,
+// countWrites).
+func (m *group) publishNoting(r *request) {
+	w := r.wrote
+	m.publish(r)
+	if r.wrote != w {
+		m.writers = append(m.writers, r)
+	}
 }
 
 // checkSampled checks a commit's sampled tokens against the step.
@@ -461,7 +480,7 @@ func (m *group) fillChunkedAttention() {
 	for b, r := range m.batch {
 		rows := int(p.QOIndptr[b+1] - p.QOIndptr[b])
 		pages := p.KVPageIndices[p.KVIndptr[b]:p.KVIndptr[b+1]]
-		m.attn.segs = m.layerGroup.Segments(m.attn.segs[:0], r.computed, rows, r.start)
+		m.attn.segs = m.attention.Segments(m.attn.segs[:0], r.computed, rows, r.start)
 		for _, sg := range m.attn.segs {
 			first, end := (sg.KeyFrom-r.start)/ps, (sg.KeyTo-r.start+ps-1)/ps
 			kvi = append(kvi, pages[first:end]...)

@@ -72,9 +72,9 @@ func (c cacheRefs) Release(pages ...PageID) (int, error) {
 func (m *group) loaded(r *request) {
 	switch {
 	case !m.pending:
-		m.publish(r)
+		m.publishNoting(r)
 		m.releaseWindow(r)
-	case m.layerGroup.KeepTokens(0) >= 0:
+	case m.attention.KeepTokens(0) >= 0:
 		m.settle = append(m.settle, loadedReq{r, r.gen})
 	}
 }

@@ -104,8 +104,9 @@ type Config struct {
 	// Clock is the time retention durations and TTL pins are measured
 	// on: the time since any fixed origin, never decreasing (a smaller
 	// value is taken as the last one). The Manager reads it once at the
-	// start of each operation. nil means a monotonic clock from New;
-	// tests inject one.
+	// start of each operation from the first retention with a Duration
+	// or TTL pin on (before, nothing can lapse and it is not read). nil
+	// means a monotonic clock from New; tests inject one.
 	Clock func() time.Duration
 	// HashSeed seeds the prefix hash; 0 picks a random seed.
 	HashSeed uint64

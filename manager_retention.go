@@ -174,7 +174,7 @@ func (c *core) setRetention(id RequestID, ranges []RetentionRange) error {
 	if err := checkRetention("set retention of", id, ranges, c.groups[0].cache.NumPriorities()); err != nil {
 		return err
 	}
-	c.tick()
+	c.tickFor(ranges)
 	for _, g := range c.groups {
 		r := g.reqs[id]
 		r.retention = append(r.retention[:0], ranges...)
@@ -196,6 +196,16 @@ func (m *Manager) PinFor(ns Namespace, tokens []int32, ttl time.Duration) (id Pi
 	return m.core.pinFor(ns, tokens, ttl)
 }
 
+// tickFor is tick for an operation that gives ranges: the first range
+// with a Duration starts the clock (c.timed) before the operation sets
+// any deadline.
+func (c *core) tickFor(ranges []RetentionRange) {
+	for i := 0; !c.timed && i < len(ranges); i++ {
+		c.timed = ranges[i].Duration > 0
+	}
+	c.tick()
+}
+
 // clockOf returns cfg's clock, or a monotonic one from now.
 func clockOf(cfg *Config) func() time.Duration {
 	if cfg.Clock != nil {
@@ -207,8 +217,13 @@ func clockOf(cfg *Config) func() time.Duration {
 
 // tick reads the clock once and advances every group's cache to it, so
 // that what is due lapses (retention and TTL pins) before the operation
-// that follows, the same in every group.
+// that follows, the same in every group. Until a retention with a
+// Duration or a TTL pin is given (c.timed) no deadline exists and none
+// can start, so tick does nothing: the step reads no clock.
 func (c *core) tick() {
+	if !c.timed {
+		return
+	}
 	now := c.clock()
 	lapsed := false
 	for _, m := range c.groups {

@@ -67,6 +67,48 @@ func TestRetentionOrdersEvictionAndLapses(t *testing.T) {
 	require.NoError(t, m.Audit())
 }
 
+// The clock is read only once a retention with a Duration (or a TTL pin)
+// exists, and that first duration counts from the clock's time then, not
+// from the last time read (none: 0).
+func TestRetentionClockStartsWithTheFirstDuration(t *testing.T) {
+	reads := 0
+	m, now := clocked(t, func(cfg *Config) {
+		clock := cfg.Clock
+		cfg.Clock = func() time.Duration { reads++; return clock() }
+	})
+	kept, other := seqTokens(100, 9), seqTokens(200, 9)
+	*now = 100 * time.Second
+	serve(t, m, 1, Request{Prompt: other, Priority: 1})
+	require.Equal(t, 8, hits(t, m, other))
+	require.Zero(t, reads, "no duration, no TTL pin: no clock read")
+
+	serve(t, m, 2, Request{Prompt: kept, Retention: []RetentionRange{{Retention: Retention{Priority: 2, Duration: 10 * time.Second}}}})
+	require.Positive(t, reads)
+	*now = 109 * time.Second // idle since 100 s: lapses at 110 s
+	require.Equal(t, 2, m.Evict(m.Stats().FreePages+2))
+	require.Equal(t, 8, hits(t, m, kept), "the duration counts from 100 s, not from 0")
+	serve(t, m, 3, Request{Prompt: other, Priority: 1})
+	*now = 119 * time.Second // used at 109 s: lapsed at 119 s
+	require.Equal(t, 2, m.Evict(m.Stats().FreePages+2))
+	require.Zero(t, hits(t, m, kept), "lapsed to level 0, below level 1")
+
+	require.NoError(t, m.Audit())
+
+	// A TTL pin starts the clock too.
+	p, pnow := clocked(t, nil)
+	*pnow = 100 * time.Second
+	serve(t, p, 1, Request{Prompt: kept})
+	_, _, err := p.PinFor(Namespace{}, kept, 5*time.Second)
+	require.NoError(t, err)
+	*pnow = 104 * time.Second
+	require.Zero(t, hits(t, p, other)) // an operation (that does not refresh the pin)
+	require.Equal(t, 2, p.Stats().PinnedPages, "the pin lapses at 105 s, not at 5 s")
+	*pnow = 105 * time.Second
+	require.Zero(t, hits(t, p, other))
+	require.Zero(t, p.Stats().PinnedPages, "lapsed at 105 s")
+	require.NoError(t, p.Audit())
+}
+
 // Ephemeral tokens' pages, and every page after them, are not published;
 // clearing the range lets publishing go on.
 func TestRetentionEphemeralIsNeverPublished(t *testing.T) {

@@ -120,25 +120,41 @@ func (c *core) countReads(r0 *request) {
 }
 
 // countWrites brings the writes of the step's requests up to date after
-// every group committed (the group that wrote the most counts), and
-// republishes group 0's Stats if they grew.
+// every group committed (the group that wrote the most counts). Only the
+// records that wrote are looked at: each group notes them (group.writers,
+// publishNoting), so the cost is per page written, not per request. A
+// request noted outside its step (its onloads completed and it
+// published) is counted at the next step it is in, as every request of a
+// step would be; one no longer known is dropped.
 func (c *core) countWrites() {
 	lead := c.groups[0]
 	var n int64
-	for _, r := range lead.batch {
-		w := r.wrote
-		for s := r.sibling; s != nil; s = s.sibling {
-			w = max(w, s.wrote)
+	for _, m := range c.groups {
+		later := m.writers[:0]
+		for _, s := range m.writers {
+			if s.mark != m.epoch { // noted outside this step
+				if m.reqs[s.id] == s {
+					later = append(later, s)
+				} // else released (the record may serve another request now)
+				continue
+			}
+			r := s // in this step: its group-0 record is in the step too
+			if m != lead {
+				r = lead.reqs[s.id]
+			}
+			w := r.wrote
+			for x := r.sibling; x != nil; x = x.sibling {
+				w = max(w, x.wrote)
+			}
+			if w > r.usage.WriteTokens {
+				n += w - r.usage.WriteTokens
+				r.usage.WriteTokens = w
+			}
 		}
-		if w > r.usage.WriteTokens {
-			n += w - r.usage.WriteTokens
-			r.usage.WriteTokens = w
-		}
+		clear(m.writers[len(later):])
+		m.writers = later
 	}
-	if n > 0 {
-		lead.counters.usage.WriteTokens += n
-		lead.publishStats()
-	}
+	lead.counters.usage.WriteTokens += n
 }
 
 // keptUsages holds the CacheUsage of released requests until read: a ring

@@ -40,9 +40,7 @@ func (s Spec) OwnsPages() bool { return s.Kind != Indexer && s.Kind != SharedKV 
 
 // attentionKind is the kind whose attention s runs: an Indexer's is its
 // MLA group's (every page kept), a SharedKV group's its target's (sliding
-// with its WindowTokens, chunked with its ChunkTokens, else full). It
-// returns a Kind, not a Spec: the step calls KeepTokens per request, and
-// a Spec is a hundred bytes to copy.
+// with its WindowTokens, chunked with its ChunkTokens, else full).
 func (s *Spec) attentionKind() Kind {
 	switch s.Kind {
 	case Indexer:

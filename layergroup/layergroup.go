@@ -166,12 +166,30 @@ func ValidateGroups(groups []Spec, pageSize int) error {
 	return fmt.Errorf("%w: %d groups, all of kind state: a hybrid model needs an attention group, whose pages make a prefix hit", ErrBadSpec, len(groups))
 }
 
+// Attention is what a group's attention keeps and reads of a request: the
+// kind whose attention the group runs (an Indexer's is MLA, a SharedKV
+// group's its target's) and that kind's window or chunk. It is three
+// words, so a step reads it per request without copying the Spec (Spec's
+// methods below are Attention's).
+type Attention struct {
+	Kind                      Kind
+	WindowTokens, ChunkTokens int
+}
+
+// Attention returns the attention s runs.
+func (s *Spec) Attention() Attention {
+	return Attention{Kind: s.attentionKind(), WindowTokens: s.WindowTokens, ChunkTokens: s.ChunkTokens}
+}
+
 // WindowLeft is FlashInfer's window_left for the group: WindowTokens-1 for
 // Sliding, -1 otherwise (a chunked group's limit is in its page ranges; see
 // Segments).
-func (s Spec) WindowLeft() int {
-	if s.attentionKind() == Sliding {
-		return s.WindowTokens - 1
+func (s Spec) WindowLeft() int { return s.Attention().WindowLeft() }
+
+// WindowLeft is [Spec.WindowLeft].
+func (a Attention) WindowLeft() int {
+	if a.Kind == Sliding {
+		return a.WindowTokens - 1
 	}
 	return -1
 }
@@ -179,12 +197,15 @@ func (s Spec) WindowLeft() int {
 // KeepTokens is the number of trailing computed tokens a request must keep
 // after n computed tokens, as pagetable.Table.ReleaseWindow takes it: the
 // pages entirely before n-KeepTokens(n) can go. -1 means keep everything.
-func (s Spec) KeepTokens(n int) int {
-	switch s.attentionKind() {
+func (s Spec) KeepTokens(n int) int { return s.Attention().KeepTokens(n) }
+
+// KeepTokens is [Spec.KeepTokens].
+func (a Attention) KeepTokens(n int) int {
+	switch a.Kind {
 	case Sliding:
-		return s.WindowTokens
+		return a.WindowTokens
 	case Chunked:
-		return n % s.ChunkTokens
+		return n % a.ChunkTokens
 	}
 	return -1
 }
@@ -192,8 +213,11 @@ func (s Spec) KeepTokens(n int) int {
 // KeepFrom returns the first token a request must still hold after n
 // computed tokens, rounded down to a page boundary (the page table's
 // Start after release).
-func (s Spec) KeepFrom(n, pageSize int) int {
-	k := s.KeepTokens(n)
+func (s Spec) KeepFrom(n, pageSize int) int { return s.Attention().KeepFrom(n, pageSize) }
+
+// KeepFrom is [Spec.KeepFrom].
+func (a Attention) KeepFrom(n, pageSize int) int {
+	k := a.KeepTokens(n)
 	if k < 0 || n-k <= 0 {
 		return 0
 	}
@@ -202,7 +226,7 @@ func (s Spec) KeepFrom(n, pageSize int) int {
 
 // NeedFrom returns the first token whose page a group needs cached to serve
 // a prefix of L tokens (the next query is at position L).
-func (s Spec) NeedFrom(L, pageSize int) int { return s.KeepFrom(L, pageSize) }
+func (s Spec) NeedFrom(L, pageSize int) int { return s.Attention().KeepFrom(L, pageSize) }
 
 // Segment is a run of a request's rows in one step that attends to one
 // contiguous range of its keys: rows [Row, Row+Rows) of the request, keys
@@ -219,13 +243,18 @@ type Segment struct {
 // chunk boundary attend from the boundary). keepFrom is the first token the
 // request holds. Keys of a segment end at its last row (causal).
 func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
+	return s.Attention().Segments(dst, computed, rows, keepFrom)
+}
+
+// Segments is [Spec.Segments].
+func (a Attention) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
 	if rows == 0 {
 		return dst
 	}
-	if s.attentionKind() != Chunked {
+	if a.Kind != Chunked {
 		return append(dst, Segment{Row: 0, Rows: rows, KeyFrom: keepFrom, KeyTo: computed + rows})
 	}
-	c := s.ChunkTokens
+	c := a.ChunkTokens
 	for r := 0; r < rows; {
 		q := computed + r
 		chunk := q / c * c
@@ -239,15 +268,18 @@ func (s Spec) Segments(dst []Segment, computed, rows, keepFrom int) []Segment {
 // Visible reports whether a query at position q reads the key at position
 // k under the group's attention (the dense definition the tests check
 // paged attention against).
-func (s Spec) Visible(q, k int) bool {
+func (s Spec) Visible(q, k int) bool { return s.Attention().Visible(q, k) }
+
+// Visible is [Spec.Visible].
+func (a Attention) Visible(q, k int) bool {
 	if k > q || k < 0 {
 		return false
 	}
-	switch s.attentionKind() {
+	switch a.Kind {
 	case Sliding:
-		return q-k < s.WindowTokens
+		return q-k < a.WindowTokens
 	case Chunked:
-		return k/s.ChunkTokens == q/s.ChunkTokens
+		return k/a.ChunkTokens == q/a.ChunkTokens
 	}
 	return true
 }
