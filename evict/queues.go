@@ -312,9 +312,17 @@ func (q *Queues) Reuse(slot int32) {
 	q.Remove(slot)
 	if ok {
 		if cp := q.classes[level]; cp != nil {
-			cp.Reused(k)
+			cp.Reused(k, q.age(slot))
 		}
 	}
+}
+
+// age is how many pushes ago slot was pushed (0 where no stamps are kept).
+func (q *Queues) age(slot int32) uint32 {
+	if q.stamps == nil {
+		return 0
+	}
+	return q.pushes - q.stamps[slot]
 }
 
 // Victim returns the slot eviction takes next, without removing it: the
@@ -371,6 +379,17 @@ func (q *Queues) Next(slot int32) int32 {
 // with hash was evicted, with the hits it would be enqueued with.
 func (q *Queues) Evicted(level int, hash uint64, hits uint32) {
 	q.EvictedClass(level, hash, Class{Hits: hits})
+}
+
+// EvictedSlot is EvictedClass for the page of slot, called before the
+// slot leaves its queue: c.Age is set to the pushes since slot became
+// idle (0 for a slot on no queue, or where no stamps are kept).
+func (q *Queues) EvictedSlot(slot int32, level int, hash uint64, c Class) {
+	c.Age = 0
+	if q.at(slot).queue != 0 {
+		c.Age = q.age(slot)
+	}
+	q.EvictedClass(level, hash, c)
 }
 
 // EvictedClass is Evicted for a page of class c.
