@@ -190,9 +190,11 @@ func (q *Queues) at(i int32) *Link {
 
 // AllocBytes is what NewQueues(name, levels, slots) allocates over its
 // life: a Link per slot and per queue (MaxQueues a level), for adaptive
-// a push stamp per slot, and, for ARC and adaptive, each level's ghost
-// history (a hash, a list byte and two index slots per
-// slot, taken at its first eviction). An unknown name counts as LRU.
+// a push stamp per slot and each level's policy with its gap counts, and, for ARC and adaptive, each level's ghost
+// history (a hash, a list byte and two index slots per ghost, taken at
+// its first eviction; ARC keeps one ghost per slot, adaptive
+// AdaptiveGhosts, each with an idle stamp too). An unknown name counts as
+// LRU.
 func AllocBytes(name string, levels, slots int) int64 {
 	return int64(max(slots, 0))*SlotBytes + AllocBytesIn(name, levels, slots)
 }
@@ -203,14 +205,18 @@ func AllocBytesIn(name string, levels, slots int) int64 {
 	n, l := int64(max(slots, 0)), int64(max(levels, 0))
 	need := l * MaxQueues * SlotBytes
 	if name == Adaptive {
-		need += n * 4 // the push stamps
+		need += n*4 + l*int64(unsafe.Sizeof(adaptivePolicy{})) // the push stamps, each level's policy (its gap counts)
 	}
 	if name == ARC || name == Adaptive {
+		g, per := n, int64(8+1) // ghosts: a hash and a list byte each
+		if name == Adaptive {
+			g, per = AdaptiveGhosts*n, 8+1+4 // and an idle stamp
+		}
 		idx := int64(2)
-		for idx < 2*n {
+		for idx < 2*g {
 			idx *= 2
 		}
-		need += l * (n*(8+1) + idx*4)
+		need += l * (g*per + idx*4)
 	}
 	return need
 }
