@@ -122,20 +122,32 @@ const (
 
 // adaptivePolicy: see [Adaptive]. Its queues are FIFO in the order pages
 // became evictable, so each class queue's head is its class's oldest
-// page; the victim is the head whose age over its class's lifetime
-// multiplier m is largest. With every m at 1 that is the oldest idle page
-// of all: LRU. The multipliers learn, from a ghost history of the last
-// `pages` evictions (each ghost with its queue and its age), which class
-// a longer stay pays off for: a return of a young ghost of class c
-// lengthens c's lifetime by ×(1+rate), each eviction from class c
-// shortens it by ×(1−rate·ρ), ρ the returns per eviction over all classes
-// (both counts halved at a counted return once the evictions pass
-// 4·pages). So m settles where every
-// class earns the same reuse per unit of space-time at its eviction
-// point: a class whose evicted pages come back more than the others'
-// stays longer, one whose pages never do goes sooner.
+// page. The victim is, first, the oldest head of a bypassed class (see
+// plan); else the head whose age over its class's lifetime multiplier m
+// is largest. With no class bypassed and every m at 1 that is the oldest
+// idle page of all: LRU.
 //
-// The hinted segments keep the rule the policy had before (each an ARC
+// The plan (every max(pages/4, 64) class evictions) picks the bypassed
+// classes from each class's measured reuse gaps: the pushes from a page
+// becoming idle to its next use, counted on hits and on returns of
+// ghosts (a history of the last AdaptiveGhosts × pages evictions, each
+// with its queue and the push it became idle at). It bypasses the
+// classes whose room earns fewer hits than a longer stay of the others
+// would: on a conversation trace, at a small pool, the blocks of a
+// conversation come back hundreds of requests after they became idle,
+// so keeping every class for a short while catches little and keeping
+// the likelier classes for longer catches more.
+//
+// The multipliers learn, from the same ghosts, which kept class a longer
+// stay pays off for: a return of a ghost of class c younger than a
+// quarter of the pool in evictions lengthens c's lifetime by ×(1+rate),
+// each eviction from a kept class c shortens it by ×(1−rate·ρ), ρ the
+// returns per eviction over all classes (both counts halved at a counted
+// return once the evictions pass 4·pages). So m settles where every kept
+// class earns the same reuse per unit of space-time at its eviction
+// point.
+//
+// The hinted segments keep their own rule (each an ARC
 // target over the ghosts, per segment): the dead-hinted segment's target
 // starts at 0 (the hint is believed) and grows on a return of one of its
 // ghosts by max(1, other ghosts / its ghosts), and shrinks on a return of
@@ -145,7 +157,8 @@ const (
 // target (dead-hinted, then live-hinted), else the class pick above,
 // else the first non-empty of dead-hinted and live-hinted.
 //
-// O(queues) per eviction and per return, O(1) per push; no allocation
+// O(queues) per push, return and victim; the plan costs
+// O(classes² × 29) every max(pages/4, 64) class evictions. No allocation
 // after the ghosts' first eviction.
 type adaptivePolicy struct {
 	pages     int
@@ -365,14 +378,15 @@ func (p *adaptivePolicy) plan() {
 		}
 	}
 	var order, best [AdaptiveClasses]int
+	var v [AdaptiveClasses]float64
 	nbest, bestVal := 0, -1.0
 	for cand := adaptivePlanFirst; cand < adaptiveGapBuckets; cand++ {
 		L := math.Ldexp(1, cand)
 		for i := range order {
-			order[i] = i
+			order[i], v[i] = i, p.reused(&cum, i, L)
 		}
 		for i := 1; i < len(order); i++ { // insertion sort by v(L), descending, stable
-			for j := i; j > 0 && p.reused(&cum, order[j], L) > p.reused(&cum, order[j-1], L); j-- {
+			for j := i; j > 0 && v[order[j]] > v[order[j-1]]; j-- {
 				order[j], order[j-1] = order[j-1], order[j]
 			}
 		}
