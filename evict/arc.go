@@ -95,6 +95,7 @@ type ghosts struct {
 	head  int             // the next slot written (the oldest when the ring is full)
 	index []int32         // slot+1 of a live ghost, 0 for none; len a power of two
 	count [ghostLists]int // live ghosts per list (ARC: 2; adaptive: a segment each)
+	idle  []uint32        // adaptive: each slot's idle stamp (initIdle); nil for ARC
 }
 
 const ghostEmpty = 0xff
@@ -113,6 +114,12 @@ func (g *ghosts) init(n int) {
 		size *= 2
 	}
 	g.index = make([]int32, size)
+}
+
+// initIdle is init with an idle stamp kept per ghost.
+func (g *ghosts) initIdle(n int) {
+	g.init(n)
+	g.idle = make([]uint32, n)
 }
 
 // home is hash h's first probe position.
@@ -153,7 +160,11 @@ func (g *ghosts) drop(i int) {
 
 // add remembers h as the newest ghost, of list l, forgetting the oldest
 // when the ring is full and any older ghost of h.
-func (g *ghosts) add(h uint64, l uint8) {
+func (g *ghosts) add(h uint64, l uint8) { g.addIdle(h, l, 0) }
+
+// addIdle is add, remembering idle (adaptive: the push number at which
+// the page became idle) where the ghosts keep it ([ghosts.initIdle]).
+func (g *ghosts) addIdle(h uint64, l uint8, idle uint32) {
 	if len(g.hash) == 0 {
 		return
 	}
@@ -165,6 +176,9 @@ func (g *ghosts) add(h uint64, l uint8) {
 	}
 	slot := g.head
 	g.hash[slot], g.list[slot] = h, l
+	if g.idle != nil {
+		g.idle[slot] = idle
+	}
 	g.count[l]++
 	g.head = (g.head + 1) % len(g.hash)
 	mask := len(g.index) - 1
@@ -177,13 +191,24 @@ func (g *ghosts) add(h uint64, l uint8) {
 
 // take forgets h's ghost and returns its list.
 func (g *ghosts) take(h uint64) (list uint8, ok bool) {
+	list, _, ok = g.takeIdle(h)
+	return list, ok
+}
+
+// takeIdle is take, returning also the idle stamp addIdle kept (0 where
+// the ghosts keep none).
+func (g *ghosts) takeIdle(h uint64) (list uint8, idle uint32, ok bool) {
 	i := g.find(h)
 	if i < 0 {
-		return 0, false
+		return 0, 0, false
 	}
-	list = g.list[g.index[i]-1]
+	slot := g.index[i] - 1
+	list = g.list[slot]
+	if g.idle != nil {
+		idle = g.idle[slot]
+	}
 	g.drop(i)
-	return list, true
+	return list, idle, true
 }
 
 // age is how many ghosts were added after h's, or -1 if h has none.

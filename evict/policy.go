@@ -77,16 +77,17 @@ const (
 	// too short, and it shrinks, each by ARC's ratio of the two ghost
 	// lists' sizes. It is a [GhostPolicy].
 	ARC = "arc"
-	// Adaptive keeps a FIFO queue per class of page (6 chain-depth
-	// buckets × 4 hit buckets, and one each for pages hinted dead and
-	// live) and evicts the head whose age over its class's lifetime
-	// multiplier is largest: with every multiplier 1 that is LRU. The
-	// multipliers are learned from a ghost history of the pages it
-	// evicted: a class whose evicted pages come back soon after their
-	// eviction more often than the others' stays longer, one whose pages
-	// never do goes sooner, until every class earns the same reuse per
-	// unit of space-time at its eviction point. It is an [AgePolicy]; see
-	// adaptive.go.
+	// Adaptive keeps a FIFO queue per class of page (5 chain-depth
+	// buckets × 6 hit buckets, and one each for pages hinted dead and
+	// live). It measures, per class, how long after becoming idle its
+	// pages are used again (hits, and returns of a ghost history of the
+	// pages it evicted) and bypasses the classes whose room earns fewer
+	// hits than a longer stay of the others: their pages go first.
+	// Among the other classes it evicts the head whose age over its
+	// class's lifetime multiplier is largest, the multipliers learned
+	// from the ghosts until every class earns the same reuse per unit of
+	// space-time at its eviction point. With nothing learned it is LRU.
+	// It is an [AgePolicy]; see adaptive.go.
 	Adaptive = "adaptive"
 )
 

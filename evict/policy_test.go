@@ -145,7 +145,7 @@ func TestAdaptiveLearnsFromGhosts(t *testing.T) {
 	p := q.Policy(0).(*adaptivePolicy)
 	classA, classB := Class{Depth: 20}, Class{Depth: 1}
 	qa, qb := adaptiveClass(classA), adaptiveClass(classB)
-	require.Equal(t, [2]int{adaptiveFirst + 5*AdaptiveHitClasses, adaptiveFirst + 1*AdaptiveHitClasses}, [2]int{qa, qb})
+	require.Equal(t, [2]int{adaptiveFirst + 4*AdaptiveHitClasses, adaptiveFirst}, [2]int{qa, qb})
 
 	q.PushClass(0, 0, classA)
 	q.PushClass(1, 0, classB)
@@ -177,4 +177,36 @@ func TestAdaptiveLearnsFromGhosts(t *testing.T) {
 	require.True(t, q.Returned(0, h-3), "an old ghost is still remembered")
 	require.Equal(t, mb, p.m[qb], "but teaches nothing")
 	require.Less(t, p.m[qb], before[qb])
+}
+
+// TestAdaptiveBypassPlan draws the plan on one picture: class A's pages
+// are all hit again some pushes after they become idle, class B's never.
+// In a pool of 8 pages with one lifetime for both (8 pushes) A earns
+// nothing when its gap is 12; kept alone, A lives 16 pushes and earns
+// every reuse, so B is bypassed, and B's head goes before A's older one.
+// With a gap of 4, inside the common lifetime, nothing is bypassed.
+func TestAdaptiveBypassPlan(t *testing.T) {
+	for _, gap := range []uint32{12, 4} {
+		q, err := NewQueues(Adaptive, 1, 8)
+		require.NoError(t, err)
+		p := q.Policy(0).(*adaptivePolicy)
+		a, b := Class{Hits: 9, Depth: 3}, Class{Depth: 30}
+		qa, qb := adaptiveClass(a), adaptiveClass(b)
+		for i := range adaptivePlanMin { // the first plan runs at the 64th class eviction
+			require.False(t, p.bypass[qb], "planned before its time")
+			p.EnqueueClass(a)
+			p.EnqueueClass(b)
+			p.Reused(qa, gap)
+			p.EvictedClass(uint64(i), b)
+		}
+		require.Equal(t, gap == 12, p.bypass[qb], "gap %d: B bypassed", gap)
+		require.False(t, p.bypass[qa], "gap %d: A bypassed", gap)
+		q.PushClass(0, 0, a) // older
+		q.PushClass(1, 0, b)
+		want := int32(0) // the oldest: every multiplier is still 1
+		if gap == 12 {
+			want = 1
+		}
+		require.Equal(t, want, q.Victim(), "gap %d", gap)
+	}
 }

@@ -190,9 +190,11 @@ func (q *Queues) at(i int32) *Link {
 
 // AllocBytes is what NewQueues(name, levels, slots) allocates over its
 // life: a Link per slot and per queue (MaxQueues a level), for adaptive
-// a push stamp per slot, and, for ARC and adaptive, each level's ghost
-// history (a hash, a list byte and two index slots per
-// slot, taken at its first eviction). An unknown name counts as LRU.
+// a push stamp per slot and each level's policy with its gap counts, and, for ARC and adaptive, each level's ghost
+// history (a hash, a list byte and two index slots per ghost, taken at
+// its first eviction; ARC keeps one ghost per slot, adaptive
+// AdaptiveGhosts, each with an idle stamp too). An unknown name counts as
+// LRU.
 func AllocBytes(name string, levels, slots int) int64 {
 	return int64(max(slots, 0))*SlotBytes + AllocBytesIn(name, levels, slots)
 }
@@ -203,14 +205,18 @@ func AllocBytesIn(name string, levels, slots int) int64 {
 	n, l := int64(max(slots, 0)), int64(max(levels, 0))
 	need := l * MaxQueues * SlotBytes
 	if name == Adaptive {
-		need += n * 4 // the push stamps
+		need += n*4 + l*int64(unsafe.Sizeof(adaptivePolicy{})) // the push stamps, each level's policy (its gap counts)
 	}
 	if name == ARC || name == Adaptive {
+		g, per := n, int64(8+1) // ghosts: a hash and a list byte each
+		if name == Adaptive {
+			g, per = AdaptiveGhosts*n, 8+1+4 // and an idle stamp
+		}
 		idx := int64(2)
-		for idx < 2*n {
+		for idx < 2*g {
 			idx *= 2
 		}
-		need += l * (n*(8+1) + idx*4)
+		need += l * (g*per + idx*4)
 	}
 	return need
 }
@@ -312,9 +318,17 @@ func (q *Queues) Reuse(slot int32) {
 	q.Remove(slot)
 	if ok {
 		if cp := q.classes[level]; cp != nil {
-			cp.Reused(k)
+			cp.Reused(k, q.age(slot))
 		}
 	}
+}
+
+// age is how many pushes ago slot was pushed (0 where no stamps are kept).
+func (q *Queues) age(slot int32) uint32 {
+	if q.stamps == nil {
+		return 0
+	}
+	return q.pushes - q.stamps[slot]
 }
 
 // Victim returns the slot eviction takes next, without removing it: the
@@ -371,6 +385,17 @@ func (q *Queues) Next(slot int32) int32 {
 // with hash was evicted, with the hits it would be enqueued with.
 func (q *Queues) Evicted(level int, hash uint64, hits uint32) {
 	q.EvictedClass(level, hash, Class{Hits: hits})
+}
+
+// EvictedSlot is EvictedClass for the page of slot, called before the
+// slot leaves its queue: c.Age is set to the pushes since slot became
+// idle (0 for a slot on no queue, or where no stamps are kept).
+func (q *Queues) EvictedSlot(slot int32, level int, hash uint64, c Class) {
+	c.Age = 0
+	if q.at(slot).queue != 0 {
+		c.Age = q.age(slot)
+	}
+	q.EvictedClass(level, hash, c)
 }
 
 // EvictedClass is Evicted for a page of class c.

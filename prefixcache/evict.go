@@ -64,7 +64,7 @@ func (c *Cache) evictSubtree(v int32) int {
 			x = c.nodes[x].child
 		}
 		up := c.nodes[x].parent
-		c.queues.EvictedClass(int(c.nodes[x].prio), c.nodes[x].hash, c.nodes[x].class())
+		c.queues.EvictedSlot(x, int(c.nodes[x].prio), c.nodes[x].hash, c.nodes[x].class())
 		c.noteEvicted(x)
 		c.remove(x)
 		rel = append(rel, PageID(x))

@@ -185,7 +185,11 @@ func (m *model) returned(prio int, h uint64) bool {
 // numPages.
 func (m *model) remember(n *mnode) {
 	if m.adaptive != nil {
-		m.adaptive[n.prio].EvictedClass(n.hash, m.class(n))
+		c := m.class(n)
+		if m.listed(n) { // Queues.EvictedSlot: the pushes since it became idle
+			c.Age = uint32(m.tick - n.tick + 1)
+		}
+		m.adaptive[n.prio].EvictedClass(n.hash, c)
 		return
 	}
 	if !arcLike(m.policy) {
@@ -320,6 +324,9 @@ func (m *model) recheck(p PageID) {
 	idle := m.held[p] == 0
 	if idle == n.idle {
 		return
+	}
+	if m.adaptive != nil && m.listed(n) { // used again: the cache's Queues.Reuse
+		m.adaptive[n.prio].Reused(n.queue, uint32(m.tick-n.tick+1))
 	}
 	n.idle = idle
 	if idle {
