@@ -661,8 +661,6 @@ func splitStateGroups(cfg *HybridConfig) (attnAt, stateAt []int, err error) {
 	case every < 0 || every > MaxRequestTokens || every%cfg.PageSize != 0:
 		return nil, nil, fmt.Errorf("%w: StateCheckpointEvery = %d, want 0 or a multiple of PageSize = %d up to %d",
 			ErrBadConfig, every, cfg.PageSize, MaxRequestTokens)
-	case cfg.CacheEvents != nil:
-		return nil, nil, fmt.Errorf("%w: CacheEvents with state groups (groups %v): KV events of state checkpoints are not supported yet", ErrBadConfig, stateAt)
 	}
 	return attnAt, stateAt, nil
 }

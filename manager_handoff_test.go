@@ -73,7 +73,7 @@ func TestHandoffBetweenManagers(t *testing.T) {
 	w.n = int(hcfg.StreamBytes(r2) / 2)
 	// The conversation by hand: the prelude, then the receiver's hello
 	// (8 bytes, then the connection's nonce), then half the stream.
-	_, err = c.Write([]byte("PKVH\x02\x00\x00\x00"))
+	_, err = c.Write([]byte{'P', 'K', 'V', 'H', handoff.StreamVersion, 0, 0, 0})
 	require.NoError(t, err)
 	var hello [8]byte
 	var nonce handoff.Nonce
