@@ -11,7 +11,6 @@ import (
 	"unsafe"
 
 	"github.com/pagedkv/pagedkv"
-	"github.com/pagedkv/pagedkv/layergroup"
 )
 
 // groupKinds maps PAGEDKV_GROUP_* to a LayerGroup of that kind.
@@ -24,6 +23,11 @@ var groupKinds = [...]pagedkv.LayerGroup{
 	C.PAGEDKV_GROUP_INDEXER:   {Kind: pagedkv.IndexerAttention},
 	C.PAGEDKV_GROUP_SHARED_KV: {Kind: pagedkv.SharedKVAttention},
 }
+
+// setDType sets a state dtype field (layergroup.StateDType, whose values
+// are PAGEDKV_STATE_*) to v, checked by the caller; generic so that the C
+// ABI needs no import of layergroup (deps_test.go).
+func setDType[T ~uint8](dst *T, v C.int64_t) { *dst = T(v) }
 
 // layerGroupSizeV1 is pagedkv_layer_group's size before target and the
 // state and indexer fields were appended: a caller built with that header
@@ -49,15 +53,15 @@ func goLayerGroup(i int, w []int64) (pagedkv.LayerGroup, C.int32_t, bool) {
 	for _, d := range [...]struct {
 		name string
 		v    C.int64_t
-		dst  *layergroup.StateDType
-	}{{"conv_dtype", g.conv_dtype, &s.State.ConvDType}, {"ssm_dtype", g.ssm_dtype, &s.State.SSMDType}} {
+	}{{"conv_dtype", g.conv_dtype}, {"ssm_dtype", g.ssm_dtype}} {
 		// 0 is no dtype (NewHybrid refuses it for a state group, by name).
 		if d.v != 0 && (d.v < C.PAGEDKV_STATE_F32 || d.v > C.PAGEDKV_STATE_BF16) {
 			return pagedkv.LayerGroup{}, badArg("hybrid_create: groups[%d].%s = %d, want PAGEDKV_STATE_F32 (1), F16 (2) or BF16 (3) for a state group, 0 for any other",
 				i, d.name, int64(d.v)), false
 		}
-		*d.dst = layergroup.StateDType(d.v)
 	}
+	setDType(&s.State.ConvDType, g.conv_dtype)
+	setDType(&s.State.SSMDType, g.ssm_dtype)
 	s.State.ConvShape = [2]int{int(g.conv_shape[0]), int(g.conv_shape[1])}
 	s.State.SSMShape = [3]int{int(g.ssm_shape[0]), int(g.ssm_shape[1]), int(g.ssm_shape[2])}
 	s.State.PageBytes = int(g.page_bytes)
