@@ -378,10 +378,10 @@ func (t *tiers) complete(s uint32) {
 	m := c.owner
 	switch c.dir {
 	case tier.ToHost:
+		t.host.Advance(m.cache.Now()) // what is left of a retention, at the cache's time
 		if !c.evicted && t.meta[c.dev].valid {
 			// A write-through: the page, still cached, has the retention
 			// the cache gives it now.
-			t.host.Advance(m.cache.Now())
 			t.hostRetain(c.host, m.cache.RetentionOf(c.dev))
 		}
 		if err := t.host.Written(c.host); err != nil {

@@ -39,6 +39,10 @@ type tierModelConfig struct {
 	// applied to a set that must equal the Manager's cached hashes (offloads,
 	// onloads and evictions through the tiers included).
 	events bool
+	// retention gives requests random retention ranges (3 levels, lapses,
+	// sessions, ephemeral tokens) on a clock that moves each operation,
+	// drawn from their own source so the operations are the seed's.
+	retention bool
 }
 
 // runTierModel drives a random workload through a Manager with tiers and,
@@ -56,6 +60,14 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 	tc := TierConfig{HostPages: c.hostPages, Format: tierFormat(4), OffloadFreePages: c.ahead,
 		WriteThrough: c.writeThrough, Remote: c.remote, RemoteDeadline: c.deadline}
 	cfg := Config{NumPages: c.numPages, PageSize: 4, HashSeed: c.seed | 1, Tiers: tc}
+	var (
+		now  time.Duration
+		rret *rand.Rand
+	)
+	if c.retention {
+		rret = rand.New(rand.NewPCG(c.seed, 91))
+		cfg.Priorities, cfg.Clock = 3, func() time.Duration { return now }
+	}
 	var (
 		rec    *events.Recorder
 		queue  *events.Queue
@@ -139,12 +151,18 @@ func runTierModel(t *testing.T, c tierModelConfig) *Manager {
 		if c.hook != nil {
 			c.hook(op)
 		}
+		if rret != nil {
+			now += time.Duration(rret.IntN(3)) * time.Second
+		}
 		var what string
 		switch k := rng.IntN(20); {
 		case k < 3:
 			what = "add"
 			ns := spaces[rng.IntN(len(spaces))]
 			req := Request{Namespace: ns, Prompt: promptOf(rng.IntN(8), 1+rng.IntN(24))}
+			if rret != nil {
+				req.Retention = randomRetention(rret)
+			}
 			if hooks.admit != nil {
 				hooks.admit(next, ns, req.Prompt, false, func() (int, error) { return e.add(next, req) })
 			} else {
@@ -263,6 +281,42 @@ func TestTiersMatchModel(t *testing.T) {
 		hostHits += st.Tiers.HostHitTokens
 	}
 	require.Positive(t, hostHits, "the workload never hit the host tier")
+}
+
+// randomRetention draws 0 to 3 retention ranges over a prompt of up to 24
+// tokens.
+func randomRetention(rng *rand.Rand) []RetentionRange {
+	out := make([]RetentionRange, rng.IntN(4))
+	for i := range out {
+		start := rng.IntN(24)
+		out[i] = RetentionRange{Start: start, Retention: Retention{Priority: Priority(rng.IntN(3)), Session: Session(rng.IntN(3)),
+			Ephemeral: rng.IntN(8) == 0}}
+		if rng.IntN(2) == 0 {
+			out[i].End = start + 1 + rng.IntN(12)
+		}
+		if rng.IntN(2) == 0 {
+			out[i].Duration = time.Duration(1+rng.IntN(10)) * time.Second
+		}
+	}
+	return out
+}
+
+// The randomized tier workload with retention hints: levels, lapses and
+// hints ride through offloads, write-through, reclaims and onloads while
+// Audit (the host pool's retention invariants included), the fake K/V
+// and the KV events check every operation.
+func TestTiersMatchModelWithRetention(t *testing.T) {
+	t.Parallel()
+	var hostHits, lapsed int64
+	for seed := range uint64(6) {
+		m := runTierModel(t, tierModelConfig{seed: seed, ops: 1000, numPages: 12 + int(seed%3)*4, hostPages: 4 + int(seed%3)*2,
+			ahead: int(seed % 3), writeThrough: seed%2 == 1, events: seed%3 == 0, retention: true})
+		hostHits += m.Stats().Tiers.HostHitTokens
+		require.Positive(t, m.core.tiers.host.Counters().Reclaimed, "seed %d: the host tier never reclaimed", seed)
+		lapsed += m.core.tiers.host.Counters().Lapsed
+	}
+	require.Positive(t, hostHits, "the workload never hit the host tier")
+	require.Positive(t, lapsed, "no level lapsed in the host tier")
 }
 
 // FuzzTiers drives the randomized tier workload from raw bytes: the first
