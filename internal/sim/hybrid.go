@@ -207,7 +207,7 @@ func (c *Config) validateGroups() error {
 
 // RecorderConfig returns the events.RecorderConfig of a run of cfg's KV
 // events (Config.Events): the pool's pages and tiers, and for a hybrid
-// model one group per layer group that owns pages, with the group's kv_cache_spec_kind and
+// model one group per layer group, with the group's kv_cache_spec_kind and
 // sliding window (pagedkv.KVEventSpec), so that every event carries its
 // group_idx; a dense model's window is its sliding window.
 func RecorderConfig(cfg *Config) events.RecorderConfig {
@@ -216,9 +216,11 @@ func RecorderConfig(cfg *Config) events.RecorderConfig {
 		rc.SlidingWindow = cfg.WindowTokens
 		return rc
 	}
-	rc.Groups = make([]events.GroupConfig, layergroup.NumOwners(cfg.Groups))
-	for g := range rc.Groups { // the groups that own pages come first; an indexer's events are its MLA group's
-		rc.Groups[g].SpecKind, rc.Groups[g].SlidingWindow = pagedkv.KVEventSpec(cfg.Groups[g])
+	for _, spec := range cfg.Groups {
+		if spec.OwnsPages() { // indexer and shared-KV groups send no events
+			k, w := pagedkv.KVEventSpec(spec)
+			rc.Groups = append(rc.Groups, events.GroupConfig{SpecKind: k, SlidingWindow: w})
+		}
 	}
 	return rc
 }
