@@ -32,6 +32,10 @@
 //   - A victim is the head (oldest) slot of the queue the lowest non-empty
 //     level's policy picks; that queue is non-empty. Each queue is in
 //     push order, so its head is its oldest slot.
+//   - Adaptive: while a bypassed class's queue is non-empty (and no
+//     hinted segment is over its target), the victim is the oldest head
+//     of the bypassed classes; with no class bypassed and every
+//     multiplier 1 its order is LRU's.
 //   - A [Shadow]'s segments hold, top down, the most recent keys: segment
 //     k at most its room, the entries in all of them at most the largest
 //     shadow's size; at rate 1 each shadow's hits are an LRU cache's.
