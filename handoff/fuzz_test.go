@@ -68,7 +68,7 @@ func FuzzReadRequest(f *testing.F) {
 	f.Add(good.Bytes())
 	f.Add(good.Bytes()[:40])
 	f.Add([]byte("PKVH\x01\x00\x00\x00"))
-	f.Add([]byte("PKVH\x02\x00\x00\x00"))
+	f.Add([]byte("PKVH\x03\x00\x00\x00"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if r, err := readBounded(t, cfg, b); err == nil {
 			checkAccepted(t, cfg, r, b)
