@@ -378,8 +378,10 @@ func (t *tiers) complete(s uint32) {
 	m := c.owner
 	switch c.dir {
 	case tier.ToHost:
-		t.host.Advance(m.cache.Now()) // what is left of a retention, at the cache's time
-		if !c.evicted && t.meta[c.dev].valid {
+		if m != nil { // a state checkpoint's copy (owner nil) carries no retention
+			t.host.Advance(m.cache.Now()) // what is left of a retention, at the cache's time
+		}
+		if m != nil && !c.evicted && t.meta[c.dev].valid {
 			// A write-through: the page, still cached, has the retention
 			// the cache gives it now.
 			t.hostRetain(c.host, m.cache.RetentionOf(c.dev))
