@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/evict"
 	"github.com/pagedkv/pagedkv/internal/replay"
 	"github.com/pagedkv/pagedkv/internal/sim"
@@ -91,7 +94,7 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	hostPct := fs.Float64("host-capacity", 0, "a host tier below every pool, in percent of the trace's distinct blocks (0: none)")
 	redisAddr := fs.String("redis", "", "with --host-capacity: a Redis server (host:port, which you run, e.g. with --maxmemory and --maxmemory-policy allkeys-lru for its capacity) as the remote tier below the host tier; each run writes under its own namespace")
 	model := fs.String("model", "", "a `simulate --model` preset to replay through a HybridManager ("+strings.Join(sim.ModelNames(), ", ")+"); the pool is shared by its layer groups")
-	ckptEvery := fs.Int("state-checkpoint-every", 0, "with a --model of state groups (qwen3-next-like, nemotron-h-like): a prefix checkpoint of their state every N pages of a prompt, vLLM's retention interval (0: only each prompt's last whole page and shared-prefix junctions)")
+	ckptEvery := fs.Int("state-checkpoint-every", 8, "with a --model of state groups (qwen3-next-like, nemotron-h-like): a prefix checkpoint of their state every N pages of a prompt, vLLM's retention interval (8, the default, hit most of 2, 4, 8 and 16 on the Mooncake trace; 0: only each prompt's last whole page and shared-prefix junctions)")
 	bytesPerToken := fs.Int64("bytes-per-token", 327_680, "the stated model's K/V bytes per token for the tiers' bytes moved (default: 80 layers x 8 K/V heads x 128 dims x K and V x bf16, a Llama-3-70B-like model)")
 	replicas := fs.Int("replicas", 0, "instead of the sweep, run N replicas (at most 1024) under the service model behind each router (prefix, round-robin, least-loaded), each with a pool of the first --capacities value (at least the largest request) and the first --policies policy")
 	slack := fs.Int("router-slack", 4, "--replicas: the prefix router picks among replicas with load <= least load + this (-1: any)")
@@ -150,10 +153,18 @@ func runReplay(args []string, stdout, stderr io.Writer) int {
 	if *first < 0 {
 		return usageErr("--first %d, want >= 0", *first)
 	}
+	ckptSet := false
+	fs.Visit(func(f *flag.Flag) { ckptSet = ckptSet || f.Name == "state-checkpoint-every" })
 	if *model != "" {
-		if _, err := sim.Preset(*model); err != nil {
+		p, err := sim.Preset(*model)
+		if err != nil {
 			return usageErr("--model: %v", err)
 		}
+		if !ckptSet && !slices.ContainsFunc(p.Pattern, func(g pagedkv.LayerGroup) bool { return g.Kind == pagedkv.StateLayers }) {
+			*ckptEvery = 0 // the default interval is for models with state groups
+		}
+	} else if !ckptSet {
+		*ckptEvery = 0
 	}
 	if *ckptEvery < 0 {
 		return usageErr("--state-checkpoint-every %d, want >= 0", *ckptEvery)

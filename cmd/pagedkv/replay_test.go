@@ -95,7 +95,18 @@ func TestReplayRefusesBadFlagsByName(t *testing.T) {
 	out.Reset()
 	require.Equal(t, exitOK, run([]string{"replay", "--trace", conversationTrace, "--first", "40", "--capacities", "50", "--policies", "lru",
 		"--model", "qwen3-next-like", "--state-checkpoint-every", "2"}, &out, &errb), errb.String())
-	require.Regexp(t, `state checkpoints, peak pool pages held: 50% lru [1-9]\d* \(`, out.String())
+	require.Regexp(t, `state checkpoints \(every 2 pages, at prompt ends and junctions\), peak pool pages held: 50% lru [1-9]\d* \(`, out.String())
+
+	// Its default interval is 8 pages; 0 turns it off.
+	for flagValue, want := range map[string]string{"": "every 8 pages, at prompt ends and junctions", "0": "at prompt ends and junctions only"} {
+		out.Reset()
+		args := []string{"replay", "--trace", conversationTrace, "--first", "40", "--capacities", "50", "--policies", "lru", "--model", "qwen3-next-like"}
+		if flagValue != "" {
+			args = append(args, "--state-checkpoint-every", flagValue)
+		}
+		require.Equal(t, exitOK, run(args, &out, &errb), errb.String())
+		require.Contains(t, out.String(), "state checkpoints ("+want+")")
+	}
 }
 
 // --redis puts a real redis-server below the host tier: the tier table

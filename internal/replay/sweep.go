@@ -46,7 +46,9 @@ type Sweep struct {
 	HostPages     int
 	BytesPerToken int64
 	Remote        bool
-	Points        []Point
+	// StateCheckpointPages is SweepConfig's (printed with the checkpoints).
+	StateCheckpointPages int
+	Points               []Point
 	// UnlimitedHits / Blocks is the unlimited-capacity ratio over the
 	// trace's own reference stream (one admission per request, in order).
 	UnlimitedHits, Blocks int64
@@ -97,7 +99,7 @@ type SweepConfig struct {
 func RunSweep(t *Trace, cfg SweepConfig) (*Sweep, error) {
 	start := time.Now()
 	fractions, policies, svc, progress := cfg.Fractions, cfg.Policies, cfg.Service, cfg.Progress
-	sw := &Sweep{Policies: policies, Service: svc, HostPages: cfg.HostPages, BytesPerToken: cfg.BytesPerToken, Remote: cfg.OpenRemote != nil}
+	sw := &Sweep{Policies: policies, Service: svc, HostPages: cfg.HostPages, BytesPerToken: cfg.BytesPerToken, Remote: cfg.OpenRemote != nil, StateCheckpointPages: cfg.StateCheckpointPages}
 	groups, err := modelGroups(cfg.Model)
 	if err != nil {
 		return nil, err
@@ -258,7 +260,11 @@ func (sw *Sweep) formatCheckpoints(w io.Writer) {
 		}
 	}
 	if len(parts) > 0 {
-		fmt.Fprintf(w, "\nstate checkpoints, peak pool pages held: %s\n", strings.Join(parts, ", "))
+		every := "at prompt ends and junctions only"
+		if sw.StateCheckpointPages > 0 {
+			every = fmt.Sprintf("every %d pages, at prompt ends and junctions", sw.StateCheckpointPages)
+		}
+		fmt.Fprintf(w, "\nstate checkpoints (%s), peak pool pages held: %s\n", every, strings.Join(parts, ", "))
 	}
 }
 
