@@ -298,7 +298,7 @@ func TestSimulateMLAModel(t *testing.T) {
 		"--quiet", "--verify-every", "2", "--verify-samples", "2")
 	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
 	assert.Equal(t, "2 of 2 layers each, layer l in group l % 2: mla, indexer of 0", summaryField(t, out, "layer groups"))
-	assert.Regexp(t, `^[1-9]\d* MLA outputs verified \([1-9]\d* of requests admitted on a prefix hit\); [1-9]\d* indexer entries read back bit-exact through their MLA pages$`,
+	assert.Regexp(t, `^[1-9]\d* MLA outputs verified \([1-9]\d* of requests admitted on a prefix hit\); [1-9]\d* indexer entries read back bit-exact through their MLA pages \([1-9]\d* at positions a prefix hit served\)$`,
 		summaryField(t, out, "mla, indexer"))
 	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
 }

@@ -77,6 +77,13 @@ func TestSimulateDisaggregated(t *testing.T) {
 	assert.Regexp(t, `tokens equal to the single-process run$`, summaryField(t, out, "decode side"))
 	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
 
+	// deepseek-v3.2-like: MLA pages hand off with their indexer pages.
+	code, out, errOut = runCLI("simulate", "--disaggregated", "--model", "deepseek-v3.2-like", "--requests", "12", "--pages", "48", "--quiet")
+	require.Equal(t, exitOK, code, "stdout:\n%s\nstderr:\n%s", out, errOut)
+	assert.Regexp(t, `^[1-9]\d* prompt tokens received as prefix hits .*tokens equal to the single-process run$`, summaryField(t, out, "decode side"))
+	assert.Regexp(t, `\([1-9]\d* at positions a prefix hit served\)$`, summaryField(t, out, "mla, indexer"))
+	assert.Regexp(t, `^passed: `, summaryField(t, out, "verification"))
+
 	for _, bad := range [][]string{{"--replicas", "2"}, {"--model", "gemma-3-like"}, {"--window", "32"}} {
 		code, _, errOut = runCLI(append([]string{"simulate", "--disaggregated", "--requests", "4", "--quiet"}, bad...)...)
 		assert.Equal(t, exitUsage, code, "%v: %s", bad, errOut)

@@ -58,10 +58,16 @@ func handoffConfig(cfg *Config) handoff.Config {
 // in one process, handing every request's KV over loopback TCP, and checks
 // the decode side against a single-process run of the same workload.
 func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
+	return runDisaggregated(cfg, workload, nil)
+}
+
+// runDisaggregated is RunDisaggregated; tests break the prefill Sim with
+// prefillHook (nil: none) before it runs.
+func runDisaggregated(cfg Config, workload []Request, prefillHook func(*Sim)) (Disaggregated, error) {
 	var d Disaggregated
 	switch {
-	case cfg.Groups != nil && !fullAndState(cfg.Groups):
-		return d, fmt.Errorf("%w: a disaggregated run needs a dense model or one of full-attention and state groups (a windowed group releases leading pages)", ErrBadConfig)
+	case cfg.Groups != nil && !keepsEveryPage(cfg.Groups):
+		return d, fmt.Errorf("%w: a disaggregated run needs a dense model or one of full-attention, MLA, indexer and state groups (a windowed group releases leading pages)", ErrBadConfig)
 	case cfg.WindowTokens > 0:
 		return d, fmt.Errorf("%w: a disaggregated run needs full attention (a window releases leading pages)", ErrBadConfig)
 	case cfg.Remote != nil:
@@ -94,6 +100,9 @@ func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 		return d, err
 	}
 	p.beforeRelease = func(r *reqState) error { return d.send(p, r, addr, hcfg) }
+	if prefillHook != nil {
+		prefillHook(p)
+	}
 	if d.Prefill, err = p.Run(); err != nil {
 		return d, fmt.Errorf("prefill side: %w", err)
 	}
@@ -127,12 +136,15 @@ func RunDisaggregated(cfg Config, workload []Request) (Disaggregated, error) {
 	return d, nil
 }
 
-// fullAndState reports whether every group is full attention or a state
-// group: a hybrid whose requests hold every page (no window release), so
-// the prefill side can hand each group's pages off.
-func fullAndState(groups []pagedkv.LayerGroup) bool {
+// keepsEveryPage reports whether every group is full attention, MLA, an
+// indexer (it follows its MLA group's pages) or a state group: a hybrid
+// whose requests hold every page (no window release), so the prefill side
+// can hand each page-owning group's pages off.
+func keepsEveryPage(groups []pagedkv.LayerGroup) bool {
 	for _, g := range groups {
-		if g.Kind != pagedkv.FullAttention && g.Kind != pagedkv.StateLayers {
+		switch g.Kind {
+		case pagedkv.FullAttention, pagedkv.MLAAttention, pagedkv.IndexerAttention, pagedkv.StateLayers:
+		default:
 			return false
 		}
 	}
@@ -141,8 +153,9 @@ func fullAndState(groups []pagedkv.LayerGroup) bool {
 
 // send exports request r of the prefill Sim p (its full pages, read from
 // the engine's caches) and hands it to the decode side at addr: a dense
-// model's one chain; a hybrid's chain per full-attention group (named by
-// its tier tag) and, per state group, the checkpoint of the deepest prefix
+// model's one chain; a hybrid's chain per full-attention or MLA group
+// (named by its tier tag; an MLA page's tier value carries its indexer
+// pages, so an indexer group sends nothing of its own) and, per state group, the checkpoint of the deepest prefix
 // the decode side can hit (its pages' state, flags 0x04).
 func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Config) error {
 	if r.branch != 0 {
@@ -153,7 +166,7 @@ func (d *Disaggregated) send(p *Sim, r *reqState, addr string, hcfg handoff.Conf
 		return d.sendPages(p, r, addr, hcfg, 0, "")
 	}
 	for g, spec := range p.cfg.Groups {
-		if spec.Kind == pagedkv.FullAttention {
+		if spec.Kind == pagedkv.FullAttention || spec.Kind == pagedkv.MLAAttention {
 			if err := d.sendPages(p, r, addr, hcfg, g, h.TierTag(g)); err != nil {
 				return err
 			}

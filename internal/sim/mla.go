@@ -361,6 +361,9 @@ func (e *engine) runIndexer(g int, plan, target *pagedkv.Plan, reqs []*reqState,
 						ErrVerify, v.step, r.name(), l, pos, page, pos%P, k, sc, me.tok[:me.lay.HeadDim], me.tok[me.lay.HeadDim:], hitTag(r))
 				}
 				v.indexerTokens++
+				if pos < r.hit {
+					v.indexerHitTokens++
+				}
 			}
 		}
 		st.verify += time.Since(t1)

@@ -421,6 +421,7 @@ func (s *Sim) finish(wall time.Duration, err error) (Summary, error) {
 	s.sum.Verified.DraftOutputs = s.ver.drafts
 	s.sum.Verified.StateOutputs, s.sum.Verified.RestoredOutputs = s.ver.stateOutputs, s.ver.restoredOutputs
 	s.sum.Verified.MLAOutputs, s.sum.Verified.HitOutputs, s.sum.Verified.IndexerTokens = s.ver.mlaOutputs, s.ver.hitOutputs, s.ver.indexerTokens
+	s.sum.Verified.IndexerHitTokens = s.ver.indexerHitTokens
 	s.sum.Err = err
 	if d := s.eng.dev; d != nil {
 		t := d.traffic

@@ -55,8 +55,10 @@ type Summary struct {
 		// MLAOutputs are the outputs of MLA groups (in Outputs), HitOutputs
 		// those of requests admitted on a prefix hit; IndexerTokens the
 		// indexer entries (token, layer) read back bit for bit through
-		// their MLA pages, every step.
-		MLAOutputs, HitOutputs, IndexerTokens int64
+		// their MLA pages, every step; IndexerHitTokens those of them at
+		// positions a request's prefix hit served (pages from the cache,
+		// a tier or a disaggregated run's handoff).
+		MLAOutputs, HitOutputs, IndexerTokens, IndexerHitTokens int64
 	}
 	// StateHits are the admissions (Add or Resume) of a model with state
 	// groups that resumed from a state checkpoint, StateHitTokens the
@@ -145,8 +147,8 @@ func (s *Summary) Format(w io.Writer, cfg *Config) {
 				s.StateHits, s.StateHitTokens, s.Verified.StateOutputs, s.Verified.RestoredOutputs)
 		}
 		if v := &s.Verified; v.MLAOutputs > 0 || v.IndexerTokens > 0 {
-			line("mla, indexer", "%d MLA outputs verified (%d of requests admitted on a prefix hit); %d indexer entries read back bit-exact through their MLA pages",
-				v.MLAOutputs, v.HitOutputs, v.IndexerTokens)
+			line("mla, indexer", "%d MLA outputs verified (%d of requests admitted on a prefix hit); %d indexer entries read back bit-exact through their MLA pages (%d at positions a prefix hit served)",
+				v.MLAOutputs, v.HitOutputs, v.IndexerTokens, v.IndexerHitTokens)
 		}
 	} else {
 		line("prefix hits", "%d of %d prompt tokens (%.1f%%)", st.PromptHitTokens, st.PromptTokens, 100*st.HitRate())

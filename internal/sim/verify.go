@@ -48,6 +48,9 @@ type verifier struct {
 	mlaOutputs    int64 // of outputs, MLA groups'
 	hitOutputs    int64 // of mlaOutputs, those of requests admitted on a prefix hit
 	indexerTokens int64 // indexer entries (token, layer) read back bit for bit
+	// of indexerTokens, those of positions a prefix hit served (their
+	// pages came from the cache, a tier or a handoff)
+	indexerHitTokens int64
 
 	ctx                              []uint64
 	q, kRow, vRow, wantK, wantV, got []float32
