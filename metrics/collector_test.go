@@ -21,6 +21,7 @@ import (
 
 	pagedkv "github.com/pagedkv/pagedkv"
 	"github.com/pagedkv/pagedkv/internal/redistest"
+	"github.com/pagedkv/pagedkv/layergroup"
 	"github.com/pagedkv/pagedkv/layout"
 	"github.com/pagedkv/pagedkv/metrics"
 	"github.com/pagedkv/pagedkv/tier"
@@ -421,4 +422,48 @@ func TestHybridScrapeWhileRunning(t *testing.T) {
 	} {
 		assert.Contains(t, lines, want)
 	}
+}
+
+// TestHybridScrapeStateGroups scrapes a HybridManager with state groups
+// (three recurrent groups to one full-attention group): each state group
+// is a series of kind "state" whose cached pages are its checkpoints, one
+// page each, counted in the pool's cached pages.
+func TestHybridScrapeStateGroups(t *testing.T) {
+	gdn := pagedkv.LayerGroup{Kind: pagedkv.StateLayers, NumLayers: 1, State: layergroup.StateShape{
+		ConvShape: [2]int{64, 3}, ConvDType: layergroup.StateBF16,
+		SSMShape: [3]int{2, 16, 16}, SSMDType: layergroup.StateF32, PageBytes: 4096}}
+	h, err := pagedkv.NewHybrid(pagedkv.HybridConfig{Config: pagedkv.Config{NumPages: 64, PageSize: 16, HashSeed: 1},
+		Groups: []pagedkv.LayerGroup{gdn, gdn, gdn, {Kind: pagedkv.FullAttention, NumLayers: 1}}})
+	require.NoError(t, err)
+	prompt := make([]int32, 40)
+	for i := range prompt {
+		prompt[i] = int32(100 + i)
+	}
+	for id := range pagedkv.RequestID(2) {
+		_, err := h.Add(id, pagedkv.Request{Prompt: prompt})
+		require.NoError(t, err)
+		for h.Computed(id) < len(prompt) {
+			n := len(prompt) - h.Computed(id)
+			if b := h.NextStateCheckpoint(id); b > 0 {
+				n = b - h.Computed(id)
+			}
+			_, err := h.Reserve([]pagedkv.RequestID{id}, []int32{int32(n)})
+			require.NoError(t, err)
+			require.NoError(t, h.Commit(nil))
+		}
+		require.NoError(t, h.Release(id))
+	}
+	require.NoError(t, h.Audit())
+	lines := scrape(t, metrics.NewHybridCollector(h.Stats, metrics.Options{}))
+	for g := range 3 {
+		for _, want := range []string{
+			`pagedkv_group_cached_pages{group="%d",kind="state"} 1`, // the checkpoint at 32 tokens
+			`pagedkv_group_published_pages_total{group="%d",kind="state"} 1`,
+			`pagedkv_group_evictable_pages{group="%d",kind="state"} 1`,
+		} {
+			assert.Contains(t, lines, strings.Replace(want, "%d", strconv.Itoa(g), 1))
+		}
+	}
+	assert.Contains(t, lines, `pagedkv_group_cached_pages{group="3",kind="full"} 2`)
+	assert.Contains(t, lines, `pagedkv_cached_pages 5`, "2 attention pages and one checkpoint page per state group")
 }
