@@ -322,7 +322,8 @@ func groupDefinitions() []groupMetric {
 // the pool-wide figures under the names and labels of a [Collector]
 // (HybridStats.Stats: the pool's partition, and page counters summed over
 // the groups), and each group's figures as group_* series labelled
-// group="0".."G-1" and kind="full|sliding|chunked|mla".
+// group="0".."G-1" and kind="full|sliding|chunked|mla|state" (a state
+// group's cached pages are its checkpoints, one page each).
 type HybridCollector struct {
 	stats  func() pagedkv.HybridStats
 	pool   *Collector
