@@ -90,9 +90,13 @@ type admission struct {
 }
 
 func newCore(groups []*group, alloc *allocator.Allocator, t *tiers) *core {
-	return &core{groups: groups, lead: groups[0], alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)), clock: clockOf(&groups[0].cfg),
+	c := &core{groups: groups, lead: groups[0], alloc: alloc, tiers: t, servable: make([]atomic.Int64, len(groups)), clock: clockOf(&groups[0].cfg),
 		adm: make([]admission, len(groups)), recs: make([]*request, len(groups)),
 		plan: HybridPlan{Groups: make([]*Plan, len(groups))}}
+	if t != nil {
+		t.startClock = c.startClock
+	}
+	return c
 }
 
 // pageSize is the pool's page size (every group's).

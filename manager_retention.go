@@ -206,6 +206,18 @@ func (c *core) tickFor(ranges []RetentionRange) {
 	c.tick()
 }
 
+// startClock starts the clock when a retention with a Duration arrives
+// from below the device (a tier value's, a handoff's), as tickFor does for
+// one the engine gives: the caches advance to now before the deadline is
+// set. The first start cannot lapse anything (no deadline existed), so it
+// is safe inside an operation.
+func (c *core) startClock() {
+	if !c.timed {
+		c.timed = true
+		c.tick()
+	}
+}
+
 // clockOf returns cfg's clock, or a monotonic one from now.
 func clockOf(cfg *Config) func() time.Duration {
 	if cfg.Clock != nil {

@@ -163,6 +163,7 @@ type tierCopy struct {
 // tiers is the Manager's state for the tiers below the device.
 type tiers struct {
 	host         *host.Pool
+	startClock   func() // the core's: a retention with a Duration came from below
 	remote       tier.RemoteStore
 	deadline     time.Duration
 	pageBytes    int64

@@ -57,6 +57,9 @@ func (t *tiers) fetchedRetention(h HostPageID, r tier.Retention) {
 	if r == (tier.Retention{}) {
 		return
 	}
+	if r.Duration > 0 {
+		t.startClock() // the host tier's time is the caches'
+	}
 	if top := uint8(t.host.Levels() - 1); r.Priority > top {
 		r.Priority = top
 	}
@@ -81,6 +84,9 @@ func (t *tiers) onloadRetention(dev PageID, h HostPageID) {
 	}
 	if t.loadRet == nil {
 		t.loadRet = make([]loadedRetention, len(t.meta))
+	}
+	if r.Duration > 0 {
+		t.startClock()
 	}
 	d, _, _, _, _ := t.host.Entry(h)
 	t.loadRet[dev] = loadedRetention{d, r}

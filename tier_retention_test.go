@@ -147,6 +147,20 @@ func TestRetentionTravelsThroughRedis(t *testing.T) {
 	require.Equal(t, []prefixcache.PageRetention{back, back}, cachedRetention(b))
 	eb.check("after the onload from Redis")
 	audit(t, b)
+
+	// b gave no Duration of its own: the one from Redis started its clock,
+	// so the pages, idle from their release, lapse an hour later.
+	*now += 5 * time.Minute
+	require.NoError(t, b.Release(1))
+	*now += 59 * time.Minute
+	_, err = eb.add(2, Request{Prompt: seqTokens(100, 3)}) // any operation reads the clock
+	require.NoError(t, err)
+	require.Len(t, cachedRetention(b), 2, "not yet lapsed")
+	*now += 2 * time.Minute
+	_, err = eb.add(3, Request{Prompt: seqTokens(200, 3)})
+	require.NoError(t, err)
+	require.Empty(t, cachedRetention(b), "lapsed to level 0 an hour after their release")
+	audit(t, b)
 	eb.drain()
 	ea.drain()
 }
